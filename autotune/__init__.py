@@ -1,0 +1,1 @@
+"""codesign.autotune: per-GPU kernel tuning, shipped config tables and run-time lookup."""

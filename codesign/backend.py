@@ -1,0 +1,114 @@
+"""Backend selection: which implementation of an op runs for a given call.
+
+Backends: "triton" (the Triton kernel; on CPU tensors only through the Triton
+interpreter, TRITON_INTERPRET=1), "cupy" (CuPy RawKernel, CUDA tensors only),
+"torch" (the plain-torch implementation, any device), and "auto" (the default:
+Triton for CUDA tensors, torch for CPU tensors).
+
+How a user or a test picks one, highest precedence first:
+  1. `with use_backend("triton", op="w4a16_gemm"):` for one op, or `use_backend("triton")` for all;
+  2. the environment: CODESIGN_BACKEND_<OP>=triton (op name upper-cased), then CODESIGN_BACKEND=triton;
+  3. "auto".
+Ops call `resolve_backend(op, device, available)` once per call, before launching.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from codesign.specs.errors import CodesignError, check_choice
+
+BACKENDS = ("auto", "triton", "cupy", "torch")
+
+# Per-context overrides: {op name or "*": backend}. A ContextVar, not a global dict,
+# so threads and nested `with` blocks do not see each other's choices.
+_OVERRIDES: ContextVar[dict[str, str]] = ContextVar("codesign_backend_overrides", default={})
+
+
+@contextmanager
+def use_backend(backend: str, op: str | None = None) -> Iterator[None]:
+    """Force `backend` for `op` (or for every op when op is None) inside the block."""
+    check_choice("backend", backend, BACKENDS)
+    new = dict(_OVERRIDES.get())
+    new[op or "*"] = backend
+    token = _OVERRIDES.set(new)
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
+def requested_backend(op: str) -> str:
+    """The backend asked for `op` (may be "auto"), following the precedence above."""
+    ov = _OVERRIDES.get()
+    if op in ov:
+        return ov[op]
+    if "*" in ov:
+        return ov["*"]
+    for var in (f"CODESIGN_BACKEND_{op.upper()}", "CODESIGN_BACKEND"):
+        val = os.environ.get(var)
+        if val:
+            return check_choice(var, val.lower(), BACKENDS)
+    return "auto"
+
+
+def interpreter_enabled() -> bool:
+    """True when Triton kernels run on the CPU through Triton's interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def cuda_available() -> bool:
+    """True when torch sees a CUDA device (False if torch is not importable)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a core dependency
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def enable_interpreter_if_no_gpu() -> bool:
+    """Set TRITON_INTERPRET=1 when there is no GPU, so Triton kernels run on CPU tensors.
+
+    Must run before any `@triton.jit` function is defined (Triton reads the
+    variable then), so call it before importing codesign.kernels. Returns
+    whether the interpreter is on afterwards.
+    """
+    if not interpreter_enabled() and not cuda_available():
+        if any(m.startswith("codesign.kernels") for m in sys.modules):
+            raise CodesignError(
+                "enable_interpreter_if_no_gpu() must run before codesign.kernels is imported"
+            )
+        os.environ["TRITON_INTERPRET"] = "1"
+    return interpreter_enabled()
+
+
+def _device_type(device: Any) -> str:
+    return device if isinstance(device, str) else getattr(device, "type", str(device))
+
+
+def resolve_backend(op: str, device: Any, available: tuple[str, ...] = ("triton", "torch")) -> str:
+    """Concrete backend ("triton", "cupy" or "torch") for one call of `op` on `device`.
+
+    Raises CodesignError when the requested backend cannot run there (e.g.
+    "triton" on CPU tensors without the interpreter, "cupy" on CPU tensors, or
+    a backend the op does not implement).
+    """
+    req = requested_backend(op)
+    dev = _device_type(device)
+    if req == "auto":
+        req = "triton" if dev == "cuda" and "triton" in available else "torch"
+    if req not in available:
+        raise CodesignError(f"op {op!r} has no {req!r} backend; available: {', '.join(available)}")
+    if req == "triton" and dev != "cuda" and not interpreter_enabled():
+        raise CodesignError(
+            f"backend 'triton' for op {op!r} on {dev} tensors needs Triton's interpreter: "
+            "set TRITON_INTERPRET=1 before importing codesign.kernels (or use backend 'torch')"
+        )
+    if req == "cupy" and dev != "cuda":
+        raise CodesignError(f"backend 'cupy' for op {op!r} needs CUDA tensors, got {dev} tensors")
+    return req

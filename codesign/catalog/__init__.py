@@ -1,0 +1,1 @@
+"""Model and GPU catalogues (data files) and a Hugging Face config.json reader."""

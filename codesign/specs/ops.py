@@ -1,0 +1,594 @@
+"""Operator specs: frozen dataclasses describing one LLM-inference operator.
+
+A spec is plain data: shapes, dtypes and formats. It knows the arithmetic it
+must do (`flops()`) and the fewest bytes it must move (`min_bytes()`: each input
+read once, each output written once, quantization metadata included), so every
+face of an operator (torch reference, GPU kernel, accelerator cost model, RTL)
+can report its result against the same roofline.
+
+Conventions: a multiply-add is 2 flops; exp/max/div in softmax count 1 each per
+element (5 per score); bytes are counted at the storage format of each tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from codesign.specs.errors import (
+    CodesignError,
+    check_choice,
+    check_nonneg_int,
+    check_positive_int,
+    check_positive_ints,
+)
+from codesign.specs.formats import (
+    ACT_DTYPES,
+    FLOAT_DTYPES,
+    KVFormat,
+    WeightFormat,
+    dtype_bits,
+    dtype_bytes,
+    peak_key,
+)
+
+SOFTMAX_FLOPS_PER_SCORE = 5  # max, subtract, exp, sum, scale
+
+
+class OpSpec:
+    """Common behaviour of all specs. Subclasses are frozen dataclasses."""
+
+    kind: ClassVar[str] = "op"
+
+    def flops(self) -> float:
+        raise NotImplementedError
+
+    def min_bytes(self) -> float:
+        raise NotImplementedError
+
+    def intensity(self) -> float:
+        """Arithmetic intensity, flops per byte moved."""
+        b = self.min_bytes()
+        return self.flops() / b if b else float("inf")
+
+    def peak_key(self) -> str:
+        """Which peak throughput of a device the op's arithmetic runs at ("vector" for CUDA cores)."""
+        return "vector"
+
+    def describe(self) -> str:
+        return self.kind
+
+
+def _check_dtype(name: str, value: str, allowed: tuple[str, ...] = FLOAT_DTYPES) -> str:
+    return check_choice(name, value, allowed)
+
+
+@dataclass(frozen=True)
+class Gemm(OpSpec):
+    """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), W stored in `weight` format.
+
+    Dense GEMM is the fp16/bf16/fp32 weight format; quantized GEMM (W4A16,
+    W8A16, W8A8, FP8) sets `weight` and, for W8A8/FP8, `act_dtype`.
+    `batch` > 1 describes a batched matmul with independent weights per batch
+    (e.g. MoE experts run as one grouped GEMM).
+    """
+
+    M: int
+    N: int
+    K: int
+    weight: WeightFormat = field(default_factory=WeightFormat)
+    act_dtype: str = "fp16"
+    out_dtype: str = "fp16"
+    bias: bool = False
+    batch: int = 1
+    kind: ClassVar[str] = "gemm"
+
+    def __post_init__(self) -> None:
+        check_nonneg_int("M", self.M)
+        check_positive_int("N", self.N)
+        check_positive_int("K", self.K)
+        check_positive_int("batch", self.batch)
+        _check_dtype("act_dtype", self.act_dtype, ACT_DTYPES)
+        _check_dtype("out_dtype", self.out_dtype, ("fp32", "fp16", "bf16"))
+        if self.weight.group_size not in (None, -1) and self.K % self.weight.group_size:
+            raise CodesignError(f"K={self.K} must be divisible by the weight group_size={self.weight.group_size}")
+        if self.act_dtype in ("int8", "fp8_e4m3") and not self.weight.quantized:
+            raise CodesignError(f"act_dtype {self.act_dtype} needs a quantized weight format, got {self.weight.name}")
+
+    def flops(self) -> float:
+        return 2.0 * self.batch * self.M * self.N * self.K
+
+    def min_bytes(self) -> float:
+        act = self.M * self.K * dtype_bytes(self.act_dtype)
+        if self.act_dtype in ("int8", "fp8_e4m3"):
+            act += self.M * 4  # per-token fp32 activation scale
+        out = self.M * self.N * dtype_bytes(self.out_dtype)
+        bias = self.N * dtype_bytes(self.out_dtype) if self.bias else 0
+        return self.batch * (act + self.weight.total_bytes(self.N, self.K) + out + bias)
+
+    def peak_key(self) -> str:
+        # Weight-only formats dequantize to the activation dtype: the MMA runs at its rate.
+        return peak_key(self.act_dtype)
+
+    def describe(self) -> str:
+        b = f"{self.batch}x" if self.batch > 1 else ""
+        return f"gemm {b}{self.M}x{self.N}x{self.K} {self.weight.name}/a{self.act_dtype}"
+
+
+@dataclass(frozen=True)
+class _AttentionBase(OpSpec):
+    """Shared head layout of all attention specs (MHA: kv_heads == q_heads; MQA: kv_heads == 1)."""
+
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+
+    def _check_heads(self) -> None:
+        check_positive_int("q_heads", self.q_heads)
+        check_positive_int("kv_heads", self.kv_heads)
+        check_positive_int("head_dim", self.head_dim)
+        if self.q_heads % self.kv_heads:
+            raise CodesignError(f"q_heads={self.q_heads} must be a multiple of kv_heads={self.kv_heads}")
+
+    def _attn_flops(self, pairs: float) -> float:
+        """QK^T and P.V: 2 * 2 * head_dim per (query, key) pair per query head, plus softmax."""
+        return self.q_heads * pairs * (4.0 * self.head_dim + SOFTMAX_FLOPS_PER_SCORE)
+
+    def peak_key(self) -> str:
+        return "fp16"
+
+
+def _window_len(ctx: int, window: int | None) -> int:
+    return ctx if window is None else min(ctx, window)
+
+
+@dataclass(frozen=True)
+class PrefillAttention(_AttentionBase):
+    """Self-attention over fresh sequences (no cache read): Q, K, V [sum(seq_lens), heads, head_dim]."""
+
+    seq_lens: tuple[int, ...] = (1,)
+    causal: bool = True
+    dtype: str = "fp16"
+    window: int | None = None
+    kind: ClassVar[str] = "attention_prefill"
+
+    def __post_init__(self) -> None:
+        self._check_heads()
+        object.__setattr__(self, "seq_lens", check_positive_ints("seq_lens", self.seq_lens))
+        _check_dtype("dtype", self.dtype)
+        if self.window is not None:
+            check_positive_int("window", self.window)
+
+    def pairs(self) -> float:
+        total = 0.0
+        for s in self.seq_lens:
+            if self.causal and self.window is None:
+                total += s * (s + 1) / 2
+            elif self.causal:
+                total += sum(_window_len(i + 1, self.window) for i in range(s))
+            else:
+                total += s * s
+        return total
+
+    def flops(self) -> float:
+        return self._attn_flops(self.pairs())
+
+    def min_bytes(self) -> float:
+        t = sum(self.seq_lens)
+        e = dtype_bytes(self.dtype) * self.head_dim * t
+        return e * (2 * self.q_heads + 2 * self.kv_heads)  # Q, O; K, V
+
+
+@dataclass(frozen=True)
+class PagedDecodeAttention(_AttentionBase):
+    """One query token per sequence attending to its paged KV cache of context_lens[b] tokens."""
+
+    context_lens: tuple[int, ...] = (1,)
+    block_size: int = 16
+    kv_format: KVFormat = field(default_factory=KVFormat)
+    dtype: str = "fp16"
+    window: int | None = None
+    kind: ClassVar[str] = "attention_decode"
+
+    def __post_init__(self) -> None:
+        self._check_heads()
+        object.__setattr__(self, "context_lens", check_positive_ints("context_lens", self.context_lens))
+        check_positive_int("block_size", self.block_size)
+        _check_dtype("dtype", self.dtype)
+        if self.window is not None:
+            check_positive_int("window", self.window)
+
+    @property
+    def batch(self) -> int:
+        return len(self.context_lens)
+
+    def kv_tokens(self) -> int:
+        return sum(_window_len(c, self.window) for c in self.context_lens)
+
+    def flops(self) -> float:
+        return self._attn_flops(self.kv_tokens())
+
+    def min_bytes(self) -> float:
+        kv = self.kv_tokens() * self.kv_format.bytes_per_token(self.kv_heads, self.head_dim)
+        q_o = 2 * self.batch * self.q_heads * self.head_dim * dtype_bytes(self.dtype)
+        table = sum(-(-c // self.block_size) for c in self.context_lens) * 4  # int32 block ids
+        return kv + q_o + table
+
+
+@dataclass(frozen=True)
+class PagedExtendAttention(_AttentionBase):
+    """Chunked prefill / extend: q_lens[b] new tokens attend causally to prefix_lens[b] cached tokens and each other."""
+
+    q_lens: tuple[int, ...] = (1,)
+    prefix_lens: tuple[int, ...] = (0,)
+    block_size: int = 16
+    kv_format: KVFormat = field(default_factory=KVFormat)
+    dtype: str = "fp16"
+    window: int | None = None
+    kind: ClassVar[str] = "attention_extend"
+
+    def __post_init__(self) -> None:
+        self._check_heads()
+        object.__setattr__(self, "q_lens", check_positive_ints("q_lens", self.q_lens))
+        object.__setattr__(self, "prefix_lens", tuple(self.prefix_lens))
+        if len(self.prefix_lens) != len(self.q_lens):
+            raise CodesignError(
+                f"prefix_lens has {len(self.prefix_lens)} entries but q_lens has {len(self.q_lens)}"
+            )
+        for i, p in enumerate(self.prefix_lens):
+            check_nonneg_int(f"prefix_lens[{i}]", p)
+        check_positive_int("block_size", self.block_size)
+        _check_dtype("dtype", self.dtype)
+
+    def pairs(self) -> float:
+        total = 0.0
+        for q, p in zip(self.q_lens, self.prefix_lens):
+            if self.window is None:
+                total += q * p + q * (q + 1) / 2
+            else:
+                total += sum(_window_len(p + i + 1, self.window) for i in range(q))
+        return total
+
+    def flops(self) -> float:
+        return self._attn_flops(self.pairs())
+
+    def min_bytes(self) -> float:
+        kv_tok = sum(p + q for p, q in zip(self.prefix_lens, self.q_lens))
+        kv = kv_tok * self.kv_format.bytes_per_token(self.kv_heads, self.head_dim)
+        q_o = 2 * sum(self.q_lens) * self.q_heads * self.head_dim * dtype_bytes(self.dtype)
+        return kv + q_o
+
+
+@dataclass(frozen=True)
+class TreeAttention(_AttentionBase):
+    """Speculative-decoding verify: tree_sizes[b] draft tokens attend to prefix_lens[b] cached
+    tokens and to their ancestors (and themselves) only.
+
+    ancestor_pairs[b] = sum over the tree's nodes of (depth + 1); a chain of n
+    nodes gives n(n+1)/2, a star of n nodes (root + leaves) gives 2n - 1.
+    """
+
+    tree_sizes: tuple[int, ...] = (1,)
+    prefix_lens: tuple[int, ...] = (0,)
+    ancestor_pairs: tuple[int, ...] = (1,)
+    block_size: int = 16
+    kv_format: KVFormat = field(default_factory=KVFormat)
+    dtype: str = "fp16"
+    kind: ClassVar[str] = "attention_tree"
+
+    def __post_init__(self) -> None:
+        self._check_heads()
+        object.__setattr__(self, "tree_sizes", check_positive_ints("tree_sizes", self.tree_sizes))
+        object.__setattr__(self, "prefix_lens", tuple(self.prefix_lens))
+        object.__setattr__(self, "ancestor_pairs", tuple(self.ancestor_pairs))
+        n = len(self.tree_sizes)
+        for name in ("prefix_lens", "ancestor_pairs"):
+            if len(getattr(self, name)) != n:
+                raise CodesignError(f"{name} must have one entry per request ({n}), got {getattr(self, name)!r}")
+        for i, (t, a) in enumerate(zip(self.tree_sizes, self.ancestor_pairs)):
+            check_nonneg_int(f"prefix_lens[{i}]", self.prefix_lens[i])
+            if not (t <= a <= t * (t + 1) // 2):
+                raise CodesignError(f"ancestor_pairs[{i}]={a} impossible for a tree of {t} nodes")
+        check_positive_int("block_size", self.block_size)
+        _check_dtype("dtype", self.dtype)
+
+    @staticmethod
+    def pairs_from_parents(parents: list[int] | tuple[int, ...]) -> int:
+        """Sum of (depth + 1) over nodes of a tree given as a parent array (root has -1)."""
+        depth: list[int] = []
+        for i, p in enumerate(parents):
+            if p == -1:
+                depth.append(0)
+            elif 0 <= p < i:
+                depth.append(depth[p] + 1)
+            else:
+                raise CodesignError(f"parents[{i}]={p}: a parent must precede its child (or be -1 for the root)")
+        return sum(d + 1 for d in depth)
+
+    def flops(self) -> float:
+        pairs = sum(t * p + a for t, p, a in zip(self.tree_sizes, self.prefix_lens, self.ancestor_pairs))
+        return self._attn_flops(pairs)
+
+    def min_bytes(self) -> float:
+        kv_tok = sum(p + t for p, t in zip(self.prefix_lens, self.tree_sizes))
+        kv = kv_tok * self.kv_format.bytes_per_token(self.kv_heads, self.head_dim)
+        q_o = 2 * sum(self.tree_sizes) * self.q_heads * self.head_dim * dtype_bytes(self.dtype)
+        return kv + q_o
+
+
+@dataclass(frozen=True)
+class KVWrite(OpSpec):
+    """Write (and quantize, if kv_format is quantized) `tokens` new K and V vectors into the paged cache."""
+
+    tokens: int
+    kv_heads: int
+    head_dim: int
+    kv_format: KVFormat = field(default_factory=KVFormat)
+    src_dtype: str = "fp16"
+    kind: ClassVar[str] = "kv_write"
+
+    def __post_init__(self) -> None:
+        check_nonneg_int("tokens", self.tokens)
+        check_positive_int("kv_heads", self.kv_heads)
+        check_positive_int("head_dim", self.head_dim)
+        _check_dtype("src_dtype", self.src_dtype)
+
+    def flops(self) -> float:
+        # min/max, scale, round per element when quantizing.
+        per = 4.0 if self.kv_format.quantized else 0.0
+        return per * 2 * self.tokens * self.kv_heads * self.head_dim
+
+    def min_bytes(self) -> float:
+        src = 2 * self.tokens * self.kv_heads * self.head_dim * dtype_bytes(self.src_dtype)
+        slot = self.tokens * 8  # int64 slot mapping
+        return src + slot + self.tokens * self.kv_format.bytes_per_token(self.kv_heads, self.head_dim)
+
+
+@dataclass(frozen=True)
+class KVDequantize(OpSpec):
+    """Dequantize `tokens` cached K/V vectors to `out_dtype` (debugging / unfused reference path)."""
+
+    tokens: int
+    kv_heads: int
+    head_dim: int
+    kv_format: KVFormat
+    out_dtype: str = "fp16"
+    kind: ClassVar[str] = "kv_dequantize"
+
+    def __post_init__(self) -> None:
+        check_nonneg_int("tokens", self.tokens)
+        check_positive_int("kv_heads", self.kv_heads)
+        check_positive_int("head_dim", self.head_dim)
+        _check_dtype("out_dtype", self.out_dtype)
+
+    def flops(self) -> float:
+        return 2.0 * 2 * self.tokens * self.kv_heads * self.head_dim
+
+    def min_bytes(self) -> float:
+        n = self.tokens * self.kv_heads * self.head_dim
+        return self.tokens * self.kv_format.bytes_per_token(self.kv_heads, self.head_dim) + 2 * n * dtype_bytes(
+            self.out_dtype
+        )
+
+
+@dataclass(frozen=True)
+class Norm(OpSpec):
+    """RMSNorm or LayerNorm over the last dim of [rows, hidden] (with weight, LayerNorm with bias)."""
+
+    rows: int
+    hidden: int
+    norm: str = "rms"
+    dtype: str = "fp16"
+    kind: ClassVar[str] = "norm"
+
+    def __post_init__(self) -> None:
+        check_nonneg_int("rows", self.rows)
+        check_positive_int("hidden", self.hidden)
+        check_choice("norm", self.norm, ("rms", "layer"))
+        _check_dtype("dtype", self.dtype)
+
+    def flops(self) -> float:
+        per = 4 if self.norm == "rms" else 7  # square+sum, scale, weight (and mean, sub, bias)
+        return float(per * self.rows * self.hidden)
+
+    def min_bytes(self) -> float:
+        params = (1 if self.norm == "rms" else 2) * self.hidden
+        return (2 * self.rows * self.hidden + params) * dtype_bytes(self.dtype)
+
+
+@dataclass(frozen=True)
+class Softmax(OpSpec):
+    """Row softmax over [rows, cols]."""
+
+    rows: int
+    cols: int
+    dtype: str = "fp16"
+    kind: ClassVar[str] = "softmax"
+
+    def __post_init__(self) -> None:
+        check_nonneg_int("rows", self.rows)
+        check_positive_int("cols", self.cols)
+        _check_dtype("dtype", self.dtype)
+
+    def flops(self) -> float:
+        return float(SOFTMAX_FLOPS_PER_SCORE * self.rows * self.cols)
+
+    def min_bytes(self) -> float:
+        return 2.0 * self.rows * self.cols * dtype_bytes(self.dtype)
+
+
+@dataclass(frozen=True)
+class RoPE(OpSpec):
+    """Rotary position embedding applied in place to Q and K of `tokens` tokens."""
+
+    tokens: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str = "fp16"
+    kind: ClassVar[str] = "rope"
+
+    def __post_init__(self) -> None:
+        check_nonneg_int("tokens", self.tokens)
+        check_positive_int("q_heads", self.q_heads)
+        check_positive_int("kv_heads", self.kv_heads)
+        check_positive_int("head_dim", self.head_dim)
+        _check_dtype("dtype", self.dtype)
+
+    def flops(self) -> float:
+        return 3.0 * self.tokens * (self.q_heads + self.kv_heads) * self.head_dim  # 2 mul + 1 add per element
+
+    def min_bytes(self) -> float:
+        n = self.tokens * (self.q_heads + self.kv_heads) * self.head_dim
+        cos_sin = self.tokens * self.head_dim * 4  # fp32 cos and sin halves
+        return 2 * n * dtype_bytes(self.dtype) + cos_sin
+
+
+ELEMENTWISE_FLOPS = {"silu_mul": 6, "gelu_mul": 10, "gelu": 8, "relu": 1, "add": 1, "mul": 1, "silu": 5}
+ELEMENTWISE_INPUTS = {"silu_mul": 2, "gelu_mul": 2, "gelu": 1, "relu": 1, "add": 2, "mul": 2, "silu": 1}
+
+
+@dataclass(frozen=True)
+class Elementwise(OpSpec):
+    """An elementwise op producing `numel` outputs (silu_mul reads 2*numel: gate and up)."""
+
+    op: str
+    numel: int
+    dtype: str = "fp16"
+    kind: ClassVar[str] = "elementwise"
+
+    def __post_init__(self) -> None:
+        check_choice("op", self.op, ELEMENTWISE_FLOPS)
+        check_nonneg_int("numel", self.numel)
+        _check_dtype("dtype", self.dtype)
+
+    def flops(self) -> float:
+        return float(ELEMENTWISE_FLOPS[self.op] * self.numel)
+
+    def min_bytes(self) -> float:
+        return (ELEMENTWISE_INPUTS[self.op] + 1) * self.numel * dtype_bytes(self.dtype)
+
+    def describe(self) -> str:
+        return self.op
+
+
+@dataclass(frozen=True)
+class Embedding(OpSpec):
+    """Gather `tokens` rows of a [vocab, hidden] table."""
+
+    tokens: int
+    vocab: int
+    hidden: int
+    dtype: str = "fp16"
+    kind: ClassVar[str] = "embedding"
+
+    def __post_init__(self) -> None:
+        check_nonneg_int("tokens", self.tokens)
+        check_positive_int("vocab", self.vocab)
+        check_positive_int("hidden", self.hidden)
+        _check_dtype("dtype", self.dtype)
+
+    def flops(self) -> float:
+        return 0.0
+
+    def min_bytes(self) -> float:
+        return 2.0 * self.tokens * self.hidden * dtype_bytes(self.dtype) + 8 * self.tokens
+
+
+@dataclass(frozen=True)
+class MoERouter(OpSpec):
+    """Router: logits = X[tokens, hidden] @ Wg[experts, hidden]^T, softmax, top-k."""
+
+    tokens: int
+    hidden: int
+    experts: int
+    top_k: int
+    dtype: str = "fp16"
+    kind: ClassVar[str] = "moe_router"
+
+    def __post_init__(self) -> None:
+        check_nonneg_int("tokens", self.tokens)
+        check_positive_int("hidden", self.hidden)
+        check_positive_int("experts", self.experts)
+        check_positive_int("top_k", self.top_k)
+        if self.top_k > self.experts:
+            raise CodesignError(f"top_k={self.top_k} exceeds experts={self.experts}")
+        _check_dtype("dtype", self.dtype)
+
+    def flops(self) -> float:
+        return 2.0 * self.tokens * self.hidden * self.experts + (SOFTMAX_FLOPS_PER_SCORE + 1) * self.tokens * self.experts
+
+    def min_bytes(self) -> float:
+        b = dtype_bytes(self.dtype)
+        return (self.tokens * self.hidden + self.experts * self.hidden) * b + self.tokens * self.top_k * (4 + 4)
+
+
+@dataclass(frozen=True)
+class AllReduce(OpSpec):
+    """Sum-all-reduce of `numel` elements across `world_size` ranks (ring algorithm).
+
+    `min_bytes()` is what each rank sends over its link: 2 (p-1)/p of the buffer.
+    """
+
+    numel: int
+    world_size: int
+    dtype: str = "fp16"
+    kind: ClassVar[str] = "all_reduce"
+
+    def __post_init__(self) -> None:
+        check_nonneg_int("numel", self.numel)
+        check_positive_int("world_size", self.world_size)
+        _check_dtype("dtype", self.dtype)
+
+    def flops(self) -> float:
+        p = self.world_size
+        return float(self.numel * (p - 1) / p)
+
+    def min_bytes(self) -> float:
+        p = self.world_size
+        return 2.0 * (p - 1) / p * self.numel * dtype_bytes(self.dtype)
+
+    def peak_key(self) -> str:
+        return "link"
+
+
+@dataclass(frozen=True)
+class Sampling(OpSpec):
+    """Pick the next token from [batch, vocab] logits (softmax + top-k/top-p or argmax)."""
+
+    batch: int
+    vocab: int
+    dtype: str = "fp32"
+    kind: ClassVar[str] = "sampling"
+
+    def __post_init__(self) -> None:
+        check_nonneg_int("batch", self.batch)
+        check_positive_int("vocab", self.vocab)
+        _check_dtype("dtype", self.dtype)
+
+    def flops(self) -> float:
+        return float((SOFTMAX_FLOPS_PER_SCORE + 1) * self.batch * self.vocab)
+
+    def min_bytes(self) -> float:
+        return self.batch * self.vocab * dtype_bytes(self.dtype) + 8 * self.batch
+
+
+ALL_SPECS: tuple[type[OpSpec], ...] = (
+    Gemm,
+    PrefillAttention,
+    PagedDecodeAttention,
+    PagedExtendAttention,
+    TreeAttention,
+    KVWrite,
+    KVDequantize,
+    Norm,
+    Softmax,
+    RoPE,
+    Elementwise,
+    Embedding,
+    MoERouter,
+    AllReduce,
+    Sampling,
+)
+
+__all__ = [c.__name__ for c in ALL_SPECS] + ["OpSpec", "ALL_SPECS", "dtype_bits"]

@@ -1,0 +1,1 @@
+"""codesign.dataflow: LLM operator graphs (networkx), roofline analysis, mapping and scheduling."""

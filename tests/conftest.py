@@ -1,0 +1,54 @@
+"""Shared test set-up: Triton's interpreter on GPU-less machines, seeding, comparison helpers.
+
+TRITON_INTERPRET must be set before any @triton.jit function is defined, so it
+happens here, at conftest import, before test modules import codesign.kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import zlib
+
+import pytest
+
+from codesign.backend import cuda_available, enable_interpreter_if_no_gpu
+
+# Keep the interpreter and torch from fighting over the 2 cores of CI machines.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+enable_interpreter_if_no_gpu()
+
+GPU_REASON = "needs a CUDA GPU (run bench/gpu_suite.py on a GPU machine)"
+
+
+def pytest_collection_modifyitems(config, items):
+    if cuda_available():
+        return
+    skip = pytest.mark.skip(reason=GPU_REASON)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    """Different data in every test, reproducible: the seed is crc32(test id) xor $CODESIGN_SEED.
+
+    Set CODESIGN_SEED to another integer to draw fresh data for the whole run.
+    """
+    seed = zlib.crc32(request.node.nodeid.encode()) ^ int(os.environ.get("CODESIGN_SEED", "0"))
+    request.node.user_properties.append(("seed", seed))
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import torch
+
+        torch.manual_seed(seed)
+    except ImportError:  # pragma: no cover
+        pass
+    yield seed

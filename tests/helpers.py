@@ -1,0 +1,42 @@
+"""Comparison helpers shared by the kernel tests (references in fp64, relative errors)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rel_fro_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref||_F / ||ref||_F in fp64; inf if `out` has any NaN/inf."""
+    o = out.detach().to(torch.float64).cpu()
+    r = ref.detach().to(torch.float64).cpu()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    den = torch.linalg.vector_norm(r).item()
+    num = torch.linalg.vector_norm(o - r).item()
+    return num / den if den else num
+
+
+def assert_rel_close(out: torch.Tensor, ref: torch.Tensor, bound: float, what: str = "output") -> None:
+    """Assert shapes match and the relative Frobenius error is under `bound`; report the worst elements."""
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    err = rel_fro_error(out, ref)
+    if err <= bound:
+        return
+    o = out.detach().to(torch.float64).cpu()
+    r = ref.detach().to(torch.float64).cpu()
+    bad = ~torch.isfinite(o)
+    diff = (o - r).abs().nan_to_num(float("inf"))
+    idx = torch.topk(diff.flatten(), k=min(5, diff.numel())).indices
+    worst = [(tuple(int(i) for i in torch.unravel_index(j, o.shape)), o.flatten()[j].item(), r.flatten()[j].item())
+             for j in idx]
+    raise AssertionError(
+        f"{what}: relative error {err:.3e} > {bound:.1e}; non-finite: {int(bad.sum())}; "
+        f"worst (index, got, want): {worst}"
+    )
+
+
+def poison_like(t: torch.Tensor) -> torch.Tensor:
+    """A tensor like `t` full of NaN (float) or a sentinel (int), to catch unwritten outputs."""
+    if t.dtype.is_floating_point:
+        return torch.full_like(t, float("nan"))
+    return torch.full_like(t, -12345)
