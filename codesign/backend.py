@@ -27,7 +27,8 @@ BACKENDS = ("auto", "triton", "cupy", "torch")
 
 # Per-context overrides: {op name or "*": backend}. A ContextVar, not a global dict,
 # so threads and nested `with` blocks do not see each other's choices.
-_OVERRIDES: ContextVar[dict[str, str]] = ContextVar("codesign_backend_overrides", default={})
+# The default is never mutated (use_backend copies before setting), hence the noqa.
+_OVERRIDES: ContextVar[dict[str, str]] = ContextVar("codesign_backend_overrides", default={})  # noqa: B039
 
 
 @contextmanager
@@ -80,9 +81,7 @@ def enable_interpreter_if_no_gpu() -> bool:
     """
     if not interpreter_enabled() and not cuda_available():
         if any(m.startswith("codesign.kernels") for m in sys.modules):
-            raise CodesignError(
-                "enable_interpreter_if_no_gpu() must run before codesign.kernels is imported"
-            )
+            raise CodesignError("enable_interpreter_if_no_gpu() must run before codesign.kernels is imported")
         os.environ["TRITON_INTERPRET"] = "1"
     return interpreter_enabled()
 

@@ -27,8 +27,10 @@ def assert_rel_close(out: torch.Tensor, ref: torch.Tensor, bound: float, what: s
     bad = ~torch.isfinite(o)
     diff = (o - r).abs().nan_to_num(float("inf"))
     idx = torch.topk(diff.flatten(), k=min(5, diff.numel())).indices
-    worst = [(tuple(int(i) for i in torch.unravel_index(j, o.shape)), o.flatten()[j].item(), r.flatten()[j].item())
-             for j in idx]
+    worst = [
+        (tuple(int(i) for i in torch.unravel_index(j, o.shape)), o.flatten()[j].item(), r.flatten()[j].item())
+        for j in idx
+    ]
     raise AssertionError(
         f"{what}: relative error {err:.3e} > {bound:.1e}; non-finite: {int(bad.sum())}; "
         f"worst (index, got, want): {worst}"

@@ -129,7 +129,9 @@ class WeightFormat:
             if k is None:
                 return self.code_bits()
             return self.total_bytes(1, k) * 8 / k
-        return self.code_bits() + dtype_bits(self.scale_dtype) * (1 if self.symmetric else 2) / self.group_size
+        return (
+            self.code_bits() + dtype_bits(self.scale_dtype) * (1 if self.symmetric else 2) / self.group_size
+        )
 
     @classmethod
     def parse(cls, text: str) -> WeightFormat:

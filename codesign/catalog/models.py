@@ -1,0 +1,262 @@
+"""Model catalogue: `ModelConfig` records from models.yaml, or from a local Hugging Face config.json.
+
+`load_model(name_or_path)` takes a catalogue name ("llama-2-7b"), a path to a
+config.json, or a folder holding one. No hub access: local files only.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from codesign.specs.errors import CodesignError, check_choice, check_nonneg_int, check_positive_int
+
+CATALOG_FILE = Path(__file__).resolve().parent / "models.yaml"
+FFN_KINDS = ("gated_silu", "gated_gelu", "gelu", "relu")
+NORM_KINDS = ("rms", "layer")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a decoder-only transformer, as an operator graph needs it."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    head_dim: int = 0  # 0: hidden // heads
+    ffn_kind: str = "gated_silu"
+    norm: str = "rms"
+    max_context: int = 4096
+    experts: int = 0  # 0: dense FFN
+    top_k: int = 0
+    tied_embeddings: bool = False
+    bias: bool = False
+    rope: bool = True
+    learned_positions: bool = False
+    sliding_window: int | None = None
+    known_params: float | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        where = f"model {self.name!r}"
+        for f in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "max_context"):
+            try:
+                check_positive_int(f, getattr(self, f))
+            except CodesignError as e:
+                raise CodesignError(f"{where}: {e}") from None
+        check_nonneg_int("head_dim", self.head_dim)
+        if self.head_dim == 0:
+            if self.hidden % self.heads:
+                raise CodesignError(f"{where}: hidden={self.hidden} not divisible by heads={self.heads}")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        if self.heads % self.kv_heads:
+            raise CodesignError(f"{where}: heads={self.heads} not a multiple of kv_heads={self.kv_heads}")
+        check_choice(f"{where}: ffn_kind", self.ffn_kind, FFN_KINDS)
+        check_choice(f"{where}: norm", self.norm, NORM_KINDS)
+        check_nonneg_int("experts", self.experts)
+        if self.experts and not (1 <= self.top_k <= self.experts):
+            raise CodesignError(f"{where}: top_k={self.top_k} must be in 1..experts={self.experts}")
+        if self.sliding_window is not None:
+            check_positive_int("sliding_window", self.sliding_window)
+        if self.known_params is not None:
+            # YAML 1.1 reads "6.738e9" (no sign in the exponent) as a string.
+            object.__setattr__(self, "known_params", float(self.known_params))
+
+    @property
+    def gated(self) -> bool:
+        return self.ffn_kind.startswith("gated")
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(N, K) of each linear layer of one block (unsharded); MoE expert shapes are per expert."""
+        ffn_up = (2 if self.gated else 1) * self.ffn
+        return {
+            "qkv_proj": (self.q_dim + 2 * self.kv_dim, self.hidden),
+            "o_proj": (self.hidden, self.q_dim),
+            "up_proj": (ffn_up, self.hidden),
+            "down_proj": (self.hidden, self.ffn),
+        }
+
+    def param_count(self) -> int:
+        """Total parameters (weights, biases, norms, embeddings); checked against `known_params`."""
+        s = self.linear_shapes()
+        attn = s["qkv_proj"][0] * s["qkv_proj"][1] + s["o_proj"][0] * s["o_proj"][1]
+        mlp = s["up_proj"][0] * s["up_proj"][1] + s["down_proj"][0] * s["down_proj"][1]
+        bias_attn = s["qkv_proj"][0] + s["o_proj"][0] if self.bias else 0
+        bias_mlp = s["up_proj"][0] + s["down_proj"][0] if self.bias else 0
+        norm_params = (1 if self.norm == "rms" else 2) * self.hidden
+        if self.experts:
+            mlp, bias_mlp = mlp * self.experts, bias_mlp * self.experts
+            mlp += self.experts * self.hidden  # router
+        per_layer = attn + mlp + bias_attn + bias_mlp + 2 * norm_params
+        emb = self.vocab * self.hidden
+        pos = (self.max_context + 2) * self.hidden if self.learned_positions else 0  # OPT keeps 2 spare rows
+        head = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return self.layers * per_layer + emb + pos + head + norm_params
+
+    def weight_bytes_per_layer(self, bits_per_weight: float) -> float:
+        """Bytes of linear weights of one block read by a step (all experts)."""
+        s = self.linear_shapes()
+        mlp = s["up_proj"][0] * s["up_proj"][1] + s["down_proj"][0] * s["down_proj"][1]
+        n = sum(a * b for a, b in (s["qkv_proj"], s["o_proj"])) + mlp * max(1, self.experts)
+        return n * bits_per_weight / 8
+
+
+@functools.lru_cache(maxsize=1)
+def _catalog() -> dict[str, dict[str, Any]]:
+    with open(CATALOG_FILE) as f:
+        data = yaml.safe_load(f)
+    return data["models"]
+
+
+def list_models() -> list[str]:
+    """Names of the catalogue's models."""
+    return sorted(_catalog())
+
+
+def _from_fields(name: str, raw: dict[str, Any], origin: str) -> ModelConfig:
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = set(raw) - known
+    if unknown:
+        raise CodesignError(f"{origin}: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
+    try:
+        return ModelConfig(name=name, **{k: v for k, v in raw.items() if k != "name"})
+    except TypeError as e:
+        raise CodesignError(f"{origin}: {e}") from None
+
+
+def load_model(name_or_path: str) -> ModelConfig:
+    """A catalogue model by name (case-insensitive), or a local HF config.json (file or folder)."""
+    key = str(name_or_path).lower()
+    cat = _catalog()
+    if key in cat:
+        return _from_fields(key, cat[key], f"{CATALOG_FILE.name}:{key}")
+    p = Path(name_or_path)
+    if p.is_dir():
+        p = p / "config.json"
+    if p.is_file():
+        return load_hf_config(p)
+    raise CodesignError(
+        f"model {name_or_path!r} is neither a catalogue name ({', '.join(list_models())}) "
+        "nor a path to a Hugging Face config.json"
+    )
+
+
+def _get(cfg: dict[str, Any], path: Path, *names: str, default: Any = None, required: bool = True) -> Any:
+    for n in names:
+        if n in cfg and cfg[n] is not None:
+            return cfg[n]
+    if required and default is None:
+        raise CodesignError(f"{path}: missing field {' / '.join(names)}")
+    return default
+
+
+def load_hf_config(path: str | Path) -> ModelConfig:
+    """A ModelConfig from a local Hugging Face config.json (llama, mistral, mixtral, qwen, gemma, opt,
+    gpt2, bert)."""
+    path = Path(path)
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CodesignError(f"{path}: not a readable JSON config ({e})") from None
+    if not isinstance(cfg, dict):
+        raise CodesignError(f"{path}: expected a JSON object at the top level")
+    mtype = str(cfg.get("model_type", "")).lower()
+    name = path.parent.name or path.stem
+    g = functools.partial(_get, cfg, path)
+    try:
+        if mtype == "gpt2":
+            hidden = int(g("n_embd"))
+            return ModelConfig(
+                name=name,
+                layers=int(g("n_layer")),
+                hidden=hidden,
+                heads=int(g("n_head")),
+                kv_heads=int(g("n_head")),
+                ffn=int(cfg.get("n_inner") or 4 * hidden),
+                vocab=int(g("vocab_size")),
+                ffn_kind="gelu",
+                norm="layer",
+                max_context=int(g("n_positions")),
+                tied_embeddings=True,
+                bias=True,
+                rope=False,
+                learned_positions=True,
+                source=str(path),
+            )
+        if mtype in ("opt", "bert"):
+            heads = int(g("num_attention_heads"))
+            act = str(cfg.get("activation_function", cfg.get("hidden_act", "relu")))
+            return ModelConfig(
+                name=name,
+                layers=int(g("num_hidden_layers")),
+                hidden=int(g("hidden_size")),
+                heads=heads,
+                kv_heads=heads,
+                ffn=int(g("ffn_dim", "intermediate_size")),
+                vocab=int(g("vocab_size")),
+                ffn_kind="gelu" if "gelu" in act else "relu",
+                norm="layer",
+                max_context=int(g("max_position_embeddings")),
+                tied_embeddings=True,
+                bias=True,
+                rope=False,
+                learned_positions=True,
+                source=str(path),
+            )
+        if mtype in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "qwen2_moe", ""):
+            heads = int(g("num_attention_heads"))
+            act = str(cfg.get("hidden_act", cfg.get("hidden_activation", "silu")))
+            experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+            return ModelConfig(
+                name=name,
+                layers=int(g("num_hidden_layers")),
+                hidden=int(g("hidden_size")),
+                heads=heads,
+                kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or 0),
+                ffn=int(g("intermediate_size")),
+                vocab=int(g("vocab_size")),
+                ffn_kind="gated_gelu" if "gelu" in act else "gated_silu",
+                norm="rms",
+                max_context=int(g("max_position_embeddings")),
+                experts=experts,
+                top_k=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                bias=bool(cfg.get("attention_bias", False)),
+                rope=True,
+                sliding_window=cfg.get("sliding_window") or None,
+                source=str(path),
+            )
+    except (TypeError, ValueError) as e:
+        if isinstance(e, CodesignError):
+            raise
+        raise CodesignError(f"{path}: malformed field value ({e})") from None
+    raise CodesignError(
+        f"{path}: model_type {mtype!r} not supported; expected one of llama, mistral, mixtral, qwen2, qwen3, "
+        "gemma, opt, gpt2, bert"
+    )
+
+
+def expected_active_experts(experts: int, routed_tokens: int) -> int:
+    """Distinct experts hit by `routed_tokens` (token, expert) picks under uniform routing (rounded up)."""
+    if experts <= 0 or routed_tokens <= 0:
+        return 0
+    return min(experts, math.ceil(experts * (1 - (1 - 1 / experts) ** routed_tokens)))

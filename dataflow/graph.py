@@ -1,0 +1,229 @@
+"""Operator graph of one LLM inference step: a networkx DiGraph whose nodes carry operator specs.
+
+Node ids are "embed", "L{i}.{op}" for layer i, and "final_norm", "lm_head",
+"sample". Each node has attributes `spec` (a codesign.specs OpSpec), `op` (the
+operator's role, e.g. "qkv_proj", shared by all layers) and `layer` (int, or
+None outside the blocks). Edges carry `bytes`, the size of the tensor passed.
+Weights are sharded over `tp` ranks (Megatron-style: column-parallel QKV/up,
+row-parallel o/down, an all-reduce after each); the graph is one rank's work.
+
+Phases: "decode" (one new token per sequence; `context` = KV tokens attended,
+the new one included) and "prefill" (`context` = prompt length per sequence).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import networkx as nx
+
+from codesign.catalog.models import ModelConfig, expected_active_experts, load_model
+from codesign.specs import (
+    AllReduce,
+    CodesignError,
+    Elementwise,
+    Embedding,
+    Gemm,
+    KVFormat,
+    KVWrite,
+    MoERouter,
+    Norm,
+    OpSpec,
+    PagedDecodeAttention,
+    PrefillAttention,
+    RoPE,
+    Sampling,
+    WeightFormat,
+    check_choice,
+    check_positive_int,
+    check_positive_ints,
+    dtype_bytes,
+)
+
+PHASES = ("decode", "prefill")
+
+
+def _context_lens(context: int | Sequence[int], batch: int, model: ModelConfig) -> tuple[int, ...]:
+    if isinstance(context, int) and not isinstance(context, bool):
+        lens = (check_positive_int("context", context),) * batch
+    else:
+        lens = check_positive_ints("context", context)
+        if len(lens) != batch:
+            raise CodesignError(f"context has {len(lens)} lengths but batch is {batch}")
+    if max(lens) > model.max_context:
+        raise CodesignError(
+            f"context {max(lens)} exceeds {model.name}'s maximum context of {model.max_context} tokens"
+        )
+    return lens
+
+
+def _divide(name: str, value: int, tp: int) -> int:
+    if value % tp:
+        raise CodesignError(f"tp={tp} must divide the model's {name} ({value})")
+    return value // tp
+
+
+def build_step_graph(
+    model: ModelConfig | str,
+    phase: str = "decode",
+    batch: int = 1,
+    context: int | Sequence[int] = 2048,
+    weight_format: WeightFormat | str = "fp16",
+    kv_format: KVFormat | str = "fp16",
+    tp: int = 1,
+    act_dtype: str = "fp16",
+    block_size: int = 16,
+) -> nx.DiGraph:
+    """The operator DAG of one prefill or decode step of `model` on one tensor-parallel rank."""
+    m = load_model(model) if isinstance(model, str) else model
+    check_choice("phase", phase, PHASES)
+    check_positive_int("batch", batch)
+    check_positive_int("tp", tp)
+    wf = WeightFormat.parse(weight_format) if isinstance(weight_format, str) else weight_format
+    kvf = KVFormat.parse(kv_format) if isinstance(kv_format, str) else kv_format
+    lens = _context_lens(context, batch, m)
+    q_heads = _divide("heads", m.heads, tp)
+    # KV heads replicate when tp exceeds them (vLLM's rule): each rank keeps at least one.
+    kv_heads = _divide("kv_heads", m.kv_heads, tp) if m.kv_heads >= tp else 1
+    ffn = _divide("ffn", m.ffn, tp)
+    hd, hidden = m.head_dim, m.hidden
+    tokens = batch if phase == "decode" else sum(lens)
+    act_b = dtype_bytes("fp16")
+    # Weight-only formats keep fp16 activations; W8A8/FP8 quantize activations for the GEMM.
+    lin_act = act_dtype if wf.quantized else "fp16"
+
+    g = nx.DiGraph(
+        model=m.name,
+        phase=phase,
+        batch=batch,
+        context=lens,
+        tp=tp,
+        tokens=tokens,
+        weight_format=wf.name,
+        kv_format=kvf.name,
+    )
+
+    def add(node: str, op: str, spec: OpSpec, layer: int | None, inputs: Sequence[str], nbytes: float) -> str:
+        g.add_node(node, spec=spec, op=op, layer=layer)
+        for src in inputs:
+            g.add_edge(src, node, bytes=g.nodes[src].get("out_bytes", nbytes))
+        g.nodes[node]["out_bytes"] = nbytes
+        return node
+
+    def lin(n: int, k: int, bias: bool, mm: int = tokens, batch_: int = 1) -> Gemm:
+        return Gemm(M=mm, N=n, K=k, weight=wf, act_dtype=lin_act, bias=bias, batch=batch_)
+
+    x = add("embed", "embedding", Embedding(tokens, m.vocab, hidden), None, [], tokens * hidden * act_b)
+    last = [x]
+    for i in range(m.layers):
+        p = f"L{i}."
+        h_in = last[0]
+        n1 = add(
+            p + "attn_norm", "attn_norm", Norm(tokens, hidden, m.norm), i, [h_in], tokens * hidden * act_b
+        )
+        qkv_n = (q_heads + 2 * kv_heads) * hd
+        qkv = add(p + "qkv_proj", "qkv_proj", lin(qkv_n, hidden, m.bias), i, [n1], tokens * qkv_n * act_b)
+        pre_attn = qkv
+        if m.rope:
+            pre_attn = add(
+                p + "rope", "rope", RoPE(tokens, q_heads, kv_heads, hd), i, [qkv], tokens * qkv_n * act_b
+            )
+        kvw = add(p + "kv_write", "kv_write", KVWrite(tokens, kv_heads, hd, kvf), i, [pre_attn], 0)
+        if phase == "decode":
+            attn_spec: OpSpec = PagedDecodeAttention(
+                q_heads,
+                kv_heads,
+                hd,
+                context_lens=lens,
+                block_size=block_size,
+                kv_format=kvf,
+                window=m.sliding_window,
+            )
+        else:
+            attn_spec = PrefillAttention(q_heads, kv_heads, hd, seq_lens=lens, window=m.sliding_window)
+        attn = add(p + "attention", "attention", attn_spec, i, [pre_attn, kvw], tokens * q_heads * hd * act_b)
+        o = add(p + "o_proj", "o_proj", lin(hidden, q_heads * hd, m.bias), i, [attn], tokens * hidden * act_b)
+        if tp > 1:
+            o = add(
+                p + "attn_all_reduce",
+                "all_reduce",
+                AllReduce(tokens * hidden, tp),
+                i,
+                [o],
+                tokens * hidden * act_b,
+            )
+        r1 = add(
+            p + "attn_residual",
+            "residual_add",
+            Elementwise("add", tokens * hidden),
+            i,
+            [o, h_in],
+            tokens * hidden * act_b,
+        )
+        n2 = add(p + "ffn_norm", "ffn_norm", Norm(tokens, hidden, m.norm), i, [r1], tokens * hidden * act_b)
+        up_n = (2 if m.gated else 1) * ffn
+        act_op = {"gated_silu": "silu_mul", "gated_gelu": "gelu_mul", "gelu": "gelu", "relu": "relu"}[
+            m.ffn_kind
+        ]
+        if m.experts:
+            router = add(
+                p + "router",
+                "moe_router",
+                MoERouter(tokens, hidden, m.experts, m.top_k),
+                i,
+                [n2],
+                tokens * m.top_k * 8,
+            )
+            routed = tokens * m.top_k
+            active = expected_active_experts(m.experts, routed)
+            per_expert = math.ceil(routed / active)
+            up = add(
+                p + "up_proj",
+                "up_proj",
+                lin(up_n, hidden, m.bias, per_expert, active),
+                i,
+                [n2, router],
+                routed * up_n * act_b,
+            )
+            act = add(p + "act", act_op, Elementwise(act_op, routed * ffn), i, [up], routed * ffn * act_b)
+            down = add(
+                p + "down_proj",
+                "down_proj",
+                lin(hidden, ffn, m.bias, per_expert, active),
+                i,
+                [act],
+                tokens * hidden * act_b,
+            )
+        else:
+            up = add(p + "up_proj", "up_proj", lin(up_n, hidden, m.bias), i, [n2], tokens * up_n * act_b)
+            act = add(p + "act", act_op, Elementwise(act_op, tokens * ffn), i, [up], tokens * ffn * act_b)
+            down = add(
+                p + "down_proj", "down_proj", lin(hidden, ffn, m.bias), i, [act], tokens * hidden * act_b
+            )
+        if tp > 1:
+            down = add(
+                p + "ffn_all_reduce",
+                "all_reduce",
+                AllReduce(tokens * hidden, tp),
+                i,
+                [down],
+                tokens * hidden * act_b,
+            )
+        r2 = add(
+            p + "ffn_residual",
+            "residual_add",
+            Elementwise("add", tokens * hidden),
+            i,
+            [down, r1],
+            tokens * hidden * act_b,
+        )
+        last = [r2]
+    fn = add("final_norm", "final_norm", Norm(tokens, hidden, m.norm), None, last, tokens * hidden * act_b)
+    # Only the last position of each sequence is projected to the vocabulary.
+    vocab_shard = math.ceil(m.vocab / tp)
+    head = add(
+        "lm_head", "lm_head", Gemm(M=batch, N=vocab_shard, K=hidden), None, [fn], batch * vocab_shard * 4
+    )
+    add("sample", "sampling", Sampling(batch, m.vocab), None, [head], batch * 8)
+    return g

@@ -1,0 +1,126 @@
+"""Measured A100 latencies from the LLMCompass artifact, as operator specs, for checking our models.
+
+Source: PrincetonUniversity/LLMCompass (BSD-3-Clause), `ae/figure5/*/real_hardware/`,
+measured by its authors on an NVIDIA A100 80GB in fp16. The rows are copied
+here (the full files are in the project's shared reference data) so the checks
+run on any clone. The GPT-3 175B layer runs with tensor parallelism over 4 GPUs,
+batch 8, sequence 2048 (prefill) or one new token at context 2048 (decode).
+
+Run `python -m codesign.dataflow.llmcompass_ref` to print roofline/measured ratios.
+"""
+
+from __future__ import annotations
+
+from codesign.specs import AllReduce, Elementwise, Gemm, Norm, OpSpec, Softmax
+
+# (M, N, K, measured seconds) from matmul_A100.csv.
+MATMUL_A100: tuple[tuple[int, int, int, float], ...] = (
+    (64, 12288, 12288, 0.1900e-3),
+    (128, 12288, 12288, 0.2003e-3),
+    (256, 12288, 12288, 0.3185e-3),
+    (512, 12288, 12288, 0.6118e-3),
+    (1024, 12288, 12288, 1.1990e-3),
+    (2048, 12288, 12288, 2.3586e-3),
+    (4096, 12288, 12288, 4.4576e-3),
+    (8192, 12288, 12288, 8.6216e-3),
+    (16384, 12288, 12288, 17.0307e-3),
+    (32768, 12288, 12288, 35.4407e-3),
+    (8192, 64, 64, 0.0296e-3),
+    (8192, 128, 128, 0.0310e-3),
+    (8192, 256, 256, 0.0356e-3),
+    (8192, 512, 512, 0.0471e-3),
+    (8192, 1024, 1024, 0.0927e-3),
+    (8192, 2048, 2048, 0.2818e-3),
+    (8192, 4096, 4096, 1.0210e-3),
+    (8192, 8192, 8192, 3.9614e-3),
+    (8192, 16384, 16384, 15.0087e-3),
+    (8192, 32768, 32768, 61.1346e-3),
+)
+
+# Row order of transformer_A100.csv / transformerAR_A100.csv (seconds).
+LAYER_ROWS = (
+    "Q_K_V",
+    "Q_mul_K",
+    "A_mul_V",
+    "Wo_proj",
+    "W1_proj",
+    "W2_proj",
+    "Softmax",
+    "LayerNorm_MHA",
+    "LayerNorm_FFN",
+    "GeLU",
+    "AllReduce_MHA",
+    "AllReduce_FFN",
+)
+GPT3_PREFILL_A100 = (
+    0.013721823692321777,
+    0.0018811225891113281,
+    0.001183152198791504,
+    0.0045403242111206055,
+    0.017464280128479004,
+    0.017485618591308594,
+    0.00280153751373291,
+    0.0006816387176513672,
+    0.0006816387176513672,
+    0.0005242824554443359,
+    0.0028909,
+    0.0028909,
+)
+GPT3_DECODE_A100 = (
+    0.0002124309539794922,
+    0.00010609626770019531,
+    0.0001386404037475586,
+    6.890296936035156e-05,
+    0.00018596649169921875,
+    0.00018608570098876953,
+    1.6689300537109375e-05,
+    4.8041343688964844e-05,
+    4.8041343688964844e-05,
+    4.792213439941406e-05,
+    26.04e-06,
+    26.04e-06,
+)
+
+
+def gpt3_layer_specs(phase: str) -> dict[str, OpSpec]:
+    """Specs of the LLMCompass GPT-3 layer rows (one of 4 tensor-parallel ranks), keyed by row name."""
+    d, heads, hd, tp, b, s = 12288, 96, 128, 4, 8, 2048
+    h = heads // tp
+    t = b * s if phase == "prefill" else b  # tokens in this step
+    q = s if phase == "prefill" else 1  # queries per sequence
+    ln = Norm(t, d, "layer")
+    ar = AllReduce(t * d, tp)
+    return {
+        "Q_K_V": Gemm(t, 3 * d // tp, d),
+        "Q_mul_K": Gemm(q, s, hd, batch=b * h),
+        "A_mul_V": Gemm(q, hd, s, batch=b * h),
+        "Wo_proj": Gemm(t, d, d // tp),
+        "W1_proj": Gemm(t, 4 * d // tp, d),
+        "W2_proj": Gemm(t, d, 4 * d // tp),
+        "Softmax": Softmax(b * h * q, s),
+        "LayerNorm_MHA": ln,
+        "LayerNorm_FFN": ln,
+        "GeLU": Elementwise("gelu", t * 4 * d // tp),
+        "AllReduce_MHA": ar,
+        "AllReduce_FFN": ar,
+    }
+
+
+def _main() -> None:
+    from codesign.catalog.gpus import load_gpu
+    from codesign.dataflow.roofline import op_time
+
+    gpu = load_gpu("a100-80gb")
+    print("matmul (M, N, K): roofline / measured on A100 80GB")
+    for m, n, k, meas in MATMUL_A100:
+        t, bound = op_time(Gemm(m, n, k), gpu)
+        print(f"  {m:>6} {n:>6} {k:>6}  {t / meas:6.3f}  ({bound})")
+    for phase, measured in (("prefill", GPT3_PREFILL_A100), ("decode", GPT3_DECODE_A100)):
+        print(f"GPT-3 175B layer, {phase}, TP=4: roofline / measured")
+        for (name, spec), meas in zip(gpt3_layer_specs(phase).items(), measured):
+            t, bound = op_time(spec, gpu)
+            print(f"  {name:<14} {t / meas:6.3f}  ({bound})")
+
+
+if __name__ == "__main__":
+    _main()

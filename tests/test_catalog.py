@@ -1,0 +1,163 @@
+"""Model and GPU catalogues, and the Hugging Face config.json reader."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from codesign.catalog.gpus import list_gpus, load_gpu, match_gpu_name
+from codesign.catalog.models import expected_active_experts, list_models, load_hf_config, load_model
+from codesign.specs import CodesignError
+
+REQUIRED_MODELS = (
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-3-8b",
+    "llama-3-70b",
+    "mistral-7b",
+    "mixtral-8x7b",
+    "opt-6.7b",
+    "gpt-3-175b",
+)
+REQUIRED_GPUS = (
+    "a100-40gb",
+    "a100-80gb",
+    "h100-sxm",
+    "h100-pcie",
+    "h200",
+    "l40s",
+    "rtx-4090",
+    "mi210",
+    "mi300x",
+)
+
+
+@pytest.mark.parametrize("name", REQUIRED_MODELS)
+def test_param_count_matches_published(name):
+    """Parameter counts from the catalogue's fields agree with the published totals (independent check)."""
+    m = load_model(name)
+    assert m.known_params
+    assert m.param_count() == pytest.approx(m.known_params, rel=0.01)
+
+
+def test_catalogue_lists():
+    assert set(REQUIRED_MODELS) <= set(list_models())
+    assert set(REQUIRED_GPUS) <= set(list_gpus())
+    assert load_model("LLaMA-3-8B").kv_heads == 8
+
+
+@pytest.mark.parametrize("key", REQUIRED_GPUS)
+def test_gpu_entries_have_sources(key):
+    g = load_gpu(key)
+    assert g.sources.get("all")
+    assert g.mem_bw > 1e11 and g.peak("fp16") > g.peak("vector") > 0
+    assert g.peak("fp8") > 0  # falls back to fp16 where the device has no fp8 unit
+
+
+def test_gpu_lookup():
+    assert load_gpu("H100-SXM").mem_bw == 3.35e12
+    assert match_gpu_name("NVIDIA H100 80GB HBM3").key == "h100-sxm"
+    assert match_gpu_name("NVIDIA A100-SXM4-40GB").key == "a100-40gb"
+    assert match_gpu_name("NVIDIA H200").key == "h200"
+    assert match_gpu_name("Some Other GPU") is None
+    with pytest.raises(CodesignError, match="h100-sxm"):
+        load_gpu("h1000")
+
+
+def test_unknown_model():
+    with pytest.raises(CodesignError, match="llama-2-7b"):
+        load_model("llama-9")
+
+
+def _write(tmp_path, cfg):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_hf_llama_config(tmp_path):
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 96,
+        "vocab_size": 100,
+        "max_position_embeddings": 128,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    }
+    m = load_model(str(_write(tmp_path, cfg)))
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn) == (2, 64, 4, 2, 16, 96)
+    assert m.ffn_kind == "gated_silu" and m.norm == "rms"
+
+
+def test_hf_mixtral_and_opt(tmp_path):
+    mix = {
+        "model_type": "mixtral",
+        "num_hidden_layers": 1,
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "intermediate_size": 64,
+        "vocab_size": 10,
+        "max_position_embeddings": 64,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+    }
+    m = load_hf_config(_write(tmp_path, mix) / "config.json")
+    assert (m.experts, m.top_k) == (4, 2)
+    opt = {
+        "model_type": "opt",
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "ffn_dim": 16384,
+        "vocab_size": 50272,
+        "max_position_embeddings": 2048,
+        "activation_function": "relu",
+    }
+    (tmp_path / "opt.json").write_text(json.dumps(opt))
+    o = load_hf_config(tmp_path / "opt.json")
+    # The same architecture as the catalogue's OPT-6.7B: same parameter count.
+    assert o.param_count() == load_model("opt-6.7b").param_count()
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ("{not json", "not a readable JSON"),
+        ("[1, 2]", "JSON object"),
+        (json.dumps({"model_type": "llama", "hidden_size": 64}), "missing field num_attention_heads"),
+        (json.dumps({"model_type": "t5"}), "not supported"),
+        (
+            json.dumps(
+                {
+                    "model_type": "llama",
+                    "num_hidden_layers": 2,
+                    "hidden_size": 64,
+                    "num_attention_heads": 5,
+                    "intermediate_size": 8,
+                    "vocab_size": 10,
+                    "max_position_embeddings": 8,
+                }
+            ),
+            "divisible",
+        ),
+    ],
+)
+def test_malformed_hf_config(tmp_path, content, match):
+    p = tmp_path / "config.json"
+    p.write_text(content)
+    with pytest.raises(CodesignError, match=match):
+        load_hf_config(p)
+
+
+def test_expected_active_experts():
+    assert expected_active_experts(8, 2) == 2
+    assert expected_active_experts(8, 1000) == 8
+    assert 1 <= expected_active_experts(64, 8) <= 8
