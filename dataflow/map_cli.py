@@ -1,0 +1,77 @@
+"""`codesign map`: map and schedule one model step onto a GPU or a simulated design, with reports."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from codesign.dataflow.graph import PHASES, build_step_graph
+from codesign.dataflow.reports import (
+    check_fits,
+    chrome_trace,
+    format_report,
+    gantt_png,
+    per_op,
+    per_unit,
+    totals,
+    write_json_atomic,
+)
+from codesign.dataflow.schedule import OBJECTIVES, schedule
+from codesign.dataflow.targets import make_target
+from codesign.specs import CodesignError
+
+
+def _pins(text: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in text or []:
+        op, sep, unit = item.partition("=")
+        if not sep or not op or not unit:
+            raise CodesignError(f"--pin expects OP=UNIT (e.g. attention=pim), got {item!r}")
+        out[op] = unit
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="llama-2-7b", help="catalogue name or path to a HF config.json")
+    p.add_argument(
+        "--design", default="tpu_like", help="built-in design, design YAML, or a catalogue GPU key"
+    )
+    p.add_argument("--phase", default="decode", choices=PHASES)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--context", type=int, default=2048)
+    p.add_argument("--weight-format", default="fp16")
+    p.add_argument("--kv-format", default="fp16")
+    p.add_argument("--act-dtype", default="fp16")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--objective", default="latency", choices=OBJECTIVES)
+    p.add_argument("--pin", action="append", metavar="OP=UNIT", help="force an operator role onto a unit")
+    p.add_argument("--json", type=Path, help="write per-op, per-unit and total results as JSON")
+    p.add_argument("--trace", type=Path, help="write a Chrome-trace/Perfetto timeline (JSON)")
+    p.add_argument("--plot", type=Path, help="write a Gantt chart (PNG)")
+
+
+def run(args: argparse.Namespace) -> int:
+    target = make_target(args.design)
+    g = build_step_graph(
+        args.model,
+        phase=args.phase,
+        batch=args.batch,
+        context=args.context,
+        weight_format=args.weight_format,
+        kv_format=args.kv_format,
+        tp=args.tp,
+        act_dtype=args.act_dtype,
+    )
+    check_fits(g, target.memory_capacity_bytes(), target.name)
+    s = schedule(g, target, objective=args.objective, pins=_pins(args.pin))
+    print(format_report(s))
+    if args.json:
+        write_json_atomic({"totals": totals(s), "per_op": per_op(s), "per_unit": per_unit(s)}, args.json)
+        print(f"wrote {args.json}")
+    if args.trace:
+        write_json_atomic(chrome_trace(s), args.trace)
+        print(f"wrote {args.trace}")
+    if args.plot:
+        gantt_png(s, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
