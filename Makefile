@@ -33,8 +33,10 @@ sim-deps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq iverilog; }
 
+# The main job: design-space exploration of Llama-3-8B serving on the built-in space (resumable:
+# results in explore_out/results.sqlite, report in explore_out/report.html).
 run: install
-	$(BIN)/codesign roofline --model llama-2-7b --phase decode --batch 1 --context 4096 --gpu h100-sxm
+	$(BIN)/codesign explore
 
 test: install-test
 	$(BIN)/ruff check .
