@@ -262,3 +262,24 @@ def test_explore_cli_report(tmp_path, capsys):
     assert main(["explore", "--space", str(tmp_path / "missing.yaml")]) == 2
     assert main(["explore", "--model", "llama-99"]) == 2
     assert main(["explore", "--workload", "decode:x"]) == 2
+
+
+def test_ray_engine_matches_inline(tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray", reason="Ray is optional (the [dist] extra)")
+    import tempfile
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=tmp)
+    try:
+        s = space_from_dict(SMALL)
+        a = ResultStore(tmp_path / "a.sqlite", version="x")
+        b = ResultStore(tmp_path / "b.sqlite", version="x")
+        run_sweep(s, "llama-3-8b", WL[:1], make_strategy("grid", s, None), a, engine="inline", progress=False)
+        st = run_sweep(s, "llama-3-8b", WL[:1], make_strategy("grid", s, None), b, engine="ray", progress=False)
+        assert st.evaluated == 8
+        ra = {(r["point_key"], r["workload"]): r["metrics"] for r in a.rows()}
+        rb = {(r["point_key"], r["workload"]): r["metrics"] for r in b.rows()}
+        assert ra == rb
+    finally:
+        ray.shutdown()
