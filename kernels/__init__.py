@@ -1,1 +1,16 @@
-"""codesign.kernels: Triton (and CuPy) kernels for LLM inference, exposed as torch ops."""
+"""codesign.kernels: Triton (and CuPy) kernels for LLM inference, exposed as torch ops.
+
+Importing this package imports torch and defines the Triton kernels; to run them on CPU tensors through
+Triton's interpreter, set TRITON_INTERPRET=1 first (see codesign.backend).
+"""
+
+from codesign.kernels.quant_linear import (
+    FP8Config,
+    QuantLinear,
+    W4A16Config,
+    W8A8Config,
+    W8A16Config,
+    quantize_,
+)
+
+__all__ = ["FP8Config", "QuantLinear", "W4A16Config", "W8A8Config", "W8A16Config", "quantize_"]

@@ -38,7 +38,7 @@ def assert_rel_close(out: torch.Tensor, ref: torch.Tensor, bound: float, what: s
 
 
 def poison_like(t: torch.Tensor) -> torch.Tensor:
-    """A tensor like `t` full of NaN (float) or a sentinel (int), to catch unwritten outputs."""
+    """A tensor like `t` full of NaN (float, fp8 included) or the dtype's minimum (int), to catch unwritten outputs."""
     if t.dtype.is_floating_point:
         return torch.full_like(t, float("nan"))
-    return torch.full_like(t, -12345)
+    return torch.full_like(t, torch.iinfo(t.dtype).min)

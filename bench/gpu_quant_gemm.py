@@ -1,0 +1,217 @@
+"""GPU benchmark entry for the quantized GEMM kernels (for the one GPU suite, bench/gpu_suite.py).
+
+`run(report)` adds `report["quant_gemm"]`: one row per (model layer, M, kernel) with the time, TFLOP/s,
+GB/s (the `Gemm` spec's `min_bytes()` over the time), percent of the spec's roofline on this GPU
+(from `codesign.catalog`), speedup over bf16 `torch.matmul` on the same shape, and the relative
+error against a dequantize-then-matmul fp32 reference (checked once per layer and kernel, at M=16).
+Kernels: W4A16 g128 asym (Triton; also CuPy for M <= 16 when cupy imports), W8A16 per-channel,
+W8A8 int8 (dynamic per-token activations included in the time), FP8 (sm_89+ only).
+
+Targets (issue 3): W4A16 g128 at N = K = 8192 >= 3.5x bf16 for M <= 16 and >= 0.9x at M = 4096;
+W8A8 >= 1.6x bf16 at M >= 1024 on Llama-2-70B MLP shapes. `report["quant_gemm"]["targets"]` says
+which were met. Times use CUDA graphs where capture works, else `triton.testing.do_bench`.
+
+Standalone: python bench/gpu_quant_gemm.py [--quick]  (prints the report as JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+MS = (1, 4, 16, 64, 256, 1024, 4096)
+# (N, K) of each linear layer; fused QKV and gate+up as serving engines run them. From the Hugging
+# Face configs: Llama-3-8B hidden 4096, intermediate 14336, 32 q / 8 kv heads of 128;
+# Llama-2-70B hidden 8192, intermediate 28672, 64 q / 8 kv heads of 128.
+SHAPES: dict[str, dict[str, tuple[int, int]]] = {
+    "llama3-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)},
+    "llama2-70b": {"qkv": (10240, 8192), "o": (8192, 8192), "gate_up": (57344, 8192), "down": (8192, 28672)},
+    "square": {"8192": (8192, 8192)},
+}
+QUICK_SHAPES = {"square": {"8192": (8192, 8192)}, "llama2-70b": {"gate_up": (57344, 8192)}}
+
+
+def _time_ms(fn) -> tuple[float, bool]:
+    import torch
+    import triton.testing as tt
+
+    try:
+        return float(tt.do_bench_cudagraph(fn, rep=30)), True
+    except Exception:  # noqa: BLE001 - capture can fail (e.g. a third-party kernel); time without it
+        torch.cuda.synchronize()
+    return float(tt.do_bench(fn, warmup=10, rep=30)), False
+
+
+def _kernels(weight, fp8_ok: bool, cupy_ok: bool) -> dict[str, Any]:
+    """name -> (weight format, act dtype, callable(x) or None when unavailable, QuantizedWeight)."""
+    from codesign.backend import use_backend
+    from codesign.kernels import quant_formats as qf
+    from codesign.kernels import quant_gemm as qg
+    from codesign.specs import WeightFormat
+
+    w4 = qf.quantize_rtn(weight, "int4", 128, False, torch_dtype("bf16"))
+    w8 = qf.quantize_rtn(weight, "int8", None, True, torch_dtype("bf16"))
+    w8a8 = qf.quantize_rtn(weight, "int8", None, True, torch_dtype("fp32"))
+    out: dict[str, Any] = {
+        "w4a16_g128": (
+            WeightFormat("int4", 128, False, "bf16"),
+            "bf16",
+            lambda x: qg.quant_matmul(x, w4),
+            w4,
+        ),
+        "w8a16_pc": (WeightFormat("int8", None, True, "bf16"), "bf16", lambda x: qg.quant_matmul(x, w8), w8),
+        "w8a8_int8": (
+            WeightFormat("int8", None, True, "fp32"),
+            "int8",
+            lambda x: qg.quant_matmul(x, w8a8, act_quant=True),
+            w8a8,
+        ),
+    }
+    if fp8_ok:
+        wf = qf.quantize_rtn(weight, "fp8_e4m3", None)
+        out["fp8"] = (
+            WeightFormat("fp8_e4m3", None, True, "fp32"),
+            "fp8_e4m3",
+            lambda x: qg.quant_matmul(x, wf),
+            wf,
+        )
+    if cupy_ok:
+        w4h = qf.quantize_rtn(weight, "int4", 128, False, torch_dtype("fp16"))
+
+        def cupy_call(x):
+            with use_backend("cupy", op="w4a16_gemm"):
+                return qg.quant_matmul(x.half(), w4h)
+
+        out["w4a16_g128_cupy"] = (WeightFormat("int4", 128, False, "fp16"), "fp16", cupy_call, w4h)
+    return out
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+def _rel_err(out, ref) -> float:
+    import torch
+
+    o, r = out.float(), ref.float()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r))
+
+
+def run(report: dict, quick: bool = False) -> None:
+    """Time every quantized kernel vs bf16 torch.matmul; adds report["quant_gemm"] (see module doc)."""
+    import torch
+
+    from codesign.catalog.gpus import match_gpu_name
+    from codesign.specs import Gemm, WeightFormat
+
+    if not torch.cuda.is_available():
+        report["quant_gemm"] = {"skipped": "no CUDA device"}
+        return
+    name = torch.cuda.get_device_name()
+    spec_gpu = match_gpu_name(name)
+    cap = torch.cuda.get_device_capability()
+    try:
+        import cupy  # noqa: F401
+
+        cupy_ok = True
+    except ImportError:
+        cupy_ok = False
+    rows: list[dict[str, Any]] = []
+    torch.manual_seed(0)
+    for model, layers in (QUICK_SHAPES if quick else SHAPES).items():
+        for layer, (n, k) in layers.items():
+            weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+            kernels = _kernels(weight, fp8_ok=cap >= (8, 9), cupy_ok=cupy_ok)
+            for m in MS:
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                base_ms, _ = _time_ms(lambda x=x, w=weight: torch.matmul(x, w.t()))
+                rows.append(
+                    _row(
+                        model,
+                        layer,
+                        m,
+                        n,
+                        k,
+                        "bf16_matmul",
+                        base_ms,
+                        base_ms,
+                        None,
+                        Gemm(m, n, k, WeightFormat("bf16"), "bf16", "bf16"),
+                        spec_gpu,
+                    )
+                )
+                for kname, (wfmt, act, fn, qw) in kernels.items():
+                    if kname.endswith("cupy") and m > 16:
+                        continue
+                    err = None
+                    if m == 16:  # correctness once per layer and kernel
+                        ref = x.float() @ qw.dequantize(torch.float32).t()
+                        err = _rel_err(fn(x), ref)
+                    ms, _ = _time_ms(lambda fn=fn, x=x: fn(x))
+                    spec = Gemm(m, n, k, wfmt, act, "bf16" if act != "fp16" else "fp16")
+                    rows.append(_row(model, layer, m, n, k, kname, ms, base_ms, err, spec, spec_gpu))
+            del weight, kernels
+            torch.cuda.empty_cache()
+    report["quant_gemm"] = {
+        "gpu": name,
+        "catalog_gpu": spec_gpu.key if spec_gpu else None,
+        "rows": rows,
+        "targets": _targets(rows),
+    }
+
+
+def _row(model, layer, m, n, k, kernel, ms, base_ms, err, spec, gpu) -> dict[str, Any]:
+    t = ms * 1e-3
+    row = {
+        "model": model,
+        "layer": layer,
+        "M": m,
+        "N": n,
+        "K": k,
+        "kernel": kernel,
+        "ms": ms,
+        "tflops": spec.flops() / t / 1e12,
+        "gbs": spec.min_bytes() / t / 1e9,
+        "speedup_vs_bf16": base_ms / ms,
+        "rel_err": err,
+    }
+    if gpu is not None:
+        roof = max(spec.flops() / gpu.peak(spec.peak_key()), spec.min_bytes() / gpu.mem_bw)
+        row["pct_roofline"] = 100.0 * roof / t
+    return row
+
+
+def _targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def speed(kernel, model, layer, pred):
+        return [
+            r["speedup_vs_bf16"]
+            for r in rows
+            if r["kernel"] == kernel and r["model"] == model and r["layer"] == layer and pred(r["M"])
+        ]
+
+    small = speed("w4a16_g128", "square", "8192", lambda m: m <= 16)
+    big = speed("w4a16_g128", "square", "8192", lambda m: m == 4096)
+    w8a8 = [
+        s
+        for layer in ("gate_up", "down")
+        for s in speed("w8a8_int8", "llama2-70b", layer, lambda m: m >= 1024)
+    ]
+    return {
+        "w4a16_small_m_min_speedup": min(small, default=None),
+        "w4a16_small_m_met": bool(small) and min(small) >= 3.5,
+        "w4a16_m4096_speedup": min(big, default=None),
+        "w4a16_m4096_met": bool(big) and min(big) >= 0.9,
+        "w8a8_large_m_min_speedup": min(w8a8, default=None),
+        "w8a8_met": bool(w8a8) and min(w8a8) >= 1.6,
+    }
+
+
+if __name__ == "__main__":
+    rep: dict = {}
+    run(rep, quick="--quick" in sys.argv)
+    print(json.dumps(rep, indent=1))

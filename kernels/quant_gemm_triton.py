@@ -1,0 +1,455 @@
+"""Triton kernels for quantized GEMM: W4A16/W8A16 (split-K GEMV-style + tiled), W8A8 int8, FP8 W8A8.
+
+Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), W in the native layout of `codesign.kernels.quant_formats`
+(codes packed 32/bits per int32 along K, K-major; per-group scales and optional zeros along K).
+
+Launchers here assume validated, contiguous arguments (`codesign.kernels.quant_gemm` validates).
+Launch parameters come from `codesign.autotune.lookup.lookup_config` (fixed defaults when no GPU:
+the interpreter cannot time configs). Activations are converted to fp32 right after loading
+because bf16 arithmetic is wrong in Triton's interpreter; on a GPU the matmul operands are cast
+back to the activation dtype (exact for the activation; the dequantized weight rounds once).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from codesign.autotune.lookup import current_gpu_name, lookup_config, shape_key
+from codesign.backend import interpreter_enabled
+
+# M at or below this runs the split-K kernel: decode batches read the whole weight for a few
+# rows, so the work must be spread over K to fill the GPU (N / BLOCK_N programs alone are too few).
+SMALL_M_MAX = 16
+
+# Defaults are untuned starting points (the autotune issue fills per-GPU tables). Interpreter
+# defaults use the largest blocks: the interpreter's cost is per program instance, not per flop.
+_GPU_DEFAULTS: dict[str, dict[str, int]] = {
+    "splitk": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3},
+    "tiled": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "scaled_mm": {
+        "BLOCK_M": 128,
+        "BLOCK_N": 128,
+        "BLOCK_K": 128,
+        "GROUP_M": 8,
+        "num_warps": 8,
+        "num_stages": 3,
+    },
+    "act": {"BLOCK_K": 1024, "num_warps": 4},
+}
+_INTERP_DEFAULTS: dict[str, dict[str, int]] = {
+    # SPLIT_K 2 so the atomic reduction path is exercised by every small-M interpreter test.
+    "splitk": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 2, "num_warps": 4, "num_stages": 1},
+    "tiled": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4, "num_stages": 1},
+    "scaled_mm": {
+        "BLOCK_M": 64,
+        "BLOCK_N": 128,
+        "BLOCK_K": 128,
+        "GROUP_M": 4,
+        "num_warps": 4,
+        "num_stages": 1,
+    },
+    "act": {"BLOCK_K": 512, "num_warps": 4},
+}
+
+_TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def choose_variant(m: int) -> str:
+    """The one place the weight-only kernel variant is chosen: "splitk" for M <= 16, else "tiled"."""
+    return "splitk" if m <= SMALL_M_MAX else "tiled"
+
+
+def launch_config(table_op: str, kind: str, device: torch.device, m: int, **dims: int) -> dict[str, Any]:
+    """Launch parameters for `table_op` at batch m from the per-GPU table, else the `kind` defaults.
+
+    Table op names: "w4a16_gemm_splitk", "w4a16_gemm_tiled", "w8a16_gemm_splitk", "w8a16_gemm_tiled"
+    (shape key G, K, N), "w8a8_gemm", "fp8_gemm" (K, N), "quantize_per_token" (K).
+    """
+    defaults = _INTERP_DEFAULTS if interpreter_enabled() and device.type != "cuda" else _GPU_DEFAULTS
+    gpu = current_gpu_name(device) if device.type == "cuda" else None
+    return lookup_config(table_op, gpu, m, shape_key(**dims), defaults[kind])
+
+
+def _dot_dtype(x_dtype: torch.dtype, device: torch.device) -> tl.dtype:
+    # In the interpreter bf16 arithmetic is wrong, so the matmul runs in fp32 there.
+    if x_dtype == torch.bfloat16 and device.type != "cuda":
+        return tl.float32
+    return _TL_DTYPE[x_dtype]
+
+
+# ----------------------------------------------------------------------------- jit bodies
+
+
+@triton.jit
+def _dequant_tile(
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    offs_k,
+    offs_n,
+    g,
+    N,
+    K,
+    BITS: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+):
+    """[BLOCK_K, BLOCK_N] fp32 tile of W^T: (code - zero) * scale, scale row `g` (one group per tile)."""
+    PACK: tl.constexpr = 32 // BITS
+    mask_n = offs_n < N
+    mask = (offs_k < K)[:, None] & mask_n[None, :]
+    # Each int32 word is loaded by PACK consecutive k (same address: a cache hit), then shifted.
+    words = tl.load(qw_ptr + (offs_k // PACK)[:, None] * N + offs_n[None, :], mask=mask, other=0)
+    shifts = ((offs_k % PACK) * BITS)[:, None]
+    codes = ((words >> shifts) & ((1 << BITS) - 1)).to(tl.float32)
+    scale = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    if HAS_ZEROS:
+        zero = tl.load(z_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    else:
+        zero = tl.full(offs_n.shape, 1 << (BITS - 1), tl.float32)
+    return (codes - zero[None, :]) * scale[None, :]
+
+
+@triton.jit
+def _wq_gemm_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    GROUP,
+    BITS: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """Tiled weight-only GEMM for large M: one [BLOCK_M, BLOCK_N] output tile per program."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    # Grouped ordering: GROUP_M row-tiles share each weight column-tile while it is in L2.
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(
+            x_ptr + offs_m[:, None] * K + offs_k[None, :],
+            mask=mask_m[:, None] & (offs_k < K)[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        w = _dequant_tile(qw_ptr, s_ptr, z_ptr, offs_k, offs_n, k0 // GROUP, N, K, BITS, HAS_ZEROS)
+        acc += tl.dot(x.to(DOT_DTYPE), w.to(DOT_DTYPE))
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    out_mask = mask_m[:, None] & (offs_n < N)[None, :]
+    tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _wq_splitk_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    GROUP,
+    K_PER_SPLIT,
+    BITS: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_ATOMIC: tl.constexpr,
+):
+    """Split-K GEMV-style kernel for M <= 16: program (n-tile, k-slice, m-tile) reduces a K slice.
+
+    With USE_ATOMIC the fp32 partial sums are atomically added into a zeroed fp32 output
+    (the split-0 program adds the bias); otherwise the single split stores the result.
+    """
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_start = pid_k * K_PER_SPLIT
+    k_end = min(k_start + K_PER_SPLIT, K)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(
+            x_ptr + offs_m[:, None] * K + offs_k[None, :],
+            mask=mask_m[:, None] & (offs_k < k_end)[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        w = _dequant_tile(qw_ptr, s_ptr, z_ptr, offs_k, offs_n, k0 // GROUP, N, k_end, BITS, HAS_ZEROS)
+        acc += tl.dot(x.to(DOT_DTYPE), w.to(DOT_DTYPE))
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        acc += tl.where(pid_k == 0, bias, 0.0)[None, :]
+    out_mask = mask_m[:, None] & (offs_n < N)[None, :]
+    ptrs = out_ptr + offs_m[:, None] * N + offs_n[None, :]
+    if USE_ATOMIC:
+        tl.atomic_add(ptrs, acc, mask=out_mask)
+    else:
+        tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _round_half_even(v):
+    # Exact in fp32 (no libdevice, so it also runs in the interpreter): v - floor(v) is exact.
+    r = tl.floor(v)
+    frac = v - r
+    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+    return tl.where((frac > 0.5) | ((frac == 0.5) & odd), r + 1.0, r)
+
+
+@triton.jit
+def _round_to_e4m3(v):
+    # Round |v| <= 448 to the e4m3 grid in fp32, so the final cast is exact. Triton 3.9's
+    # interpreter casts fp32 -> fp8 without carrying a mantissa overflow into the exponent
+    # (127.3 became 64, not 128); on a GPU this equals the hardware's round-to-nearest-even cast.
+    exp = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    # ulp of e4m3 at v's binade: 2**(e - 3) with 3 mantissa bits; 2**-9 for subnormals (e < -6).
+    ulp = (tl.maximum(exp - 3, 127 - 9) << 23).to(tl.float32, bitcast=True)
+    return _round_half_even(v / ulp) * ulp
+
+
+@triton.jit
+def _act_quant_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    K,
+    QMAX: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Per-token dynamic quantizer, one row per program: s = absmax / QMAX, q = round(x / s)."""
+    row = tl.program_id(0).to(tl.int64)
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + row * K + offs, mask=offs < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    m = tl.max(amax, axis=0)
+    s = tl.where(m > 0, m / QMAX, 1.0)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + row * K + offs, mask=offs < K, other=0.0).to(tl.float32)
+        v = tl.minimum(tl.maximum(x / s, -QMAX), QMAX)
+        if IS_FP8:
+            q = _round_to_e4m3(v).to(tl.float8e4nv)
+        else:
+            q = _round_half_even(v).to(tl.int8)
+        tl.store(q_ptr + row * K + offs, q, mask=offs < K)
+    tl.store(s_ptr + row, s)
+
+
+@triton.jit
+def _scaled_mm_kernel(
+    a_ptr,
+    as_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    IS_FP8: tl.constexpr,
+    PER_TENSOR_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """W8A8 GEMM: int8 x int8 -> int32 (or fp8 x fp8 -> fp32), scales applied in the epilogue.
+
+    out = acc * a_scale[m] * w_scale[n] (+ bias[n]). int8 weights are unpacked from the native
+    int32 layout (offset-binary codes, zero 128); fp8 weights are a plain [K, N] e4m3 tensor.
+    """
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    if IS_FP8:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        amask = mask_m[:, None] & mask_k[None, :]
+        wmask = mask_k[:, None] & mask_n[None, :]
+        if IS_FP8:
+            # Masked lanes are zeroed by tl.where: the interpreter cannot cast `other` to fp8.
+            a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask)
+            w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=wmask)
+            a = tl.where(amask, a, tl.zeros_like(a))
+            w = tl.where(wmask, w, tl.zeros_like(w))
+            acc += tl.dot(a, w)
+        else:
+            a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask, other=0)
+            words = tl.load(w_ptr + (offs_k // 4)[:, None] * N + offs_n[None, :], mask=wmask, other=0)
+            codes = (words >> ((offs_k % 4) * 8)[:, None]) & 0xFF
+            w = tl.where(wmask, codes - 128, 0).to(tl.int8)
+            acc += tl.dot(a, w, out_dtype=tl.int32)
+    a_s = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
+    if PER_TENSOR_W:
+        w_s = tl.load(ws_ptr + offs_n * 0)
+    else:
+        w_s = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    res = acc.to(tl.float32) * a_s[:, None] * w_s[None, :]
+    if HAS_BIAS:
+        res += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(
+        out_ptr + offs_m[:, None] * N + offs_n[None, :],
+        res.to(out_ptr.dtype.element_ty),
+        mask=mask_m[:, None] & mask_n[None, :],
+    )
+
+
+# ----------------------------------------------------------------------------- host launchers
+
+
+def wq_gemm(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    bits: int,
+    group: int,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Weight-only quantized GEMM into `out` [M, N]: out = x @ ((code - zero) * scale)^T (+ bias).
+
+    x [M, K] contiguous fp16/bf16/fp32; group = K for per-channel. The variant comes from
+    `choose_variant(M)`; split-K accumulates fp32 partials atomically, then casts into `out`.
+    """
+    m, k = x.shape
+    n = qweight.shape[1]
+    op = "w4a16_gemm" if bits == 4 else "w8a16_gemm"
+    variant = choose_variant(m)
+    cfg = launch_config(f"{op}_{variant}", variant, x.device, m, N=n, K=k, G=group)
+    # A K tile must not straddle a group: its single scale row is loaded once per tile.
+    block_k = cfg["BLOCK_K"] if group == k else min(cfg["BLOCK_K"], group)
+    common = dict(
+        BITS=bits,
+        HAS_ZEROS=zeros is not None,
+        HAS_BIAS=bias is not None,
+        DOT_DTYPE=_dot_dtype(x.dtype, x.device),
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=block_k,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    z = zeros if zeros is not None else scales  # never read when HAS_ZEROS is False
+    b = bias if bias is not None else scales
+    if variant == "tiled":
+        grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+        _wq_gemm_kernel[grid](x, qweight, scales, z, b, out, m, n, k, group, GROUP_M=cfg["GROUP_M"], **common)
+        return out
+    k_blocks = triton.cdiv(k, block_k)
+    split = max(1, min(cfg["SPLIT_K"], k_blocks))
+    k_per_split = triton.cdiv(k_blocks, split) * block_k
+    split = triton.cdiv(k, k_per_split)
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), split, triton.cdiv(m, cfg["BLOCK_M"]))
+    if split == 1:
+        _wq_splitk_kernel[grid](
+            x, qweight, scales, z, b, out, m, n, k, group, k_per_split, USE_ATOMIC=False, **common
+        )
+        return out
+    acc = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    _wq_splitk_kernel[grid](
+        x, qweight, scales, z, b, acc, m, n, k, group, k_per_split, USE_ATOMIC=True, **common
+    )
+    out.copy_(acc)
+    return out
+
+
+def quantize_per_token(x: torch.Tensor, fp8: bool, q: torch.Tensor, s: torch.Tensor) -> None:
+    """Fill q [M, K] (int8 or float8_e4m3fn) and s [M] fp32 with the per-token quantization of x [M, K]."""
+    m, k = x.shape
+    cfg = launch_config("quantize_per_token", "act", x.device, m, K=k)
+    block_k = min(cfg["BLOCK_K"], triton.next_power_of_2(k))
+    _act_quant_kernel[(m,)](
+        x, q, s, k, QMAX=448.0 if fp8 else 127.0, IS_FP8=fp8, BLOCK_K=block_k, num_warps=cfg["num_warps"]
+    )
+
+
+def scaled_mm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """out[M, N] = (a @ w_codes) * a_scale[:, None] * w_scale[None, :] (+ bias).
+
+    a: int8 [M, K] with w the native int32-packed int8 codes [K/4, N], or a: float8_e4m3fn [M, K]
+    with w float8_e4m3fn [K, N]. w_scale [1, N] per channel or [1, 1] per tensor.
+    """
+    m, k = a.shape
+    fp8 = a.dtype == torch.float8_e4m3fn
+    n = w.shape[1]
+    op = "fp8_gemm" if fp8 else "w8a8_gemm"
+    cfg = launch_config(op, "scaled_mm", a.device, m, N=n, K=k)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    _scaled_mm_kernel[grid](
+        a,
+        a_scale,
+        w,
+        w_scale,
+        bias if bias is not None else w_scale,
+        out,
+        m,
+        n,
+        k,
+        IS_FP8=fp8,
+        PER_TENSOR_W=w_scale.numel() == 1 and n > 1,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=cfg["BLOCK_K"],
+        GROUP_M=cfg["GROUP_M"],
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    return out
