@@ -244,6 +244,8 @@ class PagedExtendAttention(_AttentionBase):
             check_nonneg_int(f"prefix_lens[{i}]", p)
         check_positive_int("block_size", self.block_size)
         _check_dtype("dtype", self.dtype)
+        if self.window is not None:
+            check_positive_int("window", self.window)
 
     def pairs(self) -> float:
         total = 0.0

@@ -1,0 +1,363 @@
+"""Triton kernels for paged attention: one kernel for decode, extend (chunked prefill) and tree
+verification, plus the split-KV (flash-decoding) reduction.
+
+Per query token i of sequence b (kv_len = context_lens[b] includes the new tokens, q_len new tokens
+sit at the end of the cache, prefix = kv_len - q_len):
+
+    s_ij = softcap(scale * q_i . k_j) + alibi_h * (pos_j - pos_i)      softcap(x) = c * tanh(x / c)
+    o_i  = sum_j softmax_j(s_ij | visible(i, j)) v_j,   lse_i = log sum_j exp(s_ij)   (natural log)
+
+visible(i, j): causal mode j <= prefix + i; tree mode j < prefix or mask_b[i, j - prefix];
+with a window W also pos_i - pos_j < W (the W most recent positions, the query's own included).
+
+Programs: axis 0 walks (sequence, block of BLOCK_Q query tokens) — the sequence found by binary
+search over cu_seqlens_q, so the grid needs no host sync; axis 1 a kv head, whose GROUP query
+heads share each K/V load (rows = BLOCK_Q tokens x GROUP_PAD heads); axis 2 a KV split. With
+NUM_SPLITS > 1 each split writes a normalized partial output and its log2-sum-exp, and
+`_reduce_splits_kernel` merges them. Softmax runs online in fp32, in base 2 (exp2 is cheaper).
+
+The K/V read path takes a KV_FORMAT constexpr and scale pointers (unused for plain caches) so the
+quantized formats of the KV-quantization issue dequantize in this same loop.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from codesign.autotune.lookup import current_gpu_name, lookup_config, shape_key
+from codesign.backend import interpreter_enabled
+
+OP = "paged_attention"
+KV_FORMAT_PLAIN = 0
+MASK_CAUSAL = 0
+MASK_TREE = 1
+LOG2E = 1.4426950408889634
+# Each split should stream at least this many tokens: below it the reduction costs more than the
+# parallelism gains (flash-decoding's rule of thumb).
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 64
+DEFAULT_CONFIG = {"BLOCK_N": 64, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
+# Shared memory the default K/V tile pipeline may use: well under Hopper's 227 KiB and Ampere's
+# 163 KiB per block, leaving room for Q and the layout conversions of tl.dot.
+DEFAULT_SMEM_BUDGET = 96 * 1024
+
+
+@triton.jit
+def _find_seq(cu_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
+    """Largest b with cu[b] // BLOCK_Q + b <= pid: sequence b's q-blocks start at that index."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = tl.load(cu_ptr + mid) // BLOCK_Q + mid
+        if start <= pid:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _paged_attn_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, op_ptr, lsep_ptr,
+    bt_ptr, ctx_ptr, cu_ptr, pos_ptr, mask_ptr, mask_off_ptr, alibi_ptr,
+    k_scale_ptr, v_scale_ptr,
+    sm_scale, softcap, window, num_seqs,
+    stride_qt, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_bt,
+    stride_ot, stride_oh,
+    stride_lt, stride_lh,
+    stride_pt, stride_ph, stride_ps,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    IS_DECODE: tl.constexpr, MASK_MODE: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, WRITE_LSE: tl.constexpr, KV_FORMAT: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    if IS_DECODE:
+        b = pid
+        q_start = pid
+        q_len = 1
+        q_block = 0
+    else:
+        b = _find_seq(cu_ptr, num_seqs, pid, BLOCK_Q)
+        q_start = tl.load(cu_ptr + b)
+        q_len = tl.load(cu_ptr + b + 1) - q_start
+        q_block = pid - (q_start // BLOCK_Q + b)
+    if q_block * BLOCK_Q < q_len:
+        kv_len = tl.load(ctx_ptr + b)
+        prefix = kv_len - q_len
+        BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+        rows = tl.arange(0, BLOCK_M)
+        qi = q_block * BLOCK_Q + rows // GROUP_PAD  # query index inside the sequence
+        hg = rows % GROUP_PAD
+        row_ok = (qi < q_len) & (hg < GROUP)
+        qh = kvh * GROUP + hg
+        d = tl.arange(0, DIM_PAD)
+        d_ok = d < HEAD_DIM
+        qt = (q_start + qi).to(tl.int64)
+        q = tl.load(
+            q_ptr + qt[:, None] * stride_qt + qh[:, None] * stride_qh + d[None, :],
+            mask=row_ok[:, None] & d_ok[None, :], other=0.0,
+        )  # fmt: skip
+        if MASK_MODE == 1:
+            qpos = tl.load(pos_ptr + qt, mask=row_ok, other=0)
+        else:
+            qpos = prefix + qi
+        if HAS_ALIBI:
+            slope = tl.load(alibi_ptr + qh, mask=row_ok, other=0.0) * 1.4426950408889634
+
+        # Keys this q-block can see: causal stops at its last query; a window starts late.
+        if MASK_MODE == 0:
+            kv_hi = tl.minimum(kv_len, prefix + tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len))
+            first_pos = prefix + q_block * BLOCK_Q
+        else:
+            kv_hi = kv_len
+            first_pos = prefix  # tree positions are prefix + depth >= prefix
+        kv_lo = 0
+        if HAS_WINDOW:
+            kv_lo = tl.maximum(first_pos - window + 1, 0)
+        per = tl.cdiv(tl.cdiv(kv_hi - kv_lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        s_lo = kv_lo + split * per
+        s_hi = tl.minimum(kv_hi, s_lo + per)
+
+        qk_scale = sm_scale * 1.4426950408889634
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
+        for start in range(s_lo, s_hi, BLOCK_N):
+            j = start + tl.arange(0, BLOCK_N)
+            j_ok = j < s_hi
+            blk = tl.load(bt_ptr + b * stride_bt + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
+            off = j % BLOCK_SIZE
+            kv_m = j_ok[:, None] & d_ok[None, :]
+            if KV_FORMAT == 0:
+                k = tl.load(k_ptr + blk[:, None] * stride_kb + off[:, None] * stride_ks + kvh * stride_kh
+                            + d[None, :], mask=kv_m, other=0.0)  # fmt: skip
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+            if HAS_SOFTCAP:
+                # c * tanh(x / c) through exp: tanh(y) = 1 - 2 / (exp(2y) + 1), exact at +-inf.
+                y = s * (sm_scale / softcap)
+                s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * y) + 1.0)) * 1.4426950408889634
+            else:
+                s = s * qk_scale
+            if MASK_MODE == 1:
+                in_tree = j >= prefix
+                tj = j - prefix
+                bits = tl.load(
+                    mask_ptr + tl.load(mask_off_ptr + b) + qi[:, None] * q_len + tj[None, :],
+                    mask=row_ok[:, None] & (in_tree & j_ok)[None, :], other=0,
+                )  # fmt: skip
+                vis = (~in_tree)[None, :] | (bits != 0)
+                kpos = tl.where(in_tree, tl.load(pos_ptr + q_start + tj, mask=in_tree & j_ok, other=0), j)
+            else:
+                kpos = j
+                vis = kpos[None, :] <= qpos[:, None]
+            vis = vis & j_ok[None, :] & row_ok[:, None]
+            if HAS_WINDOW:
+                vis = vis & ((qpos[:, None] - kpos[None, :]) < window)
+            if HAS_ALIBI:
+                s = s + slope[:, None] * (kpos[None, :] - qpos[:, None]).to(tl.float32)
+            s = tl.where(vis, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if KV_FORMAT == 0:
+                v = tl.load(v_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vs + kvh * stride_vh
+                            + d[None, :], mask=kv_m, other=0.0)  # fmt: skip
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+            m_i = m_new
+
+        has = l_i > 0.0
+        o = acc / tl.where(has, l_i, 1.0)[:, None]
+        lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        st_m = row_ok[:, None] & d_ok[None, :]
+        if NUM_SPLITS == 1:
+            tl.store(o_ptr + qt[:, None] * stride_ot + qh[:, None] * stride_oh + d[None, :],
+                     o.to(o_ptr.dtype.element_ty), mask=st_m)  # fmt: skip
+            if WRITE_LSE:
+                tl.store(lse_ptr + qt * stride_lt + qh * stride_lh, lse2 * 0.6931471805599453, mask=row_ok)
+        else:
+            base = qt * stride_pt + qh * stride_ph + split * stride_ps
+            tl.store(op_ptr + base[:, None] * DIM_PAD + d[None, :], o, mask=st_m)
+            tl.store(lsep_ptr + base, lse2, mask=row_ok)
+
+
+@triton.jit
+def _reduce_splits_kernel(
+    op_ptr, lsep_ptr, o_ptr, lse_ptr,
+    stride_pt, stride_ph, stride_ot, stride_oh, stride_lt, stride_lh,
+    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):  # fmt: skip
+    """o = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse2_s - max lse2); lse = log(sum_s 2^lse2_s)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, DIM_PAD)
+    base = t * stride_pt + h * stride_ph + s
+    lse2 = tl.load(lsep_ptr + base, mask=s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse2, 0)
+    w = tl.exp2(lse2 - m)
+    w = tl.where(lse2 == float("-inf"), 0.0, w)
+    o_m = (w > 0.0)[:, None] & (d < HEAD_DIM)[None, :]
+    o_s = tl.load(op_ptr + base[:, None] * DIM_PAD + d[None, :], mask=o_m, other=0.0)
+    tot = tl.sum(w, 0)
+    o = tl.sum(o_s * w[:, None], 0) / tot
+    tl.store(o_ptr + t * stride_ot + h * stride_oh + d, o.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+    if WRITE_LSE:
+        tl.store(lse_ptr + t * stride_lt + h * stride_lh, (m + tl.log2(tot)) * 0.6931471805599453)
+
+
+def num_sms(device: torch.device) -> int | None:
+    """Streaming multiprocessors of a CUDA device, None on CPU."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_num_splits(programs: int, max_kv_len: int, sms: int | None) -> int:
+    """The one split-KV heuristic: split only when `programs` (q-blocks x kv heads) leave SMs idle.
+
+    splits = min(ceil(2 * sms / programs), max_kv_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS), at least 1:
+    aim for two waves of programs, but never splits shorter than MIN_TOKENS_PER_SPLIT tokens. Depends
+    only on host-known sizes (no sync), so a plan made once serves CUDA-graph replays. On CPU (sms
+    None) an H100-sized 132 SMs is assumed, so interpreter runs take the same path a GPU would.
+    """
+    sms = 132 if sms is None else sms
+    if programs <= 0 or programs >= sms:
+        return 1
+    return max(1, min(-(-2 * sms // programs), max_kv_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS))
+
+
+def default_config(head_dim: int, elem_bytes: int) -> dict:
+    """Untuned defaults sized so the pipelined K and V tiles fit in shared memory:
+    num_stages * 2 * BLOCK_N * dim_pad * elem_bytes <= DEFAULT_SMEM_BUDGET; at head_dim 256 also 8 warps
+    and 32 rows (a 64 x 256 fp32 accumulator would be 128 registers per thread over 4 warps)."""
+    cfg = dict(DEFAULT_CONFIG)
+    dp = dim_pad(head_dim)
+    while (
+        cfg["BLOCK_N"] > 16 and cfg["num_stages"] * 2 * cfg["BLOCK_N"] * dp * elem_bytes > DEFAULT_SMEM_BUDGET
+    ):
+        cfg["BLOCK_N"] //= 2
+    if dp >= 256:
+        cfg["num_warps"] = 8
+        cfg["BLOCK_M"] = 32  # and half the query rows: Q and the accumulator stay in registers
+    return cfg
+
+
+def launch_config(
+    q_heads: int, kv_heads: int, head_dim: int, block_size: int, batch: int, device, elem_bytes: int = 2
+) -> dict:
+    """Tile sizes and warps from the tuned tables (`default_config` on CPU or untuned GPUs).
+
+    Table key: shape_key(q_heads, kv_heads, head_dim, block_size); the M bucket is the batch size.
+    """
+    key = shape_key(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size)
+    return lookup_config(OP, current_gpu_name(device), batch, key, default_config(head_dim, elem_bytes))
+
+
+def dim_pad(head_dim: int) -> int:
+    """head_dim rounded up to a power of two (tl.arange) and to >= 16 (the GPU's smallest tl.dot K)."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def rows_layout(group: int, block_m: int, is_decode: bool, on_gpu: bool) -> tuple[int, int]:
+    """(GROUP_PAD, BLOCK_Q): rows = BLOCK_Q tokens x GROUP_PAD heads; tl.dot needs >= 16 rows on GPUs."""
+    gpad = triton.next_power_of_2(group)
+    min_rows = 16 if on_gpu else 1
+    bq = 1 if is_decode else max(1, block_m // gpad)
+    gpad = max(gpad, min_rows // bq)
+    return gpad, bq
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    *,
+    sm_scale: float,
+    num_splits: int,
+    is_decode: bool,
+    positions: torch.Tensor | None = None,
+    tree_mask: torch.Tensor | None = None,
+    mask_indptr: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    config: dict | None = None,
+) -> None:
+    """Launch the attention (and, with num_splits > 1, the reduction) kernels into `out` / `lse`.
+
+    Inputs are validated by `codesign.kernels.paged_attention`; nothing here syncs with the host, so
+    the launch can be captured in a CUDA graph. `workspace` = (partial outputs fp32
+    [T, Hq, S, DIM_PAD], partial lse fp32 [T, Hq, S]); allocated here when not given.
+    """
+    t, hq, dim = q.shape
+    if t == 0:
+        return
+    nb, bs, hkv, _ = k_cache.shape
+    group = hq // hkv
+    cfg = config or launch_config(hq, hkv, dim, bs, block_tables.shape[0], q.device, q.element_size())
+    on_gpu = q.device.type == "cuda" and not interpreter_enabled()
+    gpad, bq = rows_layout(group, cfg["BLOCK_M"], is_decode, on_gpu)
+    dpad = dim_pad(dim)
+    nseq = block_tables.shape[0]
+    programs = nseq if is_decode else t // bq + nseq
+    s = num_splits
+    if s > 1:
+        if workspace is None:
+            workspace = (
+                torch.empty(t, hq, s, dpad, dtype=torch.float32, device=q.device),
+                torch.empty(t, hq, s, dtype=torch.float32, device=q.device),
+            )
+        o_part, l_part = workspace
+    else:
+        o_part = l_part = out  # unused
+    dummy = context_lens
+    lse_t = lse if lse is not None else out
+    _paged_attn_kernel[(programs, hkv, s)](
+        q, k_cache, v_cache, out, lse_t, o_part, l_part,
+        block_tables, context_lens, cu_seqlens_q,
+        positions if positions is not None else dummy,
+        tree_mask if tree_mask is not None else dummy,
+        mask_indptr if mask_indptr is not None else dummy,
+        alibi_slopes if alibi_slopes is not None else dummy,
+        dummy, dummy,
+        float(sm_scale), float(softcap) if softcap else 1.0, int(window), nseq,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        lse_t.stride(0), lse_t.stride(1),
+        hq * s, s, 1,
+        GROUP=group, GROUP_PAD=gpad, BLOCK_Q=bq, BLOCK_N=cfg["BLOCK_N"],
+        HEAD_DIM=dim, DIM_PAD=dpad, BLOCK_SIZE=bs, NUM_SPLITS=s,
+        IS_DECODE=is_decode, MASK_MODE=MASK_TREE if tree_mask is not None else MASK_CAUSAL,
+        HAS_ALIBI=alibi_slopes is not None, HAS_SOFTCAP=bool(softcap), HAS_WINDOW=bool(window),
+        WRITE_LSE=lse is not None and s == 1, KV_FORMAT=KV_FORMAT_PLAIN,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    if s > 1:
+        _reduce_splits_kernel[(t, hq)](
+            o_part, l_part, out, lse_t,
+            hq * s, s, out.stride(0), out.stride(1), lse_t.stride(0), lse_t.stride(1),
+            NUM_SPLITS=s, SPLITS_PAD=triton.next_power_of_2(s), HEAD_DIM=dim, DIM_PAD=dpad,
+            WRITE_LSE=lse is not None, num_warps=4 if dim >= 128 else 2,
+        )  # fmt: skip
