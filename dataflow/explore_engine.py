@@ -17,7 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-from codesign.dataflow.explore_eval import evaluate_point
+from codesign.dataflow.explore_eval import evaluate_point, point_target
 from codesign.dataflow.explore_search import Strategy
 from codesign.dataflow.explore_space import Space, point_key
 from codesign.dataflow.explore_store import ResultStore
@@ -30,7 +30,8 @@ OBJECTIVES = ("throughput", "throughput_per_area", "energy")
 def _eval_task(
     space: Space, point: dict[str, Any], workloads: list[str], model: str
 ) -> list[tuple[str, dict]]:
-    return [(w, evaluate_point(space, point, w, model)) for w in workloads]
+    target = point_target(space, point)  # one cost cache for all of the point's workloads
+    return [(w, evaluate_point(space, point, w, model, target)) for w in workloads]
 
 
 def _throughput(m: dict[str, Any]) -> float:

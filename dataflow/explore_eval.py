@@ -68,13 +68,9 @@ DEFAULT_WORKLOADS = (
     "trace:synthetic:1000:40",
 )
 
-# Capacity per memory device of the DRAM presets (JEDEC-typical parts): HBM2 8 GB/stack (Samsung Aquabolt),
-# HBM2e 16 GB/stack (Samsung Flashbolt), HBM3 24 GB/stack (SK hynix 12-high), LPDDR5 16 GB, DDR5 32 GB DIMM.
-CAPACITY_GB_PER_UNIT = {"HBM2": 8, "HBM2e": 16, "HBM3": 24, "LPDDR5": 16, "DDR5": 32}
-
-
 def capacity_bytes(design) -> float:
-    return CAPACITY_GB_PER_UNIT.get(design.memory.name, 16) * design.memory.units * 1e9
+    """Device memory of a design (its DRAM preset's capacity per unit x units)."""
+    return design.memory.capacity_gb * 1e9
 
 
 @functools.lru_cache(maxsize=256)
@@ -155,13 +151,18 @@ def _serve(
     }
 
 
-def evaluate_point(space, point: dict[str, Any], workload: str, model: str) -> dict[str, Any]:
-    """Metrics of one (design point, workload): throughput, latency, energy, area, power, fit."""
+def point_target(space, point: dict[str, Any]):
+    """The DesignTarget of a point. Reuse it across a point's workloads: it caches operator costs."""
     from codesign.accel_model.design import design_from_dict
     from codesign.dataflow.targets import DesignTarget
 
-    design = design_from_dict(space.design_dict(point), "point")
-    target = DesignTarget(design)
+    return DesignTarget(design_from_dict(space.design_dict(point), "point"))
+
+
+def evaluate_point(space, point: dict[str, Any], workload: str, model: str, target=None) -> dict[str, Any]:
+    """Metrics of one (design point, workload): throughput, latency, energy, area, power, fit."""
+    target = target or point_target(space, point)
+    design = target.design
     fmt = space.formats(point)
     area = sum(design.area_mm2().values())
     cap = capacity_bytes(design)

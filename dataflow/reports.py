@@ -31,10 +31,8 @@ def resident_bytes(g: nx.DiGraph) -> dict[str, float]:
     return {"weights": weights, "kv_cache": kv}
 
 
-def check_fits(g: nx.DiGraph, capacity: float | None, target: str) -> None:
+def check_fits(g: nx.DiGraph, capacity: float, target: str) -> None:
     """Refuse a model/target pair whose weights and KV cache exceed device memory, with the sizes."""
-    if capacity is None:
-        return
     r = resident_bytes(g)
     need = r["weights"] + r["kv_cache"]
     if need > capacity:

@@ -21,7 +21,22 @@ from dataclasses import dataclass, field
 
 from codesign.catalog.gpus import GPUSpec, list_gpus, load_gpu
 from codesign.dataflow.gpu_model import efficiencies, gpu_op_time
-from codesign.specs import AllReduce, CodesignError, OpSpec
+from codesign.specs import (
+    AllReduce,
+    CodesignError,
+    Gemm,
+    KVDequantize,
+    KVWrite,
+    MoERouter,
+    OpSpec,
+    PagedDecodeAttention,
+    PagedExtendAttention,
+    TreeAttention,
+)
+
+# Operators accel_model.evaluate may place on PIM units / KV-quant engines (see its docstring).
+_PIM_OPS = (Gemm, MoERouter, PagedDecodeAttention)
+_KVQ_OPS = (KVWrite, KVDequantize, PagedDecodeAttention, PagedExtendAttention, TreeAttention)
 
 
 @dataclass(frozen=True)
@@ -72,12 +87,8 @@ class DesignTarget:
     def __init__(self, design):  # accel_model.design.Design
         self.design = design
         self.name = design.name
-        variants = [design]
-        if design.pim is not None:
-            variants.append(dataclasses.replace(design, pim=None, pim_gemv_max_batch=0))
-        if design.kv_quant is not None:
-            variants += [dataclasses.replace(v, kv_quant=None) for v in list(variants)]
-        self._variants = variants
+        self._no_pim = dataclasses.replace(design, pim=None, pim_gemv_max_batch=0) if design.pim else None
+        self._no_kvq = dataclasses.replace(design, kv_quant=None) if design.kv_quant else None
 
     def units(self) -> dict[str, int]:
         d = self.design
@@ -88,10 +99,17 @@ class DesignTarget:
             u["kv_quant"] = d.kv_quant.count
         return u
 
-    def memory_capacity_bytes(self) -> float | None:
-        """Device memory capacity, or None where the design's memory preset does not state one."""
-        cap = getattr(self.design.memory, "capacity_gb", None)
-        return None if cap is None else cap * 1e9
+    def memory_capacity_bytes(self) -> float:
+        return self.design.memory.capacity_gb * 1e9
+
+    def _variants(self, spec: OpSpec) -> list:
+        """The design, plus the design without PIM / KV-quant engines for the operators those units take."""
+        out = [self.design]
+        if self._no_pim is not None and isinstance(spec, _PIM_OPS):
+            out.append(self._no_pim)
+        if self._no_kvq is not None and isinstance(spec, _KVQ_OPS):
+            out.append(self._no_kvq)
+        return out
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019
     def candidates(self, spec: OpSpec) -> tuple[Placement, ...]:
@@ -99,7 +117,7 @@ class DesignTarget:
 
         peak = self.design.memory.peak_gbps * 1e9
         out: dict[str, Placement] = {}
-        for v in self._variants:
+        for v in self._variants(spec):
             r = evaluate(v, spec)
             unit = "dram" if r.unit in ("dram", "memory") else r.unit
             # PIM computes inside the DRAM: the channels are unavailable to others meanwhile.

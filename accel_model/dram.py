@@ -1,0 +1,596 @@
+"""DRAM / HBM timing model: presets, unloaded latency, streaming and random access of N bytes.
+
+Two faces of one model:
+
+- an analytical model (`stream_access`, `random_access`, `access`), closed forms in the timing
+  parameters, cheap enough to call hundreds of times per LLM step;
+- an event model (`simulate_bursts`, numba), which schedules ACT/PRE/RD commands burst by burst
+  on each channel under the same constraints, used to check the closed forms.
+
+Units: the *channel* is the independently timed unit (a pseudo-channel for HBM, a sub-channel for
+DDR5). Cycles are in the memory command clock (tCK); `tCK_ns` = 2 / data rate (Gb/s per pin) except
+LPDDR5, whose CK runs at 1/8 of the data rate (WCK:CK = 4:1, double data rate). A burst of
+`burst_length` transfers takes nBL = burst_length / transfers_per_ck cycles.
+
+Timing constraints modelled (reads; writes are modelled as reads, a documented simplification):
+  ACT->RD same bank nRCD; RD->data nCL, data lasts nBL; RD->RD nCCD_S (other bank group) or nCCD_L
+  (same bank group), and >= nBL (data bus); ACT->ACT nRRD_S / nRRD_L; at most 4 ACT per nFAW;
+  ACT->PRE nRAS; RD->PRE nRTP; PRE->ACT nRP. Refresh is a lost fraction of time, as Ramulator 2's
+  latency-throughput checks define it (tests/latency_throughput/utils/checks.py): each refresh
+  closes the row, refreshes and reopens it, (nRTP + nRP + nRFC + nRCD) / nREFI. DDR5 uses all-bank
+  refresh (tRFC1); HBM and LPDDR5 per-bank refresh, where tRFC is the per-bank tRFCsb / tRFCpb.
+
+Unloaded read latency, counted to the last data beat (Ramulator 2's `m_read_latency` = nCL + nBL
+after the RD; the ACT before it costs nRCD, a row conflict adds the PRE, nRP):
+  row hit  nCL + nBL;  closed bank  nRCD + nCL + nBL;  row conflict  nRP + nRCD + nCL + nBL.
+Ramulator 2's `check_unloaded_latency` expects nRP + nRCD + nCL for a row-miss probe: the same
+formula counted to the first data beat (nBL less).
+
+Address mapping (both models): consecutive bursts go to consecutive channels, then to consecutive
+bank groups, then along the columns of one row, then to the next bank, then the next row
+(Ch | BG | Col | Bank | Row from least significant). Streaming therefore alternates bank groups
+(nCCD_S-paced) and opens one row per bank group at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+import numba
+import numpy as np
+
+from codesign.specs import CodesignError, check_choice, check_positive_int
+
+
+@dataclass(frozen=True)
+class DRAMSpec:
+    """One memory preset (per stack / device) and its timings in ns.
+
+    channels: independently timed channels in `units` devices (pseudo-channels for HBM).
+    bus_bits: data width of one channel. row_bytes: page (row buffer) size of one bank of one channel.
+    """
+
+    name: str
+    data_rate_gbps: float  # per pin
+    tCK_ns: float
+    bus_bits: int
+    burst_length: int
+    channels: int
+    bank_groups: int
+    banks_per_group: int
+    row_bytes: int
+    tRCD: float
+    tRP: float
+    tCL: float
+    tRAS: float
+    tCCD_S: float
+    tCCD_L: float
+    tRRD_S: float
+    tRRD_L: float
+    tFAW: float
+    tRTP: float
+    tRFC: float
+    tREFI: float
+    refresh: str  # "all_bank" or "per_bank"
+    pj_per_bit: float  # off-chip access energy, see energy.py for the source
+    unit_gb: float = 16.0  # capacity of one unit (stack / device / DIMM), GB
+    units: int = 1  # stacks (HBM) or devices / DIMM sub-channel pairs
+
+    def __post_init__(self) -> None:
+        for f in (
+            "bus_bits",
+            "burst_length",
+            "channels",
+            "bank_groups",
+            "banks_per_group",
+            "row_bytes",
+            "units",
+        ):
+            check_positive_int(f"{self.name}.{f}", getattr(self, f))
+        check_choice(f"{self.name}.refresh", self.refresh, ("all_bank", "per_bank"))
+        for f in (
+            "data_rate_gbps",
+            "tCK_ns",
+            "tRCD",
+            "tRP",
+            "tCL",
+            "tRAS",
+            "tCCD_S",
+            "tCCD_L",
+            "tFAW",
+            "tREFI",
+        ):
+            if not getattr(self, f) > 0:
+                raise CodesignError(f"{self.name}.{f} must be > 0, got {getattr(self, f)!r}")
+        if self.row_bytes % self.burst_bytes:
+            raise CodesignError(
+                f"{self.name}: row_bytes={self.row_bytes} must be a multiple of the burst size"
+            )
+
+    # ---- derived quantities -------------------------------------------------------------------
+    def n(self, t_ns: float) -> int:
+        """JEDEC rounding of `t_ns` to whole cycles (ceil with a 2.5% guard band, as Ramulator)."""
+        return max(1, math.ceil(t_ns / self.tCK_ns - 0.025))
+
+    @property
+    def burst_bytes(self) -> int:
+        return self.bus_bits * self.burst_length // 8
+
+    @property
+    def nBL(self) -> int:
+        """Clock cycles of data-bus time for one burst."""
+        return max(1, round(self.burst_length / (self.data_rate_gbps * self.tCK_ns)))
+
+    @property
+    def total_channels(self) -> int:
+        return self.channels * self.units
+
+    @property
+    def banks(self) -> int:
+        return self.bank_groups * self.banks_per_group
+
+    @property
+    def capacity_gb(self) -> float:
+        """Capacity of all units, GB."""
+        return self.unit_gb * self.units
+
+    @property
+    def peak_gbps(self) -> float:
+        """Peak bandwidth of all channels of all units, GB/s (= bytes per ns)."""
+        return self.total_channels * self.bus_bits * self.data_rate_gbps / 8
+
+    @property
+    def refresh_loss(self) -> float:
+        """Fraction of time lost to refresh: (nRTP + nRP + nRFC + nRCD) / nREFI (Ramulator 2's check)."""
+        c = self._cyc
+        return (c["nRTP"] + c["nRP"] + c["nRFC"] + c["nRCD"]) / c["nREFI"]
+
+    def cycles(self) -> dict[str, int]:
+        """All timing parameters in clock cycles (nRCD, nRP, ...)."""
+        return dict(self._cyc)
+
+    @cached_property
+    def _cyc(self) -> dict[str, int]:
+        # Computed once per spec: evaluate() asks for it hundreds of times per model step.
+        out = {f"n{k[1:]}": self.n(getattr(self, k)) for k in _TIMINGS}
+        out["nBL"] = self.nBL
+        out["nRC"] = out["nRAS"] + out["nRP"]
+        return out
+
+
+_TIMINGS = (
+    "tRCD",
+    "tRP",
+    "tCL",
+    "tRAS",
+    "tCCD_S",
+    "tCCD_L",
+    "tRRD_S",
+    "tRRD_L",
+    "tFAW",
+    "tRTP",
+    "tRFC",
+    "tREFI",
+)
+
+# Presets. Sources: JEDEC JESD235D (HBM2/2E), JESD238A (HBM3), JESD209-5B (LPDDR5), JESD79-5B (DDR5),
+# the timing presets of Ramulator 2 (CMU-SAFARI/ramulator2, src/dram/impl/*.cpp) where they exist,
+# and vendor product pages for data rates. JEDEC documents are not freely public: array timings
+# marked "typ." are the commonly published values (e.g. Micron/SK hynix HBM2E tRCD = tRP = 14 ns).
+PRESETS: dict[str, DRAMSpec] = {
+    # HBM2E 3.2 Gb/s (Samsung Flashbolt / SK hynix HBM2E: 1024 pins -> 409.6 GB/s per stack).
+    # 8 channels x 2 pseudo-channels of 64 bits, BL4 -> 32 B bursts; 4 BG x 4 banks per PC; 1 KB page.
+    "HBM2e": DRAMSpec(
+        name="HBM2e",
+        data_rate_gbps=3.2,
+        tCK_ns=0.625,
+        bus_bits=64,
+        burst_length=4,
+        channels=16,
+        bank_groups=4,
+        banks_per_group=4,
+        row_bytes=1024,
+        tRCD=14.0,
+        tRP=14.0,
+        tCL=14.0,
+        tRAS=33.0,  # typ. HBM2E array timings
+        tCCD_S=1.25,
+        tCCD_L=2.5,  # 2 / 4 nCK (JESD235: tCCDS = BL/2, tCCDL = 2x)
+        tRRD_S=4.0,
+        tRRD_L=6.0,
+        tFAW=16.0,
+        tRTP=5.0,  # typ.
+        tRFC=160.0,
+        tREFI=3900.0,
+        refresh="per_bank",  # tRFCsb 160 ns, tREFI 3.9 us (Ramulator 2 HBM2 preset)
+        pj_per_bit=3.9,
+        unit_gb=16.0,  # 8-high stack of 16 Gb dies (A100 80 GB = 5 stacks)
+    ),
+    # HBM3 6.4 Gb/s (JESD238; SK hynix HBM3: 819 GB/s per stack). 16 channels x 2 PCs of 32 bits,
+    # BL8 -> 32 B bursts; 4 BG x 4 banks per PC; 1 KB page.
+    "HBM3": DRAMSpec(
+        name="HBM3",
+        data_rate_gbps=6.4,
+        tCK_ns=0.3125,
+        bus_bits=32,
+        burst_length=8,
+        channels=32,
+        bank_groups=4,
+        banks_per_group=4,
+        row_bytes=1024,
+        tRCD=14.0,
+        tRP=14.0,
+        tCL=14.0,
+        tRAS=33.0,  # typ., same array timings as HBM2E
+        tCCD_S=1.25,
+        tCCD_L=2.5,  # one burst (BL8 at 6.4 Gb/s) / two bursts
+        tRRD_S=2.5,
+        tRRD_L=4.0,
+        tFAW=16.0,
+        tRTP=5.0,  # typ.
+        tRFC=160.0,
+        tREFI=3900.0,
+        refresh="per_bank",  # per-bank refresh (REFsb), Ramulator 2 HBM3 preset
+        pj_per_bit=3.5,
+        unit_gb=16.0,  # 8-high stack of 16 Gb dies (H100 SXM 80 GB = 5 stacks)
+    ),
+    # HBM2 2.4 Gb/s (Samsung Aquabolt / Aquabolt-XL, the base of HBM-PIM: 307 GB/s per stack).
+    # Same organisation and array timings as HBM2E; tCCD_S / tCCD_L = 2 / 4 nCK at tCK 0.833 ns, so
+    # tCCD_L = 3.33 ns: the 300 MHz pace of HBM-PIM's units (Kwon et al., ISSCC 2021).
+    "HBM2": DRAMSpec(
+        name="HBM2",
+        data_rate_gbps=2.4,
+        tCK_ns=2 / 2.4,
+        bus_bits=64,
+        burst_length=4,
+        channels=16,
+        bank_groups=4,
+        banks_per_group=4,
+        row_bytes=1024,
+        tRCD=14.0,
+        tRP=14.0,
+        tCL=14.0,
+        tRAS=33.0,
+        tCCD_S=2 * (2 / 2.4),
+        tCCD_L=4 * (2 / 2.4),
+        tRRD_S=4.0,
+        tRRD_L=6.0,
+        tFAW=16.0,
+        tRTP=5.0,
+        tRFC=160.0,
+        tREFI=3900.0,
+        refresh="per_bank",
+        pj_per_bit=3.9,
+        unit_gb=8.0,  # Aquabolt 8-high, 8 Gb dies (Aquabolt-XL with PIM dies: 6 GB)
+    ),
+    # LPDDR5-6400 x16 channel (JESD209-5B; Ramulator 2 preset LPDDR5_6400: tCK 1.25 ns, nCL 20, nRCD 15,
+    # nRPpb 15, nRAS 34, nCCD 2 (BG mode), nRRD 4, nFAW 16). BL16 -> 32 B bursts; 4 BG x 4 banks; 2 KB page.
+    "LPDDR5": DRAMSpec(
+        name="LPDDR5",
+        data_rate_gbps=6.4,
+        tCK_ns=1.25,
+        bus_bits=16,
+        burst_length=16,
+        channels=1,
+        bank_groups=4,
+        banks_per_group=4,
+        row_bytes=2048,
+        tRCD=18.0,
+        tRP=18.0,
+        tCL=25.0,
+        tRAS=42.0,  # JESD209-5: tRCD 18 ns, tRPpb 18 ns, tRAS 42 ns; RL 20 nCK
+        tCCD_S=2.5,
+        tCCD_L=5.0,  # 2 / 4 nCK in bank-group mode
+        tRRD_S=5.0,
+        tRRD_L=5.0,
+        tFAW=20.0,
+        tRTP=7.5,
+        tRFC=140.0,
+        tREFI=3906.0,
+        refresh="per_bank",  # tRFCpb 140 ns (16 Gb), tREFI 3.906 us
+        pj_per_bit=4.0,
+        unit_gb=2.0,  # one x16 channel of a 16 Gb die
+    ),
+    # DDR5-4800B, one 32-bit sub-channel of a DIMM (JESD79-5B; Ramulator 2 preset DDR5_4800B: tCK 0.416 ns,
+    # nBL 8, nCL 40, nRCD 39, nRP 39, nRAS 77). BL16 -> 64 B bursts; 8 BG x 4 banks; x8 dies, 4 KB page
+    # across the 4 dies of the sub-channel.
+    "DDR5": DRAMSpec(
+        name="DDR5",
+        data_rate_gbps=4.8,
+        tCK_ns=1 / 2.4,
+        bus_bits=32,
+        burst_length=16,
+        channels=2,
+        bank_groups=8,
+        banks_per_group=4,
+        row_bytes=4096,
+        tRCD=16.25,
+        tRP=16.25,
+        tCL=16.67,
+        tRAS=32.0,
+        tCCD_S=3.33,
+        tCCD_L=5.0,  # 8 nCK (one BL16 burst) / max(8 nCK, 5 ns)
+        tRRD_S=3.33,
+        tRRD_L=5.0,
+        tFAW=13.33,
+        tRTP=7.5,
+        tRFC=295.0,
+        tREFI=3900.0,
+        refresh="all_bank",  # tRFC1 295 ns (16 Gb), tREFI 3.9 us
+        pj_per_bit=12.0,
+        unit_gb=32.0,  # one 2-sub-channel DIMM of 16 Gb x8 dies
+    ),
+}
+
+
+def dram_preset(name: str, units: int = 1) -> DRAMSpec:
+    """The preset `name` (HBM2, HBM2e, HBM3, LPDDR5, DDR5) with `units` stacks / devices."""
+    check_choice("memory preset", name, PRESETS)
+    check_positive_int("memory units", units)
+    return replace(PRESETS[name], units=units)
+
+
+@dataclass(frozen=True)
+class DRAMResult:
+    """Time and counts of one access pattern. cycles are memory clock cycles (tCK)."""
+
+    cycles: float
+    ns: float
+    bytes: int
+    bursts: int
+    activations: int
+    row_hits: int
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.ns if self.ns else 0.0
+
+
+def read_latency(spec: DRAMSpec, state: str = "closed") -> int:
+    """Unloaded read latency in cycles: hit nCL+nBL; closed nRCD+nCL+nBL; conflict nRP+nRCD+nCL+nBL."""
+    check_choice("row state", state, ("hit", "closed", "conflict"))
+    c = spec.cycles()
+    lat = c["nCL"] + c["nBL"]
+    if state in ("closed", "conflict"):
+        lat += c["nRCD"]
+    if state == "conflict":
+        lat += c["nRP"]
+    return lat
+
+
+def _act_interval(c: dict[str, int], bank_groups: int) -> float:
+    """Mean cycles between ACTs of one channel when activations rotate over bank groups."""
+    rrd = c["nRRD_S"] if bank_groups > 1 else c["nRRD_L"]
+    return max(rrd, c["nFAW"] / 4)
+
+
+def stream_access(spec: DRAMSpec, nbytes: int) -> DRAMResult:
+    """Sequential read of `nbytes` spread over all channels (mapping in the module docstring).
+
+    Per channel with n bursts: T = nRCD + nCL + nBL + (n - 1) * t_burst, then divided by
+    (1 - refresh_loss), where t_burst = max(nBL, nCCD_S, nCCD_L / BG, ACT-rate bound, bank-cycle bound):
+    the ACT-rate bound spreads max(nRRD_S, nFAW/4) over the row's bursts, the bank-cycle bound spreads
+    nRC over the bursts of one row per bank.
+    """
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
+        raise CodesignError(f"nbytes must be a non-negative integer, got {nbytes!r}")
+    if nbytes == 0:
+        return DRAMResult(0.0, 0.0, 0, 0, 0, 0)
+    c = spec._cyc
+    bb = spec.burst_bytes
+    bursts = -(-int(nbytes) // bb)
+    n = -(-bursts // spec.total_channels)  # bursts on the busiest channel
+    bpr = spec.row_bytes // bb
+    t_burst = max(
+        c["nBL"],
+        c["nCCD_S"],
+        c["nCCD_L"] / spec.bank_groups,
+        _act_interval(c, spec.bank_groups) / bpr,
+        c["nRC"] / (spec.banks * bpr),
+    )
+    cyc = (c["nRCD"] + c["nCL"] + c["nBL"] + (n - 1) * t_burst) / (1.0 - spec.refresh_loss)
+    acts = -(-bursts // bpr)  # one ACT per row touched
+    return DRAMResult(cyc, cyc * spec.tCK_ns, int(nbytes), bursts, acts, bursts - acts)
+
+
+def random_access(spec: DRAMSpec, nbytes: int, request_bytes: int) -> DRAMResult:
+    """`nbytes` read as independent requests of `request_bytes` at random addresses (every request misses).
+
+    A request's bursts spread over min(bursts, channels) channels; on the busiest channel
+    T = (nRP + nRCD + nCL + nBL + max(bursts * t_col, acts * t_act) - min(t_col, t_act)) / (1 - refresh_loss),
+    with acts = requests x rows one request opens there (min(bursts, BG) within one row group),
+    t_col = max(nBL, nCCD_S), t_act = max(nRRD_S, nFAW / 4, nRC / banks).
+    """
+    check_positive_int("request_bytes", request_bytes)
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
+        raise CodesignError(f"nbytes must be a non-negative integer, got {nbytes!r}")
+    if nbytes == 0:
+        return DRAMResult(0.0, 0.0, 0, 0, 0, 0)
+    c = spec._cyc
+    bb = spec.burst_bytes
+    requests = -(-int(nbytes) // request_bytes)
+    per_req = -(-request_bytes // bb)
+    bpr = spec.row_bytes // bb
+    # Consecutive bursts of one request go to consecutive channels first (the mapping above).
+    spread = min(per_req, spec.total_channels)
+    b_ch = -(-per_req // spread)  # bursts of one request on one channel
+    rows = min(b_ch, spec.bank_groups) if b_ch <= spec.bank_groups * bpr else -(-b_ch // bpr)
+    req_per_ch = -(-requests * spread // spec.total_channels)
+    bursts_per_ch = req_per_ch * b_ch
+    acts_per_ch = req_per_ch * rows
+    t_col = max(c["nBL"], c["nCCD_S"])
+    t_act = max(_act_interval(c, spec.bank_groups), c["nRC"] / spec.banks)
+    body = max(bursts_per_ch * t_col, acts_per_ch * t_act)
+    first = c["nRP"] + c["nRCD"] + c["nCL"] + c["nBL"]
+    cyc = (first + body - min(t_col, t_act)) / (1.0 - spec.refresh_loss)
+    return DRAMResult(cyc, cyc * spec.tCK_ns, int(nbytes), requests * per_req, requests * spread * rows, 0)
+
+
+def access(spec: DRAMSpec, nbytes: int, pattern: str = "stream", request_bytes: int = 64) -> DRAMResult:
+    """Dispatch: pattern "stream" (sequential) or "random" (requests of `request_bytes`)."""
+    check_choice("access pattern", pattern, ("stream", "random"))
+    if pattern == "stream":
+        return stream_access(spec, nbytes)
+    return random_access(spec, nbytes, request_bytes)
+
+
+# ---- event model ------------------------------------------------------------------------------
+
+
+def map_bursts(spec: DRAMSpec, burst_index: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Global burst index -> (channel, bank group, bank, row, column) arrays, mapping Ch|BG|Col|Bank|Row."""
+    i = np.asarray(burst_index, dtype=np.int64)
+    ch = i % spec.total_channels
+    i = i // spec.total_channels
+    bg = i % spec.bank_groups
+    i = i // spec.bank_groups
+    bpr = spec.row_bytes // spec.burst_bytes
+    col = i % bpr
+    i = i // bpr
+    bank = i % spec.banks_per_group
+    row = i // spec.banks_per_group
+    return ch, bg, bank, row, col
+
+
+@numba.njit(cache=True)
+def _plan(g, b, r, open_row, t_act_bank, t_rd_bank, last_rd_bg, last_act_bg, faw, acts, last_rd, last_act, t):
+    # Earliest (ACT time or -1 for a row hit, RD time) of one request given the committed state.
+    nRCD, nRP, nCL, nBL, nCCDS, nCCDL, nRRDS, nRRDL, nFAW, nRAS, nRTP = t
+    t_act = -1
+    ready = 0
+    if open_row[g, b] != r:
+        t_act = 0
+        if open_row[g, b] >= 0:  # row conflict: precharge first
+            t_act = max(t_act_bank[g, b] + nRAS, t_rd_bank[g, b] + nRTP) + nRP
+        t_act = max(t_act, last_act + nRRDS, last_act_bg[g] + nRRDL, faw[acts % 4] + nFAW)
+        ready = t_act + nRCD
+    t_rd = max(ready, last_rd + max(nCCDS, nBL), last_rd_bg[g] + nCCDL)
+    return t_act, t_rd
+
+
+@numba.njit(cache=True)
+def _simulate_channel(bg, bank, row, nbg, nbank, t, queue):  # pragma: no cover - compiled
+    # t: nRCD nRP nCL nBL nCCD_S nCCD_L nRRD_S nRRD_L nFAW nRAS nRTP
+    nCL = t[2]
+    nBL = t[3]
+    neg = -(1 << 40)
+    open_row = np.full((nbg, nbank), -1, np.int64)
+    t_act_bank = np.full((nbg, nbank), neg, np.int64)
+    t_rd_bank = np.full((nbg, nbank), neg, np.int64)
+    last_rd_bg = np.full(nbg, neg, np.int64)
+    last_act_bg = np.full(nbg, neg, np.int64)
+    faw = np.full(4, neg, np.int64)
+    last_rd = neg
+    last_act = neg
+    done = 0
+    hits = 0
+    acts = 0
+    n = bg.shape[0]
+    pending = np.empty(queue, np.int64)  # request ids waiting in the controller queue
+    npend = 0
+    nxt = 0
+    while nxt < n or npend > 0:
+        while npend < queue and nxt < n:
+            pending[npend] = nxt
+            npend += 1
+            nxt += 1
+        # FR-FCFS-like: issue the request whose RD can go first (oldest on ties).
+        best = 0
+        best_rd = 1 << 62
+        best_act = -1
+        for q in range(npend):
+            i = pending[q]
+            a, d = _plan(
+                bg[i],
+                bank[i],
+                row[i],
+                open_row,
+                t_act_bank,
+                t_rd_bank,
+                last_rd_bg,
+                last_act_bg,
+                faw,
+                acts,
+                last_rd,
+                last_act,
+                t,
+            )
+            if d < best_rd or (d == best_rd and i < pending[best]):
+                best, best_rd, best_act = q, d, a
+        i = pending[best]
+        g = bg[i]
+        b = bank[i]
+        if best_act >= 0:
+            faw[acts % 4] = best_act
+            acts += 1
+            last_act = best_act
+            last_act_bg[g] = best_act
+            t_act_bank[g, b] = best_act
+            open_row[g, b] = row[i]
+        else:
+            hits += 1
+        last_rd = best_rd
+        last_rd_bg[g] = best_rd
+        t_rd_bank[g, b] = best_rd
+        done = max(done, best_rd + nCL + nBL)
+        npend -= 1
+        pending[best] = pending[npend]  # ties compare request ids, so the queue needs no order
+    return done, hits, acts
+
+
+def simulate_bursts(spec: DRAMSpec, burst_index: np.ndarray, queue: int = 32) -> DRAMResult:
+    """Event model: read the given bursts (global burst indices), channels in parallel.
+
+    Per channel, a controller holds up to `queue` requests and issues next the one whose RD can go
+    earliest (FR-FCFS-like: row hits first, then the oldest); each request's PRE/ACT/RD are committed
+    together, and commands of each type issue in commit order. queue=1 is an in-order controller.
+    Refresh: time divided by (1 - refresh_loss).
+    """
+    check_positive_int("queue", queue)
+    idx = np.asarray(burst_index, dtype=np.int64)
+    if idx.size == 0:
+        return DRAMResult(0.0, 0.0, 0, 0, 0, 0)
+    if idx.min() < 0:
+        raise CodesignError("burst indices must be non-negative")
+    c = spec.cycles()
+    t = np.array(
+        [
+            c["nRCD"],
+            c["nRP"],
+            c["nCL"],
+            c["nBL"],
+            c["nCCD_S"],
+            c["nCCD_L"],
+            c["nRRD_S"],
+            c["nRRD_L"],
+            c["nFAW"],
+            c["nRAS"],
+            c["nRTP"],
+        ],
+        dtype=np.int64,
+    )
+    ch, bg, bank, row, _ = map_bursts(spec, idx)
+    worst = 0
+    hits = acts = 0
+    for k in np.unique(ch):
+        m = ch == k
+        d, h, a = _simulate_channel(bg[m], bank[m], row[m], spec.bank_groups, spec.banks_per_group, t, queue)
+        worst = max(worst, d)
+        hits += h
+        acts += a
+    cyc = worst / (1.0 - spec.refresh_loss)
+    return DRAMResult(cyc, cyc * spec.tCK_ns, int(idx.size * spec.burst_bytes), int(idx.size), acts, hits)
+
+
+def random_burst_indices(
+    spec: DRAMSpec, requests: int, request_bytes: int, footprint_bytes: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Burst indices of `requests` aligned requests of `request_bytes` at uniform random addresses."""
+    check_positive_int("requests", requests)
+    check_positive_int("request_bytes", request_bytes)
+    per = -(-request_bytes // spec.burst_bytes)
+    slots = max(1, footprint_bytes // (per * spec.burst_bytes))
+    starts = rng.integers(0, slots, size=requests, dtype=np.int64) * per
+    return (starts[:, None] + np.arange(per, dtype=np.int64)[None, :]).reshape(-1)

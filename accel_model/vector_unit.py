@@ -1,0 +1,107 @@
+"""Vector unit: softmax, norms, RoPE, elementwise ops; cycles = lane-op slots / lanes + pipeline depth.
+
+Each element of an op costs a fixed number of lane-op slots (one slot = one add/mul/max/compare on
+one lane); special functions (exp, rsqrt, reciprocal) run on a pipelined special-function unit at
+1/`sfu_cost` of the lane rate, so they cost `sfu_cost` slots. Row reductions (max, sum) add a tree of
+ceil(log2(lanes)) slots per row. Then
+
+    cycles = ceil(slots / (lanes x count)) + depth      (0 for an empty op)
+
+Per-element slot counts (s = sfu_cost):
+    rms norm     3 (square-accumulate, scale, weight)          + per row: 1 rsqrt + 1 tree
+    layer norm   5 (mean, centre+square-accumulate, scale, weight, bias) + per row: 1 rsqrt + 2 trees
+    softmax      4 + s (max, subtract, exp, sum, multiply)     + per row: 1 reciprocal + 2 trees
+    rope         3 (2 multiplies + 1 add, as the spec counts)
+    silu         3 + 2s (negate, add 1, multiply; exp, reciprocal); silu_mul 4 + 2s
+    gelu (tanh)  7 + 2s; gelu_mul 8 + 2s; add, mul, relu 1
+    sampling     softmax + 1 compare (top-k / argmax)
+    kv quantize  5 (min, max, subtract, multiply, round) + per vector 1 reciprocal + 2 trees
+    kv dequant   3 (unpack, multiply, add)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codesign.specs import (
+    CodesignError,
+    Elementwise,
+    KVDequantize,
+    KVWrite,
+    MoERouter,
+    Norm,
+    OpSpec,
+    RoPE,
+    Sampling,
+    Softmax,
+    check_positive_int,
+)
+
+
+@dataclass(frozen=True)
+class VectorUnitSpec:
+    """`count` vector units of `lanes` lanes each at the design clock."""
+
+    lanes: int = 128
+    count: int = 1
+    depth: int = 8
+    sfu_cost: int = 4
+
+    def __post_init__(self) -> None:
+        for f in ("lanes", "count", "depth", "sfu_cost"):
+            check_positive_int(f"vector.{f}", getattr(self, f))
+
+
+@dataclass(frozen=True)
+class VectorCost:
+    cycles: int
+    lane_ops: int
+
+
+# Elementwise ops: (plain lane-op slots, special-function evaluations) per element.
+_ELEMENTWISE = {
+    "add": (1, 0),
+    "mul": (1, 0),
+    "relu": (1, 0),
+    "silu": (3, 2),
+    "silu_mul": (4, 2),
+    "gelu": (7, 2),
+    "gelu_mul": (8, 2),
+}
+
+
+def lane_ops(vu: VectorUnitSpec, spec: OpSpec) -> int:
+    """Lane-op slots the op needs on this vector unit (see the module docstring)."""
+    s = vu.sfu_cost
+    tree = (vu.lanes - 1).bit_length()  # ceil(log2(lanes))
+    if isinstance(spec, Norm):
+        if spec.norm == "rms":
+            return spec.rows * (3 * spec.hidden + s + tree)
+        return spec.rows * (5 * spec.hidden + s + 2 * tree)
+    if isinstance(spec, Softmax):
+        return spec.rows * ((4 + s) * spec.cols + s + 2 * tree)
+    if isinstance(spec, RoPE):
+        return 3 * spec.tokens * (spec.q_heads + spec.kv_heads) * spec.head_dim
+    if isinstance(spec, Elementwise):
+        plain, sfu = _ELEMENTWISE[spec.op]
+        return (plain + sfu * s) * spec.numel
+    if isinstance(spec, Sampling):
+        return spec.batch * ((5 + s) * spec.vocab + s + 3 * tree)
+    if isinstance(spec, MoERouter):  # the softmax and top-k part; the GEMM goes to the array
+        return spec.tokens * ((4 + s + spec.top_k) * spec.experts + s + 2 * tree)
+    if isinstance(spec, KVWrite):
+        vectors = 2 * spec.tokens * spec.kv_heads
+        if not spec.kv_format.quantized:
+            return vectors * spec.head_dim  # a copy
+        return vectors * (5 * spec.head_dim + s + 2 * tree)
+    if isinstance(spec, KVDequantize):
+        return 3 * 2 * spec.tokens * spec.kv_heads * spec.head_dim
+    raise CodesignError(f"the vector unit does not run {type(spec).__name__} ops")
+
+
+def vector_cost(vu: VectorUnitSpec, spec: OpSpec) -> VectorCost:
+    """cycles = ceil(lane_ops / (lanes x count)) + depth (0 when there is no work)."""
+    ops = lane_ops(vu, spec)
+    if ops == 0:
+        return VectorCost(0, 0)
+    return VectorCost(-(-ops // (vu.lanes * vu.count)) + vu.depth, ops)
