@@ -4,6 +4,7 @@ Importing this package imports torch and defines the Triton kernels; to run them
 Triton's interpreter, set TRITON_INTERPRET=1 first (see codesign.backend).
 """
 
+from codesign.kernels.df11_linear import LosslessBF16Config
 from codesign.kernels.quant_linear import (
     FP8Config,
     QuantLinear,
@@ -13,4 +14,4 @@ from codesign.kernels.quant_linear import (
     quantize_,
 )
 
-__all__ = ["FP8Config", "QuantLinear", "W4A16Config", "W8A8Config", "W8A16Config", "quantize_"]
+__all__ = ["LosslessBF16Config", "FP8Config", "QuantLinear", "W4A16Config", "W8A8Config", "W8A16Config", "quantize_"]

@@ -164,6 +164,10 @@ def quantize_(
     """
     if not isinstance(model, nn.Module):
         raise CodesignError(f"model must be an nn.Module, got {type(model).__name__}")
+    from codesign.kernels.df11_linear import LosslessBF16Config, compress_model_
+
+    if isinstance(config, LosslessBF16Config):  # lossless: entropy-coded BF16, bit-identical outputs
+        return compress_model_(model, filter_fn, config)
     _quantize_weight(torch.ones(1, 128), config)  # validates the config type before touching the model
     if filter_fn is not None and not callable(filter_fn):
         raise CodesignError(f"filter_fn must be callable(module, fqn) -> bool or None, got {filter_fn!r}")
