@@ -19,10 +19,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "roofline": ("codesign.dataflow.roofline_cli", "per-operator roofline of one model step on a GPU"),
     "doctor": ("codesign.doctor", "versions, GPU, Triton interpreter and HDL simulators found"),
     "sim": ("codesign.accel_model.scalesim_cli", "SCALE-Sim-compatible systolic-array simulation"),
+    "tune": ("codesign.autotune.tune_cli", "tune kernel launch configs on this GPU"),
     "explore": (
         "codesign.dataflow.explore_cli",
         "design-space exploration over serving workloads (main job)",
     ),
+    "rtl-report": ("codesign.rtl_report", "model-vs-RTL cycle and bit evidence (source checkout + hdl extra)"),
     "map": ("codesign.dataflow.map_cli", "map and schedule one model step onto a GPU or a simulated design"),
 }
 

@@ -1,0 +1,160 @@
+"""The RTL benches and the configuration matrix they run over (shared by the pytest entries and report.py).
+
+Each unit has a function turning a configuration into a `BenchRun` (checking it first, so an
+unsupported combination fails with a CodesignError before any simulator starts) and a list of
+the configurations the suite runs on each simulator. The Verilator matrix is kept lean: each
+Verilator build costs ~10 s of C++ compilation, an Icarus build well under 1 s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hdl_sim import HDL_DIR, BenchRun
+
+from codesign.accel_model import dequant_mac, systolic_control
+from codesign.specs.errors import CodesignError, check_choice, check_nonneg_int
+
+# Fault ids understood by the systolic RTL's FAULT parameter (bench teeth only).
+SYSTOLIC_FAULTS = {0: "none", 1: "drain counter off by one", 2: "wrong accumulate"}
+
+
+@dataclass(frozen=True)
+class SystolicConfig:
+    """One systolic-array RTL configuration: R x C, dataflow, injected fault."""
+
+    rows: int
+    cols: int
+    dataflow: str
+    fault: int = 0
+
+    @property
+    def label(self) -> str:
+        tag = "" if self.fault == 0 else f" fault={self.fault}"
+        return f"{self.dataflow} {self.rows}x{self.cols}{tag}"
+
+
+def systolic_t_values(cfg: SystolicConfig) -> list[int]:
+    """Jobs per run (t = K for os, M for ws): t = 1, a few small odd ones and one longer.
+
+    t = 1 is the shortest legal job; t around R + C checks that overlapping drain and
+    compute never read a row early; 17 exceeds every tested array side.
+    """
+    edge = cfg.rows + cfg.cols + 1
+    return [1, 3, edge if edge not in (1, 2, 3, 5, 17) else 2 * edge + 1, 2, 17, 5]
+
+
+def systolic_bench(cfg: SystolicConfig) -> BenchRun:
+    """The BenchRun of one systolic configuration; CodesignError if the RTL does not support it."""
+    systolic_control.check_rtl_config(cfg.rows, cfg.cols, cfg.dataflow)
+    check_nonneg_int("fault", cfg.fault)
+    if cfg.fault not in SYSTOLIC_FAULTS:
+        check_choice("fault", cfg.fault, SYSTOLIC_FAULTS)
+    t_values = systolic_t_values(cfg)
+    for t in t_values:
+        systolic_control.check_rtl_config(cfg.rows, cfg.cols, cfg.dataflow, t)
+    top = f"systolic_{cfg.dataflow}"
+    return BenchRun(
+        unit="systolic",
+        toplevel=top,
+        sources=(f"{top}.v", f"sa_pe_{cfg.dataflow}.v", "delay_line.v"),
+        parameters={"ROWS": cfg.rows, "COLS": cfg.cols, "FAULT": cfg.fault},
+        tb_dir=HDL_DIR / "systolic",
+        tb_module="tb_systolic",
+        config={"rows": cfg.rows, "cols": cfg.cols, "dataflow": cfg.dataflow, "t_values": t_values},
+    )
+
+
+_SIZES_ICARUS = ((2, 2), (4, 4), (8, 8), (3, 5))
+_SIZES_VERILATOR = ((4, 4), (3, 5))  # lean: ~10 s of C++ build each
+
+
+def systolic_matrix(simulator: str) -> list[SystolicConfig]:
+    """Configurations the suite runs on `simulator` (all sizes on Icarus, two per dataflow on Verilator)."""
+    if simulator not in ("icarus", "verilator"):
+        raise CodesignError(f"simulator must be one of icarus, verilator; got {simulator!r}")
+    sizes = _SIZES_ICARUS if simulator == "icarus" else _SIZES_VERILATOR
+    return [SystolicConfig(r, c, df) for df in systolic_control.RTL_DATAFLOWS for r, c in sizes]
+
+
+# Fault ids understood by the dequant-MAC RTL's FAULT parameter (bench teeth only).
+DEQUANT_FAULTS = {0: "none", 1: "group counter off by one", 2: "zero point not subtracted"}
+
+
+@dataclass(frozen=True)
+class DequantConfig:
+    """One int4 dequant-MAC configuration: lanes, codes per cycle, group size, injected fault."""
+
+    lanes: int
+    codes_per_cycle: int
+    group_size: int
+    fault: int = 0
+
+    @property
+    def label(self) -> str:
+        tag = "" if self.fault == 0 else f" fault={self.fault}"
+        return f"L={self.lanes} P={self.codes_per_cycle} G={self.group_size}{tag}"
+
+
+# Groups per job: one group, several, and one long job.
+DEQUANT_GROUPS = [1, 3, 2, 9, 4]
+
+
+def dequant_bench(cfg: DequantConfig) -> BenchRun:
+    """The BenchRun of one dequant-MAC configuration; CodesignError if the RTL does not support it."""
+    for n in DEQUANT_GROUPS:
+        dequant_mac.check_lane_config(cfg.lanes, cfg.codes_per_cycle, cfg.group_size, n)
+    check_nonneg_int("fault", cfg.fault)
+    if cfg.fault not in DEQUANT_FAULTS:
+        check_choice("fault", cfg.fault, DEQUANT_FAULTS)
+    return BenchRun(
+        unit="dequant_mac",
+        toplevel="dequant_mac_lane",
+        sources=("dequant_mac_lane.v",),
+        parameters={
+            "LANES": cfg.lanes,
+            "CPC": cfg.codes_per_cycle,
+            "GROUP": cfg.group_size,
+            "FAULT": cfg.fault,
+        },
+        tb_dir=HDL_DIR / "dequant_mac",
+        tb_module="tb_dequant_mac",
+        config={
+            "lanes": cfg.lanes,
+            "codes_per_cycle": cfg.codes_per_cycle,
+            "group_size": cfg.group_size,
+            "t_values": DEQUANT_GROUPS,
+        },
+    )
+
+
+def dequant_matrix(simulator: str) -> list[DequantConfig]:
+    """Configurations the suite runs on `simulator` (four on Icarus, one on Verilator)."""
+    if simulator not in ("icarus", "verilator"):
+        raise CodesignError(f"simulator must be one of icarus, verilator; got {simulator!r}")
+    if simulator == "verilator":
+        return [DequantConfig(2, 4, 8)]
+    return [DequantConfig(1, 1, 4), DequantConfig(2, 4, 8), DequantConfig(4, 8, 32), DequantConfig(3, 2, 6)]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A unit's bench: configurations per simulator, the BenchRun of one, and its fault-injected twins."""
+
+    matrix: Callable[[str], list]
+    bench: Callable[..., BenchRun]
+    teeth: tuple  # configurations with a fault injected; the bench must fail on each (Icarus)
+
+
+# report.py and the tests walk this.
+UNITS = {
+    "systolic": Unit(
+        systolic_matrix,
+        systolic_bench,
+        tuple(SystolicConfig(3, 5, df, f) for df in ("os", "ws") for f in (1, 2)),
+    ),
+    "dequant_mac": Unit(
+        dequant_matrix, dequant_bench, (DequantConfig(3, 2, 6, 1), DequantConfig(3, 2, 6, 2))
+    ),
+}
