@@ -2,9 +2,15 @@
 
 Tables are JSON files `<root>/<gpu-slug>/<op>.json`:
 
-    {"version": 1, "op": "w4a16_gemm", "gpu": "NVIDIA H100 80GB HBM3",
-     "triton": "3.9.0", "source_hash": "...",
-     "entries": {"N=4096,K=4096": {"1": {...config...}, "16": {...}, "256": {...}}}}
+    {"version": 2, "op": "w4a16_gemm_splitk", "gpu": "NVIDIA H100 80GB HBM3",
+     "triton": "3.9.0", "source_modules": ["codesign.kernels.quant_gemm_triton"],
+     "source_hash": "<sha256 of those modules' source files>",
+     "entries": {"G=128,K=4096,N=4096": {"1": {...config...}, "16": {...}}}}
+
+A table is only trusted while its key still matches: the same Triton version
+and the same kernel source (hash of the modules it names). A stale table is
+ignored with one warning and the defaults are used: a config tuned for other
+code may be slow or, for a changed kernel, invalid.
 
 Roots, highest precedence first: $CODESIGN_CONFIG_DIR (a user's own tuning
 results), then the tables shipped in `codesign/autotune/configs/`. The shape key
@@ -17,15 +23,25 @@ happens offline (`codesign tune`), never inside an op call or a graph capture.
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.util
 import json
 import os
 import re
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 SHIPPED_ROOT = Path(__file__).resolve().parent / "configs"
-TABLE_VERSION = 1
+TABLE_VERSION = 2
+
+# Configs forced by the tuner for one op inside a `with forced_config(...)` block. A ContextVar,
+# not a global, so a tuning thread never leaks its candidate into another thread's op calls.
+_FORCED: ContextVar[dict[str, dict[str, Any]]] = ContextVar("codesign_forced_config", default={})  # noqa: B039
 
 
 def gpu_slug(name: str) -> str:
@@ -36,6 +52,71 @@ def gpu_slug(name: str) -> str:
 def shape_key(**dims: int) -> str:
     """Canonical key of the non-M dimensions, e.g. shape_key(N=4096, K=4096) -> 'K=4096,N=4096'."""
     return ",".join(f"{k}={int(v)}" for k, v in sorted(dims.items()))
+
+
+def triton_version() -> str | None:
+    """Installed Triton version (from package metadata, no import), or None."""
+    try:
+        return metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def _hash_files(files: tuple[tuple[str, str, int], ...]) -> str:
+    h = hashlib.sha256()
+    for name, path, _mtime in files:
+        h.update(name.encode() + b"\0")
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def kernel_source_hash(modules: list[str] | tuple[str, ...]) -> str:
+    """sha256 (first 16 hex digits) over the source files of `modules`, in sorted name order.
+
+    Modules are located without importing them. Raises CodesignError for a module with no source.
+    """
+    from codesign.specs.errors import CodesignError
+
+    files = []
+    for name in sorted(set(modules)):
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            raise CodesignError(f"source_modules: no Python source found for module {name!r}")
+        files.append((name, spec.origin, os.stat(spec.origin).st_mtime_ns))
+    return _hash_files(tuple(files))
+
+
+def table_key_problem(table: dict[str, Any]) -> str | None:
+    """Why `table` no longer matches this installation (Triton version, kernel source), or None."""
+    have = triton_version()
+    if table.get("triton") != have:
+        return f"tuned with Triton {table.get('triton')!r}, this is {have!r}"
+    mods = table.get("source_modules")
+    if not isinstance(mods, list) or not all(isinstance(m, str) for m in mods):
+        return "no 'source_modules' list"
+    try:
+        now = kernel_source_hash(mods)
+    except (ValueError, OSError) as e:
+        return str(e)
+    if table.get("source_hash") != now:
+        return f"kernel source changed (hash {table.get('source_hash')!r}, now {now!r})"
+    return None
+
+
+@contextmanager
+def forced_config(op: str, config: dict[str, Any]) -> Iterator[None]:
+    """Inside the block, `lookup_config(op, ...)` returns `{**default, **config}` on any device.
+
+    The tuner's way to launch a kernel with a candidate config without touching the kernel's code.
+    """
+    new = dict(_FORCED.get())
+    new[op] = dict(config)
+    token = _FORCED.set(new)
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
 
 
 def _roots() -> list[Path]:
@@ -57,6 +138,9 @@ def _load_table(path: str, mtime_ns: int) -> dict[str, Any] | None:
             raise ValueError(f"version {data.get('version') if isinstance(data, dict) else None!r}")
         if not isinstance(data.get("entries"), dict):
             raise ValueError("no 'entries' object")
+        problem = table_key_problem(data)
+        if problem:
+            raise ValueError(f"stale table ({problem})")
         return data
     except (OSError, ValueError) as e:
         warnings.warn(f"ignoring config table {path}: {e}", stacklevel=3)
@@ -87,9 +171,14 @@ def lookup_config(op: str, gpu: str | None, m: int, key: str, default: dict[str,
     """Config for `op` on `gpu` at batch `m` and shape `key`, else `default`.
 
     gpu None (CPU / interpreter runs) returns `default` silently: interpreter
-    runs always use a fixed config. The returned dict is a fresh copy with the
-    default's keys filled in where the table omits them.
+    runs always use a fixed config. Inside `forced_config(op, cfg)` the forced
+    config wins on every device (that is how the tuner launches candidates).
+    The returned dict is a fresh copy with the default's keys filled in where
+    the table omits them.
     """
+    forced = _FORCED.get().get(op)
+    if forced is not None:
+        return {**default, **forced}
     if gpu is None:
         return dict(default)
     table = _table(op, gpu)
@@ -115,3 +204,15 @@ def current_gpu_name(device: Any = None) -> str | None:
     if not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_name(device)
+
+
+def table_header(op: str, gpu: str, source_modules: list[str]) -> dict[str, Any]:
+    """The key fields of a table for `op` on `gpu` built from the current Triton and kernel source."""
+    return {
+        "version": TABLE_VERSION,
+        "op": op,
+        "gpu": gpu,
+        "triton": triton_version(),
+        "source_modules": sorted(set(source_modules)),
+        "source_hash": kernel_source_hash(source_modules),
+    }

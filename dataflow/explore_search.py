@@ -57,7 +57,7 @@ class TPESearch(Strategy):
         try:
             import optuna
         except ImportError:
-            raise CodesignError("--search tpe needs Optuna: pip install 'codesign[search]'") from None
+            raise CodesignError("--search tpe needs Optuna: pip install optuna") from None
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.optuna = optuna
         self.space = space

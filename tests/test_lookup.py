@@ -1,4 +1,4 @@
-"""Run-time config lookup: M buckets, user override precedence, corrupt tables, CPU defaults."""
+"""Run-time config lookup: M buckets, user override precedence, corrupt and stale tables, CPU defaults."""
 
 from __future__ import annotations
 
@@ -8,15 +8,25 @@ import warnings
 import pytest
 
 from codesign.autotune import lookup
-from codesign.autotune.lookup import gpu_slug, lookup_config, nearest_bucket, shape_key
+from codesign.autotune.lookup import (
+    forced_config,
+    gpu_slug,
+    lookup_config,
+    nearest_bucket,
+    shape_key,
+    table_header,
+)
 
 DEFAULT = {"BLOCK_M": 16, "num_warps": 4}
+# A real module whose source the tables are keyed on (any module with a .py file works).
+MODULES = ["codesign.autotune.lookup"]
 
 
-def _write(root, gpu, op, entries, version=1):
+def _write(root, gpu, op, entries, version=lookup.TABLE_VERSION, **over):
     d = root / gpu_slug(gpu)
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"{op}.json").write_text(json.dumps({"version": version, "op": op, "gpu": gpu, "entries": entries}))
+    table = {**table_header(op, gpu, MODULES), "version": version, "entries": entries, **over}
+    (d / f"{op}.json").write_text(json.dumps(table))
 
 
 def test_bucket_and_override(tmp_path, monkeypatch):
@@ -37,13 +47,46 @@ def test_corrupt_and_missing_tables_fall_back(tmp_path, monkeypatch):
     monkeypatch.delenv("CODESIGN_CONFIG_DIR", raising=False)
     d = tmp_path / gpu_slug("Broken GPU")
     d.mkdir()
-    (d / "op.json").write_text('{"version": 1, "entries": {"K=1"')
+    (d / "op.json").write_text('{"version": 2, "entries": {"K=1"')
     with pytest.warns(UserWarning, match="ignoring config table"):
         assert lookup_config("op", "Broken GPU", 1, "K=1", DEFAULT) == DEFAULT
-    _write(tmp_path, "Old GPU", "op", {"K=1": {"1": {"BLOCK_M": 1}}}, version=0)
+    _write(tmp_path, "Old GPU", "op", {"K=1": {"1": {"BLOCK_M": 1}}}, version=1)
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         assert lookup_config("op", "Old GPU", 1, "K=1", DEFAULT) == DEFAULT
+
+
+@pytest.mark.parametrize(
+    "over, why",
+    [({"triton": "0.0.1"}, "Triton"), ({"source_hash": "0" * 16}, "kernel source changed")],
+)
+def test_stale_table_is_ignored_with_a_warning(tmp_path, monkeypatch, over, why):
+    monkeypatch.setattr(lookup, "SHIPPED_ROOT", tmp_path)
+    monkeypatch.delenv("CODESIGN_CONFIG_DIR", raising=False)
+    _write(tmp_path, "Stale GPU", "op", {"K=1": {"1": {"BLOCK_M": 1}}}, **over)
+    with pytest.warns(UserWarning, match=f"stale table.*{why}"):
+        assert lookup_config("op", "Stale GPU", 1, "K=1", DEFAULT) == DEFAULT
+
+
+def test_source_hash_follows_the_source(tmp_path, monkeypatch):
+    pkg = tmp_path / "h6_fake_kernel_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    src = pkg / "k.py"
+    src.write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    h1 = lookup.kernel_source_hash(["h6_fake_kernel_pkg.k"])
+    src.write_text("X = 2\n")
+    assert lookup.kernel_source_hash(["h6_fake_kernel_pkg.k"]) != h1
+    with pytest.raises(ValueError, match="no Python source"):
+        lookup.kernel_source_hash(["h6_no_such_module_xyz"])
+
+
+def test_forced_config_wins_on_every_device_and_only_inside_the_block():
+    with forced_config("op", {"BLOCK_M": 128}):
+        assert lookup_config("op", None, 1, "K=1", DEFAULT) == {"BLOCK_M": 128, "num_warps": 4}
+        assert lookup_config("other_op", None, 1, "K=1", DEFAULT) == DEFAULT
+    assert lookup_config("op", None, 1, "K=1", DEFAULT) == DEFAULT
 
 
 def test_nearest_bucket_ties_go_up():

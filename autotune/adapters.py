@@ -1,0 +1,334 @@
+"""Tunable-op adapters for the kernels in `codesign.kernels` (registered on import, kernels imported lazily).
+
+Each adapter launches the kernel's own public launcher inside `lookup.forced_config(table_op, cfg)`,
+so the tuner times exactly the code path a serving call takes, with the config the table would
+hand it. Shapes:
+    w4a16_gemm / w8a16_gemm: M, N, K, G (group size along K; G = K or 0 for per-channel)
+    w8a8_gemm / fp8_gemm:    M, N, K (per-token int8 / e4m3 activations, per-channel weights)
+    paged_attention:         M (batch of decode sequences), q_heads, kv_heads, head_dim, block_size, ctx
+Candidate spaces are the GPU grids below; interpreter runs (no GPU) get a few large-block configs,
+since the interpreter's cost is per program instance.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from codesign.autotune.lookup import forced_config, shape_key
+from codesign.autotune.ops import Shape, register
+from codesign.autotune.space import ConfigSpace, Resources, gemm_resources
+from codesign.specs.errors import CodesignError
+
+# ||out - ref|| / ||ref|| bounds per output dtype: fp32 accumulation everywhere; fp16/bf16 round the
+# output (and the dequantized weight) once. A wrong config (bad split, unwritten tile) is O(1).
+_TOL = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
+
+
+def _need(shape: Shape, names: tuple[str, ...], op: str) -> None:
+    missing = [n for n in names if n not in shape]
+    extra = [n for n in shape if n not in names]
+    if missing or extra:
+        raise CodesignError(f"shape for {op}: expected dims {', '.join(names)}; got {shape}")
+    bad = [n for n in names if shape[n] < (0 if n == "G" else 1)]
+    if bad:
+        raise CodesignError(f"shape for {op}: dims {bad} must be positive, got {shape}")
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _pow2_cap(n: int, lo: int = 16) -> int:
+    return max(lo, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
+
+
+class WeightOnlyGemm:
+    """w4a16_gemm / w8a16_gemm: Y = X @ dequant(W)^T, split-K variant for M <= 16, tiled otherwise."""
+
+    source_modules = ("codesign.kernels.quant_gemm_triton",)
+
+    def __init__(self, bits: int) -> None:
+        from codesign.kernels import quant_gemm_triton  # noqa: F401  (unavailable kernel -> ImportError)
+
+        self.bits = bits
+        self.name = f"w{bits}a16_gemm"
+
+    def _group(self, shape: Shape) -> int:
+        return shape["K"] if shape["G"] in (0, shape["K"]) else shape["G"]
+
+    def check_shape(self, shape: Shape) -> None:
+        _need(shape, ("M", "N", "K", "G"), self.name)
+        g = self._group(shape)
+        if g not in (32, 64, 128, shape["K"]) or shape["K"] % g or shape["K"] % (32 // self.bits):
+            raise CodesignError(
+                f"shape for {self.name}: G must be 32, 64, 128 or K (0 = per-channel) and divide K, "
+                f"K a multiple of {32 // self.bits}; got {shape}"
+            )
+
+    def _variant(self, shape: Shape) -> str:
+        from codesign.kernels.quant_gemm_triton import choose_variant
+
+        return choose_variant(shape["M"])
+
+    def table_op(self, shape: Shape) -> str:
+        return f"{self.name}_{self._variant(shape)}"
+
+    def table_key(self, shape: Shape) -> str:
+        return shape_key(N=shape["N"], K=shape["K"], G=self._group(shape))
+
+    def m(self, shape: Shape) -> int:
+        return shape["M"]
+
+    def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
+        g, n, k, m = self._group(shape), shape["N"], shape["K"], shape["M"]
+        a_bytes = torch.finfo(dtype).bits // 8
+        res = gemm_resources(a_bytes, self.bits / 8)
+        if self._variant(shape) == "splitk":
+            params = (
+                {"BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [32, 64, 128, 256], "SPLIT_K": [1, 2, 4, 8, 16],
+                 "num_warps": [2, 4, 8], "num_stages": [2, 3, 4]}
+                if on_gpu
+                else {"BLOCK_N": [64, 128], "BLOCK_K": [64, 128], "SPLIT_K": [1, 2], "num_warps": [4],
+                      "num_stages": [1]}
+            )  # fmt: skip
+            fixed = {"BLOCK_M": 16}
+        else:
+            params = (
+                {"BLOCK_M": [32, 64, 128, 256], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [32, 64, 128],
+                 "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}
+                if on_gpu
+                else {"BLOCK_M": [32, 64], "BLOCK_N": [64, 128], "BLOCK_K": [64, 128], "num_warps": [4],
+                      "num_stages": [1]}
+            )  # fmt: skip
+            fixed = {"GROUP_M": 8}
+
+        def valid(c: dict[str, int]) -> bool:
+            # The kernel clamps BLOCK_K to the group and SPLIT_K to the K blocks: larger values would
+            # only duplicate smaller configs; tiles far beyond the problem only waste programs.
+            return (
+                c["BLOCK_K"] <= g
+                and c.get("SPLIT_K", 1) * c["BLOCK_K"] <= k
+                and c["BLOCK_N"] <= max(_pow2_cap(n, 32), min(params["BLOCK_N"]))
+                and c.get("BLOCK_M", 16) <= max(_pow2_cap(m), min(params.get("BLOCK_M", [16])))
+            )
+
+        return ConfigSpace(params=params, valid=valid, resources=res, fixed=fixed)
+
+    def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
+        from codesign.kernels import quant_formats as qf
+
+        gen = _gen(seed)
+        g = self._group(shape)
+        w = torch.randn(shape["N"], shape["K"], generator=gen)
+        qw = qf.quantize_rtn(
+            w, "int4" if self.bits == 4 else "int8", None if g == shape["K"] else g, True, dtype
+        )
+        x = torch.randn(shape["M"], shape["K"], generator=gen).to(dtype)
+        return {
+            "x": x.to(device), "qweight": qw.qweight.to(device), "scales": qw.scales.to(device),
+            "out": torch.empty(shape["M"], shape["N"], dtype=dtype, device=device),
+            "group": qw.group, "table_op": self.table_op(shape), "qw_cpu": qw, "x_cpu": x,
+        }  # fmt: skip
+
+    def input_bytes(self, inputs: dict[str, Any]) -> int:
+        return sum(inputs[k].numel() * inputs[k].element_size() for k in ("x", "qweight", "scales"))
+
+    def poison(self, inputs: dict[str, Any]) -> None:
+        inputs["out"].fill_(float("nan"))
+
+    def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
+        from codesign.kernels.quant_gemm_triton import wq_gemm
+
+        i = inputs
+        with forced_config(i["table_op"], config):
+            wq_gemm(i["x"], i["qweight"], i["scales"], None, None, self.bits, i["group"], i["out"])
+        return i["out"]
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        return inputs["x_cpu"].double() @ inputs["qw_cpu"].dequantize(torch.float64).t()
+
+    def tolerance(self, dtype: torch.dtype) -> float:
+        return _TOL[dtype]
+
+
+class W8A8Gemm:
+    """w8a8_gemm / fp8_gemm matmul: out = (q_x @ q_w) * s_x[m] * s_w[n] (int8 -> int32, or e4m3 -> fp32)."""
+
+    source_modules = ("codesign.kernels.quant_gemm_triton",)
+
+    def __init__(self, fp8: bool = False) -> None:
+        from codesign.kernels import quant_gemm_triton  # noqa: F401
+
+        self.fp8 = fp8
+        self.name = "fp8_gemm" if fp8 else "w8a8_gemm"
+        self.fmt = "fp8_e4m3" if fp8 else "int8"
+
+    def check_shape(self, shape: Shape) -> None:
+        _need(shape, ("M", "N", "K"), self.name)
+        if shape["K"] % 4:
+            raise CodesignError(f"shape for {self.name}: K must be a multiple of 4, got {shape}")
+
+    def table_op(self, shape: Shape) -> str:
+        return f"{self.name}_int8"  # the kernel's variant name for both int8 and fp8
+
+    def table_key(self, shape: Shape) -> str:
+        return shape_key(N=shape["N"], K=shape["K"])
+
+    def m(self, shape: Shape) -> int:
+        return shape["M"]
+
+    def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
+        params = (
+            {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [64, 128, 256],
+             "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}
+            if on_gpu
+            else {"BLOCK_M": [32, 64], "BLOCK_N": [64, 128], "BLOCK_K": [128], "num_warps": [4], "num_stages": [1]}
+        )  # fmt: skip
+        n, m = shape["N"], shape["M"]
+        return ConfigSpace(
+            params=params,
+            valid=lambda c: (
+                c["BLOCK_N"] <= max(_pow2_cap(n, 32), min(params["BLOCK_N"]))
+                and c["BLOCK_M"] <= max(_pow2_cap(m), min(params["BLOCK_M"]))
+            ),
+            resources=gemm_resources(1, 1),
+            fixed={"GROUP_M": 8},
+        )
+
+    def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
+        from codesign.kernels import quant_formats as qf
+
+        gen = _gen(seed)
+        qw = qf.quantize_rtn(
+            torch.randn(shape["N"], shape["K"], generator=gen), "int8", None, True, torch.float32
+        )
+        x = torch.randn(shape["M"], shape["K"], generator=gen)
+        aq, a_s = qf.quantize_per_token(x, "int8")
+        return {
+            "aq": aq.to(device), "a_s": a_s.to(device), "w": qw.qweight.to(device), "w_s": qw.scales.to(device),
+            "out": torch.empty(shape["M"], shape["N"], dtype=dtype, device=device),
+            "ref": (aq.double() * a_s.double()[:, None]) @ qw.dequantize(torch.float64).t(),
+        }  # fmt: skip
+
+    def input_bytes(self, inputs: dict[str, Any]) -> int:
+        return sum(inputs[k].numel() * inputs[k].element_size() for k in ("aq", "a_s", "w", "w_s"))
+
+    def poison(self, inputs: dict[str, Any]) -> None:
+        inputs["out"].fill_(float("nan"))
+
+    def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
+        from codesign.kernels.quant_gemm_triton import scaled_mm
+
+        i = inputs
+        with forced_config(self.table_op({}), config):
+            scaled_mm(i["aq"], i["a_s"], i["w"], i["w_s"], None, i["out"])
+        return i["out"]
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        return inputs["ref"]
+
+    def tolerance(self, dtype: torch.dtype) -> float:
+        return _TOL[dtype]
+
+
+class PagedDecodeAttention:
+    """paged_attention (decode): one query token per sequence over a paged K/V cache."""
+
+    name = "paged_attention"
+    source_modules = ("codesign.kernels.paged_attention_triton",)
+    _DIMS = ("M", "q_heads", "kv_heads", "head_dim", "block_size", "ctx")
+
+    def __init__(self) -> None:
+        from codesign.kernels import paged_attention  # noqa: F401
+
+    def check_shape(self, shape: Shape) -> None:
+        _need(shape, self._DIMS, self.name)
+        if shape["q_heads"] % shape["kv_heads"]:
+            raise CodesignError(f"shape for {self.name}: q_heads must be a multiple of kv_heads, got {shape}")
+
+    def table_op(self, shape: Shape) -> str:
+        return "paged_attention"
+
+    def table_key(self, shape: Shape) -> str:
+        s = shape
+        return shape_key(q_heads=s["q_heads"], kv_heads=s["kv_heads"], head_dim=s["head_dim"],
+                         block_size=s["block_size"])  # fmt: skip
+
+    def m(self, shape: Shape) -> int:
+        return shape["M"]
+
+    def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
+        params = (
+            {"BLOCK_N": [16, 32, 64, 128, 256], "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4]}
+            if on_gpu
+            else {"BLOCK_N": [32, 64], "num_warps": [4], "num_stages": [1]}
+        )
+        dpad = _pow2_cap(shape["head_dim"], 16)
+        rows = max(16, _pow2_cap(shape["q_heads"] // shape["kv_heads"], 1))
+        elt = torch.finfo(dtype).bits // 8
+
+        def resources(c: dict[str, int]) -> Resources:
+            smem = max(1, c["num_stages"]) * 2 * c["BLOCK_N"] * dpad * elt  # K and V tiles
+            regs = (rows * dpad + rows * c["BLOCK_N"]) // (32 * c["num_warps"]) + 40
+            return Resources(smem, regs)
+
+        # BLOCK_M only shapes extend/prefill programs; decode ignores it, so it is fixed here.
+        cap_n = max(_pow2_cap(shape["ctx"]), min(params["BLOCK_N"]))
+        return ConfigSpace(
+            params=params, resources=resources, fixed={"BLOCK_M": 64}, valid=lambda c: c["BLOCK_N"] <= cap_n
+        )
+
+    def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
+        gen = _gen(seed)
+        b, hq, hkv, d, bs, ctx = (shape[n] for n in self._DIMS)
+        per_seq = -(-ctx // bs)
+        nblocks = b * per_seq + 1
+        lens = torch.randint(max(1, ctx // 2), ctx + 1, (b,), generator=gen, dtype=torch.int32)
+        lens[0] = ctx  # the longest sequence is always present
+        tables = torch.randperm(nblocks, generator=gen)[: b * per_seq].reshape(b, per_seq).to(torch.int32)
+        q = torch.randn(b, hq, d, generator=gen).to(dtype)
+        k = torch.randn(nblocks, bs, hkv, d, generator=gen).to(dtype)
+        v = torch.randn(nblocks, bs, hkv, d, generator=gen).to(dtype)
+        cpu = {"q": q, "k": k, "v": v, "tables": tables, "lens": lens}
+        return {**{n: t.to(device) for n, t in cpu.items()}, "cpu": cpu}
+
+    def input_bytes(self, inputs: dict[str, Any]) -> int:
+        lens, bs = inputs["cpu"]["lens"], inputs["k"].shape[1]
+        kv_row = inputs["k"].shape[2] * inputs["k"].shape[3] * inputs["k"].element_size()
+        return int(2 * sum(-(-int(n) // bs) * bs for n in lens) * kv_row + inputs["q"].numel() * 2)
+
+    def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
+        from codesign.backend import use_backend
+        from codesign.kernels.paged_attention import paged_decode_attention
+
+        i = inputs
+        with use_backend("triton", op="paged_attention"), forced_config("paged_attention", config):
+            return paged_decode_attention(i["q"], i["k"], i["v"], i["tables"], i["lens"], check_data=False)
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        c = inputs["cpu"]
+        q, k, v = c["q"].double(), c["k"].double(), c["v"].double()
+        b, hq, d = q.shape
+        bs, hkv = k.shape[1], k.shape[2]
+        out = torch.empty(b, hq, d, dtype=torch.float64)
+        for s in range(b):
+            n = int(c["lens"][s])
+            blocks = c["tables"][s, : -(-n // bs)].long()
+            ks = k[blocks].reshape(-1, hkv, d)[:n].repeat_interleave(hq // hkv, dim=1)  # [n, hq, d]
+            vs = v[blocks].reshape(-1, hkv, d)[:n].repeat_interleave(hq // hkv, dim=1)
+            p = torch.softmax(torch.einsum("hd,nhd->hn", q[s], ks) / math.sqrt(d), dim=-1)
+            out[s] = torch.einsum("hn,nhd->hd", p, vs)
+        return out
+
+    def tolerance(self, dtype: torch.dtype) -> float:
+        return _TOL[dtype]
+
+
+register("w4a16_gemm", lambda: WeightOnlyGemm(4))
+register("w8a16_gemm", lambda: WeightOnlyGemm(8))
+register("w8a8_gemm", W8A8Gemm)
+register("fp8_gemm", lambda: W8A8Gemm(fp8=True))
+register("paged_attention", PagedDecodeAttention)

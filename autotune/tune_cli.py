@@ -1,0 +1,156 @@
+"""`codesign tune`: tune kernel launch configs on this GPU, record them, export per-GPU tables.
+
+    codesign tune --op w4a16_gemm --shape M=1,N=4096,K=4096,G=128 --shape M=16,N=4096,K=4096,G=128
+    codesign tune --op w4a16_gemm --model llama-3-8b --batch 1 16 64 256 --strategy tpe --max-evals 60
+    codesign tune --op paged_attention --model llama-3-8b --batch 1 32 --ctx 4096 --export
+    codesign tune --export                      # tables from everything in the cache for this GPU
+    codesign tune --list                        # tunable ops available here
+
+Every measurement goes to the cache (--cache; default ~/.cache/codesign/tune-<gpu>.jsonl) as it is
+made, so an interrupted run resumes. --export writes `<out-dir>/<gpu-slug>/<op>.json` atomically
+(default out-dir: the tables shipped in codesign/autotune/configs). Without a GPU, --device cpu tunes
+through the Triton interpreter with a CPU timer (for testing the path, not for tables users ship).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from codesign.specs.errors import CodesignError
+
+DEFAULT_BATCHES = (1, 16, 64, 256)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of `codesign tune` (see the module docstring)."""
+    p.add_argument("--op", help="tunable op (see --list)")
+    p.add_argument("--shape", action="append", default=[], help="NAME=INT,... (repeatable)")
+    p.add_argument("--model", help="catalogue model (or HF config path) whose shapes to tune")
+    p.add_argument(
+        "--batch", type=int, nargs="+", default=list(DEFAULT_BATCHES), help="M values with --model"
+    )
+    p.add_argument("--group", type=int, default=128, help="quant group size with --model (0: per-channel)")
+    p.add_argument("--ctx", type=int, default=4096, help="context length for paged_attention with --model")
+    p.add_argument(
+        "--block-size", type=int, default=16, help="KV block size for paged_attention with --model"
+    )
+    p.add_argument("--strategy", default="tpe", choices=("exhaustive", "random", "tpe"))
+    p.add_argument("--max-evals", type=int, default=None, help="new measurements per shape")
+    p.add_argument("--max-seconds", type=float, default=None, help="wall-time budget per shape")
+    p.add_argument("--dtype", default=None, choices=("float16", "bfloat16", "float32"),
+                   help="activation dtype (default float16 on GPU, float32 on CPU)")  # fmt: skip
+    p.add_argument("--device", default=None, choices=("cuda", "cpu"), help="default: cuda if present")
+    p.add_argument("--cache", type=Path, default=None, help="JSON-lines cache of all measurements")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--export", action="store_true", help="write the per-GPU tables after tuning")
+    p.add_argument("--out-dir", type=Path, default=None, help="table root (default: shipped configs)")
+    p.add_argument("--engine", default="local", choices=("local", "ray"), help="ray: one actor per GPU")
+    p.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")
+    p.add_argument("--list", action="store_true", help="list tunable ops and exit")
+    p.add_argument("--json", type=Path, default=None, help="also write the per-shape results here")
+
+
+def shapes_from_model(
+    op: str, model: str, batches: list[int], group: int, ctx: int, block_size: int
+) -> list[dict]:
+    """Shapes of `op` in one block of `model` at each batch size (linear layers, or decode attention)."""
+    from codesign.catalog.models import load_model
+
+    cfg = load_model(model)
+    if op == "paged_attention":
+        return [{"M": b, "q_heads": cfg.heads, "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
+                 "block_size": block_size, "ctx": ctx} for b in batches]  # fmt: skip
+    nk = sorted(set(cfg.linear_shapes().values()))
+    extra = {"G": group} if op in ("w4a16_gemm", "w8a16_gemm") else {}
+    return [{"M": b, "N": n, "K": k, **extra} for n, k in nk for b in batches]
+
+
+def default_cache(gpu: str) -> Path:
+    """~/.cache/codesign/tune-<gpu-slug>.jsonl (or $CODESIGN_TUNE_CACHE)."""
+    from codesign.autotune.lookup import gpu_slug
+
+    env = os.environ.get("CODESIGN_TUNE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "codesign" / f"tune-{gpu_slug(gpu)}.jsonl"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Tune, then (with --export) write tables. Returns 0, or 2 for bad input (CodesignError)."""
+    from codesign.backend import cuda_available, enable_interpreter_if_no_gpu
+
+    device = args.device or ("cuda" if cuda_available() else "cpu")
+    if device == "cpu":
+        enable_interpreter_if_no_gpu()  # before any kernel module is imported
+    import torch
+
+    from codesign.autotune import lookup
+    from codesign.autotune.cache import TuningCache
+    from codesign.autotune.export import export_table
+    from codesign.autotune.ops import available_ops, get_op, parse_shape, registered_ops
+    from codesign.autotune.strategies import Budget
+    from codesign.autotune.tuner import CPU_GPU_NAME, DTYPES, Tuner
+
+    if args.list:
+        avail = set(available_ops())
+        for name in registered_ops():
+            print(f"{name}\t{'available' if name in avail else 'kernel not importable here'}")
+        return 0
+    if device == "cuda" and not cuda_available():
+        raise CodesignError("--device cuda: torch sees no CUDA device")
+    gpu = lookup.current_gpu_name(torch.device("cuda")) if device == "cuda" else CPU_GPU_NAME
+    dtype_name = args.dtype or ("float16" if device == "cuda" else "float32")
+    cache = TuningCache(args.cache or default_cache(gpu))
+    if not args.op and not args.export:
+        raise CodesignError("give --op (with --shape or --model), --export, or --list")
+    results = []
+    ops_touched: dict[str, tuple[str, ...]] = {}
+    if args.op:
+        op = get_op(args.op)
+        shapes = [parse_shape(s) for s in args.shape]
+        if args.model:
+            shapes += shapes_from_model(
+                args.op, args.model, args.batch, args.group, args.ctx, args.block_size
+            )
+        if not shapes:
+            raise CodesignError("--op needs --shape or --model")
+        for s in shapes:
+            op.check_shape(s)  # all shapes checked before anything is launched
+        budget = Budget(args.max_evals, args.max_seconds)
+        settings = dict(dtype=DTYPES[dtype_name], device=device, strategy=args.strategy, budget=budget,
+                        seed=args.seed)  # fmt: skip
+        print(
+            f"tuning {args.op} on {gpu} ({dtype_name}, {args.strategy}), {len(shapes)} shape(s), cache {cache.path}"
+        )
+        if args.engine == "ray":
+            from codesign.autotune.fleet import tune_on_ray
+
+            results = tune_on_ray(args.op, shapes, cache.path, settings, address=args.ray_address)
+        else:
+            tuner = Tuner(op, cache, **settings)
+            results = [tuner.tune_shape(s).__dict__ for s in shapes]
+        for r, s in zip(results, shapes):
+            ops_touched[r["table_op"]] = op.source_modules
+            if r["best"] is None:
+                print(f"warning: no correct config for {s}")
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1, default=str))
+    if args.export:
+        if not ops_touched:  # export everything this cache holds for this GPU
+            for r in cache.load().records:
+                if r["gpu"] == gpu:
+                    ops_touched.setdefault(r["op"], ())
+            for name in available_ops():
+                o = get_op(name)
+                for t in list(ops_touched):
+                    if t.startswith(name):
+                        ops_touched[t] = o.source_modules
+        root = args.out_dir or lookup.SHIPPED_ROOT
+        for table_op, modules in sorted(ops_touched.items()):
+            if not modules:
+                print(f"skipping {table_op}: its kernel is not importable here")
+                continue
+            path = export_table(cache, gpu, table_op, modules, dtype_name, root)
+            print(f"wrote {path}" if path else f"nothing to export for {table_op} ({dtype_name})")
+    return 0

@@ -1,0 +1,196 @@
+"""Tuning one op over shapes: prune, search, check each candidate against the reference, time, record.
+
+For each shape: the op's config space is pruned against the device's limits; the strategy picks
+candidates; each candidate is (1) run once into a NaN-poisoned output and compared with the fp64
+reference (||out - ref||_F / ||ref||_F <= op.tolerance(dtype), NaN never passes) and (2) only if
+correct, timed (CUDA graph + cold L2 on a GPU; CPU timer in the interpreter). Every outcome,
+failures included, is appended to the durable cache as soon as it is known, so a killed run
+resumes where it stopped: measured points are passed to the strategy as known and not re-run.
+Nothing here is called from an op: tuning is offline only.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from codesign.autotune.cache import TuningCache
+from codesign.autotune.lookup import current_gpu_name, kernel_source_hash, triton_version
+from codesign.autotune.ops import Shape, TunableOp
+from codesign.autotune.space import Config, DeviceLimits, config_id
+from codesign.autotune.strategies import Budget, search
+from codesign.autotune.timing import cpu_time_ms, gpu_time_ms, input_sets_for_cold_l2
+from codesign.specs.errors import CodesignError
+
+CPU_GPU_NAME = "cpu-interpreter"  # the "GPU" of interpreter runs (tables for it are only for tests)
+DEFAULT_MIN_EVALS = 20  # random/tpe budget when none is given: max(this, candidates / 4)
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass
+class ShapeResult:
+    """Outcome of tuning one shape: best config and time (None when nothing was correct)."""
+
+    op: str
+    table_op: str
+    key: str
+    m: int
+    best: Config | None
+    best_ms: float | None
+    n_candidates: int
+    n_pruned: int
+    n_new: int
+    n_known: int
+    n_failed: int
+    failures: list[str] = field(default_factory=list)
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref||_F / ||ref||_F in fp64 on the CPU; inf when out has a NaN/inf or the wrong shape."""
+    o = out.detach().to("cpu", torch.float64)
+    if o.shape != ref.shape or not torch.isfinite(o).all():
+        return math.inf
+    den = torch.linalg.vector_norm(ref).item()
+    return torch.linalg.vector_norm(o - ref).item() / (den or 1.0)
+
+
+def _poison_allocator(shape: torch.Size, dtype: torch.dtype, device: str) -> None:
+    # For ops that allocate their own output: fill a same-sized block on the device with NaN and
+    # free it, so the caching allocator hands that block back and a config that writes nothing shows NaN.
+    if dtype.is_floating_point:
+        torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+@dataclass
+class Tuner:
+    """Tunes `op` on `device` with `dtype`, recording into `cache`. `gpu` defaults to the device's name."""
+
+    op: TunableOp
+    cache: TuningCache
+    dtype: torch.dtype = torch.float16
+    device: str = "cuda"
+    strategy: str = "tpe"
+    budget: Budget = field(default_factory=Budget)
+    seed: int = 0
+    limits: DeviceLimits | None = None
+    gpu: str | None = None
+    log: Callable[[str], None] = print
+
+    def __post_init__(self) -> None:
+        self.on_gpu = torch.device(self.device).type == "cuda"
+        if self.on_gpu and not torch.cuda.is_available():
+            raise CodesignError("device: 'cuda' requested but torch sees no CUDA device")
+        if not self.on_gpu:
+            from codesign.backend import interpreter_enabled
+
+            if not interpreter_enabled():
+                raise CodesignError("device 'cpu' needs Triton's interpreter (TRITON_INTERPRET=1)")
+            if self.dtype == torch.bfloat16:
+                raise CodesignError(
+                    "dtype bfloat16 needs a GPU (the Triton interpreter computes bf16 wrongly)"
+                )
+        self.gpu = self.gpu or (current_gpu_name(torch.device(self.device)) if self.on_gpu else CPU_GPU_NAME)
+        self.limits = self.limits or DeviceLimits.from_torch(self.device if self.on_gpu else None)
+        self.identity = {
+            "gpu": self.gpu,
+            "triton": triton_version(),
+            "source_hash": kernel_source_hash(self.op.source_modules),
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+
+    def tune_shape(self, shape: Shape) -> ShapeResult:
+        """Search the pruned space of one shape; see the module docstring."""
+        op = self.op
+        op.check_shape(shape)
+        space = op.space(shape, self.dtype, self.on_gpu)
+        cands = space.candidates(self.limits)
+        pruned = space.size - len(cands)
+        if not cands:
+            reasons = sorted({space.why_not(c, self.limits) or "" for c in space.grid()})
+            raise CodesignError(
+                f"shape {shape}: every config of {op.name} was pruned ({'; '.join(reasons[:3])})"
+            )
+        base = {**self.identity, "op": op.table_op(shape), "key": op.table_key(shape), "m": op.m(shape)}
+        known: dict[str, float] = {}
+        for r in self.cache.load().records:
+            if all(r[k] == v for k, v in base.items()):
+                known.setdefault(config_id(r["config"]), r["time_ms"] if r["ok"] else math.inf)
+        inputs = op.make_inputs(shape, self.dtype, self.device, self.seed)
+        ref = op.reference(inputs)
+        tol = op.tolerance(self.dtype)
+        timing_sets = [inputs]
+        if self.on_gpu:
+            n_sets = input_sets_for_cold_l2(op.input_bytes(inputs), self.limits.l2_bytes)
+            timing_sets += [
+                op.make_inputs(shape, self.dtype, self.device, self.seed + i) for i in range(1, n_sets)
+            ]
+        failures: list[str] = []
+
+        def evaluate(cfg: Config) -> float:
+            rec: dict[str, Any] = {**base, "config": cfg, "ok": False, "time_ms": None}
+            try:
+                err = self._check(inputs, cfg, ref)
+                rec["rel_error"] = err
+                if err > tol:
+                    rec["error"] = f"incorrect: relative error {err:.3e} > {tol:.1e}"
+                else:
+                    ms, how = self.time_config(timing_sets, cfg)
+                    rec.update(ok=True, time_ms=ms, timing=how)
+            except Exception as e:  # a config that fails to compile or launch is a result, not a crash
+                rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                if not isinstance(e, RuntimeError | ValueError):
+                    rec["trace"] = traceback.format_exc(limit=3)[-600:]
+            self.cache.append(rec)
+            if not rec["ok"]:
+                failures.append(f"{config_id(cfg)}: {rec['error']}")
+                return math.inf
+            return rec["time_ms"]
+
+        budget = self.budget
+        if self.strategy != "exhaustive" and budget.max_evals is None and budget.max_seconds is None:
+            # Unbounded sampling would be exhaustive search in a random order: default to a quarter.
+            budget = Budget(max_evals=max(DEFAULT_MIN_EVALS, len(cands) // 4))
+        res = search(self.strategy, cands, evaluate, budget, seed=self.seed, known=known)
+        best = res.best
+        out = ShapeResult(
+            op=op.name, table_op=base["op"], key=base["key"], m=base["m"],
+            best=best[0] if best else None, best_ms=best[1] if best else None,
+            n_candidates=len(cands), n_pruned=pruned, n_new=res.n_new, n_known=len(known),
+            n_failed=len(failures), failures=failures,
+        )  # fmt: skip
+        self.log(
+            f"{op.name} {shape}: {out.n_new} new + {out.n_known} cached of {len(cands)} candidates "
+            f"({pruned} pruned), {out.n_failed} failed; best "
+            + (f"{out.best_ms:.4f} ms {config_id(out.best)}" if out.best else "none (no correct config)")
+        )
+        return out
+
+    def _check(self, inputs: Any, cfg: Config, ref: torch.Tensor) -> float:
+        poison = getattr(self.op, "poison", None)
+        if poison is not None:
+            poison(inputs)
+        else:
+            _poison_allocator(ref.shape, self.dtype, self.device)
+        out = self.op.run(inputs, cfg)
+        if self.on_gpu:
+            torch.cuda.synchronize()
+        return rel_error(out, ref)
+
+    def time_config(self, sets: list[Any], cfg: Config) -> tuple[float, dict[str, Any]]:
+        """Time `cfg` over the input sets `sets` (GPU: graph + cold L2; CPU: timer); returns (ms, method)."""
+        if not self.on_gpu:  # the check run was the warm-up (it compiled nothing: interpreter)
+            return cpu_time_ms(lambda: self.op.run(sets[0], cfg), warmup=0, reps=2), {"timer": "cpu"}
+        fns = [lambda s=s: self.op.run(s, cfg) for s in sets]
+        ms, how = gpu_time_ms(fns, self.limits.l2_bytes, self.op.input_bytes(sets[0]))
+        return ms, {"timer": "cuda_events", **how}
+
+
+def tune(op: TunableOp, shapes: list[Shape], **settings: Any) -> list[ShapeResult]:
+    """Tune every shape of `op` with one `Tuner(op, **settings)`; returns one result per shape."""
+    tuner = Tuner(op, **settings)
+    return [tuner.tune_shape(s) for s in shapes]

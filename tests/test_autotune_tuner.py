@@ -1,0 +1,136 @@
+"""End-to-end tuning through the Triton interpreter (CPU timer), correctness gate, export, lookup, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from codesign import cli
+from codesign.autotune import lookup
+from codesign.autotune.cache import TuningCache
+from codesign.autotune.ops import get_op
+from codesign.autotune.space import config_id
+from codesign.autotune.tuner import CPU_GPU_NAME, Tuner
+from codesign.backend import use_backend
+from codesign.specs import CodesignError
+
+SHAPE = {"M": 3, "N": 96, "K": 256, "G": 128}  # split-K variant (M <= 16), odd M and N
+
+
+def _tuner(op, cache, **kw):
+    return Tuner(
+        op, cache, dtype=torch.float32, device="cpu", strategy="exhaustive", log=lambda s: None, **kw
+    )
+
+
+def test_tune_one_tiny_shape_through_the_interpreter_then_export_and_look_up(tmp_path, monkeypatch):
+    op = get_op("w4a16_gemm")
+    cache = TuningCache(tmp_path / "c.jsonl")
+    with use_backend("triton"):
+        res = _tuner(op, cache).tune_shape(SHAPE)
+    assert res.table_op == "w4a16_gemm_splitk" and res.key == "G=128,K=256,N=96" and res.m == 3
+    recs = cache.load().records
+    assert len(recs) == res.n_new == res.n_candidates >= 4 and res.n_failed == 0
+    for r in recs:  # every candidate was checked against the fp64 reference before being timed
+        assert r["ok"] and r["rel_error"] <= op.tolerance(torch.float32) and r["time_ms"] > 0
+    assert res.best_ms == min(r["time_ms"] for r in recs)
+
+    # Resume: a second run measures nothing new.
+    again = _tuner(op, cache).tune_shape(SHAPE)
+    assert (again.n_new, again.n_known) == (0, len(recs)) and again.best == res.best
+
+    from codesign.autotune.export import export_table
+
+    path = export_table(cache, CPU_GPU_NAME, res.table_op, op.source_modules, "float32", tmp_path / "tables")
+    table = json.loads(path.read_text())
+    assert table["entries"] == {res.key: {"3": res.best}} and table["triton"] == lookup.triton_version()
+    assert not list(path.parent.glob(".*.tmp")), "temporary file left behind"
+    monkeypatch.setenv("CODESIGN_CONFIG_DIR", str(tmp_path / "tables"))
+    default = {"BLOCK_M": 1, "BLOCK_N": 1, "BLOCK_K": 1, "SPLIT_K": 1, "num_warps": 1, "num_stages": 9}
+    got = lookup.lookup_config(res.table_op, CPU_GPU_NAME, 5, res.key, default)
+    assert got == {**default, **res.best}
+
+
+class _Sabotaged:
+    """Wraps a real op: one config returns a wrong answer (and would be "fastest")."""
+
+    def __init__(self, op, bad):
+        self._op, self.bad = op, bad
+
+    def __getattr__(self, name):
+        return getattr(self._op, name)
+
+    def run(self, inputs, cfg):
+        out = self._op.run(inputs, cfg)
+        if config_id(cfg) == config_id(self.bad):
+            out[0, 0] += 1.0  # one wrong element is enough to fail the check
+        return out
+
+
+def test_incorrect_candidate_never_wins(tmp_path):
+    op = get_op("w4a16_gemm")
+    cands = op.space(SHAPE, torch.float32, False).candidates(_tuner(op, TuningCache(tmp_path / "x")).limits)
+    bad = cands[-1]
+    res = _tuner(_Sabotaged(op, bad), TuningCache(tmp_path / "c.jsonl")).tune_shape(SHAPE)
+    assert res.n_failed == 1 and "incorrect" in res.failures[0]
+    assert res.best != bad and math.isfinite(res.best_ms)
+
+
+def test_bad_input_is_rejected_before_any_launch(tmp_path):
+    op = get_op("w4a16_gemm")
+    t = _tuner(op, TuningCache(tmp_path / "c.jsonl"))
+    for bad in (
+        {"M": 1, "N": 8, "K": 96, "G": 64},
+        {"M": 1, "N": 8, "K": 128},
+        {"M": 0, "N": 8, "K": 128, "G": 0},
+    ):
+        with pytest.raises(CodesignError, match="shape for w4a16_gemm"):
+            t.tune_shape(bad)
+    assert not (tmp_path / "c.jsonl").exists()
+    with pytest.raises(CodesignError, match="unknown tunable op"):
+        get_op("flash_attention_9")
+    with pytest.raises(CodesignError, match="bfloat16 needs a GPU"):
+        Tuner(op, TuningCache(tmp_path / "c.jsonl"), dtype=torch.bfloat16, device="cpu")
+
+
+def test_cli_tune_export_and_errors(tmp_path, capsys):
+    cache, out = tmp_path / "c.jsonl", tmp_path / "tables"
+    argv = ["tune", "--op", "w8a8_gemm", "--shape", "M=5,N=80,K=128", "--device", "cpu", "--cache", str(cache),
+            "--strategy", "random", "--max-evals", "2", "--export", "--out-dir", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    table = json.loads((out / lookup.gpu_slug(CPU_GPU_NAME) / "w8a8_gemm_int8.json").read_text())
+    assert list(table["entries"]) == ["K=128,N=80"] and list(table["entries"]["K=128,N=80"]) == ["5"]
+    assert len(TuningCache(cache).load().records) == 2
+    assert cli.main(["tune", "--list"]) == 0
+    assert "w4a16_gemm\tavailable" in capsys.readouterr().out
+    assert cli.main(["tune", "--op", "w8a8_gemm", "--shape", "M=5,N=80", "--device", "cpu"]) == 2
+    assert cli.main(["tune", "--op", "w8a8_gemm", "--shape", "M=five", "--device", "cpu"]) == 2
+    assert "expected NAME=INT" in capsys.readouterr().err
+
+
+def test_shapes_from_a_catalogue_model():
+    from codesign.autotune.tune_cli import shapes_from_model
+
+    # Llama-3-8B (its Hugging Face config.json): hidden 4096, intermediate 14336, 32 q / 8 kv heads of 128.
+    got = shapes_from_model("w4a16_gemm", "llama-3-8b", [1, 16], 128, 4096, 16)
+    nk = {(s["N"], s["K"]) for s in got}
+    assert nk == {(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)}
+    assert len(got) == 8 and {s["M"] for s in got} == {1, 16} and all(s["G"] == 128 for s in got)
+    att = shapes_from_model("paged_attention", "llama-3-8b", [64], 128, 2048, 16)
+    assert att == [{"M": 64, "q_heads": 32, "kv_heads": 8, "head_dim": 128, "block_size": 16, "ctx": 2048}]
+
+
+def test_cli_export_alone_writes_every_op_in_the_cache(tmp_path):
+    cache, out = tmp_path / "c.jsonl", tmp_path / "tables"
+    common = ["--device", "cpu", "--cache", str(cache), "--strategy", "random", "--max-evals", "1"]
+    assert cli.main(["tune", "--op", "w8a8_gemm", "--shape", "M=2,N=64,K=128", *common]) == 0
+    assert cli.main(["tune", "--op", "w4a16_gemm", "--shape", "M=1,N=64,K=128,G=64", *common]) == 0
+    assert not out.exists()
+    assert (
+        cli.main(["tune", "--export", "--device", "cpu", "--cache", str(cache), "--out-dir", str(out)]) == 0
+    )
+    written = sorted(p.name for p in (out / lookup.gpu_slug(CPU_GPU_NAME)).iterdir())
+    assert written == ["w4a16_gemm_splitk.json", "w8a8_gemm_int8.json"]
