@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from codesign.autotune.cache import TuningCache, best_by_shape
-from codesign.autotune.lookup import gpu_slug, table_header, table_key_problem
+from codesign.autotune.lookup import gpu_slug, reload_tables, table_header, table_key_problem
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
@@ -40,6 +40,7 @@ def atomic_write_json(path: Path, data: Any) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+    reload_tables()  # this process's lookups see the new table
 
 
 def export_table(

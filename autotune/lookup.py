@@ -148,13 +148,26 @@ def _load_table(path: str, mtime_ns: int) -> dict[str, Any] | None:
 
 
 def _table(op: str, gpu: str) -> dict[str, Any] | None:
-    for root in _roots():
-        p = root / gpu_slug(gpu) / f"{op}.json"
+    return _find_table(op, gpu, tuple(str(r) for r in _roots()))
+
+
+@functools.lru_cache(maxsize=256)
+def _find_table(op: str, gpu: str, roots: tuple[str, ...]) -> dict[str, Any] | None:
+    # Cached per (op, gpu, roots): an op call must not touch the file system (serving launches hundreds of
+    # kernels per step). Tables written later are seen after reload_tables() (export calls it).
+    for root in roots:
+        p = Path(root) / gpu_slug(gpu) / f"{op}.json"
         if p.is_file():
             t = _load_table(str(p), p.stat().st_mtime_ns)
             if t is not None:
                 return t
     return None
+
+
+def reload_tables() -> None:
+    """Forget cached tables so the next lookup reads the files again (after writing or editing a table)."""
+    _find_table.cache_clear()
+    _load_table.cache_clear()
 
 
 @functools.lru_cache(maxsize=64)

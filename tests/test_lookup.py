@@ -93,3 +93,17 @@ def test_nearest_bucket_ties_go_up():
     assert nearest_bucket(3, [1, 2, 4, 8]) in (2, 4)
     assert nearest_bucket(6, [4, 8]) == 8
     assert nearest_bucket(1000, [1, 16, 256]) == 256
+
+
+def test_lookup_is_cached_until_reload(tmp_path, monkeypatch):
+    """An op call must not touch the file system: tables are read once, re-read after reload_tables()."""
+    monkeypatch.setattr(lookup, "SHIPPED_ROOT", tmp_path)
+    monkeypatch.delenv("CODESIGN_CONFIG_DIR", raising=False)
+    key = shape_key(N=8, K=8)
+    _write(tmp_path, "Cached GPU", "op", {key: {"1": {"BLOCK_M": 7}}})
+    assert lookup_config("op", "Cached GPU", 1, key, DEFAULT)["BLOCK_M"] == 7
+    (tmp_path / gpu_slug("Cached GPU") / "op.json").unlink()
+    assert lookup_config("op", "Cached GPU", 1, key, DEFAULT)["BLOCK_M"] == 7
+    lookup.reload_tables()
+    with pytest.warns(UserWarning, match="no tuned config"):
+        assert lookup_config("op", "Cached GPU", 1, key, DEFAULT) == DEFAULT
