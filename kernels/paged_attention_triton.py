@@ -16,8 +16,23 @@ heads share each K/V load (rows = BLOCK_Q tokens x GROUP_PAD heads); axis 2 a KV
 NUM_SPLITS > 1 each split writes a normalized partial output and its log2-sum-exp, and
 `_reduce_splits_kernel` merges them. Softmax runs online in fp32, in base 2 (exp2 is cheaper).
 
-The K/V read path takes a KV_FORMAT constexpr and scale pointers (unused for plain caches) so the
-quantized formats of the KV-quantization issue dequantize in this same loop.
+The K/V read path takes a KV_FORMAT constexpr and scale pointers (unused for plain caches): the
+quantized caches of `codesign.kernels.kv_quant_paged` dequantize inside this same loop, tile by tile
+in registers (no dequantized copy of the cache):
+  KV_FORMAT_INT (1): packed BITS-bit codes `[blocks, block_size, kv_heads, D * BITS / 8]` uint8 and
+      (scale, zero) fp16 `[blocks, block_size, kv_heads, 2]`:  x = code * scale + zero.
+  KV_FORMAT_FP8 (2): e4m3 codes `[blocks, block_size, kv_heads, D]` (as uint8), fp32 scale per kv head.
+  KV_FORMAT_KIVI (3): packed codes as INT; key (scale, zero) per channel per group of KIVI_G tokens
+      `[blocks, block_size / G, kv_heads, D, 2]`, value (scale, zero) per token per KIVI_GV elements
+      `[blocks, block_size, kv_heads, D / GV, 2]`; tokens j >= n_q = floor(max(ctx - R, 0) / G) * G
+      come from the per-sequence residual ring `[batch, G + R, kv_heads, D]` at row j % (G + R).
+  KV_FORMAT_MIXED (4): per-chunk mixed precision (Cocktail-style): block i holds BITS_i-bit codes
+      (8, 4 or 2 from `block_bits[i]`) in the first D * BITS_i / 8 bytes of rows of D bytes, with
+      per-token (scale, zero) as INT; one launch covers blocks of every width.
+  KV_FORMAT_OAKEN (5): dense codes and per-token (scale, zero) as INT (outlier positions hold code 0),
+      plus OAKEN_CAP sparse outliers per (block, kv head) `[blocks, kv_heads, CAP]` int32, each
+      (position_in_block << 16) | fp16 bits (-1: empty), written over the dense values in the tile.
+The dequantized tile is cast to q's dtype before tl.dot, as a plain cache of that dtype would be.
 """
 
 from __future__ import annotations
@@ -31,6 +46,11 @@ from codesign.backend import interpreter_enabled
 
 OP = "paged_attention"
 KV_FORMAT_PLAIN = 0
+KV_FORMAT_INT = 1
+KV_FORMAT_FP8 = 2
+KV_FORMAT_KIVI = 3
+KV_FORMAT_MIXED = 4
+KV_FORMAT_OAKEN = 5
 MASK_CAUSAL = 0
 MASK_TREE = 1
 LOG2E = 1.4426950408889634
@@ -60,10 +80,96 @@ def _find_seq(cu_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _fp8_e4m3_decode(byte):
+    """fp32 value of e4m3fn bytes (int32) with integer ops (no fp8 type: every GPU, the interpreter).
+
+    E = bits 6..3, M = bits 2..0: E > 0 gives (1 + M/8) 2^(E-7), E = 0 gives M 2^-9; 0x7F/0xFF are NaN."""
+    ex = (byte >> 3) & 15
+    m = byte & 7
+    normal = (((ex + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)  # 120 = 127 - 7
+    mag = tl.where(ex == 0, m.to(tl.float32) * 0.001953125, normal)
+    mag = tl.where((byte & 0x7F) == 0x7F, float("nan"), mag)
+    return tl.where((byte & 0x80) != 0, -mag, mag)
+
+
+@triton.jit
+def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s, stride_h,
+                  stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
+                  KV_FORMAT: tl.constexpr, BITS: tl.constexpr,
+                  j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr,
+                  KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr, KIVI_R: tl.constexpr, bits_ptr,
+                  OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+    """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0)."""
+    base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
+    if KV_FORMAT == 0:
+        x = tl.load(base + d[None, :], mask=kv_m, other=0.0)
+    elif KV_FORMAT == 1:
+        PER: tl.constexpr = 8 // BITS
+        byte = tl.load(base + (d // PER)[None, :], mask=kv_m, other=0).to(tl.int32)
+        code = (byte >> ((d % PER) * BITS)[None, :]) & (2**BITS - 1)
+        mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
+        sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
+        zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
+        x = code.to(tl.float32) * sc[:, None] + zr[:, None]
+        x = tl.where(kv_m, x, 0.0)
+    elif KV_FORMAT == 4:
+        nbits = tl.load(bits_ptr + blk, mask=j_ok, other=8).to(tl.int32)  # per row: its block's width
+        nbits = nbits[:, None]
+        per = 8 // nbits
+        byte = tl.load(base + d[None, :] // per, mask=kv_m, other=0).to(tl.int32)
+        code = (byte >> ((d[None, :] % per) * nbits)) & ((1 << nbits) - 1)
+        mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
+        sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
+        zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
+        x = tl.where(kv_m, code.to(tl.float32) * sc[:, None] + zr[:, None], 0.0)
+    elif KV_FORMAT == 5:
+        PER: tl.constexpr = 8 // BITS
+        byte = tl.load(base + (d // PER)[None, :], mask=kv_m, other=0).to(tl.int32)
+        code = (byte >> ((d % PER) * BITS)[None, :]) & (2**BITS - 1)
+        mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
+        sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
+        zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
+        x = code.to(tl.float32) * sc[:, None] + zr[:, None]
+        obase = r_ptr + blk * stride_rb + kvh * stride_rr  # this row's block: its outlier slots
+        for c in range(OAKEN_CAP):  # a loop, not unrolled: CAP can be ~100 at D = 128
+            w = tl.load(obase + c, mask=j_ok, other=-1)
+            pos = w >> 16  # -1 for an empty slot
+            val = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            hit = ((pos >= 0) & (pos // HEAD_DIM == off))[:, None] & ((pos % HEAD_DIM)[:, None] == d[None, :])
+            x = tl.where(hit, val[:, None], x)
+        x = tl.where(kv_m, x, 0.0)
+    elif KV_FORMAT == 2:
+        byte = tl.load(base + d[None, :], mask=kv_m, other=0).to(tl.int32)
+        x = _fp8_e4m3_decode(byte) * tl.load(s_ptr + kvh)
+    else:
+        PER: tl.constexpr = 8 // BITS
+        quant = (j < nq)[:, None]
+        qm = kv_m & quant
+        byte = tl.load(base + (d // PER)[None, :], mask=qm, other=0).to(tl.int32)
+        code = (byte >> ((d % PER) * BITS)[None, :]) & (2**BITS - 1)
+        if IS_KEY:  # per channel, one (scale, zero) pair per group of KIVI_G tokens
+            row = blk * stride_mb + (off // KIVI_G) * stride_ms + kvh * stride_mh
+            col = d * 2
+        else:  # per token, one pair per KIVI_GV elements of head_dim
+            row = blk * stride_mb + off * stride_ms + kvh * stride_mh
+            col = (d // KIVI_GV) * 2
+        mp = s_ptr + row[:, None] + col[None, :]
+        sc = tl.load(mp, mask=qm, other=0.0).to(tl.float32)
+        zr = tl.load(mp + 1, mask=qm, other=0.0).to(tl.float32)
+        ring = (j % (KIVI_G + KIVI_R)) * stride_rr  # the residual ring row of token j
+        rp = r_ptr + b * stride_rb + kvh * stride_rh + ring[:, None] + d[None, :]
+        xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float32)
+        x = tl.where(quant, code.to(tl.float32) * sc + zr, xr)
+        x = tl.where(kv_m, x, 0.0)
+    return x.to(out_ty)
+
+
+@triton.jit
 def _paged_attn_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, op_ptr, lsep_ptr,
     bt_ptr, ctx_ptr, cu_ptr, pos_ptr, mask_ptr, mask_off_ptr, alibi_ptr,
-    k_scale_ptr, v_scale_ptr,
+    k_scale_ptr, v_scale_ptr, stride_mb, stride_ms, stride_mh, stride_vmb, stride_vms, stride_vmh,
+    k_res_ptr, v_res_ptr, stride_rb, stride_rr, stride_rh, bits_ptr,
     sm_scale, softcap, window, num_seqs,
     stride_qt, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -76,6 +182,8 @@ def _paged_attn_kernel(
     HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     IS_DECODE: tl.constexpr, MASK_MODE: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_WINDOW: tl.constexpr, WRITE_LSE: tl.constexpr, KV_FORMAT: tl.constexpr, DOT_PREC: tl.constexpr,
+    BITS: tl.constexpr = 16, KIVI_G: tl.constexpr = 1, KIVI_GV: tl.constexpr = 1, KIVI_R: tl.constexpr = 0,
+    OAKEN_CAP: tl.constexpr = 0,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -128,6 +236,7 @@ def _paged_attn_kernel(
         s_hi = tl.minimum(kv_hi, s_lo + per)
 
         qk_scale = sm_scale * 1.4426950408889634
+        nq = tl.maximum(kv_len - KIVI_R, 0) // KIVI_G * KIVI_G  # KIVI: tokens below are quantized
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
@@ -137,9 +246,10 @@ def _paged_attn_kernel(
             blk = tl.load(bt_ptr + b * stride_bt + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
             off = j % BLOCK_SIZE
             kv_m = j_ok[:, None] & d_ok[None, :]
-            if KV_FORMAT == 0:
-                k = tl.load(k_ptr + blk[:, None] * stride_kb + off[:, None] * stride_ks + kvh * stride_kh
-                            + d[None, :], mask=kv_m, other=0.0)  # fmt: skip
+            k = _load_kv_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb, stride_ks, stride_kh,
+                              stride_mb, stride_ms, stride_mh, q_ptr.dtype.element_ty, KV_FORMAT, BITS,
+                              j, b, nq, k_res_ptr, stride_rb, stride_rr, stride_rh, True,
+                              KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM)  # fmt: skip
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
             if HAS_SOFTCAP:
                 # c * tanh(x / c) through exp: tanh(y) = 1 - 2 / (exp(2y) + 1), exact at +-inf.
@@ -170,9 +280,10 @@ def _paged_attn_kernel(
             alpha = tl.exp2(m_i - m_safe)
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            if KV_FORMAT == 0:
-                v = tl.load(v_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vs + kvh * stride_vh
-                            + d[None, :], mask=kv_m, other=0.0)  # fmt: skip
+            v = _load_kv_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb, stride_vs, stride_vh,
+                              stride_vmb, stride_vms, stride_vmh, q_ptr.dtype.element_ty, KV_FORMAT, BITS,
+                              j, b, nq, v_res_ptr, stride_rb, stride_rr, stride_rh, False,
+                              KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM)  # fmt: skip
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
             m_i = m_new
 
@@ -300,12 +411,23 @@ def paged_attention_triton(
     softcap: float = 0.0,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     config: dict | None = None,
+    kv_format: int = KV_FORMAT_PLAIN,
+    bits: int = 16,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    kivi: tuple[torch.Tensor, torch.Tensor, int, int, int] | None = None,
+    block_bits: torch.Tensor | None = None,
+    oaken: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Launch the attention (and, with num_splits > 1, the reduction) kernels into `out` / `lse`.
 
     Inputs are validated by `codesign.kernels.paged_attention`; nothing here syncs with the host, so
     the launch can be captured in a CUDA graph. `workspace` = (partial outputs fp32
     [T, Hq, S, DIM_PAD], partial lse fp32 [T, Hq, S]); allocated here when not given.
+    Quantized caches (`kv_format` != 0): k_cache/v_cache hold the uint8 codes, k_scale/v_scale the
+    contiguous metadata (module docstring); validated by `codesign.kernels.kv_quant_paged`.
+    KIVI also takes kivi = (k_residual, v_residual, G, GV, R); mixed precision block_bits (uint8 [blocks]);
+    Oaken oaken = (k_outliers, v_outliers) int32 [blocks, kv_heads, CAP].
     """
     t, hq, dim = q.shape
     if t == 0:
@@ -313,6 +435,21 @@ def paged_attention_triton(
     nb, bs, hkv, _ = k_cache.shape
     group = hq // hkv
     cfg = config or launch_config(hq, hkv, dim, bs, block_tables.shape[0], q.device, q.element_size())
+    if kv_format in (KV_FORMAT_INT, KV_FORMAT_KIVI, KV_FORMAT_MIXED, KV_FORMAT_OAKEN):
+        mstrides = (k_scale.stride(0), k_scale.stride(1), k_scale.stride(2))
+        mstrides += (v_scale.stride(0), v_scale.stride(1), v_scale.stride(2))
+    else:
+        mstrides = (0, 0, 0) * 2
+    if kv_format == KV_FORMAT_KIVI:
+        k_res, v_res, kg, kgv, kr = kivi
+        res = (k_res, v_res, k_res.stride(0), k_res.stride(1), k_res.stride(2))
+    elif kv_format == KV_FORMAT_OAKEN:
+        kg, kgv, kr = 1, 1, 0
+        k_out, v_out = oaken
+        res = (k_out, v_out, k_out.stride(0), k_out.stride(1), 0)
+    else:
+        kg, kgv, kr = 1, 1, 0
+        res = (context_lens, context_lens, 0, 0, 0)
     on_gpu = q.device.type == "cuda" and not interpreter_enabled()
     gpad, bq = rows_layout(group, cfg["BLOCK_M"], is_decode, on_gpu)
     dpad = dim_pad(dim)
@@ -337,7 +474,8 @@ def paged_attention_triton(
         tree_mask if tree_mask is not None else dummy,
         mask_indptr if mask_indptr is not None else dummy,
         alibi_slopes if alibi_slopes is not None else dummy,
-        dummy, dummy,
+        k_scale if k_scale is not None else dummy, v_scale if v_scale is not None else dummy, *mstrides, *res,
+        block_bits if block_bits is not None else dummy,
         float(sm_scale), float(softcap) if softcap else 1.0, int(window), nseq,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -350,7 +488,8 @@ def paged_attention_triton(
         HEAD_DIM=dim, DIM_PAD=dpad, BLOCK_SIZE=bs, NUM_SPLITS=s,
         IS_DECODE=is_decode, MASK_MODE=MASK_TREE if tree_mask is not None else MASK_CAUSAL,
         HAS_ALIBI=alibi_slopes is not None, HAS_SOFTCAP=bool(softcap), HAS_WINDOW=bool(window),
-        WRITE_LSE=lse is not None and s == 1, KV_FORMAT=KV_FORMAT_PLAIN,
+        WRITE_LSE=lse is not None and s == 1, KV_FORMAT=kv_format, BITS=bits,
+        KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=oaken[0].shape[2] if oaken is not None else 0,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip

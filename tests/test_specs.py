@@ -60,7 +60,7 @@ def test_kv_formats():
     kivi = KVFormat.parse("int2-kivi")
     assert kivi.bits_per_element(128) == pytest.approx(2 + 32 / 32)
     oaken = KVFormat.parse("int4-oaken")
-    assert oaken.bits_per_element(128) == pytest.approx(4.25 + 0.04 * 24)
+    assert oaken.bits_per_element(128) == pytest.approx(4.25 + 0.04 * 32)
     assert KVFormat.parse("bf16").bytes_per_token(8, 128) == 2 * 8 * 128 * 2
     for bad in ("int3", "fp16-kivi", "int4-foo"):
         with pytest.raises(CodesignError):

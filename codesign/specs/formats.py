@@ -174,8 +174,9 @@ class KVFormat:
         over groups of `group_size` elements of head_dim; the newest `residual`
         tokens stay in fp16 until a group fills.
       - "oaken": dense inner codes after group-shift (scale + lower bound per token
-        per head), plus `outlier_fraction` of elements kept sparsely, each
-        `outlier_bits` (value + position).
+        per head), plus sparse outlier slots: `outlier_fraction` is the slot capacity
+        per (block, kv head) as a fraction of its elements (not the measured outlier
+        rate), each slot `outlier_bits` (fp16 value + 16-bit in-block position).
     """
 
     dtype: str = "fp16"
@@ -184,7 +185,7 @@ class KVFormat:
     residual: int = 0
     scale_dtype: str = "fp16"
     outlier_fraction: float = 0.0
-    outlier_bits: int = 24  # fp16 value + 8-bit position inside the head vector
+    outlier_bits: int = 32  # fp16 value + 16-bit position inside the block (kernels.kv_quant_oaken layout)
 
     def __post_init__(self) -> None:
         check_choice("kv dtype", self.dtype, KV_DTYPES)

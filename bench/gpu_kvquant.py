@@ -1,0 +1,233 @@
+"""GPU benchmark entry for the quantized KV cache (for the one GPU suite).
+
+`run(report)` adds `report["kv_quant"]`: decode attention at context 32k, batch 16, Llama-3-8B layout
+(32 q heads, 8 kv heads, head_dim 128, block size 32) over a bf16 cache and over INT8 / INT4 / INT2 /
+FP8 per-token caches and INT4 / INT2 KIVI caches (G = R = 32; codes read and dequantized inside the
+kernel), the speed-up of each over bf16 next to its ideal 16 / bits-per-element (metadata included)
+and the issue's targets (INT4 KIVI >= 3.0x, INT8 >= 1.8x), plus the fused quantize-on-write time for
+one decode step (16 new tokens; per-token formats). Also INT4 Oaken (dense + 4 % sparse outlier
+slots, applied in the kernel) and a Cocktail-style mix (blocks INT8 / INT4 / INT4 / INT2 in turn).
+The per-token and KIVI rows also check the kernel against the torch path (dequantize first) on a
+short context, so a wrong kernel is never timed as a fast one (Oaken and mixed: unit tests only).
+
+Standalone: python bench/gpu_kvquant.py  (prints the report as JSON).
+"""
+
+from __future__ import annotations
+
+import json
+
+HQ, HKV, DIM = 32, 8, 128
+BATCH, CONTEXT, BLOCK_SIZE = 16, 32768, 32  # block 32: KIVI's G = 32 must divide it
+FORMATS = ("int8", "int4", "int2", "fp8")
+KIVI = {"int4-kivi": 4, "int2-kivi": 2}
+KIVI_G = KIVI_R = 32
+TARGETS = {"int4-kivi": 3.0, "int8": 1.8}
+
+
+def _time_ms(fn) -> float:
+    import triton.testing as tt
+
+    return float(tt.do_bench(fn, warmup=10, rep=50))
+
+
+def _tables(batch: int, ctx: int, device: str):
+    """Fragmented block tables (a random permutation of the pool), as a long-running server has."""
+    import torch
+
+    need = -(-ctx // BLOCK_SIZE)
+    perm = torch.randperm(batch * need, device=device).to(torch.int32)
+    return perm.view(batch, need).contiguous(), torch.full((batch,), ctx, dtype=torch.int32, device=device)
+
+
+def _quant_cache(fmt: str, nb: int, device: str):
+    import torch
+
+    from codesign.kernels.kv_quant_paged import QuantPagedKV
+
+    hs = torch.full((HKV,), 4.0 / 448, device=device) if fmt == "fp8" else None
+    c = QuantPagedKV.empty(nb, BLOCK_SIZE, HKV, DIM, fmt, device, hs, hs)
+    c.k_codes.random_(0, 256)
+    c.v_codes.random_(0, 256)
+    if fmt == "fp8":  # keep the codes finite: clear the e4m3 NaN pattern (S.1111.111)
+        c.k_codes &= 0x7E
+        c.v_codes &= 0x7E
+    else:
+        c.k_meta[..., 0] = 0.01
+        c.k_meta[..., 1] = -1.0
+        c.v_meta.copy_(c.k_meta)
+    return c
+
+
+def _kivi_cache(bits: int, nb: int, device: str):
+    from codesign.kernels.kv_quant_kivi import KiviPagedKV
+
+    c = KiviPagedKV.empty(nb, BLOCK_SIZE, HKV, DIM, bits, KIVI_G, KIVI_R, BATCH, device=device)
+    c.k_codes.random_(0, 256)
+    c.v_codes.random_(0, 256)
+    c.k_meta[..., 0] = 0.01
+    c.k_meta[..., 1] = -1.0
+    c.v_meta[..., 0] = 0.01
+    c.v_meta[..., 1] = -1.0
+    c.k_res.normal_()
+    c.v_res.normal_()
+    return c
+
+
+def _check_kivi(bits: int, dtype, device: str = "cuda", ctx: int = 300) -> float:
+    """KIVI kernel vs the torch path on short contexts just below / at / above a group boundary."""
+    import torch
+
+    from codesign.backend import use_backend
+    from codesign.kernels.kv_quant_kivi import KiviPagedKV, kivi_decode_attention
+
+    lens = [ctx - 1, ctx, ctx + 1]
+    bt, _ = _tables(3, ctx + 1, device)
+    cl = torch.tensor(lens, dtype=torch.int32, device=device)
+    c = KiviPagedKV.empty(bt.numel(), BLOCK_SIZE, HKV, DIM, bits, KIVI_G, KIVI_R, 3, device=device)
+    for b, n in enumerate(lens):
+        kv = torch.randn(2, n, HKV, DIM, device=device).to(torch.float16)
+        c.append(b, bt[b], 0, kv[0], kv[1])
+    q = torch.randn(3, HQ, DIM, dtype=dtype, device=device)
+    with use_backend("triton"):
+        out = kivi_decode_attention(q, c, bt, cl)
+    with use_backend("torch"):
+        ref = kivi_decode_attention(q, c, bt, cl)
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+def _oaken_row(q, bt, cl, nb: int, base: float) -> dict:
+    """INT4 Oaken decode; outlier words with valid positions so the kernel applies them."""
+    import torch
+
+    from codesign.kernels import kv_quant as kvq
+    from codesign.kernels.kv_quant_oaken import OakenPagedKV, default_capacity, oaken_attention
+
+    cap = default_capacity(0.04, BLOCK_SIZE, DIM)
+    thr = torch.tensor([[-1.0, 1.0]] * HKV).expand(2, HKV, 2).contiguous()
+    c = OakenPagedKV.empty(nb, BLOCK_SIZE, HKV, DIM, 4, thr, cap, "cuda")
+    c.k_codes.random_(0, 256)
+    c.v_codes.random_(0, 256)
+    c.k_meta[..., 0] = 0.01
+    c.v_meta[..., 0] = 0.01
+    pos = torch.randint(0, BLOCK_SIZE * DIM, c.k_out.shape, device="cuda", dtype=torch.int32)
+    c.k_out.copy_((pos << 16) | 0x3C00)  # fp16 1.0
+    c.v_out.copy_(c.k_out)
+    ms = _time_ms(lambda: oaken_attention(q, c, bt, cl, check_data=False))
+    bits = kvq.layout_bits_per_element("oaken", 4, DIM, block_size=BLOCK_SIZE, capacity=cap)
+    return dict(format="int4-oaken", ms=ms, bits=bits, speedup=base / ms, ideal=16.0 / bits, capacity=cap)
+
+
+def _mixed_row(q, bt, cl, nb: int, base: float) -> dict:
+    """Cocktail-style mix over one launch: block widths 8 / 4 / 4 / 2 in turn."""
+    import torch
+
+    from codesign.kernels.kv_quant_mixed import MixedPagedKV, mixed_attention
+
+    c = MixedPagedKV.empty(nb, BLOCK_SIZE, HKV, DIM, "cuda")
+    c.block_bits.copy_(torch.tensor([8, 4, 4, 2], dtype=torch.uint8, device="cuda").repeat(-(-nb // 4))[:nb])
+    c.k_codes.random_(0, 256)
+    c.v_codes.random_(0, 256)
+    c.k_meta[..., 0] = 0.01
+    c.v_meta[..., 0] = 0.01
+    ms = _time_ms(lambda: mixed_attention(q, c, bt, cl, check_data=False))
+    bits = 4.5 + 32 / DIM
+    return dict(format="mixed-8/4/4/2", ms=ms, bits=bits, speedup=base / ms, ideal=16.0 / bits)
+
+
+def _check(fmt: str, dtype, device: str = "cuda", ctx: int = 1000) -> float:
+    """Relative error of the kernel vs the torch path (dequantize, then attention) on a short context."""
+    import torch
+
+    from codesign.backend import use_backend
+    from codesign.kernels.kv_quant_paged import kvq_decode_attention, kvq_write
+
+    bt, cl = _tables(4, ctx, device)
+    c = _quant_cache(fmt, bt.numel(), device)
+    key = torch.randn(8, HKV, DIM, dtype=dtype, device=device)
+    kvq_write(key, -key, c, torch.arange(8, dtype=torch.int32, device=device) * 3)
+    q = torch.randn(4, HQ, DIM, dtype=dtype, device=device)
+    with use_backend("triton"):
+        out = kvq_decode_attention(q, c, bt, cl)
+    with use_backend("torch"):
+        ref = kvq_decode_attention(q, c, bt, cl)
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+def run(report: dict) -> None:
+    """Decode over bf16 vs quantized caches; results in report["kv_quant"]."""
+    import torch
+
+    if not torch.cuda.is_available():
+        report["kv_quant"] = {"skipped": "no CUDA device"}
+        return
+    from codesign.kernels import kv_quant as kvq
+    from codesign.kernels.kv_quant_kivi import kivi_decode_attention
+    from codesign.kernels.kv_quant_paged import kvq_decode_attention, kvq_write
+    from codesign.kernels.paged_attention import paged_decode_attention
+
+    dtype = torch.bfloat16
+    bt, cl = _tables(BATCH, CONTEXT, "cuda")
+    nb = bt.numel()
+    q = torch.randn(BATCH, HQ, DIM, dtype=dtype, device="cuda")
+    k = torch.randn(nb, BLOCK_SIZE, HKV, DIM, dtype=dtype, device="cuda")
+    v = torch.randn_like(k)
+    base = _time_ms(lambda: paged_decode_attention(q, k, v, bt, cl, check_data=False))
+    rows = [dict(format="bf16", ms=base, bits=16.0, speedup=1.0)]
+    k = v = None
+    torch.cuda.empty_cache()
+    slots = torch.arange(BATCH, dtype=torch.int32, device="cuda") * BLOCK_SIZE * 7
+    new = torch.randn(BATCH, HKV, DIM, dtype=dtype, device="cuda")
+    for fmt in FORMATS:
+        c = _quant_cache(fmt, nb, "cuda")
+        ms = _time_ms(lambda c=c: kvq_decode_attention(q, c, bt, cl, check_data=False))
+        wms = _time_ms(lambda c=c: kvq_write(new, new, c, slots, check_data=False))
+        bits = kvq.layout_bits_per_element("fp8" if fmt == "fp8" else "per_token", c.bits, DIM)
+        rows.append(
+            dict(
+                format=fmt,
+                ms=ms,
+                bits=bits,
+                speedup=base / ms,
+                ideal=16.0 / bits,
+                target=TARGETS.get(fmt),
+                meets_target=None if fmt not in TARGETS else base / ms >= TARGETS[fmt],
+                write_ms_16_tokens=wms,
+                rel_err_vs_torch=_check(fmt, dtype),
+            )
+        )
+        c = None
+        torch.cuda.empty_cache()
+    for name, b in KIVI.items():
+        c = _kivi_cache(b, nb, "cuda")
+        ms = _time_ms(lambda c=c: kivi_decode_attention(q, c, bt, cl, check_data=False))
+        bits = kvq.layout_bits_per_element("kivi", b, DIM, group=KIVI_G)
+        rows.append(
+            dict(
+                format=name,
+                ms=ms,
+                bits=bits,
+                speedup=base / ms,
+                ideal=16.0 / bits,
+                target=TARGETS.get(name),
+                meets_target=None if name not in TARGETS else base / ms >= TARGETS[name],
+                rel_err_vs_torch=_check_kivi(b, dtype, ctx=2 * KIVI_G + KIVI_R),
+            )
+        )
+        c = None
+        torch.cuda.empty_cache()
+    rows.append(_oaken_row(q, bt, cl, nb, base))
+    rows.append(_mixed_row(q, bt, cl, nb, base))
+    report["kv_quant"] = dict(
+        gpu=torch.cuda.get_device_name(),
+        case=dict(
+            batch=BATCH, context=CONTEXT, q_heads=HQ, kv_heads=HKV, head_dim=DIM, block_size=BLOCK_SIZE
+        ),
+        rows=rows,
+    )
+
+
+if __name__ == "__main__":
+    rep: dict = {}
+    run(rep)
+    print(json.dumps(rep, indent=1, default=str))

@@ -1,0 +1,370 @@
+"""KIVI paged KV cache: keys per channel over groups of G tokens, values per token over groups of
+GV = min(G, D) elements, the newest tokens in a per-sequence full-precision residual ring; attention
+(decode / extend / tree) reads codes and ring directly (`codesign::paged_attention_kivi`).
+
+Layout, per layer (b bits, G | block_size, GV | D, (8 / b) | D):
+    k_codes, v_codes  uint8 `[num_blocks, block_size, kv_heads, D * b / 8]`   (packed along D)
+    k_meta            fp16  `[num_blocks, block_size / G, kv_heads, D, 2]`   (scale, zero per channel)
+    v_meta            fp16  `[num_blocks, block_size, kv_heads, D / GV, 2]`  (scale, zero per GV elements)
+    k_res, v_res      `[batch, G + R, kv_heads, D]` (fp16 or fp32): token t of sequence b at row t % (G + R)
+Tokens [0, n_q) of a sequence of length T are in the codes, n_q = floor(max(T - R, 0) / G) * G
+(`kv_quant.kivi_split`); tokens [n_q, T) (fewer than G + R) are in the ring. Row b of the ring belongs
+to row b of block_tables. `append` is the writer: new tokens go to the ring, each group that fills is
+quantized straight into its block (a Triton flush kernel on GPUs / with the triton backend, torch
+otherwise); the codes are exactly those of `kv_quant.kivi_fake_quant` on the whole sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from codesign.backend import resolve_backend
+from codesign.kernels import kv_quant as kvq
+from codesign.kernels.kv_quant_paged import IN_DTYPES
+from codesign.kernels.paged_attention import (
+    _resolve_common,
+    check_attention_inputs,
+    check_backend_dtype,
+    paged_attention_torch,
+)
+from codesign.kernels.tree_attention import TreeBatch, _check_tree_batch
+from codesign.specs import CodesignError, KVFormat, check_positive_int
+
+OP = "paged_attention"
+RES_DTYPES = (torch.float16, torch.float32)
+
+
+@dataclass
+class KiviPagedKV:
+    """One layer's KIVI cache (module docstring)."""
+
+    bits: int
+    group: int
+    residual: int
+    head_dim: int
+    k_codes: torch.Tensor
+    v_codes: torch.Tensor
+    k_meta: torch.Tensor
+    v_meta: torch.Tensor
+    k_res: torch.Tensor
+    v_res: torch.Tensor
+
+    @classmethod
+    def empty(
+        cls,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        bits: int,
+        group: int,
+        residual: int,
+        batch: int,
+        res_dtype: torch.dtype = torch.float16,
+        device: str | torch.device = "cpu",
+    ) -> KiviPagedKV:
+        """Zeroed codes, metadata and residual rings for `batch` sequences."""
+        for n, v in (("num_blocks", num_blocks), ("block_size", block_size), ("kv_heads", kv_heads)):
+            check_positive_int(n, v)
+        check_positive_int("head_dim", head_dim)
+        check_positive_int("batch", batch)
+        kvq.check_bits(bits)
+        check_positive_int("group", group)
+        if isinstance(residual, bool) or not isinstance(residual, int) or residual < 0:
+            raise CodesignError(f"residual must be an int >= 0, got {residual!r}")
+        if block_size % group:
+            raise CodesignError(f"the KIVI group ({group}) must divide block_size ({block_size})")
+        gv = min(group, head_dim)
+        if head_dim % gv or head_dim % (8 // bits):
+            raise CodesignError(
+                f"head_dim {head_dim} must be a multiple of the value group {gv} and of {8 // bits}"
+            )
+        if res_dtype not in RES_DTYPES:
+            raise CodesignError(f"res_dtype must be one of {RES_DTYPES}, got {res_dtype}")
+        w = head_dim * bits // 8
+        z8 = dict(dtype=torch.uint8, device=device)
+        z16 = dict(dtype=torch.float16, device=device)
+        return cls(
+            bits,
+            group,
+            residual,
+            head_dim,
+            torch.zeros(num_blocks, block_size, kv_heads, w, **z8),
+            torch.zeros(num_blocks, block_size, kv_heads, w, **z8),
+            torch.zeros(num_blocks, block_size // group, kv_heads, head_dim, 2, **z16),
+            torch.zeros(num_blocks, block_size, kv_heads, head_dim // gv, 2, **z16),
+            torch.zeros(batch, group + residual, kv_heads, head_dim, dtype=res_dtype, device=device),
+            torch.zeros(batch, group + residual, kv_heads, head_dim, dtype=res_dtype, device=device),
+        )
+
+    @property
+    def value_group(self) -> int:
+        return min(self.group, self.head_dim)
+
+    @property
+    def kv_format(self) -> KVFormat:
+        return KVFormat(dtype=f"int{self.bits}", scheme="kivi", group_size=self.group, residual=self.residual)
+
+    def check(self) -> tuple[int, int, int, int]:
+        """Validate every tensor against the parameters; (num_blocks, block_size, kv_heads, head_dim)."""
+        kvq.check_bits(self.bits)
+        nb, bs, h, w = self.k_codes.shape if self.k_codes.dim() == 4 else (0, 0, 0, 0)
+        d, g, gv = self.head_dim, self.group, self.value_group
+        want = {
+            "k_codes": (torch.uint8, (nb, bs, h, d * self.bits // 8)),
+            "v_codes": (torch.uint8, (nb, bs, h, d * self.bits // 8)),
+            "k_meta": (torch.float16, (nb, bs // g, h, d, 2)),
+            "v_meta": (torch.float16, (nb, bs, h, d // gv, 2)),
+        }
+        for name, (dt, shape) in want.items():
+            t = getattr(self, name)
+            if (
+                not isinstance(t, torch.Tensor)
+                or t.dtype != dt
+                or tuple(t.shape) != shape
+                or not t.is_contiguous()
+            ):
+                raise CodesignError(
+                    f"KIVI {name} must be a contiguous {dt} tensor of shape {shape}, got "
+                    f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}"
+                )
+        for name in ("k_res", "v_res"):
+            t = getattr(self, name)
+            if (
+                not isinstance(t, torch.Tensor)
+                or t.dtype not in RES_DTYPES
+                or t.dim() != 4
+                or tuple(t.shape[1:]) != (g + self.residual, h, d)
+                or not t.is_contiguous()
+            ):
+                raise CodesignError(
+                    f"KIVI {name} must be a contiguous fp16/fp32 tensor [batch, {g + self.residual}, {h}, {d}]"
+                )
+        if self.k_res.shape != self.v_res.shape or self.k_res.dtype != self.v_res.dtype:
+            raise CodesignError("k_res and v_res must match in shape and dtype")
+        devs = {getattr(self, n).device for n in ("k_codes", "v_codes", "k_meta", "v_meta", "k_res", "v_res")}
+        if len(devs) != 1:
+            raise CodesignError(f"all KIVI tensors must be on one device, got {sorted(map(str, devs))}")
+        return nb, bs, h, d
+
+    # --- writer (torch) ---------------------------------------------------------------------------
+    def append(
+        self, seq: int, block_row: torch.Tensor, start: int, k_new: torch.Tensor, v_new: torch.Tensor
+    ) -> None:
+        """Append tokens [start, start + n) of sequence `seq` (blocks `block_row`, a row of block_tables).
+
+        New tokens go to the ring; each group of G tokens leaving the residual window is quantized
+        (keys per channel, values per token) into its block, so sequences forked from a shared prefix
+        rewrite identical codes into shared blocks.
+        """
+        nb, bs, h, d = self.check()
+        if not 0 <= seq < self.k_res.shape[0]:
+            raise CodesignError(f"seq {seq} outside the {self.k_res.shape[0]} residual rings")
+        for name, x in (("k_new", k_new), ("v_new", v_new)):
+            if not isinstance(x, torch.Tensor) or x.dim() != 3 or tuple(x.shape[1:]) != (h, d):
+                raise CodesignError(
+                    f"{name} must be [tokens, {h}, {d}], got {tuple(getattr(x, 'shape', ()))}"
+                )
+            if x.dtype not in IN_DTYPES:
+                raise CodesignError(f"{name} dtype must be one of {IN_DTYPES}, got {x.dtype}")
+        if k_new.shape != v_new.shape:
+            raise CodesignError("k_new and v_new must have the same shape")
+        n, g, r = k_new.shape[0], self.group, self.residual
+        end = start + n
+        if start < 0 or -(-end // bs) > block_row.numel():
+            raise CodesignError(
+                f"tokens [{start}, {end}) need {-(-end // bs)} blocks, the row has {block_row.numel()}"
+            )
+        rows = block_row[: -(-end // bs)].long().cpu()
+        if ((rows < 0) | (rows >= nb)).any():
+            raise CodesignError(f"block_row holds ids outside [0, {nb})")
+        ring = g + r
+        old, new = kvq.kivi_split(start, g, r), kvq.kivi_split(end, g, r)
+        idx = torch.arange(old, start) % ring
+        pk = torch.cat(
+            [self.k_res[seq, idx].float(), kvq._check_finite("k_new", k_new).to(self.k_res.device)]
+        )
+        pv = torch.cat(
+            [self.v_res[seq, idx].float(), kvq._check_finite("v_new", v_new).to(self.k_res.device)]
+        )
+        gv = self.value_group
+        from codesign.kernels.kv_quant_kivi_triton import kivi_flush_triton, triton_flush_supported
+
+        if resolve_backend("kv_write", pk.device) == "triton" and triton_flush_supported(g, gv, d):
+            # Fused flush: every full group of this append in one launch.
+            groups = range(old, new, g)
+            slots = [int(rows[g0 // bs]) * bs + g0 % bs for g0 in groups]
+            kivi_flush_triton(self, pk, pv, [g0 - old for g0 in groups], slots)
+            groups = range(0)
+        else:
+            groups = range(old, new, g)
+        for g0 in groups:
+            blk, off = int(rows[g0 // bs]), g0 % bs
+            c, s, z = kvq.quantize_asym(pk[g0 - old : g0 - old + g], self.bits, dim=0)
+            self.k_codes[blk, off : off + g] = kvq.pack_codes(c, self.bits)
+            self.k_meta[blk, off // g] = torch.stack([s, z], -1).half()
+            c, s, z = kvq.quantize_asym(pv[g0 - old : g0 - old + g].reshape(g, h, d // gv, gv), self.bits)
+            self.v_codes[blk, off : off + g] = kvq.pack_codes(c.reshape(g, h, d), self.bits)
+            self.v_meta[blk, off : off + g] = torch.stack([s, z], -1).half()
+        for t in range(max(new, start), end):
+            self.k_res[seq, t % ring] = k_new[t - start].to(self.k_res.dtype)
+            self.v_res[seq, t % ring] = v_new[t - start].to(self.v_res.dtype)
+
+    def dequantize_seq(
+        self, seq: int, block_row: torch.Tensor, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Debug / reference: sequence `seq`'s K and V `[length, kv_heads, D]` in float32."""
+        nb, bs, h, d = self.check()
+        g, gv, ring = self.group, self.value_group, self.group + self.residual
+        nq = kvq.kivi_split(length, g, self.residual)
+        dev = self.k_codes.device
+        t = torch.arange(length, device=dev)
+        blk, off = block_row.long().to(dev)[t // bs], t % bs
+        kc = kvq.unpack_codes(self.k_codes[blk, off], self.bits).float()
+        km = self.k_meta[blk, off // g].float()
+        k = kc * km[..., 0] + km[..., 1]
+        vc = kvq.unpack_codes(self.v_codes[blk, off], self.bits).float().reshape(length, h, d // gv, gv)
+        vm = self.v_meta[blk, off].float()
+        v = (vc * vm[..., 0:1] + vm[..., 1:2]).reshape(length, h, d)
+        res = (t >= nq)[:, None, None]
+        k = torch.where(res, self.k_res[seq, t % ring].float(), k)
+        v = torch.where(res, self.v_res[seq, t % ring].float(), v)
+        return k, v
+
+
+# --- attention -------------------------------------------------------------------------------------
+@torch.library.custom_op("codesign::paged_attention_kivi", mutates_args=())
+def _attn_kivi_op(
+    q: torch.Tensor,
+    k_codes: torch.Tensor,
+    v_codes: torch.Tensor,
+    k_meta: torch.Tensor,
+    v_meta: torch.Tensor,
+    k_res: torch.Tensor,
+    v_res: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    positions: torch.Tensor | None,
+    tree_mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
+    sm_scale: float,
+    window: int,
+    softcap: float,
+    num_splits: int,
+    is_decode: bool,
+    return_lse: bool,
+    bits: int,
+    group: int,
+    residual: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    backend = resolve_backend(OP, q.device)
+    check_backend_dtype(backend, q)
+    d = q.shape[2]
+    if backend == "torch":
+        cache = KiviPagedKV(bits, group, residual, d, k_codes, v_codes, k_meta, v_meta, k_res, v_res)
+        return _kivi_torch(q, cache, block_tables, context_lens, cu_seqlens_q, positions, tree_mask,
+                           mask_indptr, alibi_slopes, sm_scale, window, softcap, return_lse)  # fmt: skip
+    from codesign.kernels.paged_attention_triton import KV_FORMAT_KIVI, paged_attention_triton
+
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0] if return_lse else 0, q.shape[1], dtype=torch.float32, device=q.device)
+    paged_attention_triton(
+        q, k_codes, v_codes, block_tables, context_lens, cu_seqlens_q, out, lse if return_lse else None,
+        sm_scale=sm_scale, num_splits=num_splits, is_decode=is_decode, positions=positions,
+        tree_mask=tree_mask, mask_indptr=mask_indptr, alibi_slopes=alibi_slopes, window=window,
+        softcap=softcap, kv_format=KV_FORMAT_KIVI, bits=bits, k_scale=k_meta, v_scale=v_meta,
+        kivi=(k_res, v_res, group, min(group, d), residual),
+    )  # fmt: skip
+    return out, lse
+
+
+@_attn_kivi_op.register_fake
+def _(q, *rest):
+    return_lse = rest[18]
+    lse = q.new_empty(q.shape[0] if return_lse else 0, q.shape[1], dtype=torch.float32)
+    return torch.empty_like(q), lse
+
+
+def _kivi_torch(
+    q, cache, bt, cl, cu, positions, tree_mask, mask_indptr, alibi, sm_scale, window, softcap, want_lse
+):
+    """CPU path: per sequence, dequantize its tokens (codes + ring) into a one-block cache, then attend."""
+    t, hq, d = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty(t if want_lse else 0, hq, dtype=torch.float32, device=q.device)
+    cus, lens = cu.tolist(), cl.tolist()
+    for b, n in enumerate(lens):
+        q0, q1 = cus[b], cus[b + 1]
+        if q1 == q0:
+            continue
+        k, v = cache.dequantize_seq(b, bt[b], n)
+        i32 = dict(dtype=torch.int32, device=q.device)
+        tm = mi = pos = None
+        if tree_mask is not None:
+            m0, m1 = int(mask_indptr[b]), int(mask_indptr[b + 1])
+            tm, mi, pos = tree_mask[m0:m1], torch.tensor([0, m1 - m0], **i32), positions[q0:q1]
+        o, l_ = paged_attention_torch(
+            q[q0:q1], k[None].to(q.dtype), v[None].to(q.dtype), torch.zeros(1, 1, **i32), torch.tensor([n], **i32),
+            torch.tensor([0, q1 - q0], **i32), pos, tm, mi, alibi, sm_scale, window, softcap, want_lse,
+        )  # fmt: skip
+        out[q0:q1] = o
+        if want_lse:
+            lse[q0:q1] = l_
+    return out, lse
+
+
+def _attend(q, cache, block_tables, context_lens, cu, tree, is_decode, kw):
+    if not isinstance(cache, KiviPagedKV):
+        raise CodesignError(f"cache must be a KiviPagedKV, got {type(cache).__name__}")
+    nb, bs, h, d = cache.check()
+    if not isinstance(q, torch.Tensor):
+        raise CodesignError(f"q must be a tensor, got {type(q).__name__}")
+    if block_tables.dim() == 2 and block_tables.shape[0] > cache.k_res.shape[0]:
+        raise CodesignError(
+            f"block_tables has {block_tables.shape[0]} rows but the cache {cache.k_res.shape[0]} residual rings"
+        )
+    probe = torch.empty(d, dtype=q.dtype, device=cache.k_codes.device).as_strided(
+        (nb, bs, h, d), (0, 0, 0, 1)
+    )
+    if tree is not None:
+        _check_tree_batch(tree, q, block_tables)
+    check_attention_inputs(q, probe, probe, block_tables, context_lens, None if is_decode else cu,
+                           kw.get("alibi_slopes"), kw.get("window"), kw.get("softcap"),
+                           kw.get("check_data", True))  # fmt: skip
+    scale, splits = _resolve_common(
+        q, kw.get("sm_scale"), kw.get("num_splits"), probe, block_tables, is_decode
+    )
+    if is_decode:
+        cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+    want = bool(kw.get("return_lse", False))
+    out, lse = _attn_kivi_op(
+        q, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, cache.k_res, cache.v_res,
+        block_tables, context_lens, cu,
+        tree.positions if tree is not None else None,
+        tree.tree_mask if tree is not None else None,
+        tree.mask_indptr if tree is not None else None,
+        kw.get("alibi_slopes"), scale, kw.get("window") or 0, float(kw.get("softcap") or 0.0), splits,
+        is_decode, want, cache.bits, cache.group, cache.residual,
+    )  # fmt: skip
+    return (out, lse) if want else out
+
+
+def kivi_decode_attention(q, cache: KiviPagedKV, block_tables, context_lens, **kw):
+    """`paged_decode_attention` over a KIVI cache (same keywords)."""
+    return _attend(q, cache, block_tables, context_lens, None, None, True, kw)
+
+
+def kivi_extend_attention(q, cache: KiviPagedKV, block_tables, context_lens, cu_seqlens_q, **kw):
+    """`paged_extend_attention` over a KIVI cache."""
+    return _attend(q, cache, block_tables, context_lens, cu_seqlens_q, None, False, kw)
+
+
+def kivi_tree_attention(q, cache: KiviPagedKV, block_tables, tree: TreeBatch, **kw):
+    """`tree_attention` over a KIVI cache."""
+    if not isinstance(tree, TreeBatch):
+        raise CodesignError(f"tree must be a TreeBatch (build_tree_batch), got {type(tree).__name__}")
+    return _attend(q, cache, block_tables, tree.context_lens, tree.cu_seqlens_q, tree, False, kw)

@@ -1,0 +1,308 @@
+"""Per-chunk mixed-precision KV cache (Cocktail-style): each paged block (a chunk of `block_size` tokens)
+stores INT8, INT4 or INT2 per-token codes, chosen by a policy from the chunk's similarity to recent
+queries; one attention launch reads blocks of every width (`KV_FORMAT_MIXED`).
+
+Layout, per layer: codes uint8 `[num_blocks, block_size, kv_heads, D]` (rows sized for INT8; a b-bit block
+uses the first D * b / 8 bytes of each row, packed as `kv_quant.pack_codes`), meta fp16
+`[num_blocks, block_size, kv_heads, 2]` (per-token scale, zero: the engine's rule), block_bits uint8
+`[num_blocks]`. Rows sized for the widest code keep the block pool uniform: the traffic shrinks with
+the width (a b-bit block reads D * b / 8 bytes a row), the capacity does not (that needs one pool per
+width; not done).
+
+Policy (`cocktail_bits`): score_c = max over recent queries and query heads of q . mean_k(chunk c) / sqrt(D)
+(the kv head a query head reads); the top `frac_int8` of chunks by score get INT8, the bottom
+`frac_int2` INT2, the rest INT4 (ties by chunk index).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from codesign.backend import resolve_backend
+from codesign.kernels import kv_quant as kvq
+from codesign.kernels.kv_quant_paged import IN_DTYPES
+from codesign.kernels.paged_attention import (
+    _resolve_common,
+    check_attention_inputs,
+    check_backend_dtype,
+    paged_attention_torch,
+)
+from codesign.kernels.tree_attention import TreeBatch, _check_tree_batch
+from codesign.specs import CodesignError, check_positive_int
+
+OP = "paged_attention"
+MIXED_BITS = (8, 4, 2)
+
+
+@dataclass
+class MixedPagedKV:
+    """One layer's mixed-precision cache (module docstring)."""
+
+    head_dim: int
+    k_codes: torch.Tensor
+    v_codes: torch.Tensor
+    k_meta: torch.Tensor
+    v_meta: torch.Tensor
+    block_bits: torch.Tensor
+
+    @classmethod
+    def empty(
+        cls,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        device: str | torch.device = "cpu",
+    ) -> MixedPagedKV:
+        """Zeroed codes and metadata, every block INT8 until `set_block_bits`."""
+        for n, v in (("num_blocks", num_blocks), ("block_size", block_size), ("kv_heads", kv_heads)):
+            check_positive_int(n, v)
+        check_positive_int("head_dim", head_dim)
+        if head_dim % 4:
+            raise CodesignError(f"head_dim {head_dim} must be a multiple of 4 (INT2 packs 4 codes a byte)")
+        shape = (num_blocks, block_size, kv_heads, head_dim)
+        u8 = dict(dtype=torch.uint8, device=device)
+        meta = torch.zeros(num_blocks, block_size, kv_heads, 2, dtype=torch.float16, device=device)
+        return cls(
+            head_dim,
+            torch.zeros(shape, **u8),
+            torch.zeros(shape, **u8),
+            meta,
+            meta.clone(),
+            torch.full((num_blocks,), 8, **u8),
+        )
+
+    def check(self) -> tuple[int, int, int, int]:
+        """Validate the tensors; (num_blocks, block_size, kv_heads, head_dim)."""
+        c = self.k_codes
+        if not isinstance(c, torch.Tensor) or c.dim() != 4 or c.shape[-1] != self.head_dim:
+            raise CodesignError(f"k_codes must be [blocks, block_size, kv_heads, {self.head_dim}]")
+        nb, bs, h, d = c.shape
+        for name, dt, shape in (
+            ("k_codes", torch.uint8, (nb, bs, h, d)),
+            ("v_codes", torch.uint8, (nb, bs, h, d)),
+            ("k_meta", torch.float16, (nb, bs, h, 2)),
+            ("v_meta", torch.float16, (nb, bs, h, 2)),
+            ("block_bits", torch.uint8, (nb,)),
+        ):
+            t = getattr(self, name)
+            if (
+                not isinstance(t, torch.Tensor)
+                or t.dtype != dt
+                or tuple(t.shape) != shape
+                or not t.is_contiguous()
+            ):
+                raise CodesignError(
+                    f"mixed-precision {name} must be a contiguous {dt} tensor of shape {shape}, got "
+                    f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}"
+                )
+            if t.device != c.device:
+                raise CodesignError(f"{name} is on {t.device}, the codes on {c.device}")
+        return nb, bs, h, d
+
+    def set_block_bits(self, blocks: list[int], bits: list[int]) -> None:
+        """Choose the width of `blocks` (before their tokens are written: codes are not re-packed)."""
+        nb = self.check()[0]
+        if len(blocks) != len(bits):
+            raise CodesignError(f"{len(blocks)} blocks but {len(bits)} bit widths")
+        for blk, b in zip(blocks, bits):
+            if not 0 <= blk < nb:
+                raise CodesignError(f"block id {blk} outside the pool [0, {nb})")
+            if b not in MIXED_BITS:
+                raise CodesignError(f"chunk bits must be one of {MIXED_BITS}, got {b!r}")
+        self.block_bits[torch.tensor(blocks, dtype=torch.long)] = torch.tensor(bits, dtype=torch.uint8).to(
+            self.block_bits.device
+        )
+
+    def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Debug / reference: the whole pool in float32 `[nb, bs, kv_heads, D]`."""
+        self.check()
+        out = []
+        for codes, meta in ((self.k_codes, self.k_meta), (self.v_codes, self.v_meta)):
+            x = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
+            for b in MIXED_BITS:
+                sel = self.block_bits == b
+                c = kvq.unpack_codes(codes[sel][..., : self.head_dim * b // 8], b)
+                x[sel] = kvq.dequantize_asym(c, meta[sel][..., 0].float(), meta[sel][..., 1].float())
+            out.append(x)
+        return out[0], out[1]
+
+    def bits_per_element(self, blocks: list[int]) -> float:
+        """Average stored bits per element over `blocks` (codes + per-token fp16 scale and zero)."""
+        bb = self.block_bits[torch.tensor(blocks, dtype=torch.long)].float()
+        return float(bb.mean()) + 32 / self.head_dim
+
+
+def cocktail_bits(
+    q_recent: torch.Tensor, k_chunks: list[torch.Tensor], frac_int8: float = 0.25, frac_int2: float = 0.25
+) -> list[int]:
+    """Bits per chunk from its relevance to recent queries (module docstring).
+
+    q_recent `[n, q_heads, D]`, k_chunks: each chunk's keys `[tokens, kv_heads, D]`.
+    """
+    if not (0 <= frac_int8 <= 1 and 0 <= frac_int2 <= 1 and frac_int8 + frac_int2 <= 1):
+        raise CodesignError(
+            f"need 0 <= frac_int8, frac_int2 and their sum <= 1, got {frac_int8}, {frac_int2}"
+        )
+    if not k_chunks:
+        return []
+    q = kvq._check_finite("q_recent", q_recent)
+    hkv = k_chunks[0].shape[1]
+    if q.dim() != 3 or q.shape[1] % hkv or q.shape[2] != k_chunks[0].shape[2]:
+        raise CodesignError(f"q_recent must be [n, a multiple of {hkv} heads, D], got {tuple(q.shape)}")
+    g = q.shape[1] // hkv
+    means = torch.stack([kvq._check_finite("k_chunks", k).mean(0) for k in k_chunks])  # [C, hkv, D]
+    s = torch.einsum("nhgd,chd->cnhg", q.view(q.shape[0], hkv, g, -1), means) / math.sqrt(q.shape[2])
+    score = s.flatten(1).amax(1)
+    c = len(k_chunks)
+    order = sorted(range(c), key=lambda i: (-float(score[i]), i))
+    n8 = math.ceil(frac_int8 * c - 1e-9)
+    n2 = min(math.floor(frac_int2 * c + 1e-9), c - n8)
+    bits = [4] * c
+    for i in order[:n8]:
+        bits[i] = 8
+    for i in order[c - n2 :]:
+        bits[i] = 2
+    return bits
+
+
+def mixed_write(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cache: MixedPagedKV,
+    slot_mapping: torch.Tensor,
+    check_data: bool = True,
+) -> None:
+    """Quantize tokens into their slots at their block's width (one writer launch per width present).
+
+    Reads block_bits on the host (one sync): the policy state lives with the host's block bookkeeping.
+    """
+    from codesign.kernels.kv_write import check_kv_write
+
+    nb, bs, h, d = cache.check()
+    for name, t in (("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in IN_DTYPES:
+            raise CodesignError(
+                f"{name} dtype must be one of {IN_DTYPES}, got {getattr(t, 'dtype', type(t))}"
+            )
+    probe = torch.empty(d, dtype=key.dtype, device=cache.k_codes.device).as_strided(
+        (nb, bs, h, d), (0, 0, 0, 1)
+    )
+    check_kv_write(key, value, probe, probe, slot_mapping, check_data)
+    if not (torch.isfinite(key).all() and torch.isfinite(value).all()):
+        raise CodesignError("key and value must be finite to be quantized (NaN or inf found)")
+    slot_bits = torch.where(
+        slot_mapping >= 0, cache.block_bits.long()[(slot_mapping.long() // bs).clamp(min=0)], 0
+    )  # fmt: skip
+    backend = resolve_backend("kv_write", key.device)
+    for b in MIXED_BITS:
+        sel = slot_bits == b
+        if not bool(sel.any()):
+            continue
+        slots = torch.where(sel, slot_mapping, -1).to(slot_mapping.dtype)
+        w = d * b // 8
+        kc, vc = cache.k_codes[..., :w], cache.v_codes[..., :w]  # strided views: rows stay D bytes apart
+        if backend == "triton":
+            from codesign.kernels.kv_write_triton import KV_FORMAT_INT, kv_write_triton
+
+            kv_write_triton(key, value, kc, vc, slots, cache.k_meta, cache.v_meta, KV_FORMAT_INT, b)
+            continue
+        keep = slots >= 0
+        s = slots[keep].long()
+        for x, codes, meta in ((key[keep], kc, cache.k_meta), (value[keep], vc, cache.v_meta)):
+            c, sc, zr = kvq.quantize_per_token(x, b)
+            blk, off = s // bs, s % bs
+            codes[blk, off] = kvq.pack_codes(c, b)
+            meta[blk, off] = torch.stack([sc, zr], -1).to(torch.float16)
+
+
+@torch.library.custom_op("codesign::paged_attention_mixed", mutates_args=())
+def _attn_mixed_op(
+    q: torch.Tensor,
+    k_codes: torch.Tensor,
+    v_codes: torch.Tensor,
+    k_meta: torch.Tensor,
+    v_meta: torch.Tensor,
+    block_bits: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    positions: torch.Tensor | None,
+    tree_mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    sm_scale: float,
+    num_splits: int,
+    is_decode: bool,
+) -> torch.Tensor:
+    backend = resolve_backend(OP, q.device)
+    check_backend_dtype(backend, q)
+    if backend == "torch":
+        cache = MixedPagedKV(q.shape[2], k_codes, v_codes, k_meta, v_meta, block_bits)
+        k, v = cache.dequantize()
+        args = (block_tables, context_lens, cu_seqlens_q, positions, tree_mask, mask_indptr, None)
+        return paged_attention_torch(q, k.to(q.dtype), v.to(q.dtype), *args, sm_scale, 0, 0.0, False)[0]
+    from codesign.kernels.paged_attention_triton import KV_FORMAT_MIXED, paged_attention_triton
+
+    out = torch.empty_like(q)
+    paged_attention_triton(
+        q, k_codes, v_codes, block_tables, context_lens, cu_seqlens_q, out, None, sm_scale=sm_scale,
+        num_splits=num_splits, is_decode=is_decode, positions=positions, tree_mask=tree_mask,
+        mask_indptr=mask_indptr, kv_format=KV_FORMAT_MIXED, bits=8, k_scale=k_meta,
+        v_scale=v_meta, block_bits=block_bits,
+    )  # fmt: skip
+    return out
+
+
+@_attn_mixed_op.register_fake
+def _(q, *rest):
+    return torch.empty_like(q)
+
+
+def mixed_attention(
+    q: torch.Tensor,
+    cache: MixedPagedKV,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None = None,
+    *,
+    tree: TreeBatch | None = None,
+    sm_scale: float | None = None,
+    num_splits: int | None = None,
+    check_data: bool = True,
+) -> torch.Tensor:
+    """Decode (cu_seqlens_q None: one query per sequence), extend, or tree attention (`tree=`, a
+    `build_tree_batch` result; context_lens / cu_seqlens_q are then taken from it) over a mixed cache."""
+    if not isinstance(cache, MixedPagedKV):
+        raise CodesignError(f"cache must be a MixedPagedKV, got {type(cache).__name__}")
+    nb, bs, h, d = cache.check()
+    if not isinstance(q, torch.Tensor):
+        raise CodesignError(f"q must be a tensor, got {type(q).__name__}")
+    probe = torch.empty(d, dtype=q.dtype, device=cache.k_codes.device).as_strided(
+        (nb, bs, h, d), (0, 0, 0, 1)
+    )
+    if tree is not None:  # tree verification: the batch's tables replace context_lens / cu_seqlens_q
+        if not isinstance(tree, TreeBatch):
+            raise CodesignError(f"tree must be a TreeBatch (build_tree_batch), got {type(tree).__name__}")
+        _check_tree_batch(tree, q, block_tables)
+        context_lens, cu_seqlens_q = tree.context_lens, tree.cu_seqlens_q
+    check_attention_inputs(
+        q, probe, probe, block_tables, context_lens, cu_seqlens_q, None, None, None, check_data
+    )
+    is_decode = cu_seqlens_q is None
+    if check_data and not bool(
+        torch.isin(
+            cache.block_bits, torch.tensor(MIXED_BITS, dtype=torch.uint8).to(cache.block_bits.device)
+        ).all()
+    ):
+        raise CodesignError(f"block_bits must all be in {MIXED_BITS}")
+    scale, splits = _resolve_common(q, sm_scale, num_splits, probe, block_tables, is_decode)
+    cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device) if is_decode else cu_seqlens_q
+    return _attn_mixed_op(q, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, cache.block_bits,
+                          block_tables, context_lens, cu,
+                          tree.positions if tree is not None else None,
+                          tree.tree_mask if tree is not None else None,
+                          tree.mask_indptr if tree is not None else None,
+                          scale, splits, is_decode)  # fmt: skip

