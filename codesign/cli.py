@@ -24,8 +24,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "codesign.dataflow.explore_cli",
         "design-space exploration over serving workloads (main job)",
     ),
-    "rtl-report": ("codesign.rtl_report", "model-vs-RTL cycle and bit evidence (source checkout + hdl extra)"),
-    "kvq-accuracy": ("codesign.kernels.kvq_accuracy_cli", "attention error and bits per element of each KV format"),
+    "rtl-report": (
+        "codesign.rtl_report",
+        "model-vs-RTL cycle and bit evidence (source checkout + hdl extra)",
+    ),
+    "kvq-accuracy": (
+        "codesign.kernels.kvq_accuracy_cli",
+        "attention error and bits per element of each KV format",
+    ),
     "map": ("codesign.dataflow.map_cli", "map and schedule one model step onto a GPU or a simulated design"),
 }
 

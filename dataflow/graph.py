@@ -123,7 +123,7 @@ def build_step_graph(
             p + "attn_norm", "attn_norm", Norm(tokens, hidden, m.norm), i, [h_in], tokens * hidden * act_b
         )
         qkv_n = (q_heads + 2 * kv_heads) * hd
-        qkv = add(p + "qkv_proj", "qkv_proj", lin(qkv_n, hidden, m.bias), i, [n1], tokens * qkv_n * act_b)
+        qkv = add(p + "qkv_proj", "qkv_proj", lin(qkv_n, hidden, m.qkv_bias), i, [n1], tokens * qkv_n * act_b)
         pre_attn = qkv
         if m.rope:
             pre_attn = add(
@@ -143,7 +143,9 @@ def build_step_graph(
         else:
             attn_spec = PrefillAttention(q_heads, kv_heads, hd, seq_lens=lens, window=m.sliding_window)
         attn = add(p + "attention", "attention", attn_spec, i, [pre_attn, kvw], tokens * q_heads * hd * act_b)
-        o = add(p + "o_proj", "o_proj", lin(hidden, q_heads * hd, m.bias), i, [attn], tokens * hidden * act_b)
+        o = add(
+            p + "o_proj", "o_proj", lin(hidden, q_heads * hd, m.o_bias), i, [attn], tokens * hidden * act_b
+        )
         if tp > 1:
             o = add(
                 p + "attn_all_reduce",
@@ -181,7 +183,7 @@ def build_step_graph(
             up = add(
                 p + "up_proj",
                 "up_proj",
-                lin(up_n, hidden, m.bias, per_expert, active),
+                lin(up_n, hidden, m.mlp_bias, per_expert, active),
                 i,
                 [n2, router],
                 routed * up_n * act_b,
@@ -190,16 +192,16 @@ def build_step_graph(
             down = add(
                 p + "down_proj",
                 "down_proj",
-                lin(hidden, ffn, m.bias, per_expert, active),
+                lin(hidden, ffn, m.mlp_bias, per_expert, active),
                 i,
                 [act],
                 tokens * hidden * act_b,
             )
         else:
-            up = add(p + "up_proj", "up_proj", lin(up_n, hidden, m.bias), i, [n2], tokens * up_n * act_b)
+            up = add(p + "up_proj", "up_proj", lin(up_n, hidden, m.mlp_bias), i, [n2], tokens * up_n * act_b)
             act = add(p + "act", act_op, Elementwise(act_op, tokens * ffn), i, [up], tokens * ffn * act_b)
             down = add(
-                p + "down_proj", "down_proj", lin(hidden, ffn, m.bias), i, [act], tokens * hidden * act_b
+                p + "down_proj", "down_proj", lin(hidden, ffn, m.mlp_bias), i, [act], tokens * hidden * act_b
             )
         if tp > 1:
             down = add(

@@ -40,7 +40,10 @@ class ModelConfig:
     experts: int = 0  # 0: dense FFN
     top_k: int = 0
     tied_embeddings: bool = False
-    bias: bool = False
+    bias: bool = False  # shorthand: biases on every linear (OPT, GPT); the three flags below refine it
+    qkv_bias: bool | None = None  # None: same as `bias` (Qwen2 has q/k/v biases only)
+    o_bias: bool | None = None
+    mlp_bias: bool | None = None
     rope: bool = True
     learned_positions: bool = False
     sliding_window: int | None = None
@@ -68,6 +71,9 @@ class ModelConfig:
             raise CodesignError(f"{where}: top_k={self.top_k} must be in 1..experts={self.experts}")
         if self.sliding_window is not None:
             check_positive_int("sliding_window", self.sliding_window)
+        for f in ("qkv_bias", "o_bias", "mlp_bias"):
+            if getattr(self, f) is None:
+                object.__setattr__(self, f, self.bias)
         if self.known_params is not None:
             # YAML 1.1 reads "6.738e9" (no sign in the exponent) as a string.
             object.__setattr__(self, "known_params", float(self.known_params))
@@ -99,8 +105,8 @@ class ModelConfig:
         s = self.linear_shapes()
         attn = s["qkv_proj"][0] * s["qkv_proj"][1] + s["o_proj"][0] * s["o_proj"][1]
         mlp = s["up_proj"][0] * s["up_proj"][1] + s["down_proj"][0] * s["down_proj"][1]
-        bias_attn = s["qkv_proj"][0] + s["o_proj"][0] if self.bias else 0
-        bias_mlp = s["up_proj"][0] + s["down_proj"][0] if self.bias else 0
+        bias_attn = (s["qkv_proj"][0] if self.qkv_bias else 0) + (s["o_proj"][0] if self.o_bias else 0)
+        bias_mlp = s["up_proj"][0] + s["down_proj"][0] if self.mlp_bias else 0
         norm_params = (1 if self.norm == "rms" else 2) * self.hidden
         if self.experts:
             mlp, bias_mlp = mlp * self.experts, bias_mlp * self.experts
@@ -240,7 +246,11 @@ def load_hf_config(path: str | Path) -> ModelConfig:
                 experts=experts,
                 top_k=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                bias=bool(cfg.get("attention_bias", False)),
+                # Llama/Mistral: attention_bias covers q/k/v/o, mlp_bias the MLP; Qwen2 always has
+                # q/k/v biases and no others (its config has no attention_bias key).
+                qkv_bias=mtype.startswith("qwen2") or bool(cfg.get("attention_bias", False)),
+                o_bias=not mtype.startswith("qwen2") and bool(cfg.get("attention_bias", False)),
+                mlp_bias=bool(cfg.get("mlp_bias", False)),
                 rope=True,
                 sliding_window=cfg.get("sliding_window") or None,
                 source=str(path),

@@ -1,0 +1,495 @@
+"""Operator graph of one LLM step built by tracing a PyTorch model, the second route beside `graph.py`.
+
+`trace_model` runs `torch.export.export` on the model (e.g. a Hugging Face
+`LlamaForCausalLM` with random weights); its graph is a torch.fx graph of aten
+calls, each tagged in `meta["nn_module_stack"]` with the modules that own it.
+`graph_from_module` maps those calls to the same specs, node ids, `op`/`layer`
+attributes and edges as `build_step_graph`. (`torch.fx.symbolic_trace` of a
+transformers 5 Llama fails with "co_varnames is too small" while patching the
+forward's signature; export traces below Python, so it needs no model changes.)
+
+How traced calls become operator nodes:
+- Only calls downstream of the token embedding are the step's dataflow; position
+  ids, causal masks and RoPE cos/sin tables are bookkeeping and are dropped.
+- Views, transposes, dtype casts, expands and slices move no data in a fused
+  kernel: they are transparent, an edge passes through them.
+- A call's node is chosen by its owning module: Embedding, Linear (by its name:
+  q/k/v_proj fuse into `qkv_proj`, gate/up_proj into `up_proj`), RMSNorm or
+  LayerNorm (by name: input_layernorm, post_attention_layernorm, the final norm),
+  the activation module plus the MLP's multiply (`silu_mul`), the attention
+  module's own arithmetic (RoPE) and its `scaled_dot_product_attention`, and the
+  decoder layer's two adds (attention, then FFN residual).
+- The builder's step has parts the forward pass lacks, added by fixed rules:
+  `kv_write` (reads the K and V that reach attention, feeds attention), the
+  all-reduces after o_proj/down_proj when tp > 1, and `sample` after `lm_head`.
+  V reaches attention from `qkv_proj` directly in the trace; the builder's fused
+  QKV tensor passes through RoPE whole (only the q and k slices rotate), so a
+  qkv_proj -> attention/kv_write edge is redrawn from `rope`.
+- Sizes of the step (tokens, sharding over tp, formats, context) come from the
+  arguments, model dimensions from the traced weights and attention inputs.
+  Edge `bytes` are the producer's output size, counted as the builder counts it.
+
+Not mapped (refused with the module's name or the traced call): MoE blocks,
+GPT-2/OPT-style models (Conv1D, learned positions), eager attention (matmul +
+softmax: trace with attn_implementation="sdpa"), and a KV cache inside the trace
+(`trace_model` passes use_cache=False; the cache write is the kv_write rule).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import networkx as nx
+import torch
+
+from codesign.specs import (
+    AllReduce,
+    CodesignError,
+    Elementwise,
+    Embedding,
+    Gemm,
+    KVFormat,
+    KVWrite,
+    Norm,
+    OpSpec,
+    PagedDecodeAttention,
+    PrefillAttention,
+    RoPE,
+    Sampling,
+    WeightFormat,
+    check_choice,
+    check_positive_int,
+    check_positive_ints,
+    dtype_bytes,
+)
+
+PHASES = ("decode", "prefill")
+
+# aten ops that only change a tensor's view, dtype or layout: no operator of their own.
+TRANSPARENT_OPS = frozenset(
+    "view _unsafe_view reshape transpose permute t unsqueeze squeeze expand contiguous clone to _to_copy "
+    "slice select alias detach flatten lift_fresh_copy type_as".split()
+)
+ROPE_OPS = frozenset({"mul", "add", "sub", "neg", "cat"})
+ACT_OPS = frozenset({"silu", "gelu", "relu"})
+LINEAR_ROLES = {
+    "q_proj": "qkv_proj",
+    "k_proj": "qkv_proj",
+    "v_proj": "qkv_proj",
+    "o_proj": "o_proj",
+    "gate_proj": "up_proj",
+    "up_proj": "up_proj",
+    "down_proj": "down_proj",
+    "lm_head": "lm_head",
+}
+NORM_ROLES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "norm": "final_norm"}
+# Module classes by what they are; containers by name suffix (LlamaModel, MistralDecoderLayer, ...).
+LEAF_KINDS = {"Embedding": "embedding", "Linear": "linear", "LayerNorm": "norm", "SiLU": "act"}
+LEAF_SUFFIXES = {"RMSNorm": "norm", "RotaryEmbedding": "rotary", "SiLUActivation": "act"}
+CONTAINER_SUFFIXES = {
+    "ForCausalLM": "top",
+    "Model": "top",
+    "DecoderLayer": "layer",
+    "Attention": "attention",
+    "MLP": "mlp",
+}
+PER_LAYER_OPS = (
+    "attn_norm",
+    "qkv_proj",
+    "attention",
+    "o_proj",
+    "attn_residual",
+    "ffn_norm",
+    "up_proj",
+    "act",
+    "down_proj",
+    "ffn_residual",
+)
+LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+
+
+@dataclass(frozen=True)
+class TracedModel:
+    """A model traced once: its fx graph plus what the trace cannot show (name, limits)."""
+
+    graph: torch.fx.Graph
+    name: str
+    max_context: int | None = None
+    sliding_window: int | None = None
+
+
+@dataclass
+class _Group:
+    """The traced calls that make up one operator node."""
+
+    node: str
+    op: str
+    layer: int | None
+    calls: list[torch.fx.Node] = field(default_factory=list)
+
+
+def _module_kind(cls_name: str, path: str) -> str:
+    short = cls_name.rsplit(".", 1)[-1]
+    if short in LEAF_KINDS:
+        return LEAF_KINDS[short]
+    for table in (LEAF_SUFFIXES, CONTAINER_SUFFIXES):
+        for suffix, kind in table.items():
+            if short.endswith(suffix):
+                return kind
+    raise CodesignError(
+        f"unsupported module type {short} ({cls_name}) at {path!r}: fx_trace maps Embedding, Linear, "
+        "RMSNorm/LayerNorm, SiLU and Llama-style *Model/*DecoderLayer/*Attention/*MLP containers"
+    )
+
+
+def _stack(node: torch.fx.Node) -> list[tuple[str, str]]:
+    """(module path, class name) from outermost to innermost owner of a traced call."""
+    out = []
+    for path, cls in node.meta.get("nn_module_stack", {}).values():
+        path = str(path).replace("L['self'].", "").replace("L['self']", "")
+        path = re.sub(r"\[(\d+)\]", r".\1", path)
+        name = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
+        out.append((path, name))
+    return out
+
+
+def _aten_name(node: torch.fx.Node) -> str:
+    packet = getattr(node.target, "_overloadpacket", None)
+    return packet.__name__ if packet is not None else str(getattr(node.target, "__name__", node.target))
+
+
+def _shape(node: object) -> tuple[int, ...]:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        raise CodesignError(f"traced value {node} has no tensor shape (export the model with torch.export)")
+    return tuple(int(s) for s in val.shape)
+
+
+def trace_model(
+    model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...] | None = None, name: str | None = None
+) -> TracedModel:
+    """Export `model` with torch.export (non-strict) on `example_inputs` (default: token ids [1, 4]).
+
+    Hugging Face models are called with use_cache=False and logits_to_keep=1 (the
+    step's lm_head projects only the last position). The trace's shapes do not
+    matter: the step's sizes come from `graph_from_module`'s arguments.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise CodesignError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if example_inputs is None:
+        example_inputs = (torch.zeros((1, 4), dtype=torch.long),)
+    params = inspect.signature(model.forward).parameters
+    kwargs: dict[str, object] = {}
+    if "use_cache" in params:
+        kwargs["use_cache"] = False
+    if "logits_to_keep" in params:
+        kwargs["logits_to_keep"] = 1
+    cfg = getattr(model, "config", None)
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(model.eval(), tuple(example_inputs), kwargs=kwargs, strict=False)
+    finally:
+        model.train(was_training)
+    return TracedModel(
+        graph=ep.graph_module.graph,
+        name=name or str(getattr(cfg, "name_or_path", "") or type(model).__name__),
+        max_context=getattr(cfg, "max_position_embeddings", None),
+        sliding_window=getattr(cfg, "sliding_window", None) or None,
+    )
+
+
+def _group_calls(graph: torch.fx.Graph) -> tuple[dict[str, _Group], dict[torch.fx.Node, _Group]]:
+    """Assign each data-path call to its operator node; transparent calls map to no group."""
+    embeds = [n for n in graph.nodes if n.op == "call_function" and _aten_name(n) == "embedding"]
+    if not embeds:
+        raise CodesignError("traced graph has no token embedding (aten.embedding); is this a language model?")
+    on_path: set[torch.fx.Node] = set()
+    todo = list(embeds)
+    while todo:
+        n = todo.pop()
+        if n not in on_path:
+            on_path.add(n)
+            todo.extend(n.users)
+    groups: dict[str, _Group] = {}
+    owner: dict[torch.fx.Node, _Group] = {}
+    residuals: dict[int, int] = {}
+    for n in graph.nodes:
+        if n.op != "call_function":
+            continue
+        stack = _stack(n)
+        kinds = [_module_kind(cls, path) for path, cls in stack]  # refuses unknown modules anywhere
+        if n not in on_path or not stack:
+            continue
+        aten = _aten_name(n)
+        if aten in TRANSPARENT_OPS or aten.startswith("_assert"):
+            continue
+        path, cls = stack[-1]
+        kind = kinds[-1]
+        leaf = path.rsplit(".", 1)[-1]
+        m = LAYER_RE.search(path)
+        layer = int(m.group(1)) if m else None
+        op = None
+        if kind == "embedding":
+            op = "embedding"
+        elif kind == "linear":
+            op = LINEAR_ROLES.get(leaf)
+        elif kind == "norm":
+            op = NORM_ROLES.get(leaf)
+        elif kind == "act" or (kind == "mlp" and aten == "mul"):
+            op = "act"
+        elif kind == "attention" and aten == "scaled_dot_product_attention":
+            op = "attention"
+        elif kind == "attention" and aten in ROPE_OPS:
+            op = "rope"
+        elif kind == "layer" and aten == "add":
+            count = residuals[layer] = residuals.get(layer, 0) + 1
+            op = {1: "attn_residual", 2: "ffn_residual"}.get(count)
+        elif kind == "rotary":
+            continue  # cos/sin tables: bookkeeping even when a dtype hint links them to the data
+        if op is None:
+            raise CodesignError(
+                f"traced call aten.{aten} in {cls.rsplit('.', 1)[-1]} {path!r} maps to no operator "
+                "(export with attn_implementation='sdpa'; see fx_trace's module docstring)"
+            )
+        if (layer is None) != (op in ("embedding", "final_norm", "lm_head")):
+            where = "outside the decoder layers" if layer is None else f"inside decoder layer {layer}"
+            raise CodesignError(f"traced {op} at {path!r} is {where}, where a Llama step has none")
+        node_id = {"embedding": "embed"}.get(op, op) if layer is None else f"L{layer}.{op}"
+        grp = groups.setdefault(node_id, _Group(node_id, op, layer))
+        grp.calls.append(n)
+        owner[n] = grp
+    return groups, owner
+
+
+def _producer(arg: torch.fx.Node, owner: dict[torch.fx.Node, _Group]) -> list[_Group]:
+    """Operator nodes whose output reaches `arg` through transparent calls (none for bookkeeping)."""
+    if arg in owner:
+        return [owner[arg]]
+    if arg.op != "call_function" or _aten_name(arg) not in TRANSPARENT_OPS:
+        return []
+    return [g for a in arg.all_input_nodes[:1] for g in _producer(a, owner)]
+
+
+def _edges(groups: dict[str, _Group], owner: dict[torch.fx.Node, _Group]) -> list[tuple[str, str]]:
+    """Operator-level edges from the traced dataflow, with the kv_write and V-through-RoPE rules."""
+    edges: list[tuple[str, str]] = []
+
+    def through_rope(src: _Group, layer: int | None) -> str:
+        if src.op == "qkv_proj" and f"L{layer}.rope" in groups:
+            return f"L{layer}.rope"
+        return src.node
+
+    for grp in groups.values():
+        for call in grp.calls:
+            for arg in call.all_input_nodes:
+                for src in _producer(arg, owner):
+                    if src is grp:
+                        continue
+                    if grp.op == "attention":
+                        edges.append((through_rope(src, grp.layer), grp.node))
+                    else:
+                        edges.append((src.node, grp.node))
+            if grp.op == "attention":
+                kvw = f"L{grp.layer}.kv_write"
+                for arg in call.args[1:3]:  # K and V are what the cache stores
+                    for src in _producer(arg, owner) if isinstance(arg, torch.fx.Node) else []:
+                        edges.append((through_rope(src, grp.layer), kvw))
+                edges.append((kvw, grp.node))
+    seen: dict[tuple[str, str], None] = dict.fromkeys(edges)
+    return list(seen)
+
+
+def _check_acyclic(nodes: Sequence[str], edges: Sequence[tuple[str, str]]) -> None:
+    g = nx.DiGraph(edges)
+    g.add_nodes_from(nodes)
+    if not nx.is_directed_acyclic_graph(g):
+        loop = nx.find_cycle(g)
+        cycle = " -> ".join([a for a, _ in loop] + [loop[0][0]])
+        raise CodesignError(
+            f"traced operator graph has a cycle ({cycle}): the trace is not a step's dataflow"
+        )
+
+
+def _context_lens(context: int | Sequence[int], batch: int, traced: TracedModel) -> tuple[int, ...]:
+    if isinstance(context, int) and not isinstance(context, bool):
+        lens = (check_positive_int("context", context),) * batch
+    else:
+        lens = check_positive_ints("context", context)
+        if len(lens) != batch:
+            raise CodesignError(f"context has {len(lens)} lengths but batch is {batch}")
+    if traced.max_context is not None and max(lens) > traced.max_context:
+        raise CodesignError(
+            f"context {max(lens)} exceeds {traced.name}'s maximum context of {traced.max_context} tokens"
+        )
+    return lens
+
+
+def _divide(name: str, value: int, tp: int) -> int:
+    if value % tp:
+        raise CodesignError(f"tp={tp} must divide the model's {name} ({value})")
+    return value // tp
+
+
+def _linears(grp: _Group) -> dict[str, tuple[int, int, bool]]:
+    """Linear name -> (out_features, in_features, has_bias) from the traced weights."""
+    out = {}
+    for call in grp.calls:
+        leaf = _stack(call)[-1][0].rsplit(".", 1)[-1]
+        n, k = _shape(call.args[1])
+        out[leaf] = (n, k, len(call.args) > 2 and call.args[2] is not None)
+    return out
+
+
+def graph_from_module(
+    model: torch.nn.Module | TracedModel,
+    phase: str = "decode",
+    batch: int = 1,
+    context: int | Sequence[int] = 2048,
+    weight_format: WeightFormat | str = "fp16",
+    kv_format: KVFormat | str = "fp16",
+    tp: int = 1,
+    act_dtype: str = "fp16",
+    block_size: int = 16,
+    example_inputs: tuple[torch.Tensor, ...] | None = None,
+) -> nx.DiGraph:
+    """The operator DAG of one step of a traced model: same contract and node ids as `build_step_graph`.
+
+    `model` is an nn.Module (traced here on `example_inputs`) or a `trace_model`
+    result, reusable across phases and sizes. Raises CodesignError for a module
+    type or traced call it cannot map, or a trace whose operator graph has a cycle.
+    """
+    traced = model if isinstance(model, TracedModel) else trace_model(model, example_inputs)
+    check_choice("phase", phase, PHASES)
+    check_positive_int("batch", batch)
+    check_positive_int("tp", tp)
+    wf = WeightFormat.parse(weight_format) if isinstance(weight_format, str) else weight_format
+    kvf = KVFormat.parse(kv_format) if isinstance(kv_format, str) else kv_format
+    lens = _context_lens(context, batch, traced)
+    groups, owner = _group_calls(traced.graph)
+    edges = _edges(groups, owner)
+    layers = sorted({g.layer for g in groups.values() if g.layer is not None})
+    nodes = list(groups) + [f"L{i}.kv_write" for i in layers]
+    _check_acyclic(nodes, edges)
+    for need in ("embed", "final_norm", "lm_head"):
+        if need not in groups:
+            raise CodesignError(f"traced graph has no {need} (expected a *ForCausalLM model)")
+    if layers != list(range(len(layers))):
+        raise CodesignError(f"traced decoder layers {layers} are not numbered 0..{len(layers) - 1}")
+    for node in [f"L{i}.{op}" for i in layers for op in PER_LAYER_OPS]:
+        if node not in groups:
+            raise CodesignError(f"traced graph has no {node}: the layer lacks a part of a Llama block")
+
+    tokens = batch if phase == "decode" else sum(lens)
+    act_b = dtype_bytes("fp16")
+    lin_act = act_dtype if wf.quantized else "fp16"
+    vocab, hidden = _shape(groups["embed"].calls[0].args[0])
+    norm_kind = {True: "rms", False: "layer"}
+
+    def norm_spec(grp: _Group) -> Norm:
+        cls = _stack(grp.calls[0])[-1][1]
+        return Norm(tokens, hidden, norm_kind[cls.endswith("RMSNorm")])
+
+    g = nx.DiGraph(
+        model=traced.name,
+        phase=phase,
+        batch=batch,
+        context=lens,
+        tp=tp,
+        tokens=tokens,
+        weight_format=wf.name,
+        kv_format=kvf.name,
+    )
+    out_bytes: dict[str, float] = {}
+
+    def add(node: str, op: str, spec: OpSpec, layer: int | None, nbytes: float) -> None:
+        g.add_node(node, spec=spec, op=op, layer=layer, out_bytes=nbytes)
+        out_bytes[node] = nbytes
+
+    add("embed", "embedding", Embedding(tokens, vocab, hidden), None, tokens * hidden * act_b)
+    for i in layers:
+        p = f"L{i}."
+        add(p + "attn_norm", "attn_norm", norm_spec(groups[p + "attn_norm"]), i, tokens * hidden * act_b)
+        qkv = _linears(groups[p + "qkv_proj"])
+        sdpa = next(
+            c for c in groups[p + "attention"].calls if _aten_name(c) == "scaled_dot_product_attention"
+        )
+        hd = _shape(sdpa.args[0])[-1]
+        heads, kv_all = qkv["q_proj"][0] // hd, qkv["k_proj"][0] // hd
+        q_heads = _divide("heads", heads, tp)
+        kv_heads = _divide("kv_heads", kv_all, tp) if kv_all >= tp else 1
+        qkv_n = (q_heads + 2 * kv_heads) * hd
+        bias = any(b for _, _, b in qkv.values())
+        gemm = Gemm(M=tokens, N=qkv_n, K=hidden, weight=wf, act_dtype=lin_act, bias=bias)
+        add(p + "qkv_proj", "qkv_proj", gemm, i, tokens * qkv_n * act_b)
+        if p + "rope" in groups:
+            add(p + "rope", "rope", RoPE(tokens, q_heads, kv_heads, hd), i, tokens * qkv_n * act_b)
+        add(p + "kv_write", "kv_write", KVWrite(tokens, kv_heads, hd, kvf), i, 0)
+        window = traced.sliding_window
+        if phase == "decode":
+            attn: OpSpec = PagedDecodeAttention(
+                q_heads, kv_heads, hd, context_lens=lens, block_size=block_size, kv_format=kvf, window=window
+            )
+        else:
+            attn = PrefillAttention(q_heads, kv_heads, hd, seq_lens=lens, window=window)
+        add(p + "attention", "attention", attn, i, tokens * q_heads * hd * act_b)
+        _, o_k, o_bias = _linears(groups[p + "o_proj"])["o_proj"]
+        o_in = _divide("heads", o_k // hd, tp) * hd
+        o_spec = Gemm(M=tokens, N=hidden, K=o_in, weight=wf, act_dtype=lin_act, bias=o_bias)
+        add(p + "o_proj", "o_proj", o_spec, i, tokens * hidden * act_b)
+        add(
+            p + "attn_residual",
+            "residual_add",
+            Elementwise("add", tokens * hidden),
+            i,
+            tokens * hidden * act_b,
+        )
+        add(p + "ffn_norm", "ffn_norm", norm_spec(groups[p + "ffn_norm"]), i, tokens * hidden * act_b)
+        ups = _linears(groups[p + "up_proj"])
+        _, ffn_all, d_bias = _linears(groups[p + "down_proj"])["down_proj"]
+        ffn = _divide("ffn", ffn_all, tp)
+        up_n = len(ups) * ffn
+        up_bias = any(b for _, _, b in ups.values())
+        up_spec = Gemm(M=tokens, N=up_n, K=hidden, weight=wf, act_dtype=lin_act, bias=up_bias)
+        add(p + "up_proj", "up_proj", up_spec, i, tokens * up_n * act_b)
+        act_names = {_aten_name(c) for c in groups[p + "act"].calls}
+        act_fn = sorted(act_names & ACT_OPS)
+        if len(act_fn) != 1:
+            raise CodesignError(
+                f"traced layer {i} activation calls {sorted(act_names)}: expected one of silu/gelu"
+            )
+        act_op = act_fn[0] + ("_mul" if "mul" in act_names else "")
+        add(p + "act", act_op, Elementwise(act_op, tokens * ffn), i, tokens * ffn * act_b)
+        d_spec = Gemm(M=tokens, N=hidden, K=ffn, weight=wf, act_dtype=lin_act, bias=d_bias)
+        add(p + "down_proj", "down_proj", d_spec, i, tokens * hidden * act_b)
+        add(
+            p + "ffn_residual",
+            "residual_add",
+            Elementwise("add", tokens * hidden),
+            i,
+            tokens * hidden * act_b,
+        )
+    add("final_norm", "final_norm", norm_spec(groups["final_norm"]), None, tokens * hidden * act_b)
+    # Only the last position of each sequence is projected to the vocabulary (fp32 logits).
+    head_vocab, head_k, _ = _linears(groups["lm_head"])["lm_head"]
+    shard = math.ceil(head_vocab / tp)
+    add("lm_head", "lm_head", Gemm(M=batch, N=shard, K=head_k), None, batch * shard * 4)
+    add("sample", "sampling", Sampling(batch, head_vocab), None, batch * 8)
+
+    # Megatron sharding: an all-reduce follows each row-parallel projection and takes over its consumers.
+    redirect: dict[str, str] = {}
+    if tp > 1:
+        for i in layers:
+            for proj, ar in (("o_proj", "attn_all_reduce"), ("down_proj", "ffn_all_reduce")):
+                src, node = f"L{i}.{proj}", f"L{i}.{ar}"
+                add(node, "all_reduce", AllReduce(tokens * hidden, tp), i, tokens * hidden * act_b)
+                g.add_edge(src, node, bytes=out_bytes[src])
+                redirect[src] = node
+    for src, dst in [*edges, ("lm_head", "sample")]:
+        src = redirect.get(src, src)
+        g.add_edge(src, dst, bytes=out_bytes[src])
+    return g
