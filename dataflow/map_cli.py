@@ -31,6 +31,36 @@ def _pins(text: list[str] | None) -> dict[str, str]:
     return out
 
 
+def _tilings(g, target, objective: str) -> list[dict]:
+    """Best tile sizes and loop order of each distinct GEMM of the graph on a design's systolic array."""
+    from codesign.dataflow.targets import DesignTarget
+    from codesign.dataflow.tiling import problem_for, search
+    from codesign.specs import Gemm
+
+    if not isinstance(target, DesignTarget):
+        raise CodesignError(
+            "--tiling needs a design target (the search models a systolic array and its buffers)"
+        )
+    seen, rows = set(), []
+    for _, d in g.nodes(data=True):
+        spec = d["spec"]
+        if not isinstance(spec, Gemm) or spec.M == 0 or (d["op"], spec) in seen:
+            continue
+        seen.add((d["op"], spec))
+        t = search(problem_for(spec, target.design), objective)
+        rows.append(
+            {
+                "op": d["op"],
+                "gemm": f"{spec.M}x{spec.N}x{spec.K}",
+                "tile": f"{t.tm}x{t.tn}x{t.tk}",
+                "order": t.order,
+                "cycles": t.cycles,
+                "dram_mb": t.dram_bytes / 1e6,
+            }
+        )
+    return rows
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="llama-2-7b", help="catalogue name or path to a HF config.json")
     p.add_argument(
@@ -48,6 +78,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, help="write per-op, per-unit and total results as JSON")
     p.add_argument("--trace", type=Path, help="write a Chrome-trace/Perfetto timeline (JSON)")
     p.add_argument("--plot", type=Path, help="write a Gantt chart (PNG)")
+    p.add_argument(
+        "--tiling",
+        action="store_true",
+        help="also search tile sizes and loop order for each distinct GEMM (design targets)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,8 +100,16 @@ def run(args: argparse.Namespace) -> int:
     check_fits(g, target.memory_capacity_bytes(), target.name)
     s = schedule(g, target, objective=args.objective, pins=_pins(args.pin))
     print(format_report(s))
+    tilings = _tilings(g, target, args.objective) if args.tiling else []
+    for row in tilings:
+        print(
+            f"  {row['op']:<10} {row['gemm']:<22} tile {row['tile']:<16} order {row['order']}  "
+            f"{row['cycles']:.0f} cycles, {row['dram_mb']:.2f} MB DRAM"
+        )
     if args.json:
-        write_json_atomic({"totals": totals(s), "per_op": per_op(s), "per_unit": per_unit(s)}, args.json)
+        write_json_atomic(
+            {"totals": totals(s), "per_op": per_op(s), "per_unit": per_unit(s), "tilings": tilings}, args.json
+        )
         print(f"wrote {args.json}")
     if args.trace:
         write_json_atomic(chrome_trace(s), args.trace)

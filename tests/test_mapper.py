@@ -144,3 +144,29 @@ def test_map_cli(tmp_path, capsys):
     assert main(["map", "--design", "rtx-4090", "--model", "llama-2-70b"]) == 2
     assert main(["map", "--pin", "attention"]) == 2
     assert main(["map", "--design", "no_such_design"]) == 2
+
+
+def test_map_cli_tiling(tmp_path, capsys):
+    assert (
+        main(
+            [
+                "map",
+                "--design",
+                "tpu_like",
+                "--model",
+                "llama-2-7b",
+                "--batch",
+                "4",
+                "--context",
+                "256",
+                "--tiling",
+                "--json",
+                str(tmp_path / "m.json"),
+            ]
+        )
+        == 0
+    )
+    rows = json.loads((tmp_path / "m.json").read_text())["tilings"]
+    assert {r["op"] for r in rows} >= {"qkv_proj", "o_proj", "up_proj", "down_proj", "lm_head"}
+    assert "order" in capsys.readouterr().out
+    assert main(["map", "--design", "h100-sxm", "--tiling"]) == 2
