@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numba
 import numpy as np
@@ -329,6 +329,13 @@ def dram_preset(name: str, units: int = 1) -> DRAMSpec:
     """The preset `name` (HBM2, HBM2e, HBM3, LPDDR5, DDR5) with `units` stacks / devices."""
     check_choice("memory preset", name, PRESETS)
     check_positive_int("memory units", units)
+    return _preset(name, int(units))
+
+
+@lru_cache(maxsize=256)
+def _preset(name: str, units: int) -> DRAMSpec:
+    # One frozen spec per (preset, units): designs share it, and with it the cycle table (`_cyc`) that
+    # stream_access reads, instead of re-validating and re-deriving both for every design built.
     return replace(PRESETS[name], units=units)
 
 

@@ -376,6 +376,44 @@ def _all_reduce(acc: _Acc, spec: AllReduce) -> Result:
     return acc.result(spec, "link")
 
 
+# Design fields every cost reads (DRAM time and energy, NoC energy, clock, SRAM buffers, energy model).
+_ALWAYS = ("node_nm", "clock_ghz", "memory", "sram", "links")
+
+
+def design_fields_read(has_pim: bool, pim_gemv_max_batch: int, spec: OpSpec) -> tuple[str, ...]:
+    """Names of the `Design` fields `evaluate(design, spec)` can read, for a design with/without PIM.
+
+    Contract: two designs equal on these fields give equal `evaluate` results for `spec` (the name and
+    source never enter a result). Kept next to the dispatch below: a cost function that starts reading
+    another unit must add it here (tests/test_explore_speed.py compares against uncached evaluation).
+    """
+    if isinstance(spec, Gemm):
+        if has_pim and 0 < spec.M <= pim_gemv_max_batch:  # may take the PIM GEMV path (host ops on vector)
+            return (*_ALWAYS, "systolic", "vector", "pim", "pim_gemv_max_batch")
+        return (*_ALWAYS, "systolic")
+    if isinstance(spec, PagedDecodeAttention):
+        if has_pim and pim_model.supports(spec):  # the PIM path: PIM units plus host vector work only
+            return (*_ALWAYS, "vector", "pim")
+        # Arrays or vector lanes; the KV-quant engines only dequantize a quantized cache.
+        return (
+            (*_ALWAYS, "systolic", "vector", "kv_quant")
+            if spec.kv_format.quantized
+            else (*_ALWAYS, "systolic", "vector")
+        )
+    if isinstance(spec, PrefillAttention | PagedExtendAttention | TreeAttention):
+        return (*_ALWAYS, "systolic", "vector", "kv_quant")
+    if isinstance(spec, KVWrite | KVDequantize):
+        return (*_ALWAYS, "vector", "kv_quant")
+    if isinstance(spec, MoERouter):
+        return (*_ALWAYS, "systolic", "vector")
+    if isinstance(spec, Embedding):
+        return _ALWAYS
+    if isinstance(spec, Norm | Softmax | RoPE | Elementwise | Sampling | AllReduce):
+        return (*_ALWAYS, "vector")
+    # Unknown operators: every field (evaluate raises for them anyway).
+    return (*_ALWAYS, "systolic", "vector", "kv_quant", "pim", "pim_gemv_max_batch")
+
+
 def evaluate(design: Design, spec: OpSpec) -> Result:
     """Cost of `spec` on `design` (placement and timing rules in the module docstring)."""
     acc = _Acc(design)

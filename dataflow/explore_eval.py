@@ -15,14 +15,17 @@ a few unique `evaluate` calls.
 
 from __future__ import annotations
 
+import bisect
+import copy
 import functools
+import itertools
+import json
 import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from codesign.dataflow.explore_space import point_key
 from codesign.dataflow.graph import build_step_graph
 from codesign.dataflow.reports import resident_bytes
 from codesign.dataflow.serving import load_azure_trace, simulate, synthetic_trace
@@ -68,6 +71,7 @@ DEFAULT_WORKLOADS = (
     "trace:synthetic:1000:40",
 )
 
+
 def capacity_bytes(design) -> float:
     """Device memory of a design (its DRAM preset's capacity per unit x units)."""
     return design.memory.capacity_gb * 1e9
@@ -111,7 +115,30 @@ def _kv_bytes_per_token(model: str, kvf: str) -> float:
 
 
 def _interp(xs: list[int], ys: list[float], x: float) -> float:
-    return float(np.interp(x, xs, ys)) if x <= xs[-1] else ys[-1] * x / xs[-1]
+    """Piecewise-linear in xs (increasing), linear through the origin beyond the last point.
+
+    Up to xs[-1] this is `float(np.interp(x, xs, ys))` operation for operation (numpy's scalar
+    kernel: y[j] at a knot or left of xs[0], else slope*(x - x[j]) + y[j] with slope from the segment
+    and a retry from the right end on NaN), without numpy's per-call array overhead: the serving
+    simulator calls it once per decode iteration. tests/test_explore_speed.py checks bit equality.
+    """
+    if x > xs[-1]:
+        return ys[-1] * x / xs[-1]
+    if x != x:
+        return float(x)
+    if x <= xs[0]:
+        return float(ys[0])
+    j = bisect.bisect_right(xs, x) - 1
+    if j == len(xs) - 1 or x == xs[j]:
+        return float(ys[j])
+    x0, x1, y0, y1 = float(xs[j]), float(xs[j + 1]), float(ys[j]), float(ys[j + 1])
+    slope = (y1 - y0) / (x1 - x0)
+    r = slope * (float(x) - x0) + y0
+    if r != r:  # NaN: numpy tries from the right end, then a flat segment's value
+        r = slope * (float(x) - x1) + y1
+        if r != r and y0 == y1:
+            r = y0
+    return r
 
 
 def _serve(
@@ -140,8 +167,13 @@ def _serve(
     ps = [128, 512, 2048, 8192]
     pre = [step_cost(target, model, "prefill", 1, min(p, 8192), fmt)["seconds"] for p in ps]
 
+    coef: dict[int, tuple[float, float]] = {}  # batch -> (fixed, per-token): the simulator repeats batches
+
     def decode_time(b: int, ctx: int) -> float:
-        return _interp(bs, fixed, b) + _interp(bs, per_tok, b) * ctx
+        c = coef.get(b)
+        if c is None:
+            c = coef[b] = (_interp(bs, fixed, b), _interp(bs, per_tok, b))
+        return c[0] + c[1] * ctx
 
     def prefill_time(tokens: int) -> float:
         return _interp(ps, pre, tokens)
@@ -151,12 +183,49 @@ def _serve(
     }
 
 
-def point_target(space, point: dict[str, Any]):
-    """The DesignTarget of a point. Reuse it across a point's workloads: it caches operator costs."""
+def point_target(space, point: dict[str, Any], fast: bool = True):
+    """The DesignTarget of a point. Reuse it across a point's workloads: it caches operator costs.
+
+    fast=True builds each distinct design once per process (format parameters do not change the
+    design, only its name) and shares operator costs across targets (`DesignTarget` docstring);
+    fast=False is the reference path: validate the point's design mapping and evaluate every operator.
+    """
     from codesign.accel_model.design import design_from_dict
     from codesign.dataflow.targets import DesignTarget
 
-    return DesignTarget(design_from_dict(space.design_dict(point), "point"))
+    if not fast:
+        return DesignTarget(design_from_dict(space.design_dict(point), "point"), shared_cache=False)
+    dparams = {k: v for k, v in point.items() if not k.startswith("format.")}
+    key = (_space_token(space), json.dumps(dparams, sort_keys=True, default=str))
+    hit = _DESIGNS.get(key)
+    if hit is None:
+        if len(_DESIGNS) >= 4096:
+            _DESIGNS.clear()
+        hit = _DESIGNS[key] = (design_from_dict(space.design_dict(dparams), "point"), {})
+    design, tokens = hit
+    # The name is the one thing the format parameters change (Space.design_dict names by point key).
+    name = f"{space.base.get('name', 'design')}-{point_key(point)[:8]}"
+    if design.name != name:
+        # A shallow copy keeps the validated sub-specs and cached properties (none depends on the name).
+        design = copy.copy(design)
+        object.__setattr__(design, "name", name)
+    return DesignTarget(design, tokens=tokens)
+
+
+_DESIGNS: dict[tuple[int, str], Any] = {}  # (space token, design parameters) -> (Design, its cost tokens)
+_SPACES: dict[int, tuple[Any, int]] = {}  # id(space) -> (space, token); holding the space keeps ids unique
+
+
+def _space_token(space) -> int:
+    hit = _SPACES.get(id(space))
+    if hit is None or hit[0] is not space:
+        if len(_SPACES) >= 256:
+            _SPACES.clear()  # tokens are never reused, so stale _DESIGNS entries just go unused
+        hit = _SPACES[id(space)] = (space, next(_SPACE_IDS))
+    return hit[1]
+
+
+_SPACE_IDS = itertools.count()
 
 
 def evaluate_point(space, point: dict[str, Any], workload: str, model: str, target=None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from dataclasses import dataclass, field
 
 from codesign.catalog.gpus import GPUSpec, list_gpus, load_gpu
@@ -80,15 +81,34 @@ class GPUTarget:
 
 
 class DesignTarget:
-    """A simulated accelerator design from accel_model."""
+    """A simulated accelerator design from accel_model.
+
+    `shared_cache=True` (the default) looks placements up in a process-wide cache keyed by the parts of
+    the design `evaluate` reads for the operator (`accel_model.evaluate.design_fields_read`), so designs
+    that differ only in units an operator never touches (PIM for a norm, the array for a KV write, the
+    name) share its cost. The numbers are the same as with `shared_cache=False`, which calls `evaluate`
+    for every (variant, operator) as the reference path; tests/test_explore_speed.py checks equality.
+    """
 
     kind = "design"
 
-    def __init__(self, design):  # accel_model.design.Design
-        self.design = design
+    def __init__(self, design, shared_cache: bool = True, tokens: dict | None = None):
+        self.design = design  # accel_model.design.Design
         self.name = design.name
-        self._no_pim = dataclasses.replace(design, pim=None, pim_gemv_max_batch=0) if design.pim else None
-        self._no_kvq = dataclasses.replace(design, kv_quant=None) if design.kv_quant else None
+        self.shared_cache = shared_cache
+        # (variant index, fields read) -> interned cost key. Targets of designs equal in every field but
+        # the name may pass one dict (explore_eval.point_target does), so keys are hashed once per design.
+        self._tokens: dict[tuple, int] = {} if tokens is None else tokens
+
+    @functools.cached_property
+    def _no_pim(self):
+        d = self.design
+        return dataclasses.replace(d, pim=None, pim_gemv_max_batch=0) if d.pim else None
+
+    @functools.cached_property
+    def _no_kvq(self):
+        d = self.design
+        return dataclasses.replace(d, kv_quant=None) if d.kv_quant else None
 
     def units(self) -> dict[str, int]:
         d = self.design
@@ -102,38 +122,94 @@ class DesignTarget:
     def memory_capacity_bytes(self) -> float:
         return self.design.memory.capacity_gb * 1e9
 
+    def _variant_ids(self, spec: OpSpec) -> list[int]:
+        """0: the design; 1: without PIM; 2: without KV-quant engines (for the operators those units take)."""
+        d = self.design
+        out = [0]
+        if d.pim and isinstance(spec, _PIM_OPS):
+            out.append(1)
+        if d.kv_quant and isinstance(spec, _KVQ_OPS):
+            out.append(2)
+        return out
+
+    def _variant(self, i: int):
+        return (self.design, self._no_pim, self._no_kvq)[i]
+
     def _variants(self, spec: OpSpec) -> list:
         """The design, plus the design without PIM / KV-quant engines for the operators those units take."""
-        out = [self.design]
-        if self._no_pim is not None and isinstance(spec, _PIM_OPS):
-            out.append(self._no_pim)
-        if self._no_kvq is not None and isinstance(spec, _KVQ_OPS):
-            out.append(self._no_kvq)
-        return out
+        return [self._variant(i) for i in self._variant_ids(spec)]
+
+    def _token(self, i: int, spec: OpSpec) -> int:
+        """Interned key of (the fields of variant i that evaluate(variant, spec) reads)."""
+        from codesign.accel_model.evaluate import design_fields_read
+
+        d = self.design
+        # Variant fields without building the variant: 1 drops PIM, 2 drops the KV-quant engines.
+        pim, gemv, kvq = d.pim, d.pim_gemv_max_batch, d.kv_quant
+        if i == 1:
+            pim, gemv = None, 0
+        elif i == 2:
+            kvq = None
+        fields = design_fields_read(pim is not None, gemv, spec)
+        tk = self._tokens.get((i, fields))
+        if tk is None:
+            view = {"pim": pim, "pim_gemv_max_batch": gemv, "kv_quant": kvq}
+            key = (fields, tuple(view[f] if f in view else getattr(d, f) for f in fields))
+            tk = _COST_KEYS.get(key)
+            if tk is None:
+                tk = _COST_KEYS[key] = next(_TOKENS)
+            self._tokens[(i, fields)] = tk
+        return tk
+
+    def _placement(self, v, spec: OpSpec) -> Placement:
+        from codesign.accel_model.evaluate import evaluate
+
+        r = evaluate(v, spec)
+        unit = "dram" if r.unit in ("dram", "memory") else r.unit
+        # PIM computes inside the DRAM: the channels are unavailable to others meanwhile.
+        peak = self.design.memory.peak_gbps * 1e9
+        dram_s = r.seconds if unit == "pim" else min(r.seconds, r.traffic.get("dram", 0.0) / peak)
+        return Placement(
+            unit,
+            r.seconds,
+            dram_s,
+            r.energy_total_pj * 1e-12,
+            dict(r.traffic),
+            r.bound,
+            {k: v * 1e-12 for k, v in r.energy_pj.items()},
+        )
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019
     def candidates(self, spec: OpSpec) -> tuple[Placement, ...]:
-        from codesign.accel_model.evaluate import evaluate
-
-        peak = self.design.memory.peak_gbps * 1e9
         out: dict[str, Placement] = {}
-        for v in self._variants(spec):
-            r = evaluate(v, spec)
-            unit = "dram" if r.unit in ("dram", "memory") else r.unit
-            # PIM computes inside the DRAM: the channels are unavailable to others meanwhile.
-            dram_s = r.seconds if unit == "pim" else min(r.seconds, r.traffic.get("dram", 0.0) / peak)
-            p = Placement(
-                unit,
-                r.seconds,
-                dram_s,
-                r.energy_total_pj * 1e-12,
-                dict(r.traffic),
-                r.bound,
-                {k: v * 1e-12 for k, v in r.energy_pj.items()},
-            )
-            if unit not in out or p.seconds < out[unit].seconds:
-                out[unit] = p
+        for i in self._variant_ids(spec):
+            if self.shared_cache:
+                key = (self._token(i, spec), spec)
+                p = _PLACEMENTS.get(key)
+                if p is None:
+                    p = self._placement(self._variant(i), spec)
+                    if len(_PLACEMENTS) >= _MAX_PLACEMENTS:
+                        _PLACEMENTS.clear()
+                    _PLACEMENTS[key] = p
+            else:
+                p = self._placement(self._variant(i), spec)
+            if p.unit not in out or p.seconds < out[p.unit].seconds:
+                out[p.unit] = p
         return tuple(out.values())
+
+
+# Process-wide caches of the shared path: cost key -> token, and (token, spec) -> Placement. Placements
+# are frozen and shared read-only, as the per-target lru_cache already shared them between callers.
+_COST_KEYS: dict[tuple, int] = {}
+_TOKENS = itertools.count()  # never reused, so targets holding old tokens stay correct after a clear
+_PLACEMENTS: dict[tuple, Placement] = {}
+_MAX_PLACEMENTS = 50_000  # ~1-2 kB each (traffic and energy dicts)
+
+
+def clear_shared_cache() -> None:
+    """Forget every shared placement (benchmarks measure cold sweeps with it)."""
+    _PLACEMENTS.clear()
+    _COST_KEYS.clear()
 
 
 def make_target(name: str):
