@@ -14,4 +14,12 @@ from codesign.kernels.quant_linear import (
     quantize_,
 )
 
-__all__ = ["LosslessBF16Config", "FP8Config", "QuantLinear", "W4A16Config", "W8A8Config", "W8A16Config", "quantize_"]
+__all__ = [
+    "LosslessBF16Config",
+    "FP8Config",
+    "QuantLinear",
+    "W4A16Config",
+    "W8A8Config",
+    "W8A16Config",
+    "quantize_",
+]

@@ -276,7 +276,9 @@ def test_ray_engine_matches_inline(tmp_path, monkeypatch):
         a = ResultStore(tmp_path / "a.sqlite", version="x")
         b = ResultStore(tmp_path / "b.sqlite", version="x")
         run_sweep(s, "llama-3-8b", WL[:1], make_strategy("grid", s, None), a, engine="inline", progress=False)
-        st = run_sweep(s, "llama-3-8b", WL[:1], make_strategy("grid", s, None), b, engine="ray", progress=False)
+        st = run_sweep(
+            s, "llama-3-8b", WL[:1], make_strategy("grid", s, None), b, engine="ray", progress=False
+        )
         assert st.evaluated == 8
         ra = {(r["point_key"], r["workload"]): r["metrics"] for r in a.rows()}
         rb = {(r["point_key"], r["workload"]): r["metrics"] for r in b.rows()}

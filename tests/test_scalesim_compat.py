@@ -175,6 +175,29 @@ def test_bandwidth_limited_stalls_match_scalesim(tmp_path, df, kind):
         assert (tmp_path / "ours" / name).read_text() == expected[name], (name, case)
 
 
+@needs_scalesim
+@pytest.mark.parametrize("draw", [0, 1])
+@pytest.mark.parametrize("df", ["os", "ws", "is"])
+def test_bandwidth_limited_random_gemms_match_scalesim(tmp_path, df, draw):
+    """More USER-mode GEMMs, freshly drawn per run (CODESIGN_SEED): ragged last folds, R != C, 1-10
+    words/cycle, SRAMs of 1-3 KB that the operands outgrow; every report byte for byte."""
+    rows = [
+        f"r{i}, {random.randint(17, 56)}, {random.randint(17, 56)}, {random.randint(17, 56)},\n"
+        for i in range(2)
+    ]
+    topo = "Layer, M, N, K,\n" + "".join(rows)
+    case = dict(
+        R=random.choice([3, 4, 6, 8, 16]), C=random.choice([2, 5, 7, 8, 16]), df=df, topo=topo,
+        ik=random.randint(1, 3), fk=random.randint(1, 3), ok=random.randint(1, 3),
+        mode="USER", bw=random.choice([1, 2, 3, 4, 5, 10]), banks=1,
+    )  # fmt: skip
+    paths = _write_inputs(tmp_path, **case)
+    expected = _run_scalesim(tmp_path, "gemm")
+    assert _codesign_sim(paths, tmp_path / "ours") == 0
+    for name in REPORTS:
+        assert (tmp_path / "ours" / name).read_text() == expected[name], (name, case)
+
+
 def test_user_mode_needs_bank_bandwidth_divisible_by_banks(tmp_path, capsys):
     paths = _write_inputs(tmp_path, mode="USER", bw=7, banks=2)
     assert _codesign_sim(paths, tmp_path / "out") == 2

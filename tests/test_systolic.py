@@ -1,6 +1,7 @@
 """Systolic-array model: fold cycles against SCALE-Sim's look-up tables and its own demand matrices,
 functional int8/int4 GEMM bit-exact against numpy, the write-buffer drain model against SCALE-Sim's
-class, Gemm-spec costing, and bad input."""
+class, the closed-form ofmap row counts and USER-mode read walk against brute force, Gemm-spec costing,
+and bad input."""
 
 from __future__ import annotations
 
@@ -13,16 +14,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from codesign.accel_model.scalesim_geometry import (
+    _box_pairs,
+    _box_pairs_reaching,
+    _geometry,
+    _OfmapRows,
+    _operand_stream,
+)
+from codesign.accel_model.scalesim_memory import (
+    _insertions,
+    _insertions_gemm,
+    _simulate_write_buffer,
+    _user_read_buffer,
+)
 from codesign.accel_model.systolic import (
     Layer,
     MemoryConfig,
     SystolicArray,
-    _geometry,
-    _insertions,
-    _insertions_gemm,
-    _OfmapRows,
-    _operand_stream,
-    _simulate_write_buffer,
     compute_cycles,
     fold_cycles,
     functional_gemm,
@@ -286,3 +294,68 @@ def test_gemm_read_window_walk_equals_request_replay():
             first, later = random.randint(1, 200), random.randint(1, 200)
             replay = _insertions(*_operand_stream(g, which, layer.ifmap, layer.filt), first, later)
             assert _insertions_gemm(g, which, first, later) == replay, (M, N, K, R, C, df, which)
+
+
+def test_gemm_user_read_walk_equals_request_scan():
+    """USER mode: the per-fold GEMM walk of SCALE-Sim's circular read window (scalesim_user_gemm.py)
+    gives the same fetch events, DRAM reads and stop cycle as scanning every request's set (the path conv
+    layers take; both are checked against SCALE-Sim in the compat tests). Small SRAMs make it miss."""
+    with_events = 0
+    for _ in range(150):
+        M, N, K = (random.randint(1, 90) for _ in range(3))
+        R, C, df = random.randint(1, 17), random.randint(1, 17), random.choice(["os", "ws", "is"])
+        g = _geometry(*operand_mapping(M, N, K, df), R, C, df)
+        layer = Layer.gemm(M, N, K)
+        for which in ("ifmap", "filter"):
+            size, bw = random.randint(100, 3000), random.choice([1, 2, 3, 5, 10])
+            try:
+                scan = _user_read_buffer(g, which, layer, size, bw, scan=True)
+            except CodesignError as e:  # SCALE-Sim would loop forever: both must say so
+                with pytest.raises(CodesignError, match="never reaches"):
+                    _user_read_buffer(g, which, layer, size, bw)
+                assert "never reaches" in str(e)
+                continue
+            walk = _user_read_buffer(g, which, layer, size, bw)
+            assert walk == scan, (M, N, K, R, C, df, which, size, bw)
+            with_events += bool(scan.events)
+    assert with_events > 50, "the draw should make most operands miss"
+
+
+def test_ofmap_row_counts_closed_form_equal_enumeration():
+    """_OfmapRows' closed forms (per fold kind) equal counting every ofmap write's demand row: fold f
+    writes an a x cu block skewed by column from local row `start` (os: a = rows used, start = T - 1 +
+    R - a; ws/is: a = T, start = 2R - 1), as SCALE-Sim's ofmap demand matrices place them."""
+    for _ in range(40):
+        M, N, K = (random.randint(1, 40) for _ in range(3))
+        R, C, df = random.randint(1, 9), random.randint(1, 9), random.choice(["os", "ws", "is"])
+        g = _geometry(*operand_mapping(M, N, K, df), R, C, df)
+        counts = np.zeros(g.folds * g.L, dtype=np.int64)
+        for fc in range(g.col_folds):
+            for fr in range(g.row_folds):
+                ru, cu = g.used(fr, fc)
+                a, start = (ru, g.T - 1 + R - ru) if df == "os" else (g.T, 2 * R - 1)
+                base = (fc * g.row_folds + fr) * g.L + start
+                for p in range(a):
+                    counts[base + p : base + p + cu] += 1
+        through = np.cumsum(counts)
+        rows = _OfmapRows(g)
+        assert rows.total == through[-1] == M * N * (1 if df == "os" else g.row_folds)
+        picks = random.sample(range(-1, rows.nrows + 2), min(rows.nrows + 3, 60))
+        for r in picks:
+            assert rows.through(r) == (0 if r < 0 else int(through[min(r, rows.nrows - 1)])), r
+        for x in random.sample(range(1, rows.total + 1), min(rows.total, 60)):
+            assert rows.first_row_reaching(x) == int(np.searchsorted(through, x)), x
+        assert rows.first_row_reaching(rows.total + 1) == rows.nrows
+
+
+def test_box_pair_counts_and_inverse_exhaustive():
+    """_box_pairs(n, a, b) = #{(p, q) in [0, a) x [0, b): p + q < n} (the cumulative writes of a skewed
+    block) and _box_pairs_reaching(x) = the smallest n reaching x, by enumeration for all small boxes."""
+    for a in range(1, 13):
+        for b in range(1, 13):
+            sums = [p + q for p in range(a) for q in range(b)]
+            for n in range(-2, a + b + 2):
+                assert _box_pairs(n, a, b) == sum(s < n for s in sums), (n, a, b)
+            for x in range(1, a * b + 1):
+                n = _box_pairs_reaching(x, a, b)
+                assert _box_pairs(n, a, b) >= x > _box_pairs(n - 1, a, b), (x, a, b, n)
