@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import torch
 
+from codesign.dataflow.graph import PHASES, context_lens, tp_divide
 from codesign.specs import (
     AllReduce,
     CodesignError,
@@ -63,11 +64,8 @@ from codesign.specs import (
     WeightFormat,
     check_choice,
     check_positive_int,
-    check_positive_ints,
     dtype_bytes,
 )
-
-PHASES = ("decode", "prefill")
 
 # aten ops that only change a tensor's view, dtype or layout: no operator of their own.
 TRANSPARENT_OPS = frozenset(
@@ -315,26 +313,6 @@ def _check_acyclic(nodes: Sequence[str], edges: Sequence[tuple[str, str]]) -> No
         )
 
 
-def _context_lens(context: int | Sequence[int], batch: int, traced: TracedModel) -> tuple[int, ...]:
-    if isinstance(context, int) and not isinstance(context, bool):
-        lens = (check_positive_int("context", context),) * batch
-    else:
-        lens = check_positive_ints("context", context)
-        if len(lens) != batch:
-            raise CodesignError(f"context has {len(lens)} lengths but batch is {batch}")
-    if traced.max_context is not None and max(lens) > traced.max_context:
-        raise CodesignError(
-            f"context {max(lens)} exceeds {traced.name}'s maximum context of {traced.max_context} tokens"
-        )
-    return lens
-
-
-def _divide(name: str, value: int, tp: int) -> int:
-    if value % tp:
-        raise CodesignError(f"tp={tp} must divide the model's {name} ({value})")
-    return value // tp
-
-
 def _linears(grp: _Group) -> dict[str, tuple[int, int, bool]]:
     """Linear name -> (out_features, in_features, has_bias) from the traced weights."""
     out = {}
@@ -369,7 +347,7 @@ def graph_from_module(
     check_positive_int("tp", tp)
     wf = WeightFormat.parse(weight_format) if isinstance(weight_format, str) else weight_format
     kvf = KVFormat.parse(kv_format) if isinstance(kv_format, str) else kv_format
-    lens = _context_lens(context, batch, traced)
+    lens = context_lens(context, batch, traced.max_context, traced.name)
     groups, owner = _group_calls(traced.graph)
     edges = _edges(groups, owner)
     layers = sorted({g.layer for g in groups.values() if g.layer is not None})
@@ -420,8 +398,8 @@ def graph_from_module(
         )
         hd = _shape(sdpa.args[0])[-1]
         heads, kv_all = qkv["q_proj"][0] // hd, qkv["k_proj"][0] // hd
-        q_heads = _divide("heads", heads, tp)
-        kv_heads = _divide("kv_heads", kv_all, tp) if kv_all >= tp else 1
+        q_heads = tp_divide("heads", heads, tp)
+        kv_heads = tp_divide("kv_heads", kv_all, tp) if kv_all >= tp else 1
         qkv_n = (q_heads + 2 * kv_heads) * hd
         bias = any(b for _, _, b in qkv.values())
         gemm = Gemm(M=tokens, N=qkv_n, K=hidden, weight=wf, act_dtype=lin_act, bias=bias)
@@ -438,7 +416,7 @@ def graph_from_module(
             attn = PrefillAttention(q_heads, kv_heads, hd, seq_lens=lens, window=window)
         add(p + "attention", "attention", attn, i, tokens * q_heads * hd * act_b)
         _, o_k, o_bias = _linears(groups[p + "o_proj"])["o_proj"]
-        o_in = _divide("heads", o_k // hd, tp) * hd
+        o_in = tp_divide("heads", o_k // hd, tp) * hd
         o_spec = Gemm(M=tokens, N=hidden, K=o_in, weight=wf, act_dtype=lin_act, bias=o_bias)
         add(p + "o_proj", "o_proj", o_spec, i, tokens * hidden * act_b)
         add(
@@ -451,7 +429,7 @@ def graph_from_module(
         add(p + "ffn_norm", "ffn_norm", norm_spec(groups[p + "ffn_norm"]), i, tokens * hidden * act_b)
         ups = _linears(groups[p + "up_proj"])
         _, ffn_all, d_bias = _linears(groups[p + "down_proj"])["down_proj"]
-        ffn = _divide("ffn", ffn_all, tp)
+        ffn = tp_divide("ffn", ffn_all, tp)
         up_n = len(ups) * ffn
         up_bias = any(b for _, _, b in ups.values())
         up_spec = Gemm(M=tokens, N=up_n, K=hidden, weight=wf, act_dtype=lin_act, bias=up_bias)

@@ -44,21 +44,23 @@ from codesign.specs import (
 PHASES = ("decode", "prefill")
 
 
-def _context_lens(context: int | Sequence[int], batch: int, model: ModelConfig) -> tuple[int, ...]:
+def context_lens(
+    context: int | Sequence[int], batch: int, max_context: int | None, name: str
+) -> tuple[int, ...]:
+    """Per-sequence context lengths from one int or a sequence, checked against the batch and `max_context`."""
     if isinstance(context, int) and not isinstance(context, bool):
         lens = (check_positive_int("context", context),) * batch
     else:
         lens = check_positive_ints("context", context)
         if len(lens) != batch:
             raise CodesignError(f"context has {len(lens)} lengths but batch is {batch}")
-    if max(lens) > model.max_context:
-        raise CodesignError(
-            f"context {max(lens)} exceeds {model.name}'s maximum context of {model.max_context} tokens"
-        )
+    if max_context is not None and max(lens) > max_context:
+        raise CodesignError(f"context {max(lens)} exceeds {name}'s maximum context of {max_context} tokens")
     return lens
 
 
-def _divide(name: str, value: int, tp: int) -> int:
+def tp_divide(name: str, value: int, tp: int) -> int:
+    """value / tp, refusing a tensor-parallel degree that does not divide the model dimension."""
     if value % tp:
         raise CodesignError(f"tp={tp} must divide the model's {name} ({value})")
     return value // tp
@@ -82,11 +84,11 @@ def build_step_graph(
     check_positive_int("tp", tp)
     wf = WeightFormat.parse(weight_format) if isinstance(weight_format, str) else weight_format
     kvf = KVFormat.parse(kv_format) if isinstance(kv_format, str) else kv_format
-    lens = _context_lens(context, batch, m)
-    q_heads = _divide("heads", m.heads, tp)
+    lens = context_lens(context, batch, m.max_context, m.name)
+    q_heads = tp_divide("heads", m.heads, tp)
     # KV heads replicate when tp exceeds them (vLLM's rule): each rank keeps at least one.
-    kv_heads = _divide("kv_heads", m.kv_heads, tp) if m.kv_heads >= tp else 1
-    ffn = _divide("ffn", m.ffn, tp)
+    kv_heads = tp_divide("kv_heads", m.kv_heads, tp) if m.kv_heads >= tp else 1
+    ffn = tp_divide("ffn", m.ffn, tp)
     hd, hidden = m.head_dim, m.hidden
     tokens = batch if phase == "decode" else sum(lens)
     act_b = dtype_bytes("fp16")
