@@ -252,6 +252,10 @@ def write_report(
         f"<h1>Design-space exploration: {html.escape(model)}</h1>"
         f"<p>{summary['points']} design points, {summary['results']} results; workloads: "
         f"{html.escape(', '.join(workloads))}; constraints: {html.escape(str(constraints))}</p>"
+        "<p><i>Areas: a design's area counts its arrays, SRAM buffers and vector/KV-quant lanes only (no PHY, "
+        "I/O or controllers; 45 nm figures scaled by (node/45)^2, optimistic at 7 nm), while the GPU points "
+        "use the whole die: compare shapes of fronts, not absolute mm^2. GPU energy is TDP x time, an upper "
+        "bound.</i></p>"
         f"<h2>Findings</h2><ul>{finds}</ul>{figs}{tables}</body></html>"
     )
     tmp = out_dir / "report.html.tmp"
