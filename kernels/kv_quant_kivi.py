@@ -22,14 +22,12 @@ import torch
 
 from codesign.backend import resolve_backend
 from codesign.kernels import kv_quant as kvq
-from codesign.kernels.kv_quant_paged import IN_DTYPES
+from codesign.kernels.kv_quant_paged import IN_DTYPES, prepare_attention
 from codesign.kernels.paged_attention import (
-    _resolve_common,
-    check_attention_inputs,
     check_backend_dtype,
     paged_attention_torch,
 )
-from codesign.kernels.tree_attention import TreeBatch, _check_tree_batch
+from codesign.kernels.tree_attention import TreeBatch
 from codesign.specs import CodesignError, KVFormat, check_positive_int
 
 OP = "paged_attention"
@@ -317,54 +315,35 @@ def _kivi_torch(
     return out, lse
 
 
-def _attend(q, cache, block_tables, context_lens, cu, tree, is_decode, kw):
+def _attend(q, cache, block_tables, context_lens, cu, tree, kw):
     if not isinstance(cache, KiviPagedKV):
         raise CodesignError(f"cache must be a KiviPagedKV, got {type(cache).__name__}")
-    nb, bs, h, d = cache.check()
-    if not isinstance(q, torch.Tensor):
-        raise CodesignError(f"q must be a tensor, got {type(q).__name__}")
+    shape = cache.check()
     if block_tables.dim() == 2 and block_tables.shape[0] > cache.k_res.shape[0]:
         raise CodesignError(
             f"block_tables has {block_tables.shape[0]} rows but the cache {cache.k_res.shape[0]} residual rings"
         )
-    probe = torch.empty(d, dtype=q.dtype, device=cache.k_codes.device).as_strided(
-        (nb, bs, h, d), (0, 0, 0, 1)
-    )
-    if tree is not None:
-        _check_tree_batch(tree, q, block_tables)
-    check_attention_inputs(q, probe, probe, block_tables, context_lens, None if is_decode else cu,
-                           kw.get("alibi_slopes"), kw.get("window"), kw.get("softcap"),
-                           kw.get("check_data", True))  # fmt: skip
-    scale, splits = _resolve_common(
-        q, kw.get("sm_scale"), kw.get("num_splits"), probe, block_tables, is_decode
-    )
-    if is_decode:
-        cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+    pa = prepare_attention(q, shape, cache.k_codes.device, block_tables, context_lens, cu, tree, kw)
     want = bool(kw.get("return_lse", False))
     out, lse = _attn_kivi_op(
         q, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, cache.k_res, cache.v_res,
-        block_tables, context_lens, cu,
-        tree.positions if tree is not None else None,
-        tree.tree_mask if tree is not None else None,
-        tree.mask_indptr if tree is not None else None,
-        kw.get("alibi_slopes"), scale, kw.get("window") or 0, float(kw.get("softcap") or 0.0), splits,
-        is_decode, want, cache.bits, cache.group, cache.residual,
+        block_tables, pa.context_lens, pa.cu, *pa.tree_args,
+        kw.get("alibi_slopes"), pa.scale, kw.get("window") or 0, float(kw.get("softcap") or 0.0), pa.splits,
+        pa.is_decode, want, cache.bits, cache.group, cache.residual,
     )  # fmt: skip
     return (out, lse) if want else out
 
 
 def kivi_decode_attention(q, cache: KiviPagedKV, block_tables, context_lens, **kw):
     """`paged_decode_attention` over a KIVI cache (same keywords)."""
-    return _attend(q, cache, block_tables, context_lens, None, None, True, kw)
+    return _attend(q, cache, block_tables, context_lens, None, None, kw)
 
 
 def kivi_extend_attention(q, cache: KiviPagedKV, block_tables, context_lens, cu_seqlens_q, **kw):
     """`paged_extend_attention` over a KIVI cache."""
-    return _attend(q, cache, block_tables, context_lens, cu_seqlens_q, None, False, kw)
+    return _attend(q, cache, block_tables, context_lens, cu_seqlens_q, None, kw)
 
 
 def kivi_tree_attention(q, cache: KiviPagedKV, block_tables, tree: TreeBatch, **kw):
     """`tree_attention` over a KIVI cache."""
-    if not isinstance(tree, TreeBatch):
-        raise CodesignError(f"tree must be a TreeBatch (build_tree_batch), got {type(tree).__name__}")
-    return _attend(q, cache, block_tables, tree.context_lens, tree.cu_seqlens_q, tree, False, kw)
+    return _attend(q, cache, block_tables, None, None, tree, kw)

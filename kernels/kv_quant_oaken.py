@@ -23,14 +23,12 @@ import torch
 
 from codesign.backend import resolve_backend
 from codesign.kernels import kv_quant as kvq
-from codesign.kernels.kv_quant_paged import IN_DTYPES
+from codesign.kernels.kv_quant_paged import IN_DTYPES, prepare_attention
 from codesign.kernels.paged_attention import (
-    _resolve_common,
-    check_attention_inputs,
     check_backend_dtype,
     paged_attention_torch,
 )
-from codesign.kernels.tree_attention import TreeBatch, _check_tree_batch
+from codesign.kernels.tree_attention import TreeBatch
 from codesign.specs import CodesignError, check_positive_int
 
 OP = "paged_attention"
@@ -301,26 +299,10 @@ def oaken_attention(
     an Oaken cache, the sparse outliers applied in the kernel."""
     if not isinstance(cache, OakenPagedKV):
         raise CodesignError(f"cache must be an OakenPagedKV, got {type(cache).__name__}")
-    nb, bs, h, d = cache.check()
-    if not isinstance(q, torch.Tensor):
-        raise CodesignError(f"q must be a tensor, got {type(q).__name__}")
-    probe = torch.empty(d, dtype=q.dtype, device=cache.k_codes.device).as_strided(
-        (nb, bs, h, d), (0, 0, 0, 1)
+    kw = dict(sm_scale=sm_scale, num_splits=num_splits, check_data=check_data)
+    pa = prepare_attention(
+        q, cache.check(), cache.k_codes.device, block_tables, context_lens, cu_seqlens_q, tree, kw
     )
-    if tree is not None:  # tree verification: the batch's tables replace context_lens / cu_seqlens_q
-        if not isinstance(tree, TreeBatch):
-            raise CodesignError(f"tree must be a TreeBatch (build_tree_batch), got {type(tree).__name__}")
-        _check_tree_batch(tree, q, block_tables)
-        context_lens, cu_seqlens_q = tree.context_lens, tree.cu_seqlens_q
-    check_attention_inputs(
-        q, probe, probe, block_tables, context_lens, cu_seqlens_q, None, None, None, check_data
-    )
-    is_decode = cu_seqlens_q is None
-    scale, splits = _resolve_common(q, sm_scale, num_splits, probe, block_tables, is_decode)
-    cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device) if is_decode else cu_seqlens_q
     return _attn_oaken_op(q, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, cache.k_out, cache.v_out,
-                          block_tables, context_lens, cu,
-                          tree.positions if tree is not None else None,
-                          tree.tree_mask if tree is not None else None,
-                          tree.mask_indptr if tree is not None else None,
-                          scale, splits, is_decode, cache.bits)  # fmt: skip
+                          block_tables, pa.context_lens, pa.cu, *pa.tree_args,
+                          pa.scale, pa.splits, pa.is_decode, cache.bits)  # fmt: skip

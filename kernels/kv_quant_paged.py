@@ -303,32 +303,58 @@ def _(q, k_codes, v_codes, k_meta, v_meta, block_tables, context_lens, cu_seqlen
     return torch.empty_like(q), lse
 
 
-def _attend(q, cache, block_tables, context_lens, cu, tree, is_decode, kw) -> torch.Tensor | tuple:
-    nb, bs, h, d = check_quant_cache(cache, kw.pop("fmt", None))
+@dataclass(frozen=True)
+class PreparedAttention:
+    """What every quantized-cache attention entry needs before launching its op."""
+
+    context_lens: torch.Tensor
+    cu: torch.Tensor  # query offsets; one query per sequence for decode
+    tree_args: tuple  # (positions, tree_mask, mask_indptr), or three Nones outside tree verification
+    scale: float
+    splits: int
+    is_decode: bool
+
+
+def prepare_attention(
+    q,
+    cache_shape: tuple[int, int, int, int],
+    device,
+    block_tables,
+    context_lens,
+    cu_seqlens_q,
+    tree,
+    kw: dict,
+) -> PreparedAttention:
+    """The checks and launch choices shared by the quantized-cache attention entry points (every format).
+
+    `tree` (a TreeBatch) replaces context_lens / cu_seqlens_q; otherwise cu_seqlens_q None means decode.
+    The cache's geometry is checked through a zero-stride probe tensor of `cache_shape`: no dequantized
+    copy is ever made.
+    """
     if not isinstance(q, torch.Tensor):
         raise CodesignError(f"q must be a tensor, got {type(q).__name__}")
-    probe = torch.empty(d, dtype=q.dtype, device=cache.k_codes.device).as_strided(
-        (nb, bs, h, d), (0, 0, 0, 1)
-    )
+    nb, bs, h, d = cache_shape
+    probe = torch.empty(d, dtype=q.dtype, device=device).as_strided((nb, bs, h, d), (0, 0, 0, 1))
+    tree_args: tuple = (None, None, None)
     if tree is not None:
+        if not isinstance(tree, TreeBatch):
+            raise CodesignError(f"tree must be a TreeBatch (build_tree_batch), got {type(tree).__name__}")
         _check_tree_batch(tree, q, block_tables)
-    check_attention_inputs(
-        q,
-        probe,
-        probe,
-        block_tables,
-        context_lens,
-        None if is_decode else cu,
-        kw.get("alibi_slopes"),
-        kw.get("window"),
-        kw.get("softcap"),
-        kw.get("check_data", True),
-    )
+        context_lens, cu_seqlens_q = tree.context_lens, tree.cu_seqlens_q
+        tree_args = (tree.positions, tree.tree_mask, tree.mask_indptr)
+    is_decode = cu_seqlens_q is None
+    check_attention_inputs(q, probe, probe, block_tables, context_lens, cu_seqlens_q, kw.get("alibi_slopes"),
+                           kw.get("window"), kw.get("softcap"), kw.get("check_data", True))  # fmt: skip
     scale, splits = _resolve_common(
         q, kw.get("sm_scale"), kw.get("num_splits"), probe, block_tables, is_decode
     )
-    if is_decode:
-        cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+    cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device) if is_decode else cu_seqlens_q
+    return PreparedAttention(context_lens, cu, tree_args, scale, splits, is_decode)
+
+
+def _attend(q, cache, block_tables, context_lens, cu, tree, kw) -> torch.Tensor | tuple:
+    shape = check_quant_cache(cache, kw.pop("fmt", None))
+    pa = prepare_attention(q, shape, cache.k_codes.device, block_tables, context_lens, cu, tree, kw)
     kind, bits = FORMATS[cache.fmt]
     out, lse = _attn_kvq_op(
         q,
@@ -337,17 +363,15 @@ def _attend(q, cache, block_tables, context_lens, cu, tree, is_decode, kw) -> to
         cache.k_meta,
         cache.v_meta,
         block_tables,
-        context_lens,
-        cu,
-        tree.positions if tree is not None else None,
-        tree.tree_mask if tree is not None else None,
-        tree.mask_indptr if tree is not None else None,
+        pa.context_lens,
+        pa.cu,
+        *pa.tree_args,
         kw.get("alibi_slopes"),
-        scale,
+        pa.scale,
         kw.get("window") or 0,
         float(kw.get("softcap") or 0.0),
-        splits,
-        is_decode,
+        pa.splits,
+        pa.is_decode,
         bool(kw.get("return_lse", False)),
         kind,
         bits,
@@ -359,7 +383,7 @@ def kvq_decode_attention(
     q: torch.Tensor, cache: QuantPagedKV, block_tables: torch.Tensor, context_lens: torch.Tensor, **kw
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`paged_decode_attention` over a quantized cache (same keywords, plus `fmt=` to assert the format)."""
-    return _attend(q, cache, block_tables, context_lens, None, None, True, kw)
+    return _attend(q, cache, block_tables, context_lens, None, None, kw)
 
 
 def kvq_extend_attention(
@@ -371,13 +395,11 @@ def kvq_extend_attention(
     **kw,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`paged_extend_attention` over a quantized cache."""
-    return _attend(q, cache, block_tables, context_lens, cu_seqlens_q, None, False, kw)
+    return _attend(q, cache, block_tables, context_lens, cu_seqlens_q, None, kw)
 
 
 def kvq_tree_attention(
     q: torch.Tensor, cache: QuantPagedKV, block_tables: torch.Tensor, tree: TreeBatch, **kw
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`tree_attention` over a quantized cache."""
-    if not isinstance(tree, TreeBatch):
-        raise CodesignError(f"tree must be a TreeBatch (build_tree_batch), got {type(tree).__name__}")
-    return _attend(q, cache, block_tables, tree.context_lens, tree.cu_seqlens_q, tree, False, kw)
+    return _attend(q, cache, block_tables, None, None, tree, kw)
