@@ -1,6 +1,9 @@
-"""Small helpers shared by the cocotb benches: bus packing and X/Z-checked reads (numpy only)."""
+"""Small helpers shared by the cocotb benches: bus packing, X/Z-checked reads, the verdict (numpy only)."""
 
 from __future__ import annotations
+
+import json
+import os
 
 import numpy as np
 from cocotb.types import Logic
@@ -27,3 +30,20 @@ def read_resolved(handle, errors: list[str], where: str) -> int | None:
         return None
     # 1-bit ports come back as Logic, wider ones as LogicArray.
     return int(value) if isinstance(value, Logic) else value.to_unsigned()
+
+
+def write_records(records: list[dict], seed: int) -> None:
+    """Hand the scoreboard's records (seed added) to the pytest entry / report, if it asked for them."""
+    path = os.environ.get("CODESIGN_HDL_RECORDS")
+    if path:
+        for rec in records:
+            rec["seed"] = seed
+        with open(path, "w") as f:
+            json.dump(records, f, indent=1)
+
+
+def check_verdict(records: list[dict], xz_errors: list[str]) -> None:
+    """Fail the cocotb test on any X/Z on a checked output or any job that disagrees with the model."""
+    assert not xz_errors, "X/Z on checked outputs: " + "; ".join(xz_errors[:5])
+    bad = [r for r in records if not r["ok"]]
+    assert not bad, f"{len(bad)} of {len(records)} jobs disagree with the model: {bad[:3]}"
