@@ -36,13 +36,34 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: list[str]) -> str | None:
+    """The subcommand named in argv (its first non-option word), if it is one of ours."""
+    for a in argv:
+        if not a.startswith("-"):
+            return a if a in SUBCOMMANDS else None
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; only the chosen subcommand's module is imported (all of them when argv is None).
+
+    Importing lazily keeps `codesign doctor` or `codesign explore` from paying for torch and the
+    Triton kernels, and lets a kernel subcommand switch on Triton's interpreter (no GPU) before
+    `codesign.kernels` defines its kernels: Triton reads TRITON_INTERPRET only then.
+    """
     parser = argparse.ArgumentParser(prog="codesign", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    chosen = None if argv is None else _chosen(argv)
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
+        if argv is not None and name != chosen:
+            continue
+        if module.startswith("codesign.kernels."):
+            from codesign.backend import enable_interpreter_if_no_gpu
+
+            enable_interpreter_if_no_gpu()
         try:
             importlib.import_module(module).add_arguments(p)
         except ModuleNotFoundError as e:  # a subcommand whose module is not built yet
@@ -53,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        parser = build_parser(argv)
+    except CodesignError as e:  # e.g. codesign.kernels already imported by the caller without a GPU
+        print(f"codesign: error: {e}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if getattr(args, "_missing", False):
         print(f"codesign {args.command}: not available in this build", file=sys.stderr)

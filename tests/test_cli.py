@@ -65,3 +65,30 @@ def test_doctor_json(capsys):
     assert rep["libraries"]["torch"]
     assert set(rep["simulators"]) == {"icarus", "verilator"}
     assert rep["triton_mode"] in ("gpu", "interpreter") or rep["triton_mode"].startswith("interpreter needed")
+
+
+def _fresh(code: str) -> subprocess.CompletedProcess:
+    # A fresh interpreter without TRITON_INTERPRET: what a user's shell gives the console script.
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_kernel_subcommands_work_from_a_fresh_process_without_gpu():
+    """`codesign tune` (and kvq-accuracy) must switch Triton's interpreter on before codesign.kernels
+    defines its kernels; building the parser used to import every subcommand module first."""
+    proc = _fresh("import sys; from codesign.cli import main; sys.exit(main(['tune', '--list']))")
+    assert proc.returncode == 0, proc.stderr
+    assert "w4a16_gemm\tavailable" in proc.stdout
+
+
+def test_parser_imports_only_the_chosen_subcommand():
+    proc = _fresh(
+        "import sys, contextlib, io\n"
+        "from codesign.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try: main(['sim', '--help'])\n"
+        "    except SystemExit: pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('codesign.kernels', 'torch'))))\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
