@@ -12,7 +12,9 @@ open row every tCCD_L and multiplies it by `lanes` operands held in its register
     x 16 banks / 2 = 128 units x 16 lanes x 2 / 3.33 ns = 1.23 TFLOPS ("1.2 TFLOPS FP16 at 300 MHz").
 
 Streaming W bytes through the units (balanced over units, column reads c = ceil(W / units / 32 B)):
-    t = c x reuse x tCCD_L + rows x (tRP + tRCD) + tRCD,   rows = ceil(c / columns per row)
+    t = c x reuse x tCCD_L + rows x (tRP + tRCD),   rows = ceil(c / columns per row)
+(each row: one ACT then tRCD before its first column, one PRE and tRP after its last; the RTL twin
+`hdl_tests/rtl/pim_bank_mac.v` issues exactly this sequence, see `pim_mac.bank_cycles`)
 where reuse = vectors multiplied by each column (batch M for GEMV, the GQA group for attention): the
 unit does `lanes` MACs per tCCD_L, so M vectors take M slots. Row switches are not hidden (all banks
 switch together in all-bank mode). Host <-> PIM traffic (input vectors broadcast to every channel,
@@ -121,7 +123,7 @@ def _stream_ns(pim: PIMSpec, nbytes: float, reuse: int) -> float:
     rows = -(-cols // (m.row_bytes // pim.col_bytes))
     c = m._cyc
     row_switch = (c["nRP"] + c["nRCD"]) * m.tCK_ns
-    return (cols * reuse * pim.t_col_ns + rows * row_switch + c["nRCD"] * m.tCK_ns) / (1 - m.refresh_loss)
+    return (cols * reuse * pim.t_col_ns + rows * row_switch) / (1 - m.refresh_loss)
 
 
 def _bus_ns(pim: PIMSpec, nbytes: float) -> float:

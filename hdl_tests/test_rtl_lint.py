@@ -26,6 +26,28 @@ LINT_CASES = [
         {"LANES": 4, "CPC": 8, "GROUP": 32, "FAULT": 2},
     )
 ]
+# fp32 operators and the KV quantization engine (R1).
+LINT_CASES += [("fp32_add", ("fp32_add.v",), {})] + [
+    ("fp32_div", ("fp32_div.v",), {"STEP": step}) for step in (1, 27)
+]
+LINT_CASES += [
+    ("kv_quant_engine", ("kv_quant_engine.v", "fp32_add.v", "fp32_div.v", "delay_line.v"), params)
+    for params in (
+        {"LANES": 1, "HEAD_DIM": 8, "BITS": 8, "OAKEN": 0},
+        {"LANES": 4, "HEAD_DIM": 16, "BITS": 4, "OAKEN": 1, "MAX_OUT": 2, "FAULT": 1},
+        {"LANES": 8, "HEAD_DIM": 32, "BITS": 2, "OAKEN": 1, "MAX_OUT": 5, "OUT_PORTS": 2, "FAULT": 2},
+    )
+]
+# PIM bank MAC unit and its fp16 x fp16 -> fp32 multiplier (R2).
+LINT_CASES += [("fp16_mul_fp32", ("fp16_mul_fp32.v",), {})] + [
+    ("pim_bank_mac", ("pim_bank_mac.v", "fp16_mul_fp32.v", "fp32_add.v"), params)
+    for params in (
+        {"LANES": 2, "TCCD": 1, "TRCD": 1, "TRP": 1, "COLS_PER_ROW": 1, "XCOLS": 1},
+        {"LANES": 16},
+        {"LANES": 4, "TRP": 5, "COLS_PER_ROW": 3, "XCOLS": 5, "FAULT": 1},
+        {"LANES": 8, "FAULT": 2},
+    )
+]
 
 
 @pytest.mark.parametrize(

@@ -109,9 +109,10 @@ def test_golden_tpu_like_rmsnorm():
 def test_golden_hbm_pim_gemv():
     r = evaluate(load_design("hbm_pim"), Gemm(1, 4096, 4096))
     # 4 stacks -> 512 units: 65,536 B each = 2048 columns, 64 rows:
-    # (2048 x 3.3333 + 64 x 34 x 0.83333 + 17 x 0.83333) / REFRESH_HBM2 = 9105.6 ns;
+    # (2048 x 3.3333 + 64 x (tRP + tRCD = 34) x 0.83333) / REFRESH_HBM2 = 9091.1 ns (each row: ACT, columns,
+    # PRE — the command sequence the PIM RTL twin issues);
     # x broadcast 8192 B at 19.2 GB/s per channel = 426.67 ns; outputs 8192 B at 1228.8 GB/s = 6.67 ns.
-    pim_ns = (2048 * 4 / 1.2 + 64 * 34 / 1.2 + 17 / 1.2) / REFRESH_HBM2
+    pim_ns = (2048 * 4 / 1.2 + 64 * 34 / 1.2) / REFRESH_HBM2
     assert r.unit == "pim"
     assert r.seconds == pytest.approx((pim_ns + 8192 / 19.2 + 8192 / 1228.8) * 1e-9, rel=1e-9)
     assert r.energy_pj["pim.mac"] == pytest.approx(4096 * 4096 * 1.5)
@@ -141,9 +142,9 @@ def test_golden_attacc_decode_attention_on_pim():
     r = evaluate(load_design("attacc_like"), PagedDecodeAttention(8, 8, 128, context_lens=(1024,) * 4))
     # PIM: 5 HBM3 stacks x 32 PCs x 16 banks = 2560 units, tCCD_L = 8 x 0.3125 = 2.5 ns. K = 4096 tokens
     # x 8 heads x 128 x 2 B = 8,388,608 B -> 3277 B per unit = 103 columns of 32 B = 4 rows of 1 KB:
-    # (103 x 2.5 + 4 x (45 + 45) x 0.3125 + 45 x 0.3125) / (1 - (16 + 45 + 512 + 45) / 12480) = 404.07 ns,
-    # twice (QK^T, then P.V) = 808.1 ns.
-    pim_ns = 2 * (103 * 2.5 + 4 * 90 * 0.3125 + 45 * 0.3125) / (1 - 618 / 12480)
+    # (103 x 2.5 + 4 x (45 + 45) x 0.3125) / (1 - (16 + 45 + 512 + 45) / 12480) = 389.28 ns,
+    # twice (QK^T, then P.V) = 778.6 ns.
+    pim_ns = 2 * (103 * 2.5 + 4 * 90 * 0.3125) / (1 - 618 / 12480)
     # Host <-> PIM: q 8192 B to each PC at 25.6 GB/s = 320 ns; scores out and probabilities in, 2 x 65,536 B
     # at 4096 GB/s = 32 ns; partial sums of 2560 units x 128 x 2 B at 4096 GB/s = 160 ns.
     io_ns = 8192 / 25.6 + 131_072 / 4096 + 655_360 / 4096

@@ -20,18 +20,23 @@ importing torch here would cost ~9 s per simulation.
 
 from __future__ import annotations
 
-import json
-import os
 from collections import deque
 from dataclasses import dataclass
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
 from cocotb.simtime import get_sim_time
 from cocotb.triggers import Event, FallingEdge, with_timeout
 from cocotb.types import Logic, LogicArray
-from tb_util import check_verdict, pack, read_resolved, unpack_signed, write_records
+from tb_util import (
+    bench_config,
+    check_verdict,
+    pack,
+    read_resolved,
+    reset_and_monitor,
+    unpack_signed,
+    write_records,
+)
 
 from codesign.accel_model import systolic, systolic_control
 
@@ -268,14 +273,8 @@ class Testbench:
         return Job(draw(a_shape), draw(b_shape), t)
 
     async def reset(self) -> None:
-        Clock(self.dut.clk, PERIOD_NS, unit="ns").start()
         self.driver.idle()
-        self.dut.rst.value = 1
-        for _ in range(3):
-            await FallingEdge(self.dut.clk)
-        self.dut.rst.value = 0
-        cocotb.start_soon(self.monitor.run())
-        await FallingEdge(self.dut.clk)
+        await reset_and_monitor(self.dut, PERIOD_NS, self.monitor.run())
 
     async def run_job(self, job: Job, gap: int) -> None:
         """Idle `gap` cycles, send one job, wait (bounded) for its `done`, score it.
@@ -296,10 +295,8 @@ class Testbench:
 @cocotb.test()
 async def random_jobs_match_model(dut):
     """Back-to-back random jobs (t values from the config) are bit- and cycle-exact vs the model."""
-    cfg = json.loads(os.environ["CODESIGN_HDL_CONFIG"])
     # The seed the pytest entry recorded (cocotb.RANDOM_SEED is a per-test derivative of it).
-    seed = int(os.environ["COCOTB_RANDOM_SEED"])
-    dut._log.info("seed %d config %s", seed, cfg)
+    cfg, seed = bench_config(dut)
     tb = Testbench(dut, cfg, np.random.default_rng(seed))
     await tb.reset()
     try:
