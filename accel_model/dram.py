@@ -4,7 +4,7 @@ Two faces of one model:
 
 - an analytical model (`stream_access`, `random_access`, `access`), closed forms in the timing
   parameters, cheap enough to call hundreds of times per LLM step;
-- an event model (`simulate_bursts`, numba), which schedules ACT/PRE/RD commands burst by burst
+- an event model (`simulate_bursts`, numba), which schedules ACT/PRE/RD/WR commands burst by burst
   on each channel under the same constraints, used to check the closed forms.
 
 Units: the *channel* is the independently timed unit (a pseudo-channel for HBM, a sub-channel for
@@ -12,13 +12,20 @@ DDR5). Cycles are in the memory command clock (tCK); `tCK_ns` = 2 / data rate (G
 LPDDR5, whose CK runs at 1/8 of the data rate (WCK:CK = 4:1, double data rate). A burst of
 `burst_length` transfers takes nBL = burst_length / transfers_per_ck cycles.
 
-Timing constraints modelled (reads; writes are modelled as reads, a documented simplification):
-  ACT->RD same bank nRCD; RD->data nCL, data lasts nBL; RD->RD nCCD_S (other bank group) or nCCD_L
-  (same bank group), and >= nBL (data bus); ACT->ACT nRRD_S / nRRD_L; at most 4 ACT per nFAW;
-  ACT->PRE nRAS; RD->PRE nRTP; PRE->ACT nRP. Refresh is a lost fraction of time, as Ramulator 2's
-  latency-throughput checks define it (tests/latency_throughput/utils/checks.py): each refresh
-  closes the row, refreshes and reopens it, (nRTP + nRP + nRFC + nRCD) / nREFI. DDR5 uses all-bank
-  refresh (tRFC1); HBM and LPDDR5 per-bank refresh, where tRFC is the per-bank tRFCsb / tRFCpb.
+Timing constraints modelled:
+  ACT->RD/WR same bank nRCD; RD->data nCL, WR->data nCWL, data lasts nBL; RD->RD and WR->WR nCCD_S
+  (other bank group) or nCCD_L (same bank group), and >= nBL (data bus); ACT->ACT nRRD_S / nRRD_L; at
+  most 4 ACT per nFAW; ACT->PRE nRAS; RD->PRE nRTP; WR->PRE nCWL + nBL + nWR (write recovery);
+  PRE->ACT nRP. Bus turnarounds (Ramulator 2's DDR5 / HBM3 constraints, src/dram/impl/*.cpp):
+  RD->WR nRTW = nCL + nBL + rtw_gap - nCWL (the read data must leave the bus, plus preamble cycles);
+  WR->RD nCWL + nBL + nWTR_S (other bank group) or nWTR_L (same bank group). WR->WR in the same bank
+  group uses nCCD_L like reads (DDR5's longer tCCD_L_WR is not modelled).
+  Refresh is a lost fraction of time, as Ramulator 2's latency-throughput checks define it
+  (tests/latency_throughput/utils/checks.py): each refresh closes the row, refreshes and reopens it,
+  (nRTP + nRP + nRFC + nRCD) / nREFI. DDR5 uses all-bank refresh (tRFC1); HBM and LPDDR5 per-bank
+  refresh, where tRFC is the per-bank tRFCsb / tRFCpb.
+
+Writes complete (last data beat on the bus) nCWL + nBL after the WR.
 
 Unloaded read latency, counted to the last data beat (Ramulator 2's `m_read_latency` = nCL + nBL
 after the RD; the ACT before it costs nRCD, a row conflict adds the PRE, nRP):
@@ -77,6 +84,12 @@ class DRAMSpec:
     pj_per_bit: float  # off-chip access energy, see energy.py for the source
     unit_gb: float = 16.0  # capacity of one unit (stack / device / DIMM), GB
     units: int = 1  # stacks (HBM) or devices / DIMM sub-channel pairs
+    # Write timings, ns (sources with each preset); rtw_gap in clock cycles (module docstring).
+    tCWL: float = 4.0
+    tWR: float = 16.0
+    tWTR_S: float = 6.0
+    tWTR_L: float = 8.0
+    rtw_gap: int = 2
 
     def __post_init__(self) -> None:
         for f in (
@@ -90,6 +103,10 @@ class DRAMSpec:
         ):
             check_positive_int(f"{self.name}.{f}", getattr(self, f))
         check_choice(f"{self.name}.refresh", self.refresh, ("all_bank", "per_bank"))
+        if isinstance(self.rtw_gap, bool) or not isinstance(self.rtw_gap, int) or self.rtw_gap < 0:
+            raise CodesignError(
+                f"{self.name}.rtw_gap must be an int >= 0 (clock cycles), got {self.rtw_gap!r}"
+            )
         for f in (
             "data_rate_gbps",
             "tCK_ns",
@@ -101,6 +118,10 @@ class DRAMSpec:
             "tCCD_L",
             "tFAW",
             "tREFI",
+            "tCWL",
+            "tWR",
+            "tWTR_S",
+            "tWTR_L",
         ):
             if not getattr(self, f) > 0:
                 raise CodesignError(f"{self.name}.{f} must be > 0, got {getattr(self, f)!r}")
@@ -157,6 +178,7 @@ class DRAMSpec:
         out = {f"n{k[1:]}": self.n(getattr(self, k)) for k in _TIMINGS}
         out["nBL"] = self.nBL
         out["nRC"] = out["nRAS"] + out["nRP"]
+        out["nRTW"] = max(1, out["nCL"] + out["nBL"] + self.rtw_gap - out["nCWL"])
         return out
 
 
@@ -173,6 +195,10 @@ _TIMINGS = (
     "tRTP",
     "tRFC",
     "tREFI",
+    "tCWL",
+    "tWR",
+    "tWTR_S",
+    "tWTR_L",
 )
 
 # Presets. Sources: JEDEC JESD235D (HBM2/2E), JESD238A (HBM3), JESD209-5B (LPDDR5), JESD79-5B (DDR5),
@@ -207,6 +233,11 @@ PRESETS: dict[str, DRAMSpec] = {
         refresh="per_bank",  # tRFCsb 160 ns, tREFI 3.9 us (Ramulator 2 HBM2 preset)
         pj_per_bit=3.9,
         unit_gb=16.0,  # 8-high stack of 16 Gb dies (A100 80 GB = 5 stacks)
+        tCWL=4.0,
+        tWR=16.0,
+        tWTR_S=6.0,
+        tWTR_L=8.0,  # typ. HBM2: DRAMsim3's HBM2_8Gb_x128 (CWL 4, tWR 16, tWTR_S 6, tWTR_L 8 at tCK 1 ns)
+        rtw_gap=2,  # Ramulator 2 HBM3: RD->WR nCL + nBL + 2 - nCWL (tWPRE = 1 tCK)
     ),
     # HBM3 6.4 Gb/s (JESD238; SK hynix HBM3: 819 GB/s per stack). 16 channels x 2 PCs of 32 bits,
     # BL8 -> 32 B bursts; 4 BG x 4 banks per PC; 1 KB page.
@@ -235,6 +266,11 @@ PRESETS: dict[str, DRAMSpec] = {
         refresh="per_bank",  # per-bank refresh (REFsb), Ramulator 2 HBM3 preset
         pj_per_bit=3.5,
         unit_gb=16.0,  # 8-high stack of 16 Gb dies (H100 SXM 80 GB = 5 stacks)
+        tCWL=4.0,
+        tWR=16.0,
+        tWTR_S=6.0,
+        tWTR_L=8.0,  # typ. HBM2: DRAMsim3's HBM2_8Gb_x128 (CWL 4, tWR 16, tWTR_S 6, tWTR_L 8 at tCK 1 ns)
+        rtw_gap=2,  # Ramulator 2 HBM3: RD->WR nCL + nBL + 2 - nCWL (tWPRE = 1 tCK)
     ),
     # HBM2 2.4 Gb/s (Samsung Aquabolt / Aquabolt-XL, the base of HBM-PIM: 307 GB/s per stack).
     # Same organisation and array timings as HBM2E; tCCD_S / tCCD_L = 2 / 4 nCK at tCK 0.833 ns, so
@@ -264,6 +300,11 @@ PRESETS: dict[str, DRAMSpec] = {
         refresh="per_bank",
         pj_per_bit=3.9,
         unit_gb=8.0,  # Aquabolt 8-high, 8 Gb dies (Aquabolt-XL with PIM dies: 6 GB)
+        tCWL=4.0,
+        tWR=16.0,
+        tWTR_S=6.0,
+        tWTR_L=8.0,  # typ. HBM2: DRAMsim3's HBM2_8Gb_x128 (CWL 4, tWR 16, tWTR_S 6, tWTR_L 8 at tCK 1 ns)
+        rtw_gap=2,  # Ramulator 2 HBM3: RD->WR nCL + nBL + 2 - nCWL (tWPRE = 1 tCK)
     ),
     # LPDDR5-6400 x16 channel (JESD209-5B; Ramulator 2 preset LPDDR5_6400: tCK 1.25 ns, nCL 20, nRCD 15,
     # nRPpb 15, nRAS 34, nCCD 2 (BG mode), nRRD 4, nFAW 16). BL16 -> 32 B bursts; 4 BG x 4 banks; 2 KB page.
@@ -292,6 +333,12 @@ PRESETS: dict[str, DRAMSpec] = {
         refresh="per_bank",  # tRFCpb 140 ns (16 Gb), tREFI 3.906 us
         pj_per_bit=4.0,
         unit_gb=2.0,  # one x16 channel of a 16 Gb die
+        # Ramulator 2 preset LPDDR5_6400 at tCK 1.25 ns: nCWL 11, nWR 28, nWTRS 5, nWTRL 10.
+        tCWL=13.75,
+        tWR=35.0,
+        tWTR_S=6.25,
+        tWTR_L=12.5,
+        rtw_gap=2,  # the HBM3 / DDR5 form of Ramulator 2 without DDR5's extra preamble cycles
     ),
     # DDR5-4800B, one 32-bit sub-channel of a DIMM (JESD79-5B; Ramulator 2 preset DDR5_4800B: tCK 0.416 ns,
     # nBL 8, nCL 40, nRCD 39, nRP 39, nRAS 77). BL16 -> 64 B bursts; 8 BG x 4 banks; x8 dies, 4 KB page
@@ -321,6 +368,13 @@ PRESETS: dict[str, DRAMSpec] = {
         refresh="all_bank",  # tRFC1 295 ns (16 Gb), tREFI 3.9 us
         pj_per_bit=12.0,
         unit_gb=32.0,  # one 2-sub-channel DIMM of 16 Gb x8 dies
+        # JESD79-5B as Ramulator 2's DDR5 presets use it: CWL = CL - 2 (38 nCK at 4800B), tWR 30 ns,
+        # tWTR_S = max(4 nCK, 2.5 ns), tWTR_L = max(16 nCK, 10 ns); RD->WR nCL + nBL + 2 - nCWL + 2.
+        tCWL=38 / 2.4,
+        tWR=30.0,
+        tWTR_S=2.5,
+        tWTR_L=10.0,
+        rtw_gap=4,
     ),
 }
 
@@ -373,16 +427,32 @@ def _act_interval(c: dict[str, int], bank_groups: int) -> float:
     return max(rrd, c["nFAW"] / 4)
 
 
-def stream_access(spec: DRAMSpec, nbytes: int) -> DRAMResult:
-    """Sequential read of `nbytes` spread over all channels (mapping in the module docstring).
+def stream_access(
+    spec: DRAMSpec, nbytes: int, write_fraction: float = 0.0, write_batch: int = 32
+) -> DRAMResult:
+    """Sequential access of `nbytes` spread over all channels (mapping in the module docstring).
 
     Per channel with n bursts: T = nRCD + nCL + nBL + (n - 1) * t_burst, then divided by
     (1 - refresh_loss), where t_burst = max(nBL, nCCD_S, nCCD_L / BG, ACT-rate bound, bank-cycle bound):
     the ACT-rate bound spreads max(nRRD_S, nFAW/4) over the row's bursts, the bank-cycle bound spreads
     nRC over the bursts of one row per bank.
+
+    Writes: a fraction `write_fraction` of the bursts (per channel n_w = round(f n)) are writes, which
+    the controller drains `write_batch` bursts at a time between reads. Writes stream like reads (WR->WR
+    has the RD->RD spacing); each of the k = min(ceil(n_w / write_batch), n - n_w) write batches costs
+    two bus turnarounds beyond a burst slot (next bursts on other bank groups, module docstring):
+        T += k * (max(0, nRTW - t_burst) + max(0, nCWL + nBL + nWTR_S - t_burst))
+    A pure write stream (f = 1) ends nCWL, not nCL, after its last WR.
     """
     if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
         raise CodesignError(f"nbytes must be a non-negative integer, got {nbytes!r}")
+    if (
+        isinstance(write_fraction, bool)
+        or not isinstance(write_fraction, int | float)
+        or not (0.0 <= write_fraction <= 1.0)
+    ):
+        raise CodesignError(f"write_fraction must be a number in [0, 1], got {write_fraction!r}")
+    check_positive_int("write_batch", write_batch)
     if nbytes == 0:
         return DRAMResult(0.0, 0.0, 0, 0, 0, 0)
     c = spec._cyc
@@ -397,7 +467,13 @@ def stream_access(spec: DRAMSpec, nbytes: int) -> DRAMResult:
         _act_interval(c, spec.bank_groups) / bpr,
         c["nRC"] / (spec.banks * bpr),
     )
-    cyc = (c["nRCD"] + c["nCL"] + c["nBL"] + (n - 1) * t_burst) / (1.0 - spec.refresh_loss)
+    n_w = round(write_fraction * n)
+    latency = c["nCWL"] if n_w == n else c["nCL"]
+    turns = 0.0
+    if 0 < n_w < n:
+        k = min(-(-n_w // write_batch), n - n_w)
+        turns = k * (max(0, c["nRTW"] - t_burst) + max(0, c["nCWL"] + c["nBL"] + c["nWTR_S"] - t_burst))
+    cyc = (c["nRCD"] + latency + c["nBL"] + (n - 1) * t_burst + turns) / (1.0 - spec.refresh_loss)
     acts = -(-bursts // bpr)  # one ACT per row touched
     return DRAMResult(cyc, cyc * spec.tCK_ns, int(nbytes), bursts, acts, bursts - acts)
 
@@ -461,35 +537,50 @@ def map_bursts(spec: DRAMSpec, burst_index: np.ndarray) -> tuple[np.ndarray, ...
     return ch, bg, bank, row, col
 
 
+# Timing vector of the event model, in this order (clock cycles).
+_EVENT_TIMINGS = ("nRCD", "nRP", "nCL", "nBL", "nCCD_S", "nCCD_L", "nRRD_S", "nRRD_L", "nFAW", "nRAS", "nRTP",
+                  "nCWL", "nWR", "nWTR_S", "nWTR_L", "nRTW")  # fmt: skip
+
+
 @numba.njit(cache=True)
-def _plan(g, b, r, open_row, t_act_bank, t_rd_bank, last_rd_bg, last_act_bg, faw, acts, last_rd, last_act, t):
-    # Earliest (ACT time or -1 for a row hit, RD time) of one request given the committed state.
-    nRCD, nRP, nCL, nBL, nCCDS, nCCDL, nRRDS, nRRDL, nFAW, nRAS, nRTP = t
+def _plan(g, b, r, w, open_row, t_act_bank, t_rd_bank, t_wr_bank, last_rd_bg, last_wr_bg, last_act_bg, faw,
+          acts, last_rd, last_wr, last_act, t):  # fmt: skip  # pragma: no cover - compiled
+    # Earliest (ACT time or -1 for a row hit, RD/WR time) of one request given the committed state.
+    nRCD, nRP, nCL, nBL, nCCDS, nCCDL, nRRDS, nRRDL, nFAW, nRAS, nRTP, nCWL, nWR, nWTRS, nWTRL, nRTW = t
     t_act = -1
     ready = 0
     if open_row[g, b] != r:
         t_act = 0
-        if open_row[g, b] >= 0:  # row conflict: precharge first
-            t_act = max(t_act_bank[g, b] + nRAS, t_rd_bank[g, b] + nRTP) + nRP
+        if open_row[g, b] >= 0:  # row conflict: precharge first (after tRAS, tRTP and write recovery)
+            pre = max(t_act_bank[g, b] + nRAS, t_rd_bank[g, b] + nRTP, t_wr_bank[g, b] + nCWL + nBL + nWR)
+            t_act = pre + nRP
         t_act = max(t_act, last_act + nRRDS, last_act_bg[g] + nRRDL, faw[acts % 4] + nFAW)
         ready = t_act + nRCD
-    t_rd = max(ready, last_rd + max(nCCDS, nBL), last_rd_bg[g] + nCCDL)
-    return t_act, t_rd
+    if w:  # WR: after the last read's data has left the bus (turnaround), CAS spacing among writes
+        t_col = max(ready, last_wr + max(nCCDS, nBL), last_wr_bg[g] + nCCDL, last_rd + nRTW)
+    else:  # RD: CAS spacing among reads, and write-to-read (tWTR_S other bank group, tWTR_L same)
+        t_col = max(ready, last_rd + max(nCCDS, nBL), last_rd_bg[g] + nCCDL, last_wr + nCWL + nBL + nWTRS,
+                    last_wr_bg[g] + nCWL + nBL + nWTRL)  # fmt: skip
+    return t_act, t_col
 
 
 @numba.njit(cache=True)
-def _simulate_channel(bg, bank, row, nbg, nbank, t, queue):  # pragma: no cover - compiled
-    # t: nRCD nRP nCL nBL nCCD_S nCCD_L nRRD_S nRRD_L nFAW nRAS nRTP
+def _simulate_channel(bg, bank, row, is_write, nbg, nbank, t, queue):  # pragma: no cover - compiled
+    # t: _EVENT_TIMINGS
     nCL = t[2]
     nBL = t[3]
+    nCWL = t[11]
     neg = -(1 << 40)
     open_row = np.full((nbg, nbank), -1, np.int64)
     t_act_bank = np.full((nbg, nbank), neg, np.int64)
     t_rd_bank = np.full((nbg, nbank), neg, np.int64)
+    t_wr_bank = np.full((nbg, nbank), neg, np.int64)
     last_rd_bg = np.full(nbg, neg, np.int64)
+    last_wr_bg = np.full(nbg, neg, np.int64)
     last_act_bg = np.full(nbg, neg, np.int64)
     faw = np.full(4, neg, np.int64)
     last_rd = neg
+    last_wr = neg
     last_act = neg
     done = 0
     hits = 0
@@ -503,29 +594,16 @@ def _simulate_channel(bg, bank, row, nbg, nbank, t, queue):  # pragma: no cover 
             pending[npend] = nxt
             npend += 1
             nxt += 1
-        # FR-FCFS-like: issue the request whose RD can go first (oldest on ties).
+        # FR-FCFS-like: issue the request whose RD/WR can go first (oldest on ties).
         best = 0
-        best_rd = 1 << 62
+        best_col = 1 << 62
         best_act = -1
         for q in range(npend):
             i = pending[q]
-            a, d = _plan(
-                bg[i],
-                bank[i],
-                row[i],
-                open_row,
-                t_act_bank,
-                t_rd_bank,
-                last_rd_bg,
-                last_act_bg,
-                faw,
-                acts,
-                last_rd,
-                last_act,
-                t,
-            )
-            if d < best_rd or (d == best_rd and i < pending[best]):
-                best, best_rd, best_act = q, d, a
+            a, d = _plan(bg[i], bank[i], row[i], is_write[i], open_row, t_act_bank, t_rd_bank, t_wr_bank,
+                         last_rd_bg, last_wr_bg, last_act_bg, faw, acts, last_rd, last_wr, last_act, t)  # fmt: skip
+            if d < best_col or (d == best_col and i < pending[best]):
+                best, best_col, best_act = q, d, a
         i = pending[best]
         g = bg[i]
         b = bank[i]
@@ -538,22 +616,32 @@ def _simulate_channel(bg, bank, row, nbg, nbank, t, queue):  # pragma: no cover 
             open_row[g, b] = row[i]
         else:
             hits += 1
-        last_rd = best_rd
-        last_rd_bg[g] = best_rd
-        t_rd_bank[g, b] = best_rd
-        done = max(done, best_rd + nCL + nBL)
+        if is_write[i]:
+            last_wr = best_col
+            last_wr_bg[g] = best_col
+            t_wr_bank[g, b] = best_col
+            done = max(done, best_col + nCWL + nBL)
+        else:
+            last_rd = best_col
+            last_rd_bg[g] = best_col
+            t_rd_bank[g, b] = best_col
+            done = max(done, best_col + nCL + nBL)
         npend -= 1
         pending[best] = pending[npend]  # ties compare request ids, so the queue needs no order
     return done, hits, acts
 
 
-def simulate_bursts(spec: DRAMSpec, burst_index: np.ndarray, queue: int = 32) -> DRAMResult:
-    """Event model: read the given bursts (global burst indices), channels in parallel.
+def simulate_bursts(
+    spec: DRAMSpec, burst_index: np.ndarray, queue: int = 32, is_write: np.ndarray | None = None
+) -> DRAMResult:
+    """Event model: read (or, where `is_write` is True, write) the given bursts, channels in parallel.
 
-    Per channel, a controller holds up to `queue` requests and issues next the one whose RD can go
-    earliest (FR-FCFS-like: row hits first, then the oldest); each request's PRE/ACT/RD are committed
-    together, and commands of each type issue in commit order. queue=1 is an in-order controller.
-    Refresh: time divided by (1 - refresh_loss).
+    Per channel, a controller holds up to `queue` requests and issues next the one whose RD/WR can go
+    earliest (FR-FCFS-like: row hits first, then the oldest; a pending request of the bus's current
+    direction wins over one that must wait for a turnaround, so writes drain in batches); each request's
+    PRE/ACT/RD-or-WR are committed together, and commands of each type issue in commit order. queue=1 is
+    an in-order controller. Time ends at the last data beat. Refresh: time divided by (1 - refresh_loss).
+    is_write None (or all False) is a pure read stream.
     """
     check_positive_int("queue", queue)
     idx = np.asarray(burst_index, dtype=np.int64)
@@ -561,29 +649,23 @@ def simulate_bursts(spec: DRAMSpec, burst_index: np.ndarray, queue: int = 32) ->
         return DRAMResult(0.0, 0.0, 0, 0, 0, 0)
     if idx.min() < 0:
         raise CodesignError("burst indices must be non-negative")
+    if is_write is None:
+        wr = np.zeros(idx.size, dtype=np.bool_)
+    else:
+        wr = np.asarray(is_write)
+        if wr.dtype != np.bool_ or wr.shape != idx.shape:
+            raise CodesignError(f"is_write must be a bool array of burst_index's shape {idx.shape}, got "
+                                f"{wr.dtype} {wr.shape}")  # fmt: skip
     c = spec.cycles()
-    t = np.array(
-        [
-            c["nRCD"],
-            c["nRP"],
-            c["nCL"],
-            c["nBL"],
-            c["nCCD_S"],
-            c["nCCD_L"],
-            c["nRRD_S"],
-            c["nRRD_L"],
-            c["nFAW"],
-            c["nRAS"],
-            c["nRTP"],
-        ],
-        dtype=np.int64,
-    )
+    t = np.array([c[k] for k in _EVENT_TIMINGS], dtype=np.int64)
     ch, bg, bank, row, _ = map_bursts(spec, idx)
     worst = 0
     hits = acts = 0
     for k in np.unique(ch):
         m = ch == k
-        d, h, a = _simulate_channel(bg[m], bank[m], row[m], spec.bank_groups, spec.banks_per_group, t, queue)
+        d, h, a = _simulate_channel(
+            bg[m], bank[m], row[m], wr[m], spec.bank_groups, spec.banks_per_group, t, queue
+        )
         worst = max(worst, d)
         hits += h
         acts += a

@@ -31,7 +31,6 @@ from codesign.accel_model.scalesim_geometry import (
     _position_row,
     _used_grid,
 )
-from codesign.accel_model.scalesim_user_gemm import user_read_events
 from codesign.specs import CodesignError, check_positive_int
 
 # SCALE-Sim constants (scalesim/single_layer_sim.py, memory/read_buffer_estimate_bw.py).
@@ -420,6 +419,10 @@ def _user_read_buffer(
     if n_active == n_sets:  # the whole operand fits the active half: no request ever misses
         return _UserReadBuffer({}, first_lines * bw, float(-first_lines), -1.0)
     if isinstance(operand, _AffineMatrix) and not scan:  # GEMM: per-fold walk, no request stream
+        # Imported here: the walk is a numba kernel, and importing numba (~0.3 s) is needed only when a
+        # USER-mode operand misses, not by CALC-mode runs or the rest of the model.
+        from codesign.accel_model.scalesim_user_gemm import user_read_events
+
         events, reads, last = user_read_events(
             g.dataflow, which, g.R, g.C, g.Sr, g.Sc, g.T, g.L, per_set, n_sets, n_active, n_prefetch,
             math.ceil(prefetch / bw), bw, first_lines * bw,

@@ -16,12 +16,15 @@ into a matrix of width W (R or C; the last block's columns past its used width a
     lies inside the window is skipped in O(1) and only folds that straddle a window edge walk their rows.
 Each request that misses is then handled as SCALE-Sim does (one event per slide). Tested against the
 request-stream scan in scalesim_memory.py and against SCALE-Sim itself.
+
+The walk is one numba kernel (it was ~40% of a bandwidth-limited layer's time in Python); its first call
+in a fresh process loads the compiled code from numba's on-disk cache (cache=True), or compiles it once
+(~2 s) when no cache exists yet.
 """
 
 from __future__ import annotations
 
-import bisect
-
+import numba
 import numpy as np
 
 from codesign.specs import CodesignError
@@ -33,63 +36,125 @@ _STREAM_BLOCK = {  # (dataflow, operand) -> fold index selecting the block, for 
     ("is", "filter"): "fr",
 }
 _STATIONARY = (("ws", "filter"), ("is", "ifmap"))
+_NEVER_REACHES = -1  # kernel status: the window slid more than n_sets times without reaching a set
 
 
-class _Window:
-    """SCALE-Sim's circular set window and the fetch events its slides produce."""
-
-    def __init__(self, n_sets: int, n_active: int, n_prefetch: int, lines: int, bw: int, reads: int):
-        self.n_sets, self.n_active, self.n_prefetch = n_sets, n_active, n_prefetch
-        self.lines, self.bw = lines, bw
-        self.start, self.last, self.reads = 0, -1, reads
-        self.events: dict[int, list[int]] = {}
-
-    def hit_end(self, s: int) -> int:
-        """First set above `s` outside the window, or -1 if set `s` misses."""
-        rel = (s - self.start) % self.n_sets
-        return -1 if rel >= self.n_active else s + self.n_active - rel
-
-    def slide_to(self, s: int, row: int) -> None:
-        """Slide until set `s` is in the window; each slide is a fetch completing one line later."""
-        slides = 0
-        while (s - self.start) % self.n_sets >= self.n_active:
-            self.start = (self.start + self.n_prefetch) % self.n_sets
-            self.last += self.lines + 1
-            self.reads += self.lines * self.bw
-            self.events.setdefault(row, []).append(self.last)
-            slides += 1
-            if slides > self.n_sets:
-                raise CodesignError(
-                    "read-buffer window never reaches an address (SCALE-Sim loops forever here)"
-                )
+@numba.njit(cache=True)
+def _slide_to(st, s, row, ev_row, ev_done, n_sets, n_active, n_prefetch, lines, bw):  # pragma: no cover
+    """Slide SCALE-Sim's circular set window until set `s` is in it; each slide is a fetch completing
+    `lines` + 1 cycles after the previous one. st = [window start, last completion, reads, events, status]."""
+    slides = 0
+    while (s - st[0]) % n_sets >= n_active:
+        st[0] = (st[0] + n_prefetch) % n_sets
+        st[1] += lines + 1
+        st[2] += lines * bw
+        n = st[3]
+        if n == ev_row.size:  # grow the event arrays
+            ev_row = np.concatenate((ev_row, np.empty_like(ev_row)))
+            ev_done = np.concatenate((ev_done, np.empty_like(ev_done)))
+        ev_row[n] = row
+        ev_done[n] = st[1]
+        st[3] = n + 1
+        slides += 1
+        if slides > n_sets:
+            st[4] = _NEVER_REACHES
+            break
+    return ev_row, ev_done
 
 
-def _walk_runs(win: _Window, per_set: int, first: list[int], end: list[int], row0: int) -> None:
-    """Requests in runs [first[k], end[k]) of fetch positions (increasing in k) at demand rows row0 + k."""
-    nruns, p_cur, n_sets, n_active = len(first), first[0], win.n_sets, win.n_active
-    while True:
-        k = bisect.bisect_right(end, p_cur)  # first run still holding positions >= p_cur
-        if k == nruns:
-            return
-        p = first[k] if first[k] > p_cur else p_cur
-        s = p // per_set
-        rel = (s - win.start) % n_sets
-        if rel < n_active:
-            p_cur = (s + n_active - rel) * per_set  # every request before that position hits
-        else:
-            win.slide_to(s, row0 + k)
+@numba.njit(cache=True)
+def _fold_hits(st, s_lo, s_hi, n_sets, n_active):  # pragma: no cover - compiled
+    """True if every set s_lo..s_hi lies in the window (the window is contiguous from s_lo's place on)."""
+    rel = (s_lo - st[0]) % n_sets
+    return rel < n_active and s_lo + n_active - rel > s_hi
 
 
-def _walk_run(win: _Window, per_set: int, p0: int, n: int, row: int) -> None:
-    """Requests at fetch positions p0 .. p0 + n - 1, in that order, all at demand row `row`."""
-    p, stop_p = p0, p0 + n
-    while p < stop_p:
-        s = p // per_set
-        stop = win.hit_end(s)
-        if stop < 0:
-            win.slide_to(s, row)
-        else:
-            p = max(p, stop * per_set)
+@numba.njit(cache=True)
+def _walk_stationary(st, ev_row, ev_done, R, C, Sr, Sc, L, per_set, n_sets, n_active, n_prefetch, lines, bw):
+    """Stacked blocks of Sr rows x C columns per column fold, read row by row; a fold issues its block
+    rows last first (block row j at local row R - 1 - j), each a contiguous run of fetch positions."""
+    row_folds, col_folds = -(-Sr // R), -(-Sc // C)
+    for fc in range(col_folds):
+        w = min(C, Sc - fc * C)
+        base = fc * Sr * C  # earlier blocks are full width
+        for fr in range(row_folds):
+            ru = min(R, Sr - fr * R)
+            lo = base + fr * R * w
+            if _fold_hits(st, lo // per_set, (lo + ru * w - 1) // per_set, n_sets, n_active):
+                continue
+            f0 = (fc * row_folds + fr) * L
+            for j in range(ru - 1, -1, -1):
+                p, stop_p, row = lo + j * w, lo + j * w + w, f0 + R - 1 - j
+                while p < stop_p:
+                    s = p // per_set
+                    rel = (s - st[0]) % n_sets
+                    if rel >= n_active:
+                        ev_row, ev_done = _slide_to(
+                            st, s, row, ev_row, ev_done, n_sets, n_active, n_prefetch, lines, bw
+                        )
+                        if st[4] != 0:
+                            return ev_row, ev_done
+                    else:  # every request before the window's end hits
+                        p = max(p, (s + n_active - rel) * per_set)
+    return ev_row, ev_done
+
+
+@numba.njit(cache=True)
+def _valid_above(d, lo, H, H0, W, wl):  # pragma: no cover - compiled
+    """Valid rows >= lo on stacked diagonal d (all W columns, less the last block's padding columns)."""
+    full = max(0, min(H - 1, d) - max(lo, d - W + 1) + 1)
+    if wl == W:
+        return full
+    return full - max(0, min(H - 1, d - wl) - max(max(lo, H0), d - W + 1) + 1)
+
+
+@numba.njit(cache=True)
+def _walk_stream(st, ev_row, ev_done, by_row, prefix, R, C, Sr, Sc, T, L, per_set, n_sets, n_active,
+                 n_prefetch, lines, bw):  # fmt: skip
+    """Anti-diagonal operands: run k of block b is stacked diagonal bT + k, fetch positions
+    [first, end) in issue order, all at local demand row prefix + k of a fold that uses block b."""
+    row_folds, col_folds = -(-Sr // R), -(-Sc // C)
+    W, size, nb = (R, Sr, row_folds) if by_row else (C, Sc, col_folds)
+    wl = size - (nb - 1) * W  # used width of the last block; the rest of its columns are padding
+    H, H0 = nb * T, (nb - 1) * T
+    before = np.zeros(H + W, np.int64)  # before[d]: valid entries on stacked diagonals < d
+    for d in range(H + W - 1):
+        before[d + 1] = before[d] + _valid_above(d, 0, H, H0, W, wl)
+    nk = T + W - 1
+    first = np.empty((nb, nk), np.int64)
+    end = np.empty((nb, nk), np.int64)
+    for b in range(nb):
+        used = min(W, size - b * W)
+        for k in range(nk):
+            d = b * T + k
+            hi, lo = min(b * T + T - 1, d), max(b * T, d - used + 1)
+            first[b, k] = before[d] + _valid_above(d, hi + 1, H, H0, W, wl)
+            end[b, k] = first[b, k] + (hi - lo + 1)
+    for fc in range(col_folds):
+        for fr in range(row_folds):
+            b = fr if by_row else fc
+            nr = nk if b < nb - 1 else T + wl - 1  # the last, narrower block has fewer runs
+            if _fold_hits(st, first[b, 0] // per_set, (end[b, nr - 1] - 1) // per_set, n_sets, n_active):
+                continue
+            row0 = (fc * row_folds + fr) * L + prefix
+            ends = end[b, :nr]
+            p_cur = first[b, 0]
+            while True:
+                k = np.searchsorted(ends, p_cur, side="right")  # first run still holding positions >= p_cur
+                if k == nr:
+                    break
+                p = max(first[b, k], p_cur)
+                s = p // per_set
+                rel = (s - st[0]) % n_sets
+                if rel < n_active:
+                    p_cur = (s + n_active - rel) * per_set  # every request before that position hits
+                else:
+                    ev_row, ev_done = _slide_to(
+                        st, s, row0 + k, ev_row, ev_done, n_sets, n_active, n_prefetch, lines, bw
+                    )
+                    if st[4] != 0:
+                        return ev_row, ev_done
+    return ev_row, ev_done
 
 
 def user_read_events(
@@ -115,66 +180,21 @@ def user_read_events(
     steps, L demand rows per fold. events maps a demand row to the completion cycles of the fetches its
     misses triggered; the first `first_reads` words were prefetched before cycle 0.
     """
-    row_folds, col_folds = -(-Sr // R), -(-Sc // C)
-    win = _Window(n_sets, n_active, n_prefetch, lines, bw, first_reads)
     key = (dataflow, which)
-    if key in _STATIONARY:  # stacked blocks of Sr rows x C columns per column fold, read row by row
-        for fc in range(col_folds):
-            w = min(C, Sc - fc * C)
-            base = fc * Sr * C  # earlier blocks are full width
-            for fr in range(row_folds):
-                ru = min(R, Sr - fr * R)
-                lo = base + fr * R * w
-                s_lo, s_hi = lo // per_set, (lo + ru * w - 1) // per_set
-                stop = win.hit_end(s_lo)
-                if stop > s_hi:  # the whole fold hits
-                    continue
-                f0 = (fc * row_folds + fr) * L
-                for j in range(ru - 1, -1, -1):  # block row j is issued at local row R - 1 - j
-                    _walk_run(win, per_set, lo + j * w, w, f0 + R - 1 - j)
-        return win.events, win.reads, win.last
-    if key not in _STREAM_BLOCK:
+    st = np.array([0, -1, first_reads, 0, 0], dtype=np.int64)
+    ev_row, ev_done = np.empty(64, np.int64), np.empty(64, np.int64)
+    win = (per_set, n_sets, n_active, n_prefetch, lines, bw)
+    if key in _STATIONARY:
+        ev_row, ev_done = _walk_stationary(st, ev_row, ev_done, R, C, Sr, Sc, L, *win)
+    elif key in _STREAM_BLOCK:
+        prefix = 0 if dataflow == "os" else R
+        by_row = _STREAM_BLOCK[key] == "fr"
+        ev_row, ev_done = _walk_stream(st, ev_row, ev_done, by_row, prefix, R, C, Sr, Sc, T, L, *win)
+    else:
         raise CodesignError(f"unknown operand {key!r}")
-    by_row = _STREAM_BLOCK[key] == "fr"
-    W, size, nb = (R, Sr, row_folds) if by_row else (C, Sc, col_folds)
-    prefix = 0 if dataflow == "os" else R
-    wl = size - (nb - 1) * W  # used width of the last block; the rest of its columns are padding
-    H, H0 = nb * T, (nb - 1) * T
-
-    # Valid entries on each stacked diagonal (all W columns, less the last block's padding), summed:
-    # before[d] = valid entries on diagonals < d.
-    dg = np.arange(H + W - 1, dtype=np.int64)
-    per_diag = np.minimum(H - 1, dg) - np.maximum(0, dg - W + 1) + 1
-    if wl < W:
-        per_diag -= np.maximum(0, np.minimum(H - 1, dg - wl) - np.maximum(H0, dg - W + 1) + 1)
-    before = np.concatenate(([0], np.cumsum(per_diag)))
-
-    def valid_above(d: np.ndarray, lo: np.ndarray) -> np.ndarray:  # valid rows >= lo on diagonal d
-        full = np.maximum(0, np.minimum(H - 1, d) - np.maximum(lo, d - W + 1) + 1)
-        if wl == W:
-            return full
-        pad = np.maximum(0, np.minimum(H - 1, d - wl) - np.maximum(np.maximum(lo, H0), d - W + 1) + 1)
-        return full - pad
-
-    # Run k of block b is stacked diagonal bT + k, rows hi down to lo (all blocks at once; the last,
-    # narrower block has only T + wl - 1 runs).
-    b = np.arange(nb, dtype=np.int64)[:, None]
-    d = b * T + np.arange(T + W - 1, dtype=np.int64)[None, :]
-    hi = np.minimum(b * T + T - 1, d)
-    lo = np.maximum(b * T, d - np.minimum(W, size - b * W) + 1)
-    firsts = before[d] + valid_above(d, hi + 1)
-    ends = (firsts + (hi - lo + 1)).tolist()
-    firsts = firsts.tolist()
-    runs = {b_: (firsts[b_], ends[b_]) for b_ in range(nb - 1)}
-    runs[nb - 1] = (firsts[-1][: T + wl - 1], ends[-1][: T + wl - 1])
-    for fc in range(col_folds):
-        for fr in range(row_folds):
-            b_ = fr if by_row else fc
-            first, end = runs[b_]
-            s_lo, s_hi = first[0] // per_set, (end[-1] - 1) // per_set
-            stop = win.hit_end(s_lo)
-            if stop > s_hi:  # the whole fold hits
-                continue
-            f0 = (fc * row_folds + fr) * L + prefix
-            _walk_runs(win, per_set, first, end, f0)
-    return win.events, win.reads, win.last
+    if st[4] == _NEVER_REACHES:
+        raise CodesignError("read-buffer window never reaches an address (SCALE-Sim loops forever here)")
+    events: dict[int, list[int]] = {}
+    for row, done in zip(ev_row[: st[3]].tolist(), ev_done[: st[3]].tolist()):
+        events.setdefault(row, []).append(done)
+    return events, int(st[2]), int(st[1])
