@@ -15,6 +15,8 @@ Schema (version 1; every key except the optional units is required, unknown keys
     vector: {lanes: 1024, count: 1, depth: 8, sfu_cost: 4}
     kv_quant: {lanes: 32, depth: 6, count: 8, outlier_ports: 2}         # optional
     pim: {preset: HBM3, units: 5, banks_per_unit: 1, lanes: 16, gemv_max_batch: 0}   # optional
+    huffman_decoder: {lanes: 64, symbols_per_cycle: 1, pipeline_depth: 3, lut_tables: 4,
+                      second_level_fraction: 0.01}   # optional: decodes DF11 weights (huffman_decoder.py)
     links: {noc_mm: 10, chip_link_gbps: 300, link_pj_per_bit: 1.3}
 
 Errors name the file and the field: "tpu_like.yaml: systolic.rows: must be a positive integer, got 0".
@@ -33,6 +35,11 @@ import yaml
 
 from codesign.accel_model.dram import PRESETS, DRAMSpec, dram_preset
 from codesign.accel_model.energy import VDD, EnergyModel
+from codesign.accel_model.huffman_decoder import (
+    DEFAULT_SECOND_LEVEL_FRACTION,
+    HuffmanDecoderSpec,
+    huffman_area_um2,
+)
 from codesign.accel_model.kv_quant_engine import KVQuantEngineSpec
 from codesign.accel_model.pim import PIMSpec
 from codesign.accel_model.sram import SRAMSpec
@@ -62,7 +69,11 @@ class LinkSpec:
 
 @dataclass(frozen=True)
 class Design:
-    """A validated design. `pim_gemv_max_batch`: GEMMs with M <= this run on the PIM units (0: never)."""
+    """A validated design. `pim_gemv_max_batch`: GEMMs with M <= this run on the PIM units (0: never).
+
+    `huffman_decoder` (optional, last so positional construction is unchanged): the DF11 weight decode
+    unit; GEMMs with df11 weights stream through it (evaluate.py).
+    """
 
     name: str
     node_nm: int
@@ -76,6 +87,7 @@ class Design:
     pim_gemv_max_batch: int
     links: LinkSpec
     source: str = "<dict>"
+    huffman_decoder: HuffmanDecoderSpec | None = None
 
     def buffer(self, name: str) -> SRAMSpec:
         """The SRAM buffer called `name`."""
@@ -102,6 +114,8 @@ class Design:
         out["vector"] = self.vector.lanes * self.vector.count * em.vector_lane_um2() / 1e6
         if self.kv_quant is not None:
             out["kv_quant"] = self.kv_quant.lanes * self.kv_quant.count * em.kvq_lane_um2() / 1e6
+        if self.huffman_decoder is not None:
+            out["huffman_decoder"] = huffman_area_um2(self.huffman_decoder, em) / 1e6
         return out
 
 
@@ -247,6 +261,19 @@ def design_from_dict(data: Any, where: str = "<dict>") -> Design:
         gemv_max = p.int("gemv_max_batch", 0, minimum=0)
         p.done()
 
+    huff = None
+    if r.has("huffman_decoder"):
+        h = r.sub("huffman_decoder")
+        hargs = (
+            h.int("lanes"),
+            h.int("symbols_per_cycle", 1),
+            h.int("pipeline_depth", 3, minimum=0),
+            h.int("lut_tables", 4),
+            h.num("second_level_fraction", DEFAULT_SECOND_LEVEL_FRACTION, positive=False),
+        )
+        huff = _wrap(h, "", lambda: HuffmanDecoderSpec(*hargs))
+        h.done()
+
     li = r.sub("links")
     links = LinkSpec(
         li.num("noc_mm"),
@@ -257,7 +284,19 @@ def design_from_dict(data: Any, where: str = "<dict>") -> Design:
     r.done()
 
     design = Design(
-        str(name), node, clock, memory, systolic, tuple(buffers), vector, kvq, pim, gemv_max, links, where
+        str(name),
+        node,
+        clock,
+        memory,
+        systolic,
+        tuple(buffers),
+        vector,
+        kvq,
+        pim,
+        gemv_max,
+        links,
+        where,
+        huff,
     )
     _check_tiles(design, r)
     return design

@@ -31,6 +31,12 @@ of HBM2's 3.9 pJ/bit to data movement outside the bank, so an in-bank column rea
 45 nm logic (HBM-PIM, Kwon et al. ISSCC 2021, built it in a 20 nm DRAM process at 300 MHz): the
 45 nm fp16 MAC (1.5 pJ) is used unscaled.
 
+Huffman (DF11) decode lane logic, per code (estimate): a 32-bit bit-pointer add (int32 add 0.1 pJ,
+Horowitz) and a 32-bit, 5-stage window barrel shifter taken as two int32 adds' worth of switching
+(0.2 pJ): 0.3 pJ at 45 nm; the bf16 merge is wiring. Lane area (estimate): int32 adder 137 um^2
+(Horowitz) + 160 2:1 muxes of the shifter at ~4 um^2 + 64 flip-flops of window/pointer state at
+~5 um^2 (45 nm standard cells): ~1100 um^2. The lane's LUTs are SRAM, costed with the SRAM rules.
+
 NoC / on-chip wires: 0.2 pJ per bit per mm at 45 nm-class nodes (estimate from Dally et al., "GPUs
 and the future of parallel computing", IEEE Micro 2011, ~25 pJ to move 64 bits 2 mm).
 
@@ -88,6 +94,9 @@ VECTOR_OP_45 = 3.7 + 0.9
 # KV quant engine, per element, fp16-class datapath: compare (0.4) + subtract (0.4) + multiply (1.1)
 # + round and pack (~0.1, integer): 2.0 pJ at 45 nm.
 KVQ_ELEM_45 = 2.0
+# Huffman decode lane, per code and per read port (module docstring: estimates from Horowitz's int32 add).
+HUFF_SYMBOL_45 = 0.3
+HUFF_LANE_UM2_45 = 137.0 + 160 * 4.0 + 64 * 5.0
 
 
 @lru_cache(maxsize=256)
@@ -167,6 +176,14 @@ class EnergyModel:
     def kvq_lane_um2(self) -> float:
         """Area of one KV-quant lane (estimate: one fp16 multiplier and two fp16 adders)."""
         return (1640.0 + 2 * 1360.0) * self.a_scale
+
+    def huffman_symbol_pj(self) -> float:
+        """Huffman decode lane logic per code (bit-pointer add, window shift; estimate)."""
+        return HUFF_SYMBOL_45 * self.e_scale
+
+    def huffman_lane_um2(self) -> float:
+        """Logic area of one Huffman decode read port (adder, barrel shifter, state; estimate)."""
+        return HUFF_LANE_UM2_45 * self.a_scale
 
     @staticmethod
     def dram_pj_per_bit(pj_per_bit: float) -> float:

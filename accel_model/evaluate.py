@@ -2,6 +2,11 @@
 
 Where each op runs:
     Gemm, MoERouter's GEMM     systolic arrays (or the PIM units for M <= pim_gemv_max_batch)
+    Gemm with df11 weights     DRAM streams the compressed weights (the format's bits per weight); the
+                               Huffman decode unit (`huffman_decoder.py`) turns them into bf16 in the
+                               filter buffer, overlapped with the arrays' dense GEMM as a stream; a
+                               design without that unit decodes on the vector lanes (software decode,
+                               DF11_VECTOR_OPS lane-ops per weight)
     PagedDecodeAttention       PIM units when the design has them and the KV cache is fp16/bf16
                                (softmax and partial-sum reduction on the vector unit, serialised);
                                otherwise QK^T and P.V (GEMVs) on the arrays or as FMAs on the vector
@@ -27,7 +32,8 @@ longer of the two, which is the stall-free bound; SRAM traffic follows SCALE-Sim
 GEMM, too slow for hundreds of ops per model step.
 
 Energy (pJ) by "unit.action": systolic.mac, sram.<buffer>.read/write, dram.access (reads and writes
-alike), noc.transfer, vector.op, kv_quant.elem, pim.mac, pim.bank_read, pim.io, link.transfer.
+alike), noc.transfer, vector.op, kv_quant.elem, pim.mac, pim.bank_read, pim.io, link.transfer,
+huffman.lut_read, huffman.logic.
 Static (leakage) power is not modelled.
 """
 
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 from codesign.accel_model import pim as pim_model
 from codesign.accel_model.design import Design
 from codesign.accel_model.dram import random_access, stream_access
+from codesign.accel_model.huffman_decoder import huffman_cost
 from codesign.accel_model.kv_quant_engine import kvq_cost
 from codesign.accel_model.vector_unit import vector_cost
 from codesign.specs import (
@@ -225,14 +232,47 @@ def _weight_elem_bytes(spec: Gemm) -> float:
     return spec.weight.total_bytes(spec.N, spec.K) / (spec.N * spec.K)
 
 
+# Software DF11 decode on the vector lanes, lane-ops per weight (estimate, the Triton decoder's per-code
+# work): align the 32-bit window (2), LUT lookup (1), length/symbol extract and pointer add (2), load
+# sign+mantissa and merge into bf16 (2), loop control (1).
+DF11_VECTOR_OPS = 8
+DF11_DECODED_BYTES = 2  # the decoder writes dense bf16 into the filter buffer
+
+
 def _gemm(acc: _Acc, spec: Gemm) -> Result:
     d = acc.d
     if d.pim is not None and 0 < spec.M <= d.pim_gemv_max_batch and pim_model.supports(spec):
         return _pim_gemv(acc, spec)
+    if spec.weight.dtype == "df11":
+        return _df11_gemm(acc, spec)
     acc.array(spec.M, spec.N, spec.K, spec.batch, spec.act_dtype, _weight_elem_bytes(spec))
     w_bytes = spec.batch * spec.weight.total_bytes(spec.N, spec.K)
     act_bytes = spec.batch * spec.M * spec.K * dtype_bytes(spec.act_dtype)
     chunks = max(1, math.ceil(w_bytes / d.buffer("filter").usable_bytes))
+    acc.dram(spec.min_bytes() + (chunks - 1) * act_bytes)
+    return acc.result(spec, "systolic")
+
+
+def _df11_gemm(acc: _Acc, spec: Gemm) -> Result:
+    """Decompress (Huffman unit, or vector lanes without one) + dense bf16 GEMM, overlapped as a stream.
+
+    DRAM moves the compressed weights (`spec.min_bytes()` counts the format's bits per weight); the
+    filter buffer holds decoded bf16, so the activation re-reads follow the decoded size.
+    """
+    d = acc.d
+    n_w = spec.batch * spec.N * spec.K
+    if d.huffman_decoder is not None:
+        c = huffman_cost(d.huffman_decoder, n_w, acc.em)
+        acc.add(acc.busy, "huffman", c.cycles / (d.clock_ghz * 1e9))
+        acc.add(acc.energy, "huffman.lut_read", c.lut_pj)
+        acc.add(acc.energy, "huffman.logic", c.logic_pj)
+    else:
+        ops = n_w * DF11_VECTOR_OPS
+        acc.add(acc.busy, "vector", -(-ops // (d.vector.lanes * d.vector.count)) / (d.clock_ghz * 1e9))
+        acc.add(acc.energy, "vector.op", ops * acc.em.vector_op_pj())
+    acc.array(spec.M, spec.N, spec.K, spec.batch, spec.act_dtype, DF11_DECODED_BYTES)
+    act_bytes = spec.batch * spec.M * spec.K * dtype_bytes(spec.act_dtype)
+    chunks = max(1, math.ceil(n_w * DF11_DECODED_BYTES / d.buffer("filter").usable_bytes))
     acc.dram(spec.min_bytes() + (chunks - 1) * act_bytes)
     return acc.result(spec, "systolic")
 
@@ -388,6 +428,8 @@ def design_fields_read(has_pim: bool, pim_gemv_max_batch: int, spec: OpSpec) -> 
     another unit must add it here (tests/test_explore_speed.py compares against uncached evaluation).
     """
     if isinstance(spec, Gemm):
+        if spec.weight.dtype == "df11":  # never PIM (pim.supports: fp16/bf16 only); decoder or vector lanes
+            return (*_ALWAYS, "systolic", "vector", "huffman_decoder")
         if has_pim and 0 < spec.M <= pim_gemv_max_batch:  # may take the PIM GEMV path (host ops on vector)
             return (*_ALWAYS, "systolic", "vector", "pim", "pim_gemv_max_batch")
         return (*_ALWAYS, "systolic")
@@ -411,7 +453,7 @@ def design_fields_read(has_pim: bool, pim_gemv_max_batch: int, spec: OpSpec) -> 
     if isinstance(spec, Norm | Softmax | RoPE | Elementwise | Sampling | AllReduce):
         return (*_ALWAYS, "vector")
     # Unknown operators: every field (evaluate raises for them anyway).
-    return (*_ALWAYS, "systolic", "vector", "kv_quant", "pim", "pim_gemv_max_batch")
+    return (*_ALWAYS, "systolic", "vector", "kv_quant", "pim", "pim_gemv_max_batch", "huffman_decoder")
 
 
 def evaluate(design: Design, spec: OpSpec) -> Result:

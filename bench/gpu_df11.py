@@ -6,7 +6,9 @@ F.linear (bit-identical to the BF16 layer), and `df11_gemv` (weights decoded in 
 relative error against fp64 is reported). Weights are synthetic N(0, 0.02) (a trained layer's exponent
 histogram: ~2.6 bits of entropy). Every shape is checked bit-exact on the GPU (decoded bits, and the
 buffered GEMV output against F.linear on the original weight). A small sweep over chunk size and chunks per
-program (lanes) feeds the choice of defaults.
+program (lanes) feeds the choice of defaults. Small M (2..16, batched decode / short prefill): the fused
+tile GEMM (`df11_gemm`, no decompressed weight) against decode-into-buffer + F.linear and plain BF16
+F.linear, with its error against fp64, for choosing `df11_linear.FUSED_MAX_M`.
 
 Entry point for the GPU suite: `run(report)` adds report["df11"]. Standalone:
 .venv/bin/python bench/gpu_df11.py [--quick] [--json out.json]
@@ -21,12 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from codesign.kernels import df11_codec as codec
-from codesign.kernels.df11_linear import DecodeWorkspace, PackedDF11, df11_gemv
+from codesign.kernels.df11_linear import DecodeWorkspace, PackedDF11, df11_gemm, df11_gemv
 
 TARGET_DECODE_GBPS = 200.0
 TARGET_GEMV_SLOWDOWN = 1.3
 # (N, K): Llama-2-7B's q/o projection, its MLP up and down projections.
 SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008)]
+SMALL_M = (2, 4, 8, 16)
 SWEEP = [(8, 128), (16, 128), (32, 64), (32, 128), (32, 256), (64, 128)]  # (chunk_bytes, chunks_per_group)
 
 
@@ -64,6 +67,28 @@ def _one(n: int, k: int, chunk_bytes: int, chunks_per_group: int, dev: torch.dev
     }  # fmt: skip
 
 
+def _small_m(n: int, k: int, dev: torch.device, ms: tuple[int, ...]) -> list[dict]:
+    """Fused tile GEMM vs decode-into-buffer + F.linear vs BF16 F.linear at small M (one weight)."""
+    w = (torch.randn(n, k, device=dev, dtype=torch.float32) * 0.02).to(torch.bfloat16)
+    df = codec.compress(w.cpu())
+    packed = PackedDF11(df, dev, segment=1024)
+    buf = DecodeWorkspace().get(n * k, dev)
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        ref = x.double() @ w.double().T
+        y = df11_gemm(packed, x)
+        t_bf16 = _bench_ms(lambda x=x: F.linear(x, w))
+        t_buf = _bench_ms(lambda x=x: F.linear(x, packed.decode_into(buf, check=False)))
+        t_fused = _bench_ms(lambda x=x: df11_gemm(packed, x, check=False))
+        rows.append({
+            "n": n, "k": k, "m": m, "bits_per_weight": packed.bits_per_weight, "bf16_ms": t_bf16,
+            "decode_then_gemm_ms": t_buf, "fused_gemm_ms": t_fused, "fused_slowdown": t_fused / t_bf16,
+            "buffer_slowdown": t_buf / t_bf16, "fused_rel_err": float((y.double() - ref).norm() / ref.norm()),
+        })  # fmt: skip
+    return rows
+
+
 def run(report: dict, quick: bool = False) -> None:
     """Measure on the current CUDA device and store results under report["df11"] (needs a GPU)."""
     if not torch.cuda.is_available():
@@ -76,6 +101,7 @@ def run(report: dict, quick: bool = False) -> None:
             for n, k in (SHAPES[:1] if quick else SHAPES)]  # fmt: skip
     out["shapes"] = rows
     out["sweep_4096x4096"] = [_one(4096, 4096, cb, cpg, dev) for cb, cpg in (SWEEP[:2] if quick else SWEEP)]
+    out["small_m_4096x4096"] = _small_m(4096, 4096, dev, SMALL_M[:2] if quick else SMALL_M)
     out["all_bit_exact"] = all(r["bit_exact"] for r in rows + out["sweep_4096x4096"])
     out["decode_target_met"] = all(r["decode_gbps"] >= TARGET_DECODE_GBPS for r in rows)
     out["gemv_target_met"] = all(r["gemv_slowdown"] <= TARGET_GEMV_SLOWDOWN for r in rows)

@@ -4,6 +4,13 @@ Per node: t = max(flops / peak(spec.peak_key()), bytes / mem_bw); all-reduces
 use the link bandwidth instead. The sum over nodes (no overlap between
 operators) is a lower bound on the step's time: a measured latency below it
 means a wrong spec or a wrong catalogue figure.
+
+DF11 (lossless BF16, issue 11) weights: the bytes are the compressed ones (the spec's `min_bytes`
+counts the format's bits per weight). A decoder throughput can be given as one more roof, overlapped
+with the others as the fused kernels stream it: t = max(flops / peak, bytes / mem_bw, N K batch x 2 B /
+decode_bw). It is off by default so the roofline stays a lower bound: no GPU has measured our decoder
+yet, and issue 11's figure (DF11_DECODE_BW = 200 GB/s of decoded bf16) is a floor to meet, not a
+ceiling; pass decode_bw=DF11_DECODE_BW (or a measured figure) to see its effect.
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ from pathlib import Path
 import networkx as nx
 
 from codesign.catalog.gpus import GPUSpec
-from codesign.specs import OpSpec
+from codesign.specs import Gemm, OpSpec
+
+DF11_DECODE_BW = 200e9  # bytes/s of decoded bf16: issue 11's target (module docstring), not a measurement
 
 
 @dataclass(frozen=True)
@@ -29,18 +38,29 @@ class RooflineRow:
     flops: float
     bytes: float
     intensity: float
-    bound: str  # "compute", "memory" or "link"
+    bound: str  # "compute", "memory", "link" or "decode" (DF11 weights)
     time_s: float
     example: str
 
 
-def op_time(spec: OpSpec, gpu: GPUSpec) -> tuple[float, str]:
-    """(roofline seconds, bound) of one operator on `gpu`."""
+def df11_decode_s(spec: OpSpec, decode_bw: float | None) -> float:
+    """Seconds to decode a GEMM's DF11 weights: batch x N x K x 2 B / decode_bw (0 for other ops, or
+    when decode_bw is None: no decoder roof)."""
+    if decode_bw is None or not isinstance(spec, Gemm) or spec.weight.dtype != "df11":
+        return 0.0
+    return spec.batch * spec.N * spec.K * 2 / decode_bw
+
+
+def op_time(spec: OpSpec, gpu: GPUSpec, decode_bw: float | None = None) -> tuple[float, str]:
+    """(roofline seconds, bound) of one operator on `gpu` (DF11 decode roof: module docstring)."""
     key = spec.peak_key()
     if key == "link":
         return spec.min_bytes() / gpu.link_bw, "link"
     t_c = spec.flops() / gpu.peak(key)
     t_m = spec.min_bytes() / gpu.mem_bw
+    t_d = df11_decode_s(spec, decode_bw)
+    if t_d > max(t_c, t_m):
+        return t_d, "decode"
     return (t_c, "compute") if t_c >= t_m else (t_m, "memory")
 
 
@@ -96,16 +116,16 @@ class RooflineReport:
         }
 
 
-NON_LAYER_OPS = ("embedding", "final_norm", "lm_head", "sampling")
+NON_LAYER_OPS = ("embedding", "pos_embedding", "embed_add", "final_norm", "lm_head", "sampling")
 
 
-def roofline(graph: nx.DiGraph, gpu: GPUSpec) -> RooflineReport:
-    """Aggregate the roofline time of every node of `graph` by operator role."""
+def roofline(graph: nx.DiGraph, gpu: GPUSpec, decode_bw: float | None = None) -> RooflineReport:
+    """Aggregate the roofline time of every node of `graph` by operator role (decode_bw: DF11 weights)."""
     acc: OrderedDict[str, dict] = OrderedDict()
     layers = 0
     for _, data in graph.nodes(data=True):
         spec: OpSpec = data["spec"]
-        t, bound = op_time(spec, gpu)
+        t, bound = op_time(spec, gpu, decode_bw)
         a = acc.setdefault(
             data["op"],
             {"count": 0, "flops": 0.0, "bytes": 0.0, "time": 0.0, "bound_t": {}, "example": spec.describe()},

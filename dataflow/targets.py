@@ -7,6 +7,9 @@ The scheduler picks among candidates by cost unless the user pins a unit.
 - `GPUTarget`: a catalogue GPU costed by the calibrated model in gpu_model.py;
   units "gpu" (SMs and HBM together) and "link" (NVLink/PCIe, so all-reduces can
   overlap compute). Energy is TDP x time: an upper bound, labelled as such.
+  GEMMs with DF11 weights move their compressed bytes; with `df11_decode_bw` (bytes/s of decoded
+  bf16) they also take at least the decode time (`roofline.df11_decode_s`, overlapped with the GEMM
+  as the fused kernels do). Off by default until a GPU run measures the decoder.
 - `DesignTarget`: a simulated design costed by `accel_model.evaluate`. Where a
   design has optional units (PIM, KV-quant engines), the same operator is also
   costed on the design without them, which gives the alternative placement
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 
 from codesign.catalog.gpus import GPUSpec, list_gpus, load_gpu
 from codesign.dataflow.gpu_model import efficiencies, gpu_op_time
+from codesign.dataflow.roofline import df11_decode_s
 from codesign.specs import (
     AllReduce,
     CodesignError,
@@ -58,8 +62,9 @@ class GPUTarget:
 
     kind = "gpu"
 
-    def __init__(self, gpu: GPUSpec, launch: str = "graph"):
+    def __init__(self, gpu: GPUSpec, launch: str = "graph", df11_decode_bw: float | None = None):
         self.gpu = gpu
+        self.df11_decode_bw = df11_decode_bw
         self.name = gpu.key
         self.launch = launch  # "graph" (serving with CUDA graphs) or "eager" (as the calibration measured)
         self._eff = efficiencies(gpu)
@@ -73,6 +78,11 @@ class GPUTarget:
     @functools.lru_cache(maxsize=4096)  # noqa: B019 - specs are hashable; targets live as long as a mapping
     def candidates(self, spec: OpSpec) -> tuple[Placement, ...]:
         t = gpu_op_time(spec, self.gpu, self._eff, self.launch)
+        t_decode = df11_decode_s(spec, self.df11_decode_bw)
+        if t_decode > t:  # DF11 weights: the decode throughput, not the GEMM, sets the time
+            dram = spec.min_bytes() / self.gpu.mem_bw
+            return (Placement("gpu", t_decode, min(dram, t_decode), t_decode * self.gpu.tdp_w,
+                              {"dram": spec.min_bytes()}, "decode"),)  # fmt: skip
         if isinstance(spec, AllReduce):
             return (Placement("link", t, 0.0, t * self.gpu.tdp_w * 0.1, {"link": spec.min_bytes()}, "link"),)
         dram = spec.min_bytes() / self.gpu.mem_bw

@@ -13,6 +13,17 @@ host memory: correct but slow). "auto" picks triton on CUDA, torch on CPU.
 
 `df11_gemv(packed, x)` is the decode-step alternative for one row x: the Triton kernel decodes the
 weight in registers and never writes it (fp32 sums: close to, not bit-identical with, F.linear).
+`df11_gemm(packed, x)` (`df11_gemm` module) does the same for a few rows: tiles decoded in registers.
+
+Which path runs is chosen in one place, `choose_path(m, backend, exact)`, used by `df11_linear` and
+by the layer's forward:
+    exact (default)            decode into the shared buffer + F.linear: bit-identical to nn.Linear
+    not exact, triton, M == 1  fused GEMV (`df11_gemv`)
+    not exact, triton, M <= FUSED_MAX_M   fused tile GEMM (`df11_gemm`), never a decompressed weight
+    otherwise                  the buffer path (at larger M the GEMM is compute-bound and one decode
+                               per layer is amortised over the rows)
+The fused paths sum in fp32 in their own order: within fp32 rounding of the fp64 reference, not
+bit-identical to F.linear (see `df11_gemm` for what they are exact against).
 """
 
 from __future__ import annotations
@@ -27,9 +38,14 @@ from torch import nn
 
 from codesign.backend import interpreter_enabled, resolve_backend
 from codesign.kernels import df11_codec as codec
+from codesign.kernels import df11_gemm as fused
 from codesign.specs import CodesignError, WeightFormat
 
 OP = "df11_decode"
+LINEAR_OP = "df11_linear"
+# Up to 16 rows the fused tile GEMM does x-row FMAs per decoded weight on CUDA cores; beyond that the
+# work per weight grows with M while the buffer path's decode is paid once. Untuned (no GPU numbers).
+FUSED_MAX_M = 16
 
 
 @dataclass(frozen=True)
@@ -38,12 +54,18 @@ class LosslessBF16Config:
 
     check: after each decode, read the kernel's per-group error flags (one host sync per layer) and
     raise on a corrupt stream. Set False only for streams already validated (e.g. CUDA-graph capture).
+    exact: True (default) always decodes into the shared buffer and runs F.linear, so outputs are
+    bit-identical to nn.Linear; False lets `choose_path` pick the fused GEMV / tile GEMM for small M
+    (fp32 sums in another order) and packs the row-segment index those need (`segment` columns per
+    entry: 64 / segment bits per weight more).
     """
 
     max_code_len: int = codec.DEFAULT_MAX_CODE_LEN
     chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
     chunks_per_group: int = codec.DEFAULT_CHUNKS_PER_GROUP
     check: bool = True
+    exact: bool = True
+    segment: int = fused.DEFAULT_SEGMENT
 
 
 # ----------------------------------------------------------------------------- the decode op
@@ -89,9 +111,14 @@ def _(stream, sign_mantissa, gaps, group_offsets, luts, out, err, total_bits, ma
 
 
 class PackedDF11(nn.Module):
-    """A `DF11Tensor` as device buffers (moved by `.to()`), decodable by `codesign::df11_decode`."""
+    """A `DF11Tensor` as device buffers (moved by `.to()`), decodable by `codesign::df11_decode`.
 
-    def __init__(self, df: codec.DF11Tensor, device: torch.device | str | None = None) -> None:
+    segment: also pack the row-segment index of the fused tile GEMM (`df11_gemm.segment_index`, 2-D
+    weights only); `nbytes` then counts it (int64 per `segment` weights of a row).
+    """
+
+    def __init__(self, df: codec.DF11Tensor, device: torch.device | str | None = None,
+                 segment: int | None = None) -> None:  # fmt: skip
         super().__init__()
         self.shape = tuple(df.shape)
         self.numel = df.numel
@@ -110,6 +137,10 @@ class PackedDF11(nn.Module):
         self.register_buffer(
             "err", torch.zeros(max(df.group_offsets.size - 1, 1), dtype=torch.int32, device=device)
         )
+        self.segment = segment
+        idx = None if segment is None else fused.segment_index(df, segment)
+        self.register_buffer("seg_bits", None if idx is None else torch.from_numpy(idx).to(device))
+        self.nbytes += 0 if idx is None else idx.nbytes
 
     @property
     def bits_per_weight(self) -> float:
@@ -176,6 +207,97 @@ def df11_gemv(
     return y.to(torch.bfloat16).reshape(*x.shape[:-1], n)
 
 
+def df11_gemm(
+    packed: PackedDF11, x: torch.Tensor, bias: torch.Tensor | None = None, check: bool = True
+) -> torch.Tensor:
+    """y = x @ W^T (+ bias) for bf16 x [..., K] with few rows, W [N, K] decoded tile by tile in registers.
+
+    Needs a PackedDF11 built with `segment=` (the row-segment index). Accumulates in fp32 (order in
+    `df11_gemm` module docstring: deterministic and exact against a sequential fp32 sum when K is not
+    split); returns bf16 [..., N]. Runs the Triton kernel: CUDA tensors, or CPU under the interpreter.
+    """
+    n, k = _check_call("df11_gemm", packed, x, bias)
+    if x.device.type != "cuda" and not interpreter_enabled():
+        raise CodesignError("df11_gemm runs a Triton kernel: CUDA tensors, or CPU with TRITON_INTERPRET=1")
+    if packed.seg_bits is None:
+        raise CodesignError(
+            "df11_gemm needs the row-segment index: build PackedDF11(df, device, segment=...)"
+        )
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    cfg = fused.gemm_config(m, n, k, x.device)
+    grid = fused.launch_grid(m, n, k, packed.segment, cfg)
+    y = (torch.zeros if grid[1] > 1 else torch.empty)((m, n), dtype=torch.float32, device=x.device)
+    err = torch.zeros(grid[0] * grid[1] * grid[2], dtype=torch.int32, device=x.device)
+    fused.df11_gemm_triton(packed.stream, packed.sign_mantissa, packed.luts, packed.seg_bits,
+                           x2.view(torch.int16), y, err, n, k, packed.segment, packed.levels, cfg)  # fmt: skip
+    if check and err.numel() and int(err.max()) != 0:
+        raise CodesignError("df11 stream is corrupt: a weight row did not decode to its indexed length")
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(torch.bfloat16).reshape(*x.shape[:-1], n)
+
+
+def _check_call(name: str, packed: PackedDF11, x: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    """(N, K) after the argument checks every DF11 linear path shares; raises CodesignError."""
+    if not isinstance(packed, PackedDF11) or len(packed.shape) != 2:
+        raise CodesignError(
+            f"{name} needs a PackedDF11 of a 2-D weight, got {getattr(packed, 'shape', packed)}"
+        )
+    n, k = packed.shape
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16:
+        raise CodesignError(f"x must be a bf16 tensor, got {getattr(x, 'dtype', type(x))}")
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise CodesignError(f"x must have last dim in_features={k}, got shape {tuple(x.shape)}")
+    if x.device != packed.stream.device:
+        raise CodesignError(f"x is on {x.device} but the weight is on {packed.stream.device}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != torch.bfloat16):
+        raise CodesignError(f"bias must be bf16 of shape [{n}], got {bias.dtype} {tuple(bias.shape)}")
+    return n, k
+
+
+def choose_path(m: int, backend: str, exact: bool, fused_ready: bool = True) -> str:
+    """The one place a DF11 linear picks its path ("buffer", "gemv" or "gemm") for M rows of x.
+
+    exact, a non-Triton backend, no row-segment index (fused_ready False, for "gemm" only), M = 0 or
+    M > FUSED_MAX_M: "buffer" (decode into the shared buffer, then F.linear; bit-identical to
+    nn.Linear). Otherwise M == 1: "gemv"; 2 <= M <= FUSED_MAX_M: "gemm".
+    """
+    if exact or backend != "triton" or m < 1 or m > FUSED_MAX_M:
+        return "buffer"
+    if m == 1:
+        return "gemv"
+    return "gemm" if fused_ready else "buffer"
+
+
+def df11_linear(
+    packed: PackedDF11,
+    x: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    workspace: DecodeWorkspace | None = None,
+    exact: bool = True,
+    check: bool = True,
+) -> torch.Tensor:
+    """y = x @ W^T (+ bias) for bf16 x [..., K], by the path `choose_path` picks (backend op "df11_linear").
+
+    exact=True: bit-identical to F.linear on the original weight (decoded into `workspace`, or a
+    fresh buffer). exact=False: the fused GEMV / tile GEMM for small M on the Triton backend.
+    """
+    n, k = _check_call("df11_linear", packed, x, bias)
+    m = x.numel() // k if k else 0
+    grad = torch.is_grad_enabled() and x.requires_grad  # the fused kernels have no backward
+    path = choose_path(m, resolve_backend(LINEAR_OP, x.device), exact or grad, packed.seg_bits is not None)
+    if path == "gemv":
+        return df11_gemv(packed, x.reshape(-1, k), bias, check).reshape(*x.shape[:-1], n)
+    if path == "gemm":
+        return df11_gemm(packed, x, bias, check)
+    ws = workspace if workspace is not None else DecodeWorkspace()
+    w = packed.decode_into(ws.get(packed.numel, packed.stream.device), check)
+    if torch.is_grad_enabled() and x.requires_grad:
+        w = w.clone()  # autograd keeps w for backward; the shared buffer is overwritten by the next layer
+    return F.linear(x, w, bias)
+
+
 class DecodeWorkspace:
     """One reusable decode buffer per device, grown to the largest weight asked for (shared by layers)."""
 
@@ -200,13 +322,14 @@ class DecodeWorkspace:
 class LosslessBF16Linear(nn.Module):
     """y = x @ W^T + b with W stored DFloat11-style and decoded per call into a shared workspace.
 
-    x must be bf16 with last dim in_features on the weight's device. Output is bit-identical to
-    `nn.Linear` with the original BF16 weight (same `F.linear` on the same bits). When autograd needs
-    the weight (x requires grad), the decoded weight is cloned so the shared buffer can be reused.
+    x must be bf16 with last dim in_features on the weight's device. With exact=True (default) the
+    output is bit-identical to `nn.Linear` with the original BF16 weight (same `F.linear` on the same
+    bits); exact=False lets `df11_linear` take the fused paths for small M. When autograd needs the
+    weight (x requires grad), the buffer path runs and the decoded weight is cloned.
     """
 
     def __init__(self, packed: PackedDF11, bias: torch.Tensor | None, workspace: DecodeWorkspace | None = None,
-                 check: bool = True) -> None:  # fmt: skip
+                 check: bool = True, exact: bool = True) -> None:  # fmt: skip
         super().__init__()
         if len(packed.shape) != 2:
             raise CodesignError(f"LosslessBF16Linear needs a 2-D weight, got shape {packed.shape}")
@@ -215,6 +338,7 @@ class LosslessBF16Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.workspace = workspace if workspace is not None else DecodeWorkspace()
         self.check = check
+        self.exact = exact
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: LosslessBF16Config | None = None,
@@ -229,7 +353,8 @@ class LosslessBF16Linear(nn.Module):
                 f"LosslessBF16Linear compresses bf16 weights only, got {w.dtype}: call model.to(torch.bfloat16)"
             )
         df = codec.compress(w.detach(), cfg.max_code_len, cfg.chunk_bytes, cfg.chunks_per_group)
-        return cls(PackedDF11(df, w.device), linear.bias, workspace, cfg.check)
+        packed = PackedDF11(df, w.device, None if cfg.exact else cfg.segment)
+        return cls(packed, linear.bias, workspace, cfg.check, cfg.exact)
 
     def weight(self) -> torch.Tensor:
         """The decoded BF16 weight, in the shared workspace (valid until the next decode)."""
@@ -237,18 +362,7 @@ class LosslessBF16Linear(nn.Module):
         return p.decode_into(self.workspace.get(p.numel, p.stream.device), self.check)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16:
-            raise CodesignError(f"x must be a bf16 tensor, got {getattr(x, 'dtype', type(x))}")
-        if x.dim() < 1 or x.shape[-1] != self.in_features:
-            raise CodesignError(
-                f"x must have last dim in_features={self.in_features}, got shape {tuple(x.shape)}"
-            )
-        if x.device != self.weight_packed.stream.device:
-            raise CodesignError(f"x is on {x.device} but the weight is on {self.weight_packed.stream.device}")
-        w = self.weight()
-        if torch.is_grad_enabled() and x.requires_grad:
-            w = w.clone()
-        return F.linear(x, w, self.bias)
+        return df11_linear(self.weight_packed, x, self.bias, self.workspace, self.exact, self.check)
 
     def extra_repr(self) -> str:
         return (

@@ -42,3 +42,19 @@ def poison_like(t: torch.Tensor) -> torch.Tensor:
     if t.dtype.is_floating_point:
         return torch.full_like(t, float("nan"))
     return torch.full_like(t, torch.iinfo(t.dtype).min)
+
+
+def assert_runs_without_interpreter(code: str) -> None:
+    """Run `code` in a fresh Python with TRITON_INTERPRET off and check it prints 'ok' last.
+
+    The interpreter cannot show that a kernel compiles for a GPU; lowering it to PTX/cubin for a
+    given target needs no GPU (ptxas ships with Triton), but Triton reads TRITON_INTERPRET when a
+    kernel is defined, so it must happen in another process.
+    """
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]

@@ -7,14 +7,10 @@ machine the same tests run the compiled kernel on CUDA tensors (DEV), plus the `
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import assert_rel_close, assert_runs_without_interpreter
 
 from codesign.backend import use_backend
 from codesign.kernels import df11_codec as codec
@@ -125,9 +121,7 @@ def test_kernel_lowers_for_sm90():
         "    assert '.target sm_90' in asm['ptx'] and len(asm['cubin']) > 0, sorted(asm)\n"
         "print('ok')\n"
     )
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
+    assert_runs_without_interpreter(code)
 
 
 @pytest.mark.parametrize("n,k,chunk_bytes,chunks_per_group", [(9, 13, 8, 256), (5, 300, 4, 32)])
