@@ -9,16 +9,24 @@ transformers 5 Llama fails with "co_varnames is too small" while patching the
 forward's signature; export traces below Python, so it needs no model changes.)
 
 How traced calls become operator nodes:
-- Only calls downstream of the token embedding are the step's dataflow; position
+- Only calls downstream of the embeddings are the step's dataflow; position
   ids, causal masks and RoPE cos/sin tables are bookkeeping and are dropped.
-- Views, transposes, dtype casts, expands and slices move no data in a fused
+- Views, transposes, dtype casts, expands, slices, splits, eval-mode dropout and
+  a scalar scale inside attention (OPT scales q) move no data in a fused
   kernel: they are transparent, an edge passes through them.
-- A call's node is chosen by its owning module: Embedding, Linear (by its name:
-  q/k/v_proj fuse into `qkv_proj`, gate/up_proj into `up_proj`), RMSNorm or
-  LayerNorm (by name: input_layernorm, post_attention_layernorm, the final norm),
-  the activation module plus the MLP's multiply (`silu_mul`), the attention
-  module's own arithmetic (RoPE) and its `scaled_dot_product_attention`, and the
-  decoder layer's two adds (attention, then FFN residual).
+- A call's node is chosen by its owning module: Embedding (token table, or the
+  learned position table of GPT-2/OPT: `pos_embed`, summed in `embed_add`),
+  Linear or GPT-2's Conv1D (by name: q/k/v_proj and GPT-2's fused c_attn become
+  `qkv_proj`, gate/up_proj, fc1 and c_fc `up_proj`, ...), RMSNorm or LayerNorm
+  (by name and place), the activation module plus the MLP's multiply
+  (`silu_mul`), the attention module's own arithmetic (RoPE) and its
+  `scaled_dot_product_attention`, and the decoder layer's two adds (attention,
+  then FFN residual).
+- Mixture of experts (transformers 5 Mixtral: a router module and an experts
+  module running two grouped GEMMs): the router's calls and the experts'
+  dispatch bookkeeping (sort, histogram, offsets) form `router`; the token
+  gather and the first grouped GEMM `up_proj`; the gate activation and multiply
+  `act`; the second grouped GEMM and the weighted combine `down_proj`.
 - The builder's step has parts the forward pass lacks, added by fixed rules:
   `kv_write` (reads the K and V that reach attention, feeds attention), the
   all-reduces after o_proj/down_proj when tp > 1, and `sample` after `lm_head`.
@@ -26,13 +34,15 @@ How traced calls become operator nodes:
   QKV tensor passes through RoPE whole (only the q and k slices rotate), so a
   qkv_proj -> attention/kv_write edge is redrawn from `rope`.
 - Sizes of the step (tokens, sharding over tp, formats, context) come from the
-  arguments, model dimensions from the traced weights and attention inputs.
-  Edge `bytes` are the producer's output size, counted as the builder counts it.
+  arguments, model dimensions from the traced weights and attention inputs
+  (GPT-2's fused c_attn is taken as multi-head: q, k, v equal thirds). Edge
+  `bytes` are the producer's output size, counted as the builder counts it.
 
-Not mapped (refused with the module's name or the traced call): MoE blocks,
-GPT-2/OPT-style models (Conv1D, learned positions), eager attention (matmul +
-softmax: trace with attn_implementation="sdpa"), and a KV cache inside the trace
-(`trace_model` passes use_cache=False; the cache write is the kv_write rule).
+Not mapped (refused with the module's name or the traced call): eager attention
+(matmul + softmax: trace with attn_implementation="sdpa"), transformers 4's
+per-expert MoE loops, post-norm OPT (do_layer_norm_before=False), and a KV
+cache inside the trace (`trace_model` passes use_cache=False; the cache write
+is the kv_write rule).
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import torch
 
+from codesign.catalog.models import expected_active_experts
 from codesign.dataflow.graph import PHASES, context_lens, tp_divide
 from codesign.specs import (
     AllReduce,
@@ -55,6 +66,7 @@ from codesign.specs import (
     Gemm,
     KVFormat,
     KVWrite,
+    MoERouter,
     Norm,
     OpSpec,
     PagedDecodeAttention,
@@ -67,34 +79,76 @@ from codesign.specs import (
     dtype_bytes,
 )
 
-# aten ops that only change a tensor's view, dtype or layout: no operator of their own.
+# aten ops that only change a tensor's view, dtype or layout: no operator of their own. (`dropout` only
+# in eval mode, which trace_model sets; `getitem` picks one output of a split/chunk/topk/sort.)
 TRANSPARENT_OPS = frozenset(
     "view _unsafe_view reshape transpose permute t unsqueeze squeeze expand contiguous clone to _to_copy "
-    "slice select alias detach flatten lift_fresh_copy type_as".split()
+    "slice select alias detach flatten lift_fresh_copy type_as split split_with_sizes chunk getitem "
+    "dropout".split()
 )
 ROPE_OPS = frozenset({"mul", "add", "sub", "neg", "cat"})
+SCALE_OPS = frozenset({"mul", "div"})
 ACT_OPS = frozenset({"silu", "gelu", "relu"})
+GROUPED_GEMM_OPS = frozenset({"grouped_mm_fallback", "_grouped_mm", "grouped_mm"})
 LINEAR_ROLES = {
     "q_proj": "qkv_proj",
     "k_proj": "qkv_proj",
     "v_proj": "qkv_proj",
+    "c_attn": "qkv_proj",  # GPT-2's fused QKV Conv1D
     "o_proj": "o_proj",
+    "out_proj": "o_proj",
     "gate_proj": "up_proj",
     "up_proj": "up_proj",
+    "fc1": "up_proj",
+    "c_fc": "up_proj",
     "down_proj": "down_proj",
+    "fc2": "down_proj",
     "lm_head": "lm_head",
 }
-NORM_ROLES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "norm": "final_norm"}
-# Module classes by what they are; containers by name suffix (LlamaModel, MistralDecoderLayer, ...).
-LEAF_KINDS = {"Embedding": "embedding", "Linear": "linear", "LayerNorm": "norm", "SiLU": "act"}
-LEAF_SUFFIXES = {"RMSNorm": "norm", "RotaryEmbedding": "rotary", "SiLUActivation": "act"}
-CONTAINER_SUFFIXES = {
-    "ForCausalLM": "top",
-    "Model": "top",
-    "DecoderLayer": "layer",
-    "Attention": "attention",
-    "MLP": "mlp",
+# GPT-2 names both output projections c_proj: the owning container tells them apart.
+LINEAR_ROLES_IN = {("attention", "c_proj"): "o_proj", ("mlp", "c_proj"): "down_proj"}
+# Norm roles by name, inside a decoder layer and outside (OPT's final_layer_norm is both).
+NORM_ROLES_IN_LAYER = {
+    "input_layernorm": "attn_norm",
+    "self_attn_layer_norm": "attn_norm",
+    "ln_1": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "final_layer_norm": "ffn_norm",
+    "ln_2": "ffn_norm",
 }
+NORM_ROLES_TOP = {"norm": "final_norm", "final_layer_norm": "final_norm", "ln_f": "final_norm"}
+POSITION_TABLES = frozenset({"wpe", "embed_positions"})
+TOP_NODES = {"embedding": "embed", "pos_embedding": "pos_embed", "embed_add": "embed_add"}
+TOP_OPS = frozenset({*TOP_NODES, "final_norm", "lm_head"})
+# Module classes by what they are; the rest by class-name suffix, first match wins (so a
+# MixtralSparseMoeBlock is a MoE block before a GPT2Block is a layer).
+LEAF_KINDS = {
+    "Embedding": "embedding",
+    "Linear": "linear",
+    "Conv1D": "linear",
+    "LayerNorm": "norm",
+    "SiLU": "act",
+    "GELU": "act",
+    "ReLU": "act",
+    "Dropout": "dropout",
+}
+SUFFIX_KINDS = (
+    ("RMSNorm", "norm"),
+    ("RotaryEmbedding", "rotary"),
+    ("PositionalEmbedding", "embedding"),
+    ("Activation", "act"),
+    ("ForCausalLM", "top"),
+    ("LMHeadModel", "top"),
+    ("Model", "top"),
+    ("Decoder", "top"),
+    ("DecoderLayer", "layer"),
+    ("SparseMoeBlock", "moe"),
+    ("Block", "layer"),
+    ("TopKRouter", "router"),
+    ("Experts", "experts"),
+    ("Attention", "attention"),
+    ("MLP", "mlp"),
+)
 PER_LAYER_OPS = (
     "attn_norm",
     "qkv_proj",
@@ -107,7 +161,7 @@ PER_LAYER_OPS = (
     "down_proj",
     "ffn_residual",
 )
-LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)(?:\.|$)")
 
 
 @dataclass(frozen=True)
@@ -134,13 +188,13 @@ def _module_kind(cls_name: str, path: str) -> str:
     short = cls_name.rsplit(".", 1)[-1]
     if short in LEAF_KINDS:
         return LEAF_KINDS[short]
-    for table in (LEAF_SUFFIXES, CONTAINER_SUFFIXES):
-        for suffix, kind in table.items():
-            if short.endswith(suffix):
-                return kind
+    for suffix, kind in SUFFIX_KINDS:
+        if short.endswith(suffix):
+            return kind
     raise CodesignError(
-        f"unsupported module type {short} ({cls_name}) at {path!r}: fx_trace maps Embedding, Linear, "
-        "RMSNorm/LayerNorm, SiLU and Llama-style *Model/*DecoderLayer/*Attention/*MLP containers"
+        f"unsupported module type {short} ({cls_name}) at {path!r}: fx_trace maps Embedding, Linear/Conv1D, "
+        "RMSNorm/LayerNorm, activations, dropout and *Model/*DecoderLayer/*Block/*Attention/*MLP/"
+        "*SparseMoeBlock/*TopKRouter/*Experts containers"
     )
 
 
@@ -187,6 +241,10 @@ def trace_model(
     if "logits_to_keep" in params:
         kwargs["logits_to_keep"] = 1
     cfg = getattr(model, "config", None)
+    if getattr(cfg, "do_layer_norm_before", True) is False:
+        raise CodesignError(
+            "post-norm OPT (do_layer_norm_before=False, e.g. opt-350m) is not mapped: the step graph is pre-norm"
+        )
     was_training = model.training
     try:
         with torch.no_grad():
@@ -199,6 +257,27 @@ def trace_model(
         max_context=getattr(cfg, "max_position_embeddings", None),
         sliding_window=getattr(cfg, "sliding_window", None) or None,
     )
+
+
+def _is_transparent(node: torch.fx.Node, kind: str | None) -> bool:
+    """A call that moves no data of its own: a view/cast/split, or a scalar scale inside attention."""
+    aten = _aten_name(node)
+    if aten in TRANSPARENT_OPS or aten.startswith("_assert"):
+        return not (aten == "dropout" and len(node.args) > 2 and node.args[2])  # dropout(x, p, train)
+    if kind == "attention" and aten in SCALE_OPS:
+        return any(isinstance(a, int | float) for a in node.args[1:2])
+    return False
+
+
+def _experts_op(aten: str, node: torch.fx.Node, grouped_seen: int) -> str:
+    """Role of a call inside a MoE experts module, by its place around the two grouped GEMMs."""
+    if aten in GROUPED_GEMM_OPS:
+        return ("up_proj", "down_proj")[min(grouped_seen, 1)]
+    if grouped_seen == 0:
+        # Token gather (rows of the hidden states) feeds the first GEMM; sort/histc/cumsum are dispatch.
+        src = node.args[0] if node.args else None
+        return "up_proj" if aten == "index" and len(_shape(src)) >= 2 else "router"
+    return "act" if grouped_seen == 1 else "down_proj"
 
 
 def _group_calls(graph: torch.fx.Graph) -> tuple[dict[str, _Group], dict[torch.fx.Node, _Group]]:
@@ -215,7 +294,8 @@ def _group_calls(graph: torch.fx.Graph) -> tuple[dict[str, _Group], dict[torch.f
             todo.extend(n.users)
     groups: dict[str, _Group] = {}
     owner: dict[torch.fx.Node, _Group] = {}
-    residuals: dict[int, int] = {}
+    residuals: dict[int | None, int] = {}
+    grouped_gemms: dict[int | None, int] = {}
     for n in graph.nodes:
         if n.op != "call_function":
             continue
@@ -223,21 +303,21 @@ def _group_calls(graph: torch.fx.Graph) -> tuple[dict[str, _Group], dict[torch.f
         kinds = [_module_kind(cls, path) for path, cls in stack]  # refuses unknown modules anywhere
         if n not in on_path or not stack:
             continue
-        aten = _aten_name(n)
-        if aten in TRANSPARENT_OPS or aten.startswith("_assert"):
-            continue
         path, cls = stack[-1]
         kind = kinds[-1]
+        if _is_transparent(n, kind):
+            continue
+        aten = _aten_name(n)
         leaf = path.rsplit(".", 1)[-1]
         m = LAYER_RE.search(path)
         layer = int(m.group(1)) if m else None
         op = None
         if kind == "embedding":
-            op = "embedding"
+            op = "pos_embedding" if leaf in POSITION_TABLES else "embedding"
         elif kind == "linear":
-            op = LINEAR_ROLES.get(leaf)
+            op = LINEAR_ROLES.get(leaf) or LINEAR_ROLES_IN.get((kinds[-2] if len(kinds) > 1 else "", leaf))
         elif kind == "norm":
-            op = NORM_ROLES.get(leaf)
+            op = (NORM_ROLES_TOP if layer is None else NORM_ROLES_IN_LAYER).get(leaf)
         elif kind == "act" or (kind == "mlp" and aten == "mul"):
             op = "act"
         elif kind == "attention" and aten == "scaled_dot_product_attention":
@@ -247,6 +327,15 @@ def _group_calls(graph: torch.fx.Graph) -> tuple[dict[str, _Group], dict[torch.f
         elif kind == "layer" and aten == "add":
             count = residuals[layer] = residuals.get(layer, 0) + 1
             op = {1: "attn_residual", 2: "ffn_residual"}.get(count)
+        elif kind == "top" and aten == "add" and layer is None:
+            count = residuals[None] = residuals.get(None, 0) + 1
+            op = "embed_add" if count == 1 else None  # token + position embeddings (GPT-2, OPT)
+        elif kind == "router":
+            op = "router"
+        elif kind == "experts":
+            op = _experts_op(aten, n, grouped_gemms.get(layer, 0))
+            if aten in GROUPED_GEMM_OPS:
+                grouped_gemms[layer] = grouped_gemms.get(layer, 0) + 1
         elif kind == "rotary":
             continue  # cos/sin tables: bookkeeping even when a dtype hint links them to the data
         if op is None:
@@ -254,13 +343,16 @@ def _group_calls(graph: torch.fx.Graph) -> tuple[dict[str, _Group], dict[torch.f
                 f"traced call aten.{aten} in {cls.rsplit('.', 1)[-1]} {path!r} maps to no operator "
                 "(export with attn_implementation='sdpa'; see fx_trace's module docstring)"
             )
-        if (layer is None) != (op in ("embedding", "final_norm", "lm_head")):
+        if (layer is None) != (op in TOP_OPS):
             where = "outside the decoder layers" if layer is None else f"inside decoder layer {layer}"
-            raise CodesignError(f"traced {op} at {path!r} is {where}, where a Llama step has none")
-        node_id = {"embedding": "embed"}.get(op, op) if layer is None else f"L{layer}.{op}"
+            raise CodesignError(f"traced {op} at {path!r} is {where}, where a decoder step has none")
+        node_id = TOP_NODES.get(op, op) if layer is None else f"L{layer}.{op}"
         grp = groups.setdefault(node_id, _Group(node_id, op, layer))
         grp.calls.append(n)
         owner[n] = grp
+    for layer, count in grouped_gemms.items():
+        if count != 2:
+            raise CodesignError(f"traced MoE experts of layer {layer} run {count} grouped GEMMs, expected 2")
     return groups, owner
 
 
@@ -268,7 +360,11 @@ def _producer(arg: torch.fx.Node, owner: dict[torch.fx.Node, _Group]) -> list[_G
     """Operator nodes whose output reaches `arg` through transparent calls (none for bookkeeping)."""
     if arg in owner:
         return [owner[arg]]
-    if arg.op != "call_function" or _aten_name(arg) not in TRANSPARENT_OPS:
+    if arg.op != "call_function":
+        return []
+    stack = _stack(arg)
+    kind = _module_kind(*reversed(stack[-1])) if stack else None
+    if not _is_transparent(arg, kind):
         return []
     return [g for a in arg.all_input_nodes[:1] for g in _producer(a, owner)]
 
@@ -314,13 +410,66 @@ def _check_acyclic(nodes: Sequence[str], edges: Sequence[tuple[str, str]]) -> No
 
 
 def _linears(grp: _Group) -> dict[str, tuple[int, int, bool]]:
-    """Linear name -> (out_features, in_features, has_bias) from the traced weights."""
+    """Linear name -> (out_features, in_features, has_bias) from the traced weights.
+
+    aten.linear(x, W[N, K], bias) for nn.Linear; aten.addmm(bias, x, W[K, N]) for GPT-2's Conv1D.
+    """
     out = {}
     for call in grp.calls:
+        aten = _aten_name(call)
         leaf = _stack(call)[-1][0].rsplit(".", 1)[-1]
-        n, k = _shape(call.args[1])
-        out[leaf] = (n, k, len(call.args) > 2 and call.args[2] is not None)
+        if aten == "linear":
+            n, k = _shape(call.args[1])
+            out[leaf] = (n, k, len(call.args) > 2 and call.args[2] is not None)
+        elif aten == "addmm":
+            k, n = _shape(call.args[2])
+            out[leaf] = (n, k, True)
+        elif aten == "mm":
+            k, n = _shape(call.args[1])
+            out[leaf] = (n, k, False)
+    if not out:
+        raise CodesignError(f"traced {grp.node} has no linear call (aten.linear/addmm/mm)")
     return out
+
+
+def _grouped_gemm(grp: _Group) -> tuple[int, int, int]:
+    """(experts, K, N) of the grouped GEMM in a MoE group: its weight operand is [experts, K, N]."""
+    calls = [c for c in grp.calls if _aten_name(c) in GROUPED_GEMM_OPS]
+    if len(calls) != 1:
+        raise CodesignError(f"traced {grp.node} has {len(calls)} grouped GEMMs, expected 1")
+    e, k, n = _shape(calls[0].args[1])
+    return e, k, n
+
+
+def _act_op(grp: _Group, layer: int) -> str:
+    """The builder's activation op name: silu/gelu/relu, with "_mul" for a gated MLP's multiply.
+
+    The function is the traced call (silu, gelu, relu) or, for activations traced as their formula
+    (GPT-2's tanh-approximated NewGELUActivation), the activation module's class name.
+    """
+    names: set[str] = set()
+    gated = False
+    for call in grp.calls:
+        aten = _aten_name(call)
+        path, cls = _stack(call)[-1]
+        if _module_kind(cls, path) == "act":
+            names |= {aten} & ACT_OPS or {f for f in ACT_OPS if f in cls.rsplit(".", 1)[-1].lower()}
+        elif aten == "mul":
+            gated = True  # the MLP's (or experts') gate * up product
+    if len(names) != 1:
+        raise CodesignError(
+            f"traced layer {layer} activation is {sorted(names)}: expected one of silu/gelu/relu"
+        )
+    return names.pop() + ("_mul" if gated else "")
+
+
+def _router(grp: _Group) -> tuple[int, int]:
+    """(experts, top_k) of a traced MoE router: its linear's rows and its topk's k."""
+    experts = next((_shape(c.args[1])[0] for c in grp.calls if _aten_name(c) == "linear"), None)
+    top_k = next((int(c.args[1]) for c in grp.calls if _aten_name(c) == "topk"), None)
+    if experts is None or top_k is None:
+        raise CodesignError(f"traced {grp.node} lacks its gate linear or topk call")
+    return experts, top_k
 
 
 def graph_from_module(
@@ -360,7 +509,7 @@ def graph_from_module(
         raise CodesignError(f"traced decoder layers {layers} are not numbered 0..{len(layers) - 1}")
     for node in [f"L{i}.{op}" for i in layers for op in PER_LAYER_OPS]:
         if node not in groups:
-            raise CodesignError(f"traced graph has no {node}: the layer lacks a part of a Llama block")
+            raise CodesignError(f"traced graph has no {node}: the layer lacks a part of a decoder block")
 
     tokens = batch if phase == "decode" else sum(lens)
     act_b = dtype_bytes("fp16")
@@ -389,6 +538,16 @@ def graph_from_module(
         out_bytes[node] = nbytes
 
     add("embed", "embedding", Embedding(tokens, vocab, hidden), None, tokens * hidden * act_b)
+    if ("pos_embed" in groups) != ("embed_add" in groups):
+        raise CodesignError(
+            "traced embeddings: a learned position table needs exactly one add to the token embedding, "
+            f"found table={'pos_embed' in groups}, add={'embed_add' in groups}"
+        )
+    if "pos_embed" in groups:
+        # The table's rows are the model's positions (OPT keeps 2 spare rows, an offset of its ids).
+        rows = traced.max_context or _shape(groups["pos_embed"].calls[0].args[0])[0]
+        add("pos_embed", "pos_embedding", Embedding(tokens, rows, hidden), None, tokens * hidden * act_b)
+        add("embed_add", "embed_add", Elementwise("add", tokens * hidden), None, tokens * hidden * act_b)
     for i in layers:
         p = f"L{i}."
         add(p + "attn_norm", "attn_norm", norm_spec(groups[p + "attn_norm"]), i, tokens * hidden * act_b)
@@ -397,7 +556,10 @@ def graph_from_module(
             c for c in groups[p + "attention"].calls if _aten_name(c) == "scaled_dot_product_attention"
         )
         hd = _shape(sdpa.args[0])[-1]
-        heads, kv_all = qkv["q_proj"][0] // hd, qkv["k_proj"][0] // hd
+        if "c_attn" in qkv:  # GPT-2: one fused projection, multi-head (q, k, v equal thirds)
+            heads = kv_all = qkv["c_attn"][0] // (3 * hd)
+        else:
+            heads, kv_all = qkv["q_proj"][0] // hd, qkv["k_proj"][0] // hd
         q_heads = tp_divide("heads", heads, tp)
         kv_heads = tp_divide("kv_heads", kv_all, tp) if kv_all >= tp else 1
         qkv_n = (q_heads + 2 * kv_heads) * hd
@@ -415,7 +577,7 @@ def graph_from_module(
         else:
             attn = PrefillAttention(q_heads, kv_heads, hd, seq_lens=lens, window=window)
         add(p + "attention", "attention", attn, i, tokens * q_heads * hd * act_b)
-        _, o_k, o_bias = _linears(groups[p + "o_proj"])["o_proj"]
+        (_, o_k, o_bias), *_ = _linears(groups[p + "o_proj"]).values()
         o_in = tp_divide("heads", o_k // hd, tp) * hd
         o_spec = Gemm(M=tokens, N=hidden, K=o_in, weight=wf, act_dtype=lin_act, bias=o_bias)
         add(p + "o_proj", "o_proj", o_spec, i, tokens * hidden * act_b)
@@ -427,22 +589,34 @@ def graph_from_module(
             tokens * hidden * act_b,
         )
         add(p + "ffn_norm", "ffn_norm", norm_spec(groups[p + "ffn_norm"]), i, tokens * hidden * act_b)
-        ups = _linears(groups[p + "up_proj"])
-        _, ffn_all, d_bias = _linears(groups[p + "down_proj"])["down_proj"]
-        ffn = tp_divide("ffn", ffn_all, tp)
-        up_n = len(ups) * ffn
-        up_bias = any(b for _, _, b in ups.values())
-        up_spec = Gemm(M=tokens, N=up_n, K=hidden, weight=wf, act_dtype=lin_act, bias=up_bias)
-        add(p + "up_proj", "up_proj", up_spec, i, tokens * up_n * act_b)
-        act_names = {_aten_name(c) for c in groups[p + "act"].calls}
-        act_fn = sorted(act_names & ACT_OPS)
-        if len(act_fn) != 1:
+        act_op = _act_op(groups[p + "act"], i)
+        gated = act_op.endswith("_mul")
+        if p + "router" in groups:
+            experts, top_k = _router(groups[p + "router"])
+            add(p + "router", "moe_router", MoERouter(tokens, hidden, experts, top_k), i, tokens * top_k * 8)
+            _, _, up_all = _grouped_gemm(groups[p + "up_proj"])
+            _, ffn_all, _ = _grouped_gemm(groups[p + "down_proj"])
+            ffn = tp_divide("ffn", ffn_all, tp)
+            routed = tokens * top_k
+            active = expected_active_experts(experts, routed)
+            mm, nb, act_rows = math.ceil(routed / active), active, routed  # tokens per expert, experts hit
+            up_bias = d_bias = False  # grouped GEMMs carry no bias operand
+        else:
+            ups = _linears(groups[p + "up_proj"])
+            (_, ffn_all, d_bias), *_ = _linears(groups[p + "down_proj"]).values()
+            ffn = tp_divide("ffn", ffn_all, tp)
+            up_all = sum(n for n, _, _ in ups.values())
+            mm, nb, act_rows = tokens, 1, tokens
+            up_bias = any(b for _, _, b in ups.values())
+        if up_all != (2 if gated else 1) * ffn_all:
             raise CodesignError(
-                f"traced layer {i} activation calls {sorted(act_names)}: expected one of silu/gelu"
+                f"traced layer {i} up projection has {up_all} outputs for FFN width {ffn_all} ({act_op})"
             )
-        act_op = act_fn[0] + ("_mul" if "mul" in act_names else "")
-        add(p + "act", act_op, Elementwise(act_op, tokens * ffn), i, tokens * ffn * act_b)
-        d_spec = Gemm(M=tokens, N=hidden, K=ffn, weight=wf, act_dtype=lin_act, bias=d_bias)
+        up_n = (2 if gated else 1) * ffn
+        up_spec = Gemm(M=mm, N=up_n, K=hidden, weight=wf, act_dtype=lin_act, bias=up_bias, batch=nb)
+        add(p + "up_proj", "up_proj", up_spec, i, act_rows * up_n * act_b)
+        add(p + "act", act_op, Elementwise(act_op, act_rows * ffn), i, act_rows * ffn * act_b)
+        d_spec = Gemm(M=mm, N=hidden, K=ffn, weight=wf, act_dtype=lin_act, bias=d_bias, batch=nb)
         add(p + "down_proj", "down_proj", d_spec, i, tokens * hidden * act_b)
         add(
             p + "ffn_residual",

@@ -1,6 +1,7 @@
 """Operator graph of one LLM inference step: a networkx DiGraph whose nodes carry operator specs.
 
-Node ids are "embed", "L{i}.{op}" for layer i, and "final_norm", "lm_head",
+Node ids are "embed" (plus "pos_embed" and "embed_add" for learned position
+embeddings, GPT-2/OPT), "L{i}.{op}" for layer i, and "final_norm", "lm_head",
 "sample". Each node has attributes `spec` (a codesign.specs OpSpec), `op` (the
 operator's role, e.g. "qkv_proj", shared by all layers) and `layer` (int, or
 None outside the blocks). Edges carry `bytes`, the size of the tensor passed.
@@ -117,6 +118,24 @@ def build_step_graph(
         return Gemm(M=mm, N=n, K=k, weight=wf, act_dtype=lin_act, bias=bias, batch=batch_)
 
     x = add("embed", "embedding", Embedding(tokens, m.vocab, hidden), None, [], tokens * hidden * act_b)
+    if m.learned_positions:
+        # GPT-2/OPT add a learned position table (one row per position) to the token embedding.
+        pos = add(
+            "pos_embed",
+            "pos_embedding",
+            Embedding(tokens, m.max_context, hidden),
+            None,
+            [],
+            tokens * hidden * act_b,
+        )
+        x = add(
+            "embed_add",
+            "embed_add",
+            Elementwise("add", tokens * hidden),
+            None,
+            [x, pos],
+            tokens * hidden * act_b,
+        )
     last = [x]
     for i in range(m.layers):
         p = f"L{i}."
@@ -191,12 +210,13 @@ def build_step_graph(
                 routed * up_n * act_b,
             )
             act = add(p + "act", act_op, Elementwise(act_op, routed * ffn), i, [up], routed * ffn * act_b)
+            # The combine (weighted sum of each token's top-k expert outputs) reads the router's weights.
             down = add(
                 p + "down_proj",
                 "down_proj",
                 lin(hidden, ffn, m.mlp_bias, per_expert, active),
                 i,
-                [act],
+                [act, router],
                 tokens * hidden * act_b,
             )
         else:

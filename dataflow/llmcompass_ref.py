@@ -11,7 +11,9 @@ Run `python -m codesign.dataflow.llmcompass_ref` to print roofline/measured rati
 
 from __future__ import annotations
 
-from codesign.specs import AllReduce, Elementwise, Gemm, Norm, OpSpec, Softmax
+from pathlib import Path
+
+from codesign.specs import AllReduce, CodesignError, Elementwise, Gemm, Norm, OpSpec, Softmax
 
 # (M, N, K, measured seconds) from matmul_A100.csv.
 MATMUL_A100: tuple[tuple[int, int, int, float], ...] = (
@@ -117,6 +119,36 @@ def measured_a100() -> list[tuple[OpSpec, float]]:
     out += [(Softmax(m, n), m * n / (g * 1e9)) for m, n, g in SOFTMAX_A100]
     out += [(Norm(m, n, "layer"), m * n / (g * 1e9)) for m, n, g in LAYERNORM_A100]
     out += [(Elementwise("gelu", n), n / (g * 1e9)) for n, g in GELU_A100]
+    return out
+
+
+def load_llmcompass_csvs(folder: str | Path, tag: str) -> list[tuple[OpSpec, float]]:
+    """(spec, seconds) rows of the artifact's per-operator CSVs for one device (`tag`: "A100", "MI210").
+
+    Formats: matmul "M, N, K, <t>ms, <r>Tflops"; softmax/layernorm "M, N, <G elements/s>";
+    gelu "N, <G elements/s>". Used to check the GPU model on a device whose rows are not copied here.
+    """
+    folder = Path(folder)
+    out: list[tuple[OpSpec, float]] = []
+
+    def rows(op: str) -> list[list[str]]:
+        path = folder / f"{op}_{tag}.csv"
+        if not path.is_file():
+            raise CodesignError(f"{path}: no LLMCompass {op} CSV for {tag!r} in {folder}")
+        return [
+            [c.strip() for c in line.split(",")] for line in path.read_text().splitlines() if line.strip()
+        ]
+
+    for m, n, k, t, *_ in rows("matmul"):
+        out.append((Gemm(int(m), int(n), int(k)), float(t.removesuffix("ms")) * 1e-3))
+    for op, make in (
+        ("softmax", lambda m, n: Softmax(m, n)),
+        ("layernorm", lambda m, n: Norm(m, n, "layer")),
+    ):
+        for m, n, g in rows(op):
+            out.append((make(int(m), int(n)), int(m) * int(n) / (float(g) * 1e9)))
+    for n, g in rows("gelu"):
+        out.append((Elementwise("gelu", int(n)), int(n) / (float(g) * 1e9)))
     return out
 
 

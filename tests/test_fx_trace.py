@@ -1,9 +1,10 @@
-"""Tracing a Hugging Face Llama with torch.export gives the same operator graph as `build_step_graph`.
+"""Tracing a Hugging Face model with torch.export gives the same operator graph as `build_step_graph`.
 
 The tiny Llama (2 layers, hidden 64, 4 heads, 2 KV heads, FFN 96, vocab 128)
 is written as a config.json: the builder reads it through `load_model`, the
 tracer through `LlamaForCausalLM(LlamaConfig(...))` with random weights. Export
-takes ~1 s, so the model is traced once per module.
+takes ~1-4 s, so each model is traced once per module. Mixtral (MoE), OPT and
+GPT-2 get the same treatment from configs of the same size.
 """
 
 from __future__ import annotations
@@ -178,3 +179,120 @@ def test_incomplete_layer_is_refused():
 def test_not_a_module():
     with pytest.raises(CodesignError, match="torch.nn.Module"):
         graph_from_module("llama-2-7b")
+
+
+# Other families: HF config fields as their config.json spells them (the builder reads the file, the
+# tracer builds the model from the same dict). Odd sizes where the family allows.
+FAMILIES = {
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 96,
+            "vocab_size": 128,
+            "max_position_embeddings": 512,
+            "num_local_experts": 5,
+            "num_experts_per_tok": 2,
+            "tie_word_embeddings": False,
+        },
+    ),
+    "opt": (
+        "OPTConfig",
+        "OPTForCausalLM",
+        {
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "ffn_dim": 96,
+            "vocab_size": 128,
+            "max_position_embeddings": 512,
+            "word_embed_proj_dim": 64,
+            "activation_function": "relu",
+        },
+    ),
+    "gpt2": (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_inner": 80, "vocab_size": 128, "n_positions": 512},
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family_pair(request, tmp_path_factory):
+    """(family, traced model, builder ModelConfig, the nn.Module) for one family."""
+    fam = request.param
+    cfg_cls, model_cls, raw = FAMILIES[fam]
+    folder = tmp_path_factory.mktemp(f"tiny-{fam}")
+    (folder / "config.json").write_text(json.dumps({"model_type": fam, **raw}))
+    cfg = getattr(transformers, cfg_cls)(**raw)
+    cfg._attn_implementation = "sdpa"
+    model = getattr(transformers, model_cls)(cfg)
+    traced = trace_model(model, (torch.randint(0, 128, (2, 5)),))
+    return fam, traced, load_model(str(folder)), model
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(phase="decode", batch=3, context=(37, 5, 211)),
+        dict(phase="prefill", batch=2, context=(13, 1)),
+        dict(phase="decode", batch=2, context=(9, 30), tp=2, weight_format="int8-pc", kv_format="int8"),
+        dict(phase="prefill", batch=1, context=7, tp=4),
+    ],
+    ids=["decode", "prefill", "decode-tp2-quant", "prefill-tp4"],
+)
+def test_other_families_equal_builder(family_pair, kw):
+    fam, traced, cfg, _ = family_pair
+    got = graph_from_module(traced, **kw)
+    _assert_same_graph(got, build_step_graph(cfg, **kw))
+    tp, tokens = kw.get("tp", 1), kw["batch"] if kw["phase"] == "decode" else sum(got.graph["context"])
+    # What each family adds to the Llama block, so agreement is not on a graph that lacks it.
+    if fam == "mixtral":
+        router = got.nodes["L1.router"]["spec"]
+        assert (router.experts, router.top_k, router.tokens) == (5, 2, tokens)
+        assert ("L0.router", "L0.up_proj") in got.edges and ("L0.router", "L0.down_proj") in got.edges
+        up = got.nodes["L0.up_proj"]["spec"]
+        assert up.N == 2 * 96 // tp and up.batch * up.M >= 2 * tokens
+        assert got.nodes["L0.act"]["op"] == "silu_mul"
+    else:
+        assert got.nodes["pos_embed"]["spec"].vocab == 512
+        assert set(got.predecessors("embed_add")) == {"embed", "pos_embed"}
+        assert set(got.successors("embed_add")) == {"L0.attn_norm", "L0.attn_residual"}
+        assert "L0.rope" not in got and got.nodes["L0.qkv_proj"]["spec"].bias
+        assert got.nodes["L0.qkv_proj"]["spec"].N == 3 * 64 // tp
+        act, ffn = ("relu", 96) if fam == "opt" else ("gelu", 80)
+        assert got.nodes["L1.act"]["op"] == act and got.nodes["L1.down_proj"]["spec"].K == ffn // tp
+        assert got.nodes["L1.ffn_norm"]["spec"].norm == "layer"
+
+
+def test_post_norm_opt_is_refused():
+    cfg = transformers.OPTConfig(
+        num_hidden_layers=1,
+        hidden_size=32,
+        num_attention_heads=2,
+        ffn_dim=48,
+        vocab_size=64,
+        word_embed_proj_dim=32,
+        do_layer_norm_before=False,
+    )
+    with pytest.raises(CodesignError, match="post-norm OPT"):
+        trace_model(transformers.OPTForCausalLM(cfg))
+
+
+@pytest.mark.parametrize("family_pair", ["mixtral"], indirect=True)
+def test_moe_with_extra_grouped_gemms_is_refused(family_pair):
+    _, _, _, model = family_pair
+    experts = model.model.layers[0].mlp.experts
+    saved = experts.forward
+    # A bad experts module: the experts run twice over, four grouped GEMMs in one MoE block.
+    experts.forward = lambda hidden, idx, w: saved(saved(hidden, idx, w), idx, w)
+    try:
+        with pytest.raises(CodesignError, match="grouped GEMMs"):
+            graph_from_module(model, context=8)
+    finally:
+        experts.forward = saved
