@@ -22,6 +22,14 @@ Formats (b in {8, 4, 2}; D = head_dim):
     overflow rule (online: a writer sees tokens one at a time): outliers claim the block's slots in
     token order, within a token farthest beyond its threshold first; those finding no free slot are
     clamped to [lo, hi] (so the dense codes cover them) and counted.
+  - oaken "offline" (Oaken's point: the ranges are known offline, so per-token metadata shrinks): per
+    layer, K/V and kv head, thresholds (lo, hi) as above plus a metadata grid (base, step) from
+    `calibrate_oaken_grid` (base = calibration minimum, step = a power of two >= range / 255). Per token
+    and head only two bytes: z, r with zero = base + z * step, scale = r * step / (2^b - 1), z and r
+    rounded outwards so [zero, zero + (2^b - 1) scale] covers the token's dense elements. Outliers
+    claim slots as above; those without a slot stay dense (they widen the token's range instead of
+    being clamped to [lo, hi]) and are counted; values beyond the grid range are clamped to it.
+    Rule in `offline_meta`; b + 16/D bits per element plus the slots (vs b + 32/D).
 
 Packing (engine's order): int4 element 2i in the low nibble of byte i, int2 element 4i in the lowest
 two bits; int8 one code per byte.
@@ -117,7 +125,8 @@ def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
     per = 8 // bits
     shifts = torch.arange(per, dtype=torch.int32, device=packed.device) * bits
     vals = (packed.to(torch.int32)[..., None] >> shifts) & (2**bits - 1)
-    return vals.reshape(*packed.shape[:-1], -1).to(torch.uint8)
+    # An explicit last size: with zero elements (e.g. no block at this width) -1 is ambiguous.
+    return vals.reshape(*packed.shape[:-1], packed.shape[-1] * per).to(torch.uint8)
 
 
 # --- per token -------------------------------------------------------------------------------------
@@ -176,12 +185,13 @@ def kivi_split(tokens: int, group: int, residual: int) -> int:
 
 
 def kivi_fake_quant(
-    k: torch.Tensor, v: torch.Tensor, bits: int, group: int, residual: int
+    k: torch.Tensor, v: torch.Tensor, bits: int, group: int, residual: int, value_group: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """KIVI round trip of one sequence's K, V `[T, kv_heads, D]` (float32 out).
 
     Keys of tokens [0, n_q): per channel over each group of G tokens; values of those tokens: per
-    token over groups of min(G, D) elements of D; tokens [n_q, T) returned unchanged (residual).
+    token over groups of `value_group` (default min(G, D), the cache's layout) elements of D; tokens
+    [n_q, T) returned unchanged (residual).
     """
     check_bits(bits)
     check_positive_int("group", group)
@@ -191,7 +201,7 @@ def kivi_fake_quant(
     if k32.dim() != 3 or k32.shape != v32.shape:
         raise CodesignError(f"k and v must both be [T, kv_heads, D], got {tuple(k.shape)}, {tuple(v.shape)}")
     t, h, d = k32.shape
-    gv = min(group, d)
+    gv = min(group, d) if value_group is None else check_positive_int("value_group", value_group)
     if d % gv:
         raise CodesignError(f"head_dim {d} must be a multiple of the value group {gv}")
     nq = kivi_split(t, group, residual)
@@ -257,7 +267,9 @@ class OakenBlock:
 
     codes uint8 [bs, H, D] (unpacked; outlier slots 0), scale/zero float32 [bs, H] (fp16 values),
     out_val fp16 [H, C], out_pos int32 [H, C] (token_offset * D + d; -1 = empty slot),
-    count int [H] (outliers stored), overflow int [H] (outliers clamped into the dense range).
+    count int [H] (outliers stored), overflow int [H] (outliers without a slot: clamped into the dense
+    range, or for the "offline" variant kept dense). The "offline" variant also carries zr, its stored
+    8-bit (z, r) per token and head (scale and zero are then derived from them and the grid).
     """
 
     codes: torch.Tensor
@@ -267,6 +279,7 @@ class OakenBlock:
     out_pos: torch.Tensor
     count: torch.Tensor
     overflow: torch.Tensor
+    zr: torch.Tensor | None = None  # "offline" variant: uint8 [bs, H, 2] (z, r) grid codes
 
 
 def oaken_capacity(outlier_fraction: float, block_size: int, head_dim: int) -> int:
@@ -274,16 +287,13 @@ def oaken_capacity(outlier_fraction: float, block_size: int, head_dim: int) -> i
     return math.ceil(outlier_fraction * block_size * head_dim - 1e-9)
 
 
-def oaken_quantize_block(x: torch.Tensor, bits: int, thresholds: torch.Tensor, capacity: int) -> OakenBlock:
-    """Oaken-quantize one block `[bs, H, D]` with thresholds `[H, 2]` and `capacity` slots per head."""
-    check_bits(bits)
-    x32 = _check_finite("x", x)
-    if x32.dim() != 3:
-        raise CodesignError(f"x must be [block_size, kv_heads, D], got {tuple(x32.shape)}")
+def _oaken_claim(x32: torch.Tensor, thresholds: torch.Tensor, capacity: int):
+    """The online slot rule on one block `[bs, H, D]`: outliers (outside [lo, hi]) claim the `capacity`
+    slots per head in token order, within a token farthest beyond its threshold first.
+
+    Returns (keep bool [bs, H, D] = held in a slot, out_val fp16 [H, C], out_pos int32 [H, C] (-1 empty),
+    count int64 [H], overflow int64 [H] = outliers left without a slot)."""
     bs, h, d = x32.shape
-    check_thresholds(thresholds, h)
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
-        raise CodesignError(f"capacity must be an int >= 0, got {capacity!r}")
     lo = thresholds[:, 0].view(1, h, 1)
     hi = thresholds[:, 1].view(1, h, 1)
     beyond = torch.maximum(x32 - hi, lo - x32)  # > 0 for outliers: distance past the threshold
@@ -306,6 +316,27 @@ def oaken_quantize_block(x: torch.Tensor, bits: int, thresholds: torch.Tensor, c
             km = torch.zeros(bs * d, dtype=torch.bool)
             km[kp] = True
             keep[:, hh] = km.view(bs, d)
+    return keep, out_val, out_pos, count, overflow
+
+
+def _check_block_args(x, bits, thresholds, capacity) -> torch.Tensor:
+    check_bits(bits)
+    x32 = _check_finite("x", x)
+    if x32.dim() != 3:
+        raise CodesignError(f"x must be [block_size, kv_heads, D], got {tuple(x32.shape)}")
+    check_thresholds(thresholds, x32.shape[1])
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+        raise CodesignError(f"capacity must be an int >= 0, got {capacity!r}")
+    return x32
+
+
+def oaken_quantize_block(x: torch.Tensor, bits: int, thresholds: torch.Tensor, capacity: int) -> OakenBlock:
+    """Oaken-quantize one block `[bs, H, D]` with thresholds `[H, 2]` and `capacity` slots per head."""
+    x32 = _check_block_args(x, bits, thresholds, capacity)
+    h = x32.shape[1]
+    keep, out_val, out_pos, count, overflow = _oaken_claim(x32, thresholds, capacity)
+    lo = thresholds[:, 0].view(1, h, 1)
+    hi = thresholds[:, 1].view(1, h, 1)
     # Excess outliers are clamped into [lo, hi]; the inner ones are unchanged by the clamp.
     xd = torch.where(keep, x32, torch.minimum(torch.maximum(x32, lo), hi))
     inner_min = torch.where(keep, torch.inf, xd).amin(dim=-1, keepdim=True)
@@ -316,6 +347,105 @@ def oaken_quantize_block(x: torch.Tensor, bits: int, thresholds: torch.Tensor, c
     codes, scale, zero = _asym(torch.where(keep, inner_min, xd), inner_min, inner_max, bits, -1, "fp16")
     codes = torch.where(keep, torch.zeros_like(codes), codes)
     return OakenBlock(codes, scale, zero, out_val, out_pos, count, overflow)
+
+
+# --- Oaken with offline metadata ("offline": 8-bit per-token shift and range on an offline grid) -----
+GRID_LEVELS = 255  # the 8-bit (z, r) codes index grid points base + i * step, i in [0, 255]
+
+
+def calibrate_oaken_grid(samples: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Offline metadata grids per layer, K/V and kv head: base = the sampled minimum, step = the smallest
+    power of two >= (max - min) / 255, so that base + 255 * step covers the sampled range.
+
+    A power-of-two step makes z * step exact, so zero = base + z * step rounds once whether or not a
+    GPU fuses it into an fma. Returns float32 `[layers, 2 (K, V), kv_heads, 2 (base, step)]`.
+    """
+    bounds = calibrate_kv_thresholds(samples, 0.0)  # per-head min and max
+    rng = (bounds[..., 1] - bounds[..., 0]).double() / GRID_LEVELS
+    step = torch.tensor([_pow2_at_least(float(r)) for r in rng.flatten()], dtype=torch.float32).view(
+        rng.shape
+    )
+    return torch.stack([bounds[..., 0], step], dim=-1)
+
+
+def _pow2_at_least(r: float) -> float:
+    """Smallest power of two >= r (2^-24 for a range of 0: a constant head)."""
+    if r <= 2.0**-24:
+        return 2.0**-24
+    m, e = math.frexp(r)  # r = m * 2^e, m in [0.5, 1)
+    return math.ldexp(1.0, e - 1 if m == 0.5 else e)
+
+
+def check_grid(grid: torch.Tensor, kv_heads: int) -> None:
+    """One layer's K or V grid: float32 `[kv_heads, 2]` (base, step), finite, step a positive power of 2."""
+    if (
+        not isinstance(grid, torch.Tensor)
+        or tuple(grid.shape) != (kv_heads, 2)
+        or grid.dtype != torch.float32
+    ):
+        raise CodesignError(
+            f"grid must be float32 of shape ({kv_heads}, 2) (base, step per kv head), got "
+            f"{getattr(grid, 'dtype', type(grid))} {tuple(getattr(grid, 'shape', ()))}"
+        )
+    if not torch.isfinite(grid).all():
+        raise CodesignError("grid must be finite (NaN or inf found)")
+    step = grid[:, 1].double()
+    if not ((step > 0).all() and torch.equal(torch.exp2(torch.round(torch.log2(step))), step)):
+        raise CodesignError("grid steps must be positive powers of two (calibrate_oaken_grid)")
+
+
+def offline_meta(xd: torch.Tensor, keep: torch.Tensor, grid: torch.Tensor, bits: int):
+    """Per-token 8-bit metadata on the offline grid and the codes (the "offline" rule).
+
+    xd `[..., H, D]` float32 already clamped to the grid range, keep = slot-held elements (excluded),
+    grid `[H, 2]`. With mn, mx = min, max over the non-kept elements (base if none):
+        z = clamp(floor((mn - base) / step), 0, 255),  r = clamp(ceil((mx - base) / step), 0, 255) - z
+        zero = base + z * step,  scale = (r * step) / (2^b - 1)     (float32, true division)
+        code = clamp(round_half_even((x - zero) / scale), 0, 2^b - 1), 0 where r == 0 or kept.
+    Returns (codes uint8, z uint8, r uint8, scale float32, zero float32); x_hat = code * scale + zero.
+    """
+    base = grid[:, 0].unsqueeze(-1)
+    step = grid[:, 1].unsqueeze(-1)
+    mn = torch.where(keep, torch.inf, xd).amin(dim=-1, keepdim=True)
+    mx = torch.where(keep, -torch.inf, xd).amax(dim=-1, keepdim=True)
+    mn = torch.where(torch.isfinite(mn), mn, base)
+    mx = torch.where(torch.isfinite(mx), mx, base)
+    z = torch.floor((mn - base) / step).clamp(0, GRID_LEVELS)
+    r = torch.ceil((mx - base) / step).clamp(0, GRID_LEVELS) - z
+    zero = base + z * step
+    scale = (r * step) / torch.tensor(float(2**bits - 1), dtype=torch.float32)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round((xd - zero) / safe).clamp(0, 2**bits - 1)
+    codes = torch.where((scale > 0) & ~keep, q, 0.0).to(torch.uint8)
+    return (
+        codes,
+        z.squeeze(-1).to(torch.uint8),
+        r.squeeze(-1).to(torch.uint8),
+        scale.squeeze(-1),
+        zero.squeeze(-1),
+    )
+
+
+def grid_clamp(x32: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """x clamped to [base, base + 255 * step] per head (x `[..., H, D]`)."""
+    base = grid[:, 0].unsqueeze(-1)
+    return torch.minimum(torch.maximum(x32, base), base + GRID_LEVELS * grid[:, 1].unsqueeze(-1))
+
+
+def oaken_offline_quantize_block(
+    x: torch.Tensor, bits: int, thresholds: torch.Tensor, grid: torch.Tensor, capacity: int
+) -> OakenBlock:
+    """Oaken with offline metadata on one block `[bs, H, D]` (module docstring, "oaken offline").
+
+    Outliers claim slots as in `oaken_quantize_block`; those left without a slot stay in the dense
+    part (they widen their token's range instead of being clamped to [lo, hi]), counted in overflow.
+    The dense elements are clamped to the offline grid range, then quantized with `offline_meta`.
+    """
+    x32 = _check_block_args(x, bits, thresholds, capacity)
+    check_grid(grid, x32.shape[1])
+    keep, out_val, out_pos, count, overflow = _oaken_claim(x32, thresholds, capacity)
+    codes, z, r, scale, zero = offline_meta(grid_clamp(x32, grid), keep, grid, bits)
+    return OakenBlock(codes, scale, zero, out_val, out_pos, count, overflow, torch.stack([z, r], -1))
 
 
 def oaken_dequantize_block(blk: OakenBlock) -> torch.Tensor:
@@ -332,13 +462,22 @@ def oaken_dequantize_block(blk: OakenBlock) -> torch.Tensor:
 
 
 def oaken_fake_quant(
-    x: torch.Tensor, bits: int, thresholds: torch.Tensor, block_size: int, capacity: int
+    x: torch.Tensor,
+    bits: int,
+    thresholds: torch.Tensor,
+    block_size: int,
+    capacity: int,
+    grid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """Oaken round trip of one sequence `[T, H, D]` block by block; returns (x_hat, overflowed count)."""
+    """Oaken round trip of one sequence `[T, H, D]` block by block; returns (x_hat, overflowed count).
+    With `grid` (one layer's K or V grid `[H, 2]`) the "offline" variant, otherwise per-token fp16 meta."""
     check_positive_int("block_size", block_size)
     out, over = [], 0
     for s in range(0, x.shape[0], block_size):
-        blk = oaken_quantize_block(x[s : s + block_size], bits, thresholds, capacity)
+        if grid is None:
+            blk = oaken_quantize_block(x[s : s + block_size], bits, thresholds, capacity)
+        else:
+            blk = oaken_offline_quantize_block(x[s : s + block_size], bits, thresholds, grid, capacity)
         out.append(oaken_dequantize_block(blk))
         over += int(blk.overflow.sum())
     return torch.cat(out), over
@@ -353,7 +492,9 @@ def layout_bits_per_element(
     per_token: b + 32/D; fp8: 8 (+ one fp32 per head and layer, ignored); kivi: K b + 32/G, V b + 32/min(G, D);
     oaken: b + 32/D + capacity * 32 / (block_size * D): fixed slots per (block, kv head), each an int32
     word (16-bit in-block position, fp16 value) as `kv_quant_oaken` stores them (the writer's per-head
-    slot count is host bookkeeping and left out, like the fp8 scale).
+    slot count is host bookkeeping and left out, like the fp8 scale); oaken_offline: b + 16/D + the
+    same slots (8-bit z and r per token and head; the per-head grid and thresholds, like fp8's scale,
+    are per layer and left out).
     """
     if scheme == "fp8":
         return 8.0
@@ -364,4 +505,6 @@ def layout_bits_per_element(
         return ((bits + 32 / group) + (bits + 32 / min(group, head_dim))) / 2
     if scheme == "oaken":
         return bits + 32 / head_dim + capacity * 32 / (block_size * head_dim)
-    raise CodesignError(f"scheme must be per_token, fp8, kivi or oaken, got {scheme!r}")
+    if scheme == "oaken_offline":
+        return bits + 16 / head_dim + capacity * 32 / (block_size * head_dim)
+    raise CodesignError(f"scheme must be per_token, fp8, kivi, oaken or oaken_offline, got {scheme!r}")

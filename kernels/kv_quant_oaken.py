@@ -9,10 +9,18 @@ Layout, per layer (b bits, C = capacity slots per (block, kv head)):
     k_count, v_count  int32 `[num_blocks, kv_heads]`: slots in use (host bookkeeping for the writer)
     overflow          int64 `[2, kv_heads]`: outliers clamped for lack of a slot (K, V)
 Thresholds (lo, hi) per kv head come from `kv_quant.calibrate_kv_thresholds` (offline, per layer, K and V).
+
+The "offline" variant (`grid` given: `kv_quant.calibrate_oaken_grid`, one layer's `[2 (K, V), kv_heads,
+2 (base, step)]` float32) stores k_meta, v_meta as uint8 `[num_blocks, block_size, kv_heads, 2]` = (z, r)
+on the offline grid instead of fp16 (scale, lower bound): 16 instead of 32 bits per token and head, and
+outliers without a slot stay dense (`kv_quant.oaken_offline_quantize_block`), counted in `overflow`.
+
 The writer applies `kv_quant`'s online rule: a token's outliers claim the free slots of its block,
 farthest beyond the threshold first; the rest are clamped into [lo, hi] and counted; the inner elements
 are quantized per token with the engine's rule. Writing a block's tokens in order gives exactly
-`kv_quant.oaken_quantize_block` (tested). A token written at offset 0 starts its block afresh.
+`kv_quant.oaken_quantize_block` (tested). A token written at offset 0 starts its block afresh. On CUDA
+tensors (or `use_backend("triton")`) the writer is the Triton kernel of `kv_write_oaken_triton`,
+bit-identical to the torch loop.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from codesign.backend import resolve_backend
+from codesign.backend import interpreter_enabled, resolve_backend
 from codesign.kernels import kv_quant as kvq
 from codesign.kernels.kv_quant_paged import IN_DTYPES, prepare_attention
 from codesign.kernels.paged_attention import (
@@ -29,7 +37,7 @@ from codesign.kernels.paged_attention import (
     paged_attention_torch,
 )
 from codesign.kernels.tree_attention import TreeBatch
-from codesign.specs import CodesignError, check_positive_int
+from codesign.specs import CodesignError, KVFormat, check_positive_int
 
 OP = "paged_attention"
 
@@ -51,6 +59,7 @@ class OakenPagedKV:
     k_count: torch.Tensor
     v_count: torch.Tensor
     overflow: torch.Tensor
+    grid: torch.Tensor | None = None  # the "offline" variant's metadata grid (module docstring)
 
     @classmethod
     def empty(
@@ -63,8 +72,10 @@ class OakenPagedKV:
         thresholds: torch.Tensor,
         capacity: int,
         device: str | torch.device = "cpu",
+        grid: torch.Tensor | None = None,
     ) -> OakenPagedKV:
-        """thresholds: one layer's `[2 (K, V), kv_heads, 2 (lo, hi)]` (a slice of calibrate_kv_thresholds)."""
+        """thresholds: one layer's `[2 (K, V), kv_heads, 2 (lo, hi)]` (a slice of calibrate_kv_thresholds);
+        grid: one layer's `[2, kv_heads, 2]` (a slice of calibrate_oaken_grid) for the "offline" variant."""
         for n, v in (("num_blocks", num_blocks), ("block_size", block_size), ("kv_heads", kv_heads)):
             check_positive_int(n, v)
         check_positive_int("head_dim", head_dim)
@@ -84,9 +95,19 @@ class OakenPagedKV:
             )
         kvq.check_thresholds(thresholds[0], kv_heads)
         kvq.check_thresholds(thresholds[1], kv_heads)
+        if grid is not None:
+            if not isinstance(grid, torch.Tensor) or tuple(grid.shape) != (2, kv_heads, 2):
+                raise CodesignError(
+                    f"grid must have shape (2, {kv_heads}, 2) (K/V, kv head, base/step), got "
+                    f"{tuple(getattr(grid, 'shape', ()))}"
+                )
+            kvq.check_grid(grid[0], kv_heads)
+            kvq.check_grid(grid[1], kv_heads)
+            grid = grid.to(device).contiguous()
         w = head_dim * bits // 8
         u8 = dict(dtype=torch.uint8, device=device)
-        meta = torch.zeros(num_blocks, block_size, kv_heads, 2, dtype=torch.float16, device=device)
+        mdt = torch.float16 if grid is None else torch.uint8
+        meta = torch.zeros(num_blocks, block_size, kv_heads, 2, dtype=mdt, device=device)
         out = torch.full((num_blocks, kv_heads, capacity), -1, dtype=torch.int32, device=device)
         cnt = torch.zeros(num_blocks, kv_heads, dtype=torch.int32, device=device)
         return cls(
@@ -94,12 +115,25 @@ class OakenPagedKV:
             torch.zeros(num_blocks, block_size, kv_heads, w, **u8),
             torch.zeros(num_blocks, block_size, kv_heads, w, **u8),
             meta, meta.clone(), out, out.clone(), cnt, cnt.clone(),
-            torch.zeros(2, kv_heads, dtype=torch.int64, device=device),
+            torch.zeros(2, kv_heads, dtype=torch.int64, device=device), grid,
         )  # fmt: skip
 
     @property
     def capacity(self) -> int:
         return self.k_out.shape[2]
+
+    @property
+    def meta(self) -> str:
+        """ "offline" (8-bit z, r on the offline grid) or "token" (fp16 scale and lower bound)."""
+        return "token" if self.grid is None else "offline"
+
+    @property
+    def kv_format(self) -> KVFormat:
+        """The operator-spec format; outlier_fraction = the slot capacity as a fraction of the elements."""
+        _, bs, _, d = self.check()
+        return KVFormat(
+            dtype=f"int{self.bits}", scheme="oaken", outlier_fraction=self.capacity / (bs * d), meta=self.meta,
+        )  # fmt: skip
 
     def check(self) -> tuple[int, int, int, int]:
         """Validate the tensors; (num_blocks, block_size, kv_heads, head_dim)."""
@@ -109,11 +143,12 @@ class OakenPagedKV:
             raise CodesignError("k_codes must be a 4-D uint8 tensor")
         nb, bs, h, _ = c.shape
         cap = self.k_out.shape[-1] if isinstance(self.k_out, torch.Tensor) and self.k_out.dim() == 3 else -1
+        mdt = torch.float16 if self.grid is None else torch.uint8
         want = {
             "k_codes": (torch.uint8, (nb, bs, h, self.head_dim * self.bits // 8)),
             "v_codes": (torch.uint8, (nb, bs, h, self.head_dim * self.bits // 8)),
-            "k_meta": (torch.float16, (nb, bs, h, 2)),
-            "v_meta": (torch.float16, (nb, bs, h, 2)),
+            "k_meta": (mdt, (nb, bs, h, 2)),
+            "v_meta": (mdt, (nb, bs, h, 2)),
             "k_out": (torch.int32, (nb, h, cap)),
             "v_out": (torch.int32, (nb, h, cap)),
             "k_count": (torch.int32, (nb, h)),
@@ -135,17 +170,30 @@ class OakenPagedKV:
                 raise CodesignError(f"{name} is on {t.device}, the codes on {c.device}")
         kvq.check_thresholds(self.k_thresholds, h)
         kvq.check_thresholds(self.v_thresholds, h)
+        if self.grid is not None:
+            g = self.grid
+            if not isinstance(g, torch.Tensor) or tuple(g.shape) != (2, h, 2) or not g.is_contiguous():
+                raise CodesignError(f"Oaken grid must be a contiguous tensor of shape (2, {h}, 2)")
+            if g.device != c.device:
+                raise CodesignError(f"grid is on {g.device}, the codes on {c.device}")
+            kvq.check_grid(g[0], h)
+            kvq.check_grid(g[1], h)
         return nb, bs, h, self.head_dim
 
     @property
     def bits_per_element(self) -> float:
-        """Stored bits per element: codes + fp16 (scale, shift) per token + the fixed outlier slots."""
+        """Stored bits per element: codes + per-token metadata (fp16 scale and shift, or the offline
+        variant's 8-bit z and r) + the fixed outlier slots."""
         nb, bs, h, d = self.check()
-        return kvq.layout_bits_per_element("oaken", self.bits, d, block_size=bs, capacity=self.capacity)
+        scheme = "oaken" if self.grid is None else "oaken_offline"
+        return kvq.layout_bits_per_element(scheme, self.bits, d, block_size=bs, capacity=self.capacity)
 
-    # --- writer (torch, token by token: the online rule) ------------------------------------------
+    # --- writer (token by token: the online rule) ------------------------------------------------
     def write(self, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Quantize tokens `[n, kv_heads, D]` into their slots, in the given order (-1 skips)."""
+        """Quantize tokens `[n, kv_heads, D]` into their slots, in the given order (-1 skips).
+
+        The Triton writer (`kv_write_oaken_triton`; CUDA tensors, or `use_backend("triton")`, head_dim a
+        power of two) and the torch loop below give bit-identical caches."""
         from codesign.kernels.kv_write import check_kv_write
 
         nb, bs, h, d = self.check()
@@ -159,6 +207,15 @@ class OakenPagedKV:
         )
         check_kv_write(key, value, probe, probe, slot_mapping, True)
         kx, vx = kvq._check_finite("key", key), kvq._check_finite("value", value)
+        from codesign.kernels.kv_write_oaken_triton import oaken_write_triton, triton_writer_supported
+
+        if resolve_backend("kv_write", key.device) == "triton" and triton_writer_supported(d):
+            if key.dtype == torch.bfloat16 and (key.device.type != "cuda" or interpreter_enabled()):
+                raise CodesignError(
+                    "bf16 keys need a GPU for the Triton writer (the interpreter mishandles bf16)"
+                )
+            oaken_write_triton(self, key, value, slot_mapping)
+            return
         for t, s in enumerate(slot_mapping.tolist()):
             if s < 0:
                 continue
@@ -177,6 +234,26 @@ class OakenPagedKV:
     def _write_token(self, x, thr, codes, meta, out, cnt, blk, off, kv) -> None:
         h, d = x.shape
         lo, hi = thr[:, 0:1], thr[:, 1:2]
+        keep = self._claim_token(x, lo, hi, out, cnt, blk, off, kv)
+        if self.grid is not None:  # offline: unslotted outliers stay dense, 8-bit meta on the grid
+            g = self.grid[kv]
+            c, z, r, _, _ = kvq.offline_meta(kvq.grid_clamp(x, g), keep, g, self.bits)
+            codes[blk, off] = kvq.pack_codes(c, self.bits)
+            meta[blk, off] = torch.stack([z, r], -1)
+            return
+        xd = torch.where(keep, x, torch.minimum(torch.maximum(x, lo), hi))
+        mn = torch.where(keep, torch.inf, xd).amin(-1, keepdim=True)
+        mx = torch.where(keep, -torch.inf, xd).amax(-1, keepdim=True)
+        empty = ~torch.isfinite(mn)
+        mn, mx = torch.where(empty, 0.0, mn), torch.where(empty, 0.0, mx)
+        c, sc, zr = kvq._asym(torch.where(keep, mn, xd), mn, mx, self.bits, -1, "fp16")
+        c = torch.where(keep, torch.zeros_like(c), c)
+        codes[blk, off] = kvq.pack_codes(c, self.bits)
+        meta[blk, off] = torch.stack([sc, zr], -1).to(torch.float16)
+
+    def _claim_token(self, x, lo, hi, out, cnt, blk, off, kv) -> torch.Tensor:
+        """The token's outliers claim free slots of its block, farthest first; returns the kept mask."""
+        h, d = x.shape
         beyond = torch.maximum(x - hi, lo - x)
         keep = torch.zeros_like(x, dtype=torch.bool)
         for hh in range(h):
@@ -190,35 +267,36 @@ class OakenPagedKV:
                 out[blk, hh, n0 + k] = ((off * d + j) << 16) | fp16
                 keep[hh, j] = True
             cnt[blk, hh] = n0 + len(kept)
-        xd = torch.where(keep, x, torch.minimum(torch.maximum(x, lo), hi))
-        mn = torch.where(keep, torch.inf, xd).amin(-1, keepdim=True)
-        mx = torch.where(keep, -torch.inf, xd).amax(-1, keepdim=True)
-        empty = ~torch.isfinite(mn)
-        mn, mx = torch.where(empty, 0.0, mn), torch.where(empty, 0.0, mx)
-        c, sc, zr = kvq._asym(torch.where(keep, mn, xd), mn, mx, self.bits, -1, "fp16")
-        c = torch.where(keep, torch.zeros_like(c), c)
-        codes[blk, off] = kvq.pack_codes(c, self.bits)
-        meta[blk, off] = torch.stack([sc, zr], -1).to(torch.float16)
+        return keep
 
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Debug / reference: the whole pool in float32, outliers written back."""
-        nb, bs, h, d = self.check()
-        res = []
-        for codes, meta, out in (
-            (self.k_codes, self.k_meta, self.k_out),
-            (self.v_codes, self.v_meta, self.v_out),
-        ):
-            x = kvq.dequantize_asym(
-                kvq.unpack_codes(codes, self.bits), meta[..., 0].float(), meta[..., 1].float()
-            )
-            used = out >= 0
-            blk, hh, _ = torch.nonzero(used, as_tuple=True)
-            w = out[used]
-            pos = w >> 16
-            val = (w & 0xFFFF).to(torch.int16).view(torch.float16).float()
-            x[blk, pos // d, hh, pos % d] = val
-            res.append(x)
-        return res[0], res[1]
+        self.check()
+        return _dequant_pool(self.k_codes, self.k_meta, self.k_out, self.bits, self._grid(0)), _dequant_pool(
+            self.v_codes, self.v_meta, self.v_out, self.bits, self._grid(1)
+        )
+
+    def _grid(self, kv: int) -> torch.Tensor | None:
+        return None if self.grid is None else self.grid[kv]
+
+
+def _dequant_pool(codes, meta, out, bits, grid) -> torch.Tensor:
+    """Pool `[nb, bs, H, D]` float32: dense codes with their metadata, then the slot outliers written over."""
+    d = codes.shape[-1] * 8 // bits
+    c = kvq.unpack_codes(codes, bits)
+    if grid is None:
+        x = kvq.dequantize_asym(c, meta[..., 0].float(), meta[..., 1].float())
+    else:  # zero = base + z * step, scale = r * step / (2^b - 1)   (kv_quant.offline_meta)
+        base, step = grid[:, 0], grid[:, 1]
+        zero = base + meta[..., 0].float() * step
+        scale = (meta[..., 1].float() * step) / torch.tensor(float(2**bits - 1))
+        x = kvq.dequantize_asym(c, scale, zero)
+    used = out >= 0
+    blk, hh, _ = torch.nonzero(used, as_tuple=True)
+    w = out[used]
+    pos = w >> 16
+    x[blk, pos // d, hh, pos % d] = (w & 0xFFFF).to(torch.int16).view(torch.float16).float()
+    return x
 
 
 def default_capacity(outlier_fraction: float, block_size: int, head_dim: int) -> int:
@@ -246,34 +324,29 @@ def _attn_oaken_op(
     num_splits: int,
     is_decode: bool,
     bits: int,
+    grid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     backend = resolve_backend(OP, q.device)
     check_backend_dtype(backend, q)
     if backend == "torch":
-        d = q.shape[2]
-        k = kvq.dequantize_asym(
-            kvq.unpack_codes(k_codes, bits), k_meta[..., 0].float(), k_meta[..., 1].float()
-        )
-        v = kvq.dequantize_asym(
-            kvq.unpack_codes(v_codes, bits), v_meta[..., 0].float(), v_meta[..., 1].float()
-        )
-        for x, out in ((k, k_out), (v, v_out)):
-            used = out >= 0
-            blk, hh, _ = torch.nonzero(used, as_tuple=True)
-            w = out[used]
-            x[blk, (w >> 16) // d, hh, (w >> 16) % d] = (
-                (w & 0xFFFF).to(torch.int16).view(torch.float16).float()
-            )
+        kg, vg = (None, None) if grid is None else (grid[0], grid[1])
+        k = _dequant_pool(k_codes, k_meta, k_out, bits, kg)
+        v = _dequant_pool(v_codes, v_meta, v_out, bits, vg)
         args = (block_tables, context_lens, cu_seqlens_q, positions, tree_mask, mask_indptr, None)
         return paged_attention_torch(q, k.to(q.dtype), v.to(q.dtype), *args, sm_scale, 0, 0.0, False)[0]
-    from codesign.kernels.paged_attention_triton import KV_FORMAT_OAKEN, paged_attention_triton
+    from codesign.kernels.paged_attention_triton import (
+        KV_FORMAT_OAKEN,
+        KV_FORMAT_OAKEN_OFFLINE,
+        paged_attention_triton,
+    )
 
     out = torch.empty_like(q)
+    fmt = KV_FORMAT_OAKEN if grid is None else KV_FORMAT_OAKEN_OFFLINE
     paged_attention_triton(
         q, k_codes, v_codes, block_tables, context_lens, cu_seqlens_q, out, None, sm_scale=sm_scale,
         num_splits=num_splits, is_decode=is_decode, positions=positions, tree_mask=tree_mask,
-        mask_indptr=mask_indptr, kv_format=KV_FORMAT_OAKEN, bits=bits, k_scale=k_meta,
-        v_scale=v_meta, oaken=(k_out, v_out),
+        mask_indptr=mask_indptr, kv_format=fmt, bits=bits, k_scale=k_meta,
+        v_scale=v_meta, oaken=(k_out, v_out), block_bits=grid,
     )  # fmt: skip
     return out
 
@@ -305,4 +378,4 @@ def oaken_attention(
     )
     return _attn_oaken_op(q, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, cache.k_out, cache.v_out,
                           block_tables, pa.context_lens, pa.cu, *pa.tree_args,
-                          pa.scale, pa.splits, pa.is_decode, cache.bits)  # fmt: skip
+                          pa.scale, pa.splits, pa.is_decode, cache.bits, cache.grid)  # fmt: skip

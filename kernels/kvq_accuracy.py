@@ -35,6 +35,11 @@ KIVI_RESIDUAL = 32
 OAKEN_FRACTION = 0.02
 OAKEN_SLOTS = 0.04
 OAKEN_BLOCK = 16
+# Oaken "offline" (8-bit per-token metadata on an offline grid): thresholds at 1 % outliers, 2 slots per
+# (16-token block, kv head) = 0.4 % of the elements: 4 + 16/32 + 2 * 32 / 512 = 4.625 bits at head_dim 32.
+# Picked from the `--oaken-sweep` table on the MiniLM *calibration* text (README), not the evaluation text.
+OAKEN_OFFLINE_FRACTION = 0.01
+OAKEN_OFFLINE_CAP = 2
 MIXED_CHUNK = 16  # Cocktail-style: per-chunk INT8 / INT4 / INT2 from the last MIXED_RECENT queries
 MIXED_RECENT = 4
 
@@ -50,6 +55,7 @@ class FormatRow:
     err: float  # mean attention-output relative error over layers
     err_max: float  # worst layer
     overflow: int = 0  # Oaken outliers clamped for lack of capacity
+    layer_errs: tuple[float, ...] = ()  # per layer
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -107,6 +113,73 @@ def formats(calib: list[Layer]) -> dict[str, tuple[Callable, float]]:
             oaken,
             kvq.layout_bits_per_element("oaken", b, d, block_size=OAKEN_BLOCK, capacity=cap),
         )
+    for b in (4, 2):
+        out.update(oaken_offline_formats(calib, [OAKEN_OFFLINE_FRACTION], [OAKEN_OFFLINE_CAP], b, name=""))
+    return out
+
+
+def oaken_offline_formats(
+    calib: list[Layer], fractions: list[float], capacities: list[int], bits: int = 4, name: str = "sweep"
+) -> dict[str, tuple[Callable, float]]:
+    """Oaken "offline" round trips for each (threshold outlier fraction, slots per block and head);
+    named `int{b}-oaken_offline` (name="") or `int{b}-oaken_offline f=F cap=C` (a sweep)."""
+    d = calib[0][1].shape[-1]
+    grid = kvq.calibrate_oaken_grid([(k, v) for _, k, v in calib])
+    out: dict[str, tuple[Callable, float]] = {}
+    for f in fractions:
+        thr = kvq.calibrate_kv_thresholds([(k, v) for _, k, v in calib], f)
+        for cap in capacities:
+
+            def fn(i, k, v, thr=thr, cap=cap):
+                kh, ok = kvq.oaken_fake_quant(k, bits, thr[i, 0], OAKEN_BLOCK, cap, grid[i, 0])
+                vh, ov = kvq.oaken_fake_quant(v, bits, thr[i, 1], OAKEN_BLOCK, cap, grid[i, 1])
+                return kh, vh, ok + ov
+
+            label = f"int{bits}-oaken_offline" + (f" f={f:g} cap={cap}" if name else "")
+            out[label] = (
+                fn,
+                kvq.layout_bits_per_element("oaken_offline", bits, d, block_size=OAKEN_BLOCK, capacity=cap),
+            )
+    return out
+
+
+def _kivi_eff(t: int, name: str, bits: float) -> float:
+    """Bits per element with KIVI's fp16 residual tokens counted (G, R from a study name, else defaults)."""
+    g, r = KIVI_GROUP, KIVI_RESIDUAL
+    for part in name.split():
+        if part.startswith("G="):
+            g = int(part[2:])
+        elif part.startswith("R="):
+            r = int(part[2:])
+    nq = kvq.kivi_split(t, g, r)
+    return (nq * bits + (t - nq) * 16.0) / t
+
+
+def int4_study_formats(calib: list[Layer]) -> dict[str, tuple[Callable, float]]:
+    """INT4 settings around the 5 % target (README): per-token groups along head_dim, KIVI's key group G,
+    residual R and value group GV, and K/V at different widths. Bits count every scale and zero."""
+    d = calib[0][1].shape[-1]
+    fq = kvq.fake_quant_per_token
+
+    def grouped(x: torch.Tensor, g: int) -> torch.Tensor:  # per token, groups of g along head_dim
+        return fq(x.reshape(*x.shape[:-1], d // g, g), 4).reshape(x.shape)
+
+    out: dict[str, tuple[Callable, float]] = {
+        "int4-per_token (g=D)": (lambda i, k, v: (fq(k, 4), fq(v, 4), 0), 4 + 32 / d),
+        "int4-per_token K only (V fp32)": (lambda i, k, v: (fq(k, 4), v, 0), (4 + 32 / d + 32) / 2),
+        "int4-per_token V only (K fp32)": (lambda i, k, v: (k, fq(v, 4), 0), (4 + 32 / d + 32) / 2),
+        "int4-per_token g=16": (lambda i, k, v: (grouped(k, 16), grouped(v, 16), 0), 4 + 32 / 16),
+        "int4-per_token g=8": (lambda i, k, v: (grouped(k, 8), grouped(v, 8), 0), 4 + 32 / 8),
+        "K int8 / V int4 per_token": (lambda i, k, v: (fq(k, 8), fq(v, 4), 0), (8 + 4) / 2 + 32 / d),
+    }
+    for g, gv, r in ((32, 32, 0), (64, 32, 0), (128, 32, 0), (16, 16, 0), (32, 16, 0), (32, 8, 0),
+                     (32, 32, 32), (32, 32, 128), (64, 16, 0), (128, 16, 0)):  # fmt: skip
+
+        def kivi(i, k, v, g=g, gv=gv, r=r):
+            return (*kvq.kivi_fake_quant(k, v, 4, g, r, value_group=gv), 0)
+
+        bits = ((4 + 32 / g) + (4 + 32 / gv)) / 2
+        out[f"int4-kivi G={g} GV={gv} R={r}"] = (kivi, bits)
     return out
 
 
@@ -124,13 +197,18 @@ def _mixed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Ten
     return kh, vh, sum(b * c for b, c in zip(bits, n)) / sum(n) + 32 / k.shape[-1]
 
 
-def evaluate(calib: list[Layer], data: list[Layer], only: list[str] | None = None) -> list[FormatRow]:
-    """One row per format: errors of `data` (per-layer Q/K/V) with thresholds/scales from `calib`."""
+def evaluate(
+    calib: list[Layer], data: list[Layer], only: list[str] | None = None, fm: dict | None = None
+) -> list[FormatRow]:
+    """One row per format: errors of `data` (per-layer Q/K/V) with thresholds/scales from `calib`.
+    `fm` replaces the format set (e.g. `oaken_offline_formats` for a sweep)."""
     if len(calib) != len(data) or not data:
         raise CodesignError(
             f"calib and data need the same number (> 0) of layers, got {len(calib)}, {len(data)}"
         )
-    fm = formats(calib)
+    if fm is not None:
+        only = list(fm)
+    fm = formats(calib) if fm is None else fm
     if only is not None:
         unknown = sorted(set(only) - set(fm) - {"mixed-cocktail"})
         if unknown:
@@ -145,11 +223,9 @@ def evaluate(calib: list[Layer], data: list[Layer], only: list[str] | None = Non
             over += ov
             errs.append(_rel(attention(q, kh, vh), exact[i]))
         eff = bits
-        if name.endswith("kivi"):
-            t = data[0][1].shape[0]
-            nq = kvq.kivi_split(t, KIVI_GROUP, KIVI_RESIDUAL)
-            eff = (nq * bits + (t - nq) * 16.0) / t
-        rows.append(FormatRow(name, bits, eff, sum(errs) / len(errs), max(errs), over))
+        if name.endswith("kivi") or " R=" in name:
+            eff = _kivi_eff(data[0][1].shape[0], name, bits)
+        rows.append(FormatRow(name, bits, eff, sum(errs) / len(errs), max(errs), over, tuple(errs)))
     if only is None or "mixed-cocktail" in only:
         errs, bits_m = [], []
         for i, (q, k, v) in enumerate(data):
@@ -253,18 +329,20 @@ def minilm_layers(text: str, max_tokens: int = 256) -> list[Layer]:
     return out
 
 
-def format_table(rows: list[FormatRow], title: str) -> str:
-    """Markdown table of the rows."""
+def format_table(rows: list[FormatRow], title: str, per_layer: bool = False) -> str:
+    """Markdown table of the rows (`per_layer`: one more column with each layer's error, in %)."""
+    extra = " per-layer err (%) |" if per_layer else ""
     lines = [
         f"### {title}",
         "",
         "| format | bits/elem | bits/elem (fp16 residual incl.) | attn-out rel. err (mean) | worst layer "
-        "| outliers clamped |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| outliers clamped |" + extra,
+        "|---|---:|---:|---:|---:|---:|" + ("---|" if per_layer else ""),
     ]
     for r in rows:
+        pl = " " + " ".join(f"{100 * e:.2f}" for e in r.layer_errs) + " |" if per_layer else ""
         lines.append(
             f"| {r.name} | {r.bits:.3f} | {r.bits_eff:.3f} | {100 * r.err:.3f} % | {100 * r.err_max:.3f} % | "
-            f"{r.overflow} |"
+            f"{r.overflow} |" + pl
         )
     return "\n".join(lines)

@@ -10,6 +10,11 @@ case of one token per sequence. CUDA tensors run the Triton kernel, CPU tensors 
 Every check that raises CodesignError runs before a launch. The data checks (block ids inside the
 pool, rows long enough, lengths) need one host sync: functional calls do them by default
 (`check_data=True`); the wrappers do them once in `plan()` so that `run()` never syncs.
+
+The wrappers also take the quantized caches of `kv_quant_paged` / `kv_quant_kivi` / `kv_quant_oaken` /
+`kv_quant_mixed` in place of `k_cache` (v_cache None): plan() validates the cache once (`plan(...,
+q_dtype=)` says q's dtype), run() checks only host-side attributes and calls the same op as the
+functional entry point (`kv_quant_dispatch`), so the outputs are bit-identical.
 """
 
 from __future__ import annotations
@@ -432,6 +437,23 @@ class _PlannedAttention:
         return buf
 
     def _stage(self, k_cache, block_tables, context_lens, cu, q_tokens, q_heads, num_splits, extra) -> None:
+        from codesign.kernels import kv_quant_dispatch as kqd
+
+        quant = None
+        if kqd.is_quant_cache(k_cache):
+            quant = kqd.describe(k_cache)
+            feats = (extra.get(n) for n in ("alibi_slopes", "window", "softcap"))
+            kqd.check_plan(quant, k_cache, block_tables, *feats)
+            q_dtype = extra.get("q_dtype") or torch.float16
+            if q_dtype not in Q_DTYPES:
+                raise CodesignError(f"q_dtype must be one of {Q_DTYPES}, got {q_dtype}")
+            nb, bs, hkv, dim = quant.shape
+            # A zero-stride stand-in of the cache's geometry in q's dtype for the shared checks.
+            k_cache = torch.empty(dim, dtype=q_dtype, device=self.device).as_strided(
+                (nb, bs, hkv, dim), (0, 0, 0, 1)
+            )
+        elif extra.get("q_dtype") not in (None, getattr(k_cache, "dtype", None)):
+            raise CodesignError(f"q_dtype {extra['q_dtype']} != cache dtype {k_cache.dtype}")
         nb, bs, hkv, dim = k_cache.shape
         probe = torch.empty(q_tokens, q_heads, dim, dtype=k_cache.dtype, device=self.device)
         check_attention_inputs(
@@ -452,7 +474,7 @@ class _PlannedAttention:
         from codesign.kernels.paged_attention_triton import dim_pad, launch_config
 
         ws = None
-        if splits > 1:
+        if splits > 1 and quant is None:  # the quantized-cache ops allocate their own workspace
             shape = (q_tokens, q_heads, splits)
             old = self._plan["workspace"] if self._plan else None
             if old is not None and old[1].shape == shape and old[0].shape[-1] == dim_pad(dim):
@@ -467,6 +489,7 @@ class _PlannedAttention:
             q_heads, hkv, dim, bs, block_tables.shape[0], self.device, k_cache.element_size()
         )
         self._plan = dict(
+            quant=quant,  # None for a plain cache
             # Host copies (plan already synced for its checks) for spec(): the roofline bookkeeping.
             host_ctx=tuple(context_lens.tolist()),
             host_cu=tuple(cu.tolist()),
@@ -495,25 +518,30 @@ class _PlannedAttention:
             raise CodesignError("spec() called before plan()")
         _, bs, hkv, dim = p["cache_shape"]
         dt = SPEC_DTYPES[p["dtype"]]
+        kv_format = KVFormat(dtype=dt)
+        if p["quant"] is not None:
+            # Mixed precision varies per block: count it as its widest (INT8 per token) chunks.
+            kv_format = p["quant"].kv_format or KVFormat(dtype="int8", scheme="per_token")
         return dict(
             q_heads=p["q_shape"][1],
             kv_heads=hkv,
             head_dim=dim,
             block_size=bs,
             dtype=dt,
-            kv_format=KVFormat(dtype=dt),
+            kv_format=kv_format,
         )
 
     def run(
         self,
         q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        k_cache,
+        v_cache: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
         lse: torch.Tensor | None = None,
         return_lse: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Attention for the planned batch; q must have the planned shape, the cache the planned layout."""
+        """Attention for the planned batch; q must have the planned shape, the cache the planned layout
+        (a plain k_cache and v_cache, or the planned kind of quantized cache as k_cache alone)."""
         p = self._plan
         if p is None:
             raise CodesignError("run() called before plan()")
@@ -522,6 +550,8 @@ class _PlannedAttention:
                 f"q {tuple(q.shape)} {q.dtype} {q.device} does not match the plan "
                 f"{p['q_shape']} {p['dtype']} {self.device}"
             )
+        if p["quant"] is not None or not isinstance(k_cache, torch.Tensor):
+            return self._run_quant(q, k_cache, v_cache, out, lse, return_lse)
         check_kv_cache(k_cache, v_cache)
         if (
             tuple(k_cache.shape) != p["cache_shape"]
@@ -584,6 +614,36 @@ class _PlannedAttention:
             )
         return (out, lse) if want_lse else out
 
+    def _run_quant(self, q, cache, v_cache, out, lse, return_lse):
+        """run() over a quantized cache: host-side checks against the plan, then the entry point's op."""
+        from codesign.kernels import kv_quant_dispatch as kqd
+
+        p = self._plan
+        info = p["quant"]
+        if info is None or not kqd.is_quant_cache(cache):
+            raise CodesignError(
+                f"run() got a {type(cache).__name__} cache but the plan was made for "
+                f"{'a plain cache' if info is None else info.signature[0]}"
+            )
+        if v_cache is not None:
+            raise CodesignError("a quantized cache holds K and V: pass it as k_cache, with v_cache None")
+        if kqd.signature(cache) != info.signature:
+            raise CodesignError(
+                "the quantized cache does not match the plan (tensor shapes, dtypes or format)"
+            )
+        want_lse = return_lse or lse is not None
+        o, l_ = kqd.launch(info, q, cache, p, self.is_decode, want_lse)
+        if out is None:
+            out = o
+        else:
+            out.copy_(o)
+        if want_lse:
+            if lse is None:
+                lse = l_
+            else:
+                lse.copy_(l_)
+        return (out, lse) if want_lse else out
+
 
 class PagedDecodeWrapper(_PlannedAttention):
     """Decode attention, FlashInfer style: `plan(...)` once per batch shape, then `run(q, k, v)` per layer."""
@@ -607,10 +667,14 @@ class PagedDecodeWrapper(_PlannedAttention):
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
         num_splits: int | None = None,
+        q_dtype: torch.dtype | None = None,
     ) -> None:
-        """Validate the tables (one host sync) and choose splits and workspace for this batch."""
+        """Validate the tables (one host sync) and choose splits and workspace for this batch.
+        k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
         cu = torch.arange(block_tables.shape[0] + 1, dtype=torch.int32, device=self.device)
-        extra = dict(sm_scale=sm_scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes)
+        extra = dict(
+            sm_scale=sm_scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes, q_dtype=q_dtype
+        )
         self._stage(
             k_cache, block_tables, context_lens, cu, block_tables.shape[0], num_q_heads, num_splits, extra
         )
@@ -645,9 +709,13 @@ class PagedExtendWrapper(_PlannedAttention):
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
         num_splits: int | None = None,
+        q_dtype: torch.dtype | None = None,
     ) -> None:
-        """Validate tables and offsets (one host sync); q of run() has cu_seqlens_q[-1] tokens."""
+        """Validate tables and offsets (one host sync); q of run() has cu_seqlens_q[-1] tokens.
+        k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
         check_int_tensor("cu_seqlens_q", cu_seqlens_q, 1, self.device)
         tokens = int(cu_seqlens_q[-1]) if cu_seqlens_q.numel() else 0
-        extra = dict(sm_scale=sm_scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes)
+        extra = dict(
+            sm_scale=sm_scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes, q_dtype=q_dtype
+        )
         self._stage(k_cache, block_tables, context_lens, cu_seqlens_q, tokens, num_q_heads, num_splits, extra)

@@ -32,6 +32,9 @@ in registers (no dequantized copy of the cache):
   KV_FORMAT_OAKEN (5): dense codes and per-token (scale, zero) as INT (outlier positions hold code 0),
       plus OAKEN_CAP sparse outliers per (block, kv head) `[blocks, kv_heads, CAP]` int32, each
       (position_in_block << 16) | fp16 bits (-1: empty), written over the dense values in the tile.
+  KV_FORMAT_OAKEN_OFFLINE (6): as OAKEN, but the per-token metadata is uint8 (z, r) on a per-kv-head
+      offline grid (base, step) fp32 `[2 (K, V), kv_heads, 2]` (passed as `block_bits`):
+      zero = base + z * step, scale = r * step / (2^BITS - 1)   (`kv_quant.offline_meta`).
 The dequantized tile is cast to q's dtype before tl.dot, as a plain cache of that dtype would be.
 """
 
@@ -51,6 +54,7 @@ KV_FORMAT_FP8 = 2
 KV_FORMAT_KIVI = 3
 KV_FORMAT_MIXED = 4
 KV_FORMAT_OAKEN = 5
+KV_FORMAT_OAKEN_OFFLINE = 6
 MASK_CAUSAL = 0
 MASK_TREE = 1
 LOG2E = 1.4426950408889634
@@ -122,13 +126,22 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
         sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
         zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
         x = tl.where(kv_m, code.to(tl.float32) * sc[:, None] + zr[:, None], 0.0)
-    elif KV_FORMAT == 5:
+    elif KV_FORMAT == 5 or KV_FORMAT == 6:
         PER: tl.constexpr = 8 // BITS
         byte = tl.load(base + (d // PER)[None, :], mask=kv_m, other=0).to(tl.int32)
         code = (byte >> ((d % PER) * BITS)[None, :]) & (2**BITS - 1)
         mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
-        sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
-        zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
+        if KV_FORMAT == 5:
+            sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
+            zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
+        else:  # uint8 (z, r) on the head's offline grid; bits_ptr holds the grids [2, kv_heads, 2]
+            gp = bits_ptr + (kvh if IS_KEY else tl.num_programs(1) + kvh) * 2
+            g_base = tl.load(gp)
+            g_step = tl.load(gp + 1)
+            zc = tl.load(mrow, mask=j_ok, other=0).to(tl.float32)
+            rc = tl.load(mrow + 1, mask=j_ok, other=0).to(tl.float32)
+            zr = g_base + zc * g_step
+            sc = tl.math.div_rn(rc * g_step, (2**BITS - 1) * 1.0)
         x = code.to(tl.float32) * sc[:, None] + zr[:, None]
         obase = r_ptr + blk * stride_rb + kvh * stride_rr  # this row's block: its outlier slots
         for c in range(OAKEN_CAP):  # a loop, not unrolled: CAP can be ~100 at D = 128
@@ -365,15 +378,38 @@ def default_config(head_dim: int, elem_bytes: int) -> dict:
     return cfg
 
 
+def table_op(kv_format: int = KV_FORMAT_PLAIN, bits: int = 16) -> str:
+    """The tuned-table name for a cache format: "paged_attention" for plain caches, else
+    "paged_attention_<fmt>" (int8/int4/int2, fp8, kivi, mixed, oaken), as `codesign tune` exports them:
+    dequantizing in the inner loop moves the best tile size, so each format has its own table."""
+    names = {KV_FORMAT_FP8: "fp8", KV_FORMAT_KIVI: "kivi", KV_FORMAT_MIXED: "mixed",
+             KV_FORMAT_OAKEN: "oaken", KV_FORMAT_OAKEN_OFFLINE: "oaken"}  # fmt: skip
+    if kv_format == KV_FORMAT_PLAIN:
+        return OP
+    return f"{OP}_{names.get(kv_format) or f'int{bits}'}"
+
+
 def launch_config(
-    q_heads: int, kv_heads: int, head_dim: int, block_size: int, batch: int, device, elem_bytes: int = 2
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    batch: int,
+    device,
+    elem_bytes: int = 2,
+    kv_format: int = KV_FORMAT_PLAIN,
+    bits: int = 16,
 ) -> dict:
     """Tile sizes and warps from the tuned tables (`default_config` on CPU or untuned GPUs).
 
-    Table key: shape_key(q_heads, kv_heads, head_dim, block_size); the M bucket is the batch size.
+    Table key: shape_key(q_heads, kv_heads, head_dim, block_size); the M bucket is the batch size. A
+    quantized cache reads its format's table (`table_op`) and falls back to the plain one.
     """
     key = shape_key(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size)
-    return lookup_config(OP, current_gpu_name(device), batch, key, default_config(head_dim, elem_bytes))
+    gpu = current_gpu_name(device)
+    cfg = lookup_config(OP, gpu, batch, key, default_config(head_dim, elem_bytes))
+    op = table_op(kv_format, bits)
+    return cfg if op == OP else lookup_config(op, gpu, batch, key, cfg)
 
 
 def dim_pad(head_dim: int) -> int:
@@ -427,15 +463,18 @@ def paged_attention_triton(
     Quantized caches (`kv_format` != 0): k_cache/v_cache hold the uint8 codes, k_scale/v_scale the
     contiguous metadata (module docstring); validated by `codesign.kernels.kv_quant_paged`.
     KIVI also takes kivi = (k_residual, v_residual, G, GV, R); mixed precision block_bits (uint8 [blocks]);
-    Oaken oaken = (k_outliers, v_outliers) int32 [blocks, kv_heads, CAP].
+    Oaken oaken = (k_outliers, v_outliers) int32 [blocks, kv_heads, CAP]; its offline variant also the
+    grids (fp32 [2, kv_heads, 2]) as block_bits.
     """
     t, hq, dim = q.shape
     if t == 0:
         return
     nb, bs, hkv, _ = k_cache.shape
     group = hq // hkv
-    cfg = config or launch_config(hq, hkv, dim, bs, block_tables.shape[0], q.device, q.element_size())
-    if kv_format in (KV_FORMAT_INT, KV_FORMAT_KIVI, KV_FORMAT_MIXED, KV_FORMAT_OAKEN):
+    cfg = config or launch_config(
+        hq, hkv, dim, bs, block_tables.shape[0], q.device, q.element_size(), kv_format, bits
+    )
+    if kv_format not in (KV_FORMAT_PLAIN, KV_FORMAT_FP8):  # per-token / per-group metadata tensors
         mstrides = (k_scale.stride(0), k_scale.stride(1), k_scale.stride(2))
         mstrides += (v_scale.stride(0), v_scale.stride(1), v_scale.stride(2))
     else:
@@ -443,7 +482,7 @@ def paged_attention_triton(
     if kv_format == KV_FORMAT_KIVI:
         k_res, v_res, kg, kgv, kr = kivi
         res = (k_res, v_res, k_res.stride(0), k_res.stride(1), k_res.stride(2))
-    elif kv_format == KV_FORMAT_OAKEN:
+    elif kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
         kg, kgv, kr = 1, 1, 0
         k_out, v_out = oaken
         res = (k_out, v_out, k_out.stride(0), k_out.stride(1), 0)

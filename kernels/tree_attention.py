@@ -227,10 +227,14 @@ class TreeAttentionWrapper(_PlannedAttention):
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
         num_splits: int | None = None,
+        q_dtype: torch.dtype | None = None,
     ) -> TreeBatch:
-        """Build the tree metadata on the device and validate it against the block tables."""
+        """Build the tree metadata on the device and validate it against the block tables.
+
+        k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
         tree = build_tree_batch(parents, prefix_lens, self.device)
         extra = dict(
+            q_dtype=q_dtype,
             sm_scale=sm_scale,
             window=window,
             softcap=softcap,

@@ -58,3 +58,18 @@ def assert_runs_without_interpreter(code: str) -> None:
     env = dict(os.environ, TRITON_INTERPRET="0")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
+
+
+def shuffled_block_tables(ctx, block_size: int, spare: int = 2) -> tuple[torch.Tensor, int]:
+    """Block tables for sequences of lengths `ctx` over a pool with `spare` unused blocks, the blocks
+    handed out in a random order (so no kernel can assume block i follows block i - 1), and one more
+    table column than needed (padding a kernel must never read). Returns (int32 tables, pool size)."""
+    need = [-(-c // block_size) for c in ctx]
+    nb = sum(need) + spare
+    perm = torch.randperm(nb)
+    bt = torch.zeros(len(ctx), max(need) + 1, dtype=torch.int32)
+    pos = 0
+    for b, n in enumerate(need):
+        bt[b, :n] = perm[pos : pos + n]
+        pos += n
+    return bt, nb

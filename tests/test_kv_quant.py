@@ -40,6 +40,8 @@ def test_pack_matches_engine_and_round_trips(bits):
     assert p.shape[-1] == 16 * bits // 8
     assert np.array_equal(p.numpy(), eng.pack_codes(c.numpy(), bits))
     assert torch.equal(kvq.unpack_codes(p, bits), c)
+    empty = torch.zeros(0, 3, 16 * bits // 8, dtype=torch.uint8)  # e.g. no cache block at this width
+    assert kvq.unpack_codes(empty, bits).shape == (0, 3, 16)
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import assert_rel_close, shuffled_block_tables
 from paged_attention_ref import reference_attention
 
 from codesign.backend import use_backend
@@ -27,14 +27,7 @@ G, R, BS, H, D = 4, 4, 8, 2, 16
 
 def _setup(ctx, bits=4, chunks=(5, 1, 100), share=False):
     """Sequences of fp16 K/V appended in chunks; with `share`, sequence 1 starts with sequence 0's first block."""
-    need = [-(-c // BS) for c in ctx]
-    nb = sum(need) + 2
-    perm = torch.randperm(nb)
-    bt = torch.zeros(len(ctx), max(need) + 1, dtype=torch.int32)
-    pos = 0
-    for b, n in enumerate(need):
-        bt[b, :n] = perm[pos : pos + n]
-        pos += n
+    bt, nb = shuffled_block_tables(ctx, BS)
     cache = KiviPagedKV.empty(nb, BS, H, D, bits, G, R, len(ctx))
     cache.k_codes.random_(0, 256)  # poison what no append writes
     cache.k_meta.fill_(float("nan"))

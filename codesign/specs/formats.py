@@ -160,6 +160,7 @@ class WeightFormat:
 
 
 KV_SCHEMES = ("none", "per_token", "per_head", "kivi", "oaken")
+KV_OAKEN_META = ("token", "offline")
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,10 @@ class KVFormat:
         per head), plus sparse outlier slots: `outlier_fraction` is the slot capacity
         per (block, kv head) as a fraction of its elements (not the measured outlier
         rate), each slot `outlier_bits` (fp16 value + 16-bit in-block position).
+        meta="token": fp16 scale + lower bound per token per head (2 x scale_dtype);
+        meta="offline": two 8-bit codes per token per head on a per-(layer, kv head) grid calibrated
+        offline (`kernels.kv_quant.calibrate_oaken_grid`; the grid, like the thresholds, is per layer
+        and not counted per token).
     """
 
     dtype: str = "fp16"
@@ -186,6 +191,7 @@ class KVFormat:
     scale_dtype: str = "fp16"
     outlier_fraction: float = 0.0
     outlier_bits: int = 32  # fp16 value + 16-bit position inside the block (kernels.kv_quant_oaken layout)
+    meta: str = "token"  # oaken only: "token" (fp16 scale + shift) or "offline" (8-bit z, r on a grid)
 
     def __post_init__(self) -> None:
         check_choice("kv dtype", self.dtype, KV_DTYPES)
@@ -204,6 +210,11 @@ class KVFormat:
             raise CodesignError(f"fp8 KV uses scheme 'per_head', got {self.scheme!r}")
         if self.scheme == "oaken" and self.dtype not in ("int4", "int2", "int8"):
             raise CodesignError("the oaken scheme needs an int dtype (int8, int4, int2)")
+        check_choice("kv meta", self.meta, KV_OAKEN_META)
+        if self.meta != "token" and self.scheme != "oaken":
+            raise CodesignError(
+                f"kv meta {self.meta!r} applies to the oaken scheme only, got {self.scheme!r}"
+            )
 
     @property
     def quantized(self) -> bool:
@@ -213,6 +224,8 @@ class KVFormat:
     def name(self) -> str:
         if self.scheme == "none":
             return self.dtype
+        if self.meta == "offline":
+            return f"{self.dtype}-oaken_offline"
         return f"{self.dtype}-{self.scheme}"
 
     def bits_per_element(self, head_dim: int) -> float:
@@ -230,8 +243,10 @@ class KVFormat:
             k_bits = code + meta_pair / self.group_size
             v_bits = code + meta_pair / min(self.group_size, head_dim)
             return (k_bits + v_bits) / 2
-        # oaken: dense codes + per-token-per-head scale/shift + sparse outliers.
-        return code + meta_pair / head_dim + self.outlier_fraction * self.outlier_bits
+        # oaken: dense codes + per-token-per-head scale/shift (fp16 pair, or two 8-bit grid codes) + the
+        # sparse outlier slots.
+        meta = 16 if self.meta == "offline" else meta_pair
+        return code + meta / head_dim + self.outlier_fraction * self.outlier_bits
 
     def bytes_per_token(self, num_kv_heads: int, head_dim: int) -> float:
         """Bytes of K and V together for one token of one layer."""
@@ -240,7 +255,8 @@ class KVFormat:
 
     @classmethod
     def parse(cls, text: str) -> KVFormat:
-        """Parse 'fp16', 'bf16', 'fp8', 'int8', 'int4-kivi', 'int2-kivi', 'int4-oaken', 'int8-per_token'."""
+        """Parse 'fp16', 'bf16', 'fp8', 'int8', 'int4-kivi', 'int2-kivi', 'int4-oaken', 'int4-oaken_offline',
+        'int8-per_token'."""
         t = text.lower()
         if t in ("fp32", "fp16", "bf16"):
             return cls(dtype=t)
@@ -250,9 +266,12 @@ class KVFormat:
         if dtype not in ("int8", "int4", "int2"):
             raise CodesignError(
                 f"kv format {text!r}: expected fp16, bf16, fp32, fp8, or int8/int4/int2 with "
-                f"-kivi, -oaken or -per_token"
+                f"-kivi, -oaken, -oaken_offline or -per_token"
             )
         scheme = scheme or "per_token"
+        if scheme == "oaken_offline":
+            # kernels.kvq_accuracy's default: 2 slots per (16-token block, kv head) of head_dim 32.
+            return cls(dtype=dtype, scheme="oaken", outlier_fraction=2 / 512, meta="offline")
         check_choice("kv scheme", scheme, KV_SCHEMES[2:] + ("per_token",))
         if scheme == "oaken":
             return cls(dtype=dtype, scheme="oaken", outlier_fraction=0.04)
