@@ -5,6 +5,8 @@ so the tuner times exactly the code path a serving call takes, with the config t
 hand it. Shapes:
     w4a16_gemm / w8a16_gemm: M, N, K, G (group size along K; G = K or 0 for per-channel)
     w8a8_gemm / fp8_gemm:    M, N, K (per-token int8 / e4m3 activations, per-channel weights)
+    (more: adapters_kvq.py quantized-KV decode attention, adapters_act.py the activation quantizer,
+    adapters_df11.py the fused DF11 GEMM)
     paged_attention:         M (batch of decode sequences), q_heads, kv_heads, head_dim, block_size, ctx
 Candidate spaces are the GPU grids below; interpreter runs (no GPU) get a few large-block configs,
 since the interpreter's cost is per program instance.
@@ -172,7 +174,7 @@ class W8A8Gemm:
             raise CodesignError(f"shape for {self.name}: K must be a multiple of 4, got {shape}")
 
     def table_op(self, shape: Shape) -> str:
-        return f"{self.name}_int8"  # the kernel's variant name for both int8 and fp8
+        return self.name  # what `scaled_mm` looks up: "w8a8_gemm" or "fp8_gemm"
 
     def table_key(self, shape: Shape) -> str:
         return shape_key(N=shape["N"], K=shape["K"])
@@ -203,14 +205,15 @@ class W8A8Gemm:
 
         gen = _gen(seed)
         qw = qf.quantize_rtn(
-            torch.randn(shape["N"], shape["K"], generator=gen), "int8", None, True, torch.float32
+            torch.randn(shape["N"], shape["K"], generator=gen), self.fmt, None, True, torch.float32
         )
         x = torch.randn(shape["M"], shape["K"], generator=gen)
-        aq, a_s = qf.quantize_per_token(x, "int8")
+        aq, a_s = qf.quantize_per_token(x, self.fmt)
+        w64 = qw.dequantize(torch.float64).t()  # int8 and e4m3 codes are exact in fp64
         return {
             "aq": aq.to(device), "a_s": a_s.to(device), "w": qw.qweight.to(device), "w_s": qw.scales.to(device),
             "out": torch.empty(shape["M"], shape["N"], dtype=dtype, device=device),
-            "ref": (aq.double() * a_s.double()[:, None]) @ qw.dequantize(torch.float64).t(),
+            "ref": (aq.double() * a_s.double()[:, None]) @ w64,
         }  # fmt: skip
 
     def input_bytes(self, inputs: dict[str, Any]) -> int:
@@ -292,11 +295,11 @@ class PagedDecodeAttention:
         q = torch.randn(b, hq, d, generator=gen).to(dtype)
         k = torch.randn(nblocks, bs, hkv, d, generator=gen).to(dtype)
         v = torch.randn(nblocks, bs, hkv, d, generator=gen).to(dtype)
-        cpu = {"q": q, "k": k, "v": v, "tables": tables, "lens": lens}
-        return {**{n: t.to(device) for n, t in cpu.items()}, "cpu": cpu}
+        dev = {n: t.to(device) for n, t in (("q", q), ("k", k), ("v", v), ("tables", tables), ("lens", lens))}
+        return {**dev, "ref": dev, "lens_cpu": lens}
 
     def input_bytes(self, inputs: dict[str, Any]) -> int:
-        lens, bs = inputs["cpu"]["lens"], inputs["k"].shape[1]
+        lens, bs = inputs["lens_cpu"], inputs["k"].shape[1]
         kv_row = inputs["k"].shape[2] * inputs["k"].shape[3] * inputs["k"].element_size()
         return int(2 * sum(-(-int(n) // bs) * bs for n in lens) * kv_row + inputs["q"].numel() * 2)
 
@@ -309,19 +312,24 @@ class PagedDecodeAttention:
             return paged_decode_attention(i["q"], i["k"], i["v"], i["tables"], i["lens"], check_data=False)
 
     def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
-        c = inputs["cpu"]
-        q, k, v = c["q"].double(), c["k"].double(), c["v"].double()
+        """Exact softmax attention in fp64, one sequence at a time, on the inputs' device; returned on the CPU.
+
+        Reads inputs["ref"] (q, k, v as the cache holds them, block tables) and inputs["lens_cpu"]; only
+        each sequence's own blocks are converted to fp64 (the whole pool in fp64 would be GBs).
+        """
+        c = inputs["ref"]
+        q, k, v, tables = c["q"], c["k"], c["v"], c["tables"]
         b, hq, d = q.shape
         bs, hkv = k.shape[1], k.shape[2]
-        out = torch.empty(b, hq, d, dtype=torch.float64)
+        out = torch.empty(b, hq, d, dtype=torch.float64, device=q.device)
         for s in range(b):
-            n = int(c["lens"][s])
-            blocks = c["tables"][s, : -(-n // bs)].long()
-            ks = k[blocks].reshape(-1, hkv, d)[:n].repeat_interleave(hq // hkv, dim=1)  # [n, hq, d]
-            vs = v[blocks].reshape(-1, hkv, d)[:n].repeat_interleave(hq // hkv, dim=1)
-            p = torch.softmax(torch.einsum("hd,nhd->hn", q[s], ks) / math.sqrt(d), dim=-1)
+            n = int(inputs["lens_cpu"][s])
+            blocks = tables[s, : -(-n // bs)].long()
+            ks = k[blocks].reshape(-1, hkv, d)[:n].double().repeat_interleave(hq // hkv, dim=1)  # [n, hq, d]
+            vs = v[blocks].reshape(-1, hkv, d)[:n].double().repeat_interleave(hq // hkv, dim=1)
+            p = torch.softmax(torch.einsum("hd,nhd->hn", q[s].double(), ks) / math.sqrt(d), dim=-1)
             out[s] = torch.einsum("hn,nhd->hd", p, vs)
-        return out
+        return out.cpu()
 
     def tolerance(self, dtype: torch.dtype) -> float:
         return _TOL[dtype]

@@ -16,6 +16,12 @@ ones shipped). Shapes are plain dicts of named sizes, e.g. {"M": 16, "N": 4096, 
     run(inputs, config)  launch the kernel with `config` (via `lookup.forced_config`), return output
     reference(inputs)    fp64 reference output on the CPU
     tolerance(dtype)     bound on ||out - ref||_F / ||ref||_F for a candidate to count as correct
+Optional:
+    poison(inputs)       fill the op's output buffers with NaN (or never-produced codes) before a check run
+    checked_output(inputs, out) -> tensor compared with the reference, when `run`'s output is not one
+                         float tensor (e.g. codes and scales); only the check pays for it, not the timing
+    forced_ops           table op names `run` forces the config under, when the kernel reads another
+                         name than table_op (the quantized-KV attention adapters; tests check it)
 """
 
 from __future__ import annotations
@@ -59,8 +65,18 @@ def register(name: str, factory: Callable[[], TunableOp]) -> None:
     _REGISTRY[name] = factory
 
 
+# Modules whose import registers the shipped adapters.
+BUILTIN_ADAPTERS = (
+    "codesign.autotune.adapters",
+    "codesign.autotune.adapters_kvq",
+    "codesign.autotune.adapters_act",
+    "codesign.autotune.adapters_df11",
+)
+
+
 def _ensure_builtin() -> None:
-    importlib.import_module("codesign.autotune.adapters")
+    for name in BUILTIN_ADAPTERS:
+        importlib.import_module(name)
 
 
 def registered_ops() -> list[str]:

@@ -7,14 +7,18 @@
     codesign tune --list                        # tunable ops available here
 
 Every measurement goes to the cache (--cache; default ~/.cache/codesign/tune-<gpu>.jsonl) as it is
-made, so an interrupted run resumes. --export writes `<out-dir>/<gpu-slug>/<op>.json` atomically
-(default out-dir: the tables shipped in codesign/autotune/configs). Without a GPU, --device cpu tunes
+made, so an interrupted run resumes. --isolate (the default on a GPU) tunes in a child process that a
+supervisor restarts when a config crashes it (segfault, abort, illegal memory access): the crashing
+config is recorded as failed from its in-flight marker and never tried again (see isolate.py).
+--export writes `<out-dir>/<gpu-slug>/<op>.json` atomically (default out-dir: the tables shipped in
+codesign/autotune/configs). --import MODULE registers extra tunable ops. Without a GPU, --device cpu tunes
 through the Triton interpreter with a CPU timer (for testing the path, not for tables users ship).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 from pathlib import Path
@@ -49,6 +53,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", type=Path, default=None, help="table root (default: shipped configs)")
     p.add_argument("--engine", default="local", choices=("local", "ray"), help="ray: one actor per GPU")
     p.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="tune in a child process restarted after a crash (default: on with a GPU)")  # fmt: skip
+    p.add_argument("--max-restarts", type=int, default=None, help="with --isolate: child restarts allowed")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (it may register extra tunable ops; repeatable)")  # fmt: skip
     p.add_argument("--list", action="store_true", help="list tunable ops and exit")
     p.add_argument("--json", type=Path, default=None, help="also write the per-shape results here")
 
@@ -60,12 +69,34 @@ def shapes_from_model(
     from codesign.catalog.models import load_model
 
     cfg = load_model(model)
-    if op == "paged_attention":
+    if op == "paged_attention" or op.startswith("paged_attention_"):  # plain and quantized-KV decode
         return [{"M": b, "q_heads": cfg.heads, "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
                  "block_size": block_size, "ctx": ctx} for b in batches]  # fmt: skip
     nk = sorted(set(cfg.linear_shapes().values()))
+    if op == "quantize_per_token":  # the activations entering each linear layer: one row length K each
+        return [{"M": b, "K": k} for k in sorted({k for _, k in nk}) for b in batches]
     extra = {"G": group} if op in ("w4a16_gemm", "w8a16_gemm") else {}
     return [{"M": b, "N": n, "K": k, **extra} for n, k in nk for b in batches]
+
+
+def _isolate(args: argparse.Namespace, device: str) -> bool:
+    """--isolate as given; by default on for a GPU with the local engine.
+
+    Why on by default on a GPU: a tuning space holds configs that crash the process (compiler aborts,
+    illegal memory accesses that poison the CUDA context); without isolation one of them ends the
+    run and, on resume, is tried again. The price is one child start (imports and CUDA init, seconds)
+    per run and per crash, small against minutes of tuning. Off on CPU: interpreter runs are tests.
+    """
+    if args.max_restarts is not None and args.max_restarts < 0:
+        raise CodesignError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.engine == "ray":
+        if args.isolate:
+            raise CodesignError(
+                "--isolate works with --engine local only (with Ray, rerun: a crashed actor's config is "
+                "recorded from its in-flight marker)"
+            )
+        return False
+    return device == "cuda" if args.isolate is None else bool(args.isolate)
 
 
 def default_cache(gpu: str) -> Path:
@@ -78,6 +109,13 @@ def default_cache(gpu: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Tune, then (with --export) write tables. Returns 0, or 2 for bad input (CodesignError)."""
+    from codesign.autotune.inflight import sigterm_exits
+
+    with sigterm_exits():  # a terminated run unwinds: its in-flight candidate is not taken for a crash
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from codesign.backend import cuda_available, enable_interpreter_if_no_gpu
 
     device = args.device or ("cuda" if cuda_available() else "cpu")
@@ -92,6 +130,11 @@ def run(args: argparse.Namespace) -> int:
     from codesign.autotune.strategies import Budget
     from codesign.autotune.tuner import CPU_GPU_NAME, DTYPES, Tuner
 
+    for name in args.imports:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise CodesignError(f"--import {name}: {e}") from e
     if args.list:
         avail = set(available_ops())
         for name in registered_ops():
@@ -123,13 +166,26 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"tuning {args.op} on {gpu} ({dtype_name}, {args.strategy}), {len(shapes)} shape(s), cache {cache.path}"
         )
+        isolate = _isolate(args, device)
         if args.engine == "ray":
             from codesign.autotune.fleet import tune_on_ray
 
             results = tune_on_ray(args.op, shapes, cache.path, settings, address=args.ray_address)
+        elif isolate:
+            from codesign.autotune.isolate import DEFAULT_MAX_RESTARTS, TuneJob, run_isolated
+
+            job = TuneJob(tasks=[(args.op, shapes)], cache_path=str(cache.path), settings=settings,
+                          imports=tuple(args.imports))  # fmt: skip
+            limit = DEFAULT_MAX_RESTARTS if args.max_restarts is None else args.max_restarts
+            results = run_isolated(job, max_restarts=limit)
         else:
+            from codesign.autotune.tuner import DeviceLost
+
             tuner = Tuner(op, cache, **settings)
-            results = [tuner.tune_shape(s).__dict__ for s in shapes]
+            try:
+                results = [tuner.tune_shape(s).__dict__ for s in shapes]
+            except DeviceLost as e:
+                raise CodesignError(str(e)) from e
         for r, s in zip(results, shapes):
             ops_touched[r["table_op"]] = op.source_modules
             if r["best"] is None:
@@ -141,10 +197,11 @@ def run(args: argparse.Namespace) -> int:
             for r in cache.load().records:
                 if r["gpu"] == gpu:
                     ops_touched.setdefault(r["op"], ())
-            for name in available_ops():
+            # Table ops are an op's name or its name plus a variant suffix: the longest match wins.
+            for name in sorted(available_ops(), key=len):
                 o = get_op(name)
                 for t in list(ops_touched):
-                    if t.startswith(name):
+                    if t == name or t.startswith(name + "_"):
                         ops_touched[t] = o.source_modules
         root = args.out_dir or lookup.SHIPPED_ROOT
         for table_op, modules in sorted(ops_touched.items()):

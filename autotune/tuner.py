@@ -7,6 +7,12 @@ correct, timed (CUDA graph + cold L2 on a GPU; CPU timer in the interpreter). Ev
 failures included, is appended to the durable cache as soon as it is known, so a killed run
 resumes where it stopped: measured points are passed to the strategy as known and not re-run.
 Nothing here is called from an op: tuning is offline only.
+
+Crashes: each candidate runs under an in-flight marker (`inflight.py`), so a config that kills the
+process is recorded as failed by the next Tuner on this cache and never launched again. On a GPU,
+a candidate that raises and leaves the CUDA context unusable (an illegal memory access is sticky:
+every later launch fails too) is recorded as failed and `DeviceLost` is raised, since no later
+candidate could be measured in this process; `codesign tune --isolate` restarts a fresh child.
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ from typing import Any
 import torch
 
 from codesign.autotune.cache import TuningCache
+from codesign.autotune.inflight import InflightMarker, recover_crashed
 from codesign.autotune.lookup import current_gpu_name, kernel_source_hash, triton_version
 from codesign.autotune.ops import Shape, TunableOp
 from codesign.autotune.space import Config, DeviceLimits, config_id
-from codesign.autotune.strategies import Budget, search
+from codesign.autotune.strategies import Budget, SearchResult, search
 from codesign.autotune.timing import cpu_time_ms, gpu_time_ms, input_sets_for_cold_l2
 from codesign.specs.errors import CodesignError
 
@@ -48,6 +55,11 @@ class ShapeResult:
     n_known: int
     n_failed: int
     failures: list[str] = field(default_factory=list)
+    n_crashed: int = 0  # configs of this run that killed their process (recorded from markers)
+
+
+class DeviceLost(RuntimeError):
+    """The GPU context cannot launch anything more in this process (the candidate was recorded)."""
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -57,6 +69,12 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
         return math.inf
     den = torch.linalg.vector_norm(ref).item()
     return torch.linalg.vector_norm(o - ref).item() / (den or 1.0)
+
+
+def checked_output(op: TunableOp, inputs: Any, out: Any) -> torch.Tensor:
+    """What is compared with `op.reference(inputs)`: `op.checked_output(inputs, out)` if defined, else out."""
+    view = getattr(op, "checked_output", None)
+    return view(inputs, out) if view is not None else out
 
 
 def _poison_allocator(shape: torch.Size, dtype: torch.dtype, device: str) -> None:
@@ -80,6 +98,9 @@ class Tuner:
     limits: DeviceLimits | None = None
     gpu: str | None = None
     log: Callable[[str], None] = print
+    # Start (time.time()) of a run that spans several processes (the --isolate supervisor restarts
+    # its child): records of this shape since then count against the budget, as if one process ran.
+    since: float | None = None
 
     def __post_init__(self) -> None:
         self.on_gpu = torch.device(self.device).type == "cuda"
@@ -102,6 +123,8 @@ class Tuner:
             "source_hash": kernel_source_hash(self.op.source_modules),
             "dtype": str(self.dtype).removeprefix("torch."),
         }
+        self.marker = InflightMarker(self.cache)
+        recover_crashed(self.cache, log=self.log)  # configs that killed an earlier run are failures now
 
     def tune_shape(self, shape: Shape) -> ShapeResult:
         """Search the pruned space of one shape; see the module docstring."""
@@ -117,9 +140,12 @@ class Tuner:
             )
         base = {**self.identity, "op": op.table_op(shape), "key": op.table_key(shape), "m": op.m(shape)}
         known: dict[str, float] = {}
+        this_run: list[dict[str, Any]] = []  # records of this (multi-process) run, for the budget
         for r in self.cache.load().records:
-            if all(r[k] == v for k, v in base.items()):
-                known.setdefault(config_id(r["config"]), r["time_ms"] if r["ok"] else math.inf)
+            if all(r[k] == v for k, v in base.items()) and config_id(r["config"]) not in known:
+                known[config_id(r["config"])] = r["time_ms"] if r["ok"] else math.inf
+                if self.since is not None and r.get("ts", 0.0) >= self.since:
+                    this_run.append(r)
         inputs = op.make_inputs(shape, self.dtype, self.device, self.seed)
         ref = op.reference(inputs)
         tol = op.tolerance(self.dtype)
@@ -133,19 +159,32 @@ class Tuner:
 
         def evaluate(cfg: Config) -> float:
             rec: dict[str, Any] = {**base, "config": cfg, "ok": False, "time_ms": None}
+            self.marker.set({**base, "config": cfg})  # cleared below unless the process dies
+            lost = False
             try:
-                err = self._check(inputs, cfg, ref)
-                rec["rel_error"] = err
-                if err > tol:
-                    rec["error"] = f"incorrect: relative error {err:.3e} > {tol:.1e}"
-                else:
-                    ms, how = self.time_config(timing_sets, cfg)
-                    rec.update(ok=True, time_ms=ms, timing=how)
-            except Exception as e:  # a config that fails to compile or launch is a result, not a crash
-                rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-                if not isinstance(e, RuntimeError | ValueError):
-                    rec["trace"] = traceback.format_exc(limit=3)[-600:]
-            self.cache.append(rec)
+                try:
+                    err = self._check(inputs, cfg, ref)
+                    rec["rel_error"] = err
+                    if err > tol:
+                        rec["error"] = f"incorrect: relative error {err:.3e} > {tol:.1e}"
+                    else:
+                        ms, how = self.time_config(timing_sets, cfg)
+                        rec.update(ok=True, time_ms=ms, timing=how)
+                except Exception as e:  # a config that fails to compile or launch is a result, not a crash
+                    rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                    if not isinstance(e, RuntimeError | ValueError):
+                        rec["trace"] = traceback.format_exc(limit=3)[-600:]
+                    lost = not self.device_usable()
+                    if lost:
+                        rec["device_lost"] = True
+                self.cache.append(rec)
+            finally:  # also on Ctrl-C: an interrupted candidate did not crash anything
+                self.marker.clear()
+            if lost:
+                raise DeviceLost(
+                    f"{op.name} {shape}: config {config_id(cfg)} left the GPU unusable ({rec['error']}); "
+                    "it is recorded as failed, rerun to resume (or use --isolate)"
+                )
             if not rec["ok"]:
                 failures.append(f"{config_id(cfg)}: {rec['error']}")
                 return math.inf
@@ -155,13 +194,20 @@ class Tuner:
         if self.strategy != "exhaustive" and budget.max_evals is None and budget.max_seconds is None:
             # Unbounded sampling would be exhaustive search in a random order: default to a quarter.
             budget = Budget(max_evals=max(DEFAULT_MIN_EVALS, len(cands) // 4))
-        res = search(self.strategy, cands, evaluate, budget, seed=self.seed, known=known)
+        budget = _remaining(budget, this_run)
+        if budget is None:  # an earlier process of this run used the whole budget
+            by_id = {config_id(c): c for c in cands}
+            res = SearchResult(trials=[(by_id[k], v) for k, v in known.items() if k in by_id])
+        else:
+            res = search(self.strategy, cands, evaluate, budget, seed=self.seed, known=known)
         best = res.best
+        failures = [f"{config_id(r['config'])}: {r.get('error')}" for r in this_run if not r["ok"]] + failures
         out = ShapeResult(
             op=op.name, table_op=base["op"], key=base["key"], m=base["m"],
             best=best[0] if best else None, best_ms=best[1] if best else None,
-            n_candidates=len(cands), n_pruned=pruned, n_new=res.n_new, n_known=len(known),
-            n_failed=len(failures), failures=failures,
+            n_candidates=len(cands), n_pruned=pruned, n_new=res.n_new + len(this_run),
+            n_known=len(known) - len(this_run), n_failed=len(failures), failures=failures,
+            n_crashed=sum(bool(r.get("crashed")) for r in this_run),
         )  # fmt: skip
         self.log(
             f"{op.name} {shape}: {out.n_new} new + {out.n_known} cached of {len(cands)} candidates "
@@ -169,6 +215,20 @@ class Tuner:
             + (f"{out.best_ms:.4f} ms {config_id(out.best)}" if out.best else "none (no correct config)")
         )
         return out
+
+    def device_usable(self) -> bool:
+        """After a candidate raised: can this process still launch? (CPU: always; GPU: a sync succeeds.)
+
+        CUDA errors such as an illegal memory access are sticky: the context fails every later call,
+        so a sync that raises means every further candidate would fail for a reason not its own.
+        """
+        if not self.on_gpu:
+            return True
+        try:
+            torch.cuda.synchronize()
+        except RuntimeError:
+            return False
+        return True
 
     def _check(self, inputs: Any, cfg: Config, ref: torch.Tensor) -> float:
         poison = getattr(self.op, "poison", None)
@@ -179,7 +239,7 @@ class Tuner:
         out = self.op.run(inputs, cfg)
         if self.on_gpu:
             torch.cuda.synchronize()
-        return rel_error(out, ref)
+        return rel_error(checked_output(self.op, inputs, out), ref)
 
     def time_config(self, sets: list[Any], cfg: Config) -> tuple[float, dict[str, Any]]:
         """Time `cfg` over the input sets `sets` (GPU: graph + cold L2; CPU: timer); returns (ms, method)."""
@@ -188,6 +248,24 @@ class Tuner:
         fns = [lambda s=s: self.op.run(s, cfg) for s in sets]
         ms, how = gpu_time_ms(fns, self.limits.l2_bytes, self.op.input_bytes(sets[0]))
         return ms, {"timer": "cuda_events", **how}
+
+
+def _remaining(budget: Budget, this_run: list[dict[str, Any]]) -> Budget | None:
+    """`budget` less what earlier processes of this run spent on the shape; None when nothing is left.
+
+    Evaluations are counted; time is the span of their timestamps (a lower bound of what they took).
+    """
+    if not this_run:
+        return budget
+    evals, secs = budget.max_evals, budget.max_seconds
+    if evals is not None:
+        evals -= len(this_run)
+    if secs is not None:
+        ts = [r.get("ts", 0.0) for r in this_run]
+        secs -= max(ts) - min(ts)
+    if (evals is not None and evals < 1) or (secs is not None and secs <= 0):
+        return None
+    return Budget(evals, secs)
 
 
 def tune(op: TunableOp, shapes: list[Shape], **settings: Any) -> list[ShapeResult]:

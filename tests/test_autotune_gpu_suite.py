@@ -22,3 +22,49 @@ def test_suite_says_no_gpu_and_exits_2(tmp_path):
                        timeout=120)  # fmt: skip
     assert p.returncode == 2, p.stderr
     assert "no CUDA GPU" in p.stderr and not out.exists()
+
+
+def _suite():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_gpu_suite", SUITE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_shipped_op_has_suite_shapes_that_it_accepts():
+    import torch
+
+    from codesign.autotune.ops import get_op, parse_shape, registered_ops
+    from codesign.autotune.space import DeviceLimits
+
+    suite = _suite()
+    for name in (n for n in registered_ops() if not n.startswith("test_")):
+        op = get_op(name)
+        assert name in suite.TUNE_SHAPES and suite.CORRECTNESS_SHAPES.get(name), name
+        for text in [suite.TUNE_SHAPES[name], *suite.CORRECTNESS_SHAPES[name]]:
+            op.check_shape(parse_shape(text))
+        space = op.space(parse_shape(suite.TUNE_SHAPES[name]), torch.float16, True)
+        assert len(space.candidates(DeviceLimits())) >= 8, name  # something to tune on an H100
+
+
+def test_tuning_pass_through_the_interpreter_writes_rows_and_tables(tmp_path):
+    from codesign.autotune.ops import registered_ops
+
+    suite = _suite()
+    shapes = {"quantize_per_token": "M=3,K=300", "w8a8_gemm": "M=5,N=80,K=128"}
+    report: dict = {}
+    suite._tuning(report, 20.0, tmp_path, device="cpu", dtype_name="float32", shapes=shapes)
+    t = report["tuning"]
+    rows = {r["op"]: r for r in t["rows"]}
+    assert (
+        t["error"] is None
+        and t["isolated"]
+        and set(rows) == {n for n in registered_ops() if not n.startswith("test_")}
+    )
+    for name in shapes:
+        r = rows[name]
+        assert r["best"] is not None and r["n_failed"] == 0 and r["default_ms"] > 0, r
+        assert t["tables"][r["table_op"]]["entries"][r["key"]][str(r["m"])] == r["best"]
+    assert all("no tuning shape" in r["error"] for n, r in rows.items() if n not in shapes)

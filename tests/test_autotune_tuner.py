@@ -101,7 +101,7 @@ def test_cli_tune_export_and_errors(tmp_path, capsys):
     argv = ["tune", "--op", "w8a8_gemm", "--shape", "M=5,N=80,K=128", "--device", "cpu", "--cache", str(cache),
             "--strategy", "random", "--max-evals", "2", "--export", "--out-dir", str(out)]  # fmt: skip
     assert cli.main(argv) == 0
-    table = json.loads((out / lookup.gpu_slug(CPU_GPU_NAME) / "w8a8_gemm_int8.json").read_text())
+    table = json.loads((out / lookup.gpu_slug(CPU_GPU_NAME) / "w8a8_gemm.json").read_text())
     assert list(table["entries"]) == ["K=128,N=80"] and list(table["entries"]["K=128,N=80"]) == ["5"]
     assert len(TuningCache(cache).load().records) == 2
     assert cli.main(["tune", "--list"]) == 0
@@ -121,6 +121,14 @@ def test_shapes_from_a_catalogue_model():
     assert len(got) == 8 and {s["M"] for s in got} == {1, 16} and all(s["G"] == 128 for s in got)
     att = shapes_from_model("paged_attention", "llama-3-8b", [64], 128, 2048, 16)
     assert att == [{"M": 64, "q_heads": 32, "kv_heads": 8, "head_dim": 128, "block_size": 16, "ctx": 2048}]
+    assert shapes_from_model("paged_attention_int4", "llama-3-8b", [64], 128, 2048, 16) == att
+    act = shapes_from_model("quantize_per_token", "llama-3-8b", [4], 128, 2048, 16)
+    assert act == [{"M": 4, "K": 4096}, {"M": 4, "K": 14336}]
+    df = shapes_from_model("df11_gemm", "llama-3-8b", [8], 128, 2048, 16)
+    assert {(s["N"], s["K"]) for s in df} == nk and all(set(s) == {"M", "N", "K"} for s in df)
+    for name, shapes in (("paged_attention_kivi", att), ("quantize_per_token", act), ("df11_gemm", df)):
+        for s in shapes:
+            get_op(name).check_shape(s)
 
 
 def test_cli_export_alone_writes_every_op_in_the_cache(tmp_path):
@@ -133,4 +141,4 @@ def test_cli_export_alone_writes_every_op_in_the_cache(tmp_path):
         cli.main(["tune", "--export", "--device", "cpu", "--cache", str(cache), "--out-dir", str(out)]) == 0
     )
     written = sorted(p.name for p in (out / lookup.gpu_slug(CPU_GPU_NAME)).iterdir())
-    assert written == ["w4a16_gemm_splitk.json", "w8a8_gemm_int8.json"]
+    assert written == ["w4a16_gemm_splitk.json", "w8a8_gemm.json"]

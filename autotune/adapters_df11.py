@@ -1,0 +1,125 @@
+"""Tunable adapter for the fused DF11 decode + GEMM (`df11_linear.df11_gemm`, kernel `df11_gemm`).
+
+Shape: M (rows of x), N, K (the weight [N, K]), optionally seg (columns per row-segment index
+entry; default the kernel's DEFAULT_SEGMENT, which serving uses; tests pass a small one so the
+interpreter's per-k loop stays short). The kernel's table op is "df11_gemm", key (K, N), M bucketed.
+Tuned: BLOCK_M (rows per program; the launcher caps it at next_pow2(M)), BLOCK_N (lanes, one weight
+row each), SEGS_PER_PROG (K-range per program: fewer segments = more programs, fp32 atomics when
+K is split), num_warps. Weights are bf16 with a realistic spread (std 0.02, as trained linear
+layers; one weight per (N, K, seg), x fresh per seed), compressed by the codec; x is bf16; the
+reference is x @ W^T in fp64. The output is bf16, whatever the tuner's dtype (the kernel works on
+bf16 bits, so it also runs in the interpreter).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+import torch
+
+from codesign.autotune.adapters import _gen, _pow2_cap
+from codesign.autotune.lookup import forced_config, shape_key
+from codesign.autotune.ops import Shape, register
+from codesign.autotune.space import ConfigSpace, Resources
+from codesign.specs.errors import CodesignError
+
+TABLE_OP = "df11_gemm"
+# bf16 output: one rounding of each element (2^-9 relative) on an fp32 sum; a wrong config is O(1).
+TOLERANCE = 4e-3
+
+
+class DF11Gemm:
+    """df11_gemm: y[M, N] = x[M, K] @ W[N, K]^T with W DFloat11-coded and decoded in registers."""
+
+    name = TABLE_OP
+    source_modules = ("codesign.kernels.df11_gemm", "codesign.kernels.df11_triton")
+
+    def __init__(self) -> None:
+        from codesign.kernels.df11_gemm import DEFAULT_SEGMENT  # unavailable kernel -> ImportError
+        from codesign.kernels.df11_linear import df11_gemm  # noqa: F401
+
+        self.default_seg = DEFAULT_SEGMENT
+
+    def _seg(self, shape: Shape) -> int:
+        return shape.get("seg", self.default_seg)
+
+    def check_shape(self, shape: Shape) -> None:
+        if not {"M", "N", "K"} <= set(shape) <= {"M", "N", "K", "seg"} or min(shape.values()) < 1:
+            raise CodesignError(
+                f"shape for {self.name}: expected positive dims M, N, K (and seg); got {shape}"
+            )
+
+    def table_op(self, shape: Shape) -> str:
+        return TABLE_OP
+
+    def table_key(self, shape: Shape) -> str:
+        return shape_key(N=shape["N"], K=shape["K"])
+
+    def m(self, shape: Shape) -> int:
+        return shape["M"]
+
+    def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
+        params = (
+            {"BLOCK_M": [1, 2, 4, 8, 16], "BLOCK_N": [16, 32, 64, 128, 256], "SEGS_PER_PROG": [1, 2, 4, 8],
+             "num_warps": [1, 2, 4, 8]}
+            if on_gpu
+            else {"BLOCK_M": [4], "BLOCK_N": [32], "SEGS_PER_PROG": [1, 2], "num_warps": [4]}
+        )  # fmt: skip
+        nseg = -(-shape["K"] // self._seg(shape))
+        cap_m = _pow2_cap(shape["M"], 1)
+        cap_n = max(_pow2_cap(shape["N"]), min(params["BLOCK_N"]))
+
+        def valid(c: dict[str, int]) -> bool:
+            # Larger values than these only repeat a smaller config (the launcher caps BLOCK_M; a
+            # K-range past the last segment is empty) or waste lanes on absent rows.
+            return c["BLOCK_M"] <= cap_m and c["BLOCK_N"] <= cap_n and c["SEGS_PER_PROG"] <= max(nseg, 1)
+
+        def resources(c: dict[str, int]) -> Resources:
+            # fp32 accumulator tile plus per-lane decoder state (bit position, end, symbol, error: ~6 words).
+            threads = 32 * c["num_warps"]
+            return Resources(0, (c["BLOCK_M"] * c["BLOCK_N"] + 6 * c["BLOCK_N"]) // threads + 40)
+
+        return ConfigSpace(params=params, valid=valid, resources=resources)
+
+    def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
+        # The weight is compressed once per (N, K, seg) (seconds at 4096 x 4096) and copied per call:
+        # the rotating input sets of cold-L2 timing need distinct memory, not distinct values.
+        w, packed_cpu = _packed_weight(shape["N"], shape["K"], self._seg(shape))
+        x = torch.randn(shape["M"], shape["K"], generator=_gen(seed), dtype=torch.float64).to(torch.bfloat16)
+        packed = copy.deepcopy(packed_cpu).to(device)
+        return {"packed": packed, "x": x.to(device), "ref": x.double() @ w.double().T}
+
+    def input_bytes(self, inputs: dict[str, Any]) -> int:
+        return int(inputs["packed"].nbytes) + inputs["x"].numel() * 2
+
+    def poison(self, inputs: dict[str, Any]) -> None:
+        # The launcher allocates y itself: hand the caching allocator a NaN block of y's size first.
+        m, n = inputs["ref"].shape
+        torch.full((m, n), float("nan"), dtype=torch.float32, device=inputs["x"].device)
+
+    def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
+        from codesign.kernels.df11_linear import df11_gemm
+
+        with forced_config(TABLE_OP, config):
+            return df11_gemm(inputs["packed"], inputs["x"], None, check=False)
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        return inputs["ref"]
+
+    def tolerance(self, dtype: torch.dtype) -> float:
+        return TOLERANCE
+
+
+@functools.lru_cache(maxsize=2)
+def _packed_weight(n: int, k: int, seg: int) -> tuple[torch.Tensor, Any]:
+    """(W bf16 [n, k] with std 0.02, its PackedDF11 on the CPU with the row-segment index)."""
+    from codesign.kernels import df11_codec as codec
+    from codesign.kernels.df11_linear import PackedDF11
+
+    w = (torch.randn(n, k, generator=_gen(n * 7919 + k), dtype=torch.float64) * 0.02).to(torch.bfloat16)
+    return w, PackedDF11(codec.compress(w), "cpu", segment=seg)
+
+
+register(TABLE_OP, DF11Gemm)

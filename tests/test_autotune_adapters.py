@@ -1,0 +1,120 @@
+"""Every shipped tunable adapter: the candidate really reaches the kernel, and a tiny tune runs end to end.
+
+The spy test wraps the `lookup_config` each kernel module imported and checks that, inside `op.run`,
+the kernel asked for the adapter's table op, shape key and M, and was handed the candidate (a
+config differing from the default). A mismatch means every candidate would time the default config.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from codesign.autotune.cache import TuningCache
+from codesign.autotune.ops import get_op, registered_ops
+from codesign.autotune.space import DeviceLimits
+from codesign.autotune.tuner import Tuner, checked_output, rel_error
+from codesign.backend import use_backend
+
+# One tiny shape per shipped op (odd sizes; interpreter-cheap).
+ATT = {"M": 2, "q_heads": 4, "kv_heads": 2, "head_dim": 32, "block_size": 16, "ctx": 40}
+TINY = {
+    "w4a16_gemm": {"M": 3, "N": 96, "K": 256, "G": 128},
+    "w8a16_gemm": {"M": 19, "N": 80, "K": 128, "G": 0},  # the tiled variant
+    "w8a8_gemm": {"M": 5, "N": 80, "K": 128},
+    "fp8_gemm": {"M": 5, "N": 80, "K": 128},
+    "quantize_per_token": {"M": 3, "K": 300},
+    "df11_gemm": {"M": 3, "N": 21, "K": 40, "seg": 16},  # 3 segments: K split in 2 or 3 ranges
+    "paged_attention": ATT,
+    "paged_attention_int8": ATT,
+    "paged_attention_int4": ATT,
+    "paged_attention_int2": ATT,
+    "paged_attention_fp8": ATT,
+    "paged_attention_mixed": ATT,
+    "paged_attention_oaken": ATT,
+    "paged_attention_kivi": {**ATT, "residual": 8},  # group 16: 32 tokens quantized, 8 in the ring
+}
+
+
+def test_every_shipped_op_has_a_tiny_shape():
+    shipped = {n for n in registered_ops() if not n.startswith("test_")}
+    assert shipped == set(TINY)
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_the_candidate_reaches_the_kernel_and_is_correct(name, monkeypatch):
+    import importlib
+
+    op = get_op(name)
+    shape = TINY[name]
+    op.check_shape(shape)
+    calls = []
+    for mod_name in op.source_modules:
+        mod = importlib.import_module(mod_name)
+        if hasattr(mod, "lookup_config"):
+            real = mod.lookup_config
+
+            def spy(t_op, gpu, m, key, default, _real=real):
+                got = _real(t_op, gpu, m, key, default)
+                calls.append((t_op, m, key, default, got))
+                return got
+
+            monkeypatch.setattr(mod, "lookup_config", spy)
+    cands = op.space(shape, torch.float32, False).candidates(DeviceLimits(name="cpu-interpreter"))
+    inputs = op.make_inputs(shape, torch.float32, "cpu", 1)
+    ref = op.reference(inputs)
+    # A candidate unlike the kernel's default: the last one whose values differ from it somewhere.
+    with use_backend("triton"):
+        op.run(inputs, {})
+    default = calls[-1][3]
+    cand = next(c for c in reversed(cands) if any(default.get(k) != v for k, v in c.items()))
+    calls.clear()
+    if hasattr(op, "poison"):
+        op.poison(inputs)
+    with use_backend("triton"):
+        out = op.run(inputs, cand)
+    err = rel_error(checked_output(op, inputs, out), ref)
+    assert err <= op.tolerance(torch.float32), f"{name}: relative error {err:.3e}"
+    names = getattr(op, "forced_ops", (op.table_op(shape),))
+    hits = [c for c in calls if c[0] in names]
+    assert hits, f"{name}: the kernel looked up {[c[0] for c in calls]}, not {names}"
+    for _op, m, key, _default, got in hits:
+        assert {k: got[k] for k in cand} == cand, f"{name}: the kernel got {got}, not the candidate {cand}"
+        assert (m, key) == (op.m(shape), op.table_key(shape))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "quantize_per_token",
+        "paged_attention_int4",
+        "paged_attention_mixed",
+        "paged_attention_kivi",
+        "df11_gemm",
+    ],
+)
+def test_tiny_tune_through_the_interpreter(name, tmp_path):
+    op = get_op(name)
+    cache = TuningCache(tmp_path / "c.jsonl")
+    tuner = Tuner(op, cache, dtype=torch.float32, device="cpu", strategy="exhaustive", log=lambda s: None)
+    res = tuner.tune_shape(TINY[name])
+    assert res.table_op == name and res.n_failed == 0 and res.n_new == res.n_candidates >= 2
+    recs = cache.load().records
+    assert all(r["ok"] and r["rel_error"] <= op.tolerance(torch.float32) for r in recs)
+    assert res.best_ms == min(r["time_ms"] for r in recs) and math.isfinite(res.best_ms)
+
+
+def test_a_wrong_quantizer_output_fails_the_check():
+    # The bit-exact check is not vacuous: one flipped code or a NaN scale fails it.
+    op = get_op("quantize_per_token")
+    inputs = op.make_inputs(TINY["quantize_per_token"], torch.float32, "cpu", 3)
+    ref = op.reference(inputs)
+    out = op.run(inputs, {})
+    assert rel_error(checked_output(op, inputs, out), ref) == 0.0
+    out[1, 7] += 1
+    assert rel_error(checked_output(op, inputs, out), ref) > 0.0
+    out[1, 7] -= 1
+    inputs["s"][2] = float("nan")
+    assert rel_error(checked_output(op, inputs, out), ref) == math.inf
