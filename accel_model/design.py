@@ -325,13 +325,17 @@ def load_design(name_or_path: str | Path) -> Design:
             raise CodesignError(
                 f"unknown design {str(name_or_path)!r}; built-in: {', '.join(builtin_designs())}"
             )
+    return design_from_dict(read_yaml(p, "design file"), p.name)
+
+
+def read_yaml(p: Path, what: str) -> Any:
+    """The parsed YAML file `p`; CodesignError "`what` 'p' does not exist" or "p.name: not valid YAML: ..."."""
     if not p.exists():
-        raise CodesignError(f"design file {str(p)!r} does not exist")
+        raise CodesignError(f"{what} {str(p)!r} does not exist")
     try:
-        data = yaml.safe_load(p.read_text())
+        return yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         raise CodesignError(f"{p.name}: not valid YAML: {e}") from None
-    return design_from_dict(data, p.name)
 
 
 def builtin_designs() -> list[str]:

@@ -107,22 +107,7 @@ class DRAMSpec:
             raise CodesignError(
                 f"{self.name}.rtw_gap must be an int >= 0 (clock cycles), got {self.rtw_gap!r}"
             )
-        for f in (
-            "data_rate_gbps",
-            "tCK_ns",
-            "tRCD",
-            "tRP",
-            "tCL",
-            "tRAS",
-            "tCCD_S",
-            "tCCD_L",
-            "tFAW",
-            "tREFI",
-            "tCWL",
-            "tWR",
-            "tWTR_S",
-            "tWTR_L",
-        ):
+        for f in ("data_rate_gbps", "tCK_ns", *_TIMINGS):
             if not getattr(self, f) > 0:
                 raise CodesignError(f"{self.name}.{f} must be > 0, got {getattr(self, f)!r}")
         if self.row_bytes % self.burst_bytes:
@@ -182,65 +167,59 @@ class DRAMSpec:
         return out
 
 
-_TIMINGS = (
-    "tRCD",
-    "tRP",
-    "tCL",
-    "tRAS",
-    "tCCD_S",
-    "tCCD_L",
-    "tRRD_S",
-    "tRRD_L",
-    "tFAW",
-    "tRTP",
-    "tRFC",
-    "tREFI",
-    "tCWL",
-    "tWR",
-    "tWTR_S",
-    "tWTR_L",
-)
+# Every timing parameter, ns: each must be > 0 and becomes an n-prefixed cycle count (`cycles()`).
+_TIMINGS = ("tRCD", "tRP", "tCL", "tRAS", "tCCD_S", "tCCD_L", "tRRD_S", "tRRD_L", "tFAW", "tRTP", "tRFC", "tREFI",
+            "tCWL", "tWR", "tWTR_S", "tWTR_L")  # fmt: skip
 
 # Presets. Sources: JEDEC JESD235D (HBM2/2E), JESD238A (HBM3), JESD209-5B (LPDDR5), JESD79-5B (DDR5),
 # the timing presets of Ramulator 2 (CMU-SAFARI/ramulator2, src/dram/impl/*.cpp) where they exist,
 # and vendor product pages for data rates. JEDEC documents are not freely public: array timings
 # marked "typ." are the commonly published values (e.g. Micron/SK hynix HBM2E tRCD = tRP = 14 ns).
+
+# What the three HBM presets share: the organisation of one pseudo-channel (4 BG x 4 banks, 1 KB page), the
+# DRAM array timings and the write timings. They differ in the interface (data rate, pins, burst length).
+_HBM_COMMON = dict(
+    bank_groups=4,
+    banks_per_group=4,
+    row_bytes=1024,
+    tRCD=14.0,
+    tRP=14.0,
+    tCL=14.0,
+    tRAS=33.0,  # typ. HBM2E array timings
+    tFAW=16.0,
+    tRTP=5.0,  # typ.
+    tRFC=160.0,
+    tREFI=3900.0,
+    refresh="per_bank",  # tRFCsb 160 ns, tREFI 3.9 us (Ramulator 2 HBM2 / HBM3 presets, REFsb)
+    tCWL=4.0,
+    tWR=16.0,
+    tWTR_S=6.0,
+    tWTR_L=8.0,  # typ. HBM2: DRAMsim3's HBM2_8Gb_x128 (CWL 4, tWR 16, tWTR_S 6, tWTR_L 8 at tCK 1 ns)
+    rtw_gap=2,  # Ramulator 2 HBM3: RD->WR nCL + nBL + 2 - nCWL (tWPRE = 1 tCK)
+)
+
+# HBM2E 3.2 Gb/s (Samsung Flashbolt / SK hynix HBM2E: 1024 pins -> 409.6 GB/s per stack).
+# 8 channels x 2 pseudo-channels of 64 bits, BL4 -> 32 B bursts.
+_HBM2E = DRAMSpec(
+    name="HBM2e",
+    data_rate_gbps=3.2,
+    tCK_ns=0.625,
+    bus_bits=64,
+    burst_length=4,
+    channels=16,
+    tCCD_S=1.25,
+    tCCD_L=2.5,  # 2 / 4 nCK (JESD235: tCCDS = BL/2, tCCDL = 2x)
+    tRRD_S=4.0,
+    tRRD_L=6.0,
+    pj_per_bit=3.9,
+    unit_gb=16.0,  # 8-high stack of 16 Gb dies (A100 80 GB = 5 stacks)
+    **_HBM_COMMON,
+)
+
 PRESETS: dict[str, DRAMSpec] = {
-    # HBM2E 3.2 Gb/s (Samsung Flashbolt / SK hynix HBM2E: 1024 pins -> 409.6 GB/s per stack).
-    # 8 channels x 2 pseudo-channels of 64 bits, BL4 -> 32 B bursts; 4 BG x 4 banks per PC; 1 KB page.
-    "HBM2e": DRAMSpec(
-        name="HBM2e",
-        data_rate_gbps=3.2,
-        tCK_ns=0.625,
-        bus_bits=64,
-        burst_length=4,
-        channels=16,
-        bank_groups=4,
-        banks_per_group=4,
-        row_bytes=1024,
-        tRCD=14.0,
-        tRP=14.0,
-        tCL=14.0,
-        tRAS=33.0,  # typ. HBM2E array timings
-        tCCD_S=1.25,
-        tCCD_L=2.5,  # 2 / 4 nCK (JESD235: tCCDS = BL/2, tCCDL = 2x)
-        tRRD_S=4.0,
-        tRRD_L=6.0,
-        tFAW=16.0,
-        tRTP=5.0,  # typ.
-        tRFC=160.0,
-        tREFI=3900.0,
-        refresh="per_bank",  # tRFCsb 160 ns, tREFI 3.9 us (Ramulator 2 HBM2 preset)
-        pj_per_bit=3.9,
-        unit_gb=16.0,  # 8-high stack of 16 Gb dies (A100 80 GB = 5 stacks)
-        tCWL=4.0,
-        tWR=16.0,
-        tWTR_S=6.0,
-        tWTR_L=8.0,  # typ. HBM2: DRAMsim3's HBM2_8Gb_x128 (CWL 4, tWR 16, tWTR_S 6, tWTR_L 8 at tCK 1 ns)
-        rtw_gap=2,  # Ramulator 2 HBM3: RD->WR nCL + nBL + 2 - nCWL (tWPRE = 1 tCK)
-    ),
+    "HBM2e": _HBM2E,
     # HBM3 6.4 Gb/s (JESD238; SK hynix HBM3: 819 GB/s per stack). 16 channels x 2 PCs of 32 bits,
-    # BL8 -> 32 B bursts; 4 BG x 4 banks per PC; 1 KB page.
+    # BL8 -> 32 B bursts; same array timings as HBM2E.
     "HBM3": DRAMSpec(
         name="HBM3",
         data_rate_gbps=6.4,
@@ -248,63 +227,25 @@ PRESETS: dict[str, DRAMSpec] = {
         bus_bits=32,
         burst_length=8,
         channels=32,
-        bank_groups=4,
-        banks_per_group=4,
-        row_bytes=1024,
-        tRCD=14.0,
-        tRP=14.0,
-        tCL=14.0,
-        tRAS=33.0,  # typ., same array timings as HBM2E
         tCCD_S=1.25,
         tCCD_L=2.5,  # one burst (BL8 at 6.4 Gb/s) / two bursts
         tRRD_S=2.5,
         tRRD_L=4.0,
-        tFAW=16.0,
-        tRTP=5.0,  # typ.
-        tRFC=160.0,
-        tREFI=3900.0,
-        refresh="per_bank",  # per-bank refresh (REFsb), Ramulator 2 HBM3 preset
         pj_per_bit=3.5,
         unit_gb=16.0,  # 8-high stack of 16 Gb dies (H100 SXM 80 GB = 5 stacks)
-        tCWL=4.0,
-        tWR=16.0,
-        tWTR_S=6.0,
-        tWTR_L=8.0,  # typ. HBM2: DRAMsim3's HBM2_8Gb_x128 (CWL 4, tWR 16, tWTR_S 6, tWTR_L 8 at tCK 1 ns)
-        rtw_gap=2,  # Ramulator 2 HBM3: RD->WR nCL + nBL + 2 - nCWL (tWPRE = 1 tCK)
+        **_HBM_COMMON,
     ),
     # HBM2 2.4 Gb/s (Samsung Aquabolt / Aquabolt-XL, the base of HBM-PIM: 307 GB/s per stack).
-    # Same organisation and array timings as HBM2E; tCCD_S / tCCD_L = 2 / 4 nCK at tCK 0.833 ns, so
-    # tCCD_L = 3.33 ns: the 300 MHz pace of HBM-PIM's units (Kwon et al., ISSCC 2021).
-    "HBM2": DRAMSpec(
+    # HBM2E at a lower data rate: tCCD_S / tCCD_L = 2 / 4 nCK at tCK 0.833 ns, so tCCD_L = 3.33 ns, the
+    # 300 MHz pace of HBM-PIM's units (Kwon et al., ISSCC 2021).
+    "HBM2": replace(
+        _HBM2E,
         name="HBM2",
         data_rate_gbps=2.4,
         tCK_ns=2 / 2.4,
-        bus_bits=64,
-        burst_length=4,
-        channels=16,
-        bank_groups=4,
-        banks_per_group=4,
-        row_bytes=1024,
-        tRCD=14.0,
-        tRP=14.0,
-        tCL=14.0,
-        tRAS=33.0,
         tCCD_S=2 * (2 / 2.4),
         tCCD_L=4 * (2 / 2.4),
-        tRRD_S=4.0,
-        tRRD_L=6.0,
-        tFAW=16.0,
-        tRTP=5.0,
-        tRFC=160.0,
-        tREFI=3900.0,
-        refresh="per_bank",
-        pj_per_bit=3.9,
         unit_gb=8.0,  # Aquabolt 8-high, 8 Gb dies (Aquabolt-XL with PIM dies: 6 GB)
-        tCWL=4.0,
-        tWR=16.0,
-        tWTR_S=6.0,
-        tWTR_L=8.0,  # typ. HBM2: DRAMsim3's HBM2_8Gb_x128 (CWL 4, tWR 16, tWTR_S 6, tWTR_L 8 at tCK 1 ns)
-        rtw_gap=2,  # Ramulator 2 HBM3: RD->WR nCL + nBL + 2 - nCWL (tWPRE = 1 tCK)
     ),
     # LPDDR5-6400 x16 channel (JESD209-5B; Ramulator 2 preset LPDDR5_6400: tCK 1.25 ns, nCL 20, nRCD 15,
     # nRPpb 15, nRAS 34, nCCD 2 (BG mode), nRRD 4, nFAW 16). BL16 -> 32 B bursts; 4 BG x 4 banks; 2 KB page.
@@ -409,6 +350,22 @@ class DRAMResult:
         return self.bytes / self.ns if self.ns else 0.0
 
 
+_NO_ACCESS = DRAMResult(0.0, 0.0, 0, 0, 0, 0)
+
+
+def _with_refresh(
+    spec: DRAMSpec, cycles: float, nbytes: int, bursts: int, acts: int, hits: int
+) -> DRAMResult:
+    # Every model counts refresh the same way: busy time stretched by 1 / (1 - refresh_loss).
+    cyc = cycles / (1.0 - spec.refresh_loss)
+    return DRAMResult(cyc, cyc * spec.tCK_ns, nbytes, bursts, acts, hits)
+
+
+def _check_nbytes(nbytes: object) -> None:
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
+        raise CodesignError(f"nbytes must be a non-negative integer, got {nbytes!r}")
+
+
 def read_latency(spec: DRAMSpec, state: str = "closed") -> int:
     """Unloaded read latency in cycles: hit nCL+nBL; closed nRCD+nCL+nBL; conflict nRP+nRCD+nCL+nBL."""
     check_choice("row state", state, ("hit", "closed", "conflict"))
@@ -444,8 +401,7 @@ def stream_access(
         T += k * (max(0, nRTW - t_burst) + max(0, nCWL + nBL + nWTR_S - t_burst))
     A pure write stream (f = 1) ends nCWL, not nCL, after its last WR.
     """
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
-        raise CodesignError(f"nbytes must be a non-negative integer, got {nbytes!r}")
+    _check_nbytes(nbytes)
     if (
         isinstance(write_fraction, bool)
         or not isinstance(write_fraction, int | float)
@@ -454,7 +410,7 @@ def stream_access(
         raise CodesignError(f"write_fraction must be a number in [0, 1], got {write_fraction!r}")
     check_positive_int("write_batch", write_batch)
     if nbytes == 0:
-        return DRAMResult(0.0, 0.0, 0, 0, 0, 0)
+        return _NO_ACCESS
     c = spec._cyc
     bb = spec.burst_bytes
     bursts = -(-int(nbytes) // bb)
@@ -473,9 +429,9 @@ def stream_access(
     if 0 < n_w < n:
         k = min(-(-n_w // write_batch), n - n_w)
         turns = k * (max(0, c["nRTW"] - t_burst) + max(0, c["nCWL"] + c["nBL"] + c["nWTR_S"] - t_burst))
-    cyc = (c["nRCD"] + latency + c["nBL"] + (n - 1) * t_burst + turns) / (1.0 - spec.refresh_loss)
+    cyc = c["nRCD"] + latency + c["nBL"] + (n - 1) * t_burst + turns
     acts = -(-bursts // bpr)  # one ACT per row touched
-    return DRAMResult(cyc, cyc * spec.tCK_ns, int(nbytes), bursts, acts, bursts - acts)
+    return _with_refresh(spec, cyc, int(nbytes), bursts, acts, bursts - acts)
 
 
 def random_access(spec: DRAMSpec, nbytes: int, request_bytes: int) -> DRAMResult:
@@ -487,10 +443,9 @@ def random_access(spec: DRAMSpec, nbytes: int, request_bytes: int) -> DRAMResult
     t_col = max(nBL, nCCD_S), t_act = max(nRRD_S, nFAW / 4, nRC / banks).
     """
     check_positive_int("request_bytes", request_bytes)
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
-        raise CodesignError(f"nbytes must be a non-negative integer, got {nbytes!r}")
+    _check_nbytes(nbytes)
     if nbytes == 0:
-        return DRAMResult(0.0, 0.0, 0, 0, 0, 0)
+        return _NO_ACCESS
     c = spec._cyc
     bb = spec.burst_bytes
     requests = -(-int(nbytes) // request_bytes)
@@ -507,8 +462,8 @@ def random_access(spec: DRAMSpec, nbytes: int, request_bytes: int) -> DRAMResult
     t_act = max(_act_interval(c, spec.bank_groups), c["nRC"] / spec.banks)
     body = max(bursts_per_ch * t_col, acts_per_ch * t_act)
     first = c["nRP"] + c["nRCD"] + c["nCL"] + c["nBL"]
-    cyc = (first + body - min(t_col, t_act)) / (1.0 - spec.refresh_loss)
-    return DRAMResult(cyc, cyc * spec.tCK_ns, int(nbytes), requests * per_req, requests * spread * rows, 0)
+    cyc = first + body - min(t_col, t_act)
+    return _with_refresh(spec, cyc, int(nbytes), requests * per_req, requests * spread * rows, 0)
 
 
 def access(spec: DRAMSpec, nbytes: int, pattern: str = "stream", request_bytes: int = 64) -> DRAMResult:
@@ -646,7 +601,7 @@ def simulate_bursts(
     check_positive_int("queue", queue)
     idx = np.asarray(burst_index, dtype=np.int64)
     if idx.size == 0:
-        return DRAMResult(0.0, 0.0, 0, 0, 0, 0)
+        return _NO_ACCESS
     if idx.min() < 0:
         raise CodesignError("burst indices must be non-negative")
     if is_write is None:
@@ -669,8 +624,7 @@ def simulate_bursts(
         worst = max(worst, d)
         hits += h
         acts += a
-    cyc = worst / (1.0 - spec.refresh_loss)
-    return DRAMResult(cyc, cyc * spec.tCK_ns, int(idx.size * spec.burst_bytes), int(idx.size), acts, hits)
+    return _with_refresh(spec, worst, int(idx.size * spec.burst_bytes), int(idx.size), acts, hits)
 
 
 def random_burst_indices(

@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from codesign.specs import CodesignError
 
 FORMAT_PARAMS = ("format.weight", "format.kv", "format.act")
@@ -133,7 +131,7 @@ def _values(name: str, raw: Any, where: str) -> tuple[tuple[Any, ...], str | Non
 
 def space_from_dict(data: Any, where: str = "<dict>") -> Space:
     """Validate a parsed space mapping (errors name `where` and the field)."""
-    from codesign.accel_model.design import DESIGN_DIR, design_from_dict
+    from codesign.accel_model.design import DESIGN_DIR, design_from_dict, read_yaml
 
     if not isinstance(data, dict):
         raise CodesignError(f"{where}: a design space must be a mapping")
@@ -147,7 +145,7 @@ def space_from_dict(data: Any, where: str = "<dict>") -> Space:
         p = Path(base) if Path(base).suffix else DESIGN_DIR / f"{base}.yaml"
         if not p.exists():
             raise CodesignError(f"{where}: base design {base!r} not found")
-        base = yaml.safe_load(p.read_text())
+        base = read_yaml(p, "base design file")
     if not isinstance(base, dict):
         raise CodesignError(f"{where}: base must be a design name, path or mapping")
     raw_params = data.get("params") or {}
@@ -179,11 +177,7 @@ def space_from_dict(data: Any, where: str = "<dict>") -> Space:
 
 def load_space(path: str | Path | None = None) -> Space:
     """A space from YAML, or the built-in default space when `path` is None."""
+    from codesign.accel_model.design import read_yaml
+
     p = Path(path) if path is not None else DEFAULT_SPACE
-    if not p.exists():
-        raise CodesignError(f"design space file {str(p)!r} does not exist")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise CodesignError(f"{p.name}: not valid YAML: {e}") from None
-    return space_from_dict(data, p.name)
+    return space_from_dict(read_yaml(p, "design space file"), p.name)

@@ -57,7 +57,7 @@ import networkx as nx
 import torch
 
 from codesign.catalog.models import expected_active_experts
-from codesign.dataflow.graph import PHASES, context_lens, tp_divide
+from codesign.dataflow.graph import new_step_graph, tp_divide
 from codesign.specs import (
     AllReduce,
     CodesignError,
@@ -74,8 +74,6 @@ from codesign.specs import (
     RoPE,
     Sampling,
     WeightFormat,
-    check_choice,
-    check_positive_int,
     dtype_bytes,
 )
 
@@ -491,15 +489,13 @@ def graph_from_module(
     type or traced call it cannot map, or a trace whose operator graph has a cycle.
     """
     traced = model if isinstance(model, TracedModel) else trace_model(model, example_inputs)
-    check_choice("phase", phase, PHASES)
-    check_positive_int("batch", batch)
-    check_positive_int("tp", tp)
-    wf = WeightFormat.parse(weight_format) if isinstance(weight_format, str) else weight_format
-    kvf = KVFormat.parse(kv_format) if isinstance(kv_format, str) else kv_format
-    lens = context_lens(context, batch, traced.max_context, traced.name)
+    g, wf, kvf = new_step_graph(
+        traced.name, traced.max_context, phase, batch, context, weight_format, kv_format, tp
+    )
+    lens, tokens = g.graph["context"], g.graph["tokens"]
     groups, owner = _group_calls(traced.graph)
     edges = _edges(groups, owner)
-    layers = sorted({g.layer for g in groups.values() if g.layer is not None})
+    layers = sorted({grp.layer for grp in groups.values() if grp.layer is not None})
     nodes = list(groups) + [f"L{i}.kv_write" for i in layers]
     _check_acyclic(nodes, edges)
     for need in ("embed", "final_norm", "lm_head"):
@@ -511,33 +507,23 @@ def graph_from_module(
         if node not in groups:
             raise CodesignError(f"traced graph has no {node}: the layer lacks a part of a decoder block")
 
-    tokens = batch if phase == "decode" else sum(lens)
-    act_b = dtype_bytes("fp16")
-    lin_act = act_dtype if wf.quantized else "fp16"
     vocab, hidden = _shape(groups["embed"].calls[0].args[0])
+    act_b = dtype_bytes("fp16")
+    hid_b = tokens * hidden * act_b  # the residual stream, as the builder counts it
+    lin_act = act_dtype if wf.quantized else "fp16"
     norm_kind = {True: "rms", False: "layer"}
 
     def norm_spec(grp: _Group) -> Norm:
         cls = _stack(grp.calls[0])[-1][1]
         return Norm(tokens, hidden, norm_kind[cls.endswith("RMSNorm")])
 
-    g = nx.DiGraph(
-        model=traced.name,
-        phase=phase,
-        batch=batch,
-        context=lens,
-        tp=tp,
-        tokens=tokens,
-        weight_format=wf.name,
-        kv_format=kvf.name,
-    )
     out_bytes: dict[str, float] = {}
 
     def add(node: str, op: str, spec: OpSpec, layer: int | None, nbytes: float) -> None:
         g.add_node(node, spec=spec, op=op, layer=layer, out_bytes=nbytes)
         out_bytes[node] = nbytes
 
-    add("embed", "embedding", Embedding(tokens, vocab, hidden), None, tokens * hidden * act_b)
+    add("embed", "embedding", Embedding(tokens, vocab, hidden), None, hid_b)
     if ("pos_embed" in groups) != ("embed_add" in groups):
         raise CodesignError(
             "traced embeddings: a learned position table needs exactly one add to the token embedding, "
@@ -546,11 +532,11 @@ def graph_from_module(
     if "pos_embed" in groups:
         # The table's rows are the model's positions (OPT keeps 2 spare rows, an offset of its ids).
         rows = traced.max_context or _shape(groups["pos_embed"].calls[0].args[0])[0]
-        add("pos_embed", "pos_embedding", Embedding(tokens, rows, hidden), None, tokens * hidden * act_b)
-        add("embed_add", "embed_add", Elementwise("add", tokens * hidden), None, tokens * hidden * act_b)
+        add("pos_embed", "pos_embedding", Embedding(tokens, rows, hidden), None, hid_b)
+        add("embed_add", "embed_add", Elementwise("add", tokens * hidden), None, hid_b)
     for i in layers:
         p = f"L{i}."
-        add(p + "attn_norm", "attn_norm", norm_spec(groups[p + "attn_norm"]), i, tokens * hidden * act_b)
+        add(p + "attn_norm", "attn_norm", norm_spec(groups[p + "attn_norm"]), i, hid_b)
         qkv = _linears(groups[p + "qkv_proj"])
         sdpa = next(
             c for c in groups[p + "attention"].calls if _aten_name(c) == "scaled_dot_product_attention"
@@ -580,15 +566,9 @@ def graph_from_module(
         (_, o_k, o_bias), *_ = _linears(groups[p + "o_proj"]).values()
         o_in = tp_divide("heads", o_k // hd, tp) * hd
         o_spec = Gemm(M=tokens, N=hidden, K=o_in, weight=wf, act_dtype=lin_act, bias=o_bias)
-        add(p + "o_proj", "o_proj", o_spec, i, tokens * hidden * act_b)
-        add(
-            p + "attn_residual",
-            "residual_add",
-            Elementwise("add", tokens * hidden),
-            i,
-            tokens * hidden * act_b,
-        )
-        add(p + "ffn_norm", "ffn_norm", norm_spec(groups[p + "ffn_norm"]), i, tokens * hidden * act_b)
+        add(p + "o_proj", "o_proj", o_spec, i, hid_b)
+        add(p + "attn_residual", "residual_add", Elementwise("add", tokens * hidden), i, hid_b)
+        add(p + "ffn_norm", "ffn_norm", norm_spec(groups[p + "ffn_norm"]), i, hid_b)
         act_op = _act_op(groups[p + "act"], i)
         gated = act_op.endswith("_mul")
         if p + "router" in groups:
@@ -617,15 +597,9 @@ def graph_from_module(
         add(p + "up_proj", "up_proj", up_spec, i, act_rows * up_n * act_b)
         add(p + "act", act_op, Elementwise(act_op, act_rows * ffn), i, act_rows * ffn * act_b)
         d_spec = Gemm(M=mm, N=hidden, K=ffn, weight=wf, act_dtype=lin_act, bias=d_bias, batch=nb)
-        add(p + "down_proj", "down_proj", d_spec, i, tokens * hidden * act_b)
-        add(
-            p + "ffn_residual",
-            "residual_add",
-            Elementwise("add", tokens * hidden),
-            i,
-            tokens * hidden * act_b,
-        )
-    add("final_norm", "final_norm", norm_spec(groups["final_norm"]), None, tokens * hidden * act_b)
+        add(p + "down_proj", "down_proj", d_spec, i, hid_b)
+        add(p + "ffn_residual", "residual_add", Elementwise("add", tokens * hidden), i, hid_b)
+    add("final_norm", "final_norm", norm_spec(groups["final_norm"]), None, hid_b)
     # Only the last position of each sequence is projected to the vocabulary (fp32 logits).
     head_vocab, head_k, _ = _linears(groups["lm_head"])["lm_head"]
     shard = math.ceil(head_vocab / tp)
@@ -638,7 +612,7 @@ def graph_from_module(
         for i in layers:
             for proj, ar in (("o_proj", "attn_all_reduce"), ("down_proj", "ffn_all_reduce")):
                 src, node = f"L{i}.{proj}", f"L{i}.{ar}"
-                add(node, "all_reduce", AllReduce(tokens * hidden, tp), i, tokens * hidden * act_b)
+                add(node, "all_reduce", AllReduce(tokens * hidden, tp), i, hid_b)
                 g.add_edge(src, node, bytes=out_bytes[src])
                 redirect[src] = node
     for src, dst in [*edges, ("lm_head", "sample")]:

@@ -67,6 +67,41 @@ def tp_divide(name: str, value: int, tp: int) -> int:
     return value // tp
 
 
+def new_step_graph(
+    name: str,
+    max_context: int | None,
+    phase: str,
+    batch: int,
+    context: int | Sequence[int],
+    weight_format: WeightFormat | str,
+    kv_format: KVFormat | str,
+    tp: int,
+) -> tuple[nx.DiGraph, WeightFormat, KVFormat]:
+    """Check a step's arguments and start its graph: (empty DiGraph, weight format, KV format).
+
+    The graph's attributes: model=`name`, phase, batch, context (per-sequence lengths, `context_lens`),
+    tp, tokens (batch for decode, sum of the context lengths for prefill), weight_format and kv_format
+    (names). Checks run in that order, so both graph routes refuse the same bad argument the same way.
+    """
+    check_choice("phase", phase, PHASES)
+    check_positive_int("batch", batch)
+    check_positive_int("tp", tp)
+    wf = WeightFormat.parse(weight_format) if isinstance(weight_format, str) else weight_format
+    kvf = KVFormat.parse(kv_format) if isinstance(kv_format, str) else kv_format
+    lens = context_lens(context, batch, max_context, name)
+    g = nx.DiGraph(
+        model=name,
+        phase=phase,
+        batch=batch,
+        context=lens,
+        tp=tp,
+        tokens=batch if phase == "decode" else sum(lens),
+        weight_format=wf.name,
+        kv_format=kvf.name,
+    )
+    return g, wf, kvf
+
+
 def build_step_graph(
     model: ModelConfig | str,
     phase: str = "decode",
@@ -80,32 +115,17 @@ def build_step_graph(
 ) -> nx.DiGraph:
     """The operator DAG of one prefill or decode step of `model` on one tensor-parallel rank."""
     m = load_model(model) if isinstance(model, str) else model
-    check_choice("phase", phase, PHASES)
-    check_positive_int("batch", batch)
-    check_positive_int("tp", tp)
-    wf = WeightFormat.parse(weight_format) if isinstance(weight_format, str) else weight_format
-    kvf = KVFormat.parse(kv_format) if isinstance(kv_format, str) else kv_format
-    lens = context_lens(context, batch, m.max_context, m.name)
+    g, wf, kvf = new_step_graph(m.name, m.max_context, phase, batch, context, weight_format, kv_format, tp)
+    lens, tokens = g.graph["context"], g.graph["tokens"]
     q_heads = tp_divide("heads", m.heads, tp)
     # KV heads replicate when tp exceeds them (vLLM's rule): each rank keeps at least one.
     kv_heads = tp_divide("kv_heads", m.kv_heads, tp) if m.kv_heads >= tp else 1
     ffn = tp_divide("ffn", m.ffn, tp)
     hd, hidden = m.head_dim, m.hidden
-    tokens = batch if phase == "decode" else sum(lens)
     act_b = dtype_bytes("fp16")
+    hid_b = tokens * hidden * act_b  # one fp16 activation row per token: the residual stream's size
     # Weight-only formats keep fp16 activations; W8A8/FP8 quantize activations for the GEMM.
     lin_act = act_dtype if wf.quantized else "fp16"
-
-    g = nx.DiGraph(
-        model=m.name,
-        phase=phase,
-        batch=batch,
-        context=lens,
-        tp=tp,
-        tokens=tokens,
-        weight_format=wf.name,
-        kv_format=kvf.name,
-    )
 
     def add(node: str, op: str, spec: OpSpec, layer: int | None, inputs: Sequence[str], nbytes: float) -> str:
         g.add_node(node, spec=spec, op=op, layer=layer)
@@ -117,32 +137,24 @@ def build_step_graph(
     def lin(n: int, k: int, bias: bool, mm: int = tokens, batch_: int = 1) -> Gemm:
         return Gemm(M=mm, N=n, K=k, weight=wf, act_dtype=lin_act, bias=bias, batch=batch_)
 
-    x = add("embed", "embedding", Embedding(tokens, m.vocab, hidden), None, [], tokens * hidden * act_b)
+    def residual(p: str, part: str, i: int, x: str, skip: str) -> str:
+        # The block's output joins the residual stream: all-reduced first when sharded (row-parallel).
+        if tp > 1:
+            x = add(f"{p}{part}_all_reduce", "all_reduce", AllReduce(tokens * hidden, tp), i, [x], hid_b)
+        return add(
+            f"{p}{part}_residual", "residual_add", Elementwise("add", tokens * hidden), i, [x, skip], hid_b
+        )
+
+    x = add("embed", "embedding", Embedding(tokens, m.vocab, hidden), None, [], hid_b)
     if m.learned_positions:
         # GPT-2/OPT add a learned position table (one row per position) to the token embedding.
-        pos = add(
-            "pos_embed",
-            "pos_embedding",
-            Embedding(tokens, m.max_context, hidden),
-            None,
-            [],
-            tokens * hidden * act_b,
-        )
-        x = add(
-            "embed_add",
-            "embed_add",
-            Elementwise("add", tokens * hidden),
-            None,
-            [x, pos],
-            tokens * hidden * act_b,
-        )
+        pos = add("pos_embed", "pos_embedding", Embedding(tokens, m.max_context, hidden), None, [], hid_b)
+        x = add("embed_add", "embed_add", Elementwise("add", tokens * hidden), None, [x, pos], hid_b)
     last = [x]
     for i in range(m.layers):
         p = f"L{i}."
         h_in = last[0]
-        n1 = add(
-            p + "attn_norm", "attn_norm", Norm(tokens, hidden, m.norm), i, [h_in], tokens * hidden * act_b
-        )
+        n1 = add(p + "attn_norm", "attn_norm", Norm(tokens, hidden, m.norm), i, [h_in], hid_b)
         qkv_n = (q_heads + 2 * kv_heads) * hd
         qkv = add(p + "qkv_proj", "qkv_proj", lin(qkv_n, hidden, m.qkv_bias), i, [n1], tokens * qkv_n * act_b)
         pre_attn = qkv
@@ -164,27 +176,9 @@ def build_step_graph(
         else:
             attn_spec = PrefillAttention(q_heads, kv_heads, hd, seq_lens=lens, window=m.sliding_window)
         attn = add(p + "attention", "attention", attn_spec, i, [pre_attn, kvw], tokens * q_heads * hd * act_b)
-        o = add(
-            p + "o_proj", "o_proj", lin(hidden, q_heads * hd, m.o_bias), i, [attn], tokens * hidden * act_b
-        )
-        if tp > 1:
-            o = add(
-                p + "attn_all_reduce",
-                "all_reduce",
-                AllReduce(tokens * hidden, tp),
-                i,
-                [o],
-                tokens * hidden * act_b,
-            )
-        r1 = add(
-            p + "attn_residual",
-            "residual_add",
-            Elementwise("add", tokens * hidden),
-            i,
-            [o, h_in],
-            tokens * hidden * act_b,
-        )
-        n2 = add(p + "ffn_norm", "ffn_norm", Norm(tokens, hidden, m.norm), i, [r1], tokens * hidden * act_b)
+        o = add(p + "o_proj", "o_proj", lin(hidden, q_heads * hd, m.o_bias), i, [attn], hid_b)
+        r1 = residual(p, "attn", i, o, h_in)
+        n2 = add(p + "ffn_norm", "ffn_norm", Norm(tokens, hidden, m.norm), i, [r1], hid_b)
         up_n = (2 if m.gated else 1) * ffn
         act_op = {"gated_silu": "silu_mul", "gated_gelu": "gelu_mul", "gelu": "gelu", "relu": "relu"}[
             m.ffn_kind
@@ -200,50 +194,20 @@ def build_step_graph(
             )
             routed = tokens * m.top_k
             active = expected_active_experts(m.experts, routed)
-            per_expert = math.ceil(routed / active)
-            up = add(
-                p + "up_proj",
-                "up_proj",
-                lin(up_n, hidden, m.mlp_bias, per_expert, active),
-                i,
-                [n2, router],
-                routed * up_n * act_b,
-            )
-            act = add(p + "act", act_op, Elementwise(act_op, routed * ffn), i, [up], routed * ffn * act_b)
-            # The combine (weighted sum of each token's top-k expert outputs) reads the router's weights.
-            down = add(
-                p + "down_proj",
-                "down_proj",
-                lin(hidden, ffn, m.mlp_bias, per_expert, active),
-                i,
-                [act, router],
-                tokens * hidden * act_b,
-            )
+            # Each active expert runs a GEMM of its share of the routed tokens (a batch of `active` GEMMs).
+            mm, nb, rows, up_in, down_in = math.ceil(routed / active), active, routed, [n2, router], [router]
         else:
-            up = add(p + "up_proj", "up_proj", lin(up_n, hidden, m.mlp_bias), i, [n2], tokens * up_n * act_b)
-            act = add(p + "act", act_op, Elementwise(act_op, tokens * ffn), i, [up], tokens * ffn * act_b)
-            down = add(
-                p + "down_proj", "down_proj", lin(hidden, ffn, m.mlp_bias), i, [act], tokens * hidden * act_b
-            )
-        if tp > 1:
-            down = add(
-                p + "ffn_all_reduce",
-                "all_reduce",
-                AllReduce(tokens * hidden, tp),
-                i,
-                [down],
-                tokens * hidden * act_b,
-            )
-        r2 = add(
-            p + "ffn_residual",
-            "residual_add",
-            Elementwise("add", tokens * hidden),
-            i,
-            [down, r1],
-            tokens * hidden * act_b,
+            mm, nb, rows, up_in, down_in = tokens, 1, tokens, [n2], []
+        up = add(
+            p + "up_proj", "up_proj", lin(up_n, hidden, m.mlp_bias, mm, nb), i, up_in, rows * up_n * act_b
         )
-        last = [r2]
-    fn = add("final_norm", "final_norm", Norm(tokens, hidden, m.norm), None, last, tokens * hidden * act_b)
+        act = add(p + "act", act_op, Elementwise(act_op, rows * ffn), i, [up], rows * ffn * act_b)
+        # The MoE combine (weighted sum of each token's top-k expert outputs) reads the router's weights.
+        down = add(
+            p + "down_proj", "down_proj", lin(hidden, ffn, m.mlp_bias, mm, nb), i, [act, *down_in], hid_b
+        )
+        last = [residual(p, "ffn", i, down, r1)]
+    fn = add("final_norm", "final_norm", Norm(tokens, hidden, m.norm), None, last, hid_b)
     # Only the last position of each sequence is projected to the vocabulary.
     vocab_shard = math.ceil(m.vocab / tp)
     head = add(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from codesign.dataflow.graph import PHASES, build_step_graph
 from codesign.dataflow.reports import (
     check_fits,
     chrome_trace,
@@ -17,6 +16,7 @@ from codesign.dataflow.reports import (
     write_json_atomic,
 )
 from codesign.dataflow.schedule import OBJECTIVES, schedule
+from codesign.dataflow.step_args import add_step_arguments, step_graph
 from codesign.dataflow.targets import make_target
 from codesign.specs import CodesignError
 
@@ -62,17 +62,10 @@ def _tilings(g, target, objective: str) -> list[dict]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="llama-2-7b", help="catalogue name or path to a HF config.json")
+    add_step_arguments(p, context=2048)
     p.add_argument(
         "--design", default="tpu_like", help="built-in design, design YAML, or a catalogue GPU key"
     )
-    p.add_argument("--phase", default="decode", choices=PHASES)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--context", type=int, default=2048)
-    p.add_argument("--weight-format", default="fp16")
-    p.add_argument("--kv-format", default="fp16")
-    p.add_argument("--act-dtype", default="fp16")
-    p.add_argument("--tp", type=int, default=1)
     p.add_argument("--objective", default="latency", choices=OBJECTIVES)
     p.add_argument("--pin", action="append", metavar="OP=UNIT", help="force an operator role onto a unit")
     p.add_argument("--json", type=Path, help="write per-op, per-unit and total results as JSON")
@@ -87,16 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     target = make_target(args.design)
-    g = build_step_graph(
-        args.model,
-        phase=args.phase,
-        batch=args.batch,
-        context=args.context,
-        weight_format=args.weight_format,
-        kv_format=args.kv_format,
-        tp=args.tp,
-        act_dtype=args.act_dtype,
-    )
+    g = step_graph(args)
     check_fits(g, target.memory_capacity_bytes(), target.name)
     s = schedule(g, target, objective=args.objective, pins=_pins(args.pin))
     print(format_report(s))

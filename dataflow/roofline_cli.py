@@ -6,27 +6,14 @@ import argparse
 from pathlib import Path
 
 from codesign.catalog.gpus import load_gpu
-from codesign.dataflow.graph import PHASES, build_step_graph
 from codesign.dataflow.roofline import format_table, plot, roofline, write_csv, write_json
+from codesign.dataflow.step_args import add_step_arguments, step_graph
 
-DEFAULT_MODEL = "llama-2-7b"
 DEFAULT_GPU = "h100-sxm"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help="catalogue name or path to a HF config.json")
-    p.add_argument("--phase", default="decode", choices=PHASES)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument(
-        "--context",
-        type=int,
-        default=4096,
-        help="decode: KV tokens attended per sequence; prefill: prompt length",
-    )
-    p.add_argument("--weight-format", default="fp16", help="fp16, bf16, int8-pc, int4-g128, fp8_e4m3, ...")
-    p.add_argument("--kv-format", default="fp16", help="fp16, fp8, int8, int4-kivi, int4-oaken, ...")
-    p.add_argument("--act-dtype", default="fp16", help="fp16, or int8 / fp8_e4m3 for W8A8 / FP8 GEMMs")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    add_step_arguments(p, context=4096)
     p.add_argument("--gpu", default=DEFAULT_GPU)
     p.add_argument("--csv", type=Path, help="write per-operator rows as CSV")
     p.add_argument("--json", type=Path, help="write the report as JSON")
@@ -35,16 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     gpu = load_gpu(args.gpu)
-    g = build_step_graph(
-        args.model,
-        phase=args.phase,
-        batch=args.batch,
-        context=args.context,
-        weight_format=args.weight_format,
-        kv_format=args.kv_format,
-        tp=args.tp,
-        act_dtype=args.act_dtype,
-    )
+    g = step_graph(args)
     rep = roofline(g, gpu)
     print(format_table(rep))
     for path, writer in ((args.csv, write_csv), (args.json, write_json)):

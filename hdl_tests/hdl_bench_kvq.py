@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hdl_sim import HDL_DIR, BenchRun
+from hdl_sim import HDL_DIR, BenchRun, check_fault, check_simulator, fault_tag
 
 from codesign.accel_model import kv_quant_control
-from codesign.specs.errors import CodesignError, check_choice, check_nonneg_int
 
 # Fault ids understood by the engine's FAULT parameter (bench teeth only).
 KVQ_FAULTS = {0: "none", 1: "codes round half up", 2: "slot counter off by one"}
@@ -43,8 +42,7 @@ class KVQConfig:
     def label(self) -> str:
         mode = f"oaken O={self.max_outliers}/{self.ports}" if self.oaken else "per-token"
         step = "" if self.div_step == kv_quant_control.DEFAULT_DIV_STEP else f" step={self.div_step}"
-        tag = "" if self.fault == 0 else f" fault={self.fault}"
-        return f"L={self.lanes} D={self.head_dim} int{self.bits} {mode}{step}{tag}"
+        return f"L={self.lanes} D={self.head_dim} int{self.bits} {mode}{step}{fault_tag(self.fault)}"
 
 
 def kvq_bench(cfg: KVQConfig) -> BenchRun:
@@ -63,9 +61,7 @@ def kvq_bench(cfg: KVQConfig) -> BenchRun:
             cfg.div_step,
             vectors=2 * tokens * kv_heads,
         )
-    check_nonneg_int("fault", cfg.fault)
-    if cfg.fault not in KVQ_FAULTS:
-        check_choice("fault", cfg.fault, KVQ_FAULTS)
+    check_fault(cfg.fault, KVQ_FAULTS)
     return BenchRun(
         unit="kv_quant",
         toplevel="kv_quant_engine",
@@ -112,8 +108,7 @@ _VERILATOR = (KVQConfig(4, 16, 4, oaken=True, max_outliers=2, div_step=9),)
 
 def kvq_matrix(simulator: str) -> list[KVQConfig]:
     """Configurations the suite runs on `simulator` (five on Icarus, one on Verilator)."""
-    if simulator not in ("icarus", "verilator"):
-        raise CodesignError(f"simulator must be one of icarus, verilator; got {simulator!r}")
+    check_simulator(simulator)
     return list(_ICARUS if simulator == "icarus" else _VERILATOR)
 
 

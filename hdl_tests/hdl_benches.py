@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 from hdl_bench_kvq import KVQ_TEETH, kvq_bench, kvq_matrix
 from hdl_bench_pim import PIM_TEETH, pim_bench, pim_matrix
-from hdl_sim import HDL_DIR, BenchRun
+from hdl_sim import HDL_DIR, BenchRun, check_fault, check_simulator, fault_tag
 
 from codesign.accel_model import dequant_mac, systolic_control
-from codesign.specs.errors import CodesignError, check_choice, check_nonneg_int
 
 # Fault ids understood by the systolic RTL's FAULT parameter (bench teeth only).
 SYSTOLIC_FAULTS = {0: "none", 1: "drain counter off by one", 2: "wrong accumulate"}
@@ -33,8 +32,7 @@ class SystolicConfig:
 
     @property
     def label(self) -> str:
-        tag = "" if self.fault == 0 else f" fault={self.fault}"
-        return f"{self.dataflow} {self.rows}x{self.cols}{tag}"
+        return f"{self.dataflow} {self.rows}x{self.cols}{fault_tag(self.fault)}"
 
 
 def systolic_t_values(cfg: SystolicConfig) -> list[int]:
@@ -50,9 +48,7 @@ def systolic_t_values(cfg: SystolicConfig) -> list[int]:
 def systolic_bench(cfg: SystolicConfig) -> BenchRun:
     """The BenchRun of one systolic configuration; CodesignError if the RTL does not support it."""
     systolic_control.check_rtl_config(cfg.rows, cfg.cols, cfg.dataflow)
-    check_nonneg_int("fault", cfg.fault)
-    if cfg.fault not in SYSTOLIC_FAULTS:
-        check_choice("fault", cfg.fault, SYSTOLIC_FAULTS)
+    check_fault(cfg.fault, SYSTOLIC_FAULTS)
     t_values = systolic_t_values(cfg)
     for t in t_values:
         systolic_control.check_rtl_config(cfg.rows, cfg.cols, cfg.dataflow, t)
@@ -74,8 +70,7 @@ _SIZES_VERILATOR = ((4, 4), (3, 5))  # lean: ~10 s of C++ build each
 
 def systolic_matrix(simulator: str) -> list[SystolicConfig]:
     """Configurations the suite runs on `simulator` (all sizes on Icarus, two per dataflow on Verilator)."""
-    if simulator not in ("icarus", "verilator"):
-        raise CodesignError(f"simulator must be one of icarus, verilator; got {simulator!r}")
+    check_simulator(simulator)
     sizes = _SIZES_ICARUS if simulator == "icarus" else _SIZES_VERILATOR
     return [SystolicConfig(r, c, df) for df in systolic_control.RTL_DATAFLOWS for r, c in sizes]
 
@@ -95,8 +90,7 @@ class DequantConfig:
 
     @property
     def label(self) -> str:
-        tag = "" if self.fault == 0 else f" fault={self.fault}"
-        return f"L={self.lanes} P={self.codes_per_cycle} G={self.group_size}{tag}"
+        return f"L={self.lanes} P={self.codes_per_cycle} G={self.group_size}{fault_tag(self.fault)}"
 
 
 # Groups per job: one group, several, and one long job.
@@ -107,9 +101,7 @@ def dequant_bench(cfg: DequantConfig) -> BenchRun:
     """The BenchRun of one dequant-MAC configuration; CodesignError if the RTL does not support it."""
     for n in DEQUANT_GROUPS:
         dequant_mac.check_lane_config(cfg.lanes, cfg.codes_per_cycle, cfg.group_size, n)
-    check_nonneg_int("fault", cfg.fault)
-    if cfg.fault not in DEQUANT_FAULTS:
-        check_choice("fault", cfg.fault, DEQUANT_FAULTS)
+    check_fault(cfg.fault, DEQUANT_FAULTS)
     return BenchRun(
         unit="dequant_mac",
         toplevel="dequant_mac_lane",
@@ -133,8 +125,7 @@ def dequant_bench(cfg: DequantConfig) -> BenchRun:
 
 def dequant_matrix(simulator: str) -> list[DequantConfig]:
     """Configurations the suite runs on `simulator` (four on Icarus, one on Verilator)."""
-    if simulator not in ("icarus", "verilator"):
-        raise CodesignError(f"simulator must be one of icarus, verilator; got {simulator!r}")
+    check_simulator(simulator)
     if simulator == "verilator":
         return [DequantConfig(2, 4, 8)]
     return [DequantConfig(1, 1, 4), DequantConfig(2, 4, 8), DequantConfig(4, 8, 32), DequantConfig(3, 2, 6)]

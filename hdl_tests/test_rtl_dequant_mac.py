@@ -11,17 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hdl_benches import DequantConfig, dequant_bench, dequant_matrix
-from hdl_sim import run_bench
+from hdl_sim import matrix_cases, run_bench
 
 from codesign.accel_model import dequant_mac
 from codesign.specs.errors import CodesignError
 
-CASES = [(sim, cfg) for sim in ("icarus", "verilator") for cfg in dequant_matrix(sim)]
 
-
-@pytest.mark.parametrize(
-    ("simulator", "cfg"), CASES, ids=[f"{s}-{c.label.replace(' ', '-')}" for s, c in CASES]
-)
+@pytest.mark.parametrize(("simulator", "cfg"), matrix_cases(dequant_matrix))
 def test_dequant_mac_rtl_matches_model(simulator, cfg, hdl_seed, require_simulator):
     require_simulator(simulator)
     result = run_bench(dequant_bench(cfg), simulator, hdl_seed)

@@ -15,18 +15,14 @@ import sys
 import numpy as np
 import pytest
 from hdl_bench_kvq import KVQ_JOBS, KVQ_TEETH, KVQConfig, kvq_bench, kvq_matrix
-from hdl_sim import HDL_DIR, run_bench
+from hdl_sim import HDL_DIR, matrix_cases, run_bench
 
 from codesign.accel_model import kv_quant_control, kv_quant_engine
 from codesign.specs import KVFormat, KVWrite
 from codesign.specs.errors import CodesignError
 
-CASES = [(sim, cfg) for sim in ("icarus", "verilator") for cfg in kvq_matrix(sim)]
 
-
-@pytest.mark.parametrize(
-    ("simulator", "cfg"), CASES, ids=[f"{s}-{c.label.replace(' ', '-')}" for s, c in CASES]
-)
+@pytest.mark.parametrize(("simulator", "cfg"), matrix_cases(kvq_matrix))
 def test_kv_quant_rtl_matches_model(simulator, cfg, hdl_seed, require_simulator):
     require_simulator(simulator)
     result = run_bench(kvq_bench(cfg), simulator, hdl_seed)

@@ -16,17 +16,13 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from hdl_bench_pim import PIM_TEETH, PimConfig, make_job, pim_bench, pim_jobs, pim_matrix
-from hdl_sim import HDL_DIR, BenchRun, run_bench
+from hdl_sim import HDL_DIR, BenchRun, matrix_cases, run_bench
 
 from codesign.accel_model import pim_mac
 from codesign.specs.errors import CodesignError
 
-CASES = [(sim, cfg) for sim in ("icarus", "verilator") for cfg in pim_matrix(sim)]
 
-
-@pytest.mark.parametrize(
-    ("simulator", "cfg"), CASES, ids=[f"{s}-{c.label.replace(' ', '-')}" for s, c in CASES]
-)
+@pytest.mark.parametrize(("simulator", "cfg"), matrix_cases(pim_matrix))
 def test_pim_mac_rtl_matches_model(simulator, cfg, hdl_seed, require_simulator):
     require_simulator(simulator)
     result = run_bench(pim_bench(cfg), simulator, hdl_seed)

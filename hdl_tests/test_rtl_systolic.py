@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import pytest
 from hdl_benches import SystolicConfig, systolic_bench, systolic_matrix
-from hdl_sim import run_bench
+from hdl_sim import matrix_cases, run_bench
 
 from codesign.specs.errors import CodesignError
 
-CASES = [(sim, cfg) for sim in ("icarus", "verilator") for cfg in systolic_matrix(sim)]
 
-
-@pytest.mark.parametrize(
-    ("simulator", "cfg"), CASES, ids=[f"{s}-{c.label.replace(' ', '-')}" for s, c in CASES]
-)
+@pytest.mark.parametrize(("simulator", "cfg"), matrix_cases(systolic_matrix))
 def test_systolic_rtl_matches_model(simulator, cfg, hdl_seed, require_simulator):
     require_simulator(simulator)
     result = run_bench(systolic_bench(cfg), simulator, hdl_seed)

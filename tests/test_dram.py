@@ -160,6 +160,37 @@ def test_bad_input():
     assert stream_access(dram_preset("HBM3"), 0).cycles == 0
 
 
+@pytest.mark.parametrize(
+    "field",
+    ["data_rate_gbps", "tCK_ns", "tRCD", "tRP", "tCL", "tRAS", "tCCD_S", "tCCD_L", "tRRD_S", "tRRD_L", "tFAW",
+     "tRTP", "tRFC", "tREFI", "tCWL", "tWR", "tWTR_S", "tWTR_L"],
+)  # fmt: skip
+@pytest.mark.parametrize("value", [0.0, -1.5])
+def test_every_timing_must_be_positive(field, value):
+    with pytest.raises(CodesignError, match=rf"^DDR5\.{field} must be > 0, got {value}$"):
+        replace(PRESETS["DDR5"], **{field: value})
+
+
+def test_hbm_presets_share_array_timings():
+    # HBM2 / HBM2E / HBM3 share the DRAM arrays: the published typ. tRCD = tRP = tCL = 14 ns, tRAS 33 ns,
+    # per-bank refresh tRFCsb 160 ns every 3.9 us, 4 BG x 4 banks and a 1 KB page per pseudo-channel
+    # (the sources in dram.py); their peaks differ (test_peak_bandwidth_matches_vendor_figures).
+    array = (
+        "tRCD",
+        "tRP",
+        "tCL",
+        "tRAS",
+        "tRFC",
+        "tREFI",
+        "refresh",
+        "bank_groups",
+        "banks_per_group",
+        "row_bytes",
+    )
+    got = {tuple(getattr(PRESETS[n], f) for f in array) for n in ("HBM2", "HBM2e", "HBM3")}
+    assert got == {(14.0, 14.0, 14.0, 33.0, 160.0, 3900.0, "per_bank", 4, 4, 1024)}
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     name=st.sampled_from(NAMES),

@@ -58,6 +58,17 @@ def test_space_grid_and_validation(tmp_path):
             space_from_dict(data, "bad.yaml")
 
 
+def test_space_file_errors(tmp_path):
+    with pytest.raises(CodesignError, match="design space file .*missing.yaml' does not exist"):
+        load_space(tmp_path / "missing.yaml")
+    (tmp_path / "broken.yaml").write_text("params: [1,\n")
+    with pytest.raises(CodesignError, match="broken.yaml: not valid YAML"):
+        load_space(tmp_path / "broken.yaml")
+    (tmp_path / "base.yaml").write_text("systolic: {rows: [\n")
+    with pytest.raises(CodesignError, match="base.yaml: not valid YAML"):
+        space_from_dict({**SMALL, "base": str(tmp_path / "base.yaml")}, "space.yaml")
+
+
 def test_fast_step_cost_matches_schedule():
     """The sequential evaluator equals the HEFT schedule's busy time sum on a chain-shaped decode graph."""
     t = make_target("tpu_like")

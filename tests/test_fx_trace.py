@@ -152,6 +152,28 @@ def test_bad_step_arguments(traced):
         graph_from_module(traced, context=8, tp=3)
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(phase="verify"),
+        dict(batch=0),
+        dict(batch=True),
+        dict(tp=0),
+        dict(weight_format="int3"),
+        dict(kv_format="int3-kivi"),
+        dict(batch=2, context=(4, 0)),
+        dict(batch=3, context=(4, 5)),
+    ],
+)
+def test_bad_step_arguments_refused_like_the_builder(traced, tiny_cfg, bad):
+    kw = {"context": 8, **bad}
+    with pytest.raises(CodesignError) as built:
+        build_step_graph(tiny_cfg, **kw)
+    with pytest.raises(CodesignError) as got:
+        graph_from_module(traced, **kw)
+    assert str(got.value) == str(built.value)
+
+
 def test_cycle_is_refused():
     # A bad trace: layer 0's MLP calls down_proj twice around up_proj, so the fused
     # up_proj and down_proj nodes feed each other.

@@ -174,6 +174,39 @@ def _get(cfg: dict[str, Any], path: Path, *names: str, default: Any = None, requ
     return default
 
 
+def _learned_positions_model(
+    name: str,
+    path: Path,
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    ffn: int,
+    vocab: int,
+    ffn_kind: str,
+    max_context: int,
+) -> ModelConfig:
+    # The GPT-2 / OPT / BERT family: multi-head attention, LayerNorm, biases on every linear, tied
+    # embeddings and a learned position table instead of RoPE.
+    return ModelConfig(
+        name=name,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=heads,
+        ffn=ffn,
+        vocab=vocab,
+        ffn_kind=ffn_kind,
+        norm="layer",
+        max_context=max_context,
+        tied_embeddings=True,
+        bias=True,
+        rope=False,
+        learned_positions=True,
+        source=str(path),
+    )
+
+
 def load_hf_config(path: str | Path) -> ModelConfig:
     """A ModelConfig from a local Hugging Face config.json (llama, mistral, mixtral, qwen, gemma, opt,
     gpt2, bert)."""
@@ -190,42 +223,30 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     try:
         if mtype == "gpt2":
             hidden = int(g("n_embd"))
-            return ModelConfig(
-                name=name,
+            return _learned_positions_model(
+                name,
+                path,
                 layers=int(g("n_layer")),
                 hidden=hidden,
                 heads=int(g("n_head")),
-                kv_heads=int(g("n_head")),
                 ffn=int(cfg.get("n_inner") or 4 * hidden),
                 vocab=int(g("vocab_size")),
                 ffn_kind="gelu",
-                norm="layer",
                 max_context=int(g("n_positions")),
-                tied_embeddings=True,
-                bias=True,
-                rope=False,
-                learned_positions=True,
-                source=str(path),
             )
         if mtype in ("opt", "bert"):
             heads = int(g("num_attention_heads"))
             act = str(cfg.get("activation_function", cfg.get("hidden_act", "relu")))
-            return ModelConfig(
-                name=name,
+            return _learned_positions_model(
+                name,
+                path,
                 layers=int(g("num_hidden_layers")),
                 hidden=int(g("hidden_size")),
                 heads=heads,
-                kv_heads=heads,
                 ffn=int(g("ffn_dim", "intermediate_size")),
                 vocab=int(g("vocab_size")),
                 ffn_kind="gelu" if "gelu" in act else "relu",
-                norm="layer",
                 max_context=int(g("max_position_embeddings")),
-                tied_embeddings=True,
-                bias=True,
-                rope=False,
-                learned_positions=True,
-                source=str(path),
             )
         if mtype in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "qwen2_moe", ""):
             heads = int(g("num_attention_heads"))
