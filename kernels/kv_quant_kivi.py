@@ -22,15 +22,17 @@ import torch
 
 from codesign.backend import resolve_backend
 from codesign.kernels import kv_quant as kvq
-from codesign.kernels.kv_quant_paged import IN_DTYPES, prepare_attention
+from codesign.kernels.kv_quant_paged import IN_DTYPES, attend_quant, check_cache_tensors, check_pool_dims
 from codesign.kernels.paged_attention import (
-    check_backend_dtype,
-    paged_attention_torch,
+    AttnMeta,
+    alloc_lse,
+    attention_backend,
+    attention_per_sequence,
+    triton_attention,
 )
 from codesign.kernels.tree_attention import TreeBatch
 from codesign.specs import CodesignError, KVFormat, check_positive_int
 
-OP = "paged_attention"
 RES_DTYPES = (torch.float16, torch.float32)
 
 
@@ -64,9 +66,7 @@ class KiviPagedKV:
         device: str | torch.device = "cpu",
     ) -> KiviPagedKV:
         """Zeroed codes, metadata and residual rings for `batch` sequences."""
-        for n, v in (("num_blocks", num_blocks), ("block_size", block_size), ("kv_heads", kv_heads)):
-            check_positive_int(n, v)
-        check_positive_int("head_dim", head_dim)
+        check_pool_dims(num_blocks, block_size, kv_heads, head_dim)
         check_positive_int("batch", batch)
         kvq.check_bits(bits)
         check_positive_int("group", group)
@@ -116,18 +116,7 @@ class KiviPagedKV:
             "k_meta": (torch.float16, (nb, bs // g, h, d, 2)),
             "v_meta": (torch.float16, (nb, bs, h, d // gv, 2)),
         }
-        for name, (dt, shape) in want.items():
-            t = getattr(self, name)
-            if (
-                not isinstance(t, torch.Tensor)
-                or t.dtype != dt
-                or tuple(t.shape) != shape
-                or not t.is_contiguous()
-            ):
-                raise CodesignError(
-                    f"KIVI {name} must be a contiguous {dt} tensor of shape {shape}, got "
-                    f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}"
-                )
+        check_cache_tensors("KIVI", self, want)
         for name in ("k_res", "v_res"):
             t = getattr(self, name)
             if (
@@ -259,79 +248,53 @@ def _attn_kivi_op(
     group: int,
     residual: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    backend = resolve_backend(OP, q.device)
-    check_backend_dtype(backend, q)
+    meta = AttnMeta(block_tables, context_lens, cu_seqlens_q, positions, tree_mask, mask_indptr,
+                    alibi_slopes, sm_scale, window, softcap, num_splits, is_decode)  # fmt: skip
     d = q.shape[2]
-    if backend == "torch":
+    if attention_backend(q) == "torch":
+        # CPU path: per sequence, its tokens (codes + ring) dequantized to q's dtype (as the kernel's tiles).
         cache = KiviPagedKV(bits, group, residual, d, k_codes, v_codes, k_meta, v_meta, k_res, v_res)
-        return _kivi_torch(q, cache, block_tables, context_lens, cu_seqlens_q, positions, tree_mask,
-                           mask_indptr, alibi_slopes, sm_scale, window, softcap, return_lse)  # fmt: skip
-    from codesign.kernels.paged_attention_triton import KV_FORMAT_KIVI, paged_attention_triton
 
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[0] if return_lse else 0, q.shape[1], dtype=torch.float32, device=q.device)
-    paged_attention_triton(
-        q, k_codes, v_codes, block_tables, context_lens, cu_seqlens_q, out, lse if return_lse else None,
-        sm_scale=sm_scale, num_splits=num_splits, is_decode=is_decode, positions=positions,
-        tree_mask=tree_mask, mask_indptr=mask_indptr, alibi_slopes=alibi_slopes, window=window,
-        softcap=softcap, kv_format=KV_FORMAT_KIVI, bits=bits, k_scale=k_meta, v_scale=v_meta,
-        kivi=(k_res, v_res, group, min(group, d), residual),
-    )  # fmt: skip
-    return out, lse
+        def gather(b: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return tuple(x.to(q.dtype) for x in cache.dequantize_seq(b, block_tables[b], n))
+
+        return attention_per_sequence(q, gather, meta, return_lse)
+    from codesign.kernels.paged_attention_triton import KV_FORMAT_KIVI
+
+    kivi = (k_res, v_res, group, min(group, d), residual)
+    return triton_attention(q, k_codes, v_codes, meta, return_lse, kv_format=KV_FORMAT_KIVI, bits=bits,
+                            k_scale=k_meta, v_scale=v_meta, kivi=kivi)  # fmt: skip
 
 
 @_attn_kivi_op.register_fake
 def _(q, *rest):
-    return_lse = rest[18]
-    lse = q.new_empty(q.shape[0] if return_lse else 0, q.shape[1], dtype=torch.float32)
-    return torch.empty_like(q), lse
+    return torch.empty_like(q), alloc_lse(q, rest[-4])  # rest[-4]: return_lse
 
 
-def _kivi_torch(
-    q, cache, bt, cl, cu, positions, tree_mask, mask_indptr, alibi, sm_scale, window, softcap, want_lse
-):
-    """CPU path: per sequence, dequantize its tokens (codes + ring) into a one-block cache, then attend."""
-    t, hq, d = q.shape
-    out = torch.empty_like(q)
-    lse = torch.empty(t if want_lse else 0, hq, dtype=torch.float32, device=q.device)
-    cus, lens = cu.tolist(), cl.tolist()
-    for b, n in enumerate(lens):
-        q0, q1 = cus[b], cus[b + 1]
-        if q1 == q0:
-            continue
-        k, v = cache.dequantize_seq(b, bt[b], n)
-        i32 = dict(dtype=torch.int32, device=q.device)
-        tm = mi = pos = None
-        if tree_mask is not None:
-            m0, m1 = int(mask_indptr[b]), int(mask_indptr[b + 1])
-            tm, mi, pos = tree_mask[m0:m1], torch.tensor([0, m1 - m0], **i32), positions[q0:q1]
-        o, l_ = paged_attention_torch(
-            q[q0:q1], k[None].to(q.dtype), v[None].to(q.dtype), torch.zeros(1, 1, **i32), torch.tensor([n], **i32),
-            torch.tensor([0, q1 - q0], **i32), pos, tm, mi, alibi, sm_scale, window, softcap, want_lse,
-        )  # fmt: skip
-        out[q0:q1] = o
-        if want_lse:
-            lse[q0:q1] = l_
-    return out, lse
+def check_rings(cache: KiviPagedKV, block_tables: torch.Tensor) -> None:
+    """Row b of block_tables reads residual ring b: the cache needs a ring per row."""
+    if block_tables.dim() == 2 and block_tables.shape[0] > cache.k_res.shape[0]:
+        raise CodesignError(
+            f"block_tables has {block_tables.shape[0]} rows but the cache "
+            f"{cache.k_res.shape[0]} residual rings"
+        )
+
+
+def launch_kivi(
+    q: torch.Tensor, cache: KiviPagedKV, meta: AttnMeta, return_lse: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op over a validated cache with a launch's metadata (entry points and plan()/run() wrappers)."""
+    c = cache
+    return _attn_kivi_op(q, c.k_codes, c.v_codes, c.k_meta, c.v_meta, c.k_res, c.v_res, *meta, return_lse,
+                         c.bits, c.group, c.residual)  # fmt: skip
 
 
 def _attend(q, cache, block_tables, context_lens, cu, tree, kw):
     if not isinstance(cache, KiviPagedKV):
         raise CodesignError(f"cache must be a KiviPagedKV, got {type(cache).__name__}")
     shape = cache.check()
-    if block_tables.dim() == 2 and block_tables.shape[0] > cache.k_res.shape[0]:
-        raise CodesignError(
-            f"block_tables has {block_tables.shape[0]} rows but the cache {cache.k_res.shape[0]} residual rings"
-        )
-    pa = prepare_attention(q, shape, cache.k_codes.device, block_tables, context_lens, cu, tree, kw)
-    want = bool(kw.get("return_lse", False))
-    out, lse = _attn_kivi_op(
-        q, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, cache.k_res, cache.v_res,
-        block_tables, pa.context_lens, pa.cu, *pa.tree_args,
-        kw.get("alibi_slopes"), pa.scale, kw.get("window") or 0, float(kw.get("softcap") or 0.0), pa.splits,
-        pa.is_decode, want, cache.bits, cache.group, cache.residual,
-    )  # fmt: skip
-    return (out, lse) if want else out
+    check_rings(cache, block_tables)
+    return attend_quant(launch_kivi, q, cache, shape, block_tables, context_lens, cu, tree, kw)
 
 
 def kivi_decode_attention(q, cache: KiviPagedKV, block_tables, context_lens, **kw):

@@ -21,17 +21,24 @@ from dataclasses import dataclass
 
 import torch
 
-from codesign.backend import resolve_backend
 from codesign.kernels import kv_quant as kvq
-from codesign.kernels.kv_quant_paged import IN_DTYPES, prepare_attention
+from codesign.kernels.kv_quant_paged import (
+    FORMATS,
+    _kvq_write_op,
+    attend_quant,
+    check_cache_tensors,
+    check_pool_dims,
+    check_quant_write,
+)
 from codesign.kernels.paged_attention import (
-    check_backend_dtype,
+    AttnMeta,
+    attention_backend,
     paged_attention_torch,
+    triton_attention,
 )
 from codesign.kernels.tree_attention import TreeBatch
-from codesign.specs import CodesignError, check_positive_int
+from codesign.specs import CodesignError
 
-OP = "paged_attention"
 MIXED_BITS = (8, 4, 2)
 
 
@@ -56,9 +63,7 @@ class MixedPagedKV:
         device: str | torch.device = "cpu",
     ) -> MixedPagedKV:
         """Zeroed codes and metadata, every block INT8 until `set_block_bits`."""
-        for n, v in (("num_blocks", num_blocks), ("block_size", block_size), ("kv_heads", kv_heads)):
-            check_positive_int(n, v)
-        check_positive_int("head_dim", head_dim)
+        check_pool_dims(num_blocks, block_size, kv_heads, head_dim)
         if head_dim % 4:
             raise CodesignError(f"head_dim {head_dim} must be a multiple of 4 (INT2 packs 4 codes a byte)")
         shape = (num_blocks, block_size, kv_heads, head_dim)
@@ -79,27 +84,21 @@ class MixedPagedKV:
         if not isinstance(c, torch.Tensor) or c.dim() != 4 or c.shape[-1] != self.head_dim:
             raise CodesignError(f"k_codes must be [blocks, block_size, kv_heads, {self.head_dim}]")
         nb, bs, h, d = c.shape
-        for name, dt, shape in (
-            ("k_codes", torch.uint8, (nb, bs, h, d)),
-            ("v_codes", torch.uint8, (nb, bs, h, d)),
-            ("k_meta", torch.float16, (nb, bs, h, 2)),
-            ("v_meta", torch.float16, (nb, bs, h, 2)),
-            ("block_bits", torch.uint8, (nb,)),
-        ):
-            t = getattr(self, name)
-            if (
-                not isinstance(t, torch.Tensor)
-                or t.dtype != dt
-                or tuple(t.shape) != shape
-                or not t.is_contiguous()
-            ):
-                raise CodesignError(
-                    f"mixed-precision {name} must be a contiguous {dt} tensor of shape {shape}, got "
-                    f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}"
-                )
-            if t.device != c.device:
-                raise CodesignError(f"{name} is on {t.device}, the codes on {c.device}")
+        want = {
+            "k_codes": (torch.uint8, (nb, bs, h, d)),
+            "v_codes": (torch.uint8, (nb, bs, h, d)),
+            "k_meta": (torch.float16, (nb, bs, h, 2)),
+            "v_meta": (torch.float16, (nb, bs, h, 2)),
+            "block_bits": (torch.uint8, (nb,)),
+        }
+        check_cache_tensors("mixed-precision", self, want, c.device)
         return nb, bs, h, d
+
+    def check_block_bits(self) -> None:
+        """Every block's width is one of MIXED_BITS (one host sync)."""
+        allowed = torch.tensor(MIXED_BITS, dtype=torch.uint8).to(self.block_bits.device)
+        if not bool(torch.isin(self.block_bits, allowed).all()):
+            raise CodesignError(f"block_bits must all be in {MIXED_BITS}")
 
     def set_block_bits(self, blocks: list[int], bits: list[int]) -> None:
         """Choose the width of `blocks` (before their tokens are written: codes are not re-packed)."""
@@ -178,24 +177,11 @@ def mixed_write(
 
     Reads block_bits on the host (one sync): the policy state lives with the host's block bookkeeping.
     """
-    from codesign.kernels.kv_write import check_kv_write
-
     nb, bs, h, d = cache.check()
-    for name, t in (("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor) or t.dtype not in IN_DTYPES:
-            raise CodesignError(
-                f"{name} dtype must be one of {IN_DTYPES}, got {getattr(t, 'dtype', type(t))}"
-            )
-    probe = torch.empty(d, dtype=key.dtype, device=cache.k_codes.device).as_strided(
-        (nb, bs, h, d), (0, 0, 0, 1)
-    )
-    check_kv_write(key, value, probe, probe, slot_mapping, check_data)
-    if not (torch.isfinite(key).all() and torch.isfinite(value).all()):
-        raise CodesignError("key and value must be finite to be quantized (NaN or inf found)")
+    check_quant_write(key, value, (nb, bs, h, d), cache.k_codes.device, slot_mapping, check_data, True)
     slot_bits = torch.where(
         slot_mapping >= 0, cache.block_bits.long()[(slot_mapping.long() // bs).clamp(min=0)], 0
     )  # fmt: skip
-    backend = resolve_backend("kv_write", key.device)
     for b in MIXED_BITS:
         sel = slot_bits == b
         if not bool(sel.any()):
@@ -203,18 +189,8 @@ def mixed_write(
         slots = torch.where(sel, slot_mapping, -1).to(slot_mapping.dtype)
         w = d * b // 8
         kc, vc = cache.k_codes[..., :w], cache.v_codes[..., :w]  # strided views: rows stay D bytes apart
-        if backend == "triton":
-            from codesign.kernels.kv_write_triton import KV_FORMAT_INT, kv_write_triton
-
-            kv_write_triton(key, value, kc, vc, slots, cache.k_meta, cache.v_meta, KV_FORMAT_INT, b)
-            continue
-        keep = slots >= 0
-        s = slots[keep].long()
-        for x, codes, meta in ((key[keep], kc, cache.k_meta), (value[keep], vc, cache.v_meta)):
-            c, sc, zr = kvq.quantize_per_token(x, b)
-            blk, off = s // bs, s % bs
-            codes[blk, off] = kvq.pack_codes(c, b)
-            meta[blk, off] = torch.stack([sc, zr], -1).to(torch.float16)
+        # The per-token INT writer of `kv_quant_paged` (Triton or torch), at this width.
+        _kvq_write_op(key, value, kc, vc, cache.k_meta, cache.v_meta, slots, *FORMATS[f"int{b}"])
 
 
 @torch.library.custom_op("codesign::paged_attention_mixed", mutates_args=())
@@ -235,28 +211,33 @@ def _attn_mixed_op(
     num_splits: int,
     is_decode: bool,
 ) -> torch.Tensor:
-    backend = resolve_backend(OP, q.device)
-    check_backend_dtype(backend, q)
-    if backend == "torch":
-        cache = MixedPagedKV(q.shape[2], k_codes, v_codes, k_meta, v_meta, block_bits)
-        k, v = cache.dequantize()
-        args = (block_tables, context_lens, cu_seqlens_q, positions, tree_mask, mask_indptr, None)
-        return paged_attention_torch(q, k.to(q.dtype), v.to(q.dtype), *args, sm_scale, 0, 0.0, False)[0]
-    from codesign.kernels.paged_attention_triton import KV_FORMAT_MIXED, paged_attention_triton
+    meta = AttnMeta(block_tables, context_lens, cu_seqlens_q, positions, tree_mask, mask_indptr, None,
+                    sm_scale, 0, 0.0, num_splits, is_decode)  # fmt: skip
+    if attention_backend(q) == "torch":
+        k, v = MixedPagedKV(q.shape[2], k_codes, v_codes, k_meta, v_meta, block_bits).dequantize()
+        return paged_attention_torch(q, k, v, meta, False)[0]
+    from codesign.kernels.paged_attention_triton import KV_FORMAT_MIXED
 
-    out = torch.empty_like(q)
-    paged_attention_triton(
-        q, k_codes, v_codes, block_tables, context_lens, cu_seqlens_q, out, None, sm_scale=sm_scale,
-        num_splits=num_splits, is_decode=is_decode, positions=positions, tree_mask=tree_mask,
-        mask_indptr=mask_indptr, kv_format=KV_FORMAT_MIXED, bits=8, k_scale=k_meta,
-        v_scale=v_meta, block_bits=block_bits,
-    )  # fmt: skip
-    return out
+    return triton_attention(q, k_codes, v_codes, meta, False, kv_format=KV_FORMAT_MIXED, bits=8,
+                            k_scale=k_meta, v_scale=v_meta, block_bits=block_bits)[0]  # fmt: skip
 
 
 @_attn_mixed_op.register_fake
 def _(q, *rest):
     return torch.empty_like(q)
+
+
+def launch_mixed(
+    q: torch.Tensor, cache: MixedPagedKV, meta: AttnMeta, return_lse: bool = False
+) -> tuple[torch.Tensor, None]:
+    """The op over a validated cache with a launch's metadata (entry point and plan()/run() wrappers);
+    mixed-precision attention takes no ALiBi, window or softcap (`kv_quant_dispatch.check_plan`) and
+    returns no lse."""
+    if return_lse:
+        raise CodesignError("mixed cache attention returns no lse")
+    out = _attn_mixed_op(q, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, cache.block_bits,
+                         *meta.without_features())  # fmt: skip
+    return out, None
 
 
 def mixed_attention(
@@ -275,16 +256,8 @@ def mixed_attention(
     `build_tree_batch` result; context_lens / cu_seqlens_q are then taken from it) over a mixed cache."""
     if not isinstance(cache, MixedPagedKV):
         raise CodesignError(f"cache must be a MixedPagedKV, got {type(cache).__name__}")
+    shape = cache.check()
+    if check_data:
+        cache.check_block_bits()
     kw = dict(sm_scale=sm_scale, num_splits=num_splits, check_data=check_data)
-    pa = prepare_attention(
-        q, cache.check(), cache.k_codes.device, block_tables, context_lens, cu_seqlens_q, tree, kw
-    )
-    if check_data and not bool(
-        torch.isin(
-            cache.block_bits, torch.tensor(MIXED_BITS, dtype=torch.uint8).to(cache.block_bits.device)
-        ).all()
-    ):
-        raise CodesignError(f"block_bits must all be in {MIXED_BITS}")
-    return _attn_mixed_op(q, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, cache.block_bits,
-                          block_tables, pa.context_lens, pa.cu, *pa.tree_args,
-                          pa.scale, pa.splits, pa.is_decode)  # fmt: skip
+    return attend_quant(launch_mixed, q, cache, shape, block_tables, context_lens, cu_seqlens_q, tree, kw)

@@ -29,17 +29,23 @@ from dataclasses import dataclass
 
 import torch
 
-from codesign.backend import interpreter_enabled, resolve_backend
+from codesign.backend import resolve_backend
 from codesign.kernels import kv_quant as kvq
-from codesign.kernels.kv_quant_paged import IN_DTYPES, prepare_attention
+from codesign.kernels.kv_quant_paged import (
+    attend_quant,
+    check_cache_tensors,
+    check_pool_dims,
+    check_quant_write,
+    check_writer_dtype,
+)
 from codesign.kernels.paged_attention import (
-    check_backend_dtype,
+    AttnMeta,
+    attention_backend,
     paged_attention_torch,
+    triton_attention,
 )
 from codesign.kernels.tree_attention import TreeBatch
-from codesign.specs import CodesignError, KVFormat, check_positive_int
-
-OP = "paged_attention"
+from codesign.specs import CodesignError, KVFormat
 
 
 @dataclass
@@ -76,9 +82,7 @@ class OakenPagedKV:
     ) -> OakenPagedKV:
         """thresholds: one layer's `[2 (K, V), kv_heads, 2 (lo, hi)]` (a slice of calibrate_kv_thresholds);
         grid: one layer's `[2, kv_heads, 2]` (a slice of calibrate_oaken_grid) for the "offline" variant."""
-        for n, v in (("num_blocks", num_blocks), ("block_size", block_size), ("kv_heads", kv_heads)):
-            check_positive_int(n, v)
-        check_positive_int("head_dim", head_dim)
+        check_pool_dims(num_blocks, block_size, kv_heads, head_dim)
         kvq.check_bits(bits)
         if head_dim % (8 // bits):
             raise CodesignError(f"head_dim {head_dim} must be a multiple of {8 // bits} for {bits}-bit codes")
@@ -88,21 +92,9 @@ class OakenPagedKV:
             )
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
             raise CodesignError(f"capacity must be an int >= 0, got {capacity!r}")
-        if not isinstance(thresholds, torch.Tensor) or tuple(thresholds.shape) != (2, kv_heads, 2):
-            raise CodesignError(
-                f"thresholds must have shape (2, {kv_heads}, 2) (K/V, kv head, lo/hi), got "
-                f"{tuple(getattr(thresholds, 'shape', ()))}"
-            )
-        kvq.check_thresholds(thresholds[0], kv_heads)
-        kvq.check_thresholds(thresholds[1], kv_heads)
+        _check_kv_pairs("thresholds", thresholds, kv_heads, "lo/hi", kvq.check_thresholds)
         if grid is not None:
-            if not isinstance(grid, torch.Tensor) or tuple(grid.shape) != (2, kv_heads, 2):
-                raise CodesignError(
-                    f"grid must have shape (2, {kv_heads}, 2) (K/V, kv head, base/step), got "
-                    f"{tuple(getattr(grid, 'shape', ()))}"
-                )
-            kvq.check_grid(grid[0], kv_heads)
-            kvq.check_grid(grid[1], kv_heads)
+            _check_kv_pairs("grid", grid, kv_heads, "base/step", kvq.check_grid)
             grid = grid.to(device).contiguous()
         w = head_dim * bits // 8
         u8 = dict(dtype=torch.uint8, device=device)
@@ -154,20 +146,7 @@ class OakenPagedKV:
             "k_count": (torch.int32, (nb, h)),
             "v_count": (torch.int32, (nb, h)),
         }
-        for name, (dt, shape) in want.items():
-            t = getattr(self, name)
-            if (
-                not isinstance(t, torch.Tensor)
-                or t.dtype != dt
-                or tuple(t.shape) != shape
-                or not t.is_contiguous()
-            ):
-                raise CodesignError(
-                    f"Oaken {name} must be a contiguous {dt} tensor of shape {shape}, got "
-                    f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}"
-                )
-            if t.device != c.device:
-                raise CodesignError(f"{name} is on {t.device}, the codes on {c.device}")
+        check_cache_tensors("Oaken", self, want, c.device)
         kvq.check_thresholds(self.k_thresholds, h)
         kvq.check_thresholds(self.v_thresholds, h)
         if self.grid is not None:
@@ -194,26 +173,13 @@ class OakenPagedKV:
 
         The Triton writer (`kv_write_oaken_triton`; CUDA tensors, or `use_backend("triton")`, head_dim a
         power of two) and the torch loop below give bit-identical caches."""
-        from codesign.kernels.kv_write import check_kv_write
-
         nb, bs, h, d = self.check()
-        for name, t in (("key", key), ("value", value)):
-            if not isinstance(t, torch.Tensor) or t.dtype not in IN_DTYPES:
-                raise CodesignError(
-                    f"{name} dtype must be one of {IN_DTYPES}, got {getattr(t, 'dtype', type(t))}"
-                )
-        probe = torch.empty(d, dtype=key.dtype, device=self.k_codes.device).as_strided(
-            (nb, bs, h, d), (0, 0, 0, 1)
-        )
-        check_kv_write(key, value, probe, probe, slot_mapping, True)
+        check_quant_write(key, value, (nb, bs, h, d), self.k_codes.device, slot_mapping, True, False)
         kx, vx = kvq._check_finite("key", key), kvq._check_finite("value", value)
         from codesign.kernels.kv_write_oaken_triton import oaken_write_triton, triton_writer_supported
 
         if resolve_backend("kv_write", key.device) == "triton" and triton_writer_supported(d):
-            if key.dtype == torch.bfloat16 and (key.device.type != "cuda" or interpreter_enabled()):
-                raise CodesignError(
-                    "bf16 keys need a GPU for the Triton writer (the interpreter mishandles bf16)"
-                )
+            check_writer_dtype(key)
             oaken_write_triton(self, key, value, slot_mapping)
             return
         for t, s in enumerate(slot_mapping.tolist()):
@@ -280,6 +246,17 @@ class OakenPagedKV:
         return None if self.grid is None else self.grid[kv]
 
 
+def _check_kv_pairs(name: str, t: torch.Tensor, kv_heads: int, pair: str, check_half) -> None:
+    """A `[2 (K, V), kv_heads, 2]` parameter tensor (thresholds, grid); `check_half` checks each of K, V."""
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != (2, kv_heads, 2):
+        raise CodesignError(
+            f"{name} must have shape (2, {kv_heads}, 2) (K/V, kv head, {pair}), got "
+            f"{tuple(getattr(t, 'shape', ()))}"
+        )
+    check_half(t[0], kv_heads)
+    check_half(t[1], kv_heads)
+
+
 def _dequant_pool(codes, meta, out, bits, grid) -> torch.Tensor:
     """Pool `[nb, bs, H, D]` float32: dense codes with their metadata, then the slot outliers written over."""
     d = codes.shape[-1] * 8 // bits
@@ -326,34 +303,36 @@ def _attn_oaken_op(
     bits: int,
     grid: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    backend = resolve_backend(OP, q.device)
-    check_backend_dtype(backend, q)
-    if backend == "torch":
+    meta = AttnMeta(block_tables, context_lens, cu_seqlens_q, positions, tree_mask, mask_indptr, None,
+                    sm_scale, 0, 0.0, num_splits, is_decode)  # fmt: skip
+    if attention_backend(q) == "torch":
         kg, vg = (None, None) if grid is None else (grid[0], grid[1])
         k = _dequant_pool(k_codes, k_meta, k_out, bits, kg)
         v = _dequant_pool(v_codes, v_meta, v_out, bits, vg)
-        args = (block_tables, context_lens, cu_seqlens_q, positions, tree_mask, mask_indptr, None)
-        return paged_attention_torch(q, k.to(q.dtype), v.to(q.dtype), *args, sm_scale, 0, 0.0, False)[0]
-    from codesign.kernels.paged_attention_triton import (
-        KV_FORMAT_OAKEN,
-        KV_FORMAT_OAKEN_OFFLINE,
-        paged_attention_triton,
-    )
+        return paged_attention_torch(q, k, v, meta, False)[0]
+    from codesign.kernels.paged_attention_triton import KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE
 
-    out = torch.empty_like(q)
     fmt = KV_FORMAT_OAKEN if grid is None else KV_FORMAT_OAKEN_OFFLINE
-    paged_attention_triton(
-        q, k_codes, v_codes, block_tables, context_lens, cu_seqlens_q, out, None, sm_scale=sm_scale,
-        num_splits=num_splits, is_decode=is_decode, positions=positions, tree_mask=tree_mask,
-        mask_indptr=mask_indptr, kv_format=fmt, bits=bits, k_scale=k_meta,
-        v_scale=v_meta, oaken=(k_out, v_out), block_bits=grid,
-    )  # fmt: skip
-    return out
+    return triton_attention(q, k_codes, v_codes, meta, False, kv_format=fmt, bits=bits, k_scale=k_meta,
+                            v_scale=v_meta, oaken=(k_out, v_out), block_bits=grid)[0]  # fmt: skip
 
 
 @_attn_oaken_op.register_fake
 def _(q, *rest):
     return torch.empty_like(q)
+
+
+def launch_oaken(
+    q: torch.Tensor, cache: OakenPagedKV, meta: AttnMeta, return_lse: bool = False
+) -> tuple[torch.Tensor, None]:
+    """The op over a validated cache with a launch's metadata (entry point and plan()/run() wrappers);
+    Oaken attention takes no ALiBi, window or softcap (`kv_quant_dispatch.check_plan`) and returns no lse."""
+    if return_lse:
+        raise CodesignError("oaken cache attention returns no lse")
+    c = cache
+    out = _attn_oaken_op(q, c.k_codes, c.v_codes, c.k_meta, c.v_meta, c.k_out, c.v_out,
+                         *meta.without_features(), c.bits, c.grid)  # fmt: skip
+    return out, None
 
 
 def oaken_attention(
@@ -373,9 +352,6 @@ def oaken_attention(
     if not isinstance(cache, OakenPagedKV):
         raise CodesignError(f"cache must be an OakenPagedKV, got {type(cache).__name__}")
     kw = dict(sm_scale=sm_scale, num_splits=num_splits, check_data=check_data)
-    pa = prepare_attention(
-        q, cache.check(), cache.k_codes.device, block_tables, context_lens, cu_seqlens_q, tree, kw
+    return attend_quant(
+        launch_oaken, q, cache, cache.check(), block_tables, context_lens, cu_seqlens_q, tree, kw
     )
-    return _attn_oaken_op(q, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, cache.k_out, cache.v_out,
-                          block_tables, pa.context_lens, pa.cu, *pa.tree_args,
-                          pa.scale, pa.splits, pa.is_decode, cache.bits, cache.grid)  # fmt: skip

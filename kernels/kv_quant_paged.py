@@ -15,17 +15,23 @@ CPU). Bad input raises CodesignError before any launch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from codesign.backend import interpreter_enabled, resolve_backend
+from codesign.backend import resolve_backend
 from codesign.kernels import kv_quant as kvq
 from codesign.kernels.paged_attention import (
-    _resolve_common,
-    check_attention_inputs,
-    check_backend_dtype,
+    NO_TREE,
+    AttnMeta,
+    alloc_lse,
+    attention_backend,
+    geometry_probe,
+    on_gpu,
     paged_attention_torch,
+    prepare_launch,
+    triton_attention,
 )
 from codesign.kernels.paged_kv_cache import MAX_BLOCK_SIZE
 from codesign.kernels.tree_attention import TreeBatch, _check_tree_batch
@@ -33,7 +39,6 @@ from codesign.specs import CodesignError, KVFormat, check_positive_int
 
 FORMATS = {"int8": (1, 8), "int4": (1, 4), "int2": (1, 2), "fp8": (2, 8)}  # name -> (KV_FORMAT, bits)
 WRITE_OP = "kv_write"
-ATTN_OP = "paged_attention"
 IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -61,9 +66,7 @@ class QuantPagedKV:
         v_head_scale: torch.Tensor | None = None,
     ) -> QuantPagedKV:
         """Zeroed codes and metadata; fp8 needs its per-head scales (float32 `[kv_heads]`)."""
-        for n, v in (("num_blocks", num_blocks), ("block_size", block_size), ("kv_heads", kv_heads)):
-            check_positive_int(n, v)
-        check_positive_int("head_dim", head_dim)
+        check_pool_dims(num_blocks, block_size, kv_heads, head_dim)
         kind, bits = _format(fmt)
         per = 8 // bits
         if head_dim % per:
@@ -99,6 +102,34 @@ class QuantPagedKV:
         return tuple(
             _dequant(c, m, self.fmt) for c, m in ((self.k_codes, self.k_meta), (self.v_codes, self.v_meta))
         )
+
+
+def check_pool_dims(num_blocks: int, block_size: int, kv_heads: int, head_dim: int) -> None:
+    """A quantized cache's pool geometry: four positive ints (`empty()` of every format)."""
+    for n, v in (("num_blocks", num_blocks), ("block_size", block_size), ("kv_heads", kv_heads)):
+        check_positive_int(n, v)
+    check_positive_int("head_dim", head_dim)
+
+
+def check_cache_tensors(
+    label: str, cache, want: dict[str, tuple[torch.dtype, tuple]], device: torch.device | None = None
+) -> None:
+    """Each `cache.<name>` is a contiguous tensor of the dtype and shape `want[name]` (and on `device`,
+    if given); errors name the format (`label`) and the tensor (`check()` of every format)."""
+    for name, (dt, shape) in want.items():
+        t = getattr(cache, name)
+        if (
+            not isinstance(t, torch.Tensor)
+            or t.dtype != dt
+            or tuple(t.shape) != shape
+            or not t.is_contiguous()
+        ):
+            raise CodesignError(
+                f"{label} {name} must be a contiguous {dt} tensor of shape {shape}, got "
+                f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}"
+            )
+        if device is not None and t.device != device:
+            raise CodesignError(f"{name} is on {t.device}, the codes on {device}")
 
 
 def _format(fmt: str) -> tuple[int, int]:
@@ -153,11 +184,38 @@ def check_quant_cache(cache: QuantPagedKV, fmt: str | None = None) -> tuple[int,
     return nb, bs, h, cache.head_dim
 
 
-def _on_gpu(t: torch.Tensor) -> bool:
-    return t.device.type == "cuda" and not interpreter_enabled()
-
-
 # --- quantize on write ----------------------------------------------------------------------------
+def check_quant_write(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cache_shape: tuple[int, int, int, int],
+    device: torch.device,
+    slot_mapping: torch.Tensor,
+    check_data: bool,
+    check_finite: bool,
+) -> None:
+    """The quantizing writers' shared checks: key / value dtypes, the plain writer's checks
+    (`kv_write.check_kv_write`, slots with `check_data`) against a `geometry_probe` of the cache, and with
+    `check_finite` (one host sync) that key and value are finite."""
+    from codesign.kernels.kv_write import check_kv_write
+
+    for name, t in (("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in IN_DTYPES:
+            raise CodesignError(
+                f"{name} dtype must be one of {IN_DTYPES}, got {getattr(t, 'dtype', type(t))}"
+            )
+    probe = geometry_probe(cache_shape, key.dtype, device)
+    check_kv_write(key, value, probe, probe, slot_mapping, check_data)
+    if check_finite and not (torch.isfinite(key).all() and torch.isfinite(value).all()):
+        raise CodesignError("key and value must be finite to be quantized (NaN or inf found)")
+
+
+def check_writer_dtype(key: torch.Tensor) -> None:
+    """bf16 keys only on a GPU for the Triton writers: the interpreter computes bf16 on raw bits."""
+    if key.dtype == torch.bfloat16 and not on_gpu(key):
+        raise CodesignError("bf16 keys need a GPU for the Triton writer (the interpreter mishandles bf16)")
+
+
 def _write_torch(key, value, k_codes, v_codes, k_meta, v_meta, slot_mapping, kind, bits) -> None:
     keep = slot_mapping >= 0
     s = slot_mapping[keep].to(torch.int64)
@@ -183,10 +241,8 @@ def _kvq_write_op(
     kind: int,
     bits: int,
 ) -> None:
-    backend = resolve_backend(WRITE_OP, key.device)
-    if backend == "triton" and key.dtype == torch.bfloat16 and not _on_gpu(key):
-        raise CodesignError("bf16 keys need a GPU for the Triton writer (the interpreter mishandles bf16)")
-    if backend == "triton":
+    if resolve_backend(WRITE_OP, key.device) == "triton":
+        check_writer_dtype(key)
         from codesign.kernels.kv_write_triton import kv_write_triton
 
         kv_write_triton(key, value, k_codes, v_codes, slot_mapping, k_meta, v_meta, kind, bits)
@@ -212,21 +268,8 @@ def kvq_write(
     for bit those of `kv_quant.quantize_per_token` / `quantize_fp8` (one writer launch per layer).
     `check_data` (one host sync) checks slots and that key/value are finite.
     """
-    from codesign.kernels.kv_write import check_kv_write
-
-    nb, bs, h, d = check_quant_cache(cache)
-    for name, t in (("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor) or t.dtype not in IN_DTYPES:
-            raise CodesignError(
-                f"{name} dtype must be one of {IN_DTYPES}, got {getattr(t, 'dtype', type(t))}"
-            )
-    # The plain writer's checks on a same-shaped stand-in cache (no memory: stride 0 except head_dim).
-    probe = torch.empty(d, dtype=key.dtype, device=cache.k_codes.device).as_strided(
-        (nb, bs, h, d), (0, 0, 0, 1)
-    )
-    check_kv_write(key, value, probe, probe, slot_mapping, check_data)
-    if check_data and not (torch.isfinite(key).all() and torch.isfinite(value).all()):
-        raise CodesignError("key and value must be finite to be quantized (NaN or inf found)")
+    shape = check_quant_cache(cache)
+    check_quant_write(key, value, shape, cache.k_codes.device, slot_mapping, check_data, check_data)
     kind, bits = FORMATS[cache.fmt]
     _kvq_write_op(
         key, value, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, slot_mapping, kind, bits
@@ -257,126 +300,84 @@ def _attn_kvq_op(
     kind: int,
     bits: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    backend = resolve_backend(ATTN_OP, q.device)
-    check_backend_dtype(backend, q)
-    if backend == "torch":
+    meta = AttnMeta(block_tables, context_lens, cu_seqlens_q, positions, tree_mask, mask_indptr,
+                    alibi_slopes, sm_scale, window, softcap, num_splits, is_decode)  # fmt: skip
+    if attention_backend(q) == "torch":
+        # CPU reference path: dequantize the pool, then plain attention.
         fmt = next(n for n, v in FORMATS.items() if v == (kind, bits))
-        # CPU reference path: dequantize (to q's dtype, as the kernel does per tile), then plain attention.
-        k = _dequant(k_codes, k_meta, fmt).to(q.dtype)
-        v = _dequant(v_codes, v_meta, fmt).to(q.dtype)
-        args = (block_tables, context_lens, cu_seqlens_q, positions, tree_mask, mask_indptr, alibi_slopes)
-        return paged_attention_torch(q, k, v, *args, sm_scale, window, softcap, return_lse)
-    from codesign.kernels.paged_attention_triton import paged_attention_triton
-
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[0] if return_lse else 0, q.shape[1], dtype=torch.float32, device=q.device)
-    paged_attention_triton(
-        q,
-        k_codes,
-        v_codes,
-        block_tables,
-        context_lens,
-        cu_seqlens_q,
-        out,
-        lse if return_lse else None,
-        sm_scale=sm_scale,
-        num_splits=num_splits,
-        is_decode=is_decode,
-        positions=positions,
-        tree_mask=tree_mask,
-        mask_indptr=mask_indptr,
-        alibi_slopes=alibi_slopes,
-        window=window,
-        softcap=softcap,
-        kv_format=kind,
-        bits=bits,
-        k_scale=k_meta,
-        v_scale=v_meta,
-    )
-    return out, lse
+        k, v = _dequant(k_codes, k_meta, fmt), _dequant(v_codes, v_meta, fmt)
+        return paged_attention_torch(q, k, v, meta, return_lse)
+    return triton_attention(q, k_codes, v_codes, meta, return_lse, kv_format=kind, bits=bits,
+                            k_scale=k_meta, v_scale=v_meta)  # fmt: skip
 
 
 @_attn_kvq_op.register_fake
-def _(q, k_codes, v_codes, k_meta, v_meta, block_tables, context_lens, cu_seqlens_q, *rest):
-    return_lse = rest[-3]
-    lse = q.new_empty(q.shape[0] if return_lse else 0, q.shape[1], dtype=torch.float32)
-    return torch.empty_like(q), lse
-
-
-@dataclass(frozen=True)
-class PreparedAttention:
-    """What every quantized-cache attention entry needs before launching its op."""
-
-    context_lens: torch.Tensor
-    cu: torch.Tensor  # query offsets; one query per sequence for decode
-    tree_args: tuple  # (positions, tree_mask, mask_indptr), or three Nones outside tree verification
-    scale: float
-    splits: int
-    is_decode: bool
+def _(q, *rest):
+    return torch.empty_like(q), alloc_lse(q, rest[-3])  # rest[-3]: return_lse
 
 
 def prepare_attention(
-    q,
+    q: torch.Tensor,
     cache_shape: tuple[int, int, int, int],
-    device,
-    block_tables,
-    context_lens,
-    cu_seqlens_q,
-    tree,
+    device: torch.device,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor | None,
+    cu_seqlens_q: torch.Tensor | None,
+    tree: TreeBatch | None,
     kw: dict,
-) -> PreparedAttention:
-    """The checks and launch choices shared by the quantized-cache attention entry points (every format).
+) -> AttnMeta:
+    """`prepare_launch` for a quantized cache of `cache_shape` on `device` (every format): its geometry is
+    checked through a `geometry_probe`, so no dequantized copy is ever made.
 
     `tree` (a TreeBatch) replaces context_lens / cu_seqlens_q; otherwise cu_seqlens_q None means decode.
-    The cache's geometry is checked through a zero-stride probe tensor of `cache_shape`: no dequantized
-    copy is ever made.
+    kw: the entry point's keywords (`prepare_launch`'s opts).
     """
     if not isinstance(q, torch.Tensor):
         raise CodesignError(f"q must be a tensor, got {type(q).__name__}")
-    nb, bs, h, d = cache_shape
-    probe = torch.empty(d, dtype=q.dtype, device=device).as_strided((nb, bs, h, d), (0, 0, 0, 1))
-    tree_args: tuple = (None, None, None)
+    probe = geometry_probe(cache_shape, q.dtype, device)
+    tree_args = NO_TREE
     if tree is not None:
         if not isinstance(tree, TreeBatch):
             raise CodesignError(f"tree must be a TreeBatch (build_tree_batch), got {type(tree).__name__}")
         _check_tree_batch(tree, q, block_tables)
-        context_lens, cu_seqlens_q = tree.context_lens, tree.cu_seqlens_q
-        tree_args = (tree.positions, tree.tree_mask, tree.mask_indptr)
-    is_decode = cu_seqlens_q is None
-    check_attention_inputs(q, probe, probe, block_tables, context_lens, cu_seqlens_q, kw.get("alibi_slopes"),
-                           kw.get("window"), kw.get("softcap"), kw.get("check_data", True))  # fmt: skip
-    scale, splits = _resolve_common(
-        q, kw.get("sm_scale"), kw.get("num_splits"), probe, block_tables, is_decode
+        context_lens, cu_seqlens_q, tree_args = tree.context_lens, tree.cu_seqlens_q, tree.mask_args
+    return prepare_launch(q, probe, probe, block_tables, context_lens, cu_seqlens_q, tree_args, kw)
+
+
+def attend_quant(
+    launch: Callable[[torch.Tensor, object, AttnMeta, bool], tuple[torch.Tensor, torch.Tensor | None]],
+    q: torch.Tensor,
+    cache,
+    cache_shape: tuple[int, int, int, int],
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor | None,
+    cu_seqlens_q: torch.Tensor | None,
+    tree: TreeBatch | None,
+    kw: dict,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The quantized-cache entry points' shared body (the cache already validated, `cache_shape` its
+    geometry): `prepare_attention`, then `launch(q, cache, meta, return_lse)`, the format's op; out, or
+    (out, lse) when kw["return_lse"]."""
+    meta = prepare_attention(
+        q, cache_shape, cache.k_codes.device, block_tables, context_lens, cu_seqlens_q, tree, kw
     )
-    cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device) if is_decode else cu_seqlens_q
-    return PreparedAttention(context_lens, cu, tree_args, scale, splits, is_decode)
+    return_lse = bool(kw.get("return_lse", False))
+    out, lse = launch(q, cache, meta, return_lse)
+    return (out, lse) if return_lse else out
+
+
+def launch_kvq(
+    q: torch.Tensor, cache: QuantPagedKV, meta: AttnMeta, return_lse: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op over a validated cache with a launch's metadata (entry points and plan()/run() wrappers)."""
+    kind, bits = FORMATS[cache.fmt]
+    return _attn_kvq_op(q, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, *meta, return_lse,
+                        kind, bits)  # fmt: skip
 
 
 def _attend(q, cache, block_tables, context_lens, cu, tree, kw) -> torch.Tensor | tuple:
     shape = check_quant_cache(cache, kw.pop("fmt", None))
-    pa = prepare_attention(q, shape, cache.k_codes.device, block_tables, context_lens, cu, tree, kw)
-    kind, bits = FORMATS[cache.fmt]
-    out, lse = _attn_kvq_op(
-        q,
-        cache.k_codes,
-        cache.v_codes,
-        cache.k_meta,
-        cache.v_meta,
-        block_tables,
-        pa.context_lens,
-        pa.cu,
-        *pa.tree_args,
-        kw.get("alibi_slopes"),
-        pa.scale,
-        kw.get("window") or 0,
-        float(kw.get("softcap") or 0.0),
-        pa.splits,
-        pa.is_decode,
-        bool(kw.get("return_lse", False)),
-        kind,
-        bits,
-    )
-    return (out, lse) if kw.get("return_lse", False) else out
+    return attend_quant(launch_kvq, q, cache, shape, block_tables, context_lens, cu, tree, kw)
 
 
 def kvq_decode_attention(

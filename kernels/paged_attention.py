@@ -15,15 +15,22 @@ The wrappers also take the quantized caches of `kv_quant_paged` / `kv_quant_kivi
 `kv_quant_mixed` in place of `k_cache` (v_cache None): plan() validates the cache once (`plan(...,
 q_dtype=)` says q's dtype), run() checks only host-side attributes and calls the same op as the
 functional entry point (`kv_quant_dispatch`), so the outputs are bit-identical.
+
+Shared with the quantized caches' entry points and ops: `prepare_launch` (every check and launch choice,
+returning an `AttnMeta`, the launch metadata in the ops' argument order), `attention_backend`,
+`paged_attention_torch` / `attention_per_sequence` (the torch path) and `triton_attention` (the kernel path).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 from codesign.backend import interpreter_enabled, resolve_backend
+from codesign.kernels import kv_quant_dispatch as kqd
 from codesign.kernels.paged_kv_cache import check_block_tables, check_int_tensor, check_kv_cache
 from codesign.specs import CodesignError, KVFormat, PagedDecodeAttention, PagedExtendAttention
 
@@ -120,59 +127,92 @@ def check_attention_inputs(
                 )
 
 
+def on_gpu(t: torch.Tensor) -> bool:
+    """True where Triton kernels run compiled (a CUDA tensor, interpreter off)."""
+    return t.device.type == "cuda" and not interpreter_enabled()
+
+
 def check_backend_dtype(backend: str, q: torch.Tensor) -> None:
     """bf16 Triton kernels only on a GPU: the interpreter computes bf16 on raw bits."""
-    if (
-        backend == "triton"
-        and q.dtype == torch.bfloat16
-        and (q.device.type != "cuda" or interpreter_enabled())
-    ):
+    if backend == "triton" and q.dtype == torch.bfloat16 and not on_gpu(q):
         raise CodesignError(
             "bf16 paged attention with the Triton backend needs a GPU (the interpreter mishandles bf16)"
         )
 
 
+def attention_backend(q: torch.Tensor) -> str:
+    """The backend ("torch" or "triton") every attention op runs on for q, after `check_backend_dtype`.
+
+    Called inside the ops, not in the Python entry points, so torch.compile traces those (the backend
+    choice reads a ContextVar, which dynamo cannot trace)."""
+    backend = resolve_backend(OP, q.device)
+    check_backend_dtype(backend, q)
+    return backend
+
+
+# --- launch metadata --------------------------------------------------------------------------------
+class AttnMeta(NamedTuple):
+    """One launch's batch metadata and options, in the order every attention op takes them after its
+    cache tensors: `op(q, <cache tensors>, *meta, return_lse, <format scalars>)`; the ops without
+    ALiBi, window, softcap and lse (Oaken, mixed precision) take `*meta.without_features()`."""
+
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    cu_seqlens_q: torch.Tensor  # decode: 0, 1, ..., B (one query per sequence)
+    positions: torch.Tensor | None  # positions, tree_mask, mask_indptr: tree verification only
+    tree_mask: torch.Tensor | None
+    mask_indptr: torch.Tensor | None
+    alibi_slopes: torch.Tensor | None
+    sm_scale: float
+    window: int  # 0: no window
+    softcap: float  # 0.0: no soft cap
+    num_splits: int
+    is_decode: bool
+
+    def without_features(self) -> tuple:
+        """(block_tables, ..., mask_indptr, sm_scale, num_splits, is_decode)."""
+        return (*self[:6], self.sm_scale, self.num_splits, self.is_decode)
+
+
+NO_TREE = (None, None, None)  # tree_args outside tree verification
+
+
+def alloc_lse(q: torch.Tensor, return_lse: bool) -> torch.Tensor:
+    """Every attention op's second output: lse fp32 `[tokens, q_heads]`, or `[0, q_heads]` when not asked."""
+    return torch.empty(q.shape[0] if return_lse else 0, q.shape[1], dtype=torch.float32, device=q.device)
+
+
 # --- CPU implementation (plain torch) --------------------------------------------------------------
-def paged_attention_torch(
-    q,
-    k_cache,
-    v_cache,
-    block_tables,
-    context_lens,
-    cu_seqlens_q,
-    positions,
-    tree_mask,
-    mask_indptr,
-    alibi_slopes,
-    sm_scale,
-    window,
-    softcap,
-    return_lse,
+def attention_per_sequence(
+    q: torch.Tensor,
+    gather: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
+    meta: AttnMeta,
+    return_lse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference-style implementation in fp32: gather each sequence's blocks, mask, softmax."""
-    t, hq, dim = q.shape
-    _, bs, hkv, _ = k_cache.shape
-    out = torch.empty_like(q)
-    lse = torch.empty(t if return_lse else 0, hq, dtype=torch.float32, device=q.device)
-    cu = cu_seqlens_q.tolist()
-    lens = context_lens.tolist()
+    """Reference-style attention in fp32, sequence by sequence: `gather(b, n)` returns sequence b's first
+    n keys and values `[n, kv_heads, head_dim]` (meta.block_tables is not read: gather owns the layout)."""
+    _, hq, dim = q.shape
+    out, lse = torch.empty_like(q), alloc_lse(q, return_lse)
+    cu = meta.cu_seqlens_q.tolist()
+    lens = meta.context_lens.tolist()
+    tree_mask, mask_indptr, alibi_slopes = meta.tree_mask, meta.mask_indptr, meta.alibi_slopes
+    softcap, window = meta.softcap, meta.window
     for b, kl in enumerate(lens):
         q0, q1 = cu[b], cu[b + 1]
         ql = q1 - q0
         if ql == 0:
             continue
         prefix = kl - ql
-        blocks = block_tables[b, : -(-kl // bs)].long()
-        k = k_cache[blocks].reshape(-1, hkv, dim)[:kl].float()
-        v = v_cache[blocks].reshape(-1, hkv, dim)[:kl].float()
+        k, v = (x.float() for x in gather(b, kl))
+        hkv = k.shape[1]
         # Query head h reads kv head h // group: view q as [tokens, kv_heads, group, dim] (no K/V copies).
         qg = q[q0:q1].float().view(ql, hkv, hq // hkv, dim)
-        s = torch.einsum("qhgd,khd->hgqk", qg, k).reshape(hq, ql, kl) * sm_scale
+        s = torch.einsum("qhgd,khd->hgqk", qg, k).reshape(hq, ql, kl) * meta.sm_scale
         if softcap:
             s = softcap * torch.tanh(s / softcap)
         kpos = torch.arange(kl, device=q.device)
         if tree_mask is not None:
-            qpos = positions[q0:q1].long()
+            qpos = meta.positions[q0:q1].long()
             kpos = torch.cat([kpos[:prefix], qpos])
             m = tree_mask[int(mask_indptr[b]) : int(mask_indptr[b + 1])].view(ql, ql).bool()
             vis = torch.cat([torch.ones(ql, prefix, dtype=torch.bool, device=q.device), m], dim=1)
@@ -188,6 +228,62 @@ def paged_attention_torch(
         out[q0:q1] = torch.einsum("hgqk,khd->qhgd", p, v).reshape(ql, hq, dim).to(q.dtype)
         if return_lse:
             lse[q0:q1] = torch.logsumexp(s, dim=-1).transpose(0, 1)
+    return out, lse
+
+
+def paged_attention_torch(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta, return_lse: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch path of every attention op over a paged cache `[blocks, block_size, kv_heads, head_dim]`
+    (a dequantized one is cast to q's dtype first, as the kernel casts each tile): gather each
+    sequence's blocks, then `attention_per_sequence`."""
+    bs = k_cache.shape[1]
+    k_cache, v_cache = k_cache.to(q.dtype), v_cache.to(q.dtype)
+
+    def gather(b: int, kl: int) -> tuple[torch.Tensor, torch.Tensor]:
+        blocks = meta.block_tables[b, : -(-kl // bs)].long()
+        return tuple(c[blocks].reshape(-1, *c.shape[2:])[:kl] for c in (k_cache, v_cache))
+
+    return attention_per_sequence(q, gather, meta, return_lse)
+
+
+def triton_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttnMeta,
+    return_lse: bool,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    **kernel_kw,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton path of every attention op: `paged_attention_triton` into out / lse (allocated when
+    None); kernel_kw: the cache format's arguments, or the wrapper's planned workspace and config."""
+    from codesign.kernels.paged_attention_triton import paged_attention_triton
+
+    out = torch.empty_like(q) if out is None else out
+    lse = alloc_lse(q, return_lse) if lse is None else lse
+    m = meta
+    paged_attention_triton(
+        q,
+        k_cache,
+        v_cache,
+        m.block_tables,
+        m.context_lens,
+        m.cu_seqlens_q,
+        out,
+        lse if return_lse else None,
+        sm_scale=m.sm_scale,
+        num_splits=m.num_splits,
+        is_decode=m.is_decode,
+        positions=m.positions,
+        tree_mask=m.tree_mask,
+        mask_indptr=m.mask_indptr,
+        alibi_slopes=m.alibi_slopes,
+        window=m.window,
+        softcap=m.softcap,
+        **kernel_kw,
+    )
     return out, lse
 
 
@@ -211,76 +307,19 @@ def _paged_attention_op(
     is_decode: bool,
     return_lse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # Backend checks live here, not in the Python wrappers, so torch.compile traces those
-    # (the backend choice reads a ContextVar, which dynamo cannot trace).
-    backend = resolve_backend(OP, q.device)
-    check_backend_dtype(backend, q)
-    if backend == "torch":
-        return paged_attention_torch(
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            context_lens,
-            cu_seqlens_q,
-            positions,
-            tree_mask,
-            mask_indptr,
-            alibi_slopes,
-            sm_scale,
-            window,
-            softcap,
-            return_lse,
-        )
-    from codesign.kernels.paged_attention_triton import paged_attention_triton
-
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[0] if return_lse else 0, q.shape[1], dtype=torch.float32, device=q.device)
-    paged_attention_triton(
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        context_lens,
-        cu_seqlens_q,
-        out,
-        lse if return_lse else None,
-        sm_scale=sm_scale,
-        num_splits=num_splits,
-        is_decode=is_decode,
-        positions=positions,
-        tree_mask=tree_mask,
-        mask_indptr=mask_indptr,
-        alibi_slopes=alibi_slopes,
-        window=window,
-        softcap=softcap,
-    )
-    return out, lse
+    meta = AttnMeta(block_tables, context_lens, cu_seqlens_q, positions, tree_mask, mask_indptr,
+                    alibi_slopes, sm_scale, window, softcap, num_splits, is_decode)  # fmt: skip
+    if attention_backend(q) == "torch":
+        return paged_attention_torch(q, k_cache, v_cache, meta, return_lse)
+    return triton_attention(q, k_cache, v_cache, meta, return_lse)
 
 
 @_paged_attention_op.register_fake
-def _(
-    q,
-    k_cache,
-    v_cache,
-    block_tables,
-    context_lens,
-    cu_seqlens_q,
-    positions,
-    tree_mask,
-    mask_indptr,
-    alibi_slopes,
-    sm_scale,
-    window,
-    softcap,
-    num_splits,
-    is_decode,
-    return_lse,
-):
-    lse = q.new_empty(q.shape[0] if return_lse else 0, q.shape[1], dtype=torch.float32)
-    return torch.empty_like(q), lse
+def _(q, *rest):
+    return torch.empty_like(q), alloc_lse(q, rest[-1])  # rest[-1]: return_lse
 
 
+# --- launch choices ------------------------------------------------------------------------------------
 def auto_num_splits(
     q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, is_decode: bool
 ) -> int:
@@ -300,13 +339,74 @@ def auto_num_splits(
     return choose_num_splits(programs, block_tables.shape[1] * k_cache.shape[1], num_sms(q.device))
 
 
-def _resolve_common(q, sm_scale, num_splits, k_cache, block_tables, is_decode) -> tuple[float, int]:
+def geometry_probe(shape: tuple[int, int, int, int], dtype: torch.dtype, device) -> torch.Tensor:
+    """A stand-in for a cache of `shape` (num_blocks, block_size, kv_heads, head_dim) in `dtype` for the
+    shared shape checks: no memory (stride 0 except along head_dim), so no dequantized copy is made."""
+    return torch.empty(shape[3], dtype=dtype, device=device).as_strided(tuple(shape), (0, 0, 0, 1))
+
+
+# Keywords an attention entry point or plan() may pass to `prepare_launch`.
+ATTENTION_OPTIONS = frozenset(
+    {"sm_scale", "window", "softcap", "alibi_slopes", "num_splits", "check_data", "return_lse", "q_dtype"}
+)
+
+
+def prepare_launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    tree_args: tuple,
+    opts: dict,
+) -> AttnMeta:
+    """Every check (all before any launch) and launch choice of an attention entry point, plain cache
+    or quantized (then k_cache = v_cache = a `geometry_probe` of it).
+
+    cu_seqlens_q None means decode (the op gets offsets 0..B); tree_args: (positions, tree_mask,
+    mask_indptr) or NO_TREE; opts: the entry point's keywords sm_scale (default 1/sqrt(head_dim)),
+    window, softcap, alibi_slopes, num_splits (default `auto_num_splits`), check_data (default True).
+    """
+    unknown = sorted(set(opts) - ATTENTION_OPTIONS)
+    if unknown:  # entry points taking **kw (the quantized caches') must not ignore a misspelt keyword
+        raise CodesignError(
+            f"unknown attention keyword(s) {unknown}; expected some of {sorted(ATTENTION_OPTIONS)}"
+        )
+    is_decode = cu_seqlens_q is None
+    alibi, window, softcap = opts.get("alibi_slopes"), opts.get("window"), opts.get("softcap")
+    check_data = opts.get("check_data", True)
+    check_attention_inputs(
+        q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, alibi, window, softcap, check_data
+    )
+    sm_scale, num_splits = opts.get("sm_scale"), opts.get("num_splits")
     scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else float(sm_scale)
     if num_splits is None:
         num_splits = auto_num_splits(q, k_cache, block_tables, is_decode)
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= 64:
         raise CodesignError(f"num_splits must be an int in [1, 64] or None, got {num_splits!r}")
-    return scale, num_splits
+    cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device) if is_decode else cu_seqlens_q
+    return AttnMeta(block_tables, context_lens, cu, *tree_args, alibi, scale, window or 0,
+                    float(softcap or 0.0), num_splits, is_decode)  # fmt: skip
+
+
+# --- functional entry points -----------------------------------------------------------------------------
+def attend_plain(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    tree_args: tuple,
+    opts: dict,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The plain-cache entry points' shared body: `prepare_launch`, then the op; out, or (out, lse) when
+    opts["return_lse"]."""
+    meta = prepare_launch(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, tree_args, opts)
+    return_lse = bool(opts.get("return_lse", False))
+    out, lse = _paged_attention_op(q, k_cache, v_cache, *meta, return_lse)
+    return (out, lse) if return_lse else out
 
 
 def paged_decode_attention(
@@ -330,30 +430,9 @@ def paged_decode_attention(
     j (the last `window` only, if set); sm_scale defaults to 1/sqrt(head_dim). Returns out, or
     (out, lse) with lse fp32 `[batch, q_heads]` (natural log) when `return_lse`.
     """
-    check_attention_inputs(
-        q, k_cache, v_cache, block_tables, context_lens, None, alibi_slopes, window, softcap, check_data
-    )
-    scale, splits = _resolve_common(q, sm_scale, num_splits, k_cache, block_tables, True)
-    cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    out, lse = _paged_attention_op(
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        context_lens,
-        cu,
-        None,
-        None,
-        None,
-        alibi_slopes,
-        scale,
-        window or 0,
-        float(softcap or 0.0),
-        splits,
-        True,
-        return_lse,
-    )
-    return (out, lse) if return_lse else out
+    opts = dict(sm_scale=sm_scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                return_lse=return_lse, num_splits=num_splits, check_data=check_data)  # fmt: skip
+    return attend_plain(q, k_cache, v_cache, block_tables, context_lens, None, NO_TREE, opts)
 
 
 def paged_extend_attention(
@@ -375,41 +454,23 @@ def paged_extend_attention(
     """Extend / chunked prefill: q `[total_new_tokens, q_heads, head_dim]`, sequence b's new tokens
     q[cu[b]:cu[b+1]] at positions ctx_b - q_len_b + i, each attending causally to the cached prefix
     and to the new tokens up to itself. Their K/V must already be in the cache (`kv_write`)."""
-    check_attention_inputs(
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        context_lens,
-        cu_seqlens_q,
-        alibi_slopes,
-        window,
-        softcap,
-        check_data,
-    )
-    scale, splits = _resolve_common(q, sm_scale, num_splits, k_cache, block_tables, False)
-    out, lse = _paged_attention_op(
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        context_lens,
-        cu_seqlens_q,
-        None,
-        None,
-        None,
-        alibi_slopes,
-        scale,
-        window or 0,
-        float(softcap or 0.0),
-        splits,
-        False,
-        return_lse,
-    )
-    return (out, lse) if return_lse else out
+    opts = dict(sm_scale=sm_scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                return_lse=return_lse, num_splits=num_splits, check_data=check_data)  # fmt: skip
+    return attend_plain(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, NO_TREE, opts)
 
 
 # --- FlashInfer-style wrappers ------------------------------------------------------------------------
+_PERSISTED = ("block_tables", "context_lens", "cu_seqlens_q", "positions", "tree_mask", "mask_indptr",
+              "alibi_slopes")  # fmt: skip
+
+
+def _into(buf: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """x, or x copied into the caller's buffer."""
+    if buf is None or buf is x:
+        return x
+    return buf.copy_(x)
+
+
 class _PlannedAttention:
     """plan(): validate and stage metadata once per batch shape; run(): launch only.
 
@@ -436,46 +497,28 @@ class _PlannedAttention:
             buf.copy_(t)
         return buf
 
-    def _stage(self, k_cache, block_tables, context_lens, cu, q_tokens, q_heads, num_splits, extra) -> None:
-        from codesign.kernels import kv_quant_dispatch as kqd
-
+    def _stage(self, k_cache, block_tables, context_lens, cu, q_tokens, q_heads, tree_args, opts) -> None:
+        """plan()'s shared body; cu None for decode, opts: plan()'s keywords."""
         quant = None
-        if kqd.is_quant_cache(k_cache):
+        if kqd.is_quant_cache(k_cache) or not isinstance(k_cache, torch.Tensor):
             quant = kqd.describe(k_cache)
-            feats = (extra.get(n) for n in ("alibi_slopes", "window", "softcap"))
-            kqd.check_plan(quant, k_cache, block_tables, *feats)
-            q_dtype = extra.get("q_dtype") or torch.float16
+            kqd.check_plan(
+                quant, k_cache, block_tables, opts["alibi_slopes"], opts["window"], opts["softcap"]
+            )
+            q_dtype = opts["q_dtype"] or torch.float16
             if q_dtype not in Q_DTYPES:
                 raise CodesignError(f"q_dtype must be one of {Q_DTYPES}, got {q_dtype}")
-            nb, bs, hkv, dim = quant.shape
-            # A zero-stride stand-in of the cache's geometry in q's dtype for the shared checks.
-            k_cache = torch.empty(dim, dtype=q_dtype, device=self.device).as_strided(
-                (nb, bs, hkv, dim), (0, 0, 0, 1)
-            )
-        elif extra.get("q_dtype") not in (None, getattr(k_cache, "dtype", None)):
-            raise CodesignError(f"q_dtype {extra['q_dtype']} != cache dtype {k_cache.dtype}")
+            k_cache = geometry_probe(quant.shape, q_dtype, self.device)
+        elif opts["q_dtype"] not in (None, k_cache.dtype):
+            raise CodesignError(f"q_dtype {opts['q_dtype']} != cache dtype {k_cache.dtype}")
         nb, bs, hkv, dim = k_cache.shape
         probe = torch.empty(q_tokens, q_heads, dim, dtype=k_cache.dtype, device=self.device)
-        check_attention_inputs(
-            probe,
-            k_cache,
-            k_cache,
-            block_tables,
-            context_lens,
-            None if self.is_decode else cu,
-            extra.get("alibi_slopes"),
-            extra.get("window"),
-            extra.get("softcap"),
-            check_data=True,
-        )
-        scale, splits = _resolve_common(
-            probe, extra.get("sm_scale"), num_splits, k_cache, block_tables, self.is_decode
-        )
+        meta = prepare_launch(probe, k_cache, k_cache, block_tables, context_lens, cu, tree_args, opts)
         from codesign.kernels.paged_attention_triton import dim_pad, launch_config
 
         ws = None
-        if splits > 1 and quant is None:  # the quantized-cache ops allocate their own workspace
-            shape = (q_tokens, q_heads, splits)
+        if meta.num_splits > 1 and quant is None:  # the quantized-cache ops allocate their own workspace
+            shape = (q_tokens, q_heads, meta.num_splits)
             old = self._plan["workspace"] if self._plan else None
             if old is not None and old[1].shape == shape and old[0].shape[-1] == dim_pad(dim):
                 ws = old
@@ -488,28 +531,19 @@ class _PlannedAttention:
         config = launch_config(
             q_heads, hkv, dim, bs, block_tables.shape[0], self.device, k_cache.element_size()
         )
+        meta = meta._replace(**{f: self._persist(f, getattr(meta, f)) for f in _PERSISTED})
         self._plan = dict(
+            meta._asdict(),  # the launch metadata, in buffers the wrapper owns
             quant=quant,  # None for a plain cache
             # Host copies (plan already synced for its checks) for spec(): the roofline bookkeeping.
             host_ctx=tuple(context_lens.tolist()),
-            host_cu=tuple(cu.tolist()),
-            window_opt=extra.get("window"),
+            host_cu=tuple(meta.cu_seqlens_q.tolist()),
+            window_opt=opts["window"],
             cache_shape=tuple(k_cache.shape),
             dtype=k_cache.dtype,
             q_shape=(q_tokens, q_heads, dim),
-            block_tables=self._persist("block_tables", block_tables),
-            context_lens=self._persist("context_lens", context_lens),
-            cu=self._persist("cu", cu),
-            sm_scale=scale,
-            num_splits=splits,
             workspace=ws,
             config=config,
-            window=extra.get("window") or 0,
-            softcap=float(extra.get("softcap") or 0.0),
-            alibi_slopes=self._persist("alibi_slopes", extra.get("alibi_slopes")),
-            positions=self._persist("positions", extra.get("positions")),
-            tree_mask=self._persist("tree_mask", extra.get("tree_mask")),
-            mask_indptr=self._persist("mask_indptr", extra.get("mask_indptr")),
         )
 
     def _spec_common(self) -> dict:
@@ -541,7 +575,8 @@ class _PlannedAttention:
         return_lse: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attention for the planned batch; q must have the planned shape, the cache the planned layout
-        (a plain k_cache and v_cache, or the planned kind of quantized cache as k_cache alone)."""
+        (a plain k_cache and v_cache, or the planned kind of quantized cache as k_cache alone). The
+        quantized caches run the functional entry point's op: outputs bit-identical to it."""
         p = self._plan
         if p is None:
             raise CodesignError("run() called before plan()")
@@ -550,76 +585,33 @@ class _PlannedAttention:
                 f"q {tuple(q.shape)} {q.dtype} {q.device} does not match the plan "
                 f"{p['q_shape']} {p['dtype']} {self.device}"
             )
-        if p["quant"] is not None or not isinstance(k_cache, torch.Tensor):
-            return self._run_quant(q, k_cache, v_cache, out, lse, return_lse)
-        check_kv_cache(k_cache, v_cache)
-        if (
-            tuple(k_cache.shape) != p["cache_shape"]
-            or k_cache.dtype != p["dtype"]
-            or k_cache.device != q.device
-        ):
-            raise CodesignError(
-                f"cache {tuple(k_cache.shape)} {k_cache.dtype} does not match the plan "
-                f"{p['cache_shape']} {p['dtype']}"
-            )
-        out = torch.empty_like(q) if out is None else out
         want_lse = return_lse or lse is not None
-        if want_lse and lse is None:
-            lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
-        backend = resolve_backend(OP, q.device)
-        check_backend_dtype(backend, q)
-        if backend == "torch":
-            o, l_ = paged_attention_torch(
-                q,
-                k_cache,
-                v_cache,
-                p["block_tables"],
-                p["context_lens"],
-                p["cu"],
-                p["positions"],
-                p["tree_mask"],
-                p["mask_indptr"],
-                p["alibi_slopes"],
-                p["sm_scale"],
-                p["window"],
-                p["softcap"],
-                want_lse,
-            )
-            out.copy_(o)
-            if want_lse:
-                lse.copy_(l_)
+        meta = AttnMeta(*(p[f] for f in AttnMeta._fields))
+        if p["quant"] is not None or not isinstance(k_cache, torch.Tensor):
+            self._check_quant_run(k_cache, v_cache)
+            o, l_ = kqd.launch(p["quant"], q, k_cache, meta, want_lse)
         else:
-            from codesign.kernels.paged_attention_triton import paged_attention_triton
-
-            paged_attention_triton(
-                q,
-                k_cache,
-                v_cache,
-                p["block_tables"],
-                p["context_lens"],
-                p["cu"],
-                out,
-                lse,
-                sm_scale=p["sm_scale"],
-                num_splits=p["num_splits"],
-                is_decode=self.is_decode,
-                positions=p["positions"],
-                tree_mask=p["tree_mask"],
-                mask_indptr=p["mask_indptr"],
-                alibi_slopes=p["alibi_slopes"],
-                window=p["window"],
-                softcap=p["softcap"],
-                workspace=p["workspace"],
-                config=p["config"],
-            )
+            check_kv_cache(k_cache, v_cache)
+            if (
+                tuple(k_cache.shape) != p["cache_shape"]
+                or k_cache.dtype != p["dtype"]
+                or k_cache.device != q.device
+            ):
+                raise CodesignError(
+                    f"cache {tuple(k_cache.shape)} {k_cache.dtype} does not match the plan "
+                    f"{p['cache_shape']} {p['dtype']}"
+                )
+            if attention_backend(q) == "torch":
+                o, l_ = paged_attention_torch(q, k_cache, v_cache, meta, want_lse)
+            else:
+                kw = dict(workspace=p["workspace"], config=p["config"])
+                o, l_ = triton_attention(q, k_cache, v_cache, meta, want_lse, out, lse, **kw)
+        out, lse = _into(out, o), _into(lse, l_)
         return (out, lse) if want_lse else out
 
-    def _run_quant(self, q, cache, v_cache, out, lse, return_lse):
-        """run() over a quantized cache: host-side checks against the plan, then the entry point's op."""
-        from codesign.kernels import kv_quant_dispatch as kqd
-
-        p = self._plan
-        info = p["quant"]
+    def _check_quant_run(self, cache, v_cache) -> None:
+        """run() over a quantized cache: host-side checks against the plan (no sync)."""
+        info = self._plan["quant"]
         if info is None or not kqd.is_quant_cache(cache):
             raise CodesignError(
                 f"run() got a {type(cache).__name__} cache but the plan was made for "
@@ -631,18 +623,12 @@ class _PlannedAttention:
             raise CodesignError(
                 "the quantized cache does not match the plan (tensor shapes, dtypes or format)"
             )
-        want_lse = return_lse or lse is not None
-        o, l_ = kqd.launch(info, q, cache, p, self.is_decode, want_lse)
-        if out is None:
-            out = o
-        else:
-            out.copy_(o)
-        if want_lse:
-            if lse is None:
-                lse = l_
-            else:
-                lse.copy_(l_)
-        return (out, lse) if want_lse else out
+
+
+def _plan_opts(sm_scale, window, softcap, alibi_slopes, num_splits, q_dtype) -> dict:
+    """plan()'s keywords, as `_stage` and `prepare_launch` read them."""
+    return dict(sm_scale=sm_scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                num_splits=num_splits, q_dtype=q_dtype)  # fmt: skip
 
 
 class PagedDecodeWrapper(_PlannedAttention):
@@ -671,12 +657,9 @@ class PagedDecodeWrapper(_PlannedAttention):
     ) -> None:
         """Validate the tables (one host sync) and choose splits and workspace for this batch.
         k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
-        cu = torch.arange(block_tables.shape[0] + 1, dtype=torch.int32, device=self.device)
-        extra = dict(
-            sm_scale=sm_scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes, q_dtype=q_dtype
-        )
+        opts = _plan_opts(sm_scale, window, softcap, alibi_slopes, num_splits, q_dtype)
         self._stage(
-            k_cache, block_tables, context_lens, cu, block_tables.shape[0], num_q_heads, num_splits, extra
+            k_cache, block_tables, context_lens, None, block_tables.shape[0], num_q_heads, NO_TREE, opts
         )
 
 
@@ -715,7 +698,5 @@ class PagedExtendWrapper(_PlannedAttention):
         k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
         check_int_tensor("cu_seqlens_q", cu_seqlens_q, 1, self.device)
         tokens = int(cu_seqlens_q[-1]) if cu_seqlens_q.numel() else 0
-        extra = dict(
-            sm_scale=sm_scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes, q_dtype=q_dtype
-        )
-        self._stage(k_cache, block_tables, context_lens, cu_seqlens_q, tokens, num_q_heads, num_splits, extra)
+        opts = _plan_opts(sm_scale, window, softcap, alibi_slopes, num_splits, q_dtype)
+        self._stage(k_cache, block_tables, context_lens, cu_seqlens_q, tokens, num_q_heads, NO_TREE, opts)

@@ -21,12 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from codesign.kernels.paged_attention import (
-    _paged_attention_op,
-    _PlannedAttention,
-    _resolve_common,
-    check_attention_inputs,
-)
+from codesign.kernels.paged_attention import _plan_opts, _PlannedAttention, attend_plain
 from codesign.specs import CodesignError, TreeAttention, check_nonneg_int
 
 
@@ -113,6 +108,11 @@ class TreeBatch:
     tree_sizes: tuple[int, ...]
     prefix_lens: tuple[int, ...]
 
+    @property
+    def mask_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(positions, tree_mask, mask_indptr): the attention ops' tree arguments."""
+        return self.positions, self.tree_mask, self.mask_indptr
+
 
 def build_tree_batch(
     parents: Sequence[Sequence[int]], prefix_lens: Sequence[int], device: str | torch.device = "cpu"
@@ -177,38 +177,11 @@ def tree_attention(
     prefix + depth (tree tokens) or the cache index (prefix tokens). Returns out (and lse if asked).
     """
     _check_tree_batch(tree, q, block_tables)
-    check_attention_inputs(
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        tree.context_lens,
-        tree.cu_seqlens_q,
-        alibi_slopes,
-        window,
-        softcap,
-        check_data,
+    opts = dict(sm_scale=sm_scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                return_lse=return_lse, num_splits=num_splits, check_data=check_data)  # fmt: skip
+    return attend_plain(
+        q, k_cache, v_cache, block_tables, tree.context_lens, tree.cu_seqlens_q, tree.mask_args, opts
     )
-    scale, splits = _resolve_common(q, sm_scale, num_splits, k_cache, block_tables, False)
-    out, lse = _paged_attention_op(
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        tree.context_lens,
-        tree.cu_seqlens_q,
-        tree.positions,
-        tree.tree_mask,
-        tree.mask_indptr,
-        alibi_slopes,
-        scale,
-        window or 0,
-        float(softcap or 0.0),
-        splits,
-        False,
-        return_lse,
-    )
-    return (out, lse) if return_lse else out
 
 
 class TreeAttentionWrapper(_PlannedAttention):
@@ -233,26 +206,9 @@ class TreeAttentionWrapper(_PlannedAttention):
 
         k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
         tree = build_tree_batch(parents, prefix_lens, self.device)
-        extra = dict(
-            q_dtype=q_dtype,
-            sm_scale=sm_scale,
-            window=window,
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-            positions=tree.positions,
-            tree_mask=tree.tree_mask,
-            mask_indptr=tree.mask_indptr,
-        )
-        self._stage(
-            k_cache,
-            block_tables,
-            tree.context_lens,
-            tree.cu_seqlens_q,
-            sum(tree.tree_sizes),
-            num_q_heads,
-            num_splits,
-            extra,
-        )
+        opts = _plan_opts(sm_scale, window, softcap, alibi_slopes, num_splits, q_dtype)
+        self._stage(k_cache, block_tables, tree.context_lens, tree.cu_seqlens_q, sum(tree.tree_sizes),
+                    num_q_heads, tree.mask_args, opts)  # fmt: skip
         self._tree = tree
         self._pairs = tuple(TreeAttention.pairs_from_parents(check_parents(par)) for par in parents)
         return tree

@@ -73,3 +73,11 @@ def shuffled_block_tables(ctx, block_size: int, spare: int = 2) -> tuple[torch.T
         bt[b, :n] = perm[pos : pos + n]
         pos += n
     return bt, nb
+
+
+def seq_slots(block_tables: torch.Tensor, b: int, n: int, block_size: int) -> torch.Tensor:
+    """int32 cache slots (block * block_size + offset) of tokens 0..n-1 of sequence b (tables row b)."""
+    return torch.tensor(
+        [int(block_tables[b, t // block_size]) * block_size + t % block_size for t in range(n)],
+        dtype=torch.int32,
+    )

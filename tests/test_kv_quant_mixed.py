@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import assert_rel_close, seq_slots, shuffled_block_tables
 from paged_attention_ref import reference_attention
 
 from codesign.accel_model import kv_quant_engine as eng
@@ -34,14 +34,7 @@ def test_cocktail_policy_ranks_chunks_by_query_similarity():
 
 
 def _setup(ctx):
-    need = [-(-c // BS) for c in ctx]
-    nb = sum(need) + 2
-    bt = torch.randperm(nb)[: sum(need)].to(torch.int32)
-    tables = torch.zeros(len(ctx), max(need) + 1, dtype=torch.int32)
-    pos = 0
-    for b, n in enumerate(need):
-        tables[b, :n] = bt[pos : pos + n]
-        pos += n
+    tables, nb = shuffled_block_tables(ctx, BS)
     cache = MixedPagedKV.empty(nb, BS, H, D)
     cache.k_codes.random_(0, 256)
     cache.k_meta.fill_(float("nan"))  # poison: unused slots
@@ -52,7 +45,7 @@ def _setup(ctx):
         q_recent = torch.randn(2, 2 * H, D)
         chunks = [k[i : i + BS] for i in range(0, c, BS)]
         cache.set_block_bits(tables[b, : len(chunks)].tolist(), cocktail_bits(q_recent, chunks, 1 / 3, 1 / 3))
-        slots += [int(tables[b, t // BS]) * BS + t % BS for t in range(c)]
+        slots += seq_slots(tables, b, c, BS).tolist()
         ks.append(k)
         vs.append(v)
     k, v = torch.cat(ks), torch.cat(vs)

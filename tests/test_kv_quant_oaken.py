@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_rel_close, shuffled_block_tables
+from helpers import assert_rel_close, seq_slots, shuffled_block_tables
 from paged_attention_ref import reference_attention
 
 from codesign.backend import use_backend
@@ -31,10 +31,7 @@ def _setup(ctx, bits=4):
     cache.k_meta.fill_(float("nan"))  # poison the slots nothing writes
     cache.v_meta.fill_(float("nan"))
     for b, (k, v) in enumerate(xs):  # token by token, sequences interleaved in one call
-        slots = torch.tensor(
-            [int(bt[b, t // BS]) * BS + t % BS for t in range(k.shape[0])], dtype=torch.int32
-        )
-        cache.write(k, v, slots)
+        cache.write(k, v, seq_slots(bt, b, k.shape[0], BS))
     return cache, bt, torch.tensor(ctx, dtype=torch.int32), xs, thr
 
 

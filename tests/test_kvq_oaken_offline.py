@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import assert_rel_close, shuffled_block_tables
+from helpers import assert_rel_close, seq_slots, shuffled_block_tables
 from paged_attention_ref import reference_attention
 
 from codesign.accel_model import kv_quant_engine as eng
@@ -39,10 +39,7 @@ def _setup(ctx, bits=4, calib_ctx=40):
     cache.k_codes.fill_(0xA5)  # poison: slots nothing writes must never be read
     cache.v_meta.fill_(0xFF)
     for b, (k, v) in enumerate(xs):  # token by token, the online rule
-        slots = torch.tensor(
-            [int(bt[b, t // BS]) * BS + t % BS for t in range(k.shape[0])], dtype=torch.int32
-        )
-        cache.write(k, v, slots)
+        cache.write(k, v, seq_slots(bt, b, k.shape[0], BS))
     return cache, bt, torch.tensor(ctx, dtype=torch.int32), xs, thr, grid
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import shuffled_block_tables
+from helpers import seq_slots, shuffled_block_tables
 
 from codesign.backend import use_backend
 from codesign.kernels import kv_quant as kvq
@@ -31,9 +31,7 @@ CAP = 3
 
 def _tables(ctx):
     bt, nb = shuffled_block_tables(ctx, BS)
-    slots = torch.cat(
-        [torch.tensor([int(bt[b, t // BS]) * BS + t % BS for t in range(c)]) for b, c in enumerate(ctx)]
-    ).to(torch.int32)
+    slots = torch.cat([seq_slots(bt, b, c, BS) for b, c in enumerate(ctx)])
     return nb, bt, torch.tensor(ctx, dtype=torch.int32), slots
 
 
@@ -194,3 +192,15 @@ def test_run_refuses_mismatched_caches():
     mixed.block_bits[0] = 3
     with pytest.raises(CodesignError, match="block_bits"):
         w.plan(mixed, bt, cl, HQ, q_dtype=torch.float32)
+
+
+def test_misspelt_keyword_is_refused_not_ignored():
+    """The quantized entry points take **kw: a typo (num_split) must raise, not silently do nothing."""
+    from codesign.specs import CodesignError
+
+    ctx = [5, 9]
+    bt, nb = shuffled_block_tables(ctx, BS)
+    cache = QuantPagedKV.empty(nb, BS, H, D, "int8")
+    q = torch.randn(len(ctx), 2 * H, D)
+    with pytest.raises(CodesignError, match="unknown attention keyword.*num_split"):
+        kvq_decode_attention(q, cache, bt, torch.tensor(ctx, dtype=torch.int32), num_split=2)
