@@ -3,7 +3,9 @@
 Each adapter launches the kernel's own public launcher inside `lookup.forced_config(table_op, cfg)`,
 so the tuner times exactly the code path a serving call takes, with the config the table would
 hand it. Shapes:
-    w4a16_gemm / w8a16_gemm: M, N, K, G (group size along K; G = K or 0 for per-channel)
+    w4a16_gemm / w8a16_gemm: M, N, K, G (group size along K; G = K or 0 for per-channel), optional
+                             SPLITK (1 split-K, 0 tiled) pinning the kernel variant; without it the
+                             default rule's variant (M <= 16: split-K); `expand` gives both
     w8a8_gemm / fp8_gemm:    M, N, K (per-token int8 / e4m3 activations, per-channel weights)
     (more: adapters_kvq.py quantized-KV decode attention, adapters_act.py the activation quantizer,
     adapters_df11.py the fused DF11 GEMM)
@@ -34,7 +36,7 @@ def _need(shape: Shape, names: tuple[str, ...], op: str) -> None:
     extra = [n for n in shape if n not in names]
     if missing or extra:
         raise CodesignError(f"shape for {op}: expected dims {', '.join(names)}; got {shape}")
-    bad = [n for n in names if shape[n] < (0 if n == "G" else 1)]
+    bad = [n for n in names if shape[n] < (0 if n in ("G", "SPLITK") else 1)]
     if bad:
         raise CodesignError(f"shape for {op}: dims {bad} must be positive, got {shape}")
 
@@ -48,7 +50,13 @@ def _pow2_cap(n: int, lo: int = 16) -> int:
 
 
 class WeightOnlyGemm:
-    """w4a16_gemm / w8a16_gemm: Y = X @ dequant(W)^T, split-K variant for M <= 16, tiled otherwise."""
+    """w4a16_gemm / w8a16_gemm: Y = X @ dequant(W)^T by the split-K or the tiled kernel variant.
+
+    Each variant has its own table ("<name>_splitk", "<name>_tiled") and space; which variant runs is
+    the table "<name>_variant" (`variant_op`), exported from the two variants' best times at the same
+    (shape key, M) (`export.export_variant_table`; `variant_configs` maps each variant's table to its
+    entry there). A shape with SPLITK tunes that variant; `expand` turns a shape into both.
+    """
 
     source_modules = ("codesign.kernels.quant_gemm_triton",)
 
@@ -57,12 +65,18 @@ class WeightOnlyGemm:
 
         self.bits = bits
         self.name = f"w{bits}a16_gemm"
+        self.variant_op = f"{self.name}_variant"
+        self.variant_configs = {f"{self.name}_splitk": {"SPLITK": 1}, f"{self.name}_tiled": {"SPLITK": 0}}
 
     def _group(self, shape: Shape) -> int:
         return shape["K"] if shape["G"] in (0, shape["K"]) else shape["G"]
 
     def check_shape(self, shape: Shape) -> None:
-        _need(shape, ("M", "N", "K", "G"), self.name)
+        _need(shape, ("M", "N", "K", "G", "SPLITK") if "SPLITK" in shape else ("M", "N", "K", "G"), self.name)
+        if shape.get("SPLITK", 0) not in (0, 1):
+            raise CodesignError(
+                f"shape for {self.name}: SPLITK must be 1 (split-K) or 0 (tiled), got {shape}"
+            )
         g = self._group(shape)
         if g not in (32, 64, 128, shape["K"]) or shape["K"] % g or shape["K"] % (32 // self.bits):
             raise CodesignError(
@@ -73,7 +87,13 @@ class WeightOnlyGemm:
     def _variant(self, shape: Shape) -> str:
         from codesign.kernels.quant_gemm_triton import choose_variant
 
-        return choose_variant(shape["M"])
+        if "SPLITK" in shape:
+            return "splitk" if shape["SPLITK"] else "tiled"
+        return choose_variant(shape["M"])  # the default rule (no device: no table)
+
+    def expand(self, shape: Shape) -> list[Shape]:
+        """`shape` once per kernel variant (SPLITK 1, then 0), so both are timed at the same M."""
+        return [shape] if "SPLITK" in shape else [{**shape, "SPLITK": 1}, {**shape, "SPLITK": 0}]
 
     def table_op(self, shape: Shape) -> str:
         return f"{self.name}_{self._variant(shape)}"
@@ -133,6 +153,7 @@ class WeightOnlyGemm:
             "x": x.to(device), "qweight": qw.qweight.to(device), "scales": qw.scales.to(device),
             "out": torch.empty(shape["M"], shape["N"], dtype=dtype, device=device),
             "group": qw.group, "table_op": self.table_op(shape), "qw_cpu": qw, "x_cpu": x,
+            "variant": {"SPLITK": int(self._variant(shape) == "splitk")},
         }  # fmt: skip
 
     def input_bytes(self, inputs: dict[str, Any]) -> int:
@@ -145,7 +166,8 @@ class WeightOnlyGemm:
         from codesign.kernels.quant_gemm_triton import wq_gemm
 
         i = inputs
-        with forced_config(i["table_op"], config):
+        # The variant is forced too: a variant table on this GPU must not send the candidate elsewhere.
+        with forced_config(self.variant_op, i["variant"]), forced_config(i["table_op"], config):
             wq_gemm(i["x"], i["qweight"], i["scales"], None, None, self.bits, i["group"], i["out"])
         return i["out"]
 

@@ -1,4 +1,5 @@
-"""Tunable adapter for the fused DF11 decode + GEMM (`df11_linear.df11_gemm`, kernel `df11_gemm`).
+"""Tunable adapters for the DF11 kernels: the fused decode + GEMM (`df11_linear.df11_gemm`, kernel
+`df11_gemm`), and the decoder and fused GEMV of `df11_triton` (`DF11Decode`, `DF11Gemv`, below).
 
 Shape: M (rows of x), N, K (the weight [N, K]), optionally seg (columns per row-segment index
 entry; default the kernel's DEFAULT_SEGMENT, which serving uses; tests pass a small one so the
@@ -113,13 +114,135 @@ class DF11Gemm:
 
 
 @functools.lru_cache(maxsize=2)
-def _packed_weight(n: int, k: int, seg: int) -> tuple[torch.Tensor, Any]:
-    """(W bf16 [n, k] with std 0.02, its PackedDF11 on the CPU with the row-segment index)."""
+def _packed_weight(n: int, k: int, seg: int | None, chunk_bytes: int | None = None,
+                   chunks_per_group: int | None = None) -> tuple[torch.Tensor, Any]:  # fmt: skip
+    """(W bf16 [n, k] with std 0.02, its PackedDF11 on the CPU): the codec's chunk geometry unless given,
+    with the row-segment index of `seg` columns when seg is not None."""
     from codesign.kernels import df11_codec as codec
     from codesign.kernels.df11_linear import PackedDF11
 
     w = (torch.randn(n, k, generator=_gen(n * 7919 + k), dtype=torch.float64) * 0.02).to(torch.bfloat16)
-    return w, PackedDF11(codec.compress(w), "cpu", segment=seg)
+    geometry = {"chunk_bytes": chunk_bytes, "chunks_per_group": chunks_per_group}
+    df = codec.compress(w, **{name: v for name, v in geometry.items() if v is not None})
+    return w, PackedDF11(df, "cpu", segment=seg)
+
+
+class DF11Decode:
+    """df11_decode: the two-phase decoder's bf16 bits of W [N, K] (`PackedDF11.decode_into`), bit-exact.
+
+    Shape: N, K, optionally chunk_bytes and chunks_per_group (the container geometry; default the codec's,
+    which `compress_model_` uses). Table op "df11_decode", key (chunk_bytes, chunks_per_group), bucketed
+    dimension N * K (the weights decoded). Tuned: num_warps; the lanes per program are the container's
+    chunks_per_group, fixed when it was compressed. The reference is W's own bits (tolerance 0).
+    """
+
+    name = "df11_decode"
+    source_modules = ("codesign.kernels.df11_triton",)
+
+    def __init__(self) -> None:
+        from codesign.kernels import df11_codec as codec  # unavailable kernel -> ImportError
+        from codesign.kernels import df11_triton  # noqa: F401
+
+        self.defaults = {
+            "chunk_bytes": codec.DEFAULT_CHUNK_BYTES,
+            "chunks_per_group": codec.DEFAULT_CHUNKS_PER_GROUP,
+        }
+
+    def _geometry(self, shape: Shape) -> tuple[int, int]:
+        g = {**self.defaults, **shape}
+        return g["chunk_bytes"], g["chunks_per_group"]
+
+    def check_shape(self, shape: Shape) -> None:
+        allowed = {"N", "K", "chunk_bytes", "chunks_per_group"}
+        if not {"N", "K"} <= set(shape) <= allowed or min(shape.values()) < 1:
+            raise CodesignError(
+                f"shape for {self.name}: expected positive dims N, K (and chunk_bytes, chunks_per_group); "
+                f"got {shape}"
+            )
+
+    def table_op(self, shape: Shape) -> str:
+        return self.name
+
+    def table_key(self, shape: Shape) -> str:
+        c, b = self._geometry(shape)
+        return shape_key(chunk_bytes=c, chunks_per_group=b)
+
+    def m(self, shape: Shape) -> int:
+        return shape["N"] * shape["K"]
+
+    def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
+        lanes = self._geometry(shape)[1]
+        # One lane per chunk: warps beyond lanes / 32 would only hold copies of the same lanes.
+        return ConfigSpace(
+            params={"num_warps": [1, 2, 4, 8, 16] if on_gpu else [1, 2]},
+            valid=lambda c: 32 * c["num_warps"] <= max(32, lanes),
+            resources=lambda c: Resources(0, 12 * max(1, lanes // (32 * c["num_warps"])) + 40),
+        )
+
+    def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
+        w, packed_cpu = _packed_weight(shape["N"], shape["K"], None, *self._geometry(shape))
+        packed = copy.deepcopy(packed_cpu).to(device)
+        out = torch.empty(packed.numel, dtype=torch.int16, device=device)
+        return {"packed": packed, "out": out, "bits": w.view(torch.int16).reshape(-1), "w": w}
+
+    def input_bytes(self, inputs: dict[str, Any]) -> int:
+        return int(inputs["packed"].nbytes)
+
+    def poison(self, inputs: dict[str, Any]) -> None:
+        # The complement of every expected pattern: any element left unwritten shows.
+        inputs["out"].copy_(~inputs["bits"].to(inputs["out"].device))
+
+    def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
+        from codesign.backend import use_backend
+
+        with use_backend("triton", op="df11_decode"), forced_config(self.name, config):
+            inputs["packed"].decode_into(inputs["out"], check=False)
+        return inputs["out"]
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        return inputs["bits"].double()
+
+    def tolerance(self, dtype: torch.dtype) -> float:
+        return 0.0  # lossless: the decoded bits are the weight's bits
+
+
+class DF11Gemv(DF11Decode):
+    """df11_gemv: y[N] = W[N, K] @ x[K] with W decoded in registers (`df11_linear.df11_gemv`), M = 1.
+
+    Same shape, key and space as df11_decode (table op "df11_gemv"); x is bf16 (the kernel moves bf16
+    bits, so it also runs in the interpreter); the reference is W @ x in fp64; the output is bf16.
+    """
+
+    name = "df11_gemv"
+
+    def __init__(self) -> None:
+        super().__init__()
+        from codesign.kernels.df11_linear import df11_gemv  # noqa: F401
+
+    def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
+        inputs = super().make_inputs(shape, dtype, device, seed)
+        x = torch.randn(shape["K"], generator=_gen(seed), dtype=torch.float64).to(torch.bfloat16)
+        return {**inputs, "x": x.to(device), "ref": inputs["w"].double() @ x.double()}
+
+    def input_bytes(self, inputs: dict[str, Any]) -> int:
+        return int(inputs["packed"].nbytes) + inputs["x"].numel() * 2
+
+    def poison(self, inputs: dict[str, Any]) -> None:
+        pass  # y is zeroed by the launcher: a config that writes nothing returns zeros (relative error 1)
+
+    def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
+        from codesign.kernels.df11_linear import df11_gemv
+
+        with forced_config(self.name, config):
+            return df11_gemv(inputs["packed"], inputs["x"], None, check=False)
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        return inputs["ref"]
+
+    def tolerance(self, dtype: torch.dtype) -> float:
+        return TOLERANCE
 
 
 register(TABLE_OP, DF11Gemm)
+register("df11_decode", DF11Decode)
+register("df11_gemv", DF11Gemv)

@@ -22,6 +22,11 @@ Optional:
                          float tensor (e.g. codes and scales); only the check pays for it, not the timing
     forced_ops           table op names `run` forces the config under, when the kernel reads another
                          name than table_op (the quantized-KV attention adapters; tests check it)
+Optional, for a kernel with variants (each its own table op and space; the weight-only GEMMs):
+    expand(shape) -> list[Shape]   one shape per variant (`codesign tune --variants all`)
+    variant_op                     the table the kernel reads to pick its variant
+    variant_configs                variant table op -> that variant's entry in the variant_op table
+                                   (`export.export_variant_table` writes the faster one per shape and M)
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ BUILTIN_ADAPTERS = (
     "codesign.autotune.adapters_kvq",
     "codesign.autotune.adapters_act",
     "codesign.autotune.adapters_df11",
+    "codesign.autotune.adapters_kvwrite",
 )
 
 
@@ -109,6 +115,12 @@ def available_ops() -> list[str]:
             continue
         out.append(name)
     return out
+
+
+def expand_variants(op: TunableOp, shapes: list[Shape]) -> list[Shape]:
+    """Each shape once per kernel variant of `op` (its `expand`); unchanged for an op with one variant."""
+    expand = getattr(op, "expand", None)
+    return shapes if expand is None else [v for s in shapes for v in expand(s)]
 
 
 def parse_shape(text: str) -> Shape:

@@ -3,6 +3,7 @@
     codesign tune --op w4a16_gemm --shape M=1,N=4096,K=4096,G=128 --shape M=16,N=4096,K=4096,G=128
     codesign tune --op w4a16_gemm --model llama-3-8b --batch 1 16 64 256 --strategy tpe --max-evals 60
     codesign tune --op paged_attention --model llama-3-8b --batch 1 32 --ctx 4096 --export
+    codesign tune --op w4a16_gemm --model llama-3-8b --variants all --export   # + which variant per M
     codesign tune --export                      # tables from everything in the cache for this GPU
     codesign tune --list                        # tunable ops available here
 
@@ -11,8 +12,11 @@ made, so an interrupted run resumes. --isolate (the default on a GPU) tunes in a
 supervisor restarts when a config crashes it (segfault, abort, illegal memory access): the crashing
 config is recorded as failed from its in-flight marker and never tried again (see isolate.py).
 --export writes `<out-dir>/<gpu-slug>/<op>.json` atomically (default out-dir: the tables shipped in
-codesign/autotune/configs). --import MODULE registers extra tunable ops. Without a GPU, --device cpu tunes
-through the Triton interpreter with a CPU timer (for testing the path, not for tables users ship).
+codesign/autotune/configs). --variants all tunes every kernel variant of an op that has several (the
+weight-only GEMMs: split-K and tiled) at each shape, and --export then also writes the op's variant
+table: per shape and M, the variant whose best config was fastest (the kernel reads it at run time).
+--import MODULE registers extra tunable ops. Without a GPU, --device cpu tunes through the Triton
+interpreter with a CPU timer (for testing the path, not for tables users ship).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--block-size", type=int, default=16, help="KV block size for paged_attention with --model"
     )
+    p.add_argument("--variants", default="default", choices=("default", "all"),
+                   help="all: tune each kernel variant per shape (default: the default rule's variant)")  # fmt: skip
     p.add_argument("--strategy", default="tpe", choices=("exhaustive", "random", "tpe"))
     p.add_argument("--max-evals", type=int, default=None, help="new measurements per shape")
     p.add_argument("--max-seconds", type=float, default=None, help="wall-time budget per shape")
@@ -75,6 +81,10 @@ def shapes_from_model(
     nk = sorted(set(cfg.linear_shapes().values()))
     if op == "quantize_per_token":  # the activations entering each linear layer: one row length K each
         return [{"M": b, "K": k} for k in sorted({k for _, k in nk}) for b in batches]
+    if op == "kv_write" or op.startswith("kv_write_"):  # a layer's new K/V: M tokens of [kv_heads, head_dim]
+        return [{"M": b, "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim} for b in batches]
+    if op in ("df11_decode", "df11_gemv"):  # one container per weight matrix (default chunk geometry)
+        return [{"N": n, "K": k} for n, k in nk]
     extra = {"G": group} if op in ("w4a16_gemm", "w8a16_gemm") else {}
     return [{"M": b, "N": n, "K": k, **extra} for n, k in nk for b in batches]
 
@@ -125,8 +135,8 @@ def _run(args: argparse.Namespace) -> int:
 
     from codesign.autotune import lookup
     from codesign.autotune.cache import TuningCache
-    from codesign.autotune.export import export_table
-    from codesign.autotune.ops import available_ops, get_op, parse_shape, registered_ops
+    from codesign.autotune.export import export_table, export_variant_table
+    from codesign.autotune.ops import available_ops, expand_variants, get_op, parse_shape, registered_ops
     from codesign.autotune.strategies import Budget
     from codesign.autotune.tuner import CPU_GPU_NAME, DTYPES, Tuner
 
@@ -149,6 +159,7 @@ def _run(args: argparse.Namespace) -> int:
         raise CodesignError("give --op (with --shape or --model), --export, or --list")
     results = []
     ops_touched: dict[str, tuple[str, ...]] = {}
+    variant_owners = []  # ops with kernel variants whose tables were touched (their variant table follows)
     if args.op:
         op = get_op(args.op)
         shapes = [parse_shape(s) for s in args.shape]
@@ -158,6 +169,10 @@ def _run(args: argparse.Namespace) -> int:
             )
         if not shapes:
             raise CodesignError("--op needs --shape or --model")
+        if args.variants == "all":
+            shapes = expand_variants(op, shapes)
+        if hasattr(op, "variant_op"):
+            variant_owners.append(op)
         for s in shapes:
             op.check_shape(s)  # all shapes checked before anything is launched
         budget = Budget(args.max_evals, args.max_seconds)
@@ -203,6 +218,8 @@ def _run(args: argparse.Namespace) -> int:
                 for t in list(ops_touched):
                     if t == name or t.startswith(name + "_"):
                         ops_touched[t] = o.source_modules
+                if set(getattr(o, "variant_configs", ())) & set(ops_touched):
+                    variant_owners.append(o)
         root = args.out_dir or lookup.SHIPPED_ROOT
         for table_op, modules in sorted(ops_touched.items()):
             if not modules:
@@ -210,4 +227,10 @@ def _run(args: argparse.Namespace) -> int:
                 continue
             path = export_table(cache, gpu, table_op, modules, dtype_name, root)
             print(f"wrote {path}" if path else f"nothing to export for {table_op} ({dtype_name})")
+        for o in variant_owners:  # written only where every variant was timed at the same shape and M
+            path = export_variant_table(
+                cache, gpu, o.variant_op, o.variant_configs, o.source_modules, dtype_name, root
+            )
+            if path:
+                print(f"wrote {path}")
     return 0

@@ -8,6 +8,10 @@ layout >= 85 % of copy bandwidth; a 64-node tree over a 4k prefix at batch 16 <=
 extend of 64 tokens over the same prefix. Times use CUDA graphs where capture works (it also
 checks that `run()` is capturable), else `triton.testing.do_bench`.
 
+Smoke mode (`gpu_suite.py --smoke`): the same cases (chosen and skipped on their real sizes) shrunk
+by `gpu_suite.smoke_shape`, bf16 rows skipped (the interpreter computes bf16 wrongly; extend and tree,
+bf16 only, run float16), one CPU-timed call per case, no FlashInfer / vLLM.
+
 Standalone: python bench/gpu_attention.py  (prints the report as JSON).
 """
 
@@ -16,6 +20,8 @@ from __future__ import annotations
 import functools
 import json
 import random
+import sys
+from pathlib import Path
 from typing import Any
 
 LAYOUTS = {"llama3-8b": (32, 8, 128), "llama2-70b": (64, 8, 128)}  # q heads, kv heads, head_dim
@@ -25,43 +31,57 @@ BLOCK_SIZE = 16
 MAX_KV_BYTES = 24 * 2**30  # skip cases whose K+V cache would exceed this (keeps the suite short)
 
 
-def _time_ms(fn, graph: bool = True) -> tuple[float, bool]:
+def _default_mode(mode: Any) -> Any:
+    """The suite's run mode; standalone runs get the suite's GPU mode."""
+    if mode is not None:
+        return mode
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_suite import GPU
+
+    return GPU
+
+
+def _time_ms(fn, graph: bool = True, mode: Any = None) -> tuple[float, bool]:
     import torch
     import triton.testing as tt
 
+    if mode is not None and mode.smoke:
+        return mode.time_ms(fn), False
     if graph:
         try:
-            return float(tt.do_bench_cudagraph(fn, rep=50)), True
+            return float(tt.do_bench_cudagraph(fn, rep=50, return_mode="median")), True
         except Exception:  # noqa: BLE001 - capture may fail for third-party kernels; fall back
             torch.cuda.synchronize()
-    return float(tt.do_bench(fn, warmup=10, rep=50)), False
+    return float(tt.do_bench(fn, warmup=10, rep=50, return_mode="median")), False
 
 
-def copy_bandwidth() -> float:
+def copy_bandwidth(mode: Any = None) -> float:
     """Device-to-device copy bandwidth in bytes/s (read + write of a 2 GiB buffer)."""
     import torch
 
-    src = torch.empty(2**31, dtype=torch.uint8, device="cuda")
+    mode = _default_mode(mode)
+    n = mode.scale(copy=2**31)["copy"]
+    src = torch.randint(0, 256, (n,), dtype=torch.uint8, device=mode.device)  # random data, not zeros
     dst = torch.empty_like(src)
-    ms, _ = _time_ms(lambda: dst.copy_(src), graph=False)
+    ms, _ = _time_ms(lambda: dst.copy_(src), graph=False, mode=mode)
     return 2 * src.numel() / (ms * 1e-3)
 
 
-def _cache(ctx: list[int], hkv: int, dim: int, dtype):
+def _cache(ctx: list[int], hkv: int, dim: int, dtype, device: str = "cuda"):
     import torch
 
     need = [-(-c // BLOCK_SIZE) for c in ctx]
     nb = sum(need)
-    k = torch.randn(nb, BLOCK_SIZE, hkv, dim, dtype=dtype, device="cuda")
+    k = torch.randn(nb, BLOCK_SIZE, hkv, dim, dtype=dtype, device=device)
     v = torch.randn_like(k)
-    perm = torch.randperm(nb, device="cuda").to(torch.int32)  # fragmented, like a long-running server
-    bt = torch.zeros(len(ctx), max(need), dtype=torch.int32, device="cuda")
+    perm = torch.randperm(nb, device=device).to(torch.int32)  # fragmented, like a long-running server
+    bt = torch.zeros(len(ctx), max(need), dtype=torch.int32, device=device)
     offs = [0]
     for n in need:
         offs.append(offs[-1] + n)
     for b, n in enumerate(need):
         bt[b, :n] = perm[offs[b] : offs[b + 1]]
-    return k, v, bt, torch.tensor(ctx, dtype=torch.int32, device="cuda"), perm, offs
+    return k, v, bt, torch.tensor(ctx, dtype=torch.int32, device=device), perm, offs
 
 
 def _flashinfer_decode_ms(q, k, v, perm, offs, ctx, hq, hkv, dim) -> float | str:
@@ -104,101 +124,140 @@ def _row(kind: str, spec, ms: float, copy_bw: float, hbm_bw: float | None, **ext
     )
 
 
-def _check_vs_torch(w, q, k, v, out) -> float:
-    """Max |kernel - torch implementation| for the planned batch (guards against timing a wrong kernel)."""
+# ||kernel - torch path||_F / ||torch path||_F bounds per output dtype (one rounding of the output,
+# fp32 accumulation in another order); a wrong kernel (a missed block, a stray read) is O(1).
+REL_ERR_BOUND = {"torch.float16": 3e-3, "torch.bfloat16": 1.5e-2, "torch.float32": 1e-3}
+
+
+def _check_vs_torch(w, q, k, v, out) -> dict[str, Any]:
+    """Kernel output `out` vs the torch implementation for the planned batch (guards against timing a
+    wrong kernel): max |difference|, relative Frobenius error, its bound and whether it holds."""
+    import torch
+
     from codesign.backend import use_backend
 
     with use_backend("torch"):
         ref = w.run(q, k, v)
-    return float((out.float() - ref.float()).abs().max())
+    diff = out.float() - ref.float()
+    rel = float(torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(ref.float()))
+    bound = REL_ERR_BOUND[str(out.dtype)]
+    return dict(max_err_vs_torch=float(diff.abs().max()), rel_err_vs_torch=rel, rel_err_bound=bound,
+                check_ok=rel <= bound)  # fmt: skip
 
 
-def _decode_rows(copy_bw: float, hbm_bw: float | None, dtype) -> list[dict]:
+def _decode_rows(copy_bw: float, hbm_bw: float | None, dtype, mode: Any = None) -> list[dict]:
     import torch
 
     from codesign.kernels.paged_attention import PagedDecodeWrapper
 
+    mode = _default_mode(mode)
+    dev = mode.device
     rows = []
-    for model, (hq, hkv, dim) in LAYOUTS.items():
-        for batch in BATCHES:
-            for ctx_len in CONTEXTS:
-                kv_bytes = 2 * batch * ctx_len * hkv * dim * 2
-                case = dict(model=model, batch=batch, context=ctx_len, dtype=str(dtype))
+    seen = set()
+    for model, (hq0, hkv0, dim) in LAYOUTS.items():
+        for batch0 in BATCHES:
+            for ctx0 in CONTEXTS:
+                kv_bytes = 2 * batch0 * ctx0 * hkv0 * dim * 2  # decided on the real sizes, also in smoke
+                case = dict(model=model, batch=batch0, context=ctx0, dtype=str(dtype))
                 if kv_bytes > MAX_KV_BYTES:
                     rows.append(dict(kind="decode", skipped=f"cache {kv_bytes / 2**30:.0f} GiB", **case))
                     continue
+                d = mode.scale(batch=batch0, ctx=ctx0, q_heads=hq0, kv_heads=hkv0)
+                batch, ctx_len, hq, hkv = d["batch"], d["ctx"], d["q_heads"], d["kv_heads"]
+                if mode.smoke:  # several real cases share one stand-in: run it once
+                    if (model, batch, ctx_len) in seen:
+                        continue
+                    seen.add((model, batch, ctx_len))
+                    case.update(smoke_batch=batch, smoke_context=ctx_len, smoke_heads=(hq, hkv))
                 ctx = [ctx_len] * batch
-                k, v, bt, cl, perm, offs = _cache(ctx, hkv, dim, dtype)
-                q = torch.randn(batch, hq, dim, dtype=dtype, device="cuda")
-                w = PagedDecodeWrapper("cuda")
+                k, v, bt, cl, perm, offs = _cache(ctx, hkv, dim, dtype, dev)
+                q = torch.randn(batch, hq, dim, dtype=dtype, device=dev)
+                w = PagedDecodeWrapper(dev)
                 w.plan(k, bt, cl, hq)
-                out = torch.empty_like(q)
-                ms, graphed = _time_ms(functools.partial(w.run, q, k, v, out=out))
+                out = torch.full_like(q, float("nan"))  # poisoned: an unwritten element fails the check
+                ms, graphed = _time_ms(functools.partial(w.run, q, k, v, out=out), mode=mode)
                 extra = dict(graphed=graphed, num_splits=w._plan["num_splits"], **case)
-                if batch * ctx_len <= 16 * 4096:
-                    extra["max_err_vs_torch"] = _check_vs_torch(w, q, k, v, out)
-                extra["flashinfer_ms"] = _flashinfer_decode_ms(q, k, v, perm, offs, ctx, hq, hkv, dim)
-                extra["vllm_ms"] = _vllm_decode_ms(q, k, v, bt, cl)
+                if batch0 * ctx0 <= 16 * 4096:
+                    extra.update(_check_vs_torch(w, q, k, v, out))
+                if mode.smoke:
+                    extra["flashinfer_ms"] = extra["vllm_ms"] = "skipped in smoke mode (needs CUDA)"
+                else:
+                    extra["flashinfer_ms"] = _flashinfer_decode_ms(q, k, v, perm, offs, ctx, hq, hkv, dim)
+                    extra["vllm_ms"] = _vllm_decode_ms(q, k, v, bt, cl)
                 rows.append(_row("decode", w.spec(), ms, copy_bw, hbm_bw, **extra))
                 k = v = None  # free the cache before the next case
-                torch.cuda.empty_cache()
+                mode.empty_cache()
     return rows
 
 
-def _extend_and_tree_rows(copy_bw: float, hbm_bw: float | None, dtype) -> list[dict]:
+EXTEND_CASES = ((16, 64, 4096), (8, 512, 4096), (4, 2048, 0))  # (batch, new tokens, prefix); tree: the first
+
+
+def _extend_and_tree_rows(copy_bw: float, hbm_bw: float | None, dtype, mode: Any = None) -> list[dict]:
     import torch
 
     from codesign.kernels.paged_attention import PagedExtendWrapper
     from codesign.kernels.tree_attention import TreeAttentionWrapper
 
-    hq, hkv, dim = LAYOUTS["llama3-8b"]
+    mode = _default_mode(mode)
+    dev = mode.device
+    hq0, hkv0, dim = LAYOUTS["llama3-8b"]
     rows = []
-    for batch, q_len, prefix in ((16, 64, 4096), (8, 512, 4096), (4, 2048, 0)):
+    for case0 in EXTEND_CASES:
+        d = mode.scale(batch=case0[0], q_len=case0[1], prefix=case0[2], q_heads=hq0, kv_heads=hkv0)
+        batch, q_len, prefix, hq, hkv = d["batch"], d["q_len"], d["prefix"], d["q_heads"], d["kv_heads"]
         case = dict(batch=batch, q_len=q_len, prefix=prefix, dtype=str(dtype))
-        k, v, bt, cl, _, _ = _cache([prefix + q_len] * batch, hkv, dim, dtype)
-        cu = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device="cuda")
-        w = PagedExtendWrapper("cuda")
+        if mode.smoke:
+            case["real"] = case0
+        k, v, bt, cl, _, _ = _cache([prefix + q_len] * batch, hkv, dim, dtype, dev)
+        cu = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=dev)
+        w = PagedExtendWrapper(dev)
         w.plan(k, bt, cl, cu, hq)
-        q = torch.randn(batch * q_len, hq, dim, dtype=dtype, device="cuda")
-        out = torch.empty_like(q)
-        ms, graphed = _time_ms(functools.partial(w.run, q, k, v, out=out))
-        err = _check_vs_torch(w, q, k, v, out)
-        rows.append(
-            _row("extend", w.spec(), ms, copy_bw, hbm_bw, graphed=graphed, max_err_vs_torch=err, **case)
-        )
-        if (batch, q_len, prefix) == (16, 64, 4096):
+        q = torch.randn(batch * q_len, hq, dim, dtype=dtype, device=dev)
+        out = torch.full_like(q, float("nan"))
+        ms, graphed = _time_ms(functools.partial(w.run, q, k, v, out=out), mode=mode)
+        chk = _check_vs_torch(w, q, k, v, out)
+        rows.append(_row("extend", w.spec(), ms, copy_bw, hbm_bw, graphed=graphed, **chk, **case))
+        if case0 == EXTEND_CASES[0]:
             rng = random.Random(0)
             parents = [[-1] + [rng.randrange(i) for i in range(1, q_len)] for _ in range(batch)]
-            tw = TreeAttentionWrapper("cuda")
+            tw = TreeAttentionWrapper(dev)
             tw.plan(k, bt, parents, [prefix] * batch, hq)
-            tms, tgraphed = _time_ms(functools.partial(tw.run, q, k, v, out=out))
-            terr = _check_vs_torch(tw, q, k, v, out)
+            out = torch.full_like(q, float("nan"))
+            tms, tgraphed = _time_ms(functools.partial(tw.run, q, k, v, out=out), mode=mode)
+            tchk = _check_vs_torch(tw, q, k, v, out)
             rows.append(
-                _row("tree", tw.spec(), tms, copy_bw, hbm_bw, graphed=tgraphed, max_err_vs_torch=terr,
+                _row("tree", tw.spec(), tms, copy_bw, hbm_bw, graphed=tgraphed, **tchk,
                      nodes=q_len, vs_extend=tms / ms, target_vs_extend=1.3, **case)
             )  # fmt: skip
         k = v = None  # free the cache before the next case
-        torch.cuda.empty_cache()
+        mode.empty_cache()
     return rows
 
 
-def run(report: dict) -> None:
+def run(report: dict, mode: Any = None) -> None:
     """Time paged decode / extend / tree attention on this GPU; results go to report["paged_attention"]."""
     import torch
 
-    if not torch.cuda.is_available():
+    mode = _default_mode(mode)
+    if not mode.available():
         report["paged_attention"] = {"skipped": "no CUDA device"}
         return
     from codesign.catalog.gpus import match_gpu_name
 
-    name = torch.cuda.get_device_name()
+    name = mode.gpu_name()
     cat = match_gpu_name(name)
     hbm_bw = cat.mem_bw if cat else None
-    copy_bw = copy_bandwidth()
+    copy_bw = copy_bandwidth(mode)
     rows = []
     for dtype in (torch.bfloat16, torch.float16):
-        rows += _decode_rows(copy_bw, hbm_bw, dtype)
-    rows += _extend_and_tree_rows(copy_bw, hbm_bw, torch.bfloat16)
+        if mode.smoke and dtype == torch.bfloat16:
+            rows.append(
+                dict(kind="decode", dtype=str(dtype), skipped="smoke mode: interpreter bf16 is wrong")
+            )
+            continue
+        rows += _decode_rows(copy_bw, hbm_bw, dtype, mode)
+    rows += _extend_and_tree_rows(copy_bw, hbm_bw, mode.dtype(torch.bfloat16), mode)
     target = next(
         (
             r
@@ -218,6 +277,7 @@ def run(report: dict) -> None:
         catalog_gbs=None if hbm_bw is None else hbm_bw / 1e9,
         rows=rows,
         decode_target=dict(pct_of_copy=target["pct_of_copy"] if target else None, want=85.0),
+        checks_ok=all(r["check_ok"] for r in rows if "check_ok" in r),
     )
 
 

@@ -10,6 +10,10 @@ program (lanes) feeds the choice of defaults. Small M (2..16, batched decode / s
 tile GEMM (`df11_gemm`, no decompressed weight) against decode-into-buffer + F.linear and plain BF16
 F.linear, with its error against fp64, for choosing `df11_linear.FUSED_MAX_M`.
 
+Smoke mode (`gpu_suite.py --smoke`): N, K and M shrunk by `gpu_suite.smoke_shape` (chunking kept),
+still bf16 (the kernels move bf16 as int16 bits, which the interpreter handles), one CPU-timed call each,
+and only the first point of the chunking sweep (the interpreter decodes slowly; the others run the same code).
+
 Entry point for the GPU suite: `run(report)` adds report["df11"]. Standalone:
 .venv/bin/python bench/gpu_df11.py [--quick] [--json out.json]
 """
@@ -18,6 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,12 +38,27 @@ TARGET_GEMV_SLOWDOWN = 1.3
 SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008)]
 SMALL_M = (2, 4, 8, 16)
 SWEEP = [(8, 128), (16, 128), (32, 64), (32, 128), (32, 256), (64, 128)]  # (chunk_bytes, chunks_per_group)
+# Fused paths vs fp64: fp32 sums, one bf16 rounding of the output (2^-9); a wrong decode is O(1).
+FUSED_REL_ERR_BOUND = 4e-3
+_MODE: Any = None  # the suite's run mode while run() runs (None: standalone, the GPU)
+
+
+def _default_mode(mode: Any) -> Any:
+    """The suite's run mode; standalone runs get the suite's GPU mode."""
+    if mode is not None:
+        return mode
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_suite import GPU
+
+    return GPU
 
 
 def _bench_ms(fn) -> float:
     from triton.testing import do_bench
 
-    return float(do_bench(fn, warmup=10, rep=50))
+    if _MODE is not None and _MODE.smoke:
+        return _MODE.time_ms(fn)
+    return float(do_bench(fn, warmup=10, rep=50, return_mode="median"))
 
 
 def _one(n: int, k: int, chunk_bytes: int, chunks_per_group: int, dev: torch.device) -> dict:
@@ -89,23 +111,39 @@ def _small_m(n: int, k: int, dev: torch.device, ms: tuple[int, ...]) -> list[dic
     return rows
 
 
-def run(report: dict, quick: bool = False) -> None:
+def run(report: dict, quick: bool = False, mode: Any = None) -> None:
     """Measure on the current CUDA device and store results under report["df11"] (needs a GPU)."""
-    if not torch.cuda.is_available():
+    global _MODE
+    mode = _default_mode(mode)
+    if not mode.available():
         report["df11"] = {"skipped": "needs a CUDA GPU"}
         return
-    dev = torch.device("cuda")
-    out: dict = {"gpu": torch.cuda.get_device_name(dev), "targets": {
-        "decode_gbps_min": TARGET_DECODE_GBPS, "gemv_slowdown_max": TARGET_GEMV_SLOWDOWN}}  # fmt: skip
-    rows = [_one(n, k, codec.DEFAULT_CHUNK_BYTES, codec.DEFAULT_CHUNKS_PER_GROUP, dev)
-            for n, k in (SHAPES[:1] if quick else SHAPES)]  # fmt: skip
-    out["shapes"] = rows
-    out["sweep_4096x4096"] = [_one(4096, 4096, cb, cpg, dev) for cb, cpg in (SWEEP[:2] if quick else SWEEP)]
-    out["small_m_4096x4096"] = _small_m(4096, 4096, dev, SMALL_M[:2] if quick else SMALL_M)
-    out["all_bit_exact"] = all(r["bit_exact"] for r in rows + out["sweep_4096x4096"])
-    out["decode_target_met"] = all(r["decode_gbps"] >= TARGET_DECODE_GBPS for r in rows)
-    out["gemv_target_met"] = all(r["gemv_slowdown"] <= TARGET_GEMV_SLOWDOWN for r in rows)
-    report["df11"] = out
+    dev = torch.device(mode.device)
+    _MODE = mode
+    try:
+        out: dict = {"gpu": mode.gpu_name(), "targets": {
+            "decode_gbps_min": TARGET_DECODE_GBPS, "gemv_slowdown_max": TARGET_GEMV_SLOWDOWN}}  # fmt: skip
+        shapes = [tuple(mode.scale(N=n, K=k).values()) for n, k in (SHAPES[:1] if quick else SHAPES)]
+        rows = [_one(n, k, codec.DEFAULT_CHUNK_BYTES, codec.DEFAULT_CHUNKS_PER_GROUP, dev) for n, k in shapes]
+        out["shapes"] = rows
+        n, k = mode.scale(N=4096, K=4096).values()
+        sweep = SWEEP[:2] if quick else SWEEP
+        if mode.smoke:  # every point runs the same code; in the interpreter each costs ~20 s of decoding
+            sweep = sweep[:1]
+        out["sweep_4096x4096"] = [_one(n, k, cb, cpg, dev) for cb, cpg in sweep]
+        small = SMALL_M[:2] if quick else SMALL_M
+        ms = tuple(dict.fromkeys(mode.scale(M=m)["M"] for m in small))  # smoke may merge some: run once
+        out["small_m_4096x4096"] = _small_m(n, k, dev, ms)
+        out["all_bit_exact"] = all(r["bit_exact"] for r in rows + out["sweep_4096x4096"])
+        out["decode_target_met"] = all(r["decode_gbps"] >= TARGET_DECODE_GBPS for r in rows)
+        out["gemv_target_met"] = all(r["gemv_slowdown"] <= TARGET_GEMV_SLOWDOWN for r in rows)
+        errs = [r["fused_gemv_rel_err"] for r in rows + out["sweep_4096x4096"]]
+        errs += [r["fused_rel_err"] for r in out["small_m_4096x4096"]]
+        out["fused_rel_err_bound"] = FUSED_REL_ERR_BOUND
+        out["checks_ok"] = out["all_bit_exact"] and all(e <= FUSED_REL_ERR_BOUND for e in errs)
+        report["df11"] = out
+    finally:
+        _MODE = None
 
 
 def main() -> None:

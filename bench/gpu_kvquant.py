@@ -10,12 +10,19 @@ slots, applied in the kernel) and a Cocktail-style mix (blocks INT8 / INT4 / INT
 The per-token and KIVI rows also check the kernel against the torch path (dequantize first) on a
 short context, so a wrong kernel is never timed as a fast one (Oaken and mixed: unit tests only).
 
+Smoke mode (`gpu_suite.py --smoke`): batch, context and heads shrunk by `gpu_suite.smoke_shape`
+(head_dim, block size, KIVI G/R kept), float16 for bf16 (the interpreter computes bf16 wrongly), one
+CPU-timed call per case.
+
 Standalone: python bench/gpu_kvquant.py  (prints the report as JSON).
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
+from typing import Any
 
 HQ, HKV, DIM = 32, 8, 128
 BATCH, CONTEXT, BLOCK_SIZE = 16, 32768, 32  # block 32: KIVI's G = 32 must divide it
@@ -23,12 +30,27 @@ FORMATS = ("int8", "int4", "int2", "fp8")
 KIVI = {"int4-kivi": 4, "int2-kivi": 2}
 KIVI_G = KIVI_R = 32
 TARGETS = {"int4-kivi": 3.0, "int8": 1.8}
+# ||kernel - torch path|| / ||torch path|| per output dtype: the same codes are read by both, so only
+# the output rounding and the summation order differ; a wrong kernel is O(1).
+REL_ERR_BOUND = {"torch.float16": 3e-3, "torch.bfloat16": 1.5e-2}
 
 
-def _time_ms(fn) -> float:
+def _default_mode(mode: Any) -> Any:
+    """The suite's run mode; standalone runs get the suite's GPU mode."""
+    if mode is not None:
+        return mode
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_suite import GPU
+
+    return GPU
+
+
+def _time_ms(fn, mode: Any = None) -> float:
     import triton.testing as tt
 
-    return float(tt.do_bench(fn, warmup=10, rep=50))
+    if mode is not None and mode.smoke:
+        return mode.time_ms(fn)
+    return float(tt.do_bench(fn, warmup=10, rep=50, return_mode="median"))
 
 
 def _tables(batch: int, ctx: int, device: str):
@@ -40,13 +62,13 @@ def _tables(batch: int, ctx: int, device: str):
     return perm.view(batch, need).contiguous(), torch.full((batch,), ctx, dtype=torch.int32, device=device)
 
 
-def _quant_cache(fmt: str, nb: int, device: str):
+def _quant_cache(fmt: str, nb: int, device: str, hkv: int = HKV):
     import torch
 
     from codesign.kernels.kv_quant_paged import QuantPagedKV
 
-    hs = torch.full((HKV,), 4.0 / 448, device=device) if fmt == "fp8" else None
-    c = QuantPagedKV.empty(nb, BLOCK_SIZE, HKV, DIM, fmt, device, hs, hs)
+    hs = torch.full((hkv,), 4.0 / 448, device=device) if fmt == "fp8" else None
+    c = QuantPagedKV.empty(nb, BLOCK_SIZE, hkv, DIM, fmt, device, hs, hs)
     c.k_codes.random_(0, 256)
     c.v_codes.random_(0, 256)
     if fmt == "fp8":  # keep the codes finite: clear the e4m3 NaN pattern (S.1111.111)
@@ -59,10 +81,10 @@ def _quant_cache(fmt: str, nb: int, device: str):
     return c
 
 
-def _kivi_cache(bits: int, nb: int, device: str):
+def _kivi_cache(bits: int, nb: int, device: str, hkv: int = HKV, batch: int = BATCH):
     from codesign.kernels.kv_quant_kivi import KiviPagedKV
 
-    c = KiviPagedKV.empty(nb, BLOCK_SIZE, HKV, DIM, bits, KIVI_G, KIVI_R, BATCH, device=device)
+    c = KiviPagedKV.empty(nb, BLOCK_SIZE, hkv, DIM, bits, KIVI_G, KIVI_R, batch, device=device)
     c.k_codes.random_(0, 256)
     c.v_codes.random_(0, 256)
     c.k_meta[..., 0] = 0.01
@@ -74,7 +96,9 @@ def _kivi_cache(bits: int, nb: int, device: str):
     return c
 
 
-def _check_kivi(bits: int, dtype, device: str = "cuda", ctx: int = 300) -> float:
+def _check_kivi(
+    bits: int, dtype, device: str = "cuda", ctx: int = 300, hq: int = HQ, hkv: int = HKV
+) -> float:
     """KIVI kernel vs the torch path on short contexts just below / at / above a group boundary."""
     import torch
 
@@ -84,11 +108,11 @@ def _check_kivi(bits: int, dtype, device: str = "cuda", ctx: int = 300) -> float
     lens = [ctx - 1, ctx, ctx + 1]
     bt, _ = _tables(3, ctx + 1, device)
     cl = torch.tensor(lens, dtype=torch.int32, device=device)
-    c = KiviPagedKV.empty(bt.numel(), BLOCK_SIZE, HKV, DIM, bits, KIVI_G, KIVI_R, 3, device=device)
+    c = KiviPagedKV.empty(bt.numel(), BLOCK_SIZE, hkv, DIM, bits, KIVI_G, KIVI_R, 3, device=device)
     for b, n in enumerate(lens):
-        kv = torch.randn(2, n, HKV, DIM, device=device).to(torch.float16)
+        kv = torch.randn(2, n, hkv, DIM, device=device).to(torch.float16)
         c.append(b, bt[b], 0, kv[0], kv[1])
-    q = torch.randn(3, HQ, DIM, dtype=dtype, device=device)
+    q = torch.randn(3, hq, DIM, dtype=dtype, device=device)
     with use_backend("triton"):
         out = kivi_decode_attention(q, c, bt, cl)
     with use_backend("torch"):
@@ -96,46 +120,48 @@ def _check_kivi(bits: int, dtype, device: str = "cuda", ctx: int = 300) -> float
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
-def _oaken_row(q, bt, cl, nb: int, base: float) -> dict:
+def _oaken_row(q, bt, cl, nb: int, base: float, mode: Any = None) -> dict:
     """INT4 Oaken decode; outlier words with valid positions so the kernel applies them."""
     import torch
 
     from codesign.kernels import kv_quant as kvq
     from codesign.kernels.kv_quant_oaken import OakenPagedKV, default_capacity, oaken_attention
 
+    hkv, dev = q.shape[1] // (HQ // HKV), q.device
     cap = default_capacity(0.04, BLOCK_SIZE, DIM)
-    thr = torch.tensor([[-1.0, 1.0]] * HKV).expand(2, HKV, 2).contiguous()
-    c = OakenPagedKV.empty(nb, BLOCK_SIZE, HKV, DIM, 4, thr, cap, "cuda")
+    thr = torch.tensor([[-1.0, 1.0]] * hkv).expand(2, hkv, 2).contiguous()
+    c = OakenPagedKV.empty(nb, BLOCK_SIZE, hkv, DIM, 4, thr, cap, dev)
     c.k_codes.random_(0, 256)
     c.v_codes.random_(0, 256)
     c.k_meta[..., 0] = 0.01
     c.v_meta[..., 0] = 0.01
-    pos = torch.randint(0, BLOCK_SIZE * DIM, c.k_out.shape, device="cuda", dtype=torch.int32)
+    pos = torch.randint(0, BLOCK_SIZE * DIM, c.k_out.shape, device=dev, dtype=torch.int32)
     c.k_out.copy_((pos << 16) | 0x3C00)  # fp16 1.0
     c.v_out.copy_(c.k_out)
-    ms = _time_ms(lambda: oaken_attention(q, c, bt, cl, check_data=False))
+    ms = _time_ms(lambda: oaken_attention(q, c, bt, cl, check_data=False), mode)
     bits = kvq.layout_bits_per_element("oaken", 4, DIM, block_size=BLOCK_SIZE, capacity=cap)
     return dict(format="int4-oaken", ms=ms, bits=bits, speedup=base / ms, ideal=16.0 / bits, capacity=cap)
 
 
-def _mixed_row(q, bt, cl, nb: int, base: float) -> dict:
+def _mixed_row(q, bt, cl, nb: int, base: float, mode: Any = None) -> dict:
     """Cocktail-style mix over one launch: block widths 8 / 4 / 4 / 2 in turn."""
     import torch
 
     from codesign.kernels.kv_quant_mixed import MixedPagedKV, mixed_attention
 
-    c = MixedPagedKV.empty(nb, BLOCK_SIZE, HKV, DIM, "cuda")
-    c.block_bits.copy_(torch.tensor([8, 4, 4, 2], dtype=torch.uint8, device="cuda").repeat(-(-nb // 4))[:nb])
+    hkv, dev = q.shape[1] // (HQ // HKV), q.device
+    c = MixedPagedKV.empty(nb, BLOCK_SIZE, hkv, DIM, dev)
+    c.block_bits.copy_(torch.tensor([8, 4, 4, 2], dtype=torch.uint8, device=dev).repeat(-(-nb // 4))[:nb])
     c.k_codes.random_(0, 256)
     c.v_codes.random_(0, 256)
     c.k_meta[..., 0] = 0.01
     c.v_meta[..., 0] = 0.01
-    ms = _time_ms(lambda: mixed_attention(q, c, bt, cl, check_data=False))
+    ms = _time_ms(lambda: mixed_attention(q, c, bt, cl, check_data=False), mode)
     bits = 4.5 + 32 / DIM
     return dict(format="mixed-8/4/4/2", ms=ms, bits=bits, speedup=base / ms, ideal=16.0 / bits)
 
 
-def _check(fmt: str, dtype, device: str = "cuda", ctx: int = 1000) -> float:
+def _check(fmt: str, dtype, device: str = "cuda", ctx: int = 1000, hq: int = HQ, hkv: int = HKV) -> float:
     """Relative error of the kernel vs the torch path (dequantize, then attention) on a short context."""
     import torch
 
@@ -143,10 +169,10 @@ def _check(fmt: str, dtype, device: str = "cuda", ctx: int = 1000) -> float:
     from codesign.kernels.kv_quant_paged import kvq_decode_attention, kvq_write
 
     bt, cl = _tables(4, ctx, device)
-    c = _quant_cache(fmt, bt.numel(), device)
-    key = torch.randn(8, HKV, DIM, dtype=dtype, device=device)
+    c = _quant_cache(fmt, bt.numel(), device, hkv)
+    key = torch.randn(8, hkv, DIM, dtype=dtype, device=device)
     kvq_write(key, -key, c, torch.arange(8, dtype=torch.int32, device=device) * 3)
-    q = torch.randn(4, HQ, DIM, dtype=dtype, device=device)
+    q = torch.randn(4, hq, DIM, dtype=dtype, device=device)
     with use_backend("triton"):
         out = kvq_decode_attention(q, c, bt, cl)
     with use_backend("torch"):
@@ -154,11 +180,17 @@ def _check(fmt: str, dtype, device: str = "cuda", ctx: int = 1000) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
-def run(report: dict) -> None:
+def _checked(err: float, dtype) -> dict[str, Any]:
+    bound = REL_ERR_BOUND[str(dtype)]
+    return dict(rel_err_vs_torch=err, rel_err_bound=bound, check_ok=err <= bound)
+
+
+def run(report: dict, mode: Any = None) -> None:
     """Decode over bf16 vs quantized caches; results in report["kv_quant"]."""
     import torch
 
-    if not torch.cuda.is_available():
+    mode = _default_mode(mode)
+    if not mode.available():
         report["kv_quant"] = {"skipped": "no CUDA device"}
         return
     from codesign.kernels import kv_quant as kvq
@@ -166,22 +198,26 @@ def run(report: dict) -> None:
     from codesign.kernels.kv_quant_paged import kvq_decode_attention, kvq_write
     from codesign.kernels.paged_attention import paged_decode_attention
 
-    dtype = torch.bfloat16
-    bt, cl = _tables(BATCH, CONTEXT, "cuda")
+    dev, dtype = mode.device, mode.dtype(torch.bfloat16)
+    d = mode.scale(batch=BATCH, ctx=CONTEXT, q_heads=HQ, kv_heads=HKV)
+    batch, ctx, hq, hkv = d["batch"], d["ctx"], d["q_heads"], d["kv_heads"]
+    check_ctx = mode.scale(ctx=1000)["ctx"]
+    bt, cl = _tables(batch, ctx, dev)
     nb = bt.numel()
-    q = torch.randn(BATCH, HQ, DIM, dtype=dtype, device="cuda")
-    k = torch.randn(nb, BLOCK_SIZE, HKV, DIM, dtype=dtype, device="cuda")
+    q = torch.randn(batch, hq, DIM, dtype=dtype, device=dev)
+    k = torch.randn(nb, BLOCK_SIZE, hkv, DIM, dtype=dtype, device=dev)
     v = torch.randn_like(k)
-    base = _time_ms(lambda: paged_decode_attention(q, k, v, bt, cl, check_data=False))
-    rows = [dict(format="bf16", ms=base, bits=16.0, speedup=1.0)]
+    base = _time_ms(lambda: paged_decode_attention(q, k, v, bt, cl, check_data=False), mode)
+    rows = [dict(format=str(dtype).removeprefix("torch.").replace("bfloat16", "bf16"), ms=base, bits=16.0,
+                 speedup=1.0)]  # fmt: skip
     k = v = None
-    torch.cuda.empty_cache()
-    slots = torch.arange(BATCH, dtype=torch.int32, device="cuda") * BLOCK_SIZE * 7
-    new = torch.randn(BATCH, HKV, DIM, dtype=dtype, device="cuda")
+    mode.empty_cache()
+    slots = torch.arange(batch, dtype=torch.int32, device=dev) * BLOCK_SIZE * 7
+    new = torch.randn(batch, hkv, DIM, dtype=dtype, device=dev)
     for fmt in FORMATS:
-        c = _quant_cache(fmt, nb, "cuda")
-        ms = _time_ms(lambda c=c: kvq_decode_attention(q, c, bt, cl, check_data=False))
-        wms = _time_ms(lambda c=c: kvq_write(new, new, c, slots, check_data=False))
+        c = _quant_cache(fmt, nb, dev, hkv)
+        ms = _time_ms(lambda c=c: kvq_decode_attention(q, c, bt, cl, check_data=False), mode)
+        wms = _time_ms(lambda c=c: kvq_write(new, new, c, slots, check_data=False), mode)
         bits = kvq.layout_bits_per_element("fp8" if fmt == "fp8" else "per_token", c.bits, DIM)
         rows.append(
             dict(
@@ -193,14 +229,14 @@ def run(report: dict) -> None:
                 target=TARGETS.get(fmt),
                 meets_target=None if fmt not in TARGETS else base / ms >= TARGETS[fmt],
                 write_ms_16_tokens=wms,
-                rel_err_vs_torch=_check(fmt, dtype),
+                **_checked(_check(fmt, dtype, dev, check_ctx, hq, hkv), dtype),
             )
         )
         c = None
-        torch.cuda.empty_cache()
+        mode.empty_cache()
     for name, b in KIVI.items():
-        c = _kivi_cache(b, nb, "cuda")
-        ms = _time_ms(lambda c=c: kivi_decode_attention(q, c, bt, cl, check_data=False))
+        c = _kivi_cache(b, nb, dev, hkv, batch)
+        ms = _time_ms(lambda c=c: kivi_decode_attention(q, c, bt, cl, check_data=False), mode)
         bits = kvq.layout_bits_per_element("kivi", b, DIM, group=KIVI_G)
         rows.append(
             dict(
@@ -211,19 +247,18 @@ def run(report: dict) -> None:
                 ideal=16.0 / bits,
                 target=TARGETS.get(name),
                 meets_target=None if name not in TARGETS else base / ms >= TARGETS[name],
-                rel_err_vs_torch=_check_kivi(b, dtype, ctx=2 * KIVI_G + KIVI_R),
+                **_checked(_check_kivi(b, dtype, dev, 2 * KIVI_G + KIVI_R, hq, hkv), dtype),
             )
         )
         c = None
-        torch.cuda.empty_cache()
-    rows.append(_oaken_row(q, bt, cl, nb, base))
-    rows.append(_mixed_row(q, bt, cl, nb, base))
+        mode.empty_cache()
+    rows.append(_oaken_row(q, bt, cl, nb, base, mode))
+    rows.append(_mixed_row(q, bt, cl, nb, base, mode))
     report["kv_quant"] = dict(
-        gpu=torch.cuda.get_device_name(),
-        case=dict(
-            batch=BATCH, context=CONTEXT, q_heads=HQ, kv_heads=HKV, head_dim=DIM, block_size=BLOCK_SIZE
-        ),
+        gpu=mode.gpu_name(),
+        case=dict(batch=batch, context=ctx, q_heads=hq, kv_heads=hkv, head_dim=DIM, block_size=BLOCK_SIZE),
         rows=rows,
+        checks_ok=all(r["check_ok"] for r in rows if "check_ok" in r),
     )
 
 

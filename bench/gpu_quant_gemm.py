@@ -11,6 +11,9 @@ Targets (issue 3): W4A16 g128 at N = K = 8192 >= 3.5x bf16 for M <= 16 and >= 0.
 W8A8 >= 1.6x bf16 at M >= 1024 on Llama-2-70B MLP shapes. `report["quant_gemm"]["targets"]` says
 which were met. Times use CUDA graphs where capture works, else `triton.testing.do_bench`.
 
+Smoke mode (`gpu_suite.py --smoke`): the same tables shrunk by `gpu_suite.smoke_shape`, float16 for
+bf16 (the interpreter computes bf16 wrongly), one CPU-timed call per case, no CuPy (needs CUDA tensors).
+
 Standalone: python bench/gpu_quant_gemm.py [--quick]  (prints the report as JSON).
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 MS = (1, 4, 16, 64, 256, 1024, 4096)
@@ -32,35 +36,49 @@ SHAPES: dict[str, dict[str, tuple[int, int]]] = {
 QUICK_SHAPES = {"square": {"8192": (8192, 8192)}, "llama2-70b": {"gate_up": (57344, 8192)}}
 
 
-def _time_ms(fn) -> tuple[float, bool]:
+def _default_mode(mode: Any) -> Any:
+    """The suite's run mode; standalone runs get the suite's GPU mode."""
+    if mode is not None:
+        return mode
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_suite import GPU
+
+    return GPU
+
+
+def _time_ms(fn, mode: Any = None) -> tuple[float, bool]:
     import torch
     import triton.testing as tt
 
+    if mode is not None and mode.smoke:
+        return mode.time_ms(fn), False
     try:
-        return float(tt.do_bench_cudagraph(fn, rep=30)), True
+        return float(tt.do_bench_cudagraph(fn, rep=30, return_mode="median")), True
     except Exception:  # noqa: BLE001 - capture can fail (e.g. a third-party kernel); time without it
         torch.cuda.synchronize()
-    return float(tt.do_bench(fn, warmup=10, rep=30)), False
+    return float(tt.do_bench(fn, warmup=10, rep=30, return_mode="median")), False
 
 
-def _kernels(weight, fp8_ok: bool, cupy_ok: bool) -> dict[str, Any]:
-    """name -> (weight format, act dtype, callable(x) or None when unavailable, QuantizedWeight)."""
+def _kernels(weight, fp8_ok: bool, cupy_ok: bool, act: str = "bf16") -> dict[str, Any]:
+    """name -> (weight format, act dtype, callable(x) or None when unavailable, QuantizedWeight).
+
+    `act`: the activation / scale dtype of the weight-only kernels ("bf16"; "fp16" in smoke mode)."""
     from codesign.backend import use_backend
     from codesign.kernels import quant_formats as qf
     from codesign.kernels import quant_gemm as qg
     from codesign.specs import WeightFormat
 
-    w4 = qf.quantize_rtn(weight, "int4", 128, False, torch_dtype("bf16"))
-    w8 = qf.quantize_rtn(weight, "int8", None, True, torch_dtype("bf16"))
+    w4 = qf.quantize_rtn(weight, "int4", 128, False, torch_dtype(act))
+    w8 = qf.quantize_rtn(weight, "int8", None, True, torch_dtype(act))
     w8a8 = qf.quantize_rtn(weight, "int8", None, True, torch_dtype("fp32"))
     out: dict[str, Any] = {
         "w4a16_g128": (
-            WeightFormat("int4", 128, False, "bf16"),
-            "bf16",
+            WeightFormat("int4", 128, False, act),
+            act,
             lambda x: qg.quant_matmul(x, w4),
             w4,
         ),
-        "w8a16_pc": (WeightFormat("int8", None, True, "bf16"), "bf16", lambda x: qg.quant_matmul(x, w8), w8),
+        "w8a16_pc": (WeightFormat("int8", None, True, act), act, lambda x: qg.quant_matmul(x, w8), w8),
         "w8a8_int8": (
             WeightFormat("int8", None, True, "fp32"),
             "int8",
@@ -102,67 +120,81 @@ def _rel_err(out, ref) -> float:
     return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r))
 
 
-def run(report: dict, quick: bool = False) -> None:
+def run(report: dict, quick: bool = False, mode: Any = None) -> None:
     """Time every quantized kernel vs bf16 torch.matmul; adds report["quant_gemm"] (see module doc)."""
     import torch
 
     from codesign.catalog.gpus import match_gpu_name
     from codesign.specs import Gemm, WeightFormat
 
-    if not torch.cuda.is_available():
+    mode = _default_mode(mode)
+    if not mode.available():
         report["quant_gemm"] = {"skipped": "no CUDA device"}
         return
-    name = torch.cuda.get_device_name()
+    dev, act = mode.device, "fp16" if mode.smoke else "bf16"
+    name = mode.gpu_name()
     spec_gpu = match_gpu_name(name)
-    cap = torch.cuda.get_device_capability()
-    try:
-        import cupy  # noqa: F401
+    fp8_ok = mode.smoke or torch.cuda.get_device_capability() >= (8, 9)  # the interpreter runs e4m3 too
+    cupy_ok = False
+    if not mode.smoke:  # CuPy kernels need CUDA tensors
+        try:
+            import cupy  # noqa: F401
 
-        cupy_ok = True
-    except ImportError:
-        cupy_ok = False
+            cupy_ok = True
+        except ImportError:
+            pass
     rows: list[dict[str, Any]] = []
     torch.manual_seed(0)
+    ms_of: dict[int, list[int]] = {}  # M to run -> the table's Ms it stands for (smoke merges some)
+    for m_real in MS:
+        ms_of.setdefault(mode.scale(M=m_real)["M"], []).append(m_real)
     for model, layers in (QUICK_SHAPES if quick else SHAPES).items():
-        for layer, (n, k) in layers.items():
-            weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-            kernels = _kernels(weight, fp8_ok=cap >= (8, 9), cupy_ok=cupy_ok)
-            for m in MS:
-                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                base_ms, _ = _time_ms(lambda x=x, w=weight: torch.matmul(x, w.t()))
+        for layer, (n_real, k_real) in layers.items():
+            d = mode.scale(N=n_real, K=k_real)
+            n, k = d["N"], d["K"]
+            weight = torch.randn(n, k, device=dev, dtype=torch_dtype(act)) * 0.02
+            kernels = _kernels(weight, fp8_ok=fp8_ok, cupy_ok=cupy_ok, act=act)
+            for m, reals in ms_of.items():
+                x = torch.randn(m, k, device=dev, dtype=torch_dtype(act))
+                base_ms, _ = _time_ms(lambda x=x, w=weight: torch.matmul(x, w.t()), mode)
+                base_spec = Gemm(m, n, k, WeightFormat(act), act, act)
                 rows.append(
-                    _row(
-                        model,
-                        layer,
-                        m,
-                        n,
-                        k,
-                        "bf16_matmul",
-                        base_ms,
-                        base_ms,
-                        None,
-                        Gemm(m, n, k, WeightFormat("bf16"), "bf16", "bf16"),
-                        spec_gpu,
-                    )
+                    _row(model, layer, m, n, k, f"{act}_matmul", base_ms, base_ms, None, base_spec, spec_gpu)
                 )
-                for kname, (wfmt, act, fn, qw) in kernels.items():
+                for kname, (wfmt, kact, fn, qw) in kernels.items():
                     if kname.endswith("cupy") and m > 16:
                         continue
-                    err = None
-                    if m == 16:  # correctness once per layer and kernel
-                        ref = x.float() @ qw.dequantize(torch.float32).t()
-                        err = _rel_err(fn(x), ref)
-                    ms, _ = _time_ms(lambda fn=fn, x=x: fn(x))
-                    spec = Gemm(m, n, k, wfmt, act, "bf16" if act != "fp16" else "fp16")
-                    rows.append(_row(model, layer, m, n, k, kname, ms, base_ms, err, spec, spec_gpu))
+                    try:
+                        err = None
+                        if 16 in reals:  # correctness once per layer and kernel, at M = 16
+                            ref = x.float() @ qw.dequantize(torch.float32).t()
+                            err = _rel_err(fn(x), ref)
+                        ms, _ = _time_ms(lambda fn=fn, x=x: fn(x), mode)
+                        spec = Gemm(m, n, k, wfmt, kact, act if kact != "fp16" else "fp16")
+                        rows.append(_row(model, layer, m, n, k, kname, ms, base_ms, err, spec, spec_gpu))
+                    except Exception as e:  # one kernel failing (CuPy's compiler, say) keeps the others' rows
+                        if mode.smoke:
+                            raise
+                        mode.sync()  # a sticky CUDA error resurfaces here and ends the section instead
+                        rows.append(dict(model=model, layer=layer, M=m, N=n, K=k, kernel=kname,
+                                         error=f"{type(e).__name__}: {e}"[:300]))  # fmt: skip
             del weight, kernels
-            torch.cuda.empty_cache()
+            mode.empty_cache()
     report["quant_gemm"] = {
         "gpu": name,
         "catalog_gpu": spec_gpu.key if spec_gpu else None,
         "rows": rows,
         "targets": _targets(rows),
+        "checks_ok": all(r["rel_err_ok"] for r in rows if r.get("rel_err") is not None)
+        and not any("error" in r for r in rows),
     }
+
+
+# ||out - ref|| / ||ref|| bounds of the M = 16 check against x @ dequant(W)^T in fp32: the output is
+# rounded once to bf16 (2^-9); W8A8 / FP8 also quantize x per token (int8: ~0.5 %, e4m3: ~3 %).
+# A wrong kernel (unwritten tile, bad split) is O(1).
+REL_ERR_BOUND = {"w8a8_int8": 2e-2, "fp8": 8e-2}
+REL_ERR_BOUND_DEFAULT = 1e-2
 
 
 def _row(model, layer, m, n, k, kernel, ms, base_ms, err, spec, gpu) -> dict[str, Any]:
@@ -180,6 +212,9 @@ def _row(model, layer, m, n, k, kernel, ms, base_ms, err, spec, gpu) -> dict[str
         "speedup_vs_bf16": base_ms / ms,
         "rel_err": err,
     }
+    if err is not None:
+        row["rel_err_bound"] = REL_ERR_BOUND.get(kernel, REL_ERR_BOUND_DEFAULT)
+        row["rel_err_ok"] = err <= row["rel_err_bound"]
     if gpu is not None:
         roof = max(spec.flops() / gpu.peak(spec.peak_key()), spec.min_bytes() / gpu.mem_bw)
         row["pct_roofline"] = 100.0 * roof / t
@@ -191,7 +226,11 @@ def _targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return [
             r["speedup_vs_bf16"]
             for r in rows
-            if r["kernel"] == kernel and r["model"] == model and r["layer"] == layer and pred(r["M"])
+            if r["kernel"] == kernel
+            and r["model"] == model
+            and r["layer"] == layer
+            and pred(r["M"])
+            and "ms" in r
         ]
 
     small = speed("w4a16_g128", "square", "8192", lambda m: m <= 16)

@@ -39,6 +39,7 @@ from torch import nn
 from codesign.backend import interpreter_enabled, resolve_backend
 from codesign.kernels import df11_codec as codec
 from codesign.kernels import df11_gemm as fused
+from codesign.kernels import df11_triton as dt
 from codesign.specs import CodesignError, WeightFormat
 
 OP = "df11_decode"
@@ -88,10 +89,9 @@ def _df11_decode_op(
 ) -> None:
     backend = resolve_backend(OP, out.device)
     if backend == "triton":
-        from codesign.kernels.df11_triton import df11_decode_triton
-
-        df11_decode_triton(stream, sign_mantissa, gaps, group_offsets, luts, out, err, total_bits, max_codes,
-                           chunk_bytes, chunks_per_group, levels)  # fmt: skip
+        s = dt.DF11Stream(stream, sign_mantissa, gaps, group_offsets, luts, total_bits, max_codes, chunk_bytes,
+                          chunks_per_group, levels)  # fmt: skip
+        dt.df11_decode_triton(s, out, err)
         return
     bits = np.empty(out.numel(), np.uint16)
     bad = codec.decode_arrays(stream.cpu().numpy(), sign_mantissa.cpu().numpy(), gaps.cpu().numpy(),
@@ -142,6 +142,12 @@ class PackedDF11(nn.Module):
         self.register_buffer("seg_bits", None if idx is None else torch.from_numpy(idx).to(device))
         self.nbytes += 0 if idx is None else idx.nbytes
 
+    def kernel_stream(self) -> dt.DF11Stream:
+        """The container's buffers and geometry as the Triton kernels take them."""
+        return dt.DF11Stream(self.stream, self.sign_mantissa, self.gaps, self.group_offsets, self.luts,
+                             self.total_bits, self.max_codes, self.chunk_bytes, self.chunks_per_group,
+                             self.levels)  # fmt: skip
+
     @property
     def bits_per_weight(self) -> float:
         return 8 * self.nbytes / self.numel if self.numel else float("nan")
@@ -181,8 +187,6 @@ def df11_gemv(
     rounding, not bit-identical to cuBLAS), returns bf16 of x's shape with K replaced by N.
     Runs the Triton kernel: CUDA tensors, or CPU tensors under the interpreter.
     """
-    from codesign.kernels.df11_triton import df11_gemv_triton
-
     if len(packed.shape) != 2:
         raise CodesignError(f"df11_gemv needs a 2-D weight, got shape {packed.shape}")
     n, k = packed.shape
@@ -197,9 +201,9 @@ def df11_gemv(
     if x.device.type != "cuda" and not interpreter_enabled():
         raise CodesignError("df11_gemv runs the Triton kernel: CUDA tensors, or CPU with TRITON_INTERPRET=1")
     y = torch.zeros(n, dtype=torch.float32, device=x.device)
-    df11_gemv_triton(packed.stream, packed.sign_mantissa, packed.gaps, packed.group_offsets, packed.luts,
-                     x.contiguous().view(torch.int16).reshape(-1), y, packed.err, k, packed.total_bits,
-                     packed.max_codes, packed.chunk_bytes, packed.chunks_per_group, packed.levels)  # fmt: skip
+    dt.df11_gemv_triton(
+        packed.kernel_stream(), x.contiguous().view(torch.int16).reshape(-1), y, packed.err, k
+    )
     if check and int(packed.err.max()) != 0:
         raise CodesignError("df11 stream is corrupt: a group did not decode to its stored count")
     if bias is not None:

@@ -12,6 +12,9 @@ for every format; the quantized ones (`codesign.kernels.kv_quant`) store codes, 
       (the 1.5 * 2^23 trick) keep the codes bit-identical to the reference on GPUs too.
   KV_FORMAT_FP8 (2): e4m3 codes of clamp(x / s_h, +-448) with per-head fp32 scales in meta
       `[kv_heads]`, rounded half to even by hand (the interpreter's fp8 cast rounds ties away).
+
+num_warps is the one launch parameter (one program per token); it comes from `lookup_config` (table
+ops `table_op(kv_format, bits)`, key (kv_heads, head_dim), M = tokens), default by row size.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from codesign.autotune.lookup import current_gpu_name, lookup_config, shape_key
 
 KV_FORMAT_PLAIN = 0  # fp16/bf16/fp32 cache, stored as is
 KV_FORMAT_INT = 1
@@ -71,39 +76,16 @@ def _kv_write_kernel(
     m = (h < NUM_HEADS) & (d < HEAD_DIM)
     k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=m)
     v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=m)
+    # Each head's row of the slot, [HEADS_PAD, 1]: + d addresses elements, + i packed code bytes.
+    kc = k_cache_ptr + blk * stride_cb + off * stride_cs + h * stride_ch
+    vc = v_cache_ptr + blk * stride_db + off * stride_ds + h * stride_dh
     if KV_FORMAT == 0:
-        kc = k_cache_ptr + blk * stride_cb + off * stride_cs + h * stride_ch + d
-        vc = v_cache_ptr + blk * stride_db + off * stride_ds + h * stride_dh + d
-        tl.store(kc, k.to(k_cache_ptr.dtype.element_ty), mask=m)
-        tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=m)
+        tl.store(kc + d, k.to(k_cache_ptr.dtype.element_ty), mask=m)
+        tl.store(vc + d, v.to(v_cache_ptr.dtype.element_ty), mask=m)
     elif KV_FORMAT == 1:
-        PER: tl.constexpr = 8 // BITS
-        hm = tl.arange(0, HEADS_PAD)
-        mrow = blk * stride_mb + off * stride_ms + hm * stride_mh
-        _quant_int_store(
-            k.to(tl.float32),
-            m,
-            k_cache_ptr + blk * stride_cb + off * stride_cs + h * stride_ch,
-            k_meta_ptr + mrow,
-            hm < NUM_HEADS,
-            HEADS_PAD,
-            DIM_PAD,
-            BITS,
-            PER,
-            HEAD_DIM,
-        )
-        _quant_int_store(
-            v.to(tl.float32),
-            m,
-            v_cache_ptr + blk * stride_db + off * stride_ds + h * stride_dh,
-            v_meta_ptr + mrow,
-            hm < NUM_HEADS,
-            HEADS_PAD,
-            DIM_PAD,
-            BITS,
-            PER,
-            HEAD_DIM,
-        )
+        mrow = blk * stride_mb + off * stride_ms + tl.arange(0, HEADS_PAD) * stride_mh
+        _quant_int_store(k.to(tl.float32), m, kc, k_meta_ptr + mrow, NUM_HEADS, HEAD_DIM, BITS)
+        _quant_int_store(v.to(tl.float32), m, vc, v_meta_ptr + mrow, NUM_HEADS, HEAD_DIM, BITS)
     else:
         hm = tl.arange(0, HEADS_PAD)
         ks = tl.load(k_meta_ptr + hm, mask=hm < NUM_HEADS, other=1.0)
@@ -114,16 +96,18 @@ def _kv_write_kernel(
         vq = _fp8_e4m3_code(
             tl.minimum(tl.maximum(tl.math.div_rn(v.to(tl.float32), vs[:, None]), -448.0), 448.0)
         )
-        kc = k_cache_ptr + blk * stride_cb + off * stride_cs + h * stride_ch + d
-        vc = v_cache_ptr + blk * stride_db + off * stride_ds + h * stride_dh + d
-        tl.store(kc, kq.to(tl.uint8), mask=m)
-        tl.store(vc, vq.to(tl.uint8), mask=m)
+        tl.store(kc + d, kq.to(tl.uint8), mask=m)
+        tl.store(vc + d, vq.to(tl.uint8), mask=m)
 
 
 @triton.jit
-def _quant_int_store(x, m, code_row_ptr, meta_ptr, h_ok, HEADS_PAD: tl.constexpr, DIM_PAD: tl.constexpr,
-                     BITS: tl.constexpr, PER: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+def _quant_int_store(x, m, code_row_ptr, meta_ptr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     BITS: tl.constexpr):  # fmt: skip
     """Quantize rows x [HEADS_PAD, DIM_PAD] (m: live elements) per row; store packed codes and (scale, zero)."""
+    HEADS_PAD: tl.constexpr = x.shape[0]
+    DIM_PAD: tl.constexpr = x.shape[1]
+    PER: tl.constexpr = 8 // BITS
+    h_ok = tl.arange(0, HEADS_PAD) < NUM_HEADS
     mn = tl.min(tl.where(m, x, float("inf")), 1)
     mx = tl.max(tl.where(m, x, float("-inf")), 1)
     mn = tl.where(h_ok, mn, 0.0)
@@ -171,6 +155,7 @@ def kv_write_triton(
         ms = (0, 0, 0)
     if k_meta is None:
         k_meta = v_meta = slot_mapping  # unused
+    cfg = launch_config(kv_format, bits, t, h, d, key.device)
     _kv_write_kernel[(t,)](
         key, value, k_cache, v_cache, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
@@ -180,5 +165,23 @@ def kv_write_triton(
         NUM_HEADS=h, HEAD_DIM=d,
         HEADS_PAD=triton.next_power_of_2(h), DIM_PAD=triton.next_power_of_2(d),
         BLOCK_SIZE=k_cache.shape[1], KV_FORMAT=kv_format, BITS=bits,
-        num_warps=4 if h * d >= 2048 else 1,
+        num_warps=int(cfg["num_warps"]),
     )  # fmt: skip
+
+
+def table_op(kv_format: int, bits: int) -> str:
+    """The writer's tuned-table name for a cache format: "kv_write", "kv_write_int<bits>" or "kv_write_fp8"."""
+    if kv_format == KV_FORMAT_INT:
+        return f"kv_write_int{bits}"
+    return "kv_write_fp8" if kv_format == KV_FORMAT_FP8 else "kv_write"
+
+
+def launch_config(
+    kv_format: int, bits: int, tokens: int, heads: int, head_dim: int, device: torch.device
+) -> dict:
+    """num_warps for writing `tokens` tokens of [heads, head_dim]: the tuned table (M = tokens, key (kv_heads,
+    head_dim)) on a GPU, else the default: 4 warps for rows of >= 2048 elements, 1 below (one program per
+    token; a small row leaves extra warps idle)."""
+    default = {"num_warps": 4 if heads * head_dim >= 2048 else 1}
+    key = shape_key(kv_heads=heads, head_dim=head_dim)
+    return lookup_config(table_op(kv_format, bits), current_gpu_name(device), tokens, key, default)

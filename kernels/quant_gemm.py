@@ -175,44 +175,38 @@ def _wq_impl(x, qweight, scales, zeros, bias, group_size, bits: int, op: str) ->
     return out.reshape(*x.shape[:-1], n)
 
 
-@torch.library.custom_op("codesign::w4a16_gemm", mutates_args=())
-def w4a16_gemm(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    scales: torch.Tensor,
-    zeros: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    group_size: int,
-) -> torch.Tensor:
-    """y = x @ W^T (+ bias), W[n, k] = (code4(n, k) - zero) * scale (zero = 8 when zeros is None)."""
-    return _wq_impl(x, qweight, scales, zeros, bias, group_size, 4, "w4a16_gemm")
+def _define_wq_op(bits: int) -> torch.library.CustomOpDef:
+    """The torch op "codesign::w<bits>a16_gemm" and its fake (the two ops differ only in `bits`)."""
+    name = f"w{bits}a16_gemm"
+
+    def op(
+        x: torch.Tensor,
+        qweight: torch.Tensor,
+        scales: torch.Tensor,
+        zeros: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        group_size: int,
+    ) -> torch.Tensor:
+        return _wq_impl(x, qweight, scales, zeros, bias, group_size, bits, name)
+
+    op.__doc__ = (
+        f"y = x @ W^T (+ bias), W[n, k] = (code{bits}(n, k) - zero) * scale "
+        f"(zero = {1 << (bits - 1)} when zeros is None)."
+    )
+    custom = torch.library.custom_op(f"codesign::{name}", op, mutates_args=())
+
+    # Fakes validate too: bad shapes fail at trace time, and a mixed-device call (which the
+    # dispatcher may route to the Meta kernel) still names the offending argument.
+    @custom.register_fake
+    def _(x, qweight, scales, zeros, bias, group_size):
+        n, _ = check_wq_args(x, qweight, scales, zeros, bias, bits, group_size)
+        return x.new_empty(*x.shape[:-1], n)
+
+    return custom
 
 
-@torch.library.custom_op("codesign::w8a16_gemm", mutates_args=())
-def w8a16_gemm(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    scales: torch.Tensor,
-    zeros: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    group_size: int,
-) -> torch.Tensor:
-    """y = x @ W^T (+ bias), W[n, k] = (code8(n, k) - zero) * scale (zero = 128 when zeros is None)."""
-    return _wq_impl(x, qweight, scales, zeros, bias, group_size, 8, "w8a16_gemm")
-
-
-# Fakes validate too: bad shapes fail at trace time, and a mixed-device call (which the
-# dispatcher may route to the Meta kernel) still names the offending argument.
-@w4a16_gemm.register_fake
-def _(x, qweight, scales, zeros, bias, group_size):
-    n, _ = check_wq_args(x, qweight, scales, zeros, bias, 4, group_size)
-    return x.new_empty(*x.shape[:-1], n)
-
-
-@w8a16_gemm.register_fake
-def _(x, qweight, scales, zeros, bias, group_size):
-    n, _ = check_wq_args(x, qweight, scales, zeros, bias, 8, group_size)
-    return x.new_empty(*x.shape[:-1], n)
+w4a16_gemm = _define_wq_op(4)
+w8a16_gemm = _define_wq_op(8)
 
 
 # ----------------------------------------------------------------------------- activation quantizers

@@ -21,8 +21,9 @@ import triton.language as tl
 from codesign.autotune.lookup import current_gpu_name, lookup_config, shape_key
 from codesign.backend import interpreter_enabled
 
-# M at or below this runs the split-K kernel: decode batches read the whole weight for a few
-# rows, so the work must be spread over K to fill the GPU (N / BLOCK_N programs alone are too few).
+# Without a tuned variant table, M at or below this runs the split-K kernel: decode batches read the
+# whole weight for a few rows, so the work must be spread over K to fill the GPU (N / BLOCK_N programs
+# alone are too few). A tuned "<op>_variant" table overrides it per shape (`choose_variant`).
 SMALL_M_MAX = 16
 
 # Defaults are untuned starting points (the autotune issue fills per-GPU tables). Interpreter
@@ -58,9 +59,22 @@ _INTERP_DEFAULTS: dict[str, dict[str, int]] = {
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
-def choose_variant(m: int) -> str:
-    """The one place the weight-only kernel variant is chosen: "splitk" for M <= 16, else "tiled"."""
-    return "splitk" if m <= SMALL_M_MAX else "tiled"
+def _gpu_name(device: torch.device) -> str | None:
+    # Tables are per GPU; CPU tensors (the interpreter) never read one (fixed defaults).
+    return current_gpu_name(device) if device.type == "cuda" else None
+
+
+def choose_variant(m: int, op: str = "w4a16_gemm", device: torch.device | None = None, key: str = "") -> str:
+    """The one place the weight-only kernel variant is chosen: "splitk" or "tiled".
+
+    Reads the per-GPU variant table "<op>_variant" ({"SPLITK": 1 or 0} per shape key `key` and M
+    bucket; written by `codesign tune --variants all --export` from the fastest correct config of each
+    variant at the same M), else the default rule: split-K for M <= SMALL_M_MAX. No device (or a CPU
+    one) means no table: the default rule, unless the tuner forces a variant (`forced_config`).
+    """
+    gpu = _gpu_name(device) if device is not None else None
+    cfg = lookup_config(f"{op}_variant", gpu, m, key, {"SPLITK": int(m <= SMALL_M_MAX)})
+    return "splitk" if cfg["SPLITK"] else "tiled"
 
 
 def launch_config(table_op: str, kind: str, device: torch.device, m: int, **dims: int) -> dict[str, Any]:
@@ -70,8 +84,7 @@ def launch_config(table_op: str, kind: str, device: torch.device, m: int, **dims
     (shape key G, K, N), "w8a8_gemm", "fp8_gemm" (K, N), "quantize_per_token" (K).
     """
     defaults = _INTERP_DEFAULTS if interpreter_enabled() and device.type != "cuda" else _GPU_DEFAULTS
-    gpu = current_gpu_name(device) if device.type == "cuda" else None
-    return lookup_config(table_op, gpu, m, shape_key(**dims), defaults[kind])
+    return lookup_config(table_op, _gpu_name(device), m, shape_key(**dims), defaults[kind])
 
 
 def _dot_dtype(x_dtype: torch.dtype, device: torch.device) -> tl.dtype:
@@ -114,57 +127,22 @@ def _dequant_tile(
 
 
 @triton.jit
-def _wq_gemm_kernel(
-    x_ptr,
-    qw_ptr,
-    s_ptr,
-    z_ptr,
-    b_ptr,
-    out_ptr,
-    M,
-    N,
-    K,
-    GROUP,
-    BITS: tl.constexpr,
-    HAS_ZEROS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-):
-    """Tiled weight-only GEMM for large M: one [BLOCK_M, BLOCK_N] output tile per program."""
+def _grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(offs_m, offs_n) of this program's output tile, in grouped order: GROUP_M row-tiles share each
+    weight column-tile while it is in L2."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
-    # Grouped ordering: GROUP_M row-tiles share each weight column-tile while it is in L2.
     width = GROUP_M * num_n
     first_m = (pid // width) * GROUP_M
     size_m = min(num_m - first_m, GROUP_M)
     pid_m = first_m + (pid % width) % size_m
     pid_n = (pid % width) // size_m
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(
-            x_ptr + offs_m[:, None] * K + offs_k[None, :],
-            mask=mask_m[:, None] & (offs_k < K)[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        w = _dequant_tile(qw_ptr, s_ptr, z_ptr, offs_k, offs_n, k0 // GROUP, N, K, BITS, HAS_ZEROS)
-        acc += tl.dot(x.to(DOT_DTYPE), w.to(DOT_DTYPE))
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    out_mask = mask_m[:, None] & (offs_n < N)[None, :]
-    tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    return pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
 
 
 @triton.jit
-def _wq_splitk_kernel(
+def _wq_kernel(
     x_ptr,
     qw_ptr,
     s_ptr,
@@ -183,22 +161,30 @@ def _wq_splitk_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SPLITK: tl.constexpr,
     USE_ATOMIC: tl.constexpr,
 ):
-    """Split-K GEMV-style kernel for M <= 16: program (n-tile, k-slice, m-tile) reduces a K slice.
+    """Weight-only GEMM: one [BLOCK_M, BLOCK_N] output tile over a K range per program.
 
-    With USE_ATOMIC the fp32 partial sums are atomically added into a zeroed fp32 output
-    (the split-0 program adds the bias); otherwise the single split stores the result.
+    The variant is how programs map to work. Tiled (SPLITK False, large M): 1-D grid in grouped order,
+    each program the whole of K. Split-K (small M, GEMV-style): program (n-tile, k-slice, m-tile) reduces
+    K_PER_SPLIT of K, so few rows still fill the GPU. With USE_ATOMIC the fp32 partial sums are
+    atomically added into a zeroed fp32 output (the split-0 program adds the bias); otherwise the
+    program stores its tile.
     """
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if SPLITK:
+        pid_k = tl.program_id(1)
+        offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        k_start = pid_k * K_PER_SPLIT
+        k_end = min(k_start + K_PER_SPLIT, K)
+    else:
+        offs_m, offs_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        k_start = 0
+        k_end = K
     mask_m = offs_m < M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_start = pid_k * K_PER_SPLIT
-    k_end = min(k_start + K_PER_SPLIT, K)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(
@@ -210,7 +196,9 @@ def _wq_splitk_kernel(
         acc += tl.dot(x.to(DOT_DTYPE), w.to(DOT_DTYPE))
     if HAS_BIAS:
         bias = tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
-        acc += tl.where(pid_k == 0, bias, 0.0)[None, :]
+        if SPLITK:
+            bias = tl.where(pid_k == 0, bias, 0.0)
+        acc += bias[None, :]
     out_mask = mask_m[:, None] & (offs_n < N)[None, :]
     ptrs = out_ptr + offs_m[:, None] * N + offs_n[None, :]
     if USE_ATOMIC:
@@ -294,16 +282,7 @@ def _scaled_mm_kernel(
     out = acc * a_scale[m] * w_scale[n] (+ bias[n]). int8 weights are unpacked from the native
     int32 layout (offset-binary codes, zero 128); fp8 weights are a plain [K, N] e4m3 tensor.
     """
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    size_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     mask_m = offs_m < M
     mask_n = offs_n < N
     if IS_FP8:
@@ -359,47 +338,37 @@ def wq_gemm(
     """Weight-only quantized GEMM into `out` [M, N]: out = x @ ((code - zero) * scale)^T (+ bias).
 
     x [M, K] contiguous fp16/bf16/fp32; group = K for per-channel. The variant comes from
-    `choose_variant(M)`; split-K accumulates fp32 partials atomically, then casts into `out`.
+    `choose_variant` (tuned table, else M <= 16); split-K accumulates fp32 partials atomically, then
+    casts into `out`.
     """
     m, k = x.shape
     n = qweight.shape[1]
     op = "w4a16_gemm" if bits == 4 else "w8a16_gemm"
-    variant = choose_variant(m)
+    variant = choose_variant(m, op, x.device, shape_key(N=n, K=k, G=group))
     cfg = launch_config(f"{op}_{variant}", variant, x.device, m, N=n, K=k, G=group)
     # A K tile must not straddle a group: its single scale row is loaded once per tile.
     block_k = cfg["BLOCK_K"] if group == k else min(cfg["BLOCK_K"], group)
-    common = dict(
-        BITS=bits,
-        HAS_ZEROS=zeros is not None,
-        HAS_BIAS=bias is not None,
-        DOT_DTYPE=_dot_dtype(x.dtype, x.device),
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_K=block_k,
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
-    )
-    z = zeros if zeros is not None else scales  # never read when HAS_ZEROS is False
-    b = bias if bias is not None else scales
     if variant == "tiled":
         grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
-        _wq_gemm_kernel[grid](x, qweight, scales, z, b, out, m, n, k, group, GROUP_M=cfg["GROUP_M"], **common)
-        return out
-    k_blocks = triton.cdiv(k, block_k)
-    split = max(1, min(cfg["SPLIT_K"], k_blocks))
-    k_per_split = triton.cdiv(k_blocks, split) * block_k
-    split = triton.cdiv(k, k_per_split)
-    grid = (triton.cdiv(n, cfg["BLOCK_N"]), split, triton.cdiv(m, cfg["BLOCK_M"]))
-    if split == 1:
-        _wq_splitk_kernel[grid](
-            x, qweight, scales, z, b, out, m, n, k, group, k_per_split, USE_ATOMIC=False, **common
-        )
-        return out
-    acc = torch.zeros((m, n), dtype=torch.float32, device=x.device)
-    _wq_splitk_kernel[grid](
-        x, qweight, scales, z, b, acc, m, n, k, group, k_per_split, USE_ATOMIC=True, **common
-    )
-    out.copy_(acc)
+        split, k_per_split = 1, k
+    else:
+        k_blocks = triton.cdiv(k, block_k)
+        split = max(1, min(cfg["SPLIT_K"], k_blocks))
+        k_per_split = triton.cdiv(k_blocks, split) * block_k
+        split = triton.cdiv(k, k_per_split)
+        grid = (triton.cdiv(n, cfg["BLOCK_N"]), split, triton.cdiv(m, cfg["BLOCK_M"]))
+    # K slices meet by fp32 atomics in a zeroed buffer; a single slice stores its tile directly.
+    dst = out if split == 1 else torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    # zeros / bias stand-ins (scales) are never read when HAS_ZEROS / HAS_BIAS is False.
+    _wq_kernel[grid](
+        x, qweight, scales, scales if zeros is None else zeros, scales if bias is None else bias, dst,
+        m, n, k, group, k_per_split,
+        BITS=bits, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, DOT_DTYPE=_dot_dtype(x.dtype, x.device),
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 1),
+        SPLITK=variant == "splitk", USE_ATOMIC=split > 1, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    if dst is not out:
+        out.copy_(dst)
     return out
 
 

@@ -20,6 +20,7 @@ from codesign.backend import use_backend
 
 # One tiny shape per shipped op (odd sizes; interpreter-cheap).
 ATT = {"M": 2, "q_heads": 4, "kv_heads": 2, "head_dim": 32, "block_size": 16, "ctx": 40}
+KVW = {"M": 5, "kv_heads": 3, "head_dim": 24}  # 5 tokens (one is padding), heads and dim padded in the kernel
 TINY = {
     "w4a16_gemm": {"M": 3, "N": 96, "K": 256, "G": 128},
     "w8a16_gemm": {"M": 19, "N": 80, "K": 128, "G": 0},  # the tiled variant
@@ -27,6 +28,14 @@ TINY = {
     "fp8_gemm": {"M": 5, "N": 80, "K": 128},
     "quantize_per_token": {"M": 3, "K": 300},
     "df11_gemm": {"M": 3, "N": 21, "K": 40, "seg": 16},  # 3 segments: K split in 2 or 3 ranges
+    # 4-byte chunks keep the interpreter's per-code loop short; 64 lanes allow 1 or 2 warps.
+    "df11_decode": {"N": 9, "K": 13, "chunk_bytes": 4, "chunks_per_group": 64},
+    "df11_gemv": {"N": 9, "K": 13, "chunk_bytes": 4, "chunks_per_group": 64},
+    "kv_write": KVW,
+    "kv_write_int8": KVW,
+    "kv_write_int4": KVW,
+    "kv_write_int2": KVW,
+    "kv_write_fp8": KVW,
     "paged_attention": ATT,
     "paged_attention_int8": ATT,
     "paged_attention_int4": ATT,
@@ -93,6 +102,11 @@ def test_the_candidate_reaches_the_kernel_and_is_correct(name, monkeypatch):
         "paged_attention_mixed",
         "paged_attention_kivi",
         "df11_gemm",
+        "df11_decode",
+        "df11_gemv",
+        "kv_write",
+        "kv_write_int4",
+        "kv_write_fp8",
     ],
 )
 def test_tiny_tune_through_the_interpreter(name, tmp_path):

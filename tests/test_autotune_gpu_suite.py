@@ -46,7 +46,8 @@ def test_every_shipped_op_has_suite_shapes_that_it_accepts():
         for text in [suite.TUNE_SHAPES[name], *suite.CORRECTNESS_SHAPES[name]]:
             op.check_shape(parse_shape(text))
         space = op.space(parse_shape(suite.TUNE_SHAPES[name]), torch.float16, True)
-        assert len(space.candidates(DeviceLimits())) >= 8, name  # something to tune on an H100
+        # Something to choose between on an H100 (the writers and the DF11 decoder tune num_warps only).
+        assert len(space.candidates(DeviceLimits())) >= 2, name
 
 
 def test_tuning_pass_through_the_interpreter_writes_rows_and_tables(tmp_path):

@@ -35,10 +35,14 @@ def test_row_metrics_follow_the_spec(bench):
 
 def test_targets_read_the_right_rows(bench):
     rows = [
-        dict(kernel="w4a16_g128", model="square", layer="8192", M=m, speedup_vs_bf16=s)
+        dict(kernel="w4a16_g128", model="square", layer="8192", M=m, ms=0.01, speedup_vs_bf16=s)
         for m, s in ((1, 3.6), (16, 3.4), (4096, 0.95))
     ]
-    rows += [dict(kernel="w8a8_int8", model="llama2-70b", layer="gate_up", M=1024, speedup_vs_bf16=1.7)]
+    rows += [
+        dict(kernel="w8a8_int8", model="llama2-70b", layer="gate_up", M=1024, ms=0.1, speedup_vs_bf16=1.7)
+    ]
+    # A kernel that failed leaves an error row without a timing: it must not count.
+    rows += [dict(kernel="w4a16_g128", model="square", layer="8192", M=2, error="boom", speedup_vs_bf16=0.1)]
     t = bench._targets(rows)
     assert t["w4a16_small_m_min_speedup"] == 3.4 and not t["w4a16_small_m_met"]
     assert t["w4a16_m4096_met"] and t["w8a8_met"]

@@ -1,0 +1,178 @@
+"""bench/gpu_suite.py --smoke: every section of the GPU suite runs on the CPU through Triton's interpreter.
+
+The suite is the one script a borrowed GPU runs; a Python error in it would waste that lease. The smoke
+run exercises the same code (same tables, shrunk by `smoke_shape`; correctness checks against fp64; one
+timed call per case) in a fresh interpreter with TRITON_INTERPRET=1, and these tests read its JSON.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from codesign.autotune.ops import parse_shape, registered_ops
+
+SUITE = Path(__file__).resolve().parents[1] / "bench" / "gpu_suite.py"
+# Report key each bench module writes (its section); a new bench module must be added here.
+BENCH_SECTIONS = {
+    "gpu_attention": "paged_attention",
+    "gpu_df11": "df11",
+    "gpu_kvquant": "kv_quant",
+    "gpu_quant_gemm": "quant_gemm",
+}
+
+
+def _suite():
+    spec = importlib.util.spec_from_file_location("_gpu_suite_smoke", SUITE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _env() -> dict[str, str]:
+    # A fresh interpreter that sees no GPU: the smoke run must never touch one, even where one exists.
+    return {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
+
+
+def _smoke(tmp_path: Path, *extra: str, timeout: float = 170) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "smoke.json"
+    p = subprocess.run([sys.executable, str(SUITE), "--smoke", "--out", str(out), *extra], capture_output=True,
+                       text=True, env=_env(), timeout=timeout)  # fmt: skip
+    assert out.exists(), p.stdout[-3000:] + p.stderr[-3000:]
+    return p, json.loads(out.read_text())
+
+
+def _tunable() -> set[str]:
+    return {n for n in registered_ops() if not n.startswith("test_")}
+
+
+def test_smoke_correctness_and_tuning_cover_every_op(tmp_path):
+    """Ceilings, correctness and tuning sections in one smoke run (the kernel benchmarks: the test below)."""
+    suite = _suite()
+    p, rep = _smoke(tmp_path, "--skip", "kernel_benches", timeout=170)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    assert rep["smoke"] and rep["env"]["gpu"] == "cpu-interpreter" and rep["finished"] and not rep["errors"]
+    assert set(rep["section_seconds"]) == {"ceilings", "correctness", "tuning"}
+
+    # Ceilings: the two numbers, from real (if tiny) runs.
+    assert rep["ceilings"]["copy_GBps"] > 0 and rep["ceilings"]["bf16_matmul_TFLOPs"] > 0
+
+    # Correctness: every tunable op has rows; every row ran and passed, except bf16 ones skipped for the
+    # declared reason; each dtype of the real run is present; shapes are the tables' through smoke_shape.
+    rows = rep["correctness"]["rows"]
+    assert {r["op"] for r in rows} == _tunable()
+    for r in rows:
+        if r.get("skipped"):
+            assert r["dtype"] == "bfloat16" and r["skipped"] == suite.BF16_REASON, r
+        else:
+            assert r["ok"] is True and r["rel_error_seed1"] <= r["bound"], r
+            assert r["real_shape"] in suite.CORRECTNESS_SHAPES[r["op"]], r
+            assert parse_shape(r["shape"]) == suite.smoke_shape(parse_shape(r["real_shape"])), r
+    assert {r["dtype"] for r in rows} == set(suite.CORRECTNESS_DTYPES)
+    assert rep["correctness"]["all_ok"] and rep["correctness"]["n"] == sum(not r.get("skipped") for r in rows)
+
+    # Tuning: one row per registered op, each with a correct best config, a default time, a table.
+    t = rep["tuning"]
+    assert t["error"] is None, t["error"]
+    assert {r["op"] for r in t["rows"]} == _tunable()
+    for r in t["rows"]:
+        assert r.get("best") is not None and r["default_ms"] > 0 and r["n_failed"] == 0, r
+        assert r["shape"] == suite.smoke_shape(parse_shape(suite.TUNE_SHAPES[r["op"]])), r
+        assert t["tables"][r["table_op"]]["entries"][r["key"]][str(r["m"])] == r["best"]
+
+
+@pytest.mark.slow
+def test_smoke_kernel_benches_all_run_and_check(tmp_path):
+    """Every bench/gpu_*.py module runs in smoke mode, writes its section and its correctness checks pass."""
+    suite = _suite()
+    p, rep = _smoke(tmp_path, "--skip", "ceilings", "correctness", "tuning", timeout=170)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    assert rep["finished"] and not rep["errors"] and set(rep["section_seconds"]) == {"kernel_benches"}
+    benches = rep["kernel_benches"]
+    assert set(benches) == set(BENCH_SECTIONS) == {q.stem for q in suite._bench_modules()}
+    for name, key in BENCH_SECTIONS.items():
+        assert benches[name]["ok"], benches[name]
+        sec = rep[key]
+        assert "skipped" not in sec, (key, sec)
+        assert sec.get("rows") or sec.get("shapes"), key
+        assert sec["checks_ok"] is True, (key, sec)
+    qg = rep["quant_gemm"]["rows"]
+    assert {r["kernel"] for r in qg} >= {"fp16_matmul", "w4a16_g128", "w8a16_pc", "w8a8_int8", "fp8"}
+    assert sum(r["rel_err"] is not None for r in qg) >= 8 and all(r["ms"] > 0 for r in qg)
+    assert {r["M"] for r in qg} == {suite.smoke_shape({"M": m})["M"] for m in (1, 4, 16, 64, 256, 1024, 4096)}
+    att = rep["paged_attention"]["rows"]
+    assert {r["kind"] for r in att if "ms" in r} == {"decode", "extend", "tree"}
+    assert sum("check_ok" in r for r in att) >= 10
+    for r in att:  # skips: the real run's over-budget caches, and bf16 in smoke mode, nothing else
+        if "skipped" in r:
+            assert r["skipped"].startswith("cache ") or "bf16" in r["skipped"], r
+    kv = {r["format"] for r in rep["kv_quant"]["rows"]}
+    assert kv >= {"int8", "int4", "int2", "fp8", "int4-kivi", "int2-kivi", "int4-oaken", "mixed-8/4/4/2"}
+    assert sum("check_ok" in r for r in rep["kv_quant"]["rows"]) == 6
+    df = rep["df11"]
+    assert df["all_bit_exact"] and df["small_m_4096x4096"] and df["shapes"] and df["sweep_4096x4096"]
+
+
+def test_smoke_refuses_to_write_into_bench_results():
+    results = SUITE.parent / "results" / "smoke-test-must-not-exist.json"
+    p = subprocess.run([sys.executable, str(SUITE), "--smoke", "--out", str(results)], capture_output=True,
+                       text=True, env=_env(), timeout=60)  # fmt: skip
+    assert p.returncode == 2 and "refusing" in p.stderr and not results.exists()
+
+
+def test_sigterm_keeps_the_sections_done_so_far(tmp_path):
+    """A `timeout` (SIGTERM) mid-run: exit 124, the JSON holds what finished, marked unfinished."""
+    out = tmp_path / "smoke.json"
+    proc = subprocess.Popen([sys.executable, str(SUITE), "--smoke", "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env())  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not out.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)  # the first write comes after the ceilings section
+        assert out.exists(), proc.communicate(timeout=5)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 124, stdout[-2000:] + stderr[-2000:]
+    rep = json.loads(out.read_text())
+    assert rep["finished"] is False and "terminated" in rep["errors"] and "ceilings" in rep
+
+
+def test_smoke_shapes_are_accepted_by_every_op():
+    """The one scaling function keeps every table shape valid for its kernel, and changes nothing on a GPU."""
+    from codesign.autotune.ops import get_op
+
+    suite = _suite()
+    for name in _tunable():
+        op = get_op(name)
+        for text in [suite.TUNE_SHAPES[name], *suite.CORRECTNESS_SHAPES[name]]:
+            real = parse_shape(text)
+            small = suite.smoke_shape(real)
+            op.check_shape(small)
+            assert set(small) == set(real), (text, small)
+            assert all(0 < small[k] <= real[k] or small[k] == real[k] == 0 for k in real), (text, small)
+            assert suite.GPU.scale(**real) == real and suite.SMOKE.scale(**real) == small
+
+
+@pytest.mark.parametrize(
+    "real, small",
+    [
+        ({"M": 1, "K": 4096, "G": 128}, {"M": 1, "K": 128, "G": 128}),
+        ({"M": 300, "N": 1000, "K": 1000}, {"M": 18, "N": 4, "K": 32}),
+        ({"batch": 64, "ctx": 32768, "q_heads": 12, "kv_heads": 8},
+         {"batch": 8, "ctx": 182, "q_heads": 2, "kv_heads": 1}),
+        ({"head_dim": 80, "block_size": 16, "prefix": 0}, {"head_dim": 80, "block_size": 16, "prefix": 0}),
+    ],
+)  # fmt: skip
+def test_smoke_shape_rules(real, small):
+    assert _suite().smoke_shape(real) == small
