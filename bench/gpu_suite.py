@@ -14,7 +14,7 @@ On one H100/H200-class GPU it runs, in this order, in under 8 minutes:
   3. the kernels' own benchmarks: every `bench/gpu_*.py` module with `run(report)` (quantized
      GEMM and attention vs torch / FlashInfer / vLLM where importable, ...), each in try/except so
      one failing section is recorded, not fatal;
-  4. a short tuning pass (TPE, CUDA graphs, cold L2): one small shape of every registered tunable op,
+  4. a short tuning pass (TPE, or random search where optuna is missing; CUDA graphs, cold L2): one small shape of every registered tunable op,
      the time budget split evenly, in an isolated child process (a config that crashes it is recorded
      and skipped, the child restarted: the suite itself never dies of a bad config), reporting the
      tuned time against the default config's, and the exported tables. It gets what is left of
@@ -427,7 +427,9 @@ def _tuning(
     # The child's start-up (imports, CUDA init) and the default timings come out of the same budget.
     per_shape = max(2.0, 0.8 * seconds / max(1, len(tasks)))
     cache = TuningCache(out_dir / "tune-cache.jsonl")
-    settings = dict(dtype=dtype, device=device, strategy="tpe",
+    # The lent H200's image has no optuna (and nothing can be installed there): random search then.
+    strategy = "tpe" if importlib.util.find_spec("optuna") is not None else "random"
+    settings = dict(dtype=dtype, device=device, strategy=strategy,
                     budget=Budget(max_evals=max_evals, max_seconds=per_shape))  # fmt: skip
     logs: list[str] = []
     results: list[dict[str, Any]] = []
@@ -480,7 +482,7 @@ def _tuning(
             row["default_error"] = f"{type(e).__name__}: {e}"[:300]
         rows.append(row)
     report["tuning"] = {
-        "rows": rows, "tables": tables, "strategy": "tpe", "seconds_per_shape": per_shape,
+        "rows": rows, "tables": tables, "strategy": strategy, "seconds_per_shape": per_shape,
         "max_evals_per_shape": max_evals, "isolated": True, "log": logs[-20:], "error": error,
         "seconds": time.monotonic() - t0,
     }  # fmt: skip
