@@ -14,11 +14,12 @@ On one H100/H200-class GPU it runs, in this order, in under 8 minutes:
   3. the kernels' own benchmarks: every `bench/gpu_*.py` module with `run(report)` (quantized
      GEMM and attention vs torch / FlashInfer / vLLM where importable, ...), each in try/except so
      one failing section is recorded, not fatal;
-  4. a short tuning pass (TPE, or random search where optuna is missing; CUDA graphs, cold L2): one small shape of every registered tunable op,
-     the time budget split evenly, in an isolated child process (a config that crashes it is recorded
-     and skipped, the child restarted: the suite itself never dies of a bad config), reporting the
-     tuned time against the default config's, and the exported tables. It gets what is left of
-     --budget (default 420 s) after sections 1-3, at most --tune-seconds.
+  4. a short tuning pass (TPE, or random search where optuna is missing; CUDA graphs, cold L2): one
+     small shape of every registered tunable op, the time budget split evenly, in an isolated child
+     process (a config that crashes it is recorded and skipped, the child restarted: the suite itself
+     never dies of a bad config), reporting the tuned time against the default config's, and the
+     exported tables. It gets what is left of --budget (default 420 s) after sections 1-3, at most
+     --tune-seconds.
 Writes one JSON file (default bench/results/<gpu-slug>-<date>.json), rewritten after every section and
 every kernel benchmark (`"finished": false` until the end; a SIGTERM, e.g. from `timeout`, writes what
 is done and exits 124), and prints a summary table. Without a CUDA GPU it prints why and exits with status 2.
