@@ -295,6 +295,62 @@ def _row(lid: int, items: list) -> str:
     return str(lid) + ", " + ", ".join(str(x) for x in items) + ",\n"
 
 
+def render_cfg(
+    rows: int,
+    cols: int,
+    dataflow: str,
+    ifmap_kb: int,
+    filter_kb: int,
+    ofmap_kb: int,
+    mode: str = "CALC",
+    bandwidth: int = 10,
+    bank_bandwidth: int = 10,
+    banks: int = 10,
+    run_name: str = "run",
+) -> str:
+    """A SCALE-Sim 3.0 .cfg text for one array (the file `read_cfg` and SCALE-Sim both read): dense,
+    no custom layout, no Ramulator trace; mode "CALC" (stall-free) or "USER" (`bandwidth` words/cycle)."""
+    return f"""[general]
+run_name = {run_name}
+
+[architecture_presets]
+ArrayHeight: {rows}
+ArrayWidth: {cols}
+IfmapSramSzkB: {ifmap_kb}
+FilterSramSzkB: {filter_kb}
+OfmapSramSzkB: {ofmap_kb}
+IfmapOffset: 0
+FilterOffset: 10000000
+OfmapOffset: 20000000
+Bandwidth : {bandwidth}
+Dataflow : {dataflow}
+MemoryBanks: 1
+ReadRequestBuffer: 512
+WriteRequestBuffer: 512
+
+[layout]
+IfmapCustomLayout: False
+FilterCustomLayout: False
+IfmapSRAMBankBandwidth: {bank_bandwidth}
+IfmapSRAMBankNum: {banks}
+IfmapSRAMBankPort: 2
+FilterSRAMBankBandwidth: {bank_bandwidth}
+FilterSRAMBankNum: {banks}
+FilterSRAMBankPort: 2
+
+[sparsity]
+SparsitySupport : false
+SparseRep : ellpack_block
+OptimizedMapping : false
+BlockSize : 8
+RandomNumberGeneratorSeed : 40
+
+[run_presets]
+InterfaceBandwidth: {mode}
+UseRamulatorTrace: False
+"""
+
+
 def write_reports(out_dir: str | os.PathLike, reports: list[LayerReport]) -> list[Path]:
     """Write COMPUTE_REPORT.csv, BANDWIDTH_REPORT.csv and DETAILED_ACCESS_REPORT.csv exactly as SCALE-Sim."""
     out = Path(out_dir)

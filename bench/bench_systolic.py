@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from codesign.accel_model.scalesim_io import read_cfg, read_topology
+from codesign.accel_model.scalesim_io import read_cfg, read_topology, render_cfg
 from codesign.accel_model.systolic import simulate_layer
 
 pytestmark = pytest.mark.skipif(
@@ -27,41 +27,6 @@ pytestmark = pytest.mark.skipif(
 # AlexNet conv2 as im2col, 27*27 output pixels, 256 filters, 5*5*48 window (SCALE-Sim: minutes).
 EXAMPLE = "Layer, M, N, K,\nfc1, 64, 128, 256,\nfc2, 64, 64, 128,\nqkv, 128, 96, 32,\n"
 TOPO = {"CALC": EXAMPLE + "conv2, 729, 256, 1200,\n", "USER": EXAMPLE}
-CFG = """[general]
-run_name = bench
-[architecture_presets]
-ArrayHeight: 32
-ArrayWidth: 32
-IfmapSramSzkB: {kb}
-FilterSramSzkB: {kb}
-OfmapSramSzkB: {kb}
-IfmapOffset: 0
-FilterOffset: 10000000
-OfmapOffset: 20000000
-Bandwidth : 10
-Dataflow : {df}
-MemoryBanks: 1
-ReadRequestBuffer: 512
-WriteRequestBuffer: 512
-[layout]
-IfmapCustomLayout: False
-FilterCustomLayout: False
-IfmapSRAMBankBandwidth: 10
-IfmapSRAMBankNum: 10
-IfmapSRAMBankPort: 2
-FilterSRAMBankBandwidth: 10
-FilterSRAMBankNum: 10
-FilterSRAMBankPort: 2
-[sparsity]
-SparsitySupport : false
-SparseRep : ellpack_block
-OptimizedMapping : false
-BlockSize : 8
-RandomNumberGeneratorSeed : 40
-[run_presets]
-InterfaceBandwidth: {mode}
-UseRamulatorTrace: False
-"""
 
 
 def _ours(cfg_path: Path, topo_path: Path) -> list[list[str]]:
@@ -89,7 +54,8 @@ def _scalesim(cfg_path: Path, topo_path: Path, layout: Path, out: Path) -> tuple
 def test_systolic_vs_scalesim(benchmark, tmp_path, dataflow, mode):
     """CALC: stall-free, 64 KB SRAMs; USER: 10 words/cycle into 16 KB SRAMs, where fc1 stalls."""
     cfg, topo, layout = tmp_path / "a.cfg", tmp_path / "t.csv", tmp_path / "l.csv"
-    cfg.write_text(CFG.format(df=dataflow, mode=mode, kb=64 if mode == "CALC" else 16))
+    kb = 64 if mode == "CALC" else 16
+    cfg.write_text(render_cfg(32, 32, dataflow, kb, kb, kb, mode, run_name="bench"))
     topo.write_text(TOPO[mode])
     layout.write_text("Layer name, dummy,\n")
     scalesim_s, expected = _scalesim(cfg, topo, layout, tmp_path / "ss")

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codesign.accel_model.scalesim_io import _cfg_entries, read_cfg, read_topology
+from codesign.accel_model.scalesim_io import _cfg_entries, read_cfg, read_topology, render_cfg
 from codesign.accel_model.systolic import Layer, MemoryConfig, simulate_layer
 from codesign.cli import main
 from codesign.specs import CodesignError
@@ -27,45 +27,6 @@ needs_scalesim = pytest.mark.skipif(
 )
 REPORTS = ("COMPUTE_REPORT.csv", "BANDWIDTH_REPORT.csv", "DETAILED_ACCESS_REPORT.csv")
 
-CFG = """[general]
-run_name = {run}
-
-[architecture_presets]
-ArrayHeight:    {R}
-ArrayWidth:     {C}
-IfmapSramSzkB:   {ik}
-FilterSramSzkB:  {fk}
-OfmapSramSzkB:   {ok}
-IfmapOffset:    0
-FilterOffset:   10000000
-OfmapOffset:    20000000
-Bandwidth : {bw}
-Dataflow : {df}
-MemoryBanks:   1
-ReadRequestBuffer: 512
-WriteRequestBuffer: 512
-
-[layout]
-IfmapCustomLayout: False
-FilterCustomLayout: False
-IfmapSRAMBankBandwidth: {bw}
-IfmapSRAMBankNum: {banks}
-IfmapSRAMBankPort: 2
-FilterSRAMBankBandwidth: {bw}
-FilterSRAMBankNum: {banks}
-FilterSRAMBankPort: 2
-
-[sparsity]
-SparsitySupport : false
-SparseRep : ellpack_block
-OptimizedMapping : false
-BlockSize : 8
-RandomNumberGeneratorSeed : 40
-
-[run_presets]
-InterfaceBandwidth: {mode}
-UseRamulatorTrace: False
-"""
 
 # The inputs and COMPUTE_REPORT.csv of SCALE-Sim 3.0.0's run in ../shared/reference-data/scalesim-example/
 # (`python -m scalesim.scale -c os_32x32.cfg -t gemm_topo.csv -l layout_empty.csv -p out -i gemm`,
@@ -84,7 +45,7 @@ def _write_inputs(
     d: Path, R=32, C=32, ik=64, fk=64, ok=64, df="os", mode="CALC", bw=10, banks=10, topo=EXAMPLE_TOPO
 ) -> dict:
     d.mkdir(parents=True, exist_ok=True)
-    cfg = CFG.format(run="run", R=R, C=C, ik=ik, fk=fk, ok=ok, df=df, mode=mode, bw=bw, banks=banks)
+    cfg = render_cfg(R, C, df, ik, fk, ok, mode, bandwidth=bw, bank_bandwidth=bw, banks=banks)
     (d / "arch.cfg").write_text(cfg)
     (d / "topo.csv").write_text(topo)
     (d / "layout.csv").write_text("Layer name, dummy,\n")
@@ -233,8 +194,8 @@ BAD_FILES = [
     ("cfg", "[sparsity]", "[sparsityx]", ["arch.cfg", "[sparsity]"]),
     ("cfg", "Dataflow : os", "Dataflow : rs", ["arch.cfg", "line 14", "Dataflow"]),
     ("cfg", "InterfaceBandwidth: CALC", "InterfaceBandwidth: FAST", ["arch.cfg", "InterfaceBandwidth"]),
-    ("cfg", "ArrayHeight:    32", "ArrayHeight:    3x2", ["arch.cfg", "line 5", "ArrayHeight"]),
-    ("cfg", "ArrayWidth:     32\n", "", ["arch.cfg", "ArrayWidth"]),
+    ("cfg", "ArrayHeight: 32", "ArrayHeight: 3x2", ["arch.cfg", "line 5", "ArrayHeight"]),
+    ("cfg", "ArrayWidth: 32\n", "", ["arch.cfg", "ArrayWidth"]),
     ("cfg", "SparsitySupport : false", "SparsitySupport : true", ["arch.cfg", "SparsitySupport"]),
     ("topo", "fc2, 64, 64, 128,", "fc2, 64, 64, 128", ["topo.csv", "line 3", "trailing comma"]),
     ("topo", "qkv, 128, 96, 32,", "qkv, 128, ninety, 32,", ["topo.csv", "line 4", "'N'", "ninety"]),
