@@ -68,7 +68,7 @@ def gpu_time_ms(
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             body(with_kernel)
-        return _event_median(g.replay, reps)
+        return event_median(g.replay, reps)
 
     how: dict[str, Any] = {"input_sets": len(fns), "calls": calls, "l2_flush_buffer": need_flush}
     for f in fns:  # compile and warm every input set outside the graph
@@ -81,12 +81,13 @@ def gpu_time_ms(
     except RuntimeError as e:  # capture not possible: time the unrolled loop instead
         how["cuda_graph"] = False
         how["graph_error"] = str(e).splitlines()[0][:200]
-        total = _event_median(lambda: body(True), reps)
-        base = _event_median(lambda: body(False), reps) if need_flush else 0.0
+        total = event_median(lambda: body(True), reps)
+        base = event_median(lambda: body(False), reps) if need_flush else 0.0
     return max(total - base, 0.0) / calls, how
 
 
-def _event_median(fn: Callable[[], Any], reps: int) -> float:
+def event_median(fn: Callable[[], Any], reps: int) -> float:
+    """Median over `reps` runs of fn, each timed with CUDA events (ms); the GPU work must be queued by fn."""
     import torch
 
     times = []

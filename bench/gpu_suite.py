@@ -241,11 +241,14 @@ def _ceilings(report: dict, mode: Mode = GPU) -> None:
     if mode.smoke:
         ms, mm = mode.time_ms(lambda: b.copy_(a)), mode.time_ms(lambda: x @ y)
     else:
-        for _ in range(3):
+        for _ in range(3):  # warm-up: allocator, cuBLAS handle and kernel selection stay out of the numbers
             b.copy_(a)
+            x @ y
         torch.cuda.synchronize()
-        ms = _events(lambda: b.copy_(a), 20)
-        mm = _events(lambda: x @ y, 20)
+        from codesign.autotune.timing import event_median
+
+        ms = event_median(lambda: b.copy_(a), 20)
+        mm = event_median(lambda: x @ y, 20)
     report["ceilings"] = {
         "copy_GBps": 2 * a.numel() * 4 / (ms * 1e-3) / 1e9,  # bytes read + bytes written
         "bf16_matmul_TFLOPs": 2 * side**3 / (mm * 1e-3) / 1e12,
@@ -253,20 +256,6 @@ def _ceilings(report: dict, mode: Mode = GPU) -> None:
         if mode.smoke
         else "median of 20 CUDA-event timings after 3 warm-ups; random data",
     }
-
-
-def _events(fn, reps: int) -> float:
-    import torch
-
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return sorted(times)[len(times) // 2]
 
 
 def _correctness(
