@@ -120,6 +120,15 @@ def _check_kivi(
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
+def _format_row(name: str, ms: float, bits: float, base_ms: float, **extra) -> dict:
+    """One format's row: time, bits per element, speedup over the bf16 cache against the ideal 16 / bits,
+    and the issue's target where it sets one."""
+    speedup = base_ms / ms
+    target = TARGETS.get(name)
+    return dict(format=name, ms=ms, bits=bits, speedup=speedup, ideal=16.0 / bits, target=target,
+                meets_target=None if target is None else speedup >= target, **extra)  # fmt: skip
+
+
 def _oaken_row(q, bt, cl, nb: int, base: float, mode: Any = None) -> dict:
     """INT4 Oaken decode; outlier words with valid positions so the kernel applies them."""
     import torch
@@ -140,7 +149,7 @@ def _oaken_row(q, bt, cl, nb: int, base: float, mode: Any = None) -> dict:
     c.v_out.copy_(c.k_out)
     ms = _time_ms(lambda: oaken_attention(q, c, bt, cl, check_data=False), mode)
     bits = kvq.layout_bits_per_element("oaken", 4, DIM, block_size=BLOCK_SIZE, capacity=cap)
-    return dict(format="int4-oaken", ms=ms, bits=bits, speedup=base / ms, ideal=16.0 / bits, capacity=cap)
+    return _format_row("int4-oaken", ms, bits, base, capacity=cap)
 
 
 def _mixed_row(q, bt, cl, nb: int, base: float, mode: Any = None) -> dict:
@@ -158,7 +167,7 @@ def _mixed_row(q, bt, cl, nb: int, base: float, mode: Any = None) -> dict:
     c.v_meta[..., 0] = 0.01
     ms = _time_ms(lambda: mixed_attention(q, c, bt, cl, check_data=False), mode)
     bits = 4.5 + 32 / DIM
-    return dict(format="mixed-8/4/4/2", ms=ms, bits=bits, speedup=base / ms, ideal=16.0 / bits)
+    return _format_row("mixed-8/4/4/2", ms, bits, base)
 
 
 def _check(fmt: str, dtype, device: str = "cuda", ctx: int = 1000, hq: int = HQ, hkv: int = HKV) -> float:
@@ -219,37 +228,16 @@ def run(report: dict, mode: Any = None) -> None:
         ms = _time_ms(lambda c=c: kvq_decode_attention(q, c, bt, cl, check_data=False), mode)
         wms = _time_ms(lambda c=c: kvq_write(new, new, c, slots, check_data=False), mode)
         bits = kvq.layout_bits_per_element("fp8" if fmt == "fp8" else "per_token", c.bits, DIM)
-        rows.append(
-            dict(
-                format=fmt,
-                ms=ms,
-                bits=bits,
-                speedup=base / ms,
-                ideal=16.0 / bits,
-                target=TARGETS.get(fmt),
-                meets_target=None if fmt not in TARGETS else base / ms >= TARGETS[fmt],
-                write_ms_16_tokens=wms,
-                **_checked(_check(fmt, dtype, dev, check_ctx, hq, hkv), dtype),
-            )
-        )
+        checked = _checked(_check(fmt, dtype, dev, check_ctx, hq, hkv), dtype)
+        rows.append(_format_row(fmt, ms, bits, base, write_ms_16_tokens=wms, **checked))
         c = None
         mode.empty_cache()
     for name, b in KIVI.items():
         c = _kivi_cache(b, nb, dev, hkv, batch)
         ms = _time_ms(lambda c=c: kivi_decode_attention(q, c, bt, cl, check_data=False), mode)
         bits = kvq.layout_bits_per_element("kivi", b, DIM, group=KIVI_G)
-        rows.append(
-            dict(
-                format=name,
-                ms=ms,
-                bits=bits,
-                speedup=base / ms,
-                ideal=16.0 / bits,
-                target=TARGETS.get(name),
-                meets_target=None if name not in TARGETS else base / ms >= TARGETS[name],
-                **_checked(_check_kivi(b, dtype, dev, 2 * KIVI_G + KIVI_R, hq, hkv), dtype),
-            )
-        )
+        checked = _checked(_check_kivi(b, dtype, dev, 2 * KIVI_G + KIVI_R, hq, hkv), dtype)
+        rows.append(_format_row(name, ms, bits, base, **checked))
         c = None
         mode.empty_cache()
     rows.append(_oaken_row(q, bt, cl, nb, base, mode))
