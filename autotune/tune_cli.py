@@ -78,7 +78,8 @@ def shapes_from_model(
     if op == "paged_attention" or op.startswith("paged_attention_"):  # plain and quantized-KV decode
         return [{"M": b, "q_heads": cfg.heads, "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
                  "block_size": block_size, "ctx": ctx} for b in batches]  # fmt: skip
-    nk = sorted(set(cfg.linear_shapes().values()))
+    # Qwen2-MoE's shared-expert gate (hidden x 1) stays an fp16 GEMV: not a quantized-GEMM shape to tune.
+    nk = sorted({v for k, v in cfg.linear_shapes().items() if k != "shared_gate"})
     if op == "quantize_per_token":  # the activations entering each linear layer: one row length K each
         return [{"M": b, "K": k} for k in sorted({k for _, k in nk}) for b in batches]
     if op == "kv_write" or op.startswith("kv_write_"):  # a layer's new K/V: M tokens of [kv_heads, head_dim]

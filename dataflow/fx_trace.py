@@ -27,6 +27,10 @@ How traced calls become operator nodes:
   dispatch bookkeeping (sort, histogram, offsets) form `router`; the token
   gather and the first grouped GEMM `up_proj`; the gate activation and multiply
   `act`; the second grouped GEMM and the weighted combine `down_proj`.
+- A shared expert beside the routed ones (Qwen2-MoE): the calls under its
+  `shared_expert` module become `shared_up_proj`, `shared_act` and
+  `shared_down_proj`, its `shared_expert_gate` linear `shared_gate`, and the MoE
+  block's own sigmoid/multiply/add `shared_combine` (the layer's FFN output).
 - The builder's step has parts the forward pass lacks, added by fixed rules:
   `kv_write` (reads the K and V that reach attention, feeds attention), the
   all-reduces after o_proj/down_proj when tp > 1, and `sample` after `lm_head`.
@@ -50,7 +54,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -102,7 +106,13 @@ LINEAR_ROLES = {
     "down_proj": "down_proj",
     "fc2": "down_proj",
     "lm_head": "lm_head",
+    "shared_expert_gate": "shared_gate",  # Qwen2-MoE's sigmoid gate of the shared expert
 }
+# Roles that become `shared_<role>` inside a MoE block's always-on shared expert (Qwen2-MoE).
+SHARED_EXPERT = "shared_expert"
+SHARED_ROLES = frozenset({"up_proj", "act", "down_proj"})
+# The MoE block's own arithmetic around a shared expert: sigmoid(gate) * shared + routed.
+COMBINE_OPS = frozenset({"sigmoid", "mul", "add"})
 # GPT-2 names both output projections c_proj: the owning container tells them apart.
 LINEAR_ROLES_IN = {("attention", "c_proj"): "o_proj", ("mlp", "c_proj"): "down_proj"}
 # Norm roles by name, inside a decoder layer and outside (OPT's final_layer_norm is both).
@@ -328,6 +338,8 @@ def _group_calls(graph: torch.fx.Graph) -> tuple[dict[str, _Group], dict[torch.f
         elif kind == "top" and aten == "add" and layer is None:
             count = residuals[None] = residuals.get(None, 0) + 1
             op = "embed_add" if count == 1 else None  # token + position embeddings (GPT-2, OPT)
+        elif kind == "moe" and aten in COMBINE_OPS:
+            op = "shared_combine"
         elif kind == "router":
             op = "router"
         elif kind == "experts":
@@ -336,6 +348,8 @@ def _group_calls(graph: torch.fx.Graph) -> tuple[dict[str, _Group], dict[torch.f
                 grouped_gemms[layer] = grouped_gemms.get(layer, 0) + 1
         elif kind == "rotary":
             continue  # cos/sin tables: bookkeeping even when a dtype hint links them to the data
+        if op in SHARED_ROLES and any(p.rsplit(".", 1)[-1] == SHARED_EXPERT for p, _ in stack):
+            op = "shared_" + op
         if op is None:
             raise CodesignError(
                 f"traced call aten.{aten} in {cls.rsplit('.', 1)[-1]} {path!r} maps to no operator "
@@ -470,6 +484,53 @@ def _router(grp: _Group) -> tuple[int, int]:
     return experts, top_k
 
 
+def _shared_expert(
+    groups: dict[str, _Group],
+    add: Callable[[str, str, OpSpec, int | None, float], None],
+    p: str,
+    i: int,
+    tokens: int,
+    hidden: int,
+    tp: int,
+    wf: WeightFormat,
+    lin_act: str,
+) -> None:
+    """The shared-expert nodes of a traced MoE layer, as `build_step_graph` makes them."""
+    need = [p + n for n in ("shared_act", "shared_down_proj", "shared_combine")]
+    missing = [n for n in need if n not in groups]
+    if missing:
+        raise CodesignError(f"traced shared expert of layer {i} lacks {missing}")
+    act_b = dtype_bytes("fp16")
+    ups = _linears(groups[p + "shared_up_proj"])
+    (_, sffn_all, d_bias), *_ = _linears(groups[p + "shared_down_proj"]).values()
+    act_op = _act_op(groups[p + "shared_act"], i)
+    up_all = sum(n for n, _, _ in ups.values())
+    if up_all != (2 if act_op.endswith("_mul") else 1) * sffn_all:
+        raise CodesignError(f"traced layer {i} shared expert has {up_all} up outputs for width {sffn_all}")
+    sffn = tp_divide("shared_expert_ffn", sffn_all, tp)
+    up_n = up_all // sffn_all * sffn
+    up_bias = any(b for _, _, b in ups.values())
+    up = Gemm(M=tokens, N=up_n, K=hidden, weight=wf, act_dtype=lin_act, bias=up_bias)
+    add(p + "shared_up_proj", "shared_up_proj", up, i, tokens * up_n * act_b)
+    add(p + "shared_act", act_op, Elementwise(act_op, tokens * sffn), i, tokens * sffn * act_b)
+    down = Gemm(M=tokens, N=hidden, K=sffn, weight=wf, act_dtype=lin_act, bias=d_bias)
+    add(p + "shared_down_proj", "shared_down_proj", down, i, tokens * hidden * act_b)
+    if p + "shared_gate" in groups:
+        (n_out, k_in, _), *_ = _linears(groups[p + "shared_gate"]).values()
+        if (n_out, k_in) != (1, hidden):
+            raise CodesignError(
+                f"traced layer {i} shared-expert gate is {n_out} x {k_in}, expected 1 x {hidden}"
+            )
+        add(p + "shared_gate", "shared_gate", Gemm(M=tokens, N=1, K=hidden), i, tokens * act_b)
+    add(
+        p + "shared_combine",
+        "shared_combine",
+        Elementwise("add", tokens * hidden),
+        i,
+        tokens * hidden * act_b,
+    )
+
+
 def graph_from_module(
     model: torch.nn.Module | TracedModel,
     phase: str = "decode",
@@ -598,6 +659,8 @@ def graph_from_module(
         add(p + "act", act_op, Elementwise(act_op, act_rows * ffn), i, act_rows * ffn * act_b)
         d_spec = Gemm(M=mm, N=hidden, K=ffn, weight=wf, act_dtype=lin_act, bias=d_bias, batch=nb)
         add(p + "down_proj", "down_proj", d_spec, i, hid_b)
+        if p + "shared_up_proj" in groups:
+            _shared_expert(groups, add, p, i, tokens, hidden, tp, wf, lin_act)
         add(p + "ffn_residual", "residual_add", Elementwise("add", tokens * hidden), i, hid_b)
     add("final_norm", "final_norm", norm_spec(groups["final_norm"]), None, hid_b)
     # Only the last position of each sequence is projected to the vocabulary (fp32 logits).
@@ -610,7 +673,8 @@ def graph_from_module(
     redirect: dict[str, str] = {}
     if tp > 1:
         for i in layers:
-            for proj, ar in (("o_proj", "attn_all_reduce"), ("down_proj", "ffn_all_reduce")):
+            ffn_out = "shared_combine" if f"L{i}.shared_combine" in groups else "down_proj"
+            for proj, ar in (("o_proj", "attn_all_reduce"), (ffn_out, "ffn_all_reduce")):
                 src, node = f"L{i}.{proj}", f"L{i}.{ar}"
                 add(node, "all_reduce", AllReduce(tokens * hidden, tp), i, hid_b)
                 g.add_edge(src, node, bytes=out_bytes[src])

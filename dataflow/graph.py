@@ -145,6 +145,25 @@ def build_step_graph(
             f"{p}{part}_residual", "residual_add", Elementwise("add", tokens * hidden), i, [x, skip], hid_b
         )
 
+    def shared_expert(p: str, i: int, n2: str, routed_out: str, act_op: str) -> str:
+        # Qwen2-MoE / DeepSeekMoE: every token also runs a dense gated MLP (sharded like a dense FFN);
+        # Qwen2-MoE scales it by sigmoid(x . w_gate), one fp16 hidden x 1 GEMV per token that stays
+        # unquantized. The combine (routed + gate * shared) is one fused elementwise pass.
+        sffn = tp_divide("shared_expert_ffn", m.shared_expert_ffn, tp)
+        s_up_n = (2 if m.gated else 1) * sffn
+        up_b = tokens * s_up_n * act_b
+        up = add(p + "shared_up_proj", "shared_up_proj", lin(s_up_n, hidden, m.mlp_bias), i, [n2], up_b)
+        act = add(
+            p + "shared_act", act_op, Elementwise(act_op, tokens * sffn), i, [up], tokens * sffn * act_b
+        )
+        down = add(p + "shared_down_proj", "shared_down_proj", lin(hidden, sffn, m.mlp_bias), i, [act], hid_b)
+        ins = [routed_out, down]
+        if m.shared_expert_gate:
+            ins.append(
+                add(p + "shared_gate", "shared_gate", Gemm(M=tokens, N=1, K=hidden), i, [n2], tokens * act_b)
+            )
+        return add(p + "shared_combine", "shared_combine", Elementwise("add", tokens * hidden), i, ins, hid_b)
+
     x = add("embed", "embedding", Embedding(tokens, m.vocab, hidden), None, [], hid_b)
     if m.learned_positions:
         # GPT-2/OPT add a learned position table (one row per position) to the token embedding.
@@ -206,6 +225,8 @@ def build_step_graph(
         down = add(
             p + "down_proj", "down_proj", lin(hidden, ffn, m.mlp_bias, mm, nb), i, [act, *down_in], hid_b
         )
+        if m.shared_expert_ffn:
+            down = shared_expert(p, i, n2, down, act_op)
         last = [residual(p, "ffn", i, down, r1)]
     fn = add("final_norm", "final_norm", Norm(tokens, hidden, m.norm), None, last, hid_b)
     # Only the last position of each sequence is projected to the vocabulary.

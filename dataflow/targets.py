@@ -121,12 +121,16 @@ class DesignTarget:
         return dataclasses.replace(d, kv_quant=None) if d.kv_quant else None
 
     def units(self) -> dict[str, int]:
+        # One slot per unit kind, not one per instance: the evaluator already spreads every op over all
+        # instances (a GEMM's batches or N over the `count` arrays, vector work over lanes x count, KV
+        # quantization over every engine), so a second op at the same time would use hardware the first
+        # one's time already counts on.
         d = self.design
-        u = {"systolic": d.systolic.count, "vector": d.vector.count, "dram": 1, "link": 1}
+        u = {"systolic": 1, "vector": 1, "dram": 1, "link": 1}
         if d.pim is not None:
             u["pim"] = 1
         if d.kv_quant is not None:
-            u["kv_quant"] = d.kv_quant.count
+            u["kv_quant"] = 1
         return u
 
     def memory_capacity_bytes(self) -> float:

@@ -7,7 +7,13 @@ import json
 import pytest
 
 from codesign.catalog.gpus import list_gpus, load_gpu, match_gpu_name
-from codesign.catalog.models import expected_active_experts, list_models, load_hf_config, load_model
+from codesign.catalog.models import (
+    ModelConfig,
+    expected_active_experts,
+    list_models,
+    load_hf_config,
+    load_model,
+)
 from codesign.specs import CodesignError
 
 REQUIRED_MODELS = (
@@ -18,6 +24,7 @@ REQUIRED_MODELS = (
     "llama-3-70b",
     "mistral-7b",
     "mixtral-8x7b",
+    "qwen1.5-moe-a2.7b",
     "opt-6.7b",
     "gpt-3-175b",
 )
@@ -125,6 +132,50 @@ def test_hf_mixtral_and_opt(tmp_path):
     o = load_hf_config(tmp_path / "opt.json")
     # The same architecture as the catalogue's OPT-6.7B: same parameter count.
     assert o.param_count() == load_model("opt-6.7b").param_count()
+
+
+# Qwen1.5-MoE-A2.7B's config.json fields (the catalogue entry is typed from the same file).
+QWEN2_MOE = {
+    "model_type": "qwen2_moe",
+    "num_hidden_layers": 24,
+    "hidden_size": 2048,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "intermediate_size": 5632,
+    "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632,
+    "num_experts": 60,
+    "num_experts_per_tok": 4,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "vocab_size": 151936,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+}
+
+
+def test_hf_qwen2_moe_reads_expert_and_shared_widths(tmp_path):
+    m = load_hf_config(_write(tmp_path, QWEN2_MOE) / "config.json")
+    # Routed experts are moe_intermediate_size wide, not intermediate_size (the dense MLP's width).
+    assert (m.ffn, m.experts, m.top_k, m.shared_expert_ffn, m.shared_expert_gate) == (1408, 60, 4, 5632, True)
+    assert m.qkv_bias and not m.o_bias
+    assert m.param_count() == load_model("qwen1.5-moe-a2.7b").param_count()
+    shapes = m.linear_shapes()
+    assert shapes["shared_up_proj"] == (2 * 5632, 2048) and shapes["shared_gate"] == (1, 2048)
+
+
+@pytest.mark.parametrize("extra", [{"mlp_only_layers": [0]}, {"decoder_sparse_step": 2}])
+def test_hf_qwen2_moe_with_dense_layers_is_refused(tmp_path, extra):
+    with pytest.raises(CodesignError, match="every layer must be sparse"):
+        load_hf_config(_write(tmp_path, {**QWEN2_MOE, **extra}) / "config.json")
+
+
+def test_shared_expert_fields_are_checked():
+    base = dict(name="x", layers=1, hidden=8, heads=2, kv_heads=2, ffn=8, vocab=10)
+    with pytest.raises(CodesignError, match="need experts > 0"):
+        ModelConfig(**base, shared_expert_ffn=16)
+    with pytest.raises(CodesignError, match="shared_expert_gate needs shared_expert_ffn"):
+        ModelConfig(**base, experts=4, top_k=1, shared_expert_gate=True)
 
 
 @pytest.mark.parametrize(

@@ -222,6 +222,24 @@ FAMILIES = {
             "tie_word_embeddings": False,
         },
     ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        {
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 160,  # the dense MLP width: unused when every layer is sparse
+            "moe_intermediate_size": 48,
+            "shared_expert_intermediate_size": 80,
+            "vocab_size": 128,
+            "max_position_embeddings": 512,
+            "num_experts": 6,
+            "num_experts_per_tok": 2,
+            "tie_word_embeddings": False,
+        },
+    ),
     "opt": (
         "OPTConfig",
         "OPTForCausalLM",
@@ -281,6 +299,22 @@ def test_other_families_equal_builder(family_pair, kw):
         up = got.nodes["L0.up_proj"]["spec"]
         assert up.N == 2 * 96 // tp and up.batch * up.M >= 2 * tokens
         assert got.nodes["L0.act"]["op"] == "silu_mul"
+    elif fam == "qwen2_moe":
+        router = got.nodes["L1.router"]["spec"]
+        assert (router.experts, router.top_k) == (6, 2)
+        assert got.nodes["L0.up_proj"]["spec"].N == 2 * 48 // tp  # routed experts: moe_intermediate_size
+        assert got.nodes["L0.shared_up_proj"]["spec"].N == 2 * 80 // tp
+        assert got.nodes["L0.shared_down_proj"]["spec"].K == 80 // tp
+        gate = got.nodes["L0.shared_gate"]["spec"]
+        assert (gate.M, gate.N, gate.K) == (tokens, 1, 64) and not gate.weight.quantized
+        assert set(got.predecessors("L0.shared_combine")) == {
+            "L0.down_proj",
+            "L0.shared_down_proj",
+            "L0.shared_gate",
+        }
+        ffn_out = "L0.ffn_all_reduce" if tp > 1 else "L0.shared_combine"
+        assert ffn_out in set(got.predecessors("L0.ffn_residual"))
+        assert got.nodes["L0.qkv_proj"]["spec"].bias and not got.nodes["L0.o_proj"]["spec"].bias
     else:
         assert got.nodes["pos_embed"]["spec"].vocab == 512
         assert set(got.predecessors("embed_add")) == {"embed", "pos_embed"}

@@ -37,8 +37,12 @@ class ModelConfig:
     ffn_kind: str = "gated_silu"
     norm: str = "rms"
     max_context: int = 4096
-    experts: int = 0  # 0: dense FFN
+    experts: int = 0  # 0: dense FFN; else `ffn` is one routed expert's width
     top_k: int = 0
+    # Qwen2-MoE / DeepSeekMoE: an always-on shared expert (a gated MLP of this width, 0: none) beside the
+    # routed ones; Qwen2-MoE scales its output by sigmoid(x . w_gate) (a hidden x 1 linear).
+    shared_expert_ffn: int = 0
+    shared_expert_gate: bool = False
     tied_embeddings: bool = False
     bias: bool = False  # shorthand: biases on every linear (OPT, GPT); the three flags below refine it
     qkv_bias: bool | None = None  # None: same as `bias` (Qwen2 has q/k/v biases only)
@@ -69,6 +73,11 @@ class ModelConfig:
         check_nonneg_int("experts", self.experts)
         if self.experts and not (1 <= self.top_k <= self.experts):
             raise CodesignError(f"{where}: top_k={self.top_k} must be in 1..experts={self.experts}")
+        check_nonneg_int("shared_expert_ffn", self.shared_expert_ffn)
+        if (self.shared_expert_ffn or self.shared_expert_gate) and not self.experts:
+            raise CodesignError(f"{where}: shared_expert_ffn / shared_expert_gate need experts > 0")
+        if self.shared_expert_gate and not self.shared_expert_ffn:
+            raise CodesignError(f"{where}: shared_expert_gate needs shared_expert_ffn > 0")
         if self.sliding_window is not None:
             check_positive_int("sliding_window", self.sliding_window)
         for f in ("qkv_bias", "o_bias", "mlp_bias"):
@@ -91,14 +100,25 @@ class ModelConfig:
         return self.kv_heads * self.head_dim
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """(N, K) of each linear layer of one block (unsharded); MoE expert shapes are per expert."""
+        """(N, K) of each linear layer of one block (unsharded); MoE expert shapes are per expert, the
+        shared expert's (and its gate's) under `shared_*`."""
         ffn_up = (2 if self.gated else 1) * self.ffn
-        return {
+        out = {
             "qkv_proj": (self.q_dim + 2 * self.kv_dim, self.hidden),
             "o_proj": (self.hidden, self.q_dim),
             "up_proj": (ffn_up, self.hidden),
             "down_proj": (self.hidden, self.ffn),
         }
+        if self.shared_expert_ffn:
+            out["shared_up_proj"] = ((2 if self.gated else 1) * self.shared_expert_ffn, self.hidden)
+            out["shared_down_proj"] = (self.hidden, self.shared_expert_ffn)
+        if self.shared_expert_gate:
+            out["shared_gate"] = (1, self.hidden)
+        return out
+
+    def _shared_weights(self) -> int:
+        s = self.linear_shapes()
+        return sum(a * b for k, (a, b) in s.items() if k.startswith("shared_"))
 
     def param_count(self) -> int:
         """Total parameters (weights, biases, norms, embeddings); checked against `known_params`."""
@@ -110,7 +130,7 @@ class ModelConfig:
         norm_params = (1 if self.norm == "rms" else 2) * self.hidden
         if self.experts:
             mlp, bias_mlp = mlp * self.experts, bias_mlp * self.experts
-            mlp += self.experts * self.hidden  # router
+            mlp += self.experts * self.hidden + self._shared_weights()  # router, shared expert
         per_layer = attn + mlp + bias_attn + bias_mlp + 2 * norm_params
         emb = self.vocab * self.hidden
         pos = (self.max_context + 2) * self.hidden if self.learned_positions else 0  # OPT keeps 2 spare rows
@@ -122,6 +142,7 @@ class ModelConfig:
         s = self.linear_shapes()
         mlp = s["up_proj"][0] * s["up_proj"][1] + s["down_proj"][0] * s["down_proj"][1]
         n = sum(a * b for a, b in (s["qkv_proj"], s["o_proj"])) + mlp * max(1, self.experts)
+        n += self._shared_weights()
         return n * bits_per_weight / 8
 
 
@@ -252,6 +273,19 @@ def load_hf_config(path: str | Path) -> ModelConfig:
             heads = int(g("num_attention_heads"))
             act = str(cfg.get("hidden_act", cfg.get("hidden_activation", "silu")))
             experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+            ffn = int(g("intermediate_size"))
+            shared = 0
+            if mtype == "qwen2_moe":
+                # Qwen2-MoE: routed experts are moe_intermediate_size wide (intermediate_size is the dense
+                # MLP width, used only by mlp_only_layers) plus a gated shared expert in every layer.
+                sparse_step = int(cfg.get("decoder_sparse_step", 1) or 1)
+                if cfg.get("mlp_only_layers") or sparse_step != 1:
+                    raise CodesignError(
+                        f"{path}: Qwen2-MoE with dense layers (mlp_only_layers={cfg.get('mlp_only_layers')}, "
+                        f"decoder_sparse_step={sparse_step}) is not mapped: every layer must be sparse"
+                    )
+                ffn = int(g("moe_intermediate_size"))
+                shared = int(cfg.get("shared_expert_intermediate_size") or 0)
             return ModelConfig(
                 name=name,
                 layers=int(g("num_hidden_layers")),
@@ -259,13 +293,15 @@ def load_hf_config(path: str | Path) -> ModelConfig:
                 heads=heads,
                 kv_heads=int(cfg.get("num_key_value_heads") or heads),
                 head_dim=int(cfg.get("head_dim") or 0),
-                ffn=int(g("intermediate_size")),
+                ffn=ffn,
                 vocab=int(g("vocab_size")),
                 ffn_kind="gated_gelu" if "gelu" in act else "gated_silu",
                 norm="rms",
                 max_context=int(g("max_position_embeddings")),
                 experts=experts,
                 top_k=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+                shared_expert_ffn=shared,
+                shared_expert_gate=bool(shared),
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 # Llama/Mistral: attention_bias covers q/k/v/o, mlp_bias the MLP; Qwen2 always has
                 # q/k/v biases and no others (its config has no attention_bias key).
