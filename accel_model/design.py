@@ -15,6 +15,11 @@ Schema (version 1; every key except the optional units is required, unknown keys
     vector: {lanes: 1024, count: 1, depth: 8, sfu_cost: 4}
     kv_quant: {lanes: 32, depth: 6, count: 8, outlier_ports: 2}         # optional
     pim: {preset: HBM3, units: 5, banks_per_unit: 1, lanes: 16, gemv_max_batch: 0}   # optional
+    # pim.dequant (optional): a dequantizing front end per PIM unit, so quantized KV caches (per-token,
+    # KIVI; fp8 with fp8: true) and int weights run on the PIM (pim.py: metadata layout and cost):
+    #   dequant: {bits: [8, 4], elems_per_cmd: 32, mac_lanes: 16, meta_bytes: 512, fp8: false}
+    #   bits: code widths from {2, 4, 8}; elems_per_cmd: codes dequantized per command slot;
+    #   mac_lanes (default pim.lanes, a multiple of it), meta_bytes (default 512), fp8 (default false)
     huffman_decoder: {lanes: 64, symbols_per_cycle: 1, pipeline_depth: 3, lut_tables: 4,
                       second_level_fraction: 0.01}   # optional: decodes DF11 weights (huffman_decoder.py)
     links: {noc_mm: 10, chip_link_gbps: 300, link_pj_per_bit: 1.3}
@@ -41,7 +46,7 @@ from codesign.accel_model.huffman_decoder import (
     huffman_area_um2,
 )
 from codesign.accel_model.kv_quant_engine import KVQuantEngineSpec
-from codesign.accel_model.pim import PIMSpec
+from codesign.accel_model.pim import DEQUANT_BITS, PIMDequantSpec, PIMSpec
 from codesign.accel_model.sram import SRAMSpec
 from codesign.accel_model.vector_unit import VectorUnitSpec
 from codesign.specs import CodesignError, dtype_bytes
@@ -256,8 +261,9 @@ def design_from_dict(data: Any, where: str = "<dict>") -> Design:
     if r.has("pim"):
         p = r.sub("pim")
         pmem = dram_preset(p.choice("preset", tuple(PRESETS)), p.int("units"))
-        pargs = (pmem, p.int("banks_per_unit", 2), p.int("lanes", 16))
-        pim = _wrap(p, "banks_per_unit", lambda: PIMSpec(*pargs))
+        dequant = _pim_dequant(p.sub("dequant")) if p.has("dequant") else None
+        pargs = (pmem, p.int("banks_per_unit", 2), p.int("lanes", 16), dequant)
+        pim = _wrap(p, "", lambda: PIMSpec(*pargs))
         gemv_max = p.int("gemv_max_batch", 0, minimum=0)
         p.done()
 
@@ -300,6 +306,24 @@ def design_from_dict(data: Any, where: str = "<dict>") -> Design:
     )
     _check_tiles(design, r)
     return design
+
+
+def _pim_dequant(q: _Reader) -> PIMDequantSpec:
+    """The `pim.dequant` mapping (errors name pim.dequant.<field>)."""
+    bits = q.raw("bits")
+    if (
+        not isinstance(bits, list)
+        or not bits
+        or len(set(map(repr, bits))) != len(bits)
+        or any(isinstance(b, bool) or b not in DEQUANT_BITS for b in bits)
+    ):
+        raise q.error(
+            "bits", f"must be a list of distinct code widths from {list(DEQUANT_BITS)}, got {bits!r}"
+        )
+    mac = q.int("mac_lanes") if q.has("mac_lanes") else None
+    args = (tuple(bits), q.int("elems_per_cmd"), mac, q.int("meta_bytes", 512), q.bool("fp8", False))
+    q.done()
+    return _wrap(q, "", lambda: PIMDequantSpec(*args))
 
 
 def _check_tiles(d: Design, r: _Reader) -> None:

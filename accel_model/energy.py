@@ -31,6 +31,14 @@ of HBM2's 3.9 pJ/bit to data movement outside the bank, so an in-bank column rea
 45 nm logic (HBM-PIM, Kwon et al. ISSCC 2021, built it in a 20 nm DRAM process at 300 MHz): the
 45 nm fp16 MAC (1.5 pJ) is used unscaled.
 
+PIM dequantizing front end (`pim.dequant`, estimates from Horowitz's 45 nm table, DRAM-process logic
+used unscaled like the PIM MAC): per element, code x fp16 scale is an 8 x 11-bit multiply (int8 mult
+0.2 pJ x 11/8 = 0.275 pJ, 388 um^2), the zero is added by an fp32 adder (0.9 pJ, 4184 um^2: the rule
+is fp32 RNE, see pim_dequant.py) and the fp32 -> fp16 rounding is an int32-add-class incrementer
+(0.1 pJ, 137 um^2): 1.275 pJ and 4709 um^2 per element lane. Widening the unit costs fp16 MACs
+(fp16 mult + add, 1640 + 1360 um^2 per lane); the scale/zero register file ~5 um^2 per flip-flop
+(the Huffman lane's estimate).
+
 Huffman (DF11) decode lane logic, per code (estimate): a 32-bit bit-pointer add (int32 add 0.1 pJ,
 Horowitz) and a 32-bit, 5-stage window barrel shifter taken as two int32 adds' worth of switching
 (0.2 pJ): 0.3 pJ at 45 nm; the bf16 merge is wiring. Lane area (estimate): int32 adder 137 um^2
@@ -88,6 +96,10 @@ _SRAM_CELL_UM2 = 0.346 / 0.70  # per bit, including periphery
 
 PIM_READ_PJ_PER_BIT = 1.3
 PIM_MAC_FP16_PJ = 1.5
+PIM_DEQUANT_ELEM_PJ = 0.2 * 11 / 8 + 0.9 + 0.1  # module docstring: multiply, fp32 add, round to fp16
+PIM_DEQUANT_LANE_UM2 = 282.0 * 11 / 8 + 4184.0 + 137.0
+PIM_MAC_FP16_UM2 = 1640.0 + 1360.0
+PIM_REG_BIT_UM2 = 5.0
 NOC_PJ_PER_BIT_MM_45 = 0.2
 # Vector lane-op: one fp32 FMA-class operation (mult + add) on the lane's datapath.
 VECTOR_OP_45 = 3.7 + 0.9

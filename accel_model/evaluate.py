@@ -7,8 +7,10 @@ Where each op runs:
                                filter buffer, overlapped with the arrays' dense GEMM as a stream; a
                                design without that unit decodes on the vector lanes (software decode,
                                DF11_VECTOR_OPS lane-ops per weight)
-    PagedDecodeAttention       PIM units when the design has them and the KV cache is fp16/bf16
-                               (softmax and partial-sum reduction on the vector unit, serialised);
+    PagedDecodeAttention       PIM units when the design has them and they read the KV format: fp16/
+                               bf16, or a quantized cache their dequantizing front end takes
+                               (`pim.supports(spec, design.pim)`; softmax and partial-sum reduction
+                               on the vector unit, serialised);
                                otherwise QK^T and P.V (GEMVs) on the arrays or as FMAs on the vector
                                lanes, whichever is faster; softmax on the vector unit; dequantization
                                on the KV quant engines (or the vector unit)
@@ -32,8 +34,9 @@ longer of the two, which is the stall-free bound; SRAM traffic follows SCALE-Sim
 GEMM, too slow for hundreds of ops per model step.
 
 Energy (pJ) by "unit.action": systolic.mac, sram.<buffer>.read/write, dram.access (reads and writes
-alike), noc.transfer, vector.op, kv_quant.elem, pim.mac, pim.bank_read, pim.io, link.transfer,
-huffman.lut_read, huffman.logic.
+alike), noc.transfer, vector.op, kv_quant.elem, pim.mac, pim.bank_read, pim.io, pim.dequant (elements
+the PIM front ends dequantize, present only when they do), link.transfer, huffman.lut_read,
+huffman.logic.
 Static (leakage) power is not modelled.
 """
 
@@ -45,6 +48,7 @@ from dataclasses import dataclass
 from codesign.accel_model import pim as pim_model
 from codesign.accel_model.design import Design
 from codesign.accel_model.dram import random_access, stream_access
+from codesign.accel_model.energy import PIM_DEQUANT_ELEM_PJ
 from codesign.accel_model.huffman_decoder import huffman_cost
 from codesign.accel_model.kv_quant_engine import kvq_cost
 from codesign.accel_model.vector_unit import vector_cost
@@ -241,7 +245,7 @@ DF11_DECODED_BYTES = 2  # the decoder writes dense bf16 into the filter buffer
 
 def _gemm(acc: _Acc, spec: Gemm) -> Result:
     d = acc.d
-    if d.pim is not None and 0 < spec.M <= d.pim_gemv_max_batch and pim_model.supports(spec):
+    if d.pim is not None and 0 < spec.M <= d.pim_gemv_max_batch and pim_model.supports(spec, d.pim):
         return _pim_gemv(acc, spec)
     if spec.weight.dtype == "df11":
         return _df11_gemm(acc, spec)
@@ -288,6 +292,8 @@ def _pim_result(acc: _Acc, spec: OpSpec, r: pim_model.PIMResult) -> Result:
     acc.add(acc.energy, "pim.mac", r.macs * em.pim_mac_pj())
     acc.add(acc.energy, "pim.bank_read", r.bank_bytes * 8 * em.pim_read_pj_per_bit())
     acc.add(acc.energy, "pim.io", r.io_bytes * 8 * d.pim.memory.pj_per_bit)
+    if r.dequant_elems:
+        acc.add(acc.energy, "pim.dequant", r.dequant_elems * PIM_DEQUANT_ELEM_PJ)
     acc.add(acc.traffic, "pim_bank", r.bank_bytes)
     acc.add(acc.traffic, "host_pim", r.io_bytes)
     host_s = 0.0
@@ -313,7 +319,7 @@ def _pim_result(acc: _Acc, spec: OpSpec, r: pim_model.PIMResult) -> Result:
 
 def _decode_attention(acc: _Acc, spec: PagedDecodeAttention) -> Result:
     d = acc.d
-    if d.pim is not None and pim_model.supports(spec):
+    if d.pim is not None and pim_model.supports(spec, d.pim):
         return _pim_result(acc, spec, pim_model.decode_attention(d.pim, spec))
     g = spec.q_heads // spec.kv_heads
     b = spec.batch
@@ -420,28 +426,40 @@ def _all_reduce(acc: _Acc, spec: AllReduce) -> Result:
 _ALWAYS = ("node_nm", "clock_ghz", "memory", "sram", "links")
 
 
-def design_fields_read(has_pim: bool, pim_gemv_max_batch: int, spec: OpSpec) -> tuple[str, ...]:
+def design_fields_read(
+    pim: bool | pim_model.PIMSpec | None, pim_gemv_max_batch: int, spec: OpSpec
+) -> tuple[str, ...]:
     """Names of the `Design` fields `evaluate(design, spec)` can read, for a design with/without PIM.
 
+    `pim`: the design's `PIMSpec` (exact lists), or only whether it has one (True/False: for a
+    quantized decode attention the list then holds both paths' fields, since whether the PIM takes it
+    depends on its dequant front end).
     Contract: two designs equal on these fields give equal `evaluate` results for `spec` (the name and
     source never enter a result). Kept next to the dispatch below: a cost function that starts reading
     another unit must add it here (tests/test_explore_speed.py compares against uncached evaluation).
     """
+    has_pim = pim is not None and pim is not False
+    pim_spec = pim if isinstance(pim, pim_model.PIMSpec) else None
     if isinstance(spec, Gemm):
-        if spec.weight.dtype == "df11":  # never PIM (pim.supports: fp16/bf16 only); decoder or vector lanes
+        if spec.weight.dtype == "df11":  # never PIM (pim.why_not refuses df11); decoder or vector lanes
             return (*_ALWAYS, "systolic", "vector", "huffman_decoder")
         if has_pim and 0 < spec.M <= pim_gemv_max_batch:  # may take the PIM GEMV path (host ops on vector)
             return (*_ALWAYS, "systolic", "vector", "pim", "pim_gemv_max_batch")
         return (*_ALWAYS, "systolic")
     if isinstance(spec, PagedDecodeAttention):
-        if has_pim and pim_model.supports(spec):  # the PIM path: PIM units plus host vector work only
-            return (*_ALWAYS, "vector", "pim")
-        # Arrays or vector lanes; the KV-quant engines only dequantize a quantized cache.
-        return (
+        host = (
             (*_ALWAYS, "systolic", "vector", "kv_quant")
             if spec.kv_format.quantized
             else (*_ALWAYS, "systolic", "vector")
         )
+        if not has_pim:
+            return host  # arrays or vector lanes; the KV-quant engines only dequantize a quantized cache
+        if pim_spec is not None or not spec.kv_format.quantized:
+            # fp16/bf16 caches: pim.supports does not depend on the front end
+            if pim_model.supports(spec, pim_spec):
+                return (*_ALWAYS, "vector", "pim")  # the PIM path: PIM units plus host vector work only
+            return host
+        return (*host, "pim")  # PIM or host, decided by the unknown front end: both paths' fields
     if isinstance(spec, PrefillAttention | PagedExtendAttention | TreeAttention):
         return (*_ALWAYS, "systolic", "vector", "kv_quant")
     if isinstance(spec, KVWrite | KVDequantize):

@@ -7,6 +7,9 @@ row g // cols_per_row, column g % cols_per_row: a W row may straddle two DRAM ro
 the unit's register file (K/lanes registers of `lanes` fp16). Every column command reads one
 column (lanes fp16) from the open row and lane j multiplies it by its x element.
 
+Quantized operands (a `pim.dequant` front end) are first turned into these fp16 W operands by
+`pim_dequant.py`; this path is then unchanged.
+
 Arithmetic (exactly what the RTL does, and what `gemv` computes with numpy float32):
     p[n, c, j] = fp32(W[n, c*lanes + j]) * fp32(x[c*lanes + j])     exact: 11 x 11 = 22 significant
         bits fit in fp32's 24, and |p| >= 2^-48 or p = 0 (fp16's smallest subnormal is 2^-24), far

@@ -164,7 +164,7 @@ class DesignTarget:
             pim, gemv = None, 0
         elif i == 2:
             kvq = None
-        fields = design_fields_read(pim is not None, gemv, spec)
+        fields = design_fields_read(pim, gemv, spec)
         tk = self._tokens.get((i, fields))
         if tk is None:
             view = {"pim": pim, "pim_gemv_max_batch": gemv, "kv_quant": kvq}
