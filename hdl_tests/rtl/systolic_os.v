@@ -1,4 +1,6 @@
-// systolic_os: ROWS x COLS int8 output-stationary systolic array with its control.
+// systolic_os: ROWS x COLS int8 output-stationary systolic array.
+// Job control and the input register are sa_job_ctrl's; this file holds the
+// operand skew, the PE grid (sa_pe_os) and the out_data row select.
 //
 // One job computes C[ROWS][COLS] = A[ROWS][K] * B[K][COLS] (int8 x int8 -> int32),
 // K = t_len (1 .. 2^T_W - 1), latched at start.
@@ -6,8 +8,8 @@
 // Interface contract (no back-pressure, like a stall-free SCALE-Sim fold):
 //   * `start` is accepted on a clock edge where busy is low and t_len != 0; call
 //     that edge 0. Operand vector k (a_vec = column k of A, b_vec = row k of B,
-//     element i in bits [8i+7:8i]) must be on the inputs at edge k, k = 0..K-1.
-//     Inputs outside that window are ignored.
+//     element i in bits [8i+7:8i]) must be on the inputs at edge k, k = 0..K-1
+//     (sa_job_ctrl's stream window). Inputs outside that window are ignored.
 //   * Edge k registers vector k (the input stage). Row i of A and column j of B
 //     pass i and j more skew registers, so operand k meets PE(i,j) at edge
 //     i+j+k+1; the last MAC is at edge R+C+K-2 = SCALE-Sim's output-stationary fold
@@ -18,8 +20,8 @@
 //   * So start->done = R+C+K cycles (edges 0..R+C+K-1) = fold + 1 (input
 //     register) + 1 (readout register); accel_model/systolic_control.py says so.
 //
-// FAULT (bench teeth only): 1 = drain counter off by one (rows read a cycle early),
-// 2 = wrong accumulate (see sa_pe_os).
+// FAULT (bench teeth only): 1 = drain counter off by one (rows read a cycle early,
+// in sa_job_ctrl), 2 = wrong accumulate (see sa_pe_os).
 `default_nettype none
 
 module systolic_os #(
@@ -34,40 +36,25 @@ module systolic_os #(
     input  wire [      T_W-1:0] t_len,
     input  wire [   ROWS*8-1:0] a_vec,
     input  wire [   COLS*8-1:0] b_vec,
-    output reg                  busy,
-    output reg                  done,
-    output reg                  out_valid,
-    output reg  [         15:0] out_row,
+    output wire                 busy,
+    output wire                 done,
+    output wire                 out_valid,
+    output wire [         15:0] out_row,
     output reg  [COLS*32-1:0]   out_data
 );
-  // ---- control -----------------------------------------------------------
-  wire        accept = start && !busy && (t_len != {T_W{1'b0}});
-  reg  [31:0] ecnt;  // index of the coming edge, counted from the accepting edge 0
-  reg  [31:0] k_len;  // K of the running job
-  wire        feed = accept || (busy && ecnt < k_len);
-  // Row r is read at edge r + COLS + K (FAULT 1 reads one edge early).
-  wire [31:0] rd_base = COLS + k_len - ((FAULT == 1) ? 32'd1 : 32'd0);
-  wire        rd_now = busy && (ecnt >= rd_base);
-  wire [31:0] rd_row = ecnt - rd_base;
-
-  // ---- input register (zeroes outside the feed window keep X out) ----------
-  reg [ROWS*8-1:0] a_r;
-  reg [COLS*8-1:0] b_r;
-  reg              v_r;
-  reg              f_r;
-  always @(posedge clk) begin
-    if (rst) begin
-      a_r <= {ROWS * 8{1'b0}};
-      b_r <= {COLS * 8{1'b0}};
-      v_r <= 1'b0;
-      f_r <= 1'b0;
-    end else begin
-      a_r <= feed ? a_vec : {ROWS * 8{1'b0}};
-      b_r <= feed ? b_vec : {COLS * 8{1'b0}};
-      v_r <= feed;
-      f_r <= accept;
-    end
-  end
+  // ---- control: operand k in the stream window (edges 0..K-1), row r read at edge C+K+r
+  wire [ROWS*8-1:0] a_r;
+  wire [COLS*8-1:0] b_r;
+  wire              v_r, f_r, rd_now;
+  wire [      31:0] rd_row;
+  sa_job_ctrl #(
+      .A_W(ROWS * 8), .B_W(COLS * 8), .T_W(T_W), .READ_BASE(COLS), .READ_PLUS_T(1), .N_OUT(ROWS),
+      .FAULT(FAULT)
+  ) u_ctrl (
+      .clk(clk), .rst(rst), .start(start), .t_len(t_len), .a_vec(a_vec), .b_vec(b_vec),
+      .busy(busy), .done(done), .out_valid(out_valid), .out_row(out_row),
+      .a_r(a_r), .a_v(v_r), .b_r(b_r), .in_first(f_r), .rd_now(rd_now), .rd_row(rd_row)
+  );
 
   // ---- skew, PE grid ------------------------------------------------------
   // Arrays of nets, one element per link: Icarus re-evaluates every reader of a net when any
@@ -107,38 +94,13 @@ module systolic_os #(
     end
   endgenerate
 
-  // ---- readout: one finished row per cycle -------------------------------
+  // ---- readout: the finished row rd_row, one per cycle ----------------------
   integer r, c;
   always @(posedge clk) begin
-    if (rst) begin
-      busy      <= 1'b0;
-      done      <= 1'b0;
-      out_valid <= 1'b0;
-      out_row   <= 16'd0;
-      out_data  <= {COLS * 32{1'b0}};
-      ecnt      <= 32'd0;
-      k_len     <= 32'd0;
-    end else begin
-      done      <= 1'b0;
-      out_valid <= 1'b0;
-      if (accept) begin
-        busy  <= 1'b1;
-        ecnt  <= 32'd1;
-        k_len <= {{(32 - T_W) {1'b0}}, t_len};
-      end else if (busy) begin
-        ecnt <= ecnt + 32'd1;
-        if (rd_now) begin
-          out_valid <= 1'b1;
-          out_row   <= rd_row[15:0];
-          for (r = 0; r < ROWS; r = r + 1)
-            if (rd_row == r) for (c = 0; c < COLS; c = c + 1) out_data[c*32+:32] <= acc_w[r*COLS+c];
-          if (rd_row == ROWS - 1) begin
-            done <= 1'b1;
-            busy <= 1'b0;
-          end
-        end
-      end
-    end
+    if (rst) out_data <= {COLS * 32{1'b0}};
+    else if (rd_now)
+      for (r = 0; r < ROWS; r = r + 1)
+        if (rd_row == r) for (c = 0; c < COLS; c = c + 1) out_data[c*32+:32] <= acc_w[r*COLS+c];
   end
 endmodule
 

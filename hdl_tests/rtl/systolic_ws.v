@@ -1,4 +1,6 @@
-// systolic_ws: ROWS x COLS int8 weight-stationary systolic array with its control.
+// systolic_ws: ROWS x COLS int8 weight-stationary systolic array.
+// Job control and the input register are sa_job_ctrl's; this file holds the
+// weight load, the activation skew, the PE grid (sa_pe_ws) and the output de-skew.
 //
 // One job computes C[M][COLS] = A[M][ROWS] * B[ROWS][COLS] (int8 x int8 -> int32):
 // B is loaded into the array, A streams through it; M = t_len (1 .. 2^T_W - 1).
@@ -6,8 +8,9 @@
 // Interface contract (no back-pressure, like a stall-free SCALE-Sim fold):
 //   * `start` is accepted on a clock edge where busy is low and t_len != 0; call
 //     that edge 0. Weight row k (b_vec = row k of B) must be on the inputs at edge
-//     k, k = 0..R-1; activation row m (a_vec = row m of A, element r in bits
-//     [8r+7:8r]) at edge R+m, m = 0..M-1. Inputs outside those windows are ignored.
+//     k, k = 0..R-1 (sa_job_ctrl's preload window); activation row m (a_vec = row m
+//     of A, element r in bits [8r+7:8r]) at edge R+m, m = 0..M-1 (its stream window).
+//     Inputs outside those windows are ignored.
 //   * Edge k registers weight row k (input stage); edge k+1 writes it into PE row k,
 //     so the array holds B after edge R (SCALE-Sim's R weight-load cycles).
 //   * Activation row m is registered at edge R+m; element r passes r more skew
@@ -21,8 +24,8 @@
 //   * So start->done = 2R+C+M cycles = fold + 1 (input register) + 1 (readout
 //     register); accel_model/systolic_control.py says so.
 //
-// FAULT (bench teeth only): 1 = drain counter off by one (rows read a cycle early),
-// 2 = wrong accumulate (see sa_pe_ws).
+// FAULT (bench teeth only): 1 = drain counter off by one (rows read a cycle early,
+// in sa_job_ctrl), 2 = wrong accumulate (see sa_pe_ws).
 `default_nettype none
 
 module systolic_ws #(
@@ -37,49 +40,33 @@ module systolic_ws #(
     input  wire [      T_W-1:0] t_len,
     input  wire [   ROWS*8-1:0] a_vec,
     input  wire [   COLS*8-1:0] b_vec,
-    output reg                  busy,
-    output reg                  done,
-    output reg                  out_valid,
-    output reg  [         15:0] out_row,
+    output wire                 busy,
+    output wire                 done,
+    output wire                 out_valid,
+    output wire [         15:0] out_row,
     output reg  [COLS*32-1:0]   out_data
 );
-  // ---- control -----------------------------------------------------------
-  wire        accept = start && !busy && (t_len != {T_W{1'b0}});
-  reg  [31:0] ecnt;  // index of the coming edge, counted from the accepting edge 0
-  reg  [31:0] m_len;  // M of the running job
-  wire        wfeed = accept || (busy && ecnt < ROWS);
-  wire [31:0] wrow = accept ? 32'd0 : ecnt;
-  wire        afeed = busy && (ecnt >= ROWS) && (ecnt < ROWS + m_len);
-  // Output row m is read at edge 2R + C + m (FAULT 1 reads one edge early).
-  wire [31:0] rd_base = 2 * ROWS + COLS - ((FAULT == 1) ? 32'd1 : 32'd0);
-  wire        rd_now = busy && (ecnt >= rd_base);
-  wire [31:0] rd_row = ecnt - rd_base;
+  // ---- control: weights at edges 0..R-1, activations at R..R+M-1, row m read at 2R+C+m
+  wire [ROWS*8-1:0] a_r;
+  wire [COLS*8-1:0] b_r;
+  wire              av_r, f_r, rd_now;
+  /* verilator lint_off UNUSEDSIGNAL */
+  wire [      31:0] rd_row;  // no row select: the de-skewed bottom row is row rd_row
+  /* verilator lint_on UNUSEDSIGNAL */
+  sa_job_ctrl #(
+      .A_W(ROWS * 8), .B_W(COLS * 8), .T_W(T_W), .STREAM_OFF(ROWS), .PRELOAD(ROWS),
+      .READ_BASE(2 * ROWS + COLS), .FAULT(FAULT)
+  ) u_ctrl (
+      .clk(clk), .rst(rst), .start(start), .t_len(t_len), .a_vec(a_vec), .b_vec(b_vec),
+      .busy(busy), .done(done), .out_valid(out_valid), .out_row(out_row),
+      .a_r(a_r), .a_v(av_r), .b_r(b_r), .in_first(f_r), .rd_now(rd_now), .rd_row(rd_row)
+  );
 
-  // ---- input register (zeroes outside the feed windows keep X out) ---------
-  reg [ROWS*8-1:0] a_r;
-  reg              av_r;
-  reg [COLS*8-1:0] b_r;
-  reg              wv_r;
-  reg [31:0]       wrow_r;
-  always @(posedge clk) begin
-    if (rst) begin
-      a_r    <= {ROWS * 8{1'b0}};
-      av_r   <= 1'b0;
-      b_r    <= {COLS * 8{1'b0}};
-      wv_r   <= 1'b0;
-      wrow_r <= 32'd0;
-    end else begin
-      a_r    <= afeed ? a_vec : {ROWS * 8{1'b0}};
-      av_r   <= afeed;
-      b_r    <= wfeed ? b_vec : {COLS * 8{1'b0}};
-      wv_r   <= wfeed;
-      wrow_r <= wrow;
-    end
-  end
-
-  // ---- skew, PE grid, de-skew -------------------------------------------------
-  // Arrays of nets, one element per link: Icarus re-evaluates every reader of a net when any
-  // bit changes, so one flattened grid-wide vector made an 8x8 array ~30x slower to simulate.
+  // ---- weight load, skew, PE grid, de-skew ---------------------------------------
+  // wsel[i]: b_r holds weight row i (registered at edge i), so PE row i writes it. The job's
+  // first tag (edge 0) walks down a chain of one-edge delays, one per PE row.
+  wire [ROWS-1:0] wsel;
+  // Arrays of nets, one element per link (see systolic_os: Icarus is ~30x slower on one vector).
   // ah: A bundles {valid, a} entering PE(i,j) from the left (j = COLS: unused exit).
   // pv: partial sums entering PE(i,j) from the top (row 0 gets zeros).
   /* verilator lint_off UNUSEDSIGNAL */
@@ -90,6 +77,10 @@ module systolic_ws #(
 
   genvar i, j;
   generate
+    assign wsel[0] = f_r;
+    for (i = 1; i < ROWS; i = i + 1) begin : g_wsel
+      delay_line #(.WIDTH(1), .DEPTH(1)) u_d (.clk(clk), .rst(rst), .d(wsel[i-1]), .q(wsel[i]));
+    end
     for (j = 0; j < COLS; j = j + 1) begin : g_top
       assign pv[j] = 32'd0;
     end
@@ -105,7 +96,7 @@ module systolic_ws #(
             .rst(rst),
             .a_in(ah[i*(COLS+1)+j]),
             .w_in(b_r[8*j+:8]),
-            .w_load(wv_r && (wrow_r == i)),
+            .w_load(wsel[i]),
             .p_in(pv[i*COLS+j]),
             .a_out(ah[i*(COLS+1)+j+1]),
             .p_out(pv[(i+1)*COLS+j])
@@ -119,38 +110,11 @@ module systolic_ws #(
     end
   endgenerate
 
+  // ---- readout: one aligned output row per cycle --------------------------------
   integer c;
-
-  // ---- readout: one output row per cycle ---------------------------------
   always @(posedge clk) begin
-    if (rst) begin
-      busy      <= 1'b0;
-      done      <= 1'b0;
-      out_valid <= 1'b0;
-      out_row   <= 16'd0;
-      out_data  <= {COLS * 32{1'b0}};
-      ecnt      <= 32'd0;
-      m_len     <= 32'd0;
-    end else begin
-      done      <= 1'b0;
-      out_valid <= 1'b0;
-      if (accept) begin
-        busy  <= 1'b1;
-        ecnt  <= 32'd1;
-        m_len <= {{(32 - T_W) {1'b0}}, t_len};
-      end else if (busy) begin
-        ecnt <= ecnt + 32'd1;
-        if (rd_now) begin
-          out_valid <= 1'b1;
-          out_row   <= rd_row[15:0];
-          for (c = 0; c < COLS; c = c + 1) out_data[c*32+:32] <= aligned[c];
-          if (rd_row == m_len - 32'd1) begin
-            done <= 1'b1;
-            busy <= 1'b0;
-          end
-        end
-      end
-    end
+    if (rst) out_data <= {COLS * 32{1'b0}};
+    else if (rd_now) for (c = 0; c < COLS; c = c + 1) out_data[c*32+:32] <= aligned[c];
   end
 endmodule
 
