@@ -185,21 +185,25 @@ class PIMSpec:
 
 
 def area_mm2(pim: PIMSpec) -> dict[str, float]:
-    """Logic area on the DRAM dies, mm^2: {"pim.dequant": front ends + extra MAC lanes + registers}.
+    """Logic area on the DRAM dies, mm^2: {"pim.mac": the units' fp16 MAC lanes, "pim.dequant": front
+    ends + extra MAC lanes + registers (only with a front end)}.
 
-    Per unit: elems_per_cmd x PIM_DEQUANT_LANE_UM2 + (mac_lanes - lanes) x PIM_MAC_FP16_UM2
-    + meta_bytes x 8 x PIM_REG_BIT_UM2 (energy.py: sources); DRAM-process logic, not node-scaled.
-    Empty without a front end (the base MAC units are not counted, as in `Design.area_mm2`).
+    Per unit: lanes x PIM_MAC_FP16_UM2 for the MACs; elems_per_cmd x PIM_DEQUANT_LANE_UM2 +
+    (mac_lanes - lanes) x PIM_MAC_FP16_UM2 + meta_bytes x 8 x PIM_REG_BIT_UM2 for the front end
+    (energy.py: sources); DRAM-process logic, not node-scaled. Not part of `Design.area_mm2` (the
+    accelerator die): explorations report it as its own metric, `pim_logic_mm2`.
     """
+    out = {"pim.mac": pim.units * pim.lanes * PIM_MAC_FP16_UM2 / 1e6}
     dq = pim.dequant
     if dq is None:
-        return {}
+        return out
     per_unit = (
         dq.elems_per_cmd * PIM_DEQUANT_LANE_UM2
         + (pim.mac_lanes - pim.lanes) * PIM_MAC_FP16_UM2
         + dq.meta_bytes * 8 * PIM_REG_BIT_UM2
     )
-    return {"pim.dequant": pim.units * per_unit / 1e6}
+    out["pim.dequant"] = pim.units * per_unit / 1e6
+    return out
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from codesign.accel_model.pim import area_mm2 as pim_area_mm2
 from codesign.dataflow.explore_space import point_key
 from codesign.dataflow.graph import build_step_graph
 from codesign.dataflow.reports import resident_bytes
@@ -235,7 +236,9 @@ def evaluate_point(space, point: dict[str, Any], workload: str, model: str, targ
     fmt = space.formats(point)
     area = sum(design.area_mm2().values())
     cap = capacity_bytes(design)
-    out: dict[str, Any] = {"area_mm2": area, "capacity_gb": cap / 1e9}
+    # PIM logic sits on the DRAM dies, not the accelerator die: its own metric, not in area_mm2.
+    pim_logic = sum(pim_area_mm2(design.pim).values()) if design.pim is not None else 0.0
+    out: dict[str, Any] = {"area_mm2": area, "pim_logic_mm2": pim_logic, "capacity_gb": cap / 1e9}
     w = Workload.parse(workload)
     if w.kind == "trace":
         weights = step_cost(target, model, "decode", 1, 1, fmt)["weights_bytes"]

@@ -215,11 +215,18 @@ def write_report(
         )
         summary["workload"] = w
         summary["pareto_throughput_vs_area"] = [
-            {"area_mm2": x, "tokens_per_s": y, "point": e["point"]} for x, y, e in f["throughput_vs_area"]
+            {
+                "area_mm2": x,
+                "pim_logic_mm2": e["metrics"][w].get("pim_logic_mm2", 0.0),
+                "tokens_per_s": y,
+                "point": e["point"],
+            }
+            for x, y, e in f["throughput_vs_area"]
         ]
         summary["gpu_references"] = refs
         rowsx = "".join(
-            f"<tr><td>{x:.1f}</td><td>{y:.1f}</td><td>{html.escape(_point_text(e['point']))}</td>"
+            f"<tr><td>{x:.1f}</td><td>{e['metrics'][w].get('pim_logic_mm2', 0.0):.0f}</td><td>{y:.1f}</td>"
+            f"<td>{html.escape(_point_text(e['point']))}</td>"
             f"<td>{html.escape(_breakdown(e['metrics'][w]))}</td></tr>"
             for x, y, e in f["throughput_vs_area"]
         )
@@ -231,7 +238,8 @@ def write_report(
         )
         tables = (
             f"<h2>Pareto front: tokens/s vs area ({html.escape(w)})</h2><table><tr><th>area mm²</th>"
-            f"<th>tokens/s</th><th>design point</th><th>time by unit</th></tr>{rowsx}</table>"
+            f"<th>PIM logic mm² (DRAM dies)</th><th>tokens/s</th><th>design point</th><th>time by unit</th></tr>"
+            f"{rowsx}</table>"
             f"<h2>GPU reference points (same workload)</h2><table><tr><th>GPU</th><th>die mm²</th>"
             f"<th>tokens/s</th><th>J/token (TDP bound)</th></tr>{rowsg}</table>"
         )

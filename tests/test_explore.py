@@ -14,7 +14,7 @@ import yaml
 
 from codesign.cli import main
 from codesign.dataflow.explore_engine import run_sweep, score
-from codesign.dataflow.explore_eval import Workload, evaluate_point, step_cost
+from codesign.dataflow.explore_eval import Workload, evaluate_point, point_target, step_cost
 from codesign.dataflow.explore_report import pareto
 from codesign.dataflow.explore_search import make_strategy
 from codesign.dataflow.explore_space import load_space, point_key, space_from_dict
@@ -296,3 +296,23 @@ def test_ray_engine_matches_inline(tmp_path, monkeypatch):
         assert ra == rb
     finally:
         ray.shutdown()
+
+
+def test_pim_logic_area_is_its_own_metric():
+    # PIM logic sits on the DRAM dies: reported as pim_logic_mm2 (pim.area_mm2), never in area_mm2.
+    from codesign.accel_model.pim import area_mm2 as pim_area
+
+    pim = {"preset": "HBM2e", "units": 4, "banks_per_unit": 2, "lanes": 16, "gemv_max_batch": 4}
+    deq = {**pim, "dequant": {"bits": [8, 4], "elems_per_cmd": 64, "mac_lanes": 64}}
+    s = space_from_dict({"base": "tpu_like", "params": {"pim": [None, pim, deq]}})
+    m = {
+        p["pim"] and ("dequant" in p["pim"]): evaluate_point(s, p, "decode:b8:c1024", "llama-3-8b")
+        for p in s.grid()
+    }
+    none, plain, front = m[None], m[False], m[True]
+    assert none["pim_logic_mm2"] == 0.0
+    assert none["area_mm2"] == plain["area_mm2"] == front["area_mm2"]
+    assert 0 < plain["pim_logic_mm2"] < front["pim_logic_mm2"]
+    designs = {("dequant" in p["pim"]): point_target(s, p).design for p in s.grid() if p["pim"]}
+    for k, row in ((False, plain), (True, front)):
+        assert row["pim_logic_mm2"] == pytest.approx(sum(pim_area(designs[k].pim).values()))

@@ -253,7 +253,8 @@ def test_energy_keys_present_and_positive():
 
 
 def test_front_end_area():
-    assert area_mm2(hbm2()) == {}
+    # No front end: only the units' fp16 MAC lanes (128 units x 16 lanes x 3000 um^2, energy.py).
+    assert area_mm2(hbm2()) == {"pim.mac": pytest.approx(128 * 16 * (1640 + 1360) / 1e6)}
     a32 = area_mm2(hbm2(elems_per_cmd=32))["pim.dequant"]
     a64 = area_mm2(hbm2(elems_per_cmd=64))["pim.dequant"]
     wide = area_mm2(hbm2(elems_per_cmd=64, mac_lanes=64))["pim.dequant"]
