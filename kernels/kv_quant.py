@@ -248,13 +248,15 @@ def calibrate_kv_thresholds(
     return torch.stack(out)
 
 
-def check_thresholds(thr: torch.Tensor, kv_heads: int) -> None:
-    """One layer's K or V thresholds: float32 `[kv_heads, 2]`, finite, lo <= hi."""
+def check_thresholds(thr: torch.Tensor, kv_heads: int, values: bool = True) -> None:
+    """One layer's K or V thresholds: float32 `[kv_heads, 2]`; with `values` (a host sync), finite, lo <= hi."""
     if not isinstance(thr, torch.Tensor) or tuple(thr.shape) != (kv_heads, 2) or thr.dtype != torch.float32:
         raise CodesignError(
             f"thresholds must be float32 of shape ({kv_heads}, 2) (lo, hi per kv head), got "
             f"{getattr(thr, 'dtype', type(thr))} {tuple(getattr(thr, 'shape', ()))}"
         )
+    if not values:
+        return
     if not torch.isfinite(thr).all():
         raise CodesignError("thresholds must be finite (NaN or inf found)")
     if (thr[:, 0] > thr[:, 1]).any():
@@ -376,8 +378,9 @@ def _pow2_at_least(r: float) -> float:
     return math.ldexp(1.0, e - 1 if m == 0.5 else e)
 
 
-def check_grid(grid: torch.Tensor, kv_heads: int) -> None:
-    """One layer's K or V grid: float32 `[kv_heads, 2]` (base, step), finite, step a positive power of 2."""
+def check_grid(grid: torch.Tensor, kv_heads: int, values: bool = True) -> None:
+    """One layer's K or V grid: float32 `[kv_heads, 2]` (base, step); with `values` (a host sync), finite,
+    step a positive power of 2."""
     if (
         not isinstance(grid, torch.Tensor)
         or tuple(grid.shape) != (kv_heads, 2)
@@ -387,6 +390,8 @@ def check_grid(grid: torch.Tensor, kv_heads: int) -> None:
             f"grid must be float32 of shape ({kv_heads}, 2) (base, step per kv head), got "
             f"{getattr(grid, 'dtype', type(grid))} {tuple(getattr(grid, 'shape', ()))}"
         )
+    if not values:
+        return
     if not torch.isfinite(grid).all():
         raise CodesignError("grid must be finite (NaN or inf found)")
     step = grid[:, 1].double()

@@ -127,8 +127,9 @@ class OakenPagedKV:
             dtype=f"int{self.bits}", scheme="oaken", outlier_fraction=self.capacity / (bs * d), meta=self.meta,
         )  # fmt: skip
 
-    def check(self) -> tuple[int, int, int, int]:
-        """Validate the tensors; (num_blocks, block_size, kv_heads, head_dim)."""
+    def check(self, values: bool = True) -> tuple[int, int, int, int]:
+        """Validate the tensors (and with `values`, a host sync, the thresholds' and grid's values);
+        (num_blocks, block_size, kv_heads, head_dim)."""
         kvq.check_bits(self.bits)
         c = self.k_codes
         if not isinstance(c, torch.Tensor) or c.dim() != 4:
@@ -147,16 +148,16 @@ class OakenPagedKV:
             "v_count": (torch.int32, (nb, h)),
         }
         check_cache_tensors("Oaken", self, want, c.device)
-        kvq.check_thresholds(self.k_thresholds, h)
-        kvq.check_thresholds(self.v_thresholds, h)
+        kvq.check_thresholds(self.k_thresholds, h, values)
+        kvq.check_thresholds(self.v_thresholds, h, values)
         if self.grid is not None:
             g = self.grid
             if not isinstance(g, torch.Tensor) or tuple(g.shape) != (2, h, 2) or not g.is_contiguous():
                 raise CodesignError(f"Oaken grid must be a contiguous tensor of shape (2, {h}, 2)")
             if g.device != c.device:
                 raise CodesignError(f"grid is on {g.device}, the codes on {c.device}")
-            kvq.check_grid(g[0], h)
-            kvq.check_grid(g[1], h)
+            kvq.check_grid(g[0], h, values)
+            kvq.check_grid(g[1], h, values)
         return nb, bs, h, self.head_dim
 
     @property
@@ -168,20 +169,26 @@ class OakenPagedKV:
         return kvq.layout_bits_per_element(scheme, self.bits, d, block_size=bs, capacity=self.capacity)
 
     # --- writer (token by token: the online rule) ------------------------------------------------
-    def write(self, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    def write(
+        self, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, check_data: bool = True
+    ) -> None:
         """Quantize tokens `[n, kv_heads, D]` into their slots, in the given order (-1 skips).
 
         The Triton writer (`kv_write_oaken_triton`; CUDA tensors, or `use_backend("triton")`, head_dim a
-        power of two) and the torch loop below give bit-identical caches."""
-        nb, bs, h, d = self.check()
-        check_quant_write(key, value, (nb, bs, h, d), self.k_codes.device, slot_mapping, True, False)
-        kx, vx = kvq._check_finite("key", key), kvq._check_finite("value", value)
+        power of two) and the torch loop below give bit-identical caches. `check_data` (host syncs) checks
+        that slots are in range and unique and that key/value are finite; `check_data=False` is for
+        CUDA-graph capture, where the caller guarantees both (the Triton writer relies on unique slots)."""
+        nb, bs, h, d = self.check(check_data)
+        check_quant_write(
+            key, value, (nb, bs, h, d), self.k_codes.device, slot_mapping, check_data, check_data
+        )
         from codesign.kernels.kv_write_oaken_triton import oaken_write_triton, triton_writer_supported
 
         if resolve_backend("kv_write", key.device) == "triton" and triton_writer_supported(d):
             check_writer_dtype(key)
             oaken_write_triton(self, key, value, slot_mapping)
             return
+        kx, vx = key.to(torch.float32), value.to(torch.float32)
         for t, s in enumerate(slot_mapping.tolist()):
             if s < 0:
                 continue
