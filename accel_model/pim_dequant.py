@@ -115,3 +115,17 @@ def gemv_codes(
     x: float16 [K], K a multiple of lanes (one unit's fp16 MAC lanes).
     """
     return pim_mac.gemv(dequant_operand(codes, scale, zero, bits), x, lanes)
+
+
+# ---- timing of one front-end lane (RTL twin: hdl_tests/rtl/pim_dequant_lane.v) ---------------------
+# One operand a cycle through four registers: inputs, (exact product, zero as fp32), fp32 sum, fp16
+# operand. An element sampled at clock edge e is on the lane's output from edge e + LANE_LATENCY.
+LANE_LATENCY = 3
+
+
+def lane_cycles(n: int) -> int:
+    """Cycles one lane takes for n back-to-back elements: n + LANE_LATENCY, counted inclusively from
+    the edge that samples the first code to the edge that registers the last operand."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise CodesignError(f"n must be a positive int (elements streamed), got {n!r}")
+    return n + LANE_LATENCY

@@ -15,7 +15,8 @@ from hdl_bench_kvq import KVQ_TEETH, kvq_bench, kvq_matrix
 from hdl_bench_pim import PIM_TEETH, pim_bench, pim_matrix
 from hdl_sim import HDL_DIR, BenchRun, check_fault, check_simulator, fault_tag
 
-from codesign.accel_model import dequant_mac, systolic_control
+from codesign.accel_model import dequant_mac, pim_dequant, systolic_control
+from codesign.specs.errors import check_choice, check_positive_int
 
 # Fault ids understood by the systolic RTL's FAULT parameter (bench teeth only).
 SYSTOLIC_FAULTS = {0: "none", 1: "drain counter off by one", 2: "wrong accumulate"}
@@ -136,6 +137,50 @@ def dequant_matrix(simulator: str) -> list[DequantConfig]:
     return [DequantConfig(1, 1, 4), DequantConfig(2, 4, 8), DequantConfig(4, 8, 32), DequantConfig(3, 2, 6)]
 
 
+# Fault ids understood by the PIM dequant lane's FAULT parameter (bench teeth only).
+PIM_DEQUANT_FAULTS = {0: "none", 1: "fused single rounding", 2: "fp16 conversion truncates"}
+
+
+@dataclass(frozen=True)
+class PimDequantConfig:
+    """One PIM dequantizing front-end lane configuration: code width (the BITS parameter), injected fault."""
+
+    bits: int
+    fault: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"bits={self.bits}{fault_tag(self.fault)}"
+
+
+def pim_dequant_bench(cfg: PimDequantConfig, n: int = 60) -> BenchRun:
+    """The BenchRun of one lane configuration (`n` elements per directed operand set); CodesignError if
+    the RTL does not support it."""
+    check_choice("bits", check_positive_int("bits", cfg.bits), pim_dequant.INT_BITS)
+    check_fault(cfg.fault, PIM_DEQUANT_FAULTS)
+    return BenchRun(
+        unit="pim_dequant",
+        toplevel="pim_dequant_lane",
+        sources=("pim_dequant_lane.v", "u8_mul_fp16.v", "fp32_add.v", "fp32_to_fp16.v"),
+        parameters={"BITS": cfg.bits, "FAULT": cfg.fault},
+        tb_dir=HDL_DIR / "pim_dequant",
+        tb_module="tb_pim_dequant",
+        config={"bits": cfg.bits, "n": n},
+    )
+
+
+def pim_dequant_matrix(simulator: str) -> list[PimDequantConfig]:
+    """Configurations per simulator: every code width on Icarus, 8-bit codes (the widest product and
+    the only width whose two roundings can differ from one) on Verilator."""
+    check_simulator(simulator)
+    bits = (8,) if simulator == "verilator" else pim_dequant.INT_BITS
+    return [PimDequantConfig(b) for b in bits]
+
+
+# Teeth run with 8-bit codes: the fused-rounding fault only shows on double-rounding cases.
+PIM_DEQUANT_TEETH = (PimDequantConfig(8, 1), PimDequantConfig(8, 2))
+
+
 @dataclass(frozen=True)
 class Unit:
     """A unit's bench: configurations per simulator, the BenchRun of one, and its fault-injected twins."""
@@ -157,4 +202,5 @@ UNITS = {
     ),
     "pim_mac": Unit(pim_matrix, pim_bench, PIM_TEETH),
     "kv_quant": Unit(kvq_matrix, kvq_bench, KVQ_TEETH),
+    "pim_dequant": Unit(pim_dequant_matrix, pim_dequant_bench, PIM_DEQUANT_TEETH),
 }

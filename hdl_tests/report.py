@@ -25,7 +25,7 @@ from hdl_benches import UNITS  # noqa: E402
 from hdl_sim import SIMULATORS, run_bench, simulator_available  # noqa: E402
 
 # Per-job checks in a bench record; a unit's records carry the ones its bench makes (a missing one passes).
-FLAGS = ("bits_ok", "cycles_ok", "order_ok", "xz_ok", "trace_ok", "protocol_ok")
+FLAGS = ("bits_ok", "cycles_ok", "order_ok", "xz_ok", "trace_ok", "protocol_ok", "refuse_ok")
 COLUMNS = (
     "unit",
     "config",

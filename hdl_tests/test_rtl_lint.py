@@ -49,6 +49,15 @@ LINT_CASES += [("fp16_mul_fp32", ("fp16_mul_fp32.v",), {})] + [
     )
 ]
 
+# PIM dequantizing front-end lane and its multiplier / converter (R2, pim.dequant).
+LINT_CASES += [("u8_mul_fp16", ("u8_mul_fp16.v",), {})] + [
+    ("fp32_to_fp16", ("fp32_to_fp16.v",), params) for params in ({}, {"TRUNC": 1})
+]
+LINT_CASES += [
+    ("pim_dequant_lane", ("pim_dequant_lane.v", "u8_mul_fp16.v", "fp32_add.v", "fp32_to_fp16.v"), params)
+    for params in ({"BITS": 2}, {"BITS": 4, "FAULT": 2}, {"BITS": 8, "FAULT": 1})
+]
+
 
 @pytest.mark.parametrize(
     ("top", "sources", "params"),
