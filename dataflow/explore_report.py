@@ -113,15 +113,31 @@ def findings(rows: list[dict]) -> list[str]:
         key=lambda w: (Workload.parse(w).batch, Workload.parse(w).context),
     )
     pim_values = [e["point"].get("pim") for e in by.values() if e["point"].get("pim") is not None]
+    plain = [v for v in pim_values if not (isinstance(v, dict) and v.get("dequant"))]
+    deq = [v for v in pim_values if isinstance(v, dict) and v.get("dequant")]
     if pim_values:
         for w in decodes:
-            # PIM attention reads fp16/bf16 KV only (accel_model.evaluate), so compare fp16-KV designs.
-            r = _pairs(by, "pim", pim_values[0], None, w, "tokens_per_s", where={"format.kv": "fp16"})
+            # Plain PIM attention reads fp16/bf16 KV only (accel_model.evaluate): compare fp16-KV designs.
+            r = _pairs(
+                by, "pim", (plain or pim_values)[0], None, w, "tokens_per_s", where={"format.kv": "fp16"}
+            )
             if r:
                 out.append(
                     f"{w}: adding PIM units changes decode tokens/s by {np.median(r):.2f}x (median over "
                     f"{len(r)} matched fp16-KV designs; range {min(r):.2f}-{max(r):.2f}x)"
                 )
+    if plain and deq:
+        fmts = sorted({e["point"].get("format.kv", "fp16") for e in by.values()} - {"fp16", "bf16"})
+        for w in decodes:
+            for fmt in fmts:
+                # A dequantizing front end lets the PIM stream the quantized cache instead of the host.
+                r = _pairs(by, "pim", deq[0], plain[0], w, "tokens_per_s", where={"format.kv": fmt})
+                if r:
+                    out.append(
+                        f"{w}: a PIM dequant front end vs plain PIM with KV {fmt}: decode tokens/s "
+                        f"{np.median(r):.2f}x (median over {len(r)} matched designs; range "
+                        f"{min(r):.2f}-{max(r):.2f}x)"
+                    )
     for w in sorted(x for x in workloads if x.startswith("trace:")):
         for fmt in ("int8", "int4-kivi"):
             thr = _pairs(by, "format.kv", fmt, "fp16", w, "serve_throughput_tok_s")

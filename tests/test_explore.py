@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -316,3 +317,37 @@ def test_pim_logic_area_is_its_own_metric():
     designs = {("dequant" in p["pim"]): point_target(s, p).design for p in s.grid() if p["pim"]}
     for k, row in ((False, plain), (True, front)):
         assert row["pim_logic_mm2"] == pytest.approx(sum(pim_area(designs[k].pim).values()))
+
+
+def test_findings_compare_a_pim_dequant_front_end_with_plain_pim():
+    from codesign.dataflow.explore_report import findings
+
+    pim = {"preset": "HBM2e", "units": 4, "banks_per_unit": 2, "lanes": 16, "gemv_max_batch": 4}
+    deq = {**pim, "dequant": {"bits": [8, 4], "elems_per_cmd": 64, "mac_lanes": 64}}
+    s = space_from_dict(
+        {"base": "tpu_like", "params": {"pim": [None, pim, deq], "format.kv": ["fp16", "int4-kivi"]}}
+    )
+    w = "decode:b16:c4096"  # fits the base design with an fp16 cache too
+    rows = [
+        {
+            "point_key": point_key(p),
+            "point": p,
+            "workload": w,
+            "metrics": evaluate_point(s, p, w, "llama-3-8b"),
+        }
+        for p in s.grid()
+    ]
+    got = findings(rows)
+    # "Adding PIM" compares the plain PIM with none (fp16 KV), whatever order the points come in.
+    assert any(f.startswith(f"{w}: adding PIM units") for f in got)
+    deq_line = [f for f in got if "dequant front end vs plain PIM with KV int4-kivi" in f]
+    assert len(deq_line) == 1
+    ratio = float(deq_line[0].split("tokens/s ")[1].split("x")[0])
+    by = {
+        (json.dumps(r["point"]["pim"], sort_keys=True), r["point"]["format.kv"]): r["metrics"] for r in rows
+    }
+    want = by[(json.dumps(deq, sort_keys=True), "int4-kivi")]["tokens_per_s"]
+    want /= by[(json.dumps(pim, sort_keys=True), "int4-kivi")]["tokens_per_s"]
+    assert (
+        ratio == pytest.approx(want, abs=0.006) and ratio > 1.05
+    )  # the quantized cache streams from the PIM
