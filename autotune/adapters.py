@@ -17,6 +17,7 @@ since the interpreter's cost is per program instance.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,6 +48,37 @@ def _gen(seed: int) -> torch.Generator:
 
 def _pow2_cap(n: int, lo: int = 16) -> int:
     return max(lo, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
+
+
+def _weight_only_resources(a_bytes: int) -> Callable[[dict[str, int]], Resources]:
+    """The weight-only GEMM kernel's shared memory, as ptxas reports it for sm_90 (exact on every sampled
+    config, `bench/results/lowering_estimates_sm90.json`): each packed int32 word is loaded once per k
+    (address k // PACK), so a pipelined weight tile is [BLOCK_K, BLOCK_N] int32, and num_stages - 1
+    buffers of (x tile, weight words, scale row) are pipelined plus one dequantized weight tile:
+        (stages - 1) x (BM x BK x a + 4 x BK x BN + BN x a) + BK x BN x a.
+    Registers: the accumulator estimate of `gemm_resources`."""
+    regs = gemm_resources(a_bytes, 4)
+
+    def estimate(c: dict[str, int]) -> Resources:
+        bm, bn, bk, st = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], max(2, c.get("num_stages", 2))
+        smem = (st - 1) * (bm * bk * a_bytes + 4 * bk * bn + bn * a_bytes) + bk * bn * a_bytes
+        return Resources(int(smem), regs(c).regs_per_thread)
+
+    return estimate
+
+
+def _scaled_mm_resources(fp8: bool) -> Callable[[dict[str, int]], Resources]:
+    """W8A8 / FP8 GEMM: `gemm_resources` with int8 weights as int32 words per k (as above); below 64 rows
+    Triton keeps one more fp8 weight tile (ptxas, sm_90: estimate + BK x BN), so it is added there."""
+    base = gemm_resources(1, 1 if fp8 else 4)
+
+    def estimate(c: dict[str, int]) -> Resources:
+        r = base(c)
+        if fp8 and c["BLOCK_M"] < 64:
+            return Resources(r.smem_bytes + c["BLOCK_K"] * c["BLOCK_N"], r.regs_per_thread)
+        return r
+
+    return estimate
 
 
 class WeightOnlyGemm:
@@ -107,7 +139,7 @@ class WeightOnlyGemm:
     def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
         g, n, k, m = self._group(shape), shape["N"], shape["K"], shape["M"]
         a_bytes = torch.finfo(dtype).bits // 8
-        res = gemm_resources(a_bytes, self.bits / 8)
+        res = _weight_only_resources(a_bytes)
         if self._variant(shape) == "splitk":
             params = (
                 {"BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [32, 64, 128, 256], "SPLIT_K": [1, 2, 4, 8, 16],
@@ -218,7 +250,7 @@ class W8A8Gemm:
                 c["BLOCK_N"] <= max(_pow2_cap(n, 32), min(params["BLOCK_N"]))
                 and c["BLOCK_M"] <= max(_pow2_cap(m), min(params["BLOCK_M"]))
             ),
-            resources=gemm_resources(1, 1),
+            resources=_scaled_mm_resources(self.fp8),
             fixed={"GROUP_M": 8},
         )
 
@@ -296,7 +328,7 @@ class PagedDecodeAttention:
         elt = torch.finfo(dtype).bits // 8
 
         def resources(c: dict[str, int]) -> Resources:
-            smem = max(1, c["num_stages"]) * 2 * c["BLOCK_N"] * dpad * elt  # K and V tiles
+            smem = self.smem_estimate(c, dpad, rows, elt)
             regs = (rows * dpad + rows * c["BLOCK_N"]) // (32 * c["num_warps"]) + 40
             return Resources(smem, regs)
 
@@ -305,6 +337,17 @@ class PagedDecodeAttention:
         return ConfigSpace(
             params=params, resources=resources, fixed={"BLOCK_M": 64}, valid=lambda c: c["BLOCK_N"] <= cap_n
         )
+
+    @staticmethod
+    def smem_estimate(c: dict[str, int], dpad: int, rows: int, elt: int) -> int:
+        """Shared memory of one decode program: Triton keeps at most two K/V tile buffers whatever
+        num_stages (compiled for sm_90: 74,240 B at BLOCK_N 128, head_dim 128 with 3 and with 4 stages),
+        plus fp32 score rows: (2 if stages > 1 else 1) x BLOCK_N x dpad x elt + 2 x rows x BLOCK_N x 4.
+        At or above the compiler's number on every sampled config (`autotune/compile_check.py`;
+        `bench/results/lowering_estimates_sm90.json`), and below the old stages x 2 x BLOCK_N x dpad x elt,
+        which pruned configs that fit."""
+        bufs = 2 if c["num_stages"] > 1 else 1
+        return bufs * c["BLOCK_N"] * dpad * elt + 2 * rows * c["BLOCK_N"] * 4
 
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
         gen = _gen(seed)

@@ -14,8 +14,9 @@ the device, and the fp64 reference is exact attention over the dequantized cache
 is judged on the attention alone, not on the quantization error.
 
 Table: the kernel's `launch_config` reads the per-format table `paged_attention_<fmt>` these adapters
-export (`paged_attention_triton.table_op`), falling back to the plain `paged_attention` table. Each
-candidate is forced under both names, so a measurement never depends on which table the kernel asks.
+export (`paged_attention_triton.table_op`), else the format's own defaults (not the plain table: its best
+tile can spill once codes are unpacked). Each candidate is forced under both names, so a measurement never
+depends on which table the kernel asks.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from codesign.autotune.lookup import forced_config
 from codesign.autotune.ops import Shape, register
 from codesign.specs.errors import CodesignError
 
-KERNEL_TABLE_OP = "paged_attention"  # what the kernel looks up today, for every format
+KERNEL_TABLE_OP = "paged_attention"  # the plain table, also forced: no candidate may depend on the lookup
 FORMATS = ("int8", "int4", "int2", "fp8", "mixed", "oaken")
 # format -> (module of its cache, writer and attention entry point, attention function name)
 _ENTRY = {
@@ -167,6 +168,12 @@ class KiviDecodeAttention(QuantKVDecodeAttention):
         self.forced_ops = (KERNEL_TABLE_OP, self.name)
         self.source_modules = ("codesign.kernels.paged_attention_triton", "codesign.kernels.kv_quant_kivi",
                                "codesign.kernels.kv_quant_kivi_triton")  # fmt: skip
+
+    @staticmethod
+    def smem_estimate(c: dict[str, int], dpad: int, rows: int, elt: int) -> int:
+        """KIVI's per-channel key metadata tiles do grow with num_stages (compiled for sm_90: 172,032 B
+        at BLOCK_N 128 in 3 stages, 237,568 B in 4): stages x 2 x BLOCK_N x dpad x elt, above them all."""
+        return max(1, c["num_stages"]) * 2 * c["BLOCK_N"] * dpad * elt
 
     def _format(self, shape: Shape) -> tuple[int, int, int]:
         g = shape.get("group", min(32, shape["block_size"]))

@@ -3,7 +3,8 @@
 Backends: "triton" (the Triton kernel; on CPU tensors only through the Triton
 interpreter, TRITON_INTERPRET=1), "cupy" (CuPy RawKernel, CUDA tensors only),
 "torch" (the plain-torch implementation, any device), and "auto" (the default:
-Triton for CUDA tensors, torch for CPU tensors).
+Triton for CUDA tensors, torch for CPU tensors). Inside `codesign.autotune.compile_only.compile_only()`
+(kernels compile for a GPU target and never launch) CPU tensors count as CUDA ones.
 
 How a user or a test picks one, highest precedence first:
   1. `with use_backend("triton", op="w4a16_gemm"):` for one op, or `use_backend("triton")` for all;
@@ -86,6 +87,16 @@ def enable_interpreter_if_no_gpu() -> bool:
     return interpreter_enabled()
 
 
+# Set only by `codesign.autotune.compile_only`: kernels are compiled for a GPU target and never launched, and
+# CPU tensors stand in for CUDA ones, so "triton" is allowed (and "auto" picks it) on CPU tensors meanwhile.
+_COMPILE_ONLY = False
+
+
+def compile_only_active() -> bool:
+    """True inside `codesign.autotune.compile_only.compile_only()` (Triton launches compile, never run)."""
+    return _COMPILE_ONLY
+
+
 def _device_type(device: Any) -> str:
     return device if isinstance(device, str) else getattr(device, "type", str(device))
 
@@ -99,11 +110,12 @@ def resolve_backend(op: str, device: Any, available: tuple[str, ...] = ("triton"
     """
     req = requested_backend(op)
     dev = _device_type(device)
+    gpu_like = dev == "cuda" or _COMPILE_ONLY  # compile-only: CPU tensors stand in for CUDA ones
     if req == "auto":
-        req = "triton" if dev == "cuda" and "triton" in available else "torch"
+        req = "triton" if gpu_like and "triton" in available else "torch"
     if req not in available:
         raise CodesignError(f"op {op!r} has no {req!r} backend; available: {', '.join(available)}")
-    if req == "triton" and dev != "cuda" and not interpreter_enabled():
+    if req == "triton" and not gpu_like and not interpreter_enabled():
         raise CodesignError(
             f"backend 'triton' for op {op!r} on {dev} tensors needs Triton's interpreter: "
             "set TRITON_INTERPRET=1 before importing codesign.kernels (or use backend 'torch')"

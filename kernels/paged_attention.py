@@ -529,8 +529,9 @@ class _PlannedAttention:
                 )
         # Looked up once here, so run() does no table lookup.
         config = launch_config(
-            q_heads, hkv, dim, bs, block_tables.shape[0], self.device, k_cache.element_size()
-        )
+            q_heads, hkv, dim, bs, block_tables.shape[0], self.device, k_cache.element_size(),
+            tree=tree_args[1] is not None,
+        )  # fmt: skip
         meta = meta._replace(**{f: self._persist(f, getattr(meta, f)) for f in _PERSISTED})
         self._plan = dict(
             meta._asdict(),  # the launch metadata, in buffers the wrapper owns

@@ -66,6 +66,15 @@ DEFAULT_CONFIG = {"BLOCK_N": 64, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
 # Shared memory the default K/V tile pipeline may use: well under Hopper's 227 KiB and Ampere's
 # 163 KiB per block, leaving room for Q and the layout conversions of tl.dot.
 DEFAULT_SMEM_BUDGET = 96 * 1024
+# Register budget of the untuned defaults for caches that dequantize in the inner loop, as the largest
+# BLOCK_N x DIM_PAD tile: compiled for sm_90 at head_dim 128 and 4 warps (`bench/lowering_report.py`,
+# ptxas), sub-byte codes (INT4/INT2, Oaken, mixed chunks) spill at BLOCK_N 32 (255 registers, 0.2-0.6 KB
+# per thread; 1.2-8.6 KB at 64) and use 64-116 registers at 16; KIVI spills at 64 and uses 160 at 32.
+SUBBYTE_TILE_ELEMS = 16 * 128
+KIVI_TILE_ELEMS = 32 * 128
+# Tree verification adds the ancestor-mask tile to a 16-token x GROUP_PAD-row extend tile: in bf16 at
+# BLOCK_N 64 it spills on sm_90 (255 registers, 0.6 KB per thread; extend alone does not), at 32 it fits.
+TREE_MAX_BLOCK_N = 32
 
 
 @triton.jit
@@ -362,16 +371,26 @@ def choose_num_splits(programs: int, max_kv_len: int, sms: int | None) -> int:
     return max(1, min(-(-2 * sms // programs), max_kv_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS))
 
 
-def default_config(head_dim: int, elem_bytes: int) -> dict:
+def default_config(head_dim: int, elem_bytes: int, kv_format: int = KV_FORMAT_PLAIN, bits: int = 16) -> dict:
     """Untuned defaults sized so the pipelined K and V tiles fit in shared memory:
     num_stages * 2 * BLOCK_N * dim_pad * elem_bytes <= DEFAULT_SMEM_BUDGET; at head_dim 256 also 8 warps
-    and 32 rows (a 64 x 256 fp32 accumulator would be 128 registers per thread over 4 warps)."""
+    and 32 rows (a 64 x 256 fp32 accumulator would be 128 registers per thread over 4 warps). Caches that
+    unpack codes in the inner loop also keep BLOCK_N x dim_pad within a register budget
+    (SUBBYTE_TILE_ELEMS, KIVI_TILE_ELEMS) so the kernel does not spill."""
     cfg = dict(DEFAULT_CONFIG)
     dp = dim_pad(head_dim)
     while (
         cfg["BLOCK_N"] > 16 and cfg["num_stages"] * 2 * cfg["BLOCK_N"] * dp * elem_bytes > DEFAULT_SMEM_BUDGET
     ):
         cfg["BLOCK_N"] //= 2
+    subbyte = kv_format in (KV_FORMAT_MIXED, KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) or (
+        kv_format == KV_FORMAT_INT and bits < 8
+    )
+    cap = SUBBYTE_TILE_ELEMS if subbyte else KIVI_TILE_ELEMS if kv_format == KV_FORMAT_KIVI else None
+    if cap is not None:
+        cfg["BLOCK_N"] = max(16, min(cfg["BLOCK_N"], cap // dp))
+    if kv_format == KV_FORMAT_MIXED:
+        cfg["num_warps"] = 8  # three code widths in one loop: 4 warps spill without a split (128 regs + 8 B)
     if dp >= 256:
         cfg["num_warps"] = 8
         cfg["BLOCK_M"] = 32  # and half the query rows: Q and the accumulator stay in registers
@@ -399,17 +418,22 @@ def launch_config(
     elem_bytes: int = 2,
     kv_format: int = KV_FORMAT_PLAIN,
     bits: int = 16,
+    tree: bool = False,
 ) -> dict:
-    """Tile sizes and warps from the tuned tables (`default_config` on CPU or untuned GPUs).
+    """Tile sizes and warps from the tuned tables (`default_config` on CPU or untuned GPUs); `tree`
+    (verification under a tree mask) caps BLOCK_N at TREE_MAX_BLOCK_N.
 
     Table key: shape_key(q_heads, kv_heads, head_dim, block_size); the M bucket is the batch size. A
-    quantized cache reads its format's table (`table_op`) and falls back to the plain one.
+    quantized cache reads its format's table (`table_op`), else its format's defaults: not the plain
+    cache's table, whose best tile can spill registers once codes are unpacked in the loop.
     """
     key = shape_key(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size)
     gpu = current_gpu_name(device)
-    cfg = lookup_config(OP, gpu, batch, key, default_config(head_dim, elem_bytes))
     op = table_op(kv_format, bits)
-    return cfg if op == OP else lookup_config(op, gpu, batch, key, cfg)
+    cfg = lookup_config(op, gpu, batch, key, default_config(head_dim, elem_bytes, kv_format, bits))
+    if tree and cfg.get("BLOCK_N", 0) > TREE_MAX_BLOCK_N:
+        cfg = {**cfg, "BLOCK_N": TREE_MAX_BLOCK_N}
+    return cfg
 
 
 def dim_pad(head_dim: int) -> int:
@@ -472,8 +496,9 @@ def paged_attention_triton(
     nb, bs, hkv, _ = k_cache.shape
     group = hq // hkv
     cfg = config or launch_config(
-        hq, hkv, dim, bs, block_tables.shape[0], q.device, q.element_size(), kv_format, bits
-    )
+        hq, hkv, dim, bs, block_tables.shape[0], q.device, q.element_size(), kv_format, bits,
+        tree=tree_mask is not None,
+    )  # fmt: skip
     if kv_format not in (KV_FORMAT_PLAIN, KV_FORMAT_FP8):  # per-token / per-group metadata tensors
         mstrides = (k_scale.stride(0), k_scale.stride(1), k_scale.stride(2))
         mstrides += (v_scale.stride(0), v_scale.stride(1), v_scale.stride(2))

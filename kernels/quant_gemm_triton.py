@@ -30,14 +30,21 @@ SMALL_M_MAX = 16
 # defaults use the largest blocks: the interpreter's cost is per program instance, not per flop.
 _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     "splitk": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3},
-    "tiled": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    # Packed weights are loaded as one int32 word per k, so a pipelined weight tile costs 4 B per element
+    # in shared memory. Untuned defaults must launch on every GPU we target, the smallest opt-in limit
+    # being sm_89's 101,376 B (L40S, RTX 4090): tiled 128 x 128 x 64 in 3 stages needs 115,200 B (ptxas),
+    # at BLOCK_K 32 57,856 B; W8A8 128 x 128 x 128 in 3 stages 180,224 B (over the A100's 166,912 B too).
+    # W8A8 / FP8 at 128 x 64 x 64, 8 warps, 4 stages: <= 86,016 B and 102-174 registers without spills on
+    # sm_80 / sm_89 / sm_90, N aligned or not (128 x 128 tiles spill 36-668 B per thread when N = 1000)
+    # (`bench/lowering_report.py --arch 80/89/90`). Tuned tables may go bigger.
+    "tiled": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "scaled_mm": {
         "BLOCK_M": 128,
-        "BLOCK_N": 128,
-        "BLOCK_K": 128,
+        "BLOCK_N": 64,
+        "BLOCK_K": 64,
         "GROUP_M": 8,
         "num_warps": 8,
-        "num_stages": 3,
+        "num_stages": 4,
     },
     "act": {"BLOCK_K": 1024, "num_warps": 4},
 }

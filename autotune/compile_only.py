@@ -1,0 +1,366 @@
+"""Compile every Triton launch of our real op code for a CUDA target on a machine without a GPU.
+
+    with compile_only(arch=90, gpu_name="NVIDIA H200") as session:
+        paged_decode_attention(q, k, v, tables, lens)      # CPU tensors: compiles for sm_90, launches nothing
+    for launch in session.launches: print(launch.kernel, launch.registers, launch.shared_bytes)
+
+How (all undone on exit, also after an exception):
+  * Triton's active driver is replaced by a stand-in that reports a `GPUTarget("cuda", arch, 32)` and a
+    device id of its own (so compile-only kernels never share a JIT cache slot with a real GPU's);
+  * `JITFunction.run` is wrapped to pass `warmup=True`: Triton binds the arguments, specialises,
+    compiles (PTX by LLVM, cubin by the ptxas that ships with Triton) and returns before the launch;
+  * `codesign.backend` lets "triton" run on CPU tensors (and "auto" pick it), as it would on CUDA tensors;
+  * the kernels' "am I on a GPU" questions are answered as the lent GPU would (`_GPU_VIEW` below): the
+    GPU name their config tables are looked up under, the SM count that picks decode split counts, the
+    16-row `tl.dot` minimum, bf16 dot operands. Without this the CPU tensors would compile the
+    interpreter's variants (fp32 dots, 1-row tiles), not the kernels the GPU runs.
+
+Resources: registers, spill stores / loads and stack come from `ptxas -v` run on the kernel's PTX with
+the same ptxas binary and flags Triton used to build the cubin (`_ptxas_usage`). `cuobjdump
+--dump-resource-usage` on the cubin reports registers and stack but no spill bytes, so ptxas it is; the
+tests check that both report the same register count. Shared memory is Triton's `metadata.shared`: the
+dynamic shared memory the launch requests, which Triton's launcher compares with the device's opt-in limit.
+
+Outputs are never written in this mode (nothing runs): host code that reads a kernel's output back sees
+whatever the buffer held. Covered: the DF11 ops read their error flags back only with `check=True` (pass
+`check=False`, as `bench/lowering_report.py` does); the split-K weight-only GEMM copies its zeroed fp32
+scratch into `out` (zeros, not NaN). The plain and quantizing KV writers, paged decode / extend / tree
+attention over every cache format, W8A8 / FP8 GEMM and the activation quantizer read nothing back.
+
+Process-wide and not thread-safe (it patches classes and modules); one session at a time. Needs a process
+in which TRITON_INTERPRET is not "1" (Triton decides interpreter or compiler when a kernel is defined).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from codesign.specs.errors import CodesignError
+
+# Opt-in shared memory per block (bytes) by compute capability: CUDA programming guide, "Compute capabilities".
+SMEM_OPTIN = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+MAX_REGS_PER_THREAD = 255
+# SMs of the GPUs we are lent (decode attention picks its split count from them).
+# First match wins (substring of the upper-cased name).
+SMS_BY_NAME = {"H200": 132, "H100 PCIE": 114, "H100": 132, "A100": 108, "L40S": 142, "L4": 58}
+
+
+@dataclasses.dataclass
+class CompiledLaunch:
+    """One `kernel[grid](...)` launch compiled for sm_`arch` (resources per thread / per block)."""
+
+    kernel: str
+    module: str
+    arch: int
+    grid: list[int] | str
+    num_warps: int | None = None
+    num_stages: int | None = None
+    shared_bytes: int | None = None
+    registers: int | None = None
+    spill_stores: int | None = None
+    spill_loads: int | None = None
+    stack_bytes: int | None = None
+    constexprs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    signature: dict[str, str] = dataclasses.field(default_factory=dict)
+    aligned16: list[str] = dataclasses.field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def key(self) -> str:
+        """Identity of the compiled code: kernel, argument types, 16-byte alignment, constexprs, options."""
+        cx = ",".join(f"{k}={v}" for k, v in sorted(self.constexprs.items()))
+        sig = ",".join(f"{k}:{v}" for k, v in self.signature.items())
+        return (
+            f"{self.module}.{self.kernel}({sig})[{cx}]"
+            f"align16={','.join(self.aligned16)};w{self.num_warps};s{self.num_stages}"
+        )
+
+    def problems(self) -> list[str]:
+        """Why this launch cannot run well on sm_`arch`: compile error, shared memory over the opt-in
+        limit, register spills, more than 255 registers. Empty when it fits."""
+        if self.error is not None:
+            return [f"compile error: {self.error}"]
+        out = []
+        limit = SMEM_OPTIN.get(self.arch)
+        if limit is not None and (self.shared_bytes or 0) > limit:
+            out.append(f"shared memory {self.shared_bytes} B > sm_{self.arch} opt-in limit {limit} B")
+        if (self.spill_stores or 0) > 0 or (self.spill_loads or 0) > 0:
+            out.append(f"register spills: {self.spill_stores} B stored, {self.spill_loads} B loaded")
+        if (self.registers or 0) > MAX_REGS_PER_THREAD:
+            out.append(f"{self.registers} registers/thread > {MAX_REGS_PER_THREAD}")
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready row: the fields, plus `key`, `ok` and (when not ok) `reason`."""
+        d = dataclasses.asdict(self)
+        bad = self.problems()
+        d.update(key=self.key, ok=not bad)
+        if bad:
+            d["reason"] = "; ".join(bad)
+        return d
+
+
+@dataclasses.dataclass
+class CompileSession:
+    """What one `compile_only` block compiled, in launch order."""
+
+    arch: int
+    gpu_name: str
+    sms: int
+    launches: list[CompiledLaunch] = dataclasses.field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- ptxas resource usage
+_FUNC_RE = re.compile(r"(?:Compiling entry function|Function properties for)\s+'?([A-Za-z_$][\w$]*)'?")
+_PROPS_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS_RE = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas_log(text: str, kernel: str | None = None) -> dict[str, int]:
+    """Registers, spill stores / loads and stack frame (bytes) of `kernel` (default: the first entry
+    function) from `ptxas -v` output. Lines name the function they belong to ("Compiling entry
+    function 'k'", "Function properties for k"); the numbers after one belong to it. CodesignError when
+    the kernel's register line is missing (an unparseable log must not read as "0 registers")."""
+    per: dict[str, dict[str, int]] = {}
+    order: list[str] = []
+    cur = None
+    for line in text.splitlines():
+        m = _FUNC_RE.search(line)
+        if m:
+            cur = m.group(1)
+            if cur not in per:
+                per[cur] = {}
+                order.append(cur)
+            continue
+        if cur is None:
+            continue
+        if m := _PROPS_RE.search(line):
+            per[cur].update(stack_bytes=int(m[1]), spill_stores=int(m[2]), spill_loads=int(m[3]))
+        if m := _REGS_RE.search(line):
+            per[cur]["registers"] = int(m[1])
+    name = kernel if kernel is not None else (order[0] if order else None)
+    got = per.get(name or "", {})
+    if "registers" not in got:
+        raise CodesignError(f"ptxas log: no register count for kernel {name!r} in:\n{text[-800:]}")
+    return {"stack_bytes": 0, "spill_stores": 0, "spill_loads": 0, **got}
+
+
+_USAGE_CACHE: dict[str, dict[str, int]] = {}
+
+
+def _ptxas_usage(kernel: Any, arch: int) -> dict[str, int]:
+    """`ptxas -v` on the compiled kernel's PTX, with Triton's ptxas for `arch` and Triton's flags."""
+    h = kernel.hash
+    if h in _USAGE_CACHE:
+        return _USAGE_CACHE[h]
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+    md = kernel.metadata
+    with tempfile.TemporaryDirectory(prefix="codesign-ptxas-") as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(kernel.asm["ptx"])
+        cmd = [get_ptxas(arch).path, "-lineinfo", "-v", "--regAllocOptLevel=2",
+               f"--gpu-name={sm_arch_from_capability(arch)}", src, "-o", os.path.join(tmp, "k.o")]  # fmt: skip
+        if not md.enable_fp_fusion:
+            cmd.insert(1, "--fmad=false")
+        if md.maxnreg is not None:
+            cmd.insert(1, f"--maxrregcount={md.maxnreg}")
+        if md.ptx_options:  # extra ptxas options Triton was given (knobs.nvidia.ptxas_options)
+            cmd[1:1] = md.ptx_options.split()
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        raise CodesignError(f"ptxas failed on {md.name} for sm_{arch}: {res.stderr[-1500:]}")
+    usage = parse_ptxas_log(res.stdout + res.stderr, md.name)
+    _USAGE_CACHE[h] = usage
+    return usage
+
+
+# ----------------------------------------------------------------------------- the lent GPU's view
+def _gpu_view(gpu_name: str, sms: int) -> list[tuple[str, str, Callable[[Any], Any], bool]]:
+    """(module, attribute, wrap(original) -> replacement, aliases too): each place a kernel module asks
+    whether it runs on a GPU, answered as the lent GPU would. With `aliases`, the same function imported
+    by name into other kernel modules is replaced there too (`_apply`)."""
+
+    def gpu_name_fn(_orig: Any) -> Any:
+        return lambda device=None: gpu_name
+
+    def dot_dtype(_orig: Any) -> Any:
+        mod = sys.modules["codesign.kernels.quant_gemm_triton"]
+        return lambda x_dtype, device: mod._TL_DTYPE[x_dtype]  # the CUDA branch: bf16 dots stay bf16
+
+    def rows_layout(orig: Any) -> Any:
+        return lambda group, block_m, is_decode, on_gpu: orig(group, block_m, is_decode, True)
+
+    def interp_guard(_orig: Any) -> Any:
+        # df11_linear asks `cuda or interpreter_enabled()` only to refuse CPU tensors without the interpreter.
+        return lambda: True
+
+    return [
+        ("codesign.autotune.lookup", "current_gpu_name", gpu_name_fn, True),
+        ("codesign.kernels.quant_gemm_triton", "_gpu_name", gpu_name_fn, False),
+        ("codesign.kernels.quant_gemm_triton", "_dot_dtype", dot_dtype, False),
+        ("codesign.kernels.paged_attention", "on_gpu", lambda _o: lambda t: True, True),
+        ("codesign.kernels.paged_attention_triton", "rows_layout", rows_layout, True),
+        ("codesign.kernels.paged_attention_triton", "num_sms", lambda _o: lambda device: sms, True),
+        # Not its aliases: quant_gemm_triton reads interpreter_enabled() to pick its interpreter defaults.
+        ("codesign.kernels.df11_linear", "interpreter_enabled", interp_guard, False),
+    ]
+
+
+def _import_kernel_modules() -> None:
+    """Import every codesign.kernels module first: one imported inside the block would bind a patched
+    function by name (`from ... import current_gpu_name`) and keep it after the block."""
+    import pkgutil
+
+    import codesign.kernels as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__, "codesign.kernels."):
+        with contextlib.suppress(ImportError):  # optional dependencies (CuPy) missing here
+            importlib.import_module(info.name)
+
+
+def _apply(patches: list, undo: list[tuple[Any, str, Any]]) -> None:
+    _import_kernel_modules()
+    for modname, attr, wrap, aliases in patches:
+        if modname not in sys.modules:
+            continue
+        orig = getattr(sys.modules[modname], attr)
+        new = wrap(orig)
+        # The module itself and (aliases) every kernel module that imported the function by name.
+        for mname, mod in list(sys.modules.items()):
+            if mname == modname or (aliases and mname.startswith("codesign.kernels")):
+                if getattr(mod, attr, None) is orig:
+                    undo.append((mod, attr, orig))
+                    setattr(mod, attr, new)
+
+
+# ----------------------------------------------------------------------------- the context manager
+_ACTIVE: list[CompileSession] = []
+
+
+class _TargetDriver:
+    """Stands in for Triton's CUDA driver: a compile target and a device id of its own, no device."""
+
+    def __init__(self, arch: int) -> None:
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", arch, 32)
+        self.device = f"compile-only-sm{arch}"  # a JIT cache slot no real device uses
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+    def get_current_device(self) -> Any:
+        return self.device
+
+    def get_current_stream(self, device: Any = None) -> int:
+        return 0
+
+    def get_active_torch_device(self) -> Any:
+        import torch
+
+        return torch.device("cpu")
+
+
+def _describe(kernel: Any, fn: Any, arch: int, grid: Any) -> CompiledLaunch:
+    src = kernel.src
+    names = list(src.signature)
+    cx = {}
+    for path, val in src.constants.items():
+        idx = path[0] if isinstance(path, tuple) else path
+        name = names[idx] if isinstance(idx, int) else str(idx)
+        cx[name] = val if isinstance(val, (bool, int, float, str)) or val is None else str(val)
+    sig = {n: t for n, t in src.signature.items() if t != "constexpr"}
+    aligned = []
+    for path, attrs in (getattr(src, "attrs", None) or {}).items():
+        idx = path[0] if isinstance(path, tuple) else path
+        if isinstance(idx, int) and any(a and a[0] == "tt.divisibility" for a in attrs):
+            aligned.append(names[idx])
+    md = kernel.metadata
+    usage = _ptxas_usage(kernel, arch)
+    return CompiledLaunch(
+        kernel=md.name, module=fn.module if hasattr(fn, "module") else "", arch=arch,
+        grid=[int(g) for g in grid] if isinstance(grid, (tuple, list)) else "callable",
+        num_warps=md.num_warps, num_stages=md.num_stages, shared_bytes=md.shared, constexprs=cx,
+        signature=sig, aligned16=aligned, **usage,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def compile_only(
+    arch: int = 90, gpu_name: str = "NVIDIA H200", sms: int | None = None
+) -> Iterator[CompileSession]:
+    """Inside the block every Triton launch compiles for sm_`arch` and does not run; yields the session
+    whose `launches` list gets one `CompiledLaunch` per launch (a failed compile is recorded with its
+    error, then re-raised to the caller). `gpu_name` is the name kernels look their config tables up
+    under; `sms` the SM count they plan with (default: looked up from `gpu_name`, else 132).
+
+    CodesignError when TRITON_INTERPRET is "1" (run it in a fresh process without it), when `arch` is
+    not an int in [70, 120], or when a session is already active.
+    """
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise CodesignError(
+            "compile_only: TRITON_INTERPRET=1 is set, so kernels were defined for the interpreter and cannot "
+            "be compiled; run compile_only in a fresh process without TRITON_INTERPRET (e.g. a subprocess)"
+        )
+    if not isinstance(arch, int) or isinstance(arch, bool) or not 70 <= arch <= 120:
+        raise CodesignError(
+            f"arch: expected a compute capability as an int in [70, 120] (e.g. 90), got {arch!r}"
+        )
+    if not isinstance(gpu_name, str) or not gpu_name:
+        raise CodesignError(f"gpu_name: expected a non-empty GPU name, got {gpu_name!r}")
+    if _ACTIVE:
+        raise CodesignError("compile_only: a compile-only session is already active (no nesting)")
+    if sms is None:
+        sms = next((n for k, n in SMS_BY_NAME.items() if k in gpu_name.upper()), 132)
+    from triton.runtime import driver as drv  # the DriverConfig instance
+    from triton.runtime.jit import JITFunction
+
+    import codesign.backend as backend
+
+    session = CompileSession(arch=arch, gpu_name=gpu_name, sms=sms)
+    saved_driver = drv._active  # private: the public reset_active() would build the real driver (fails here)
+    orig_run = JITFunction.run
+    undo: list[tuple[Any, str, Any]] = []
+
+    def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        try:
+            kernel = orig_run(self, *args, grid=grid, warmup=True, **kwargs)
+        except Exception as e:
+            session.launches.append(
+                CompiledLaunch(
+                    kernel=getattr(self, "_fn_name", str(self)),
+                    module=getattr(self, "module", ""),
+                    arch=arch,
+                    grid=str(grid),
+                    error=f"{type(e).__name__}: {e}"[-3000:],
+                )  # fmt: skip
+            )
+            raise
+        session.launches.append(_describe(kernel, self, arch, grid))
+        return kernel
+
+    _ACTIVE.append(session)
+    try:
+        drv.set_active(_TargetDriver(arch))
+        JITFunction.run = run
+        backend._COMPILE_ONLY = True
+        _apply(_gpu_view(gpu_name, sms), undo)
+        yield session
+    finally:
+        for mod, attr, orig in reversed(undo):
+            setattr(mod, attr, orig)
+        backend._COMPILE_ONLY = False
+        JITFunction.run = orig_run
+        drv._active = saved_driver
+        _ACTIVE.clear()

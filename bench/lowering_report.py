@@ -1,0 +1,441 @@
+"""Compile every kernel launch the GPU suite makes for sm_90 (or sm_80) on a CPU machine; report resources.
+
+    python bench/lowering_report.py --arch 90 --out bench/results/lowering_sm90.json
+    python bench/lowering_report.py --arch 90 --estimates --out bench/results/lowering_estimates_sm90.json
+
+Drives the public ops of `bench/gpu_suite.py` (its correctness section: every tunable op at its
+CORRECTNESS_SHAPES in fp16, bf16 and fp32, weight-only GEMMs in both variants) and of its kernel benches
+(`gpu_attention`: decode over both layouts, every batch and context in bf16 and fp16, extend and tree;
+`gpu_quant_gemm`: W4A16 g128, W8A16, W8A8 and FP8 at every M of the quick shapes; `gpu_kvquant`: decode
+and writes over every quantized cache format, KIVI, Oaken, mixed; `gpu_df11`: decode, GEMV, the fused GEMM)
+with CPU tensors under `codesign.autotune.compile_only`: every launch compiles for the target, nothing runs.
+
+Shapes are the suite's real ones where they reach the compiled code (dtypes, constexprs such as the split
+count that decode attention derives from batch x heads and the block-table width, 16-byte alignment of
+pointers and integer arguments); KV pools are two blocks plus what the host code indexes (the launches'
+block tables keep their real width, so the plans match), and data are zeros (nothing reads them).
+FP8 needs sm_89+: skipped (with the reason) for --arch 80.
+
+JSON: `kernels` one row per distinct specialisation (kernel + signature + alignment + constexprs + warps +
+stages), with registers, spills, stack, shared memory, `ok` and the reason when not ok (compile error,
+shared memory over the arch's opt-in limit, spills, > 255 registers), and the cases that launch it;
+`cases` one row per driven call. Exit status 1 when a launch fails to compile or a case fails on the host,
+else 0 (spills and limits are reported, not fatal). --estimates writes the tuner's resource estimates
+against the compiler's numbers instead (`codesign.autotune.compile_check`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+Case = tuple[str, str, Callable[[], Any]]  # (section, case name, the call)
+
+
+def _suite_modules() -> dict[str, Any]:
+    sys.path.insert(0, str(BENCH_DIR))
+    import gpu_attention
+    import gpu_df11
+    import gpu_kvquant
+    import gpu_quant_gemm
+    import gpu_suite
+
+    return dict(suite=gpu_suite, att=gpu_attention, qg=gpu_quant_gemm, kvq=gpu_kvquant, df11=gpu_df11)
+
+
+# ----------------------------------------------------------------------------- cases
+def _adapter_cases(mods: dict, arch: int) -> Iterator[Case]:
+    """gpu_suite's correctness section: every tunable op at every CORRECTNESS_SHAPES entry and dtype."""
+    import torch
+
+    from codesign.autotune.ops import expand_variants, get_op, parse_shape, registered_ops
+
+    suite = mods["suite"]
+    for name in registered_ops():
+        if name.startswith("test_"):
+            continue
+        op = get_op(name)
+        for real in suite.CORRECTNESS_SHAPES.get(name, []):
+            for shape in expand_variants(op, [parse_shape(real)]):
+                for dname in suite.CORRECTNESS_DTYPES:
+                    label = f"{name} {','.join(f'{k}={v}' for k, v in shape.items())} {dname}"
+                    if name == "fp8_gemm" and arch < 89:
+                        yield ("correctness", label, _skip("FP8 needs sm_89+"))
+                        continue
+
+                    def call(op=op, shape=shape, dname=dname):
+                        dtype = getattr(torch, dname)
+                        inputs = op.make_inputs(shape, dtype, "cpu", 1)
+                        if op.name == "kv_write" and dtype == torch.bfloat16:
+                            _kv_write_launcher(inputs)
+                        else:
+                            op.run(inputs, {})
+
+                    yield ("correctness", label, call)
+
+
+def _kv_write_launcher(inputs: dict) -> None:
+    """The plain KV writer's launcher, called directly for bf16: its op refuses bf16 on CPU tensors with an
+    inline device test (kernels/kv_write.py `on_gpu`) that compile_only cannot answer; the launch is the same."""
+    from codesign.kernels.kv_write_triton import kv_write_triton
+
+    kv_write_triton(inputs["key"], inputs["value"], *inputs["cache"], inputs["slots"])
+
+
+class Skipped(Exception):
+    """A case that does not apply to this target (e.g. FP8 on sm_80)."""
+
+
+def _skip(reason: str) -> Callable[[], None]:
+    def call() -> None:
+        raise Skipped(reason)
+
+    return call
+
+
+def _quant_gemm_cases(mods: dict, arch: int) -> Iterator[Case]:
+    """gpu_quant_gemm (quick, as the suite runs it): every kernel at every M over its shapes, bf16."""
+    import torch
+
+    from codesign.kernels import quant_formats as qf
+    from codesign.kernels import quant_gemm as qg
+
+    qgb = mods["qg"]
+
+    def weight(fmt: str, n: int, k: int, group: int | None, sym: bool, sdtype: torch.dtype) -> Any:
+        # Codes are never read (nothing runs); scales and zeros are validated on the host: finite, in range.
+        if fmt == "fp8_e4m3":
+            codes = torch.zeros(k, n, dtype=torch.float8_e4m3fn)
+        else:
+            codes = torch.empty(k // (32 // (4 if fmt == "int4" else 8)), n, dtype=torch.int32)
+        groups = 1 if group is None else k // group
+        scales = torch.ones(groups, n, dtype=sdtype)
+        zeros = None if sym else torch.full((groups, n), 8.0, dtype=sdtype)
+        return qf.QuantizedWeight(codes, scales, zeros, fmt, group, n, k)
+
+    for model, layers in qgb.QUICK_SHAPES.items():
+        for layer, (n, k) in layers.items():
+            kernels = {
+                "w4a16_g128": (lambda n=n, k=k: weight("int4", n, k, 128, False, torch.bfloat16), False),
+                "w8a16_pc": (lambda n=n, k=k: weight("int8", n, k, None, True, torch.bfloat16), False),
+                "w8a8_int8": (lambda n=n, k=k: weight("int8", n, k, None, True, torch.float32), True),
+                "fp8": (lambda n=n, k=k: weight("fp8_e4m3", n, k, None, True, torch.float32), False),
+            }
+            for m in qgb.MS:
+                for kname, (make_w, act_quant) in kernels.items():
+                    label = f"quant_gemm {model}/{layer} M={m} N={n} K={k} {kname} bf16"
+                    if kname == "fp8" and arch < 89:
+                        yield ("quant_gemm", label, _skip("FP8 needs sm_89+"))
+                        continue
+
+                    def call(m=m, k=k, make_w=make_w, act_quant=act_quant):
+                        x = torch.zeros(m, k, dtype=torch.bfloat16)
+                        qg.quant_matmul(x, make_w(), act_quant=act_quant)
+
+                    yield ("quant_gemm", label, call)
+
+
+def _tables(batch: int, ctx: int, bs: int) -> tuple[Any, Any]:
+    import torch
+
+    # Real width (the split count and plans read it); every entry block 0 of a small pool.
+    width = -(-ctx // bs)
+    return torch.zeros(batch, width, dtype=torch.int32), torch.full((batch,), ctx, dtype=torch.int32)
+
+
+def _attention_cases(mods: dict) -> Iterator[Case]:
+    """gpu_attention: decode (both layouts, every batch and context, bf16 and fp16), extend and tree (bf16)."""
+    import torch
+
+    from codesign.kernels.paged_attention import PagedDecodeWrapper, PagedExtendWrapper
+    from codesign.kernels.tree_attention import TreeAttentionWrapper
+
+    att = mods["att"]
+    bs = att.BLOCK_SIZE
+    for dtype in (torch.bfloat16, torch.float16):
+        for model, (hq, hkv, dim) in att.LAYOUTS.items():
+            for batch in att.BATCHES:
+                for ctx in att.CONTEXTS:
+                    if 2 * batch * ctx * hkv * dim * 2 > att.MAX_KV_BYTES:
+                        continue  # the bench skips it too
+
+                    def call(hq=hq, hkv=hkv, dim=dim, batch=batch, ctx=ctx, dtype=dtype):
+                        bt, cl = _tables(batch, ctx, bs)
+                        k = torch.zeros(2, bs, hkv, dim, dtype=dtype)
+                        q = torch.zeros(batch, hq, dim, dtype=dtype)
+                        w = PagedDecodeWrapper("cpu")
+                        w.plan(k, bt, cl, hq)
+                        w.run(q, k, k.clone(), out=torch.full_like(q, float("nan")))
+
+                    yield ("attention", f"decode {model} batch={batch} ctx={ctx} {dtype}", call)
+    hq, hkv, dim = att.LAYOUTS["llama3-8b"]
+    for batch, q_len, prefix in att.EXTEND_CASES:
+
+        def extend(batch=batch, q_len=q_len, prefix=prefix):
+            bt, cl = _tables(batch, prefix + q_len, bs)
+            k = torch.zeros(2, bs, hkv, dim, dtype=torch.bfloat16)
+            cu = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32)
+            w = PagedExtendWrapper("cpu")
+            w.plan(k, bt, cl, cu, hq)
+            q = torch.zeros(batch * q_len, hq, dim, dtype=torch.bfloat16)
+            w.run(q, k, k.clone(), out=torch.full_like(q, float("nan")))
+
+        yield ("attention", f"extend batch={batch} q_len={q_len} prefix={prefix} bf16", extend)
+        if (batch, q_len, prefix) == att.EXTEND_CASES[0]:
+
+            def tree(batch=batch, q_len=q_len, prefix=prefix):
+                bt, _ = _tables(batch, prefix + q_len, bs)
+                k = torch.zeros(2, bs, hkv, dim, dtype=torch.bfloat16)
+                parents = [[-1] + [i - 1 for i in range(1, q_len)] for _ in range(batch)]
+                tw = TreeAttentionWrapper("cpu")
+                tw.plan(k, bt, parents, [prefix] * batch, hq)
+                q = torch.zeros(batch * q_len, hq, dim, dtype=torch.bfloat16)
+                tw.run(q, k, k.clone(), out=torch.full_like(q, float("nan")))
+
+            yield ("attention", f"tree batch={batch} nodes={q_len} prefix={prefix} bf16", tree)
+
+
+def _kvquant_cases(mods: dict) -> Iterator[Case]:
+    """gpu_kvquant: decode over every quantized format at its batch and context, and the writers (bf16, fp16)."""
+    import torch
+
+    from codesign.kernels.kv_quant_kivi import KiviPagedKV, kivi_decode_attention
+    from codesign.kernels.kv_quant_mixed import MixedPagedKV, mixed_attention
+    from codesign.kernels.kv_quant_oaken import OakenPagedKV, default_capacity, oaken_attention
+    from codesign.kernels.kv_quant_paged import QuantPagedKV, kvq_decode_attention, kvq_write
+
+    b = mods["kvq"]
+    hq, hkv, dim, bs = b.HQ, b.HKV, b.DIM, b.BLOCK_SIZE
+    nb = 4  # a small pool: tables point at block 0 (nothing runs)
+
+    def q_and_tables(dtype):
+        bt, cl = _tables(b.BATCH, b.CONTEXT, bs)
+        return torch.zeros(b.BATCH, hq, dim, dtype=dtype), bt, cl
+
+    for dtype in (torch.bfloat16, torch.float16):
+        dn = str(dtype).removeprefix("torch.")
+        for fmt in b.FORMATS:
+            hs = torch.full((hkv,), 4.0 / 448) if fmt == "fp8" else None
+
+            def decode(fmt=fmt, hs=hs, dtype=dtype):
+                q, bt, cl = q_and_tables(dtype)
+                kvq_decode_attention(q, QuantPagedKV.empty(nb, bs, hkv, dim, fmt, "cpu", hs, hs), bt, cl,
+                                     check_data=False)  # fmt: skip
+
+            def write(fmt=fmt, hs=hs, dtype=dtype):
+                c = QuantPagedKV.empty(nb, bs, hkv, dim, fmt, "cpu", hs, hs)
+                new = torch.zeros(b.BATCH, hkv, dim, dtype=dtype)
+                kvq_write(new, new, c, torch.arange(b.BATCH, dtype=torch.int32) % (nb * bs), check_data=False)
+
+            yield ("kv_quant", f"decode {fmt} batch={b.BATCH} ctx={b.CONTEXT} {dn}", decode)
+            yield ("kv_quant", f"write {fmt} tokens={b.BATCH} {dn}", write)
+        for name, bits in b.KIVI.items():
+
+            def kivi(bits=bits, dtype=dtype):
+                q, bt, cl = q_and_tables(dtype)
+                c = KiviPagedKV.empty(nb, bs, hkv, dim, bits, b.KIVI_G, b.KIVI_R, b.BATCH, device="cpu")
+                kivi_decode_attention(q, c, bt, cl, check_data=False)
+
+            def kivi_write(bits=bits, dtype=dtype):  # appends that flush groups to the cache (the writer)
+                c = KiviPagedKV.empty(nb, bs, hkv, dim, bits, b.KIVI_G, b.KIVI_R, 1, device="cpu")
+                n = 2 * b.KIVI_G + b.KIVI_R
+                row = torch.arange(-(-n // bs), dtype=torch.int32)
+                c.append(0, row, 0, torch.zeros(n, hkv, dim), torch.zeros(n, hkv, dim))
+
+            yield ("kv_quant", f"decode {name} batch={b.BATCH} ctx={b.CONTEXT} {dn}", kivi)
+            yield ("kv_quant", f"write {name} {dn}", kivi_write)
+        cap = default_capacity(0.04, bs, dim)
+        thr = torch.tensor([[-1.0, 1.0]] * hkv).expand(2, hkv, 2).contiguous()
+
+        def oaken(dtype=dtype, thr=thr, cap=cap):
+            q, bt, cl = q_and_tables(dtype)
+            oaken_attention(
+                q, OakenPagedKV.empty(nb, bs, hkv, dim, 4, thr, cap, "cpu"), bt, cl, check_data=False
+            )
+
+        def oaken_write(dtype=dtype, thr=thr, cap=cap):
+            c = OakenPagedKV.empty(nb, bs, hkv, dim, 4, thr, cap, "cpu")
+            new = torch.zeros(b.BATCH, hkv, dim, dtype=dtype)
+            c.write(new, new, torch.arange(b.BATCH, dtype=torch.int32))
+
+        def mixed(dtype=dtype):
+            q, bt, cl = q_and_tables(dtype)
+            c = MixedPagedKV.empty(nb, bs, hkv, dim, "cpu")
+            c.block_bits.copy_(torch.tensor([8, 4, 4, 2], dtype=torch.uint8))
+            mixed_attention(q, c, bt, cl, check_data=False)
+
+        yield ("kv_quant", f"decode int4-oaken batch={b.BATCH} ctx={b.CONTEXT} {dn}", oaken)
+        yield ("kv_quant", f"write int4-oaken tokens={b.BATCH} {dn}", oaken_write)
+        yield ("kv_quant", f"decode mixed-8/4/4/2 batch={b.BATCH} ctx={b.CONTEXT} {dn}", mixed)
+
+
+def _df11_cases(mods: dict) -> Iterator[Case]:
+    """gpu_df11 (quick): decode + GEMV at the first shape and two chunkings, the fused GEMM at small M."""
+    import torch
+
+    from codesign.kernels import df11_codec as codec
+    from codesign.kernels.df11_linear import DecodeWorkspace, PackedDF11, df11_gemm, df11_gemv
+
+    b = mods["df11"]
+    n, k = b.SHAPES[0]
+    gen = torch.Generator().manual_seed(0)
+    w = (torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16)  # the bench's synthetic weights
+    chunkings = [(codec.DEFAULT_CHUNK_BYTES, codec.DEFAULT_CHUNKS_PER_GROUP), *b.SWEEP[:2]]
+    for cb, cpg in dict.fromkeys(chunkings):
+
+        def decode_gemv(cb=cb, cpg=cpg):
+            packed = PackedDF11(codec.compress(w, chunk_bytes=cb, chunks_per_group=cpg), "cpu")
+            packed.decode_into(DecodeWorkspace().get(n * k, "cpu"), check=False)  # check reads flags back
+            df11_gemv(packed, torch.zeros(1, k, dtype=torch.bfloat16), check=False)
+
+        yield ("df11", f"decode+gemv N={n} K={k} chunk_bytes={cb} chunks_per_group={cpg}", decode_gemv)
+    for m in b.SMALL_M[:2]:
+
+        def gemm(m=m):
+            packed = PackedDF11(codec.compress(w), "cpu", segment=1024)
+            df11_gemm(packed, torch.zeros(m, k, dtype=torch.bfloat16), check=False)
+
+        yield ("df11", f"fused gemm M={m} N={n} K={k}", gemm)
+
+
+# ----------------------------------------------------------------------------- run
+def lowering_report(arch: int, gpu_name: str, sections: list[str] | None = None, log=print) -> dict[str, Any]:
+    """Compile every case's launches under compile_only(arch, gpu_name); the JSON report (module docstring)."""
+    import torch
+    import triton
+
+    from codesign.autotune.compile_only import SMEM_OPTIN, compile_only
+    from codesign.backend import use_backend
+
+    # Expected here: no per-GPU tables are shipped (defaults are what the lent GPU runs too).
+    warnings.filterwarnings("ignore", message="no tuned config for")
+    warnings.filterwarnings("ignore", message="TRITON_DEFAULT_FP_FUSION")
+    mods = _suite_modules()
+    makers = {
+        "correctness": lambda: _adapter_cases(mods, arch), "quant_gemm": lambda: _quant_gemm_cases(mods, arch),
+        "attention": lambda: _attention_cases(mods), "kv_quant": lambda: _kvquant_cases(mods),
+        "df11": lambda: _df11_cases(mods),
+    }  # fmt: skip
+    t0 = time.monotonic()
+    cases: list[dict[str, Any]] = []
+    kernels: dict[str, dict[str, Any]] = {}
+    with compile_only(arch, gpu_name) as session, use_backend("triton"):
+        for sec in sections or list(makers):
+            for section, label, call in makers[sec]():
+                n0, c0 = len(session.launches), time.monotonic()
+                row: dict[str, Any] = {"section": section, "case": label}
+                try:
+                    with torch.no_grad():
+                        call()
+                    row["ok"] = True
+                except Skipped as e:
+                    row.update(ok=None, skipped=str(e))
+                except Exception as e:
+                    row.update(ok=False, error=f"{type(e).__name__}: {e}"[:2000])
+                    row["traceback"] = traceback.format_exc(limit=6)[-2500:]
+                keys = []
+                for launch in session.launches[n0:]:
+                    d = launch.as_dict()
+                    kern = kernels.setdefault(d["key"], {**d, "grids": [], "used_by": []})
+                    if len(kern["grids"]) < 4 and d["grid"] not in kern["grids"]:
+                        kern["grids"].append(d["grid"])
+                    kern["used_by"].append(label)
+                    keys.append(d["key"])
+                    if not d["ok"]:
+                        row["ok"] = False
+                        row.setdefault("launch_problems", []).append(f"{launch.kernel}: {d['reason']}"[:600])
+                row.update(launches=len(keys), seconds=round(time.monotonic() - c0, 2))
+                cases.append(row)
+                tag = "ok  " if row["ok"] else "skip" if row["ok"] is None else "BAD "
+                err = f"  {row.get('error', '')[:200]}" if row["ok"] is False else ""
+                log(f"[{time.monotonic() - t0:6.1f}s] {tag} {label}: {len(keys)} launches{err}")
+    rows = list(kernels.values())
+    for r in rows:
+        r.pop("grid", None)
+        r["n_launches"] = len(r["used_by"])
+        r["used_by"] = sorted(set(r["used_by"]))[:12]
+    bad = [r for r in rows if not r["ok"]]
+    return {
+        "version": 1,
+        "arch": arch,
+        "gpu_name": gpu_name,
+        "smem_optin_limit": SMEM_OPTIN.get(arch),
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "method": (
+            "CPU tensors under codesign.autotune.compile_only: Triton compiles each launch for the target "
+            "(JITFunction.run with warmup=True) and does not launch; registers/spills/stack from ptxas -v on "
+            "the PTX (Triton's ptxas and flags); shared memory = metadata.shared (dynamic, what the launch requests)"
+        ),
+        "seconds": round(time.monotonic() - t0, 1),
+        "summary": {
+            "cases": len(cases),
+            "case_errors": [c["case"] for c in cases if c["ok"] is False and "error" in c],
+            "skipped": [c["case"] for c in cases if c["ok"] is None],
+            "launches": sum(c["launches"] for c in cases),
+            "distinct_kernels": len(rows),
+            "compile_failures": [r["key"] for r in rows if r.get("error")],
+            "not_ok": [
+                f"{r['kernel']} {r['signature'].get('q_ptr', '')} w{r['num_warps']} s{r['num_stages']} "
+                f"(first case: {r['used_by'][0]}; {len(r['used_by'])} cases): {r['reason']}"
+                for r in bad
+            ],
+        },
+        "kernels": rows,
+        "cases": cases,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI (module docstring): 1 when a launch failed to compile or a case failed on the host, else 0."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, default=90, help="compute capability to compile for (90, 80, ...)")
+    ap.add_argument("--gpu-name", default="NVIDIA H200", help="GPU name the kernels look configs up under")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="JSON file (default bench/results/lowering_sm<arch>.json)"
+    )
+    ap.add_argument("--sections", nargs="*", default=None,
+                    help="correctness quant_gemm attention kv_quant df11 (default: all)")  # fmt: skip
+    ap.add_argument("--estimates", action="store_true", help="tuner estimates vs compiler (compile_check)")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        print(
+            "lowering_report: unset TRITON_INTERPRET (kernels must compile, not interpret)", file=sys.stderr
+        )
+        return 2
+    from codesign.autotune.export import atomic_write_json
+
+    if args.estimates:
+        from codesign.autotune.compile_check import estimate_report
+
+        report = estimate_report(args.arch, args.gpu_name, log=print)
+        out = args.out or BENCH_DIR / "results" / f"lowering_estimates_sm{args.arch}.json"
+        atomic_write_json(out, json.loads(json.dumps(report, default=str)))
+        print(f"wrote {out}")
+        return 0
+    report = lowering_report(args.arch, args.gpu_name, args.sections)
+    out = args.out or BENCH_DIR / "results" / f"lowering_sm{args.arch}.json"
+    atomic_write_json(out, json.loads(json.dumps(report, default=str)))
+    s = report["summary"]
+    print(f"{s['cases']} cases, {s['launches']} launches, {s['distinct_kernels']} distinct kernels, "
+          f"{len(s['compile_failures'])} compile failures, {len(s['not_ok'])} not ok, "
+          f"{len(s['case_errors'])} case errors; {report['seconds']} s")  # fmt: skip
+    for line in s["not_ok"] + [f"case error: {c}" for c in s["case_errors"]]:
+        print("  " + line[:300])
+    print(f"wrote {out}")
+    return 1 if s["compile_failures"] or s["case_errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

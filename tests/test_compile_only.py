@@ -1,0 +1,246 @@
+"""compile_only: real op paths compile for sm_90 without a GPU, nothing launches, patches are undone.
+
+Each compile runs in a fresh Python without TRITON_INTERPRET (`helpers.assert_runs_without_interpreter`):
+this process runs under the interpreter (conftest), where kernels cannot be compiled.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import assert_runs_without_interpreter
+
+from codesign.autotune.compile_only import CompiledLaunch, compile_only, parse_ptxas_log
+from codesign.specs import CodesignError
+
+# Captured from Triton 3.9's ptxas-blackwell (CUDA 13.4) -v on the W4A16 split-K kernel for sm_90a.
+PTXAS_LOG = """\
+ptxas-blackwell info    : 0 bytes gmem
+ptxas-blackwell info    : Compiling entry function '_wq_kernel' for 'sm_90a'
+ptxas-blackwell info    : Function properties for _wq_kernel
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas-blackwell info    : Used 168 registers, used 1 barriers
+ptxas-blackwell info    : Compile time = 185.812 ms
+"""
+# Captured from the mixed-precision KV decode kernel (spills), plus a helper function's block before it
+# (the older ptxas layout: properties of a callee, then the entry's own numbers with smem / cmem).
+PTXAS_LOG_SPILLS = """\
+ptxas info    : 11 bytes gmem
+ptxas info    : Function properties for _helper
+    16 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Compiling entry function '_paged_attn_kernel' for 'sm_90a'
+ptxas info    : Function properties for _paged_attn_kernel
+    3592 bytes stack frame, 8620 bytes spill stores, 11070 bytes spill loads
+ptxas info    : Used 32 registers, used 1 barriers, 3592 bytes cumulative stack size, 1024 bytes smem
+"""
+
+
+def test_parse_ptxas_log():
+    assert parse_ptxas_log(PTXAS_LOG) == {
+        "registers": 168,
+        "stack_bytes": 0,
+        "spill_stores": 0,
+        "spill_loads": 0,
+    }
+    assert parse_ptxas_log(PTXAS_LOG_SPILLS, "_paged_attn_kernel") == {
+        "registers": 32, "stack_bytes": 3592, "spill_stores": 8620, "spill_loads": 11070,
+    }  # fmt: skip
+    with pytest.raises(CodesignError, match="no register count for kernel '_other'"):
+        parse_ptxas_log(PTXAS_LOG, "_other")
+    with pytest.raises(CodesignError, match="no register count"):
+        parse_ptxas_log("ptxas fatal   : Unsupported .version 9.4")
+
+
+def test_problems_name_each_limit():
+    ok = CompiledLaunch("k", "m", 90, [1], 4, 2, 227 * 1024, 255, 0, 0, 0)
+    assert ok.problems() == [] and ok.as_dict()["ok"]
+    big = CompiledLaunch("k", "m", 80, [1], 4, 2, 163 * 1024 + 1, 96, 8, 4, 16)
+    reasons = big.problems()
+    assert any("opt-in limit 166912" in r for r in reasons) and any("spills: 8 B" in r for r in reasons)
+    failed = CompiledLaunch("k", "m", 90, "(1,)", error="CompilationError: boom")
+    assert failed.as_dict()["reason"] == "compile error: CompilationError: boom"
+
+
+def test_refuses_under_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(CodesignError, match="fresh process"), compile_only():
+        pass
+
+
+_PRELUDE = """
+import torch
+from codesign.autotune.compile_only import compile_only
+from codesign.backend import use_backend
+"""
+
+
+def test_compiles_decode_attention_and_w4a16_gemv_for_sm90_without_launching():
+    code = (
+        _PRELUDE
+        + """
+import os, subprocess
+from triton.backends.nvidia.compiler import get_ptxas
+from codesign.kernels import quant_formats as qf
+from codesign.kernels.paged_attention import PagedDecodeWrapper
+from codesign.kernels.paged_attention_triton import _paged_attn_kernel
+from codesign.kernels.quant_gemm import quant_matmul
+outs = {}
+with compile_only(90, "NVIDIA H200") as s:
+    for dt in (torch.float16, torch.bfloat16):
+        k = torch.randn(5, 16, 2, 64).to(dt)
+        bt = torch.tensor([[3, 1, 0], [4, 2, 0]], dtype=torch.int32)
+        w = PagedDecodeWrapper("cpu")
+        w.plan(k, bt, torch.tensor([37, 20], dtype=torch.int32), 6)   # auto backend: triton in this mode
+        q = torch.randn(2, 6, 64).to(dt)
+        outs[dt] = w.run(q, k, k.clone(), out=torch.full_like(q, float("nan")))
+    qw = qf.quantize_rtn(torch.randn(96, 256), "int4", 64, True, torch.float16)
+    quant_matmul(torch.randn(1, 256, dtype=torch.float16), qw)
+assert all(o.isnan().all() for o in outs.values()), "a kernel ran: the poisoned output was written"
+names = [l.kernel for l in s.launches]
+assert names.count("_paged_attn_kernel") == 2 and names[-1] == "_wq_kernel", names
+att16, att_bf = [l for l in s.launches if l.kernel == "_paged_attn_kernel"]
+gemv = s.launches[-1]
+assert att16.signature["q_ptr"] == "*fp16" and att_bf.signature["q_ptr"] == "*bf16"
+assert att16.constexprs["GROUP"] == 3 and att16.constexprs["GROUP_PAD"] == 16  # the GPU's 16-row tl.dot
+assert gemv.constexprs["DOT_DTYPE"] == "fp16" and gemv.constexprs["SPLITK"] is True
+assert gemv.grid[0] >= 1 and len(gemv.grid) == 3
+for l in s.launches:
+    assert l.arch == 90 and l.error is None and l.num_warps >= 1 and l.num_stages >= 1, l
+    assert 0 < l.registers <= 255 and l.shared_bytes > 0 and l.spill_stores >= 0 and l.stack_bytes >= 0, l
+# The registers ptxas -v reports equal those the cubin Triton built declares (cuobjdump, independent).
+ck = list(_paged_attn_kernel.device_caches["compile-only-sm90"][0].values())[0]
+assert ".target sm_90a" in ck.asm["ptx"]
+import tempfile
+cubin = tempfile.NamedTemporaryFile(suffix=".cubin", delete=False)
+cubin.write(ck.asm["cubin"])
+cubin.close()
+dump = subprocess.run([get_ptxas(90).path.replace("ptxas-blackwell", "cuobjdump"), "--dump-resource-usage",
+                       cubin.name], capture_output=True, text=True, check=True).stdout
+os.remove(cubin.name)
+regs = int(dump.split("REG:")[1].split()[0])
+assert regs in {l.registers for l in s.launches if l.kernel == "_paged_attn_kernel"}, (regs, dump)
+print("ok")
+"""
+    )
+    assert_runs_without_interpreter(code)
+
+
+def test_patches_undone_after_the_block_and_after_an_exception():
+    code = (
+        _PRELUDE
+        + """
+from triton.runtime import driver
+from triton.runtime.jit import JITFunction
+import codesign.backend as backend
+import codesign.kernels.paged_attention_triton as pat
+import codesign.kernels.quant_gemm_triton as qgt
+from codesign.autotune import lookup
+from codesign.specs import CodesignError
+from codesign.kernels.paged_attention import paged_decode_attention
+def state():
+    return (JITFunction.run, driver._active, backend._COMPILE_ONLY, pat.current_gpu_name, pat.num_sms,
+            pat.rows_layout, qgt._gpu_name, qgt._dot_dtype, qgt.interpreter_enabled, lookup.current_gpu_name)
+before = state()
+with compile_only() as s:
+    assert qgt._gpu_name(torch.device("cpu")) == "NVIDIA H200" and pat.num_sms(torch.device("cpu")) == 132
+    assert not qgt.interpreter_enabled()  # only df11_linear's guard is flipped
+assert state() == before
+try:
+    with compile_only():
+        raise KeyError("inside")
+except KeyError:
+    pass
+assert state() == before
+q, k = torch.randn(1, 2, 16, dtype=torch.float16), torch.randn(2, 16, 2, 16, dtype=torch.float16)
+args = (q, k, k, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32))
+try:
+    with use_backend("triton"):
+        paged_decode_attention(*args)
+    raise AssertionError("triton on CPU tensors without compile_only or the interpreter must be refused")
+except CodesignError as e:
+    assert "TRITON_INTERPRET=1" in str(e)
+try:
+    with compile_only(), compile_only():
+        pass
+    raise AssertionError("nested sessions must be refused")
+except CodesignError as e:
+    assert "already active" in str(e)
+assert state() == before
+print("ok")
+"""
+    )
+    assert_runs_without_interpreter(code)
+
+
+def test_kernels_look_their_tables_up_under_the_given_gpu_name(tmp_path):
+    code = (
+        _PRELUDE
+        + f"""
+import json, os
+from codesign.autotune import lookup
+from codesign.kernels import quant_formats as qf
+from codesign.kernels.quant_gemm import quant_matmul
+root = {str(tmp_path)!r}
+os.environ["CODESIGN_CONFIG_DIR"] = root
+cfg = {{"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 1, "num_warps": 2, "num_stages": 2}}
+table = {{**lookup.table_header("w4a16_gemm_splitk", "NVIDIA H200", ["codesign.kernels.quant_gemm_triton"]),
+          "entries": {{lookup.shape_key(N=96, K=256, G=64): {{"1": cfg}}}}}}
+os.makedirs(os.path.join(root, "nvidia-h200"))
+json.dump(table, open(os.path.join(root, "nvidia-h200", "w4a16_gemm_splitk.json"), "w"))
+qw = qf.quantize_rtn(torch.randn(96, 256), "int4", 64, True, torch.float16)
+x = torch.randn(1, 256, dtype=torch.float16)
+for gpu, want in (("NVIDIA H200", (32, 32, 2, 2)), ("NVIDIA H100 80GB HBM3", (64, 64, 4, 3))):
+    with compile_only(90, gpu) as s:
+        quant_matmul(x, qw)
+    c = s.launches[-1]
+    got = (c.constexprs["BLOCK_N"], c.constexprs["BLOCK_K"], c.num_warps, c.num_stages)
+    assert got == want, (gpu, got)  # H100: no table, the GPU defaults (BLOCK_K clamped to the group)
+print("ok")
+"""
+    )
+    assert_runs_without_interpreter(code)
+
+
+def test_gemm_smem_estimate_not_below_the_compilers():
+    code = """
+from codesign.autotune.compile_check import check_estimates
+rows = check_estimates("w8a8_gemm", {"M": 20, "N": 40, "K": 256}, n=3, arch=90)  # tiles <= 32 x 64
+assert len(rows) == 3 and any(r.pruned_by_estimate is None for r in rows), rows
+for r in rows:
+    assert r.error is None and r.real_smem > 0 and r.real_regs > 0, r
+    assert r.est_smem >= r.real_smem, f"estimate {r.est_smem} B < compiler {r.real_smem} B for {r.config}"
+print("ok")
+"""
+    assert_runs_without_interpreter(code)
+
+
+def test_untuned_defaults_neither_spill_nor_overflow_shared_memory():
+    """Regressions the lowering report found: sub-byte KV decode spilled at BLOCK_N 64 on sm_90 (1.2 KB per
+    thread for INT4), W8A8's 128 x 128 x 128 default needed 180 KB of shared memory (over the A100's
+    163 KiB) and the tiled weight-only default 115 KB (over sm_89's 99 KiB)."""
+    code = (
+        _PRELUDE
+        + """
+from codesign.autotune.ops import get_op
+from codesign.kernels import paged_attention_triton as pt
+from codesign.kernels.quant_gemm_triton import _GPU_DEFAULTS
+fmts = {"paged_attention_int4": pt.KV_FORMAT_INT, "paged_attention_mixed": pt.KV_FORMAT_MIXED,
+        "paged_attention_kivi": pt.KV_FORMAT_KIVI}
+with compile_only(90, "NVIDIA H200") as s:
+    for name, fmt in fmts.items():
+        for m, ctx in ((4, 256), (16, 4096)) if fmt != pt.KV_FORMAT_KIVI else ((16, 4096),):  # 1 and 3 splits
+            shape = dict(M=m, q_heads=32, kv_heads=8, head_dim=128, block_size=16, ctx=ctx)
+            op = get_op(name)
+            op.run(op.make_inputs(shape, torch.float16, "cpu", 0), pt.default_config(128, 2, fmt, 4))
+for l in s.launches:
+    assert l.problems() == [], (l.kernel, l.constexprs.get("BLOCK_N"), l.problems())
+for arch, gpu, opname, kind, shp in ((80, "NVIDIA A100-SXM4-80GB", "w8a8_gemm", "scaled_mm", dict(M=256, N=512, K=512)),
+                                     (89, "NVIDIA L40S", "w4a16_gemm", "tiled", dict(M=256, N=512, K=512, G=128))):
+    with compile_only(arch, gpu) as s:
+        op = get_op(opname)
+        op.run(op.make_inputs(shp, torch.float16, "cpu", 0), dict(_GPU_DEFAULTS[kind]))
+    big = [l for l in s.launches if l.kernel in ("_scaled_mm_kernel", "_wq_kernel")]
+    assert big and all(l.problems() == [] for l in big), [(l.kernel, l.shared_bytes, l.problems()) for l in big]
+print("ok")
+"""
+    )
+    assert_runs_without_interpreter(code)
