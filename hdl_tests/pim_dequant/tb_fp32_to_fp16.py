@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import cocotb
 import numpy as np
-from cocotb.triggers import Timer
-from tb_util import bench_config, check_verdict, read_resolved, write_records
+from tb_util import bench_config, check_verdict, combinational_record, drive_combinational, write_records
 
 
 def _fields(sign, exp, frac) -> np.ndarray:
@@ -66,31 +65,18 @@ async def fp32_to_fp16_matches_numpy(dut):
     try:
         for name, x in operand_sets(rng, cfg["n"]).items():
             want, want_ovf = model(x)
-            got = np.empty(len(x), np.int64)
-            got_ovf = np.empty(len(x), np.int64)
-            for i, v in enumerate(x.tolist()):
-                dut.x.value = v
-                await Timer(1, "ns")
-                y = read_resolved(dut.y, errors, f"x={v:#010x}")
-                o = read_resolved(dut.ovf, errors, f"x={v:#010x}")
-                got[i], got_ovf[i] = (-1 if y is None else y), (-1 if o is None else o)
+            got, got_ovf = await drive_combinational(dut, {"x": x}, ("y", "ovf"), errors)
             bad = np.flatnonzero((got != want.astype(np.int64)) | (got_ovf != want_ovf.astype(np.int64)))
-            rec = {
-                "t": len(x),
-                "case": name,
-                "model_cycles": 0,
-                "rtl_cycles": 0,
-                "bits_ok": bad.size == 0,
-                "cycles_ok": True,  # combinational
-                "order_ok": True,
-                "xz_ok": not errors,
-            }
-            rec["ok"] = rec["bits_ok"] and rec["xz_ok"]
-            if bad.size:
-                rec["first_mismatches"] = [
+            rec = combinational_record(
+                name,
+                len(x),
+                bad,
+                errors,
+                [
                     f"{x[i]:#010x}: rtl {got[i]:#06x} ovf {got_ovf[i]} numpy {want[i]:#06x} ovf {want_ovf[i]}"
                     for i in bad[:5]
-                ]
+                ],
+            )
             dut._log.info("case %s", rec)
             records.append(rec)
     finally:

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import cocotb
 import numpy as np
-from cocotb.triggers import Timer
-from tb_util import bench_config, check_verdict, read_resolved, write_records
+from tb_util import bench_config, check_verdict, combinational_record, drive_combinational, write_records
 
 
 def scale_sets(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
@@ -42,28 +41,15 @@ async def u8_mul_matches_numpy(dut):
             c = np.repeat(codes, len(scales))
             s = np.tile(scales, len(codes))
             want = (c.astype(np.float32) * s.view(np.float16).astype(np.float32)).view(np.uint32)
-            got = np.empty(len(c), np.int64)
-            for i, (x, z) in enumerate(zip(c.tolist(), s.tolist())):
-                dut.code.value, dut.scale.value = x, z
-                await Timer(1, "ns")
-                y = read_resolved(dut.y, errors, f"code={x} scale={z:#06x}")
-                got[i] = -1 if y is None else y
+            (got,) = await drive_combinational(dut, {"code": c, "scale": s}, ("y",), errors)
             bad = np.flatnonzero(got != want.astype(np.int64))
-            rec = {
-                "t": len(c),
-                "case": name,
-                "model_cycles": 0,
-                "rtl_cycles": 0,
-                "bits_ok": bad.size == 0,
-                "cycles_ok": True,  # combinational
-                "order_ok": True,
-                "xz_ok": not errors,
-            }
-            rec["ok"] = rec["bits_ok"] and rec["xz_ok"]
-            if bad.size:
-                rec["first_mismatches"] = [
-                    f"{c[i]} * {s[i]:#06x}: rtl {got[i]:#010x} numpy {want[i]:#010x}" for i in bad[:5]
-                ]
+            rec = combinational_record(
+                name,
+                len(c),
+                bad,
+                errors,
+                [f"{c[i]} * {s[i]:#06x}: rtl {got[i]:#010x} numpy {want[i]:#010x}" for i in bad[:5]],
+            )
             dut._log.info("case %s", rec)
             records.append(rec)
     finally:

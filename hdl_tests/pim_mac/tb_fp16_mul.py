@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import cocotb
 import numpy as np
-from cocotb.triggers import Timer
-from tb_util import bench_config, check_verdict, read_resolved, write_records
+from tb_util import bench_config, check_verdict, combinational_record, drive_combinational, write_records
 
 
 def _fp16_bits(rng: np.random.Generator, n: int, kind: str) -> np.ndarray:
@@ -58,28 +57,15 @@ async def fp16_mul_matches_numpy(dut):
     try:
         for name, (a, b) in operand_sets(rng, cfg["n"]).items():
             want = model(a, b)
-            got = np.empty(len(a), np.int64)
-            for i, (x, z) in enumerate(zip(a.tolist(), b.tolist())):
-                dut.a.value, dut.b.value = x, z
-                await Timer(1, "ns")
-                y = read_resolved(dut.y, errors, f"a={x:#06x} b={z:#06x}")
-                got[i] = -1 if y is None else y
+            (got,) = await drive_combinational(dut, {"a": a, "b": b}, ("y",), errors)
             bad = np.flatnonzero(got != want.astype(np.int64))
-            rec = {
-                "t": len(a),
-                "case": name,
-                "model_cycles": 0,
-                "rtl_cycles": 0,
-                "bits_ok": bad.size == 0,
-                "cycles_ok": True,  # combinational
-                "order_ok": True,
-                "xz_ok": not errors,
-            }
-            rec["ok"] = rec["bits_ok"] and rec["xz_ok"]
-            if bad.size:
-                rec["first_mismatches"] = [
-                    f"{a[i]:#06x} * {b[i]:#06x}: rtl {got[i]:#010x} numpy {want[i]:#010x}" for i in bad[:5]
-                ]
+            rec = combinational_record(
+                name,
+                len(a),
+                bad,
+                errors,
+                [f"{a[i]:#06x} * {b[i]:#06x}: rtl {got[i]:#010x} numpy {want[i]:#010x}" for i in bad[:5]],
+            )
             dut._log.info("case %s", rec)
             records.append(rec)
     finally:
