@@ -155,6 +155,35 @@ def _kivi_eff(t: int, name: str, bits: float) -> float:
     return (nq * bits + (t - nq) * 16.0) / t
 
 
+def _hadamard(d: int) -> torch.Tensor:
+    """Orthonormal Sylvester-Hadamard matrix of order d (a power of two)."""
+    if d & (d - 1):
+        raise CodesignError(f"a Hadamard rotation needs head_dim a power of two, got {d}")
+    h = torch.ones(1, 1)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(d)
+
+
+def _clip_search_int4(
+    x: torch.Tensor, ratios: tuple[float, ...] = (0.95, 0.9, 0.85, 0.8, 0.75)
+) -> torch.Tensor:
+    """INT4 per-token round trip with the least squared error per token among plain min/max
+    (`fake_quant_per_token`) and its range shrunk about the centre by each of `ratios` (fp16 scale and
+    zero, round half to even, as the plain one)."""
+    best = kvq.fake_quant_per_token(x, 4)
+    best_err = ((best - x) ** 2).sum(-1, keepdim=True)
+    mn, mx = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+    for r in ratios:
+        c, half = (mn + mx) / 2, (mx - mn) / 2 * r
+        scale, zero = (2 * half / 15).half().float(), (c - half).half().float()
+        xh = torch.clamp(torch.round((x - zero) / torch.where(scale > 0, scale, 1.0)), 0, 15) * scale + zero
+        err = ((xh - x) ** 2).sum(-1, keepdim=True)
+        better = err < best_err
+        best, best_err = torch.where(better, xh, best), torch.where(better, err, best_err)
+    return best
+
+
 def int4_study_formats(calib: list[Layer]) -> dict[str, tuple[Callable, float]]:
     """INT4 settings around the 5 % target (README): per-token groups along head_dim, KIVI's key group G,
     residual R and value group GV, and K/V at different widths. Bits count every scale and zero."""
@@ -172,6 +201,24 @@ def int4_study_formats(calib: list[Layer]) -> dict[str, tuple[Callable, float]]:
         "int4-per_token g=8": (lambda i, k, v: (grouped(k, 8), grouped(v, 8), 0), 4 + 32 / 8),
         "K int8 / V int4 per_token": (lambda i, k, v: (fq(k, 8), fq(v, 4), 0), (8 + 4) / 2 + 32 / d),
     }
+    # Three standard remedies at the same 4 + 32/D bits, each exact in real arithmetic: a Hadamard rotation
+    # of K and V (QuaRot; q and the output rotate with them, so attention is unchanged), subtracting each
+    # key channel's mean from the calibration text (softmax ignores a per-query constant, SageAttention's
+    # smoothing), and a per-token clipping ratio chosen for the least squared error (0.75-1.0).
+    h = _hadamard(d)
+    k_mean = [k.mean(0) for _, k, _ in calib]
+    out["int4-per_token Hadamard-rotated K, V"] = (
+        lambda i, k, v: (fq(k @ h, 4) @ h.T, fq(v @ h, 4) @ h.T, 0),
+        4 + 32 / d,
+    )
+    out["int4-per_token K smoothed (calib mean)"] = (
+        lambda i, k, v: (fq(k - k_mean[i], 4) + k_mean[i], fq(v, 4), 0),
+        4 + 32 / d,
+    )
+    out["int4-per_token MSE clip"] = (
+        lambda i, k, v: (_clip_search_int4(k), _clip_search_int4(v), 0),
+        4 + 32 / d,
+    )
     for g, gv, r in ((32, 32, 0), (64, 32, 0), (128, 32, 0), (16, 16, 0), (32, 16, 0), (32, 8, 0),
                      (32, 32, 32), (32, 32, 128), (64, 16, 0), (128, 16, 0)):  # fmt: skip
 

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from codesign.kernels import kv_quant as kvq
 from codesign.kernels import kvq_accuracy as acc
 from codesign.kernels import kvq_accuracy_cli
 from codesign.specs import CodesignError
@@ -89,3 +90,28 @@ def test_minilm_real_activations():
     # the target: Oaken at ~4.5 bits beats plain INT4 per-token (5 bits at head_dim 32)
     assert rows["int4-oaken_offline"].bits == 4 + 16 / 32 + 2 * 32 / (16 * 32)
     assert rows["int4-oaken_offline"].err < rows["int4-per_token"].err
+
+
+def test_int4_study_remedies_are_exact_transforms_and_never_worse_per_token():
+    d = 32
+    h = acc._hadamard(d)
+    torch.testing.assert_close(h @ h.T, torch.eye(d), rtol=0, atol=1e-6)
+    q, k, v = (torch.randn(20, 3, d) for _ in range(3))
+    # The rotation alone (no quantization) leaves attention unchanged: q.k and P.v rotate back.
+    rot = acc.attention(q @ h, k @ h, v @ h) @ h.double().T
+    torch.testing.assert_close(rot, acc.attention(q, k, v), rtol=0, atol=1e-5)
+    # A per-channel key shift is a per-query constant in the logits: softmax ignores it.
+    qd, kd, vd, shift = q.double(), k.double(), v.double(), torch.randn(3, d, dtype=torch.float64)
+    torch.testing.assert_close(
+        acc.attention(qd, kd - shift, vd), acc.attention(qd, kd, vd), rtol=0, atol=1e-9
+    )
+    # The clip search starts from plain min/max, so no token gets a larger squared error.
+    x = torch.randn(50, 3, d) * torch.rand(50, 3, 1) * 4
+    plain = ((kvq.fake_quant_per_token(x, 4) - x) ** 2).sum(-1)
+    clipped = ((acc._clip_search_int4(x) - x) ** 2).sum(-1)
+    assert (clipped <= plain).all() and (clipped < plain).any()
+    with pytest.raises(CodesignError, match="power of two"):
+        acc._hadamard(24)
+    names = set(acc.int4_study_formats([(q, k, v)]))
+    assert {"int4-per_token Hadamard-rotated K, V", "int4-per_token K smoothed (calib mean)",
+            "int4-per_token MSE clip"} <= names  # fmt: skip
