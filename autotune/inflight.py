@@ -167,6 +167,11 @@ def recover_crashed(
             warnings.warn(f"tuning: removed unreadable in-flight marker {path.name}", stacklevel=2)
             claimed.unlink(missing_ok=True)
             continue
+        if _outcome_recorded(cache, rec, body.get("ts")):
+            # Killed after the candidate's outcome reached the cache but before the marker was
+            # removed: the config did not crash anything, and a second record would duplicate it.
+            claimed.unlink(missing_ok=True)
+            continue
         why = how.get(pid, f"pid {pid}, exit status unknown (found on restart)")
         failed = {**rec, "ok": False, "time_ms": None, "error": f"{CRASH_PREFIX}: {why}", "crashed": True,
                   "pid": pid}  # fmt: skip
@@ -181,6 +186,14 @@ def recover_crashed(
                     f"{rec.get('key')} M={rec.get('m')}: {why}")  # fmt: skip
         claimed.unlink(missing_ok=True)
     return done
+
+
+def _outcome_recorded(cache: TuningCache, rec: dict[str, Any], since: float | None) -> bool:
+    """True when the cache holds a record of `rec`'s identity and config written at or after `since`."""
+    return since is not None and any(
+        r.get("ts", 0.0) >= since and all(r.get(k) == v for k, v in rec.items())
+        for r in cache.load(warn=False).records
+    )
 
 
 @contextmanager

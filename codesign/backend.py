@@ -97,6 +97,18 @@ def compile_only_active() -> bool:
     return _COMPILE_ONLY
 
 
+def canonical_device(device: Any) -> Any:
+    """`device` as tensors on it report it: a bare "cuda" becomes "cuda:<current>" (a tensor made on
+    "cuda" says cuda:0, and torch.device("cuda") != torch.device("cuda:0")), so plans made for "cuda"
+    accept the tensors made for them."""
+    import torch
+
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None and torch.cuda.is_available():
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
 def _device_type(device: Any) -> str:
     return device if isinstance(device, str) else getattr(device, "type", str(device))
 

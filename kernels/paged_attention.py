@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from codesign.backend import interpreter_enabled, resolve_backend
+from codesign.backend import canonical_device, interpreter_enabled, resolve_backend
 from codesign.kernels import kv_quant_dispatch as kqd
 from codesign.kernels.paged_kv_cache import check_block_tables, check_int_tensor, check_kv_cache
 from codesign.specs import CodesignError, KVFormat, PagedDecodeAttention, PagedExtendAttention
@@ -481,7 +481,7 @@ class _PlannedAttention:
     is_decode = False
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self._plan: dict | None = None
         self._bufs: dict[str, torch.Tensor] = {}
 

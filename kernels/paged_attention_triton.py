@@ -68,8 +68,10 @@ DEFAULT_CONFIG = {"BLOCK_N": 64, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
 DEFAULT_SMEM_BUDGET = 96 * 1024
 # Register budget of the untuned defaults for caches that dequantize in the inner loop, as the largest
 # BLOCK_N x DIM_PAD tile: compiled for sm_90 at head_dim 128 and 4 warps (`bench/lowering_report.py`,
-# ptxas), sub-byte codes (INT4/INT2, Oaken, mixed chunks) spill at BLOCK_N 32 (255 registers, 0.2-0.6 KB
-# per thread; 1.2-8.6 KB at 64) and use 64-116 registers at 16; KIVI spills at 64 and uses 160 at 32.
+# ptxas), sub-byte codes read by byte gather (mixed chunks; INT4/INT2 whose rows are not whole words)
+# spill at BLOCK_N 32 (255 registers, 0.2-0.6 KB per thread; 1.2-8.6 KB at 64) and use 64-116 registers at
+# 16; Oaken (words, plus its outlier loop) takes 204 at 16; KIVI (words) 121-156 at 32. Per-token INT4/INT2
+# read as words are not capped (`default_config`).
 SUBBYTE_TILE_ELEMS = 16 * 128
 KIVI_TILE_ELEMS = 32 * 128
 # Tree verification adds the ancestor-mask tile to a 16-token x GROUP_PAD-row extend tile: in bf16 at
@@ -111,34 +113,15 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
                   KV_FORMAT: tl.constexpr, BITS: tl.constexpr,
                   j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr,
                   KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr, KIVI_R: tl.constexpr, bits_ptr,
-                  OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
-    """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0)."""
+                  OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
+                  BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr):  # fmt: skip
+    """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8, KIVI and
+    Oaken caches (the per-token INT and mixed formats take the factored path, `_load_code_tile`)."""
     base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
     if KV_FORMAT == 0:
         x = tl.load(base + d[None, :], mask=kv_m, other=0.0)
-    elif KV_FORMAT == 1:
-        PER: tl.constexpr = 8 // BITS
-        byte = tl.load(base + (d // PER)[None, :], mask=kv_m, other=0).to(tl.int32)
-        code = (byte >> ((d % PER) * BITS)[None, :]) & (2**BITS - 1)
-        mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
-        sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
-        zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
-        x = code.to(tl.float32) * sc[:, None] + zr[:, None]
-        x = tl.where(kv_m, x, 0.0)
-    elif KV_FORMAT == 4:
-        nbits = tl.load(bits_ptr + blk, mask=j_ok, other=8).to(tl.int32)  # per row: its block's width
-        nbits = nbits[:, None]
-        per = 8 // nbits
-        byte = tl.load(base + d[None, :] // per, mask=kv_m, other=0).to(tl.int32)
-        code = (byte >> ((d[None, :] % per) * nbits)) & ((1 << nbits) - 1)
-        mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
-        sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
-        zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
-        x = tl.where(kv_m, code.to(tl.float32) * sc[:, None] + zr[:, None], 0.0)
     elif KV_FORMAT == 5 or KV_FORMAT == 6:
-        PER: tl.constexpr = 8 // BITS
-        byte = tl.load(base + (d // PER)[None, :], mask=kv_m, other=0).to(tl.int32)
-        code = (byte >> ((d % PER) * BITS)[None, :]) & (2**BITS - 1)
+        code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
         mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
         if KV_FORMAT == 5:
             sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
@@ -161,14 +144,16 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
             x = tl.where(hit, val[:, None], x)
         x = tl.where(kv_m, x, 0.0)
     elif KV_FORMAT == 2:
-        byte = tl.load(base + d[None, :], mask=kv_m, other=0).to(tl.int32)
-        x = _fp8_e4m3_decode(byte) * tl.load(s_ptr + kvh)
+        if HW_FP8:  # sm_89+: the hardware's e4m3 conversion (same values, NaN codes included), not ~15 int ops
+            raw = tl.load(base + d[None, :], mask=kv_m, other=0)
+            x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * tl.load(s_ptr + kvh)
+        else:
+            byte = tl.load(base + d[None, :], mask=kv_m, other=0).to(tl.int32)
+            x = _fp8_e4m3_decode(byte) * tl.load(s_ptr + kvh)
     else:
-        PER: tl.constexpr = 8 // BITS
         quant = (j < nq)[:, None]
         qm = kv_m & quant
-        byte = tl.load(base + (d // PER)[None, :], mask=qm, other=0).to(tl.int32)
-        code = (byte >> ((d % PER) * BITS)[None, :]) & (2**BITS - 1)
+        code = _load_codes(base, d, j_ok & (j < nq), qm, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
         if IS_KEY:  # per channel, one (scale, zero) pair per group of KIVI_G tokens
             row = blk * stride_mb + (off // KIVI_G) * stride_ms + kvh * stride_mh
             col = d * 2
@@ -184,6 +169,54 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
         x = tl.where(quant, code.to(tl.float32) * sc + zr, xr)
         x = tl.where(kv_m, x, 0.0)
     return x.to(out_ty)
+
+
+@triton.jit
+def _load_codes(base, d, row_ok, kv_m, BITS: tl.constexpr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """int32 [BLOCK_N, DIM_PAD] tile of packed BITS-bit codes from row pointers `base` [BLOCK_N, 1] (0 where masked).
+
+    WORDS (rows of whole int32 words; `base` into an int32 view, strides in words): word w holds elements
+    32/BITS * w + i at bits [BITS * i, BITS * (i + 1)), so unpacking a [BLOCK_N, NW] word tile along a new
+    last axis and flattening gives the elements in order: one coalesced 4-byte load per 32 / BITS codes.
+    Otherwise a byte gather, which loads (and holds in registers) each byte 8 / BITS times."""
+    if WORDS:
+        PERW: tl.constexpr = 32 // BITS
+        NW: tl.constexpr = DIM_PAD // PERW
+        w = tl.arange(0, NW)
+        words = tl.load(base + w[None, :], mask=row_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
+        shifts = tl.arange(0, PERW) * BITS
+        code = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & (2**BITS - 1), (BLOCK_N, DIM_PAD))
+    elif BITS == 8:
+        code = tl.load(base + d[None, :], mask=kv_m, other=0).to(tl.int32)
+    else:
+        PER: tl.constexpr = 8 // BITS
+        byte = tl.load(base + (d // PER)[None, :], mask=kv_m, other=0).to(tl.int32)
+        code = (byte >> ((d % PER) * BITS)[None, :]) & (2**BITS - 1)
+    return code
+
+
+@triton.jit
+def _load_code_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s, stride_h,
+                    stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
+                    BITS: tl.constexpr, bits_ptr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Per-token formats (INT, MIXED): the raw codes of one [BLOCK_N, DIM_PAD] tile as `out_ty` (exact: codes
+    < 256 fit bf16's 8-bit significand) and the rows' fp32 (scale, zero), for the factored products
+    q . k_j = sc_j (q . c_j) + zr_j sum(q) and sum_j p_j v_j = (p * sc) @ c + sum_j p_j zr_j. The scale and
+    zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element."""
+    base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
+    if KV_FORMAT == 1:
+        code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
+    else:
+        nbits = tl.load(bits_ptr + blk, mask=j_ok, other=8).to(tl.int32)[:, None]  # per row: its block's width
+        per = 8 // nbits
+        byte = tl.load(base + d[None, :] // per, mask=kv_m, other=0).to(tl.int32)
+        code = (byte >> ((d[None, :] % per) * nbits)) & ((1 << nbits) - 1)
+    mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
+    sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
+    zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
+    return code.to(out_ty), sc, zr
 
 
 @triton.jit
@@ -205,7 +238,7 @@ def _paged_attn_kernel(
     IS_DECODE: tl.constexpr, MASK_MODE: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_WINDOW: tl.constexpr, WRITE_LSE: tl.constexpr, KV_FORMAT: tl.constexpr, DOT_PREC: tl.constexpr,
     BITS: tl.constexpr = 16, KIVI_G: tl.constexpr = 1, KIVI_GV: tl.constexpr = 1, KIVI_R: tl.constexpr = 0,
-    OAKEN_CAP: tl.constexpr = 0,
+    OAKEN_CAP: tl.constexpr = 0, WORDS: tl.constexpr = False, HW_FP8: tl.constexpr = False,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -258,6 +291,9 @@ def _paged_attn_kernel(
         s_hi = tl.minimum(kv_hi, s_lo + per)
 
         qk_scale = sm_scale * 1.4426950408889634
+        # Per-token formats factor each row's (scale, zero) out of the products (`_load_code_tile`).
+        FACTORED: tl.constexpr = KV_FORMAT == 1 or KV_FORMAT == 4
+        q_sum = tl.sum(q.to(tl.float32), 1)  # padded rows and columns load as 0
         nq = tl.maximum(kv_len - KIVI_R, 0) // KIVI_G * KIVI_G  # KIVI: tokens below are quantized
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -268,11 +304,19 @@ def _paged_attn_kernel(
             blk = tl.load(bt_ptr + b * stride_bt + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
             off = j % BLOCK_SIZE
             kv_m = j_ok[:, None] & d_ok[None, :]
-            k = _load_kv_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb, stride_ks, stride_kh,
-                              stride_mb, stride_ms, stride_mh, q_ptr.dtype.element_ty, KV_FORMAT, BITS,
-                              j, b, nq, k_res_ptr, stride_rb, stride_rr, stride_rh, True,
-                              KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM)  # fmt: skip
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+            if FACTORED:
+                kc, ksc, kzr = _load_code_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb,
+                                               stride_ks, stride_kh, stride_mb, stride_ms, stride_mh,
+                                               q_ptr.dtype.element_ty, KV_FORMAT, BITS, bits_ptr, WORDS,
+                                               HEAD_DIM, DIM_PAD, BLOCK_N)  # fmt: skip
+                s = tl.dot(q, tl.trans(kc), input_precision=DOT_PREC) * ksc[None, :] + q_sum[:, None] * kzr[None, :]
+            else:
+                k = _load_kv_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb, stride_ks, stride_kh,
+                                  stride_mb, stride_ms, stride_mh, q_ptr.dtype.element_ty, KV_FORMAT, BITS,
+                                  j, b, nq, k_res_ptr, stride_rb, stride_rr, stride_rh, True,
+                                  KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
+                                  BLOCK_N, HW_FP8)  # fmt: skip
+                s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
             if HAS_SOFTCAP:
                 # c * tanh(x / c) through exp: tanh(y) = 1 - 2 / (exp(2y) + 1), exact at +-inf.
                 y = s * (sm_scale / softcap)
@@ -302,11 +346,20 @@ def _paged_attn_kernel(
             alpha = tl.exp2(m_i - m_safe)
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = _load_kv_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb, stride_vs, stride_vh,
-                              stride_vmb, stride_vms, stride_vmh, q_ptr.dtype.element_ty, KV_FORMAT, BITS,
-                              j, b, nq, v_res_ptr, stride_rb, stride_rr, stride_rh, False,
-                              KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM)  # fmt: skip
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+            if FACTORED:
+                vc, vsc, vzr = _load_code_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb,
+                                               stride_vs, stride_vh, stride_vmb, stride_vms, stride_vmh,
+                                               q_ptr.dtype.element_ty, KV_FORMAT, BITS, bits_ptr, WORDS,
+                                               HEAD_DIM, DIM_PAD, BLOCK_N)  # fmt: skip
+                pv = tl.dot((p * vsc[None, :]).to(vc.dtype), vc, input_precision=DOT_PREC)
+                acc = acc * alpha[:, None] + pv + tl.sum(p * vzr[None, :], 1)[:, None]
+            else:
+                v = _load_kv_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb, stride_vs, stride_vh,
+                                  stride_vmb, stride_vms, stride_vmh, q_ptr.dtype.element_ty, KV_FORMAT, BITS,
+                                  j, b, nq, v_res_ptr, stride_rb, stride_rr, stride_rh, False,
+                                  KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
+                                  BLOCK_N, HW_FP8)  # fmt: skip
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
             m_i = m_new
 
         has = l_i > 0.0
@@ -383,18 +436,30 @@ def default_config(head_dim: int, elem_bytes: int, kv_format: int = KV_FORMAT_PL
         cfg["BLOCK_N"] > 16 and cfg["num_stages"] * 2 * cfg["BLOCK_N"] * dp * elem_bytes > DEFAULT_SMEM_BUDGET
     ):
         cfg["BLOCK_N"] //= 2
+    words = reads_words(kv_format, bits, head_dim)
     subbyte = kv_format in (KV_FORMAT_MIXED, KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) or (
-        kv_format == KV_FORMAT_INT and bits < 8
+        kv_format == KV_FORMAT_INT and bits < 8 and not words
     )
     cap = SUBBYTE_TILE_ELEMS if subbyte else KIVI_TILE_ELEMS if kv_format == KV_FORMAT_KIVI else None
     if cap is not None:
         cfg["BLOCK_N"] = max(16, min(cfg["BLOCK_N"], cap // dp))
+    if words and kv_format == KV_FORMAT_INT:
+        # Per-token INT4/INT2 codes read as words and factored: the 64 x 128 tile takes 101-113 registers
+        # on 8 warps and 127-150 on 4 (sm_90 ptxas, no spills); the byte gather spilled at 32 x 128.
+        cfg["num_warps"] = 8
     if kv_format == KV_FORMAT_MIXED:
         cfg["num_warps"] = 8  # three code widths in one loop: 4 warps spill without a split (128 regs + 8 B)
     if dp >= 256:
         cfg["num_warps"] = 8
         cfg["BLOCK_M"] = 32  # and half the query rows: Q and the accumulator stay in registers
     return cfg
+
+
+def reads_words(kv_format: int, bits: int, head_dim: int) -> bool:
+    """True when the kernel reads this cache's packed sub-byte codes as int32 words (`_load_codes`): the
+    INT, KIVI and Oaken formats below 8 bits whose code rows are whole words."""
+    packed = (KV_FORMAT_INT, KV_FORMAT_KIVI, KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE)
+    return kv_format in packed and bits < 8 and (head_dim * bits) % 32 == 0
 
 
 def table_op(kv_format: int = KV_FORMAT_PLAIN, bits: int = 16) -> str:
@@ -531,6 +596,10 @@ def paged_attention_triton(
         o_part = l_part = out  # unused
     dummy = context_lens
     lse_t = lse if lse is not None else out
+    # Sub-byte per-token codes whose rows are whole int32 words are read as words (`_load_code_tile`).
+    words = reads_words(kv_format, bits, dim)
+    if words:
+        k_cache, v_cache = k_cache.view(torch.int32), v_cache.view(torch.int32)
     _paged_attn_kernel[(programs, hkv, s)](
         q, k_cache, v_cache, out, lse_t, o_part, l_part,
         block_tables, context_lens, cu_seqlens_q,
@@ -553,7 +622,8 @@ def paged_attention_triton(
         IS_DECODE=is_decode, MASK_MODE=MASK_TREE if tree_mask is not None else MASK_CAUSAL,
         HAS_ALIBI=alibi_slopes is not None, HAS_SOFTCAP=bool(softcap), HAS_WINDOW=bool(window),
         WRITE_LSE=lse is not None and s == 1, KV_FORMAT=kv_format, BITS=bits,
-        KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=oaken[0].shape[2] if oaken is not None else 0,
+        KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=oaken[0].shape[2] if oaken is not None else 0, WORDS=words,
+        HW_FP8=kv_format == KV_FORMAT_FP8 and on_gpu and torch.cuda.get_device_capability(q.device) >= (8, 9),
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip

@@ -59,7 +59,7 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     if c.numel() and (c.min() < 0 or c.max() >= (1 << bits)):
         raise CodesignError(f"codes must lie in [0, {1 << bits}), got [{int(c.min())}, {int(c.max())}]")
     c = c.reshape(k // p, p, n)
-    shifts = (torch.arange(p, dtype=torch.int64) * bits).view(1, p, 1)
+    shifts = (torch.arange(p, dtype=torch.int64, device=c.device) * bits).view(1, p, 1)
     words = (c << shifts).sum(dim=1)  # disjoint bit fields: sum == or
     # Reinterpret the low 32 bits as signed int32 (words >= 2**31 wrap).
     words = torch.where(words >= 2**31, words - 2**32, words)
@@ -289,7 +289,7 @@ def quantize_per_token(x: torch.Tensor, dtype: str = "int8") -> tuple[torch.Tens
     check_choice("dtype", dtype, ("int8", "fp8_e4m3"))
     xf = x.to(torch.float32)
     qmax = 127.0 if dtype == "int8" else FP8_MAX
-    amax = xf.abs().amax(dim=-1, keepdim=True) if x.shape[-1] else torch.zeros(*x.shape[:-1], 1)
+    amax = xf.abs().amax(dim=-1, keepdim=True) if x.shape[-1] else torch.zeros(*x.shape[:-1], 1, device=x.device)
     s = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
     if dtype == "int8":
         q = (xf / s).round().clamp(-127, 127).to(torch.int8)

@@ -255,6 +255,25 @@ def test_markers_of_live_processes_are_left_alone_and_unreadable_ones_removed(tm
     )
 
 
+def test_a_marker_whose_outcome_reached_the_cache_is_not_a_crash(tmp_path):
+    # A kill between `cache.append` and `marker.clear`: the config ran to completion, so the rerun must
+    # neither record it as crashed nor hold two records of it (this race once failed CI's resume test).
+    cache = TuningCache(tmp_path / "c.jsonl")
+    rec = {"gpu": "G", "triton": None, "source_hash": "h", "op": OP, "key": "N=5", "m": 3, "dtype": "float32",
+           "config": BEST_OTHER}  # fmt: skip
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)  # fmt: skip
+    marker = inflight.marker_path(cache.path, dead)
+    marker.write_text(json.dumps({"pid": dead, "start": -1, "ts": time.time() - 1, "record": rec}))
+    cache.append({**rec, "ok": True, "time_ms": 5.0})
+    assert inflight.recover_crashed(cache) == [] and not marker.exists()
+    assert [r["ok"] for r in cache.load().records] == [True]
+    # The same marker with an outcome from before it was written (another run's) is still a crash.
+    marker.write_text(json.dumps({"pid": dead, "start": -1, "ts": time.time() + 1, "record": rec}))
+    (got,) = inflight.recover_crashed(cache)
+    assert got["crashed"] and not marker.exists() and len(cache.load().records) == 2
+
+
 def test_cli_isolate(tmp_path, capsys):
     cache = tmp_path / "c.jsonl"
     common = ["tune", "--import", "test_autotune_isolate", "--op", OP, "--device", "cpu", "--cache", str(cache),

@@ -224,10 +224,11 @@ from codesign.autotune.ops import get_op
 from codesign.kernels import paged_attention_triton as pt
 from codesign.kernels.quant_gemm_triton import _GPU_DEFAULTS
 fmts = {"paged_attention_int4": pt.KV_FORMAT_INT, "paged_attention_mixed": pt.KV_FORMAT_MIXED,
-        "paged_attention_kivi": pt.KV_FORMAT_KIVI}
+        "paged_attention_kivi": pt.KV_FORMAT_KIVI, "paged_attention_oaken": pt.KV_FORMAT_OAKEN}
+fmts_both = (pt.KV_FORMAT_INT, pt.KV_FORMAT_MIXED)
 with compile_only(90, "NVIDIA H200") as s:
     for name, fmt in fmts.items():
-        for m, ctx in ((4, 256), (16, 4096)) if fmt != pt.KV_FORMAT_KIVI else ((16, 4096),):  # 1 and 3 splits
+        for m, ctx in ((4, 256), (16, 4096)) if fmt in fmts_both else ((16, 4096),):  # 1 and 3 splits
             shape = dict(M=m, q_heads=32, kv_heads=8, head_dim=128, block_size=16, ctx=ctx)
             op = get_op(name)
             op.run(op.make_inputs(shape, torch.float16, "cpu", 0), pt.default_config(128, 2, fmt, 4))

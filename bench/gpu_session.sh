@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One lent-GPU session in one call (about 7 minutes on an H200): install, the GPU suite, the GPU-only
+# tests, a tuning pass of quantized-KV decode at issue 5's benchmark shape, and that benchmark again
+# with the tables it produced. Everything lands in $OUT (at most 8 files: the device tool's limit).
+#
+#   OUT=/tmp/out bash bench/gpu_session.sh [suite args...]     e.g. --skip gpu_df11
+#
+# Each step has its own time limit and the next step runs whatever the last one did, so one slow or
+# failing step costs its own numbers only.
+set -u
+OUT=${OUT:?set OUT to the output folder}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >"$OUT/smi.txt" 2>&1
+($PY -m pip install -q -e . --no-deps --no-build-isolation || $PY -m pip install -q . --no-deps --no-build-isolation) \
+  >"$OUT/install.txt" 2>&1
+
+# 1. The suite: ceilings, correctness of every kernel, the kernels' benchmarks (no tuning pass: step 3).
+timeout -s TERM "${SUITE_SECONDS:-300}" $PY bench/gpu_suite.py --out "$OUT/suite.json" --skip tuning "$@" \
+  2>&1 | grep -v -e "UserWarning: no tuned config" -e "cfg = \|config = launch_config(" | tee "$OUT/log.txt"
+
+# 2. The tests marked gpu (skipped on CPU machines): compiled kernels against their references.
+timeout -s TERM "${TESTS_SECONDS:-120}" $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_paged_attention.py \
+  tests/test_quant_gemm.py tests/test_quant_gemm_cupy.py tests/test_df11_triton.py tests/test_df11_gemm.py \
+  tests/test_kvq_oaken_writer_parallel.py 2>&1 | tail -25 | tee -a "$OUT/log.txt"
+
+# 3. Tune quantized-KV decode at the benchmark's shape (batch 16, context 32k, Llama-3-8B heads, blocks of 32).
+work=$(mktemp -d)
+shape="M=16,q_heads=32,kv_heads=8,head_dim=128,block_size=32,ctx=32768"
+for fmt in ${KV_FORMATS:-int8 int4 int2 fp8 kivi}; do
+  timeout -s TERM "${TUNE_SECONDS:-40}" $PY -m codesign.cli tune --op "paged_attention_$fmt" --shape "$shape" \
+    --dtype bfloat16 --strategy random --max-seconds "${TUNE_BUDGET:-25}" --cache "$work/cache.jsonl" \
+    --export --out-dir "$work/tables" --json "$work/tune_$fmt.json" 2>&1 | grep -v UserWarning | tail -3 \
+    | tee -a "$OUT/log.txt"
+done
+
+# 4. The KV benchmark again, looking the tuned tables up first.
+CODESIGN_CONFIG_DIR="$work/tables" timeout -s TERM "${KV_SECONDS:-90}" $PY bench/gpu_kvquant.py \
+  >"$work/kv_tuned.json" 2>"$work/kv_tuned.err"
+tail -c 3000 "$work/kv_tuned.json" | tee -a "$OUT/log.txt"
+tar czf "$OUT/extra.tgz" -C "$work" .
+echo "gpu_session: done"
