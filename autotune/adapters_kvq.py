@@ -171,9 +171,10 @@ class KiviDecodeAttention(QuantKVDecodeAttention):
 
     @staticmethod
     def smem_estimate(c: dict[str, int], dpad: int, rows: int, elt: int) -> int:
-        """KIVI's per-channel key metadata tiles do grow with num_stages (compiled for sm_90: 172,032 B
-        at BLOCK_N 128 in 3 stages, 237,568 B in 4): stages x 2 x BLOCK_N x dpad x elt, above them all."""
-        return max(1, c["num_stages"]) * 2 * c["BLOCK_N"] * dpad * elt
+        """KIVI with its codes read as int32 words (compiled for sm_90): 123,392 B at BLOCK_N 128 in 3 or 4
+        stages, 241,664 B at 256 in 2, so at most two buffers: min(stages, 2) x 2 x BLOCK_N x dpad x elt,
+        above every sampled config. (The byte-gather kernel before grew with stages: 237,568 B at 128 in 4.)"""
+        return min(max(1, c["num_stages"]), 2) * 2 * c["BLOCK_N"] * dpad * elt
 
     def _format(self, shape: Shape) -> tuple[int, int, int]:
         g = shape.get("group", min(32, shape["block_size"]))

@@ -156,7 +156,8 @@ def best_by_shape(
     """key -> m -> (fastest correct config, its time in ms), over records matching the given identity.
 
     Records from another GPU, Triton version, kernel source or dtype are left out: the table's key
-    must describe every entry in it.
+    must describe every entry in it. A (key, m) whose fastest record is the kernel's own default (the
+    tuner's default trial, config {}) gets no entry: an untuned lookup already runs it.
     """
     best: dict[str, dict[int, tuple[dict[str, Any], float]]] = {}
     for r in records:
@@ -172,4 +173,8 @@ def best_by_shape(
         t = float(r["time_ms"])
         if r["m"] not in slot or t < slot[r["m"]][1]:
             slot[r["m"]] = (r["config"], t)
+    for key in list(best):
+        best[key] = {m: ct for m, ct in best[key].items() if ct[0]}
+        if not best[key]:
+            del best[key]
     return best

@@ -72,6 +72,7 @@ class CompiledLaunch:
     constexprs: dict[str, Any] = dataclasses.field(default_factory=dict)
     signature: dict[str, str] = dataclasses.field(default_factory=dict)
     aligned16: list[str] = dataclasses.field(default_factory=list)
+    ptx_ops: dict[str, int] = dataclasses.field(default_factory=dict)  # `ptx_census` of the kernel's PTX
     error: str | None = None
 
     @property
@@ -117,6 +118,25 @@ class CompileSession:
     gpu_name: str
     sms: int
     launches: list[CompiledLaunch] = dataclasses.field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- what the PTX holds
+# Instructions whose presence says how a kernel was lowered: Hopper's asynchronous warpgroup MMA or the
+# Ampere-style synchronous one, asynchronous global->shared copies (Triton's software pipeline), bulk
+# tensor copies (TMA), 16-byte vector loads. Counts are static (instructions in the PTX, not executed).
+PTX_OPS = {
+    "wgmma": r"\bwgmma\.mma_async\b",
+    "mma_sync": r"\bmma\.sync\b",
+    "cp_async": r"\bcp\.async\.(?:ca|cg)\b",
+    "tma": r"\bcp\.async\.bulk\.tensor\b",
+    "ld_global_v4": r"\bld\.global(?:\.\w+)*\.v4\b",
+}
+
+
+def ptx_census(ptx: str) -> dict[str, int]:
+    """Static count of each `PTX_OPS` instruction in `ptx`: are the matrix instructions and the pipelined
+    copies that were meant there (the first H200 run found quantized GEMMs far slower than bf16)."""
+    return {name: len(re.findall(pattern, ptx)) for name, pattern in PTX_OPS.items()}
 
 
 # ----------------------------------------------------------------------------- ptxas resource usage
@@ -292,7 +312,7 @@ def _describe(kernel: Any, fn: Any, arch: int, grid: Any) -> CompiledLaunch:
         kernel=md.name, module=fn.module if hasattr(fn, "module") else "", arch=arch,
         grid=[int(g) for g in grid] if isinstance(grid, (tuple, list)) else "callable",
         num_warps=md.num_warps, num_stages=md.num_stages, shared_bytes=md.shared, constexprs=cx,
-        signature=sig, aligned16=aligned, **usage,
+        signature=sig, aligned16=aligned, ptx_ops=ptx_census(kernel.asm["ptx"]), **usage,
     )  # fmt: skip
 
 

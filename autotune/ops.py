@@ -22,6 +22,10 @@ Optional:
                          float tensor (e.g. codes and scales); only the check pays for it, not the timing
     forced_ops           table op names `run` forces the config under, when the kernel reads another
                          name than table_op (the quantized-KV attention adapters; tests check it)
+    default_trial        True when run(inputs, {}) launches the kernel's own untuned default (every shipped
+                         adapter: `forced_config` merges the config over the default). The tuner then measures
+                         the default beside the search, so an exported entry is never slower than an untuned
+                         lookup (the first H200 run exported DF11 configs at 0.47-0.60x of the default).
 Optional, for a kernel with variants (each its own table op and space; the weight-only GEMMs):
     expand(shape) -> list[Shape]   one shape per variant (`codesign tune --variants all`)
     variant_op                     the table the kernel reads to pick its variant

@@ -39,6 +39,9 @@ DEFAULT_MIN_EVALS = 20  # random/tpe budget when none is given: max(this, candid
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
+DEFAULT_CONFIG: dict[str, Any] = {}  # the trial that launches the kernel's own untuned default
+DEFAULT_ID = config_id(DEFAULT_CONFIG)
+
 @dataclass
 class ShapeResult:
     """Outcome of tuning one shape: best config and time (None when nothing was correct)."""
@@ -56,6 +59,9 @@ class ShapeResult:
     n_failed: int
     failures: list[str] = field(default_factory=list)
     n_crashed: int = 0  # configs of this run that killed their process (recorded from markers)
+    # The kernel's untuned default, measured beside the candidates (ops with `default_trial`; not counted
+    # in n_new / n_known); inf when it failed, None when not measured.
+    default_ms: float | None = None
 
 
 class DeviceLost(RuntimeError):
@@ -101,6 +107,9 @@ class Tuner:
     # Start (time.time()) of a run that spans several processes (the --isolate supervisor restarts
     # its child): records of this shape since then count against the budget, as if one process ran.
     since: float | None = None
+    # Measure the kernel's default beside the search (ops with `default_trial`): None = on GPUs only (the
+    # interpreter's timings say nothing about speed), True / False = always / never.
+    default_trial: bool | None = None
 
     def __post_init__(self) -> None:
         self.on_gpu = torch.device(self.device).type == "cuda"
@@ -141,8 +150,13 @@ class Tuner:
         base = {**self.identity, "op": op.table_op(shape), "key": op.table_key(shape), "m": op.m(shape)}
         known: dict[str, float] = {}
         this_run: list[dict[str, Any]] = []  # records of this (multi-process) run, for the budget
+        known_default: float | None = None  # the default trial's earlier measurement, kept apart from `known`
         for r in self.cache.load().records:
-            if all(r[k] == v for k, v in base.items()) and config_id(r["config"]) not in known:
+            if not all(r[k] == v for k, v in base.items()):
+                continue
+            if config_id(r["config"]) == DEFAULT_ID:
+                known_default = (r["time_ms"] if r["ok"] else math.inf) if known_default is None else known_default
+            elif config_id(r["config"]) not in known:
                 known[config_id(r["config"])] = r["time_ms"] if r["ok"] else math.inf
                 if self.since is not None and r.get("ts", 0.0) >= self.since:
                     this_run.append(r)
@@ -200,6 +214,13 @@ class Tuner:
             res = SearchResult(trials=[(by_id[k], v) for k, v in known.items() if k in by_id])
         else:
             res = search(self.strategy, cands, evaluate, budget, seed=self.seed, known=known)
+        default_ms = None
+        if getattr(op, "default_trial", False) and (self.on_gpu if self.default_trial is None else self.default_trial):
+            # The kernel's untuned default is measured beside the search (config {}: the adapter's
+            # forced_config merges it over the default) and recorded; the export leaves out an entry whose
+            # fastest record is the default, so a short search never ships a config slower than an
+            # untuned lookup (the first H200 run exported DF11 configs at 0.47-0.60x of the default).
+            default_ms = known_default if known_default is not None else evaluate(dict(DEFAULT_CONFIG))
         best = res.best
         failures = [f"{config_id(r['config'])}: {r.get('error')}" for r in this_run if not r["ok"]] + failures
         out = ShapeResult(
@@ -207,12 +228,13 @@ class Tuner:
             best=best[0] if best else None, best_ms=best[1] if best else None,
             n_candidates=len(cands), n_pruned=pruned, n_new=res.n_new + len(this_run),
             n_known=len(known) - len(this_run), n_failed=len(failures), failures=failures,
-            n_crashed=sum(bool(r.get("crashed")) for r in this_run),
+            n_crashed=sum(bool(r.get("crashed")) for r in this_run), default_ms=default_ms,
         )  # fmt: skip
         self.log(
             f"{op.name} {shape}: {out.n_new} new + {out.n_known} cached of {len(cands)} candidates "
             f"({pruned} pruned), {out.n_failed} failed; best "
-            + (f"{out.best_ms:.4f} ms {config_id(out.best)}" if out.best else "none (no correct config)")
+            + (f"{out.best_ms:.4f} ms {config_id(out.best)}" if out.best is not None else "none (no correct config)")
+            + (f" (default {default_ms:.4f} ms)" if default_ms is not None else "")
         )
         return out
 

@@ -3,7 +3,10 @@
 # tests, a tuning pass of quantized-KV decode at issue 5's benchmark shape, and that benchmark again
 # with the tables it produced. Everything lands in $OUT (at most 8 files: the device tool's limit).
 #
-#   OUT=/tmp/out bash bench/gpu_session.sh [suite args...]     e.g. --skip gpu_df11
+#   OUT=/tmp/out SUITE_SKIP="gpu_df11" bash bench/gpu_session.sh
+#
+# SUITE_SKIP: more suite sections or bench modules to skip (the suite's tuning pass is always skipped: step 3
+# tunes instead). One --skip only: argparse keeps the last one given.
 #
 # Each step has its own time limit and the next step runs whatever the last one did, so one slow or
 # failing step costs its own numbers only.
@@ -17,19 +20,22 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
   >"$OUT/install.txt" 2>&1
 
 # 1. The suite: ceilings, correctness of every kernel, the kernels' benchmarks (no tuning pass: step 3).
-timeout -s TERM "${SUITE_SECONDS:-300}" $PY bench/gpu_suite.py --out "$OUT/suite.json" --skip tuning "$@" \
+timeout -s TERM "${SUITE_SECONDS:-300}" $PY bench/gpu_suite.py --out "$OUT/suite.json" --skip tuning ${SUITE_SKIP:-} \
   2>&1 | grep -v -e "UserWarning: no tuned config" -e "cfg = \|config = launch_config(" | tee "$OUT/log.txt"
+
+work=$(mktemp -d)  # everything below is tarred into $OUT/extra.tgz at the end
 
 # 2. The tests marked gpu (skipped on CPU machines): compiled kernels against their references.
 timeout -s TERM "${TESTS_SECONDS:-120}" $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_paged_attention.py \
   tests/test_quant_gemm.py tests/test_quant_gemm_cupy.py tests/test_df11_triton.py tests/test_df11_gemm.py \
-  tests/test_kvq_oaken_writer_parallel.py 2>&1 | tail -25 | tee -a "$OUT/log.txt"
+  tests/test_kvq_oaken_writer_parallel.py >"$work/gpu_tests.txt" 2>&1
+grep -E "^(FAILED|ERROR)|passed|failed" "$work/gpu_tests.txt" | tail -8 | tee -a "$OUT/log.txt"  # full log: extra.tgz
 
 # 3. Tune quantized-KV decode at the benchmark's shape (batch 16, context 32k, Llama-3-8B heads, blocks of 32).
-work=$(mktemp -d)
+# The first H200 session found 20 s of search plus start-up (inputs, fp64 reference) needs more than 32 s.
 shape="M=16,q_heads=32,kv_heads=8,head_dim=128,block_size=32,ctx=32768"
 for fmt in ${KV_FORMATS:-int8 int4 int2 fp8 kivi}; do
-  timeout -s TERM "${TUNE_SECONDS:-40}" $PY -m codesign.cli tune --op "paged_attention_$fmt" --shape "$shape" \
+  timeout -s TERM "${TUNE_SECONDS:-60}" $PY -m codesign.cli tune --op "paged_attention_$fmt" --shape "$shape" \
     --dtype bfloat16 --strategy random --max-seconds "${TUNE_BUDGET:-25}" --cache "$work/cache.jsonl" \
     --export --out-dir "$work/tables" --json "$work/tune_$fmt.json" 2>&1 | grep -v UserWarning | tail -3 \
     | tee -a "$OUT/log.txt"

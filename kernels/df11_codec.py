@@ -48,9 +48,11 @@ MAGIC = b"DF11"
 MAX_CODE_LEN_LIMIT = 24
 # 16 bits: two LUT levels, and on real weights costs < 0.01 bit/weight against an uncapped code.
 DEFAULT_MAX_CODE_LEN = 16
-# 32-byte chunks: the 1-byte gap per chunk costs 8 / (~100 weights) ~= 0.08 bit/weight, and a lane's
-# loop runs at most 256 codes. Groups of 128 chunks: one Triton program (128 lanes) per group.
-DEFAULT_CHUNK_BYTES = 32
+# 8-byte chunks: measured on an H200 (4096 x 4096, bench/results/h200-2026-11-30-run1.json), decode ran at
+# 176 GB/s against 132 at 16 bytes and 89 at 32 (a lane decodes its chunk serially: shorter chunks, more
+# lanes in flight), for a ratio of 0.683 against 0.673 / 0.667 (the 1-byte gap per chunk, ~0.25 bit/weight
+# at ~28 weights per chunk). Groups of 128 chunks: one Triton program (128 lanes) per group.
+DEFAULT_CHUNK_BYTES = 8
 DEFAULT_CHUNKS_PER_GROUP = 128
 LUT_SIZE = 256
 _PTR_FLAG = 0x8000

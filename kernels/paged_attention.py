@@ -529,8 +529,7 @@ class _PlannedAttention:
                 )
         # Looked up once here, so run() does no table lookup.
         config = launch_config(
-            q_heads, hkv, dim, bs, block_tables.shape[0], self.device, k_cache.element_size(),
-            tree=tree_args[1] is not None,
+            q_heads, hkv, dim, bs, block_tables.shape[0], self.device, k_cache.element_size()
         )  # fmt: skip
         meta = meta._replace(**{f: self._persist(f, getattr(meta, f)) for f in _PERSISTED})
         self._plan = dict(

@@ -70,13 +70,18 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 # BLOCK_N x DIM_PAD tile: compiled for sm_90 at head_dim 128 and 4 warps (`bench/lowering_report.py`,
 # ptxas), sub-byte codes read by byte gather (mixed chunks; INT4/INT2 whose rows are not whole words)
 # spill at BLOCK_N 32 (255 registers, 0.2-0.6 KB per thread; 1.2-8.6 KB at 64) and use 64-116 registers at
-# 16; Oaken (words, plus its outlier loop) takes 204 at 16; KIVI (words) 121-156 at 32. Per-token INT4/INT2
-# read as words are not capped (`default_config`).
+# 16; KIVI (words) 121-156 at 32. Per-token INT4/INT2 read as words are not capped: their 64 x 128 tile
+# takes 127-150 registers on 4 warps without spilling, and on an H200 (batch 16, context 32k) ran 0.83 ms
+# against 1.08 on 8 warps, 1.61 at 16 x 128 (tuning-pass timings, `bench/results/h200-2026-11-30-run2`).
 SUBBYTE_TILE_ELEMS = 16 * 128
 KIVI_TILE_ELEMS = 32 * 128
-# Tree verification adds the ancestor-mask tile to a 16-token x GROUP_PAD-row extend tile: in bf16 at
-# BLOCK_N 64 it spills on sm_90 (255 registers, 0.6 KB per thread; extend alone does not), at 32 it fits.
-TREE_MAX_BLOCK_N = 32
+# Tree verification adds the ancestor-mask tile to a 16-token x GROUP_PAD-row extend tile. Compiled for
+# sm_90 in bf16 at head_dim 128 (two-phase kernel): BLOCK_N 64 on 4 warps spills 312 B per thread, on 8
+# warps takes 243 registers and does not; 32 on 4 warps takes 249. Tree launches run at most 64 wide and,
+# at 64, on at least 8 warps: the prefix phase then keeps a causal extend's tile width (the first H200
+# run, one phase at 32 wide, took 3.3x an extend over the same 4k prefix).
+TREE_MAX_BLOCK_N = 64
+TREE_MIN_WARPS = 8
 
 
 @triton.jit
@@ -298,69 +303,83 @@ def _paged_attn_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
-        for start in range(s_lo, s_hi, BLOCK_N):
-            j = start + tl.arange(0, BLOCK_N)
-            j_ok = j < s_hi
-            blk = tl.load(bt_ptr + b * stride_bt + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
-            off = j % BLOCK_SIZE
-            kv_m = j_ok[:, None] & d_ok[None, :]
-            if FACTORED:
-                kc, ksc, kzr = _load_code_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb,
-                                               stride_ks, stride_kh, stride_mb, stride_ms, stride_mh,
-                                               q_ptr.dtype.element_ty, KV_FORMAT, BITS, bits_ptr, WORDS,
-                                               HEAD_DIM, DIM_PAD, BLOCK_N)  # fmt: skip
-                s = tl.dot(q, tl.trans(kc), input_precision=DOT_PREC) * ksc[None, :] + q_sum[:, None] * kzr[None, :]
-            else:
-                k = _load_kv_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb, stride_ks, stride_kh,
-                                  stride_mb, stride_ms, stride_mh, q_ptr.dtype.element_ty, KV_FORMAT, BITS,
-                                  j, b, nq, k_res_ptr, stride_rb, stride_rr, stride_rh, True,
-                                  KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
-                                  BLOCK_N, HW_FP8)  # fmt: skip
-                s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-            if HAS_SOFTCAP:
-                # c * tanh(x / c) through exp: tanh(y) = 1 - 2 / (exp(2y) + 1), exact at +-inf.
-                y = s * (sm_scale / softcap)
-                s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * y) + 1.0)) * 1.4426950408889634
-            else:
-                s = s * qk_scale
+        # Tree verification walks the keys in two phases: the prefix tiles, every key visible (but for a window),
+        # with no mask or position loads, as a causal extend walks them; then what is left (the tree's tokens
+        # and a partial prefix tile) under the ancestor mask.
+        for phase in tl.static_range(2 if MASK_MODE == 1 else 1):
             if MASK_MODE == 1:
-                in_tree = j >= prefix
-                tj = j - prefix
-                bits = tl.load(
-                    mask_ptr + tl.load(mask_off_ptr + b) + qi[:, None] * q_len + tj[None, :],
-                    mask=row_ok[:, None] & (in_tree & j_ok)[None, :], other=0,
-                )  # fmt: skip
-                vis = (~in_tree)[None, :] | (bits != 0)
-                kpos = tl.where(in_tree, tl.load(pos_ptr + q_start + tj, mask=in_tree & j_ok, other=0), j)
+                mid = s_lo + tl.maximum(tl.minimum(s_hi, prefix) - s_lo, 0) // BLOCK_N * BLOCK_N
+                lo = s_lo if phase == 0 else mid
+                hi = mid if phase == 0 else s_hi
             else:
-                kpos = j
-                vis = kpos[None, :] <= qpos[:, None]
-            vis = vis & j_ok[None, :] & row_ok[:, None]
-            if HAS_WINDOW:
-                vis = vis & ((qpos[:, None] - kpos[None, :]) < window)
-            if HAS_ALIBI:
-                s = s + slope[:, None] * (kpos[None, :] - qpos[:, None]).to(tl.float32)
-            s = tl.where(vis, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if FACTORED:
-                vc, vsc, vzr = _load_code_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb,
-                                               stride_vs, stride_vh, stride_vmb, stride_vms, stride_vmh,
-                                               q_ptr.dtype.element_ty, KV_FORMAT, BITS, bits_ptr, WORDS,
-                                               HEAD_DIM, DIM_PAD, BLOCK_N)  # fmt: skip
-                pv = tl.dot((p * vsc[None, :]).to(vc.dtype), vc, input_precision=DOT_PREC)
-                acc = acc * alpha[:, None] + pv + tl.sum(p * vzr[None, :], 1)[:, None]
-            else:
-                v = _load_kv_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb, stride_vs, stride_vh,
-                                  stride_vmb, stride_vms, stride_vmh, q_ptr.dtype.element_ty, KV_FORMAT, BITS,
-                                  j, b, nq, v_res_ptr, stride_rb, stride_rr, stride_rh, False,
-                                  KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
-                                  BLOCK_N, HW_FP8)  # fmt: skip
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-            m_i = m_new
+                lo = s_lo
+                hi = s_hi
+            for start in range(lo, hi, BLOCK_N):
+                j = start + tl.arange(0, BLOCK_N)
+                j_ok = j < s_hi
+                blk = tl.load(bt_ptr + b * stride_bt + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
+                off = j % BLOCK_SIZE
+                kv_m = j_ok[:, None] & d_ok[None, :]
+                if FACTORED:
+                    kc, ksc, kzr = _load_code_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb,
+                                                   stride_ks, stride_kh, stride_mb, stride_ms, stride_mh,
+                                                   q_ptr.dtype.element_ty, KV_FORMAT, BITS, bits_ptr, WORDS,
+                                                   HEAD_DIM, DIM_PAD, BLOCK_N)  # fmt: skip
+                    s = tl.dot(q, tl.trans(kc), input_precision=DOT_PREC) * ksc[None, :] + q_sum[:, None] * kzr[None, :]
+                else:
+                    k = _load_kv_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb, stride_ks, stride_kh,
+                                      stride_mb, stride_ms, stride_mh, q_ptr.dtype.element_ty, KV_FORMAT, BITS,
+                                      j, b, nq, k_res_ptr, stride_rb, stride_rr, stride_rh, True,
+                                      KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
+                                      BLOCK_N, HW_FP8)  # fmt: skip
+                    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+                if HAS_SOFTCAP:
+                    # c * tanh(x / c) through exp: tanh(y) = 1 - 2 / (exp(2y) + 1), exact at +-inf.
+                    y = s * (sm_scale / softcap)
+                    s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * y) + 1.0)) * 1.4426950408889634
+                else:
+                    s = s * qk_scale
+                if MASK_MODE == 1 and phase == 1:  # the tree phase
+                    in_tree = j >= prefix
+                    tj = j - prefix
+                    bits = tl.load(
+                        mask_ptr + tl.load(mask_off_ptr + b) + qi[:, None] * q_len + tj[None, :],
+                        mask=row_ok[:, None] & (in_tree & j_ok)[None, :], other=0,
+                    )  # fmt: skip
+                    vis = (~in_tree)[None, :] | (bits != 0)
+                    kpos = tl.where(in_tree, tl.load(pos_ptr + q_start + tj, mask=in_tree & j_ok, other=0), j)
+                elif MASK_MODE == 1:  # a prefix tile: every key visible
+                    kpos = j
+                    vis = (j < prefix)[None, :]
+                else:
+                    kpos = j
+                    vis = kpos[None, :] <= qpos[:, None]
+                vis = vis & j_ok[None, :] & row_ok[:, None]
+                if HAS_WINDOW:
+                    vis = vis & ((qpos[:, None] - kpos[None, :]) < window)
+                if HAS_ALIBI:
+                    s = s + slope[:, None] * (kpos[None, :] - qpos[:, None]).to(tl.float32)
+                s = tl.where(vis, s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+                alpha = tl.exp2(m_i - m_safe)
+                p = tl.exp2(s - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                if FACTORED:
+                    vc, vsc, vzr = _load_code_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb,
+                                                   stride_vs, stride_vh, stride_vmb, stride_vms, stride_vmh,
+                                                   q_ptr.dtype.element_ty, KV_FORMAT, BITS, bits_ptr, WORDS,
+                                                   HEAD_DIM, DIM_PAD, BLOCK_N)  # fmt: skip
+                    pv = tl.dot((p * vsc[None, :]).to(vc.dtype), vc, input_precision=DOT_PREC)
+                    acc = acc * alpha[:, None] + pv + tl.sum(p * vzr[None, :], 1)[:, None]
+                else:
+                    v = _load_kv_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb, stride_vs, stride_vh,
+                                      stride_vmb, stride_vms, stride_vmh, q_ptr.dtype.element_ty, KV_FORMAT, BITS,
+                                      j, b, nq, v_res_ptr, stride_rb, stride_rr, stride_rh, False,
+                                      KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
+                                      BLOCK_N, HW_FP8)  # fmt: skip
+                    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+                m_i = m_new
 
         has = l_i > 0.0
         o = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -443,10 +462,11 @@ def default_config(head_dim: int, elem_bytes: int, kv_format: int = KV_FORMAT_PL
     cap = SUBBYTE_TILE_ELEMS if subbyte else KIVI_TILE_ELEMS if kv_format == KV_FORMAT_KIVI else None
     if cap is not None:
         cfg["BLOCK_N"] = max(16, min(cfg["BLOCK_N"], cap // dp))
-    if words and kv_format == KV_FORMAT_INT:
-        # Per-token INT4/INT2 codes read as words and factored: the 64 x 128 tile takes 101-113 registers
-        # on 8 warps and 127-150 on 4 (sm_90 ptxas, no spills); the byte gather spilled at 32 x 128.
-        cfg["num_warps"] = 8
+    if kv_format == KV_FORMAT_KIVI:
+        # Measured on an H200 at batch 16: 16 x 128 tiles on 2 warps were the fastest config tried in three
+        # tuning passes (context 4k: 2.2x the old 32 x 128 / 4-warp default; 32k: 6.1 ms against 10.4 at
+        # 64 x 128 / 8 warps).
+        cfg["BLOCK_N"], cfg["num_warps"] = 16, 2
     if kv_format == KV_FORMAT_MIXED:
         cfg["num_warps"] = 8  # three code widths in one loop: 4 warps spill without a split (128 regs + 8 B)
     if dp >= 256:
@@ -456,10 +476,11 @@ def default_config(head_dim: int, elem_bytes: int, kv_format: int = KV_FORMAT_PL
 
 
 def reads_words(kv_format: int, bits: int, head_dim: int) -> bool:
-    """True when the kernel reads this cache's packed sub-byte codes as int32 words (`_load_codes`): the
-    INT, KIVI and Oaken formats below 8 bits whose code rows are whole words."""
-    packed = (KV_FORMAT_INT, KV_FORMAT_KIVI, KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE)
-    return kv_format in packed and bits < 8 and (head_dim * bits) % 32 == 0
+    """True when the kernel reads this cache's packed sub-byte codes as int32 words (`_load_codes`): the INT
+    and KIVI formats below 8 bits whose code rows are whole words. Measured on an H200 (batch 16, context
+    32k): INT4 3.40 -> 1.23 ms, KIVI INT4 21.5 -> 11.1 ms. Not Oaken: its outlier loop over the unpacked tile
+    went from 53 to 358 ms (the reshaped tile's layout is converted in every iteration of that loop)."""
+    return kv_format in (KV_FORMAT_INT, KV_FORMAT_KIVI) and bits < 8 and (head_dim * bits) % 32 == 0
 
 
 def table_op(kv_format: int = KV_FORMAT_PLAIN, bits: int = 16) -> str:
@@ -483,10 +504,9 @@ def launch_config(
     elem_bytes: int = 2,
     kv_format: int = KV_FORMAT_PLAIN,
     bits: int = 16,
-    tree: bool = False,
 ) -> dict:
-    """Tile sizes and warps from the tuned tables (`default_config` on CPU or untuned GPUs); `tree`
-    (verification under a tree mask) caps BLOCK_N at TREE_MAX_BLOCK_N.
+    """Tile sizes and warps from the tuned tables (`default_config` on CPU or untuned GPUs); tree launches
+    adjust them with `tree_config`.
 
     Table key: shape_key(q_heads, kv_heads, head_dim, block_size); the M bucket is the batch size. A
     quantized cache reads its format's table (`table_op`), else its format's defaults: not the plain
@@ -496,9 +516,15 @@ def launch_config(
     gpu = current_gpu_name(device)
     op = table_op(kv_format, bits)
     cfg = lookup_config(op, gpu, batch, key, default_config(head_dim, elem_bytes, kv_format, bits))
-    if tree and cfg.get("BLOCK_N", 0) > TREE_MAX_BLOCK_N:
-        cfg = {**cfg, "BLOCK_N": TREE_MAX_BLOCK_N}
     return cfg
+
+
+def tree_config(cfg: dict) -> dict:
+    """`cfg` for a tree-verification launch: BLOCK_N at most TREE_MAX_BLOCK_N, and at that width at least
+    TREE_MIN_WARPS warps (the ancestor-mask tile spills on fewer; see TREE_MAX_BLOCK_N)."""
+    bn = min(cfg["BLOCK_N"], TREE_MAX_BLOCK_N)
+    warps = max(cfg["num_warps"], TREE_MIN_WARPS) if bn >= TREE_MAX_BLOCK_N else cfg["num_warps"]
+    return {**cfg, "BLOCK_N": bn, "num_warps": warps}
 
 
 def dim_pad(head_dim: int) -> int:
@@ -561,9 +587,10 @@ def paged_attention_triton(
     nb, bs, hkv, _ = k_cache.shape
     group = hq // hkv
     cfg = config or launch_config(
-        hq, hkv, dim, bs, block_tables.shape[0], q.device, q.element_size(), kv_format, bits,
-        tree=tree_mask is not None,
+        hq, hkv, dim, bs, block_tables.shape[0], q.device, q.element_size(), kv_format, bits
     )  # fmt: skip
+    if tree_mask is not None:
+        cfg = tree_config(cfg)
     if kv_format not in (KV_FORMAT_PLAIN, KV_FORMAT_FP8):  # per-token / per-group metadata tensors
         mstrides = (k_scale.stride(0), k_scale.stride(1), k_scale.stride(2))
         mstrides += (v_scale.stride(0), v_scale.stride(1), v_scale.stride(2))

@@ -105,26 +105,38 @@ def _dot_dtype(x_dtype: torch.dtype, device: torch.device) -> tl.dtype:
 
 
 @triton.jit
+def _unpack_words(words, BITS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """int32 [ROWS / P, COLS] packed words -> int32 [ROWS, COLS] codes, P = 32 / BITS: word (i, n) holds row
+    i * P + j at bits [BITS * j, BITS * (j + 1)), so unpacking along a new middle axis and flattening gives the
+    rows in order. Each word is loaded once (the per-row gather it replaces loaded it P times)."""
+    P: tl.constexpr = 32 // BITS
+    shifts = tl.arange(0, P) * BITS
+    return tl.reshape((words[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1), (ROWS, COLS))
+
+
+@triton.jit
 def _dequant_tile(
     qw_ptr,
     s_ptr,
     z_ptr,
-    offs_k,
+    k0,
     offs_n,
     g,
     N,
     K,
     BITS: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    """[BLOCK_K, BLOCK_N] fp32 tile of W^T: (code - zero) * scale, scale row `g` (one group per tile)."""
+    """[BLOCK_K, BLOCK_N] fp32 tile of W^T from row k0: (code - zero) * scale, scale row `g` (one group per
+    tile). k0 and K are multiples of the pack factor (packing needs K % P == 0; BLOCK_K >= P)."""
     PACK: tl.constexpr = 32 // BITS
     mask_n = offs_n < N
-    mask = (offs_k < K)[:, None] & mask_n[None, :]
-    # Each int32 word is loaded by PACK consecutive k (same address: a cache hit), then shifted.
-    words = tl.load(qw_ptr + (offs_k // PACK)[:, None] * N + offs_n[None, :], mask=mask, other=0)
-    shifts = ((offs_k % PACK) * BITS)[:, None]
-    codes = ((words >> shifts) & ((1 << BITS) - 1)).to(tl.float32)
+    kw = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
+    words = tl.load(qw_ptr + kw[:, None] * N + offs_n[None, :], mask=(kw * PACK < K)[:, None] & mask_n[None, :],
+                    other=0)  # fmt: skip
+    codes = _unpack_words(words, BITS, BLOCK_K, BLOCK_N).to(tl.float32)
     scale = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     if HAS_ZEROS:
         zero = tl.load(z_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -200,7 +212,7 @@ def _wq_kernel(
             mask=mask_m[:, None] & (offs_k < k_end)[None, :],
             other=0.0,
         ).to(tl.float32)
-        w = _dequant_tile(qw_ptr, s_ptr, z_ptr, offs_k, offs_n, k0 // GROUP, N, k_end, BITS, HAS_ZEROS)
+        w = _dequant_tile(qw_ptr, s_ptr, z_ptr, k0, offs_n, k0 // GROUP, N, k_end, BITS, HAS_ZEROS, BLOCK_K, BLOCK_N)
         acc += tl.dot(x.to(DOT_DTYPE), w.to(DOT_DTYPE), input_precision=DOT_PREC)
     if HAS_BIAS:
         bias = tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
@@ -232,7 +244,10 @@ def _round_to_e4m3(v):
     exp = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
     # ulp of e4m3 at v's binade: 2**(e - 3) with 3 mantissa bits; 2**-9 for subnormals (e < -6).
     ulp = (tl.maximum(exp - 3, 127 - 9) << 23).to(tl.float32, bitcast=True)
-    return _round_half_even(v / ulp) * ulp
+    # Round |v| and put the sign back: a negative value that rounds to zero is -0 in e4m3 (0x80), as
+    # torch's cast gives; rounding v itself gave floor(-0.05) + 1 = +0.
+    r = _round_half_even(tl.abs(v) / ulp) * ulp
+    return tl.where(v < 0, -r, r)
 
 
 @triton.jit
@@ -280,6 +295,7 @@ def _scaled_mm_kernel(
     N,
     K,
     IS_FP8: tl.constexpr,
+    INTERPRETED: tl.constexpr,
     PER_TENSOR_W: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -304,17 +320,26 @@ def _scaled_mm_kernel(
         mask_k = offs_k < K
         amask = mask_m[:, None] & mask_k[None, :]
         wmask = mask_k[:, None] & mask_n[None, :]
-        if IS_FP8:
+        if IS_FP8 and INTERPRETED:
             # Masked lanes are zeroed by tl.where: the interpreter cannot cast `other` to fp8.
             a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask)
             w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=wmask)
             a = tl.where(amask, a, tl.zeros_like(a))
             w = tl.where(wmask, w, tl.zeros_like(w))
             acc += tl.dot(a, w)
+        elif IS_FP8:
+            # Compiled: `other` zeroes masked lanes in the load itself, so the operands go from the (pipelined)
+            # load straight to the dot; a select between them kept both in registers (an H200 ran this kernel
+            # at 0.22-0.30x a bf16 matmul).
+            a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask, other=0.0)
+            w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=wmask, other=0.0)
+            acc += tl.dot(a, w)
         else:
             a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask, other=0)
-            words = tl.load(w_ptr + (offs_k // 4)[:, None] * N + offs_n[None, :], mask=wmask, other=0)
-            codes = (words >> ((offs_k % 4) * 8)[:, None]) & 0xFF
+            kw = k0 // 4 + tl.arange(0, BLOCK_K // 4)
+            words = tl.load(w_ptr + kw[:, None] * N + offs_n[None, :], mask=(kw * 4 < K)[:, None] & mask_n[None, :],
+                            other=0)  # fmt: skip
+            codes = _unpack_words(words, 8, BLOCK_K, BLOCK_N)
             w = tl.where(wmask, codes - 128, 0).to(tl.int8)
             acc += tl.dot(a, w, out_dtype=tl.int32)
     a_s = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
@@ -375,7 +400,9 @@ def wq_gemm(
         m, n, k, group, k_per_split,
         BITS=bits, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, DOT_DTYPE=_dot_dtype(x.dtype, x.device),
         # fp32 activations get fp32 products, as torch's fp32 matmul does: Triton's default (tf32) gave
-        # 7.7e-4 relative error at K = 4096 on an H200.
+        # 7.7e-4 relative error at K = 4096 on an H200; "ieee" passed there. It runs on the FMA units and
+        # spills 1.8-3.3 KB per thread (sm_90 ptxas): fp32 is the correctness path, not the fast one.
+        # ("tf32x3" keeps the tensor cores and spills <= 92 B; not yet checked on a GPU.)
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 1),
         SPLITK=variant == "splitk", USE_ATOMIC=split > 1, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
@@ -425,6 +452,7 @@ def scaled_mm(
         n,
         k,
         IS_FP8=fp8,
+        INTERPRETED=interpreter_enabled(),
         PER_TENSOR_W=w_scale.numel() == 1 and n > 1,
         HAS_BIAS=bias is not None,
         BLOCK_M=cfg["BLOCK_M"],

@@ -142,3 +142,59 @@ def test_cli_export_alone_writes_every_op_in_the_cache(tmp_path):
     )
     written = sorted(p.name for p in (out / lookup.gpu_slug(CPU_GPU_NAME)).iterdir())
     assert written == ["w4a16_gemm_splitk.json", "w8a8_gemm.json"]
+
+
+class _SleepOp:
+    """A synthetic tunable op whose config sets its run time: {} (the "kernel default") sleeps DEFAULT_S."""
+
+    name = "test_sleep"
+    source_modules = ("codesign.autotune.space",)
+    default_trial = True
+
+    def __init__(self, default_s: float, cand_s: dict[int, float]) -> None:
+        self.default_s, self.cand_s = default_s, cand_s
+
+    def check_shape(self, shape): pass
+    def table_op(self, shape): return "test_sleep"
+    def table_key(self, shape): return "N=1"
+    def m(self, shape): return shape["M"]
+    def space(self, shape, dtype, on_gpu):
+        from codesign.autotune.space import ConfigSpace
+        return ConfigSpace({"A": sorted(self.cand_s)})
+    def make_inputs(self, shape, dtype, device, seed): return torch.ones(4, dtype=torch.float64)
+    def input_bytes(self, x): return 32
+    def run(self, x, cfg):
+        import time
+        time.sleep(self.cand_s[cfg["A"]] if cfg else self.default_s)
+        return x * 1.0
+    def reference(self, x): return x.clone()
+    def tolerance(self, dtype): return 1e-12
+
+
+@pytest.mark.parametrize("default_wins", [True, False])
+def test_the_default_is_measured_and_never_beaten_by_an_exported_entry(tmp_path, default_wins):
+    """With the default trial on, the kernel's own default ({}) is timed beside the candidates and recorded;
+    the export leaves out a (key, M) whose fastest record is the default (an untuned lookup runs it), and
+    keeps the best candidate where one beats it. A resumed run reuses the recorded default."""
+    from codesign.autotune.export import export_table
+
+    op = _SleepOp(0.002 if default_wins else 0.05, {1: 0.03, 2: 0.02})
+    cache = TuningCache(tmp_path / "c.jsonl")
+    res = Tuner(op, cache, dtype=torch.float32, device="cpu", strategy="exhaustive", log=lambda s: None,
+                default_trial=True).tune_shape({"M": 2})  # fmt: skip
+    assert res.best == {"A": 2} and res.n_new == 2 and res.default_ms is not None
+    assert (res.default_ms < res.best_ms) == default_wins
+    assert sorted(config_id(r["config"]) for r in cache.load().records) == ['{"A":1}', '{"A":2}', "{}"]
+    path = export_table(cache, CPU_GPU_NAME, "test_sleep", op.source_modules, "float32", tmp_path / "t")
+    if default_wins:
+        assert path is None  # nothing beats the default: no table at all
+    else:
+        assert json.loads(path.read_text())["entries"] == {"N=1": {"2": {"A": 2}}}
+    again = Tuner(op, cache, dtype=torch.float32, device="cpu", strategy="exhaustive", log=lambda s: None,
+                  default_trial=True).tune_shape({"M": 2})  # fmt: skip
+    assert (again.n_new, again.n_known, again.default_ms) == (0, 2, res.default_ms)
+    assert len(cache.load().records) == 3
+    # Off by default on the CPU (interpreter timings say nothing about speed): no default record.
+    plain = Tuner(op, TuningCache(tmp_path / "d.jsonl"), dtype=torch.float32, device="cpu", log=lambda s: None,
+                  strategy="exhaustive").tune_shape({"M": 2})  # fmt: skip
+    assert plain.default_ms is None and len(TuningCache(tmp_path / "d.jsonl").load().records) == 2

@@ -185,7 +185,8 @@ def test_weight_only_kernel_lowers_for_sm90_in_both_variants():
     types = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "b_ptr": "*fp16",
              "out_ptr": "*fp16"}  # fmt: skip
     common = dict(
-        BITS=4, HAS_ZEROS=True, HAS_BIAS=True, DOT_DTYPE="tl.float16", BLOCK_N=64, BLOCK_K=64, GROUP_M=8
+        BITS=4, HAS_ZEROS=True, HAS_BIAS=True, DOT_DTYPE="tl.float16", DOT_PREC="tf32", BLOCK_N=64, BLOCK_K=64,
+        GROUP_M=8,
     )
     variants = [
         {**common, "BLOCK_M": 64, "SPLITK": False, "USE_ATOMIC": False},

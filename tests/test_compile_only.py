@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from helpers import assert_runs_without_interpreter
 
-from codesign.autotune.compile_only import CompiledLaunch, compile_only, parse_ptxas_log
+from codesign.autotune.compile_only import CompiledLaunch, compile_only, parse_ptxas_log, ptx_census
 from codesign.specs import CodesignError
 
 # Captured from Triton 3.9's ptxas-blackwell (CUDA 13.4) -v on the W4A16 split-K kernel for sm_90a.
@@ -48,6 +48,21 @@ def test_parse_ptxas_log():
         parse_ptxas_log(PTXAS_LOG, "_other")
     with pytest.raises(CodesignError, match="no register count"):
         parse_ptxas_log("ptxas fatal   : Unsupported .version 9.4")
+
+
+def test_ptx_census_counts_each_instruction_kind():
+    ptx = """
+    wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1}, %rd1, %rd2, 1, 1, 1, 0, 1;
+    mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r1}, {%r2}, {%f2};
+    cp.async.cg.shared.global [ %r3 + 0 ], [ %rd4 + 0 ], 0x10, %r5;
+    cp.async.ca.shared.global [ %r3 + 0 ], [ %rd4 + 0 ], 0x4, %r5;
+    cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r2, %r3}], [%r4];
+    cp.async.commit_group;
+    ld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd1 + 0 ];
+    @%p1 ld.global.nc.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd2 + 0 ];
+    ld.global.b32 %r6, [ %rd3 + 0 ];
+    """
+    assert ptx_census(ptx) == {"wgmma": 1, "mma_sync": 1, "cp_async": 2, "tma": 1, "ld_global_v4": 2}
 
 
 def test_problems_name_each_limit():
@@ -205,6 +220,8 @@ def test_gemm_smem_estimate_not_below_the_compilers():
 from codesign.autotune.compile_check import check_estimates
 rows = check_estimates("w8a8_gemm", {"M": 20, "N": 40, "K": 256}, n=3, arch=90)  # tiles <= 32 x 64
 assert len(rows) == 3 and any(r.pruned_by_estimate is None for r in rows), rows
+rows += check_estimates("fp8_gemm", {"M": 20, "N": 40, "K": 256}, n=2, arch=90)
+rows += check_estimates("w4a16_gemm", {"M": 3, "N": 256, "K": 512, "G": 128}, n=2, arch=90)
 for r in rows:
     assert r.error is None and r.real_smem > 0 and r.real_regs > 0, r
     assert r.est_smem >= r.real_smem, f"estimate {r.est_smem} B < compiler {r.real_smem} B for {r.config}"
@@ -241,6 +258,14 @@ for arch, gpu, opname, kind, shp in ((80, "NVIDIA A100-SXM4-80GB", "w8a8_gemm", 
         op.run(op.make_inputs(shp, torch.float16, "cpu", 0), dict(_GPU_DEFAULTS[kind]))
     big = [l for l in s.launches if l.kernel in ("_scaled_mm_kernel", "_wq_kernel")]
     assert big and all(l.problems() == [] for l in big), [(l.kernel, l.shared_bytes, l.problems()) for l in big]
+    assert all(l.ptx_ops["mma_sync"] > 0 and l.ptx_ops["wgmma"] == 0 for l in big), [l.ptx_ops for l in big]
+# On Hopper the int8 and fp8 GEMMs must reach the warpgroup MMA, fed by the asynchronous copy pipeline.
+with compile_only(90, "NVIDIA H200") as s:
+    for opname in ("w8a8_gemm", "fp8_gemm"):
+        op = get_op(opname)
+        op.run(op.make_inputs(dict(M=256, N=512, K=512), torch.float16, "cpu", 0), dict(_GPU_DEFAULTS["scaled_mm"]))
+mm = [l for l in s.launches if l.kernel == "_scaled_mm_kernel"]
+assert len(mm) == 2 and all(l.ptx_ops["wgmma"] > 0 and l.ptx_ops["cp_async"] > 0 for l in mm), [l.ptx_ops for l in mm]
 print("ok")
 """
     )

@@ -67,8 +67,9 @@ def test_round_trip_realistic(shape, std):
 def test_round_trip_max_entropy(shape):
     t = random_bits(shape)
     df = assert_round_trip(t)
-    # ~8 bits of exponent entropy: nothing to gain, the format expands a little (gaps, offsets, table).
-    assert 0.99 < df.ratio < 1.1
+    # ~8 bits of exponent entropy: nothing to gain, the format expands a little (gaps, offsets, table; with
+    # 8-byte chunks the gap byte per ~8 codes is ~1 bit per weight).
+    assert 0.99 < df.ratio < 1.13
     assert_round_trip(t, max_code_len=8)  # all 256 exponents fit in the shortest legal cap
 
 
@@ -149,12 +150,14 @@ def test_chunk_boundaries_split_codes(chunk_bytes, chunks_per_group):
 
 
 def test_synthetic_ratio_near_dfloat11():
-    """N(0, 0.02) weights: ~2.6 bits of exponent entropy, so ~10.7 of 16 bits (DFloat11 reports ~11)."""
+    """N(0, 0.02) weights: ~2.6 bits of exponent entropy, so ~10.9 of 16 bits (DFloat11 reports ~11)."""
     t = realistic((512, 384))
     df = codec.compress(t)
     h = codec.exponent_entropy(t)
     assert 2.0 < h < 3.2
-    assert 8 + h <= df.bits_per_weight < 8 + h + 0.3
+    # Overhead over the entropy: Huffman's rounding (< 0.1) and the 1-byte gap per 8-byte chunk (~0.3).
+    assert 8 + h <= df.bits_per_weight < 8 + h + 0.45
+    assert codec.compress(t, chunk_bytes=32).bits_per_weight < df.bits_per_weight - 0.2
     assert 0.62 < df.ratio < 0.72
 
 

@@ -173,9 +173,13 @@ def test_gpu_long_prefill_and_revisits_bit_identical_without_sync(meta):
     for slots in (packed, revisit[torch.randperm(len(revisit))]):
         k, v = _kv(len(slots), h, d)
         ref.write(k, v, slots)
+        # Copied before the debug mode is on: a host-to-device copy from pageable memory synchronizes, and
+        # the mode must catch the writer's syncs only (the first H200 run failed here, on these copies).
+        kd, vd, sd = k.cuda(), v.cuda(), slots.cuda()
+        torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            kwo.oaken_write_triton(gpu, k.cuda(), v.cuda(), slots.cuda())
+            kwo.oaken_write_triton(gpu, kd, vd, sd)
         finally:
             torch.cuda.set_sync_debug_mode("default")
         _same(ref, _to(gpu, "cpu"))

@@ -95,6 +95,25 @@ def test_tree_attention_matches_reference(backend, trees, prefix, hq, hkv, dim, 
     assert_rel_close(lse, ref_lse, 1e-5, "lse")
 
 
+@pytest.mark.parametrize("splits", [1, 2])
+@pytest.mark.parametrize("block_n", [16, 32])
+def test_tree_prefix_phase_boundaries(block_n, splits):
+    """The kernel walks the prefix in whole unmasked tiles, then the rest under the ancestor mask: prefixes just
+    below, at and above a tile boundary (and a window that starts inside the prefix) must give the same output."""
+    from codesign.autotune.lookup import forced_config
+
+    parents = [random_tree(9), chain(5), random_tree(17), star(6), random_tree(3)]
+    prefix = [block_n - 1, block_n, block_n + 1, 3 * block_n - 1, 2 * block_n + 5]
+    tree = build_tree_batch(parents, prefix)
+    k, v, bt, cl = make_paged_kv(tree.context_lens.tolist(), 2, 64, 8, torch.float32)
+    q = torch.randn(sum(tree.tree_sizes), 4, 64)
+    for window in (None, block_n + 3):
+        ref, _ = reference_attention(q, k, v, bt, cl, list(tree.tree_sizes), parents=parents, window=window)
+        with use_backend("triton"), forced_config("paged_attention", {"BLOCK_N": block_n}):
+            out = tree_attention(q, k, v, bt, tree, num_splits=splits, window=window)
+        assert_rel_close(out, ref, 2e-5)
+
+
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_tree_window_softcap_alibi(backend):
     parents = [random_tree(10), chain(6)]
