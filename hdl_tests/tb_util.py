@@ -94,6 +94,36 @@ async def drive_combinational(
     return got
 
 
+async def score_combinational(dut, seed: int, cases, outputs: tuple[str, ...], describe) -> None:
+    """The whole scoreboard of a combinational unit: for each case (name, inputs: port -> values,
+    wants: one array per output port), drive it (`drive_combinational`), compare every output bit for bit,
+    log and keep its `combinational_record`; write the records, then fail the test on any mismatch or X/Z.
+    describe(inputs, i) words input vector i of a case for its first few mismatches."""
+    errors: list[str] = []
+    records = []
+    try:
+        for name, inputs, wants in cases:
+            got = await drive_combinational(dut, inputs, outputs, errors)
+            n = len(next(iter(inputs.values())))
+            diff = np.zeros(n, bool)
+            for g, w in zip(got, wants):
+                diff |= g != np.asarray(w).astype(np.int64)
+            bad = np.flatnonzero(diff)
+            words = [
+                f"{describe(inputs, i)}: rtl "
+                + " ".join(f"{o} {int(g[i]):#x}" for o, g in zip(outputs, got))
+                + " numpy "
+                + " ".join(f"{o} {int(w[i]):#x}" for o, w in zip(outputs, wants))
+                for i in bad[:5]
+            ]
+            rec = combinational_record(name, n, bad, errors, words)
+            dut._log.info("case %s", rec)
+            records.append(rec)
+    finally:
+        write_records(records, seed)
+    check_verdict(records, errors)
+
+
 def combinational_record(
     case: str, n: int, bad: np.ndarray, errors: list[str], mismatches: list[str]
 ) -> dict:

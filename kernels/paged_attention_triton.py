@@ -68,13 +68,12 @@ DEFAULT_CONFIG = {"BLOCK_N": 64, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
 DEFAULT_SMEM_BUDGET = 96 * 1024
 # Register budget of the untuned defaults for caches that dequantize in the inner loop, as the largest
 # BLOCK_N x DIM_PAD tile: compiled for sm_90 at head_dim 128 and 4 warps (`bench/lowering_report.py`,
-# ptxas), sub-byte codes read by byte gather (mixed chunks; INT4/INT2 whose rows are not whole words)
+# ptxas), sub-byte codes read by byte gather (mixed chunks, Oaken, INT4/INT2 whose rows are not whole words)
 # spill at BLOCK_N 32 (255 registers, 0.2-0.6 KB per thread; 1.2-8.6 KB at 64) and use 64-116 registers at
 # 16; KIVI (words) 121-156 at 32. Per-token INT4/INT2 read as words are not capped: their 64 x 128 tile
 # takes 127-150 registers on 4 warps without spilling, and on an H200 (batch 16, context 32k) ran 0.83 ms
 # against 1.08 on 8 warps, 1.61 at 16 x 128 (tuning-pass timings, `bench/results/h200-2026-11-30-run2`).
 SUBBYTE_TILE_ELEMS = 16 * 128
-KIVI_TILE_ELEMS = 32 * 128
 # Tree verification adds the ancestor-mask tile to a 16-token x GROUP_PAD-row extend tile. Compiled for
 # sm_90 in bf16 at head_dim 128 (two-phase kernel): BLOCK_N 64 on 4 warps spills 312 B per thread, on 8
 # warps takes 243 registers and does not; 32 on 4 warps takes 249. Tree launches run at most 64 wide and,
@@ -448,20 +447,18 @@ def default_config(head_dim: int, elem_bytes: int, kv_format: int = KV_FORMAT_PL
     num_stages * 2 * BLOCK_N * dim_pad * elem_bytes <= DEFAULT_SMEM_BUDGET; at head_dim 256 also 8 warps
     and 32 rows (a 64 x 256 fp32 accumulator would be 128 registers per thread over 4 warps). Caches that
     unpack codes in the inner loop also keep BLOCK_N x dim_pad within a register budget
-    (SUBBYTE_TILE_ELEMS, KIVI_TILE_ELEMS) so the kernel does not spill."""
+    (SUBBYTE_TILE_ELEMS) so the kernel does not spill; KIVI takes its measured 16-row tile on 2 warps."""
     cfg = dict(DEFAULT_CONFIG)
     dp = dim_pad(head_dim)
     while (
         cfg["BLOCK_N"] > 16 and cfg["num_stages"] * 2 * cfg["BLOCK_N"] * dp * elem_bytes > DEFAULT_SMEM_BUDGET
     ):
         cfg["BLOCK_N"] //= 2
-    words = reads_words(kv_format, bits, head_dim)
-    subbyte = kv_format in (KV_FORMAT_MIXED, KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) or (
-        kv_format == KV_FORMAT_INT and bits < 8 and not words
+    gathered = kv_format in (KV_FORMAT_MIXED, KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) or (
+        kv_format == KV_FORMAT_INT and bits < 8 and not reads_words(kv_format, bits, head_dim)
     )
-    cap = SUBBYTE_TILE_ELEMS if subbyte else KIVI_TILE_ELEMS if kv_format == KV_FORMAT_KIVI else None
-    if cap is not None:
-        cfg["BLOCK_N"] = max(16, min(cfg["BLOCK_N"], cap // dp))
+    if gathered:  # sub-byte codes read by byte gather
+        cfg["BLOCK_N"] = max(16, min(cfg["BLOCK_N"], SUBBYTE_TILE_ELEMS // dp))
     if kv_format == KV_FORMAT_KIVI:
         # Measured on an H200 at batch 16: 16 x 128 tiles on 2 warps were the fastest config tried in three
         # tuning passes (context 4k: 2.2x the old 32 x 128 / 4-warp default; 32k: 6.1 ms against 10.4 at

@@ -67,5 +67,7 @@ def test_tuning_pass_through_the_interpreter_writes_rows_and_tables(tmp_path):
     for name in shapes:
         r = rows[name]
         assert r["best"] is not None and r["n_failed"] == 0 and r["default_ms"] > 0, r
-        assert t["tables"][r["table_op"]]["entries"][r["key"]][str(r["m"])] == r["best"]
+        # The best candidate is exported, or no entry where the default (timed beside it) was faster.
+        entry = t["tables"].get(r["table_op"], {}).get("entries", {}).get(r["key"], {}).get(str(r["m"]))
+        assert entry == (None if r["default_ms"] < r["best_ms"] else r["best"]), (r, entry)
     assert all("no tuning shape" in r["error"] for n, r in rows.items() if n not in shapes)

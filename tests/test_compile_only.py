@@ -249,7 +249,16 @@ with compile_only(90, "NVIDIA H200") as s:
             shape = dict(M=m, q_heads=32, kv_heads=8, head_dim=128, block_size=16, ctx=ctx)
             op = get_op(name)
             op.run(op.make_inputs(shape, torch.float16, "cpu", 0), pt.default_config(128, 2, fmt, 4))
-for l in s.launches:
+# Tree verification at its default tile (64 wide, raised to 8 warps by tree_config): spilled 312 B on 4.
+from codesign.kernels.tree_attention import build_tree_batch, tree_attention
+tree = build_tree_batch([[-1] + [i // 2 for i in range(63)]] * 4, [4096] * 4)
+bt = torch.zeros(4, 4096 // 16 + 5, dtype=torch.int32)
+kv = torch.zeros(2, 16, 8, 128, dtype=torch.bfloat16)
+with compile_only(90, "NVIDIA H200") as t, use_backend("triton"):
+    tree_attention(torch.zeros(4 * 64, 32, 128, dtype=torch.bfloat16), kv, kv, bt, tree, check_data=False)
+(tl_,) = [l for l in t.launches if l.kernel == "_paged_attn_kernel"]
+assert (tl_.constexprs["BLOCK_N"], tl_.num_warps) == (64, 8), (tl_.constexprs["BLOCK_N"], tl_.num_warps)
+for l in [*s.launches, tl_]:
     assert l.problems() == [], (l.kernel, l.constexprs.get("BLOCK_N"), l.problems())
 for arch, gpu, opname, kind, shp in ((80, "NVIDIA A100-SXM4-80GB", "w8a8_gemm", "scaled_mm", dict(M=256, N=512, K=512)),
                                      (89, "NVIDIA L40S", "w4a16_gemm", "tiled", dict(M=256, N=512, K=512, G=128))):

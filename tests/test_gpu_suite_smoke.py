@@ -79,14 +79,16 @@ def test_smoke_correctness_and_tuning_cover_every_op(tmp_path):
     assert {r["dtype"] for r in rows} == set(suite.CORRECTNESS_DTYPES)
     assert rep["correctness"]["all_ok"] and rep["correctness"]["n"] == sum(not r.get("skipped") for r in rows)
 
-    # Tuning: one row per registered op, each with a correct best config, a default time, a table.
+    # Tuning: one row per registered op, each with a correct best config, the default's time, its table entry.
     t = rep["tuning"]
     assert t["error"] is None, t["error"]
     assert {r["op"] for r in t["rows"]} == _tunable()
     for r in t["rows"]:
         assert r.get("best") is not None and r["default_ms"] > 0 and r["n_failed"] == 0, r
         assert r["shape"] == suite.smoke_shape(parse_shape(suite.TUNE_SHAPES[r["op"]])), r
-        assert t["tables"][r["table_op"]]["entries"][r["key"]][str(r["m"])] == r["best"]
+        # The export ships the best candidate, or no entry where the default (timed beside it) was faster.
+        entry = t["tables"].get(r["table_op"], {}).get("entries", {}).get(r["key"], {}).get(str(r["m"]))
+        assert entry == (None if r["default_ms"] < r["best_ms"] else r["best"]), (r, entry)
 
 
 @pytest.mark.slow

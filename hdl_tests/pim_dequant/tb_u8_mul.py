@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import cocotb
 import numpy as np
-from tb_util import bench_config, check_verdict, combinational_record, drive_combinational, write_records
+from tb_util import bench_config, score_combinational
 
 
 def scale_sets(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
@@ -33,25 +33,11 @@ async def u8_mul_matches_numpy(dut):
     """Every (code, scale) pair of every set is bit-exact with numpy."""
     cfg, seed = bench_config(dut)
     rng = np.random.default_rng(seed)
-    errors: list[str] = []
-    records = []
     codes = np.arange(256)
-    try:
-        for name, scales in scale_sets(rng, cfg["n"]).items():
-            c = np.repeat(codes, len(scales))
-            s = np.tile(scales, len(codes))
-            want = (c.astype(np.float32) * s.view(np.float16).astype(np.float32)).view(np.uint32)
-            (got,) = await drive_combinational(dut, {"code": c, "scale": s}, ("y",), errors)
-            bad = np.flatnonzero(got != want.astype(np.int64))
-            rec = combinational_record(
-                name,
-                len(c),
-                bad,
-                errors,
-                [f"{c[i]} * {s[i]:#06x}: rtl {got[i]:#010x} numpy {want[i]:#010x}" for i in bad[:5]],
-            )
-            dut._log.info("case %s", rec)
-            records.append(rec)
-    finally:
-        write_records(records, seed)
-    check_verdict(records, errors)
+    cases = []
+    for name, scales in scale_sets(rng, cfg["n"]).items():
+        c = np.repeat(codes, len(scales))
+        s = np.tile(scales, len(codes))
+        want = (c.astype(np.float32) * s.view(np.float16).astype(np.float32)).view(np.uint32)
+        cases.append((name, {"code": c, "scale": s}, [want]))
+    await score_combinational(dut, seed, cases, ("y",), lambda x, i: f"{x['code'][i]} * {x['scale'][i]:#06x}")
