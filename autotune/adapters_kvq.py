@@ -21,6 +21,7 @@ depends on which table the kernel asks.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 from contextlib import ExitStack
@@ -31,6 +32,7 @@ import torch
 from codesign.autotune.adapters import PagedDecodeAttention, _gen
 from codesign.autotune.lookup import forced_config
 from codesign.autotune.ops import Shape, register
+from codesign.autotune.space import ConfigSpace
 from codesign.specs.errors import CodesignError
 
 KERNEL_TABLE_OP = "paged_attention"  # the plain table, also forced: no candidate may depend on the lookup
@@ -72,6 +74,14 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
 
     def table_op(self, shape: Shape) -> str:
         return self.name
+
+    def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
+        """The decode space; INT8 on GPUs also tries reading its codes as int32 words (WORDS8 1: 16-byte copies,
+        a shift and a mask per element) against bytes (0, the default)."""
+        sp = super().space(shape, dtype, on_gpu)
+        if self.fmt == "int8" and on_gpu and shape["head_dim"] % 4 == 0:
+            sp = dataclasses.replace(sp, params={**sp.params, "WORDS8": [0, 1]})
+        return sp
 
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
         gen = _gen(seed)

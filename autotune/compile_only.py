@@ -130,6 +130,9 @@ PTX_OPS = {
     "cp_async": r"\bcp\.async\.(?:ca|cg)\b",
     "tma": r"\bcp\.async\.bulk\.tensor\b",
     "ld_global_v4": r"\bld\.global(?:\.\w+)*\.v4\b",
+    # Every global load, any width: dequantizing caches that gather metadata per element issue one per
+    # element (a KIVI tile loaded its per-channel scales once per token row).
+    "ld_global": r"\bld\.global\b",
 }
 
 

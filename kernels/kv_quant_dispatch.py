@@ -4,7 +4,7 @@ no host sync), each calling the same torch op as the functional entry point, so 
 bit-identical to `kvq_*_attention`, `kivi_*_attention`, `oaken_attention` and `mixed_attention`.
 
 Cache types: `QuantPagedKV` (per-token INT8/4/2, FP8 per head), `KiviPagedKV`, `OakenPagedKV` (both
-metadata variants), `MixedPagedKV`. Oaken and mixed attention have no ALiBi, window, softcap or lse.
+metadata variants), `MixedPagedKV`; every type takes ALiBi, a window, softcap and returns lse on request.
 """
 
 from __future__ import annotations
@@ -28,15 +28,14 @@ QUANT_CACHE_TYPES = tuple(_LAYOUTS)
 
 @dataclass(frozen=True)
 class QuantCacheInfo:
-    """What plan() learns about a quantized cache: its geometry, its format for the spec, the features
-    its attention supports, and a signature (every tensor's shape, dtype and device plus the scalar
-    parameters) that run() compares without touching the data."""
+    """What plan() learns about a quantized cache: its geometry, its format for the spec and a signature
+    (every tensor's shape, dtype and device plus the scalar parameters) that run() compares without
+    touching the data."""
 
     kind: str  # "kvq", "kivi", "oaken", "mixed"
     shape: tuple[int, int, int, int]  # (num_blocks, block_size, kv_heads, head_dim)
     kv_format: KVFormat | None  # None: mixed precision (varies per block)
     signature: tuple
-    full_features: bool  # alibi / window / softcap / lse supported
 
 
 def is_quant_cache(cache) -> bool:
@@ -65,28 +64,23 @@ def describe(cache, check_data: bool = True) -> QuantCacheInfo:
     from codesign.kernels.kv_quant_paged import QuantPagedKV, check_quant_cache
 
     if isinstance(cache, QuantPagedKV):
-        return QuantCacheInfo("kvq", check_quant_cache(cache), cache.kv_format, signature(cache), True)
+        return QuantCacheInfo("kvq", check_quant_cache(cache), cache.kv_format, signature(cache))
     if isinstance(cache, KiviPagedKV):
-        return QuantCacheInfo("kivi", cache.check(), cache.kv_format, signature(cache), True)
+        return QuantCacheInfo("kivi", cache.check(), cache.kv_format, signature(cache))
     if isinstance(cache, OakenPagedKV):
-        return QuantCacheInfo("oaken", cache.check(), cache.kv_format, signature(cache), False)
+        return QuantCacheInfo("oaken", cache.check(), cache.kv_format, signature(cache))
     if isinstance(cache, MixedPagedKV):
         shape = cache.check()
         if check_data:
             cache.check_block_bits()
-        return QuantCacheInfo("mixed", shape, None, signature(cache), False)
+        return QuantCacheInfo("mixed", shape, None, signature(cache))
     raise CodesignError(
         f"the cache must be a tensor or one of {QUANT_CACHE_TYPES}, got {type(cache).__name__}"
     )
 
 
-def check_plan(
-    info: QuantCacheInfo, cache, block_tables: torch.Tensor, alibi_slopes, window, softcap
-) -> None:
-    """Plan-time checks beyond the geometry: Oaken and mixed attention take none of ALiBi, window and
-    softcap; a KIVI cache needs a residual ring per block-table row."""
-    if not info.full_features and (alibi_slopes is not None or window or softcap):
-        raise CodesignError(f"{info.kind} caches support no alibi_slopes, window or softcap")
+def check_plan(info: QuantCacheInfo, cache, block_tables: torch.Tensor) -> None:
+    """Plan-time checks beyond the geometry: a KIVI cache needs a residual ring per block-table row."""
     if info.kind == "kivi":
         from codesign.kernels.kv_quant_kivi import check_rings
 

@@ -32,6 +32,7 @@ from codesign.kernels.kv_quant_paged import (
 )
 from codesign.kernels.paged_attention import (
     AttnMeta,
+    alloc_lse,
     attention_backend,
     paged_attention_torch,
     triton_attention,
@@ -207,37 +208,36 @@ def _attn_mixed_op(
     positions: torch.Tensor | None,
     tree_mask: torch.Tensor | None,
     mask_indptr: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
     sm_scale: float,
+    window: int,
+    softcap: float,
     num_splits: int,
     is_decode: bool,
-) -> torch.Tensor:
-    meta = AttnMeta(block_tables, context_lens, cu_seqlens_q, positions, tree_mask, mask_indptr, None,
-                    sm_scale, 0, 0.0, num_splits, is_decode)  # fmt: skip
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    meta = AttnMeta(block_tables, context_lens, cu_seqlens_q, positions, tree_mask, mask_indptr,
+                    alibi_slopes, sm_scale, window, softcap, num_splits, is_decode)  # fmt: skip
     if attention_backend(q) == "torch":
         k, v = MixedPagedKV(q.shape[2], k_codes, v_codes, k_meta, v_meta, block_bits).dequantize()
-        return paged_attention_torch(q, k, v, meta, False)[0]
+        return paged_attention_torch(q, k, v, meta, return_lse)
     from codesign.kernels.paged_attention_triton import KV_FORMAT_MIXED
 
-    return triton_attention(q, k_codes, v_codes, meta, False, kv_format=KV_FORMAT_MIXED, bits=8,
-                            k_scale=k_meta, v_scale=v_meta, block_bits=block_bits)[0]  # fmt: skip
+    return triton_attention(q, k_codes, v_codes, meta, return_lse, kv_format=KV_FORMAT_MIXED, bits=8,
+                            k_scale=k_meta, v_scale=v_meta, block_bits=block_bits)  # fmt: skip
 
 
 @_attn_mixed_op.register_fake
 def _(q, *rest):
-    return torch.empty_like(q)
+    return torch.empty_like(q), alloc_lse(q, rest[-1])  # rest[-1]: return_lse
 
 
 def launch_mixed(
     q: torch.Tensor, cache: MixedPagedKV, meta: AttnMeta, return_lse: bool = False
-) -> tuple[torch.Tensor, None]:
-    """The op over a validated cache with a launch's metadata (entry point and plan()/run() wrappers);
-    mixed-precision attention takes no ALiBi, window or softcap (`kv_quant_dispatch.check_plan`) and
-    returns no lse."""
-    if return_lse:
-        raise CodesignError("mixed cache attention returns no lse")
-    out = _attn_mixed_op(q, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, cache.block_bits,
-                         *meta.without_features())  # fmt: skip
-    return out, None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op over a validated cache with a launch's metadata (entry point and plan()/run() wrappers)."""
+    return _attn_mixed_op(q, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, cache.block_bits,
+                          *meta, return_lse)  # fmt: skip
 
 
 def mixed_attention(
@@ -248,16 +248,15 @@ def mixed_attention(
     cu_seqlens_q: torch.Tensor | None = None,
     *,
     tree: TreeBatch | None = None,
-    sm_scale: float | None = None,
-    num_splits: int | None = None,
-    check_data: bool = True,
-) -> torch.Tensor:
+    **kw,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Decode (cu_seqlens_q None: one query per sequence), extend, or tree attention (`tree=`, a
-    `build_tree_batch` result; context_lens / cu_seqlens_q are then taken from it) over a mixed cache."""
+    `build_tree_batch` result; context_lens / cu_seqlens_q are then taken from it) over a mixed cache; the
+    keywords of `paged_decode_attention` (sm_scale, alibi_slopes, window, softcap, num_splits, return_lse,
+    check_data)."""
     if not isinstance(cache, MixedPagedKV):
         raise CodesignError(f"cache must be a MixedPagedKV, got {type(cache).__name__}")
     shape = cache.check()
-    if check_data:
+    if kw.get("check_data", True):
         cache.check_block_bits()
-    kw = dict(sm_scale=sm_scale, num_splits=num_splits, check_data=check_data)
     return attend_quant(launch_mixed, q, cache, shape, block_tables, context_lens, cu_seqlens_q, tree, kw)

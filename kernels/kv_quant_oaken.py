@@ -40,6 +40,7 @@ from codesign.kernels.kv_quant_paged import (
 )
 from codesign.kernels.paged_attention import (
     AttnMeta,
+    alloc_lse,
     attention_backend,
     paged_attention_torch,
     triton_attention,
@@ -304,42 +305,44 @@ def _attn_oaken_op(
     positions: torch.Tensor | None,
     tree_mask: torch.Tensor | None,
     mask_indptr: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
     sm_scale: float,
+    window: int,
+    softcap: float,
     num_splits: int,
     is_decode: bool,
+    return_lse: bool,
     bits: int,
     grid: torch.Tensor | None = None,
-) -> torch.Tensor:
-    meta = AttnMeta(block_tables, context_lens, cu_seqlens_q, positions, tree_mask, mask_indptr, None,
-                    sm_scale, 0, 0.0, num_splits, is_decode)  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor]:
+    meta = AttnMeta(block_tables, context_lens, cu_seqlens_q, positions, tree_mask, mask_indptr,
+                    alibi_slopes, sm_scale, window, softcap, num_splits, is_decode)  # fmt: skip
     if attention_backend(q) == "torch":
         kg, vg = (None, None) if grid is None else (grid[0], grid[1])
         k = _dequant_pool(k_codes, k_meta, k_out, bits, kg)
         v = _dequant_pool(v_codes, v_meta, v_out, bits, vg)
-        return paged_attention_torch(q, k, v, meta, False)[0]
+        return paged_attention_torch(q, k, v, meta, return_lse)
     from codesign.kernels.paged_attention_triton import KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE
 
     fmt = KV_FORMAT_OAKEN if grid is None else KV_FORMAT_OAKEN_OFFLINE
-    return triton_attention(q, k_codes, v_codes, meta, False, kv_format=fmt, bits=bits, k_scale=k_meta,
-                            v_scale=v_meta, oaken=(k_out, v_out), block_bits=grid)[0]  # fmt: skip
+    return triton_attention(q, k_codes, v_codes, meta, return_lse, kv_format=fmt, bits=bits, k_scale=k_meta,
+                            v_scale=v_meta, oaken=(k_out, v_out), block_bits=grid)  # fmt: skip
 
 
 @_attn_oaken_op.register_fake
-def _(q, *rest):
-    return torch.empty_like(q)
+def _(q, k_codes, v_codes, k_meta, v_meta, k_out, v_out, block_tables, context_lens, cu_seqlens_q, positions,
+      tree_mask, mask_indptr, alibi_slopes, sm_scale, window, softcap, num_splits, is_decode, return_lse, bits,
+      grid=None):  # fmt: skip
+    return torch.empty_like(q), alloc_lse(q, return_lse)
 
 
 def launch_oaken(
     q: torch.Tensor, cache: OakenPagedKV, meta: AttnMeta, return_lse: bool = False
-) -> tuple[torch.Tensor, None]:
-    """The op over a validated cache with a launch's metadata (entry point and plan()/run() wrappers);
-    Oaken attention takes no ALiBi, window or softcap (`kv_quant_dispatch.check_plan`) and returns no lse."""
-    if return_lse:
-        raise CodesignError("oaken cache attention returns no lse")
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op over a validated cache with a launch's metadata (entry point and plan()/run() wrappers)."""
     c = cache
-    out = _attn_oaken_op(q, c.k_codes, c.v_codes, c.k_meta, c.v_meta, c.k_out, c.v_out,
-                         *meta.without_features(), c.bits, c.grid)  # fmt: skip
-    return out, None
+    return _attn_oaken_op(q, c.k_codes, c.v_codes, c.k_meta, c.v_meta, c.k_out, c.v_out, *meta, return_lse,
+                          c.bits, c.grid)  # fmt: skip
 
 
 def oaken_attention(
@@ -350,15 +353,13 @@ def oaken_attention(
     cu_seqlens_q: torch.Tensor | None = None,
     *,
     tree: TreeBatch | None = None,
-    sm_scale: float | None = None,
-    num_splits: int | None = None,
-    check_data: bool = True,
-) -> torch.Tensor:
+    **kw,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Decode (cu_seqlens_q None), extend, or tree attention (`tree=`, a `build_tree_batch` result) over
-    an Oaken cache, the sparse outliers applied in the kernel."""
+    an Oaken cache, the sparse outliers applied in the kernel; the keywords of `paged_decode_attention`
+    (sm_scale, alibi_slopes, window, softcap, num_splits, return_lse, check_data)."""
     if not isinstance(cache, OakenPagedKV):
         raise CodesignError(f"cache must be an OakenPagedKV, got {type(cache).__name__}")
-    kw = dict(sm_scale=sm_scale, num_splits=num_splits, check_data=check_data)
     return attend_quant(
         launch_oaken, q, cache, cache.check(), block_tables, context_lens, cu_seqlens_q, tree, kw
     )

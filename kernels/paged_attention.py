@@ -502,9 +502,7 @@ class _PlannedAttention:
         quant = None
         if kqd.is_quant_cache(k_cache) or not isinstance(k_cache, torch.Tensor):
             quant = kqd.describe(k_cache)
-            kqd.check_plan(
-                quant, k_cache, block_tables, opts["alibi_slopes"], opts["window"], opts["softcap"]
-            )
+            kqd.check_plan(quant, k_cache, block_tables)
             q_dtype = opts["q_dtype"] or torch.float16
             if q_dtype not in Q_DTYPES:
                 raise CodesignError(f"q_dtype must be one of {Q_DTYPES}, got {q_dtype}")

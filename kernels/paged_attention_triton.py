@@ -14,7 +14,9 @@ Programs: axis 0 walks (sequence, block of BLOCK_Q query tokens) — the sequenc
 search over cu_seqlens_q, so the grid needs no host sync; axis 1 a kv head, whose GROUP query
 heads share each K/V load (rows = BLOCK_Q tokens x GROUP_PAD heads); axis 2 a KV split. With
 NUM_SPLITS > 1 each split writes a normalized partial output and its log2-sum-exp, and
-`_reduce_splits_kernel` merges them. Softmax runs online in fp32, in base 2 (exp2 is cheaper).
+`_reduce_splits_kernel` merges them. Softmax runs online in fp32, in base 2 (exp2 is cheaper). K/V tiles
+start at multiples of BLOCK_N (a window's first key is rounded down; the mask drops the extra keys), so a
+tile never straddles a KIVI key group or, when BLOCK_N divides the block size, a block.
 
 The K/V read path takes a KV_FORMAT constexpr and scale pointers (unused for plain caches): the
 quantized caches of `codesign.kernels.kv_quant_paged` dequantize inside this same loop, tile by tile
@@ -68,7 +70,7 @@ DEFAULT_CONFIG = {"BLOCK_N": 64, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
 DEFAULT_SMEM_BUDGET = 96 * 1024
 # Register budget of the untuned defaults for caches that dequantize in the inner loop, as the largest
 # BLOCK_N x DIM_PAD tile: compiled for sm_90 at head_dim 128 and 4 warps (`bench/lowering_report.py`,
-# ptxas), sub-byte codes read by byte gather (mixed chunks, Oaken, INT4/INT2 whose rows are not whole words)
+# ptxas), sub-byte codes read by byte gather (mixed chunks; INT4/INT2 and Oaken whose rows are not whole words)
 # spill at BLOCK_N 32 (255 registers, 0.2-0.6 KB per thread; 1.2-8.6 KB at 64) and use 64-116 registers at
 # 16; KIVI (words) 121-156 at 32. Per-token INT4/INT2 read as words are not capped: their 64 x 128 tile
 # takes 127-150 registers on 4 warps without spilling, and on an H200 (batch 16, context 32k) ran 0.83 ms
@@ -81,6 +83,8 @@ SUBBYTE_TILE_ELEMS = 16 * 128
 # run, one phase at 32 wide, took 3.3x an extend over the same 4k prefix).
 TREE_MAX_BLOCK_N = 64
 TREE_MIN_WARPS = 8
+# Oaken outlier slots applied per chunk of this many (the K of two small tl.dot, at least 16 on GPUs).
+OAKEN_SC = tl.constexpr(16)
 
 
 @triton.jit
@@ -115,10 +119,11 @@ def _fp8_e4m3_decode(byte):
 def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s, stride_h,
                   stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
                   KV_FORMAT: tl.constexpr, BITS: tl.constexpr,
-                  j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr,
+                  j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0, j0, d_ok,
+                  BLOCK_SIZE: tl.constexpr,
                   KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr, KIVI_R: tl.constexpr, bits_ptr,
                   OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
-                  BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr):  # fmt: skip
+                  BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, bt_row, s_hi, OAKEN_NBT: tl.constexpr):  # fmt: skip
     """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8, KIVI and
     Oaken caches (the per-token INT and mixed formats take the factored path, `_load_code_tile`)."""
     base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
@@ -139,13 +144,35 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
             zr = g_base + zc * g_step
             sc = tl.math.div_rn(rc * g_step, (2**BITS - 1) * 1.0)
         x = code.to(tl.float32) * sc[:, None] + zr[:, None]
-        obase = r_ptr + blk * stride_rb + kvh * stride_rr  # this row's block: its outlier slots
-        for c in range(OAKEN_CAP):  # a loop, not unrolled: CAP can be ~100 at D = 128
-            w = tl.load(obase + c, mask=j_ok, other=-1)
-            pos = w >> 16  # -1 for an empty slot
-            val = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            hit = ((pos >= 0) & (pos // HEAD_DIM == off))[:, None] & ((pos % HEAD_DIM)[:, None] == d[None, :])
-            x = tl.where(hit, val[:, None], x)
+        if OAKEN_CAP > 0:
+            # Outlier slots scattered into the tile by two small matrix products per chunk of OAKEN_SC slots:
+            # A[c, n] = (slot c is in tile row n), B[c, d] = (slot c is in column d) (times its value), so
+            # A^T B puts each value at its (row, column) and A^T (B != 0) marks the positions. Exact in fp16
+            # operands with fp32 accumulation: 0/1 and fp16 values, at most one term per entry (positions are
+            # unique). A per-slot compare over the whole tile cost O(CAP x tile) (53 ms on an H200 at context
+            # 32k against 0.5 for the bf16 cache); this is O(CAP x (BLOCK_N + DIM_PAD)) plus tensor-core work.
+            n_idx = tl.arange(0, BLOCK_N)
+            cs = tl.arange(0, OAKEN_SC)
+            val = tl.zeros([BLOCK_N, DIM_PAD], tl.float32)
+            hit = tl.zeros([BLOCK_N, DIM_PAD], tl.float32)
+            for t in tl.static_range(OAKEN_NBT):  # the blocks this tile's rows lie in
+                bi = j0 // BLOCK_SIZE + t
+                blk_t = tl.load(bt_row + bi, mask=bi * BLOCK_SIZE < s_hi, other=0).to(tl.int64)
+                obase = r_ptr + blk_t * stride_rb + kvh * stride_rr
+                first = bi * BLOCK_SIZE - j0  # tile row of the block's first token
+                # Slots fill from 0 in order (the writers): the chunks from the first empty slot on are empty.
+                for c0 in range(0, OAKEN_CAP, OAKEN_SC):
+                    if (tl.load(obase + c0) >= 0) & (bi * BLOCK_SIZE < s_hi):
+                        c = c0 + cs
+                        w = tl.load(obase + c, mask=c < OAKEN_CAP, other=-1)
+                        pos = w >> 16  # -1 for an empty slot
+                        row = tl.where(pos >= 0, first + pos // HEAD_DIM, -1)
+                        a_t = tl.trans((row[:, None] == n_idx[None, :]).to(tl.float16))
+                        in_col = (pos % HEAD_DIM)[:, None] == d[None, :]
+                        v16 = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+                        val += tl.dot(a_t, tl.where(in_col, v16[:, None], 0.0).to(tl.float16))
+                        hit += tl.dot(a_t, in_col.to(tl.float16))
+            x = tl.where(hit > 0.5, val, x)
         x = tl.where(kv_m, x, 0.0)
     elif KV_FORMAT == 2:
         if HW_FP8:  # sm_89+: the hardware's e4m3 conversion (same values, NaN codes included), not ~15 int ops
@@ -158,15 +185,35 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
         quant = (j < nq)[:, None]
         qm = kv_m & quant
         code = _load_codes(base, d, j_ok & (j < nq), qm, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
-        if IS_KEY:  # per channel, one (scale, zero) pair per group of KIVI_G tokens
-            row = blk * stride_mb + (off // KIVI_G) * stride_ms + kvh * stride_mh
-            col = d * 2
-        else:  # per token, one pair per KIVI_GV elements of head_dim
-            row = blk * stride_mb + off * stride_ms + kvh * stride_mh
-            col = (d // KIVI_GV) * 2
-        mp = s_ptr + row[:, None] + col[None, :]
-        sc = tl.load(mp, mask=qm, other=0.0).to(tl.float32)
-        zr = tl.load(mp + 1, mask=qm, other=0.0).to(tl.float32)
+        # Metadata is loaded at its own size, not per element: a gather of [BLOCK_N, DIM_PAD] scales issues one
+        # scalar load per element (KIVI ran at 1/20 of the bf16 cache's speed on an H200).
+        NGV: tl.constexpr = HEAD_DIM // KIVI_GV
+        if IS_KEY and KIVI_G % BLOCK_N == 0:
+            # The tile lies in one key group of one block (tiles start at multiples of BLOCK_N, KIVI_G divides
+            # the block size): one (scale, zero) row of DIM_PAD channels for the whole tile, and the tile is
+            # all codes or all ring (n_q is a multiple of KIVI_G).
+            row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G) * stride_ms + kvh * stride_mh
+            m1 = d_ok & (d * 0 + nq > j0)  # (a vector compare: the interpreter widens a scalar int1 to int32)
+            sc = tl.load(s_ptr + row0 + d * 2, mask=m1, other=0.0).to(tl.float32)[None, :]
+            zr = tl.load(s_ptr + row0 + d * 2 + 1, mask=m1, other=0.0).to(tl.float32)[None, :]
+        elif IS_KEY:  # per channel, one (scale, zero) pair per group of KIVI_G tokens: per row
+            mp = s_ptr + (blk * stride_mb + (off // KIVI_G) * stride_ms + kvh * stride_mh)[:, None] + d[None, :] * 2
+            sc = tl.load(mp, mask=qm, other=0.0).to(tl.float32)
+            zr = tl.load(mp + 1, mask=qm, other=0.0).to(tl.float32)
+        elif NGV <= 8:
+            # Per token, one pair per KIVI_GV elements of head_dim: NGV [BLOCK_N] loads, spread over columns.
+            mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
+            rq = j_ok & (j < nq)
+            sc = tl.zeros([BLOCK_N, DIM_PAD], tl.float32)
+            zr = tl.zeros([BLOCK_N, DIM_PAD], tl.float32)
+            for g in tl.static_range(NGV):
+                in_g = (d // KIVI_GV == g)[None, :]
+                sc = tl.where(in_g, tl.load(mrow + 2 * g, mask=rq, other=0.0).to(tl.float32)[:, None], sc)
+                zr = tl.where(in_g, tl.load(mrow + 2 * g + 1, mask=rq, other=0.0).to(tl.float32)[:, None], zr)
+        else:  # many small value groups: gather per element
+            mp = s_ptr + (blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + ((d // KIVI_GV) * 2)[None, :]
+            sc = tl.load(mp, mask=qm, other=0.0).to(tl.float32)
+            zr = tl.load(mp + 1, mask=qm, other=0.0).to(tl.float32)
         ring = (j % (KIVI_G + KIVI_R)) * stride_rr  # the residual ring row of token j
         rp = r_ptr + b * stride_rb + kvh * stride_rh + ring[:, None] + d[None, :]
         xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float32)
@@ -204,7 +251,7 @@ def _load_codes(base, d, row_ok, kv_m, BITS: tl.constexpr, WORDS: tl.constexpr, 
 def _load_code_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s, stride_h,
                     stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
                     BITS: tl.constexpr, bits_ptr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+                    DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, blk0):  # fmt: skip
     """Per-token formats (INT, MIXED): the raw codes of one [BLOCK_N, DIM_PAD] tile as `out_ty` (exact: codes
     < 256 fit bf16's 8-bit significand) and the rows' fp32 (scale, zero), for the factored products
     q . k_j = sc_j (q . c_j) + zr_j sum(q) and sum_j p_j v_j = (p * sc) @ c + sum_j p_j zr_j. The scale and
@@ -212,6 +259,17 @@ def _load_code_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride
     base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
     if KV_FORMAT == 1:
         code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
+    elif WORDS:
+        # Mixed chunks, the tile inside one block (BLOCK_N divides the block size; tiles start at multiples of
+        # BLOCK_N): one width for the whole tile, its codes read as int32 words like the INT formats' instead
+        # of a byte gather with a shift per row (the mixed cache ran at 1/11 of the bf16 cache on an H200).
+        nb0 = tl.load(bits_ptr + blk0)
+        if nb0 == 8:
+            code = _load_codes(base, d, j_ok, kv_m, 8, True, HEAD_DIM, DIM_PAD, BLOCK_N)
+        elif nb0 == 4:
+            code = _load_codes(base, d, j_ok, kv_m, 4, True, HEAD_DIM, DIM_PAD, BLOCK_N)
+        else:
+            code = _load_codes(base, d, j_ok, kv_m, 2, True, HEAD_DIM, DIM_PAD, BLOCK_N)
     else:
         nbits = tl.load(bits_ptr + blk, mask=j_ok, other=8).to(tl.int32)[:, None]  # per row: its block's width
         per = 8 // nbits
@@ -243,6 +301,7 @@ def _paged_attn_kernel(
     HAS_WINDOW: tl.constexpr, WRITE_LSE: tl.constexpr, KV_FORMAT: tl.constexpr, DOT_PREC: tl.constexpr,
     BITS: tl.constexpr = 16, KIVI_G: tl.constexpr = 1, KIVI_GV: tl.constexpr = 1, KIVI_R: tl.constexpr = 0,
     OAKEN_CAP: tl.constexpr = 0, WORDS: tl.constexpr = False, HW_FP8: tl.constexpr = False,
+    OAKEN_NBT: tl.constexpr = 1,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -288,8 +347,9 @@ def _paged_attn_kernel(
             kv_hi = kv_len
             first_pos = prefix  # tree positions are prefix + depth >= prefix
         kv_lo = 0
-        if HAS_WINDOW:
-            kv_lo = tl.maximum(first_pos - window + 1, 0)
+        if HAS_WINDOW:  # rounded down to a tile boundary (the window mask drops the extra keys): tiles start
+            # at multiples of BLOCK_N, which KIVI's per-tile key metadata relies on
+            kv_lo = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
         per = tl.cdiv(tl.cdiv(kv_hi - kv_lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
         s_lo = kv_lo + split * per
         s_hi = tl.minimum(kv_hi, s_lo + per)
@@ -317,20 +377,25 @@ def _paged_attn_kernel(
                 j = start + tl.arange(0, BLOCK_N)
                 j_ok = j < s_hi
                 blk = tl.load(bt_ptr + b * stride_bt + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
+                if KV_FORMAT == 3 or KV_FORMAT == 4:  # the tile's first block: KIVI's key metadata, mixed widths
+                    blk0 = tl.load(bt_ptr + b * stride_bt + start // BLOCK_SIZE).to(tl.int64)
+                else:
+                    blk0 = 0
                 off = j % BLOCK_SIZE
                 kv_m = j_ok[:, None] & d_ok[None, :]
                 if FACTORED:
                     kc, ksc, kzr = _load_code_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb,
                                                    stride_ks, stride_kh, stride_mb, stride_ms, stride_mh,
                                                    q_ptr.dtype.element_ty, KV_FORMAT, BITS, bits_ptr, WORDS,
-                                                   HEAD_DIM, DIM_PAD, BLOCK_N)  # fmt: skip
+                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0)  # fmt: skip
                     s = tl.dot(q, tl.trans(kc), input_precision=DOT_PREC) * ksc[None, :] + q_sum[:, None] * kzr[None, :]
                 else:
                     k = _load_kv_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb, stride_ks, stride_kh,
                                       stride_mb, stride_ms, stride_mh, q_ptr.dtype.element_ty, KV_FORMAT, BITS,
                                       j, b, nq, k_res_ptr, stride_rb, stride_rr, stride_rh, True,
+                                      blk0, start, d_ok, BLOCK_SIZE,
                                       KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
-                                      BLOCK_N, HW_FP8)  # fmt: skip
+                                      BLOCK_N, HW_FP8, bt_ptr + b * stride_bt, s_hi, OAKEN_NBT)  # fmt: skip
                     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
                 if HAS_SOFTCAP:
                     # c * tanh(x / c) through exp: tanh(y) = 1 - 2 / (exp(2y) + 1), exact at +-inf.
@@ -368,15 +433,16 @@ def _paged_attn_kernel(
                     vc, vsc, vzr = _load_code_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb,
                                                    stride_vs, stride_vh, stride_vmb, stride_vms, stride_vmh,
                                                    q_ptr.dtype.element_ty, KV_FORMAT, BITS, bits_ptr, WORDS,
-                                                   HEAD_DIM, DIM_PAD, BLOCK_N)  # fmt: skip
+                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0)  # fmt: skip
                     pv = tl.dot((p * vsc[None, :]).to(vc.dtype), vc, input_precision=DOT_PREC)
                     acc = acc * alpha[:, None] + pv + tl.sum(p * vzr[None, :], 1)[:, None]
                 else:
                     v = _load_kv_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb, stride_vs, stride_vh,
                                       stride_vmb, stride_vms, stride_vmh, q_ptr.dtype.element_ty, KV_FORMAT, BITS,
                                       j, b, nq, v_res_ptr, stride_rb, stride_rr, stride_rh, False,
+                                      blk0, start, d_ok, BLOCK_SIZE,
                                       KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
-                                      BLOCK_N, HW_FP8)  # fmt: skip
+                                      BLOCK_N, HW_FP8, bt_ptr + b * stride_bt, s_hi, OAKEN_NBT)  # fmt: skip
                     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
                 m_i = m_new
 
@@ -454,11 +520,18 @@ def default_config(head_dim: int, elem_bytes: int, kv_format: int = KV_FORMAT_PL
         cfg["BLOCK_N"] > 16 and cfg["num_stages"] * 2 * cfg["BLOCK_N"] * dp * elem_bytes > DEFAULT_SMEM_BUDGET
     ):
         cfg["BLOCK_N"] //= 2
-    gathered = kv_format in (KV_FORMAT_MIXED, KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) or (
-        kv_format == KV_FORMAT_INT and bits < 8 and not reads_words(kv_format, bits, head_dim)
+    oaken = kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE)
+    gathered = kv_format == KV_FORMAT_MIXED or (
+        (kv_format == KV_FORMAT_INT or oaken) and bits < 8 and not reads_words(kv_format, bits, head_dim)
     )
     if gathered:  # sub-byte codes read by byte gather
         cfg["BLOCK_N"] = max(16, min(cfg["BLOCK_N"], SUBBYTE_TILE_ELEMS // dp))
+    elif oaken:
+        # Compiled for sm_90 (bf16, head_dim 128, INT4 words, block size 32): the offline variant spills at
+        # 64 x 128 on 8 warps (52 B) and takes 242 registers at 32 x 128 on 4, 198 on 8 (the online one 190 at
+        # 64 on 8, 231 at 32 on 4). Untimed. A tile as wide as the block scans each block's outlier slots once
+        # (16 wide scans them twice).
+        cfg["BLOCK_N"], cfg["num_warps"] = min(cfg["BLOCK_N"], 32), 8
     if kv_format == KV_FORMAT_KIVI:
         # Measured on an H200 at batch 16: 16 x 128 tiles on 2 warps were the fastest config tried in three
         # tuning passes (context 4k: 2.2x the old 32 x 128 / 4-warp default; 32k: 6.1 ms against 10.4 at
@@ -473,11 +546,25 @@ def default_config(head_dim: int, elem_bytes: int, kv_format: int = KV_FORMAT_PL
 
 
 def reads_words(kv_format: int, bits: int, head_dim: int) -> bool:
-    """True when the kernel reads this cache's packed sub-byte codes as int32 words (`_load_codes`): the INT
-    and KIVI formats below 8 bits whose code rows are whole words. Measured on an H200 (batch 16, context
-    32k): INT4 3.40 -> 1.23 ms, KIVI INT4 21.5 -> 11.1 ms. Not Oaken: its outlier loop over the unpacked tile
-    went from 53 to 358 ms (the reshaped tile's layout is converted in every iteration of that loop)."""
-    return kv_format in (KV_FORMAT_INT, KV_FORMAT_KIVI) and bits < 8 and (head_dim * bits) % 32 == 0
+    """True when the kernel reads this cache's packed sub-byte codes as int32 words (`_load_codes`): the INT,
+    KIVI and Oaken formats below 8 bits whose code rows are whole words (not mixed chunks: their width varies
+    per block). Measured on an H200 (batch 16, context 32k): INT4 3.40 -> 1.23 ms, KIVI INT4 21.5 -> 11.1 ms.
+    Oaken went from 53 to 358 ms with the old per-slot outlier loop, which converted the unpacked tile's
+    layout in every iteration; the outliers now come from two tl.dot per slot chunk and meet the tile once
+    (untimed since)."""
+    words_formats = (KV_FORMAT_INT, KV_FORMAT_KIVI, KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE)
+    return kv_format in words_formats and bits < 8 and (head_dim * bits) % 32 == 0
+
+
+# INT8 codes may be read as int32 words too (config key "WORDS8", default off, a tuning parameter): compiled
+# for sm_90 the byte tile loads with 8-byte cp.async and the word tile with 16-byte ones, at the cost of a shift
+# and a mask per element; which is faster is for a GPU to measure.
+
+
+def mixed_reads_words(kv_format: int, head_dim: int, block_size: int, block_n: int) -> bool:
+    """True when a mixed-precision launch reads its codes as int32 words: every tile lies in one block (one
+    width), and rows of every width (8, 4, 2 bits) are whole words."""
+    return kv_format == KV_FORMAT_MIXED and head_dim % 16 == 0 and block_size % block_n == 0
 
 
 def table_op(kv_format: int = KV_FORMAT_PLAIN, bits: int = 16) -> str:
@@ -522,6 +609,15 @@ def tree_config(cfg: dict) -> dict:
     bn = min(cfg["BLOCK_N"], TREE_MAX_BLOCK_N)
     warps = max(cfg["num_warps"], TREE_MIN_WARPS) if bn >= TREE_MAX_BLOCK_N else cfg["num_warps"]
     return {**cfg, "BLOCK_N": bn, "num_warps": warps}
+
+
+def tile_blocks(block_n: int, block_size: int) -> int:
+    """Most cache blocks one BLOCK_N-token tile can touch; tiles start at multiples of BLOCK_N."""
+    if block_size % block_n == 0:
+        return 1
+    if block_n % block_size == 0:
+        return block_n // block_size
+    return -(-(block_n - 1) // block_size) + 1
 
 
 def dim_pad(head_dim: int) -> int:
@@ -603,6 +699,7 @@ def paged_attention_triton(
     else:
         kg, kgv, kr = 1, 1, 0
         res = (context_lens, context_lens, 0, 0, 0)
+    cap = oaken[0].shape[2] if oaken is not None else 0
     on_gpu = q.device.type == "cuda" and not interpreter_enabled()
     gpad, bq = rows_layout(group, cfg["BLOCK_M"], is_decode, on_gpu)
     dpad = dim_pad(dim)
@@ -621,7 +718,11 @@ def paged_attention_triton(
     dummy = context_lens
     lse_t = lse if lse is not None else out
     # Sub-byte per-token codes whose rows are whole int32 words are read as words (`_load_code_tile`).
-    words = reads_words(kv_format, bits, dim)
+    words = (
+        reads_words(kv_format, bits, dim)
+        or mixed_reads_words(kv_format, dim, bs, cfg["BLOCK_N"])
+        or (kv_format == KV_FORMAT_INT and bits == 8 and dim % 4 == 0 and bool(cfg.get("WORDS8", 0)))
+    )
     if words:
         k_cache, v_cache = k_cache.view(torch.int32), v_cache.view(torch.int32)
     _paged_attn_kernel[(programs, hkv, s)](
@@ -646,7 +747,7 @@ def paged_attention_triton(
         IS_DECODE=is_decode, MASK_MODE=MASK_TREE if tree_mask is not None else MASK_CAUSAL,
         HAS_ALIBI=alibi_slopes is not None, HAS_SOFTCAP=bool(softcap), HAS_WINDOW=bool(window),
         WRITE_LSE=lse is not None and s == 1, KV_FORMAT=kv_format, BITS=bits,
-        KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=oaken[0].shape[2] if oaken is not None else 0, WORDS=words,
+        KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=cap, OAKEN_NBT=tile_blocks(cfg["BLOCK_N"], bs), WORDS=words,
         HW_FP8=kv_format == KV_FORMAT_FP8 and on_gpu and torch.cuda.get_device_capability(q.device) >= (8, 9),
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],

@@ -132,3 +132,11 @@ def test_a_wrong_quantizer_output_fails_the_check():
     out[1, 7] -= 1
     inputs["s"][2] = float("nan")
     assert rel_error(checked_output(op, inputs, out), ref) == math.inf
+
+
+def test_int8_kv_decode_tunes_the_word_read_on_gpus_only():
+    shape = dict(M=4, q_heads=8, kv_heads=2, head_dim=64, block_size=16, ctx=512)
+    int8, int4 = get_op("paged_attention_int8"), get_op("paged_attention_int4")
+    assert int8.space(shape, torch.float16, True).params["WORDS8"] == [0, 1]
+    assert "WORDS8" not in int8.space(shape, torch.float16, False).params  # the interpreter: no timing
+    assert "WORDS8" not in int4.space(shape, torch.float16, True).params  # sub-byte codes are words already

@@ -62,7 +62,8 @@ def test_ptx_census_counts_each_instruction_kind():
     @%p1 ld.global.nc.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd2 + 0 ];
     ld.global.b32 %r6, [ %rd3 + 0 ];
     """
-    assert ptx_census(ptx) == {"wgmma": 1, "mma_sync": 1, "cp_async": 2, "tma": 1, "ld_global_v4": 2}
+    want = {"wgmma": 1, "mma_sync": 1, "cp_async": 2, "tma": 1, "ld_global_v4": 2, "ld_global": 3}
+    assert ptx_census(ptx) == want
 
 
 def test_problems_name_each_limit():
@@ -232,8 +233,9 @@ print("ok")
 
 def test_untuned_defaults_neither_spill_nor_overflow_shared_memory():
     """Regressions the lowering report found: sub-byte KV decode spilled at BLOCK_N 64 on sm_90 (1.2 KB per
-    thread for INT4), W8A8's 128 x 128 x 128 default needed 180 KB of shared memory (over the A100's
-    163 KiB) and the tiled weight-only default 115 KB (over sm_89's 99 KiB)."""
+    thread for INT4), and so did Oaken's offline variant at 64 x 128 (52 B); W8A8's 128 x 128 x 128 default
+    needed 180 KB of shared memory (over the A100's 163 KiB) and the tiled weight-only default 115 KB (over
+    sm_89's 99 KiB). KIVI gathered its scales per element."""
     code = (
         _PRELUDE
         + """
@@ -258,7 +260,20 @@ with compile_only(90, "NVIDIA H200") as t, use_backend("triton"):
     tree_attention(torch.zeros(4 * 64, 32, 128, dtype=torch.bfloat16), kv, kv, bt, tree, check_data=False)
 (tl_,) = [l for l in t.launches if l.kernel == "_paged_attn_kernel"]
 assert (tl_.constexprs["BLOCK_N"], tl_.num_warps) == (64, 8), (tl_.constexprs["BLOCK_N"], tl_.num_warps)
-for l in [*s.launches, tl_]:
+# KIVI reads its per-channel key scales once per tile and its value scales once per group, not once per
+# element: the bench shape's kernel had 139 global loads in its PTX with the per-element gather (20x slower
+# than the bf16 cache on an H200), 48 without (80 here: G = 16, eight value groups per token).
+(kv_,) = [l for l in s.launches if l.constexprs.get("KV_FORMAT") == pt.KV_FORMAT_KIVI]
+assert kv_.ptx_ops["ld_global"] <= 100, kv_.ptx_ops
+# Oaken's offline variant (8-bit metadata on a per-head grid) at its default: 64 x 128 spilled 52 B.
+from codesign.kernels.kv_quant_oaken import OakenPagedKV, oaken_attention
+thr = torch.tensor([[-1.0, 1.0]] * 8).expand(2, 8, 2).contiguous()
+grid = torch.tensor([[-2.0, 0.0625]] * 8).expand(2, 8, 2).contiguous()
+with compile_only(90, "NVIDIA H200") as o:
+    cache = OakenPagedKV.empty(4, 32, 8, 128, 4, thr, 4, "cpu", grid=grid)
+    oaken_attention(torch.zeros(16, 32, 128, dtype=torch.bfloat16), cache, torch.zeros(16, 64, dtype=torch.int32),
+                    torch.full((16,), 2048, dtype=torch.int32), check_data=False)
+for l in [*s.launches, tl_, *o.launches]:
     assert l.problems() == [], (l.kernel, l.constexprs.get("BLOCK_N"), l.problems())
 for arch, gpu, opname, kind, shp in ((80, "NVIDIA A100-SXM4-80GB", "w8a8_gemm", "scaled_mm", dict(M=256, N=512, K=512)),
                                      (89, "NVIDIA L40S", "w4a16_gemm", "tiled", dict(M=256, N=512, K=512, G=128))):

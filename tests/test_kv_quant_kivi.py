@@ -25,22 +25,22 @@ from codesign.specs import CodesignError
 G, R, BS, H, D = 4, 4, 8, 2, 16
 
 
-def _setup(ctx, bits=4, chunks=(5, 1, 100), share=False):
+def _setup(ctx, bits=4, chunks=(5, 1, 100), share=False, g=G, r=R, bs=BS, d=D):
     """Sequences of fp16 K/V appended in chunks; with `share`, sequence 1 starts with sequence 0's first block."""
-    bt, nb = shuffled_block_tables(ctx, BS)
-    cache = KiviPagedKV.empty(nb, BS, H, D, bits, G, R, len(ctx))
+    bt, nb = shuffled_block_tables(ctx, bs)
+    cache = KiviPagedKV.empty(nb, bs, H, d, bits, g, r, len(ctx))
     cache.k_codes.random_(0, 256)  # poison what no append writes
     cache.k_meta.fill_(float("nan"))
     cache.v_meta.fill_(float("nan"))
     cache.k_res.fill_(float("nan"))
     ks, vs = [], []
     for b, c in enumerate(ctx):
-        k = torch.randn(c, H, D).half()
+        k = torch.randn(c, H, d).half()
         k[:, :, 3] *= 8  # a channel outlier, as in real keys
-        v = torch.randn(c, H, D).half()
+        v = torch.randn(c, H, d).half()
         if share and b == 1:
             bt[1, 0] = bt[0, 0]
-            k[:BS], v[:BS] = ks[0][:BS], vs[0][:BS]
+            k[:bs], v[:bs] = ks[0][:bs], vs[0][:bs]
         t = 0
         for n in chunks:
             n = min(n, c - t)
@@ -53,16 +53,16 @@ def _setup(ctx, bits=4, chunks=(5, 1, 100), share=False):
     return cache, bt, torch.tensor(ctx, dtype=torch.int32), ks, vs
 
 
-def _ref(q, cache, ks, vs, q_lens, parents=None):
+def _ref(q, cache, ks, vs, q_lens, parents=None, window=None):
     """fp64 reference, per sequence over its dense KIVI round trip (kv_quant.kivi_fake_quant) in a
     one-block cache: a shared block can hold codes for one sequence and ring tokens for another."""
     outs, lses, t0 = [], [], 0
     for b, (k, v) in enumerate(zip(ks, vs)):
-        kh, vh = kvq.kivi_fake_quant(k.float(), v.float(), cache.bits, G, R)
+        kh, vh = kvq.kivi_fake_quant(k.float(), v.float(), cache.bits, cache.group, cache.residual)
         n, ql = k.shape[0], q_lens[b]
         o, lse = reference_attention(
             q[t0 : t0 + ql], kh[None].double(), vh[None].double(), torch.zeros(1, 1, dtype=torch.int32),
-            torch.tensor([n]), [ql], parents=None if parents is None else [parents[b]],
+            torch.tensor([n]), [ql], parents=None if parents is None else [parents[b]], window=window,
         )  # fmt: skip
         outs.append(o)
         lses.append(lse)
@@ -90,6 +90,28 @@ def test_decode_kernel_vs_fp64(splits):
     ref, _ = _ref(q, cache, ks, vs, [1] * len(ctx))
     assert_rel_close(out, ref, 2e-6, "kivi decode")
     assert_rel_close(kivi_decode_attention(q, cache, bt, cl), ref, 2e-6, "kivi decode (torch)")
+
+
+@pytest.mark.parametrize("g, r, bs, d", [(16, 8, 32, 32), (32, 0, 32, 64)])
+@pytest.mark.parametrize("window", [None, 21, 40])
+def test_group_tiles_kernel_vs_fp64(g, r, bs, d, window):
+    """Groups of at least the kernel's 16-token tile: each tile reads one row of per-channel key metadata
+    (one group, or half of one at G = 32) and is all codes or all ring; value groups of 16 (two per token at
+    D = 32) and of 32 (at D = 64). Tiles start at multiples of 16 under a window too."""
+    ctx = [2 * g + r - 1, 2 * g + r, 2 * g + r + 1, 5 * g + 3]
+    cache, bt, cl, ks, vs = _setup(ctx, chunks=(g + 3, 1, 1000), share=True, g=g, r=r, bs=bs, d=d)
+    q = torch.randn(len(ctx), 2 * H, d)
+    ref, _ = _ref(q, cache, ks, vs, [1] * len(ctx), window=window)
+    for splits in (1, 3):
+        with use_backend("triton"):
+            out = kivi_decode_attention(q, cache, bt, cl, num_splits=splits, window=window)
+        assert_rel_close(out, ref, 2e-6, f"kivi decode G={g} splits={splits}")
+    qe = torch.randn(9, 2 * H, d)
+    cu = torch.tensor([0, 2, 4, 7, 9], dtype=torch.int32)
+    with use_backend("triton"):
+        out = kivi_extend_attention(qe, cache, bt, cl, cu, num_splits=1, window=window)
+    ref, _ = _ref(qe, cache, ks, vs, [2, 2, 3, 2], window=window)
+    assert_rel_close(out, ref, 2e-6, f"kivi extend G={g}")
 
 
 def test_extend_and_tree_kernel_vs_fp64():

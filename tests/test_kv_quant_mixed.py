@@ -12,6 +12,7 @@ from paged_attention_ref import reference_attention
 
 from codesign.accel_model import kv_quant_engine as eng
 from codesign.backend import use_backend
+from codesign.kernels import paged_attention_triton as pat
 from codesign.kernels.kv_quant_mixed import MixedPagedKV, cocktail_bits, mixed_attention, mixed_write
 from codesign.kernels.tree_attention import build_tree_batch
 from codesign.specs import CodesignError
@@ -33,19 +34,19 @@ def test_cocktail_policy_ranks_chunks_by_query_similarity():
         cocktail_bits(q, chunks, 0.7, 0.7)
 
 
-def _setup(ctx):
-    tables, nb = shuffled_block_tables(ctx, BS)
-    cache = MixedPagedKV.empty(nb, BS, H, D)
+def _setup(ctx, bs=BS, d=D):
+    tables, nb = shuffled_block_tables(ctx, bs)
+    cache = MixedPagedKV.empty(nb, bs, H, d)
     cache.k_codes.random_(0, 256)
     cache.k_meta.fill_(float("nan"))  # poison: unused slots
     cache.v_meta.fill_(float("nan"))
     slots, ks, vs = [], [], []
     for b, c in enumerate(ctx):
-        k, v = torch.randn(c, H, D), torch.randn(c, H, D)
-        q_recent = torch.randn(2, 2 * H, D)
-        chunks = [k[i : i + BS] for i in range(0, c, BS)]
+        k, v = torch.randn(c, H, d), torch.randn(c, H, d)
+        q_recent = torch.randn(2, 2 * H, d)
+        chunks = [k[i : i + bs] for i in range(0, c, bs)]
         cache.set_block_bits(tables[b, : len(chunks)].tolist(), cocktail_bits(q_recent, chunks, 1 / 3, 1 / 3))
-        slots += seq_slots(tables, b, c, BS).tolist()
+        slots += seq_slots(tables, b, c, bs).tolist()
         ks.append(k)
         vs.append(v)
     k, v = torch.cat(ks), torch.cat(vs)
@@ -60,8 +61,9 @@ def _engine_dequant(cache):
     out = []
     for codes, meta in ((cache.k_codes, cache.k_meta), (cache.v_codes, cache.v_meta)):
         x = torch.full(codes.shape, float("nan"), dtype=torch.float64)
+        d = codes.shape[-1]
         for blk, b in enumerate(cache.block_bits.tolist()):
-            c = eng.unpack_codes(codes[blk, ..., : D * b // 8].numpy(), b)
+            c = eng.unpack_codes(codes[blk, ..., : d * b // 8].numpy(), b)
             m = meta[blk].float().numpy()
             x[blk] = torch.from_numpy(eng.dequantize(c, m[..., 0], m[..., 1])).double()
         out.append(x)
@@ -103,6 +105,31 @@ def test_decode_and_extend_over_mixed_blocks(splits):
     with use_backend("triton"):
         oe = mixed_attention(qe, cache, bt, cl, cu, num_splits=splits)
     ref_e, _ = reference_attention(qe, kd, vd, bt, cl, [2, 1, 3])
+    assert_rel_close(oe, ref_e, 2e-6, "mixed extend")
+
+
+@pytest.mark.parametrize("bs, d", [(32, 64), (64, 48)])
+def test_whole_block_tiles_read_words(bs, d):
+    """Blocks a multiple of the default tile (32 tokens at these head sizes): each tile has one width and
+    reads its codes as int32 words (`mixed_reads_words`); all three widths in one launch, decode with splits
+    and extend; head_dim 48 pads the tile (three 2-bit words a row)."""
+    tile = pat.default_config(d, 4, pat.KV_FORMAT_MIXED, 8)["BLOCK_N"]
+    assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile)
+    ctx = [5 * bs + 3, 2 * bs, 3 * bs - 1, 7]
+    cache, bt, cl, k, v, slots = _setup(ctx, bs, d)
+    assert len(set(cache.block_bits[bt[0, :5]].tolist())) >= 2
+    kd, vd = _engine_dequant(cache)
+    q = torch.randn(len(ctx), 2 * H, d)
+    ref, _ = reference_attention(q, kd, vd, bt, cl, [1] * len(ctx))
+    for splits in (1, 3):
+        with use_backend("triton"):
+            out = mixed_attention(q, cache, bt, cl, num_splits=splits)
+        assert_rel_close(out, ref, 2e-6, f"mixed decode bs={bs} splits={splits}")
+    qe = torch.randn(9, 2 * H, d)
+    cu = torch.tensor([0, 3, 5, 8, 9], dtype=torch.int32)
+    with use_backend("triton"):
+        oe = mixed_attention(qe, cache, bt, cl, cu, num_splits=1)
+    ref_e, _ = reference_attention(qe, kd, vd, bt, cl, [3, 2, 3, 1])
     assert_rel_close(oe, ref_e, 2e-6, "mixed extend")
 
 

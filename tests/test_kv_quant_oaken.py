@@ -19,32 +19,33 @@ from codesign.specs import CodesignError
 BS, H, D, CAP = 4, 2, 16, 3
 
 
-def _setup(ctx, bits=4):
-    bt, nb = shuffled_block_tables(ctx, BS)
+def _setup(ctx, bits=4, bs=BS, cap=CAP, spikes=(5,)):
+    bt, nb = shuffled_block_tables(ctx, bs)
     xs = [(torch.randn(c, H, D), torch.randn(c, H, D)) for c in ctx]
     for k, _ in xs:
-        k[:, :, 5] *= 6  # a channel outlier: more outliers than slots in some blocks
+        k[:, :, list(spikes)] *= 6  # channel outliers: more outliers than slots in some blocks
     thr = kvq.calibrate_kv_thresholds([(torch.cat([k for k, _ in xs]), torch.cat([v for _, v in xs]))], 0.05)[
         0
     ]
-    cache = OakenPagedKV.empty(nb, BS, H, D, bits, thr, CAP)
+    cache = OakenPagedKV.empty(nb, bs, H, D, bits, thr, cap)
     cache.k_meta.fill_(float("nan"))  # poison the slots nothing writes
     cache.v_meta.fill_(float("nan"))
     for b, (k, v) in enumerate(xs):  # token by token, sequences interleaved in one call
-        cache.write(k, v, seq_slots(bt, b, k.shape[0], BS))
+        cache.write(k, v, seq_slots(bt, b, k.shape[0], bs))
     return cache, bt, torch.tensor(ctx, dtype=torch.int32), xs, thr
 
 
 def _reference_pool(cache, bt, xs, thr, bits):
     """fp64 pool from the block reference; also the total overflow it reports."""
-    kd = torch.full((cache.k_codes.shape[0], BS, H, D), float("nan"), dtype=torch.float64)
+    bs, cap = cache.k_codes.shape[1], cache.capacity
+    kd = torch.full((cache.k_codes.shape[0], bs, H, D), float("nan"), dtype=torch.float64)
     vd = kd.clone()
     over = 0
     for b, (k, v) in enumerate(xs):
-        for s in range(0, k.shape[0], BS):
-            blk = int(bt[b, s // BS])
+        for s in range(0, k.shape[0], bs):
+            blk = int(bt[b, s // bs])
             for x, pool, t in ((k, kd, thr[0]), (v, vd, thr[1])):
-                qb = kvq.oaken_quantize_block(x[s : s + BS], bits, t, CAP)
+                qb = kvq.oaken_quantize_block(x[s : s + bs], bits, t, cap)
                 pool[blk, : qb.codes.shape[0]] = kvq.oaken_dequantize_block(qb).double()
                 over += int(qb.overflow.sum())
     return kd, vd, over
@@ -77,6 +78,22 @@ def test_kernel_vs_fp64(splits):
         oe = oaken_attention(qe, cache, bt, cl, cu, num_splits=splits)
     ref_e, _ = reference_attention(qe, kd, vd, bt, cl, [3, 0, 2])
     assert_rel_close(oe, ref_e, 2e-6, "oaken extend")
+
+
+@pytest.mark.parametrize("bs, cap", [(32, 40), (24, 20), (8, 12)])
+def test_kernel_outlier_chunks_vs_fp64(bs, cap):
+    """The kernel scatters outlier slots into each tile in chunks of 16: blocks larger than the 16-token
+    tile (32), straddling tiles (24: a tile can touch two blocks), several blocks per tile (8); capacities over
+    one chunk, full blocks (the outlier channel overflows them) and short last blocks (empty later chunks)."""
+    cache, bt, cl, xs, thr = _setup([70, 33, 20, 50], bs=bs, cap=cap, spikes=(5, 9, 12))
+    assert int(cache.k_count.max()) > (8 if bs == 8 else 16)  # later 16-slot chunks are in use
+    kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+    q = torch.randn(4, 2 * H, D)
+    ref, _ = reference_attention(q, kd, vd, bt, cl, [1] * 4)
+    for splits in (1, 3):
+        with use_backend("triton"):
+            out = oaken_attention(q, cache, bt, cl, num_splits=splits)
+        assert_rel_close(out, ref, 2e-6, f"oaken decode bs={bs} cap={cap} splits={splits}")
 
 
 def test_tree_kernel_vs_fp64():

@@ -12,6 +12,7 @@ from helpers import assert_rel_close, rel_fro_error
 from paged_attention_ref import make_paged_kv, reference_attention
 
 from codesign.accel_model import kv_quant_engine as eng
+from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
 from codesign.kernels import kv_quant as kvq
 from codesign.kernels.kv_quant_paged import (
@@ -117,6 +118,23 @@ def test_decode_fused_dequant_vs_fp64(fmt, splits):
     assert_rel_close(out, ref, 2e-6, f"{fmt} decode")
     # The CPU torch path agrees too.
     assert_rel_close(kvq_decode_attention(q, cache, bt, cl), ref, 2e-6, f"{fmt} decode (torch)")
+
+
+def test_int8_read_as_words_is_the_same_attention():
+    """WORDS8 (a tuning parameter, default off) reads INT8 codes as int32 words: the same codes, the same
+    sums, so the output is identical to the byte path's, and right against fp64 (head_dim 24: 6 words)."""
+    h, g, d, bs = 2, 3, 24, 4
+    ctx = [13, 9, 1]
+    cache, bt, cl, *_ = _build("int8", ctx, h, d, bs, share=2)
+    q = torch.randn(len(ctx), h * g, d)
+    outs = []
+    for words in (0, 1):
+        with use_backend("triton"), forced_config("paged_attention_int8", {"WORDS8": words}):
+            outs.append(kvq_decode_attention(q, cache, bt, cl, num_splits=2))
+    assert torch.equal(outs[0], outs[1])
+    kd, vd = _dequant_ref(cache)
+    ref, _ = reference_attention(q, kd, vd, bt, cl, [1] * len(ctx))
+    assert_rel_close(outs[1], ref, 2e-6, "int8 words decode")
 
 
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])
@@ -282,8 +300,8 @@ def test_opcheck(backend):
         mc = MixedPagedKV.empty(4, 4, 1, 16)
         mc.set_block_bits([0, 1, 2, 3], [8, 4, 2, 4])
         mt = (mc.k_codes, mc.v_codes, mc.k_meta, mc.v_meta, mc.block_bits)
-        torch.library.opcheck(_attn_mixed_op, (q, *mt, bt, cl, cu, None, None, None, 0.25, 1, False))
+        torch.library.opcheck(_attn_mixed_op, (q, *mt, bt, cl, cu, *args))
         oc = OakenPagedKV.empty(4, 4, 1, 16, 4, torch.tensor([[[-1.0, 1.0]], [[-1.0, 1.0]]]), 2)
         oc.write(key * 2, key * 2, slots)
         ot = (oc.k_codes, oc.v_codes, oc.k_meta, oc.v_meta, oc.k_out, oc.v_out)
-        torch.library.opcheck(_attn_oaken_op, (q, *ot, bt, cl, cu, None, None, None, 0.25, 1, False, 4))
+        torch.library.opcheck(_attn_oaken_op, (q, *ot, bt, cl, cu, *args, 4))

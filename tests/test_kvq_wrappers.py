@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import seq_slots, shuffled_block_tables
+from helpers import assert_rel_close, seq_slots, shuffled_block_tables
 
 from codesign.backend import use_backend
 from codesign.kernels import kv_quant as kvq
@@ -155,12 +155,29 @@ def test_lse_and_features_per_cache_type():
     out, lse = w.run(q, c4, return_lse=True)
     ref, ref_lse = kvq_decode_attention(q, c4, bt, cl, window=3, softcap=20.0, return_lse=True)
     assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
-    co = _cache("oaken", nb, bt, slots)
-    with pytest.raises(CodesignError, match="no alibi_slopes, window or softcap"):
-        w.plan(co, bt, cl, HQ, window=3, q_dtype=torch.float32)
-    w.plan(co, bt, cl, HQ, q_dtype=torch.float32)
-    with pytest.raises(CodesignError, match="no lse"):
-        w.run(q, co, return_lse=True)
+
+
+
+@pytest.mark.parametrize("kind", ["oaken", "oaken_offline", "mixed"])
+def test_oaken_and_mixed_take_every_feature(kind):
+    """ALiBi, a window, softcap and lse over Oaken and mixed caches: the Triton kernel (wrapper and entry point,
+    bit-identical) against the op's torch path over the dequantized cache."""
+    nb, bt, cl, slots = _tables(CTX)
+    q = torch.randn(len(CTX), HQ, D)
+    cache = _cache(kind, nb, bt, slots)
+    entry = mixed_attention if kind == "mixed" else oaken_attention
+    feats = dict(window=5, softcap=20.0, alibi_slopes=torch.rand(HQ) * 0.5)
+    w = PagedDecodeWrapper()
+    with use_backend("triton"):
+        w.plan(cache, bt, cl, HQ, q_dtype=torch.float32, num_splits=2, **feats)
+        out, lse = w.run(q, cache, return_lse=True)
+        f_out, f_lse = entry(q, cache, bt, cl, num_splits=2, return_lse=True, **feats)
+    assert torch.equal(out, f_out) and torch.equal(lse, f_lse)
+    ref, ref_lse = entry(q, cache, bt, cl, return_lse=True, **feats)  # CPU tensors: the torch path
+    assert_rel_close(out, ref, 2e-6, f"{kind} decode with features")
+    assert_rel_close(lse, ref_lse, 2e-6, f"{kind} lse")
+    plain = entry(q, cache, bt, cl)
+    assert not torch.allclose(plain, ref)  # the features changed the answer
 
 
 def test_run_refuses_mismatched_caches():
