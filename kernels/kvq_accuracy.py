@@ -184,6 +184,33 @@ def _clip_search_int4(
     return best
 
 
+def _unit_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(u, lo, span): x mapped per token (last dim) onto [0, 1] by its min and max, lo and span in fp16."""
+    lo = x.amin(-1, keepdim=True).half().float()
+    span = (x.amax(-1, keepdim=True) - lo).half().float()
+    return ((x - lo) / torch.where(span > 0, span, 1.0)).clamp(0, 1), lo, span
+
+
+def _lloyd_levels(u: torch.Tensor, n: int = 16, iters: int = 25) -> torch.Tensor:
+    """n reconstruction levels for samples u in [0, 1] by Lloyd's algorithm (1-D k-means) from the uniform grid
+    (never a larger squared error on u than that grid: each step lowers it or keeps it)."""
+    u = u.flatten().double()
+    levels = torch.linspace(0, 1, n, dtype=torch.float64)
+    for _ in range(iters):
+        idx = (u[:, None] - levels[None, :]).abs().argmin(1)
+        sums = torch.zeros(n, dtype=torch.float64).index_add_(0, idx, u)
+        cnt = torch.bincount(idx, minlength=n).double()
+        levels = torch.where(cnt > 0, sums / cnt.clamp_min(1), levels)
+    return levels.sort().values
+
+
+def _nuq_per_token(x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """Per-token non-uniform round trip: each element to the nearest of `levels` on its token's [min, max]."""
+    u, lo, span = _unit_per_token(x)
+    idx = (u[..., None].double() - levels).abs().argmin(-1)
+    return levels[idx].float() * span + lo
+
+
 def int4_study_formats(calib: list[Layer]) -> dict[str, tuple[Callable, float]]:
     """INT4 settings around the 5 % target (README): per-token groups along head_dim, KIVI's key group G,
     residual R and value group GV, and K/V at different widths. Bits count every scale and zero."""
@@ -217,6 +244,13 @@ def int4_study_formats(calib: list[Layer]) -> dict[str, tuple[Callable, float]]:
     )
     out["int4-per_token MSE clip"] = (
         lambda i, k, v: (_clip_search_int4(k), _clip_search_int4(v), 0),
+        4 + 32 / d,
+    )
+    # Non-uniform 4-bit levels (KVQuant's NUQ idea): 16 levels per layer for K and for V, fitted by Lloyd's
+    # algorithm on the calibration text's per-token-normalised values (16 x 2 fp16 per layer: no bits/element).
+    lv = [(_lloyd_levels(_unit_per_token(k)[0]), _lloyd_levels(_unit_per_token(v)[0])) for _, k, v in calib]
+    out["int4-per_token non-uniform (Lloyd levels, calib)"] = (
+        lambda i, k, v: (_nuq_per_token(k, lv[i][0]), _nuq_per_token(v, lv[i][1]), 0),
         4 + 32 / d,
     )
     for g, gv, r in ((32, 32, 0), (64, 32, 0), (128, 32, 0), (16, 16, 0), (32, 16, 0), (32, 8, 0),

@@ -110,8 +110,19 @@ def test_int4_study_remedies_are_exact_transforms_and_never_worse_per_token():
     plain = ((kvq.fake_quant_per_token(x, 4) - x) ** 2).sum(-1)
     clipped = ((acc._clip_search_int4(x) - x) ** 2).sum(-1)
     assert (clipped <= plain).all() and (clipped < plain).any()
+    # Lloyd's levels start from the uniform grid and never raise the squared error on the data they fit.
+    u = acc._unit_per_token(x)[0].double().flatten()
+    uniform, lloyd = torch.linspace(0, 1, 16, dtype=torch.float64), acc._lloyd_levels(u)
+    assert lloyd[0] >= 0 and lloyd[-1] <= 1 and (lloyd.diff() > 0).all()
+
+    def sq(levels):
+        return float(((u[:, None] - levels).abs().min(1).values ** 2).sum())
+
+    assert sq(lloyd) < sq(uniform)
+    xh = acc._nuq_per_token(x, lloyd)
+    assert xh.shape == x.shape and (xh >= x.amin(-1, keepdim=True) - 1e-2).all()
     with pytest.raises(CodesignError, match="power of two"):
         acc._hadamard(24)
     names = set(acc.int4_study_formats([(q, k, v)]))
     assert {"int4-per_token Hadamard-rotated K, V", "int4-per_token K smoothed (calib mean)",
-            "int4-per_token MSE clip"} <= names  # fmt: skip
+            "int4-per_token MSE clip", "int4-per_token non-uniform (Lloyd levels, calib)"} <= names  # fmt: skip
