@@ -263,6 +263,12 @@ def _kvquant_cases(mods: dict) -> Iterator[Case]:
                 q, OakenPagedKV.empty(nb, bs, hkv, dim, 4, thr, cap, "cpu"), bt, cl, check_data=False
             )
 
+        def oaken_offline(dtype=dtype, thr=thr):  # 8-bit metadata on a per-head grid, 4 slots per block
+            q, bt, cl = q_and_tables(dtype)
+            grid = torch.tensor([[-2.0, 0.0625]] * hkv).expand(2, hkv, 2).contiguous()
+            c = OakenPagedKV.empty(nb, bs, hkv, dim, 4, thr, 4, "cpu", grid=grid)
+            oaken_attention(q, c, bt, cl, check_data=False)
+
         def oaken_write(dtype=dtype, thr=thr, cap=cap):
             c = OakenPagedKV.empty(nb, bs, hkv, dim, 4, thr, cap, "cpu")
             new = torch.zeros(b.BATCH, hkv, dim, dtype=dtype)
@@ -275,6 +281,7 @@ def _kvquant_cases(mods: dict) -> Iterator[Case]:
             mixed_attention(q, c, bt, cl, check_data=False)
 
         yield ("kv_quant", f"decode int4-oaken batch={b.BATCH} ctx={b.CONTEXT} {dn}", oaken)
+        yield ("kv_quant", f"decode int4-oaken-offline batch={b.BATCH} ctx={b.CONTEXT} {dn}", oaken_offline)
         yield ("kv_quant", f"write int4-oaken tokens={b.BATCH} {dn}", oaken_write)
         yield ("kv_quant", f"decode mixed-8/4/4/2 batch={b.BATCH} ctx={b.CONTEXT} {dn}", mixed)
 

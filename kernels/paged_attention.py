@@ -153,8 +153,7 @@ def attention_backend(q: torch.Tensor) -> str:
 # --- launch metadata --------------------------------------------------------------------------------
 class AttnMeta(NamedTuple):
     """One launch's batch metadata and options, in the order every attention op takes them after its
-    cache tensors: `op(q, <cache tensors>, *meta, return_lse, <format scalars>)`; the ops without
-    ALiBi, window, softcap and lse (Oaken, mixed precision) take `*meta.without_features()`."""
+    cache tensors: `op(q, <cache tensors>, *meta, return_lse, <format scalars>)`."""
 
     block_tables: torch.Tensor
     context_lens: torch.Tensor
@@ -168,10 +167,6 @@ class AttnMeta(NamedTuple):
     softcap: float  # 0.0: no soft cap
     num_splits: int
     is_decode: bool
-
-    def without_features(self) -> tuple:
-        """(block_tables, ..., mask_indptr, sm_scale, num_splits, is_decode)."""
-        return (*self[:6], self.sm_scale, self.num_splits, self.is_decode)
 
 
 NO_TREE = (None, None, None)  # tree_args outside tree verification
