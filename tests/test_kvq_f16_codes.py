@@ -1,0 +1,115 @@
+"""fp16 and bf16 queries over the per-token quantized caches (INT8/4/2, mixed chunks) meet the codes in fp16
+products (`paged_attention_triton._codes_f16`, F16_CODES): codes become fp16 by bit patterns, not conversion
+instructions; query rows and each tile's value scales are brought into fp16's range by exact powers of two
+(`_pow2_scale`). Checked in the interpreter against an fp64 reference that dequantizes first, at magnitudes
+fp16 cannot hold unscaled: values of 1e-3 (their scale x p underflowed fp16 before: 0.68 % error, 116 % at
+1e-5) and bf16 queries of 1e6 (fp16's largest is 65504)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from helpers import assert_rel_close, rel_fro_error
+from paged_attention_ref import reference_attention
+from test_kv_quant_paged import _build, _dequant_ref
+
+from codesign.backend import use_backend
+from codesign.kernels import paged_attention as pa
+from codesign.kernels import paged_attention_triton as pat
+from codesign.kernels.kv_quant_paged import kvq_decode_attention, kvq_extend_attention
+
+
+@triton.jit
+def _probe(code_ptr, out16_ptr, amax_ptr, f_ptr, inv_ptr, N: tl.constexpr, M: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out16_ptr + i, pat._codes_f16(tl.load(code_ptr + i)))
+    j = tl.arange(0, M)
+    f, inv = pat._pow2_scale(tl.load(amax_ptr + j), 14)
+    tl.store(f_ptr + j, f)
+    tl.store(inv_ptr + j, inv)
+
+
+def test_codes_f16_exact_and_pow2_scale_exact():
+    codes = torch.arange(1024, dtype=torch.int32)
+    out16 = torch.full((1024,), float("nan"), dtype=torch.float16)
+    amax = torch.tensor([0.0, 1.0, 1.5, 3.0e-40, 6.0e4, 1.0e6, 3.0e38, 2.0**-20, 0.7, 2.0**14, 1e-30, 123.0, 5.0,
+                         2.0**15 - 1, 1e-45, 17.0])  # fmt: skip
+    f = torch.full_like(amax, float("nan"))
+    inv = torch.full_like(amax, float("nan"))
+    with use_backend("triton"):
+        _probe[(1,)](codes, out16, amax, f, inv, N=1024, M=16)
+    assert torch.equal(out16.float(), codes.float())  # every code below 1024, exactly
+    assert torch.equal(f * inv, torch.ones_like(f))  # exact reciprocals
+    assert torch.equal(torch.frexp(f).mantissa, torch.full_like(f, 0.5))  # powers of two
+    normal = (amax >= 2.0**-112) & (amax <= 2.0**140)  # where no clamp applies
+    assert ((amax * f >= 2.0**14) & (amax * f < 2.0**15))[normal].all()
+    assert f[0] == 2.0**126 and (amax * f)[~normal].max() < 2.0**15  # zero and tiny rows: clamped, finite
+
+
+def _case(fmt, v_scale, q_scale, dtype, ctx=(13, 9, 1), h=2, g=3, d=24, bs=4):
+    cache, bt, cl, *_ = _build(fmt, list(ctx), h, d, bs, share=2)
+    cache.v_meta.mul_(v_scale)  # scales and zeros: every dequantized value times v_scale
+    q = (torch.randn(len(ctx), h * g, d) * q_scale).to(dtype)
+    kd, vd = _dequant_ref(cache)
+    return cache, bt, cl, q, kd, vd
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "int2"])
+@pytest.mark.parametrize("v_scale", [1.0, 1e-4])
+def test_fp16_queries_vs_fp64(fmt, v_scale):
+    """Decode (with and without splits) and extend, fp16 queries: the error is fp16 rounding of p and the output
+    (~2e-4), also where values are small (1e-4: p x scale underflowed fp16 before the per-tile scale)."""
+    cache, bt, cl, q, kd, vd = _case(fmt, v_scale, 3.0, torch.float16)
+    ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [1, 1, 1])
+    for splits in (1, 2):
+        with use_backend("triton"):
+            out = kvq_decode_attention(q, cache, bt, cl, num_splits=splits)
+        assert out.dtype == torch.float16
+        assert_rel_close(out.double(), ref, 1e-3, f"{fmt} fp16 decode v_scale={v_scale} splits={splits}")
+    ql = [3, 2, 1]
+    qe = (torch.randn(sum(ql), q.shape[1], q.shape[2]) * 3.0).half()
+    cu = torch.tensor([0, 3, 5, 6], dtype=torch.int32)
+    with use_backend("triton"):
+        oe = kvq_extend_attention(qe, cache, bt, cl, cu, num_splits=1)
+    ref_e, _ = reference_attention(qe.double(), kd, vd, bt, cl, ql)
+    assert_rel_close(oe.double(), ref_e, 1e-3, f"{fmt} fp16 extend v_scale={v_scale}")
+
+
+def test_bf16_queries_beyond_fp16_range(monkeypatch):
+    """bf16 queries of magnitude 1e6 (no fp16 holds them) meet the codes in fp16 after the per-row power of
+    two. The interpreter computes bf16 arithmetic on raw bits, which is why the ops refuse bf16 Triton on CPU;
+    this kernel path converts bf16 queries to fp32 before any arithmetic, so the refusal is lifted here. The
+    interpreter rounds the bf16 output toward zero (a GPU to nearest): the bound is bf16's."""
+    monkeypatch.setattr(pa, "check_backend_dtype", lambda backend, q: None)
+    cache, bt, cl, q, kd, vd = _case("int8", 1.0, 1.0, torch.float32)
+    q = (q * 1e6).bfloat16()
+    scale = 3e-7  # softmax over scores of order 1
+    ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [1, 1, 1], scale=scale)
+    for splits in (1, 2):
+        with use_backend("triton"):
+            out = kvq_decode_attention(q, cache, bt, cl, num_splits=splits, sm_scale=scale)
+        assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+        err = rel_fro_error(out.double(), ref)
+        assert err < 8e-3, f"bf16 1e6 queries: {err:.2e}"
+
+
+@pytest.mark.parametrize("bs, d", [(4, 16), (32, 64)])
+def test_fp16_queries_over_mixed_chunks(bs, d):
+    """Mixed INT8/4/2 chunks in one launch, fp16 queries: byte-gathered rows (block 4) and whole-block word
+    tiles (block 32), small values included."""
+    from test_kv_quant_mixed import H, _engine_dequant, _setup
+
+    from codesign.kernels.kv_quant_mixed import mixed_attention
+
+    ctx = [3 * bs + 1, 2 * bs - 1, 5]
+    cache, bt, cl, *_ = _setup(ctx, bs, d)
+    cache.v_meta.mul_(1e-4)
+    kd, vd = _engine_dequant(cache)
+    q = (torch.randn(len(ctx), 2 * H, d) * 3.0).half()
+    ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [1] * len(ctx))
+    for splits in (1, 3):
+        with use_backend("triton"):
+            out = mixed_attention(q, cache, bt, cl, num_splits=splits)
+        assert_rel_close(out.double(), ref, 1e-3, f"mixed fp16 decode bs={bs} splits={splits}")
