@@ -186,8 +186,8 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
         quant = (j < nq)[:, None]
         qm = kv_m & quant
         code = _load_codes(base, d, j_ok & (j < nq), qm, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
-        # Metadata is loaded at its own size, not per element: a gather of [BLOCK_N, DIM_PAD] scales issues one
-        # scalar load per element (KIVI ran at 0.047x the bf16 cache's speed on an H200).
+        # Metadata (fp16, kept so) is loaded at its own size, not per element: a gather of [BLOCK_N, DIM_PAD]
+        # scales issues one scalar load per element (KIVI ran at 0.047x the bf16 cache's speed on an H200).
         NGV: tl.constexpr = HEAD_DIM // KIVI_GV
         if IS_KEY and KIVI_G % BLOCK_N == 0:
             # The tile lies in one key group of one block (tiles start at multiples of BLOCK_N, KIVI_G divides
@@ -195,30 +195,37 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
             # all codes or all ring (n_q is a multiple of KIVI_G).
             row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G) * stride_ms + kvh * stride_mh
             m1 = d_ok & (d * 0 + nq > j0)  # (a vector compare: the interpreter widens a scalar int1 to int32)
-            sc = tl.load(s_ptr + row0 + d * 2, mask=m1, other=0.0).to(tl.float32)[None, :]
-            zr = tl.load(s_ptr + row0 + d * 2 + 1, mask=m1, other=0.0).to(tl.float32)[None, :]
+            sc = tl.load(s_ptr + row0 + d * 2, mask=m1, other=0.0)[None, :]
+            zr = tl.load(s_ptr + row0 + d * 2 + 1, mask=m1, other=0.0)[None, :]
         elif IS_KEY:  # per channel, one (scale, zero) pair per group of KIVI_G tokens: per row
             mp = s_ptr + (blk * stride_mb + (off // KIVI_G) * stride_ms + kvh * stride_mh)[:, None] + d[None, :] * 2
-            sc = tl.load(mp, mask=qm, other=0.0).to(tl.float32)
-            zr = tl.load(mp + 1, mask=qm, other=0.0).to(tl.float32)
+            sc = tl.load(mp, mask=qm, other=0.0)
+            zr = tl.load(mp + 1, mask=qm, other=0.0)
         elif NGV <= 8:
             # Per token, one pair per KIVI_GV elements of head_dim: NGV [BLOCK_N] loads, spread over columns.
             mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
             rq = j_ok & (j < nq)
-            sc = tl.zeros([BLOCK_N, DIM_PAD], tl.float32)
-            zr = tl.zeros([BLOCK_N, DIM_PAD], tl.float32)
+            sc = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
+            zr = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
             for g in tl.static_range(NGV):
                 in_g = (d // KIVI_GV == g)[None, :]
-                sc = tl.where(in_g, tl.load(mrow + 2 * g, mask=rq, other=0.0).to(tl.float32)[:, None], sc)
-                zr = tl.where(in_g, tl.load(mrow + 2 * g + 1, mask=rq, other=0.0).to(tl.float32)[:, None], zr)
+                sc = tl.where(in_g, tl.load(mrow + 2 * g, mask=rq, other=0.0)[:, None], sc)
+                zr = tl.where(in_g, tl.load(mrow + 2 * g + 1, mask=rq, other=0.0)[:, None], zr)
         else:  # many small value groups: gather per element
             mp = s_ptr + (blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + ((d // KIVI_GV) * 2)[None, :]
-            sc = tl.load(mp, mask=qm, other=0.0).to(tl.float32)
-            zr = tl.load(mp + 1, mask=qm, other=0.0).to(tl.float32)
+            sc = tl.load(mp, mask=qm, other=0.0)
+            zr = tl.load(mp + 1, mask=qm, other=0.0)
         ring = (j % (KIVI_G + KIVI_R)) * stride_rr  # the residual ring row of token j
         rp = r_ptr + b * stride_rb + kvh * stride_rh + ring[:, None] + d[None, :]
-        xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float32)
-        x = tl.where(quant, code.to(tl.float32) * sc + zr, xr)
+        if out_ty == tl.float16:
+            # fp16 codes by bit patterns and one fused multiply-add in fp16 with the stored fp16 (scale, zero):
+            # one rounding (2^-11, finer than the bf16 tiles this replaces) and no per-element conversion (an
+            # int-to-float and a float-to-bf16 cvt each ran at 16 per clock per SM).
+            xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float16)
+            x = tl.where(quant, _codes_f16(code) * sc + zr, xr)
+        else:
+            xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float32)
+            x = tl.where(quant, code.to(tl.float32) * sc.to(tl.float32) + zr.to(tl.float32), xr)
         x = tl.where(kv_m, x, 0.0)
     return x.to(out_ty)
 
@@ -325,7 +332,7 @@ def _paged_attn_kernel(
     HAS_WINDOW: tl.constexpr, WRITE_LSE: tl.constexpr, KV_FORMAT: tl.constexpr, DOT_PREC: tl.constexpr,
     BITS: tl.constexpr = 16, KIVI_G: tl.constexpr = 1, KIVI_GV: tl.constexpr = 1, KIVI_R: tl.constexpr = 0,
     OAKEN_CAP: tl.constexpr = 0, WORDS: tl.constexpr = False, HW_FP8: tl.constexpr = False,
-    OAKEN_NBT: tl.constexpr = 1, F16_CODES: tl.constexpr = False,
+    OAKEN_NBT: tl.constexpr = 1, F16_MMA: tl.constexpr = False,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -382,9 +389,10 @@ def _paged_attn_kernel(
         # Per-token formats factor each row's (scale, zero) out of the products (`_load_code_tile`).
         FACTORED: tl.constexpr = KV_FORMAT == 1 or KV_FORMAT == 4
         q_sum = tl.sum(q.to(tl.float32), 1)  # padded rows and columns load as 0
-        if F16_CODES:
-            # fp16 and bf16 queries meet the codes in fp16 products (`_codes_f16`: codes up to 8 bits are exact
-            # in fp16, not in bf16's significand beyond 8, and fp16 needs no conversion instruction). Each row is
+        if F16_MMA:
+            # fp16 and bf16 queries meet the codes (INT, mixed) or the dequantized tiles (KIVI) in fp16 products
+            # (`_codes_f16`: codes up to 8 bits are exact in fp16, not in bf16's 8-bit significand, and fp16 needs
+            # no conversion instruction; KIVI's fp16 scales dequantize in fp16 arithmetic). Each row is
             # scaled by a power of two putting its largest element in [2^14, 2^15): every bf16 element within
             # 2^-24 of the row's largest is exact in fp16, and none overflows. Scores are scaled back per row.
             qf = q.to(tl.float32)
@@ -427,12 +435,14 @@ def _paged_attn_kernel(
                     s += q_sum[:, None] * kzr[None, :]
                 else:
                     k = _load_kv_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb, stride_ks, stride_kh,
-                                      stride_mb, stride_ms, stride_mh, q_ptr.dtype.element_ty, KV_FORMAT, BITS,
+                                      stride_mb, stride_ms, stride_mh, q_mma.dtype, KV_FORMAT, BITS,
                                       j, b, nq, k_res_ptr, stride_rb, stride_rr, stride_rh, True,
                                       blk0, start, d_ok, BLOCK_SIZE,
                                       KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
                                       BLOCK_N, HW_FP8, bt_ptr + b * stride_bt, s_hi, OAKEN_NBT)  # fmt: skip
-                    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+                    s = tl.dot(q_mma, tl.trans(k), input_precision=DOT_PREC)
+                    if F16_MMA:
+                        s = s * q_unf[:, None]
                 if HAS_SOFTCAP:
                     # c * tanh(x / c) through exp: tanh(y) = 1 - 2 / (exp(2y) + 1), exact at +-inf.
                     y = s * (sm_scale / softcap)
@@ -470,7 +480,7 @@ def _paged_attn_kernel(
                                                    stride_vs, stride_vh, stride_vmb, stride_vms, stride_vmh,
                                                    q_mma.dtype, KV_FORMAT, BITS, bits_ptr, WORDS,
                                                    HEAD_DIM, DIM_PAD, BLOCK_N, blk0)  # fmt: skip
-                    if F16_CODES:
+                    if F16_MMA:
                         # p * sc in fp16 would lose small scales to underflow (V of magnitude 1e-5 gave 116 %
                         # error in fp16): the tile's scales are brought to [1, 2) by a power of two first.
                         v_f, v_unf = _pow2_scale(tl.max(vsc, 0), 0)
@@ -480,7 +490,7 @@ def _paged_attn_kernel(
                     acc = acc * alpha[:, None] + pv + tl.sum(p * vzr[None, :], 1)[:, None]
                 else:
                     v = _load_kv_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb, stride_vs, stride_vh,
-                                      stride_vmb, stride_vms, stride_vmh, q_ptr.dtype.element_ty, KV_FORMAT, BITS,
+                                      stride_vmb, stride_vms, stride_vmh, q_mma.dtype, KV_FORMAT, BITS,
                                       j, b, nq, v_res_ptr, stride_rb, stride_rr, stride_rh, False,
                                       blk0, start, d_ok, BLOCK_SIZE,
                                       KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
@@ -791,7 +801,7 @@ def paged_attention_triton(
         WRITE_LSE=lse is not None and s == 1, KV_FORMAT=kv_format, BITS=bits,
         KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=cap, OAKEN_NBT=tile_blocks(cfg["BLOCK_N"], bs), WORDS=words,
         HW_FP8=kv_format == KV_FORMAT_FP8 and on_gpu and torch.cuda.get_device_capability(q.device) >= (8, 9),
-        F16_CODES=kv_format in (KV_FORMAT_INT, KV_FORMAT_MIXED) and q.dtype != torch.float32,
+        F16_MMA=kv_format in (KV_FORMAT_INT, KV_FORMAT_MIXED, KV_FORMAT_KIVI) and q.dtype != torch.float32,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip

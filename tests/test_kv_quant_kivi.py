@@ -53,7 +53,7 @@ def _setup(ctx, bits=4, chunks=(5, 1, 100), share=False, g=G, r=R, bs=BS, d=D):
     return cache, bt, torch.tensor(ctx, dtype=torch.int32), ks, vs
 
 
-def _ref(q, cache, ks, vs, q_lens, parents=None, window=None):
+def _ref(q, cache, ks, vs, q_lens, parents=None, window=None, scale=None):
     """fp64 reference, per sequence over its dense KIVI round trip (kv_quant.kivi_fake_quant) in a
     one-block cache: a shared block can hold codes for one sequence and ring tokens for another."""
     outs, lses, t0 = [], [], 0
@@ -62,7 +62,7 @@ def _ref(q, cache, ks, vs, q_lens, parents=None, window=None):
         n, ql = k.shape[0], q_lens[b]
         o, lse = reference_attention(
             q[t0 : t0 + ql], kh[None].double(), vh[None].double(), torch.zeros(1, 1, dtype=torch.int32),
-            torch.tensor([n]), [ql], parents=None if parents is None else [parents[b]], window=window,
+            torch.tensor([n]), [ql], parents=None if parents is None else [parents[b]], window=window, scale=scale,
         )  # fmt: skip
         outs.append(o)
         lses.append(lse)

@@ -113,3 +113,36 @@ def test_fp16_queries_over_mixed_chunks(bs, d):
         with use_backend("triton"):
             out = mixed_attention(q, cache, bt, cl, num_splits=splits)
         assert_rel_close(out.double(), ref, 1e-3, f"mixed fp16 decode bs={bs} splits={splits}")
+
+
+@pytest.mark.parametrize("g, r, bs, d", [(4, 4, 8, 16), (16, 8, 32, 32), (32, 0, 32, 64)])
+def test_kivi_fp16_and_bf16_queries(g, r, bs, d, monkeypatch):
+    """KIVI tiles dequantize in fp16 arithmetic (fp16 codes by bit patterns, one fused multiply-add with the
+    stored fp16 scale and zero): per-row key metadata (G = 4), one row per tile (G = 16, 32), value groups of
+    4, 16 and 32, the fp16 residual ring; fp16 queries, and bf16 queries of 1e6 (refusal lifted as above)."""
+    from test_kv_quant_kivi import _ref, _setup
+
+    from codesign.kernels.kv_quant_kivi import kivi_decode_attention, kivi_extend_attention
+
+    monkeypatch.setattr(pa, "check_backend_dtype", lambda backend, q: None)
+    ctx = [2 * g + r - 1, 2 * g + r, 2 * g + r + 1, 5 * g + 3]
+    cache, bt, cl, ks, vs = _setup(ctx, chunks=(g + 3, 1, 1000), share=True, g=g, r=r, bs=bs, d=d)
+    q = torch.randn(len(ctx), 2 * cache.k_codes.shape[2], d) * 3.0
+    ref, _ = _ref(q.half().double(), cache, ks, vs, [1] * len(ctx))
+    for splits in (1, 3):
+        with use_backend("triton"):
+            out = kivi_decode_attention(q.half(), cache, bt, cl, num_splits=splits)
+        assert_rel_close(out.double(), ref, 2e-3, f"kivi fp16 decode G={g} splits={splits}")
+    qe = torch.randn(9, q.shape[1], d).half()
+    cu = torch.tensor([0, 2, 4, 7, 9], dtype=torch.int32)
+    with use_backend("triton"):
+        oe = kivi_extend_attention(qe, cache, bt, cl, cu, num_splits=1)
+    ref_e, _ = _ref(qe.double(), cache, ks, vs, [2, 2, 3, 2])
+    assert_rel_close(oe.double(), ref_e, 2e-3, f"kivi fp16 extend G={g}")
+    qb = (q * 1e6).bfloat16()
+    ref_b, _ = _ref(qb.double(), cache, ks, vs, [1] * len(ctx), scale=1e-7)
+    with use_backend("triton"):
+        ob = kivi_decode_attention(qb, cache, bt, cl, num_splits=2, sm_scale=1e-7)
+    assert torch.isfinite(ob).all()
+    err = rel_fro_error(ob.double(), ref_b)
+    assert err < 8e-3, f"kivi bf16 1e6 queries G={g}: {err:.2e}"
