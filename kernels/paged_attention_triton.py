@@ -201,6 +201,16 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
             mp = s_ptr + (blk * stride_mb + (off // KIVI_G) * stride_ms + kvh * stride_mh)[:, None] + d[None, :] * 2
             sc = tl.load(mp, mask=qm, other=0.0)
             zr = tl.load(mp + 1, mask=qm, other=0.0)
+        elif NGV * KIVI_GV == DIM_PAD and NGV <= 8:
+            # Per token, one pair per KIVI_GV elements of head_dim: a [BLOCK_N, NGV] load, each pair repeated
+            # over its group's columns (a broadcast and an order-keeping reshape: no select per element).
+            gi = tl.arange(0, NGV)
+            mp = (s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + 2 * gi[None, :]
+            rq = (j_ok & (j < nq))[:, None]
+            sc = tl.reshape(tl.broadcast_to(tl.load(mp, mask=rq, other=0.0)[:, :, None], (BLOCK_N, NGV, KIVI_GV)),
+                            (BLOCK_N, DIM_PAD))  # fmt: skip
+            zr = tl.reshape(tl.broadcast_to(tl.load(mp + 1, mask=rq, other=0.0)[:, :, None], (BLOCK_N, NGV, KIVI_GV)),
+                            (BLOCK_N, DIM_PAD))  # fmt: skip
         elif NGV <= 8:
             # Per token, one pair per KIVI_GV elements of head_dim: NGV [BLOCK_N] loads, spread over columns.
             mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh

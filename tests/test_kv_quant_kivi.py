@@ -92,7 +92,7 @@ def test_decode_kernel_vs_fp64(splits):
     assert_rel_close(kivi_decode_attention(q, cache, bt, cl), ref, 2e-6, "kivi decode (torch)")
 
 
-@pytest.mark.parametrize("g, r, bs, d", [(16, 8, 32, 32), (32, 0, 32, 64)])
+@pytest.mark.parametrize("g, r, bs, d", [(16, 8, 32, 32), (32, 0, 32, 64), (8, 4, 16, 24)])
 @pytest.mark.parametrize("window", [None, 21, 40])
 def test_group_tiles_kernel_vs_fp64(g, r, bs, d, window):
     """Groups of at least the kernel's 16-token tile: each tile reads one row of per-channel key metadata

@@ -115,11 +115,12 @@ def test_fp16_queries_over_mixed_chunks(bs, d):
         assert_rel_close(out.double(), ref, 1e-3, f"mixed fp16 decode bs={bs} splits={splits}")
 
 
-@pytest.mark.parametrize("g, r, bs, d", [(4, 4, 8, 16), (16, 8, 32, 32), (32, 0, 32, 64)])
+@pytest.mark.parametrize("g, r, bs, d", [(4, 4, 8, 16), (8, 4, 16, 24), (16, 8, 32, 32), (32, 0, 32, 64)])
 def test_kivi_fp16_and_bf16_queries(g, r, bs, d, monkeypatch):
     """KIVI tiles dequantize in fp16 arithmetic (fp16 codes by bit patterns, one fused multiply-add with the
-    stored fp16 scale and zero): per-row key metadata (G = 4), one row per tile (G = 16, 32), value groups of
-    4, 16 and 32, the fp16 residual ring; fp16 queries, and bf16 queries of 1e6 (refusal lifted as above)."""
+    stored fp16 scale and zero): per-row key metadata (G = 4, 8), one row per tile (G = 16, 32), value groups of
+    4, 16 and 32 (one [BLOCK_N, groups] load spread by a reshape) and of 8 in a padded head of 24 (a select per
+    group), the fp16 residual ring; fp16 queries, and bf16 queries of 1e6 (refusal lifted as above)."""
     from test_kv_quant_kivi import _ref, _setup
 
     from codesign.kernels.kv_quant_kivi import kivi_decode_attention, kivi_extend_attention
