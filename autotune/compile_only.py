@@ -133,6 +133,9 @@ PTX_OPS = {
     # Every global load, any width: dequantizing caches that gather metadata per element issue one per
     # element (a KIVI tile loaded its per-channel scales once per token row).
     "ld_global": r"\bld\.global\b",
+    # Integer-to-float conversions (16 per clock per SM on sm_80/sm_90): one per element of a dequantized tile
+    # bounded the INT8 KV cache near its whole memory time; codes become fp16 by bit patterns instead.
+    "cvt_i2f": r"\bcvt\.rn\.(?:f16|bf16|f32|f64)(?:x2)?\.[us](?:8|16|32|64)\b",
 }
 
 

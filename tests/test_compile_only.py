@@ -61,8 +61,11 @@ def test_ptx_census_counts_each_instruction_kind():
     ld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd1 + 0 ];
     @%p1 ld.global.nc.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd2 + 0 ];
     ld.global.b32 %r6, [ %rd3 + 0 ];
+    cvt.rn.bf16.u32 %rs1, %r7;
+    cvt.rn.f32.s32 %f3, %r8;
+    cvt.f32.bf16 %f4, %rs2;
     """
-    want = {"wgmma": 1, "mma_sync": 1, "cp_async": 2, "tma": 1, "ld_global_v4": 2, "ld_global": 3}
+    want = {"wgmma": 1, "mma_sync": 1, "cp_async": 2, "tma": 1, "ld_global_v4": 2, "ld_global": 3, "cvt_i2f": 2}
     assert ptx_census(ptx) == want
 
 
@@ -265,6 +268,11 @@ assert (tl_.constexprs["BLOCK_N"], tl_.num_warps) == (64, 8), (tl_.constexprs["B
 # than the bf16 cache on an H200), 48 without (80 here: G = 16, eight value groups per token).
 (kv_,) = [l for l in s.launches if l.constexprs.get("KV_FORMAT") == pt.KV_FORMAT_KIVI]
 assert kv_.ptx_ops["ld_global"] <= 100, kv_.ptx_ops
+# Codes become fp16 by bit patterns, not an integer-to-float cvt per element (128 per thread in the INT8 and INT4
+# decode kernels before, 64 in KIVI's): what is left converts indices, outside the loop.
+for l in s.launches:
+    if l.kernel == "_paged_attn_kernel" and l.constexprs["KV_FORMAT"] != pt.KV_FORMAT_OAKEN:
+        assert l.ptx_ops["cvt_i2f"] <= 4, (l.constexprs["KV_FORMAT"], l.ptx_ops)
 # Oaken's offline variant (8-bit metadata on a per-head grid) at its default: 64 x 128 spilled 52 B.
 from codesign.kernels.kv_quant_oaken import OakenPagedKV, oaken_attention
 thr = torch.tensor([[-1.0, 1.0]] * 8).expand(2, 8, 2).contiguous()
