@@ -352,6 +352,7 @@ def oaken_quantize_block(x: torch.Tensor, bits: int, thresholds: torch.Tensor, c
 
 
 # --- Oaken with offline metadata ("offline": 8-bit per-token shift and range on an offline grid) -----
+FP16_MAX = 65504.0
 GRID_LEVELS = 255  # the 8-bit (z, r) codes index grid points base + i * step, i in [0, 255]
 
 
@@ -397,6 +398,10 @@ def check_grid(grid: torch.Tensor, kv_heads: int, values: bool = True) -> None:
     step = grid[:, 1].double()
     if not ((step > 0).all() and torch.equal(torch.exp2(torch.round(torch.log2(step))), step)):
         raise CodesignError("grid steps must be positive powers of two (calibrate_oaken_grid)")
+    base = grid[:, 0].double()
+    if (torch.maximum(base.abs(), (base + GRID_LEVELS * step).abs()) > FP16_MAX).any():
+        # The attention kernels dequantize in fp16 (the online variant's metadata is fp16 too).
+        raise CodesignError(f"grid must keep base .. base + {GRID_LEVELS} * step within fp16's range (+-{FP16_MAX})")
 
 
 def offline_meta(xd: torch.Tensor, keep: torch.Tensor, grid: torch.Tensor, bits: int):

@@ -57,6 +57,9 @@ KV_FORMAT_KIVI = 3
 KV_FORMAT_MIXED = 4
 KV_FORMAT_OAKEN = 5
 KV_FORMAT_OAKEN_OFFLINE = 6
+# Formats whose codes meet fp16 / bf16 queries in fp16 products (F16_MMA): codes become fp16 by bit patterns
+# (`_codes_f16`), not by an integer-to-float conversion per element; queries are scaled per row into fp16's range.
+F16_MMA_FORMATS = (KV_FORMAT_INT, KV_FORMAT_KIVI, KV_FORMAT_MIXED, KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE)
 MASK_CAUSAL = 0
 MASK_TREE = 1
 LOG2E = 1.4426950408889634
@@ -143,7 +146,10 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
             rc = tl.load(mrow + 1, mask=j_ok, other=0).to(tl.float32)
             zr = g_base + zc * g_step
             sc = tl.math.div_rn(rc * g_step, (2**BITS - 1) * 1.0)
-        x = code.to(tl.float32) * sc[:, None] + zr[:, None]
+        if out_ty == tl.float16:  # as KIVI's tiles: fp16 codes by bit patterns, one fp16 multiply-add per element
+            x = _codes_f16(code) * sc.to(tl.float16)[:, None] + zr.to(tl.float16)[:, None]
+        else:
+            x = code.to(tl.float32) * sc[:, None] + zr[:, None]
         if OAKEN_CAP > 0:
             # Outlier slots scattered into the tile by two small matrix products per chunk of OAKEN_SC slots:
             # A[c, n] = (slot c is in tile row n), B[c, d] = (slot c is in column d) (times its value), so
@@ -153,8 +159,10 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
             # 32k against 0.5 for the bf16 cache); this is O(CAP x (BLOCK_N + DIM_PAD)) plus tensor-core work.
             n_idx = tl.arange(0, BLOCK_N)
             cs = tl.arange(0, OAKEN_SC)
-            val = tl.zeros([BLOCK_N, DIM_PAD], tl.float32)
-            hit = tl.zeros([BLOCK_N, DIM_PAD], tl.float32)
+            # (fp16 sums are exact too: one term per entry, so the fp16 tile takes them without a conversion)
+            ACC: tl.constexpr = tl.float16 if out_ty == tl.float16 else tl.float32
+            val = tl.zeros([BLOCK_N, DIM_PAD], ACC)
+            hit = tl.zeros([BLOCK_N, DIM_PAD], ACC)
             for t in tl.static_range(OAKEN_NBT):  # the blocks this tile's rows lie in
                 bi = j0 // BLOCK_SIZE + t
                 live = bi * BLOCK_SIZE < s_hi  # a block of this split's keys (not past its end)
@@ -168,11 +176,11 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
                         w = tl.load(obase + c, mask=c < OAKEN_CAP, other=-1)
                         pos = w >> 16  # -1 for an empty slot
                         row = tl.where(pos >= 0, first + pos // HEAD_DIM, -1)
-                        a_t = tl.trans((row[:, None] == n_idx[None, :]).to(tl.float16))
+                        a_t = tl.trans(tl.where(row[:, None] == n_idx[None, :], 1.0, 0.0).to(tl.float16))
                         in_col = (pos % HEAD_DIM)[:, None] == d[None, :]
                         v16 = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
-                        val += tl.dot(a_t, tl.where(in_col, v16[:, None], 0.0).to(tl.float16))
-                        hit += tl.dot(a_t, in_col.to(tl.float16))
+                        val += tl.dot(a_t, tl.where(in_col, v16[:, None], 0.0).to(tl.float16), out_dtype=ACC)
+                        hit += tl.dot(a_t, tl.where(in_col, 1.0, 0.0).to(tl.float16), out_dtype=ACC)
             x = tl.where(hit > 0.5, val, x)
         x = tl.where(kv_m, x, 0.0)
     elif KV_FORMAT == 2:
@@ -811,7 +819,7 @@ def paged_attention_triton(
         WRITE_LSE=lse is not None and s == 1, KV_FORMAT=kv_format, BITS=bits,
         KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=cap, OAKEN_NBT=tile_blocks(cfg["BLOCK_N"], bs), WORDS=words,
         HW_FP8=kv_format == KV_FORMAT_FP8 and on_gpu and torch.cuda.get_device_capability(q.device) >= (8, 9),
-        F16_MMA=kv_format in (KV_FORMAT_INT, KV_FORMAT_MIXED, KV_FORMAT_KIVI) and q.dtype != torch.float32,
+        F16_MMA=kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip

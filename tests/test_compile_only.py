@@ -269,9 +269,9 @@ assert (tl_.constexprs["BLOCK_N"], tl_.num_warps) == (64, 8), (tl_.constexprs["B
 (kv_,) = [l for l in s.launches if l.constexprs.get("KV_FORMAT") == pt.KV_FORMAT_KIVI]
 assert kv_.ptx_ops["ld_global"] <= 100, kv_.ptx_ops
 # Codes become fp16 by bit patterns, not an integer-to-float cvt per element (128 per thread in the INT8 and INT4
-# decode kernels before, 64 in KIVI's): what is left converts indices, outside the loop.
+# decode kernels before, 64 in KIVI's, 38 in Oaken's): what is left converts indices, outside the loop.
 for l in s.launches:
-    if l.kernel == "_paged_attn_kernel" and l.constexprs["KV_FORMAT"] != pt.KV_FORMAT_OAKEN:
+    if l.kernel == "_paged_attn_kernel":
         assert l.ptx_ops["cvt_i2f"] <= 4, (l.constexprs["KV_FORMAT"], l.ptx_ops)
 # Oaken's offline variant (8-bit metadata on a per-head grid) at its default: 64 x 128 spilled 52 B.
 from codesign.kernels.kv_quant_oaken import OakenPagedKV, oaken_attention

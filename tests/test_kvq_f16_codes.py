@@ -147,3 +147,46 @@ def test_kivi_fp16_and_bf16_queries(g, r, bs, d, monkeypatch):
     assert torch.isfinite(ob).all()
     err = rel_fro_error(ob.double(), ref_b)
     assert err < 8e-3, f"kivi bf16 1e6 queries G={g}: {err:.2e}"
+
+
+def _oaken_check(name, cache, bt, cl, kd, vd, monkeypatch):
+    from codesign.kernels.kv_quant_oaken import oaken_attention
+
+    monkeypatch.setattr(pa, "check_backend_dtype", lambda backend, q: None)
+    n = cl.numel()
+    q = torch.randn(n, 2 * cache.k_codes.shape[2], kd.shape[-1]) * 3.0
+    ref, _ = reference_attention(q.half().double(), kd, vd, bt, cl, [1] * n)
+    for splits in (1, 3):
+        with use_backend("triton"):
+            out = oaken_attention(q.half(), cache, bt, cl, num_splits=splits)
+        assert_rel_close(out.double(), ref, 2e-3, f"{name} fp16 splits={splits}")
+    qb = (q * 1e6).bfloat16()
+    ref_b, _ = reference_attention(qb.double(), kd, vd, bt, cl, [1] * n, scale=1e-7)
+    with use_backend("triton"):
+        ob = oaken_attention(qb, cache, bt, cl, num_splits=2, sm_scale=1e-7)
+    assert torch.isfinite(ob).all()
+    err = rel_fro_error(ob.double(), ref_b)
+    assert err < 8e-3, f"{name} bf16 1e6 queries: {err:.2e}"
+
+
+@pytest.mark.parametrize("bs, cap", [(4, 3), (32, 40), (8, 12)])
+def test_oaken_fp16_and_bf16_queries(bs, cap, monkeypatch):
+    """Oaken tiles dequantize in fp16 (codes by bit patterns, one fp16 multiply-add with the token's scale and
+    lower bound) and take their outliers from fp16-accumulated slot products (one term per entry: exact);
+    fp16 queries, and bf16 queries of 1e6 (refusal lifted as above). Blocks with more outliers than slots, slot
+    chunks past 16, tiles over several blocks."""
+    from test_kv_quant_oaken import _reference_pool, _setup
+
+    cache, bt, cl, xs, thr = _setup([70, 33, 20, 50], bs=bs, cap=cap, spikes=(5, 9, 12))
+    kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+    _oaken_check(f"oaken bs={bs} cap={cap}", cache, bt, cl, kd, vd, monkeypatch)
+
+
+def test_oaken_offline_fp16_and_bf16_queries(monkeypatch):
+    """The offline variant: per-row scale and lower bound from 8-bit codes on the head's grid, rounded to fp16
+    once per row."""
+    from test_kvq_oaken_offline import _reference_pool, _setup
+
+    cache, bt, cl, xs, thr, grid = _setup([11, 6, 9, 30])
+    kd, vd, *_ = _reference_pool(cache, bt, xs, thr, grid, 4)
+    _oaken_check("oaken offline", cache, bt, cl, kd, vd, monkeypatch)

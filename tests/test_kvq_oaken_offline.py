@@ -171,6 +171,11 @@ def test_bad_input():
     bad[1, 0, 1] = float("nan")
     with pytest.raises(CodesignError, match="finite"):
         OakenPagedKV.empty(4, BS, H, D, 4, thr, CAP, grid=bad)
+    bad[1, 0, 1] = 2.0**8  # base + 255 * step = 65278: fp16 holds it; 2^9 would reach 130558
+    OakenPagedKV.empty(4, BS, H, D, 4, thr, CAP, grid=bad)
+    bad[1, 0, 1] = 2.0**9
+    with pytest.raises(CodesignError, match="fp16's range"):
+        OakenPagedKV.empty(4, BS, H, D, 4, thr, CAP, grid=bad)
     c = OakenPagedKV.empty(4, BS, H, D, 4, thr, CAP, grid=grid)
     c.k_meta = c.k_meta.to(torch.float16)  # the token variant's metadata in an offline cache
     with pytest.raises(CodesignError, match="k_meta must be a contiguous torch.uint8"):
