@@ -212,7 +212,7 @@ def _ptxas_usage(kernel: Any, arch: int) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- the lent GPU's view
-def _gpu_view(gpu_name: str, sms: int) -> list[tuple[str, str, Callable[[Any], Any], bool]]:
+def _gpu_view(gpu_name: str, sms: int, arch: int) -> list[tuple[str, str, Callable[[Any], Any], bool]]:
     """(module, attribute, wrap(original) -> replacement, aliases too): each place a kernel module asks
     whether it runs on a GPU, answered as the lent GPU would. With `aliases`, the same function imported
     by name into other kernel modules is replaced there too (`_apply`)."""
@@ -238,6 +238,8 @@ def _gpu_view(gpu_name: str, sms: int) -> list[tuple[str, str, Callable[[Any], A
         ("codesign.kernels.paged_attention", "on_gpu", lambda _o: lambda t: True, True),
         ("codesign.kernels.paged_attention_triton", "rows_layout", rows_layout, True),
         ("codesign.kernels.paged_attention_triton", "num_sms", lambda _o: lambda device: sms, True),
+        # FP8 KV caches: the hardware e4m3 conversion from sm_89 on, as the launcher asks a real GPU.
+        ("codesign.kernels.paged_attention_triton", "hw_fp8", lambda _o: lambda device: arch >= 89, True),
         # Not its aliases: quant_gemm_triton reads interpreter_enabled() to pick its interpreter defaults.
         ("codesign.kernels.df11_linear", "interpreter_enabled", interp_guard, False),
     ]
@@ -381,7 +383,7 @@ def compile_only(
         drv.set_active(_TargetDriver(arch))
         JITFunction.run = run
         backend._COMPILE_ONLY = True
-        _apply(_gpu_view(gpu_name, sms), undo)
+        _apply(_gpu_view(gpu_name, sms, arch), undo)
         yield session
     finally:
         for mod, attr, orig in reversed(undo):

@@ -59,7 +59,8 @@ KV_FORMAT_OAKEN = 5
 KV_FORMAT_OAKEN_OFFLINE = 6
 # Formats whose codes meet fp16 / bf16 queries in fp16 products (F16_MMA): codes become fp16 by bit patterns
 # (`_codes_f16`), not by an integer-to-float conversion per element; queries are scaled per row into fp16's range.
-F16_MMA_FORMATS = (KV_FORMAT_INT, KV_FORMAT_KIVI, KV_FORMAT_MIXED, KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE)
+F16_MMA_FORMATS = (KV_FORMAT_INT, KV_FORMAT_FP8, KV_FORMAT_KIVI, KV_FORMAT_MIXED, KV_FORMAT_OAKEN,
+                   KV_FORMAT_OAKEN_OFFLINE)  # fmt: skip
 MASK_CAUSAL = 0
 MASK_TREE = 1
 LOG2E = 1.4426950408889634
@@ -116,6 +117,16 @@ def _fp8_e4m3_decode(byte):
     mag = tl.where(ex == 0, m.to(tl.float32) * 0.001953125, normal)
     mag = tl.where((byte & 0x7F) == 0x7F, float("nan"), mag)
     return tl.where((byte & 0x80) != 0, -mag, mag)
+
+
+@triton.jit
+def _fp8_e4m3_f16(byte):
+    """fp16 value of e4m3fn bytes (int32), exactly, without a conversion instruction (sm_80, the interpreter):
+    the sign, E and M bits moved into fp16's fields read as the e4m3 value times 2^-8 (both biases and the
+    subnormals line up), so one exact fp16 multiply by 256 follows; 0x7F/0xFF are NaN."""
+    bits = ((byte & 0x80) << 8) | ((byte & 0x7F) << 7)
+    h = bits.to(tl.int16).to(tl.float16, bitcast=True) * 256.0
+    return tl.where((byte & 0x7F) == 0x7F, float("nan"), h)
 
 
 @triton.jit
@@ -184,7 +195,15 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
             x = tl.where(hit > 0.5, val, x)
         x = tl.where(kv_m, x, 0.0)
     elif KV_FORMAT == 2:
-        if HW_FP8:  # sm_89+: the hardware's e4m3 conversion (same values, NaN codes included), not ~15 int ops
+        if out_ty == tl.float16:
+            # e4m3 values are exact in fp16; the head's scale is applied outside the tile (the kernel folds the
+            # key scale into the scores' row factor and the value scale into the output), not per element.
+            if HW_FP8:  # sm_89+: the hardware's e4m3 conversion (NaN codes included), two elements at a time
+                raw = tl.load(base + d[None, :], mask=kv_m, other=0)
+                x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+            else:
+                x = _fp8_e4m3_f16(tl.load(base + d[None, :], mask=kv_m, other=0).to(tl.int32))
+        elif HW_FP8:  # sm_89+: the hardware's e4m3 conversion (same values, NaN codes included), not ~15 int ops
             raw = tl.load(base + d[None, :], mask=kv_m, other=0)
             x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * tl.load(s_ptr + kvh)
         else:
@@ -416,6 +435,8 @@ def _paged_attn_kernel(
             qf = q.to(tl.float32)
             q_f, q_unf = _pow2_scale(tl.max(tl.abs(qf), 1), 14)
             q_mma = (qf * q_f[:, None]).to(tl.float16)
+            if KV_FORMAT == 2:  # FP8: the key head scale joins the row factor (the value's scales the output)
+                q_unf = q_unf * tl.load(k_scale_ptr + kvh)
         else:
             q_mma = q
             q_unf = tl.full([BLOCK_M], 1.0, tl.float32)
@@ -518,6 +539,8 @@ def _paged_attn_kernel(
 
         has = l_i > 0.0
         o = acc / tl.where(has, l_i, 1.0)[:, None]
+        if F16_MMA and KV_FORMAT == 2:  # the value head scale, left out of the tiles (splits: each part alike)
+            o = o * tl.load(v_scale_ptr + kvh)
         lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         st_m = row_ok[:, None] & d_ok[None, :]
         if NUM_SPLITS == 1:
@@ -673,6 +696,13 @@ def launch_config(
     return cfg
 
 
+def hw_fp8(device: torch.device) -> bool:
+    """True where the kernel runs compiled on a GPU that converts e4m3 in hardware (sm_89+); elsewhere (sm_80,
+    the interpreter) it decodes the bytes with integer ops."""
+    on_gpu = device.type == "cuda" and not interpreter_enabled()
+    return on_gpu and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def tree_config(cfg: dict) -> dict:
     """`cfg` for a tree-verification launch: BLOCK_N at most TREE_MAX_BLOCK_N, and at that width at least
     TREE_MIN_WARPS warps (the ancestor-mask tile spills on fewer; see TREE_MAX_BLOCK_N)."""
@@ -818,7 +848,7 @@ def paged_attention_triton(
         HAS_ALIBI=alibi_slopes is not None, HAS_SOFTCAP=bool(softcap), HAS_WINDOW=bool(window),
         WRITE_LSE=lse is not None and s == 1, KV_FORMAT=kv_format, BITS=bits,
         KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=cap, OAKEN_NBT=tile_blocks(cfg["BLOCK_N"], bs), WORDS=words,
-        HW_FP8=kv_format == KV_FORMAT_FP8 and on_gpu and torch.cuda.get_device_capability(q.device) >= (8, 9),
+        HW_FP8=kv_format == KV_FORMAT_FP8 and hw_fp8(q.device),
         F16_MMA=kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],

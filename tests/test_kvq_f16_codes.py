@@ -1,9 +1,10 @@
-"""fp16 and bf16 queries over the per-token quantized caches (INT8/4/2, mixed chunks) meet the codes in fp16
-products (`paged_attention_triton._codes_f16`, F16_CODES): codes become fp16 by bit patterns, not conversion
-instructions; query rows and each tile's value scales are brought into fp16's range by exact powers of two
-(`_pow2_scale`). Checked in the interpreter against an fp64 reference that dequantizes first, at magnitudes
-fp16 cannot hold unscaled: values of 1e-3 (their scale x p underflowed fp16 before: 0.68 % error, 116 % at
-1e-5) and bf16 queries of 1e6 (fp16's largest is 65504)."""
+"""fp16 and bf16 queries over the quantized caches (INT8/4/2, FP8, mixed chunks, KIVI, Oaken) meet the codes
+in fp16 products (`paged_attention_triton.F16_MMA_FORMATS`): integer codes become fp16 by bit patterns
+(`_codes_f16`), not conversion instructions; query rows and each tile's per-token value scales are brought
+into fp16's range by exact powers of two (`_pow2_scale`); FP8's head scales are applied outside the tiles.
+Checked in the interpreter against an fp64 reference that dequantizes first, at magnitudes fp16 cannot hold
+unscaled: values of 1e-4 (scale x p underflowed fp16 before: 3.3 % error, 116 % at 1e-5) and bf16 queries of
+1e6 (fp16's largest is 65504)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,25 @@ def test_codes_f16_exact_and_pow2_scale_exact():
     assert f[0] == 2.0**126 and (amax * f)[~normal].max() < 2.0**15  # zero and tiny rows: clamped, finite
 
 
+def test_fp8_decodes_exhaustively_in_fp16():
+    """Every e4m3 code through the fp16 path (fp16 queries; the interpreter takes the integer decode,
+    `_fp8_e4m3_f16`): attention over a one-token context returns v, torch's float8 value, NaN codes included;
+    a head scale of 2^-3 is applied to the output."""
+    from codesign.kernels.kv_quant_paged import QuantPagedKV
+
+    codes = torch.arange(256, dtype=torch.uint8).view(16, 1, 1, 16)
+    hs = torch.full((1,), 0.125)
+    cache = QuantPagedKV.empty(16, 1, 1, 16, "fp8", k_head_scale=hs, v_head_scale=hs)
+    cache.k_codes.zero_()
+    cache.v_codes.copy_(codes)
+    bt = torch.arange(16, dtype=torch.int32).view(16, 1)
+    with use_backend("triton"):
+        out = kvq_decode_attention(torch.randn(16, 1, 16).half(), cache, bt, torch.ones(16, dtype=torch.int32))
+    want = (codes.view(torch.float8_e4m3fn).float() * 0.125).view(16, 1, 16)
+    assert out.dtype == torch.float16 and torch.equal(out.isnan(), want.isnan())
+    assert torch.equal(out[~out.isnan()].float(), want[~want.isnan()])
+
+
 def _case(fmt, v_scale, q_scale, dtype, ctx=(13, 9, 1), h=2, g=3, d=24, bs=4):
     cache, bt, cl, *_ = _build(fmt, list(ctx), h, d, bs, share=2)
     cache.v_meta.mul_(v_scale)  # scales and zeros: every dequantized value times v_scale
@@ -56,7 +76,7 @@ def _case(fmt, v_scale, q_scale, dtype, ctx=(13, 9, 1), h=2, g=3, d=24, bs=4):
     return cache, bt, cl, q, kd, vd
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4", "int2"])
+@pytest.mark.parametrize("fmt", ["int8", "int4", "int2", "fp8"])
 @pytest.mark.parametrize("v_scale", [1.0, 1e-4])
 def test_fp16_queries_vs_fp64(fmt, v_scale):
     """Decode (with and without splits) and extend, fp16 queries: the error is fp16 rounding of p and the output
@@ -77,13 +97,14 @@ def test_fp16_queries_vs_fp64(fmt, v_scale):
     assert_rel_close(oe.double(), ref_e, 1e-3, f"{fmt} fp16 extend v_scale={v_scale}")
 
 
-def test_bf16_queries_beyond_fp16_range(monkeypatch):
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_bf16_queries_beyond_fp16_range(fmt, monkeypatch):
     """bf16 queries of magnitude 1e6 (no fp16 holds them) meet the codes in fp16 after the per-row power of
     two. The interpreter computes bf16 arithmetic on raw bits, which is why the ops refuse bf16 Triton on CPU;
     this kernel path converts bf16 queries to fp32 before any arithmetic, so the refusal is lifted here. The
     interpreter rounds the bf16 output toward zero (a GPU to nearest): the bound is bf16's."""
     monkeypatch.setattr(pa, "check_backend_dtype", lambda backend, q: None)
-    cache, bt, cl, q, kd, vd = _case("int8", 1.0, 1.0, torch.float32)
+    cache, bt, cl, q, kd, vd = _case(fmt, 1.0, 1.0, torch.float32)
     q = (q * 1e6).bfloat16()
     scale = 3e-7  # softmax over scores of order 1
     ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [1, 1, 1], scale=scale)
@@ -92,7 +113,7 @@ def test_bf16_queries_beyond_fp16_range(monkeypatch):
             out = kvq_decode_attention(q, cache, bt, cl, num_splits=splits, sm_scale=scale)
         assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
         err = rel_fro_error(out.double(), ref)
-        assert err < 8e-3, f"bf16 1e6 queries: {err:.2e}"
+        assert err < 8e-3, f"{fmt} bf16 1e6 queries: {err:.2e}"
 
 
 @pytest.mark.parametrize("bs, d", [(4, 16), (32, 64)])
