@@ -427,9 +427,9 @@ def _paged_attn_kernel(
         FACTORED: tl.constexpr = KV_FORMAT == 1 or KV_FORMAT == 4
         q_sum = tl.sum(q.to(tl.float32), 1)  # padded rows and columns load as 0
         if F16_MMA:
-            # fp16 and bf16 queries meet the codes (INT, mixed) or the dequantized tiles (KIVI) in fp16 products
-            # (`_codes_f16`: codes up to 8 bits are exact in fp16, not in bf16's 8-bit significand, and fp16 needs
-            # no conversion instruction; KIVI's fp16 scales dequantize in fp16 arithmetic). Each row is
+            # fp16 and bf16 queries meet the codes (INT, mixed) or the dequantized tiles (KIVI, Oaken, FP8) in fp16
+            # products (`_codes_f16`: codes up to 8 bits are exact in fp16, not in bf16's 8-bit significand, and
+            # fp16 needs no conversion instruction; KIVI's and Oaken's scales dequantize in fp16). Each row is
             # scaled by a power of two putting its largest element in [2^14, 2^15): every bf16 element within
             # 2^-24 of the row's largest is exact in fp16, and none overflows. Scores are scaled back per row.
             qf = q.to(tl.float32)
@@ -632,6 +632,10 @@ def default_config(head_dim: int, elem_bytes: int, kv_format: int = KV_FORMAT_PL
         cfg["BLOCK_N"], cfg["num_warps"] = 16, 2
     if kv_format == KV_FORMAT_MIXED:
         cfg["num_warps"] = 8  # three code widths in one loop: 4 warps spill without a split (128 regs + 8 B)
+    if kv_format == KV_FORMAT_INT and bits == 2:
+        # 16 codes per word: compiled for sm_90 (bf16, block size 32, 64 x 128 tiles) 4 warps spill 4 B at 128
+        # registers since the codes became fp16 by bit patterns; 8 warps take 111 and do not. Untimed.
+        cfg["num_warps"] = 8
     if dp >= 256:
         cfg["num_warps"] = 8
         cfg["BLOCK_M"] = 32  # and half the query rows: Q and the accumulator stay in registers
