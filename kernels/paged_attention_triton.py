@@ -268,6 +268,41 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
 
 
 @triton.jit
+def _nib(words, i: tl.constexpr, BITS: tl.constexpr):
+    return (words >> (BITS * i)) & (2**BITS - 1)
+
+
+@triton.jit
+def _quad2(words, r: tl.constexpr):
+    """2-bit elements r, r + 4, r + 8, r + 12 of each word as [.., a, b] = element 8a + 4b + r."""
+    lo = tl.join(_nib(words, r, 2), _nib(words, r + 8, 2))
+    return tl.join(lo, tl.join(_nib(words, r + 4, 2), _nib(words, r + 12, 2)))
+
+
+@triton.jit
+def _unpack_words(words, BITS: tl.constexpr):
+    """[.., NW, 32 / BITS] int32 codes of int32 words [.., NW] (element i of a word at bits [BITS i, BITS (i + 1))),
+    built by a tree of tl.join: each join adds a minor dimension held inside one thread, so flattening the
+    last two dimensions is free and the tile meets tl.dot through a vectorized layout conversion. A broadcast
+    shift over a new axis (the earlier unpack) left each code on its own: one 16-bit shared-memory store per
+    element on its way to the dot (sm_90 PTX: 128 per thread per iteration for INT4 at 64 x 128 on 4 warps).
+    The tree orders the joins so that [.., a, b, c] holds element 4a + 2b + c (here for 8 per word)."""
+    if BITS == 8:
+        u0 = tl.join(_nib(words, 0, 8), _nib(words, 2, 8))
+        u1 = tl.join(_nib(words, 1, 8), _nib(words, 3, 8))
+        out = tl.join(u0, u1)
+    elif BITS == 4:
+        t0 = tl.join(tl.join(_nib(words, 0, 4), _nib(words, 4, 4)), tl.join(_nib(words, 2, 4), _nib(words, 6, 4)))
+        t1 = tl.join(tl.join(_nib(words, 1, 4), _nib(words, 5, 4)), tl.join(_nib(words, 3, 4), _nib(words, 7, 4)))
+        out = tl.join(t0, t1)
+    else:  # 2 bits, 16 per word: [.., a, b, c, d] = element 8a + 4b + 2c + d
+        t0 = tl.join(_quad2(words, 0), _quad2(words, 2))
+        t1 = tl.join(_quad2(words, 1), _quad2(words, 3))
+        out = tl.join(t0, t1)
+    return tl.reshape(out, (words.shape[0], words.shape[1], 32 // BITS))
+
+
+@triton.jit
 def _load_codes(base, d, row_ok, kv_m, BITS: tl.constexpr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
                 DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     """int32 [BLOCK_N, DIM_PAD] tile of packed BITS-bit codes from row pointers `base` [BLOCK_N, 1] (0 where masked).
@@ -281,8 +316,7 @@ def _load_codes(base, d, row_ok, kv_m, BITS: tl.constexpr, WORDS: tl.constexpr, 
         NW: tl.constexpr = DIM_PAD // PERW
         w = tl.arange(0, NW)
         words = tl.load(base + w[None, :], mask=row_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
-        shifts = tl.arange(0, PERW) * BITS
-        code = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & (2**BITS - 1), (BLOCK_N, DIM_PAD))
+        code = tl.reshape(_unpack_words(words, BITS), (BLOCK_N, DIM_PAD))
     elif BITS == 8:
         code = tl.load(base + d[None, :], mask=kv_m, other=0).to(tl.int32)
     else:
@@ -653,9 +687,12 @@ def reads_words(kv_format: int, bits: int, head_dim: int) -> bool:
     return kv_format in words_formats and bits < 8 and (head_dim * bits) % 32 == 0
 
 
-# INT8 codes may be read as int32 words too (config key "WORDS8", default off, a tuning parameter): compiled
-# for sm_90 the byte tile loads with 8-byte cp.async and the word tile with 16-byte ones, at the cost of a shift
-# and a mask per element; which is faster is for a GPU to measure.
+# INT8 codes are read as int32 words by default too (config key "WORDS8", a tuning parameter; 0 reads bytes).
+# Compiled for sm_90 (bf16, 64 x 128 on 4 warps, codes as fp16 by bit patterns) the byte tile takes one 8-bit
+# shared-memory load per element from its 8-byte cp.async buffer (64 per thread per iteration), 140 registers and
+# 1859 PTX instructions; the word tile 16-byte copies, a shift and mask per element, no per-element shared load,
+# 100 registers and 1786 instructions. Untimed: the tuner tries both on a GPU.
+WORDS8_DEFAULT = 1
 
 
 def mixed_reads_words(kv_format: int, head_dim: int, block_size: int, block_n: int) -> bool:
@@ -825,7 +862,7 @@ def paged_attention_triton(
     words = (
         reads_words(kv_format, bits, dim)
         or mixed_reads_words(kv_format, dim, bs, cfg["BLOCK_N"])
-        or (kv_format == KV_FORMAT_INT and bits == 8 and dim % 4 == 0 and bool(cfg.get("WORDS8", 0)))
+        or (kv_format == KV_FORMAT_INT and bits == 8 and dim % 4 == 0 and bool(cfg.get("WORDS8", WORDS8_DEFAULT)))
     )
     if words:
         k_cache, v_cache = k_cache.view(torch.int32), v_cache.view(torch.int32)

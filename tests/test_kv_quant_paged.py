@@ -121,7 +121,7 @@ def test_decode_fused_dequant_vs_fp64(fmt, splits):
 
 
 def test_int8_read_as_words_is_the_same_attention():
-    """WORDS8 (a tuning parameter, default off) reads INT8 codes as int32 words: the same codes, the same
+    """WORDS8 (a tuning parameter, default on) reads INT8 codes as int32 words: the same codes, the same
     sums, so the output is identical to the byte path's, and right against fp64 (head_dim 24: 6 words)."""
     h, g, d, bs = 2, 3, 24, 4
     ctx = [13, 9, 1]

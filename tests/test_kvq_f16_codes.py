@@ -16,6 +16,7 @@ from helpers import assert_rel_close, rel_fro_error
 from paged_attention_ref import reference_attention
 from test_kv_quant_paged import _build, _dequant_ref
 
+from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
 from codesign.kernels import paged_attention as pa
 from codesign.kernels import paged_attention_triton as pat
@@ -88,6 +89,9 @@ def test_fp16_queries_vs_fp64(fmt, v_scale):
             out = kvq_decode_attention(q, cache, bt, cl, num_splits=splits)
         assert out.dtype == torch.float16
         assert_rel_close(out.double(), ref, 1e-3, f"{fmt} fp16 decode v_scale={v_scale} splits={splits}")
+        if fmt == "int8":  # codes read as bytes (WORDS8 0) or as words (the default): the same sums
+            with use_backend("triton"), forced_config("paged_attention_int8", {"WORDS8": 0}):
+                assert torch.equal(kvq_decode_attention(q, cache, bt, cl, num_splits=splits), out)
     ql = [3, 2, 1]
     qe = (torch.randn(sum(ql), q.shape[1], q.shape[2]) * 3.0).half()
     cu = torch.tensor([0, 3, 5, 6], dtype=torch.int32)
