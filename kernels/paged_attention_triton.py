@@ -48,6 +48,7 @@ import triton.language as tl
 
 from codesign.autotune.lookup import current_gpu_name, lookup_config, shape_key
 from codesign.backend import interpreter_enabled
+from codesign.kernels.triton_codes import codes_f16, pow2_scale, unpack_words
 
 OP = "paged_attention"
 KV_FORMAT_PLAIN = 0
@@ -58,7 +59,7 @@ KV_FORMAT_MIXED = 4
 KV_FORMAT_OAKEN = 5
 KV_FORMAT_OAKEN_OFFLINE = 6
 # Formats whose codes meet fp16 / bf16 queries in fp16 products (F16_MMA): codes become fp16 by bit patterns
-# (`_codes_f16`), not by an integer-to-float conversion per element; queries are scaled per row into fp16's range.
+# (`codes_f16`), not by an integer-to-float conversion per element; queries are scaled per row into fp16's range.
 F16_MMA_FORMATS = (KV_FORMAT_INT, KV_FORMAT_FP8, KV_FORMAT_KIVI, KV_FORMAT_MIXED, KV_FORMAT_OAKEN,
                    KV_FORMAT_OAKEN_OFFLINE)  # fmt: skip
 MASK_CAUSAL = 0
@@ -158,7 +159,7 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
             zr = g_base + zc * g_step
             sc = tl.math.div_rn(rc * g_step, (2**BITS - 1) * 1.0)
         if out_ty == tl.float16:  # as KIVI's tiles: fp16 codes by bit patterns, one fp16 multiply-add per element
-            x = _codes_f16(code) * sc.to(tl.float16)[:, None] + zr.to(tl.float16)[:, None]
+            x = codes_f16(code) * sc.to(tl.float16)[:, None] + zr.to(tl.float16)[:, None]
         else:
             x = code.to(tl.float32) * sc[:, None] + zr[:, None]
         if OAKEN_CAP > 0:
@@ -259,47 +260,12 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
             # one rounding (2^-11, finer than the bf16 tiles this replaces) and no per-element conversion (an
             # int-to-float and a float-to-bf16 cvt each ran at 16 per clock per SM).
             xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float16)
-            x = tl.where(quant, _codes_f16(code) * sc + zr, xr)
+            x = tl.where(quant, codes_f16(code) * sc + zr, xr)
         else:
             xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float32)
             x = tl.where(quant, code.to(tl.float32) * sc.to(tl.float32) + zr.to(tl.float32), xr)
         x = tl.where(kv_m, x, 0.0)
     return x.to(out_ty)
-
-
-@triton.jit
-def _nib(words, i: tl.constexpr, BITS: tl.constexpr):
-    return (words >> (BITS * i)) & (2**BITS - 1)
-
-
-@triton.jit
-def _quad2(words, r: tl.constexpr):
-    """2-bit elements r, r + 4, r + 8, r + 12 of each word as [.., a, b] = element 8a + 4b + r."""
-    lo = tl.join(_nib(words, r, 2), _nib(words, r + 8, 2))
-    return tl.join(lo, tl.join(_nib(words, r + 4, 2), _nib(words, r + 12, 2)))
-
-
-@triton.jit
-def _unpack_words(words, BITS: tl.constexpr):
-    """[.., NW, 32 / BITS] int32 codes of int32 words [.., NW] (element i of a word at bits [BITS i, BITS (i + 1))),
-    built by a tree of tl.join: each join adds a minor dimension held inside one thread, so flattening the
-    last two dimensions is free and the tile meets tl.dot through a vectorized layout conversion. A broadcast
-    shift over a new axis (the earlier unpack) left each code on its own: one 16-bit shared-memory store per
-    element on its way to the dot (sm_90 PTX: 128 per thread per iteration for INT4 at 64 x 128 on 4 warps).
-    The tree orders the joins so that [.., a, b, c] holds element 4a + 2b + c (here for 8 per word)."""
-    if BITS == 8:
-        u0 = tl.join(_nib(words, 0, 8), _nib(words, 2, 8))
-        u1 = tl.join(_nib(words, 1, 8), _nib(words, 3, 8))
-        out = tl.join(u0, u1)
-    elif BITS == 4:
-        t0 = tl.join(tl.join(_nib(words, 0, 4), _nib(words, 4, 4)), tl.join(_nib(words, 2, 4), _nib(words, 6, 4)))
-        t1 = tl.join(tl.join(_nib(words, 1, 4), _nib(words, 5, 4)), tl.join(_nib(words, 3, 4), _nib(words, 7, 4)))
-        out = tl.join(t0, t1)
-    else:  # 2 bits, 16 per word: [.., a, b, c, d] = element 8a + 4b + 2c + d
-        t0 = tl.join(_quad2(words, 0), _quad2(words, 2))
-        t1 = tl.join(_quad2(words, 1), _quad2(words, 3))
-        out = tl.join(t0, t1)
-    return tl.reshape(out, (words.shape[0], words.shape[1], 32 // BITS))
 
 
 @triton.jit
@@ -316,7 +282,7 @@ def _load_codes(base, d, row_ok, kv_m, BITS: tl.constexpr, WORDS: tl.constexpr, 
         NW: tl.constexpr = DIM_PAD // PERW
         w = tl.arange(0, NW)
         words = tl.load(base + w[None, :], mask=row_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
-        code = tl.reshape(_unpack_words(words, BITS), (BLOCK_N, DIM_PAD))
+        code = tl.reshape(unpack_words(words, BITS), (BLOCK_N, DIM_PAD))
     elif BITS == 8:
         code = tl.load(base + d[None, :], mask=kv_m, other=0).to(tl.int32)
     else:
@@ -327,31 +293,12 @@ def _load_codes(base, d, row_ok, kv_m, BITS: tl.constexpr, WORDS: tl.constexpr, 
 
 
 @triton.jit
-def _codes_f16(code):
-    """fp16 [..] of int32 codes in [0, 1024), exactly, without a conversion instruction: 0x6400 | c is the
-    fp16 bit pattern of 1024 + c (exponent 2^10, c in the 10 mantissa bits), so an OR, a 16-bit truncation, a
-    bitcast and one exact fp16 subtraction. `cvt` from an integer is a 16-per-clock-per-SM instruction on
-    sm_80/sm_90 (CUDA guide, arithmetic throughput); one per code element bounds an H200 at ~0.27 ms for the
-    INT8 cache at batch 16, context 32k, which is already its whole memory time (0.746 ms was measured)."""
-    return (code | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
-
-
-@triton.jit
-def _pow2_scale(amax, EXP: tl.constexpr):
-    """(f, 1 / f), both exact powers of two, with amax * f in [2^EXP, 2^(EXP + 1)) (fp32 [..], amax >= 0;
-    f clamped to [2^-126, 2^126] so both stay normal: a zero amax gets 2^126)."""
-    e = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased exponent: floor(log2 amax) + 127
-    fe = tl.minimum(tl.maximum(EXP + 127 - e, -126), 126)
-    return ((fe + 127) << 23).to(tl.float32, bitcast=True), ((127 - fe) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _load_code_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s, stride_h,
                     stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
                     BITS: tl.constexpr, bits_ptr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
                     DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, blk0):  # fmt: skip
     """Per-token formats (INT, MIXED): the raw codes of one [BLOCK_N, DIM_PAD] tile as `out_ty` (fp16 through
-    `_codes_f16`, or fp32; exact either way) and the rows' fp32 (scale, zero), for the factored products
+    `codes_f16`, or fp32; exact either way) and the rows' fp32 (scale, zero), for the factored products
     q . k_j = sc_j (q . c_j) + zr_j sum(q) and sum_j p_j v_j = (p * sc) @ c + sum_j p_j zr_j. The scale and
     zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element."""
     base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
@@ -377,7 +324,7 @@ def _load_code_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride
     sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
     zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
     if out_ty == tl.float16:
-        x = _codes_f16(code)
+        x = codes_f16(code)
     else:
         x = code.to(out_ty)
     return x, sc, zr
@@ -462,12 +409,12 @@ def _paged_attn_kernel(
         q_sum = tl.sum(q.to(tl.float32), 1)  # padded rows and columns load as 0
         if F16_MMA:
             # fp16 and bf16 queries meet the codes (INT, mixed) or the dequantized tiles (KIVI, Oaken, FP8) in fp16
-            # products (`_codes_f16`: codes up to 8 bits are exact in fp16, not in bf16's 8-bit significand, and
+            # products (`codes_f16`: codes up to 8 bits are exact in fp16, not in bf16's 8-bit significand, and
             # fp16 needs no conversion instruction; KIVI's and Oaken's scales dequantize in fp16). Each row is
             # scaled by a power of two putting its largest element in [2^14, 2^15): every bf16 element within
             # 2^-24 of the row's largest is exact in fp16, and none overflows. Scores are scaled back per row.
             qf = q.to(tl.float32)
-            q_f, q_unf = _pow2_scale(tl.max(tl.abs(qf), 1), 14)
+            q_f, q_unf = pow2_scale(tl.max(tl.abs(qf), 1), 14)
             q_mma = (qf * q_f[:, None]).to(tl.float16)
             if KV_FORMAT == 2:  # FP8: the key head scale joins the row factor (the value's scales the output)
                 q_unf = q_unf * tl.load(k_scale_ptr + kvh)
@@ -556,7 +503,7 @@ def _paged_attn_kernel(
                     if F16_MMA:
                         # p * sc in fp16 would lose small scales to underflow (V of magnitude 1e-5 gave 116 %
                         # error in fp16): the tile's scales are brought to [1, 2) by a power of two first.
-                        v_f, v_unf = _pow2_scale(tl.max(vsc, 0), 0)
+                        v_f, v_unf = pow2_scale(tl.max(vsc, 0), 0)
                         pv = tl.dot((p * (vsc * v_f)[None, :]).to(tl.float16), vc, input_precision=DOT_PREC) * v_unf
                     else:
                         pv = tl.dot((p * vsc[None, :]).to(vc.dtype), vc, input_precision=DOT_PREC)

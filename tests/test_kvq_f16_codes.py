@@ -1,7 +1,7 @@
 """fp16 and bf16 queries over the quantized caches (INT8/4/2, FP8, mixed chunks, KIVI, Oaken) meet the codes
 in fp16 products (`paged_attention_triton.F16_MMA_FORMATS`): integer codes become fp16 by bit patterns
-(`_codes_f16`), not conversion instructions; query rows and each tile's per-token value scales are brought
-into fp16's range by exact powers of two (`_pow2_scale`); FP8's head scales are applied outside the tiles.
+(`triton_codes.codes_f16`), not conversion instructions; query rows and each tile's per-token value scales are brought
+into fp16's range by exact powers of two (`triton_codes.pow2_scale`); FP8's head scales are applied outside the tiles.
 Checked in the interpreter against an fp64 reference that dequantizes first, at magnitudes fp16 cannot hold
 unscaled: values of 1e-4 (scale x p underflowed fp16 before: 3.3 % error, 116 % at 1e-5) and bf16 queries of
 1e6 (fp16's largest is 65504)."""
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 from helpers import assert_rel_close, rel_fro_error
 from paged_attention_ref import reference_attention
 from test_kv_quant_paged import _build, _dequant_ref
@@ -19,35 +17,7 @@ from test_kv_quant_paged import _build, _dequant_ref
 from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
 from codesign.kernels import paged_attention as pa
-from codesign.kernels import paged_attention_triton as pat
 from codesign.kernels.kv_quant_paged import kvq_decode_attention, kvq_extend_attention
-
-
-@triton.jit
-def _probe(code_ptr, out16_ptr, amax_ptr, f_ptr, inv_ptr, N: tl.constexpr, M: tl.constexpr):
-    i = tl.arange(0, N)
-    tl.store(out16_ptr + i, pat._codes_f16(tl.load(code_ptr + i)))
-    j = tl.arange(0, M)
-    f, inv = pat._pow2_scale(tl.load(amax_ptr + j), 14)
-    tl.store(f_ptr + j, f)
-    tl.store(inv_ptr + j, inv)
-
-
-def test_codes_f16_exact_and_pow2_scale_exact():
-    codes = torch.arange(1024, dtype=torch.int32)
-    out16 = torch.full((1024,), float("nan"), dtype=torch.float16)
-    amax = torch.tensor([0.0, 1.0, 1.5, 3.0e-40, 6.0e4, 1.0e6, 3.0e38, 2.0**-20, 0.7, 2.0**14, 1e-30, 123.0, 5.0,
-                         2.0**15 - 1, 1e-45, 17.0])  # fmt: skip
-    f = torch.full_like(amax, float("nan"))
-    inv = torch.full_like(amax, float("nan"))
-    with use_backend("triton"):
-        _probe[(1,)](codes, out16, amax, f, inv, N=1024, M=16)
-    assert torch.equal(out16.float(), codes.float())  # every code below 1024, exactly
-    assert torch.equal(f * inv, torch.ones_like(f))  # exact reciprocals
-    assert torch.equal(torch.frexp(f).mantissa, torch.full_like(f, 0.5))  # powers of two
-    normal = (amax >= 2.0**-112) & (amax <= 2.0**140)  # where no clamp applies
-    assert ((amax * f >= 2.0**14) & (amax * f < 2.0**15))[normal].all()
-    assert f[0] == 2.0**126 and (amax * f)[~normal].max() < 2.0**15  # zero and tiny rows: clamped, finite
 
 
 def test_fp8_decodes_exhaustively_in_fp16():

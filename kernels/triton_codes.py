@@ -1,0 +1,68 @@
+"""Triton helpers that turn packed integer codes into matrix-unit operands cheaply, shared by the quantized
+KV attention and the weight-only GEMM kernels.
+
+* `unpack_words`: int32 words -> their 32 / BITS codes along a new minor axis, built by a tree of `tl.join`,
+  so each thread keeps a word's codes together and flattening that axis into the word axis is free. A
+  broadcast shift over a new axis (the unpack this replaces) left every code on its own, and the tile then
+  reached `tl.dot` through one 16-bit shared-memory store per element (sm_90 PTX: 128 per thread per
+  iteration for INT4 KV at 64 x 128 on 4 warps, 64 for the W4A16 GEMV).
+* `codes_f16`: codes in [0, 1024) -> fp16 exactly by bit patterns (0x6400 | c is 1024 + c), not by an
+  integer-to-float `cvt` per element, an instruction sm_80/sm_90 run at 16 per clock per SM (CUDA
+  programming guide, arithmetic instruction throughput).
+* `pow2_scale`: exact power-of-two factors that bring a row (or tile) into fp16's range, so bf16 operands
+  can meet the fp16 codes without overflow or underflow.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _nib(words, i: tl.constexpr, BITS: tl.constexpr):
+    return (words >> (BITS * i)) & (2**BITS - 1)
+
+
+@triton.jit
+def _quad2(words, r: tl.constexpr):
+    """2-bit elements r, r + 4, r + 8, r + 12 of each word as [.., a, b] = element 8a + 4b + r."""
+    lo = tl.join(_nib(words, r, 2), _nib(words, r + 8, 2))
+    return tl.join(lo, tl.join(_nib(words, r + 4, 2), _nib(words, r + 12, 2)))
+
+
+@triton.jit
+def unpack_words(words, BITS: tl.constexpr):
+    """[.., NW, 32 / BITS] int32 codes of int32 words [.., NW] (element i of a word at bits [BITS i, BITS (i + 1))),
+    in order. Each tl.join adds a minor dimension held inside one thread; the tree is ordered so that
+    [.., a, b, c] holds element 4a + 2b + c (8 per word; likewise for 4 and 16)."""
+    if BITS == 8:
+        u0 = tl.join(_nib(words, 0, 8), _nib(words, 2, 8))
+        u1 = tl.join(_nib(words, 1, 8), _nib(words, 3, 8))
+        out = tl.join(u0, u1)
+    elif BITS == 4:
+        t0 = tl.join(tl.join(_nib(words, 0, 4), _nib(words, 4, 4)), tl.join(_nib(words, 2, 4), _nib(words, 6, 4)))
+        t1 = tl.join(tl.join(_nib(words, 1, 4), _nib(words, 5, 4)), tl.join(_nib(words, 3, 4), _nib(words, 7, 4)))
+        out = tl.join(t0, t1)
+    else:  # 2 bits, 16 per word: [.., a, b, c, d] = element 8a + 4b + 2c + d
+        t0 = tl.join(_quad2(words, 0), _quad2(words, 2))
+        t1 = tl.join(_quad2(words, 1), _quad2(words, 3))
+        out = tl.join(t0, t1)
+    return tl.reshape(out, (words.shape[0], words.shape[1], 32 // BITS))
+
+
+@triton.jit
+def codes_f16(code):
+    """fp16 [..] of int32 codes in [0, 1024), exactly, without a conversion instruction: 0x6400 | c is the
+    fp16 bit pattern of 1024 + c (exponent 2^10, c in the 10 mantissa bits), so an OR, a 16-bit truncation, a
+    bitcast and one exact fp16 subtraction."""
+    return (code | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
+
+
+@triton.jit
+def pow2_scale(amax, EXP: tl.constexpr):
+    """(f, 1 / f), both exact powers of two, with amax * f in [2^EXP, 2^(EXP + 1)) (fp32 [..], amax >= 0;
+    f clamped to [2^-126, 2^126] so both stay normal: a zero amax gets 2^126)."""
+    e = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased exponent: floor(log2 amax) + 127
+    fe = tl.minimum(tl.maximum(EXP + 127 - e, -126), 126)
+    return ((fe + 127) << 23).to(tl.float32, bitcast=True), ((127 - fe) << 23).to(tl.float32, bitcast=True)

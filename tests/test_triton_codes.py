@@ -1,0 +1,63 @@
+"""`codesign.kernels.triton_codes` in the interpreter: every code below 1024 becomes its exact fp16 value,
+the power-of-two scales are exact and land where they say, and the join-tree unpack returns each word's
+codes in order at 2, 4 and 8 bits (random words, sign bits set)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from codesign.backend import use_backend
+from codesign.kernels.triton_codes import codes_f16, pow2_scale, unpack_words
+
+
+@triton.jit
+def _probe(code_ptr, out16_ptr, amax_ptr, f_ptr, inv_ptr, N: tl.constexpr, M: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out16_ptr + i, codes_f16(tl.load(code_ptr + i)))
+    j = tl.arange(0, M)
+    f, inv = pow2_scale(tl.load(amax_ptr + j), 14)
+    tl.store(f_ptr + j, f)
+    tl.store(inv_ptr + j, inv)
+
+
+def test_codes_f16_exact_and_pow2_scale_exact():
+    codes = torch.arange(1024, dtype=torch.int32)
+    out16 = torch.full((1024,), float("nan"), dtype=torch.float16)
+    amax = torch.tensor([0.0, 1.0, 1.5, 3.0e-40, 6.0e4, 1.0e6, 3.0e38, 2.0**-20, 0.7, 2.0**14, 1e-30, 123.0, 5.0,
+                         2.0**15 - 1, 1e-45, 17.0])  # fmt: skip
+    f = torch.full_like(amax, float("nan"))
+    inv = torch.full_like(amax, float("nan"))
+    with use_backend("triton"):
+        _probe[(1,)](codes, out16, amax, f, inv, N=1024, M=16)
+    assert torch.equal(out16.float(), codes.float())  # every code below 1024, exactly
+    assert torch.equal(f * inv, torch.ones_like(f))  # exact reciprocals
+    assert torch.equal(torch.frexp(f).mantissa, torch.full_like(f, 0.5))  # powers of two
+    normal = (amax >= 2.0**-112) & (amax <= 2.0**140)  # where no clamp applies
+    assert ((amax * f >= 2.0**14) & (amax * f < 2.0**15))[normal].all()
+    assert f[0] == 2.0**126 and (amax * f)[~normal].max() < 2.0**15  # zero and tiny rows: clamped, finite
+
+
+@triton.jit
+def _unpack_probe(w_ptr, out_ptr, R: tl.constexpr, NW: tl.constexpr, BITS: tl.constexpr):
+    r = tl.arange(0, R)
+    w = tl.arange(0, NW)
+    words = tl.load(w_ptr + r[:, None] * NW + w[None, :])
+    codes = tl.reshape(unpack_words(words, BITS), (R, NW * (32 // BITS)))
+    c = tl.arange(0, NW * (32 // BITS))
+    tl.store(out_ptr + r[:, None] * (NW * (32 // BITS)) + c[None, :], codes)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_unpack_words_in_order(bits):
+    per = 32 // bits
+    words = torch.randint(-(2**31), 2**31 - 1, (4, 8), dtype=torch.int64).to(torch.int32)
+    out = torch.full((4, 8 * per), -1, dtype=torch.int32)
+    with use_backend("triton"):
+        _unpack_probe[(1,)](words, out, R=4, NW=8, BITS=bits)
+    u = words.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.arange(per) * bits
+    want = ((u[:, :, None] >> shifts) & (2**bits - 1)).reshape(4, 8 * per).to(torch.int32)
+    assert torch.equal(out, want)
