@@ -51,17 +51,18 @@ def _pow2_cap(n: int, lo: int = 16) -> int:
 
 
 def _weight_only_resources(a_bytes: int, bits: int) -> Callable[[dict[str, int]], Resources]:
-    """The weight-only GEMM kernel's shared memory, as ptxas reports it for sm_90 (exact or at most 512 B
-    over on every sampled config, `bench/results/lowering_estimates_sm90.json`): the packed weight words
-    are loaded once (a [BLOCK_K / P, BLOCK_N] int32 tile, BK x BN x bits / 8 bytes), and num_stages - 1
-    buffers of (x tile, weight words, scale row) are pipelined plus one dequantized weight tile:
-        (stages - 1) x (BM x BK x a + BK x BN x bits / 8 + BN x a) + BK x BN x a.
+    """The weight-only GEMM kernel's shared memory, as ptxas reports it for sm_90 (never under it on the
+    sampled configs, `bench/results/lowering_estimates_sm90.json`): the packed weight words are loaded once
+    (a [BLOCK_N, BLOCK_K / P] int32 tile, BK x BN x bits / 8 bytes), and num_stages - 1 buffers of (x tile,
+    weight words, scale row) are pipelined plus one weight tile on its way to the dot and, since split-K
+    meets fp16 codes with an fp16 copy of the activation tile, one more BM x BK x 2:
+        (stages - 1) x (BM x BK x a + BK x BN x bits / 8 + BN x a) + BK x BN x a + BM x BK x 2.
     Registers: the accumulator estimate of `gemm_resources`."""
     regs = gemm_resources(a_bytes, 4)
 
     def estimate(c: dict[str, int]) -> Resources:
         bm, bn, bk, st = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], max(2, c.get("num_stages", 2))
-        smem = (st - 1) * (bm * bk * a_bytes + bk * bn * bits // 8 + bn * a_bytes) + bk * bn * a_bytes
+        smem = (st - 1) * (bm * bk * a_bytes + bk * bn * bits // 8 + bn * a_bytes) + bk * bn * a_bytes + bm * bk * 2
         return Resources(int(smem), regs(c).regs_per_thread)
 
     return estimate

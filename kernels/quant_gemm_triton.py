@@ -20,6 +20,7 @@ import triton.language as tl
 
 from codesign.autotune.lookup import current_gpu_name, lookup_config, shape_key
 from codesign.backend import interpreter_enabled
+from codesign.kernels.triton_codes import codes_f16, pow2_scale, unpack_words
 
 # Without a tuned variant table, M at or below this runs the split-K kernel: decode batches read the
 # whole weight for a few rows, so the work must be spread over K to fill the GPU (N / BLOCK_N programs
@@ -105,44 +106,18 @@ def _dot_dtype(x_dtype: torch.dtype, device: torch.device) -> tl.dtype:
 
 
 @triton.jit
-def _unpack_words(words, BITS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """int32 [ROWS / P, COLS] packed words -> int32 [ROWS, COLS] codes, P = 32 / BITS: word (i, n) holds row
-    i * P + j at bits [BITS * j, BITS * (j + 1)), so unpacking along a new middle axis and flattening gives the
-    rows in order. Each word is loaded once (the per-row gather it replaces loaded it P times)."""
+def _code_tile_nk(qw_ptr, k0, offs_n, N, K, BITS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """int32 [BLOCK_N, BLOCK_K] codes of W (rows n, columns k0 ..) from the packed [K / P, N] words, P = 32 / BITS
+    per word along K: the words are loaded as a [BLOCK_N, BLOCK_K / P] tile and unpacked along the minor axis by
+    the join tree (`triton_codes.unpack_words`), so each thread keeps a word's codes together and the tile
+    meets tl.dot transposed through a vectorized layout conversion. Unpacking along K as the major axis
+    (the earlier [K, N] tile) moved each code to the matrix unit by one 16-bit shared-memory store (sm_90 PTX:
+    64 per thread per iteration in the W4A16 GEMV). k0 and K are multiples of P (packing needs K % P == 0)."""
     P: tl.constexpr = 32 // BITS
-    shifts = tl.arange(0, P) * BITS
-    return tl.reshape((words[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1), (ROWS, COLS))
-
-
-@triton.jit
-def _dequant_tile(
-    qw_ptr,
-    s_ptr,
-    z_ptr,
-    k0,
-    offs_n,
-    g,
-    N,
-    K,
-    BITS: tl.constexpr,
-    HAS_ZEROS: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """[BLOCK_K, BLOCK_N] fp32 tile of W^T from row k0: (code - zero) * scale, scale row `g` (one group per
-    tile). k0 and K are multiples of the pack factor (packing needs K % P == 0; BLOCK_K >= P)."""
-    PACK: tl.constexpr = 32 // BITS
-    mask_n = offs_n < N
-    kw = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
-    words = tl.load(qw_ptr + kw[:, None] * N + offs_n[None, :], mask=(kw * PACK < K)[:, None] & mask_n[None, :],
+    kw = k0 // P + tl.arange(0, BLOCK_K // P)
+    words = tl.load(qw_ptr + kw[None, :] * N + offs_n[:, None], mask=(offs_n < N)[:, None] & (kw * P < K)[None, :],
                     other=0)  # fmt: skip
-    codes = _unpack_words(words, BITS, BLOCK_K, BLOCK_N).to(tl.float32)
-    scale = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    if HAS_ZEROS:
-        zero = tl.load(z_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    else:
-        zero = tl.full(offs_n.shape, 1 << (BITS - 1), tl.float32)
-    return (codes - zero[None, :]) * scale[None, :]
+    return tl.reshape(unpack_words(words, BITS), (offs_n.shape[0], BLOCK_K))
 
 
 @triton.jit
@@ -184,6 +159,7 @@ def _wq_kernel(
     GROUP_M: tl.constexpr,
     SPLITK: tl.constexpr,
     USE_ATOMIC: tl.constexpr,
+    F16_CODES: tl.constexpr = False,
 ):
     """Weight-only GEMM: one [BLOCK_M, BLOCK_N] output tile over a K range per program.
 
@@ -204,6 +180,7 @@ def _wq_kernel(
         k_start = 0
         k_end = K
     mask_m = offs_m < M
+    mask_n = offs_n < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -212,8 +189,27 @@ def _wq_kernel(
             mask=mask_m[:, None] & (offs_k < k_end)[None, :],
             other=0.0,
         ).to(tl.float32)
-        w = _dequant_tile(qw_ptr, s_ptr, z_ptr, k0, offs_n, k0 // GROUP, N, k_end, BITS, HAS_ZEROS, BLOCK_K, BLOCK_N)
-        acc += tl.dot(x.to(DOT_DTYPE), w.to(DOT_DTYPE), input_precision=DOT_PREC)
+        codes = _code_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K]
+        g = k0 // GROUP  # one group per tile
+        scale = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        if HAS_ZEROS:
+            zero = tl.load(z_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        else:
+            zero = tl.full(offs_n.shape, 1 << (BITS - 1), tl.float32)
+        if F16_CODES:
+            # Split-K with fp16 / bf16 activations (few rows, the weight tile dominates): x @ ((c - z) s) =
+            # (x @ c - rowsum(x) z) s per column, so the codes enter the product as they are, made fp16 by bit
+            # patterns (`codes_f16`), and scale and zero cost O(BLOCK_M x BLOCK_N) per tile instead of a
+            # multiply-add and two conversions per weight element. Each activation row is scaled by a power of
+            # two into fp16's range (bf16 rows beyond it included). With many rows (the tiled variant) the
+            # per-tile [BLOCK_M, BLOCK_N] work and the second accumulator cost more (sm_90: 122 -> 222
+            # registers at 128 x 128 x 32): that variant dequantizes the weight tile.
+            x_f, x_unf = pow2_scale(tl.max(tl.abs(x), 1), 14)
+            xc = tl.dot((x * x_f[:, None]).to(tl.float16), tl.trans(codes_f16(codes))) * x_unf[:, None]
+            acc += (xc - tl.sum(x, 1)[:, None] * zero[None, :]) * scale[None, :]
+        else:
+            w = (codes.to(tl.float32) - zero[:, None]) * scale[:, None]
+            acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), input_precision=DOT_PREC)
     if HAS_BIAS:
         bias = tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
         if SPLITK:
@@ -336,12 +332,9 @@ def _scaled_mm_kernel(
             acc += tl.dot(a, w)
         else:
             a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask, other=0)
-            kw = k0 // 4 + tl.arange(0, BLOCK_K // 4)
-            words = tl.load(w_ptr + kw[:, None] * N + offs_n[None, :], mask=(kw * 4 < K)[:, None] & mask_n[None, :],
-                            other=0)  # fmt: skip
-            codes = _unpack_words(words, 8, BLOCK_K, BLOCK_N)
-            w = tl.where(wmask, codes - 128, 0).to(tl.int8)
-            acc += tl.dot(a, w, out_dtype=tl.int32)
+            codes = _code_tile_nk(w_ptr, k0, offs_n, N, K, 8, BLOCK_K)  # [BLOCK_N, BLOCK_K]
+            w = tl.where(mask_n[:, None] & mask_k[None, :], codes - 128, 0).to(tl.int8)
+            acc += tl.dot(a, tl.trans(w), out_dtype=tl.int32)
     a_s = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
     if PER_TENSOR_W:
         w_s = tl.load(ws_ptr + offs_n * 0)
@@ -404,6 +397,9 @@ def wq_gemm(
         # spills 1.8-3.3 KB per thread (sm_90 ptxas): fp32 is the correctness path, not the fast one.
         # ("tf32x3" keeps the tensor cores and spills <= 92 B; not yet checked on a GPU.)
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
+        # Split-K with fp16 / bf16 activations meets the codes in fp16 (not bf16 in the interpreter: its bf16
+        # arithmetic is wrong).
+        F16_CODES=variant == "splitk" and _dot_dtype(x.dtype, x.device) in (tl.float16, tl.bfloat16),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 1),
         SPLITK=variant == "splitk", USE_ATOMIC=split > 1, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip

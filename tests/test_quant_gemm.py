@@ -52,6 +52,25 @@ def test_weight_only_kernel_matches_fp64_reference(fmt, m, dtype):
     assert_rel_close(_run_wq(x, qw, bias), _ref(x, qw, bias), BOUND[dtype], f"{fmt} M={m}")
 
 
+@pytest.mark.parametrize("fmt", FORMATS[:3], ids=lambda f: f"{f[0]}-g{f[1]}-{'sym' if f[2] else 'asym'}")
+@pytest.mark.parametrize("m", [2, 13])  # the split-K variant (M <= 16)
+def test_weight_only_fp16_codes_take_bf16_rows_beyond_fp16_range(fmt, m, monkeypatch):
+    """On a GPU, split-K's bf16 activations meet the codes in fp16 products after a power-of-two row scale. Forced
+    here (the interpreter otherwise multiplies bf16 in fp32): rows of magnitude 1e6, beyond fp16's 65504, and
+    rows of 1e-6; the interpreter's bf16 store truncates, hence bf16's bound."""
+    monkeypatch.setattr(qt, "_dot_dtype", lambda x_dtype, device: qt._TL_DTYPE[x_dtype])
+    qw = qf.quantize_rtn(torch.randn(96, 384), *fmt)
+    x = torch.randn(m, 384)
+    x[::2] *= 1e6
+    x[1::2] *= 1e-6
+    x = x.to(torch.bfloat16)
+    got = _run_wq(x, qw, None)
+    assert torch.isfinite(got).all()
+    want = _ref(x, qw, None)
+    for rows in (slice(0, None, 2), slice(1, None, 2)):
+        assert_rel_close(got[rows], want[rows], BOUND[torch.bfloat16], f"{fmt} M={m} rows {rows}")
+
+
 @pytest.mark.parametrize("m", [2, 33])
 def test_weight_only_kernel_bf16_activations(m):
     # bf16 is converted to fp32 right after the load; the interpreter's bf16 store truncates.
