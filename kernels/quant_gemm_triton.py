@@ -6,8 +6,10 @@ Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), W in the native layout of `codesign.kern
 Launchers here assume validated, contiguous arguments (`codesign.kernels.quant_gemm` validates).
 Launch parameters come from `codesign.autotune.lookup.lookup_config` (fixed defaults when no GPU:
 the interpreter cannot time configs). Activations are converted to fp32 right after loading
-because bf16 arithmetic is wrong in Triton's interpreter; on a GPU the matmul operands are cast
-back to the activation dtype (exact for the activation; the dequantized weight rounds once).
+because bf16 arithmetic is wrong in Triton's interpreter. On a GPU the tiled variant casts the matmul
+operands back to the activation dtype (exact for the activation; the dequantized weight rounds once);
+split-K meets the raw codes as fp16 with the activation rows scaled into fp16's range (exact both) and
+applies each group's scale and zero per output element (`_wq_kernel`).
 """
 
 from __future__ import annotations
