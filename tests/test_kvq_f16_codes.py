@@ -185,3 +185,20 @@ def test_oaken_offline_fp16_and_bf16_queries(monkeypatch):
     cache, bt, cl, xs, thr, grid = _setup([11, 6, 9, 30])
     kd, vd, *_ = _reference_pool(cache, bt, xs, thr, grid, 4)
     _oaken_check("oaken offline", cache, bt, cl, kd, vd, monkeypatch)
+
+
+def test_fp16_tree_verification_over_int4():
+    """Tree attention (prefix tiles without a mask, then the ancestor-masked tree) through the fp16 path."""
+    from codesign.kernels.kv_quant_paged import kvq_tree_attention
+    from codesign.kernels.tree_attention import build_tree_batch
+
+    parents = [[-1, 0, 0, 1], [-1, 0]]
+    tree = build_tree_batch(parents, [6, 5])
+    cache, bt, cl, *_ = _build("int4", tree.context_lens.tolist(), 2, 16, 4, share=1)
+    cache.v_meta.mul_(1e-4)
+    q = (torch.randn(6, 4, 16) * 3.0).half()
+    with use_backend("triton"):
+        out = kvq_tree_attention(q, cache, bt, tree, num_splits=1)
+    kd, vd = _dequant_ref(cache)
+    ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [4, 2], parents=parents)
+    assert_rel_close(out.double(), ref, 1e-3, "int4 fp16 tree")
