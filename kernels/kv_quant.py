@@ -352,7 +352,7 @@ def oaken_quantize_block(x: torch.Tensor, bits: int, thresholds: torch.Tensor, c
 
 
 # --- Oaken with offline metadata ("offline": 8-bit per-token shift and range on an offline grid) -----
-FP16_MAX = 65504.0
+FP16_MAX = torch.finfo(torch.float16).max  # 65504
 GRID_LEVELS = 255  # the 8-bit (z, r) codes index grid points base + i * step, i in [0, 255]
 
 

@@ -108,21 +108,8 @@ def _find_seq(cu_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def _fp8_e4m3_decode(byte):
-    """fp32 value of e4m3fn bytes (int32) with integer ops (no fp8 type: every GPU, the interpreter).
-
-    E = bits 6..3, M = bits 2..0: E > 0 gives (1 + M/8) 2^(E-7), E = 0 gives M 2^-9; 0x7F/0xFF are NaN."""
-    ex = (byte >> 3) & 15
-    m = byte & 7
-    normal = (((ex + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)  # 120 = 127 - 7
-    mag = tl.where(ex == 0, m.to(tl.float32) * 0.001953125, normal)
-    mag = tl.where((byte & 0x7F) == 0x7F, float("nan"), mag)
-    return tl.where((byte & 0x80) != 0, -mag, mag)
-
-
-@triton.jit
 def _fp8_e4m3_f16(byte):
-    """fp16 value of e4m3fn bytes (int32), exactly, without a conversion instruction (sm_80, the interpreter):
+    """fp16 value of e4m3fn bytes (int32), exactly, with integer ops and no fp8 type (sm_80, the interpreter):
     the sign, E and M bits moved into fp16's fields read as the e4m3 value times 2^-8 (both biases and the
     subnormals line up), so one exact fp16 multiply by 256 follows; 0x7F/0xFF are NaN."""
     bits = ((byte & 0x80) << 8) | ((byte & 0x7F) << 7)
@@ -196,20 +183,15 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
             x = tl.where(hit > 0.5, val, x)
         x = tl.where(kv_m, x, 0.0)
     elif KV_FORMAT == 2:
-        if out_ty == tl.float16:
-            # e4m3 values are exact in fp16; the head's scale is applied outside the tile (the kernel folds the
-            # key scale into the scores' row factor and the value scale into the output), not per element.
-            if HW_FP8:  # sm_89+: the hardware's e4m3 conversion (NaN codes included), two elements at a time
-                raw = tl.load(base + d[None, :], mask=kv_m, other=0)
-                x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-            else:
-                x = _fp8_e4m3_f16(tl.load(base + d[None, :], mask=kv_m, other=0).to(tl.int32))
-        elif HW_FP8:  # sm_89+: the hardware's e4m3 conversion (same values, NaN codes included), not ~15 int ops
-            raw = tl.load(base + d[None, :], mask=kv_m, other=0)
-            x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * tl.load(s_ptr + kvh)
+        raw = tl.load(base + d[None, :], mask=kv_m, other=0)
+        if HW_FP8:  # sm_89+: the hardware's e4m3 conversion (NaN codes included), two elements at a time
+            x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
         else:
-            byte = tl.load(base + d[None, :], mask=kv_m, other=0).to(tl.int32)
-            x = _fp8_e4m3_decode(byte) * tl.load(s_ptr + kvh)
+            x = _fp8_e4m3_f16(raw.to(tl.int32))
+        # e4m3 values are exact in fp16. fp16 tiles leave the head's scale out (the kernel folds the key scale
+        # into the scores' row factor and the value scale into the output); fp32 tiles take it per element.
+        if out_ty != tl.float16:
+            x = x.to(tl.float32) * tl.load(s_ptr + kvh)
     else:
         quant = (j < nq)[:, None]
         qm = kv_m & quant
