@@ -1,22 +1,33 @@
 """Shared test set-up: Triton's interpreter on GPU-less machines, seeding, comparison helpers.
 
 TRITON_INTERPRET must be set before any @triton.jit function is defined, so it
-happens here, at conftest import, before test modules import codesign.kernels.
+happens here, at conftest import, before test modules import codesign.kernels. The tests folder goes
+on sys.path so tests in its subfolders import `helpers` and the references beside it.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import sys
 import zlib
+from pathlib import Path
 
 import pytest
 
-from codesign.backend import cuda_available, enable_interpreter_if_no_gpu
+TESTS_DIR = Path(__file__).resolve().parent
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))
+
+from helpers import inductor_cache_per_cpu_capability  # noqa: E402
+
+from codesign.backend import cuda_available, enable_interpreter_if_no_gpu  # noqa: E402
 
 # Keep the interpreter and torch from fighting over the 2 cores of CI machines.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 enable_interpreter_if_no_gpu()
+# Before anything compiles: the suite runs once more under ATEN_CPU_CAPABILITY=avx2 on AVX-512 machines.
+inductor_cache_per_cpu_capability()
 
 GPU_REASON = "needs a CUDA GPU (run bench/gpu_suite.py on a GPU machine)"
 

@@ -81,3 +81,26 @@ def seq_slots(block_tables: torch.Tensor, b: int, n: int, block_size: int) -> to
         [int(block_tables[b, t // block_size]) * block_size + t % block_size for t in range(n)],
         dtype=torch.int32,
     )
+
+
+def inductor_cache_per_cpu_capability() -> str:
+    """Point TORCHINDUCTOR_CACHE_DIR at a folder of its own per ATen CPU capability; returns it.
+
+    torch 2.13's FX graph cache leaves the capability out of its key, but the cached C++ kernels are
+    rebuilt for the current one: code vectorized 8 wide under ATEN_CPU_CAPABILITY=avx2 then stores
+    16 floats per step under AVX-512 (32 bytes past each buffer: glibc aborts), and 16-wide code
+    leaves half of every output unwritten under AVX2 (NaN, 1e35). One folder per capability keeps
+    the two apart (docs/known-issues.md).
+    """
+    import os
+
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if base is None:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        base = default_cache_dir()
+    cap = torch.backends.cpu.get_cpu_capability().lower()
+    if os.path.basename(os.path.normpath(base)) != cap:
+        base = os.path.join(base, cap)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = base
+    return base

@@ -36,6 +36,9 @@ from codesign.kernels.df11_linear import (
 )
 from codesign.specs import CodesignError
 
+# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
+pytestmark = pytest.mark.numerics
+
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 

@@ -19,6 +19,9 @@ from codesign.kernels.df11_linear import (
 )
 from codesign.specs import CodesignError
 
+# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
+pytestmark = pytest.mark.numerics
+
 
 def mlp(*widths: int) -> nn.Sequential:
     layers: list[nn.Module] = []

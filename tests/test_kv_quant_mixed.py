@@ -17,6 +17,9 @@ from codesign.kernels.kv_quant_mixed import MixedPagedKV, cocktail_bits, mixed_a
 from codesign.kernels.tree_attention import build_tree_batch
 from codesign.specs import CodesignError
 
+# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
+pytestmark = pytest.mark.numerics
+
 BS, H, D = 4, 2, 16
 
 

@@ -24,6 +24,9 @@ from codesign.kernels.paged_attention import PagedDecodeWrapper, PagedExtendWrap
 from codesign.kernels.tree_attention import TreeAttentionWrapper
 from codesign.specs import CodesignError
 
+# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
+pytestmark = pytest.mark.numerics
+
 BS, H, D, HQ = 4, 2, 16, 4
 CTX = [7, 4, 10]  # odd lengths: partial blocks
 CAP = 3

@@ -21,6 +21,9 @@ from codesign.kernels.paged_attention import (
 from codesign.kernels.paged_attention_triton import MIN_TOKENS_PER_SPLIT, choose_num_splits
 from codesign.specs import CodesignError
 
+# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
+pytestmark = pytest.mark.numerics
+
 # fp32 kernels differ from fp64 only by rounding; fp16 adds the fp16 rounding of P and of the output.
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3}
 BACKENDS = ["triton", "torch"]

@@ -19,6 +19,9 @@ from codesign.kernels import quant_gemm as qg
 from codesign.kernels import quant_gemm_triton as qt
 from codesign.specs import CodesignError
 
+# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
+pytestmark = pytest.mark.numerics
+
 BOUND = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}
 FORMATS = [  # (dtype, group_size, symmetric)
     ("int4", 128, True),
