@@ -1,0 +1,21 @@
+"""Hugging Face transformers on codesign's kernels: paged and quantized KV caches inside `generate`, tree
+speculative decoding, quantized checkpoints through `from_pretrained`, and the same run costed on a design.
+
+Importing this package registers the attention function `codesign_paged` (and its mask entry) and the
+quantizer `quant_method="codesign"` with transformers.
+"""
+
+from codesign.integrations.hf.support import check_transformers_version
+
+check_transformers_version()
+
+from codesign.integrations.hf.attention import register as _register_attention  # noqa: E402
+from codesign.integrations.hf.cache import CodesignCache  # noqa: E402
+from codesign.integrations.hf.one_call import generate, run_generate  # noqa: E402
+from codesign.integrations.hf.speculative import ModelDraft, NGramDraft, TreeSpeculator, chain_tree  # noqa: E402
+from codesign.integrations.hf.support import ATTN_NAME  # noqa: E402
+
+_register_attention()
+
+__all__ = ["ATTN_NAME", "CodesignCache", "ModelDraft", "NGramDraft", "TreeSpeculator", "chain_tree", "generate",
+           "run_generate"]  # fmt: skip
