@@ -5,8 +5,15 @@ Importing this package registers the attention function `codesign_paged` (and it
 quantizer `quant_method="codesign"` with transformers.
 """
 
+import sys
+
+from codesign.backend import enable_interpreter_if_no_gpu
 from codesign.integrations.hf.support import check_transformers_version
 
+# Without a GPU the Triton backend runs through the interpreter, which must be on before the kernels are defined
+# (left alone if the caller imported them already: the torch backend still serves).
+if not any(m.startswith("codesign.kernels") for m in sys.modules):
+    enable_interpreter_if_no_gpu()
 check_transformers_version()
 
 from codesign.integrations.hf.attention import register as _register_attention  # noqa: E402

@@ -98,6 +98,11 @@ def parse_kv_format(name: str | KVSpec | None, model_dtype: torch.dtype) -> KVSp
     return KVSpec(t, kind, bits=bits)
 
 
+def default_block_size(spec: KVSpec) -> int:
+    """16 tokens a block; KIVI's 32, its key group, which must divide the block."""
+    return K.KIVI_GROUP if spec.kind == "kivi" else 16
+
+
 def _oaken_capacity(kind: str, block_size: int, head_dim: int) -> int:
     if kind == "oaken_offline":
         return K.OAKEN_OFFLINE_CAP

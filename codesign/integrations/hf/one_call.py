@@ -16,7 +16,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from codesign.integrations.hf.cache import CodesignCache, StepRecord, blocks_needed
-from codesign.integrations.hf.kv_formats import parse_kv_format
+from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
 from codesign.integrations.hf.speculative import SpeculationStats, TreeSpeculator, cache_kwarg
 from codesign.integrations.hf.support import ATTN_NAME, check_model, text_config
 from codesign.specs import CodesignError
@@ -76,7 +76,7 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
     """`generate` with its record (see `generate`)."""
     layout = check_model(model)
     spec = parse_kv_format(kv_format, layout.dtype)
-    bs = block_size or (32 if spec.kind == "kivi" else 16)
+    bs = block_size or default_block_size(spec)
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise CodesignError(
             f"input_ids must be a [batch, tokens] tensor, got {getattr(input_ids, 'shape', input_ids)}"
