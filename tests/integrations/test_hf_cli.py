@@ -89,6 +89,32 @@ def test_catalogue_models_become_transformers_configs():
     assert hf_config(load_model("mistral-7b")).model_type == "mistral"
 
 
+def test_each_recorded_step_is_costed_as_what_it_ran():
+    """Decode, extend (prompt-lookup verification) and tree steps become the mapper's decode, extend and tree
+    attention over their prefix, with logits for every verified token; more work predicts more time."""
+    from codesign.integrations.hf import chain_tree
+    from codesign.integrations.hf.cache import StepRecord
+    from codesign.integrations.hf.costing import StepCoster, run_shape, step_graph
+    from codesign.integrations.hf.kv_formats import parse_kv_format
+    from codesign.specs import PagedDecodeAttention, PagedExtendAttention, TreeAttention
+
+    model = tiny_model("llama")
+    shape = run_shape(model, parse_kv_format("int4", torch.float32), 16)
+    parents = tuple(chain_tree(2, 3))
+    steps = {"decode": StepRecord("decode", (1, 1), (20, 30)), "extend": StepRecord("extend", (4,), (24,)),
+             "tree": StepRecord("tree", (7, 7), (27, 37), parents)}  # fmt: skip
+    specs = {k: step_graph(shape, s).nodes["L1.attention"]["spec"] for k, s in steps.items()}
+    assert isinstance(specs["decode"], PagedDecodeAttention) and specs["decode"].context_lens == (20, 30)
+    assert isinstance(specs["extend"], PagedExtendAttention) and specs["extend"].prefix_lens == (20,)
+    tree = specs["tree"]
+    assert isinstance(tree, TreeAttention) and (tree.tree_sizes, tree.prefix_lens) == ((7, 7), (20, 30))
+    assert tree.ancestor_pairs == (1 + 2 * (2 + 3 + 4),) * 2  # root 1, each chain node depth + 1
+    assert step_graph(shape, steps["tree"]).nodes["lm_head"]["spec"].M == 14
+    assert shape.kv_format.name == "int4-per_token"
+    c = StepCoster("tpu_like", shape)
+    assert c.seconds(steps["tree"]) > c.seconds(steps["decode"])
+
+
 def test_gpu_suite_hook_at_a_tiny_shape():
     model = tiny_model("llama")
     rows = bench_decode(model, batches=(1, 2), prompt_len=6, new_tokens=3, device="cpu", dtype=torch.float32,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_testing import assert_same_greedy_where_decisive, greedy, prompts, tiny_model
+from hf_testing import DECISIVE_QUANT, assert_same_greedy_where_decisive, greedy, prompts, tiny_model
 
-from codesign.integrations.hf import ATTN_NAME, TreeSpeculator, chain_tree, run_generate
+from codesign.integrations.hf import ATTN_NAME, ModelDraft, TreeSpeculator, chain_tree, run_generate
 from codesign.specs import CodesignError
 
 pytestmark = pytest.mark.numerics
@@ -35,16 +35,35 @@ def test_greedy_tree_speculation_is_plain_greedy(draft):
     assert len(sp.stats.accepted) == len(run.steps) - 1
 
 
+class _SwappedBranches(ModelDraft):
+    """The target as a greedy draft, its two chains swapped: the right continuation sits in the second branch,
+    so every accepted path leaves the first branch behind (positions, the tree mask and the compaction all
+    matter)."""
+
+    def propose(self, *args):
+        toks, probs = super().propose(*args)
+        d = (toks.shape[1] - 1) // 2
+        return torch.cat([toks[:, :1], toks[:, 1 + d :], toks[:, 1 : 1 + d]], 1), probs
+
+
+def test_accepted_paths_through_the_second_branch():
+    model = tiny_model("mistral")
+    ids, mask = prompts(2, 9, pads=(0, 2))
+    want = greedy(model, ids, mask, NEW)
+    sp = TreeSpeculator(_SwappedBranches(model), width=2, depth=3)
+    run = _spec_run(model, ids, mask, sp)
+    assert_same_greedy_where_decisive(run.sequences, want, ids.shape[1])
+    assert sp.stats.accepted == [[3, 3]] * 3
+
+
 def test_the_target_as_its_own_draft_accepts_every_token():
     model = tiny_model("qwen2")
     ids, _ = prompts(1, 9)
-    want = greedy(model, ids, None, NEW)
     sp = TreeSpeculator(model, parents=[-1, 0, 1, 2, 0, 4])  # two chains of 3 and 2 tokens
     run = _spec_run(model, ids, None, sp, kv_format="int8")
     ref_q = run_generate(model, ids, "int8", max_new_tokens=NEW, do_sample=False, pad_token_id=0,
                          eos_token_id=None, return_dict_in_generate=True, output_logits=True).output  # fmt: skip
-    assert_same_greedy_where_decisive(run.sequences, ref_q, ids.shape[1])
-    assert_same_greedy_where_decisive(run.sequences, want, ids.shape[1])
+    assert_same_greedy_where_decisive(run.sequences, ref_q, ids.shape[1], DECISIVE_QUANT)
     # Every step accepts the 3-token chain: 1 root + 3 steps of (3 accepted + 1 bonus) = 13 >= 10 tokens.
     assert sp.stats.accepted == [[3], [3], [3]]
 

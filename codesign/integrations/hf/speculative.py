@@ -122,7 +122,7 @@ class NGramDraft:
                         return out
         return out + [seq[-1]] * (m - len(out))
 
-    def accept(self, committed: list[list[int]]) -> None:
+    def accept(self, committed: list[list[int]], target_lengths: list[int]) -> None:
         """Nothing: the contexts carry everything."""
 
     def select(self, rows: list[int]) -> None:
@@ -192,9 +192,13 @@ class ModelDraft:
         cache.rewind(lens)
         return toks, probs
 
-    def accept(self, committed: list[list[int]]) -> None:
-        """Cache the committed tokens (root and accepted) of each row."""
+    def accept(self, committed: list[list[int]], target_lengths: list[int]) -> None:
+        """Cache the committed tokens (root and accepted) of each row; the draft then holds the target's context."""
         forward_rows(self.model, self.cache, committed, self.cache.row_lengths())
+        if self.cache.row_lengths() != target_lengths:
+            raise CodesignError(
+                f"draft and target contexts diverged: {self.cache.row_lengths()} vs {target_lengths} tokens"
+            )
 
     def select(self, rows: list[int]) -> None:
         self.cache.select_rows(rows)
@@ -321,7 +325,7 @@ class TreeSpeculator:
                 ctx[b] += list(res.tokens)
                 roots[b] = res.tokens[-1]
             cache.accept_tree(paths)
-            self.draft.accept(committed)
+            self.draft.accept(committed, cache.row_lengths())
             self.stats.accepted.append(accepted)
             keep = [i for i, b in enumerate(active) if not done[b]]
             if len(keep) < len(active):
