@@ -21,7 +21,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from codesign.integrations.hf import _kernels as K
-from codesign.integrations.hf.support import ATTN_NAME
+from codesign.integrations.hf.support import ATTN_NAME, left_pads
 from codesign.specs import CodesignError
 
 TRANSIENT_BLOCK = 16
@@ -74,10 +74,7 @@ def _transient(query, key, value, mask2d, scaling, window, softcap) -> torch.Ten
     b, hq, s, d = query.shape
     hkv, length = key.shape[1], key.shape[2]
     real = torch.ones(b, length, dtype=torch.bool) if mask2d is None else mask2d.cpu()
-    if real.shape != (b, length):
-        raise CodesignError(f"attention mask of shape {tuple(real.shape)} for keys of {length} columns")
-    if (real[:, 1:].int() < real[:, :-1].int()).any():
-        raise CodesignError("padding must be on the left: a masked column follows a real one")
+    left_pads(real, (b, length))
     lens, qlens = real.sum(1), real[:, length - s :].sum(1)
     nb = -(-length // TRANSIENT_BLOCK)
     kc = key.new_zeros(b * nb, TRANSIENT_BLOCK, hkv, d)

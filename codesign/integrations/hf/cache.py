@@ -37,7 +37,7 @@ from codesign.integrations.hf.kv_formats import (
     new_storage,
     parse_kv_format,
 )
-from codesign.integrations.hf.support import ATTN_NAME, check_model, text_config
+from codesign.integrations.hf.support import ATTN_NAME, check_model, left_pads, text_config
 from codesign.specs import CodesignError
 
 UNDO_MAX = 64  # tokens a row: forwards this short (decode, verification) can be rolled back in every format
@@ -317,10 +317,7 @@ class CodesignCache(Cache):
             raise CodesignError(
                 f"attention mask of shape {tuple(mask2d.shape)}; expected ({batch}, {self.seen + width})"
             )
-        new = mask2d[:, -width:].cpu()
-        if (new[:, 1:].int() < new[:, :-1].int()).any():
-            raise CodesignError("padding must be on the left: a masked column follows a real one")
-        return (~new).sum(1).tolist()
+        return left_pads(mask2d[:, -width:], (batch, width))
 
     def _allocate(self, counts, starts, device, share=None) -> WritePlan:
         """Reserve counts[b] slots for each row, copying shared partial blocks (copy-on-write) in every layer;

@@ -78,6 +78,17 @@ def forward_rows(model, cache: CodesignCache, rows: Sequence[Sequence[int]], pos
     ).logits
 
 
+def prefill(model, cache: CodesignCache, input_ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The prompts' forward (left padding in `mask`; positions count real tokens only); returns the logits."""
+    dev = model.device
+    pos = None if mask is None else (mask.long().cumsum(-1) - 1).clamp(min=0).to(dev)
+    am = None if mask is None else mask.to(dev)
+    kw = {cache_kwarg(model): cache}
+    return model(
+        input_ids=input_ids.to(dev), attention_mask=am, position_ids=pos, use_cache=True, **kw
+    ).logits
+
+
 class NGramDraft:
     """Prompt lookup: a node's children continue the latest earlier occurrences of the last `max_ngram`
     (down to 1) tokens of the context and the node's path, distinct first tokens first."""
@@ -148,11 +159,7 @@ class ModelDraft:
         self.model.set_attn_implementation(ATTN_NAME)
         # Plain K/V in the draft's dtype: its forks are rewound across forwards, which every plain format allows.
         self.cache = CodesignCache(self.model, None, num_blocks=num_blocks, block_size=self.block_size)
-        kw = {cache_kwarg(self.model): self.cache}
-        dev = self.model.device
-        am = None if attention_mask is None else attention_mask.to(dev)
-        pos = None if attention_mask is None else (attention_mask.long().cumsum(-1) - 1).clamp(min=0).to(dev)
-        self.model(input_ids=input_ids.to(dev), attention_mask=am, position_ids=pos, use_cache=True, **kw)
+        prefill(self.model, self.cache, input_ids, attention_mask)
 
     def finish(self) -> None:
         if self._prev_attn is not None:
@@ -284,16 +291,8 @@ class TreeSpeculator:
     def _loop(self, model, input_ids, mask, prompts, cache, processors, stopping, cfg, gen):
         t0 = time.perf_counter()
         vocab = text_config(model).vocab_size
-        kw = {cache_kwarg(model): cache}
-        dev = model.device
-        pos = None if mask is None else (mask.long().cumsum(-1) - 1).clamp(min=0).to(dev)
-        am = None if mask is None else mask.to(dev)
-        logits = model(
-            input_ids=input_ids.to(dev), attention_mask=am, position_ids=pos, use_cache=True, **kw
-        ).logits
-        rows = [
-            list(r) for r in input_ids.tolist()
-        ]  # padded prompt + generated, as plain generate's input_ids
+        logits = prefill(model, cache, input_ids, mask)
+        rows = [list(r) for r in input_ids.tolist()]  # padded prompt + generated, as generate's input_ids
         roots = [self._pick(processors, rows[b], logits[b, -1], gen) for b in range(len(rows))]
         done = [False] * len(rows)
         for b in range(len(rows)):

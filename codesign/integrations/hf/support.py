@@ -48,6 +48,16 @@ class Layout:
     modules: tuple[nn.Module, ...]
 
 
+def left_pads(mask: torch.Tensor, shape: tuple[int, int]) -> list[int]:
+    """Padding columns of each row of a bool mask of `shape` (False: padding); only left padding is served."""
+    if tuple(mask.shape) != tuple(shape):
+        raise CodesignError(f"attention mask of shape {tuple(mask.shape)}; expected {tuple(shape)}")
+    m = mask.cpu()
+    if (m[:, 1:].int() < m[:, :-1].int()).any():
+        raise CodesignError("padding must be on the left: a masked column follows a real one")
+    return (~m).sum(1).tolist()
+
+
 def text_config(model: nn.Module):
     cfg = getattr(model, "config", None)
     if cfg is None:
