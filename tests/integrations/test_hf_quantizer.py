@@ -9,7 +9,7 @@ import torch
 from hf_testing import assert_same_greedy_where_decisive, greedy, prompts, tiny_model
 from transformers import AutoModelForCausalLM
 
-from codesign.integrations.hf import CodesignQuantConfig, from_quantized_checkpoint, generate
+from codesign.integrations.hf import CodesignQuantConfig, from_quantized_checkpoint, generate, load_gptq_awq
 from codesign.integrations.hf import _kernels as K
 from codesign.specs import CodesignError
 
@@ -86,12 +86,14 @@ def _pack_along_n(x: torch.Tensor, bits: int, order=None) -> torch.Tensor:
 
 @pytest.mark.parametrize("method", ["gptq", "awq"])
 def test_gptq_and_awq_checkpoints_through_the_importers(method, tmp_path):
-    """Each linear quantized round-to-nearest (int4, group 32, asymmetric), written in the checkpoint's own
-    layout, imported: logits bit-identical to quantize_ with that config; saved and reloaded as codesign."""
-    model = tiny_model("llama")
+    """Each linear quantized round-to-nearest (int4, group 32, asymmetric) and written in the checkpoint's own
+    layout (a checkpoint folder, config.json naming the method): logits bit-identical to quantize_ with that
+    config; saved and reloaded as a codesign checkpoint."""
+    from safetensors.torch import save_file
+
     native = K.quantize_(tiny_model("llama"), K.W4A16Config(group_size=32, symmetric=False),
                          lambda m, fqn: "lm_head" not in fqn)  # fmt: skip
-    state = {}
+    state = {k: v for k, v in tiny_model("llama").state_dict().items() if "_proj." not in k}
     for fqn, m in native.named_modules():
         if isinstance(m, K.QuantLinear):
             w = m.quantized_weight()
@@ -105,7 +107,13 @@ def test_gptq_and_awq_checkpoints_through_the_importers(method, tmp_path):
                 state[f"{fqn}.qweight"] = _pack_along_n(c, 4, order)
                 state[f"{fqn}.qzeros"] = _pack_along_n(z, 4, order)
             state[f"{fqn}.scales"] = w.scales
-    from_quantized_checkpoint(model, state, method, bits=4, group_size=32)
+    folder = tmp_path / f"{method}-ckpt"
+    cfg = tiny_model("llama").config
+    cfg.quantization_config = {"quant_method": method, "bits": 4, "group_size": 32, "sym": False,
+                               **({"version": "gemm"} if method == "awq" else {"desc_act": False})}  # fmt: skip
+    cfg.save_pretrained(folder)
+    save_file({k: v.contiguous() for k, v in state.items()}, folder / "model.safetensors")
+    model = load_gptq_awq(folder)
     ids, _ = prompts(2, 8)
     with torch.no_grad():
         assert torch.equal(model(ids).logits, native(ids).logits)

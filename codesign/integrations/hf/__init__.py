@@ -19,7 +19,11 @@ check_transformers_version()
 from codesign.integrations.hf.attention import register as _register_attention  # noqa: E402
 from codesign.integrations.hf.cache import CodesignCache  # noqa: E402
 from codesign.integrations.hf.one_call import generate, run_generate  # noqa: E402
-from codesign.integrations.hf.quantizer import CodesignQuantConfig, from_quantized_checkpoint  # noqa: E402
+from codesign.integrations.hf.quantizer import (  # noqa: E402
+    CodesignQuantConfig,
+    from_quantized_checkpoint,
+    load_gptq_awq,
+)
 from codesign.integrations.hf.speculative import ModelDraft, NGramDraft, TreeSpeculator, chain_tree  # noqa: E402
 from codesign.integrations.hf.support import ATTN_NAME  # noqa: E402
 
@@ -27,5 +31,5 @@ _register_attention()
 
 __all__ = [
     "ATTN_NAME", "CodesignCache", "CodesignQuantConfig", "ModelDraft", "NGramDraft", "TreeSpeculator",
-    "chain_tree", "from_quantized_checkpoint", "generate", "run_generate",
+    "chain_tree", "from_quantized_checkpoint", "generate", "load_gptq_awq", "run_generate",
 ]  # fmt: skip

@@ -10,8 +10,9 @@ Quantize on load runs `quantize_` (round to nearest) after the float weights loa
 each recorded linear for an empty module of the recorded layout before the weights load, so the checkpoint's
 buffers fill it. `modules_to_not_convert` (default: the lm head) stay float.
 
-GPTQ and AWQ checkpoints convert through `from_quantized_checkpoint` (the kernels' importers): their packed
-int32 tensors become native QuantLinear modules, and the result saves as a "codesign" checkpoint.
+GPTQ and AWQ checkpoints convert through the kernels' importers (`load_gptq_awq` for a checkpoint folder,
+`from_quantized_checkpoint` for a state dict): their packed int32 tensors become native QuantLinear modules,
+and the result saves as a "codesign" checkpoint.
 """
 
 from __future__ import annotations
@@ -141,6 +142,44 @@ def from_quantized_checkpoint(model: nn.Module, state: dict[str, torch.Tensor], 
                              symmetric=False, layers=record_layers(model))  # fmt: skip
     model.config.quantization_config = qc
     model.is_quantized, model.quantization_method = True, QUANT_METHOD
+    return model
+
+
+def load_gptq_awq(path, dtype: torch.dtype | None = None) -> nn.Module:
+    """A GPTQ or AWQ checkpoint folder (config.json's quantization_config says which) as a model of native
+    QuantLinear layers: the packed tensors through the kernels' importers, every other tensor as saved."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(path)
+    qc = dict(getattr(cfg, "quantization_config", None) or {})
+    method = qc.get("quant_method")
+    if method not in ("gptq", "awq"):
+        raise CodesignError(f"{path}: quantization_config.quant_method is {method!r}, not 'gptq' or 'awq'")
+    if method == "awq" and str(qc.get("version", "gemm")).lower() != "gemm":
+        raise CodesignError(
+            f"{path}: AWQ version {qc.get('version')!r}; the importer reads the 'gemm' layout"
+        )
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise CodesignError(f"{path}: no .safetensors files")
+    state = {k: v for f in files for k, v in load_file(f).items()}
+    del cfg.quantization_config
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    zero_offset = 0 if qc.get("checkpoint_format") == "gptq_v2" else 1
+    from_quantized_checkpoint(model, state, method, int(qc.get("bits", 4)), int(qc.get("group_size", 128)),
+                              zero_offset)  # fmt: skip
+    packed = (".qweight", ".qzeros", ".scales", ".g_idx")
+    rest = {k: v for k, v in state.items() if not k.endswith(packed)}
+    missing, unexpected = model.load_state_dict(rest, strict=False)
+    missing = [k for k in missing if not isinstance(_get(model, k.rpartition(".")[0]), K.QuantLinear)]
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    if unexpected or set(missing) - tied:
+        raise CodesignError(
+            f"{path}: tensors left unmatched: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     return model
 
 

@@ -278,7 +278,7 @@ class TreeSpeculator:
         if not isinstance(cache, CodesignCache) or cache.row_lengths():
             nb = self.num_blocks or self.blocks_for([len(p) for p in prompts], max_length)
             cache = CodesignCache(model, self.kv_format, num_blocks=nb, block_size=self.block_size)
-        self.cache = cache
+        self.cache, self.stats = cache, SpeculationStats()  # the stats are this call's
         self.draft.start(model, prompts, input_ids, mask, cache.num_blocks)
         try:
             return self._loop(
