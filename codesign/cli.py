@@ -33,6 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "attention error and bits per element of each KV format",
     ),
     "map": ("codesign.dataflow.map_cli", "map and schedule one model step onto a GPU or a simulated design"),
+    "generate": ("codesign.integrations.hf.cli", "run a transformers model on codesign's kernels; cost it on a design"),
 }
 
 

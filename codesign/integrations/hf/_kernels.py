@@ -1,0 +1,150 @@
+"""Every kernel internal the Hugging Face integration uses, imported in this one place, plus the two
+functions that read or rebuild the kernels' linear modules by their attributes (a checkpoint's layouts).
+
+The kernel modules are being regrouped into families (gemm, df11, kvcache, attention); when their paths
+move, only this file changes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from codesign.kernels import kv_quant as kvq
+from codesign.kernels.df11_linear import (
+    DecodeWorkspace,
+    LosslessBF16Config,
+    LosslessBF16Linear,
+    PackedDF11,
+    compress_model_,
+    model_weight_format,
+)
+from codesign.kernels.kv_quant_kivi import (
+    KiviPagedKV,
+    kivi_decode_attention,
+    kivi_extend_attention,
+    kivi_tree_attention,
+)
+from codesign.kernels.kv_quant_mixed import (
+    MIXED_BITS,
+    MixedPagedKV,
+    cocktail_bits,
+    mixed_attention,
+    mixed_write,
+)
+from codesign.kernels.kv_quant_oaken import OakenPagedKV, oaken_attention
+from codesign.kernels.kv_quant_paged import (
+    QuantPagedKV,
+    kvq_decode_attention,
+    kvq_extend_attention,
+    kvq_tree_attention,
+    kvq_write,
+)
+from codesign.kernels.kv_write import kv_write
+from codesign.kernels.kvq_accuracy import (
+    KIVI_GROUP,
+    KIVI_RESIDUAL,
+    MIXED_RECENT,
+    OAKEN_FRACTION,
+    OAKEN_OFFLINE_CAP,
+    OAKEN_OFFLINE_FRACTION,
+    OAKEN_SLOTS,
+)
+from codesign.kernels.paged_attention import paged_decode_attention, paged_extend_attention
+from codesign.kernels.paged_kv_cache import MAX_BLOCK_SIZE, PagedKVCache
+from codesign.kernels.quant_formats import QuantizedWeight
+from codesign.kernels.quant_formats import unpack_codes as unpack_weight_codes
+from codesign.kernels.quant_import import from_awq, from_gptq
+from codesign.kernels.quant_linear import (
+    FP8Config,
+    QuantLinear,
+    W4A16Config,
+    W8A8Config,
+    W8A16Config,
+    quantize_,
+)
+from codesign.kernels.tree_attention import (
+    TreeBatch,
+    build_tree_batch,
+    check_parents,
+    tree_attention,
+    tree_depths,
+    verify_tree,
+)
+
+__all__ = [
+    "DecodeWorkspace", "PackedDF11", "model_weight_format", "is_codesign_linear", "layout_of", "module_from_layout",
+    "FP8Config", "KIVI_GROUP", "KIVI_RESIDUAL", "KiviPagedKV", "LosslessBF16Config", "LosslessBF16Linear",
+    "MAX_BLOCK_SIZE", "MIXED_BITS", "MIXED_RECENT", "MixedPagedKV", "OAKEN_FRACTION", "OAKEN_OFFLINE_CAP",
+    "OAKEN_OFFLINE_FRACTION", "OAKEN_SLOTS", "OakenPagedKV", "PagedKVCache", "QuantLinear", "QuantPagedKV",
+    "QuantizedWeight", "TreeBatch", "W4A16Config", "W8A8Config", "W8A16Config", "build_tree_batch",
+    "check_parents", "cocktail_bits", "compress_model_", "from_awq", "from_gptq", "kivi_decode_attention",
+    "kivi_extend_attention", "kivi_tree_attention", "kv_write", "kvq", "kvq_decode_attention",
+    "kvq_extend_attention", "kvq_tree_attention", "kvq_write", "mixed_attention", "mixed_write",
+    "oaken_attention", "paged_decode_attention", "paged_extend_attention", "quantize_", "tree_attention",
+    "tree_depths", "unpack_weight_codes", "verify_tree",
+]  # fmt: skip
+
+
+# --- checkpoint layouts of the kernels' linear modules -------------------------------------------------------
+# A pre-quantized checkpoint holds the modules' buffers; rebuilding the modules before loading needs their
+# shapes and scalar attributes. PackedDF11 has no constructor from those (only from a DF11Tensor), so its
+# skeleton is assembled from its attributes here.
+_DF11_SCALARS = ("shape", "numel", "total_bits", "max_codes", "chunk_bytes", "chunks_per_group", "levels",
+                 "nbytes", "segment")  # fmt: skip
+
+
+def is_codesign_linear(m: nn.Module) -> bool:
+    return isinstance(m, QuantLinear | LosslessBF16Linear)
+
+
+def _dt(t: torch.Tensor | None) -> str | None:
+    return None if t is None else str(t.dtype).removeprefix("torch.")
+
+
+def layout_of(m: nn.Module) -> dict:
+    """A JSON-serializable description of a QuantLinear / LosslessBF16Linear, enough to rebuild it empty."""
+    if isinstance(m, QuantLinear):
+        return {"kind": "quant", "dtype": m.dtype_name, "group_size": m.group_size, "N": m.out_features,
+                "K": m.in_features, "scales": _dt(m.scales), "zeros": m.zeros is not None, "perm": m.perm is not None,
+                "bias": _dt(m.bias), "act_quant": m.act_quant}  # fmt: skip
+    p = m.weight_packed
+    bufs = {n: [list(b.shape), _dt(b)] for n, b in p.named_buffers()}
+    return {"kind": "df11", **{a: getattr(p, a) for a in _DF11_SCALARS}, "buffers": bufs,
+            "bias": _dt(m.bias), "check": m.check, "exact": m.exact}  # fmt: skip
+
+
+def module_from_layout(layout: dict, workspace: DecodeWorkspace | None = None) -> nn.Module:
+    """An empty module of `layout` for a checkpoint's buffers to fill: CPU zeros (ones for scales, which must
+    be > 0), on the CPU even inside transformers' meta-device context (the kernels validate values)."""
+    dt = lambda name: getattr(torch, name)  # noqa: E731
+    n = layout.get("N")
+    bias = (
+        None
+        if layout["bias"] is None
+        else torch.zeros(n or layout["shape"][0], dtype=dt(layout["bias"]), device="cpu")
+    )
+    if layout["kind"] == "quant":
+        k, g = layout["K"], layout["group_size"]
+        sd = dt(layout["scales"])
+        if layout["dtype"] == "fp8_e4m3":
+            qw = torch.zeros(k, n, dtype=torch.float8_e4m3fn, device="cpu")
+            scales, zeros = torch.ones(1, n if g is None else 1, dtype=sd, device="cpu"), None
+        else:
+            per = 32 // (4 if layout["dtype"] == "int4" else 8)
+            groups = 1 if g is None else k // g
+            qw = torch.zeros(k // per, n, dtype=torch.int32, device="cpu")
+            scales = torch.ones(groups, n, dtype=sd, device="cpu")
+            zeros = torch.zeros(groups, n, dtype=sd, device="cpu") if layout["zeros"] else None
+        perm = torch.arange(k, device="cpu") if layout["perm"] else None
+        w = QuantizedWeight(qw, scales, zeros, layout["dtype"], g, n, k, perm)
+        return QuantLinear(w, bias, layout["act_quant"])
+    p = PackedDF11.__new__(PackedDF11)
+    nn.Module.__init__(p)
+    for a in _DF11_SCALARS:
+        setattr(p, a, tuple(layout[a]) if a == "shape" else layout[a])
+    for name, (shape, dtype) in layout["buffers"].items():
+        p.register_buffer(name, torch.zeros(shape, dtype=dt(dtype), device="cpu"))
+    if "seg_bits" not in layout["buffers"]:
+        p.register_buffer("seg_bits", None)
+    return LosslessBF16Linear(p, bias, workspace, layout["check"], layout["exact"])

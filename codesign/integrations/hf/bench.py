@@ -1,0 +1,89 @@
+"""GPU-suite hook: end-to-end decode tokens/s of a random-weight model in transformers' generate, HF `sdpa`
+against codesign's paged attention with bf16 / INT8 / INT4 KV and W4A16 weights, at batch 1 and 16, each
+beside the design model's prediction for the same run (the same prefill and decode steps, costed by the
+dataflow mapper on a GPU model).
+
+    rows = bench_decode()            # Llama-3-8B-shaped, bf16, on the current CUDA device, predicted on h200
+    run(report)                      # the same, into report["hf_generate"] (gpu_suite's calling convention)
+
+decode tokens/s = rows x decode steps / their measured time (the prefill left out; each step timed from
+one forward's logits to the next's, synchronized); end-to-end tokens/s counts the prefill too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from codesign.integrations.hf import _kernels as K
+from codesign.integrations.hf.cache import StepRecord
+from codesign.integrations.hf.costing import StepCoster, run_shape
+from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
+from codesign.integrations.hf.one_call import StepClock, run_generate
+
+# (name, attention, KV format, weights): "sdpa" is transformers' own attention and DynamicCache.
+VARIANTS = (("hf-sdpa", "sdpa", None, None), ("codesign-bf16", "codesign", "bf16", None),
+            ("codesign-int8", "codesign", "int8", None), ("codesign-int4", "codesign", "int4", None),
+            ("codesign-bf16-w4a16", "codesign", "bf16", "w4a16"))  # fmt: skip
+
+
+GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+
+
+def _timed(model, attn: str, spec, ids, new_tokens: int) -> tuple[list[float], list[StepRecord]]:
+    """Greedy generation of exactly new_tokens: each step's seconds and shape."""
+    if attn != "sdpa":
+        r = run_generate(model, ids, spec, max_new_tokens=new_tokens, check=False, **GREEDY)
+        return r.step_seconds, r.steps
+    clock = StepClock()  # transformers' own generate: sdpa over a DynamicCache
+    model.set_attn_implementation("sdpa")
+    t0 = time.perf_counter()
+    model.generate(ids, max_new_tokens=new_tokens, stopping_criteria=[clock], **GREEDY)
+    b, p = ids.shape
+    steps = [StepRecord("prefill", (p,) * b, (p,) * b)]
+    steps += [StepRecord("decode", (1,) * b, (p + i,) * b) for i in range(1, new_tokens)]
+    return [y - x for x, y in zip([t0, *clock.times[:-1]], clock.times)], steps
+
+
+def _row(name: str, batch: int, secs: Sequence[float], pred: Sequence[float]) -> dict:
+    dec, pdec = sum(secs[1:]), sum(pred[1:])
+    n = len(secs)
+    return {"variant": name, "batch": batch, "steps": n, "measured_s": sum(secs), "predicted_s": sum(pred),
+            "decode_tokens_per_s": batch * (n - 1) / dec if dec else 0.0,
+            "predicted_decode_tokens_per_s": batch * (n - 1) / pdec if pdec else 0.0,
+            "tokens_per_s": batch * n / sum(secs), "prefill_s": secs[0], "predicted_prefill_s": pred[0]}  # fmt: skip
+
+
+def bench_decode(model=None, *, batches: Sequence[int] = (1, 16), prompt_len: int = 128, new_tokens: int = 64,
+                 design: str = "h200", device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
+                 variants=VARIANTS, group_size: int = 128, warmup: int = 4) -> list[dict]:  # fmt: skip
+    """One row per (variant, batch): measured and predicted decode tokens/s of greedy generation of
+    `new_tokens` tokens after a random prompt of `prompt_len`. model: a transformers model (default: a
+    random-weight Llama-3-8B shape built on `device`); the W4A16 variant quantizes it in place, so it runs last."""
+    if model is None:
+        from codesign.catalog.models import load_model as catalogue
+        from codesign.integrations.hf.models import hf_config, random_model
+
+        model = random_model(hf_config(catalogue("llama-3-8b")), dtype, device)
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for name, attn, kv, weights in sorted(variants, key=lambda v: v[3] is not None):
+        if weights == "w4a16":
+            K.quantize_(model, K.W4A16Config(group_size=group_size), lambda m, fqn: "lm_head" not in fqn)
+        spec = parse_kv_format(kv, model.dtype)
+        coster = StepCoster(design, run_shape(model, spec, default_block_size(spec)))
+        for batch in batches:
+            ids = torch.randint(3, vocab, (batch, prompt_len), generator=g).to(device)
+            _timed(model, attn, spec, ids[:, :warmup], 2)  # kernel compiles, allocator growth
+            secs, steps = _timed(model, attn, spec, ids, new_tokens)
+            rows.append(_row(name, batch, secs, coster.predict(steps)))
+    return rows
+
+
+def run(report: dict, quick: bool = False) -> None:
+    """gpu_suite's convention: rows into report["hf_generate"] (quick: 16 new tokens)."""
+    report["hf_generate"] = {"model": "llama-3-8b (random weights, bf16)", "design": "h200",
+                             "rows": bench_decode(new_tokens=16 if quick else 64)}  # fmt: skip

@@ -1,0 +1,432 @@
+"""`CodesignCache`: a transformers `Cache` whose layers live in codesign's paged block pool, in any KV format.
+
+Bookkeeping is shared by all layers: one `PagedKVCache` (the kernels' reference-counted block allocator,
+used here for its sequence tables only) maps each batch row to a sequence of blocks; every layer stores
+its K/V in its own pool (`kv_formats.Storage`) at the same block ids. A row's blocks hold only its real
+tokens: left-padding columns are never written, so a padded batch runs as variable-length sequences.
+
+The write happens in the attention function, not in `update()`: `update()` hands the new K/V to the
+layer's attention module, and `codesign_attention` (which also sees the padding mask) writes them and
+attends (`CodesignCache.attend`). `update()` refuses to run under any other attention implementation, so
+the cache can never feed a foreign attention function only the new tokens.
+
+Prefix sharing: rows whose prompts start with the same tokens share those tokens' full blocks
+(`share_prefixes`); `reorder_cache` (beam search), `batch_repeat_interleave` and `select_rows` fork
+sequences, so rows share blocks until one appends into a shared partial block (copy-on-write).
+
+Rolling back a forward (`crop`, `accept_tree`): token-local formats just truncate; KIVI and Oaken, whose
+writes also change per-sequence or per-block state, restore that state from a snapshot taken before the
+forward and re-append the kept tokens from the forward's K/V (kept for forwards of <= UNDO_MAX tokens a
+row), so the cache ends exactly as if only the kept tokens had been written, in order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from codesign.integrations.hf import _kernels as K
+from codesign.integrations.hf.kv_formats import (
+    AttendPlan,
+    KVSpec,
+    WritePlan,
+    check_geometry,
+    new_storage,
+    parse_kv_format,
+)
+from codesign.integrations.hf.support import ATTN_NAME, check_model, left_pads, text_config
+from codesign.specs import CodesignError
+
+UNDO_MAX = 64  # tokens a row: forwards this short (decode, verification) can be rolled back in every format
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One forward as the cache saw it: kind ("prefill", "decode", "extend" or "tree"), per row with new
+    tokens its new-token count and its context length after the forward (prefix + new), and the tree."""
+
+    kind: str
+    q_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    parents: tuple[int, ...] = ()
+
+
+@dataclass
+class _Step:
+    batch: int
+    width: int  # columns of this forward
+    real: torch.Tensor | None  # flat (row * width + col) indices of the real new tokens; None: all
+    write: WritePlan
+    attend: AttendPlan
+    keep_kv: bool
+    offsets: list[int] = field(default_factory=list)  # first flat index of each row's tokens in k/v
+
+
+class CodesignCacheLayer(CacheLayerMixin):
+    """One layer of a CodesignCache: its storage, and what a rollback of the last forward needs."""
+
+    is_sliding = False
+    is_croppable = True
+    supports_early_init = False
+
+    def __init__(self, cache: CodesignCache, layer_idx: int, storage) -> None:
+        super().__init__()
+        self._cache, self.layer_idx, self.storage = cache, layer_idx, storage
+        self.snap: object = None
+        self.last_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing: the pool is built on the first write, when the real tokens are known."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return self._cache.update(key_states, value_states, self.layer_idx)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self._cache.seen + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self._cache.seen
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class CodesignCache(Cache):
+    """A paged, optionally quantized KV cache for a transformers model running `attn_implementation=
+    "codesign_paged"` (`codesign.integrations.hf.attention`).
+
+    kv_format: a name of `kv_formats` (None: plain K/V in the model's dtype); num_blocks: pool size in
+    blocks of `block_size` tokens, per layer; check: the kernels' data checks on every call (host syncs).
+    """
+
+    def __init__(self, model, kv_format: str | None = None, *, num_blocks: int, block_size: int = 16,
+                 check: bool = True) -> None:  # fmt: skip
+        layout = check_model(model)
+        self.spec: KVSpec = parse_kv_format(kv_format, layout.dtype)
+        check_geometry(self.spec, block_size, layout.kv_heads, layout.head_dim)
+        self.layout, self.block_size, self.num_blocks, self.check = layout, block_size, num_blocks, check
+        self._config = text_config(model)
+        layers = [CodesignCacheLayer(self, i, new_storage(self.spec, num_blocks, block_size, check))
+                  for i in range(layout.layers)]  # fmt: skip
+        super().__init__(layers=layers)
+        self._pages = K.PagedKVCache(num_blocks, block_size, 1, 1, torch.float16)  # tables only
+        self._rows: list[int] = []  # sequence id of each batch row
+        self._pads: list[int] = []  # padding columns of each row (never written)
+        self._next_seq = 0
+        self.seen = 0  # columns every row has gone through (transformers' sequence length)
+        self._step: _Step | None = None
+        # (starts, counts, seen) of the last forward: what a rollback into it needs.
+        self._undo: tuple[list[int], list[int], int] | None = None
+        self._tree: tuple[int, ...] | None = None
+        self._share: list[tuple[int, int] | None] | None = None
+        self.steps: list[StepRecord] = []
+
+    # --- transformers' side ---------------------------------------------------------------------------
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        """Hand the new K/V to layer `layer_idx`'s attention module (which writes them) and return them."""
+        if self._config._attn_implementation != ATTN_NAME:
+            raise CodesignError(
+                f"CodesignCache needs attn_implementation={ATTN_NAME!r} (the model runs "
+                f"{self._config._attn_implementation!r}): call model.set_attn_implementation({ATTN_NAME!r})"
+            )
+        mod = self.layout.modules[layer_idx]
+        if "_codesign_pending" in mod.__dict__:
+            raise CodesignError(
+                f"layer {layer_idx}: the previous K/V were never attended (foreign attention?)"
+            )
+        mod._codesign_pending = (self, layer_idx, key_states)
+        return key_states, value_states
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.seen + query_length, 0
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    def activate_past_recording(self) -> None:
+        """Nothing to do: every layer keeps all its tokens."""
+
+    def reset(self) -> None:
+        for seq in self._rows:
+            self._free_seq(seq)
+        self._rows, self._pads, self.seen, self._undo, self._step = [], [], 0, None, None
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last `-tokens_to_remove` columns (transformers 5 passes a negative count; 0 is a no-op)."""
+        if tokens_to_remove > 0:
+            raise CodesignError(f"crop takes a negative count of tokens to remove, got {tokens_to_remove}")
+        n = -tokens_to_remove
+        if n == 0:
+            return
+        if n > self.seen:
+            raise CodesignError(f"crop of {n} tokens from a cache of {self.seen}")
+        self.rewind([max(length - n, 0) for length in self.row_lengths()])
+        self.seen -= n
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.select_rows(beam_idx.tolist())
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.select_rows([b for b in range(len(self._rows)) for _ in range(repeats)])
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.select_rows(torch.as_tensor(indices).tolist())
+
+    # --- codesign's side ---------------------------------------------------------------------------------
+    def select_rows(self, rows: list[int]) -> None:
+        """New batch row i continues old row rows[i]; rows may repeat (forks share blocks, copy on write)."""
+        old = self._rows
+        if any(not 0 <= r < len(old) for r in rows):
+            raise CodesignError(f"select_rows: rows {rows} outside the batch of {len(old)}")
+        new = [self._fork(old[r]) for r in rows]
+        for seq in old:
+            self._free_seq(seq)
+        self._rows, self._pads, self._undo = new, [self._pads[r] for r in rows], None
+
+    def share_prefixes(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> list[int]:
+        """Plan the first forward so that each row shares the full blocks of its longest common real-token
+        prefix with an earlier row; returns the shared token count per row. KIVI (a residual ring per
+        sequence) shares nothing at the prompt."""
+        if self._rows:
+            raise CodesignError("share_prefixes must be planned before the first forward")
+        ids = input_ids.tolist()
+        pads = [0] * len(ids) if attention_mask is None else (attention_mask == 0).sum(1).tolist()
+        real = [row[p:] for row, p in zip(ids, pads)]
+        plan: list[tuple[int, int] | None] = []
+        for b, r in enumerate(real):
+            best = max(((_common(real[a], r), a) for a in range(b)), default=(0, 0))
+            n = best[0] // self.block_size * self.block_size if self.spec.shares_prompt_blocks else 0
+            plan.append((best[1], n) if n else None)
+        self._share = plan
+        return [p[1] if p else 0 for p in plan]
+
+    def set_tree(self, parents) -> None:
+        """Make the next forward a tree verification: its columns are the nodes of this tree (a parent array,
+        the same shape for every row), written after each row's tokens and attending to the prefix and to
+        their ancestors only."""
+        self._tree = tuple(K.check_parents(parents))
+
+    def accept_tree(self, paths: list[list[int]]) -> None:
+        """Compact each row to its accepted path: row b keeps nodes paths[b] (node 0, the root, first) of the
+        last tree forward at positions prefix, prefix + 1, ...; everything else of the tree is dropped."""
+        if self._undo is None or self.steps[-1].kind != "tree":
+            raise CodesignError("accept_tree must follow a tree forward")
+        starts = self._undo[0]
+        self._rewind([s + len(p) for s, p in zip(starts, paths)], paths)
+
+    def rewind(self, lengths: list[int]) -> None:
+        """Truncate row b to lengths[b] tokens (KIVI and Oaken: only back into the last forward)."""
+        starts = self._undo[0] if self._undo else [0] * len(lengths)
+        self._rewind(lengths, [list(range(max(n - s, 0))) for n, s in zip(lengths, starts)])
+
+    @property
+    def allocator(self):
+        """The block allocator (reference-counted block ids) every layer's pool is indexed by."""
+        return self._pages.allocator
+
+    def row_lengths(self) -> list[int]:
+        return [self._pages.seq_len(s) for s in self._rows]
+
+    def blocks_in_use(self) -> int:
+        return self.num_blocks - self._pages.allocator.num_free
+
+    def nbytes(self) -> int:
+        """Bytes of every layer's pool (codes, scales, outlier slots, rings)."""
+        return sum(layer.storage.nbytes() for layer in self.layers)
+
+    # --- one forward -------------------------------------------------------------------------------------
+    def attend(self, layer_idx, query, key, value, mask2d, scaling, window, softcap) -> torch.Tensor:
+        """Write layer `layer_idx`'s new K/V and attend: query `[B, Hq, S, D]`, key/value `[B, Hkv, S, D]`,
+        mask2d: bool `[B, seen + S]` (False: a padding column) or None; returns `[B, S, Hq, D]`."""
+        b, hq, s, d = query.shape
+        if layer_idx == 0:
+            self._step = self._begin(b, s, mask2d, query.device)
+        st = self._step
+        if st is None or (st.batch, st.width) != (b, s):
+            raise CodesignError(
+                f"layer {layer_idx} runs a forward of {b}x{s} tokens that layer 0 did not start"
+            )
+        q, k, v = (_tokens(x, st.real) for x in (query, key, value))
+        layer = self.layers[layer_idx]
+        if layer.storage.kv is None:
+            layer.storage.build(k, v)
+        layer.snap = layer.storage.snapshot(st.write)
+        layer.last_kv = (k, v) if st.keep_kv else None
+        layer.storage.write(k, v, st.write, q)
+        out = layer.storage.attend(q, st.attend, sm_scale=scaling, window=window, softcap=softcap,
+                                   check_data=self.check)  # fmt: skip
+        return _untokens(out, st.real, b, s)
+
+    def _begin(self, batch: int, width: int, mask2d, device) -> _Step:
+        """Layer 0 of a forward: allocate every row's new slots (all layers share them) and build the plans."""
+        pads = self._pad_columns(batch, width, mask2d)
+        first = not self._rows
+        if not first and batch != len(self._rows):
+            raise CodesignError(f"batch changed from {len(self._rows)} to {batch} rows without select_rows")
+        tree, self._tree = self._tree, None
+        if tree is not None and (width != len(tree) or any(pads)):
+            raise CodesignError(
+                f"a tree forward takes its {len(tree)} nodes in every row, got {width} columns"
+            )
+        if first:
+            self._rows, self._pads = [None] * batch, [0] * batch
+        counts = [width - p for p in pads]
+        for b in range(batch):
+            self._pads[b] += pads[b]
+        starts = [0] * batch if first else self.row_lengths()
+        share, self._share = (self._share if first else None), None
+        write = self._allocate(counts, starts, device, share)
+        self._undo = (starts, counts, self.seen)
+        self.seen += width
+        ctx = [s + c for s, c in zip(starts, counts)]
+        live = [b for b in range(batch) if counts[b]]
+        decode = tree is None and all(c == 1 for c in counts)
+        kind = "tree" if tree else ("decode" if decode else ("prefill" if first else "extend"))
+        self.steps.append(
+            StepRecord(kind, tuple(counts[b] for b in live), tuple(ctx[b] for b in live), tree or ())
+        )
+        cu = None
+        if not decode:
+            cu = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        tb = K.build_tree_batch([tree] * batch, starts, device) if tree else None
+        ctx_t = torch.tensor(ctx, dtype=torch.int32, device=device)
+        attend = AttendPlan(write.block_tables, ctx_t, cu, tb, list(self._rows))
+        real = None
+        if any(pads):
+            real = torch.cat([b * width + torch.arange(pads[b], width) for b in range(batch)]).to(device)
+        keep_kv = tree is not None or (not self.spec.token_local and max(counts) <= UNDO_MAX)
+        return _Step(batch, width, real, write, attend, keep_kv)
+
+    def _pad_columns(self, batch: int, width: int, mask2d) -> list[int]:
+        """Padding columns among each row's new `width` columns; only left padding is served."""
+        if mask2d is None:
+            return [0] * batch
+        if tuple(mask2d.shape) != (batch, self.seen + width):
+            raise CodesignError(
+                f"attention mask of shape {tuple(mask2d.shape)}; expected ({batch}, {self.seen + width})"
+            )
+        return left_pads(mask2d[:, -width:], (batch, width))
+
+    def _allocate(self, counts, starts, device, share=None) -> WritePlan:
+        """Reserve counts[b] slots for each row, copying shared partial blocks (copy-on-write) in every layer;
+        the write plan of those tokens. A row not created yet is created, or, with share[b] = (src, n), forked
+        from row src (allocated before it) sharing its first n tokens, which it then does not write."""
+        slots, fresh, copies = [], [], []
+        for b in range(len(counts)):
+            skip = 0
+            if self._rows[b] is None:
+                src, skip = share[b] if share and share[b] else (None, 0)
+                self._rows[b] = self._fork(self._rows[src], skip) if src is not None else self._new_seq()
+            seq = self._rows[b]
+            before = self._pages.seq_blocks(seq)
+            new = self._pages.append_slots(seq, counts[b] - skip)
+            after = self._pages.seq_blocks(seq)
+            if before and after[len(before) - 1] != before[-1]:
+                copies.append((before[-1], after[len(before) - 1]))
+            fresh.append(after[len(before) :])
+            slots += [-1] * skip + new
+        for src, dst in copies:
+            for layer in self.layers:
+                if layer.storage.kv is not None:
+                    layer.storage.copy_block(src, dst)
+        live = [b for b in range(len(counts)) if counts[b]]
+        bt = self._pages.block_tables(self._rows).to(device)
+        slots_t = torch.tensor(slots, dtype=torch.int64, device=device)
+        pick = lambda xs: [xs[b] for b in live]  # noqa: E731
+        return WritePlan(live, pick(self._rows), pick(starts), pick(counts), slots_t, bt, pick(fresh))
+
+    def _rewind(self, lengths: list[int], keep: list[list[int]]) -> None:
+        """Row b ends with lengths[b] tokens; keep[b]: which of the last forward's tokens of row b (by index
+        among them) make up its part after the forward's start, in order."""
+        if len(lengths) != len(self._rows):
+            raise CodesignError(f"{len(lengths)} lengths for {len(self._rows)} rows")
+        now = self.row_lengths()
+        prefix_only = all(k == list(range(len(k))) for k in keep)
+        if prefix_only and self.spec.token_local:
+            for seq, n, m in zip(self._rows, lengths, now):
+                if not 0 <= n <= m:
+                    raise CodesignError(f"cannot rewind a row of {m} tokens to {n}")
+                self._pages.truncate(seq, n)
+            self._undo = None
+            return
+        if self._undo is None or any(layer.last_kv is None for layer in self.layers):
+            raise CodesignError(
+                f"kv_format {self.spec.name!r} rolls back only into the last forward (of <= {UNDO_MAX} tokens "
+                "a row), and only right after it"
+            )
+        starts, counts, _ = self._undo
+        for b, (n, s, c) in enumerate(zip(lengths, starts, counts)):
+            if n != s + len(keep[b]) or any(not 0 <= i < c for i in keep[b]):
+                raise CodesignError(f"row {b}: cannot keep {keep[b]} of the last forward's {c} tokens")
+        for seq, s in zip(self._rows, starts):
+            self._pages.truncate(seq, s)
+        offsets = [0, *torch.tensor(counts).cumsum(0).tolist()]  # row b's tokens start there in last_kv
+        idx = torch.tensor([offsets[b] + i for b in range(len(keep)) for i in keep[b]], dtype=torch.long)
+        device = self.layers[0].last_kv[0].device
+        plan = self._allocate([len(k) for k in keep], starts, device)
+        for layer in self.layers:
+            layer.storage.restore(layer.snap)
+            k, v = (x[idx.to(x.device)] for x in layer.last_kv)
+            layer.storage.write(k, v, plan, None)
+            layer.last_kv = layer.snap = None
+        self._undo = None
+
+    # --- sequences ---------------------------------------------------------------------------------------
+    def _new_seq(self) -> int:
+        seq, self._next_seq = self._next_seq, self._next_seq + 1
+        self._pages.add_sequence(seq)
+        return seq
+
+    def _fork(self, src: int, num_tokens: int | None = None) -> int:
+        seq, self._next_seq = self._next_seq, self._next_seq + 1
+        self._pages.fork(src, seq, num_tokens)
+        for layer in self.layers:
+            layer.storage.fork_seq(src, seq)
+        return seq
+
+    def _free_seq(self, seq: int) -> None:
+        self._pages.free(seq)
+        for layer in self.layers:
+            layer.storage.free_seq(seq)
+
+
+def blocks_needed(lengths: list[int], block_size: int) -> int:
+    """Blocks a batch of sequences of these lengths takes (no sharing)."""
+    return sum(math.ceil(n / block_size) for n in lengths)
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _tokens(x: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor:
+    """`[B, H, S, D]` -> `[T, H, D]`, the real tokens row after row."""
+    b, h, s, d = x.shape
+    flat = x.transpose(1, 2).reshape(b * s, h, d)
+    return flat if real is None else flat.index_select(0, real)
+
+
+def _untokens(out: torch.Tensor, real: torch.Tensor | None, b: int, s: int) -> torch.Tensor:
+    """`[T, H, D]` -> `[B, S, H, D]`, zeros at padding columns."""
+    if real is None:
+        return out.view(b, s, *out.shape[1:])
+    full = out.new_zeros(b * s, *out.shape[1:])
+    full.index_copy_(0, real, out)
+    return full.view(b, s, *out.shape[1:])

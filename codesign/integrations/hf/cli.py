@@ -1,0 +1,169 @@
+"""`codesign generate`: run a transformers model end to end on codesign's kernels and caches, and with
+`--design` cost the same run (every prefill, decode and verification step, with its batch and context
+lengths) on a simulated design or a GPU model, predicted beside measured time per step and in total.
+
+MODEL is a local folder (config.json and weights; `--random-weights` for a config alone) or a catalogue model
+(`codesign/catalog/models.yaml`, random weights, for benchmarking; `--layers` keeps the first N layers).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from codesign.specs import CodesignError
+
+DTYPES = ("fp32", "fp16", "bf16")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="local model folder, or a catalogue model name (random weights)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="prompt text (needs a tokenizer in the model folder)")
+    src.add_argument("--prompt-ids", help="prompt token ids, comma separated")
+    p.add_argument(
+        "--prompt-len", type=int, default=16, help="random prompt length (no --prompt / --prompt-ids)"
+    )
+    p.add_argument("--batch", type=int, default=1, help="rows (the prompt repeated)")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--kv-format", default=None, help="fp16, bf16, fp32, int8, int4, int2, fp8, int4-kivi, "
+                   "int4-oaken, int4-oaken_offline, mixed (default: the model's dtype)")  # fmt: skip
+    p.add_argument("--weights", default="none", help="none, w4a16, w8a16, w8a8, fp8 or lossless-bf16")
+    p.add_argument("--group-size", type=int, default=128, help="w4a16 / w8a16 group size (0: per channel)")
+    p.add_argument(
+        "--speculative", default="none", help="none, ngram, or a draft model folder (tree decoding)"
+    )
+    p.add_argument("--tree-width", type=int, default=2)
+    p.add_argument("--tree-depth", type=int, default=3)
+    p.add_argument(
+        "--design", help="also cost the run on this design or GPU model (as `codesign map --design`)"
+    )
+    p.add_argument("--block-size", type=int, default=None, help="KV block size (default 16, 32 for KIVI)")
+    p.add_argument("--dtype", default="fp32", choices=DTYPES)
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")
+    p.add_argument("--layers", type=int, default=None, help="catalogue models: keep the first N layers")
+    p.add_argument("--random-weights", action="store_true", help="a model folder with a config only")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, help="write the run (tokens, steps, predictions) as JSON")
+
+
+def _prompt(args, tok, vocab: int):
+    import torch
+
+    if args.prompt is not None:
+        if tok is None:
+            raise CodesignError("--prompt needs a tokenizer in the model folder: pass --prompt-ids instead")
+        ids = tok(args.prompt, return_tensors="pt").input_ids
+    elif args.prompt_ids is not None:
+        try:
+            ids = torch.tensor([[int(x) for x in args.prompt_ids.split(",")]])
+        except ValueError:
+            raise CodesignError(
+                f"--prompt-ids must be comma-separated integers, got {args.prompt_ids!r}"
+            ) from None
+    else:
+        ids = torch.randint(
+            3, vocab, (1, args.prompt_len), generator=torch.Generator().manual_seed(args.seed)
+        )
+    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise CodesignError(f"prompt token ids must lie in [0, {vocab})")
+    return ids.repeat(args.batch, 1)
+
+
+def _quantize(model, args, dtype) -> None:
+    import torch
+
+    from codesign.integrations.hf import _kernels as K
+    from codesign.integrations.hf.quantizer import CodesignQuantConfig
+
+    if args.weights == "none":
+        return
+    if args.weights == "lossless-bf16" and dtype != torch.bfloat16:
+        raise CodesignError("--weights lossless-bf16 compresses bf16 weights: pass --dtype bf16")
+    qc = CodesignQuantConfig(args.weights, group_size=args.group_size or None)
+    K.quantize_(model, qc.kernel_config(), lambda m, fqn: qc.converts(fqn))
+
+
+def _speculator(args, dtype, device):
+    from codesign.integrations.hf import TreeSpeculator
+
+    if args.speculative == "none":
+        return None
+    draft = "ngram"
+    if args.speculative != "ngram":
+        from codesign.integrations.hf.models import load_model
+
+        draft, _ = load_model(args.speculative, dtype, device, None, False)
+    return TreeSpeculator(draft, width=args.tree_width, depth=args.tree_depth)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from codesign.integrations.hf import run_generate
+    from codesign.integrations.hf.cache import StepRecord
+    from codesign.integrations.hf.costing import StepCoster, run_shape
+    from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
+    from codesign.integrations.hf.models import load_model
+    from codesign.integrations.hf.support import check_model
+
+    for name in ("batch", "max_new_tokens", "prompt_len", "tree_width", "tree_depth"):
+        if getattr(args, name) < 1:
+            raise CodesignError(f"--{name.replace('_', '-')} must be >= 1")
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tok = load_model(args.model, dtype, device, args.layers, args.random_weights)
+    layout = check_model(model)
+    spec = parse_kv_format(args.kv_format, layout.dtype)
+    _quantize(model, args, dtype)
+    ids = _prompt(args, tok, model.config.get_text_config().vocab_size).to(device)
+    coster = None
+    if args.design:  # refuse a target the model does not fit before generating
+        coster = StepCoster(args.design, run_shape(model, spec, args.block_size or default_block_size(spec)))
+        n = (ids.shape[1],) * ids.shape[0]
+        coster.check_fits(StepRecord("prefill", n, n))
+    torch.manual_seed(args.seed)
+    r = run_generate(model, ids, spec, block_size=args.block_size, speculative=_speculator(args, dtype, device),
+                     max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=0,
+                     eos_token_id=None)  # fmt: skip
+    pred = coster.predict(r.steps) if coster else None
+    print(_report(args, r, pred, tok))
+    if args.json:
+        _write_json(args.json, args, r, pred)
+    return 0
+
+
+def _report(args, r, pred, tok) -> str:
+    lines = [f"model {args.model}: kv {r.cache.spec.name}, weights {args.weights}, block {r.cache.block_size}, "
+             f"{r.sequences.shape[0]} row(s)"]  # fmt: skip
+    gen = r.sequences[0, r.prompt_cols :].tolist()
+    lines.append("tokens: " + (repr(tok.decode(gen)) if tok is not None else " ".join(map(str, gen))))
+    head = f"{'step':>4}  {'kind':<8}{'rows':>5}{'new':>6}{'context':>9}{'measured ms':>13}"
+    lines.append(head + (f"{'predicted ms':>14}" if pred else ""))
+    for i, (s, t) in enumerate(zip(r.steps, r.step_seconds)):
+        row = (
+            f"{i:>4}  {s.kind:<8}{len(s.q_lens):>5}{sum(s.q_lens):>6}{max(s.context_lens):>9}{t * 1e3:>13.3f}"
+        )
+        lines.append(row + (f"{pred[i] * 1e3:>14.4f}" if pred else ""))
+    total = sum(r.step_seconds)
+    lines.append(f"total: {len(r.steps)} steps, {r.new_tokens} new tokens in {total:.3f} s measured "
+                 f"({r.new_tokens / total:.1f} tokens/s)")  # fmt: skip
+    if pred:
+        p = sum(pred)
+        lines.append(f"predicted on {args.design}: {p * 1e3:.3f} ms ({r.new_tokens / p:.1f} tokens/s)")
+    if r.speculation is not None:
+        lines.append(f"speculative: {r.speculation.mean_accepted:.2f} tokens accepted a step a row")
+    return "\n".join(lines)
+
+
+def _write_json(path: Path, args, r, pred) -> None:
+    from codesign.dataflow.reports import write_json_atomic
+
+    steps = [{"kind": s.kind, "q_lens": list(s.q_lens), "context_lens": list(s.context_lens), "measured_s": t,
+              **({"predicted_s": pred[i]} if pred else {})}
+             for i, (s, t) in enumerate(zip(r.steps, r.step_seconds))]  # fmt: skip
+    out = {"model": args.model, "kv_format": r.cache.spec.name, "weights": args.weights, "design": args.design,
+           "sequences": r.sequences.tolist(), "new_tokens": r.new_tokens, "steps": steps}  # fmt: skip
+    if r.speculation is not None:
+        out["accepted_per_step"] = r.speculation.accepted
+    write_json_atomic(out, path)

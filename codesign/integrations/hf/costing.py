@@ -1,0 +1,127 @@
+"""The same run on a simulated design or a GPU model: every forward a CodesignCache recorded (`StepRecord`:
+prefill, decode, extend or tree verification, with each row's new tokens and context) becomes one step graph
+of the dataflow mapper (`build_step_graph`), scheduled on the target `codesign map` knows by that name.
+
+Prefill and decode steps are `build_step_graph`'s own. An extend (prompt-lookup verification) or a tree step
+is the prefill graph of its new tokens with the attention replaced by `PagedExtendAttention` /
+`TreeAttention` over the cached prefix and the lm head applied to every new token (verification reads the
+logits of each). Activations are costed in fp16 (the graph's convention), the weights in the model's format
+and the KV cache in the cache's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import networkx as nx
+import torch
+from torch import nn
+
+from codesign.catalog.models import ModelConfig, load_hf_config
+from codesign.dataflow.graph import build_step_graph
+from codesign.dataflow.reports import check_fits
+from codesign.dataflow.schedule import schedule
+from codesign.dataflow.targets import make_target
+from codesign.integrations.hf import _kernels as K
+from codesign.integrations.hf.cache import StepRecord
+from codesign.integrations.hf.kv_formats import KVSpec
+from codesign.integrations.hf.support import check_model
+from codesign.specs import KVFormat, PagedExtendAttention, TreeAttention, WeightFormat
+
+_TORCH_WEIGHTS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def model_config(model: nn.Module) -> ModelConfig:
+    """The catalogue's view of a transformers model (its config.json through `load_hf_config`)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "config.json"
+        path.write_text(json.dumps(model.config.to_dict()))
+        cfg = load_hf_config(path)
+    name = getattr(model.config, "_name_or_path", "") or model.config.model_type
+    return dataclasses.replace(cfg, name=Path(name).name or name)
+
+
+def weight_format(model: nn.Module) -> tuple[WeightFormat, str]:
+    """(weight format, GEMM activation dtype) of the model's linears: the first codesign linear's, or the
+    model's float dtype."""
+    for m in model.modules():
+        if isinstance(m, K.QuantLinear):
+            act = ("fp8_e4m3" if m.dtype_name == "fp8_e4m3" else "int8") if m.act_quant else "fp16"
+            return WeightFormat(
+                m.dtype_name, m.group_size, m.zeros is None, _TORCH_WEIGHTS[m.scales.dtype]
+            ), act
+        if isinstance(m, K.LosslessBF16Linear):
+            return K.model_weight_format(model), "fp16"
+    return WeightFormat(_TORCH_WEIGHTS.get(getattr(model, "dtype", torch.float16), "fp16")), "fp16"
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the mapper needs besides the steps: the model, its weight and KV formats, the block size."""
+
+    model: ModelConfig
+    weights: WeightFormat
+    act_dtype: str
+    kv_format: KVFormat
+    block_size: int
+
+
+def step_graph(shape: RunShape, step: StepRecord) -> nx.DiGraph:
+    """The operator graph of one recorded forward (module docstring)."""
+    m, rows = shape.model, len(step.q_lens)
+    kw = dict(weight_format=shape.weights, kv_format=shape.kv_format, act_dtype=shape.act_dtype,
+              block_size=shape.block_size)  # fmt: skip
+    if step.kind == "decode":
+        return build_step_graph(m, "decode", rows, list(step.context_lens), **kw)
+    g = build_step_graph(m, "prefill", rows, list(step.q_lens), **kw)
+    if step.kind == "prefill":
+        return g
+    prefix = tuple(c - q for c, q in zip(step.context_lens, step.q_lens))
+    tokens = sum(step.q_lens)
+    for _, d in g.nodes(data=True):
+        s = d["spec"]
+        if d["op"] == "attention":
+            common = dict(q_heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim, block_size=shape.block_size,
+                          kv_format=shape.kv_format)  # fmt: skip
+            if step.kind == "tree":
+                pairs = TreeAttention.pairs_from_parents(list(step.parents))
+                d["spec"] = TreeAttention(tree_sizes=step.q_lens, prefix_lens=prefix, ancestor_pairs=(pairs,) * rows,
+                                          **common)  # fmt: skip
+            else:
+                d["spec"] = PagedExtendAttention(q_lens=step.q_lens, prefix_lens=prefix, window=m.sliding_window,
+                                                 **common)  # fmt: skip
+        elif d["op"] == "lm_head":
+            d["spec"] = dataclasses.replace(s, M=tokens)
+    return g
+
+
+class StepCoster:
+    """Predicted seconds of recorded forwards on one target (a catalogue GPU or a design), memoized by shape."""
+
+    def __init__(self, design: str, shape: RunShape) -> None:
+        self.target, self.shape = make_target(design), shape
+        self._memo: dict[StepRecord, float] = {}
+
+    def check_fits(self, step: StepRecord) -> None:
+        """CodesignError when the model's weights and this step's KV cache exceed the target's memory."""
+        check_fits(step_graph(self.shape, step), self.target.memory_capacity_bytes(), self.target.name)
+
+    def seconds(self, step: StepRecord) -> float:
+        if step not in self._memo:
+            self._memo[step] = schedule(step_graph(self.shape, step), self.target).makespan
+        return self._memo[step]
+
+    def predict(self, steps: Sequence[StepRecord]) -> list[float]:
+        return [self.seconds(s) for s in steps]
+
+
+def run_shape(model: nn.Module, spec: KVSpec, block_size: int) -> RunShape:
+    """The RunShape of a run of `model` over a CodesignCache of `spec` and `block_size`."""
+    w, act = weight_format(model)
+    kv = spec.spec_format(block_size, check_model(model).head_dim)
+    return RunShape(model_config(model), w, act, kv, block_size)

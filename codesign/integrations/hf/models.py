@@ -1,0 +1,74 @@
+"""The models `codesign generate` and the GPU benchmark run: a local folder (config.json and weights), or a
+catalogue model (`codesign/catalog/models.yaml`) as a transformers config with random weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from codesign.specs import CodesignError
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def load_model(name: str, dtype, device: str, layers: int | None, random_weights: bool):
+    """(model, tokenizer or None): a local folder, or a catalogue model with random weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(name)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise CodesignError(f"{path}: no config.json in the model folder")
+        cfg = AutoConfig.from_pretrained(path)
+        tok = None
+        if any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+            tok = AutoTokenizer.from_pretrained(path)
+        if random_weights:
+            return random_model(cfg, dtype, device), tok
+        if not any((path / f).is_file() for f in WEIGHT_FILES):
+            raise CodesignError(
+                f"{path}: no weights in the model folder (pass --random-weights for the config alone)"
+            )
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval(), tok
+    from codesign.catalog.models import list_models
+    from codesign.catalog.models import load_model as catalogue
+
+    if name.lower() not in list_models():
+        raise CodesignError(f"model {name!r} is neither a folder with a config.json nor a catalogue model "
+                            f"({', '.join(list_models())})")  # fmt: skip
+    return random_model(hf_config(catalogue(name), layers), dtype, device), None
+
+
+def hf_config(m, layers: int | None = None):
+    """A transformers config of a catalogue model (Llama, Mistral or Qwen2 style); others are refused."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    if m.experts or not m.rope or m.learned_positions or m.norm != "rms" or m.ffn_kind != "gated_silu":
+        raise CodesignError(
+            f"catalogue model {m.name!r} has no Llama / Mistral / Qwen2-style architecture: not served"
+        )
+    common = dict(vocab_size=m.vocab, hidden_size=m.hidden, intermediate_size=m.ffn,
+                  num_hidden_layers=layers or m.layers, num_attention_heads=m.heads, num_key_value_heads=m.kv_heads,
+                  head_dim=m.head_dim, max_position_embeddings=m.max_context,
+                  tie_word_embeddings=m.tied_embeddings)  # fmt: skip
+    if m.qkv_bias and not m.o_bias:
+        return Qwen2Config(
+            **common, use_sliding_window=m.sliding_window is not None, sliding_window=m.sliding_window
+        )
+    if m.sliding_window:
+        return MistralConfig(**common, sliding_window=m.sliding_window)
+    return LlamaConfig(**common, attention_bias=m.qkv_bias, mlp_bias=m.mlp_bias)
+
+
+def random_model(cfg, dtype: torch.dtype, device: str):
+    """A model of `cfg` with random weights, initialized on `device` directly (an 8B model in seconds on a GPU)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()

@@ -1,0 +1,156 @@
+"""One call: `generate(model, input_ids, kv_format=..., **generate_kwargs)` runs transformers' `generate` on
+codesign's paged attention with a `CodesignCache` sized for the run (and, with `speculative=`, the tree
+speculative loop). Weights quantized with `codesign.kernels.quantize_` (or loaded through the "codesign"
+quantizer) compose with it: the linears are ours, the attention and cache too.
+
+Everything that can be refused is refused before generation starts: an unsupported model, a format the
+head_dim does not allow, a pool too small for the run, a draft of another vocabulary.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from codesign.integrations.hf.cache import CodesignCache, StepRecord, blocks_needed
+from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
+from codesign.integrations.hf.speculative import SpeculationStats, TreeSpeculator, cache_kwarg
+from codesign.integrations.hf.support import ATTN_NAME, check_model, text_config
+from codesign.specs import CodesignError
+
+
+class StepClock(StoppingCriteria):
+    """Never stops generation; records the time of each call (once per forward, after its logits)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        if input_ids.is_cuda:
+            torch.cuda.synchronize(input_ids.device)
+        self.times.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+@dataclass
+class GenerationRun:
+    """What one `run_generate` did: the output of transformers' generate, the cache (with its per-forward
+    `steps`), the wall time of each forward (prefill first) and, for speculative runs, the acceptance."""
+
+    output: object
+    cache: CodesignCache
+    steps: list[StepRecord]
+    step_seconds: list[float]
+    prompt_cols: int
+    seconds: float
+    speculation: SpeculationStats | None = None
+
+    @property
+    def sequences(self) -> torch.Tensor:
+        return self.output if isinstance(self.output, torch.Tensor) else self.output.sequences
+
+    @property
+    def new_tokens(self) -> int:
+        """Tokens generated over all rows (the columns after the prompt)."""
+        return self.sequences[:, self.prompt_cols :].numel()
+
+
+def _max_new_tokens(model, prompt_cols: int, kwargs: dict) -> int:
+    gc = model.generation_config
+    if kwargs.get("max_new_tokens") is not None:
+        return int(kwargs["max_new_tokens"])
+    if kwargs.get("max_length") is not None:
+        return int(kwargs["max_length"]) - prompt_cols
+    if gc.max_new_tokens is not None:
+        return int(gc.max_new_tokens)
+    return int(gc.max_length or 20) - prompt_cols
+
+
+def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *,
+                 attention_mask: torch.Tensor | None = None, block_size: int | None = None,
+                 num_blocks: int | None = None, speculative: TreeSpeculator | None = None,
+                 share_prefix: bool = True, check: bool = True, **generate_kwargs) -> GenerationRun:  # fmt: skip
+    """`generate` with its record (see `generate`)."""
+    layout = check_model(model)
+    spec = parse_kv_format(kv_format, layout.dtype)
+    bs = block_size or default_block_size(spec)
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise CodesignError(
+            f"input_ids must be a [batch, tokens] tensor, got {getattr(input_ids, 'shape', input_ids)}"
+        )
+    if "cache" in generate_kwargs or "past_key_values" in generate_kwargs:
+        raise CodesignError(
+            "generate builds its own CodesignCache: pass kv_format / num_blocks instead of a cache"
+        )
+    cols = input_ids.shape[1]
+    pads = [0] * input_ids.shape[0] if attention_mask is None else (attention_mask == 0).sum(1).tolist()
+    prompt_lens = [cols - p for p in pads]
+    expand = max(
+        int(generate_kwargs.get("num_beams", 1) or 1),
+        int(generate_kwargs.get("num_return_sequences", 1) or 1),
+    )
+    rows = [n for n in prompt_lens for _ in range(expand)]
+    max_new = _max_new_tokens(model, cols, generate_kwargs)
+    extra = int(generate_kwargs.get("prompt_lookup_num_tokens") or 0) + 1
+    if speculative is not None:
+        speculative.block_size, speculative.kv_format = bs, spec
+        need = speculative.blocks_for(rows, cols + max_new)
+    else:
+        need = blocks_needed([n + max_new + extra for n in rows], bs) + len(rows)
+    need_prompt = blocks_needed(rows, bs)
+    nb = need if num_blocks is None else num_blocks
+    if nb < need_prompt:
+        raise CodesignError(
+            f"a pool of {nb} blocks of {bs} tokens cannot hold the prompt ({need_prompt} blocks)"
+        )
+    if nb < need:
+        raise CodesignError(
+            f"a pool of {nb} blocks of {bs} tokens cannot hold this run: the prompt and {max_new} new tokens a "
+            f"row need {need}"
+        )
+    cache = CodesignCache(model, spec, num_blocks=nb, block_size=bs, check=check)
+    if share_prefix and len(rows) > 1 and spec.shares_prompt_blocks:
+        ids = input_ids.repeat_interleave(expand, 0)
+        cache.share_prefixes(
+            ids, None if attention_mask is None else attention_mask.repeat_interleave(expand, 0)
+        )
+    cfg = text_config(model)
+    prev = cfg._attn_implementation
+    clock = StepClock()
+    stops = StoppingCriteriaList([*generate_kwargs.pop("stopping_criteria", []), clock])
+    model.set_attn_implementation(ATTN_NAME)
+    try:
+        kw = dict(
+            generate_kwargs,
+            attention_mask=attention_mask,
+            stopping_criteria=stops,
+            **{cache_kwarg(model): cache},
+        )
+        if speculative is not None:
+            kw["custom_generate"] = speculative
+        t0 = time.perf_counter()
+        out = model.generate(input_ids, **kw)
+        seconds = time.perf_counter() - t0
+    finally:
+        model.set_attn_implementation(prev)
+    if speculative is not None:
+        step_s = list(speculative.stats.step_seconds)
+    else:
+        step_s = [b - a for a, b in zip([t0, *clock.times[:-1]], clock.times)]
+    return GenerationRun(out, cache, list(cache.steps), step_s, cols, seconds,
+                         speculative.stats if speculative else None)  # fmt: skip
+
+
+def generate(model, input_ids: torch.Tensor, kv_format: str | None = None, **kwargs):
+    """transformers' `model.generate(input_ids, **kwargs)` on codesign's paged attention and a CodesignCache
+    holding `kv_format` (None: plain K/V in the model's dtype; see `kv_formats` for the names).
+
+    Keywords of ours: attention_mask (left padding only), block_size (default 16, 32 for KIVI), num_blocks
+    (default: sized for the prompt and max_new_tokens), speculative (a TreeSpeculator: tree speculative
+    decoding), share_prefix (rows with a common prompt prefix share its full blocks), check (the kernels'
+    data checks). Everything else goes to transformers' generate. Returns what it returns.
+    """
+    return run_generate(model, input_ids, kv_format, **kwargs).output

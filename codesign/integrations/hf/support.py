@@ -1,0 +1,94 @@
+"""What the integration serves: the transformers versions, the model families, and the attention layout
+of a model, checked before anything runs (a model we cannot serve is refused, never run wrong)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from codesign.specs import CodesignError
+
+ATTN_NAME = "codesign_paged"  # no "flash" in it: transformers treats such names as flash attention
+TRANSFORMERS_RANGE = ((5, 24), (6, 0))  # tested: 5.24; pyproject states the same range
+# Families whose attention is "RoPE, then softmax(scale q k^T [softcapped], causal [+ window]) v" with GQA:
+# what the paged kernels compute. Anything else (ALiBi models, attention sinks, MLA, chunked or
+# bidirectional layers, cross-attention) is refused.
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def check_transformers_version(version: str | None = None) -> str:
+    """The installed transformers version, if inside TRANSFORMERS_RANGE; CodesignError otherwise."""
+    if version is None:
+        import transformers
+
+        version = transformers.__version__
+    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    (lo, hi) = TRANSFORMERS_RANGE
+    if len(parts) < 2 or not lo <= parts < hi:
+        raise CodesignError(
+            f"transformers {version} is not supported: codesign.integrations.hf needs "
+            f">={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}"
+        )
+    return version
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A served model's attention geometry and its attention modules by layer index."""
+
+    family: str
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    modules: tuple[nn.Module, ...]
+
+
+def left_pads(mask: torch.Tensor, shape: tuple[int, int]) -> list[int]:
+    """Padding columns of each row of a bool mask of `shape` (False: padding); only left padding is served."""
+    if tuple(mask.shape) != tuple(shape):
+        raise CodesignError(f"attention mask of shape {tuple(mask.shape)}; expected {tuple(shape)}")
+    m = mask.cpu()
+    if (m[:, 1:].int() < m[:, :-1].int()).any():
+        raise CodesignError("padding must be on the left: a masked column follows a real one")
+    return (~m).sum(1).tolist()
+
+
+def text_config(model: nn.Module):
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        raise CodesignError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def check_model(model: nn.Module) -> Layout:
+    """The layout of a model whose attention the paged kernels serve exactly; CodesignError naming the
+    reason for any other model."""
+    cfg = text_config(model)
+    family = str(getattr(cfg, "model_type", ""))
+    if family not in FAMILIES:
+        raise CodesignError(
+            f"model family {family!r} is not supported (attention layout not checked against the paged "
+            f"kernels); supported: {', '.join(FAMILIES)}"
+        )
+    if getattr(cfg, "is_encoder_decoder", False) or not getattr(cfg, "is_causal", True):
+        raise CodesignError(f"{family}: only causal decoder-only attention is served")
+    types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+    if not types <= set(LAYER_TYPES):
+        raise CodesignError(f"{family}: layer types {sorted(types - set(LAYER_TYPES))} are not served")
+    mods = sorted(
+        (m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")),
+        key=lambda m: m.layer_idx,
+    )
+    n = int(cfg.num_hidden_layers)
+    if [m.layer_idx for m in mods] != list(range(n)):
+        raise CodesignError(f"{family}: expected one attention module per layer 0..{n - 1}")
+    hq, hkv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
+    head_dim = int(mods[0].head_dim)
+    if hq % hkv:
+        raise CodesignError(f"{family}: {hq} query heads are not a multiple of {hkv} kv heads")
+    return Layout(family, n, hq, hkv, head_dim, getattr(model, "dtype", torch.float32), tuple(mods))

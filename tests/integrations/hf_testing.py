@@ -1,0 +1,99 @@
+"""Tiny random-weight transformers models (2 layers, hidden 64) and comparisons for the HF integration tests."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+VOCAB = 96
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0,
+              bos_token_id=1, eos_token_id=2)  # fmt: skip
+# Windows and soft caps small enough to bite within a 12-token prompt and 8 new tokens.
+FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 5}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 16}),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 4,
+                                                  "attn_logit_softcapping": 1.0, "final_logit_softcapping": None}),
+}  # fmt: skip
+# Both sides compute in fp32 (logits agree to ~1e-5): a lead of 1e-3 cannot flip.
+DECISIVE = 1e-3
+# Quantized KV on both sides, from K/V that differ in the last fp32 bits (another path computed them): one code
+# may round the other way, which moves these models' logits by up to ~1e-2.
+DECISIVE_QUANT = 5e-2
+REFERENCE_ATTN = {"gemma2": "eager"}  # torch's sdpa has no soft cap
+
+
+def tiny_model(family: str = "llama", seed: int = 0, sharpen: float = 8.0, **overrides):
+    """A random-weight model; q and k scaled by `sharpen` so that attention is far from uniform (positions,
+    masks, windows and soft caps then change the tokens)."""
+    cfg_cls, model_cls, extra = FAMILIES[family]
+    torch.manual_seed(seed)
+    cfg = cfg_cls(**{**COMMON, **extra, **overrides})
+    cfg._attn_implementation = REFERENCE_ATTN.get(family, "sdpa")
+    model = model_cls(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            a = layer.self_attn
+            for w in (
+                (a.q_norm.weight, a.k_norm.weight)
+                if hasattr(a, "q_norm")
+                else (a.q_proj.weight, a.k_proj.weight)
+            ):
+                w *= sharpen
+    return model
+
+
+def prompts(batch: int, length: int, pads=(), seed: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Random prompts (ids 3.., never pad/bos/eos); row b left-padded with pads[b] pad tokens."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (batch, length), generator=g)
+    if not any(pads):
+        return ids, None
+    mask = torch.ones_like(ids)
+    for b, p in enumerate(pads):
+        ids[b, :p], mask[b, :p] = 0, 0
+    return ids, mask
+
+
+def greedy(model, ids, mask, n: int, **kw):
+    """Greedy generation of n tokens (no end of sequence); the output with its per-step logits."""
+    return model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0,
+                          eos_token_id=None, return_dict_in_generate=True, output_logits=True, **kw)  # fmt: skip
+
+
+def assert_same_greedy_where_decisive(got: torch.Tensor, want, n0: int, decisive: float = DECISIVE) -> None:
+    """got == want.sequences, except from a step where the reference's top-two logits (want.logits) were
+    within `decisive`: two arithmetic paths may then break a near-tie differently on another CPU."""
+    seq = want.sequences
+    assert got.shape == seq.shape, (got.shape, seq.shape)
+    for row in range(got.shape[0]):
+        diff = (got[row, n0:] != seq[row, n0:]).nonzero()
+        if len(diff) == 0:
+            continue
+        t = int(diff[0])
+        top2 = want.logits[t][row].float().topk(2).values
+        lead = float(top2[0] - top2[1])
+        assert lead < decisive, f"row {row}: new token {t} differs though the reference led by {lead:.4f}"
+
+
+def scramble_pool(cache, seed: int = 0) -> None:
+    """Hand the pool's blocks out in a random order (allocate them all, free them shuffled), so that no
+    sequence's blocks are consecutive ids."""
+    alloc = cache.allocator
+    blocks = alloc.allocate(alloc.num_free)
+    g = torch.Generator().manual_seed(seed)
+    alloc.free([blocks[i] for i in torch.randperm(len(blocks), generator=g).tolist()])

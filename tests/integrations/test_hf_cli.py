@@ -1,0 +1,125 @@
+"""`codesign generate` on a random-weight model folder: exit 0, the per-step table, a prediction for every step
+with --design, the JSON record; bad input exits 2 with a clear message. Plus the GPU-suite hook at a tiny shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hf_testing import tiny_model
+
+from codesign.cli import main
+from codesign.integrations.hf import _kernels as K
+from codesign.integrations.hf.bench import VARIANTS, bench_decode
+from codesign.integrations.hf.models import hf_config
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "tiny-llama"
+    tiny_model("llama").save_pretrained(path)
+    return path
+
+
+def _table(out: str) -> list[list[str]]:
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["step", "kind"])
+    return [line.split() for line in lines[start + 1 :] if line.strip()[:1].isdigit()]
+
+
+def test_generate_with_a_design_predicts_every_step(folder, capsys, tmp_path):
+    out_json = tmp_path / "run.json"
+    rc = main(["generate", str(folder), "--max-new-tokens", "4", "--batch", "2", "--kv-format", "int8",
+               "--design", "tpu_like", "--json", str(out_json)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    rows = _table(out)
+    assert [r[1] for r in rows] == ["prefill", "decode", "decode", "decode"]
+    assert all(len(r) == 7 and float(r[5]) > 0 and float(r[6]) > 0 for r in rows)  # measured, predicted ms
+    assert "predicted on tpu_like" in out and "tokens/s" in out
+    rec = json.loads(out_json.read_text())
+    assert [s["context_lens"] for s in rec["steps"]] == [[16, 16], [17, 17], [18, 18], [19, 19]]
+    assert all(s["predicted_s"] > 0 for s in rec["steps"])
+
+
+def test_generate_speculative_and_quantized_weights(folder, capsys):
+    rc = main(["generate", str(folder), "--max-new-tokens", "5", "--prompt-ids", "5,6,7,8,5,6,7,8",
+               "--speculative", "ngram", "--weights", "w8a16", "--group-size", "32", "--design", "h200"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    kinds = [r[1] for r in _table(out)]
+    assert kinds[0] == "prefill" and set(kinds[1:]) == {"tree"}
+    assert "tokens accepted a step" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kv-format", "int5"], "unknown kv_format 'int5'"),
+    (["--design", "no-such-design"], "is neither a GPU"),
+    (["--weights", "w3a16"], "unknown codesign weight format 'w3a16'"),
+    (["--prompt", "hello"], "--prompt needs a tokenizer"),
+])  # fmt: skip
+def test_bad_options_exit_2(folder, capsys, args, message):
+    assert main(["generate", str(folder), "--max-new-tokens", "2", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_models_exit_2(tmp_path, capsys):
+    assert main(["generate", str(tmp_path / "missing")]) == 2
+    assert "neither a folder with a config.json nor a catalogue model" in capsys.readouterr().err
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64).save_pretrained(tmp_path / "gpt2")
+    assert main(["generate", str(tmp_path / "gpt2"), "--random-weights"]) == 2
+    assert "model family 'gpt2' is not supported" in capsys.readouterr().err
+    assert main(["generate", "mixtral-8x7b"]) == 2
+    assert "not served" in capsys.readouterr().err
+
+
+def test_catalogue_models_become_transformers_configs():
+    from codesign.catalog.models import load_model
+
+    cfg = hf_config(load_model("llama-3-8b"), layers=2)
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.vocab_size) == (
+        "llama",
+        2,
+        8,
+        128256,
+    )
+    assert hf_config(load_model("mistral-7b")).model_type == "mistral"
+
+
+def test_each_recorded_step_is_costed_as_what_it_ran():
+    """Decode, extend (prompt-lookup verification) and tree steps become the mapper's decode, extend and tree
+    attention over their prefix, with logits for every verified token; more work predicts more time."""
+    from codesign.integrations.hf import chain_tree
+    from codesign.integrations.hf.cache import StepRecord
+    from codesign.integrations.hf.costing import StepCoster, run_shape, step_graph
+    from codesign.integrations.hf.kv_formats import parse_kv_format
+    from codesign.specs import PagedDecodeAttention, PagedExtendAttention, TreeAttention
+
+    model = tiny_model("llama")
+    shape = run_shape(model, parse_kv_format("int4", torch.float32), 16)
+    parents = tuple(chain_tree(2, 3))
+    steps = {"decode": StepRecord("decode", (1, 1), (20, 30)), "extend": StepRecord("extend", (4,), (24,)),
+             "tree": StepRecord("tree", (7, 7), (27, 37), parents)}  # fmt: skip
+    specs = {k: step_graph(shape, s).nodes["L1.attention"]["spec"] for k, s in steps.items()}
+    assert isinstance(specs["decode"], PagedDecodeAttention) and specs["decode"].context_lens == (20, 30)
+    assert isinstance(specs["extend"], PagedExtendAttention) and specs["extend"].prefix_lens == (20,)
+    tree = specs["tree"]
+    assert isinstance(tree, TreeAttention) and (tree.tree_sizes, tree.prefix_lens) == ((7, 7), (20, 30))
+    assert tree.ancestor_pairs == (1 + 2 * (2 + 3 + 4),) * 2  # root 1, each chain node depth + 1
+    assert step_graph(shape, steps["tree"]).nodes["lm_head"]["spec"].M == 14
+    assert shape.kv_format.name == "int4-per_token"
+    c = StepCoster("tpu_like", shape)
+    assert c.seconds(steps["tree"]) > c.seconds(steps["decode"])
+
+
+def test_gpu_suite_hook_at_a_tiny_shape():
+    model = tiny_model("llama")
+    rows = bench_decode(model, batches=(1, 2), prompt_len=6, new_tokens=3, device="cpu", dtype=torch.float32,
+                        group_size=32)  # fmt: skip
+    assert [(r["variant"], r["batch"]) for r in rows] == [(v[0], b) for v in VARIANTS for b in (1, 2)]
+    for r in rows:
+        assert r["steps"] == 3 and r["decode_tokens_per_s"] > 0 and r["predicted_decode_tokens_per_s"] > 0
+    assert any(isinstance(m, K.QuantLinear) for m in model.modules())  # the W4A16 variant ran last, in place

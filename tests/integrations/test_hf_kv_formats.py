@@ -1,0 +1,230 @@
+"""Quantized KV caches inside generate: greedy tokens as HF eager attention over a reference cache that keeps
+the full-precision history and returns it quantized and dequantized by `kv_quant`'s reference rules (the same
+codes our cache stores), logits within a stated bound of the fp32 model, and rollbacks (prompt lookup, trees)
+for the formats whose writes touch more than their own slots (KIVI's ring, Oaken's outlier slots)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_testing import DECISIVE_QUANT, assert_same_greedy_where_decisive, greedy, prompts, tiny_model
+from transformers.cache_utils import Cache, DynamicLayer
+
+from codesign.integrations.hf import ATTN_NAME, CodesignCache, run_generate
+from codesign.integrations.hf import _kernels as K
+from codesign.integrations.hf.kv_formats import KVSpec, parse_kv_format
+
+pytestmark = pytest.mark.numerics
+
+NEW = 10
+BLOCK = 4
+# Small KIVI groups and residual, so that 14 + 10 tokens quantize several groups.
+KIVI = {b: KVSpec(f"int{b}-kivi", "kivi", bits=b, kivi_group=4, kivi_residual=4) for b in (4, 2)}
+FORMATS = [
+    "int8",
+    "int4",
+    "int2",
+    "fp8",
+    "int4-kivi",
+    "int2-kivi",
+    "int4-oaken",
+    "int4-oaken_offline",
+    "mixed",
+]
+# Relative Frobenius error of every generated step's logits vs the fp32 model on the same tokens, measured
+# over three model and prompt seeds (int8 4.6e-3, int4 7.8e-2, int2 0.37, fp8 3.4e-2, KIVI int4 2.9e-2 and
+# int2 0.15, Oaken 8.8e-2, Oaken offline 7.7e-2, mixed 0.22), with about 2x headroom.
+LOGIT_BOUND = {"int8": 1e-2, "int4": 0.15, "int2": 0.7, "fp8": 7e-2, "int4-kivi": 6e-2, "int2-kivi": 0.3,
+               "int4-oaken": 0.18, "int4-oaken_offline": 0.16, "mixed": 0.45}  # fmt: skip
+
+
+def _spec(name: str) -> KVSpec:
+    return KIVI[int(name[3])] if name.endswith("-kivi") else parse_kv_format(name, torch.float32)
+
+
+class _RefLayer(DynamicLayer):
+    """Full-precision history; returns it through the format's reference round trip, row by row."""
+
+    def __init__(self, spec: KVSpec, layer: int, block_bits=None):
+        super().__init__()
+        self.spec, self.layer, self.block_bits, self.calib = spec, layer, block_bits, None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        keys, values = super().update(key_states, value_states)
+        k, v = keys.transpose(1, 2).float(), values.transpose(1, 2).float()  # [B, T, H, D]
+        if self.calib is None:  # the first write (the prompt) calibrates, as in CodesignCache
+            self.calib = self._calibrate(k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]))
+        out = [self._round_trip(b, k[b], v[b]) for b in range(k.shape[0])]
+        return tuple(torch.stack([o[i] for o in out]).transpose(1, 2).to(keys.dtype) for i in (0, 1))
+
+    def _calibrate(self, k, v):
+        kvq, kind = K.kvq, self.spec.kind
+        if kind == "fp8":
+            return kvq.fp8_head_scales(k), kvq.fp8_head_scales(v)
+        if kind == "oaken":
+            return kvq.calibrate_kv_thresholds([(k, v)], K.OAKEN_FRACTION)[0], None
+        if kind == "oaken_offline":
+            thr = kvq.calibrate_kv_thresholds([(k, v)], K.OAKEN_OFFLINE_FRACTION)[0]
+            return thr, kvq.calibrate_oaken_grid([(k, v)])[0]
+        return None
+
+    def _round_trip(self, row, k, v):
+        kvq, s = K.kvq, self.spec
+        if s.kind == "per_token":
+            return kvq.fake_quant_per_token(k, s.bits), kvq.fake_quant_per_token(v, s.bits)
+        if s.kind == "fp8":
+            ks, vs = self.calib
+            return kvq.dequantize_fp8(kvq.quantize_fp8(k, ks), ks), kvq.dequantize_fp8(
+                kvq.quantize_fp8(v, vs), vs
+            )
+        if s.kind == "kivi":
+            return kvq.kivi_fake_quant(k, v, s.bits, s.kivi_group, s.kivi_residual)
+        if s.kind in ("oaken", "oaken_offline"):
+            thr, grid = self.calib
+            cap = (
+                K.kvq.oaken_capacity(K.OAKEN_SLOTS, BLOCK, k.shape[-1])
+                if s.kind == "oaken"
+                else K.OAKEN_OFFLINE_CAP
+            )
+            g = (None, None) if grid is None else (grid[0], grid[1])
+            return tuple(
+                kvq.oaken_fake_quant(x, s.bits, thr[i], BLOCK, cap, g[i])[0] for i, x in enumerate((k, v))
+            )
+        bits = self.block_bits[self.layer][row]  # mixed: the chunk widths our cache's policy chose
+        kh, vh = k.clone(), v.clone()
+        for c, b in enumerate(bits[: -(-k.shape[0] // BLOCK)]):
+            sl = slice(c * BLOCK, (c + 1) * BLOCK)
+            kh[sl], vh[sl] = kvq.fake_quant_per_token(k[sl], b), kvq.fake_quant_per_token(v[sl], b)
+        return kh, vh
+
+
+def _reference(model, spec, ids, block_bits=None, **kw):
+    eager = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        cache = Cache(layers=[_RefLayer(spec, i, block_bits) for i in range(model.config.num_hidden_layers)])
+        return greedy(model, ids, None, NEW, cache=cache, **kw)
+    finally:
+        model.set_attn_implementation(eager)
+
+
+def _block_bits(cache: CodesignCache) -> list[list[list[int]]]:
+    """Per layer and row, the widths of the row's blocks in order."""
+    rows = [cache._pages.seq_blocks(s) for s in cache._rows]
+    return [[[int(layer.storage.kv.block_bits[b]) for b in r] for r in rows] for layer in cache.layers]
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_quantized_cache_matches_the_reference_and_bounds_logits(name, record_property):
+    model = tiny_model("llama")
+    ids, _ = prompts(2, 14, seed=5)
+    run = run_generate(model, ids, _spec(name), block_size=BLOCK, max_new_tokens=NEW, do_sample=False,
+                       pad_token_id=0, eos_token_id=None, return_dict_in_generate=True, output_logits=True)  # fmt: skip
+    bits = _block_bits(run.cache) if name == "mixed" else None
+    if bits:  # the policy mixes widths on the prompt's chunks (a quarter INT8, a quarter INT2, the rest INT4)
+        assert all(set(row[: -(-ids.shape[1] // BLOCK)]) == {2, 4, 8} for layer in bits for row in layer)
+    ref = _reference(model, _spec(name), ids, bits)
+    assert_same_greedy_where_decisive(run.sequences, ref, ids.shape[1], DECISIVE_QUANT)
+    with torch.no_grad():
+        full = model(run.sequences).logits[:, ids.shape[1] - 1 : -1]
+    ours = torch.stack(run.output.logits, 1)
+    err = float((ours - full).norm() / full.norm())
+    record_property(f"logits_rel_err_{name}", err)
+    assert 0 < err < LOGIT_BOUND[name], err
+
+
+@pytest.mark.parametrize("name", ["int4-kivi", "int4-oaken"])
+def test_prompt_lookup_inside_generate(name):
+    """transformers' prompt lookup crops after each verification forward (here the first, prompt and
+    candidates together): the tokens stay the reference's."""
+    model = tiny_model("llama")
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 8]])
+    ref = _reference(model, _spec(name), ids)
+    model.set_attn_implementation(ATTN_NAME)
+    try:
+        cache = CodesignCache(model, _spec(name), num_blocks=16, block_size=BLOCK)
+        got = greedy(model, ids, None, NEW, cache=cache, prompt_lookup_num_tokens=4).sequences
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert cache.steps[0].q_lens[0] > ids.shape[1]  # candidates verified with the prompt, then cropped
+    assert_same_greedy_where_decisive(got, ref, ids.shape[1], DECISIVE_QUANT)
+
+
+def test_beam_search_over_kivi_forks_rings():
+    """Beam search reorders rows by forking sequences: each beam's residual ring follows it (rings gathered by
+    block-table row), shared partial blocks are copied before a beam writes into them."""
+    model = tiny_model("llama")
+    ids, _ = prompts(1, 14, seed=2)
+    ref = _reference(model, _spec("int4-kivi"), ids, num_beams=3, num_return_sequences=3).sequences
+    got = run_generate(model, ids, _spec("int4-kivi"), block_size=BLOCK, num_beams=3, num_return_sequences=3,
+                       max_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=None).sequences  # fmt: skip
+    assert torch.equal(got, ref)
+
+
+def _forward(cache, q, k, v):
+    """One forward of every layer of the cache's model on the same q, k, v ([1, heads, S, D])."""
+    return [cache.attend(i, q, k, v, None, 0.25, None, None) for i in range(len(cache.layers))]
+
+
+@pytest.mark.parametrize("name", ["int4-kivi", "int4-oaken", "int4"])
+@pytest.mark.parametrize("how", ["crop", "tree"])
+def test_rollback_leaves_the_cache_as_if_only_kept_tokens_were_written(name, how):
+    """A forward of 5 tokens rolled back to 1 (crop) or to a tree's root and its second child (tree): the next forward
+    attends exactly (bit for bit) as over a cache that was only ever given the kept tokens. The rejected
+    tokens are 50x larger, so in Oaken they claim the last block's outlier slots, and in KIVI (ring of 8
+    rows) they overwrite ring rows of tokens still in the ring after the rollback."""
+    model = tiny_model("llama")
+    g = torch.Generator().manual_seed(0)
+
+    def qkv(n, scale=1.0):
+        return [torch.randn(1, h, n, 16, generator=g) * scale for h in (4, 2, 2)]
+
+    prompt, spec_tok, nxt = qkv(10), qkv(5, 50.0), qkv(1)
+    spec_tok = [torch.cat([x[:, :, :1] / 50, x[:, :, 1:]], 2) for x in spec_tok]  # the kept token is ordinary
+    keep = [0, 1] if how == "crop" else [0, 4]  # tree: root 0 -> 1 -> 2 -> 3, and 4 a second child of 0
+    a, b = (CodesignCache(model, _spec(name), num_blocks=12, block_size=BLOCK) for _ in range(2))
+    _forward(a, *prompt)
+    _forward(b, *prompt)
+    if how == "crop":
+        _forward(a, *spec_tok)
+        a.crop(-3)
+    else:
+        a.set_tree([-1, 0, 1, 2, 0])
+        _forward(a, *spec_tok)
+        a.accept_tree([keep])
+    _forward(b, *[x[:, :, keep] for x in spec_tok])
+    assert a.row_lengths() == b.row_lengths() == [12]
+    for x, y in zip(_forward(a, *nxt), _forward(b, *nxt)):
+        assert torch.equal(x, y)
+
+
+def test_triton_kernels_verify_trees_over_an_int4_cache():
+    """Tree speculation (n-gram draft) through the Triton kernels in the interpreter: the quantized writer, tree
+    attention over the codes and the compaction; the same tokens as plain greedy over an INT4 cache in torch."""
+    from codesign.backend import use_backend
+    from codesign.integrations.hf import TreeSpeculator
+
+    model = tiny_model("llama")
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8]])
+    ref = run_generate(model, ids, "int4", block_size=BLOCK, max_new_tokens=3, do_sample=False, pad_token_id=0,
+                       eos_token_id=None, return_dict_in_generate=True, output_logits=True).output  # fmt: skip
+    with use_backend("triton"):
+        got = run_generate(model, ids, "int4", block_size=BLOCK, max_new_tokens=3, do_sample=False,
+                           pad_token_id=0, eos_token_id=None, speculative=TreeSpeculator("ngram", 1, 2))  # fmt: skip
+    assert [s.kind for s in got.steps] == ["prefill", "tree", "tree"][: len(got.steps)]
+    assert_same_greedy_where_decisive(got.sequences, ref, ids.shape[1], DECISIVE_QUANT)
+
+
+@pytest.mark.parametrize("name", ["int4-kivi", "int4-oaken"])
+def test_tree_speculation_over_rolled_back_formats(name):
+    """Greedy tree speculation (n-gram draft) over KIVI / Oaken: compaction after every step restores the ring /
+    outlier slots, so the tokens are plain greedy's over the same format."""
+    from codesign.integrations.hf import TreeSpeculator
+
+    model = tiny_model("llama")
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 8]])
+    kw = dict(block_size=BLOCK, max_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=None)
+    ref = run_generate(model, ids, _spec(name), return_dict_in_generate=True, output_logits=True, **kw).output
+    got = run_generate(model, ids, _spec(name), speculative=TreeSpeculator("ngram", 2, 3), **kw)
+    assert {s.kind for s in got.steps[1:]} == {"tree"}
+    assert_same_greedy_where_decisive(got.sequences, ref, ids.shape[1], DECISIVE_QUANT)
