@@ -127,7 +127,7 @@ def sram_words(M: int, N: int, K: int, rows: int, cols: int, dataflow: str) -> t
 
 
 try:  # the systolic-array model, when present, is the one source of GEMM cycles
-    from codesign.accel_model.systolic import compute_cycles as _compute_cycles  # type: ignore
+    from codesign.accel_model.systolic.model import compute_cycles as _compute_cycles  # type: ignore
 except ImportError:  # pragma: no cover - depends on the other module being present
     _compute_cycles = gemm_compute_cycles
 
@@ -436,7 +436,7 @@ def design_fields_read(
     depends on its dequant front end).
     Contract: two designs equal on these fields give equal `evaluate` results for `spec` (the name and
     source never enter a result). Kept next to the dispatch below: a cost function that starts reading
-    another unit must add it here (tests/test_explore_speed.py compares against uncached evaluation).
+    another unit must add it here (tests/dataflow/explore/test_explore_speed.py compares against uncached evaluation).
     """
     has_pim = pim is not None and pim is not False
     pim_spec = pim if isinstance(pim, pim_model.PIMSpec) else None

@@ -5,11 +5,11 @@ use the link bandwidth instead. The sum over nodes (no overlap between
 operators) is a lower bound on the step's time: a measured latency below it
 means a wrong spec or a wrong catalogue figure.
 
-DF11 (lossless BF16, issue 11) weights: the bytes are the compressed ones (the spec's `min_bytes`
+DF11 (lossless BF16) weights: the bytes are the compressed ones (the spec's `min_bytes`
 counts the format's bits per weight). A decoder throughput can be given as one more roof, overlapped
 with the others as the fused kernels stream it: t = max(flops / peak, bytes / mem_bw, N K batch x 2 B /
 decode_bw). It is off by default so the roofline stays a lower bound: no GPU has measured our decoder
-yet, and issue 11's figure (DF11_DECODE_BW = 200 GB/s of decoded bf16) is a floor to meet, not a
+yet, and the decoder's design target (DF11_DECODE_BW = 200 GB/s of decoded bf16) is a floor to meet, not a
 ceiling; pass decode_bw=DF11_DECODE_BW (or a measured figure) to see its effect.
 """
 
@@ -26,7 +26,7 @@ import networkx as nx
 from codesign.catalog.gpus import GPUSpec
 from codesign.specs import Gemm, OpSpec
 
-DF11_DECODE_BW = 200e9  # bytes/s of decoded bf16: issue 11's target (module docstring), not a measurement
+DF11_DECODE_BW = 200e9  # bytes/s of decoded bf16: the decoder's target (module docstring), not a measurement
 
 
 @dataclass(frozen=True)

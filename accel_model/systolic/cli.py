@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import argparse
 
-from codesign.accel_model.scalesim_io import (
+from codesign.accel_model.systolic.io import (
     check_layout,
     detect_topology_kind,
     read_cfg,
     read_topology,
     write_reports,
 )
-from codesign.accel_model.systolic import simulate_layer
+from codesign.accel_model.systolic.model import simulate_layer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,10 +17,10 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-from codesign.dataflow.explore_eval import evaluate_point, point_target
-from codesign.dataflow.explore_search import Strategy
-from codesign.dataflow.explore_space import Space, point_key
-from codesign.dataflow.explore_store import ResultStore
+from codesign.dataflow.explore.eval import EvalCache, evaluate_point, point_target
+from codesign.dataflow.explore.search import Strategy
+from codesign.dataflow.explore.space import Space, point_key
+from codesign.dataflow.explore.store import ResultStore
 from codesign.specs import CodesignError, check_choice
 
 ENGINES = ("inline", "pool", "ray")
@@ -28,10 +28,24 @@ OBJECTIVES = ("throughput", "throughput_per_area", "energy")
 
 
 def _eval_task(
+    space: Space, point: dict[str, Any], workloads: list[str], model: str, cache: EvalCache
+) -> list[tuple[str, dict]]:
+    target = point_target(space, point, cache)  # one target for all of the point's workloads
+    return [(w, evaluate_point(space, point, w, model, target)) for w in workloads]
+
+
+# The EvalCache of a pool or Ray worker process, made on its first task: tasks of one worker share
+# designs and operator costs as the inline engine's tasks share the driver's cache.
+_worker_cache: EvalCache | None = None
+
+
+def _worker_task(
     space: Space, point: dict[str, Any], workloads: list[str], model: str
 ) -> list[tuple[str, dict]]:
-    target = point_target(space, point)  # one cost cache for all of the point's workloads
-    return [(w, evaluate_point(space, point, w, model, target)) for w in workloads]
+    global _worker_cache
+    if _worker_cache is None:
+        _worker_cache = EvalCache()
+    return _eval_task(space, point, workloads, model, _worker_cache)
 
 
 def _throughput(m: dict[str, Any]) -> float:
@@ -125,6 +139,7 @@ def run_sweep(
     done = store.done_keys()
     stored = {(r["point_key"], r["workload"]): r["metrics"] for r in store.rows()} if done else {}
     bar = _Progress(0, progress)
+    cache = EvalCache()  # the inline engine's; pool and Ray workers keep their own
     pool = ProcessPoolExecutor(max_workers=workers) if engine == "pool" else None
     try:
         for batch in strategy.batches(max(workers * 2, 4)):
@@ -143,7 +158,7 @@ def run_sweep(
             bar.total += sum(len(m) for *_, m in todo)
             if bar.bar is not None:
                 bar.bar.total = bar.total
-            for point, pk, results in _execute(todo, space, model, pool, ray_fn):
+            for point, pk, results in _execute(todo, space, model, pool, ray_fn, cache):
                 for w, metrics in results:
                     store.put(pk, w, point, metrics)
                     done.add((pk, w))
@@ -163,11 +178,11 @@ def run_sweep(
     return stats
 
 
-def _execute(todo, space, model, pool, ray_fn):
-    """Yield (point, key, results) as tasks finish, in completion order."""
+def _execute(todo, space, model, pool, ray_fn, cache: EvalCache):
+    """Yield (point, key, results) as tasks finish, in completion order (inline tasks share `cache`)."""
     if pool is None and ray_fn is None:
         for point, pk, missing in todo:
-            yield point, pk, _eval_task(space, point, missing, model)
+            yield point, pk, _eval_task(space, point, missing, model, cache)
         return
     if ray_fn is not None:
         import ray
@@ -179,7 +194,7 @@ def _execute(todo, space, model, pool, ray_fn):
             p, pk = refs[ready[0]]
             yield p, pk, ray.get(ready[0])
         return
-    futs = {pool.submit(_eval_task, space, p, m, model): (p, pk) for p, pk, m in todo}
+    futs = {pool.submit(_worker_task, space, p, m, model): (p, pk) for p, pk, m in todo}
     pending = set(futs)
     while pending:
         finished, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -198,4 +213,4 @@ def _ray_remote(address: str | None):
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
         else:
             ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
-    return ray.remote(_eval_task)
+    return ray.remote(_worker_task)

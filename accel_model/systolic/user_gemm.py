@@ -15,7 +15,7 @@ into a matrix of width W (R or C; the last block's columns past its used width a
     first, each a contiguous run, and together they cover one contiguous range, so a fold whose range
     lies inside the window is skipped in O(1) and only folds that straddle a window edge walk their rows.
 Each request that misses is then handled as SCALE-Sim does (one event per slide). Tested against the
-request-stream scan in scalesim_memory.py and against SCALE-Sim itself.
+request-stream scan in memory.py and against SCALE-Sim itself.
 
 The walk is one numba kernel (it was ~40% of a bandwidth-limited layer's time in Python); its first call
 in a fresh process loads the compiled code from numba's on-disk cache (cache=True), or compiles it once
@@ -176,7 +176,7 @@ def user_read_events(
 ) -> tuple[dict[int, list[int]], int, int]:
     """(events, DRAM words read, last fetch cycle) of SCALE-Sim's USER read buffer on a GEMM operand.
 
-    Geometry as in scalesim_geometry.py: Sr x Sc mapped onto R x C in folds (column folds outer), T temporal
+    Geometry as in geometry.py: Sr x Sc mapped onto R x C in folds (column folds outer), T temporal
     steps, L demand rows per fold. events maps a demand row to the completion cycles of the fetches its
     misses triggered; the first `first_reads` words were prefetched before cycle 0.
     """

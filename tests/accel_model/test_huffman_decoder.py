@@ -34,7 +34,7 @@ from codesign.specs import (
 
 E7 = (7 / 45) * (0.75 / 0.9) ** 2  # 45 nm -> 7 nm energy scale (energy.py)
 A7 = (7 / 45) ** 2  # area scale
-REFRESH = 1 - 310 / 6240  # HBM2E refresh derating, as tests/test_design.py derives it
+REFRESH = 1 - 310 / 6240  # HBM2E refresh derating, as tests/accel_model/test_design.py derives it
 DF11 = WeightFormat("df11", avg_bits=10.75)  # MiniLM's measured bits per weight (issue 11 notes)
 N = K = 4096
 
@@ -126,7 +126,7 @@ def test_builtin_df11_design_and_area():
 
 
 def _dram_s(nbytes: int) -> float:
-    """HBM2E x5 stream time (dram.py; as tests/test_design.py): 32 B bursts over 80 pseudo-channels,
+    """HBM2E x5 stream time (dram.py; as tests/accel_model/test_design.py): 32 B bursts over 80 pseudo-channels,
     (tRCD + tRP + nBL = 48 + (busiest - 1) x 2) cycles / REFRESH at 0.625 ns."""
     busiest = math.ceil(nbytes / 32 / 80)
     return (48 + (busiest - 1) * 2) / REFRESH * 0.625e-9

@@ -6,10 +6,10 @@ without building them:
   - CALC-mode read buffers: a closed form when the operand fits half the SRAM, else (GEMM) an O(folds)
     window walk, or (conv, with repeated im2col addresses) a numpy replay of the request addresses;
   - USER-mode read buffers: which requests miss is timing-independent, so a per-fold walk (GEMM,
-    scalesim_user_gemm.py) or a numpy scan of the request addresses (conv) finds the misses; only misses
+    user_gemm.py) or a numpy scan of the request addresses (conv) finds the misses; only misses
     and drains are stepped one by one.
-SCALE-Sim's quirks are reproduced and pointed out where they are (tests/test_scalesim_compat.py checks
-every report field byte for byte).
+SCALE-Sim's quirks are reproduced and pointed out where they are
+(tests/accel_model/systolic/test_scalesim_compat.py checks every report field byte for byte).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codesign.accel_model.scalesim_geometry import (
+from codesign.accel_model.systolic.geometry import (
     Layer,
     _AffineMatrix,
     _fold_order,
@@ -109,6 +109,99 @@ class _WriteBufferResult:
         return row + self.stalls_before(row) + self.row_offsets.get(row, 0)
 
 
+class _WriteBuffer:
+    """The state of SCALE-Sim's ofmap write buffer between drain events (`_simulate_write_buffer`)."""
+
+    def __init__(self, rows: _OfmapRows, size_words: int, drain_bw: int):
+        self.rows, self.total, self.drain_bw = rows, size_words, drain_bw
+        self.active = int(math.ceil(size_words * _ACTIVE_FRAC))
+        self.lines_per_drain = int(math.ceil((size_words - self.active) / drain_bw))
+        self.free, self.drain_end, self.g = size_words, 0, 0  # g: ofmap words written so far
+        self.nlines, self.line_idx, self.drain_start_line = 0, 0, 0
+        self.partial: dict[int, int] = {}
+        self.accesses = 0
+        self.first_drain: float | None = None
+        self.last_drain = -math.inf
+        self._through: dict[int, int] = {}
+
+    def through(self, row: int) -> int:
+        """Words written up to and including `row` (the loop asks for the same rows again)."""
+        hit = self._through.get(row)
+        if hit is None:
+            hit = self._through[row] = self.rows.through(row)
+        return hit
+
+    def close_line(self) -> None:
+        if self.line_idx:
+            self.partial[self.nlines] = self.line_idx
+            self.nlines += 1
+            self.line_idx = 0
+
+    def drain(self, start: int) -> int:
+        """Drain up to lines_per_drain lines from cycle `start`, one per cycle; the last drain cycle."""
+        n = min(self.drain_start_line + self.lines_per_drain, self.nlines) - self.drain_start_line
+        if n <= 0:
+            raise CodesignError("ofmap drain with nothing to drain (SCALE-Sim fails here too)")
+        last = self.drain_start_line + n - 1
+        data = (n - 1) * self.drain_bw + self.partial.get(last, self.drain_bw)
+        self.accesses += data
+        self.free += data
+        self.drain_start_line += n
+        self.first_drain = start if self.first_drain is None else min(self.first_drain, start)
+        self.last_drain = max(self.last_drain, start + n - 1)
+        return start + n - 1
+
+    def store(self, k: int) -> None:
+        self.nlines += (self.line_idx + k) // self.drain_bw
+        self.line_idx = (self.line_idx + k) % self.drain_bw
+        self.free -= k
+        self.g += k
+
+    def next_event_row(self, r: int, stall: int) -> float:
+        """The first row at or after `r` whose writes fill the SRAM or start a drain (inf: none left)."""
+        rows = self.rows
+        if self.g >= rows.total:
+            return math.inf
+        e_drain_free = self.g + max(1, self.free - self.active + 1)  # first write leaving < `active` free
+        r_due = max(r, self.drain_end - stall)  # first row issued at or after the drain in flight ends
+        e_due = self.through(r_due - 1) + 1
+        e_full = self.g + max(1, self.free)  # first write that fills the SRAM
+        event = e_full if e_full < e_due else max(e_drain_free, e_due)
+        return rows.first_row_reaching(event) if event <= rows.total else math.inf
+
+    def write_row(self, row: int, cycle: int) -> int:
+        """Write `row`'s words issued at `cycle`; returns the cycle its last write goes in (stall = difference)."""
+        self.store(self.through(row - 1) - self.g)
+        n = self.through(row) - self.g
+        current = cycle
+        while n:  # the row's writes, in chunks that end where a write meets the full SRAM or drains
+            if current < self.drain_end:  # a drain is in flight: a write that fills the SRAM waits for it
+                m = max(1, self.free)
+                if m > n:
+                    self.store(n)
+                    break
+                self.store(m)
+                current = self.drain_end
+            else:  # no drain in flight: a write leaving less than `active` free starts one
+                m = max(1, self.free - self.active + 1)
+                if m > n:
+                    self.store(n)
+                    break
+                self.store(m)
+                self.close_line()
+                self.drain_end = self.drain(current)
+            n -= m
+        return current
+
+    def finish(self, cycle: int) -> None:
+        """Store the remaining words and drain everything from `cycle` on."""
+        self.store(self.rows.total - self.g)
+        self.close_line()
+        while self.drain_start_line < self.nlines:
+            self.drain_end = self.drain(cycle)
+            cycle = self.drain_end + 1
+
+
 def _simulate_write_buffer(
     rows: _OfmapRows, size_words: int, drain_bw: int, read_rows: list[int] = (), read_stall=None
 ) -> _WriteBufferResult:
@@ -121,88 +214,16 @@ def _simulate_write_buffer(
     `read_rows` (sorted) are demand rows where a read buffer fetches; read_stall(row, cycle) gives their
     read stall. A row stalls the array by max(read stall, write stall), as in SCALE-Sim's memory loop.
     """
-    total = size_words
-    active = int(math.ceil(total * _ACTIVE_FRAC))
-    lines_per_drain = int(math.ceil((total - active) / drain_bw))
-    free, drain_end, g = total, 0, 0
-    nlines, line_idx, drain_start_line = 0, 0, 0
-    partial: dict[int, int] = {}
-    accesses = 0
-    first_drain: float | None = None
-    last_drain = -math.inf
+    wb = _WriteBuffer(rows, size_words, drain_bw)
     stall, stall_rows, offsets = 0, [], {}
-
-    def close_line() -> None:
-        nonlocal nlines, line_idx
-        if line_idx:
-            partial[nlines] = line_idx
-            nlines += 1
-            line_idx = 0
-
-    def drain(start: int) -> int:
-        nonlocal accesses, free, drain_start_line, first_drain, last_drain
-        n = min(drain_start_line + lines_per_drain, nlines) - drain_start_line
-        if n <= 0:
-            raise CodesignError("ofmap drain with nothing to drain (SCALE-Sim fails here too)")
-        last = drain_start_line + n - 1
-        data = (n - 1) * drain_bw + partial.get(last, drain_bw)
-        accesses += data
-        free += data
-        drain_start_line += n
-        first_drain = start if first_drain is None else min(first_drain, start)
-        last_drain = max(last_drain, start + n - 1)
-        return start + n - 1
-
-    def store(k: int) -> None:
-        nonlocal nlines, line_idx, free, g
-        nlines += (line_idx + k) // drain_bw
-        line_idx = (line_idx + k) % drain_bw
-        free -= k
-        g += k
-
-    memo: dict[int, int] = {}
-
-    def through(row: int) -> int:  # the loop asks for the same rows again (row - 1, row, next r_due - 1)
-        if row not in memo:
-            memo[row] = rows.through(row)
-        return memo[row]
-
-    r, ri, inf = 0, 0, math.inf
+    r, ri = 0, 0
     while True:
-        next_read = read_rows[ri] if ri < len(read_rows) else inf
-        er = inf
-        if g < rows.total:
-            e_drain_free = g + max(1, free - active + 1)  # first write leaving less than `active` free
-            r_due = max(r, drain_end - stall)  # first row issued at or after the drain in flight ends
-            e_due = through(r_due - 1) + 1
-            e_full = g + max(1, free)  # first write that fills the SRAM
-            event = e_full if e_full < e_due else max(e_drain_free, e_due)
-            if event <= rows.total:
-                er = rows.first_row_reaching(event)
-        row = min(er, next_read)
-        if row == inf:
+        next_read = read_rows[ri] if ri < len(read_rows) else math.inf
+        row = min(wb.next_event_row(r, stall), next_read)
+        if row == math.inf:
             break
-        store(through(row - 1) - g)
-        n = through(row) - g
         cycle = row + stall
-        current = cycle
-        while n:  # the row's writes, in chunks that end where a write meets the full SRAM or drains
-            if current < drain_end:  # a drain is in flight: a write that fills the SRAM waits for it
-                m = max(1, free)
-                if m > n:
-                    store(n)
-                    break
-                store(m)
-                current = drain_end
-            else:  # no drain in flight: a write leaving less than `active` free starts one
-                m = max(1, free - active + 1)
-                if m > n:
-                    store(n)
-                    break
-                store(m)
-                close_line()
-                drain_end = drain(current)
-            n -= m
+        current = wb.write_row(row, cycle)
         row_stall = current - cycle
         if current != cycle:
             offsets[row] = current - cycle
@@ -213,14 +234,9 @@ def _simulate_write_buffer(
             stall += row_stall
             stall_rows.append((row, stall))
         r = row + 1
-    store(rows.total - g)
-    cycle = rows.nrows - 1 + stall
-    close_line()
-    while drain_start_line < nlines:
-        drain_end = drain(cycle)
-        cycle = drain_end + 1
+    wb.finish(rows.nrows - 1 + stall)
     return _WriteBufferResult(
-        rows.nrows - 1 + stall, stall, accesses, float(first_drain), float(last_drain), stall_rows, offsets
+        rows.nrows - 1 + stall, stall, wb.accesses, float(wb.first_drain), float(wb.last_drain), stall_rows, offsets
     )
 
 
@@ -392,7 +408,7 @@ def _user_read_buffer(
     filled before cycle 0, then every request whose set is outside the active window slides it by the
     prefetch half, fetching ceil(half / bw) lines of bw words that complete one line per cycle after the
     previous fetch (+1 cycle latency). Which requests miss does not depend on timing: for a GEMM it is
-    found fold by fold in closed form (scalesim_user_gemm.py); otherwise (conv, or scan=True) by a numpy
+    found fold by fold in closed form (user_gemm.py); otherwise (conv, or scan=True) by a numpy
     scan of the request stream. Only the misses are handled one by one.
     """
     total = size_words
@@ -421,7 +437,7 @@ def _user_read_buffer(
     if isinstance(operand, _AffineMatrix) and not scan:  # GEMM: per-fold walk, no request stream
         # Imported here: the walk is a numba kernel, and importing numba (~0.3 s) is needed only when a
         # USER-mode operand misses, not by CALC-mode runs or the rest of the model.
-        from codesign.accel_model.scalesim_user_gemm import user_read_events
+        from codesign.accel_model.systolic.user_gemm import user_read_events
 
         events, reads, last = user_read_events(
             g.dataflow, which, g.R, g.C, g.Sr, g.Sc, g.T, g.L, per_set, n_sets, n_active, n_prefetch,

@@ -14,20 +14,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codesign.accel_model.scalesim_geometry import (
+from codesign.accel_model.systolic.geometry import (
     _box_pairs,
     _box_pairs_reaching,
     _geometry,
     _OfmapRows,
     _operand_stream,
 )
-from codesign.accel_model.scalesim_memory import (
+from codesign.accel_model.systolic.memory import (
     _insertions,
     _insertions_gemm,
     _simulate_write_buffer,
     _user_read_buffer,
 )
-from codesign.accel_model.systolic import (
+from codesign.accel_model.systolic.model import (
     Layer,
     MemoryConfig,
     SystolicArray,
@@ -41,7 +41,7 @@ from codesign.accel_model.systolic import (
 )
 from codesign.specs import CodesignError, Gemm, WeightFormat
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-data"
+SHARED = Path(__file__).resolve().parents[4] / "shared" / "reference-data"
 LUT_DIR = SHARED / "scalesim-os-lut"
 HAS_SCALESIM = importlib.util.find_spec("scalesim") is not None
 needs_scalesim = pytest.mark.skipif(

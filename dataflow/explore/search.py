@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from codesign.dataflow.explore_space import Space, point_key
+from codesign.dataflow.explore.space import Space, point_key
 from codesign.specs import CodesignError, check_choice
 
 STRATEGIES = ("grid", "random", "tpe")

@@ -23,10 +23,11 @@ The memory side (double-buffered SRAMs fed from DRAM, as SCALE-Sim models them) 
 part: `simulate_layer` returns SCALE-Sim's per-layer report rows and `gemm_cost` prices a
 `codesign.specs.Gemm` on a `SystolicArray`. Neither builds SCALE-Sim's per-cycle demand matrices:
 compute fields, SRAM counts and SRAM start/stop cycles are closed forms over folds (here); where each
-request and write falls is scalesim_geometry.py; the SRAM buffers and their DRAM traffic are
-scalesim_memory.py (USER-mode GEMM read walk: scalesim_user_gemm.py).
-Every field matches SCALE-Sim 3.0.0 byte for byte on the tested configurations (tests/test_scalesim_compat.py),
-SCALE-Sim's quirks included (they are pointed out where they are reproduced).
+request and write falls is geometry.py; the SRAM buffers and their DRAM traffic are
+memory.py (USER-mode GEMM read walk: user_gemm.py).
+Every field matches SCALE-Sim 3.0.0 byte for byte on the tested configurations
+(tests/accel_model/systolic/test_scalesim_compat.py), SCALE-Sim's quirks included (they are pointed out where
+they are reproduced).
 """
 
 from __future__ import annotations
@@ -37,14 +38,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codesign.accel_model.scalesim_geometry import (
+from codesign.accel_model.systolic.geometry import (
     Layer,
     _first_last_rows,
     _Geometry,
     _geometry,
     _OfmapRows,
 )
-from codesign.accel_model.scalesim_memory import (
+from codesign.accel_model.systolic.memory import (
     MemoryConfig,
     _estimate_read_buffer,
     _simulate_write_buffer,
@@ -52,7 +53,7 @@ from codesign.accel_model.scalesim_memory import (
 )
 from codesign.specs import CodesignError, Gemm, check_choice, check_positive_int, dtype_bits
 
-__all__ = [  # Layer and MemoryConfig live in scalesim_geometry / scalesim_memory; importable from here too
+__all__ = [  # Layer and MemoryConfig live in geometry / memory; importable from here too
     "DATAFLOWS", "OS_FOLDS", "GemmCost", "Layer", "LayerReport", "MemoryConfig", "SystolicArray",
     "compute_cycles", "fold_cycles", "functional_gemm", "gemm_cost", "num_folds", "operand_mapping",
     "simulate_layer",

@@ -1,6 +1,6 @@
 """`codesign explore`: sweep a design space over serving workloads; durable, resumable, with a report.
 
-With no arguments: Llama-3-8B on the built-in space (dataflow/spaces/default.yaml),
+With no arguments: Llama-3-8B on the built-in space (dataflow/explore/spaces/default.yaml),
 the default workloads, a grid search, results in explore_out/results.sqlite and
 the report in explore_out/report.html. Rerunning resumes.
 """
@@ -11,12 +11,12 @@ import argparse
 from pathlib import Path
 
 from codesign.catalog.models import load_model
-from codesign.dataflow.explore_engine import ENGINES, OBJECTIVES, run_sweep
-from codesign.dataflow.explore_eval import DEFAULT_WORKLOADS, Workload
-from codesign.dataflow.explore_report import write_report
-from codesign.dataflow.explore_search import STRATEGIES, make_strategy
-from codesign.dataflow.explore_space import load_space
-from codesign.dataflow.explore_store import ResultStore
+from codesign.dataflow.explore.engine import ENGINES, OBJECTIVES, run_sweep
+from codesign.dataflow.explore.eval import DEFAULT_WORKLOADS, Workload
+from codesign.dataflow.explore.report import write_report
+from codesign.dataflow.explore.search import STRATEGIES, make_strategy
+from codesign.dataflow.explore.space import load_space
+from codesign.dataflow.explore.store import ResultStore
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ from codesign.dataflow.llmcompass_ref import (
 from codesign.dataflow.roofline import op_time, roofline
 from codesign.specs import CodesignError, Gemm, KVFormat
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "llmcompass-a100-mi210"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "reference-data" / "llmcompass-a100-mi210"
 
 
 def test_llama2_7b_decode_is_weight_plus_kv_over_bandwidth():

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from codesign.accel_model.pim import area_mm2 as pim_area_mm2
-from codesign.dataflow.explore_space import point_key
+from codesign.dataflow.explore.space import point_key
 from codesign.dataflow.graph import build_step_graph
 from codesign.dataflow.reports import resident_bytes
 from codesign.dataflow.serving import load_azure_trace, simulate, synthetic_trace
+from codesign.dataflow.targets import CostCache, DesignTarget
 from codesign.specs import CodesignError, KVFormat
 
 
@@ -121,7 +122,7 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
     Up to xs[-1] this is `float(np.interp(x, xs, ys))` operation for operation (numpy's scalar
     kernel: y[j] at a knot or left of xs[0], else slope*(x - x[j]) + y[j] with slope from the segment
     and a retry from the right end on NaN), without numpy's per-call array overhead: the serving
-    simulator calls it once per decode iteration. tests/test_explore_speed.py checks bit equality.
+    simulator calls it once per decode iteration. tests/dataflow/explore/test_explore_speed.py checks bit equality.
     """
     if x > xs[-1]:
         return ys[-1] * x / xs[-1]
@@ -184,49 +185,66 @@ def _serve(
     }
 
 
-def point_target(space, point: dict[str, Any], fast: bool = True):
+class EvalCache:
+    """What the evaluations of a sweep share in one process: each distinct design built once, operator costs.
+
+    Format parameters do not change a point's design, only its name, so points differing in formats share
+    one validated design and its cost tokens; every target made here shares one `CostCache`
+    (`DesignTarget` docstring). Holding the spaces it has seen keeps their ids unique.
+    """
+
+    def __init__(self, max_designs: int = 4096):
+        self.costs = CostCache()
+        self.max_designs = max_designs
+        self._designs: dict[tuple[int, str], tuple[Any, dict]] = {}  # (space token, design params) -> design
+        self._spaces: dict[int, tuple[Any, int]] = {}  # id(space) -> (space, token)
+        self._space_ids = itertools.count()
+
+    def _space_token(self, space) -> int:
+        hit = self._spaces.get(id(space))
+        if hit is None or hit[0] is not space:
+            if len(self._spaces) >= 256:
+                self._spaces.clear()  # tokens are never reused, so stale design entries just go unused
+            hit = self._spaces[id(space)] = (space, next(self._space_ids))
+        return hit[1]
+
+    def target(self, space, point: dict[str, Any]):
+        """The point's DesignTarget, its design built once per distinct design parameters."""
+        from codesign.accel_model.design import design_from_dict
+
+        dparams = {k: v for k, v in point.items() if not k.startswith("format.")}
+        key = (self._space_token(space), json.dumps(dparams, sort_keys=True, default=str))
+        hit = self._designs.get(key)
+        if hit is None:
+            if len(self._designs) >= self.max_designs:
+                self._designs.clear()
+            hit = self._designs[key] = (design_from_dict(space.design_dict(dparams), "point"), {})
+        design, tokens = hit
+        # The name is the one thing the format parameters change (Space.design_dict names by point key).
+        name = f"{space.base.get('name', 'design')}-{point_key(point)[:8]}"
+        if design.name != name:
+            # A shallow copy keeps the validated sub-specs and cached properties (none depends on the name).
+            design = copy.copy(design)
+            object.__setattr__(design, "name", name)
+        return DesignTarget(design, cache=self.costs, tokens=tokens)
+
+    def clear(self) -> None:
+        """Forget every design and operator cost (benchmarks measure cold sweeps with it)."""
+        self._designs.clear()
+        self.costs.clear()
+
+
+def point_target(space, point: dict[str, Any], cache: EvalCache | None = None):
     """The DesignTarget of a point. Reuse it across a point's workloads: it caches operator costs.
 
-    fast=True builds each distinct design once per process (format parameters do not change the
-    design, only its name) and shares operator costs across targets (`DesignTarget` docstring);
-    fast=False is the reference path: validate the point's design mapping and evaluate every operator.
+    With an `EvalCache` the design and operator costs are shared with the cache's other points; without
+    one, the reference path: validate the point's design mapping and evaluate every operator.
     """
+    if cache is not None:
+        return cache.target(space, point)
     from codesign.accel_model.design import design_from_dict
-    from codesign.dataflow.targets import DesignTarget
 
-    if not fast:
-        return DesignTarget(design_from_dict(space.design_dict(point), "point"), shared_cache=False)
-    dparams = {k: v for k, v in point.items() if not k.startswith("format.")}
-    key = (_space_token(space), json.dumps(dparams, sort_keys=True, default=str))
-    hit = _DESIGNS.get(key)
-    if hit is None:
-        if len(_DESIGNS) >= 4096:
-            _DESIGNS.clear()
-        hit = _DESIGNS[key] = (design_from_dict(space.design_dict(dparams), "point"), {})
-    design, tokens = hit
-    # The name is the one thing the format parameters change (Space.design_dict names by point key).
-    name = f"{space.base.get('name', 'design')}-{point_key(point)[:8]}"
-    if design.name != name:
-        # A shallow copy keeps the validated sub-specs and cached properties (none depends on the name).
-        design = copy.copy(design)
-        object.__setattr__(design, "name", name)
-    return DesignTarget(design, tokens=tokens)
-
-
-_DESIGNS: dict[tuple[int, str], Any] = {}  # (space token, design parameters) -> (Design, its cost tokens)
-_SPACES: dict[int, tuple[Any, int]] = {}  # id(space) -> (space, token); holding the space keeps ids unique
-
-
-def _space_token(space) -> int:
-    hit = _SPACES.get(id(space))
-    if hit is None or hit[0] is not space:
-        if len(_SPACES) >= 256:
-            _SPACES.clear()  # tokens are never reused, so stale _DESIGNS entries just go unused
-        hit = _SPACES[id(space)] = (space, next(_SPACE_IDS))
-    return hit[1]
-
-
-_SPACE_IDS = itertools.count()
+    return DesignTarget(design_from_dict(space.design_dict(point), "point"))
 
 
 def evaluate_point(space, point: dict[str, Any], workload: str, model: str, target=None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ GPT-2 get the same treatment from configs of the same size.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 
@@ -18,7 +19,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from codesign.catalog.models import load_model  # noqa: E402
-from codesign.dataflow.fx_trace import TracedModel, graph_from_module, trace_model  # noqa: E402
+from codesign.dataflow.fx_trace import TracedModel, graph_from_module, trace_model, traced_config  # noqa: E402
 from codesign.dataflow.graph import build_step_graph  # noqa: E402
 from codesign.specs import CodesignError, PagedDecodeAttention, PrefillAttention  # noqa: E402
 
@@ -352,3 +353,32 @@ def test_moe_with_extra_grouped_gemms_is_refused(family_pair):
             graph_from_module(model, context=8)
     finally:
         experts.forward = saved
+
+
+def test_traced_config_is_the_catalogue_config(traced, tiny_cfg):
+    # The one builder gets what the trace read: the config.json's model, field for field (the name is the trace's).
+    got = traced_config(traced)
+    assert dataclasses.replace(got, name=tiny_cfg.name, source=tiny_cfg.source) == tiny_cfg
+
+
+def test_parallel_block_is_refused_with_its_edges():
+    # GPT-J / PaLM wiring: the MLP reads the layer input, not the attention residual. Every operator the step
+    # graph knows is there; only the edges differ, and the refusal names them.
+    model = _tiny_model()
+    layer = model.model.layers[1]
+
+    def parallel(hidden_states, **kw):
+        attn, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kw)
+        return hidden_states + attn + layer.mlp(layer.post_attention_layernorm(hidden_states))
+
+    layer.forward = parallel
+    with pytest.raises(CodesignError, match=r"differs from the step graph.*'L0\.ffn_residual', 'L1\.ffn_norm'"):
+        graph_from_module(model, context=8)
+
+
+def test_layers_of_different_widths_are_refused():
+    model = _tiny_model()
+    wide = transformers.LlamaConfig(**{**model.config.to_dict(), "intermediate_size": 112})
+    model.model.layers[1].mlp = type(model.model.layers[1].mlp)(wide)
+    with pytest.raises(CodesignError, match=r"layer 1 differs from layer 0 in \['ffn'\]"):
+        graph_from_module(model, context=8)

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codesign.accel_model.scalesim_io import _cfg_entries, read_cfg, read_topology, render_cfg
-from codesign.accel_model.systolic import Layer, MemoryConfig, simulate_layer
+from codesign.accel_model.systolic.io import _cfg_entries, read_cfg, read_topology, render_cfg
+from codesign.accel_model.systolic.model import Layer, MemoryConfig, simulate_layer
 from codesign.cli import main
 from codesign.specs import CodesignError
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "scalesim-example"
+EXAMPLE = Path(__file__).resolve().parents[4] / "shared" / "reference-data" / "scalesim-example"
 HAS_SCALESIM = importlib.util.find_spec("scalesim") is not None
 needs_scalesim = pytest.mark.skipif(
     not HAS_SCALESIM, reason="scalesim (pip install scalesim==3.0.0) not importable"

@@ -14,12 +14,12 @@ import pytest
 import yaml
 
 from codesign.cli import main
-from codesign.dataflow.explore_engine import run_sweep, score
-from codesign.dataflow.explore_eval import Workload, evaluate_point, point_target, step_cost
-from codesign.dataflow.explore_report import pareto
-from codesign.dataflow.explore_search import make_strategy
-from codesign.dataflow.explore_space import load_space, point_key, space_from_dict
-from codesign.dataflow.explore_store import ResultStore
+from codesign.dataflow.explore.engine import run_sweep, score
+from codesign.dataflow.explore.eval import Workload, evaluate_point, point_target, step_cost
+from codesign.dataflow.explore.report import pareto
+from codesign.dataflow.explore.search import make_strategy
+from codesign.dataflow.explore.space import load_space, point_key, space_from_dict
+from codesign.dataflow.explore.store import ResultStore
 from codesign.dataflow.graph import build_step_graph
 from codesign.dataflow.schedule import schedule
 from codesign.dataflow.serving import Trace, load_azure_trace, simulate, synthetic_trace
@@ -320,7 +320,7 @@ def test_pim_logic_area_is_its_own_metric():
 
 
 def test_findings_compare_a_pim_dequant_front_end_with_plain_pim():
-    from codesign.dataflow.explore_report import findings
+    from codesign.dataflow.explore.report import findings
 
     pim = {"preset": "HBM2e", "units": 4, "banks_per_unit": 2, "lanes": 16, "gemv_max_batch": 4}
     deq = {**pim, "dequant": {"bits": [8, 4], "elems_per_cmd": 64, "mac_lanes": 64}}

@@ -4,7 +4,7 @@ A GEMM or convolution layer (`Layer`: operand address matrices, GEMM ones affine
 materialised) is mapped onto an R x C array in folds (`_Geometry`, dataflows as in systolic.py). This
 module says where inside a fold each operand request is issued (the "stream" / "stationary" block
 shapes below), in which order, and how many ofmap writes each demand row holds (`_OfmapRows`, closed
-forms per fold kind). The memory models in scalesim_memory.py and the report in systolic.py use it.
+forms per fold kind). The memory models in memory.py and the report in model.py use it.
 """
 
 from __future__ import annotations

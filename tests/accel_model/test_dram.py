@@ -104,7 +104,7 @@ def test_random_access_shows_row_miss_penalty(name):
     spec = dram_preset(name)
     rng = np.random.default_rng(np.random.randint(2**31))  # seeded by the autouse fixture
     req = 32
-    n = 20_000  # enough per channel that the busiest channel is near the mean (imbalance < ~5%)
+    n = 20_000  # ~600 requests per channel of HBM3's 32
     idx = random_burst_indices(spec, n, req, 1 << 30, rng)
     e = simulate_bursts(spec, idx)
     a = random_access(spec, n * req, req)
@@ -112,8 +112,10 @@ def test_random_access_shows_row_miss_penalty(name):
     # Every random request opens a row: throughput is bounded by the ACT rate, far below streaming.
     assert e.gbps < 0.6 * s.gbps and a.gbps < 0.6 * s.gbps
     assert e.row_hits < 0.05 * e.bursts
-    # The closed form tracks the event model (FR-FCFS-like queue of 32) within 20%.
-    assert a.cycles == pytest.approx(e.cycles, rel=0.2)
+    # The closed form tracks the event model (FR-FCFS-like queue of 32) within 20% given the drawn load of
+    # the busiest channel: it assumes an even spread, and 32 channels draw up to ~1.15x the mean.
+    per_ch = np.bincount(map_bursts(spec, idx)[0], minlength=spec.total_channels)
+    assert a.cycles * per_ch.max() / per_ch.mean() == pytest.approx(e.cycles, rel=0.2)
     # An in-order controller (queue 1) is slower still: head-of-line blocking on busy banks.
     assert simulate_bursts(spec, idx, queue=1).cycles > e.cycles
 

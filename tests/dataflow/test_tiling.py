@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from codesign.accel_model.design import load_design
-from codesign.accel_model.systolic import compute_cycles
+from codesign.accel_model.systolic.model import compute_cycles
 from codesign.dataflow.tiling import TilingProblem, _cost, brute_force, problem_for, search
 from codesign.specs import CodesignError, Gemm
 

@@ -58,14 +58,14 @@ def test_gemm_fallback_matches_scalesim_lut_rows_and_systolic_model():
     assert gemm_compute_cycles(32, 32, 128, 16, 16, "os") == 631
     assert gemm_compute_cycles(8, 32, 1024, 32, 32, "os") == 1085
     assert gemm_compute_cycles(0, 32, 1024, 32, 32, "os") == 0
-    systolic = pytest.importorskip("codesign.accel_model.systolic")
+    systolic = pytest.importorskip("codesign.accel_model.systolic.model")
     for df in ("os", "ws", "is"):
         for m, n, k in ((5, 96, 64), (130, 7, 300), (1, 4096, 128)):
             assert gemm_compute_cycles(m, n, k, 32, 16, df) == systolic.compute_cycles(m, n, k, 32, 16, df)
 
 
 def test_sram_counts_match_systolic_model():
-    systolic = pytest.importorskip("codesign.accel_model.systolic")
+    systolic = pytest.importorskip("codesign.accel_model.systolic.model")
     for df in ("os", "ws", "is"):
         arr = systolic.SystolicArray(rows=8, cols=4, dataflow=df)
         for m, n, k in ((13, 7, 21), (5, 30, 9), (1, 3, 40)):

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from codesign.accel_model.systolic import DATAFLOWS, Layer, LayerReport, MemoryConfig
+from codesign.accel_model.systolic.model import DATAFLOWS, Layer, LayerReport, MemoryConfig
 from codesign.specs import CodesignError
 
 CFG_SECTIONS = ("general", "architecture_presets", "layout", "sparsity", "run_presets")

@@ -39,8 +39,8 @@ def code_version() -> str:
     h = hashlib.sha1()
     for pkg in (am, df):
         root = Path(pkg.__file__).parent
-        for f in sorted(root.glob("*.py")) + sorted(root.glob("**/*.yaml")):
-            h.update(f.name.encode())
+        for f in sorted(root.glob("**/*.py")) + sorted(root.glob("**/*.yaml")):
+            h.update(str(f.relative_to(root)).encode())
             h.update(f.read_bytes())
     return f"{codesign.__version__}+{h.hexdigest()[:12]}"
 

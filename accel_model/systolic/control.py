@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from codesign.accel_model import systolic
+from codesign.accel_model.systolic import model as systolic
 from codesign.specs.errors import CodesignError, check_choice, check_positive_int
 
 # The dataflows that have an RTL twin (input-stationary is modelled, not built).

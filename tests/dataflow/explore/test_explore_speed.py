@@ -1,6 +1,6 @@
 """The exploration's fast path (shared operator costs, cached designs) gives exactly the reference numbers.
 
-The reference path is the uncached one kept callable: `point_target(space, point, fast=False)` validates
+The reference path is the uncached one kept callable: `point_target(space, point)` (no cache) validates
 the point's design mapping and calls `accel_model.evaluate` for every (design variant, operator). The
 fast path must give bit-identical metrics (same float operations, only computed once), whatever order
 points are evaluated in, so every comparison here is `==`, not approximate.
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from codesign.accel_model.evaluate import design_fields_read, evaluate
-from codesign.dataflow.explore_eval import _interp, evaluate_point, point_target
-from codesign.dataflow.explore_space import load_space, space_from_dict
+from codesign.dataflow.explore.eval import EvalCache, _interp, evaluate_point, point_target
+from codesign.dataflow.explore.space import load_space, space_from_dict
 from codesign.dataflow.graph import build_step_graph
-from codesign.dataflow.targets import DesignTarget, clear_shared_cache
+from codesign.dataflow.targets import DesignTarget
 
 MODEL = "llama-3-8b"
 # b1 takes the PIM GEMV path (gemv_max_batch 4 in the spaces below), b64 the arrays; prefill the dense
@@ -56,11 +56,11 @@ def _pairs(space, n: int, rng: random.Random) -> list[tuple[dict, str]]:
 
 
 def _reference(space, point, workload):
-    return evaluate_point(space, point, workload, MODEL, point_target(space, point, fast=False))
-
-
-def _fast(space, point, workload):
     return evaluate_point(space, point, workload, MODEL, point_target(space, point))
+
+
+def _fast(space, point, workload, cache):
+    return evaluate_point(space, point, workload, MODEL, point_target(space, point, cache))
 
 
 @pytest.mark.parametrize("which", ["default", "wide"])
@@ -71,11 +71,11 @@ def test_fast_path_equals_reference(which):
     pairs = _pairs(space, 24, rng)
     ref = [_reference(space, p, w) for p, w in pairs]
     assert any(m["fits"] for m in ref) and len({m["step_s"] for m in ref}) > 12  # varied, real numbers
-    clear_shared_cache()
-    cold = [_fast(space, p, w) for p, w in pairs]
+    cache = EvalCache()
+    cold = [_fast(space, p, w, cache) for p, w in pairs]
     order = list(range(len(pairs)))
     rng.shuffle(order)
-    warm = {i: _fast(space, *pairs[i]) for i in order}
+    warm = {i: _fast(space, *pairs[i], cache) for i in order}
     for i, r in enumerate(ref):
         assert cold[i] == r, pairs[i]
         assert warm[i] == r, pairs[i]
@@ -86,7 +86,7 @@ def test_fast_path_equals_reference_on_trace():
     space = load_space()
     rng = random.Random(random.getrandbits(32))
     for point in (space.sample(rng), space.sample(rng)):
-        assert _fast(space, point, TRACE) == _reference(space, point, TRACE)
+        assert _fast(space, point, TRACE, EvalCache()) == _reference(space, point, TRACE)
 
 
 def test_fast_design_equals_validated_design():
@@ -95,11 +95,12 @@ def test_fast_design_equals_validated_design():
     rng = random.Random(random.getrandbits(32))
     point = space.sample(rng)
     other_fmt = {**point, "format.kv": "int8" if point["format.kv"] != "int8" else "fp16"}
+    cache = EvalCache()
     for p in (point, other_fmt, point):
-        fast, ref = point_target(space, p), point_target(space, p, fast=False)
+        fast, ref = point_target(space, p, cache), point_target(space, p)
         assert fast.design == ref.design and fast.name == ref.name
         assert fast.design.area_mm2() == ref.design.area_mm2()
-    assert point_target(space, point).name != point_target(space, other_fmt).name
+    assert point_target(space, point, cache).name != point_target(space, other_fmt, cache).name
 
 
 def _specs() -> list:
@@ -124,8 +125,8 @@ def test_design_fields_read_contract():
     assert {"Gemm", "PagedDecodeAttention", "AllReduce", "MoERouter", "KVWrite", "Embedding"} <= kinds
     checked = 0
     for _ in range(6):
-        a = point_target(space, space.sample(rng), fast=False).design
-        b = point_target(space, space.sample(rng), fast=False).design
+        a = point_target(space, space.sample(rng)).design
+        b = point_target(space, space.sample(rng)).design
         for spec in specs:
             fields = design_fields_read(a.pim is not None, a.pim_gemv_max_batch, spec)
             mixed = dataclasses.replace(b, name="mixed", **{f: getattr(a, f) for f in fields})
@@ -141,11 +142,12 @@ def test_shared_cache_clear_keeps_old_targets_correct():
     """Tokens are never reused: a target made before a clear still gets its own design's costs."""
     space = load_space()
     pts = space.grid()
-    t_old = point_target(space, pts[0])
+    cache = EvalCache()
+    t_old = point_target(space, pts[0], cache)
     evaluate_point(space, pts[0], WORKLOADS[1], MODEL, t_old)
-    clear_shared_cache()
-    evaluate_point(space, pts[-1], WORKLOADS[1], MODEL, point_target(space, pts[-1]))
-    fresh = DesignTarget(t_old.design)  # new lru entries, old interned tokens
+    cache.clear()
+    evaluate_point(space, pts[-1], WORKLOADS[1], MODEL, point_target(space, pts[-1], cache))
+    fresh = DesignTarget(t_old.design, cache=cache.costs)  # new candidates, old interned tokens
     fresh._tokens = dict(t_old._tokens)
     assert evaluate_point(space, pts[0], WORKLOADS[2], MODEL, fresh) == _reference(
         space, pts[0], WORKLOADS[2]

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from codesign.dataflow.explore_eval import Workload, gpu_reference
+from codesign.dataflow.explore.eval import Workload, gpu_reference
 
 GPU_REFERENCES = ("a100-80gb", "h100-sxm", "h200")
 

@@ -33,7 +33,7 @@ from codesign.dataflow.roofline import op_time
 from codesign.specs import AllReduce, Gemm, Norm
 
 A100 = load_gpu("a100-80gb")
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "llmcompass-a100-mi210"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "reference-data" / "llmcompass-a100-mi210"
 # Decode A_mul_V (batched M=1 GEMM, K=2048, N=head_dim=128): the per-op CSVs hold no batched GEMV, and
 # the measured 139 us is 1.3x the same-bytes Q_mul_K; see gpu_model's module docstring.
 KNOWN_MISSES = {("decode", "A_mul_V")}
