@@ -4,7 +4,10 @@ Node ids are "embed" (plus "pos_embed" and "embed_add" for learned position
 embeddings, GPT-2/OPT), "L{i}.{op}" for layer i, and "final_norm", "lm_head",
 "sample". Each node has attributes `spec` (a codesign.specs OpSpec), `op` (the
 operator's role, e.g. "qkv_proj", shared by all layers) and `layer` (int, or
-None outside the blocks). Edges carry `bytes`, the size of the tensor passed.
+None outside the blocks); a MoE layer's routed up/down projections also carry
+`resident_weights`, the expert weight matrices held in memory (all of them,
+while the GEMM's `batch` counts the experts the step's tokens reach). Edges
+carry `bytes`, the size of the tensor passed.
 Weights are sharded over `tp` ranks (Megatron-style: column-parallel QKV/up,
 row-parallel o/down, an all-reduce after each); the graph is one rank's work.
 
@@ -145,9 +148,10 @@ class _StepBuilder:
         self.lin_act = act if wf.quantized else "fp16"
         self.act_op = ACT_OPS[m.ffn_kind]
 
-    def add(self, node: str, op: str, spec: OpSpec, layer: int | None, inputs: Sequence[str], nbytes: float) -> str:
+    def add(self, node: str, op: str, spec: OpSpec, layer: int | None, inputs: Sequence[str], nbytes: float,
+            **attrs: object) -> str:  # fmt: skip
         g = self.g
-        g.add_node(node, spec=spec, op=op, layer=layer)
+        g.add_node(node, spec=spec, op=op, layer=layer, **attrs)
         for src in inputs:
             g.add_edge(src, node, bytes=g.nodes[src].get("out_bytes", nbytes))
         g.nodes[node]["out_bytes"] = nbytes
@@ -218,13 +222,15 @@ class _StepBuilder:
             mm, nb, rows, up_in, down_in = math.ceil(routed / active), active, routed, [n2, router], [router]
         else:
             mm, nb, rows, up_in, down_in = tokens, 1, tokens, [n2], []
+        # Every expert's weights stay resident whatever the batch; the active ones only set the traffic.
+        resident = {"resident_weights": m.experts} if m.experts else {}
         up_spec = self.lin(up_n, m.hidden, m.mlp_bias, mm, nb)
-        up = self.add(p + "up_proj", "up_proj", up_spec, i, up_in, rows * up_n * act_b)
+        up = self.add(p + "up_proj", "up_proj", up_spec, i, up_in, rows * up_n * act_b, **resident)
         act_spec = Elementwise(self.act_op, rows * self.ffn)
         act = self.add(p + "act", self.act_op, act_spec, i, [up], rows * self.ffn * act_b)
         # The MoE combine (weighted sum of each token's top-k expert outputs) reads the router's weights.
         down_spec = self.lin(m.hidden, self.ffn, m.mlp_bias, mm, nb)
-        return self.add(p + "down_proj", "down_proj", down_spec, i, [act, *down_in], self.hid_b)
+        return self.add(p + "down_proj", "down_proj", down_spec, i, [act, *down_in], self.hid_b, **resident)
 
     def shared_expert(self, p: str, i: int, n2: str, routed_out: str) -> str:
         # Qwen2-MoE / DeepSeekMoE: every token also runs a dense gated MLP (sharded like a dense FFN);
