@@ -18,7 +18,8 @@ Where each op runs:
     KVWrite, KVDequantize      KV quant engines if present and the format is quantized, else vector unit
     Norm, Softmax, RoPE, Elementwise, Sampling     vector unit
     Embedding                  DRAM (random rows)
-    AllReduce                  chip-to-chip link (ring: the spec's bytes), adds on the vector unit
+    AllReduce                  chip-to-chip link (ring: the interconnect's latency per collective and per
+                               step plus the spec's bytes, `collectives.py`), adds on the vector unit
 
 Timing: units of one op overlap (double-buffered streaming), so time = max over the units' busy time
 and the DRAM time (`dram.stream_access` on the spec's `min_bytes()`), except the PIM path, whose
@@ -46,6 +47,7 @@ import math
 from dataclasses import dataclass
 
 from codesign.accel_model import pim as pim_model
+from codesign.accel_model.collectives import interconnect
 from codesign.accel_model.design import Design
 from codesign.accel_model.dram import random_access, stream_access
 from codesign.accel_model.energy import PIM_DEQUANT_ELEM_PJ
@@ -414,7 +416,7 @@ def _all_reduce(acc: _Acc, spec: AllReduce) -> Result:
         if d.links.chip_link_gbps <= 0:
             raise CodesignError(f"design {d.name!r} has no chip-to-chip link (links.chip_link_gbps = 0)")
         nbytes = spec.min_bytes()
-        acc.add(acc.busy, "link", nbytes / (d.links.chip_link_gbps * 1e9))
+        acc.add(acc.busy, "link", interconnect(d.links.interconnect).all_reduce_s(spec, d.links.chip_link_gbps * 1e9))
         acc.add(acc.traffic, "link", nbytes)
         acc.add(acc.energy, "link.transfer", nbytes * 8 * d.links.link_pj_per_bit)
         acc.vector(Elementwise("add", int(spec.flops()), spec.dtype))

@@ -3,7 +3,10 @@
     t(op) = overhead + max(padded_flops / (peak * compute_eff), in_bytes / (mem_bw * memory_eff),
                            sm_bytes) + out_bytes / (mem_bw * memory_eff)
 
-per operator family (matmul, softmax, norm, elementwise, link). Four physical
+per operator family (matmul, softmax, norm, elementwise); all-reduces take the
+interconnect's collective model (accel_model/collectives.py: a latency per
+collective and per ring step plus ring bytes over the achieved bus bandwidth,
+figures cited per interconnect, not fitted here). Four physical
 effects bend measured latency away from the plain roofline. Their parameters
 are fitted on the single-operator LLMCompass A100 CSVs only (never on the GPT-3
 layer rows, which are the validation):
@@ -52,6 +55,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from codesign.accel_model.collectives import gpu_interconnect
 from codesign.catalog.gpus import GPUSpec
 from codesign.specs import (
     AllReduce,
@@ -67,7 +71,7 @@ from codesign.specs import (
 )
 
 EFFICIENCY_FILE = Path(__file__).resolve().parent / "gpu_efficiency.yaml"
-FAMILIES = ("matmul", "softmax", "norm", "elementwise", "link")
+FAMILIES = ("matmul", "softmax", "norm", "elementwise")
 TILE = 128  # output tile edge used for wave quantization (cuBLAS's common 128x128 CTA tile)
 # Fit grids. Memory efficiency stops at 0.90: HBM sustains ~90% of its pin rate at best (refresh, bus
 # turnarounds), and once the per-SM cap is in, the matmul rows no longer pin it (mean error 2.7% at 0.86,
@@ -110,7 +114,7 @@ def family(spec: OpSpec) -> str:
     if isinstance(spec, Norm):
         return "norm"
     if isinstance(spec, AllReduce):
-        return "link"
+        return "link"  # not a fitted family: the interconnect's collective model (accel_model.collectives)
     return "elementwise"
 
 
@@ -158,8 +162,6 @@ def efficiencies(gpu: GPUSpec) -> dict[str, FamilyEfficiency]:
 
 def terms(spec: OpSpec, gpu: GPUSpec) -> Terms:
     """The roofline pieces of `spec` on `gpu` that `gpu_op_time` weighs with a family's efficiencies."""
-    if isinstance(spec, AllReduce):
-        return Terms(0.0, spec.min_bytes() / gpu.link_bw, 0.0)
     tc = padded_flops(spec, gpu) / gpu.peak(spec.peak_key())
     if isinstance(spec, Gemm) and spec.M > 0:
         ctas, _, _ = _tiles(spec, gpu.sms)
@@ -177,7 +179,7 @@ def _reread_s(t: Terms) -> float:
 
 
 # Per-kernel cost inside a captured CUDA graph, which serving engines use for decode: replaces the
-# eager-launch overhead the PyTorch-timed calibration data carries (NCCL all-reduce latency is kept).
+# eager-launch overhead the PyTorch-timed calibration data carries.
 GRAPH_LAUNCH_S = 2e-6
 
 
@@ -199,11 +201,10 @@ def gpu_op_time(
     launch: "eager" keeps the calibrated per-launch overhead (PyTorch eager, as measured);
     "graph" uses GRAPH_LAUNCH_S instead, for CUDA-graph-captured serving steps.
     """
-    fam = family(spec)
-    e = (eff or efficiencies(gpu))[fam]
-    if isinstance(spec, AllReduce) and spec.world_size == 1:
-        return 0.0
-    overhead = GRAPH_LAUNCH_S if launch == "graph" and fam != "link" else e.overhead_s
+    if isinstance(spec, AllReduce):  # NCCL's own latency stays inside a CUDA graph
+        return gpu_interconnect(gpu.key).all_reduce_s(spec, gpu.link_bw)
+    e = (eff or efficiencies(gpu))[family(spec)]
+    overhead = GRAPH_LAUNCH_S if launch == "graph" else e.overhead_s
     return _time(terms(spec, gpu), e, overhead)
 
 
