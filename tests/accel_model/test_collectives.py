@@ -80,7 +80,7 @@ def test_designs_charge_the_latency_of_their_interconnect():
     # PCIe: 6 ring steps of 5.7 us, and 0.8 of the designed bandwidth (payload efficiency).
     assert evaluate(pcie, spec).seconds == pytest.approx(3.34e-6 + 6 * 5.7e-6 + 196_608 / (0.8 * 300e9), rel=1e-12)
     raw["links"]["interconnect"] = "token-ring"
-    with pytest.raises(CodesignError, match=r"bad.yaml: links.interconnect: must be one of nvlink3, .*; got .token-ring."):
+    with pytest.raises(CodesignError, match=r"bad.yaml: links.interconnect: must be one of nvlink3, .*token-ring"):
         design_from_dict(raw, "bad.yaml")
 
 
