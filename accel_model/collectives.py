@@ -28,14 +28,19 @@ class Interconnect:
     hop_s: float  # per ring step
     bus_efficiency: float  # achieved bus bandwidth / per-direction line rate
 
-    def all_reduce_s(self, spec: AllReduce, link_bw: float) -> float:
-        """Seconds of a ring all-reduce of `spec` over links of `link_bw` bytes/s per direction."""
+    def all_reduce_s(self, spec: AllReduce, link_bw: float, engine: bool = False) -> float:
+        """Seconds of a ring all-reduce of `spec` over links of `link_bw` bytes/s per direction; `engine`: a
+        serving engine's, the faster of the ring and its one-shot all-reduce (interconnects.yaml)."""
         n = spec.world_size
         if n == 1:
             return 0.0
         if not link_bw > 0:
             raise CodesignError(f"an all-reduce over {n} ranks needs a link bandwidth > 0, got {link_bw!r}")
-        return self.latency_s + 2 * (n - 1) * self.hop_s + spec.min_bytes() / (link_bw * self.bus_efficiency)
+        ring = self.latency_s + 2 * (n - 1) * self.hop_s + spec.min_bytes() / (link_bw * self.bus_efficiency)
+        if not engine:
+            return ring
+        latency_s, bus_bw = one_shot()
+        return min(ring, latency_s + spec.min_bytes() / bus_bw)
 
 
 def _parse(key: str, raw: object, where: str) -> Interconnect:
@@ -63,6 +68,17 @@ def load_interconnects(path: Path = INTERCONNECT_FILE) -> tuple[dict[str, Interc
     if unknown or "chip_link" not in links:
         raise CodesignError(f"{where}: gpus name unknown interconnects {unknown}, or chip_link is missing")
     return links, gpus
+
+
+@functools.lru_cache(maxsize=1)
+def one_shot() -> tuple[float, float]:
+    """(latency s, bus bytes/s) of the serving engines' one-shot all-reduce (interconnects.yaml)."""
+    raw = yaml.safe_load(INTERCONNECT_FILE.read_text()).get("one_shot") or {}
+    try:
+        return float(raw["latency_us"]) * 1e-6, float(raw["bus_gbs"]) * 1e9
+    except (KeyError, TypeError, ValueError):
+        raise CodesignError(f"{INTERCONNECT_FILE.name}: one_shot needs latency_us and bus_gbs") from None
+
 
 
 def interconnect(key: str) -> Interconnect:

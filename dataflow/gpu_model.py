@@ -40,8 +40,9 @@ gpu_efficiency.yaml; `--fit` re-derives them from the LLMCompass A100 data by
 grid search on mean |log error|.
 
 Run `python -m codesign.dataflow.gpu_model` for the per-row error report
-(in-sample and leave-one-out, which is the honest number) and the GPT-3 layer
-rows (validation only, never fitted).
+(in-sample and leave-one-out, which is the honest number), the GPT-3 layer
+rows (validation only, never fitted) and the measured end-to-end latencies
+(validation.py: predicted / measured per row, leave-one-source-out).
 """
 
 from __future__ import annotations
@@ -198,11 +199,12 @@ def gpu_op_time(
 ) -> float:
     """Predicted seconds for one operator on `gpu` (see the module formula).
 
-    launch: "eager" keeps the calibrated per-launch overhead (PyTorch eager, as measured);
-    "graph" uses GRAPH_LAUNCH_S instead, for CUDA-graph-captured serving steps.
+    launch: "eager" keeps the calibrated per-launch overhead (PyTorch eager, as measured) and NCCL's ring;
+    "graph" uses GRAPH_LAUNCH_S instead and the engines' one-shot all-reduce where faster, for
+    CUDA-graph-captured serving steps.
     """
-    if isinstance(spec, AllReduce):  # NCCL's own latency stays inside a CUDA graph
-        return gpu_interconnect(gpu.key).all_reduce_s(spec, gpu.link_bw)
+    if isinstance(spec, AllReduce):  # a serving step ("graph") takes the engines' one-shot all-reduce when faster
+        return gpu_interconnect(gpu.key).all_reduce_s(spec, gpu.link_bw, engine=launch == "graph")
     e = (eff or efficiencies(gpu))[family(spec)]
     overhead = GRAPH_LAUNCH_S if launch == "graph" else e.overhead_s
     return _time(terms(spec, gpu), e, overhead)
@@ -321,6 +323,9 @@ def _main() -> None:
     )
     ap.add_argument("--device", default="mi210", help="catalogue GPU of --csv-dir (its CSV tag: --tag)")
     ap.add_argument("--tag", default="MI210", help="device tag in the CSV file names")
+    ap.add_argument(
+        "--no-validation", action="store_true", help="skip the measured-latency set (validation.py, ~20 s)"
+    )
     args = ap.parse_args()
     if args.csv_dir:
         from codesign.dataflow.llmcompass_ref import load_llmcompass_csvs
@@ -343,6 +348,10 @@ def _main() -> None:
         print(f"GPT-3 175B layer ({phase}, TP=4): predicted / measured")
         for (name, spec), meas in zip(gpt3_layer_specs(phase).items(), measured):
             print(f"  {name:<14} {gpu_op_time(spec, gpu) / meas:6.3f}")
+    if not args.no_validation:
+        from codesign.dataflow.validation import print_report
+
+        print_report()
 
 
 if __name__ == "__main__":

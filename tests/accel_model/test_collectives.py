@@ -56,16 +56,27 @@ def test_every_catalogue_gpu_has_an_interconnect():
 
 
 def test_mapper_charges_the_latency_on_gpus():
-    # Llama-2-70B decode, batch 1, TP 2 on A100: 160 all-reduces of 8192 fp16 (16 kB ring bytes each),
-    # 3.34 + 2 x 3.4 + 16,384 / 207.9 GB/s = 10.22 us each: 1.64 ms per step (the roofline: 0.06 ms).
+    # Llama-2-70B decode, batch 1, TP 2 on A100: 160 all-reduces of 8192 fp16 (16 kB ring bytes each). A serving
+    # step (the mapper's CUDA-graph mode) takes the engines' one-shot all-reduce, 9.5 us + 16,384 / 50 GB/s =
+    # 9.83 us, under NCCL's ring 3.34 + 2 x 3.4 + 16,384 / 207.9 GB/s = 10.22 us: 1.57 ms per step (roofline 0.06).
     g = build_step_graph("llama-2-70b", "decode", 1, 1024, tp=2)
     s = schedule(g, make_target("a100-80gb"))
     links = [sl for sl in s.slots if sl.unit == "link"]
-    each = 3.34e-6 + 2 * 3.4e-6 + 16_384 / (0.693 * 300e9)
+    each = 9.5e-6 + 16_384 / 50e9
+    assert each < 3.34e-6 + 2 * 3.4e-6 + 16_384 / (0.693 * 300e9)
     assert len(links) == 160
     assert sum(sl.end - sl.start for sl in links) == pytest.approx(160 * each, rel=1e-9)
     bound = sum(r.time_s for r in roofline(g, A100).rows if r.op == "all_reduce")
     assert bound == pytest.approx(160 * 16_384 / 300e9, rel=1e-9)
+
+
+def test_engines_take_the_faster_of_ring_and_one_shot():
+    link = gpu_interconnect("a100-80gb")
+    small, large = AllReduce(4096, 8), AllReduce(8 * 2048 * 12288, 4)  # 14,336 and 603,979,776 ring bytes
+    assert link.all_reduce_s(small, 300e9) == pytest.approx(3.34e-6 + 14 * 3.4e-6 + 14_336 / (0.693 * 300e9))
+    assert link.all_reduce_s(small, 300e9, engine=True) == pytest.approx(9.5e-6 + 14_336 / 50e9)
+    assert link.all_reduce_s(large, 300e9, engine=True) == link.all_reduce_s(large, 300e9)  # the ring wins
+    assert gpu_op_time(small, A100, launch="graph") < gpu_op_time(small, A100, launch="eager")
 
 
 def test_designs_charge_the_latency_of_their_interconnect():
