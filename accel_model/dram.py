@@ -42,11 +42,15 @@ bank groups, then along the columns of one row, then to the next bank, then the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from collections import namedtuple
+from dataclasses import dataclass, fields, replace
 from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Any
 
 import numba
 import numpy as np
+import yaml
 
 from codesign.specs import CodesignError, check_choice, check_positive_int
 
@@ -171,153 +175,51 @@ class DRAMSpec:
 _TIMINGS = ("tRCD", "tRP", "tCL", "tRAS", "tCCD_S", "tCCD_L", "tRRD_S", "tRRD_L", "tFAW", "tRTP", "tRFC", "tREFI",
             "tCWL", "tWR", "tWTR_S", "tWTR_L")  # fmt: skip
 
-# Presets. Sources: JEDEC JESD235D (HBM2/2E), JESD238A (HBM3), JESD209-5B (LPDDR5), JESD79-5B (DDR5),
-# the timing presets of Ramulator 2 (CMU-SAFARI/ramulator2, src/dram/impl/*.cpp) where they exist,
-# and vendor product pages for data rates. JEDEC documents are not freely public: array timings
-# marked "typ." are the commonly published values (e.g. Micron/SK hynix HBM2E tRCD = tRP = 14 ns).
+PRESET_FILE = Path(__file__).resolve().parent / "designs" / "presets" / "dram.yaml"
+_INT_FIELDS = ("bus_bits", "burst_length", "channels", "bank_groups", "banks_per_group", "row_bytes", "units",
+               "rtw_gap")  # fmt: skip
 
-# What the three HBM presets share: the organisation of one pseudo-channel (4 BG x 4 banks, 1 KB page), the
-# DRAM array timings and the write timings. They differ in the interface (data rate, pins, burst length).
-_HBM_COMMON = dict(
-    bank_groups=4,
-    banks_per_group=4,
-    row_bytes=1024,
-    tRCD=14.0,
-    tRP=14.0,
-    tCL=14.0,
-    tRAS=33.0,  # typ. HBM2E array timings
-    tFAW=16.0,
-    tRTP=5.0,  # typ.
-    tRFC=160.0,
-    tREFI=3900.0,
-    refresh="per_bank",  # tRFCsb 160 ns, tREFI 3.9 us (Ramulator 2 HBM2 / HBM3 presets, REFsb)
-    tCWL=4.0,
-    tWR=16.0,
-    tWTR_S=6.0,
-    tWTR_L=8.0,  # typ. HBM2: DRAMsim3's HBM2_8Gb_x128 (CWL 4, tWR 16, tWTR_S 6, tWTR_L 8 at tCK 1 ns)
-    rtw_gap=2,  # Ramulator 2 HBM3: RD->WR nCL + nBL + 2 - nCWL (tWPRE = 1 tCK)
-)
 
-# HBM2E 3.2 Gb/s (Samsung Flashbolt / SK hynix HBM2E: 1024 pins -> 409.6 GB/s per stack).
-# 8 channels x 2 pseudo-channels of 64 bits, BL4 -> 32 B bursts.
-_HBM2E = DRAMSpec(
-    name="HBM2e",
-    data_rate_gbps=3.2,
-    tCK_ns=0.625,
-    bus_bits=64,
-    burst_length=4,
-    channels=16,
-    tCCD_S=1.25,
-    tCCD_L=2.5,  # 2 / 4 nCK (JESD235: tCCDS = BL/2, tCCDL = 2x)
-    tRRD_S=4.0,
-    tRRD_L=6.0,
-    pj_per_bit=3.9,
-    unit_gb=16.0,  # 8-high stack of 16 Gb dies (A100 80 GB = 5 stacks)
-    **_HBM_COMMON,
-)
+def _preset_from_dict(name: str, raw: Any, where: str) -> DRAMSpec:
+    """One validated preset: every DRAMSpec field but `name` and `units`, ints where the spec counts."""
+    if not isinstance(raw, dict):
+        raise CodesignError(f"{where}: presets.{name}: must be a mapping, got {type(raw).__name__}")
+    known = {f.name for f in fields(DRAMSpec)} - {"name", "units"}
+    unknown, missing = sorted(set(raw) - known), sorted(known - set(raw))
+    if unknown or missing:
+        raise CodesignError(f"{where}: presets.{name}: unknown field(s) {unknown}, missing field(s) {missing}")
+    args: dict[str, Any] = {}
+    for key, v in raw.items():
+        if key == "refresh":
+            args[key] = v
+        elif key in _INT_FIELDS:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise CodesignError(f"{where}: presets.{name}.{key}: must be an integer, got {v!r}")
+            args[key] = v
+        elif isinstance(v, bool) or not isinstance(v, int | float):
+            raise CodesignError(f"{where}: presets.{name}.{key}: must be a number, got {v!r}")
+        else:
+            args[key] = float(v)
+    try:
+        return DRAMSpec(name=name, **args)
+    except CodesignError as e:
+        raise CodesignError(f"{where}: presets.{name}: {e}") from None
 
-PRESETS: dict[str, DRAMSpec] = {
-    "HBM2e": _HBM2E,
-    # HBM3 6.4 Gb/s (JESD238; SK hynix HBM3: 819 GB/s per stack). 16 channels x 2 PCs of 32 bits,
-    # BL8 -> 32 B bursts; same array timings as HBM2E.
-    "HBM3": DRAMSpec(
-        name="HBM3",
-        data_rate_gbps=6.4,
-        tCK_ns=0.3125,
-        bus_bits=32,
-        burst_length=8,
-        channels=32,
-        tCCD_S=1.25,
-        tCCD_L=2.5,  # one burst (BL8 at 6.4 Gb/s) / two bursts
-        tRRD_S=2.5,
-        tRRD_L=4.0,
-        pj_per_bit=3.5,
-        unit_gb=16.0,  # 8-high stack of 16 Gb dies (H100 SXM 80 GB = 5 stacks)
-        **_HBM_COMMON,
-    ),
-    # HBM2 2.4 Gb/s (Samsung Aquabolt / Aquabolt-XL, the base of HBM-PIM: 307 GB/s per stack).
-    # HBM2E at a lower data rate: tCCD_S / tCCD_L = 2 / 4 nCK at tCK 0.833 ns, so tCCD_L = 3.33 ns, the
-    # 300 MHz pace of HBM-PIM's units (Kwon et al., ISSCC 2021).
-    "HBM2": replace(
-        _HBM2E,
-        name="HBM2",
-        data_rate_gbps=2.4,
-        tCK_ns=2 / 2.4,
-        tCCD_S=2 * (2 / 2.4),
-        tCCD_L=4 * (2 / 2.4),
-        unit_gb=8.0,  # Aquabolt 8-high, 8 Gb dies (Aquabolt-XL with PIM dies: 6 GB)
-    ),
-    # LPDDR5-6400 x16 channel (JESD209-5B; Ramulator 2 preset LPDDR5_6400: tCK 1.25 ns, nCL 20, nRCD 15,
-    # nRPpb 15, nRAS 34, nCCD 2 (BG mode), nRRD 4, nFAW 16). BL16 -> 32 B bursts; 4 BG x 4 banks; 2 KB page.
-    "LPDDR5": DRAMSpec(
-        name="LPDDR5",
-        data_rate_gbps=6.4,
-        tCK_ns=1.25,
-        bus_bits=16,
-        burst_length=16,
-        channels=1,
-        bank_groups=4,
-        banks_per_group=4,
-        row_bytes=2048,
-        tRCD=18.0,
-        tRP=18.0,
-        tCL=25.0,
-        tRAS=42.0,  # JESD209-5: tRCD 18 ns, tRPpb 18 ns, tRAS 42 ns; RL 20 nCK
-        tCCD_S=2.5,
-        tCCD_L=5.0,  # 2 / 4 nCK in bank-group mode
-        tRRD_S=5.0,
-        tRRD_L=5.0,
-        tFAW=20.0,
-        tRTP=7.5,
-        tRFC=140.0,
-        tREFI=3906.0,
-        refresh="per_bank",  # tRFCpb 140 ns (16 Gb), tREFI 3.906 us
-        pj_per_bit=4.0,
-        unit_gb=2.0,  # one x16 channel of a 16 Gb die
-        # Ramulator 2 preset LPDDR5_6400 at tCK 1.25 ns: nCWL 11, nWR 28, nWTRS 5, nWTRL 10.
-        tCWL=13.75,
-        tWR=35.0,
-        tWTR_S=6.25,
-        tWTR_L=12.5,
-        rtw_gap=2,  # the HBM3 / DDR5 form of Ramulator 2 without DDR5's extra preamble cycles
-    ),
-    # DDR5-4800B, one 32-bit sub-channel of a DIMM (JESD79-5B; Ramulator 2 preset DDR5_4800B: tCK 0.416 ns,
-    # nBL 8, nCL 40, nRCD 39, nRP 39, nRAS 77). BL16 -> 64 B bursts; 8 BG x 4 banks; x8 dies, 4 KB page
-    # across the 4 dies of the sub-channel.
-    "DDR5": DRAMSpec(
-        name="DDR5",
-        data_rate_gbps=4.8,
-        tCK_ns=1 / 2.4,
-        bus_bits=32,
-        burst_length=16,
-        channels=2,
-        bank_groups=8,
-        banks_per_group=4,
-        row_bytes=4096,
-        tRCD=16.25,
-        tRP=16.25,
-        tCL=16.67,
-        tRAS=32.0,
-        tCCD_S=3.33,
-        tCCD_L=5.0,  # 8 nCK (one BL16 burst) / max(8 nCK, 5 ns)
-        tRRD_S=3.33,
-        tRRD_L=5.0,
-        tFAW=13.33,
-        tRTP=7.5,
-        tRFC=295.0,
-        tREFI=3900.0,
-        refresh="all_bank",  # tRFC1 295 ns (16 Gb), tREFI 3.9 us
-        pj_per_bit=12.0,
-        unit_gb=32.0,  # one 2-sub-channel DIMM of 16 Gb x8 dies
-        # JESD79-5B as Ramulator 2's DDR5 presets use it: CWL = CL - 2 (38 nCK at 4800B), tWR 30 ns,
-        # tWTR_S = max(4 nCK, 2.5 ns), tWTR_L = max(16 nCK, 10 ns); RD->WR nCL + nBL + 2 - nCWL + 2.
-        tCWL=38 / 2.4,
-        tWR=30.0,
-        tWTR_S=2.5,
-        tWTR_L=10.0,
-        rtw_gap=4,
-    ),
-}
+
+def load_presets(path: Path = PRESET_FILE) -> dict[str, DRAMSpec]:
+    """The presets of a DRAM preset YAML file (`version: 1`, `presets: {name: fields}`), validated."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise CodesignError(f"DRAM preset file {path}: {e}") from None
+    where = path.name
+    if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("presets"), dict):
+        raise CodesignError(f"{where}: expected a mapping with version: 1 and presets: {{name: fields}}")
+    return {str(k): _preset_from_dict(str(k), v, where) for k, v in data["presets"].items()}
+
+
+# HBM2, HBM2e, HBM3, LPDDR5 and DDR5, with their sources, in designs/presets/dram.yaml.
+PRESETS: dict[str, DRAMSpec] = load_presets()
 
 
 def dram_preset(name: str, units: int = 1) -> DRAMSpec:
@@ -492,39 +394,39 @@ def map_bursts(spec: DRAMSpec, burst_index: np.ndarray) -> tuple[np.ndarray, ...
     return ch, bg, bank, row, col
 
 
-# Timing vector of the event model, in this order (clock cycles).
-_EVENT_TIMINGS = ("nRCD", "nRP", "nCL", "nBL", "nCCD_S", "nCCD_L", "nRRD_S", "nRRD_L", "nFAW", "nRAS", "nRTP",
-                  "nCWL", "nWR", "nWTR_S", "nWTR_L", "nRTW")  # fmt: skip
+# The event model's timings in clock cycles, read by name inside the compiled loop (numba types a
+# namedtuple of ints as a homogeneous tuple, so field access costs what an index does).
+EventTimings = namedtuple(
+    "EventTimings",
+    "nRCD nRP nCL nBL nCCD_S nCCD_L nRRD_S nRRD_L nFAW nRAS nRTP nCWL nWR nWTR_S nWTR_L nRTW",
+)
 
 
 @numba.njit(cache=True)
 def _plan(g, b, r, w, open_row, t_act_bank, t_rd_bank, t_wr_bank, last_rd_bg, last_wr_bg, last_act_bg, faw,
           acts, last_rd, last_wr, last_act, t):  # fmt: skip  # pragma: no cover - compiled
-    # Earliest (ACT time or -1 for a row hit, RD/WR time) of one request given the committed state.
-    nRCD, nRP, nCL, nBL, nCCDS, nCCDL, nRRDS, nRRDL, nFAW, nRAS, nRTP, nCWL, nWR, nWTRS, nWTRL, nRTW = t
+    # Earliest (ACT time or -1 for a row hit, RD/WR time) of one request given the committed state;
+    # t: EventTimings.
     t_act = -1
     ready = 0
     if open_row[g, b] != r:
         t_act = 0
         if open_row[g, b] >= 0:  # row conflict: precharge first (after tRAS, tRTP and write recovery)
-            pre = max(t_act_bank[g, b] + nRAS, t_rd_bank[g, b] + nRTP, t_wr_bank[g, b] + nCWL + nBL + nWR)
-            t_act = pre + nRP
-        t_act = max(t_act, last_act + nRRDS, last_act_bg[g] + nRRDL, faw[acts % 4] + nFAW)
-        ready = t_act + nRCD
+            pre = max(t_act_bank[g, b] + t.nRAS, t_rd_bank[g, b] + t.nRTP, t_wr_bank[g, b] + t.nCWL + t.nBL + t.nWR)
+            t_act = pre + t.nRP
+        t_act = max(t_act, last_act + t.nRRD_S, last_act_bg[g] + t.nRRD_L, faw[acts % 4] + t.nFAW)
+        ready = t_act + t.nRCD
     if w:  # WR: after the last read's data has left the bus (turnaround), CAS spacing among writes
-        t_col = max(ready, last_wr + max(nCCDS, nBL), last_wr_bg[g] + nCCDL, last_rd + nRTW)
+        t_col = max(ready, last_wr + max(t.nCCD_S, t.nBL), last_wr_bg[g] + t.nCCD_L, last_rd + t.nRTW)
     else:  # RD: CAS spacing among reads, and write-to-read (tWTR_S other bank group, tWTR_L same)
-        t_col = max(ready, last_rd + max(nCCDS, nBL), last_rd_bg[g] + nCCDL, last_wr + nCWL + nBL + nWTRS,
-                    last_wr_bg[g] + nCWL + nBL + nWTRL)  # fmt: skip
+        t_col = max(ready, last_rd + max(t.nCCD_S, t.nBL), last_rd_bg[g] + t.nCCD_L,
+                    last_wr + t.nCWL + t.nBL + t.nWTR_S, last_wr_bg[g] + t.nCWL + t.nBL + t.nWTR_L)  # fmt: skip
     return t_act, t_col
 
 
 @numba.njit(cache=True)
 def _simulate_channel(bg, bank, row, is_write, nbg, nbank, t, queue):  # pragma: no cover - compiled
-    # t: _EVENT_TIMINGS
-    nCL = t[2]
-    nBL = t[3]
-    nCWL = t[11]
+    # t: EventTimings
     neg = -(1 << 40)
     open_row = np.full((nbg, nbank), -1, np.int64)
     t_act_bank = np.full((nbg, nbank), neg, np.int64)
@@ -575,12 +477,12 @@ def _simulate_channel(bg, bank, row, is_write, nbg, nbank, t, queue):  # pragma:
             last_wr = best_col
             last_wr_bg[g] = best_col
             t_wr_bank[g, b] = best_col
-            done = max(done, best_col + nCWL + nBL)
+            done = max(done, best_col + t.nCWL + t.nBL)
         else:
             last_rd = best_col
             last_rd_bg[g] = best_col
             t_rd_bank[g, b] = best_col
-            done = max(done, best_col + nCL + nBL)
+            done = max(done, best_col + t.nCL + t.nBL)
         npend -= 1
         pending[best] = pending[npend]  # ties compare request ids, so the queue needs no order
     return done, hits, acts
@@ -612,7 +514,7 @@ def simulate_bursts(
             raise CodesignError(f"is_write must be a bool array of burst_index's shape {idx.shape}, got "
                                 f"{wr.dtype} {wr.shape}")  # fmt: skip
     c = spec.cycles()
-    t = np.array([c[k] for k in _EVENT_TIMINGS], dtype=np.int64)
+    t = EventTimings(*(np.int64(c[k]) for k in EventTimings._fields))
     ch, bg, bank, row, _ = map_bursts(spec, idx)
     worst = 0
     hits = acts = 0

@@ -6,8 +6,15 @@ it)", ISSCC 2014 (the 45 nm table every accelerator paper reuses):
     energy (pJ)   int8 add 0.03, int32 add 0.1, fp16 add 0.4, fp32 add 0.9,
                   int8 mult 0.2, int32 mult 3.1, fp16 mult 1.1, fp32 mult 3.7;
                   SRAM 64-bit read: 8 KB 10 pJ, 32 KB 20 pJ, 1 MB 100 pJ
-    area (um^2)   int8 add 36, int32 add 137, fp16 add 1360, fp32 add 4184,
+    area (um^2)   int8 add 36, int32 add 137, fp16 add 1360, fp32 add 4184 (not used: below),
                   int8 mult 282, int32 mult 3495, fp16 mult 1640, fp32 mult 7700
+
+Areas checked against the RTL twins (hdl_tests/synth_area.py, table hdl_tests/rtl_area.yaml: Yosys generic
+cells, transistors relative to the int8 MAC lane): the PIM MAC lane (1.00x the model's ratio) and the
+KV-quant lane (0.93x) agree; Horowitz's fp32 adder does not: 9.99 int8 MACs against the twin's 2.71 (an
+IEEE round-to-nearest-even adder, the one the KV engine and the PIM front end are built from). The model
+takes the twin's ratio, FP32_ADD_UM2 = 2.707 x 419 um^2 = 1134 um^2 (generic cells leave out the sizing a
+fast adder needs, so this is the smaller figure of the two; the energy, 0.9 pJ, is Horowitz's).
 
 A MAC is one multiply plus one add into the accumulator (int32 for int8, the same format for float
 formats, fp32 for fp32). Formats the table does not list are *estimates*, each marked below: an
@@ -33,11 +40,11 @@ of HBM2's 3.9 pJ/bit to data movement outside the bank, so an in-bank column rea
 
 PIM dequantizing front end (`pim.dequant`, estimates from Horowitz's 45 nm table, DRAM-process logic
 used unscaled like the PIM MAC): per element, code x fp16 scale is an 8 x 11-bit multiply (int8 mult
-0.2 pJ x 11/8 = 0.275 pJ, 388 um^2), the zero is added by an fp32 adder (0.9 pJ, 4184 um^2: the rule
+0.2 pJ x 11/8 = 0.275 pJ, 388 um^2), the zero is added by an fp32 adder (0.9 pJ, FP32_ADD_UM2: the rule
 is fp32 RNE, see pim_dequant.py) and the fp32 -> fp16 rounding is an int32-add-class incrementer
-(0.1 pJ, 137 um^2): 1.275 pJ and 4709 um^2 per element lane. Widening the unit costs fp16 MACs
-(fp16 mult + add, 1640 + 1360 um^2 per lane); the scale/zero register file ~5 um^2 per flip-flop
-(the Huffman lane's estimate).
+(0.1 pJ, 137 um^2): 1.275 pJ and 388 + FP32_ADD_UM2 + 137 = 1659 um^2 per element lane. Widening the
+unit costs fp16 MACs (fp16 mult + add, 1640 + 1360 um^2 per lane); the scale/zero register file ~5 um^2 per
+flip-flop (the Huffman lane's estimate).
 
 Huffman (DF11) decode lane logic, per code (estimate): a 32-bit bit-pointer add (int32 add 0.1 pJ,
 Horowitz) and a 32-bit, 5-stage window barrel shifter taken as two int32 adds' worth of switching
@@ -67,6 +74,9 @@ REF_NODE_NM = 45
 # nominal voltages, 28 nm 0.9 V, 16/12 nm FinFET 0.8 V, 7 nm 0.75 V, 5 nm 0.7 V).
 VDD: dict[int, float] = {45: 0.9, 28: 0.9, 16: 0.8, 12: 0.8, 7: 0.75, 5: 0.7}
 
+# The fp32 adder's 45 nm area: the int8 MAC's 419 um^2 times its RTL twin's ratio to the int8 MAC lane (2.707,
+# hdl_tests/rtl_area.yaml), not Horowitz's 4184 um^2 (module docstring).
+FP32_ADD_UM2 = 1134.0
 # (multiply pJ, add pJ, multiply um^2, add um^2) at 45 nm per MAC precision.
 _MAC_45NM: dict[str, tuple[float, float, float, float]] = {
     "int8": (0.2, 0.1, 282.0, 137.0),  # int8 mult + int32 accumulate (Horowitz)
@@ -75,7 +85,7 @@ _MAC_45NM: dict[str, tuple[float, float, float, float]] = {
     "fp16": (1.1, 0.4, 1640.0, 1360.0),  # Horowitz
     "bf16": (0.58, 0.4, 865.0, 1360.0),  # estimate: fp16 mult x (8/11)^2 mantissa, fp16-class add
     "fp8": (0.15, 0.4, 217.0, 1360.0),  # estimate: fp16 mult x (4/11)^2, fp16-class accumulate
-    "fp32": (3.7, 0.9, 7700.0, 4184.0),  # Horowitz
+    "fp32": (3.7, 0.9, 7700.0, FP32_ADD_UM2),  # Horowitz; the adder's area from its RTL twin (docstring)
 }
 # Which MAC row a dtype uses (fp8 variants share one row; tf32 runs on the fp32 datapath here).
 _MAC_OF = {
@@ -97,7 +107,7 @@ _SRAM_CELL_UM2 = 0.346 / 0.70  # per bit, including periphery
 PIM_READ_PJ_PER_BIT = 1.3
 PIM_MAC_FP16_PJ = 1.5
 PIM_DEQUANT_ELEM_PJ = 0.2 * 11 / 8 + 0.9 + 0.1  # module docstring: multiply, fp32 add, round to fp16
-PIM_DEQUANT_LANE_UM2 = 282.0 * 11 / 8 + 4184.0 + 137.0
+PIM_DEQUANT_LANE_UM2 = 282.0 * 11 / 8 + FP32_ADD_UM2 + 137.0
 PIM_MAC_FP16_UM2 = 1640.0 + 1360.0
 PIM_REG_BIT_UM2 = 5.0
 NOC_PJ_PER_BIT_MM_45 = 0.2
@@ -179,7 +189,7 @@ class EnergyModel:
 
     def vector_lane_um2(self) -> float:
         """Area of one vector lane: an fp32 multiplier and adder."""
-        return (7700.0 + 4184.0) * self.a_scale
+        return (7700.0 + FP32_ADD_UM2) * self.a_scale
 
     def kvq_elem_pj(self) -> float:
         """KV quant engine energy per element quantized (or dequantized)."""

@@ -18,7 +18,8 @@ Where each op runs:
     KVWrite, KVDequantize      KV quant engines if present and the format is quantized, else vector unit
     Norm, Softmax, RoPE, Elementwise, Sampling     vector unit
     Embedding                  DRAM (random rows)
-    AllReduce                  chip-to-chip link (ring: the spec's bytes), adds on the vector unit
+    AllReduce                  chip-to-chip link (ring: the interconnect's latency per collective and per
+                               step plus the spec's bytes, `collectives.py`), adds on the vector unit
 
 Timing: units of one op overlap (double-buffered streaming), so time = max over the units' busy time
 and the DRAM time (`dram.stream_access` on the spec's `min_bytes()`), except the PIM path, whose
@@ -46,6 +47,7 @@ import math
 from dataclasses import dataclass
 
 from codesign.accel_model import pim as pim_model
+from codesign.accel_model.collectives import interconnect
 from codesign.accel_model.design import Design
 from codesign.accel_model.dram import random_access, stream_access
 from codesign.accel_model.energy import PIM_DEQUANT_ELEM_PJ
@@ -127,7 +129,7 @@ def sram_words(M: int, N: int, K: int, rows: int, cols: int, dataflow: str) -> t
 
 
 try:  # the systolic-array model, when present, is the one source of GEMM cycles
-    from codesign.accel_model.systolic import compute_cycles as _compute_cycles  # type: ignore
+    from codesign.accel_model.systolic.model import compute_cycles as _compute_cycles  # type: ignore
 except ImportError:  # pragma: no cover - depends on the other module being present
     _compute_cycles = gemm_compute_cycles
 
@@ -414,7 +416,7 @@ def _all_reduce(acc: _Acc, spec: AllReduce) -> Result:
         if d.links.chip_link_gbps <= 0:
             raise CodesignError(f"design {d.name!r} has no chip-to-chip link (links.chip_link_gbps = 0)")
         nbytes = spec.min_bytes()
-        acc.add(acc.busy, "link", nbytes / (d.links.chip_link_gbps * 1e9))
+        acc.add(acc.busy, "link", interconnect(d.links.interconnect).all_reduce_s(spec, d.links.chip_link_gbps * 1e9))
         acc.add(acc.traffic, "link", nbytes)
         acc.add(acc.energy, "link.transfer", nbytes * 8 * d.links.link_pj_per_bit)
         acc.vector(Elementwise("add", int(spec.flops()), spec.dtype))
@@ -436,7 +438,7 @@ def design_fields_read(
     depends on its dequant front end).
     Contract: two designs equal on these fields give equal `evaluate` results for `spec` (the name and
     source never enter a result). Kept next to the dispatch below: a cost function that starts reading
-    another unit must add it here (tests/test_explore_speed.py compares against uncached evaluation).
+    another unit must add it here (tests/dataflow/explore/test_explore_speed.py compares against uncached evaluation).
     """
     has_pim = pim is not None and pim is not False
     pim_spec = pim if isinstance(pim, pim_model.PIMSpec) else None

@@ -16,7 +16,7 @@ Why not one fused rounding (code x scale + zero straight to fp16)? The two round
 a single one: 1024 + (0.5 + 2^-19) (zero = 1024, code 185, scale 1417 x 2^-19, both exact in their
 formats) rounds to 1024.5 in fp32 (its ulp there is 2^-13), which is an fp16 tie that goes to even,
 1024, while a fused unit gives 1025. The rule above is the one the kernels' reference computes, so
-the front end is specified with the fp32 adder (tests/test_pim_quant.py checks this case and both
+the front end is specified with the fp32 adder (tests/accel_model/test_pim_quant.py checks this case and both
 paths against torch).
 
 FP8 e4m3 codes (per-head scale s, fp32): w = fp16_RNE( fp32_RNE( e4m3(code) x s ) ), exactly

@@ -18,10 +18,10 @@ from codesign.specs.errors import CodesignError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "roofline": ("codesign.dataflow.roofline_cli", "per-operator roofline of one model step on a GPU"),
     "doctor": ("codesign.doctor", "versions, GPU, Triton interpreter and HDL simulators found"),
-    "sim": ("codesign.accel_model.scalesim_cli", "SCALE-Sim-compatible systolic-array simulation"),
+    "sim": ("codesign.accel_model.systolic.cli", "SCALE-Sim-compatible systolic-array simulation"),
     "tune": ("codesign.autotune.tune_cli", "tune kernel launch configs on this GPU"),
     "explore": (
-        "codesign.dataflow.explore_cli",
+        "codesign.dataflow.explore.cli",
         "design-space exploration over serving workloads (main job)",
     ),
     "rtl-report": (

@@ -3,8 +3,10 @@
 `trace_model` runs `torch.export.export` on the model (e.g. a Hugging Face
 `LlamaForCausalLM` with random weights); its graph is a torch.fx graph of aten
 calls, each tagged in `meta["nn_module_stack"]` with the modules that own it.
-`graph_from_module` maps those calls to the same specs, node ids, `op`/`layer`
-attributes and edges as `build_step_graph`. (`torch.fx.symbolic_trace` of a
+The trace groups those calls into operator nodes and their edges, reads a
+`ModelConfig` from them (`traced_config`), and `graph_from_module` builds the
+step with the one builder, `graph.build_step_graph`, then checks that the
+trace's own edges are the built graph's. (`torch.fx.symbolic_trace` of a
 transformers 5 Llama fails with "co_varnames is too small" while patching the
 forward's signature; export traces below Python, so it needs no model changes.)
 
@@ -39,47 +41,30 @@ How traced calls become operator nodes:
   qkv_proj -> attention/kv_write edge is redrawn from `rope`.
 - Sizes of the step (tokens, sharding over tp, formats, context) come from the
   arguments, model dimensions from the traced weights and attention inputs
-  (GPT-2's fused c_attn is taken as multi-head: q, k, v equal thirds). Edge
-  `bytes` are the producer's output size, counted as the builder counts it.
+  (GPT-2's fused c_attn is taken as multi-head: q, k, v equal thirds); every
+  layer must give the same config, as the step graph repeats one block.
 
-Not mapped (refused with the module's name or the traced call): eager attention
-(matmul + softmax: trace with attn_implementation="sdpa"), transformers 4's
-per-expert MoE loops, post-norm OPT (do_layer_norm_before=False), and a KV
-cache inside the trace (`trace_model` passes use_cache=False; the cache write
-is the kv_write rule).
+Not mapped (refused with the module's name, the traced call or the differing
+edges): eager attention (matmul + softmax: trace with attn_implementation="sdpa"),
+transformers 4's per-expert MoE loops, post-norm OPT (do_layer_norm_before=False),
+blocks wired otherwise than the step graph (e.g. parallel attention and MLP), and
+a KV cache inside the trace (`trace_model` passes use_cache=False; the cache
+write is the kv_write rule).
 """
 
 from __future__ import annotations
 
 import inspect
-import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import networkx as nx
 import torch
 
-from codesign.catalog.models import expected_active_experts
-from codesign.dataflow.graph import new_step_graph, tp_divide
-from codesign.specs import (
-    AllReduce,
-    CodesignError,
-    Elementwise,
-    Embedding,
-    Gemm,
-    KVFormat,
-    KVWrite,
-    MoERouter,
-    Norm,
-    OpSpec,
-    PagedDecodeAttention,
-    PrefillAttention,
-    RoPE,
-    Sampling,
-    WeightFormat,
-    dtype_bytes,
-)
+from codesign.catalog.models import ModelConfig
+from codesign.dataflow.graph import build_step_graph
+from codesign.specs import CodesignError, KVFormat, WeightFormat
 
 # aten ops that only change a tensor's view, dtype or layout: no operator of their own. (`dropout` only
 # in eval mode, which trace_model sets; `getitem` picks one output of a split/chunk/topk/sort.)
@@ -288,8 +273,8 @@ def _experts_op(aten: str, node: torch.fx.Node, grouped_seen: int) -> str:
     return "act" if grouped_seen == 1 else "down_proj"
 
 
-def _group_calls(graph: torch.fx.Graph) -> tuple[dict[str, _Group], dict[torch.fx.Node, _Group]]:
-    """Assign each data-path call to its operator node; transparent calls map to no group."""
+def _data_path(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The calls downstream of the token embeddings: the step's dataflow (the rest is bookkeeping)."""
     embeds = [n for n in graph.nodes if n.op == "call_function" and _aten_name(n) == "embedding"]
     if not embeds:
         raise CodesignError("traced graph has no token embedding (aten.embedding); is this a language model?")
@@ -300,59 +285,83 @@ def _group_calls(graph: torch.fx.Graph) -> tuple[dict[str, _Group], dict[torch.f
         if n not in on_path:
             on_path.add(n)
             todo.extend(n.users)
+    return on_path
+
+
+class _Roles:
+    """The operator role of each traced call, counting what a role depends on: residual adds per layer
+    (first attention, then FFN), the embeddings' add, grouped GEMMs per MoE layer."""
+
+    def __init__(self) -> None:
+        self.adds: dict[int | None, int] = {}
+        self.grouped_gemms: dict[int | None, int] = {}
+
+    def _count_add(self, layer: int | None) -> int:
+        count = self.adds[layer] = self.adds.get(layer, 0) + 1
+        return count
+
+    def role(self, n: torch.fx.Node, kinds: list[str], leaf: str, layer: int | None) -> str | None:
+        """The call's role (None: maps to no operator), or "" for rotary tables (bookkeeping)."""
+        kind, aten = kinds[-1], _aten_name(n)
+        if kind == "embedding":
+            return "pos_embedding" if leaf in POSITION_TABLES else "embedding"
+        if kind == "linear":
+            return LINEAR_ROLES.get(leaf) or LINEAR_ROLES_IN.get((kinds[-2] if len(kinds) > 1 else "", leaf))
+        if kind == "norm":
+            return (NORM_ROLES_TOP if layer is None else NORM_ROLES_IN_LAYER).get(leaf)
+        if kind == "act" or (kind == "mlp" and aten == "mul"):
+            return "act"
+        if kind == "attention" and aten == "scaled_dot_product_attention":
+            return "attention"
+        if kind == "attention" and aten in ROPE_OPS:
+            return "rope"
+        if kind == "layer" and aten == "add":
+            return {1: "attn_residual", 2: "ffn_residual"}.get(self._count_add(layer))
+        if kind == "top" and aten == "add" and layer is None:
+            return "embed_add" if self._count_add(None) == 1 else None  # token + position embeddings
+        if kind == "moe" and aten in COMBINE_OPS:
+            return "shared_combine"
+        if kind == "router":
+            return "router"
+        if kind == "experts":
+            seen = self.grouped_gemms.get(layer, 0)
+            if aten in GROUPED_GEMM_OPS:
+                self.grouped_gemms[layer] = seen + 1
+            return _experts_op(aten, n, seen)
+        if kind == "rotary":
+            return ""  # cos/sin tables: bookkeeping even when a dtype hint links them to the data
+        return None
+
+    def check(self) -> None:
+        for layer, count in self.grouped_gemms.items():
+            if count != 2:
+                raise CodesignError(f"traced MoE experts of layer {layer} run {count} grouped GEMMs, expected 2")
+
+
+def _group_calls(graph: torch.fx.Graph) -> tuple[dict[str, _Group], dict[torch.fx.Node, _Group]]:
+    """Assign each data-path call to its operator node; transparent calls map to no group."""
+    on_path = _data_path(graph)
     groups: dict[str, _Group] = {}
     owner: dict[torch.fx.Node, _Group] = {}
-    residuals: dict[int | None, int] = {}
-    grouped_gemms: dict[int | None, int] = {}
+    roles = _Roles()
     for n in graph.nodes:
         if n.op != "call_function":
             continue
         stack = _stack(n)
         kinds = [_module_kind(cls, path) for path, cls in stack]  # refuses unknown modules anywhere
-        if n not in on_path or not stack:
+        if n not in on_path or not stack or _is_transparent(n, kinds[-1]):
             continue
         path, cls = stack[-1]
-        kind = kinds[-1]
-        if _is_transparent(n, kind):
-            continue
-        aten = _aten_name(n)
-        leaf = path.rsplit(".", 1)[-1]
         m = LAYER_RE.search(path)
         layer = int(m.group(1)) if m else None
-        op = None
-        if kind == "embedding":
-            op = "pos_embedding" if leaf in POSITION_TABLES else "embedding"
-        elif kind == "linear":
-            op = LINEAR_ROLES.get(leaf) or LINEAR_ROLES_IN.get((kinds[-2] if len(kinds) > 1 else "", leaf))
-        elif kind == "norm":
-            op = (NORM_ROLES_TOP if layer is None else NORM_ROLES_IN_LAYER).get(leaf)
-        elif kind == "act" or (kind == "mlp" and aten == "mul"):
-            op = "act"
-        elif kind == "attention" and aten == "scaled_dot_product_attention":
-            op = "attention"
-        elif kind == "attention" and aten in ROPE_OPS:
-            op = "rope"
-        elif kind == "layer" and aten == "add":
-            count = residuals[layer] = residuals.get(layer, 0) + 1
-            op = {1: "attn_residual", 2: "ffn_residual"}.get(count)
-        elif kind == "top" and aten == "add" and layer is None:
-            count = residuals[None] = residuals.get(None, 0) + 1
-            op = "embed_add" if count == 1 else None  # token + position embeddings (GPT-2, OPT)
-        elif kind == "moe" and aten in COMBINE_OPS:
-            op = "shared_combine"
-        elif kind == "router":
-            op = "router"
-        elif kind == "experts":
-            op = _experts_op(aten, n, grouped_gemms.get(layer, 0))
-            if aten in GROUPED_GEMM_OPS:
-                grouped_gemms[layer] = grouped_gemms.get(layer, 0) + 1
-        elif kind == "rotary":
-            continue  # cos/sin tables: bookkeeping even when a dtype hint links them to the data
+        op = roles.role(n, kinds, path.rsplit(".", 1)[-1], layer)
+        if op == "":
+            continue
         if op in SHARED_ROLES and any(p.rsplit(".", 1)[-1] == SHARED_EXPERT for p, _ in stack):
             op = "shared_" + op
         if op is None:
             raise CodesignError(
-                f"traced call aten.{aten} in {cls.rsplit('.', 1)[-1]} {path!r} maps to no operator "
+                f"traced call aten.{_aten_name(n)} in {cls.rsplit('.', 1)[-1]} {path!r} maps to no operator "
                 "(export with attn_implementation='sdpa'; see fx_trace's module docstring)"
             )
         if (layer is None) != (op in TOP_OPS):
@@ -362,9 +371,7 @@ def _group_calls(graph: torch.fx.Graph) -> tuple[dict[str, _Group], dict[torch.f
         grp = groups.setdefault(node_id, _Group(node_id, op, layer))
         grp.calls.append(n)
         owner[n] = grp
-    for layer, count in grouped_gemms.items():
-        if count != 2:
-            raise CodesignError(f"traced MoE experts of layer {layer} run {count} grouped GEMMs, expected 2")
+    roles.check()
     return groups, owner
 
 
@@ -484,51 +491,176 @@ def _router(grp: _Group) -> tuple[int, int]:
     return experts, top_k
 
 
-def _shared_expert(
-    groups: dict[str, _Group],
-    add: Callable[[str, str, OpSpec, int | None, float], None],
-    p: str,
-    i: int,
-    tokens: int,
-    hidden: int,
-    tp: int,
-    wf: WeightFormat,
-    lin_act: str,
-) -> None:
-    """The shared-expert nodes of a traced MoE layer, as `build_step_graph` makes them."""
+# The builder's FFN kinds by the traced activation op (`_act_op`).
+FFN_KIND_OF_ACT = {"silu_mul": "gated_silu", "gelu_mul": "gated_gelu", "gelu": "gelu", "relu": "relu"}
+# A context limit for a traced model that states none (no config.max_position_embeddings): no limit.
+NO_CONTEXT_LIMIT = 2**31 - 1
+
+
+def _ffn_config(groups: dict[str, _Group], p: str, i: int) -> dict[str, object]:
+    """The FFN fields of ModelConfig from one traced layer: kind, width, experts, shared expert, bias."""
+    act_op = _act_op(groups[p + "act"], i)
+    if act_op not in FFN_KIND_OF_ACT:
+        raise CodesignError(f"traced layer {i} activation {act_op} is none of {sorted(FFN_KIND_OF_ACT)}")
+    out: dict[str, object] = {"ffn_kind": FFN_KIND_OF_ACT[act_op], "experts": 0, "top_k": 0}
+    if p + "router" in groups:
+        out["experts"], out["top_k"] = _router(groups[p + "router"])
+        _, _, up_all = _grouped_gemm(groups[p + "up_proj"])
+        _, ffn, _ = _grouped_gemm(groups[p + "down_proj"])
+        up_bias = down_bias = False  # grouped GEMMs carry no bias operand
+    else:
+        ups = _linears(groups[p + "up_proj"])
+        (_, ffn, down_bias), *_ = _linears(groups[p + "down_proj"]).values()
+        up_all = sum(n for n, _, _ in ups.values())
+        up_bias = any(b for _, _, b in ups.values())
+    if up_all != (2 if act_op.endswith("_mul") else 1) * ffn:
+        raise CodesignError(f"traced layer {i} up projection has {up_all} outputs for FFN width {ffn} ({act_op})")
+    if up_bias != down_bias:
+        raise CodesignError(f"traced layer {i} has an up-projection bias {up_bias} but a down-projection bias "
+                            f"{down_bias}: the step graph's models have one MLP bias")  # fmt: skip
+    out["ffn"], out["mlp_bias"] = ffn, up_bias
+    out["shared_expert_ffn"], out["shared_expert_gate"] = _shared_expert_config(groups, p, i, act_op, up_bias)
+    return out
+
+
+def _shared_expert_config(groups: dict[str, _Group], p: str, i: int, act_op: str, bias: bool) -> tuple[int, bool]:
+    """(shared_expert_ffn, shared_expert_gate) of a traced MoE layer; (0, False) without a shared expert."""
+    if p + "shared_up_proj" not in groups:
+        return 0, False
     need = [p + n for n in ("shared_act", "shared_down_proj", "shared_combine")]
     missing = [n for n in need if n not in groups]
     if missing:
         raise CodesignError(f"traced shared expert of layer {i} lacks {missing}")
-    act_b = dtype_bytes("fp16")
     ups = _linears(groups[p + "shared_up_proj"])
-    (_, sffn_all, d_bias), *_ = _linears(groups[p + "shared_down_proj"]).values()
-    act_op = _act_op(groups[p + "shared_act"], i)
+    (_, sffn, d_bias), *_ = _linears(groups[p + "shared_down_proj"]).values()
     up_all = sum(n for n, _, _ in ups.values())
-    if up_all != (2 if act_op.endswith("_mul") else 1) * sffn_all:
-        raise CodesignError(f"traced layer {i} shared expert has {up_all} up outputs for width {sffn_all}")
-    sffn = tp_divide("shared_expert_ffn", sffn_all, tp)
-    up_n = up_all // sffn_all * sffn
-    up_bias = any(b for _, _, b in ups.values())
-    up = Gemm(M=tokens, N=up_n, K=hidden, weight=wf, act_dtype=lin_act, bias=up_bias)
-    add(p + "shared_up_proj", "shared_up_proj", up, i, tokens * up_n * act_b)
-    add(p + "shared_act", act_op, Elementwise(act_op, tokens * sffn), i, tokens * sffn * act_b)
-    down = Gemm(M=tokens, N=hidden, K=sffn, weight=wf, act_dtype=lin_act, bias=d_bias)
-    add(p + "shared_down_proj", "shared_down_proj", down, i, tokens * hidden * act_b)
-    if p + "shared_gate" in groups:
+    if up_all != (2 if act_op.endswith("_mul") else 1) * sffn:
+        raise CodesignError(f"traced layer {i} shared expert has {up_all} up outputs for width {sffn}")
+    shared_act = _act_op(groups[p + "shared_act"], i)
+    if shared_act != act_op or any(b for _, _, b in ups.values()) != bias or d_bias != bias:
+        raise CodesignError(
+            f"traced layer {i} shared expert ({shared_act}) differs from the routed experts ({act_op}) in its "
+            "activation or biases: the step graph's models run both alike"
+        )
+    gate = p + "shared_gate" in groups
+    if gate:
         (n_out, k_in, _), *_ = _linears(groups[p + "shared_gate"]).values()
-        if (n_out, k_in) != (1, hidden):
+        hidden = _linears(groups[p + "shared_up_proj"])
+        k_hidden = next(iter(hidden.values()))[1]
+        if (n_out, k_in) != (1, k_hidden):
             raise CodesignError(
-                f"traced layer {i} shared-expert gate is {n_out} x {k_in}, expected 1 x {hidden}"
+                f"traced layer {i} shared-expert gate is {n_out} x {k_in}, expected 1 x {k_hidden}"
             )
-        add(p + "shared_gate", "shared_gate", Gemm(M=tokens, N=1, K=hidden), i, tokens * act_b)
-    add(
-        p + "shared_combine",
-        "shared_combine",
-        Elementwise("add", tokens * hidden),
-        i,
-        tokens * hidden * act_b,
+    return sffn, gate
+
+
+def _layer_config(groups: dict[str, _Group], i: int) -> dict[str, object]:
+    """The per-layer fields of ModelConfig from traced layer i (dimensions from weights and attention inputs)."""
+    p = f"L{i}."
+    qkv = _linears(groups[p + "qkv_proj"])
+    sdpa = next(c for c in groups[p + "attention"].calls if _aten_name(c) == "scaled_dot_product_attention")
+    hd = _shape(sdpa.args[0])[-1]
+    if "c_attn" in qkv:  # GPT-2: one fused projection, multi-head (q, k, v equal thirds)
+        heads = kv_heads = qkv["c_attn"][0] // (3 * hd)
+    else:
+        heads, kv_heads = qkv["q_proj"][0] // hd, qkv["k_proj"][0] // hd
+    (_, o_k, o_bias), *_ = _linears(groups[p + "o_proj"]).values()
+    if o_k != heads * hd:
+        raise CodesignError(f"traced layer {i} o_proj reads {o_k} features, not heads x head_dim = {heads * hd}")
+    norm = _norm_kind(groups[p + "attn_norm"])
+    if _norm_kind(groups[p + "ffn_norm"]) != norm:
+        raise CodesignError(f"traced layer {i} mixes RMSNorm and LayerNorm: the step graph's models use one norm")
+    return {
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": hd,
+        "qkv_bias": any(b for _, _, b in qkv.values()),
+        "o_bias": o_bias,
+        "rope": p + "rope" in groups,
+        "norm": norm,
+        **_ffn_config(groups, p, i),
+    }
+
+
+def _norm_kind(grp: _Group) -> str:
+    return "rms" if _stack(grp.calls[0])[-1][1].endswith("RMSNorm") else "layer"
+
+
+def traced_config(traced: TracedModel) -> ModelConfig:
+    """The ModelConfig a trace shows: what `build_step_graph` needs to build the traced model's step.
+
+    Dimensions come from the traced weights and attention inputs (layer by layer: every layer must agree,
+    as the step graph repeats one block); the name and limits from the model's config. Raises
+    CodesignError for a module or call it cannot map, or a model the step graph cannot express.
+    """
+    groups, _ = _operator_dataflow(traced)
+    return _config(traced, groups)
+
+
+def _config(traced: TracedModel, groups: dict[str, _Group]) -> ModelConfig:
+    layers = sorted({grp.layer for grp in groups.values() if grp.layer is not None})
+    per_layer = [_layer_config(groups, i) for i in layers]
+    for i, cfg in zip(layers, per_layer):
+        diff = sorted(k for k in cfg if cfg[k] != per_layer[0][k])
+        if diff:
+            raise CodesignError(
+                f"traced layer {i} differs from layer 0 in {diff}: the step graph repeats one decoder block"
+            )
+    vocab, hidden = _shape(groups["embed"].calls[0].args[0])
+    head = _linears(groups["lm_head"])["lm_head"][:2]
+    if head != (vocab, hidden):
+        raise CodesignError(f"traced lm_head is {head[0]} x {head[1]}, the embeddings {vocab} x {hidden}")
+    if _norm_kind(groups["final_norm"]) != per_layer[0]["norm"]:
+        raise CodesignError("traced final norm is not the layers' kind: the step graph's models use one norm")
+    if ("pos_embed" in groups) != ("embed_add" in groups):
+        raise CodesignError(
+            "traced embeddings: a learned position table needs exactly one add to the token embedding, "
+            f"found table={'pos_embed' in groups}, add={'embed_add' in groups}"
+        )
+    learned = "pos_embed" in groups
+    # The table's rows are the model's positions (OPT keeps 2 spare rows, an offset of its ids).
+    max_context = traced.max_context or (_shape(groups["pos_embed"].calls[0].args[0])[0] if learned else None)
+    return ModelConfig(
+        name=traced.name,
+        layers=len(layers),
+        hidden=hidden,
+        vocab=vocab,
+        max_context=max_context or NO_CONTEXT_LIMIT,
+        learned_positions=learned,
+        sliding_window=traced.sliding_window,
+        **per_layer[0],
     )
+
+
+def _operator_dataflow(traced: TracedModel) -> tuple[dict[str, _Group], list[tuple[str, str]]]:
+    """The trace's operator nodes and edges (one rank, no all-reduces), checked to form a decoder step."""
+    groups, owner = _group_calls(traced.graph)
+    edges = _edges(groups, owner)
+    layers = sorted({grp.layer for grp in groups.values() if grp.layer is not None})
+    _check_acyclic(list(groups) + [f"L{i}.kv_write" for i in layers], edges)
+    for need in ("embed", "final_norm", "lm_head"):
+        if need not in groups:
+            raise CodesignError(f"traced graph has no {need} (expected a *ForCausalLM model)")
+    if layers != list(range(len(layers))):
+        raise CodesignError(f"traced decoder layers {layers} are not numbered 0..{len(layers) - 1}")
+    for node in [f"L{i}.{op}" for i in layers for op in PER_LAYER_OPS]:
+        if node not in groups:
+            raise CodesignError(f"traced graph has no {node}: the layer lacks a part of a decoder block")
+    return groups, edges
+
+
+def _expected_edges(g: nx.DiGraph, edges: list[tuple[str, str]], tp: int) -> set[tuple[str, str]]:
+    """The traced edges as the step graph draws them: with tp > 1 an all-reduce follows each row-parallel
+    projection and takes over its consumers (Megatron sharding), and `sample` follows `lm_head`."""
+    redirect: dict[str, str] = {}
+    out = {("lm_head", "sample")}
+    if tp > 1:
+        for node, data in g.nodes(data=True):
+            if data["op"] == "all_reduce":
+                (src,) = g.predecessors(node)
+                redirect[src] = node
+                out.add((src, node))
+    return out | {(redirect.get(a, a), b) for a, b in edges}
 
 
 def graph_from_module(
@@ -543,143 +675,22 @@ def graph_from_module(
     block_size: int = 16,
     example_inputs: tuple[torch.Tensor, ...] | None = None,
 ) -> nx.DiGraph:
-    """The operator DAG of one step of a traced model: same contract and node ids as `build_step_graph`.
+    """The operator DAG of one step of a traced model: `build_step_graph` of the traced `ModelConfig`.
 
-    `model` is an nn.Module (traced here on `example_inputs`) or a `trace_model`
-    result, reusable across phases and sizes. Raises CodesignError for a module
-    type or traced call it cannot map, or a trace whose operator graph has a cycle.
+    `model` is an nn.Module (traced here on `example_inputs`) or a `trace_model` result, reusable across
+    phases and sizes. The trace's own dataflow must be the step graph's: a model whose operators connect
+    otherwise (e.g. attention and MLP in parallel off one layer input) is refused with the differing edges,
+    as is a module type or traced call it cannot map, or a trace whose operator graph has a cycle.
     """
     traced = model if isinstance(model, TracedModel) else trace_model(model, example_inputs)
-    g, wf, kvf = new_step_graph(
-        traced.name, traced.max_context, phase, batch, context, weight_format, kv_format, tp
+    groups, edges = _operator_dataflow(traced)
+    g = build_step_graph(
+        _config(traced, groups), phase, batch, context, weight_format, kv_format, tp, act_dtype, block_size
     )
-    lens, tokens = g.graph["context"], g.graph["tokens"]
-    groups, owner = _group_calls(traced.graph)
-    edges = _edges(groups, owner)
-    layers = sorted({grp.layer for grp in groups.values() if grp.layer is not None})
-    nodes = list(groups) + [f"L{i}.kv_write" for i in layers]
-    _check_acyclic(nodes, edges)
-    for need in ("embed", "final_norm", "lm_head"):
-        if need not in groups:
-            raise CodesignError(f"traced graph has no {need} (expected a *ForCausalLM model)")
-    if layers != list(range(len(layers))):
-        raise CodesignError(f"traced decoder layers {layers} are not numbered 0..{len(layers) - 1}")
-    for node in [f"L{i}.{op}" for i in layers for op in PER_LAYER_OPS]:
-        if node not in groups:
-            raise CodesignError(f"traced graph has no {node}: the layer lacks a part of a decoder block")
-
-    vocab, hidden = _shape(groups["embed"].calls[0].args[0])
-    act_b = dtype_bytes("fp16")
-    hid_b = tokens * hidden * act_b  # the residual stream, as the builder counts it
-    lin_act = act_dtype if wf.quantized else "fp16"
-    norm_kind = {True: "rms", False: "layer"}
-
-    def norm_spec(grp: _Group) -> Norm:
-        cls = _stack(grp.calls[0])[-1][1]
-        return Norm(tokens, hidden, norm_kind[cls.endswith("RMSNorm")])
-
-    out_bytes: dict[str, float] = {}
-
-    def add(node: str, op: str, spec: OpSpec, layer: int | None, nbytes: float) -> None:
-        g.add_node(node, spec=spec, op=op, layer=layer, out_bytes=nbytes)
-        out_bytes[node] = nbytes
-
-    add("embed", "embedding", Embedding(tokens, vocab, hidden), None, hid_b)
-    if ("pos_embed" in groups) != ("embed_add" in groups):
+    want, got = _expected_edges(g, edges, tp), set(g.edges)
+    if want != got:
         raise CodesignError(
-            "traced embeddings: a learned position table needs exactly one add to the token embedding, "
-            f"found table={'pos_embed' in groups}, add={'embed_add' in groups}"
+            f"traced dataflow of {traced.name} differs from the step graph of its config: traced only "
+            f"{sorted(want - got)[:4]}, step graph only {sorted(got - want)[:4]}"
         )
-    if "pos_embed" in groups:
-        # The table's rows are the model's positions (OPT keeps 2 spare rows, an offset of its ids).
-        rows = traced.max_context or _shape(groups["pos_embed"].calls[0].args[0])[0]
-        add("pos_embed", "pos_embedding", Embedding(tokens, rows, hidden), None, hid_b)
-        add("embed_add", "embed_add", Elementwise("add", tokens * hidden), None, hid_b)
-    for i in layers:
-        p = f"L{i}."
-        add(p + "attn_norm", "attn_norm", norm_spec(groups[p + "attn_norm"]), i, hid_b)
-        qkv = _linears(groups[p + "qkv_proj"])
-        sdpa = next(
-            c for c in groups[p + "attention"].calls if _aten_name(c) == "scaled_dot_product_attention"
-        )
-        hd = _shape(sdpa.args[0])[-1]
-        if "c_attn" in qkv:  # GPT-2: one fused projection, multi-head (q, k, v equal thirds)
-            heads = kv_all = qkv["c_attn"][0] // (3 * hd)
-        else:
-            heads, kv_all = qkv["q_proj"][0] // hd, qkv["k_proj"][0] // hd
-        q_heads = tp_divide("heads", heads, tp)
-        kv_heads = tp_divide("kv_heads", kv_all, tp) if kv_all >= tp else 1
-        qkv_n = (q_heads + 2 * kv_heads) * hd
-        bias = any(b for _, _, b in qkv.values())
-        gemm = Gemm(M=tokens, N=qkv_n, K=hidden, weight=wf, act_dtype=lin_act, bias=bias)
-        add(p + "qkv_proj", "qkv_proj", gemm, i, tokens * qkv_n * act_b)
-        if p + "rope" in groups:
-            add(p + "rope", "rope", RoPE(tokens, q_heads, kv_heads, hd), i, tokens * qkv_n * act_b)
-        add(p + "kv_write", "kv_write", KVWrite(tokens, kv_heads, hd, kvf), i, 0)
-        window = traced.sliding_window
-        if phase == "decode":
-            attn: OpSpec = PagedDecodeAttention(
-                q_heads, kv_heads, hd, context_lens=lens, block_size=block_size, kv_format=kvf, window=window
-            )
-        else:
-            attn = PrefillAttention(q_heads, kv_heads, hd, seq_lens=lens, window=window)
-        add(p + "attention", "attention", attn, i, tokens * q_heads * hd * act_b)
-        (_, o_k, o_bias), *_ = _linears(groups[p + "o_proj"]).values()
-        o_in = tp_divide("heads", o_k // hd, tp) * hd
-        o_spec = Gemm(M=tokens, N=hidden, K=o_in, weight=wf, act_dtype=lin_act, bias=o_bias)
-        add(p + "o_proj", "o_proj", o_spec, i, hid_b)
-        add(p + "attn_residual", "residual_add", Elementwise("add", tokens * hidden), i, hid_b)
-        add(p + "ffn_norm", "ffn_norm", norm_spec(groups[p + "ffn_norm"]), i, hid_b)
-        act_op = _act_op(groups[p + "act"], i)
-        gated = act_op.endswith("_mul")
-        if p + "router" in groups:
-            experts, top_k = _router(groups[p + "router"])
-            add(p + "router", "moe_router", MoERouter(tokens, hidden, experts, top_k), i, tokens * top_k * 8)
-            _, _, up_all = _grouped_gemm(groups[p + "up_proj"])
-            _, ffn_all, _ = _grouped_gemm(groups[p + "down_proj"])
-            ffn = tp_divide("ffn", ffn_all, tp)
-            routed = tokens * top_k
-            active = expected_active_experts(experts, routed)
-            mm, nb, act_rows = math.ceil(routed / active), active, routed  # tokens per expert, experts hit
-            up_bias = d_bias = False  # grouped GEMMs carry no bias operand
-        else:
-            ups = _linears(groups[p + "up_proj"])
-            (_, ffn_all, d_bias), *_ = _linears(groups[p + "down_proj"]).values()
-            ffn = tp_divide("ffn", ffn_all, tp)
-            up_all = sum(n for n, _, _ in ups.values())
-            mm, nb, act_rows = tokens, 1, tokens
-            up_bias = any(b for _, _, b in ups.values())
-        if up_all != (2 if gated else 1) * ffn_all:
-            raise CodesignError(
-                f"traced layer {i} up projection has {up_all} outputs for FFN width {ffn_all} ({act_op})"
-            )
-        up_n = (2 if gated else 1) * ffn
-        up_spec = Gemm(M=mm, N=up_n, K=hidden, weight=wf, act_dtype=lin_act, bias=up_bias, batch=nb)
-        add(p + "up_proj", "up_proj", up_spec, i, act_rows * up_n * act_b)
-        add(p + "act", act_op, Elementwise(act_op, act_rows * ffn), i, act_rows * ffn * act_b)
-        d_spec = Gemm(M=mm, N=hidden, K=ffn, weight=wf, act_dtype=lin_act, bias=d_bias, batch=nb)
-        add(p + "down_proj", "down_proj", d_spec, i, hid_b)
-        if p + "shared_up_proj" in groups:
-            _shared_expert(groups, add, p, i, tokens, hidden, tp, wf, lin_act)
-        add(p + "ffn_residual", "residual_add", Elementwise("add", tokens * hidden), i, hid_b)
-    add("final_norm", "final_norm", norm_spec(groups["final_norm"]), None, hid_b)
-    # Only the last position of each sequence is projected to the vocabulary (fp32 logits).
-    head_vocab, head_k, _ = _linears(groups["lm_head"])["lm_head"]
-    shard = math.ceil(head_vocab / tp)
-    add("lm_head", "lm_head", Gemm(M=batch, N=shard, K=head_k), None, batch * shard * 4)
-    add("sample", "sampling", Sampling(batch, head_vocab), None, batch * 8)
-
-    # Megatron sharding: an all-reduce follows each row-parallel projection and takes over its consumers.
-    redirect: dict[str, str] = {}
-    if tp > 1:
-        for i in layers:
-            ffn_out = "shared_combine" if f"L{i}.shared_combine" in groups else "down_proj"
-            for proj, ar in (("o_proj", "attn_all_reduce"), (ffn_out, "ffn_all_reduce")):
-                src, node = f"L{i}.{proj}", f"L{i}.{ar}"
-                add(node, "all_reduce", AllReduce(tokens * hidden, tp), i, hid_b)
-                g.add_edge(src, node, bytes=out_bytes[src])
-                redirect[src] = node
-    for src, dst in [*edges, ("lm_head", "sample")]:
-        src = redirect.get(src, src)
-        g.add_edge(src, dst, bytes=out_bytes[src])
     return g

@@ -3,7 +3,10 @@
     t(op) = overhead + max(padded_flops / (peak * compute_eff), in_bytes / (mem_bw * memory_eff),
                            sm_bytes) + out_bytes / (mem_bw * memory_eff)
 
-per operator family (matmul, softmax, norm, elementwise, link). Four physical
+per operator family (matmul, softmax, norm, elementwise); all-reduces take the
+interconnect's collective model (accel_model/collectives.py: a latency per
+collective and per ring step plus ring bytes over the achieved bus bandwidth,
+figures cited per interconnect, not fitted here). Four physical
 effects bend measured latency away from the plain roofline. Their parameters
 are fitted on the single-operator LLMCompass A100 CSVs only (never on the GPT-3
 layer rows, which are the validation):
@@ -37,8 +40,9 @@ gpu_efficiency.yaml; `--fit` re-derives them from the LLMCompass A100 data by
 grid search on mean |log error|.
 
 Run `python -m codesign.dataflow.gpu_model` for the per-row error report
-(in-sample and leave-one-out, which is the honest number) and the GPT-3 layer
-rows (validation only, never fitted).
+(in-sample and leave-one-out, which is the honest number), the GPT-3 layer
+rows (validation only, never fitted) and the measured end-to-end latencies
+(validation.py: predicted / measured per row, leave-one-source-out).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from codesign.accel_model.collectives import gpu_interconnect
 from codesign.catalog.gpus import GPUSpec
 from codesign.specs import (
     AllReduce,
@@ -67,7 +72,7 @@ from codesign.specs import (
 )
 
 EFFICIENCY_FILE = Path(__file__).resolve().parent / "gpu_efficiency.yaml"
-FAMILIES = ("matmul", "softmax", "norm", "elementwise", "link")
+FAMILIES = ("matmul", "softmax", "norm", "elementwise")
 TILE = 128  # output tile edge used for wave quantization (cuBLAS's common 128x128 CTA tile)
 # Fit grids. Memory efficiency stops at 0.90: HBM sustains ~90% of its pin rate at best (refresh, bus
 # turnarounds), and once the per-SM cap is in, the matmul rows no longer pin it (mean error 2.7% at 0.86,
@@ -110,7 +115,7 @@ def family(spec: OpSpec) -> str:
     if isinstance(spec, Norm):
         return "norm"
     if isinstance(spec, AllReduce):
-        return "link"
+        return "link"  # not a fitted family: the interconnect's collective model (accel_model.collectives)
     return "elementwise"
 
 
@@ -158,8 +163,6 @@ def efficiencies(gpu: GPUSpec) -> dict[str, FamilyEfficiency]:
 
 def terms(spec: OpSpec, gpu: GPUSpec) -> Terms:
     """The roofline pieces of `spec` on `gpu` that `gpu_op_time` weighs with a family's efficiencies."""
-    if isinstance(spec, AllReduce):
-        return Terms(0.0, spec.min_bytes() / gpu.link_bw, 0.0)
     tc = padded_flops(spec, gpu) / gpu.peak(spec.peak_key())
     if isinstance(spec, Gemm) and spec.M > 0:
         ctas, _, _ = _tiles(spec, gpu.sms)
@@ -177,7 +180,7 @@ def _reread_s(t: Terms) -> float:
 
 
 # Per-kernel cost inside a captured CUDA graph, which serving engines use for decode: replaces the
-# eager-launch overhead the PyTorch-timed calibration data carries (NCCL all-reduce latency is kept).
+# eager-launch overhead the PyTorch-timed calibration data carries.
 GRAPH_LAUNCH_S = 2e-6
 
 
@@ -196,14 +199,14 @@ def gpu_op_time(
 ) -> float:
     """Predicted seconds for one operator on `gpu` (see the module formula).
 
-    launch: "eager" keeps the calibrated per-launch overhead (PyTorch eager, as measured);
-    "graph" uses GRAPH_LAUNCH_S instead, for CUDA-graph-captured serving steps.
+    launch: "eager" keeps the calibrated per-launch overhead (PyTorch eager, as measured) and NCCL's ring;
+    "graph" uses GRAPH_LAUNCH_S instead and the engines' one-shot all-reduce where faster, for
+    CUDA-graph-captured serving steps.
     """
-    fam = family(spec)
-    e = (eff or efficiencies(gpu))[fam]
-    if isinstance(spec, AllReduce) and spec.world_size == 1:
-        return 0.0
-    overhead = GRAPH_LAUNCH_S if launch == "graph" and fam != "link" else e.overhead_s
+    if isinstance(spec, AllReduce):  # a serving step ("graph") takes the engines' one-shot all-reduce when faster
+        return gpu_interconnect(gpu.key).all_reduce_s(spec, gpu.link_bw, engine=launch == "graph")
+    e = (eff or efficiencies(gpu))[family(spec)]
+    overhead = GRAPH_LAUNCH_S if launch == "graph" else e.overhead_s
     return _time(terms(spec, gpu), e, overhead)
 
 
@@ -320,6 +323,9 @@ def _main() -> None:
     )
     ap.add_argument("--device", default="mi210", help="catalogue GPU of --csv-dir (its CSV tag: --tag)")
     ap.add_argument("--tag", default="MI210", help="device tag in the CSV file names")
+    ap.add_argument(
+        "--no-validation", action="store_true", help="skip the measured-latency set (validation.py, ~20 s)"
+    )
     args = ap.parse_args()
     if args.csv_dir:
         from codesign.dataflow.llmcompass_ref import load_llmcompass_csvs
@@ -342,6 +348,10 @@ def _main() -> None:
         print(f"GPT-3 175B layer ({phase}, TP=4): predicted / measured")
         for (name, spec), meas in zip(gpt3_layer_specs(phase).items(), measured):
             print(f"  {name:<14} {gpu_op_time(spec, gpu) / meas:6.3f}")
+    if not args.no_validation:
+        from codesign.dataflow.validation import print_report
+
+        print_report()
 
 
 if __name__ == "__main__":

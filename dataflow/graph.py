@@ -4,7 +4,10 @@ Node ids are "embed" (plus "pos_embed" and "embed_add" for learned position
 embeddings, GPT-2/OPT), "L{i}.{op}" for layer i, and "final_norm", "lm_head",
 "sample". Each node has attributes `spec` (a codesign.specs OpSpec), `op` (the
 operator's role, e.g. "qkv_proj", shared by all layers) and `layer` (int, or
-None outside the blocks). Edges carry `bytes`, the size of the tensor passed.
+None outside the blocks); a MoE layer's routed up/down projections also carry
+`resident_weights`, the expert weight matrices held in memory (all of them,
+while the GEMM's `batch` counts the experts the step's tokens reach). Edges
+carry `bytes`, the size of the tensor passed.
 Weights are sharded over `tp` ranks (Megatron-style: column-parallel QKV/up,
 row-parallel o/down, an all-reduce after each); the graph is one rank's work.
 
@@ -116,123 +119,143 @@ def build_step_graph(
     """The operator DAG of one prefill or decode step of `model` on one tensor-parallel rank."""
     m = load_model(model) if isinstance(model, str) else model
     g, wf, kvf = new_step_graph(m.name, m.max_context, phase, batch, context, weight_format, kv_format, tp)
-    lens, tokens = g.graph["context"], g.graph["tokens"]
-    q_heads = tp_divide("heads", m.heads, tp)
-    # KV heads replicate when tp exceeds them (vLLM's rule): each rank keeps at least one.
-    kv_heads = tp_divide("kv_heads", m.kv_heads, tp) if m.kv_heads >= tp else 1
-    ffn = tp_divide("ffn", m.ffn, tp)
-    hd, hidden = m.head_dim, m.hidden
-    act_b = dtype_bytes("fp16")
-    hid_b = tokens * hidden * act_b  # one fp16 activation row per token: the residual stream's size
-    # Weight-only formats keep fp16 activations; W8A8/FP8 quantize activations for the GEMM.
-    lin_act = act_dtype if wf.quantized else "fp16"
+    b = _StepBuilder(g, m, wf, kvf, act_dtype, block_size)
+    x = b.embeddings()
+    for i in range(m.layers):
+        x = b.layer(i, x)
+    b.head(x)
+    return g
 
-    def add(node: str, op: str, spec: OpSpec, layer: int | None, inputs: Sequence[str], nbytes: float) -> str:
-        g.add_node(node, spec=spec, op=op, layer=layer)
+
+# The elementwise op of each FFN kind's activation (gated kinds multiply by the up projection's other half).
+ACT_OPS = {"gated_silu": "silu_mul", "gated_gelu": "gelu_mul", "gelu": "gelu", "relu": "relu"}
+
+
+class _StepBuilder:
+    """Adds one step's operator nodes to `g` in a fixed order (node order is part of the contract: reports
+    list operators as they first appear, and the scheduler breaks ties by topological order)."""
+
+    def __init__(self, g: nx.DiGraph, m: ModelConfig, wf: WeightFormat, kvf: KVFormat, act: str, block: int):
+        self.g, self.m, self.wf, self.kvf, self.block = g, m, wf, kvf, block
+        self.tp, self.tokens, self.lens = g.graph["tp"], g.graph["tokens"], g.graph["context"]
+        self.q_heads = tp_divide("heads", m.heads, self.tp)
+        # KV heads replicate when tp exceeds them (vLLM's rule): each rank keeps at least one.
+        self.kv_heads = tp_divide("kv_heads", m.kv_heads, self.tp) if m.kv_heads >= self.tp else 1
+        self.ffn = tp_divide("ffn", m.ffn, self.tp)
+        self.act_b = dtype_bytes("fp16")
+        self.hid_b = self.tokens * m.hidden * self.act_b  # one fp16 row per token: the residual stream's size
+        # Weight-only formats keep fp16 activations; W8A8/FP8 quantize activations for the GEMM.
+        self.lin_act = act if wf.quantized else "fp16"
+        self.act_op = ACT_OPS[m.ffn_kind]
+
+    def add(self, node: str, op: str, spec: OpSpec, layer: int | None, inputs: Sequence[str], nbytes: float,
+            **attrs: object) -> str:  # fmt: skip
+        g = self.g
+        g.add_node(node, spec=spec, op=op, layer=layer, **attrs)
         for src in inputs:
             g.add_edge(src, node, bytes=g.nodes[src].get("out_bytes", nbytes))
         g.nodes[node]["out_bytes"] = nbytes
         return node
 
-    def lin(n: int, k: int, bias: bool, mm: int = tokens, batch_: int = 1) -> Gemm:
-        return Gemm(M=mm, N=n, K=k, weight=wf, act_dtype=lin_act, bias=bias, batch=batch_)
+    def lin(self, n: int, k: int, bias: bool, mm: int | None = None, batch: int = 1) -> Gemm:
+        mm = self.tokens if mm is None else mm
+        return Gemm(M=mm, N=n, K=k, weight=self.wf, act_dtype=self.lin_act, bias=bias, batch=batch)
 
-    def residual(p: str, part: str, i: int, x: str, skip: str) -> str:
+    def embeddings(self) -> str:
+        m, tokens, hid_b = self.m, self.tokens, self.hid_b
+        x = self.add("embed", "embedding", Embedding(tokens, m.vocab, m.hidden), None, [], hid_b)
+        if m.learned_positions:
+            # GPT-2/OPT add a learned position table (one row per position) to the token embedding.
+            pos = self.add("pos_embed", "pos_embedding", Embedding(tokens, m.max_context, m.hidden), None, [], hid_b)
+            x = self.add("embed_add", "embed_add", Elementwise("add", tokens * m.hidden), None, [x, pos], hid_b)
+        return x
+
+    def residual(self, p: str, part: str, i: int, x: str, skip: str) -> str:
         # The block's output joins the residual stream: all-reduced first when sharded (row-parallel).
-        if tp > 1:
-            x = add(f"{p}{part}_all_reduce", "all_reduce", AllReduce(tokens * hidden, tp), i, [x], hid_b)
-        return add(
-            f"{p}{part}_residual", "residual_add", Elementwise("add", tokens * hidden), i, [x, skip], hid_b
-        )
+        n = self.tokens * self.m.hidden
+        if self.tp > 1:
+            x = self.add(f"{p}{part}_all_reduce", "all_reduce", AllReduce(n, self.tp), i, [x], self.hid_b)
+        return self.add(f"{p}{part}_residual", "residual_add", Elementwise("add", n), i, [x, skip], self.hid_b)
 
-    def shared_expert(p: str, i: int, n2: str, routed_out: str, act_op: str) -> str:
-        # Qwen2-MoE / DeepSeekMoE: every token also runs a dense gated MLP (sharded like a dense FFN);
-        # Qwen2-MoE scales it by sigmoid(x . w_gate), one fp16 hidden x 1 GEMV per token that stays
-        # unquantized. The combine (routed + gate * shared) is one fused elementwise pass.
-        sffn = tp_divide("shared_expert_ffn", m.shared_expert_ffn, tp)
-        s_up_n = (2 if m.gated else 1) * sffn
-        up_b = tokens * s_up_n * act_b
-        up = add(p + "shared_up_proj", "shared_up_proj", lin(s_up_n, hidden, m.mlp_bias), i, [n2], up_b)
-        act = add(
-            p + "shared_act", act_op, Elementwise(act_op, tokens * sffn), i, [up], tokens * sffn * act_b
-        )
-        down = add(p + "shared_down_proj", "shared_down_proj", lin(hidden, sffn, m.mlp_bias), i, [act], hid_b)
-        ins = [routed_out, down]
-        if m.shared_expert_gate:
-            ins.append(
-                add(p + "shared_gate", "shared_gate", Gemm(M=tokens, N=1, K=hidden), i, [n2], tokens * act_b)
-            )
-        return add(p + "shared_combine", "shared_combine", Elementwise("add", tokens * hidden), i, ins, hid_b)
+    def layer(self, i: int, h_in: str) -> str:
+        """One decoder block on the residual stream `h_in`; returns the block's output node."""
+        m, p, hid_b = self.m, f"L{i}.", self.hid_b
+        n1 = self.add(p + "attn_norm", "attn_norm", Norm(self.tokens, m.hidden, m.norm), i, [h_in], hid_b)
+        o = self.attention(p, i, n1)
+        r1 = self.residual(p, "attn", i, o, h_in)
+        n2 = self.add(p + "ffn_norm", "ffn_norm", Norm(self.tokens, m.hidden, m.norm), i, [r1], hid_b)
+        down = self.ffn_block(p, i, n2)
+        if m.shared_expert_ffn:
+            down = self.shared_expert(p, i, n2, down)
+        return self.residual(p, "ffn", i, down, r1)
 
-    x = add("embed", "embedding", Embedding(tokens, m.vocab, hidden), None, [], hid_b)
-    if m.learned_positions:
-        # GPT-2/OPT add a learned position table (one row per position) to the token embedding.
-        pos = add("pos_embed", "pos_embedding", Embedding(tokens, m.max_context, hidden), None, [], hid_b)
-        x = add("embed_add", "embed_add", Elementwise("add", tokens * hidden), None, [x, pos], hid_b)
-    last = [x]
-    for i in range(m.layers):
-        p = f"L{i}."
-        h_in = last[0]
-        n1 = add(p + "attn_norm", "attn_norm", Norm(tokens, hidden, m.norm), i, [h_in], hid_b)
-        qkv_n = (q_heads + 2 * kv_heads) * hd
-        qkv = add(p + "qkv_proj", "qkv_proj", lin(qkv_n, hidden, m.qkv_bias), i, [n1], tokens * qkv_n * act_b)
+    def attention(self, p: str, i: int, n1: str) -> str:
+        """QKV projection, RoPE, the KV-cache write, attention and the output projection."""
+        m, tokens, act_b = self.m, self.tokens, self.act_b
+        qh, kvh, hd = self.q_heads, self.kv_heads, m.head_dim
+        qkv_n = (qh + 2 * kvh) * hd
+        qkv_b = tokens * qkv_n * act_b
+        qkv = self.add(p + "qkv_proj", "qkv_proj", self.lin(qkv_n, m.hidden, m.qkv_bias), i, [n1], qkv_b)
         pre_attn = qkv
         if m.rope:
-            pre_attn = add(
-                p + "rope", "rope", RoPE(tokens, q_heads, kv_heads, hd), i, [qkv], tokens * qkv_n * act_b
-            )
-        kvw = add(p + "kv_write", "kv_write", KVWrite(tokens, kv_heads, hd, kvf), i, [pre_attn], 0)
-        if phase == "decode":
+            pre_attn = self.add(p + "rope", "rope", RoPE(tokens, qh, kvh, hd), i, [qkv], qkv_b)
+        kvw = self.add(p + "kv_write", "kv_write", KVWrite(tokens, kvh, hd, self.kvf), i, [pre_attn], 0)
+        if self.g.graph["phase"] == "decode":
             attn_spec: OpSpec = PagedDecodeAttention(
-                q_heads,
-                kv_heads,
-                hd,
-                context_lens=lens,
-                block_size=block_size,
-                kv_format=kvf,
-                window=m.sliding_window,
+                qh, kvh, hd, context_lens=self.lens, block_size=self.block, kv_format=self.kvf, window=m.sliding_window
             )
         else:
-            attn_spec = PrefillAttention(q_heads, kv_heads, hd, seq_lens=lens, window=m.sliding_window)
-        attn = add(p + "attention", "attention", attn_spec, i, [pre_attn, kvw], tokens * q_heads * hd * act_b)
-        o = add(p + "o_proj", "o_proj", lin(hidden, q_heads * hd, m.o_bias), i, [attn], hid_b)
-        r1 = residual(p, "attn", i, o, h_in)
-        n2 = add(p + "ffn_norm", "ffn_norm", Norm(tokens, hidden, m.norm), i, [r1], hid_b)
-        up_n = (2 if m.gated else 1) * ffn
-        act_op = {"gated_silu": "silu_mul", "gated_gelu": "gelu_mul", "gelu": "gelu", "relu": "relu"}[
-            m.ffn_kind
-        ]
+            attn_spec = PrefillAttention(qh, kvh, hd, seq_lens=self.lens, window=m.sliding_window)
+        attn = self.add(p + "attention", "attention", attn_spec, i, [pre_attn, kvw], tokens * qh * hd * act_b)
+        return self.add(p + "o_proj", "o_proj", self.lin(m.hidden, qh * hd, m.o_bias), i, [attn], self.hid_b)
+
+    def ffn_block(self, p: str, i: int, n2: str) -> str:
+        """Up projection, activation and down projection: dense, or the routed experts of a MoE layer."""
+        m, tokens, act_b = self.m, self.tokens, self.act_b
+        up_n = (2 if m.gated else 1) * self.ffn
         if m.experts:
-            router = add(
-                p + "router",
-                "moe_router",
-                MoERouter(tokens, hidden, m.experts, m.top_k),
-                i,
-                [n2],
-                tokens * m.top_k * 8,
-            )
+            spec = MoERouter(tokens, m.hidden, m.experts, m.top_k)
+            router = self.add(p + "router", "moe_router", spec, i, [n2], tokens * m.top_k * 8)
             routed = tokens * m.top_k
             active = expected_active_experts(m.experts, routed)
             # Each active expert runs a GEMM of its share of the routed tokens (a batch of `active` GEMMs).
             mm, nb, rows, up_in, down_in = math.ceil(routed / active), active, routed, [n2, router], [router]
         else:
             mm, nb, rows, up_in, down_in = tokens, 1, tokens, [n2], []
-        up = add(
-            p + "up_proj", "up_proj", lin(up_n, hidden, m.mlp_bias, mm, nb), i, up_in, rows * up_n * act_b
-        )
-        act = add(p + "act", act_op, Elementwise(act_op, rows * ffn), i, [up], rows * ffn * act_b)
+        # Every expert's weights stay resident whatever the batch; the active ones only set the traffic.
+        resident = {"resident_weights": m.experts} if m.experts else {}
+        up_spec = self.lin(up_n, m.hidden, m.mlp_bias, mm, nb)
+        up = self.add(p + "up_proj", "up_proj", up_spec, i, up_in, rows * up_n * act_b, **resident)
+        act_spec = Elementwise(self.act_op, rows * self.ffn)
+        act = self.add(p + "act", self.act_op, act_spec, i, [up], rows * self.ffn * act_b)
         # The MoE combine (weighted sum of each token's top-k expert outputs) reads the router's weights.
-        down = add(
-            p + "down_proj", "down_proj", lin(hidden, ffn, m.mlp_bias, mm, nb), i, [act, *down_in], hid_b
-        )
-        if m.shared_expert_ffn:
-            down = shared_expert(p, i, n2, down, act_op)
-        last = [residual(p, "ffn", i, down, r1)]
-    fn = add("final_norm", "final_norm", Norm(tokens, hidden, m.norm), None, last, hid_b)
-    # Only the last position of each sequence is projected to the vocabulary.
-    vocab_shard = math.ceil(m.vocab / tp)
-    head = add(
-        "lm_head", "lm_head", Gemm(M=batch, N=vocab_shard, K=hidden), None, [fn], batch * vocab_shard * 4
-    )
-    add("sample", "sampling", Sampling(batch, m.vocab), None, [head], batch * 8)
-    return g
+        down_spec = self.lin(m.hidden, self.ffn, m.mlp_bias, mm, nb)
+        return self.add(p + "down_proj", "down_proj", down_spec, i, [act, *down_in], self.hid_b, **resident)
+
+    def shared_expert(self, p: str, i: int, n2: str, routed_out: str) -> str:
+        # Qwen2-MoE / DeepSeekMoE: every token also runs a dense gated MLP (sharded like a dense FFN);
+        # Qwen2-MoE scales it by sigmoid(x . w_gate), one fp16 hidden x 1 GEMV per token that stays
+        # unquantized. The combine (routed + gate * shared) is one fused elementwise pass.
+        m, tokens, act_b, act_op = self.m, self.tokens, self.act_b, self.act_op
+        sffn = tp_divide("shared_expert_ffn", m.shared_expert_ffn, self.tp)
+        s_up_n = (2 if m.gated else 1) * sffn
+        up = self.add(p + "shared_up_proj", "shared_up_proj", self.lin(s_up_n, m.hidden, m.mlp_bias), i, [n2],
+                      tokens * s_up_n * act_b)  # fmt: skip
+        act = self.add(p + "shared_act", act_op, Elementwise(act_op, tokens * sffn), i, [up], tokens * sffn * act_b)
+        down_spec = self.lin(m.hidden, sffn, m.mlp_bias)
+        down = self.add(p + "shared_down_proj", "shared_down_proj", down_spec, i, [act], self.hid_b)
+        ins = [routed_out, down]
+        if m.shared_expert_gate:
+            gate = Gemm(M=tokens, N=1, K=m.hidden)
+            ins.append(self.add(p + "shared_gate", "shared_gate", gate, i, [n2], tokens * act_b))
+        combine = Elementwise("add", tokens * m.hidden)
+        return self.add(p + "shared_combine", "shared_combine", combine, i, ins, self.hid_b)
+
+    def head(self, x: str) -> None:
+        """Final norm, the vocabulary projection of each sequence's last position (fp32 logits), sampling."""
+        m, batch = self.m, self.g.graph["batch"]
+        fn = self.add("final_norm", "final_norm", Norm(self.tokens, m.hidden, m.norm), None, [x], self.hid_b)
+        vocab_shard = math.ceil(m.vocab / self.tp)
+        head_spec = Gemm(M=batch, N=vocab_shard, K=m.hidden)
+        head = self.add("lm_head", "lm_head", head_spec, None, [fn], batch * vocab_shard * 4)
+        self.add("sample", "sampling", Sampling(batch, m.vocab), None, [head], batch * 8)

@@ -13,13 +13,14 @@ from codesign.specs import CodesignError, Gemm, KVWrite, PagedDecodeAttention, P
 
 
 def resident_bytes(g: nx.DiGraph) -> dict[str, float]:
-    """Bytes that must sit in device memory for the step: weights (each GEMM node once) and the KV cache."""
+    """Bytes that must sit in device memory for the step: weights (each GEMM node once; a MoE projection
+    with all its experts, `resident_weights`, not just the ones a batch reaches) and the KV cache."""
     weights = 0.0
     kv = 0.0
     for _, d in g.nodes(data=True):
         s = d["spec"]
         if isinstance(s, Gemm) and d["op"] != "attention":
-            weights += s.batch * s.weight.total_bytes(s.N, s.K)
+            weights += d.get("resident_weights", s.batch) * s.weight.total_bytes(s.N, s.K)
         if isinstance(s, PagedDecodeAttention):
             kv += sum(s.context_lens) * s.kv_format.bytes_per_token(s.kv_heads, s.head_dim)
         elif isinstance(s, PagedExtendAttention):
@@ -36,11 +37,16 @@ def check_fits(g: nx.DiGraph, capacity: float, target: str) -> None:
     r = resident_bytes(g)
     need = r["weights"] + r["kv_cache"]
     if need > capacity:
+        step = f"{g.graph.get('phase')}, batch {g.graph.get('batch')}, tp {g.graph.get('tp', 1)}"
+        hint = (
+            "the weights alone exceed it at any batch: use --tp or a quantized weight format"
+            if r["weights"] > capacity
+            else "use --tp, a smaller batch or context, or a quantized weight/KV format"
+        )
         raise CodesignError(
-            f"{g.graph.get('model')} does not fit on {target}: weights {r['weights'] / 1e9:.1f} GB + "
+            f"{g.graph.get('model')} ({step}) does not fit on {target}: weights {r['weights'] / 1e9:.1f} GB + "
             f"KV cache {r['kv_cache'] / 1e9:.1f} GB = {need / 1e9:.1f} GB > {capacity / 1e9:.1f} GB "
-            "of device memory "
-            "(use --tp, a smaller batch or context, or a quantized weight/KV format)"
+            f"of device memory ({hint})"
         )
 
 

@@ -1,15 +1,15 @@
 """Roofline analysis of an operator graph on a GPU from the catalogue.
 
 Per node: t = max(flops / peak(spec.peak_key()), bytes / mem_bw); all-reduces
-use the link bandwidth instead. The sum over nodes (no overlap between
+their ring bytes over the link bandwidth, with no latency term. The sum over nodes (no overlap between
 operators) is a lower bound on the step's time: a measured latency below it
 means a wrong spec or a wrong catalogue figure.
 
-DF11 (lossless BF16, issue 11) weights: the bytes are the compressed ones (the spec's `min_bytes`
+DF11 (lossless BF16) weights: the bytes are the compressed ones (the spec's `min_bytes`
 counts the format's bits per weight). A decoder throughput can be given as one more roof, overlapped
 with the others as the fused kernels stream it: t = max(flops / peak, bytes / mem_bw, N K batch x 2 B /
 decode_bw). It is off by default so the roofline stays a lower bound: no GPU has measured our decoder
-yet, and issue 11's figure (DF11_DECODE_BW = 200 GB/s of decoded bf16) is a floor to meet, not a
+yet, and the decoder's design target (DF11_DECODE_BW = 200 GB/s of decoded bf16) is a floor to meet, not a
 ceiling; pass decode_bw=DF11_DECODE_BW (or a measured figure) to see its effect.
 """
 
@@ -26,7 +26,7 @@ import networkx as nx
 from codesign.catalog.gpus import GPUSpec
 from codesign.specs import Gemm, OpSpec
 
-DF11_DECODE_BW = 200e9  # bytes/s of decoded bf16: issue 11's target (module docstring), not a measurement
+DF11_DECODE_BW = 200e9  # bytes/s of decoded bf16: the decoder's target (module docstring), not a measurement
 
 
 @dataclass(frozen=True)
@@ -113,10 +113,18 @@ class RooflineReport:
             "total_flops": self.total_flops,
             "total_bytes": self.total_bytes,
             "rows": [asdict(r) for r in self.rows],
+            "omits": list(OMITS),
         }
 
 
 NON_LAYER_OPS = ("embedding", "pos_embedding", "embed_add", "final_norm", "lm_head", "sampling")
+
+# What the bound leaves out, said with every report: each is a cost the GPU target (gpu_model.py) adds.
+OMITS = (
+    "achieved vs peak compute and bandwidth, wave quantization and per-SM bandwidth caps (gpu_model.py)",
+    "kernel launch gaps (eager PyTorch: tens of us per operator; CUDA graphs: ~2 us)",
+    "collective latency: per all-reduce a fixed latency plus one per ring step (accel_model/collectives.py)",
+)
 
 
 def roofline(graph: nx.DiGraph, gpu: GPUSpec, decode_bw: float | None = None) -> RooflineReport:
@@ -188,6 +196,7 @@ def format_table(rep: RooflineReport) -> str:
         f"per token: {rep.time_per_token_s() * 1e3:.3f} ms; "
         f"{rep.tokens_per_s():.1f} tokens/s"
     )
+    lines.append("a lower bound: leaves out " + "; ".join(OMITS))
     return "\n".join(lines)
 
 

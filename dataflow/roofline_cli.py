@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from codesign.catalog.gpus import load_gpu
+from codesign.dataflow.reports import check_fits
 from codesign.dataflow.roofline import format_table, plot, roofline, write_csv, write_json
 from codesign.dataflow.step_args import add_step_arguments, step_graph
 
@@ -23,6 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     gpu = load_gpu(args.gpu)
     g = step_graph(args)
+    check_fits(g, gpu.mem_bytes, gpu.key)  # a roofline of a step that cannot be resident bounds nothing
     rep = roofline(g, gpu)
     print(format_table(rep))
     for path, writer in ((args.csv, write_csv), (args.json, write_json)):

@@ -57,7 +57,21 @@ class Placement:
     energy_by_action: dict[str, float] = field(default_factory=dict)
 
 
-class GPUTarget:
+class _Target:
+    """What both targets share: `candidates(spec)` computed once per spec and target."""
+
+    def candidates(self, spec: OpSpec) -> tuple[Placement, ...]:
+        memo = self.__dict__.setdefault("_candidates", {})
+        hit = memo.get(spec)
+        if hit is None:
+            hit = memo[spec] = self._candidates_of(spec)
+        return hit
+
+    def _candidates_of(self, spec: OpSpec) -> tuple[Placement, ...]:
+        raise NotImplementedError
+
+
+class GPUTarget(_Target):
     """A catalogue GPU: one compute unit plus the interconnect."""
 
     kind = "gpu"
@@ -75,8 +89,7 @@ class GPUTarget:
     def memory_capacity_bytes(self) -> float:
         return self.gpu.mem_bytes
 
-    @functools.lru_cache(maxsize=4096)  # noqa: B019 - specs are hashable; targets live as long as a mapping
-    def candidates(self, spec: OpSpec) -> tuple[Placement, ...]:
+    def _candidates_of(self, spec: OpSpec) -> tuple[Placement, ...]:
         t = gpu_op_time(spec, self.gpu, self._eff, self.launch)
         t_decode = df11_decode_s(spec, self.df11_decode_bw)
         if t_decode > t:  # DF11 weights: the decode throughput, not the GEMM, sets the time
@@ -90,24 +103,25 @@ class GPUTarget:
         return (Placement("gpu", t, min(dram, t), t * self.gpu.tdp_w, {"dram": spec.min_bytes()}, bound),)
 
 
-class DesignTarget:
+class DesignTarget(_Target):
     """A simulated accelerator design from accel_model.
 
-    `shared_cache=True` (the default) looks placements up in a process-wide cache keyed by the parts of
-    the design `evaluate` reads for the operator (`accel_model.evaluate.design_fields_read`), so designs
-    that differ only in units an operator never touches (PIM for a norm, the array for a KV write, the
-    name) share its cost. The numbers are the same as with `shared_cache=False`, which calls `evaluate`
-    for every (variant, operator) as the reference path; tests/test_explore_speed.py checks equality.
+    With a `CostCache`, placements are looked up there, keyed by the parts of the design `evaluate`
+    reads for the operator (`accel_model.evaluate.design_fields_read`), so the targets sharing the cache
+    whose designs differ only in units an operator never touches (PIM for a norm, the array for a KV
+    write, the name) share its cost. The numbers are the same as without one (`cache=None`, the
+    reference path: `evaluate` for every (variant, operator));
+    tests/dataflow/explore/test_explore_speed.py checks equality.
     """
 
     kind = "design"
 
-    def __init__(self, design, shared_cache: bool = True, tokens: dict | None = None):
+    def __init__(self, design, cache: CostCache | None = None, tokens: dict | None = None):
         self.design = design  # accel_model.design.Design
         self.name = design.name
-        self.shared_cache = shared_cache
+        self.cache = cache
         # (variant index, fields read) -> interned cost key. Targets of designs equal in every field but
-        # the name may pass one dict (explore_eval.point_target does), so keys are hashed once per design.
+        # the name may pass one dict (explore.eval.EvalCache does), so keys are hashed once per design.
         self._tokens: dict[tuple, int] = {} if tokens is None else tokens
 
     @functools.cached_property
@@ -169,10 +183,7 @@ class DesignTarget:
         if tk is None:
             view = {"pim": pim, "pim_gemv_max_batch": gemv, "kv_quant": kvq}
             key = (fields, tuple(view[f] if f in view else getattr(d, f) for f in fields))
-            tk = _COST_KEYS.get(key)
-            if tk is None:
-                tk = _COST_KEYS[key] = next(_TOKENS)
-            self._tokens[(i, fields)] = tk
+            tk = self._tokens[(i, fields)] = self.cache.token(key)
         return tk
 
     def _placement(self, v, spec: OpSpec) -> Placement:
@@ -193,18 +204,12 @@ class DesignTarget:
             {k: v * 1e-12 for k, v in r.energy_pj.items()},
         )
 
-    @functools.lru_cache(maxsize=4096)  # noqa: B019
-    def candidates(self, spec: OpSpec) -> tuple[Placement, ...]:
+    def _candidates_of(self, spec: OpSpec) -> tuple[Placement, ...]:
         out: dict[str, Placement] = {}
         for i in self._variant_ids(spec):
-            if self.shared_cache:
+            if self.cache is not None:
                 key = (self._token(i, spec), spec)
-                p = _PLACEMENTS.get(key)
-                if p is None:
-                    p = self._placement(self._variant(i), spec)
-                    if len(_PLACEMENTS) >= _MAX_PLACEMENTS:
-                        _PLACEMENTS.clear()
-                    _PLACEMENTS[key] = p
+                p = self.cache.placement(key, lambda i=i: self._placement(self._variant(i), spec))
             else:
                 p = self._placement(self._variant(i), spec)
             if p.unit not in out or p.seconds < out[p.unit].seconds:
@@ -212,18 +217,40 @@ class DesignTarget:
         return tuple(out.values())
 
 
-# Process-wide caches of the shared path: cost key -> token, and (token, spec) -> Placement. Placements
-# are frozen and shared read-only, as the per-target lru_cache already shared them between callers.
-_COST_KEYS: dict[tuple, int] = {}
-_TOKENS = itertools.count()  # never reused, so targets holding old tokens stay correct after a clear
-_PLACEMENTS: dict[tuple, Placement] = {}
-_MAX_PLACEMENTS = 50_000  # ~1-2 kB each (traffic and energy dicts)
+class CostCache:
+    """Operator placements shared by the DesignTargets given it: cost key -> token, (token, spec) -> Placement.
 
+    Placements are frozen and shared read-only. Tokens are never reused, so a target holding tokens from
+    before a `clear` still gets its own design's costs.
+    """
 
-def clear_shared_cache() -> None:
-    """Forget every shared placement (benchmarks measure cold sweeps with it)."""
-    _PLACEMENTS.clear()
-    _COST_KEYS.clear()
+    def __init__(self, max_placements: int = 50_000):  # ~1-2 kB each (traffic and energy dicts)
+        self.max_placements = max_placements
+        self._keys: dict[tuple, int] = {}
+        self._next = itertools.count()
+        self._placements: dict[tuple, Placement] = {}
+
+    def token(self, key: tuple) -> int:
+        """The interned token of a cost key (the design fields an operator's cost reads, and their values)."""
+        tk = self._keys.get(key)
+        if tk is None:
+            tk = self._keys[key] = next(self._next)
+        return tk
+
+    def placement(self, key: tuple, compute) -> Placement:
+        """The placement stored under `key`, or `compute()` stored there (a full table is dropped whole)."""
+        p = self._placements.get(key)
+        if p is None:
+            p = compute()
+            if len(self._placements) >= self.max_placements:
+                self._placements.clear()
+            self._placements[key] = p
+        return p
+
+    def clear(self) -> None:
+        """Forget every placement and cost key (benchmarks measure cold sweeps with it)."""
+        self._placements.clear()
+        self._keys.clear()
 
 
 def make_target(name: str):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codesign.accel_model.systolic import fold_cycles
+from codesign.accel_model.systolic.model import fold_cycles
 from codesign.specs import CodesignError, check_choice, check_positive_int
 
 ORDERS = tuple("".join(p) for p in itertools.permutations("mnk"))

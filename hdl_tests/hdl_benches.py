@@ -15,7 +15,8 @@ from hdl_bench_kvq import KVQ_TEETH, kvq_bench, kvq_matrix
 from hdl_bench_pim import PIM_TEETH, pim_bench, pim_matrix
 from hdl_sim import HDL_DIR, BenchRun, check_fault, check_simulator, fault_tag
 
-from codesign.accel_model import dequant_mac, pim_dequant, systolic_control
+from codesign.accel_model import dequant_mac, pim_dequant
+from codesign.accel_model.systolic import control as systolic_control
 from codesign.specs.errors import check_choice, check_positive_int
 
 # Fault ids understood by the systolic RTL's FAULT parameter (bench teeth only).

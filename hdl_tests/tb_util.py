@@ -144,3 +144,38 @@ def combinational_record(
     if bad.size:
         rec["first_mismatches"] = mismatches
     return rec
+
+
+async def run_job(tb, job, gap: int, period_ns: float) -> None:
+    """Idle `gap` cycles, send `job`, wait (bounded) for its done, score it: one job of a job-level bench.
+
+    `tb` wires dut, model (`expect(job)`), driver (async `send(job)`), monitor (`done_event`, `jobs`),
+    scoreboard (`expected`, `check(observed)`) and `timeout_cycles(job, expected)`. Called on a falling edge;
+    with gap 0 start goes up on the falling edge where the previous done was seen, so it is accepted on the
+    very next edge (the tightest legal restart).
+    """
+    from cocotb.triggers import FallingEdge, with_timeout
+
+    for _ in range(gap):
+        await FallingEdge(tb.dut.clk)
+    exp = tb.model.expect(job)
+    tb.scoreboard.expected.append((job, exp))
+    tb.monitor.done_event.clear()
+    await tb.driver.send(job)
+    await with_timeout(tb.monitor.done_event.wait(), tb.timeout_cycles(job, exp) * period_ns, "ns")
+    tb.scoreboard.check(tb.monitor.jobs.popleft())
+
+
+async def run_jobs(tb, jobs, seed: int, period_ns: float, run_one=None) -> None:
+    """The whole run of a job-level bench: reset, then each job of the iterable `jobs` (drawn lazily, before
+    its gap) through `run_one(job)` (default `run_job` after 0-2 random idle cycles from `tb.rng`); the
+    records are written even when a job timed out (the report shows how far it got), then the verdict."""
+    if run_one is None:
+        run_one = lambda job: run_job(tb, job, int(tb.rng.integers(0, 3)), period_ns)  # noqa: E731
+    await tb.reset()
+    try:
+        for job in jobs:
+            await run_one(job)
+    finally:
+        write_records(tb.scoreboard.records, seed)
+    check_verdict(tb.scoreboard.records, tb.monitor.errors)

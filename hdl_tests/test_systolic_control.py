@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from codesign.accel_model import systolic_control
+from codesign.accel_model.systolic import control as systolic_control
 from codesign.specs.errors import CodesignError
 
 
@@ -45,7 +45,7 @@ def test_bad_rtl_config_names_the_argument(args, match):
     ("M", "N", "K", "rows", "cols"), [(7, 9, 5, 4, 4), (16, 3, 33, 8, 2), (1, 1, 1, 1, 1)]
 )
 def test_gemm_cycles_is_scalesim_total_plus_control(dataflow, M, N, K, rows, cols):
-    from codesign.accel_model import systolic
+    from codesign.accel_model.systolic import model as systolic
 
     folds = np.prod(systolic.num_folds(M, N, K, rows, cols, dataflow))
     expect = systolic.compute_cycles(M, N, K, rows, cols, dataflow) + 1 + 2 * folds

@@ -26,19 +26,19 @@ from dataclasses import dataclass
 import cocotb
 import numpy as np
 from cocotb.simtime import get_sim_time
-from cocotb.triggers import Event, FallingEdge, with_timeout
+from cocotb.triggers import Event, FallingEdge
 from cocotb.types import Logic, LogicArray
 from tb_util import (
     bench_config,
-    check_verdict,
     pack,
     read_resolved,
     reset_and_monitor,
+    run_jobs,
     unpack_signed,
-    write_records,
 )
 
-from codesign.accel_model import systolic, systolic_control
+from codesign.accel_model.systolic import control as systolic_control
+from codesign.accel_model.systolic import model as systolic
 
 PERIOD_NS = 10
 ACC_BITS = 32
@@ -276,20 +276,8 @@ class Testbench:
         self.driver.idle()
         await reset_and_monitor(self.dut, PERIOD_NS, self.monitor.run())
 
-    async def run_job(self, job: Job, gap: int) -> None:
-        """Idle `gap` cycles, send one job, wait (bounded) for its `done`, score it.
-
-        Called on a falling edge; with gap 0 start goes up on the falling edge where the
-        previous done was seen, so it is accepted on the very next edge.
-        """
-        for _ in range(gap):
-            await FallingEdge(self.dut.clk)
-        self.scoreboard.expected.append((job, self.model.expect(job)))
-        self.monitor.done_event.clear()
-        await self.driver.send(job)
-        limit = 4 * (2 * self.rows + self.cols + job.t) + 20
-        await with_timeout(self.monitor.done_event.wait(), limit * PERIOD_NS, "ns")
-        self.scoreboard.check(self.monitor.jobs.popleft())
+    def timeout_cycles(self, job: Job, expected) -> int:
+        return 4 * (2 * self.rows + self.cols + job.t) + 20
 
 
 @cocotb.test()
@@ -298,13 +286,5 @@ async def random_jobs_match_model(dut):
     # The seed the pytest entry recorded (cocotb.RANDOM_SEED is a per-test derivative of it).
     cfg, seed = bench_config(dut)
     tb = Testbench(dut, cfg, np.random.default_rng(seed))
-    await tb.reset()
-    try:
-        for i, t in enumerate(cfg["t_values"]):
-            # gap 0 = start in the cycle right after done: the tightest legal restart.
-            await tb.run_job(tb.random_job(t, extreme=(i == 1)), gap=int(tb.rng.integers(0, 3)))
-    finally:
-        write_records(
-            tb.scoreboard.records, seed
-        )  # even when a job timed out: the report shows how far it got
-    check_verdict(tb.scoreboard.records, tb.monitor.errors)
+    jobs = (tb.random_job(t, extreme=(i == 1)) for i, t in enumerate(cfg["t_values"]))
+    await run_jobs(tb, jobs, seed, PERIOD_NS)
