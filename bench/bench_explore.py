@@ -5,7 +5,7 @@ Run: .venv/bin/pytest bench/bench_explore.py --benchmark-enable   (each case rep
 
 Modes (Llama-3-8B; one process = one core; every round starts from empty shared caches):
   reference   the uncached path kept for checking: validate each point's design and evaluate every operator
-              (`point_target(..., fast=False)`; it shares this tree's serving-simulator speedups)
+              (`point_target(space, point)` with no cache; it shares this tree's serving-simulator speedups)
   fast        `_eval_task` as a sweep runs it: designs and operator costs shared across points
   isolated    the fast path with the shared caches emptied before every point (nothing shared)
 Cases:
@@ -28,9 +28,12 @@ import time
 
 import pytest
 
-from codesign.dataflow.explore_engine import _eval_task
-from codesign.dataflow.explore_eval import DEFAULT_WORKLOADS, evaluate_point, point_target
-from codesign.dataflow.explore_space import load_space, space_from_dict
+from codesign.dataflow.explore.engine import _eval_task
+from codesign.dataflow.explore.eval import DEFAULT_WORKLOADS, EvalCache, evaluate_point, point_target
+from codesign.dataflow.explore.space import load_space, space_from_dict
+
+# What a sweep's worker shares across points (designs, operator costs); `_clear` makes a sweep cold.
+CACHE = EvalCache()
 
 MODEL = "llama-3-8b"
 DECODE = ["decode:b1:c1024", "decode:b16:c4096", "decode:b64:c4096", "decode:b16:c8192"]
@@ -77,29 +80,26 @@ def _warm(space, points, workloads) -> None:
         f = tuple(sorted(space.formats(p).items()))
         if f not in seen:
             seen.add(f)
-            point_target(space, p, fast=False)  # nothing shared: the reference path has no shared cache
+            point_target(space, p)  # nothing shared: the reference path has no shared cache
             for w in workloads:
-                evaluate_point(space, p, w, MODEL, point_target(space, p, fast=False))
+                evaluate_point(space, p, w, MODEL, point_target(space, p))
 
 
 def _clear() -> None:
-    from codesign.dataflow import explore_eval, targets
-
-    targets.clear_shared_cache()
-    explore_eval._DESIGNS.clear()
+    CACHE.clear()
 
 
 def _run(mode: str, space, points, workloads) -> int:
     n = 0
     for p in points:
         if mode == "reference":
-            t = point_target(space, p, fast=False)
+            t = point_target(space, p)
             n += len([evaluate_point(space, p, w, MODEL, t) for w in workloads])
         elif mode == "isolated":
             _clear()
-            n += len(_eval_task(space, p, workloads, MODEL))
+            n += len(_eval_task(space, p, workloads, MODEL, CACHE))
         else:
-            n += len(_eval_task(space, p, workloads, MODEL))
+            n += len(_eval_task(space, p, workloads, MODEL, CACHE))
     return n
 
 
@@ -128,9 +128,18 @@ for name, mod in list(sys.modules.items()):  # point the editable install's find
     if name.startswith("__editable__") and hasattr(mod, "MAPPING"):
         root = sys.argv[1]
         mod.MAPPING.update({k: v.replace(sys.argv[2], root) for k, v in mod.MAPPING.items()})
-from codesign.dataflow.explore_engine import _eval_task
-from codesign.dataflow.explore_space import load_space, space_from_dict
-import codesign.dataflow.explore_eval as ee
+try:  # trees since the explore sub-package: the cache is explicit
+    from codesign.dataflow.explore.engine import _eval_task as _task
+    from codesign.dataflow.explore.eval import EvalCache
+    from codesign.dataflow.explore.space import load_space, space_from_dict
+    import codesign.dataflow.explore.eval as ee
+    _cache = EvalCache()
+    def _eval_task(*a):
+        return _task(*a, _cache)
+except ImportError:
+    from codesign.dataflow.explore_engine import _eval_task
+    from codesign.dataflow.explore_space import load_space, space_from_dict
+    import codesign.dataflow.explore_eval as ee
 assert ee.__file__.startswith(sys.argv[1]), ee.__file__
 cases = json.loads(sys.stdin.read())
 out = {}
