@@ -19,7 +19,8 @@ def _standin_wheel(folder: Path, name: str = "standin_peer", version: str = "9.9
     path = folder / f"{name}-{version}-py3-none-any.whl"
     info = f"{name}-{version}.dist-info"
     files = {
-        f"{name}/__init__.py": f"__version__ = {version!r}\n" + ("raise RuntimeError('needs a GPU')\n" if broken else ""),
+        f"{name}/__init__.py": f"__version__ = {version!r}\n"
+        + ("raise RuntimeError('needs a GPU')\n" if broken else ""),
         f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
         f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
@@ -51,7 +52,8 @@ def test_offline_install_reasons_and_adapters(tmp_path, monkeypatch):
     status = peers.install_peers(files, tmp_path / "site", cast)
     assert status["standin"] == peers.PeerStatus("standin", True, version="9.9")
     assert not status["broken"].ok and "needs a GPU" in status["broken"].reason
-    assert not status["corrupt"].ok and "pip install corrupt_peer-1.0-py3-none-any.whl failed" in status["corrupt"].reason
+    assert not status["corrupt"].ok
+    assert "pip install corrupt_peer-1.0-py3-none-any.whl failed" in status["corrupt"].reason
     assert status["absent"].reason == f"not installed and no file matching 'absent_peer-*' in {files}"
     assert peers.install_peers(None, tmp_path / "site2", cast[3:])["absent"].reason.endswith("no --peers-dir given")
 
