@@ -97,10 +97,10 @@ class WeightOnlyGemm:
 
     default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
 
-    source_modules = ("codesign.kernels.quant_gemm_triton",)
+    source_modules = ("codesign.kernels.gemm.triton_gemm",)
 
     def __init__(self, bits: int) -> None:
-        from codesign.kernels import quant_gemm_triton  # noqa: F401  (unavailable kernel -> ImportError)
+        from codesign.kernels.gemm import triton_gemm  # noqa: F401  (unavailable kernel -> ImportError)
 
         self.bits = bits
         self.name = f"w{bits}a16_gemm"
@@ -124,7 +124,7 @@ class WeightOnlyGemm:
             )
 
     def _variant(self, shape: Shape) -> str:
-        from codesign.kernels.quant_gemm_triton import choose_variant
+        from codesign.kernels.gemm.triton_gemm import choose_variant
 
         if "SPLITK" in shape:
             return "splitk" if shape["SPLITK"] else "tiled"
@@ -179,7 +179,7 @@ class WeightOnlyGemm:
         return ConfigSpace(params=params, valid=valid, resources=res, fixed=fixed)
 
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
-        from codesign.kernels import quant_formats as qf
+        from codesign.kernels.gemm import formats as qf
 
         gen = _gen(seed)
         g = self._group(shape)
@@ -202,7 +202,7 @@ class WeightOnlyGemm:
         inputs["out"].fill_(float("nan"))
 
     def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
-        from codesign.kernels.quant_gemm_triton import wq_gemm
+        from codesign.kernels.gemm.triton_gemm import wq_gemm
 
         i = inputs
         # The variant is forced too: a variant table on this GPU must not send the candidate elsewhere.
@@ -222,10 +222,10 @@ class W8A8Gemm:
 
     default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
 
-    source_modules = ("codesign.kernels.quant_gemm_triton",)
+    source_modules = ("codesign.kernels.gemm.triton_gemm",)
 
     def __init__(self, fp8: bool = False) -> None:
-        from codesign.kernels import quant_gemm_triton  # noqa: F401
+        from codesign.kernels.gemm import triton_gemm  # noqa: F401
 
         self.fp8 = fp8
         self.name = "fp8_gemm" if fp8 else "w8a8_gemm"
@@ -264,7 +264,7 @@ class W8A8Gemm:
         )
 
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
-        from codesign.kernels import quant_formats as qf
+        from codesign.kernels.gemm import formats as qf
 
         gen = _gen(seed)
         qw = qf.quantize_rtn(
@@ -286,7 +286,7 @@ class W8A8Gemm:
         inputs["out"].fill_(float("nan"))
 
     def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
-        from codesign.kernels.quant_gemm_triton import scaled_mm
+        from codesign.kernels.gemm.triton_gemm import scaled_mm
 
         i = inputs
         with forced_config(self.table_op({}), config):
@@ -306,11 +306,11 @@ class PagedDecodeAttention:
     default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
 
     name = "paged_attention"
-    source_modules = ("codesign.kernels.paged_attention_triton",)
+    source_modules = ("codesign.kernels.attention.triton_attention",)
     _DIMS = ("M", "q_heads", "kv_heads", "head_dim", "block_size", "ctx")
 
     def __init__(self) -> None:
-        from codesign.kernels import paged_attention  # noqa: F401
+        from codesign.kernels.attention import paged  # noqa: F401
 
     def check_shape(self, shape: Shape) -> None:
         _need(shape, self._DIMS, self.name)
@@ -381,7 +381,7 @@ class PagedDecodeAttention:
 
     def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
         from codesign.backend import use_backend
-        from codesign.kernels.paged_attention import paged_decode_attention
+        from codesign.kernels.attention.paged import paged_decode_attention
 
         i = inputs
         with use_backend("triton", op="paged_attention"), forced_config("paged_attention", config):

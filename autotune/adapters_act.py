@@ -27,10 +27,10 @@ class ActQuant:
     default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
 
     name = TABLE_OP
-    source_modules = ("codesign.kernels.quant_gemm_triton",)
+    source_modules = ("codesign.kernels.gemm.triton_gemm",)
 
     def __init__(self) -> None:
-        from codesign.kernels import quant_gemm_triton  # noqa: F401  (unavailable kernel -> ImportError)
+        from codesign.kernels.gemm import triton_gemm  # noqa: F401  (unavailable kernel -> ImportError)
 
     def check_shape(self, shape: Shape) -> None:
         _need(shape, ("M", "K"), self.name)
@@ -62,7 +62,7 @@ class ActQuant:
         )
 
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
-        from codesign.kernels import quant_formats as qf
+        from codesign.kernels.gemm import formats as qf
 
         x = (torch.randn(shape["M"], shape["K"], generator=_gen(seed)) * 3).to(dtype)
         x[0, :] = 0  # an all-zero row: scale 1, codes 0
@@ -82,7 +82,7 @@ class ActQuant:
         inputs["s"].fill_(float("nan"))
 
     def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
-        from codesign.kernels.quant_gemm_triton import quantize_per_token
+        from codesign.kernels.gemm.triton_gemm import quantize_per_token
 
         with forced_config(TABLE_OP, config):
             quantize_per_token(inputs["x"], False, inputs["q"], inputs["s"])

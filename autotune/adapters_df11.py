@@ -37,11 +37,11 @@ class DF11Gemm:
     default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
 
     name = TABLE_OP
-    source_modules = ("codesign.kernels.df11_gemm", "codesign.kernels.df11_triton")
+    source_modules = ("codesign.kernels.df11.triton_gemm", "codesign.kernels.df11.triton_decode")
 
     def __init__(self) -> None:
-        from codesign.kernels.df11_gemm import DEFAULT_SEGMENT  # unavailable kernel -> ImportError
-        from codesign.kernels.df11_linear import df11_gemm  # noqa: F401
+        from codesign.kernels.df11.linear import df11_gemm  # noqa: F401
+        from codesign.kernels.df11.triton_gemm import DEFAULT_SEGMENT  # unavailable kernel -> ImportError
 
         self.default_seg = DEFAULT_SEGMENT
 
@@ -103,7 +103,7 @@ class DF11Gemm:
         torch.full((m, n), float("nan"), dtype=torch.float32, device=inputs["x"].device)
 
     def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
-        from codesign.kernels.df11_linear import df11_gemm
+        from codesign.kernels.df11.linear import df11_gemm
 
         with forced_config(TABLE_OP, config):
             return df11_gemm(inputs["packed"], inputs["x"], None, check=False)
@@ -120,8 +120,8 @@ def _packed_weight(n: int, k: int, seg: int | None, chunk_bytes: int | None = No
                    chunks_per_group: int | None = None) -> tuple[torch.Tensor, Any]:  # fmt: skip
     """(W bf16 [n, k] with std 0.02, its PackedDF11 on the CPU): the codec's chunk geometry unless given,
     with the row-segment index of `seg` columns when seg is not None."""
-    from codesign.kernels import df11_codec as codec
-    from codesign.kernels.df11_linear import PackedDF11
+    from codesign.kernels.df11 import codec
+    from codesign.kernels.df11.linear import PackedDF11
 
     w = (torch.randn(n, k, generator=_gen(n * 7919 + k), dtype=torch.float64) * 0.02).to(torch.bfloat16)
     geometry = {"chunk_bytes": chunk_bytes, "chunks_per_group": chunks_per_group}
@@ -141,11 +141,13 @@ class DF11Decode:
     default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
 
     name = "df11_decode"
-    source_modules = ("codesign.kernels.df11_triton",)
+    source_modules = ("codesign.kernels.df11.triton_decode",)
 
     def __init__(self) -> None:
-        from codesign.kernels import df11_codec as codec  # unavailable kernel -> ImportError
-        from codesign.kernels import df11_triton  # noqa: F401
+        from codesign.kernels.df11 import (
+            codec,  # unavailable kernel -> ImportError
+            triton_decode,  # noqa: F401
+        )
 
         self.defaults = {
             "chunk_bytes": codec.DEFAULT_CHUNK_BYTES,
@@ -221,7 +223,7 @@ class DF11Gemv(DF11Decode):
 
     def __init__(self) -> None:
         super().__init__()
-        from codesign.kernels.df11_linear import df11_gemv  # noqa: F401
+        from codesign.kernels.df11.linear import df11_gemv  # noqa: F401
 
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
         inputs = super().make_inputs(shape, dtype, device, seed)
@@ -235,7 +237,7 @@ class DF11Gemv(DF11Decode):
         pass  # y is zeroed by the launcher: a config that writes nothing returns zeros (relative error 1)
 
     def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
-        from codesign.kernels.df11_linear import df11_gemv
+        from codesign.kernels.df11.linear import df11_gemv
 
         with forced_config(self.name, config):
             return df11_gemv(inputs["packed"], inputs["x"], None, check=False)

@@ -40,11 +40,11 @@ FORMATS = ("int8", "int4", "int2", "fp8", "mixed", "oaken")
 # format -> (module of its cache, writer and attention entry point, attention function name)
 _ENTRY = {
     **{
-        f: ("codesign.kernels.kv_quant_paged", "kvq_decode_attention")
+        f: ("codesign.kernels.attention.quantized", "kvq_decode_attention")
         for f in ("int8", "int4", "int2", "fp8")
     },
-    "mixed": ("codesign.kernels.kv_quant_mixed", "mixed_attention"),
-    "oaken": ("codesign.kernels.kv_quant_oaken", "oaken_attention"),
+    "mixed": ("codesign.kernels.attention.quantized", "mixed_attention"),
+    "oaken": ("codesign.kernels.attention.quantized", "oaken_attention"),
 }
 OAKEN_BITS = 4
 OAKEN_OUTLIERS = 0.04  # fraction of elements outside the thresholds, and of outlier slots (Oaken's 4 %)
@@ -56,7 +56,7 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
     def __init__(self, fmt: str) -> None:
         self.module, self.entry = _ENTRY[fmt]
         importlib.import_module(self.module)  # unavailable kernel -> ImportError
-        self.source_modules = ("codesign.kernels.paged_attention_triton", self.module)
+        self.source_modules = ("codesign.kernels.attention.triton_attention", self.module)
         self.fmt = fmt
         self.name = f"paged_attention_{fmt}"
         self.forced_ops = (KERNEL_TABLE_OP, self.name)
@@ -132,13 +132,13 @@ def _write_cache(
     fmt: str, k: torch.Tensor, v: torch.Tensor, nblocks: int, bs: int, gen: torch.Generator
 ) -> Any:
     """A cache of format `fmt` holding k, v `[nblocks * bs, kv_heads, D]` in slot order, by its own writer."""
-    from codesign.kernels import kv_quant as kvq
+    from codesign.kernels.kvcache import quantizers as kvq
 
     _, hkv, d = k.shape
     dev = k.device
     slots = torch.arange(nblocks * bs, dtype=torch.int64, device=dev)
     if fmt == "mixed":
-        from codesign.kernels.kv_quant_mixed import MIXED_BITS, MixedPagedKV, mixed_write
+        from codesign.kernels.kvcache.mixed import MIXED_BITS, MixedPagedKV, mixed_write
 
         cache = MixedPagedKV.empty(nblocks, bs, hkv, d, dev)
         order = torch.randperm(nblocks, generator=gen).tolist()  # a third of the blocks per width
@@ -146,7 +146,7 @@ def _write_cache(
         mixed_write(k, v, cache, slots, check_data=False)
         return cache
     if fmt == "oaken":
-        from codesign.kernels.kv_quant_oaken import OakenPagedKV, default_capacity
+        from codesign.kernels.kvcache.oaken import OakenPagedKV, default_capacity
 
         # Thresholds calibrated offline, as Oaken does: here on the first 4096 tokens of the data.
         thr = kvq.calibrate_kv_thresholds([(k[:4096].cpu(), v[:4096].cpu())], OAKEN_OUTLIERS)[0]
@@ -154,7 +154,7 @@ def _write_cache(
         cache = OakenPagedKV.empty(nblocks, bs, hkv, d, OAKEN_BITS, thr, cap, dev)
         cache.write(k, v, slots)
         return cache
-    from codesign.kernels.kv_quant_paged import QuantPagedKV, kvq_write
+    from codesign.kernels.kvcache.kvq import QuantPagedKV, kvq_write
 
     scales = (kvq.fp8_head_scales(k), kvq.fp8_head_scales(v)) if fmt == "fp8" else (None, None)
     cache = QuantPagedKV.empty(nblocks, bs, hkv, d, fmt, dev, *scales)
@@ -171,13 +171,17 @@ class KiviDecodeAttention(QuantKVDecodeAttention):
     _KIVI = ("bits", "group", "residual")
 
     def __init__(self) -> None:
-        from codesign.kernels import kv_quant_kivi  # noqa: F401  (unavailable kernel -> ImportError)
+        from codesign.kernels.attention import quantized  # noqa: F401  (unavailable kernel -> ImportError)
 
         self.fmt = "kivi"
         self.name = "paged_attention_kivi"
         self.forced_ops = (KERNEL_TABLE_OP, self.name)
-        self.source_modules = ("codesign.kernels.paged_attention_triton", "codesign.kernels.kv_quant_kivi",
-                               "codesign.kernels.kv_quant_kivi_triton")  # fmt: skip
+        self.source_modules = (
+            "codesign.kernels.attention.triton_attention",
+            "codesign.kernels.attention.quantized",
+            "codesign.kernels.kvcache.kivi",
+            "codesign.kernels.kvcache.triton_kivi_flush",
+        )
 
     @staticmethod
     def smem_estimate(c: dict[str, int], dpad: int, rows: int, elt: int) -> int:
@@ -204,7 +208,7 @@ class KiviDecodeAttention(QuantKVDecodeAttention):
         return super().table_key({n: v for n, v in shape.items() if n not in self._KIVI})
 
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
-        from codesign.kernels.kv_quant_kivi import KiviPagedKV
+        from codesign.kernels.kvcache.kivi import KiviPagedKV
 
         gen = _gen(seed)
         b, hq, hkv, d, bs, ctx = (shape[n] for n in self._DIMS)
@@ -255,7 +259,7 @@ class KiviDecodeAttention(QuantKVDecodeAttention):
 
     def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
         from codesign.backend import use_backend
-        from codesign.kernels.kv_quant_kivi import kivi_decode_attention
+        from codesign.kernels.attention.quantized import kivi_decode_attention
 
         i = inputs
         with ExitStack() as stack:
@@ -267,8 +271,8 @@ class KiviDecodeAttention(QuantKVDecodeAttention):
 
 def _dequantize_mixed(cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
     # MixedPagedKV.dequantize() fails when a width has no block (unpack of an empty selection).
-    from codesign.kernels import kv_quant as kvq
-    from codesign.kernels.kv_quant_mixed import MIXED_BITS
+    from codesign.kernels.kvcache import quantizers as kvq
+    from codesign.kernels.kvcache.mixed import MIXED_BITS
 
     out = []
     for codes, meta in ((cache.k_codes, cache.k_meta), (cache.v_codes, cache.v_meta)):

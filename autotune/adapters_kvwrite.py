@@ -34,10 +34,10 @@ class KVWrite:
 
     default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
 
-    source_modules = ("codesign.kernels.kv_write_triton",)
+    source_modules = ("codesign.kernels.kvcache.triton_write",)
 
     def __init__(self, fmt: str | None) -> None:
-        from codesign.kernels import kv_write_triton  # noqa: F401  (unavailable kernel -> ImportError)
+        from codesign.kernels.kvcache import triton_write  # noqa: F401  (unavailable kernel -> ImportError)
 
         self.fmt = fmt
         self.name = "kv_write" if fmt is None else f"kv_write_{fmt}"
@@ -84,7 +84,7 @@ class KVWrite:
             cache = tuple(torch.empty(nb, BLOCK_SIZE, h, d, dtype=dtype, device=device) for _ in range(2))
             ref = torch.cat([key[slots >= 0].double().reshape(-1), value[slots >= 0].double().reshape(-1)])
         else:
-            from codesign.kernels.kv_quant_paged import kvq_write
+            from codesign.kernels.kvcache.kvq import kvq_write
 
             cache = self._empty_quant(nb, h, d, key, value, "cpu")
             with use_backend("torch", op="kv_write"):  # the reference writer
@@ -97,8 +97,8 @@ class KVWrite:
     def _empty_quant(
         self, nb: int, h: int, d: int, key: torch.Tensor, value: torch.Tensor, device: Any
     ) -> Any:
-        from codesign.kernels import kv_quant as kvq
-        from codesign.kernels.kv_quant_paged import QuantPagedKV
+        from codesign.kernels.kvcache import quantizers as kvq
+        from codesign.kernels.kvcache.kvq import QuantPagedKV
 
         scales = (kvq.fp8_head_scales(key), kvq.fp8_head_scales(value)) if self.fmt == "fp8" else (None, None)
         return QuantPagedKV.empty(nb, BLOCK_SIZE, h, d, self.fmt, device, *scales)
@@ -132,11 +132,11 @@ class KVWrite:
         i = inputs
         with use_backend("triton", op="kv_write"), forced_config(self.name, config):
             if self.fmt is None:
-                from codesign.kernels.kv_write import kv_write
+                from codesign.kernels.kvcache.write import kv_write
 
                 kv_write(i["key"], i["value"], *i["cache"], i["slots"], check_data=False)
             else:
-                from codesign.kernels.kv_quant_paged import kvq_write
+                from codesign.kernels.kvcache.kvq import kvq_write
 
                 kvq_write(i["key"], i["value"], i["cache"], i["slots"], check_data=False)
         return i["cache"]

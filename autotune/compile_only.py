@@ -221,7 +221,7 @@ def _gpu_view(gpu_name: str, sms: int, arch: int) -> list[tuple[str, str, Callab
         return lambda device=None: gpu_name
 
     def dot_dtype(_orig: Any) -> Any:
-        mod = sys.modules["codesign.kernels.quant_gemm_triton"]
+        mod = sys.modules["codesign.kernels.gemm.triton_gemm"]
         return lambda x_dtype, device: mod._TL_DTYPE[x_dtype]  # the CUDA branch: bf16 dots stay bf16
 
     def rows_layout(orig: Any) -> Any:
@@ -233,15 +233,15 @@ def _gpu_view(gpu_name: str, sms: int, arch: int) -> list[tuple[str, str, Callab
 
     return [
         ("codesign.autotune.lookup", "current_gpu_name", gpu_name_fn, True),
-        ("codesign.kernels.quant_gemm_triton", "_gpu_name", gpu_name_fn, False),
-        ("codesign.kernels.quant_gemm_triton", "_dot_dtype", dot_dtype, False),
-        ("codesign.kernels.paged_attention", "on_gpu", lambda _o: lambda t: True, True),
-        ("codesign.kernels.paged_attention_triton", "rows_layout", rows_layout, True),
-        ("codesign.kernels.paged_attention_triton", "num_sms", lambda _o: lambda device: sms, True),
+        ("codesign.kernels.gemm.triton_gemm", "_gpu_name", gpu_name_fn, False),
+        ("codesign.kernels.gemm.triton_gemm", "_dot_dtype", dot_dtype, False),
+        ("codesign.kernels.attention.paged", "on_gpu", lambda _o: lambda t: True, True),
+        ("codesign.kernels.attention.triton_attention", "rows_layout", rows_layout, True),
+        ("codesign.kernels.attention.triton_attention", "num_sms", lambda _o: lambda device: sms, True),
         # FP8 KV caches: the hardware e4m3 conversion from sm_89 on, as the launcher asks a real GPU.
-        ("codesign.kernels.paged_attention_triton", "hw_fp8", lambda _o: lambda device: arch >= 89, True),
+        ("codesign.kernels.attention.triton_attention", "hw_fp8", lambda _o: lambda device: arch >= 89, True),
         # Not its aliases: quant_gemm_triton reads interpreter_enabled() to pick its interpreter defaults.
-        ("codesign.kernels.df11_linear", "interpreter_enabled", interp_guard, False),
+        ("codesign.kernels.df11.linear", "interpreter_enabled", interp_guard, False),
     ]
 
 
@@ -252,7 +252,7 @@ def _import_kernel_modules() -> None:
 
     import codesign.kernels as pkg
 
-    for info in pkgutil.iter_modules(pkg.__path__, "codesign.kernels."):
+    for info in pkgutil.walk_packages(pkg.__path__, "codesign.kernels."):
         with contextlib.suppress(ImportError):  # optional dependencies (CuPy) missing here
             importlib.import_module(info.name)
 

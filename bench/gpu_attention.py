@@ -148,7 +148,7 @@ def _check_vs_torch(w, q, k, v, out) -> dict[str, Any]:
 def _decode_rows(copy_bw: float, hbm_bw: float | None, dtype, mode: Any = None) -> list[dict]:
     import torch
 
-    from codesign.kernels.paged_attention import PagedDecodeWrapper
+    from codesign.kernels.attention.wrappers import PagedDecodeWrapper
 
     mode = _default_mode(mode)
     dev = mode.device
@@ -196,8 +196,7 @@ EXTEND_CASES = ((16, 64, 4096), (8, 512, 4096), (4, 2048, 0))  # (batch, new tok
 def _extend_and_tree_rows(copy_bw: float, hbm_bw: float | None, dtype, mode: Any = None) -> list[dict]:
     import torch
 
-    from codesign.kernels.paged_attention import PagedExtendWrapper
-    from codesign.kernels.tree_attention import TreeAttentionWrapper
+    from codesign.kernels.attention.wrappers import PagedExtendWrapper, TreeAttentionWrapper
 
     mode = _default_mode(mode)
     dev = mode.device

@@ -64,8 +64,8 @@ def _kernels(weight, fp8_ok: bool, cupy_ok: bool, act: str = "bf16") -> dict[str
 
     `act`: the activation / scale dtype of the weight-only kernels ("bf16"; "fp16" in smoke mode)."""
     from codesign.backend import use_backend
-    from codesign.kernels import quant_formats as qf
-    from codesign.kernels import quant_gemm as qg
+    from codesign.kernels.gemm import formats as qf
+    from codesign.kernels.gemm import ops as qg
     from codesign.specs import WeightFormat
 
     w4 = qf.quantize_rtn(weight, "int4", 128, False, torch_dtype(act))

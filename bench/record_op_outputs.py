@@ -28,34 +28,32 @@ os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit is defined
 import torch  # noqa: E402
 
 from codesign.backend import use_backend  # noqa: E402
-from codesign.kernels import df11_codec as codec  # noqa: E402
-from codesign.kernels import df11_linear as dl  # noqa: E402
-from codesign.kernels import kv_quant as kq  # noqa: E402
-from codesign.kernels import paged_attention as aw  # noqa: E402
-from codesign.kernels import quant_formats as qf  # noqa: E402
-from codesign.kernels import quant_gemm as qg  # noqa: E402
-from codesign.kernels import quant_import as qi  # noqa: E402
-from codesign.kernels import quant_linear as ql  # noqa: E402
-from codesign.kernels import tree_attention as tw  # noqa: E402
-from codesign.kernels.kv_quant_kivi import (  # noqa: E402
-    KiviPagedKV,
+from codesign.kernels.attention import wrappers as aw  # noqa: E402
+from codesign.kernels.attention.paged import paged_decode_attention, paged_extend_attention  # noqa: E402
+from codesign.kernels.attention.quantized import (  # noqa: E402
     kivi_decode_attention,
     kivi_extend_attention,
     kivi_tree_attention,
-)
-from codesign.kernels.kv_quant_mixed import MixedPagedKV, cocktail_bits, mixed_attention, mixed_write  # noqa: E402
-from codesign.kernels.kv_quant_oaken import OakenPagedKV, oaken_attention  # noqa: E402
-from codesign.kernels.kv_quant_paged import (  # noqa: E402
-    QuantPagedKV,
     kvq_decode_attention,
     kvq_extend_attention,
     kvq_tree_attention,
-    kvq_write,
+    mixed_attention,
+    oaken_attention,
 )
-from codesign.kernels.kv_write import kv_write  # noqa: E402
-from codesign.kernels.paged_attention import paged_decode_attention, paged_extend_attention  # noqa: E402
-from codesign.kernels.paged_kv_cache import PagedKVCache  # noqa: E402
-from codesign.kernels.tree_attention import build_tree_batch, tree_attention, verify_tree  # noqa: E402
+from codesign.kernels.attention.tree import build_tree_batch, tree_attention, verify_tree  # noqa: E402
+from codesign.kernels.df11 import codec  # noqa: E402
+from codesign.kernels.df11 import linear as dl  # noqa: E402
+from codesign.kernels.gemm import checkpoints as qi  # noqa: E402
+from codesign.kernels.gemm import formats as qf  # noqa: E402
+from codesign.kernels.gemm import linear as ql  # noqa: E402
+from codesign.kernels.gemm import ops as qg  # noqa: E402
+from codesign.kernels.kvcache import quantizers as kq  # noqa: E402
+from codesign.kernels.kvcache.blocks import PagedKVCache  # noqa: E402
+from codesign.kernels.kvcache.kivi import KiviPagedKV  # noqa: E402
+from codesign.kernels.kvcache.kvq import QuantPagedKV, kvq_write  # noqa: E402
+from codesign.kernels.kvcache.mixed import MixedPagedKV, cocktail_bits, mixed_write  # noqa: E402
+from codesign.kernels.kvcache.oaken import OakenPagedKV  # noqa: E402
+from codesign.kernels.kvcache.write import kv_write  # noqa: E402
 
 BACKENDS = ("torch", "triton")
 Case = tuple[str, Callable[[], Any]]
@@ -376,7 +374,7 @@ def _wrapper_cases(dt: torch.dtype, caches: dict, i: dict) -> Iterator[Case]:
     kinds = {
         "decode": (aw.PagedDecodeWrapper, (bt, ctx, HQ), i["qd"]),
         "extend": (aw.PagedExtendWrapper, (bt, ctx, cu, HQ), i["qe"]),
-        "tree": (tw.TreeAttentionWrapper, (bt, parents, prefix, HQ), i["qt"]),
+        "tree": (aw.TreeAttentionWrapper, (bt, parents, prefix, HQ), i["qt"]),
     }
     for name in ("plain", "int8", "int4", "int2", "fp8", "kivi", "oaken", "oaken_offline", "mixed"):
         cache = caches[name]
