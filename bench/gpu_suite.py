@@ -590,7 +590,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     mode = SMOKE if args.smoke else GPU
     if mode.smoke:
-        if any(m.startswith("codesign.kernels") for m in sys.modules):
+        from codesign.backend import kernel_modules_imported
+
+        if kernel_modules_imported():
             print(
                 "gpu_suite --smoke: codesign.kernels was imported before TRITON_INTERPRET=1", file=sys.stderr
             )

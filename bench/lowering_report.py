@@ -74,22 +74,9 @@ def _adapter_cases(mods: dict, arch: int) -> Iterator[Case]:
                         continue
 
                     def call(op=op, shape=shape, dname=dname):
-                        dtype = getattr(torch, dname)
-                        inputs = op.make_inputs(shape, dtype, "cpu", 1)
-                        if op.name == "kv_write" and dtype == torch.bfloat16:
-                            _kv_write_launcher(inputs)
-                        else:
-                            op.run(inputs, {})
+                        op.run(op.make_inputs(shape, getattr(torch, dname), "cpu", 1), {})
 
                     yield ("correctness", label, call)
-
-
-def _kv_write_launcher(inputs: dict) -> None:
-    """The plain KV writer's launcher, called directly for bf16: its op refuses bf16 on CPU tensors with an
-    inline device test (kernels/kv_write.py `on_gpu`) that compile_only cannot answer; the launch is the same."""
-    from codesign.kernels.kvcache.triton_write import kv_write_triton
-
-    kv_write_triton(inputs["key"], inputs["value"], *inputs["cache"], inputs["slots"])
 
 
 class Skipped(Exception):

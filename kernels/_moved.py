@@ -49,7 +49,12 @@ MOVED: dict[str, tuple[str, ...]] = {
 }
 
 # old module.name -> why it is gone (the AttributeError says so).
-REMOVED: dict[str, str] = {}
+_VIEW = "ask codesign.backend.device_view(device)"
+REMOVED: dict[str, str] = {
+    "paged_attention.on_gpu": f"{_VIEW}.compiled",
+    "paged_attention_triton.num_sms": f"{_VIEW}.sms",
+    "paged_attention_triton.hw_fp8": f"{_VIEW}.hw_fp8",
+}
 
 
 def new_modules(old: str) -> tuple[str, ...]:

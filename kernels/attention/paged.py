@@ -29,8 +29,8 @@ from typing import NamedTuple
 
 import torch
 
-from codesign.backend import resolve_backend
-from codesign.kernels.kvcache.checks import check_block_tables, check_int_tensor, check_kv_cache, on_gpu
+from codesign.backend import device_view, resolve_backend
+from codesign.kernels.kvcache.checks import check_block_tables, check_int_tensor, check_kv_cache
 from codesign.specs import CodesignError
 
 OP = "paged_attention"
@@ -128,7 +128,7 @@ def check_attention_inputs(
 
 def check_backend_dtype(backend: str, q: torch.Tensor) -> None:
     """bf16 Triton kernels only on a GPU: the interpreter computes bf16 on raw bits."""
-    if backend == "triton" and q.dtype == torch.bfloat16 and not on_gpu(q):
+    if backend == "triton" and q.dtype == torch.bfloat16 and not device_view(q.device).compiled:
         raise CodesignError(
             "bf16 paged attention with the Triton backend needs a GPU (the interpreter mishandles bf16)"
         )
@@ -314,18 +314,14 @@ def auto_num_splits(
 ) -> int:
     """Host-only inputs to `choose_num_splits`: programs from the shapes, the longest possible context
     from the block-table width (no sync)."""
-    from codesign.kernels.attention.triton_attention import (
-        DEFAULT_CONFIG,
-        choose_num_splits,
-        num_sms,
-        rows_layout,
-    )
+    from codesign.kernels.attention.triton_attention import DEFAULT_CONFIG, choose_num_splits, rows_layout
 
+    view = device_view(q.device)
     hkv = k_cache.shape[2]
-    _, bq = rows_layout(q.shape[1] // hkv, DEFAULT_CONFIG["BLOCK_M"], is_decode, q.device.type == "cuda")
+    _, bq = rows_layout(q.shape[1] // hkv, DEFAULT_CONFIG["BLOCK_M"], is_decode, view.min_dot_rows)
     b = block_tables.shape[0]
     programs = (b if is_decode else -(-q.shape[0] // bq) + b) * hkv
-    return choose_num_splits(programs, block_tables.shape[1] * k_cache.shape[1], num_sms(q.device))
+    return choose_num_splits(programs, block_tables.shape[1] * k_cache.shape[1], view.sms)
 
 
 # Keywords an attention entry point or plan() may pass to `prepare_launch`.

@@ -46,8 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from codesign.autotune.lookup import current_gpu_name, lookup_config, shape_key
-from codesign.backend import interpreter_enabled
+from codesign.autotune.lookup import lookup_config, shape_key
+from codesign.backend import device_view
 from codesign.kernels.triton_codes import codes_f16, pow2_scale, unpack_words
 
 OP = "paged_attention"
@@ -543,13 +543,6 @@ def _reduce_splits_kernel(
         tl.store(lse_ptr + t * stride_lt + h * stride_lh, (m + tl.log2(tot)) * 0.6931471805599453)
 
 
-def num_sms(device: torch.device) -> int | None:
-    """Streaming multiprocessors of a CUDA device, None on CPU."""
-    if device.type != "cuda":
-        return None
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def choose_num_splits(programs: int, max_kv_len: int, sms: int | None) -> int:
     """The one split-KV heuristic: split only when `programs` (q-blocks x kv heads) leave SMs idle.
 
@@ -660,17 +653,10 @@ def launch_config(
     cache's table, whose best tile can spill registers once codes are unpacked in the loop.
     """
     key = shape_key(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size)
-    gpu = current_gpu_name(device)
+    gpu = device_view(device).gpu_name
     op = table_op(kv_format, bits)
     cfg = lookup_config(op, gpu, batch, key, default_config(head_dim, elem_bytes, kv_format, bits))
     return cfg
-
-
-def hw_fp8(device: torch.device) -> bool:
-    """True where the kernel runs compiled on a GPU that converts e4m3 in hardware (sm_89+); elsewhere (sm_80,
-    the interpreter) it decodes the bytes with integer ops."""
-    on_gpu = device.type == "cuda" and not interpreter_enabled()
-    return on_gpu and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def tree_config(cfg: dict) -> dict:
@@ -695,10 +681,10 @@ def dim_pad(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def rows_layout(group: int, block_m: int, is_decode: bool, on_gpu: bool) -> tuple[int, int]:
-    """(GROUP_PAD, BLOCK_Q): rows = BLOCK_Q tokens x GROUP_PAD heads; tl.dot needs >= 16 rows on GPUs."""
+def rows_layout(group: int, block_m: int, is_decode: bool, min_rows: int) -> tuple[int, int]:
+    """(GROUP_PAD, BLOCK_Q): rows = BLOCK_Q tokens x GROUP_PAD heads, at least `min_rows` (the device's smallest
+    tl.dot, `DeviceView.min_dot_rows`)."""
     gpad = triton.next_power_of_2(group)
-    min_rows = 16 if on_gpu else 1
     bq = 1 if is_decode else max(1, block_m // gpad)
     gpad = max(gpad, min_rows // bq)
     return gpad, bq
@@ -770,8 +756,8 @@ def paged_attention_triton(
         kg, kgv, kr = 1, 1, 0
         res = (context_lens, context_lens, 0, 0, 0)
     cap = oaken[0].shape[2] if oaken is not None else 0
-    on_gpu = q.device.type == "cuda" and not interpreter_enabled()
-    gpad, bq = rows_layout(group, cfg["BLOCK_M"], is_decode, on_gpu)
+    view = device_view(q.device)
+    gpad, bq = rows_layout(group, cfg["BLOCK_M"], is_decode, view.min_dot_rows)
     dpad = dim_pad(dim)
     nseq = block_tables.shape[0]
     programs = nseq if is_decode else t // bq + nseq
@@ -818,7 +804,7 @@ def paged_attention_triton(
         HAS_ALIBI=alibi_slopes is not None, HAS_SOFTCAP=bool(softcap), HAS_WINDOW=bool(window),
         WRITE_LSE=lse is not None and s == 1, KV_FORMAT=kv_format, BITS=bits,
         KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=cap, OAKEN_NBT=tile_blocks(cfg["BLOCK_N"], bs), WORDS=words,
-        HW_FP8=kv_format == KV_FORMAT_FP8 and hw_fp8(q.device),
+        HW_FP8=kv_format == KV_FORMAT_FP8 and view.hw_fp8,
         F16_MMA=kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],

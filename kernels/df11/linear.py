@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from codesign.backend import interpreter_enabled, resolve_backend
+from codesign.backend import device_view, resolve_backend
 from codesign.kernels.df11 import codec
 from codesign.kernels.df11 import triton_decode as dt
 from codesign.kernels.df11 import triton_gemm as fused
@@ -198,7 +198,7 @@ def df11_gemv(
         raise CodesignError(f"x is on {x.device} but the weight is on {packed.stream.device}")
     if bias is not None and (bias.shape != (n,) or bias.dtype != torch.bfloat16):
         raise CodesignError(f"bias must be bf16 of shape [{n}], got {bias.dtype} {tuple(bias.shape)}")
-    if x.device.type != "cuda" and not interpreter_enabled():
+    if not device_view(x.device).triton_runs:
         raise CodesignError("df11_gemv runs the Triton kernel: CUDA tensors, or CPU with TRITON_INTERPRET=1")
     y = torch.zeros(n, dtype=torch.float32, device=x.device)
     dt.df11_gemv_triton(
@@ -221,7 +221,7 @@ def df11_gemm(
     split); returns bf16 [..., N]. Runs the Triton kernel: CUDA tensors, or CPU under the interpreter.
     """
     n, k = _check_call("df11_gemm", packed, x, bias)
-    if x.device.type != "cuda" and not interpreter_enabled():
+    if not device_view(x.device).triton_runs:
         raise CodesignError("df11_gemm runs a Triton kernel: CUDA tensors, or CPU with TRITON_INTERPRET=1")
     if packed.seg_bits is None:
         raise CodesignError(

@@ -31,7 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from codesign.autotune.lookup import current_gpu_name, lookup_config, shape_key
+from codesign.autotune.lookup import lookup_config, shape_key
+from codesign.backend import device_view
 
 DECODE_OP = "df11_decode"
 GEMV_OP = "df11_gemv"
@@ -230,7 +231,7 @@ def launch_config(op: str, s: DF11Stream, numel: int, device: torch.device) -> d
     CPU / interpreter runs get the default (4), unless the tuner forces a candidate.
     """
     key = shape_key(chunk_bytes=s.chunk_bytes, chunks_per_group=s.chunks_per_group)
-    return lookup_config(op, current_gpu_name(device), numel, key, {"num_warps": DEFAULT_NUM_WARPS})
+    return lookup_config(op, device_view(device).gpu_name, numel, key, {"num_warps": DEFAULT_NUM_WARPS})
 
 
 def _launch(kernel, s: DF11Stream, err: torch.Tensor, cfg: dict, *args) -> None:

@@ -30,7 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from codesign.autotune.lookup import current_gpu_name, lookup_config, shape_key
+from codesign.autotune.lookup import lookup_config, shape_key
+from codesign.backend import device_view
 from codesign.kernels.df11 import codec
 from codesign.specs import CodesignError
 
@@ -152,7 +153,7 @@ def gemm_config(m: int, n: int, k: int, device: torch.device) -> dict:
 
     BLOCK_M is shrunk to the next power of two >= M (no lanes spent on absent rows).
     """
-    cfg = lookup_config(OP, current_gpu_name(device), m, shape_key(N=n, K=k), DEFAULT_CONFIG)
+    cfg = lookup_config(OP, device_view(device).gpu_name, m, shape_key(N=n, K=k), DEFAULT_CONFIG)
     cfg["BLOCK_M"] = min(int(cfg["BLOCK_M"]), triton.next_power_of_2(max(m, 1)))
     return cfg
 

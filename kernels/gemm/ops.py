@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from codesign.backend import resolve_backend
+from codesign.backend import device_view, resolve_backend
 from codesign.kernels.gemm import formats as qf
 from codesign.specs import CodesignError
 
@@ -263,7 +263,8 @@ def _w8a8_impl(x, qweight, w_scales, bias, fp8: bool, op: str) -> torch.Tensor:
         return x.new_empty(*x.shape[:-1], n)
     if backend == "triton":
         _check_int32_offsets(m, n, k)
-        if fp8 and x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) < (8, 9):
+        cap = device_view(x.device).capability
+        if fp8 and cap is not None and cap < (8, 9):
             raise CodesignError("the fp8 Triton kernel needs fp8 tensor cores (sm_89+); use backend 'torch'")
     x2 = x.reshape(-1, k).contiguous()
     if backend == "torch":

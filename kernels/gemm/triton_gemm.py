@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from codesign.autotune.lookup import current_gpu_name, lookup_config, shape_key
-from codesign.backend import interpreter_enabled
+from codesign.autotune.lookup import lookup_config, shape_key
+from codesign.backend import DeviceView, device_view
 from codesign.kernels.triton_codes import codes_f16, pow2_scale, unpack_words
 
 # Without a tuned variant table, M at or below this runs the split-K kernel: decode batches read the
@@ -71,11 +71,6 @@ _INTERP_DEFAULTS: dict[str, dict[str, int]] = {
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
-def _gpu_name(device: torch.device) -> str | None:
-    # Tables are per GPU; CPU tensors (the interpreter) never read one (fixed defaults).
-    return current_gpu_name(device) if device.type == "cuda" else None
-
-
 def choose_variant(m: int, op: str = "w4a16_gemm", device: torch.device | None = None, key: str = "") -> str:
     """The one place the weight-only kernel variant is chosen: "splitk" or "tiled".
 
@@ -84,7 +79,7 @@ def choose_variant(m: int, op: str = "w4a16_gemm", device: torch.device | None =
     variant at the same M), else the default rule: split-K for M <= SMALL_M_MAX. No device (or a CPU
     one) means no table: the default rule, unless the tuner forces a variant (`forced_config`).
     """
-    gpu = _gpu_name(device) if device is not None else None
+    gpu = device_view(device).gpu_name if device is not None else None
     cfg = lookup_config(f"{op}_variant", gpu, m, key, {"SPLITK": int(m <= SMALL_M_MAX)})
     return "splitk" if cfg["SPLITK"] else "tiled"
 
@@ -95,13 +90,14 @@ def launch_config(table_op: str, kind: str, device: torch.device, m: int, **dims
     Table op names: "w4a16_gemm_splitk", "w4a16_gemm_tiled", "w8a16_gemm_splitk", "w8a16_gemm_tiled"
     (shape key G, K, N), "w8a8_gemm", "fp8_gemm" (K, N), "quantize_per_token" (K).
     """
-    defaults = _INTERP_DEFAULTS if interpreter_enabled() and device.type != "cuda" else _GPU_DEFAULTS
-    return lookup_config(table_op, _gpu_name(device), m, shape_key(**dims), defaults[kind])
+    view = device_view(device)
+    defaults = _INTERP_DEFAULTS if view.interpreted and not view.gpu else _GPU_DEFAULTS
+    return lookup_config(table_op, view.gpu_name, m, shape_key(**dims), defaults[kind])
 
 
-def _dot_dtype(x_dtype: torch.dtype, device: torch.device) -> tl.dtype:
+def _dot_dtype(x_dtype: torch.dtype, view: DeviceView) -> tl.dtype:
     # In the interpreter bf16 arithmetic is wrong, so the matmul runs in fp32 there.
-    if x_dtype == torch.bfloat16 and device.type != "cuda":
+    if x_dtype == torch.bfloat16 and not view.bf16_dot:
         return tl.float32
     return _TL_DTYPE[x_dtype]
 
@@ -391,11 +387,12 @@ def wq_gemm(
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), split, triton.cdiv(m, cfg["BLOCK_M"]))
     # K slices meet by fp32 atomics in a zeroed buffer; a single slice stores its tile directly.
     dst = out if split == 1 else torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    dot_dtype = _dot_dtype(x.dtype, device_view(x.device))
     # zeros / bias stand-ins (scales) are never read when HAS_ZEROS / HAS_BIAS is False.
     _wq_kernel[grid](
         x, qweight, scales, scales if zeros is None else zeros, scales if bias is None else bias, dst,
         m, n, k, group, k_per_split,
-        BITS=bits, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, DOT_DTYPE=_dot_dtype(x.dtype, x.device),
+        BITS=bits, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, DOT_DTYPE=dot_dtype,
         # fp32 activations get fp32 products, as torch's fp32 matmul does: Triton's default (tf32) gave
         # 7.7e-4 relative error at K = 4096 on an H200; "ieee" passed there. It runs on the FMA units and
         # spills 1.8-3.3 KB per thread (sm_90 ptxas): fp32 is the correctness path, not the fast one.
@@ -403,7 +400,7 @@ def wq_gemm(
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         # Split-K with fp16 / bf16 activations meets the codes in fp16 (not bf16 in the interpreter: its bf16
         # arithmetic is wrong).
-        F16_CODES=variant == "splitk" and _dot_dtype(x.dtype, x.device) in (tl.float16, tl.bfloat16),
+        F16_CODES=variant == "splitk" and dot_dtype in (tl.float16, tl.bfloat16),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 1),
         SPLITK=variant == "splitk", USE_ATOMIC=split > 1, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
@@ -452,7 +449,7 @@ def scaled_mm(
         n,
         k,
         IS_FP8=fp8,
-        INTERPRETED=interpreter_enabled(),
+        INTERPRETED=device_view(a.device).interpreted,
         PER_TENSOR_W=w_scale.numel() == 1 and n > 1,
         HAS_BIAS=bias is not None,
         BLOCK_M=cfg["BLOCK_M"],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from codesign.backend import interpreter_enabled
+from codesign.backend import device_view
 from codesign.specs import CodesignError, check_positive_int
 
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -179,10 +179,5 @@ def check_quant_write(
 
 def check_writer_dtype(key: torch.Tensor) -> None:
     """bf16 keys only on a GPU for the Triton writers: the interpreter computes bf16 on raw bits."""
-    if key.dtype == torch.bfloat16 and not on_gpu(key):
+    if key.dtype == torch.bfloat16 and not device_view(key.device).compiled:
         raise CodesignError("bf16 keys need a GPU for the Triton writer (the interpreter mishandles bf16)")
-
-
-def on_gpu(t: torch.Tensor) -> bool:
-    """True where Triton kernels run compiled (a CUDA tensor, interpreter off)."""
-    return t.device.type == "cuda" and not interpreter_enabled()

@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from codesign.autotune.lookup import current_gpu_name, lookup_config, shape_key
+from codesign.autotune.lookup import lookup_config, shape_key
+from codesign.backend import device_view
 
 KV_FORMAT_PLAIN = 0  # fp16/bf16/fp32 cache, stored as is
 KV_FORMAT_INT = 1
@@ -184,4 +185,4 @@ def launch_config(
     token; a small row leaves extra warps idle)."""
     default = {"num_warps": 4 if heads * head_dim >= 2048 else 1}
     key = shape_key(kv_heads=heads, head_dim=head_dim)
-    return lookup_config(table_op(kv_format, bits), current_gpu_name(device), tokens, key, default)
+    return lookup_config(table_op(kv_format, bits), device_view(device).gpu_name, tokens, key, default)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from codesign.backend import interpreter_enabled, resolve_backend
+from codesign.backend import device_view, resolve_backend
 from codesign.kernels.kvcache.checks import check_kv_write
 from codesign.specs import CodesignError
 
@@ -37,8 +37,7 @@ def _kv_write_op(
 ) -> None:
     # Backend checks live here, not in kv_write(): dynamo cannot trace the backend ContextVar.
     backend = resolve_backend(OP, key.device)
-    on_gpu = key.device.type == "cuda" and not interpreter_enabled()
-    if backend == "triton" and k_cache.dtype == torch.bfloat16 and not on_gpu:
+    if backend == "triton" and k_cache.dtype == torch.bfloat16 and not device_view(key.device).compiled:
         raise CodesignError("bf16 caches need a GPU for the Triton writer (the interpreter mishandles bf16)")
     if backend == "triton":
         from codesign.kernels.kvcache.triton_write import kv_write_triton

@@ -11,6 +11,7 @@ import json
 
 import pytest
 import torch
+from helpers import device_view_with
 from triton_lowering import assert_lowers_for_gpu
 
 from codesign import cli
@@ -105,18 +106,17 @@ def test_an_exported_kv_write_table_sets_the_launch(tmp_path, monkeypatch):
             return launch
 
     monkeypatch.setattr(kvt, "_kv_write_kernel", Spy())
-    monkeypatch.setattr(kvt, "current_gpu_name", lambda device: CPU_GPU_NAME)
     monkeypatch.setenv("CODESIGN_CONFIG_DIR", str(out))
     lookup.reload_tables()
     op = get_op("kv_write_int4")
     for m in (6, 2):  # M = 2: the nearest tuned M, 6
         inputs = op.make_inputs({**KVW, "M": m}, torch.float32, "cpu", 9)
-        with use_backend("triton", op="kv_write"):  # the public writer, no forced config: the table decides
+        # the public writer, no forced config: the table (of the device named as the table's GPU) decides
+        with use_backend("triton", op="kv_write"), device_view_with(gpu_name=CPU_GPU_NAME):
             kvq_write(inputs["key"], inputs["value"], inputs["cache"], inputs["slots"])
         assert seen.pop() == best["num_warps"]
         assert rel_error(checked_output(op, inputs, inputs["cache"]), inputs["ref"]) == 0.0
-    monkeypatch.setattr(kvt, "current_gpu_name", lambda device: None)  # a CPU device reads no table
-    with use_backend("triton", op="kv_write"):
+    with use_backend("triton", op="kv_write"):  # a CPU device reads no table
         kvq_write(inputs["key"], inputs["value"], inputs["cache"], inputs["slots"])
     assert seen.pop() == 1  # the default for a 3 x 24 row
     lookup.reload_tables()
@@ -130,17 +130,17 @@ def test_df11_launch_config_reads_the_table(tmp_path, monkeypatch):
     (root / lookup.gpu_slug(gpu)).mkdir(parents=True)
     (root / lookup.gpu_slug(gpu) / "df11_decode.json").write_text(json.dumps({**head, "entries": entries}))
     monkeypatch.setenv("CODESIGN_CONFIG_DIR", str(root))
-    monkeypatch.setattr(dt, "current_gpu_name", lambda device: gpu)
     lookup.reload_tables()
     s = dt.DF11Stream(*([torch.empty(0)] * 5), 0, 0, 32, 128, 2)
     cpu = torch.device("cpu")
-    assert dt.launch_config(dt.DECODE_OP, s, 900, cpu)["num_warps"] == 2
-    assert dt.launch_config(dt.DECODE_OP, s, 90_000, cpu)["num_warps"] == 1
-    with pytest.warns(UserWarning, match="no tuned config for df11_gemv"):
-        assert dt.launch_config(dt.GEMV_OP, s, 900, cpu)["num_warps"] == dt.DEFAULT_NUM_WARPS
-    other = s._replace(chunk_bytes=8)  # another geometry: not in the table, the default
-    with pytest.warns(UserWarning, match="no tuned config for df11_decode"):
-        assert dt.launch_config(dt.DECODE_OP, other, 900, cpu)["num_warps"] == dt.DEFAULT_NUM_WARPS
+    with device_view_with(gpu_name=gpu):
+        assert dt.launch_config(dt.DECODE_OP, s, 900, cpu)["num_warps"] == 2
+        assert dt.launch_config(dt.DECODE_OP, s, 90_000, cpu)["num_warps"] == 1
+        with pytest.warns(UserWarning, match="no tuned config for df11_gemv"):
+            assert dt.launch_config(dt.GEMV_OP, s, 900, cpu)["num_warps"] == dt.DEFAULT_NUM_WARPS
+        other = s._replace(chunk_bytes=8)  # another geometry: not in the table, the default
+        with pytest.warns(UserWarning, match="no tuned config for df11_decode"):
+            assert dt.launch_config(dt.DECODE_OP, other, 900, cpu)["num_warps"] == dt.DEFAULT_NUM_WARPS
     lookup.reload_tables()
 
 

@@ -3,7 +3,7 @@
 The tuner times each variant in its own space (a shape pins one with SPLITK; `expand` gives both),
 `export_variant_table` writes the faster variant per (shape key, M), and `wq_gemm` reads that table
 through `choose_variant`. Tables are per GPU, so to show a table steering the kernel on a CPU the tests
-name the interpreter's "GPU" (`tuner.CPU_GPU_NAME`) as the device's, by replacing `_gpu_name`.
+name the interpreter's "GPU" (`tuner.CPU_GPU_NAME`) as the device's (`codesign.backend.use_device_view`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import assert_rel_close, device_view_with
 from triton_lowering import assert_lowers_for_gpu
 
 from codesign import cli
@@ -132,12 +132,12 @@ def test_an_exported_variant_table_changes_which_variant_runs(tmp_path, monkeypa
             qg.quant_matmul(torch.randn(m, K), qw)  # CPU: no table is read, the default rule runs
         assert launched == ["splitk", "tiled"]
         launched.clear()
-        monkeypatch.setattr(qt, "_gpu_name", lambda device: CPU_GPU_NAME)  # the tables' GPU
-        for m, want in ((3, "tiled"), (2, "tiled"), (40, "splitk"), (33, "splitk")):  # nearest tuned M
-            x = torch.randn(m, K)
-            y = qg.quant_matmul(x, qw)
-            assert launched.pop() == want, f"M={m}"
-            assert_rel_close(y, _reference(x, qw), 1e-4, f"M={m} {want}")
+        with device_view_with(gpu_name=CPU_GPU_NAME):  # the tables' GPU
+            for m, want in ((3, "tiled"), (2, "tiled"), (40, "splitk"), (33, "splitk")):  # nearest tuned M
+                x = torch.randn(m, K)
+                y = qg.quant_matmul(x, qw)
+                assert launched.pop() == want, f"M={m}"
+                assert_rel_close(y, _reference(x, qw), 1e-4, f"M={m} {want}")
     lookup.reload_tables()
 
 

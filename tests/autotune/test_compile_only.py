@@ -149,19 +149,17 @@ def test_patches_undone_after_the_block_and_after_an_exception():
         + """
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
-import codesign.backend as backend
-import codesign.kernels.attention.triton_attention as pat
-import codesign.kernels.gemm.triton_gemm as qgt
-from codesign.autotune import lookup
+from codesign.backend import device_view
 from codesign.specs import CodesignError
 from codesign.kernels.attention.paged import paged_decode_attention
 def state():
-    return (JITFunction.run, driver._active, backend._COMPILE_ONLY, pat.current_gpu_name, pat.num_sms,
-            pat.rows_layout, qgt._gpu_name, qgt._dot_dtype, qgt.interpreter_enabled, lookup.current_gpu_name)
+    return (JITFunction.run, driver._active, device_view("cpu"))
 before = state()
+assert before[2].gpu_name is None and not before[2].gpu and not before[2].compile_only
 with compile_only() as s:
-    assert qgt._gpu_name(torch.device("cpu")) == "NVIDIA H200" and pat.num_sms(torch.device("cpu")) == 132
-    assert not qgt.interpreter_enabled()  # only df11_linear's guard is flipped
+    v = device_view("cpu")
+    assert (v.gpu_name, v.sms, v.capability, v.min_dot_rows) == ("NVIDIA H200", 132, (9, 0), 16)
+    assert v.gpu and v.compiled and v.hw_fp8 and v.bf16_dot and v.compile_only and not v.interpreted
 assert state() == before
 try:
     with compile_only():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_rel_close, poison_like, rel_fro_error
+from helpers import assert_rel_close, device_view_with, poison_like, rel_fro_error
 
 from codesign.backend import use_backend
 from codesign.kernels.gemm import formats as qf
@@ -57,17 +57,17 @@ def test_weight_only_kernel_matches_fp64_reference(fmt, m, dtype):
 
 @pytest.mark.parametrize("fmt", FORMATS[:3], ids=lambda f: f"{f[0]}-g{f[1]}-{'sym' if f[2] else 'asym'}")
 @pytest.mark.parametrize("m", [2, 13])  # the split-K variant (M <= 16)
-def test_weight_only_fp16_codes_take_bf16_rows_beyond_fp16_range(fmt, m, monkeypatch):
+def test_weight_only_fp16_codes_take_bf16_rows_beyond_fp16_range(fmt, m):
     """On a GPU, split-K's bf16 activations meet the codes in fp16 products after a power-of-two row scale. Forced
     here (the interpreter otherwise multiplies bf16 in fp32): rows of magnitude 1e6, beyond fp16's 65504, and
     rows of 1e-6; the interpreter's bf16 store truncates, hence bf16's bound."""
-    monkeypatch.setattr(qt, "_dot_dtype", lambda x_dtype, device: qt._TL_DTYPE[x_dtype])
     qw = qf.quantize_rtn(torch.randn(96, 384), *fmt)
     x = torch.randn(m, 384)
     x[::2] *= 1e6
     x[1::2] *= 1e-6
     x = x.to(torch.bfloat16)
-    got = _run_wq(x, qw, None)
+    with device_view_with(bf16_dot=True):  # bf16 dots, as compiled for a GPU
+        got = _run_wq(x, qw, None)
     assert torch.isfinite(got).all()
     want = _ref(x, qw, None)
     for rows in (slice(0, None, 2), slice(1, None, 2)):
