@@ -33,15 +33,17 @@ from codesign.autotune.adapters import PagedDecodeAttention, _gen
 from codesign.autotune.lookup import forced_config
 from codesign.autotune.ops import Shape, register
 from codesign.autotune.space import ConfigSpace
+from codesign.kernels.kvcache.formats import ATTENTION_TABLE_FORMATS, KVQ_FORMATS
 from codesign.specs.errors import CodesignError
 
 KERNEL_TABLE_OP = "paged_attention"  # the plain table, also forced: no candidate may depend on the lookup
-FORMATS = ("int8", "int4", "int2", "fp8", "mixed", "oaken")
+# The quantized formats with an attention table of their own (`kvcache.formats`); KIVI has its own adapter below.
+FORMATS = tuple(f for f in ATTENTION_TABLE_FORMATS if f != "kivi")
 # format -> (module of its cache, writer and attention entry point, attention function name)
 _ENTRY = {
     **{
         f: ("codesign.kernels.attention.quantized", "kvq_decode_attention")
-        for f in ("int8", "int4", "int2", "fp8")
+        for f in KVQ_FORMATS
     },
     "mixed": ("codesign.kernels.attention.quantized", "mixed_attention"),
     "oaken": ("codesign.kernels.attention.quantized", "oaken_attention"),

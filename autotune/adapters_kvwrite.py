@@ -19,10 +19,11 @@ from codesign.autotune.adapters import _gen, _need
 from codesign.autotune.lookup import forced_config, shape_key
 from codesign.autotune.ops import Shape, register
 from codesign.autotune.space import ConfigSpace, Resources
+from codesign.kernels.kvcache.formats import KVQ_FORMATS
 from codesign.specs.errors import CodesignError
 
 BLOCK_SIZE = 16  # the cache's block size (vLLM's default); the writer's cost does not depend on it
-FORMATS = (None, "int8", "int4", "int2", "fp8")  # None: a plain (fp16/bf16/fp32) cache
+FORMATS = (None, *KVQ_FORMATS)  # None: a plain (fp16/bf16/fp32) cache; the rest `QuantPagedKV.fmt`
 
 
 def _pow2(n: int) -> int:

@@ -54,7 +54,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from codesign.kernels.kvcache.formats import ATTENTION_TABLE_FORMATS, WRITE_TABLE_FORMATS
+
 BENCH_DIR = Path(__file__).resolve().parent
+KV_WRITE_OPS = ("kv_write", *(f"kv_write_{f}" for f in WRITE_TABLE_FORMATS))
 RESULTS_DIR = BENCH_DIR / "results"
 SMOKE_ENV = "CODESIGN_GPU_SUITE_SMOKE"
 CORRECTNESS_SHAPES = {
@@ -67,11 +70,11 @@ CORRECTNESS_SHAPES = {
     "quantize_per_token": ["M=5,K=4096", "M=130,K=1000"],
     "df11_gemm": ["M=5,N=1000,K=4096", "M=16,N=4096,K=3000"],
     **{f"paged_attention_{f}": ["M=7,q_heads=32,kv_heads=8,head_dim=128,block_size=16,ctx=1000"]
-       for f in ("int8", "int4", "int2", "fp8", "mixed", "kivi", "oaken")},
+       for f in ATTENTION_TABLE_FORMATS},
     "df11_decode": ["N=1000,K=4096"],
     "df11_gemv": ["N=1000,K=4096"],
     **{op: ["M=37,kv_heads=8,head_dim=128"]  # one shape: 5 writers x 3 dtypes are 15 compiles already
-       for op in ("kv_write", "kv_write_int8", "kv_write_int4", "kv_write_int2", "kv_write_fp8")},
+       for op in KV_WRITE_OPS},
 }  # fmt: skip
 CORRECTNESS_DTYPES = ("float16", "bfloat16", "float32")
 # One small shape per registered tunable op (Llama-3-8B sizes, decode batches): the tuning pass.
@@ -86,13 +89,13 @@ TUNE_SHAPES = {
     "paged_attention": f"M=16,{_ATT},ctx=4096",
     **{
         f"paged_attention_{f}": f"M=16,{_ATT},ctx=4096"
-        for f in ("int8", "int4", "int2", "fp8", "mixed", "kivi", "oaken")
+        for f in ATTENTION_TABLE_FORMATS
     },
     "df11_decode": "N=4096,K=4096",
     "df11_gemv": "N=4096,K=4096",
     **{
         op: "M=64,kv_heads=8,head_dim=128"
-        for op in ("kv_write", "kv_write_int8", "kv_write_int4", "kv_write_int2", "kv_write_fp8")
+        for op in KV_WRITE_OPS
     },
 }
 TUNE_MAX_EVALS = 60

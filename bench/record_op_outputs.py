@@ -16,6 +16,7 @@ summation order does not depend on the machine's load.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
 import json
 import os
@@ -57,6 +58,12 @@ from codesign.kernels.kvcache.write import kv_write  # noqa: E402
 
 BACKENDS = ("torch", "triton")
 Case = tuple[str, Callable[[], Any]]
+# Cases whose output changed on purpose since the recording (glob over the case key -> why); --check lists
+# them apart and does not fail on them.
+INTENDED = {
+    "attention/*/wrapper * spec mixed *": "mixed precision became a KVFormat of its own (scheme 'mixed', counted "
+    "as INT8 per token as before): the spec's kv_format changed, its flops and bytes did not ('spec numbers')",
+}
 
 
 def digest(x: Any) -> str:
@@ -465,6 +472,20 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1 if diff else 0
     return 0
+
+
+def _report(want: dict[str, str], got: dict[str, str]) -> int:
+    """Print the differences (intended ones apart); 1 when any case differs without a reason in INTENDED."""
+    diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+    why = {k: next((r for pat, r in INTENDED.items() if fnmatch.fnmatchcase(k, pat)), None) for k in diff}
+    for k in diff:
+        print(f"{'INTENDED' if why[k] else 'DIFF'} {k}: {want.get(k)} -> {got.get(k)}")
+    for reason in sorted({r for r in why.values() if r}):
+        print(f"intended ({sum(r == reason for r in why.values())}): {reason}")
+    unexplained = [k for k in diff if not why[k]]
+    print(f"{len(want) - len(diff)} of {len(want)} hashes match; {len(diff) - len(unexplained)} differ as "
+          f"intended, {len(unexplained)} otherwise")  # fmt: skip
+    return 1 if unexplained else 0
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "paged_kv_cache": ("kvcache.blocks", "kvcache.checks"),
     "kv_quant": ("kvcache.quantizers",),
     "kv_write": ("kvcache.write", "kvcache.checks"),
-    "kv_write_triton": ("kvcache.triton_write",),
+    "kv_write_triton": ("kvcache.triton_write", "kvcache.formats"),
     "kv_write_oaken_triton": ("kvcache.triton_oaken_write",),
     "kv_quant_kivi_triton": ("kvcache.triton_kivi_flush",),
     "kv_quant_paged": ("kvcache.kvq", "kvcache.checks", "attention.quantized"),
@@ -44,7 +44,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "kvq_accuracy": ("kvcache.accuracy",),
     "kvq_accuracy_cli": ("kvcache.accuracy_cli",),
     "paged_attention": ("attention.paged", "attention.wrappers", "kvcache.checks"),
-    "paged_attention_triton": ("attention.triton_attention",),
+    "paged_attention_triton": ("attention.triton_attention", "kvcache.formats"),
     "tree_attention": ("attention.tree", "attention.wrappers"),
 }
 

@@ -26,13 +26,13 @@ from codesign.kernels.attention.paged import (
     triton_attention,
 )
 from codesign.kernels.attention.tree import TreeBatch, check_tree_batch
-from codesign.kernels.attention.triton_attention import (
+from codesign.kernels.kvcache.checks import geometry_probe
+from codesign.kernels.kvcache.formats import (
     KV_FORMAT_KIVI,
     KV_FORMAT_MIXED,
     KV_FORMAT_OAKEN,
     KV_FORMAT_OAKEN_OFFLINE,
 )
-from codesign.kernels.kvcache.checks import geometry_probe
 from codesign.kernels.kvcache.kivi import KiviPagedKV, check_rings
 from codesign.kernels.kvcache.kvq import FORMATS, QuantPagedKV, check_quant_cache, dequantize_codes
 from codesign.kernels.kvcache.mixed import MixedPagedKV
@@ -58,7 +58,7 @@ class QuantCacheInfo:
 
     kind: str  # "kvq", "kivi", "oaken", "mixed"
     shape: tuple[int, int, int, int]  # (num_blocks, block_size, kv_heads, head_dim)
-    kv_format: KVFormat | None  # None: mixed precision (varies per block)
+    kv_format: KVFormat
     signature: tuple
 
 
@@ -92,7 +92,7 @@ def describe(cache, check_data: bool = True) -> QuantCacheInfo:
         shape = cache.check()
         if check_data:
             cache.check_block_bits()
-        return QuantCacheInfo("mixed", shape, None, signature(cache))
+        return QuantCacheInfo("mixed", shape, cache.kv_format, signature(cache))
     raise CodesignError(
         f"the cache must be a tensor or one of {QUANT_CACHE_TYPES}, got {type(cache).__name__}"
     )

@@ -18,23 +18,23 @@ NUM_SPLITS > 1 each split writes a normalized partial output and its log2-sum-ex
 start at multiples of BLOCK_N (a window's first key is rounded down; the mask drops the extra keys), so a
 tile never straddles a KIVI key group or, when BLOCK_N divides the block size, a block.
 
-The K/V read path takes a KV_FORMAT constexpr and scale pointers (unused for plain caches): the
-quantized caches of `codesign.kernels.kvcache.kvq` dequantize inside this same loop, tile by tile
-in registers (no dequantized copy of the cache):
-  KV_FORMAT_INT (1): packed BITS-bit codes `[blocks, block_size, kv_heads, D * BITS / 8]` uint8 and
+The K/V read path takes a KV_FORMAT constexpr (the codes of `kvcache.formats`) and scale pointers (unused
+for plain caches): the quantized caches of `codesign.kernels.kvcache` dequantize inside this same loop,
+tile by tile in registers (no dequantized copy of the cache), one jit helper per format family:
+  KV_FORMAT_INT: packed BITS-bit codes `[blocks, block_size, kv_heads, D * BITS / 8]` uint8 and
       (scale, zero) fp16 `[blocks, block_size, kv_heads, 2]`:  x = code * scale + zero.
-  KV_FORMAT_FP8 (2): e4m3 codes `[blocks, block_size, kv_heads, D]` (as uint8), fp32 scale per kv head.
-  KV_FORMAT_KIVI (3): packed codes as INT; key (scale, zero) per channel per group of KIVI_G tokens
+  KV_FORMAT_FP8: e4m3 codes `[blocks, block_size, kv_heads, D]` (as uint8), fp32 scale per kv head.
+  KV_FORMAT_KIVI: packed codes as INT; key (scale, zero) per channel per group of KIVI_G tokens
       `[blocks, block_size / G, kv_heads, D, 2]`, value (scale, zero) per token per KIVI_GV elements
       `[blocks, block_size, kv_heads, D / GV, 2]`; tokens j >= n_q = floor(max(ctx - R, 0) / G) * G
       come from the per-sequence residual ring `[batch, G + R, kv_heads, D]` at row j % (G + R).
-  KV_FORMAT_MIXED (4): per-chunk mixed precision (Cocktail-style): block i holds BITS_i-bit codes
+  KV_FORMAT_MIXED: per-chunk mixed precision (Cocktail-style): block i holds BITS_i-bit codes
       (8, 4 or 2 from `block_bits[i]`) in the first D * BITS_i / 8 bytes of rows of D bytes, with
       per-token (scale, zero) as INT; one launch covers blocks of every width.
-  KV_FORMAT_OAKEN (5): dense codes and per-token (scale, zero) as INT (outlier positions hold code 0),
+  KV_FORMAT_OAKEN: dense codes and per-token (scale, zero) as INT (outlier positions hold code 0),
       plus OAKEN_CAP sparse outliers per (block, kv head) `[blocks, kv_heads, CAP]` int32, each
       (position_in_block << 16) | fp16 bits (-1: empty), written over the dense values in the tile.
-  KV_FORMAT_OAKEN_OFFLINE (6): as OAKEN, but the per-token metadata is uint8 (z, r) on a per-kv-head
+  KV_FORMAT_OAKEN_OFFLINE: as OAKEN, but the per-token metadata is uint8 (z, r) on a per-kv-head
       offline grid (base, step) fp32 `[2 (K, V), kv_heads, 2]` (passed as `block_bits`):
       zero = base + z * step, scale = r * step / (2^BITS - 1)   (`kvcache.quantizers.offline_meta`).
 The dequantized tile is cast to q's dtype before tl.dot, as a plain cache of that dtype would be.
@@ -48,23 +48,27 @@ import triton.language as tl
 
 from codesign.autotune.lookup import lookup_config, shape_key
 from codesign.backend import device_view
+from codesign.kernels.kvcache.formats import (
+    KV_FORMAT_FP8,
+    KV_FORMAT_INT,
+    KV_FORMAT_KIVI,
+    KV_FORMAT_MIXED,
+    KV_FORMAT_OAKEN,
+    KV_FORMAT_OAKEN_OFFLINE,
+    KV_FORMAT_PLAIN,
+    table_suffix,
+)
 from codesign.kernels.triton_codes import codes_f16, pow2_scale, unpack_words
 
 OP = "paged_attention"
-KV_FORMAT_PLAIN = 0
-KV_FORMAT_INT = 1
-KV_FORMAT_FP8 = 2
-KV_FORMAT_KIVI = 3
-KV_FORMAT_MIXED = 4
-KV_FORMAT_OAKEN = 5
-KV_FORMAT_OAKEN_OFFLINE = 6
 # Formats whose codes meet fp16 / bf16 queries in fp16 products (F16_MMA): codes become fp16 by bit patterns
 # (`codes_f16`), not by an integer-to-float conversion per element; queries are scaled per row into fp16's range.
 F16_MMA_FORMATS = (KV_FORMAT_INT, KV_FORMAT_FP8, KV_FORMAT_KIVI, KV_FORMAT_MIXED, KV_FORMAT_OAKEN,
                    KV_FORMAT_OAKEN_OFFLINE)  # fmt: skip
 MASK_CAUSAL = 0
 MASK_TREE = 1
-LOG2E = 1.4426950408889634
+LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x) = exp2(x * LOG2E)
+LN2 = 0.6931471805599453  # lse back to natural log
 # Each split should stream at least this many tokens: below it the reduction costs more than the
 # parallelism gains (flash-decoding's rule of thumb).
 MIN_TOKENS_PER_SPLIT = 256
@@ -90,6 +94,18 @@ TREE_MAX_BLOCK_N = 64
 TREE_MIN_WARPS = 8
 # Oaken outlier slots applied per chunk of this many (the K of two small tl.dot, at least 16 on GPUs).
 OAKEN_SC = tl.constexpr(16)
+# The constants above as the jit code reads them (a kernel reads only constexpr globals).
+_PLAIN = tl.constexpr(KV_FORMAT_PLAIN)
+_INT = tl.constexpr(KV_FORMAT_INT)
+_FP8 = tl.constexpr(KV_FORMAT_FP8)
+_KIVI = tl.constexpr(KV_FORMAT_KIVI)
+_MIXED = tl.constexpr(KV_FORMAT_MIXED)
+_OAKEN = tl.constexpr(KV_FORMAT_OAKEN)
+_OAKEN_OFFLINE = tl.constexpr(KV_FORMAT_OAKEN_OFFLINE)
+_CAUSAL = tl.constexpr(MASK_CAUSAL)
+_TREE = tl.constexpr(MASK_TREE)
+_LOG2E = tl.constexpr(LOG2E)
+_LN2 = tl.constexpr(LN2)
 
 
 @triton.jit
@@ -127,127 +143,172 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
                   OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
                   BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, bt_row, s_hi, OAKEN_NBT: tl.constexpr):  # fmt: skip
     """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8, KIVI and
-    Oaken caches (the per-token INT and mixed formats take the factored path, `_load_code_tile`)."""
+    Oaken caches, one helper per format family (the per-token INT and mixed formats take the factored path,
+    `_load_code_tile`)."""
     base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
-    if KV_FORMAT == 0:
+    if KV_FORMAT == _PLAIN:
         x = tl.load(base + d[None, :], mask=kv_m, other=0.0)
-    elif KV_FORMAT == 5 or KV_FORMAT == 6:
-        code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
-        mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
-        if KV_FORMAT == 5:
-            sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
-            zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
-        else:  # uint8 (z, r) on the head's offline grid; bits_ptr holds the grids [2, kv_heads, 2]
-            gp = bits_ptr + (kvh if IS_KEY else tl.num_programs(1) + kvh) * 2
-            g_base = tl.load(gp)
-            g_step = tl.load(gp + 1)
-            zc = tl.load(mrow, mask=j_ok, other=0).to(tl.float32)
-            rc = tl.load(mrow + 1, mask=j_ok, other=0).to(tl.float32)
-            zr = g_base + zc * g_step
-            sc = tl.math.div_rn(rc * g_step, (2**BITS - 1) * 1.0)
-        if out_ty == tl.float16:  # as KIVI's tiles: fp16 codes by bit patterns, one fp16 multiply-add per element
-            x = codes_f16(code) * sc.to(tl.float16)[:, None] + zr.to(tl.float16)[:, None]
-        else:
-            x = code.to(tl.float32) * sc[:, None] + zr[:, None]
-        if OAKEN_CAP > 0:
-            # Outlier slots scattered into the tile by two small matrix products per chunk of OAKEN_SC slots:
-            # A[c, n] = (slot c is in tile row n), B[c, d] = (slot c is in column d) (times its value), so
-            # A^T B puts each value at its (row, column) and A^T (B != 0) marks the positions. Exact in fp16
-            # operands with fp32 accumulation: 0/1 and fp16 values, at most one term per entry (positions are
-            # unique). A per-slot compare over the whole tile cost O(CAP x tile) (53 ms on an H200 at context
-            # 32k against 0.5 for the bf16 cache); this is O(CAP x (BLOCK_N + DIM_PAD)) plus tensor-core work.
-            n_idx = tl.arange(0, BLOCK_N)
-            cs = tl.arange(0, OAKEN_SC)
-            # (fp16 sums are exact too: one term per entry, so the fp16 tile takes them without a conversion)
-            ACC: tl.constexpr = tl.float16 if out_ty == tl.float16 else tl.float32
-            val = tl.zeros([BLOCK_N, DIM_PAD], ACC)
-            hit = tl.zeros([BLOCK_N, DIM_PAD], ACC)
-            for t in tl.static_range(OAKEN_NBT):  # the blocks this tile's rows lie in
-                bi = j0 // BLOCK_SIZE + t
-                live = bi * BLOCK_SIZE < s_hi  # a block of this split's keys (not past its end)
-                blk_t = tl.load(bt_row + bi, mask=live, other=0).to(tl.int64)
-                obase = r_ptr + blk_t * stride_rb + kvh * stride_rr
-                first = bi * BLOCK_SIZE - j0  # tile row of the block's first token
-                # Slots fill from 0 in order (the writers): the chunks from the first empty slot on are empty.
-                for c0 in range(0, OAKEN_CAP, OAKEN_SC):
-                    if (tl.load(obase + c0) >= 0) & live:
-                        c = c0 + cs
-                        w = tl.load(obase + c, mask=c < OAKEN_CAP, other=-1)
-                        pos = w >> 16  # -1 for an empty slot
-                        row = tl.where(pos >= 0, first + pos // HEAD_DIM, -1)
-                        a_t = tl.trans(tl.where(row[:, None] == n_idx[None, :], 1.0, 0.0).to(tl.float16))
-                        in_col = (pos % HEAD_DIM)[:, None] == d[None, :]
-                        v16 = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
-                        val += tl.dot(a_t, tl.where(in_col, v16[:, None], 0.0).to(tl.float16), out_dtype=ACC)
-                        hit += tl.dot(a_t, tl.where(in_col, 1.0, 0.0).to(tl.float16), out_dtype=ACC)
-            x = tl.where(hit > 0.5, val, x)
-        x = tl.where(kv_m, x, 0.0)
-    elif KV_FORMAT == 2:
-        raw = tl.load(base + d[None, :], mask=kv_m, other=0)
-        if HW_FP8:  # sm_89+: the hardware's e4m3 conversion (NaN codes included), two elements at a time
-            x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        else:
-            x = _fp8_e4m3_f16(raw.to(tl.int32))
-        # e4m3 values are exact in fp16. fp16 tiles leave the head's scale out (the kernel folds the key scale
-        # into the scores' row factor and the value scale into the output); fp32 tiles take it per element.
-        if out_ty != tl.float16:
-            x = x.to(tl.float32) * tl.load(s_ptr + kvh)
+    elif KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE:
+        x = _load_oaken_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty,
+                             KV_FORMAT, BITS, r_ptr, stride_rb, stride_rr, IS_KEY, j0, BLOCK_SIZE, bits_ptr, OAKEN_CAP,
+                             HEAD_DIM, WORDS, DIM_PAD, BLOCK_N, bt_row, s_hi, OAKEN_NBT)  # fmt: skip
+    elif KV_FORMAT == _FP8:
+        x = _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty, HW_FP8)
     else:
-        quant = (j < nq)[:, None]
-        qm = kv_m & quant
-        code = _load_codes(base, d, j_ok & (j < nq), qm, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
-        # Metadata (fp16, kept so) is loaded at its own size, not per element: a gather of [BLOCK_N, DIM_PAD]
-        # scales issues one scalar load per element (KIVI ran at 0.047x the bf16 cache's speed on an H200).
-        NGV: tl.constexpr = HEAD_DIM // KIVI_GV
-        if IS_KEY and KIVI_G % BLOCK_N == 0:
-            # The tile lies in one key group of one block (tiles start at multiples of BLOCK_N, KIVI_G divides
-            # the block size): one (scale, zero) row of DIM_PAD channels for the whole tile, and the tile is
-            # all codes or all ring (n_q is a multiple of KIVI_G).
-            row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G) * stride_ms + kvh * stride_mh
-            m1 = d_ok & (d * 0 + nq > j0)  # (a vector compare: the interpreter widens a scalar int1 to int32)
-            sc = tl.load(s_ptr + row0 + d * 2, mask=m1, other=0.0)[None, :]
-            zr = tl.load(s_ptr + row0 + d * 2 + 1, mask=m1, other=0.0)[None, :]
-        elif IS_KEY:  # per channel, one (scale, zero) pair per group of KIVI_G tokens: per row
-            mp = s_ptr + (blk * stride_mb + (off // KIVI_G) * stride_ms + kvh * stride_mh)[:, None] + d[None, :] * 2
-            sc = tl.load(mp, mask=qm, other=0.0)
-            zr = tl.load(mp + 1, mask=qm, other=0.0)
-        elif NGV * KIVI_GV == DIM_PAD and NGV <= 8:
-            # Per token, one pair per KIVI_GV elements of head_dim: a [BLOCK_N, NGV] load, each pair repeated
-            # over its group's columns (a broadcast and an order-keeping reshape: no select per element).
-            gi = tl.arange(0, NGV)
-            mp = (s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + 2 * gi[None, :]
-            rq = (j_ok & (j < nq))[:, None]
-            sc = tl.reshape(tl.broadcast_to(tl.load(mp, mask=rq, other=0.0)[:, :, None], (BLOCK_N, NGV, KIVI_GV)),
-                            (BLOCK_N, DIM_PAD))  # fmt: skip
-            zr = tl.reshape(tl.broadcast_to(tl.load(mp + 1, mask=rq, other=0.0)[:, :, None], (BLOCK_N, NGV, KIVI_GV)),
-                            (BLOCK_N, DIM_PAD))  # fmt: skip
-        elif NGV <= 8:
-            # Per token, one pair per KIVI_GV elements of head_dim: NGV [BLOCK_N] loads, spread over columns.
-            mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
-            rq = j_ok & (j < nq)
-            sc = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
-            zr = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
-            for g in tl.static_range(NGV):
-                in_g = (d // KIVI_GV == g)[None, :]
-                sc = tl.where(in_g, tl.load(mrow + 2 * g, mask=rq, other=0.0)[:, None], sc)
-                zr = tl.where(in_g, tl.load(mrow + 2 * g + 1, mask=rq, other=0.0)[:, None], zr)
-        else:  # many small value groups: gather per element
-            mp = s_ptr + (blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + ((d // KIVI_GV) * 2)[None, :]
-            sc = tl.load(mp, mask=qm, other=0.0)
-            zr = tl.load(mp + 1, mask=qm, other=0.0)
-        ring = (j % (KIVI_G + KIVI_R)) * stride_rr  # the residual ring row of token j
-        rp = r_ptr + b * stride_rb + kvh * stride_rh + ring[:, None] + d[None, :]
-        if out_ty == tl.float16:
-            # fp16 codes by bit patterns and one fused multiply-add in fp16 with the stored fp16 (scale, zero):
-            # one rounding (2^-11, finer than the bf16 tiles this replaces) and no per-element conversion (an
-            # int-to-float and a float-to-bf16 cvt each ran at 16 per clock per SM).
-            xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float16)
-            x = tl.where(quant, codes_f16(code) * sc + zr, xr)
-        else:
-            xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float32)
-            x = tl.where(quant, code.to(tl.float32) * sc.to(tl.float32) + zr.to(tl.float32), xr)
-        x = tl.where(kv_m, x, 0.0)
+        x = _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty, BITS,
+                            j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY, blk0, j0, d_ok, BLOCK_SIZE,
+                            KIVI_G, KIVI_GV, KIVI_R, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N)  # fmt: skip
     return x.to(out_ty)
+
+
+@triton.jit
+def _load_oaken_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
+                     KV_FORMAT: tl.constexpr, BITS: tl.constexpr, r_ptr, stride_rb, stride_rr, IS_KEY: tl.constexpr,
+                     j0, BLOCK_SIZE: tl.constexpr, bits_ptr, OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     WORDS: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, bt_row, s_hi,
+                     OAKEN_NBT: tl.constexpr):  # fmt: skip
+    """Oaken (both metadata variants): the dense codes of the tile dequantized, then its block's outlier slots
+    written over them (`_oaken_outliers`)."""
+    code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
+    mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
+    if KV_FORMAT == _OAKEN:
+        sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
+        zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
+    else:  # uint8 (z, r) on the head's offline grid; bits_ptr holds the grids [2, kv_heads, 2]
+        gp = bits_ptr + (kvh if IS_KEY else tl.num_programs(1) + kvh) * 2
+        g_base = tl.load(gp)
+        g_step = tl.load(gp + 1)
+        zc = tl.load(mrow, mask=j_ok, other=0).to(tl.float32)
+        rc = tl.load(mrow + 1, mask=j_ok, other=0).to(tl.float32)
+        zr = g_base + zc * g_step
+        sc = tl.math.div_rn(rc * g_step, (2**BITS - 1) * 1.0)
+    if out_ty == tl.float16:  # as KIVI's tiles: fp16 codes by bit patterns, one fp16 multiply-add per element
+        x = codes_f16(code) * sc.to(tl.float16)[:, None] + zr.to(tl.float16)[:, None]
+    else:
+        x = code.to(tl.float32) * sc[:, None] + zr[:, None]
+    if OAKEN_CAP > 0:
+        x = _oaken_outliers(x, r_ptr, stride_rb, stride_rr, kvh, d, j0, out_ty, BLOCK_SIZE, OAKEN_CAP, HEAD_DIM,
+                            DIM_PAD, BLOCK_N, bt_row, s_hi, OAKEN_NBT)  # fmt: skip
+    x = tl.where(kv_m, x, 0.0)
+    return x
+
+
+@triton.jit
+def _oaken_outliers(x, r_ptr, stride_rb, stride_rr, kvh, d, j0, out_ty: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                    OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                    bt_row, s_hi, OAKEN_NBT: tl.constexpr):  # fmt: skip
+    """`x` with the outlier slots of the blocks the tile's rows lie in written over it."""
+    # Outlier slots scattered into the tile by two small matrix products per chunk of OAKEN_SC slots:
+    # A[c, n] = (slot c is in tile row n), B[c, d] = (slot c is in column d) (times its value), so
+    # A^T B puts each value at its (row, column) and A^T (B != 0) marks the positions. Exact in fp16
+    # operands with fp32 accumulation: 0/1 and fp16 values, at most one term per entry (positions are
+    # unique). A per-slot compare over the whole tile cost O(CAP x tile) (53 ms on an H200 at context
+    # 32k against 0.5 for the bf16 cache); this is O(CAP x (BLOCK_N + DIM_PAD)) plus tensor-core work.
+    n_idx = tl.arange(0, BLOCK_N)
+    cs = tl.arange(0, OAKEN_SC)
+    # (fp16 sums are exact too: one term per entry, so the fp16 tile takes them without a conversion)
+    ACC: tl.constexpr = tl.float16 if out_ty == tl.float16 else tl.float32
+    val = tl.zeros([BLOCK_N, DIM_PAD], ACC)
+    hit = tl.zeros([BLOCK_N, DIM_PAD], ACC)
+    for t in tl.static_range(OAKEN_NBT):  # the blocks this tile's rows lie in
+        bi = j0 // BLOCK_SIZE + t
+        live = bi * BLOCK_SIZE < s_hi  # a block of this split's keys (not past its end)
+        blk_t = tl.load(bt_row + bi, mask=live, other=0).to(tl.int64)
+        obase = r_ptr + blk_t * stride_rb + kvh * stride_rr
+        first = bi * BLOCK_SIZE - j0  # tile row of the block's first token
+        # Slots fill from 0 in order (the writers): the chunks from the first empty slot on are empty.
+        for c0 in range(0, OAKEN_CAP, OAKEN_SC):
+            if (tl.load(obase + c0) >= 0) & live:
+                c = c0 + cs
+                w = tl.load(obase + c, mask=c < OAKEN_CAP, other=-1)
+                pos = w >> 16  # -1 for an empty slot
+                row = tl.where(pos >= 0, first + pos // HEAD_DIM, -1)
+                a_t = tl.trans(tl.where(row[:, None] == n_idx[None, :], 1.0, 0.0).to(tl.float16))
+                in_col = (pos % HEAD_DIM)[:, None] == d[None, :]
+                v16 = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+                val += tl.dot(a_t, tl.where(in_col, v16[:, None], 0.0).to(tl.float16), out_dtype=ACC)
+                hit += tl.dot(a_t, tl.where(in_col, 1.0, 0.0).to(tl.float16), out_dtype=ACC)
+    return tl.where(hit > 0.5, val, x)
+
+
+@triton.jit
+def _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty: tl.constexpr, HW_FP8: tl.constexpr):
+    """FP8: e4m3 codes decoded in hardware (sm_89+) or with integer ops, exact in fp16 (see below for the scale)."""
+    raw = tl.load(base + d[None, :], mask=kv_m, other=0)
+    if HW_FP8:  # sm_89+: the hardware's e4m3 conversion (NaN codes included), two elements at a time
+        x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    else:
+        x = _fp8_e4m3_f16(raw.to(tl.int32))
+    # e4m3 values are exact in fp16. fp16 tiles leave the head's scale out (the kernel folds the key scale
+    # into the scores' row factor and the value scale into the output); fp32 tiles take it per element.
+    if out_ty != tl.float16:
+        x = x.to(tl.float32) * tl.load(s_ptr + kvh)
+    return x
+
+
+@triton.jit
+def _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
+                    BITS: tl.constexpr, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0,
+                    j0, d_ok, BLOCK_SIZE: tl.constexpr, KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr,
+                    KIVI_R: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
+                    BLOCK_N: tl.constexpr):  # fmt: skip
+    """KIVI: tokens below n_q from the codes (keys per channel over KIVI_G tokens, values per token over KIVI_GV
+    elements), the newer ones from the sequence's residual ring."""
+    quant = (j < nq)[:, None]
+    qm = kv_m & quant
+    code = _load_codes(base, d, j_ok & (j < nq), qm, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
+    # Metadata (fp16, kept so) is loaded at its own size, not per element: a gather of [BLOCK_N, DIM_PAD]
+    # scales issues one scalar load per element (KIVI ran at 0.047x the bf16 cache's speed on an H200).
+    NGV: tl.constexpr = HEAD_DIM // KIVI_GV
+    if IS_KEY and KIVI_G % BLOCK_N == 0:
+        # The tile lies in one key group of one block (tiles start at multiples of BLOCK_N, KIVI_G divides
+        # the block size): one (scale, zero) row of DIM_PAD channels for the whole tile, and the tile is
+        # all codes or all ring (n_q is a multiple of KIVI_G).
+        row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G) * stride_ms + kvh * stride_mh
+        m1 = d_ok & (d * 0 + nq > j0)  # (a vector compare: the interpreter widens a scalar int1 to int32)
+        sc = tl.load(s_ptr + row0 + d * 2, mask=m1, other=0.0)[None, :]
+        zr = tl.load(s_ptr + row0 + d * 2 + 1, mask=m1, other=0.0)[None, :]
+    elif IS_KEY:  # per channel, one (scale, zero) pair per group of KIVI_G tokens: per row
+        mp = s_ptr + (blk * stride_mb + (off // KIVI_G) * stride_ms + kvh * stride_mh)[:, None] + d[None, :] * 2
+        sc = tl.load(mp, mask=qm, other=0.0)
+        zr = tl.load(mp + 1, mask=qm, other=0.0)
+    elif NGV * KIVI_GV == DIM_PAD and NGV <= 8:
+        # Per token, one pair per KIVI_GV elements of head_dim: a [BLOCK_N, NGV] load, each pair repeated
+        # over its group's columns (a broadcast and an order-keeping reshape: no select per element).
+        gi = tl.arange(0, NGV)
+        mp = (s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + 2 * gi[None, :]
+        rq = (j_ok & (j < nq))[:, None]
+        sc = tl.reshape(tl.broadcast_to(tl.load(mp, mask=rq, other=0.0)[:, :, None], (BLOCK_N, NGV, KIVI_GV)),
+                        (BLOCK_N, DIM_PAD))  # fmt: skip
+        zr = tl.reshape(tl.broadcast_to(tl.load(mp + 1, mask=rq, other=0.0)[:, :, None], (BLOCK_N, NGV, KIVI_GV)),
+                        (BLOCK_N, DIM_PAD))  # fmt: skip
+    elif NGV <= 8:
+        # Per token, one pair per KIVI_GV elements of head_dim: NGV [BLOCK_N] loads, spread over columns.
+        mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
+        rq = j_ok & (j < nq)
+        sc = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
+        zr = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
+        for g in tl.static_range(NGV):
+            in_g = (d // KIVI_GV == g)[None, :]
+            sc = tl.where(in_g, tl.load(mrow + 2 * g, mask=rq, other=0.0)[:, None], sc)
+            zr = tl.where(in_g, tl.load(mrow + 2 * g + 1, mask=rq, other=0.0)[:, None], zr)
+    else:  # many small value groups: gather per element
+        mp = s_ptr + (blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + ((d // KIVI_GV) * 2)[None, :]
+        sc = tl.load(mp, mask=qm, other=0.0)
+        zr = tl.load(mp + 1, mask=qm, other=0.0)
+    ring = (j % (KIVI_G + KIVI_R)) * stride_rr  # the residual ring row of token j
+    rp = r_ptr + b * stride_rb + kvh * stride_rh + ring[:, None] + d[None, :]
+    if out_ty == tl.float16:
+        # fp16 codes by bit patterns and one fused multiply-add in fp16 with the stored fp16 (scale, zero):
+        # one rounding (2^-11, finer than the bf16 tiles this replaces) and no per-element conversion (an
+        # int-to-float and a float-to-bf16 cvt each ran at 16 per clock per SM).
+        xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float16)
+        x = tl.where(quant, codes_f16(code) * sc + zr, xr)
+    else:
+        xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float32)
+        x = tl.where(quant, code.to(tl.float32) * sc.to(tl.float32) + zr.to(tl.float32), xr)
+    x = tl.where(kv_m, x, 0.0)
+    return x
 
 
 @triton.jit
@@ -284,7 +345,7 @@ def _load_code_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride
     q . k_j = sc_j (q . c_j) + zr_j sum(q) and sum_j p_j v_j = (p * sc) @ c + sum_j p_j zr_j. The scale and
     zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element."""
     base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
-    if KV_FORMAT == 1:
+    if KV_FORMAT == _INT:
         code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
     elif WORDS:
         # Mixed chunks, the tile inside one block (BLOCK_N divides the block size; tiles start at multiples of
@@ -363,15 +424,15 @@ def _paged_attn_kernel(
             q_ptr + qt[:, None] * stride_qt + qh[:, None] * stride_qh + d[None, :],
             mask=row_ok[:, None] & d_ok[None, :], other=0.0,
         )  # fmt: skip
-        if MASK_MODE == 1:
+        if MASK_MODE == _TREE:
             qpos = tl.load(pos_ptr + qt, mask=row_ok, other=0)
         else:
             qpos = prefix + qi
         if HAS_ALIBI:
-            slope = tl.load(alibi_ptr + qh, mask=row_ok, other=0.0) * 1.4426950408889634
+            slope = tl.load(alibi_ptr + qh, mask=row_ok, other=0.0) * _LOG2E
 
         # Keys this q-block can see: causal stops at its last query; a window starts late.
-        if MASK_MODE == 0:
+        if MASK_MODE == _CAUSAL:
             kv_hi = tl.minimum(kv_len, prefix + tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len))
             first_pos = prefix + q_block * BLOCK_Q
         else:
@@ -385,9 +446,9 @@ def _paged_attn_kernel(
         s_lo = kv_lo + split * per
         s_hi = tl.minimum(kv_hi, s_lo + per)
 
-        qk_scale = sm_scale * 1.4426950408889634
+        qk_scale = sm_scale * _LOG2E
         # Per-token formats factor each row's (scale, zero) out of the products (`_load_code_tile`).
-        FACTORED: tl.constexpr = KV_FORMAT == 1 or KV_FORMAT == 4
+        FACTORED: tl.constexpr = KV_FORMAT == _INT or KV_FORMAT == _MIXED
         q_sum = tl.sum(q.to(tl.float32), 1)  # padded rows and columns load as 0
         if F16_MMA:
             # fp16 and bf16 queries meet the codes (INT, mixed) or the dequantized tiles (KIVI, Oaken, FP8) in fp16
@@ -398,7 +459,7 @@ def _paged_attn_kernel(
             qf = q.to(tl.float32)
             q_f, q_unf = pow2_scale(tl.max(tl.abs(qf), 1), 14)
             q_mma = (qf * q_f[:, None]).to(tl.float16)
-            if KV_FORMAT == 2:  # FP8: the key head scale joins the row factor (the value's scales the output)
+            if KV_FORMAT == _FP8:  # FP8: the key head scale joins the row factor (the value's scales the output)
                 q_unf = q_unf * tl.load(k_scale_ptr + kvh)
         else:
             q_mma = q
@@ -410,8 +471,8 @@ def _paged_attn_kernel(
         # Tree verification walks the keys in two phases: the prefix tiles, every key visible (but for a window),
         # with no mask or position loads, as a causal extend walks them; then what is left (the tree's tokens
         # and a partial prefix tile) under the ancestor mask.
-        for phase in tl.static_range(2 if MASK_MODE == 1 else 1):
-            if MASK_MODE == 1:
+        for phase in tl.static_range(2 if MASK_MODE == _TREE else 1):
+            if MASK_MODE == _TREE:
                 mid = s_lo + tl.maximum(tl.minimum(s_hi, prefix) - s_lo, 0) // BLOCK_N * BLOCK_N
                 lo = s_lo if phase == 0 else mid
                 hi = mid if phase == 0 else s_hi
@@ -422,7 +483,7 @@ def _paged_attn_kernel(
                 j = start + tl.arange(0, BLOCK_N)
                 j_ok = j < s_hi
                 blk = tl.load(bt_ptr + b * stride_bt + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
-                if KV_FORMAT == 3 or KV_FORMAT == 4:  # the tile's first block: KIVI's key metadata, mixed widths
+                if KV_FORMAT == _KIVI or KV_FORMAT == _MIXED:  # the tile's first block: KIVI key meta, mixed widths
                     blk0 = tl.load(bt_ptr + b * stride_bt + start // BLOCK_SIZE).to(tl.int64)
                 else:
                     blk0 = 0
@@ -448,10 +509,10 @@ def _paged_attn_kernel(
                 if HAS_SOFTCAP:
                     # c * tanh(x / c) through exp: tanh(y) = 1 - 2 / (exp(2y) + 1), exact at +-inf.
                     y = s * (sm_scale / softcap)
-                    s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * y) + 1.0)) * 1.4426950408889634
+                    s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * y) + 1.0)) * _LOG2E
                 else:
                     s = s * qk_scale
-                if MASK_MODE == 1 and phase == 1:  # the tree phase
+                if MASK_MODE == _TREE and phase == 1:  # the tree phase
                     in_tree = j >= prefix
                     tj = j - prefix
                     bits = tl.load(
@@ -460,7 +521,7 @@ def _paged_attn_kernel(
                     )  # fmt: skip
                     vis = (~in_tree)[None, :] | (bits != 0)
                     kpos = tl.where(in_tree, tl.load(pos_ptr + q_start + tj, mask=in_tree & j_ok, other=0), j)
-                elif MASK_MODE == 1:  # a prefix tile: every key visible
+                elif MASK_MODE == _TREE:  # a prefix tile: every key visible
                     kpos = j
                     vis = (j < prefix)[None, :]
                 else:
@@ -502,7 +563,7 @@ def _paged_attn_kernel(
 
         has = l_i > 0.0
         o = acc / tl.where(has, l_i, 1.0)[:, None]
-        if F16_MMA and KV_FORMAT == 2:  # the value head scale, left out of the tiles (splits: each part alike)
+        if F16_MMA and KV_FORMAT == _FP8:  # the value head scale, left out of the tiles (splits: each part alike)
             o = o * tl.load(v_scale_ptr + kvh)
         lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         st_m = row_ok[:, None] & d_ok[None, :]
@@ -510,7 +571,7 @@ def _paged_attn_kernel(
             tl.store(o_ptr + qt[:, None] * stride_ot + qh[:, None] * stride_oh + d[None, :],
                      o.to(o_ptr.dtype.element_ty), mask=st_m)  # fmt: skip
             if WRITE_LSE:
-                tl.store(lse_ptr + qt * stride_lt + qh * stride_lh, lse2 * 0.6931471805599453, mask=row_ok)
+                tl.store(lse_ptr + qt * stride_lt + qh * stride_lh, lse2 * _LN2, mask=row_ok)
         else:
             base = qt * stride_pt + qh * stride_ph + split * stride_ps
             tl.store(op_ptr + base[:, None] * DIM_PAD + d[None, :], o, mask=st_m)
@@ -540,7 +601,7 @@ def _reduce_splits_kernel(
     o = tl.sum(o_s * w[:, None], 0) / tot
     tl.store(o_ptr + t * stride_ot + h * stride_oh + d, o.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
     if WRITE_LSE:
-        tl.store(lse_ptr + t * stride_lt + h * stride_lh, (m + tl.log2(tot)) * 0.6931471805599453)
+        tl.store(lse_ptr + t * stride_lt + h * stride_lh, (m + tl.log2(tot)) * _LN2)
 
 
 def choose_num_splits(programs: int, max_kv_len: int, sms: int | None) -> int:
@@ -625,13 +686,11 @@ def mixed_reads_words(kv_format: int, head_dim: int, block_size: int, block_n: i
 
 def table_op(kv_format: int = KV_FORMAT_PLAIN, bits: int = 16) -> str:
     """The tuned-table name for a cache format: "paged_attention" for plain caches, else
-    "paged_attention_<fmt>" (int8/int4/int2, fp8, kivi, mixed, oaken), as `codesign tune` exports them:
-    dequantizing in the inner loop moves the best tile size, so each format has its own table."""
-    names = {KV_FORMAT_FP8: "fp8", KV_FORMAT_KIVI: "kivi", KV_FORMAT_MIXED: "mixed",
-             KV_FORMAT_OAKEN: "oaken", KV_FORMAT_OAKEN_OFFLINE: "oaken"}  # fmt: skip
-    if kv_format == KV_FORMAT_PLAIN:
-        return OP
-    return f"{OP}_{names.get(kv_format) or f'int{bits}'}"
+    "paged_attention_<suffix>" (`kvcache.formats.table_suffix`: int8/int4/int2, fp8, kivi, mixed, oaken), as
+    `codesign tune` exports them: dequantizing in the inner loop moves the best tile size, so each format has
+    its own table."""
+    suffix = table_suffix(kv_format, bits)
+    return OP if suffix is None else f"{OP}_{suffix}"
 
 
 def launch_config(

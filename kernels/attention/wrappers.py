@@ -125,10 +125,7 @@ class _PlannedAttention:
             raise CodesignError("spec() called before plan()")
         _, bs, hkv, dim = p["cache_shape"]
         dt = SPEC_DTYPES[p["dtype"]]
-        kv_format = KVFormat(dtype=dt)
-        if p["quant"] is not None:
-            # Mixed precision varies per block: count it as its widest (INT8 per token) chunks.
-            kv_format = p["quant"].kv_format or KVFormat(dtype="int8", scheme="per_token")
+        kv_format = KVFormat(dtype=dt) if p["quant"] is None else p["quant"].kv_format
         return dict(
             q_heads=p["q_shape"][1],
             kv_heads=hkv,

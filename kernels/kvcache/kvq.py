@@ -26,9 +26,11 @@ from codesign.kernels.kvcache.checks import (
     check_quant_write,
     check_writer_dtype,
 )
+from codesign.kernels.kvcache.formats import KV_FORMAT_FP8, KVQ_FORMATS, kernel_format
 from codesign.specs import CodesignError, KVFormat
 
-FORMATS = {"int8": (1, 8), "int4": (1, 4), "int2": (1, 2), "fp8": (2, 8)}  # name -> (KV_FORMAT, bits)
+# name -> (KV_FORMAT code, bits), from the one vocabulary (`kvcache.formats`)
+FORMATS = {name: kernel_format(fmt) for name, fmt in KVQ_FORMATS.items()}
 WRITE_OP = "kv_write"
 
 
@@ -64,7 +66,7 @@ class QuantPagedKV:
         shape = (num_blocks, block_size, kv_heads, head_dim // per)
         kc = torch.zeros(shape, dtype=torch.uint8, device=device)
         vc = torch.zeros(shape, dtype=torch.uint8, device=device)
-        if kind == 2:
+        if kind == KV_FORMAT_FP8:
             for name, s in (("k_head_scale", k_head_scale), ("v_head_scale", v_head_scale)):
                 if s is None:
                     raise CodesignError(f"fp8 caches need {name} (float32 [kv_heads])")
@@ -82,9 +84,7 @@ class QuantPagedKV:
     @property
     def kv_format(self) -> KVFormat:
         """The operator-spec format (for the models' traffic counts)."""
-        if self.fmt == "fp8":
-            return KVFormat(dtype="fp8_e4m3", scheme="per_head")
-        return KVFormat(dtype=self.fmt, scheme="per_token")
+        return KVQ_FORMATS[self.fmt]
 
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Debug / reference dequantization of the whole pool to float32 `[nb, bs, kv_heads, head_dim]`."""
@@ -103,7 +103,7 @@ def _format(fmt: str) -> tuple[int, int]:
 def dequantize_codes(codes: torch.Tensor, meta: torch.Tensor, fmt: str) -> torch.Tensor:
     """float32 values of `fmt` codes with their metadata (per-token (scale, zero), or fp8 head scales)."""
     kind, bits = FORMATS[fmt]
-    if kind == 2:
+    if kind == KV_FORMAT_FP8:
         return kq.dequantize_fp8(codes, meta)
     return kq.dequantize_asym(kq.unpack_codes(codes, bits), meta[..., 0].float(), meta[..., 1].float())
 
@@ -131,7 +131,7 @@ def check_quant_cache(cache: QuantPagedKV, fmt: str | None = None) -> tuple[int,
         raise CodesignError(
             f"{cache.fmt} codes of head_dim {cache.head_dim} need {cache.head_dim // per} bytes per row, got {w}"
         )
-    want = (torch.float32, (h,)) if kind == 2 else (torch.float16, (nb, bs, h, 2))
+    want = (torch.float32, (h,)) if kind == KV_FORMAT_FP8 else (torch.float16, (nb, bs, h, 2))
     for name in ("k_meta", "v_meta"):
         t = getattr(cache, name)
         if not isinstance(t, torch.Tensor) or t.dtype != want[0] or tuple(t.shape) != want[1]:
@@ -141,7 +141,7 @@ def check_quant_cache(cache: QuantPagedKV, fmt: str | None = None) -> tuple[int,
             )
         if not t.is_contiguous() or t.device != cache.k_codes.device:
             raise CodesignError(f"{name} must be contiguous and on the codes' device")
-    if kind == 2:
+    if kind == KV_FORMAT_FP8:
         for name in ("k_meta", "v_meta"):
             kq.check_head_scales(getattr(cache, name), h)
     return nb, bs, h, cache.head_dim
@@ -152,7 +152,7 @@ def _write_torch(key, value, k_codes, v_codes, k_meta, v_meta, slot_mapping, kin
     s = slot_mapping[keep].to(torch.int64)
     for x, codes, meta in ((key[keep], k_codes, k_meta), (value[keep], v_codes, v_meta)):
         flat = codes.view(-1, *codes.shape[2:])
-        if kind == 2:
+        if kind == KV_FORMAT_FP8:
             flat.index_copy_(0, s, kq.quantize_fp8(x, meta))
             continue
         c, sc, zr = kq.quantize_per_token(x, bits)

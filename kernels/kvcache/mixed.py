@@ -24,7 +24,7 @@ import torch
 from codesign.kernels.kvcache import quantizers as kq
 from codesign.kernels.kvcache.checks import check_cache_tensors, check_pool_dims, check_quant_write
 from codesign.kernels.kvcache.kvq import FORMATS, kvq_write_op
-from codesign.specs import CodesignError
+from codesign.specs import CodesignError, KVFormat
 
 MIXED_BITS = (8, 4, 2)
 
@@ -64,6 +64,11 @@ class MixedPagedKV:
             meta.clone(),
             torch.full((num_blocks,), 8, **u8),
         )
+
+    @property
+    def kv_format(self) -> KVFormat:
+        """The operator-spec format: mixed precision, counted at its widest (INT8 per token) chunks."""
+        return KVFormat.parse("mixed")
 
     def check(self) -> tuple[int, int, int, int]:
         """Validate the tensors; (num_blocks, block_size, kv_heads, head_dim)."""

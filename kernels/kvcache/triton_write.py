@@ -2,15 +2,15 @@
 
     k_cache[slot // block_size, slot % block_size, h, :] = key[t, h, :]   for slot = slot_mapping[t] >= 0
 
-A slot of -1 skips the token (padding in a batch). KV_FORMAT is a constexpr, one launch per layer
-for every format; the quantized ones (`codesign.kernels.kvcache.quantizers`) store codes, never fp16 copies:
+A slot of -1 skips the token (padding in a batch). KV_FORMAT is a constexpr (`kvcache.formats`), one launch
+per layer for every format; the quantized ones (`codesign.kernels.kvcache.quantizers`) store codes, never fp16 copies:
 
-  KV_FORMAT_INT (1): per token per head over head_dim, BITS in {8, 4, 2}, the engine's rule
+  KV_FORMAT_INT: per token per head over head_dim, BITS in {8, 4, 2}, the engine's rule
       scale = fp16((max - min) / (2^b - 1)), zero = fp16(min), code = clamp(rint((x - zero) / scale)),
       codes packed (element k*i + j in bits [j*b, (j+1)*b) of byte i), (scale, zero) into meta
       `[num_blocks, block_size, kv_heads, 2]` fp16. True division (div_rn) and round half to even
       (the 1.5 * 2^23 trick) keep the codes bit-identical to the reference on GPUs too.
-  KV_FORMAT_FP8 (2): e4m3 codes of clamp(x / s_h, +-448) with per-head fp32 scales in meta
+  KV_FORMAT_FP8: e4m3 codes of clamp(x / s_h, +-448) with per-head fp32 scales in meta
       `[kv_heads]`, rounded half to even by hand (the interpreter's fp8 cast rounds ties away).
 
 num_warps is the one launch parameter (one program per token); it comes from `lookup_config` (table
@@ -25,16 +25,18 @@ import triton.language as tl
 
 from codesign.autotune.lookup import lookup_config, shape_key
 from codesign.backend import device_view
+from codesign.kernels.kvcache.formats import KV_FORMAT_INT, KV_FORMAT_PLAIN, table_suffix
 
-KV_FORMAT_PLAIN = 0  # fp16/bf16/fp32 cache, stored as is
-KV_FORMAT_INT = 1
-KV_FORMAT_FP8 = 2
+OP = "kv_write"
 RINT_MAGIC = 12582912.0  # 1.5 * 2^23: (y + M) - M rounds |y| < 2^22 to the nearest even integer in fp32
+_RINT_MAGIC = tl.constexpr(RINT_MAGIC)
+_PLAIN = tl.constexpr(KV_FORMAT_PLAIN)
+_INT = tl.constexpr(KV_FORMAT_INT)
 
 
 @triton.jit
 def rint_half_even(y):
-    return (y + 12582912.0) - 12582912.0
+    return (y + _RINT_MAGIC) - _RINT_MAGIC
 
 
 @triton.jit
@@ -80,10 +82,10 @@ def _kv_write_kernel(
     # Each head's row of the slot, [HEADS_PAD, 1]: + d addresses elements, + i packed code bytes.
     kc = k_cache_ptr + blk * stride_cb + off * stride_cs + h * stride_ch
     vc = v_cache_ptr + blk * stride_db + off * stride_ds + h * stride_dh
-    if KV_FORMAT == 0:
+    if KV_FORMAT == _PLAIN:
         tl.store(kc + d, k.to(k_cache_ptr.dtype.element_ty), mask=m)
         tl.store(vc + d, v.to(v_cache_ptr.dtype.element_ty), mask=m)
-    elif KV_FORMAT == 1:
+    elif KV_FORMAT == _INT:
         mrow = blk * stride_mb + off * stride_ms + tl.arange(0, HEADS_PAD) * stride_mh
         _quant_int_store(k.to(tl.float32), m, kc, k_meta_ptr + mrow, NUM_HEADS, HEAD_DIM, BITS)
         _quant_int_store(v.to(tl.float32), m, vc, v_meta_ptr + mrow, NUM_HEADS, HEAD_DIM, BITS)
@@ -172,9 +174,8 @@ def kv_write_triton(
 
 def table_op(kv_format: int, bits: int) -> str:
     """The writer's tuned-table name for a cache format: "kv_write", "kv_write_int<bits>" or "kv_write_fp8"."""
-    if kv_format == KV_FORMAT_INT:
-        return f"kv_write_int{bits}"
-    return "kv_write_fp8" if kv_format == KV_FORMAT_FP8 else "kv_write"
+    suffix = table_suffix(kv_format, bits)
+    return OP if suffix is None else f"{OP}_{suffix}"
 
 
 def launch_config(

@@ -22,6 +22,7 @@ from codesign.autotune.tune_cli import shapes_from_model
 from codesign.autotune.tuner import CPU_GPU_NAME, checked_output, rel_error
 from codesign.backend import use_backend
 from codesign.kernels.df11 import triton_decode as dt
+from codesign.kernels.kvcache import formats as kf
 from codesign.kernels.kvcache import triton_write as kvt
 from codesign.kernels.kvcache.kvq import kvq_write
 
@@ -69,10 +70,10 @@ def test_a_wrong_df11_decode_fails_the_bit_exact_check():
 def test_untuned_defaults_are_the_previous_constants():
     cpu = torch.device("cpu")
     # KV writer: 4 warps for rows of >= 2048 elements (e.g. 16 heads x 128), else 1.
-    assert kvt.launch_config(kvt.KV_FORMAT_PLAIN, 16, 7, 16, 128, cpu) == {"num_warps": 4}
-    assert kvt.launch_config(kvt.KV_FORMAT_INT, 4, 7, 8, 128, cpu) == {"num_warps": 1}
-    names = [kvt.table_op(kvt.KV_FORMAT_PLAIN, 16), kvt.table_op(kvt.KV_FORMAT_INT, 2),
-             kvt.table_op(kvt.KV_FORMAT_FP8, 8)]  # fmt: skip
+    assert kvt.launch_config(kf.KV_FORMAT_PLAIN, 16, 7, 16, 128, cpu) == {"num_warps": 4}
+    assert kvt.launch_config(kf.KV_FORMAT_INT, 4, 7, 8, 128, cpu) == {"num_warps": 1}
+    names = [kvt.table_op(kf.KV_FORMAT_PLAIN, 16), kvt.table_op(kf.KV_FORMAT_INT, 2),
+             kvt.table_op(kf.KV_FORMAT_FP8, 8)]  # fmt: skip
     assert names == ["kv_write", "kv_write_int2", "kv_write_fp8"]
     s = dt.DF11Stream(*([torch.empty(0)] * 5), 0, 0, 32, 128, 2)
     assert (
