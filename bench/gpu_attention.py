@@ -176,7 +176,7 @@ def _decode_rows(copy_bw: float, hbm_bw: float | None, dtype, mode: Any = None) 
                 w.plan(k, bt, cl, hq)
                 out = torch.full_like(q, float("nan"))  # poisoned: an unwritten element fails the check
                 ms, graphed = _time_ms(functools.partial(w.run, q, k, v, out=out), mode=mode)
-                extra = dict(graphed=graphed, num_splits=w._plan["num_splits"], **case)
+                extra = dict(graphed=graphed, num_splits=w._plan.launch.num_splits, **case)
                 if batch0 * ctx0 <= 16 * 4096:
                     extra.update(_check_vs_torch(w, q, k, v, out))
                 if mode.smoke:

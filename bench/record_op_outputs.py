@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from codesign.backend import use_backend  # noqa: E402
 from codesign.kernels.attention import wrappers as aw  # noqa: E402
-from codesign.kernels.attention.paged import paged_decode_attention, paged_extend_attention  # noqa: E402
+from codesign.kernels.attention.paged import paged_decode_attention, paged_extend_attention, tree_attention  # noqa: E402
 from codesign.kernels.attention.quantized import (  # noqa: E402
     kivi_decode_attention,
     kivi_extend_attention,
@@ -41,7 +41,7 @@ from codesign.kernels.attention.quantized import (  # noqa: E402
     mixed_attention,
     oaken_attention,
 )
-from codesign.kernels.attention.tree import build_tree_batch, tree_attention, verify_tree  # noqa: E402
+from codesign.kernels.attention.tree import build_tree_batch, verify_tree  # noqa: E402
 from codesign.kernels.df11 import codec  # noqa: E402
 from codesign.kernels.df11 import linear as dl  # noqa: E402
 from codesign.kernels.gemm import checkpoints as qi  # noqa: E402
@@ -464,13 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             want = json.load(f)["cases"]
         if args.only:
             want = {k: v for k, v in want.items() if k.split("/")[0] in args.only}
-        diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
-        for k in diff:
-            print(f"DIFF {k}: {want.get(k)} -> {got.get(k)}")
-        print(
-            f"{len(got) - len([k for k in diff if k in got])} of {len(want)} hashes match, {len(diff)} differ"
-        )
-        return 1 if diff else 0
+        return _report(want, got)
     return 0
 
 

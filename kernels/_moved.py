@@ -43,9 +43,16 @@ MOVED: dict[str, tuple[str, ...]] = {
     "kv_quant_dispatch": ("attention.quantized",),
     "kvq_accuracy": ("kvcache.accuracy",),
     "kvq_accuracy_cli": ("kvcache.accuracy_cli",),
-    "paged_attention": ("attention.paged", "attention.wrappers", "kvcache.checks"),
+    "paged_attention": (
+        "attention.paged",
+        "attention.options",
+        "attention.reference",
+        "attention.ops",
+        "attention.wrappers",
+        "kvcache.checks",
+    ),
     "paged_attention_triton": ("attention.triton_attention", "kvcache.formats"),
-    "tree_attention": ("attention.tree", "attention.wrappers"),
+    "tree_attention": ("attention.tree", "attention.paged", "attention.wrappers"),
 }
 
 # old module.name -> why it is gone (the AttributeError says so).
@@ -54,6 +61,24 @@ REMOVED: dict[str, str] = {
     "paged_attention.on_gpu": f"{_VIEW}.compiled",
     "paged_attention_triton.num_sms": f"{_VIEW}.sms",
     "paged_attention_triton.hw_fp8": f"{_VIEW}.hw_fp8",
+    "paged_attention.AttnMeta": "the launch metadata is attention.options.AttentionBatch and AttentionOptions",
+    "paged_attention.NO_TREE": "pass tree=None (a TreeBatch otherwise) to attention.paged.attend",
+    "paged_attention.ATTENTION_OPTIONS": "the fields of attention.options.AttentionOptions",
+    "paged_attention.prepare_launch": "use attention.options.prepare",
+    "paged_attention.check_attention_inputs": "attention.options.prepare runs every check",
+    "paged_attention.attend_plain": "use attention.paged.attend(attention.ops.PLAIN, ...)",
+    "paged_attention.triton_attention": "use attention.ops.run_attention",
+    "paged_attention.auto_num_splits": "the split count is planned by attention.triton_attention.plan_launch",
+    "kv_quant_paged.prepare_attention": "use attention.options.prepare (attention.paged.attend)",
+    "kv_quant_paged.attend_quant": "use attention.paged.attend(attention.quantized.KVQ, ...)",
+    "kv_quant_paged.launch_kvq": "use attention.quantized.KVQ.op",
+    "kv_quant_kivi.launch_kivi": "use attention.quantized.KIVI.op",
+    "kv_quant_oaken.launch_oaken": "use attention.quantized.OAKEN.op",
+    "kv_quant_mixed.launch_mixed": "use attention.quantized.MIXED.op",
+    **{
+        f"kv_quant_dispatch.{n}": "each cache type is an attention.quantized format (format_of(cache))"
+        for n in ("QuantCacheInfo", "is_quant_cache", "signature", "describe", "check_plan", "launch")
+    },
 }
 
 

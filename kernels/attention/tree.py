@@ -1,5 +1,5 @@
-"""Tree attention for speculative decoding (SpecInfer, Medusa, EAGLE): batched token trees verified in
-one pass over the paged cache, the helpers that turn parent arrays into masks and positions, and
+"""Token trees for speculative decoding (SpecInfer, Medusa, EAGLE), verified in one pass over the paged
+cache: the helpers that turn parent arrays into masks and positions, the batch metadata (`TreeBatch`), and
 `verify_tree` (greedy and SpecInfer's multi-step speculative sampling).
 
 A request's tree is a parent array (or a packed ancestor mask, see `parents_from_mask`): node 0 is
@@ -9,8 +9,10 @@ prefix + depth(i) and attends to the whole cached prefix and to its ancestors an
     visible(i, j) = j < prefix  or  (j - prefix) in ancestors(i) + {i}
 
 The tree's K/V are written to the cache (in node order, after the prefix) before the call, so
-context_lens = prefix_lens + tree sizes. The kernel is the paged-attention kernel in tree mode
-(`attention.triton_attention`, MASK_MODE = MASK_TREE): one K/V read loop for decode, extend and trees.
+context_lens = prefix_lens + tree sizes. The attention over a batch of trees is `attention.paged.tree_attention`
+(plain caches), `attention.quantized`'s `*_tree_attention` and `attention.wrappers.TreeAttentionWrapper`; its
+kernel is the paged-attention kernel in tree mode (`attention.triton_attention`, MASK_MODE = MASK_TREE): one
+K/V read loop for decode, extend and trees.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from codesign.kernels.attention.paged import attend_plain
 from codesign.specs import CodesignError, check_nonneg_int
 
 
@@ -153,35 +154,6 @@ def check_tree_batch(tree: TreeBatch, q: torch.Tensor, block_tables: torch.Tenso
         t = getattr(tree, name)
         if t.device != q.device:
             raise CodesignError(f"tree.{name} is on {t.device} but q is on {q.device}")
-
-
-# --- attention ---------------------------------------------------------------------------------------
-def tree_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    tree: TreeBatch,
-    *,
-    sm_scale: float | None = None,
-    window: int | None = None,
-    softcap: float | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-    return_lse: bool = False,
-    num_splits: int | None = None,
-    check_data: bool = True,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Tree verification attention: q `[sum tree sizes, q_heads, head_dim]` in node order per request.
-
-    out_i = softmax over the visible j of softcap(scale q_i.k_j) + alibi_h (pos_j - pos_i), positions
-    prefix + depth (tree tokens) or the cache index (prefix tokens). Returns out (and lse if asked).
-    """
-    check_tree_batch(tree, q, block_tables)
-    opts = dict(sm_scale=sm_scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                return_lse=return_lse, num_splits=num_splits, check_data=check_data)  # fmt: skip
-    return attend_plain(
-        q, k_cache, v_cache, block_tables, tree.context_lens, tree.cu_seqlens_q, tree.mask_args, opts
-    )
 
 
 # --- verification ------------------------------------------------------------------------------------

@@ -42,12 +42,15 @@ The dequantized tile is cast to q's dtype before tl.dot, as a plain cache of tha
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from codesign.autotune.lookup import lookup_config, shape_key
 from codesign.backend import device_view
+from codesign.kernels.attention.options import MAX_SPLITS, AttentionBatch, AttentionOptions
 from codesign.kernels.kvcache.formats import (
     KV_FORMAT_FP8,
     KV_FORMAT_INT,
@@ -56,6 +59,7 @@ from codesign.kernels.kvcache.formats import (
     KV_FORMAT_OAKEN,
     KV_FORMAT_OAKEN_OFFLINE,
     KV_FORMAT_PLAIN,
+    PLAIN_BITS,
     table_suffix,
 )
 from codesign.kernels.triton_codes import codes_f16, pow2_scale, unpack_words
@@ -72,7 +76,6 @@ LN2 = 0.6931471805599453  # lse back to natural log
 # Each split should stream at least this many tokens: below it the reduction costs more than the
 # parallelism gains (flash-decoding's rule of thumb).
 MIN_TOKENS_PER_SPLIT = 256
-MAX_SPLITS = 64
 DEFAULT_CONFIG = {"BLOCK_N": 64, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
 # Shared memory the default K/V tile pipeline may use: well under Hopper's 227 KiB and Ampere's
 # 163 KiB per block, leaving room for Q and the layout conversions of tl.dot.
@@ -749,122 +752,158 @@ def rows_layout(group: int, block_m: int, is_decode: bool, min_rows: int) -> tup
     return gpad, bq
 
 
-def paged_attention_triton(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor | None,
-    *,
-    sm_scale: float,
-    num_splits: int,
-    is_decode: bool,
-    positions: torch.Tensor | None = None,
-    tree_mask: torch.Tensor | None = None,
-    mask_indptr: torch.Tensor | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-    window: int = 0,
-    softcap: float = 0.0,
-    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
-    config: dict | None = None,
-    kv_format: int = KV_FORMAT_PLAIN,
-    bits: int = 16,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    kivi: tuple[torch.Tensor, torch.Tensor, int, int, int] | None = None,
-    block_bits: torch.Tensor | None = None,
-    oaken: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> None:
-    """Launch the attention (and, with num_splits > 1, the reduction) kernels into `out` / `lse`.
+@dataclass(frozen=True, eq=False)
+class KernelKV:
+    """The K/V operands of one launch as the kernel reads them (layouts in the module docstring).
 
-    Inputs are validated by `codesign.kernels.attention.paged`; nothing here syncs with the host, so
-    the launch can be captured in a CUDA graph. `workspace` = (partial outputs fp32
-    [T, Hq, S, DIM_PAD], partial lse fp32 [T, Hq, S]); allocated here when not given.
-    Quantized caches (`kv_format` != 0): k_cache/v_cache hold the uint8 codes, k_scale/v_scale the
-    contiguous metadata (module docstring); validated by `codesign.kernels.kvcache.kvq`.
-    KIVI also takes kivi = (k_residual, v_residual, G, GV, R); mixed precision block_bits (uint8 [blocks]);
-    Oaken oaken = (k_outliers, v_outliers) int32 [blocks, kv_heads, CAP]; its offline variant also the
-    grids (fp32 [2, kv_heads, 2]) as block_bits.
+    k, v: a plain cache's values, or a quantized cache's codes; k_meta, v_meta: its metadata (per-token or
+    per-group (scale, zero), FP8's head scales); k_side, v_side: KIVI's residual rings or Oaken's outlier
+    slots; block_bits: mixed precision's per-block widths, or Oaken offline's grids; kivi: KIVI's (G, GV, R).
     """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    kv_format: int = KV_FORMAT_PLAIN
+    bits: int = PLAIN_BITS
+    k_meta: torch.Tensor | None = None
+    v_meta: torch.Tensor | None = None
+    k_side: torch.Tensor | None = None
+    v_side: torch.Tensor | None = None
+    block_bits: torch.Tensor | None = None
+    kivi: tuple[int, int, int] = (1, 1, 0)
+
+
+@dataclass(frozen=True, eq=False)
+class LaunchPlan:
+    """Every launch choice of one attention launch, made before it (`plan_launch`): the tile config (tuned
+    table or defaults, tree-adjusted), the rows layout, the split-KV count, whether codes are read as words,
+    hardware fp8, and the split workspace (partial outputs fp32 [T, Hq, S, DIM_PAD], partial lse [T, Hq, S])."""
+
+    config: dict
+    group_pad: int
+    block_q: int
+    num_splits: int
+    words: bool
+    hw_fp8: bool
+    workspace: tuple[torch.Tensor, torch.Tensor] | None
+
+
+def plan_launch(
+    q: torch.Tensor,
+    kv_shape: tuple[int, ...],
+    kv_format: int,
+    bits: int,
+    batch: AttentionBatch,
+    num_splits: int | None,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> LaunchPlan:
+    """The one place a launch is planned: config (`launch_config`, one table lookup), rows layout, split count
+    (`choose_num_splits` over this launch's programs when `num_splits` is None) and workspace (`workspace`
+    reused when its shape fits). q: the queries (or a tensor of their shape, dtype and device); kv_shape: the
+    cache's (num_blocks, block_size, kv_heads, ...). Host-only: no sync."""
     t, hq, dim = q.shape
-    if t == 0:
-        return
-    nb, bs, hkv, _ = k_cache.shape
-    group = hq // hkv
-    cfg = config or launch_config(
-        hq, hkv, dim, bs, block_tables.shape[0], q.device, q.element_size(), kv_format, bits
-    )  # fmt: skip
-    if tree_mask is not None:
-        cfg = tree_config(cfg)
-    if kv_format not in (KV_FORMAT_PLAIN, KV_FORMAT_FP8):  # per-token / per-group metadata tensors
-        mstrides = (k_scale.stride(0), k_scale.stride(1), k_scale.stride(2))
-        mstrides += (v_scale.stride(0), v_scale.stride(1), v_scale.stride(2))
-    else:
-        mstrides = (0, 0, 0) * 2
-    if kv_format == KV_FORMAT_KIVI:
-        k_res, v_res, kg, kgv, kr = kivi
-        res = (k_res, v_res, k_res.stride(0), k_res.stride(1), k_res.stride(2))
-    elif kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
-        kg, kgv, kr = 1, 1, 0
-        k_out, v_out = oaken
-        res = (k_out, v_out, k_out.stride(0), k_out.stride(1), 0)
-    else:
-        kg, kgv, kr = 1, 1, 0
-        res = (context_lens, context_lens, 0, 0, 0)
-    cap = oaken[0].shape[2] if oaken is not None else 0
+    bs, hkv = kv_shape[1], kv_shape[2]
     view = device_view(q.device)
-    gpad, bq = rows_layout(group, cfg["BLOCK_M"], is_decode, view.min_dot_rows)
-    dpad = dim_pad(dim)
-    nseq = block_tables.shape[0]
-    programs = nseq if is_decode else t // bq + nseq
-    s = num_splits
-    if s > 1:
-        if workspace is None:
-            workspace = (
-                torch.empty(t, hq, s, dpad, dtype=torch.float32, device=q.device),
-                torch.empty(t, hq, s, dtype=torch.float32, device=q.device),
-            )
-        o_part, l_part = workspace
-    else:
-        o_part = l_part = out  # unused
-    dummy = context_lens
-    lse_t = lse if lse is not None else out
-    # Sub-byte per-token codes whose rows are whole int32 words are read as words (`_load_code_tile`).
+    cfg = launch_config(hq, hkv, dim, bs, batch.block_tables.shape[0], q.device, q.element_size(), kv_format, bits)
+    if batch.is_tree:
+        cfg = tree_config(cfg)
+    gpad, bq = rows_layout(hq // hkv, cfg["BLOCK_M"], batch.is_decode, view.min_dot_rows)
+    if num_splits is None:
+        b = batch.block_tables.shape[0]
+        programs = (b if batch.is_decode else -(-t // bq) + b) * hkv
+        num_splits = choose_num_splits(programs, batch.block_tables.shape[1] * bs, view.sms)
     words = (
         reads_words(kv_format, bits, dim)
         or mixed_reads_words(kv_format, dim, bs, cfg["BLOCK_N"])
         or (kv_format == KV_FORMAT_INT and bits == 8 and dim % 4 == 0 and bool(cfg.get("WORDS8", WORDS8_DEFAULT)))
     )
-    if words:
-        k_cache, v_cache = k_cache.view(torch.int32), v_cache.view(torch.int32)
-    _paged_attn_kernel[(programs, hkv, s)](
+    ws = None
+    if num_splits > 1:
+        shape = (t, hq, num_splits)
+        if workspace is not None and workspace[1].shape == shape and workspace[0].shape[-1] == dim_pad(dim):
+            ws = workspace
+        else:
+            ws = (
+                torch.empty(*shape, dim_pad(dim), dtype=torch.float32, device=q.device),
+                torch.empty(*shape, dtype=torch.float32, device=q.device),
+            )
+    return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws)
+
+
+def _side_args(kv: KernelKV, context_lens: torch.Tensor) -> tuple[tuple, tuple, int]:
+    """The kernel's metadata strides, side-tensor arguments (KIVI's rings, Oaken's slots; stand-ins otherwise)
+    and Oaken's slot capacity."""
+    if kv.kv_format not in (KV_FORMAT_PLAIN, KV_FORMAT_FP8):  # per-token / per-group metadata tensors
+        ks, vs = kv.k_meta, kv.v_meta
+        mstrides = (ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2))
+    else:
+        mstrides = (0, 0, 0) * 2
+    if kv.kv_format == KV_FORMAT_KIVI:
+        k_res = kv.k_side
+        res = (k_res, kv.v_side, k_res.stride(0), k_res.stride(1), k_res.stride(2))
+    elif kv.kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
+        k_out = kv.k_side
+        res = (k_out, kv.v_side, k_out.stride(0), k_out.stride(1), 0)
+    else:
+        res = (context_lens, context_lens, 0, 0, 0)
+    cap = kv.k_side.shape[2] if kv.kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) else 0
+    return mstrides, res, cap
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    kv: KernelKV,
+    batch: AttentionBatch,
+    opts: AttentionOptions,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    plan: LaunchPlan | None = None,
+) -> None:
+    """Launch the attention (and, with more than one split, the reduction) kernels into `out` / `lse`
+    (lse None: not written). `opts`: resolved (`attention.options.prepare`); `plan`: `plan_launch`'s, made
+    here when not given (a plan()/run() wrapper gives its own: no table lookup, no allocation here).
+
+    Inputs are validated by the entry points (`attention.paged.attend`, the cache types of `kvcache`);
+    nothing here syncs with the host, so the launch can be captured in a CUDA graph.
+    """
+    t, hq, dim = q.shape
+    if t == 0:
+        return
+    p = plan or plan_launch(q, kv.k.shape, kv.kv_format, kv.bits, batch, opts.num_splits)
+    cfg, s, dpad, nseq = p.config, p.num_splits, dim_pad(dim), batch.block_tables.shape[0]
+    hkv, bs = kv.k.shape[2], kv.k.shape[1]
+    mstrides, res, cap = _side_args(kv, batch.context_lens)
+    o_part, l_part = p.workspace if s > 1 else (out, out)  # unused with one split
+    dummy = batch.context_lens
+    lse_t = lse if lse is not None else out
+    k_cache, v_cache = (kv.k.view(torch.int32), kv.v.view(torch.int32)) if p.words else (kv.k, kv.v)
+    kg, kgv, kr = kv.kivi
+    _paged_attn_kernel[(nseq if batch.is_decode else t // p.block_q + nseq, hkv, s)](
         q, k_cache, v_cache, out, lse_t, o_part, l_part,
-        block_tables, context_lens, cu_seqlens_q,
-        positions if positions is not None else dummy,
-        tree_mask if tree_mask is not None else dummy,
-        mask_indptr if mask_indptr is not None else dummy,
-        alibi_slopes if alibi_slopes is not None else dummy,
-        k_scale if k_scale is not None else dummy, v_scale if v_scale is not None else dummy, *mstrides, *res,
-        block_bits if block_bits is not None else dummy,
-        float(sm_scale), float(softcap) if softcap else 1.0, int(window), nseq,
+        batch.block_tables, batch.context_lens, batch.cu_seqlens_q,
+        batch.positions if batch.positions is not None else dummy,
+        batch.tree_mask if batch.tree_mask is not None else dummy,
+        batch.mask_indptr if batch.mask_indptr is not None else dummy,
+        opts.alibi_slopes if opts.alibi_slopes is not None else dummy,
+        kv.k_meta if kv.k_meta is not None else dummy, kv.v_meta if kv.v_meta is not None else dummy,
+        *mstrides, *res,
+        kv.block_bits if kv.block_bits is not None else dummy,
+        float(opts.sm_scale), float(opts.softcap) if opts.softcap else 1.0, int(opts.window or 0), nseq,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0),
+        batch.block_tables.stride(0),
         out.stride(0), out.stride(1),
         lse_t.stride(0), lse_t.stride(1),
         hq * s, s, 1,
-        GROUP=group, GROUP_PAD=gpad, BLOCK_Q=bq, BLOCK_N=cfg["BLOCK_N"],
+        GROUP=hq // hkv, GROUP_PAD=p.group_pad, BLOCK_Q=p.block_q, BLOCK_N=cfg["BLOCK_N"],
         HEAD_DIM=dim, DIM_PAD=dpad, BLOCK_SIZE=bs, NUM_SPLITS=s,
-        IS_DECODE=is_decode, MASK_MODE=MASK_TREE if tree_mask is not None else MASK_CAUSAL,
-        HAS_ALIBI=alibi_slopes is not None, HAS_SOFTCAP=bool(softcap), HAS_WINDOW=bool(window),
-        WRITE_LSE=lse is not None and s == 1, KV_FORMAT=kv_format, BITS=bits,
-        KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=cap, OAKEN_NBT=tile_blocks(cfg["BLOCK_N"], bs), WORDS=words,
-        HW_FP8=kv_format == KV_FORMAT_FP8 and view.hw_fp8,
-        F16_MMA=kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
+        IS_DECODE=batch.is_decode, MASK_MODE=MASK_TREE if batch.is_tree else MASK_CAUSAL,
+        HAS_ALIBI=opts.alibi_slopes is not None, HAS_SOFTCAP=bool(opts.softcap), HAS_WINDOW=bool(opts.window),
+        WRITE_LSE=lse is not None and s == 1, KV_FORMAT=kv.kv_format, BITS=kv.bits,
+        KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=cap, OAKEN_NBT=tile_blocks(cfg["BLOCK_N"], bs), WORDS=p.words,
+        HW_FP8=p.hw_fp8,
+        F16_MMA=kv.kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip

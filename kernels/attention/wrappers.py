@@ -1,32 +1,31 @@
 """FlashInfer-style plan() / run() wrappers for paged decode, extend and tree attention over every cache type.
 
-plan() validates and stages the batch metadata once per batch shape (one host sync); run() only launches,
-so it can be captured in a CUDA graph. A quantized cache object (`kvcache.kvq.QuantPagedKV`,
-`kivi.KiviPagedKV`, `oaken.OakenPagedKV`, `mixed.MixedPagedKV`) takes the place of k_cache (v_cache None):
-plan() validates it once (`plan(..., q_dtype=)` says q's dtype), run() checks only host-side attributes and
-calls the same op as the functional entry point, so the outputs are bit-identical.
+plan() does everything once per batch shape: validates the cache and the batch (one host sync), resolves the
+options and plans the launch (`triton_attention.plan_launch`: the tuned config, the split count, the split
+workspace); run() only checks host-side attributes against the plan and launches, with no table lookup, no
+allocation (given `out` and `lse` buffers) and no host sync, so it can be captured in a CUDA graph. A
+quantized cache object (`kvcache.kvq.QuantPagedKV`, `kivi.KiviPagedKV`, `oaken.OakenPagedKV`,
+`mixed.MixedPagedKV`) takes the place of k_cache (v_cache None; `plan(..., q_dtype=)` says q's dtype). run()
+launches what the functional entry point's op launches, so the outputs are bit-identical to it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from codesign.backend import canonical_device
-from codesign.kernels.attention import quantized as kqd
-from codesign.kernels.attention.paged import (
-    NO_TREE,
-    Q_DTYPES,
-    SPEC_DTYPES,
-    AttnMeta,
-    attention_backend,
-    paged_attention_torch,
-    prepare_launch,
-    triton_attention,
-)
+from codesign.kernels.attention.ops import PLAIN, AttentionFormat, run_attention
+from codesign.kernels.attention.options import Q_DTYPES, AttentionBatch, AttentionOptions, alloc_lse, prepare
+from codesign.kernels.attention.quantized import QUANT_CACHE_TYPES, format_of
 from codesign.kernels.attention.tree import TreeBatch, build_tree_batch, check_parents
+from codesign.kernels.attention.triton_attention import LaunchPlan, plan_launch
 from codesign.kernels.kvcache.checks import check_int_tensor, check_kv_cache, geometry_probe
+from codesign.kernels.kvcache.formats import KV_FORMAT_PLAIN, PLAIN_BITS, kernel_format
 from codesign.specs import (
     CodesignError,
     KVFormat,
@@ -35,15 +34,28 @@ from codesign.specs import (
     TreeAttention,
 )
 
-_PERSISTED = ("block_tables", "context_lens", "cu_seqlens_q", "positions", "tree_mask", "mask_indptr",
-              "alibi_slopes")  # fmt: skip
+SPEC_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
-def _into(buf: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    """x, or x copied into the caller's buffer."""
-    if buf is None or buf is x:
-        return x
-    return buf.copy_(x)
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """What plan() decided: the cache type, the batch (in buffers the wrapper owns), the resolved options
+    (with and without lse), the launch plan, and host copies for spec() and run()'s checks."""
+
+    fmt: AttentionFormat
+    batch: AttentionBatch
+    opts: AttentionOptions
+    opts_lse: AttentionOptions
+    launch: LaunchPlan
+    no_lse: torch.Tensor  # the `[0, q_heads]` lse run() passes when none is asked
+    signature: tuple | None  # a quantized cache's (`AttentionFormat.signature`), None for a plain cache
+    kv_format: KVFormat
+    host_ctx: tuple[int, ...]
+    host_cu: tuple[int, ...]
+    window: int | None
+    cache_shape: tuple[int, ...]
+    dtype: torch.dtype
+    q_shape: tuple[int, int, int]
 
 
 class _PlannedAttention:
@@ -57,7 +69,7 @@ class _PlannedAttention:
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
         self.device = canonical_device(device)
-        self._plan: dict | None = None
+        self._plan: _Plan | None = None
         self._bufs: dict[str, torch.Tensor] = {}
 
     def _persist(self, name: str, t: torch.Tensor | None) -> torch.Tensor | None:
@@ -72,68 +84,55 @@ class _PlannedAttention:
             buf.copy_(t)
         return buf
 
-    def _stage(self, k_cache, block_tables, context_lens, cu, q_tokens, q_heads, tree_args, opts) -> None:
-        """plan()'s shared body; cu None for decode, opts: plan()'s keywords."""
-        quant = None
-        if kqd.is_quant_cache(k_cache) or not isinstance(k_cache, torch.Tensor):
-            quant = kqd.describe(k_cache)
-            kqd.check_plan(quant, k_cache, block_tables)
-            q_dtype = opts["q_dtype"] or torch.float16
-            if q_dtype not in Q_DTYPES:
-                raise CodesignError(f"q_dtype must be one of {Q_DTYPES}, got {q_dtype}")
-            k_cache = geometry_probe(quant.shape, q_dtype, self.device)
-        elif opts["q_dtype"] not in (None, k_cache.dtype):
-            raise CodesignError(f"q_dtype {opts['q_dtype']} != cache dtype {k_cache.dtype}")
-        nb, bs, hkv, dim = k_cache.shape
-        probe = torch.empty(q_tokens, q_heads, dim, dtype=k_cache.dtype, device=self.device)
-        meta = prepare_launch(probe, k_cache, k_cache, block_tables, context_lens, cu, tree_args, opts)
-        from codesign.kernels.attention.triton_attention import dim_pad, launch_config
+    def _cache_geometry(self, cache: Any, block_tables: torch.Tensor, q_dtype: torch.dtype | None) -> tuple:
+        """(format, a tensor of the cache's geometry and q's dtype, signature, spec format, kernel code, bits)."""
+        fmt = format_of(cache)
+        if fmt is PLAIN:
+            if q_dtype not in (None, cache.dtype):
+                raise CodesignError(f"q_dtype {q_dtype} != cache dtype {cache.dtype}")
+            return fmt, cache, None, KVFormat(dtype=SPEC_DTYPES[cache.dtype]), KV_FORMAT_PLAIN, PLAIN_BITS
+        shape = fmt.check(cache, block_tables, True)
+        q_dtype = q_dtype or torch.float16
+        if q_dtype not in Q_DTYPES:
+            raise CodesignError(f"q_dtype must be one of {Q_DTYPES}, got {q_dtype}")
+        probe = geometry_probe(shape, q_dtype, self.device)
+        return fmt, probe, fmt.signature(cache), cache.kv_format, *kernel_format(cache.kv_format)
 
-        ws = None
-        if meta.num_splits > 1 and quant is None:  # the quantized-cache ops allocate their own workspace
-            shape = (q_tokens, q_heads, meta.num_splits)
-            old = self._plan["workspace"] if self._plan else None
-            if old is not None and old[1].shape == shape and old[0].shape[-1] == dim_pad(dim):
-                ws = old
-            else:
-                ws = (
-                    torch.empty(*shape, dim_pad(dim), dtype=torch.float32, device=self.device),
-                    torch.empty(*shape, dtype=torch.float32, device=self.device),
-                )
-        # Looked up once here, so run() does no table lookup.
-        config = launch_config(
-            q_heads, hkv, dim, bs, block_tables.shape[0], self.device, k_cache.element_size()
-        )  # fmt: skip
-        meta = meta._replace(**{f: self._persist(f, getattr(meta, f)) for f in _PERSISTED})
-        self._plan = dict(
-            meta._asdict(),  # the launch metadata, in buffers the wrapper owns
-            quant=quant,  # None for a plain cache
+    def _stage(self, cache, block_tables, context_lens, cu, q_tokens, q_heads, tree_args, opts, q_dtype) -> None:
+        """plan()'s shared body; cu None for decode."""
+        fmt, k_like, signature, kv_format, code, bits = self._cache_geometry(cache, block_tables, q_dtype)
+        dim = k_like.shape[3]
+        probe = torch.empty(q_tokens, q_heads, dim, dtype=k_like.dtype, device=self.device)
+        batch, opts = prepare(probe, k_like, k_like, block_tables, context_lens, cu, tree_args, opts)
+        old = self._plan.launch.workspace if self._plan else None
+        launch = plan_launch(probe, tuple(k_like.shape), code, bits, batch, opts.num_splits, old)
+        persisted = {f.name: self._persist(f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch)
+                     if isinstance(getattr(batch, f.name), torch.Tensor)}  # fmt: skip
+        self._plan = _Plan(
+            fmt=fmt,
+            batch=dataclasses.replace(batch, **persisted),
+            opts=opts,
+            opts_lse=dataclasses.replace(opts, return_lse=True),
+            launch=launch,
+            no_lse=alloc_lse(probe, False),
+            signature=signature,
+            kv_format=kv_format,
             # Host copies (plan already synced for its checks) for spec(): the roofline bookkeeping.
             host_ctx=tuple(context_lens.tolist()),
-            host_cu=tuple(meta.cu_seqlens_q.tolist()),
-            window_opt=opts["window"],
-            cache_shape=tuple(k_cache.shape),
-            dtype=k_cache.dtype,
+            host_cu=tuple(batch.cu_seqlens_q.tolist()),
+            window=opts.window,
+            cache_shape=tuple(k_like.shape),
+            dtype=k_like.dtype,
             q_shape=(q_tokens, q_heads, dim),
-            workspace=ws,
-            config=config,
         )
 
     def _spec_common(self) -> dict:
         p = self._plan
         if p is None:
             raise CodesignError("spec() called before plan()")
-        _, bs, hkv, dim = p["cache_shape"]
-        dt = SPEC_DTYPES[p["dtype"]]
-        kv_format = KVFormat(dtype=dt) if p["quant"] is None else p["quant"].kv_format
-        return dict(
-            q_heads=p["q_shape"][1],
-            kv_heads=hkv,
-            head_dim=dim,
-            block_size=bs,
-            dtype=dt,
-            kv_format=kv_format,
-        )
+        _, bs, hkv, dim = p.cache_shape
+        dt = SPEC_DTYPES[p.dtype]
+        return dict(q_heads=p.q_shape[1], kv_heads=hkv, head_dim=dim, block_size=bs, dtype=dt, kv_format=p.kv_format)
 
     def run(
         self,
@@ -145,60 +144,52 @@ class _PlannedAttention:
         return_lse: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attention for the planned batch; q must have the planned shape, the cache the planned layout
-        (a plain k_cache and v_cache, or the planned kind of quantized cache as k_cache alone). The
-        quantized caches run the functional entry point's op: outputs bit-identical to it."""
+        (a plain k_cache and v_cache, or the planned kind of quantized cache as k_cache alone). Outputs
+        are bit-identical to the functional entry point's."""
         p = self._plan
         if p is None:
             raise CodesignError("run() called before plan()")
-        if tuple(q.shape) != p["q_shape"] or q.dtype != p["dtype"] or q.device != self.device:
+        if tuple(q.shape) != p.q_shape or q.dtype != p.dtype or q.device != self.device:
             raise CodesignError(
                 f"q {tuple(q.shape)} {q.dtype} {q.device} does not match the plan "
-                f"{p['q_shape']} {p['dtype']} {self.device}"
+                f"{p.q_shape} {p.dtype} {self.device}"
             )
         want_lse = return_lse or lse is not None
-        meta = AttnMeta(*(p[f] for f in AttnMeta._fields))
-        if p["quant"] is not None or not isinstance(k_cache, torch.Tensor):
-            self._check_quant_run(k_cache, v_cache)
-            o, l_ = kqd.launch(p["quant"], q, k_cache, meta, want_lse)
+        if p.fmt is PLAIN and isinstance(k_cache, torch.Tensor):
+            self._check_plain_run(k_cache, v_cache, q)
+            tensors, params = (k_cache, v_cache), ()
         else:
-            check_kv_cache(k_cache, v_cache)
-            if (
-                tuple(k_cache.shape) != p["cache_shape"]
-                or k_cache.dtype != p["dtype"]
-                or k_cache.device != q.device
-            ):
-                raise CodesignError(
-                    f"cache {tuple(k_cache.shape)} {k_cache.dtype} does not match the plan "
-                    f"{p['cache_shape']} {p['dtype']}"
-                )
-            if attention_backend(q) == "torch":
-                o, l_ = paged_attention_torch(q, k_cache, v_cache, meta, want_lse)
-            else:
-                kw = dict(workspace=p["workspace"], config=p["config"])
-                o, l_ = triton_attention(q, k_cache, v_cache, meta, want_lse, out, lse, **kw)
-        out, lse = _into(out, o), _into(lse, l_)
-        return (out, lse) if want_lse else out
+            self._check_quant_run(k_cache, v_cache)
+            tensors, params = p.fmt.op_tensors(k_cache), p.fmt.params(k_cache)
+        o, l_ = run_attention(p.fmt, q, tensors, params, p.batch, p.opts_lse if want_lse else p.opts, out,
+                              lse if want_lse else p.no_lse, p.launch)  # fmt: skip
+        return (o, l_) if want_lse else o
+
+    def _check_plain_run(self, k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor) -> None:
+        p = self._plan
+        check_kv_cache(k_cache, v_cache)
+        if tuple(k_cache.shape) != p.cache_shape or k_cache.dtype != p.dtype or k_cache.device != q.device:
+            raise CodesignError(
+                f"cache {tuple(k_cache.shape)} {k_cache.dtype} does not match the plan {p.cache_shape} {p.dtype}"
+            )
 
     def _check_quant_run(self, cache, v_cache) -> None:
         """run() over a quantized cache: host-side checks against the plan (no sync)."""
-        info = self._plan["quant"]
-        if info is None or not kqd.is_quant_cache(cache):
+        p = self._plan
+        if p.fmt is PLAIN or not isinstance(cache, QUANT_CACHE_TYPES):
             raise CodesignError(
                 f"run() got a {type(cache).__name__} cache but the plan was made for "
-                f"{'a plain cache' if info is None else info.signature[0]}"
+                f"{'a plain cache' if p.fmt is PLAIN else p.signature[0]}"
             )
         if v_cache is not None:
             raise CodesignError("a quantized cache holds K and V: pass it as k_cache, with v_cache None")
-        if kqd.signature(cache) != info.signature:
-            raise CodesignError(
-                "the quantized cache does not match the plan (tensor shapes, dtypes or format)"
-            )
+        if p.fmt.signature(cache) != p.signature:
+            raise CodesignError("the quantized cache does not match the plan (tensor shapes, dtypes or format)")
 
 
-def _plan_opts(sm_scale, window, softcap, alibi_slopes, num_splits, q_dtype) -> dict:
-    """plan()'s keywords, as `_stage` and `prepare_launch` read them."""
-    return dict(sm_scale=sm_scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                num_splits=num_splits, q_dtype=q_dtype)  # fmt: skip
+def _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits) -> AttentionOptions:
+    """plan()'s keywords as options (plan() always runs the data checks)."""
+    return AttentionOptions(sm_scale, window, softcap, alibi_slopes, False, num_splits, True)
 
 
 class PagedDecodeWrapper(_PlannedAttention):
@@ -209,7 +200,7 @@ class PagedDecodeWrapper(_PlannedAttention):
     def spec(self) -> PagedDecodeAttention:
         """The operator spec of the planned batch (flops, min bytes) for roofline reports."""
         c = self._spec_common()
-        return PagedDecodeAttention(context_lens=self._plan["host_ctx"], window=self._plan["window_opt"], **c)
+        return PagedDecodeAttention(context_lens=self._plan.host_ctx, window=self._plan.window, **c)
 
     def plan(
         self,
@@ -227,9 +218,9 @@ class PagedDecodeWrapper(_PlannedAttention):
     ) -> None:
         """Validate the tables (one host sync) and choose splits and workspace for this batch.
         k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
-        opts = _plan_opts(sm_scale, window, softcap, alibi_slopes, num_splits, q_dtype)
+        opts = _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits)
         self._stage(
-            k_cache, block_tables, context_lens, None, block_tables.shape[0], num_q_heads, NO_TREE, opts
+            k_cache, block_tables, context_lens, None, block_tables.shape[0], num_q_heads, None, opts, q_dtype
         )
 
 
@@ -239,13 +230,13 @@ class PagedExtendWrapper(_PlannedAttention):
     def spec(self) -> PagedExtendAttention:
         """The operator spec of the planned batch (sequences without new tokens left out)."""
         c = self._spec_common()
-        cu, ctx = self._plan["host_cu"], self._plan["host_ctx"]
+        cu, ctx = self._plan.host_cu, self._plan.host_ctx
         ql = [cu[i + 1] - cu[i] for i in range(len(ctx))]
         keep = [i for i, n in enumerate(ql) if n > 0]
         return PagedExtendAttention(
             q_lens=tuple(ql[i] for i in keep),
             prefix_lens=tuple(ctx[i] - ql[i] for i in keep),
-            window=self._plan["window_opt"],
+            window=self._plan.window,
             **c,
         )
 
@@ -268,8 +259,8 @@ class PagedExtendWrapper(_PlannedAttention):
         k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
         check_int_tensor("cu_seqlens_q", cu_seqlens_q, 1, self.device)
         tokens = int(cu_seqlens_q[-1]) if cu_seqlens_q.numel() else 0
-        opts = _plan_opts(sm_scale, window, softcap, alibi_slopes, num_splits, q_dtype)
-        self._stage(k_cache, block_tables, context_lens, cu_seqlens_q, tokens, num_q_heads, NO_TREE, opts)
+        opts = _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits)
+        self._stage(k_cache, block_tables, context_lens, cu_seqlens_q, tokens, num_q_heads, None, opts, q_dtype)
 
 
 class TreeAttentionWrapper(_PlannedAttention):
@@ -294,9 +285,9 @@ class TreeAttentionWrapper(_PlannedAttention):
 
         k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
         tree = build_tree_batch(parents, prefix_lens, self.device)
-        opts = _plan_opts(sm_scale, window, softcap, alibi_slopes, num_splits, q_dtype)
+        opts = _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits)
         self._stage(k_cache, block_tables, tree.context_lens, tree.cu_seqlens_q, sum(tree.tree_sizes),
-                    num_q_heads, tree.mask_args, opts)  # fmt: skip
+                    num_q_heads, tree.mask_args, opts, q_dtype)  # fmt: skip
         self._tree = tree
         self._pairs = tuple(TreeAttention.pairs_from_parents(check_parents(par)) for par in parents)
         return tree

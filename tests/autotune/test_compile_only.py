@@ -253,7 +253,8 @@ with compile_only(90, "NVIDIA H200") as s:
             op = get_op(name)
             op.run(op.make_inputs(shape, torch.float16, "cpu", 0), pt.default_config(128, 2, fmt, 4))
 # Tree verification at its default tile (64 wide, raised to 8 warps by tree_config): spilled 312 B on 4.
-from codesign.kernels.attention.tree import build_tree_batch, tree_attention
+from codesign.kernels.attention.tree import build_tree_batch
+from codesign.kernels.attention.paged import tree_attention
 tree = build_tree_batch([[-1] + [i // 2 for i in range(63)]] * 4, [4096] * 4)
 bt = torch.zeros(4, 4096 // 16 + 5, dtype=torch.int32)
 kv = torch.zeros(2, 16, 8, 128, dtype=torch.bfloat16)

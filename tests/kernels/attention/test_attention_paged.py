@@ -11,11 +11,8 @@ from helpers import assert_rel_close, poison_like
 from paged_attention_ref import make_paged_kv, reference_attention
 
 from codesign.backend import use_backend
-from codesign.kernels.attention.paged import (
-    _paged_attention_op,
-    paged_decode_attention,
-    paged_extend_attention,
-)
+from codesign.kernels.attention.ops import PLAIN
+from codesign.kernels.attention.paged import paged_decode_attention, paged_extend_attention
 from codesign.kernels.attention.triton_attention import MIN_TOKENS_PER_SPLIT, choose_num_splits
 from codesign.kernels.attention.wrappers import PagedDecodeWrapper, PagedExtendWrapper
 from codesign.specs import CodesignError
@@ -226,7 +223,7 @@ def test_opcheck(backend):
     cu = torch.tensor([0, 1, 3], dtype=torch.int32)
     args = (q, k, v, bt, cl, cu, None, None, None, None, 0.125, 0, 0.0, 2, False, True)
     with use_backend(backend):
-        torch.library.opcheck(_paged_attention_op, args)
+        torch.library.opcheck(PLAIN.op, args)
 
 
 # --- bad input -----------------------------------------------------------------------------------------
@@ -289,12 +286,12 @@ def test_replan_same_shapes_refills_buffers_in_place():
     k, v, bt, cl = make_paged_kv([9, 30, 4], 2, 64, 4, torch.float32, spare_blocks=6)
     w = PagedDecodeWrapper()
     w.plan(k, bt, cl, 4, num_splits=2)
-    bufs = (w._plan["block_tables"].data_ptr(), w._plan["context_lens"].data_ptr(), w._plan["workspace"][0])
+    bufs = (w._plan.batch.block_tables.data_ptr(), w._plan.batch.context_lens.data_ptr(), w._plan.launch.workspace[0])
     bt2 = bt[torch.tensor([2, 0, 1])].contiguous()  # another batch: same shapes, other tables
     cl2 = cl[torch.tensor([2, 0, 1])].contiguous()
     w.plan(k, bt2, cl2, 4, num_splits=2)
-    assert (w._plan["block_tables"].data_ptr(), w._plan["context_lens"].data_ptr()) == bufs[:2]
-    assert w._plan["workspace"][0] is bufs[2]
+    assert (w._plan.batch.block_tables.data_ptr(), w._plan.batch.context_lens.data_ptr()) == bufs[:2]
+    assert w._plan.launch.workspace[0] is bufs[2]
     q = torch.randn(3, 4, 64)
     with use_backend("triton"):
         out = w.run(q, k, v)
@@ -342,7 +339,8 @@ def test_strided_q_from_fused_qkv(backend):
 
 @pytest.mark.gpu
 def test_extend_and_tree_gpu_bf16():
-    from codesign.kernels.attention.tree import build_tree_batch, tree_attention
+    from codesign.kernels.attention.paged import tree_attention
+    from codesign.kernels.attention.tree import build_tree_batch
 
     q_lens, prefix = [70, 1, 33], [1000, 4097, 0]
     ctx = [p + n for p, n in zip(prefix, q_lens)]
@@ -368,10 +366,16 @@ def test_torch_compile_fullgraph():
         return paged_decode_attention(q * 2, k, v, bt, cl, check_data=False, num_splits=2) + 1
 
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    # The split count left to the launch plan: chosen inside the op, nothing in the traced entry point reads
+    # the device view (a ContextVar dynamo cannot trace).
+    auto = torch.compile(lambda q, k, v, bt, cl: paged_decode_attention(q, k, v, bt, cl, check_data=False),
+                         backend="aot_eager", fullgraph=True)  # fmt: skip
     with use_backend("triton"):
         got = compiled(q, k, v, bt, cl)
+        got_auto = auto(q * 2, k, v, bt, cl)
     ref, _ = reference_attention(q * 2, k, v, bt, cl, [1, 1])
     assert_rel_close(got, ref + 1, TOL[torch.float32])
+    assert_rel_close(got_auto, ref, TOL[torch.float32])
 
 
 def test_wrapper_specs_count_the_planned_work():

@@ -12,13 +12,8 @@ from helpers import assert_rel_close, poison_like
 from paged_attention_ref import make_paged_kv, reference_attention
 
 from codesign.backend import use_backend
-from codesign.kernels.attention.tree import (
-    build_tree_batch,
-    check_parents,
-    tree_attention,
-    tree_mask,
-    verify_tree,
-)
+from codesign.kernels.attention.paged import tree_attention
+from codesign.kernels.attention.tree import build_tree_batch, check_parents, tree_mask, verify_tree
 from codesign.kernels.attention.wrappers import TreeAttentionWrapper
 from codesign.specs import CodesignError, TreeAttention
 

@@ -1,4 +1,4 @@
-"""plan()/run() wrappers over every quantized cache type (`paged_attention` + `kv_quant_dispatch`): run()
+"""plan()/run() wrappers over every quantized cache type (`attention.wrappers` + `attention.quantized`): run()
 gives outputs bit-identical to the functional entry points (same op, same launch choices), does no host
 sync before its launch, and refuses caches that do not match its plan."""
 
@@ -10,6 +10,7 @@ from helpers import assert_rel_close, seq_slots, shuffled_block_tables
 
 from codesign.backend import use_backend
 from codesign.kernels.attention import quantized as kqd
+from codesign.kernels.attention import wrappers as aw
 from codesign.kernels.attention.quantized import (
     kivi_decode_attention,
     kivi_extend_attention,
@@ -102,7 +103,7 @@ def test_decode_wrapper_bit_identical_to_entry_point(kind, monkeypatch):
         ref = _functional(kind, q, cache, bt, cl, None, 2)
         # run(): no host sync before the launch (every Tensor -> host conversion raises until then)
         armed = {"on": True}
-        real_launch = kqd.launch
+        real_launch = aw.run_attention
 
         def launch(*a, **k):
             armed["on"] = False
@@ -118,7 +119,7 @@ def test_decode_wrapper_bit_identical_to_entry_point(kind, monkeypatch):
 
             return f
 
-        monkeypatch.setattr(kqd, "launch", launch)
+        monkeypatch.setattr(aw, "run_attention", launch)
         for name in ("item", "tolist", "cpu", "__bool__", "__int__", "__index__", "numpy"):
             monkeypatch.setattr(torch.Tensor, name, guard(name))
         out = torch.full_like(q, float("nan"))
@@ -206,7 +207,7 @@ def test_run_refuses_mismatched_caches():
     with pytest.raises(CodesignError, match="q_dtype"):
         w.plan(c4, bt, cl, HQ, q_dtype=torch.int8)
     with pytest.raises(CodesignError, match="must be a tensor or one of"):
-        kqd.describe(object())
+        kqd.format_of(object())
     kivi = _cache("kivi", nb, bt, slots)
     with pytest.raises(CodesignError, match="residual rings"):
         w.plan(kivi, torch.cat([bt, bt]), torch.cat([cl, cl]), HQ, q_dtype=torch.float32)
@@ -226,3 +227,76 @@ def test_misspelt_keyword_is_refused_not_ignored():
     q = torch.randn(len(ctx), 2 * H, D)
     with pytest.raises(CodesignError, match="unknown attention keyword.*num_split"):
         kvq_decode_attention(q, cache, bt, torch.tensor(ctx, dtype=torch.int32), num_split=2)
+
+
+def _count_calls(monkeypatch, counts, owner, name, paused):
+    """Count calls of owner.name, except while `paused` (inside a kernel launch: Triton's interpreter stages
+    its arguments with new_empty)."""
+    real = getattr(owner, name)
+
+    def counted(*a, **kw):
+        counts[name] += not paused
+        return real(*a, **kw)
+
+    monkeypatch.setattr(owner, name, counted)
+
+
+class _Uncounted:
+    """A jit kernel whose launches pause the counting."""
+
+    def __init__(self, kernel, paused: list) -> None:
+        self.kernel, self.paused = kernel, paused
+
+    def __getitem__(self, grid):
+        def launch(*a, **kw):
+            self.paused.append(True)
+            try:
+                return self.kernel[grid](*a, **kw)
+            finally:
+                self.paused.pop()
+
+        return launch
+
+
+@pytest.mark.parametrize("kind", ["plain", *KINDS, "int8"])
+def test_run_does_no_table_lookup_and_no_allocation(kind, monkeypatch):
+    """plan() plans everything (config, split count, workspace) for every cache type: run() into given out and
+    lse buffers calls no table lookup and no tensor constructor (counted by patching them), and gives the
+    functional entry point's bits."""
+    from collections import Counter
+
+    from codesign.kernels.attention import triton_attention as ta
+    from codesign.kernels.attention.paged import paged_decode_attention
+
+    nb, bt, cl, slots = _tables(CTX)
+    q = torch.randn(len(CTX), HQ, D)
+    out, lse = torch.full_like(q, float("nan")), torch.full((len(CTX), HQ), float("nan"))
+    w = PagedDecodeWrapper()
+    with use_backend("triton"):
+        if kind == "plain":
+            k, v = torch.randn(nb, BS, H, D), torch.randn(nb, BS, H, D)
+            args = (k, v)
+            w.plan(k, bt, cl, HQ, num_splits=2)
+            ref = paged_decode_attention(q, k, v, bt, cl, num_splits=2)
+        else:
+            args = (_cache(kind, nb, bt, slots),)
+            w.plan(args[0], bt, cl, HQ, num_splits=2, q_dtype=torch.float32)
+            ref = _functional(kind, q, args[0], bt, cl, None, 2)
+        counts: Counter = Counter()
+        paused: list = []
+        for kernel in ("_paged_attn_kernel", "_reduce_splits_kernel"):
+            monkeypatch.setattr(ta, kernel, _Uncounted(getattr(ta, kernel), paused))
+        _count_calls(monkeypatch, counts, ta, "lookup_config", paused)
+        for name in ("empty", "zeros", "ones", "full", "empty_like", "zeros_like", "full_like", "empty_strided",
+                     "tensor", "arange"):  # fmt: skip
+            _count_calls(monkeypatch, counts, torch, name, paused)
+        for name in ("new_empty", "new_zeros", "new_full", "clone"):
+            _count_calls(monkeypatch, counts, torch.Tensor, name, paused)
+        got = w.run(q, *args, out=out, lse=lse)
+        in_run = Counter(counts)
+        _functional(kind, q, args[0], bt, cl, None, 2) if kind != "plain" else paged_decode_attention(q, *args, bt, cl)
+        monkeypatch.undo()
+    assert in_run == Counter(), f"run() over a {kind} cache: {dict(in_run)}"
+    assert counts["lookup_config"] >= 1 and counts["empty"] >= 1, counts  # the functional call plans: counted
+    assert got[0] is out and got[1] is lse and torch.isfinite(lse).all()
+    assert torch.equal(out, ref)

@@ -16,7 +16,7 @@ from test_kvcache_kvq import _build, _dequant_ref
 
 from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
-from codesign.kernels.attention import paged as pa
+from codesign.kernels.attention import ops
 from codesign.kernels.attention.quantized import kvq_decode_attention, kvq_extend_attention
 
 # Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
@@ -80,7 +80,7 @@ def test_bf16_queries_beyond_fp16_range(fmt, monkeypatch):
     two. The interpreter computes bf16 arithmetic on raw bits, which is why the ops refuse bf16 Triton on CPU;
     this kernel path converts bf16 queries to fp32 before any arithmetic, so the refusal is lifted here. The
     interpreter rounds the bf16 output toward zero (a GPU to nearest): the bound is bf16's."""
-    monkeypatch.setattr(pa, "check_backend_dtype", lambda backend, q: None)
+    monkeypatch.setattr(ops, "check_backend_dtype", lambda backend, q: None)
     cache, bt, cl, q, kd, vd = _case(fmt, 1.0, 1.0, torch.float32)
     q = (q * 1e6).bfloat16()
     scale = 3e-7  # softmax over scores of order 1
@@ -123,7 +123,7 @@ def test_kivi_fp16_and_bf16_queries(g, r, bs, d, monkeypatch):
 
     from codesign.kernels.attention.quantized import kivi_decode_attention, kivi_extend_attention
 
-    monkeypatch.setattr(pa, "check_backend_dtype", lambda backend, q: None)
+    monkeypatch.setattr(ops, "check_backend_dtype", lambda backend, q: None)
     ctx = [2 * g + r - 1, 2 * g + r, 2 * g + r + 1, 5 * g + 3]
     cache, bt, cl, ks, vs = _setup(ctx, chunks=(g + 3, 1, 1000), share=True, g=g, r=r, bs=bs, d=d)
     q = torch.randn(len(ctx), 2 * cache.k_codes.shape[2], d) * 3.0
@@ -150,7 +150,7 @@ def test_kivi_fp16_and_bf16_queries(g, r, bs, d, monkeypatch):
 def _oaken_check(name, cache, bt, cl, kd, vd, monkeypatch):
     from codesign.kernels.attention.quantized import oaken_attention
 
-    monkeypatch.setattr(pa, "check_backend_dtype", lambda backend, q: None)
+    monkeypatch.setattr(ops, "check_backend_dtype", lambda backend, q: None)
     n = cl.numel()
     q = torch.randn(n, 2 * cache.k_codes.shape[2], kd.shape[-1]) * 3.0
     ref, _ = reference_attention(q.half().double(), kd, vd, bt, cl, [1] * n)

@@ -273,12 +273,7 @@ def test_fp8_codec_exhaustive():
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_opcheck(backend):
     """Schemas, fake (meta) implementations and mutation declarations of the quantized-cache ops."""
-    from codesign.kernels.attention.quantized import (
-        _attn_kivi_op,
-        _attn_kvq_op,
-        _attn_mixed_op,
-        _attn_oaken_op,
-    )
+    from codesign.kernels.attention.quantized import KIVI, KVQ, MIXED, OAKEN
     from codesign.kernels.kvcache.kivi import KiviPagedKV
     from codesign.kernels.kvcache.kvq import kvq_write_op
     from codesign.kernels.kvcache.mixed import MixedPagedKV
@@ -298,18 +293,18 @@ def test_opcheck(backend):
         kvq_write(key, -key, c, slots)
         args = (None, None, None, None, 0.25, 0, 0.0, 1, False, True)
         torch.library.opcheck(
-            _attn_kvq_op, (q, c.k_codes, c.v_codes, c.k_meta, c.v_meta, bt, cl, cu, *args, 1, 4)
+            KVQ.op, (q, c.k_codes, c.v_codes, c.k_meta, c.v_meta, bt, cl, cu, *args, 1, 4)
         )
         kc = KiviPagedKV.empty(4, 4, 1, 16, 4, 2, 2, 2)
         kc.append(0, bt[0], 0, key, key)
         kc.append(1, bt[1], 0, torch.cat([key, key[:2]]), torch.cat([key, key[:2]]))
         kt = (kc.k_codes, kc.v_codes, kc.k_meta, kc.v_meta, kc.k_res, kc.v_res)
-        torch.library.opcheck(_attn_kivi_op, (q, *kt, bt, cl, cu, *args, 4, 2, 2))
+        torch.library.opcheck(KIVI.op, (q, *kt, bt, cl, cu, *args, 4, 2, 2))
         mc = MixedPagedKV.empty(4, 4, 1, 16)
         mc.set_block_bits([0, 1, 2, 3], [8, 4, 2, 4])
         mt = (mc.k_codes, mc.v_codes, mc.k_meta, mc.v_meta, mc.block_bits)
-        torch.library.opcheck(_attn_mixed_op, (q, *mt, bt, cl, cu, *args))
+        torch.library.opcheck(MIXED.op, (q, *mt, bt, cl, cu, *args))
         oc = OakenPagedKV.empty(4, 4, 1, 16, 4, torch.tensor([[[-1.0, 1.0]], [[-1.0, 1.0]]]), 2)
         oc.write(key * 2, key * 2, slots)
         ot = (oc.k_codes, oc.v_codes, oc.k_meta, oc.v_meta, oc.k_out, oc.v_out)
-        torch.library.opcheck(_attn_oaken_op, (q, *ot, bt, cl, cu, *args, 4))
+        torch.library.opcheck(OAKEN.op, (q, *ot, bt, cl, cu, *args, 4))
