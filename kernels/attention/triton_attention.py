@@ -696,6 +696,11 @@ def table_op(kv_format: int = KV_FORMAT_PLAIN, bits: int = 16) -> str:
     return OP if suffix is None else f"{OP}_{suffix}"
 
 
+def table_key(q_heads: int, kv_heads: int, head_dim: int, block_size: int) -> str:
+    """The attention tables' shape key (M: the sequences in the batch)."""
+    return shape_key(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size)
+
+
 def launch_config(
     q_heads: int,
     kv_heads: int,
@@ -714,7 +719,7 @@ def launch_config(
     quantized cache reads its format's table (`table_op`), else its format's defaults: not the plain
     cache's table, whose best tile can spill registers once codes are unpacked in the loop.
     """
-    key = shape_key(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size)
+    key = table_key(q_heads, kv_heads, head_dim, block_size)
     gpu = device_view(device).gpu_name
     op = table_op(kv_format, bits)
     cfg = lookup_config(op, gpu, batch, key, default_config(head_dim, elem_bytes, kv_format, bits))

@@ -224,13 +224,18 @@ def _df11_gemv_kernel(
     tl.atomic_add(y_ptr + row, acc, mask=valid & (count > 0) & group_ok)
 
 
+def table_key(chunk_bytes: int, chunks_per_group: int) -> str:
+    """The decode and GEMV tables' shape key (tables DECODE_OP, GEMV_OP; M: the weights decoded)."""
+    return shape_key(chunk_bytes=chunk_bytes, chunks_per_group=chunks_per_group)
+
+
 def launch_config(op: str, s: DF11Stream, numel: int, device: torch.device) -> dict:
     """num_warps of `op` ("df11_decode" / "df11_gemv") for a container of `numel` weights on `device`.
 
     Table key: shape_key(chunk_bytes, chunks_per_group); the bucketed dimension is numel (the work).
     CPU / interpreter runs get the default (4), unless the tuner forces a candidate.
     """
-    key = shape_key(chunk_bytes=s.chunk_bytes, chunks_per_group=s.chunks_per_group)
+    key = table_key(s.chunk_bytes, s.chunks_per_group)
     return lookup_config(op, device_view(device).gpu_name, numel, key, {"num_warps": DEFAULT_NUM_WARPS})
 
 

@@ -148,12 +148,17 @@ def _df11_gemm_kernel(
         tl.store(ptrs, acc, mask=mask)
 
 
+def table_key(n: int, k: int) -> str:
+    """The fused GEMM table's shape key (table OP; M: the rows of x)."""
+    return shape_key(N=n, K=k)
+
+
 def gemm_config(m: int, n: int, k: int, device: torch.device) -> dict:
     """Launch config for (M, N, K) on `device`: the tuned table entry via `lookup_config`, else defaults.
 
     BLOCK_M is shrunk to the next power of two >= M (no lanes spent on absent rows).
     """
-    cfg = lookup_config(OP, device_view(device).gpu_name, m, shape_key(N=n, K=k), DEFAULT_CONFIG)
+    cfg = lookup_config(OP, device_view(device).gpu_name, m, table_key(n, k), DEFAULT_CONFIG)
     cfg["BLOCK_M"] = min(int(cfg["BLOCK_M"]), triton.next_power_of_2(max(m, 1)))
     return cfg
 

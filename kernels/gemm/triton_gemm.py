@@ -69,6 +69,41 @@ _INTERP_DEFAULTS: dict[str, dict[str, int]] = {
 }
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+ACT_TABLE_OP = "quantize_per_token"  # the activation quantizer's table (key `act_table_key`)
+
+
+# ----------------------------------------------------------------------------- tuned tables
+def wq_op(bits: int) -> str:
+    """The weight-only GEMM's op name: "w4a16_gemm" or "w8a16_gemm"."""
+    return f"w{bits}a16_gemm"
+
+
+def wq_table_op(bits: int, variant: str) -> str:
+    """The table of one weight-only variant ("splitk" or "tiled"): "w4a16_gemm_splitk", ..."""
+    return f"{wq_op(bits)}_{variant}"
+
+
+def wq_variant_op(bits: int) -> str:
+    """The table `choose_variant` reads ({"SPLITK": 1 or 0} per shape and M)."""
+    return f"{wq_op(bits)}_variant"
+
+
+def wq_table_key(n: int, k: int, group: int) -> str:
+    """The weight-only tables' shape key (group = K for per-channel)."""
+    return shape_key(N=n, K=k, G=group)
+
+
+def scaled_mm_table_op(fp8: bool) -> str:
+    """The W8A8 / FP8 GEMM's table: "w8a8_gemm" or "fp8_gemm"."""
+    return "fp8_gemm" if fp8 else "w8a8_gemm"
+
+
+def scaled_mm_table_key(n: int, k: int) -> str:
+    return shape_key(N=n, K=k)
+
+
+def act_table_key(k: int) -> str:
+    return shape_key(K=k)
 
 
 def choose_variant(m: int, op: str = "w4a16_gemm", device: torch.device | None = None, key: str = "") -> str:
@@ -80,19 +115,18 @@ def choose_variant(m: int, op: str = "w4a16_gemm", device: torch.device | None =
     one) means no table: the default rule, unless the tuner forces a variant (`forced_config`).
     """
     gpu = device_view(device).gpu_name if device is not None else None
-    cfg = lookup_config(f"{op}_variant", gpu, m, key, {"SPLITK": int(m <= SMALL_M_MAX)})
+    cfg = lookup_config(f"{op}_variant", gpu, m, key, {"SPLITK": int(m <= SMALL_M_MAX)})  # `wq_variant_op`
     return "splitk" if cfg["SPLITK"] else "tiled"
 
 
-def launch_config(table_op: str, kind: str, device: torch.device, m: int, **dims: int) -> dict[str, Any]:
-    """Launch parameters for `table_op` at batch m from the per-GPU table, else the `kind` defaults.
-
-    Table op names: "w4a16_gemm_splitk", "w4a16_gemm_tiled", "w8a16_gemm_splitk", "w8a16_gemm_tiled"
-    (shape key G, K, N), "w8a8_gemm", "fp8_gemm" (K, N), "quantize_per_token" (K).
+def launch_config(table_op: str, kind: str, device: torch.device, m: int, key: str) -> dict[str, Any]:
+    """Launch parameters for `table_op` at batch m and shape key `key` from the per-GPU table, else the
+    `kind` defaults (tables: `wq_table_op` / `wq_table_key`, `scaled_mm_table_op` / `scaled_mm_table_key`,
+    ACT_TABLE_OP / `act_table_key`).
     """
     view = device_view(device)
     defaults = _INTERP_DEFAULTS if view.interpreted and not view.gpu else _GPU_DEFAULTS
-    return lookup_config(table_op, view.gpu_name, m, shape_key(**dims), defaults[kind])
+    return lookup_config(table_op, view.gpu_name, m, key, defaults[kind])
 
 
 def _dot_dtype(x_dtype: torch.dtype, view: DeviceView) -> tl.dtype:
@@ -371,9 +405,9 @@ def wq_gemm(
     """
     m, k = x.shape
     n = qweight.shape[1]
-    op = "w4a16_gemm" if bits == 4 else "w8a16_gemm"
-    variant = choose_variant(m, op, x.device, shape_key(N=n, K=k, G=group))
-    cfg = launch_config(f"{op}_{variant}", variant, x.device, m, N=n, K=k, G=group)
+    key = wq_table_key(n, k, group)
+    variant = choose_variant(m, wq_op(bits), x.device, key)
+    cfg = launch_config(wq_table_op(bits, variant), variant, x.device, m, key)
     # A K tile must not straddle a group: its single scale row is loaded once per tile.
     block_k = cfg["BLOCK_K"] if group == k else min(cfg["BLOCK_K"], group)
     if variant == "tiled":
@@ -412,7 +446,7 @@ def wq_gemm(
 def quantize_per_token(x: torch.Tensor, fp8: bool, q: torch.Tensor, s: torch.Tensor) -> None:
     """Fill q [M, K] (int8 or float8_e4m3fn) and s [M] fp32 with the per-token quantization of x [M, K]."""
     m, k = x.shape
-    cfg = launch_config("quantize_per_token", "act", x.device, m, K=k)
+    cfg = launch_config(ACT_TABLE_OP, "act", x.device, m, act_table_key(k))
     block_k = min(cfg["BLOCK_K"], triton.next_power_of_2(k))
     _act_quant_kernel[(m,)](
         x, q, s, k, QMAX=448.0 if fp8 else 127.0, IS_FP8=fp8, BLOCK_K=block_k, num_warps=cfg["num_warps"]
@@ -435,8 +469,7 @@ def scaled_mm(
     m, k = a.shape
     fp8 = a.dtype == torch.float8_e4m3fn
     n = w.shape[1]
-    op = "fp8_gemm" if fp8 else "w8a8_gemm"
-    cfg = launch_config(op, "scaled_mm", a.device, m, N=n, K=k)
+    cfg = launch_config(scaled_mm_table_op(fp8), "scaled_mm", a.device, m, scaled_mm_table_key(n, k))
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     _scaled_mm_kernel[grid](
         a,

@@ -178,6 +178,11 @@ def table_op(kv_format: int, bits: int) -> str:
     return OP if suffix is None else f"{OP}_{suffix}"
 
 
+def table_key(heads: int, head_dim: int) -> str:
+    """The writer tables' shape key (M: the tokens written)."""
+    return shape_key(kv_heads=heads, head_dim=head_dim)
+
+
 def launch_config(
     kv_format: int, bits: int, tokens: int, heads: int, head_dim: int, device: torch.device
 ) -> dict:
@@ -185,5 +190,5 @@ def launch_config(
     head_dim)) on a GPU, else the default: 4 warps for rows of >= 2048 elements, 1 below (one program per
     token; a small row leaves extra warps idle)."""
     default = {"num_warps": 4 if heads * head_dim >= 2048 else 1}
-    key = shape_key(kv_heads=heads, head_dim=head_dim)
-    return lookup_config(table_op(kv_format, bits), device_view(device).gpu_name, tokens, key, default)
+    gpu = device_view(device).gpu_name
+    return lookup_config(table_op(kv_format, bits), gpu, tokens, table_key(heads, head_dim), default)

@@ -1,9 +1,9 @@
-"""Tunable adapters for the DF11 kernels: the fused decode + GEMM (`df11_linear.df11_gemm`, kernel
-`df11_gemm`), and the decoder and fused GEMV of `df11_triton` (`DF11Decode`, `DF11Gemv`, below).
+"""Tunable adapters for the DF11 kernels: the fused decode + GEMM (`df11.linear.df11_gemm`, kernel
+`df11.triton_gemm`), and the decoder and fused GEMV of `df11.triton_decode` (`DF11Decode`, `DF11Gemv`, below).
 
 Shape: M (rows of x), N, K (the weight [N, K]), optionally seg (columns per row-segment index
 entry; default the kernel's DEFAULT_SEGMENT, which serving uses; tests pass a small one so the
-interpreter's per-k loop stays short). The kernel's table op is "df11_gemm", key (K, N), M bucketed.
+interpreter's per-k loop stays short). The kernel's table op is "df11_gemm", key `table_key` (K, N), M bucketed.
 Tuned: BLOCK_M (rows per program; the launcher caps it at next_pow2(M)), BLOCK_N (lanes, one weight
 row each), SEGS_PER_PROG (K-range per program: fewer segments = more programs, fp32 atomics when
 K is split), num_warps. Weights are bf16 with a realistic spread (std 0.02, as trained linear
@@ -20,13 +20,13 @@ from typing import Any
 
 import torch
 
-from codesign.autotune.adapters import _gen, _pow2_cap
-from codesign.autotune.lookup import forced_config, shape_key
+from codesign.autotune.adapters.common import pow2_cap, seeded
+from codesign.autotune.lookup import forced_config
 from codesign.autotune.ops import Shape, register
 from codesign.autotune.space import ConfigSpace, Resources
 from codesign.specs.errors import CodesignError
 
-TABLE_OP = "df11_gemm"
+TABLE_OP = "df11_gemm"  # the registered name: the fused GEMM's table (`df11.triton_gemm.OP`)
 # bf16 output: one rounding of each element (2^-9 relative) on an fp32 sum; a wrong config is O(1).
 TOLERANCE = 4e-3
 
@@ -40,10 +40,11 @@ class DF11Gemm:
     source_modules = ("codesign.kernels.df11.triton_gemm", "codesign.kernels.df11.triton_decode")
 
     def __init__(self) -> None:
+        from codesign.kernels.df11 import triton_gemm  # unavailable kernel -> ImportError
         from codesign.kernels.df11.linear import df11_gemm  # noqa: F401
-        from codesign.kernels.df11.triton_gemm import DEFAULT_SEGMENT  # unavailable kernel -> ImportError
 
-        self.default_seg = DEFAULT_SEGMENT
+        self.kernel = triton_gemm
+        self.default_seg = triton_gemm.DEFAULT_SEGMENT
 
     def _seg(self, shape: Shape) -> int:
         return shape.get("seg", self.default_seg)
@@ -55,10 +56,10 @@ class DF11Gemm:
             )
 
     def table_op(self, shape: Shape) -> str:
-        return TABLE_OP
+        return self.kernel.OP
 
     def table_key(self, shape: Shape) -> str:
-        return shape_key(N=shape["N"], K=shape["K"])
+        return self.kernel.table_key(shape["N"], shape["K"])
 
     def m(self, shape: Shape) -> int:
         return shape["M"]
@@ -71,8 +72,8 @@ class DF11Gemm:
             else {"BLOCK_M": [4], "BLOCK_N": [32], "SEGS_PER_PROG": [1, 2], "num_warps": [4]}
         )  # fmt: skip
         nseg = -(-shape["K"] // self._seg(shape))
-        cap_m = _pow2_cap(shape["M"], 1)
-        cap_n = max(_pow2_cap(shape["N"]), min(params["BLOCK_N"]))
+        cap_m = pow2_cap(shape["M"], 1)
+        cap_n = max(pow2_cap(shape["N"]), min(params["BLOCK_N"]))
 
         def valid(c: dict[str, int]) -> bool:
             # Larger values than these only repeat a smaller config (the launcher caps BLOCK_M; a
@@ -90,7 +91,7 @@ class DF11Gemm:
         # The weight is compressed once per (N, K, seg) (seconds at 4096 x 4096) and copied per call:
         # the rotating input sets of cold-L2 timing need distinct memory, not distinct values.
         w, packed_cpu = _packed_weight(shape["N"], shape["K"], self._seg(shape))
-        x = torch.randn(shape["M"], shape["K"], generator=_gen(seed), dtype=torch.float64).to(torch.bfloat16)
+        x = torch.randn(shape["M"], shape["K"], generator=seeded(seed), dtype=torch.float64).to(torch.bfloat16)
         packed = copy.deepcopy(packed_cpu).to(device)
         return {"packed": packed, "x": x.to(device), "ref": x.double() @ w.double().T}
 
@@ -105,7 +106,7 @@ class DF11Gemm:
     def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
         from codesign.kernels.df11.linear import df11_gemm
 
-        with forced_config(TABLE_OP, config):
+        with forced_config(self.table_op({}), config):
             return df11_gemm(inputs["packed"], inputs["x"], None, check=False)
 
     def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
@@ -123,7 +124,7 @@ def _packed_weight(n: int, k: int, seg: int | None, chunk_bytes: int | None = No
     from codesign.kernels.df11 import codec
     from codesign.kernels.df11.linear import PackedDF11
 
-    w = (torch.randn(n, k, generator=_gen(n * 7919 + k), dtype=torch.float64) * 0.02).to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=seeded(n * 7919 + k), dtype=torch.float64) * 0.02).to(torch.bfloat16)
     geometry = {"chunk_bytes": chunk_bytes, "chunks_per_group": chunks_per_group}
     df = codec.compress(w, **{name: v for name, v in geometry.items() if v is not None})
     return w, PackedDF11(df, "cpu", segment=seg)
@@ -144,10 +145,9 @@ class DF11Decode:
     source_modules = ("codesign.kernels.df11.triton_decode",)
 
     def __init__(self) -> None:
-        from codesign.kernels.df11 import (
-            codec,  # unavailable kernel -> ImportError
-            triton_decode,  # noqa: F401
-        )
+        from codesign.kernels.df11 import codec, triton_decode  # unavailable kernel -> ImportError
+
+        self.kernel = triton_decode
 
         self.defaults = {
             "chunk_bytes": codec.DEFAULT_CHUNK_BYTES,
@@ -167,11 +167,10 @@ class DF11Decode:
             )
 
     def table_op(self, shape: Shape) -> str:
-        return self.name
+        return self.kernel.GEMV_OP if self.name == "df11_gemv" else self.kernel.DECODE_OP
 
     def table_key(self, shape: Shape) -> str:
-        c, b = self._geometry(shape)
-        return shape_key(chunk_bytes=c, chunks_per_group=b)
+        return self.kernel.table_key(*self._geometry(shape))
 
     def m(self, shape: Shape) -> int:
         return shape["N"] * shape["K"]
@@ -201,7 +200,7 @@ class DF11Decode:
     def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
         from codesign.backend import use_backend
 
-        with use_backend("triton", op="df11_decode"), forced_config(self.name, config):
+        with use_backend("triton", op="df11_decode"), forced_config(self.table_op({}), config):
             inputs["packed"].decode_into(inputs["out"], check=False)
         return inputs["out"]
 
@@ -213,7 +212,7 @@ class DF11Decode:
 
 
 class DF11Gemv(DF11Decode):
-    """df11_gemv: y[N] = W[N, K] @ x[K] with W decoded in registers (`df11_linear.df11_gemv`), M = 1.
+    """df11_gemv: y[N] = W[N, K] @ x[K] with W decoded in registers (`df11.linear.df11_gemv`), M = 1.
 
     Same shape, key and space as df11_decode (table op "df11_gemv"); x is bf16 (the kernel moves bf16
     bits, so it also runs in the interpreter); the reference is W @ x in fp64; the output is bf16.
@@ -227,7 +226,7 @@ class DF11Gemv(DF11Decode):
 
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
         inputs = super().make_inputs(shape, dtype, device, seed)
-        x = torch.randn(shape["K"], generator=_gen(seed), dtype=torch.float64).to(torch.bfloat16)
+        x = torch.randn(shape["K"], generator=seeded(seed), dtype=torch.float64).to(torch.bfloat16)
         return {**inputs, "x": x.to(device), "ref": inputs["w"].double() @ x.double()}
 
     def input_bytes(self, inputs: dict[str, Any]) -> int:
@@ -239,7 +238,7 @@ class DF11Gemv(DF11Decode):
     def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
         from codesign.kernels.df11.linear import df11_gemv
 
-        with forced_config(self.name, config):
+        with forced_config(self.table_op({}), config):
             return df11_gemv(inputs["packed"], inputs["x"], None, check=False)
 
     def reference(self, inputs: dict[str, Any]) -> torch.Tensor:

@@ -1,6 +1,8 @@
-"""Tunable adapters for decode attention over a quantized paged KV cache (`kv_quant_paged`, `_mixed`, `_kivi`).
+"""Tunable adapters for paged decode attention (`codesign.kernels.attention`), over a plain cache and over each
+quantized cache type of `codesign.kernels.kvcache`.
 
-Registered ops: paged_attention_int8, paged_attention_int4, paged_attention_int2, paged_attention_fp8
+Registered ops: paged_attention (`paged_decode_attention`, a plain cache); one per quantized format with a table
+of its own (`kvcache.formats.ATTENTION_TABLE_FORMATS`): paged_attention_int8, _int4, _int2, _fp8
 (`kvq_decode_attention`); paged_attention_mixed (`mixed_attention`: per-block 8/4/2-bit codes,
 Cocktail-style, a third of the blocks at each width, placed at random); paged_attention_kivi
 (`kivi_decode_attention`: 4-bit KIVI with its fp16 residual ring; reference from `dequantize_seq`);
@@ -13,10 +15,8 @@ integer work per byte, fewer bytes per token). The cache is filled by the format
 the device, and the fp64 reference is exact attention over the dequantized cache, so a candidate
 is judged on the attention alone, not on the quantization error.
 
-Table: the kernel's `launch_config` reads the per-format table `paged_attention_<fmt>` these adapters
-export (`paged_attention_triton.table_op`), else the format's own defaults (not the plain table: its best
-tile can spill once codes are unpacked). Each candidate is forced under both names, so a measurement never
-depends on which table the kernel asks.
+Table: the name and key the kernel reads, from `attention.triton_attention.table_op` / `table_key` (a quantized
+cache reads `paged_attention_<fmt>`, else its format's own defaults, never the plain table).
 """
 
 from __future__ import annotations
@@ -24,44 +24,156 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
-from contextlib import ExitStack
 from typing import Any
 
 import torch
 
-from codesign.autotune.adapters import PagedDecodeAttention, _gen
+from codesign.autotune.adapters.common import TOL, need_dims, pow2_cap, seeded
 from codesign.autotune.lookup import forced_config
 from codesign.autotune.ops import Shape, register
-from codesign.autotune.space import ConfigSpace
-from codesign.kernels.kvcache.formats import ATTENTION_TABLE_FORMATS, KVQ_FORMATS
+from codesign.autotune.space import ConfigSpace, Resources
+from codesign.kernels.kvcache.formats import ATTENTION_TABLE_FORMATS, KVQ_FORMATS, kernel_format
+from codesign.specs import KVFormat
 from codesign.specs.errors import CodesignError
 
-KERNEL_TABLE_OP = "paged_attention"  # the plain table, also forced: no candidate may depend on the lookup
+
+class PagedDecodeAttention:
+    """paged_attention (decode): one query token per sequence over a paged K/V cache."""
+
+    default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
+
+    name = "paged_attention"
+    source_modules = ("codesign.kernels.attention.triton_attention",)
+    _DIMS = ("M", "q_heads", "kv_heads", "head_dim", "block_size", "ctx")
+
+    kv_format = KVFormat()  # the cache the kernel reads (its table name)
+
+    def __init__(self) -> None:
+        from codesign.kernels.attention import triton_attention  # unavailable kernel -> ImportError
+
+        self.kernel = triton_attention
+
+    def check_shape(self, shape: Shape) -> None:
+        need_dims(shape, self._DIMS, self.name)
+        if shape["q_heads"] % shape["kv_heads"]:
+            raise CodesignError(f"shape for {self.name}: q_heads must be a multiple of kv_heads, got {shape}")
+
+    def table_op(self, shape: Shape) -> str:
+        return self.kernel.table_op(*kernel_format(self.kv_format))
+
+    def table_key(self, shape: Shape) -> str:
+        s = shape
+        return self.kernel.table_key(s["q_heads"], s["kv_heads"], s["head_dim"], s["block_size"])
+
+    def m(self, shape: Shape) -> int:
+        return shape["M"]
+
+    def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
+        params = (
+            {"BLOCK_N": [16, 32, 64, 128, 256], "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4]}
+            if on_gpu
+            else {"BLOCK_N": [32, 64], "num_warps": [4], "num_stages": [1]}
+        )
+        dpad = pow2_cap(shape["head_dim"], 16)
+        rows = max(16, pow2_cap(shape["q_heads"] // shape["kv_heads"], 1))
+        elt = torch.finfo(dtype).bits // 8
+
+        def resources(c: dict[str, int]) -> Resources:
+            smem = self.smem_estimate(c, dpad, rows, elt)
+            regs = (rows * dpad + rows * c["BLOCK_N"]) // (32 * c["num_warps"]) + 40
+            return Resources(smem, regs)
+
+        # BLOCK_M only shapes extend/prefill programs; decode ignores it, so it is fixed here.
+        cap_n = max(pow2_cap(shape["ctx"]), min(params["BLOCK_N"]))
+        return ConfigSpace(
+            params=params, resources=resources, fixed={"BLOCK_M": 64}, valid=lambda c: c["BLOCK_N"] <= cap_n
+        )
+
+    @staticmethod
+    def smem_estimate(c: dict[str, int], dpad: int, rows: int, elt: int) -> int:
+        """Shared memory of one decode program: Triton keeps at most two K/V tile buffers whatever
+        num_stages (compiled for sm_90: 74,240 B at BLOCK_N 128, head_dim 128 with 3 and with 4 stages),
+        plus fp32 score rows: (2 if stages > 1 else 1) x BLOCK_N x dpad x elt + 2 x rows x BLOCK_N x 4.
+        At or above the compiler's number on every sampled config (`autotune/compile_check.py`;
+        `bench/results/lowering_estimates_sm90.json`), and below the old stages x 2 x BLOCK_N x dpad x elt,
+        which pruned configs that fit."""
+        bufs = 2 if c["num_stages"] > 1 else 1
+        return bufs * c["BLOCK_N"] * dpad * elt + 2 * rows * c["BLOCK_N"] * 4
+
+    def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
+        gen = seeded(seed)
+        b, hq, hkv, d, bs, ctx = (shape[n] for n in self._DIMS)
+        per_seq = -(-ctx // bs)
+        nblocks = b * per_seq + 1
+        lens = torch.randint(max(1, ctx // 2), ctx + 1, (b,), generator=gen, dtype=torch.int32)
+        lens[0] = ctx  # the longest sequence is always present
+        tables = torch.randperm(nblocks, generator=gen)[: b * per_seq].reshape(b, per_seq).to(torch.int32)
+        q = torch.randn(b, hq, d, generator=gen).to(dtype)
+        k = torch.randn(nblocks, bs, hkv, d, generator=gen).to(dtype)
+        v = torch.randn(nblocks, bs, hkv, d, generator=gen).to(dtype)
+        dev = {n: t.to(device) for n, t in (("q", q), ("k", k), ("v", v), ("tables", tables), ("lens", lens))}
+        return {**dev, "ref": dev, "lens_cpu": lens}
+
+    def input_bytes(self, inputs: dict[str, Any]) -> int:
+        lens, bs = inputs["lens_cpu"], inputs["k"].shape[1]
+        kv_row = inputs["k"].shape[2] * inputs["k"].shape[3] * inputs["k"].element_size()
+        return int(2 * sum(-(-int(n) // bs) * bs for n in lens) * kv_row + inputs["q"].numel() * 2)
+
+    def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
+        from codesign.backend import use_backend
+        from codesign.kernels.attention.paged import paged_decode_attention
+
+        i = inputs
+        with use_backend("triton", op="paged_attention"), forced_config(self.table_op({}), config):
+            return paged_decode_attention(i["q"], i["k"], i["v"], i["tables"], i["lens"], check_data=False)
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """Exact softmax attention in fp64, one sequence at a time, on the inputs' device; returned on the CPU.
+
+        Reads inputs["ref"] (q, k, v as the cache holds them, block tables) and inputs["lens_cpu"]; only
+        each sequence's own blocks are converted to fp64 (the whole pool in fp64 would be GBs).
+        """
+        c = inputs["ref"]
+        q, k, v, tables = c["q"], c["k"], c["v"], c["tables"]
+        b, hq, d = q.shape
+        bs, hkv = k.shape[1], k.shape[2]
+        out = torch.empty(b, hq, d, dtype=torch.float64, device=q.device)
+        for s in range(b):
+            n = int(inputs["lens_cpu"][s])
+            blocks = tables[s, : -(-n // bs)].long()
+            ks = k[blocks].reshape(-1, hkv, d)[:n].double().repeat_interleave(hq // hkv, dim=1)  # [n, hq, d]
+            vs = v[blocks].reshape(-1, hkv, d)[:n].double().repeat_interleave(hq // hkv, dim=1)
+            p = torch.softmax(torch.einsum("hd,nhd->hn", q[s].double(), ks) / math.sqrt(d), dim=-1)
+            out[s] = torch.einsum("hn,nhd->hd", p, vs)
+        return out.cpu()
+
+    def tolerance(self, dtype: torch.dtype) -> float:
+        return TOL[dtype]
+
+
 # The quantized formats with an attention table of their own (`kvcache.formats`); KIVI has its own adapter below.
 FORMATS = tuple(f for f in ATTENTION_TABLE_FORMATS if f != "kivi")
-# format -> (module of its cache, writer and attention entry point, attention function name)
-_ENTRY = {
-    **{
-        f: ("codesign.kernels.attention.quantized", "kvq_decode_attention")
-        for f in KVQ_FORMATS
-    },
-    "mixed": ("codesign.kernels.attention.quantized", "mixed_attention"),
-    "oaken": ("codesign.kernels.attention.quantized", "oaken_attention"),
-}
 OAKEN_BITS = 4
 OAKEN_OUTLIERS = 0.04  # fraction of elements outside the thresholds, and of outlier slots (Oaken's 4 %)
+# format -> (its spec format at the width tuned, the attention entry point of `attention.quantized`)
+_ENTRY = {
+    **{f: (KVQ_FORMATS[f], "kvq_decode_attention") for f in KVQ_FORMATS},
+    "mixed": (KVFormat.parse("mixed"), "mixed_attention"),
+    "oaken": (KVFormat(dtype=f"int{OAKEN_BITS}", scheme="oaken"), "oaken_attention"),
+}
+QUANTIZED = "codesign.kernels.attention.quantized"
 
 
 class QuantKVDecodeAttention(PagedDecodeAttention):
     """paged_attention_<fmt>: decode attention over a quantized cache of format `fmt` (module docstring)."""
 
     def __init__(self, fmt: str) -> None:
-        self.module, self.entry = _ENTRY[fmt]
-        importlib.import_module(self.module)  # unavailable kernel -> ImportError
-        self.source_modules = ("codesign.kernels.attention.triton_attention", self.module)
+        super().__init__()
+        self.kv_format, self.entry = _ENTRY[fmt]
+        importlib.import_module(QUANTIZED)  # unavailable kernel -> ImportError
+        self.source_modules = ("codesign.kernels.attention.triton_attention", QUANTIZED)
         self.fmt = fmt
         self.name = f"paged_attention_{fmt}"
-        self.forced_ops = (KERNEL_TABLE_OP, self.name)
 
     def check_shape(self, shape: Shape) -> None:
         super().check_shape(shape)
@@ -74,9 +186,6 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
                 + f"; got {shape}"
             )
 
-    def table_op(self, shape: Shape) -> str:
-        return self.name
-
     def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
         """The decode space; INT8 on GPUs also tries reading its codes as int32 words (WORDS8 1: 16-byte copies,
         a shift and a mask per element) against bytes (0, the default)."""
@@ -86,7 +195,7 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
         return sp
 
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
-        gen = _gen(seed)
+        gen = seeded(seed)
         b, hq, hkv, d, bs, ctx = (shape[n] for n in self._DIMS)
         per_seq = -(-ctx // bs)
         nblocks = b * per_seq + 1
@@ -122,11 +231,8 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
         from codesign.backend import use_backend
 
         i = inputs
-        attend = getattr(importlib.import_module(self.module), self.entry)
-        with ExitStack() as stack:
-            stack.enter_context(use_backend("triton", op="paged_attention"))
-            for name in self.forced_ops:
-                stack.enter_context(forced_config(name, config))
+        attend = getattr(importlib.import_module(QUANTIZED), self.entry)
+        with use_backend("triton", op="paged_attention"), forced_config(self.table_op({}), config):
             return attend(i["q"], i["cache"], i["tables"], i["lens"], check_data=False)
 
 
@@ -173,11 +279,13 @@ class KiviDecodeAttention(QuantKVDecodeAttention):
     _KIVI = ("bits", "group", "residual")
 
     def __init__(self) -> None:
+        PagedDecodeAttention.__init__(self)
         from codesign.kernels.attention import quantized  # noqa: F401  (unavailable kernel -> ImportError)
 
+        self.kv_format = KVFormat.parse("int4-kivi")  # the table does not depend on the width
+        self.entry = "kivi_decode_attention"
         self.fmt = "kivi"
         self.name = "paged_attention_kivi"
-        self.forced_ops = (KERNEL_TABLE_OP, self.name)
         self.source_modules = (
             "codesign.kernels.attention.triton_attention",
             "codesign.kernels.attention.quantized",
@@ -212,7 +320,7 @@ class KiviDecodeAttention(QuantKVDecodeAttention):
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
         from codesign.kernels.kvcache.kivi import KiviPagedKV
 
-        gen = _gen(seed)
+        gen = seeded(seed)
         b, hq, hkv, d, bs, ctx = (shape[n] for n in self._DIMS)
         bits, g, r = self._format(shape)
         per_seq = -(-ctx // bs)
@@ -259,17 +367,6 @@ class KiviDecodeAttention(QuantKVDecodeAttention):
             out[s] = torch.einsum("hn,nhd->hd", p, vs)
         return out.cpu()
 
-    def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
-        from codesign.backend import use_backend
-        from codesign.kernels.attention.quantized import kivi_decode_attention
-
-        i = inputs
-        with ExitStack() as stack:
-            stack.enter_context(use_backend("triton", op="paged_attention"))
-            for name in self.forced_ops:
-                stack.enter_context(forced_config(name, config))
-            return kivi_decode_attention(i["q"], i["cache"], i["tables"], i["lens"], check_data=False)
-
 
 def _dequantize_mixed(cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
     # MixedPagedKV.dequantize() fails when a width has no block (unpack of an empty selection).
@@ -288,6 +385,7 @@ def _dequantize_mixed(cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return out[0], out[1]
 
 
+register("paged_attention", PagedDecodeAttention)
 for _fmt in FORMATS:
     register(f"paged_attention_{_fmt}", lambda f=_fmt: QuantKVDecodeAttention(f))
 register("paged_attention_kivi", KiviDecodeAttention)

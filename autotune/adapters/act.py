@@ -1,10 +1,10 @@
 """Tunable adapter for the per-token activation quantizer of the W8A8 / FP8 GEMMs (`quantize_per_token`).
 
-Shape: M (tokens), K (row length). The kernel (`quant_gemm_triton.quantize_per_token`, table op
+Shape: M (tokens), K (row length). The kernel (`gemm.triton_gemm.quantize_per_token`, table op
 "quantize_per_token", key K) runs one program per row over K in BLOCK_K chunks, twice (absmax,
 then quantize); BLOCK_K and num_warps are tuned. The int8 quantizer is timed; the fp8 one shares
 the table (same loop, another rounding). Correctness is bit-exact: codes and scales must equal
-`quant_formats.quantize_per_token` (the check compares both, concatenated, with tolerance 0).
+`gemm.formats.quantize_per_token` (the check compares both, concatenated, with tolerance 0).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from codesign.autotune.adapters import _gen, _need, _pow2_cap
-from codesign.autotune.lookup import forced_config, shape_key
+from codesign.autotune.adapters.common import need_dims, pow2_cap, seeded
+from codesign.autotune.lookup import forced_config
 from codesign.autotune.ops import Shape, register
 from codesign.autotune.space import ConfigSpace, Resources
 
-TABLE_OP = "quantize_per_token"
+TABLE_OP = "quantize_per_token"  # the registered name: the kernel's table (`triton_gemm.ACT_TABLE_OP`)
 
 
 class ActQuant:
@@ -30,16 +30,18 @@ class ActQuant:
     source_modules = ("codesign.kernels.gemm.triton_gemm",)
 
     def __init__(self) -> None:
-        from codesign.kernels.gemm import triton_gemm  # noqa: F401  (unavailable kernel -> ImportError)
+        from codesign.kernels.gemm import triton_gemm  # unavailable kernel -> ImportError
+
+        self.kernel = triton_gemm
 
     def check_shape(self, shape: Shape) -> None:
-        _need(shape, ("M", "K"), self.name)
+        need_dims(shape, ("M", "K"), self.name)
 
     def table_op(self, shape: Shape) -> str:
-        return TABLE_OP
+        return self.kernel.ACT_TABLE_OP
 
     def table_key(self, shape: Shape) -> str:
-        return shape_key(K=shape["K"])
+        return self.kernel.act_table_key(shape["K"])
 
     def m(self, shape: Shape) -> int:
         return shape["M"]
@@ -51,7 +53,7 @@ class ActQuant:
             else {"BLOCK_K": [128, 256, 512], "num_warps": [4]}
         )
         # The launcher clamps BLOCK_K to next_pow2(K): larger values repeat that config.
-        cap = max(_pow2_cap(shape["K"]), min(params["BLOCK_K"]))
+        cap = max(pow2_cap(shape["K"]), min(params["BLOCK_K"]))
         # One row chunk in registers: BLOCK_K fp32 values over 32 * num_warps threads, plus ~56 of state
         # (ptxas, sm_90: 184 at BLOCK_K 4096 on one warp, 29-32 at 256-1024; the old 3 x chunk + 24 pruned
         # BLOCK_K 4096 on one warp, which fits).
@@ -64,7 +66,7 @@ class ActQuant:
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
         from codesign.kernels.gemm import formats as qf
 
-        x = (torch.randn(shape["M"], shape["K"], generator=_gen(seed)) * 3).to(dtype)
+        x = (torch.randn(shape["M"], shape["K"], generator=seeded(seed)) * 3).to(dtype)
         x[0, :] = 0  # an all-zero row: scale 1, codes 0
         q_ref, s_ref = qf.quantize_per_token(x, "int8")
         return {
@@ -84,7 +86,7 @@ class ActQuant:
     def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
         from codesign.kernels.gemm.triton_gemm import quantize_per_token
 
-        with forced_config(TABLE_OP, config):
+        with forced_config(self.table_op({}), config):
             quantize_per_token(inputs["x"], False, inputs["q"], inputs["s"])
         return inputs["q"]
 

@@ -1,12 +1,12 @@
-"""Tunable adapters for the paged KV-cache writer (`kv_write_triton`): plain and quantize-on-write caches.
+"""Tunable adapters for the paged KV-cache writer (`kvcache.triton_write`): plain and quantize-on-write caches.
 
 Shape: M (new tokens in the step), kv_heads, head_dim. The kernel runs one program per token; its one
 launch parameter is num_warps (table ops "kv_write", "kv_write_int8/4/2", "kv_write_fp8" as
-`kv_write_triton.table_op` names them, key (kv_heads, head_dim), M bucketed). Each op runs the public
-writer (`kv_write.kv_write`, or `kv_quant_paged.kvq_write` for the quantized formats) on the Triton
+`kvcache.triton_write.table_op` names them, key `table_key` (kv_heads, head_dim), M bucketed). Each op runs the public
+writer (`kvcache.write.kv_write`, or `kvcache.kvq.kvq_write` for the quantized formats) on the Triton
 backend. Correctness is bit-exact (tolerance 0): the cache rows of the written slots must equal the
 inputs (plain) or the codes and scales the torch backend writes (quantized; the writer is bit-identical
-to `kv_quant` by contract). One token in the step is padding (slot -1), as in a real batch.
+to `kvcache.quantizers` by contract). One token in the step is padding (slot -1), as in a real batch.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from codesign.autotune.adapters import _gen, _need
-from codesign.autotune.lookup import forced_config, shape_key
+from codesign.autotune.adapters.common import need_dims, seeded
+from codesign.autotune.lookup import forced_config
 from codesign.autotune.ops import Shape, register
 from codesign.autotune.space import ConfigSpace, Resources
 from codesign.kernels.kvcache.formats import KVQ_FORMATS
@@ -38,13 +38,16 @@ class KVWrite:
     source_modules = ("codesign.kernels.kvcache.triton_write",)
 
     def __init__(self, fmt: str | None) -> None:
-        from codesign.kernels.kvcache import triton_write  # noqa: F401  (unavailable kernel -> ImportError)
+        from codesign.kernels.kvcache import triton_write  # unavailable kernel -> ImportError
+        from codesign.kernels.kvcache.formats import KV_FORMAT_PLAIN, PLAIN_BITS
+        from codesign.kernels.kvcache.kvq import FORMATS
 
+        self.kernel = triton_write
         self.fmt = fmt
-        self.name = "kv_write" if fmt is None else f"kv_write_{fmt}"
+        self.name = triton_write.table_op(*(FORMATS[fmt] if fmt else (KV_FORMAT_PLAIN, PLAIN_BITS)))
 
     def check_shape(self, shape: Shape) -> None:
-        _need(shape, ("M", "kv_heads", "head_dim"), self.name)
+        need_dims(shape, ("M", "kv_heads", "head_dim"), self.name)
         per = 8 // int(self.fmt[3:]) if self.fmt and self.fmt.startswith("int") else 1
         if shape["head_dim"] % per:
             raise CodesignError(f"shape for {self.name}: head_dim must be a multiple of {per}, got {shape}")
@@ -53,7 +56,7 @@ class KVWrite:
         return self.name
 
     def table_key(self, shape: Shape) -> str:
-        return shape_key(kv_heads=shape["kv_heads"], head_dim=shape["head_dim"])
+        return self.kernel.table_key(shape["kv_heads"], shape["head_dim"])
 
     def m(self, shape: Shape) -> int:
         return shape["M"]
@@ -72,7 +75,7 @@ class KVWrite:
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
         from codesign.backend import use_backend
 
-        gen = _gen(seed)
+        gen = seeded(seed)
         t, h, d = shape["M"], shape["kv_heads"], shape["head_dim"]
         nb = -(-t // BLOCK_SIZE) + 2  # spare blocks: the written slots are scattered, not packed
         slots = torch.randperm(nb * BLOCK_SIZE, generator=gen)[:t]
@@ -131,7 +134,7 @@ class KVWrite:
         from codesign.backend import use_backend
 
         i = inputs
-        with use_backend("triton", op="kv_write"), forced_config(self.name, config):
+        with use_backend("triton", op="kv_write"), forced_config(self.table_op({}), config):
             if self.fmt is None:
                 from codesign.kernels.kvcache.write import kv_write
 
