@@ -1,6 +1,6 @@
 """Huffman / look-up-table decode unit for DFloat11-style weights (DF11): cycles, energy, area per tensor.
 
-What it decodes is the container of `codesign.kernels.df11_codec`: per weight one Huffman-coded exponent
+What it decodes is the container of `codesign.kernels.df11.codec`: per weight one Huffman-coded exponent
 (canonical code, lengths capped at 16 bits) plus a raw sign+mantissa byte; the bitstream is cut into
 fixed chunks whose first-code offsets are stored (`gaps`), so chunks decode independently. The unit has
 `lanes` identical decoders, each owning one chunk at a time (the hardware image of the Triton kernel's

@@ -201,7 +201,7 @@ def unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
 def quantize_oaken_offline(
     x: np.ndarray, bits: int, lo: float, hi: float, base: float, step: float, keep: np.ndarray | None = None
 ):
-    """Oaken with offline metadata (`codesign.kernels.kv_quant.offline_meta`, bit for bit): the per-token
+    """Oaken with offline metadata (`codesign.kernels.kvcache.quantizers.offline_meta`, bit for bit): the per-token
     metadata is two 8-bit codes on an offline grid (base, step; step a power of two) instead of fp16.
 
     x `[..., head_dim]` (one kv head); keep = the elements held in sparse slots (default: all outside
@@ -255,7 +255,7 @@ def dequantize_oaken_offline(
 
 
 # ---- KIVI functional mode ------------------------------------------------------------------------
-# KIVI (codesign.kernels.kv_quant / kv_quant_kivi, bit for bit): the oldest n_q tokens of a sequence are
+# KIVI (codesign.kernels.kvcache.quantizers / kvcache.kivi, bit for bit): the oldest n_q tokens of a sequence are
 # quantized, n_q = floor(max(T - R, 0) / G) * G; keys per channel over each group of G consecutive
 # tokens, values per token over groups of GV = min(G, head_dim) elements, both with the asymmetric rule
 # of the module docstring; tokens [n_q, T) stay in full precision (the residual window).

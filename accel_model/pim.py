@@ -38,7 +38,7 @@ latch and the MAC lanes:
     fp8            also e4m3 codes (KV `fp8` per head, fp8 weights)
 
 Each code becomes an fp16 operand, x = fp16(fp32(code x scale) + zero) (`pim_dequant.py`, bit-exact
-with `kernels.kv_quant.dequantize_asym` rounded to fp16), then the fp16 MAC path as before. A column
+with `kernels.kvcache.quantizers.dequantize_asym` rounded to fp16), then the fp16 MAC path as before. A column
 of col_bytes x 8 / b codes takes
     slots = ceil((col_bytes x 8 / b) / min(elems_per_cmd, mac_lanes))
 command slots per vector, so per column slots x reuse: the front end has no fp16 operand buffer, each

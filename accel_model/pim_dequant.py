@@ -5,7 +5,7 @@ exact fp16 x fp16 -> fp32 path of `pim_mac.gemv` unchanged. The operand rule, in
 
     w = fp16_RNE( fp32_RNE( fp32(code) * scale ) + zero )       scale, zero: fp16 values
 
-i.e. exactly `kernels.kv_quant.dequantize_asym`'s float32 value (code * scale, then + zero, each an
+i.e. exactly `kernels.kvcache.quantizers.dequantize_asym`'s float32 value (code * scale, then + zero, each an
 IEEE fp32 operation) rounded to fp16, round to nearest even. In hardware: the product code x scale is
 exact (at most 8 + 11 = 19 significant bits, and |code x scale| >= 2^-24 or 0, far above fp32's
 subnormals), so the "multiply" is an 8 x 11-bit integer multiplier; the add is an fp32 RNE adder;
@@ -20,7 +20,7 @@ the front end is specified with the fp32 adder (tests/accel_model/test_pim_quant
 paths against torch).
 
 FP8 e4m3 codes (per-head scale s, fp32): w = fp16_RNE( fp32_RNE( e4m3(code) x s ) ), exactly
-`kernels.kv_quant.dequantize_fp8` rounded to fp16 (e4m3 -> fp32 is exact; 0x7F / 0xFF are NaN and
+`kernels.kvcache.quantizers.dequantize_fp8` rounded to fp16 (e4m3 -> fp32 is exact; 0x7F / 0xFF are NaN and
 refused).
 
 Metadata layout of `gemv_codes`: scale and zero are [R, G] with R in (1, N) and K a multiple of G;

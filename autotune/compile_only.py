@@ -5,15 +5,16 @@
     for launch in session.launches: print(launch.kernel, launch.registers, launch.shared_bytes)
 
 How (all undone on exit, also after an exception):
-  * Triton's active driver is replaced by a stand-in that reports a `GPUTarget("cuda", arch, 32)` and a
-    device id of its own (so compile-only kernels never share a JIT cache slot with a real GPU's);
-  * `JITFunction.run` is wrapped to pass `warmup=True`: Triton binds the arguments, specialises,
-    compiles (PTX by LLVM, cubin by the ptxas that ships with Triton) and returns before the launch;
-  * `codesign.backend` lets "triton" run on CPU tensors (and "auto" pick it), as it would on CUDA tensors;
-  * the kernels' "am I on a GPU" questions are answered as the lent GPU would (`_GPU_VIEW` below): the
-    GPU name their config tables are looked up under, the SM count that picks decode split counts, the
-    16-row `tl.dot` minimum, bf16 dot operands. Without this the CPU tensors would compile the
-    interpreter's variants (fp32 dots, 1-row tiles), not the kernels the GPU runs.
+  * the kernels ask `codesign.backend.device_view` what the device is; the session overrides that one view
+    (`use_device_view`) with the lent GPU's: the name their tables are looked up under, its SM count (decode
+    split counts), compute capability and hardware fp8, the 16-row `tl.dot` minimum, bf16 dot operands, and
+    that CPU tensors count as GPU tensors ("triton" runs on them, "auto" picks it). Without it the CPU
+    tensors would compile the interpreter's variants (fp32 dots, 1-row tiles), not the kernels the GPU runs;
+  * Triton itself still needs two stand-ins, since it asks its active driver for the target and launches
+    after compiling: the driver is replaced by one that reports a `GPUTarget("cuda", arch, 32)` and a device
+    id of its own (so compile-only kernels never share a JIT cache slot with a real GPU's), and
+    `JITFunction.run` is wrapped to pass `warmup=True` (Triton binds the arguments, specialises, compiles:
+    PTX by LLVM, cubin by the ptxas that ships with Triton, and returns before the launch).
 
 Resources: registers, spill stores / loads and stack come from `ptxas -v` run on the kernel's PTX with
 the same ptxas binary and flags Triton used to build the cubin (`_ptxas_usage`). `cuobjdump
@@ -27,23 +28,23 @@ whatever the buffer held. Covered: the DF11 ops read their error flags back only
 scratch into `out` (zeros, not NaN). The plain and quantizing KV writers, paged decode / extend / tree
 attention over every cache format, W8A8 / FP8 GEMM and the activation quantizer read nothing back.
 
-Process-wide and not thread-safe (it patches classes and modules); one session at a time. Needs a process
-in which TRITON_INTERPRET is not "1" (Triton decides interpreter or compiler when a kernel is defined).
+Process-wide and not thread-safe (Triton's driver and `JITFunction.run` are global); one session at a time.
+Needs a process in which TRITON_INTERPRET is not "1" (Triton decides interpreter or compiler when a kernel
+is defined).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import os
 import re
 import subprocess
-import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
+from codesign.backend import DeviceView, use_device_view
 from codesign.specs.errors import CodesignError
 
 # Opt-in shared memory per block (bytes) by compute capability: CUDA programming guide, "Compute capabilities".
@@ -212,64 +213,20 @@ def _ptxas_usage(kernel: Any, arch: int) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- the lent GPU's view
-def _gpu_view(gpu_name: str, sms: int, arch: int) -> list[tuple[str, str, Callable[[Any], Any], bool]]:
-    """(module, attribute, wrap(original) -> replacement, aliases too): each place a kernel module asks
-    whether it runs on a GPU, answered as the lent GPU would. With `aliases`, the same function imported
-    by name into other kernel modules is replaced there too (`_apply`)."""
-
-    def gpu_name_fn(_orig: Any) -> Any:
-        return lambda device=None: gpu_name
-
-    def dot_dtype(_orig: Any) -> Any:
-        mod = sys.modules["codesign.kernels.quant_gemm_triton"]
-        return lambda x_dtype, device: mod._TL_DTYPE[x_dtype]  # the CUDA branch: bf16 dots stay bf16
-
-    def rows_layout(orig: Any) -> Any:
-        return lambda group, block_m, is_decode, on_gpu: orig(group, block_m, is_decode, True)
-
-    def interp_guard(_orig: Any) -> Any:
-        # df11_linear asks `cuda or interpreter_enabled()` only to refuse CPU tensors without the interpreter.
-        return lambda: True
-
-    return [
-        ("codesign.autotune.lookup", "current_gpu_name", gpu_name_fn, True),
-        ("codesign.kernels.quant_gemm_triton", "_gpu_name", gpu_name_fn, False),
-        ("codesign.kernels.quant_gemm_triton", "_dot_dtype", dot_dtype, False),
-        ("codesign.kernels.paged_attention", "on_gpu", lambda _o: lambda t: True, True),
-        ("codesign.kernels.paged_attention_triton", "rows_layout", rows_layout, True),
-        ("codesign.kernels.paged_attention_triton", "num_sms", lambda _o: lambda device: sms, True),
-        # FP8 KV caches: the hardware e4m3 conversion from sm_89 on, as the launcher asks a real GPU.
-        ("codesign.kernels.paged_attention_triton", "hw_fp8", lambda _o: lambda device: arch >= 89, True),
-        # Not its aliases: quant_gemm_triton reads interpreter_enabled() to pick its interpreter defaults.
-        ("codesign.kernels.df11_linear", "interpreter_enabled", interp_guard, False),
-    ]
-
-
-def _import_kernel_modules() -> None:
-    """Import every codesign.kernels module first: one imported inside the block would bind a patched
-    function by name (`from ... import current_gpu_name`) and keep it after the block."""
-    import pkgutil
-
-    import codesign.kernels as pkg
-
-    for info in pkgutil.iter_modules(pkg.__path__, "codesign.kernels."):
-        with contextlib.suppress(ImportError):  # optional dependencies (CuPy) missing here
-            importlib.import_module(info.name)
-
-
-def _apply(patches: list, undo: list[tuple[Any, str, Any]]) -> None:
-    _import_kernel_modules()
-    for modname, attr, wrap, aliases in patches:
-        if modname not in sys.modules:
-            continue
-        orig = getattr(sys.modules[modname], attr)
-        new = wrap(orig)
-        # The module itself and (aliases) every kernel module that imported the function by name.
-        for mname, mod in list(sys.modules.items()):
-            if mname == modname or (aliases and mname.startswith("codesign.kernels")):
-                if getattr(mod, attr, None) is orig:
-                    undo.append((mod, attr, orig))
-                    setattr(mod, attr, new)
+def lent_gpu_view(arch: int, gpu_name: str, sms: int) -> DeviceView:
+    """The device view of a GPU of compute capability `arch` named `gpu_name` with `sms` SMs, compiled for and
+    never run: what every device answers inside a `compile_only` block."""
+    return DeviceView(
+        gpu=True,
+        gpu_name=gpu_name,
+        sms=sms,
+        capability=(arch // 10, arch % 10),
+        hw_fp8=arch >= 89,
+        min_dot_rows=16,
+        bf16_dot=True,
+        interpreted=False,
+        compile_only=True,
+    )
 
 
 # ----------------------------------------------------------------------------- the context manager
@@ -354,12 +311,9 @@ def compile_only(
     from triton.runtime import driver as drv  # the DriverConfig instance
     from triton.runtime.jit import JITFunction
 
-    import codesign.backend as backend
-
     session = CompileSession(arch=arch, gpu_name=gpu_name, sms=sms)
     saved_driver = drv._active  # private: the public reset_active() would build the real driver (fails here)
     orig_run = JITFunction.run
-    undo: list[tuple[Any, str, Any]] = []
 
     def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
         try:
@@ -382,13 +336,9 @@ def compile_only(
     try:
         drv.set_active(_TargetDriver(arch))
         JITFunction.run = run
-        backend._COMPILE_ONLY = True
-        _apply(_gpu_view(gpu_name, sms, arch), undo)
-        yield session
+        with use_device_view(lent_gpu_view(arch, gpu_name, sms)):
+            yield session
     finally:
-        for mod, attr, orig in reversed(undo):
-            setattr(mod, attr, orig)
-        backend._COMPILE_ONLY = False
         JITFunction.run = orig_run
         drv._active = saved_driver
         _ACTIVE.clear()

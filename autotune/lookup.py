@@ -3,7 +3,7 @@
 Tables are JSON files `<root>/<gpu-slug>/<op>.json`:
 
     {"version": 2, "op": "w4a16_gemm_splitk", "gpu": "NVIDIA H100 80GB HBM3",
-     "triton": "3.9.0", "source_modules": ["codesign.kernels.quant_gemm_triton"],
+     "triton": "3.9.0", "source_modules": ["codesign.kernels.gemm.triton_gemm"],
      "source_hash": "<sha256 of those modules' source files>",
      "entries": {"G=128,K=4096,N=4096": {"1": {...config...}, "16": {...}}}}
 

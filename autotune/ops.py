@@ -1,6 +1,6 @@
 """The tunable-op protocol and its registry: what the tuner needs to know about a kernel.
 
-A kernel becomes tunable by registering an object with these members (see `adapters.py` for the
+A kernel becomes tunable by registering an object with these members (see `adapters/` for the
 ones shipped). Shapes are plain dicts of named sizes, e.g. {"M": 16, "N": 4096, "K": 4096, "G": 128};
 `m` is the batch dimension that tables bucket.
 
@@ -75,12 +75,8 @@ def register(name: str, factory: Callable[[], TunableOp]) -> None:
 
 
 # Modules whose import registers the shipped adapters.
-BUILTIN_ADAPTERS = (
-    "codesign.autotune.adapters",
-    "codesign.autotune.adapters_kvq",
-    "codesign.autotune.adapters_act",
-    "codesign.autotune.adapters_df11",
-    "codesign.autotune.adapters_kvwrite",
+BUILTIN_ADAPTERS = tuple(
+    f"codesign.autotune.adapters.{m}" for m in ("gemm", "attention", "act", "df11", "kvcache")
 )
 
 

@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from codesign.kernels import df11_codec as codec
-from codesign.kernels.df11_gemm import DEFAULT_SEGMENT
+from codesign.kernels.df11 import codec
+from codesign.kernels.df11.triton_gemm import DEFAULT_SEGMENT
 
 DFLOAT11_REPORTED_RATIO = 0.70  # "70% size" in the paper's title: ~11 bits per BF16 weight
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from codesign.backend import use_backend
-from codesign.kernels.kv_write import kv_write
-from codesign.kernels.paged_attention import PagedDecodeWrapper, paged_extend_attention
-from codesign.kernels.tree_attention import TreeAttentionWrapper
+from codesign.kernels.attention.paged import paged_extend_attention
+from codesign.kernels.attention.wrappers import PagedDecodeWrapper, TreeAttentionWrapper
+from codesign.kernels.kvcache.write import kv_write
 
 BLOCK = 16
 HEADS = (32, 8, 128)  # Llama-3-8B: q heads, kv heads, head_dim

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from codesign.backend import use_backend
-from codesign.kernels import quant_formats as qf
-from codesign.kernels import quant_gemm as qg
+from codesign.kernels.gemm import formats as qf
+from codesign.kernels.gemm import ops as qg
 
 N = K = 1024
 FORMATS = {

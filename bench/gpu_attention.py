@@ -148,7 +148,7 @@ def _check_vs_torch(w, q, k, v, out) -> dict[str, Any]:
 def _decode_rows(copy_bw: float, hbm_bw: float | None, dtype, mode: Any = None) -> list[dict]:
     import torch
 
-    from codesign.kernels.paged_attention import PagedDecodeWrapper
+    from codesign.kernels.attention.wrappers import PagedDecodeWrapper
 
     mode = _default_mode(mode)
     dev = mode.device
@@ -176,7 +176,7 @@ def _decode_rows(copy_bw: float, hbm_bw: float | None, dtype, mode: Any = None) 
                 w.plan(k, bt, cl, hq)
                 out = torch.full_like(q, float("nan"))  # poisoned: an unwritten element fails the check
                 ms, graphed = _time_ms(functools.partial(w.run, q, k, v, out=out), mode=mode)
-                extra = dict(graphed=graphed, num_splits=w._plan["num_splits"], **case)
+                extra = dict(graphed=graphed, num_splits=w._plan.launch.num_splits, **case)
                 if batch0 * ctx0 <= 16 * 4096:
                     extra.update(_check_vs_torch(w, q, k, v, out))
                 if mode.smoke:
@@ -196,8 +196,7 @@ EXTEND_CASES = ((16, 64, 4096), (8, 512, 4096), (4, 2048, 0))  # (batch, new tok
 def _extend_and_tree_rows(copy_bw: float, hbm_bw: float | None, dtype, mode: Any = None) -> list[dict]:
     import torch
 
-    from codesign.kernels.paged_attention import PagedExtendWrapper
-    from codesign.kernels.tree_attention import TreeAttentionWrapper
+    from codesign.kernels.attention.wrappers import PagedExtendWrapper, TreeAttentionWrapper
 
     mode = _default_mode(mode)
     dev = mode.device

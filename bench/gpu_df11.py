@@ -29,8 +29,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from codesign.kernels import df11_codec as codec
-from codesign.kernels.df11_linear import DecodeWorkspace, PackedDF11, df11_gemm, df11_gemv
+from codesign.kernels.df11 import codec
+from codesign.kernels.df11.linear import DecodeWorkspace, PackedDF11, df11_gemm, df11_gemv
 
 TARGET_DECODE_GBPS = 200.0
 TARGET_GEMV_SLOWDOWN = 1.3

@@ -65,7 +65,7 @@ def _tables(batch: int, ctx: int, device: str):
 def _quant_cache(fmt: str, nb: int, device: str, hkv: int = HKV):
     import torch
 
-    from codesign.kernels.kv_quant_paged import QuantPagedKV
+    from codesign.kernels.kvcache.kvq import QuantPagedKV
 
     hs = torch.full((hkv,), 4.0 / 448, device=device) if fmt == "fp8" else None
     c = QuantPagedKV.empty(nb, BLOCK_SIZE, hkv, DIM, fmt, device, hs, hs)
@@ -82,7 +82,7 @@ def _quant_cache(fmt: str, nb: int, device: str, hkv: int = HKV):
 
 
 def _kivi_cache(bits: int, nb: int, device: str, hkv: int = HKV, batch: int = BATCH):
-    from codesign.kernels.kv_quant_kivi import KiviPagedKV
+    from codesign.kernels.kvcache.kivi import KiviPagedKV
 
     c = KiviPagedKV.empty(nb, BLOCK_SIZE, hkv, DIM, bits, KIVI_G, KIVI_R, batch, device=device)
     c.k_codes.random_(0, 256)
@@ -103,7 +103,8 @@ def _check_kivi(
     import torch
 
     from codesign.backend import use_backend
-    from codesign.kernels.kv_quant_kivi import KiviPagedKV, kivi_decode_attention
+    from codesign.kernels.attention.quantized import kivi_decode_attention
+    from codesign.kernels.kvcache.kivi import KiviPagedKV
 
     lens = [ctx - 1, ctx, ctx + 1]
     bt, _ = _tables(3, ctx + 1, device)
@@ -133,8 +134,9 @@ def _oaken_row(q, bt, cl, nb: int, base: float, mode: Any = None) -> dict:
     """INT4 Oaken decode; outlier words with valid positions so the kernel applies them."""
     import torch
 
-    from codesign.kernels import kv_quant as kvq
-    from codesign.kernels.kv_quant_oaken import OakenPagedKV, default_capacity, oaken_attention
+    from codesign.kernels.attention.quantized import oaken_attention
+    from codesign.kernels.kvcache import quantizers as kvq
+    from codesign.kernels.kvcache.oaken import OakenPagedKV, default_capacity
 
     hkv, dev = q.shape[1] // (HQ // HKV), q.device
     cap = default_capacity(0.04, BLOCK_SIZE, DIM)
@@ -156,7 +158,8 @@ def _mixed_row(q, bt, cl, nb: int, base: float, mode: Any = None) -> dict:
     """Cocktail-style mix over one launch: block widths 8 / 4 / 4 / 2 in turn."""
     import torch
 
-    from codesign.kernels.kv_quant_mixed import MixedPagedKV, mixed_attention
+    from codesign.kernels.attention.quantized import mixed_attention
+    from codesign.kernels.kvcache.mixed import MixedPagedKV
 
     hkv, dev = q.shape[1] // (HQ // HKV), q.device
     c = MixedPagedKV.empty(nb, BLOCK_SIZE, hkv, DIM, dev)
@@ -175,7 +178,8 @@ def _check(fmt: str, dtype, device: str = "cuda", ctx: int = 1000, hq: int = HQ,
     import torch
 
     from codesign.backend import use_backend
-    from codesign.kernels.kv_quant_paged import kvq_decode_attention, kvq_write
+    from codesign.kernels.attention.quantized import kvq_decode_attention
+    from codesign.kernels.kvcache.kvq import kvq_write
 
     bt, cl = _tables(4, ctx, device)
     c = _quant_cache(fmt, bt.numel(), device, hkv)
@@ -202,10 +206,10 @@ def run(report: dict, mode: Any = None) -> None:
     if not mode.available():
         report["kv_quant"] = {"skipped": "no CUDA device"}
         return
-    from codesign.kernels import kv_quant as kvq
-    from codesign.kernels.kv_quant_kivi import kivi_decode_attention
-    from codesign.kernels.kv_quant_paged import kvq_decode_attention, kvq_write
-    from codesign.kernels.paged_attention import paged_decode_attention
+    from codesign.kernels.attention.paged import paged_decode_attention
+    from codesign.kernels.attention.quantized import kivi_decode_attention, kvq_decode_attention
+    from codesign.kernels.kvcache import quantizers as kvq
+    from codesign.kernels.kvcache.kvq import kvq_write
 
     dev, dtype = mode.device, mode.dtype(torch.bfloat16)
     d = mode.scale(batch=BATCH, ctx=CONTEXT, q_heads=HQ, kv_heads=HKV)

@@ -7,12 +7,18 @@ error against a dequantize-then-matmul fp32 reference (checked once per layer an
 Kernels: W4A16 g128 asym (Triton; also CuPy for M <= 16 when cupy imports), W8A16 per-channel,
 W8A8 int8 (dynamic per-token activations included in the time), FP8 (sm_89+ only).
 
+Peers (bench/peers.py: gemlite, torchao, installed offline from the suite's `--peers-dir`) are timed on
+the same x and weight as rows "<peer>:<format>", their error checked once per layer against the
+unquantized product (they quantize with their own rules); `report["quant_gemm"]["peers"]` says which
+ran and why not, `["compare"]` gives ours/bf16 and ours/best peer per (layer, M, format).
+
 Targets (issue 3): W4A16 g128 at N = K = 8192 >= 3.5x bf16 for M <= 16 and >= 0.9x at M = 4096;
 W8A8 >= 1.6x bf16 at M >= 1024 on Llama-2-70B MLP shapes. `report["quant_gemm"]["targets"]` says
 which were met. Times use CUDA graphs where capture works, else `triton.testing.do_bench`.
 
 Smoke mode (`gpu_suite.py --smoke`): the same tables shrunk by `gpu_suite.smoke_shape`, float16 for
-bf16 (the interpreter computes bf16 wrongly), one CPU-timed call per case, no CuPy (needs CUDA tensors).
+bf16 (the interpreter computes bf16 wrongly), one CPU-timed call per case, no CuPy (needs CUDA tensors),
+and the stand-in peer `peers.SMOKE_PEERS` in place of the real ones (they run CUDA kernels only).
 
 Standalone: python bench/gpu_quant_gemm.py [--quick]  (prints the report as JSON).
 """
@@ -36,14 +42,35 @@ SHAPES: dict[str, dict[str, tuple[int, int]]] = {
 QUICK_SHAPES = {"square": {"8192": (8192, 8192)}, "llama2-70b": {"gate_up": (57344, 8192)}}
 
 
+BENCH_DIR = Path(__file__).resolve().parent
+
+
 def _default_mode(mode: Any) -> Any:
     """The suite's run mode; standalone runs get the suite's GPU mode."""
     if mode is not None:
         return mode
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(BENCH_DIR))
     from gpu_suite import GPU
 
     return GPU
+
+
+def _peers_module():
+    if str(BENCH_DIR) not in sys.path:
+        sys.path.insert(0, str(BENCH_DIR))
+    import peers
+
+    return peers
+
+
+def _peer_setup(mode: Any) -> tuple[Any, dict, tuple]:
+    """(the peers module, {peer: PeerStatus}, the peers to time): the real ones on the GPU, the stand-in in smoke."""
+    import tempfile
+
+    peers = _peers_module()
+    cast = peers.SMOKE_PEERS if mode.smoke else peers.PEERS
+    target = Path(tempfile.mkdtemp(prefix="codesign-peers-"))
+    return peers, peers.install_peers(getattr(mode, "peers_dir", None), target, cast), cast
 
 
 def _time_ms(fn, mode: Any = None) -> tuple[float, bool]:
@@ -64,8 +91,8 @@ def _kernels(weight, fp8_ok: bool, cupy_ok: bool, act: str = "bf16") -> dict[str
 
     `act`: the activation / scale dtype of the weight-only kernels ("bf16"; "fp16" in smoke mode)."""
     from codesign.backend import use_backend
-    from codesign.kernels import quant_formats as qf
-    from codesign.kernels import quant_gemm as qg
+    from codesign.kernels.gemm import formats as qf
+    from codesign.kernels.gemm import ops as qg
     from codesign.specs import WeightFormat
 
     w4 = qf.quantize_rtn(weight, "int4", 128, False, torch_dtype(act))
@@ -143,6 +170,7 @@ def run(report: dict, quick: bool = False, mode: Any = None) -> None:
             cupy_ok = True
         except ImportError:
             pass
+    peers, peer_status, cast = _peer_setup(mode)
     rows: list[dict[str, Any]] = []
     torch.manual_seed(0)
     ms_of: dict[int, list[int]] = {}  # M to run -> the table's Ms it stands for (smoke merges some)
@@ -154,6 +182,7 @@ def run(report: dict, quick: bool = False, mode: Any = None) -> None:
             n, k = d["N"], d["K"]
             weight = torch.randn(n, k, device=dev, dtype=torch_dtype(act)) * 0.02
             kernels = _kernels(weight, fp8_ok=fp8_ok, cupy_ok=cupy_ok, act=act)
+            peer_fns = _peer_kernels(peers, peer_status, cast, weight, kernels, rows, (model, layer, n, k))
             for m, reals in ms_of.items():
                 x = torch.randn(m, k, device=dev, dtype=torch_dtype(act))
                 base_ms, _ = _time_ms(lambda x=x, w=weight: torch.matmul(x, w.t()), mode)
@@ -178,16 +207,67 @@ def run(report: dict, quick: bool = False, mode: Any = None) -> None:
                         mode.sync()  # a sticky CUDA error resurfaces here and ends the section instead
                         rows.append(dict(model=model, layer=layer, M=m, N=n, K=k, kernel=kname,
                                          error=f"{type(e).__name__}: {e}"[:300]))  # fmt: skip
-            del weight, kernels
+                for (peer, fmt), fn in peer_fns.items():
+                    wfmt = kernels[peers.OURS[fmt]][0]
+                    rows.append(_peer_row(mode, (model, layer, m, n, k), peer, fmt, fn, x, weight,
+                                          16 in reals, base_ms, wfmt, act, spec_gpu))  # fmt: skip
+            del weight, kernels, peer_fns
             mode.empty_cache()
     report["quant_gemm"] = {
         "gpu": name,
         "catalog_gpu": spec_gpu.key if spec_gpu else None,
         "rows": rows,
         "targets": _targets(rows),
-        "checks_ok": all(r["rel_err_ok"] for r in rows if r.get("rel_err") is not None)
-        and not any("error" in r for r in rows),
+        "checks_ok": all(r["rel_err_ok"] for r in rows if r.get("rel_err") is not None and "peer" not in r)
+        and not any("error" in r for r in rows if "peer" not in r),
+        "peers": {name: vars(st) for name, st in peer_status.items()},
+        "peers_checks_ok": all(r.get("rel_err_ok", True) and "error" not in r for r in rows if "peer" in r),
+        "compare": peers.compare(rows),
     }
+
+
+# A peer's error is measured against x @ W^T with the unquantized W (it quantizes by its own rules): int4
+# g128 on Gaussian weights is ~10 %, int8 per channel ~1 %, e4m3 ~5 %; a misused adapter (W transposed,
+# scales dropped) is O(1).
+PEER_REL_ERR_BOUND = {"w4a16_g128": 0.15, "w8a8_int8": 3e-2, "fp8": 8e-2}
+
+
+def _peer_kernels(peers, status, cast, weight, kernels, rows, where) -> dict[tuple[str, str], Any]:
+    """{(peer, format): fn} for every peer that builds each format we time; a peer that cannot is one error
+    row per layer (M None), so the table says why its column is empty."""
+    model, layer, n, k = where
+    out = {}
+    for fmt in peers.FORMATS:
+        if peers.OURS[fmt] not in kernels:
+            continue
+        for peer, fn in peers.peer_kernels(status, fmt, weight, cast).items():
+            if callable(fn):
+                out[(peer, fmt)] = fn
+            else:
+                rows.append(dict(model=model, layer=layer, M=None, N=n, K=k, kernel=f"{peer}:{fmt}", peer=peer,
+                                 error=fn))  # fmt: skip
+    return out
+
+
+def _peer_row(mode, where, peer, fmt, fn, x, weight, check, base_ms, wfmt, act, spec_gpu) -> dict[str, Any]:
+    """One timed row of a peer's kernel on ours' spec (same bytes and flops), checked when `check`."""
+    from codesign.specs import Gemm
+
+    model, layer, m, n, k = where
+    name = f"{peer}:{fmt}"
+    try:
+        err = None
+        if check:
+            err = _rel_err(fn(x), x.float() @ weight.float().t())
+        ms, _ = _time_ms(lambda: fn(x), mode)
+        kact = {"w4a16_g128": act, "w8a8_int8": "int8", "fp8": "fp8_e4m3"}[fmt]
+        row = _row(model, layer, m, n, k, name, ms, base_ms, err, Gemm(m, n, k, wfmt, kact, act), spec_gpu,
+                   bound=PEER_REL_ERR_BOUND[fmt])  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - a peer failing on this GPU is its row, not the section's end
+        mode.sync()
+        row = dict(model=model, layer=layer, M=m, N=n, K=k, kernel=name, error=f"{type(e).__name__}: {e}"[:300])
+    row["peer"] = peer
+    return row
 
 
 # ||out - ref|| / ||ref|| bounds of the M = 16 check against x @ dequant(W)^T in fp32: the output is
@@ -197,7 +277,7 @@ REL_ERR_BOUND = {"w8a8_int8": 2e-2, "fp8": 8e-2}
 REL_ERR_BOUND_DEFAULT = 1e-2
 
 
-def _row(model, layer, m, n, k, kernel, ms, base_ms, err, spec, gpu) -> dict[str, Any]:
+def _row(model, layer, m, n, k, kernel, ms, base_ms, err, spec, gpu, bound: float | None = None) -> dict[str, Any]:
     t = ms * 1e-3
     row = {
         "model": model,
@@ -213,7 +293,7 @@ def _row(model, layer, m, n, k, kernel, ms, base_ms, err, spec, gpu) -> dict[str
         "rel_err": err,
     }
     if err is not None:
-        row["rel_err_bound"] = REL_ERR_BOUND.get(kernel, REL_ERR_BOUND_DEFAULT)
+        row["rel_err_bound"] = bound if bound is not None else REL_ERR_BOUND.get(kernel, REL_ERR_BOUND_DEFAULT)
         row["rel_err_ok"] = err <= row["rel_err_bound"]
     if gpu is not None:
         roof = max(spec.flops() / gpu.peak(spec.peak_key()), spec.min_bytes() / gpu.mem_bw)

@@ -3,7 +3,7 @@
 # tests, a tuning pass of quantized-KV decode at issue 5's benchmark shape, and that benchmark again
 # with the tables it produced. Everything lands in $OUT (at most 8 files: the device tool's limit).
 #
-#   OUT=/tmp/out SUITE_SKIP="gpu_df11" bash bench/gpu_session.sh
+#   OUT=/tmp/out SUITE_SKIP="gpu_df11" bash bench/gpu_session.sh      (PEERS_DIR: default bench/peers_files)
 #
 # SUITE_SKIP: more suite sections or bench modules to skip (the suite's tuning pass is always skipped: step 3
 # tunes instead). One --skip only: argparse keeps the last one given.
@@ -19,16 +19,18 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 ($PY -m pip install -q -e . --no-deps --no-build-isolation || $PY -m pip install -q . --no-deps --no-build-isolation) \
   >"$OUT/install.txt" 2>&1
 
-# 1. The suite: ceilings, correctness of every kernel, the kernels' benchmarks (no tuning pass: step 3).
-timeout -s TERM "${SUITE_SECONDS:-300}" $PY bench/gpu_suite.py --out "$OUT/suite.json" --skip tuning ${SUITE_SKIP:-} \
+# 1. The suite: ceilings, correctness of every kernel, the kernels' benchmarks (no tuning pass: step 3), the
+# peers beside ours when their files came along (bench/fetch_peers.sh; carry bench/peers_files).
+PEERS_DIR=${PEERS_DIR:-bench/peers_files}
+timeout -s TERM "${SUITE_SECONDS:-360}" $PY bench/gpu_suite.py --out "$OUT/suite.json" --peers-dir "$PEERS_DIR" \
+  --skip tuning ${SUITE_SKIP:-} \
   2>&1 | grep -v -e "UserWarning: no tuned config" -e "cfg = \|config = launch_config(" | tee "$OUT/log.txt"
 
 work=$(mktemp -d)  # everything below is tarred into $OUT/extra.tgz at the end
 
 # 2. The tests marked gpu (skipped on CPU machines): compiled kernels against their references.
-timeout -s TERM "${TESTS_SECONDS:-120}" $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_paged_attention.py \
-  tests/test_quant_gemm.py tests/test_quant_gemm_cupy.py tests/test_df11_triton.py tests/test_df11_gemm.py \
-  tests/test_kvq_oaken_writer_parallel.py >"$work/gpu_tests.txt" 2>&1
+timeout -s TERM "${TESTS_SECONDS:-120}" $PY -m pytest -q -m gpu -p no:cacheprovider tests/kernels \
+  >"$work/gpu_tests.txt" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$work/gpu_tests.txt" | tail -8 | tee -a "$OUT/log.txt"  # full log: extra.tgz
 
 # 3. Tune quantized-KV decode at the benchmark's shape (batch 16, context 32k, Llama-3-8B heads, blocks of 32).

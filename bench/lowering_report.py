@@ -74,22 +74,9 @@ def _adapter_cases(mods: dict, arch: int) -> Iterator[Case]:
                         continue
 
                     def call(op=op, shape=shape, dname=dname):
-                        dtype = getattr(torch, dname)
-                        inputs = op.make_inputs(shape, dtype, "cpu", 1)
-                        if op.name == "kv_write" and dtype == torch.bfloat16:
-                            _kv_write_launcher(inputs)
-                        else:
-                            op.run(inputs, {})
+                        op.run(op.make_inputs(shape, getattr(torch, dname), "cpu", 1), {})
 
                     yield ("correctness", label, call)
-
-
-def _kv_write_launcher(inputs: dict) -> None:
-    """The plain KV writer's launcher, called directly for bf16: its op refuses bf16 on CPU tensors with an
-    inline device test (kernels/kv_write.py `on_gpu`) that compile_only cannot answer; the launch is the same."""
-    from codesign.kernels.kv_write_triton import kv_write_triton
-
-    kv_write_triton(inputs["key"], inputs["value"], *inputs["cache"], inputs["slots"])
 
 
 class Skipped(Exception):
@@ -107,8 +94,8 @@ def _quant_gemm_cases(mods: dict, arch: int) -> Iterator[Case]:
     """gpu_quant_gemm (quick, as the suite runs it): every kernel at every M over its shapes, bf16."""
     import torch
 
-    from codesign.kernels import quant_formats as qf
-    from codesign.kernels import quant_gemm as qg
+    from codesign.kernels.gemm import formats as qf
+    from codesign.kernels.gemm import ops as qg
 
     qgb = mods["qg"]
 
@@ -157,8 +144,11 @@ def _attention_cases(mods: dict) -> Iterator[Case]:
     """gpu_attention: decode (both layouts, every batch and context, bf16 and fp16), extend and tree (bf16)."""
     import torch
 
-    from codesign.kernels.paged_attention import PagedDecodeWrapper, PagedExtendWrapper
-    from codesign.kernels.tree_attention import TreeAttentionWrapper
+    from codesign.kernels.attention.wrappers import (
+        PagedDecodeWrapper,
+        PagedExtendWrapper,
+        TreeAttentionWrapper,
+    )
 
     att = mods["att"]
     bs = att.BLOCK_SIZE
@@ -209,10 +199,16 @@ def _kvquant_cases(mods: dict) -> Iterator[Case]:
     """gpu_kvquant: decode over every quantized format at its batch and context, and the writers (bf16, fp16)."""
     import torch
 
-    from codesign.kernels.kv_quant_kivi import KiviPagedKV, kivi_decode_attention
-    from codesign.kernels.kv_quant_mixed import MixedPagedKV, mixed_attention
-    from codesign.kernels.kv_quant_oaken import OakenPagedKV, default_capacity, oaken_attention
-    from codesign.kernels.kv_quant_paged import QuantPagedKV, kvq_decode_attention, kvq_write
+    from codesign.kernels.attention.quantized import (
+        kivi_decode_attention,
+        kvq_decode_attention,
+        mixed_attention,
+        oaken_attention,
+    )
+    from codesign.kernels.kvcache.kivi import KiviPagedKV
+    from codesign.kernels.kvcache.kvq import QuantPagedKV, kvq_write
+    from codesign.kernels.kvcache.mixed import MixedPagedKV
+    from codesign.kernels.kvcache.oaken import OakenPagedKV, default_capacity
 
     b = mods["kvq"]
     hq, hkv, dim, bs = b.HQ, b.HKV, b.DIM, b.BLOCK_SIZE
@@ -290,8 +286,8 @@ def _df11_cases(mods: dict) -> Iterator[Case]:
     """gpu_df11 (quick): decode + GEMV at the first shape and two chunkings, the fused GEMM at small M."""
     import torch
 
-    from codesign.kernels import df11_codec as codec
-    from codesign.kernels.df11_linear import DecodeWorkspace, PackedDF11, df11_gemm, df11_gemv
+    from codesign.kernels.df11 import codec
+    from codesign.kernels.df11.linear import DecodeWorkspace, PackedDF11, df11_gemm, df11_gemv
 
     b = mods["df11"]
     n, k = b.SHAPES[0]

@@ -13,6 +13,9 @@ the formats the suite compares:
     "w8a8_int8"   int8 per-channel weights, int8 dynamic per-token activations
     "fp8"         e4m3 per-channel weights, e4m3 dynamic per-token activations
 `compare(rows)` turns timed rows into ours/bf16 and ours/best-peer per (shape, M, format).
+
+The GPU suite's smoke mode (CPU) times SMOKE_PEERS instead: a stand-in that dequantizes once and calls
+torch.matmul, so the peer code path (install, adapters, rows, the comparison table) runs in CI.
 """
 
 from __future__ import annotations
@@ -226,4 +229,32 @@ PEERS: tuple[Peer, ...] = (
          {"w4a16_g128": _gemlite_w4, "w8a8_int8": _gemlite_a8w8(False), "fp8": _gemlite_a8w8(True)}),
     Peer("torchao", "torchao-*", "torchao",
          {"w4a16_g128": _torchao(_ao_int4), "w8a8_int8": _torchao(_ao_int8), "fp8": _torchao(_ao_fp8)}),
+)  # fmt: skip
+
+
+def _dequantized(quantize: Callable[[Any], Any]):
+    """A stand-in adapter: W quantized by `quantize`, dequantized once, then a plain matmul per call."""
+
+    def adapter(weight):
+        w = quantize(weight).to(weight.dtype)
+        return lambda x: x @ w.t()
+
+    return adapter
+
+
+def _int4_dequant(weight):
+    q, s, z = _int4_asym_codes(weight)
+    n, k = weight.shape
+    return ((q.float().reshape(n, k // 128, 128) - z.float()[..., None]) * s.float()[..., None]).reshape(n, k)
+
+
+def _int8_dequant(weight):
+    s = weight.float().abs().amax(1, keepdim=True).clamp(min=1e-8) / 127
+    return (weight.float() / s).round().clamp(-127, 127) * s
+
+
+SMOKE_PEERS: tuple[Peer, ...] = (
+    Peer("dequant", "", "torch",
+         {"w4a16_g128": _dequantized(_int4_dequant), "w8a8_int8": _dequantized(_int8_dequant),
+          "fp8": _dequantized(lambda w: w.float())}),
 )  # fmt: skip

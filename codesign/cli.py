@@ -29,7 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "model-vs-RTL cycle and bit evidence (source checkout + hdl extra)",
     ),
     "kvq-accuracy": (
-        "codesign.kernels.kvq_accuracy_cli",
+        "codesign.kernels.kvcache.accuracy_cli",
         "attention error and bits per element of each KV format",
     ),
     "map": ("codesign.dataflow.map_cli", "map and schedule one model step onto a GPU or a simulated design"),

@@ -6,7 +6,7 @@ activation rows plus directed corners (pdq_vectors.py), every operand compared b
 `pim_dequant.dequant_operand`, every refusal flag with the model's refusals, every element's latency
 with `LANE_LATENCY` and each set's cycles with `lane_cycles`. The multiplier and the converter alone
 are checked against numpy. The vector generators are checked outside the simulator: the model against an exact rational
-two-rounding reference, the metadata mirror against `kernels.kv_quant.quantize_per_token`, and each
+two-rounding reference, the metadata mirror against `kernels.kvcache.quantizers.quantize_per_token`, and each
 directed set for the situation it claims. The teeth tests inject a one-line fault.
 """
 
@@ -218,9 +218,9 @@ def test_operand_sets_hit_their_corner(bits, hdl_seed):
 
 @pytest.mark.parametrize("bits", pim_dequant.INT_BITS)
 def test_per_token_mirror_equals_kv_quant(bits, hdl_seed):
-    """The bench's numpy metadata (no torch in the simulator) is kernels.kv_quant.quantize_per_token's."""
+    """The bench's numpy metadata (no torch in the simulator) is kernels.kvcache.quantizers.quantize_per_token's."""
     torch = pytest.importorskip("torch")
-    from codesign.kernels.kv_quant import quantize_per_token
+    from codesign.kernels.kvcache.quantizers import quantize_per_token
 
     x = pv.activation_rows(np.random.default_rng(hdl_seed), 9, 37)
     x[3] = 0.5  # a constant row: scale 0, codes 0

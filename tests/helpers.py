@@ -104,3 +104,13 @@ def inductor_cache_per_cpu_capability() -> str:
         base = os.path.join(base, cap)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = base
     return base
+
+
+def device_view_with(**changes):
+    """A context in which every device's `DeviceView` is this CPU's with `changes` (e.g. gpu_name= the name a
+    tuned table was written under, bf16_dot=True): what the kernels see, without touching a kernel module."""
+    import dataclasses
+
+    from codesign.backend import device_view, use_device_view
+
+    return use_device_view(dataclasses.replace(device_view("cpu"), **changes))

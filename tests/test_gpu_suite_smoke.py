@@ -25,6 +25,7 @@ SUITE = Path(__file__).resolve().parents[1] / "bench" / "gpu_suite.py"
 BENCH_SECTIONS = {
     "gpu_attention": "paged_attention",
     "gpu_df11": "df11",
+    "gpu_hf": "hf_generate",
     "gpu_kvquant": "kv_quant",
     "gpu_quant_gemm": "quant_gemm",
 }
@@ -110,6 +111,14 @@ def test_smoke_kernel_benches_all_run_and_check(tmp_path):
     assert {r["kernel"] for r in qg} >= {"fp16_matmul", "w4a16_g128", "w8a16_pc", "w8a8_int8", "fp8"}
     assert sum(r["rel_err"] is not None for r in qg) >= 8 and all(r["ms"] > 0 for r in qg)
     assert {r["M"] for r in qg} == {suite.smoke_shape({"M": m})["M"] for m in (1, 4, 16, 64, 256, 1024, 4096)}
+    # The peer path with the stand-in peer: installed (already importable), timed, checked, compared.
+    assert rep["quant_gemm"]["peers"]["dequant"]["ok"] and rep["quant_gemm"]["peers_checks_ok"] is True
+    peer_rows = [r for r in qg if r.get("peer") == "dequant"]
+    assert {r["kernel"] for r in peer_rows} == {"dequant:w4a16_g128", "dequant:w8a8_int8", "dequant:fp8"}
+    assert sum(r["rel_err"] is not None for r in peer_rows) >= 3
+    table = rep["quant_gemm"]["compare"]
+    assert {r["format"] for r in table} == {"w4a16_g128", "w8a8_int8", "fp8"}
+    assert all(r["best_peer"] == "dequant" and r["ours_vs_best_peer"] > 0 and r["ours_vs_bf16"] > 0 for r in table)
     att = rep["paged_attention"]["rows"]
     assert {r["kind"] for r in att if "ms" in r} == {"decode", "extend", "tree"}
     assert sum("check_ok" in r for r in att) >= 10

@@ -159,7 +159,7 @@ class WeightFormat:
         return cls(dtype=dtype, group_size=group, symmetric=symmetric)
 
 
-KV_SCHEMES = ("none", "per_token", "per_head", "kivi", "oaken")
+KV_SCHEMES = ("none", "per_token", "per_head", "kivi", "oaken", "mixed")
 KV_OAKEN_META = ("token", "offline")
 
 
@@ -180,8 +180,12 @@ class KVFormat:
         rate), each slot `outlier_bits` (fp16 value + 16-bit in-block position).
         meta="token": fp16 scale + lower bound per token per head (2 x scale_dtype);
         meta="offline": two 8-bit codes per token per head on a per-(layer, kv head) grid calibrated
-        offline (`kernels.kv_quant.calibrate_oaken_grid`; the grid, like the thresholds, is per layer
-        and not counted per token).
+        offline (`kernels.kvcache.quantizers.calibrate_oaken_grid`; the grid, like the thresholds, is per
+        layer and not counted per token).
+      - "mixed": per-chunk mixed precision (Cocktail-style): each paged block holds INT8, INT4 or INT2
+        per-token codes with a (scale, zero) per token per head. Rows are sized for the widest code, so
+        dtype is "int8" and the bits are counted as int8 per token (the pool's capacity; the traffic of a
+        narrower block is less).
     """
 
     dtype: str = "fp16"
@@ -190,7 +194,7 @@ class KVFormat:
     residual: int = 0
     scale_dtype: str = "fp16"
     outlier_fraction: float = 0.0
-    outlier_bits: int = 32  # fp16 value + 16-bit position inside the block (kernels.kv_quant_oaken layout)
+    outlier_bits: int = 32  # fp16 value + 16-bit position inside the block (kernels.kvcache.oaken layout)
     meta: str = "token"  # oaken only: "token" (fp16 scale + shift) or "offline" (8-bit z, r on a grid)
 
     def __post_init__(self) -> None:
@@ -210,6 +214,8 @@ class KVFormat:
             raise CodesignError(f"fp8 KV uses scheme 'per_head', got {self.scheme!r}")
         if self.scheme == "oaken" and self.dtype not in ("int4", "int2", "int8"):
             raise CodesignError("the oaken scheme needs an int dtype (int8, int4, int2)")
+        if self.scheme == "mixed" and self.dtype != "int8":
+            raise CodesignError(f"the mixed scheme stores rows sized for int8 (dtype 'int8'), got {self.dtype!r}")
         check_choice("kv meta", self.meta, KV_OAKEN_META)
         if self.meta != "token" and self.scheme != "oaken":
             raise CodesignError(
@@ -235,7 +241,7 @@ class KVFormat:
         meta_pair = 2 * dtype_bits(self.scale_dtype)  # scale + zero (or lower bound)
         if self.scheme in ("none", "per_head"):
             return code
-        if self.scheme == "per_token":
+        if self.scheme in ("per_token", "mixed"):
             return code + meta_pair / head_dim
         if self.scheme == "kivi":
             # K: per channel over group_size tokens; V: per token over group_size elements.
@@ -256,21 +262,23 @@ class KVFormat:
     @classmethod
     def parse(cls, text: str) -> KVFormat:
         """Parse 'fp16', 'bf16', 'fp8', 'int8', 'int4-kivi', 'int2-kivi', 'int4-oaken', 'int4-oaken_offline',
-        'int8-per_token'."""
+        'int8-per_token', 'mixed' (or 'int8-mixed')."""
         t = text.lower()
         if t in ("fp32", "fp16", "bf16"):
             return cls(dtype=t)
+        if t == "mixed":
+            return cls(dtype="int8", scheme="mixed")
         if t in ("fp8", "fp8_e4m3"):
             return cls(dtype="fp8_e4m3", scheme="per_head")
         dtype, _, scheme = t.partition("-")
         if dtype not in ("int8", "int4", "int2"):
             raise CodesignError(
                 f"kv format {text!r}: expected fp16, bf16, fp32, fp8, or int8/int4/int2 with "
-                f"-kivi, -oaken, -oaken_offline or -per_token"
+                f"-kivi, -oaken, -oaken_offline or -per_token, or mixed"
             )
         scheme = scheme or "per_token"
         if scheme == "oaken_offline":
-            # kernels.kvq_accuracy's default: 2 slots per (16-token block, kv head) of head_dim 32.
+            # kernels.kvcache.accuracy's default: 2 slots per (16-token block, kv head) of head_dim 32.
             return cls(dtype=dtype, scheme="oaken", outlier_fraction=2 / 512, meta="offline")
         check_choice("kv scheme", scheme, KV_SCHEMES[2:] + ("per_token",))
         if scheme == "oaken":

@@ -5,7 +5,7 @@ sets for one code width, built so that each situation occurs by construction:
 
 - "per_token": real per-token quantization metadata: random activation rows (per-row spread 2^-6 to
   2^4, a shifted mean, a few outliers) quantized by `per_token_numpy`, which mirrors
-  `codesign.kernels.kv_quant.quantize_per_token` (fp16 scale and zero; test_rtl_pim_dequant.py checks
+  `codesign.kernels.kvcache.quantizers.quantize_per_token` (fp16 scale and zero; test_rtl_pim_dequant.py checks
   the mirror against it);
 - "max_code": the same metadata with every code at 2^bits - 1;
 - "code0_signed_zero": code 0 against scales of both signs (-> -0 products), zeros of both signs,
@@ -68,7 +68,7 @@ def _take(e: Elements, keep: np.ndarray, n: int | None = None) -> Elements:
     return e[0][idx], e[1][idx], e[2][idx]
 
 
-# ---- per-token metadata (mirror of kernels.kv_quant.quantize_asym with fp16 metadata) ---------------
+# ---- per-token metadata (mirror of kernels.kvcache.quantizers.quantize_asym with fp16 metadata) ---------------
 
 
 def per_token_numpy(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

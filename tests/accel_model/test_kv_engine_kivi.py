@@ -1,5 +1,5 @@
 """KV quant engine, KIVI mode (`accel_model.kv_quant_engine`): the functional quantizer against the
-kernels' KIVI reference (`kernels.kv_quant.quantize_asym` on KIVI's groups, the paged writer
+kernels' KIVI reference (`kernels.kvcache.quantizers.quantize_asym` on KIVI's groups, the paged writer
 `KiviPagedKV.append`, and `kivi_fake_quant`) bit for bit on random data with channel outliers, and
 `kvq_cost`'s KIVI formula on hand-computed cases and against a step-by-step two-pass pipeline."""
 
@@ -20,8 +20,8 @@ from codesign.accel_model.kv_quant_engine import (
     quantize_kivi_values,
 )
 from codesign.backend import use_backend
-from codesign.kernels import kv_quant as kvq
-from codesign.kernels.kv_quant_kivi import KiviPagedKV
+from codesign.kernels.kvcache import quantizers as kvq
+from codesign.kernels.kvcache.kivi import KiviPagedKV
 from codesign.specs import CodesignError, KVDequantize, KVFormat, KVWrite
 
 # Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).

@@ -1,5 +1,5 @@
 """PIM units with a dequantizing front end (pim.dequant): hand-checked costs, refusals, placement, energy,
-and the functional front end bit-exact against a reference built from codesign.kernels.kv_quant."""
+and the functional front end bit-exact against a reference built from codesign.kernels.kvcache.quantizers."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from codesign.accel_model.pim import (
     why_not,
 )
 from codesign.accel_model.pim_dequant import dequant_operand, e4m3_to_float32, fp8_operand, gemv_codes
-from codesign.kernels import kv_quant
+from codesign.kernels.kvcache import quantizers as kv_quant
 from codesign.specs import CodesignError, Gemm, KVFormat, PagedDecodeAttention, WeightFormat
 
 # Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
@@ -288,7 +288,7 @@ def test_design_fields_read_with_the_pim_spec():
 def _reference_operand(
     codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dim: int = -1
 ) -> np.ndarray:
-    """kernels.kv_quant's dequantization (fp32), rounded to fp16 by torch: the operand the unit must see."""
+    """kernels.kvcache.quantizers's dequantization (fp32), rounded to fp16 by torch: the operand the unit must see."""
     return kv_quant.dequantize_asym(codes, scale, zero, dim).to(torch.float16).numpy()
 
 

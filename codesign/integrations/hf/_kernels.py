@@ -10,8 +10,25 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from codesign.kernels import kv_quant as kvq
-from codesign.kernels.df11_linear import (
+from codesign.kernels.attention.paged import paged_decode_attention, paged_extend_attention, tree_attention
+from codesign.kernels.attention.quantized import (
+    kivi_decode_attention,
+    kivi_extend_attention,
+    kivi_tree_attention,
+    kvq_decode_attention,
+    kvq_extend_attention,
+    kvq_tree_attention,
+    mixed_attention,
+    oaken_attention,
+)
+from codesign.kernels.attention.tree import (
+    TreeBatch,
+    build_tree_batch,
+    check_parents,
+    tree_depths,
+    verify_tree,
+)
+from codesign.kernels.df11.linear import (
     DecodeWorkspace,
     LosslessBF16Config,
     LosslessBF16Linear,
@@ -19,29 +36,19 @@ from codesign.kernels.df11_linear import (
     compress_model_,
     model_weight_format,
 )
-from codesign.kernels.kv_quant_kivi import (
-    KiviPagedKV,
-    kivi_decode_attention,
-    kivi_extend_attention,
-    kivi_tree_attention,
+from codesign.kernels.gemm.checkpoints import from_awq, from_gptq
+from codesign.kernels.gemm.formats import QuantizedWeight
+from codesign.kernels.gemm.formats import unpack_codes as unpack_weight_codes
+from codesign.kernels.gemm.linear import (
+    FP8Config,
+    QuantLinear,
+    W4A16Config,
+    W8A8Config,
+    W8A16Config,
+    quantize_,
 )
-from codesign.kernels.kv_quant_mixed import (
-    MIXED_BITS,
-    MixedPagedKV,
-    cocktail_bits,
-    mixed_attention,
-    mixed_write,
-)
-from codesign.kernels.kv_quant_oaken import OakenPagedKV, oaken_attention
-from codesign.kernels.kv_quant_paged import (
-    QuantPagedKV,
-    kvq_decode_attention,
-    kvq_extend_attention,
-    kvq_tree_attention,
-    kvq_write,
-)
-from codesign.kernels.kv_write import kv_write
-from codesign.kernels.kvq_accuracy import (
+from codesign.kernels.kvcache import quantizers as kvq
+from codesign.kernels.kvcache.accuracy import (
     KIVI_GROUP,
     KIVI_RESIDUAL,
     MIXED_RECENT,
@@ -50,27 +57,12 @@ from codesign.kernels.kvq_accuracy import (
     OAKEN_OFFLINE_FRACTION,
     OAKEN_SLOTS,
 )
-from codesign.kernels.paged_attention import paged_decode_attention, paged_extend_attention
-from codesign.kernels.paged_kv_cache import MAX_BLOCK_SIZE, PagedKVCache
-from codesign.kernels.quant_formats import QuantizedWeight
-from codesign.kernels.quant_formats import unpack_codes as unpack_weight_codes
-from codesign.kernels.quant_import import from_awq, from_gptq
-from codesign.kernels.quant_linear import (
-    FP8Config,
-    QuantLinear,
-    W4A16Config,
-    W8A8Config,
-    W8A16Config,
-    quantize_,
-)
-from codesign.kernels.tree_attention import (
-    TreeBatch,
-    build_tree_batch,
-    check_parents,
-    tree_attention,
-    tree_depths,
-    verify_tree,
-)
+from codesign.kernels.kvcache.blocks import MAX_BLOCK_SIZE, PagedKVCache
+from codesign.kernels.kvcache.kivi import KiviPagedKV
+from codesign.kernels.kvcache.kvq import QuantPagedKV, kvq_write
+from codesign.kernels.kvcache.mixed import MIXED_BITS, MixedPagedKV, cocktail_bits, mixed_write
+from codesign.kernels.kvcache.oaken import OakenPagedKV
+from codesign.kernels.kvcache.write import kv_write
 
 __all__ = [
     "DecodeWorkspace", "PackedDF11", "model_weight_format", "is_codesign_linear", "layout_of", "module_from_layout",

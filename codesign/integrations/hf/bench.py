@@ -4,7 +4,8 @@ beside the design model's prediction for the same run (the same prefill and deco
 dataflow mapper on a GPU model).
 
     rows = bench_decode()            # Llama-3-8B-shaped, bf16, on the current CUDA device, predicted on h200
-    run(report)                      # the same, into report["hf_generate"] (gpu_suite's calling convention)
+
+The GPU suite runs it through bench/gpu_hf.py (report["hf_generate"]; a tiny model in smoke mode).
 
 decode tokens/s = rows x decode steps / their measured time (the prefill left out; each step timed from
 one forward's logits to the next's, synchronized); end-to-end tokens/s counts the prefill too.
@@ -82,8 +83,3 @@ def bench_decode(model=None, *, batches: Sequence[int] = (1, 16), prompt_len: in
             rows.append(_row(name, batch, secs, coster.predict(steps)))
     return rows
 
-
-def run(report: dict, quick: bool = False) -> None:
-    """gpu_suite's convention: rows into report["hf_generate"] (quick: 16 new tokens)."""
-    report["hf_generate"] = {"model": "llama-3-8b (random weights, bf16)", "design": "h200",
-                             "rows": bench_decode(new_tokens=16 if quick else 64)}  # fmt: skip

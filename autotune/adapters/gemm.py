@@ -1,0 +1,279 @@
+"""Tunable adapters for the quantized GEMMs of `codesign.kernels.gemm.triton_gemm` (registered on import,
+kernels imported lazily).
+
+Each adapter launches the kernel's own public launcher inside `lookup.forced_config(table_op, cfg)`, with the
+table name and shape key the kernel defines (`wq_table_op`, `wq_table_key`, `scaled_mm_table_op`, ...), so
+the tuner times exactly the code path a serving call takes, with the config the table would hand it. Shapes:
+    w4a16_gemm / w8a16_gemm: M, N, K, G (group size along K; G = K or 0 for per-channel), optional
+                             SPLITK (1 split-K, 0 tiled) pinning the kernel variant; without it the
+                             default rule's variant (M <= 16: split-K); `expand` gives both
+    w8a8_gemm / fp8_gemm:    M, N, K (per-token int8 / e4m3 activations, per-channel weights)
+Candidate spaces are the GPU grids below; interpreter runs (no GPU) get a few large-block configs,
+since the interpreter's cost is per program instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from codesign.autotune.adapters.common import TOL, need_dims, pow2_cap, seeded
+from codesign.autotune.lookup import forced_config
+from codesign.autotune.ops import Shape, register
+from codesign.autotune.space import ConfigSpace, Resources, gemm_resources
+from codesign.specs.errors import CodesignError
+
+
+def _weight_only_resources(a_bytes: int, bits: int) -> Callable[[dict[str, int]], Resources]:
+    """The weight-only GEMM kernel's shared memory, as ptxas reports it for sm_90 (never under it on the
+    sampled configs, `bench/results/lowering_estimates_sm90.json`): the packed weight words are loaded once
+    (a [BLOCK_N, BLOCK_K / P] int32 tile, BK x BN x bits / 8 bytes), and num_stages - 1 buffers of (x tile,
+    weight words, scale row) are pipelined plus one weight tile on its way to the dot and, since split-K
+    meets fp16 codes with an fp16 copy of the activation tile, one more BM x BK x 2:
+        (stages - 1) x (BM x BK x a + BK x BN x bits / 8 + BN x a) + BK x BN x a + BM x BK x 2.
+    Registers: the accumulator estimate of `gemm_resources`."""
+    regs = gemm_resources(a_bytes, 4)
+
+    def estimate(c: dict[str, int]) -> Resources:
+        bm, bn, bk, st = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], max(2, c.get("num_stages", 2))
+        smem = (st - 1) * (bm * bk * a_bytes + bk * bn * bits // 8 + bn * a_bytes) + bk * bn * a_bytes + bm * bk * 2
+        return Resources(int(smem), regs(c).regs_per_thread)
+
+    return estimate
+
+
+def _scaled_mm_resources(fp8: bool) -> Callable[[dict[str, int]], Resources]:
+    """W8A8 / FP8 GEMM shared memory, as ptxas reports it for sm_90 (`lowering_estimates_sm90.json`): fp8
+    operands go from the pipelined loads straight to the dot, (stages - 1) x (BM x BK + BK x BN) plus one
+    weight tile (exact on 64 x 32 x 128, over on the other sampled configs); int8 weights are unpacked from
+    their words through one more tile, within stages x (BM x BK + BK x BN) (exact on 1 of 6, over on the
+    others)."""
+    base = gemm_resources(1, 1)
+
+    def estimate(c: dict[str, int]) -> Resources:
+        r = base(c)
+        if fp8:
+            per_stage = c["BLOCK_M"] * c["BLOCK_K"] + c["BLOCK_K"] * c["BLOCK_N"]
+            return Resources(r.smem_bytes - per_stage + c["BLOCK_K"] * c["BLOCK_N"], r.regs_per_thread)
+        return r
+
+    return estimate
+
+
+class WeightOnlyGemm:
+    """w4a16_gemm / w8a16_gemm: Y = X @ dequant(W)^T by the split-K or the tiled kernel variant.
+
+    Each variant has its own table ("<name>_splitk", "<name>_tiled") and space; which variant runs is
+    the table "<name>_variant" (`variant_op`), exported from the two variants' best times at the same
+    (shape key, M) (`export.export_variant_table`; `variant_configs` maps each variant's table to its
+    entry there). A shape with SPLITK tunes that variant; `expand` turns a shape into both.
+    """
+
+    default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
+
+    source_modules = ("codesign.kernels.gemm.triton_gemm",)
+
+    def __init__(self, bits: int) -> None:
+        from codesign.kernels.gemm import triton_gemm  # unavailable kernel -> ImportError
+
+        self.kernel = triton_gemm
+        self.bits = bits
+        self.name = triton_gemm.wq_op(bits)
+        self.variant_op = triton_gemm.wq_variant_op(bits)
+        self.variant_configs = {triton_gemm.wq_table_op(bits, v): {"SPLITK": int(v == "splitk")}
+                                for v in ("splitk", "tiled")}  # fmt: skip
+
+    def _group(self, shape: Shape) -> int:
+        return shape["K"] if shape["G"] in (0, shape["K"]) else shape["G"]
+
+    def check_shape(self, shape: Shape) -> None:
+        need_dims(shape, ("M", "N", "K", "G", "SPLITK") if "SPLITK" in shape else ("M", "N", "K", "G"), self.name)
+        if shape.get("SPLITK", 0) not in (0, 1):
+            raise CodesignError(
+                f"shape for {self.name}: SPLITK must be 1 (split-K) or 0 (tiled), got {shape}"
+            )
+        g = self._group(shape)
+        if g not in (32, 64, 128, shape["K"]) or shape["K"] % g or shape["K"] % (32 // self.bits):
+            raise CodesignError(
+                f"shape for {self.name}: G must be 32, 64, 128 or K (0 = per-channel) and divide K, "
+                f"K a multiple of {32 // self.bits}; got {shape}"
+            )
+
+    def _variant(self, shape: Shape) -> str:
+        if "SPLITK" in shape:
+            return "splitk" if shape["SPLITK"] else "tiled"
+        return self.kernel.choose_variant(shape["M"])  # the default rule (no device: no table)
+
+    def expand(self, shape: Shape) -> list[Shape]:
+        """`shape` once per kernel variant (SPLITK 1, then 0), so both are timed at the same M."""
+        return [shape] if "SPLITK" in shape else [{**shape, "SPLITK": 1}, {**shape, "SPLITK": 0}]
+
+    def table_op(self, shape: Shape) -> str:
+        return self.kernel.wq_table_op(self.bits, self._variant(shape))
+
+    def table_key(self, shape: Shape) -> str:
+        return self.kernel.wq_table_key(shape["N"], shape["K"], self._group(shape))
+
+    def m(self, shape: Shape) -> int:
+        return shape["M"]
+
+    def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
+        g, n, k, m = self._group(shape), shape["N"], shape["K"], shape["M"]
+        a_bytes = torch.finfo(dtype).bits // 8
+        res = _weight_only_resources(a_bytes, self.bits)
+        if self._variant(shape) == "splitk":
+            params = (
+                {"BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [32, 64, 128, 256], "SPLIT_K": [1, 2, 4, 8, 16],
+                 "num_warps": [2, 4, 8], "num_stages": [2, 3, 4]}
+                if on_gpu
+                else {"BLOCK_N": [64, 128], "BLOCK_K": [64, 128], "SPLIT_K": [1, 2], "num_warps": [4],
+                      "num_stages": [1]}
+            )  # fmt: skip
+            fixed = {"BLOCK_M": 16}
+        else:
+            params = (
+                {"BLOCK_M": [32, 64, 128, 256], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [32, 64, 128],
+                 "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}
+                if on_gpu
+                else {"BLOCK_M": [32, 64], "BLOCK_N": [64, 128], "BLOCK_K": [64, 128], "num_warps": [4],
+                      "num_stages": [1]}
+            )  # fmt: skip
+            fixed = {"GROUP_M": 8}
+
+        def valid(c: dict[str, int]) -> bool:
+            # The kernel clamps BLOCK_K to the group and SPLIT_K to the K blocks: larger values would
+            # only duplicate smaller configs; tiles far beyond the problem only waste programs.
+            return (
+                c["BLOCK_K"] <= g
+                and c.get("SPLIT_K", 1) * c["BLOCK_K"] <= k
+                and c["BLOCK_N"] <= max(pow2_cap(n, 32), min(params["BLOCK_N"]))
+                and c.get("BLOCK_M", 16) <= max(pow2_cap(m), min(params.get("BLOCK_M", [16])))
+            )
+
+        return ConfigSpace(params=params, valid=valid, resources=res, fixed=fixed)
+
+    def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
+        from codesign.kernels.gemm import formats as qf
+
+        gen = seeded(seed)
+        g = self._group(shape)
+        w = torch.randn(shape["N"], shape["K"], generator=gen)
+        qw = qf.quantize_rtn(
+            w, "int4" if self.bits == 4 else "int8", None if g == shape["K"] else g, True, dtype
+        )
+        x = torch.randn(shape["M"], shape["K"], generator=gen).to(dtype)
+        return {
+            "x": x.to(device), "qweight": qw.qweight.to(device), "scales": qw.scales.to(device),
+            "out": torch.empty(shape["M"], shape["N"], dtype=dtype, device=device),
+            "group": qw.group, "table_op": self.table_op(shape), "qw_cpu": qw, "x_cpu": x,
+            "variant": {"SPLITK": int(self._variant(shape) == "splitk")},
+        }  # fmt: skip
+
+    def input_bytes(self, inputs: dict[str, Any]) -> int:
+        return sum(inputs[k].numel() * inputs[k].element_size() for k in ("x", "qweight", "scales"))
+
+    def poison(self, inputs: dict[str, Any]) -> None:
+        inputs["out"].fill_(float("nan"))
+
+    def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
+        i = inputs
+        # The variant is forced too: a variant table on this GPU must not send the candidate elsewhere.
+        with forced_config(self.variant_op, i["variant"]), forced_config(i["table_op"], config):
+            self.kernel.wq_gemm(i["x"], i["qweight"], i["scales"], None, None, self.bits, i["group"], i["out"])
+        return i["out"]
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        return inputs["x_cpu"].double() @ inputs["qw_cpu"].dequantize(torch.float64).t()
+
+    def tolerance(self, dtype: torch.dtype) -> float:
+        return TOL[dtype]
+
+
+class W8A8Gemm:
+    """w8a8_gemm / fp8_gemm matmul: out = (q_x @ q_w) * s_x[m] * s_w[n] (int8 -> int32, or e4m3 -> fp32)."""
+
+    default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
+
+    source_modules = ("codesign.kernels.gemm.triton_gemm",)
+
+    def __init__(self, fp8: bool = False) -> None:
+        from codesign.kernels.gemm import triton_gemm  # unavailable kernel -> ImportError
+
+        self.kernel = triton_gemm
+        self.fp8 = fp8
+        self.name = triton_gemm.scaled_mm_table_op(fp8)
+        self.fmt = "fp8_e4m3" if fp8 else "int8"
+
+    def check_shape(self, shape: Shape) -> None:
+        need_dims(shape, ("M", "N", "K"), self.name)
+        if shape["K"] % 4:
+            raise CodesignError(f"shape for {self.name}: K must be a multiple of 4, got {shape}")
+
+    def table_op(self, shape: Shape) -> str:
+        return self.kernel.scaled_mm_table_op(self.fp8)
+
+    def table_key(self, shape: Shape) -> str:
+        return self.kernel.scaled_mm_table_key(shape["N"], shape["K"])
+
+    def m(self, shape: Shape) -> int:
+        return shape["M"]
+
+    def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
+        params = (
+            {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [64, 128, 256],
+             "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}
+            if on_gpu
+            else {"BLOCK_M": [32, 64], "BLOCK_N": [64, 128], "BLOCK_K": [128], "num_warps": [4], "num_stages": [1]}
+        )  # fmt: skip
+        n, m = shape["N"], shape["M"]
+        return ConfigSpace(
+            params=params,
+            valid=lambda c: (
+                c["BLOCK_N"] <= max(pow2_cap(n, 32), min(params["BLOCK_N"]))
+                and c["BLOCK_M"] <= max(pow2_cap(m), min(params["BLOCK_M"]))
+            ),
+            resources=_scaled_mm_resources(self.fp8),
+            fixed={"GROUP_M": 8},
+        )
+
+    def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:
+        from codesign.kernels.gemm import formats as qf
+
+        gen = seeded(seed)
+        qw = qf.quantize_rtn(
+            torch.randn(shape["N"], shape["K"], generator=gen), self.fmt, None, True, torch.float32
+        )
+        x = torch.randn(shape["M"], shape["K"], generator=gen)
+        aq, a_s = qf.quantize_per_token(x, self.fmt)
+        w64 = qw.dequantize(torch.float64).t()  # int8 and e4m3 codes are exact in fp64
+        return {
+            "aq": aq.to(device), "a_s": a_s.to(device), "w": qw.qweight.to(device), "w_s": qw.scales.to(device),
+            "out": torch.empty(shape["M"], shape["N"], dtype=dtype, device=device),
+            "ref": (aq.double() * a_s.double()[:, None]) @ w64,
+        }  # fmt: skip
+
+    def input_bytes(self, inputs: dict[str, Any]) -> int:
+        return sum(inputs[k].numel() * inputs[k].element_size() for k in ("aq", "a_s", "w", "w_s"))
+
+    def poison(self, inputs: dict[str, Any]) -> None:
+        inputs["out"].fill_(float("nan"))
+
+    def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
+        i = inputs
+        with forced_config(self.table_op({}), config):
+            self.kernel.scaled_mm(i["aq"], i["a_s"], i["w"], i["w_s"], None, i["out"])
+        return i["out"]
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        return inputs["ref"]
+
+    def tolerance(self, dtype: torch.dtype) -> float:
+        return TOL[dtype]
+
+
+register("w4a16_gemm", lambda: WeightOnlyGemm(4))
+register("w8a16_gemm", lambda: WeightOnlyGemm(8))
+register("w8a8_gemm", W8A8Gemm)
+register("fp8_gemm", lambda: W8A8Gemm(fp8=True))

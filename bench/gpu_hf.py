@@ -1,0 +1,50 @@
+"""GPU benchmark entry for Hugging Face generate (for the one GPU suite, bench/gpu_suite.py).
+
+`run(report)` adds `report["hf_generate"]` from `codesign.integrations.hf.bench.bench_decode`: decode
+tokens/s of transformers' greedy generate with its own sdpa attention against codesign's paged attention
+(bf16 / INT8 / INT4 KV) and W4A16 weights, at batch 1 and 16, on a random-weight Llama-3-8B, each row beside
+the design model's prediction for the same steps. `checks_ok`: every variant generated every token, in
+positive time (token agreement with sdpa is not asserted: bf16 greedy ties may break either way).
+
+Smoke mode: a two-layer Llama of hidden 128 on the CPU, float32 (fp32 in place of the bf16 caches), the
+Triton interpreter, 3 new tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SMOKE_CONFIG = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512)  # fmt: skip
+
+
+def run(report: dict, quick: bool = False, mode: Any = None) -> None:
+    """Rows into report["hf_generate"] (quick: 16 new tokens; smoke: the tiny model)."""
+    import torch
+
+    from codesign.integrations.hf.bench import VARIANTS, bench_decode
+
+    smoke = mode is not None and mode.smoke
+    if mode is not None and not mode.available():
+        report["hf_generate"] = {"skipped": "no CUDA device"}
+        return
+    if smoke:
+        from transformers import LlamaConfig
+
+        from codesign.integrations.hf.models import random_model
+
+        torch.manual_seed(0)
+        model = random_model(LlamaConfig(**SMOKE_CONFIG), torch.float32, "cpu")
+        # The interpreter computes bf16 wrongly (the writer refuses it): the bf16 cache rows run fp32 here.
+        variants = tuple((n, a, "fp32" if kv == "bf16" else kv, w) for n, a, kv, w in VARIANTS)
+        new_tokens = 3
+        kw = dict(batches=(1, 2), prompt_len=8, device="cpu", dtype=torch.float32, warmup=2, variants=variants)
+        name = "tiny llama (random weights, fp32, CPU interpreter)"
+    else:
+        model, new_tokens, kw = None, 16 if quick else 64, {}
+        name = "llama-3-8b (random weights, bf16)"
+    rows = bench_decode(model, new_tokens=new_tokens, **kw)
+    report["hf_generate"] = {
+        "model": name, "design": "h200", "new_tokens": new_tokens, "rows": rows,
+        "checks_ok": bool(rows) and all(r["steps"] == new_tokens and r["decode_tokens_per_s"] > 0 for r in rows),
+    }  # fmt: skip

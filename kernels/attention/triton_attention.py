@@ -1,0 +1,921 @@
+"""Triton kernels for paged attention: one kernel for decode, extend (chunked prefill) and tree
+verification, plus the split-KV (flash-decoding) reduction.
+
+Per query token i of sequence b (kv_len = context_lens[b] includes the new tokens, q_len new tokens
+sit at the end of the cache, prefix = kv_len - q_len):
+
+    s_ij = softcap(scale * q_i . k_j) + alibi_h * (pos_j - pos_i)      softcap(x) = c * tanh(x / c)
+    o_i  = sum_j softmax_j(s_ij | visible(i, j)) v_j,   lse_i = log sum_j exp(s_ij)   (natural log)
+
+visible(i, j): causal mode j <= prefix + i; tree mode j < prefix or mask_b[i, j - prefix];
+with a window W also pos_i - pos_j < W (the W most recent positions, the query's own included).
+
+Programs: axis 0 walks (sequence, block of BLOCK_Q query tokens) — the sequence found by binary
+search over cu_seqlens_q, so the grid needs no host sync; axis 1 a kv head, whose GROUP query
+heads share each K/V load (rows = BLOCK_Q tokens x GROUP_PAD heads); axis 2 a KV split. With
+NUM_SPLITS > 1 each split writes a normalized partial output and its log2-sum-exp, and
+`_reduce_splits_kernel` merges them. Softmax runs online in fp32, in base 2 (exp2 is cheaper). K/V tiles
+start at multiples of BLOCK_N (a window's first key is rounded down; the mask drops the extra keys), so a
+tile never straddles a KIVI key group or, when BLOCK_N divides the block size, a block.
+
+The K/V read path takes a KV_FORMAT constexpr (the codes of `kvcache.formats`) and scale pointers (unused
+for plain caches): the quantized caches of `codesign.kernels.kvcache` dequantize inside this same loop,
+tile by tile in registers (no dequantized copy of the cache), one jit helper per format family:
+  KV_FORMAT_INT: packed BITS-bit codes `[blocks, block_size, kv_heads, D * BITS / 8]` uint8 and
+      (scale, zero) fp16 `[blocks, block_size, kv_heads, 2]`:  x = code * scale + zero.
+  KV_FORMAT_FP8: e4m3 codes `[blocks, block_size, kv_heads, D]` (as uint8), fp32 scale per kv head.
+  KV_FORMAT_KIVI: packed codes as INT; key (scale, zero) per channel per group of KIVI_G tokens
+      `[blocks, block_size / G, kv_heads, D, 2]`, value (scale, zero) per token per KIVI_GV elements
+      `[blocks, block_size, kv_heads, D / GV, 2]`; tokens j >= n_q = floor(max(ctx - R, 0) / G) * G
+      come from the per-sequence residual ring `[batch, G + R, kv_heads, D]` at row j % (G + R).
+  KV_FORMAT_MIXED: per-chunk mixed precision (Cocktail-style): block i holds BITS_i-bit codes
+      (8, 4 or 2 from `block_bits[i]`) in the first D * BITS_i / 8 bytes of rows of D bytes, with
+      per-token (scale, zero) as INT; one launch covers blocks of every width.
+  KV_FORMAT_OAKEN: dense codes and per-token (scale, zero) as INT (outlier positions hold code 0),
+      plus OAKEN_CAP sparse outliers per (block, kv head) `[blocks, kv_heads, CAP]` int32, each
+      (position_in_block << 16) | fp16 bits (-1: empty), written over the dense values in the tile.
+  KV_FORMAT_OAKEN_OFFLINE: as OAKEN, but the per-token metadata is uint8 (z, r) on a per-kv-head
+      offline grid (base, step) fp32 `[2 (K, V), kv_heads, 2]` (passed as `block_bits`):
+      zero = base + z * step, scale = r * step / (2^BITS - 1)   (`kvcache.quantizers.offline_meta`).
+The dequantized tile is cast to q's dtype before tl.dot, as a plain cache of that dtype would be.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from codesign.autotune.lookup import lookup_config, shape_key
+from codesign.backend import device_view
+from codesign.kernels.attention.options import MAX_SPLITS, AttentionBatch, AttentionOptions
+from codesign.kernels.kvcache.formats import (
+    KV_FORMAT_FP8,
+    KV_FORMAT_INT,
+    KV_FORMAT_KIVI,
+    KV_FORMAT_MIXED,
+    KV_FORMAT_OAKEN,
+    KV_FORMAT_OAKEN_OFFLINE,
+    KV_FORMAT_PLAIN,
+    PLAIN_BITS,
+    table_suffix,
+)
+from codesign.kernels.triton_codes import codes_f16, pow2_scale, unpack_words
+
+OP = "paged_attention"
+# Formats whose codes meet fp16 / bf16 queries in fp16 products (F16_MMA): codes become fp16 by bit patterns
+# (`codes_f16`), not by an integer-to-float conversion per element; queries are scaled per row into fp16's range.
+F16_MMA_FORMATS = (KV_FORMAT_INT, KV_FORMAT_FP8, KV_FORMAT_KIVI, KV_FORMAT_MIXED, KV_FORMAT_OAKEN,
+                   KV_FORMAT_OAKEN_OFFLINE)  # fmt: skip
+MASK_CAUSAL = 0
+MASK_TREE = 1
+LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x) = exp2(x * LOG2E)
+LN2 = 0.6931471805599453  # lse back to natural log
+# Each split should stream at least this many tokens: below it the reduction costs more than the
+# parallelism gains (flash-decoding's rule of thumb).
+MIN_TOKENS_PER_SPLIT = 256
+DEFAULT_CONFIG = {"BLOCK_N": 64, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
+# Shared memory the default K/V tile pipeline may use: well under Hopper's 227 KiB and Ampere's
+# 163 KiB per block, leaving room for Q and the layout conversions of tl.dot.
+DEFAULT_SMEM_BUDGET = 96 * 1024
+# Register budget of the untuned defaults for caches that dequantize in the inner loop, as the largest
+# BLOCK_N x DIM_PAD tile: compiled for sm_90 at head_dim 128 and 4 warps (`bench/lowering_report.py`,
+# ptxas), sub-byte codes read by byte gather (mixed chunks; INT4/INT2 and Oaken whose rows are not whole words)
+# spill at BLOCK_N 32 (255 registers, 0.2-0.6 KB per thread; 1.2-8.6 KB at 64) and use 64-116 registers at
+# 16; KIVI (words) 121-156 at 32. Per-token INT4/INT2 read as words are not capped: their 64 x 128 tile
+# takes 127-150 registers on 4 warps without spilling, and on an H200 (batch 16, context 32k) ran 0.83 ms
+# against 1.08 on 8 warps, 1.61 at 16 x 128 (tuning-pass timings, `bench/results/h200-2026-11-30-run2`).
+SUBBYTE_TILE_ELEMS = 16 * 128
+# Tree verification adds the ancestor-mask tile to a 16-token x GROUP_PAD-row extend tile. Compiled for
+# sm_90 in bf16 at head_dim 128 (two-phase kernel): BLOCK_N 64 on 4 warps spills 312 B per thread, on 8
+# warps takes 243 registers and does not; 32 on 4 warps takes 249. Tree launches run at most 64 wide and,
+# at 64, on at least 8 warps: the prefix phase then keeps a causal extend's tile width (the first H200
+# run, one phase at 32 wide, took 3.3x an extend over the same 4k prefix).
+TREE_MAX_BLOCK_N = 64
+TREE_MIN_WARPS = 8
+# Oaken outlier slots applied per chunk of this many (the K of two small tl.dot, at least 16 on GPUs).
+OAKEN_SC = tl.constexpr(16)
+# The constants above as the jit code reads them (a kernel reads only constexpr globals).
+_PLAIN = tl.constexpr(KV_FORMAT_PLAIN)
+_INT = tl.constexpr(KV_FORMAT_INT)
+_FP8 = tl.constexpr(KV_FORMAT_FP8)
+_KIVI = tl.constexpr(KV_FORMAT_KIVI)
+_MIXED = tl.constexpr(KV_FORMAT_MIXED)
+_OAKEN = tl.constexpr(KV_FORMAT_OAKEN)
+_OAKEN_OFFLINE = tl.constexpr(KV_FORMAT_OAKEN_OFFLINE)
+_CAUSAL = tl.constexpr(MASK_CAUSAL)
+_TREE = tl.constexpr(MASK_TREE)
+_LOG2E = tl.constexpr(LOG2E)
+_LN2 = tl.constexpr(LN2)
+
+
+@triton.jit
+def _find_seq(cu_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
+    """Largest b with cu[b] // BLOCK_Q + b <= pid: sequence b's q-blocks start at that index."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = tl.load(cu_ptr + mid) // BLOCK_Q + mid
+        if start <= pid:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _fp8_e4m3_f16(byte):
+    """fp16 value of e4m3fn bytes (int32), exactly, with integer ops and no fp8 type (sm_80, the interpreter):
+    the sign, E and M bits moved into fp16's fields read as the e4m3 value times 2^-8 (both biases and the
+    subnormals line up), so one exact fp16 multiply by 256 follows; 0x7F/0xFF are NaN."""
+    bits = ((byte & 0x80) << 8) | ((byte & 0x7F) << 7)
+    h = bits.to(tl.int16).to(tl.float16, bitcast=True) * 256.0
+    return tl.where((byte & 0x7F) == 0x7F, float("nan"), h)
+
+
+@triton.jit
+def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s, stride_h,
+                  stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
+                  KV_FORMAT: tl.constexpr, BITS: tl.constexpr,
+                  j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0, j0, d_ok,
+                  BLOCK_SIZE: tl.constexpr,
+                  KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr, KIVI_R: tl.constexpr, bits_ptr,
+                  OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
+                  BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, bt_row, s_hi, OAKEN_NBT: tl.constexpr):  # fmt: skip
+    """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8, KIVI and
+    Oaken caches, one helper per format family (the per-token INT and mixed formats take the factored path,
+    `_load_code_tile`)."""
+    base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
+    if KV_FORMAT == _PLAIN:
+        x = tl.load(base + d[None, :], mask=kv_m, other=0.0)
+    elif KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE:
+        x = _load_oaken_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty,
+                             KV_FORMAT, BITS, r_ptr, stride_rb, stride_rr, IS_KEY, j0, BLOCK_SIZE, bits_ptr, OAKEN_CAP,
+                             HEAD_DIM, WORDS, DIM_PAD, BLOCK_N, bt_row, s_hi, OAKEN_NBT)  # fmt: skip
+    elif KV_FORMAT == _FP8:
+        x = _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty, HW_FP8)
+    else:
+        x = _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty, BITS,
+                            j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY, blk0, j0, d_ok, BLOCK_SIZE,
+                            KIVI_G, KIVI_GV, KIVI_R, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N)  # fmt: skip
+    return x.to(out_ty)
+
+
+@triton.jit
+def _load_oaken_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
+                     KV_FORMAT: tl.constexpr, BITS: tl.constexpr, r_ptr, stride_rb, stride_rr, IS_KEY: tl.constexpr,
+                     j0, BLOCK_SIZE: tl.constexpr, bits_ptr, OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     WORDS: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, bt_row, s_hi,
+                     OAKEN_NBT: tl.constexpr):  # fmt: skip
+    """Oaken (both metadata variants): the dense codes of the tile dequantized, then its block's outlier slots
+    written over them (`_oaken_outliers`)."""
+    code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
+    mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
+    if KV_FORMAT == _OAKEN:
+        sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
+        zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
+    else:  # uint8 (z, r) on the head's offline grid; bits_ptr holds the grids [2, kv_heads, 2]
+        gp = bits_ptr + (kvh if IS_KEY else tl.num_programs(1) + kvh) * 2
+        g_base = tl.load(gp)
+        g_step = tl.load(gp + 1)
+        zc = tl.load(mrow, mask=j_ok, other=0).to(tl.float32)
+        rc = tl.load(mrow + 1, mask=j_ok, other=0).to(tl.float32)
+        zr = g_base + zc * g_step
+        sc = tl.math.div_rn(rc * g_step, (2**BITS - 1) * 1.0)
+    if out_ty == tl.float16:  # as KIVI's tiles: fp16 codes by bit patterns, one fp16 multiply-add per element
+        x = codes_f16(code) * sc.to(tl.float16)[:, None] + zr.to(tl.float16)[:, None]
+    else:
+        x = code.to(tl.float32) * sc[:, None] + zr[:, None]
+    if OAKEN_CAP > 0:
+        x = _oaken_outliers(x, r_ptr, stride_rb, stride_rr, kvh, d, j0, out_ty, BLOCK_SIZE, OAKEN_CAP, HEAD_DIM,
+                            DIM_PAD, BLOCK_N, bt_row, s_hi, OAKEN_NBT)  # fmt: skip
+    x = tl.where(kv_m, x, 0.0)
+    return x
+
+
+@triton.jit
+def _oaken_outliers(x, r_ptr, stride_rb, stride_rr, kvh, d, j0, out_ty: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                    OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                    bt_row, s_hi, OAKEN_NBT: tl.constexpr):  # fmt: skip
+    """`x` with the outlier slots of the blocks the tile's rows lie in written over it."""
+    # Outlier slots scattered into the tile by two small matrix products per chunk of OAKEN_SC slots:
+    # A[c, n] = (slot c is in tile row n), B[c, d] = (slot c is in column d) (times its value), so
+    # A^T B puts each value at its (row, column) and A^T (B != 0) marks the positions. Exact in fp16
+    # operands with fp32 accumulation: 0/1 and fp16 values, at most one term per entry (positions are
+    # unique). A per-slot compare over the whole tile cost O(CAP x tile) (53 ms on an H200 at context
+    # 32k against 0.5 for the bf16 cache); this is O(CAP x (BLOCK_N + DIM_PAD)) plus tensor-core work.
+    n_idx = tl.arange(0, BLOCK_N)
+    cs = tl.arange(0, OAKEN_SC)
+    # (fp16 sums are exact too: one term per entry, so the fp16 tile takes them without a conversion)
+    ACC: tl.constexpr = tl.float16 if out_ty == tl.float16 else tl.float32
+    val = tl.zeros([BLOCK_N, DIM_PAD], ACC)
+    hit = tl.zeros([BLOCK_N, DIM_PAD], ACC)
+    for t in tl.static_range(OAKEN_NBT):  # the blocks this tile's rows lie in
+        bi = j0 // BLOCK_SIZE + t
+        live = bi * BLOCK_SIZE < s_hi  # a block of this split's keys (not past its end)
+        blk_t = tl.load(bt_row + bi, mask=live, other=0).to(tl.int64)
+        obase = r_ptr + blk_t * stride_rb + kvh * stride_rr
+        first = bi * BLOCK_SIZE - j0  # tile row of the block's first token
+        # Slots fill from 0 in order (the writers): the chunks from the first empty slot on are empty.
+        for c0 in range(0, OAKEN_CAP, OAKEN_SC):
+            if (tl.load(obase + c0) >= 0) & live:
+                c = c0 + cs
+                w = tl.load(obase + c, mask=c < OAKEN_CAP, other=-1)
+                pos = w >> 16  # -1 for an empty slot
+                row = tl.where(pos >= 0, first + pos // HEAD_DIM, -1)
+                a_t = tl.trans(tl.where(row[:, None] == n_idx[None, :], 1.0, 0.0).to(tl.float16))
+                in_col = (pos % HEAD_DIM)[:, None] == d[None, :]
+                v16 = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+                val += tl.dot(a_t, tl.where(in_col, v16[:, None], 0.0).to(tl.float16), out_dtype=ACC)
+                hit += tl.dot(a_t, tl.where(in_col, 1.0, 0.0).to(tl.float16), out_dtype=ACC)
+    return tl.where(hit > 0.5, val, x)
+
+
+@triton.jit
+def _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty: tl.constexpr, HW_FP8: tl.constexpr):
+    """FP8: e4m3 codes decoded in hardware (sm_89+) or with integer ops, exact in fp16 (see below for the scale)."""
+    raw = tl.load(base + d[None, :], mask=kv_m, other=0)
+    if HW_FP8:  # sm_89+: the hardware's e4m3 conversion (NaN codes included), two elements at a time
+        x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    else:
+        x = _fp8_e4m3_f16(raw.to(tl.int32))
+    # e4m3 values are exact in fp16. fp16 tiles leave the head's scale out (the kernel folds the key scale
+    # into the scores' row factor and the value scale into the output); fp32 tiles take it per element.
+    if out_ty != tl.float16:
+        x = x.to(tl.float32) * tl.load(s_ptr + kvh)
+    return x
+
+
+@triton.jit
+def _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
+                    BITS: tl.constexpr, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0,
+                    j0, d_ok, BLOCK_SIZE: tl.constexpr, KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr,
+                    KIVI_R: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
+                    BLOCK_N: tl.constexpr):  # fmt: skip
+    """KIVI: tokens below n_q from the codes (keys per channel over KIVI_G tokens, values per token over KIVI_GV
+    elements), the newer ones from the sequence's residual ring."""
+    quant = (j < nq)[:, None]
+    qm = kv_m & quant
+    code = _load_codes(base, d, j_ok & (j < nq), qm, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
+    # Metadata (fp16, kept so) is loaded at its own size, not per element: a gather of [BLOCK_N, DIM_PAD]
+    # scales issues one scalar load per element (KIVI ran at 0.047x the bf16 cache's speed on an H200).
+    NGV: tl.constexpr = HEAD_DIM // KIVI_GV
+    if IS_KEY and KIVI_G % BLOCK_N == 0:
+        # The tile lies in one key group of one block (tiles start at multiples of BLOCK_N, KIVI_G divides
+        # the block size): one (scale, zero) row of DIM_PAD channels for the whole tile, and the tile is
+        # all codes or all ring (n_q is a multiple of KIVI_G).
+        row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G) * stride_ms + kvh * stride_mh
+        m1 = d_ok & (d * 0 + nq > j0)  # (a vector compare: the interpreter widens a scalar int1 to int32)
+        sc = tl.load(s_ptr + row0 + d * 2, mask=m1, other=0.0)[None, :]
+        zr = tl.load(s_ptr + row0 + d * 2 + 1, mask=m1, other=0.0)[None, :]
+    elif IS_KEY:  # per channel, one (scale, zero) pair per group of KIVI_G tokens: per row
+        mp = s_ptr + (blk * stride_mb + (off // KIVI_G) * stride_ms + kvh * stride_mh)[:, None] + d[None, :] * 2
+        sc = tl.load(mp, mask=qm, other=0.0)
+        zr = tl.load(mp + 1, mask=qm, other=0.0)
+    elif NGV * KIVI_GV == DIM_PAD and NGV <= 8:
+        # Per token, one pair per KIVI_GV elements of head_dim: a [BLOCK_N, NGV] load, each pair repeated
+        # over its group's columns (a broadcast and an order-keeping reshape: no select per element).
+        gi = tl.arange(0, NGV)
+        mp = (s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + 2 * gi[None, :]
+        rq = (j_ok & (j < nq))[:, None]
+        sc = tl.reshape(tl.broadcast_to(tl.load(mp, mask=rq, other=0.0)[:, :, None], (BLOCK_N, NGV, KIVI_GV)),
+                        (BLOCK_N, DIM_PAD))  # fmt: skip
+        zr = tl.reshape(tl.broadcast_to(tl.load(mp + 1, mask=rq, other=0.0)[:, :, None], (BLOCK_N, NGV, KIVI_GV)),
+                        (BLOCK_N, DIM_PAD))  # fmt: skip
+    elif NGV <= 8:
+        # Per token, one pair per KIVI_GV elements of head_dim: NGV [BLOCK_N] loads, spread over columns.
+        mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
+        rq = j_ok & (j < nq)
+        sc = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
+        zr = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
+        for g in tl.static_range(NGV):
+            in_g = (d // KIVI_GV == g)[None, :]
+            sc = tl.where(in_g, tl.load(mrow + 2 * g, mask=rq, other=0.0)[:, None], sc)
+            zr = tl.where(in_g, tl.load(mrow + 2 * g + 1, mask=rq, other=0.0)[:, None], zr)
+    else:  # many small value groups: gather per element
+        mp = s_ptr + (blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + ((d // KIVI_GV) * 2)[None, :]
+        sc = tl.load(mp, mask=qm, other=0.0)
+        zr = tl.load(mp + 1, mask=qm, other=0.0)
+    ring = (j % (KIVI_G + KIVI_R)) * stride_rr  # the residual ring row of token j
+    rp = r_ptr + b * stride_rb + kvh * stride_rh + ring[:, None] + d[None, :]
+    if out_ty == tl.float16:
+        # fp16 codes by bit patterns and one fused multiply-add in fp16 with the stored fp16 (scale, zero):
+        # one rounding (2^-11, finer than the bf16 tiles this replaces) and no per-element conversion (an
+        # int-to-float and a float-to-bf16 cvt each ran at 16 per clock per SM).
+        xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float16)
+        x = tl.where(quant, codes_f16(code) * sc + zr, xr)
+    else:
+        xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float32)
+        x = tl.where(quant, code.to(tl.float32) * sc.to(tl.float32) + zr.to(tl.float32), xr)
+    x = tl.where(kv_m, x, 0.0)
+    return x
+
+
+@triton.jit
+def _load_codes(base, d, row_ok, kv_m, BITS: tl.constexpr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """int32 [BLOCK_N, DIM_PAD] tile of packed BITS-bit codes from row pointers `base` [BLOCK_N, 1] (0 where masked).
+
+    WORDS (rows of whole int32 words; `base` into an int32 view, strides in words): word w holds elements
+    32/BITS * w + i at bits [BITS * i, BITS * (i + 1)), so unpacking a [BLOCK_N, NW] word tile along a new
+    last axis and flattening gives the elements in order: one coalesced 4-byte load per 32 / BITS codes.
+    Otherwise a byte gather, which loads (and holds in registers) each byte 8 / BITS times."""
+    if WORDS:
+        PERW: tl.constexpr = 32 // BITS
+        NW: tl.constexpr = DIM_PAD // PERW
+        w = tl.arange(0, NW)
+        words = tl.load(base + w[None, :], mask=row_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
+        code = tl.reshape(unpack_words(words, BITS), (BLOCK_N, DIM_PAD))
+    elif BITS == 8:
+        code = tl.load(base + d[None, :], mask=kv_m, other=0).to(tl.int32)
+    else:
+        PER: tl.constexpr = 8 // BITS
+        byte = tl.load(base + (d // PER)[None, :], mask=kv_m, other=0).to(tl.int32)
+        code = (byte >> ((d % PER) * BITS)[None, :]) & (2**BITS - 1)
+    return code
+
+
+@triton.jit
+def _load_code_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s, stride_h,
+                    stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
+                    BITS: tl.constexpr, bits_ptr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, blk0):  # fmt: skip
+    """Per-token formats (INT, MIXED): the raw codes of one [BLOCK_N, DIM_PAD] tile as `out_ty` (fp16 through
+    `codes_f16`, or fp32; exact either way) and the rows' fp32 (scale, zero), for the factored products
+    q . k_j = sc_j (q . c_j) + zr_j sum(q) and sum_j p_j v_j = (p * sc) @ c + sum_j p_j zr_j. The scale and
+    zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element."""
+    base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
+    if KV_FORMAT == _INT:
+        code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
+    elif WORDS:
+        # Mixed chunks, the tile inside one block (BLOCK_N divides the block size; tiles start at multiples of
+        # BLOCK_N): one width for the whole tile, its codes read as int32 words like the INT formats' instead
+        # of a byte gather with a shift per row (the mixed cache ran at 1/11 of the bf16 cache on an H200).
+        nb0 = tl.load(bits_ptr + blk0)
+        if nb0 == 8:
+            code = _load_codes(base, d, j_ok, kv_m, 8, True, HEAD_DIM, DIM_PAD, BLOCK_N)
+        elif nb0 == 4:
+            code = _load_codes(base, d, j_ok, kv_m, 4, True, HEAD_DIM, DIM_PAD, BLOCK_N)
+        else:
+            code = _load_codes(base, d, j_ok, kv_m, 2, True, HEAD_DIM, DIM_PAD, BLOCK_N)
+    else:
+        nbits = tl.load(bits_ptr + blk, mask=j_ok, other=8).to(tl.int32)[:, None]  # per row: its block's width
+        per = 8 // nbits
+        byte = tl.load(base + d[None, :] // per, mask=kv_m, other=0).to(tl.int32)
+        code = (byte >> ((d[None, :] % per) * nbits)) & ((1 << nbits) - 1)
+    mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
+    sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
+    zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
+    if out_ty == tl.float16:
+        x = codes_f16(code)
+    else:
+        x = code.to(out_ty)
+    return x, sc, zr
+
+
+@triton.jit
+def _paged_attn_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, op_ptr, lsep_ptr,
+    bt_ptr, ctx_ptr, cu_ptr, pos_ptr, mask_ptr, mask_off_ptr, alibi_ptr,
+    k_scale_ptr, v_scale_ptr, stride_mb, stride_ms, stride_mh, stride_vmb, stride_vms, stride_vmh,
+    k_res_ptr, v_res_ptr, stride_rb, stride_rr, stride_rh, bits_ptr,
+    sm_scale, softcap, window, num_seqs,
+    stride_qt, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_bt,
+    stride_ot, stride_oh,
+    stride_lt, stride_lh,
+    stride_pt, stride_ph, stride_ps,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    IS_DECODE: tl.constexpr, MASK_MODE: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, WRITE_LSE: tl.constexpr, KV_FORMAT: tl.constexpr, DOT_PREC: tl.constexpr,
+    BITS: tl.constexpr = 16, KIVI_G: tl.constexpr = 1, KIVI_GV: tl.constexpr = 1, KIVI_R: tl.constexpr = 0,
+    OAKEN_CAP: tl.constexpr = 0, WORDS: tl.constexpr = False, HW_FP8: tl.constexpr = False,
+    OAKEN_NBT: tl.constexpr = 1, F16_MMA: tl.constexpr = False,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    if IS_DECODE:
+        b = pid
+        q_start = pid
+        q_len = 1
+        q_block = 0
+    else:
+        b = _find_seq(cu_ptr, num_seqs, pid, BLOCK_Q)
+        q_start = tl.load(cu_ptr + b)
+        q_len = tl.load(cu_ptr + b + 1) - q_start
+        q_block = pid - (q_start // BLOCK_Q + b)
+    if q_block * BLOCK_Q < q_len:
+        kv_len = tl.load(ctx_ptr + b)
+        prefix = kv_len - q_len
+        BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+        rows = tl.arange(0, BLOCK_M)
+        qi = q_block * BLOCK_Q + rows // GROUP_PAD  # query index inside the sequence
+        hg = rows % GROUP_PAD
+        row_ok = (qi < q_len) & (hg < GROUP)
+        qh = kvh * GROUP + hg
+        d = tl.arange(0, DIM_PAD)
+        d_ok = d < HEAD_DIM
+        qt = (q_start + qi).to(tl.int64)
+        q = tl.load(
+            q_ptr + qt[:, None] * stride_qt + qh[:, None] * stride_qh + d[None, :],
+            mask=row_ok[:, None] & d_ok[None, :], other=0.0,
+        )  # fmt: skip
+        if MASK_MODE == _TREE:
+            qpos = tl.load(pos_ptr + qt, mask=row_ok, other=0)
+        else:
+            qpos = prefix + qi
+        if HAS_ALIBI:
+            slope = tl.load(alibi_ptr + qh, mask=row_ok, other=0.0) * _LOG2E
+
+        # Keys this q-block can see: causal stops at its last query; a window starts late.
+        if MASK_MODE == _CAUSAL:
+            kv_hi = tl.minimum(kv_len, prefix + tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len))
+            first_pos = prefix + q_block * BLOCK_Q
+        else:
+            kv_hi = kv_len
+            first_pos = prefix  # tree positions are prefix + depth >= prefix
+        kv_lo = 0
+        if HAS_WINDOW:  # rounded down to a tile boundary (the window mask drops the extra keys): tiles start
+            # at multiples of BLOCK_N, which KIVI's per-tile key metadata relies on
+            kv_lo = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
+        per = tl.cdiv(tl.cdiv(kv_hi - kv_lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        s_lo = kv_lo + split * per
+        s_hi = tl.minimum(kv_hi, s_lo + per)
+
+        qk_scale = sm_scale * _LOG2E
+        # Per-token formats factor each row's (scale, zero) out of the products (`_load_code_tile`).
+        FACTORED: tl.constexpr = KV_FORMAT == _INT or KV_FORMAT == _MIXED
+        q_sum = tl.sum(q.to(tl.float32), 1)  # padded rows and columns load as 0
+        if F16_MMA:
+            # fp16 and bf16 queries meet the codes (INT, mixed) or the dequantized tiles (KIVI, Oaken, FP8) in fp16
+            # products (`codes_f16`: codes up to 8 bits are exact in fp16, not in bf16's 8-bit significand, and
+            # fp16 needs no conversion instruction; KIVI's and Oaken's scales dequantize in fp16). Each row is
+            # scaled by a power of two putting its largest element in [2^14, 2^15): every bf16 element within
+            # 2^-24 of the row's largest is exact in fp16, and none overflows. Scores are scaled back per row.
+            qf = q.to(tl.float32)
+            q_f, q_unf = pow2_scale(tl.max(tl.abs(qf), 1), 14)
+            q_mma = (qf * q_f[:, None]).to(tl.float16)
+            if KV_FORMAT == _FP8:  # FP8: the key head scale joins the row factor (the value's scales the output)
+                q_unf = q_unf * tl.load(k_scale_ptr + kvh)
+        else:
+            q_mma = q
+            q_unf = tl.full([BLOCK_M], 1.0, tl.float32)
+        nq = tl.maximum(kv_len - KIVI_R, 0) // KIVI_G * KIVI_G  # KIVI: tokens below are quantized
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
+        # Tree verification walks the keys in two phases: the prefix tiles, every key visible (but for a window),
+        # with no mask or position loads, as a causal extend walks them; then what is left (the tree's tokens
+        # and a partial prefix tile) under the ancestor mask.
+        for phase in tl.static_range(2 if MASK_MODE == _TREE else 1):
+            if MASK_MODE == _TREE:
+                mid = s_lo + tl.maximum(tl.minimum(s_hi, prefix) - s_lo, 0) // BLOCK_N * BLOCK_N
+                lo = s_lo if phase == 0 else mid
+                hi = mid if phase == 0 else s_hi
+            else:
+                lo = s_lo
+                hi = s_hi
+            for start in range(lo, hi, BLOCK_N):
+                j = start + tl.arange(0, BLOCK_N)
+                j_ok = j < s_hi
+                blk = tl.load(bt_ptr + b * stride_bt + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
+                if KV_FORMAT == _KIVI or KV_FORMAT == _MIXED:  # the tile's first block: KIVI key meta, mixed widths
+                    blk0 = tl.load(bt_ptr + b * stride_bt + start // BLOCK_SIZE).to(tl.int64)
+                else:
+                    blk0 = 0
+                off = j % BLOCK_SIZE
+                kv_m = j_ok[:, None] & d_ok[None, :]
+                if FACTORED:
+                    kc, ksc, kzr = _load_code_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb,
+                                                   stride_ks, stride_kh, stride_mb, stride_ms, stride_mh,
+                                                   q_mma.dtype, KV_FORMAT, BITS, bits_ptr, WORDS,
+                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0)  # fmt: skip
+                    s = tl.dot(q_mma, tl.trans(kc), input_precision=DOT_PREC) * (q_unf[:, None] * ksc[None, :])
+                    s += q_sum[:, None] * kzr[None, :]
+                else:
+                    k = _load_kv_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb, stride_ks, stride_kh,
+                                      stride_mb, stride_ms, stride_mh, q_mma.dtype, KV_FORMAT, BITS,
+                                      j, b, nq, k_res_ptr, stride_rb, stride_rr, stride_rh, True,
+                                      blk0, start, d_ok, BLOCK_SIZE,
+                                      KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
+                                      BLOCK_N, HW_FP8, bt_ptr + b * stride_bt, s_hi, OAKEN_NBT)  # fmt: skip
+                    s = tl.dot(q_mma, tl.trans(k), input_precision=DOT_PREC)
+                    if F16_MMA:
+                        s = s * q_unf[:, None]
+                if HAS_SOFTCAP:
+                    # c * tanh(x / c) through exp: tanh(y) = 1 - 2 / (exp(2y) + 1), exact at +-inf.
+                    y = s * (sm_scale / softcap)
+                    s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * y) + 1.0)) * _LOG2E
+                else:
+                    s = s * qk_scale
+                if MASK_MODE == _TREE and phase == 1:  # the tree phase
+                    in_tree = j >= prefix
+                    tj = j - prefix
+                    bits = tl.load(
+                        mask_ptr + tl.load(mask_off_ptr + b) + qi[:, None] * q_len + tj[None, :],
+                        mask=row_ok[:, None] & (in_tree & j_ok)[None, :], other=0,
+                    )  # fmt: skip
+                    vis = (~in_tree)[None, :] | (bits != 0)
+                    kpos = tl.where(in_tree, tl.load(pos_ptr + q_start + tj, mask=in_tree & j_ok, other=0), j)
+                elif MASK_MODE == _TREE:  # a prefix tile: every key visible
+                    kpos = j
+                    vis = (j < prefix)[None, :]
+                else:
+                    kpos = j
+                    vis = kpos[None, :] <= qpos[:, None]
+                vis = vis & j_ok[None, :] & row_ok[:, None]
+                if HAS_WINDOW:
+                    vis = vis & ((qpos[:, None] - kpos[None, :]) < window)
+                if HAS_ALIBI:
+                    s = s + slope[:, None] * (kpos[None, :] - qpos[:, None]).to(tl.float32)
+                s = tl.where(vis, s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+                alpha = tl.exp2(m_i - m_safe)
+                p = tl.exp2(s - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                if FACTORED:
+                    vc, vsc, vzr = _load_code_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb,
+                                                   stride_vs, stride_vh, stride_vmb, stride_vms, stride_vmh,
+                                                   q_mma.dtype, KV_FORMAT, BITS, bits_ptr, WORDS,
+                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0)  # fmt: skip
+                    if F16_MMA:
+                        # p * sc in fp16 would lose small scales to underflow (V of magnitude 1e-5 gave 116 %
+                        # error in fp16): the tile's scales are brought to [1, 2) by a power of two first.
+                        v_f, v_unf = pow2_scale(tl.max(vsc, 0), 0)
+                        pv = tl.dot((p * (vsc * v_f)[None, :]).to(tl.float16), vc, input_precision=DOT_PREC) * v_unf
+                    else:
+                        pv = tl.dot((p * vsc[None, :]).to(vc.dtype), vc, input_precision=DOT_PREC)
+                    acc = acc * alpha[:, None] + pv + tl.sum(p * vzr[None, :], 1)[:, None]
+                else:
+                    v = _load_kv_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb, stride_vs, stride_vh,
+                                      stride_vmb, stride_vms, stride_vmh, q_mma.dtype, KV_FORMAT, BITS,
+                                      j, b, nq, v_res_ptr, stride_rb, stride_rr, stride_rh, False,
+                                      blk0, start, d_ok, BLOCK_SIZE,
+                                      KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
+                                      BLOCK_N, HW_FP8, bt_ptr + b * stride_bt, s_hi, OAKEN_NBT)  # fmt: skip
+                    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+                m_i = m_new
+
+        has = l_i > 0.0
+        o = acc / tl.where(has, l_i, 1.0)[:, None]
+        if F16_MMA and KV_FORMAT == _FP8:  # the value head scale, left out of the tiles (splits: each part alike)
+            o = o * tl.load(v_scale_ptr + kvh)
+        lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        st_m = row_ok[:, None] & d_ok[None, :]
+        if NUM_SPLITS == 1:
+            tl.store(o_ptr + qt[:, None] * stride_ot + qh[:, None] * stride_oh + d[None, :],
+                     o.to(o_ptr.dtype.element_ty), mask=st_m)  # fmt: skip
+            if WRITE_LSE:
+                tl.store(lse_ptr + qt * stride_lt + qh * stride_lh, lse2 * _LN2, mask=row_ok)
+        else:
+            base = qt * stride_pt + qh * stride_ph + split * stride_ps
+            tl.store(op_ptr + base[:, None] * DIM_PAD + d[None, :], o, mask=st_m)
+            tl.store(lsep_ptr + base, lse2, mask=row_ok)
+
+
+@triton.jit
+def _reduce_splits_kernel(
+    op_ptr, lsep_ptr, o_ptr, lse_ptr,
+    stride_pt, stride_ph, stride_ot, stride_oh, stride_lt, stride_lh,
+    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):  # fmt: skip
+    """o = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse2_s - max lse2); lse = log(sum_s 2^lse2_s)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, DIM_PAD)
+    base = t * stride_pt + h * stride_ph + s
+    lse2 = tl.load(lsep_ptr + base, mask=s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse2, 0)
+    w = tl.exp2(lse2 - m)
+    w = tl.where(lse2 == float("-inf"), 0.0, w)
+    o_m = (w > 0.0)[:, None] & (d < HEAD_DIM)[None, :]
+    o_s = tl.load(op_ptr + base[:, None] * DIM_PAD + d[None, :], mask=o_m, other=0.0)
+    tot = tl.sum(w, 0)
+    o = tl.sum(o_s * w[:, None], 0) / tot
+    tl.store(o_ptr + t * stride_ot + h * stride_oh + d, o.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+    if WRITE_LSE:
+        tl.store(lse_ptr + t * stride_lt + h * stride_lh, (m + tl.log2(tot)) * _LN2)
+
+
+def choose_num_splits(programs: int, max_kv_len: int, sms: int | None) -> int:
+    """The one split-KV heuristic: split only when `programs` (q-blocks x kv heads) leave SMs idle.
+
+    splits = min(ceil(2 * sms / programs), max_kv_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS), at least 1:
+    aim for two waves of programs, but never splits shorter than MIN_TOKENS_PER_SPLIT tokens. Depends
+    only on host-known sizes (no sync), so a plan made once serves CUDA-graph replays. On CPU (sms
+    None) an H100-sized 132 SMs is assumed, so interpreter runs take the same path a GPU would.
+    """
+    sms = 132 if sms is None else sms
+    if programs <= 0 or programs >= sms:
+        return 1
+    return max(1, min(-(-2 * sms // programs), max_kv_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS))
+
+
+def default_config(head_dim: int, elem_bytes: int, kv_format: int = KV_FORMAT_PLAIN, bits: int = 16) -> dict:
+    """Untuned defaults sized so the pipelined K and V tiles fit in shared memory:
+    num_stages * 2 * BLOCK_N * dim_pad * elem_bytes <= DEFAULT_SMEM_BUDGET; at head_dim 256 also 8 warps
+    and 32 rows (a 64 x 256 fp32 accumulator would be 128 registers per thread over 4 warps). Caches that
+    unpack codes in the inner loop also keep BLOCK_N x dim_pad within a register budget
+    (SUBBYTE_TILE_ELEMS) so the kernel does not spill; KIVI takes its measured 16-row tile on 2 warps."""
+    cfg = dict(DEFAULT_CONFIG)
+    dp = dim_pad(head_dim)
+    while (
+        cfg["BLOCK_N"] > 16 and cfg["num_stages"] * 2 * cfg["BLOCK_N"] * dp * elem_bytes > DEFAULT_SMEM_BUDGET
+    ):
+        cfg["BLOCK_N"] //= 2
+    oaken = kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE)
+    gathered = kv_format == KV_FORMAT_MIXED or (
+        (kv_format == KV_FORMAT_INT or oaken) and bits < 8 and not reads_words(kv_format, bits, head_dim)
+    )
+    if gathered:  # sub-byte codes read by byte gather
+        cfg["BLOCK_N"] = max(16, min(cfg["BLOCK_N"], SUBBYTE_TILE_ELEMS // dp))
+    elif oaken:
+        # Compiled for sm_90 (bf16, head_dim 128, INT4 words, block size 32): the offline variant spills at
+        # 64 x 128 on 8 warps (52 B) and takes 242 registers at 32 x 128 on 4, 198 on 8 (the online one 190 at
+        # 64 on 8, 231 at 32 on 4). Untimed. A tile as wide as the block scans each block's outlier slots once
+        # (16 wide scans them twice).
+        cfg["BLOCK_N"], cfg["num_warps"] = min(cfg["BLOCK_N"], 32), 8
+    if kv_format == KV_FORMAT_KIVI:
+        # Measured on an H200 at batch 16: 16 x 128 tiles on 2 warps were the fastest config tried in three
+        # tuning passes (context 4k: 2.2x the old 32 x 128 / 4-warp default; 32k: 6.1 ms against 10.4 at
+        # 64 x 128 / 8 warps).
+        cfg["BLOCK_N"], cfg["num_warps"] = 16, 2
+    if kv_format == KV_FORMAT_MIXED:
+        cfg["num_warps"] = 8  # three code widths in one loop: 4 warps spill without a split (128 regs + 8 B)
+    if kv_format == KV_FORMAT_INT and bits == 2:
+        # 16 codes per word: compiled for sm_90 (bf16, block size 32, 64 x 128 tiles) 4 warps spill 4 B at 128
+        # registers since the codes became fp16 by bit patterns; 8 warps take 111 and do not. Untimed.
+        cfg["num_warps"] = 8
+    if dp >= 256:
+        cfg["num_warps"] = 8
+        cfg["BLOCK_M"] = 32  # and half the query rows: Q and the accumulator stay in registers
+    return cfg
+
+
+def reads_words(kv_format: int, bits: int, head_dim: int) -> bool:
+    """True when the kernel reads this cache's packed sub-byte codes as int32 words (`_load_codes`): the INT,
+    KIVI and Oaken formats below 8 bits whose code rows are whole words (not mixed chunks: their width varies
+    per block). Measured on an H200 (batch 16, context 32k): INT4 3.40 -> 1.23 ms, KIVI INT4 21.5 -> 11.1 ms.
+    Oaken went from 53 to 358 ms with the old per-slot outlier loop, which converted the unpacked tile's
+    layout in every iteration; the outliers now come from two tl.dot per slot chunk and meet the tile once
+    (untimed since)."""
+    words_formats = (KV_FORMAT_INT, KV_FORMAT_KIVI, KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE)
+    return kv_format in words_formats and bits < 8 and (head_dim * bits) % 32 == 0
+
+
+# INT8 codes are read as int32 words by default too (config key "WORDS8", a tuning parameter; 0 reads bytes).
+# Compiled for sm_90 (bf16, 64 x 128 on 4 warps, codes as fp16 by bit patterns) the byte tile takes one 8-bit
+# shared-memory load per element from its 8-byte cp.async buffer (64 per thread per iteration), 140 registers and
+# 1859 PTX instructions; the word tile 16-byte copies, a shift and mask per element, no per-element shared load,
+# 100 registers and 1786 instructions. Untimed: the tuner tries both on a GPU.
+WORDS8_DEFAULT = 1
+
+
+def mixed_reads_words(kv_format: int, head_dim: int, block_size: int, block_n: int) -> bool:
+    """True when a mixed-precision launch reads its codes as int32 words: every tile lies in one block (one
+    width), and rows of every width (8, 4, 2 bits) are whole words."""
+    return kv_format == KV_FORMAT_MIXED and head_dim % 16 == 0 and block_size % block_n == 0
+
+
+def table_op(kv_format: int = KV_FORMAT_PLAIN, bits: int = 16) -> str:
+    """The tuned-table name for a cache format: "paged_attention" for plain caches, else
+    "paged_attention_<suffix>" (`kvcache.formats.table_suffix`: int8/int4/int2, fp8, kivi, mixed, oaken), as
+    `codesign tune` exports them: dequantizing in the inner loop moves the best tile size, so each format has
+    its own table."""
+    suffix = table_suffix(kv_format, bits)
+    return OP if suffix is None else f"{OP}_{suffix}"
+
+
+def table_key(q_heads: int, kv_heads: int, head_dim: int, block_size: int) -> str:
+    """The attention tables' shape key (M: the sequences in the batch)."""
+    return shape_key(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size)
+
+
+def launch_config(
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    batch: int,
+    device,
+    elem_bytes: int = 2,
+    kv_format: int = KV_FORMAT_PLAIN,
+    bits: int = 16,
+) -> dict:
+    """Tile sizes and warps from the tuned tables (`default_config` on CPU or untuned GPUs); tree launches
+    adjust them with `tree_config`.
+
+    Table key: shape_key(q_heads, kv_heads, head_dim, block_size); the M bucket is the batch size. A
+    quantized cache reads its format's table (`table_op`), else its format's defaults: not the plain
+    cache's table, whose best tile can spill registers once codes are unpacked in the loop.
+    """
+    key = table_key(q_heads, kv_heads, head_dim, block_size)
+    gpu = device_view(device).gpu_name
+    op = table_op(kv_format, bits)
+    cfg = lookup_config(op, gpu, batch, key, default_config(head_dim, elem_bytes, kv_format, bits))
+    return cfg
+
+
+def tree_config(cfg: dict) -> dict:
+    """`cfg` for a tree-verification launch: BLOCK_N at most TREE_MAX_BLOCK_N, and at that width at least
+    TREE_MIN_WARPS warps (the ancestor-mask tile spills on fewer; see TREE_MAX_BLOCK_N)."""
+    bn = min(cfg["BLOCK_N"], TREE_MAX_BLOCK_N)
+    warps = max(cfg["num_warps"], TREE_MIN_WARPS) if bn >= TREE_MAX_BLOCK_N else cfg["num_warps"]
+    return {**cfg, "BLOCK_N": bn, "num_warps": warps}
+
+
+def tile_blocks(block_n: int, block_size: int) -> int:
+    """Most cache blocks one BLOCK_N-token tile can touch; tiles start at multiples of BLOCK_N."""
+    if block_size % block_n == 0:
+        return 1
+    if block_n % block_size == 0:
+        return block_n // block_size
+    return -(-(block_n - 1) // block_size) + 1
+
+
+def dim_pad(head_dim: int) -> int:
+    """head_dim rounded up to a power of two (tl.arange) and to >= 16 (the GPU's smallest tl.dot K)."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def rows_layout(group: int, block_m: int, is_decode: bool, min_rows: int) -> tuple[int, int]:
+    """(GROUP_PAD, BLOCK_Q): rows = BLOCK_Q tokens x GROUP_PAD heads, at least `min_rows` (the device's smallest
+    tl.dot, `DeviceView.min_dot_rows`)."""
+    gpad = triton.next_power_of_2(group)
+    bq = 1 if is_decode else max(1, block_m // gpad)
+    gpad = max(gpad, min_rows // bq)
+    return gpad, bq
+
+
+@dataclass(frozen=True, eq=False)
+class KernelKV:
+    """The K/V operands of one launch as the kernel reads them (layouts in the module docstring).
+
+    k, v: a plain cache's values, or a quantized cache's codes; k_meta, v_meta: its metadata (per-token or
+    per-group (scale, zero), FP8's head scales); k_side, v_side: KIVI's residual rings or Oaken's outlier
+    slots; block_bits: mixed precision's per-block widths, or Oaken offline's grids; kivi: KIVI's (G, GV, R).
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    kv_format: int = KV_FORMAT_PLAIN
+    bits: int = PLAIN_BITS
+    k_meta: torch.Tensor | None = None
+    v_meta: torch.Tensor | None = None
+    k_side: torch.Tensor | None = None
+    v_side: torch.Tensor | None = None
+    block_bits: torch.Tensor | None = None
+    kivi: tuple[int, int, int] = (1, 1, 0)
+
+
+@dataclass(frozen=True, eq=False)
+class LaunchPlan:
+    """Every launch choice of one attention launch, made before it (`plan_launch`): the tile config (tuned
+    table or defaults, tree-adjusted), the rows layout, the split-KV count, whether codes are read as words,
+    hardware fp8, and the split workspace (partial outputs fp32 [T, Hq, S, DIM_PAD], partial lse [T, Hq, S])."""
+
+    config: dict
+    group_pad: int
+    block_q: int
+    num_splits: int
+    words: bool
+    hw_fp8: bool
+    workspace: tuple[torch.Tensor, torch.Tensor] | None
+
+
+def plan_launch(
+    q: torch.Tensor,
+    kv_shape: tuple[int, ...],
+    kv_format: int,
+    bits: int,
+    batch: AttentionBatch,
+    num_splits: int | None,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> LaunchPlan:
+    """The one place a launch is planned: config (`launch_config`, one table lookup), rows layout, split count
+    (`choose_num_splits` over this launch's programs when `num_splits` is None) and workspace (`workspace`
+    reused when its shape fits). q: the queries (or a tensor of their shape, dtype and device); kv_shape: the
+    cache's (num_blocks, block_size, kv_heads, ...). Host-only: no sync."""
+    t, hq, dim = q.shape
+    bs, hkv = kv_shape[1], kv_shape[2]
+    view = device_view(q.device)
+    cfg = launch_config(hq, hkv, dim, bs, batch.block_tables.shape[0], q.device, q.element_size(), kv_format, bits)
+    if batch.is_tree:
+        cfg = tree_config(cfg)
+    gpad, bq = rows_layout(hq // hkv, cfg["BLOCK_M"], batch.is_decode, view.min_dot_rows)
+    if num_splits is None:
+        b = batch.block_tables.shape[0]
+        programs = (b if batch.is_decode else -(-t // bq) + b) * hkv
+        num_splits = choose_num_splits(programs, batch.block_tables.shape[1] * bs, view.sms)
+    words = (
+        reads_words(kv_format, bits, dim)
+        or mixed_reads_words(kv_format, dim, bs, cfg["BLOCK_N"])
+        or (kv_format == KV_FORMAT_INT and bits == 8 and dim % 4 == 0 and bool(cfg.get("WORDS8", WORDS8_DEFAULT)))
+    )
+    ws = None
+    if num_splits > 1:
+        shape = (t, hq, num_splits)
+        if workspace is not None and workspace[1].shape == shape and workspace[0].shape[-1] == dim_pad(dim):
+            ws = workspace
+        else:
+            ws = (
+                torch.empty(*shape, dim_pad(dim), dtype=torch.float32, device=q.device),
+                torch.empty(*shape, dtype=torch.float32, device=q.device),
+            )
+    return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws)
+
+
+def _side_args(kv: KernelKV, context_lens: torch.Tensor) -> tuple[tuple, tuple, int]:
+    """The kernel's metadata strides, side-tensor arguments (KIVI's rings, Oaken's slots; stand-ins otherwise)
+    and Oaken's slot capacity."""
+    if kv.kv_format not in (KV_FORMAT_PLAIN, KV_FORMAT_FP8):  # per-token / per-group metadata tensors
+        ks, vs = kv.k_meta, kv.v_meta
+        mstrides = (ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2))
+    else:
+        mstrides = (0, 0, 0) * 2
+    if kv.kv_format == KV_FORMAT_KIVI:
+        k_res = kv.k_side
+        res = (k_res, kv.v_side, k_res.stride(0), k_res.stride(1), k_res.stride(2))
+    elif kv.kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
+        k_out = kv.k_side
+        res = (k_out, kv.v_side, k_out.stride(0), k_out.stride(1), 0)
+    else:
+        res = (context_lens, context_lens, 0, 0, 0)
+    cap = kv.k_side.shape[2] if kv.kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) else 0
+    return mstrides, res, cap
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    kv: KernelKV,
+    batch: AttentionBatch,
+    opts: AttentionOptions,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    plan: LaunchPlan | None = None,
+) -> None:
+    """Launch the attention (and, with more than one split, the reduction) kernels into `out` / `lse`
+    (lse None: not written). `opts`: resolved (`attention.options.prepare`); `plan`: `plan_launch`'s, made
+    here when not given (a plan()/run() wrapper gives its own: no table lookup, no allocation here).
+
+    Inputs are validated by the entry points (`attention.paged.attend`, the cache types of `kvcache`);
+    nothing here syncs with the host, so the launch can be captured in a CUDA graph.
+    """
+    t, hq, dim = q.shape
+    if t == 0:
+        return
+    p = plan or plan_launch(q, kv.k.shape, kv.kv_format, kv.bits, batch, opts.num_splits)
+    cfg, s, dpad, nseq = p.config, p.num_splits, dim_pad(dim), batch.block_tables.shape[0]
+    hkv, bs = kv.k.shape[2], kv.k.shape[1]
+    mstrides, res, cap = _side_args(kv, batch.context_lens)
+    o_part, l_part = p.workspace if s > 1 else (out, out)  # unused with one split
+    dummy = batch.context_lens
+    lse_t = lse if lse is not None else out
+    k_cache, v_cache = (kv.k.view(torch.int32), kv.v.view(torch.int32)) if p.words else (kv.k, kv.v)
+    kg, kgv, kr = kv.kivi
+    _paged_attn_kernel[(nseq if batch.is_decode else t // p.block_q + nseq, hkv, s)](
+        q, k_cache, v_cache, out, lse_t, o_part, l_part,
+        batch.block_tables, batch.context_lens, batch.cu_seqlens_q,
+        batch.positions if batch.positions is not None else dummy,
+        batch.tree_mask if batch.tree_mask is not None else dummy,
+        batch.mask_indptr if batch.mask_indptr is not None else dummy,
+        opts.alibi_slopes if opts.alibi_slopes is not None else dummy,
+        kv.k_meta if kv.k_meta is not None else dummy, kv.v_meta if kv.v_meta is not None else dummy,
+        *mstrides, *res,
+        kv.block_bits if kv.block_bits is not None else dummy,
+        float(opts.sm_scale), float(opts.softcap) if opts.softcap else 1.0, int(opts.window or 0), nseq,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        batch.block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        lse_t.stride(0), lse_t.stride(1),
+        hq * s, s, 1,
+        GROUP=hq // hkv, GROUP_PAD=p.group_pad, BLOCK_Q=p.block_q, BLOCK_N=cfg["BLOCK_N"],
+        HEAD_DIM=dim, DIM_PAD=dpad, BLOCK_SIZE=bs, NUM_SPLITS=s,
+        IS_DECODE=batch.is_decode, MASK_MODE=MASK_TREE if batch.is_tree else MASK_CAUSAL,
+        HAS_ALIBI=opts.alibi_slopes is not None, HAS_SOFTCAP=bool(opts.softcap), HAS_WINDOW=bool(opts.window),
+        WRITE_LSE=lse is not None and s == 1, KV_FORMAT=kv.kv_format, BITS=kv.bits,
+        KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=cap, OAKEN_NBT=tile_blocks(cfg["BLOCK_N"], bs), WORDS=p.words,
+        HW_FP8=p.hw_fp8,
+        F16_MMA=kv.kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    if s > 1:
+        _reduce_splits_kernel[(t, hq)](
+            o_part, l_part, out, lse_t,
+            hq * s, s, out.stride(0), out.stride(1), lse_t.stride(0), lse_t.stride(1),
+            NUM_SPLITS=s, SPLITS_PAD=triton.next_power_of_2(s), HEAD_DIM=dim, DIM_PAD=dpad,
+            WRITE_LSE=lse is not None, num_warps=4 if dim >= 128 else 2,
+        )  # fmt: skip

@@ -1,0 +1,301 @@
+"""FlashInfer-style plan() / run() wrappers for paged decode, extend and tree attention over every cache type.
+
+plan() does everything once per batch shape: validates the cache and the batch (one host sync), resolves the
+options and plans the launch (`triton_attention.plan_launch`: the tuned config, the split count, the split
+workspace); run() only checks host-side attributes against the plan and launches, with no table lookup, no
+allocation (given `out` and `lse` buffers) and no host sync, so it can be captured in a CUDA graph. A
+quantized cache object (`kvcache.kvq.QuantPagedKV`, `kivi.KiviPagedKV`, `oaken.OakenPagedKV`,
+`mixed.MixedPagedKV`) takes the place of k_cache (v_cache None; `plan(..., q_dtype=)` says q's dtype). run()
+launches what the functional entry point's op launches, so the outputs are bit-identical to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from codesign.backend import canonical_device
+from codesign.kernels.attention.ops import PLAIN, AttentionFormat, run_attention
+from codesign.kernels.attention.options import Q_DTYPES, AttentionBatch, AttentionOptions, alloc_lse, prepare
+from codesign.kernels.attention.quantized import QUANT_CACHE_TYPES, format_of
+from codesign.kernels.attention.tree import TreeBatch, build_tree_batch, check_parents
+from codesign.kernels.attention.triton_attention import LaunchPlan, plan_launch
+from codesign.kernels.kvcache.checks import check_int_tensor, check_kv_cache, geometry_probe
+from codesign.kernels.kvcache.formats import KV_FORMAT_PLAIN, PLAIN_BITS, kernel_format
+from codesign.specs import (
+    CodesignError,
+    KVFormat,
+    PagedDecodeAttention,
+    PagedExtendAttention,
+    TreeAttention,
+)
+
+SPEC_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """What plan() decided: the cache type, the batch (in buffers the wrapper owns), the resolved options
+    (with and without lse), the launch plan, and host copies for spec() and run()'s checks."""
+
+    fmt: AttentionFormat
+    batch: AttentionBatch
+    opts: AttentionOptions
+    opts_lse: AttentionOptions
+    launch: LaunchPlan
+    no_lse: torch.Tensor  # the `[0, q_heads]` lse run() passes when none is asked
+    signature: tuple | None  # a quantized cache's (`AttentionFormat.signature`), None for a plain cache
+    kv_format: KVFormat
+    host_ctx: tuple[int, ...]
+    host_cu: tuple[int, ...]
+    window: int | None
+    cache_shape: tuple[int, ...]
+    dtype: torch.dtype
+    q_shape: tuple[int, int, int]
+
+
+class _PlannedAttention:
+    """plan(): validate and stage metadata once per batch shape; run(): launch only.
+
+    run() allocates nothing whose size depends on data and never syncs with the host, so it can be
+    captured in a CUDA graph (pass `out`/`lse` buffers to reuse memory across replays).
+    """
+
+    is_decode = False
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.device = canonical_device(device)
+        self._plan: _Plan | None = None
+        self._bufs: dict[str, torch.Tensor] = {}
+
+    def _persist(self, name: str, t: torch.Tensor | None) -> torch.Tensor | None:
+        """Keep metadata in buffers the wrapper owns; a re-plan with the same shapes refills them in
+        place, so a CUDA graph captured over run() replays with the new batch (FlashInfer's rule)."""
+        if t is None:
+            return None
+        buf = self._bufs.get(name)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.device != t.device:
+            buf = self._bufs[name] = t.clone()
+        else:
+            buf.copy_(t)
+        return buf
+
+    def _cache_geometry(self, cache: Any, block_tables: torch.Tensor, q_dtype: torch.dtype | None) -> tuple:
+        """(format, a tensor of the cache's geometry and q's dtype, signature, spec format, kernel code, bits)."""
+        fmt = format_of(cache)
+        if fmt is PLAIN:
+            if q_dtype not in (None, cache.dtype):
+                raise CodesignError(f"q_dtype {q_dtype} != cache dtype {cache.dtype}")
+            return fmt, cache, None, KVFormat(dtype=SPEC_DTYPES[cache.dtype]), KV_FORMAT_PLAIN, PLAIN_BITS
+        shape = fmt.check(cache, block_tables, True)
+        q_dtype = q_dtype or torch.float16
+        if q_dtype not in Q_DTYPES:
+            raise CodesignError(f"q_dtype must be one of {Q_DTYPES}, got {q_dtype}")
+        probe = geometry_probe(shape, q_dtype, self.device)
+        return fmt, probe, fmt.signature(cache), cache.kv_format, *kernel_format(cache.kv_format)
+
+    def _stage(self, cache, block_tables, context_lens, cu, q_tokens, q_heads, tree_args, opts, q_dtype) -> None:
+        """plan()'s shared body; cu None for decode."""
+        fmt, k_like, signature, kv_format, code, bits = self._cache_geometry(cache, block_tables, q_dtype)
+        dim = k_like.shape[3]
+        probe = torch.empty(q_tokens, q_heads, dim, dtype=k_like.dtype, device=self.device)
+        batch, opts = prepare(probe, k_like, k_like, block_tables, context_lens, cu, tree_args, opts)
+        old = self._plan.launch.workspace if self._plan else None
+        launch = plan_launch(probe, tuple(k_like.shape), code, bits, batch, opts.num_splits, old)
+        persisted = {f.name: self._persist(f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch)
+                     if isinstance(getattr(batch, f.name), torch.Tensor)}  # fmt: skip
+        self._plan = _Plan(
+            fmt=fmt,
+            batch=dataclasses.replace(batch, **persisted),
+            opts=opts,
+            opts_lse=dataclasses.replace(opts, return_lse=True),
+            launch=launch,
+            no_lse=alloc_lse(probe, False),
+            signature=signature,
+            kv_format=kv_format,
+            # Host copies (plan already synced for its checks) for spec(): the roofline bookkeeping.
+            host_ctx=tuple(context_lens.tolist()),
+            host_cu=tuple(batch.cu_seqlens_q.tolist()),
+            window=opts.window,
+            cache_shape=tuple(k_like.shape),
+            dtype=k_like.dtype,
+            q_shape=(q_tokens, q_heads, dim),
+        )
+
+    def _spec_common(self) -> dict:
+        p = self._plan
+        if p is None:
+            raise CodesignError("spec() called before plan()")
+        _, bs, hkv, dim = p.cache_shape
+        dt = SPEC_DTYPES[p.dtype]
+        return dict(q_heads=p.q_shape[1], kv_heads=hkv, head_dim=dim, block_size=bs, dtype=dt, kv_format=p.kv_format)
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k_cache,
+        v_cache: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+        lse: torch.Tensor | None = None,
+        return_lse: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attention for the planned batch; q must have the planned shape, the cache the planned layout
+        (a plain k_cache and v_cache, or the planned kind of quantized cache as k_cache alone). Outputs
+        are bit-identical to the functional entry point's."""
+        p = self._plan
+        if p is None:
+            raise CodesignError("run() called before plan()")
+        if tuple(q.shape) != p.q_shape or q.dtype != p.dtype or q.device != self.device:
+            raise CodesignError(
+                f"q {tuple(q.shape)} {q.dtype} {q.device} does not match the plan "
+                f"{p.q_shape} {p.dtype} {self.device}"
+            )
+        want_lse = return_lse or lse is not None
+        if p.fmt is PLAIN and isinstance(k_cache, torch.Tensor):
+            self._check_plain_run(k_cache, v_cache, q)
+            tensors, params = (k_cache, v_cache), ()
+        else:
+            self._check_quant_run(k_cache, v_cache)
+            tensors, params = p.fmt.op_tensors(k_cache), p.fmt.params(k_cache)
+        o, l_ = run_attention(p.fmt, q, tensors, params, p.batch, p.opts_lse if want_lse else p.opts, out,
+                              lse if want_lse else p.no_lse, p.launch)  # fmt: skip
+        return (o, l_) if want_lse else o
+
+    def _check_plain_run(self, k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor) -> None:
+        p = self._plan
+        check_kv_cache(k_cache, v_cache)
+        if tuple(k_cache.shape) != p.cache_shape or k_cache.dtype != p.dtype or k_cache.device != q.device:
+            raise CodesignError(
+                f"cache {tuple(k_cache.shape)} {k_cache.dtype} does not match the plan {p.cache_shape} {p.dtype}"
+            )
+
+    def _check_quant_run(self, cache, v_cache) -> None:
+        """run() over a quantized cache: host-side checks against the plan (no sync)."""
+        p = self._plan
+        if p.fmt is PLAIN or not isinstance(cache, QUANT_CACHE_TYPES):
+            raise CodesignError(
+                f"run() got a {type(cache).__name__} cache but the plan was made for "
+                f"{'a plain cache' if p.fmt is PLAIN else p.signature[0]}"
+            )
+        if v_cache is not None:
+            raise CodesignError("a quantized cache holds K and V: pass it as k_cache, with v_cache None")
+        if p.fmt.signature(cache) != p.signature:
+            raise CodesignError("the quantized cache does not match the plan (tensor shapes, dtypes or format)")
+
+
+def _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits) -> AttentionOptions:
+    """plan()'s keywords as options (plan() always runs the data checks)."""
+    return AttentionOptions(sm_scale, window, softcap, alibi_slopes, False, num_splits, True)
+
+
+class PagedDecodeWrapper(_PlannedAttention):
+    """Decode attention, FlashInfer style: `plan(...)` once per batch shape, then `run(q, k, v)` per layer."""
+
+    is_decode = True
+
+    def spec(self) -> PagedDecodeAttention:
+        """The operator spec of the planned batch (flops, min bytes) for roofline reports."""
+        c = self._spec_common()
+        return PagedDecodeAttention(context_lens=self._plan.host_ctx, window=self._plan.window, **c)
+
+    def plan(
+        self,
+        k_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        num_q_heads: int,
+        *,
+        sm_scale: float | None = None,
+        window: int | None = None,
+        softcap: float | None = None,
+        alibi_slopes: torch.Tensor | None = None,
+        num_splits: int | None = None,
+        q_dtype: torch.dtype | None = None,
+    ) -> None:
+        """Validate the tables (one host sync) and choose splits and workspace for this batch.
+        k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
+        opts = _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits)
+        self._stage(
+            k_cache, block_tables, context_lens, None, block_tables.shape[0], num_q_heads, None, opts, q_dtype
+        )
+
+
+class PagedExtendWrapper(_PlannedAttention):
+    """Extend / chunked-prefill attention with plan()/run()."""
+
+    def spec(self) -> PagedExtendAttention:
+        """The operator spec of the planned batch (sequences without new tokens left out)."""
+        c = self._spec_common()
+        cu, ctx = self._plan.host_cu, self._plan.host_ctx
+        ql = [cu[i + 1] - cu[i] for i in range(len(ctx))]
+        keep = [i for i, n in enumerate(ql) if n > 0]
+        return PagedExtendAttention(
+            q_lens=tuple(ql[i] for i in keep),
+            prefix_lens=tuple(ctx[i] - ql[i] for i in keep),
+            window=self._plan.window,
+            **c,
+        )
+
+    def plan(
+        self,
+        k_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        num_q_heads: int,
+        *,
+        sm_scale: float | None = None,
+        window: int | None = None,
+        softcap: float | None = None,
+        alibi_slopes: torch.Tensor | None = None,
+        num_splits: int | None = None,
+        q_dtype: torch.dtype | None = None,
+    ) -> None:
+        """Validate tables and offsets (one host sync); q of run() has cu_seqlens_q[-1] tokens.
+        k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
+        check_int_tensor("cu_seqlens_q", cu_seqlens_q, 1, self.device)
+        tokens = int(cu_seqlens_q[-1]) if cu_seqlens_q.numel() else 0
+        opts = _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits)
+        self._stage(k_cache, block_tables, context_lens, cu_seqlens_q, tokens, num_q_heads, None, opts, q_dtype)
+
+
+class TreeAttentionWrapper(_PlannedAttention):
+    """Tree attention with plan() (trees -> masks, positions; checks) and run() (launch only)."""
+
+    def plan(
+        self,
+        k_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        parents: Sequence[Sequence[int]],
+        prefix_lens: Sequence[int],
+        num_q_heads: int,
+        *,
+        sm_scale: float | None = None,
+        window: int | None = None,
+        softcap: float | None = None,
+        alibi_slopes: torch.Tensor | None = None,
+        num_splits: int | None = None,
+        q_dtype: torch.dtype | None = None,
+    ) -> TreeBatch:
+        """Build the tree metadata on the device and validate it against the block tables.
+
+        k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
+        tree = build_tree_batch(parents, prefix_lens, self.device)
+        opts = _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits)
+        self._stage(k_cache, block_tables, tree.context_lens, tree.cu_seqlens_q, sum(tree.tree_sizes),
+                    num_q_heads, tree.mask_args, opts, q_dtype)  # fmt: skip
+        self._tree = tree
+        self._pairs = tuple(TreeAttention.pairs_from_parents(check_parents(par)) for par in parents)
+        return tree
+
+    def spec(self) -> TreeAttention:
+        """The operator spec of the planned trees (flops, min bytes) for roofline reports."""
+        c = self._spec_common()
+        t = self._tree
+        return TreeAttention(
+            tree_sizes=t.tree_sizes, prefix_lens=t.prefix_lens, ancestor_pairs=self._pairs, **c
+        )

@@ -1,0 +1,336 @@
+"""Public quantized-GEMM torch ops: W4A16, W8A16, W8A8 (int8), FP8 W8A8, and per-token act quantizers.
+
+Each op is a `torch.library.custom_op` ("codesign::<name>") with a fake implementation, so
+`torch.compile(fullgraph=True)` traces through it. Per call the backend comes from
+`codesign.backend.resolve_backend`: "triton" runs the kernels of `gemm.triton_gemm` (CUDA tensors,
+or CPU tensors through the interpreter), "torch" runs a plain-torch CPU/GPU implementation
+(dequantize, then matmul in fp32/fp64), "cupy" (W4A16, M <= 16 only) the CUDA C++ kernel.
+
+Argument contract (checked before any launch; violations raise CodesignError naming the argument):
+  x       [..., K] fp16/bf16/fp32; a non-contiguous x is copied to a contiguous one (weights are not:
+          they are prepared once, so a non-contiguous weight is refused rather than copied per call).
+  qweight native layout (see `gemm.formats`), scales/zeros [K/G, N], bias [N] of x's dtype or None,
+  all on x's device. group_size is 32/64/128 or K (per-channel). M = 0 returns an empty result.
+The output has x's dtype and shape [..., N].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from codesign.backend import device_view, resolve_backend
+from codesign.kernels.gemm import formats as qf
+from codesign.specs import CodesignError
+
+_ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise CodesignError(msg)
+
+
+def _check_x(x: torch.Tensor, k: int | None = None) -> None:
+    _check(isinstance(x, torch.Tensor), f"x must be a torch.Tensor, got {type(x).__name__}")
+    _check(x.dtype in _ACT_DTYPES, f"x must be fp16, bf16 or fp32, got {x.dtype}")
+    _check(x.dim() >= 1, "x must have at least one dimension [..., K]")
+    if k is not None:
+        _check(x.shape[-1] == k, f"x must have K={k} in its last dim, got shape {tuple(x.shape)}")
+
+
+def _check_side(
+    name: str,
+    t: torch.Tensor | None,
+    x: torch.Tensor,
+    shape: tuple[int, ...],
+    dtypes: tuple[torch.dtype, ...],
+) -> None:
+    if t is None:
+        return
+    _check(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor or None")
+    _check(t.device == x.device, f"{name} is on {t.device} but x is on {x.device}")
+    _check(tuple(t.shape) == shape, f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    _check(t.dtype in dtypes, f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+    _check(t.is_contiguous(), f"{name} must be contiguous")
+
+
+def check_wq_args(x, qweight, scales, zeros, bias, bits: int, group_size: int) -> tuple[int, int]:
+    """Validate weight-only GEMM arguments; returns (N, K)."""
+    _check_x(x)
+    k = x.shape[-1]
+    _check(
+        isinstance(qweight, torch.Tensor) and qweight.dim() == 2 and qweight.dtype == torch.int32,
+        f"qweight must be a 2-D int32 tensor [K*{bits}/32, N], got "
+        f"{getattr(qweight, 'dtype', type(qweight))} {tuple(getattr(qweight, 'shape', ()))}",
+    )
+    n = qweight.shape[1]
+    pack = 32 // bits
+    _check(k > 0 and k % pack == 0, f"K={k} (x's last dim) must be a positive multiple of {pack}")
+    _check(
+        isinstance(group_size, int) and (group_size in (32, 64, 128) or group_size == k),
+        f"group_size must be 32, 64, 128 or K={k} (per-channel), got {group_size!r}",
+    )
+    _check(k % group_size == 0, f"K={k} must be divisible by group_size={group_size}")
+    _check_side("qweight", qweight, x, (k // pack, n), (torch.int32,))
+    _check(n > 0, "qweight must have N > 0 columns")
+    _check_side("scales", scales, x, (k // group_size, n), _SCALE_DTYPES)
+    _check(scales is not None, "scales must not be None")
+    _check_side("zeros", zeros, x, (k // group_size, n), (scales.dtype,))
+    _check_side("bias", bias, x, (n,), (x.dtype,))
+    return n, k
+
+
+def _check_mm_args(x, qweight, w_scales, bias, fp8: bool) -> tuple[int, int]:
+    _check_x(x)
+    k = x.shape[-1]
+    what = "float8_e4m3fn [K, N]" if fp8 else "int32 [K/4, N] (native int8 codes)"
+    ok = isinstance(qweight, torch.Tensor) and qweight.dim() == 2
+    ok = ok and qweight.dtype == (torch.float8_e4m3fn if fp8 else torch.int32)
+    _check(ok, f"qweight must be {what}, got {getattr(qweight, 'dtype', type(qweight))}")
+    n = qweight.shape[1]
+    _check(
+        k > 0 and (fp8 or k % 4 == 0),
+        f"K={k} (x's last dim) must be positive{'' if fp8 else ' and % 4 == 0'}",
+    )
+    _check_side("qweight", qweight, x, (k if fp8 else k // 4, n), (qweight.dtype,))
+    _check(n > 0, "qweight must have N > 0 columns")
+    _check(
+        isinstance(w_scales, torch.Tensor) and tuple(w_scales.shape) in ((1, n), (1, 1)),
+        f"w_scales must have shape (1, {n}) (per-channel) or (1, 1) (per-tensor)",
+    )
+    _check_side("w_scales", w_scales, x, tuple(w_scales.shape), (torch.float32,) if fp8 else _SCALE_DTYPES)
+    _check_side("bias", bias, x, (n,), (x.dtype,))
+    return n, k
+
+
+def _check_int32_offsets(m: int, n: int, k: int) -> None:
+    # The Triton kernels compute element offsets in int32 (faster address math); refuse shapes whose
+    # tensors would overflow it rather than read out of bounds.
+    if max(m * k, m * n, k * n) >= 2**31:
+        raise CodesignError(f"M={m}, N={n}, K={k}: a tensor has >= 2**31 elements; split the call along M")
+
+
+# ----------------------------------------------------------------------------- torch implementations
+
+
+def _dequant_kn(
+    qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int, group: int
+) -> torch.Tensor:
+    """W^T [K, N] in fp32 from the native layout (codes, scales, zeros all exact in fp32)."""
+    codes = qf.unpack_codes(qweight, bits).to(torch.float32)
+    s = scales.to(torch.float32).repeat_interleave(group, dim=0)
+    z = (
+        zeros.to(torch.float32).repeat_interleave(group, dim=0)
+        if zeros is not None
+        else torch.full_like(s, float(1 << (bits - 1)))
+    )
+    return (codes - z) * s
+
+
+def _wq_torch(x2, qweight, scales, zeros, bias, bits, group) -> torch.Tensor:
+    y = x2.to(torch.float32) @ _dequant_kn(qweight, scales, zeros, bits, group)
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x2.dtype)
+
+
+def _scaled_mm_torch(aq, a_s, w, w_s, bias, out_dtype, fp8: bool) -> torch.Tensor:
+    # fp64 matmul: int8 x int8 sums are exact (< 2**53), like the int32 accumulator of the kernel.
+    wk = w.to(torch.float64) if fp8 else (qf.unpack_codes(w, 8) - 128).to(torch.float64)
+    acc = (aq.to(torch.float64) @ wk).to(torch.float32)
+    y = acc * a_s[:, None] * w_s.to(torch.float32)
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(out_dtype)
+
+
+# ----------------------------------------------------------------------------- weight-only ops
+
+
+def _wq_impl(x, qweight, scales, zeros, bias, group_size, bits: int, op: str) -> torch.Tensor:
+    n, k = check_wq_args(x, qweight, scales, zeros, bias, bits, group_size)
+    available = ("triton", "torch", "cupy") if bits == 4 else ("triton", "torch")
+    backend = resolve_backend(op, x.device, available)
+    m = x.numel() // k
+    if m == 0:
+        return x.new_empty(*x.shape[:-1], n)
+    if backend == "triton":
+        _check_int32_offsets(m, n, k)  # before the (possibly huge) contiguous copy
+    x2 = x.reshape(-1, k).contiguous()
+    if backend == "torch":
+        out = _wq_torch(x2, qweight, scales, zeros, bias, bits, group_size)
+    elif backend == "cupy":
+        from codesign.kernels.gemm import cupy_gemm
+
+        out = cupy_gemm.w4a16_gemv(x2, qweight, scales, zeros, bias, group_size)
+    else:
+        from codesign.kernels.gemm import triton_gemm
+
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        triton_gemm.wq_gemm(x2, qweight, scales, zeros, bias, bits, group_size, out)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def _define_wq_op(bits: int) -> torch.library.CustomOpDef:
+    """The torch op "codesign::w<bits>a16_gemm" and its fake (the two ops differ only in `bits`)."""
+    name = f"w{bits}a16_gemm"
+
+    def op(
+        x: torch.Tensor,
+        qweight: torch.Tensor,
+        scales: torch.Tensor,
+        zeros: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        group_size: int,
+    ) -> torch.Tensor:
+        return _wq_impl(x, qweight, scales, zeros, bias, group_size, bits, name)
+
+    op.__doc__ = (
+        f"y = x @ W^T (+ bias), W[n, k] = (code{bits}(n, k) - zero) * scale "
+        f"(zero = {1 << (bits - 1)} when zeros is None)."
+    )
+    custom = torch.library.custom_op(f"codesign::{name}", op, mutates_args=())
+
+    # Fakes validate too: bad shapes fail at trace time, and a mixed-device call (which the
+    # dispatcher may route to the Meta kernel) still names the offending argument.
+    @custom.register_fake
+    def _(x, qweight, scales, zeros, bias, group_size):
+        n, _ = check_wq_args(x, qweight, scales, zeros, bias, bits, group_size)
+        return x.new_empty(*x.shape[:-1], n)
+
+    return custom
+
+
+w4a16_gemm = _define_wq_op(4)
+w8a16_gemm = _define_wq_op(8)
+
+
+# ----------------------------------------------------------------------------- activation quantizers
+
+
+def _act_quant_impl(x: torch.Tensor, fp8: bool, op: str) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_x(x)
+    backend = resolve_backend(op, x.device)
+    if backend == "torch" or x.numel() == 0:
+        return qf.quantize_per_token(x, "fp8_e4m3" if fp8 else "int8")
+    from codesign.kernels.gemm import triton_gemm
+
+    k = x.shape[-1]
+    _check_int32_offsets(x.numel() // k, 1, k)
+    x2 = x.reshape(-1, k).contiguous()
+    q = torch.empty(x2.shape, dtype=torch.float8_e4m3fn if fp8 else torch.int8, device=x.device)
+    s = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
+    triton_gemm.quantize_per_token(x2, fp8, q, s)
+    return q.reshape(x.shape), s.reshape(x.shape[:-1])
+
+
+@torch.library.custom_op("codesign::quantize_per_token_int8", mutates_args=())
+def quantize_per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, s): s = absmax(row) / 127 (1 for all-zero rows), q = clamp(round_half_even(x / s), -127, 127)."""
+    return _act_quant_impl(x, False, "quantize_per_token_int8")
+
+
+@torch.library.custom_op("codesign::quantize_per_token_fp8", mutates_args=())
+def quantize_per_token_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, s): s = absmax(row) / 448 (1 for all-zero rows), q = e4m3(x / s)."""
+    return _act_quant_impl(x, True, "quantize_per_token_fp8")
+
+
+@quantize_per_token_int8.register_fake
+def _(x):
+    _check_x(x)
+    return x.new_empty(x.shape, dtype=torch.int8), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@quantize_per_token_fp8.register_fake
+def _(x):
+    _check_x(x)
+    return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+# ----------------------------------------------------------------------------- W8A8 ops
+
+
+def _w8a8_impl(x, qweight, w_scales, bias, fp8: bool, op: str) -> torch.Tensor:
+    n, k = _check_mm_args(x, qweight, w_scales, bias, fp8)
+    backend = resolve_backend(op, x.device)
+    m = x.numel() // k
+    if m == 0:
+        return x.new_empty(*x.shape[:-1], n)
+    if backend == "triton":
+        _check_int32_offsets(m, n, k)
+        cap = device_view(x.device).capability
+        if fp8 and cap is not None and cap < (8, 9):
+            raise CodesignError("the fp8 Triton kernel needs fp8 tensor cores (sm_89+); use backend 'torch'")
+    x2 = x.reshape(-1, k).contiguous()
+    if backend == "torch":
+        aq, a_s = qf.quantize_per_token(x2, "fp8_e4m3" if fp8 else "int8")
+        out = _scaled_mm_torch(aq, a_s, qweight, w_scales, bias, x.dtype, fp8)
+    else:
+        from codesign.kernels.gemm import triton_gemm
+
+        aq = torch.empty(x2.shape, dtype=torch.float8_e4m3fn if fp8 else torch.int8, device=x.device)
+        a_s = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
+        triton_gemm.quantize_per_token(x2, fp8, aq, a_s)
+        out = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
+        triton_gemm.scaled_mm(aq, a_s, qweight, w_scales, bias, out)
+    return out.reshape(*x.shape[:-1], n)
+
+
+@torch.library.custom_op("codesign::w8a8_gemm", mutates_args=())
+def w8a8_gemm(
+    x: torch.Tensor, qweight: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """y = (q_x @ q_w) * s_x[m] * s_w[n] (+ bias): per-token int8 x, per-channel symmetric int8 W."""
+    return _w8a8_impl(x, qweight, w_scales, bias, False, "w8a8_gemm")
+
+
+@torch.library.custom_op("codesign::fp8_gemm", mutates_args=())
+def fp8_gemm(
+    x: torch.Tensor, qweight: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """y = (e4m3(x / s_x) @ q_w) * s_x[m] * s_w (+ bias): per-token e4m3 x, per-channel/tensor e4m3 W."""
+    return _w8a8_impl(x, qweight, w_scales, bias, True, "fp8_gemm")
+
+
+@w8a8_gemm.register_fake
+def _(x, qweight, w_scales, bias):
+    n, _ = _check_mm_args(x, qweight, w_scales, bias, False)
+    return x.new_empty(*x.shape[:-1], n)
+
+
+@fp8_gemm.register_fake
+def _(x, qweight, w_scales, bias):
+    n, _ = _check_mm_args(x, qweight, w_scales, bias, True)
+    return x.new_empty(*x.shape[:-1], n)
+
+
+# ----------------------------------------------------------------------------- one entry point
+
+
+def quant_matmul(
+    x: torch.Tensor, w: qf.QuantizedWeight, bias: torch.Tensor | None = None, act_quant: bool = False
+) -> torch.Tensor:
+    """y = x @ W^T (+ bias) for a `QuantizedWeight`, through the matching op.
+
+    int4 -> w4a16_gemm; int8 -> w8a16_gemm, or w8a8_gemm when act_quant (per-channel symmetric
+    weights only); fp8_e4m3 -> fp8_gemm (activations always quantized per token). A K permutation
+    (GPTQ act-order) is applied to x first.
+    """
+    if not isinstance(w, qf.QuantizedWeight):
+        raise CodesignError(f"w must be a QuantizedWeight, got {type(w).__name__}")
+    _check_x(x, w.K)
+    if w.perm is not None:
+        x = x.index_select(-1, w.perm)
+    if w.dtype == "fp8_e4m3":
+        return fp8_gemm(x, w.qweight, w.scales, bias)
+    if act_quant:
+        if w.dtype != "int8" or w.group_size is not None or w.zeros is not None:
+            raise CodesignError("W8A8 needs int8 weights quantized per-channel and symmetric")
+        return w8a8_gemm(x, w.qweight, w.scales, bias)
+    op = w4a16_gemm if w.dtype == "int4" else w8a16_gemm
+    return op(x, w.qweight, w.scales, w.zeros, bias, w.group)

@@ -1,0 +1,495 @@
+"""Triton kernels for quantized GEMM: W4A16/W8A16 (split-K GEMV-style + tiled), W8A8 int8, FP8 W8A8.
+
+Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), W in the native layout of `codesign.kernels.gemm.formats`
+(codes packed 32/bits per int32 along K, K-major; per-group scales and optional zeros along K).
+
+Launchers here assume validated, contiguous arguments (`codesign.kernels.gemm.ops` validates).
+Launch parameters come from `codesign.autotune.lookup.lookup_config` (fixed defaults when no GPU:
+the interpreter cannot time configs). Activations are converted to fp32 right after loading
+because bf16 arithmetic is wrong in Triton's interpreter. On a GPU the tiled variant casts the matmul
+operands back to the activation dtype (exact for the activation; the dequantized weight rounds once);
+split-K meets the raw codes as fp16 with the activation rows scaled into fp16's range (exact both) and
+applies each group's scale and zero per output element (`_wq_kernel`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from codesign.autotune.lookup import lookup_config, shape_key
+from codesign.backend import DeviceView, device_view
+from codesign.kernels.triton_codes import codes_f16, pow2_scale, unpack_words
+
+# Without a tuned variant table, M at or below this runs the split-K kernel: decode batches read the
+# whole weight for a few rows, so the work must be spread over K to fill the GPU (N / BLOCK_N programs
+# alone are too few). A tuned "<op>_variant" table overrides it per shape (`choose_variant`).
+SMALL_M_MAX = 16
+
+# Defaults are untuned starting points (the autotune issue fills per-GPU tables). Interpreter
+# defaults use the largest blocks: the interpreter's cost is per program instance, not per flop.
+_GPU_DEFAULTS: dict[str, dict[str, int]] = {
+    # Split-K in 4 stages: with fp16 codes, 3 stages spilled 20 B at 80 registers on sm_90 for fp16 activations
+    # at K = 1024 (ptxas); 4 stages take 86 and 45 KB of shared memory, no spill on the shapes sampled.
+    "splitk": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
+    # Packed weights are loaded as one int32 word per k, so a pipelined weight tile costs 4 B per element
+    # in shared memory. Untuned defaults must launch on every GPU we target, the smallest opt-in limit
+    # being sm_89's 101,376 B (L40S, RTX 4090): tiled 128 x 128 x 64 in 3 stages needs 115,200 B (ptxas),
+    # at BLOCK_K 32 57,856 B; W8A8 128 x 128 x 128 in 3 stages 180,224 B (over the A100's 166,912 B too).
+    # W8A8 / FP8 at 128 x 64 x 64, 8 warps, 4 stages: <= 86,016 B and 102-174 registers without spills on
+    # sm_80 / sm_89 / sm_90, N aligned or not (128 x 128 tiles spill 36-668 B per thread when N = 1000)
+    # (`bench/lowering_report.py --arch 80/89/90`). Tuned tables may go bigger.
+    "tiled": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "scaled_mm": {
+        "BLOCK_M": 128,
+        "BLOCK_N": 64,
+        "BLOCK_K": 64,
+        "GROUP_M": 8,
+        "num_warps": 8,
+        "num_stages": 4,
+    },
+    "act": {"BLOCK_K": 1024, "num_warps": 4},
+}
+_INTERP_DEFAULTS: dict[str, dict[str, int]] = {
+    # SPLIT_K 2 so the atomic reduction path is exercised by every small-M interpreter test.
+    "splitk": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 2, "num_warps": 4, "num_stages": 1},
+    "tiled": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4, "num_stages": 1},
+    "scaled_mm": {
+        "BLOCK_M": 64,
+        "BLOCK_N": 128,
+        "BLOCK_K": 128,
+        "GROUP_M": 4,
+        "num_warps": 4,
+        "num_stages": 1,
+    },
+    "act": {"BLOCK_K": 512, "num_warps": 4},
+}
+
+_TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+ACT_TABLE_OP = "quantize_per_token"  # the activation quantizer's table (key `act_table_key`)
+
+
+# ----------------------------------------------------------------------------- tuned tables
+def wq_op(bits: int) -> str:
+    """The weight-only GEMM's op name: "w4a16_gemm" or "w8a16_gemm"."""
+    return f"w{bits}a16_gemm"
+
+
+def wq_table_op(bits: int, variant: str) -> str:
+    """The table of one weight-only variant ("splitk" or "tiled"): "w4a16_gemm_splitk", ..."""
+    return f"{wq_op(bits)}_{variant}"
+
+
+def wq_variant_op(bits: int) -> str:
+    """The table `choose_variant` reads ({"SPLITK": 1 or 0} per shape and M)."""
+    return f"{wq_op(bits)}_variant"
+
+
+def wq_table_key(n: int, k: int, group: int) -> str:
+    """The weight-only tables' shape key (group = K for per-channel)."""
+    return shape_key(N=n, K=k, G=group)
+
+
+def scaled_mm_table_op(fp8: bool) -> str:
+    """The W8A8 / FP8 GEMM's table: "w8a8_gemm" or "fp8_gemm"."""
+    return "fp8_gemm" if fp8 else "w8a8_gemm"
+
+
+def scaled_mm_table_key(n: int, k: int) -> str:
+    return shape_key(N=n, K=k)
+
+
+def act_table_key(k: int) -> str:
+    return shape_key(K=k)
+
+
+def choose_variant(m: int, op: str = "w4a16_gemm", device: torch.device | None = None, key: str = "") -> str:
+    """The one place the weight-only kernel variant is chosen: "splitk" or "tiled".
+
+    Reads the per-GPU variant table "<op>_variant" ({"SPLITK": 1 or 0} per shape key `key` and M
+    bucket; written by `codesign tune --variants all --export` from the fastest correct config of each
+    variant at the same M), else the default rule: split-K for M <= SMALL_M_MAX. No device (or a CPU
+    one) means no table: the default rule, unless the tuner forces a variant (`forced_config`).
+    """
+    gpu = device_view(device).gpu_name if device is not None else None
+    cfg = lookup_config(f"{op}_variant", gpu, m, key, {"SPLITK": int(m <= SMALL_M_MAX)})  # `wq_variant_op`
+    return "splitk" if cfg["SPLITK"] else "tiled"
+
+
+def launch_config(table_op: str, kind: str, device: torch.device, m: int, key: str) -> dict[str, Any]:
+    """Launch parameters for `table_op` at batch m and shape key `key` from the per-GPU table, else the
+    `kind` defaults (tables: `wq_table_op` / `wq_table_key`, `scaled_mm_table_op` / `scaled_mm_table_key`,
+    ACT_TABLE_OP / `act_table_key`).
+    """
+    view = device_view(device)
+    defaults = _INTERP_DEFAULTS if view.interpreted and not view.gpu else _GPU_DEFAULTS
+    return lookup_config(table_op, view.gpu_name, m, key, defaults[kind])
+
+
+def _dot_dtype(x_dtype: torch.dtype, view: DeviceView) -> tl.dtype:
+    # In the interpreter bf16 arithmetic is wrong, so the matmul runs in fp32 there.
+    if x_dtype == torch.bfloat16 and not view.bf16_dot:
+        return tl.float32
+    return _TL_DTYPE[x_dtype]
+
+
+# ----------------------------------------------------------------------------- jit bodies
+
+
+@triton.jit
+def _code_tile_nk(qw_ptr, k0, offs_n, N, K, BITS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """int32 [BLOCK_N, BLOCK_K] codes of W (rows n, columns k0 ..) from the packed [K / P, N] words, P = 32 / BITS
+    per word along K: the words are loaded as a [BLOCK_N, BLOCK_K / P] tile and unpacked along the minor axis by
+    the join tree (`triton_codes.unpack_words`), so each thread keeps a word's codes together and the tile
+    meets tl.dot transposed through a vectorized layout conversion. Unpacking along K as the major axis
+    (the earlier [K, N] tile) moved each code to the matrix unit by one 16-bit shared-memory store (sm_90 PTX:
+    64 per thread per iteration in the W4A16 GEMV). k0 and K are multiples of P (packing needs K % P == 0)."""
+    P: tl.constexpr = 32 // BITS
+    kw = k0 // P + tl.arange(0, BLOCK_K // P)
+    words = tl.load(qw_ptr + kw[None, :] * N + offs_n[:, None], mask=(offs_n < N)[:, None] & (kw * P < K)[None, :],
+                    other=0)  # fmt: skip
+    return tl.reshape(unpack_words(words, BITS), (offs_n.shape[0], BLOCK_K))
+
+
+@triton.jit
+def _grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(offs_m, offs_n) of this program's output tile, in grouped order: GROUP_M row-tiles share each
+    weight column-tile while it is in L2."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    return pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+
+
+@triton.jit
+def _wq_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    GROUP,
+    K_PER_SPLIT,
+    BITS: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SPLITK: tl.constexpr,
+    USE_ATOMIC: tl.constexpr,
+    F16_CODES: tl.constexpr = False,
+):
+    """Weight-only GEMM: one [BLOCK_M, BLOCK_N] output tile over a K range per program.
+
+    The variant is how programs map to work. Tiled (SPLITK False, large M): 1-D grid in grouped order,
+    each program the whole of K. Split-K (small M, GEMV-style): program (n-tile, k-slice, m-tile) reduces
+    K_PER_SPLIT of K, so few rows still fill the GPU. With USE_ATOMIC the fp32 partial sums are
+    atomically added into a zeroed fp32 output (the split-0 program adds the bias); otherwise the
+    program stores its tile.
+    """
+    if SPLITK:
+        pid_k = tl.program_id(1)
+        offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        k_start = pid_k * K_PER_SPLIT
+        k_end = min(k_start + K_PER_SPLIT, K)
+    else:
+        offs_m, offs_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        k_start = 0
+        k_end = K
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(
+            x_ptr + offs_m[:, None] * K + offs_k[None, :],
+            mask=mask_m[:, None] & (offs_k < k_end)[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        codes = _code_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K]
+        g = k0 // GROUP  # one group per tile
+        scale = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        if HAS_ZEROS:
+            zero = tl.load(z_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        else:
+            zero = tl.full(offs_n.shape, 1 << (BITS - 1), tl.float32)
+        if F16_CODES:
+            # Split-K with fp16 / bf16 activations (few rows, the weight tile dominates): x @ ((c - z) s) =
+            # (x @ c - rowsum(x) z) s per column, so the codes enter the product as they are, made fp16 by bit
+            # patterns (`codes_f16`), and scale and zero cost O(BLOCK_M x BLOCK_N) per tile instead of a
+            # multiply-add and two conversions per weight element. Each activation row is scaled by a power of
+            # two into fp16's range (bf16 rows beyond it included). With many rows (the tiled variant) the
+            # per-tile [BLOCK_M, BLOCK_N] work and the second accumulator cost more (sm_90: 122 -> 222
+            # registers at 128 x 128 x 32): that variant dequantizes the weight tile.
+            x_f, x_unf = pow2_scale(tl.max(tl.abs(x), 1), 14)
+            xc = tl.dot((x * x_f[:, None]).to(tl.float16), tl.trans(codes_f16(codes))) * x_unf[:, None]
+            acc += (xc - tl.sum(x, 1)[:, None] * zero[None, :]) * scale[None, :]
+        else:
+            w = (codes.to(tl.float32) - zero[:, None]) * scale[:, None]
+            acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), input_precision=DOT_PREC)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        if SPLITK:
+            bias = tl.where(pid_k == 0, bias, 0.0)
+        acc += bias[None, :]
+    out_mask = mask_m[:, None] & (offs_n < N)[None, :]
+    ptrs = out_ptr + offs_m[:, None] * N + offs_n[None, :]
+    if USE_ATOMIC:
+        tl.atomic_add(ptrs, acc, mask=out_mask)
+    else:
+        tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _round_half_even(v):
+    # Exact in fp32 (no libdevice, so it also runs in the interpreter): v - floor(v) is exact.
+    r = tl.floor(v)
+    frac = v - r
+    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+    return tl.where((frac > 0.5) | ((frac == 0.5) & odd), r + 1.0, r)
+
+
+@triton.jit
+def _round_to_e4m3(v):
+    # Round |v| <= 448 to the e4m3 grid in fp32, so the final cast is exact. Triton 3.9's
+    # interpreter casts fp32 -> fp8 without carrying a mantissa overflow into the exponent
+    # (127.3 became 64, not 128); on a GPU this equals the hardware's round-to-nearest-even cast.
+    exp = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    # ulp of e4m3 at v's binade: 2**(e - 3) with 3 mantissa bits; 2**-9 for subnormals (e < -6).
+    ulp = (tl.maximum(exp - 3, 127 - 9) << 23).to(tl.float32, bitcast=True)
+    # Round |v| and put the sign back: a negative value that rounds to zero is -0 in e4m3 (0x80), as
+    # torch's cast gives; rounding v itself gave floor(-0.05) + 1 = +0.
+    r = _round_half_even(tl.abs(v) / ulp) * ulp
+    return tl.where(v < 0, -r, r)
+
+
+@triton.jit
+def _act_quant_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    K,
+    QMAX: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Per-token dynamic quantizer, one row per program: s = absmax / QMAX, q = round(x / s)."""
+    row = tl.program_id(0).to(tl.int64)
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + row * K + offs, mask=offs < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    m = tl.max(amax, axis=0)
+    # div_rn, not "/": on GPUs Triton lowers fp32 "/" to an approximate divide (off by an ulp), which
+    # moved scales and flipped codes at rounding ties against torch (measured on an H200).
+    s = tl.where(m > 0, tl.math.div_rn(m, QMAX), 1.0)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + row * K + offs, mask=offs < K, other=0.0).to(tl.float32)
+        v = tl.minimum(tl.maximum(tl.math.div_rn(x, s), -QMAX), QMAX)  # IEEE division: bit-exact codes
+        if IS_FP8:
+            q = _round_to_e4m3(v).to(tl.float8e4nv)
+        else:
+            q = _round_half_even(v).to(tl.int8)
+        tl.store(q_ptr + row * K + offs, q, mask=offs < K)
+    tl.store(s_ptr + row, s)
+
+
+@triton.jit
+def _scaled_mm_kernel(
+    a_ptr,
+    as_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    IS_FP8: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+    PER_TENSOR_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """W8A8 GEMM: int8 x int8 -> int32 (or fp8 x fp8 -> fp32), scales applied in the epilogue.
+
+    out = acc * a_scale[m] * w_scale[n] (+ bias[n]). int8 weights are unpacked from the native
+    int32 layout (offset-binary codes, zero 128); fp8 weights are a plain [K, N] e4m3 tensor.
+    """
+    offs_m, offs_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    if IS_FP8:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        amask = mask_m[:, None] & mask_k[None, :]
+        wmask = mask_k[:, None] & mask_n[None, :]
+        if IS_FP8 and INTERPRETED:
+            # Masked lanes are zeroed by tl.where: the interpreter cannot cast `other` to fp8.
+            a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask)
+            w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=wmask)
+            a = tl.where(amask, a, tl.zeros_like(a))
+            w = tl.where(wmask, w, tl.zeros_like(w))
+            acc += tl.dot(a, w)
+        elif IS_FP8:
+            # Compiled: `other` zeroes masked lanes in the load itself, so the operands go from the (pipelined)
+            # load straight to the dot; a select between them kept both in registers (an H200 ran this kernel
+            # at 0.22-0.30x a bf16 matmul).
+            a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask, other=0.0)
+            w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=wmask, other=0.0)
+            acc += tl.dot(a, w)
+        else:
+            a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask, other=0)
+            codes = _code_tile_nk(w_ptr, k0, offs_n, N, K, 8, BLOCK_K)  # [BLOCK_N, BLOCK_K]
+            w = tl.where(mask_n[:, None] & mask_k[None, :], codes - 128, 0).to(tl.int8)
+            acc += tl.dot(a, tl.trans(w), out_dtype=tl.int32)
+    a_s = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
+    if PER_TENSOR_W:
+        w_s = tl.load(ws_ptr + offs_n * 0)
+    else:
+        w_s = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    res = acc.to(tl.float32) * a_s[:, None] * w_s[None, :]
+    if HAS_BIAS:
+        res += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(
+        out_ptr + offs_m[:, None] * N + offs_n[None, :],
+        res.to(out_ptr.dtype.element_ty),
+        mask=mask_m[:, None] & mask_n[None, :],
+    )
+
+
+# ----------------------------------------------------------------------------- host launchers
+
+
+def wq_gemm(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    bits: int,
+    group: int,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Weight-only quantized GEMM into `out` [M, N]: out = x @ ((code - zero) * scale)^T (+ bias).
+
+    x [M, K] contiguous fp16/bf16/fp32; group = K for per-channel. The variant comes from
+    `choose_variant` (tuned table, else M <= 16); split-K accumulates fp32 partials atomically, then
+    casts into `out`.
+    """
+    m, k = x.shape
+    n = qweight.shape[1]
+    key = wq_table_key(n, k, group)
+    variant = choose_variant(m, wq_op(bits), x.device, key)
+    cfg = launch_config(wq_table_op(bits, variant), variant, x.device, m, key)
+    # A K tile must not straddle a group: its single scale row is loaded once per tile.
+    block_k = cfg["BLOCK_K"] if group == k else min(cfg["BLOCK_K"], group)
+    if variant == "tiled":
+        grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+        split, k_per_split = 1, k
+    else:
+        k_blocks = triton.cdiv(k, block_k)
+        split = max(1, min(cfg["SPLIT_K"], k_blocks))
+        k_per_split = triton.cdiv(k_blocks, split) * block_k
+        split = triton.cdiv(k, k_per_split)
+        grid = (triton.cdiv(n, cfg["BLOCK_N"]), split, triton.cdiv(m, cfg["BLOCK_M"]))
+    # K slices meet by fp32 atomics in a zeroed buffer; a single slice stores its tile directly.
+    dst = out if split == 1 else torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    dot_dtype = _dot_dtype(x.dtype, device_view(x.device))
+    # zeros / bias stand-ins (scales) are never read when HAS_ZEROS / HAS_BIAS is False.
+    _wq_kernel[grid](
+        x, qweight, scales, scales if zeros is None else zeros, scales if bias is None else bias, dst,
+        m, n, k, group, k_per_split,
+        BITS=bits, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, DOT_DTYPE=dot_dtype,
+        # fp32 activations get fp32 products, as torch's fp32 matmul does: Triton's default (tf32) gave
+        # 7.7e-4 relative error at K = 4096 on an H200; "ieee" passed there. It runs on the FMA units and
+        # spills 1.8-3.3 KB per thread (sm_90 ptxas): fp32 is the correctness path, not the fast one.
+        # ("tf32x3" keeps the tensor cores and spills <= 92 B; not yet checked on a GPU.)
+        DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
+        # Split-K with fp16 / bf16 activations meets the codes in fp16 (not bf16 in the interpreter: its bf16
+        # arithmetic is wrong).
+        F16_CODES=variant == "splitk" and dot_dtype in (tl.float16, tl.bfloat16),
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 1),
+        SPLITK=variant == "splitk", USE_ATOMIC=split > 1, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    if dst is not out:
+        out.copy_(dst)
+    return out
+
+
+def quantize_per_token(x: torch.Tensor, fp8: bool, q: torch.Tensor, s: torch.Tensor) -> None:
+    """Fill q [M, K] (int8 or float8_e4m3fn) and s [M] fp32 with the per-token quantization of x [M, K]."""
+    m, k = x.shape
+    cfg = launch_config(ACT_TABLE_OP, "act", x.device, m, act_table_key(k))
+    block_k = min(cfg["BLOCK_K"], triton.next_power_of_2(k))
+    _act_quant_kernel[(m,)](
+        x, q, s, k, QMAX=448.0 if fp8 else 127.0, IS_FP8=fp8, BLOCK_K=block_k, num_warps=cfg["num_warps"]
+    )
+
+
+def scaled_mm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """out[M, N] = (a @ w_codes) * a_scale[:, None] * w_scale[None, :] (+ bias).
+
+    a: int8 [M, K] with w the native int32-packed int8 codes [K/4, N], or a: float8_e4m3fn [M, K]
+    with w float8_e4m3fn [K, N]. w_scale [1, N] per channel or [1, 1] per tensor.
+    """
+    m, k = a.shape
+    fp8 = a.dtype == torch.float8_e4m3fn
+    n = w.shape[1]
+    cfg = launch_config(scaled_mm_table_op(fp8), "scaled_mm", a.device, m, scaled_mm_table_key(n, k))
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    _scaled_mm_kernel[grid](
+        a,
+        a_scale,
+        w,
+        w_scale,
+        bias if bias is not None else w_scale,
+        out,
+        m,
+        n,
+        k,
+        IS_FP8=fp8,
+        INTERPRETED=device_view(a.device).interpreted,
+        PER_TENSOR_W=w_scale.numel() == 1 and n > 1,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=cfg["BLOCK_K"],
+        GROUP_M=cfg["GROUP_M"],
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    return out

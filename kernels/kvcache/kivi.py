@@ -1,0 +1,222 @@
+"""KIVI paged KV cache: keys per channel over groups of G tokens, values per token over groups of
+GV = min(G, D) elements, the newest tokens in a per-sequence full-precision residual ring. Attention reads
+codes and ring directly (`codesign::paged_attention_kivi`, in `attention.quantized`).
+
+Layout, per layer (b bits, G | block_size, GV | D, (8 / b) | D):
+    k_codes, v_codes  uint8 `[num_blocks, block_size, kv_heads, D * b / 8]`   (packed along D)
+    k_meta            fp16  `[num_blocks, block_size / G, kv_heads, D, 2]`   (scale, zero per channel)
+    v_meta            fp16  `[num_blocks, block_size, kv_heads, D / GV, 2]`  (scale, zero per GV elements)
+    k_res, v_res      `[batch, G + R, kv_heads, D]` (fp16 or fp32): token t of sequence b at row t % (G + R)
+Tokens [0, n_q) of a sequence of length T are in the codes, n_q = floor(max(T - R, 0) / G) * G
+(`quantizers.kivi_split`); tokens [n_q, T) (fewer than G + R) are in the ring. Row b of the ring belongs
+to row b of block_tables. `append` is the writer: new tokens go to the ring, each group that fills is
+quantized straight into its block (a Triton flush kernel on GPUs / with the triton backend, torch
+otherwise); the codes are exactly those of `quantizers.kivi_fake_quant` on the whole sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from codesign.backend import resolve_backend
+from codesign.kernels.kvcache import quantizers as kq
+from codesign.kernels.kvcache.checks import IN_DTYPES, check_cache_tensors, check_pool_dims
+from codesign.specs import CodesignError, KVFormat, check_positive_int
+
+RES_DTYPES = (torch.float16, torch.float32)
+
+
+@dataclass
+class KiviPagedKV:
+    """One layer's KIVI cache (module docstring)."""
+
+    bits: int
+    group: int
+    residual: int
+    head_dim: int
+    k_codes: torch.Tensor
+    v_codes: torch.Tensor
+    k_meta: torch.Tensor
+    v_meta: torch.Tensor
+    k_res: torch.Tensor
+    v_res: torch.Tensor
+
+    @classmethod
+    def empty(
+        cls,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        bits: int,
+        group: int,
+        residual: int,
+        batch: int,
+        res_dtype: torch.dtype = torch.float16,
+        device: str | torch.device = "cpu",
+    ) -> KiviPagedKV:
+        """Zeroed codes, metadata and residual rings for `batch` sequences."""
+        check_pool_dims(num_blocks, block_size, kv_heads, head_dim)
+        check_positive_int("batch", batch)
+        kq.check_bits(bits)
+        check_positive_int("group", group)
+        if isinstance(residual, bool) or not isinstance(residual, int) or residual < 0:
+            raise CodesignError(f"residual must be an int >= 0, got {residual!r}")
+        if block_size % group:
+            raise CodesignError(f"the KIVI group ({group}) must divide block_size ({block_size})")
+        gv = min(group, head_dim)
+        if head_dim % gv or head_dim % (8 // bits):
+            raise CodesignError(
+                f"head_dim {head_dim} must be a multiple of the value group {gv} and of {8 // bits}"
+            )
+        if res_dtype not in RES_DTYPES:
+            raise CodesignError(f"res_dtype must be one of {RES_DTYPES}, got {res_dtype}")
+        w = head_dim * bits // 8
+        z8 = dict(dtype=torch.uint8, device=device)
+        z16 = dict(dtype=torch.float16, device=device)
+        return cls(
+            bits,
+            group,
+            residual,
+            head_dim,
+            torch.zeros(num_blocks, block_size, kv_heads, w, **z8),
+            torch.zeros(num_blocks, block_size, kv_heads, w, **z8),
+            torch.zeros(num_blocks, block_size // group, kv_heads, head_dim, 2, **z16),
+            torch.zeros(num_blocks, block_size, kv_heads, head_dim // gv, 2, **z16),
+            torch.zeros(batch, group + residual, kv_heads, head_dim, dtype=res_dtype, device=device),
+            torch.zeros(batch, group + residual, kv_heads, head_dim, dtype=res_dtype, device=device),
+        )
+
+    @property
+    def value_group(self) -> int:
+        return min(self.group, self.head_dim)
+
+    @property
+    def kv_format(self) -> KVFormat:
+        return KVFormat(dtype=f"int{self.bits}", scheme="kivi", group_size=self.group, residual=self.residual)
+
+    def check(self) -> tuple[int, int, int, int]:
+        """Validate every tensor against the parameters; (num_blocks, block_size, kv_heads, head_dim)."""
+        kq.check_bits(self.bits)
+        nb, bs, h, w = self.k_codes.shape if self.k_codes.dim() == 4 else (0, 0, 0, 0)
+        d, g, gv = self.head_dim, self.group, self.value_group
+        want = {
+            "k_codes": (torch.uint8, (nb, bs, h, d * self.bits // 8)),
+            "v_codes": (torch.uint8, (nb, bs, h, d * self.bits // 8)),
+            "k_meta": (torch.float16, (nb, bs // g, h, d, 2)),
+            "v_meta": (torch.float16, (nb, bs, h, d // gv, 2)),
+        }
+        check_cache_tensors("KIVI", self, want)
+        for name in ("k_res", "v_res"):
+            t = getattr(self, name)
+            if (
+                not isinstance(t, torch.Tensor)
+                or t.dtype not in RES_DTYPES
+                or t.dim() != 4
+                or tuple(t.shape[1:]) != (g + self.residual, h, d)
+                or not t.is_contiguous()
+            ):
+                raise CodesignError(
+                    f"KIVI {name} must be a contiguous fp16/fp32 tensor [batch, {g + self.residual}, {h}, {d}]"
+                )
+        if self.k_res.shape != self.v_res.shape or self.k_res.dtype != self.v_res.dtype:
+            raise CodesignError("k_res and v_res must match in shape and dtype")
+        devs = {getattr(self, n).device for n in ("k_codes", "v_codes", "k_meta", "v_meta", "k_res", "v_res")}
+        if len(devs) != 1:
+            raise CodesignError(f"all KIVI tensors must be on one device, got {sorted(map(str, devs))}")
+        return nb, bs, h, d
+
+    # --- writer (torch) ---------------------------------------------------------------------------
+    def append(
+        self, seq: int, block_row: torch.Tensor, start: int, k_new: torch.Tensor, v_new: torch.Tensor
+    ) -> None:
+        """Append tokens [start, start + n) of sequence `seq` (blocks `block_row`, a row of block_tables).
+
+        New tokens go to the ring; each group of G tokens leaving the residual window is quantized
+        (keys per channel, values per token) into its block, so sequences forked from a shared prefix
+        rewrite identical codes into shared blocks.
+        """
+        nb, bs, h, d = self.check()
+        if not 0 <= seq < self.k_res.shape[0]:
+            raise CodesignError(f"seq {seq} outside the {self.k_res.shape[0]} residual rings")
+        for name, x in (("k_new", k_new), ("v_new", v_new)):
+            if not isinstance(x, torch.Tensor) or x.dim() != 3 or tuple(x.shape[1:]) != (h, d):
+                raise CodesignError(
+                    f"{name} must be [tokens, {h}, {d}], got {tuple(getattr(x, 'shape', ()))}"
+                )
+            if x.dtype not in IN_DTYPES:
+                raise CodesignError(f"{name} dtype must be one of {IN_DTYPES}, got {x.dtype}")
+        if k_new.shape != v_new.shape:
+            raise CodesignError("k_new and v_new must have the same shape")
+        n, g, r = k_new.shape[0], self.group, self.residual
+        end = start + n
+        if start < 0 or -(-end // bs) > block_row.numel():
+            raise CodesignError(
+                f"tokens [{start}, {end}) need {-(-end // bs)} blocks, the row has {block_row.numel()}"
+            )
+        rows = block_row[: -(-end // bs)].long().cpu()
+        if ((rows < 0) | (rows >= nb)).any():
+            raise CodesignError(f"block_row holds ids outside [0, {nb})")
+        ring = g + r
+        old, new = kq.kivi_split(start, g, r), kq.kivi_split(end, g, r)
+        idx = torch.arange(old, start) % ring
+        pk = torch.cat(
+            [self.k_res[seq, idx].float(), kq._check_finite("k_new", k_new).to(self.k_res.device)]
+        )
+        pv = torch.cat(
+            [self.v_res[seq, idx].float(), kq._check_finite("v_new", v_new).to(self.k_res.device)]
+        )
+        gv = self.value_group
+        from codesign.kernels.kvcache.triton_kivi_flush import kivi_flush_triton, triton_flush_supported
+
+        if resolve_backend("kv_write", pk.device) == "triton" and triton_flush_supported(g, gv, d):
+            # Fused flush: every full group of this append in one launch.
+            groups = range(old, new, g)
+            slots = [int(rows[g0 // bs]) * bs + g0 % bs for g0 in groups]
+            kivi_flush_triton(self, pk, pv, [g0 - old for g0 in groups], slots)
+            groups = range(0)
+        else:
+            groups = range(old, new, g)
+        for g0 in groups:
+            blk, off = int(rows[g0 // bs]), g0 % bs
+            c, s, z = kq.quantize_asym(pk[g0 - old : g0 - old + g], self.bits, dim=0)
+            self.k_codes[blk, off : off + g] = kq.pack_codes(c, self.bits)
+            self.k_meta[blk, off // g] = torch.stack([s, z], -1).half()
+            c, s, z = kq.quantize_asym(pv[g0 - old : g0 - old + g].reshape(g, h, d // gv, gv), self.bits)
+            self.v_codes[blk, off : off + g] = kq.pack_codes(c.reshape(g, h, d), self.bits)
+            self.v_meta[blk, off : off + g] = torch.stack([s, z], -1).half()
+        for t in range(max(new, start), end):
+            self.k_res[seq, t % ring] = k_new[t - start].to(self.k_res.dtype)
+            self.v_res[seq, t % ring] = v_new[t - start].to(self.v_res.dtype)
+
+    def dequantize_seq(
+        self, seq: int, block_row: torch.Tensor, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Debug / reference: sequence `seq`'s K and V `[length, kv_heads, D]` in float32."""
+        nb, bs, h, d = self.check()
+        g, gv, ring = self.group, self.value_group, self.group + self.residual
+        nq = kq.kivi_split(length, g, self.residual)
+        dev = self.k_codes.device
+        t = torch.arange(length, device=dev)
+        blk, off = block_row.long().to(dev)[t // bs], t % bs
+        kc = kq.unpack_codes(self.k_codes[blk, off], self.bits).float()
+        km = self.k_meta[blk, off // g].float()
+        k = kc * km[..., 0] + km[..., 1]
+        vc = kq.unpack_codes(self.v_codes[blk, off], self.bits).float().reshape(length, h, d // gv, gv)
+        vm = self.v_meta[blk, off].float()
+        v = (vc * vm[..., 0:1] + vm[..., 1:2]).reshape(length, h, d)
+        res = (t >= nq)[:, None, None]
+        k = torch.where(res, self.k_res[seq, t % ring].float(), k)
+        v = torch.where(res, self.v_res[seq, t % ring].float(), v)
+        return k, v
+
+
+def check_rings(cache: KiviPagedKV, block_tables: torch.Tensor) -> None:
+    """Row b of block_tables reads residual ring b: the cache needs a ring per row."""
+    if block_tables.dim() == 2 and block_tables.shape[0] > cache.k_res.shape[0]:
+        raise CodesignError(
+            f"block_tables has {block_tables.shape[0]} rows but the cache "
+            f"{cache.k_res.shape[0]} residual rings"
+        )

@@ -1,0 +1,282 @@
+"""Oaken-style paged KV cache: dense low-bit codes after group-shift plus a fused sparse-outlier section per
+block, written online token by token; attention reads it in the kernel (`codesign::paged_attention_oaken`, in
+`attention.quantized`).
+
+Layout, per layer (b bits, C = capacity slots per (block, kv head)):
+    k_codes, v_codes  uint8 `[num_blocks, block_size, kv_heads, D * b / 8]` (outlier positions: code 0)
+    k_meta, v_meta    fp16  `[num_blocks, block_size, kv_heads, 2]` = (scale, inner lower bound)
+    k_out, v_out      int32 `[num_blocks, kv_heads, C]`: (offset * D + d) << 16 | fp16 bits of the value,
+                      -1 = empty slot (so block_size * D < 32768)
+    k_count, v_count  int32 `[num_blocks, kv_heads]`: slots in use (host bookkeeping for the writer)
+    overflow          int64 `[2, kv_heads]`: outliers clamped for lack of a slot (K, V)
+Thresholds (lo, hi) per kv head come from `quantizers.calibrate_kv_thresholds` (offline, per layer, K and V).
+
+The "offline" variant (`grid` given: `quantizers.calibrate_oaken_grid`, one layer's `[2 (K, V), kv_heads,
+2 (base, step)]` float32) stores k_meta, v_meta as uint8 `[num_blocks, block_size, kv_heads, 2]` = (z, r)
+on the offline grid instead of fp16 (scale, lower bound): 16 instead of 32 bits per token and head, and
+outliers without a slot stay dense (`quantizers.oaken_offline_quantize_block`), counted in `overflow`.
+
+The writer applies `quantizers`' online rule: a token's outliers claim the free slots of its block,
+farthest beyond the threshold first; the rest are clamped into [lo, hi] and counted; the inner elements
+are quantized per token with the engine's rule. Writing a block's tokens in order gives exactly
+`quantizers.oaken_quantize_block` (tested). A token written at offset 0 starts its block afresh. On CUDA
+tensors (or `use_backend("triton")`) the writer is the Triton kernel of `triton_oaken_write`,
+bit-identical to the torch loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from codesign.backend import resolve_backend
+from codesign.kernels.kvcache import quantizers as kq
+from codesign.kernels.kvcache.checks import (
+    check_cache_tensors,
+    check_pool_dims,
+    check_quant_write,
+    check_writer_dtype,
+)
+from codesign.specs import CodesignError, KVFormat
+
+
+@dataclass
+class OakenPagedKV:
+    """One layer's Oaken cache (module docstring)."""
+
+    bits: int
+    head_dim: int
+    k_thresholds: torch.Tensor
+    v_thresholds: torch.Tensor
+    k_codes: torch.Tensor
+    v_codes: torch.Tensor
+    k_meta: torch.Tensor
+    v_meta: torch.Tensor
+    k_out: torch.Tensor
+    v_out: torch.Tensor
+    k_count: torch.Tensor
+    v_count: torch.Tensor
+    overflow: torch.Tensor
+    grid: torch.Tensor | None = None  # the "offline" variant's metadata grid (module docstring)
+
+    @classmethod
+    def empty(
+        cls,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        bits: int,
+        thresholds: torch.Tensor,
+        capacity: int,
+        device: str | torch.device = "cpu",
+        grid: torch.Tensor | None = None,
+    ) -> OakenPagedKV:
+        """thresholds: one layer's `[2 (K, V), kv_heads, 2 (lo, hi)]` (a slice of calibrate_kv_thresholds);
+        grid: one layer's `[2, kv_heads, 2]` (a slice of calibrate_oaken_grid) for the "offline" variant."""
+        check_pool_dims(num_blocks, block_size, kv_heads, head_dim)
+        kq.check_bits(bits)
+        if head_dim % (8 // bits):
+            raise CodesignError(f"head_dim {head_dim} must be a multiple of {8 // bits} for {bits}-bit codes")
+        if block_size * head_dim >= 2**15:
+            raise CodesignError(
+                f"block_size * head_dim must be < 32768 (16-bit positions), got {block_size * head_dim}"
+            )
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+            raise CodesignError(f"capacity must be an int >= 0, got {capacity!r}")
+        _check_kv_pairs("thresholds", thresholds, kv_heads, "lo/hi", kq.check_thresholds)
+        if grid is not None:
+            _check_kv_pairs("grid", grid, kv_heads, "base/step", kq.check_grid)
+            grid = grid.to(device).contiguous()
+        w = head_dim * bits // 8
+        u8 = dict(dtype=torch.uint8, device=device)
+        mdt = torch.float16 if grid is None else torch.uint8
+        meta = torch.zeros(num_blocks, block_size, kv_heads, 2, dtype=mdt, device=device)
+        out = torch.full((num_blocks, kv_heads, capacity), -1, dtype=torch.int32, device=device)
+        cnt = torch.zeros(num_blocks, kv_heads, dtype=torch.int32, device=device)
+        return cls(
+            bits, head_dim, thresholds[0].to(device), thresholds[1].to(device),
+            torch.zeros(num_blocks, block_size, kv_heads, w, **u8),
+            torch.zeros(num_blocks, block_size, kv_heads, w, **u8),
+            meta, meta.clone(), out, out.clone(), cnt, cnt.clone(),
+            torch.zeros(2, kv_heads, dtype=torch.int64, device=device), grid,
+        )  # fmt: skip
+
+    @property
+    def capacity(self) -> int:
+        return self.k_out.shape[2]
+
+    @property
+    def meta(self) -> str:
+        """ "offline" (8-bit z, r on the offline grid) or "token" (fp16 scale and lower bound)."""
+        return "token" if self.grid is None else "offline"
+
+    @property
+    def kv_format(self) -> KVFormat:
+        """The operator-spec format; outlier_fraction = the slot capacity as a fraction of the elements."""
+        _, bs, _, d = self.check()
+        return KVFormat(
+            dtype=f"int{self.bits}", scheme="oaken", outlier_fraction=self.capacity / (bs * d), meta=self.meta,
+        )  # fmt: skip
+
+    def check(self, values: bool = True) -> tuple[int, int, int, int]:
+        """Validate the tensors (and with `values`, a host sync, the thresholds' and grid's values);
+        (num_blocks, block_size, kv_heads, head_dim)."""
+        kq.check_bits(self.bits)
+        c = self.k_codes
+        if not isinstance(c, torch.Tensor) or c.dim() != 4:
+            raise CodesignError("k_codes must be a 4-D uint8 tensor")
+        nb, bs, h, _ = c.shape
+        cap = self.k_out.shape[-1] if isinstance(self.k_out, torch.Tensor) and self.k_out.dim() == 3 else -1
+        mdt = torch.float16 if self.grid is None else torch.uint8
+        want = {
+            "k_codes": (torch.uint8, (nb, bs, h, self.head_dim * self.bits // 8)),
+            "v_codes": (torch.uint8, (nb, bs, h, self.head_dim * self.bits // 8)),
+            "k_meta": (mdt, (nb, bs, h, 2)),
+            "v_meta": (mdt, (nb, bs, h, 2)),
+            "k_out": (torch.int32, (nb, h, cap)),
+            "v_out": (torch.int32, (nb, h, cap)),
+            "k_count": (torch.int32, (nb, h)),
+            "v_count": (torch.int32, (nb, h)),
+        }
+        check_cache_tensors("Oaken", self, want, c.device)
+        kq.check_thresholds(self.k_thresholds, h, values)
+        kq.check_thresholds(self.v_thresholds, h, values)
+        if self.grid is not None:
+            g = self.grid
+            if not isinstance(g, torch.Tensor) or tuple(g.shape) != (2, h, 2) or not g.is_contiguous():
+                raise CodesignError(f"Oaken grid must be a contiguous tensor of shape (2, {h}, 2)")
+            if g.device != c.device:
+                raise CodesignError(f"grid is on {g.device}, the codes on {c.device}")
+            kq.check_grid(g[0], h, values)
+            kq.check_grid(g[1], h, values)
+        return nb, bs, h, self.head_dim
+
+    @property
+    def bits_per_element(self) -> float:
+        """Stored bits per element: codes + per-token metadata (fp16 scale and shift, or the offline
+        variant's 8-bit z and r) + the fixed outlier slots."""
+        nb, bs, h, d = self.check()
+        scheme = "oaken" if self.grid is None else "oaken_offline"
+        return kq.layout_bits_per_element(scheme, self.bits, d, block_size=bs, capacity=self.capacity)
+
+    # --- writer (token by token: the online rule) ------------------------------------------------
+    def write(
+        self, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, check_data: bool = True
+    ) -> None:
+        """Quantize tokens `[n, kv_heads, D]` into their slots, in the given order (-1 skips).
+
+        The Triton writer (`kv_write_oaken_triton`; CUDA tensors, or `use_backend("triton")`, head_dim a
+        power of two) and the torch loop below give bit-identical caches. `check_data` (host syncs) checks
+        that slots are in range and unique and that key/value are finite; `check_data=False` is for
+        CUDA-graph capture, where the caller guarantees both (the Triton writer relies on unique slots)."""
+        nb, bs, h, d = self.check(check_data)
+        check_quant_write(
+            key, value, (nb, bs, h, d), self.k_codes.device, slot_mapping, check_data, check_data
+        )
+        from codesign.kernels.kvcache.triton_oaken_write import oaken_write_triton, triton_writer_supported
+
+        if resolve_backend("kv_write", key.device) == "triton" and triton_writer_supported(d):
+            check_writer_dtype(key)
+            oaken_write_triton(self, key, value, slot_mapping)
+            return
+        kx, vx = key.to(torch.float32), value.to(torch.float32)
+        for t, s in enumerate(slot_mapping.tolist()):
+            if s < 0:
+                continue
+            blk, off = divmod(s, bs)
+            for i, (x, thr, codes, meta, out, cnt) in enumerate(
+                (
+                    (kx[t], self.k_thresholds, self.k_codes, self.k_meta, self.k_out, self.k_count),
+                    (vx[t], self.v_thresholds, self.v_codes, self.v_meta, self.v_out, self.v_count),
+                )
+            ):
+                if off == 0:  # a fresh block
+                    out[blk] = -1
+                    cnt[blk] = 0
+                self._write_token(x, thr, codes, meta, out, cnt, blk, off, i)
+
+    def _write_token(self, x, thr, codes, meta, out, cnt, blk, off, kv) -> None:
+        h, d = x.shape
+        lo, hi = thr[:, 0:1], thr[:, 1:2]
+        keep = self._claim_token(x, lo, hi, out, cnt, blk, off, kv)
+        if self.grid is not None:  # offline: unslotted outliers stay dense, 8-bit meta on the grid
+            g = self.grid[kv]
+            c, z, r, _, _ = kq.offline_meta(kq.grid_clamp(x, g), keep, g, self.bits)
+            codes[blk, off] = kq.pack_codes(c, self.bits)
+            meta[blk, off] = torch.stack([z, r], -1)
+            return
+        xd = torch.where(keep, x, torch.minimum(torch.maximum(x, lo), hi))
+        mn = torch.where(keep, torch.inf, xd).amin(-1, keepdim=True)
+        mx = torch.where(keep, -torch.inf, xd).amax(-1, keepdim=True)
+        empty = ~torch.isfinite(mn)
+        mn, mx = torch.where(empty, 0.0, mn), torch.where(empty, 0.0, mx)
+        c, sc, zr = kq._asym(torch.where(keep, mn, xd), mn, mx, self.bits, -1, "fp16")
+        c = torch.where(keep, torch.zeros_like(c), c)
+        codes[blk, off] = kq.pack_codes(c, self.bits)
+        meta[blk, off] = torch.stack([sc, zr], -1).to(torch.float16)
+
+    def _claim_token(self, x, lo, hi, out, cnt, blk, off, kv) -> torch.Tensor:
+        """The token's outliers claim free slots of its block, farthest first; returns the kept mask."""
+        h, d = x.shape
+        beyond = torch.maximum(x - hi, lo - x)
+        keep = torch.zeros_like(x, dtype=torch.bool)
+        for hh in range(h):
+            idx = torch.nonzero(beyond[hh] > 0).flatten().tolist()
+            order = sorted(idx, key=lambda j: (-float(beyond[hh, j]), j))
+            n0 = int(cnt[blk, hh])
+            kept = order[: self.capacity - n0]
+            self.overflow[kv, hh] += len(order) - len(kept)
+            for k, j in enumerate(sorted(kept)):
+                fp16 = int(x[hh, j].to(torch.float16).view(torch.int16)) & 0xFFFF
+                out[blk, hh, n0 + k] = ((off * d + j) << 16) | fp16
+                keep[hh, j] = True
+            cnt[blk, hh] = n0 + len(kept)
+        return keep
+
+    def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Debug / reference: the whole pool in float32, outliers written back."""
+        self.check()
+        return dequantize_pool(self.k_codes, self.k_meta, self.k_out, self.bits, self._grid(0)), dequantize_pool(
+            self.v_codes, self.v_meta, self.v_out, self.bits, self._grid(1)
+        )
+
+    def _grid(self, kv: int) -> torch.Tensor | None:
+        return None if self.grid is None else self.grid[kv]
+
+
+def _check_kv_pairs(name: str, t: torch.Tensor, kv_heads: int, pair: str, check_half) -> None:
+    """A `[2 (K, V), kv_heads, 2]` parameter tensor (thresholds, grid); `check_half` checks each of K, V."""
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != (2, kv_heads, 2):
+        raise CodesignError(
+            f"{name} must have shape (2, {kv_heads}, 2) (K/V, kv head, {pair}), got "
+            f"{tuple(getattr(t, 'shape', ()))}"
+        )
+    check_half(t[0], kv_heads)
+    check_half(t[1], kv_heads)
+
+
+def dequantize_pool(codes, meta, out, bits, grid) -> torch.Tensor:
+    """Debug / reference: a pool `[nb, bs, H, D]` in float32, dense codes with their metadata (`grid`: the
+    offline variant's `[H, 2]`), then the slot outliers written over."""
+    d = codes.shape[-1] * 8 // bits
+    c = kq.unpack_codes(codes, bits)
+    if grid is None:
+        x = kq.dequantize_asym(c, meta[..., 0].float(), meta[..., 1].float())
+    else:  # zero = base + z * step, scale = r * step / (2^b - 1)   (quantizers.offline_meta)
+        base, step = grid[:, 0], grid[:, 1]
+        zero = base + meta[..., 0].float() * step
+        scale = (meta[..., 1].float() * step) / torch.tensor(float(2**bits - 1))
+        x = kq.dequantize_asym(c, scale, zero)
+    used = out >= 0
+    blk, hh, _ = torch.nonzero(used, as_tuple=True)
+    w = out[used]
+    pos = w >> 16
+    x[blk, pos // d, hh, pos % d] = (w & 0xFFFF).to(torch.int16).view(torch.float16).float()
+    return x
+
+
+def default_capacity(outlier_fraction: float, block_size: int, head_dim: int) -> int:
+    """ceil(fraction * block_size * head_dim) slots per (block, kv head)."""
+    return kq.oaken_capacity(outlier_fraction, block_size, head_dim)

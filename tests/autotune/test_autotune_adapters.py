@@ -1,0 +1,115 @@
+"""Every shipped tunable adapter: a candidate config runs correctly, and a tiny tune runs end to end.
+
+The adapters take their table names and shape keys from the kernels' own functions (defined next to each
+launcher), so the table a tune writes is the one the kernel reads by construction.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from codesign.autotune.cache import TuningCache
+from codesign.autotune.ops import get_op, registered_ops
+from codesign.autotune.space import DeviceLimits
+from codesign.autotune.tuner import Tuner, checked_output, rel_error
+from codesign.backend import use_backend
+
+# One tiny shape per shipped op (odd sizes; interpreter-cheap).
+ATT = {"M": 2, "q_heads": 4, "kv_heads": 2, "head_dim": 32, "block_size": 16, "ctx": 40}
+KVW = {"M": 5, "kv_heads": 3, "head_dim": 24}  # 5 tokens (one is padding), heads and dim padded in the kernel
+TINY = {
+    "w4a16_gemm": {"M": 3, "N": 96, "K": 256, "G": 128},
+    "w8a16_gemm": {"M": 19, "N": 80, "K": 128, "G": 0},  # the tiled variant
+    "w8a8_gemm": {"M": 5, "N": 80, "K": 128},
+    "fp8_gemm": {"M": 5, "N": 80, "K": 128},
+    "quantize_per_token": {"M": 3, "K": 300},
+    "df11_gemm": {"M": 3, "N": 21, "K": 40, "seg": 16},  # 3 segments: K split in 2 or 3 ranges
+    # 4-byte chunks keep the interpreter's per-code loop short; 64 lanes allow 1 or 2 warps.
+    "df11_decode": {"N": 9, "K": 13, "chunk_bytes": 4, "chunks_per_group": 64},
+    "df11_gemv": {"N": 9, "K": 13, "chunk_bytes": 4, "chunks_per_group": 64},
+    "kv_write": KVW,
+    "kv_write_int8": KVW,
+    "kv_write_int4": KVW,
+    "kv_write_int2": KVW,
+    "kv_write_fp8": KVW,
+    "paged_attention": ATT,
+    "paged_attention_int8": ATT,
+    "paged_attention_int4": ATT,
+    "paged_attention_int2": ATT,
+    "paged_attention_fp8": ATT,
+    "paged_attention_mixed": ATT,
+    "paged_attention_oaken": ATT,
+    "paged_attention_kivi": {**ATT, "residual": 8},  # group 16: 32 tokens quantized, 8 in the ring
+}
+
+
+def test_every_shipped_op_has_a_tiny_shape():
+    shipped = {n for n in registered_ops() if not n.startswith("test_")}
+    assert shipped == set(TINY)
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_a_candidate_config_runs_correctly(name):
+    op = get_op(name)
+    shape = TINY[name]
+    op.check_shape(shape)
+    cand = op.space(shape, torch.float32, False).candidates(DeviceLimits(name="cpu-interpreter"))[-1]
+    inputs = op.make_inputs(shape, torch.float32, "cpu", 1)
+    ref = op.reference(inputs)
+    if hasattr(op, "poison"):
+        op.poison(inputs)
+    with use_backend("triton"):
+        out = op.run(inputs, cand)
+    err = rel_error(checked_output(op, inputs, out), ref)
+    assert err <= op.tolerance(torch.float32), f"{name}: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "quantize_per_token",
+        "paged_attention_int4",
+        "paged_attention_mixed",
+        "paged_attention_kivi",
+        "df11_gemm",
+        "df11_decode",
+        "df11_gemv",
+        "kv_write",
+        "kv_write_int4",
+        "kv_write_fp8",
+    ],
+)
+def test_tiny_tune_through_the_interpreter(name, tmp_path):
+    op = get_op(name)
+    cache = TuningCache(tmp_path / "c.jsonl")
+    tuner = Tuner(op, cache, dtype=torch.float32, device="cpu", strategy="exhaustive", log=lambda s: None)
+    res = tuner.tune_shape(TINY[name])
+    assert res.table_op == name and res.n_failed == 0 and res.n_new == res.n_candidates >= 2
+    recs = cache.load().records
+    assert all(r["ok"] and r["rel_error"] <= op.tolerance(torch.float32) for r in recs)
+    assert res.best_ms == min(r["time_ms"] for r in recs) and math.isfinite(res.best_ms)
+
+
+def test_a_wrong_quantizer_output_fails_the_check():
+    # The bit-exact check is not vacuous: one flipped code or a NaN scale fails it.
+    op = get_op("quantize_per_token")
+    inputs = op.make_inputs(TINY["quantize_per_token"], torch.float32, "cpu", 3)
+    ref = op.reference(inputs)
+    out = op.run(inputs, {})
+    assert rel_error(checked_output(op, inputs, out), ref) == 0.0
+    out[1, 7] += 1
+    assert rel_error(checked_output(op, inputs, out), ref) > 0.0
+    out[1, 7] -= 1
+    inputs["s"][2] = float("nan")
+    assert rel_error(checked_output(op, inputs, out), ref) == math.inf
+
+
+def test_int8_kv_decode_tunes_the_word_read_on_gpus_only():
+    shape = dict(M=4, q_heads=8, kv_heads=2, head_dim=64, block_size=16, ctx=512)
+    int8, int4 = get_op("paged_attention_int8"), get_op("paged_attention_int4")
+    assert int8.space(shape, torch.float16, True).params["WORDS8"] == [0, 1]
+    assert "WORDS8" not in int8.space(shape, torch.float16, False).params  # the interpreter: no timing
+    assert "WORDS8" not in int4.space(shape, torch.float16, True).params  # sub-byte codes are words already

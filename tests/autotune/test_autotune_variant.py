@@ -1,0 +1,195 @@
+"""The weight-only GEMM's kernel variant (split-K or tiled) as a tuned choice.
+
+The tuner times each variant in its own space (a shape pins one with SPLITK; `expand` gives both),
+`export_variant_table` writes the faster variant per (shape key, M), and `wq_gemm` reads that table
+through `choose_variant`. Tables are per GPU, so to show a table steering the kernel on a CPU the tests
+name the interpreter's "GPU" (`tuner.CPU_GPU_NAME`) as the device's (`codesign.backend.use_device_view`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import assert_rel_close, device_view_with
+from triton_lowering import assert_lowers_for_gpu
+
+from codesign import cli
+from codesign.autotune import lookup
+from codesign.autotune.cache import TuningCache
+from codesign.autotune.export import export_table, export_variant_table
+from codesign.autotune.lookup import forced_config, kernel_source_hash
+from codesign.autotune.ops import expand_variants, get_op
+from codesign.autotune.space import DeviceLimits
+from codesign.autotune.tuner import CPU_GPU_NAME, rel_error
+from codesign.backend import use_backend
+from codesign.kernels.gemm import formats as qf
+from codesign.kernels.gemm import ops as qg
+from codesign.kernels.gemm import triton_gemm as qt
+from codesign.specs import CodesignError
+
+N, K, G = 80, 256, 64
+KEY = f"G={G},K={K},N={N}"
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Records the variant of every weight-only GEMM launch ("splitk" / "tiled")."""
+    seen: list[str] = []
+    real = qt._wq_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append("splitk" if kw["SPLITK"] else "tiled")
+                return real[grid](*args, **kw)
+
+            return launch
+
+    monkeypatch.setattr(qt, "_wq_kernel", Spy())
+    return seen
+
+
+def _reference(x, qw):
+    return x.double() @ qw.dequantize(torch.float64).t()
+
+
+@pytest.mark.parametrize("m", [3, 19])
+@pytest.mark.parametrize("splitk", [1, 0])
+def test_a_pinned_variant_is_the_one_that_runs_and_is_correct(m, splitk, launched):
+    op = get_op("w4a16_gemm")
+    shape = {"M": m, "N": N, "K": K, "G": G, "SPLITK": splitk}
+    op.check_shape(shape)
+    assert op.table_op(shape) == f"w4a16_gemm_{'splitk' if splitk else 'tiled'}"
+    assert op.table_key(shape) == KEY  # the variant is not part of the key
+    cand = op.space(shape, torch.float32, False).candidates(DeviceLimits(name="cpu-interpreter"))[-1]
+    inputs = op.make_inputs(shape, torch.float32, "cpu", 2)
+    op.poison(inputs)
+    with use_backend("triton"):
+        out = op.run(inputs, cand)
+    assert launched == ["splitk" if splitk else "tiled"]
+    assert rel_error(out, op.reference(inputs)) <= op.tolerance(torch.float32)
+
+
+def test_expand_gives_both_variants_and_bad_variants_are_refused():
+    op = get_op("w8a16_gemm")
+    s = {"M": 7, "N": 64, "K": 128, "G": 0}
+    assert op.expand(s) == [{**s, "SPLITK": 1}, {**s, "SPLITK": 0}]
+    assert op.expand({**s, "SPLITK": 0}) == [{**s, "SPLITK": 0}]
+    assert expand_variants(op, [s, {**s, "M": 40}]) == [
+        {**s, "SPLITK": 1}, {**s, "SPLITK": 0}, {**s, "M": 40, "SPLITK": 1}, {**s, "M": 40, "SPLITK": 0}
+    ]  # fmt: skip
+    w8a8 = get_op("w8a8_gemm")
+    assert expand_variants(w8a8, [{"M": 1, "N": 64, "K": 128}]) == [{"M": 1, "N": 64, "K": 128}]
+    with pytest.raises(CodesignError, match="SPLITK must be 1"):
+        op.check_shape({**s, "SPLITK": 2})
+    with pytest.raises(CodesignError, match="shape for w8a16_gemm"):
+        op.check_shape({**s, "SPLIT": 1})
+
+
+def test_default_rule_without_a_table():
+    # No device, a CPU device, or an unknown key: M <= 16 is split-K (the rule before tuning).
+    for m, want in ((1, "splitk"), (16, "splitk"), (17, "tiled")):
+        assert qt.choose_variant(m) == want
+        assert qt.choose_variant(m, "w8a16_gemm", torch.device("cpu"), KEY) == want
+    with forced_config("w4a16_gemm_variant", {"SPLITK": 0}):
+        assert qt.choose_variant(1) == "tiled"
+
+
+def _record(cache, table_op, m, config, ms):
+    cache.append({"gpu": CPU_GPU_NAME, "triton": lookup.triton_version(),
+                  "source_hash": kernel_source_hash(["codesign.kernels.gemm.triton_gemm"]), "op": table_op,
+                  "key": KEY, "m": m, "dtype": "float32", "config": config, "ok": True, "time_ms": ms})  # fmt: skip
+
+
+def test_an_exported_variant_table_changes_which_variant_runs(tmp_path, monkeypatch, launched):
+    """Timings (synthetic, written as the tuner writes them) make tiled win at M = 3 and split-K at
+    M = 40, the opposite of the default rule; the exported tables then steer the kernel both ways."""
+    op = get_op("w4a16_gemm")
+    cache = TuningCache(tmp_path / "c.jsonl")
+    splitk_cfg, tiled_cfg = qt._INTERP_DEFAULTS["splitk"], qt._INTERP_DEFAULTS["tiled"]
+    for m, t_splitk, t_tiled in ((3, 2.0, 1.0), (40, 1.0, 3.0)):
+        _record(cache, "w4a16_gemm_splitk", m, splitk_cfg, t_splitk)
+        _record(cache, "w4a16_gemm_splitk", m, {**splitk_cfg, "SPLIT_K": 1}, t_splitk + 0.5)  # slower
+        _record(cache, "w4a16_gemm_tiled", m, tiled_cfg, t_tiled)
+    _record(cache, "w4a16_gemm_tiled", 64, tiled_cfg, 1.0)  # split-K never timed at 64: no variant entry
+    root = tmp_path / "tables"
+    for t in op.variant_configs:
+        export_table(cache, CPU_GPU_NAME, t, op.source_modules, "float32", root)
+    path = export_variant_table(
+        cache, CPU_GPU_NAME, op.variant_op, op.variant_configs, op.source_modules, "float32", root
+    )
+    table = json.loads(path.read_text())
+    assert table["entries"] == {KEY: {"3": {"SPLITK": 0}, "40": {"SPLITK": 1}}}
+    assert table["timings_ms"][KEY]["3"] == {"w4a16_gemm_splitk": 2.0, "w4a16_gemm_tiled": 1.0}
+
+    qw = qf.quantize_rtn(torch.randn(N, K), "int4", G, False)
+    monkeypatch.setenv("CODESIGN_CONFIG_DIR", str(root))
+    lookup.reload_tables()
+    with use_backend("triton"):
+        for m in (3, 40):
+            qg.quant_matmul(torch.randn(m, K), qw)  # CPU: no table is read, the default rule runs
+        assert launched == ["splitk", "tiled"]
+        launched.clear()
+        with device_view_with(gpu_name=CPU_GPU_NAME):  # the tables' GPU
+            for m, want in ((3, "tiled"), (2, "tiled"), (40, "splitk"), (33, "splitk")):  # nearest tuned M
+                x = torch.randn(m, K)
+                y = qg.quant_matmul(x, qw)
+                assert launched.pop() == want, f"M={m}"
+                assert_rel_close(y, _reference(x, qw), 1e-4, f"M={m} {want}")
+    lookup.reload_tables()
+
+
+def test_no_variant_entry_unless_every_variant_was_timed(tmp_path):
+    op = get_op("w4a16_gemm")
+    cache = TuningCache(tmp_path / "c.jsonl")
+    _record(cache, "w4a16_gemm_splitk", 8, qt._INTERP_DEFAULTS["splitk"], 1.0)
+    _record(cache, "w4a16_gemm_tiled", 9, qt._INTERP_DEFAULTS["tiled"], 1.0)  # another M
+    args = (op.variant_op, op.variant_configs, op.source_modules, "float32", tmp_path / "t")
+    assert export_variant_table(cache, CPU_GPU_NAME, *args) is None
+    assert not (tmp_path / "t").exists()
+
+
+def test_cli_tunes_both_variants_and_exports_the_faster_one(tmp_path):
+    """End to end through the interpreter (CPU timer): `--variants all` times both variants at M = 3, the
+    export writes three tables, and the variant table names the faster variant's time."""
+    cache, out = tmp_path / "c.jsonl", tmp_path / "tables"
+    argv = ["tune", "--op", "w4a16_gemm", "--shape", f"M=3,N={N},K={K},G={G}", "--variants", "all",
+            "--device", "cpu", "--cache", str(cache), "--strategy", "random", "--max-evals", "1",
+            "--export", "--out-dir", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    folder = out / lookup.gpu_slug(CPU_GPU_NAME)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "w4a16_gemm_splitk.json", "w4a16_gemm_tiled.json", "w4a16_gemm_variant.json"
+    ]  # fmt: skip
+    recs = TuningCache(cache).load().records
+    assert sorted(r["op"] for r in recs) == ["w4a16_gemm_splitk", "w4a16_gemm_tiled"] and all(
+        r["ok"] for r in recs
+    )
+    best = {r["op"]: r["time_ms"] for r in recs}
+    faster = min(best, key=best.get)
+    table = json.loads((folder / "w4a16_gemm_variant.json").read_text())
+    assert table["entries"] == {KEY: {"3": {"SPLITK": int(faster.endswith("splitk"))}}}
+    assert lookup.table_key_problem(table) is None
+    # Exporting again from the cache alone rewrites the same three tables (and the variant one).
+    assert (
+        cli.main(["tune", "--export", "--device", "cpu", "--cache", str(cache), "--out-dir", str(out)]) == 0
+    )
+    assert json.loads((folder / "w4a16_gemm_variant.json").read_text())["entries"] == table["entries"]
+
+
+@pytest.mark.slow
+def test_weight_only_kernel_lowers_for_sm90_in_both_variants():
+    """The one weight-only kernel compiles for a GPU with either variant (the interpreter cannot show it)."""
+    types = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "b_ptr": "*fp16",
+             "out_ptr": "*fp16"}  # fmt: skip
+    common = dict(
+        BITS=4, HAS_ZEROS=True, HAS_BIAS=True, DOT_DTYPE="tl.float16", DOT_PREC="tf32", BLOCK_N=64, BLOCK_K=64,
+        GROUP_M=8,
+    )
+    variants = [
+        {**common, "BLOCK_M": 64, "SPLITK": False, "USE_ATOMIC": False},
+        {**common, "BLOCK_M": 16, "SPLITK": True, "USE_ATOMIC": True, "types": {"out_ptr": "*fp32"}},
+    ]
+    assert_lowers_for_gpu("codesign.kernels.gemm.triton_gemm:_wq_kernel", types, variants)

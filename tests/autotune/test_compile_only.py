@@ -1,0 +1,304 @@
+"""compile_only: real op paths compile for sm_90 without a GPU, nothing launches, patches are undone.
+
+Each compile runs in a fresh Python without TRITON_INTERPRET (`helpers.assert_runs_without_interpreter`):
+this process runs under the interpreter (conftest), where kernels cannot be compiled.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import assert_runs_without_interpreter
+
+from codesign.autotune.compile_only import CompiledLaunch, compile_only, parse_ptxas_log, ptx_census
+from codesign.specs import CodesignError
+
+# Captured from Triton 3.9's ptxas-blackwell (CUDA 13.4) -v on the W4A16 split-K kernel for sm_90a.
+PTXAS_LOG = """\
+ptxas-blackwell info    : 0 bytes gmem
+ptxas-blackwell info    : Compiling entry function '_wq_kernel' for 'sm_90a'
+ptxas-blackwell info    : Function properties for _wq_kernel
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas-blackwell info    : Used 168 registers, used 1 barriers
+ptxas-blackwell info    : Compile time = 185.812 ms
+"""
+# Captured from the mixed-precision KV decode kernel (spills), plus a helper function's block before it
+# (the older ptxas layout: properties of a callee, then the entry's own numbers with smem / cmem).
+PTXAS_LOG_SPILLS = """\
+ptxas info    : 11 bytes gmem
+ptxas info    : Function properties for _helper
+    16 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Compiling entry function '_paged_attn_kernel' for 'sm_90a'
+ptxas info    : Function properties for _paged_attn_kernel
+    3592 bytes stack frame, 8620 bytes spill stores, 11070 bytes spill loads
+ptxas info    : Used 32 registers, used 1 barriers, 3592 bytes cumulative stack size, 1024 bytes smem
+"""
+
+
+def test_parse_ptxas_log():
+    assert parse_ptxas_log(PTXAS_LOG) == {
+        "registers": 168,
+        "stack_bytes": 0,
+        "spill_stores": 0,
+        "spill_loads": 0,
+    }
+    assert parse_ptxas_log(PTXAS_LOG_SPILLS, "_paged_attn_kernel") == {
+        "registers": 32, "stack_bytes": 3592, "spill_stores": 8620, "spill_loads": 11070,
+    }  # fmt: skip
+    with pytest.raises(CodesignError, match="no register count for kernel '_other'"):
+        parse_ptxas_log(PTXAS_LOG, "_other")
+    with pytest.raises(CodesignError, match="no register count"):
+        parse_ptxas_log("ptxas fatal   : Unsupported .version 9.4")
+
+
+def test_ptx_census_counts_each_instruction_kind():
+    ptx = """
+    wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1}, %rd1, %rd2, 1, 1, 1, 0, 1;
+    mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r1}, {%r2}, {%f2};
+    cp.async.cg.shared.global [ %r3 + 0 ], [ %rd4 + 0 ], 0x10, %r5;
+    cp.async.ca.shared.global [ %r3 + 0 ], [ %rd4 + 0 ], 0x4, %r5;
+    cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r2, %r3}], [%r4];
+    cp.async.commit_group;
+    ld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd1 + 0 ];
+    @%p1 ld.global.nc.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd2 + 0 ];
+    ld.global.b32 %r6, [ %rd3 + 0 ];
+    cvt.rn.bf16.u32 %rs1, %r7;
+    cvt.rn.f32.s32 %f3, %r8;
+    cvt.f32.bf16 %f4, %rs2;
+    """
+    want = {"wgmma": 1, "mma_sync": 1, "cp_async": 2, "tma": 1, "ld_global_v4": 2, "ld_global": 3, "cvt_i2f": 2}
+    assert ptx_census(ptx) == want
+
+
+def test_problems_name_each_limit():
+    ok = CompiledLaunch("k", "m", 90, [1], 4, 2, 227 * 1024, 255, 0, 0, 0)
+    assert ok.problems() == [] and ok.as_dict()["ok"]
+    big = CompiledLaunch("k", "m", 80, [1], 4, 2, 163 * 1024 + 1, 96, 8, 4, 16)
+    reasons = big.problems()
+    assert any("opt-in limit 166912" in r for r in reasons) and any("spills: 8 B" in r for r in reasons)
+    failed = CompiledLaunch("k", "m", 90, "(1,)", error="CompilationError: boom")
+    assert failed.as_dict()["reason"] == "compile error: CompilationError: boom"
+
+
+def test_refuses_under_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(CodesignError, match="fresh process"), compile_only():
+        pass
+
+
+_PRELUDE = """
+import torch
+from codesign.autotune.compile_only import compile_only
+from codesign.backend import use_backend
+"""
+
+
+def test_compiles_decode_attention_and_w4a16_gemv_for_sm90_without_launching():
+    code = (
+        _PRELUDE
+        + """
+import os, subprocess
+from triton.backends.nvidia.compiler import get_ptxas
+from codesign.kernels.gemm import formats as qf
+from codesign.kernels.attention.wrappers import PagedDecodeWrapper
+from codesign.kernels.attention.triton_attention import _paged_attn_kernel
+from codesign.kernels.gemm.ops import quant_matmul
+outs = {}
+with compile_only(90, "NVIDIA H200") as s:
+    for dt in (torch.float16, torch.bfloat16):
+        k = torch.randn(5, 16, 2, 64).to(dt)
+        bt = torch.tensor([[3, 1, 0], [4, 2, 0]], dtype=torch.int32)
+        w = PagedDecodeWrapper("cpu")
+        w.plan(k, bt, torch.tensor([37, 20], dtype=torch.int32), 6)   # auto backend: triton in this mode
+        q = torch.randn(2, 6, 64).to(dt)
+        outs[dt] = w.run(q, k, k.clone(), out=torch.full_like(q, float("nan")))
+    qw = qf.quantize_rtn(torch.randn(96, 256), "int4", 64, True, torch.float16)
+    quant_matmul(torch.randn(1, 256, dtype=torch.float16), qw)
+assert all(o.isnan().all() for o in outs.values()), "a kernel ran: the poisoned output was written"
+names = [l.kernel for l in s.launches]
+assert names.count("_paged_attn_kernel") == 2 and names[-1] == "_wq_kernel", names
+att16, att_bf = [l for l in s.launches if l.kernel == "_paged_attn_kernel"]
+gemv = s.launches[-1]
+assert att16.signature["q_ptr"] == "*fp16" and att_bf.signature["q_ptr"] == "*bf16"
+assert att16.constexprs["GROUP"] == 3 and att16.constexprs["GROUP_PAD"] == 16  # the GPU's 16-row tl.dot
+assert gemv.constexprs["DOT_DTYPE"] == "fp16" and gemv.constexprs["SPLITK"] is True
+assert gemv.grid[0] >= 1 and len(gemv.grid) == 3
+for l in s.launches:
+    assert l.arch == 90 and l.error is None and l.num_warps >= 1 and l.num_stages >= 1, l
+    assert 0 < l.registers <= 255 and l.shared_bytes > 0 and l.spill_stores >= 0 and l.stack_bytes >= 0, l
+# The registers ptxas -v reports equal those the cubin Triton built declares (cuobjdump, independent).
+ck = list(_paged_attn_kernel.device_caches["compile-only-sm90"][0].values())[0]
+assert ".target sm_90a" in ck.asm["ptx"]
+import tempfile
+cubin = tempfile.NamedTemporaryFile(suffix=".cubin", delete=False)
+cubin.write(ck.asm["cubin"])
+cubin.close()
+dump = subprocess.run([get_ptxas(90).path.replace("ptxas-blackwell", "cuobjdump"), "--dump-resource-usage",
+                       cubin.name], capture_output=True, text=True, check=True).stdout
+os.remove(cubin.name)
+regs = int(dump.split("REG:")[1].split()[0])
+assert regs in {l.registers for l in s.launches if l.kernel == "_paged_attn_kernel"}, (regs, dump)
+print("ok")
+"""
+    )
+    assert_runs_without_interpreter(code)
+
+
+def test_patches_undone_after_the_block_and_after_an_exception():
+    code = (
+        _PRELUDE
+        + """
+from triton.runtime import driver
+from triton.runtime.jit import JITFunction
+from codesign.backend import device_view
+from codesign.specs import CodesignError
+from codesign.kernels.attention.paged import paged_decode_attention
+def state():
+    return (JITFunction.run, driver._active, device_view("cpu"))
+before = state()
+assert before[2].gpu_name is None and not before[2].gpu and not before[2].compile_only
+with compile_only() as s:
+    v = device_view("cpu")
+    assert (v.gpu_name, v.sms, v.capability, v.min_dot_rows) == ("NVIDIA H200", 132, (9, 0), 16)
+    assert v.gpu and v.compiled and v.hw_fp8 and v.bf16_dot and v.compile_only and not v.interpreted
+assert state() == before
+try:
+    with compile_only():
+        raise KeyError("inside")
+except KeyError:
+    pass
+assert state() == before
+q, k = torch.randn(1, 2, 16, dtype=torch.float16), torch.randn(2, 16, 2, 16, dtype=torch.float16)
+args = (q, k, k, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32))
+try:
+    with use_backend("triton"):
+        paged_decode_attention(*args)
+    raise AssertionError("triton on CPU tensors without compile_only or the interpreter must be refused")
+except CodesignError as e:
+    assert "TRITON_INTERPRET=1" in str(e)
+try:
+    with compile_only(), compile_only():
+        pass
+    raise AssertionError("nested sessions must be refused")
+except CodesignError as e:
+    assert "already active" in str(e)
+assert state() == before
+print("ok")
+"""
+    )
+    assert_runs_without_interpreter(code)
+
+
+def test_kernels_look_their_tables_up_under_the_given_gpu_name(tmp_path):
+    code = (
+        _PRELUDE
+        + f"""
+import json, os
+from codesign.autotune import lookup
+from codesign.kernels.gemm import formats as qf
+from codesign.kernels.gemm.ops import quant_matmul
+root = {str(tmp_path)!r}
+os.environ["CODESIGN_CONFIG_DIR"] = root
+cfg = {{"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 1, "num_warps": 2, "num_stages": 2}}
+table = {{**lookup.table_header("w4a16_gemm_splitk", "NVIDIA H200", ["codesign.kernels.gemm.triton_gemm"]),
+          "entries": {{lookup.shape_key(N=96, K=256, G=64): {{"1": cfg}}}}}}
+os.makedirs(os.path.join(root, "nvidia-h200"))
+json.dump(table, open(os.path.join(root, "nvidia-h200", "w4a16_gemm_splitk.json"), "w"))
+qw = qf.quantize_rtn(torch.randn(96, 256), "int4", 64, True, torch.float16)
+x = torch.randn(1, 256, dtype=torch.float16)
+for gpu, want in (("NVIDIA H200", (32, 32, 2, 2)), ("NVIDIA H100 80GB HBM3", (64, 64, 4, 4))):
+    with compile_only(90, gpu) as s:
+        quant_matmul(x, qw)
+    c = s.launches[-1]
+    got = (c.constexprs["BLOCK_N"], c.constexprs["BLOCK_K"], c.num_warps, c.num_stages)
+    assert got == want, (gpu, got)  # H100: no table, the GPU defaults (BLOCK_K clamped to the group)
+print("ok")
+"""
+    )
+    assert_runs_without_interpreter(code)
+
+
+def test_gemm_smem_estimate_not_below_the_compilers():
+    code = """
+from codesign.autotune.compile_check import check_estimates
+rows = check_estimates("w8a8_gemm", {"M": 20, "N": 40, "K": 256}, n=3, arch=90)  # tiles <= 32 x 64
+assert len(rows) == 3 and any(r.pruned_by_estimate is None for r in rows), rows
+rows += check_estimates("fp8_gemm", {"M": 20, "N": 40, "K": 256}, n=2, arch=90)
+rows += check_estimates("w4a16_gemm", {"M": 3, "N": 256, "K": 512, "G": 128}, n=2, arch=90)
+for r in rows:
+    assert r.error is None and r.real_smem > 0 and r.real_regs > 0, r
+    assert r.est_smem >= r.real_smem, f"estimate {r.est_smem} B < compiler {r.real_smem} B for {r.config}"
+print("ok")
+"""
+    assert_runs_without_interpreter(code)
+
+
+def test_untuned_defaults_neither_spill_nor_overflow_shared_memory():
+    """Regressions the lowering report found: sub-byte KV decode spilled at BLOCK_N 64 on sm_90 (1.2 KB per
+    thread for INT4), and so did Oaken's offline variant at 64 x 128 (52 B); W8A8's 128 x 128 x 128 default
+    needed 180 KB of shared memory (over the A100's 163 KiB) and the tiled weight-only default 115 KB (over
+    sm_89's 99 KiB). KIVI gathered its scales per element."""
+    code = (
+        _PRELUDE
+        + """
+from codesign.autotune.ops import get_op
+from codesign.kernels.attention import triton_attention as pt
+from codesign.kernels.gemm.triton_gemm import _GPU_DEFAULTS
+fmts = {"paged_attention_int4": pt.KV_FORMAT_INT, "paged_attention_mixed": pt.KV_FORMAT_MIXED,
+        "paged_attention_kivi": pt.KV_FORMAT_KIVI, "paged_attention_oaken": pt.KV_FORMAT_OAKEN}
+fmts_both = (pt.KV_FORMAT_INT, pt.KV_FORMAT_MIXED)
+with compile_only(90, "NVIDIA H200") as s:
+    for name, fmt in fmts.items():
+        for m, ctx in ((4, 256), (16, 4096)) if fmt in fmts_both else ((16, 4096),):  # 1 and 3 splits
+            shape = dict(M=m, q_heads=32, kv_heads=8, head_dim=128, block_size=16, ctx=ctx)
+            op = get_op(name)
+            op.run(op.make_inputs(shape, torch.float16, "cpu", 0), pt.default_config(128, 2, fmt, 4))
+# Tree verification at its default tile (64 wide, raised to 8 warps by tree_config): spilled 312 B on 4.
+from codesign.kernels.attention.tree import build_tree_batch
+from codesign.kernels.attention.paged import tree_attention
+tree = build_tree_batch([[-1] + [i // 2 for i in range(63)]] * 4, [4096] * 4)
+bt = torch.zeros(4, 4096 // 16 + 5, dtype=torch.int32)
+kv = torch.zeros(2, 16, 8, 128, dtype=torch.bfloat16)
+with compile_only(90, "NVIDIA H200") as t, use_backend("triton"):
+    tree_attention(torch.zeros(4 * 64, 32, 128, dtype=torch.bfloat16), kv, kv, bt, tree, check_data=False)
+(tl_,) = [l for l in t.launches if l.kernel == "_paged_attn_kernel"]
+assert (tl_.constexprs["BLOCK_N"], tl_.num_warps) == (64, 8), (tl_.constexprs["BLOCK_N"], tl_.num_warps)
+# KIVI reads its per-channel key scales once per tile and its value scales once per group, not once per
+# element: the bench shape's kernel had 139 global loads in its PTX with the per-element gather (20x slower
+# than the bf16 cache on an H200), 48 without (80 here: G = 16, eight value groups per token).
+(kv_,) = [l for l in s.launches if l.constexprs.get("KV_FORMAT") == pt.KV_FORMAT_KIVI]
+assert kv_.ptx_ops["ld_global"] <= 100, kv_.ptx_ops
+# Codes become fp16 by bit patterns, not an integer-to-float cvt per element (128 per thread in the INT8 and INT4
+# decode kernels before, 64 in KIVI's, 38 in Oaken's): what is left converts indices, outside the loop.
+for l in s.launches:
+    if l.kernel == "_paged_attn_kernel":
+        assert l.ptx_ops["cvt_i2f"] <= 4, (l.constexprs["KV_FORMAT"], l.ptx_ops)
+# Oaken's offline variant (8-bit metadata on a per-head grid) at its default: 64 x 128 spilled 52 B.
+from codesign.kernels.kvcache.oaken import OakenPagedKV
+from codesign.kernels.attention.quantized import oaken_attention
+thr = torch.tensor([[-1.0, 1.0]] * 8).expand(2, 8, 2).contiguous()
+grid = torch.tensor([[-2.0, 0.0625]] * 8).expand(2, 8, 2).contiguous()
+with compile_only(90, "NVIDIA H200") as o:
+    cache = OakenPagedKV.empty(4, 32, 8, 128, 4, thr, 4, "cpu", grid=grid)
+    oaken_attention(torch.zeros(16, 32, 128, dtype=torch.bfloat16), cache, torch.zeros(16, 64, dtype=torch.int32),
+                    torch.full((16,), 2048, dtype=torch.int32), check_data=False)
+for l in [*s.launches, tl_, *o.launches]:
+    assert l.problems() == [], (l.kernel, l.constexprs.get("BLOCK_N"), l.problems())
+for arch, gpu, opname, kind, shp in ((80, "NVIDIA A100-SXM4-80GB", "w8a8_gemm", "scaled_mm", dict(M=256, N=512, K=512)),
+                                     (89, "NVIDIA L40S", "w4a16_gemm", "tiled", dict(M=256, N=512, K=512, G=128))):
+    with compile_only(arch, gpu) as s:
+        op = get_op(opname)
+        op.run(op.make_inputs(shp, torch.float16, "cpu", 0), dict(_GPU_DEFAULTS[kind]))
+    big = [l for l in s.launches if l.kernel in ("_scaled_mm_kernel", "_wq_kernel")]
+    assert big and all(l.problems() == [] for l in big), [(l.kernel, l.shared_bytes, l.problems()) for l in big]
+    assert all(l.ptx_ops["mma_sync"] > 0 and l.ptx_ops["wgmma"] == 0 for l in big), [l.ptx_ops for l in big]
+# On Hopper the int8 and fp8 GEMMs must reach the warpgroup MMA, fed by the asynchronous copy pipeline.
+with compile_only(90, "NVIDIA H200") as s:
+    for opname in ("w8a8_gemm", "fp8_gemm"):
+        op = get_op(opname)
+        op.run(op.make_inputs(dict(M=256, N=512, K=512), torch.float16, "cpu", 0), dict(_GPU_DEFAULTS["scaled_mm"]))
+mm = [l for l in s.launches if l.kernel == "_scaled_mm_kernel"]
+assert len(mm) == 2 and all(l.ptx_ops["wgmma"] > 0 and l.ptx_ops["cp_async"] > 0 for l in mm), [l.ptx_ops for l in mm]
+print("ok")
+"""
+    )
+    assert_runs_without_interpreter(code)

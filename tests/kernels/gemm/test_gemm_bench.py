@@ -1,0 +1,58 @@
+"""The quantized-GEMM GPU benchmark entry imports and computes its metrics right (without a GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from codesign.catalog.gpus import load_gpu
+from codesign.specs import Gemm, WeightFormat
+
+BENCH = Path(__file__).resolve().parents[3] / "bench" / "gpu_quant_gemm.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("gpu_quant_gemm", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_row_metrics_follow_the_spec(bench):
+    gpu = load_gpu("h200")
+    spec = Gemm(1, 8192, 8192, WeightFormat("int4", 128, False, "bf16"), "bf16", "bf16")
+    row = bench._row("square", "8192", 1, 8192, 8192, "w4a16_g128", 0.02, 0.07, 1e-3, spec, gpu)
+    # 8192^2 int4 codes + bf16 scale and zero per 128 = 4.25 bits/weight; M=1 activations and output.
+    want_bytes = 8192 * 8192 * 4.25 / 8 + 8192 * 2 + 8192 * 2
+    assert row["gbs"] == pytest.approx(want_bytes / 0.02e-3 / 1e9)
+    assert row["tflops"] == pytest.approx(2 * 8192 * 8192 / 0.02e-3 / 1e12)
+    assert row["speedup_vs_bf16"] == pytest.approx(3.5)
+    assert row["pct_roofline"] == pytest.approx(100 * want_bytes / gpu.mem_bw / 0.02e-3)
+
+
+def test_targets_read_the_right_rows(bench):
+    rows = [
+        dict(kernel="w4a16_g128", model="square", layer="8192", M=m, ms=0.01, speedup_vs_bf16=s)
+        for m, s in ((1, 3.6), (16, 3.4), (4096, 0.95))
+    ]
+    rows += [
+        dict(kernel="w8a8_int8", model="llama2-70b", layer="gate_up", M=1024, ms=0.1, speedup_vs_bf16=1.7)
+    ]
+    # A kernel that failed leaves an error row without a timing: it must not count.
+    rows += [dict(kernel="w4a16_g128", model="square", layer="8192", M=2, error="boom", speedup_vs_bf16=0.1)]
+    t = bench._targets(rows)
+    assert t["w4a16_small_m_min_speedup"] == 3.4 and not t["w4a16_small_m_met"]
+    assert t["w4a16_m4096_met"] and t["w8a8_met"]
+
+
+def test_run_without_gpu_records_a_skip(bench):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the real run belongs to bench/gpu_suite.py")
+    report: dict = {}
+    bench.run(report)
+    assert report == {"quant_gemm": {"skipped": "no CUDA device"}}

@@ -1,0 +1,170 @@
+"""KIVI paged cache (`codesign.kernels.kvcache.kivi`): the writer against the dense KIVI round trip
+(`kv_quant.kivi_fake_quant`, itself checked against the accelerator model's quantizer), and the fused
+kernel (codes + residual ring read in the attention loop) against an fp64 reference over those
+dequantized K/V: contexts below, at and above a group boundary, chunked appends, a shared prefix block,
+decode / extend / tree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_rel_close, shuffled_block_tables
+from paged_attention_ref import reference_attention
+
+from codesign.backend import use_backend
+from codesign.kernels.attention.quantized import (
+    kivi_decode_attention,
+    kivi_extend_attention,
+    kivi_tree_attention,
+)
+from codesign.kernels.attention.tree import build_tree_batch
+from codesign.kernels.kvcache import quantizers as kvq
+from codesign.kernels.kvcache.kivi import KiviPagedKV
+from codesign.specs import CodesignError
+
+# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
+pytestmark = pytest.mark.numerics
+
+G, R, BS, H, D = 4, 4, 8, 2, 16
+
+
+def _setup(ctx, bits=4, chunks=(5, 1, 100), share=False, g=G, r=R, bs=BS, d=D):
+    """Sequences of fp16 K/V appended in chunks; with `share`, sequence 1 starts with sequence 0's first block."""
+    bt, nb = shuffled_block_tables(ctx, bs)
+    cache = KiviPagedKV.empty(nb, bs, H, d, bits, g, r, len(ctx))
+    cache.k_codes.random_(0, 256)  # poison what no append writes
+    cache.k_meta.fill_(float("nan"))
+    cache.v_meta.fill_(float("nan"))
+    cache.k_res.fill_(float("nan"))
+    ks, vs = [], []
+    for b, c in enumerate(ctx):
+        k = torch.randn(c, H, d).half()
+        k[:, :, 3] *= 8  # a channel outlier, as in real keys
+        v = torch.randn(c, H, d).half()
+        if share and b == 1:
+            bt[1, 0] = bt[0, 0]
+            k[:bs], v[:bs] = ks[0][:bs], vs[0][:bs]
+        t = 0
+        for n in chunks:
+            n = min(n, c - t)
+            if n <= 0:
+                break
+            cache.append(b, bt[b], t, k[t : t + n], v[t : t + n])
+            t += n
+        ks.append(k)
+        vs.append(v)
+    return cache, bt, torch.tensor(ctx, dtype=torch.int32), ks, vs
+
+
+def _ref(q, cache, ks, vs, q_lens, parents=None, window=None, scale=None):
+    """fp64 reference, per sequence over its dense KIVI round trip (kv_quant.kivi_fake_quant) in a
+    one-block cache: a shared block can hold codes for one sequence and ring tokens for another."""
+    outs, lses, t0 = [], [], 0
+    for b, (k, v) in enumerate(zip(ks, vs)):
+        kh, vh = kvq.kivi_fake_quant(k.float(), v.float(), cache.bits, cache.group, cache.residual)
+        n, ql = k.shape[0], q_lens[b]
+        o, lse = reference_attention(
+            q[t0 : t0 + ql], kh[None].double(), vh[None].double(), torch.zeros(1, 1, dtype=torch.int32),
+            torch.tensor([n]), [ql], parents=None if parents is None else [parents[b]], window=window, scale=scale,
+        )  # fmt: skip
+        outs.append(o)
+        lses.append(lse)
+        t0 += ql
+    return torch.cat(outs), torch.cat(lses)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_writer_matches_dense_kivi(bits):
+    ctx = [2 * G + R - 1, 2 * G + R, 2 * G + R + 1, 3]  # below, at, above a group boundary; all-residual
+    cache, bt, cl, ks, vs = _setup(ctx, bits, chunks=(5, 1, 2, 100))
+    for b, (k, v) in enumerate(zip(ks, vs)):
+        kh, vh = kvq.kivi_fake_quant(k.float(), v.float(), bits, G, R)
+        gk, gv = cache.dequantize_seq(b, bt[b], ctx[b])
+        assert torch.equal(gk, kh) and torch.equal(gv, vh)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_decode_kernel_vs_fp64(splits):
+    ctx = [2 * G + R - 1, 2 * G + R, 2 * G + R + 1, 20]
+    cache, bt, cl, ks, vs = _setup(ctx, share=True)
+    q = torch.randn(len(ctx), 2 * H, D)
+    with use_backend("triton"):
+        out = kivi_decode_attention(q, cache, bt, cl, num_splits=splits)
+    ref, _ = _ref(q, cache, ks, vs, [1] * len(ctx))
+    assert_rel_close(out, ref, 2e-6, "kivi decode")
+    assert_rel_close(kivi_decode_attention(q, cache, bt, cl), ref, 2e-6, "kivi decode (torch)")
+
+
+@pytest.mark.parametrize("g, r, bs, d", [(16, 8, 32, 32), (32, 0, 32, 64), (8, 4, 16, 24)])
+@pytest.mark.parametrize("window", [None, 21, 40])
+def test_group_tiles_kernel_vs_fp64(g, r, bs, d, window):
+    """Groups of at least the kernel's 16-token tile: each tile reads one row of per-channel key metadata
+    (one group, or half of one at G = 32) and is all codes or all ring; value groups of 16 (two per token at
+    D = 32) and of 32 (at D = 64). Tiles start at multiples of 16 under a window too."""
+    ctx = [2 * g + r - 1, 2 * g + r, 2 * g + r + 1, 5 * g + 3]
+    cache, bt, cl, ks, vs = _setup(ctx, chunks=(g + 3, 1, 1000), share=True, g=g, r=r, bs=bs, d=d)
+    q = torch.randn(len(ctx), 2 * H, d)
+    ref, _ = _ref(q, cache, ks, vs, [1] * len(ctx), window=window)
+    for splits in (1, 3):
+        with use_backend("triton"):
+            out = kivi_decode_attention(q, cache, bt, cl, num_splits=splits, window=window)
+        assert_rel_close(out, ref, 2e-6, f"kivi decode G={g} splits={splits}")
+    qe = torch.randn(9, 2 * H, d)
+    cu = torch.tensor([0, 2, 4, 7, 9], dtype=torch.int32)
+    with use_backend("triton"):
+        out = kivi_extend_attention(qe, cache, bt, cl, cu, num_splits=1, window=window)
+    ref, _ = _ref(qe, cache, ks, vs, [2, 2, 3, 2], window=window)
+    assert_rel_close(out, ref, 2e-6, f"kivi extend G={g}")
+
+
+def test_extend_and_tree_kernel_vs_fp64():
+    ctx = [17, 12]
+    cache, bt, cl, ks, vs = _setup(ctx, chunks=(9, 100))
+    q = torch.randn(7, 2 * H, D)
+    cu = torch.tensor([0, 4, 7], dtype=torch.int32)
+    with use_backend("triton"):
+        out, lse = kivi_extend_attention(q, cache, bt, cl, cu, return_lse=True, num_splits=1)
+    ref, ref_lse = _ref(q, cache, ks, vs, [4, 3])
+    assert_rel_close(out, ref, 2e-6, "kivi extend")
+    assert_rel_close(lse, ref_lse, 2e-6, "kivi extend lse")
+    parents = [[-1, 0, 0, 1], [-1, 0, 1]]
+    tree = build_tree_batch(parents, [13, 9])
+    with use_backend("triton"):
+        tout = kivi_tree_attention(q, cache, bt, tree, num_splits=1)
+    tref, _ = _ref(q, cache, ks, vs, [4, 3], parents=parents)
+    assert_rel_close(tout, tref, 2e-6, "kivi tree")
+    assert_rel_close(kivi_tree_attention(q, cache, bt, tree), tref, 2e-6, "kivi tree (torch)")
+
+
+def test_bad_input():
+    with pytest.raises(CodesignError, match="must divide block_size"):
+        KiviPagedKV.empty(4, 8, 1, 16, 4, 3, 4, 1)
+    with pytest.raises(CodesignError, match="bits must be one of"):
+        KiviPagedKV.empty(4, 8, 1, 16, 5, 4, 4, 1)
+    with pytest.raises(CodesignError, match="value group"):
+        KiviPagedKV.empty(4, 8, 1, 18, 4, 8, 4, 1)
+    c = KiviPagedKV.empty(4, 8, 1, 16, 4, 4, 4, 1)
+    bt = torch.tensor([[0, 1]], dtype=torch.int32)
+    with pytest.raises(CodesignError, match="need 3 blocks"):
+        c.append(0, bt[0], 10, torch.randn(7, 1, 16), torch.randn(7, 1, 16))
+    with pytest.raises(CodesignError, match="finite"):
+        c.append(0, bt[0], 0, torch.full((2, 1, 16), float("nan")), torch.randn(2, 1, 16))
+    with pytest.raises(CodesignError, match="residual rings"):
+        kivi_decode_attention(torch.randn(2, 1, 16), c, torch.zeros(2, 2, dtype=torch.int32),
+                              torch.ones(2, dtype=torch.int32))  # fmt: skip
+    c.k_meta = c.k_meta.float()
+    with pytest.raises(CodesignError, match="k_meta must be a contiguous torch.float16"):
+        kivi_decode_attention(torch.randn(1, 1, 16), c, bt, torch.ones(1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_triton_flush_equals_torch_writer(bits):
+    ctx = [2 * G + R + 1, 3 * G + R]
+    torch.manual_seed(11)
+    ref, bt, cl, ks, vs = _setup(ctx, bits, chunks=(5, 1, 9, 100))
+    torch.manual_seed(11)
+    with use_backend("triton"):
+        got, *_ = _setup(ctx, bits, chunks=(5, 1, 9, 100))
+    for name in ("k_codes", "v_codes", "k_meta", "v_meta", "k_res", "v_res"):
+        a, b = getattr(got, name), getattr(ref, name)
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name  # bytes: NaN poison compares equal

@@ -1,0 +1,175 @@
+"""Per-chunk mixed precision (`codesign.kernels.kvcache.mixed`): the Cocktail-style policy, the writer
+(bit-exact against the accelerator model's quantizer at each block's width) and one attention launch over
+INT8 / INT4 / INT2 blocks against an fp64 reference that dequantizes first (with the engine's numpy code)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_rel_close, seq_slots, shuffled_block_tables
+from paged_attention_ref import reference_attention
+
+from codesign.accel_model import kv_quant_engine as eng
+from codesign.backend import use_backend
+from codesign.kernels.attention import triton_attention as pat
+from codesign.kernels.attention.quantized import mixed_attention
+from codesign.kernels.attention.tree import build_tree_batch
+from codesign.kernels.kvcache.mixed import MixedPagedKV, cocktail_bits, mixed_write
+from codesign.specs import CodesignError
+
+# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
+pytestmark = pytest.mark.numerics
+
+BS, H, D = 4, 2, 16
+
+
+def test_cocktail_policy_ranks_chunks_by_query_similarity():
+    q = torch.zeros(3, 2 * H, D)
+    q[:, :, 0] = 1.0
+    chunks = [torch.randn(BS, H, D) * 0.1 for _ in range(8)]
+    chunks[5][:, :, 0] += 5.0  # most similar to the queries
+    chunks[2][:, :, 0] -= 5.0  # least
+    bits = cocktail_bits(q, chunks, frac_int8=0.125, frac_int2=0.125)
+    assert bits[5] == 8 and bits[2] == 2 and bits.count(4) == 6
+    assert cocktail_bits(q, chunks, 0.0, 0.0) == [4] * 8
+    assert sorted(cocktail_bits(q, chunks, 0.5, 0.5)) == [2] * 4 + [8] * 4
+    with pytest.raises(CodesignError, match="sum <= 1"):
+        cocktail_bits(q, chunks, 0.7, 0.7)
+
+
+def _setup(ctx, bs=BS, d=D):
+    tables, nb = shuffled_block_tables(ctx, bs)
+    cache = MixedPagedKV.empty(nb, bs, H, d)
+    cache.k_codes.random_(0, 256)
+    cache.k_meta.fill_(float("nan"))  # poison: unused slots
+    cache.v_meta.fill_(float("nan"))
+    slots, ks, vs = [], [], []
+    for b, c in enumerate(ctx):
+        k, v = torch.randn(c, H, d), torch.randn(c, H, d)
+        q_recent = torch.randn(2, 2 * H, d)
+        chunks = [k[i : i + bs] for i in range(0, c, bs)]
+        cache.set_block_bits(tables[b, : len(chunks)].tolist(), cocktail_bits(q_recent, chunks, 1 / 3, 1 / 3))
+        slots += seq_slots(tables, b, c, bs).tolist()
+        ks.append(k)
+        vs.append(v)
+    k, v = torch.cat(ks), torch.cat(vs)
+    perm = torch.randperm(k.shape[0])
+    with use_backend("triton"):
+        mixed_write(k[perm], v[perm], cache, torch.tensor(slots, dtype=torch.int32)[perm])
+    return cache, tables, torch.tensor(ctx, dtype=torch.int32), k, v, torch.tensor(slots)
+
+
+def _engine_dequant(cache):
+    """fp64 pool dequantized block by block with the accelerator model's numpy code."""
+    out = []
+    for codes, meta in ((cache.k_codes, cache.k_meta), (cache.v_codes, cache.v_meta)):
+        x = torch.full(codes.shape, float("nan"), dtype=torch.float64)
+        d = codes.shape[-1]
+        for blk, b in enumerate(cache.block_bits.tolist()):
+            c = eng.unpack_codes(codes[blk, ..., : d * b // 8].numpy(), b)
+            m = meta[blk].float().numpy()
+            x[blk] = torch.from_numpy(eng.dequantize(c, m[..., 0], m[..., 1])).double()
+        out.append(x)
+    return out
+
+
+def test_write_bit_exact_per_block_width():
+    cache, bt, cl, k, v, slots = _setup([11, 9])
+    assert set(cache.block_bits[bt[bt > 0]].tolist()) <= {2, 4, 8}
+    assert len(set(cache.block_bits[slots // BS].tolist())) == 3  # all three widths in use
+    for x, codes, meta in ((k, cache.k_codes, cache.k_meta), (v, cache.v_codes, cache.v_meta)):
+        for i, s in enumerate(slots.tolist()):
+            b = int(cache.block_bits[s // BS])
+            c, sc, z = eng.quantize_per_token(x[i].numpy(), b)
+            assert np.array_equal(codes[s // BS, s % BS, :, : D * b // 8].numpy(), eng.pack_codes(c, b))
+            assert np.array_equal(meta[s // BS, s % BS].float().numpy(), np.stack([sc, z], -1))
+    # the CPU torch writer stores the same bytes
+    c2 = MixedPagedKV.empty(cache.k_codes.shape[0], BS, H, D)
+    c2.block_bits.copy_(cache.block_bits)
+    mixed_write(k, v, c2, slots.to(torch.int32))
+    for s in slots.tolist():
+        w = D * int(cache.block_bits[s // BS]) // 8
+        assert torch.equal(c2.k_codes[s // BS, s % BS, :, :w], cache.k_codes[s // BS, s % BS, :, :w])
+        assert torch.equal(c2.v_meta[s // BS, s % BS], cache.v_meta[s // BS, s % BS])
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_decode_and_extend_over_mixed_blocks(splits):
+    cache, bt, cl, k, v, slots = _setup([11, 9, 14])
+    kd, vd = _engine_dequant(cache)
+    q = torch.randn(3, 2 * H, D)
+    with use_backend("triton"):
+        out = mixed_attention(q, cache, bt, cl, num_splits=splits)
+    ref, _ = reference_attention(q, kd, vd, bt, cl, [1, 1, 1])
+    assert_rel_close(out, ref, 2e-6, "mixed decode")
+    assert_rel_close(mixed_attention(q, cache, bt, cl), ref, 2e-6, "mixed decode (torch)")
+    qe = torch.randn(6, 2 * H, D)
+    cu = torch.tensor([0, 2, 3, 6], dtype=torch.int32)
+    with use_backend("triton"):
+        oe = mixed_attention(qe, cache, bt, cl, cu, num_splits=splits)
+    ref_e, _ = reference_attention(qe, kd, vd, bt, cl, [2, 1, 3])
+    assert_rel_close(oe, ref_e, 2e-6, "mixed extend")
+
+
+@pytest.mark.parametrize("bs, d", [(32, 64), (64, 48)])
+def test_whole_block_tiles_read_words(bs, d):
+    """Blocks a multiple of the default tile (32 tokens at these head sizes): each tile has one width and
+    reads its codes as int32 words (`mixed_reads_words`); all three widths in one launch, decode with splits
+    and extend; head_dim 48 pads the tile (three 2-bit words a row)."""
+    tile = pat.default_config(d, 4, pat.KV_FORMAT_MIXED, 8)["BLOCK_N"]
+    assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile)
+    ctx = [5 * bs + 3, 2 * bs, 3 * bs - 1, 7]
+    cache, bt, cl, k, v, slots = _setup(ctx, bs, d)
+    assert len(set(cache.block_bits[bt[0, :5]].tolist())) >= 2
+    kd, vd = _engine_dequant(cache)
+    q = torch.randn(len(ctx), 2 * H, d)
+    ref, _ = reference_attention(q, kd, vd, bt, cl, [1] * len(ctx))
+    for splits in (1, 3):
+        with use_backend("triton"):
+            out = mixed_attention(q, cache, bt, cl, num_splits=splits)
+        assert_rel_close(out, ref, 2e-6, f"mixed decode bs={bs} splits={splits}")
+    qe = torch.randn(9, 2 * H, d)
+    cu = torch.tensor([0, 3, 5, 8, 9], dtype=torch.int32)
+    with use_backend("triton"):
+        oe = mixed_attention(qe, cache, bt, cl, cu, num_splits=1)
+    ref_e, _ = reference_attention(qe, kd, vd, bt, cl, [3, 2, 3, 1])
+    assert_rel_close(oe, ref_e, 2e-6, "mixed extend")
+
+
+def test_tree_over_mixed_blocks():
+    parents = [[-1, 0, 0, 1], [-1, 0, 1]]
+    tree = build_tree_batch(parents, [7, 6])  # contexts 11 and 9: the tree nodes are the newest tokens
+    cache, bt, cl, k, v, slots = _setup(tree.context_lens.tolist())
+    kd, vd = _engine_dequant(cache)
+    q = torch.randn(7, 2 * H, D)
+    with use_backend("triton"):
+        out = mixed_attention(q, cache, bt, None, tree=tree, num_splits=1)
+    ref, _ = reference_attention(q, kd, vd, bt, tree.context_lens, [4, 3], parents=parents)
+    assert_rel_close(out, ref, 2e-6, "mixed tree")
+    assert_rel_close(mixed_attention(q, cache, bt, None, tree=tree), ref, 2e-6, "mixed tree (torch)")
+
+
+def test_bad_input():
+    c = MixedPagedKV.empty(4, BS, H, D)
+    with pytest.raises(CodesignError, match="chunk bits must be one of"):
+        c.set_block_bits([0], [3])
+    with pytest.raises(CodesignError, match="outside the pool"):
+        c.set_block_bits([7], [4])
+    with pytest.raises(CodesignError, match="multiple of 4"):
+        MixedPagedKV.empty(4, BS, H, 18)
+    c.block_bits[1] = 5
+    bt = torch.tensor([[0, 1]], dtype=torch.int32)
+    with pytest.raises(CodesignError, match="block_bits must all be in"):
+        mixed_attention(torch.randn(1, H, D), c, bt, torch.tensor([6], dtype=torch.int32))
+    c.block_bits = c.block_bits.long()
+    with pytest.raises(CodesignError, match="block_bits must be a contiguous torch.uint8"):
+        mixed_attention(torch.randn(1, H, D), c, bt, torch.tensor([6], dtype=torch.int32))
+
+
+def test_mixed_cache_with_a_width_unused_dequantizes():
+    """A cache with no block at some width (here: none at 2 bits) must still dequantize (CPU path)."""
+    cache = MixedPagedKV.empty(4, 16, 2, 32)
+    cache.set_block_bits([0, 1, 2, 3], [8, 8, 4, 4])
+    k, v = cache.dequantize()
+    assert k.shape == v.shape and k.shape[:2] == (4, 16)

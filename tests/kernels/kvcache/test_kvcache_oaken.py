@@ -1,0 +1,137 @@
+"""Oaken paged cache (`codesign.kernels.kvcache.oaken`): the online writer equals the block reference
+(`kv_quant.oaken_quantize_block`, itself bit-exact against the accelerator model's quantizer) including
+capacity overflow, and the kernel (dense codes + fused sparse outliers) against an fp64 reference built
+from that block reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_rel_close, seq_slots, shuffled_block_tables
+from paged_attention_ref import reference_attention
+
+from codesign.backend import use_backend
+from codesign.kernels.attention.quantized import oaken_attention
+from codesign.kernels.attention.tree import build_tree_batch
+from codesign.kernels.kvcache import quantizers as kvq
+from codesign.kernels.kvcache.oaken import OakenPagedKV
+from codesign.specs import CodesignError
+
+# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
+pytestmark = pytest.mark.numerics
+
+BS, H, D, CAP = 4, 2, 16, 3
+
+
+def _setup(ctx, bits=4, bs=BS, cap=CAP, spikes=(5,)):
+    bt, nb = shuffled_block_tables(ctx, bs)
+    xs = [(torch.randn(c, H, D), torch.randn(c, H, D)) for c in ctx]
+    for k, _ in xs:
+        k[:, :, list(spikes)] *= 6  # channel outliers: more outliers than slots in some blocks
+    thr = kvq.calibrate_kv_thresholds([(torch.cat([k for k, _ in xs]), torch.cat([v for _, v in xs]))], 0.05)[
+        0
+    ]
+    cache = OakenPagedKV.empty(nb, bs, H, D, bits, thr, cap)
+    cache.k_meta.fill_(float("nan"))  # poison the slots nothing writes
+    cache.v_meta.fill_(float("nan"))
+    for b, (k, v) in enumerate(xs):  # token by token, sequences interleaved in one call
+        cache.write(k, v, seq_slots(bt, b, k.shape[0], bs))
+    return cache, bt, torch.tensor(ctx, dtype=torch.int32), xs, thr
+
+
+def _reference_pool(cache, bt, xs, thr, bits):
+    """fp64 pool from the block reference; also the total overflow it reports."""
+    bs, cap = cache.k_codes.shape[1], cache.capacity
+    kd = torch.full((cache.k_codes.shape[0], bs, H, D), float("nan"), dtype=torch.float64)
+    vd = kd.clone()
+    over = 0
+    for b, (k, v) in enumerate(xs):
+        for s in range(0, k.shape[0], bs):
+            blk = int(bt[b, s // bs])
+            for x, pool, t in ((k, kd, thr[0]), (v, vd, thr[1])):
+                qb = kvq.oaken_quantize_block(x[s : s + bs], bits, t, cap)
+                pool[blk, : qb.codes.shape[0]] = kvq.oaken_dequantize_block(qb).double()
+                over += int(qb.overflow.sum())
+    return kd, vd, over
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_online_writer_equals_block_reference(bits):
+    cache, bt, cl, xs, thr = _setup([11, 6], bits)
+    kd, vd, over = _reference_pool(cache, bt, xs, thr, bits)
+    gk, gv = cache.dequantize()
+    live = ~torch.isnan(kd[..., 0, 0])
+    assert torch.equal(gk[live].double(), kd[live]) and torch.equal(gv[live].double(), vd[live])
+    assert int(cache.overflow.sum()) == over > 0  # the capacity did overflow, and both count alike
+    assert int(cache.k_count.max()) == CAP
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_kernel_vs_fp64(splits):
+    cache, bt, cl, xs, thr = _setup([11, 6, 9])
+    kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+    q = torch.randn(3, 2 * H, D)
+    with use_backend("triton"):
+        out = oaken_attention(q, cache, bt, cl, num_splits=splits)
+    ref, _ = reference_attention(q, kd, vd, bt, cl, [1, 1, 1])
+    assert_rel_close(out, ref, 2e-6, "oaken decode")
+    assert_rel_close(oaken_attention(q, cache, bt, cl), ref, 2e-6, "oaken decode (torch)")
+    qe = torch.randn(5, 2 * H, D)
+    cu = torch.tensor([0, 3, 3, 5], dtype=torch.int32)
+    with use_backend("triton"):
+        oe = oaken_attention(qe, cache, bt, cl, cu, num_splits=splits)
+    ref_e, _ = reference_attention(qe, kd, vd, bt, cl, [3, 0, 2])
+    assert_rel_close(oe, ref_e, 2e-6, "oaken extend")
+
+
+@pytest.mark.parametrize("bs, cap", [(32, 40), (24, 20), (8, 12)])
+def test_kernel_outlier_chunks_vs_fp64(bs, cap):
+    """The kernel scatters outlier slots into each tile in chunks of 16: blocks larger than the 16-token
+    tile (32), straddling tiles (24: a tile can touch two blocks), several blocks per tile (8); capacities over
+    one chunk, full blocks (the outlier channel overflows them) and short last blocks (empty later chunks)."""
+    cache, bt, cl, xs, thr = _setup([70, 33, 20, 50], bs=bs, cap=cap, spikes=(5, 9, 12))
+    assert int(cache.k_count.max()) > (8 if bs == 8 else 16)  # later 16-slot chunks are in use
+    kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+    q = torch.randn(4, 2 * H, D)
+    ref, _ = reference_attention(q, kd, vd, bt, cl, [1] * 4)
+    for splits in (1, 3):
+        with use_backend("triton"):
+            out = oaken_attention(q, cache, bt, cl, num_splits=splits)
+        assert_rel_close(out, ref, 2e-6, f"oaken decode bs={bs} cap={cap} splits={splits}")
+
+
+def test_tree_kernel_vs_fp64():
+    parents = [[-1, 0, 1], [-1, 0, 0, 2]]
+    tree = build_tree_batch(parents, [8, 5])
+    cache, bt, cl, xs, thr = _setup(tree.context_lens.tolist())
+    kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+    q = torch.randn(7, 2 * H, D)
+    with use_backend("triton"):
+        out = oaken_attention(q, cache, bt, None, tree=tree, num_splits=1)
+    ref, _ = reference_attention(q, kd, vd, bt, tree.context_lens, [3, 4], parents=parents)
+    assert_rel_close(out, ref, 2e-6, "oaken tree")
+    assert_rel_close(oaken_attention(q, cache, bt, None, tree=tree), ref, 2e-6, "oaken tree (torch)")
+
+
+def test_bad_input():
+    thr = torch.tensor([[[-1.0, 1.0]] * H] * 2)
+    with pytest.raises(CodesignError, match=r"shape \(2, 2, 2\)"):
+        OakenPagedKV.empty(4, BS, H, D, 4, thr[0], CAP)
+    bad = thr.clone()
+    bad[1, 0, 1] = float("nan")
+    with pytest.raises(CodesignError, match="finite"):
+        OakenPagedKV.empty(4, BS, H, D, 4, bad, CAP)
+    with pytest.raises(CodesignError, match="< 32768"):
+        OakenPagedKV.empty(4, 256, H, 128, 4, thr, CAP)
+    with pytest.raises(CodesignError, match="capacity"):
+        OakenPagedKV.empty(4, BS, H, D, 4, thr, -1)
+    with pytest.raises(CodesignError, match="bits must be one of"):
+        OakenPagedKV.empty(4, BS, H, D, 3, thr, CAP)
+    c = OakenPagedKV.empty(4, BS, H, D, 4, thr, CAP)
+    with pytest.raises(CodesignError, match="finite"):
+        c.write(torch.full((1, H, D), float("inf")), torch.zeros(1, H, D), torch.tensor([0]))
+    c.k_out = c.k_out.to(torch.int64)
+    with pytest.raises(CodesignError, match="k_out must be a contiguous torch.int32"):
+        oaken_attention(
+            torch.randn(1, H, D), c, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+        )

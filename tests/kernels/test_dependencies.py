@@ -1,0 +1,48 @@
+"""The dependency rule of the kernel families, read from the source (ast, no imports run):
+attention -> kvcache -> codesign.specs, never back; the specs import nothing of ours."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNELS = ROOT / "kernels"
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """Absolute names of the modules `path` imports (relative imports resolved against `package`)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base]) if base else ".".join(parts)
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
+    return out
+
+
+def _ours(name: str) -> bool:
+    return name == "codesign" or name.startswith("codesign.")
+
+
+def test_kvcache_never_imports_attention():
+    for path in sorted((KERNELS / "kvcache").glob("*.py")):
+        bad = {m for m in _imports(path, "codesign.kernels.kvcache") if m.startswith("codesign.kernels.attention")}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}: caches never import attention"
+
+
+def test_specs_import_nothing_of_ours_but_themselves():
+    for path in sorted((ROOT / "codesign" / "specs").glob("*.py")):
+        bad = {m for m in _imports(path, "codesign.specs") if _ours(m) and not m.startswith("codesign.specs")}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_the_checker_sees_imports():
+    """The parser finds absolute, relative and function-level imports (a rule checked by a blind parser passes)."""
+    src = KERNELS / "attention" / "quantized.py"
+    assert any(m.startswith("codesign.kernels.kvcache") for m in _imports(src, "codesign.kernels.attention"))
