@@ -119,6 +119,11 @@ def forced_config(op: str, config: dict[str, Any]) -> Iterator[None]:
         _FORCED.reset(token)
 
 
+def forced_config_of(op: str) -> dict[str, Any] | None:
+    """The config `forced_config` holds for `op` here, or None (a kernel refusing an unrunnable forced choice)."""
+    return _FORCED.get().get(op)
+
+
 def _roots() -> list[Path]:
     roots = []
     user = os.environ.get("CODESIGN_CONFIG_DIR")

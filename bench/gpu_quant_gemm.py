@@ -5,7 +5,9 @@ GB/s (the `Gemm` spec's `min_bytes()` over the time), percent of the spec's roof
 (from `codesign.catalog`), speedup over bf16 `torch.matmul` on the same shape, and the relative
 error against a dequantize-then-matmul fp32 reference (checked once per layer and kernel, at M=16).
 Kernels: W4A16 g128 asym (Triton; also CuPy for M <= 16 when cupy imports), W8A16 per-channel,
-W8A8 int8 (dynamic per-token activations included in the time), FP8 (sm_89+ only).
+W8A8 int8 (dynamic per-token activations included in the time), FP8 (sm_89+ only); each as the op runs it
+(the variant table or the default rule) and with each variant pinned ("w4a16_g128@dequant", "fp8@torch",
+...: a pinned variant torch cannot take at that shape is an error row saying why).
 
 Peers (bench/peers.py: gemlite, torchao, installed offline from the suite's `--peers-dir`) are timed on
 the same x and weight as rows "<peer>:<format>", their error checked once per layer against the
@@ -121,6 +123,7 @@ def _kernels(weight, fp8_ok: bool, cupy_ok: bool, act: str = "bf16") -> dict[str
             lambda x: qg.quant_matmul(x, wf),
             wf,
         )
+    out.update(_forced_variants(out))
     if cupy_ok:
         w4h = qf.quantize_rtn(weight, "int4", 128, False, torch_dtype("fp16"))
 
@@ -129,6 +132,32 @@ def _kernels(weight, fp8_ok: bool, cupy_ok: bool, act: str = "bf16") -> dict[str
                 return qg.quant_matmul(x.half(), w4h)
 
         out["w4a16_g128_cupy"] = (WeightFormat("int4", 128, False, "fp16"), "fp16", cupy_call, w4h)
+    return out
+
+
+def _forced_variants(kernels: dict[str, Any]) -> dict[str, Any]:
+    """Each variant of an op pinned, as rows "<kernel>@<variant>", so one run shows the crossovers the variant
+    table and the default rule should follow (the unpinned row is what a user gets)."""
+    from codesign.autotune.lookup import forced_config
+    from codesign.kernels.gemm import triton_gemm as qt
+
+    def pinned(fn, op, entry):
+        def call(x):
+            with forced_config(op, entry):
+                return fn(x)
+
+        return call
+
+    out = {}
+    for name, bits in (("w4a16_g128", 4), ("w8a16_pc", 8)):
+        wf, act, fn, qw = kernels[name]
+        for v in qt.WQ_VARIANTS:
+            out[f"{name}@{v}"] = (wf, act, pinned(fn, qt.wq_variant_op(bits), qt.wq_variant_entry(v)), qw)
+    for name, fp8 in (("w8a8_int8", False), ("fp8", True)):
+        if name in kernels:
+            wf, act, fn, qw = kernels[name]
+            for v, torch_path in (("triton", 0), ("torch", 1)):
+                out[f"{name}@{v}"] = (wf, act, pinned(fn, qt.scaled_mm_variant_op(fp8), {"TORCH": torch_path}), qw)
     return out
 
 
@@ -219,11 +248,16 @@ def run(report: dict, quick: bool = False, mode: Any = None) -> None:
         "rows": rows,
         "targets": _targets(rows),
         "checks_ok": all(r["rel_err_ok"] for r in rows if r.get("rel_err") is not None and "peer" not in r)
-        and not any("error" in r for r in rows if "peer" not in r),
+        and not any("error" in r for r in rows if "peer" not in r and not _refused(r)),
         "peers": {name: vars(st) for name, st in peer_status.items()},
         "peers_checks_ok": all(r.get("rel_err_ok", True) and "error" not in r for r in rows if "peer" in r),
         "compare": peers.compare(rows),
     }
+
+
+def _refused(row: dict[str, Any]) -> bool:
+    """A pinned variant that cannot take this shape (torch's alignment or M rules): a row, not a failure."""
+    return "@" in row["kernel"] and "cannot run" in row.get("error", "")
 
 
 # A peer's error is measured against x @ W^T with the unquantized W (it quantizes by its own rules): int4
@@ -293,7 +327,8 @@ def _row(model, layer, m, n, k, kernel, ms, base_ms, err, spec, gpu, bound: floa
         "rel_err": err,
     }
     if err is not None:
-        row["rel_err_bound"] = bound if bound is not None else REL_ERR_BOUND.get(kernel, REL_ERR_BOUND_DEFAULT)
+        own = kernel.split("@")[0]  # a pinned variant has its op's bound
+        row["rel_err_bound"] = bound if bound is not None else REL_ERR_BOUND.get(own, REL_ERR_BOUND_DEFAULT)
         row["rel_err_ok"] = err <= row["rel_err_bound"]
     if gpu is not None:
         roof = max(spec.flops() / gpu.peak(spec.peak_key()), spec.min_bytes() / gpu.mem_bw)

@@ -5,9 +5,11 @@ Each adapter launches the kernel's own public launcher inside `lookup.forced_con
 table name and shape key the kernel defines (`wq_table_op`, `wq_table_key`, `scaled_mm_table_op`, ...), so
 the tuner times exactly the code path a serving call takes, with the config the table would hand it. Shapes:
     w4a16_gemm / w8a16_gemm: M, N, K, G (group size along K; G = K or 0 for per-channel), optional
-                             SPLITK (1 split-K, 0 tiled) pinning the kernel variant; without it the
-                             default rule's variant (M <= 16: split-K); `expand` gives both
-    w8a8_gemm / fp8_gemm:    M, N, K (per-token int8 / e4m3 activations, per-channel weights)
+                             SPLITK (1 split-K, 0 tiled) and DEQUANT (1: dequantize, then torch.matmul)
+                             pinning the variant; without them the default rule's (`choose_variant`);
+                             `expand` gives all three
+    w8a8_gemm / fp8_gemm:    M, N, K (per-token int8 / e4m3 activations, per-channel weights), optional
+                             TORCH (1: torch._int_mm / torch._scaled_mm, 0: ours); `expand` gives both
 Candidate spaces are the GPU grids below; interpreter runs (no GPU) get a few large-block configs,
 since the interpreter's cost is per program instance.
 """
@@ -63,17 +65,18 @@ def _scaled_mm_resources(fp8: bool) -> Callable[[dict[str, int]], Resources]:
 
 
 class WeightOnlyGemm:
-    """w4a16_gemm / w8a16_gemm: Y = X @ dequant(W)^T by the split-K or the tiled kernel variant.
+    """w4a16_gemm / w8a16_gemm: Y = X @ dequant(W)^T by the split-K, the tiled or the dequantize-then-matmul
+    variant.
 
-    Each variant has its own table ("<name>_splitk", "<name>_tiled") and space; which variant runs is
-    the table "<name>_variant" (`variant_op`), exported from the two variants' best times at the same
-    (shape key, M) (`export.export_variant_table`; `variant_configs` maps each variant's table to its
-    entry there). A shape with SPLITK tunes that variant; `expand` turns a shape into both.
+    Each variant has its own table ("<name>_splitk", "<name>_tiled", "<name>_dequant") and space; which
+    variant runs is the table "<name>_variant" (`variant_op`), exported from the variants' best times at
+    the same (shape key, M) (`export.export_variant_table`; `variant_configs` maps each variant's table to
+    its entry there). A shape with SPLITK / DEQUANT tunes that variant; `expand` turns a shape into all.
     """
 
     default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
 
-    source_modules = ("codesign.kernels.gemm.triton_gemm",)
+    source_modules = ("codesign.kernels.gemm.triton_gemm", "codesign.kernels.gemm.triton_dequant")
 
     def __init__(self, bits: int) -> None:
         from codesign.kernels.gemm import triton_gemm  # unavailable kernel -> ImportError
@@ -82,17 +85,21 @@ class WeightOnlyGemm:
         self.bits = bits
         self.name = triton_gemm.wq_op(bits)
         self.variant_op = triton_gemm.wq_variant_op(bits)
-        self.variant_configs = {triton_gemm.wq_table_op(bits, v): {"SPLITK": int(v == "splitk")}
-                                for v in ("splitk", "tiled")}  # fmt: skip
+        self.variant_configs = {triton_gemm.wq_table_op(bits, v): triton_gemm.wq_variant_entry(v)
+                                for v in triton_gemm.WQ_VARIANTS}  # fmt: skip
 
     def _group(self, shape: Shape) -> int:
         return shape["K"] if shape["G"] in (0, shape["K"]) else shape["G"]
 
     def check_shape(self, shape: Shape) -> None:
-        need_dims(shape, ("M", "N", "K", "G", "SPLITK") if "SPLITK" in shape else ("M", "N", "K", "G"), self.name)
+        need_dims(shape, ("M", "N", "K", "G", *(d for d in ("SPLITK", "DEQUANT") if d in shape)), self.name)
         if shape.get("SPLITK", 0) not in (0, 1):
             raise CodesignError(
                 f"shape for {self.name}: SPLITK must be 1 (split-K) or 0 (tiled), got {shape}"
+            )
+        if shape.get("DEQUANT", 0) not in (0, 1) or (shape.get("DEQUANT") and shape.get("SPLITK")):
+            raise CodesignError(
+                f"shape for {self.name}: DEQUANT must be 0 or 1, and 1 only without SPLITK=1; got {shape}"
             )
         g = self._group(shape)
         if g not in (32, 64, 128, shape["K"]) or shape["K"] % g or shape["K"] % (32 // self.bits):
@@ -102,13 +109,17 @@ class WeightOnlyGemm:
             )
 
     def _variant(self, shape: Shape) -> str:
+        if shape.get("DEQUANT"):
+            return "dequant"
         if "SPLITK" in shape:
             return "splitk" if shape["SPLITK"] else "tiled"
         return self.kernel.choose_variant(shape["M"])  # the default rule (no device: no table)
 
     def expand(self, shape: Shape) -> list[Shape]:
-        """`shape` once per kernel variant (SPLITK 1, then 0), so both are timed at the same M."""
-        return [shape] if "SPLITK" in shape else [{**shape, "SPLITK": 1}, {**shape, "SPLITK": 0}]
+        """`shape` once per variant (split-K, tiled, dequantize-then-matmul), so all are timed at the same M."""
+        if "SPLITK" in shape or "DEQUANT" in shape:
+            return [shape]
+        return [{**shape, "SPLITK": 1}, {**shape, "SPLITK": 0}, {**shape, "SPLITK": 0, "DEQUANT": 1}]
 
     def table_op(self, shape: Shape) -> str:
         return self.kernel.wq_table_op(self.bits, self._variant(shape))
@@ -123,6 +134,8 @@ class WeightOnlyGemm:
         g, n, k, m = self._group(shape), shape["N"], shape["K"], shape["M"]
         a_bytes = torch.finfo(dtype).bits // 8
         res = _weight_only_resources(a_bytes, self.bits)
+        if self._variant(shape) == "dequant":
+            return _dequant_space(on_gpu)
         if self._variant(shape) == "splitk":
             params = (
                 {"BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [32, 64, 128, 256], "SPLIT_K": [1, 2, 4, 8, 16],
@@ -168,7 +181,7 @@ class WeightOnlyGemm:
             "x": x.to(device), "qweight": qw.qweight.to(device), "scales": qw.scales.to(device),
             "out": torch.empty(shape["M"], shape["N"], dtype=dtype, device=device),
             "group": qw.group, "table_op": self.table_op(shape), "qw_cpu": qw, "x_cpu": x,
-            "variant": {"SPLITK": int(self._variant(shape) == "splitk")},
+            "variant": self.kernel.wq_variant_entry(self._variant(shape)),
         }  # fmt: skip
 
     def input_bytes(self, inputs: dict[str, Any]) -> int:
@@ -191,12 +204,26 @@ class WeightOnlyGemm:
         return TOL[dtype]
 
 
+def _dequant_space(on_gpu: bool) -> ConfigSpace:
+    """The dequantize kernel's tiles (then torch.matmul, which has no parameters of ours): registers hold one
+    BLOCK_K x BLOCK_N tile of fp32 values, no shared memory."""
+    params = (
+        {"BLOCK_K": [8, 16, 32, 64], "BLOCK_N": [64, 128, 256, 512], "num_warps": [2, 4, 8]}
+        if on_gpu
+        else {"BLOCK_K": [64, 128], "BLOCK_N": [128], "num_warps": [4]}
+    )
+    return ConfigSpace(params=params, resources=lambda c: Resources(0, 32 + 2 * c["BLOCK_K"] * c["BLOCK_N"]
+                                                                     // (32 * c["num_warps"])))  # fmt: skip
+
+
 class W8A8Gemm:
-    """w8a8_gemm / fp8_gemm matmul: out = (q_x @ q_w) * s_x[m] * s_w[n] (int8 -> int32, or e4m3 -> fp32)."""
+    """w8a8_gemm / fp8_gemm matmul: out = (q_x @ q_w) * s_x[m] * s_w[n] (int8 -> int32, or e4m3 -> fp32), by our
+    kernel ("<name>" table) or torch's ("<name>_torch": one config, TORCH = 1, naming the variant: torch's
+    matmul takes no parameters of ours); the variant table "<name>_variant" says which runs."""
 
     default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
 
-    source_modules = ("codesign.kernels.gemm.triton_gemm",)
+    source_modules = ("codesign.kernels.gemm.triton_gemm", "codesign.kernels.gemm.torch_mm")
 
     def __init__(self, fp8: bool = False) -> None:
         from codesign.kernels.gemm import triton_gemm  # unavailable kernel -> ImportError
@@ -205,14 +232,29 @@ class W8A8Gemm:
         self.fp8 = fp8
         self.name = triton_gemm.scaled_mm_table_op(fp8)
         self.fmt = "fp8_e4m3" if fp8 else "int8"
+        self.variant_op = triton_gemm.scaled_mm_variant_op(fp8)
+        self.variant_configs = {self.name: {"TORCH": 0}, f"{self.name}_torch": {"TORCH": 1}}
 
     def check_shape(self, shape: Shape) -> None:
-        need_dims(shape, ("M", "N", "K"), self.name)
+        need_dims(shape, ("M", "N", "K", "TORCH") if "TORCH" in shape else ("M", "N", "K"), self.name)
         if shape["K"] % 4:
             raise CodesignError(f"shape for {self.name}: K must be a multiple of 4, got {shape}")
+        if shape.get("TORCH", 0) not in (0, 1):
+            raise CodesignError(f"shape for {self.name}: TORCH must be 1 (torch's matmul) or 0 (ours), got {shape}")
+
+    def expand(self, shape: Shape) -> list[Shape]:
+        """`shape` once per variant (ours, torch's), so both are timed at the same M."""
+        return [shape] if "TORCH" in shape else [{**shape, "TORCH": 0}, {**shape, "TORCH": 1}]
+
+    def _torch(self, shape: Shape) -> bool:
+        if "TORCH" in shape:
+            return bool(shape["TORCH"])
+        return self.kernel.choose_scaled_mm_variant(
+            shape["M"], shape["N"], shape["K"], self.fp8, torch.float32, torch.device("cpu")
+        ) == "torch"  # fmt: skip
 
     def table_op(self, shape: Shape) -> str:
-        return self.kernel.scaled_mm_table_op(self.fp8)
+        return f"{self.name}_torch" if self._torch(shape) else self.name
 
     def table_key(self, shape: Shape) -> str:
         return self.kernel.scaled_mm_table_key(shape["N"], shape["K"])
@@ -221,6 +263,8 @@ class W8A8Gemm:
         return shape["M"]
 
     def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
+        if self._torch(shape):
+            return ConfigSpace(params={"TORCH": [1]}, resources=lambda c: Resources(0, 0))
         params = (
             {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [64, 128, 256],
              "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}
@@ -252,6 +296,7 @@ class W8A8Gemm:
             "aq": aq.to(device), "a_s": a_s.to(device), "w": qw.qweight.to(device), "w_s": qw.scales.to(device),
             "out": torch.empty(shape["M"], shape["N"], dtype=dtype, device=device),
             "ref": (aq.double() * a_s.double()[:, None]) @ w64,
+            "table_op": self.table_op(shape), "variant": {"TORCH": int(self._torch(shape))},
         }  # fmt: skip
 
     def input_bytes(self, inputs: dict[str, Any]) -> int:
@@ -262,7 +307,8 @@ class W8A8Gemm:
 
     def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
         i = inputs
-        with forced_config(self.table_op({}), config):
+        # The variant is forced too: a variant table on this GPU must not send the candidate elsewhere.
+        with forced_config(self.variant_op, i["variant"]), forced_config(i["table_op"], config):
             self.kernel.scaled_mm(i["aq"], i["a_s"], i["w"], i["w_s"], None, i["out"])
         return i["out"]
 

@@ -1,4 +1,6 @@
-"""Triton kernels for quantized GEMM: W4A16/W8A16 (split-K GEMV-style + tiled), W8A8 int8, FP8 W8A8.
+"""Triton kernels for quantized GEMM: W4A16/W8A16 (split-K GEMV-style + tiled), W8A8 int8, FP8 W8A8, and the
+one place each op's variant is chosen (ours, or torch's own path where it is faster: `triton_dequant`,
+`torch_mm`).
 
 Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), W in the native layout of `codesign.kernels.gemm.formats`
 (codes packed 32/bits per int32 along K, K-major; per-group scales and optional zeros along K).
@@ -28,6 +30,12 @@ from codesign.kernels.triton_codes import codes_f16, pow2_scale, unpack_words
 # whole weight for a few rows, so the work must be spread over K to fill the GPU (N / BLOCK_N programs
 # alone are too few). A tuned "<op>_variant" table overrides it per shape (`choose_variant`).
 SMALL_M_MAX = 16
+# From this M the weight-only GEMMs default to dequantize-then-matmul (`triton_dequant`), and W8A8 / FP8 to
+# torch's own matmuls (`torch_mm`): compute-bound sizes where cuBLAS's tiles win and the extra pass over the
+# weight is small (an 8192 x 8192 layer: ~45 us of dequantization beside >= 0.19 ms of matmul on an H200,
+# where our tiled W4A16 measured 0.33x bf16 at M = 4096 and W8A8 0.2-0.27x). A variant table overrides it.
+TORCH_PATH_MIN_M = 1024
+WQ_VARIANTS = ("splitk", "tiled", "dequant")
 
 # Defaults are untuned starting points (the autotune issue fills per-GPU tables). Interpreter
 # defaults use the largest blocks: the interpreter's cost is per program instance, not per flop.
@@ -52,6 +60,7 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
         "num_stages": 4,
     },
     "act": {"BLOCK_K": 1024, "num_warps": 4},
+    "dequant": {"BLOCK_K": 32, "BLOCK_N": 128, "num_warps": 4},
 }
 _INTERP_DEFAULTS: dict[str, dict[str, int]] = {
     # SPLIT_K 2 so the atomic reduction path is exercised by every small-M interpreter test.
@@ -66,6 +75,7 @@ _INTERP_DEFAULTS: dict[str, dict[str, int]] = {
         "num_stages": 1,
     },
     "act": {"BLOCK_K": 512, "num_warps": 4},
+    "dequant": {"BLOCK_K": 128, "BLOCK_N": 128, "num_warps": 4},
 }
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -79,13 +89,23 @@ def wq_op(bits: int) -> str:
 
 
 def wq_table_op(bits: int, variant: str) -> str:
-    """The table of one weight-only variant ("splitk" or "tiled"): "w4a16_gemm_splitk", ..."""
+    """The table of one weight-only variant (WQ_VARIANTS): "w4a16_gemm_splitk", ..."""
     return f"{wq_op(bits)}_{variant}"
 
 
 def wq_variant_op(bits: int) -> str:
-    """The table `choose_variant` reads ({"SPLITK": 1 or 0} per shape and M)."""
+    """The table `choose_variant` reads (`wq_variant_entry` per shape and M)."""
     return f"{wq_op(bits)}_variant"
+
+
+def wq_variant_entry(variant: str) -> dict[str, int]:
+    """A weight-only variant as its variant-table entry: {"SPLITK": 0 or 1, "DEQUANT": 0 or 1}."""
+    return {"SPLITK": int(variant == "splitk"), "DEQUANT": int(variant == "dequant")}
+
+
+def scaled_mm_variant_op(fp8: bool) -> str:
+    """The table `choose_scaled_mm_variant` reads ({"TORCH": 0 or 1} per shape and M)."""
+    return f"{scaled_mm_table_op(fp8)}_variant"
 
 
 def wq_table_key(n: int, k: int, group: int) -> str:
@@ -107,16 +127,33 @@ def act_table_key(k: int) -> str:
 
 
 def choose_variant(m: int, op: str = "w4a16_gemm", device: torch.device | None = None, key: str = "") -> str:
-    """The one place the weight-only kernel variant is chosen: "splitk" or "tiled".
+    """The one place the weight-only variant is chosen: "splitk", "tiled" or "dequant".
 
-    Reads the per-GPU variant table "<op>_variant" ({"SPLITK": 1 or 0} per shape key `key` and M
-    bucket; written by `codesign tune --variants all --export` from the fastest correct config of each
-    variant at the same M), else the default rule: split-K for M <= SMALL_M_MAX. No device (or a CPU
-    one) means no table: the default rule, unless the tuner forces a variant (`forced_config`).
+    Reads the per-GPU variant table "<op>_variant" (`wq_variant_entry` per shape key `key` and M bucket;
+    written by `codesign tune --variants all --export` from the fastest correct config of each variant at
+    the same M), else the default rule: split-K for M <= SMALL_M_MAX, dequantize-then-matmul from
+    TORCH_PATH_MIN_M, tiled between. No device (or a CPU one) means no table: the default rule, unless the
+    tuner forces a variant (`forced_config`).
     """
     gpu = device_view(device).gpu_name if device is not None else None
-    cfg = lookup_config(f"{op}_variant", gpu, m, key, {"SPLITK": int(m <= SMALL_M_MAX)})  # `wq_variant_op`
-    return "splitk" if cfg["SPLITK"] else "tiled"
+    default = wq_variant_entry("splitk" if m <= SMALL_M_MAX else "dequant" if m >= TORCH_PATH_MIN_M else "tiled")
+    cfg = lookup_config(f"{op}_variant", gpu, m, key, default)  # `wq_variant_op`
+    return "dequant" if cfg["DEQUANT"] else "splitk" if cfg["SPLITK"] else "tiled"
+
+
+def choose_scaled_mm_variant(m: int, n: int, k: int, fp8: bool, out_dtype: torch.dtype, device: torch.device) -> str:
+    """The W8A8 / FP8 variant: "triton" (ours) or "torch" (`torch_mm`), from the table `scaled_mm_variant_op`
+    ({"TORCH": 0 or 1}), else torch's from TORCH_PATH_MIN_M on; never "torch" where torch cannot take the
+    call (`torch_mm.why_not`), unless forced, which then raises that reason."""
+    from codesign.autotune.lookup import forced_config_of
+    from codesign.kernels.gemm import torch_mm
+
+    op = scaled_mm_variant_op(fp8)
+    if forced_config_of(op) is None and torch_mm.why_not(m, n, k, fp8, out_dtype, device):
+        return "triton"
+    gpu = device_view(device).gpu_name
+    cfg = lookup_config(op, gpu, m, scaled_mm_table_key(n, k), {"TORCH": int(m >= TORCH_PATH_MIN_M)})
+    return "torch" if cfg["TORCH"] else "triton"
 
 
 def launch_config(table_op: str, kind: str, device: torch.device, m: int, key: str) -> dict[str, Any]:
@@ -408,6 +445,11 @@ def wq_gemm(
     key = wq_table_key(n, k, group)
     variant = choose_variant(m, wq_op(bits), x.device, key)
     cfg = launch_config(wq_table_op(bits, variant), variant, x.device, m, key)
+    if variant == "dequant":
+        from codesign.kernels.gemm.triton_dequant import dequant_matmul
+
+        dequant_matmul(x, qweight, scales, zeros, bias, bits, group, out, cfg)
+        return out
     # A K tile must not straddle a group: its single scale row is loaded once per tile.
     block_k = cfg["BLOCK_K"] if group == k else min(cfg["BLOCK_K"], group)
     if variant == "tiled":
@@ -469,6 +511,11 @@ def scaled_mm(
     m, k = a.shape
     fp8 = a.dtype == torch.float8_e4m3fn
     n = w.shape[1]
+    if choose_scaled_mm_variant(m, n, k, fp8, out.dtype, a.device) == "torch":
+        from codesign.kernels.gemm.torch_mm import torch_scaled_mm
+
+        torch_scaled_mm(a, a_scale, w, w_scale, bias, out, fp8)
+        return out
     cfg = launch_config(scaled_mm_table_op(fp8), "scaled_mm", a.device, m, scaled_mm_table_key(n, k))
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     _scaled_mm_kernel[grid](

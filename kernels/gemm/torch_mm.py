@@ -1,0 +1,63 @@
+"""Torch's own quantized matmuls as a variant of the W8A8 / FP8 GEMMs: `torch._int_mm` with the scale
+epilogue, and `torch._scaled_mm` with row-wise scales.
+
+The op must never lose to what torch already offers, so these run wherever the variant table (or the default
+rule in `triton_gemm.choose_scaled_mm_variant`) says they are faster. Both take the per-token activations
+our quantizer produced, so the numerics match the Triton path's up to accumulation order (int8: exact int32
+sums, then the same fp32 epilogue). `why_not` says when torch cannot take a shape, and the op then never
+chooses this variant (a forced one raises with that reason).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from codesign.backend import device_view
+from codesign.specs import CodesignError
+
+
+def why_not(m: int, n: int, k: int, fp8: bool, out_dtype: torch.dtype, device: torch.device) -> str:
+    """'' when torch's path takes this call, else the reason (cuBLASLt's alignment and shape rules)."""
+    if device.type != "cuda":
+        return ""  # the CPU implementations take any shape
+    if fp8:
+        if k % 16 or n % 16:
+            return f"torch._scaled_mm needs K and N multiples of 16, got K={k}, N={n}"
+        if torch.cuda.get_device_capability(device) < (9, 0):
+            return "torch._scaled_mm's row-wise scales need sm_90+"
+        if out_dtype != torch.bfloat16:
+            return f"torch._scaled_mm's row-wise scales write bf16 only, not {out_dtype}"
+        return ""
+    if m <= 16:
+        return f"torch._int_mm needs M > 16, got M={m}"
+    if k % 8 or n % 8:
+        return f"torch._int_mm needs K and N multiples of 8, got K={k}, N={n}"
+    return ""
+
+
+def _int8_weight_nk(w: torch.Tensor) -> torch.Tensor:
+    """int8 [N, K] from the native int32 [K/4, N] words of offset-binary codes (byte j of a word is k = 4i + j)."""
+    k4, n = w.shape
+    codes = w.view(torch.uint8).view(k4, n, 4).permute(1, 0, 2).reshape(n, 4 * k4)
+    return (codes ^ 0x80).view(torch.int8)  # code - 128 in two's complement
+
+
+def torch_scaled_mm(aq, a_s, w, w_s, bias, out: torch.Tensor, fp8: bool) -> None:
+    """out [M, N] = (aq @ W) * a_s[m] * w_s[n] (+ bias) by torch's int8 / fp8 matmul."""
+    reason = why_not(aq.shape[0], out.shape[1], aq.shape[1], fp8, out.dtype, aq.device)
+    if reason:
+        raise CodesignError(f"the torch variant of the {'fp8' if fp8 else 'w8a8'} GEMM cannot run: {reason}")
+    if device_view(aq.device).compile_only:
+        return  # compile-only runs (CPU stand-ins for GPU tensors): no Triton code here, nothing to compile
+    n = out.shape[1]
+    if fp8:
+        b = w.t().contiguous().t()  # column-major, as cuBLASLt's fp8 GEMM takes it
+        sb = w_s.to(torch.float32).expand(1, n).contiguous()
+        sa = a_s[:, None].contiguous()
+        out.copy_(torch._scaled_mm(aq, b, scale_a=sa, scale_b=sb, bias=bias, out_dtype=out.dtype))
+        return
+    acc = torch._int_mm(aq, _int8_weight_nk(w).t())
+    y = acc.to(torch.float32) * a_s[:, None] * w_s.to(torch.float32)
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    out.copy_(y)

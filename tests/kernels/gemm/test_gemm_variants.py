@@ -1,0 +1,126 @@
+"""Torch's own paths as variants of the quantized GEMMs: dequantize-then-matmul for the weight-only ops, and
+`torch._int_mm` / `torch._scaled_mm` for W8A8 / FP8. Each forced variant against fp64 on odd shapes into a
+NaN-poisoned output; the dequantized buffer bit for bit against the torch reference; the default rule by M;
+shapes torch cannot take never chosen, and refused with the reason when forced; every variant tunable."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_rel_close
+
+from codesign.autotune.lookup import forced_config
+from codesign.autotune.ops import get_op
+from codesign.autotune.space import DeviceLimits
+from codesign.autotune.tuner import rel_error
+from codesign.backend import use_backend
+from codesign.kernels.gemm import formats as qf
+from codesign.kernels.gemm import ops as qg
+from codesign.kernels.gemm import torch_mm
+from codesign.kernels.gemm import triton_dequant as td
+from codesign.kernels.gemm import triton_gemm as qt
+from codesign.specs import CodesignError
+
+pytestmark = pytest.mark.numerics  # quantized activations downstream of torch's summation order
+BOUND = {torch.float16: 2e-3, torch.float32: 1e-5}
+
+
+def _ref(x, qw, bias):
+    y = x.double() @ qw.dequantize(torch.float64).t()
+    return y if bias is None else y + bias.double()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize(("bits", "group", "sym", "n", "k", "m"),
+                         [(4, 32, False, 97, 224, 5), (4, 128, True, 40, 384, 33), (8, None, True, 72, 100, 3),
+                          (8, 64, False, 24, 192, 130)])  # fmt: skip
+def test_dequant_variant_matches_fp64(bits, group, sym, n, k, m, dtype):
+    qw = qf.quantize_rtn(torch.randn(n, k), f"int{bits}", group, sym, dtype)
+    x = torch.randn(m, k).to(dtype)
+    bias = torch.randn(n).to(dtype) if m % 2 else None
+    out = torch.full((m, n), float("nan"), dtype=dtype)
+    with use_backend("triton"), forced_config(qt.wq_variant_op(bits), qt.wq_variant_entry("dequant")):
+        qt.wq_gemm(x, qw.qweight, qw.scales, qw.zeros, bias, bits, qw.group, out)
+    assert_rel_close(out, _ref(x, qw, bias), BOUND[dtype], f"int{bits} g{group} M={m}")
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_dequantized_buffer_is_the_torch_reference_bit_for_bit(bits):
+    qw = qf.quantize_rtn(torch.randn(56, 256), f"int{bits}", 64, False, torch.float16)
+    w = torch.full((256, 56), float("nan"), dtype=torch.float16)
+    with use_backend("triton"):
+        td.dequantize_into(qw.qweight, qw.scales, qw.zeros, bits, 64, w, qt._INTERP_DEFAULTS["dequant"])
+    want = qg._dequant_kn(qw.qweight, qw.scales, qw.zeros, bits, 64).to(torch.float16)
+    assert torch.equal(w, want)
+    sym = qf.quantize_rtn(torch.randn(56, 256), f"int{bits}", 64, True, torch.float16)
+    with use_backend("triton"):
+        td.dequantize_into(sym.qweight, sym.scales, None, bits, 64, w, qt._INTERP_DEFAULTS["dequant"])
+    assert torch.equal(w, qg._dequant_kn(sym.qweight, sym.scales, None, bits, 64).to(torch.float16))
+
+
+def test_the_workspace_is_shared_and_grows():
+    big = td.workspace(64, 96, torch.float32, torch.device("cpu"))
+    small = td.workspace(32, 16, torch.float32, torch.device("cpu"))
+    assert small.shape == (32, 16) and small.data_ptr() == big.data_ptr()
+    bigger = td.workspace(128, 96, torch.float32, torch.device("cpu"))
+    assert bigger.shape == (128, 96) and bigger.numel() >= big.numel()
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize(("m", "n", "k", "per_tensor"), [(5, 97, 100, False), (40, 48, 256, True)])
+def test_torch_variant_of_the_scaled_mm_matches_ours(fp8, m, n, k, per_tensor):
+    fmt = "fp8_e4m3" if fp8 else "int8"
+    group = -1 if (fp8 and per_tensor) else None
+    qw = qf.quantize_rtn(torch.randn(n, k), fmt, group, True, torch.float32)
+    x, bias = torch.randn(m, k), torch.randn(n)
+    outs = {}
+    for variant in (0, 1):
+        with use_backend("triton"), forced_config(qt.scaled_mm_variant_op(fp8), {"TORCH": variant}):
+            outs[variant] = qg.quant_matmul(x, qw, bias, act_quant=not fp8)
+    if fp8:
+        assert_rel_close(outs[1], outs[0], 1e-6, "fp8 torch vs ours")
+    else:  # int32 sums are exact and the fp32 epilogue is the same: bit-identical
+        assert torch.equal(outs[1], outs[0])
+    aq, a_s = qf.quantize_per_token(x, fmt)
+    ref = (aq.double() * a_s.double()[:, None]) @ qw.dequantize(torch.float64).t() + bias.double()
+    assert_rel_close(outs[1], ref, 1e-5, f"{fmt} torch variant vs fp64")
+
+
+def test_default_rule_and_what_torch_cannot_take():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for fp8 in (False, True):
+        assert qt.choose_scaled_mm_variant(16, 64, 128, fp8, torch.float32, cpu) == "triton"
+        assert qt.choose_scaled_mm_variant(1024, 64, 128, fp8, torch.float32, cpu) == "torch"
+    # On a GPU torch's int8 matmul needs M > 16 and K, N multiples of 8; its fp8 one 16: never chosen there.
+    assert "M > 16" in torch_mm.why_not(16, 64, 128, False, torch.bfloat16, cuda)
+    assert "multiples of 8" in torch_mm.why_not(2048, 60, 128, False, torch.bfloat16, cuda)
+    assert "multiples of 16" in torch_mm.why_not(2048, 64, 120, True, torch.bfloat16, cuda)
+    assert qt.choose_scaled_mm_variant(2048, 60, 128, False, torch.bfloat16, cuda) == "triton"
+    with forced_config(qt.scaled_mm_variant_op(False), {"TORCH": 1}):  # even a table saying torch
+        assert qt.choose_scaled_mm_variant(2048, 60, 128, False, torch.bfloat16, cuda) == "torch"
+
+
+def test_a_forced_torch_variant_that_cannot_run_says_why(monkeypatch):
+    monkeypatch.setattr(torch_mm, "why_not", lambda *a: "torch._int_mm needs M > 16, got M=5")
+    qw = qf.quantize_rtn(torch.randn(48, 64), "int8", None, True, torch.float32)
+    with use_backend("triton"), forced_config("w8a8_gemm_variant", {"TORCH": 1}):
+        with pytest.raises(CodesignError, match=r"torch variant of the w8a8 GEMM cannot run: .*M > 16"):
+            qg.quant_matmul(torch.randn(5, 64), qw, act_quant=True)
+    with use_backend("triton"):  # unforced, the same call takes our kernel
+        qg.quant_matmul(torch.randn(5, 64), qw, act_quant=True)
+
+
+@pytest.mark.parametrize(("name", "shape"), [
+    ("w4a16_gemm", {"M": 5, "N": 48, "K": 256, "G": 64}), ("w8a16_gemm", {"M": 33, "N": 40, "K": 128, "G": 0}),
+    ("w8a8_gemm", {"M": 20, "N": 48, "K": 128}), ("fp8_gemm", {"M": 3, "N": 32, "K": 64}),
+])  # fmt: skip
+def test_every_variant_is_tunable_and_correct(name, shape):
+    op = get_op(name)
+    for variant in op.expand(shape):
+        op.check_shape(variant)
+        cand = op.space(variant, torch.float32, False).candidates(DeviceLimits(name="cpu-interpreter"))[-1]
+        inputs = op.make_inputs(variant, torch.float32, "cpu", 3)
+        op.poison(inputs)
+        with use_backend("triton"):
+            out = op.run(inputs, cand)
+        assert rel_error(out, op.reference(inputs)) <= op.tolerance(torch.float32), (variant, cand)
