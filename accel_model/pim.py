@@ -256,48 +256,56 @@ def why_not(spec: OpSpec, pim: PIMSpec | None = None) -> str | None:
     """
     dq = pim.dequant if pim is not None else None
     if isinstance(spec, PagedDecodeAttention):
-        fmt = spec.kv_format
-        if spec.window is not None:
-            return "PIM attention streams whole KV caches: sliding windows are not supported"
-        if not fmt.quantized:
-            return None if fmt.dtype in ("fp16", "bf16") else f"PIM MACs are fp16: {fmt.dtype} KV is not"
-        if dq is None:
-            return f"PIM attention needs an fp16/bf16 KV cache (no pim.dequant front end), got {fmt.name}"
-        if fmt.scheme == "oaken":
-            return (
-                f"{fmt.name}: Oaken's sparse outliers (fp16 value + in-block position) must be scattered "
-                "into the dense operand stream, and the PIM dequant front end has no scatter path"
-            )
-        if fmt.scheme == "per_head":
-            return None if dq.fp8 else f"{fmt.name}: the PIM dequant front end has no fp8 path (dequant.fp8)"
-        bits = _kv_bits(fmt)
-        if bits not in dq.bits:
-            return f"{fmt.name}: the PIM dequant front end unpacks {list(dq.bits)}-bit codes, not {bits}-bit"
-        pair = 2 * dtype_bytes(fmt.scale_dtype)
-        if fmt.scheme == "kivi" and spec.head_dim * pair > dq.meta_bytes:
-            return (
-                f"{fmt.name}: per-channel keys need head_dim x {pair:g} B = {spec.head_dim * pair:g} B of "
-                f"scale/zero registers, pim.dequant.meta_bytes is {dq.meta_bytes}"
-            )
-        return None
+        return _why_not_attention(spec, dq)
     if isinstance(spec, Gemm):
-        w = spec.weight
-        if spec.act_dtype not in ("fp16", "bf16"):
-            return f"PIM GEMV needs fp16/bf16 activations, got {spec.act_dtype}"
-        if not w.quantized:
-            if w.dtype in ("fp16", "bf16"):
-                return None
-            return f"PIM GEMV needs fp16/bf16 weights and activations, got {w.name} weights"
-        if dq is None:
-            return (
-                f"PIM GEMV needs fp16/bf16 weights and activations (no pim.dequant front end), got {w.name}"
-            )
-        if w.dtype.startswith("fp8"):
-            return None if dq.fp8 else f"{w.name}: the PIM dequant front end has no fp8 path (dequant.fp8)"
-        if dtype_bits(w.dtype) not in dq.bits:
-            return f"{w.name}: the PIM dequant front end unpacks {list(dq.bits)}-bit codes"
-        return None
+        return _why_not_gemv(spec, dq)
     return f"PIM units run decode attention and GEMV, not {type(spec).__name__}"
+
+
+def _why_not_attention(spec: PagedDecodeAttention, dq: PIMDequantSpec | None) -> str | None:
+    """`why_not` for decode attention: the KV cache's format against the front end `dq` (None: none)."""
+    fmt = spec.kv_format
+    if spec.window is not None:
+        return "PIM attention streams whole KV caches: sliding windows are not supported"
+    if not fmt.quantized:
+        return None if fmt.dtype in ("fp16", "bf16") else f"PIM MACs are fp16: {fmt.dtype} KV is not"
+    if dq is None:
+        return f"PIM attention needs an fp16/bf16 KV cache (no pim.dequant front end), got {fmt.name}"
+    if fmt.scheme == "oaken":
+        return (
+            f"{fmt.name}: Oaken's sparse outliers (fp16 value + in-block position) must be scattered "
+            "into the dense operand stream, and the PIM dequant front end has no scatter path"
+        )
+    if fmt.scheme == "per_head":
+        return None if dq.fp8 else f"{fmt.name}: the PIM dequant front end has no fp8 path (dequant.fp8)"
+    bits = _kv_bits(fmt)
+    if bits not in dq.bits:
+        return f"{fmt.name}: the PIM dequant front end unpacks {list(dq.bits)}-bit codes, not {bits}-bit"
+    pair = 2 * dtype_bytes(fmt.scale_dtype)
+    if fmt.scheme == "kivi" and spec.head_dim * pair > dq.meta_bytes:
+        return (
+            f"{fmt.name}: per-channel keys need head_dim x {pair:g} B = {spec.head_dim * pair:g} B of "
+            f"scale/zero registers, pim.dequant.meta_bytes is {dq.meta_bytes}"
+        )
+    return None
+
+
+def _why_not_gemv(spec: Gemm, dq: PIMDequantSpec | None) -> str | None:
+    """`why_not` for a GEMM: activations and the weight format against the front end `dq` (None: none)."""
+    w = spec.weight
+    if spec.act_dtype not in ("fp16", "bf16"):
+        return f"PIM GEMV needs fp16/bf16 activations, got {spec.act_dtype}"
+    if not w.quantized:
+        if w.dtype in ("fp16", "bf16"):
+            return None
+        return f"PIM GEMV needs fp16/bf16 weights and activations, got {w.name} weights"
+    if dq is None:
+        return f"PIM GEMV needs fp16/bf16 weights and activations (no pim.dequant front end), got {w.name}"
+    if w.dtype.startswith("fp8"):
+        return None if dq.fp8 else f"{w.name}: the PIM dequant front end has no fp8 path (dequant.fp8)"
+    if dtype_bits(w.dtype) not in dq.bits:
+        return f"{w.name}: the PIM dequant front end unpacks {list(dq.bits)}-bit codes"
+    return None
 
 
 def supports(spec: OpSpec, pim: PIMSpec | None = None) -> bool:

@@ -26,8 +26,13 @@ import importlib
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from codesign.specs.errors import CodesignError
+
+if TYPE_CHECKING:
+    from codesign.autotune.cache import TuningCache
+    from codesign.autotune.ops import TunableOp
 
 DEFAULT_BATCHES = (1, 16, 64, 256)
 
@@ -127,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """`run` without the SIGTERM guard: pick the device, import --import modules, then list, tune, export."""
     from codesign.backend import cuda_available, enable_interpreter_if_no_gpu
 
     device = args.device or ("cuda" if cuda_available() else "cpu")
@@ -136,20 +142,11 @@ def _run(args: argparse.Namespace) -> int:
 
     from codesign.autotune import lookup
     from codesign.autotune.cache import TuningCache
-    from codesign.autotune.export import export_table, export_variant_table
-    from codesign.autotune.ops import available_ops, expand_variants, get_op, parse_shape, registered_ops
-    from codesign.autotune.strategies import Budget
-    from codesign.autotune.tuner import CPU_GPU_NAME, DTYPES, Tuner
+    from codesign.autotune.tuner import CPU_GPU_NAME
 
-    for name in args.imports:
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            raise CodesignError(f"--import {name}: {e}") from e
+    _import_extras(args.imports)
     if args.list:
-        avail = set(available_ops())
-        for name in registered_ops():
-            print(f"{name}\t{'available' if name in avail else 'kernel not importable here'}")
+        _list_ops()
         return 0
     if device == "cuda" and not cuda_available():
         raise CodesignError("--device cuda: torch sees no CUDA device")
@@ -158,80 +155,157 @@ def _run(args: argparse.Namespace) -> int:
     cache = TuningCache(args.cache or default_cache(gpu))
     if not args.op and not args.export:
         raise CodesignError("give --op (with --shape or --model), --export, or --list")
-    results = []
     ops_touched: dict[str, tuple[str, ...]] = {}
-    variant_owners = []  # ops with kernel variants whose tables were touched (their variant table follows)
+    # Ops with kernel variants whose tables were touched (their variant table follows).
+    variant_owners: list[TunableOp] = []
     if args.op:
-        op = get_op(args.op)
-        shapes = [parse_shape(s) for s in args.shape]
-        if args.model:
-            shapes += shapes_from_model(
-                args.op, args.model, args.batch, args.group, args.ctx, args.block_size
-            )
-        if not shapes:
-            raise CodesignError("--op needs --shape or --model")
-        if args.variants == "all":
-            shapes = expand_variants(op, shapes)
-        if hasattr(op, "variant_op"):
-            variant_owners.append(op)
-        for s in shapes:
-            op.check_shape(s)  # all shapes checked before anything is launched
-        budget = Budget(args.max_evals, args.max_seconds)
-        settings = dict(dtype=DTYPES[dtype_name], device=device, strategy=args.strategy, budget=budget,
-                        seed=args.seed)  # fmt: skip
-        print(
-            f"tuning {args.op} on {gpu} ({dtype_name}, {args.strategy}), {len(shapes)} shape(s), cache {cache.path}"
-        )
-        isolate = _isolate(args, device)
-        if args.engine == "ray":
-            from codesign.autotune.fleet import tune_on_ray
-
-            results = tune_on_ray(args.op, shapes, cache.path, settings, address=args.ray_address)
-        elif isolate:
-            from codesign.autotune.isolate import DEFAULT_MAX_RESTARTS, TuneJob, run_isolated
-
-            job = TuneJob(tasks=[(args.op, shapes)], cache_path=str(cache.path), settings=settings,
-                          imports=tuple(args.imports))  # fmt: skip
-            limit = DEFAULT_MAX_RESTARTS if args.max_restarts is None else args.max_restarts
-            results = run_isolated(job, max_restarts=limit)
-        else:
-            from codesign.autotune.tuner import DeviceLost
-
-            tuner = Tuner(op, cache, **settings)
-            try:
-                results = [tuner.tune_shape(s).__dict__ for s in shapes]
-            except DeviceLost as e:
-                raise CodesignError(str(e)) from e
-        for r, s in zip(results, shapes):
-            ops_touched[r["table_op"]] = op.source_modules
-            if r["best"] is None:
-                print(f"warning: no correct config for {s}")
-        if args.json:
-            args.json.write_text(json.dumps(results, indent=1, default=str))
+        ops_touched, variant_owners = _tune_op(args, device, gpu, dtype_name, cache)
     if args.export:
-        if not ops_touched:  # export everything this cache holds for this GPU
-            for r in cache.load().records:
-                if r["gpu"] == gpu:
-                    ops_touched.setdefault(r["op"], ())
-            # Table ops are an op's name or its name plus a variant suffix: the longest match wins.
-            for name in sorted(available_ops(), key=len):
-                o = get_op(name)
-                for t in list(ops_touched):
-                    if t == name or t.startswith(name + "_"):
-                        ops_touched[t] = o.source_modules
-                if set(getattr(o, "variant_configs", ())) & set(ops_touched):
-                    variant_owners.append(o)
-        root = args.out_dir or lookup.SHIPPED_ROOT
-        for table_op, modules in sorted(ops_touched.items()):
-            if not modules:
-                print(f"skipping {table_op}: its kernel is not importable here")
-                continue
-            path = export_table(cache, gpu, table_op, modules, dtype_name, root)
-            print(f"wrote {path}" if path else f"nothing to export for {table_op} ({dtype_name})")
-        for o in variant_owners:  # written only where every variant was timed at the same shape and M
-            path = export_variant_table(
-                cache, gpu, o.variant_op, o.variant_configs, o.source_modules, dtype_name, root
-            )
-            if path:
-                print(f"wrote {path}")
+        _export(args, cache, gpu, dtype_name, ops_touched, variant_owners)
     return 0
+
+
+def _import_extras(imports: list[str]) -> None:
+    """--import: import each module (it may register tunable ops); an ImportError is bad input."""
+    for name in imports:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise CodesignError(f"--import {name}: {e}") from e
+
+
+def _list_ops() -> None:
+    """--list: every registered tunable op and whether its kernel imports here."""
+    from codesign.autotune.ops import available_ops, registered_ops
+
+    avail = set(available_ops())
+    for name in registered_ops():
+        print(f"{name}\t{'available' if name in avail else 'kernel not importable here'}")
+
+
+def _tune_op(
+    args: argparse.Namespace, device: str, gpu: str, dtype_name: str, cache: TuningCache
+) -> tuple[dict[str, tuple[str, ...]], list[TunableOp]]:
+    """--op: tune its shapes, warn about shapes without a correct config, write --json. Returns the table
+    ops touched (with the kernel's source modules) and the op itself when it has kernel variants."""
+    from codesign.autotune.ops import get_op
+    from codesign.autotune.strategies import Budget
+    from codesign.autotune.tuner import DTYPES
+
+    op = get_op(args.op)
+    shapes = _shapes(args, op)
+    variant_owners = [op] if hasattr(op, "variant_op") else []
+    budget = Budget(args.max_evals, args.max_seconds)
+    settings = dict(dtype=DTYPES[dtype_name], device=device, strategy=args.strategy, budget=budget,
+                    seed=args.seed)  # fmt: skip
+    print(
+        f"tuning {args.op} on {gpu} ({dtype_name}, {args.strategy}), {len(shapes)} shape(s), cache {cache.path}"
+    )
+    results = _tune_shapes(args, op, shapes, cache, settings, device)
+    ops_touched: dict[str, tuple[str, ...]] = {}
+    for r, s in zip(results, shapes):
+        ops_touched[r["table_op"]] = op.source_modules
+        if r["best"] is None:
+            print(f"warning: no correct config for {s}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+    return ops_touched, variant_owners
+
+
+def _shapes(args: argparse.Namespace, op: TunableOp) -> list[dict]:
+    """--shape and --model's shapes (each variant's with --variants all), all checked before any launch."""
+    from codesign.autotune.ops import expand_variants, parse_shape
+
+    shapes = [parse_shape(s) for s in args.shape]
+    if args.model:
+        shapes += shapes_from_model(args.op, args.model, args.batch, args.group, args.ctx, args.block_size)
+    if not shapes:
+        raise CodesignError("--op needs --shape or --model")
+    if args.variants == "all":
+        shapes = expand_variants(op, shapes)
+    for s in shapes:
+        op.check_shape(s)  # all shapes checked before anything is launched
+    return shapes
+
+
+def _tune_shapes(
+    args: argparse.Namespace,
+    op: TunableOp,
+    shapes: list[dict],
+    cache: TuningCache,
+    settings: dict,
+    device: str,
+) -> list[dict]:
+    """One result dict per shape, from the engine asked for: Ray actors, an isolated child, or this process."""
+    isolate = _isolate(args, device)
+    if args.engine == "ray":
+        from codesign.autotune.fleet import tune_on_ray
+
+        return tune_on_ray(args.op, shapes, cache.path, settings, address=args.ray_address)
+    if isolate:
+        from codesign.autotune.isolate import DEFAULT_MAX_RESTARTS, TuneJob, run_isolated
+
+        job = TuneJob(tasks=[(args.op, shapes)], cache_path=str(cache.path), settings=settings,
+                      imports=tuple(args.imports))  # fmt: skip
+        limit = DEFAULT_MAX_RESTARTS if args.max_restarts is None else args.max_restarts
+        return run_isolated(job, max_restarts=limit)
+    from codesign.autotune.tuner import DeviceLost, Tuner
+
+    tuner = Tuner(op, cache, **settings)
+    try:
+        return [tuner.tune_shape(s).__dict__ for s in shapes]
+    except DeviceLost as e:
+        raise CodesignError(str(e)) from e
+
+
+def _export(
+    args: argparse.Namespace,
+    cache: TuningCache,
+    gpu: str,
+    dtype_name: str,
+    ops_touched: dict[str, tuple[str, ...]],
+    variant_owners: list[TunableOp],
+) -> None:
+    """--export: write the tables of `ops_touched` (none: of everything the cache holds for `gpu`), then
+    the variant tables of `variant_owners`."""
+    from codesign.autotune import lookup
+    from codesign.autotune.export import export_table, export_variant_table
+
+    if not ops_touched:  # export everything this cache holds for this GPU
+        found, owners = _cached_table_ops(cache, gpu)
+        ops_touched.update(found)
+        variant_owners += owners
+    root = args.out_dir or lookup.SHIPPED_ROOT
+    for table_op, modules in sorted(ops_touched.items()):
+        if not modules:
+            print(f"skipping {table_op}: its kernel is not importable here")
+            continue
+        path = export_table(cache, gpu, table_op, modules, dtype_name, root)
+        print(f"wrote {path}" if path else f"nothing to export for {table_op} ({dtype_name})")
+    for o in variant_owners:  # written only where every variant was timed at the same shape and M
+        path = export_variant_table(
+            cache, gpu, o.variant_op, o.variant_configs, o.source_modules, dtype_name, root
+        )
+        if path:
+            print(f"wrote {path}")
+
+
+def _cached_table_ops(cache: TuningCache, gpu: str) -> tuple[dict[str, tuple[str, ...]], list[TunableOp]]:
+    """The table ops the cache holds records of for `gpu`, each with its kernel's source modules (() when
+    no importable op owns it), and the ops with kernel variants among their owners."""
+    from codesign.autotune.ops import available_ops, get_op
+
+    ops_touched: dict[str, tuple[str, ...]] = {}
+    variant_owners: list[TunableOp] = []
+    for r in cache.load().records:
+        if r["gpu"] == gpu:
+            ops_touched.setdefault(r["op"], ())
+    # Table ops are an op's name or its name plus a variant suffix: the longest match wins.
+    for name in sorted(available_ops(), key=len):
+        o = get_op(name)
+        for t in list(ops_touched):
+            if t == name or t.startswith(name + "_"):
+                ops_touched[t] = o.source_modules
+        if set(getattr(o, "variant_configs", ())) & set(ops_touched):
+            variant_owners.append(o)
+    return ops_touched, variant_owners

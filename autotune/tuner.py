@@ -139,83 +139,16 @@ class Tuner:
         """Search the pruned space of one shape; see the module docstring."""
         op = self.op
         op.check_shape(shape)
-        space = op.space(shape, self.dtype, self.on_gpu)
-        cands = space.candidates(self.limits)
-        pruned = space.size - len(cands)
-        if not cands:
-            reasons = sorted({space.why_not(c, self.limits) or "" for c in space.grid()})
-            raise CodesignError(
-                f"shape {shape}: every config of {op.name} was pruned ({'; '.join(reasons[:3])})"
-            )
+        cands, pruned = self._candidates(shape)
         base = {**self.identity, "op": op.table_op(shape), "key": op.table_key(shape), "m": op.m(shape)}
-        known: dict[str, float] = {}
-        this_run: list[dict[str, Any]] = []  # records of this (multi-process) run, for the budget
-        known_default: float | None = None  # the default trial's earlier measurement, kept apart from `known`
-        for r in self.cache.load().records:
-            if not all(r[k] == v for k, v in base.items()):
-                continue
-            if config_id(r["config"]) == DEFAULT_ID:
-                known_default = (r["time_ms"] if r["ok"] else math.inf) if known_default is None else known_default
-            elif config_id(r["config"]) not in known:
-                known[config_id(r["config"])] = r["time_ms"] if r["ok"] else math.inf
-                if self.since is not None and r.get("ts", 0.0) >= self.since:
-                    this_run.append(r)
-        inputs = op.make_inputs(shape, self.dtype, self.device, self.seed)
-        ref = op.reference(inputs)
-        tol = op.tolerance(self.dtype)
-        timing_sets = [inputs]
-        if self.on_gpu:
-            n_sets = input_sets_for_cold_l2(op.input_bytes(inputs), self.limits.l2_bytes)
-            timing_sets += [
-                op.make_inputs(shape, self.dtype, self.device, self.seed + i) for i in range(1, n_sets)
-            ]
+        known, this_run, known_default = self._cached(base)
         failures: list[str] = []
-
-        def evaluate(cfg: Config) -> float:
-            rec: dict[str, Any] = {**base, "config": cfg, "ok": False, "time_ms": None}
-            self.marker.set({**base, "config": cfg})  # cleared below unless the process dies
-            lost = False
-            try:
-                try:
-                    err = self._check(inputs, cfg, ref)
-                    rec["rel_error"] = err
-                    if err > tol:
-                        rec["error"] = f"incorrect: relative error {err:.3e} > {tol:.1e}"
-                    else:
-                        ms, how = self.time_config(timing_sets, cfg)
-                        rec.update(ok=True, time_ms=ms, timing=how)
-                except Exception as e:  # a config that fails to compile or launch is a result, not a crash
-                    rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-                    if not isinstance(e, RuntimeError | ValueError):
-                        rec["trace"] = traceback.format_exc(limit=3)[-600:]
-                    lost = not self.device_usable()
-                    if lost:
-                        rec["device_lost"] = True
-                self.cache.append(rec)
-            finally:  # also on Ctrl-C: an interrupted candidate did not crash anything
-                self.marker.clear()
-            if lost:
-                raise DeviceLost(
-                    f"{op.name} {shape}: config {config_id(cfg)} left the GPU unusable ({rec['error']}); "
-                    "it is recorded as failed, rerun to resume (or use --isolate)"
-                )
-            if not rec["ok"]:
-                failures.append(f"{config_id(cfg)}: {rec['error']}")
-                return math.inf
-            return rec["time_ms"]
-
-        budget = self.budget
-        if self.strategy != "exhaustive" and budget.max_evals is None and budget.max_seconds is None:
-            # Unbounded sampling would be exhaustive search in a random order: default to a quarter.
-            budget = Budget(max_evals=max(DEFAULT_MIN_EVALS, len(cands) // 4))
-        budget = _remaining(budget, this_run)
-        if budget is None:  # an earlier process of this run used the whole budget
-            by_id = {config_id(c): c for c in cands}
-            res = SearchResult(trials=[(by_id[k], v) for k, v in known.items() if k in by_id])
-        else:
-            res = search(self.strategy, cands, evaluate, budget, seed=self.seed, known=known)
+        evaluate = self._evaluator(shape, base, failures)
+        res = self._search(cands, evaluate, known, this_run)
         default_ms = None
-        if getattr(op, "default_trial", False) and (self.on_gpu if self.default_trial is None else self.default_trial):
+        if getattr(op, "default_trial", False) and (
+            self.on_gpu if self.default_trial is None else self.default_trial
+        ):
             # The kernel's untuned default is measured beside the search (config {}: the adapter's
             # forced_config merges it over the default) and recorded; the export leaves out an entry whose
             # fastest record is the default, so a short search never ships a config slower than an
@@ -230,13 +163,120 @@ class Tuner:
             n_known=len(known) - len(this_run), n_failed=len(failures), failures=failures,
             n_crashed=sum(bool(r.get("crashed")) for r in this_run), default_ms=default_ms,
         )  # fmt: skip
-        self.log(
-            f"{op.name} {shape}: {out.n_new} new + {out.n_known} cached of {len(cands)} candidates "
-            f"({pruned} pruned), {out.n_failed} failed; best "
-            + (f"{out.best_ms:.4f} ms {config_id(out.best)}" if out.best is not None else "none (no correct config)")
-            + (f" (default {default_ms:.4f} ms)" if default_ms is not None else "")
-        )
+        self._log_result(shape, out)
         return out
+
+    def _candidates(self, shape: Shape) -> tuple[list[Config], int]:
+        """The configs of `shape` that fit the device, and how many were pruned; an error when none fits."""
+        space = self.op.space(shape, self.dtype, self.on_gpu)
+        cands = space.candidates(self.limits)
+        if not cands:
+            reasons = sorted({space.why_not(c, self.limits) or "" for c in space.grid()})
+            raise CodesignError(
+                f"shape {shape}: every config of {self.op.name} was pruned ({'; '.join(reasons[:3])})"
+            )
+        return cands, space.size - len(cands)
+
+    def _cached(self, base: dict[str, Any]) -> tuple[dict[str, float], list[dict[str, Any]], float | None]:
+        """What the cache holds for the shape `base` names: (known time per config id, inf for a failure;
+        this run's records, for the budget; the default trial's earlier time, kept apart from `known`)."""
+        known: dict[str, float] = {}
+        this_run: list[dict[str, Any]] = []  # records of this (multi-process) run, for the budget
+        known_default: float | None = None
+        for r in self.cache.load().records:
+            if not all(r[k] == v for k, v in base.items()):
+                continue
+            if config_id(r["config"]) == DEFAULT_ID:
+                known_default = (
+                    (r["time_ms"] if r["ok"] else math.inf) if known_default is None else known_default
+                )
+            elif config_id(r["config"]) not in known:
+                known[config_id(r["config"])] = r["time_ms"] if r["ok"] else math.inf
+                if self.since is not None and r.get("ts", 0.0) >= self.since:
+                    this_run.append(r)
+        return known, this_run, known_default
+
+    def _evaluator(self, shape: Shape, base: dict[str, Any], failures: list[str]) -> Callable[[Config], float]:
+        """The search's objective for `shape`: a config's time in ms, inf when it fails (appended to
+        `failures`); every outcome is recorded. Builds the inputs, reference and timing sets once."""
+        op = self.op
+        inputs = op.make_inputs(shape, self.dtype, self.device, self.seed)
+        ref = op.reference(inputs)
+        tol = op.tolerance(self.dtype)
+        timing_sets = [inputs]
+        if self.on_gpu:
+            n_sets = input_sets_for_cold_l2(op.input_bytes(inputs), self.limits.l2_bytes)
+            timing_sets += [
+                op.make_inputs(shape, self.dtype, self.device, self.seed + i) for i in range(1, n_sets)
+            ]
+
+        def evaluate(cfg: Config) -> float:
+            rec = self._measure(cfg, base, inputs, ref, tol, timing_sets)
+            if rec.get("device_lost"):
+                raise DeviceLost(
+                    f"{op.name} {shape}: config {config_id(cfg)} left the GPU unusable ({rec['error']}); "
+                    "it is recorded as failed, rerun to resume (or use --isolate)"
+                )
+            if not rec["ok"]:
+                failures.append(f"{config_id(cfg)}: {rec['error']}")
+                return math.inf
+            return rec["time_ms"]
+
+        return evaluate
+
+    def _measure(
+        self, cfg: Config, base: dict[str, Any], inputs: Any, ref: torch.Tensor, tol: float, timing_sets: list[Any]
+    ) -> dict[str, Any]:
+        """Check `cfg` against the reference, time it if correct, append the record to the cache and
+        return it; runs under the in-flight marker (a failure is a result; `device_lost` when sticky)."""
+        rec: dict[str, Any] = {**base, "config": cfg, "ok": False, "time_ms": None}
+        self.marker.set({**base, "config": cfg})  # cleared below unless the process dies
+        try:
+            try:
+                err = self._check(inputs, cfg, ref)
+                rec["rel_error"] = err
+                if err > tol:
+                    rec["error"] = f"incorrect: relative error {err:.3e} > {tol:.1e}"
+                else:
+                    ms, how = self.time_config(timing_sets, cfg)
+                    rec.update(ok=True, time_ms=ms, timing=how)
+            except Exception as e:  # a config that fails to compile or launch is a result, not a crash
+                rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                if not isinstance(e, RuntimeError | ValueError):
+                    rec["trace"] = traceback.format_exc(limit=3)[-600:]
+                if not self.device_usable():
+                    rec["device_lost"] = True
+            self.cache.append(rec)
+        finally:  # also on Ctrl-C: an interrupted candidate did not crash anything
+            self.marker.clear()
+        return rec
+
+    def _search(
+        self,
+        cands: list[Config],
+        evaluate: Callable[[Config], float],
+        known: dict[str, float],
+        this_run: list[dict[str, Any]],
+    ) -> SearchResult:
+        """Run the strategy over `cands` within what the budget leaves (`known` points are not re-run)."""
+        budget = self.budget
+        if self.strategy != "exhaustive" and budget.max_evals is None and budget.max_seconds is None:
+            # Unbounded sampling would be exhaustive search in a random order: default to a quarter.
+            budget = Budget(max_evals=max(DEFAULT_MIN_EVALS, len(cands) // 4))
+        budget = _remaining(budget, this_run)
+        if budget is None:  # an earlier process of this run used the whole budget
+            by_id = {config_id(c): c for c in cands}
+            return SearchResult(trials=[(by_id[k], v) for k, v in known.items() if k in by_id])
+        return search(self.strategy, cands, evaluate, budget, seed=self.seed, known=known)
+
+    def _log_result(self, shape: Shape, out: ShapeResult) -> None:
+        """One log line per tuned shape: counts, the best config and time, the default's time."""
+        self.log(
+            f"{self.op.name} {shape}: {out.n_new} new + {out.n_known} cached of {out.n_candidates} candidates "
+            f"({out.n_pruned} pruned), {out.n_failed} failed; best "
+            + (f"{out.best_ms:.4f} ms {config_id(out.best)}" if out.best is not None else "none (no correct config)")
+            + (f" (default {out.default_ms:.4f} ms)" if out.default_ms is not None else "")
+        )
 
     def device_usable(self) -> bool:
         """After a candidate raised: can this process still launch? (CPU: always; GPU: a sync succeeds.)

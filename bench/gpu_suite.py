@@ -388,18 +388,53 @@ def _tuning(
     import torch
 
     from codesign.autotune.cache import TuningCache
-    from codesign.autotune.export import export_table
-    from codesign.autotune.isolate import TuneJob, run_isolated
-    from codesign.autotune.ops import available_ops, get_op, parse_shape, registered_ops
     from codesign.autotune.space import DeviceLimits
     from codesign.autotune.strategies import Budget
-    from codesign.autotune.tuner import Tuner
-    from codesign.specs.errors import CodesignError
 
     t0 = time.monotonic()
     limits = DeviceLimits.from_torch(device if device == "cuda" else None)
     shapes = TUNE_SHAPES if shapes is None else shapes
     dtype = getattr(torch, dtype_name)
+    tasks, rows = _tuning_tasks(shapes, dtype, device, limits)
+    # The child's start-up (imports, CUDA init) and the defaults' timings come out of the same budget.
+    per_shape = max(2.0, 0.8 * seconds / max(1, len(tasks)))
+    cache = TuningCache(out_dir / "tune-cache.jsonl")
+    # The lent H200's image has no optuna (and nothing can be installed there): random search then.
+    strategy = "tpe" if importlib.util.find_spec("optuna") is not None else "random"
+    # default_trial: the tuner times each kernel's own default beside its search (also in smoke mode), so
+    # the rows' tuning gain is measured side by side, in the same harness, with no second timing here.
+    settings = dict(dtype=dtype, device=device, strategy=strategy, default_trial=True,
+                    budget=Budget(max_evals=max_evals, max_seconds=per_shape))  # fmt: skip
+    logs: list[str] = []
+    results, error, task_errors = _tune_isolated(tasks, cache, settings, imports, logs.append, t0 + seconds)
+    tables: dict[str, Any] = {}
+    for (name, (shape,)), res in zip(tasks, results or [None] * len(tasks)):
+        row = _tuning_row(name, shape, cache, settings, dtype_name, out_dir / "tables", tables)
+        if res is None:
+            rows.append({**row, "error": task_errors.get(name, "tuning did not finish (see tuning.error)")})
+            continue
+        row.update({k: res[k] for k in ("table_op", "key", "m", "best", "best_ms", "n_candidates", "n_pruned",
+                                        "n_new", "n_failed", "n_crashed")})  # fmt: skip
+        row["failures"] = res["failures"][:5]
+        default_ms = res.get("default_ms")
+        row["default_ms"] = default_ms
+        row["speedup_vs_default"] = default_ms / res["best_ms"] if default_ms and res["best_ms"] else None
+        rows.append(row)
+    report["tuning"] = {
+        "rows": rows, "tables": tables, "strategy": strategy, "seconds_per_shape": per_shape,
+        "max_evals_per_shape": max_evals, "isolated": True, "log": logs[-20:], "error": error,
+        "seconds": time.monotonic() - t0,
+    }  # fmt: skip
+
+
+def _tuning_tasks(
+    shapes: dict[str, str], dtype: Any, device: str, limits: Any
+) -> tuple[list[tuple[str, list[dict[str, int]]]], list[dict[str, Any]]]:
+    """The tuning pass's (op, [shape]) tasks, and a row with the reason for each registered op left out
+    (no shape, kernel not importable, shape rejected or every config pruned on this device)."""
+    from codesign.autotune.ops import available_ops, get_op, parse_shape, registered_ops
+    from codesign.specs.errors import CodesignError
+
     rows: list[dict[str, Any]] = []
     avail = set(available_ops())
     tasks = []
@@ -421,63 +456,57 @@ def _tuning(
             rows.append({"op": name, "shape": shape, "error": f"not tunable here: {e}"[:400]})
             continue
         tasks.append((name, [shape]))
-    # The child's start-up (imports, CUDA init) and the defaults' timings come out of the same budget.
-    per_shape = max(2.0, 0.8 * seconds / max(1, len(tasks)))
-    cache = TuningCache(out_dir / "tune-cache.jsonl")
-    # The lent H200's image has no optuna (and nothing can be installed there): random search then.
-    strategy = "tpe" if importlib.util.find_spec("optuna") is not None else "random"
-    # default_trial: the tuner times each kernel's own default beside its search (also in smoke mode), so
-    # the rows' tuning gain is measured side by side, in the same harness, with no second timing here.
-    settings = dict(dtype=dtype, device=device, strategy=strategy, default_trial=True,
-                    budget=Budget(max_evals=max_evals, max_seconds=per_shape))  # fmt: skip
-    logs: list[str] = []
-    results: list[dict[str, Any]] = []
+    return tasks, rows
+
+
+def _tune_isolated(
+    tasks: list, cache: Any, settings: dict, imports: tuple[str, ...], log: Callable[[str], None], deadline: float
+) -> tuple[list[dict[str, Any] | None], str | None, dict[str, str]]:
+    """All tasks in one isolated child; if it gives up, each task alone (resuming from the cache) until
+    `deadline` (time.monotonic()). Returns (results, the first failure or None, per-task errors)."""
+    from codesign.autotune.isolate import TuneJob, run_isolated
+
+    results: list[dict[str, Any] | None] = []
     error = None
     task_errors: dict[str, str] = {}
     try:
-        results = run_isolated(TuneJob(tasks, str(cache.path), settings, imports), log=logs.append)
+        results = run_isolated(TuneJob(tasks, str(cache.path), settings, imports), log=log)
     except Exception as e:  # gave up restarting: the cache still holds what was measured
         error = f"{type(e).__name__}: {e}"[:600]
         if len(tasks) > 1:  # one op's failure stopped all: each op alone (resuming), while time is left
             results = []
             for task in tasks:
-                if time.monotonic() - t0 > seconds:
+                if time.monotonic() > deadline:
                     results.append(None)
                     task_errors[task[0]] = "skipped: the tuning budget ran out after the failure above"
                     continue
                 try:
-                    results += run_isolated(
-                        TuneJob([task], str(cache.path), settings, imports), log=logs.append
-                    )
+                    results += run_isolated(TuneJob([task], str(cache.path), settings, imports), log=log)
                 except Exception as e1:
                     results.append(None)
                     task_errors[task[0]] = f"{type(e1).__name__}: {e1}"[:400]
-    tables = {}
-    for (name, (shape,)), res in zip(tasks, results or [None] * len(tasks)):
-        op = get_op(name)
-        row: dict[str, Any] = {"op": name, "shape": shape}
-        try:  # what the cache holds for this shape, even when the run stopped early
-            p = export_table(cache, Tuner(op, cache, dtype=dtype, device=device, log=lambda s: None).gpu,
-                             op.table_op(shape), op.source_modules, dtype_name, out_dir / "tables")  # fmt: skip
-            if p:
-                tables[op.table_op(shape)] = json.loads(p.read_text())
-        except Exception as e:
-            row["export_error"] = f"{type(e).__name__}: {e}"[:300]
-        if res is None:
-            rows.append({**row, "error": task_errors.get(name, "tuning did not finish (see tuning.error)")})
-            continue
-        row.update({k: res[k] for k in ("table_op", "key", "m", "best", "best_ms", "n_candidates", "n_pruned",
-                                        "n_new", "n_failed", "n_crashed")})  # fmt: skip
-        row["failures"] = res["failures"][:5]
-        default_ms = res.get("default_ms")
-        row["default_ms"] = default_ms
-        row["speedup_vs_default"] = default_ms / res["best_ms"] if default_ms and res["best_ms"] else None
-        rows.append(row)
-    report["tuning"] = {
-        "rows": rows, "tables": tables, "strategy": strategy, "seconds_per_shape": per_shape,
-        "max_evals_per_shape": max_evals, "isolated": True, "log": logs[-20:], "error": error,
-        "seconds": time.monotonic() - t0,
-    }  # fmt: skip
+    return results, error, task_errors
+
+
+def _tuning_row(
+    name: str, shape: dict[str, int], cache: Any, settings: dict, dtype_name: str, root: Path, tables: dict
+) -> dict[str, Any]:
+    """The start of an op's tuning row; exports what the cache holds for its shape (even when the run
+    stopped early) under `root` and adds the table to `tables`, or the export's error to the row."""
+    from codesign.autotune.export import export_table
+    from codesign.autotune.ops import get_op
+    from codesign.autotune.tuner import Tuner
+
+    op = get_op(name)
+    row: dict[str, Any] = {"op": name, "shape": shape}
+    try:
+        gpu = Tuner(op, cache, dtype=settings["dtype"], device=settings["device"], log=lambda s: None).gpu
+        p = export_table(cache, gpu, op.table_op(shape), op.source_modules, dtype_name, root)
+        if p:
+            tables[op.table_op(shape)] = json.loads(p.read_text())
+    except Exception as e:
+        row["export_error"] = f"{type(e).__name__}: {e}"[:300]
+    return row
 
 
 def _env(report: dict, mode: Mode = GPU) -> None:
@@ -578,9 +607,8 @@ def _default_out(mode: Mode, gpu: str) -> Path:
     return RESULTS_DIR / f"{gpu_slug(gpu)}-{dt.date.today().isoformat()}.json"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the suite (see the module docstring); 0 when it ran, 2 without a GPU (or the interpreter),
-    smoke: 1 when `smoke_problems` found something, 124 after a SIGTERM."""
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The suite's command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--out", type=Path, default=None, help="JSON report (default bench/results/<gpu>-<date>.json)"
@@ -596,9 +624,13 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"CPU dry run through the Triton interpreter (also {SMOKE_ENV}=1)")  # fmt: skip
     ap.add_argument("--peers-dir", type=Path, default=None,
                     help="folder of peer wheels / sdists (gemlite, torchao) to install offline and time beside ours")
-    args = ap.parse_args(argv)
-    mode = SMOKE if args.smoke else GPU
-    mode.peers_dir = args.peers_dir
+    return ap.parse_args(argv)
+
+
+def _cannot_run(args: argparse.Namespace, mode: Mode) -> bool:
+    """Whether the suite must stop before it starts (the reason printed to stderr): smoke mode after a
+    kernel module was imported or with --out in bench/results/, or no GPU (interpreter) for `mode`.
+    Smoke mode sets TRITON_INTERPRET=1 here, before any kernel module defines its kernels."""
     if mode.smoke:
         from codesign.backend import kernel_modules_imported
 
@@ -606,11 +638,11 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 "gpu_suite --smoke: codesign.kernels was imported before TRITON_INTERPRET=1", file=sys.stderr
             )
-            return 2
+            return True
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module defines its kernels
         if args.out is not None and RESULTS_DIR in args.out.resolve().parents:
             print(f"gpu_suite --smoke: refusing to write a smoke report into {RESULTS_DIR}", file=sys.stderr)
-            return 2
+            return True
     try:
         available = mode.available()
     except ImportError:
@@ -618,10 +650,12 @@ def main(argv: list[str] | None = None) -> int:
     if not available:
         print("gpu_suite: no CUDA GPU found; this suite needs an NVIDIA GPU (H100/H200-class). Nothing was run.",
               file=sys.stderr)  # fmt: skip
-        return 2
-    from codesign.autotune.export import atomic_write_json
+        return True
+    return False
 
-    t0 = time.monotonic()
+
+def _new_report(mode: Mode) -> dict[str, Any]:
+    """An unfinished report with its environment (and, in smoke mode, how the smoke run scales)."""
     report: dict[str, Any] = {"suite_version": 2, "errors": {}, "finished": False}
     _env(report, mode)
     if mode.smoke:
@@ -630,32 +664,26 @@ def main(argv: list[str] | None = None) -> int:
             "timing": "one CPU-timed call per case", "correctness_seeds": list(SMOKE_SEEDS),
             "bf16": BF16_REASON + "; bf16-only benchmarks run float16",
         }  # fmt: skip
-    out = args.out or _default_out(mode, report["env"]["gpu"])
+    return report
 
-    def save() -> None:
-        report["wall_seconds"] = time.monotonic() - t0
-        atomic_write_json(out, json.loads(json.dumps(report, default=str)))
 
-    skip = set(args.skip)
-    tune_dir = Path(tempfile.mkdtemp(prefix="gpu-suite-tune-"))
-
-    def tuning() -> None:
-        if mode.smoke:
-            shapes = {k: _shape_text(smoke_shape(parse(v))) for k, v in TUNE_SHAPES.items()}
-            _tuning(
-                report, SMOKE_TUNE_SECONDS, tune_dir, "cpu", "float16", shapes, max_evals=SMOKE_TUNE_MAX_EVALS
-            )
-        else:  # whatever the budget has left, at least 20 s, at most --tune-seconds
-            left = args.budget - (time.monotonic() - t0) - TUNE_RESERVE_S
-            _tuning(report, max(20.0, min(args.tune_seconds, left)), tune_dir)
-
+def _tuning_section(report: dict, args: argparse.Namespace, mode: Mode, tune_dir: Path, t0: float) -> None:
+    """Section 4: smoke mode tunes the smoke shapes on the CPU; the GPU run gets what the budget has left."""
     from codesign.autotune.ops import parse_shape as parse
 
-    sections = [("ceilings", lambda: _ceilings(report, mode)),
-                ("correctness", lambda: _correctness(report, mode=mode, save=save)),
-                ("kernel_benches", lambda: _kernel_benches(report, not args.full, skip, mode, save)),
-                ("tuning", tuning)]  # fmt: skip
-    code = 0
+    if mode.smoke:
+        shapes = {k: _shape_text(smoke_shape(parse(v))) for k, v in TUNE_SHAPES.items()}
+        _tuning(report, SMOKE_TUNE_SECONDS, tune_dir, "cpu", "float16", shapes, max_evals=SMOKE_TUNE_MAX_EVALS)
+    else:  # whatever the budget has left, at least 20 s, at most --tune-seconds
+        left = args.budget - (time.monotonic() - t0) - TUNE_RESERVE_S
+        _tuning(report, max(20.0, min(args.tune_seconds, left)), tune_dir)
+
+
+def _run_sections(
+    report: dict, sections: list[tuple[str, Callable[[], None]]], skip: set[str], save: Callable[[], None]
+) -> int:
+    """Each section not in `skip`, in order, its error recorded and the report saved after it; 0, or 124
+    after a SIGTERM (the sections so far kept, a tuning child terminated)."""
     with _sigterm_raises():
         try:
             for name, fn in sections:
@@ -675,11 +703,39 @@ def main(argv: list[str] | None = None) -> int:
             report["errors"]["terminated"] = (
                 "SIGTERM (timeout?) before the suite finished; sections so far kept"
             )
-            code = 124
             import multiprocessing
 
             for child in multiprocessing.active_children():  # a tuning child: do not wait for it at exit
                 child.terminate()
+            return 124
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite (see the module docstring); 0 when it ran, 2 without a GPU (or the interpreter),
+    smoke: 1 when `smoke_problems` found something, 124 after a SIGTERM."""
+    args = _parse_args(argv)
+    mode = SMOKE if args.smoke else GPU
+    mode.peers_dir = args.peers_dir
+    if _cannot_run(args, mode):
+        return 2
+    from codesign.autotune.export import atomic_write_json
+
+    t0 = time.monotonic()
+    report = _new_report(mode)
+    out = args.out or _default_out(mode, report["env"]["gpu"])
+
+    def save() -> None:
+        report["wall_seconds"] = time.monotonic() - t0
+        atomic_write_json(out, json.loads(json.dumps(report, default=str)))
+
+    skip = set(args.skip)
+    tune_dir = Path(tempfile.mkdtemp(prefix="gpu-suite-tune-"))
+    sections = [("ceilings", lambda: _ceilings(report, mode)),
+                ("correctness", lambda: _correctness(report, mode=mode, save=save)),
+                ("kernel_benches", lambda: _kernel_benches(report, not args.full, skip, mode, save)),
+                ("tuning", lambda: _tuning_section(report, args, mode, tune_dir, t0))]  # fmt: skip
+    code = _run_sections(report, sections, skip, save)
     save()
     shutil.rmtree(tune_dir, ignore_errors=True)  # its tables are in the report
     print(_summary(report))

@@ -109,93 +109,134 @@ def _cfg_entries(path: str | os.PathLike) -> tuple[dict[tuple[str, str], tuple[s
     return entries, sections
 
 
-def read_cfg(path: str | os.PathLike) -> ScaleSimConfig:
-    """Parse a SCALE-Sim .cfg (INI with `key: value` or `key = value`, keys case-insensitive)."""
-    entries, sections = _cfg_entries(path)
-    missing = [s for s in CFG_SECTIONS if s not in sections]
-    if missing:
-        raise CodesignError(f"{path}: missing section(s) {', '.join(f'[{s}]' for s in missing)}")
+class _CfgFields:
+    """Typed look-ups of one parsed .cfg's fields; errors name the file, the line and the field."""
 
-    def get(sec: str, key: str) -> tuple[str, int]:
-        if (sec, key.lower()) not in entries:
-            raise CodesignError(f"{path}: section [{sec}] has no field {key!r}")
-        return entries[(sec, key.lower())]
+    def __init__(self, path: str | os.PathLike, entries: dict[tuple[str, str], tuple[str, int]]) -> None:
+        self.path = path
+        self.entries = entries
 
-    def get_int(sec: str, key: str, positive: bool = True) -> int:
-        text, no = get(sec, key)
+    def get(self, sec: str, key: str) -> tuple[str, int]:
+        """(value, line number) of `key` in [sec]; an error when it is missing."""
+        if (sec, key.lower()) not in self.entries:
+            raise CodesignError(f"{self.path}: section [{sec}] has no field {key!r}")
+        return self.entries[(sec, key.lower())]
+
+    def get_int(self, sec: str, key: str, positive: bool = True) -> int:
+        """An integer field, > 0 (or >= 0 with positive=False)."""
+        text, no = self.get(sec, key)
         try:
             v = int(text)
         except ValueError:
             raise CodesignError(
-                f"{path}, line {no}: field {key!r} must be an integer, got {text!r}"
+                f"{self.path}, line {no}: field {key!r} must be an integer, got {text!r}"
             ) from None
         if v < (1 if positive else 0):
             raise CodesignError(
-                f"{path}, line {no}: field {key!r} must be {'> 0' if positive else '>= 0'}, got {v}"
+                f"{self.path}, line {no}: field {key!r} must be {'> 0' if positive else '>= 0'}, got {v}"
             )
         return v
 
-    def get_bool(sec: str, key: str) -> tuple[bool, int]:
-        text, no = get(sec, key)
+    def get_bool(self, sec: str, key: str) -> tuple[bool, int]:
+        """(value, line number) of a True/False field (case-insensitive)."""
+        text, no = self.get(sec, key)
         if text.lower() not in ("true", "false"):
-            raise CodesignError(f"{path}, line {no}: field {key!r} must be True or False, got {text!r}")
+            raise CodesignError(f"{self.path}, line {no}: field {key!r} must be True or False, got {text!r}")
         return text.lower() == "true", no
 
-    a = "architecture_presets"
-    df, df_line = get(a, "Dataflow")
+
+_ARCH = "architecture_presets"
+
+
+def _cfg_dataflow(f: _CfgFields) -> str:
+    """[architecture_presets] Dataflow: os, ws or is."""
+    df, df_line = f.get(_ARCH, "Dataflow")
     if df not in DATAFLOWS:
-        raise CodesignError(f"{path}, line {df_line}: field 'Dataflow' must be one of os, ws, is; got {df!r}")
-    mode, mode_line = get("run_presets", "InterfaceBandwidth")
+        raise CodesignError(
+            f"{f.path}, line {df_line}: field 'Dataflow' must be one of os, ws, is; got {df!r}"
+        )
+    return df
+
+
+def _cfg_interface(f: _CfgFields) -> tuple[str, tuple[int, ...] | None]:
+    """The InterfaceBandwidth mode (USER or CALC) and, in USER mode, the Bandwidth list (each > 0)."""
+    mode, mode_line = f.get("run_presets", "InterfaceBandwidth")
     if mode not in ("USER", "CALC"):
         raise CodesignError(
-            f"{path}, line {mode_line}: field 'InterfaceBandwidth' must be USER or CALC, got {mode!r}"
+            f"{f.path}, line {mode_line}: field 'InterfaceBandwidth' must be USER or CALC, got {mode!r}"
         )
-    bandwidths = None
-    if mode == "USER":
-        text, no = get(a, "Bandwidth")
-        try:
-            bandwidths = tuple(int(x.strip()) for x in text.split(","))
-        except ValueError:
-            raise CodesignError(
-                f"{path}, line {no}: field 'Bandwidth' must be integers, got {text!r}"
-            ) from None
-        if min(bandwidths) < 1:
-            raise CodesignError(f"{path}, line {no}: field 'Bandwidth' must be > 0, got {text!r}")
+    if mode != "USER":
+        return mode, None
+    text, no = f.get(_ARCH, "Bandwidth")
+    try:
+        bandwidths = tuple(int(x.strip()) for x in text.split(","))
+    except ValueError:
+        raise CodesignError(
+            f"{f.path}, line {no}: field 'Bandwidth' must be integers, got {text!r}"
+        ) from None
+    if min(bandwidths) < 1:
+        raise CodesignError(f"{f.path}, line {no}: field 'Bandwidth' must be > 0, got {text!r}")
+    return mode, bandwidths
+
+
+def _cfg_reject_unmodelled(f: _CfgFields) -> None:
+    """The switches for features not modelled here (Ramulator, custom layouts, sparsity) must be False."""
     for sec, key, what in (
         ("run_presets", "UseRamulatorTrace", "Ramulator DRAM traces"),
         ("layout", "IfmapCustomLayout", "custom ifmap layouts"),
         ("layout", "FilterCustomLayout", "custom filter layouts"),
         ("sparsity", "SparsitySupport", "sparsity"),
     ):
-        on, no = get_bool(sec, key)
+        on, no = f.get_bool(sec, key)
         if on:
-            raise CodesignError(f"{path}, line {no}: field {key!r}: {what} are not modelled; set it to False")
+            raise CodesignError(
+                f"{f.path}, line {no}: field {key!r}: {what} are not modelled; set it to False"
+            )
+
+
+def _cfg_sram_fill(f: _CfgFields, mode: str) -> tuple[int, int]:
+    """The [layout] ifmap and filter SRAM bank bandwidths (USER mode: multiples of their bank counts)."""
     fill = []
     for op in ("Ifmap", "Filter"):
-        bw, banks = get_int("layout", f"{op}SRAMBankBandwidth"), get_int("layout", f"{op}SRAMBankNum")
-        get_int("layout", f"{op}SRAMBankPort")
+        bw, banks = f.get_int("layout", f"{op}SRAMBankBandwidth"), f.get_int("layout", f"{op}SRAMBankNum")
+        f.get_int("layout", f"{op}SRAMBankPort")
         if mode == "USER" and bw % banks:
-            no = get("layout", f"{op}SRAMBankBandwidth")[1]
+            no = f.get("layout", f"{op}SRAMBankBandwidth")[1]
             raise CodesignError(
-                f"{path}, line {no}: field '{op}SRAMBankBandwidth' ({bw}) must be a multiple of "
+                f"{f.path}, line {no}: field '{op}SRAMBankBandwidth' ({bw}) must be a multiple of "
                 f"{op}SRAMBankNum ({banks})"
             )
         fill.append(bw)
+    return fill[0], fill[1]
+
+
+def read_cfg(path: str | os.PathLike) -> ScaleSimConfig:
+    """Parse a SCALE-Sim .cfg (INI with `key: value` or `key = value`, keys case-insensitive)."""
+    entries, sections = _cfg_entries(path)
+    missing = [s for s in CFG_SECTIONS if s not in sections]
+    if missing:
+        raise CodesignError(f"{path}: missing section(s) {', '.join(f'[{s}]' for s in missing)}")
+    f = _CfgFields(path, entries)
+    # Checked in this order (the first problem is the one reported): dataflow, interface, switches, SRAMs.
+    df = _cfg_dataflow(f)
+    mode, bandwidths = _cfg_interface(f)
+    _cfg_reject_unmodelled(f)
+    fill = _cfg_sram_fill(f, mode)
     for key in ("ReadRequestBuffer", "WriteRequestBuffer"):
-        get_int(a, key)
+        f.get_int(_ARCH, key)
     return ScaleSimConfig(
-        run_name=get("general", "run_name")[0],
-        rows=get_int(a, "ArrayHeight"),
-        cols=get_int(a, "ArrayWidth"),
-        ifmap_kb=get_int(a, "IfmapSramSzkB"),
-        filter_kb=get_int(a, "FilterSramSzkB"),
-        ofmap_kb=get_int(a, "OfmapSramSzkB"),
-        ifmap_offset=get_int(a, "IfmapOffset", positive=False),
-        filter_offset=get_int(a, "FilterOffset", positive=False),
-        ofmap_offset=get_int(a, "OfmapOffset", positive=False),
+        run_name=f.get("general", "run_name")[0],
+        rows=f.get_int(_ARCH, "ArrayHeight"),
+        cols=f.get_int(_ARCH, "ArrayWidth"),
+        ifmap_kb=f.get_int(_ARCH, "IfmapSramSzkB"),
+        filter_kb=f.get_int(_ARCH, "FilterSramSzkB"),
+        ofmap_kb=f.get_int(_ARCH, "OfmapSramSzkB"),
+        ifmap_offset=f.get_int(_ARCH, "IfmapOffset", positive=False),
+        filter_offset=f.get_int(_ARCH, "FilterOffset", positive=False),
+        ofmap_offset=f.get_int(_ARCH, "OfmapOffset", positive=False),
         dataflow=df,
         bandwidths=bandwidths,
-        sram_fill_bandwidths=(fill[0], fill[1]),
+        sram_fill_bandwidths=fill,
     )
 
 

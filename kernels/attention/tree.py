@@ -202,9 +202,20 @@ def verify_tree(
     sampling from the target (SpecInfer, Theorem 4.2).
     """
     p_arr = check_parents(parents)
-    n = len(p_arr)
     if mode not in ("greedy", "stochastic"):
         raise CodesignError(f"mode must be 'greedy' or 'stochastic', got {mode!r}")
+    tok, logits = _verify_inputs(len(p_arr), draft_tokens, target_logits)
+    children = _children(p_arr)
+    if mode == "greedy":
+        return _verify_greedy(children, tok, logits)
+    q_all = _draft_distributions(draft_probs, temperature, *logits.shape)
+    return _verify_stochastic(children, tok, logits, q_all, temperature, generator)
+
+
+def _verify_inputs(
+    n: int, draft_tokens: torch.Tensor | Sequence[int], target_logits: torch.Tensor
+) -> tuple[list[int], np.ndarray]:
+    """`verify_tree`'s checks of the tokens and logits of an n-node tree: (tokens, fp64 logits [n, vocab])."""
     if not isinstance(target_logits, torch.Tensor) or target_logits.dim() != 2 or target_logits.shape[0] != n:
         raise CodesignError(
             f"target_logits must be [{n}, vocab], got {getattr(target_logits, 'shape', None)}"
@@ -218,20 +229,34 @@ def verify_tree(
     logits = target_logits.detach().to(torch.float64).cpu().numpy()
     if not np.isfinite(logits).all():
         raise CodesignError("target_logits must be finite")
-    children: list[list[int]] = [[] for _ in range(n)]
-    for i, x in enumerate(p_arr[1:], start=1):
+    return toks.tolist(), logits
+
+
+def _children(parents: list[int]) -> list[list[int]]:
+    """Each node's children in node order, from a checked parent array."""
+    children: list[list[int]] = [[] for _ in parents]
+    for i, x in enumerate(parents[1:], start=1):
         children[x].append(i)
-    tok = toks.tolist()
+    return children
+
+
+def _verify_greedy(children: list[list[int]], tok: list[int], logits: np.ndarray) -> TreeVerifyResult:
+    """Greedy verification: follow the child whose token is the target's argmax; the bonus is that argmax."""
     accepted: list[int] = []
     u = 0
-    if mode == "greedy":
-        while True:
-            best = int(np.argmax(logits[u]))
-            nxt = next((c for c in children[u] if tok[c] == best), None)
-            if nxt is None:
-                return TreeVerifyResult(tuple(accepted), tuple([tok[c] for c in accepted] + [best]))
-            accepted.append(nxt)
-            u = nxt
+    while True:
+        best = int(np.argmax(logits[u]))
+        nxt = next((c for c in children[u] if tok[c] == best), None)
+        if nxt is None:
+            return TreeVerifyResult(tuple(accepted), tuple([tok[c] for c in accepted] + [best]))
+        accepted.append(nxt)
+        u = nxt
+
+
+def _draft_distributions(
+    draft_probs: torch.Tensor | None, temperature: float, n: int, vocab: int
+) -> np.ndarray:
+    """Stochastic mode's checks of `temperature` and `draft_probs`; the draft distributions in fp64."""
     if not (isinstance(temperature, int | float) and temperature > 0):
         raise CodesignError(f"temperature must be > 0 for stochastic verification, got {temperature!r}")
     if draft_probs is None or tuple(draft_probs.shape) != (n, vocab):
@@ -239,6 +264,21 @@ def verify_tree(
     q_all = draft_probs.detach().to(torch.float64).cpu().numpy()
     if not np.isfinite(q_all).all() or (q_all < 0).any():
         raise CodesignError("draft_probs must be finite and non-negative")
+    return q_all
+
+
+def _verify_stochastic(
+    children: list[list[int]],
+    tok: list[int],
+    logits: np.ndarray,
+    q_all: np.ndarray,
+    temperature: float,
+    generator: torch.Generator | None,
+) -> TreeVerifyResult:
+    """SpecInfer's multi-step speculative sampling over the tree (see `verify_tree`)."""
+    n = len(children)
+    accepted: list[int] = []
+    u = 0
     # One uniform per child tried plus one for the bonus: at most n + 1 draws, made up front.
     uni = torch.rand(n + 1, generator=generator, dtype=torch.float64).numpy()
     k = 0

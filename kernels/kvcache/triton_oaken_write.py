@@ -74,8 +74,9 @@ def _oaken_count_kernel(
     tl.store(key_ptr + t, tl.where(valid, blk, _SKIP_KEY).to(tl.int32), mask=(h == 0) & (kv == 0))
 
 
+# Allow-listed (pyproject.toml): a Triton kernel is one program; jit helpers change inlining and registers.
 @triton.jit
-def _oaken_write_kernel(
+def _oaken_write_kernel(  # noqa: C901, PLR0915
     k_ptr, k_st, k_sh, v_ptr, v_st, v_sh, slot_ptr, perm_ptr, n_tokens, scratch_ptr, k_thr_ptr, v_thr_ptr,
     grid_ptr, k_codes_ptr, v_codes_ptr, k_meta_ptr, v_meta_ptr, k_out_ptr, v_out_ptr, k_cnt_ptr, v_cnt_ptr,
     over_ptr, H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BS_PAD: tl.constexpr, BITS: tl.constexpr,
