@@ -128,6 +128,19 @@ def test_smoke_kernel_benches_all_run_and_check(tmp_path):
     kv = {r["format"] for r in rep["kv_quant"]["rows"]}
     assert kv >= {"int8", "int4", "int2", "fp8", "int4-kivi", "int2-kivi", "int4-oaken", "mixed-8/4/4/2"}
     assert sum("check_ok" in r for r in rep["kv_quant"]["rows"]) == 6
+    # The shape sweep: every format at each swept point, a positive share of its byte floor; every target.
+    kq = rep["kv_quant"]
+    sweep_fmts = {"bf16", "int8", "int4", "int2", "fp8", "int4-kivi", "int2-kivi", "int4-oaken", "mixed-8/4/4/2"}
+    points = {tuple(p) for p in kq["sweep_info"]["points"]}
+    assert points and (16, 32768) in points
+    for pt in points:
+        at = [r for r in kq["sweep"] if (r["batch"], r["context"]) == pt]
+        assert {r["format"] for r in at} == sweep_fmts, pt
+        assert all(r["ms"] > 0 and r["floor_bytes"] > 0 and r["pct_of_floor"] > 0 for r in at), pt
+    assert set(kq["sweep_targets"]) == {f"{f}_speedup_b16_c32k" for f in
+                                        ("int8", "fp8", "int4", "int4-kivi", "int4-oaken", "mixed-8/4/4/2")} | {
+        "all_formats_pct_of_floor_b16_c8k", "bf16_pct_of_copy_b16_c8k"}  # fmt: skip
+    assert all({"measured", "target", "met"} <= set(t) for t in kq["sweep_targets"].values())
     df = rep["df11"]
     assert df["all_bit_exact"] and df["small_m_4096x4096"] and df["shapes"] and df["sweep_4096x4096"]
 
