@@ -5,9 +5,9 @@ Each adapter launches the kernel's own public launcher inside `lookup.forced_con
 table name and shape key the kernel defines (`wq_table_op`, `wq_table_key`, `scaled_mm_table_op`, ...), so
 the tuner times exactly the code path a serving call takes, with the config the table would hand it. Shapes:
     w4a16_gemm / w8a16_gemm: M, N, K, G (group size along K; G = K or 0 for per-channel), optional
-                             SPLITK (1 split-K, 0 tiled) and DEQUANT (1: dequantize, then torch.matmul)
-                             pinning the variant; without them the default rule's (`choose_variant`);
-                             `expand` gives all three
+                             SPLITK (1 split-K, 0 tiled), DEQUANT (1: dequantize, then torch.matmul) and
+                             GEMV (1: the CUDA-core GEMV) pinning the variant; without them the default
+                             rule's (`choose_variant`); `expand` gives all four
     w8a8_gemm / fp8_gemm:    M, N, K (per-token int8 / e4m3 activations, per-channel weights), optional
                              TORCH (1: torch._int_mm / torch._scaled_mm, 0: ours); `expand` gives both
 Candidate spaces are the GPU grids below; interpreter runs (no GPU) get a few large-block configs,
@@ -65,18 +65,19 @@ def _scaled_mm_resources(fp8: bool) -> Callable[[dict[str, int]], Resources]:
 
 
 class WeightOnlyGemm:
-    """w4a16_gemm / w8a16_gemm: Y = X @ dequant(W)^T by the split-K, the tiled or the dequantize-then-matmul
+    """w4a16_gemm / w8a16_gemm: Y = X @ dequant(W)^T by the GEMV, split-K, tiled or dequantize-then-matmul
     variant.
 
-    Each variant has its own table ("<name>_splitk", "<name>_tiled", "<name>_dequant") and space; which
+    Each variant has its own table ("<name>_gemv", "<name>_splitk", ...) and space; which
     variant runs is the table "<name>_variant" (`variant_op`), exported from the variants' best times at
     the same (shape key, M) (`export.export_variant_table`; `variant_configs` maps each variant's table to
-    its entry there). A shape with SPLITK / DEQUANT tunes that variant; `expand` turns a shape into all.
+    its entry there). A shape with SPLITK / DEQUANT / GEMV tunes that variant; `expand` turns a shape into all.
     """
 
     default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
 
-    source_modules = ("codesign.kernels.gemm.triton_gemm", "codesign.kernels.gemm.triton_dequant")
+    source_modules = ("codesign.kernels.gemm.triton_gemm", "codesign.kernels.gemm.triton_dequant",
+                      "codesign.kernels.gemm.triton_gemv")  # fmt: skip
 
     def __init__(self, bits: int) -> None:
         from codesign.kernels.gemm import triton_gemm  # unavailable kernel -> ImportError
@@ -92,15 +93,13 @@ class WeightOnlyGemm:
         return shape["K"] if shape["G"] in (0, shape["K"]) else shape["G"]
 
     def check_shape(self, shape: Shape) -> None:
-        need_dims(shape, ("M", "N", "K", "G", *(d for d in ("SPLITK", "DEQUANT") if d in shape)), self.name)
+        need_dims(shape, ("M", "N", "K", "G", *(d for d in _PINS if d in shape)), self.name)
         if shape.get("SPLITK", 0) not in (0, 1):
             raise CodesignError(
                 f"shape for {self.name}: SPLITK must be 1 (split-K) or 0 (tiled), got {shape}"
             )
-        if shape.get("DEQUANT", 0) not in (0, 1) or (shape.get("DEQUANT") and shape.get("SPLITK")):
-            raise CodesignError(
-                f"shape for {self.name}: DEQUANT must be 0 or 1, and 1 only without SPLITK=1; got {shape}"
-            )
+        if any(shape.get(d, 0) not in (0, 1) for d in _PINS) or sum(shape.get(d, 0) for d in _PINS) > 1:
+            raise CodesignError(f"shape for {self.name}: DEQUANT and GEMV must be 0 or 1, one pin at most; got {shape}")
         g = self._group(shape)
         if g not in (32, 64, 128, shape["K"]) or shape["K"] % g or shape["K"] % (32 // self.bits):
             raise CodesignError(
@@ -111,15 +110,18 @@ class WeightOnlyGemm:
     def _variant(self, shape: Shape) -> str:
         if shape.get("DEQUANT"):
             return "dequant"
+        if shape.get("GEMV"):
+            return "gemv"
         if "SPLITK" in shape:
             return "splitk" if shape["SPLITK"] else "tiled"
         return self.kernel.choose_variant(shape["M"])  # the default rule (no device: no table)
 
     def expand(self, shape: Shape) -> list[Shape]:
-        """`shape` once per variant (split-K, tiled, dequantize-then-matmul), so all are timed at the same M."""
-        if "SPLITK" in shape or "DEQUANT" in shape:
+        """`shape` once per variant (split-K, tiled, dequantize-then-matmul, GEMV), so all are timed at the same M."""
+        if any(d in shape for d in _PINS):
             return [shape]
-        return [{**shape, "SPLITK": 1}, {**shape, "SPLITK": 0}, {**shape, "SPLITK": 0, "DEQUANT": 1}]
+        return [{**shape, "SPLITK": 1}, {**shape, "SPLITK": 0}, {**shape, "SPLITK": 0, "DEQUANT": 1},
+                {**shape, "SPLITK": 0, "GEMV": 1}]  # fmt: skip
 
     def table_op(self, shape: Shape) -> str:
         return self.kernel.wq_table_op(self.bits, self._variant(shape))
@@ -136,6 +138,8 @@ class WeightOnlyGemm:
         res = _weight_only_resources(a_bytes, self.bits)
         if self._variant(shape) == "dequant":
             return _dequant_space(on_gpu)
+        if self._variant(shape) == "gemv":
+            return _gemv_space(on_gpu, g, k)
         if self._variant(shape) == "splitk":
             params = (
                 {"BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [32, 64, 128, 256], "SPLIT_K": [1, 2, 4, 8, 16],
@@ -202,6 +206,32 @@ class WeightOnlyGemm:
 
     def tolerance(self, dtype: torch.dtype) -> float:
         return TOL[dtype]
+
+
+_PINS = ("SPLITK", "DEQUANT", "GEMV")  # shape dims that pin a weight-only variant
+
+
+def _gemv_space(on_gpu: bool, group: int, k: int) -> ConfigSpace:
+    """The GEMV's slices: registers hold the BLOCK_K x BLOCK_N tile of fp32 weights for all M rows (so the
+    register estimate prunes). BLOCK_K beyond the group (or K) would only repeat a smaller config."""
+    params = (
+        {"BLOCK_K": [32, 64, 128, 256], "BLOCK_N": [32, 64, 128, 256], "num_warps": [1, 2, 4, 8]}
+        if on_gpu
+        else {"BLOCK_K": [64, 128], "BLOCK_N": [64, 128], "num_warps": [4]}
+    )
+    return ConfigSpace(
+        params=params,
+        valid=lambda c: c["BLOCK_K"] <= max(group, min(params["BLOCK_K"])) and c["BLOCK_K"] <= max(pow2_cap(k), 32),
+        resources=_gemv_resources,
+    )
+
+
+def _gemv_resources(c: dict[str, int]) -> Resources:
+    """The GEMV's cross-warp sums and layout changes in shared memory, and its fp32 tile in registers: bounds
+    over what ptxas reported for sm_90 on 8 sampled tiles (16 B a column, up to half a byte per tile element;
+    registers 40 + 1.25 a tile element per thread)."""
+    bk, bn, w = c["BLOCK_K"], c["BLOCK_N"], c["num_warps"]
+    return Resources(max(16 * bn, bk * bn // 2), 40 + 5 * bk * bn // (4 * 32 * w))
 
 
 def _dequant_space(on_gpu: bool) -> ConfigSpace:

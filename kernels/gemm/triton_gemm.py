@@ -1,6 +1,6 @@
 """Triton kernels for quantized GEMM: W4A16/W8A16 (split-K GEMV-style + tiled), W8A8 int8, FP8 W8A8, and the
-one place each op's variant is chosen (ours, or torch's own path where it is faster: `triton_dequant`,
-`torch_mm`).
+one place each op's variant is chosen (ours: `triton_gemv` at the smallest M, split-K, tiled; or torch's own
+path where it is faster: `triton_dequant`, `torch_mm`).
 
 Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), W in the native layout of `codesign.kernels.gemm.formats`
 (codes packed 32/bits per int32 along K, K-major; per-group scales and optional zeros along K).
@@ -35,7 +35,11 @@ SMALL_M_MAX = 16
 # weight is small (an 8192 x 8192 layer: ~45 us of dequantization beside >= 0.19 ms of matmul on an H200,
 # where our tiled W4A16 measured 0.33x bf16 at M = 4096 and W8A8 0.2-0.27x). A variant table overrides it.
 TORCH_PATH_MIN_M = 1024
-WQ_VARIANTS = ("splitk", "tiled", "dequant")
+# At or below this M the weight-only GEMMs default to the CUDA-core GEMV (`triton_gemv`). Prediction for
+# 8192 x 8192 int4 on an H200, untimed: ~4 integer / fp32 ops per weight to unpack plus ~2 per row, 12-27 us
+# at M = 1-4 against ~40 us for bf16's GEMV (the split-K kernel measured 0.65-0.71x bf16 before its rewrite).
+GEMV_MAX_M = 4
+WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
 
 # Defaults are untuned starting points (the autotune issue fills per-GPU tables). Interpreter
 # defaults use the largest blocks: the interpreter's cost is per program instance, not per flop.
@@ -61,6 +65,9 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     },
     "act": {"BLOCK_K": 1024, "num_warps": 4},
     "dequant": {"BLOCK_K": 32, "BLOCK_N": 128, "num_warps": 4},
+    # The GEMV keeps its tile as fp32 weights in registers: 64 x 64 over 4 warps is 32 a thread (128 x 128
+    # took 255 registers and spilled on sm_90).
+    "gemv": {"BLOCK_K": 64, "BLOCK_N": 64, "num_warps": 4},
 }
 _INTERP_DEFAULTS: dict[str, dict[str, int]] = {
     # SPLIT_K 2 so the atomic reduction path is exercised by every small-M interpreter test.
@@ -76,6 +83,7 @@ _INTERP_DEFAULTS: dict[str, dict[str, int]] = {
     },
     "act": {"BLOCK_K": 512, "num_warps": 4},
     "dequant": {"BLOCK_K": 128, "BLOCK_N": 128, "num_warps": 4},
+    "gemv": {"BLOCK_K": 128, "BLOCK_N": 128, "num_warps": 4},
 }
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -99,8 +107,9 @@ def wq_variant_op(bits: int) -> str:
 
 
 def wq_variant_entry(variant: str) -> dict[str, int]:
-    """A weight-only variant as its variant-table entry: {"SPLITK": 0 or 1, "DEQUANT": 0 or 1}."""
-    return {"SPLITK": int(variant == "splitk"), "DEQUANT": int(variant == "dequant")}
+    """A weight-only variant as its variant-table entry: {"SPLITK": 0/1, "DEQUANT": 0/1, "GEMV": 0/1}."""
+    pins = (("SPLITK", "splitk"), ("DEQUANT", "dequant"), ("GEMV", "gemv"))
+    return {name: int(variant == v) for name, v in pins}
 
 
 def scaled_mm_variant_op(fp8: bool) -> str:
@@ -127,18 +136,21 @@ def act_table_key(k: int) -> str:
 
 
 def choose_variant(m: int, op: str = "w4a16_gemm", device: torch.device | None = None, key: str = "") -> str:
-    """The one place the weight-only variant is chosen: "splitk", "tiled" or "dequant".
+    """The one place the weight-only variant is chosen: "gemv", "splitk", "tiled" or "dequant".
 
     Reads the per-GPU variant table "<op>_variant" (`wq_variant_entry` per shape key `key` and M bucket;
     written by `codesign tune --variants all --export` from the fastest correct config of each variant at
-    the same M), else the default rule: split-K for M <= SMALL_M_MAX, dequantize-then-matmul from
-    TORCH_PATH_MIN_M, tiled between. No device (or a CPU one) means no table: the default rule, unless the
-    tuner forces a variant (`forced_config`).
+    the same M), else the default rule: the GEMV up to GEMV_MAX_M, split-K up to SMALL_M_MAX,
+    dequantize-then-matmul from TORCH_PATH_MIN_M, tiled between. No device (or a CPU one) means no table:
+    the default rule, unless the tuner forces a variant (`forced_config`).
     """
     gpu = device_view(device).gpu_name if device is not None else None
-    default = wq_variant_entry("splitk" if m <= SMALL_M_MAX else "dequant" if m >= TORCH_PATH_MIN_M else "tiled")
-    cfg = lookup_config(f"{op}_variant", gpu, m, key, default)  # `wq_variant_op`
-    return "dequant" if cfg["DEQUANT"] else "splitk" if cfg["SPLITK"] else "tiled"
+    rule = ("gemv" if m <= GEMV_MAX_M else "splitk" if m <= SMALL_M_MAX
+            else "dequant" if m >= TORCH_PATH_MIN_M else "tiled")  # fmt: skip
+    # An entry names its variant by the flags it sets (a missing flag is 0); no entry: the rule.
+    cfg = lookup_config(f"{op}_variant", gpu, m, key, {}) or wq_variant_entry(rule)  # `wq_variant_op`
+    flags = {name: cfg.get(name, 0) for name in ("DEQUANT", "GEMV", "SPLITK")}
+    return "dequant" if flags["DEQUANT"] else "gemv" if flags["GEMV"] else "splitk" if flags["SPLITK"] else "tiled"
 
 
 def choose_scaled_mm_variant(m: int, n: int, k: int, fp8: bool, out_dtype: torch.dtype, device: torch.device) -> str:
@@ -449,6 +461,11 @@ def wq_gemm(
         from codesign.kernels.gemm.triton_dequant import dequant_matmul
 
         dequant_matmul(x, qweight, scales, zeros, bias, bits, group, out, cfg)
+        return out
+    if variant == "gemv":
+        from codesign.kernels.gemm.triton_gemv import wq_gemv
+
+        wq_gemv(x, qweight, scales, zeros, bias, bits, group, out, cfg)
         return out
     # A K tile must not straddle a group: its single scale row is loaded once per tile.
     block_k = cfg["BLOCK_K"] if group == k else min(cfg["BLOCK_K"], group)

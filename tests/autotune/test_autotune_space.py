@@ -64,7 +64,7 @@ def test_grid_order_validity_rule_and_bad_spaces():
 @pytest.mark.parametrize(
     "name, shape",
     [
-        ("w4a16_gemm", "M=1,N=4096,K=4096,G=128"),
+        ("w4a16_gemm", "M=1,N=4096,K=4096,G=128,SPLITK=1"),
         ("w4a16_gemm", "M=256,N=11008,K=4096,G=0"),
         ("w8a8_gemm", "M=64,N=4096,K=4096"),
         ("paged_attention", "M=8,q_heads=32,kv_heads=8,head_dim=128,block_size=16,ctx=4096"),
@@ -82,6 +82,18 @@ def test_shipped_gpu_spaces_fit_an_h100_after_pruning(name, shape):
         r = space.resources(c)
         assert r.smem_bytes <= h100.smem_per_block and r.regs_per_thread <= h100.regs_per_thread
     assert len(space.candidates(SMALL)) < len(cands)  # a 48 KiB device prunes more
+
+
+def test_the_gemv_space_is_pruned_by_registers():
+    """The GEMV keeps its tile in registers and uses no shared memory to speak of: its estimate must prune the
+    tiles that cannot fit 255 registers a thread, on every device."""
+    op = get_op("w4a16_gemm")
+    s = parse_shape("M=1,N=4096,K=4096,G=128,SPLITK=0,GEMV=1")
+    space = op.space(s, torch.float16, on_gpu=True)
+    cands = space.candidates(DeviceLimits())
+    assert 10 <= len(cands) < space.size
+    assert all(space.resources(c).regs_per_thread <= 255 for c in cands)
+    assert {"BLOCK_K": 256, "BLOCK_N": 256, "num_warps": 1} not in cands
 
 
 def test_parse_shape_rejects_junk():

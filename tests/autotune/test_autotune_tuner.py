@@ -17,7 +17,7 @@ from codesign.autotune.tuner import CPU_GPU_NAME, Tuner
 from codesign.backend import use_backend
 from codesign.specs import CodesignError
 
-SHAPE = {"M": 3, "N": 96, "K": 256, "G": 128}  # split-K variant (M <= 16), odd M and N
+SHAPE = {"M": 3, "N": 96, "K": 256, "G": 128, "SPLITK": 1}  # the split-K variant pinned, odd M and N
 
 
 def _tuner(op, cache, **kw):
@@ -135,7 +135,7 @@ def test_cli_export_alone_writes_every_op_in_the_cache(tmp_path):
     cache, out = tmp_path / "c.jsonl", tmp_path / "tables"
     common = ["--device", "cpu", "--cache", str(cache), "--strategy", "random", "--max-evals", "1"]
     assert cli.main(["tune", "--op", "w8a8_gemm", "--shape", "M=2,N=64,K=128", *common]) == 0
-    assert cli.main(["tune", "--op", "w4a16_gemm", "--shape", "M=1,N=64,K=128,G=64", *common]) == 0
+    assert cli.main(["tune", "--op", "w4a16_gemm", "--shape", "M=5,N=64,K=128,G=64", *common]) == 0  # split-K
     assert not out.exists()
     assert (
         cli.main(["tune", "--export", "--device", "cpu", "--cache", str(cache), "--out-dir", str(out)]) == 0

@@ -1,6 +1,7 @@
-"""The weight-only GEMM's variant (split-K, tiled or dequantize-then-matmul) as a tuned choice.
+"""The weight-only GEMM's variant (GEMV, split-K, tiled or dequantize-then-matmul) as a tuned choice.
 
-The tuner times each variant in its own space (a shape pins one with SPLITK / DEQUANT; `expand` gives all),
+The tuner times each variant in its own space (a shape pins one with SPLITK / DEQUANT / GEMV; `expand` gives
+all),
 `export_variant_table` writes the faster variant per (shape key, M), and `wq_gemm` reads that table
 through `choose_variant`. Tables are per GPU, so to show a table steering the kernel on a CPU the tests
 name the interpreter's "GPU" (`tuner.CPU_GPU_NAME`) as the device's (`codesign.backend.use_device_view`).
@@ -75,22 +76,26 @@ def test_a_pinned_variant_is_the_one_that_runs_and_is_correct(m, splitk, launche
 def test_expand_gives_both_variants_and_bad_variants_are_refused():
     op = get_op("w8a16_gemm")
     s = {"M": 7, "N": 64, "K": 128, "G": 0}
-    dq = {"SPLITK": 0, "DEQUANT": 1}
-    assert op.expand(s) == [{**s, "SPLITK": 1}, {**s, "SPLITK": 0}, {**s, **dq}]
+    dq, gv = {"SPLITK": 0, "DEQUANT": 1}, {"SPLITK": 0, "GEMV": 1}
+    assert op.expand(s) == [{**s, "SPLITK": 1}, {**s, "SPLITK": 0}, {**s, **dq}, {**s, **gv}]
     assert op.expand({**s, "SPLITK": 0}) == [{**s, "SPLITK": 0}]
     assert expand_variants(op, [s, {**s, "M": 40}]) == [
-        {**s, "SPLITK": 1}, {**s, "SPLITK": 0}, {**s, **dq},
-        {**s, "M": 40, "SPLITK": 1}, {**s, "M": 40, "SPLITK": 0}, {**s, "M": 40, **dq},
+        {**s, "SPLITK": 1}, {**s, "SPLITK": 0}, {**s, **dq}, {**s, **gv},
+        {**s, "M": 40, "SPLITK": 1}, {**s, "M": 40, "SPLITK": 0}, {**s, "M": 40, **dq}, {**s, "M": 40, **gv},
     ]  # fmt: skip
-    assert [op.table_op(v) for v in op.expand(s)] == ["w8a16_gemm_splitk", "w8a16_gemm_tiled", "w8a16_gemm_dequant"]
+    assert [op.table_op(v) for v in op.expand(s)] == [
+        "w8a16_gemm_splitk", "w8a16_gemm_tiled", "w8a16_gemm_dequant", "w8a16_gemm_gemv"
+    ]  # fmt: skip
     w8a8 = get_op("w8a8_gemm")
     t = {"M": 1, "N": 64, "K": 128}
     assert expand_variants(w8a8, [t]) == [{**t, "TORCH": 0}, {**t, "TORCH": 1}]
     assert [w8a8.table_op(v) for v in w8a8.expand(t)] == ["w8a8_gemm", "w8a8_gemm_torch"]
     with pytest.raises(CodesignError, match="SPLITK must be 1"):
         op.check_shape({**s, "SPLITK": 2})
-    with pytest.raises(CodesignError, match="DEQUANT must be 0 or 1"):
+    with pytest.raises(CodesignError, match="one pin at most"):
         op.check_shape({**s, "SPLITK": 1, "DEQUANT": 1})
+    with pytest.raises(CodesignError, match="one pin at most"):
+        op.check_shape({**s, "GEMV": 1, "DEQUANT": 1})
     with pytest.raises(CodesignError, match="TORCH must be 1"):
         w8a8.check_shape({**t, "TORCH": 2})
     with pytest.raises(CodesignError, match="shape for w8a16_gemm"):
@@ -98,8 +103,9 @@ def test_expand_gives_both_variants_and_bad_variants_are_refused():
 
 
 def test_default_rule_without_a_table():
-    # No device, a CPU device, or an unknown key: M <= 16 is split-K, from 1024 dequantize-then-matmul.
-    for m, want in ((1, "splitk"), (16, "splitk"), (17, "tiled"), (1023, "tiled"), (1024, "dequant")):
+    # No device, a CPU device, or an unknown key: M <= 4 the GEMV, <= 16 split-K, from 1024 dequantize-then-matmul.
+    for m, want in ((1, "gemv"), (4, "gemv"), (5, "splitk"), (16, "splitk"), (17, "tiled"), (1023, "tiled"),
+                    (1024, "dequant")):  # fmt: skip
         assert qt.choose_variant(m) == want
         assert qt.choose_variant(m, "w8a16_gemm", torch.device("cpu"), KEY) == want
     with forced_config("w4a16_gemm_variant", {"SPLITK": 0}):
@@ -123,6 +129,7 @@ def test_an_exported_variant_table_changes_which_variant_runs(tmp_path, monkeypa
         _record(cache, "w4a16_gemm_splitk", m, {**splitk_cfg, "SPLIT_K": 1}, t_splitk + 0.5)  # slower
         _record(cache, "w4a16_gemm_tiled", m, tiled_cfg, t_tiled)
         _record(cache, "w4a16_gemm_dequant", m, qt._INTERP_DEFAULTS["dequant"], 9.0)  # never the fastest here
+        _record(cache, "w4a16_gemm_gemv", m, qt._INTERP_DEFAULTS["gemv"], 8.0)
     _record(cache, "w4a16_gemm_tiled", 64, tiled_cfg, 1.0)  # split-K never timed at 64: no variant entry
     root = tmp_path / "tables"
     for t in op.variant_configs:
@@ -133,14 +140,14 @@ def test_an_exported_variant_table_changes_which_variant_runs(tmp_path, monkeypa
     table = json.loads(path.read_text())
     tiled, splitk = qt.wq_variant_entry("tiled"), qt.wq_variant_entry("splitk")
     assert table["entries"] == {KEY: {"3": tiled, "40": splitk}}
-    want = {"w4a16_gemm_dequant": 9.0, "w4a16_gemm_splitk": 2.0, "w4a16_gemm_tiled": 1.0}
+    want = {"w4a16_gemm_dequant": 9.0, "w4a16_gemm_gemv": 8.0, "w4a16_gemm_splitk": 2.0, "w4a16_gemm_tiled": 1.0}
     assert table["timings_ms"][KEY]["3"] == want
 
     qw = qf.quantize_rtn(torch.randn(N, K), "int4", G, False)
     monkeypatch.setenv("CODESIGN_CONFIG_DIR", str(root))
     lookup.reload_tables()
     with use_backend("triton"):
-        for m in (3, 40):
+        for m in (5, 40):
             qg.quant_matmul(torch.randn(m, K), qw)  # CPU: no table is read, the default rule runs
         assert launched == ["splitk", "tiled"]
         launched.clear()
@@ -164,8 +171,8 @@ def test_no_variant_entry_unless_every_variant_was_timed(tmp_path):
 
 
 def test_cli_tunes_every_variant_and_exports_the_fastest(tmp_path):
-    """End to end through the interpreter (CPU timer): `--variants all` times the three variants at M = 3, the
-    export writes four tables, and the variant table names the fastest variant."""
+    """End to end through the interpreter (CPU timer): `--variants all` times the four variants at M = 3, the
+    export writes five tables, and the variant table names the fastest variant."""
     cache, out = tmp_path / "c.jsonl", tmp_path / "tables"
     argv = ["tune", "--op", "w4a16_gemm", "--shape", f"M=3,N={N},K={K},G={G}", "--variants", "all",
             "--device", "cpu", "--cache", str(cache), "--strategy", "random", "--max-evals", "1",
@@ -173,10 +180,11 @@ def test_cli_tunes_every_variant_and_exports_the_fastest(tmp_path):
     assert cli.main(argv) == 0
     folder = out / lookup.gpu_slug(CPU_GPU_NAME)
     assert sorted(p.name for p in folder.iterdir()) == [
-        "w4a16_gemm_dequant.json", "w4a16_gemm_splitk.json", "w4a16_gemm_tiled.json", "w4a16_gemm_variant.json"
+        "w4a16_gemm_dequant.json", "w4a16_gemm_gemv.json", "w4a16_gemm_splitk.json", "w4a16_gemm_tiled.json",
+        "w4a16_gemm_variant.json",
     ]  # fmt: skip
     recs = TuningCache(cache).load().records
-    assert sorted(r["op"] for r in recs) == ["w4a16_gemm_dequant", "w4a16_gemm_splitk", "w4a16_gemm_tiled"]
+    assert sorted(r["op"] for r in recs) == [f"w4a16_gemm_{v}" for v in ("dequant", "gemv", "splitk", "tiled")]
     assert all(r["ok"] for r in recs)
     best = {r["op"]: r["time_ms"] for r in recs}
     fastest = min(best, key=best.get)

@@ -112,7 +112,7 @@ with compile_only(90, "NVIDIA H200") as s:
         q = torch.randn(2, 6, 64).to(dt)
         outs[dt] = w.run(q, k, k.clone(), out=torch.full_like(q, float("nan")))
     qw = qf.quantize_rtn(torch.randn(96, 256), "int4", 64, True, torch.float16)
-    quant_matmul(torch.randn(1, 256, dtype=torch.float16), qw)
+    quant_matmul(torch.randn(5, 256, dtype=torch.float16), qw)  # M = 5: the split-K variant
 assert all(o.isnan().all() for o in outs.values()), "a kernel ran: the poisoned output was written"
 names = [l.kernel for l in s.launches]
 assert names.count("_paged_attn_kernel") == 2 and names[-1] == "_wq_kernel", names
@@ -204,7 +204,7 @@ table = {{**lookup.table_header("w4a16_gemm_splitk", "NVIDIA H200", ["codesign.k
 os.makedirs(os.path.join(root, "nvidia-h200"))
 json.dump(table, open(os.path.join(root, "nvidia-h200", "w4a16_gemm_splitk.json"), "w"))
 qw = qf.quantize_rtn(torch.randn(96, 256), "int4", 64, True, torch.float16)
-x = torch.randn(1, 256, dtype=torch.float16)
+x = torch.randn(5, 256, dtype=torch.float16)  # M = 5: split-K (the table's M = 1 entry is the nearest)
 for gpu, want in (("NVIDIA H200", (32, 32, 2, 2)), ("NVIDIA H100 80GB HBM3", (64, 64, 4, 4))):
     with compile_only(90, gpu) as s:
         quant_matmul(x, qw)
@@ -223,7 +223,8 @@ from codesign.autotune.compile_check import check_estimates
 rows = check_estimates("w8a8_gemm", {"M": 20, "N": 40, "K": 256}, n=3, arch=90)  # tiles <= 32 x 64
 assert len(rows) == 3 and any(r.pruned_by_estimate is None for r in rows), rows
 rows += check_estimates("fp8_gemm", {"M": 20, "N": 40, "K": 256}, n=2, arch=90)
-rows += check_estimates("w4a16_gemm", {"M": 3, "N": 256, "K": 512, "G": 128}, n=2, arch=90)
+rows += check_estimates("w4a16_gemm", {"M": 3, "N": 256, "K": 512, "G": 128, "SPLITK": 1}, n=2, arch=90)
+rows += check_estimates("w4a16_gemm", {"M": 3, "N": 256, "K": 512, "G": 128, "GEMV": 1}, n=3, arch=90)
 for r in rows:
     assert r.error is None and r.real_smem > 0 and r.real_regs > 0, r
     assert r.est_smem >= r.real_smem, f"estimate {r.est_smem} B < compiler {r.real_smem} B for {r.config}"

@@ -1,4 +1,5 @@
-"""Torch's own paths as variants of the quantized GEMMs: dequantize-then-matmul for the weight-only ops, and
+"""The variants of the quantized GEMMs: the CUDA-core GEMV at the smallest M, and torch's own paths:
+dequantize-then-matmul for the weight-only ops, and
 `torch._int_mm` / `torch._scaled_mm` for W8A8 / FP8. Each forced variant against fp64 on odd shapes into a
 NaN-poisoned output; the dequantized buffer bit for bit against the torch reference; the default rule by M;
 shapes torch cannot take never chosen, and refused with the reason when forced; every variant tunable."""
@@ -30,18 +31,19 @@ def _ref(x, qw, bias):
     return y if bias is None else y + bias.double()
 
 
+@pytest.mark.parametrize("variant", ["dequant", "gemv"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize(("bits", "group", "sym", "n", "k", "m"),
-                         [(4, 32, False, 97, 224, 5), (4, 128, True, 40, 384, 33), (8, None, True, 72, 100, 3),
-                          (8, 64, False, 24, 192, 130)])  # fmt: skip
-def test_dequant_variant_matches_fp64(bits, group, sym, n, k, m, dtype):
+                         [(4, 32, False, 97, 224, 5), (4, 128, True, 40, 384, 1), (8, None, True, 72, 100, 3),
+                          (8, 64, False, 24, 192, 130), (4, None, False, 33, 96, 2)])  # fmt: skip
+def test_forced_variant_matches_fp64(bits, group, sym, n, k, m, dtype, variant):
     qw = qf.quantize_rtn(torch.randn(n, k), f"int{bits}", group, sym, dtype)
     x = torch.randn(m, k).to(dtype)
     bias = torch.randn(n).to(dtype) if m % 2 else None
     out = torch.full((m, n), float("nan"), dtype=dtype)
-    with use_backend("triton"), forced_config(qt.wq_variant_op(bits), qt.wq_variant_entry("dequant")):
+    with use_backend("triton"), forced_config(qt.wq_variant_op(bits), qt.wq_variant_entry(variant)):
         qt.wq_gemm(x, qw.qweight, qw.scales, qw.zeros, bias, bits, qw.group, out)
-    assert_rel_close(out, _ref(x, qw, bias), BOUND[dtype], f"int{bits} g{group} M={m}")
+    assert_rel_close(out, _ref(x, qw, bias), BOUND[dtype], f"{variant} int{bits} g{group} M={m}")
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -124,3 +126,31 @@ def test_every_variant_is_tunable_and_correct(name, shape):
         with use_backend("triton"):
             out = op.run(inputs, cand)
         assert rel_error(out, op.reference(inputs)) <= op.tolerance(torch.float32), (variant, cand)
+
+
+@pytest.mark.slow
+def test_the_gemv_and_the_dequant_pass_lower_for_sm90_without_spills_or_conversions():
+    """What the designs need, from the compiler (the interpreter cannot show it): at their GPU defaults the GEMV
+    (M = 1 and M = 3, int4 and int8) and the dequantize pass compile for sm_90 without register spills, and the
+    GEMV turns codes into fp32 with no integer-to-float conversion instruction."""
+    from helpers import assert_runs_without_interpreter
+
+    code = """
+import torch
+from codesign.autotune.compile_only import compile_only
+from codesign.kernels.gemm import formats as qf
+from codesign.kernels.gemm.ops import quant_matmul
+with compile_only(90) as s:
+    for bits, group in ((4, 128), (8, None)):
+        qw = qf.quantize_rtn(torch.randn(256, 1024), f"int{bits}", group, group is None, torch.bfloat16)
+        for m in (1, 3, 2048):
+            quant_matmul(torch.randn(m, 1024, dtype=torch.bfloat16), qw)
+kinds = sorted({l.kernel for l in s.launches})
+assert kinds == ["_dequant_kernel", "_wq_gemv_kernel"], kinds
+for l in s.launches:
+    assert l.error is None and l.spill_stores == 0 and 0 < l.registers <= 128, l
+    if l.kernel == "_wq_gemv_kernel":
+        assert l.ptx_ops["cvt_i2f"] == 0 and l.constexprs["USE_ATOMIC"], l
+print("ok")
+"""
+    assert_runs_without_interpreter(code)
