@@ -1,6 +1,9 @@
-"""Comparison helpers shared by the kernel tests (references in fp64, relative errors)."""
+"""Helpers shared by the tests: fp64 comparisons (relative errors), the Inductor cache policy, an ast import scanner."""
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
 
 import torch
 
@@ -114,3 +117,19 @@ def device_view_with(**changes):
     from codesign.backend import device_view, use_device_view
 
     return use_device_view(dataclasses.replace(device_view("cpu"), **changes))
+
+
+def module_imports(path: Path, package: str) -> set[str]:
+    """Absolute names of the modules `path` imports (relative imports resolved against `package`)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base]) if base else ".".join(parts)
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
+    return out

@@ -3,27 +3,12 @@ attention -> kvcache -> codesign.specs, never back; the specs import nothing of 
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from helpers import module_imports as _imports
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "kernels"
-
-
-def _imports(path: Path, package: str) -> set[str]:
-    """Absolute names of the modules `path` imports (relative imports resolved against `package`)."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parts, base]) if base else ".".join(parts)
-            out.add(base)
-            out.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
-    return out
 
 
 def _ours(name: str) -> bool:
