@@ -1,8 +1,8 @@
-"""The area model against the RTL twins synthesized by Yosys (issue 23 item 6; table: rtl_area.yaml).
+"""The area model against the RTL twins synthesized by Yosys (table: rtl_area.yaml).
 
 Relative to the int8 MAC lane, every unit the model has a figure for is within 2x of its synthesized twin
-(the fp32 adder was 3.7x off with Horowitz's 4184 um^2 and takes the twin's ratio since; energy.py). One
-small unit is re-synthesized here so the table cannot drift from the RTL.
+(the fp32 adder takes its twin's ratio, not Horowitz's figure: energy.py). One small unit is re-synthesized
+here so the table cannot drift from the RTL.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the GPU suite imports must work on the lent GPU machine's image, which cannot install anything.
 
-That image (see README, "The GPU suite") has torch, triton, numpy, networkx, numba, pyyaml, matplotlib
+That image (docs/gpu-suite.md, "One lent GPU session") has torch, triton, numpy, networkx, numba, pyyaml, matplotlib
 and tqdm, but not optuna, ray, cocotb or scalesim. A missing top-level import would only show on the
 GPU, wasting its minutes; here a fresh process with those packages hidden imports the kernels, every
 tunable op and every `bench/gpu_*.py` module, and runs the search strategy the suite falls back to.

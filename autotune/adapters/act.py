@@ -55,8 +55,7 @@ class ActQuant:
         # The launcher clamps BLOCK_K to next_pow2(K): larger values repeat that config.
         cap = max(pow2_cap(shape["K"]), min(params["BLOCK_K"]))
         # One row chunk in registers: BLOCK_K fp32 values over 32 * num_warps threads, plus ~56 of state
-        # (ptxas, sm_90: 184 at BLOCK_K 4096 on one warp, 29-32 at 256-1024; the old 3 x chunk + 24 pruned
-        # BLOCK_K 4096 on one warp, which fits).
+        # (ptxas, sm_90: 184 at BLOCK_K 4096 on one warp, 29-32 at 256-1024).
         return ConfigSpace(
             params=params,
             valid=lambda c: c["BLOCK_K"] <= cap,

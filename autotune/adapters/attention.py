@@ -95,8 +95,7 @@ class PagedDecodeAttention:
         num_stages (compiled for sm_90: 74,240 B at BLOCK_N 128, head_dim 128 with 3 and with 4 stages),
         plus fp32 score rows: (2 if stages > 1 else 1) x BLOCK_N x dpad x elt + 2 x rows x BLOCK_N x 4.
         At or above the compiler's number on every sampled config (`autotune/compile_check.py`;
-        `bench/results/lowering_estimates_sm90.json`), and below the old stages x 2 x BLOCK_N x dpad x elt,
-        which pruned configs that fit."""
+        `bench/results/lowering_estimates_sm90.json`)."""
         bufs = 2 if c["num_stages"] > 1 else 1
         return bufs * c["BLOCK_N"] * dpad * elt + 2 * rows * c["BLOCK_N"] * 4
 

@@ -77,7 +77,7 @@ class AttentionOptions:
 
 @dataclass(frozen=True, eq=False)
 class AttentionBatch:
-    """One launch's batch metadata (device tensors; contracts in ARCHITECTURE.md).
+    """One launch's batch metadata (device tensors; contracts in docs/architecture.md).
 
     cu_seqlens_q: int32 [B+1], sequence b's new tokens are q[cu[b]:cu[b+1]] (decode: 0, 1, ..., B);
     positions, tree_mask, mask_indptr: tree verification only (`tree.TreeBatch`), else None.

@@ -91,8 +91,7 @@ SUBBYTE_TILE_ELEMS = 16 * 128
 # Tree verification adds the ancestor-mask tile to a 16-token x GROUP_PAD-row extend tile. Compiled for
 # sm_90 in bf16 at head_dim 128 (two-phase kernel): BLOCK_N 64 on 4 warps spills 312 B per thread, on 8
 # warps takes 243 registers and does not; 32 on 4 warps takes 249. Tree launches run at most 64 wide and,
-# at 64, on at least 8 warps: the prefix phase then keeps a causal extend's tile width (the first H200
-# run, one phase at 32 wide, took 3.3x an extend over the same 4k prefix).
+# at 64, on at least 8 warps: the prefix phase then keeps a causal extend's tile width.
 TREE_MAX_BLOCK_N = 64
 TREE_MIN_WARPS = 8
 # Oaken outlier slots applied per chunk of this many (the K of two small tl.dot, at least 16 on GPUs).
@@ -641,21 +640,17 @@ def default_config(head_dim: int, elem_bytes: int, kv_format: int = KV_FORMAT_PL
     if gathered:  # sub-byte codes read by byte gather
         cfg["BLOCK_N"] = max(16, min(cfg["BLOCK_N"], SUBBYTE_TILE_ELEMS // dp))
     elif oaken:
-        # Compiled for sm_90 (bf16, head_dim 128, INT4 words, block size 32): the offline variant spills at
-        # 64 x 128 on 8 warps (52 B) and takes 242 registers at 32 x 128 on 4, 198 on 8 (the online one 190 at
-        # 64 on 8, 231 at 32 on 4). Untimed. A tile as wide as the block scans each block's outlier slots once
-        # (16 wide scans them twice).
+        # 32 x 128 on 8 warps: the offline variant spills at 64 x 128 (sm_90, bf16, head_dim 128), and a tile as
+        # wide as a 32-token block scans each block's outlier slots once (16 wide scans them twice).
         cfg["BLOCK_N"], cfg["num_warps"] = min(cfg["BLOCK_N"], 32), 8
     if kv_format == KV_FORMAT_KIVI:
-        # Measured on an H200 at batch 16: 16 x 128 tiles on 2 warps were the fastest config tried in three
-        # tuning passes (context 4k: 2.2x the old 32 x 128 / 4-warp default; 32k: 6.1 ms against 10.4 at
-        # 64 x 128 / 8 warps).
+        # 16 x 128 on 2 warps: the fastest config of three H200 tuning passes at batch 16 (context 32k: 6.1 ms
+        # against 10.4 at 64 x 128 on 8 warps).
         cfg["BLOCK_N"], cfg["num_warps"] = 16, 2
     if kv_format == KV_FORMAT_MIXED:
         cfg["num_warps"] = 8  # three code widths in one loop: 4 warps spill without a split (128 regs + 8 B)
     if kv_format == KV_FORMAT_INT and bits == 2:
-        # 16 codes per word: compiled for sm_90 (bf16, block size 32, 64 x 128 tiles) 4 warps spill 4 B at 128
-        # registers since the codes became fp16 by bit patterns; 8 warps take 111 and do not. Untimed.
+        # 16 codes per word: on 4 warps the 64 x 128 tile spills (sm_90, bf16, block size 32); on 8 it does not.
         cfg["num_warps"] = 8
     if dp >= 256:
         cfg["num_warps"] = 8
@@ -666,19 +661,13 @@ def default_config(head_dim: int, elem_bytes: int, kv_format: int = KV_FORMAT_PL
 def reads_words(kv_format: int, bits: int, head_dim: int) -> bool:
     """True when the kernel reads this cache's packed sub-byte codes as int32 words (`_load_codes`): the INT,
     KIVI and Oaken formats below 8 bits whose code rows are whole words (not mixed chunks: their width varies
-    per block). Measured on an H200 (batch 16, context 32k): INT4 3.40 -> 1.23 ms, KIVI INT4 21.5 -> 11.1 ms.
-    Oaken went from 53 to 358 ms with the old per-slot outlier loop, which converted the unpacked tile's
-    layout in every iteration; the outliers now come from two tl.dot per slot chunk and meet the tile once
-    (untimed since)."""
+    per block). Words, not a byte gather: a gather loads (and holds in registers) each byte 8 / BITS times."""
     words_formats = (KV_FORMAT_INT, KV_FORMAT_KIVI, KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE)
     return kv_format in words_formats and bits < 8 and (head_dim * bits) % 32 == 0
 
 
-# INT8 codes are read as int32 words by default too (config key "WORDS8", a tuning parameter; 0 reads bytes).
-# Compiled for sm_90 (bf16, 64 x 128 on 4 warps, codes as fp16 by bit patterns) the byte tile takes one 8-bit
-# shared-memory load per element from its 8-byte cp.async buffer (64 per thread per iteration), 140 registers and
-# 1859 PTX instructions; the word tile 16-byte copies, a shift and mask per element, no per-element shared load,
-# 100 registers and 1786 instructions. Untimed: the tuner tries both on a GPU.
+# INT8 codes are read as int32 words by default too (config key "WORDS8", a tuning parameter; 0 reads bytes): the
+# byte tile takes one 8-bit shared-memory load per element and more registers (sm_90: 140 against 100).
 WORDS8_DEFAULT = 1
 
 

@@ -193,9 +193,9 @@ def _code_tile_nk(qw_ptr, k0, offs_n, N, K, BITS: tl.constexpr, BLOCK_K: tl.cons
     """int32 [BLOCK_N, BLOCK_K] codes of W (rows n, columns k0 ..) from the packed [K / P, N] words, P = 32 / BITS
     per word along K: the words are loaded as a [BLOCK_N, BLOCK_K / P] tile and unpacked along the minor axis by
     the join tree (`triton_codes.unpack_words`), so each thread keeps a word's codes together and the tile
-    meets tl.dot transposed through a vectorized layout conversion. Unpacking along K as the major axis
-    (the earlier [K, N] tile) moved each code to the matrix unit by one 16-bit shared-memory store (sm_90 PTX:
-    64 per thread per iteration in the W4A16 GEMV). k0 and K are multiples of P (packing needs K % P == 0)."""
+    meets tl.dot transposed through a vectorized layout conversion. Unpacking along K as the major axis (a
+    [K, N] tile) would move each code to the matrix unit by one 16-bit shared-memory store. k0 and K are
+    multiples of P (packing needs K % P == 0)."""
     P: tl.constexpr = 32 // BITS
     kw = k0 // P + tl.arange(0, BLOCK_K // P)
     words = tl.load(qw_ptr + kw[None, :] * N + offs_n[:, None], mask=(offs_n < N)[:, None] & (kw * P < K)[None, :],
@@ -285,8 +285,8 @@ def _wq_kernel(
             # patterns (`codes_f16`), and scale and zero cost O(BLOCK_M x BLOCK_N) per tile instead of a
             # multiply-add and two conversions per weight element. Each activation row is scaled by a power of
             # two into fp16's range (bf16 rows beyond it included). With many rows (the tiled variant) the
-            # per-tile [BLOCK_M, BLOCK_N] work and the second accumulator cost more (sm_90: 122 -> 222
-            # registers at 128 x 128 x 32): that variant dequantizes the weight tile.
+            # per-tile [BLOCK_M, BLOCK_N] work and the second accumulator cost more (sm_90, 128 x 128 x 32: 222
+            # registers against 122): that variant dequantizes the weight tile.
             x_f, x_unf = pow2_scale(tl.max(tl.abs(x), 1), 14)
             xc = tl.dot((x * x_f[:, None]).to(tl.float16), tl.trans(codes_f16(codes))) * x_unf[:, None]
             acc += (xc - tl.sum(x, 1)[:, None] * zero[None, :]) * scale[None, :]
@@ -408,8 +408,7 @@ def _scaled_mm_kernel(
             acc += tl.dot(a, w)
         elif IS_FP8:
             # Compiled: `other` zeroes masked lanes in the load itself, so the operands go from the (pipelined)
-            # load straight to the dot; a select between them kept both in registers (an H200 ran this kernel
-            # at 0.22-0.30x a bf16 matmul).
+            # load straight to the dot; a select between them would keep both in registers.
             a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask, other=0.0)
             w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=wmask, other=0.0)
             acc += tl.dot(a, w)

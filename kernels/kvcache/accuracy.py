@@ -37,7 +37,7 @@ OAKEN_SLOTS = 0.04
 OAKEN_BLOCK = 16
 # Oaken "offline" (8-bit per-token metadata on an offline grid): thresholds at 1 % outliers, 2 slots per
 # (16-token block, kv head) = 0.4 % of the elements: 4 + 16/32 + 2 * 32 / 512 = 4.625 bits at head_dim 32.
-# Picked from the `--oaken-sweep` table on the MiniLM *calibration* text (README), not the evaluation text.
+# Picked from the `--oaken-sweep` table on the MiniLM *calibration* text (docs/kernels.md), not the evaluation text.
 OAKEN_OFFLINE_FRACTION = 0.01
 OAKEN_OFFLINE_CAP = 2
 MIXED_CHUNK = 16  # Cocktail-style: per-chunk INT8 / INT4 / INT2 from the last MIXED_RECENT queries
@@ -212,7 +212,7 @@ def _nuq_per_token(x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
 
 
 def int4_study_formats(calib: list[Layer]) -> dict[str, tuple[Callable, float]]:
-    """INT4 settings around the 5 % target (README): per-token groups along head_dim, KIVI's key group G,
+    """INT4 settings around the 5 % target (docs/kernels.md): per-token groups along head_dim, KIVI's key group G,
     residual R and value group GV, and K/V at different widths. Bits count every scale and zero."""
     d = calib[0][1].shape[-1]
     fq = kq.fake_quant_per_token

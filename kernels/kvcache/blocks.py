@@ -1,7 +1,7 @@
 """Paged KV cache: the cache tensors and a reference-counted block allocator (the checks every paged
 kernel runs are in `kvcache.checks`).
 
-Layout (ARCHITECTURE.md): per layer K and V are `[num_blocks, block_size, num_kv_heads, head_dim]`;
+Layout (docs/architecture.md, data contracts): per layer K and V are `[num_blocks, block_size, num_kv_heads, head_dim]`;
 token t of a sequence lives in slot `block_tables[b, t // block_size] * block_size + t % block_size`;
 `block_tables` is int32 `[batch, max_blocks_per_seq]`, `context_lens` int32 `[batch]`.
 
