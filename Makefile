@@ -44,10 +44,10 @@ run: install
 # order there, and a test that holds on only one of the two depends on the machine, not on the code.
 test: install-test
 	$(BIN)/ruff check .
-	$(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 	@if $(BIN)/python -c "import sys, torch; sys.exit(not torch.backends.cpu.get_cpu_capability().startswith('AVX512'))"; then \
 	  echo "AVX-512 CPU: the numerics tests once more under ATEN_CPU_CAPABILITY=avx2"; \
-	  ATEN_CPU_CAPABILITY=avx2 $(BIN)/pytest -n $(PYTEST_WORKERS) -m numerics $(PYTEST_ARGS); \
+	  ATEN_CPU_CAPABILITY=avx2 $(BIN)/pytest -n $(PYTEST_WORKERS) --dist worksteal -m numerics $(PYTEST_ARGS); \
 	fi
 
 lint: install-test
