@@ -22,8 +22,11 @@ import torch
 import triton
 import triton.language as tl
 
-from codesign.autotune.lookup import lookup_config, shape_key
+from codesign.autotune.lookup import forced_config_of, lookup_config, shape_key
 from codesign.backend import DeviceView, device_view
+from codesign.kernels.gemm import torch_mm
+from codesign.kernels.gemm.triton_dequant import dequant_matmul
+from codesign.kernels.gemm.triton_gemv import wq_gemv
 from codesign.kernels.triton_codes import codes_f16, pow2_scale, unpack_words
 
 # Without a tuned variant table, M at or below this runs the split-K kernel: decode batches read the
@@ -157,9 +160,6 @@ def choose_scaled_mm_variant(m: int, n: int, k: int, fp8: bool, out_dtype: torch
     """The W8A8 / FP8 variant: "triton" (ours) or "torch" (`torch_mm`), from the table `scaled_mm_variant_op`
     ({"TORCH": 0 or 1}), else torch's from TORCH_PATH_MIN_M on; never "torch" where torch cannot take the
     call (`torch_mm.why_not`), unless forced, which then raises that reason."""
-    from codesign.autotune.lookup import forced_config_of
-    from codesign.kernels.gemm import torch_mm
-
     op = scaled_mm_variant_op(fp8)
     if forced_config_of(op) is None and torch_mm.why_not(m, n, k, fp8, out_dtype, device):
         return "triton"
@@ -457,13 +457,9 @@ def wq_gemm(
     variant = choose_variant(m, wq_op(bits), x.device, key)
     cfg = launch_config(wq_table_op(bits, variant), variant, x.device, m, key)
     if variant == "dequant":
-        from codesign.kernels.gemm.triton_dequant import dequant_matmul
-
         dequant_matmul(x, qweight, scales, zeros, bias, bits, group, out, cfg)
         return out
     if variant == "gemv":
-        from codesign.kernels.gemm.triton_gemv import wq_gemv
-
         wq_gemv(x, qweight, scales, zeros, bias, bits, group, out, cfg)
         return out
     # A K tile must not straddle a group: its single scale row is loaded once per tile.
@@ -528,9 +524,7 @@ def scaled_mm(
     fp8 = a.dtype == torch.float8_e4m3fn
     n = w.shape[1]
     if choose_scaled_mm_variant(m, n, k, fp8, out.dtype, a.device) == "torch":
-        from codesign.kernels.gemm.torch_mm import torch_scaled_mm
-
-        torch_scaled_mm(a, a_scale, w, w_scale, bias, out, fp8)
+        torch_mm.torch_scaled_mm(a, a_scale, w, w_scale, bias, out, fp8)
         return out
     cfg = launch_config(scaled_mm_table_op(fp8), "scaled_mm", a.device, m, scaled_mm_table_key(n, k))
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
