@@ -129,6 +129,7 @@ def test_every_variant_is_tunable_and_correct(name, shape):
 
 
 @pytest.mark.slow
+@pytest.mark.lowering
 def test_the_gemv_and_the_dequant_pass_lower_for_sm90_without_spills_or_conversions():
     """What the designs need, from the compiler (the interpreter cannot show it): at their GPU defaults the GEMV
     (M = 1 and M = 3, int4 and int8) and the dequantize pass compile for sm_90 without register spills, and the
