@@ -15,6 +15,7 @@ from codesign.dataflow.validation import (
     DATA_FILE,
     EAGER_ENGINES,
     MISS,
+    breakdown,
     fit,
     held_out_terms,
     leave_one_source_out,
@@ -24,7 +25,7 @@ from codesign.dataflow.validation import (
     summary,
     write_terms,
 )
-from codesign.specs import AllReduce, CodesignError
+from codesign.specs import AllReduce, CodesignError, Gemm
 
 # What the report gives (python -m codesign.dataflow.validation): a regression guard with a small margin.
 MEAN_ERR, BEYOND_25 = 0.1134, 8
@@ -112,6 +113,17 @@ def test_client_term_is_added_once_to_client_timed_rows_only(rows):
         r = by_id[rid]
         assert r.client_timed is timed
         assert predict(r, Terms(client_s=0.05)) - predict(r, Terms()) == pytest.approx(0.05 if timed else 0.0)
+
+
+def test_breakdown_names_the_parts_of_a_prediction(rows):
+    ft = next(r for r in rows[0] if r.id == "ft-1")  # GPT-3 175B, tp 8, 128 + 8 tokens
+    text = breakdown(ft, Terms())
+    # Per rank: 96 layers x 12 h^2 / 8 fp16 weights plus the vocab-parallel head, ~43.6 GB.
+    gemm_gb = sum(
+        n * s.weight.total_bytes(s.N, s.K) * s.batch for s, n in ft.parts[0][2] if isinstance(s, Gemm)
+    )
+    assert text.startswith("prefill 1 x ") and "; decode 7 x " in text
+    assert text.count(f"weights {gemm_gb / 1e9:.1f} GB") == 2 and 43 < gemm_gb / 1e9 < 44.5
 
 
 def test_held_out_source_is_judged_by_terms_fitted_without_it(rows, held_out, loso):
