@@ -10,7 +10,8 @@ and `fitted_terms()` returns the ones fitted on every serving row (serving_terms
 - step_s: host time per model step (scheduling, sampling, what CUDA graphs do not remove);
 - request_s: host time per request (the prefill step's setup);
 - client_s: TTFT overhead of a client-side timer (streaming HTTP, tokenization);
-- launch_s: per-kernel host launch gap of engines without CUDA graphs, beyond a graph launch.
+- launch_s: the host launch interval of engines without CUDA graphs: a kernel takes at least this long
+  (the host issues one kernel per interval; a longer kernel hides it).
 
 And one rule without a parameter (`serving_efficiencies`): serving GEMMs spread their weight stream over
 every SM. The calibration's per-SM stream cap (`sm_share`, fitted on M >= 64 GEMMs) makes a GEMM with

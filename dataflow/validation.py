@@ -2,18 +2,20 @@
 
 Each row is one published number (its source, engine and setting beside it). What is compared:
 
-    ttft                      prefill(batch, input)                                    [+ client overhead]
+    ttft                      prefill(batch, input)
     token_latency             decode(batch, input + output / 2) + step overhead
     generation_throughput     output / value: prefill + (output - 1) x (decode(mid) + step overhead)
     static_batch_throughput   output x batch / (value x tp): the same whole-batch generation time
     e2e                       the same generation time
     op                        one operator (LLMCompass), PyTorch eager, as the GPU model is calibrated
 
+plus the client overhead, once, on rows timed at a client of a server (`timer: client` in the data).
+
 Steps are the GPU model (`gpu_model.gpu_op_time`, CUDA-graph launches for the engines, the interconnect's
 collectives) summed over the step graph; decode is affine in the context, so (output - 1) steps at the mid
 context are the sum over the generation. The serving terms (serving_terms.py: achieved compute per GPU
 generation and dtype family, achieved bandwidth per generation, host time per step and per request, the
-client overhead of client-timed TTFTs, the per-kernel launch gap of engines without CUDA graphs) are fitted
+client overhead, the per-kernel launch interval of engines without CUDA graphs) are fitted
 on the rows of the *other* sources (leave-one-source-out: no row is judged by terms fitted on its own
 source). A generation or dtype family only the held-out source has keeps the calibrated rate (factor 1).
 The op rows are the GPU model's own calibration source (LLMCompass): they are reported in-sample, apart.
@@ -288,7 +290,7 @@ def summary(ratios: dict[str, float], rows: list[Row]) -> dict[str, float]:
 
 def breakdown(row: Row, terms: Terms) -> str:
     """The parts of a serving row's prediction: per step graph its seconds (weight x one step), the GEMM
-    weight and KV bytes it streams, the all-reduce seconds inside it, and the host terms."""
+    weight and KV bytes it streams, the all-reduce seconds inside it and what the launch floor adds."""
     kc = terms.factor(("compute", row.generation, row.dtype))
     km = terms.factor(("memory", row.generation))
     ring = row.source in RING_ENGINES
@@ -313,7 +315,7 @@ def breakdown(row: Row, terms: Terms) -> str:
 def _fmt_terms(t: Terms) -> str:
     factors = ", ".join(f"{'/'.join(k)} {v:.3f}" for k, v in t.factors)
     return (f"{factors}; step {t.step_s * 1e3:.2f} ms, request {t.request_s * 1e3:.2f} ms, "
-            f"client {t.client_s * 1e3:.1f} ms, launch gap {t.launch_s * 1e6:.1f} us")  # fmt: skip
+            f"client {t.client_s * 1e3:.1f} ms, launch floor {t.launch_s * 1e6:.1f} us")  # fmt: skip
 
 
 def print_report(path: Path = DATA_FILE, detail: bool = False) -> None:
