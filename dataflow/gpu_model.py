@@ -203,7 +203,9 @@ def gpu_op_time(
     "graph" uses GRAPH_LAUNCH_S instead and the engines' one-shot all-reduce where faster, for
     CUDA-graph-captured serving steps.
     """
-    if isinstance(spec, AllReduce):  # a serving step ("graph") takes the engines' one-shot all-reduce when faster
+    if isinstance(
+        spec, AllReduce
+    ):  # a serving step ("graph") takes the engines' one-shot all-reduce when faster
         return gpu_interconnect(gpu.key).all_reduce_s(spec, gpu.link_bw, engine=launch == "graph")
     e = (eff or efficiencies(gpu))[family(spec)]
     overhead = GRAPH_LAUNCH_S if launch == "graph" else e.overhead_s
@@ -324,7 +326,7 @@ def _main() -> None:
     ap.add_argument("--device", default="mi210", help="catalogue GPU of --csv-dir (its CSV tag: --tag)")
     ap.add_argument("--tag", default="MI210", help="device tag in the CSV file names")
     ap.add_argument(
-        "--no-validation", action="store_true", help="skip the measured-latency set (validation.py, ~20 s)"
+        "--no-validation", action="store_true", help="skip the measured-latency set (validation.py, ~10 s)"
     )
     args = ap.parse_args()
     if args.csv_dir:

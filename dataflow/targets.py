@@ -10,6 +10,10 @@ The scheduler picks among candidates by cost unless the user pins a unit.
   GEMMs with DF11 weights move their compressed bytes; with `df11_decode_bw` (bytes/s of decoded
   bf16) they also take at least the decode time (`roofline.df11_decode_s`, overlapped with the GEMM
   as the fused kernels do). Off by default until a GPU run measures the decoder.
+  `serving=True` applies the serving terms fitted on published end-to-end measurements
+  (serving_terms.py: achieved GEMM compute per GPU generation and dtype family, achieved GEMM
+  bandwidth per generation, GEMV kernels over every SM); off by default, so the calibrated
+  single-operator model stays what a plain `GPUTarget(gpu)` costs.
 - `DesignTarget`: a simulated design costed by `accel_model.evaluate`. Where a
   design has optional units (PIM, KV-quant engines), the same operator is also
   costed on the design without them, which gives the alternative placement
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 from codesign.catalog.gpus import GPUSpec, list_gpus, load_gpu
 from codesign.dataflow.gpu_model import efficiencies, gpu_op_time
 from codesign.dataflow.roofline import df11_decode_s
+from codesign.dataflow.serving_terms import dtype_family, fitted_terms, generation, serving_efficiencies
 from codesign.specs import (
     AllReduce,
     CodesignError,
@@ -76,12 +81,30 @@ class GPUTarget(_Target):
 
     kind = "gpu"
 
-    def __init__(self, gpu: GPUSpec, launch: str = "graph", df11_decode_bw: float | None = None):
+    def __init__(
+        self, gpu: GPUSpec, launch: str = "graph", df11_decode_bw: float | None = None, serving: bool = False
+    ):
         self.gpu = gpu
         self.df11_decode_bw = df11_decode_bw
         self.name = gpu.key
         self.launch = launch  # "graph" (serving with CUDA graphs) or "eager" (as the calibration measured)
+        self.serving = serving
         self._eff = efficiencies(gpu)
+        # serving: the efficiencies per dtype family of the GEMM (fp16/bf16 or fp8), scaled by the fitted terms
+        self._eff_by_dtype = self._serving_efficiencies() if serving else None
+
+    def _serving_efficiencies(self) -> dict[str, dict]:
+        terms, gen = fitted_terms(), generation(self.gpu)
+        memory = terms.factor(("memory", gen))
+        return {
+            d: serving_efficiencies(self.gpu, terms.factor(("compute", gen, d)), memory)
+            for d in ("fp16", "fp8")
+        }
+
+    def _efficiencies_of(self, spec: OpSpec) -> dict:
+        if self._eff_by_dtype is None:
+            return self._eff
+        return self._eff_by_dtype[dtype_family(spec.act_dtype) if isinstance(spec, Gemm) else "fp16"]
 
     def units(self) -> dict[str, int]:
         return {"gpu": 1, "link": 1}
@@ -90,7 +113,7 @@ class GPUTarget(_Target):
         return self.gpu.mem_bytes
 
     def _candidates_of(self, spec: OpSpec) -> tuple[Placement, ...]:
-        t = gpu_op_time(spec, self.gpu, self._eff, self.launch)
+        t = gpu_op_time(spec, self.gpu, self._efficiencies_of(spec), self.launch)
         t_decode = df11_decode_s(spec, self.df11_decode_bw)
         if t_decode > t:  # DF11 weights: the decode throughput, not the GEMM, sets the time
             dram = spec.min_bytes() / self.gpu.mem_bw
