@@ -30,13 +30,16 @@ import torch
 import torch.nn.functional as F
 
 from codesign.kernels.df11 import codec
+from codesign.kernels.df11 import rows as df11_rows
 from codesign.kernels.df11.linear import DecodeWorkspace, PackedDF11, df11_gemm, df11_gemv
+from codesign.kernels.df11.packed_rows import PackedDF11Rows, df11_rows_gemv
 
 TARGET_DECODE_GBPS = 200.0
 TARGET_GEMV_SLOWDOWN = 1.3
 # (N, K): Llama-2-7B's q/o projection, its MLP up and down projections.
 SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008)]
 SMALL_M = (2, 4, 8, 16)
+ROWS_M = (1, 2, 4)  # the rows GEMV's M (it takes up to 4 rows of x)
 SWEEP = [(8, 128), (16, 128), (32, 64), (32, 128), (32, 256), (64, 128)]  # (chunk_bytes, chunks_per_group)
 # Fused paths vs fp64: fp32 sums, one bf16 rounding of the output (2^-9); a wrong decode is O(1).
 FUSED_REL_ERR_BOUND = 4e-3
@@ -111,6 +114,38 @@ def _small_m(n: int, k: int, dev: torch.device, ms: tuple[int, ...]) -> list[dic
     return rows
 
 
+def _rows_one(n: int, k: int, dev: torch.device, ms: tuple[int, ...]) -> dict:
+    """The rows layout at [n, k]: bit-exact decode, decoder GB/s, fused GEMV per M against bf16 F.linear."""
+    w = (torch.randn(n, k, device=dev, dtype=torch.float32) * 0.02).to(torch.bfloat16)
+    df = df11_rows.compress_rows(w.cpu())
+    packed = PackedDF11Rows(df, dev)
+    buf = DecodeWorkspace().get(n * k, dev)
+    exact = bool(torch.equal(packed.decode_into(buf, check=True).view(torch.int16), w.view(torch.int16)))
+    x1 = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+    exact = exact and bool(torch.equal(F.linear(x1, packed.decode_into(buf, check=False)), F.linear(x1, w)))
+    t_dec = _bench_ms(lambda: packed.decode_into(buf, check=False))
+    row = {"n": n, "k": k, "lanes": df.lanes, "ratio": df.ratio, "bits_per_weight": df.bits_per_weight,
+           "index_bits_per_weight": df.index_bits_per_weight, "bit_exact": exact, "decode_ms": t_dec,
+           "decode_gbps": 2 * n * k / t_dec / 1e6, "gemv": []}  # fmt: skip
+    for m in ms:
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        ref = x.double() @ w.double().T
+        y = df11_rows_gemv(packed, x)
+        t_bf16 = _bench_ms(lambda x=x: F.linear(x, w))
+        t_fused = _bench_ms(lambda x=x: df11_rows_gemv(packed, x, check=False))
+        row["gemv"].append({"m": m, "bf16_ms": t_bf16, "fused_ms": t_fused, "fused_slowdown": t_fused / t_bf16,
+                            "fused_rel_err": float((y.double() - ref).norm() / ref.norm())})  # fmt: skip
+    return row
+
+
+def _side_by_side(flat: list[dict], rows: list[dict]) -> list[dict]:
+    """Per shape: both layouts' bits/weight, decoder GB/s and M = 1 fused GEMV time over the bf16 GEMV."""
+    return [{"n": f["n"], "k": f["k"], "flat_bits_per_weight": f["bits_per_weight"],
+             "rows_bits_per_weight": r["bits_per_weight"], "flat_decode_gbps": f["decode_gbps"],
+             "rows_decode_gbps": r["decode_gbps"], "flat_fused_gemv_slowdown": f["fused_gemv_slowdown"],
+             "rows_fused_gemv_slowdown": r["gemv"][0]["fused_slowdown"]} for f, r in zip(flat, rows)]  # fmt: skip
+
+
 def run(report: dict, quick: bool = False, mode: Any = None) -> None:
     """Measure on the current CUDA device and store results under report["df11"] (needs a GPU)."""
     global _MODE
@@ -134,11 +169,18 @@ def run(report: dict, quick: bool = False, mode: Any = None) -> None:
         small = SMALL_M[:2] if quick else SMALL_M
         ms = tuple(dict.fromkeys(mode.scale(M=m)["M"] for m in small))  # smoke may merge some: run once
         out["small_m_4096x4096"] = _small_m(n, k, dev, ms)
-        out["all_bit_exact"] = all(r["bit_exact"] for r in rows + out["sweep_4096x4096"])
+        rows_ms = (1,) if quick or mode.smoke else ROWS_M
+        out["rows_layout"] = [_rows_one(n_, k_, dev, rows_ms) for n_, k_ in shapes]
+        out["layouts_side_by_side"] = _side_by_side(rows, out["rows_layout"])
+        out["all_bit_exact"] = all(r["bit_exact"] for r in rows + out["sweep_4096x4096"] + out["rows_layout"])
         out["decode_target_met"] = all(r["decode_gbps"] >= TARGET_DECODE_GBPS for r in rows)
+        out["rows_decode_target_met"] = all(
+            r["decode_gbps"] >= TARGET_DECODE_GBPS for r in out["rows_layout"]
+        )
         out["gemv_target_met"] = all(r["gemv_slowdown"] <= TARGET_GEMV_SLOWDOWN for r in rows)
         errs = [r["fused_gemv_rel_err"] for r in rows + out["sweep_4096x4096"]]
         errs += [r["fused_rel_err"] for r in out["small_m_4096x4096"]]
+        errs += [g["fused_rel_err"] for r in out["rows_layout"] for g in r["gemv"]]
         out["fused_rel_err_bound"] = FUSED_REL_ERR_BOUND
         out["checks_ok"] = out["all_bit_exact"] and all(e <= FUSED_REL_ERR_BOUND for e in errs)
         report["df11"] = out

@@ -22,6 +22,9 @@ by the layer's forward:
     not exact, triton, M <= FUSED_MAX_M   fused tile GEMM (`df11_gemm`), never a decompressed weight
     otherwise                  the buffer path (at larger M the GEMM is compute-bound and one decode
                                per layer is amortised over the rows)
+With `LosslessBF16Config(layout="rows")` the weight is a `PackedDF11Rows` (`df11.rows`: per-(row, lane)
+streams, decoded with no scan) and the fused path is `df11_rows_gemv` for 1 <= M <= 4; the exact path is
+the same decode-into-buffer + F.linear (its decode: the op `codesign::df11_rows_decode`).
 The fused paths sum in fp32 in their own order: within fp32 rounding of the fp64 reference, not
 bit-identical to F.linear (see `df11.triton_gemm` for what they are exact against).
 """
@@ -37,9 +40,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from codesign.backend import device_view, resolve_backend
-from codesign.kernels.df11 import codec
+from codesign.kernels.df11 import codec, rows
 from codesign.kernels.df11 import triton_decode as dt
 from codesign.kernels.df11 import triton_gemm as fused
+from codesign.kernels.df11 import triton_rows as tr
+from codesign.kernels.df11.packed_rows import PackedDF11Rows, df11_rows_gemv
 from codesign.specs import CodesignError, WeightFormat
 
 OP = "df11_decode"
@@ -47,6 +52,7 @@ LINEAR_OP = "df11_linear"
 # Up to 16 rows the fused tile GEMM does x-row FMAs per decoded weight on CUDA cores; beyond that the
 # work per weight grows with M while the buffer path's decode is paid once. Untuned (no GPU numbers).
 FUSED_MAX_M = 16
+LAYOUTS = ("flat", "rows")
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,9 @@ class LosslessBF16Config:
     bit-identical to nn.Linear; False lets `choose_path` pick the fused GEMV / tile GEMM for small M
     (fp32 sums in another order) and packs the row-segment index those need (`segment` columns per
     entry: 64 / segment bits per weight more).
+    layout: "flat" (default: the chunked stream of `df11.codec`) or "rows" (`df11.rows`: per-(row, lane)
+    streams, no scan; its fused path is `df11_rows_gemv` for M <= 4). lanes: the rows layout's lanes per
+    row (None: `rows.auto_lanes(N, K)`, 32 unless N is small, where more lanes split K over more programs).
     """
 
     max_code_len: int = codec.DEFAULT_MAX_CODE_LEN
@@ -67,6 +76,12 @@ class LosslessBF16Config:
     check: bool = True
     exact: bool = True
     segment: int = fused.DEFAULT_SEGMENT
+    layout: str = "flat"
+    lanes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise CodesignError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
 
 
 # ----------------------------------------------------------------------------- the decode op
@@ -116,6 +131,8 @@ class PackedDF11(nn.Module):
     segment: also pack the row-segment index of the fused tile GEMM (`triton_gemm.segment_index`, 2-D
     weights only); `nbytes` then counts it (int64 per `segment` weights of a row).
     """
+
+    layout = "flat"
 
     def __init__(self, df: codec.DF11Tensor, device: torch.device | str | None = None,
                  segment: int | None = None) -> None:  # fmt: skip
@@ -242,11 +259,13 @@ def df11_gemm(
     return y.to(torch.bfloat16).reshape(*x.shape[:-1], n)
 
 
-def _check_call(name: str, packed: PackedDF11, x: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+def _check_call(
+    name: str, packed: PackedDF11 | PackedDF11Rows, x: torch.Tensor, bias: torch.Tensor | None
+) -> tuple:
     """(N, K) after the argument checks every DF11 linear path shares; raises CodesignError."""
-    if not isinstance(packed, PackedDF11) or len(packed.shape) != 2:
+    if not isinstance(packed, (PackedDF11, PackedDF11Rows)) or len(packed.shape) != 2:
         raise CodesignError(
-            f"{name} needs a PackedDF11 of a 2-D weight, got {getattr(packed, 'shape', packed)}"
+            f"{name} needs a PackedDF11 (or PackedDF11Rows) of a 2-D weight, got {getattr(packed, 'shape', packed)}"
         )
     n, k = packed.shape
     if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16:
@@ -260,14 +279,21 @@ def _check_call(name: str, packed: PackedDF11, x: torch.Tensor, bias: torch.Tens
     return n, k
 
 
-def choose_path(m: int, backend: str, exact: bool, fused_ready: bool = True) -> str:
+def choose_path(m: int, backend: str, exact: bool, fused_ready: bool = True, layout: str = "flat") -> str:
     """The one place a DF11 linear picks its path ("buffer", "gemv" or "gemm") for M rows of x.
 
-    exact, a non-Triton backend, no row-segment index (fused_ready False, for "gemm" only), M = 0 or
-    M > FUSED_MAX_M: "buffer" (decode into the shared buffer, then F.linear; bit-identical to
-    nn.Linear). Otherwise M == 1: "gemv"; 2 <= M <= FUSED_MAX_M: "gemm".
+    exact, a non-Triton backend, M = 0: "buffer" (decode into the shared buffer, then F.linear;
+    bit-identical to nn.Linear). Flat layout: M == 1 "gemv"; 2 <= M <= FUSED_MAX_M "gemm" (with the
+    row-segment index, fused_ready; else "buffer"); larger M "buffer". Rows layout: 1 <= M <=
+    `triton_rows.GEMV_MAX_M` "gemv" (the rows GEMV takes up to 4 rows of x), larger M "buffer".
     """
-    if exact or backend != "triton" or m < 1 or m > FUSED_MAX_M:
+    if layout not in LAYOUTS:
+        raise CodesignError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if exact or backend != "triton" or m < 1:
+        return "buffer"
+    if layout == "rows":
+        return "gemv" if m <= tr.GEMV_MAX_M else "buffer"
+    if m > FUSED_MAX_M:
         return "buffer"
     if m == 1:
         return "gemv"
@@ -290,7 +316,11 @@ def df11_linear(
     n, k = _check_call("df11_linear", packed, x, bias)
     m = x.numel() // k if k else 0
     grad = torch.is_grad_enabled() and x.requires_grad  # the fused kernels have no backward
-    path = choose_path(m, resolve_backend(LINEAR_OP, x.device), exact or grad, packed.seg_bits is not None)
+    layout = packed.layout
+    ready = layout == "rows" or packed.seg_bits is not None
+    path = choose_path(m, resolve_backend(LINEAR_OP, x.device), exact or grad, ready, layout)
+    if path == "gemv" and layout == "rows":
+        return df11_rows_gemv(packed, x, bias, check)
     if path == "gemv":
         return df11_gemv(packed, x.reshape(-1, k), bias, check).reshape(*x.shape[:-1], n)
     if path == "gemm":
@@ -332,7 +362,8 @@ class LosslessBF16Linear(nn.Module):
     weight (x requires grad), the buffer path runs and the decoded weight is cloned.
     """
 
-    def __init__(self, packed: PackedDF11, bias: torch.Tensor | None, workspace: DecodeWorkspace | None = None,
+    def __init__(self, packed: PackedDF11 | PackedDF11Rows, bias: torch.Tensor | None,
+                 workspace: DecodeWorkspace | None = None,
                  check: bool = True, exact: bool = True) -> None:  # fmt: skip
         super().__init__()
         if len(packed.shape) != 2:
@@ -356,6 +387,10 @@ class LosslessBF16Linear(nn.Module):
             raise CodesignError(
                 f"LosslessBF16Linear compresses bf16 weights only, got {w.dtype}: call model.to(torch.bfloat16)"
             )
+        if cfg.layout == "rows":
+            lanes = cfg.lanes if cfg.lanes is not None else rows.auto_lanes(*w.shape)
+            packed = PackedDF11Rows(rows.compress_rows(w.detach(), cfg.max_code_len, lanes), w.device)
+            return cls(packed, linear.bias, workspace, cfg.check, cfg.exact)
         df = codec.compress(w.detach(), cfg.max_code_len, cfg.chunk_bytes, cfg.chunks_per_group)
         packed = PackedDF11(df, w.device, None if cfg.exact else cfg.segment)
         return cls(packed, linear.bias, workspace, cfg.check, cfg.exact)

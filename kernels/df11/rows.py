@@ -1,0 +1,319 @@
+"""The DF11 "rows" layout: per-(row, lane) exponent streams, so a fused GEMV needs no count pass and no scan.
+
+The same per-tensor code as `df11.codec` (package-merge length-limited canonical Huffman, hierarchical
+8-bit LUTs: `codec.limited_code_lengths`, `codec.build_luts`), laid out for one warp per output row. For a
+weight W[N, K] (rows = output features) and L lanes (default 32), lane l of row r owns the columns
+k = l, l + L, l + 2L, ... (so a warp's loads of x[k] and of the sign/mantissa bytes are contiguous); its
+exponent codes, in k order, form one byte-aligned bit stream (MSB first). Every lane knows its code count,
+ceil((K - l) / L), and where it starts:
+
+    start(r, l) = row_offsets[r] + lane_offsets[r, l]        (bytes; lane_offsets[r, 0] = 0)
+    end(r, l)   = start(r, l + 1), or row_offsets[r + 1] for the last lane
+
+row_offsets is u32[N + 1] (row_offsets[N] = stream bytes < 4 GiB), lane_offsets u16[N, L] relative to the
+row (a lane must start < 64 KiB into its row: K <~ 20000 at 24-bit codes; compress refuses otherwise).
+Index cost: (32 + 16 L) / K bits per weight, 0.133 at L = 32, K = 4096 (0.049 at K = 11008), plus the
+byte padding of each lane stream (~3.5 bits per lane: ~0.03 bit/weight at K = 4096). The flat layout's
+1-byte gap per 8-byte chunk costs ~0.34 bit/weight, so this layout is also smaller. Sign+mantissa stay the
+[N, K] byte plane of `codec` (sign in bit 7, mantissa in bits 6..0).
+
+Safety: decoders read a lane's bytes only inside [start, end) (a byte past the end reads as 0, which a
+valid stream never consumes: the LUT replicates a code over its don't-care bits), so no pad bytes are
+needed and a corrupt stream cannot read out of bounds; output positions are fixed by (r, l, i), never by
+the stream. A lane must consume exactly its bytes: ceil(bits decoded / 8) == end - start, else (or on an
+unused table entry) the row is flagged corrupt. `DF11Rows` validates its index when constructed.
+
+Container (little-endian; `to_bytes` / `from_bytes`):
+  header  "DF1R" u16 version u8 max_code_len u8 0 u16 lanes u16 0 u64 N u64 K u64 stream_bytes
+  table   256 x u8 code length per exponent value;  row_offsets (N + 1) x u32;  lane_offsets N x L x u16;
+  stream  stream_bytes;  signman N x K u8;  then CRC32 (zlib) of everything before it, u32.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+import torch
+
+from codesign.kernels.df11 import codec
+from codesign.specs import CodesignError, WeightFormat
+
+ROWS_MAGIC = b"DF1R"
+ROWS_VERSION = 1
+# 32 lanes: one warp per row, each x load of a warp 32 contiguous bf16 (64 bytes).
+DEFAULT_LANES = 32
+MAX_LANES = 256
+# auto_lanes: rows x lanes / 32 warps in flight; below this many rows, more lanes per row (split-K). Untuned
+# prediction: ~16 warps per SM on a 132-SM H100/H200, and the index grows 16 bits per lane per row.
+SPLIT_BELOW_ROWS = 2048
+_HEADER = struct.Struct("<4sHBBHHQQQ")
+_CRC = struct.Struct("<I")
+
+
+def _check_geometry(n: int, k: int, lanes: int, max_code_len: int) -> None:
+    if (
+        isinstance(lanes, bool)
+        or not isinstance(lanes, int)
+        or not (1 <= lanes <= MAX_LANES)
+        or lanes & (lanes - 1)
+    ):
+        raise CodesignError(f"df11 rows: lanes must be a power of two in 1..{MAX_LANES}, got {lanes!r}")
+    if (
+        isinstance(max_code_len, bool)
+        or not isinstance(max_code_len, int)
+        or not (1 <= max_code_len <= codec.MAX_CODE_LEN_LIMIT)
+    ):
+        raise CodesignError(
+            f"df11 rows: max_code_len must be an int in 1..{codec.MAX_CODE_LEN_LIMIT}, got {max_code_len!r}"
+        )
+    if n < 0 or k < 0:
+        raise CodesignError(f"df11 rows: shape must be non-negative, got ({n}, {k})")
+
+
+def auto_lanes(n: int, k: int) -> int:
+    """Lanes per row for a weight [N, K]: 32, doubled (up to 128) while N * lanes < 32 * SPLIT_BELOW_ROWS
+    and every lane keeps >= 32 codes (below that the lane's 16-bit offset costs > 0.5 bit per weight)."""
+    lanes = DEFAULT_LANES
+    while lanes < 4 * DEFAULT_LANES and n * lanes < DEFAULT_LANES * SPLIT_BELOW_ROWS and 64 * lanes <= k:
+        lanes *= 2
+    return lanes
+
+
+@dataclass(frozen=True)
+class DF11Rows:
+    """A 2-D BF16 weight in the rows layout (host numpy arrays; index validated on construction)."""
+
+    shape: tuple[int, int]
+    code_lengths: np.ndarray  # uint8[256]
+    stream: np.ndarray  # uint8[stream_bytes]
+    row_offsets: np.ndarray  # uint32[N + 1]
+    lane_offsets: np.ndarray  # uint16[N, L]
+    sign_mantissa: np.ndarray  # uint8[N * K]
+    max_code_len: int = codec.DEFAULT_MAX_CODE_LEN
+
+    def __post_init__(self) -> None:
+        n, k = self.shape
+        _check_geometry(n, k, self.lanes, self.max_code_len)
+        codec.check_code_lengths(self.code_lengths, self.max_code_len)
+        if (n * k == 0) != (not self.code_lengths.any()):
+            raise CodesignError("df11 rows: code table and element count disagree")
+        if self.sign_mantissa.shape != (n * k,) or self.lane_offsets.shape != (n, self.lanes):
+            raise CodesignError(f"df11 rows: plane / index sizes do not match shape {self.shape}")
+        ro = self.row_offsets.astype(np.int64)
+        lo = self.lane_offsets.astype(np.int64)
+        if ro.shape != (n + 1,) or ro[0] != 0 or ro[-1] != self.stream.size or (np.diff(ro) < 0).any():
+            raise CodesignError("df11 rows: row offsets are not a 0..stream_bytes non-decreasing sequence")
+        if n and (
+            (lo[:, 0] != 0).any() or (np.diff(lo, axis=1) < 0).any() or (lo[:, -1] > np.diff(ro)).any()
+        ):
+            raise CodesignError("df11 rows: lane offsets are not non-decreasing inside their row")
+
+    @property
+    def lanes(self) -> int:
+        return int(self.lane_offsets.shape[1])
+
+    @property
+    def numel(self) -> int:
+        return int(self.sign_mantissa.size)
+
+    @property
+    def levels(self) -> int:
+        return codec.lut_levels(self.code_lengths)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the serialized container (header, table, index and checksum included)."""
+        n = self.shape[0]
+        return (_HEADER.size + codec.LUT_SIZE + 4 * (n + 1) + 2 * n * self.lanes + self.stream.size + self.numel
+                + _CRC.size)  # fmt: skip
+
+    @property
+    def index_bits_per_weight(self) -> float:
+        """The row + lane offsets alone, in bits per weight: (32 (N + 1) + 16 N L) / (N K)."""
+        n = self.shape[0]
+        return (32 * (n + 1) + 16 * n * self.lanes) / self.numel if self.numel else float("nan")
+
+    @property
+    def ratio(self) -> float:
+        return self.nbytes / (2 * self.numel) if self.numel else float("nan")
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.nbytes / self.numel if self.numel else float("nan")
+
+    def weight_format(self) -> WeightFormat:
+        return WeightFormat(dtype="df11", avg_bits=self.bits_per_weight)
+
+    def to_bytes(self) -> bytes:
+        """Serialize to the versioned, CRC32-checked rows container."""
+        n, k = self.shape
+        head = _HEADER.pack(
+            ROWS_MAGIC, ROWS_VERSION, self.max_code_len, 0, self.lanes, 0, n, k, self.stream.size
+        )
+        body = b"".join([head, self.code_lengths.astype(np.uint8).tobytes(), self.row_offsets.astype("<u4").tobytes(),
+                         self.lane_offsets.astype("<u2").tobytes(), self.stream.tobytes(),
+                         self.sign_mantissa.tobytes()])  # fmt: skip
+        return body + _CRC.pack(zlib.crc32(body))
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> DF11Rows:
+        """Parse and validate a rows container (checksum, sizes, code table, index); raise CodesignError."""
+        data = bytes(data)
+        if len(data) < _HEADER.size + _CRC.size:
+            raise CodesignError(f"df11 rows container truncated: {len(data)} bytes")
+        magic, version, max_len, _, lanes, _, n, k, sbytes = _HEADER.unpack_from(data)
+        if magic != ROWS_MAGIC:
+            raise CodesignError(f"df11 rows container: bad magic {magic!r}, expected {ROWS_MAGIC!r}")
+        if version != ROWS_VERSION:
+            raise CodesignError(
+                f"df11 rows container version {version} unsupported (this reader: {ROWS_VERSION})"
+            )
+        (crc,) = _CRC.unpack_from(data, len(data) - _CRC.size)
+        if zlib.crc32(data[: -_CRC.size]) != crc:
+            raise CodesignError("df11 rows container checksum mismatch: the data is corrupt or truncated")
+        _check_geometry(n, k, lanes, max_len)
+        sizes = [codec.LUT_SIZE, 4 * (n + 1), 2 * n * lanes, sbytes, n * k]
+        if len(data) != _HEADER.size + sum(sizes) + _CRC.size:
+            raise CodesignError(
+                f"df11 rows container has {len(data)} bytes, its header implies more or fewer"
+            )
+        parts, pos = [], _HEADER.size
+        for size in sizes:
+            parts.append(data[pos : pos + size])
+            pos += size
+        return cls(
+            (int(n), int(k)),
+            np.frombuffer(parts[0], np.uint8).copy(),
+            np.frombuffer(parts[3], np.uint8).copy(),
+            np.frombuffer(parts[1], "<u4").astype(np.uint32),
+            np.frombuffer(parts[2], "<u2").astype(np.uint16).reshape(n, lanes),
+            np.frombuffer(parts[4], np.uint8).copy(),
+            int(max_len),
+        )
+
+
+# ----------------------------------------------------------------------------- compressor
+
+
+@numba.njit(cache=True)
+def _encode(exp, lengths, codes, starts, lanes, stream):
+    """Write each (row, lane) stream's codes, MSB first, from its start byte (stream zeroed)."""
+    n, k = exp.shape
+    for r in range(n):
+        for lane in range(lanes):
+            bp = starts[r, lane] * 8
+            for c in range(lane, k, lanes):
+                s = exp[r, c]
+                ln = lengths[s]
+                code = codes[s]
+                for b in range(ln):
+                    if (code >> (ln - 1 - b)) & 1:
+                        stream[(bp + b) >> 3] |= np.uint8(0x80 >> ((bp + b) & 7))
+                bp += ln
+
+
+def compress_rows(t: torch.Tensor, max_code_len: int = codec.DEFAULT_MAX_CODE_LEN,
+                  lanes: int = DEFAULT_LANES) -> DF11Rows:  # fmt: skip
+    """Compress a 2-D BF16 weight [N, K] into the rows layout; `decompress_rows` gives its exact bits back."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or t.dim() != 2:
+        raise CodesignError(
+            f"df11 rows: t must be a 2-D torch.bfloat16 tensor, got {getattr(t, 'dtype', type(t))} "
+            f"of shape {tuple(getattr(t, 'shape', ()))}"
+        )
+    n, k = (int(s) for s in t.shape)
+    _check_geometry(n, k, lanes, max_code_len)
+    exp, sm = codec.split_bf16(t)
+    lengths = codec.limited_code_lengths(np.bincount(exp, minlength=codec.LUT_SIZE), max_code_len)
+    steps = -(-k // lanes)
+    lens = np.zeros((n, steps * lanes), np.uint8)
+    lens[:, :k] = lengths[exp.reshape(n, k)]
+    lane_bytes = (lens.reshape(n, steps, lanes).sum(axis=1, dtype=np.int64) + 7) // 8  # [N, L]
+    lane_off = np.cumsum(lane_bytes, axis=1) - lane_bytes
+    row_off = np.concatenate([[0], np.cumsum(lane_bytes.sum(axis=1))]).astype(np.int64)
+    if n and int(lane_off[:, -1].max()) >= 1 << 16:
+        raise CodesignError(
+            f"df11 rows: a lane starts >= 64 KiB into its row (K={k} too long for u16 offsets)"
+        )
+    if int(row_off[-1]) >= 1 << 32:
+        raise CodesignError(f"df11 rows: the stream needs {int(row_off[-1])} bytes, over the u32 offsets")
+    stream = np.zeros(int(row_off[-1]), np.uint8)
+    if n * k:
+        codes = codec.canonical_codes(lengths).astype(np.int64)
+        _encode(
+            exp.reshape(n, k), lengths.astype(np.int64), codes, row_off[:-1, None] + lane_off, lanes, stream
+        )
+    return DF11Rows((n, k), lengths, stream, row_off.astype(np.uint32), lane_off.astype(np.uint16), sm,
+                    max_code_len)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- CPU decoder
+
+
+@numba.njit(cache=True)
+def _decode(stream, sm, row_off, lane_off, luts, levels, k, out):
+    """Decode every lane into out (uint16[N * K]); returns 0, or 1 + the first corrupt row."""
+    n, lanes = lane_off.shape
+    for r in range(n):
+        for lane in range(lanes):
+            start = row_off[r] + lane_off[r, lane]
+            end = row_off[r] + lane_off[r, lane + 1] if lane + 1 < lanes else row_off[r + 1]
+            bp = start * 8
+            for c in range(lane, k, lanes):
+                i = bp >> 3
+                w = np.int64(0)
+                for j in range(4):  # bytes past the lane's end read as 0 (never consumed by a valid stream)
+                    w = (w << 8) | (np.int64(stream[i + j]) if i + j < end else 0)
+                w = (w << (bp & 7)) & 0xFFFFFFFF
+                t, ln, sym = 0, 0, 0
+                for lvl in range(levels):
+                    e = luts[t, (w >> (24 - 8 * lvl)) & 0xFF]
+                    if e & 0x8000:
+                        t = e & 0x7FFF
+                    else:
+                        ln, sym = e >> 8, e & 0xFF
+                        break
+                if ln == 0:
+                    return 1 + r
+                v = np.int64(sm[r * k + c])
+                out[r * k + c] = np.uint16(((v & 0x80) << 8) | (sym << 7) | (v & 0x7F))
+                bp += ln
+            if (bp + 7) // 8 != end:  # the lane must consume exactly its own bytes
+                return 1 + r
+    return 0
+
+
+def decode_rows_arrays(stream: np.ndarray, sign_mantissa: np.ndarray, row_offsets: np.ndarray,
+                       lane_offsets: np.ndarray, luts: np.ndarray, levels: int, k: int,
+                       out: np.ndarray) -> int:  # fmt: skip
+    """CPU decode of raw rows-layout arrays (a validated index) into out (uint16[N * K]); 0 or 1 + bad row."""
+    luts = luts.reshape(-1, codec.LUT_SIZE).astype(np.int64)
+    return int(_decode(stream, sign_mantissa, row_offsets.astype(np.int64), lane_offsets.astype(np.int64), luts,
+                       levels, k, out))  # fmt: skip
+
+
+def decompress_rows_bits(df: DF11Rows) -> np.ndarray:
+    """CPU decoder (numba): the BF16 bit patterns as uint16[N * K]; CodesignError on a corrupt stream."""
+    out = np.empty(df.numel, np.uint16)
+    if df.numel == 0:
+        return out
+    err = decode_rows_arrays(df.stream, df.sign_mantissa, df.row_offsets, df.lane_offsets,
+                             codec.build_luts(df.code_lengths), df.levels, df.shape[1], out)  # fmt: skip
+    if err:
+        raise CodesignError(f"df11 rows stream is corrupt: row {err - 1} did not decode to its lane bytes")
+    return out
+
+
+def decompress_rows(df: DF11Rows) -> torch.Tensor:
+    """CPU decode to a torch.bfloat16 [N, K] tensor, bit-identical to the compressed input."""
+    bits = decompress_rows_bits(df)
+    return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).reshape(df.shape)
+
+
+def load_container(data: bytes | bytearray | memoryview) -> codec.DF11Tensor | DF11Rows:
+    """Either DF11 container, by its magic: the flat `codec.DF11Tensor` ("DF11") or `DF11Rows` ("DF1R")."""
+    head = bytes(data[:4])
+    return DF11Rows.from_bytes(data) if head == ROWS_MAGIC else codec.DF11Tensor.from_bytes(data)

@@ -1,0 +1,387 @@
+"""The DF11 rows layout: numba codec, Triton decode (interpreter) and fused GEMV, the layer, the lowering.
+
+What is exact against what:
+  - CPU and Triton decoders give the source weight's bits (torch.equal on int16), on odd N, K not a
+    multiple of the lanes, realistic / max-entropy / one-exponent / Fibonacci-skewed exponents (codes up to
+    17 bits: three LUT levels) and caps 8 / 16 / 24;
+  - the fused GEMV (fp32) is within gamma_d * sum_k |w_k x_k| of the fp64 reference elementwise, d the
+    depth of its summation tree (`triton_rows.gemv_error_bound`), with and without split-K;
+  - the exact layer path is bit-identical to nn.Linear.
+Shapes are small: the interpreter's cost grows with ceil(K / lanes) steps times programs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_runs_without_interpreter
+from torch import nn
+
+from codesign.autotune.lookup import forced_config
+from codesign.backend import use_backend
+from codesign.kernels.df11 import codec, rows
+from codesign.kernels.df11 import triton_rows as tr
+from codesign.kernels.df11.linear import (
+    LosslessBF16Config,
+    LosslessBF16Linear,
+    choose_path,
+    compress_model_,
+    df11_linear,
+    model_weight_format,
+)
+from codesign.kernels.df11.packed_rows import PackedDF11Rows, _rows_decode_op, df11_rows_gemv
+from codesign.specs import CodesignError
+
+# The fused GEMV is compared with torch fp64 arithmetic downstream of rounding: rerun under AVX2 (Makefile).
+pytestmark = pytest.mark.numerics
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def from_fields(exp: np.ndarray, shape) -> torch.Tensor:
+    """bf16 weights with the given exponent bytes and random sign + mantissa."""
+    sm = np.random.randint(0, 256, size=exp.size)
+    b = ((sm & 0x80) << 8) | (exp.astype(np.int64) << 7) | (sm & 0x7F)
+    return torch.from_numpy(b.astype(np.uint16).view(np.int16)).view(torch.bfloat16).reshape(shape)
+
+
+def weights(kind: str, shape) -> torch.Tensor:
+    n = int(np.prod(shape))
+    if kind == "realistic":  # a trained layer's histogram: ~2.6 bits of exponent entropy
+        return (torch.randn(*shape, dtype=torch.float64) * 0.02).to(torch.bfloat16)
+    if kind == "random":  # every exponent (NaN, inf, subnormal patterns included)
+        return from_fields(np.random.randint(0, 256, size=n), shape)
+    if kind == "one":
+        return from_fields(np.full(n, 120), shape)
+    # Fibonacci counts make the most skewed Huffman tree: 18 symbols -> depth 17 uncapped (6764 weights).
+    fib = [1, 1]
+    while len(fib) < 18:
+        fib.append(fib[-1] + fib[-2])
+    exp = np.repeat(100 + np.arange(18), fib)
+    assert exp.size == n, (exp.size, shape)
+    return from_fields(np.random.permutation(exp), shape)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16)
+
+
+def launch_decode(packed: PackedDF11Rows, cfg: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton decode into a NaN-poisoned buffer; returns (int16 [N, K], err)."""
+    s = packed.kernel_stream()
+    cfg = cfg or tr.launch_config(tr.DECODE_OP, s, packed.numel, DEV)
+    g = tr.launch_grid(s, cfg)
+    out = torch.full((packed.numel,), 0x7FC1, dtype=torch.int16, device=DEV)  # a NaN pattern
+    err = torch.full((g[0] * g[1],), -1, dtype=torch.int32, device=DEV)
+    tr.rows_decode_triton(s, out, err, cfg)
+    return out.view(packed.shape).cpu(), err.cpu()
+
+
+# ----------------------------------------------------------------------------- the container, CPU codec
+
+
+@pytest.mark.parametrize(
+    "kind,shape,lanes,cap",
+    [("realistic", (37, 301), 32, 16), ("realistic", (1, 1), 32, 16), ("random", (5, 70), 8, 8),
+     ("one", (3, 33), 32, 16), ("fib", (19, 356), 32, 24), ("fib", (19, 356), 64, 16), ("fib", (19, 356), 16, 8),
+     ("realistic", (0, 7), 32, 16)],
+)  # fmt: skip
+def test_cpu_round_trip_and_container(kind, shape, lanes, cap):
+    w = weights(kind, shape)
+    df = rows.compress_rows(w, cap, lanes)
+    assert torch.equal(bits(rows.decompress_rows(df)), bits(w))
+    blob = df.to_bytes()
+    assert len(blob) == df.nbytes
+    again = rows.load_container(blob)
+    assert isinstance(again, rows.DF11Rows) and torch.equal(bits(rows.decompress_rows(again)), bits(w))
+    if df.numel:
+        assert int(df.code_lengths.max()) <= cap
+        # every lane starts at its row offset plus its lane offset and the row's lanes tile the row
+        assert (df.lane_offsets[:, 0] == 0).all() and int(df.row_offsets[-1]) == df.stream.size
+    if kind == "fib" and cap == 24:
+        assert df.levels == 3  # the 17-bit codes need the third table level
+
+
+def test_index_cost_and_ratio_beat_the_flat_layout():
+    w = weights("realistic", (64, 4096))
+    df = rows.compress_rows(w)
+    flat = codec.compress(w)
+    assert df.index_bits_per_weight == pytest.approx((32 * 65 + 16 * 64 * 32) / (64 * 4096))
+    assert df.bits_per_weight < flat.bits_per_weight  # no 1-byte gap per 8-byte chunk
+    assert df.bits_per_weight < codec.exponent_entropy(w) + 8 + 0.25
+
+
+def test_flat_container_still_loads_through_the_dispatcher():
+    w = weights("realistic", (6, 9))
+    assert isinstance(rows.load_container(codec.compress(w).to_bytes()), codec.DF11Tensor)
+
+
+def test_corrupt_container_refused():
+    df = rows.compress_rows(weights("realistic", (9, 40)))
+    blob = bytearray(df.to_bytes())
+    for pos in range(0, len(blob), 7):  # a flipped bit anywhere: CRC32 catches every single-bit error
+        bad = bytearray(blob)
+        bad[pos] ^= 1 << (pos % 8)
+        with pytest.raises(CodesignError):
+            rows.DF11Rows.from_bytes(bytes(bad))
+    with pytest.raises(CodesignError, match="truncated"):
+        rows.DF11Rows.from_bytes(bytes(blob[:10]))
+    with pytest.raises(CodesignError, match="magic"):
+        rows.DF11Rows.from_bytes(b"XXXX" + bytes(blob[4:]))
+
+
+def test_inconsistent_index_refused_on_construction():
+    df = rows.compress_rows(weights("realistic", (4, 64)))
+    lo = df.lane_offsets.copy()
+    lo[1, 3], lo[1, 4] = lo[1, 4], lo[1, 3] - 1  # decreasing inside the row
+    with pytest.raises(CodesignError, match="lane offsets"):
+        dataclasses.replace(df, lane_offsets=lo)
+    ro = df.row_offsets.copy()
+    ro[-1] += 1
+    with pytest.raises(CodesignError, match="row offsets"):
+        dataclasses.replace(df, row_offsets=ro)
+
+
+def shifted_lane(df: rows.DF11Rows, row: int, lane: int) -> rows.DF11Rows:
+    """The container with one lane starting a byte late (still a monotone index: only decoding can tell)."""
+    lo = df.lane_offsets.copy()
+    assert lo[row, lane] < lo[row, lane + 1]
+    lo[row, lane] += 1
+    return dataclasses.replace(df, lane_offsets=lo)
+
+
+def flipped_length(df: rows.DF11Rows) -> rows.DF11Rows:
+    """The container with the first code of row 0 lane 0 replaced by a code of another length."""
+    lengths, codes = df.code_lengths, codec.canonical_codes(df.code_lengths)
+    s = np.flatnonzero(lengths)
+    short, long_ = s[np.argmin(lengths[s])], s[np.argmax(lengths[s])]
+    assert lengths[short] < lengths[long_]
+    stream = df.stream.copy()
+    head = int(stream[0]) << 16 | int(stream[1]) << 8 | int(stream[2])
+    ln = int(lengths[long_])
+    if (head >> (24 - ln)) == int(codes[long_]):  # starts with the long code: put the short one there
+        ln, code = int(lengths[short]), int(codes[short])
+    else:
+        code = int(codes[long_])
+    head = (head & ((1 << (24 - ln)) - 1)) | (code << (24 - ln))
+    stream[:3] = [(head >> 16) & 0xFF, (head >> 8) & 0xFF, head & 0xFF]
+    return dataclasses.replace(df, stream=stream)
+
+
+def test_decoders_catch_a_wrong_lane_offset_and_a_changed_code_length():
+    """Teeth: what the index and the exact-end rule must catch, in both decoders (the CRC is bypassed)."""
+    df = rows.compress_rows(weights("realistic", (5, 200)))
+    assert df.lane_offsets[2, 6] < df.lane_offsets[2, 7]
+    for bad in (shifted_lane(df, 2, 6), flipped_length(df)):
+        with pytest.raises(CodesignError, match="corrupt"):
+            rows.decompress_rows_bits(bad)
+        _, err = launch_decode(PackedDF11Rows(bad, DEV))
+        assert int(err.max()) == 1
+        with pytest.raises(CodesignError, match="corrupt"):
+            PackedDF11Rows(bad, DEV).decode()
+    _, err = launch_decode(PackedDF11Rows(df, DEV))
+    assert int(err.max()) == 0  # and the intact container passes
+
+
+def test_one_exponent_code_rejects_the_unused_bit():
+    """One exponent: a 1-bit code '0'; a '1' in the stream hits an unused table entry."""
+    df = rows.compress_rows(weights("one", (3, 33)))
+    stream = df.stream.copy()
+    stream[0] |= 0x80
+    bad = dataclasses.replace(df, stream=stream)
+    with pytest.raises(CodesignError, match="corrupt"):
+        rows.decompress_rows_bits(bad)
+    assert int(launch_decode(PackedDF11Rows(bad, DEV))[1].max()) == 1
+
+
+def test_bad_arguments_refused():
+    w = weights("realistic", (4, 8))
+    with pytest.raises(CodesignError, match="2-D"):
+        rows.compress_rows(w.reshape(-1))
+    with pytest.raises(CodesignError, match="2-D"):
+        rows.compress_rows(w.float())
+    for lanes in (0, 3, 512, True):
+        with pytest.raises(CodesignError, match="lanes"):
+            rows.compress_rows(w, lanes=lanes)
+    with pytest.raises(CodesignError, match="max_code_len"):
+        rows.compress_rows(w, max_code_len=25)
+    with pytest.raises(CodesignError, match="layout"):
+        LosslessBF16Config(layout="columns")
+    with pytest.raises(CodesignError, match="rows.DF11Rows"):
+        PackedDF11Rows(codec.compress(w))
+
+
+def test_auto_lanes_split_small_n_only():
+    assert rows.auto_lanes(4096, 4096) == 32 and rows.auto_lanes(11008, 4096) == 32
+    assert rows.auto_lanes(1024, 4096) == 64 and rows.auto_lanes(256, 8192) == 128
+    assert rows.auto_lanes(16, 100) == 32  # too few codes per lane to split
+
+
+# ----------------------------------------------------------------------------- Triton decode
+
+
+@pytest.mark.parametrize(
+    "kind,shape,lanes,cap,cfg",
+    [("realistic", (7, 45), 32, 16, None), ("fib", (19, 356), 32, 24, {"ROWS": 32, "LANES": 32, "num_warps": 4}),
+     ("random", (5, 13), 8, 8, None), ("fib", (19, 356), 64, 8, {"ROWS": 32, "LANES": 64, "num_warps": 4}),
+     ("one", (3, 33), 32, 16, {"ROWS": 2, "LANES": 8, "num_warps": 1})],
+)  # fmt: skip
+def test_triton_decode_bit_exact(kind, shape, lanes, cap, cfg):
+    w = weights(kind, shape)
+    packed = PackedDF11Rows(rows.compress_rows(w, cap, lanes), DEV)
+    out, err = launch_decode(packed, cfg)
+    assert int(err.max()) == 0 and int(err.min()) == 0  # every program reported
+    assert torch.equal(out, bits(w))  # every poisoned element overwritten with the source bits
+
+
+def test_decode_op_backends_and_opcheck():
+    w = weights("realistic", (9, 37))
+    packed = PackedDF11Rows(rows.compress_rows(w), DEV)
+    for backend in ("triton", "torch"):
+        with use_backend(backend, op="df11_rows_decode"):
+            assert torch.equal(bits(packed.decode()).cpu(), bits(w))
+    s = packed.kernel_stream()
+    args = (packed.stream, packed.sign_mantissa, packed.row_offsets, packed.lane_offsets, packed.luts,
+            torch.empty(packed.numel, dtype=torch.int16, device=DEV), torch.zeros(3, dtype=torch.int32, device=DEV),
+            s.n, s.k, s.lanes, s.levels, 4, 32, 4)  # fmt: skip
+    torch.library.opcheck(_rows_decode_op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_packed_serialization_round_trip():
+    w = weights("realistic", (6, 50))
+    packed = PackedDF11Rows(rows.compress_rows(w, lanes=16), DEV)
+    again = PackedDF11Rows.from_bytes(packed.to_bytes(), DEV)
+    assert again.lanes == 16 and again.nbytes == packed.nbytes
+    assert torch.equal(bits(again.decode()).cpu(), bits(w))
+
+
+# ----------------------------------------------------------------------------- fused GEMV
+
+
+def within_fp32_bound(y: torch.Tensor, w: torch.Tensor, x: torch.Tensor, gamma: float) -> None:
+    """|y - x @ w^T| <= gamma * |x| @ |w|^T elementwise, the fp64 reference (y fp32, unrounded)."""
+    ref = x.double() @ w.double().T
+    bound = gamma * (x.double().abs() @ w.double().abs().T)
+    excess = (y.double().cpu() - ref).abs() - bound
+    assert torch.isfinite(y).all() and (excess <= 0).all(), float(excess.max())
+
+
+@pytest.mark.parametrize(
+    "shape,lanes,m,cfg",
+    [((7, 45), 32, 1, None), ((9, 130), 32, 4, None), ((5, 70), 64, 3, None),
+     ((6, 100), 32, 2, {"ROWS": 8, "LANES": 16, "num_warps": 4})],
+)  # fmt: skip
+def test_fused_gemv_within_fp32_rounding_of_fp64(shape, lanes, m, cfg):
+    """Split-K (L / LANES lane groups: L = 64, or LANES = 16) meets in atomics into a zeroed y; without it
+    every element of a NaN-poisoned y is stored."""
+    w = weights("realistic", shape) * 10
+    x = torch.randn(m, shape[1], dtype=torch.float64).to(torch.bfloat16)
+    packed = PackedDF11Rows(rows.compress_rows(w, lanes=lanes), DEV)
+    s = packed.kernel_stream()
+    cfg = cfg or tr.launch_config(tr.GEMV_OP, s, m, DEV)
+    g = tr.launch_grid(s, cfg)
+    y = torch.full((m, shape[0]), 0.0 if g[1] > 1 else float("nan"), device=DEV)
+    err = torch.full((g[0] * g[1],), -1, dtype=torch.int32, device=DEV)
+    tr.rows_gemv_triton(s, x.to(DEV).view(torch.int16), y, err, cfg)
+    assert int(err.max()) == 0 and int(err.min()) == 0
+    within_fp32_bound(y, w, x, tr.gemv_error_bound(shape[1], lanes, int(cfg["LANES"])))
+    bias = torch.randn(shape[0], dtype=torch.float64).to(torch.bfloat16)
+    with forced_config(tr.GEMV_OP, cfg):
+        out = df11_rows_gemv(packed, x.to(DEV), bias.to(DEV)).cpu()
+    assert out.dtype == torch.bfloat16 and out.shape == (m, shape[0])
+    # GPU atomics meet in any order; the interpreter runs the programs in order.
+    if g[1] == 1 or DEV.type == "cpu":
+        assert torch.equal(out, (y.cpu() + bias.float()).to(torch.bfloat16))
+    ref = x.double() @ w.double().T + bias.double()
+    scale = ref.abs() + x.double().abs() @ w.double().abs().T + bias.double().abs()
+    assert ((out.double() - ref).abs() <= 2**-8 * scale).all()  # plus one bf16 rounding (2^-9 relative)
+
+
+def test_fused_gemv_refuses_bad_input_and_a_corrupt_stream():
+    df = rows.compress_rows(weights("realistic", (5, 200)))
+    packed = PackedDF11Rows(df, DEV)
+    with pytest.raises(CodesignError, match="1..4 rows"):
+        df11_rows_gemv(packed, torch.zeros(5, 200, dtype=torch.bfloat16, device=DEV))
+    with pytest.raises(CodesignError, match="bf16"):
+        df11_rows_gemv(packed, torch.zeros(200, device=DEV))
+    with pytest.raises(CodesignError, match="bias"):
+        df11_rows_gemv(packed, torch.zeros(200, dtype=torch.bfloat16, device=DEV), torch.zeros(4))
+    x = torch.randn(1, 200, dtype=torch.float64).to(torch.bfloat16).to(DEV)
+    with pytest.raises(CodesignError, match="corrupt"):
+        df11_rows_gemv(PackedDF11Rows(shifted_lane(df, 2, 6), DEV), x)
+
+
+# ----------------------------------------------------------------------------- the layer
+
+
+def mlp(*widths: int) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        layers += [nn.Linear(a, b, bias=i % 2 == 0)] + ([nn.GELU()] if i < len(widths) - 2 else [])
+    return nn.Sequential(*layers).to(torch.bfloat16).to(DEV)
+
+
+def test_rows_layout_layer_exact_and_fused():
+    model = mlp(67, 9, 5)
+    x = torch.randn(3, 67, dtype=torch.bfloat16, device=DEV)
+    with torch.no_grad():
+        ref = model(x)
+        compress_model_(model, config=LosslessBF16Config(layout="rows"))
+        layers = [m for m in model.modules() if isinstance(m, LosslessBF16Linear)]
+        assert len(layers) == 2 and all(isinstance(m.weight_packed, PackedDF11Rows) for m in layers)
+        for backend in ("triton", "torch"):
+            with use_backend(backend, op="df11_rows_decode"):
+                assert torch.equal(model(x), ref)  # exact mode: decode into the shared buffer + F.linear
+        assert model_weight_format(model).dtype == "df11"
+        lin = layers[0]
+        lin.exact = False
+        with use_backend("triton", op="df11_linear"):
+            y = lin(x[:2])  # M = 2 <= 4: the fused rows GEMV
+            assert torch.equal(y, df11_rows_gemv(lin.weight_packed, x[:2], lin.bias))
+            big = torch.randn(5, 67, dtype=torch.bfloat16, device=DEV)  # M = 5: the buffer path, exact
+            assert torch.equal(lin(big), F.linear(big, lin.weight().clone(), lin.bias))
+        w = lin.weight().clone()
+        assert torch.equal(df11_linear(lin.weight_packed, x, lin.bias), F.linear(x, w, lin.bias))
+
+
+def test_choose_path_for_the_rows_layout():
+    assert [choose_path(m, "triton", False, layout="rows") for m in (0, 1, 4, 5)] == ["buffer", "gemv", "gemv",
+                                                                                     "buffer"]  # fmt: skip
+    assert choose_path(1, "triton", True, layout="rows") == "buffer"
+    assert choose_path(2, "torch", False, layout="rows") == "buffer"
+    assert choose_path(2, "triton", False) == "gemm"  # the flat layout's choice is unchanged
+    with pytest.raises(CodesignError, match="layout"):
+        choose_path(1, "triton", False, layout="cols")
+
+
+# ----------------------------------------------------------------------------- lowering for a GPU
+
+
+@pytest.mark.lowering
+def test_rows_kernels_lower_for_sm90_without_spills():
+    """The interpreter cannot show the kernels compile: at their defaults the decoder and the GEMV (M = 1,
+    4; split-K atomics at L = 64, M = 1) compile for sm_90 without register spills; registers and shared memory
+    are printed (pytest -s) for the record."""
+    code = """
+import torch
+from codesign.autotune.compile_only import compile_only
+from codesign.kernels.df11 import rows
+from codesign.kernels.df11.packed_rows import PackedDF11Rows, df11_rows_gemv
+w = (torch.randn(64, 4096) * 0.02).to(torch.bfloat16)
+p32, p64 = (PackedDF11Rows(rows.compress_rows(w, lanes=lanes)) for lanes in (32, 64))
+with compile_only(90) as s:
+    p32.decode(check=False)
+    for p, m in ((p32, 1), (p32, 4), (p64, 1)):
+        df11_rows_gemv(p, torch.zeros(m, 4096, dtype=torch.bfloat16), check=False)
+assert len(s.launches) == 4 and s.launches[-1].constexprs["ATOMIC"], s.launches
+for l in s.launches:
+    print(l.kernel, l.constexprs, l.registers, l.spill_stores, l.shared_bytes, l.ptx_ops["ld_global"])
+    assert l.error is None and l.spill_stores == 0 and l.spill_loads == 0 and 0 < l.registers <= 128, l
+    assert l.ptx_ops["cvt_i2f"] == 0, l
+print("ok")
+"""
+    assert_runs_without_interpreter(code)
