@@ -39,6 +39,8 @@ _EXPORTS = {
     **dict.fromkeys(
         ("LosslessBF16Config", "LosslessBF16Linear", "PackedDF11", "DecodeWorkspace", "compress_model_",
          "df11_linear", "df11_gemv", "df11_gemm", "model_weight_format"), "df11.linear"),  # fmt: skip
+    **dict.fromkeys(("DF11Rows", "compress_rows"), "df11.rows"),
+    **dict.fromkeys(("PackedDF11Rows", "df11_rows_gemv"), "df11.packed_rows"),
     **dict.fromkeys(("BlockAllocator", "PagedKVCache"), "kvcache.blocks"),
     "kv_write": "kvcache.write",
     **dict.fromkeys(("QuantPagedKV", "kvq_write"), "kvcache.kvq"),
