@@ -7,7 +7,8 @@ error against a dequantize-then-matmul fp32 reference (checked once per layer an
 Kernels: W4A16 g128 asym (Triton; also CuPy for M <= 16 when cupy imports), W8A16 per-channel,
 W8A8 int8 (dynamic per-token activations included in the time), FP8 (sm_89+ only); each as the op runs it
 (the variant table or the default rule) and with each variant pinned ("w4a16_g128@dequant", "fp8@torch",
-...: a pinned variant torch cannot take at that shape is an error row saying why).
+"w8a8_int8@fusedq" beside "w8a8_int8@triton", the quantizer fused or in its own launch, ...: a pinned variant
+torch cannot take at that shape is an error row saying why).
 
 Peers (bench/peers.py: gemlite, torchao, installed offline from the suite's `--peers-dir`) are timed on
 the same x and weight as rows "<peer>:<format>", their error checked once per layer against the
@@ -156,8 +157,9 @@ def _forced_variants(kernels: dict[str, Any]) -> dict[str, Any]:
     for name, fp8 in (("w8a8_int8", False), ("fp8", True)):
         if name in kernels:
             wf, act, fn, qw = kernels[name]
-            for v, torch_path in (("triton", 0), ("torch", 1)):
-                out[f"{name}@{v}"] = (wf, act, pinned(fn, qt.scaled_mm_variant_op(fp8), {"TORCH": torch_path}), qw)
+            for v in qt.SCALED_MM_VARIANTS:  # "@triton" two launches, "@fusedq" the quantizer fused, "@torch"
+                entry = qt.scaled_mm_variant_entry(v)
+                out[f"{name}@{v}"] = (wf, act, pinned(fn, qt.scaled_mm_variant_op(fp8), entry), qw)
     return out
 
 

@@ -111,6 +111,9 @@ def test_smoke_kernel_benches_all_run_and_check(tmp_path):
     assert {r["kernel"] for r in qg} >= {"fp16_matmul", "w4a16_g128", "w8a16_pc", "w8a8_int8", "fp8"}
     assert sum(r["rel_err"] is not None for r in qg) >= 8 and all(r["ms"] > 0 for r in qg)
     assert {r["M"] for r in qg} == {suite.smoke_shape({"M": m})["M"] for m in (1, 4, 16, 64, 256, 1024, 4096)}
+    # The fused-quantizer W8A8 / FP8 variant pinned beside the two-launch path: timed and checked.
+    for v in ("w8a8_int8@fusedq", "fp8@fusedq", "w8a8_int8@triton"):
+        assert any(r["kernel"] == v and r["rel_err"] is not None and r["rel_err_ok"] for r in qg), v
     # The peer path with the stand-in peer: installed (already importable), timed, checked, compared.
     assert rep["quant_gemm"]["peers"]["dequant"]["ok"] and rep["quant_gemm"]["peers_checks_ok"] is True
     peer_rows = [r for r in qg if r.get("peer") == "dequant"]

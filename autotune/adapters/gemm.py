@@ -9,7 +9,9 @@ the tuner times exactly the code path a serving call takes, with the config the 
                              GEMV (1: the CUDA-core GEMV) pinning the variant; without them the default
                              rule's (`choose_variant`); `expand` gives all four
     w8a8_gemm / fp8_gemm:    M, N, K (per-token int8 / e4m3 activations, per-channel weights), optional
-                             TORCH (1: torch._int_mm / torch._scaled_mm, 0: ours); `expand` gives both
+                             TORCH (1: torch._int_mm / torch._scaled_mm, 0: ours) and FUSEDQ (1: ours with
+                             the quantizer fused, one launch) pinning the variant; without them the default
+                             rule's (`choose_scaled_mm_variant`); `expand` gives all three
 Candidate spaces are the GPU grids below; interpreter runs (no GPU) get a few large-block configs,
 since the interpreter's cost is per program instance.
 """
@@ -40,7 +42,11 @@ def _weight_only_resources(a_bytes: int, bits: int) -> Callable[[dict[str, int]]
 
     def estimate(c: dict[str, int]) -> Resources:
         bm, bn, bk, st = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], max(2, c.get("num_stages", 2))
-        smem = (st - 1) * (bm * bk * a_bytes + bk * bn * bits // 8 + bn * a_bytes) + bk * bn * a_bytes + bm * bk * 2
+        smem = (
+            (st - 1) * (bm * bk * a_bytes + bk * bn * bits // 8 + bn * a_bytes)
+            + bk * bn * a_bytes
+            + bm * bk * 2
+        )
         return Resources(int(smem), regs(c).regs_per_thread)
 
     return estimate
@@ -99,7 +105,9 @@ class WeightOnlyGemm:
                 f"shape for {self.name}: SPLITK must be 1 (split-K) or 0 (tiled), got {shape}"
             )
         if any(shape.get(d, 0) not in (0, 1) for d in _PINS) or sum(shape.get(d, 0) for d in _PINS) > 1:
-            raise CodesignError(f"shape for {self.name}: DEQUANT and GEMV must be 0 or 1, one pin at most; got {shape}")
+            raise CodesignError(
+                f"shape for {self.name}: DEQUANT and GEMV must be 0 or 1, one pin at most; got {shape}"
+            )
         g = self._group(shape)
         if g not in (32, 64, 128, shape["K"]) or shape["K"] % g or shape["K"] % (32 // self.bits):
             raise CodesignError(
@@ -198,7 +206,9 @@ class WeightOnlyGemm:
         i = inputs
         # The variant is forced too: a variant table on this GPU must not send the candidate elsewhere.
         with forced_config(self.variant_op, i["variant"]), forced_config(i["table_op"], config):
-            self.kernel.wq_gemm(i["x"], i["qweight"], i["scales"], None, None, self.bits, i["group"], i["out"])
+            self.kernel.wq_gemm(
+                i["x"], i["qweight"], i["scales"], None, None, self.bits, i["group"], i["out"]
+            )
         return i["out"]
 
     def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
@@ -221,7 +231,9 @@ def _gemv_space(on_gpu: bool, group: int, k: int) -> ConfigSpace:
     )
     return ConfigSpace(
         params=params,
-        valid=lambda c: c["BLOCK_K"] <= max(group, min(params["BLOCK_K"])) and c["BLOCK_K"] <= max(pow2_cap(k), 32),
+        valid=lambda c: (
+            c["BLOCK_K"] <= max(group, min(params["BLOCK_K"])) and c["BLOCK_K"] <= max(pow2_cap(k), 32)
+        ),
         resources=_gemv_resources,
     )
 
@@ -247,13 +259,17 @@ def _dequant_space(on_gpu: bool) -> ConfigSpace:
 
 
 class W8A8Gemm:
-    """w8a8_gemm / fp8_gemm matmul: out = (q_x @ q_w) * s_x[m] * s_w[n] (int8 -> int32, or e4m3 -> fp32), by our
-    kernel ("<name>" table) or torch's ("<name>_torch": one config, TORCH = 1, naming the variant: torch's
-    matmul takes no parameters of ours); the variant table "<name>_variant" says which runs."""
+    """w8a8_gemm / fp8_gemm from unquantized activations: out = (q(x) @ q_w) * s_x[m] * s_w[n] (int8 -> int32, or
+    e4m3 -> fp32), by one of three variants (`triton_gemm.SCALED_MM_VARIANTS`): ours in two launches (the
+    per-token quantizer, then the "<name>" table's GEMM), ours with the quantizer fused ("<name>_fusedq",
+    `triton_fusedq`), or torch's ("<name>_torch": one config, TORCH = 1, naming the variant: torch's matmul takes
+    no parameters of ours); the variant table "<name>_variant" says which runs. Every variant is timed from x,
+    quantizer included, so their times compare as a serving call sees them."""
 
     default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
 
-    source_modules = ("codesign.kernels.gemm.triton_gemm", "codesign.kernels.gemm.torch_mm")
+    source_modules = ("codesign.kernels.gemm.triton_gemm", "codesign.kernels.gemm.torch_mm",
+                      "codesign.kernels.gemm.triton_fusedq", "codesign.kernels.gemm.triton_parts")  # fmt: skip
 
     def __init__(self, fp8: bool = False) -> None:
         from codesign.kernels.gemm import triton_gemm  # unavailable kernel -> ImportError
@@ -263,28 +279,38 @@ class W8A8Gemm:
         self.name = triton_gemm.scaled_mm_table_op(fp8)
         self.fmt = "fp8_e4m3" if fp8 else "int8"
         self.variant_op = triton_gemm.scaled_mm_variant_op(fp8)
-        self.variant_configs = {self.name: {"TORCH": 0}, f"{self.name}_torch": {"TORCH": 1}}
+        self.variant_configs = {triton_gemm.scaled_mm_table_op(fp8, v): triton_gemm.scaled_mm_variant_entry(v)
+                                for v in triton_gemm.SCALED_MM_VARIANTS}  # fmt: skip
 
     def check_shape(self, shape: Shape) -> None:
-        need_dims(shape, ("M", "N", "K", "TORCH") if "TORCH" in shape else ("M", "N", "K"), self.name)
+        need_dims(shape, ("M", "N", "K", *(d for d in _MM_PINS if d in shape)), self.name)
         if shape["K"] % 4:
             raise CodesignError(f"shape for {self.name}: K must be a multiple of 4, got {shape}")
-        if shape.get("TORCH", 0) not in (0, 1):
-            raise CodesignError(f"shape for {self.name}: TORCH must be 1 (torch's matmul) or 0 (ours), got {shape}")
+        if any(shape.get(d, 0) not in (0, 1) for d in _MM_PINS) or sum(shape.get(d, 0) for d in _MM_PINS) > 1:
+            raise CodesignError(
+                f"shape for {self.name}: TORCH must be 1 (torch's matmul) or 0 (ours), FUSEDQ 1 (the quantizer "
+                f"fused) or 0, one pin at most; got {shape}"
+            )
 
     def expand(self, shape: Shape) -> list[Shape]:
-        """`shape` once per variant (ours, torch's), so both are timed at the same M."""
-        return [shape] if "TORCH" in shape else [{**shape, "TORCH": 0}, {**shape, "TORCH": 1}]
+        """`shape` once per variant (ours in two launches, torch's, ours fused), so all are timed at the same M."""
+        if any(d in shape for d in _MM_PINS):
+            return [shape]
+        return [{**shape, "TORCH": 0}, {**shape, "TORCH": 1}, {**shape, "TORCH": 0, "FUSEDQ": 1}]
 
-    def _torch(self, shape: Shape) -> bool:
-        if "TORCH" in shape:
-            return bool(shape["TORCH"])
+    def _variant(self, shape: Shape) -> str:
+        if shape.get("TORCH"):
+            return "torch"
+        if shape.get("FUSEDQ"):
+            return "fusedq"
+        if any(d in shape for d in _MM_PINS):
+            return "triton"
         return self.kernel.choose_scaled_mm_variant(
             shape["M"], shape["N"], shape["K"], self.fp8, torch.float32, torch.device("cpu")
-        ) == "torch"  # fmt: skip
+        )  # the default rule (a CPU device: no table)
 
     def table_op(self, shape: Shape) -> str:
-        return f"{self.name}_torch" if self._torch(shape) else self.name
+        return self.kernel.scaled_mm_table_op(self.fp8, self._variant(shape))
 
     def table_key(self, shape: Shape) -> str:
         return self.kernel.scaled_mm_table_key(shape["N"], shape["K"])
@@ -293,14 +319,25 @@ class W8A8Gemm:
         return shape["M"]
 
     def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
-        if self._torch(shape):
+        variant = self._variant(shape)
+        if variant == "torch":
             return ConfigSpace(params={"TORCH": [1]}, resources=lambda c: Resources(0, 0))
-        params = (
-            {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [64, 128, 256],
-             "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}
-            if on_gpu
-            else {"BLOCK_M": [32, 64], "BLOCK_N": [64, 128], "BLOCK_K": [128], "num_warps": [4], "num_stages": [1]}
-        )  # fmt: skip
+        if variant == "fusedq":  # 16-row tiles and up: the decode M it is for, and the tl.dot minimum
+            params = (
+                {"BLOCK_M": [16, 32, 64], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [64, 128, 256],
+                 "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}
+                if on_gpu
+                else {"BLOCK_M": [16, 32], "BLOCK_N": [64, 128], "BLOCK_K": [128], "num_warps": [4], "num_stages": [1]}
+            )  # fmt: skip
+            res = _fusedq_resources(torch.finfo(dtype).bits // 8, self.fp8)
+        else:
+            params = (
+                {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [64, 128, 256],
+                 "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}
+                if on_gpu
+                else {"BLOCK_M": [32, 64], "BLOCK_N": [64, 128], "BLOCK_K": [128], "num_warps": [4], "num_stages": [1]}
+            )  # fmt: skip
+            res = _scaled_mm_resources(self.fp8)
         n, m = shape["N"], shape["M"]
         return ConfigSpace(
             params=params,
@@ -308,7 +345,7 @@ class W8A8Gemm:
                 c["BLOCK_N"] <= max(pow2_cap(n, 32), min(params["BLOCK_N"]))
                 and c["BLOCK_M"] <= max(pow2_cap(m), min(params["BLOCK_M"]))
             ),
-            resources=_scaled_mm_resources(self.fp8),
+            resources=res,
             fixed={"GROUP_M": 8},
         )
 
@@ -319,18 +356,18 @@ class W8A8Gemm:
         qw = qf.quantize_rtn(
             torch.randn(shape["N"], shape["K"], generator=gen), self.fmt, None, True, torch.float32
         )
-        x = torch.randn(shape["M"], shape["K"], generator=gen)
+        x = torch.randn(shape["M"], shape["K"], generator=gen).to(dtype)
         aq, a_s = qf.quantize_per_token(x, self.fmt)
         w64 = qw.dequantize(torch.float64).t()  # int8 and e4m3 codes are exact in fp64
         return {
-            "aq": aq.to(device), "a_s": a_s.to(device), "w": qw.qweight.to(device), "w_s": qw.scales.to(device),
+            "x": x.to(device), "w": qw.qweight.to(device), "w_s": qw.scales.to(device),
             "out": torch.empty(shape["M"], shape["N"], dtype=dtype, device=device),
             "ref": (aq.double() * a_s.double()[:, None]) @ w64,
-            "table_op": self.table_op(shape), "variant": {"TORCH": int(self._torch(shape))},
+            "table_op": self.table_op(shape), "variant": self.kernel.scaled_mm_variant_entry(self._variant(shape)),
         }  # fmt: skip
 
     def input_bytes(self, inputs: dict[str, Any]) -> int:
-        return sum(inputs[k].numel() * inputs[k].element_size() for k in ("aq", "a_s", "w", "w_s"))
+        return sum(inputs[k].numel() * inputs[k].element_size() for k in ("x", "w", "w_s"))
 
     def poison(self, inputs: dict[str, Any]) -> None:
         inputs["out"].fill_(float("nan"))
@@ -339,7 +376,7 @@ class W8A8Gemm:
         i = inputs
         # The variant is forced too: a variant table on this GPU must not send the candidate elsewhere.
         with forced_config(self.variant_op, i["variant"]), forced_config(i["table_op"], config):
-            self.kernel.scaled_mm(i["aq"], i["a_s"], i["w"], i["w_s"], None, i["out"])
+            self.kernel.w8a8_mm(i["x"], self.fp8, i["w"], i["w_s"], None, i["out"])
         return i["out"]
 
     def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
@@ -347,6 +384,26 @@ class W8A8Gemm:
 
     def tolerance(self, dtype: torch.dtype) -> float:
         return TOL[dtype]
+
+
+_MM_PINS = ("TORCH", "FUSEDQ")  # shape dims that pin a W8A8 / FP8 variant
+
+
+def _fusedq_resources(a_bytes: int, fp8: bool) -> Callable[[dict[str, int]], Resources]:
+    """The fused-quantizer kernel: shared memory as `gemm_resources` counts it with the activation tile in its
+    own dtype (a_bytes an element, not the codes' 1); registers hold the accumulator, the A tile twice (fp32
+    values, then codes) and the weight tile on its way to mma.sync (int8: half a register an element, e4m3: one):
+        40 + BM x BN / T + 2 x BM x BK / T + (1/2 or 1) x BK x BN / T, T = 32 x num_warps.
+    Bounds over what ptxas reported for sm_90 on 16 sampled configs (fp16 / fp32 activations; 16 x 128 x 64 on
+    4 warps: fp8 136 of 136, int8 104 for 64; the ones estimated over 255 all spilled)."""
+    smem = gemm_resources(a_bytes, 1)
+
+    def estimate(c: dict[str, int]) -> Resources:
+        bm, bn, bk, t = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], 32 * c.get("num_warps", 4)
+        regs = 40 + (bm * bn + 2 * bm * bk + (bk * bn if fp8 else bk * bn // 2)) // t
+        return Resources(smem(c).smem_bytes, regs)
+
+    return estimate
 
 
 register("w4a16_gemm", lambda: WeightOnlyGemm(4))

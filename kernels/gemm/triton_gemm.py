@@ -1,5 +1,6 @@
 """Triton kernels for quantized GEMM: W4A16/W8A16 (split-K GEMV-style + tiled), W8A8 int8, FP8 W8A8, and the
-one place each op's variant is chosen (ours: `triton_gemv` at the smallest M, split-K, tiled; or torch's own
+one place each op's variant is chosen (ours: `triton_gemv` at the smallest M, split-K, tiled; for W8A8 / FP8
+the activation quantizer fused into the GEMM at decode M, `triton_fusedq`, or two launches; or torch's own
 path where it is faster: `triton_dequant`, `torch_mm`).
 
 Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), W in the native layout of `codesign.kernels.gemm.formats`
@@ -26,8 +27,11 @@ from codesign.autotune.lookup import forced_config_of, lookup_config, shape_key
 from codesign.backend import DeviceView, device_view
 from codesign.kernels.gemm import torch_mm
 from codesign.kernels.gemm.triton_dequant import dequant_matmul
+from codesign.kernels.gemm.triton_fusedq import fusedq_mm
 from codesign.kernels.gemm.triton_gemv import wq_gemv
-from codesign.kernels.triton_codes import codes_f16, pow2_scale, unpack_words
+from codesign.kernels.gemm.triton_parts import code_tile_nk, grouped_tile, round_half_even, round_to_e4m3
+from codesign.kernels.triton_codes import codes_f16, pow2_scale
+from codesign.specs import CodesignError
 
 # Without a tuned variant table, M at or below this runs the split-K kernel: decode batches read the
 # whole weight for a few rows, so the work must be spread over K to fill the GPU (N / BLOCK_N programs
@@ -43,6 +47,13 @@ TORCH_PATH_MIN_M = 1024
 # at M = 1-4 against ~40 us for bf16's GEMV (the split-K kernel measured 0.65-0.71x bf16 before its rewrite).
 GEMV_MAX_M = 4
 WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
+# At or below this M the W8A8 / FP8 GEMMs default to the fused-quantizer kernel (`triton_fusedq`): one launch
+# instead of two and no M x K codes written and read back, against every N-tile program re-quantizing its rows
+# of A (its SASS per weight byte grows with the rows: sm_90, int8, 0.051 issue cycles a byte at M <= 2, 0.078 at
+# M <= 8, 0.105 at 16, against 0.069 for the two-launch GEMM). Untimed prediction; the reasoning and numbers are
+# in docs/kernels.md; a tuned variant table overrides it.
+FUSEDQ_MAX_M = 8
+SCALED_MM_VARIANTS = ("triton", "torch", "fusedq")
 
 # Defaults are untuned starting points (the autotune issue fills per-GPU tables). Interpreter
 # defaults use the largest blocks: the interpreter's cost is per program instance, not per flop.
@@ -71,6 +82,10 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # The GEMV keeps its tile as fp32 weights in registers: 64 x 64 over 4 warps is 32 a thread (128 x 128
     # took 255 registers and spilled on sm_90).
     "gemv": {"BLOCK_K": 64, "BLOCK_N": 64, "num_warps": 4},
+    # The fused quantizer's dot takes 16 rows (the tl.dot minimum; a decode batch's rows, copied up); BLOCK_N 64
+    # gives N / 64 programs (128 at N = 8192, about one per SM of an H100 / H200) to stream the weight. 8 warps:
+    # the same SASS per weight byte as 4 (sm_90, int8: 207 a K step at M <= 2 against 414), two warps a scheduler.
+    "fusedq": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
 }
 _INTERP_DEFAULTS: dict[str, dict[str, int]] = {
     # SPLIT_K 2 so the atomic reduction path is exercised by every small-M interpreter test.
@@ -87,6 +102,7 @@ _INTERP_DEFAULTS: dict[str, dict[str, int]] = {
     "act": {"BLOCK_K": 512, "num_warps": 4},
     "dequant": {"BLOCK_K": 128, "BLOCK_N": 128, "num_warps": 4},
     "gemv": {"BLOCK_K": 128, "BLOCK_N": 128, "num_warps": 4},
+    "fusedq": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4, "num_stages": 1},
 }
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -116,8 +132,14 @@ def wq_variant_entry(variant: str) -> dict[str, int]:
 
 
 def scaled_mm_variant_op(fp8: bool) -> str:
-    """The table `choose_scaled_mm_variant` reads ({"TORCH": 0 or 1} per shape and M)."""
+    """The table `choose_scaled_mm_variant` reads (`scaled_mm_variant_entry` per shape and M)."""
     return f"{scaled_mm_table_op(fp8)}_variant"
+
+
+def scaled_mm_variant_entry(variant: str) -> dict[str, int]:
+    """A W8A8 / FP8 variant (SCALED_MM_VARIANTS) as its variant-table entry: {"TORCH": 0/1, "FUSEDQ": 0/1}
+    (both 0: our two-launch path, quantize_per_token then `scaled_mm`)."""
+    return {"TORCH": int(variant == "torch"), "FUSEDQ": int(variant == "fusedq")}
 
 
 def wq_table_key(n: int, k: int, group: int) -> str:
@@ -125,9 +147,11 @@ def wq_table_key(n: int, k: int, group: int) -> str:
     return shape_key(N=n, K=k, G=group)
 
 
-def scaled_mm_table_op(fp8: bool) -> str:
-    """The W8A8 / FP8 GEMM's table: "w8a8_gemm" or "fp8_gemm"."""
-    return "fp8_gemm" if fp8 else "w8a8_gemm"
+def scaled_mm_table_op(fp8: bool, variant: str = "triton") -> str:
+    """The W8A8 / FP8 GEMM's table of one variant: "w8a8_gemm" or "fp8_gemm" for ours (two launches), with
+    "_fusedq" for the fused quantizer, "_torch" for torch's (one config, naming the variant)."""
+    op = "fp8_gemm" if fp8 else "w8a8_gemm"
+    return op if variant == "triton" else f"{op}_{variant}"
 
 
 def scaled_mm_table_key(n: int, k: int) -> str:
@@ -153,19 +177,28 @@ def choose_variant(m: int, op: str = "w4a16_gemm", device: torch.device | None =
     # An entry names its variant by the flags it sets (a missing flag is 0); no entry: the rule.
     cfg = lookup_config(f"{op}_variant", gpu, m, key, {}) or wq_variant_entry(rule)  # `wq_variant_op`
     flags = {name: cfg.get(name, 0) for name in ("DEQUANT", "GEMV", "SPLITK")}
-    return "dequant" if flags["DEQUANT"] else "gemv" if flags["GEMV"] else "splitk" if flags["SPLITK"] else "tiled"
+    if flags["DEQUANT"] or flags["GEMV"]:
+        return "dequant" if flags["DEQUANT"] else "gemv"
+    return "splitk" if flags["SPLITK"] else "tiled"
 
 
-def choose_scaled_mm_variant(m: int, n: int, k: int, fp8: bool, out_dtype: torch.dtype, device: torch.device) -> str:
-    """The W8A8 / FP8 variant: "triton" (ours) or "torch" (`torch_mm`), from the table `scaled_mm_variant_op`
-    ({"TORCH": 0 or 1}), else torch's from TORCH_PATH_MIN_M on; never "torch" where torch cannot take the
-    call (`torch_mm.why_not`), unless forced, which then raises that reason."""
+def choose_scaled_mm_variant(
+    m: int, n: int, k: int, fp8: bool, out_dtype: torch.dtype, device: torch.device
+) -> str:
+    """The W8A8 / FP8 variant: "fusedq" (ours, the quantizer fused: `triton_fusedq`), "triton" (ours, two
+    launches) or "torch" (`torch_mm`), from the table `scaled_mm_variant_op` (`scaled_mm_variant_entry`; a
+    missing flag is 0), else the default rule: fused up to FUSEDQ_MAX_M, torch's from TORCH_PATH_MIN_M, two
+    launches between. Never "torch" where torch cannot take the call (`torch_mm.why_not`; the rule without
+    torch then), unless forced, which then raises that reason (`torch_mm.torch_scaled_mm`)."""
     op = scaled_mm_variant_op(fp8)
-    if forced_config_of(op) is None and torch_mm.why_not(m, n, k, fp8, out_dtype, device):
-        return "triton"
-    gpu = device_view(device).gpu_name
-    cfg = lookup_config(op, gpu, m, scaled_mm_table_key(n, k), {"TORCH": int(m >= TORCH_PATH_MIN_M)})
-    return "torch" if cfg["TORCH"] else "triton"
+    rule = "fusedq" if m <= FUSEDQ_MAX_M else "torch" if m >= TORCH_PATH_MIN_M else "triton"
+    cfg = lookup_config(op, device_view(device).gpu_name, m, scaled_mm_table_key(n, k), {})
+    flags = {name: cfg.get(name, 0) for name in ("TORCH", "FUSEDQ")} if cfg else scaled_mm_variant_entry(rule)
+    if flags["TORCH"]:
+        if forced_config_of(op) is not None or not torch_mm.why_not(m, n, k, fp8, out_dtype, device):
+            return "torch"
+        return "fusedq" if m <= FUSEDQ_MAX_M else "triton"
+    return "fusedq" if flags["FUSEDQ"] else "triton"
 
 
 def launch_config(table_op: str, kind: str, device: torch.device, m: int, key: str) -> dict[str, Any]:
@@ -186,36 +219,6 @@ def _dot_dtype(x_dtype: torch.dtype, view: DeviceView) -> tl.dtype:
 
 
 # ----------------------------------------------------------------------------- jit bodies
-
-
-@triton.jit
-def _code_tile_nk(qw_ptr, k0, offs_n, N, K, BITS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """int32 [BLOCK_N, BLOCK_K] codes of W (rows n, columns k0 ..) from the packed [K / P, N] words, P = 32 / BITS
-    per word along K: the words are loaded as a [BLOCK_N, BLOCK_K / P] tile and unpacked along the minor axis by
-    the join tree (`triton_codes.unpack_words`), so each thread keeps a word's codes together and the tile
-    meets tl.dot transposed through a vectorized layout conversion. Unpacking along K as the major axis (a
-    [K, N] tile) would move each code to the matrix unit by one 16-bit shared-memory store. k0 and K are
-    multiples of P (packing needs K % P == 0)."""
-    P: tl.constexpr = 32 // BITS
-    kw = k0 // P + tl.arange(0, BLOCK_K // P)
-    words = tl.load(qw_ptr + kw[None, :] * N + offs_n[:, None], mask=(offs_n < N)[:, None] & (kw * P < K)[None, :],
-                    other=0)  # fmt: skip
-    return tl.reshape(unpack_words(words, BITS), (offs_n.shape[0], BLOCK_K))
-
-
-@triton.jit
-def _grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """(offs_m, offs_n) of this program's output tile, in grouped order: GROUP_M row-tiles share each
-    weight column-tile while it is in L2."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    size_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
-    return pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
 
 
 @triton.jit
@@ -259,7 +262,7 @@ def _wq_kernel(
         k_start = pid_k * K_PER_SPLIT
         k_end = min(k_start + K_PER_SPLIT, K)
     else:
-        offs_m, offs_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        offs_m, offs_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
         k_start = 0
         k_end = K
     mask_m = offs_m < M
@@ -272,7 +275,7 @@ def _wq_kernel(
             mask=mask_m[:, None] & (offs_k < k_end)[None, :],
             other=0.0,
         ).to(tl.float32)
-        codes = _code_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K]
+        codes = code_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K]
         g = k0 // GROUP  # one group per tile
         scale = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         if HAS_ZEROS:
@@ -307,29 +310,6 @@ def _wq_kernel(
 
 
 @triton.jit
-def _round_half_even(v):
-    # Exact in fp32 (no libdevice, so it also runs in the interpreter): v - floor(v) is exact.
-    r = tl.floor(v)
-    frac = v - r
-    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
-    return tl.where((frac > 0.5) | ((frac == 0.5) & odd), r + 1.0, r)
-
-
-@triton.jit
-def _round_to_e4m3(v):
-    # Round |v| <= 448 to the e4m3 grid in fp32, so the final cast is exact. Triton 3.9's
-    # interpreter casts fp32 -> fp8 without carrying a mantissa overflow into the exponent
-    # (127.3 became 64, not 128); on a GPU this equals the hardware's round-to-nearest-even cast.
-    exp = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    # ulp of e4m3 at v's binade: 2**(e - 3) with 3 mantissa bits; 2**-9 for subnormals (e < -6).
-    ulp = (tl.maximum(exp - 3, 127 - 9) << 23).to(tl.float32, bitcast=True)
-    # Round |v| and put the sign back: a negative value that rounds to zero is -0 in e4m3 (0x80), as
-    # torch's cast gives; rounding v itself gave floor(-0.05) + 1 = +0.
-    r = _round_half_even(tl.abs(v) / ulp) * ulp
-    return tl.where(v < 0, -r, r)
-
-
-@triton.jit
 def _act_quant_kernel(
     x_ptr,
     q_ptr,
@@ -355,9 +335,9 @@ def _act_quant_kernel(
         x = tl.load(x_ptr + row * K + offs, mask=offs < K, other=0.0).to(tl.float32)
         v = tl.minimum(tl.maximum(tl.math.div_rn(x, s), -QMAX), QMAX)  # IEEE division: bit-exact codes
         if IS_FP8:
-            q = _round_to_e4m3(v).to(tl.float8e4nv)
+            q = round_to_e4m3(v).to(tl.float8e4nv)
         else:
-            q = _round_half_even(v).to(tl.int8)
+            q = round_half_even(v).to(tl.int8)
         tl.store(q_ptr + row * K + offs, q, mask=offs < K)
     tl.store(s_ptr + row, s)
 
@@ -387,7 +367,7 @@ def _scaled_mm_kernel(
     out = acc * a_scale[m] * w_scale[n] (+ bias[n]). int8 weights are unpacked from the native
     int32 layout (offset-binary codes, zero 128); fp8 weights are a plain [K, N] e4m3 tensor.
     """
-    offs_m, offs_n = _grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m, offs_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     mask_m = offs_m < M
     mask_n = offs_n < N
     if IS_FP8:
@@ -414,7 +394,7 @@ def _scaled_mm_kernel(
             acc += tl.dot(a, w)
         else:
             a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask, other=0)
-            codes = _code_tile_nk(w_ptr, k0, offs_n, N, K, 8, BLOCK_K)  # [BLOCK_N, BLOCK_K]
+            codes = code_tile_nk(w_ptr, k0, offs_n, N, K, 8, BLOCK_K)  # [BLOCK_N, BLOCK_K]
             w = tl.where(mask_n[:, None] & mask_k[None, :], codes - 128, 0).to(tl.int8)
             acc += tl.dot(a, tl.trans(w), out_dtype=tl.int32)
     a_s = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
@@ -507,6 +487,34 @@ def quantize_per_token(x: torch.Tensor, fp8: bool, q: torch.Tensor, s: torch.Ten
     )
 
 
+def w8a8_mm(
+    x: torch.Tensor,
+    fp8: bool,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """out[M, N] = (q(x) @ w_codes) * s[:, None] * w_scale[None, :] (+ bias), (q, s) the per-token quantization
+    of x [M, K] (fp16 / bf16 / fp32) to int8, or e4m3 when fp8, as `quantize_per_token` computes it.
+
+    The variant comes from `choose_scaled_mm_variant`: "fusedq" quantizes inside the GEMM (`triton_fusedq`, one
+    launch); "triton" and "torch" run `quantize_per_token` into a scratch buffer, then `scaled_mm`.
+    """
+    m, k = x.shape
+    n = w.shape[1]
+    variant = choose_scaled_mm_variant(m, n, k, fp8, out.dtype, x.device)
+    if variant == "fusedq":
+        table = scaled_mm_table_op(fp8, "fusedq")
+        cfg = launch_config(table, "fusedq", x.device, m, scaled_mm_table_key(n, k))
+        fusedq_mm(x, w, w_scale, bias, out, fp8, cfg, device_view(x.device).interpreted)
+        return out
+    aq = torch.empty(x.shape, dtype=torch.float8_e4m3fn if fp8 else torch.int8, device=x.device)
+    a_s = torch.empty(m, dtype=torch.float32, device=x.device)
+    quantize_per_token(x, fp8, aq, a_s)
+    return scaled_mm(aq, a_s, w, w_scale, bias, out, variant)
+
+
 def scaled_mm(
     a: torch.Tensor,
     a_scale: torch.Tensor,
@@ -514,16 +522,27 @@ def scaled_mm(
     w_scale: torch.Tensor,
     bias: torch.Tensor | None,
     out: torch.Tensor,
+    variant: str | None = None,
 ) -> torch.Tensor:
     """out[M, N] = (a @ w_codes) * a_scale[:, None] * w_scale[None, :] (+ bias).
 
     a: int8 [M, K] with w the native int32-packed int8 codes [K/4, N], or a: float8_e4m3fn [M, K]
-    with w float8_e4m3fn [K, N]. w_scale [1, N] per channel or [1, 1] per tensor.
+    with w float8_e4m3fn [K, N]. w_scale [1, N] per channel or [1, 1] per tensor. `variant` ("triton" or
+    "torch") as `w8a8_mm` chose it, else chosen here; codes already quantized leave nothing to fuse, so a
+    chosen "fusedq" runs ours ("triton"), and a forced one raises.
     """
     m, k = a.shape
     fp8 = a.dtype == torch.float8_e4m3fn
     n = w.shape[1]
-    if choose_scaled_mm_variant(m, n, k, fp8, out.dtype, a.device) == "torch":
+    variant = variant or choose_scaled_mm_variant(m, n, k, fp8, out.dtype, a.device)
+    if variant == "fusedq":
+        if forced_config_of(scaled_mm_variant_op(fp8)) is not None:
+            raise CodesignError(
+                f"the fusedq variant of the {'fp8' if fp8 else 'w8a8'} GEMM cannot run in scaled_mm: it quantizes "
+                "the activations itself and was given codes; call w8a8_mm (or the op) with the activations"
+            )
+        variant = "triton"
+    if variant == "torch":
         torch_mm.torch_scaled_mm(a, a_scale, w, w_scale, bias, out, fp8)
         return out
     cfg = launch_config(scaled_mm_table_op(fp8), "scaled_mm", a.device, m, scaled_mm_table_key(n, k))

@@ -101,7 +101,8 @@ def test_cli_tune_export_and_errors(tmp_path, capsys):
     argv = ["tune", "--op", "w8a8_gemm", "--shape", "M=5,N=80,K=128", "--device", "cpu", "--cache", str(cache),
             "--strategy", "random", "--max-evals", "2", "--export", "--out-dir", str(out)]  # fmt: skip
     assert cli.main(argv) == 0
-    table = json.loads((out / lookup.gpu_slug(CPU_GPU_NAME) / "w8a8_gemm.json").read_text())
+    # M = 5 is the default rule's fused-quantizer variant (FUSEDQ_MAX_M), so its table is the one tuned.
+    table = json.loads((out / lookup.gpu_slug(CPU_GPU_NAME) / "w8a8_gemm_fusedq.json").read_text())
     assert list(table["entries"]) == ["K=128,N=80"] and list(table["entries"]["K=128,N=80"]) == ["5"]
     assert len(TuningCache(cache).load().records) == 2
     assert cli.main(["tune", "--list"]) == 0
@@ -141,7 +142,7 @@ def test_cli_export_alone_writes_every_op_in_the_cache(tmp_path):
         cli.main(["tune", "--export", "--device", "cpu", "--cache", str(cache), "--out-dir", str(out)]) == 0
     )
     written = sorted(p.name for p in (out / lookup.gpu_slug(CPU_GPU_NAME)).iterdir())
-    assert written == ["w4a16_gemm_splitk.json", "w8a8_gemm.json"]
+    assert written == ["w4a16_gemm_splitk.json", "w8a8_gemm_fusedq.json"]  # the rule's variants at M 5, 2
 
 
 class _SleepOp:

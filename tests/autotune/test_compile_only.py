@@ -223,6 +223,11 @@ from codesign.autotune.compile_check import check_estimates
 rows = check_estimates("w8a8_gemm", {"M": 20, "N": 40, "K": 256}, n=3, arch=90)  # tiles <= 32 x 64
 assert len(rows) == 3 and any(r.pruned_by_estimate is None for r in rows), rows
 rows += check_estimates("fp8_gemm", {"M": 20, "N": 40, "K": 256}, n=2, arch=90)
+fused = check_estimates("w8a8_gemm", {"M": 3, "N": 256, "K": 512, "FUSEDQ": 1}, n=2, arch=90)
+fused += check_estimates("fp8_gemm", {"M": 3, "N": 256, "K": 512, "FUSEDQ": 1}, n=2, arch=90)
+for r in fused:  # the fused kernel's register estimate too (its A tile lives in registers)
+    assert r.pruned_by_estimate is not None or r.est_regs >= r.real_regs, r
+rows += fused
 rows += check_estimates("w4a16_gemm", {"M": 3, "N": 256, "K": 512, "G": 128, "SPLITK": 1}, n=2, arch=90)
 rows += check_estimates("w4a16_gemm", {"M": 3, "N": 256, "K": 512, "G": 128, "GEMV": 1}, n=3, arch=90)
 for r in rows:

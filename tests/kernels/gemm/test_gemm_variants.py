@@ -91,7 +91,8 @@ def test_torch_variant_of_the_scaled_mm_matches_ours(fp8, m, n, k, per_tensor):
 def test_default_rule_and_what_torch_cannot_take():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     for fp8 in (False, True):
-        assert qt.choose_scaled_mm_variant(16, 64, 128, fp8, torch.float32, cpu) == "triton"
+        assert qt.choose_scaled_mm_variant(qt.FUSEDQ_MAX_M, 64, 128, fp8, torch.float32, cpu) == "fusedq"
+        assert qt.choose_scaled_mm_variant(qt.FUSEDQ_MAX_M + 1, 64, 128, fp8, torch.float32, cpu) == "triton"
         assert qt.choose_scaled_mm_variant(1024, 64, 128, fp8, torch.float32, cpu) == "torch"
     # On a GPU torch's int8 matmul needs M > 16 and K, N multiples of 8; its fp8 one 16: never chosen there.
     assert "M > 16" in torch_mm.why_not(16, 64, 128, False, torch.bfloat16, cuda)
@@ -152,6 +153,39 @@ for l in s.launches:
     assert l.error is None and l.spill_stores == 0 and 0 < l.registers <= 128, l
     if l.kernel == "_wq_gemv_kernel":
         assert l.ptx_ops["cvt_i2f"] == 0 and l.constexprs["USE_ATOMIC"], l
+print("ok")
+"""
+    assert_runs_without_interpreter(code)
+
+
+@pytest.mark.slow
+@pytest.mark.lowering
+def test_the_fused_quantizer_gemm_lowers_for_sm90_without_spills():
+    """The fused-quantizer W8A8 / FP8 kernel at its GPU default config (`_GPU_DEFAULTS["fusedq"]`) compiles for
+    sm_90 from bf16 activations at decode M (1, 3, 8, 16: each row-tile height it quantizes; int8 and e4m3) with no
+    spills, one launch per call, its dot on the tensor cores: mma.sync, since a 16-row tile is below wgmma's 64
+    (the interpreter cannot show any of it)."""
+    from helpers import assert_runs_without_interpreter
+
+    code = """
+import torch
+from codesign.autotune.compile_only import compile_only
+from codesign.autotune.lookup import forced_config
+from codesign.kernels.gemm import formats as qf
+from codesign.kernels.gemm import triton_gemm as qt
+from codesign.kernels.gemm.ops import quant_matmul
+with compile_only(90, "NVIDIA H200") as s:
+    for fmt in ("int8", "fp8_e4m3"):
+        qw = qf.quantize_rtn(torch.randn(512, 1024), fmt, None, True, torch.float32)
+        with forced_config(qt.scaled_mm_variant_op(fmt != "int8"), {"FUSEDQ": 1}):  # 16 is past the rule's M
+            for m in (1, 3, 8, 16):
+                quant_matmul(torch.randn(m, 1024, dtype=torch.bfloat16), qw, act_quant=True)
+assert [l.kernel for l in s.launches] == ["_fusedq_kernel"] * 8, [l.kernel for l in s.launches]
+want = {k: v for k, v in qt._GPU_DEFAULTS["fusedq"].items() if k.startswith("BLOCK")}
+for l in s.launches:
+    assert {k: l.constexprs[k] for k in want} == want and l.num_stages == qt._GPU_DEFAULTS["fusedq"]["num_stages"], l
+    assert l.error is None and l.problems() == [] and l.spill_stores == 0 and 0 < l.registers <= 128, l
+    assert l.ptx_ops["mma_sync"] > 0, (l.constexprs["IS_FP8"], l.ptx_ops)
 print("ok")
 """
     assert_runs_without_interpreter(code)

@@ -1,0 +1,120 @@
+"""The W8A8 / FP8 GEMMs' small-M variant: the per-token activation quantizer fused into the GEMM, one launch.
+
+The two-launch path (`triton_gemm.quantize_per_token`, then `triton_gemm.scaled_mm`) writes the M x K codes and
+the M scales to memory and reads them back, and pays a second launch (~3-5 us on a GPU, a large share of a
+decode-M GEMM of ~20-40 us). Here each program takes its rows of the fp16 / bf16 / fp32 activations directly
+(BLOCK_M of them, or below BLOCK_M only the rows there are, copied up to the dot's 16): a prologue pass over all
+of K finds each row's absmax (M is small, the rows stay in L2), the scale is derived exactly as
+`_act_quant_kernel` derives it (`div_rn`, the same rounding helpers), and the main K loop quantizes each A tile
+in registers and feeds the int8 / e4m3 tile to `tl.dot` (int32 / fp32 accumulation), with `_scaled_mm_kernel`'s
+epilogue (a_scale[m] * w_scale[n] + bias). Codes, scales and the epilogue's arithmetic are those of the
+two-launch path, so at the same tile config the output is the same bit for bit.
+
+The price: every N-tile program re-reads and re-quantizes its rows of A (N / BLOCK_N times in all), so the
+variant pays off only while A has few rows (`triton_gemm.FUSEDQ_MAX_M`; the numbers in docs/kernels.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from codesign.kernels.gemm.triton_parts import code_tile_nk, grouped_tile, round_half_even, round_to_e4m3
+
+
+@triton.jit
+def _rows_to_tile(t, BLOCK_M: tl.constexpr):
+    """[ROWS, C] -> [BLOCK_M, C] with row r = t[r % ROWS] (ROWS divides BLOCK_M): the 16-row tile tl.dot needs,
+    from the rows there are. Rows past M are never stored, so their copies cost nothing but the dot."""
+    ROWS: tl.constexpr = t.shape[0]
+    C: tl.constexpr = t.shape[1]
+    if ROWS == BLOCK_M:
+        tile = t
+    else:
+        tile = tl.reshape(tl.broadcast_to(t[None, :, :], (BLOCK_M // ROWS, ROWS, C)), (BLOCK_M, C))
+    return tile
+
+
+# M is not specialized: Triton's M == 1 variant of the e4m3 kernel spilled 8 B on sm_90 at the default config
+# where M = 3 (the same 4-row tile) did not, and one compiled variant per ROWS is enough.
+@triton.jit(do_not_specialize=["M"])
+def _fusedq_kernel(
+    x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, M, N, K,
+    QMAX: tl.constexpr, IS_FP8: tl.constexpr, INTERPRETED: tl.constexpr, PER_TENSOR_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    """out = (q(x) @ W) * s[m] * w_scale[n] (+ bias), s = absmax(x[m, :]) / QMAX, q = round(x / s), per tile.
+
+    ROWS (a power of two dividing BLOCK_M) rows of A are loaded and quantized per tile: BLOCK_M, or, when M is
+    below BLOCK_M (one row tile), M rounded up to a power of two, copied up to BLOCK_M rows for the dot. The
+    quantizer's work per program is ROWS x K elements, so at M = 1 it is 1 / 16 of a full 16-row tile's."""
+    offs_m, offs_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_r = offs_m if ROWS == BLOCK_M else tl.arange(0, ROWS)  # ROWS < BLOCK_M: one row tile, rows 0 ..
+    mask_r = offs_r < M
+    mask_n = offs_n < N
+    rows = x_ptr + offs_r[:, None] * K
+    # Prologue: the rows' absmax over all of K (max is exact, so the tile order cannot change it).
+    amax = tl.zeros((ROWS,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(rows + offs_k[None, :], mask=mask_r[:, None] & (offs_k < K)[None, :], other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+    # div_rn as in `_act_quant_kernel`: fp32 "/" lowers to an approximate divide on GPUs.
+    s = tl.where(amax > 0, tl.math.div_rn(amax, QMAX), 1.0)
+    if IS_FP8:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        x = tl.load(rows + offs_k[None, :], mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        # Masked lanes load 0 and quantize to code 0, so the dot needs no select on A.
+        v = tl.minimum(tl.maximum(tl.math.div_rn(x, s[:, None]), -QMAX), QMAX)
+        if IS_FP8:
+            a = _rows_to_tile(round_to_e4m3(v).to(tl.float8e4nv), BLOCK_M)
+            wmask = mask_k[:, None] & mask_n[None, :]
+            if INTERPRETED:  # the interpreter cannot cast `other` to fp8: zero masked lanes by a select
+                w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=wmask)
+                w = tl.where(wmask, w, tl.zeros_like(w))
+            else:
+                w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=wmask, other=0.0)
+            acc += tl.dot(a, w)
+        else:
+            a = _rows_to_tile(round_half_even(v).to(tl.int8), BLOCK_M)
+            codes = code_tile_nk(w_ptr, k0, offs_n, N, K, 8, BLOCK_K)  # [BLOCK_N, BLOCK_K], offset-binary
+            w = tl.where(mask_n[:, None] & mask_k[None, :], codes - 128, 0).to(tl.int8)
+            acc += tl.dot(a, tl.trans(w), out_dtype=tl.int32)
+    # `_scaled_mm_kernel`'s epilogue, operation for operation (the bit-identity depends on it).
+    if PER_TENSOR_W:
+        w_s = tl.load(ws_ptr + offs_n * 0)
+    else:
+        w_s = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    res = acc.to(tl.float32) * _rows_to_tile(s[:, None], BLOCK_M) * w_s[None, :]
+    if HAS_BIAS:
+        res += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], res.to(out_ptr.dtype.element_ty),
+             mask=(offs_m < M)[:, None] & mask_n[None, :])  # fmt: skip
+
+
+def fusedq_mm(x, w, w_scale, bias, out: torch.Tensor, fp8: bool, cfg: dict, interpreted: bool) -> None:
+    """out [M, N] = quantize_per_token(x) @ W, scaled (+ bias), in one launch: x [M, K] fp16 / bf16 / fp32;
+    w the native int32-packed int8 codes [K/4, N], or float8_e4m3fn [K, N] when fp8; w_scale [1, N] or [1, 1]."""
+    m, k = x.shape
+    n = w.shape[1]
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    # At least 2 rows, and an element a thread (e4m3: two): on sm_90 a 1-row tile compiled to 1334 SASS
+    # instructions a K step (and spilled) where 2 rows took 423 (int8, 16 x 64 x 128, 4 warps); 2 rows x 64 on 8
+    # warps to 617 where 4 rows took 133; e4m3 at 2 rows x 128 on 8 warps spilled 4 B, at 4 rows none.
+    per_thread = 2 if fp8 else 1
+    rows = triton.next_power_of_2(m)
+    rows = min(max(2, rows, per_thread * 32 * cfg["num_warps"] // cfg["BLOCK_K"]), cfg["BLOCK_M"])
+    _fusedq_kernel[grid](
+        x, w, w_scale, w_scale if bias is None else bias, out, m, n, k,
+        QMAX=448.0 if fp8 else 127.0, IS_FP8=fp8, INTERPRETED=interpreted, PER_TENSOR_W=w_scale.numel() == 1 and n > 1,
+        HAS_BIAS=bias is not None, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        GROUP_M=cfg["GROUP_M"], ROWS=rows, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )  # fmt: skip

@@ -1,0 +1,69 @@
+"""Triton helpers shared by the quantized GEMM kernels (`triton_gemm`'s weight-only, W8A8 / FP8 and activation
+quantizer kernels, and the fused-quantizer W8A8 kernel of `triton_fusedq`), kept in a leaf module so that the
+variant modules can use them without importing `triton_gemm` (which imports the variants).
+
+* `code_tile_nk`: an int32 [BLOCK_N, BLOCK_K] code tile from the native packed [K / P, N] weight words.
+* `grouped_tile`: a program's output tile in grouped (L2-friendly) order.
+* `round_half_even`, `round_to_e4m3`: the activation quantizer's exact fp32 rounding to int8 / the e4m3 grid,
+  shared so the two-launch and fused paths give the same codes bit for bit.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from codesign.kernels.triton_codes import unpack_words
+
+
+@triton.jit
+def code_tile_nk(qw_ptr, k0, offs_n, N, K, BITS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """int32 [BLOCK_N, BLOCK_K] codes of W (rows n, columns k0 ..) from the packed [K / P, N] words, P = 32 / BITS
+    per word along K: the words are loaded as a [BLOCK_N, BLOCK_K / P] tile and unpacked along the minor axis by
+    the join tree (`triton_codes.unpack_words`), so each thread keeps a word's codes together and the tile
+    meets tl.dot transposed through a vectorized layout conversion. Unpacking along K as the major axis (a
+    [K, N] tile) would move each code to the matrix unit by one 16-bit shared-memory store. k0 and K are
+    multiples of P (packing needs K % P == 0)."""
+    P: tl.constexpr = 32 // BITS
+    kw = k0 // P + tl.arange(0, BLOCK_K // P)
+    words = tl.load(qw_ptr + kw[None, :] * N + offs_n[:, None], mask=(offs_n < N)[:, None] & (kw * P < K)[None, :],
+                    other=0)  # fmt: skip
+    return tl.reshape(unpack_words(words, BITS), (offs_n.shape[0], BLOCK_K))
+
+
+@triton.jit
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(offs_m, offs_n) of this program's output tile, in grouped order: GROUP_M row-tiles share each
+    weight column-tile while it is in L2."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    return pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+
+
+@triton.jit
+def round_half_even(v):
+    # Exact in fp32 (no libdevice, so it also runs in the interpreter): v - floor(v) is exact.
+    r = tl.floor(v)
+    frac = v - r
+    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+    return tl.where((frac > 0.5) | ((frac == 0.5) & odd), r + 1.0, r)
+
+
+@triton.jit
+def round_to_e4m3(v):
+    # Round |v| <= 448 to the e4m3 grid in fp32, so the final cast is exact. Triton 3.9's
+    # interpreter casts fp32 -> fp8 without carrying a mantissa overflow into the exponent
+    # (127.3 became 64, not 128); on a GPU this equals the hardware's round-to-nearest-even cast.
+    exp = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    # ulp of e4m3 at v's binade: 2**(e - 3) with 3 mantissa bits; 2**-9 for subnormals (e < -6).
+    ulp = (tl.maximum(exp - 3, 127 - 9) << 23).to(tl.float32, bitcast=True)
+    # Round |v| and put the sign back: a negative value that rounds to zero is -0 in e4m3 (0x80), as
+    # torch's cast gives; rounding v itself gave floor(-0.05) + 1 = +0.
+    r = round_half_even(tl.abs(v) / ulp) * ulp
+    return tl.where(v < 0, -r, r)

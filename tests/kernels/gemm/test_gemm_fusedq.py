@@ -1,0 +1,147 @@
+"""The W8A8 / FP8 fused-quantizer variant (`triton_fusedq`): bit for bit the two-launch Triton path
+(quantize_per_token, then scaled_mm) at the same tile config, for int8 and fp8, odd M / N / K with masked tiles,
+bias on and off, per-tensor and per-channel weight scales, fp16 / bf16 / fp32 activations; within the path's
+bound of fp64; one launch where the two-launch path makes two; the default rule and forced variants; the
+bad-input contract before any launch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_rel_close
+
+from codesign.autotune.lookup import forced_config
+from codesign.backend import use_backend
+from codesign.kernels.gemm import formats as qf
+from codesign.kernels.gemm import ops as qg
+from codesign.kernels.gemm import triton_fusedq as fq
+from codesign.kernels.gemm import triton_gemm as qt
+from codesign.specs import CodesignError
+
+pytestmark = pytest.mark.numerics  # fp64 references of torch's quantizer
+# Three K tiles at K = 96, two (the last one masked) at K = 40: the prologue and the main loop both cross tiles.
+CFG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 1}
+BOUND = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}  # the output's rounding
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    """Names of the GEMM path's kernel launches, in order."""
+    seen: list[str] = []
+
+    def spy(module, name):
+        real = getattr(module, name)
+
+        class Spy:
+            def __getitem__(self, grid):
+                def launch(*args, **kw):
+                    seen.append(name)
+                    return real[grid](*args, **kw)
+
+                return launch
+
+        monkeypatch.setattr(module, name, Spy())
+
+    spy(fq, "_fusedq_kernel")
+    spy(qt, "_act_quant_kernel")
+    spy(qt, "_scaled_mm_kernel")
+    return seen
+
+
+def _weight(fp8: bool, n: int, k: int, per_tensor: bool):
+    fmt = "fp8_e4m3" if fp8 else "int8"
+    qw = qf.quantize_rtn(torch.randn(n, k), fmt, -1 if fp8 and per_tensor else None, True, torch.float32)
+    w_s = qw.scales
+    if per_tensor and not fp8:  # the kernels take a [1, 1] int8 scale too (quantize_rtn: per channel)
+        w_s = qw.scales.amax().reshape(1, 1)
+    return qw.qweight, w_s, fmt
+
+
+def _x(m: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    # Rows of very different magnitudes (a per-row scale is needed), and odd rows' absmax in the last, partly
+    # masked K tile (a prologue that stopped early, or read past K, would give another scale).
+    x = torch.randn(m, k) * torch.logspace(-3, 3, m)[:, None]
+    x[1::2, -1] = x[1::2].abs().amax(1) * 3
+    return x.to(dtype)
+
+
+def _run(variant: str, x, w, w_s, bias, fp8: bool) -> torch.Tensor:
+    out = torch.full((x.shape[0], w.shape[1]), float("nan"), dtype=x.dtype)
+    with (
+        use_backend("triton"),
+        forced_config(qt.scaled_mm_variant_op(fp8), qt.scaled_mm_variant_entry(variant)),
+        forced_config(qt.scaled_mm_table_op(fp8), CFG),
+        forced_config(qt.scaled_mm_table_op(fp8, "fusedq"), CFG),
+    ):
+        qt.w8a8_mm(x, fp8, w, w_s, bias, out)
+    return out
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize(("m", "n", "k", "dtype", "bias", "per_tensor"), [
+    (1, 48, 40, torch.float32, True, False), (3, 80, 96, torch.float16, False, True),
+    (17, 48, 96, torch.bfloat16, True, True), (17, 80, 40, torch.float32, False, False),
+])  # fmt: skip
+def test_fused_is_the_two_launch_path_bit_for_bit(fp8, m, n, k, dtype, bias, per_tensor, kernels):
+    w, w_s, fmt = _weight(fp8, n, k, per_tensor)
+    x = _x(m, k, dtype)
+    b = torch.randn(n).to(dtype) if bias else None
+    fused = _run("fusedq", x, w, w_s, b, fp8)
+    assert kernels == ["_fusedq_kernel"]
+    two = _run("triton", x, w, w_s, b, fp8)
+    assert kernels[1:] == ["_act_quant_kernel", "_scaled_mm_kernel"]
+    assert not fused.isnan().any()
+    assert torch.equal(fused, two), (fused - two).abs().max()
+    aq, a_s = qf.quantize_per_token(x, fmt)
+    wk = w.to(torch.float64) if fp8 else (qf.unpack_codes(w, 8) - 128).to(torch.float64)
+    ref = (aq.double() @ wk) * a_s.double()[:, None] * w_s.double()
+    assert_rel_close(fused, ref if b is None else ref + b.double(), BOUND[dtype], f"{fmt} M={m} N={n} K={k}")
+
+
+def test_the_default_rule_and_forced_variants(kernels):
+    cpu = torch.device("cpu")
+    top = qt.FUSEDQ_MAX_M
+    for m, want in ((1, "fusedq"), (top, "fusedq"), (top + 1, "triton"), (1024, "torch")):
+        assert qt.choose_scaled_mm_variant(m, 64, 128, False, torch.float32, cpu) == want
+    op = qt.scaled_mm_variant_op(True)
+    for entry, want in (({"FUSEDQ": 1}, "fusedq"), ({"TORCH": 0}, "triton"), ({"TORCH": 1}, "torch")):
+        with forced_config(op, entry):  # a missing flag is 0, as in the variant tables
+            assert qt.choose_scaled_mm_variant(300, 64, 128, True, torch.float32, cpu) == want
+            assert qt.choose_scaled_mm_variant(3, 64, 128, True, torch.float32, cpu) == want
+    # Through the op, unforced: one launch at decode M, two from FUSEDQ_MAX_M + 1 on.
+    qw = qf.quantize_rtn(torch.randn(40, 64), "int8", None, True, torch.float32)
+    with use_backend("triton"):
+        for m in (2, qt.FUSEDQ_MAX_M + 1):
+            qg.quant_matmul(torch.randn(m, 64), qw, act_quant=True)
+    assert kernels == ["_fusedq_kernel", "_act_quant_kernel", "_scaled_mm_kernel"]
+
+
+def test_a_forced_fusedq_given_codes_says_why_and_bad_input_launches_nothing(kernels):
+    w, w_s, _ = _weight(False, 40, 64, False)
+    aq, a_s = qf.quantize_per_token(torch.randn(3, 64), "int8")
+    out = torch.empty(3, 40)
+    with use_backend("triton"):
+        with forced_config("w8a8_gemm_variant", {"FUSEDQ": 1}):
+            with pytest.raises(CodesignError, match=r"fusedq variant of the w8a8 GEMM cannot run.*codes"):
+                qt.scaled_mm(aq, a_s, w, w_s, None, out)
+        qt.scaled_mm(aq, a_s, w, w_s, None, out)  # unforced, the rule's fusedq at M = 3: ours runs
+        assert kernels == ["_scaled_mm_kernel"]
+        kernels.clear()
+        with pytest.raises(CodesignError, match=r"w_scales must have shape \(1, 40\)"):
+            qg.w8a8_gemm(torch.randn(3, 64), w, torch.ones(40), None)
+        with pytest.raises(CodesignError, match="bias must have shape"):
+            qg.w8a8_gemm(torch.randn(3, 64), w, w_s, torch.ones(41))
+    assert kernels == []
+
+
+def test_the_bit_identity_check_has_teeth():
+    """One ulp on one row's scale in the two-launch path is an output the comparison above would refuse."""
+    w, w_s, _ = _weight(False, 48, 40, False)
+    x = _x(3, 40, torch.float32)
+    fused = _run("fusedq", x, w, w_s, None, False)
+    aq, a_s = qf.quantize_per_token(x, "int8")
+    a_s[1] = torch.nextafter(a_s[1], torch.tensor(2.0))
+    out = torch.empty_like(fused)
+    with use_backend("triton"), forced_config(qt.scaled_mm_table_op(False), CFG):
+        qt.scaled_mm(aq, a_s, w, w_s, None, out, "triton")
+    assert not torch.equal(out, fused) and torch.equal(out[[0, 2]], fused[[0, 2]])
