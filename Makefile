@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # Two workers: the HDL benches build in folders of their own, so they share the machine safely.
 PYTEST_WORKERS ?= 2
 
-.PHONY: run test install install-test sim-deps lint clean
+.PHONY: run test install install-test sim-deps lint clean test-hf-compat
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,30 @@ test: install-test
 	  echo "AVX-512 CPU: the numerics tests once more under ATEN_CPU_CAPABILITY=avx2"; \
 	  ATEN_CPU_CAPABILITY=avx2 $(BIN)/pytest -n $(PYTEST_WORKERS) --dist worksteal -m "numerics and not lowering" $(PYTEST_ARGS); \
 	fi
+
+# The Hugging Face integration's tests on every transformers release it supports (not part of `make test`, which
+# runs them on the installed one). Each release gets a side venv .venv-hf-<ver> layered over $(VENV): torch,
+# pytest and codesign come from there (a .pth adds $(VENV)'s site-packages after the side venv's own), the
+# release and its dependencies are installed in the side venv, which comes first on sys.path. Built once;
+# `rm -rf .venv-hf-*` to rebuild. 4.57's quantizer loads pre-quantized checkpoints through accelerate.
+HF_COMPAT_VERSIONS ?= 4.57 5.23 5.24
+HF_COMPAT_EXTRA_4.57 := accelerate
+test-hf-compat: install-test
+	@set -e; base=$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"); \
+	for v in $(HF_COMPAT_VERSIONS); do \
+	  venv=.venv-hf-$$v; \
+	  if [ ! -f $$venv/.stamp ]; then \
+	    rm -rf $$venv && $(BIN)/python -m venv $$venv && echo '*' > $$venv/.gitignore; \
+	    site=$$($$venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"); \
+	    echo "import site; site.addsitedir('$$base')" > $$site/zz_codesign_base.pth; \
+	    extra=$$(case $$v in 4.57) echo "$(HF_COMPAT_EXTRA_4.57)";; esac); \
+	    $$venv/bin/python -m pip install -q --disable-pip-version-check "transformers==$$v.*" $$extra; \
+	    touch $$venv/.stamp; \
+	  fi; \
+	  echo "== transformers $$($$venv/bin/python -c 'import transformers; print(transformers.__version__)')"; \
+	  $$venv/bin/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal -p no:cacheprovider tests/integrations \
+	    $(PYTEST_ARGS); \
+	done
 
 lint: install-test
 	$(BIN)/ruff check .

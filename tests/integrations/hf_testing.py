@@ -16,10 +16,13 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from codesign.integrations.hf._compat import cache_kwarg
+
 VOCAB = 96
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0,
               bos_token_id=1, eos_token_id=2)  # fmt: skip
+NO_EOS = VOCAB  # past the vocabulary: an end-of-sequence id that is never generated
 # Windows and soft caps small enough to bite within a 12-token prompt and 8 new tokens.
 FAMILIES = {
     "llama": (LlamaConfig, LlamaForCausalLM, {}),
@@ -69,10 +72,15 @@ def prompts(batch: int, length: int, pads=(), seed: int = 1) -> tuple[torch.Tens
     return ids, mask
 
 
-def greedy(model, ids, mask, n: int, **kw):
-    """Greedy generation of n tokens (no end of sequence); the output with its per-step logits."""
+def greedy(model, ids, mask, n: int, cache=None, **kw):
+    """Greedy generation of n tokens (no end of sequence); the output with its per-step logits. cache: passed
+    under the installed transformers' keyword."""
+    if cache is not None:
+        kw[cache_kwarg(model)] = cache
+    # 4.57's prompt lookup calls isin(candidates, eos ids) even without any: give it an id never generated.
+    eos = NO_EOS if kw.get("prompt_lookup_num_tokens") else None
     return model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0,
-                          eos_token_id=None, return_dict_in_generate=True, output_logits=True, **kw)  # fmt: skip
+                          eos_token_id=eos, return_dict_in_generate=True, output_logits=True, **kw)  # fmt: skip
 
 
 def assert_same_greedy_where_decisive(got: torch.Tensor, want, n0: int, decisive: float = DECISIVE) -> None:

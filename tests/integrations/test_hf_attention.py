@@ -176,6 +176,26 @@ def test_right_padding_and_attention_weights_are_refused(paged):
 
 def test_supported_transformers_versions():
     assert check_transformers_version()  # the installed one
-    for bad in ("4.57.6", "6.0.0"):
+    for good in ("4.57.6", "5.23.0", "5.24.0"):  # what `make test-hf-compat` runs this suite on
+        assert check_transformers_version(good) == good
+    for bad in ("4.56.2", "5.0.0", "5.22.1", "6.0.0"):
         with pytest.raises(CodesignError, match="not supported"):
             check_transformers_version(bad)
+
+
+def test_the_hf_extra_states_the_supported_range():
+    from pathlib import Path
+
+    import tomllib
+    from packaging.requirements import Requirement
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    (req,) = pyproject["project"]["optional-dependencies"]["hf"]
+    spec = Requirement(req).specifier
+    for major, minor in [(4, 56), (4, 57), (5, 0), (5, 12), (5, 22), (5, 23), (5, 24), (5, 40), (6, 0)]:
+        version = f"{major}.{minor}.1"
+        try:
+            supported = bool(check_transformers_version(version))
+        except CodesignError:
+            supported = False
+        assert spec.contains(version) == supported, version

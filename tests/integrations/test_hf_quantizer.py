@@ -9,7 +9,13 @@ import torch
 from hf_testing import assert_same_greedy_where_decisive, greedy, prompts, tiny_model
 from transformers import AutoModelForCausalLM
 
-from codesign.integrations.hf import CodesignQuantConfig, from_quantized_checkpoint, generate, load_gptq_awq
+from codesign.integrations.hf import (
+    CodesignQuantConfig,
+    _compat,
+    from_quantized_checkpoint,
+    generate,
+    load_gptq_awq,
+)
 from codesign.integrations.hf import _kernels as K
 from codesign.specs import CodesignError
 
@@ -56,6 +62,19 @@ def test_quantize_on_load_save_and_reload(weights, base_dir, tmp_path):
         plain = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.bfloat16)
         with torch.no_grad():
             assert torch.equal(r(ids).logits, plain(ids).logits)
+
+
+@pytest.mark.skipif(not _compat.CASTS_CHECKPOINT, reason="5.x keeps a checkpoint's dtypes")
+def test_a_load_cast_that_loses_bits_is_refused(base_dir, tmp_path):
+    """transformers 4.57 casts a quantized checkpoint's floating tensors to the load dtype: fp16 scales through
+    float32 come back exactly (the test above), through bfloat16 they would not."""
+    q = AutoModelForCausalLM.from_pretrained(
+        base_dir, quantization_config=CodesignQuantConfig("w8a16", group_size=None)
+    )
+    assert {t.dtype for n, t in q.named_buffers() if n.endswith(".scales")} == {torch.float16}
+    q.save_pretrained(tmp_path / "w8a16")
+    with pytest.raises(CodesignError, match="float16 scales to dtype=torch.bfloat16, which loses bits"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "w8a16", dtype=torch.bfloat16)
 
 
 def test_quantized_weights_compose_with_generate(base_dir):

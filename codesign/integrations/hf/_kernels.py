@@ -57,7 +57,7 @@ from codesign.kernels.kvcache.accuracy import (
     OAKEN_OFFLINE_FRACTION,
     OAKEN_SLOTS,
 )
-from codesign.kernels.kvcache.blocks import MAX_BLOCK_SIZE, PagedKVCache
+from codesign.kernels.kvcache.blocks import MAX_BLOCK_SIZE, BlockAllocator, PagedKVCache
 from codesign.kernels.kvcache.kivi import KiviPagedKV
 from codesign.kernels.kvcache.kvq import QuantPagedKV, kvq_write
 from codesign.kernels.kvcache.mixed import MIXED_BITS, MixedPagedKV, cocktail_bits, mixed_write
@@ -65,6 +65,7 @@ from codesign.kernels.kvcache.oaken import OakenPagedKV
 from codesign.kernels.kvcache.write import kv_write
 
 __all__ = [
+    "BlockAllocator",
     "DecodeWorkspace", "PackedDF11", "model_weight_format", "is_codesign_linear", "layout_of", "module_from_layout",
     "FP8Config", "KIVI_GROUP", "KIVI_RESIDUAL", "KiviPagedKV", "LosslessBF16Config", "LosslessBF16Linear",
     "MAX_BLOCK_SIZE", "MIXED_BITS", "MIXED_RECENT", "MixedPagedKV", "OAKEN_FRACTION", "OAKEN_OFFLINE_CAP",

@@ -29,9 +29,10 @@ TRANSIENT_BLOCK = 16
 _HARMLESS = {"position_ids", "use_cache", "cache_position", "output_hidden_states", "return_dict"}
 
 
-def codesign_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+def codesign_mask(batch_size, q_length=None, kv_length=None, q_offset=0, kv_offset=0, mask_function=None,
                   attention_mask=None, **kwargs):  # fmt: skip
-    """The padding mask as bool `[B, kv_length]` (None when nothing is padded)."""
+    """The padding mask as bool `[B, kv_length]` (None when nothing is padded). transformers passes keywords
+    only: q_length from 5.x, cache_position (in kwargs) in 4.57; neither is needed here."""
     if attention_mask is None:
         return None
     m = attention_mask[:, kv_offset : kv_offset + kv_length].to(torch.bool)

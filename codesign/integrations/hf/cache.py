@@ -1,9 +1,16 @@
 """`CodesignCache`: a transformers `Cache` whose layers live in codesign's paged block pool, in any KV format.
 
-Bookkeeping is shared by all layers: one `PagedKVCache` (the kernels' reference-counted block allocator,
-used here for its sequence tables only) maps each batch row to a sequence of blocks; every layer stores
-its K/V in its own pool (`kv_formats.Storage`) at the same block ids. A row's blocks hold only its real
-tokens: left-padding columns are never written, so a padded batch runs as variable-length sequences.
+Bookkeeping is shared by all layers: one `BlockTables` (over the kernels' reference-counted block
+allocator) maps each batch row to a sequence of blocks; every layer stores its K/V in its own pool
+(`kv_formats.Storage`) at the same block ids. A row's blocks hold only its real tokens: left-padding columns
+are never written, so a padded batch runs as variable-length sequences.
+
+Sliding windows: when every layer attends within a window (Mistral; `support.layer_windows`), a forward
+starting at position S first returns each row's blocks that lie wholly before S - window - crop_margin to
+the pool (shared blocks lose one reference), so a row holds at most `window_blocks(...)` blocks however long
+it grows. A rollback (`crop`, `rewind`) may reach `crop_margin` tokens before the last forward's start, no
+further: below that the keys a query would need are gone, and it raises. Models with both full and sliding
+layers free nothing (one block table serves every layer).
 
 The write happens in the attention function, not in `update()`: `update()` hands the new K/V to the
 layer's attention module, and `codesign_attention` (which also sees the padding mask) writes them and
@@ -28,7 +35,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from codesign.integrations.hf import _compat
 from codesign.integrations.hf import _kernels as K
+from codesign.integrations.hf.blocks import BlockTables
 from codesign.integrations.hf.kv_formats import (
     AttendPlan,
     KVSpec,
@@ -37,10 +46,13 @@ from codesign.integrations.hf.kv_formats import (
     new_storage,
     parse_kv_format,
 )
-from codesign.integrations.hf.support import ATTN_NAME, check_model, left_pads, text_config
+from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, left_pads, text_config
 from codesign.specs import CodesignError
 
 UNDO_MAX = 64  # tokens a row: forwards this short (decode, verification) can be rolled back in every format
+# Tokens kept beyond a sliding window: how far before the last forward's start a crop may still reach
+# (transformers' prompt lookup and assisted decoding crop inside the last forward).
+CROP_MARGIN = 8
 
 
 @dataclass(frozen=True)
@@ -78,14 +90,14 @@ class CodesignCacheLayer(CacheLayerMixin):
         self.snap: object = None
         self.last_kv: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor | None = None) -> None:
         """Nothing: the pool is built on the first write, when the real tokens are known."""
 
     def update(self, key_states, value_states, *args, **kwargs):
         return self._cache.update(key_states, value_states, self.layer_idx)
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self._cache.seen + query_length, 0
+    def get_mask_sizes(self, query_length) -> tuple[int, int]:
+        return self._cache.seen + _compat.query_length(query_length), 0
 
     def get_seq_length(self) -> int:
         return self._cache.seen
@@ -93,26 +105,34 @@ class CodesignCacheLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return -1
 
+    get_max_cache_shape = get_max_length  # 4.57's name of the same (abstract there)
+
 
 class CodesignCache(Cache):
     """A paged, optionally quantized KV cache for a transformers model running `attn_implementation=
     "codesign_paged"` (`codesign.integrations.hf.attention`).
 
     kv_format: a name of `kv_formats` (None: plain K/V in the model's dtype); num_blocks: pool size in
-    blocks of `block_size` tokens, per layer; check: the kernels' data checks on every call (host syncs).
+    blocks of `block_size` tokens, per layer; check: the kernels' data checks on every call (host syncs);
+    crop_margin: tokens kept beyond a sliding window, how far before the last forward a rollback may reach.
     """
 
     def __init__(self, model, kv_format: str | None = None, *, num_blocks: int, block_size: int = 16,
-                 check: bool = True) -> None:  # fmt: skip
+                 check: bool = True, crop_margin: int = CROP_MARGIN) -> None:  # fmt: skip
         layout = check_model(model)
         self.spec: KVSpec = parse_kv_format(kv_format, layout.dtype)
         check_geometry(self.spec, block_size, layout.kv_heads, layout.head_dim)
         self.layout, self.block_size, self.num_blocks, self.check = layout, block_size, num_blocks, check
         self._config = text_config(model)
+        if not isinstance(crop_margin, int) or crop_margin < 0:
+            raise CodesignError(f"crop_margin must be an int >= 0, got {crop_margin!r}")
+        self.windows = layer_windows(self._config, layout.layers)  # what each layer's attention is passed
+        self.crop_margin = crop_margin
+        self.keep = keep_tokens(self.windows, crop_margin, self.spec)
         layers = [CodesignCacheLayer(self, i, new_storage(self.spec, num_blocks, block_size, check))
                   for i in range(layout.layers)]  # fmt: skip
         super().__init__(layers=layers)
-        self._pages = K.PagedKVCache(num_blocks, block_size, 1, 1, torch.float16)  # tables only
+        self._pages = BlockTables(num_blocks, block_size)
         self._rows: list[int] = []  # sequence id of each batch row
         self._pads: list[int] = []  # padding columns of each row (never written)
         self._next_seq = 0
@@ -143,11 +163,13 @@ class CodesignCache(Cache):
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen
 
-    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return self.seen + query_length, 0
+    def get_mask_sizes(self, query_length, layer_idx: int = 0) -> tuple[int, int]:
+        return self.seen + _compat.query_length(query_length), 0
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
         return -1
+
+    get_max_cache_shape = get_max_length  # 4.57's name
 
     @property
     def is_compileable(self) -> bool:
@@ -162,15 +184,16 @@ class CodesignCache(Cache):
         self._rows, self._pads, self.seen, self._undo, self._step = [], [], 0, None, None
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Drop the last `-tokens_to_remove` columns (transformers 5 passes a negative count; 0 is a no-op)."""
-        if tokens_to_remove > 0:
-            raise CodesignError(f"crop takes a negative count of tokens to remove, got {tokens_to_remove}")
-        n = -tokens_to_remove
+        """Drop the last `-tokens_to_remove` columns (transformers 5 passes a negative count, 0 a no-op;
+        4.57 the length to keep: `_compat.tokens_to_remove`)."""
+        n = _compat.tokens_to_remove(tokens_to_remove, self.seen)
         if n == 0:
             return
         if n > self.seen:
             raise CodesignError(f"crop of {n} tokens from a cache of {self.seen}")
-        self.rewind([max(length - n, 0) for length in self.row_lengths()])
+        lengths = [max(length - n, 0) for length in self.row_lengths()]
+        self._check_window_rollback(lengths, f"crop(tokens_to_remove={tokens_to_remove})")
+        self.rewind(lengths)
         self.seen -= n
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -227,7 +250,9 @@ class CodesignCache(Cache):
         self._rewind([s + len(p) for s, p in zip(starts, paths)], paths)
 
     def rewind(self, lengths: list[int]) -> None:
-        """Truncate row b to lengths[b] tokens (KIVI and Oaken: only back into the last forward)."""
+        """Truncate row b to lengths[b] tokens (KIVI and Oaken: only back into the last forward; sliding
+        windows: at most crop_margin tokens before it)."""
+        self._check_window_rollback(lengths, f"rewind(lengths={lengths})")
         starts = self._undo[0] if self._undo else [0] * len(lengths)
         self._rewind(lengths, [list(range(max(n - s, 0))) for n, s in zip(lengths, starts)])
 
@@ -241,6 +266,20 @@ class CodesignCache(Cache):
 
     def blocks_in_use(self) -> int:
         return self.num_blocks - self._pages.allocator.num_free
+
+    def _check_window_rollback(self, lengths: list[int], call: str) -> None:
+        """A row cut back to n tokens needs keys from n - window + 1 on: refuse where those blocks are gone."""
+        if self.keep is None:
+            return
+        w = min(self.windows)
+        for b, (seq, n) in enumerate(zip(self._rows, lengths)):
+            gone = self._pages.dropped_tokens(seq)
+            if gone and n - w + 1 < gone:
+                raise CodesignError(
+                    f"{call}: row {b} would end at {n} tokens, but its first {gone} were freed (sliding window "
+                    f"{w}); a rollback reaches at most crop_margin={self.crop_margin} tokens before the last "
+                    "forward"
+                )
 
     def nbytes(self) -> int:
         """Bytes of every layer's pool (codes, scales, outlier slots, rings)."""
@@ -257,6 +296,10 @@ class CodesignCache(Cache):
         if st is None or (st.batch, st.width) != (b, s):
             raise CodesignError(
                 f"layer {layer_idx} runs a forward of {b}x{s} tokens that layer 0 did not start"
+            )
+        if window != self.windows[layer_idx]:  # the freed blocks were chosen by the configured windows
+            raise CodesignError(
+                f"layer {layer_idx} attends with window {window}, its config says {self.windows[layer_idx]}"
             )
         q, k, v = (_tokens(x, st.real) for x in (query, key, value))
         layer = self.layers[layer_idx]
@@ -286,6 +329,9 @@ class CodesignCache(Cache):
         for b in range(batch):
             self._pads[b] += pads[b]
         starts = [0] * batch if first else self.row_lengths()
+        if self.keep is not None and not first:  # no query of this forward sees these blocks again
+            for seq, s in zip(self._rows, starts):
+                self._pages.drop_before(seq, s - self.keep)
         share, self._share = (self._share if first else None), None
         write = self._allocate(counts, starts, device, share)
         self._undo = (starts, counts, self.seen)
@@ -405,6 +451,21 @@ class CodesignCache(Cache):
 def blocks_needed(lengths: list[int], block_size: int) -> int:
     """Blocks a batch of sequences of these lengths takes (no sharing)."""
     return sum(math.ceil(n / block_size) for n in lengths)
+
+
+def keep_tokens(windows: list[int | None], crop_margin: int, spec: KVSpec) -> int | None:
+    """Tokens a row keeps behind its next forward's start, when every layer slides (None: it keeps all):
+    the smallest window, the crop margin, and for KIVI its ring (a group is flushed to its blocks late)."""
+    if not windows or any(w is None for w in windows):
+        return None
+    ring = spec.kivi_group + spec.kivi_residual if spec.kind == "kivi" else 0
+    return min(windows) + crop_margin + ring
+
+
+def window_blocks(keep: int, step: int, block_size: int) -> int:
+    """The most blocks a row holds during a forward of `step` new tokens that keeps `keep` tokens behind
+    its start: the blocks an interval of keep + step positions can touch."""
+    return math.ceil((keep + step - 1) / block_size) + 1
 
 
 def _common(a: list[int], b: list[int]) -> int:

@@ -15,10 +15,18 @@ from dataclasses import dataclass
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from codesign.integrations.hf.cache import CodesignCache, StepRecord, blocks_needed
+from codesign.integrations.hf._compat import cache_kwarg
+from codesign.integrations.hf.cache import (
+    CROP_MARGIN,
+    CodesignCache,
+    StepRecord,
+    blocks_needed,
+    keep_tokens,
+    window_blocks,
+)
 from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
-from codesign.integrations.hf.speculative import SpeculationStats, TreeSpeculator, cache_kwarg
-from codesign.integrations.hf.support import ATTN_NAME, check_model, text_config
+from codesign.integrations.hf.speculative import SpeculationStats, TreeSpeculator
+from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, text_config
 from codesign.specs import CodesignError
 
 
@@ -69,6 +77,17 @@ def _max_new_tokens(model, prompt_cols: int, kwargs: dict) -> int:
     return int(gc.max_length or 20) - prompt_cols
 
 
+def _pool_blocks(windows, spec, prompt_lens: list[int], new: int, step: int, bs: int) -> int:
+    """Pool blocks a run needs: each row's prompt and new tokens, or, when every layer slides, the most a
+    row holds (its prompt, or the window's blocks during a forward of `step` tokens); plus a block a row for
+    copy-on-write."""
+    keep = keep_tokens(windows, CROP_MARGIN, spec)
+    if keep is None:
+        return blocks_needed([n + new for n in prompt_lens], bs) + len(prompt_lens)
+    held = [min(-(-(n + new) // bs), max(-(-n // bs), window_blocks(keep, step, bs))) for n in prompt_lens]
+    return sum(held) + len(prompt_lens)
+
+
 def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *,
                  attention_mask: torch.Tensor | None = None, block_size: int | None = None,
                  num_blocks: int | None = None, speculative: TreeSpeculator | None = None,
@@ -99,7 +118,8 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
         speculative.block_size, speculative.kv_format = bs, spec
         need = speculative.blocks_for(rows, cols + max_new)
     else:
-        need = blocks_needed([n + max_new + extra for n in rows], bs) + len(rows)
+        windows = layer_windows(text_config(model), layout.layers)
+        need = _pool_blocks(windows, spec, rows, max_new + extra, extra, bs)
     need_prompt = blocks_needed(rows, bs)
     nb = need if num_blocks is None else num_blocks
     if nb < need_prompt:

@@ -24,6 +24,7 @@ from transformers.quantizers.auto import register_quantization_config
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from codesign.integrations.hf import _kernels as K
+from codesign.integrations.hf._compat import QuantizerLoading
 from codesign.specs import CodesignError
 
 QUANT_METHOD = "codesign"
@@ -67,12 +68,13 @@ class CodesignQuantConfig(QuantizationConfigMixin):
 
 
 @register_quantizer(QUANT_METHOD)
-class CodesignHfQuantizer(HfQuantizer):
+class CodesignHfQuantizer(QuantizerLoading, HfQuantizer):
     """Quantize on load (after the float weights load), or rebuild a pre-quantized checkpoint's modules."""
 
     requires_calibration = False
 
     def validate_environment(self, *args, **kwargs) -> None:
+        self.check_loader()
         cfg = self.quantization_config
         if self.pre_quantized and not cfg.layers:
             raise CodesignError("a pre-quantized codesign checkpoint must list its converted layers")
@@ -80,7 +82,9 @@ class CodesignHfQuantizer(HfQuantizer):
     def update_dtype(self, dtype):
         if self.quantization_config.weights == "lossless-bf16" and dtype not in (None, torch.bfloat16):
             raise CodesignError(f"lossless-bf16 weights load in bfloat16, got dtype={dtype}")
-        return torch.bfloat16 if self.quantization_config.weights == "lossless-bf16" else dtype
+        dtype = torch.bfloat16 if self.quantization_config.weights == "lossless-bf16" else dtype
+        self.note_load_dtype(dtype)
+        return dtype
 
     def _process_model_before_weight_loading(self, model, **kwargs):
         if self.pre_quantized:
@@ -91,13 +95,18 @@ class CodesignHfQuantizer(HfQuantizer):
             ws = K.DecodeWorkspace()  # one decode buffer for all lossless layers, as compress_model_ shares
             for fqn, layout in layouts.items():
                 _set(model, fqn, K.module_from_layout(layout, ws))
+            self.check_load_casts(model, list(layouts))
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):
         cfg = self.quantization_config
+        self.restore_saved_dtypes(model)
         if not self.pre_quantized:
             K.quantize_(model, cfg.kernel_config(), lambda m, fqn: cfg.converts(fqn))
             cfg.layers = record_layers(model)
+            saved = getattr(model.config, "quantization_config", None)
+            if isinstance(saved, CodesignQuantConfig) and saved is not cfg:  # 4.57 gives the model a copy
+                saved.layers = dict(cfg.layers)
         return model
 
     def is_serializable(self, *args, **kwargs) -> bool:

@@ -19,7 +19,6 @@ generation would), then greedy verification takes their argmax, stochastic verif
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,7 +26,8 @@ from dataclasses import dataclass, field
 import torch
 
 from codesign.integrations.hf import _kernels as K
-from codesign.integrations.hf.cache import CodesignCache, blocks_needed
+from codesign.integrations.hf._compat import cache_kwarg
+from codesign.integrations.hf.cache import CROP_MARGIN, CodesignCache, blocks_needed
 from codesign.integrations.hf.support import ATTN_NAME, check_model, text_config
 from codesign.specs import CodesignError
 
@@ -49,11 +49,6 @@ def _children(parents: Sequence[int]) -> list[list[int]]:
     for i, p in enumerate(parents[1:], start=1):
         ch[p].append(i)
     return ch
-
-
-def cache_kwarg(model) -> str:
-    """The name transformers' forward takes the cache under ("cache" from 5.24, "past_key_values" before)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def forward_rows(model, cache: CodesignCache, rows: Sequence[Sequence[int]], positions: Sequence[int],
@@ -147,6 +142,8 @@ class ModelDraft:
     def __init__(self, model, block_size: int = 16) -> None:
         check_model(model)
         self.model, self.block_size = model, block_size
+        # A proposal rewinds its cache across one forward per tree level: a sliding window must keep those.
+        self.crop_margin = CROP_MARGIN
         self.cache: CodesignCache | None = None
         self._prev_attn: str | None = None
 
@@ -158,7 +155,8 @@ class ModelDraft:
         self._prev_attn = cfg._attn_implementation
         self.model.set_attn_implementation(ATTN_NAME)
         # Plain K/V in the draft's dtype: its forks are rewound across forwards, which every plain format allows.
-        self.cache = CodesignCache(self.model, None, num_blocks=num_blocks, block_size=self.block_size)
+        self.cache = CodesignCache(self.model, None, num_blocks=num_blocks, block_size=self.block_size,
+                                   crop_margin=self.crop_margin)  # fmt: skip
         prefill(self.model, self.cache, input_ids, attention_mask)
 
     def finish(self) -> None:
@@ -246,6 +244,8 @@ class TreeSpeculator:
             draft = NGramDraft()
         elif not isinstance(draft, NGramDraft | ModelDraft):
             draft = ModelDraft(draft, block_size=block_size)
+        if isinstance(draft, ModelDraft):
+            draft.crop_margin = CROP_MARGIN + max(K.tree_depths(self.parents))
         self.draft, self.mode, self.kv_format = draft, mode, kv_format
         self.block_size, self.num_blocks, self.seed = block_size, num_blocks, seed
         self.stats = SpeculationStats()

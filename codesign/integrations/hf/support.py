@@ -11,7 +11,9 @@ from torch import nn
 from codesign.specs import CodesignError
 
 ATTN_NAME = "codesign_paged"  # no "flash" in it: transformers treats such names as flash attention
-TRANSFORMERS_RANGE = ((5, 24), (6, 0))  # tested: 5.24; pyproject states the same range
+# [lo, hi) (major, minor) ranges: tests/integrations passes on 4.57.6, 5.23.0 and 5.24.0 (`make test-hf-compat`);
+# 5.0-5.22 were never run, so they are refused. pyproject's hf extra states the same ranges.
+TRANSFORMERS_RANGE = (((4, 57), (4, 58)), ((5, 23), (6, 0)))
 # Families whose attention is "RoPE, then softmax(scale q k^T [softcapped], causal [+ window]) v" with GQA:
 # what the paged kernels compute. Anything else (ALiBi models, attention sinks, MLA, chunked or
 # bidirectional layers, cross-attention) is refused.
@@ -26,11 +28,11 @@ def check_transformers_version(version: str | None = None) -> str:
 
         version = transformers.__version__
     parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-    (lo, hi) = TRANSFORMERS_RANGE
-    if len(parts) < 2 or not lo <= parts < hi:
+    if len(parts) < 2 or not any(lo <= parts < hi for lo, hi in TRANSFORMERS_RANGE):
+        ranges = " or ".join(f">={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}" for lo, hi in TRANSFORMERS_RANGE)
         raise CodesignError(
-            f"transformers {version} is not supported: codesign.integrations.hf needs "
-            f">={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}"
+            f"transformers {version} is not supported: codesign.integrations.hf needs {ranges} (the releases "
+            "its tests run on)"
         )
     return version
 
@@ -63,6 +65,17 @@ def text_config(model: nn.Module):
     if cfg is None:
         raise CodesignError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def layer_windows(cfg, layers: int) -> list[int | None]:
+    """The sliding window each layer's attention is called with (None: full attention), as the served
+    families set it: per `layer_types` where the config has them (Qwen2, Qwen3, Gemma2), otherwise
+    `sliding_window` for every layer (Mistral; None or absent elsewhere)."""
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if types is not None and getattr(cfg, "model_type", "") != "mistral":  # Mistral ignores layer_types
+        return [int(window) if t == "sliding_attention" and window else None for t in types[:layers]]
+    return [int(window) if window else None] * layers
 
 
 def check_model(model: nn.Module) -> Layout:
