@@ -1,7 +1,7 @@
 """Sliding-window layers free their old blocks: a long Mistral generation (window 8) gives HF sdpa's greedy tokens
 while each row holds exactly `window_blocks(window + crop_margin, step, block_size)` blocks, through prefix
-sharing, prompt lookup (crop), beam search and tree speculation; crops below the freed positions are refused;
-mutations (no freeing, freeing one token early) fail."""
+sharing, prompt lookup (crop), beam search and tree speculation; every KV format attends bit for bit as without
+freeing; crops below the freed positions are refused; mutations (no freeing, freeing one token early) fail."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from codesign.integrations.hf import ATTN_NAME, CodesignCache, TreeSpeculator, run_generate
 from codesign.integrations.hf.blocks import BlockTables
 from codesign.integrations.hf.cache import CROP_MARGIN, window_blocks
+from codesign.integrations.hf.kv_formats import KVSpec
 from codesign.specs import CodesignError
 
 pytestmark = pytest.mark.numerics
@@ -153,3 +154,22 @@ def test_tree_speculation_compacts_a_sliding_cache(draft):
     assert max(rec.used) <= window_blocks(KEEP, len(sp.parents), 4) < -(-(14 + 30) // 4)
     if draft == "model":  # the draft's cache frees too, keeping the tree's depth more for its rewinds
         assert sp.draft.cache.crop_margin == CROP_MARGIN + 3 and sp.draft.cache._pages.dropped_total > 0
+
+
+@pytest.mark.parametrize("name", ["int4", "fp8", "int4-kivi", "int4-oaken", "mixed"])
+def test_every_format_attends_bit_for_bit_as_without_freeing(name, monkeypatch):
+    """A freed block is reused at once (blocks of one token; KIVI's group of 4) while its old table entries stay:
+    in every format the keys read there (codes and metadata of whatever the block holds now) are masked, so the
+    logits equal a run that frees nothing. (Freeing two tokens early moves these logits by ~0.8.)"""
+    kivi = name == "int4-kivi"
+    spec = KVSpec(name, "kivi", bits=4, kivi_group=4, kivi_residual=4) if kivi else name
+    model = _mistral()
+    ids, _ = prompts(1, 10, seed=3)
+    kw = dict(block_size=4 if kivi else 1, num_blocks=128, max_new_tokens=40, do_sample=False, pad_token_id=0,
+              eos_token_id=None, return_dict_in_generate=True, output_logits=True)  # fmt: skip
+    freed = run_generate(model, ids, spec, **kw)
+    assert freed.cache._pages.dropped_total > 0
+    monkeypatch.setattr(BlockTables, "drop_before", lambda self, seq, position: 0)
+    kept = run_generate(model, ids, spec, **kw)
+    assert torch.equal(freed.sequences, kept.sequences)
+    assert torch.equal(torch.stack(freed.output.logits), torch.stack(kept.output.logits))
