@@ -69,7 +69,7 @@ test-hf-compat: install-test
 	    site=$$($$venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"); \
 	    echo "import site; site.addsitedir('$$base')" > $$site/zz_codesign_base.pth; \
 	    extra=$$(case $$v in 4.57) echo "$(HF_COMPAT_EXTRA_4.57)";; esac); \
-	    $$venv/bin/python -m pip install -q --disable-pip-version-check "transformers==$$v.*" $$extra; \
+	    $$venv/bin/python -m pip install -q --no-compile --disable-pip-version-check "transformers==$$v.*" $$extra; \
 	    touch $$venv/.stamp; \
 	  fi; \
 	  echo "== transformers $$($$venv/bin/python -c 'import transformers; print(transformers.__version__)')"; \
