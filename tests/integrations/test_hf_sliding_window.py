@@ -1,13 +1,14 @@
 """Sliding-window layers free their old blocks: a long Mistral generation (window 8) gives HF sdpa's greedy tokens
 while each row holds exactly `window_blocks(window + crop_margin, step, block_size)` blocks, through prefix
 sharing, prompt lookup (crop), beam search and tree speculation; every KV format attends bit for bit as without
-freeing; crops below the freed positions are refused; mutations (no freeing, freeing one token early) fail."""
+freeing; models mixing full and sliding layers (Qwen2, Gemma2) free the sliding layers' blocks; crops below the
+freed positions are refused; mutations (no freeing, freeing one token early) fail."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hf_testing import assert_same_greedy_where_decisive, greedy, prompts, tiny_model
+from hf_testing import NO_EOS, assert_same_greedy_where_decisive, greedy, prompts, tiny_model
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from codesign.integrations.hf import ATTN_NAME, CodesignCache, TreeSpeculator, run_generate
@@ -27,12 +28,13 @@ class _BlocksPerStep(StoppingCriteria):
     """Never stops; records the pool's blocks in use at every call (after every forward; the tree loop calls it
     once per emitted token)."""
 
-    def __init__(self, cache) -> None:
-        self.cache, self.used = cache, []  # cache: a CodesignCache, or a callable returning it
+    def __init__(self, cache, group: int = 0) -> None:
+        """cache: a CodesignCache, or a callable returning it; group: whose blocks to count."""
+        self.cache, self.group, self.used = cache, group, []
 
     def __call__(self, input_ids, scores, **kwargs) -> torch.BoolTensor:
         cache = self.cache if isinstance(self.cache, CodesignCache) else self.cache()
-        self.used.append(cache.blocks_in_use())
+        self.used.append(cache.blocks_in_use(self.group))
         return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
 
@@ -156,20 +158,52 @@ def test_tree_speculation_compacts_a_sliding_cache(draft):
         assert sp.draft.cache.crop_margin == CROP_MARGIN + 3 and sp.draft.cache._pages.dropped_total > 0
 
 
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
 @pytest.mark.parametrize("name", ["int4", "fp8", "int4-kivi", "int4-oaken", "mixed"])
-def test_every_format_attends_bit_for_bit_as_without_freeing(name, monkeypatch):
+def test_every_format_attends_bit_for_bit_as_without_freeing(name, family, monkeypatch):
     """A freed block is reused at once (blocks of one token; KIVI's group of 4) while its old table entries stay:
     in every format the keys read there (codes and metadata of whatever the block holds now) are masked, so the
-    logits equal a run that frees nothing. (Freeing two tokens early moves these logits by ~0.8.)"""
+    logits equal a run that frees nothing, with prompt lookup's crops (KIVI and Oaken roll their ring / outlier
+    slots back in each group). (Freeing two tokens early moves these logits by ~0.8.)"""
     kivi = name == "int4-kivi"
     spec = KVSpec(name, "kivi", bits=4, kivi_group=4, kivi_residual=4) if kivi else name
-    model = _mistral()
-    ids, _ = prompts(1, 10, seed=3)
-    kw = dict(block_size=4 if kivi else 1, num_blocks=128, max_new_tokens=40, do_sample=False, pad_token_id=0,
-              eos_token_id=None, return_dict_in_generate=True, output_logits=True)  # fmt: skip
+    model = _mistral() if family == "mistral" else tiny_model("gemma2", sliding_window=WINDOW)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6]])
+    kw = dict(block_size=4 if kivi else 1, num_blocks=128, max_new_tokens=30, do_sample=False, pad_token_id=0,
+              eos_token_id=NO_EOS, prompt_lookup_num_tokens=3, return_dict_in_generate=True,
+              output_logits=True)  # fmt: skip
     freed = run_generate(model, ids, spec, **kw)
-    assert freed.cache._pages.dropped_total > 0
+    assert freed.cache._groups[-1].tables.dropped_total > 0  # the sliding layers' group
     monkeypatch.setattr(BlockTables, "drop_before", lambda self, seq, position: 0)
     kept = run_generate(model, ids, spec, **kw)
     assert torch.equal(freed.sequences, kept.sequences)
     assert torch.equal(torch.stack(freed.output.logits), torch.stack(kept.output.logits))
+
+
+@pytest.mark.parametrize("family, layers", [("qwen2", (0, 1)), ("gemma2", (1, 0))])
+def test_models_mixing_full_and_sliding_layers_free_the_sliding_ones(family, layers):
+    """Qwen2 (layer 0 full, layer 1 sliding: max_window_layers=1) and Gemma2 (alternating, layer 0 sliding):
+    a block table per window; the sliding layers' pool is sized for the window and their rows hold exactly the
+    bound, the full layers' hold every token."""
+    full, sliding = layers
+    model = tiny_model(family, sliding_window=WINDOW)
+    ids, _ = prompts(1, 10, seed=3)
+    want = greedy(model, ids, None, NEW)
+    bound = window_blocks(KEEP, 1, 4)
+    prev = model.config._attn_implementation
+    model.set_attn_implementation(ATTN_NAME)
+    try:
+        cache = CodesignCache(model, num_blocks=20, block_size=4, window_num_blocks=bound)
+        recs = [_BlocksPerStep(cache, 0), _BlocksPerStep(cache, 1)]
+        got = greedy(model, ids, None, NEW, cache=cache, stopping_criteria=StoppingCriteriaList(recs))
+    finally:
+        model.set_attn_implementation(prev)
+    assert_same_greedy_where_decisive(got.sequences, want, ids.shape[1])
+    assert cache.groups == [(None, [full]), (WINDOW, [sliding])]
+    assert recs[0].used[-1] == -(-(10 + NEW - 1) // 4) == 18  # full attention: every token
+    assert max(recs[1].used) == recs[1].used[-1] == bound  # the sliding layer: the window's blocks only
+    assert cache.layers[sliding].storage.kv.k_cache.shape[0] == bound  # and a pool that small
+    run = run_generate(model, ids, block_size=4, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                       eos_token_id=None)  # fmt: skip
+    assert torch.equal(run.sequences, got.sequences)
+    assert (run.cache.num_blocks, run.cache._groups[1].num_blocks) == (18 + 1, bound + 1)  # generate's sizing

@@ -1,16 +1,17 @@
 """`CodesignCache`: a transformers `Cache` whose layers live in codesign's paged block pool, in any KV format.
 
-Bookkeeping is shared by all layers: one `BlockTables` (over the kernels' reference-counted block
-allocator) maps each batch row to a sequence of blocks; every layer stores its K/V in its own pool
-(`kv_formats.Storage`) at the same block ids. A row's blocks hold only its real tokens: left-padding columns
-are never written, so a padded batch runs as variable-length sequences.
+Bookkeeping is shared by the layers of a group (the layers of one attention window, `support.layer_windows`;
+full attention is the window None): one `BlockTables` per group (over the kernels' reference-counted block
+allocator) maps each batch row to a sequence of blocks, and every layer of the group stores its K/V in its own
+pool (`kv_formats.Storage`) at the same block ids. Group 0 is the full-attention layers' if the model has any.
+A row's blocks hold only its real tokens: left-padding columns are never written, so a padded batch runs as
+variable-length sequences. Sequence ids are the same in every group.
 
-Sliding windows: when every layer attends within a window (Mistral; `support.layer_windows`), a forward
-starting at position S first returns each row's blocks that lie wholly before S - window - crop_margin to
-the pool (shared blocks lose one reference), so a row holds at most `window_blocks(...)` blocks however long
-it grows. A rollback (`crop`, `rewind`) may reach `crop_margin` tokens before the last forward's start, no
-further: below that the keys a query would need are gone, and it raises. Models with both full and sliding
-layers free nothing (one block table serves every layer).
+Sliding windows: in a group of window W, a forward starting at position S first returns each row's blocks
+that lie wholly before S - W - crop_margin to that group's pool (shared blocks lose one reference), so a row
+holds at most `window_blocks(...)` of that group's blocks however long it grows (its pool can be that small:
+`window_num_blocks`). A rollback (`crop`, `rewind`) may reach `crop_margin` tokens before the last forward's
+start, no further: below that the keys a query would need are gone, and it raises.
 
 The write happens in the attention function, not in `update()`: `update()` hands the new K/V to the
 layer's attention module, and `codesign_attention` (which also sees the padding mask) writes them and
@@ -67,12 +68,23 @@ class StepRecord:
 
 
 @dataclass
+class _Group:
+    """The layers attending within one window (None: full attention), their block tables and pool size."""
+
+    window: int | None
+    layers: list[int]
+    tables: BlockTables
+    num_blocks: int
+    keep: int | None  # tokens a row keeps behind a forward's start (None: all)
+
+
+@dataclass
 class _Step:
     batch: int
     width: int  # columns of this forward
     real: torch.Tensor | None  # flat (row * width + col) indices of the real new tokens; None: all
-    write: WritePlan
-    attend: AttendPlan
+    write: list[WritePlan]  # per group
+    attend: list[AttendPlan]  # per group
     keep_kv: bool
     offsets: list[int] = field(default_factory=list)  # first flat index of each row's tokens in k/v
 
@@ -113,12 +125,15 @@ class CodesignCache(Cache):
     "codesign_paged"` (`codesign.integrations.hf.attention`).
 
     kv_format: a name of `kv_formats` (None: plain K/V in the model's dtype); num_blocks: pool size in
-    blocks of `block_size` tokens, per layer; check: the kernels' data checks on every call (host syncs);
-    crop_margin: tokens kept beyond a sliding window, how far before the last forward a rollback may reach.
+    blocks of `block_size` tokens, per layer of group 0; window_num_blocks: per layer of the sliding groups of a
+    model that also has full-attention layers (default num_blocks); check: the kernels' data checks on every
+    call (host syncs); crop_margin: tokens kept beyond a sliding window, how far before the last forward a
+    rollback may reach.
     """
 
     def __init__(self, model, kv_format: str | None = None, *, num_blocks: int, block_size: int = 16,
-                 check: bool = True, crop_margin: int = CROP_MARGIN) -> None:  # fmt: skip
+                 check: bool = True, crop_margin: int = CROP_MARGIN,
+                 window_num_blocks: int | None = None) -> None:  # fmt: skip
         layout = check_model(model)
         self.spec: KVSpec = parse_kv_format(kv_format, layout.dtype)
         check_geometry(self.spec, block_size, layout.kv_heads, layout.head_dim)
@@ -128,11 +143,14 @@ class CodesignCache(Cache):
             raise CodesignError(f"crop_margin must be an int >= 0, got {crop_margin!r}")
         self.windows = layer_windows(self._config, layout.layers)  # what each layer's attention is passed
         self.crop_margin = crop_margin
-        self.keep = keep_tokens(self.windows, crop_margin, self.spec)
-        layers = [CodesignCacheLayer(self, i, new_storage(self.spec, num_blocks, block_size, check))
+        self._groups = self._make_groups(num_blocks, window_num_blocks)
+        self._group_of = {i: g for g, grp in enumerate(self._groups) for i in grp.layers}
+        self.keep = self._groups[0].keep  # group 0's (the model's, when every layer shares one window)
+        layers = [CodesignCacheLayer(self, i, new_storage(self.spec, self._groups[self._group_of[i]].num_blocks,
+                                                          block_size, check))
                   for i in range(layout.layers)]  # fmt: skip
         super().__init__(layers=layers)
-        self._pages = BlockTables(num_blocks, block_size)
+        self._pages = self._groups[0].tables
         self._rows: list[int] = []  # sequence id of each batch row
         self._pads: list[int] = []  # padding columns of each row (never written)
         self._next_seq = 0
@@ -258,28 +276,46 @@ class CodesignCache(Cache):
 
     @property
     def allocator(self):
-        """The block allocator (reference-counted block ids) every layer's pool is indexed by."""
+        """The block allocator (reference-counted block ids) group 0's pools are indexed by."""
         return self._pages.allocator
+
+    @property
+    def groups(self) -> list[tuple[int | None, list[int]]]:
+        """(window, layer indices) of each group, group 0 first."""
+        return [(g.window, list(g.layers)) for g in self._groups]
 
     def row_lengths(self) -> list[int]:
         return [self._pages.seq_len(s) for s in self._rows]
 
-    def blocks_in_use(self) -> int:
-        return self.num_blocks - self._pages.allocator.num_free
+    def blocks_in_use(self, group: int = 0) -> int:
+        """Blocks of group `group`'s pool held by some row."""
+        g = self._groups[group]
+        return g.num_blocks - g.tables.allocator.num_free
+
+    def _make_groups(self, num_blocks: int, window_num_blocks: int | None) -> list[_Group]:
+        windows = sorted(set(self.windows), key=lambda w: (w is not None, w or 0))  # full attention first
+        mixed = len(windows) > 1 and windows[0] is None
+        out = []
+        for w in windows:
+            nb = window_num_blocks if (mixed and w is not None and window_num_blocks) else num_blocks
+            keep = None if w is None else keep_tokens([w], self.crop_margin, self.spec)
+            layers = [i for i, x in enumerate(self.windows) if x == w]
+            out.append(_Group(w, layers, BlockTables(nb, self.block_size), nb, keep))
+        return out
 
     def _check_window_rollback(self, lengths: list[int], call: str) -> None:
         """A row cut back to n tokens needs keys from n - window + 1 on: refuse where those blocks are gone."""
-        if self.keep is None:
-            return
-        w = min(self.windows)
-        for b, (seq, n) in enumerate(zip(self._rows, lengths)):
-            gone = self._pages.dropped_tokens(seq)
-            if gone and n - w + 1 < gone:
-                raise CodesignError(
-                    f"{call}: row {b} would end at {n} tokens, but its first {gone} were freed (sliding window "
-                    f"{w}); a rollback reaches at most crop_margin={self.crop_margin} tokens before the last "
-                    "forward"
-                )
+        for g in self._groups:
+            if g.keep is None:
+                continue
+            for b, (seq, n) in enumerate(zip(self._rows, lengths)):
+                gone = g.tables.dropped_tokens(seq)
+                if gone and n - g.window + 1 < gone:
+                    raise CodesignError(
+                        f"{call}: row {b} would end at {n} tokens, but its first {gone} were freed (sliding "
+                        f"window {g.window}); a rollback reaches at most crop_margin={self.crop_margin} tokens "
+                        "before the last forward"
+                    )
 
     def nbytes(self) -> int:
         """Bytes of every layer's pool (codes, scales, outlier slots, rings)."""
@@ -302,13 +338,13 @@ class CodesignCache(Cache):
                 f"layer {layer_idx} attends with window {window}, its config says {self.windows[layer_idx]}"
             )
         q, k, v = (_tokens(x, st.real) for x in (query, key, value))
-        layer = self.layers[layer_idx]
+        layer, g = self.layers[layer_idx], self._group_of[layer_idx]
         if layer.storage.kv is None:
             layer.storage.build(k, v)
-        layer.snap = layer.storage.snapshot(st.write)
+        layer.snap = layer.storage.snapshot(st.write[g])
         layer.last_kv = (k, v) if st.keep_kv else None
-        layer.storage.write(k, v, st.write, q)
-        out = layer.storage.attend(q, st.attend, sm_scale=scaling, window=window, softcap=softcap,
+        layer.storage.write(k, v, st.write[g], q)
+        out = layer.storage.attend(q, st.attend[g], sm_scale=scaling, window=window, softcap=softcap,
                                    check_data=self.check)  # fmt: skip
         return _untokens(out, st.real, b, s)
 
@@ -329,9 +365,10 @@ class CodesignCache(Cache):
         for b in range(batch):
             self._pads[b] += pads[b]
         starts = [0] * batch if first else self.row_lengths()
-        if self.keep is not None and not first:  # no query of this forward sees these blocks again
-            for seq, s in zip(self._rows, starts):
-                self._pages.drop_before(seq, s - self.keep)
+        for g in self._groups:  # blocks no query of this forward (or later) sees again in that group
+            if g.keep is not None and not first:
+                for seq, s in zip(self._rows, starts):
+                    g.tables.drop_before(seq, s - g.keep)
         share, self._share = (self._share if first else None), None
         write = self._allocate(counts, starts, device, share)
         self._undo = (starts, counts, self.seen)
@@ -348,7 +385,7 @@ class CodesignCache(Cache):
             cu = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device=device)
         tb = K.build_tree_batch([tree] * batch, starts, device) if tree else None
         ctx_t = torch.tensor(ctx, dtype=torch.int32, device=device)
-        attend = AttendPlan(write.block_tables, ctx_t, cu, tb, list(self._rows))
+        attend = [AttendPlan(w.block_tables, ctx_t, cu, tb, list(self._rows)) for w in write]
         real = None
         if any(pads):
             real = torch.cat([b * width + torch.arange(pads[b], width) for b in range(batch)]).to(device)
@@ -365,30 +402,35 @@ class CodesignCache(Cache):
             )
         return left_pads(mask2d[:, -width:], (batch, width))
 
-    def _allocate(self, counts, starts, device, share=None) -> WritePlan:
-        """Reserve counts[b] slots for each row, copying shared partial blocks (copy-on-write) in every layer;
-        the write plan of those tokens. A row not created yet is created, or, with share[b] = (src, n), forked
-        from row src (allocated before it) sharing its first n tokens, which it then does not write."""
-        slots, fresh, copies = [], [], []
+    def _allocate(self, counts, starts, device, share=None) -> list[WritePlan]:
+        """Reserve counts[b] slots for each row in every group, copying shared partial blocks (copy-on-write)
+        in the group's layers; the write plan of those tokens per group. A row not created yet is created, or,
+        with share[b] = (src, n), forked from row src (allocated before it) sharing its first n tokens, which
+        it then does not write."""
+        acc = [([], [], []) for _ in self._groups]  # per group: slots, fresh blocks per row, copies
         for b in range(len(counts)):
             skip = 0
             if self._rows[b] is None:
                 src, skip = share[b] if share and share[b] else (None, 0)
                 self._rows[b] = self._fork(self._rows[src], skip) if src is not None else self._new_seq()
-            seq = self._rows[b]
-            before = self._pages.seq_blocks(seq)
-            new = self._pages.append_slots(seq, counts[b] - skip)
-            after = self._pages.seq_blocks(seq)
-            if before and after[len(before) - 1] != before[-1]:
-                copies.append((before[-1], after[len(before) - 1]))
-            fresh.append(after[len(before) :])
-            slots += [-1] * skip + new
+            for g, (slots, fresh, copies) in zip(self._groups, acc):
+                before = g.tables.seq_blocks(self._rows[b])
+                new = g.tables.append_slots(self._rows[b], counts[b] - skip)
+                after = g.tables.seq_blocks(self._rows[b])
+                if before and after[len(before) - 1] != before[-1]:
+                    copies.append((before[-1], after[len(before) - 1]))
+                fresh.append(after[len(before) :])
+                slots += [-1] * skip + new
+        return [self._write_plan(g, *a, counts, starts, device) for g, a in zip(self._groups, acc)]
+
+    def _write_plan(self, g: _Group, slots, fresh, copies, counts, starts, device) -> WritePlan:
+        """Group g's copies made in its layers' pools, and its write plan."""
         for src, dst in copies:
-            for layer in self.layers:
-                if layer.storage.kv is not None:
-                    layer.storage.copy_block(src, dst)
+            for i in g.layers:
+                if self.layers[i].storage.kv is not None:
+                    self.layers[i].storage.copy_block(src, dst)
         live = [b for b in range(len(counts)) if counts[b]]
-        bt = self._pages.block_tables(self._rows).to(device)
+        bt = g.tables.block_tables(self._rows).to(device)
         slots_t = torch.tensor(slots, dtype=torch.int64, device=device)
         pick = lambda xs: [xs[b] for b in live]  # noqa: E731
         return WritePlan(live, pick(self._rows), pick(starts), pick(counts), slots_t, bt, pick(fresh))
@@ -404,7 +446,8 @@ class CodesignCache(Cache):
             for seq, n, m in zip(self._rows, lengths, now):
                 if not 0 <= n <= m:
                     raise CodesignError(f"cannot rewind a row of {m} tokens to {n}")
-                self._pages.truncate(seq, n)
+                for g in self._groups:
+                    g.tables.truncate(seq, n)
             self._undo = None
             return
         if self._undo is None or any(layer.last_kv is None for layer in self.layers):
@@ -417,33 +460,37 @@ class CodesignCache(Cache):
             if n != s + len(keep[b]) or any(not 0 <= i < c for i in keep[b]):
                 raise CodesignError(f"row {b}: cannot keep {keep[b]} of the last forward's {c} tokens")
         for seq, s in zip(self._rows, starts):
-            self._pages.truncate(seq, s)
+            for g in self._groups:
+                g.tables.truncate(seq, s)
         offsets = [0, *torch.tensor(counts).cumsum(0).tolist()]  # row b's tokens start there in last_kv
         idx = torch.tensor([offsets[b] + i for b in range(len(keep)) for i in keep[b]], dtype=torch.long)
         device = self.layers[0].last_kv[0].device
-        plan = self._allocate([len(k) for k in keep], starts, device)
-        for layer in self.layers:
+        plans = self._allocate([len(k) for k in keep], starts, device)
+        for i, layer in enumerate(self.layers):
             layer.storage.restore(layer.snap)
             k, v = (x[idx.to(x.device)] for x in layer.last_kv)
-            layer.storage.write(k, v, plan, None)
+            layer.storage.write(k, v, plans[self._group_of[i]], None)
             layer.last_kv = layer.snap = None
         self._undo = None
 
     # --- sequences ---------------------------------------------------------------------------------------
     def _new_seq(self) -> int:
         seq, self._next_seq = self._next_seq, self._next_seq + 1
-        self._pages.add_sequence(seq)
+        for g in self._groups:
+            g.tables.add_sequence(seq)
         return seq
 
     def _fork(self, src: int, num_tokens: int | None = None) -> int:
         seq, self._next_seq = self._next_seq, self._next_seq + 1
-        self._pages.fork(src, seq, num_tokens)
+        for g in self._groups:
+            g.tables.fork(src, seq, num_tokens)
         for layer in self.layers:
             layer.storage.fork_seq(src, seq)
         return seq
 
     def _free_seq(self, seq: int) -> None:
-        self._pages.free(seq)
+        for g in self._groups:
+            g.tables.free(seq)
         for layer in self.layers:
             layer.storage.free_seq(seq)
 

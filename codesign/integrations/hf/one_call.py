@@ -77,15 +77,21 @@ def _max_new_tokens(model, prompt_cols: int, kwargs: dict) -> int:
     return int(gc.max_length or 20) - prompt_cols
 
 
-def _pool_blocks(windows, spec, prompt_lens: list[int], new: int, step: int, bs: int) -> int:
-    """Pool blocks a run needs: each row's prompt and new tokens, or, when every layer slides, the most a
-    row holds (its prompt, or the window's blocks during a forward of `step` tokens); plus a block a row for
-    copy-on-write."""
-    keep = keep_tokens(windows, CROP_MARGIN, spec)
-    if keep is None:
-        return blocks_needed([n + new for n in prompt_lens], bs) + len(prompt_lens)
+def _pool_blocks(
+    windows, spec, prompt_lens: list[int], new: int, step: int, bs: int
+) -> tuple[int, int | None]:
+    """(num_blocks, window_num_blocks) a run needs: for full-attention layers each row's prompt and new
+    tokens; for sliding layers the most a row holds (its prompt, or the window's blocks during a forward of
+    `step` tokens); plus a block a row for copy-on-write. window_num_blocks None: no full layers to differ
+    from (every layer slides, or none does), num_blocks is the pool."""
+    full = blocks_needed([n + new for n in prompt_lens], bs) + len(prompt_lens)
+    sliding = {w for w in windows if w is not None}
+    if not sliding:
+        return full, None
+    keep = max(keep_tokens([w], CROP_MARGIN, spec) for w in sliding)
     held = [min(-(-(n + new) // bs), max(-(-n // bs), window_blocks(keep, step, bs))) for n in prompt_lens]
-    return sum(held) + len(prompt_lens)
+    windowed = sum(held) + len(prompt_lens)
+    return (full, windowed) if None in windows else (windowed, None)
 
 
 def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *,
@@ -114,12 +120,13 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
     rows = [n for n in prompt_lens for _ in range(expand)]
     max_new = _max_new_tokens(model, cols, generate_kwargs)
     extra = int(generate_kwargs.get("prompt_lookup_num_tokens") or 0) + 1
+    need_window = None
     if speculative is not None:
         speculative.block_size, speculative.kv_format = bs, spec
         need = speculative.blocks_for(rows, cols + max_new)
     else:
         windows = layer_windows(text_config(model), layout.layers)
-        need = _pool_blocks(windows, spec, rows, max_new + extra, extra, bs)
+        need, need_window = _pool_blocks(windows, spec, rows, max_new + extra, extra, bs)
     need_prompt = blocks_needed(rows, bs)
     nb = need if num_blocks is None else num_blocks
     if nb < need_prompt:
@@ -131,7 +138,8 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
             f"a pool of {nb} blocks of {bs} tokens cannot hold this run: the prompt and {max_new} new tokens a "
             f"row need {need}"
         )
-    cache = CodesignCache(model, spec, num_blocks=nb, block_size=bs, check=check)
+    cache = CodesignCache(model, spec, num_blocks=nb, block_size=bs, check=check,
+                          window_num_blocks=need_window if num_blocks is None else None)  # fmt: skip
     if share_prefix and len(rows) > 1 and spec.shares_prompt_blocks:
         ids = input_ids.repeat_interleave(expand, 0)
         cache.share_prefixes(
