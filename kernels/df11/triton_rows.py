@@ -49,8 +49,8 @@ WARP = 32
 class RowsStream(NamedTuple):
     """A rows container as the kernels take it: contiguous device buffers plus its geometry.
 
-    stream uint8, sign_mantissa uint8[N * K], row_offsets int32[N + 1] (the u32 bits), lane_offsets
-    int16[N * L] (the u16 bits), luts int32[T * 256].
+    stream int32 (the u32 words), sign_mantissa uint8[N * K], row_offsets int32[N + 1] (the u32 bits),
+    lane_offsets int16[N * L] (the u16 bits), luts int32[T * 256].
     """
 
     stream: torch.Tensor
@@ -65,54 +65,53 @@ class RowsStream(NamedTuple):
 
 
 @triton.jit
-def _word(stream_ptr, p, end, m):
-    """Big-endian 32-bit word of stream bytes p..p+3 (int64); bytes at or past `end` read as 0."""
-    b0 = tl.load(stream_ptr + p, mask=m & (p < end), other=0).to(tl.int64)
-    b1 = tl.load(stream_ptr + p + 1, mask=m & (p + 1 < end), other=0).to(tl.int64)
-    b2 = tl.load(stream_ptr + p + 2, mask=m & (p + 2 < end), other=0).to(tl.int64)
-    b3 = tl.load(stream_ptr + p + 3, mask=m & (p + 3 < end), other=0).to(tl.int64)
-    return (b0 << 24) | (b1 << 16) | (b2 << 8) | b3
-
-
-@triton.jit
 def _lanes_start(stream_ptr, rowoff_ptr, laneoff_ptr, rows, lane, row_ok, L: tl.constexpr):
-    """Per lane: (start, end) bytes of its stream, and its bit buffer filled with the first 8 bytes."""
+    """Per lane: a pointer to its first stream word, its word count, and its bit buffer (int64) filled with
+    its first two words. Rows past N get 0 words (every stream load masked off)."""
     r64 = rows.to(tl.int64)
     base = tl.load(rowoff_ptr + r64, mask=row_ok, other=0).to(tl.int64) & 0xFFFFFFFF
     nxt = tl.load(rowoff_ptr + r64 + 1, mask=row_ok, other=0).to(tl.int64) & 0xFFFFFFFF
-    lo = tl.load(laneoff_ptr + r64 * L + lane, mask=row_ok, other=0).to(tl.int64) & 0xFFFF
+    lo = tl.load(laneoff_ptr + r64 * L + lane, mask=row_ok, other=0).to(tl.int32) & 0xFFFF
     more = lane + 1 < L
-    hi = tl.load(laneoff_ptr + r64 * L + lane + 1, mask=row_ok & more, other=0).to(tl.int64) & 0xFFFF
-    start = base + lo
-    end = tl.where(more, base + hi, nxt)
-    buf = (_word(stream_ptr, start, end, row_ok) << 32) | _word(stream_ptr, start + 4, end, row_ok)
-    return start, end, buf
+    hi = tl.load(laneoff_ptr + r64 * L + lane + 1, mask=row_ok & more, other=0).to(tl.int32) & 0xFFFF
+    words = tl.where(more, hi, (nxt - base).to(tl.int32)) - lo  # a row's words fit int32 (K < 2^26)
+    lane_ptr = stream_ptr + base + lo
+    w0 = tl.load(lane_ptr, mask=words > 0, other=0).to(tl.uint32).to(tl.int64)
+    w1 = tl.load(lane_ptr + 1, mask=words > 1, other=0).to(tl.uint32).to(tl.int64)
+    return lane_ptr, words, (w0 << 32) | w1
 
 
 @triton.jit
-def _next_code(stream_ptr, lut_ptr, buf, nb, ptr, end, act, LEVELS: tl.constexpr):
-    """Decode the code at the top of each active lane's buffer and consume it; refill 32 bits when the
-    buffer holds <= 32. Returns (symbol, length, buf, nb, ptr); length 0 marks an unused table entry."""
-    table = tl.zeros_like(buf)
-    sym = tl.zeros_like(buf)
-    length = tl.zeros_like(buf)
-    pending = act
-    for lvl in tl.static_range(LEVELS):
-        e = tl.load(lut_ptr + table * 256 + ((buf >> (56 - 8 * lvl)) & 0xFF), mask=pending, other=0)
-        e = e.to(tl.int64)
-        leaf = pending & ((e & 0x8000) == 0)
-        sym = tl.where(leaf, e & 0xFF, sym)
-        length = tl.where(leaf, e >> 8, length)
-        table = tl.where(pending, e & 0x7FFF, table)
-        pending = pending & ((e & 0x8000) != 0)
-    buf = buf << length  # length is 0 on inactive lanes
+def _next_code(lane_ptr, lut_ptr, buf, nb, q, words, act, LEVELS: tl.constexpr):
+    """Decode the code at the top of each active lane's buffer and consume it; refill one word when the
+    buffer holds <= 32 bits. Returns (entry, buf, nb, q): entry = length << 8 | symbol; 0 on an unused table
+    entry (the buffer then stops), 1 (length 0, no symbol) on inactive lanes, so min(entry) flags a lane."""
+    e = tl.load(lut_ptr + ((buf >> 56) & 0xFF).to(tl.int32), mask=act, other=1)
+    for lvl in tl.static_range(1, LEVELS):  # codes > 8 bits: the next table (the last level has no pointers)
+        ptr = (e & 0x8000) != 0
+        e2 = tl.load(lut_ptr + (e & 0x7FFF) * 256 + ((buf >> (56 - 8 * lvl)) & 0xFF).to(tl.int32), mask=ptr,
+                     other=0)  # fmt: skip
+        e = tl.where(ptr, e2, e)
+    length = e >> 8
+    buf = buf << length
     nb = nb - length
-    refill = act & (nb <= 32)
-    w = _word(stream_ptr, ptr, end, refill)
-    buf = tl.where(refill, buf | (w << tl.maximum(32 - nb, 0)), buf)
+    refill = nb <= 32
+    w = tl.load(lane_ptr + q, mask=refill & (q < words), other=0).to(tl.uint32).to(tl.int64)
+    buf = buf | (w << ((32 - nb) & 31))  # w is 0 unless refill, when 32 - nb is 8..31
     nb = tl.where(refill, nb + 32, nb)
-    ptr = tl.where(refill, ptr + 4, ptr)
-    return sym, length, buf, nb, ptr
+    q = tl.where(refill, q + 1, q)
+    return e, buf, nb, q
+
+
+@triton.jit
+def _lane_bad(buf, nb, q, words, emin, row_ok):
+    """1 where a lane hit an unused entry (emin 0) or does not end at its marker: the bits after its last
+    code, to the end of its words, must be 1 0...0 (1..32 of them; the buffer holds nb >= 33)."""
+    pad = words * 32 - (q * 32 - nb)  # q * 32 - nb: bits consumed (the buffer holds the next nb loaded)
+    p = tl.minimum(tl.maximum(pad, 1), 32)
+    top = ((buf >> 32) & 0xFFFFFFFF) >> (32 - p)  # the top p bits
+    marker = (tl.zeros_like(top) + 1) << (p - 1)  # int64: p = 32 would overflow an int32 1 << 31
+    return (row_ok & ((emin == 0) | (pad != p) | (top != marker))).to(tl.int32)
 
 
 @triton.jit
@@ -138,30 +137,31 @@ def _rows_decode_kernel(
     rows = pid_r * ROWS + tl.arange(0, ROWS)[:, None] + zero
     lane = pid_l * LANES + tl.arange(0, LANES)[None, :] + zero
     row_ok = rows < N
-    start, end, buf = _lanes_start(stream_ptr, rowoff_ptr, laneoff_ptr, rows, lane, row_ok, L)
-    nb = tl.zeros_like(buf) + 64
-    ptr = start + 8
-    base = rows.to(tl.int64) * K
-    bad = zero
+    lane_ptr, words, buf = _lanes_start(stream_ptr, rowoff_ptr, laneoff_ptr, rows, lane, row_ok, L)
+    nb = zero + 64
+    q = zero + 2
+    off = rows.to(tl.int64) * K + lane  # pointers advance by L a step: no 64-bit index math in the loop
+    smp = sm_ptr + off
+    outp = out_ptr + off
+    emin = zero + 1
     for i in range(tl.cdiv(K, L)):
-        col = lane + i * L
-        act = row_ok & (col < K)
-        sym, length, buf, nb, ptr = _next_code(stream_ptr, lut_ptr, buf, nb, ptr, end, act, LEVELS)
-        bad = bad | (act & (length == 0)).to(tl.int32)
-        v = tl.load(sm_ptr + base + col, mask=act, other=0).to(tl.int64)
-        bits = ((v & 0x80) << 8) | (sym << 7) | (v & 0x7F)
-        bits = bits - ((bits >> 15) & 1) * 65536  # the uint16 pattern as a signed int16 value
-        tl.store(out_ptr + base + col, bits.to(tl.int16), mask=act)
-    used = (ptr - start) * 8 - nb  # bits this lane consumed
-    bad = bad | (row_ok & ((used + 7) // 8 != end - start)).to(tl.int32)
+        act = row_ok & (lane + i * L < K)
+        e, buf, nb, q = _next_code(lane_ptr, lut_ptr, buf, nb, q, words, act, LEVELS)
+        emin = tl.minimum(emin, e)
+        v = tl.load(smp, mask=act, other=0).to(tl.int32)  # int8: the sign bit sign-extends
+        bits = (v & -32641) | ((e & 0xFF) << 7)  # -32641 = 0xFFFF807F: sign (extended) and mantissa
+        tl.store(outp, bits.to(tl.int16), mask=act)
+        smp += L
+        outp += L
+    bad = _lane_bad(buf, nb, q, words, emin, row_ok)
     tl.store(err_ptr + pid_l * tl.num_programs(0) + pid_r, tl.max(tl.max(bad, axis=1), axis=0))
 
 
 @triton.jit
-def _x_row(x_ptr, xcol, K):
-    """fp32 of bf16 x[xcol] (x as int16 bits), 0 past K: [LANES] broadcast over the rows."""
-    xb = tl.load(x_ptr + xcol, mask=xcol < K, other=0).to(tl.int64) & 0xFFFF
-    return (xb << 16).to(tl.uint32).to(tl.float32, bitcast=True)[None, :]
+def _x_row(xp, m):
+    """fp32 of bf16 x at pointers xp (x as int16 bits), 0 where masked: [LANES] broadcast over the rows."""
+    xb = tl.load(xp, mask=m, other=0).to(tl.int32)
+    return (xb << 16).to(tl.float32, bitcast=True)[None, :]
 
 
 @triton.jit
@@ -202,33 +202,34 @@ def _rows_gemv_kernel(
     lane1 = pid_l * LANES + tl.arange(0, LANES)
     lane = lane1[None, :] + zero
     row_ok = rows < N
-    start, end, buf = _lanes_start(stream_ptr, rowoff_ptr, laneoff_ptr, rows, lane, row_ok, L)
-    nb = tl.zeros_like(buf) + 64
-    ptr = start + 8
-    base = rows.to(tl.int64) * K
-    bad = zero
+    lane_ptr, words, buf = _lanes_start(stream_ptr, rowoff_ptr, laneoff_ptr, rows, lane, row_ok, L)
+    nb = zero + 64
+    q = zero + 2
+    smp = sm_ptr + rows.to(tl.int64) * K + lane
+    xp = x_ptr + lane1
     acc0 = tl.zeros([ROWS, LANES], dtype=tl.float32)
     acc1 = tl.zeros([ROWS, LANES], dtype=tl.float32)
     acc2 = tl.zeros([ROWS, LANES], dtype=tl.float32)
     acc3 = tl.zeros([ROWS, LANES], dtype=tl.float32)
+    emin = zero + 1
     for i in range(tl.cdiv(K, L)):
-        col = lane + i * L
-        act = row_ok & (col < K)
-        sym, length, buf, nb, ptr = _next_code(stream_ptr, lut_ptr, buf, nb, ptr, end, act, LEVELS)
-        bad = bad | (act & (length == 0)).to(tl.int32)
-        v = tl.load(sm_ptr + base + col, mask=act, other=0).to(tl.int64)
-        bits = ((v & 0x80) << 8) | (sym << 7) | (v & 0x7F)
-        w = (bits << 16).to(tl.uint32).to(tl.float32, bitcast=True)  # +0.0 on inactive lanes
-        xcol = lane1 + i * L
-        acc0 += w * _x_row(x_ptr, xcol, K)
+        xm = lane1 + i * L < K
+        act = row_ok & xm[None, :]
+        e, buf, nb, q = _next_code(lane_ptr, lut_ptr, buf, nb, q, words, act, LEVELS)
+        emin = tl.minimum(emin, e)
+        v = tl.load(smp, mask=act, other=0).to(tl.int32)  # int8: the sign bit sign-extends
+        bits = ((v << 16) & -2139160576) | ((e & 0xFF) << 23)  # -2139160576 = 0x807F0000: sign, mantissa
+        w = bits.to(tl.float32, bitcast=True)  # +0.0 on inactive lanes
+        acc0 += w * _x_row(xp, xm)
         if MB > 1:
-            acc1 += w * _x_row(x_ptr + stride_xm, xcol, K)
+            acc1 += w * _x_row(xp + stride_xm, xm)
         if MB > 2:
-            acc2 += w * _x_row(x_ptr + 2 * stride_xm, xcol, K)
+            acc2 += w * _x_row(xp + 2 * stride_xm, xm)
         if MB > 3:
-            acc3 += w * _x_row(x_ptr + 3 * stride_xm, xcol, K)
-    used = (ptr - start) * 8 - nb
-    bad = bad | (row_ok & ((used + 7) // 8 != end - start)).to(tl.int32)
+            acc3 += w * _x_row(xp + 3 * stride_xm, xm)
+        smp += L
+        xp += L
+    bad = _lane_bad(buf, nb, q, words, emin, row_ok)
     err = tl.max(tl.max(bad, axis=1), axis=0)
     tl.store(err_ptr + pid_l * tl.num_programs(0) + pid_r, err)
     rows1 = pid_r * ROWS + tl.arange(0, ROWS)
@@ -275,7 +276,8 @@ def launch_grid(s: RowsStream, cfg: dict) -> tuple[int, int]:
 
 
 def _args(s: RowsStream, err: torch.Tensor) -> tuple:
-    return (s.stream, s.sign_mantissa, s.row_offsets, s.lane_offsets, s.luts, err)
+    # int8 sign/mantissa: the load sign-extends bit 7 (the sign) for free
+    return (s.stream, s.sign_mantissa.view(torch.int8), s.row_offsets, s.lane_offsets, s.luts, err)
 
 
 def rows_decode_triton(s: RowsStream, out: torch.Tensor, err: torch.Tensor, cfg: dict | None = None) -> None:
