@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from codesign.backend import device_view, resolve_backend
-from codesign.kernels.df11 import codec, rows
+from codesign.kernels.df11 import rows
 from codesign.kernels.df11 import triton_rows as tr
 from codesign.specs import CodesignError
 
@@ -86,7 +86,7 @@ class PackedDF11Rows(nn.Module):
         self.register_buffer("row_offsets", torch.from_numpy(df.row_offsets.view(np.int32).copy()).to(device))
         lane_bits = df.lane_offsets.reshape(-1).view(np.int16).copy()
         self.register_buffer("lane_offsets", torch.from_numpy(lane_bits).to(device))
-        luts = codec.build_luts(df.code_lengths).astype(np.int32).reshape(-1)
+        luts = rows.build_rows_luts(df.code_lengths)
         self.register_buffer("luts", torch.from_numpy(luts).to(device))
 
     @property

@@ -264,6 +264,16 @@ def compress_rows(t: torch.Tensor, max_code_len: int = codec.DEFAULT_MAX_CODE_LE
 # ----------------------------------------------------------------------------- CPU decoder
 
 
+def build_rows_luts(code_lengths: np.ndarray) -> np.ndarray:
+    """`codec.build_luts` re-coded for the rows decoders, int32[T * 256]: a leaf is length << 16 | symbol << 7
+    (the symbol already at the bf16 exponent's place), a pointer to table t is -256 t (the sign tests it, the
+    negation is the next table's base), an unused entry 0."""
+    t = codec.build_luts(code_lengths).astype(np.int32)
+    ptr = (t & codec._PTR_FLAG) != 0
+    leaf = ((t >> 8) << 16) | ((t & 0xFF) << 7)
+    return np.where(ptr, -256 * (t & 0x7FFF), np.where(t == 0, 0, leaf)).astype(np.int32).reshape(-1)
+
+
 @numba.njit(cache=True)
 def _lane_ok(stream, bp, start, end):
     """The exact-end rule: after the last code (bit bp) the lane's words hold exactly the marker 1 0...0."""
@@ -288,18 +298,17 @@ def _decode(stream, sm, row_off, lane_off, luts, levels, k, out):
                 w = (np.int64(stream[i]) if i < end else 0) << 32
                 w |= np.int64(stream[i + 1]) if i + 1 < end else 0
                 w = (w >> (32 - sh)) & 0xFFFFFFFF
-                t, ln, sym = 0, 0, 0
+                t, e = 0, 0
                 for lvl in range(levels):
-                    e = luts[t, (w >> (24 - 8 * lvl)) & 0xFF]
-                    if e & 0x8000:
-                        t = e & 0x7FFF
-                    else:
-                        ln, sym = e >> 8, e & 0xFF
+                    e = luts[t + ((w >> (24 - 8 * lvl)) & 0xFF)]
+                    if e >= 0:
                         break
-                if ln == 0:
+                    t = -e
+                ln = e >> 16
+                if ln <= 0:
                     return 1 + r
                 v = np.int64(sm[r * k + c])
-                out[r * k + c] = np.uint16(((v & 0x80) << 8) | (sym << 7) | (v & 0x7F))
+                out[r * k + c] = np.uint16(((v & 0x80) << 8) | (e & 0x7F80) | (v & 0x7F))
                 bp += ln
             if not _lane_ok(stream, bp, start, end):  # the lane must consume exactly its own words
                 return 1 + r
@@ -309,9 +318,9 @@ def _decode(stream, sm, row_off, lane_off, luts, levels, k, out):
 def decode_rows_arrays(stream: np.ndarray, sign_mantissa: np.ndarray, row_offsets: np.ndarray,
                        lane_offsets: np.ndarray, luts: np.ndarray, levels: int, k: int,
                        out: np.ndarray) -> int:  # fmt: skip
-    """CPU decode of raw rows-layout arrays (a validated index; stream uint32 words) into out (uint16[N * K]);
-    0 or 1 + the first corrupt row."""
-    luts = luts.reshape(-1, codec.LUT_SIZE).astype(np.int64)
+    """CPU decode of raw rows-layout arrays (a validated index; stream uint32 words; luts from
+    `build_rows_luts`) into out (uint16[N * K]); 0 or 1 + the first corrupt row."""
+    luts = luts.reshape(-1).astype(np.int64)
     return int(_decode(stream.view(np.uint32), sign_mantissa, row_offsets.astype(np.int64),
                        lane_offsets.astype(np.int64), luts, levels, k, out))  # fmt: skip
 
@@ -322,7 +331,7 @@ def decompress_rows_bits(df: DF11Rows) -> np.ndarray:
     if df.numel == 0:
         return out
     err = decode_rows_arrays(df.stream, df.sign_mantissa, df.row_offsets, df.lane_offsets,
-                             codec.build_luts(df.code_lengths), df.levels, df.shape[1], out)  # fmt: skip
+                             build_rows_luts(df.code_lengths), df.levels, df.shape[1], out)  # fmt: skip
     if err:
         raise CodesignError(f"df11 rows stream is corrupt: row {err - 1} did not decode to its lane words")
     return out

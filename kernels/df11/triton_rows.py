@@ -82,17 +82,21 @@ def _lanes_start(stream_ptr, rowoff_ptr, laneoff_ptr, rows, lane, row_ok, L: tl.
 
 
 @triton.jit
-def _next_code(lane_ptr, lut_ptr, buf, nb, q, words, act, LEVELS: tl.constexpr):
-    """Decode the code at the top of each active lane's buffer and consume it; refill one word when the
-    buffer holds <= 32 bits. Returns (entry, buf, nb, q): entry = length << 8 | symbol; 0 on an unused table
-    entry (the buffer then stops), 1 (length 0, no symbol) on inactive lanes, so min(entry) flags a lane."""
-    e = tl.load(lut_ptr + ((buf >> 56) & 0xFF).to(tl.int32), mask=act, other=1)
+def _next_code(lane_ptr, lut_ptr, buf, nb, q, words, act, LEVELS: tl.constexpr, MASKED: tl.constexpr):
+    """Decode the code at the top of each lane's buffer (`build_rows_luts` entries) and consume it; refill one
+    word when the buffer holds <= 32 bits. Returns (entry, buf, nb, q): entry = length << 16 | symbol << 7;
+    0 on an unused table entry (the buffer then stops), 1 (length 0) on lanes `act` masks off (MASKED), so
+    min(entry) flags a lane. Unmasked, a row past N decodes its all-zero buffer (in-bounds table loads)."""
+    idx = ((buf >> 56) & 0xFF).to(tl.int32)
+    if MASKED:
+        e = tl.load(lut_ptr + idx, mask=act, other=1)
+    else:
+        e = tl.load(lut_ptr + idx)
     for lvl in tl.static_range(1, LEVELS):  # codes > 8 bits: the next table (the last level has no pointers)
-        ptr = (e & 0x8000) != 0
-        e2 = tl.load(lut_ptr + (e & 0x7FFF) * 256 + ((buf >> (56 - 8 * lvl)) & 0xFF).to(tl.int32), mask=ptr,
-                     other=0)  # fmt: skip
+        ptr = e < 0
+        e2 = tl.load(lut_ptr + (((buf >> (56 - 8 * lvl)) & 0xFF).to(tl.int32) - e), mask=ptr, other=0)
         e = tl.where(ptr, e2, e)
-    length = e >> 8
+    length = e >> 16
     buf = buf << length
     nb = nb - length
     refill = nb <= 32
@@ -101,6 +105,17 @@ def _next_code(lane_ptr, lut_ptr, buf, nb, q, words, act, LEVELS: tl.constexpr):
     nb = tl.where(refill, nb + 32, nb)
     q = tl.where(refill, q + 1, q)
     return e, buf, nb, q
+
+
+@triton.jit
+def _decode_step(lane_ptr, lut_ptr, smp, outp, buf, nb, q, words, emin, act, LEVELS: tl.constexpr,
+                 MASKED: tl.constexpr):  # fmt: skip
+    """One code a lane: decode, join with its sign/mantissa byte (int8: bit 7 sign-extends), store."""
+    e, buf, nb, q = _next_code(lane_ptr, lut_ptr, buf, nb, q, words, act, LEVELS, MASKED)
+    v = tl.load(smp, mask=act, other=0).to(tl.int32)
+    bits = (v & -32641) | (e & 0x7F80)  # -32641 = 0xFFFF807F: the sign (extended) and the mantissa
+    tl.store(outp, bits.to(tl.int16), mask=act)
+    return buf, nb, q, tl.minimum(emin, e)
 
 
 @triton.jit
@@ -144,24 +159,31 @@ def _rows_decode_kernel(
     smp = sm_ptr + off
     outp = out_ptr + off
     emin = zero + 1
-    for i in range(tl.cdiv(K, L)):
-        act = row_ok & (lane + i * L < K)
-        e, buf, nb, q = _next_code(lane_ptr, lut_ptr, buf, nb, q, words, act, LEVELS)
-        emin = tl.minimum(emin, e)
-        v = tl.load(smp, mask=act, other=0).to(tl.int32)  # int8: the sign bit sign-extends
-        bits = (v & -32641) | ((e & 0xFF) << 7)  # -32641 = 0xFFFF807F: sign (extended) and mantissa
-        tl.store(outp, bits.to(tl.int16), mask=act)
+    for _ in range(K // L):  # every lane active: no column mask, no mask on the first table load
+        buf, nb, q, emin = _decode_step(lane_ptr, lut_ptr, smp, outp, buf, nb, q, words, emin, row_ok, LEVELS,
+                                        False)  # fmt: skip
         smp += L
         outp += L
+    act = row_ok & (lane + (K // L) * L < K)  # the last K % L columns (none when L divides K)
+    buf, nb, q, emin = _decode_step(lane_ptr, lut_ptr, smp, outp, buf, nb, q, words, emin, act, LEVELS, True)
     bad = _lane_bad(buf, nb, q, words, emin, row_ok)
     tl.store(err_ptr + pid_l * tl.num_programs(0) + pid_r, tl.max(tl.max(bad, axis=1), axis=0))
 
 
 @triton.jit
 def _x_row(xp, m):
-    """fp32 of bf16 x at pointers xp (x as int16 bits), 0 where masked: [LANES] broadcast over the rows."""
-    xb = tl.load(xp, mask=m, other=0).to(tl.int32)
+    """fp32 of bf16 x at pointers xp (x as int16 bits), 0 where m masks (None: no mask): [LANES] broadcast
+    over the rows."""
+    xb = tl.load(xp, mask=m, other=0 if m is not None else None).to(tl.int32)
     return (xb << 16).to(tl.float32, bitcast=True)[None, :]
+
+
+@triton.jit
+def _weight(smp, e, act):
+    """fp32 of the bf16 weight from its sign/mantissa byte (int8) and table entry e (+0.0 where masked)."""
+    v = tl.load(smp, mask=act, other=0).to(tl.int32)
+    bits = ((v << 16) & -2139160576) | (e << 16)  # -2139160576 = 0x807F0000; e << 16 = symbol << 23
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -212,23 +234,31 @@ def _rows_gemv_kernel(
     acc2 = tl.zeros([ROWS, LANES], dtype=tl.float32)
     acc3 = tl.zeros([ROWS, LANES], dtype=tl.float32)
     emin = zero + 1
-    for i in range(tl.cdiv(K, L)):
-        xm = lane1 + i * L < K
-        act = row_ok & xm[None, :]
-        e, buf, nb, q = _next_code(lane_ptr, lut_ptr, buf, nb, q, words, act, LEVELS)
+    for _ in range(K // L):  # every lane active: no column mask, no mask on the first table load
+        e, buf, nb, q = _next_code(lane_ptr, lut_ptr, buf, nb, q, words, row_ok, LEVELS, False)
         emin = tl.minimum(emin, e)
-        v = tl.load(smp, mask=act, other=0).to(tl.int32)  # int8: the sign bit sign-extends
-        bits = ((v << 16) & -2139160576) | ((e & 0xFF) << 23)  # -2139160576 = 0x807F0000: sign, mantissa
-        w = bits.to(tl.float32, bitcast=True)  # +0.0 on inactive lanes
-        acc0 += w * _x_row(xp, xm)
+        w = _weight(smp, e, row_ok)
+        acc0 += w * _x_row(xp, None)
         if MB > 1:
-            acc1 += w * _x_row(xp + stride_xm, xm)
+            acc1 += w * _x_row(xp + stride_xm, None)
         if MB > 2:
-            acc2 += w * _x_row(xp + 2 * stride_xm, xm)
+            acc2 += w * _x_row(xp + 2 * stride_xm, None)
         if MB > 3:
-            acc3 += w * _x_row(xp + 3 * stride_xm, xm)
+            acc3 += w * _x_row(xp + 3 * stride_xm, None)
         smp += L
         xp += L
+    xm = lane1 + (K // L) * L < K  # the last K % L columns (none when L divides K)
+    act = row_ok & xm[None, :]
+    e, buf, nb, q = _next_code(lane_ptr, lut_ptr, buf, nb, q, words, act, LEVELS, True)
+    emin = tl.minimum(emin, e)
+    w = _weight(smp, e, act)
+    acc0 += w * _x_row(xp, xm)
+    if MB > 1:
+        acc1 += w * _x_row(xp + stride_xm, xm)
+    if MB > 2:
+        acc2 += w * _x_row(xp + 2 * stride_xm, xm)
+    if MB > 3:
+        acc3 += w * _x_row(xp + 3 * stride_xm, xm)
     bad = _lane_bad(buf, nb, q, words, emin, row_ok)
     err = tl.max(tl.max(bad, axis=1), axis=0)
     tl.store(err_ptr + pid_l * tl.num_programs(0) + pid_r, err)
