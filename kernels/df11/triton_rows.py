@@ -27,7 +27,7 @@ Launch configs come from `lookup_config` (table ops "df11_rows_decode" / "df11_r
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -44,6 +44,8 @@ GEMV_MAX_M = 4  # x rows the GEMV keeps accumulators for (one fp32 register per 
 # many rows in flight. Untuned (no GPU numbers yet; `codesign tune` would write tables for these ops).
 DEFAULT_NUM_WARPS = 4
 WARP = 32
+# Main-loop steps per iteration: constant pointer offsets and one loop branch per 4 codes (sm_90 SASS).
+UNROLL = tl.constexpr(4)
 
 
 class RowsStream(NamedTuple):
@@ -82,9 +84,10 @@ def _lanes_start(stream_ptr, rowoff_ptr, laneoff_ptr, rows, lane, row_ok, L: tl.
 
 
 @triton.jit
-def _next_code(lane_ptr, lut_ptr, buf, nb, q, words, act, LEVELS: tl.constexpr, MASKED: tl.constexpr):
+def _next_code(lane_ptr, lut_ptr, buf, t, q, words, act, LEVELS: tl.constexpr, MASKED: tl.constexpr):
     """Decode the code at the top of each lane's buffer (`build_rows_luts` entries) and consume it; refill one
-    word when the buffer holds <= 32 bits. Returns (entry, buf, nb, q): entry = length << 16 | symbol << 7;
+    word when the buffer holds <= 32 bits (t = 32 - bits held >= 0). Returns (entry, buf, t, q): entry =
+    length << 16 | symbol << 7;
     0 on an unused table entry (the buffer then stops), 1 (length 0) on lanes `act` masks off (MASKED), so
     min(entry) flags a lane. Unmasked, a row past N decodes its all-zero buffer (in-bounds table loads)."""
     idx = ((buf >> 56) & 0xFF).to(tl.int32)
@@ -98,31 +101,41 @@ def _next_code(lane_ptr, lut_ptr, buf, nb, q, words, act, LEVELS: tl.constexpr, 
         e = tl.where(ptr, e2, e)
     length = e >> 16
     buf = buf << length
-    nb = nb - length
-    refill = nb <= 32
+    t = t + length
+    refill = t >= 0
     w = tl.load(lane_ptr + q, mask=refill & (q < words), other=0).to(tl.uint32).to(tl.int64)
-    buf = buf | (w << ((32 - nb) & 31))  # w is 0 unless refill, when 32 - nb is 8..31
-    nb = tl.where(refill, nb + 32, nb)
-    q = tl.where(refill, q + 1, q)
-    return e, buf, nb, q
+    buf = buf | (w << (t & 31))  # w is 0 unless refill, when t is 0..23
+    t = tl.where(refill, t - 32, t)
+    q = q + refill.to(tl.int32)
+    return e, buf, t, q
 
 
 @triton.jit
-def _decode_step(lane_ptr, lut_ptr, smp, outp, buf, nb, q, words, emin, act, LEVELS: tl.constexpr,
+def _decode_step(lane_ptr, lut_ptr, smp, outp, buf, t, q, words, emin, act, LEVELS: tl.constexpr,
                  MASKED: tl.constexpr):  # fmt: skip
-    """One code a lane: decode, join with its sign/mantissa byte (int8: bit 7 sign-extends), store."""
-    e, buf, nb, q = _next_code(lane_ptr, lut_ptr, buf, nb, q, words, act, LEVELS, MASKED)
-    v = tl.load(smp, mask=act, other=0).to(tl.int32)
-    bits = (v & -32641) | (e & 0x7F80)  # -32641 = 0xFFFF807F: the sign (extended) and the mantissa
-    tl.store(outp, bits.to(tl.int16), mask=act)
-    return buf, nb, q, tl.minimum(emin, e)
+    """One code a lane: decode, join with its sign/mantissa byte, store (masked by act; the byte load only
+    when MASKED: unmasked, rows past N read row N - 1's bytes)."""
+    e, buf, t, q = _next_code(lane_ptr, lut_ptr, buf, t, q, words, act, LEVELS, MASKED)
+    tl.store(outp, _bf16_bits(smp, e, act, MASKED).to(tl.int16), mask=act)  # the low 16 bits
+    return buf, t, q, tl.minimum(emin, e)
 
 
 @triton.jit
-def _lane_bad(buf, nb, q, words, emin, row_ok):
+def _bf16_bits(smp, e, act, MASKED: tl.constexpr):
+    """The bf16 bits in bits 0..15 (higher bits: don't care): sign and mantissa from the byte at smp
+    (v * 257 puts bit 7 at bit 15), the exponent from the table entry (symbol << 7)."""
+    if MASKED:
+        v = tl.load(smp, mask=act, other=0).to(tl.int32)
+    else:
+        v = tl.load(smp).to(tl.int32)
+    return ((v * 257) & 0x807F) | (e & -32896)  # -32896 = ~0x807F
+
+
+@triton.jit
+def _lane_bad(buf, t, q, words, emin, row_ok):
     """1 where a lane hit an unused entry (emin 0) or does not end at its marker: the bits after its last
-    code, to the end of its words, must be 1 0...0 (1..32 of them; the buffer holds nb >= 33)."""
-    pad = words * 32 - (q * 32 - nb)  # q * 32 - nb: bits consumed (the buffer holds the next nb loaded)
+    code, to the end of its words, must be 1 0...0 (1..32 of them; the buffer holds 32 - t >= 33)."""
+    pad = words * 32 - (q * 32 - (32 - t))  # bits consumed: the q words loaded less the 32 - t held
     p = tl.minimum(tl.maximum(pad, 1), 32)
     top = ((buf >> 32) & 0xFFFFFFFF) >> (32 - p)  # the top p bits
     marker = (tl.zeros_like(top) + 1) << (p - 1)  # int64: p = 32 would overflow an int32 1 << 31
@@ -153,20 +166,26 @@ def _rows_decode_kernel(
     lane = pid_l * LANES + tl.arange(0, LANES)[None, :] + zero
     row_ok = rows < N
     lane_ptr, words, buf = _lanes_start(stream_ptr, rowoff_ptr, laneoff_ptr, rows, lane, row_ok, L)
-    nb = zero + 64
+    t = zero - 32  # 32 - bits held
     q = zero + 2
-    off = rows.to(tl.int64) * K + lane  # pointers advance by L a step: no 64-bit index math in the loop
-    smp = sm_ptr + off
-    outp = out_ptr + off
+    # pointers advance by L a step: no 64-bit index math in the loop; rows past N read row N - 1's bytes
+    smp = sm_ptr + tl.minimum(rows, N - 1).to(tl.int64) * K + lane
+    outp = out_ptr + rows.to(tl.int64) * K + lane
     emin = zero + 1
-    for _ in range(K // L):  # every lane active: no column mask, no mask on the first table load
-        buf, nb, q, emin = _decode_step(lane_ptr, lut_ptr, smp, outp, buf, nb, q, words, emin, row_ok, LEVELS,
-                                        False)  # fmt: skip
+    for _ in range(K // (UNROLL * L)):  # every lane active: no column mask, no mask on the first table load
+        for u in tl.static_range(UNROLL):  # constant pointer offsets, one loop branch per UNROLL codes
+            buf, t, q, emin = _decode_step(lane_ptr, lut_ptr, smp + u * L, outp + u * L, buf, t, q, words, emin,
+                                           row_ok, LEVELS, False)  # fmt: skip
+        smp += UNROLL * L
+        outp += UNROLL * L
+    for _ in range((K // L) % UNROLL):
+        buf, t, q, emin = _decode_step(lane_ptr, lut_ptr, smp, outp, buf, t, q, words, emin, row_ok, LEVELS,
+                                       False)  # fmt: skip
         smp += L
         outp += L
     act = row_ok & (lane + (K // L) * L < K)  # the last K % L columns (none when L divides K)
-    buf, nb, q, emin = _decode_step(lane_ptr, lut_ptr, smp, outp, buf, nb, q, words, emin, act, LEVELS, True)
-    bad = _lane_bad(buf, nb, q, words, emin, row_ok)
+    buf, t, q, emin = _decode_step(lane_ptr, lut_ptr, smp, outp, buf, t, q, words, emin, act, LEVELS, True)
+    bad = _lane_bad(buf, t, q, words, emin, row_ok)
     tl.store(err_ptr + pid_l * tl.num_programs(0) + pid_r, tl.max(tl.max(bad, axis=1), axis=0))
 
 
@@ -179,11 +198,25 @@ def _x_row(xp, m):
 
 
 @triton.jit
-def _weight(smp, e, act):
-    """fp32 of the bf16 weight from its sign/mantissa byte (int8) and table entry e (+0.0 where masked)."""
-    v = tl.load(smp, mask=act, other=0).to(tl.int32)
-    bits = ((v << 16) & -2139160576) | (e << 16)  # -2139160576 = 0x807F0000; e << 16 = symbol << 23
-    return bits.to(tl.float32, bitcast=True)
+def _weight(smp, e, act, MASKED: tl.constexpr):
+    """fp32 of the bf16 weight from its sign/mantissa byte and table entry e (+0.0 where masked)."""
+    return (_bf16_bits(smp, e, act, MASKED) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gemv_step(lane_ptr, lut_ptr, smp, xp, stride_xm, buf, t, q, words, emin, acc0, acc1, acc2, acc3, act, xm,
+               LEVELS: tl.constexpr, MB: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """One code a lane: decode, form the fp32 weight, add w * x[m, k] into acc_m for m < MB."""
+    e, buf, t, q = _next_code(lane_ptr, lut_ptr, buf, t, q, words, act, LEVELS, MASKED)
+    w = _weight(smp, e, act, MASKED)
+    acc0 += w * _x_row(xp, xm)
+    if MB > 1:
+        acc1 += w * _x_row(xp + stride_xm, xm)
+    if MB > 2:
+        acc2 += w * _x_row(xp + 2 * stride_xm, xm)
+    if MB > 3:
+        acc3 += w * _x_row(xp + 3 * stride_xm, xm)
+    return buf, t, q, tl.minimum(emin, e), acc0, acc1, acc2, acc3
 
 
 @triton.jit
@@ -225,41 +258,33 @@ def _rows_gemv_kernel(
     lane = lane1[None, :] + zero
     row_ok = rows < N
     lane_ptr, words, buf = _lanes_start(stream_ptr, rowoff_ptr, laneoff_ptr, rows, lane, row_ok, L)
-    nb = zero + 64
+    t = zero - 32  # 32 - bits held
     q = zero + 2
-    smp = sm_ptr + rows.to(tl.int64) * K + lane
+    smp = sm_ptr + tl.minimum(rows, N - 1).to(tl.int64) * K + lane  # rows past N read row N - 1's bytes
     xp = x_ptr + lane1
     acc0 = tl.zeros([ROWS, LANES], dtype=tl.float32)
     acc1 = tl.zeros([ROWS, LANES], dtype=tl.float32)
     acc2 = tl.zeros([ROWS, LANES], dtype=tl.float32)
     acc3 = tl.zeros([ROWS, LANES], dtype=tl.float32)
     emin = zero + 1
-    for _ in range(K // L):  # every lane active: no column mask, no mask on the first table load
-        e, buf, nb, q = _next_code(lane_ptr, lut_ptr, buf, nb, q, words, row_ok, LEVELS, False)
-        emin = tl.minimum(emin, e)
-        w = _weight(smp, e, row_ok)
-        acc0 += w * _x_row(xp, None)
-        if MB > 1:
-            acc1 += w * _x_row(xp + stride_xm, None)
-        if MB > 2:
-            acc2 += w * _x_row(xp + 2 * stride_xm, None)
-        if MB > 3:
-            acc3 += w * _x_row(xp + 3 * stride_xm, None)
+    for _ in range(K // (UNROLL * L)):  # every lane active: no column mask, no mask on the first table load
+        for u in tl.static_range(UNROLL):  # constant pointer offsets, one loop branch per UNROLL codes
+            buf, t, q, emin, acc0, acc1, acc2, acc3 = _gemv_step(
+                lane_ptr, lut_ptr, smp + u * L, xp + u * L, stride_xm, buf, t, q, words, emin, acc0, acc1, acc2,
+                acc3, row_ok, None, LEVELS, MB, False)  # fmt: skip
+        smp += UNROLL * L
+        xp += UNROLL * L
+    for _ in range((K // L) % UNROLL):
+        buf, t, q, emin, acc0, acc1, acc2, acc3 = _gemv_step(
+            lane_ptr, lut_ptr, smp, xp, stride_xm, buf, t, q, words, emin, acc0, acc1, acc2, acc3, row_ok, None,
+            LEVELS, MB, False)  # fmt: skip
         smp += L
         xp += L
     xm = lane1 + (K // L) * L < K  # the last K % L columns (none when L divides K)
-    act = row_ok & xm[None, :]
-    e, buf, nb, q = _next_code(lane_ptr, lut_ptr, buf, nb, q, words, act, LEVELS, True)
-    emin = tl.minimum(emin, e)
-    w = _weight(smp, e, act)
-    acc0 += w * _x_row(xp, xm)
-    if MB > 1:
-        acc1 += w * _x_row(xp + stride_xm, xm)
-    if MB > 2:
-        acc2 += w * _x_row(xp + 2 * stride_xm, xm)
-    if MB > 3:
-        acc3 += w * _x_row(xp + 3 * stride_xm, xm)
-    bad = _lane_bad(buf, nb, q, words, emin, row_ok)
+    buf, t, q, emin, acc0, acc1, acc2, acc3 = _gemv_step(
+        lane_ptr, lut_ptr, smp, xp, stride_xm, buf, t, q, words, emin, acc0, acc1, acc2, acc3, row_ok & xm[None, :],
+        xm, LEVELS, MB, True)  # fmt: skip
+    bad = _lane_bad(buf, t, q, words, emin, row_ok)
     err = tl.max(tl.max(bad, axis=1), axis=0)
     tl.store(err_ptr + pid_l * tl.num_programs(0) + pid_r, err)
     rows1 = pid_r * ROWS + tl.arange(0, ROWS)
@@ -306,39 +331,40 @@ def launch_grid(s: RowsStream, cfg: dict) -> tuple[int, int]:
 
 
 def _args(s: RowsStream, err: torch.Tensor) -> tuple:
-    # int8 sign/mantissa: the load sign-extends bit 7 (the sign) for free
-    return (s.stream, s.sign_mantissa.view(torch.int8), s.row_offsets, s.lane_offsets, s.luts, err)
+    return (s.stream, s.sign_mantissa, s.row_offsets, s.lane_offsets, s.luts, err)
 
 
-def rows_decode_triton(s: RowsStream, out: torch.Tensor, err: torch.Tensor, cfg: dict | None = None) -> None:
-    """Decode into `out` (int16[N * K], the bf16 bits); err[p] = 1 marks a corrupt program.
+def rows_decode_triton(s: RowsStream, out: torch.Tensor, err: torch.Tensor, cfg: dict | None = None) -> Any:
+    """Decode into `out` (int16[N * K], the bf16 bits); err[p] = 1 marks a corrupt program. Returns Triton's
+    handle of the launched kernel (None when nothing launches; its `asm` in a compile-only session).
 
     Assumes validated, contiguous tensors on one device; err int32 with >= prod(launch_grid) entries.
     """
     if s.n * s.k == 0:
-        return
+        return None
     cfg = cfg or launch_config(DECODE_OP, s, s.n * s.k, out.device)
-    _rows_decode_kernel[launch_grid(s, cfg)](
+    return _rows_decode_kernel[launch_grid(s, cfg)](
         *_args(s, err), out, s.n, s.k, L=s.lanes, ROWS=int(cfg["ROWS"]), LANES=int(cfg["LANES"]),
         LEVELS=s.levels, num_warps=int(cfg["num_warps"]),
     )  # fmt: skip
 
 
 def rows_gemv_triton(s: RowsStream, x_bits: torch.Tensor, y: torch.Tensor, err: torch.Tensor,
-                     cfg: dict | None = None) -> None:  # fmt: skip
+                     cfg: dict | None = None) -> Any:  # fmt: skip
     """y (fp32 [M, N]) = x @ W^T for M <= 4 rows of x_bits (int16 [M, K], bf16 bits; unit column stride).
 
     y must be zeroed when `launch_grid` has more than one lane group (split-K atomics); otherwise every
     element of y is stored. err int32 with >= prod(launch_grid) entries; a flagged program writes nothing.
+    Returns Triton's handle of the launched kernel (None when nothing launches).
     """
     m = x_bits.shape[0]
     if not 1 <= m <= GEMV_MAX_M:
         raise CodesignError(f"rows GEMV takes 1..{GEMV_MAX_M} rows of x, got {m}")
     if s.n == 0:
-        return
+        return None
     cfg = cfg or launch_config(GEMV_OP, s, m, y.device)
     grid = launch_grid(s, cfg)
-    _rows_gemv_kernel[grid](
+    return _rows_gemv_kernel[grid](
         *_args(s, err), x_bits, y, s.n, s.k, x_bits.stride(0), y.stride(0), L=s.lanes, ROWS=int(cfg["ROWS"]),
         LANES=int(cfg["LANES"]), LEVELS=s.levels, MB=m, ATOMIC=grid[1] > 1, num_warps=int(cfg["num_warps"]),
     )  # fmt: skip
