@@ -4,15 +4,19 @@ A program owns ROWS weight rows x LANES lanes of the layout's L (LANES = min(L, 
 per row when L >= 32); grid (cdiv(N, ROWS), L / LANES). Every lane finds its stream from the index
 (row offset + lane offset), knows its code count, and decodes alone: no count pass, no prefix sum, and
 its outputs W[r, l + i L] sit at positions fixed by (r, l, i). A lane keeps a 64-bit bit buffer (the
-next `nb` stream bits, MSB-aligned) and refills 32 bits from 4 bytes when nb <= 32 (every ~12 codes at
-~2.7 bits per code), so the next code is always in the buffer and each step is one LUT walk (1 load for
-codes <= 8 bits) plus a shift. Byte loads are masked to the lane's own [start, end), so no stream pad is
-needed and a corrupt stream cannot read out of bounds. The kernels move integers (uint8 in, int16 out) and
-turn bf16 into fp32 by a 16-bit shift, so the interpreter's bf16 arithmetic never comes into play.
+next 32 - t stream bits, MSB-aligned) and refills one aligned 32-bit word when it holds <= 32 bits (every
+~12 codes at ~2.7 bits per code), so the next code is always in the buffer and each step is one LUT walk
+(1 load for codes <= 8 bits, a predicated second one for longer codes) plus a shift. Word loads are masked
+to the lane's own [start, end), so no stream pad is needed and a corrupt stream cannot read out of bounds.
+Positions, counts and table entries are int32 (64-bit SASS arithmetic costs two instructions an op); the
+main loop runs K // L steps with every lane active (no column mask), unrolled UNROLL times, and one masked
+step takes the last K mod L columns. The kernels move integers (uint8 in, int16 out) and turn bf16 into
+fp32 by a 16-bit shift, so the interpreter's bf16 arithmetic never comes into play.
 
-Corruption: a lane that hits an unused table entry, or whose decoded bits do not end in its last byte
-(ceil(bits / 8) != end - start), sets err[program] = 1. The decoder still writes (positions cannot be
-wrong, values can: the host raises on err before anyone sees the weight); the GEMV writes nothing.
+Corruption: a lane that hits an unused table entry (the min of its entries is 0), or that does not end
+exactly at its stream's marker (the bits after its last code, to its last word's end, must be 1 0...0),
+sets err[program] = 1. The decoder still writes (positions cannot be wrong, values can: the host raises
+on err before anyone sees the weight); the GEMV writes nothing.
 
 GEMV: each lane multiplies its weights by x[m, k] in fp32 (products of two bf16 are exact in fp32) and
 sums them in k order; one `tl.sum` over the LANES lanes at the end; the L / LANES lane groups of a row
