@@ -187,15 +187,55 @@ def test_decoders_catch_a_wrong_lane_offset_and_a_changed_code_length():
     assert int(err.max()) == 0  # and the intact container passes
 
 
+def lane_words(df: rows.DF11Rows, row: int, lane: int) -> tuple[int, int]:
+    """[start, end) words of one lane's stream."""
+    base, lo = int(df.row_offsets[row]), df.lane_offsets[row].astype(np.int64)
+    end = base + int(lo[lane + 1]) if lane + 1 < df.lanes else int(df.row_offsets[row + 1])
+    return base + int(lo[lane]), end
+
+
+def test_lanes_end_in_the_marker_and_a_moved_marker_is_caught():
+    """Every lane's last word ends 1 0...0 after its codes; clearing the marker, or a 1 bit after it, is
+    caught by both decoders (the end rule is exact to the bit: it does not depend on a word boundary)."""
+    df = rows.compress_rows(weights("realistic", (4, 300)))
+    for r in range(4):
+        for lane in range(df.lanes):
+            start, end = lane_words(df, r, lane)
+            assert end > start and int(df.stream[end - 1]) != 0  # the marker is in the last word
+    ends = [lane_words(df, 1, lane)[1] for lane in range(df.lanes)]
+    end = next(e for e in ends if int(df.stream[e - 1]) & 1 == 0)  # a lane with padding after its marker
+    last = int(df.stream[end - 1])
+    marker = last & -last  # the lowest set bit: the marker
+    cleared, extra = df.stream.copy(), df.stream.copy()
+    cleared[end - 1] = last & ~marker
+    extra[end - 1] = last | (marker >> 1)  # a 1 in the padding after the marker
+    for stream in (cleared, extra):
+        bad = dataclasses.replace(df, stream=stream)
+        with pytest.raises(CodesignError, match="corrupt"):
+            rows.decompress_rows_bits(bad)
+        assert int(launch_decode(PackedDF11Rows(bad, DEV))[1].max()) == 1
+
+
+def test_version_1_container_refused_with_the_reason():
+    blob = bytearray(rows.compress_rows(weights("realistic", (3, 40))).to_bytes())
+    blob[4:6] = (1).to_bytes(2, "little")
+    with pytest.raises(CodesignError, match="version 1 .*byte-aligned.*compress"):
+        rows.load_container(bytes(blob))
+
+
 def test_one_exponent_code_rejects_the_unused_bit():
-    """One exponent: a 1-bit code '0'; a '1' in the stream hits an unused table entry."""
+    """One exponent: a 1-bit code '0'; a '1' in the stream hits an unused table entry. Row 0 lane 0 holds
+    two codes and the marker, '001' then 0s; '01' then 0s leaves a lane stuck at its second code with
+    exactly a marker's bits after it, so only the unused-entry flag can catch that one."""
     df = rows.compress_rows(weights("one", (3, 33)))
-    stream = df.stream.copy()
-    stream[0] |= 1 << 31  # the lane's first bit
-    bad = dataclasses.replace(df, stream=stream)
-    with pytest.raises(CodesignError, match="corrupt"):
-        rows.decompress_rows_bits(bad)
-    assert int(launch_decode(PackedDF11Rows(bad, DEV))[1].max()) == 1
+    assert int(df.stream[0]) == 1 << 29
+    for word in (1 << 31 | 1 << 29, 1 << 30):
+        stream = df.stream.copy()
+        stream[0] = word
+        bad = dataclasses.replace(df, stream=stream)
+        with pytest.raises(CodesignError, match="corrupt"):
+            rows.decompress_rows_bits(bad)
+        assert int(launch_decode(PackedDF11Rows(bad, DEV))[1].max()) == 1
 
 
 def test_bad_arguments_refused():
@@ -229,7 +269,7 @@ def test_auto_lanes_split_small_n_only():
     "kind,shape,lanes,cap,cfg",
     [("realistic", (7, 45), 32, 16, None), ("fib", (19, 356), 32, 24, {"ROWS": 32, "LANES": 32, "num_warps": 4}),
      ("random", (5, 13), 8, 8, None), ("fib", (19, 356), 64, 8, {"ROWS": 32, "LANES": 64, "num_warps": 4}),
-     ("one", (3, 33), 32, 16, {"ROWS": 2, "LANES": 8, "num_warps": 1})],
+     ("one", (3, 33), 32, 16, {"ROWS": 2, "LANES": 8, "num_warps": 1}), ("realistic", (3, 288), 32, 16, None)],
 )  # fmt: skip
 def test_triton_decode_bit_exact(kind, shape, lanes, cap, cfg):
     w = weights(kind, shape)
@@ -274,7 +314,7 @@ def within_fp32_bound(y: torch.Tensor, w: torch.Tensor, x: torch.Tensor, gamma: 
 @pytest.mark.parametrize(
     "shape,lanes,m,cfg",
     [((7, 45), 32, 1, None), ((9, 130), 32, 4, None), ((5, 70), 64, 3, None),
-     ((6, 100), 32, 2, {"ROWS": 8, "LANES": 16, "num_warps": 4})],
+     ((6, 100), 32, 2, {"ROWS": 8, "LANES": 16, "num_warps": 4}), ((3, 288), 32, 2, None)],
 )  # fmt: skip
 def test_fused_gemv_within_fp32_rounding_of_fp64(shape, lanes, m, cfg):
     """Split-K (L / LANES lane groups: L = 64, or LANES = 16) meets in atomics into a zeroed y; without it
