@@ -48,7 +48,8 @@ GEMV_MAX_M = 4  # x rows the GEMV keeps accumulators for (one fp32 register per 
 # many rows in flight. Untuned (no GPU numbers yet; `codesign tune` would write tables for these ops).
 DEFAULT_NUM_WARPS = 4
 WARP = 32
-# Main-loop steps per iteration: constant pointer offsets and one loop branch per 4 codes (sm_90 SASS).
+# Main-loop steps per iteration (even: with codes <= 16 bits, two LUT levels, the 33+ bits a lane holds
+# cover two codes, so it refills every second code): constant pointer offsets, one loop branch per 4 codes.
 UNROLL = tl.constexpr(4)
 
 
@@ -88,12 +89,14 @@ def _lanes_start(stream_ptr, rowoff_ptr, laneoff_ptr, rows, lane, row_ok, L: tl.
 
 
 @triton.jit
-def _next_code(lane_ptr, lut_ptr, buf, t, q, words, act, LEVELS: tl.constexpr, MASKED: tl.constexpr):
-    """Decode the code at the top of each lane's buffer (`build_rows_luts` entries) and consume it; refill one
-    word when the buffer holds <= 32 bits (t = 32 - bits held >= 0). Returns (entry, buf, t, q): entry =
-    length << 16 | symbol << 7;
-    0 on an unused table entry (the buffer then stops), 1 (length 0) on lanes `act` masks off (MASKED), so
-    min(entry) flags a lane. Unmasked, a row past N decodes its all-zero buffer (in-bounds table loads)."""
+def _next_code(lane_ptr, lut_ptr, buf, t, q, words, act, LEVELS: tl.constexpr, MASKED: tl.constexpr,
+               REFILL: tl.constexpr):  # fmt: skip
+    """Decode the code at the top of each lane's buffer (`build_rows_luts` entries) and consume it; if REFILL,
+    refill one word when the buffer holds <= 32 bits (t = 32 - bits held >= 0; without REFILL the buffer
+    must keep the next code: codes <= 16 bits decoded in pairs). Returns (entry, buf, t, q): entry =
+    length << 16 | symbol << 7; 0 on an unused table entry (the buffer then stops), 1 (length 0) on lanes
+    `act` masks off (MASKED), so min(entry) flags a lane. Unmasked, a row past N decodes its all-zero buffer
+    (in-bounds table loads)."""
     idx = ((buf >> 56) & 0xFF).to(tl.int32)
     if MASKED:
         e = tl.load(lut_ptr + idx, mask=act, other=1)
@@ -106,20 +109,21 @@ def _next_code(lane_ptr, lut_ptr, buf, t, q, words, act, LEVELS: tl.constexpr, M
     length = e >> 16
     buf = buf << length
     t = t + length
-    refill = t >= 0
-    w = tl.load(lane_ptr + q, mask=refill & (q < words), other=0).to(tl.uint32).to(tl.int64)
-    buf = buf | (w << (t & 31))  # w is 0 unless refill, when t is 0..23
-    t = tl.where(refill, t - 32, t)
-    q = q + refill.to(tl.int32)
+    if REFILL:
+        refill = t >= 0
+        w = tl.load(lane_ptr + q, mask=refill & (q < words), other=0).to(tl.uint32).to(tl.int64)
+        buf = buf | (w << (t & 31))  # w is 0 unless refill, when t is 0..31
+        t = tl.where(refill, t - 32, t)
+        q = q + refill.to(tl.int32)
     return e, buf, t, q
 
 
 @triton.jit
 def _decode_step(lane_ptr, lut_ptr, smp, outp, buf, t, q, words, emin, act, LEVELS: tl.constexpr,
-                 MASKED: tl.constexpr):  # fmt: skip
+                 MASKED: tl.constexpr, REFILL: tl.constexpr):  # fmt: skip
     """One code a lane: decode, join with its sign/mantissa byte, store (masked by act; the byte load only
     when MASKED: unmasked, rows past N read row N - 1's bytes)."""
-    e, buf, t, q = _next_code(lane_ptr, lut_ptr, buf, t, q, words, act, LEVELS, MASKED)
+    e, buf, t, q = _next_code(lane_ptr, lut_ptr, buf, t, q, words, act, LEVELS, MASKED, REFILL)
     tl.store(outp, _bf16_bits(smp, e, act, MASKED).to(tl.int16), mask=act)  # the low 16 bits
     return buf, t, q, tl.minimum(emin, e)
 
@@ -179,16 +183,18 @@ def _rows_decode_kernel(
     for _ in range(K // (UNROLL * L)):  # every lane active: no column mask, no mask on the first table load
         for u in tl.static_range(UNROLL):  # constant pointer offsets, one loop branch per UNROLL codes
             buf, t, q, emin = _decode_step(lane_ptr, lut_ptr, smp + u * L, outp + u * L, buf, t, q, words, emin,
-                                           row_ok, LEVELS, False)  # fmt: skip
+                                           row_ok, LEVELS, False, LEVELS > 2 or u % 2 == 1)  # fmt: skip
         smp += UNROLL * L
         outp += UNROLL * L
     for _ in range((K // L) % UNROLL):
         buf, t, q, emin = _decode_step(lane_ptr, lut_ptr, smp, outp, buf, t, q, words, emin, row_ok, LEVELS,
-                                       False)  # fmt: skip
+                                       False, True)  # fmt: skip
         smp += L
         outp += L
     act = row_ok & (lane + (K // L) * L < K)  # the last K % L columns (none when L divides K)
-    buf, t, q, emin = _decode_step(lane_ptr, lut_ptr, smp, outp, buf, t, q, words, emin, act, LEVELS, True)
+    buf, t, q, emin = _decode_step(
+        lane_ptr, lut_ptr, smp, outp, buf, t, q, words, emin, act, LEVELS, True, True
+    )
     bad = _lane_bad(buf, t, q, words, emin, row_ok)
     tl.store(err_ptr + pid_l * tl.num_programs(0) + pid_r, tl.max(tl.max(bad, axis=1), axis=0))
 
@@ -209,9 +215,9 @@ def _weight(smp, e, act, MASKED: tl.constexpr):
 
 @triton.jit
 def _gemv_step(lane_ptr, lut_ptr, smp, xp, stride_xm, buf, t, q, words, emin, acc0, acc1, acc2, acc3, act, xm,
-               LEVELS: tl.constexpr, MB: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+               LEVELS: tl.constexpr, MB: tl.constexpr, MASKED: tl.constexpr, REFILL: tl.constexpr):  # fmt: skip
     """One code a lane: decode, form the fp32 weight, add w * x[m, k] into acc_m for m < MB."""
-    e, buf, t, q = _next_code(lane_ptr, lut_ptr, buf, t, q, words, act, LEVELS, MASKED)
+    e, buf, t, q = _next_code(lane_ptr, lut_ptr, buf, t, q, words, act, LEVELS, MASKED, REFILL)
     w = _weight(smp, e, act, MASKED)
     acc0 += w * _x_row(xp, xm)
     if MB > 1:
@@ -275,19 +281,19 @@ def _rows_gemv_kernel(
         for u in tl.static_range(UNROLL):  # constant pointer offsets, one loop branch per UNROLL codes
             buf, t, q, emin, acc0, acc1, acc2, acc3 = _gemv_step(
                 lane_ptr, lut_ptr, smp + u * L, xp + u * L, stride_xm, buf, t, q, words, emin, acc0, acc1, acc2,
-                acc3, row_ok, None, LEVELS, MB, False)  # fmt: skip
+                acc3, row_ok, None, LEVELS, MB, False, LEVELS > 2 or u % 2 == 1)  # fmt: skip
         smp += UNROLL * L
         xp += UNROLL * L
     for _ in range((K // L) % UNROLL):
         buf, t, q, emin, acc0, acc1, acc2, acc3 = _gemv_step(
             lane_ptr, lut_ptr, smp, xp, stride_xm, buf, t, q, words, emin, acc0, acc1, acc2, acc3, row_ok, None,
-            LEVELS, MB, False)  # fmt: skip
+            LEVELS, MB, False, True)  # fmt: skip
         smp += L
         xp += L
     xm = lane1 + (K // L) * L < K  # the last K % L columns (none when L divides K)
     buf, t, q, emin, acc0, acc1, acc2, acc3 = _gemv_step(
         lane_ptr, lut_ptr, smp, xp, stride_xm, buf, t, q, words, emin, acc0, acc1, acc2, acc3, row_ok & xm[None, :],
-        xm, LEVELS, MB, True)  # fmt: skip
+        xm, LEVELS, MB, True, True)  # fmt: skip
     bad = _lane_bad(buf, t, q, words, emin, row_ok)
     err = tl.max(tl.max(bad, axis=1), axis=0)
     tl.store(err_ptr + pid_l * tl.num_programs(0) + pid_r, err)

@@ -269,9 +269,11 @@ def test_auto_lanes_split_small_n_only():
     "kind,shape,lanes,cap,cfg",
     [("realistic", (7, 45), 32, 16, None), ("fib", (19, 356), 32, 24, {"ROWS": 32, "LANES": 32, "num_warps": 4}),
      ("random", (5, 13), 8, 8, None), ("fib", (19, 356), 64, 8, {"ROWS": 32, "LANES": 64, "num_warps": 4}),
-     ("one", (3, 33), 32, 16, {"ROWS": 2, "LANES": 8, "num_warps": 1}), ("realistic", (3, 288), 32, 16, None)],
+     ("one", (3, 33), 32, 16, {"ROWS": 2, "LANES": 8, "num_warps": 1}), ("realistic", (3, 288), 32, 16, None),
+     ("fib", (19, 356), 32, 16, None)],
 )  # fmt: skip
 def test_triton_decode_bit_exact(kind, shape, lanes, cap, cfg):
+    """Caps 8 / 16 / 24: one, two, three table levels; at 16, pairs of codes of up to 16 bits between refills."""
     w = weights(kind, shape)
     packed = PackedDF11Rows(rows.compress_rows(w, cap, lanes), DEV)
     out, err = launch_decode(packed, cfg)
@@ -407,7 +409,7 @@ def test_rows_kernels_lower_for_sm90_without_spills():
     """The interpreter cannot show the kernels compile: at their defaults the decoder and the GEMV (M = 1,
     4; split-K atomics at L = 64, M = 1) compile for sm_90 without register spills, and the main loop's SASS
     per decoded code (the unrolled loop's instructions / UNROLL) stays under a bound a regression would cross
-    (measured: decode 40.25, GEMV M = 1 43, M = 4 55.25, at Triton 3.9; 114 / 119 / 140 before issue 20's
+    (measured: decode 33.25, GEMV M = 1 36, M = 4 46.75, at Triton 3.9; 114 / 119 / 140 before issue 20's
     cut); registers, shared memory and the counts are printed (pytest -s) for the record."""
     code = """
 import re
@@ -447,7 +449,7 @@ for l in s.launches:
     print(l.kernel, l.constexprs, l.registers, l.spill_stores, l.shared_bytes, l.ptx_ops["ld_global"])
     assert l.error is None and l.spill_stores == 0 and l.spill_loads == 0 and 0 < l.registers <= 128, l
     assert l.ptx_ops["cvt_i2f"] == 0, l
-for h, bound in zip(handles, (44, 47, 60)):
+for h, bound in zip(handles, (37, 40, 52)):
     per_code = loop_sizes(h.asm["sass"])[0] / tr.UNROLL.value
     print(h.name, "SASS per code", per_code)
     assert per_code <= bound, (h.name, per_code, bound)
