@@ -148,7 +148,7 @@ def test_inconsistent_index_refused_on_construction():
 
 
 def shifted_lane(df: rows.DF11Rows, row: int, lane: int) -> rows.DF11Rows:
-    """The container with one lane starting a byte late (still a monotone index: only decoding can tell)."""
+    """The container with one lane starting a word late (still a monotone index: only decoding can tell)."""
     lo = df.lane_offsets.copy()
     assert lo[row, lane] < lo[row, lane + 1]
     lo[row, lane] += 1
