@@ -67,7 +67,8 @@ class LosslessBF16Config:
     entry: 64 / segment bits per weight more).
     layout: "flat" (default: the chunked stream of `df11.codec`) or "rows" (`df11.rows`: per-(row, lane)
     streams, no scan; its fused path is `df11_rows_gemv` for M <= 4). lanes: the rows layout's lanes per
-    row (None: `rows.auto_lanes(N, K)`, 32 unless N is small, where more lanes split K over more programs).
+    row (None: `rows.auto_lanes(N, K)`, 32 unless N is small, where more lanes split K over more programs, or
+    K < 256, where fewer keep >= 8 codes a lane).
     """
 
     max_code_len: int = codec.DEFAULT_MAX_CODE_LEN

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from codesign.backend import device_view, resolve_backend
-from codesign.kernels.df11 import codec, rows
+from codesign.kernels.df11 import rows
 from codesign.kernels.df11 import triton_rows as tr
 from codesign.specs import CodesignError
 
@@ -64,7 +64,8 @@ def _(stream, sign_mantissa, row_offsets, lane_offsets, luts, out, err, n, k, la
 class PackedDF11Rows(nn.Module):
     """A `rows.DF11Rows` as device buffers (moved by `.to()`), decodable by `codesign::df11_rows_decode`.
 
-    The u32 row offsets and u16 lane offsets are held as int32 / int16 bit patterns (the kernels mask them).
+    The u32 stream words and row offsets and the u16 lane offsets are held as int32 / int16 bit patterns (the
+    kernels mask them).
     """
 
     layout = "rows"
@@ -80,12 +81,12 @@ class PackedDF11Rows(nn.Module):
         self.max_code_len = df.max_code_len
         self.nbytes = df.nbytes
         self.code_lengths = df.code_lengths.copy()
-        self.register_buffer("stream", torch.from_numpy(df.stream.copy()).to(device))
+        self.register_buffer("stream", torch.from_numpy(df.stream.view(np.int32).copy()).to(device))
         self.register_buffer("sign_mantissa", torch.from_numpy(df.sign_mantissa.copy()).to(device))
         self.register_buffer("row_offsets", torch.from_numpy(df.row_offsets.view(np.int32).copy()).to(device))
         lane_bits = df.lane_offsets.reshape(-1).view(np.int16).copy()
         self.register_buffer("lane_offsets", torch.from_numpy(lane_bits).to(device))
-        luts = codec.build_luts(df.code_lengths).astype(np.int32).reshape(-1)
+        luts = rows.build_rows_luts(df.code_lengths)
         self.register_buffer("luts", torch.from_numpy(luts).to(device))
 
     @property
@@ -101,7 +102,7 @@ class PackedDF11Rows(nn.Module):
     def container(self) -> rows.DF11Rows:
         """The host container again (validated), e.g. for `to_bytes()`."""
         n = self.shape[0]
-        return rows.DF11Rows(self.shape, self.code_lengths.copy(), self.stream.cpu().numpy().copy(),
+        return rows.DF11Rows(self.shape, self.code_lengths.copy(), self.stream.cpu().numpy().view(np.uint32).copy(),
                              self.row_offsets.cpu().numpy().view(np.uint32).copy(),
                              self.lane_offsets.cpu().numpy().view(np.uint16).reshape(n, self.lanes).copy(),
                              self.sign_mantissa.cpu().numpy().copy(), self.max_code_len)  # fmt: skip

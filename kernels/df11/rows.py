@@ -4,29 +4,32 @@ The same per-tensor code as `df11.codec` (package-merge length-limited canonical
 8-bit LUTs: `codec.limited_code_lengths`, `codec.build_luts`), laid out for one warp per output row. For a
 weight W[N, K] (rows = output features) and L lanes (default 32), lane l of row r owns the columns
 k = l, l + L, l + 2L, ... (so a warp's loads of x[k] and of the sign/mantissa bytes are contiguous); its
-exponent codes, in k order, form one byte-aligned bit stream (MSB first). Every lane knows its code count,
-ceil((K - l) / L), and where it starts:
+exponent codes, in k order, then an end marker (a 1 bit, then 0s to the word's end), form one bit stream of
+whole 32-bit words (bit 31 of a word first), so a GPU lane refills its bit buffer with one aligned 32-bit
+load. Every lane knows its code count,
+ceil((K - l) / L), and where it starts (in words):
 
-    start(r, l) = row_offsets[r] + lane_offsets[r, l]        (bytes; lane_offsets[r, 0] = 0)
+    start(r, l) = row_offsets[r] + lane_offsets[r, l]        (words; lane_offsets[r, 0] = 0)
     end(r, l)   = start(r, l + 1), or row_offsets[r + 1] for the last lane
 
-row_offsets is u32[N + 1] (row_offsets[N] = stream bytes < 4 GiB), lane_offsets u16[N, L] relative to the
-row (a lane must start < 64 KiB into its row: K <~ 20000 at 24-bit codes; compress refuses otherwise).
-Index cost: (32 + 16 L) / K bits per weight, 0.133 at L = 32, K = 4096 (0.049 at K = 11008), plus the
-byte padding of each lane stream (~3.5 bits per lane: ~0.03 bit/weight at K = 4096). The flat layout's
-1-byte gap per 8-byte chunk costs ~0.34 bit/weight, so this layout is also smaller. Sign+mantissa stay the
-[N, K] byte plane of `codec` (sign in bit 7, mantissa in bits 6..0).
+row_offsets is u32[N + 1] (row_offsets[N] = stream words < 2^32), lane_offsets u16[N, L] relative to the
+row (a lane must start < 2^16 words = 256 KiB into its row: K <~ 80000 at 24-bit codes; compress refuses
+otherwise). Index cost: (32 + 16 L) / K bits per weight, 0.133 at L = 32, K = 4096 (0.049 at K = 11008),
+plus each lane's marker and word padding (~16.5 bits per lane: ~0.13 bit/weight at K = 4096, L = 32). The
+flat layout's 1-byte gap per 8-byte chunk costs ~0.34 bit/weight, so this layout is still smaller.
+Sign+mantissa stay the [N, K] byte plane of `codec` (sign in bit 7, mantissa in bits 6..0).
 
-Safety: decoders read a lane's bytes only inside [start, end) (a byte past the end reads as 0, which a
-valid stream never consumes: the LUT replicates a code over its don't-care bits), so no pad bytes are
+Safety: decoders read a lane's words only inside [start, end) (a word past the end reads as 0, which a
+valid stream never consumes: the LUT replicates a code over its don't-care bits), so no pad words are
 needed and a corrupt stream cannot read out of bounds; output positions are fixed by (r, l, i), never by
-the stream. A lane must consume exactly its bytes: ceil(bits decoded / 8) == end - start, else (or on an
-unused table entry) the row is flagged corrupt. `DF11Rows` validates its index when constructed.
+the stream. A lane must end exactly at its marker (the bits after its last code, to the end of its words,
+are 1 0...0: a wrong code length or offset moves the end), and no code may hit an unused table entry;
+else the row is flagged corrupt. `DF11Rows` validates its index when constructed.
 
-Container (little-endian; `to_bytes` / `from_bytes`):
-  header  "DF1R" u16 version u8 max_code_len u8 0 u16 lanes u16 0 u64 N u64 K u64 stream_bytes
+Container version 2 (little-endian; `to_bytes` / `from_bytes`; version 1, byte-aligned lanes, is refused):
+  header  "DF1R" u16 version u8 max_code_len u8 0 u16 lanes u16 0 u64 N u64 K u64 stream_words
   table   256 x u8 code length per exponent value;  row_offsets (N + 1) x u32;  lane_offsets N x L x u16;
-  stream  stream_bytes;  signman N x K u8;  then CRC32 (zlib) of everything before it, u32.
+  stream  stream_words x u32;  signman N x K u8;  then CRC32 (zlib) of everything before it, u32.
 """
 
 from __future__ import annotations
@@ -43,13 +46,14 @@ from codesign.kernels.df11 import codec
 from codesign.specs import CodesignError, WeightFormat
 
 ROWS_MAGIC = b"DF1R"
-ROWS_VERSION = 1
+ROWS_VERSION = 2  # 2: lanes in whole 32-bit words (1: byte-aligned lanes)
 # 32 lanes: one warp per row, each x load of a warp 32 contiguous bf16 (64 bytes).
 DEFAULT_LANES = 32
 MAX_LANES = 256
 # auto_lanes: rows x lanes / 32 warps in flight; below this many rows, more lanes per row (split-K). Untuned
 # prediction: ~16 warps per SM on a 132-SM H100/H200, and the index grows 16 bits per lane per row.
 SPLIT_BELOW_ROWS = 2048
+MIN_CODES_PER_LANE = 8  # auto_lanes: ~21 bits of codes + the marker, about one word (~4 bits a weight)
 _HEADER = struct.Struct("<4sHBBHHQQQ")
 _CRC = struct.Struct("<I")
 
@@ -76,8 +80,11 @@ def _check_geometry(n: int, k: int, lanes: int, max_code_len: int) -> None:
 
 def auto_lanes(n: int, k: int) -> int:
     """Lanes per row for a weight [N, K]: 32, doubled (up to 128) while N * lanes < 32 * SPLIT_BELOW_ROWS
-    and every lane keeps >= 32 codes (below that the lane's 16-bit offset costs > 0.5 bit per weight)."""
+    and every lane keeps >= 32 codes (below that the lane's 16-bit offset costs > 0.5 bit per weight);
+    halved (down to 1) while a lane would get < 8 codes (a lane takes at least one 32-bit word)."""
     lanes = DEFAULT_LANES
+    while lanes > 1 and k < MIN_CODES_PER_LANE * lanes:
+        lanes //= 2
     while lanes < 4 * DEFAULT_LANES and n * lanes < DEFAULT_LANES * SPLIT_BELOW_ROWS and 64 * lanes <= k:
         lanes *= 2
     return lanes
@@ -89,7 +96,7 @@ class DF11Rows:
 
     shape: tuple[int, int]
     code_lengths: np.ndarray  # uint8[256]
-    stream: np.ndarray  # uint8[stream_bytes]
+    stream: np.ndarray  # uint32[stream_words]
     row_offsets: np.ndarray  # uint32[N + 1]
     lane_offsets: np.ndarray  # uint16[N, L]
     sign_mantissa: np.ndarray  # uint8[N * K]
@@ -103,10 +110,12 @@ class DF11Rows:
             raise CodesignError("df11 rows: code table and element count disagree")
         if self.sign_mantissa.shape != (n * k,) or self.lane_offsets.shape != (n, self.lanes):
             raise CodesignError(f"df11 rows: plane / index sizes do not match shape {self.shape}")
+        if self.stream.dtype != np.uint32 or self.stream.ndim != 1:
+            raise CodesignError(f"df11 rows: stream must be a 1-D uint32 word array, got {self.stream.dtype}")
         ro = self.row_offsets.astype(np.int64)
         lo = self.lane_offsets.astype(np.int64)
         if ro.shape != (n + 1,) or ro[0] != 0 or ro[-1] != self.stream.size or (np.diff(ro) < 0).any():
-            raise CodesignError("df11 rows: row offsets are not a 0..stream_bytes non-decreasing sequence")
+            raise CodesignError("df11 rows: row offsets are not a 0..stream_words non-decreasing sequence")
         if n and (
             (lo[:, 0] != 0).any() or (np.diff(lo, axis=1) < 0).any() or (lo[:, -1] > np.diff(ro)).any()
         ):
@@ -128,7 +137,7 @@ class DF11Rows:
     def nbytes(self) -> int:
         """Bytes of the serialized container (header, table, index and checksum included)."""
         n = self.shape[0]
-        return (_HEADER.size + codec.LUT_SIZE + 4 * (n + 1) + 2 * n * self.lanes + self.stream.size + self.numel
+        return (_HEADER.size + codec.LUT_SIZE + 4 * (n + 1) + 2 * n * self.lanes + 4 * self.stream.size + self.numel
                 + _CRC.size)  # fmt: skip
 
     @property
@@ -155,7 +164,7 @@ class DF11Rows:
             ROWS_MAGIC, ROWS_VERSION, self.max_code_len, 0, self.lanes, 0, n, k, self.stream.size
         )
         body = b"".join([head, self.code_lengths.astype(np.uint8).tobytes(), self.row_offsets.astype("<u4").tobytes(),
-                         self.lane_offsets.astype("<u2").tobytes(), self.stream.tobytes(),
+                         self.lane_offsets.astype("<u2").tobytes(), self.stream.astype("<u4").tobytes(),
                          self.sign_mantissa.tobytes()])  # fmt: skip
         return body + _CRC.pack(zlib.crc32(body))
 
@@ -165,18 +174,19 @@ class DF11Rows:
         data = bytes(data)
         if len(data) < _HEADER.size + _CRC.size:
             raise CodesignError(f"df11 rows container truncated: {len(data)} bytes")
-        magic, version, max_len, _, lanes, _, n, k, sbytes = _HEADER.unpack_from(data)
+        magic, version, max_len, _, lanes, _, n, k, swords = _HEADER.unpack_from(data)
         if magic != ROWS_MAGIC:
             raise CodesignError(f"df11 rows container: bad magic {magic!r}, expected {ROWS_MAGIC!r}")
         if version != ROWS_VERSION:
+            old = " (version 1 lanes are byte-aligned: compress the weight again)" if version == 1 else ""
             raise CodesignError(
-                f"df11 rows container version {version} unsupported (this reader: {ROWS_VERSION})"
+                f"df11 rows container version {version} unsupported (this reader: {ROWS_VERSION}){old}"
             )
         (crc,) = _CRC.unpack_from(data, len(data) - _CRC.size)
         if zlib.crc32(data[: -_CRC.size]) != crc:
             raise CodesignError("df11 rows container checksum mismatch: the data is corrupt or truncated")
         _check_geometry(n, k, lanes, max_len)
-        sizes = [codec.LUT_SIZE, 4 * (n + 1), 2 * n * lanes, sbytes, n * k]
+        sizes = [codec.LUT_SIZE, 4 * (n + 1), 2 * n * lanes, 4 * swords, n * k]
         if len(data) != _HEADER.size + sum(sizes) + _CRC.size:
             raise CodesignError(
                 f"df11 rows container has {len(data)} bytes, its header implies more or fewer"
@@ -188,7 +198,7 @@ class DF11Rows:
         return cls(
             (int(n), int(k)),
             np.frombuffer(parts[0], np.uint8).copy(),
-            np.frombuffer(parts[3], np.uint8).copy(),
+            np.frombuffer(parts[3], "<u4").astype(np.uint32),
             np.frombuffer(parts[1], "<u4").astype(np.uint32),
             np.frombuffer(parts[2], "<u2").astype(np.uint16).reshape(n, lanes),
             np.frombuffer(parts[4], np.uint8).copy(),
@@ -201,19 +211,20 @@ class DF11Rows:
 
 @numba.njit(cache=True)
 def _encode(exp, lengths, codes, starts, lanes, stream):
-    """Write each (row, lane) stream's codes, MSB first, from its start byte (stream zeroed)."""
+    """Write each (row, lane) stream's codes, MSB first, from its start word (stream zeroed, uint32)."""
     n, k = exp.shape
     for r in range(n):
         for lane in range(lanes):
-            bp = starts[r, lane] * 8
+            bp = starts[r, lane] * 32
             for c in range(lane, k, lanes):
                 s = exp[r, c]
                 ln = lengths[s]
                 code = codes[s]
                 for b in range(ln):
                     if (code >> (ln - 1 - b)) & 1:
-                        stream[(bp + b) >> 3] |= np.uint8(0x80 >> ((bp + b) & 7))
+                        stream[(bp + b) >> 5] |= np.uint32(1) << np.uint32(31 - ((bp + b) & 31))
                 bp += ln
+            stream[bp >> 5] |= np.uint32(1) << np.uint32(31 - (bp & 31))  # the end marker
 
 
 def compress_rows(t: torch.Tensor, max_code_len: int = codec.DEFAULT_MAX_CODE_LEN,
@@ -231,16 +242,16 @@ def compress_rows(t: torch.Tensor, max_code_len: int = codec.DEFAULT_MAX_CODE_LE
     steps = -(-k // lanes)
     lens = np.zeros((n, steps * lanes), np.uint8)
     lens[:, :k] = lengths[exp.reshape(n, k)]
-    lane_bytes = (lens.reshape(n, steps, lanes).sum(axis=1, dtype=np.int64) + 7) // 8  # [N, L]
-    lane_off = np.cumsum(lane_bytes, axis=1) - lane_bytes
-    row_off = np.concatenate([[0], np.cumsum(lane_bytes.sum(axis=1))]).astype(np.int64)
+    lane_words = (lens.reshape(n, steps, lanes).sum(axis=1, dtype=np.int64) + 32) // 32  # [N, L], + marker
+    lane_off = np.cumsum(lane_words, axis=1) - lane_words
+    row_off = np.concatenate([[0], np.cumsum(lane_words.sum(axis=1))]).astype(np.int64)
     if n and int(lane_off[:, -1].max()) >= 1 << 16:
         raise CodesignError(
-            f"df11 rows: a lane starts >= 64 KiB into its row (K={k} too long for u16 offsets)"
+            f"df11 rows: a lane starts >= 2^16 words into its row (K={k} too long for u16 offsets)"
         )
     if int(row_off[-1]) >= 1 << 32:
-        raise CodesignError(f"df11 rows: the stream needs {int(row_off[-1])} bytes, over the u32 offsets")
-    stream = np.zeros(int(row_off[-1]), np.uint8)
+        raise CodesignError(f"df11 rows: the stream needs {int(row_off[-1])} words, over the u32 offsets")
+    stream = np.zeros(int(row_off[-1]), np.uint32)
     if n * k:
         codes = codec.canonical_codes(lengths).astype(np.int64)
         _encode(
@@ -253,6 +264,25 @@ def compress_rows(t: torch.Tensor, max_code_len: int = codec.DEFAULT_MAX_CODE_LE
 # ----------------------------------------------------------------------------- CPU decoder
 
 
+def build_rows_luts(code_lengths: np.ndarray) -> np.ndarray:
+    """`codec.build_luts` re-coded for the rows decoders, int32[T * 256]: a leaf is length << 16 | symbol << 7
+    (the symbol already at the bf16 exponent's place), a pointer to table t is -256 t (the sign tests it, the
+    negation is the next table's base), an unused entry 0."""
+    t = codec.build_luts(code_lengths).astype(np.int32)
+    ptr = (t & codec._PTR_FLAG) != 0
+    leaf = ((t >> 8) << 16) | ((t & 0xFF) << 7)
+    return np.where(ptr, -256 * (t & 0x7FFF), np.where(t == 0, 0, leaf)).astype(np.int32).reshape(-1)
+
+
+@numba.njit(cache=True)
+def _lane_ok(stream, bp, start, end):
+    """The exact-end rule: after the last code (bit bp) the lane's words hold exactly the marker 1 0...0."""
+    pad = end * 32 - bp  # 1..32 bits in a valid lane: all in word end - 1
+    if pad < 1 or pad > 32:
+        return False
+    return (np.int64(stream[end - 1]) & ((1 << pad) - 1)) == 1 << (pad - 1)
+
+
 @numba.njit(cache=True)
 def _decode(stream, sm, row_off, lane_off, luts, levels, k, out):
     """Decode every lane into out (uint16[N * K]); returns 0, or 1 + the first corrupt row."""
@@ -261,27 +291,26 @@ def _decode(stream, sm, row_off, lane_off, luts, levels, k, out):
         for lane in range(lanes):
             start = row_off[r] + lane_off[r, lane]
             end = row_off[r] + lane_off[r, lane + 1] if lane + 1 < lanes else row_off[r + 1]
-            bp = start * 8
+            bp = start * 32
             for c in range(lane, k, lanes):
-                i = bp >> 3
-                w = np.int64(0)
-                for j in range(4):  # bytes past the lane's end read as 0 (never consumed by a valid stream)
-                    w = (w << 8) | (np.int64(stream[i + j]) if i + j < end else 0)
-                w = (w << (bp & 7)) & 0xFFFFFFFF
-                t, ln, sym = 0, 0, 0
+                i, sh = bp >> 5, bp & 31
+                # words past the lane's end read as 0 (never consumed by a valid stream)
+                w = (np.int64(stream[i]) if i < end else 0) << 32
+                w |= np.int64(stream[i + 1]) if i + 1 < end else 0
+                w = (w >> (32 - sh)) & 0xFFFFFFFF
+                t, e = 0, 0
                 for lvl in range(levels):
-                    e = luts[t, (w >> (24 - 8 * lvl)) & 0xFF]
-                    if e & 0x8000:
-                        t = e & 0x7FFF
-                    else:
-                        ln, sym = e >> 8, e & 0xFF
+                    e = luts[t + ((w >> (24 - 8 * lvl)) & 0xFF)]
+                    if e >= 0:
                         break
-                if ln == 0:
+                    t = -e
+                ln = e >> 16
+                if ln <= 0:
                     return 1 + r
                 v = np.int64(sm[r * k + c])
-                out[r * k + c] = np.uint16(((v & 0x80) << 8) | (sym << 7) | (v & 0x7F))
+                out[r * k + c] = np.uint16(((v & 0x80) << 8) | (e & 0x7F80) | (v & 0x7F))
                 bp += ln
-            if (bp + 7) // 8 != end:  # the lane must consume exactly its own bytes
+            if not _lane_ok(stream, bp, start, end):  # the lane must consume exactly its own words
                 return 1 + r
     return 0
 
@@ -289,10 +318,11 @@ def _decode(stream, sm, row_off, lane_off, luts, levels, k, out):
 def decode_rows_arrays(stream: np.ndarray, sign_mantissa: np.ndarray, row_offsets: np.ndarray,
                        lane_offsets: np.ndarray, luts: np.ndarray, levels: int, k: int,
                        out: np.ndarray) -> int:  # fmt: skip
-    """CPU decode of raw rows-layout arrays (a validated index) into out (uint16[N * K]); 0 or 1 + bad row."""
-    luts = luts.reshape(-1, codec.LUT_SIZE).astype(np.int64)
-    return int(_decode(stream, sign_mantissa, row_offsets.astype(np.int64), lane_offsets.astype(np.int64), luts,
-                       levels, k, out))  # fmt: skip
+    """CPU decode of raw rows-layout arrays (a validated index; stream uint32 words; luts from
+    `build_rows_luts`) into out (uint16[N * K]); 0 or 1 + the first corrupt row."""
+    luts = luts.reshape(-1).astype(np.int64)
+    return int(_decode(stream.view(np.uint32), sign_mantissa, row_offsets.astype(np.int64),
+                       lane_offsets.astype(np.int64), luts, levels, k, out))  # fmt: skip
 
 
 def decompress_rows_bits(df: DF11Rows) -> np.ndarray:
@@ -301,9 +331,9 @@ def decompress_rows_bits(df: DF11Rows) -> np.ndarray:
     if df.numel == 0:
         return out
     err = decode_rows_arrays(df.stream, df.sign_mantissa, df.row_offsets, df.lane_offsets,
-                             codec.build_luts(df.code_lengths), df.levels, df.shape[1], out)  # fmt: skip
+                             build_rows_luts(df.code_lengths), df.levels, df.shape[1], out)  # fmt: skip
     if err:
-        raise CodesignError(f"df11 rows stream is corrupt: row {err - 1} did not decode to its lane bytes")
+        raise CodesignError(f"df11 rows stream is corrupt: row {err - 1} did not decode to its lane words")
     return out
 
 
