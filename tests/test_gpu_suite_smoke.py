@@ -146,6 +146,9 @@ def test_smoke_kernel_benches_all_run_and_check(tmp_path):
     assert all({"measured", "target", "met"} <= set(t) for t in kq["sweep_targets"].values())
     df = rep["df11"]
     assert df["all_bit_exact"] and df["small_m_4096x4096"] and df["shapes"] and df["sweep_4096x4096"]
+    # The rows layout beside the flat one: decoded bit for bit, its GEMV timed at M = 1 in smoke mode.
+    assert df["rows_layout"] and all(r["bit_exact"] and r["gemv"] for r in df["rows_layout"])
+    assert df["layouts_side_by_side"]
 
 
 def test_smoke_refuses_to_write_into_bench_results():
