@@ -44,7 +44,7 @@ from codesign.kernels.df11 import codec, rows
 from codesign.kernels.df11 import triton_decode as dt
 from codesign.kernels.df11 import triton_gemm as fused
 from codesign.kernels.df11 import triton_rows as tr
-from codesign.kernels.df11.packed_rows import PackedDF11Rows, df11_rows_gemv
+from codesign.kernels.df11.packed_rows import PackedDF11Rows, decode_out_bits, df11_rows_gemv
 from codesign.specs import CodesignError, WeightFormat
 
 OP = "df11_decode"
@@ -173,14 +173,7 @@ class PackedDF11(nn.Module):
     def decode_into(self, out: torch.Tensor, check: bool = True) -> torch.Tensor:
         """Decode into `out` (bf16 or int16, >= numel elements, on the buffers' device); returns the bf16
         weight view of shape `self.shape`. check: raise CodesignError on a corrupt stream (a host sync)."""
-        if not isinstance(out, torch.Tensor) or out.dtype not in (torch.bfloat16, torch.int16):
-            raise CodesignError(f"out must be a bf16 or int16 tensor, got {getattr(out, 'dtype', type(out))}")
-        if out.device != self.stream.device or not out.is_contiguous() or out.numel() < self.numel:
-            raise CodesignError(
-                f"out must be a contiguous tensor on {self.stream.device} with >= {self.numel} elements, "
-                f"got {tuple(out.shape)} on {out.device}"
-            )
-        bits = out.view(torch.int16).reshape(-1)[: self.numel]
+        bits = decode_out_bits(out, self.stream.device, self.numel)
         if self.numel:
             _df11_decode_op(self.stream, self.sign_mantissa, self.gaps, self.group_offsets, self.luts, bits,
                             self.err, self.total_bits, self.max_codes, self.chunk_bytes, self.chunks_per_group,

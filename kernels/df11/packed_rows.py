@@ -61,6 +61,19 @@ def _(stream, sign_mantissa, row_offsets, lane_offsets, luts, out, err, n, k, la
     return None
 
 
+def decode_out_bits(out: torch.Tensor, device: torch.device, numel: int) -> torch.Tensor:
+    """The int16 view of a decoder's output buffer `out` (bf16 or int16, contiguous, on `device`, at least
+    `numel` elements), its first `numel` elements; CodesignError naming `out` otherwise. Both layouts' decoders."""
+    if not isinstance(out, torch.Tensor) or out.dtype not in (torch.bfloat16, torch.int16):
+        raise CodesignError(f"out must be a bf16 or int16 tensor, got {getattr(out, 'dtype', type(out))}")
+    if out.device != device or not out.is_contiguous() or out.numel() < numel:
+        raise CodesignError(
+            f"out must be a contiguous tensor on {device} with >= {numel} elements, "
+            f"got {tuple(out.shape)} on {out.device}"
+        )
+    return out.view(torch.int16).reshape(-1)[:numel]
+
+
 class PackedDF11Rows(nn.Module):
     """A `rows.DF11Rows` as device buffers (moved by `.to()`), decodable by `codesign::df11_rows_decode`.
 
@@ -119,14 +132,7 @@ class PackedDF11Rows(nn.Module):
     def decode_into(self, out: torch.Tensor, check: bool = True) -> torch.Tensor:
         """Decode into `out` (bf16 or int16, >= numel elements, on the buffers' device); returns the bf16
         weight view of shape `self.shape`. check: raise CodesignError on a corrupt stream (a host sync)."""
-        if not isinstance(out, torch.Tensor) or out.dtype not in (torch.bfloat16, torch.int16):
-            raise CodesignError(f"out must be a bf16 or int16 tensor, got {getattr(out, 'dtype', type(out))}")
-        if out.device != self.stream.device or not out.is_contiguous() or out.numel() < self.numel:
-            raise CodesignError(
-                f"out must be a contiguous tensor on {self.stream.device} with >= {self.numel} elements, "
-                f"got {tuple(out.shape)} on {out.device}"
-            )
-        bits = out.view(torch.int16).reshape(-1)[: self.numel]
+        bits = decode_out_bits(out, self.stream.device, self.numel)
         if self.numel:
             s = self.kernel_stream()
             cfg = tr.launch_config(tr.DECODE_OP, s, self.numel, out.device)
