@@ -43,8 +43,9 @@ sim-deps:
 run: install
 	$(BIN)/codesign explore
 
-# On an AVX-512 CPU the numerics-marked tests run a second time under AVX2 kernels: torch sums in another
-# order there, and a test that holds on only one of the two depends on the machine, not on the code.
+# On an AVX-512 CPU the numerics-marked tests run a second time under AVX2 kernels: softmax, sdpa and Inductor's
+# code give other bits there (tests/cpu_width_probe.py), and a test that holds on only one of the two depends on
+# the machine, not on the code.
 test: install-test
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)

@@ -33,6 +33,9 @@ GPU_REASON = "needs a CUDA GPU (run bench/gpu_suite.py on a GPU machine)"
 
 
 def pytest_collection_modifyitems(config, items):
+    # Slow tests first (stable within each group): xdist's workers then share them from the start instead of
+    # one worker finishing a minute-long test while the other idles at the end of the run.
+    items.sort(key=lambda item: "slow" not in item.keywords)
     if cuda_available():
         return
     skip = pytest.mark.skip(reason=GPU_REASON)

@@ -55,6 +55,7 @@ def _tunable() -> set[str]:
     return {n for n in registered_ops() if not n.startswith("test_")}
 
 
+@pytest.mark.slow
 def test_smoke_correctness_and_tuning_cover_every_op(tmp_path):
     """Ceilings, correctness and tuning sections in one smoke run (the kernel benchmarks: the test below)."""
     suite = _suite()

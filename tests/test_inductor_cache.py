@@ -17,6 +17,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -38,6 +39,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_compiled_graphs_are_not_shared_across_cpu_capabilities():
     native = torch.backends.cpu.get_cpu_capability().lower()
     # conftest pointed the cache at <base>/<capability>: the children share <base>, as two suite runs do.

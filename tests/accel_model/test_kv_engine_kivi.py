@@ -24,9 +24,6 @@ from codesign.kernels.kvcache import quantizers as kvq
 from codesign.kernels.kvcache.kivi import KiviPagedKV
 from codesign.specs import CodesignError, KVDequantize, KVFormat, KVWrite
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 
 def _kv_with_outlier_channels(t: int, h: int, d: int) -> torch.Tensor:
     """fp16-representable K/V [t, h, d] with a few channels 10-40x larger (KIVI's reason for per-channel keys)."""

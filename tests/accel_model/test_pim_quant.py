@@ -30,9 +30,6 @@ from codesign.accel_model.pim_dequant import dequant_operand, e4m3_to_float32, f
 from codesign.kernels.kvcache import quantizers as kv_quant
 from codesign.specs import CodesignError, Gemm, KVFormat, PagedDecodeAttention, WeightFormat
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 # HBM2, one stack: 16 pseudo-channels x 16 banks / 2 = 128 units; 32 B columns, 1 KB rows = 32 columns;
 # tCK 0.8333 ns, tCCD_L 4 cycles = 3.3333 ns per slot, row switch (nRP 17 + nRCD 17) = 28.333 ns;
 # every time is divided by (1 - 232 / 4680) for refresh.

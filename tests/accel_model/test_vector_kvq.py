@@ -30,9 +30,6 @@ from codesign.specs import (
     Softmax,
 )
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 
 def _ref_quantize(vec: np.ndarray, bits: int) -> tuple[list[int], float, float]:
     """Scalar reference of the documented rule: fp32 arithmetic, fp16 metadata, Python round() (half-even)."""

@@ -119,6 +119,7 @@ _SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_resume_after_kill_skips_measured_points(tmp_path):
     script, cache, calls = tmp_path / "tune_fake.py", tmp_path / "c.jsonl", tmp_path / "calls.txt"
     script.write_text(_SCRIPT)

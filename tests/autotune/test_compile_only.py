@@ -217,6 +217,7 @@ print("ok")
     assert_runs_without_interpreter(code)
 
 
+@pytest.mark.slow
 def test_gemm_smem_estimate_not_below_the_compilers():
     code = """
 from codesign.autotune.compile_check import check_estimates
@@ -238,6 +239,7 @@ print("ok")
     assert_runs_without_interpreter(code)
 
 
+@pytest.mark.slow
 def test_untuned_defaults_neither_spill_nor_overflow_shared_memory():
     """Regressions the lowering report found: sub-byte KV decode spilled at BLOCK_N 64 on sm_90 (1.2 KB per
     thread for INT4), and so did Oaken's offline variant at 64 x 128 (52 B); W8A8's 128 x 128 x 128 default

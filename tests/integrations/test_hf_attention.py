@@ -20,6 +20,8 @@ from codesign.integrations.hf import ATTN_NAME, CodesignCache, generate, run_gen
 from codesign.integrations.hf.support import check_transformers_version
 from codesign.specs import CodesignError
 
+# HF attention (sdpa, eager softmax) gives other bits under AVX2 (tests/cpu_width_probe.py) and decides the
+# greedy tokens compared here: rerun under AVX2 (Makefile).
 pytestmark = pytest.mark.numerics
 
 NEW = 8

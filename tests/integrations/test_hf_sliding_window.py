@@ -17,8 +17,9 @@ from codesign.integrations.hf.cache import CROP_MARGIN, window_blocks
 from codesign.integrations.hf.kv_formats import KVSpec
 from codesign.specs import CodesignError
 
-# `numerics` (rerun under AVX2) only where tokens are compared with HF sdpa's, which sums in another order;
-# the bit-for-bit comparisons run the same code twice and the block counts are integers.
+# `numerics` (rerun under AVX2) only where tokens are compared with HF sdpa's, whose bits depend on the vector
+# width (tests/cpu_width_probe.py); the bit-for-bit comparisons run the same code twice and the block counts are
+# integers.
 numerics = pytest.mark.numerics
 
 WINDOW = 8

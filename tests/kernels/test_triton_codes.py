@@ -12,9 +12,6 @@ import triton.language as tl
 from codesign.backend import use_backend
 from codesign.kernels.triton_codes import codes_f16, pow2_scale, unpack_words
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 
 @triton.jit
 def _probe(code_ptr, out16_ptr, amax_ptr, f_ptr, inv_ptr, N: tl.constexpr, M: tl.constexpr):

@@ -17,9 +17,6 @@ from codesign.kernels.attention.triton_attention import MIN_TOKENS_PER_SPLIT, ch
 from codesign.kernels.attention.wrappers import PagedDecodeWrapper, PagedExtendWrapper
 from codesign.specs import CodesignError
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 # fp32 kernels differ from fp64 only by rounding; fp16 adds the fp16 rounding of P and of the output.
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3}
 BACKENDS = ["triton", "torch"]

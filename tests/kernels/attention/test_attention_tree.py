@@ -17,9 +17,6 @@ from codesign.kernels.attention.tree import build_tree_batch, check_parents, tre
 from codesign.kernels.attention.wrappers import TreeAttentionWrapper
 from codesign.specs import CodesignError, TreeAttention
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 
 def random_tree(n: int) -> list[int]:
     return [-1] + [random.randrange(i) for i in range(1, n)]

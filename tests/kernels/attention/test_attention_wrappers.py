@@ -27,9 +27,6 @@ from codesign.kernels.kvcache.mixed import MixedPagedKV, mixed_write
 from codesign.kernels.kvcache.oaken import OakenPagedKV
 from codesign.specs import CodesignError
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 BS, H, D, HQ = 4, 2, 16, 4
 CTX = [7, 4, 10]  # odd lengths: partial blocks
 CAP = 3
@@ -161,7 +158,6 @@ def test_lse_and_features_per_cache_type():
     out, lse = w.run(q, c4, return_lse=True)
     ref, ref_lse = kvq_decode_attention(q, c4, bt, cl, window=3, softcap=20.0, return_lse=True)
     assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
-
 
 
 @pytest.mark.parametrize("kind", ["oaken", "oaken_offline", "mixed"])

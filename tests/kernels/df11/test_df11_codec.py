@@ -13,9 +13,6 @@ import torch
 from codesign.kernels.df11 import codec
 from codesign.specs import CodesignError, WeightFormat
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 
 def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int16)

@@ -17,9 +17,6 @@ from codesign.kernels.df11 import codec
 from codesign.kernels.df11.linear import PackedDF11, _df11_decode_op, df11_gemv
 from codesign.specs import CodesignError
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 POISON = 0x7FC1  # a NaN payload the inputs below never contain: any unwritten element shows
 

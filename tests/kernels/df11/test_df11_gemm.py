@@ -36,9 +36,6 @@ from codesign.kernels.df11.linear import (
 )
 from codesign.specs import CodesignError
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 

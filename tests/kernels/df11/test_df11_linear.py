@@ -19,9 +19,6 @@ from codesign.kernels.df11.linear import (
 )
 from codesign.specs import CodesignError
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 
 def mlp(*widths: int) -> nn.Sequential:
     layers: list[nn.Module] = []

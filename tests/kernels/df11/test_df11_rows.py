@@ -36,9 +36,6 @@ from codesign.kernels.df11.linear import (
 from codesign.kernels.df11.packed_rows import PackedDF11Rows, _rows_decode_op, df11_rows_gemv
 from codesign.specs import CodesignError
 
-# The fused GEMV is compared with torch fp64 arithmetic downstream of rounding: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 

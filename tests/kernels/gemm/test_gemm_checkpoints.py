@@ -17,9 +17,6 @@ from codesign.kernels.gemm import checkpoints as qi
 from codesign.kernels.gemm import ops as qg
 from codesign.specs import CodesignError
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 
 

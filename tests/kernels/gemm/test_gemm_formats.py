@@ -8,9 +8,6 @@ import torch
 from codesign.kernels.gemm import formats as qf
 from codesign.specs import CodesignError
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_pack_unpack_round_trip_is_exact(bits):

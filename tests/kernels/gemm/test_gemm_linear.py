@@ -34,7 +34,8 @@ from codesign.kernels.gemm.linear import (
 )
 from codesign.specs import CodesignError
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
+# The models' attention (softmax / sdpa: other bits under AVX2, tests/cpu_width_probe.py) feeds activation
+# quantizers and greedy tokens compared here: rerun under AVX2 (Makefile).
 pytestmark = pytest.mark.numerics
 
 transformers = pytest.importorskip("transformers")

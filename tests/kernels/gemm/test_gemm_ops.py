@@ -19,9 +19,6 @@ from codesign.kernels.gemm import ops as qg
 from codesign.kernels.gemm import triton_gemm as qt
 from codesign.specs import CodesignError
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 BOUND = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}
 FORMATS = [  # (dtype, group_size, symmetric)
     ("int4", 128, True),
@@ -313,6 +310,7 @@ def test_opcheck(backend):
         torch.library.opcheck(torch.ops.codesign.quantize_per_token_int8, (x,))
 
 
+@pytest.mark.numerics  # Inductor generates its C++ for the CPU's capability: rerun under AVX2 (Makefile)
 def test_torch_compile_fullgraph_through_the_triton_kernel():
     qw = qf.quantize_rtn(torch.randn(48, 64), "int4", 32, False)
     bias = torch.randn(48)

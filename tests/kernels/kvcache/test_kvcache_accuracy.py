@@ -14,7 +14,8 @@ from codesign.kernels.kvcache import accuracy_cli as kvq_accuracy_cli
 from codesign.kernels.kvcache import quantizers as kvq
 from codesign.specs import CodesignError
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
+# Compared with torch's sdpa and softmax, whose bits depend on the vector width (tests/cpu_width_probe.py):
+# rerun under AVX2 (Makefile).
 pytestmark = pytest.mark.numerics
 
 

@@ -12,9 +12,6 @@ from codesign.kernels.kvcache.checks import check_block_tables
 from codesign.kernels.kvcache.write import _kv_write_op, kv_write
 from codesign.specs import CodesignError
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 
 # --- allocator ---------------------------------------------------------------------------------------
 def test_allocator_refcounts_and_reuse():

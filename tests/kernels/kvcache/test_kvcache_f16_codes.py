@@ -19,9 +19,6 @@ from codesign.backend import use_backend
 from codesign.kernels.attention import ops
 from codesign.kernels.attention.quantized import kvq_decode_attention, kvq_extend_attention
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 
 def test_fp8_decodes_exhaustively_in_fp16():
     """Every e4m3 code through the fp16 path (fp16 queries; the interpreter takes the integer decode,

@@ -22,9 +22,6 @@ from codesign.kernels.kvcache import quantizers as kvq
 from codesign.kernels.kvcache.kivi import KiviPagedKV
 from codesign.specs import CodesignError
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 G, R, BS, H, D = 4, 4, 8, 2, 16
 
 

@@ -24,9 +24,6 @@ from codesign.kernels.kvcache import quantizers as kvq
 from codesign.kernels.kvcache.kvq import QuantPagedKV, kvq_write
 from codesign.specs import CodesignError
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 FMTS = ["int8", "int4", "int2", "fp8"]
 
 

@@ -18,9 +18,6 @@ from codesign.kernels.attention.tree import build_tree_batch
 from codesign.kernels.kvcache.mixed import MixedPagedKV, cocktail_bits, mixed_write
 from codesign.specs import CodesignError
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 BS, H, D = 4, 2, 16
 
 
@@ -112,6 +109,7 @@ def test_decode_and_extend_over_mixed_blocks(splits):
     assert_rel_close(oe, ref_e, 2e-6, "mixed extend")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bs, d", [(32, 64), (64, 48)])
 def test_whole_block_tiles_read_words(bs, d):
     """Blocks a multiple of the default tile (32 tokens at these head sizes): each tile has one width and

@@ -17,9 +17,6 @@ from codesign.kernels.kvcache import quantizers as kvq
 from codesign.kernels.kvcache.oaken import OakenPagedKV
 from codesign.specs import CodesignError
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 BS, H, D, CAP = 4, 2, 16, 3
 
 

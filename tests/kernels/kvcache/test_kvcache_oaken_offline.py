@@ -20,9 +20,6 @@ from codesign.kernels.kvcache import quantizers as kvq
 from codesign.kernels.kvcache.oaken import OakenPagedKV
 from codesign.specs import CodesignError, KVFormat
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 BS, H, D, CAP = 4, 2, 16, 3
 
 

@@ -12,9 +12,6 @@ from codesign.accel_model import kv_quant_engine as eng
 from codesign.kernels.kvcache import quantizers as kvq
 from codesign.specs import CodesignError, KVFormat
 
-# Compares kernels downstream of rounding with torch references: rerun under AVX2 (Makefile).
-pytestmark = pytest.mark.numerics
-
 
 def _outlier_kv(t: int, h: int, d: int) -> torch.Tensor:
     """Gaussian K with a few channels 8x larger (the channel outliers real keys show)."""
