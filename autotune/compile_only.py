@@ -127,6 +127,8 @@ class CompileSession:
 # tensor copies (TMA), 16-byte vector loads. Counts are static (instructions in the PTX, not executed).
 PTX_OPS = {
     "wgmma": r"\bwgmma\.mma_async\b",
+    # ... on 8-bit operands (int8 / e4m3 / e5m2: the W8A8 / FP8 GEMMs' dots, not a bf16 upcast of them).
+    "wgmma_8bit": r"\bwgmma\.mma_async(?:\.\w+)*\.(?:s8|u8|e4m3|e5m2)\b",
     "mma_sync": r"\bmma\.sync\b",
     "cp_async": r"\bcp\.async\.(?:ca|cg)\b",
     "tma": r"\bcp\.async\.bulk\.tensor\b",

@@ -19,7 +19,9 @@ def need_dims(shape: Shape, names: tuple[str, ...], op: str) -> None:
     extra = [n for n in shape if n not in names]
     if missing or extra:
         raise CodesignError(f"shape for {op}: expected dims {', '.join(names)}; got {shape}")
-    bad = [n for n in names if shape[n] < (0 if n in ("G", "SPLITK", "DEQUANT", "TORCH", "FUSEDQ") else 1)]
+    bad = [
+        n for n in names if shape[n] < (0 if n in ("G", "SPLITK", "DEQUANT", "TORCH", "FUSEDQ", "TMA") else 1)
+    ]
     if bad:
         raise CodesignError(f"shape for {op}: dims {bad} must be positive, got {shape}")
 

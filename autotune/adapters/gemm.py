@@ -9,9 +9,10 @@ the tuner times exactly the code path a serving call takes, with the config the 
                              GEMV (1: the CUDA-core GEMV) pinning the variant; without them the default
                              rule's (`choose_variant`); `expand` gives all four
     w8a8_gemm / fp8_gemm:    M, N, K (per-token int8 / e4m3 activations, per-channel weights), optional
-                             TORCH (1: torch._int_mm / torch._scaled_mm, 0: ours) and FUSEDQ (1: ours with
-                             the quantizer fused, one launch) pinning the variant; without them the default
-                             rule's (`choose_scaled_mm_variant`); `expand` gives all three
+                             TORCH (1: torch._int_mm / torch._scaled_mm, 0: ours), FUSEDQ (1: ours with
+                             the quantizer fused, one launch) and TMA (1: ours, persistent and TMA-fed)
+                             pinning the variant; without them the default rule's (`choose_scaled_mm_variant`);
+                             `expand` gives all four (TMA only where K % 16 == 0)
 Candidate spaces are the GPU grids below; interpreter runs (no GPU) get a few large-block configs,
 since the interpreter's cost is per program instance.
 """
@@ -260,16 +261,18 @@ def _dequant_space(on_gpu: bool) -> ConfigSpace:
 
 class W8A8Gemm:
     """w8a8_gemm / fp8_gemm from unquantized activations: out = (q(x) @ q_w) * s_x[m] * s_w[n] (int8 -> int32, or
-    e4m3 -> fp32), by one of three variants (`triton_gemm.SCALED_MM_VARIANTS`): ours in two launches (the
+    e4m3 -> fp32), by one of four variants (`triton_gemm.SCALED_MM_VARIANTS`): ours in two launches (the
     per-token quantizer, then the "<name>" table's GEMM), ours with the quantizer fused ("<name>_fusedq",
-    `triton_fusedq`), or torch's ("<name>_torch": one config, TORCH = 1, naming the variant: torch's matmul takes
-    no parameters of ours); the variant table "<name>_variant" says which runs. Every variant is timed from x,
+    `triton_fusedq`), the quantizer then ours persistent and TMA-fed ("<name>_tma", `triton_tma`), or torch's
+    ("<name>_torch": one config, TORCH = 1, naming the variant: torch's matmul takes no parameters of ours); the
+    variant table "<name>_variant" says which runs. Every variant is timed from x,
     quantizer included, so their times compare as a serving call sees them."""
 
     default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
 
     source_modules = ("codesign.kernels.gemm.triton_gemm", "codesign.kernels.gemm.torch_mm",
-                      "codesign.kernels.gemm.triton_fusedq", "codesign.kernels.gemm.triton_parts")  # fmt: skip
+                      "codesign.kernels.gemm.triton_fusedq", "codesign.kernels.gemm.triton_parts",
+                      "codesign.kernels.gemm.triton_tma")  # fmt: skip
 
     def __init__(self, fp8: bool = False) -> None:
         from codesign.kernels.gemm import triton_gemm  # unavailable kernel -> ImportError
@@ -289,20 +292,28 @@ class W8A8Gemm:
         if any(shape.get(d, 0) not in (0, 1) for d in _MM_PINS) or sum(shape.get(d, 0) for d in _MM_PINS) > 1:
             raise CodesignError(
                 f"shape for {self.name}: TORCH must be 1 (torch's matmul) or 0 (ours), FUSEDQ 1 (the quantizer "
-                f"fused) or 0, one pin at most; got {shape}"
+                f"fused) or 0, TMA 1 (persistent, TMA-fed) or 0, one pin at most; got {shape}"
+            )
+        if shape.get("TMA") and shape["K"] % 16:
+            raise CodesignError(
+                f"shape for {self.name}: TMA needs K a multiple of 16 (16-byte rows), got {shape}"
             )
 
     def expand(self, shape: Shape) -> list[Shape]:
-        """`shape` once per variant (ours in two launches, torch's, ours fused), so all are timed at the same M."""
+        """`shape` once per variant (ours in two launches, torch's, ours fused, ours TMA-fed where K % 16 == 0),
+        so all are timed at the same M."""
         if any(d in shape for d in _MM_PINS):
             return [shape]
-        return [{**shape, "TORCH": 0}, {**shape, "TORCH": 1}, {**shape, "TORCH": 0, "FUSEDQ": 1}]
+        tma = [{**shape, "TORCH": 0, "TMA": 1}] if shape["K"] % 16 == 0 else []
+        return [{**shape, "TORCH": 0}, {**shape, "TORCH": 1}, {**shape, "TORCH": 0, "FUSEDQ": 1}, *tma]
 
     def _variant(self, shape: Shape) -> str:
         if shape.get("TORCH"):
             return "torch"
         if shape.get("FUSEDQ"):
             return "fusedq"
+        if shape.get("TMA"):
+            return "tma"
         if any(d in shape for d in _MM_PINS):
             return "triton"
         return self.kernel.choose_scaled_mm_variant(
@@ -330,6 +341,14 @@ class W8A8Gemm:
                 else {"BLOCK_M": [16, 32], "BLOCK_N": [64, 128], "BLOCK_K": [128], "num_warps": [4], "num_stages": [1]}
             )  # fmt: skip
             res = _fusedq_resources(torch.finfo(dtype).bits // 8, self.fp8)
+        elif variant == "tma":  # wgmma needs 64-row tiles and whole warpgroups (below: mma.sync)
+            params = (
+                {"BLOCK_M": [64, 128, 256], "BLOCK_N": [64, 128, 256], "BLOCK_K": [64, 128], "num_warps": [4, 8],
+                 "num_stages": [2, 3, 4, 5]}
+                if on_gpu
+                else {"BLOCK_M": [64], "BLOCK_N": [64, 128], "BLOCK_K": [64, 128], "num_warps": [4], "num_stages": [1]}
+            )  # fmt: skip
+            res = _tma_resources(self.fp8, torch.finfo(dtype).bits // 8)
         else:
             params = (
                 {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [64, 128, 256],
@@ -386,7 +405,26 @@ class W8A8Gemm:
         return TOL[dtype]
 
 
-_MM_PINS = ("TORCH", "FUSEDQ")  # shape dims that pin a W8A8 / FP8 variant
+_MM_PINS = ("TORCH", "FUSEDQ", "TMA")  # shape dims that pin a W8A8 / FP8 variant
+
+
+def _tma_resources(fp8: bool, out_bytes: int) -> Callable[[dict[str, int]], Resources]:
+    """The persistent TMA kernel (`triton_tma`): shared memory holds num_stages (A, W) tile pairs of 1-byte codes
+    and the epilogue's tile of at most 128 x 128 outputs (ptxas for sm_90: 32,800 B at 128 x 128 and 128 x 256 on
+    8 warps with bf16 outputs, 65,568 with fp32, 8,224 on 4 warps), plus barriers; registers 40 (int8) or 70
+    (e4m3) plus 1.5 per accumulator element of a thread:
+        smem = stages x (BM + BN) x BK + min(BM x BN, 16384) x out_bytes + 64,
+        regs = 40 / 70 + 1.5 x BM x BN / (32 x num_warps).
+    Shared memory at or over ptxas on the configs sampled. Registers move with the output dtype, bias and N's
+    alignment (int8 128 x 128 x 128 on 8 warps: 127-198, e4m3 153-170, no spills): the estimate is a floor there,
+    and over ptxas where e4m3 spilled (128 x 256 on 8 warps, 128 x 128 on 4)."""
+
+    def estimate(c: dict[str, int]) -> Resources:
+        bm, bn, bk, st = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], max(1, c.get("num_stages", 1))
+        regs = (70 if fp8 else 40) + 3 * bm * bn // (2 * 32 * c.get("num_warps", 4))
+        return Resources(st * (bm + bn) * bk + min(bm * bn, 16384) * out_bytes + 64, regs)
+
+    return estimate
 
 
 def _fusedq_resources(a_bytes: int, fp8: bool) -> Callable[[dict[str, int]], Resources]:

@@ -35,7 +35,7 @@ def why_not(m: int, n: int, k: int, fp8: bool, out_dtype: torch.dtype, device: t
     return ""
 
 
-def _int8_weight_nk(w: torch.Tensor) -> torch.Tensor:
+def int8_weight_nk(w: torch.Tensor) -> torch.Tensor:
     """int8 [N, K] from the native int32 [K/4, N] words of offset-binary codes (byte j of a word is k = 4i + j)."""
     k4, n = w.shape
     codes = w.view(torch.uint8).view(k4, n, 4).permute(1, 0, 2).reshape(n, 4 * k4)
@@ -56,7 +56,7 @@ def torch_scaled_mm(aq, a_s, w, w_s, bias, out: torch.Tensor, fp8: bool) -> None
         sa = a_s[:, None].contiguous()
         out.copy_(torch._scaled_mm(aq, b, scale_a=sa, scale_b=sb, bias=bias, out_dtype=out.dtype))
         return
-    acc = torch._int_mm(aq, _int8_weight_nk(w).t())
+    acc = torch._int_mm(aq, int8_weight_nk(w).t())
     y = acc.to(torch.float32) * a_s[:, None] * w_s.to(torch.float32)
     if bias is not None:
         y = y + bias.to(torch.float32)

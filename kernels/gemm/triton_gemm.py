@@ -1,7 +1,8 @@
 """Triton kernels for quantized GEMM: W4A16/W8A16 (split-K GEMV-style + tiled), W8A8 int8, FP8 W8A8, and the
 one place each op's variant is chosen (ours: `triton_gemv` at the smallest M, split-K, tiled; for W8A8 / FP8
-the activation quantizer fused into the GEMM at decode M, `triton_fusedq`, or two launches; or torch's own
-path where it is faster: `triton_dequant`, `torch_mm`).
+the activation quantizer fused into the GEMM at decode M, `triton_fusedq`, two launches, or on Hopper at large
+M the persistent TMA-fed GEMM, `triton_tma`; or torch's own path where it is faster: `triton_dequant`,
+`torch_mm`).
 
 Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), W in the native layout of `codesign.kernels.gemm.formats`
 (codes packed 32/bits per int32 along K, K-major; per-group scales and optional zeros along K).
@@ -25,7 +26,7 @@ import triton.language as tl
 
 from codesign.autotune.lookup import forced_config_of, lookup_config, shape_key
 from codesign.backend import DeviceView, device_view
-from codesign.kernels.gemm import torch_mm
+from codesign.kernels.gemm import torch_mm, triton_tma
 from codesign.kernels.gemm.triton_dequant import dequant_matmul
 from codesign.kernels.gemm.triton_fusedq import fusedq_mm
 from codesign.kernels.gemm.triton_gemv import wq_gemv
@@ -53,7 +54,7 @@ WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
 # M <= 8, 0.105 at 16, against 0.069 for the two-launch GEMM). Untimed prediction; the reasoning and numbers are
 # in docs/kernels.md; a tuned variant table overrides it.
 FUSEDQ_MAX_M = 8
-SCALED_MM_VARIANTS = ("triton", "torch", "fusedq")
+SCALED_MM_VARIANTS = ("triton", "torch", "fusedq", "tma")
 
 # Defaults are untuned starting points (the autotune issue fills per-GPU tables). Interpreter
 # defaults use the largest blocks: the interpreter's cost is per program instance, not per flop.
@@ -86,6 +87,10 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # gives N / 64 programs (128 at N = 8192, about one per SM of an H100 / H200) to stream the weight. 8 warps:
     # the same SASS per weight byte as 4 (sm_90, int8: 207 a K step at M <= 2 against 414), two warps a scheduler.
     "fusedq": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    # The persistent TMA kernel (sm_90, ptxas): 128 x 128 x 128 on 8 warps (two warpgroups, wgmma), 4 stages,
+    # 163,872 B of shared memory, 127 registers for int8 and 159 for e4m3, no spills; e4m3 at 128 x 256 spilled
+    # 168 B at 255 registers, and 32-row tiles or 2 warps fall back to mma.sync (wgmma takes 64 rows a warpgroup).
+    "tma": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
 }
 _INTERP_DEFAULTS: dict[str, dict[str, int]] = {
     # SPLIT_K 2 so the atomic reduction path is exercised by every small-M interpreter test.
@@ -103,6 +108,7 @@ _INTERP_DEFAULTS: dict[str, dict[str, int]] = {
     "dequant": {"BLOCK_K": 128, "BLOCK_N": 128, "num_warps": 4},
     "gemv": {"BLOCK_K": 128, "BLOCK_N": 128, "num_warps": 4},
     "fusedq": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4, "num_stages": 1},
+    "tma": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4, "num_stages": 1},
 }
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -137,9 +143,12 @@ def scaled_mm_variant_op(fp8: bool) -> str:
 
 
 def scaled_mm_variant_entry(variant: str) -> dict[str, int]:
-    """A W8A8 / FP8 variant (SCALED_MM_VARIANTS) as its variant-table entry: {"TORCH": 0/1, "FUSEDQ": 0/1}
-    (both 0: our two-launch path, quantize_per_token then `scaled_mm`)."""
-    return {"TORCH": int(variant == "torch"), "FUSEDQ": int(variant == "fusedq")}
+    """A W8A8 / FP8 variant (SCALED_MM_VARIANTS) as its variant-table entry: {"TORCH": 0/1, "FUSEDQ": 0/1,
+    "TMA": 0/1} (all 0: our two-launch path, quantize_per_token then `scaled_mm`)."""
+    return {name: int(variant == v) for name, v in _MM_FLAGS}
+
+
+_MM_FLAGS = (("TORCH", "torch"), ("FUSEDQ", "fusedq"), ("TMA", "tma"))  # variant-table flag -> variant
 
 
 def wq_table_key(n: int, k: int, group: int) -> str:
@@ -149,7 +158,8 @@ def wq_table_key(n: int, k: int, group: int) -> str:
 
 def scaled_mm_table_op(fp8: bool, variant: str = "triton") -> str:
     """The W8A8 / FP8 GEMM's table of one variant: "w8a8_gemm" or "fp8_gemm" for ours (two launches), with
-    "_fusedq" for the fused quantizer, "_torch" for torch's (one config, naming the variant)."""
+    "_fusedq" for the fused quantizer, "_tma" for the persistent TMA kernel, "_torch" for torch's (one config,
+    naming the variant)."""
     op = "fp8_gemm" if fp8 else "w8a8_gemm"
     return op if variant == "triton" else f"{op}_{variant}"
 
@@ -186,18 +196,27 @@ def choose_scaled_mm_variant(
     m: int, n: int, k: int, fp8: bool, out_dtype: torch.dtype, device: torch.device
 ) -> str:
     """The W8A8 / FP8 variant: "fusedq" (ours, the quantizer fused: `triton_fusedq`), "triton" (ours, two
-    launches) or "torch" (`torch_mm`), from the table `scaled_mm_variant_op` (`scaled_mm_variant_entry`; a
-    missing flag is 0), else the default rule: fused up to FUSEDQ_MAX_M, torch's from TORCH_PATH_MIN_M, two
-    launches between. Never "torch" where torch cannot take the call (`torch_mm.why_not`; the rule without
-    torch then), unless forced, which then raises that reason (`torch_mm.torch_scaled_mm`)."""
+    launches), "tma" (ours, persistent and TMA-fed: `triton_tma`) or "torch" (`torch_mm`), from the table
+    `scaled_mm_variant_op` (`scaled_mm_variant_entry`; a missing flag is 0), else the default rule: fused up to
+    FUSEDQ_MAX_M; on sm_90 "tma" from `triton_tma.TMA_MIN_M` (e4m3: unless torch's takes the call at
+    TORCH_PATH_MIN_M or more); torch's from TORCH_PATH_MIN_M; two launches between. Never "torch" or "tma"
+    where it cannot take the call (`torch_mm.why_not`, `triton_tma.why_not`; the rule's own kernel then),
+    unless forced, which then raises that reason."""
     op = scaled_mm_variant_op(fp8)
-    rule = "fusedq" if m <= FUSEDQ_MAX_M else "torch" if m >= TORCH_PATH_MIN_M else "triton"
-    cfg = lookup_config(op, device_view(device).gpu_name, m, scaled_mm_table_key(n, k), {})
-    flags = {name: cfg.get(name, 0) for name in ("TORCH", "FUSEDQ")} if cfg else scaled_mm_variant_entry(rule)
-    if flags["TORCH"]:
-        if forced_config_of(op) is not None or not torch_mm.why_not(m, n, k, fp8, out_dtype, device):
-            return "torch"
-        return "fusedq" if m <= FUSEDQ_MAX_M else "triton"
+    view = device_view(device)
+    torch_ok = not torch_mm.why_not(m, n, k, fp8, out_dtype, device)
+    tma_ok = not triton_tma.why_not(m, n, k, view)
+    ours = "fusedq" if m <= FUSEDQ_MAX_M else "triton"
+    if tma_ok and triton_tma.wanted_by_default(m, view):
+        ours = "tma"
+    # TMA is predicted above torch's int8 path, not above cuBLASLt's e4m3 one (docs/kernels.md).
+    rule = "torch" if m >= TORCH_PATH_MIN_M and torch_ok and (fp8 or ours != "tma") else ours
+    cfg = lookup_config(op, view.gpu_name, m, scaled_mm_table_key(n, k), {})
+    flags = {name: cfg.get(name, 0) for name, _ in _MM_FLAGS} if cfg else scaled_mm_variant_entry(rule)
+    forced = forced_config_of(op) is not None
+    for name, variant, ok in (("TORCH", "torch", torch_ok), ("TMA", "tma", tma_ok)):
+        if flags[name]:
+            return variant if forced or ok else ours
     return "fusedq" if flags["FUSEDQ"] else "triton"
 
 
@@ -527,7 +546,7 @@ def scaled_mm(
     """out[M, N] = (a @ w_codes) * a_scale[:, None] * w_scale[None, :] (+ bias).
 
     a: int8 [M, K] with w the native int32-packed int8 codes [K/4, N], or a: float8_e4m3fn [M, K]
-    with w float8_e4m3fn [K, N]. w_scale [1, N] per channel or [1, 1] per tensor. `variant` ("triton" or
+    with w float8_e4m3fn [K, N]. w_scale [1, N] per channel or [1, 1] per tensor. `variant` ("triton", "tma" or
     "torch") as `w8a8_mm` chose it, else chosen here; codes already quantized leave nothing to fuse, so a
     chosen "fusedq" runs ours ("triton"), and a forced one raises.
     """
@@ -545,6 +564,15 @@ def scaled_mm(
     if variant == "torch":
         torch_mm.torch_scaled_mm(a, a_scale, w, w_scale, bias, out, fp8)
         return out
+    if variant == "tma":
+        view = device_view(a.device)
+        # Codes given here may sit unaligned for TMA: then ours takes them, unless forced (which raises why).
+        if forced_config_of(scaled_mm_variant_op(fp8)) is not None or not triton_tma.why_not(
+            m, n, k, view, a
+        ):
+            cfg = launch_config(scaled_mm_table_op(fp8, "tma"), "tma", a.device, m, scaled_mm_table_key(n, k))
+            triton_tma.tma_scaled_mm(a, a_scale, w, w_scale, bias, out, cfg, view)
+            return out
     cfg = launch_config(scaled_mm_table_op(fp8), "scaled_mm", a.device, m, scaled_mm_table_key(n, k))
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     _scaled_mm_kernel[grid](

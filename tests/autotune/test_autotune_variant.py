@@ -90,14 +90,18 @@ def test_expand_gives_both_variants_and_bad_variants_are_refused():
     w8a8 = get_op("w8a8_gemm")
     t = {"M": 1, "N": 64, "K": 128}
     fused = {**t, "TORCH": 0, "FUSEDQ": 1}
-    assert expand_variants(w8a8, [t]) == [{**t, "TORCH": 0}, {**t, "TORCH": 1}, fused]
-    assert [w8a8.table_op(v) for v in w8a8.expand(t)] == ["w8a8_gemm", "w8a8_gemm_torch", "w8a8_gemm_fusedq"]
+    tma = {**t, "TORCH": 0, "TMA": 1}
+    assert expand_variants(w8a8, [t]) == [{**t, "TORCH": 0}, {**t, "TORCH": 1}, fused, tma]
+    assert [w8a8.table_op(v) for v in w8a8.expand(t)] == [
+        "w8a8_gemm", "w8a8_gemm_torch", "w8a8_gemm_fusedq", "w8a8_gemm_tma"
+    ]  # fmt: skip
+    assert len(w8a8.expand({**t, "K": 100})) == 3  # K % 16: no TMA variant
     assert w8a8.expand(fused) == [fused] and w8a8.expand({**t, "FUSEDQ": 0}) == [{**t, "FUSEDQ": 0}]
     assert w8a8.table_op(t) == "w8a8_gemm_fusedq" and w8a8.table_op({**t, "M": 17}) == "w8a8_gemm"  # the rule
     assert [get_op("fp8_gemm").table_op(v) for v in w8a8.expand(t)][2] == "fp8_gemm_fusedq"
     assert w8a8.variant_configs == {
-        "w8a8_gemm": {"TORCH": 0, "FUSEDQ": 0}, "w8a8_gemm_torch": {"TORCH": 1, "FUSEDQ": 0},
-        "w8a8_gemm_fusedq": {"TORCH": 0, "FUSEDQ": 1},
+        "w8a8_gemm": {"TORCH": 0, "FUSEDQ": 0, "TMA": 0}, "w8a8_gemm_torch": {"TORCH": 1, "FUSEDQ": 0, "TMA": 0},
+        "w8a8_gemm_fusedq": {"TORCH": 0, "FUSEDQ": 1, "TMA": 0}, "w8a8_gemm_tma": {"TORCH": 0, "FUSEDQ": 0, "TMA": 1},
     }  # fmt: skip
     with pytest.raises(CodesignError, match="SPLITK must be 1"):
         op.check_shape({**s, "SPLITK": 2})
@@ -111,6 +115,10 @@ def test_expand_gives_both_variants_and_bad_variants_are_refused():
         w8a8.check_shape({**t, "TORCH": 1, "FUSEDQ": 1})
     with pytest.raises(CodesignError, match="FUSEDQ 1"):
         w8a8.check_shape({**t, "FUSEDQ": 2})
+    with pytest.raises(CodesignError, match="one pin at most"):
+        w8a8.check_shape({**t, "FUSEDQ": 1, "TMA": 1})
+    with pytest.raises(CodesignError, match="TMA needs K a multiple of 16"):
+        w8a8.check_shape({**t, "K": 100, "TMA": 1})
     with pytest.raises(CodesignError, match="shape for w8a16_gemm"):
         op.check_shape({**s, "SPLIT": 1})
 

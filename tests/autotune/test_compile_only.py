@@ -53,6 +53,7 @@ def test_parse_ptxas_log():
 def test_ptx_census_counts_each_instruction_kind():
     ptx = """
     wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1}, %rd1, %rd2, 1, 1, 1, 0, 1;
+    wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {%r1}, %rd1, %rd2, 1;
     mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r1}, {%r2}, {%f2};
     cp.async.cg.shared.global [ %r3 + 0 ], [ %rd4 + 0 ], 0x10, %r5;
     cp.async.ca.shared.global [ %r3 + 0 ], [ %rd4 + 0 ], 0x4, %r5;
@@ -65,7 +66,8 @@ def test_ptx_census_counts_each_instruction_kind():
     cvt.rn.f32.s32 %f3, %r8;
     cvt.f32.bf16 %f4, %rs2;
     """
-    want = {"wgmma": 1, "mma_sync": 1, "cp_async": 2, "tma": 1, "ld_global_v4": 2, "ld_global": 3, "cvt_i2f": 2}
+    want = {"wgmma": 2, "wgmma_8bit": 1, "mma_sync": 1, "cp_async": 2, "tma": 1, "ld_global_v4": 2, "ld_global": 3,
+            "cvt_i2f": 2}  # fmt: skip
     assert ptx_census(ptx) == want
 
 
