@@ -76,7 +76,7 @@ def register(name: str, factory: Callable[[], TunableOp]) -> None:
 
 # Modules whose import registers the shipped adapters.
 BUILTIN_ADAPTERS = tuple(
-    f"codesign.autotune.adapters.{m}" for m in ("gemm", "attention", "act", "df11", "kvcache")
+    f"codesign.autotune.adapters.{m}" for m in ("gemm", "attention", "act", "df11", "df11_rows", "kvcache")
 )
 
 

@@ -89,8 +89,14 @@ def shapes_from_model(
         return [{"M": b, "K": k} for k in sorted({k for _, k in nk}) for b in batches]
     if op == "kv_write" or op.startswith("kv_write_"):  # a layer's new K/V: M tokens of [kv_heads, head_dim]
         return [{"M": b, "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim} for b in batches]
-    if op in ("df11_decode", "df11_gemv"):  # one container per weight matrix (default chunk geometry)
+    if op in ("df11_decode", "df11_gemv", "df11_rows_decode"):  # one container per weight (default geometry)
         return [{"N": n, "K": k} for n, k in nk]
+    if op == "df11_rows_gemv":  # M = the batches capped at the GEMV's limit (larger M takes the buffer path)
+        from codesign.kernels.df11.triton_rows import GEMV_MAX_M
+
+        return [
+            {"M": m, "N": n, "K": k} for n, k in nk for m in sorted({min(b, GEMV_MAX_M) for b in batches})
+        ]
     extra = {"G": group} if op in ("w4a16_gemm", "w8a16_gemm") else {}
     return [{"M": b, "N": n, "K": k, **extra} for n, k in nk for b in batches]
 

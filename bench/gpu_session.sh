@@ -4,6 +4,7 @@
 # with the tables it produced. Everything lands in $OUT (at most 8 files: the device tool's limit).
 #
 #   OUT=/tmp/out SUITE_SKIP="gpu_df11" bash bench/gpu_session.sh      (PEERS_DIR: default bench/peers_files)
+#   OUT=/tmp/out TUNE_OPS="df11_rows_decode df11_rows_gemv" bash bench/gpu_session.sh   (step 3b: tune more ops)
 #
 # SUITE_SKIP: more suite sections or bench modules to skip (the suite's tuning pass is always skipped: step 3
 # tunes instead). One --skip only: argparse keeps the last one given.
@@ -42,6 +43,17 @@ for fmt in ${KV_FORMATS:-int8 int4 kivi oaken mixed}; do
   timeout -s TERM "${TUNE_SECONDS:-60}" $PY -m codesign.cli tune --op "paged_attention_$fmt" --shape "$shape" \
     --dtype bfloat16 --strategy random --max-seconds "${TUNE_BUDGET:-25}" --cache "$work/cache.jsonl" \
     --export --out-dir "$work/tables" --json "$work/tune_$fmt.json" 2>&1 | grep -v UserWarning | tail -3 \
+    | tee -a "$OUT/log.txt"
+done
+
+# 3b. Opt-in: more ops, each at its bench/gpu_suite.py TUNE_SHAPES shape, into the same cache and tables (e.g. the
+# DF11 rows layout's kernels, untuned so far: TUNE_OPS="df11_rows_decode df11_rows_gemv"; ~TUNE_SECONDS each).
+for op in ${TUNE_OPS:-}; do
+  op_shape=$($PY -c "import sys; sys.path.insert(0, 'bench'); import gpu_suite; print(gpu_suite.TUNE_SHAPES['$op'])") \
+    || { echo "gpu_session: no TUNE_SHAPES entry for $op" | tee -a "$OUT/log.txt"; continue; }
+  timeout -s TERM "${TUNE_SECONDS:-60}" $PY -m codesign.cli tune --op "$op" --shape "$op_shape" \
+    --dtype bfloat16 --strategy random --max-seconds "${TUNE_BUDGET:-25}" --cache "$work/cache.jsonl" \
+    --export --out-dir "$work/tables" --json "$work/tune_$op.json" 2>&1 | grep -v UserWarning | tail -3 \
     | tee -a "$OUT/log.txt"
 done
 

@@ -8,9 +8,9 @@ On one H100/H200-class GPU it runs, in this order, in under 8 minutes:
   1. ceilings: device-to-device copy bandwidth and a bf16 matmul rate, on random data (the two
      numbers every "% of roofline" below is read against);
   2. correctness: each tunable kernel (`codesign.autotune` adapters: W4A16, W8A16, W8A8, FP8 GEMM, the
-     activation quantizer, the DF11 decoder, GEMV and fused GEMM, the (quantizing) KV-cache writers, paged
-     decode attention over plain and int8/int4/int2/fp8/mixed/KIVI/Oaken caches) with its default launch
-     config, at odd shapes, in float16,
+     activation quantizer, the DF11 decoder, GEMV and fused GEMM, the DF11 rows layout's decoder and GEMV,
+     the (quantizing) KV-cache writers, paged decode attention over plain and
+     int8/int4/int2/fp8/mixed/KIVI/Oaken caches) with its default launch config, at odd shapes, in float16,
      bfloat16 and float32, into NaN-poisoned outputs, against an fp64 reference;
   3. the kernels' own benchmarks: every `bench/gpu_*.py` module with `run(report)` (quantized
      GEMM and attention vs torch / FlashInfer / vLLM where importable, ...), each in try/except so
@@ -74,6 +74,10 @@ CORRECTNESS_SHAPES = {
        for f in ATTENTION_TABLE_FORMATS},
     "df11_decode": ["N=1000,K=4096"],
     "df11_gemv": ["N=1000,K=4096"],
+    # rows layout, its own lanes (auto_lanes): 32 at 4096 x 4096; 64 at 300 x 3001, so the default LANES = 32
+    # splits each row in two (the GEMV's atomics), and K = 3001 ends in a masked step
+    "df11_rows_decode": ["N=4096,K=4096", "N=300,K=3001"],
+    "df11_rows_gemv": ["M=1,N=4096,K=4096", "M=4,N=300,K=3001"],
     **{op: ["M=37,kv_heads=8,head_dim=128"]  # one shape: 5 writers x 3 dtypes are 15 compiles already
        for op in KV_WRITE_OPS},
 }  # fmt: skip
@@ -94,6 +98,8 @@ TUNE_SHAPES = {
     },
     "df11_decode": "N=4096,K=4096",
     "df11_gemv": "N=4096,K=4096",
+    "df11_rows_decode": "N=4096,K=4096",
+    "df11_rows_gemv": "M=1,N=4096,K=4096",
     **{
         op: "M=64,kv_heads=8,head_dim=128"
         for op in KV_WRITE_OPS

@@ -7,7 +7,8 @@ Drives the public ops of `bench/gpu_suite.py` (its correctness section: every tu
 CORRECTNESS_SHAPES in fp16, bf16 and fp32, weight-only GEMMs in both variants) and of its kernel benches
 (`gpu_attention`: decode over both layouts, every batch and context in bf16 and fp16, extend and tree;
 `gpu_quant_gemm`: W4A16 g128, W8A16, W8A8 and FP8 at every M of the quick shapes; `gpu_kvquant`: decode
-and writes over every quantized cache format, KIVI, Oaken, mixed; `gpu_df11`: decode, GEMV, the fused GEMM)
+and writes over every quantized cache format, KIVI, Oaken, mixed; `gpu_df11`: decode, GEMV, the fused GEMM,
+the rows layout's decode and GEMV)
 with CPU tensors under `codesign.autotune.compile_only`: every launch compiles for the target, nothing runs.
 
 Shapes are the suite's real ones where they reach the compiled code (dtypes, constexprs such as the split
@@ -283,7 +284,8 @@ def _kvquant_cases(mods: dict) -> Iterator[Case]:
 
 
 def _df11_cases(mods: dict) -> Iterator[Case]:
-    """gpu_df11 (quick): decode + GEMV at the first shape and two chunkings, the fused GEMM at small M."""
+    """gpu_df11 (quick): decode + GEMV at the first shape and two chunkings, the fused GEMM at small M, the
+    rows layout (`_df11_rows_cases`)."""
     import torch
 
     from codesign.kernels.df11 import codec
@@ -309,6 +311,31 @@ def _df11_cases(mods: dict) -> Iterator[Case]:
             df11_gemm(packed, torch.zeros(m, k, dtype=torch.bfloat16), check=False)
 
         yield ("df11", f"fused gemm M={m} N={n} K={k}", gemm)
+    yield from _df11_rows_cases(b, w)
+
+
+def _df11_rows_cases(b: Any, w: Any) -> Iterator[Case]:
+    """gpu_df11's rows layout: decode and the fused GEMV at every M it benches (ROWS_M), its own lanes (32 at
+    the first shape), and at 64 lanes, where the default LANES = 32 splits each row (the GEMV's atomics)."""
+    import torch
+
+    from codesign.kernels.df11 import rows
+    from codesign.kernels.df11.packed_rows import PackedDF11Rows, df11_rows_gemv
+
+    n, k = w.shape
+    for lanes in (rows.auto_lanes(n, k), 64):
+
+        def decode_gemv(lanes=lanes):
+            packed = PackedDF11Rows(rows.compress_rows(w, lanes=lanes), "cpu")
+            packed.decode_into(torch.empty(n * k, dtype=torch.int16), check=False)
+            for m in b.ROWS_M:
+                df11_rows_gemv(packed, torch.zeros(m, k, dtype=torch.bfloat16), check=False)
+
+        yield (
+            "df11",
+            f"rows decode+gemv M={','.join(map(str, b.ROWS_M))} N={n} K={k} lanes={lanes}",
+            decode_gemv,
+        )
 
 
 # ----------------------------------------------------------------------------- run

@@ -116,6 +116,11 @@ class DF11Gemm:
         return TOLERANCE
 
 
+def synthetic_weight(n: int, k: int) -> torch.Tensor:
+    """The DF11 adapters' weight [n, k]: bf16 with std 0.02 (as trained linear layers), fixed per (n, k)."""
+    return (torch.randn(n, k, generator=seeded(n * 7919 + k), dtype=torch.float64) * 0.02).to(torch.bfloat16)
+
+
 @functools.lru_cache(maxsize=2)
 def _packed_weight(n: int, k: int, seg: int | None, chunk_bytes: int | None = None,
                    chunks_per_group: int | None = None) -> tuple[torch.Tensor, Any]:  # fmt: skip
@@ -124,7 +129,7 @@ def _packed_weight(n: int, k: int, seg: int | None, chunk_bytes: int | None = No
     from codesign.kernels.df11 import codec
     from codesign.kernels.df11.linear import PackedDF11
 
-    w = (torch.randn(n, k, generator=seeded(n * 7919 + k), dtype=torch.float64) * 0.02).to(torch.bfloat16)
+    w = synthetic_weight(n, k)
     geometry = {"chunk_bytes": chunk_bytes, "chunks_per_group": chunks_per_group}
     df = codec.compress(w, **{name: v for name, v in geometry.items() if v is not None})
     return w, PackedDF11(df, "cpu", segment=seg)

@@ -45,7 +45,8 @@ DECODE_OP = "df11_rows_decode"
 GEMV_OP = "df11_rows_gemv"
 GEMV_MAX_M = 4  # x rows the GEMV keeps accumulators for (one fp32 register per row per lane)
 # 4 warps of one row each: the loop is latency-bound on the dependent LUT load, and small programs keep
-# many rows in flight. Untuned (no GPU numbers yet; `codesign tune` would write tables for these ops).
+# many rows in flight. Untuned (no GPU numbers yet; `codesign tune --op df11_rows_decode` / `df11_rows_gemv`
+# writes the tables).
 DEFAULT_NUM_WARPS = 4
 WARP = 32
 # Main-loop steps per iteration (even: with codes <= 16 bits, two LUT levels, the 33+ bits a lane holds

@@ -30,6 +30,9 @@ TINY = {
     # 4-byte chunks keep the interpreter's per-code loop short; 64 lanes allow 1 or 2 warps.
     "df11_decode": {"N": 9, "K": 13, "chunk_bytes": 4, "chunks_per_group": 64},
     "df11_gemv": {"N": 9, "K": 13, "chunk_bytes": 4, "chunks_per_group": 64},
+    # 8 lanes: 10 full steps of K and a masked one (4 columns); a row whole or split in two per program.
+    "df11_rows_decode": {"N": 24, "K": 84, "lanes": 8},
+    "df11_rows_gemv": {"M": 2, "N": 24, "K": 84, "lanes": 8},
     "kv_write": KVW,
     "kv_write_int8": KVW,
     "kv_write_int4": KVW,
