@@ -10,13 +10,13 @@ Decode (issue 21's shape: batch 16, context 32k, 32 q / 8 kv heads, head_dim 128
 iteration: Triton's software pipeline does not unroll) is counted along its longest path (inner loops, Oaken's
 outlier chunks, times their trip count), and
 
-    issue_ms = waves * ceil(resident programs per SM * warps / 4) * (tiles * loop + the rest once) / clock
+    issue_ms = ceil(ceil(programs / 132) * warps / 4) * (tiles * loop + the rest once) / clock
     floor_ms = format's byte floor (`gpu_kvquant.floor_bytes`) / the bf16 cache's achieved bandwidth
     predicted_ms = max(floor_ms, issue_ms) + MERGE_MS            (split-KV merge: its own launch)
 
 with one warp instruction per scheduler per cycle, 4 schedulers per SM, the busiest SM's programs (grid over 132
-SMs, resident at once when registers, shared memory and warps allow), and the bandwidth calibrated so the bf16
-cache predicts its measured 0.517 ms (`BF16_MS`). Lower bounds: dependent latency with few warps per scheduler,
+SMs; resident count and waves are reported: they change latency, not issue), the bandwidth calibrated so the
+bf16 cache predicts its measured 0.517 ms (`BF16_MS`). Lower bounds: dependent latency with few warps per scheduler,
 integer ops at half rate, shared-memory (MIO) throughput and tensor-core rate are not modelled (docs/kernels.md).
 
 Tree (64 nodes over a 4k prefix, batch 16, `gpu_attention`'s extend case, blocks of 16): the same issue count
