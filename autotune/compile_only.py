@@ -119,6 +119,9 @@ class CompileSession:
     gpu_name: str
     sms: int
     launches: list[CompiledLaunch] = dataclasses.field(default_factory=list)
+    # Triton's compiled kernels, one per launch (None where the compile failed): their `asm` holds the PTX,
+    # the cubin and, on first access, the SASS (`bench/attention_predict.py` counts its main loop).
+    compiled: list[Any] = dataclasses.field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- what the PTX holds
@@ -330,8 +333,10 @@ def compile_only(
                     error=f"{type(e).__name__}: {e}"[-3000:],
                 )  # fmt: skip
             )
+            session.compiled.append(None)
             raise
         session.launches.append(_describe(kernel, self, arch, grid))
+        session.compiled.append(kernel)
         return kernel
 
     _ACTIVE.append(session)

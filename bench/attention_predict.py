@@ -1,0 +1,408 @@
+"""Predicted H200 times of paged decode over every KV-cache format, and of tree verification against the causal
+extend, from the sm_90 SASS of the kernels the default launch configs choose (compile-only: no GPU, nothing timed).
+
+    python bench/attention_predict.py                      # every format + tree/extend, a table on stdout
+    python bench/attention_predict.py --formats int8 fp8 --no-tree --out /tmp/p.json
+
+Decode (issue 21's shape: batch 16, context 32k, 32 q / 8 kv heads, head_dim 128, blocks of 32, bf16 queries;
+`gpu_kvquant`'s caches, through `lowering_report`'s cases): each launch compiles for sm_90 under
+`codesign.autotune.compile_only`; the attention kernel's main loop (its largest SASS loop, one KV tile per
+iteration: Triton's software pipeline does not unroll) is counted along its longest path (inner loops, Oaken's
+outlier chunks, times their trip count), and
+
+    issue_ms = ceil(ceil(programs / 132) * warps / 4) * (tiles * loop + the rest once) / clock
+    floor_ms = format's byte floor (`gpu_kvquant.floor_bytes`) / the bf16 cache's achieved bandwidth
+    predicted_ms = max(floor_ms, issue_ms) + MERGE_MS            (split-KV merge: its own launch)
+
+with one warp instruction per scheduler per cycle, 4 schedulers per SM, the busiest SM's programs (grid over 132
+SMs; resident count and waves are reported: they change latency, not issue), the bandwidth calibrated so the
+bf16 cache predicts its measured 0.517 ms (`BF16_MS`). Lower bounds: dependent latency with few warps per scheduler,
+integer ops at half rate, shared-memory (MIO) throughput and tensor-core rate are not modelled (docs/kernels.md).
+
+Tree (64 nodes over a 4k prefix, batch 16, `gpu_attention`'s extend case, blocks of 16): the same issue count
+for the tree launch (its prefix loop and its masked loop) and the causal extend launch; predicted tree = the
+measured extend (0.293 ms) x tree cycles / extend cycles (both issue- or tensor-bound, not memory-bound).
+
+Also per launch: registers, spills, the loop's load widths (LDG / LDGSTS by width), shared-memory traffic,
+conversion instructions (I2F, F2F, F2I; packed F2FP separately) and tensor-core instructions. JSON with --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+SMS, SCHEDULERS, CLOCK_HZ = 132, 4, 1.98e9  # H200 (SXM): SMs, warp schedulers per SM, boost clock
+REGS_PER_SM, MAX_WARPS_PER_SM, MAX_BLOCKS_PER_SM = 65536, 64, 32  # sm_90 occupancy limits
+SMEM_PER_SM, SMEM_PER_BLOCK_RESERVED = 228 * 1024, 1024
+BF16_MS = 0.517  # bf16 cache at the decode shape, H200 run 2 (bench/results/h200-2026-11-30-run2.json: 0.518, 0.517)
+EXTEND_MS, TREE_MS = 0.293, 0.973  # run 2: extend 16 x 64 over 4k, tree 64 nodes (the old one-phase kernel)
+# The split-KV merge: a second launch (~1-2 us apart in a CUDA graph) reading 0.8 MB of fp32 partials.
+MERGE_MS = 0.003
+ATTN_KERNEL = "_paged_attn_kernel"
+OAKEN_SC = 16  # outlier slots per chunk (triton_attention.OAKEN_SC): Oaken's inner loop runs CAP / 16 times
+_LABEL = re.compile(r"\s*(\w+):\s*$")
+_BRA = re.compile(r"\bBRA(?:\.\w+)* (\w+);")
+
+
+# ----------------------------------------------------------------------------- SASS
+def parse_sass(sass: str) -> tuple[list[str], dict[str, int]]:
+    """(instructions without control codes, label -> index of the instruction it precedes)."""
+    ins: list[str] = []
+    labels: dict[str, int] = {}
+    for line in sass.splitlines():
+        if m := _LABEL.fullmatch(line):
+            labels[m.group(1)] = len(ins)
+        elif ";" in line:
+            ins.append(line.split("\t")[-1].strip())
+    return ins, labels
+
+
+def loops(ins: list[str], labels: dict[str, int]) -> list[tuple[int, int]]:
+    """[start, end) of every loop (a branch back to a label), in address order; 1-instruction loops (the
+    `BRA` to itself after EXIT) left out."""
+    out = []
+    for i, t in enumerate(ins):
+        m = _BRA.search(t)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            out.append((labels[m.group(1)], i + 1))
+    return sorted(out)
+
+
+def opcode(t: str) -> str:
+    """The opcode with its modifiers (`LDG.E.128`), predicate stripped."""
+    return re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].rstrip(";")
+
+
+def _successors(ins: list[str], labels: dict[str, int], a: int, b: int, e: int) -> list[int]:
+    """Where control goes after the basic block ending before `e` inside the loop [a, b): `b` for the end of the
+    iteration (the back edge, or falling off the end); a branch out of the loop is not followed."""
+    m = _BRA.search(ins[e - 1])
+    if not m:
+        return [e]
+    t = labels.get(m.group(1))
+    out = [e] if ins[e - 1].startswith("@") else []
+    if t is None or t >= b or t < a:
+        return out  # leaves the loop
+    if t == a:
+        return [b]  # the back edge: the iteration ends
+    if t < e:
+        return [e]  # an inner loop's back edge: its trips are counted separately
+    return out + [t]
+
+
+def loop_path(
+    ins: list[str], labels: dict[str, int], a: int, b: int, inner_trips: int = 1
+) -> tuple[int, int]:
+    """(shortest, longest) instructions executed by one iteration of the loop [a, b): forward branches inside it
+    form a DAG over its basic blocks; an inner loop's body counts `inner_trips` times."""
+    inner = [(s, e) for s, e in loops(ins, labels) if a < s and e <= b and (s, e) != (a, b)]
+    starts = {a, *(v for v in labels.values() if a < v < b)}
+    starts |= {i + 1 for i in range(a, b - 1) if _BRA.search(ins[i])}
+    order = sorted(starts) + [b]
+    best: dict[int, tuple[float, float]] = {s: (math.inf, -math.inf) for s in order}
+    best[a] = (0, 0)
+    for s, e in zip(order, order[1:]):
+        lo, hi = best[s]
+        if lo == math.inf:
+            continue  # not reachable inside one iteration
+        n = (e - s) + sum((inner_trips - 1) * (ie - is_) for is_, ie in inner if is_ == s)
+        for t in _successors(ins, labels, a, b, e):
+            best[t] = (min(best[t][0], lo + n), max(best[t][1], hi + n))
+    lo, hi = best[b]
+    return int(lo), int(hi)
+
+
+def census(ins: list[str]) -> dict[str, Any]:
+    """What the instructions are: global loads by width (LDG, LDGSTS = cp.async), shared-memory traffic, conversion
+    instructions (I2F/F2F/F2I per element; packed F2FP two at a time), tensor-core ops, spills, barriers."""
+    ops = collections.Counter(opcode(t) for t in ins)
+
+    def n(pred) -> int:
+        return sum(c for o, c in ops.items() if pred(o))
+
+    return {
+        "instructions": len(ins),
+        "hmma": n(lambda o: o.startswith(("HMMA", "HGMMA", "IMMA", "QGMMA"))),
+        "ldg": {o: c for o, c in sorted(ops.items()) if o.startswith("LDG.") or o == "LDG"},
+        "ldgsts": {o: c for o, c in sorted(ops.items()) if o.startswith("LDGSTS")},
+        "lds": n(lambda o: o.startswith(("LDS", "LDSM"))),
+        "lds_u8_u16": n(lambda o: o in ("LDS.U8", "LDS.S8", "LDS.U16", "LDS.S16")),
+        "sts": n(lambda o: o.startswith(("STS", "STSM"))),
+        "cvt": {o: c for o, c in sorted(ops.items()) if o.startswith(("I2F", "F2F.", "F2I", "I2I"))},
+        "f2fp_packed": n(lambda o: o.startswith("F2FP")),
+        "spill_ldl_stl": n(lambda o: o.startswith(("LDL", "STL"))),
+        "bar": n(lambda o: o.startswith("BAR")),
+        "int_alu": n(
+            lambda o: o.split(".")[0] in ("LOP3", "SHF", "PRMT", "SEL", "IADD3", "LEA", "SGXT", "ISETP")
+        ),
+        "moves": n(lambda o: o.startswith(("IMAD.MOV", "MOV"))),
+        "top": ops.most_common(8),
+    }
+
+
+def loop_report(sass: str, inner_trips: int = 1, which: int = -1) -> dict[str, Any]:
+    """A KV-tile loop (an outermost loop with a matrix instruction; `which` -1: the largest, else its index in
+    address order: a tree launch's prefix loop, then its masked loop): its executed path per iteration, its census
+    and the instructions outside the outermost loops (run once per program)."""
+    ins, labels = parse_sass(sass)
+    all_loops = loops(ins, labels)
+    outer = [
+        lp for lp in all_loops if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in all_loops)
+    ]
+    tiles = [(a, b) for a, b in outer if any("MMA" in opcode(t) for t in ins[a:b])]  # not _find_seq's search
+    if not tiles:
+        raise ValueError("no loop with a matrix instruction in the SASS")
+    a, b = max(tiles, key=lambda lp: lp[1] - lp[0]) if which < 0 else tiles[which]
+    lo, hi = loop_path(ins, labels, a, b, inner_trips)
+    rest = len(ins) - sum(e - s for s, e in outer)
+    return {"static": b - a, "path_min": lo, "path_max": hi, "inner_loops": len(all_loops) - len(outer),
+            "outside_loops": rest, "tile_loops": [e - s for s, e in tiles], **census(ins[a:b])}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the model
+def resident_programs(warps: int, registers: int, shared: int) -> int:
+    """Programs of one launch an sm_90 SM holds at once: registers (allocated per warp in 256s), warps, shared
+    memory (plus 1 KB reserved per block), blocks."""
+    regs_per_warp = math.ceil(registers * 32 / 256) * 256
+    by_regs = REGS_PER_SM // (regs_per_warp * warps)
+    by_smem = SMEM_PER_SM // (shared + SMEM_PER_BLOCK_RESERVED)
+    return max(1, min(by_regs, MAX_WARPS_PER_SM // warps, by_smem, MAX_BLOCKS_PER_SM))
+
+
+def issue_cycles(
+    programs: int, warps: int, registers: int, shared: int, per_program: float
+) -> dict[str, Any]:
+    """Cycles of the busiest scheduler when `programs` programs of `warps` warps each issue `per_program` warp
+    instructions per warp: ceil(programs / SMS) on the busiest SM, their warps spread evenly over its SCHEDULERS
+    schedulers, one instruction per cycle each (waves of the resident count change latency, not issue)."""
+    per_sm = math.ceil(programs / SMS)
+    res = resident_programs(warps, registers, shared)
+    waves = math.ceil(per_sm / res)
+    warps_per_scheduler = math.ceil(per_sm * warps / SCHEDULERS)
+    return {"programs_per_sm": per_sm, "resident": res, "waves": waves, "warps_per_scheduler": warps_per_scheduler,
+            "cycles": warps_per_scheduler * per_program}  # fmt: skip
+
+
+def _attn(launches: list, compiled: list) -> tuple[Any, Any, int]:
+    """The attention launch of one case, its compiled kernel, and how many launches the case made."""
+    i = next(k for k, launch in enumerate(launches) if launch.kernel == ATTN_KERNEL)
+    return launches[i], compiled[i], len(launches)
+
+
+def _resources(launch: Any) -> dict[str, Any]:
+    cx = launch.constexprs
+    return {"grid": launch.grid, "num_warps": launch.num_warps, "num_stages": launch.num_stages,
+            "registers": launch.registers, "spill_stores": launch.spill_stores, "spill_loads": launch.spill_loads,
+            "shared_bytes": launch.shared_bytes, "BLOCK_N": cx.get("BLOCK_N"), "NUM_SPLITS": cx.get("NUM_SPLITS"),
+            "WORDS": cx.get("WORDS"), "cvt_i2f_ptx": launch.ptx_ops.get("cvt_i2f")}  # fmt: skip
+
+
+def decode_prediction(launch: Any, kernel: Any, floor_bytes: float, bandwidth: float, context: int) -> dict:
+    """One decode launch's prediction (module docstring): its loop, occupancy, issue and byte-floor times."""
+    cx = launch.constexprs
+    trips = math.ceil(cx.get("OAKEN_CAP", 0) / OAKEN_SC) or 1
+    loop = loop_report(kernel.asm["sass"], trips)
+    bn, splits = cx["BLOCK_N"], cx["NUM_SPLITS"]
+    tiles = math.ceil(math.ceil(context / splits) / bn)  # the kernel's split length, whole tiles
+    programs = math.prod(launch.grid)
+    occ = issue_cycles(programs, launch.num_warps, launch.registers, launch.shared_bytes,
+                       tiles * loop["path_max"] + loop["outside_loops"])  # fmt: skip
+    issue_ms = occ["cycles"] / CLOCK_HZ * 1e3
+    floor_ms = floor_bytes / bandwidth * 1e3
+    merge = MERGE_MS if splits > 1 else 0.0
+    per_byte = (
+        loop["path_max"] * launch.num_warps * programs * tiles / floor_bytes
+    )  # warp instructions per byte
+    return {**_resources(launch), "tiles_per_program": tiles, "loop": loop, **occ,
+            "sass_per_tile": loop["path_max"], "warp_instr_per_kv_byte": per_byte,
+            "issue_ms": issue_ms, "floor_ms": floor_ms, "merge_ms": merge,
+            "bound": "issue" if issue_ms > floor_ms else "memory",
+            "predicted_ms": max(issue_ms, floor_ms) + merge}  # fmt: skip
+
+
+def tree_prediction(ext: tuple[Any, Any], tree: tuple[Any, Any], batch: int, q_len: int, prefix: int) -> dict:
+    """Tree verification against the causal extend (module docstring): issue cycles of both launches, the tree's
+    predicted time as the measured extend's scaled by their ratio."""
+    rows = {}
+    for name, (launch, kernel) in (("extend", ext), ("tree", tree)):
+        cx = launch.constexprs
+        bq, bn = cx["BLOCK_Q"], cx["BLOCK_N"]
+        live = launch.grid[0] - batch  # one program per sequence past its q-blocks exits at once
+        if name == "extend":  # q-block i sees the prefix and its tokens up to its last one
+            loop = loop_report(kernel.asm["sass"])
+            tiles = [
+                math.ceil((prefix + min((i + 1) * bq, q_len)) / bn) for i in range(math.ceil(q_len / bq))
+            ]
+            per = sum(tiles) / len(tiles) * loop["path_max"] + loop["outside_loops"]
+            loops_ = {"loop": loop, "tiles_per_program": sum(tiles) / len(tiles)}
+        else:  # the unmasked prefix tiles, then the rest (the tree and a partial prefix tile) under the mask
+            pre, masked = loop_report(kernel.asm["sass"], which=0), loop_report(kernel.asm["sass"], which=1)
+            t0 = prefix // bn
+            t1 = math.ceil((prefix + q_len - t0 * bn) / bn)
+            per = t0 * pre["path_max"] + t1 * masked["path_max"] + pre["outside_loops"]
+            loops_ = {"prefix_loop": pre, "masked_loop": masked, "tiles_per_program": [t0, t1]}
+        occ = issue_cycles(live * launch.grid[1] * launch.grid[2], launch.num_warps, launch.registers,
+                           launch.shared_bytes, per)  # fmt: skip
+        rows[name] = {**_resources(launch), **loops_, **occ, "issue_ms": occ["cycles"] / CLOCK_HZ * 1e3}
+    ratio = rows["tree"]["cycles"] / rows["extend"]["cycles"]
+    # Latency-bound instead (the extend's issue count is 0.4x its measured time): waves x tiles, equal tile latency.
+    lat = (rows["tree"]["waves"] * sum(rows["tree"]["tiles_per_program"])) / (
+        rows["extend"]["waves"] * rows["extend"]["tiles_per_program"]
+    )
+    return {**rows, "tree_over_extend": ratio, "tree_over_extend_latency": lat, "extend_measured_ms": EXTEND_MS,
+            "tree_last_measured_ms": TREE_MS, "tree_predicted_ms": EXTEND_MS * ratio,
+            "tree_predicted_ms_latency": EXTEND_MS * lat}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the cases
+def _decode_cases(formats: list[str] | None) -> list[tuple[str, Any]]:
+    """(format, call): the bf16 cache and every quantized format at gpu_kvquant's shape, bf16 queries."""
+    sys.path.insert(0, str(BENCH_DIR))
+    import gpu_kvquant as kvq
+    import lowering_report as lr
+    import torch
+
+    from codesign.kernels.attention.paged import paged_decode_attention
+
+    def bf16() -> None:
+        bt, cl = lr._tables(kvq.BATCH, kvq.CONTEXT, kvq.BLOCK_SIZE)
+        k = torch.zeros(2, kvq.BLOCK_SIZE, kvq.HKV, kvq.DIM, dtype=torch.bfloat16)
+        q = torch.zeros(kvq.BATCH, kvq.HQ, kvq.DIM, dtype=torch.bfloat16)
+        paged_decode_attention(q, k, k.clone(), bt, cl, check_data=False)
+
+    cases = [("bf16", bf16)]
+    for _, label, call in lr._kvquant_cases(lr._suite_modules()):
+        name = label.split()[1]
+        if label.startswith("decode ") and label.endswith("bfloat16") and name in kvq.SWEEP_FORMATS:
+            cases.append(
+                (name, call)
+            )  # (not the offline Oaken variant: no byte floor there, not timed either)
+    return [c for c in cases if formats is None or c[0] in formats]
+
+
+def _tree_cases() -> tuple[tuple[int, int, int], Any, Any]:
+    """gpu_attention's first extend case (batch 16, 64 tokens, 4k prefix) and its tree, bf16."""
+    import lowering_report as lr
+
+    mods = lr._suite_modules()
+    case = mods["att"].EXTEND_CASES[0]
+    want = (
+        f"batch={case[0]} q_len={case[1]} prefix={case[2]} ",
+        f"batch={case[0]} nodes={case[1]} prefix={case[2]} ",
+    )
+    calls = {
+        label.split()[0]: call
+        for _, label, call in lr._attention_cases(mods)
+        if any(w in label for w in want)
+    }
+    return case, calls["extend"], calls["tree"]
+
+
+def predict(formats: list[str] | None = None, tree: bool = True, log=print) -> dict[str, Any]:
+    """Compile every case for sm_90 (compile-only) and predict its time; the report (module docstring)."""
+    import torch
+
+    from codesign.autotune.compile_only import compile_only
+    from codesign.backend import use_backend
+
+    sys.path.insert(0, str(BENCH_DIR))
+    import gpu_kvquant as kvq
+
+    warnings.filterwarnings("ignore", message="no tuned config for")
+    warnings.filterwarnings("ignore", message="TRITON_DEFAULT_FP_FUSION")
+    bandwidth = kvq.floor_bytes("bf16", kvq.BATCH, kvq.CONTEXT) / ((BF16_MS - MERGE_MS) * 1e-3)
+    out: dict[str, Any] = {"gpu": "NVIDIA H200 (compile-only sm_90; nothing timed)", "sms": SMS,
+                           "clock_hz": CLOCK_HZ, "bf16_measured_ms": BF16_MS, "merge_ms": MERGE_MS,
+                           "bandwidth_Bps": bandwidth, "decode": {}}  # fmt: skip
+    with compile_only(90, "NVIDIA H200") as session, use_backend("triton"), torch.no_grad():
+        for name, call in _decode_cases(formats):
+            n0 = len(session.launches)
+            call()
+            launch, kernel, _ = _attn(session.launches[n0:], session.compiled[n0:])
+            floor = kvq.floor_bytes(name, kvq.BATCH, kvq.CONTEXT)
+            row = decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT)
+            row["vs_bf16"] = None
+            out["decode"][name] = row
+            log(f"  compiled {name}: {row['sass_per_tile']} SASS per tile, {row['predicted_ms']:.3f} ms")
+        if tree:
+            (batch, q_len, prefix), ext_call, tree_call = _tree_cases()
+            pair = []
+            for call in (ext_call, tree_call):
+                n0 = len(session.launches)
+                call()
+                pair.append(_attn(session.launches[n0:], session.compiled[n0:])[:2])
+            out["tree"] = {"batch": batch, "nodes": q_len, "prefix": prefix,
+                           **tree_prediction(pair[0], pair[1], batch, q_len, prefix)}  # fmt: skip
+    base = out["decode"].get("bf16", {}).get("predicted_ms", BF16_MS)
+    for row in out["decode"].values():
+        row["vs_bf16"] = base / row["predicted_ms"]
+    return out
+
+
+# ----------------------------------------------------------------------------- output
+def _loads(loop: dict) -> str:
+    both = {**loop["ldg"], **loop["ldgsts"]}
+    return " ".join(f"{k.replace('.E', '').replace('.BYPASS', '')}x{v}" for k, v in both.items())
+
+
+def table(report: dict[str, Any]) -> str:
+    """The report as text: one row per decode format, then tree vs extend."""
+    lines = ["format        tile    warps regs spill SASS/tile  instr/B  cvt  LDS8/16 loads              "
+             "issue_ms floor_ms predicted  vs bf16"]  # fmt: skip
+    for name, r in report["decode"].items():
+        lp = r["loop"]
+        cvt = sum(lp["cvt"].values())
+        lines.append(
+            f"{name:13s} {r['BLOCK_N']:3d}x128 {r['num_warps']:5d} {r['registers']:4d} {r['spill_stores']:5d} "
+            f"{r['sass_per_tile']:9d} {r['warp_instr_per_kv_byte']:8.3f} {cvt:4d} {lp['lds_u8_u16']:7d} "
+            f"{_loads(lp):18s} {r['issue_ms']:8.3f} {r['floor_ms']:8.3f} {r['predicted_ms']:9.3f} "
+            f"{r['vs_bf16']:7.2f}x"
+        )
+    t = report.get("tree")
+    if t:
+        for name in ("extend", "tree"):
+            r = t[name]
+            lines.append(f"{name}: BLOCK_N {r['BLOCK_N']} x {r['num_warps']} warps, {r['registers']} regs, "
+                         f"spills {r['spill_stores']}, {r['resident']} resident/SM, tiles {r['tiles_per_program']}, "
+                         f"issue {r['issue_ms']:.3f} ms")  # fmt: skip
+        lines.append(f"tree / extend: {t['tree_over_extend']:.2f}x by issue cycles, "
+                     f"{t['tree_over_extend_latency']:.2f}x if latency-bound (waves x tiles) -> tree predicted "
+                     f"{t['tree_predicted_ms']:.3f}-{t['tree_predicted_ms_latency']:.3f} ms (extend measured "
+                     f"{t['extend_measured_ms']} ms, tree last measured {t['tree_last_measured_ms']} ms)")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI (module docstring)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--formats", nargs="*", default=None, help="bf16 int8 int4 int2 fp8 int4-kivi ... (default all)"
+    )
+    ap.add_argument("--no-tree", action="store_true", help="skip tree verification vs extend")
+    ap.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        print("attention_predict: unset TRITON_INTERPRET (kernels must compile)", file=sys.stderr)
+        return 2
+    report = predict(args.formats, not args.no_tree)
+    print(table(report))
+    if args.out:
+        from codesign.autotune.export import atomic_write_json
+
+        atomic_write_json(args.out, json.loads(json.dumps(report, default=str)))
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
