@@ -24,9 +24,10 @@ dynamic shared memory the launch requests, which Triton's launcher compares with
 
 Outputs are never written in this mode (nothing runs): host code that reads a kernel's output back sees
 whatever the buffer held. Covered: the DF11 ops read their error flags back only with `check=True` (pass
-`check=False`, as `bench/lowering_report.py` does); the split-K weight-only GEMM copies its zeroed fp32
-scratch into `out` (zeros, not NaN). The plain and quantizing KV writers, paged decode / extend / tree
-attention over every cache format, W8A8 / FP8 GEMM and the activation quantizer read nothing back.
+`check=False`, as `bench/lowering_report.py` does); the split-K GEMMs (weight-only, and W8A8 / FP8 at
+SPLIT_K > 1) copy their zeroed fp32 scratch into `out` (zeros, not NaN). The plain and quantizing KV writers,
+paged decode / extend / tree attention over every cache format, the unsplit W8A8 / FP8 GEMM and the activation
+quantizer read nothing back.
 
 Process-wide and not thread-safe (Triton's driver and `JITFunction.run` are global); one session at a time.
 Needs a process in which TRITON_INTERPRET is not "1" (Triton decides interpreter or compiler when a kernel
@@ -142,6 +143,12 @@ PTX_OPS = {
     # Integer-to-float conversions (16 per clock per SM on sm_80/sm_90): one per element of a dequantized tile
     # bounded the INT8 KV cache near its whole memory time; codes become fp16 by bit patterns instead.
     "cvt_i2f": r"\bcvt\.rn\.(?:f16|bf16|f32|f64)(?:x2)?\.[us](?:8|16|32|64)\b",
+    # Matrix instructions by operand type (either MMA): int8 GEMMs must meet s8 codes, e4m3 ones e4m3 (at a 16-row
+    # tile on sm_90 Triton's mma.sync takes e4m3 upcast to f16 instead), not a wider copy of them.
+    "mma_s8": r"\b(?:mma\.sync|wgmma\.mma_async\.sync)\.aligned(?:\.\w+)*?\.s32\.s8\.s8\b",
+    "mma_e4m3": r"\b(?:mma\.sync|wgmma\.mma_async\.sync)\.aligned(?:\.\w+)*?\.f32\.e4m3\.e4m3\b",
+    # fp32 atomic adds to global memory (split-K reductions), with or without a returned value.
+    "atomic_add_f32": r"\b(?:red|atom)\.global(?:\.\w+)*?\.add(?:\.\w+)*?\.f32\b",
 }
 
 

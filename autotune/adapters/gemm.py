@@ -12,7 +12,9 @@ the tuner times exactly the code path a serving call takes, with the config the 
                              TORCH (1: torch._int_mm / torch._scaled_mm, 0: ours), FUSEDQ (1: ours with
                              the quantizer fused, one launch) and TMA (1: ours, persistent and TMA-fed)
                              pinning the variant; without them the default rule's (`choose_scaled_mm_variant`);
-                             `expand` gives all four (TMA only where K % 16 == 0)
+                             `expand` gives all four (TMA only where K % 16 == 0). The fused and two-launch
+                             variants' spaces include SPLIT_K (K cut into that many ranges of whole BLOCK_K
+                             tiles, no empty one)
 Candidate spaces are the GPU grids below; interpreter runs (no GPU) get a few large-block configs,
 since the interpreter's cost is per program instance.
 """
@@ -336,9 +338,10 @@ class W8A8Gemm:
         if variant == "fusedq":  # 16-row tiles and up: the decode M it is for, and the tl.dot minimum
             params = (
                 {"BLOCK_M": [16, 32, 64], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [64, 128, 256],
-                 "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}
+                 "SPLIT_K": [1, 2, 4, 8], "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}
                 if on_gpu
-                else {"BLOCK_M": [16, 32], "BLOCK_N": [64, 128], "BLOCK_K": [128], "num_warps": [4], "num_stages": [1]}
+                else {"BLOCK_M": [16, 32], "BLOCK_N": [64, 128], "BLOCK_K": [128], "SPLIT_K": [1, 2], "num_warps": [4],
+                      "num_stages": [1]}
             )  # fmt: skip
             res = _fusedq_resources(torch.finfo(dtype).bits // 8, self.fp8)
         elif variant == "tma":  # wgmma needs 64-row tiles and whole warpgroups (below: mma.sync)
@@ -352,17 +355,23 @@ class W8A8Gemm:
         else:
             params = (
                 {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [64, 128, 256],
-                 "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}
+                 "SPLIT_K": [1, 2, 4, 8], "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}
                 if on_gpu
-                else {"BLOCK_M": [32, 64], "BLOCK_N": [64, 128], "BLOCK_K": [128], "num_warps": [4], "num_stages": [1]}
+                else {"BLOCK_M": [32, 64], "BLOCK_N": [64, 128], "BLOCK_K": [128], "SPLIT_K": [1, 2], "num_warps": [4],
+                      "num_stages": [1]}
             )  # fmt: skip
             res = _scaled_mm_resources(self.fp8)
-        n, m = shape["N"], shape["M"]
+        from codesign.kernels.gemm.triton_parts import k_split
+
+        n, m, k = shape["N"], shape["M"], shape["K"]
         return ConfigSpace(
             params=params,
             valid=lambda c: (
                 c["BLOCK_N"] <= max(pow2_cap(n, 32), min(params["BLOCK_N"]))
                 and c["BLOCK_M"] <= max(pow2_cap(m), min(params["BLOCK_M"]))
+                # A SPLIT_K the launcher would cut down (more splits than K has tiles, or an empty last one) only
+                # repeats a smaller config.
+                and k_split(k, c["BLOCK_K"], c.get("SPLIT_K", 1))[0] == c.get("SPLIT_K", 1)  # tma: no split
             ),
             resources=res,
             fixed={"GROUP_M": 8},

@@ -20,7 +20,16 @@ import torch
 import triton
 import triton.language as tl
 
-from codesign.kernels.gemm.triton_parts import code_tile_nk, grouped_tile, round_half_even, round_to_e4m3
+from codesign.kernels.gemm.triton_parts import (
+    code_tile_nk,
+    grouped_tile,
+    k_split,
+    round_half_even,
+    round_to_e4m3,
+    scaled_epilogue,
+    split_k_buffer,
+    split_range,
+)
 
 
 @triton.jit
@@ -40,16 +49,18 @@ def _rows_to_tile(t, BLOCK_M: tl.constexpr):
 # where M = 3 (the same 4-row tile) did not, and one compiled variant per ROWS is enough.
 @triton.jit(do_not_specialize=["M"])
 def _fusedq_kernel(
-    x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, M, N, K,
+    x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT,
     QMAX: tl.constexpr, IS_FP8: tl.constexpr, INTERPRETED: tl.constexpr, PER_TENSOR_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, ROWS: tl.constexpr,
+    GROUP_M: tl.constexpr, ROWS: tl.constexpr, SPLIT_K: tl.constexpr,
 ):  # fmt: skip
     """out = (q(x) @ W) * s[m] * w_scale[n] (+ bias), s = absmax(x[m, :]) / QMAX, q = round(x / s), per tile.
 
     ROWS (a power of two dividing BLOCK_M) rows of A are loaded and quantized per tile: BLOCK_M, or, when M is
     below BLOCK_M (one row tile), M rounded up to a power of two, copied up to BLOCK_M rows for the dot. The
-    quantizer's work per program is ROWS x K elements, so at M = 1 it is 1 / 16 of a full 16-row tile's."""
+    quantizer's work per program is ROWS x K elements, so at M = 1 it is 1 / 16 of a full 16-row tile's.
+    Split-K (grid axis 1, as `_scaled_mm_kernel`): the prologue still covers all of K (a row's scale is the whole
+    row's), the main loop only this program's K range."""
     offs_m, offs_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_r = offs_m if ROWS == BLOCK_M else tl.arange(0, ROWS)  # ROWS < BLOCK_M: one row tile, rows 0 ..
     mask_r = offs_r < M
@@ -67,7 +78,8 @@ def _fusedq_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start, k_end = split_range(K, K_PER_SPLIT, SPLIT_K)
+    for k0 in range(k_start, k_end, BLOCK_K):  # whole tiles: masking at K is enough
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         x = tl.load(rows + offs_k[None, :], mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
@@ -87,24 +99,20 @@ def _fusedq_kernel(
             codes = code_tile_nk(w_ptr, k0, offs_n, N, K, 8, BLOCK_K)  # [BLOCK_N, BLOCK_K], offset-binary
             w = tl.where(mask_n[:, None] & mask_k[None, :], codes - 128, 0).to(tl.int8)
             acc += tl.dot(a, tl.trans(w), out_dtype=tl.int32)
-    # `_scaled_mm_kernel`'s epilogue, operation for operation (the bit-identity depends on it).
-    if PER_TENSOR_W:
-        w_s = tl.load(ws_ptr + offs_n * 0)
-    else:
-        w_s = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    res = acc.to(tl.float32) * _rows_to_tile(s[:, None], BLOCK_M) * w_s[None, :]
-    if HAS_BIAS:
-        res += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], res.to(out_ptr.dtype.element_ty),
-             mask=(offs_m < M)[:, None] & mask_n[None, :])  # fmt: skip
+    # `_scaled_mm_kernel`'s epilogue, the same function (the bit-identity depends on it).
+    scaled_epilogue(acc, _rows_to_tile(s[:, None], BLOCK_M), ws_ptr, b_ptr, out_ptr, offs_m, offs_n, M, N,
+                    PER_TENSOR_W, HAS_BIAS, SPLIT_K)  # fmt: skip
 
 
 def fusedq_mm(x, w, w_scale, bias, out: torch.Tensor, fp8: bool, cfg: dict, interpreted: bool) -> None:
     """out [M, N] = quantize_per_token(x) @ W, scaled (+ bias), in one launch: x [M, K] fp16 / bf16 / fp32;
-    w the native int32-packed int8 codes [K/4, N], or float8_e4m3fn [K, N] when fp8; w_scale [1, N] or [1, 1]."""
+    w the native int32-packed int8 codes [K/4, N], or float8_e4m3fn [K, N] when fp8; w_scale [1, N] or [1, 1].
+    cfg["SPLIT_K"] > 1 splits K as `triton_gemm.scaled_mm` does (its docstring states the error bound)."""
     m, k = x.shape
     n = w.shape[1]
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    split, k_per_split = k_split(k, cfg["BLOCK_K"], cfg["SPLIT_K"])
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split)
+    dst = split_k_buffer(out, split)
     # At least 2 rows, and an element a thread (e4m3: two): on sm_90 a 1-row tile compiled to 1334 SASS
     # instructions a K step (and spilled) where 2 rows took 423 (int8, 16 x 64 x 128, 4 warps); 2 rows x 64 on 8
     # warps to 617 where 4 rows took 133; e4m3 at 2 rows x 128 on 8 warps spilled 4 B, at 4 rows none.
@@ -112,9 +120,11 @@ def fusedq_mm(x, w, w_scale, bias, out: torch.Tensor, fp8: bool, cfg: dict, inte
     rows = triton.next_power_of_2(m)
     rows = min(max(2, rows, per_thread * 32 * cfg["num_warps"] // cfg["BLOCK_K"]), cfg["BLOCK_M"])
     _fusedq_kernel[grid](
-        x, w, w_scale, w_scale if bias is None else bias, out, m, n, k,
+        x, w, w_scale, w_scale if bias is None else bias, dst, m, n, k, k_per_split,
         QMAX=448.0 if fp8 else 127.0, IS_FP8=fp8, INTERPRETED=interpreted, PER_TENSOR_W=w_scale.numel() == 1 and n > 1,
         HAS_BIAS=bias is not None, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-        GROUP_M=cfg["GROUP_M"], ROWS=rows, num_warps=cfg["num_warps"],
+        GROUP_M=cfg["GROUP_M"], ROWS=rows, SPLIT_K=split, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )  # fmt: skip
+    if dst is not out:
+        out.copy_(dst)

@@ -30,7 +30,16 @@ from codesign.kernels.gemm import torch_mm, triton_tma
 from codesign.kernels.gemm.triton_dequant import dequant_matmul
 from codesign.kernels.gemm.triton_fusedq import fusedq_mm
 from codesign.kernels.gemm.triton_gemv import wq_gemv
-from codesign.kernels.gemm.triton_parts import code_tile_nk, grouped_tile, round_half_even, round_to_e4m3
+from codesign.kernels.gemm.triton_parts import (
+    code_tile_nk,
+    grouped_tile,
+    k_split,
+    round_half_even,
+    round_to_e4m3,
+    scaled_epilogue,
+    split_k_buffer,
+    split_range,
+)
 from codesign.kernels.triton_codes import codes_f16, pow2_scale
 from codesign.specs import CodesignError
 
@@ -75,6 +84,9 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
         "BLOCK_N": 64,
         "BLOCK_K": 64,
         "GROUP_M": 8,
+        # No split: this default serves the rule's M 9-1023, where past M ~ 256 (N = 8192) the output tiles fill
+        # the GPU and a split only adds M x N x 4 B of zeroing, atomics and copy; tuned tables split per M bucket.
+        "SPLIT_K": 1,
         "num_warps": 8,
         "num_stages": 4,
     },
@@ -86,7 +98,17 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # The fused quantizer's dot takes 16 rows (the tl.dot minimum; a decode batch's rows, copied up); BLOCK_N 64
     # gives N / 64 programs (128 at N = 8192, about one per SM of an H100 / H200) to stream the weight. 8 warps:
     # the same SASS per weight byte as 4 (sm_90, int8: 207 a K step at M <= 2 against 414), two warps a scheduler.
-    "fusedq": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    # SPLIT_K 2: 2 x N / 64 programs (256 at N = 8192 for 132 SMs) and twice the weight bytes in flight per SM,
+    # deterministic sums (two terms); the prediction and its costs are in docs/kernels.md (untimed).
+    "fusedq": {
+        "BLOCK_M": 16,
+        "BLOCK_N": 64,
+        "BLOCK_K": 128,
+        "GROUP_M": 8,
+        "SPLIT_K": 2,
+        "num_warps": 8,
+        "num_stages": 4,
+    },
     # The persistent TMA kernel (sm_90, ptxas): 128 x 128 x 128 on 8 warps (two warpgroups, wgmma), 4 stages,
     # 163,872 B of shared memory, 127 registers for int8 and 159 for e4m3, no spills; e4m3 at 128 x 256 spilled
     # 168 B at 255 registers, and 32-row tiles or 2 warps fall back to mma.sync (wgmma takes 64 rows a warpgroup).
@@ -101,13 +123,22 @@ _INTERP_DEFAULTS: dict[str, dict[str, int]] = {
         "BLOCK_N": 128,
         "BLOCK_K": 128,
         "GROUP_M": 4,
+        "SPLIT_K": 2,  # the atomic split-K path in every interpreter test that does not pin it
         "num_warps": 4,
         "num_stages": 1,
     },
     "act": {"BLOCK_K": 512, "num_warps": 4},
     "dequant": {"BLOCK_K": 128, "BLOCK_N": 128, "num_warps": 4},
     "gemv": {"BLOCK_K": 128, "BLOCK_N": 128, "num_warps": 4},
-    "fusedq": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4, "num_stages": 1},
+    "fusedq": {
+        "BLOCK_M": 16,
+        "BLOCK_N": 128,
+        "BLOCK_K": 128,
+        "GROUP_M": 4,
+        "SPLIT_K": 2,
+        "num_warps": 4,
+        "num_stages": 1,
+    },
     "tma": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4, "num_stages": 1},
 }
 
@@ -372,6 +403,7 @@ def _scaled_mm_kernel(
     M,
     N,
     K,
+    K_PER_SPLIT,
     IS_FP8: tl.constexpr,
     INTERPRETED: tl.constexpr,
     PER_TENSOR_W: tl.constexpr,
@@ -380,11 +412,15 @@ def _scaled_mm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     """W8A8 GEMM: int8 x int8 -> int32 (or fp8 x fp8 -> fp32), scales applied in the epilogue.
 
     out = acc * a_scale[m] * w_scale[n] (+ bias[n]). int8 weights are unpacked from the native
     int32 layout (offset-binary codes, zero 128); fp8 weights are a plain [K, N] e4m3 tensor.
+    Grid (output tiles in grouped order, SPLIT_K): program (t, j) sums K range j (K_PER_SPLIT, a multiple of
+    BLOCK_K; `k_split`) and `scaled_epilogue` adds its scaled partial into a zeroed fp32 buffer (SPLIT_K > 1)
+    or stores the tile (SPLIT_K 1, today's kernel). The split result's error bound: `scaled_mm`.
     """
     offs_m, offs_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     mask_m = offs_m < M
@@ -393,7 +429,9 @@ def _scaled_mm_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start, k_end = split_range(K, K_PER_SPLIT, SPLIT_K)
+    # Ranges are whole tiles, so masking at K (not k_end) is enough: a tile never crosses into the next range.
+    for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         amask = mask_m[:, None] & mask_k[None, :]
@@ -417,17 +455,8 @@ def _scaled_mm_kernel(
             w = tl.where(mask_n[:, None] & mask_k[None, :], codes - 128, 0).to(tl.int8)
             acc += tl.dot(a, tl.trans(w), out_dtype=tl.int32)
     a_s = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
-    if PER_TENSOR_W:
-        w_s = tl.load(ws_ptr + offs_n * 0)
-    else:
-        w_s = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    res = acc.to(tl.float32) * a_s[:, None] * w_s[None, :]
-    if HAS_BIAS:
-        res += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(
-        out_ptr + offs_m[:, None] * N + offs_n[None, :],
-        res.to(out_ptr.dtype.element_ty),
-        mask=mask_m[:, None] & mask_n[None, :],
+    scaled_epilogue(
+        acc, a_s[:, None], ws_ptr, b_ptr, out_ptr, offs_m, offs_n, M, N, PER_TENSOR_W, HAS_BIAS, SPLIT_K
     )
 
 
@@ -467,13 +496,10 @@ def wq_gemm(
         grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
         split, k_per_split = 1, k
     else:
-        k_blocks = triton.cdiv(k, block_k)
-        split = max(1, min(cfg["SPLIT_K"], k_blocks))
-        k_per_split = triton.cdiv(k_blocks, split) * block_k
-        split = triton.cdiv(k, k_per_split)
+        split, k_per_split = k_split(k, block_k, cfg["SPLIT_K"])
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), split, triton.cdiv(m, cfg["BLOCK_M"]))
     # K slices meet by fp32 atomics in a zeroed buffer; a single slice stores its tile directly.
-    dst = out if split == 1 else torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    dst = split_k_buffer(out, split)
     dot_dtype = _dot_dtype(x.dtype, device_view(x.device))
     # zeros / bias stand-ins (scales) are never read when HAS_ZEROS / HAS_BIAS is False.
     _wq_kernel[grid](
@@ -549,6 +575,17 @@ def scaled_mm(
     with w float8_e4m3fn [K, N]. w_scale [1, N] per channel or [1, 1] per tensor. `variant` ("triton", "tma" or
     "torch") as `w8a8_mm` chose it, else chosen here; codes already quantized leave nothing to fuse, so a
     chosen "fusedq" runs ours ("triton"), and a forced one raises.
+
+    Split-K (the config's SPLIT_K, here and in `triton_fusedq`; S splits of `k_split`, S > 1): every split adds
+    its scaled partial into a zeroed fp32 buffer, copied into `out`. Error bound, u = 2^-24, g_n = n u / (1 - n u),
+    before the final rounding to out's dtype: |y - y_exact| <= g_(S+3) (|a_scale[m] w_scale[n]| sum_k |a[m, k]
+    w[k, n]| + |bias[n]|). int8: each partial is an exact int32 (|P| <= 127 * 128 * K < 2^31 for K < 2^17), then
+    rounded at most 3 times (to fp32, exact while |P| < 2^24; x a_scale; x w_scale), the bias add once (split 0),
+    the S - 1 atomic additions once each, in any order. SPLIT_K 1 is S = 1 (today's kernel, a direct store). e4m3:
+    products are exact in fp32 and each partial is the dot's fp32 sum of <= K / S (rounded up to BLOCK_K) of them:
+    g_(K/S + S + 3) for a sequential sum (the interpreter's); a GPU's fp8 MMA accumulates at its own precision.
+    S = 2 is deterministic (0 + p0 + p1 = 0 + p1 + p0); from S = 3 on a GPU the atomics' order is not, so
+    neither are the output's last bits.
     """
     m, k = a.shape
     fp8 = a.dtype == torch.float8_e4m3fn
@@ -574,17 +611,20 @@ def scaled_mm(
             triton_tma.tma_scaled_mm(a, a_scale, w, w_scale, bias, out, cfg, view)
             return out
     cfg = launch_config(scaled_mm_table_op(fp8), "scaled_mm", a.device, m, scaled_mm_table_key(n, k))
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    split, k_per_split = k_split(k, cfg["BLOCK_K"], cfg["SPLIT_K"])
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split)
+    dst = split_k_buffer(out, split)
     _scaled_mm_kernel[grid](
         a,
         a_scale,
         w,
         w_scale,
         bias if bias is not None else w_scale,
-        out,
+        dst,
         m,
         n,
         k,
+        k_per_split,
         IS_FP8=fp8,
         INTERPRETED=device_view(a.device).interpreted,
         PER_TENSOR_W=w_scale.numel() == 1 and n > 1,
@@ -593,7 +633,10 @@ def scaled_mm(
         BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"],
         GROUP_M=cfg["GROUP_M"],
+        SPLIT_K=split,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
+    if dst is not out:
+        out.copy_(dst)
     return out

@@ -6,14 +6,50 @@ variant modules can use them without importing `triton_gemm` (which imports the 
 * `grouped_tile`: a program's output tile in grouped (L2-friendly) order.
 * `round_half_even`, `round_to_e4m3`: the activation quantizer's exact fp32 rounding to int8 / the e4m3 grid,
   shared so the two-launch and fused paths give the same codes bit for bit.
+* `scaled_epilogue`: the W8A8 / FP8 kernels' epilogue (scales, bias, store or split-K atomic add), one copy so
+  the two-launch and fused paths round alike.
+* `split_range`: a split-K program's K range; `k_split`, `split_k_buffer` (host): a split-K launch's (splits,
+  K per split), no split empty, and the buffer its programs add into.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from codesign.kernels.triton_codes import unpack_words
+from codesign.specs import CodesignError
+
+
+def k_split(k: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """(splits, K per split) for `split_k` programs over K: each range a whole number of BLOCK_K tiles (so of the
+    int8 weight's 4-code words too, BLOCK_K being a multiple of 4), every split non-empty, the last one shorter
+    when they do not divide K. Asking more splits than K has tiles gets one tile a split."""
+    if split_k < 1:
+        raise CodesignError(f"SPLIT_K must be >= 1, got {split_k}")
+    blocks = triton.cdiv(k, block_k)
+    per_split = triton.cdiv(blocks, min(split_k, blocks)) * block_k
+    return triton.cdiv(k, per_split), per_split
+
+
+def split_k_buffer(out: torch.Tensor, split: int) -> torch.Tensor:
+    """Where a launch of `split` K splits writes: `out` itself for one (a direct store), else a zeroed fp32 buffer
+    of its shape that the splits add into (the caller copies it back into `out`)."""
+    return out if split == 1 else torch.zeros(out.shape, dtype=torch.float32, device=out.device)
+
+
+@triton.jit
+def split_range(K, K_PER_SPLIT, SPLIT_K: tl.constexpr):
+    """[k_start, k_end) of this program's K range, the split being program_id(1) (`k_split`); all of K for
+    SPLIT_K 1."""
+    if SPLIT_K == 1:
+        k_start = 0
+        k_end = K
+    else:
+        k_start = tl.program_id(1) * K_PER_SPLIT
+        k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    return k_start, k_end
 
 
 @triton.jit
@@ -67,3 +103,29 @@ def round_to_e4m3(v):
     # torch's cast gives; rounding v itself gave floor(-0.05) + 1 = +0.
     r = round_half_even(tl.abs(v) / ulp) * ulp
     return tl.where(v < 0, -r, r)
+
+
+@triton.jit
+def scaled_epilogue(acc, a_s, ws_ptr, b_ptr, out_ptr, offs_m, offs_n, M, N, PER_TENSOR_W: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
+    """out[m, n] = acc[m, n] * a_s[m] * w_scale[n] (+ bias[n]) in fp32: acc [BLOCK_M, BLOCK_N] int32 / fp32 (this
+    program's K range), a_s [BLOCK_M, 1] fp32. SPLIT_K 1: stored in out's dtype. Above 1: `out` is a zeroed fp32
+    buffer and each split's scaled partial is atomically added there, the bias by split 0 only."""
+    mask_n = offs_n < N
+    if PER_TENSOR_W:
+        w_s = tl.load(ws_ptr + offs_n * 0)
+    else:
+        w_s = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    res = acc.to(tl.float32) * a_s * w_s[None, :]
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        if SPLIT_K > 1:
+            bias = tl.where(tl.program_id(1) == 0, bias, 0.0)
+        res += bias[None, :]
+    ptrs = out_ptr + offs_m[:, None] * N + offs_n[None, :]
+    mask = (offs_m < M)[:, None] & mask_n[None, :]
+    if SPLIT_K > 1:
+        # Relaxed: nothing in the kernel reads the sum back, so no ordering is needed (a plain reduction).
+        tl.atomic_add(ptrs, res, mask=mask, sem="relaxed")
+    else:
+        tl.store(ptrs, res.to(out_ptr.dtype.element_ty), mask=mask)

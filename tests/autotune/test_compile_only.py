@@ -65,9 +65,14 @@ def test_ptx_census_counts_each_instruction_kind():
     cvt.rn.bf16.u32 %rs1, %r7;
     cvt.rn.f32.s32 %f3, %r8;
     cvt.f32.bf16 %f4, %rs2;
+    mma.sync.aligned.m16n8k32.row.col.satfinite.s32.s8.s8.s32 {%r1}, {%r2}, {%r3}, {%r4};
+    wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%f1}, %rd1, %rd2, 1, 1, 1;
+    red.global.gpu.relaxed.add.v4.f32 [%rd5], {%f1, %f2, %f3, %f4};
+    atom.global.gpu.acq_rel.add.f32 %f5, [%rd6], %f6;
+    atom.global.add.u32 %r9, [%rd7], 1;
     """
-    want = {"wgmma": 2, "wgmma_8bit": 1, "mma_sync": 1, "cp_async": 2, "tma": 1, "ld_global_v4": 2, "ld_global": 3,
-            "cvt_i2f": 2}  # fmt: skip
+    want = {"wgmma": 3, "wgmma_8bit": 2, "mma_sync": 2, "cp_async": 2, "tma": 1, "ld_global_v4": 2, "ld_global": 3,
+            "cvt_i2f": 2, "mma_s8": 2, "mma_e4m3": 1, "atomic_add_f32": 2}  # fmt: skip
     assert ptx_census(ptx) == want
 
 

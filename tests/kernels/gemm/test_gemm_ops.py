@@ -13,6 +13,7 @@ import pytest
 import torch
 from helpers import assert_rel_close, device_view_with, poison_like, rel_fro_error
 
+from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
 from codesign.kernels.gemm import formats as qf
 from codesign.kernels.gemm import ops as qg
@@ -171,6 +172,10 @@ def test_act_quantizer_kernel_is_bit_exact(fp8, m, dtype):
     assert torch.equal(q.view(torch.int8), q_ref.view(torch.int8))
 
 
+def _unsplit(variant: str):
+    return forced_config(qt.scaled_mm_table_op(False, variant), {"SPLIT_K": 1})
+
+
 @pytest.mark.parametrize("m", [1, 3, 17, 64])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_w8a8_kernel_is_bit_exact_against_integer_reference(m, dtype):
@@ -180,14 +185,16 @@ def test_w8a8_kernel_is_bit_exact_against_integer_reference(m, dtype):
     bias = torch.randn(n).to(dtype)
     aq, a_s = qf.quantize_per_token(x, "int8")
     out = poison_like(torch.empty(m, n, dtype=dtype))
-    qt.scaled_mm(aq, a_s, qw.qweight, qw.scales, bias, out)
+    # Unsplit (SPLIT_K 1: one fp32 epilogue, a direct store); the split-K sums: test_gemm_w8a8_splitk.py.
+    with _unsplit("triton"):
+        qt.scaled_mm(aq, a_s, qw.qweight, qw.scales, bias, out)
     # Independent integer reference: int64 matmul of the codes, then the same fp32 epilogue.
     wcodes = qf.unpack_codes(qw.qweight, 8) - 128
     acc = (aq.to(torch.int64) @ wcodes).to(torch.float32)
     want = (acc * a_s[:, None] * qw.scales + bias.float()).to(dtype)
     assert torch.equal(out, want)
     # And the whole op is close to the unquantized-activation fp64 reference (act quantization error).
-    with use_backend("triton"):
+    with use_backend("triton"), _unsplit("fusedq" if m <= qt.FUSEDQ_MAX_M else "triton"):
         y = qg.quant_matmul(x, qw, bias, act_quant=True)
     assert torch.equal(y, want)
     assert rel_fro_error(y, _ref(x, qw, bias)) < 2e-2

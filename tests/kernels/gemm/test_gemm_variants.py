@@ -76,7 +76,12 @@ def test_torch_variant_of_the_scaled_mm_matches_ours(fp8, m, n, k, per_tensor):
     x, bias = torch.randn(m, k), torch.randn(n)
     outs = {}
     for variant in (0, 1):
-        with use_backend("triton"), forced_config(qt.scaled_mm_variant_op(fp8), {"TORCH": variant}):
+        with (
+            use_backend("triton"),
+            forced_config(qt.scaled_mm_variant_op(fp8), {"TORCH": variant}),
+            # Ours unsplit, like torch's one-pass epilogue (the interpreter default splits K in two).
+            forced_config(qt.scaled_mm_table_op(fp8), {"SPLIT_K": 1}),
+        ):
             outs[variant] = qg.quant_matmul(x, qw, bias, act_quant=not fp8)
     if fp8:
         assert_rel_close(outs[1], outs[0], 1e-6, "fp8 torch vs ours")
