@@ -209,21 +209,30 @@ def _resources(launch: Any) -> dict[str, Any]:
 
 def decode_prediction(launch: Any, kernel: Any, floor_bytes: float, bandwidth: float, context: int) -> dict:
     """One decode launch's prediction (module docstring): its loop, occupancy, issue and byte-floor times."""
+    from codesign.kernels.kvcache.formats import KV_FORMAT_KIVI
+
     cx = launch.constexprs
     trips = math.ceil(cx.get("OAKEN_CAP", 0) / OAKEN_SC) or 1
-    loop = loop_report(kernel.asm["sass"], trips)
     bn, splits = cx["BLOCK_N"], cx["NUM_SPLITS"]
     tiles = math.ceil(math.ceil(context / splits) / bn)  # the kernel's split length, whole tiles
+    ring = 0
+    if cx.get("KV_FORMAT") == KV_FORMAT_KIVI:  # a code-only tile loop, then one over the ring (the last split's)
+        g, r = cx["KIVI_G"], cx["KIVI_R"]
+        ring = math.ceil(context / bn) - max(context - r, 0) // g * g // bn
+        loop, ring_loop = loop_report(kernel.asm["sass"], which=0), loop_report(kernel.asm["sass"], which=1)
+        per = (tiles - ring) * loop["path_max"] + ring * ring_loop["path_max"] + loop["outside_loops"]
+    else:
+        loop = loop_report(kernel.asm["sass"], trips)
+        per = tiles * loop["path_max"] + loop["outside_loops"]
     programs = math.prod(launch.grid)
-    occ = issue_cycles(programs, launch.num_warps, launch.registers, launch.shared_bytes,
-                       tiles * loop["path_max"] + loop["outside_loops"])  # fmt: skip
+    occ = issue_cycles(programs, launch.num_warps, launch.registers, launch.shared_bytes, per)
     issue_ms = occ["cycles"] / CLOCK_HZ * 1e3
     floor_ms = floor_bytes / bandwidth * 1e3
     merge = MERGE_MS if splits > 1 else 0.0
     per_byte = (
         loop["path_max"] * launch.num_warps * programs * tiles / floor_bytes
     )  # warp instructions per byte
-    return {**_resources(launch), "tiles_per_program": tiles, "loop": loop, **occ,
+    return {**_resources(launch), "tiles_per_program": tiles, "ring_tiles": ring, "loop": loop, **occ,
             "sass_per_tile": loop["path_max"], "warp_instr_per_kv_byte": per_byte,
             "issue_ms": issue_ms, "floor_ms": floor_ms, "merge_ms": merge,
             "bound": "issue" if issue_ms > floor_ms else "memory",

@@ -88,6 +88,15 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 # takes 127-150 registers on 4 warps without spilling, and on an H200 (batch 16, context 32k) ran 0.83 ms
 # against 1.08 on 8 warps, 1.61 at 16 x 128 (tuning-pass timings, `bench/results/h200-2026-11-30-run2`).
 SUBBYTE_TILE_ELEMS = 16 * 128
+# Mixed chunks read as words (every tile inside one block) at most this wide, on 4 warps: sm_90, bf16, head_dim 128,
+# blocks of 32: 32 x 128 takes 117 registers, 710 SASS a tile (0.37 ms predicted at batch 16, context 32k), against
+# 576 on 8 warps (0.60), 740 for 16 x 128 on 2 (0.51) and 646 on 8 (1.34; `bench/attention_predict.py`). 64 wide
+# is not measured: the 2-bit branch is INT2's, whose 64 x 128 tile spills on 4 warps.
+MIXED_WORDS_TILE = 32
+# KIVI's tile where it fits in a block, on 4 warps: sm_90, bf16, head_dim 128, G = R = 32, blocks of 32, its
+# code-only loop takes 669 SASS a 32-token tile and 120 registers (0.35 ms predicted at batch 16, context 32k),
+# against 612 a 16-token tile on 2 warps (0.43), 1056 for 32 on 2 (0.37), 1425 for 64 on 4 (244 registers, 0.38).
+KIVI_WORDS_TILE = 32
 # Tree verification adds the ancestor-mask tile to a 16-token x GROUP_PAD-row extend tile. Compiled for
 # sm_90 in bf16 at head_dim 128 (two-phase kernel): BLOCK_N 64 on 4 warps spills 312 B per thread, on 8
 # warps takes 243 registers and does not; 32 on 4 warps takes 249. Tree launches run at most 64 wide and,
@@ -143,10 +152,11 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
                   BLOCK_SIZE: tl.constexpr,
                   KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr, KIVI_R: tl.constexpr, bits_ptr,
                   OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
-                  BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, bt_row, s_hi, OAKEN_NBT: tl.constexpr):  # fmt: skip
+                  BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, bt_row, s_hi, OAKEN_NBT: tl.constexpr,
+                  RING: tl.constexpr = True):  # fmt: skip
     """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8, KIVI and
     Oaken caches, one helper per format family (the per-token INT and mixed formats take the factored path,
-    `_load_code_tile`)."""
+    `_load_code_tile`). RING False: a KIVI tile of codes only (every token below n_q)."""
     base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
     if KV_FORMAT == _PLAIN:
         x = tl.load(base + d[None, :], mask=kv_m, other=0.0)
@@ -159,7 +169,7 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
     else:
         x = _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty, BITS,
                             j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY, blk0, j0, d_ok, BLOCK_SIZE,
-                            KIVI_G, KIVI_GV, KIVI_R, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N)  # fmt: skip
+                            KIVI_G, KIVI_GV, KIVI_R, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N, RING)  # fmt: skip
     return x.to(out_ty)
 
 
@@ -253,12 +263,17 @@ def _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride
                     BITS: tl.constexpr, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0,
                     j0, d_ok, BLOCK_SIZE: tl.constexpr, KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr,
                     KIVI_R: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
-                    BLOCK_N: tl.constexpr):  # fmt: skip
+                    BLOCK_N: tl.constexpr, RING: tl.constexpr):  # fmt: skip
     """KIVI: tokens below n_q from the codes (keys per channel over KIVI_G tokens, values per token over KIVI_GV
-    elements), the newer ones from the sequence's residual ring."""
-    quant = (j < nq)[:, None]
-    qm = kv_m & quant
-    code = _load_codes(base, d, j_ok & (j < nq), qm, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
+    elements), the newer ones from the sequence's residual ring (RING False: the caller's tile is all codes)."""
+    if RING:
+        c_ok = j_ok & (j < nq)
+        quant = (j < nq)[:, None]
+        qm = kv_m & quant
+    else:  # no ring row in the tile: no compare or select against n_q
+        c_ok = j_ok
+        qm = kv_m
+    code = _load_codes(base, d, c_ok, qm, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
     # Metadata (fp16, kept so) is loaded at its own size, not per element: a gather of [BLOCK_N, DIM_PAD]
     # scales issues one scalar load per element (KIVI ran at 0.047x the bf16 cache's speed on an H200).
     NGV: tl.constexpr = HEAD_DIM // KIVI_GV
@@ -267,9 +282,21 @@ def _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride
         # the block size): one (scale, zero) row of DIM_PAD channels for the whole tile, and the tile is
         # all codes or all ring (n_q is a multiple of KIVI_G).
         row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G) * stride_ms + kvh * stride_mh
-        m1 = d_ok & (d * 0 + nq > j0)  # (a vector compare: the interpreter widens a scalar int1 to int32)
+        m1 = d_ok & (d * 0 + nq > j0) if RING else d_ok  # (vector compare: the interpreter widens a scalar int1)
         sc = tl.load(s_ptr + row0 + d * 2, mask=m1, other=0.0)[None, :]
         zr = tl.load(s_ptr + row0 + d * 2 + 1, mask=m1, other=0.0)[None, :]
+    elif IS_KEY and BLOCK_N % KIVI_G == 0 and BLOCK_SIZE % BLOCK_N == 0 and BLOCK_N // KIVI_G <= 8:
+        # The tile holds BLOCK_N / KIVI_G whole key groups of one block: one (scale, zero) row per group, each
+        # repeated over its group's tokens (as the value scales below), not a gather per element.
+        NG: tl.constexpr = BLOCK_N // KIVI_G
+        gi = tl.arange(0, NG)
+        row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G + gi) * stride_ms + kvh * stride_mh
+        m1 = d_ok[None, :] & (j0 + gi * KIVI_G < nq)[:, None] if RING else d_ok[None, :] & (gi >= 0)[:, None]
+        mp = s_ptr + row0[:, None] + d[None, :] * 2
+        sc = tl.reshape(tl.broadcast_to(tl.load(mp, mask=m1, other=0.0)[:, None, :], (NG, KIVI_G, DIM_PAD)),
+                        (BLOCK_N, DIM_PAD))  # fmt: skip
+        zr = tl.reshape(tl.broadcast_to(tl.load(mp + 1, mask=m1, other=0.0)[:, None, :], (NG, KIVI_G, DIM_PAD)),
+                        (BLOCK_N, DIM_PAD))  # fmt: skip
     elif IS_KEY:  # per channel, one (scale, zero) pair per group of KIVI_G tokens: per row
         mp = s_ptr + (blk * stride_mb + (off // KIVI_G) * stride_ms + kvh * stride_mh)[:, None] + d[None, :] * 2
         sc = tl.load(mp, mask=qm, other=0.0)
@@ -279,7 +306,7 @@ def _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride
         # over its group's columns (a broadcast and an order-keeping reshape: no select per element).
         gi = tl.arange(0, NGV)
         mp = (s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + 2 * gi[None, :]
-        rq = (j_ok & (j < nq))[:, None]
+        rq = c_ok[:, None]
         sc = tl.reshape(tl.broadcast_to(tl.load(mp, mask=rq, other=0.0)[:, :, None], (BLOCK_N, NGV, KIVI_GV)),
                         (BLOCK_N, DIM_PAD))  # fmt: skip
         zr = tl.reshape(tl.broadcast_to(tl.load(mp + 1, mask=rq, other=0.0)[:, :, None], (BLOCK_N, NGV, KIVI_GV)),
@@ -287,7 +314,7 @@ def _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride
     elif NGV <= 8:
         # Per token, one pair per KIVI_GV elements of head_dim: NGV [BLOCK_N] loads, spread over columns.
         mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
-        rq = j_ok & (j < nq)
+        rq = c_ok
         sc = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
         zr = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
         for g in tl.static_range(NGV):
@@ -298,18 +325,24 @@ def _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride
         mp = s_ptr + (blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + ((d // KIVI_GV) * 2)[None, :]
         sc = tl.load(mp, mask=qm, other=0.0)
         zr = tl.load(mp + 1, mask=qm, other=0.0)
-    ring = (j % (KIVI_G + KIVI_R)) * stride_rr  # the residual ring row of token j
-    rp = r_ptr + b * stride_rb + kvh * stride_rh + ring[:, None] + d[None, :]
-    if out_ty == tl.float16:
-        # fp16 codes by bit patterns and one fused multiply-add in fp16 with the stored fp16 (scale, zero):
-        # one rounding (2^-11, finer than the bf16 tiles this replaces) and no per-element conversion (an
-        # int-to-float and a float-to-bf16 cvt each ran at 16 per clock per SM).
-        xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float16)
-        x = tl.where(quant, codes_f16(code) * sc + zr, xr)
+    if not RING:  # masked rows and columns load code, scale and zero 0: they dequantize to 0 with no select
+        if out_ty == tl.float16:
+            x = codes_f16(code) * sc + zr
+        else:
+            x = code.to(tl.float32) * sc.to(tl.float32) + zr.to(tl.float32)
     else:
-        xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float32)
-        x = tl.where(quant, code.to(tl.float32) * sc.to(tl.float32) + zr.to(tl.float32), xr)
-    x = tl.where(kv_m, x, 0.0)
+        ring = (j % (KIVI_G + KIVI_R)) * stride_rr  # the residual ring row of token j
+        rp = r_ptr + b * stride_rb + kvh * stride_rh + ring[:, None] + d[None, :]
+        if out_ty == tl.float16:
+            # fp16 codes by bit patterns and one fused multiply-add in fp16 with the stored fp16 (scale, zero):
+            # one rounding (2^-11, finer than the bf16 tiles this replaces) and no per-element conversion (an
+            # int-to-float and a float-to-bf16 cvt each ran at 16 per clock per SM).
+            xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float16)
+            x = tl.where(quant, codes_f16(code) * sc + zr, xr)
+        else:
+            xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float32)
+            x = tl.where(quant, code.to(tl.float32) * sc.to(tl.float32) + zr.to(tl.float32), xr)
+        x = tl.where(kv_m, x, 0.0)
     return x
 
 
@@ -473,10 +506,13 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
         # Tree verification walks the keys in two phases: the prefix tiles, every key visible (but for a window),
         # with no mask or position loads, as a causal extend walks them; then what is left (the tree's tokens
-        # and a partial prefix tile) under the ancestor mask.
-        for phase in tl.static_range(2 if MASK_MODE == _TREE else 1):
-            if MASK_MODE == _TREE:
-                mid = s_lo + tl.maximum(tl.minimum(s_hi, prefix) - s_lo, 0) // BLOCK_N * BLOCK_N
+        # and a partial prefix tile) under the ancestor mask. KIVI (but for tree launches) walks its code-only tiles
+        # first, with no select between ring and codes per element, then the rest (the ring, a tile across n_q).
+        KIVI_SPLIT: tl.constexpr = KV_FORMAT == _KIVI and MASK_MODE != _TREE
+        for phase in tl.static_range(2 if MASK_MODE == _TREE or KIVI_SPLIT else 1):
+            if MASK_MODE == _TREE or KIVI_SPLIT:
+                edge = prefix if MASK_MODE == _TREE else nq
+                mid = s_lo + tl.maximum(tl.minimum(s_hi, edge) - s_lo, 0) // BLOCK_N * BLOCK_N
                 lo = s_lo if phase == 0 else mid
                 hi = mid if phase == 0 else s_hi
             else:
@@ -505,7 +541,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                       j, b, nq, k_res_ptr, stride_rb, stride_rr, stride_rh, True,
                                       blk0, start, d_ok, BLOCK_SIZE,
                                       KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
-                                      BLOCK_N, HW_FP8, bt_ptr + b * stride_bt, s_hi, OAKEN_NBT)  # fmt: skip
+                                      BLOCK_N, HW_FP8, bt_ptr + b * stride_bt, s_hi, OAKEN_NBT,
+                                      not KIVI_SPLIT or phase == 1)  # fmt: skip
                     s = tl.dot(q_mma, tl.trans(k), input_precision=DOT_PREC)
                     if F16_MMA:
                         s = s * q_unf[:, None]
@@ -560,7 +597,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                       j, b, nq, v_res_ptr, stride_rb, stride_rr, stride_rh, False,
                                       blk0, start, d_ok, BLOCK_SIZE,
                                       KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
-                                      BLOCK_N, HW_FP8, bt_ptr + b * stride_bt, s_hi, OAKEN_NBT)  # fmt: skip
+                                      BLOCK_N, HW_FP8, bt_ptr + b * stride_bt, s_hi, OAKEN_NBT,
+                                      not KIVI_SPLIT or phase == 1)  # fmt: skip
                     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
                 m_i = m_new
 
@@ -621,12 +659,16 @@ def choose_num_splits(programs: int, max_kv_len: int, sms: int | None) -> int:
     return max(1, min(-(-2 * sms // programs), max_kv_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS))
 
 
-def default_config(head_dim: int, elem_bytes: int, kv_format: int = KV_FORMAT_PLAIN, bits: int = 16) -> dict:
+def default_config(
+    head_dim: int, elem_bytes: int, kv_format: int = KV_FORMAT_PLAIN, bits: int = 16, block_size: int | None = None
+) -> dict:
     """Untuned defaults sized so the pipelined K and V tiles fit in shared memory:
     num_stages * 2 * BLOCK_N * dim_pad * elem_bytes <= DEFAULT_SMEM_BUDGET; at head_dim 256 also 8 warps
     and 32 rows (a 64 x 256 fp32 accumulator would be 128 registers per thread over 4 warps). Caches that
     unpack codes in the inner loop also keep BLOCK_N x dim_pad within a register budget
-    (SUBBYTE_TILE_ELEMS) so the kernel does not spill; KIVI takes its measured 16-row tile on 2 warps."""
+    (SUBBYTE_TILE_ELEMS) so the kernel does not spill. With `block_size` known, KIVI takes KIVI_WORDS_TILE on 4
+    warps where a block holds whole tiles (else its measured 16-row tile on 2 warps), and mixed chunks read as words
+    (`mixed_reads_words`) MIXED_WORDS_TILE on 4 warps."""
     cfg = dict(DEFAULT_CONFIG)
     dp = dim_pad(head_dim)
     while (
@@ -634,7 +676,9 @@ def default_config(head_dim: int, elem_bytes: int, kv_format: int = KV_FORMAT_PL
     ):
         cfg["BLOCK_N"] //= 2
     oaken = kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE)
-    gathered = kv_format == KV_FORMAT_MIXED or (
+    mixed_bn = min(cfg["BLOCK_N"], MIXED_WORDS_TILE, block_size or 0)
+    mixed_words = mixed_bn >= 16 and mixed_reads_words(kv_format, head_dim, block_size, mixed_bn)  # a dot's K >= 16
+    gathered = (kv_format == KV_FORMAT_MIXED and not mixed_words) or (
         (kv_format == KV_FORMAT_INT or oaken) and bits < 8 and not reads_words(kv_format, bits, head_dim)
     )
     if gathered:  # sub-byte codes read by byte gather
@@ -643,11 +687,16 @@ def default_config(head_dim: int, elem_bytes: int, kv_format: int = KV_FORMAT_PL
         # 32 x 128 on 8 warps: the offline variant spills at 64 x 128 (sm_90, bf16, head_dim 128), and a tile as
         # wide as a 32-token block scans each block's outlier slots once (16 wide scans them twice).
         cfg["BLOCK_N"], cfg["num_warps"] = min(cfg["BLOCK_N"], 32), 8
-    if kv_format == KV_FORMAT_KIVI:
+    kivi_wide = cfg["BLOCK_N"] >= KIVI_WORDS_TILE and block_size is not None and block_size % KIVI_WORDS_TILE == 0
+    if kv_format == KV_FORMAT_KIVI and kivi_wide:
+        cfg["BLOCK_N"], cfg["num_warps"] = KIVI_WORDS_TILE, 4
+    elif kv_format == KV_FORMAT_KIVI:
         # 16 x 128 on 2 warps: the fastest config of three H200 tuning passes at batch 16 (context 32k: 6.1 ms
-        # against 10.4 at 64 x 128 on 8 warps).
+        # against 10.4 at 64 x 128 on 8 warps; the kernel then gathered its scales and selected ring rows per tile).
         cfg["BLOCK_N"], cfg["num_warps"] = 16, 2
-    if kv_format == KV_FORMAT_MIXED:
+    if mixed_words:
+        cfg["BLOCK_N"], cfg["num_warps"] = mixed_bn, 4
+    elif kv_format == KV_FORMAT_MIXED:
         cfg["num_warps"] = 8  # three code widths in one loop: 4 warps spill without a split (128 regs + 8 B)
     if kv_format == KV_FORMAT_INT and bits == 2:
         # 16 codes per word: on 4 warps the 64 x 128 tile spills (sm_90, bf16, block size 32); on 8 it does not.
@@ -712,7 +761,7 @@ def launch_config(
     key = table_key(q_heads, kv_heads, head_dim, block_size)
     gpu = device_view(device).gpu_name
     op = table_op(kv_format, bits)
-    cfg = lookup_config(op, gpu, batch, key, default_config(head_dim, elem_bytes, kv_format, bits))
+    cfg = lookup_config(op, gpu, batch, key, default_config(head_dim, elem_bytes, kv_format, bits, block_size))
     return cfg
 
 

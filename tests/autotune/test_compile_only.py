@@ -261,12 +261,15 @@ from codesign.kernels.gemm.triton_gemm import _GPU_DEFAULTS
 fmts = {"paged_attention_int4": pt.KV_FORMAT_INT, "paged_attention_mixed": pt.KV_FORMAT_MIXED,
         "paged_attention_kivi": pt.KV_FORMAT_KIVI, "paged_attention_oaken": pt.KV_FORMAT_OAKEN}
 fmts_both = (pt.KV_FORMAT_INT, pt.KV_FORMAT_MIXED)
+# Mixed and KIVI defaults depend on the block size: 16-token tiles in blocks of 16, 32 x 128 on 4 warps in blocks of 32.
+blocks = (pt.KV_FORMAT_MIXED, pt.KV_FORMAT_KIVI)
 with compile_only(90, "NVIDIA H200") as s:
     for name, fmt in fmts.items():
         for m, ctx in ((4, 256), (16, 4096)) if fmt in fmts_both else ((16, 4096),):  # 1 and 3 splits
-            shape = dict(M=m, q_heads=32, kv_heads=8, head_dim=128, block_size=16, ctx=ctx)
-            op = get_op(name)
-            op.run(op.make_inputs(shape, torch.float16, "cpu", 0), pt.default_config(128, 2, fmt, 4))
+            for bs in (16, 32) if fmt in blocks else (16,):
+                shape = dict(M=m, q_heads=32, kv_heads=8, head_dim=128, block_size=bs, ctx=ctx)
+                op = get_op(name)
+                op.run(op.make_inputs(shape, torch.float16, "cpu", 0), pt.default_config(128, 2, fmt, 4, bs))
 # Tree verification at its default tile (64 wide, raised to 8 warps by tree_config): spilled 312 B on 4.
 from codesign.kernels.attention.tree import build_tree_batch
 from codesign.kernels.attention.paged import tree_attention
@@ -280,8 +283,8 @@ assert (tl_.constexprs["BLOCK_N"], tl_.num_warps) == (64, 8), (tl_.constexprs["B
 # KIVI reads its per-channel key scales once per tile and its value scales once per group, not once per
 # element: the bench shape's kernel had 139 global loads in its PTX with the per-element gather (20x slower
 # than the bf16 cache on an H200), 48 without (80 here: G = 16, eight value groups per token).
-(kv_,) = [l for l in s.launches if l.constexprs.get("KV_FORMAT") == pt.KV_FORMAT_KIVI]
-assert kv_.ptx_ops["ld_global"] <= 100, kv_.ptx_ops
+for kv_ in [l for l in s.launches if l.constexprs.get("KV_FORMAT") == pt.KV_FORMAT_KIVI]:
+    assert kv_.ptx_ops["ld_global"] <= 100, kv_.ptx_ops
 # Codes become fp16 by bit patterns, not an integer-to-float cvt per element (128 per thread in the INT8 and INT4
 # decode kernels before, 64 in KIVI's, 38 in Oaken's): what is left converts indices, outside the loop.
 for l in s.launches:
