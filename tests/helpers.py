@@ -119,6 +119,26 @@ def device_view_with(**changes):
     return use_device_view(dataclasses.replace(device_view("cpu"), **changes))
 
 
+def spy_launches(monkeypatch, targets, record=None) -> list:
+    """Stand-ins for the @triton.jit kernels `targets` ((module, name) pairs): each launch still runs, after
+    appending record(name, grid, launch kwargs) (default: the kernel's name) to the list returned."""
+    seen: list = []
+    rec = record or (lambda name, grid, kw: name)
+    for module, name in targets:
+        real = getattr(module, name)
+
+        class _Spy:
+            def __getitem__(self, grid, real=real, name=name):
+                def launch(*args, **kw):
+                    seen.append(rec(name, grid, kw))
+                    return real[grid](*args, **kw)
+
+                return launch
+
+        monkeypatch.setattr(module, name, _Spy())
+    return seen
+
+
 def module_imports(path: Path, package: str) -> set[str]:
     """Absolute names of the modules `path` imports (relative imports resolved against `package`)."""
     out = set()

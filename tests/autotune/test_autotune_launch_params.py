@@ -11,7 +11,7 @@ import json
 
 import pytest
 import torch
-from helpers import device_view_with
+from helpers import device_view_with, spy_launches
 from triton_lowering import assert_lowers_for_gpu
 
 from codesign import cli
@@ -95,18 +95,7 @@ def test_an_exported_kv_write_table_sets_the_launch(tmp_path, monkeypatch):
     recs = TuningCache(cache).load().records
     assert len(recs) == 2 and best == min(recs, key=lambda r: r["time_ms"])["config"]
 
-    seen = []
-    real = kvt._kv_write_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                seen.append(kw["num_warps"])
-                return real[grid](*args, **kw)
-
-            return launch
-
-    monkeypatch.setattr(kvt, "_kv_write_kernel", Spy())
+    seen = spy_launches(monkeypatch, ((kvt, "_kv_write_kernel"),), lambda name, grid, kw: kw["num_warps"])
     monkeypatch.setenv("CODESIGN_CONFIG_DIR", str(out))
     lookup.reload_tables()
     op = get_op("kv_write_int4")

@@ -14,7 +14,7 @@ import json
 
 import pytest
 import torch
-from helpers import assert_rel_close, device_view_with
+from helpers import assert_rel_close, device_view_with, spy_launches
 from triton_lowering import assert_lowers_for_gpu
 
 from codesign import cli
@@ -38,19 +38,10 @@ KEY = f"G={G},K={K},N={N}"
 @pytest.fixture
 def launched(monkeypatch):
     """Records the variant of every weight-only GEMM launch ("splitk" / "tiled")."""
-    seen: list[str] = []
-    real = qt._wq_kernel
+    def variant(name, grid, kw):
+        return "splitk" if kw["SPLITK"] else "tiled"
 
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                seen.append("splitk" if kw["SPLITK"] else "tiled")
-                return real[grid](*args, **kw)
-
-            return launch
-
-    monkeypatch.setattr(qt, "_wq_kernel", Spy())
-    return seen
+    return spy_launches(monkeypatch, ((qt, "_wq_kernel"),), variant)
 
 
 def _reference(x, qw):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import assert_rel_close, spy_launches
 
 from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
@@ -28,25 +28,9 @@ BOUND = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}  # the 
 @pytest.fixture
 def kernels(monkeypatch):
     """Names of the GEMM path's kernel launches, in order."""
-    seen: list[str] = []
-
-    def spy(module, name):
-        real = getattr(module, name)
-
-        class Spy:
-            def __getitem__(self, grid):
-                def launch(*args, **kw):
-                    seen.append(name)
-                    return real[grid](*args, **kw)
-
-                return launch
-
-        monkeypatch.setattr(module, name, Spy())
-
-    spy(fq, "_fusedq_kernel")
-    spy(qt, "_act_quant_kernel")
-    spy(qt, "_scaled_mm_kernel")
-    return seen
+    return spy_launches(
+        monkeypatch, ((fq, "_fusedq_kernel"), (qt, "_act_quant_kernel"), (qt, "_scaled_mm_kernel"))
+    )
 
 
 def _weight(fp8: bool, n: int, k: int, per_tensor: bool):

@@ -12,7 +12,7 @@ import gc
 
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import assert_rel_close, spy_launches
 
 from codesign.autotune.lookup import forced_config
 from codesign.backend import DeviceView, use_backend, use_device_view
@@ -32,24 +32,7 @@ HOPPER = DeviceView(gpu=True, sms=132, capability=(9, 0), hw_fp8=True, min_dot_r
 @pytest.fixture
 def launches(monkeypatch):
     """Names of the kernels launched, in order."""
-    seen: list[str] = []
-
-    def spy(module, name):
-        real = getattr(module, name)
-
-        class Spy:
-            def __getitem__(self, grid):
-                def launch(*args, **kw):
-                    seen.append(name)
-                    return real[grid](*args, **kw)
-
-                return launch
-
-        monkeypatch.setattr(module, name, Spy())
-
-    spy(tt, "_tma_scaled_mm_kernel")
-    spy(qt, "_scaled_mm_kernel")
-    return seen
+    return spy_launches(monkeypatch, ((tt, "_tma_scaled_mm_kernel"), (qt, "_scaled_mm_kernel")))
 
 
 def _weight(fp8: bool, n: int, k: int, per_tensor: bool):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import spy_launches
 
 from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
@@ -33,20 +34,8 @@ def _cfg(split: int) -> dict[str, int]:
 @pytest.fixture
 def launches(monkeypatch):
     """(kernel, grid, SPLIT_K) of each GEMM launch."""
-    seen: list[tuple[str, tuple, int]] = []
-    for module, name in ((fq, "_fusedq_kernel"), (qt, "_scaled_mm_kernel")):
-        real = getattr(module, name)
-
-        class Spy:
-            def __getitem__(self, grid, real=real, name=name):
-                def launch(*args, **kw):
-                    seen.append((name, grid, kw["SPLIT_K"]))
-                    return real[grid](*args, **kw)
-
-                return launch
-
-        monkeypatch.setattr(module, name, Spy())
-    return seen
+    targets = ((fq, "_fusedq_kernel"), (qt, "_scaled_mm_kernel"))
+    return spy_launches(monkeypatch, targets, lambda name, grid, kw: (name, grid, kw["SPLIT_K"]))
 
 
 def _problem(fp8: bool, m: int, n: int, k: int, dtype: torch.dtype, bias: bool, per_tensor: bool):
