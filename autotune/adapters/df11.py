@@ -135,7 +135,21 @@ def _packed_weight(n: int, k: int, seg: int | None, chunk_bytes: int | None = No
     return w, PackedDF11(df, "cpu", segment=seg)
 
 
-class DF11Decode:
+class BitExactDecode:
+    """The decoders' check (both layouts): the weight's own bits (`inputs["bits"]`), tolerance 0, written into
+    an output (`inputs["out"]`) that first holds their complement, so any element left unwritten shows."""
+
+    def poison(self, inputs: dict[str, Any]) -> None:
+        inputs["out"].copy_(~inputs["bits"].to(inputs["out"].device))
+
+    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
+        return inputs["bits"].double()
+
+    def tolerance(self, dtype: torch.dtype) -> float:
+        return 0.0  # lossless: the decoded bits are the weight's bits
+
+
+class DF11Decode(BitExactDecode):
     """df11_decode: the two-phase decoder's bf16 bits of W [N, K] (`PackedDF11.decode_into`), bit-exact.
 
     Shape: N, K, optionally chunk_bytes and chunks_per_group (the container geometry; default the codec's,
@@ -198,22 +212,12 @@ class DF11Decode:
     def input_bytes(self, inputs: dict[str, Any]) -> int:
         return int(inputs["packed"].nbytes)
 
-    def poison(self, inputs: dict[str, Any]) -> None:
-        # The complement of every expected pattern: any element left unwritten shows.
-        inputs["out"].copy_(~inputs["bits"].to(inputs["out"].device))
-
     def run(self, inputs: dict[str, Any], config: dict[str, int]) -> torch.Tensor:
         from codesign.backend import use_backend
 
         with use_backend("triton", op="df11_decode"), forced_config(self.table_op({}), config):
             inputs["packed"].decode_into(inputs["out"], check=False)
         return inputs["out"]
-
-    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
-        return inputs["bits"].double()
-
-    def tolerance(self, dtype: torch.dtype) -> float:
-        return 0.0  # lossless: the decoded bits are the weight's bits
 
 
 class DF11Gemv(DF11Decode):

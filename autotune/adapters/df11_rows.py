@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from codesign.autotune.adapters.common import pow2_cap, seeded
-from codesign.autotune.adapters.df11 import synthetic_weight
+from codesign.autotune.adapters.df11 import BitExactDecode, synthetic_weight
 from codesign.autotune.lookup import forced_config
 from codesign.autotune.ops import Shape, register
 from codesign.autotune.space import ConfigSpace, Resources
@@ -40,7 +40,7 @@ _REGS_PER_X_ROW = 2.5
 _FP64_U = 2.0**-53
 
 
-class RowsDecode:
+class RowsDecode(BitExactDecode):
     """df11_rows_decode: the bf16 bits of W [N, K] decoded by `PackedDF11Rows.decode_into`, bit-exact."""
 
     default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
@@ -114,22 +114,12 @@ class RowsDecode:
     def input_bytes(self, inputs: dict[str, Any]) -> int:
         return int(inputs["packed"].nbytes)
 
-    def poison(self, inputs: dict[str, Any]) -> None:
-        # The complement of every expected pattern: any element left unwritten shows.
-        inputs["out"].copy_(~inputs["bits"].to(inputs["out"].device))
-
     def run(self, inputs: dict[str, Any], config: dict[str, int]) -> Any:
         from codesign.backend import use_backend
 
         with use_backend("triton", op=self.backend_op), forced_config(self.tr.DECODE_OP, config):
             inputs["packed"].decode_into(inputs["out"], check=False)
         return inputs["out"]
-
-    def reference(self, inputs: dict[str, Any]) -> torch.Tensor:
-        return inputs["bits"].double()
-
-    def tolerance(self, dtype: torch.dtype) -> float:
-        return 0.0  # lossless: the decoded bits are the weight's bits
 
 
 class RowsGemv(RowsDecode):
