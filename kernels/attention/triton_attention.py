@@ -62,7 +62,7 @@ from codesign.kernels.kvcache.formats import (
     PLAIN_BITS,
     table_suffix,
 )
-from codesign.kernels.triton_codes import codes_f16, pow2_scale, unpack_words
+from codesign.kernels.triton_codes import codes_f16, pair_order, pow2_scale, unpack_words, words_f16
 
 OP = "paged_attention"
 # Formats whose codes meet fp16 / bf16 queries in fp16 products (F16_MMA): codes become fp16 by bit patterns
@@ -380,7 +380,13 @@ def _load_code_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride
     q . k_j = sc_j (q . c_j) + zr_j sum(q) and sum_j p_j v_j = (p * sc) @ c + sum_j p_j zr_j. The scale and
     zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element."""
     base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
-    if KV_FORMAT == _INT:
+    PAIRS: tl.constexpr = KV_FORMAT == _INT and WORDS and BITS >= 4 and out_ty == tl.float16
+    if PAIRS:  # `words_f16`: its columns in `pair_order` (the kernel permutes q and o alike)
+        PERW: tl.constexpr = 32 // BITS
+        w = tl.arange(0, DIM_PAD // PERW)
+        words = tl.load(base + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
+        code = tl.reshape(words_f16(words, BITS), (BLOCK_N, DIM_PAD))
+    elif KV_FORMAT == _INT:
         code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
     elif WORDS:
         # Mixed chunks, the tile inside one block (BLOCK_N divides the block size; tiles start at multiples of
@@ -401,7 +407,9 @@ def _load_code_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride
     mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
     sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
     zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
-    if out_ty == tl.float16:
+    if PAIRS:
+        x = code
+    elif out_ty == tl.float16:
         x = codes_f16(code)
     else:
         x = code.to(out_ty)
@@ -455,9 +463,13 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         qh = kvh * GROUP + hg
         d = tl.arange(0, DIM_PAD)
         d_ok = d < HEAD_DIM
+        # INT codes read as words meet fp16 queries in `words_f16`'s column order: q and o take it too (the
+        # permutation stays inside each word, so d_ok and the masks are unchanged).
+        PAIRS: tl.constexpr = KV_FORMAT == _INT and WORDS and BITS >= 4 and F16_MMA
+        dq = pair_order(d, BITS) if PAIRS else d
         qt = (q_start + qi).to(tl.int64)
         q = tl.load(
-            q_ptr + qt[:, None] * stride_qt + qh[:, None] * stride_qh + d[None, :],
+            q_ptr + qt[:, None] * stride_qt + qh[:, None] * stride_qh + dq[None, :],
             mask=row_ok[:, None] & d_ok[None, :], other=0.0,
         )  # fmt: skip
         if MASK_MODE == _TREE:
@@ -609,13 +621,13 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         st_m = row_ok[:, None] & d_ok[None, :]
         if NUM_SPLITS == 1:
-            tl.store(o_ptr + qt[:, None] * stride_ot + qh[:, None] * stride_oh + d[None, :],
+            tl.store(o_ptr + qt[:, None] * stride_ot + qh[:, None] * stride_oh + dq[None, :],
                      o.to(o_ptr.dtype.element_ty), mask=st_m)  # fmt: skip
             if WRITE_LSE:
                 tl.store(lse_ptr + qt * stride_lt + qh * stride_lh, lse2 * _LN2, mask=row_ok)
         else:
             base = qt * stride_pt + qh * stride_ph + split * stride_ps
-            tl.store(op_ptr + base[:, None] * DIM_PAD + d[None, :], o, mask=st_m)
+            tl.store(op_ptr + base[:, None] * DIM_PAD + dq[None, :], o, mask=st_m)
             tl.store(lsep_ptr + base, lse2, mask=row_ok)
 
 

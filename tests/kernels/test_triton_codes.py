@@ -1,6 +1,7 @@
 """`codesign.kernels.triton_codes` in the interpreter: every code below 1024 becomes its exact fp16 value,
 the power-of-two scales are exact and land where they say, and the join-tree unpack returns each word's
-codes in order at 2, 4 and 8 bits (random words, sign bits set)."""
+codes in order at 2, 4 and 8 bits (random words, sign bits set), and the paired fp16 unpack returns them
+exactly in its stated column order at 4 and 8 bits."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import triton
 import triton.language as tl
 
 from codesign.backend import use_backend
-from codesign.kernels.triton_codes import codes_f16, pow2_scale, unpack_words
+from codesign.kernels.triton_codes import codes_f16, pair_order, pow2_scale, unpack_words, words_f16
 
 
 @triton.jit
@@ -61,3 +62,29 @@ def test_unpack_words_in_order(bits):
     shifts = torch.arange(per) * bits
     want = ((u[:, :, None] >> shifts) & (2**bits - 1)).reshape(4, 8 * per).to(torch.int32)
     assert torch.equal(out, want)
+
+
+@triton.jit
+def _pairs_probe(w_ptr, out_ptr, order_ptr, R: tl.constexpr, NW: tl.constexpr, BITS: tl.constexpr):
+    r = tl.arange(0, R)
+    w = tl.arange(0, NW)
+    words = tl.load(w_ptr + r[:, None] * NW + w[None, :])
+    x = tl.reshape(words_f16(words, BITS), (R, NW * (32 // BITS)))
+    c = tl.arange(0, NW * (32 // BITS))
+    tl.store(out_ptr + r[:, None] * (NW * (32 // BITS)) + c[None, :], x)
+    tl.store(order_ptr + c, pair_order(c, BITS))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_words_f16_exact_in_pair_order(bits):
+    per = 32 // bits
+    words = torch.randint(-(2**31), 2**31 - 1, (4, 8), dtype=torch.int64).to(torch.int32)
+    out = torch.full((4, 8 * per), float("nan"), dtype=torch.float16)
+    order = torch.full((8 * per,), -1, dtype=torch.int32)
+    with use_backend("triton"):
+        _pairs_probe[(1,)](words, out, order, R=4, NW=8, BITS=bits)
+    u = words.to(torch.int64) & 0xFFFFFFFF
+    codes = ((u[:, :, None] >> (torch.arange(per) * bits)) & (2**bits - 1)).reshape(4, 8 * per)
+    assert sorted(order.tolist()) == list(range(8 * per))  # a permutation inside each word
+    assert torch.equal(order.view(8, per) // per, torch.arange(8)[:, None].expand(8, per).to(torch.int32))
+    assert torch.equal(out.double(), codes[:, order.long()].double())
