@@ -97,12 +97,19 @@ MIXED_WORDS_TILE = 32
 # code-only loop takes 669 SASS a 32-token tile and 120 registers (0.35 ms predicted at batch 16, context 32k),
 # against 612 a 16-token tile on 2 warps (0.43), 1056 for 32 on 2 (0.37), 1425 for 64 on 4 (244 registers, 0.38).
 KIVI_WORDS_TILE = 32
-# Tree verification adds the ancestor-mask tile to a 16-token x GROUP_PAD-row extend tile. Compiled for
-# sm_90 in bf16 at head_dim 128 (two-phase kernel): BLOCK_N 64 on 4 warps spills 312 B per thread, on 8
-# warps takes 243 registers and does not; 32 on 4 warps takes 249. Tree launches run at most 64 wide and,
-# at 64, on at least 8 warps: the prefix phase then keeps a causal extend's tile width.
+# Tree verification adds the ancestor mask to a 16-token x GROUP_PAD-row extend tile, one 64-bit window of
+# packed mask bits per row (`tree_mask_words`): at most 64 wide. Compiled for sm_90 in bf16 at head_dim 128
+# (batch 16, 64 nodes over 4k): 64 x 4 warps takes 232 registers, no spills (2 programs an SM, as the extend),
+# 780 SASS a prefix tile and 954 the masked one (`bench/attention_predict.py`); the byte mask read as a 2-D
+# tile put the softmax in a second layout (196 SHFL.BFLY) and spilled 312 B on 4 warps (243 registers on 8).
+# FP8 at 64 x 4 takes 228; INT8 / INT4 per token spill 44-72 B there and take 216 on 8 warps: caches other
+# than these two run a 64-wide tree tile on at least TREE_MIN_WARPS.
 TREE_MAX_BLOCK_N = 64
 TREE_MIN_WARPS = 8
+TREE_FOUR_WARP_FORMATS = (KV_FORMAT_PLAIN, KV_FORMAT_FP8)
+# The kernel reads a row's mask bits for one tile as a 64-bit window (`tree_mask_words`); a tile starts at most
+# BLOCK_N <= 64 keys before the tree, so the packed bits start this far in.
+TREE_PAD_BITS = tl.constexpr(64)
 # Oaken outlier slots applied per chunk of this many (the K of two small tl.dot, at least 16 on GPUs).
 OAKEN_SC = tl.constexpr(16)
 # The constants above as the jit code reads them (a kernel reads only constexpr globals).
@@ -567,11 +574,17 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 if MASK_MODE == _TREE and phase == 1:  # the tree phase
                     in_tree = j >= prefix
                     tj = j - prefix
-                    bits = tl.load(
-                        mask_ptr + tl.load(mask_off_ptr + b) + qi[:, None] * q_len + tj[None, :],
-                        mask=row_ok[:, None] & (in_tree & j_ok)[None, :], other=0,
-                    )  # fmt: skip
-                    vis = (~in_tree)[None, :] | (bits != 0)
+                    # Each row's 64 mask bits from this tile on, from two words (`tree_mask_words`): 1-D loads
+                    # keep the tile in the dot's layout (a 2-D byte load put the softmax in a second one).
+                    # (clamped: only a tile ending 64 or more keys before the tree, none of its bits read, goes below)
+                    e = tl.maximum(tl.load(mask_off_ptr + b) + qi * q_len + (start - prefix) + TREE_PAD_BITS, 0)
+                    w = (e >> 6).to(tl.int64)
+                    sh = (e & 63).to(tl.uint64)
+                    x0 = tl.load(mask_ptr + w, mask=row_ok, other=0).to(tl.uint64, bitcast=True)
+                    x1 = tl.load(mask_ptr + w + 1, mask=row_ok, other=0).to(tl.uint64, bitcast=True)
+                    win = (x0 >> sh) | ((x1 << 1) << (63 - sh))
+                    c = tl.arange(0, BLOCK_N).to(tl.uint64)
+                    vis = (~in_tree)[None, :] | (((win[:, None] >> c[None, :]) & 1) != 0)
                     kpos = tl.where(in_tree, tl.load(pos_ptr + q_start + tj, mask=in_tree & j_ok, other=0), j)
                 elif MASK_MODE == _TREE:  # a prefix tile: every key visible
                     kpos = j
@@ -777,12 +790,23 @@ def launch_config(
     return cfg
 
 
-def tree_config(cfg: dict) -> dict:
-    """`cfg` for a tree-verification launch: BLOCK_N at most TREE_MAX_BLOCK_N, and at that width at least
-    TREE_MIN_WARPS warps (the ancestor-mask tile spills on fewer; see TREE_MAX_BLOCK_N)."""
+def tree_config(cfg: dict, kv_format: int = KV_FORMAT_PLAIN) -> dict:
+    """`cfg` for a tree-verification launch: BLOCK_N at most TREE_MAX_BLOCK_N (the mask window), and at that
+    width at least TREE_MIN_WARPS warps but for TREE_FOUR_WARP_FORMATS (see TREE_MAX_BLOCK_N)."""
     bn = min(cfg["BLOCK_N"], TREE_MAX_BLOCK_N)
-    warps = max(cfg["num_warps"], TREE_MIN_WARPS) if bn >= TREE_MAX_BLOCK_N else cfg["num_warps"]
+    raise_warps = bn >= TREE_MAX_BLOCK_N and kv_format not in TREE_FOUR_WARP_FORMATS
+    warps = max(cfg["num_warps"], TREE_MIN_WARPS) if raise_warps else cfg["num_warps"]
     return {**cfg, "BLOCK_N": bn, "num_warps": warps}
+
+
+def tree_mask_words(mask: torch.Tensor) -> torch.Tensor:
+    """The flat uint8 tree mask as int64 words of 64 bits (bit k of word w: element 64 w + k - TREE_PAD_BITS),
+    TREE_PAD_BITS zero bits first and a zero word last, so every 64-bit window the kernel reads lies inside."""
+    n, pad = mask.numel(), TREE_PAD_BITS.value
+    words = (pad + n + 63) // 64 + 1
+    bits = torch.zeros(words * 64, dtype=torch.int64, device=mask.device)
+    bits[pad : pad + n] = mask.reshape(-1) != 0
+    return (bits.view(words, 64) << torch.arange(64, device=mask.device)).sum(1)
 
 
 def tile_blocks(block_n: int, block_size: int) -> int:
@@ -833,7 +857,8 @@ class KernelKV:
 class LaunchPlan:
     """Every launch choice of one attention launch, made before it (`plan_launch`): the tile config (tuned
     table or defaults, tree-adjusted), the rows layout, the split-KV count, whether codes are read as words,
-    hardware fp8, and the split workspace (partial outputs fp32 [T, Hq, S, DIM_PAD], partial lse [T, Hq, S])."""
+    hardware fp8, the split workspace (partial outputs fp32 [T, Hq, S, DIM_PAD], partial lse [T, Hq, S]) and, for
+    a tree launch, its mask packed in words (`tree_mask_words`)."""
 
     config: dict
     group_pad: int
@@ -842,6 +867,7 @@ class LaunchPlan:
     words: bool
     hw_fp8: bool
     workspace: tuple[torch.Tensor, torch.Tensor] | None
+    tree_words: torch.Tensor | None = None
 
 
 def plan_launch(
@@ -862,7 +888,7 @@ def plan_launch(
     view = device_view(q.device)
     cfg = launch_config(hq, hkv, dim, bs, batch.block_tables.shape[0], q.device, q.element_size(), kv_format, bits)
     if batch.is_tree:
-        cfg = tree_config(cfg)
+        cfg = tree_config(cfg, kv_format)
     gpad, bq = rows_layout(hq // hkv, cfg["BLOCK_M"], batch.is_decode, view.min_dot_rows)
     if num_splits is None:
         b = batch.block_tables.shape[0]
@@ -883,7 +909,8 @@ def plan_launch(
                 torch.empty(*shape, dim_pad(dim), dtype=torch.float32, device=q.device),
                 torch.empty(*shape, dtype=torch.float32, device=q.device),
             )
-    return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws)
+    tw = tree_mask_words(batch.tree_mask) if batch.is_tree else None
+    return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws, tw)
 
 
 def _side_args(kv: KernelKV, context_lens: torch.Tensor) -> tuple[tuple, tuple, int]:
@@ -938,7 +965,7 @@ def paged_attention_triton(
         q, k_cache, v_cache, out, lse_t, o_part, l_part,
         batch.block_tables, batch.context_lens, batch.cu_seqlens_q,
         batch.positions if batch.positions is not None else dummy,
-        batch.tree_mask if batch.tree_mask is not None else dummy,
+        p.tree_words if p.tree_words is not None else dummy,
         batch.mask_indptr if batch.mask_indptr is not None else dummy,
         opts.alibi_slopes if opts.alibi_slopes is not None else dummy,
         kv.k_meta if kv.k_meta is not None else dummy, kv.v_meta if kv.v_meta is not None else dummy,

@@ -106,6 +106,7 @@ class _PlannedAttention:
         batch, opts = prepare(probe, k_like, k_like, block_tables, context_lens, cu, tree_args, opts)
         old = self._plan.launch.workspace if self._plan else None
         launch = plan_launch(probe, tuple(k_like.shape), code, bits, batch, opts.num_splits, old)
+        launch = dataclasses.replace(launch, tree_words=self._persist("tree_words", launch.tree_words))
         persisted = {f.name: self._persist(f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch)
                      if isinstance(getattr(batch, f.name), torch.Tensor)}  # fmt: skip
         self._plan = _Plan(

@@ -270,7 +270,7 @@ with compile_only(90, "NVIDIA H200") as s:
                 shape = dict(M=m, q_heads=32, kv_heads=8, head_dim=128, block_size=bs, ctx=ctx)
                 op = get_op(name)
                 op.run(op.make_inputs(shape, torch.float16, "cpu", 0), pt.default_config(128, 2, fmt, 4, bs))
-# Tree verification at its default tile (64 wide, raised to 8 warps by tree_config): spilled 312 B on 4.
+# Tree verification at its default tile (64 x 4 warps, as the extend): the byte-mask tile spilled 312 B there.
 from codesign.kernels.attention.tree import build_tree_batch
 from codesign.kernels.attention.paged import tree_attention
 tree = build_tree_batch([[-1] + [i // 2 for i in range(63)]] * 4, [4096] * 4)
@@ -279,7 +279,16 @@ kv = torch.zeros(2, 16, 8, 128, dtype=torch.bfloat16)
 with compile_only(90, "NVIDIA H200") as t, use_backend("triton"):
     tree_attention(torch.zeros(4 * 64, 32, 128, dtype=torch.bfloat16), kv, kv, bt, tree, check_data=False)
 (tl_,) = [l for l in t.launches if l.kernel == "_paged_attn_kernel"]
-assert (tl_.constexprs["BLOCK_N"], tl_.num_warps) == (64, 8), (tl_.constexprs["BLOCK_N"], tl_.num_warps)
+assert (tl_.constexprs["BLOCK_N"], tl_.num_warps) == (64, 4), (tl_.constexprs["BLOCK_N"], tl_.num_warps)
+# Quantized trees at 64 wide: FP8 keeps 4 warps (228 registers); INT8 spilled 44 B there, so it takes 8.
+from codesign.kernels.attention.quantized import kvq_tree_attention
+from codesign.kernels.kvcache.kvq import QuantPagedKV
+with compile_only(90, "NVIDIA H200") as tq:
+    for fmt, hs in (("int8", None), ("fp8", torch.full((8,), 4.0 / 448))):
+        kvq_tree_attention(torch.zeros(4 * 64, 32, 128, dtype=torch.bfloat16),
+                           QuantPagedKV.empty(4, 16, 8, 128, fmt, "cpu", hs, hs), bt, tree, check_data=False)
+tq_ = [l for l in tq.launches if l.kernel == "_paged_attn_kernel"]
+assert [l.num_warps for l in tq_] == [8, 4], [(l.constexprs["BLOCK_N"], l.num_warps) for l in tq_]
 # KIVI reads its per-channel key scales once per tile and its value scales once per group, not once per
 # element: the bench shape's kernel had 139 global loads in its PTX with the per-element gather (20x slower
 # than the bf16 cache on an H200), 48 without (80 here: G = 16, eight value groups per token).
@@ -299,7 +308,7 @@ with compile_only(90, "NVIDIA H200") as o:
     cache = OakenPagedKV.empty(4, 32, 8, 128, 4, thr, 4, "cpu", grid=grid)
     oaken_attention(torch.zeros(16, 32, 128, dtype=torch.bfloat16), cache, torch.zeros(16, 64, dtype=torch.int32),
                     torch.full((16,), 2048, dtype=torch.int32), check_data=False)
-for l in [*s.launches, tl_, *o.launches]:
+for l in [*s.launches, tl_, *tq_, *o.launches]:
     assert l.problems() == [], (l.kernel, l.constexprs.get("BLOCK_N"), l.problems())
 for arch, gpu, opname, kind, shp in ((80, "NVIDIA A100-SXM4-80GB", "w8a8_gemm", "scaled_mm", dict(M=256, N=512, K=512)),
                                      (89, "NVIDIA L40S", "w4a16_gemm", "tiled", dict(M=256, N=512, K=512, G=128))):

@@ -150,6 +150,23 @@ def test_tree_wrapper():
     assert_rel_close(out, ref, 2e-5)
 
 
+def test_tree_wrapper_replan_refills_mask_words_in_place():
+    """The kernel reads the mask packed in words (`tree_mask_words`): a re-plan with other trees of the same
+    sizes refills that buffer in place (what a captured graph reads) and run() sees the new trees."""
+    k, v, bt, cl = make_paged_kv([7 + 5, 3 + 8], 2, 64, 4, torch.float32)
+    w = TreeAttentionWrapper()
+    w.plan(k, bt, [star(5), random_tree(8)], [7, 3], 4)
+    words = w._plan.launch.tree_words.data_ptr()
+    parents = [chain(5), chain(8)]
+    w.plan(k, bt, parents, [7, 3], 4)
+    assert w._plan.launch.tree_words.data_ptr() == words
+    q = torch.randn(13, 4, 64)
+    with use_backend("triton"):
+        out = w.run(q, k, v)
+    ref, _ = reference_attention(q, k, v, bt, cl, [5, 8], parents=parents)
+    assert_rel_close(out, ref, 2e-5)
+
+
 def test_tree_bad_batch():
     tree = build_tree_batch([star(3)], [4])
     k, v, bt, _ = make_paged_kv([7], 1, 64, 4, torch.float32)
