@@ -13,6 +13,7 @@ import gc
 import pytest
 import torch
 from helpers import assert_rel_close, spy_launches
+from test_gemm_fusedq import _weight
 
 from codesign.autotune.lookup import forced_config
 from codesign.backend import DeviceView, use_backend, use_device_view
@@ -33,13 +34,6 @@ HOPPER = DeviceView(gpu=True, sms=132, capability=(9, 0), hw_fp8=True, min_dot_r
 def launches(monkeypatch):
     """Names of the kernels launched, in order."""
     return spy_launches(monkeypatch, ((tt, "_tma_scaled_mm_kernel"), (qt, "_scaled_mm_kernel")))
-
-
-def _weight(fp8: bool, n: int, k: int, per_tensor: bool):
-    fmt = "fp8_e4m3" if fp8 else "int8"
-    qw = qf.quantize_rtn(torch.randn(n, k), fmt, -1 if fp8 and per_tensor else None, True, torch.float32)
-    w_s = qw.scales if fp8 or not per_tensor else qw.scales.amax().reshape(1, 1)
-    return qw.qweight, w_s, fmt
 
 
 def _run(variant: str, x, w, w_s, bias, fp8: bool) -> torch.Tensor:
