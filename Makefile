@@ -59,7 +59,7 @@ test: install-test
 # pytest and codesign come from there (a .pth adds $(VENV)'s site-packages after the side venv's own), the
 # release and its dependencies are installed in the side venv, which comes first on sys.path. Built once;
 # `rm -rf .venv-hf-*` to rebuild. 4.57's quantizer loads pre-quantized checkpoints through accelerate.
-HF_COMPAT_VERSIONS ?= 4.57 5.23 5.24
+HF_COMPAT_VERSIONS ?= 4.57 5.23 5.24 5.25
 HF_COMPAT_EXTRA_4.57 := accelerate
 test-hf-compat: install-test
 	@set -e; base=$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"); \

@@ -178,7 +178,7 @@ def test_right_padding_and_attention_weights_are_refused(paged):
 
 def test_supported_transformers_versions():
     assert check_transformers_version()  # the installed one
-    for good in ("4.57.6", "5.23.0", "5.24.0"):  # what `make test-hf-compat` runs this suite on
+    for good in ("4.57.6", "5.23.0", "5.24.0", "5.25.0"):  # what `make test-hf-compat` runs this suite on
         assert check_transformers_version(good) == good
     for bad in ("4.56.2", "5.0.0", "5.22.1", "6.0.0"):
         with pytest.raises(CodesignError, match="not supported"):

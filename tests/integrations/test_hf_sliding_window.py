@@ -161,7 +161,14 @@ def test_tree_speculation_compacts_a_sliding_cache(draft):
                        pad_token_id=0, eos_token_id=None, stopping_criteria=[rec])  # fmt: skip
     assert_same_greedy_where_decisive(run.sequences, want, ids.shape[1])
     assert sp.cache._pages.dropped_total > 0
-    assert max(rec.used) <= window_blocks(KEEP, len(sp.parents), 4) < -(-(14 + 30) // 4)
+    bound = window_blocks(KEEP, len(sp.parents), 4)
+    assert max(rec.used) <= bound < -(-(14 + 30) // 4)
+    # The target's pool is sized for the window (plus two spare blocks a row), not for the whole run, and the
+    # run above went through in it; a draft model's own pool still holds the run (it forks and rewinds).
+    assert sp.cache.num_blocks == bound + 2 == sp.blocks_for([14], 14 + 30, model)[0]
+    assert sp.blocks_for([14], 14 + 30)[0] == -(-(14 + 30 + len(sp.parents)) // 4) + 2 > bound + 2
+    if draft == "model":
+        assert sp.draft.cache.num_blocks == sp.draft_blocks([14], 14 + 30)
     if draft == "model":  # the draft's cache frees too, keeping the tree's depth more for its rewinds
         assert sp.draft.cache.crop_margin == CROP_MARGIN + 3 and sp.draft.cache._pages.dropped_total > 0
 

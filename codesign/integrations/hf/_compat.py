@@ -1,4 +1,4 @@
-"""Every difference between the transformers releases the integration serves (4.57, 5.23, 5.24), in one place.
+"""Every difference between the transformers releases the integration serves (4.57, 5.23-5.25), in one place.
 
 Read from those releases' sources (`cache_utils.py`, `masking_utils.py`, `quantizers/base.py`,
 `modeling_utils.py`, each model's `forward`):
@@ -16,7 +16,9 @@ Read from those releases' sources (`cache_utils.py`, `masking_utils.py`, `quanti
   keeps a pre-quantized checkpoint's dtypes (`QuantizerLoading`);
 - 4.57 gives the model a copy of the quantization config (5.x the quantizer's own object): the quantizer
   records the converted layers on both (`quantizer.py`);
-- 4.57 builds a quantized model through accelerate (`init_empty_weights`), which 5.x does not need.
+- 4.57 builds a quantized model through accelerate (`init_empty_weights`), which 5.x does not need;
+- 5.25's assisted generation (prompt lookup) calls `Cache.activate_past_recording(recurrent_states_to_keep=...)`,
+  earlier releases without an argument: `CodesignCache` takes it optionally (it has no recurrent states).
 """
 
 from __future__ import annotations

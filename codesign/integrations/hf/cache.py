@@ -193,8 +193,9 @@ class CodesignCache(Cache):
     def is_compileable(self) -> bool:
         return False
 
-    def activate_past_recording(self) -> None:
-        """Nothing to do: every layer keeps all its tokens."""
+    def activate_past_recording(self, recurrent_states_to_keep: int | None = None) -> None:
+        """Nothing to do: every layer keeps all its tokens, and none has recurrent states (5.25 passes
+        `recurrent_states_to_keep`, for models that do)."""
 
     def reset(self) -> None:
         for seq in self._rows:
@@ -498,6 +499,25 @@ class CodesignCache(Cache):
 def blocks_needed(lengths: list[int], block_size: int) -> int:
     """Blocks a batch of sequences of these lengths takes (no sharing)."""
     return sum(math.ceil(n / block_size) for n in lengths)
+
+
+def pool_blocks(windows: list[int | None], spec: KVSpec, prompt_lens: list[int], final_lens: list[int], step: int,
+                block_size: int, spare_per_row: int = 1) -> tuple[int, int | None]:  # fmt: skip
+    """(num_blocks, window_num_blocks) a run needs, for a CodesignCache with the default crop margin: a row
+    grows from its prompt to `final_lens` in forwards of at most `step` new tokens. Full-attention layers hold
+    every row whole; sliding layers the most a row holds (its prompt, or the window's blocks during a forward);
+    plus `spare_per_row` blocks a row (copy-on-write). window_num_blocks None: no full layers to differ from
+    (every layer slides, or none does), num_blocks is the pool."""
+    spare = spare_per_row * len(prompt_lens)
+    full = blocks_needed(final_lens, block_size) + spare
+    sliding = {w for w in windows if w is not None}
+    if not sliding:
+        return full, None
+    keep = max(keep_tokens([w], CROP_MARGIN, spec) for w in sliding)
+    win = window_blocks(keep, step, block_size)
+    held = [min(-(-f // block_size), max(-(-p // block_size), win)) for p, f in zip(prompt_lens, final_lens)]
+    windowed = sum(held) + spare
+    return (full, windowed) if None in windows else (windowed, None)
 
 
 def keep_tokens(windows: list[int | None], crop_margin: int, spec: KVSpec) -> int | None:

@@ -16,14 +16,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from codesign.integrations.hf._compat import cache_kwarg
-from codesign.integrations.hf.cache import (
-    CROP_MARGIN,
-    CodesignCache,
-    StepRecord,
-    blocks_needed,
-    keep_tokens,
-    window_blocks,
-)
+from codesign.integrations.hf.cache import CodesignCache, StepRecord, blocks_needed, pool_blocks
 from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
 from codesign.integrations.hf.speculative import SpeculationStats, TreeSpeculator
 from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, text_config
@@ -77,23 +70,6 @@ def _max_new_tokens(model, prompt_cols: int, kwargs: dict) -> int:
     return int(gc.max_length or 20) - prompt_cols
 
 
-def _pool_blocks(
-    windows, spec, prompt_lens: list[int], new: int, step: int, bs: int
-) -> tuple[int, int | None]:
-    """(num_blocks, window_num_blocks) a run needs: for full-attention layers each row's prompt and new
-    tokens; for sliding layers the most a row holds (its prompt, or the window's blocks during a forward of
-    `step` tokens); plus a block a row for copy-on-write. window_num_blocks None: no full layers to differ
-    from (every layer slides, or none does), num_blocks is the pool."""
-    full = blocks_needed([n + new for n in prompt_lens], bs) + len(prompt_lens)
-    sliding = {w for w in windows if w is not None}
-    if not sliding:
-        return full, None
-    keep = max(keep_tokens([w], CROP_MARGIN, spec) for w in sliding)
-    held = [min(-(-(n + new) // bs), max(-(-n // bs), window_blocks(keep, step, bs))) for n in prompt_lens]
-    windowed = sum(held) + len(prompt_lens)
-    return (full, windowed) if None in windows else (windowed, None)
-
-
 def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *,
                  attention_mask: torch.Tensor | None = None, block_size: int | None = None,
                  num_blocks: int | None = None, speculative: TreeSpeculator | None = None,
@@ -120,13 +96,12 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
     rows = [n for n in prompt_lens for _ in range(expand)]
     max_new = _max_new_tokens(model, cols, generate_kwargs)
     extra = int(generate_kwargs.get("prompt_lookup_num_tokens") or 0) + 1
-    need_window = None
     if speculative is not None:
         speculative.block_size, speculative.kv_format = bs, spec
-        need = speculative.blocks_for(rows, cols + max_new)
+        need, need_window = speculative.blocks_for(rows, cols + max_new, model)
     else:
         windows = layer_windows(text_config(model), layout.layers)
-        need, need_window = _pool_blocks(windows, spec, rows, max_new + extra, extra, bs)
+        need, need_window = pool_blocks(windows, spec, rows, [n + max_new + extra for n in rows], extra, bs)
     need_prompt = blocks_needed(rows, bs)
     nb = need if num_blocks is None else num_blocks
     if nb < need_prompt:

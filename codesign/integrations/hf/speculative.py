@@ -27,8 +27,9 @@ import torch
 
 from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf._compat import cache_kwarg
-from codesign.integrations.hf.cache import CROP_MARGIN, CodesignCache, blocks_needed
-from codesign.integrations.hf.support import ATTN_NAME, check_model, text_config
+from codesign.integrations.hf.cache import CROP_MARGIN, CodesignCache, pool_blocks
+from codesign.integrations.hf.kv_formats import parse_kv_format
+from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, text_config
 from codesign.specs import CodesignError
 
 MODES = ("greedy", "stochastic")
@@ -251,10 +252,21 @@ class TreeSpeculator:
         self.stats = SpeculationStats()
         self.cache: CodesignCache | None = None
 
-    def blocks_for(self, prompt_lens: list[int], max_length: int) -> int:
-        """Pool blocks a run needs: every row up to max_length plus one tree, and a block a row for copies."""
-        n = len(self.parents)
-        return blocks_needed([max_length + n] * len(prompt_lens), self.block_size) + 2 * len(prompt_lens)
+    def blocks_for(self, prompt_lens: list[int], max_length: int, model=None) -> tuple[int, int | None]:
+        """(num_blocks, window_num_blocks) of the target's pool for a run: every row up to max_length plus one
+        tree and two blocks a row for copies; the target's sliding layers (`model`'s windows) hold only the
+        window's blocks, as generate's pool does (`cache.pool_blocks`)."""
+        n, rows = len(self.parents), len(prompt_lens)
+        windows, spec = [None], None
+        if model is not None:
+            layout = check_model(model)
+            windows = layer_windows(text_config(model), layout.layers)
+            spec = parse_kv_format(self.kv_format, layout.dtype)
+        return pool_blocks(windows, spec, prompt_lens, [max_length + n] * rows, n, self.block_size, spare_per_row=2)
+
+    def draft_blocks(self, prompt_lens: list[int], max_length: int) -> int:
+        """A model draft's pool: its rows fork per tree node and rewind, so it is sized for the whole run."""
+        return self.blocks_for(prompt_lens, max_length)[0]
 
     def __call__(self, model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
                  **model_kwargs):  # fmt: skip
@@ -275,11 +287,13 @@ class TreeSpeculator:
         prompts = [row[p:] for row, p in zip(input_ids.tolist(), pads)]
         max_length = int(cfg.max_length)
         cache = model_kwargs.get("cache") or model_kwargs.get("past_key_values")
+        lens = [len(p) for p in prompts]
         if not isinstance(cache, CodesignCache) or cache.row_lengths():
-            nb = self.num_blocks or self.blocks_for([len(p) for p in prompts], max_length)
-            cache = CodesignCache(model, self.kv_format, num_blocks=nb, block_size=self.block_size)
+            nb, nbw = (self.num_blocks, None) if self.num_blocks else self.blocks_for(lens, max_length, model)
+            cache = CodesignCache(model, self.kv_format, num_blocks=nb, block_size=self.block_size,
+                                  window_num_blocks=nbw)  # fmt: skip
         self.cache, self.stats = cache, SpeculationStats()  # the stats are this call's
-        self.draft.start(model, prompts, input_ids, mask, cache.num_blocks)
+        self.draft.start(model, prompts, input_ids, mask, self.num_blocks or self.draft_blocks(lens, max_length))
         try:
             return self._loop(
                 model, input_ids, mask, prompts, cache, logits_processor, stopping_criteria, cfg, gen

@@ -11,8 +11,8 @@ from torch import nn
 from codesign.specs import CodesignError
 
 ATTN_NAME = "codesign_paged"  # no "flash" in it: transformers treats such names as flash attention
-# [lo, hi) (major, minor) ranges: tests/integrations passes on 4.57.6, 5.23.0 and 5.24.0 (`make test-hf-compat`);
-# 5.0-5.22 were never run, so they are refused. pyproject's hf extra states the same ranges.
+# [lo, hi) (major, minor) ranges: tests/integrations passes on 4.57.6, 5.23.0, 5.24.0 and 5.25.0
+# (`make test-hf-compat`); 5.0-5.22 were never run, so they are refused. pyproject's hf extra states the same ranges.
 TRANSFORMERS_RANGE = (((4, 57), (4, 58)), ((5, 23), (6, 0)))
 # Families whose attention is "RoPE, then softmax(scale q k^T [softcapped], causal [+ window]) v" with GQA:
 # what the paged kernels compute. Anything else (ALiBi models, attention sinks, MLA, chunked or
