@@ -180,19 +180,24 @@ def launch_prediction(launch: Any, sass: str, op: str, m: int, n: int, k: int) -
 
 # ----------------------------------------------------------------------------- one variant
 def torch_passes(op: str, variant: str, m: int, n: int, k: int, launches: list[dict], bf16_ms: float | None):
-    """(name, ms, how) of the work outside Triton a variant does per call: the split-K buffer, torch's GEMMs
-    (from the measured bf16 time) and torch_mm's per-call passes (bytes at copy bandwidth)."""
-    def bw(name: str, nbytes: float) -> tuple[str, float, str]:
-        return (name, nbytes / COPY_BPS * 1e3, f"{nbytes / 1e6:.2f} MB at copy bandwidth")
+    """The work outside Triton a variant does per call, each {what, ms, bound, how}: the split-K buffer and
+    torch_mm's per-call passes ("memory": bytes at copy bandwidth), dequant's bf16 matmul ("measured bf16": the
+    measured time of the same GEMM), torch's int8 / fp8 GEMMs ("torch-derived": measured bf16 time / 2)."""
+
+    def bw(name: str, nbytes: float) -> dict[str, Any]:
+        return {"what": name, "ms": nbytes / COPY_BPS * 1e3, "bound": "memory",
+                "how": f"{nbytes / 1e6:.2f} MB at copy bandwidth"}  # fmt: skip
 
     out = []
     if any(r["atomic"] for r in launches):
         out += [bw("zero the fp32 split-K buffer", m * n * 4), bw("copy it into the bf16 output", m * n * 6)]
     if variant == "dequant":
-        out.append(("torch.matmul (bf16)", bf16_ms, "measured bf16 torch.matmul at this shape and M"))
+        out.append({"what": "torch.matmul (bf16)", "ms": bf16_ms, "bound": "measured bf16",
+                    "how": "bf16 torch.matmul measured at this shape and M (H200 run 2)"})  # fmt: skip
     if variant == "torch":
-        gemm = ("torch._scaled_mm (e4m3, row-wise)" if op == "fp8" else "torch._int_mm")
-        out.append((gemm, bf16_ms / 2, "measured bf16 torch.matmul / 2 (int8 / fp8 peak = 2x bf16)"))
+        gemm = "torch._scaled_mm (e4m3, row-wise)" if op == "fp8" else "torch._int_mm"
+        out.append({"what": gemm, "ms": bf16_ms / 2, "bound": "torch-derived",
+                    "how": "measured bf16 torch.matmul / 2 (stated rule: int8 / fp8 peak = 2x bf16)"})  # fmt: skip
         if op == "fp8":
             out += [bw("weight copied column-major (w.t().contiguous())", 2 * k * n), bw("out.copy_", m * n * 4)]
         else:
@@ -203,16 +208,17 @@ def torch_passes(op: str, variant: str, m: int, n: int, k: int, launches: list[d
 
 
 def variant_prediction(op, variant, m, n, k, launches, bf16_ms) -> dict[str, Any]:
-    """A variant's predicted time: its Triton launches, torch's passes, the gaps between launches."""
+    """A variant's predicted time: its Triton launches, torch's passes, the gaps between launches; `basis` says
+    what it rests on (compiled SASS only, or measured / torch-derived parts too)."""
     passes = torch_passes(op, variant, m, n, k, launches, bf16_ms)
-    steps = [(r["kernel"], r["predicted_ms"], r["bound"]) for r in launches] + [
-        (name, ms, "measured bf16" if "measured" in how else "memory") for name, ms, how in passes
-    ]
+    steps = [(r["kernel"], r["predicted_ms"], r["bound"]) for r in launches]
+    steps += [(p["what"], p["ms"], p["bound"]) for p in passes]
     gaps = LAUNCH_GAP_MS * (len(steps) - 1)
     total = sum(ms for _, ms, _ in steps) + gaps
     top = max(steps, key=lambda s: s[1])
-    return {"launches": launches, "torch_passes": [{"what": a, "ms": b, "how": c} for a, b, c in passes],
-            "gaps_ms": gaps, "predicted_ms": total, "dominant": f"{top[2]} ({top[0]})"}  # fmt: skip
+    basis = {"torch": "torch-derived", "dequant": "compiled + measured bf16 matmul"}.get(variant, "compiled")
+    return {"launches": launches, "torch_passes": passes, "gaps_ms": gaps, "predicted_ms": total,
+            "dominant": f"{top[2]} ({top[0]})", "basis": basis}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the cases

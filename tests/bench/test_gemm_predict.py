@@ -84,6 +84,8 @@ def test_variant_sums_and_torch_rule(gp):
     gemm, wcopy, ocopy = (p["ms"] for p in t["torch_passes"])
     assert gemm == pytest.approx(0.1004) and wcopy == pytest.approx(2 * 8192**2 / 4.18e12 * 1e3)
     assert t["predicted_ms"] == pytest.approx(gemm + wcopy + ocopy + 2 * gp.LAUNCH_GAP_MS)
+    assert t["basis"] == "torch-derived" and t["torch_passes"][0]["bound"] == "torch-derived"
+    assert t["dominant"] == "torch-derived (torch._scaled_mm (e4m3, row-wise))"
 
 
 @pytest.mark.lowering
