@@ -23,8 +23,10 @@ Tree (64 nodes over a 4k prefix, batch 16, `gpu_attention`'s extend case, blocks
 for the tree launch (its prefix loop and its masked loop) and the causal extend launch; predicted tree = the
 measured extend (0.293 ms) x tree cycles / extend cycles (both issue- or tensor-bound, not memory-bound).
 
-Also per launch: registers, spills, the loop's load widths (LDG / LDGSTS by width), shared-memory traffic,
-conversion instructions (I2F, F2F, F2I; packed F2FP separately) and tensor-core instructions. JSON with --out.
+The SASS model (listing parser, loop paths, census, occupancy, issue cycles) is `bench/sass_model.py`, shared with
+`bench/gemm_predict.py`. Also per launch: registers, spills, the loop's load widths (LDG / LDGSTS by width),
+shared-memory traffic, conversion instructions (I2F, F2F, F2I; packed F2FP separately) and tensor-core
+instructions. JSON with --out.
 """
 
 from __future__ import annotations
