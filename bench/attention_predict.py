@@ -23,174 +23,40 @@ Tree (64 nodes over a 4k prefix, batch 16, `gpu_attention`'s extend case, blocks
 for the tree launch (its prefix loop and its masked loop) and the causal extend launch; predicted tree = the
 measured extend (0.293 ms) x tree cycles / extend cycles (both issue- or tensor-bound, not memory-bound).
 
-Also per launch: registers, spills, the loop's load widths (LDG / LDGSTS by width), shared-memory traffic,
-conversion instructions (I2F, F2F, F2I; packed F2FP separately) and tensor-core instructions. JSON with --out.
+The SASS model (listing parser, loop paths, census, occupancy, issue cycles) is `bench/sass_model.py`, shared with
+`bench/gemm_predict.py`. Also per launch: registers, spills, the loop's load widths (LDG / LDGSTS by width),
+shared-memory traffic, conversion instructions (I2F, F2F, F2I; packed F2FP separately) and tensor-core
+instructions. JSON with --out.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import math
 import os
-import re
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
-SMS, SCHEDULERS, CLOCK_HZ = 132, 4, 1.98e9  # H200 (SXM): SMs, warp schedulers per SM, boost clock
-REGS_PER_SM, MAX_WARPS_PER_SM, MAX_BLOCKS_PER_SM = 65536, 64, 32  # sm_90 occupancy limits
-SMEM_PER_SM, SMEM_PER_BLOCK_RESERVED = 228 * 1024, 1024
+if str(BENCH_DIR) not in sys.path:
+    sys.path.insert(0, str(BENCH_DIR))
+from sass_model import (  # noqa: E402  (the SASS model, shared with gemm_predict.py)
+    CLOCK_HZ,
+    SMS,
+    issue_cycles,
+    loop_report,
+)
+from sass_model import resident_programs as resident_programs  # noqa: E402, F401  (re-exported)
+
 BF16_MS = 0.517  # bf16 cache at the decode shape, H200 run 2 (bench/results/h200-2026-11-30-run2.json: 0.518, 0.517)
 EXTEND_MS, TREE_MS = 0.293, 0.973  # run 2: extend 16 x 64 over 4k, tree 64 nodes (the old one-phase kernel)
 # The split-KV merge: a second launch (~1-2 us apart in a CUDA graph) reading 0.8 MB of fp32 partials.
 MERGE_MS = 0.003
 ATTN_KERNEL = "_paged_attn_kernel"
 OAKEN_SC = 16  # outlier slots per chunk (triton_attention.OAKEN_SC): Oaken's inner loop runs CAP / 16 times
-_LABEL = re.compile(r"\s*(\w+):\s*$")
-_BRA = re.compile(r"\bBRA(?:\.\w+)* (\w+);")
-
-
-# ----------------------------------------------------------------------------- SASS
-def parse_sass(sass: str) -> tuple[list[str], dict[str, int]]:
-    """(instructions without control codes, label -> index of the instruction it precedes)."""
-    ins: list[str] = []
-    labels: dict[str, int] = {}
-    for line in sass.splitlines():
-        if m := _LABEL.fullmatch(line):
-            labels[m.group(1)] = len(ins)
-        elif ";" in line:
-            ins.append(line.split("\t")[-1].strip())
-    return ins, labels
-
-
-def loops(ins: list[str], labels: dict[str, int]) -> list[tuple[int, int]]:
-    """[start, end) of every loop (a branch back to a label), in address order; 1-instruction loops (the
-    `BRA` to itself after EXIT) left out."""
-    out = []
-    for i, t in enumerate(ins):
-        m = _BRA.search(t)
-        if m and m.group(1) in labels and labels[m.group(1)] < i:
-            out.append((labels[m.group(1)], i + 1))
-    return sorted(out)
-
-
-def opcode(t: str) -> str:
-    """The opcode with its modifiers (`LDG.E.128`), predicate stripped."""
-    return re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].rstrip(";")
-
-
-def _successors(ins: list[str], labels: dict[str, int], a: int, b: int, e: int) -> list[int]:
-    """Where control goes after the basic block ending before `e` inside the loop [a, b): `b` for the end of the
-    iteration (the back edge, or falling off the end); a branch out of the loop is not followed."""
-    m = _BRA.search(ins[e - 1])
-    if not m:
-        return [e]
-    t = labels.get(m.group(1))
-    out = [e] if ins[e - 1].startswith("@") else []
-    if t is None or t >= b or t < a:
-        return out  # leaves the loop
-    if t == a:
-        return [b]  # the back edge: the iteration ends
-    if t < e:
-        return [e]  # an inner loop's back edge: its trips are counted separately
-    return out + [t]
-
-
-def loop_path(
-    ins: list[str], labels: dict[str, int], a: int, b: int, inner_trips: int = 1
-) -> tuple[int, int]:
-    """(shortest, longest) instructions executed by one iteration of the loop [a, b): forward branches inside it
-    form a DAG over its basic blocks; an inner loop's body counts `inner_trips` times."""
-    inner = [(s, e) for s, e in loops(ins, labels) if a < s and e <= b and (s, e) != (a, b)]
-    starts = {a, *(v for v in labels.values() if a < v < b)}
-    starts |= {i + 1 for i in range(a, b - 1) if _BRA.search(ins[i])}
-    order = sorted(starts) + [b]
-    best: dict[int, tuple[float, float]] = {s: (math.inf, -math.inf) for s in order}
-    best[a] = (0, 0)
-    for s, e in zip(order, order[1:]):
-        lo, hi = best[s]
-        if lo == math.inf:
-            continue  # not reachable inside one iteration
-        n = (e - s) + sum((inner_trips - 1) * (ie - is_) for is_, ie in inner if is_ == s)
-        for t in _successors(ins, labels, a, b, e):
-            best[t] = (min(best[t][0], lo + n), max(best[t][1], hi + n))
-    lo, hi = best[b]
-    return int(lo), int(hi)
-
-
-def census(ins: list[str]) -> dict[str, Any]:
-    """What the instructions are: global loads by width (LDG, LDGSTS = cp.async), shared-memory traffic, conversion
-    instructions (I2F/F2F/F2I per element; packed F2FP two at a time), tensor-core ops, spills, barriers."""
-    ops = collections.Counter(opcode(t) for t in ins)
-
-    def n(pred) -> int:
-        return sum(c for o, c in ops.items() if pred(o))
-
-    return {
-        "instructions": len(ins),
-        "hmma": n(lambda o: o.startswith(("HMMA", "HGMMA", "IMMA", "QGMMA"))),
-        "ldg": {o: c for o, c in sorted(ops.items()) if o.startswith("LDG.") or o == "LDG"},
-        "ldgsts": {o: c for o, c in sorted(ops.items()) if o.startswith("LDGSTS")},
-        "lds": n(lambda o: o.startswith(("LDS", "LDSM"))),
-        "lds_u8_u16": n(lambda o: o in ("LDS.U8", "LDS.S8", "LDS.U16", "LDS.S16")),
-        "sts": n(lambda o: o.startswith(("STS", "STSM"))),
-        "cvt": {o: c for o, c in sorted(ops.items()) if o.startswith(("I2F", "F2F.", "F2I", "I2I"))},
-        "f2fp_packed": n(lambda o: o.startswith("F2FP")),
-        "spill_ldl_stl": n(lambda o: o.startswith(("LDL", "STL"))),
-        "bar": n(lambda o: o.startswith("BAR")),
-        "int_alu": n(
-            lambda o: o.split(".")[0] in ("LOP3", "SHF", "PRMT", "SEL", "IADD3", "LEA", "SGXT", "ISETP")
-        ),
-        "moves": n(lambda o: o.startswith(("IMAD.MOV", "MOV"))),
-        "top": ops.most_common(8),
-    }
-
-
-def loop_report(sass: str, inner_trips: int = 1, which: int = -1) -> dict[str, Any]:
-    """A KV-tile loop (an outermost loop with a matrix instruction; `which` -1: the largest, else its index in
-    address order: a tree launch's prefix loop, then its masked loop): its executed path per iteration, its census
-    and the instructions outside the outermost loops (run once per program)."""
-    ins, labels = parse_sass(sass)
-    all_loops = loops(ins, labels)
-    outer = [
-        lp for lp in all_loops if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in all_loops)
-    ]
-    tiles = [(a, b) for a, b in outer if any("MMA" in opcode(t) for t in ins[a:b])]  # not _find_seq's search
-    if not tiles:
-        raise ValueError("no loop with a matrix instruction in the SASS")
-    a, b = max(tiles, key=lambda lp: lp[1] - lp[0]) if which < 0 else tiles[which]
-    lo, hi = loop_path(ins, labels, a, b, inner_trips)
-    rest = len(ins) - sum(e - s for s, e in outer)
-    return {"static": b - a, "path_min": lo, "path_max": hi, "inner_loops": len(all_loops) - len(outer),
-            "outside_loops": rest, "tile_loops": [e - s for s, e in tiles], **census(ins[a:b])}  # fmt: skip
-
-
-# ----------------------------------------------------------------------------- the model
-def resident_programs(warps: int, registers: int, shared: int) -> int:
-    """Programs of one launch an sm_90 SM holds at once: registers (allocated per warp in 256s), warps, shared
-    memory (plus 1 KB reserved per block), blocks."""
-    regs_per_warp = math.ceil(registers * 32 / 256) * 256
-    by_regs = REGS_PER_SM // (regs_per_warp * warps)
-    by_smem = SMEM_PER_SM // (shared + SMEM_PER_BLOCK_RESERVED)
-    return max(1, min(by_regs, MAX_WARPS_PER_SM // warps, by_smem, MAX_BLOCKS_PER_SM))
-
-
-def issue_cycles(
-    programs: int, warps: int, registers: int, shared: int, per_program: float
-) -> dict[str, Any]:
-    """Cycles of the busiest scheduler when `programs` programs of `warps` warps each issue `per_program` warp
-    instructions per warp: ceil(programs / SMS) on the busiest SM, their warps spread evenly over its SCHEDULERS
-    schedulers, one instruction per cycle each (waves of the resident count change latency, not issue)."""
-    per_sm = math.ceil(programs / SMS)
-    res = resident_programs(warps, registers, shared)
-    waves = math.ceil(per_sm / res)
-    warps_per_scheduler = math.ceil(per_sm * warps / SCHEDULERS)
-    return {"programs_per_sm": per_sm, "resident": res, "waves": waves, "warps_per_scheduler": warps_per_scheduler,
-            "cycles": warps_per_scheduler * per_program}  # fmt: skip
 
 
 def _attn(launches: list, compiled: list) -> tuple[Any, Any, int]:

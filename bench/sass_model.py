@@ -1,0 +1,200 @@
+"""The SASS model shared by the compile-only predictors (`bench/attention_predict.py`, `bench/gemm_predict.py`):
+parse Triton's sm_90 SASS listing, find its loops, count one iteration along its longest (or shortest) path, and
+turn warp instructions into the busiest scheduler's issue cycles on an H200.
+
+    ins, labels = parse_sass(kernel.asm["sass"])      # instructions (no control codes), label -> index
+    loop_report(sass)                                  # the largest loop with a matrix instruction
+    program_report(sass)                               # every outermost loop in address order, and the rest
+    issue_cycles(programs, warps, registers, shared, warp_instructions_per_program)
+
+One warp instruction per scheduler per cycle, 4 schedulers per SM, the busiest SM's programs (ceil(programs /
+132)); occupancy (programs resident at once, waves) is reported, it changes latency, not issue. Lower bounds:
+dependent latency with few warps per scheduler, integer ops at half rate, shared-memory (MIO) throughput and
+(here) the tensor-core rate are not modelled; each predictor adds the bounds it needs (docs/kernels.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import re
+from typing import Any
+
+SMS, SCHEDULERS, CLOCK_HZ = 132, 4, 1.98e9  # H200 (SXM): SMs, warp schedulers per SM, boost clock
+REGS_PER_SM, MAX_WARPS_PER_SM, MAX_BLOCKS_PER_SM = 65536, 64, 32  # sm_90 occupancy limits
+SMEM_PER_SM, SMEM_PER_BLOCK_RESERVED = 228 * 1024, 1024
+_LABEL = re.compile(r"\s*(\w+):\s*$")
+_BRA = re.compile(r"\bBRA(?:\.\w+)* (\w+);")
+
+
+# ----------------------------------------------------------------------------- SASS
+def parse_sass(sass: str) -> tuple[list[str], dict[str, int]]:
+    """(instructions without control codes, label -> index of the instruction it precedes)."""
+    ins: list[str] = []
+    labels: dict[str, int] = {}
+    for line in sass.splitlines():
+        if m := _LABEL.fullmatch(line):
+            labels[m.group(1)] = len(ins)
+        elif ";" in line:
+            ins.append(line.split("\t")[-1].strip())
+    return ins, labels
+
+
+def loops(ins: list[str], labels: dict[str, int]) -> list[tuple[int, int]]:
+    """[start, end) of every loop (a branch back to a label), in address order; 1-instruction loops (the
+    `BRA` to itself after EXIT) left out."""
+    out = []
+    for i, t in enumerate(ins):
+        m = _BRA.search(t)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            a = labels[m.group(1)]
+            # Not a loop: a jump back from out-of-line code placed after the kernel's EXIT (ptxas puts the
+            # retry of an mbarrier wait there, `SYNCS.PHASECHK ... BRA` back into the TMA pipeline).
+            if not any(ins[j].startswith("EXIT") for j in range(a, i)):
+                out.append((a, i + 1))
+    return sorted(out)
+
+
+def opcode(t: str) -> str:
+    """The opcode with its modifiers (`LDG.E.128`), predicate stripped."""
+    return re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].rstrip(";")
+
+
+def _successors(ins: list[str], labels: dict[str, int], a: int, b: int, e: int) -> list[int]:
+    """Where control goes after the basic block ending before `e` inside the loop [a, b): `b` for the end of the
+    iteration (the back edge, or falling off the end); a branch out of the loop is not followed."""
+    m = _BRA.search(ins[e - 1])
+    if not m:
+        return [e]
+    t = labels.get(m.group(1))
+    out = [e] if ins[e - 1].startswith("@") else []
+    if t is None or t >= b or t < a:
+        return out  # leaves the loop
+    if t == a:
+        return [b]  # the back edge: the iteration ends
+    if t < e:
+        return [e]  # an inner loop's back edge: its trips are counted separately
+    return out + [t]
+
+
+def loop_path(
+    ins: list[str], labels: dict[str, int], a: int, b: int, inner_trips: int = 1
+) -> tuple[int, int]:
+    """(shortest, longest) instructions executed by one iteration of the loop [a, b): forward branches inside it
+    form a DAG over its basic blocks; an inner loop's body counts `inner_trips` times."""
+    inner = [(s, e) for s, e in loops(ins, labels) if a < s and e <= b and (s, e) != (a, b)]
+    starts = {a, *(v for v in labels.values() if a < v < b)}
+    starts |= {i + 1 for i in range(a, b - 1) if _BRA.search(ins[i])}
+    order = sorted(starts) + [b]
+    best: dict[int, tuple[float, float]] = {s: (math.inf, -math.inf) for s in order}
+    best[a] = (0, 0)
+    for s, e in zip(order, order[1:]):
+        lo, hi = best[s]
+        if lo == math.inf:
+            continue  # not reachable inside one iteration
+        n = (e - s) + sum((inner_trips - 1) * (ie - is_) for is_, ie in inner if is_ == s)
+        for t in _successors(ins, labels, a, b, e):
+            best[t] = (min(best[t][0], lo + n), max(best[t][1], hi + n))
+    lo, hi = best[b]
+    return int(lo), int(hi)
+
+
+def census(ins: list[str]) -> dict[str, Any]:
+    """What the instructions are: global loads by width (LDG, LDGSTS = cp.async), shared-memory traffic, conversion
+    instructions (I2F/F2F/F2I per element; packed F2FP two at a time), tensor-core ops, spills, barriers."""
+    ops = collections.Counter(opcode(t) for t in ins)
+
+    def n(pred) -> int:
+        return sum(c for o, c in ops.items() if pred(o))
+
+    return {
+        "instructions": len(ins),
+        "hmma": n(lambda o: "MMA" in o),  # any matrix instruction: HMMA / IMMA (mma.sync), HGMMA / IGMMA / QGMMA
+        "mma": {o: c for o, c in sorted(ops.items()) if "MMA" in o},
+        "ldg": {o: c for o, c in sorted(ops.items()) if o.startswith("LDG.") or o == "LDG"},
+        "ldgsts": {o: c for o, c in sorted(ops.items()) if o.startswith("LDGSTS")},
+        "lds": n(lambda o: o.startswith(("LDS", "LDSM"))),
+        "lds_u8_u16": n(lambda o: o in ("LDS.U8", "LDS.S8", "LDS.U16", "LDS.S16")),
+        "sts": n(lambda o: o.startswith(("STS", "STSM"))),
+        "cvt": {o: c for o, c in sorted(ops.items()) if o.startswith(("I2F", "F2F.", "F2I", "I2I"))},
+        "f2fp_packed": n(lambda o: o.startswith("F2FP")),
+        "spill_ldl_stl": n(lambda o: o.startswith(("LDL", "STL"))),
+        "bar": n(lambda o: o.startswith("BAR")),
+        "int_alu": n(
+            lambda o: o.split(".")[0] in ("LOP3", "SHF", "PRMT", "SEL", "IADD3", "LEA", "SGXT", "ISETP")
+        ),
+        "moves": n(lambda o: o.startswith(("IMAD.MOV", "MOV"))),
+        "top": ops.most_common(8),
+    }
+
+
+def outer_loops(ins: list[str], labels: dict[str, int]) -> tuple[list[tuple[int, int]], int]:
+    """(the outermost loops in address order, how many loops are nested in them)."""
+    all_loops = loops(ins, labels)
+    outer = [
+        lp for lp in all_loops if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in all_loops)
+    ]
+    return outer, len(all_loops) - len(outer)
+
+
+def program_report(sass: str, inner_trips: int = 1) -> dict[str, Any]:
+    """Every outermost loop of a kernel in address order (its static size, the shortest and longest path of one
+    iteration, its matrix instructions and census) and the instructions outside them, run once per program
+    (`outside`: the trailing NOP padding and the branch to itself after EXIT not counted)."""
+    ins, labels = parse_sass(sass)
+    outer, inner = outer_loops(ins, labels)
+    rows = []
+    for a, b in outer:
+        lo, hi = loop_path(ins, labels, a, b, inner_trips)
+        rows.append({"start": a, "static": b - a, "path_min": lo, "path_max": hi, **census(ins[a:b])})
+    inside = {i for a, b in outer for i in range(a, b)}
+    rest = [t for i, t in enumerate(ins) if i not in inside and opcode(t) != "NOP" and not _self_branch(ins, labels, i)]
+    return {"loops": rows, "inner_loops": inner, "outside": len(rest), "instructions": len(ins)}
+
+
+def _self_branch(ins: list[str], labels: dict[str, int], i: int) -> bool:
+    m = _BRA.search(ins[i])
+    return bool(m) and labels.get(m.group(1)) == i
+
+
+def loop_report(sass: str, inner_trips: int = 1, which: int = -1) -> dict[str, Any]:
+    """A KV-tile loop (an outermost loop with a matrix instruction; `which` -1: the largest, else its index in
+    address order: a tree launch's prefix loop, then its masked loop): its executed path per iteration, its census
+    and the instructions outside the outermost loops (run once per program)."""
+    ins, labels = parse_sass(sass)
+    all_loops = loops(ins, labels)
+    outer = [
+        lp for lp in all_loops if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in all_loops)
+    ]
+    tiles = [(a, b) for a, b in outer if any("MMA" in opcode(t) for t in ins[a:b])]  # not _find_seq's search
+    if not tiles:
+        raise ValueError("no loop with a matrix instruction in the SASS")
+    a, b = max(tiles, key=lambda lp: lp[1] - lp[0]) if which < 0 else tiles[which]
+    lo, hi = loop_path(ins, labels, a, b, inner_trips)
+    rest = len(ins) - sum(e - s for s, e in outer)
+    return {"static": b - a, "path_min": lo, "path_max": hi, "inner_loops": len(all_loops) - len(outer),
+            "outside_loops": rest, "tile_loops": [e - s for s, e in tiles], **census(ins[a:b])}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the model
+def resident_programs(warps: int, registers: int, shared: int) -> int:
+    """Programs of one launch an sm_90 SM holds at once: registers (allocated per warp in 256s), warps, shared
+    memory (plus 1 KB reserved per block), blocks."""
+    regs_per_warp = math.ceil(registers * 32 / 256) * 256
+    by_regs = REGS_PER_SM // (regs_per_warp * warps)
+    by_smem = SMEM_PER_SM // (shared + SMEM_PER_BLOCK_RESERVED)
+    return max(1, min(by_regs, MAX_WARPS_PER_SM // warps, by_smem, MAX_BLOCKS_PER_SM))
+
+
+def issue_cycles(
+    programs: int, warps: int, registers: int, shared: int, per_program: float
+) -> dict[str, Any]:
+    """Cycles of the busiest scheduler when `programs` programs of `warps` warps each issue `per_program` warp
+    instructions per warp: ceil(programs / SMS) on the busiest SM, their warps spread evenly over its SCHEDULERS
+    schedulers, one instruction per cycle each (waves of the resident count change latency, not issue)."""
+    per_sm = math.ceil(programs / SMS)
+    res = resident_programs(warps, registers, shared)
+    waves = math.ceil(per_sm / res)
+    warps_per_scheduler = math.ceil(per_sm * warps / SCHEDULERS)
+    return {"programs_per_sm": per_sm, "resident": res, "waves": waves, "warps_per_scheduler": warps_per_scheduler,
+            "cycles": warps_per_scheduler * per_program}  # fmt: skip
