@@ -10,6 +10,9 @@ chooses this variant (a forced one raises with that reason).
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
+
 import torch
 
 from codesign.backend import device_view
@@ -42,6 +45,41 @@ def int8_weight_nk(w: torch.Tensor) -> torch.Tensor:
     return (codes ^ 0x80).view(torch.int8)  # code - 128 in two's complement
 
 
+@dataclass
+class _Copy:
+    version: int
+    data_ptr: int
+    nk: torch.Tensor  # never the weight itself: an entry must not keep its key's storage alive
+
+
+# Per weight storage (shared by every view of it, e.g. the fp8 view `QuantLinear` makes per call), keyed weakly:
+# an entry dies with its weight. One copy serves torch's GEMMs and the TMA kernel's descriptors.
+_NK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def weight_nk(w: torch.Tensor, fp8: bool) -> torch.Tensor:
+    """The K-major [N, K] int8 / e4m3 copy of a native weight (int32-packed int8 codes [K/4, N], or e4m3 [K, N]),
+    as cuBLASLt's int8 / fp8 GEMMs and TMA boxes read it. Made once per weight and cached on its storage (the
+    weight's size once more, only for weights these paths run); rebuilt when the weight changed in place (its
+    version counter) or moved. Inference tensors keep no version counter: for them it is made per call."""
+    make = (lambda: w.t().contiguous()) if fp8 else (lambda: int8_weight_nk(w))
+    if w.is_inference():
+        return make()
+    per_storage = _NK.setdefault(w.untyped_storage(), {})
+    key = (w.storage_offset(), tuple(w.shape), w.stride(), w.dtype, fp8)
+    hit = per_storage.get(key)
+    if hit is not None and hit.version == w._version and hit.data_ptr == w.data_ptr():
+        return hit.nk
+    nk = make()
+    per_storage[key] = _Copy(w._version, w.data_ptr(), nk)
+    return nk
+
+
+def cached_weight_copies() -> int:
+    """How many [N, K] weight copies are cached (for tests: entries must die with their weights)."""
+    return sum(len(v) for v in _NK.values())
+
+
 def torch_scaled_mm(aq, a_s, w, w_s, bias, out: torch.Tensor, fp8: bool) -> None:
     """out [M, N] = (aq @ W) * a_s[m] * w_s[n] (+ bias) by torch's int8 / fp8 matmul."""
     reason = why_not(aq.shape[0], out.shape[1], aq.shape[1], fp8, out.dtype, aq.device)
@@ -51,12 +89,12 @@ def torch_scaled_mm(aq, a_s, w, w_s, bias, out: torch.Tensor, fp8: bool) -> None
         return  # compile-only runs (CPU stand-ins for GPU tensors): no Triton code here, nothing to compile
     n = out.shape[1]
     if fp8:
-        b = w.t().contiguous().t()  # column-major, as cuBLASLt's fp8 GEMM takes it
+        b = weight_nk(w, True).t()  # column-major [K, N], as cuBLASLt's fp8 GEMM takes it
         sb = w_s.to(torch.float32).expand(1, n).contiguous()
         sa = a_s[:, None].contiguous()
         out.copy_(torch._scaled_mm(aq, b, scale_a=sa, scale_b=sb, bias=bias, out_dtype=out.dtype))
         return
-    acc = torch._int_mm(aq, int8_weight_nk(w).t())
+    acc = torch._int_mm(aq, weight_nk(w, False).t())
     y = acc.to(torch.float32) * a_s[:, None] * w_s.to(torch.float32)
     if bias is not None:
         y = y + bias.to(torch.float32)

@@ -10,8 +10,9 @@ are, to `tl.dot` (int32 / fp32 accumulation on the warpgroup MMA); the scales an
 TMA needs a dense tile layout with 16-byte row strides, and 8-bit wgmma wants both operands K-major. The
 native int8 weight is codes packed 4 to an int32 along K ([K/4, N], offset-binary) and the e4m3 weight is
 [K, N], so the kernel reads a K-major [N, K] int8 / e4m3 copy of the weight (one more weight-sized buffer per
-layer). The copy and its descriptor are made once per weight and tile shape and cached beside the weight's
-storage (`weight_descriptor`); an in-place change to the weight (its version counter) rebuilds them.
+layer, shared with torch's variant: `torch_mm.weight_nk`). The copy is made once per weight and its descriptor once
+per tile shape, both cached beside the weight's storage (`weight_descriptor`); an in-place change to the weight (its
+version counter) rebuilds them.
 
 Shapes TMA cannot take (`why_not`: K % 16, a 16-byte-unaligned activation buffer, a pre-Hopper GPU) never
 choose this variant, and a forced one raises the reason.
@@ -28,7 +29,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from codesign.backend import DeviceView
-from codesign.kernels.gemm.torch_mm import int8_weight_nk
+from codesign.kernels.gemm.torch_mm import weight_nk
 from codesign.specs import CodesignError
 
 # From this M the default rule on sm_90 takes this variant (int8 at every larger M; e4m3 below torch's
@@ -74,24 +75,19 @@ class _Cached:
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _weight_nk(w: torch.Tensor, fp8: bool) -> torch.Tensor:
-    """The K-major [N, K] int8 / e4m3 weight the descriptor reads."""
-    return w.t().contiguous() if fp8 else int8_weight_nk(w)
-
-
 def weight_descriptor(w: torch.Tensor, fp8: bool, block_n: int, block_k: int) -> TensorDescriptor:
     """The descriptor of the [N, K] copy of `w` (native int32-packed int8 codes [K/4, N], or e4m3 [K, N]) with
     [block_n, block_k] boxes, made once per weight and box and cached on the weight's storage; rebuilt when the
     weight changed in place (its version counter) or moved. Inference tensors keep no version counter: for them
     the copy is made per call (correct, not fast; create weights outside `torch.inference_mode`)."""
     if w.is_inference():
-        return TensorDescriptor.from_tensor(_weight_nk(w, fp8), [block_n, block_k])
+        return TensorDescriptor.from_tensor(weight_nk(w, fp8), [block_n, block_k])
     per_storage = _CACHE.setdefault(w.untyped_storage(), {})
     key = (w.storage_offset(), tuple(w.shape), w.stride(), w.dtype, fp8, block_n, block_k)
     hit = per_storage.get(key)
     if hit is not None and hit.version == w._version and hit.data_ptr == w.data_ptr():
         return hit.desc
-    desc = TensorDescriptor.from_tensor(_weight_nk(w, fp8), [block_n, block_k])
+    desc = TensorDescriptor.from_tensor(weight_nk(w, fp8), [block_n, block_k])
     per_storage[key] = _Cached(w._version, w.data_ptr(), desc)
     return desc
 

@@ -77,8 +77,8 @@ def test_tma_is_the_two_launch_path(fp8, m, n, k, dtype, bias, per_tensor, launc
 
 def test_the_descriptor_is_cached_per_weight_and_rebuilt_when_it_changes(monkeypatch):
     built = []
-    real = tt._weight_nk
-    monkeypatch.setattr(tt, "_weight_nk", lambda w, fp8: built.append(fp8) or real(w, fp8))
+    real = tt.weight_nk
+    monkeypatch.setattr(tt, "weight_nk", lambda w, fp8: built.append(fp8) or real(w, fp8))
     w, w_s, _ = _weight(False, 48, 64, False)
     x = torch.randn(5, 64)
     gc.collect()  # earlier tests' weights
@@ -99,8 +99,8 @@ def test_the_descriptor_is_cached_per_weight_and_rebuilt_when_it_changes(monkeyp
 def test_fresh_views_of_one_weight_share_its_descriptor(monkeypatch):
     """`QuantLinear` views its int8 buffer as e4m3 on every call: the views share the storage, so one entry."""
     built = []
-    real = tt._weight_nk
-    monkeypatch.setattr(tt, "_weight_nk", lambda w, fp8: built.append(fp8) or real(w, fp8))
+    real = tt.weight_nk
+    monkeypatch.setattr(tt, "weight_nk", lambda w, fp8: built.append(fp8) or real(w, fp8))
     w, w_s, _ = _weight(True, 64, 64, False)
     buf = w.view(torch.int8)
     outs = [_run("tma", torch.randn(5, 64), buf.view(torch.float8_e4m3fn), w_s, None, True) for _ in range(2)]
