@@ -52,10 +52,11 @@ SMALL_M_MAX = 16
 # weight is small (an 8192 x 8192 layer: ~45 us of dequantization beside >= 0.19 ms of matmul on an H200,
 # where our tiled W4A16 measured 0.33x bf16 at M = 4096 and W8A8 0.2-0.27x). A variant table overrides it.
 TORCH_PATH_MIN_M = 1024
-# At or below this M the weight-only GEMMs default to the CUDA-core GEMV (`triton_gemv`). Prediction for
-# 8192 x 8192 int4 on an H200, untimed: ~4 integer / fp32 ops per weight to unpack plus ~2 per row, 12-27 us
-# at M = 1-4 against ~40 us for bf16's GEMV (the split-K kernel measured 0.65-0.71x bf16 before its rewrite).
-GEMV_MAX_M = 4
+# At or below this M the weight-only GEMMs default to the CUDA-core GEMV (`triton_gemv`). It repeats its row loop
+# (~121 SASS) per row of x in every program while split-K's 16-row tile costs the same at M = 1-16: predicted on an
+# H200 (bench/gemm_predict.py, sm_90 SASS, untimed), N = K = 8192: M = 1 GEMV 23.7 / split-K 22.5 us (int4), 22.1 /
+# 27.0 (int8); M = 4 GEMV 47.9 / split-K 22.6 (int4), 47.1 / 26.6 (int8). A tuned variant table overrides it.
+GEMV_MAX_M = 1
 WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
 # At or below this M the W8A8 / FP8 GEMMs default to the fused-quantizer kernel (`triton_fusedq`): one launch
 # instead of two and no M x K codes written and read back, against every N-tile program re-quantizing its rows

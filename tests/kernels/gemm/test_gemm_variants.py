@@ -172,13 +172,17 @@ def test_the_gemv_and_the_dequant_pass_lower_for_sm90_without_spills_or_conversi
     code = """
 import torch
 from codesign.autotune.compile_only import compile_only
+from codesign.autotune.lookup import forced_config
 from codesign.kernels.gemm import formats as qf
+from codesign.kernels.gemm import triton_gemm as qt
 from codesign.kernels.gemm.ops import quant_matmul
 with compile_only(90) as s:
     for bits, group in ((4, 128), (8, None)):
         qw = qf.quantize_rtn(torch.randn(256, 1024), f"int{bits}", group, group is None, torch.bfloat16)
-        for m in (1, 3, 2048):
+        for m in (1, 2048):  # the rule's GEMV and dequantize pass
             quant_matmul(torch.randn(m, 1024, dtype=torch.bfloat16), qw)
+        with forced_config(qt.wq_variant_op(bits), qt.wq_variant_entry("gemv")):  # several rows: forced
+            quant_matmul(torch.randn(3, 1024, dtype=torch.bfloat16), qw)
 kinds = sorted({l.kernel for l in s.launches})
 assert kinds == ["_dequant_kernel", "_wq_gemv_kernel"], kinds
 for l in s.launches:
