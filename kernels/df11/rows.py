@@ -307,12 +307,13 @@ def compress_rows(t: torch.Tensor, max_code_len: int = codec.DEFAULT_MAX_CODE_LE
 
 
 def build_rows_luts(code_lengths: np.ndarray) -> np.ndarray:
-    """`codec.build_luts` re-coded for the rows decoders, int32[T * 256]: a leaf is length << 16 | symbol << 7
-    (the symbol already at the bf16 exponent's place), a pointer to table t is -256 t (the sign tests it, the
-    negation is the next table's base), an unused entry 0."""
+    """`codec.build_luts` re-coded for the rows decoders, int32[T * 256]: a leaf is symbol << 23 | length (the
+    symbol already at the fp32 exponent's place, the length below the fp32 weight's mantissa bits that bf16
+    leaves 0), a pointer to table t is -256 t (the sign tests it, the negation is the next table's base), an
+    unused entry 0."""
     t = codec.build_luts(code_lengths).astype(np.int32)
     ptr = (t & codec._PTR_FLAG) != 0
-    leaf = ((t >> 8) << 16) | ((t & 0xFF) << 7)
+    leaf = ((t & 0xFF) << 23) | (t >> 8)
     return np.where(ptr, -256 * (t & 0x7FFF), np.where(t == 0, 0, leaf)).astype(np.int32).reshape(-1)
 
 
@@ -349,11 +350,11 @@ def _decode(stream, sm, row_off, lane_off, luts, levels, k, out):
                         if e >= 0:
                             break
                         t = -e
-                    ln = e >> 16
-                    if ln <= 0:
+                    ln = e & 31
+                    if e <= 0 or ln == 0:
                         return 1 + r
                     f = ((word << (8 * j)) | (word >> (32 - 8 * j))) & 0x807F0000  # code j's field, rotated
-                    out[r * k + c + j] = np.uint16((f >> 16) | (e & 0x7F80))
+                    out[r * k + c + j] = np.uint16((f | (e & 0x7F800000)) >> 16)
                     bp += ln
             if not _lane_ok(stream, bp, start, end):  # the lane must consume exactly its own words
                 return 1 + r

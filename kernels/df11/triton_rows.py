@@ -55,7 +55,7 @@ DEFAULT_NUM_WARPS = 4
 WARP = 32
 GROUP = 4  # adjacent columns a lane owns (`rows.GROUP`)
 # Groups per main-loop iteration: constant pointer offsets, one loop branch per UNROLL groups.
-UNROLL = tl.constexpr(1)
+UNROLL = tl.constexpr(2)
 CODES_PER_ITER = GROUP * UNROLL.value  # codes a lane decodes per main-loop iteration
 SM_FIELD = tl.constexpr(0x807F0000 - (1 << 32))  # sign and mantissa bits of an fp32 weight (as int32)
 
@@ -102,19 +102,19 @@ def _next_code(lane_ptr, lut_ptr, buf, t, q, words, act, LEVELS: tl.constexpr, M
     """Decode the code at the top of each lane's buffer (`build_rows_luts` entries) and consume it; if REFILL,
     refill one word when the buffer holds <= 32 bits (t = 32 - bits held >= 0; without REFILL the buffer
     must keep the next code: codes <= 16 bits decoded in pairs). Returns (entry, buf, t, q): entry =
-    length << 16 | symbol << 7; 0 on an unused table entry (the buffer then stops), 1 (length 0) on lanes
+    symbol << 23 | length; 0 on an unused table entry (the buffer then stops), 1 << 23 (length 0) on lanes
     `act` masks off (MASKED), so min(entry) flags a lane. Unmasked, a row past N decodes its all-zero buffer
     (in-bounds table loads)."""
     idx = ((buf >> 56) & 0xFF).to(tl.int32)
     if MASKED:
-        e = tl.load(lut_ptr + idx, mask=act, other=1)
+        e = tl.load(lut_ptr + idx, mask=act, other=1 << 23)
     else:
         e = tl.load(lut_ptr + idx)
     for lvl in tl.static_range(1, LEVELS):  # codes > 8 bits: the next table (the last level has no pointers)
         ptr = e < 0
         e2 = tl.load(lut_ptr + (((buf >> (56 - 8 * lvl)) & 0xFF).to(tl.int32) - e), mask=ptr, other=0)
         e = tl.where(ptr, e2, e)
-    length = e >> 16
+    length = e & 31
     buf = buf << length
     t = t + length
     if REFILL:
@@ -129,30 +129,46 @@ def _next_code(lane_ptr, lut_ptr, buf, t, q, words, act, LEVELS: tl.constexpr, M
 @triton.jit
 def _f32_bits(word, e, J: tl.constexpr):
     """fp32 bits of code J of a group: its sign and mantissa from the group's sign/mantissa word rotated left
-    8 J (`rows.SM_FIELDS`), its exponent from the table entry e (symbol << 7, moved to bits 23..30)."""
+    8 J (`rows.SM_FIELDS`), its exponent from the table entry e (symbol << 23: already there)."""
     if J == 0:
         r = word
     else:
         r = (word << 8 * J) | ((word >> (32 - 8 * J)) & ((1 << 8 * J) - 1))  # a rotate: one funnel shift
-    return (r & SM_FIELD) | ((e << 16) & 0x7F800000)
+    return (r & SM_FIELD) | (e & 0x7F800000)
 
 
 @triton.jit
 def _decode_group(lane_ptr, lut_ptr, smp, outp, buf, t, q, words, emin, row_ok, left, LEVELS: tl.constexpr,
-                  MASKED: tl.constexpr):  # fmt: skip
+                  MASKED: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
     """One group a lane: its sign/mantissa word, then 4 codes decoded, joined and stored. Unmasked, every
-    code is there (rows past N read row N - 1's word); MASKED, code j only where j < left (K - its column)."""
+    code is there (rows past N read row N - 1's word); MASKED, code j only where j < left (K - its column).
+    VEC (4 divides K): outp is an int64 pointer and the group's 4 bf16 are one 64-bit store."""
     if MASKED:
         word = tl.load(smp, mask=row_ok & (left > 0), other=0)
     else:
         word = tl.load(smp)
+    lo = tl.zeros_like(word)
+    hi = tl.zeros_like(word)
     for j in tl.static_range(4):
         act = row_ok & (left > j) if MASKED else row_ok
         # codes <= 16 bits (two levels): the 33+ bits held after a refill cover two codes
         e, buf, t, q = _next_code(lane_ptr, lut_ptr, buf, t, q, words, act, LEVELS, MASKED,
                                   MASKED or LEVELS > 2 or j % 2 == 1)  # fmt: skip
-        tl.store(outp + j, (_f32_bits(word, e, j) >> 16).to(tl.int16), mask=act)
+        f = _f32_bits(word, e, j)
+        if not VEC:
+            tl.store(outp + j, (f >> 16).to(tl.int16), mask=act)
+        elif j == 0:
+            lo = (f >> 16) & 0xFFFF
+        elif j == 1:
+            lo = lo | (f & -65536)
+        elif j == 2:
+            hi = (f >> 16) & 0xFFFF
+        else:
+            hi = hi | (f & -65536)
         emin = tl.minimum(emin, e)
+    if VEC:  # little-endian: column 4g in the low 16 bits
+        v = (hi.to(tl.int64) << 32) | (lo.to(tl.int64) & 0xFFFFFFFF)
+        tl.store(outp, v, mask=row_ok & (left > 0) if MASKED else row_ok)
     return buf, t, q, emin
 
 
@@ -182,8 +198,10 @@ def _rows_decode_kernel(
     ROWS: tl.constexpr,
     LANES: tl.constexpr,
     LEVELS: tl.constexpr,
+    VEC: tl.constexpr,
 ):
-    """out[r * K + k] (int16) = bf16 bits of W[r, k] for this program's rows and lanes."""
+    """out[r * K + k] (int16) = bf16 bits of W[r, k] for this program's rows and lanes (VEC: out as int64
+    words of 4, when 4 divides K)."""
     pid_r = tl.program_id(0)
     pid_l = tl.program_id(1)
     zero = tl.zeros([ROWS, LANES], dtype=tl.int32)
@@ -196,23 +214,24 @@ def _rows_decode_kernel(
     G = (K + 3) // 4  # groups (sign/mantissa words) a row
     # pointers advance by L groups a step: no 64-bit index math in the loop; rows past N read row N - 1's words
     smp = sm_ptr + tl.minimum(rows, N - 1).to(tl.int64) * G + lane
-    outp = out_ptr + rows.to(tl.int64) * K + 4 * lane
+    OUT: tl.constexpr = 1 if VEC else 4  # out elements a group
+    outp = out_ptr + rows.to(tl.int64) * (K * OUT // 4) + OUT * lane
     emin = zero + 1
     for _ in range((K // 4) // (UNROLL * L)):  # whole groups, every lane active: no masks
         for u in tl.static_range(UNROLL):
-            buf, t, q, emin = _decode_group(lane_ptr, lut_ptr, smp + u * L, outp + u * 4 * L, buf, t, q, words,
-                                            emin, row_ok, zero, LEVELS, False)  # fmt: skip
+            buf, t, q, emin = _decode_group(lane_ptr, lut_ptr, smp + u * L, outp + u * OUT * L, buf, t, q, words,
+                                            emin, row_ok, zero, LEVELS, False, VEC)  # fmt: skip
         smp += UNROLL * L
-        outp += UNROLL * 4 * L
+        outp += UNROLL * OUT * L
     for _ in range(((K // 4) // L) % UNROLL):
         buf, t, q, emin = _decode_group(lane_ptr, lut_ptr, smp, outp, buf, t, q, words, emin, row_ok, zero, LEVELS,
-                                        False)  # fmt: skip
+                                        False, VEC)  # fmt: skip
         smp += L
-        outp += 4 * L
+        outp += OUT * L
     # the tail, explicitly: the last (K // 4) % L whole groups and the short group (K mod 4 columns), if any
     left = K - 4 * (((K // 4) // L) * L + lane)
     buf, t, q, emin = _decode_group(lane_ptr, lut_ptr, smp, outp, buf, t, q, words, emin, row_ok, left, LEVELS,
-                                    True)  # fmt: skip
+                                    True, VEC)  # fmt: skip
     bad = _lane_bad(buf, t, q, words, emin, row_ok)
     tl.store(err_ptr + pid_l * tl.num_programs(0) + pid_r, tl.max(tl.max(bad, axis=1), axis=0))
 
@@ -404,9 +423,10 @@ def rows_decode_triton(s: RowsStream, out: torch.Tensor, err: torch.Tensor, cfg:
     if s.n * s.k == 0:
         return None
     cfg = cfg or launch_config(DECODE_OP, s, s.n * s.k, out.device)
+    vec = s.k % GROUP == 0 and out.data_ptr() % 8 == 0  # a group's 4 bf16 as one aligned 64-bit store
     return _rows_decode_kernel[launch_grid(s, cfg)](
-        *_args(s, err), out, s.n, s.k, L=s.lanes, ROWS=int(cfg["ROWS"]), LANES=int(cfg["LANES"]),
-        LEVELS=s.levels, num_warps=int(cfg["num_warps"]),
+        *_args(s, err), out.view(torch.int64) if vec else out, s.n, s.k, L=s.lanes, ROWS=int(cfg["ROWS"]),
+        LANES=int(cfg["LANES"]), LEVELS=s.levels, VEC=vec, num_warps=int(cfg["num_warps"]),
     )  # fmt: skip
 
 

@@ -303,11 +303,12 @@ def test_triton_decode_bit_exact(kind, shape, lanes, cap, cfg):
     assert torch.equal(out, bits(w))  # every poisoned element overwritten with the source bits
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 5, 6, 7, 131, 258, 259])
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 6, 7, 131, 227, 228, 258, 259])
 def test_k_not_a_multiple_of_4_every_tail(k):
     """The short last group (K mod 4 = 1, 2, 3 columns), alone (K < 4), after a lane's whole groups, and after
-    the main loop's whole steps (K = 258, 259 at L = 8: 8 whole steps then a tail): CPU and Triton decoders
-    exact, the GEMV (M = 1 and 3, split-K at LANES = 4) within its bound."""
+    the main loop's whole steps (K = 258, 259 at L = 8: 8 group steps then a tail; 227: 7, an odd count, so
+    the unrolled loop leaves one step); K = 228 likewise with no short group (the decoder's 64-bit stores):
+    CPU and Triton decoders exact, the GEMV (M = 1 and 3, split-K at LANES = 4) within its bound."""
     w = weights("realistic", (5, k)) * 10
     df = rows.compress_rows(w, 16, 8)
     assert torch.equal(bits(rows.decompress_rows(df)), bits(w))
@@ -467,8 +468,9 @@ def test_choose_path_for_the_rows_layout():
 def test_rows_kernels_lower_for_sm90_without_spills():
     """The interpreter cannot show the kernels compile: at their defaults the decoder and the GEMV (M = 1,
     4; split-K atomics at L = 64, M = 1) compile for sm_90 without register spills, and the main loop's SASS
-    per decoded code (the unrolled loop's instructions / UNROLL) stays under a bound a regression would cross
-    (measured: decode 33.25, GEMV M = 1 36, M = 4 46.75, at Triton 3.9; 114 / 119 / 140 before issue 20's
+    per decoded code (the loop's instructions / the codes it decodes, `CODES_PER_ITER`) stays under a bound a
+    regression would cross (measured at Triton 3.9 with lanes owning groups of 4 columns: decode 30.25, GEMV
+    M = 1 31.5, M = 4 39.625; 33.25 / 36 / 46.75 with single columns, 114 / 119 / 140 before issue 20's first
     cut); registers, shared memory and the counts are printed (pytest -s) for the record."""
     code = """
 import re
@@ -508,7 +510,7 @@ for l in s.launches:
     print(l.kernel, l.constexprs, l.registers, l.spill_stores, l.shared_bytes, l.ptx_ops["ld_global"])
     assert l.error is None and l.spill_stores == 0 and l.spill_loads == 0 and 0 < l.registers <= 128, l
     assert l.ptx_ops["cvt_i2f"] == 0, l
-for h, bound in zip(handles, (35, 35, 44)):
+for h, bound in zip(handles, (31, 32.5, 40.5)):
     per_code = loop_sizes(h.asm["sass"])[0] / tr.CODES_PER_ITER
     print(h.name, "SASS per code", per_code)
     assert per_code <= bound, (h.name, per_code, bound)
