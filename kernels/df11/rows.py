@@ -1,13 +1,14 @@
 """The DF11 "rows" layout: per-(row, lane) exponent streams, so a fused GEMV needs no count pass and no scan.
 
-The same per-tensor code as `df11.codec` (package-merge length-limited canonical Huffman, hierarchical
-8-bit LUTs: `codec.limited_code_lengths`, `codec.build_luts`), laid out for one warp per output row. For a
-weight W[N, K] (rows = output features), the columns in groups of GROUP = 4 (group g = columns 4g..4g+3, the
-last one short when 4 does not divide K) and L lanes (default 32), lane l of row r owns the groups
-g = l, l + L, l + 2L, ... (so a warp's loads of x and of the sign/mantissa words are contiguous, 4 columns a
-load); its exponent codes, in k order, then an end marker (a 1 bit, then 0s to the word's end), form one bit
-stream of whole 32-bit words (bit 31 of a word first), so a GPU lane refills its bit buffer with one aligned
-32-bit load. Every lane knows its groups and so its code count, and where it starts (in words):
+The same per-tensor code as `df11.codec` (package-merge length-limited canonical Huffman,
+`codec.limited_code_lengths`; capped at 12 bits by default here, so one 4096-entry table decodes any code:
+`build_rows_luts`), laid out for one warp per output row. For a weight W[N, K] (rows = output features), the
+columns in groups of GROUP = 4 (group g = columns 4g..4g+3, the last one short when 4 does not divide K) and L
+lanes (default 32), lane l of row r owns the groups g = l, l + L, l + 2L, ... (so a warp's loads of x and of
+the sign/mantissa words are contiguous, 4 columns a load); its exponent codes, in k order, then an end marker
+(a 1 bit, then 0s to the word's end), form one bit stream of whole 32-bit words (bit 31 of a word first), so a
+GPU lane refills its bit buffer with one aligned 32-bit load. Every lane knows its groups and so its code
+count, and where it starts (in words):
 
     start(r, l) = row_offsets[r] + lane_offsets[r, l]        (words; lane_offsets[r, 0] = 0)
     end(r, l)   = start(r, l + 1), or row_offsets[r + 1] for the last lane
@@ -62,6 +63,12 @@ MAX_LANES = 256
 # auto_lanes: rows x lanes / 32 warps in flight; below this many rows, more lanes per row (split-K). Untuned
 # prediction: ~16 warps per SM on a 132-SM H100/H200, and the index grows 16 bits per lane per row.
 SPLIT_BELOW_ROWS = 2048
+# Codes of up to FIRST_BITS bits decode with one load of a 2^FIRST_BITS-entry table (16 KiB); longer ones walk
+# tables of the next TABLE_BITS[i] bits (<= 16 bits: two tables, so codes still decode in pairs between
+# refills; <= 24: three). The rows layout's default cap: 12 bits cost ~0.002 bit/weight over 16 on N(0, 0.02).
+FIRST_BITS = 12
+TABLE_BITS = (FIRST_BITS, 4, 8)
+DEFAULT_MAX_CODE_LEN = FIRST_BITS
 MIN_CODES_PER_LANE = 8  # auto_lanes: ~21 bits of codes + the marker, about one word (~4 bits a weight)
 _HEADER = struct.Struct("<4sHBBHHQQQ")
 _CRC = struct.Struct("<I")
@@ -169,7 +176,7 @@ class DF11Rows:
 
     @property
     def levels(self) -> int:
-        return codec.lut_levels(self.code_lengths)
+        return table_levels(self.code_lengths)
 
     @property
     def nbytes(self) -> int:
@@ -268,7 +275,7 @@ def _encode(exp, lengths, codes, starts, lanes, stream):
             stream[bp >> 5] |= np.uint32(1) << np.uint32(31 - (bp & 31))  # the end marker
 
 
-def compress_rows(t: torch.Tensor, max_code_len: int = codec.DEFAULT_MAX_CODE_LEN,
+def compress_rows(t: torch.Tensor, max_code_len: int = DEFAULT_MAX_CODE_LEN,
                   lanes: int = DEFAULT_LANES) -> DF11Rows:  # fmt: skip
     """Compress a 2-D BF16 weight [N, K] into the rows layout; `decompress_rows` gives its exact bits back."""
     if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or t.dim() != 2:
@@ -306,15 +313,35 @@ def compress_rows(t: torch.Tensor, max_code_len: int = codec.DEFAULT_MAX_CODE_LE
 # ----------------------------------------------------------------------------- CPU decoder
 
 
+def table_levels(code_lengths: np.ndarray) -> int:
+    """Tables the rows decoders walk at most: 1 for codes <= 12 bits, 2 for <= 16, 3 for <= 24."""
+    longest = int(np.max(code_lengths))
+    return 1 + (longest > FIRST_BITS) + (longest > FIRST_BITS + TABLE_BITS[1])
+
+
 def build_rows_luts(code_lengths: np.ndarray) -> np.ndarray:
-    """`codec.build_luts` re-coded for the rows decoders, int32[T * 256]: a leaf is symbol << 23 | length (the
-    symbol already at the fp32 exponent's place, the length below the fp32 weight's mantissa bits that bf16
-    leaves 0), a pointer to table t is -256 t (the sign tests it, the negation is the next table's base), an
-    unused entry 0."""
-    t = codec.build_luts(code_lengths).astype(np.int32)
-    ptr = (t & codec._PTR_FLAG) != 0
-    leaf = ((t & 0xFF) << 23) | (t >> 8)
-    return np.where(ptr, -256 * (t & 0x7FFF), np.where(t == 0, 0, leaf)).astype(np.int32).reshape(-1)
+    """The rows decoders' tables, int32: a first table of 2^12 entries indexed by the next 12 stream bits, then
+    tables indexed by the 4 bits after (16 entries), then by the 8 after that (256). A leaf is symbol << 23 |
+    length (the symbol already at the fp32 exponent's place, the length below the fp32 weight's mantissa bits
+    that bf16 leaves 0), a pointer to a table at entry b is -b (the sign tests it, the negation is the table's
+    base), an unused entry 0."""
+    codes = codec.canonical_codes(code_lengths)
+    tables, bases = [np.zeros(1 << FIRST_BITS, np.int64)], [0]
+    for s in np.flatnonzero(code_lengths):
+        ln, c = int(code_lengths[s]), int(codes[s])
+        t, lvl, rem = 0, 0, ln  # table t (of level lvl) is indexed by the next TABLE_BITS[lvl] bits
+        while rem > TABLE_BITS[lvl]:
+            rem -= TABLE_BITS[lvl]
+            p = (c >> rem) & ((1 << TABLE_BITS[lvl]) - 1)
+            if tables[t][p] == 0:
+                bases.append(bases[-1] + tables[-1].size)
+                tables.append(np.zeros(1 << TABLE_BITS[lvl + 1], np.int64))
+                tables[t][p] = -bases[-1]
+            t, lvl = bases.index(-int(tables[t][p])), lvl + 1
+        width = TABLE_BITS[lvl]
+        low = c & ((1 << rem) - 1)
+        tables[t][low << (width - rem) : (low + 1) << (width - rem)] = (int(s) << 23) | ln
+    return np.concatenate(tables).astype(np.int32)
 
 
 @numba.njit(cache=True)
@@ -344,12 +371,11 @@ def _decode(stream, sm, row_off, lane_off, luts, levels, k, out):
                     w = (np.int64(stream[i]) if i < end else 0) << 32
                     w |= np.int64(stream[i + 1]) if i + 1 < end else 0
                     w = (w >> (32 - sh)) & 0xFFFFFFFF
-                    t, e = 0, 0
-                    for lvl in range(levels):
-                        e = luts[t + ((w >> (24 - 8 * lvl)) & 0xFF)]
-                        if e >= 0:
-                            break
-                        t = -e
+                    e = luts[(w >> 20) & 0xFFF]  # tables of the next 12, 4, 8 bits (TABLE_BITS)
+                    if e < 0 and levels > 1:
+                        e = luts[-e + ((w >> 16) & 0xF)]
+                    if e < 0 and levels > 2:
+                        e = luts[-e + ((w >> 8) & 0xFF)]
                     ln = e & 31
                     if e <= 0 or ln == 0:
                         return 1 + r

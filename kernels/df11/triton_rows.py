@@ -7,7 +7,7 @@ lane offset), knows its code count, and decodes alone: no count pass, no prefix 
 32-bit load (`rows.SM_FIELDS`: a rotate and one logic op put a code at the fp32 weight's bits) and, in the
 GEMV, each row of x one 64-bit load of 4 bf16. A lane keeps a 64-bit bit buffer (the next 32 - t stream bits,
 MSB-aligned) and refills one aligned 32-bit word when it holds <= 32 bits (every ~12 codes at ~2.7 bits per
-code), so the next code is always in the buffer and each step is one LUT walk (1 load for codes <= 8 bits, a
+code), so the next code is always in the buffer and each step is one LUT walk (1 load for codes <= 12 bits, a
 predicated second one for longer codes) plus a shift. Word loads are masked to the lane's own [start, end), so
 no stream pad is needed and a corrupt stream cannot read out of bounds. Positions, counts and table entries
 are int32 (64-bit SASS arithmetic costs two instructions an op); the main loop runs (K // 4) // L group steps
@@ -65,7 +65,7 @@ class RowsStream(NamedTuple):
 
     stream int32 (the u32 words), sign_mantissa int32[N * ceil(K / 4)] (the u32 words of `rows`), row_offsets
     int32[N + 1] (the u32 bits),
-    lane_offsets int16[N * L] (the u16 bits), luts int32[T * 256].
+    lane_offsets int16[N * L] (the u16 bits), luts int32 (`rows.build_rows_luts`).
     """
 
     stream: torch.Tensor
@@ -101,18 +101,22 @@ def _next_code(lane_ptr, lut_ptr, buf, t, q, words, act, LEVELS: tl.constexpr, M
                REFILL: tl.constexpr):  # fmt: skip
     """Decode the code at the top of each lane's buffer (`build_rows_luts` entries) and consume it; if REFILL,
     refill one word when the buffer holds <= 32 bits (t = 32 - bits held >= 0; without REFILL the buffer
-    must keep the next code: codes <= 16 bits decoded in pairs). Returns (entry, buf, t, q): entry =
+    must keep the next code: codes <= 16 bits, two tables, decoded in pairs). Returns (entry, buf, t, q): entry =
     symbol << 23 | length; 0 on an unused table entry (the buffer then stops), 1 << 23 (length 0) on lanes
     `act` masks off (MASKED), so min(entry) flags a lane. Unmasked, a row past N decodes its all-zero buffer
     (in-bounds table loads)."""
-    idx = ((buf >> 56) & 0xFF).to(tl.int32)
+    idx = ((buf >> 52) & 0xFFF).to(tl.int32)  # the first table: the top FIRST_BITS = 12 bits
     if MASKED:
         e = tl.load(lut_ptr + idx, mask=act, other=1 << 23)
     else:
         e = tl.load(lut_ptr + idx)
-    for lvl in tl.static_range(1, LEVELS):  # codes > 8 bits: the next table (the last level has no pointers)
+    if LEVELS > 1:  # codes > 12 bits: the next 4 bits (`rows.TABLE_BITS`)
         ptr = e < 0
-        e2 = tl.load(lut_ptr + (((buf >> (56 - 8 * lvl)) & 0xFF).to(tl.int32) - e), mask=ptr, other=0)
+        e2 = tl.load(lut_ptr + (((buf >> 48) & 0xF).to(tl.int32) - e), mask=ptr, other=0)
+        e = tl.where(ptr, e2, e)
+    if LEVELS > 2:  # codes > 16 bits: the next 8 (the last level has no pointers)
+        ptr = e < 0
+        e2 = tl.load(lut_ptr + (((buf >> 40) & 0xFF).to(tl.int32) - e), mask=ptr, other=0)
         e = tl.where(ptr, e2, e)
     length = e & 31
     buf = buf << length
@@ -151,7 +155,7 @@ def _decode_group(lane_ptr, lut_ptr, smp, outp, buf, t, q, words, emin, row_ok, 
     hi = tl.zeros_like(word)
     for j in tl.static_range(4):
         act = row_ok & (left > j) if MASKED else row_ok
-        # codes <= 16 bits (two levels): the 33+ bits held after a refill cover two codes
+        # codes <= 16 bits (two tables): the 33+ bits held after a refill cover two codes
         e, buf, t, q = _next_code(lane_ptr, lut_ptr, buf, t, q, words, act, LEVELS, MASKED,
                                   MASKED or LEVELS > 2 or j % 2 == 1)  # fmt: skip
         f = _f32_bits(word, e, j)

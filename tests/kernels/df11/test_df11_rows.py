@@ -54,11 +54,13 @@ def weights(kind: str, shape) -> torch.Tensor:
         return from_fields(np.random.randint(0, 256, size=n), shape)
     if kind == "one":
         return from_fields(np.full(n, 120), shape)
-    # Fibonacci counts make the most skewed Huffman tree: 18 symbols -> depth 17 uncapped (6764 weights).
+    # Fibonacci counts make the most skewed Huffman tree: 18 symbols -> depth 17 uncapped (6764 weights);
+    # "fib22": 22 symbols -> depth 21 (46367 weights), past two tables (12 + 8 bits).
+    syms = 22 if kind == "fib22" else 18
     fib = [1, 1]
-    while len(fib) < 18:
+    while len(fib) < syms:
         fib.append(fib[-1] + fib[-2])
-    exp = np.repeat(100 + np.arange(18), fib)
+    exp = np.repeat(100 + np.arange(syms), fib)
     assert exp.size == n, (exp.size, shape)
     return from_fields(np.random.permutation(exp), shape)
 
@@ -85,7 +87,7 @@ def launch_decode(packed: PackedDF11Rows, cfg: dict | None = None) -> tuple[torc
     "kind,shape,lanes,cap",
     [("realistic", (37, 301), 32, 16), ("realistic", (1, 1), 32, 16), ("random", (5, 70), 8, 8),
      ("one", (3, 33), 32, 16), ("fib", (19, 356), 32, 24), ("fib", (19, 356), 64, 16), ("fib", (19, 356), 16, 8),
-     ("realistic", (0, 7), 32, 16)],
+     ("realistic", (0, 7), 32, 16), ("fib22", (199, 233), 32, 24), ("fib22", (199, 233), 32, 12)],
 )  # fmt: skip
 def test_cpu_round_trip_and_container(kind, shape, lanes, cap):
     w = weights(kind, shape)
@@ -99,8 +101,10 @@ def test_cpu_round_trip_and_container(kind, shape, lanes, cap):
         assert int(df.code_lengths.max()) <= cap
         # every lane starts at its row offset plus its lane offset and the row's lanes tile the row
         assert (df.lane_offsets[:, 0] == 0).all() and int(df.row_offsets[-1]) == df.stream.size
-    if kind == "fib" and cap == 24:
-        assert df.levels == 3  # the 17-bit codes need the third table level
+    # codes <= 12 bits: one table; <= 16: two (4 more bits); 17 and 21 bits: three (8 more)
+    assert df.levels == {"fib": 1 + (cap > 12) + (cap > 16), "fib22": 1 + (cap > 12) + (cap > 16)}.get(
+        kind, 1
+    )
 
 
 def test_index_cost_and_ratio_beat_the_flat_layout():
@@ -292,10 +296,11 @@ def test_auto_lanes_split_small_n_only():
     [("realistic", (7, 45), 32, 16, None), ("fib", (19, 356), 32, 24, {"ROWS": 32, "LANES": 32, "num_warps": 4}),
      ("random", (5, 13), 8, 8, None), ("fib", (19, 356), 64, 8, {"ROWS": 32, "LANES": 64, "num_warps": 4}),
      ("one", (3, 33), 32, 16, {"ROWS": 2, "LANES": 8, "num_warps": 1}), ("realistic", (3, 288), 32, 16, None),
-     ("fib", (19, 356), 32, 16, None)],
+     ("fib", (19, 356), 32, 16, None), ("fib", (19, 356), 32, 12, None), ("fib22", (199, 233), 32, 24, None)],
 )  # fmt: skip
 def test_triton_decode_bit_exact(kind, shape, lanes, cap, cfg):
-    """Caps 8 / 16 / 24: one, two, three table levels; at 16, pairs of codes of up to 16 bits between refills."""
+    """Caps 8 / 12: one table; fib at 16: two (codes of up to 16 bits still in pairs between refills); fib at
+    24 (17-bit codes) and fib22 at 24 (21-bit): three, a refill check every code."""
     w = weights(kind, shape)
     packed = PackedDF11Rows(rows.compress_rows(w, cap, lanes), DEV)
     out, err = launch_decode(packed, cfg)
@@ -404,6 +409,23 @@ def test_fused_gemv_within_fp32_rounding_of_fp64(shape, lanes, m, cfg):
     assert ((out.double() - ref).abs() <= 2**-8 * scale).all()  # plus one bf16 rounding (2^-9 relative)
 
 
+@pytest.mark.parametrize("kind,shape,cap", [("fib", (19, 356), 16), ("fib22", (199, 233), 24)])
+def test_fused_gemv_with_two_and_three_tables(kind, shape, cap):
+    """Codes past the first table (16 and 21 bits): the GEMV walks 2 tables (codes in pairs between refills)
+    and 3 (a refill check every code)."""
+    w = weights(kind, shape)
+    x = torch.randn(2, shape[1], dtype=torch.float64).to(torch.bfloat16)
+    packed = PackedDF11Rows(rows.compress_rows(w, cap, 32), DEV)
+    assert packed.levels == (2 if kind == "fib" else 3)
+    s = packed.kernel_stream()
+    cfg = tr.launch_config(tr.GEMV_OP, s, 2, DEV)
+    y = torch.full((2, shape[0]), float("nan"), device=DEV)
+    err = torch.full((tr.launch_grid(s, cfg)[0],), -1, dtype=torch.int32, device=DEV)
+    tr.rows_gemv_triton(s, x.to(DEV).view(torch.int16), y, err, cfg)
+    assert int(err.max()) == 0 and int(err.min()) == 0
+    within_fp32_bound(y, w, x, tr.gemv_error_bound(shape[1], 32, 32))
+
+
 def test_fused_gemv_refuses_bad_input_and_a_corrupt_stream():
     df = rows.compress_rows(weights("realistic", (5, 200)))
     packed = PackedDF11Rows(df, DEV)
@@ -495,7 +517,7 @@ def loop_sizes(sass):
 
 w = (torch.randn(64, 4096) * 0.02).to(torch.bfloat16)
 p32, p64 = (PackedDF11Rows(rows.compress_rows(w, lanes=lanes)) for lanes in (32, 64))
-assert p32.levels == 2  # the bounds below hold for two table levels (codes of 9..16 bits)
+assert p32.levels == 1  # the bounds below hold for one table (the default cap: codes of <= 12 bits)
 handles = []
 with compile_only(90) as s:
     s32 = p32.kernel_stream()
@@ -510,7 +532,7 @@ for l in s.launches:
     print(l.kernel, l.constexprs, l.registers, l.spill_stores, l.shared_bytes, l.ptx_ops["ld_global"])
     assert l.error is None and l.spill_stores == 0 and l.spill_loads == 0 and 0 < l.registers <= 128, l
     assert l.ptx_ops["cvt_i2f"] == 0, l
-for h, bound in zip(handles, (31, 32.5, 40.5)):
+for h, bound in zip(handles, (22, 23.5, 31)):
     per_code = loop_sizes(h.asm["sass"])[0] / tr.CODES_PER_ITER
     print(h.name, "SASS per code", per_code)
     assert per_code <= bound, (h.name, per_code, bound)
