@@ -409,6 +409,30 @@ def test_fused_gemv_within_fp32_rounding_of_fp64(shape, lanes, m, cfg):
     assert ((out.double() - ref).abs() <= 2**-8 * scale).all()  # plus one bf16 rounding (2^-9 relative)
 
 
+def test_every_code_long(monkeypatch):
+    """A code built for another histogram (lengths 1..23), used on weights whose every code is 17..23 bits:
+    three tables for every code and a refill check after every one (two such codes overrun the 33 bits a
+    lane holds after a refill). CPU and Triton decoders exact, the GEMV within its bound."""
+    lengths = np.zeros(256, np.uint8)
+    lengths[100:123] = np.arange(1, 24)
+    lengths[123] = 23  # a complete code: sum 2^-l = 1
+    monkeypatch.setattr(rows.codec, "limited_code_lengths", lambda counts, cap: lengths.copy())
+    w = from_fields(np.random.randint(116, 124, size=5 * 37), (5, 37))
+    df = rows.compress_rows(w, 24, 1)  # one lane a row: 9 unmasked groups, then the tail
+    assert df.levels == 3 and torch.equal(bits(rows.decompress_rows(df)), bits(w))
+    packed = PackedDF11Rows(df, DEV)
+    out, err = launch_decode(packed)
+    assert int(err.max()) == 0 and torch.equal(out, bits(w))
+    x = torch.randn(1, 37, dtype=torch.float64).to(torch.bfloat16)
+    s = packed.kernel_stream()
+    cfg = tr.launch_config(tr.GEMV_OP, s, 1, DEV)
+    y = torch.full((1, 5), float("nan"), device=DEV)
+    err = torch.full((tr.launch_grid(s, cfg)[0],), -1, dtype=torch.int32, device=DEV)
+    tr.rows_gemv_triton(s, x.to(DEV).view(torch.int16), y, err, cfg)
+    assert int(err.max()) == 0 and int(err.min()) == 0
+    within_fp32_bound(y, w, x, tr.gemv_error_bound(37, 1, int(cfg["LANES"])))
+
+
 @pytest.mark.parametrize("kind,shape,cap", [("fib", (19, 356), 16), ("fib22", (199, 233), 24)])
 def test_fused_gemv_with_two_and_three_tables(kind, shape, cap):
     """Codes past the first table (16 and 21 bits): the GEMV walks 2 tables (codes in pairs between refills)
@@ -458,6 +482,7 @@ def test_rows_layout_layer_exact_and_fused():
         compress_model_(model, config=LosslessBF16Config(layout="rows"))
         layers = [m for m in model.modules() if isinstance(m, LosslessBF16Linear)]
         assert len(layers) == 2 and all(isinstance(m.weight_packed, PackedDF11Rows) for m in layers)
+        assert all(m.weight_packed.max_code_len == rows.DEFAULT_MAX_CODE_LEN == 12 for m in layers)
         for backend in ("triton", "torch"):
             with use_backend(backend, op="df11_rows_decode"):
                 assert torch.equal(model(x), ref)  # exact mode: decode into the shared buffer + F.linear
