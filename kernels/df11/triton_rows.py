@@ -64,8 +64,7 @@ class RowsStream(NamedTuple):
     """A rows container as the kernels take it: contiguous device buffers plus its geometry.
 
     stream int32 (the u32 words), sign_mantissa int32[N * ceil(K / 4)] (the u32 words of `rows`), row_offsets
-    int32[N + 1] (the u32 bits),
-    lane_offsets int16[N * L] (the u16 bits), luts int32 (`rows.build_rows_luts`).
+    int32[N + 1] (the u32 bits), lane_offsets int16[N * L] (the u16 bits), luts int32 (`rows.build_rows_luts`).
     """
 
     stream: torch.Tensor
