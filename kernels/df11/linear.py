@@ -71,7 +71,7 @@ class LosslessBF16Config:
     K < 256, where fewer keep >= 8 codes a lane).
     """
 
-    max_code_len: int = codec.DEFAULT_MAX_CODE_LEN
+    max_code_len: int | None = None  # None: the layout's default (flat 16, rows 12: its one-load table)
     chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
     chunks_per_group: int = codec.DEFAULT_CHUNKS_PER_GROUP
     check: bool = True
@@ -383,9 +383,11 @@ class LosslessBF16Linear(nn.Module):
             )
         if cfg.layout == "rows":
             lanes = cfg.lanes if cfg.lanes is not None else rows.auto_lanes(*w.shape)
-            packed = PackedDF11Rows(rows.compress_rows(w.detach(), cfg.max_code_len, lanes), w.device)
+            cap = rows.DEFAULT_MAX_CODE_LEN if cfg.max_code_len is None else cfg.max_code_len
+            packed = PackedDF11Rows(rows.compress_rows(w.detach(), cap, lanes), w.device)
             return cls(packed, linear.bias, workspace, cfg.check, cfg.exact)
-        df = codec.compress(w.detach(), cfg.max_code_len, cfg.chunk_bytes, cfg.chunks_per_group)
+        cap = codec.DEFAULT_MAX_CODE_LEN if cfg.max_code_len is None else cfg.max_code_len
+        df = codec.compress(w.detach(), cap, cfg.chunk_bytes, cfg.chunks_per_group)
         packed = PackedDF11(df, w.device, None if cfg.exact else cfg.segment)
         return cls(packed, linear.bias, workspace, cfg.check, cfg.exact)
 

@@ -77,8 +77,8 @@ def decode_out_bits(out: torch.Tensor, device: torch.device, numel: int) -> torc
 class PackedDF11Rows(nn.Module):
     """A `rows.DF11Rows` as device buffers (moved by `.to()`), decodable by `codesign::df11_rows_decode`.
 
-    The u32 stream words and row offsets and the u16 lane offsets are held as int32 / int16 bit patterns (the
-    kernels mask them).
+    The u32 stream words, sign/mantissa words and row offsets and the u16 lane offsets are held as int32 / int16
+    bit patterns (the kernels mask them).
     """
 
     layout = "rows"
@@ -95,7 +95,9 @@ class PackedDF11Rows(nn.Module):
         self.nbytes = df.nbytes
         self.code_lengths = df.code_lengths.copy()
         self.register_buffer("stream", torch.from_numpy(df.stream.view(np.int32).copy()).to(device))
-        self.register_buffer("sign_mantissa", torch.from_numpy(df.sign_mantissa.copy()).to(device))
+        self.register_buffer(
+            "sign_mantissa", torch.from_numpy(df.sign_mantissa.view(np.int32).copy()).to(device)
+        )
         self.register_buffer("row_offsets", torch.from_numpy(df.row_offsets.view(np.int32).copy()).to(device))
         lane_bits = df.lane_offsets.reshape(-1).view(np.int16).copy()
         self.register_buffer("lane_offsets", torch.from_numpy(lane_bits).to(device))
@@ -118,7 +120,7 @@ class PackedDF11Rows(nn.Module):
         return rows.DF11Rows(self.shape, self.code_lengths.copy(), self.stream.cpu().numpy().view(np.uint32).copy(),
                              self.row_offsets.cpu().numpy().view(np.uint32).copy(),
                              self.lane_offsets.cpu().numpy().view(np.uint16).reshape(n, self.lanes).copy(),
-                             self.sign_mantissa.cpu().numpy().copy(), self.max_code_len)  # fmt: skip
+                             self.sign_mantissa.cpu().numpy().view(np.uint32).copy(), self.max_code_len)  # fmt: skip
 
     def to_bytes(self) -> bytes:
         """The CRC32-checked rows container (`rows.DF11Rows.to_bytes`)."""
