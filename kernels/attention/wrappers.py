@@ -26,6 +26,7 @@ from codesign.kernels.attention.tree import TreeBatch, build_tree_batch, check_p
 from codesign.kernels.attention.triton_attention import LaunchPlan, plan_launch
 from codesign.kernels.kvcache.checks import check_int_tensor, check_kv_cache, geometry_probe
 from codesign.kernels.kvcache.formats import KV_FORMAT_PLAIN, PLAIN_BITS, kernel_format
+from codesign.kernels.kvcache.oaken import OakenPagedKV
 from codesign.specs import (
     CodesignError,
     KVFormat,
@@ -105,7 +106,8 @@ class _PlannedAttention:
         probe = torch.empty(q_tokens, q_heads, dim, dtype=k_like.dtype, device=self.device)
         batch, opts = prepare(probe, k_like, k_like, block_tables, context_lens, cu, tree_args, opts)
         old = self._plan.launch.workspace if self._plan else None
-        launch = plan_launch(probe, tuple(k_like.shape), code, bits, batch, opts.num_splits, old)
+        cap = cache.capacity if isinstance(cache, OakenPagedKV) else 0
+        launch = plan_launch(probe, tuple(k_like.shape), code, bits, batch, opts.num_splits, old, cap)
         launch = dataclasses.replace(launch, tree_words=self._persist("tree_words", launch.tree_words))
         persisted = {f.name: self._persist(f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch)
                      if isinstance(getattr(batch, f.name), torch.Tensor)}  # fmt: skip
