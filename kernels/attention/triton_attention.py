@@ -580,6 +580,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         # hold the launch's outlier index (`oaken.outlier_index`), scr_ptr each program's [CR, BLOCK_N] of p.
         OAKEN: tl.constexpr = (KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE) and OAKEN_CAP > 0
         CR: tl.constexpr = BLOCK_Q * OAKEN_GP
+        SPREAD: tl.constexpr = OAKEN_GP < GROUP_PAD  # padded rows (decode on a GPU): a [CR, DIM_PAD] accumulator apart
         if OAKEN:
             cr = tl.arange(0, CR)
             cqi = q_block * BLOCK_Q + cr // OAKEN_GP
@@ -588,7 +589,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             prog = (pid * tl.num_programs(1) + kvh) * NUM_SPLITS + split
             pp = scr_ptr + prog.to(tl.int64) * (CR * BLOCK_N)
             p_at = ((rows // GROUP_PAD) * OAKEN_GP + hg)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-            acc_o = tl.zeros([CR, DIM_PAD], tl.float32)
+            if SPREAD:
+                acc_o = tl.zeros([CR, DIM_PAD], tl.float32)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
@@ -707,10 +709,13 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                                  s_hi, kvh, d, d_ok, c_ok, stride_rb, stride_rr, stride_vmb,
                                                  stride_vms, stride_vmh, q_mma.dtype, KV_FORMAT, OAKEN_CAP, HEAD_DIM,
                                                  BLOCK_SIZE, CR, BLOCK_N, DIM_PAD, OAKEN_NBT)  # fmt: skip
-                        acc_o = acc_o * _rows_max(alpha, BLOCK_Q, OAKEN_GP, GROUP_PAD)[:, None] + vcor
+                        if SPREAD:
+                            acc_o = acc_o * _rows_max(alpha, BLOCK_Q, OAKEN_GP, GROUP_PAD)[:, None] + vcor
+                        else:  # the tile's rows: straight into the (already rescaled) accumulator
+                            acc += vcor
                 m_i = m_new
 
-        if OAKEN:
+        if OAKEN and SPREAD:
             acc += _spread_rows(acc_o, BLOCK_Q, OAKEN_GP, GROUP_PAD, DIM_PAD)
         has = l_i > 0.0
         o = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -977,6 +982,10 @@ def plan_launch(
     bs, hkv, b = kv_shape[1], kv_shape[2], batch.block_tables.shape[0]
     view = device_view(q.device)
     cfg = launch_config(hq, hkv, dim, bs, batch.block_tables.shape[0], q.device, q.element_size(), kv_format, bits)
+    if kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) and not batch.is_decode:
+        # Extend and tree rows are all real heads (64 of them): the outlier corrections' [64, BLOCK_N] and the
+        # value scratch spill at 64 x 128 (sm_90, bf16, blocks of 32: 960 B on 4 warps, tree 324 B on 8).
+        cfg = {**cfg, "BLOCK_N": min(cfg["BLOCK_N"], 32), "num_warps": max(cfg["num_warps"], 8)}
     if batch.is_tree:
         cfg = tree_config(cfg, kv_format)
     gpad, bq = rows_layout(hq // hkv, cfg["BLOCK_M"], batch.is_decode, view.min_dot_rows)
