@@ -184,7 +184,8 @@ def test_outlier_index_sorts_and_starts_every_list(bs, d, cap):
 @pytest.mark.parametrize("offline", [False, True])
 def test_kernel_padded_rows_vs_fp64(offline, monkeypatch):
     """Outlier corrections on the real query heads only (3 per kv head, 4 with padding) while the tile has 16
-    rows (a GPU's smallest tl.dot, as on GPUs): decode with splits and extend against fp64."""
+    rows (a GPU's smallest tl.dot, as on GPUs): decode with splits (several tiles a split: the separate value
+    correction accumulator is rescaled as the output) and extend against fp64."""
     import dataclasses
 
     from codesign.backend import device_view, use_device_view
@@ -193,10 +194,10 @@ def test_kernel_padded_rows_vs_fp64(offline, monkeypatch):
         from test_kvcache_oaken_offline import _reference_pool as ref_pool
         from test_kvcache_oaken_offline import _setup as setup
 
-        cache, bt, cl, xs, thr, grid = setup([11, 6, 30])
+        cache, bt, cl, xs, thr, grid = setup([11, 70, 100])
         kd, vd, *_ = ref_pool(cache, bt, xs, thr, grid, 4)
     else:
-        cache, bt, cl, xs, thr = _setup([11, 6, 30], bs=8, cap=12, spikes=(5, 9))
+        cache, bt, cl, xs, thr = _setup([11, 70, 100], bs=8, cap=12, spikes=(5, 9))
         kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
     hq = 3 * H
     q = torch.randn(3, hq, D)
