@@ -33,7 +33,9 @@ tile by tile in registers (no dequantized copy of the cache), one jit helper per
       per-token (scale, zero) as INT; one launch covers blocks of every width.
   KV_FORMAT_OAKEN: dense codes and per-token (scale, zero) as INT (outlier positions hold code 0),
       plus OAKEN_CAP sparse outliers per (block, kv head) `[blocks, kv_heads, CAP]` int32, each
-      (position_in_block << 16) | fp16 bits (-1: empty), written over the dense values in the tile.
+      (position_in_block << 16) | fp16 bits (-1: empty). The kernel reads them through the launch's index
+      (`kvcache.oaken.outlier_index`: keys by token, values by channel) and adds each one's difference from the
+      dense value to the scores and the output (`_oaken_key_corr`, `_oaken_value_corr`).
   KV_FORMAT_OAKEN_OFFLINE: as OAKEN, but the per-token metadata is uint8 (z, r) on a per-kv-head
       offline grid (base, step) fp32 `[2 (K, V), kv_heads, 2]` (passed as `block_bits`):
       zero = base + z * step, scale = r * step / (2^BITS - 1)   (`kvcache.quantizers.offline_meta`).
@@ -160,9 +162,8 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
                   j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0, j0, d_ok,
                   BLOCK_SIZE: tl.constexpr,
                   KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr, KIVI_R: tl.constexpr, bits_ptr,
-                  OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
-                  BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, bt_row, s_hi, OAKEN_NBT: tl.constexpr,
-                  RING: tl.constexpr = True):  # fmt: skip
+                  HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
+                  BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, RING: tl.constexpr = True):  # fmt: skip
     """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8, KIVI and
     Oaken caches, one helper per format family (the per-token INT and mixed formats take the factored path,
     `_load_code_tile`). RING False: a KIVI tile of codes only (every token below n_q)."""
@@ -630,8 +631,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                       stride_mb, stride_ms, stride_mh, q_mma.dtype, KV_FORMAT, BITS,
                                       j, b, nq, k_res_ptr, stride_rb, stride_rr, stride_rh, True,
                                       blk0, start, d_ok, BLOCK_SIZE,
-                                      KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
-                                      BLOCK_N, HW_FP8, bt_ptr + b * stride_bt, s_hi, OAKEN_NBT,
+                                      KIVI_G, KIVI_GV, KIVI_R, bits_ptr, HEAD_DIM, WORDS, DIM_PAD,
+                                      BLOCK_N, HW_FP8,
                                       not KIVI_SPLIT or phase == 1)  # fmt: skip
                     s = tl.dot(q_mma, tl.trans(k), input_precision=DOT_PREC)
                     if F16_MMA:
@@ -697,8 +698,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                       stride_vmb, stride_vms, stride_vmh, q_mma.dtype, KV_FORMAT, BITS,
                                       j, b, nq, v_res_ptr, stride_rb, stride_rr, stride_rh, False,
                                       blk0, start, d_ok, BLOCK_SIZE,
-                                      KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
-                                      BLOCK_N, HW_FP8, bt_ptr + b * stride_bt, s_hi, OAKEN_NBT,
+                                      KIVI_G, KIVI_GV, KIVI_R, bits_ptr, HEAD_DIM, WORDS, DIM_PAD,
+                                      BLOCK_N, HW_FP8,
                                       not KIVI_SPLIT or phase == 1)  # fmt: skip
                     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
                     if OAKEN:
