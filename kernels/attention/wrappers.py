@@ -85,6 +85,14 @@ class _PlannedAttention:
             buf.copy_(t)
         return buf
 
+    def _keep(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """The wrapper's buffer `name` when it has t's shape, dtype and device (its contents are not copied:
+        run() rebuilds them), else t, kept from now on."""
+        buf = self._bufs.get(name)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.device != t.device:
+            buf = self._bufs[name] = t
+        return buf
+
     def _cache_geometry(self, cache: Any, block_tables: torch.Tensor, q_dtype: torch.dtype | None) -> tuple:
         """(format, a tensor of the cache's geometry and q's dtype, signature, spec format, kernel code, bits)."""
         fmt = format_of(cache)
@@ -109,6 +117,9 @@ class _PlannedAttention:
         cap = cache.capacity if isinstance(cache, OakenPagedKV) else 0
         launch = plan_launch(probe, tuple(k_like.shape), code, bits, batch, opts.num_splits, old, cap)
         launch = dataclasses.replace(launch, tree_words=self._persist("tree_words", launch.tree_words))
+        if launch.oaken is not None:  # refilled by every run(): only the buffers are kept across re-plans
+            kept = tuple(self._keep(f"oaken{i}", t) for i, t in enumerate(launch.oaken))
+            launch = dataclasses.replace(launch, oaken=kept)
         persisted = {f.name: self._persist(f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch)
                      if isinstance(getattr(batch, f.name), torch.Tensor)}  # fmt: skip
         self._plan = _Plan(
