@@ -7,8 +7,9 @@ extend, from the sm_90 SASS of the kernels the default launch configs choose (co
 Decode (issue 21's shape: batch 16, context 32k, 32 q / 8 kv heads, head_dim 128, blocks of 32, bf16 queries;
 `gpu_kvquant`'s caches, through `lowering_report`'s cases): each launch compiles for sm_90 under
 `codesign.autotune.compile_only`; the attention kernel's main loop (its largest SASS loop, one KV tile per
-iteration: Triton's software pipeline does not unroll) is counted along its longest path (inner loops, Oaken's
-outlier chunks, times their trip count), and
+iteration: Triton's software pipeline does not unroll) is counted along its longest path (inner loops times their
+trip count: Oaken's key loop the fullest token's slot count, each value loop the fullest channel's, over the
+bench's cache, `oaken_trips`), and
 
     issue_ms = ceil(ceil(programs / 132) * warps / 4) * (tiles * loop + the rest once) / clock
     floor_ms = format's byte floor (`gpu_kvquant.floor_bytes`) / the bf16 cache's achieved bandwidth
@@ -49,7 +50,6 @@ EXTEND_MS, TREE_MS = 0.293, 0.973  # run 2: extend 16 x 64 over 4k, tree 64 node
 # The split-KV merge: a second launch (~1-2 us apart in a CUDA graph) reading 0.8 MB of fp32 partials.
 MERGE_MS = 0.003
 ATTN_KERNEL = "_paged_attn_kernel"
-OAKEN_SC = 16  # outlier slots per chunk (triton_attention.OAKEN_SC): Oaken's inner loop runs CAP / 16 times
 _LABEL = re.compile(r"\s*(\w+):\s*$")
 _BRA = re.compile(r"\bBRA(?:\.\w+)* (\w+);")
 
@@ -101,11 +101,14 @@ def _successors(ins: list[str], labels: dict[str, int], a: int, b: int, e: int) 
 
 
 def loop_path(
-    ins: list[str], labels: dict[str, int], a: int, b: int, inner_trips: int = 1
+    ins: list[str], labels: dict[str, int], a: int, b: int, inner_trips: int | list[int] = 1
 ) -> tuple[int, int]:
     """(shortest, longest) instructions executed by one iteration of the loop [a, b): forward branches inside it
-    form a DAG over its basic blocks; an inner loop's body counts `inner_trips` times."""
+    form a DAG over its basic blocks; an inner loop's body counts `inner_trips` times (a list: per inner loop in
+    address order, its last entry for the loops past its end)."""
     inner = [(s, e) for s, e in loops(ins, labels) if a < s and e <= b and (s, e) != (a, b)]
+    per = inner_trips if isinstance(inner_trips, list) else [inner_trips]
+    trips = {lp: per[min(i, len(per) - 1)] for i, lp in enumerate(inner)}
     starts = {a, *(v for v in labels.values() if a < v < b)}
     starts |= {i + 1 for i in range(a, b - 1) if _BRA.search(ins[i])}
     order = sorted(starts) + [b]
@@ -115,7 +118,7 @@ def loop_path(
         lo, hi = best[s]
         if lo == math.inf:
             continue  # not reachable inside one iteration
-        n = (e - s) + sum((inner_trips - 1) * (ie - is_) for is_, ie in inner if is_ == s)
+        n = (e - s) + sum((trips[(is_, ie)] - 1) * (ie - is_) for is_, ie in inner if is_ == s)
         for t in _successors(ins, labels, a, b, e):
             best[t] = (min(best[t][0], lo + n), max(best[t][1], hi + n))
     lo, hi = best[b]
@@ -150,7 +153,7 @@ def census(ins: list[str]) -> dict[str, Any]:
     }
 
 
-def loop_report(sass: str, inner_trips: int = 1, which: int = -1) -> dict[str, Any]:
+def loop_report(sass: str, inner_trips: int | list[int] = 1, which: int = -1) -> dict[str, Any]:
     """A KV-tile loop (an outermost loop with a matrix instruction; `which` -1: the largest, else its index in
     address order: a tree launch's prefix loop, then its masked loop): its executed path per iteration, its census
     and the instructions outside the outermost loops (run once per program)."""
@@ -207,12 +210,53 @@ def _resources(launch: Any) -> dict[str, Any]:
             "WORDS": cx.get("WORDS"), "cvt_i2f_ptx": launch.ptx_ops.get("cvt_i2f")}  # fmt: skip
 
 
-def decode_prediction(launch: Any, kernel: Any, floor_bytes: float, bandwidth: float, context: int) -> dict:
-    """One decode launch's prediction (module docstring): its loop, occupancy, issue and byte-floor times."""
+def oaken_trips() -> dict[str, float]:
+    """Oaken's inner-loop trips for the bench's cache (`gpu_kvquant.oaken_slots` at the decode shape): the fullest
+    token's slot count (the key loop's bound) and the fullest channel's (each value loop's), over the whole
+    cache, from the kernel's own index (`oaken.outlier_index`); with their means over (block, head) beside."""
+    import gpu_kvquant as kvq
+
+    from codesign.kernels.kvcache.oaken import outlier_index
+
+    shape = (kvq.BATCH * kvq.CONTEXT // kvq.BLOCK_SIZE, kvq.HKV, kvq._oaken_capacity())
+    out: dict[str, float] = {"capacity": shape[2]}
+    for side, by, seed, n in (("key", "token", 0, kvq.BLOCK_SIZE), ("value", "channel", 1, kvq.DIM)):
+        ix = outlier_index(kvq.oaken_slots(shape, "cpu", seed), kvq.BLOCK_SIZE, kvq.DIM, by)
+        rank = ix[..., shape[2] + n + 1]
+        out[f"{side}_max"], out[f"{side}_mean"] = int(rank.max()), float(rank.float().mean())
+    return out
+
+
+def oaken_loop_trips(sass: str, nbt: int, key: int, value: int) -> dict[str, Any]:
+    """Trips of each inner loop of Oaken's tile loop (address order) for `key` ranks per tile and `value` ranks per
+    block: its last `nbt` loops are the value loops (one per block of the tile), the ones before the key loop, which
+    LLVM may unroll U times plus a remainder loop (U: the ratio of their global loads), run key // U and key % U."""
+    ins, labels = parse_sass(sass)
+    all_loops = loops(ins, labels)
+    outer = [lp for lp in all_loops if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in all_loops)]
+    tiles = [(a, b) for a, b in outer if any("MMA" in opcode(t) for t in ins[a:b])]
+    a, b = max(tiles, key=lambda lp: lp[1] - lp[0])
+    inner = [lp for lp in all_loops if a < lp[0] and lp[1] <= b]
+    if len(inner) not in (nbt + 1, nbt + 2):
+        raise ValueError(f"expected {nbt} value loops after 1 or 2 key loops, got {len(inner)} inner loops")
+    n_key = len(inner) - nbt
+
+    def ldg(lp: tuple[int, int]) -> int:
+        return sum(opcode(t).startswith("LDG") for t in ins[lp[0] : lp[1]])
+
+    unroll = round(ldg(inner[0]) / ldg(inner[1])) if n_key == 2 else 1
+    key_trips = [key // unroll, key % unroll] if n_key == 2 else [key]
+    return {"trips": key_trips + [value] * nbt, "key_unroll": unroll, "inner_loops": len(inner)}
+
+
+def decode_prediction(
+    launch: Any, kernel: Any, floor_bytes: float, bandwidth: float, context: int, trips: int | list[int] = 1
+) -> dict:
+    """One decode launch's prediction (module docstring): its loop (inner loops `trips` times, `loop_path`),
+    occupancy, issue and byte-floor times."""
     from codesign.kernels.kvcache.formats import KV_FORMAT_KIVI
 
     cx = launch.constexprs
-    trips = math.ceil(cx.get("OAKEN_CAP", 0) / OAKEN_SC) or 1
     bn, splits = cx["BLOCK_N"], cx["NUM_SPLITS"]
     tiles = math.ceil(math.ceil(context / splits) / bn)  # the kernel's split length, whole tiles
     ring = 0
@@ -339,7 +383,18 @@ def predict(formats: list[str] | None = None, tree: bool = True, log=print) -> d
             call()
             launch, kernel, _ = _attn(session.launches[n0:], session.compiled[n0:])
             floor = kvq.floor_bytes(name, kvq.BATCH, kvq.CONTEXT)
-            row = decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT)
+            trips: int | list[int] = 1
+            cx = launch.constexprs
+            if cx.get("OAKEN_CAP", 0) > 0:  # the key loop, then each block's value loop
+                ot = oaken_trips()
+                mean = oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], round(ot["key_mean"]),
+                                        round(ot["value_mean"]))  # fmt: skip
+                ot.update(oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], ot["key_max"], ot["value_max"]))
+                trips = ot["trips"]
+                at_mean = decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, mean["trips"])
+                ot["at_mean_trips"] = {k: at_mean[k] for k in ("sass_per_tile", "issue_ms", "predicted_ms")}
+                out["oaken_trips"] = ot
+            row = decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, trips)
             row["vs_bf16"] = None
             out["decode"][name] = row
             log(f"  compiled {name}: {row['sass_per_tile']} SASS per tile, {row['predicted_ms']:.3f} ms")
