@@ -113,8 +113,9 @@ TREE_FOUR_WARP_FORMATS = (KV_FORMAT_PLAIN, KV_FORMAT_FP8)
 # The kernel reads a row's mask bits for one tile as a 64-bit window (`tree_mask_words`); a tile starts at most
 # BLOCK_N <= 64 keys before the tree, so the packed bits start this far in.
 TREE_PAD_BITS = tl.constexpr(64)
-# Oaken's tile is 64 x 128 on 4 warps for blocks of at least this many tokens (its outliers are corrections, not
-# written into the tile), else 32 x 128 on 8 warps (16-token blocks spilled at 64 x 4, sm_90, bf16, head_dim 128).
+# Oaken's decode tile is 64 x 128 on 4 warps for blocks of at least this many tokens (sm_90, bf16, head_dim 128, blocks
+# of 32: 228 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
+# registers, but is not predicted against 32 x 8).
 OAKEN_WIDE_BLOCK = 32
 # The constants above as the jit code reads them (a kernel reads only constexpr globals).
 _PLAIN = tl.constexpr(KV_FORMAT_PLAIN)
