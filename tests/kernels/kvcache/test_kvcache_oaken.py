@@ -81,12 +81,12 @@ def test_kernel_vs_fp64(splits):
     assert_rel_close(oe, ref_e, 2e-6, "oaken extend")
 
 
-@pytest.mark.parametrize("bs, cap", [(32, 40), (24, 20), (8, 12)])
+@pytest.mark.parametrize("bs, cap", [(32, 40), (24, 20), (8, 12), (128, 60)])
 def test_kernel_outlier_chunks_vs_fp64(bs, cap):
     """The kernel adds each outlier's correction through the per-launch index (token lists for keys, channel lists
-    for values): blocks wider than the tile (32 at 64 tokens is not, 32 with a 16-wide tile in the interpreter's
-    default is), blocks straddling tiles (24), several blocks per tile (8); many slots per block, full blocks (the
-    outlier channel overflows them, so channel lists run long) and short last blocks."""
+    for values): blocks as wide as the 64-token tile (32: two a tile), straddling tiles (24, 32-token tiles),
+    several blocks per tile (8), wider than the tile (128: a tile takes only its tokens' value slots); many slots per
+    block, full blocks (the outlier channel overflows them, so channel lists run long) and short last blocks."""
     cache, bt, cl, xs, thr = _setup([70, 33, 20, 50], bs=bs, cap=cap, spikes=(5, 9, 12))
     assert int(cache.k_count.max()) > (8 if bs == 8 else 16)  # many slots in use
     kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
