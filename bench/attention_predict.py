@@ -216,10 +216,13 @@ def oaken_trips() -> dict[str, float]:
     cache, from the kernel's own index (`oaken.outlier_index`); with their means over (block, head) beside."""
     import gpu_kvquant as kvq
 
-    from codesign.kernels.kvcache.oaken import outlier_index
+    from codesign.kernels.kvcache.oaken import index_width, outlier_index
 
     shape = (kvq.BATCH * kvq.CONTEXT // kvq.BLOCK_SIZE, kvq.HKV, kvq._oaken_capacity())
     out: dict[str, float] = {"capacity": shape[2]}
+    # The launch's index build (torch ops before the kernel, not in the prediction): at least both sides' slots
+    # read and their indexes written once.
+    out["index_min_bytes"] = 2 * shape[0] * shape[1] * (shape[2] + index_width(shape[2], kvq.BLOCK_SIZE, kvq.DIM)) * 4
     for side, by, seed, n in (("key", "token", 0, kvq.BLOCK_SIZE), ("value", "channel", 1, kvq.DIM)):
         ix = outlier_index(kvq.oaken_slots(shape, "cpu", seed), kvq.BLOCK_SIZE, kvq.DIM, by)
         rank = ix[..., shape[2] + n + 1]
@@ -393,6 +396,7 @@ def predict(formats: list[str] | None = None, tree: bool = True, log=print) -> d
                 trips = ot["trips"]
                 at_mean = decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, mean["trips"])
                 ot["at_mean_trips"] = {k: at_mean[k] for k in ("sass_per_tile", "issue_ms", "predicted_ms")}
+                ot["index_floor_ms"] = ot["index_min_bytes"] / bandwidth * 1e3  # not in predicted_ms
                 out["oaken_trips"] = ot
             row = decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, trips)
             row["vs_bf16"] = None
