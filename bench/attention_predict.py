@@ -7,8 +7,9 @@ extend, from the sm_90 SASS of the kernels the default launch configs choose (co
 Decode (issue 21's shape: batch 16, context 32k, 32 q / 8 kv heads, head_dim 128, blocks of 32, bf16 queries;
 `gpu_kvquant`'s caches, through `lowering_report`'s cases): each launch compiles for sm_90 under
 `codesign.autotune.compile_only`; the attention kernel's main loop (its largest SASS loop, one KV tile per
-iteration: Triton's software pipeline does not unroll) is counted along its longest path (inner loops, Oaken's
-outlier chunks, times their trip count), and
+iteration: Triton's software pipeline does not unroll) is counted along its longest path (inner loops times their
+trip count: Oaken's key loop the fullest token's slot count, each value loop the fullest channel's, over the
+bench's cache, `oaken_trips`), and
 
     issue_ms = ceil(ceil(programs / 132) * warps / 4) * (tiles * loop + the rest once) / clock
     floor_ms = format's byte floor (`gpu_kvquant.floor_bytes`) / the bf16 cache's achieved bandwidth
@@ -48,6 +49,9 @@ from sass_model import (  # noqa: E402  (the SASS model, shared with gemm_predic
     SMS,
     issue_cycles,
     loop_report,
+    loops,
+    opcode,
+    parse_sass,
 )
 from sass_model import resident_programs as resident_programs  # noqa: E402, F401  (re-exported)
 
@@ -56,7 +60,6 @@ EXTEND_MS, TREE_MS = 0.293, 0.973  # run 2: extend 16 x 64 over 4k, tree 64 node
 # The split-KV merge: a second launch (~1-2 us apart in a CUDA graph) reading 0.8 MB of fp32 partials.
 MERGE_MS = 0.003
 ATTN_KERNEL = "_paged_attn_kernel"
-OAKEN_SC = 16  # outlier slots per chunk (triton_attention.OAKEN_SC): Oaken's inner loop runs CAP / 16 times
 
 
 def _attn(launches: list, compiled: list) -> tuple[Any, Any, int]:
@@ -73,12 +76,56 @@ def _resources(launch: Any) -> dict[str, Any]:
             "WORDS": cx.get("WORDS"), "cvt_i2f_ptx": launch.ptx_ops.get("cvt_i2f")}  # fmt: skip
 
 
-def decode_prediction(launch: Any, kernel: Any, floor_bytes: float, bandwidth: float, context: int) -> dict:
-    """One decode launch's prediction (module docstring): its loop, occupancy, issue and byte-floor times."""
+def oaken_trips() -> dict[str, float]:
+    """Oaken's inner-loop trips for the bench's cache (`gpu_kvquant.oaken_slots` at the decode shape): the fullest
+    token's slot count (the key loop's bound) and the fullest channel's (each value loop's), over the whole
+    cache, from the kernel's own index (`oaken.outlier_index`); with their means over (block, head) beside."""
+    import gpu_kvquant as kvq
+
+    from codesign.kernels.kvcache.oaken import index_width, outlier_index
+
+    shape = (kvq.BATCH * kvq.CONTEXT // kvq.BLOCK_SIZE, kvq.HKV, kvq._oaken_capacity())
+    out: dict[str, float] = {"capacity": shape[2]}
+    # The launch's index build (torch ops before the kernel, not in the prediction): at least both sides' slots
+    # read and their indexes written once.
+    out["index_min_bytes"] = 2 * shape[0] * shape[1] * (shape[2] + index_width(shape[2], kvq.BLOCK_SIZE, kvq.DIM)) * 4
+    for side, by, seed, n in (("key", "token", 0, kvq.BLOCK_SIZE), ("value", "channel", 1, kvq.DIM)):
+        ix = outlier_index(kvq.oaken_slots(shape, "cpu", seed), kvq.BLOCK_SIZE, kvq.DIM, by)
+        rank = ix[..., shape[2] + n + 1]
+        out[f"{side}_max"], out[f"{side}_mean"] = int(rank.max()), float(rank.float().mean())
+    return out
+
+
+def oaken_loop_trips(sass: str, nbt: int, key: int, value: int) -> dict[str, Any]:
+    """Trips of each inner loop of Oaken's tile loop (address order) for `key` ranks per tile and `value` ranks per
+    block: its last `nbt` loops are the value loops (one per block of the tile), the ones before the key loop, which
+    LLVM may unroll U times plus a remainder loop (U: the ratio of their global loads), run key // U and key % U."""
+    ins, labels = parse_sass(sass)
+    all_loops = loops(ins, labels)
+    outer = [lp for lp in all_loops if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in all_loops)]
+    tiles = [(a, b) for a, b in outer if any("MMA" in opcode(t) for t in ins[a:b])]
+    a, b = max(tiles, key=lambda lp: lp[1] - lp[0])
+    inner = [lp for lp in all_loops if a < lp[0] and lp[1] <= b]
+    if len(inner) not in (nbt + 1, nbt + 2):
+        raise ValueError(f"expected {nbt} value loops after 1 or 2 key loops, got {len(inner)} inner loops")
+    n_key = len(inner) - nbt
+
+    def ldg(lp: tuple[int, int]) -> int:
+        return sum(opcode(t).startswith("LDG") for t in ins[lp[0] : lp[1]])
+
+    unroll = round(ldg(inner[0]) / ldg(inner[1])) if n_key == 2 else 1
+    key_trips = [key // unroll, key % unroll] if n_key == 2 else [key]
+    return {"trips": key_trips + [value] * nbt, "key_unroll": unroll, "inner_loops": len(inner)}
+
+
+def decode_prediction(
+    launch: Any, kernel: Any, floor_bytes: float, bandwidth: float, context: int, trips: int | list[int] = 1
+) -> dict:
+    """One decode launch's prediction (module docstring): its loop (inner loops `trips` times, `loop_path`),
+    occupancy, issue and byte-floor times."""
     from codesign.kernels.kvcache.formats import KV_FORMAT_KIVI
 
     cx = launch.constexprs
-    trips = math.ceil(cx.get("OAKEN_CAP", 0) / OAKEN_SC) or 1
     bn, splits = cx["BLOCK_N"], cx["NUM_SPLITS"]
     tiles = math.ceil(math.ceil(context / splits) / bn)  # the kernel's split length, whole tiles
     ring = 0
@@ -205,7 +252,19 @@ def predict(formats: list[str] | None = None, tree: bool = True, log=print) -> d
             call()
             launch, kernel, _ = _attn(session.launches[n0:], session.compiled[n0:])
             floor = kvq.floor_bytes(name, kvq.BATCH, kvq.CONTEXT)
-            row = decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT)
+            trips: int | list[int] = 1
+            cx = launch.constexprs
+            if cx.get("OAKEN_CAP", 0) > 0:  # the key loop, then each block's value loop
+                ot = oaken_trips()
+                mean = oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], round(ot["key_mean"]),
+                                        round(ot["value_mean"]))  # fmt: skip
+                ot.update(oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], ot["key_max"], ot["value_max"]))
+                trips = ot["trips"]
+                at_mean = decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, mean["trips"])
+                ot["at_mean_trips"] = {k: at_mean[k] for k in ("sass_per_tile", "issue_ms", "predicted_ms")}
+                ot["index_floor_ms"] = ot["index_min_bytes"] / bandwidth * 1e3  # not in predicted_ms
+                out["oaken_trips"] = ot
+            row = decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, trips)
             row["vs_bf16"] = None
             out["decode"][name] = row
             log(f"  compiled {name}: {row['sass_per_tile']} SASS per tile, {row['predicted_ms']:.3f} ms")

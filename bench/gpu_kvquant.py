@@ -186,10 +186,22 @@ def _oaken_cache(nb: int, dev, hkv: int):
     c.v_codes.random_(0, 256)
     c.k_meta[..., 0] = 0.01
     c.v_meta[..., 0] = 0.01
-    pos = torch.randint(0, BLOCK_SIZE * DIM, c.k_out.shape, device=dev, dtype=torch.int32)
-    c.k_out.copy_((pos << 16) | 0x3C00)  # fp16 1.0
-    c.v_out.copy_(c.k_out)
+    c.k_out.copy_(oaken_slots(tuple(c.k_out.shape), dev, 0))
+    c.v_out.copy_(oaken_slots(tuple(c.v_out.shape), dev, 1))
     return c
+
+
+def oaken_slots(shape: tuple[int, int, int], dev, seed: int):
+    """Full outlier slots `[blocks, kv_heads, CAP]` of fp16 1.0 at distinct positions in token order, as the
+    writers leave them: slot i at a random position of its own stretch of BLOCK_SIZE * DIM / CAP positions."""
+    import torch
+
+    cap = shape[2]
+    span = BLOCK_SIZE * DIM // cap
+    g = torch.Generator(device=dev).manual_seed(seed)
+    pos = torch.arange(cap, device=dev, dtype=torch.int32) * span
+    pos = pos + torch.randint(0, span, shape, device=dev, dtype=torch.int32, generator=g)
+    return (pos << 16) | 0x3C00  # fp16 1.0
 
 
 def _oaken_capacity() -> int:

@@ -78,11 +78,14 @@ def _successors(ins: list[str], labels: dict[str, int], a: int, b: int, e: int) 
 
 
 def loop_path(
-    ins: list[str], labels: dict[str, int], a: int, b: int, inner_trips: int = 1
+    ins: list[str], labels: dict[str, int], a: int, b: int, inner_trips: int | list[int] = 1
 ) -> tuple[int, int]:
     """(shortest, longest) instructions executed by one iteration of the loop [a, b): forward branches inside it
-    form a DAG over its basic blocks; an inner loop's body counts `inner_trips` times."""
+    form a DAG over its basic blocks; an inner loop's body counts `inner_trips` times (a list: per inner loop in
+    address order, its last entry for the loops past its end)."""
     inner = [(s, e) for s, e in loops(ins, labels) if a < s and e <= b and (s, e) != (a, b)]
+    per = inner_trips if isinstance(inner_trips, list) else [inner_trips]
+    trips = {lp: per[min(i, len(per) - 1)] for i, lp in enumerate(inner)}
     starts = {a, *(v for v in labels.values() if a < v < b)}
     starts |= {i + 1 for i in range(a, b - 1) if _BRA.search(ins[i])}
     order = sorted(starts) + [b]
@@ -92,7 +95,7 @@ def loop_path(
         lo, hi = best[s]
         if lo == math.inf:
             continue  # not reachable inside one iteration
-        n = (e - s) + sum((inner_trips - 1) * (ie - is_) for is_, ie in inner if is_ == s)
+        n = (e - s) + sum((trips[(is_, ie)] - 1) * (ie - is_) for is_, ie in inner if is_ == s)
         for t in _successors(ins, labels, a, b, e):
             best[t] = (min(best[t][0], lo + n), max(best[t][1], hi + n))
     lo, hi = best[b]
@@ -157,7 +160,7 @@ def _self_branch(ins: list[str], labels: dict[str, int], i: int) -> bool:
     return bool(m) and labels.get(m.group(1)) == i
 
 
-def loop_report(sass: str, inner_trips: int = 1, which: int = -1) -> dict[str, Any]:
+def loop_report(sass: str, inner_trips: int | list[int] = 1, which: int = -1) -> dict[str, Any]:
     """A KV-tile loop (an outermost loop with a matrix instruction; `which` -1: the largest, else its index in
     address order: a tree launch's prefix loop, then its masked loop): its executed path per iteration, its census
     and the instructions outside the outermost loops (run once per program)."""

@@ -61,6 +61,8 @@ REMOVED: dict[str, str] = {
     "paged_attention.on_gpu": f"{_VIEW}.compiled",
     "paged_attention_triton.num_sms": f"{_VIEW}.sms",
     "paged_attention_triton.hw_fp8": f"{_VIEW}.hw_fp8",
+    "paged_attention_triton.OAKEN_SC": "Oaken's outliers are gathered through kvcache.oaken.outlier_index, not "
+    "scattered in chunks",
     "paged_attention.AttnMeta": "the launch metadata is attention.options.AttentionBatch and AttentionOptions",
     "paged_attention.NO_TREE": "pass tree=None (a TreeBatch otherwise) to attention.paged.attend",
     "paged_attention.ATTENTION_OPTIONS": "the fields of attention.options.AttentionOptions",

@@ -33,7 +33,9 @@ tile by tile in registers (no dequantized copy of the cache), one jit helper per
       per-token (scale, zero) as INT; one launch covers blocks of every width.
   KV_FORMAT_OAKEN: dense codes and per-token (scale, zero) as INT (outlier positions hold code 0),
       plus OAKEN_CAP sparse outliers per (block, kv head) `[blocks, kv_heads, CAP]` int32, each
-      (position_in_block << 16) | fp16 bits (-1: empty), written over the dense values in the tile.
+      (position_in_block << 16) | fp16 bits (-1: empty). The kernel reads them through the launch's index
+      (`kvcache.oaken.outlier_index`: keys by token, values by channel) and adds each one's difference from the
+      dense value to the scores and the output (`_oaken_key_corr`, `_oaken_value_corr`).
   KV_FORMAT_OAKEN_OFFLINE: as OAKEN, but the per-token metadata is uint8 (z, r) on a per-kv-head
       offline grid (base, step) fp32 `[2 (K, V), kv_heads, 2]` (passed as `block_bits`):
       zero = base + z * step, scale = r * step / (2^BITS - 1)   (`kvcache.quantizers.offline_meta`).
@@ -62,6 +64,7 @@ from codesign.kernels.kvcache.formats import (
     PLAIN_BITS,
     table_suffix,
 )
+from codesign.kernels.kvcache.oaken import index_width, outlier_index
 from codesign.kernels.triton_codes import codes_f16, pair_order, pow2_scale, unpack_words, words_f16
 
 OP = "paged_attention"
@@ -110,8 +113,10 @@ TREE_FOUR_WARP_FORMATS = (KV_FORMAT_PLAIN, KV_FORMAT_FP8)
 # The kernel reads a row's mask bits for one tile as a 64-bit window (`tree_mask_words`); a tile starts at most
 # BLOCK_N <= 64 keys before the tree, so the packed bits start this far in.
 TREE_PAD_BITS = tl.constexpr(64)
-# Oaken outlier slots applied per chunk of this many (the K of two small tl.dot, at least 16 on GPUs).
-OAKEN_SC = tl.constexpr(16)
+# Oaken's decode tile is 64 x 128 on 4 warps for blocks of at least this many tokens (sm_90, bf16, head_dim 128, blocks
+# of 32: 228 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
+# registers, but is not predicted against 32 x 8).
+OAKEN_WIDE_BLOCK = 32
 # The constants above as the jit code reads them (a kernel reads only constexpr globals).
 _PLAIN = tl.constexpr(KV_FORMAT_PLAIN)
 _INT = tl.constexpr(KV_FORMAT_INT)
@@ -158,9 +163,8 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
                   j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0, j0, d_ok,
                   BLOCK_SIZE: tl.constexpr,
                   KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr, KIVI_R: tl.constexpr, bits_ptr,
-                  OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
-                  BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, bt_row, s_hi, OAKEN_NBT: tl.constexpr,
-                  RING: tl.constexpr = True):  # fmt: skip
+                  HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
+                  BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, RING: tl.constexpr = True):  # fmt: skip
     """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8, KIVI and
     Oaken caches, one helper per format family (the per-token INT and mixed formats take the factored path,
     `_load_code_tile`). RING False: a KIVI tile of codes only (every token below n_q)."""
@@ -169,8 +173,7 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
         x = tl.load(base + d[None, :], mask=kv_m, other=0.0)
     elif KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE:
         x = _load_oaken_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty,
-                             KV_FORMAT, BITS, r_ptr, stride_rb, stride_rr, IS_KEY, j0, BLOCK_SIZE, bits_ptr, OAKEN_CAP,
-                             HEAD_DIM, WORDS, DIM_PAD, BLOCK_N, bt_row, s_hi, OAKEN_NBT)  # fmt: skip
+                             KV_FORMAT, BITS, IS_KEY, bits_ptr, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N)  # fmt: skip
     elif KV_FORMAT == _FP8:
         x = _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty, HW_FP8)
     else:
@@ -182,12 +185,12 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
 
 @triton.jit
 def _load_oaken_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
-                     KV_FORMAT: tl.constexpr, BITS: tl.constexpr, r_ptr, stride_rb, stride_rr, IS_KEY: tl.constexpr,
-                     j0, BLOCK_SIZE: tl.constexpr, bits_ptr, OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     WORDS: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, bt_row, s_hi,
-                     OAKEN_NBT: tl.constexpr):  # fmt: skip
-    """Oaken (both metadata variants): the dense codes of the tile dequantized, then its block's outlier slots
-    written over them (`_oaken_outliers`)."""
+                     KV_FORMAT: tl.constexpr, BITS: tl.constexpr, IS_KEY: tl.constexpr, bits_ptr,
+                     HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
+                     BLOCK_N: tl.constexpr):  # fmt: skip
+    """Oaken (both metadata variants): the dense codes of the tile dequantized. Outlier positions hold code 0 (the
+    token's lower bound); the kernel adds each outlier's difference from it to the scores and the output
+    (`_oaken_key_corr`, `_oaken_value_corr`) instead of writing it into the tile."""
     code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
     mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
     if KV_FORMAT == _OAKEN:
@@ -205,49 +208,103 @@ def _load_oaken_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, strid
         x = codes_f16(code) * sc.to(tl.float16)[:, None] + zr.to(tl.float16)[:, None]
     else:
         x = code.to(tl.float32) * sc[:, None] + zr[:, None]
-    if OAKEN_CAP > 0:
-        x = _oaken_outliers(x, r_ptr, stride_rb, stride_rr, kvh, d, j0, out_ty, BLOCK_SIZE, OAKEN_CAP, HEAD_DIM,
-                            DIM_PAD, BLOCK_N, bt_row, s_hi, OAKEN_NBT)  # fmt: skip
     x = tl.where(kv_m, x, 0.0)
     return x
 
 
 @triton.jit
-def _oaken_outliers(x, r_ptr, stride_rb, stride_rr, kvh, d, j0, out_ty: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                    OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                    bt_row, s_hi, OAKEN_NBT: tl.constexpr):  # fmt: skip
-    """`x` with the outlier slots of the blocks the tile's rows lie in written over it."""
-    # Outlier slots scattered into the tile by two small matrix products per chunk of OAKEN_SC slots:
-    # A[c, n] = (slot c is in tile row n), B[c, d] = (slot c is in column d) (times its value), so
-    # A^T B puts each value at its (row, column) and A^T (B != 0) marks the positions. Exact in fp16
-    # operands with fp32 accumulation: 0/1 and fp16 values, at most one term per entry (positions are
-    # unique). A per-slot compare over the whole tile cost O(CAP x tile) (53 ms on an H200 at context
-    # 32k against 0.5 for the bf16 cache); this is O(CAP x (BLOCK_N + DIM_PAD)) plus tensor-core work.
-    n_idx = tl.arange(0, BLOCK_N)
-    cs = tl.arange(0, OAKEN_SC)
-    # (fp16 sums are exact too: one term per entry, so the fp16 tile takes them without a conversion)
-    ACC: tl.constexpr = tl.float16 if out_ty == tl.float16 else tl.float32
-    val = tl.zeros([BLOCK_N, DIM_PAD], ACC)
-    hit = tl.zeros([BLOCK_N, DIM_PAD], ACC)
-    for t in tl.static_range(OAKEN_NBT):  # the blocks this tile's rows lie in
-        bi = j0 // BLOCK_SIZE + t
+def _oaken_zero(s_ptr, bits_ptr, blk, tok, kvh, ok, stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
+                KV_FORMAT: tl.constexpr, IS_KEY: tl.constexpr):  # fmt: skip
+    """fp32 dense value of code 0 (the token's lower bound) at tokens `tok` of blocks `blk`, rounded as the tile
+    rounds it: what the dense tile holds at an outlier's position."""
+    mrow = s_ptr + blk * stride_mb + tok * stride_ms + kvh * stride_mh
+    if KV_FORMAT == _OAKEN:
+        zr = tl.load(mrow + 1, mask=ok, other=0.0).to(tl.float32)
+    else:
+        gp = bits_ptr + (kvh if IS_KEY else tl.num_programs(1) + kvh) * 2
+        zr = tl.load(gp) + tl.load(mrow, mask=ok, other=0).to(tl.float32) * tl.load(gp + 1)
+    if out_ty == tl.float16:
+        zr = zr.to(tl.float16).to(tl.float32)
+    return zr
+
+
+@triton.jit
+def _oaken_key_corr(ix_ptr, s_ptr, bits_ptr, blk, off, kvh, j_ok, qrow, c_ok, stride_ib, stride_ih,
+                    stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
+                    OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CR: tl.constexpr,
+                    BLOCK_N: tl.constexpr):  # fmt: skip
+    """[CR, BLOCK_N] key-outlier corrections of the scores: q[row, d] * (value - dense value) summed over each
+    token's slots, rank by rank through the token-sorted index (`oaken.outlier_index`): one q gather per rank."""
+    ib = ix_ptr + blk * stride_ib + kvh * stride_ih  # each token's block's index
+    st = tl.load(ib + OAKEN_CAP + off, mask=j_ok, other=0)
+    en = tl.load(ib + OAKEN_CAP + off + 1, mask=j_ok, other=0)
+    nr = tl.max(tl.load(ib + OAKEN_CAP + BLOCK_SIZE + 1, mask=j_ok, other=0), 0)  # the tile's fullest token
+    zr = _oaken_zero(s_ptr, bits_ptr, blk, off, kvh, j_ok, stride_mb, stride_ms, stride_mh, out_ty, KV_FORMAT,
+                     True)  # fmt: skip
+    corr = tl.zeros([CR, BLOCK_N], tl.float32)
+    for r in range(0, nr):
+        ok = st + r < en
+        w = tl.load(ib + st + r, mask=ok, other=0)
+        delta = tl.where(ok, (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) - zr, 0.0)
+        qg = tl.load(qrow[:, None] + ((w >> 16) % HEAD_DIM)[None, :], mask=c_ok[:, None] & ok[None, :], other=0.0)
+        corr += qg.to(tl.float32) * delta[None, :]
+    return corr
+
+
+@triton.jit
+def _oaken_value_corr(ix_ptr, s_ptr, bits_ptr, pp, bt_row, start, s_hi, kvh, d, d_ok, c_ok, stride_ib, stride_ih,
+                      stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
+                      OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CR: tl.constexpr,
+                      BLOCK_N: tl.constexpr, DIM_PAD: tl.constexpr, OAKEN_NBT: tl.constexpr):  # fmt: skip
+    """[CR, DIM_PAD] value-outlier corrections of this tile's output: p[row, token] * (value - dense value)
+    summed over each channel's slots, rank by rank through the channel-sorted index, p gathered from the
+    program's scratch `pp` ([CR, BLOCK_N], this tile's probabilities)."""
+    cr = tl.arange(0, CR)
+    corr = tl.zeros([CR, DIM_PAD], tl.float32)
+    for t in tl.static_range(OAKEN_NBT):  # the blocks this tile's tokens lie in
+        bi = start // BLOCK_SIZE + t
         live = bi * BLOCK_SIZE < s_hi  # a block of this split's keys (not past its end)
         blk_t = tl.load(bt_row + bi, mask=live, other=0).to(tl.int64)
-        obase = r_ptr + blk_t * stride_rb + kvh * stride_rr
-        first = bi * BLOCK_SIZE - j0  # tile row of the block's first token
-        # Slots fill from 0 in order (the writers): the chunks from the first empty slot on are empty.
-        for c0 in range(0, OAKEN_CAP, OAKEN_SC):
-            if (tl.load(obase + c0) >= 0) & live:
-                c = c0 + cs
-                w = tl.load(obase + c, mask=c < OAKEN_CAP, other=-1)
-                pos = w >> 16  # -1 for an empty slot
-                row = tl.where(pos >= 0, first + pos // HEAD_DIM, -1)
-                a_t = tl.trans(tl.where(row[:, None] == n_idx[None, :], 1.0, 0.0).to(tl.float16))
-                in_col = (pos % HEAD_DIM)[:, None] == d[None, :]
-                v16 = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
-                val += tl.dot(a_t, tl.where(in_col, v16[:, None], 0.0).to(tl.float16), out_dtype=ACC)
-                hit += tl.dot(a_t, tl.where(in_col, 1.0, 0.0).to(tl.float16), out_dtype=ACC)
-    return tl.where(hit > 0.5, val, x)
+        ib = ix_ptr + blk_t * stride_ib + kvh * stride_ih
+        first = bi * BLOCK_SIZE - start  # tile column of the block's first token (< 0: the tile starts inside)
+        lm = d_ok & (d * 0 + bi * BLOCK_SIZE < s_hi)  # (vector compare: the interpreter widens a scalar int1)
+        st = tl.load(ib + OAKEN_CAP + d, mask=lm, other=0)
+        en = tl.load(ib + OAKEN_CAP + d + 1, mask=lm, other=0)
+        nr = tl.where(live, tl.load(ib + OAKEN_CAP + HEAD_DIM + 1), 0)  # (blk_t 0 when not live: in bounds)
+        for r in range(0, nr):
+            w = tl.load(ib + st + r, mask=st + r < en, other=0)
+            tok = (w >> 16) // HEAD_DIM
+            col = first + tok
+            ok = (st + r < en) & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
+            zr = _oaken_zero(s_ptr, bits_ptr, blk_t, tok, kvh, ok, stride_mb, stride_ms, stride_mh, out_ty,
+                             KV_FORMAT, False)  # fmt: skip
+            delta = tl.where(ok, (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) - zr, 0.0)
+            pg = tl.load(pp + cr[:, None] * BLOCK_N + col[None, :], mask=c_ok[:, None] & ok[None, :], other=0.0)
+            corr += pg * delta[None, :]
+    return corr
+
+
+@triton.jit
+def _spread_rows(x, BLOCK_Q: tl.constexpr, GP: tl.constexpr, GROUP_PAD: tl.constexpr, W: tl.constexpr):
+    """[BLOCK_Q x GP, W] rows of real heads spread to the [BLOCK_Q x GROUP_PAD, W] tile's rows (head h of query i
+    at row i GROUP_PAD + h); the padding rows get copies, which the kernel masks or never stores."""
+    if GP == GROUP_PAD:
+        y = x
+    else:
+        y = tl.reshape(tl.broadcast_to(tl.reshape(x, (BLOCK_Q, 1, GP, W)), (BLOCK_Q, GROUP_PAD // GP, GP, W)),
+                       (BLOCK_Q * GROUP_PAD, W))  # fmt: skip
+    return y
+
+
+@triton.jit
+def _rows_max(x, BLOCK_Q: tl.constexpr, GP: tl.constexpr, GROUP_PAD: tl.constexpr):
+    """The [BLOCK_Q x GP] real heads' entries of a [BLOCK_Q x GROUP_PAD] row vector whose padding rows are <= them
+    (the online softmax's rescale: 0 on padding rows)."""
+    if GP == GROUP_PAD:
+        y = x
+    else:
+        y = tl.reshape(tl.max(tl.reshape(x, (BLOCK_Q, GROUP_PAD // GP, GP)), 1), (BLOCK_Q * GP,))
+    return y
 
 
 @triton.jit
@@ -429,7 +486,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, op_ptr, lsep_ptr,
     bt_ptr, ctx_ptr, cu_ptr, pos_ptr, mask_ptr, mask_off_ptr, alibi_ptr,
     k_scale_ptr, v_scale_ptr, stride_mb, stride_ms, stride_mh, stride_vmb, stride_vms, stride_vmh,
-    k_res_ptr, v_res_ptr, stride_rb, stride_rr, stride_rh, bits_ptr,
+    k_res_ptr, v_res_ptr, stride_rb, stride_rr, stride_rh, bits_ptr, scr_ptr,
     sm_scale, softcap, window, num_seqs,
     stride_qt, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -444,7 +501,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
     HAS_WINDOW: tl.constexpr, WRITE_LSE: tl.constexpr, KV_FORMAT: tl.constexpr, DOT_PREC: tl.constexpr,
     BITS: tl.constexpr = 16, KIVI_G: tl.constexpr = 1, KIVI_GV: tl.constexpr = 1, KIVI_R: tl.constexpr = 0,
     OAKEN_CAP: tl.constexpr = 0, WORDS: tl.constexpr = False, HW_FP8: tl.constexpr = False,
-    OAKEN_NBT: tl.constexpr = 1, F16_MMA: tl.constexpr = False,
+    OAKEN_NBT: tl.constexpr = 1, F16_MMA: tl.constexpr = False, OAKEN_GP: tl.constexpr = 1,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -520,6 +577,22 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             q_mma = q
             q_unf = tl.full([BLOCK_M], 1.0, tl.float32)
         nq = tl.maximum(kv_len - KIVI_R, 0) // KIVI_G * KIVI_G  # KIVI: tokens below are quantized
+        # Oaken's outlier corrections run on the CR = BLOCK_Q x OAKEN_GP rows of real query heads (OAKEN_GP: GROUP
+        # to a power of two), not the GROUP_PAD-padded tile (4 rows against 16 at decode). k_res_ptr / v_res_ptr
+        # hold the launch's outlier index (`oaken.outlier_index`), scr_ptr each program's [CR, BLOCK_N] of p.
+        OAKEN: tl.constexpr = (KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE) and OAKEN_CAP > 0
+        CR: tl.constexpr = BLOCK_Q * OAKEN_GP
+        SPREAD: tl.constexpr = OAKEN_GP < GROUP_PAD  # padded rows (decode on a GPU): a [CR, DIM_PAD] accumulator apart
+        if OAKEN:
+            cr = tl.arange(0, CR)
+            cqi = q_block * BLOCK_Q + cr // OAKEN_GP
+            c_ok = (cqi < q_len) & (cr % OAKEN_GP < GROUP)
+            qrow = q_ptr + (q_start + cqi).to(tl.int64) * stride_qt + (kvh * GROUP + cr % OAKEN_GP) * stride_qh
+            prog = (pid * tl.num_programs(1) + kvh) * NUM_SPLITS + split
+            pp = scr_ptr + prog.to(tl.int64) * (CR * BLOCK_N)
+            p_at = ((rows // GROUP_PAD) * OAKEN_GP + hg)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            if SPREAD:
+                acc_o = tl.zeros([CR, DIM_PAD], tl.float32)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
@@ -559,12 +632,17 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                       stride_mb, stride_ms, stride_mh, q_mma.dtype, KV_FORMAT, BITS,
                                       j, b, nq, k_res_ptr, stride_rb, stride_rr, stride_rh, True,
                                       blk0, start, d_ok, BLOCK_SIZE,
-                                      KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
-                                      BLOCK_N, HW_FP8, bt_ptr + b * stride_bt, s_hi, OAKEN_NBT,
+                                      KIVI_G, KIVI_GV, KIVI_R, bits_ptr, HEAD_DIM, WORDS, DIM_PAD,
+                                      BLOCK_N, HW_FP8,
                                       not KIVI_SPLIT or phase == 1)  # fmt: skip
                     s = tl.dot(q_mma, tl.trans(k), input_precision=DOT_PREC)
                     if F16_MMA:
                         s = s * q_unf[:, None]
+                    if OAKEN:
+                        kcor = _oaken_key_corr(k_res_ptr, k_scale_ptr, bits_ptr, blk, off, kvh, j_ok, qrow, c_ok,
+                                               stride_rb, stride_rr, stride_mb, stride_ms, stride_mh, q_mma.dtype,
+                                               KV_FORMAT, OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, CR, BLOCK_N)  # fmt: skip
+                        s += _spread_rows(kcor, BLOCK_Q, OAKEN_GP, GROUP_PAD, BLOCK_N)
                 if HAS_SOFTCAP:
                     # c * tanh(x / c) through exp: tanh(y) = 1 - 2 / (exp(2y) + 1), exact at +-inf.
                     y = s * (sm_scale / softcap)
@@ -621,12 +699,26 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                       stride_vmb, stride_vms, stride_vmh, q_mma.dtype, KV_FORMAT, BITS,
                                       j, b, nq, v_res_ptr, stride_rb, stride_rr, stride_rh, False,
                                       blk0, start, d_ok, BLOCK_SIZE,
-                                      KIVI_G, KIVI_GV, KIVI_R, bits_ptr, OAKEN_CAP, HEAD_DIM, WORDS, DIM_PAD,
-                                      BLOCK_N, HW_FP8, bt_ptr + b * stride_bt, s_hi, OAKEN_NBT,
+                                      KIVI_G, KIVI_GV, KIVI_R, bits_ptr, HEAD_DIM, WORDS, DIM_PAD,
+                                      BLOCK_N, HW_FP8,
                                       not KIVI_SPLIT or phase == 1)  # fmt: skip
                     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+                    if OAKEN:
+                        tl.debug_barrier()  # every thread is done with the previous tile's p
+                        tl.store(pp + p_at, p, mask=(hg < OAKEN_GP)[:, None])
+                        tl.debug_barrier()
+                        vcor = _oaken_value_corr(v_res_ptr, v_scale_ptr, bits_ptr, pp, bt_ptr + b * stride_bt, start,
+                                                 s_hi, kvh, d, d_ok, c_ok, stride_rb, stride_rr, stride_vmb,
+                                                 stride_vms, stride_vmh, q_mma.dtype, KV_FORMAT, OAKEN_CAP, HEAD_DIM,
+                                                 BLOCK_SIZE, CR, BLOCK_N, DIM_PAD, OAKEN_NBT)  # fmt: skip
+                        if SPREAD:
+                            acc_o = acc_o * _rows_max(alpha, BLOCK_Q, OAKEN_GP, GROUP_PAD)[:, None] + vcor
+                        else:  # the tile's rows: straight into the (already rescaled) accumulator
+                            acc += vcor
                 m_i = m_new
 
+        if OAKEN and SPREAD:
+            acc += _spread_rows(acc_o, BLOCK_Q, OAKEN_GP, GROUP_PAD, DIM_PAD)
         has = l_i > 0.0
         o = acc / tl.where(has, l_i, 1.0)[:, None]
         if F16_MMA and KV_FORMAT == _FP8:  # the value head scale, left out of the tiles (splits: each part alike)
@@ -708,9 +800,9 @@ def default_config(
     )
     if gathered:  # sub-byte codes read by byte gather
         cfg["BLOCK_N"] = max(16, min(cfg["BLOCK_N"], SUBBYTE_TILE_ELEMS // dp))
+    elif oaken and block_size is not None and block_size >= OAKEN_WIDE_BLOCK:
+        cfg["BLOCK_N"], cfg["num_warps"] = min(cfg["BLOCK_N"], 64), 4
     elif oaken:
-        # 32 x 128 on 8 warps: the offline variant spills at 64 x 128 (sm_90, bf16, head_dim 128), and a tile as
-        # wide as a 32-token block scans each block's outlier slots once (16 wide scans them twice).
         cfg["BLOCK_N"], cfg["num_warps"] = min(cfg["BLOCK_N"], 32), 8
     kivi_wide = cfg["BLOCK_N"] >= KIVI_WORDS_TILE and block_size is not None and block_size % KIVI_WORDS_TILE == 0
     if kv_format == KV_FORMAT_KIVI and kivi_wide:
@@ -858,7 +950,9 @@ class LaunchPlan:
     """Every launch choice of one attention launch, made before it (`plan_launch`): the tile config (tuned
     table or defaults, tree-adjusted), the rows layout, the split-KV count, whether codes are read as words,
     hardware fp8, the split workspace (partial outputs fp32 [T, Hq, S, DIM_PAD], partial lse [T, Hq, S]) and, for
-    a tree launch, its mask packed in words (`tree_mask_words`)."""
+    a tree launch, its mask packed in words (`tree_mask_words`); for an Oaken cache, the buffers of the outlier
+    index each launch builds (keys by token, values by channel: `oaken.outlier_index`) and the per-program
+    scratch of probabilities (fp32 [programs, CR x BLOCK_N]) the value corrections gather from."""
 
     config: dict
     group_pad: int
@@ -868,6 +962,7 @@ class LaunchPlan:
     hw_fp8: bool
     workspace: tuple[torch.Tensor, torch.Tensor] | None
     tree_words: torch.Tensor | None = None
+    oaken: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 def plan_launch(
@@ -878,15 +973,21 @@ def plan_launch(
     batch: AttentionBatch,
     num_splits: int | None,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    oaken_cap: int = 0,
 ) -> LaunchPlan:
     """The one place a launch is planned: config (`launch_config`, one table lookup), rows layout, split count
     (`choose_num_splits` over this launch's programs when `num_splits` is None) and workspace (`workspace`
     reused when its shape fits). q: the queries (or a tensor of their shape, dtype and device); kv_shape: the
-    cache's (num_blocks, block_size, kv_heads, ...). Host-only: no sync."""
+    cache's (num_blocks, block_size, kv_heads, ...); oaken_cap: an Oaken cache's slots per (block, kv head).
+    Host-only: no sync."""
     t, hq, dim = q.shape
-    bs, hkv = kv_shape[1], kv_shape[2]
+    bs, hkv, b = kv_shape[1], kv_shape[2], batch.block_tables.shape[0]
     view = device_view(q.device)
     cfg = launch_config(hq, hkv, dim, bs, batch.block_tables.shape[0], q.device, q.element_size(), kv_format, bits)
+    if kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) and not batch.is_decode:
+        # Extend and tree rows are all real heads (64 of them): the outlier corrections' [64, BLOCK_N] and the
+        # value scratch spill at 64 x 128 (sm_90, bf16, blocks of 32: 960 B on 4 warps, tree 324 B on 8).
+        cfg = {**cfg, "BLOCK_N": min(cfg["BLOCK_N"], 32), "num_warps": max(cfg["num_warps"], 8)}
     if batch.is_tree:
         cfg = tree_config(cfg, kv_format)
     gpad, bq = rows_layout(hq // hkv, cfg["BLOCK_M"], batch.is_decode, view.min_dot_rows)
@@ -910,10 +1011,18 @@ def plan_launch(
                 torch.empty(*shape, dtype=torch.float32, device=q.device),
             )
     tw = tree_mask_words(batch.tree_mask) if batch.is_tree else None
-    return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws, tw)
+    oak = None
+    if kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) and oaken_cap > 0:
+        nb, wid = kv_shape[0], index_width(oaken_cap, bs, dim)
+        programs = (b if batch.is_decode else t // bq + b) * hkv * num_splits
+        rows = bq * triton.next_power_of_2(hq // hkv)
+        ix = dict(dtype=torch.int32, device=q.device)
+        oak = (torch.empty(nb, hkv, wid, **ix), torch.empty(nb, hkv, wid, **ix),
+               torch.empty(programs * rows * cfg["BLOCK_N"], dtype=torch.float32, device=q.device))  # fmt: skip
+    return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws, tw, oak)
 
 
-def _side_args(kv: KernelKV, context_lens: torch.Tensor) -> tuple[tuple, tuple, int]:
+def _side_args(kv: KernelKV, context_lens: torch.Tensor, oaken: tuple | None) -> tuple[tuple, tuple, int]:
     """The kernel's metadata strides, side-tensor arguments (KIVI's rings, Oaken's slots; stand-ins otherwise)
     and Oaken's slot capacity."""
     if kv.kv_format not in (KV_FORMAT_PLAIN, KV_FORMAT_FP8):  # per-token / per-group metadata tensors
@@ -924,9 +1033,9 @@ def _side_args(kv: KernelKV, context_lens: torch.Tensor) -> tuple[tuple, tuple, 
     if kv.kv_format == KV_FORMAT_KIVI:
         k_res = kv.k_side
         res = (k_res, kv.v_side, k_res.stride(0), k_res.stride(1), k_res.stride(2))
-    elif kv.kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
-        k_out = kv.k_side
-        res = (k_out, kv.v_side, k_out.stride(0), k_out.stride(1), 0)
+    elif kv.kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) and oaken is not None:
+        kix, vix, _ = oaken  # this launch's outlier index (`paged_attention_triton` builds it)
+        res = (kix, vix, kix.stride(0), kix.stride(1), 0)
     else:
         res = (context_lens, context_lens, 0, 0, 0)
     cap = kv.k_side.shape[2] if kv.kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) else 0
@@ -952,10 +1061,17 @@ def paged_attention_triton(
     t, hq, dim = q.shape
     if t == 0:
         return
-    p = plan or plan_launch(q, kv.k.shape, kv.kv_format, kv.bits, batch, opts.num_splits)
+    oaken = kv.kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE)
+    cap = kv.k_side.shape[2] if oaken else 0
+    p = plan or plan_launch(q, kv.k.shape, kv.kv_format, kv.bits, batch, opts.num_splits, oaken_cap=cap)
     cfg, s, dpad, nseq = p.config, p.num_splits, dim_pad(dim), batch.block_tables.shape[0]
     hkv, bs = kv.k.shape[2], kv.k.shape[1]
-    mstrides, res, cap = _side_args(kv, batch.context_lens)
+    if cap > 0 and p.oaken is None:
+        raise ValueError("an Oaken launch needs a plan made with oaken_cap (its outlier index buffers)")
+    if p.oaken is not None:  # built per launch: the slots may have changed since the plan
+        outlier_index(kv.k_side, bs, dim, "token", p.oaken[0])
+        outlier_index(kv.v_side, bs, dim, "channel", p.oaken[1])
+    mstrides, res, cap = _side_args(kv, batch.context_lens, p.oaken)
     o_part, l_part = p.workspace if s > 1 else (out, out)  # unused with one split
     dummy = batch.context_lens
     lse_t = lse if lse is not None else out
@@ -971,6 +1087,7 @@ def paged_attention_triton(
         kv.k_meta if kv.k_meta is not None else dummy, kv.v_meta if kv.v_meta is not None else dummy,
         *mstrides, *res,
         kv.block_bits if kv.block_bits is not None else dummy,
+        p.oaken[2] if p.oaken is not None else dummy,
         float(opts.sm_scale), float(opts.softcap) if opts.softcap else 1.0, int(opts.window or 0), nseq,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -985,7 +1102,7 @@ def paged_attention_triton(
         HAS_ALIBI=opts.alibi_slopes is not None, HAS_SOFTCAP=bool(opts.softcap), HAS_WINDOW=bool(opts.window),
         WRITE_LSE=lse is not None and s == 1, KV_FORMAT=kv.kv_format, BITS=kv.bits,
         KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=cap, OAKEN_NBT=tile_blocks(cfg["BLOCK_N"], bs), WORDS=p.words,
-        HW_FP8=p.hw_fp8,
+        HW_FP8=p.hw_fp8, OAKEN_GP=triton.next_power_of_2(hq // hkv),
         F16_MMA=kv.kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],

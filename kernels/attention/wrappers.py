@@ -26,6 +26,7 @@ from codesign.kernels.attention.tree import TreeBatch, build_tree_batch, check_p
 from codesign.kernels.attention.triton_attention import LaunchPlan, plan_launch
 from codesign.kernels.kvcache.checks import check_int_tensor, check_kv_cache, geometry_probe
 from codesign.kernels.kvcache.formats import KV_FORMAT_PLAIN, PLAIN_BITS, kernel_format
+from codesign.kernels.kvcache.oaken import OakenPagedKV
 from codesign.specs import (
     CodesignError,
     KVFormat,
@@ -84,6 +85,14 @@ class _PlannedAttention:
             buf.copy_(t)
         return buf
 
+    def _keep(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """The wrapper's buffer `name` when it has t's shape, dtype and device (its contents are not copied:
+        run() rebuilds them), else t, kept from now on."""
+        buf = self._bufs.get(name)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.device != t.device:
+            buf = self._bufs[name] = t
+        return buf
+
     def _cache_geometry(self, cache: Any, block_tables: torch.Tensor, q_dtype: torch.dtype | None) -> tuple:
         """(format, a tensor of the cache's geometry and q's dtype, signature, spec format, kernel code, bits)."""
         fmt = format_of(cache)
@@ -105,8 +114,12 @@ class _PlannedAttention:
         probe = torch.empty(q_tokens, q_heads, dim, dtype=k_like.dtype, device=self.device)
         batch, opts = prepare(probe, k_like, k_like, block_tables, context_lens, cu, tree_args, opts)
         old = self._plan.launch.workspace if self._plan else None
-        launch = plan_launch(probe, tuple(k_like.shape), code, bits, batch, opts.num_splits, old)
+        cap = cache.capacity if isinstance(cache, OakenPagedKV) else 0
+        launch = plan_launch(probe, tuple(k_like.shape), code, bits, batch, opts.num_splits, old, cap)
         launch = dataclasses.replace(launch, tree_words=self._persist("tree_words", launch.tree_words))
+        if launch.oaken is not None:  # refilled by every run(): only the buffers are kept across re-plans
+            kept = tuple(self._keep(f"oaken{i}", t) for i, t in enumerate(launch.oaken))
+            launch = dataclasses.replace(launch, oaken=kept)
         persisted = {f.name: self._persist(f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch)
                      if isinstance(getattr(batch, f.name), torch.Tensor)}  # fmt: skip
         self._plan = _Plan(

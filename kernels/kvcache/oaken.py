@@ -280,3 +280,48 @@ def dequantize_pool(codes, meta, out, bits, grid) -> torch.Tensor:
 def default_capacity(outlier_fraction: float, block_size: int, head_dim: int) -> int:
     """ceil(fraction * block_size * head_dim) slots per (block, kv head)."""
     return kq.oaken_capacity(outlier_fraction, block_size, head_dim)
+
+
+# --- the attention kernel's outlier index ------------------------------------------------------------------
+OUTLIER_KEYS = ("token", "channel")
+
+
+def index_width(capacity: int, block_size: int, head_dim: int) -> int:
+    """Int32 words per (block, kv head) of an `outlier_index`, either side (one stride for both): CAP sorted
+    slots, L + 1 list starts and the fullest list's length, L = max(block_size, head_dim)."""
+    return capacity + max(block_size, head_dim) + 2
+
+
+def outlier_index(
+    slots: torch.Tensor, block_size: int, head_dim: int, by: str, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The slots `[nb, H, CAP]` of each (block, kv head) grouped by token (`by="token"`, the key side) or by
+    channel (`"channel"`, the value side), as the attention kernel reads them: `[nb, H, W]` int32
+    (W >= CAP + L + 2, `index_width`) with
+
+        [0, CAP)             the slot words, stably sorted by their token (or channel); unused slots last
+        [CAP, CAP + L + 1)   start of each token's (channel's) list in that order (L = block_size or head_dim):
+                             list i is words [start[i], start[i + 1])
+        CAP + L + 1          the fullest list's length (the kernel's inner-loop bound for that block)
+
+    Empty slots (-1) and positions past the block are left out. Torch ops only, into `out` when given: no host
+    sync and no factory allocation, so a launch builds it each time (and a CUDA graph captures it)."""
+    if by not in OUTLIER_KEYS:
+        raise CodesignError(f"by must be one of {OUTLIER_KEYS}, got {by!r}")
+    nb, h, cap = slots.shape
+    n = block_size if by == "token" else head_dim
+    pos = slots >> 16
+    valid = (slots >= 0) & (pos < block_size * head_dim)
+    key = pos // head_dim if by == "token" else pos % head_dim
+    key = torch.where(valid, key, n)  # unused slots sort after every list
+    order = torch.sort(key, dim=-1, stable=True).indices
+    if out is None:
+        out = slots.new_empty(nb, h, index_width(cap, block_size, head_dim))
+    out[..., :cap].copy_(slots.gather(-1, order))
+    counts = out[..., cap + 1 : cap + n + 1]
+    counts.zero_()
+    counts.scatter_add_(-1, torch.where(valid, key, 0), valid.to(torch.int32))
+    out[..., cap + n + 1].copy_(counts.amax(-1) if n > 0 else 0)
+    out[..., cap].zero_()
+    counts.copy_(counts.cumsum(-1))
+    return out

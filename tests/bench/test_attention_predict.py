@@ -54,6 +54,44 @@ def test_loop_counter_takes_both_branches_and_inner_trips(ap):
     assert r["ldg"] == {"LDG.E.128": 1} and r["cvt"] == {"I2F.U16": 1} and r["hmma"] == 1
 
 
+# Oaken's tile loop: a key loop unrolled 4 times (4 loads) and its remainder (1 load), then two value loops.
+OAKEN_SASS = """Function:k
+LBB0:
+04:-:-:-:1\tHMMA.16816.F32 R4, R8, R10, R4;
+LBB1:
+04:-:-:-:1\tLDG.E R12, desc[UR4][R2.64];
+04:-:-:-:1\tLDG.E R13, desc[UR4][R2.64+0x4];
+04:-:-:-:1\tLDG.E R14, desc[UR4][R2.64+0x8];
+04:-:-:-:1\tLDG.E R15, desc[UR4][R2.64+0xc];
+04:-:-:-:1\t@P1 BRA LBB1;
+LBB2:
+04:-:-:-:1\tLDG.E R12, desc[UR4][R2.64];
+04:-:-:-:1\t@P1 BRA LBB2;
+LBB3:
+04:-:-:-:1\tLDG.E R12, desc[UR4][R2.64];
+04:-:-:-:1\tFFMA R1, R1, R2, R3;
+04:-:-:-:1\t@P1 BRA LBB3;
+LBB4:
+04:-:-:-:1\tLDG.E R12, desc[UR4][R2.64];
+04:-:-:-:1\tFFMA R1, R1, R2, R3;
+04:-:-:-:1\t@P1 BRA LBB4;
+04:-:-:-:1\t@P2 BRA LBB0;
+04:-:-:-:1\tEXIT;
+"""
+
+
+def test_per_loop_trips_and_oaken_unrolled_key_loop(ap):
+    """Inner loops take their own trip counts (address order); Oaken's 6 key ranks run the 4-times unrolled key
+    loop once and its remainder twice, 5 value ranks each value loop 5 times."""
+    t = ap.oaken_loop_trips(OAKEN_SASS, 2, 6, 5)
+    assert t == {"trips": [1, 2, 5, 5], "key_unroll": 4, "inner_loops": 4}
+    # HMMA, the key loops (5 x 1 + 2 x 2), the value loops (3 x 5 each), the back edge
+    assert ap.loop_report(OAKEN_SASS, t["trips"])["path_max"] == 1 + 5 + 4 + 15 + 15 + 1
+    assert ap.loop_report(OAKEN_SASS, [1, 2, 5])["path_max"] == 1 + 5 + 4 + 15 + 15 + 1  # the last entry repeats
+    with pytest.raises(ValueError, match="value loops"):
+        ap.oaken_loop_trips(OAKEN_SASS, 4, 6, 5)
+
+
 def test_occupancy_and_issue_model(ap):
     assert ap.resident_programs(4, 96, 40000) == 5  # registers: 96 x 128 threads -> 5 of 65536
     assert ap.resident_programs(8, 243, 98304) == 1

@@ -296,3 +296,21 @@ def test_run_does_no_table_lookup_and_no_allocation(kind, monkeypatch):
     assert counts["lookup_config"] >= 1 and counts["empty"] >= 1, counts  # the functional call plans: counted
     assert got[0] is out and got[1] is lse and torch.isfinite(lse).all()
     assert torch.equal(out, ref)
+
+
+def test_oaken_index_is_rebuilt_by_run_into_buffers_a_replan_keeps():
+    """An Oaken plan keeps the outlier-index buffers; run() rebuilds the index each time (slots written after
+    plan() count) and a re-plan of the same shapes keeps the same buffers (a captured graph stays valid)."""
+    nb, bt, cl, slots = _tables(CTX)
+    cache = _cache("oaken", nb, bt, slots)
+    w = PagedDecodeWrapper()
+    q = torch.randn(len(CTX), HQ, D)
+    with use_backend("triton"):
+        w.plan(cache, bt, cl, HQ, num_splits=1, q_dtype=torch.float32)
+        bufs = w._plan.launch.oaken
+        assert bufs is not None and len(bufs) == 3
+        n = int(slots.numel())
+        cache.write(torch.randn(n, H, D) * 4, torch.randn(n, H, D) * 4, slots)  # new outliers after plan()
+        assert torch.equal(w.run(q, cache), _functional("oaken", q, cache, bt, cl, None, 1))
+        w.plan(cache, bt, cl, HQ, num_splits=1, q_dtype=torch.float32)
+        assert all(a is b for a, b in zip(w._plan.launch.oaken, bufs))

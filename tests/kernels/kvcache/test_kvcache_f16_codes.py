@@ -167,7 +167,7 @@ def _oaken_check(name, cache, bt, cl, kd, vd, monkeypatch):
 @pytest.mark.parametrize("bs, cap", [(4, 3), (32, 40), (8, 12)])
 def test_oaken_fp16_and_bf16_queries(bs, cap, monkeypatch):
     """Oaken tiles dequantize in fp16 (codes by bit patterns, one fp16 multiply-add with the token's scale and
-    lower bound) and take their outliers from fp16-accumulated slot products (one term per entry: exact);
+    lower bound); the outliers' differences from that tile are added to the scores and output in fp32;
     fp16 queries, and bf16 queries of 1e6 (refusal lifted as above). Blocks with more outliers than slots, slot
     chunks past 16, tiles over several blocks."""
     from test_kvcache_oaken import _reference_pool, _setup

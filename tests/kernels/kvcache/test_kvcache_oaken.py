@@ -81,13 +81,14 @@ def test_kernel_vs_fp64(splits):
     assert_rel_close(oe, ref_e, 2e-6, "oaken extend")
 
 
-@pytest.mark.parametrize("bs, cap", [(32, 40), (24, 20), (8, 12)])
+@pytest.mark.parametrize("bs, cap", [(32, 40), (24, 20), (8, 12), (128, 60)])
 def test_kernel_outlier_chunks_vs_fp64(bs, cap):
-    """The kernel scatters outlier slots into each tile in chunks of 16: blocks larger than the 16-token
-    tile (32), straddling tiles (24: a tile can touch two blocks), several blocks per tile (8); capacities over
-    one chunk, full blocks (the outlier channel overflows them) and short last blocks (empty later chunks)."""
+    """The kernel adds each outlier's correction through the per-launch index (token lists for keys, channel lists
+    for values): blocks as wide as the 64-token tile (32: two a tile), straddling tiles (24, 32-token tiles),
+    several blocks per tile (8), wider than the tile (128: a tile takes only its tokens' value slots); many slots per
+    block, full blocks (the outlier channel overflows them, so channel lists run long) and short last blocks."""
     cache, bt, cl, xs, thr = _setup([70, 33, 20, 50], bs=bs, cap=cap, spikes=(5, 9, 12))
-    assert int(cache.k_count.max()) > (8 if bs == 8 else 16)  # later 16-slot chunks are in use
+    assert int(cache.k_count.max()) > (8 if bs == 8 else 16)  # many slots in use
     kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
     q = torch.randn(4, 2 * H, D)
     ref, _ = reference_attention(q, kd, vd, bt, cl, [1] * 4)
@@ -132,3 +133,80 @@ def test_bad_input():
         oaken_attention(
             torch.randn(1, H, D), c, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
         )
+
+
+def _index_by_loop(slots, bs, d, by):
+    """`outlier_index` by a plain loop: per (block, head) the used in-block slots in stable key order, the starts
+    of each key's list and the longest list."""
+    nb, h, cap = slots.shape
+    n = bs if by == "token" else d
+    words, starts, longest = [], [], []
+    for blk in range(nb):
+        for hh in range(h):
+            used = [int(w) for w in slots[blk, hh] if w >= 0 and (int(w) >> 16) < bs * d]
+            key = [(w >> 16) // d if by == "token" else (w >> 16) % d for w in used]
+            order = sorted(range(len(used)), key=lambda i: key[i])  # sorted() is stable
+            words.append([used[i] for i in order])
+            st = [sum(1 for k in key if k < i) for i in range(n + 1)]
+            starts.append(st)
+            longest.append(max([st[i + 1] - st[i] for i in range(n)], default=0))
+    return words, starts, longest
+
+
+@pytest.mark.parametrize("bs, d, cap", [(3, 5, 7), (4, 16, 3), (5, 2, 12)])
+def test_outlier_index_sorts_and_starts_every_list(bs, d, cap):
+    """`oaken.outlier_index` against a plain loop, both sides: odd sizes, empty slots (in the middle too), words
+    past the block (dropped), duplicate keys (kept in slot order), into a wider buffer as the kernel's."""
+    from codesign.kernels.kvcache.oaken import index_width, outlier_index
+
+    g = torch.Generator().manual_seed(bs * 100 + d)
+    nb, h = 4, 3
+    pos = torch.randint(0, bs * d + 3, (nb, h, cap), generator=g, dtype=torch.int32)  # a few past the block
+    bits = torch.randint(0, 1 << 16, (nb, h, cap), generator=g, dtype=torch.int32)
+    slots = (pos << 16) | bits
+    slots[torch.rand(nb, h, cap, generator=g) < 0.3] = -1
+    slots[0, 0] = -1  # a (block, head) with no outlier
+    assert ((pos >= bs * d) & (slots >= 0)).any() and (slots < 0).any()
+    for by in ("token", "channel"):
+        n = bs if by == "token" else d
+        out = torch.full((nb, h, index_width(cap, bs, d)), -7, dtype=torch.int32)
+        got = outlier_index(slots, bs, d, by, out)
+        assert got is out
+        words, starts, longest = _index_by_loop(slots, bs, d, by)
+        for i, (blk, hh) in enumerate((b_, h_) for b_ in range(nb) for h_ in range(h)):
+            m = len(words[i])
+            assert out[blk, hh, :m].tolist() == words[i], (by, blk, hh)
+            assert out[blk, hh, cap : cap + n + 1].tolist() == starts[i], (by, blk, hh)
+            assert int(out[blk, hh, cap + n + 1]) == longest[i], (by, blk, hh)
+        assert torch.equal(outlier_index(slots, bs, d, by)[..., : cap + n + 2], out[..., : cap + n + 2])
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_kernel_padded_rows_vs_fp64(offline, monkeypatch):
+    """Outlier corrections on the real query heads only (3 per kv head, 4 with padding) while the tile has 16
+    rows (a GPU's smallest tl.dot, as on GPUs): decode with splits (several tiles a split: the separate value
+    correction accumulator is rescaled as the output) and extend against fp64."""
+    import dataclasses
+
+    from codesign.backend import device_view, use_device_view
+
+    if offline:
+        from test_kvcache_oaken_offline import _reference_pool as ref_pool
+        from test_kvcache_oaken_offline import _setup as setup
+
+        cache, bt, cl, xs, thr, grid = setup([11, 70, 100])
+        kd, vd, *_ = ref_pool(cache, bt, xs, thr, grid, 4)
+    else:
+        cache, bt, cl, xs, thr = _setup([11, 70, 100], bs=8, cap=12, spikes=(5, 9))
+        kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+    hq = 3 * H
+    q = torch.randn(3, hq, D)
+    ref, _ = reference_attention(q, kd, vd, bt, cl, [1, 1, 1])
+    qe = torch.randn(5, hq, D)
+    cu = torch.tensor([0, 3, 3, 5], dtype=torch.int32)
+    ref_e, _ = reference_attention(qe, kd, vd, bt, cl, [3, 0, 2])
+    with use_device_view(dataclasses.replace(device_view("cpu"), min_dot_rows=16)), use_backend("triton"):
+        for splits in (1, 2):
+            out = oaken_attention(q, cache, bt, cl, num_splits=splits)
+            assert_rel_close(out, ref, 2e-6, f"decode splits={splits}")
+        assert_rel_close(oaken_attention(qe, cache, bt, cl, cu, num_splits=2), ref_e, 2e-6, "extend")
