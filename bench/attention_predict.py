@@ -33,9 +33,7 @@ instructions. JSON with --out.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -52,6 +50,7 @@ from sass_model import (  # noqa: E402  (the SASS model, shared with gemm_predic
     loops,
     opcode,
     parse_sass,
+    run_report,
 )
 from sass_model import resident_programs as resident_programs  # noqa: E402, F401  (re-exported)
 
@@ -325,17 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-tree", action="store_true", help="skip tree verification vs extend")
     ap.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
     args = ap.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        print("attention_predict: unset TRITON_INTERPRET (kernels must compile)", file=sys.stderr)
-        return 2
-    report = predict(args.formats, not args.no_tree)
-    print(table(report))
-    if args.out:
-        from codesign.autotune.export import atomic_write_json
-
-        atomic_write_json(args.out, json.loads(json.dumps(report, default=str)))
-        print(f"wrote {args.out}")
-    return 0
+    return run_report("attention_predict", lambda: predict(args.formats, not args.no_tree), table, args.out)
 
 
 if __name__ == "__main__":

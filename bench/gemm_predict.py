@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -58,7 +57,7 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
-from sass_model import CLOCK_HZ, SMS, issue_cycles, program_report  # noqa: E402
+from sass_model import CLOCK_HZ, SMS, issue_cycles, program_report, run_report  # noqa: E402
 
 COPY_BPS = 4.18e12  # measured device-to-device copy, H200 run 1 (docs/results.md, "Ceilings")
 TENSOR_OPS = {16: 989e12, 8: 1979e12}  # dense tensor-core peak by operand bits (H100 / H200 SXM datasheets)
@@ -372,17 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", nargs="*", default=None, help="only these (default: every one)")
     ap.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
     args = ap.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        print("gemm_predict: unset TRITON_INTERPRET (kernels must compile)", file=sys.stderr)
-        return 2
-    report = predict(args.ops, args.ms, args.shapes, args.variants)
-    print(table(report))
-    if args.out:
-        from codesign.autotune.export import atomic_write_json
-
-        atomic_write_json(args.out, json.loads(json.dumps(report, default=str)))
-        print(f"wrote {args.out}")
-    return 0
+    return run_report("gemm_predict", lambda: predict(args.ops, args.ms, args.shapes, args.variants), table, args.out)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,13 @@ dependent latency with few warps per scheduler, integer ops at half rate, shared
 from __future__ import annotations
 
 import collections
+import json
 import math
+import os
 import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 SMS, SCHEDULERS, CLOCK_HZ = 132, 4, 1.98e9  # H200 (SXM): SMs, warp schedulers per SM, boost clock
@@ -201,3 +206,19 @@ def issue_cycles(
     warps_per_scheduler = math.ceil(per_sm * warps / SCHEDULERS)
     return {"programs_per_sm": per_sm, "resident": res, "waves": waves, "warps_per_scheduler": warps_per_scheduler,
             "cycles": warps_per_scheduler * per_program}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the scripts' common tail
+def run_report(name: str, make: Callable[[], dict], table: Callable[[dict], str], out: Path | None) -> int:
+    """A predictor's CLI body: refuse the interpreter (kernels must compile), print the table, write the JSON."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        print(f"{name}: unset TRITON_INTERPRET (kernels must compile)", file=sys.stderr)
+        return 2
+    report = make()
+    print(table(report))
+    if out:
+        from codesign.autotune.export import atomic_write_json
+
+        atomic_write_json(out, json.loads(json.dumps(report, default=str)))
+        print(f"wrote {out}")
+    return 0

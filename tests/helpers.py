@@ -153,3 +153,13 @@ def module_imports(path: Path, package: str) -> set[str]:
             out.add(base)
             out.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
     return out
+
+
+def load_script(path: Path, name: str):
+    """A script that is not a package module (bench/*.py) imported as module `name`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -7,7 +7,6 @@ timed call per case) in a fresh interpreter with TRITON_INTERPRET=1, and these t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
 from codesign.autotune.ops import parse_shape, registered_ops
 
@@ -34,10 +34,7 @@ BENCH_SECTIONS = {
 
 
 def _suite():
-    spec = importlib.util.spec_from_file_location("_gpu_suite_smoke", SUITE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SUITE, "_gpu_suite_smoke")
 
 
 def _env() -> dict[str, str]:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
 from codesign.backend import cuda_available
 
@@ -25,12 +26,7 @@ def test_suite_says_no_gpu_and_exits_2(tmp_path):
 
 
 def _suite():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_gpu_suite", SUITE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SUITE, "_gpu_suite")
 
 
 def test_every_shipped_op_has_suite_shapes_that_it_accepts():

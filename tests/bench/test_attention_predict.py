@@ -3,7 +3,6 @@ sm_90 lowering (compile-only, no GPU)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "attention_predict.py"
 
@@ -40,10 +40,7 @@ LBB4:
 
 @pytest.fixture(scope="module")
 def ap():
-    spec = importlib.util.spec_from_file_location("attention_predict", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "attention_predict")
 
 
 def test_loop_counter_takes_both_branches_and_inner_trips(ap):

@@ -4,7 +4,6 @@ GPU)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gemm_predict.py"
 
@@ -31,10 +31,7 @@ def _sass(rest_before: int, body: int, rest_after: int) -> str:
 
 @pytest.fixture(scope="module")
 def gp():
-    spec = importlib.util.spec_from_file_location("gemm_predict", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "gemm_predict")
 
 
 def _splitk_launch(block_k: int = 128) -> SimpleNamespace:

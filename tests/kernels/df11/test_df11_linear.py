@@ -158,13 +158,11 @@ def test_minilm_bit_identical_and_ratio(minilm):
 
 
 def test_gpu_bench_entry_imports_and_skips_without_gpu():
-    import importlib.util
     import pathlib
 
-    path = pathlib.Path(__file__).resolve().parents[3] / "bench" / "gpu_df11.py"
-    spec = importlib.util.spec_from_file_location("gpu_df11", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from helpers import load_script
+
+    mod = load_script(pathlib.Path(__file__).resolve().parents[3] / "bench" / "gpu_df11.py", "gpu_df11")
     report: dict = {}
     if torch.cuda.is_available():
         pytest.skip("on a GPU machine the suite runs it for real")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
 from codesign.catalog.gpus import load_gpu
 from codesign.specs import Gemm, WeightFormat
@@ -15,10 +15,7 @@ BENCH = Path(__file__).resolve().parents[3] / "bench" / "gpu_quant_gemm.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("gpu_quant_gemm", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH, "gpu_quant_gemm")
 
 
 def test_row_metrics_follow_the_spec(bench):
