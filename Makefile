@@ -12,21 +12,35 @@ unexport PYTHONDONTWRITEBYTECODE
 PYTEST_ARGS ?=
 # Two workers: the HDL benches build in folders of their own, so they share the machine safely.
 PYTEST_WORKERS ?= 2
+# The exact releases of every dependency but torch that `make run` / `make test` install: a dependency's new release
+# (transformers 5.25.0 changed a cache method's arguments; ruff adds rules) cannot change CI's result. `make
+# constraints` refreshes it from the newest releases pyproject allows.
+CONSTRAINTS := .ci/constraints.txt
 
-.PHONY: run test install install-test sim-deps lint clean test-hf-compat
+.PHONY: run test install install-test sim-deps lint clean test-hf-compat constraints
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.stamp-core: pyproject.toml | $(BIN)/python
+$(VENV)/.stamp-core: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 	$(PIP) "$(TORCH_SPEC)"
-	$(PIP) -e .
+	$(PIP) -c $(CONSTRAINTS) -e .
 	touch $@
 
-$(VENV)/.stamp-test: pyproject.toml | $(BIN)/python
+$(VENV)/.stamp-test: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 	$(PIP) "$(TORCH_SPEC)"
-	$(PIP) -e ".[test,hdl]"
+	$(PIP) -c $(CONSTRAINTS) -e ".[test,hdl]"
 	touch $@ $(VENV)/.stamp-core
+
+# Refresh $(CONSTRAINTS): install the newest releases pyproject allows into a scratch venv and freeze them (then run
+# `make test`, and commit the file only if it passes).
+constraints:
+	rm -rf .venv-constraints && $(PYTHON) -m venv .venv-constraints
+	.venv-constraints/bin/pip install -q --no-compile --disable-pip-version-check "$(TORCH_SPEC)"
+	.venv-constraints/bin/pip install -q --no-compile --disable-pip-version-check ".[test,hdl]"
+	{ head -n 2 $(CONSTRAINTS); .venv-constraints/bin/pip freeze | grep -vE '^(-e |torch==|codesign)'; } \
+	  > $(CONSTRAINTS).new && mv $(CONSTRAINTS).new $(CONSTRAINTS)
+	rm -rf .venv-constraints
 
 install: $(VENV)/.stamp-core
 install-test: sim-deps $(VENV)/.stamp-test
