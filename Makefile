@@ -88,7 +88,7 @@ test-hf-compat: install-test
 	    touch $$venv/.stamp; \
 	  fi; \
 	  echo "== transformers $$($$venv/bin/python -c 'import transformers; print(transformers.__version__)')"; \
-	  $$venv/bin/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal -p no:cacheprovider tests/integrations \
+	  $$venv/bin/python -P -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal -p no:cacheprovider tests/integrations \
 	    $(PYTEST_ARGS); \
 	done
 
