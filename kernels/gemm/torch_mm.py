@@ -11,7 +11,9 @@ chooses this variant (a forced one raises with that reason).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -46,33 +48,37 @@ def int8_weight_nk(w: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class _Copy:
+class _Entry:
     version: int
     data_ptr: int
-    nk: torch.Tensor  # never the weight itself: an entry must not keep its key's storage alive
+    value: Any  # never the weight itself: an entry must not keep its key's storage alive
 
 
-# Per weight storage (shared by every view of it, e.g. the fp8 view `QuantLinear` makes per call), keyed weakly:
-# an entry dies with its weight. One copy serves torch's GEMMs and the TMA kernel's descriptors.
+def cached_on_weight(table: weakref.WeakKeyDictionary, w: torch.Tensor, key: tuple, make: Callable[[], Any]):
+    """make() once per (weight storage, view, key) in `table` (keyed weakly by the storage: shared by every view of
+    it, e.g. the fp8 view `QuantLinear` makes per call, and gone with the weight); made again when the weight
+    changed in place (its version counter) or moved. Inference tensors keep no version counter: made per call."""
+    if w.is_inference():
+        return make()
+    per_storage = table.setdefault(w.untyped_storage(), {})
+    key = (w.storage_offset(), tuple(w.shape), w.stride(), w.dtype, *key)
+    hit = per_storage.get(key)
+    if hit is not None and hit.version == w._version and hit.data_ptr == w.data_ptr():
+        return hit.value
+    value = make()
+    per_storage[key] = _Entry(w._version, w.data_ptr(), value)
+    return value
+
+
+# One [N, K] copy per weight serves torch's GEMMs and the TMA kernel's descriptors.
 _NK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def weight_nk(w: torch.Tensor, fp8: bool) -> torch.Tensor:
     """The K-major [N, K] int8 / e4m3 copy of a native weight (int32-packed int8 codes [K/4, N], or e4m3 [K, N]),
-    as cuBLASLt's int8 / fp8 GEMMs and TMA boxes read it. Made once per weight and cached on its storage (the
-    weight's size once more, only for weights these paths run); rebuilt when the weight changed in place (its
-    version counter) or moved. Inference tensors keep no version counter: for them it is made per call."""
-    make = (lambda: w.t().contiguous()) if fp8 else (lambda: int8_weight_nk(w))
-    if w.is_inference():
-        return make()
-    per_storage = _NK.setdefault(w.untyped_storage(), {})
-    key = (w.storage_offset(), tuple(w.shape), w.stride(), w.dtype, fp8)
-    hit = per_storage.get(key)
-    if hit is not None and hit.version == w._version and hit.data_ptr == w.data_ptr():
-        return hit.nk
-    nk = make()
-    per_storage[key] = _Copy(w._version, w.data_ptr(), nk)
-    return nk
+    as cuBLASLt's int8 / fp8 GEMMs and TMA boxes read it: made once per weight (`cached_on_weight`; the weight's
+    size once more, only for weights these paths run)."""
+    return cached_on_weight(_NK, w, (fp8,), (lambda: w.t().contiguous()) if fp8 else (lambda: int8_weight_nk(w)))
 
 
 def cached_weight_copies() -> int:

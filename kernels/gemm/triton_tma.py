@@ -21,7 +21,6 @@ choose this variant, and a forced one raises the reason.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -29,7 +28,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from codesign.backend import DeviceView
-from codesign.kernels.gemm.torch_mm import weight_nk
+from codesign.kernels.gemm.torch_mm import cached_on_weight, weight_nk
 from codesign.specs import CodesignError
 
 # From this M the default rule on sm_90 takes this variant (int8 at every larger M; e4m3 below torch's
@@ -63,33 +62,16 @@ def wanted_by_default(m: int, view: DeviceView) -> bool:
 
 
 # ----------------------------------------------------------------------------- the weight's descriptor
-@dataclass
-class _Cached:
-    version: int
-    data_ptr: int
-    desc: TensorDescriptor  # holds the [N, K] copy as its base (never the weight itself: no cycle)
-
-
-# Per weight storage (shared by every view of it, e.g. the fp8 view `QuantLinear` makes per call), keyed weakly:
-# an entry dies with the weight's storage, so dropped layers leave nothing behind.
+# Per weight storage, keyed weakly (`torch_mm.cached_on_weight`): an entry dies with its weight.
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def weight_descriptor(w: torch.Tensor, fp8: bool, block_n: int, block_k: int) -> TensorDescriptor:
-    """The descriptor of the [N, K] copy of `w` (native int32-packed int8 codes [K/4, N], or e4m3 [K, N]) with
-    [block_n, block_k] boxes, made once per weight and box and cached on the weight's storage; rebuilt when the
-    weight changed in place (its version counter) or moved. Inference tensors keep no version counter: for them
-    the copy is made per call (correct, not fast; create weights outside `torch.inference_mode`)."""
-    if w.is_inference():
-        return TensorDescriptor.from_tensor(weight_nk(w, fp8), [block_n, block_k])
-    per_storage = _CACHE.setdefault(w.untyped_storage(), {})
-    key = (w.storage_offset(), tuple(w.shape), w.stride(), w.dtype, fp8, block_n, block_k)
-    hit = per_storage.get(key)
-    if hit is not None and hit.version == w._version and hit.data_ptr == w.data_ptr():
-        return hit.desc
-    desc = TensorDescriptor.from_tensor(weight_nk(w, fp8), [block_n, block_k])
-    per_storage[key] = _Cached(w._version, w.data_ptr(), desc)
-    return desc
+    """The descriptor of the [N, K] copy of `w` (`torch_mm.weight_nk`) with [block_n, block_k] boxes, made once per
+    weight and box (`torch_mm.cached_on_weight`: rebuilt when the weight changed in place or moved; per call for
+    inference tensors, correct but not fast: create weights outside `torch.inference_mode`)."""
+    return cached_on_weight(_CACHE, w, (fp8, block_n, block_k),
+                            lambda: TensorDescriptor.from_tensor(weight_nk(w, fp8), [block_n, block_k]))  # fmt: skip
 
 
 def cached_descriptors() -> int:
