@@ -230,8 +230,10 @@ class Tuner:
         """Check `cfg` against the reference, time it if correct, append the record to the cache and
         return it; runs under the in-flight marker (a failure is a result; `device_lost` when sticky)."""
         rec: dict[str, Any] = {**base, "config": cfg, "ok": False, "time_ms": None}
-        self.marker.set({**base, "config": cfg})  # cleared below unless the process dies
         try:
+            # Inside the try: a SIGTERM that lands while the marker is being written (its fsyncs) must
+            # still remove it; a half-written marker names a candidate that never started.
+            self.marker.set({**base, "config": cfg})  # cleared below unless the process dies
             try:
                 err = self._check(inputs, cfg, ref)
                 rec["rel_error"] = err

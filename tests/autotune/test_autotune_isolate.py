@@ -183,6 +183,21 @@ def test_a_terminated_run_is_not_taken_for_a_crash(tmp_path):
     assert inflight.recover_crashed(cache) == []
 
 
+def test_a_termination_while_the_marker_is_written_leaves_no_marker(tmp_path, monkeypatch):
+    # The process test above can terminate the child between the marker's write and its fsyncs
+    # (the test sees the marker as soon as it is written): here that moment, made deterministic.
+    cache = TuningCache(tmp_path / "c.jsonl")
+
+    def _terminated(folder):
+        raise SystemExit(143)
+
+    monkeypatch.setattr(inflight, "_fsync_dir", _terminated)
+    tuner = Tuner(CrashyOp(), cache, log=lambda s: None, **SETTINGS)
+    with pytest.raises(SystemExit):
+        tuner.tune_shape(_shape(NONE))
+    assert not _markers(cache) and not cache.load().records
+
+
 def test_restarts_are_bounded(tmp_path):
     cache = TuningCache(tmp_path / "c.jsonl")
     job = TuneJob([(OP, [_shape(EXIT)])], str(cache.path), SETTINGS, imports=("test_autotune_isolate",))
