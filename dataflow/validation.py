@@ -69,7 +69,7 @@ EAGER_ENGINES = ("fastertransformer_gpt_a100", "lmdeploy_a100_v010a1", "nvidia_b
 FACTOR_GRID = np.linspace(0.3, 1.1, 33)
 # The host terms stop at 4 ms, a prior (an engine's host work per step or request is ms-scale), not a fit:
 # held out, TensorRT-LLM's TTFTs take the request term at this top (other engines' short-prompt rows pull it
-# up); with a 10 ms top they take 10 ms and the mean error goes from 11.3% to 14.4%.
+# up); with a 10 ms top they take 10 ms and the mean error goes from 11.0% to 13.6%.
 STEP_GRID = np.linspace(0.0, 4e-3, 17)
 CLIENT_GRID = np.linspace(0.0, 20e-3, 21)
 LAUNCH_GRID = np.linspace(0.0, 20e-6, 21)
