@@ -9,7 +9,8 @@ Decode (issue 21's shape: batch 16, context 32k, 32 q / 8 kv heads, head_dim 128
 `codesign.autotune.compile_only`; the attention kernel's main loop (its largest SASS loop, one KV tile per
 iteration: Triton's software pipeline does not unroll) is counted along its longest path (inner loops times their
 trip count: Oaken's key loop the fullest token's slot count, each value loop the fullest channel's, over the
-bench's cache, `oaken_trips`), and
+bench's cache, `oaken_trips`; the outlier index those loops read is the cache's, kept per written block by the
+writer: its cost is reported apart, not predicted), and
 
     issue_ms = ceil(ceil(programs / 132) * warps / 4) * (tiles * loop + the rest once) / clock
     floor_ms = format's byte floor (`gpu_kvquant.floor_bytes`) / the bf16 cache's achieved bandwidth
@@ -75,19 +76,25 @@ def _resources(launch: Any) -> dict[str, Any]:
             "WORDS": cx.get("WORDS"), "cvt_i2f_ptx": launch.ptx_ops.get("cvt_i2f")}  # fmt: skip
 
 
-def oaken_trips() -> dict[str, float]:
+def oaken_trips() -> dict[str, Any]:
     """Oaken's inner-loop trips for the bench's cache (`gpu_kvquant.oaken_slots` at the decode shape): the fullest
     token's slot count (the key loop's bound) and the fullest channel's (each value loop's), over the whole
-    cache, from the kernel's own index (`oaken.outlier_index`); with their means over (block, head) beside."""
+    cache, from the kernel's own index (`oaken.outlier_index`); with their means over (block, head) beside.
+
+    The index is kept by the cache, rebuilt per written block by the writer (not by the launch): a decode step's
+    cost is its written blocks' (one a sequence, K and V: `index_step_bytes`, at least their slots read and their
+    index rows written), not the pool's (`index_pool_bytes`: paid only when the whole index is rebuilt, after a
+    change made outside the cache). Neither is in the prediction (the kernel's)."""
     import gpu_kvquant as kvq
 
     from codesign.kernels.kvcache.oaken import index_width, outlier_index
 
     shape = (kvq.BATCH * kvq.CONTEXT // kvq.BLOCK_SIZE, kvq.HKV, kvq._oaken_capacity())
-    out: dict[str, float] = {"capacity": shape[2]}
-    # The launch's index build (torch ops before the kernel, not in the prediction): at least both sides' slots
-    # read and their indexes written once.
-    out["index_min_bytes"] = 2 * shape[0] * shape[1] * (shape[2] + index_width(shape[2], kvq.BLOCK_SIZE, kvq.DIM)) * 4
+    out: dict[str, Any] = {"capacity": shape[2]}
+    row = shape[1] * (shape[2] + index_width(shape[2], kvq.BLOCK_SIZE, kvq.DIM)) * 4  # a block's, one side
+    out["index_per"] = "written block"
+    out["index_step_bytes"] = 2 * kvq.BATCH * row
+    out["index_pool_bytes"] = 2 * shape[0] * row
     for side, by, seed, n in (("key", "token", 0, kvq.BLOCK_SIZE), ("value", "channel", 1, kvq.DIM)):
         ix = outlier_index(kvq.oaken_slots(shape, "cpu", seed), kvq.BLOCK_SIZE, kvq.DIM, by)
         rank = ix[..., shape[2] + n + 1]
@@ -261,7 +268,9 @@ def predict(formats: list[str] | None = None, tree: bool = True, log=print) -> d
                 trips = ot["trips"]
                 at_mean = decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, mean["trips"])
                 ot["at_mean_trips"] = {k: at_mean[k] for k in ("sass_per_tile", "issue_ms", "predicted_ms")}
-                ot["index_floor_ms"] = ot["index_min_bytes"] / bandwidth * 1e3  # not in predicted_ms
+                # The writer's per step, and a whole rebuild's (after a change outside the cache): not predicted.
+                ot["index_step_floor_ms"] = ot["index_step_bytes"] / bandwidth * 1e3
+                ot["index_pool_floor_ms"] = ot["index_pool_bytes"] / bandwidth * 1e3
                 out["oaken_trips"] = ot
             row = decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, trips)
             row["vs_bf16"] = None

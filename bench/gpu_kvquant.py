@@ -174,7 +174,8 @@ def _format_row(name: str, ms: float, bits: float, base_ms: float, **extra) -> d
 
 
 def _oaken_cache(nb: int, dev, hkv: int):
-    """An INT4 Oaken cache; outlier words with valid positions so the kernel applies them."""
+    """An INT4 Oaken cache; outlier words with valid positions so the kernel applies them (filled by hand: the
+    first attention call rebuilds the cache's outlier index once, the timed ones read it, as decode does)."""
     import torch
 
     from codesign.kernels.kvcache.oaken import OakenPagedKV

@@ -63,6 +63,8 @@ Case = tuple[str, Callable[[], Any]]
 INTENDED = {
     "attention/*/wrapper * spec mixed *": "mixed precision became a KVFormat of its own (scheme 'mixed', counted "
     "as INT8 per token as before): the spec's kv_format changed, its flops and bytes did not ('spec numbers')",
+    "kv/*/caches *": "Oaken caches keep their outlier index (k_index, v_index): two more fields in the digest",
+    "kv/*/oaken writes": "Oaken caches keep their outlier index (k_index, v_index): two more fields in the digest",
 }
 
 

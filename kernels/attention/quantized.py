@@ -32,7 +32,7 @@ from codesign.kernels.kvcache.formats import (
 from codesign.kernels.kvcache.kivi import KiviPagedKV, check_rings
 from codesign.kernels.kvcache.kvq import FORMATS, QuantPagedKV, check_quant_cache, dequantize_codes
 from codesign.kernels.kvcache.mixed import MixedPagedKV
-from codesign.kernels.kvcache.oaken import OakenPagedKV, dequantize_pool
+from codesign.kernels.kvcache.oaken import OakenPagedKV, dequantize_pool, index_width, outlier_index
 from codesign.specs import CodesignError, KVFormat
 
 _CODES = ("k_codes", "v_codes", "k_meta", "v_meta")
@@ -103,11 +103,19 @@ KIVI = AttentionFormat(
 # --- Oaken (kvcache.oaken) -----------------------------------------------------------------------------
 def _oaken_check(cache, block_tables, check_data, expect=None):
     _require(cache, OakenPagedKV, "an OakenPagedKV")
-    return cache.check()
+    shape = cache.check()
+    cache.ensure_index()  # allocated before a plan records its signature
+    return shape
+
+
+def _oaken_params(cache):
+    """The op's parameters: bits, the grid and the kept outlier index, brought up to date first (host-side:
+    rebuilt whole only when not current, `OakenPagedKV.ensure_index`)."""
+    return (cache.bits, cache.grid, *cache.ensure_index())
 
 
 def _oaken_torch(q, tensors, params, batch, opts):
-    bits, grid = (*params, None)[:2]  # the op's grid defaults to None
+    bits, grid = (*params, None)[:2]  # the op's grid defaults to None; the torch path reads the slots
     k_codes, v_codes, k_meta, v_meta, k_out, v_out = tensors
     kg, vg = (None, None) if grid is None else (grid[0], grid[1])
     k = dequantize_pool(k_codes, k_meta, k_out, bits, kg)
@@ -116,21 +124,32 @@ def _oaken_torch(q, tensors, params, batch, opts):
 
 
 def _oaken_kernel(q, tensors, params):
-    bits, grid = (*params, None)[:2]
+    """The kernel reads the outlier index (k_side, v_side), not the slots: the cache's kept one, or, for a
+    caller of the op that passes none, one built here from the slots."""
+    bits, grid, kix, vix = (*params, None, None, None)[:4]
     code = KV_FORMAT_OAKEN if grid is None else KV_FORMAT_OAKEN_OFFLINE
-    return KernelKV(*tensors[:2], code, bits, *tensors[2:], block_bits=grid)
+    k_codes, v_codes, k_meta, v_meta, k_out, v_out = tensors
+    bs, d = k_codes.shape[1], q.shape[2]
+    for name, ix, slots in (("k_index", kix, k_out), ("v_index", vix, v_out)):
+        want = (*slots.shape[:2], index_width(slots.shape[2], bs, d))
+        if ix is not None and (tuple(ix.shape) != want or ix.dtype != torch.int32 or not ix.is_contiguous()):
+            raise CodesignError(f"{name} must be a contiguous int32 tensor of shape {want} (the slots' outlier "
+                                f"index), got {ix.dtype} {tuple(ix.shape)}")  # fmt: skip
+    kix = outlier_index(k_out, bs, d, "token") if kix is None else kix
+    vix = outlier_index(v_out, bs, d, "channel") if vix is None else vix
+    return KernelKV(k_codes, v_codes, code, bits, k_meta, v_meta, kix, vix, block_bits=grid)
 
 
 OAKEN = AttentionFormat(
     "paged_attention_oaken",
     (*_CODES, "k_out", "v_out"),
-    "SymInt bits, Tensor? grid=None",
-    lambda cache: (cache.bits, cache.grid),
+    "SymInt bits, Tensor? grid=None, Tensor? k_index=None, Tensor? v_index=None",
+    _oaken_params,
     _oaken_torch,
     _oaken_kernel,
     _oaken_check,
     signature_fields=("bits",),
-    signature_tensors=(*_CODES, "k_out", "v_out", "grid"),
+    signature_tensors=(*_CODES, "k_out", "v_out", "grid", "k_index", "v_index"),
 )
 
 

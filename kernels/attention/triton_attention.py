@@ -33,9 +33,10 @@ tile by tile in registers (no dequantized copy of the cache), one jit helper per
       per-token (scale, zero) as INT; one launch covers blocks of every width.
   KV_FORMAT_OAKEN: dense codes and per-token (scale, zero) as INT (outlier positions hold code 0),
       plus OAKEN_CAP sparse outliers per (block, kv head) `[blocks, kv_heads, CAP]` int32, each
-      (position_in_block << 16) | fp16 bits (-1: empty). The kernel reads them through the launch's index
-      (`kvcache.oaken.outlier_index`: keys by token, values by channel) and adds each one's difference from the
-      dense value to the scores and the output (`_oaken_key_corr`, `_oaken_value_corr`).
+      (position_in_block << 16) | fp16 bits (-1: empty). The kernel reads them through the index the cache
+      keeps (`kvcache.oaken.outlier_index`: keys by token, values by channel; `OakenPagedKV.k_index`) and adds
+      each one's difference from the dense value to the scores and the output (`_oaken_key_corr`,
+      `_oaken_value_corr`).
   KV_FORMAT_OAKEN_OFFLINE: as OAKEN, but the per-token metadata is uint8 (z, r) on a per-kv-head
       offline grid (base, step) fp32 `[2 (K, V), kv_heads, 2]` (passed as `block_bits`):
       zero = base + z * step, scale = r * step / (2^BITS - 1)   (`kvcache.quantizers.offline_meta`).
@@ -64,7 +65,7 @@ from codesign.kernels.kvcache.formats import (
     PLAIN_BITS,
     table_suffix,
 )
-from codesign.kernels.kvcache.oaken import index_width, outlier_index
+from codesign.kernels.kvcache.oaken import index_capacity
 from codesign.kernels.triton_codes import codes_f16, pair_order, pow2_scale, unpack_words, words_f16
 
 OP = "paged_attention"
@@ -579,7 +580,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         nq = tl.maximum(kv_len - KIVI_R, 0) // KIVI_G * KIVI_G  # KIVI: tokens below are quantized
         # Oaken's outlier corrections run on the CR = BLOCK_Q x OAKEN_GP rows of real query heads (OAKEN_GP: GROUP
         # to a power of two), not the GROUP_PAD-padded tile (4 rows against 16 at decode). k_res_ptr / v_res_ptr
-        # hold the launch's outlier index (`oaken.outlier_index`), scr_ptr each program's [CR, BLOCK_N] of p.
+        # hold the cache's outlier index (`oaken.outlier_index`), scr_ptr each program's [CR, BLOCK_N] of p.
         OAKEN: tl.constexpr = (KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE) and OAKEN_CAP > 0
         CR: tl.constexpr = BLOCK_Q * OAKEN_GP
         SPREAD: tl.constexpr = OAKEN_GP < GROUP_PAD  # padded rows (decode on a GPU): a [CR, DIM_PAD] accumulator apart
@@ -930,7 +931,8 @@ class KernelKV:
 
     k, v: a plain cache's values, or a quantized cache's codes; k_meta, v_meta: its metadata (per-token or
     per-group (scale, zero), FP8's head scales); k_side, v_side: KIVI's residual rings or Oaken's outlier
-    slots; block_bits: mixed precision's per-block widths, or Oaken offline's grids; kivi: KIVI's (G, GV, R).
+    index (`oaken.outlier_index`, the cache's); block_bits: mixed precision's per-block widths, or Oaken
+    offline's grids; kivi: KIVI's (G, GV, R).
     """
 
     k: torch.Tensor
@@ -950,9 +952,9 @@ class LaunchPlan:
     """Every launch choice of one attention launch, made before it (`plan_launch`): the tile config (tuned
     table or defaults, tree-adjusted), the rows layout, the split-KV count, whether codes are read as words,
     hardware fp8, the split workspace (partial outputs fp32 [T, Hq, S, DIM_PAD], partial lse [T, Hq, S]) and, for
-    a tree launch, its mask packed in words (`tree_mask_words`); for an Oaken cache, the buffers of the outlier
-    index each launch builds (keys by token, values by channel: `oaken.outlier_index`) and the per-program
-    scratch of probabilities (fp32 [programs, CR x BLOCK_N]) the value corrections gather from."""
+    a tree launch, its mask packed in words (`tree_mask_words`); for an Oaken cache, the per-program scratch of
+    probabilities (fp32 [programs, CR x BLOCK_N]) the value corrections gather from (the outlier index is the
+    cache's: `OakenPagedKV.k_index`)."""
 
     config: dict
     group_pad: int
@@ -962,7 +964,7 @@ class LaunchPlan:
     hw_fp8: bool
     workspace: tuple[torch.Tensor, torch.Tensor] | None
     tree_words: torch.Tensor | None = None
-    oaken: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    oaken_scratch: torch.Tensor | None = None
 
 
 def plan_launch(
@@ -978,7 +980,8 @@ def plan_launch(
     """The one place a launch is planned: config (`launch_config`, one table lookup), rows layout, split count
     (`choose_num_splits` over this launch's programs when `num_splits` is None) and workspace (`workspace`
     reused when its shape fits). q: the queries (or a tensor of their shape, dtype and device); kv_shape: the
-    cache's (num_blocks, block_size, kv_heads, ...); oaken_cap: an Oaken cache's slots per (block, kv head).
+    cache's (num_blocks, block_size, kv_heads, ...); oaken_cap: an Oaken cache's slots per (block, kv head)
+    (its launch needs a probability scratch).
     Host-only: no sync."""
     t, hq, dim = q.shape
     bs, hkv, b = kv_shape[1], kv_shape[2], batch.block_tables.shape[0]
@@ -1013,18 +1016,15 @@ def plan_launch(
     tw = tree_mask_words(batch.tree_mask) if batch.is_tree else None
     oak = None
     if kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) and oaken_cap > 0:
-        nb, wid = kv_shape[0], index_width(oaken_cap, bs, dim)
         programs = (b if batch.is_decode else t // bq + b) * hkv * num_splits
         rows = bq * triton.next_power_of_2(hq // hkv)
-        ix = dict(dtype=torch.int32, device=q.device)
-        oak = (torch.empty(nb, hkv, wid, **ix), torch.empty(nb, hkv, wid, **ix),
-               torch.empty(programs * rows * cfg["BLOCK_N"], dtype=torch.float32, device=q.device))  # fmt: skip
+        oak = torch.empty(programs * rows * cfg["BLOCK_N"], dtype=torch.float32, device=q.device)
     return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws, tw, oak)
 
 
-def _side_args(kv: KernelKV, context_lens: torch.Tensor, oaken: tuple | None) -> tuple[tuple, tuple, int]:
-    """The kernel's metadata strides, side-tensor arguments (KIVI's rings, Oaken's slots; stand-ins otherwise)
-    and Oaken's slot capacity."""
+def _side_args(kv: KernelKV, context_lens: torch.Tensor, head_dim: int) -> tuple[tuple, tuple, int]:
+    """The kernel's metadata strides, side-tensor arguments (KIVI's rings, Oaken's outlier index; stand-ins
+    otherwise) and Oaken's slot capacity."""
     if kv.kv_format not in (KV_FORMAT_PLAIN, KV_FORMAT_FP8):  # per-token / per-group metadata tensors
         ks, vs = kv.k_meta, kv.v_meta
         mstrides = (ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2))
@@ -1033,13 +1033,22 @@ def _side_args(kv: KernelKV, context_lens: torch.Tensor, oaken: tuple | None) ->
     if kv.kv_format == KV_FORMAT_KIVI:
         k_res = kv.k_side
         res = (k_res, kv.v_side, k_res.stride(0), k_res.stride(1), k_res.stride(2))
-    elif kv.kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) and oaken is not None:
-        kix, vix, _ = oaken  # this launch's outlier index (`paged_attention_triton` builds it)
-        res = (kix, vix, kix.stride(0), kix.stride(1), 0)
+    elif kv.kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
+        kix = kv.k_side  # the cache's outlier index (`oaken.outlier_index`, kept by its writers)
+        res = (kix, kv.v_side, kix.stride(0), kix.stride(1), 0)
     else:
         res = (context_lens, context_lens, 0, 0, 0)
-    cap = kv.k_side.shape[2] if kv.kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) else 0
-    return mstrides, res, cap
+    return mstrides, res, _oaken_capacity(kv, head_dim)
+
+
+def _oaken_capacity(kv: KernelKV, head_dim: int) -> int:
+    """An Oaken cache's slots per (block, kv head), from its index's width; 0 for other formats."""
+    if kv.kv_format not in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
+        return 0
+    cap = index_capacity(kv.k_side.shape[2], kv.k.shape[1], head_dim)
+    if cap < 0:  # slots passed where the index belongs would otherwise read as no outliers at all
+        raise ValueError(f"k_side must be an Oaken outlier index (`oaken.outlier_index`), {kv.k_side.shape[2]} wide")
+    return cap
 
 
 def paged_attention_triton(
@@ -1061,17 +1070,13 @@ def paged_attention_triton(
     t, hq, dim = q.shape
     if t == 0:
         return
-    oaken = kv.kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE)
-    cap = kv.k_side.shape[2] if oaken else 0
+    cap = _oaken_capacity(kv, dim)
     p = plan or plan_launch(q, kv.k.shape, kv.kv_format, kv.bits, batch, opts.num_splits, oaken_cap=cap)
     cfg, s, dpad, nseq = p.config, p.num_splits, dim_pad(dim), batch.block_tables.shape[0]
     hkv, bs = kv.k.shape[2], kv.k.shape[1]
-    if cap > 0 and p.oaken is None:
-        raise ValueError("an Oaken launch needs a plan made with oaken_cap (its outlier index buffers)")
-    if p.oaken is not None:  # built per launch: the slots may have changed since the plan
-        outlier_index(kv.k_side, bs, dim, "token", p.oaken[0])
-        outlier_index(kv.v_side, bs, dim, "channel", p.oaken[1])
-    mstrides, res, cap = _side_args(kv, batch.context_lens, p.oaken)
+    if cap > 0 and p.oaken_scratch is None:
+        raise ValueError("an Oaken launch needs a plan made with oaken_cap (its probability scratch)")
+    mstrides, res, cap = _side_args(kv, batch.context_lens, dim)
     o_part, l_part = p.workspace if s > 1 else (out, out)  # unused with one split
     dummy = batch.context_lens
     lse_t = lse if lse is not None else out
@@ -1087,7 +1092,7 @@ def paged_attention_triton(
         kv.k_meta if kv.k_meta is not None else dummy, kv.v_meta if kv.v_meta is not None else dummy,
         *mstrides, *res,
         kv.block_bits if kv.block_bits is not None else dummy,
-        p.oaken[2] if p.oaken is not None else dummy,
+        p.oaken_scratch if p.oaken_scratch is not None else dummy,
         float(opts.sm_scale), float(opts.softcap) if opts.softcap else 1.0, int(opts.window or 0), nseq,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

@@ -117,9 +117,8 @@ class _PlannedAttention:
         cap = cache.capacity if isinstance(cache, OakenPagedKV) else 0
         launch = plan_launch(probe, tuple(k_like.shape), code, bits, batch, opts.num_splits, old, cap)
         launch = dataclasses.replace(launch, tree_words=self._persist("tree_words", launch.tree_words))
-        if launch.oaken is not None:  # refilled by every run(): only the buffers are kept across re-plans
-            kept = tuple(self._keep(f"oaken{i}", t) for i, t in enumerate(launch.oaken))
-            launch = dataclasses.replace(launch, oaken=kept)
+        if launch.oaken_scratch is not None:  # rewritten by every run(): only the buffer is kept across re-plans
+            launch = dataclasses.replace(launch, oaken_scratch=self._keep("oaken_scratch", launch.oaken_scratch))
         persisted = {f.name: self._persist(f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch)
                      if isinstance(getattr(batch, f.name), torch.Tensor)}  # fmt: skip
         self._plan = _Plan(

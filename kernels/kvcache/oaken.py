@@ -9,6 +9,8 @@ Layout, per layer (b bits, C = capacity slots per (block, kv head)):
                       -1 = empty slot (so block_size * D < 32768)
     k_count, v_count  int32 `[num_blocks, kv_heads]`: slots in use (host bookkeeping for the writer)
     overflow          int64 `[2, kv_heads]`: outliers clamped for lack of a slot (K, V)
+    k_index, v_index  int32 `[num_blocks, kv_heads, index_width]`: the attention kernel's outlier index of those
+                      slots, kept by the cache (below)
 Thresholds (lo, hi) per kv head come from `quantizers.calibrate_kv_thresholds` (offline, per layer, K and V).
 
 The "offline" variant (`grid` given: `quantizers.calibrate_oaken_grid`, one layer's `[2 (K, V), kv_heads,
@@ -22,10 +24,26 @@ are quantized per token with the engine's rule. Writing a block's tokens in orde
 `quantizers.oaken_quantize_block` (tested). A token written at offset 0 starts its block afresh. On CUDA
 tensors (or `use_backend("triton")`) the writer is the Triton kernel of `triton_oaken_write`,
 bit-identical to the torch loop.
+
+The kept index. The kernel reads the slots through `outlier_index` (keys grouped by token, values by channel),
+which the cache keeps in k_index / v_index: every write rebuilds the index rows of exactly the blocks it wrote
+(gather their slots, `outlier_index`, scatter back: torch ops, no host sync, so a CUDA graph captures it with
+the write), and so does every other slot change made through the cache (`editing_slots`: copy-on-write,
+rollback). A decode step thus re-indexes its batch's written blocks, not the pool. Validity rule: the cache
+records, on the host, the identity and version counter of k_out, v_out, k_index and v_index whenever the index
+is known to equal `outlier_index` of the slots (built whole, or rebuilt after a change made through the cache
+while it was current). Any other change (slots assigned by hand, a replaced tensor, a cache built without the
+index or unpickled) leaves that record behind, and the next attention (`ensure_index`) rebuilds the whole index
+once before the kernel reads it. Tensors without a version counter (inference tensors) are rebuilt whole every
+attention. Writes torch does not count (through `.data`, a NumPy or DLPack view, another kernel's pointers) are
+not seen, nor is anything under CUDA-graph replay: make those inside `editing_slots`, or through the writers.
 """
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +77,16 @@ class OakenPagedKV:
     v_count: torch.Tensor
     overflow: torch.Tensor
     grid: torch.Tensor | None = None  # the "offline" variant's metadata grid (module docstring)
+    k_index: torch.Tensor | None = None  # the kept outlier index (module docstring); None: built on first use
+    v_index: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self._stamp = None  # host record of the slots the index was built from (module docstring)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_stamp"] = None  # weak references do not pickle; an unpickled index is rebuilt once
+        return state
 
     @classmethod
     def empty(
@@ -92,16 +120,19 @@ class OakenPagedKV:
         w = head_dim * bits // 8
         u8 = dict(dtype=torch.uint8, device=device)
         mdt = torch.float16 if grid is None else torch.uint8
-        meta = torch.zeros(num_blocks, block_size, kv_heads, 2, dtype=mdt, device=device)
-        out = torch.full((num_blocks, kv_heads, capacity), -1, dtype=torch.int32, device=device)
-        cnt = torch.zeros(num_blocks, kv_heads, dtype=torch.int32, device=device)
-        return cls(
-            bits, head_dim, thresholds[0].to(device), thresholds[1].to(device),
-            torch.zeros(num_blocks, block_size, kv_heads, w, **u8),
-            torch.zeros(num_blocks, block_size, kv_heads, w, **u8),
-            meta, meta.clone(), out, out.clone(), cnt, cnt.clone(),
-            torch.zeros(2, kv_heads, dtype=torch.int64, device=device), grid,
-        )  # fmt: skip
+        with torch.inference_mode(False):  # normal tensors keep version counters (the index's validity rule)
+            meta = torch.zeros(num_blocks, block_size, kv_heads, 2, dtype=mdt, device=device)
+            out = torch.full((num_blocks, kv_heads, capacity), -1, dtype=torch.int32, device=device)
+            cnt = torch.zeros(num_blocks, kv_heads, dtype=torch.int32, device=device)
+            cache = cls(
+                bits, head_dim, thresholds[0].to(device), thresholds[1].to(device),
+                torch.zeros(num_blocks, block_size, kv_heads, w, **u8),
+                torch.zeros(num_blocks, block_size, kv_heads, w, **u8),
+                meta, meta.clone(), out, out.clone(), cnt, cnt.clone(),
+                torch.zeros(2, kv_heads, dtype=torch.int64, device=device), grid,
+            )  # fmt: skip
+            cache.ensure_index()
+        return cache
 
     @property
     def capacity(self) -> int:
@@ -140,6 +171,9 @@ class OakenPagedKV:
             "k_count": (torch.int32, (nb, h)),
             "v_count": (torch.int32, (nb, h)),
         }
+        for name in ("k_index", "v_index"):  # None until ensure_index builds it
+            if getattr(self, name) is not None:
+                want[name] = (torch.int32, (nb, h, index_width(max(cap, 0), bs, self.head_dim)))
         check_cache_tensors("Oaken", self, want, c.device)
         kq.check_thresholds(self.k_thresholds, h, values)
         kq.check_thresholds(self.v_thresholds, h, values)
@@ -170,17 +204,24 @@ class OakenPagedKV:
         The Triton writer (`kv_write_oaken_triton`; CUDA tensors, or `use_backend("triton")`, head_dim a
         power of two) and the torch loop below give bit-identical caches. `check_data` (host syncs) checks
         that slots are in range and unique and that key/value are finite; `check_data=False` is for
-        CUDA-graph capture, where the caller guarantees both (the Triton writer relies on unique slots)."""
+        CUDA-graph capture, where the caller guarantees both (the Triton writer relies on unique slots).
+        Either way the written blocks' index rows are then rebuilt (the kept index, module docstring)."""
         nb, bs, h, d = self.check(check_data)
         check_quant_write(
             key, value, (nb, bs, h, d), self.k_codes.device, slot_mapping, check_data, check_data
         )
         from codesign.kernels.kvcache.triton_oaken_write import oaken_write_triton, triton_writer_supported
 
+        current = self.index_current()
         if resolve_backend("kv_write", key.device) == "triton" and triton_writer_supported(d):
             check_writer_dtype(key)
             oaken_write_triton(self, key, value, slot_mapping)
-            return
+        else:
+            self._write_loop(key, value, slot_mapping, bs)
+        self._reindex(_written_blocks(slot_mapping, bs, nb), current)
+
+    def _write_loop(self, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, bs: int) -> None:
+        """The torch writer: the online rule token by token (module docstring)."""
         kx, vx = key.to(torch.float32), value.to(torch.float32)
         for t, s in enumerate(slot_mapping.tolist()):
             if s < 0:
@@ -235,6 +276,74 @@ class OakenPagedKV:
             cnt[blk, hh] = n0 + len(kept)
         return keep
 
+    # --- the kept outlier index (module docstring) ---------------------------------------------------
+    def _versions(self) -> tuple | None:
+        """Each of k_out, v_out, k_index, v_index with its version counter (host-side, no sync); None when one
+        keeps no counter (an inference tensor) or the index is not allocated."""
+        ts = (self.k_out, self.v_out, self.k_index, self.v_index)
+        if not all(isinstance(t, torch.Tensor) for t in ts):
+            return None
+        try:
+            return tuple((weakref.ref(t), t._version) for t in ts)
+        except RuntimeError:  # inference tensors track no version
+            return None
+
+    def index_current(self) -> bool:
+        """Whether k_index / v_index are `outlier_index` of the slots as they are now, by the validity rule
+        (module docstring): the same tensors, unchanged since the cache last brought the index up to date."""
+        stamp, ts = self._stamp, (self.k_out, self.v_out, self.k_index, self.v_index)
+        if stamp is None:
+            return False
+        try:
+            return all(ref() is t and t._version == v for (ref, v), t in zip(stamp, ts))
+        except RuntimeError:
+            return False
+
+    def ensure_index(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k_index, v_index) as the kernel reads them: allocated if missing, and rebuilt over the whole pool
+        when not current (`index_current`); torch ops into the kept buffers, no host sync. Every attention
+        over the cache calls it before the launch."""
+        if self.k_index is None or self.v_index is None:
+            nb, h, cap = self.k_out.shape
+            shape = (nb, h, index_width(cap, self.k_codes.shape[1], self.head_dim))
+            with torch.inference_mode(False):
+                self.k_index = torch.zeros(shape, dtype=torch.int32, device=self.k_out.device)
+                self.v_index = torch.zeros_like(self.k_index)
+        if not self.index_current():
+            self._index_rows(None)
+            self._stamp = self._versions()
+        return self.k_index, self.v_index
+
+    @contextlib.contextmanager
+    def editing_slots(self, blocks: Sequence[int] | torch.Tensor) -> Iterator[None]:
+        """Change the outlier slots (k_out, v_out, and the counts) of `blocks` in place inside this context (a
+        copy-on-write, a rollback's restore); on leaving it their index rows are rebuilt, and the index stays
+        current if it was. Changes to other blocks' slots are not followed (the next attention would read
+        their old index only if the index was current: keep edits to `blocks`)."""
+        current = self.index_current()
+        yield
+        if not isinstance(blocks, torch.Tensor):
+            blocks = torch.tensor(list(blocks), dtype=torch.long)
+        self._reindex(blocks.to(device=self.k_out.device, dtype=torch.long).reshape(-1), current)
+
+    def _reindex(self, blocks: torch.Tensor | None, current: bool) -> None:
+        """After the slots of `blocks` (None: any) changed through the cache: rebuild their index rows; the
+        index is current again if it was before the change."""
+        if self.k_index is None or self.v_index is None:
+            return  # nothing kept yet: ensure_index builds it whole
+        self._index_rows(blocks)
+        self._stamp = self._versions() if current else None
+
+    def _index_rows(self, blocks: torch.Tensor | None) -> None:
+        """k_index / v_index rows of `blocks` (block ids, repeats allowed; None: every block) from the slots
+        now: `outlier_index` of the gathered rows, scattered back. Torch ops only, no host sync."""
+        bs, d = self.k_codes.shape[1], self.head_dim
+        for slots, index, by in ((self.k_out, self.k_index, "token"), (self.v_out, self.v_index, "channel")):
+            if blocks is None:
+                outlier_index(slots, bs, d, by, index)
+            else:  # repeated blocks get equal rows, so the scatter's order does not matter
+                index.index_copy_(0, blocks, outlier_index(slots.index_select(0, blocks), bs, d, by))
+
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Debug / reference: the whole pool in float32, outliers written back."""
         self.check()
@@ -244,6 +353,14 @@ class OakenPagedKV:
 
     def _grid(self, kv: int) -> torch.Tensor | None:
         return None if self.grid is None else self.grid[kv]
+
+
+def _written_blocks(slot_mapping: torch.Tensor, block_size: int, num_blocks: int) -> torch.Tensor | None:
+    """The blocks a write of `slot_mapping` changes, one per token (skipped tokens name block 0, whose index is
+    then rebuilt as it is); None (every block) when there are at least as many tokens as blocks."""
+    if slot_mapping.shape[0] >= num_blocks:
+        return None
+    return slot_mapping.clamp(min=0).to(torch.long) // block_size
 
 
 def _check_kv_pairs(name: str, t: torch.Tensor, kv_heads: int, pair: str, check_half) -> None:
@@ -292,11 +409,17 @@ def index_width(capacity: int, block_size: int, head_dim: int) -> int:
     return capacity + max(block_size, head_dim) + 2
 
 
+def index_capacity(width: int, block_size: int, head_dim: int) -> int:
+    """The slot capacity of an `outlier_index` `width` words wide (`index_width`'s inverse)."""
+    return width - index_width(0, block_size, head_dim)
+
+
 def outlier_index(
     slots: torch.Tensor, block_size: int, head_dim: int, by: str, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The slots `[nb, H, CAP]` of each (block, kv head) grouped by token (`by="token"`, the key side) or by
-    channel (`"channel"`, the value side), as the attention kernel reads them: `[nb, H, W]` int32
+    channel (`"channel"`, the value side), as the attention kernel reads them (the cache keeps it:
+    `OakenPagedKV.k_index` / `v_index`, module docstring): `[nb, H, W]` int32
     (W >= CAP + L + 2, `index_width`) with
 
         [0, CAP)             the slot words, stably sorted by their token (or channel); unused slots last
@@ -305,7 +428,9 @@ def outlier_index(
         CAP + L + 1          the fullest list's length (the kernel's inner-loop bound for that block)
 
     Empty slots (-1) and positions past the block are left out. Torch ops only, into `out` when given: no host
-    sync and no factory allocation, so a launch builds it each time (and a CUDA graph captures it)."""
+    sync and no factory allocation, so a writer can rebuild its blocks' rows inside a CUDA graph; words past
+    CAP + L + 2 are left as they are (0 in a buffer allocated here). The one definition of the layout: the
+    cache's kept index is made of its rows."""
     if by not in OUTLIER_KEYS:
         raise CodesignError(f"by must be one of {OUTLIER_KEYS}, got {by!r}")
     nb, h, cap = slots.shape
@@ -316,7 +441,7 @@ def outlier_index(
     key = torch.where(valid, key, n)  # unused slots sort after every list
     order = torch.sort(key, dim=-1, stable=True).indices
     if out is None:
-        out = slots.new_empty(nb, h, index_width(cap, block_size, head_dim))
+        out = slots.new_zeros(nb, h, index_width(cap, block_size, head_dim))  # the words past CAP + L + 2: 0
     out[..., :cap].copy_(slots.gather(-1, order))
     counts = out[..., cap + 1 : cap + n + 1]
     counts.zero_()

@@ -29,7 +29,9 @@ Three steps, no host sync, launch count independent of the number of tokens:
    block) keep their codes but not their words (the reset wiped them in the serial walk); the run's last
    token writes the block's count and, for a reset block, -1 into the slots past it (the slots below are
    all rewritten by the tokens since the reset). Overflow: one integer atomic add per (token, head).
-Every store goes to a place no other program writes. Needs head_dim a power of two (tl.arange).
+Every store goes to a place no other program writes. Needs head_dim a power of two (tl.arange). The written
+tensors' version counters are bumped as a torch op's would be, and the caller (`OakenPagedKV.write`) rebuilds the
+written blocks' rows of the kept outlier index, as for the torch writer.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.graph import increment_version
 
 from codesign.kernels.kvcache.triton_write import rint_half_even
 
@@ -223,3 +226,6 @@ def oaken_write_triton(cache, key: torch.Tensor, value: torch.Tensor, slot_mappi
         H=h, D=d, BS=bs, BS_PAD=triton.next_power_of_2(bs), BITS=cache.bits, CAP=cap,
         CAP_PAD=triton.next_power_of_2(max(cap, 1)), OFFLINE=cache.grid is not None, num_warps=warps,
     )  # fmt: skip
+    # Written through pointers: bump the version counters torch would have (the kept index's validity rule).
+    increment_version([cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, cache.k_out, cache.v_out,
+                       cache.k_count, cache.v_count, cache.overflow])  # fmt: skip

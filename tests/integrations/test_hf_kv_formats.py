@@ -198,6 +198,44 @@ def test_rollback_leaves_the_cache_as_if_only_kept_tokens_were_written(name, how
     assert a.row_lengths() == b.row_lengths() == [12]
     for x, y in zip(_forward(a, *nxt), _forward(b, *nxt)):
         assert torch.equal(x, y)
+    if name == "int4-oaken":  # the rollback restored slots through the cache: the kept index followed
+        for layer in a.layers:
+            _assert_oaken_index_kept(layer.storage.kv)
+
+
+def _assert_oaken_index_kept(kv) -> None:
+    """The cache's outlier index is current (no whole rebuild pending) and equals a rebuild from its slots."""
+    from codesign.kernels.kvcache.oaken import outlier_index
+
+    assert kv.index_current()
+    bs, d, cap = kv.k_codes.shape[1], kv.head_dim, kv.capacity
+    for ix, slots, by, n in ((kv.k_index, kv.k_out, "token", bs), (kv.v_index, kv.v_out, "channel", d)):
+        w = cap + n + 2
+        assert torch.equal(ix[..., :w], outlier_index(slots, bs, d, by)[..., :w])
+
+
+def test_oaken_storage_keeps_the_index_through_copy_on_write_and_restore():
+    """OakenStorage's copy-on-write and rollback restore change slots through the cache (`editing_slots`), so the
+    kept outlier index stays current and equal to a rebuild; a copy made outside the cache is caught instead."""
+    from codesign.integrations.hf.kv_formats import WritePlan, new_storage
+
+    st = new_storage(_spec("int4-oaken"), 6, BLOCK)
+    g = torch.Generator().manual_seed(1)
+    k, v = torch.randn(6, 2, 16, generator=g) * 3, torch.randn(6, 2, 16, generator=g) * 3
+    st.build(k, v)
+    bt = torch.tensor([[0, 1]], dtype=torch.int32)
+    st.kv.write(k, v, torch.arange(6))  # block 0 full, block 1 half
+    st.copy_block(1, 4)
+    _assert_oaken_index_kept(st.kv)
+    assert torch.equal(st.kv.k_index[4], st.kv.k_index[1]) and torch.equal(st.kv.k_out[4], st.kv.k_out[1])
+    plan = WritePlan([0], [0], [6], [2], torch.tensor([6, 7]), bt, [[]])
+    snap = st.snapshot(plan)
+    st.kv.write(k[:2] * 40, v[:2] * 40, plan.slots)  # claims block 1's free slots
+    st.restore(snap)
+    _assert_oaken_index_kept(st.kv)
+    for name in st.block_fields:  # by hand: the index is no longer current, so the next attention rebuilds it
+        getattr(st.kv, name)[5].copy_(getattr(st.kv, name)[0])
+    assert not st.kv.index_current()
 
 
 def test_triton_kernels_verify_trees_over_an_int4_cache():

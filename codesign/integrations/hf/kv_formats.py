@@ -354,9 +354,14 @@ class OakenStorage(Storage):
         return snap
 
     def restore(self, snap):
-        for blk, saved in snap:
-            for n, t in zip(self._slot_state, saved):
-                getattr(self.kv, n)[blk] = t
+        with self.kv.editing_slots([blk for blk, _ in snap]):  # the kept outlier index follows the slots
+            for blk, saved in snap:
+                for n, t in zip(self._slot_state, saved):
+                    getattr(self.kv, n)[blk] = t
+
+    def copy_block(self, src: int, dst: int) -> None:
+        with self.kv.editing_slots([dst]):
+            super().copy_block(src, dst)
 
 
 class MixedStorage(Storage):

@@ -298,19 +298,30 @@ def test_run_does_no_table_lookup_and_no_allocation(kind, monkeypatch):
     assert torch.equal(out, ref)
 
 
-def test_oaken_index_is_rebuilt_by_run_into_buffers_a_replan_keeps():
-    """An Oaken plan keeps the outlier-index buffers; run() rebuilds the index each time (slots written after
-    plan() count) and a re-plan of the same shapes keeps the same buffers (a captured graph stays valid)."""
+def test_oaken_run_reads_the_kept_index_and_a_replan_keeps_the_scratch():
+    """run() over an Oaken cache reads the outlier index the cache keeps: a write after plan() updates it (its new
+    outliers count), a hand edit of the slots leaves it stale and run() rebuilds it whole before the launch; the
+    plan keeps only the probability scratch, which a re-plan of the same shapes keeps (a captured graph stays
+    valid)."""
     nb, bt, cl, slots = _tables(CTX)
     cache = _cache("oaken", nb, bt, slots)
     w = PagedDecodeWrapper()
     q = torch.randn(len(CTX), HQ, D)
     with use_backend("triton"):
         w.plan(cache, bt, cl, HQ, num_splits=1, q_dtype=torch.float32)
-        bufs = w._plan.launch.oaken
-        assert bufs is not None and len(bufs) == 3
+        scratch = w._plan.launch.oaken_scratch
+        assert scratch is not None
+        before = w.run(q, cache)
         n = int(slots.numel())
         cache.write(torch.randn(n, H, D) * 4, torch.randn(n, H, D) * 4, slots)  # new outliers after plan()
-        assert torch.equal(w.run(q, cache), _functional("oaken", q, cache, bt, cl, None, 1))
+        assert cache.index_current()
+        written = w.run(q, cache)
+        assert not torch.equal(written, before)
+        assert torch.equal(written, _functional("oaken", q, cache, bt, cl, None, 1))
+        cache.k_out[int(bt[0, 0])] = -1  # by hand: the index is stale until run() rebuilds it
+        assert not cache.index_current()
+        edited = w.run(q, cache)
+        assert cache.index_current() and not torch.equal(edited, written)
+        assert torch.equal(edited, _functional("oaken", q, cache, bt, cl, None, 1))
         w.plan(cache, bt, cl, HQ, num_splits=1, q_dtype=torch.float32)
-        assert all(a is b for a, b in zip(w._plan.launch.oaken, bufs))
+        assert w._plan.launch.oaken_scratch is scratch

@@ -148,11 +148,17 @@ def test_no_host_sync_and_launches_constant_in_tokens(monkeypatch):
         k = torch.empty(n, H, D, device="meta")
         kwo.oaken_write_triton(cache, k, k.clone(), torch.empty(n, dtype=torch.int64, device="meta"))
     assert count.grids == write.grids == [(1, H, 2), (37, H, 2)]
-    # The public entry with check_data=False (CUDA-graph capture) adds no sync either.
+    # The public entry with check_data=False (CUDA-graph capture) adds no sync either, nor does its rebuild of
+    # the kept outlier index (the written blocks' rows for fewer tokens than blocks, else the whole pool), nor
+    # attention's whole rebuild of a stale index.
     with use_backend("triton"):
-        k = torch.empty(5, H, D, device="meta")
-        cache.write(k, k.clone(), torch.empty(5, dtype=torch.int64, device="meta"), check_data=False)
-    assert write.grids[-1] == (5, H, 2)
+        for n in (2, 5):
+            k = torch.empty(n, H, D, device="meta")
+            cache.write(k, k.clone(), torch.empty(n, dtype=torch.int64, device="meta"), check_data=False)
+    assert write.grids[-2:] == [(2, H, 2), (5, H, 2)]
+    assert not cache.index_current()
+    cache.ensure_index()
+    assert cache.index_current()
     with pytest.raises(RuntimeError, match="meta"):  # the check itself is live: a sync raises
         torch.empty(3, device="meta").sum().item()
 
