@@ -12,7 +12,7 @@ W8A8 / FP8: fusedq, triton, tma, torch), under `codesign.autotune.compile_only(9
 rule's choice (`triton_gemm.choose_variant`, `choose_scaled_mm_variant`, with that device view) is marked.
 
 Per Triton launch (its SASS through `sass_model`; the loops in address order, each counted along its longest
-path, times its trip count from the grid and constexprs: K tiles of the program's split, M rows for the GEMV,
+path, times its trip count from the grid and constexprs: K tiles of the program's split (the GEMV's K range too),
 both K loops of the quantizers, the prologue and main loop of the fused quantizer; the persistent TMA kernel's
 one flattened loop as K steps on its shortest path, the last of each tile on its longest, the epilogue's):
 
@@ -39,9 +39,10 @@ as above). `torch._int_mm` needs M > 16: no prediction below.
 
 Lower bounds: full issue rate (integer ALU at half rate, dependent latency with 1-4 warps a scheduler: not
 modelled), the tensor-core peak, unique bytes (L2 reuse perfect: the tiled kernels' re-reads of weight and
-activation tiles, fp32 atomics' read-modify-writes in L2), full HBM bandwidth even when fewer programs than SMs
-stream it (the TMA and tiled grids at small M), no host work (the TMA descriptors' encoding per launch). The launch
-gap is assumed (1 us, CUDA-graph replay, as docs/kernels.md estimates), not measured here. JSON with --out.
+activation tiles, fp32 atomics' read-modify-writes in L2: the GEMV makes programs x BLOCK_N x M of them a call),
+full HBM bandwidth even when fewer programs than SMs stream it (the TMA and tiled grids at small M), no host work
+(the TMA descriptors' encoding per launch). The launch gap is assumed (1 us, CUDA-graph replay, as docs/kernels.md
+estimates), not measured here. JSON with --out.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ RUN = BENCH_DIR / "results" / "h200-2026-11-30-run2.json"  # bf16 torch.matmul a
 # op -> (kind, bits or fp8); the variants in the order the table shows them
 OPS = {"w4a16_g128": ("wq", 4), "w8a16_pc": ("wq", 8), "w8a8_int8": ("mm", False), "fp8": ("mm", True)}
 WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
+GEMV_MAX_PREDICTED_M = 16  # the smallest-M variant: beyond this its launch per 4 rows only floods the report
 MM_VARIANTS = ("fusedq", "triton", "tma", "torch")
 
 
@@ -103,7 +105,7 @@ def _cdiv(a: int, b: int) -> int:
 def loop_trips(kernel: str, cx: dict, grid: list[int], m: int, k: int, n_loops: int) -> list[int]:
     """Trips of each outermost SASS loop (address order) of one program, the busiest (longest K range)."""
     if kernel == "_wq_gemv_kernel":
-        want = [m]  # the rows; the weight tile is unpacked once, outside the loop
+        want = [_cdiv(_cdiv(k, cx["BLOCK_K"]), grid[1])]  # the program's K tiles (rows: M_PAD inside each)
     elif kernel == "_wq_kernel":
         tiles = _cdiv(k, cx["BLOCK_K"])
         want = [_cdiv(tiles, grid[1]) if cx["SPLITK"] else tiles]
@@ -117,8 +119,6 @@ def loop_trips(kernel: str, cx: dict, grid: list[int], m: int, k: int, n_loops: 
         want = [_cdiv(k, cx["BLOCK_K"]), _cdiv(_cdiv(k, cx["BLOCK_K"]), grid[1])]  # absmax over all K, then dots
     else:
         raise ValueError(f"no loop model for {kernel}")
-    if kernel == "_wq_gemv_kernel" and n_loops == 0:
-        return []  # M = 1 specialised: the row loop folded away
     if n_loops != len(want):
         raise ValueError(f"{kernel}: {n_loops} outermost SASS loops, the model expects {len(want)}")
     return want
@@ -266,10 +266,12 @@ def _cannot(op: str, variant: str, m: int, n: int, k: int) -> str:
     """Why a variant cannot take the call on the H200 ('' when it can): torch's rules, checked as on a GPU."""
     import torch
 
-    from codesign.kernels.gemm import torch_mm
+    from codesign.kernels.gemm import torch_mm, triton_gemv
 
     if variant == "torch" and op == "w8a8_int8":  # (the e4m3 rules need a CUDA device to ask; all met here)
         return torch_mm.why_not(m, n, k, False, torch.bfloat16, torch.device("cuda"))
+    if variant == "gemv" and m > GEMV_MAX_PREDICTED_M:
+        return f"not predicted past M = {GEMV_MAX_PREDICTED_M}: the GEMV takes {triton_gemv.M_ROWS} rows of x a launch"
     return ""
 
 

@@ -33,6 +33,12 @@ _BRA = re.compile(r"\bBRA(?:\.\w+)* (\w+);")
 
 
 # ----------------------------------------------------------------------------- SASS
+
+def is_matrix(op: str) -> bool:
+    """A tensor-core instruction (HMMA, IMMA, HGMMA, IGMMA, QGMMA), not ptxas's HFMA2.MMA (a move of a constant
+    issued on the FMA pipe)."""
+    return "MMA" in op and not op.startswith("HFMA2")
+
 def parse_sass(sass: str) -> tuple[list[str], dict[str, int]]:
     """(instructions without control codes, label -> index of the instruction it precedes)."""
     ins: list[str] = []
@@ -117,8 +123,8 @@ def census(ins: list[str]) -> dict[str, Any]:
 
     return {
         "instructions": len(ins),
-        "hmma": n(lambda o: "MMA" in o),  # any matrix instruction: HMMA / IMMA (mma.sync), HGMMA / IGMMA / QGMMA
-        "mma": {o: c for o, c in sorted(ops.items()) if "MMA" in o},
+        "hmma": n(is_matrix),  # any matrix instruction: HMMA / IMMA (mma.sync), HGMMA / IGMMA / QGMMA
+        "mma": {o: c for o, c in sorted(ops.items()) if is_matrix(o)},
         "ldg": {o: c for o, c in sorted(ops.items()) if o.startswith("LDG.") or o == "LDG"},
         "ldgsts": {o: c for o, c in sorted(ops.items()) if o.startswith("LDGSTS")},
         "lds": n(lambda o: o.startswith(("LDS", "LDSM"))),
@@ -174,7 +180,7 @@ def loop_report(sass: str, inner_trips: int | list[int] = 1, which: int = -1) ->
     outer = [
         lp for lp in all_loops if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in all_loops)
     ]
-    tiles = [(a, b) for a, b in outer if any("MMA" in opcode(t) for t in ins[a:b])]  # not _find_seq's search
+    tiles = [(a, b) for a, b in outer if any(is_matrix(opcode(t)) for t in ins[a:b])]  # not _find_seq's search
     if not tiles:
         raise ValueError("no loop with a matrix instruction in the SASS")
     a, b = max(tiles, key=lambda lp: lp[1] - lp[0]) if which < 0 else tiles[which]

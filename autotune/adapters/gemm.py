@@ -225,28 +225,29 @@ _PINS = ("SPLITK", "DEQUANT", "GEMV")  # shape dims that pin a weight-only varia
 
 
 def _gemv_space(on_gpu: bool, group: int, k: int) -> ConfigSpace:
-    """The GEMV's slices: registers hold the BLOCK_K x BLOCK_N tile of fp32 weights for all M rows (so the
-    register estimate prunes). BLOCK_K beyond the group (or K) would only repeat a smaller config."""
+    """The GEMV's column tiles and K steps: at least one column a thread, at most 512 weights a thread a K step
+    (1024 spilled on sm_90 in two of four sampled tiles), BLOCK_K within the group (or K). The K split follows
+    from the grid (`triton_gemv.gemv_splits`)."""
     params = (
-        {"BLOCK_K": [32, 64, 128, 256], "BLOCK_N": [32, 64, 128, 256], "num_warps": [1, 2, 4, 8]}
+        {"BLOCK_K": [16, 32, 64, 128], "BLOCK_N": [128, 256, 512, 1024, 2048], "num_warps": [1, 2, 4, 8]}
         if on_gpu
-        else {"BLOCK_K": [64, 128], "BLOCK_N": [64, 128], "num_warps": [4]}
+        else {"BLOCK_K": [64, 128], "BLOCK_N": [128, 256], "num_warps": [2]}
     )
     return ConfigSpace(
         params=params,
         valid=lambda c: (
             c["BLOCK_K"] <= max(group, min(params["BLOCK_K"])) and c["BLOCK_K"] <= max(pow2_cap(k), 32)
+            and c["BLOCK_N"] >= 32 * c["num_warps"] and c["BLOCK_N"] * c["BLOCK_K"] <= 512 * 32 * c["num_warps"]
         ),
         resources=_gemv_resources,
     )
 
 
 def _gemv_resources(c: dict[str, int]) -> Resources:
-    """The GEMV's cross-warp sums and layout changes in shared memory, and its fp32 tile in registers: bounds
-    over what ptxas reported for sm_90 on 8 sampled tiles (16 B a column, up to half a byte per tile element;
-    registers 40 + 1.25 a tile element per thread)."""
-    bk, bn, w = c["BLOCK_K"], c["BLOCK_N"], c["num_warps"]
-    return Resources(max(16 * bn, bk * bn // 2), 40 + 5 * bk * bn // (4 * 32 * w))
+    """The GEMV's shared memory (its atomics' staging: ptxas reported 1 KiB a warp on sm_90) and registers: ptxas
+    allots 48-255 to one tile depending on how far it hoists the unrolled K step's loads, so the estimate is the
+    floor (it never prunes a config that fits)."""
+    return Resources(1024 * c["num_warps"], 48)
 
 
 def _dequant_space(on_gpu: bool) -> ConfigSpace:

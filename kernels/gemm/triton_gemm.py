@@ -52,10 +52,10 @@ SMALL_M_MAX = 16
 # weight is small (an 8192 x 8192 layer: ~45 us of dequantization beside >= 0.19 ms of matmul on an H200,
 # where our tiled W4A16 measured 0.33x bf16 at M = 4096 and W8A8 0.2-0.27x). A variant table overrides it.
 TORCH_PATH_MIN_M = 1024
-# At or below this M the weight-only GEMMs default to the CUDA-core GEMV (`triton_gemv`). It repeats its row loop
-# (~121 SASS) per row of x in every program while split-K's 16-row tile costs the same at M = 1-16: predicted on an
-# H200 (bench/gemm_predict.py, sm_90 SASS, untimed), N = K = 8192: M = 1 GEMV 23.7 / split-K 22.5 us (int4), 22.1 /
-# 27.0 (int8); M = 4 GEMV 47.9 / split-K 22.6 (int4), 47.1 / 26.6 (int8). A tuned variant table overrides it.
+# At or below this M the weight-only GEMMs default to the CUDA-core GEMV (`triton_gemv`). Each row of x adds an FFMA
+# per weight while split-K's 16-row tile costs the same at M = 1-16: predicted on an H200 (bench/gemm_predict.py,
+# sm_90 SASS, untimed), N = K = 8192: M = 1 GEMV 12.5 / split-K 22.5 us (int4), 18.1 / 27.0 (int8); M = 4 GEMV 24.1 /
+# split-K 22.6 (int4), 23.6 / 26.6 (int8). A tuned variant table overrides it.
 GEMV_MAX_M = 1
 WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
 # At or below this M the W8A8 / FP8 GEMMs default to the fused-quantizer kernel (`triton_fusedq`): one launch
@@ -93,9 +93,9 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     },
     "act": {"BLOCK_K": 1024, "num_warps": 4},
     "dequant": {"BLOCK_K": 32, "BLOCK_N": 128, "num_warps": 4},
-    # The GEMV keeps its tile as fp32 weights in registers: 64 x 64 over 4 warps is 32 a thread (128 x 128
-    # took 255 registers and spilled on sm_90).
-    "gemv": {"BLOCK_K": 64, "BLOCK_N": 64, "num_warps": 4},
+    # The GEMV: 512 columns on 2 warps (8 a thread, two 16-byte loads a word row), 64 K a step: 512 weights a thread
+    # a step (sm_90: 96-168 registers, no spills; 1024 spilled), 12.5 us predicted at N = K = 8192, M = 1 (int4).
+    "gemv": {"BLOCK_K": 64, "BLOCK_N": 512, "num_warps": 2},
     # The fused quantizer's dot takes 16 rows (the tl.dot minimum; a decode batch's rows, copied up); BLOCK_N 64
     # gives N / 64 programs (128 at N = 8192, about one per SM of an H100 / H200) to stream the weight. 8 warps:
     # the same SASS per weight byte as 4 (sm_90, int8: 207 a K step at M <= 2 against 414), two warps a scheduler.

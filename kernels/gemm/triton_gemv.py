@@ -1,11 +1,14 @@
 """The weight-only GEMMs' smallest-M variant: a GEMV on the CUDA cores, no tensor cores.
 
 At M of 1-4 a decode step reads the whole weight for a handful of rows, so the kernel is a stream over the
-weight: thousands of small programs (one BLOCK_K slice of K by BLOCK_N columns each), the weight tile loaded
-once per program with evict-first (it is never reused) and kept in registers for all M rows, the group's
-scale and zero loaded once per program, partial sums meeting by fp32 atomics in a zeroed output. Codes become
-fp32 by bit patterns (0x4B000000 | c is 2^23 + c), so the inner loop is integer ops, one subtraction and one
-FMA per weight, with no conversion instruction (those run at a quarter of the FMA rate on sm_80 / sm_90).
+weight. A program owns BLOCK_N columns and a range of K (the K split, `gemv_splits`, gives each SM a few
+programs) and walks it BLOCK_K at a time, one word row per step: each thread loads its columns' words (16-byte
+loads, evict-first: never reused) and keeps every sum of its columns in its own registers, so no step needs a
+shuffle, a barrier or shared memory; partial sums meet once per program by fp32 atomics in a zeroed output.
+Codes stay where the word holds them: the low 16 bits of a word (or of the word shifted by 16) OR'd into the
+mantissa of 2^23 are the float 2^23 + c 2^(BITS j), one LOP3 a code, and subtracting 2^23 + z 2^(BITS j) leaves
+(c - z) 2^(BITS j) exactly, whose power of two goes into x; so a weight costs a LOP3, a FADD and an FFMA, with
+no conversion instruction (those run at a quarter of the FMA rate on sm_80 / sm_90) and no shift per code.
 """
 
 from __future__ import annotations
@@ -14,63 +17,108 @@ import torch
 import triton
 import triton.language as tl
 
-from codesign.kernels.triton_codes import unpack_words
+from codesign.backend import device_view
 
 F32_MAGIC = tl.constexpr(0x4B000000)  # fp32 bit pattern of 2^23: OR a code below 2^23 into its mantissa
 F32_MAGIC_VALUE = tl.constexpr(8388608.0)
+# Rows of x per launch: each row adds a product and an accumulator per weight a thread holds.
+M_ROWS = 4
+# Programs per SM the K split aims at (the grid's second axis), so every SM streams from several at once.
+PROGRAMS_PER_SM = 4
 
 
 @triton.jit
 def _wq_gemv_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, G,
+    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, G, K_PER_PROG,
     BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ATOMIC: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M_PAD: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
-    """out[m, n] (+)= sum over this program's K slice of x[m, k] * (code(k, n) - zero) * scale, for every m."""
+    """out[m, n] (+)= sum over this program's K range of x[m, k] * (code(k, n) - zero) * scale, for the M <= M_PAD
+    rows: BLOCK_K at a time (inside one group), one word row (P = 32 / BITS values of k) per step, so every sum
+    stays inside a thread (its P codes are one word's) and no step needs a shuffle or shared memory."""
     P: tl.constexpr = 32 // BITS
     pid_n = tl.program_id(0)
-    k0 = tl.program_id(1) * BLOCK_K
+    k_lo = tl.program_id(1) * K_PER_PROG
+    k_hi = tl.minimum(k_lo + K_PER_PROG, K)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_w = k0 // P + tl.arange(0, BLOCK_K // P)  # word rows of this slice
     mask_n = offs_n < N
-    words = tl.load(qw_ptr + offs_w[:, None] * N + offs_n[None, :], mask=(offs_w[:, None] < K // P) & mask_n[None, :],
-                    other=0, eviction_policy="evict_first")  # fmt: skip
-    codes = unpack_words(words, BITS)  # [BLOCK_K / P, BLOCK_N, P]: element (i, n, j) is k = k0 + i P + j
-    grp = k0 // G  # BLOCK_K divides the group: one scale row per program
-    scale = tl.load(s_ptr + grp * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    if HAS_ZEROS:
-        zero = tl.load(z_ptr + grp * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    else:
-        zero = tl.full((BLOCK_N,), 1 << (BITS - 1), tl.float32)
-    # (2^23 + c) - (2^23 + z) = c - z exactly: the magic offset folds into the zero, loaded once.
-    w = (codes | F32_MAGIC).to(tl.float32, bitcast=True) - (zero + F32_MAGIC_VALUE)[None, :, None]
-    offs_k = k0 + tl.arange(0, BLOCK_K // P)[:, None, None] * P + tl.arange(0, P)[None, None, :]
-    bias = tl.zeros((BLOCK_N,), tl.float32)
+    offs_m = tl.arange(0, M_PAD)
+    mask_m = offs_m < M
+    acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
+    HALF: tl.constexpr = P // 2  # codes a 16-bit half of a word holds
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        grp = k0 // G  # BLOCK_K divides the group: one scale row per tile
+        scale = tl.load(s_ptr + grp * N + offs_n[None, :], mask=mask_n[None, :], other=0.0).to(tl.float32)
+        if HAS_ZEROS:
+            zero = tl.load(z_ptr + grp * N + offs_n[None, :], mask=mask_n[None, :], other=0.0).to(tl.float32)
+        else:
+            zero = tl.full((1, BLOCK_N), 1 << (BITS - 1), tl.float32)
+        part = tl.zeros((M_PAD, BLOCK_N), tl.float32)
+        for i in tl.static_range(BLOCK_K // P):
+            row = k0 // P + i
+            # [1, BLOCK_N]: the words' layout is the accumulator's, so no code changes layout before its FMA.
+            wmask = mask_n[None, :]
+            if not EVEN_K:  # the last tile's rows past K (a tensor compare: the interpreter takes no scalar mask)
+                wmask = wmask & (offs_n[None, :] * 0 + row < K // P)
+            words = tl.load(qw_ptr + row * N + offs_n[None, :], mask=wmask, other=0,
+                            eviction_policy="evict_first").to(tl.uint32, bitcast=True)  # fmt: skip
+            for h in tl.static_range(2):
+                half = words >> (16 * h)
+                for j in tl.static_range(HALF):
+                    # Code j of the half stays in place, in the mantissa of 2^23 (bits below 16): the float is
+                    # 2^23 + c 2^(BITS j), one LOP3 a code; minus 2^23 + z 2^(BITS j) it is (c - z) 2^(BITS j)
+                    # exactly, and x takes the 2^-(BITS j) (a power of two: exact).
+                    m = (half & ((2**BITS - 1) << (BITS * j))) | F32_MAGIC
+                    w = m.to(tl.float32, bitcast=True) - (zero * (2.0 ** (BITS * j)) + F32_MAGIC_VALUE)
+                    k = row * P + h * HALF + j
+                    if EVEN_K:
+                        x = tl.load(x_ptr + offs_m[:, None] * K + k, mask=mask_m[:, None], other=0.0)
+                    else:
+                        kmask = offs_m[:, None] * 0 + k < K
+                        x = tl.load(x_ptr + offs_m[:, None] * K + k, mask=mask_m[:, None] & kmask, other=0.0)
+                    part += (x.to(tl.float32) * (2.0 ** -(BITS * j))) * w
+        acc += part * scale
     if HAS_BIAS:
         if tl.program_id(1) == 0:
-            bias = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    for m in range(0, M):
-        x = tl.load(x_ptr + m * K + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)  # [BLOCK_K / P, 1, P]
-        y = tl.sum(tl.sum(w * x, axis=2), axis=0) * scale + bias
-        if USE_ATOMIC:
-            tl.atomic_add(out_ptr + m * N + offs_n, y, mask=mask_n)
-        else:
-            tl.store(out_ptr + m * N + offs_n, y.to(out_ptr.dtype.element_ty), mask=mask_n)
+            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    dst = out_ptr + offs_m[:, None] * N + offs_n[None, :]
+    if USE_ATOMIC:
+        tl.atomic_add(dst, acc, mask=mask_m[:, None] & mask_n[None, :])
+    else:
+        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def gemv_splits(n: int, k: int, block_n: int, block_k: int, sms: int | None) -> int:
+    """K slices per column tile: at most PROGRAMS_PER_SM programs an SM (a partial extra round would cost a whole
+    program's time), at least one, whole tiles each; 2 off a GPU (the atomic path)."""
+    tiles = triton.cdiv(k, block_k)
+    if sms is None:
+        return min(2, tiles)
+    want = max(1, min(PROGRAMS_PER_SM * sms // triton.cdiv(n, block_n), tiles))
+    return triton.cdiv(tiles, triton.cdiv(tiles, want))
 
 
 def wq_gemv(x, qweight, scales, zeros, bias, bits: int, group: int, out: torch.Tensor, cfg: dict) -> None:
-    """out [M, N] = x @ W^T (+ bias) for small M: K slices of min(BLOCK_K, group) meet by fp32 atomics."""
+    """out [M, N] = x @ W^T (+ bias) for small M: K slices of whole BLOCK_K tiles (BLOCK_K at most the group) meet
+    by fp32 atomics; up to M_ROWS rows a launch, BLOCK_K / rows at a time (ptxas loads a tile's x values up front:
+    BLOCK_K x rows registers)."""
     m, k = x.shape
     n = out.shape[1]
-    block_k = cfg["BLOCK_K"] if group == k else min(cfg["BLOCK_K"], group)  # per-channel: one scale row
-    grid = (triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(k, block_k))
+    m_pad = triton.next_power_of_2(min(m, M_ROWS))
+    block_k = max(cfg["BLOCK_K"] // m_pad, 32 // bits)
+    block_k = block_k if group == k else min(block_k, group)  # per-channel: one scale row
+    block_n = cfg["BLOCK_N"]
+    splits = cfg.get("SPLIT_K") or gemv_splits(n, k, block_n, block_k, device_view(x.device).sms)
+    k_per_prog = triton.cdiv(triton.cdiv(k, block_k), splits) * block_k
+    grid = (triton.cdiv(n, block_n), triton.cdiv(k, k_per_prog))
     atomic = grid[1] > 1
     dst = torch.zeros((m, n), dtype=torch.float32, device=x.device) if atomic else out
-    _wq_gemv_kernel[grid](
-        x, qweight, scales, scales if zeros is None else zeros, scales if bias is None else bias, dst,
-        m, n, k, group,
-        BITS=bits, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, USE_ATOMIC=atomic,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, num_warps=cfg["num_warps"],
-    )  # fmt: skip
+    for r0 in range(0, m, M_ROWS):
+        _wq_gemv_kernel[grid](
+            x[r0:], qweight, scales, scales if zeros is None else zeros, scales if bias is None else bias, dst[r0:],
+            min(M_ROWS, m - r0), n, k, group, k_per_prog,
+            BITS=bits, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, USE_ATOMIC=atomic,
+            BLOCK_N=block_n, BLOCK_K=block_k, M_PAD=m_pad, EVEN_K=k % block_k == 0, num_warps=cfg["num_warps"],
+        )  # fmt: skip
     if atomic:
         out.copy_(dst)

@@ -239,7 +239,8 @@ rows += fused
 rows += check_estimates("w4a16_gemm", {"M": 3, "N": 256, "K": 512, "G": 128, "SPLITK": 1}, n=2, arch=90)
 rows += check_estimates("w4a16_gemm", {"M": 3, "N": 256, "K": 512, "G": 128, "GEMV": 1}, n=3, arch=90)
 for r in rows:
-    assert r.error is None and r.real_smem > 0 and r.real_regs > 0, r
+    # (the GEMV may use no shared memory at all: its sums stay in registers)
+    assert r.error is None and (r.real_smem > 0 or r.shape.get("GEMV")) and r.real_regs > 0, r
     assert r.est_smem >= r.real_smem, f"estimate {r.est_smem} B < compiler {r.real_smem} B for {r.config}"
 print("ok")
 """

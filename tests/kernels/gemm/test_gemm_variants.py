@@ -185,10 +185,15 @@ with compile_only(90) as s:
             quant_matmul(torch.randn(3, 1024, dtype=torch.bfloat16), qw)
 kinds = sorted({l.kernel for l in s.launches})
 assert kinds == ["_dequant_kernel", "_wq_gemv_kernel"], kinds
+from codesign.kernels.gemm.triton_gemv import PROGRAMS_PER_SM
 for l in s.launches:
-    assert l.error is None and l.spill_stores == 0 and 0 < l.registers <= 128, l
+    assert l.error is None and l.spill_stores == 0 and 0 < l.registers <= 255, l
     if l.kernel == "_wq_gemv_kernel":
         assert l.ptx_ops["cvt_i2f"] == 0 and l.constexprs["USE_ATOMIC"], l
+        # The K split aims at PROGRAMS_PER_SM programs an SM: their registers must fit one SM's 64 Ki.
+        assert l.registers * 32 * l.num_warps * PROGRAMS_PER_SM <= 65536, l
+    else:
+        assert l.registers <= 128, l
 print("ok")
 """
     assert_runs_without_interpreter(code)
