@@ -54,9 +54,9 @@ SMALL_M_MAX = 16
 TORCH_PATH_MIN_M = 1024
 # At or below this M the weight-only GEMMs default to the CUDA-core GEMV (`triton_gemv`). Each row of x adds an FFMA
 # per weight while split-K's 16-row tile costs the same at M = 1-16: predicted on an H200 (bench/gemm_predict.py,
-# sm_90 SASS, untimed), N = K = 8192: M = 1 GEMV 12.5 / split-K 22.5 us (int4), 18.1 / 27.0 (int8); M = 4 GEMV 24.1 /
-# split-K 22.6 (int4), 23.6 / 26.6 (int8). A tuned variant table overrides it.
-GEMV_MAX_M = 1
+# sm_90 SASS, untimed), N = K = 8192: GEMV / split-K 12.5 / 22.5 us at M = 1, 16.5 / 22.6 at M = 2, 24.1 / 22.6 at
+# M = 4 (int4); 18.1 / 27.0, 18.1 / 26.5, 23.6 / 26.6 (int8). A tuned variant table overrides it.
+GEMV_MAX_M = 2
 WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
 # At or below this M the W8A8 / FP8 GEMMs default to the fused-quantizer kernel (`triton_fusedq`): one launch
 # instead of two and no M x K codes written and read back, against every N-tile program re-quantizing its rows
