@@ -11,6 +11,9 @@ KV attention and the weight-only GEMM kernels.
   programming guide, arithmetic instruction throughput).
 * `words_f16`: 8- and 4-bit words -> fp16 pairs by one mask-and-OR per two codes (the fp16x2 magic number), in
   a column order of its own (`pair_order`) that a kernel folds into its other operands' indexing.
+* `opaque_f16`: an fp16 tile unchanged, through a register move Triton cannot see through, so a `tl.join` tree
+  before it does not halve the dot operand's width in Triton's choice of layout (sm_90: kWidth 4, Q reloaded by
+  64-bit shared-memory loads and register moves every tile, instead of 2 and ldmatrix).
 * `pow2_scale`: exact power-of-two factors that bring a row (or tile) into fp16's range, so bf16 operands
   can meet the fp16 codes without overflow or underflow.
 """
@@ -62,6 +65,20 @@ def codes_f16(code):
 
 
 @triton.jit
+def opaque_f16(x, INTERPRETED: tl.constexpr):
+    """fp16 x unchanged. Compiled, through one `mov.b32` per fp16 pair in inline assembly with side effects: Triton's
+    operand-width heuristic for tl.dot (AccelerateMatmul's computeOrigBitWidth) walks back through pure elementwise
+    ops and views and halves the width once it meets a tl.join, so codes unpacked by a join tree reach the dot as
+    8-bit (kWidth 4: the fp16 A operand then loads by LDS.64 and register moves, not ldmatrix); the move stops
+    that walk, and ptxas removes it. Pairs must be adjacent in each thread's registers (true of `words_f16` and
+    `codes_f16` of `unpack_words`), else the packing costs byte permutes. The interpreter has no inline assembly."""
+    if INTERPRETED:
+        return x
+    else:
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float16, is_pure=False, pack=2)
+
+
+@triton.jit
 def pow2_scale(amax, EXP: tl.constexpr):
     """(f, 1 / f), both exact powers of two, with amax * f in [2^EXP, 2^(EXP + 1)) (fp32 [..], amax >= 0;
     f clamped to [2^-126, 2^126] so both stay normal: a zero amax gets 2^126)."""
@@ -76,18 +93,19 @@ def words_f16(words, BITS: tl.constexpr):
     per 32-bit op: a mask of elements i and i + 16 / BITS at once, OR'd with 0x6400 in both halves (fp16 1024 + c,
     `codes_f16`), is already an fp16 pair that stays in one register, finished by one packed subtract (HADD2).
     At 4 bits the odd elements are masked in place (fp16 1024 + 16 c) and finished by one packed FMA (x / 16 - 64,
-    exact), so a word takes one shift, not three (Marlin's dequant). sm_90, INT4 decode at 64 x 128 on 4 warps:
-    992 SASS a tile with three shifts, 981 with one; the element-order unpack took 1136 (byte permutes to pair
-    neighbouring codes)."""
+    exact), so a word takes one shift, not three (Marlin's dequant); the fp16 pairs are joined last, so each
+    thread's registers hold the columns in order and `opaque_f16` packs them as they are. sm_90, INT4 decode at
+    64 x 128 on 4 warps: 707 SASS a tile with one shift, 727 with three; the element-order unpack took 1136 (byte
+    permutes to pair neighbouring codes)."""
     if BITS == 8:
         x = tl.join(words & 0x00FF00FF, (words >> 8) & 0x00FF00FF) | 0x64006400  # [.., i]: elements i, i + 2
         out = _halves(x)
         return tl.reshape(out, (words.shape[0], words.shape[1], 4)) - 1024.0
     else:
         a = tl.join(words, words >> 8)  # [.., j]: elements 2j, 2j + 1, 2j + 4, 2j + 5 at bits 0, 4, 16, 20
-        lo = _halves((a & 0x000F000F) | 0x64006400) - 1024.0  # elements 2j, 2j + 4
-        hi = _halves((a & 0x00F000F0) | 0x64006400) * 0.0625 - 64.0  # 1024 + 16 c: elements 2j + 1, 2j + 5
-        out = tl.permute(tl.join(lo, hi), (0, 1, 2, 4, 3))  # [.., j, odd, half]
+        x = tl.join((a & 0x000F000F) | 0x64006400, (a & 0x00F000F0) | 0x64006400)  # [.., j, odd]
+        odd = tl.arange(0, 2)[None, None, None, :, None].to(tl.float16)
+        out = _halves(x) * (1.0 - 0.9375 * odd) + (960.0 * odd - 1024.0)  # odd: 1024 + 16 c, so x / 16 - 64
         return tl.reshape(out, (words.shape[0], words.shape[1], 8))
 
 

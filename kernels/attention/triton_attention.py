@@ -65,7 +65,14 @@ from codesign.kernels.kvcache.formats import (
     table_suffix,
 )
 from codesign.kernels.kvcache.oaken import index_width, outlier_index
-from codesign.kernels.triton_codes import codes_f16, pair_order, pow2_scale, unpack_words, words_f16
+from codesign.kernels.triton_codes import (
+    codes_f16,
+    opaque_f16,
+    pair_order,
+    pow2_scale,
+    unpack_words,
+    words_f16,
+)
 
 OP = "paged_attention"
 # Formats whose codes meet fp16 / bf16 queries in fp16 products (F16_MMA): codes become fp16 by bit patterns
@@ -157,6 +164,33 @@ def _fp8_e4m3_f16(byte):
 
 
 @triton.jit
+def _tile_rows(ptr, bt_row, start, s_hi, blk, off, kvh, stride_b, stride_s, stride_h, BLOCK_N: tl.constexpr,
+               BLOCK_SIZE: tl.constexpr):  # fmt: skip
+    """[BLOCK_N] pointers to the rows of tokens start .. start + BLOCK_N - 1 (kv head kvh) of a paged tensor
+    [blocks, BLOCK_SIZE, heads, ..]. Tiles start at multiples of BLOCK_N, so where one of BLOCK_N and BLOCK_SIZE
+    divides the other each block of the tile is a scalar load and one 64-bit base, and a row adds a 32-bit offset
+    (a select per block past the first), not a 64-bit multiply and sign extension per row; else per row from the
+    rows' block ids `blk` (int64) and offsets `off`. Rows past s_hi may point anywhere: every load masks them."""
+    r = tl.arange(0, BLOCK_N)
+    if BLOCK_SIZE % BLOCK_N == 0:  # one block
+        rows = ptr + tl.load(bt_row + start // BLOCK_SIZE).to(tl.int64) * stride_b + kvh * stride_h
+        rows = rows + (start % BLOCK_SIZE + r) * stride_s
+    elif BLOCK_N % BLOCK_SIZE == 0:  # BLOCK_N / BLOCK_SIZE whole blocks
+        # (block steps as multiplies, not selects: Triton's alignment analysis keeps a product's factor of 16, which
+        # the 16-byte copies of the codes need, and loses it through a select)
+        b0 = start // BLOCK_SIZE
+        prev = tl.load(bt_row + b0).to(tl.int64)
+        rows = ptr + prev * stride_b + kvh * stride_h + (r % BLOCK_SIZE) * stride_s
+        for t in tl.static_range(1, BLOCK_N // BLOCK_SIZE):
+            bt = tl.load(bt_row + b0 + t, mask=start + t * BLOCK_SIZE < s_hi, other=0).to(tl.int64)
+            rows += (r // BLOCK_SIZE >= t).to(tl.int64) * ((bt - prev) * stride_b)
+            prev = bt
+    else:
+        rows = ptr + blk * stride_b + off * stride_s + kvh * stride_h
+    return rows
+
+
+@triton.jit
 def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s, stride_h,
                   stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
                   KV_FORMAT: tl.constexpr, BITS: tl.constexpr,
@@ -164,7 +198,8 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
                   BLOCK_SIZE: tl.constexpr,
                   KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr, KIVI_R: tl.constexpr, bits_ptr,
                   HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
-                  BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, RING: tl.constexpr = True):  # fmt: skip
+                  BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, RING: tl.constexpr = True,
+                  INTERPRETED: tl.constexpr = False):  # fmt: skip
     """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8, KIVI and
     Oaken caches, one helper per format family (the per-token INT and mixed formats take the factored path,
     `_load_code_tile`). RING False: a KIVI tile of codes only (every token below n_q)."""
@@ -180,6 +215,8 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
         x = _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty, BITS,
                             j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY, blk0, j0, d_ok, BLOCK_SIZE,
                             KIVI_G, KIVI_GV, KIVI_R, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N, RING)  # fmt: skip
+    if WORDS and out_ty == tl.float16:  # codes unpacked by a join tree (`opaque_f16`)
+        x = opaque_f16(x.to(out_ty), INTERPRETED)
     return x.to(out_ty)
 
 
@@ -435,15 +472,15 @@ def _load_codes(base, d, row_ok, kv_m, BITS: tl.constexpr, WORDS: tl.constexpr, 
 
 
 @triton.jit
-def _load_code_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s, stride_h,
-                    stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
+def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
                     BITS: tl.constexpr, bits_ptr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, blk0):  # fmt: skip
+                    DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, blk0, INTERPRETED: tl.constexpr):  # fmt: skip
     """Per-token formats (INT, MIXED): the raw codes of one [BLOCK_N, DIM_PAD] tile as `out_ty` (fp16 through
     `codes_f16`, or fp32; exact either way) and the rows' fp32 (scale, zero), for the factored products
     q . k_j = sc_j (q . c_j) + zr_j sum(q) and sum_j p_j v_j = (p * sc) @ c + sum_j p_j zr_j. The scale and
-    zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element."""
-    base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
+    zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element. crow, mrow: the rows'
+    pointers into the codes and the (scale, zero) pairs (`_tile_rows`)."""
+    base = crow[:, None]
     PAIRS: tl.constexpr = KV_FORMAT == _INT and WORDS and BITS >= 4 and out_ty == tl.float16
     if PAIRS:  # `words_f16`: its columns in `pair_order` (the kernel permutes q and o alike)
         PERW: tl.constexpr = 32 // BITS
@@ -468,13 +505,12 @@ def _load_code_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride
         per = 8 // nbits
         byte = tl.load(base + d[None, :] // per, mask=kv_m, other=0).to(tl.int32)
         code = (byte >> ((d[None, :] % per) * nbits)) & ((1 << nbits) - 1)
-    mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
     sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
     zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
     if PAIRS:
-        x = code
+        x = opaque_f16(code, INTERPRETED)
     elif out_ty == tl.float16:
-        x = codes_f16(code)
+        x = opaque_f16(codes_f16(code), INTERPRETED)
     else:
         x = code.to(out_ty)
     return x, sc, zr
@@ -502,6 +538,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
     BITS: tl.constexpr = 16, KIVI_G: tl.constexpr = 1, KIVI_GV: tl.constexpr = 1, KIVI_R: tl.constexpr = 0,
     OAKEN_CAP: tl.constexpr = 0, WORDS: tl.constexpr = False, HW_FP8: tl.constexpr = False,
     OAKEN_NBT: tl.constexpr = 1, F16_MMA: tl.constexpr = False, OAKEN_GP: tl.constexpr = 1,
+    INTERPRETED: tl.constexpr = False,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -593,6 +630,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             p_at = ((rows // GROUP_PAD) * OAKEN_GP + hg)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
             if SPREAD:
                 acc_o = tl.zeros([CR, DIM_PAD], tl.float32)
+        bt_row = bt_ptr + b * stride_bt  # the sequence's block table
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
@@ -613,7 +651,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             for start in range(lo, hi, BLOCK_N):
                 j = start + tl.arange(0, BLOCK_N)
                 j_ok = j < s_hi
-                blk = tl.load(bt_ptr + b * stride_bt + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
+                blk = tl.load(bt_row + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
                 if KV_FORMAT == _KIVI or KV_FORMAT == _MIXED:  # the tile's first block: KIVI key meta, mixed widths
                     blk0 = tl.load(bt_ptr + b * stride_bt + start // BLOCK_SIZE).to(tl.int64)
                 else:
@@ -621,10 +659,13 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 off = j % BLOCK_SIZE
                 kv_m = j_ok[:, None] & d_ok[None, :]
                 if FACTORED:
-                    kc, ksc, kzr = _load_code_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb,
-                                                   stride_ks, stride_kh, stride_mb, stride_ms, stride_mh,
-                                                   q_mma.dtype, KV_FORMAT, BITS, bits_ptr, WORDS,
-                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0)  # fmt: skip
+                    crow = _tile_rows(k_ptr, bt_row, start, s_hi, blk, off, kvh, stride_kb, stride_ks, stride_kh,
+                                      BLOCK_N, BLOCK_SIZE)  # fmt: skip
+                    mrow = _tile_rows(k_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_mb, stride_ms,
+                                      stride_mh, BLOCK_N, BLOCK_SIZE)  # fmt: skip
+                    kc, ksc, kzr = _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
+                                                   bits_ptr, WORDS,
+                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED)  # fmt: skip
                     s = tl.dot(q_mma, tl.trans(kc), input_precision=DOT_PREC) * (q_unf[:, None] * ksc[None, :])
                     s += q_sum[:, None] * kzr[None, :]
                 else:
@@ -634,7 +675,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                       blk0, start, d_ok, BLOCK_SIZE,
                                       KIVI_G, KIVI_GV, KIVI_R, bits_ptr, HEAD_DIM, WORDS, DIM_PAD,
                                       BLOCK_N, HW_FP8,
-                                      not KIVI_SPLIT or phase == 1)  # fmt: skip
+                                      not KIVI_SPLIT or phase == 1, INTERPRETED)  # fmt: skip
                     s = tl.dot(q_mma, tl.trans(k), input_precision=DOT_PREC)
                     if F16_MMA:
                         s = s * q_unf[:, None]
@@ -682,10 +723,13 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 p = tl.exp2(s - m_safe[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
                 if FACTORED:
-                    vc, vsc, vzr = _load_code_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb,
-                                                   stride_vs, stride_vh, stride_vmb, stride_vms, stride_vmh,
-                                                   q_mma.dtype, KV_FORMAT, BITS, bits_ptr, WORDS,
-                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0)  # fmt: skip
+                    crow = _tile_rows(v_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vb, stride_vs, stride_vh,
+                                      BLOCK_N, BLOCK_SIZE)  # fmt: skip
+                    mrow = _tile_rows(v_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vmb, stride_vms,
+                                      stride_vmh, BLOCK_N, BLOCK_SIZE)  # fmt: skip
+                    vc, vsc, vzr = _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
+                                                   bits_ptr, WORDS,
+                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED)  # fmt: skip
                     if F16_MMA:
                         # p * sc in fp16 would lose small scales to underflow (V of magnitude 1e-5 gave 116 %
                         # error in fp16): the tile's scales are brought to [1, 2) by a power of two first.
@@ -701,7 +745,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                       blk0, start, d_ok, BLOCK_SIZE,
                                       KIVI_G, KIVI_GV, KIVI_R, bits_ptr, HEAD_DIM, WORDS, DIM_PAD,
                                       BLOCK_N, HW_FP8,
-                                      not KIVI_SPLIT or phase == 1)  # fmt: skip
+                                      not KIVI_SPLIT or phase == 1, INTERPRETED)  # fmt: skip
                     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
                     if OAKEN:
                         tl.debug_barrier()  # every thread is done with the previous tile's p
@@ -1104,7 +1148,7 @@ def paged_attention_triton(
         KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=cap, OAKEN_NBT=tile_blocks(cfg["BLOCK_N"], bs), WORDS=p.words,
         HW_FP8=p.hw_fp8, OAKEN_GP=triton.next_power_of_2(hq // hkv),
         F16_MMA=kv.kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", INTERPRETED=device_view(q.device).interpreted,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if s > 1:
