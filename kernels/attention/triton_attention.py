@@ -191,7 +191,7 @@ def _tile_rows(ptr, bt_row, start, s_hi, blk, off, kvh, stride_b, stride_s, stri
 
 
 @triton.jit
-def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s, stride_h,
+def _load_kv_tile(crow, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m,
                   stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
                   KV_FORMAT: tl.constexpr, BITS: tl.constexpr,
                   j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0, j0, d_ok,
@@ -202,18 +202,19 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
                   INTERPRETED: tl.constexpr = False):  # fmt: skip
     """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8, KIVI and
     Oaken caches, one helper per format family (the per-token INT and mixed formats take the factored path,
-    `_load_code_tile`). RING False: a KIVI tile of codes only (every token below n_q)."""
-    base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
+    `_load_code_tile`). RING False: a KIVI tile of codes only (every token below n_q). crow, mrow: the rows'
+    pointers into the codes and the per-token metadata (`_tile_rows`)."""
+    base = crow[:, None]
     if KV_FORMAT == _PLAIN:
         x = tl.load(base + d[None, :], mask=kv_m, other=0.0)
     elif KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE:
-        x = _load_oaken_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty,
+        x = _load_oaken_tile(base, s_ptr, mrow, kvh, d, j_ok, kv_m, out_ty,
                              KV_FORMAT, BITS, IS_KEY, bits_ptr, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N)  # fmt: skip
     elif KV_FORMAT == _FP8:
         x = _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty, HW_FP8)
     else:
-        x = _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty, BITS,
-                            j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY, blk0, j0, d_ok, BLOCK_SIZE,
+        x = _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty,
+                            BITS, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY, blk0, j0, d_ok, BLOCK_SIZE,
                             KIVI_G, KIVI_GV, KIVI_R, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N, RING)  # fmt: skip
     if WORDS and out_ty == tl.float16:  # codes unpacked by a join tree (`opaque_f16`)
         x = opaque_f16(x.to(out_ty), INTERPRETED)
@@ -221,7 +222,7 @@ def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s
 
 
 @triton.jit
-def _load_oaken_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
+def _load_oaken_tile(base, s_ptr, mrow, kvh, d, j_ok, kv_m, out_ty: tl.constexpr,
                      KV_FORMAT: tl.constexpr, BITS: tl.constexpr, IS_KEY: tl.constexpr, bits_ptr,
                      HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
                      BLOCK_N: tl.constexpr):  # fmt: skip
@@ -229,7 +230,6 @@ def _load_oaken_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, strid
     token's lower bound); the kernel adds each outlier's difference from it to the scores and the output
     (`_oaken_key_corr`, `_oaken_value_corr`) instead of writing it into the tile."""
     code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
-    mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
     if KV_FORMAT == _OAKEN:
         sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
         zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
@@ -360,7 +360,8 @@ def _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty: tl.constexpr, HW_FP8: tl.c
 
 
 @triton.jit
-def _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
+def _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh,
+                    out_ty: tl.constexpr,
                     BITS: tl.constexpr, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0,
                     j0, d_ok, BLOCK_SIZE: tl.constexpr, KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr,
                     KIVI_R: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
@@ -406,7 +407,7 @@ def _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride
         # Per token, one pair per KIVI_GV elements of head_dim: a [BLOCK_N, NGV] load, each pair repeated
         # over its group's columns (a broadcast and an order-keeping reshape: no select per element).
         gi = tl.arange(0, NGV)
-        mp = (s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + 2 * gi[None, :]
+        mp = mrow[:, None] + 2 * gi[None, :]
         rq = c_ok[:, None]
         sc = tl.reshape(tl.broadcast_to(tl.load(mp, mask=rq, other=0.0)[:, :, None], (BLOCK_N, NGV, KIVI_GV)),
                         (BLOCK_N, DIM_PAD))  # fmt: skip
@@ -414,7 +415,6 @@ def _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride
                         (BLOCK_N, DIM_PAD))  # fmt: skip
     elif NGV <= 8:
         # Per token, one pair per KIVI_GV elements of head_dim: NGV [BLOCK_N] loads, spread over columns.
-        mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
         rq = c_ok
         sc = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
         zr = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
@@ -474,7 +474,8 @@ def _load_codes(base, d, row_ok, kv_m, BITS: tl.constexpr, WORDS: tl.constexpr, 
 @triton.jit
 def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
                     BITS: tl.constexpr, bits_ptr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, blk0, INTERPRETED: tl.constexpr):  # fmt: skip
+                    DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, blk0, INTERPRETED: tl.constexpr,
+                    META32: tl.constexpr):  # fmt: skip
     """Per-token formats (INT, MIXED): the raw codes of one [BLOCK_N, DIM_PAD] tile as `out_ty` (fp16 through
     `codes_f16`, or fp32; exact either way) and the rows' fp32 (scale, zero), for the factored products
     q . k_j = sc_j (q . c_j) + zr_j sum(q) and sum_j p_j v_j = (p * sc) @ c + sum_j p_j zr_j. The scale and
@@ -505,8 +506,13 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
         per = 8 // nbits
         byte = tl.load(base + d[None, :] // per, mask=kv_m, other=0).to(tl.int32)
         code = (byte >> ((d[None, :] % per) * nbits)) & ((1 << nbits) - 1)
-    sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
-    zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
+    if META32:  # one int32 a token: the scale's bits low, the zero's high
+        pair = tl.load(mrow, mask=j_ok, other=0)
+        sc = pair.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        zr = (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    else:
+        sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
+        zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
     if PAIRS:
         x = opaque_f16(code, INTERPRETED)
     elif out_ty == tl.float16:
@@ -538,7 +544,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
     BITS: tl.constexpr = 16, KIVI_G: tl.constexpr = 1, KIVI_GV: tl.constexpr = 1, KIVI_R: tl.constexpr = 0,
     OAKEN_CAP: tl.constexpr = 0, WORDS: tl.constexpr = False, HW_FP8: tl.constexpr = False,
     OAKEN_NBT: tl.constexpr = 1, F16_MMA: tl.constexpr = False, OAKEN_GP: tl.constexpr = 1,
-    INTERPRETED: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False, META32: tl.constexpr = False,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -658,18 +664,18 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     blk0 = 0
                 off = j % BLOCK_SIZE
                 kv_m = j_ok[:, None] & d_ok[None, :]
+                krow = _tile_rows(k_ptr, bt_row, start, s_hi, blk, off, kvh, stride_kb, stride_ks, stride_kh, BLOCK_N,
+                                  BLOCK_SIZE)  # fmt: skip
+                kmrow = _tile_rows(k_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_mb, stride_ms, stride_mh,
+                                   BLOCK_N, BLOCK_SIZE)  # fmt: skip
                 if FACTORED:
-                    crow = _tile_rows(k_ptr, bt_row, start, s_hi, blk, off, kvh, stride_kb, stride_ks, stride_kh,
-                                      BLOCK_N, BLOCK_SIZE)  # fmt: skip
-                    mrow = _tile_rows(k_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_mb, stride_ms,
-                                      stride_mh, BLOCK_N, BLOCK_SIZE)  # fmt: skip
-                    kc, ksc, kzr = _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
+                    kc, ksc, kzr = _load_code_tile(krow, kmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
                                                    bits_ptr, WORDS,
-                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED)  # fmt: skip
+                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED, META32)  # fmt: skip
                     s = tl.dot(q_mma, tl.trans(kc), input_precision=DOT_PREC) * (q_unf[:, None] * ksc[None, :])
                     s += q_sum[:, None] * kzr[None, :]
                 else:
-                    k = _load_kv_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb, stride_ks, stride_kh,
+                    k = _load_kv_tile(krow, k_scale_ptr, kmrow, blk, off, kvh, d, j_ok, kv_m,
                                       stride_mb, stride_ms, stride_mh, q_mma.dtype, KV_FORMAT, BITS,
                                       j, b, nq, k_res_ptr, stride_rb, stride_rr, stride_rh, True,
                                       blk0, start, d_ok, BLOCK_SIZE,
@@ -722,14 +728,14 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 alpha = tl.exp2(m_i - m_safe)
                 p = tl.exp2(s - m_safe[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
+                vrow = _tile_rows(v_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vb, stride_vs, stride_vh, BLOCK_N,
+                                  BLOCK_SIZE)  # fmt: skip
+                vmrow = _tile_rows(v_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vmb, stride_vms,
+                                   stride_vmh, BLOCK_N, BLOCK_SIZE)  # fmt: skip
                 if FACTORED:
-                    crow = _tile_rows(v_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vb, stride_vs, stride_vh,
-                                      BLOCK_N, BLOCK_SIZE)  # fmt: skip
-                    mrow = _tile_rows(v_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vmb, stride_vms,
-                                      stride_vmh, BLOCK_N, BLOCK_SIZE)  # fmt: skip
-                    vc, vsc, vzr = _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
+                    vc, vsc, vzr = _load_code_tile(vrow, vmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
                                                    bits_ptr, WORDS,
-                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED)  # fmt: skip
+                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED, META32)  # fmt: skip
                     if F16_MMA:
                         # p * sc in fp16 would lose small scales to underflow (V of magnitude 1e-5 gave 116 %
                         # error in fp16): the tile's scales are brought to [1, 2) by a power of two first.
@@ -739,7 +745,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                         pv = tl.dot((p * vsc[None, :]).to(vc.dtype), vc, input_precision=DOT_PREC)
                     acc = acc * alpha[:, None] + pv + tl.sum(p * vzr[None, :], 1)[:, None]
                 else:
-                    v = _load_kv_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb, stride_vs, stride_vh,
+                    v = _load_kv_tile(vrow, v_scale_ptr, vmrow, blk, off, kvh, d, j_ok, kv_m,
                                       stride_vmb, stride_vms, stride_vmh, q_mma.dtype, KV_FORMAT, BITS,
                                       j, b, nq, v_res_ptr, stride_rb, stride_rr, stride_rh, False,
                                       blk0, start, d_ok, BLOCK_SIZE,
@@ -1066,11 +1072,25 @@ def plan_launch(
     return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws, tw, oak)
 
 
-def _side_args(kv: KernelKV, context_lens: torch.Tensor, oaken: tuple | None) -> tuple[tuple, tuple, int]:
-    """The kernel's metadata strides, side-tensor arguments (KIVI's rings, Oaken's slots; stand-ins otherwise)
-    and Oaken's slot capacity."""
+def _pair_words(meta: torch.Tensor) -> torch.Tensor | None:
+    """Per-token fp16 (scale, zero) pairs [.., 2] as int32 words [.., 1] (the kernel's META32: one 4-byte load a
+    token, not two 2-byte ones), or None where a pair is not one aligned word."""
+    even = meta.storage_offset() % 2 == 0 and all(st % 2 == 0 for st in meta.stride()[:-1])
+    if meta.dtype == torch.float16 and meta.shape[-1] == 2 and meta.stride(-1) == 1 and even:
+        return meta.view(torch.int32)
+    return None
+
+
+def _side_args(kv: KernelKV, context_lens: torch.Tensor, oaken: tuple | None) -> tuple[tuple, tuple, tuple, int, bool]:
+    """The kernel's metadata tensors and strides, side-tensor arguments (KIVI's rings, Oaken's slots; stand-ins
+    otherwise), Oaken's slot capacity and META32 (per-token INT / mixed pairs read as int32 words)."""
+    meta, meta32 = (kv.k_meta, kv.v_meta), False
+    if kv.kv_format in (KV_FORMAT_INT, KV_FORMAT_MIXED):
+        words = (_pair_words(kv.k_meta), _pair_words(kv.v_meta))
+        if words[0] is not None and words[1] is not None:
+            meta, meta32 = words, True
     if kv.kv_format not in (KV_FORMAT_PLAIN, KV_FORMAT_FP8):  # per-token / per-group metadata tensors
-        ks, vs = kv.k_meta, kv.v_meta
+        ks, vs = meta
         mstrides = (ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2))
     else:
         mstrides = (0, 0, 0) * 2
@@ -1083,7 +1103,7 @@ def _side_args(kv: KernelKV, context_lens: torch.Tensor, oaken: tuple | None) ->
     else:
         res = (context_lens, context_lens, 0, 0, 0)
     cap = kv.k_side.shape[2] if kv.kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) else 0
-    return mstrides, res, cap
+    return meta, mstrides, res, cap, meta32
 
 
 def paged_attention_triton(
@@ -1115,7 +1135,7 @@ def paged_attention_triton(
     if p.oaken is not None:  # built per launch: the slots may have changed since the plan
         outlier_index(kv.k_side, bs, dim, "token", p.oaken[0])
         outlier_index(kv.v_side, bs, dim, "channel", p.oaken[1])
-    mstrides, res, cap = _side_args(kv, batch.context_lens, p.oaken)
+    (k_meta, v_meta), mstrides, res, cap, meta32 = _side_args(kv, batch.context_lens, p.oaken)
     o_part, l_part = p.workspace if s > 1 else (out, out)  # unused with one split
     dummy = batch.context_lens
     lse_t = lse if lse is not None else out
@@ -1128,7 +1148,7 @@ def paged_attention_triton(
         p.tree_words if p.tree_words is not None else dummy,
         batch.mask_indptr if batch.mask_indptr is not None else dummy,
         opts.alibi_slopes if opts.alibi_slopes is not None else dummy,
-        kv.k_meta if kv.k_meta is not None else dummy, kv.v_meta if kv.v_meta is not None else dummy,
+        k_meta if k_meta is not None else dummy, v_meta if v_meta is not None else dummy,
         *mstrides, *res,
         kv.block_bits if kv.block_bits is not None else dummy,
         p.oaken[2] if p.oaken is not None else dummy,
@@ -1149,6 +1169,7 @@ def paged_attention_triton(
         HW_FP8=p.hw_fp8, OAKEN_GP=triton.next_power_of_2(hq // hkv),
         F16_MMA=kv.kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", INTERPRETED=device_view(q.device).interpreted,
+        META32=meta32,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if s > 1:
