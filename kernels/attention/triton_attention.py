@@ -164,6 +164,14 @@ def _fp8_e4m3_f16(byte):
 
 
 @triton.jit
+def _pairs(ptr, mask):
+    """fp16 (scale, zero) of the pairs at `ptr` (each pair an aligned int32 word: the launch's META32) by one 4-byte
+    load a pair, the scale's bits low; 0 where masked."""
+    w = tl.load(ptr.to(tl.pointer_type(tl.int32), bitcast=True), mask=mask, other=0)
+    return w.to(tl.int16).to(tl.float16, bitcast=True), (w >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
 def _tile_rows(ptr, bt_row, start, s_hi, blk, off, kvh, stride_b, stride_s, stride_h, BLOCK_N: tl.constexpr,
                BLOCK_SIZE: tl.constexpr):  # fmt: skip
     """[BLOCK_N] pointers to the rows of tokens start .. start + BLOCK_N - 1 (kv head kvh) of a paged tensor
@@ -199,7 +207,7 @@ def _load_kv_tile(crow, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m,
                   KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr, KIVI_R: tl.constexpr, bits_ptr,
                   HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
                   BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, RING: tl.constexpr = True,
-                  INTERPRETED: tl.constexpr = False):  # fmt: skip
+                  INTERPRETED: tl.constexpr = False, META32: tl.constexpr = False):  # fmt: skip
     """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8, KIVI and
     Oaken caches, one helper per format family (the per-token INT and mixed formats take the factored path,
     `_load_code_tile`). RING False: a KIVI tile of codes only (every token below n_q). crow, mrow: the rows'
@@ -215,7 +223,7 @@ def _load_kv_tile(crow, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m,
     else:
         x = _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty,
                             BITS, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY, blk0, j0, d_ok, BLOCK_SIZE,
-                            KIVI_G, KIVI_GV, KIVI_R, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N, RING)  # fmt: skip
+                            KIVI_G, KIVI_GV, KIVI_R, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N, RING, META32)  # fmt: skip
     if WORDS and out_ty == tl.float16:  # codes unpacked by a join tree (`opaque_f16`)
         x = opaque_f16(x.to(out_ty), INTERPRETED)
     return x.to(out_ty)
@@ -360,22 +368,11 @@ def _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty: tl.constexpr, HW_FP8: tl.c
 
 
 @triton.jit
-def _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh,
-                    out_ty: tl.constexpr,
-                    BITS: tl.constexpr, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0,
-                    j0, d_ok, BLOCK_SIZE: tl.constexpr, KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr,
-                    KIVI_R: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
-                    BLOCK_N: tl.constexpr, RING: tl.constexpr):  # fmt: skip
-    """KIVI: tokens below n_q from the codes (keys per channel over KIVI_G tokens, values per token over KIVI_GV
-    elements), the newer ones from the sequence's residual ring (RING False: the caller's tile is all codes)."""
-    if RING:
-        c_ok = j_ok & (j < nq)
-        quant = (j < nq)[:, None]
-        qm = kv_m & quant
-    else:  # no ring row in the tile: no compare or select against n_q
-        c_ok = j_ok
-        qm = kv_m
-    code = _load_codes(base, d, c_ok, qm, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
+def _kivi_meta(s_ptr, mrow, blk, off, kvh, d, d_ok, c_ok, qm, nq, stride_mb, stride_ms, stride_mh,
+               IS_KEY: tl.constexpr, blk0, j0, BLOCK_SIZE: tl.constexpr, KIVI_G: tl.constexpr,
+               KIVI_GV: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+               RING: tl.constexpr, META32: tl.constexpr):  # fmt: skip
+    """KIVI's fp16 (scale, zero) of one tile, each broadcastable to [BLOCK_N, DIM_PAD] (`_load_kivi_tile`)."""
     # Metadata (fp16, kept so) is loaded at its own size, not per element: a gather of [BLOCK_N, DIM_PAD]
     # scales issues one scalar load per element (KIVI ran at 0.047x the bf16 cache's speed on an H200).
     NGV: tl.constexpr = HEAD_DIM // KIVI_GV
@@ -385,8 +382,12 @@ def _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, 
         # all codes or all ring (n_q is a multiple of KIVI_G).
         row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G) * stride_ms + kvh * stride_mh
         m1 = d_ok & (d * 0 + nq > j0) if RING else d_ok  # (vector compare: the interpreter widens a scalar int1)
-        sc = tl.load(s_ptr + row0 + d * 2, mask=m1, other=0.0)[None, :]
-        zr = tl.load(s_ptr + row0 + d * 2 + 1, mask=m1, other=0.0)[None, :]
+        if META32:
+            sc, zr = _pairs(s_ptr + row0 + d * 2, m1)
+        else:
+            sc = tl.load(s_ptr + row0 + d * 2, mask=m1, other=0.0)
+            zr = tl.load(s_ptr + row0 + d * 2 + 1, mask=m1, other=0.0)
+        sc, zr = sc[None, :], zr[None, :]
     elif IS_KEY and BLOCK_N % KIVI_G == 0 and BLOCK_SIZE % BLOCK_N == 0 and BLOCK_N // KIVI_G <= 8:
         # The tile holds BLOCK_N / KIVI_G whole key groups of one block: one (scale, zero) row per group, each
         # repeated over its group's tokens (as the value scales below), not a gather per element.
@@ -408,11 +409,13 @@ def _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, 
         # over its group's columns (a broadcast and an order-keeping reshape: no select per element).
         gi = tl.arange(0, NGV)
         mp = mrow[:, None] + 2 * gi[None, :]
-        rq = c_ok[:, None]
-        sc = tl.reshape(tl.broadcast_to(tl.load(mp, mask=rq, other=0.0)[:, :, None], (BLOCK_N, NGV, KIVI_GV)),
-                        (BLOCK_N, DIM_PAD))  # fmt: skip
-        zr = tl.reshape(tl.broadcast_to(tl.load(mp + 1, mask=rq, other=0.0)[:, :, None], (BLOCK_N, NGV, KIVI_GV)),
-                        (BLOCK_N, DIM_PAD))  # fmt: skip
+        rq = c_ok[:, None] & (gi >= 0)[None, :]
+        if META32:
+            sg, zg = _pairs(mp, rq)
+        else:
+            sg, zg = tl.load(mp, mask=rq, other=0.0), tl.load(mp + 1, mask=rq, other=0.0)
+        sc = tl.reshape(tl.broadcast_to(sg[:, :, None], (BLOCK_N, NGV, KIVI_GV)), (BLOCK_N, DIM_PAD))
+        zr = tl.reshape(tl.broadcast_to(zg[:, :, None], (BLOCK_N, NGV, KIVI_GV)), (BLOCK_N, DIM_PAD))
     elif NGV <= 8:
         # Per token, one pair per KIVI_GV elements of head_dim: NGV [BLOCK_N] loads, spread over columns.
         rq = c_ok
@@ -426,6 +429,28 @@ def _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, 
         mp = s_ptr + (blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + ((d // KIVI_GV) * 2)[None, :]
         sc = tl.load(mp, mask=qm, other=0.0)
         zr = tl.load(mp + 1, mask=qm, other=0.0)
+    return sc, zr
+
+
+@triton.jit
+def _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh,
+                    out_ty: tl.constexpr,
+                    BITS: tl.constexpr, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0,
+                    j0, d_ok, BLOCK_SIZE: tl.constexpr, KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr,
+                    KIVI_R: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
+                    BLOCK_N: tl.constexpr, RING: tl.constexpr, META32: tl.constexpr):  # fmt: skip
+    """KIVI: tokens below n_q from the codes (keys per channel over KIVI_G tokens, values per token over KIVI_GV
+    elements), the newer ones from the sequence's residual ring (RING False: the caller's tile is all codes)."""
+    if RING:
+        c_ok = j_ok & (j < nq)
+        quant = (j < nq)[:, None]
+        qm = kv_m & quant
+    else:  # no ring row in the tile: no compare or select against n_q
+        c_ok = j_ok
+        qm = kv_m
+    code = _load_codes(base, d, c_ok, qm, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
+    sc, zr = _kivi_meta(s_ptr, mrow, blk, off, kvh, d, d_ok, c_ok, qm, nq, stride_mb, stride_ms, stride_mh, IS_KEY,
+                        blk0, j0, BLOCK_SIZE, KIVI_G, KIVI_GV, HEAD_DIM, DIM_PAD, BLOCK_N, RING, META32)  # fmt: skip
     if not RING:  # masked rows and columns load code, scale and zero 0: they dequantize to 0 with no select
         if out_ty == tl.float16:
             x = codes_f16(code) * sc + zr
@@ -506,10 +531,9 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
         per = 8 // nbits
         byte = tl.load(base + d[None, :] // per, mask=kv_m, other=0).to(tl.int32)
         code = (byte >> ((d[None, :] % per) * nbits)) & ((1 << nbits) - 1)
-    if META32:  # one int32 a token: the scale's bits low, the zero's high
-        pair = tl.load(mrow, mask=j_ok, other=0)
-        sc = pair.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        zr = (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    if META32:
+        sc, zr = _pairs(mrow, j_ok)
+        sc, zr = sc.to(tl.float32), zr.to(tl.float32)
     else:
         sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
         zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
@@ -681,7 +705,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                       blk0, start, d_ok, BLOCK_SIZE,
                                       KIVI_G, KIVI_GV, KIVI_R, bits_ptr, HEAD_DIM, WORDS, DIM_PAD,
                                       BLOCK_N, HW_FP8,
-                                      not KIVI_SPLIT or phase == 1, INTERPRETED)  # fmt: skip
+                                      not KIVI_SPLIT or phase == 1, INTERPRETED, META32)  # fmt: skip
                     s = tl.dot(q_mma, tl.trans(k), input_precision=DOT_PREC)
                     if F16_MMA:
                         s = s * q_unf[:, None]
@@ -751,7 +775,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                       blk0, start, d_ok, BLOCK_SIZE,
                                       KIVI_G, KIVI_GV, KIVI_R, bits_ptr, HEAD_DIM, WORDS, DIM_PAD,
                                       BLOCK_N, HW_FP8,
-                                      not KIVI_SPLIT or phase == 1, INTERPRETED)  # fmt: skip
+                                      not KIVI_SPLIT or phase == 1, INTERPRETED, META32)  # fmt: skip
                     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
                     if OAKEN:
                         tl.debug_barrier()  # every thread is done with the previous tile's p
@@ -1072,25 +1096,23 @@ def plan_launch(
     return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws, tw, oak)
 
 
-def _pair_words(meta: torch.Tensor) -> torch.Tensor | None:
-    """Per-token fp16 (scale, zero) pairs [.., 2] as int32 words [.., 1] (the kernel's META32: one 4-byte load a
-    token, not two 2-byte ones), or None where a pair is not one aligned word."""
-    even = meta.storage_offset() % 2 == 0 and all(st % 2 == 0 for st in meta.stride()[:-1])
-    if meta.dtype == torch.float16 and meta.shape[-1] == 2 and meta.stride(-1) == 1 and even:
-        return meta.view(torch.int32)
-    return None
+def pairs_are_words(meta: torch.Tensor | None) -> bool:
+    """True when `meta` holds fp16 (scale, zero) pairs [.., 2] that are aligned int32 words (the kernel's META32:
+    one 4-byte load a pair, not two 2-byte ones): last dimension contiguous, every other stride and the offset
+    even (torch allocations are at least 4-byte aligned)."""
+    if meta is None or meta.dtype != torch.float16 or meta.shape[-1] != 2 or meta.stride(-1) != 1:
+        return False
+    return meta.storage_offset() % 2 == 0 and all(st % 2 == 0 for st in meta.stride()[:-1])
 
 
-def _side_args(kv: KernelKV, context_lens: torch.Tensor, oaken: tuple | None) -> tuple[tuple, tuple, tuple, int, bool]:
-    """The kernel's metadata tensors and strides, side-tensor arguments (KIVI's rings, Oaken's slots; stand-ins
-    otherwise), Oaken's slot capacity and META32 (per-token INT / mixed pairs read as int32 words)."""
-    meta, meta32 = (kv.k_meta, kv.v_meta), False
-    if kv.kv_format in (KV_FORMAT_INT, KV_FORMAT_MIXED):
-        words = (_pair_words(kv.k_meta), _pair_words(kv.v_meta))
-        if words[0] is not None and words[1] is not None:
-            meta, meta32 = words, True
+def _side_args(kv: KernelKV, context_lens: torch.Tensor, oaken: tuple | None) -> tuple[tuple, tuple, int, bool]:
+    """The kernel's metadata strides, side-tensor arguments (KIVI's rings, Oaken's slots; stand-ins otherwise),
+    Oaken's slot capacity and META32 (per-token INT / mixed and KIVI pairs read as int32 words)."""
+    meta32 = kv.kv_format in (KV_FORMAT_INT, KV_FORMAT_MIXED, KV_FORMAT_KIVI) and (
+        pairs_are_words(kv.k_meta) and pairs_are_words(kv.v_meta)
+    )
     if kv.kv_format not in (KV_FORMAT_PLAIN, KV_FORMAT_FP8):  # per-token / per-group metadata tensors
-        ks, vs = meta
+        ks, vs = kv.k_meta, kv.v_meta
         mstrides = (ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2))
     else:
         mstrides = (0, 0, 0) * 2
@@ -1103,7 +1125,7 @@ def _side_args(kv: KernelKV, context_lens: torch.Tensor, oaken: tuple | None) ->
     else:
         res = (context_lens, context_lens, 0, 0, 0)
     cap = kv.k_side.shape[2] if kv.kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) else 0
-    return meta, mstrides, res, cap, meta32
+    return mstrides, res, cap, meta32
 
 
 def paged_attention_triton(
@@ -1135,7 +1157,7 @@ def paged_attention_triton(
     if p.oaken is not None:  # built per launch: the slots may have changed since the plan
         outlier_index(kv.k_side, bs, dim, "token", p.oaken[0])
         outlier_index(kv.v_side, bs, dim, "channel", p.oaken[1])
-    (k_meta, v_meta), mstrides, res, cap, meta32 = _side_args(kv, batch.context_lens, p.oaken)
+    mstrides, res, cap, meta32 = _side_args(kv, batch.context_lens, p.oaken)
     o_part, l_part = p.workspace if s > 1 else (out, out)  # unused with one split
     dummy = batch.context_lens
     lse_t = lse if lse is not None else out
@@ -1148,7 +1170,7 @@ def paged_attention_triton(
         p.tree_words if p.tree_words is not None else dummy,
         batch.mask_indptr if batch.mask_indptr is not None else dummy,
         opts.alibi_slopes if opts.alibi_slopes is not None else dummy,
-        k_meta if k_meta is not None else dummy, v_meta if v_meta is not None else dummy,
+        kv.k_meta if kv.k_meta is not None else dummy, kv.v_meta if kv.v_meta is not None else dummy,
         *mstrides, *res,
         kv.block_bits if kv.block_bits is not None else dummy,
         p.oaken[2] if p.oaken is not None else dummy,
