@@ -94,18 +94,20 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 # BLOCK_N x DIM_PAD tile: compiled for sm_90 at head_dim 128 and 4 warps (`bench/lowering_report.py`,
 # ptxas), sub-byte codes read by byte gather (mixed chunks; INT4/INT2 and Oaken whose rows are not whole words)
 # spill at BLOCK_N 32 (255 registers, 0.2-0.6 KB per thread; 1.2-8.6 KB at 64) and use 64-116 registers at
-# 16; KIVI (words) 121-156 at 32. Per-token INT4/INT2 read as words are not capped: their 64 x 128 tile
-# takes 127-150 registers on 4 warps without spilling, and on an H200 (batch 16, context 32k) ran 0.83 ms
-# against 1.08 on 8 warps, 1.61 at 16 x 128 (tuning-pass timings, `bench/results/h200-2026-11-30-run2`).
+# 16; KIVI (words) 114-125 at 32 (INT4, INT2; `bench/attention_predict.py`). Per-token INT4/INT2 read as words are
+# not capped: their 64 x 128 tile takes 127-128 registers on 4 warps without spilling, and on an H200 (batch 16,
+# context 32k) ran 0.83 ms against 1.08 on 8 warps, 1.61 at 16 x 128 (tuning-pass timings,
+# `bench/results/h200-2026-11-30-run2`).
 SUBBYTE_TILE_ELEMS = 16 * 128
 # Mixed chunks read as words (every tile inside one block) at most this wide, on 4 warps: sm_90, bf16, head_dim 128,
-# blocks of 32: 32 x 128 takes 117 registers, 710 SASS a tile (0.37 ms predicted at batch 16, context 32k), against
-# 576 on 8 warps (0.60), 740 for 16 x 128 on 2 (0.51) and 646 on 8 (1.34; `bench/attention_predict.py`). 64 wide
-# is not measured: the 2-bit branch is INT2's, whose 64 x 128 tile spills on 4 warps.
+# blocks of 32: 32 x 128 takes 142 registers, 570 SASS a tile (0.30 ms predicted at batch 16, context 32k), against
+# 424 on 8 warps (0.44), 628 for 16 x 128 on 2 (0.44) and 500 on 8 (1.04; `bench/attention_predict.py`). 64 wide
+# needs blocks of 64 (a word tile lies in one block): not measured.
 MIXED_WORDS_TILE = 32
 # KIVI's tile where it fits in a block, on 4 warps: sm_90, bf16, head_dim 128, G = R = 32, blocks of 32, its
-# code-only loop takes 669 SASS a 32-token tile and 120 registers (0.35 ms predicted at batch 16, context 32k),
-# against 612 a 16-token tile on 2 warps (0.43), 1056 for 32 on 2 (0.37), 1425 for 64 on 4 (244 registers, 0.38).
+# code-only loop takes 465 SASS a 32-token tile and 114 registers (0.25 ms predicted at batch 16, context 32k),
+# against 502 a 16-token tile on 2 warps (0.35), 819 for 32 on 2 (204 registers, 0.29), 1172 for 64 on 4 (243
+# registers, 0.31).
 KIVI_WORDS_TILE = 32
 # Tree verification adds the ancestor mask to a 16-token x GROUP_PAD-row extend tile, one 64-bit window of
 # packed mask bits per row (`tree_mask_words`): at most 64 wide. Compiled for sm_90 in bf16 at head_dim 128
@@ -121,7 +123,7 @@ TREE_FOUR_WARP_FORMATS = (KV_FORMAT_PLAIN, KV_FORMAT_FP8)
 # BLOCK_N <= 64 keys before the tree, so the packed bits start this far in.
 TREE_PAD_BITS = tl.constexpr(64)
 # Oaken's decode tile is 64 x 128 on 4 warps for blocks of at least this many tokens (sm_90, bf16, head_dim 128, blocks
-# of 32: 228 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
+# of 32: 218 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
 # registers, but is not predicted against 32 x 8).
 OAKEN_WIDE_BLOCK = 32
 # The constants above as the jit code reads them (a kernel reads only constexpr globals).
@@ -173,14 +175,19 @@ def _pairs(ptr, mask):
 
 @triton.jit
 def _tile_rows(ptr, bt_row, start, s_hi, blk, off, kvh, stride_b, stride_s, stride_h, BLOCK_N: tl.constexpr,
-               BLOCK_SIZE: tl.constexpr):  # fmt: skip
+               BLOCK_SIZE: tl.constexpr, PER_BLOCK: tl.constexpr):  # fmt: skip
     """[BLOCK_N] pointers to the rows of tokens start .. start + BLOCK_N - 1 (kv head kvh) of a paged tensor
     [blocks, BLOCK_SIZE, heads, ..]. Tiles start at multiples of BLOCK_N, so where one of BLOCK_N and BLOCK_SIZE
     divides the other each block of the tile is a scalar load and one 64-bit base, and a row adds a 32-bit offset
-    (a select per block past the first), not a 64-bit multiply and sign extension per row; else per row from the
-    rows' block ids `blk` (int64) and offsets `off`. Rows past s_hi may point anywhere: every load masks them."""
+    (and a multiply-add per block past the first), not a 64-bit multiply and sign extension per row. Else, and where
+    PER_BLOCK is False, per row from the rows' block ids `blk` (int64) and offsets `off`: the kernel keeps that for
+    extend and tree launches, where per-block bases took the bf16 tree tile from 232 registers to 255 (extend 180 to
+    212; sm_90, 64 x 4 warps) to save instructions in launches that wait on latency, not issue. Rows past s_hi may
+    point anywhere: every load masks them."""
     r = tl.arange(0, BLOCK_N)
-    if BLOCK_SIZE % BLOCK_N == 0:  # one block
+    if not PER_BLOCK:
+        rows = ptr + blk * stride_b + off * stride_s + kvh * stride_h
+    elif BLOCK_SIZE % BLOCK_N == 0:  # one block
         rows = ptr + tl.load(bt_row + start // BLOCK_SIZE).to(tl.int64) * stride_b + kvh * stride_h
         rows = rows + (start % BLOCK_SIZE + r) * stride_s
     elif BLOCK_N % BLOCK_SIZE == 0:  # BLOCK_N / BLOCK_SIZE whole blocks
@@ -689,9 +696,9 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 off = j % BLOCK_SIZE
                 kv_m = j_ok[:, None] & d_ok[None, :]
                 krow = _tile_rows(k_ptr, bt_row, start, s_hi, blk, off, kvh, stride_kb, stride_ks, stride_kh, BLOCK_N,
-                                  BLOCK_SIZE)  # fmt: skip
+                                  BLOCK_SIZE, IS_DECODE)  # fmt: skip
                 kmrow = _tile_rows(k_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_mb, stride_ms, stride_mh,
-                                   BLOCK_N, BLOCK_SIZE)  # fmt: skip
+                                   BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
                 if FACTORED:
                     kc, ksc, kzr = _load_code_tile(krow, kmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
                                                    bits_ptr, WORDS,
@@ -753,9 +760,9 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 p = tl.exp2(s - m_safe[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
                 vrow = _tile_rows(v_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vb, stride_vs, stride_vh, BLOCK_N,
-                                  BLOCK_SIZE)  # fmt: skip
+                                  BLOCK_SIZE, IS_DECODE)  # fmt: skip
                 vmrow = _tile_rows(v_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vmb, stride_vms,
-                                   stride_vmh, BLOCK_N, BLOCK_SIZE)  # fmt: skip
+                                   stride_vmh, BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
                 if FACTORED:
                     vc, vsc, vzr = _load_code_tile(vrow, vmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
                                                    bits_ptr, WORDS,
@@ -889,9 +896,6 @@ def default_config(
         cfg["BLOCK_N"], cfg["num_warps"] = mixed_bn, 4
     elif kv_format == KV_FORMAT_MIXED:
         cfg["num_warps"] = 8  # three code widths in one loop: 4 warps spill without a split (128 regs + 8 B)
-    if kv_format == KV_FORMAT_INT and bits == 2:
-        # 16 codes per word: on 4 warps the 64 x 128 tile spills (sm_90, bf16, block size 32); on 8 it does not.
-        cfg["num_warps"] = 8
     if dp >= 256:
         cfg["num_warps"] = 8
         cfg["BLOCK_M"] = 32  # and half the query rows: Q and the accumulator stay in registers
