@@ -10,7 +10,8 @@ KV attention and the weight-only GEMM kernels.
   integer-to-float `cvt` per element, an instruction sm_80/sm_90 run at 16 per clock per SM (CUDA
   programming guide, arithmetic instruction throughput).
 * `words_f16`: 8- and 4-bit words -> fp16 pairs by one mask-and-OR per two codes (the fp16x2 magic number), in
-  a column order of its own (`pair_order`) that a kernel folds into its other operands' indexing.
+  a column order of its own (`pair_order`) that a kernel folds into its other operands' indexing (`pair_cols`
+  permutes a vector or tile loaded in element order into it, in registers).
 * `opaque_f16`: an fp16 tile unchanged, through a register move Triton cannot see through, so a `tl.join` tree
   before it does not halve the dot operand's width in Triton's choice of layout (sm_90: kWidth 4, Q reloaded by
   64-bit shared-memory loads and register moves every tile, instead of 2 and ldmatrix).
@@ -122,3 +123,18 @@ def pair_order(c, BITS: tl.constexpr):
     PERW: tl.constexpr = 32 // BITS
     i = (c % PERW) // 2
     return c - c % PERW + i + (c % 2) * (PERW // 2)
+
+
+@triton.jit
+def pair_cols(x, BITS: tl.constexpr):
+    """x [N] or [M, N] (N a multiple of 32 / BITS), its last axis in element order, returned in `pair_order`'s column
+    order: a permutation inside each word's columns ([word, half, i] -> [word, i, half]), free of data movement where
+    a thread holds whole words (a gather by `pair_order` instead is one load per element)."""
+    PERW: tl.constexpr = 32 // BITS
+    if len(x.shape) == 1:
+        y = tl.reshape(tl.permute(tl.reshape(x, (x.shape[0] // PERW, 2, PERW // 2)), (0, 2, 1)), (x.shape[0],))
+    else:
+        y = tl.permute(tl.reshape(x, (x.shape[0], x.shape[1] // PERW, 2, PERW // 2)), (0, 1, 3, 2))
+        y = tl.reshape(y, (x.shape[0], x.shape[1]))
+    return y
+

@@ -68,6 +68,7 @@ from codesign.kernels.kvcache.oaken import index_width, outlier_index
 from codesign.kernels.triton_codes import (
     codes_f16,
     opaque_f16,
+    pair_cols,
     pair_order,
     pow2_scale,
     unpack_words,
@@ -94,7 +95,7 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 # BLOCK_N x DIM_PAD tile: compiled for sm_90 at head_dim 128 and 4 warps (`bench/lowering_report.py`,
 # ptxas), sub-byte codes read by byte gather (mixed chunks; INT4/INT2 and Oaken whose rows are not whole words)
 # spill at BLOCK_N 32 (255 registers, 0.2-0.6 KB per thread; 1.2-8.6 KB at 64) and use 64-116 registers at
-# 16; KIVI (words) 114-125 at 32 (INT4, INT2; `bench/attention_predict.py`). Per-token INT4/INT2 read as words are
+# 16; KIVI (words) 124-125 at 32 (INT4, INT2; `bench/attention_predict.py`). Per-token INT4/INT2 read as words are
 # not capped: their 64 x 128 tile takes 127-128 registers on 4 warps without spilling, and on an H200 (batch 16,
 # context 32k) ran 0.83 ms against 1.08 on 8 warps, 1.61 at 16 x 128 (tuning-pass timings,
 # `bench/results/h200-2026-11-30-run2`).
@@ -105,9 +106,9 @@ SUBBYTE_TILE_ELEMS = 16 * 128
 # needs blocks of 64 (a word tile lies in one block): not measured.
 MIXED_WORDS_TILE = 32
 # KIVI's tile where it fits in a block, on 4 warps: sm_90, bf16, head_dim 128, G = R = 32, blocks of 32, its
-# code-only loop takes 465 SASS a 32-token tile and 114 registers (0.25 ms predicted at batch 16, context 32k),
-# against 502 a 16-token tile on 2 warps (0.35), 819 for 32 on 2 (204 registers, 0.29), 1172 for 64 on 4 (243
-# registers, 0.31).
+# code-only loop takes 397 SASS a 32-token tile and 124 registers (0.21 ms predicted at batch 16, context 32k),
+# against 437 a 16-token tile on 2 warps (0.31), 662 for 32 on 2 (216 registers, 0.23), 1037 for 64 on 4 (240
+# registers, 0.28).
 KIVI_WORDS_TILE = 32
 # Tree verification adds the ancestor mask to a 16-token x GROUP_PAD-row extend tile, one 64-bit window of
 # packed mask bits per row (`tree_mask_words`): at most 64 wide. Compiled for sm_90 in bf16 at head_dim 128
@@ -214,7 +215,8 @@ def _load_kv_tile(crow, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m,
                   KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr, KIVI_R: tl.constexpr, bits_ptr,
                   HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
                   BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, RING: tl.constexpr = True,
-                  INTERPRETED: tl.constexpr = False, META32: tl.constexpr = False):  # fmt: skip
+                  INTERPRETED: tl.constexpr = False, META32: tl.constexpr = False, dq=None,
+                  PAIRS: tl.constexpr = False):  # fmt: skip
     """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8, KIVI and
     Oaken caches, one helper per format family (the per-token INT and mixed formats take the factored path,
     `_load_code_tile`). RING False: a KIVI tile of codes only (every token below n_q). crow, mrow: the rows'
@@ -230,7 +232,8 @@ def _load_kv_tile(crow, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m,
     else:
         x = _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty,
                             BITS, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY, blk0, j0, d_ok, BLOCK_SIZE,
-                            KIVI_G, KIVI_GV, KIVI_R, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N, RING, META32)  # fmt: skip
+                            KIVI_G, KIVI_GV, KIVI_R, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N, RING, META32, dq,
+                            PAIRS)  # fmt: skip
     if WORDS and out_ty == tl.float16:  # codes unpacked by a join tree (`opaque_f16`)
         x = opaque_f16(x.to(out_ty), INTERPRETED)
     return x.to(out_ty)
@@ -375,11 +378,12 @@ def _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty: tl.constexpr, HW_FP8: tl.c
 
 
 @triton.jit
-def _kivi_meta(s_ptr, mrow, blk, off, kvh, d, d_ok, c_ok, qm, nq, stride_mb, stride_ms, stride_mh,
+def _kivi_meta(s_ptr, mrow, blk, off, kvh, d, dq, d_ok, c_ok, qm, nq, stride_mb, stride_ms, stride_mh,
                IS_KEY: tl.constexpr, blk0, j0, BLOCK_SIZE: tl.constexpr, KIVI_G: tl.constexpr,
                KIVI_GV: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-               RING: tl.constexpr, META32: tl.constexpr):  # fmt: skip
-    """KIVI's fp16 (scale, zero) of one tile, each broadcastable to [BLOCK_N, DIM_PAD] (`_load_kivi_tile`)."""
+               RING: tl.constexpr, META32: tl.constexpr, PAIRS: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
+    """KIVI's fp16 (scale, zero) of one tile, each broadcastable to [BLOCK_N, DIM_PAD] (`_load_kivi_tile`); dq: each
+    column's channel (PAIRS: `pair_order`; the value groups then hold whole words)."""
     # Metadata (fp16, kept so) is loaded at its own size, not per element: a gather of [BLOCK_N, DIM_PAD]
     # scales issues one scalar load per element (KIVI ran at 0.047x the bf16 cache's speed on an H200).
     NGV: tl.constexpr = HEAD_DIM // KIVI_GV
@@ -394,6 +398,8 @@ def _kivi_meta(s_ptr, mrow, blk, off, kvh, d, d_ok, c_ok, qm, nq, stride_mb, str
         else:
             sc = tl.load(s_ptr + row0 + d * 2, mask=m1, other=0.0)
             zr = tl.load(s_ptr + row0 + d * 2 + 1, mask=m1, other=0.0)
+        if PAIRS:  # loaded in channel order (contiguous), then permuted in registers
+            sc, zr = pair_cols(sc, BITS), pair_cols(zr, BITS)
         sc, zr = sc[None, :], zr[None, :]
     elif IS_KEY and BLOCK_N % KIVI_G == 0 and BLOCK_SIZE % BLOCK_N == 0 and BLOCK_N // KIVI_G <= 8:
         # The tile holds BLOCK_N / KIVI_G whole key groups of one block: one (scale, zero) row per group, each
@@ -402,13 +408,13 @@ def _kivi_meta(s_ptr, mrow, blk, off, kvh, d, d_ok, c_ok, qm, nq, stride_mb, str
         gi = tl.arange(0, NG)
         row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G + gi) * stride_ms + kvh * stride_mh
         m1 = d_ok[None, :] & (j0 + gi * KIVI_G < nq)[:, None] if RING else d_ok[None, :] & (gi >= 0)[:, None]
-        mp = s_ptr + row0[:, None] + d[None, :] * 2
+        mp = s_ptr + row0[:, None] + dq[None, :] * 2
         sc = tl.reshape(tl.broadcast_to(tl.load(mp, mask=m1, other=0.0)[:, None, :], (NG, KIVI_G, DIM_PAD)),
                         (BLOCK_N, DIM_PAD))  # fmt: skip
         zr = tl.reshape(tl.broadcast_to(tl.load(mp + 1, mask=m1, other=0.0)[:, None, :], (NG, KIVI_G, DIM_PAD)),
                         (BLOCK_N, DIM_PAD))  # fmt: skip
     elif IS_KEY:  # per channel, one (scale, zero) pair per group of KIVI_G tokens: per row
-        mp = s_ptr + (blk * stride_mb + (off // KIVI_G) * stride_ms + kvh * stride_mh)[:, None] + d[None, :] * 2
+        mp = s_ptr + (blk * stride_mb + (off // KIVI_G) * stride_ms + kvh * stride_mh)[:, None] + dq[None, :] * 2
         sc = tl.load(mp, mask=qm, other=0.0)
         zr = tl.load(mp + 1, mask=qm, other=0.0)
     elif NGV * KIVI_GV == DIM_PAD and NGV <= 8:
@@ -429,11 +435,11 @@ def _kivi_meta(s_ptr, mrow, blk, off, kvh, d, d_ok, c_ok, qm, nq, stride_mb, str
         sc = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
         zr = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
         for g in tl.static_range(NGV):
-            in_g = (d // KIVI_GV == g)[None, :]
+            in_g = (dq // KIVI_GV == g)[None, :]
             sc = tl.where(in_g, tl.load(mrow + 2 * g, mask=rq, other=0.0)[:, None], sc)
             zr = tl.where(in_g, tl.load(mrow + 2 * g + 1, mask=rq, other=0.0)[:, None], zr)
     else:  # many small value groups: gather per element
-        mp = s_ptr + (blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + ((d // KIVI_GV) * 2)[None, :]
+        mp = s_ptr + (blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + ((dq // KIVI_GV) * 2)[None, :]
         sc = tl.load(mp, mask=qm, other=0.0)
         zr = tl.load(mp + 1, mask=qm, other=0.0)
     return sc, zr
@@ -445,9 +451,11 @@ def _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, 
                     BITS: tl.constexpr, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0,
                     j0, d_ok, BLOCK_SIZE: tl.constexpr, KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr,
                     KIVI_R: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
-                    BLOCK_N: tl.constexpr, RING: tl.constexpr, META32: tl.constexpr):  # fmt: skip
+                    BLOCK_N: tl.constexpr, RING: tl.constexpr, META32: tl.constexpr, dq,
+                    PAIRS: tl.constexpr):  # fmt: skip
     """KIVI: tokens below n_q from the codes (keys per channel over KIVI_G tokens, values per token over KIVI_GV
-    elements), the newer ones from the sequence's residual ring (RING False: the caller's tile is all codes)."""
+    elements), the newer ones from the sequence's residual ring (RING False: the caller's tile is all codes).
+    PAIRS: fp16 codes by `words_f16`, columns in `pair_order` (dq: each column's channel), as the INT formats'."""
     if RING:
         c_ok = j_ok & (j < nq)
         quant = (j < nq)[:, None]
@@ -455,12 +463,23 @@ def _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, 
     else:  # no ring row in the tile: no compare or select against n_q
         c_ok = j_ok
         qm = kv_m
-    code = _load_codes(base, d, c_ok, qm, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
-    sc, zr = _kivi_meta(s_ptr, mrow, blk, off, kvh, d, d_ok, c_ok, qm, nq, stride_mb, stride_ms, stride_mh, IS_KEY,
-                        blk0, j0, BLOCK_SIZE, KIVI_G, KIVI_GV, HEAD_DIM, DIM_PAD, BLOCK_N, RING, META32)  # fmt: skip
+    if PAIRS:
+        PERW: tl.constexpr = 32 // BITS
+        w = tl.arange(0, DIM_PAD // PERW)
+        words = tl.load(base + w[None, :], mask=c_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
+        code = tl.reshape(words_f16(words, BITS), (BLOCK_N, DIM_PAD))  # fp16 already
+    else:
+        code = _load_codes(base, d, c_ok, qm, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
+    sc, zr = _kivi_meta(s_ptr, mrow, blk, off, kvh, d, dq, d_ok, c_ok, qm, nq, stride_mb, stride_ms, stride_mh, IS_KEY,
+                        blk0, j0, BLOCK_SIZE, KIVI_G, KIVI_GV, HEAD_DIM, DIM_PAD, BLOCK_N, RING, META32, PAIRS,
+                        BITS)  # fmt: skip
+    if PAIRS:
+        cf = code
+    elif out_ty == tl.float16:
+        cf = codes_f16(code)
     if not RING:  # masked rows and columns load code, scale and zero 0: they dequantize to 0 with no select
         if out_ty == tl.float16:
-            x = codes_f16(code) * sc + zr
+            x = cf * sc + zr
         else:
             x = code.to(tl.float32) * sc.to(tl.float32) + zr.to(tl.float32)
     else:
@@ -471,7 +490,9 @@ def _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, 
             # one rounding (2^-11, finer than the bf16 tiles this replaces) and no per-element conversion (an
             # int-to-float and a float-to-bf16 cvt each ran at 16 per clock per SM).
             xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float16)
-            x = tl.where(quant, codes_f16(code) * sc + zr, xr)
+            if PAIRS:  # ring rows read in channel order (contiguous), then permuted in registers
+                xr = pair_cols(xr, BITS)
+            x = tl.where(quant, cf * sc + zr, xr)
         else:
             xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float32)
             x = tl.where(quant, code.to(tl.float32) * sc.to(tl.float32) + zr.to(tl.float32), xr)
@@ -604,7 +625,10 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         # INT codes read as words meet fp16 queries in `words_f16`'s column order: q and o take it too (the
         # permutation stays inside each word, so d_ok and the masks are unchanged).
         PAIRS: tl.constexpr = KV_FORMAT == _INT and WORDS and BITS >= 4 and F16_MMA
-        dq = pair_order(d, BITS) if PAIRS else d
+        # KIVI too where each value group holds whole words (its per-group scales then need no permutation)
+        KIVI_PAIRS: tl.constexpr = (KV_FORMAT == _KIVI and WORDS and BITS >= 4 and F16_MMA
+                                    and KIVI_GV % (32 // BITS) == 0)  # fmt: skip
+        dq = pair_order(d, BITS) if PAIRS or KIVI_PAIRS else d
         qt = (q_start + qi).to(tl.int64)
         q = tl.load(
             q_ptr + qt[:, None] * stride_qt + qh[:, None] * stride_qh + dq[None, :],
@@ -712,7 +736,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                       blk0, start, d_ok, BLOCK_SIZE,
                                       KIVI_G, KIVI_GV, KIVI_R, bits_ptr, HEAD_DIM, WORDS, DIM_PAD,
                                       BLOCK_N, HW_FP8,
-                                      not KIVI_SPLIT or phase == 1, INTERPRETED, META32)  # fmt: skip
+                                      not KIVI_SPLIT or phase == 1, INTERPRETED, META32, dq, KIVI_PAIRS)  # fmt: skip
                     s = tl.dot(q_mma, tl.trans(k), input_precision=DOT_PREC)
                     if F16_MMA:
                         s = s * q_unf[:, None]
@@ -782,7 +806,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                       blk0, start, d_ok, BLOCK_SIZE,
                                       KIVI_G, KIVI_GV, KIVI_R, bits_ptr, HEAD_DIM, WORDS, DIM_PAD,
                                       BLOCK_N, HW_FP8,
-                                      not KIVI_SPLIT or phase == 1, INTERPRETED, META32)  # fmt: skip
+                                      not KIVI_SPLIT or phase == 1, INTERPRETED, META32, dq, KIVI_PAIRS)  # fmt: skip
                     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
                     if OAKEN:
                         tl.debug_barrier()  # every thread is done with the previous tile's p
