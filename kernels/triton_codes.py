@@ -9,7 +9,7 @@ KV attention and the weight-only GEMM kernels.
 * `codes_f16`: codes in [0, 1024) -> fp16 exactly by bit patterns (0x6400 | c is 1024 + c), not by an
   integer-to-float `cvt` per element, an instruction sm_80/sm_90 run at 16 per clock per SM (CUDA
   programming guide, arithmetic instruction throughput).
-* `words_f16`: 8- and 4-bit words -> fp16 pairs by one mask-and-OR per two codes (the fp16x2 magic number), in
+* `words_f16`: 8-, 4- and 2-bit words -> fp16 pairs by one mask-and-OR per two codes (the fp16x2 magic number), in
   a column order of its own (`pair_order`) that a kernel folds into its other operands' indexing (`pair_cols`
   permutes a vector or tile loaded in element order into it, in registers).
 * `opaque_f16`: an fp16 tile unchanged, through a register move Triton cannot see through, so a `tl.join` tree
@@ -90,18 +90,25 @@ def pow2_scale(amax, EXP: tl.constexpr):
 
 @triton.jit
 def words_f16(words, BITS: tl.constexpr):
-    """fp16 [.., NW, 32 / BITS] of int32 words [.., NW] of 8- or 4-bit codes, exactly, in `pair_order`, two codes
+    """fp16 [.., NW, 32 / BITS] of int32 words [.., NW] of 8-, 4- or 2-bit codes, exactly, in `pair_order`, two codes
     per 32-bit op: a mask of elements i and i + 16 / BITS at once, OR'd with 0x6400 in both halves (fp16 1024 + c,
     `codes_f16`), is already an fp16 pair that stays in one register, finished by one packed subtract (HADD2).
     At 4 bits the odd elements are masked in place (fp16 1024 + 16 c) and finished by one packed FMA (x / 16 - 64,
     exact), so a word takes one shift, not three (Marlin's dequant); the fp16 pairs are joined last, so each
     thread's registers hold the columns in order and `opaque_f16` packs them as they are. sm_90, INT4 decode at
     64 x 128 on 4 warps: 707 SASS a tile with one shift, 727 with three; the element-order unpack took 1136 (byte
-    permutes to pair neighbouring codes)."""
+    permutes to pair neighbouring codes). At 2 bits a word is shifted by 2 i (i < 8: 7 shifts down a join tree)
+    and each shift masked once: INT2 at 64 x 128 on 4 warps 719 SASS a tile, against 864 element by element."""
     if BITS == 8:
         x = tl.join(words & 0x00FF00FF, (words >> 8) & 0x00FF00FF) | 0x64006400  # [.., i]: elements i, i + 2
         out = _halves(x)
         return tl.reshape(out, (words.shape[0], words.shape[1], 4)) - 1024.0
+    elif BITS == 2:  # shifted by 2 i (a join tree: 7 shifts a word), [.., i]: elements i, i + 8
+        a = tl.join(words, words >> 2)
+        a = tl.join(a, a >> 4)
+        a = tl.permute(tl.join(a, a >> 8), (0, 1, 4, 3, 2))  # [.., j3, j2, j1]: shift 2 (j1 + 2 j2 + 4 j3)
+        out = _halves((a & 0x00030003) | 0x64006400)
+        return tl.reshape(out, (words.shape[0], words.shape[1], 16)) - 1024.0
     else:
         a = tl.join(words, words >> 8)  # [.., j]: elements 2j, 2j + 1, 2j + 4, 2j + 5 at bits 0, 4, 16, 20
         x = tl.join((a & 0x000F000F) | 0x64006400, (a & 0x00F000F0) | 0x64006400)  # [.., j, odd]

@@ -96,7 +96,7 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 # ptxas), sub-byte codes read by byte gather (mixed chunks; INT4/INT2 and Oaken whose rows are not whole words)
 # spill at BLOCK_N 32 (255 registers, 0.2-0.6 KB per thread; 1.2-8.6 KB at 64) and use 64-116 registers at
 # 16; KIVI (words) 124-125 at 32 (INT4, INT2; `bench/attention_predict.py`). Per-token INT4/INT2 read as words are
-# not capped: their 64 x 128 tile takes 127-128 registers on 4 warps without spilling, and on an H200 (batch 16,
+# not capped: their 64 x 128 tile takes 127 registers on 4 warps without spilling, and on an H200 (batch 16,
 # context 32k) ran 0.83 ms against 1.08 on 8 warps, 1.61 at 16 x 128 (tuning-pass timings,
 # `bench/results/h200-2026-11-30-run2`).
 SUBBYTE_TILE_ELEMS = 16 * 128
@@ -535,7 +535,7 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
     zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element. crow, mrow: the rows'
     pointers into the codes and the (scale, zero) pairs (`_tile_rows`)."""
     base = crow[:, None]
-    PAIRS: tl.constexpr = KV_FORMAT == _INT and WORDS and BITS >= 4 and out_ty == tl.float16
+    PAIRS: tl.constexpr = KV_FORMAT == _INT and WORDS and out_ty == tl.float16
     if PAIRS:  # `words_f16`: its columns in `pair_order` (the kernel permutes q and o alike)
         PERW: tl.constexpr = 32 // BITS
         w = tl.arange(0, DIM_PAD // PERW)
@@ -624,10 +624,9 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         d_ok = d < HEAD_DIM
         # INT codes read as words meet fp16 queries in `words_f16`'s column order: q and o take it too (the
         # permutation stays inside each word, so d_ok and the masks are unchanged).
-        PAIRS: tl.constexpr = KV_FORMAT == _INT and WORDS and BITS >= 4 and F16_MMA
+        PAIRS: tl.constexpr = KV_FORMAT == _INT and WORDS and F16_MMA
         # KIVI too where each value group holds whole words (its per-group scales then need no permutation)
-        KIVI_PAIRS: tl.constexpr = (KV_FORMAT == _KIVI and WORDS and BITS >= 4 and F16_MMA
-                                    and KIVI_GV % (32 // BITS) == 0)  # fmt: skip
+        KIVI_PAIRS: tl.constexpr = KV_FORMAT == _KIVI and WORDS and F16_MMA and KIVI_GV % (32 // BITS) == 0
         dq = pair_order(d, BITS) if PAIRS or KIVI_PAIRS else d
         qt = (q_start + qi).to(tl.int64)
         q = tl.load(
