@@ -145,3 +145,26 @@ def pair_cols(x, BITS: tl.constexpr):
         y = tl.reshape(y, (x.shape[0], x.shape[1]))
     return y
 
+
+@triton.jit
+def chunk_words_f16(words, BITS: tl.constexpr):
+    """fp16 [.., NW * 32 / BITS] of int32 words [.., NW] of 8-, 4- or 2-bit codes, exactly, in one column order for
+    every width: 16-element chunks in `pair_order(c, 2)` (column 2 i + half holds element i + 8 half), so tiles of
+    different widths can meet one permuted q. 2 bits: `words_f16`. 8 and 4 bits: the chunk's words are first
+    recombined, low halves with low halves and high with high (a byte permute each), so each 32-bit word holds
+    elements i and i + 8 in its halves, then `words_f16` (NW: 4 / 2 words a chunk)."""
+    N: tl.constexpr = words.shape[0]
+    NW: tl.constexpr = words.shape[1]
+    if BITS == 2:
+        out = tl.reshape(words_f16(words, 2), (N, NW * 16))
+    else:
+        if BITS == 8:  # [chunk, t, pair]: words t and 2 + t of a chunk (elements 4 t .. and 8 + 4 t ..)
+            wa, wb = tl.split(tl.permute(tl.reshape(words, (N, NW // 4, 2, 2)), (0, 1, 3, 2)))
+        else:  # [chunk, pair]: a chunk's two words (elements 0 .. 7 and 8 .. 15)
+            wa, wb = tl.split(tl.reshape(words, (N, NW // 2, 2)))
+        lo = (wa & 0xFFFF) | (wb << 16)
+        hi = ((wa >> 16) & 0xFFFF) | (wb & -65536)
+        x = tl.reshape(tl.join(lo, hi), (N, NW))
+        out = tl.reshape(words_f16(x, BITS), (N, NW * (32 // BITS)))
+    return out
+

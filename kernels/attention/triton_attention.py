@@ -66,6 +66,7 @@ from codesign.kernels.kvcache.formats import (
 )
 from codesign.kernels.kvcache.oaken import index_width, outlier_index
 from codesign.kernels.triton_codes import (
+    chunk_words_f16,
     codes_f16,
     opaque_f16,
     pair_cols,
@@ -101,9 +102,9 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 # `bench/results/h200-2026-11-30-run2`).
 SUBBYTE_TILE_ELEMS = 16 * 128
 # Mixed chunks read as words (every tile inside one block) at most this wide, on 4 warps: sm_90, bf16, head_dim 128,
-# blocks of 32: 32 x 128 takes 142 registers, 570 SASS a tile (0.30 ms predicted at batch 16, context 32k), against
-# 424 on 8 warps (0.44), 628 for 16 x 128 on 2 (0.44) and 500 on 8 (1.04; `bench/attention_predict.py`). 64 wide
-# needs blocks of 64 (a word tile lies in one block): not measured.
+# blocks of 32: 32 x 128 takes 128 registers, 469-514 SASS a tile (the width branches; 0.27 ms predicted at batch 16,
+# context 32k), against 394 on 8 warps (0.41), 586 for 16 x 128 on 2 (0.41) and 446 on 8 (0.93;
+# `bench/attention_predict.py`). 64 wide needs blocks of 64 (a word tile lies in one block): not measured.
 MIXED_WORDS_TILE = 32
 # KIVI's tile where it fits in a block, on 4 warps: sm_90, bf16, head_dim 128, G = R = 32, blocks of 32, its
 # code-only loop takes 397 SASS a 32-token tile and 124 registers (0.21 ms predicted at batch 16, context 32k),
@@ -525,6 +526,21 @@ def _load_codes(base, d, row_ok, kv_m, BITS: tl.constexpr, WORDS: tl.constexpr, 
 
 
 @triton.jit
+def _mixed_words(base, j_ok, kv_m, d, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+                 BLOCK_N: tl.constexpr, out_ty: tl.constexpr):  # fmt: skip
+    """One width's tile of a mixed-precision block read as words: fp16 tiles by `chunk_words_f16` (one column order
+    for every width, which q and the output follow), else int32 codes in order."""
+    if out_ty == tl.float16:
+        PERW: tl.constexpr = 32 // BITS
+        w = tl.arange(0, DIM_PAD // PERW)
+        words = tl.load(base + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
+        code = chunk_words_f16(words, BITS)
+    else:
+        code = _load_codes(base, d, j_ok, kv_m, BITS, True, HEAD_DIM, DIM_PAD, BLOCK_N)
+    return code
+
+
+@triton.jit
 def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
                     BITS: tl.constexpr, bits_ptr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
                     DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, blk0, INTERPRETED: tl.constexpr,
@@ -549,11 +565,11 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
         # of a byte gather with a shift per row (the mixed cache ran at 1/11 of the bf16 cache on an H200).
         nb0 = tl.load(bits_ptr + blk0)
         if nb0 == 8:
-            code = _load_codes(base, d, j_ok, kv_m, 8, True, HEAD_DIM, DIM_PAD, BLOCK_N)
+            code = _mixed_words(base, j_ok, kv_m, d, 8, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
         elif nb0 == 4:
-            code = _load_codes(base, d, j_ok, kv_m, 4, True, HEAD_DIM, DIM_PAD, BLOCK_N)
+            code = _mixed_words(base, j_ok, kv_m, d, 4, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
         else:
-            code = _load_codes(base, d, j_ok, kv_m, 2, True, HEAD_DIM, DIM_PAD, BLOCK_N)
+            code = _mixed_words(base, j_ok, kv_m, d, 2, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
     else:
         nbits = tl.load(bits_ptr + blk, mask=j_ok, other=8).to(tl.int32)[:, None]  # per row: its block's width
         per = 8 // nbits
@@ -565,7 +581,7 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
     else:
         sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
         zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
-    if PAIRS:
+    if PAIRS or (KV_FORMAT == _MIXED and WORDS and out_ty == tl.float16):
         x = opaque_f16(code, INTERPRETED)
     elif out_ty == tl.float16:
         x = opaque_f16(codes_f16(code), INTERPRETED)
@@ -627,7 +643,12 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         PAIRS: tl.constexpr = KV_FORMAT == _INT and WORDS and F16_MMA
         # KIVI too where each value group holds whole words (its per-group scales then need no permutation)
         KIVI_PAIRS: tl.constexpr = KV_FORMAT == _KIVI and WORDS and F16_MMA and KIVI_GV % (32 // BITS) == 0
-        dq = pair_order(d, BITS) if PAIRS or KIVI_PAIRS else d
+        # mixed chunks read as words: `chunk_words_f16`'s order (16-element chunks as 2-bit `pair_order`), every width
+        MIXED_PAIRS: tl.constexpr = KV_FORMAT == _MIXED and WORDS and F16_MMA
+        if MIXED_PAIRS:
+            dq = pair_order(d, 2)
+        else:
+            dq = pair_order(d, BITS) if PAIRS or KIVI_PAIRS else d
         qt = (q_start + qi).to(tl.int64)
         q = tl.load(
             q_ptr + qt[:, None] * stride_qt + qh[:, None] * stride_qh + dq[None, :],
