@@ -9,8 +9,12 @@ KV attention and the weight-only GEMM kernels.
 * `codes_f16`: codes in [0, 1024) -> fp16 exactly by bit patterns (0x6400 | c is 1024 + c), not by an
   integer-to-float `cvt` per element, an instruction sm_80/sm_90 run at 16 per clock per SM (CUDA
   programming guide, arithmetic instruction throughput).
-* `words_f16`: 8- and 4-bit words -> fp16 pairs by one mask-and-OR per two codes (the fp16x2 magic number), in
-  a column order of its own (`pair_order`) that a kernel folds into its other operands' indexing.
+* `words_f16`: 8-, 4- and 2-bit words -> fp16 pairs by one mask-and-OR per two codes (the fp16x2 magic number), in
+  a column order of its own (`pair_order`) that a kernel folds into its other operands' indexing (`pair_cols`
+  permutes a vector or tile loaded in element order into it, in registers).
+* `opaque_f16`: an fp16 tile unchanged, through a register move Triton cannot see through, so a `tl.join` tree
+  before it does not halve the dot operand's width in Triton's choice of layout (sm_90: kWidth 4, Q reloaded by
+  64-bit shared-memory loads and register moves every tile, instead of 2 and ldmatrix).
 * `pow2_scale`: exact power-of-two factors that bring a row (or tile) into fp16's range, so bf16 operands
   can meet the fp16 codes without overflow or underflow.
 """
@@ -62,6 +66,20 @@ def codes_f16(code):
 
 
 @triton.jit
+def opaque_f16(x, INTERPRETED: tl.constexpr):
+    """fp16 x unchanged. Compiled, through one `mov.b32` per fp16 pair in inline assembly with side effects: Triton's
+    operand-width heuristic for tl.dot (AccelerateMatmul's computeOrigBitWidth) walks back through pure elementwise
+    ops and views and halves the width once it meets a tl.join, so codes unpacked by a join tree reach the dot as
+    8-bit (kWidth 4: the fp16 A operand then loads by LDS.64 and register moves, not ldmatrix); the move stops
+    that walk, and ptxas removes it. Pairs must be adjacent in each thread's registers (true of `words_f16` and
+    `codes_f16` of `unpack_words`), else the packing costs byte permutes. The interpreter has no inline assembly."""
+    if INTERPRETED:
+        return x
+    else:
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float16, is_pure=False, pack=2)
+
+
+@triton.jit
 def pow2_scale(amax, EXP: tl.constexpr):
     """(f, 1 / f), both exact powers of two, with amax * f in [2^EXP, 2^(EXP + 1)) (fp32 [..], amax >= 0;
     f clamped to [2^-126, 2^126] so both stay normal: a zero amax gets 2^126)."""
@@ -72,22 +90,30 @@ def pow2_scale(amax, EXP: tl.constexpr):
 
 @triton.jit
 def words_f16(words, BITS: tl.constexpr):
-    """fp16 [.., NW, 32 / BITS] of int32 words [.., NW] of 8- or 4-bit codes, exactly, in `pair_order`, two codes
+    """fp16 [.., NW, 32 / BITS] of int32 words [.., NW] of 8-, 4- or 2-bit codes, exactly, in `pair_order`, two codes
     per 32-bit op: a mask of elements i and i + 16 / BITS at once, OR'd with 0x6400 in both halves (fp16 1024 + c,
     `codes_f16`), is already an fp16 pair that stays in one register, finished by one packed subtract (HADD2).
     At 4 bits the odd elements are masked in place (fp16 1024 + 16 c) and finished by one packed FMA (x / 16 - 64,
-    exact), so a word takes one shift, not three (Marlin's dequant). sm_90, INT4 decode at 64 x 128 on 4 warps:
-    992 SASS a tile with three shifts, 981 with one; the element-order unpack took 1136 (byte permutes to pair
-    neighbouring codes)."""
+    exact), so a word takes one shift, not three (Marlin's dequant); the fp16 pairs are joined last, so each
+    thread's registers hold the columns in order and `opaque_f16` packs them as they are. sm_90, INT4 decode at
+    64 x 128 on 4 warps: 707 SASS a tile with one shift, 727 with three; the element-order unpack took 1136 (byte
+    permutes to pair neighbouring codes). At 2 bits a word is shifted by 2 i (i < 8: 7 shifts down a join tree)
+    and each shift masked once: INT2 at 64 x 128 on 4 warps 719 SASS a tile, against 864 element by element."""
     if BITS == 8:
         x = tl.join(words & 0x00FF00FF, (words >> 8) & 0x00FF00FF) | 0x64006400  # [.., i]: elements i, i + 2
         out = _halves(x)
         return tl.reshape(out, (words.shape[0], words.shape[1], 4)) - 1024.0
+    elif BITS == 2:  # shifted by 2 i (a join tree: 7 shifts a word), [.., i]: elements i, i + 8
+        a = tl.join(words, words >> 2)
+        a = tl.join(a, a >> 4)
+        a = tl.permute(tl.join(a, a >> 8), (0, 1, 4, 3, 2))  # [.., j3, j2, j1]: shift 2 (j1 + 2 j2 + 4 j3)
+        out = _halves((a & 0x00030003) | 0x64006400)
+        return tl.reshape(out, (words.shape[0], words.shape[1], 16)) - 1024.0
     else:
         a = tl.join(words, words >> 8)  # [.., j]: elements 2j, 2j + 1, 2j + 4, 2j + 5 at bits 0, 4, 16, 20
-        lo = _halves((a & 0x000F000F) | 0x64006400) - 1024.0  # elements 2j, 2j + 4
-        hi = _halves((a & 0x00F000F0) | 0x64006400) * 0.0625 - 64.0  # 1024 + 16 c: elements 2j + 1, 2j + 5
-        out = tl.permute(tl.join(lo, hi), (0, 1, 2, 4, 3))  # [.., j, odd, half]
+        x = tl.join((a & 0x000F000F) | 0x64006400, (a & 0x00F000F0) | 0x64006400)  # [.., j, odd]
+        odd = tl.arange(0, 2)[None, None, None, :, None].to(tl.float16)
+        out = _halves(x) * (1.0 - 0.9375 * odd) + (960.0 * odd - 1024.0)  # odd: 1024 + 16 c, so x / 16 - 64
         return tl.reshape(out, (words.shape[0], words.shape[1], 8))
 
 
@@ -104,3 +130,41 @@ def pair_order(c, BITS: tl.constexpr):
     PERW: tl.constexpr = 32 // BITS
     i = (c % PERW) // 2
     return c - c % PERW + i + (c % 2) * (PERW // 2)
+
+
+@triton.jit
+def pair_cols(x, BITS: tl.constexpr):
+    """x [N] or [M, N] (N a multiple of 32 / BITS), its last axis in element order, returned in `pair_order`'s column
+    order: a permutation inside each word's columns ([word, half, i] -> [word, i, half]), free of data movement where
+    a thread holds whole words (a gather by `pair_order` instead is one load per element)."""
+    PERW: tl.constexpr = 32 // BITS
+    if len(x.shape) == 1:
+        y = tl.reshape(tl.permute(tl.reshape(x, (x.shape[0] // PERW, 2, PERW // 2)), (0, 2, 1)), (x.shape[0],))
+    else:
+        y = tl.permute(tl.reshape(x, (x.shape[0], x.shape[1] // PERW, 2, PERW // 2)), (0, 1, 3, 2))
+        y = tl.reshape(y, (x.shape[0], x.shape[1]))
+    return y
+
+
+@triton.jit
+def chunk_words_f16(words, BITS: tl.constexpr):
+    """fp16 [.., NW * 32 / BITS] of int32 words [.., NW] of 8-, 4- or 2-bit codes, exactly, in one column order for
+    every width: 16-element chunks in `pair_order(c, 2)` (column 2 i + half holds element i + 8 half), so tiles of
+    different widths can meet one permuted q. 2 bits: `words_f16`. 8 and 4 bits: the chunk's words are first
+    recombined, low halves with low halves and high with high (a byte permute each), so each 32-bit word holds
+    elements i and i + 8 in its halves, then `words_f16` (NW: 4 / 2 words a chunk)."""
+    N: tl.constexpr = words.shape[0]
+    NW: tl.constexpr = words.shape[1]
+    if BITS == 2:
+        out = tl.reshape(words_f16(words, 2), (N, NW * 16))
+    else:
+        if BITS == 8:  # [chunk, t, pair]: words t and 2 + t of a chunk (elements 4 t .. and 8 + 4 t ..)
+            wa, wb = tl.split(tl.permute(tl.reshape(words, (N, NW // 4, 2, 2)), (0, 1, 3, 2)))
+        else:  # [chunk, pair]: a chunk's two words (elements 0 .. 7 and 8 .. 15)
+            wa, wb = tl.split(tl.reshape(words, (N, NW // 2, 2)))
+        lo = (wa & 0xFFFF) | (wb << 16)
+        hi = ((wa >> 16) & 0xFFFF) | (wb & -65536)
+        x = tl.reshape(tl.join(lo, hi), (N, NW))
+        out = tl.reshape(words_f16(x, BITS), (N, NW * (32 // BITS)))
+    return out
+

@@ -66,7 +66,16 @@ from codesign.kernels.kvcache.formats import (
     table_suffix,
 )
 from codesign.kernels.kvcache.oaken import index_capacity
-from codesign.kernels.triton_codes import codes_f16, pair_order, pow2_scale, unpack_words, words_f16
+from codesign.kernels.triton_codes import (
+    chunk_words_f16,
+    codes_f16,
+    opaque_f16,
+    pair_cols,
+    pair_order,
+    pow2_scale,
+    unpack_words,
+    words_f16,
+)
 
 OP = "paged_attention"
 # Formats whose codes meet fp16 / bf16 queries in fp16 products (F16_MMA): codes become fp16 by bit patterns
@@ -88,18 +97,20 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 # BLOCK_N x DIM_PAD tile: compiled for sm_90 at head_dim 128 and 4 warps (`bench/lowering_report.py`,
 # ptxas), sub-byte codes read by byte gather (mixed chunks; INT4/INT2 and Oaken whose rows are not whole words)
 # spill at BLOCK_N 32 (255 registers, 0.2-0.6 KB per thread; 1.2-8.6 KB at 64) and use 64-116 registers at
-# 16; KIVI (words) 121-156 at 32. Per-token INT4/INT2 read as words are not capped: their 64 x 128 tile
-# takes 127-150 registers on 4 warps without spilling, and on an H200 (batch 16, context 32k) ran 0.83 ms
-# against 1.08 on 8 warps, 1.61 at 16 x 128 (tuning-pass timings, `bench/results/h200-2026-11-30-run2`).
+# 16; KIVI (words) 124-125 at 32 (INT4, INT2; `bench/attention_predict.py`). Per-token INT4/INT2 read as words are
+# not capped: their 64 x 128 tile takes 127 registers on 4 warps without spilling, and on an H200 (batch 16,
+# context 32k) ran 0.83 ms against 1.08 on 8 warps, 1.61 at 16 x 128 (tuning-pass timings,
+# `bench/results/h200-2026-11-30-run2`).
 SUBBYTE_TILE_ELEMS = 16 * 128
 # Mixed chunks read as words (every tile inside one block) at most this wide, on 4 warps: sm_90, bf16, head_dim 128,
-# blocks of 32: 32 x 128 takes 117 registers, 710 SASS a tile (0.37 ms predicted at batch 16, context 32k), against
-# 576 on 8 warps (0.60), 740 for 16 x 128 on 2 (0.51) and 646 on 8 (1.34; `bench/attention_predict.py`). 64 wide
-# is not measured: the 2-bit branch is INT2's, whose 64 x 128 tile spills on 4 warps.
+# blocks of 32: 32 x 128 takes 128 registers, 469-514 SASS a tile (the width branches; 0.27 ms predicted at batch 16,
+# context 32k), against 394 on 8 warps (0.41), 586 for 16 x 128 on 2 (0.41) and 446 on 8 (0.93;
+# `bench/attention_predict.py`). 64 wide needs blocks of 64 (a word tile lies in one block): not measured.
 MIXED_WORDS_TILE = 32
 # KIVI's tile where it fits in a block, on 4 warps: sm_90, bf16, head_dim 128, G = R = 32, blocks of 32, its
-# code-only loop takes 669 SASS a 32-token tile and 120 registers (0.35 ms predicted at batch 16, context 32k),
-# against 612 a 16-token tile on 2 warps (0.43), 1056 for 32 on 2 (0.37), 1425 for 64 on 4 (244 registers, 0.38).
+# code-only loop takes 397 SASS a 32-token tile and 124 registers (0.21 ms predicted at batch 16, context 32k),
+# against 437 a 16-token tile on 2 warps (0.31), 662 for 32 on 2 (216 registers, 0.23), 1037 for 64 on 4 (240
+# registers, 0.28).
 KIVI_WORDS_TILE = 32
 # Tree verification adds the ancestor mask to a 16-token x GROUP_PAD-row extend tile, one 64-bit window of
 # packed mask bits per row (`tree_mask_words`): at most 64 wide. Compiled for sm_90 in bf16 at head_dim 128
@@ -115,7 +126,7 @@ TREE_FOUR_WARP_FORMATS = (KV_FORMAT_PLAIN, KV_FORMAT_FP8)
 # BLOCK_N <= 64 keys before the tree, so the packed bits start this far in.
 TREE_PAD_BITS = tl.constexpr(64)
 # Oaken's decode tile is 64 x 128 on 4 warps for blocks of at least this many tokens (sm_90, bf16, head_dim 128, blocks
-# of 32: 228 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
+# of 32: 218 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
 # registers, but is not predicted against 32 x 8).
 OAKEN_WIDE_BLOCK = 32
 # The constants above as the jit code reads them (a kernel reads only constexpr globals).
@@ -158,34 +169,80 @@ def _fp8_e4m3_f16(byte):
 
 
 @triton.jit
-def _load_kv_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s, stride_h,
+def _pairs(ptr, mask):
+    """fp16 (scale, zero) of the pairs at `ptr` (each pair an aligned int32 word: the launch's META32) by one 4-byte
+    load a pair, the scale's bits low; 0 where masked."""
+    w = tl.load(ptr.to(tl.pointer_type(tl.int32), bitcast=True), mask=mask, other=0)
+    return w.to(tl.int16).to(tl.float16, bitcast=True), (w >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _tile_rows(ptr, bt_row, start, s_hi, blk, off, kvh, stride_b, stride_s, stride_h, BLOCK_N: tl.constexpr,
+               BLOCK_SIZE: tl.constexpr, PER_BLOCK: tl.constexpr):  # fmt: skip
+    """[BLOCK_N] pointers to the rows of tokens start .. start + BLOCK_N - 1 (kv head kvh) of a paged tensor
+    [blocks, BLOCK_SIZE, heads, ..]. Tiles start at multiples of BLOCK_N, so where one of BLOCK_N and BLOCK_SIZE
+    divides the other each block of the tile is a scalar load and one 64-bit base, and a row adds a 32-bit offset
+    (and a multiply-add per block past the first), not a 64-bit multiply and sign extension per row. Else, and where
+    PER_BLOCK is False, per row from the rows' block ids `blk` (int64) and offsets `off`: the kernel keeps that for
+    extend and tree launches, where per-block bases took the bf16 tree tile from 232 registers to 255 (extend 180 to
+    212; sm_90, 64 x 4 warps) to save instructions in launches that wait on latency, not issue. Rows past s_hi may
+    point anywhere: every load masks them."""
+    r = tl.arange(0, BLOCK_N)
+    if not PER_BLOCK:
+        rows = ptr + blk * stride_b + off * stride_s + kvh * stride_h
+    elif BLOCK_SIZE % BLOCK_N == 0:  # one block
+        rows = ptr + tl.load(bt_row + start // BLOCK_SIZE).to(tl.int64) * stride_b + kvh * stride_h
+        rows = rows + (start % BLOCK_SIZE + r) * stride_s
+    elif BLOCK_N % BLOCK_SIZE == 0:  # BLOCK_N / BLOCK_SIZE whole blocks
+        # (block steps as multiplies, not selects: Triton's alignment analysis keeps a product's factor of 16, which
+        # the 16-byte copies of the codes need, and loses it through a select)
+        b0 = start // BLOCK_SIZE
+        prev = tl.load(bt_row + b0).to(tl.int64)
+        rows = ptr + prev * stride_b + kvh * stride_h + (r % BLOCK_SIZE) * stride_s
+        for t in tl.static_range(1, BLOCK_N // BLOCK_SIZE):
+            bt = tl.load(bt_row + b0 + t, mask=start + t * BLOCK_SIZE < s_hi, other=0).to(tl.int64)
+            rows += (r // BLOCK_SIZE >= t).to(tl.int64) * ((bt - prev) * stride_b)
+            prev = bt
+    else:
+        rows = ptr + blk * stride_b + off * stride_s + kvh * stride_h
+    return rows
+
+
+@triton.jit
+def _load_kv_tile(crow, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m,
                   stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
                   KV_FORMAT: tl.constexpr, BITS: tl.constexpr,
                   j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0, j0, d_ok,
                   BLOCK_SIZE: tl.constexpr,
                   KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr, KIVI_R: tl.constexpr, bits_ptr,
                   HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
-                  BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, RING: tl.constexpr = True):  # fmt: skip
+                  BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, RING: tl.constexpr = True,
+                  INTERPRETED: tl.constexpr = False, META32: tl.constexpr = False, dq=None,
+                  PAIRS: tl.constexpr = False):  # fmt: skip
     """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8, KIVI and
     Oaken caches, one helper per format family (the per-token INT and mixed formats take the factored path,
-    `_load_code_tile`). RING False: a KIVI tile of codes only (every token below n_q)."""
-    base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
+    `_load_code_tile`). RING False: a KIVI tile of codes only (every token below n_q). crow, mrow: the rows'
+    pointers into the codes and the per-token metadata (`_tile_rows`)."""
+    base = crow[:, None]
     if KV_FORMAT == _PLAIN:
         x = tl.load(base + d[None, :], mask=kv_m, other=0.0)
     elif KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE:
-        x = _load_oaken_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty,
+        x = _load_oaken_tile(base, s_ptr, mrow, kvh, d, j_ok, kv_m, out_ty,
                              KV_FORMAT, BITS, IS_KEY, bits_ptr, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N)  # fmt: skip
     elif KV_FORMAT == _FP8:
         x = _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty, HW_FP8)
     else:
-        x = _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty, BITS,
-                            j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY, blk0, j0, d_ok, BLOCK_SIZE,
-                            KIVI_G, KIVI_GV, KIVI_R, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N, RING)  # fmt: skip
+        x = _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty,
+                            BITS, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY, blk0, j0, d_ok, BLOCK_SIZE,
+                            KIVI_G, KIVI_GV, KIVI_R, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N, RING, META32, dq,
+                            PAIRS)  # fmt: skip
+    if WORDS and out_ty == tl.float16:  # codes unpacked by a join tree (`opaque_f16`)
+        x = opaque_f16(x.to(out_ty), INTERPRETED)
     return x.to(out_ty)
 
 
 @triton.jit
-def _load_oaken_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
+def _load_oaken_tile(base, s_ptr, mrow, kvh, d, j_ok, kv_m, out_ty: tl.constexpr,
                      KV_FORMAT: tl.constexpr, BITS: tl.constexpr, IS_KEY: tl.constexpr, bits_ptr,
                      HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
                      BLOCK_N: tl.constexpr):  # fmt: skip
@@ -193,7 +250,6 @@ def _load_oaken_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, strid
     token's lower bound); the kernel adds each outlier's difference from it to the scores and the output
     (`_oaken_key_corr`, `_oaken_value_corr`) instead of writing it into the tile."""
     code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
-    mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
     if KV_FORMAT == _OAKEN:
         sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
         zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
@@ -324,21 +380,12 @@ def _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty: tl.constexpr, HW_FP8: tl.c
 
 
 @triton.jit
-def _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
-                    BITS: tl.constexpr, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0,
-                    j0, d_ok, BLOCK_SIZE: tl.constexpr, KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr,
-                    KIVI_R: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
-                    BLOCK_N: tl.constexpr, RING: tl.constexpr):  # fmt: skip
-    """KIVI: tokens below n_q from the codes (keys per channel over KIVI_G tokens, values per token over KIVI_GV
-    elements), the newer ones from the sequence's residual ring (RING False: the caller's tile is all codes)."""
-    if RING:
-        c_ok = j_ok & (j < nq)
-        quant = (j < nq)[:, None]
-        qm = kv_m & quant
-    else:  # no ring row in the tile: no compare or select against n_q
-        c_ok = j_ok
-        qm = kv_m
-    code = _load_codes(base, d, c_ok, qm, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
+def _kivi_meta(s_ptr, mrow, blk, off, kvh, d, dq, d_ok, c_ok, qm, nq, stride_mb, stride_ms, stride_mh,
+               IS_KEY: tl.constexpr, blk0, j0, BLOCK_SIZE: tl.constexpr, KIVI_G: tl.constexpr,
+               KIVI_GV: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+               RING: tl.constexpr, META32: tl.constexpr, PAIRS: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
+    """KIVI's fp16 (scale, zero) of one tile, each broadcastable to [BLOCK_N, DIM_PAD] (`_load_kivi_tile`); dq: each
+    column's channel (PAIRS: `pair_order`; the value groups then hold whole words)."""
     # Metadata (fp16, kept so) is loaded at its own size, not per element: a gather of [BLOCK_N, DIM_PAD]
     # scales issues one scalar load per element (KIVI ran at 0.047x the bf16 cache's speed on an H200).
     NGV: tl.constexpr = HEAD_DIM // KIVI_GV
@@ -348,8 +395,14 @@ def _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride
         # all codes or all ring (n_q is a multiple of KIVI_G).
         row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G) * stride_ms + kvh * stride_mh
         m1 = d_ok & (d * 0 + nq > j0) if RING else d_ok  # (vector compare: the interpreter widens a scalar int1)
-        sc = tl.load(s_ptr + row0 + d * 2, mask=m1, other=0.0)[None, :]
-        zr = tl.load(s_ptr + row0 + d * 2 + 1, mask=m1, other=0.0)[None, :]
+        if META32:
+            sc, zr = _pairs(s_ptr + row0 + d * 2, m1)
+        else:
+            sc = tl.load(s_ptr + row0 + d * 2, mask=m1, other=0.0)
+            zr = tl.load(s_ptr + row0 + d * 2 + 1, mask=m1, other=0.0)
+        if PAIRS:  # loaded in channel order (contiguous), then permuted in registers
+            sc, zr = pair_cols(sc, BITS), pair_cols(zr, BITS)
+        sc, zr = sc[None, :], zr[None, :]
     elif IS_KEY and BLOCK_N % KIVI_G == 0 and BLOCK_SIZE % BLOCK_N == 0 and BLOCK_N // KIVI_G <= 8:
         # The tile holds BLOCK_N / KIVI_G whole key groups of one block: one (scale, zero) row per group, each
         # repeated over its group's tokens (as the value scales below), not a gather per element.
@@ -357,42 +410,78 @@ def _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride
         gi = tl.arange(0, NG)
         row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G + gi) * stride_ms + kvh * stride_mh
         m1 = d_ok[None, :] & (j0 + gi * KIVI_G < nq)[:, None] if RING else d_ok[None, :] & (gi >= 0)[:, None]
-        mp = s_ptr + row0[:, None] + d[None, :] * 2
+        mp = s_ptr + row0[:, None] + dq[None, :] * 2
         sc = tl.reshape(tl.broadcast_to(tl.load(mp, mask=m1, other=0.0)[:, None, :], (NG, KIVI_G, DIM_PAD)),
                         (BLOCK_N, DIM_PAD))  # fmt: skip
         zr = tl.reshape(tl.broadcast_to(tl.load(mp + 1, mask=m1, other=0.0)[:, None, :], (NG, KIVI_G, DIM_PAD)),
                         (BLOCK_N, DIM_PAD))  # fmt: skip
     elif IS_KEY:  # per channel, one (scale, zero) pair per group of KIVI_G tokens: per row
-        mp = s_ptr + (blk * stride_mb + (off // KIVI_G) * stride_ms + kvh * stride_mh)[:, None] + d[None, :] * 2
+        mp = s_ptr + (blk * stride_mb + (off // KIVI_G) * stride_ms + kvh * stride_mh)[:, None] + dq[None, :] * 2
         sc = tl.load(mp, mask=qm, other=0.0)
         zr = tl.load(mp + 1, mask=qm, other=0.0)
     elif NGV * KIVI_GV == DIM_PAD and NGV <= 8:
         # Per token, one pair per KIVI_GV elements of head_dim: a [BLOCK_N, NGV] load, each pair repeated
         # over its group's columns (a broadcast and an order-keeping reshape: no select per element).
         gi = tl.arange(0, NGV)
-        mp = (s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + 2 * gi[None, :]
-        rq = c_ok[:, None]
-        sc = tl.reshape(tl.broadcast_to(tl.load(mp, mask=rq, other=0.0)[:, :, None], (BLOCK_N, NGV, KIVI_GV)),
-                        (BLOCK_N, DIM_PAD))  # fmt: skip
-        zr = tl.reshape(tl.broadcast_to(tl.load(mp + 1, mask=rq, other=0.0)[:, :, None], (BLOCK_N, NGV, KIVI_GV)),
-                        (BLOCK_N, DIM_PAD))  # fmt: skip
+        mp = mrow[:, None] + 2 * gi[None, :]
+        rq = c_ok[:, None] & (gi >= 0)[None, :]
+        if META32:
+            sg, zg = _pairs(mp, rq)
+        else:
+            sg, zg = tl.load(mp, mask=rq, other=0.0), tl.load(mp + 1, mask=rq, other=0.0)
+        sc = tl.reshape(tl.broadcast_to(sg[:, :, None], (BLOCK_N, NGV, KIVI_GV)), (BLOCK_N, DIM_PAD))
+        zr = tl.reshape(tl.broadcast_to(zg[:, :, None], (BLOCK_N, NGV, KIVI_GV)), (BLOCK_N, DIM_PAD))
     elif NGV <= 8:
         # Per token, one pair per KIVI_GV elements of head_dim: NGV [BLOCK_N] loads, spread over columns.
-        mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
         rq = c_ok
         sc = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
         zr = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
         for g in tl.static_range(NGV):
-            in_g = (d // KIVI_GV == g)[None, :]
+            in_g = (dq // KIVI_GV == g)[None, :]
             sc = tl.where(in_g, tl.load(mrow + 2 * g, mask=rq, other=0.0)[:, None], sc)
             zr = tl.where(in_g, tl.load(mrow + 2 * g + 1, mask=rq, other=0.0)[:, None], zr)
     else:  # many small value groups: gather per element
-        mp = s_ptr + (blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + ((d // KIVI_GV) * 2)[None, :]
+        mp = s_ptr + (blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + ((dq // KIVI_GV) * 2)[None, :]
         sc = tl.load(mp, mask=qm, other=0.0)
         zr = tl.load(mp + 1, mask=qm, other=0.0)
+    return sc, zr
+
+
+@triton.jit
+def _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh,
+                    out_ty: tl.constexpr,
+                    BITS: tl.constexpr, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0,
+                    j0, d_ok, BLOCK_SIZE: tl.constexpr, KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr,
+                    KIVI_R: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
+                    BLOCK_N: tl.constexpr, RING: tl.constexpr, META32: tl.constexpr, dq,
+                    PAIRS: tl.constexpr):  # fmt: skip
+    """KIVI: tokens below n_q from the codes (keys per channel over KIVI_G tokens, values per token over KIVI_GV
+    elements), the newer ones from the sequence's residual ring (RING False: the caller's tile is all codes).
+    PAIRS: fp16 codes by `words_f16`, columns in `pair_order` (dq: each column's channel), as the INT formats'."""
+    if RING:
+        c_ok = j_ok & (j < nq)
+        quant = (j < nq)[:, None]
+        qm = kv_m & quant
+    else:  # no ring row in the tile: no compare or select against n_q
+        c_ok = j_ok
+        qm = kv_m
+    if PAIRS:
+        PERW: tl.constexpr = 32 // BITS
+        w = tl.arange(0, DIM_PAD // PERW)
+        words = tl.load(base + w[None, :], mask=c_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
+        code = tl.reshape(words_f16(words, BITS), (BLOCK_N, DIM_PAD))  # fp16 already
+    else:
+        code = _load_codes(base, d, c_ok, qm, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
+    sc, zr = _kivi_meta(s_ptr, mrow, blk, off, kvh, d, dq, d_ok, c_ok, qm, nq, stride_mb, stride_ms, stride_mh, IS_KEY,
+                        blk0, j0, BLOCK_SIZE, KIVI_G, KIVI_GV, HEAD_DIM, DIM_PAD, BLOCK_N, RING, META32, PAIRS,
+                        BITS)  # fmt: skip
+    if PAIRS:
+        cf = code
+    elif out_ty == tl.float16:
+        cf = codes_f16(code)
     if not RING:  # masked rows and columns load code, scale and zero 0: they dequantize to 0 with no select
         if out_ty == tl.float16:
-            x = codes_f16(code) * sc + zr
+            x = cf * sc + zr
         else:
             x = code.to(tl.float32) * sc.to(tl.float32) + zr.to(tl.float32)
     else:
@@ -403,7 +492,9 @@ def _load_kivi_tile(base, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride
             # one rounding (2^-11, finer than the bf16 tiles this replaces) and no per-element conversion (an
             # int-to-float and a float-to-bf16 cvt each ran at 16 per clock per SM).
             xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float16)
-            x = tl.where(quant, codes_f16(code) * sc + zr, xr)
+            if PAIRS:  # ring rows read in channel order (contiguous), then permuted in registers
+                xr = pair_cols(xr, BITS)
+            x = tl.where(quant, cf * sc + zr, xr)
         else:
             xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float32)
             x = tl.where(quant, code.to(tl.float32) * sc.to(tl.float32) + zr.to(tl.float32), xr)
@@ -436,16 +527,32 @@ def _load_codes(base, d, row_ok, kv_m, BITS: tl.constexpr, WORDS: tl.constexpr, 
 
 
 @triton.jit
-def _load_code_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride_s, stride_h,
-                    stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
+def _mixed_words(base, j_ok, kv_m, d, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+                 BLOCK_N: tl.constexpr, out_ty: tl.constexpr):  # fmt: skip
+    """One width's tile of a mixed-precision block read as words: fp16 tiles by `chunk_words_f16` (one column order
+    for every width, which q and the output follow), else int32 codes in order."""
+    if out_ty == tl.float16:
+        PERW: tl.constexpr = 32 // BITS
+        w = tl.arange(0, DIM_PAD // PERW)
+        words = tl.load(base + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
+        code = chunk_words_f16(words, BITS)
+    else:
+        code = _load_codes(base, d, j_ok, kv_m, BITS, True, HEAD_DIM, DIM_PAD, BLOCK_N)
+    return code
+
+
+@triton.jit
+def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
                     BITS: tl.constexpr, bits_ptr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, blk0):  # fmt: skip
+                    DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, blk0, INTERPRETED: tl.constexpr,
+                    META32: tl.constexpr):  # fmt: skip
     """Per-token formats (INT, MIXED): the raw codes of one [BLOCK_N, DIM_PAD] tile as `out_ty` (fp16 through
     `codes_f16`, or fp32; exact either way) and the rows' fp32 (scale, zero), for the factored products
     q . k_j = sc_j (q . c_j) + zr_j sum(q) and sum_j p_j v_j = (p * sc) @ c + sum_j p_j zr_j. The scale and
-    zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element."""
-    base = c_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + kvh * stride_h
-    PAIRS: tl.constexpr = KV_FORMAT == _INT and WORDS and BITS >= 4 and out_ty == tl.float16
+    zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element. crow, mrow: the rows'
+    pointers into the codes and the (scale, zero) pairs (`_tile_rows`)."""
+    base = crow[:, None]
+    PAIRS: tl.constexpr = KV_FORMAT == _INT and WORDS and out_ty == tl.float16
     if PAIRS:  # `words_f16`: its columns in `pair_order` (the kernel permutes q and o alike)
         PERW: tl.constexpr = 32 // BITS
         w = tl.arange(0, DIM_PAD // PERW)
@@ -459,23 +566,26 @@ def _load_code_tile(c_ptr, s_ptr, blk, off, kvh, d, j_ok, kv_m, stride_b, stride
         # of a byte gather with a shift per row (the mixed cache ran at 1/11 of the bf16 cache on an H200).
         nb0 = tl.load(bits_ptr + blk0)
         if nb0 == 8:
-            code = _load_codes(base, d, j_ok, kv_m, 8, True, HEAD_DIM, DIM_PAD, BLOCK_N)
+            code = _mixed_words(base, j_ok, kv_m, d, 8, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
         elif nb0 == 4:
-            code = _load_codes(base, d, j_ok, kv_m, 4, True, HEAD_DIM, DIM_PAD, BLOCK_N)
+            code = _mixed_words(base, j_ok, kv_m, d, 4, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
         else:
-            code = _load_codes(base, d, j_ok, kv_m, 2, True, HEAD_DIM, DIM_PAD, BLOCK_N)
+            code = _mixed_words(base, j_ok, kv_m, d, 2, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
     else:
         nbits = tl.load(bits_ptr + blk, mask=j_ok, other=8).to(tl.int32)[:, None]  # per row: its block's width
         per = 8 // nbits
         byte = tl.load(base + d[None, :] // per, mask=kv_m, other=0).to(tl.int32)
         code = (byte >> ((d[None, :] % per) * nbits)) & ((1 << nbits) - 1)
-    mrow = s_ptr + blk * stride_mb + off * stride_ms + kvh * stride_mh
-    sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
-    zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
-    if PAIRS:
-        x = code
+    if META32:
+        sc, zr = _pairs(mrow, j_ok)
+        sc, zr = sc.to(tl.float32), zr.to(tl.float32)
+    else:
+        sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
+        zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
+    if PAIRS or (KV_FORMAT == _MIXED and WORDS and out_ty == tl.float16):
+        x = opaque_f16(code, INTERPRETED)
     elif out_ty == tl.float16:
-        x = codes_f16(code)
+        x = opaque_f16(codes_f16(code), INTERPRETED)
     else:
         x = code.to(out_ty)
     return x, sc, zr
@@ -503,6 +613,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
     BITS: tl.constexpr = 16, KIVI_G: tl.constexpr = 1, KIVI_GV: tl.constexpr = 1, KIVI_R: tl.constexpr = 0,
     OAKEN_CAP: tl.constexpr = 0, WORDS: tl.constexpr = False, HW_FP8: tl.constexpr = False,
     OAKEN_NBT: tl.constexpr = 1, F16_MMA: tl.constexpr = False, OAKEN_GP: tl.constexpr = 1,
+    INTERPRETED: tl.constexpr = False, META32: tl.constexpr = False,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -530,8 +641,15 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         d_ok = d < HEAD_DIM
         # INT codes read as words meet fp16 queries in `words_f16`'s column order: q and o take it too (the
         # permutation stays inside each word, so d_ok and the masks are unchanged).
-        PAIRS: tl.constexpr = KV_FORMAT == _INT and WORDS and BITS >= 4 and F16_MMA
-        dq = pair_order(d, BITS) if PAIRS else d
+        PAIRS: tl.constexpr = KV_FORMAT == _INT and WORDS and F16_MMA
+        # KIVI too where each value group holds whole words (its per-group scales then need no permutation)
+        KIVI_PAIRS: tl.constexpr = KV_FORMAT == _KIVI and WORDS and F16_MMA and KIVI_GV % (32 // BITS) == 0
+        # mixed chunks read as words: `chunk_words_f16`'s order (16-element chunks as 2-bit `pair_order`), every width
+        MIXED_PAIRS: tl.constexpr = KV_FORMAT == _MIXED and WORDS and F16_MMA
+        if MIXED_PAIRS:
+            dq = pair_order(d, 2)
+        else:
+            dq = pair_order(d, BITS) if PAIRS or KIVI_PAIRS else d
         qt = (q_start + qi).to(tl.int64)
         q = tl.load(
             q_ptr + qt[:, None] * stride_qt + qh[:, None] * stride_qh + dq[None, :],
@@ -594,6 +712,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             p_at = ((rows // GROUP_PAD) * OAKEN_GP + hg)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
             if SPREAD:
                 acc_o = tl.zeros([CR, DIM_PAD], tl.float32)
+        bt_row = bt_ptr + b * stride_bt  # the sequence's block table
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
@@ -614,28 +733,31 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             for start in range(lo, hi, BLOCK_N):
                 j = start + tl.arange(0, BLOCK_N)
                 j_ok = j < s_hi
-                blk = tl.load(bt_ptr + b * stride_bt + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
+                blk = tl.load(bt_row + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
                 if KV_FORMAT == _KIVI or KV_FORMAT == _MIXED:  # the tile's first block: KIVI key meta, mixed widths
                     blk0 = tl.load(bt_ptr + b * stride_bt + start // BLOCK_SIZE).to(tl.int64)
                 else:
                     blk0 = 0
                 off = j % BLOCK_SIZE
                 kv_m = j_ok[:, None] & d_ok[None, :]
+                krow = _tile_rows(k_ptr, bt_row, start, s_hi, blk, off, kvh, stride_kb, stride_ks, stride_kh, BLOCK_N,
+                                  BLOCK_SIZE, IS_DECODE)  # fmt: skip
+                kmrow = _tile_rows(k_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_mb, stride_ms, stride_mh,
+                                   BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
                 if FACTORED:
-                    kc, ksc, kzr = _load_code_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb,
-                                                   stride_ks, stride_kh, stride_mb, stride_ms, stride_mh,
-                                                   q_mma.dtype, KV_FORMAT, BITS, bits_ptr, WORDS,
-                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0)  # fmt: skip
+                    kc, ksc, kzr = _load_code_tile(krow, kmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
+                                                   bits_ptr, WORDS,
+                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED, META32)  # fmt: skip
                     s = tl.dot(q_mma, tl.trans(kc), input_precision=DOT_PREC) * (q_unf[:, None] * ksc[None, :])
                     s += q_sum[:, None] * kzr[None, :]
                 else:
-                    k = _load_kv_tile(k_ptr, k_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_kb, stride_ks, stride_kh,
+                    k = _load_kv_tile(krow, k_scale_ptr, kmrow, blk, off, kvh, d, j_ok, kv_m,
                                       stride_mb, stride_ms, stride_mh, q_mma.dtype, KV_FORMAT, BITS,
                                       j, b, nq, k_res_ptr, stride_rb, stride_rr, stride_rh, True,
                                       blk0, start, d_ok, BLOCK_SIZE,
                                       KIVI_G, KIVI_GV, KIVI_R, bits_ptr, HEAD_DIM, WORDS, DIM_PAD,
                                       BLOCK_N, HW_FP8,
-                                      not KIVI_SPLIT or phase == 1)  # fmt: skip
+                                      not KIVI_SPLIT or phase == 1, INTERPRETED, META32, dq, KIVI_PAIRS)  # fmt: skip
                     s = tl.dot(q_mma, tl.trans(k), input_precision=DOT_PREC)
                     if F16_MMA:
                         s = s * q_unf[:, None]
@@ -682,11 +804,14 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 alpha = tl.exp2(m_i - m_safe)
                 p = tl.exp2(s - m_safe[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
+                vrow = _tile_rows(v_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vb, stride_vs, stride_vh, BLOCK_N,
+                                  BLOCK_SIZE, IS_DECODE)  # fmt: skip
+                vmrow = _tile_rows(v_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vmb, stride_vms,
+                                   stride_vmh, BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
                 if FACTORED:
-                    vc, vsc, vzr = _load_code_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb,
-                                                   stride_vs, stride_vh, stride_vmb, stride_vms, stride_vmh,
-                                                   q_mma.dtype, KV_FORMAT, BITS, bits_ptr, WORDS,
-                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0)  # fmt: skip
+                    vc, vsc, vzr = _load_code_tile(vrow, vmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
+                                                   bits_ptr, WORDS,
+                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED, META32)  # fmt: skip
                     if F16_MMA:
                         # p * sc in fp16 would lose small scales to underflow (V of magnitude 1e-5 gave 116 %
                         # error in fp16): the tile's scales are brought to [1, 2) by a power of two first.
@@ -696,13 +821,13 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                         pv = tl.dot((p * vsc[None, :]).to(vc.dtype), vc, input_precision=DOT_PREC)
                     acc = acc * alpha[:, None] + pv + tl.sum(p * vzr[None, :], 1)[:, None]
                 else:
-                    v = _load_kv_tile(v_ptr, v_scale_ptr, blk, off, kvh, d, j_ok, kv_m, stride_vb, stride_vs, stride_vh,
+                    v = _load_kv_tile(vrow, v_scale_ptr, vmrow, blk, off, kvh, d, j_ok, kv_m,
                                       stride_vmb, stride_vms, stride_vmh, q_mma.dtype, KV_FORMAT, BITS,
                                       j, b, nq, v_res_ptr, stride_rb, stride_rr, stride_rh, False,
                                       blk0, start, d_ok, BLOCK_SIZE,
                                       KIVI_G, KIVI_GV, KIVI_R, bits_ptr, HEAD_DIM, WORDS, DIM_PAD,
                                       BLOCK_N, HW_FP8,
-                                      not KIVI_SPLIT or phase == 1)  # fmt: skip
+                                      not KIVI_SPLIT or phase == 1, INTERPRETED, META32, dq, KIVI_PAIRS)  # fmt: skip
                     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
                     if OAKEN:
                         tl.debug_barrier()  # every thread is done with the previous tile's p
@@ -816,9 +941,6 @@ def default_config(
         cfg["BLOCK_N"], cfg["num_warps"] = mixed_bn, 4
     elif kv_format == KV_FORMAT_MIXED:
         cfg["num_warps"] = 8  # three code widths in one loop: 4 warps spill without a split (128 regs + 8 B)
-    if kv_format == KV_FORMAT_INT and bits == 2:
-        # 16 codes per word: on 4 warps the 64 x 128 tile spills (sm_90, bf16, block size 32); on 8 it does not.
-        cfg["num_warps"] = 8
     if dp >= 256:
         cfg["num_warps"] = 8
         cfg["BLOCK_M"] = 32  # and half the query rows: Q and the accumulator stay in registers
@@ -1022,9 +1144,21 @@ def plan_launch(
     return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws, tw, oak)
 
 
-def _side_args(kv: KernelKV, context_lens: torch.Tensor, head_dim: int) -> tuple[tuple, tuple, int]:
+def pairs_are_words(meta: torch.Tensor | None) -> bool:
+    """True when `meta` holds fp16 (scale, zero) pairs [.., 2] that are aligned int32 words (the kernel's META32:
+    one 4-byte load a pair, not two 2-byte ones): last dimension contiguous, every other stride and the offset
+    even (torch allocations are at least 4-byte aligned)."""
+    if meta is None or meta.dtype != torch.float16 or meta.shape[-1] != 2 or meta.stride(-1) != 1:
+        return False
+    return meta.storage_offset() % 2 == 0 and all(st % 2 == 0 for st in meta.stride()[:-1])
+
+
+def _side_args(kv: KernelKV, context_lens: torch.Tensor, head_dim: int) -> tuple[tuple, tuple, int, bool]:
     """The kernel's metadata strides, side-tensor arguments (KIVI's rings, Oaken's outlier index; stand-ins
-    otherwise) and Oaken's slot capacity."""
+    otherwise), Oaken's slot capacity and META32 (per-token INT / mixed and KIVI pairs read as int32 words)."""
+    meta32 = kv.kv_format in (KV_FORMAT_INT, KV_FORMAT_MIXED, KV_FORMAT_KIVI) and (
+        pairs_are_words(kv.k_meta) and pairs_are_words(kv.v_meta)
+    )
     if kv.kv_format not in (KV_FORMAT_PLAIN, KV_FORMAT_FP8):  # per-token / per-group metadata tensors
         ks, vs = kv.k_meta, kv.v_meta
         mstrides = (ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2))
@@ -1038,7 +1172,7 @@ def _side_args(kv: KernelKV, context_lens: torch.Tensor, head_dim: int) -> tuple
         res = (kix, kv.v_side, kix.stride(0), kix.stride(1), 0)
     else:
         res = (context_lens, context_lens, 0, 0, 0)
-    return mstrides, res, _oaken_capacity(kv, head_dim)
+    return mstrides, res, _oaken_capacity(kv, head_dim), meta32
 
 
 def _oaken_capacity(kv: KernelKV, head_dim: int) -> int:
@@ -1076,7 +1210,7 @@ def paged_attention_triton(
     hkv, bs = kv.k.shape[2], kv.k.shape[1]
     if cap > 0 and p.oaken_scratch is None:
         raise ValueError("an Oaken launch needs a plan made with oaken_cap (its probability scratch)")
-    mstrides, res, cap = _side_args(kv, batch.context_lens, dim)
+    mstrides, res, cap, meta32 = _side_args(kv, batch.context_lens, dim)
     o_part, l_part = p.workspace if s > 1 else (out, out)  # unused with one split
     dummy = batch.context_lens
     lse_t = lse if lse is not None else out
@@ -1109,7 +1243,8 @@ def paged_attention_triton(
         KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=cap, OAKEN_NBT=tile_blocks(cfg["BLOCK_N"], bs), WORDS=p.words,
         HW_FP8=p.hw_fp8, OAKEN_GP=triton.next_power_of_2(hq // hkv),
         F16_MMA=kv.kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", INTERPRETED=device_view(q.device).interpreted,
+        META32=meta32,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if s > 1:

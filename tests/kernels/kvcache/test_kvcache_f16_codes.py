@@ -71,6 +71,23 @@ def test_fp16_queries_vs_fp64(fmt, v_scale):
     assert_rel_close(oe.double(), ref_e, 1e-3, f"{fmt} fp16 extend v_scale={v_scale}")
 
 
+@pytest.mark.parametrize("fmt", ["int4", "int2"])
+def test_fp16_queries_over_word_rows(fmt):
+    """Rows of whole int32 words (head_dim 32; 24 above is a byte gather at 2 bits): INT4 and INT2 codes unpack two
+    per 32-bit op (`words_f16`) in `pair_order`, which q and the output follow; decode and extend vs fp64."""
+    cache, bt, cl, q, kd, vd = _case(fmt, 1.0, 3.0, torch.float16, d=32)
+    ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [1, 1, 1])
+    for splits in (1, 2):
+        with use_backend("triton"):
+            out = kvq_decode_attention(q, cache, bt, cl, num_splits=splits)
+        assert_rel_close(out.double(), ref, 1e-3, f"{fmt} fp16 decode over words splits={splits}")
+    qe = (torch.randn(6, q.shape[1], q.shape[2]) * 3.0).half()
+    with use_backend("triton"):
+        oe = kvq_extend_attention(qe, cache, bt, cl, torch.tensor([0, 3, 5, 6], dtype=torch.int32), num_splits=1)
+    ref_e, _ = reference_attention(qe.double(), kd, vd, bt, cl, [3, 2, 1])
+    assert_rel_close(oe.double(), ref_e, 1e-3, f"{fmt} fp16 extend over words")
+
+
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])
 def test_bf16_queries_beyond_fp16_range(fmt, monkeypatch):
     """bf16 queries of magnitude 1e6 (no fp16 holds them) meet the codes in fp16 after the per-row power of
@@ -110,19 +127,24 @@ def test_fp16_queries_over_mixed_chunks(bs, d):
         assert_rel_close(out.double(), ref, 1e-3, f"mixed fp16 decode bs={bs} splits={splits}")
 
 
-@pytest.mark.parametrize("g, r, bs, d", [(4, 4, 8, 16), (8, 4, 16, 24), (16, 8, 32, 32), (32, 0, 32, 64)])
-def test_kivi_fp16_and_bf16_queries(g, r, bs, d, monkeypatch):
+@pytest.mark.parametrize(
+    "g, r, bs, d, bits",
+    [(4, 4, 8, 16, 4), (8, 4, 16, 24, 4), (16, 8, 32, 32, 4), (32, 0, 32, 64, 4), (16, 8, 32, 32, 2),
+     (32, 0, 32, 64, 2)],  # fmt: skip
+)
+def test_kivi_fp16_and_bf16_queries(g, r, bs, d, bits, monkeypatch):
     """KIVI tiles dequantize in fp16 arithmetic (fp16 codes by bit patterns, one fused multiply-add with the
     stored fp16 scale and zero): per-row key metadata (G = 4, 8), one row per tile (G = 16, 32), value groups of
     4, 16 and 32 (one [BLOCK_N, groups] load spread by a reshape) and of 8 in a padded head of 24 (a select per
-    group), the fp16 residual ring; fp16 queries, and bf16 queries of 1e6 (refusal lifted as above)."""
+    group), the fp16 residual ring; fp16 queries, and bf16 queries of 1e6 (refusal lifted as above). Value groups
+    of whole words (16 and 32 at 4 bits, 16 and 32 at 2) take the paired unpack (`words_f16`, `pair_order`)."""
     from test_kvcache_kivi import _ref, _setup
 
     from codesign.kernels.attention.quantized import kivi_decode_attention, kivi_extend_attention
 
     monkeypatch.setattr(ops, "check_backend_dtype", lambda backend, q: None)
     ctx = [2 * g + r - 1, 2 * g + r, 2 * g + r + 1, 5 * g + 3]
-    cache, bt, cl, ks, vs = _setup(ctx, chunks=(g + 3, 1, 1000), share=True, g=g, r=r, bs=bs, d=d)
+    cache, bt, cl, ks, vs = _setup(ctx, bits, chunks=(g + 3, 1, 1000), share=True, g=g, r=r, bs=bs, d=d)
     q = torch.randn(len(ctx), 2 * cache.k_codes.shape[2], d) * 3.0
     ref, _ = _ref(q.half().double(), cache, ks, vs, [1] * len(ctx))
     for splits in (1, 3):
