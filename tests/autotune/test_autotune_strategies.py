@@ -109,7 +109,7 @@ def test_time_budget_and_bad_arguments():
 
     t0 = time.monotonic()
     res = search("exhaustive", cands, slow, Budget(max_seconds=0.2))
-    assert time.monotonic() - t0 < 1.0 and 3 <= res.n_new < 30
+    assert time.monotonic() - t0 < 2.0 and 3 <= res.n_new < 30  # 0.2 s budget; slack for a loaded machine
     with pytest.raises(CodesignError, match="strategy"):
         search("annealing", cands, slow)
     with pytest.raises(CodesignError, match="no config left"):
