@@ -108,7 +108,7 @@ def wq_gemv(x, qweight, scales, zeros, bias, bits: int, group: int, out: torch.T
     block_k = max(cfg["BLOCK_K"] // m_pad, 32 // bits)
     block_k = block_k if group == k else min(block_k, group)  # per-channel: one scale row
     block_n = cfg["BLOCK_N"]
-    splits = cfg.get("SPLIT_K") or gemv_splits(n, k, block_n, block_k, device_view(x.device).sms)
+    splits = gemv_splits(n, k, block_n, block_k, device_view(x.device).sms)
     k_per_prog = triton.cdiv(triton.cdiv(k, block_k), splits) * block_k
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, k_per_prog))
     atomic = grid[1] > 1

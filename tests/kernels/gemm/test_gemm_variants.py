@@ -230,3 +230,16 @@ for l in s.launches:
 print("ok")
 """
     assert_runs_without_interpreter(code)
+
+
+def test_gemv_k_split_fills_each_sm_without_an_extra_round():
+    """`gemv_splits`: at most PROGRAMS_PER_SM programs an SM (N = K = 8192 on an H200's 132 SMs: 16 column tiles x 32
+    K slices = 512 programs <= 528), whole BLOCK_K tiles each; a layer too short to split keeps one slice a tile."""
+    from codesign.kernels.gemm.triton_gemv import PROGRAMS_PER_SM, gemv_splits
+
+    s = gemv_splits(8192, 8192, 512, 64, 132)
+    assert s == 32 and 16 * s <= PROGRAMS_PER_SM * 132
+    assert gemv_splits(57344, 8192, 512, 64, 132) == 4  # gate_up: 112 column tiles
+    assert gemv_splits(8192, 64, 512, 64, 132) == 1  # one K tile
+    assert gemv_splits(400000, 8192, 512, 64, 132) == 1  # more column tiles than the programs aimed at
+    assert gemv_splits(8192, 8192, 512, 64, None) == 2  # off a GPU: the atomic path, exercised

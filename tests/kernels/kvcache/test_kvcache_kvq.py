@@ -291,3 +291,32 @@ def test_opcheck(backend):
         oc.write(key * 2, key * 2, slots)
         ot = (oc.k_codes, oc.v_codes, oc.k_meta, oc.v_meta, oc.k_out, oc.v_out)
         torch.library.opcheck(OAKEN.op, (q, *ot, bt, cl, cu, *args, 4))
+
+
+def _odd_offset(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a buffer one element in: pairs are no longer aligned 4-byte words."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype)
+    out = buf[1:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_meta_pairs_not_aligned_as_words_give_the_same_attention(fmt):
+    """META32 reads a token's (scale, zero) fp16 pair as one int32 word where `pairs_are_words` says it may;
+    metadata at an odd element offset takes the two 2-byte loads instead, with the same sums."""
+    from codesign.kernels.attention.triton_attention import pairs_are_words
+
+    h, g, d, bs = 2, 3, 32, 4
+    ctx = [13, 9, 1]
+    cache, bt, cl, *_ = _build(fmt, ctx, h, d, bs, share=2)
+    assert pairs_are_words(cache.k_meta) and not pairs_are_words(cache.k_meta.float())
+    odd = QuantPagedKV(**{**vars(cache), "k_meta": _odd_offset(cache.k_meta), "v_meta": _odd_offset(cache.v_meta)})
+    assert not pairs_are_words(odd.k_meta) and not pairs_are_words(odd.v_meta)
+    q = torch.randn(len(ctx), h * g, d)
+    with use_backend("triton"):
+        outs = [kvq_decode_attention(q, c, bt, cl, num_splits=2) for c in (cache, odd)]
+    assert torch.equal(outs[0], outs[1])
+    kd, vd = _dequant_ref(cache)
+    ref, _ = reference_attention(q, kd, vd, bt, cl, [1] * len(ctx))
+    assert_rel_close(outs[1], ref, 2e-6, f"{fmt} decode, metadata not word-aligned")
