@@ -46,6 +46,7 @@ if str(BENCH_DIR) not in sys.path:
 from sass_model import (  # noqa: E402  (the SASS model, shared with gemm_predict.py)
     CLOCK_HZ,
     SMS,
+    is_matrix,
     issue_cycles,
     loop_report,
     loops,
@@ -109,7 +110,7 @@ def oaken_loop_trips(sass: str, nbt: int, key: int, value: int) -> dict[str, Any
     ins, labels = parse_sass(sass)
     all_loops = loops(ins, labels)
     outer = [lp for lp in all_loops if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in all_loops)]
-    tiles = [(a, b) for a, b in outer if any("MMA" in opcode(t) for t in ins[a:b])]
+    tiles = [(a, b) for a, b in outer if any(is_matrix(opcode(t)) for t in ins[a:b])]
     a, b = max(tiles, key=lambda lp: lp[1] - lp[0])
     inner = [lp for lp in all_loops if a < lp[0] and lp[1] <= b]
     if len(inner) not in (nbt + 1, nbt + 2):

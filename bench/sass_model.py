@@ -33,11 +33,11 @@ _BRA = re.compile(r"\bBRA(?:\.\w+)* (\w+);")
 
 
 # ----------------------------------------------------------------------------- SASS
-
 def is_matrix(op: str) -> bool:
     """A tensor-core instruction (HMMA, IMMA, HGMMA, IGMMA, QGMMA), not ptxas's HFMA2.MMA (a move of a constant
     issued on the FMA pipe)."""
     return "MMA" in op and not op.startswith("HFMA2")
+
 
 def parse_sass(sass: str) -> tuple[list[str], dict[str, int]]:
     """(instructions without control codes, label -> index of the instruction it precedes)."""
