@@ -80,6 +80,20 @@ def opaque_f16(x, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
+def opaque_bytes(x, INTERPRETED: tl.constexpr):
+    """int8 or e4m3 x unchanged. Compiled, through one `mov.b32` per four codes in inline assembly with side
+    effects: Triton's layout pass would otherwise move a tl.dot operand's layout back through the elementwise ops
+    that made x (a quantizer), computing them in the operand's replicated layout (every warp all of the rows);
+    the move keeps them where they were computed, and ptxas removes it. The interpreter has no inline assembly."""
+    if INTERPRETED:
+        return x
+    else:
+        b = x.to(tl.int8, bitcast=True) if x.dtype != tl.int8 else x
+        b = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [b], dtype=tl.int8, is_pure=False, pack=4)
+        return b.to(x.dtype, bitcast=True) if x.dtype != tl.int8 else b
+
+
+@triton.jit
 def pow2_scale(amax, EXP: tl.constexpr):
     """(f, 1 / f), both exact powers of two, with amax * f in [2^EXP, 2^(EXP + 1)) (fp32 [..], amax >= 0;
     f clamped to [2^-126, 2^126] so both stay normal: a zero amax gets 2^126)."""

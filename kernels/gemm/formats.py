@@ -18,7 +18,10 @@ symmetric and asymmetric paths the same subtraction. This is also GPTQ's packing
 GPTQ importer only re-orders metadata.
 
 FP8 (e4m3) weights: qweight float8_e4m3fn [K, N], scales fp32 [1, N] (per-channel) or [1, 1]
-(per-tensor); W[n, k] = qweight[k, n] * scale[n].
+(per-tensor); W[n, k] = qweight[k, n] * scale[n]. `quantize` returns qweight as the [K, N] view (`.t()`) of a
+contiguous [N, K] (K contiguous): Hopper's 8-bit warpgroup MMA reads its operands K-contiguous, so only that
+layout streams into shared memory by asynchronous copies (a row-major [K, N] weight is transposed through
+registers every K step). A contiguous [K, N] is still accepted.
 
 An optional `perm` (int64 [K]) records a K permutation (GPTQ act-order): the layer computes
 X[:, perm] @ W_native^T, where W_native is stored in the permuted K order.
@@ -116,15 +119,18 @@ class QuantizedWeight:
         return dequantize(self, dtype)
 
 
-def _check_tensor(name: str, t: object, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...]) -> None:
+def _check_tensor(
+    name: str, t: object, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...], k_contiguous: bool = False
+) -> None:
     if not isinstance(t, torch.Tensor):
         raise CodesignError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if tuple(t.shape) != shape:
         raise CodesignError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
     if t.dtype not in dtypes:
         raise CodesignError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
-    if not t.is_contiguous():
-        raise CodesignError(f"{name} must be contiguous (weights are prepared once; call .contiguous())")
+    if not t.is_contiguous() and not (k_contiguous and t.t().is_contiguous()):
+        also = " or the [K, N] view of a contiguous [N, K]" if k_contiguous else ""
+        raise CodesignError(f"{name} must be contiguous{also} (weights are prepared once; call .contiguous())")
 
 
 def validate_quantized_weight(w: QuantizedWeight) -> None:
@@ -139,7 +145,7 @@ def validate_quantized_weight(w: QuantizedWeight) -> None:
         check_choice("group_size (fp8: None per-channel, -1 per-tensor)", w.group_size, (None, -1))
         if w.zeros is not None:
             raise CodesignError("fp8 weights are symmetric: zeros must be None")
-        _check_tensor("qweight", w.qweight, (k, n), (torch.float8_e4m3fn,))
+        _check_tensor("qweight", w.qweight, (k, n), (torch.float8_e4m3fn,), k_contiguous=True)
         _check_tensor("scales", w.scales, (1, n if w.group_size is None else 1), (torch.float32,))
     else:
         check_choice("group_size", w.group_size, GROUP_SIZES)
@@ -216,7 +222,7 @@ def quantize_rtn(
         amax = w.abs().amax(dim=1, keepdim=True) if group_size is None else w.abs().amax().view(1, 1)
         s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
         q = (w / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-        return QuantizedWeight(q.t().contiguous(), s.t().contiguous(), None, dtype, group_size, n, k)
+        return QuantizedWeight(q.t(), s.t().contiguous(), None, dtype, group_size, n, k)  # K contiguous
     check_choice("group_size", group_size, GROUP_SIZES)
     g = k if group_size is None else group_size
     if k % g:

@@ -73,8 +73,9 @@ class QuantLinear(nn.Module):
     """y = x @ W^T + b with W stored quantized; a drop-in replacement for nn.Linear.
 
     Buffers: qweight, scales, zeros (or None), perm (or None), bias (or None). fp8 codes are kept
-    as an int8 view so that `module.half()`/`.to(dtype)` cannot convert them; scales and zeros are
-    metadata and keep their dtype only if you quantize after casting the model (quantize last).
+    as an int8 view so that `module.half()`/`.to(dtype)` cannot convert them, as [N, K] (nn.Linear's
+    orientation, K contiguous: what Hopper's 8-bit MMA streams; the ops get its [K, N] view); scales and zeros
+    are metadata and keep their dtype only if you quantize after casting the model (quantize last).
     """
 
     def __init__(self, weight: qf.QuantizedWeight, bias: torch.Tensor | None = None, act_quant: bool = False):
@@ -94,7 +95,8 @@ class QuantLinear(nn.Module):
         self.group = weight.group
         self.act_quant = act_quant or weight.dtype == "fp8_e4m3"
         fp8 = weight.dtype == "fp8_e4m3"
-        self.register_buffer("qweight", weight.qweight.view(torch.int8) if fp8 else weight.qweight)
+        qweight = weight.qweight.t().contiguous().view(torch.int8) if fp8 else weight.qweight  # [N, K]
+        self.register_buffer("qweight", qweight)
         self.register_buffer("scales", weight.scales)
         self.register_buffer("zeros", weight.zeros)
         self.register_buffer("perm", weight.perm)
@@ -108,7 +110,7 @@ class QuantLinear(nn.Module):
 
     def quantized_weight(self) -> qf.QuantizedWeight:
         """The stored weight as a (validated) QuantizedWeight."""
-        qw = self.qweight.view(torch.float8_e4m3fn) if self.dtype_name == "fp8_e4m3" else self.qweight
+        qw = self._fp8_weight() if self.dtype_name == "fp8_e4m3" else self.qweight
         return qf.QuantizedWeight(
             qw,
             self.scales,
@@ -119,6 +121,10 @@ class QuantLinear(nn.Module):
             self.in_features,
             self.perm,
         )
+
+    def _fp8_weight(self) -> torch.Tensor:
+        """The e4m3 codes as the ops take them: the [K, N] view of the [N, K] buffer."""
+        return self.qweight.view(torch.float8_e4m3fn).t()
 
     def to_linear(self, dtype: torch.dtype = torch.float32) -> nn.Linear:
         """A plain nn.Linear holding the dequantized weight (activations are NOT quantized)."""
@@ -140,7 +146,7 @@ class QuantLinear(nn.Module):
             x = x.index_select(-1, self.perm)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         if self.dtype_name == "fp8_e4m3":
-            return qg.fp8_gemm(x, self.qweight.view(torch.float8_e4m3fn), self.scales.float(), bias)
+            return qg.fp8_gemm(x, self._fp8_weight(), self.scales.float(), bias)
         if self.act_quant:
             return qg.w8a8_gemm(x, self.qweight, self.scales, bias)
         op = qg.w4a16_gemm if self.dtype_name == "int4" else qg.w8a16_gemm

@@ -9,7 +9,8 @@ or CPU tensors through the interpreter), "torch" runs a plain-torch CPU/GPU impl
 Argument contract (checked before any launch; violations raise CodesignError naming the argument):
   x       [..., K] fp16/bf16/fp32; a non-contiguous x is copied to a contiguous one (weights are not:
           they are prepared once, so a non-contiguous weight is refused rather than copied per call).
-  qweight native layout (see `gemm.formats`), scales/zeros [K/G, N], bias [N] of x's dtype or None,
+  qweight native layout (see `gemm.formats`; fp8 also as a [K, N] view of a contiguous [N, K]),
+          scales/zeros [K/G, N], bias [N] of x's dtype or None,
   all on x's device. group_size is 32/64/128 or K (per-channel). M = 0 returns an empty result.
 The output has x's dtype and shape [..., N].
 """
@@ -96,7 +97,10 @@ def _check_mm_args(x, qweight, w_scales, bias, fp8: bool) -> tuple[int, int]:
         k > 0 and (fp8 or k % 4 == 0),
         f"K={k} (x's last dim) must be positive{'' if fp8 else ' and % 4 == 0'}",
     )
-    _check_side("qweight", qweight, x, (k if fp8 else k // 4, n), (qweight.dtype,))
+    if fp8 and qweight.t().is_contiguous():  # K contiguous ([N, K] in memory): as Hopper's 8-bit MMA reads it
+        _check_side("qweight", qweight.t(), x, (n, k), (qweight.dtype,))
+    else:
+        _check_side("qweight", qweight, x, (k if fp8 else k // 4, n), (qweight.dtype,))
     _check(n > 0, "qweight must have N > 0 columns")
     _check(
         isinstance(w_scales, torch.Tensor) and tuple(w_scales.shape) in ((1, n), (1, 1)),

@@ -24,12 +24,12 @@ from codesign.kernels.gemm.triton_parts import (
     code_tile_nk,
     grouped_tile,
     k_split,
-    round_half_even,
-    round_to_e4m3,
+    quantize_codes,
     scaled_epilogue,
     split_k_buffer,
     split_range,
 )
+from codesign.kernels.triton_codes import opaque_bytes
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def _rows_to_tile(t, BLOCK_M: tl.constexpr):
 # where M = 3 (the same 4-row tile) did not, and one compiled variant per ROWS is enough.
 @triton.jit(do_not_specialize=["M"])
 def _fusedq_kernel(
-    x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT,
+    x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_wk, stride_wn,
     QMAX: tl.constexpr, IS_FP8: tl.constexpr, INTERPRETED: tl.constexpr, PER_TENSOR_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, ROWS: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -86,16 +86,16 @@ def _fusedq_kernel(
         # Masked lanes load 0 and quantize to code 0, so the dot needs no select on A.
         v = tl.minimum(tl.maximum(tl.math.div_rn(x, s[:, None]), -QMAX), QMAX)
         if IS_FP8:
-            a = _rows_to_tile(round_to_e4m3(v).to(tl.float8e4nv), BLOCK_M)
+            a = _rows_to_tile(opaque_bytes(quantize_codes(v, True, INTERPRETED), INTERPRETED), BLOCK_M)
             wmask = mask_k[:, None] & mask_n[None, :]
             if INTERPRETED:  # the interpreter cannot cast `other` to fp8: zero masked lanes by a select
-                w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=wmask)
+                w = tl.load(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn, mask=wmask)
                 w = tl.where(wmask, w, tl.zeros_like(w))
             else:
-                w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=wmask, other=0.0)
+                w = tl.load(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn, mask=wmask, other=0.0)
             acc += tl.dot(a, w)
         else:
-            a = _rows_to_tile(round_half_even(v).to(tl.int8), BLOCK_M)
+            a = _rows_to_tile(opaque_bytes(quantize_codes(v, False, INTERPRETED), INTERPRETED), BLOCK_M)
             codes = code_tile_nk(w_ptr, k0, offs_n, N, K, 8, BLOCK_K)  # [BLOCK_N, BLOCK_K], offset-binary
             w = tl.where(mask_n[:, None] & mask_k[None, :], codes - 128, 0).to(tl.int8)
             acc += tl.dot(a, tl.trans(w), out_dtype=tl.int32)
@@ -104,9 +104,19 @@ def _fusedq_kernel(
                     PER_TENSOR_W, HAS_BIAS, SPLIT_K)  # fmt: skip
 
 
+def w_strides(w: torch.Tensor, fp8: bool) -> tuple[int, int]:
+    """(stride along K, along N) of the e4m3 weight [K, N]: either layout runs, but only K contiguous ([N, K] in
+    memory, `formats.quantize`'s) pipelines on sm_90: Hopper's 8-bit warpgroup MMA reads its shared-memory
+    operands K-contiguous, so an [K, N] row-major tile is loaded to registers and stored transposed every K step
+    (no cp.async, no stages: the loop waits on each weight load). The int8 weight's packed [K/4, N] words are
+    read by `code_tile_nk`; these are unused for it."""
+    return (w.stride(0), w.stride(1)) if fp8 else (0, 0)
+
+
 def fusedq_mm(x, w, w_scale, bias, out: torch.Tensor, fp8: bool, cfg: dict, interpreted: bool) -> None:
     """out [M, N] = quantize_per_token(x) @ W, scaled (+ bias), in one launch: x [M, K] fp16 / bf16 / fp32;
-    w the native int32-packed int8 codes [K/4, N], or float8_e4m3fn [K, N] when fp8; w_scale [1, N] or [1, 1].
+    w the native int32-packed int8 codes [K/4, N], or float8_e4m3fn [K, N] when fp8 (either layout, `w_strides`);
+    w_scale [1, N] or [1, 1].
     cfg["SPLIT_K"] > 1 splits K as `triton_gemm.scaled_mm` does (its docstring states the error bound)."""
     m, k = x.shape
     n = w.shape[1]
@@ -120,7 +130,7 @@ def fusedq_mm(x, w, w_scale, bias, out: torch.Tensor, fp8: bool, cfg: dict, inte
     rows = triton.next_power_of_2(m)
     rows = min(max(2, rows, per_thread * 32 * cfg["num_warps"] // cfg["BLOCK_K"]), cfg["BLOCK_M"])
     _fusedq_kernel[grid](
-        x, w, w_scale, w_scale if bias is None else bias, dst, m, n, k, k_per_split,
+        x, w, w_scale, w_scale if bias is None else bias, dst, m, n, k, k_per_split, *w_strides(w, fp8),
         QMAX=448.0 if fp8 else 127.0, IS_FP8=fp8, INTERPRETED=interpreted, PER_TENSOR_W=w_scale.numel() == 1 and n > 1,
         HAS_BIAS=bias is not None, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         GROUP_M=cfg["GROUP_M"], ROWS=rows, SPLIT_K=split, num_warps=cfg["num_warps"],

@@ -28,14 +28,13 @@ from codesign.autotune.lookup import forced_config_of, lookup_config, shape_key
 from codesign.backend import DeviceView, device_view
 from codesign.kernels.gemm import torch_mm, triton_tma
 from codesign.kernels.gemm.triton_dequant import dequant_matmul
-from codesign.kernels.gemm.triton_fusedq import fusedq_mm
+from codesign.kernels.gemm.triton_fusedq import fusedq_mm, w_strides
 from codesign.kernels.gemm.triton_gemv import wq_gemv
 from codesign.kernels.gemm.triton_parts import (
     code_tile_nk,
     grouped_tile,
     k_split,
-    round_half_even,
-    round_to_e4m3,
+    quantize_codes,
     scaled_epilogue,
     split_k_buffer,
     split_range,
@@ -96,19 +95,19 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # The GEMV: 512 columns on 2 warps (8 a thread, two 16-byte loads a word row), 64 K a step: 512 weights a thread
     # a step (sm_90: 96-168 registers, no spills; 1024 spilled), 12.5 us predicted at N = K = 8192, M = 1 (int4).
     "gemv": {"BLOCK_K": 64, "BLOCK_N": 512, "num_warps": 2},
-    # The fused quantizer's dot takes 16 rows (the tl.dot minimum; a decode batch's rows, copied up); BLOCK_N 64
-    # gives N / 64 programs (128 at N = 8192, about one per SM of an H100 / H200) to stream the weight. 8 warps:
-    # the same SASS per weight byte as 4 (sm_90, int8: 207 a K step at M <= 2 against 414), two warps a scheduler.
-    # SPLIT_K 2: 2 x N / 64 programs (256 at N = 8192 for 132 SMs) and twice the weight bytes in flight per SM,
-    # deterministic sums (two terms); the prediction and its costs are in docs/kernels.md (untimed).
+    # The fused quantizer: 64 rows (a decode batch's, copied up), so sm_90 runs the dot on the warpgroup MMA with s8 /
+    # e4m3 operands straight from shared memory; a 16-row tile took mma.sync, which converts e4m3 to fp16 in
+    # registers (sm_90, N = K = 8192, M = 1: 232 SASS a K step against 292 for 4x the rows, and issue-bound). BLOCK_N
+    # 64: N / 64 programs (128 at N = 8192, about one an SM), no split (no zeroed buffer, atomics or copy); 6 stages
+    # keep 48 KB of weight in flight an SM. Predictions, untimed: docs/kernels.md.
     "fusedq": {
-        "BLOCK_M": 16,
+        "BLOCK_M": 64,
         "BLOCK_N": 64,
         "BLOCK_K": 128,
         "GROUP_M": 8,
-        "SPLIT_K": 2,
-        "num_warps": 8,
-        "num_stages": 4,
+        "SPLIT_K": 1,
+        "num_warps": 4,
+        "num_stages": 6,
     },
     # The persistent TMA kernel (sm_90, ptxas): 128 x 128 x 128 on 8 warps (two warpgroups, wgmma), 4 stages,
     # 163,872 B of shared memory, 127 registers for int8 and 159 for e4m3, no spills; e4m3 at 128 x 256 spilled
@@ -369,6 +368,7 @@ def _act_quant_kernel(
     QMAX: tl.constexpr,
     IS_FP8: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     """Per-token dynamic quantizer, one row per program: s = absmax / QMAX, q = round(x / s)."""
     row = tl.program_id(0).to(tl.int64)
@@ -385,11 +385,7 @@ def _act_quant_kernel(
         offs = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * K + offs, mask=offs < K, other=0.0).to(tl.float32)
         v = tl.minimum(tl.maximum(tl.math.div_rn(x, s), -QMAX), QMAX)  # IEEE division: bit-exact codes
-        if IS_FP8:
-            q = round_to_e4m3(v).to(tl.float8e4nv)
-        else:
-            q = round_half_even(v).to(tl.int8)
-        tl.store(q_ptr + row * K + offs, q, mask=offs < K)
+        tl.store(q_ptr + row * K + offs, quantize_codes(v, IS_FP8, INTERPRETED), mask=offs < K)
     tl.store(s_ptr + row, s)
 
 
@@ -405,6 +401,8 @@ def _scaled_mm_kernel(
     N,
     K,
     K_PER_SPLIT,
+    stride_wk,
+    stride_wn,
     IS_FP8: tl.constexpr,
     INTERPRETED: tl.constexpr,
     PER_TENSOR_W: tl.constexpr,
@@ -418,7 +416,8 @@ def _scaled_mm_kernel(
     """W8A8 GEMM: int8 x int8 -> int32 (or fp8 x fp8 -> fp32), scales applied in the epilogue.
 
     out = acc * a_scale[m] * w_scale[n] (+ bias[n]). int8 weights are unpacked from the native
-    int32 layout (offset-binary codes, zero 128); fp8 weights are a plain [K, N] e4m3 tensor.
+    int32 layout (offset-binary codes, zero 128); fp8 weights are an e4m3 [K, N] (strides: K contiguous pipelines
+    on sm_90, `triton_fusedq.w_strides`).
     Grid (output tiles in grouped order, SPLIT_K): program (t, j) sums K range j (K_PER_SPLIT, a multiple of
     BLOCK_K; `k_split`) and `scaled_epilogue` adds its scaled partial into a zeroed fp32 buffer (SPLIT_K > 1)
     or stores the tile (SPLIT_K 1, today's kernel). The split result's error bound: `scaled_mm`.
@@ -440,7 +439,7 @@ def _scaled_mm_kernel(
         if IS_FP8 and INTERPRETED:
             # Masked lanes are zeroed by tl.where: the interpreter cannot cast `other` to fp8.
             a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask)
-            w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=wmask)
+            w = tl.load(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn, mask=wmask)
             a = tl.where(amask, a, tl.zeros_like(a))
             w = tl.where(wmask, w, tl.zeros_like(w))
             acc += tl.dot(a, w)
@@ -448,7 +447,7 @@ def _scaled_mm_kernel(
             # Compiled: `other` zeroes masked lanes in the load itself, so the operands go from the (pipelined)
             # load straight to the dot; a select between them would keep both in registers.
             a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask, other=0.0)
-            w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=wmask, other=0.0)
+            w = tl.load(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn, mask=wmask, other=0.0)
             acc += tl.dot(a, w)
         else:
             a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask, other=0)
@@ -529,8 +528,9 @@ def quantize_per_token(x: torch.Tensor, fp8: bool, q: torch.Tensor, s: torch.Ten
     cfg = launch_config(ACT_TABLE_OP, "act", x.device, m, act_table_key(k))
     block_k = min(cfg["BLOCK_K"], triton.next_power_of_2(k))
     _act_quant_kernel[(m,)](
-        x, q, s, k, QMAX=448.0 if fp8 else 127.0, IS_FP8=fp8, BLOCK_K=block_k, num_warps=cfg["num_warps"]
-    )
+        x, q, s, k, QMAX=448.0 if fp8 else 127.0, IS_FP8=fp8, BLOCK_K=block_k,
+        INTERPRETED=device_view(x.device).interpreted, num_warps=cfg["num_warps"],
+    )  # fmt: skip
 
 
 def w8a8_mm(
@@ -626,6 +626,7 @@ def scaled_mm(
         n,
         k,
         k_per_split,
+        *w_strides(w, fp8),
         IS_FP8=fp8,
         INTERPRETED=device_view(a.device).interpreted,
         PER_TENSOR_W=w_scale.numel() == 1 and n > 1,

@@ -4,8 +4,8 @@ variant modules can use them without importing `triton_gemm` (which imports the 
 
 * `code_tile_nk`: an int32 [BLOCK_N, BLOCK_K] code tile from the native packed [K / P, N] weight words.
 * `grouped_tile`: a program's output tile in grouped (L2-friendly) order.
-* `round_half_even`, `round_to_e4m3`: the activation quantizer's exact fp32 rounding to int8 / the e4m3 grid,
-  shared so the two-launch and fused paths give the same codes bit for bit.
+* `quantize_codes` (over `round_half_even`, `round_to_e4m3`): the activation quantizer's rounding of fp32 to int8 /
+  e4m3 codes, shared so the two-launch and fused paths give the same codes bit for bit.
 * `scaled_epilogue`: the W8A8 / FP8 kernels' epilogue (scales, bias, store or split-K atomic add), one copy so
   the two-launch and fused paths round alike.
 * `split_range`: a split-K program's K range; `k_split`, `split_k_buffer` (host): a split-K launch's (splits,
@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from codesign.kernels.triton_codes import unpack_words
 from codesign.specs import CodesignError
@@ -103,6 +104,24 @@ def round_to_e4m3(v):
     # torch's cast gives; rounding v itself gave floor(-0.05) + 1 = +0.
     r = round_half_even(tl.abs(v) / ulp) * ulp
     return tl.where(v < 0, -r, r)
+
+
+@triton.jit
+def quantize_codes(v, IS_FP8: tl.constexpr, INTERPRETED: tl.constexpr):
+    """int8 (IS_FP8 False) or e4m3 codes of v, |v| <= 127 / 448, rounded to nearest even. On a GPU one conversion
+    each (`cvt.rn.satfinite.e4m3x2.f32`; `rint` then a truncating `cvt`): the same codes as the exact fp32 helpers,
+    which cost 7 (int8) and 12 or more (e4m3: an fp32 divide) instructions an element and which the interpreter
+    needs (its fp32 -> fp8 cast drops a rounding carry; it has no libdevice)."""
+    if IS_FP8:
+        if INTERPRETED:
+            q = round_to_e4m3(v).to(tl.float8e4nv)
+        else:
+            q = v.to(tl.float8e4nv)
+    elif INTERPRETED:
+        q = round_half_even(v).to(tl.int8)
+    else:
+        q = libdevice.rint(v).to(tl.int8)
+    return q
 
 
 @triton.jit

@@ -130,3 +130,73 @@ def test_the_bit_identity_check_has_teeth():
     with use_backend("triton"), forced_config(qt.scaled_mm_table_op(False), CFG):
         qt.scaled_mm(aq, a_s, w, w_s, None, out, "triton")
     assert not torch.equal(out, fused) and torch.equal(out[[0, 2]], fused[[0, 2]])
+
+
+CFG64 = {**CFG, "BLOCK_M": 64, "SPLIT_K": 1}  # the GPU default's shape: 64 rows (a decode batch's, copied up), no split
+
+
+@pytest.mark.parametrize("variant", ["fusedq", "triton"])
+def test_an_fp8_weight_in_either_layout_gives_the_same_output(variant):
+    """`quantize_rtn` gives the e4m3 weight K contiguous (the [K, N] view of an [N, K]); a row-major [K, N] copy of
+    it runs too (strides), bit for bit, at the 16- and the 64-row tile; any other layout is refused by name."""
+    w, w_s, _ = _weight(True, 80, 96, False)
+    assert w.shape == (96, 80) and w.t().is_contiguous() and not w.is_contiguous()
+    x = _x(5, 96, torch.bfloat16)
+    for cfg in (CFG, CFG64):
+        with forced_config(qt.scaled_mm_table_op(True, "fusedq"), cfg), forced_config(qt.scaled_mm_table_op(True), cfg):
+            kmaj = _run(variant, x, w, w_s, None, True)
+            rowmaj = _run(variant, x, w.contiguous(), w_s, None, True)
+        assert not kmaj.isnan().any() and torch.equal(kmaj, rowmaj)
+    with use_backend("triton"), pytest.raises(CodesignError, match="qweight must be contiguous"):
+        qg.fp8_gemm(x, torch.empty(80, 192, dtype=torch.float8_e4m3fn)[:, ::2].t(), w_s, None)
+
+
+@pytest.mark.slow
+@pytest.mark.lowering
+def test_the_fused_quantizer_lowers_for_sm90_to_wgmma_with_the_weight_pipelined():
+    """At the GPU default config on sm_90 (N = K = 8192, bf16): the dot on wgmma with s8 / e4m3 operands; a K-contiguous
+    e4m3 weight streams into shared memory by cp.async (a row-major one does not: 8-bit wgmma reads K-contiguous
+    operands, so that tile is transposed through registers, the loop waiting on each load; the two-launch GEMM's
+    e4m3 path alike); one rounding an element
+    of the rows there are (not the dot operand's replicated copy: `opaque_bytes`); no spills."""
+    from helpers import assert_runs_without_interpreter
+
+    code = """
+import torch
+from codesign.autotune.compile_only import compile_only
+from codesign.kernels.gemm import formats as qf
+from codesign.kernels.gemm import triton_gemm as qt
+from codesign.kernels.gemm.triton_fusedq import fusedq_mm
+cfg = qt._GPU_DEFAULTS["fusedq"]
+n = k = 8192
+runs = []
+with compile_only(90, "NVIDIA H200") as s:
+    for fp8, m, layout in ((True, 1, "k"), (True, 1, "row"), (False, 8, "k"), (True, 8, "k")):
+        w = torch.empty(n, k, dtype=torch.float8_e4m3fn).t() if fp8 else torch.empty(k // 4, n, dtype=torch.int32)
+        w = w.contiguous() if layout == "row" else w
+        fusedq_mm(torch.empty(m, k, dtype=torch.bfloat16), w, torch.empty(1, n), None,
+                  torch.empty(m, n, dtype=torch.bfloat16), fp8, cfg, False)
+        runs.append((fp8, m, layout))
+    n0 = len(s.launches)
+    for layout in ("k", "row"):  # the two-launch GEMM's e4m3 path alike
+        w = torch.empty(n, k, dtype=torch.float8_e4m3fn).t()
+        w = w if layout == "k" else w.contiguous()
+        qt.scaled_mm(torch.empty(16, k, dtype=torch.float8_e4m3fn), torch.empty(16), w, torch.empty(1, n), None,
+                     torch.empty(16, n, dtype=torch.bfloat16), "triton")
+two = s.launches[n0:]
+assert [l.kernel for l in two] == ["_scaled_mm_kernel"] * 2, two
+assert two[0].ptx_ops["cp_async"] > two[1].ptx_ops["cp_async"] and two[0].shared_bytes > two[1].shared_bytes, two
+ls = dict(zip(runs, zip(s.launches, s.compiled)))
+for (fp8, m, layout), (l, kern) in ls.items():
+    assert l.problems() == [] and l.spill_stores == 0 and l.ptx_ops["wgmma_8bit"] == l.ptx_ops["wgmma"] > 0, l
+    rows = l.constexprs["ROWS"]
+    per_thread = rows * cfg["BLOCK_K"] // (32 * cfg["num_warps"])
+    ptx = kern.asm["ptx"]
+    rounds = ptx.count("cvt.rn.satfinite.e4m3x2.f32") * 2 if fp8 else ptx.count("cvt.rni.f32.f32")
+    assert 0 < rounds <= per_thread, (fp8, m, rounds, per_thread)
+k_major, row_major = ls[(True, 1, "k")][0], ls[(True, 1, "row")][0]
+assert k_major.ptx_ops["cp_async"] > row_major.ptx_ops["cp_async"], (k_major.ptx_ops, row_major.ptx_ops)
+assert k_major.shared_bytes >= 5 * 128 * 64 > row_major.shared_bytes, (k_major.shared_bytes, row_major.shared_bytes)
+print("ok")
+"""
+    assert_runs_without_interpreter(code)

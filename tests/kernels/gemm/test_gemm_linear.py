@@ -128,7 +128,7 @@ def _step(m: QuantLinear) -> torch.Tensor:
     """
     s = m.scales.to(torch.float64)
     if m.dtype_name == "fp8_e4m3":
-        code = m.qweight.view(torch.float8_e4m3fn).to(torch.float64).abs()  # [K, N]
+        code = m.quantized_weight().qweight.to(torch.float64).abs()  # [K, N]
         ulp = torch.exp2(torch.floor(torch.log2(code.clamp(min=2.0**-6))) - 3)  # 3 mantissa bits, subnormals 2^-9
         return (0.5 * ulp * s).t()
     bits = 4 if m.dtype_name == "int4" else 8
