@@ -126,7 +126,7 @@ TREE_FOUR_WARP_FORMATS = (KV_FORMAT_PLAIN, KV_FORMAT_FP8)
 # BLOCK_N <= 64 keys before the tree, so the packed bits start this far in.
 TREE_PAD_BITS = tl.constexpr(64)
 # Oaken's decode tile is 64 x 128 on 4 warps for blocks of at least this many tokens (sm_90, bf16, head_dim 128, blocks
-# of 32: 218 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
+# of 32: 208 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
 # registers, but is not predicted against 32 x 8).
 OAKEN_WIDE_BLOCK = 32
 # The constants above as the jit code reads them (a kernel reads only constexpr globals).
@@ -508,8 +508,8 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
                     BITS: tl.constexpr, bits_ptr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
                     DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, blk0, INTERPRETED: tl.constexpr,
                     META32: tl.constexpr, kvh=0, IS_KEY: tl.constexpr = True):  # fmt: skip
-    """Per-token formats (INT, MIXED, Oaken's dense part): the raw codes of one [BLOCK_N, DIM_PAD] tile as `out_ty` (fp16 through
-    `codes_f16`, or fp32; exact either way) and the rows' fp32 (scale, zero), for the factored products
+    """Per-token formats (INT, MIXED, Oaken's dense part): the raw codes of one [BLOCK_N, DIM_PAD] tile as `out_ty`
+    (fp16 through `codes_f16`, or fp32; exact either way) and the rows' fp32 (scale, zero), for the factored products
     q . k_j = sc_j (q . c_j) + zr_j sum(q) and sum_j p_j v_j = (p * sc) @ c + sum_j p_j zr_j. The scale and
     zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element. crow, mrow: the rows'
     pointers into the codes and the (scale, zero) pairs (`_tile_rows`); kvh, IS_KEY: Oaken offline's grid."""
@@ -604,9 +604,10 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         qh = kvh * GROUP + hg
         d = tl.arange(0, DIM_PAD)
         d_ok = d < HEAD_DIM
-        # INT codes read as words meet fp16 queries in `words_f16`'s column order: q and o take it too (the
+        # INT codes (Oaken's too) read as words meet fp16 queries in `words_f16`'s column order: q and o take it (the
         # permutation stays inside each word, so d_ok and the masks are unchanged).
-        PAIRS: tl.constexpr = (KV_FORMAT == _INT or KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE) and WORDS and F16_MMA
+        INT_CODES: tl.constexpr = KV_FORMAT == _INT or KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE
+        PAIRS: tl.constexpr = INT_CODES and WORDS and F16_MMA
         # KIVI too where each value group holds whole words (its per-group scales then need no permutation)
         KIVI_PAIRS: tl.constexpr = KV_FORMAT == _KIVI and WORDS and F16_MMA and KIVI_GV % (32 // BITS) == 0
         # mixed chunks read as words: `chunk_words_f16`'s order (16-element chunks as 2-bit `pair_order`), every width
