@@ -126,7 +126,7 @@ TREE_FOUR_WARP_FORMATS = (KV_FORMAT_PLAIN, KV_FORMAT_FP8)
 # BLOCK_N <= 64 keys before the tree, so the packed bits start this far in.
 TREE_PAD_BITS = tl.constexpr(64)
 # Oaken's decode tile is 64 x 128 on 4 warps for blocks of at least this many tokens (sm_90, bf16, head_dim 128, blocks
-# of 32: 218 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
+# of 32: 208 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
 # registers, but is not predicted against 32 x 8).
 OAKEN_WIDE_BLOCK = 32
 # The constants above as the jit code reads them (a kernel reads only constexpr globals).
@@ -219,16 +219,13 @@ def _load_kv_tile(crow, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m,
                   BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, RING: tl.constexpr = True,
                   INTERPRETED: tl.constexpr = False, META32: tl.constexpr = False, dq=None,
                   PAIRS: tl.constexpr = False):  # fmt: skip
-    """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8, KIVI and
-    Oaken caches, one helper per format family (the per-token INT and mixed formats take the factored path,
+    """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8 and KIVI
+    caches, one helper per format family (the per-token INT, mixed and Oaken formats take the factored path,
     `_load_code_tile`). RING False: a KIVI tile of codes only (every token below n_q). crow, mrow: the rows'
     pointers into the codes and the per-token metadata (`_tile_rows`)."""
     base = crow[:, None]
     if KV_FORMAT == _PLAIN:
         x = tl.load(base + d[None, :], mask=kv_m, other=0.0)
-    elif KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE:
-        x = _load_oaken_tile(base, s_ptr, mrow, kvh, d, j_ok, kv_m, out_ty,
-                             KV_FORMAT, BITS, IS_KEY, bits_ptr, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N)  # fmt: skip
     elif KV_FORMAT == _FP8:
         x = _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty, HW_FP8)
     else:
@@ -242,62 +239,29 @@ def _load_kv_tile(crow, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m,
 
 
 @triton.jit
-def _load_oaken_tile(base, s_ptr, mrow, kvh, d, j_ok, kv_m, out_ty: tl.constexpr,
-                     KV_FORMAT: tl.constexpr, BITS: tl.constexpr, IS_KEY: tl.constexpr, bits_ptr,
-                     HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
-                     BLOCK_N: tl.constexpr):  # fmt: skip
-    """Oaken (both metadata variants): the dense codes of the tile dequantized. Outlier positions hold code 0 (the
-    token's lower bound); the kernel adds each outlier's difference from it to the scores and the output
-    (`_oaken_key_corr`, `_oaken_value_corr`) instead of writing it into the tile."""
-    code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
-    if KV_FORMAT == _OAKEN:
-        sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
-        zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
-    else:  # uint8 (z, r) on the head's offline grid; bits_ptr holds the grids [2, kv_heads, 2]
-        gp = bits_ptr + (kvh if IS_KEY else tl.num_programs(1) + kvh) * 2
-        g_base = tl.load(gp)
-        g_step = tl.load(gp + 1)
-        zc = tl.load(mrow, mask=j_ok, other=0).to(tl.float32)
-        rc = tl.load(mrow + 1, mask=j_ok, other=0).to(tl.float32)
-        zr = g_base + zc * g_step
-        sc = tl.math.div_rn(rc * g_step, (2**BITS - 1) * 1.0)
-    if out_ty == tl.float16:  # as KIVI's tiles: fp16 codes by bit patterns, one fp16 multiply-add per element
-        x = codes_f16(code) * sc.to(tl.float16)[:, None] + zr.to(tl.float16)[:, None]
-    else:
-        x = code.to(tl.float32) * sc[:, None] + zr[:, None]
-    x = tl.where(kv_m, x, 0.0)
-    return x
+def _oaken_offline_meta(mrow, j_ok, bits_ptr, kvh, IS_KEY: tl.constexpr, BITS: tl.constexpr):
+    """Oaken offline: the rows' fp32 (scale, zero) from their uint8 (z, r) on the kv head's grid (bits_ptr: the
+    grids [2 (K, V), kv_heads, 2 (base, step)]), O(BLOCK_N): zero = base + z step, scale = r step / (2^BITS - 1)
+    (`kvcache.quantizers.offline_meta`)."""
+    gp = bits_ptr + (kvh if IS_KEY else tl.num_programs(1) + kvh) * 2
+    g_base = tl.load(gp)
+    g_step = tl.load(gp + 1)
+    zc = tl.load(mrow, mask=j_ok, other=0).to(tl.float32)
+    rc = tl.load(mrow + 1, mask=j_ok, other=0).to(tl.float32)
+    return tl.math.div_rn(rc * g_step, (2**BITS - 1) * 1.0), g_base + zc * g_step
 
 
 @triton.jit
-def _oaken_zero(s_ptr, bits_ptr, blk, tok, kvh, ok, stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
-                KV_FORMAT: tl.constexpr, IS_KEY: tl.constexpr):  # fmt: skip
-    """fp32 dense value of code 0 (the token's lower bound) at tokens `tok` of blocks `blk`, rounded as the tile
-    rounds it: what the dense tile holds at an outlier's position."""
-    mrow = s_ptr + blk * stride_mb + tok * stride_ms + kvh * stride_mh
-    if KV_FORMAT == _OAKEN:
-        zr = tl.load(mrow + 1, mask=ok, other=0.0).to(tl.float32)
-    else:
-        gp = bits_ptr + (kvh if IS_KEY else tl.num_programs(1) + kvh) * 2
-        zr = tl.load(gp) + tl.load(mrow, mask=ok, other=0).to(tl.float32) * tl.load(gp + 1)
-    if out_ty == tl.float16:
-        zr = zr.to(tl.float16).to(tl.float32)
-    return zr
-
-
-@triton.jit
-def _oaken_key_corr(ix_ptr, s_ptr, bits_ptr, blk, off, kvh, j_ok, qrow, c_ok, stride_ib, stride_ih,
-                    stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
-                    OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CR: tl.constexpr,
+def _oaken_key_corr(ix_ptr, blk, off, kvh, zr, j_ok, qrow, c_ok, stride_ib, stride_ih, OAKEN_CAP: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CR: tl.constexpr,
                     BLOCK_N: tl.constexpr):  # fmt: skip
-    """[CR, BLOCK_N] key-outlier corrections of the scores: q[row, d] * (value - dense value) summed over each
-    token's slots, rank by rank through the token-sorted index (`oaken.outlier_index`): one q gather per rank."""
+    """[CR, BLOCK_N] key-outlier corrections of the scores: q[row, d] * (value - zr) summed over each token's
+    slots, rank by rank through the token-sorted index (`oaken.outlier_index`): one q gather per rank. zr: the
+    tile's per-token fp32 zero (the factored dense part's value at code 0, so no meta gather per slot)."""
     ib = ix_ptr + blk * stride_ib + kvh * stride_ih  # each token's block's index
     st = tl.load(ib + OAKEN_CAP + off, mask=j_ok, other=0)
     en = tl.load(ib + OAKEN_CAP + off + 1, mask=j_ok, other=0)
     nr = tl.max(tl.load(ib + OAKEN_CAP + BLOCK_SIZE + 1, mask=j_ok, other=0), 0)  # the tile's fullest token
-    zr = _oaken_zero(s_ptr, bits_ptr, blk, off, kvh, j_ok, stride_mb, stride_ms, stride_mh, out_ty, KV_FORMAT,
-                     True)  # fmt: skip
     corr = tl.zeros([CR, BLOCK_N], tl.float32)
     for r in range(0, nr):
         ok = st + r < en
@@ -309,13 +273,13 @@ def _oaken_key_corr(ix_ptr, s_ptr, bits_ptr, blk, off, kvh, j_ok, qrow, c_ok, st
 
 
 @triton.jit
-def _oaken_value_corr(ix_ptr, s_ptr, bits_ptr, pp, bt_row, start, s_hi, kvh, d, d_ok, c_ok, stride_ib, stride_ih,
-                      stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
+def _oaken_value_corr(ix_ptr, pp, bt_row, start, s_hi, kvh, dq, d_ok, c_ok, stride_ib, stride_ih,
                       OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CR: tl.constexpr,
                       BLOCK_N: tl.constexpr, DIM_PAD: tl.constexpr, OAKEN_NBT: tl.constexpr):  # fmt: skip
-    """[CR, DIM_PAD] value-outlier corrections of this tile's output: p[row, token] * (value - dense value)
-    summed over each channel's slots, rank by rank through the channel-sorted index, p gathered from the
-    program's scratch `pp` ([CR, BLOCK_N], this tile's probabilities)."""
+    """[CR, DIM_PAD] value-outlier corrections of this tile's output (column i: channel dq[i], the dot's column
+    order): p[row, token] * (value - zr[token]) summed over each channel's slots, rank by rank through the
+    channel-sorted index, p and the tile's per-token zero zr gathered from the program's scratch `pp`
+    ([CR, BLOCK_N] probabilities, then [BLOCK_N] zeros)."""
     cr = tl.arange(0, CR)
     corr = tl.zeros([CR, DIM_PAD], tl.float32)
     for t in tl.static_range(OAKEN_NBT):  # the blocks this tile's tokens lie in
@@ -324,17 +288,15 @@ def _oaken_value_corr(ix_ptr, s_ptr, bits_ptr, pp, bt_row, start, s_hi, kvh, d, 
         blk_t = tl.load(bt_row + bi, mask=live, other=0).to(tl.int64)
         ib = ix_ptr + blk_t * stride_ib + kvh * stride_ih
         first = bi * BLOCK_SIZE - start  # tile column of the block's first token (< 0: the tile starts inside)
-        lm = d_ok & (d * 0 + bi * BLOCK_SIZE < s_hi)  # (vector compare: the interpreter widens a scalar int1)
-        st = tl.load(ib + OAKEN_CAP + d, mask=lm, other=0)
-        en = tl.load(ib + OAKEN_CAP + d + 1, mask=lm, other=0)
+        lm = d_ok & (dq * 0 + bi * BLOCK_SIZE < s_hi)  # (vector compare: the interpreter widens a scalar int1)
+        st = tl.load(ib + OAKEN_CAP + dq, mask=lm, other=0)
+        en = tl.load(ib + OAKEN_CAP + dq + 1, mask=lm, other=0)
         nr = tl.where(live, tl.load(ib + OAKEN_CAP + HEAD_DIM + 1), 0)  # (blk_t 0 when not live: in bounds)
         for r in range(0, nr):
             w = tl.load(ib + st + r, mask=st + r < en, other=0)
-            tok = (w >> 16) // HEAD_DIM
-            col = first + tok
+            col = first + (w >> 16) // HEAD_DIM
             ok = (st + r < en) & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
-            zr = _oaken_zero(s_ptr, bits_ptr, blk_t, tok, kvh, ok, stride_mb, stride_ms, stride_mh, out_ty,
-                             KV_FORMAT, False)  # fmt: skip
+            zr = tl.load(pp + CR * BLOCK_N + col, mask=ok, other=0.0)
             delta = tl.where(ok, (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) - zr, 0.0)
             pg = tl.load(pp + cr[:, None] * BLOCK_N + col[None, :], mask=c_ok[:, None] & ok[None, :], other=0.0)
             corr += pg * delta[None, :]
@@ -545,20 +507,21 @@ def _mixed_words(base, j_ok, kv_m, d, BITS: tl.constexpr, HEAD_DIM: tl.constexpr
 def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
                     BITS: tl.constexpr, bits_ptr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
                     DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, blk0, INTERPRETED: tl.constexpr,
-                    META32: tl.constexpr):  # fmt: skip
-    """Per-token formats (INT, MIXED): the raw codes of one [BLOCK_N, DIM_PAD] tile as `out_ty` (fp16 through
-    `codes_f16`, or fp32; exact either way) and the rows' fp32 (scale, zero), for the factored products
+                    META32: tl.constexpr, kvh=0, IS_KEY: tl.constexpr = True):  # fmt: skip
+    """Per-token formats (INT, MIXED, Oaken's dense part): the raw codes of one [BLOCK_N, DIM_PAD] tile as `out_ty`
+    (fp16 through `codes_f16`, or fp32; exact either way) and the rows' fp32 (scale, zero), for the factored products
     q . k_j = sc_j (q . c_j) + zr_j sum(q) and sum_j p_j v_j = (p * sc) @ c + sum_j p_j zr_j. The scale and
     zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element. crow, mrow: the rows'
-    pointers into the codes and the (scale, zero) pairs (`_tile_rows`)."""
+    pointers into the codes and the (scale, zero) pairs (`_tile_rows`); kvh, IS_KEY: Oaken offline's grid."""
     base = crow[:, None]
-    PAIRS: tl.constexpr = KV_FORMAT == _INT and WORDS and out_ty == tl.float16
+    INT_CODES: tl.constexpr = KV_FORMAT == _INT or KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE
+    PAIRS: tl.constexpr = INT_CODES and WORDS and out_ty == tl.float16
     if PAIRS:  # `words_f16`: its columns in `pair_order` (the kernel permutes q and o alike)
         PERW: tl.constexpr = 32 // BITS
         w = tl.arange(0, DIM_PAD // PERW)
         words = tl.load(base + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
         code = tl.reshape(words_f16(words, BITS), (BLOCK_N, DIM_PAD))
-    elif KV_FORMAT == _INT:
+    elif INT_CODES:
         code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
     elif WORDS:
         # Mixed chunks, the tile inside one block (BLOCK_N divides the block size; tiles start at multiples of
@@ -576,7 +539,9 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
         per = 8 // nbits
         byte = tl.load(base + d[None, :] // per, mask=kv_m, other=0).to(tl.int32)
         code = (byte >> ((d[None, :] % per) * nbits)) & ((1 << nbits) - 1)
-    if META32:
+    if KV_FORMAT == _OAKEN_OFFLINE:
+        sc, zr = _oaken_offline_meta(mrow, j_ok, bits_ptr, kvh, IS_KEY, BITS)
+    elif META32:
         sc, zr = _pairs(mrow, j_ok)
         sc, zr = sc.to(tl.float32), zr.to(tl.float32)
     else:
@@ -639,9 +604,10 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         qh = kvh * GROUP + hg
         d = tl.arange(0, DIM_PAD)
         d_ok = d < HEAD_DIM
-        # INT codes read as words meet fp16 queries in `words_f16`'s column order: q and o take it too (the
+        # INT codes (Oaken's too) read as words meet fp16 queries in `words_f16`'s column order: q and o take it (the
         # permutation stays inside each word, so d_ok and the masks are unchanged).
-        PAIRS: tl.constexpr = KV_FORMAT == _INT and WORDS and F16_MMA
+        INT_CODES: tl.constexpr = KV_FORMAT == _INT or KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE
+        PAIRS: tl.constexpr = INT_CODES and WORDS and F16_MMA
         # KIVI too where each value group holds whole words (its per-group scales then need no permutation)
         KIVI_PAIRS: tl.constexpr = KV_FORMAT == _KIVI and WORDS and F16_MMA and KIVI_GV % (32 // BITS) == 0
         # mixed chunks read as words: `chunk_words_f16`'s order (16-element chunks as 2-bit `pair_order`), every width
@@ -679,7 +645,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
 
         qk_scale = sm_scale * _LOG2E
         # Per-token formats factor each row's (scale, zero) out of the products (`_load_code_tile`).
-        FACTORED: tl.constexpr = KV_FORMAT == _INT or KV_FORMAT == _MIXED
+        FACTORED: tl.constexpr = (KV_FORMAT == _INT or KV_FORMAT == _MIXED or KV_FORMAT == _OAKEN
+                                  or KV_FORMAT == _OAKEN_OFFLINE)  # fmt: skip
         q_sum = tl.sum(q.to(tl.float32), 1)  # padded rows and columns load as 0
         if F16_MMA:
             # fp16 and bf16 queries meet the codes (INT, mixed) or the dequantized tiles (KIVI, Oaken, FP8) in fp16
@@ -698,7 +665,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         nq = tl.maximum(kv_len - KIVI_R, 0) // KIVI_G * KIVI_G  # KIVI: tokens below are quantized
         # Oaken's outlier corrections run on the CR = BLOCK_Q x OAKEN_GP rows of real query heads (OAKEN_GP: GROUP
         # to a power of two), not the GROUP_PAD-padded tile (4 rows against 16 at decode). k_res_ptr / v_res_ptr
-        # hold the cache's outlier index (`oaken.outlier_index`), scr_ptr each program's [CR, BLOCK_N] of p.
+        # hold the cache's outlier index (`oaken.outlier_index`), scr_ptr each program's [CR, BLOCK_N] of p and the
+        # tile's [BLOCK_N] value zeros.
         OAKEN: tl.constexpr = (KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE) and OAKEN_CAP > 0
         CR: tl.constexpr = BLOCK_Q * OAKEN_GP
         SPREAD: tl.constexpr = OAKEN_GP < GROUP_PAD  # padded rows (decode on a GPU): a [CR, DIM_PAD] accumulator apart
@@ -708,8 +676,11 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             c_ok = (cqi < q_len) & (cr % OAKEN_GP < GROUP)
             qrow = q_ptr + (q_start + cqi).to(tl.int64) * stride_qt + (kvh * GROUP + cr % OAKEN_GP) * stride_qh
             prog = (pid * tl.num_programs(1) + kvh) * NUM_SPLITS + split
-            pp = scr_ptr + prog.to(tl.int64) * (CR * BLOCK_N)
+            pp = scr_ptr + prog.to(tl.int64) * ((2 * CR + 1) * BLOCK_N)
             p_at = ((rows // GROUP_PAD) * OAKEN_GP + hg)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            c_at = cr[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # the [CR, BLOCK_N] rows, in order
+            # each tile row's real row there (padding rows: a copy, masked later)
+            k_at = ((rows // GROUP_PAD) * OAKEN_GP + hg % OAKEN_GP)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
             if SPREAD:
                 acc_o = tl.zeros([CR, DIM_PAD], tl.float32)
         bt_row = bt_ptr + b * stride_bt  # the sequence's block table
@@ -746,10 +717,21 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                    BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
                 if FACTORED:
                     kc, ksc, kzr = _load_code_tile(krow, kmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
-                                                   bits_ptr, WORDS,
-                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED, META32)  # fmt: skip
+                                                   bits_ptr, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED,
+                                                   META32, kvh, True)  # fmt: skip
                     s = tl.dot(q_mma, tl.trans(kc), input_precision=DOT_PREC) * (q_unf[:, None] * ksc[None, :])
                     s += q_sum[:, None] * kzr[None, :]
+                    if OAKEN:  # outlier positions hold code 0: the dense part has zr there
+                        kcor = _oaken_key_corr(k_res_ptr, blk, off, kvh, kzr, j_ok, qrow, c_ok, stride_rb, stride_rr,
+                                               OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, CR, BLOCK_N)  # fmt: skip
+                        if SPREAD:
+                            # to the tile's rows through the scratch: an in-register spread left the softmax in a
+                            # second layout (its row reductions took ~250 more SASS a tile, sm_90)
+                            tl.store(pp + (CR + 1) * BLOCK_N + c_at, kcor)
+                            tl.debug_barrier()
+                            s += tl.load(pp + (CR + 1) * BLOCK_N + k_at)
+                        else:
+                            s += kcor
                 else:
                     k = _load_kv_tile(krow, k_scale_ptr, kmrow, blk, off, kvh, d, j_ok, kv_m,
                                       stride_mb, stride_ms, stride_mh, q_mma.dtype, KV_FORMAT, BITS,
@@ -761,11 +743,6 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     s = tl.dot(q_mma, tl.trans(k), input_precision=DOT_PREC)
                     if F16_MMA:
                         s = s * q_unf[:, None]
-                    if OAKEN:
-                        kcor = _oaken_key_corr(k_res_ptr, k_scale_ptr, bits_ptr, blk, off, kvh, j_ok, qrow, c_ok,
-                                               stride_rb, stride_rr, stride_mb, stride_ms, stride_mh, q_mma.dtype,
-                                               KV_FORMAT, OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, CR, BLOCK_N)  # fmt: skip
-                        s += _spread_rows(kcor, BLOCK_Q, OAKEN_GP, GROUP_PAD, BLOCK_N)
                 if HAS_SOFTCAP:
                     # c * tanh(x / c) through exp: tanh(y) = 1 - 2 / (exp(2y) + 1), exact at +-inf.
                     y = s * (sm_scale / softcap)
@@ -810,8 +787,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                    stride_vmh, BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
                 if FACTORED:
                     vc, vsc, vzr = _load_code_tile(vrow, vmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
-                                                   bits_ptr, WORDS,
-                                                   HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED, META32)  # fmt: skip
+                                                   bits_ptr, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED,
+                                                   META32, kvh, False)  # fmt: skip
                     if F16_MMA:
                         # p * sc in fp16 would lose small scales to underflow (V of magnitude 1e-5 gave 116 %
                         # error in fp16): the tile's scales are brought to [1, 2) by a power of two first.
@@ -820,6 +797,18 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     else:
                         pv = tl.dot((p * vsc[None, :]).to(vc.dtype), vc, input_precision=DOT_PREC)
                     acc = acc * alpha[:, None] + pv + tl.sum(p * vzr[None, :], 1)[:, None]
+                    if OAKEN:
+                        tl.debug_barrier()  # every thread is done with the previous tile's p and zeros
+                        tl.store(pp + p_at, p, mask=(hg < OAKEN_GP)[:, None])
+                        tl.store(pp + CR * BLOCK_N + tl.arange(0, BLOCK_N), vzr)
+                        tl.debug_barrier()
+                        vcor = _oaken_value_corr(v_res_ptr, pp, bt_ptr + b * stride_bt, start, s_hi, kvh, dq, d_ok,
+                                                 c_ok, stride_rb, stride_rr, OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, CR,
+                                                 BLOCK_N, DIM_PAD, OAKEN_NBT)  # fmt: skip
+                        if SPREAD:
+                            acc_o = acc_o * _rows_max(alpha, BLOCK_Q, OAKEN_GP, GROUP_PAD)[:, None] + vcor
+                        else:  # the tile's rows: straight into the (already rescaled) accumulator
+                            acc += vcor
                 else:
                     v = _load_kv_tile(vrow, v_scale_ptr, vmrow, blk, off, kvh, d, j_ok, kv_m,
                                       stride_vmb, stride_vms, stride_vmh, q_mma.dtype, KV_FORMAT, BITS,
@@ -829,18 +818,6 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                       BLOCK_N, HW_FP8,
                                       not KIVI_SPLIT or phase == 1, INTERPRETED, META32, dq, KIVI_PAIRS)  # fmt: skip
                     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-                    if OAKEN:
-                        tl.debug_barrier()  # every thread is done with the previous tile's p
-                        tl.store(pp + p_at, p, mask=(hg < OAKEN_GP)[:, None])
-                        tl.debug_barrier()
-                        vcor = _oaken_value_corr(v_res_ptr, v_scale_ptr, bits_ptr, pp, bt_ptr + b * stride_bt, start,
-                                                 s_hi, kvh, d, d_ok, c_ok, stride_rb, stride_rr, stride_vmb,
-                                                 stride_vms, stride_vmh, q_mma.dtype, KV_FORMAT, OAKEN_CAP, HEAD_DIM,
-                                                 BLOCK_SIZE, CR, BLOCK_N, DIM_PAD, OAKEN_NBT)  # fmt: skip
-                        if SPREAD:
-                            acc_o = acc_o * _rows_max(alpha, BLOCK_Q, OAKEN_GP, GROUP_PAD)[:, None] + vcor
-                        else:  # the tile's rows: straight into the (already rescaled) accumulator
-                            acc += vcor
                 m_i = m_new
 
         if OAKEN and SPREAD:
@@ -1140,7 +1117,7 @@ def plan_launch(
     if kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) and oaken_cap > 0:
         programs = (b if batch.is_decode else t // bq + b) * hkv * num_splits
         rows = bq * triton.next_power_of_2(hq // hkv)
-        oak = torch.empty(programs * rows * cfg["BLOCK_N"], dtype=torch.float32, device=q.device)
+        oak = torch.empty(programs * (2 * rows + 1) * cfg["BLOCK_N"], dtype=torch.float32, device=q.device)
     return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws, tw, oak)
 
 
@@ -1156,7 +1133,7 @@ def pairs_are_words(meta: torch.Tensor | None) -> bool:
 def _side_args(kv: KernelKV, context_lens: torch.Tensor, head_dim: int) -> tuple[tuple, tuple, int, bool]:
     """The kernel's metadata strides, side-tensor arguments (KIVI's rings, Oaken's outlier index; stand-ins
     otherwise), Oaken's slot capacity and META32 (per-token INT / mixed and KIVI pairs read as int32 words)."""
-    meta32 = kv.kv_format in (KV_FORMAT_INT, KV_FORMAT_MIXED, KV_FORMAT_KIVI) and (
+    meta32 = kv.kv_format in (KV_FORMAT_INT, KV_FORMAT_MIXED, KV_FORMAT_KIVI, KV_FORMAT_OAKEN) and (
         pairs_are_words(kv.k_meta) and pairs_are_words(kv.v_meta)
     )
     if kv.kv_format not in (KV_FORMAT_PLAIN, KV_FORMAT_FP8):  # per-token / per-group metadata tensors

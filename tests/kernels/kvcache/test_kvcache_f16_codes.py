@@ -188,10 +188,10 @@ def _oaken_check(name, cache, bt, cl, kd, vd, monkeypatch):
 
 @pytest.mark.parametrize("bs, cap", [(4, 3), (32, 40), (8, 12)])
 def test_oaken_fp16_and_bf16_queries(bs, cap, monkeypatch):
-    """Oaken tiles dequantize in fp16 (codes by bit patterns, one fp16 multiply-add with the token's scale and
-    lower bound); the outliers' differences from that tile are added to the scores and output in fp32;
-    fp16 queries, and bf16 queries of 1e6 (refusal lifted as above). Blocks with more outliers than slots, slot
-    chunks past 16, tiles over several blocks."""
+    """Oaken's dense codes meet the queries as fp16 (words, `words_f16`'s column order) with each token's scale
+    and lower bound factored out per row; the outliers' differences from the lower bound are added to the scores
+    and output in fp32; fp16 queries, and bf16 queries of 1e6 (refusal lifted as above). Blocks with more outliers
+    than slots, slot chunks past 16, tiles over several blocks."""
     from test_kvcache_oaken import _reference_pool, _setup
 
     cache, bt, cl, xs, thr = _setup([70, 33, 20, 50], bs=bs, cap=cap, spikes=(5, 9, 12))
@@ -207,6 +207,40 @@ def test_oaken_offline_fp16_and_bf16_queries(monkeypatch):
     cache, bt, cl, xs, thr, grid = _setup([11, 6, 9, 30])
     kd, vd, *_ = _reference_pool(cache, bt, xs, thr, grid, 4)
     _oaken_check("oaken offline", cache, bt, cl, kd, vd, monkeypatch)
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_oaken_padded_rows_fp16_queries(offline, monkeypatch):
+    """fp16 queries over 16-row tiles (a GPU's smallest tl.dot) with 3 real heads per kv head: the key corrections
+    reach the tile's rows through the program's scratch and the value corrections' columns follow the codes'
+    column order (`words_f16`), as a GPU decode runs them; decode with splits and extend against fp64."""
+    import dataclasses
+
+    from codesign.backend import device_view, use_device_view
+    from codesign.kernels.attention.quantized import oaken_attention
+
+    if offline:
+        from test_kvcache_oaken_offline import _reference_pool, _setup
+
+        cache, bt, cl, xs, thr, grid = _setup([11, 70, 100])
+        kd, vd, *_ = _reference_pool(cache, bt, xs, thr, grid, 4)
+    else:
+        from test_kvcache_oaken import _reference_pool, _setup
+
+        cache, bt, cl, xs, thr = _setup([11, 70, 100], bs=8, cap=12, spikes=(5, 9))
+        kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+    monkeypatch.setattr(ops, "check_backend_dtype", lambda backend, q: None)
+    h, d = cache.k_codes.shape[2], kd.shape[-1]
+    q = (torch.randn(3, 3 * h, d) * 3.0).half()
+    ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [1, 1, 1])
+    qe = (torch.randn(5, 3 * h, d) * 3.0).half()
+    cu = torch.tensor([0, 3, 3, 5], dtype=torch.int32)
+    ref_e, _ = reference_attention(qe.double(), kd, vd, bt, cl, [3, 0, 2])
+    with use_device_view(dataclasses.replace(device_view("cpu"), min_dot_rows=16)), use_backend("triton"):
+        for splits in (1, 2):
+            out = oaken_attention(q, cache, bt, cl, num_splits=splits)
+            assert_rel_close(out.double(), ref, 2e-3, f"decode splits={splits}")
+        assert_rel_close(oaken_attention(qe, cache, bt, cl, cu, num_splits=2).double(), ref_e, 2e-3, "extend")
 
 
 def test_fp16_tree_verification_over_int4():
