@@ -527,14 +527,33 @@ def _load_codes(base, d, row_ok, kv_m, BITS: tl.constexpr, WORDS: tl.constexpr, 
 
 
 @triton.jit
+def _row_major_words(base, j_ok, NW_OK: tl.constexpr, NW: tl.constexpr):
+    """int32 [BLOCK_N, NW] words of rows `base` [BLOCK_N, 1] (0 where masked or at or past NW_OK), each thread's
+    eight contiguous words of one row, as two loads of four (`w // 4 * 8 + w % 4`, then + 4) joined in registers.
+    One [BLOCK_N, NW] load is split by Triton's coalescing into four words a thread over two rows, and the 8-bit
+    mixed tile then reached the 2- and 4-bit branches' layout (a thread: one row, 32 columns) through shared memory
+    (sm_90, 32 x 128 on 4 warps: 4 STS.128, 4 LDS.128 and 3 barriers a tile, K and V each)."""
+    w = tl.arange(0, NW // 2)
+    at = w // 4 * 8 + w % 4  # each thread's first four words, then its last four (+ 4)
+    lo = tl.load(base + at[None, :], mask=j_ok[:, None] & (at < NW_OK)[None, :], other=0)
+    hi = tl.load(base + 4 + at[None, :], mask=j_ok[:, None] & (at + 4 < NW_OK)[None, :], other=0)
+    x = tl.permute(tl.reshape(tl.join(lo, hi), (lo.shape[0], NW // 8, 4, 2)), (0, 1, 3, 2))  # [row, group, half, k]
+    return tl.reshape(x, (lo.shape[0], NW))
+
+
+@triton.jit
 def _mixed_words(base, j_ok, kv_m, d, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
                  BLOCK_N: tl.constexpr, out_ty: tl.constexpr):  # fmt: skip
     """One width's tile of a mixed-precision block read as words: fp16 tiles by `chunk_words_f16` (one column order
-    for every width, which q and the output follow), else int32 codes in order."""
+    for every width, which q and the output follow), else int32 codes in order. 8 bits: `_row_major_words`, so each
+    thread holds one row's 32 columns as the 4- and 2-bit tiles do and the branches meet without shared memory."""
     if out_ty == tl.float16:
         PERW: tl.constexpr = 32 // BITS
-        w = tl.arange(0, DIM_PAD // PERW)
-        words = tl.load(base + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
+        if BITS == 8:
+            words = _row_major_words(base, j_ok, HEAD_DIM // PERW, DIM_PAD // PERW)
+        else:
+            w = tl.arange(0, DIM_PAD // PERW)
+            words = tl.load(base + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
         code = chunk_words_f16(words, BITS)
     else:
         code = _load_codes(base, d, j_ok, kv_m, BITS, True, HEAD_DIM, DIM_PAD, BLOCK_N)
