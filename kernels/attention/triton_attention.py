@@ -103,9 +103,10 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 # `bench/results/h200-2026-11-30-run2`).
 SUBBYTE_TILE_ELEMS = 16 * 128
 # Mixed chunks read as words (every tile inside one block) at most this wide, on 4 warps: sm_90, bf16, head_dim 128,
-# blocks of 32: 32 x 128 takes 128 registers, 469-514 SASS a tile (the width branches; 0.27 ms predicted at batch 16,
-# context 32k), against 394 on 8 warps (0.41), 586 for 16 x 128 on 2 (0.41) and 446 on 8 (0.93;
-# `bench/attention_predict.py`). 64 wide needs blocks of 64 (a word tile lies in one block): not measured.
+# blocks of 32: 32 x 128 takes 112 registers, 483-506 SASS a tile (the width branches; 0.267 ms predicted at batch 16,
+# context 32k). The alternatives were predicted before the 8-bit rows' load (`_row_major_words`), when 32 x 128 on 4
+# warps took 514: 394 on 8 warps (0.41), 586 for 16 x 128 on 2 (0.41) and 446 on 8 (0.93; `bench/attention_predict.py`).
+# 64 wide needs blocks of 64 (a word tile lies in one block): not measured.
 MIXED_WORDS_TILE = 32
 # KIVI's tile where it fits in a block, on 4 warps: sm_90, bf16, head_dim 128, G = R = 32, blocks of 32, its
 # code-only loop takes 397 SASS a 32-token tile and 124 registers (0.21 ms predicted at batch 16, context 32k),
@@ -530,8 +531,8 @@ def _load_codes(base, d, row_ok, kv_m, BITS: tl.constexpr, WORDS: tl.constexpr, 
 def _row_major_words(base, j_ok, NW_OK: tl.constexpr, NW: tl.constexpr):
     """int32 [BLOCK_N, NW] words of rows `base` [BLOCK_N, 1] (0 where masked or at or past NW_OK), each thread's
     eight contiguous words of one row, as two loads of four (`w // 4 * 8 + w % 4`, then + 4) joined in registers.
-    One [BLOCK_N, NW] load is split by Triton's coalescing into four words a thread over two rows, and the 8-bit
-    mixed tile then reached the 2- and 4-bit branches' layout (a thread: one row, 32 columns) through shared memory
+    Triton's coalescing would give one [BLOCK_N, NW] load four words a thread over two rows, and the 8-bit mixed
+    tile would then meet the 2- and 4-bit branches' layout (a thread: one row, 32 columns) through shared memory
     (sm_90, 32 x 128 on 4 warps: 4 STS.128, 4 LDS.128 and 3 barriers a tile, K and V each)."""
     w = tl.arange(0, NW // 2)
     at = w // 4 * 8 + w % 4  # each thread's first four words, then its last four (+ 4)
