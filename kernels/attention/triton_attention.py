@@ -103,9 +103,10 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 # `bench/results/h200-2026-11-30-run2`).
 SUBBYTE_TILE_ELEMS = 16 * 128
 # Mixed chunks read as words (every tile inside one block) at most this wide, on 4 warps: sm_90, bf16, head_dim 128,
-# blocks of 32: 32 x 128 takes 128 registers, 469-514 SASS a tile (the width branches; 0.27 ms predicted at batch 16,
-# context 32k), against 394 on 8 warps (0.41), 586 for 16 x 128 on 2 (0.41) and 446 on 8 (0.93;
-# `bench/attention_predict.py`). 64 wide needs blocks of 64 (a word tile lies in one block): not measured.
+# blocks of 32: 32 x 128 takes 112 registers, 483-506 SASS a tile (the width branches; 0.267 ms predicted at batch 16,
+# context 32k). The alternatives were predicted before the 8-bit rows' load (`_row_major_words`), when 32 x 128 on 4
+# warps took 514: 394 on 8 warps (0.41), 586 for 16 x 128 on 2 (0.41) and 446 on 8 (0.93; `bench/attention_predict.py`).
+# 64 wide needs blocks of 64 (a word tile lies in one block): not measured.
 MIXED_WORDS_TILE = 32
 # KIVI's tile where it fits in a block, on 4 warps: sm_90, bf16, head_dim 128, G = R = 32, blocks of 32, its
 # code-only loop takes 397 SASS a 32-token tile and 124 registers (0.21 ms predicted at batch 16, context 32k),
@@ -489,14 +490,33 @@ def _load_codes(base, d, row_ok, kv_m, BITS: tl.constexpr, WORDS: tl.constexpr, 
 
 
 @triton.jit
+def _row_major_words(base, j_ok, NW_OK: tl.constexpr, NW: tl.constexpr):
+    """int32 [BLOCK_N, NW] words of rows `base` [BLOCK_N, 1] (0 where masked or at or past NW_OK), each thread's
+    eight contiguous words of one row, as two loads of four (`w // 4 * 8 + w % 4`, then + 4) joined in registers.
+    Triton's coalescing would give one [BLOCK_N, NW] load four words a thread over two rows, and the 8-bit mixed
+    tile would then meet the 2- and 4-bit branches' layout (a thread: one row, 32 columns) through shared memory
+    (sm_90, 32 x 128 on 4 warps: 4 STS.128, 4 LDS.128 and 3 barriers a tile, K and V each)."""
+    w = tl.arange(0, NW // 2)
+    at = w // 4 * 8 + w % 4  # each thread's first four words, then its last four (+ 4)
+    lo = tl.load(base + at[None, :], mask=j_ok[:, None] & (at < NW_OK)[None, :], other=0)
+    hi = tl.load(base + 4 + at[None, :], mask=j_ok[:, None] & (at + 4 < NW_OK)[None, :], other=0)
+    x = tl.permute(tl.reshape(tl.join(lo, hi), (lo.shape[0], NW // 8, 4, 2)), (0, 1, 3, 2))  # [row, group, half, k]
+    return tl.reshape(x, (lo.shape[0], NW))
+
+
+@triton.jit
 def _mixed_words(base, j_ok, kv_m, d, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
                  BLOCK_N: tl.constexpr, out_ty: tl.constexpr):  # fmt: skip
     """One width's tile of a mixed-precision block read as words: fp16 tiles by `chunk_words_f16` (one column order
-    for every width, which q and the output follow), else int32 codes in order."""
+    for every width, which q and the output follow), else int32 codes in order. 8 bits: `_row_major_words`, so each
+    thread holds one row's 32 columns as the 4- and 2-bit tiles do and the branches meet without shared memory."""
     if out_ty == tl.float16:
         PERW: tl.constexpr = 32 // BITS
-        w = tl.arange(0, DIM_PAD // PERW)
-        words = tl.load(base + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
+        if BITS == 8:
+            words = _row_major_words(base, j_ok, HEAD_DIM // PERW, DIM_PAD // PERW)
+        else:
+            w = tl.arange(0, DIM_PAD // PERW)
+            words = tl.load(base + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
         code = chunk_words_f16(words, BITS)
     else:
         code = _load_codes(base, d, j_ok, kv_m, BITS, True, HEAD_DIM, DIM_PAD, BLOCK_N)
