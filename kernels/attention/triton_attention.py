@@ -512,7 +512,7 @@ def _mixed_words(base, j_ok, kv_m, d, BITS: tl.constexpr, HEAD_DIM: tl.constexpr
     thread holds one row's 32 columns as the 4- and 2-bit tiles do and the branches meet without shared memory."""
     if out_ty == tl.float16:
         PERW: tl.constexpr = 32 // BITS
-        if BITS == 8:
+        if BITS == 8 and DIM_PAD // PERW >= 8:  # (head_dim 16: 4 words a row, one load already holds a row)
             words = _row_major_words(base, j_ok, HEAD_DIM // PERW, DIM_PAD // PERW)
         else:
             w = tl.arange(0, DIM_PAD // PERW)
