@@ -75,6 +75,8 @@ class CompiledLaunch:
     signature: dict[str, str] = dataclasses.field(default_factory=dict)
     aligned16: list[str] = dataclasses.field(default_factory=list)
     ptx_ops: dict[str, int] = dataclasses.field(default_factory=dict)  # `ptx_census` of the kernel's PTX
+    # tiles a loop loads and stores to shared memory itself every step (`sync_staged_loads` of the TTGIR)
+    sync_staged: int | None = None
     error: str | None = None
 
     @property
@@ -100,6 +102,9 @@ class CompiledLaunch:
             out.append(f"register spills: {self.spill_stores} B stored, {self.spill_loads} B loaded")
         if (self.registers or 0) > MAX_REGS_PER_THREAD:
             out.append(f"{self.registers} registers/thread > {MAX_REGS_PER_THREAD}")
+        if (self.num_stages or 0) > 1 and (self.sync_staged or 0) > 0:
+            out.append(f"{self.sync_staged} loop tile(s) loaded to registers and stored to shared memory every step "
+                       "(not pipelined: the loop waits on each load)")
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -156,6 +161,33 @@ def ptx_census(ptx: str) -> dict[str, int]:
     """Static count of each `PTX_OPS` instruction in `ptx`: are the matrix instructions and the pipelined
     copies that were meant there (the first H200 run found quantized GEMMs far slower than bf16)."""
     return {name: len(re.findall(pattern, ptx)) for name, pattern in PTX_OPS.items()}
+
+
+_SSA_LOAD_RE = re.compile(r"^\s*(%[\w.#]+) = tt\.load\b")
+_SSA_ALLOC_RE = re.compile(r"\bttg\.local_alloc (%[\w.#]+)\b")
+
+
+def sync_staged_loads(ttgir: str) -> int:
+    """Shared-memory operands a loop loads itself every step: `ttg.local_alloc` of a `tt.load` result inside an
+    `scf.for`. Triton's pipeliner turns the loads it can stage into `cp.async` / TMA copies, so one left is a tile
+    the loop waits on each step (e.g. an 8-bit wgmma operand that is not K contiguous: sm_90 reads those only
+    K-contiguous, so a row-major weight tile was transposed through registers every K step, unpipelined)."""
+    loads: set[str] = set()
+    loops: list[int] = []  # indentation of the open scf.for lines
+    n = 0
+    for line in ttgir.splitlines():
+        indent = len(line) - len(line.lstrip())
+        while loops and line.strip().startswith("}") and indent <= loops[-1]:
+            loops.pop()
+        if "scf.for" in line:
+            loops.append(indent)
+        m = _SSA_LOAD_RE.match(line)
+        if m:
+            loads.add(m.group(1))
+        m = _SSA_ALLOC_RE.search(line)
+        if m and loops and m.group(1) in loads:
+            n += 1
+    return n
 
 
 # ----------------------------------------------------------------------------- ptxas resource usage
@@ -289,7 +321,8 @@ def _describe(kernel: Any, fn: Any, arch: int, grid: Any) -> CompiledLaunch:
         kernel=md.name, module=fn.module if hasattr(fn, "module") else "", arch=arch,
         grid=[int(g) for g in grid] if isinstance(grid, (tuple, list)) else "callable",
         num_warps=md.num_warps, num_stages=md.num_stages, shared_bytes=md.shared, constexprs=cx,
-        signature=sig, aligned16=aligned, ptx_ops=ptx_census(kernel.asm["ptx"]), **usage,
+        signature=sig, aligned16=aligned, ptx_ops=ptx_census(kernel.asm["ptx"]),
+        sync_staged=sync_staged_loads(kernel.asm["ttgir"]), **usage,
     )  # fmt: skip
 
 

@@ -103,7 +103,7 @@ def _quant_gemm_cases(mods: dict, arch: int) -> Iterator[Case]:
     def weight(fmt: str, n: int, k: int, group: int | None, sym: bool, sdtype: torch.dtype) -> Any:
         # Codes are never read (nothing runs); scales and zeros are validated on the host: finite, in range.
         if fmt == "fp8_e4m3":
-            codes = torch.zeros(k, n, dtype=torch.float8_e4m3fn)
+            codes = torch.zeros(n, k, dtype=torch.float8_e4m3fn).t()  # K contiguous, as `quantize_rtn` gives it
         else:
             codes = torch.empty(k // (32 // (4 if fmt == "int4" else 8)), n, dtype=torch.int32)
         groups = 1 if group is None else k // group

@@ -9,7 +9,13 @@ from __future__ import annotations
 import pytest
 from helpers import assert_runs_without_interpreter
 
-from codesign.autotune.compile_only import CompiledLaunch, compile_only, parse_ptxas_log, ptx_census
+from codesign.autotune.compile_only import (
+    CompiledLaunch,
+    compile_only,
+    parse_ptxas_log,
+    ptx_census,
+    sync_staged_loads,
+)
 from codesign.specs import CodesignError
 
 # Captured from Triton 3.9's ptxas-blackwell (CUDA 13.4) -v on the W4A16 split-K kernel for sm_90a.
@@ -74,6 +80,30 @@ def test_ptx_census_counts_each_instruction_kind():
     want = {"wgmma": 3, "wgmma_8bit": 2, "mma_sync": 2, "cp_async": 2, "tma": 1, "ld_global_v4": 2, "ld_global": 3,
             "cvt_i2f": 2, "mma_s8": 2, "mma_e4m3": 1, "atomic_add_f32": 2}  # fmt: skip
     assert ptx_census(ptx) == want
+
+
+def test_sync_staged_loads_counts_in_loop_allocs_of_loads_only():
+    """A loop's own load staged to shared memory counts; the same pattern before the loop (a q tile loaded once),
+    an alloc of computed values, and async copies do not."""
+    ttgir = """
+    %q = tt.load %qp : tensor<64x128x!tt.ptr<bf16>, #blocked>
+    %qs = ttg.local_alloc %q : (tensor<64x128xbf16, #blocked>) -> !ttg.memdesc<64x128xbf16, #shared, #smem>
+    %acc = scf.for %k = %c0 to %K step %c128 iter_args(%a = %cst) -> (tensor<64x64xf32, #mma>)  : i32 {
+      %w_1 = tt.load %wp, %m, %cst_1 : tensor<128x64x!tt.ptr<f8E4M3FN>, #blocked1>
+      %w_2 = ttg.local_alloc %w_1 : (tensor<128x64xf8E4M3FN, #blocked1>) -> !ttg.memdesc<128x64xf8E4M3FN>
+      %x = arith.addf %w_1, %w_1 : tensor<128x64xf8E4M3FN, #blocked1>
+      %x_s = ttg.local_alloc %x : (tensor<128x64xf8E4M3FN, #blocked1>) -> !ttg.memdesc<128x64xf8E4M3FN>
+      %c = ttg.async_copy_global_to_local %ap, %buf : tensor<64x128x!tt.ptr<bf16>, #blocked> -> <64x128xbf16, #shared>
+      scf.yield %a : tensor<64x64xf32, #mma>
+    }
+    %after = tt.load %qp : tensor<64x128x!tt.ptr<bf16>, #blocked>
+    %after_s = ttg.local_alloc %after : (tensor<64x128xbf16, #blocked>) -> !ttg.memdesc<64x128xbf16, #shared, #smem>
+    """
+    assert sync_staged_loads(ttgir) == 1
+    staged = CompiledLaunch("k", "m", 90, [1], 4, 3, 1024, 64, 0, 0, 0, sync_staged=1)
+    assert any("not pipelined" in p for p in staged.problems())
+    staged.num_stages = 1  # nothing to pipeline with one stage
+    assert staged.problems() == []
 
 
 def test_problems_name_each_limit():

@@ -186,9 +186,12 @@ with compile_only(90, "NVIDIA H200") as s:
 two = s.launches[n0:]
 assert [l.kernel for l in two] == ["_scaled_mm_kernel"] * 2, two
 assert two[0].ptx_ops["cp_async"] > two[1].ptx_ops["cp_async"] and two[0].shared_bytes > two[1].shared_bytes, two
+assert (two[0].sync_staged, two[1].sync_staged) == (0, 1), two
 ls = dict(zip(runs, zip(s.launches, s.compiled)))
 for (fp8, m, layout), (l, kern) in ls.items():
-    assert l.problems() == [] and l.spill_stores == 0 and l.ptx_ops["wgmma_8bit"] == l.ptx_ops["wgmma"] > 0, l
+    assert l.sync_staged == (layout == "row"), (layout, l.sync_staged)  # the census names the unpipelined tile
+    assert (l.problems() == []) == (layout == "k"), l.problems()
+    assert l.spill_stores == 0 and l.ptx_ops["wgmma_8bit"] == l.ptx_ops["wgmma"] > 0, l
     rows = l.constexprs["ROWS"]
     per_thread = rows * cfg["BLOCK_K"] // (32 * cfg["num_warps"])
     ptx = kern.asm["ptx"]
