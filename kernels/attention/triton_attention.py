@@ -290,7 +290,7 @@ def _oaken_value_corr(ix_ptr, pp, bt_row, start, s_hi, kvh, dq, d_ok, c_ok, stri
     """[CR, DIM_PAD] value-outlier corrections of this tile's output (column i: channel dq[i], the dot's column
     order): p[row, token] * (value - zr[token]) summed over each channel's slots, rank by rank through the
     channel-sorted index, p and the tile's per-token zero zr gathered from the program's scratch `pp`
-    ([CR, BLOCK_N] probabilities, then [BLOCK_N] zeros)."""
+    ([BLOCK_N, CR] probabilities, token-major, then [BLOCK_N] zeros)."""
     corr = tl.zeros([CR, DIM_PAD], tl.float32)
     for t in tl.static_range(OAKEN_NBT):  # the blocks this tile's tokens lie in
         bi = start // BLOCK_SIZE + t
@@ -317,7 +317,7 @@ def _oaken_value_rank(ib, at, en, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl
     ok = (at < en) & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
     zr = tl.load(pp + CR * BLOCK_N + col, mask=ok, other=0.0)
     delta = tl.where(ok, (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) - zr, 0.0)
-    pg = tl.load(pp + cr[:, None] * BLOCK_N + col[None, :], mask=c_ok[:, None] & ok[None, :], other=0.0)
+    pg = tl.load(pp + cr[:, None] + col[None, :] * CR, mask=c_ok[:, None] & ok[None, :], other=0.0)
     return pg * delta[None, :]
 
 
@@ -702,7 +702,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         nq = tl.maximum(kv_len - KIVI_R, 0) // KIVI_G * KIVI_G  # KIVI: tokens below are quantized
         # Oaken's outlier corrections run on the CR = BLOCK_Q x OAKEN_GP rows of real query heads (OAKEN_GP: GROUP
         # to a power of two), not the GROUP_PAD-padded tile (4 rows against 16 at decode). k_res_ptr / v_res_ptr
-        # hold the cache's outlier index (`oaken.outlier_index`), scr_ptr each program's [CR, BLOCK_N] of p and the
+        # hold the cache's outlier index (`oaken.outlier_index`), scr_ptr each program's p ([BLOCK_N, CR]) and the
         # tile's [BLOCK_N] value zeros.
         OAKEN: tl.constexpr = (KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE) and OAKEN_CAP > 0
         CR: tl.constexpr = BLOCK_Q * OAKEN_GP
@@ -714,7 +714,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             qrow = q_ptr + (q_start + cqi).to(tl.int64) * stride_qt + (kvh * GROUP + cr % OAKEN_GP) * stride_qh
             prog = (pid * tl.num_programs(1) + kvh) * NUM_SPLITS + split
             pp = scr_ptr + prog.to(tl.int64) * ((2 * CR + 1) * BLOCK_N)
-            p_at = ((rows // GROUP_PAD) * OAKEN_GP + hg)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            # p stored token-major ([BLOCK_N, CR]): a value slot's CR probabilities are one 16-byte load
+            p_at = ((rows // GROUP_PAD) * OAKEN_GP + hg)[:, None] + tl.arange(0, BLOCK_N)[None, :] * CR
             c_at = cr[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # the [CR, BLOCK_N] rows, in order
             # each tile row's real row there (padding rows: a copy, masked later)
             k_at = ((rows // GROUP_PAD) * OAKEN_GP + hg % OAKEN_GP)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
