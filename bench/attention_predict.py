@@ -103,26 +103,42 @@ def oaken_trips() -> dict[str, Any]:
     return out
 
 
-def oaken_loop_trips(sass: str, nbt: int, key: int, value: int) -> dict[str, Any]:
+def oaken_loop_trips(sass: str, nbt: int, key: int, value: int, per_trip: int = 1) -> dict[str, Any]:
     """Trips of each inner loop of Oaken's tile loop (address order) for `key` ranks per tile and `value` ranks per
-    block: its last `nbt` loops are the value loops (one per block of the tile), the ones before the key loop, which
-    LLVM may unroll U times plus a remainder loop (U: the ratio of their global loads), run key // U and key % U."""
+    block. The loops fall into 1 + `nbt` groups (the key loop, then one value loop per block of the tile), each a
+    loop LLVM may unroll U times, with its remainder loop right after when it keeps one (a loop whose global loads
+    are a 1/U of the one before). The unrolled loop runs ranks // U times, the remainder ranks % U (an upper bound:
+    straight-line remainder code is counted on the path as well); U of a value group without a remainder loop is
+    the other value groups' (the same code). `per_trip`: ranks the kernel's loop body takes a trip
+    (`triton_attention.OAKEN_RANKS`)."""
     ins, labels = parse_sass(sass)
     all_loops = loops(ins, labels)
     outer = [lp for lp in all_loops if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in all_loops)]
     tiles = [(a, b) for a, b in outer if any(is_matrix(opcode(t)) for t in ins[a:b])]
     a, b = max(tiles, key=lambda lp: lp[1] - lp[0])
     inner = [lp for lp in all_loops if a < lp[0] and lp[1] <= b]
-    if len(inner) not in (nbt + 1, nbt + 2):
-        raise ValueError(f"expected {nbt} value loops after 1 or 2 key loops, got {len(inner)} inner loops")
-    n_key = len(inner) - nbt
 
     def ldg(lp: tuple[int, int]) -> int:
         return sum(opcode(t).startswith("LDG") for t in ins[lp[0] : lp[1]])
 
-    unroll = round(ldg(inner[0]) / ldg(inner[1])) if n_key == 2 else 1
-    key_trips = [key // unroll, key % unroll] if n_key == 2 else [key]
-    return {"trips": key_trips + [value] * nbt, "key_unroll": unroll, "inner_loops": len(inner)}
+    groups: list[list[int]] = []  # per group: the loads of its loop, then of its remainder loop if any
+    for lp in inner:
+        n, g = ldg(lp), groups[-1] if groups else None
+        if g is not None and len(g) == 1 and 0 < n < g[0] and g[0] % n == 0:
+            g.append(n)
+        else:
+            groups.append([n])
+    if len(groups) != nbt + 1:
+        raise ValueError(f"expected a key loop and {nbt} value loops, got {len(groups)} groups of {len(inner)} loops")
+    v_unroll = max([g[0] // g[1] for g in groups[1:] if len(g) == 2], default=1)
+    trips: list[int] = []
+    unrolls = []
+    for i, g in enumerate(groups):
+        ranks = -(-(key if i == 0 else value) // per_trip)  # the kernel's trips
+        u = g[0] // g[1] if len(g) == 2 else (1 if i == 0 else v_unroll)
+        unrolls.append(u)
+        trips += [ranks // u, ranks % u] if len(g) == 2 else [ranks // u]
+    return {"trips": trips, "key_unroll": unrolls[0], "value_unroll": v_unroll, "inner_loops": len(inner)}
 
 
 def decode_prediction(
@@ -243,6 +259,7 @@ def predict(formats: list[str] | None = None, tree: bool = True, log=print) -> d
 
     from codesign.autotune.compile_only import compile_only
     from codesign.backend import use_backend
+    from codesign.kernels.attention.triton_attention import OAKEN_RANKS
 
     sys.path.insert(0, str(BENCH_DIR))
     import gpu_kvquant as kvq
@@ -263,9 +280,11 @@ def predict(formats: list[str] | None = None, tree: bool = True, log=print) -> d
             cx = launch.constexprs
             if cx.get("OAKEN_CAP", 0) > 0:  # the key loop, then each block's value loop
                 ot = oaken_trips()
+                per = OAKEN_RANKS
                 mean = oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], round(ot["key_mean"]),
-                                        round(ot["value_mean"]))  # fmt: skip
-                ot.update(oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], ot["key_max"], ot["value_max"]))
+                                        round(ot["value_mean"]), per)  # fmt: skip
+                ot.update(oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], ot["key_max"], ot["value_max"], per))
+                ot["ranks_per_trip"] = per
                 trips = ot["trips"]
                 at_mean = decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, mean["trips"])
                 ot["at_mean_trips"] = {k: at_mean[k] for k in ("sass_per_tile", "issue_ms", "predicted_ms")}

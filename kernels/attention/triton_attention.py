@@ -130,6 +130,7 @@ TREE_PAD_BITS = tl.constexpr(64)
 # of 32: 208 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
 # registers, but is not predicted against 32 x 8).
 OAKEN_WIDE_BLOCK = 32
+OAKEN_RANKS = 2  # outlier ranks per trip of Oaken's correction loops (`_oaken_key_corr`, `_oaken_value_corr`)
 # The constants above as the jit code reads them (a kernel reads only constexpr globals).
 _PLAIN = tl.constexpr(KV_FORMAT_PLAIN)
 _INT = tl.constexpr(KV_FORMAT_INT)
@@ -138,6 +139,7 @@ _KIVI = tl.constexpr(KV_FORMAT_KIVI)
 _MIXED = tl.constexpr(KV_FORMAT_MIXED)
 _OAKEN = tl.constexpr(KV_FORMAT_OAKEN)
 _OAKEN_OFFLINE = tl.constexpr(KV_FORMAT_OAKEN_OFFLINE)
+_OAKEN_RANKS = tl.constexpr(OAKEN_RANKS)
 _CAUSAL = tl.constexpr(MASK_CAUSAL)
 _TREE = tl.constexpr(MASK_TREE)
 _LOG2E = tl.constexpr(LOG2E)
@@ -257,20 +259,28 @@ def _oaken_key_corr(ix_ptr, blk, off, kvh, zr, j_ok, qrow, c_ok, stride_ib, stri
                     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CR: tl.constexpr,
                     BLOCK_N: tl.constexpr):  # fmt: skip
     """[CR, BLOCK_N] key-outlier corrections of the scores: q[row, d] * (value - zr) summed over each token's
-    slots, rank by rank through the token-sorted index (`oaken.outlier_index`): one q gather per rank. zr: the
-    tile's per-token fp32 zero (the factored dense part's value at code 0, so no meta gather per slot)."""
+    slots, rank by rank through the token-sorted index (`oaken.outlier_index`, words carry the channel): one q
+    gather per rank. zr: the tile's per-token fp32 zero (the factored dense part's value at code 0, so no meta
+    gather per slot)."""
     ib = ix_ptr + blk * stride_ib + kvh * stride_ih  # each token's block's index
     st = tl.load(ib + OAKEN_CAP + off, mask=j_ok, other=0)
     en = tl.load(ib + OAKEN_CAP + off + 1, mask=j_ok, other=0)
     nr = tl.max(tl.load(ib + OAKEN_CAP + BLOCK_SIZE + 1, mask=j_ok, other=0), 0)  # the tile's fullest token
     corr = tl.zeros([CR, BLOCK_N], tl.float32)
-    for r in range(0, nr):
-        ok = st + r < en
-        w = tl.load(ib + st + r, mask=ok, other=0)
-        delta = tl.where(ok, (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) - zr, 0.0)
-        qg = tl.load(qrow[:, None] + ((w >> 16) % HEAD_DIM)[None, :], mask=c_ok[:, None] & ok[None, :], other=0.0)
-        corr += qg.to(tl.float32) * delta[None, :]
+    for r in range(0, nr, _OAKEN_RANKS):  # unrolled here: LLVM's own unrolling left long remainder code
+        for u in tl.static_range(_OAKEN_RANKS):
+            corr += _oaken_key_rank(ib, st + r + u, en, zr, qrow, c_ok)
     return corr
+
+
+@triton.jit
+def _oaken_key_rank(ib, at, en, zr, qrow, c_ok):
+    """One rank of `_oaken_key_corr`: each token's slot at index word `at` (none past its list's end `en`)."""
+    ok = at < en
+    w = tl.load(ib + at, mask=ok, other=0)
+    delta = tl.where(ok, (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) - zr, 0.0)
+    qg = tl.load(qrow[:, None] + (w >> 16)[None, :], mask=c_ok[:, None] & ok[None, :], other=0.0)
+    return qg.to(tl.float32) * delta[None, :]
 
 
 @triton.jit
@@ -280,8 +290,7 @@ def _oaken_value_corr(ix_ptr, pp, bt_row, start, s_hi, kvh, dq, d_ok, c_ok, stri
     """[CR, DIM_PAD] value-outlier corrections of this tile's output (column i: channel dq[i], the dot's column
     order): p[row, token] * (value - zr[token]) summed over each channel's slots, rank by rank through the
     channel-sorted index, p and the tile's per-token zero zr gathered from the program's scratch `pp`
-    ([CR, BLOCK_N] probabilities, then [BLOCK_N] zeros)."""
-    cr = tl.arange(0, CR)
+    ([BLOCK_N, CR] probabilities, token-major, then [BLOCK_N] zeros)."""
     corr = tl.zeros([CR, DIM_PAD], tl.float32)
     for t in tl.static_range(OAKEN_NBT):  # the blocks this tile's tokens lie in
         bi = start // BLOCK_SIZE + t
@@ -293,15 +302,23 @@ def _oaken_value_corr(ix_ptr, pp, bt_row, start, s_hi, kvh, dq, d_ok, c_ok, stri
         st = tl.load(ib + OAKEN_CAP + dq, mask=lm, other=0)
         en = tl.load(ib + OAKEN_CAP + dq + 1, mask=lm, other=0)
         nr = tl.where(live, tl.load(ib + OAKEN_CAP + HEAD_DIM + 1), 0)  # (blk_t 0 when not live: in bounds)
-        for r in range(0, nr):
-            w = tl.load(ib + st + r, mask=st + r < en, other=0)
-            col = first + (w >> 16) // HEAD_DIM
-            ok = (st + r < en) & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
-            zr = tl.load(pp + CR * BLOCK_N + col, mask=ok, other=0.0)
-            delta = tl.where(ok, (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) - zr, 0.0)
-            pg = tl.load(pp + cr[:, None] * BLOCK_N + col[None, :], mask=c_ok[:, None] & ok[None, :], other=0.0)
-            corr += pg * delta[None, :]
+        for r in range(0, nr, _OAKEN_RANKS):  # unrolled here, as the key loop
+            for u in tl.static_range(_OAKEN_RANKS):
+                corr += _oaken_value_rank(ib, st + r + u, en, first, pp, c_ok, CR, BLOCK_N)
     return corr
+
+
+@triton.jit
+def _oaken_value_rank(ib, at, en, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One rank of `_oaken_value_corr`: each channel's slot at index word `at` (none past its list's end `en`)."""
+    cr = tl.arange(0, CR)
+    w = tl.load(ib + at, mask=at < en, other=0)
+    col = first + (w >> 16)  # the slot's token (the index word's coordinate)
+    ok = (at < en) & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
+    zr = tl.load(pp + CR * BLOCK_N + col, mask=ok, other=0.0)
+    delta = tl.where(ok, (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) - zr, 0.0)
+    pg = tl.load(pp + cr[:, None] + col[None, :] * CR, mask=c_ok[:, None] & ok[None, :], other=0.0)
+    return pg * delta[None, :]
 
 
 @triton.jit
@@ -685,7 +702,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         nq = tl.maximum(kv_len - KIVI_R, 0) // KIVI_G * KIVI_G  # KIVI: tokens below are quantized
         # Oaken's outlier corrections run on the CR = BLOCK_Q x OAKEN_GP rows of real query heads (OAKEN_GP: GROUP
         # to a power of two), not the GROUP_PAD-padded tile (4 rows against 16 at decode). k_res_ptr / v_res_ptr
-        # hold the cache's outlier index (`oaken.outlier_index`), scr_ptr each program's [CR, BLOCK_N] of p and the
+        # hold the cache's outlier index (`oaken.outlier_index`), scr_ptr each program's p ([BLOCK_N, CR]) and the
         # tile's [BLOCK_N] value zeros.
         OAKEN: tl.constexpr = (KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE) and OAKEN_CAP > 0
         CR: tl.constexpr = BLOCK_Q * OAKEN_GP
@@ -697,7 +714,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             qrow = q_ptr + (q_start + cqi).to(tl.int64) * stride_qt + (kvh * GROUP + cr % OAKEN_GP) * stride_qh
             prog = (pid * tl.num_programs(1) + kvh) * NUM_SPLITS + split
             pp = scr_ptr + prog.to(tl.int64) * ((2 * CR + 1) * BLOCK_N)
-            p_at = ((rows // GROUP_PAD) * OAKEN_GP + hg)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            # p stored token-major ([BLOCK_N, CR]): a value slot's CR probabilities are one 16-byte load
+            p_at = ((rows // GROUP_PAD) * OAKEN_GP + hg)[:, None] + tl.arange(0, BLOCK_N)[None, :] * CR
             c_at = cr[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # the [CR, BLOCK_N] rows, in order
             # each tile row's real row there (padding rows: a copy, masked later)
             k_at = ((rows // GROUP_PAD) * OAKEN_GP + hg % OAKEN_GP)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]

@@ -422,7 +422,10 @@ def outlier_index(
     `OakenPagedKV.k_index` / `v_index`, module docstring): `[nb, H, W]` int32
     (W >= CAP + L + 2, `index_width`) with
 
-        [0, CAP)             the slot words, stably sorted by their token (or channel); unused slots last
+        [0, CAP)             the used slots stably sorted by their token (or channel), unused slots (-1) last;
+                             each word (c << 16) | fp16 bits of the value, c its slot's other coordinate (the
+                             channel of a token's list, the token of a channel's): the kernel's gather index, with
+                             no division by D per slot
         [CAP, CAP + L + 1)   start of each token's (channel's) list in that order (L = block_size or head_dim):
                              list i is words [start[i], start[i + 1])
         CAP + L + 1          the fullest list's length (the kernel's inner-loop bound for that block)
@@ -442,7 +445,10 @@ def outlier_index(
     order = torch.sort(key, dim=-1, stable=True).indices
     if out is None:
         out = slots.new_zeros(nb, h, index_width(cap, block_size, head_dim))  # the words past CAP + L + 2: 0
-    out[..., :cap].copy_(slots.gather(-1, order))
+    words = slots.gather(-1, order)
+    wpos = words >> 16
+    other = wpos % head_dim if by == "token" else wpos // head_dim
+    out[..., :cap].copy_(torch.where(words >= 0, (other << 16) | (words & 0xFFFF), words))
     counts = out[..., cap + 1 : cap + n + 1]
     counts.zero_()
     counts.scatter_add_(-1, torch.where(valid, key, 0), valid.to(torch.int32))

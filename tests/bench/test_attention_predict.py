@@ -81,7 +81,7 @@ def test_per_loop_trips_and_oaken_unrolled_key_loop(ap):
     """Inner loops take their own trip counts (address order); Oaken's 6 key ranks run the 4-times unrolled key
     loop once and its remainder twice, 5 value ranks each value loop 5 times."""
     t = ap.oaken_loop_trips(OAKEN_SASS, 2, 6, 5)
-    assert t == {"trips": [1, 2, 5, 5], "key_unroll": 4, "inner_loops": 4}
+    assert t == {"trips": [1, 2, 5, 5], "key_unroll": 4, "value_unroll": 1, "inner_loops": 4}
     # HMMA, the key loops (5 x 1 + 2 x 2), the value loops (3 x 5 each), the back edge
     assert ap.loop_report(OAKEN_SASS, t["trips"])["path_max"] == 1 + 5 + 4 + 15 + 15 + 1
     assert ap.loop_report(OAKEN_SASS, [1, 2, 5])["path_max"] == 1 + 5 + 4 + 15 + 15 + 1  # the last entry repeats

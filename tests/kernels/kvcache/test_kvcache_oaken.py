@@ -136,8 +136,8 @@ def test_bad_input():
 
 
 def _index_by_loop(slots, bs, d, by):
-    """`outlier_index` by a plain loop: per (block, head) the used in-block slots in stable key order, the starts
-    of each key's list and the longest list."""
+    """`outlier_index` by a plain loop: per (block, head) the used in-block slots in stable key order (each word
+    with its other coordinate in place of the position), the starts of each key's list and the longest list."""
     nb, h, cap = slots.shape
     n = bs if by == "token" else d
     words, starts, longest = [], [], []
@@ -146,7 +146,8 @@ def _index_by_loop(slots, bs, d, by):
             used = [int(w) for w in slots[blk, hh] if w >= 0 and (int(w) >> 16) < bs * d]
             key = [(w >> 16) // d if by == "token" else (w >> 16) % d for w in used]
             order = sorted(range(len(used)), key=lambda i: key[i])  # sorted() is stable
-            words.append([used[i] for i in order])
+            other = [(w >> 16) % d if by == "token" else (w >> 16) // d for w in used]
+            words.append([(other[i] << 16) | (used[i] & 0xFFFF) for i in order])
             st = [sum(1 for k in key if k < i) for i in range(n + 1)]
             starts.append(st)
             longest.append(max([st[i + 1] - st[i] for i in range(n)], default=0))
