@@ -102,12 +102,14 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 # context 32k) ran 0.83 ms against 1.08 on 8 warps, 1.61 at 16 x 128 (tuning-pass timings,
 # `bench/results/h200-2026-11-30-run2`).
 SUBBYTE_TILE_ELEMS = 16 * 128
-# Mixed chunks read as words (every tile inside one block) at most this wide, on 4 warps: sm_90, bf16, head_dim 128,
-# blocks of 32: 32 x 128 takes 112 registers, 483-506 SASS a tile (the width branches; 0.267 ms predicted at batch 16,
-# context 32k). The alternatives were predicted before the 8-bit rows' load (`_row_major_words`), when 32 x 128 on 4
-# warps took 514: 394 on 8 warps (0.41), 586 for 16 x 128 on 2 (0.41) and 446 on 8 (0.93; `bench/attention_predict.py`).
-# 64 wide needs blocks of 64 (a word tile lies in one block): not measured.
-MIXED_WORDS_TILE = 32
+# Mixed chunks read as words at most this wide, on 4 warps: a tile inside one block, or of two whole blocks where two
+# fill it (each read at its own width, `_mixed_span_codes`). sm_90, bf16, head_dim 128, batch 16, context 32k
+# (`bench/attention_predict.py`): blocks of 32, 64 x 128 over two blocks takes 126 registers and 828-879 SASS a tile
+# (0.232 ms predicted), against 483-506 a 32-token tile in one block (112 registers, 0.267 ms); blocks of 64, 64 x 128
+# in one block 150 registers, 785 SASS (0.208; 32 x 128: 530, 0.279); blocks of 16 keep 16 x 128 (420 SASS, 0.439:
+# two blocks, 825 a 32-token tile at 140 registers, 0.432, not taken for 2 %). None measured. Earlier, 32 x 128 on 8
+# warps (394 SASS, 0.41 ms), 16 x 128 on 2 (586, 0.41) and on 8 (446, 0.93) predicted slower.
+MIXED_WORDS_TILE = 64
 # KIVI's tile where it fits in a block, on 4 warps: sm_90, bf16, head_dim 128, G = R = 32, blocks of 32, its
 # code-only loop takes 397 SASS a 32-token tile and 124 registers (0.21 ms predicted at batch 16, context 32k),
 # against 437 a 16-token tile on 2 warps (0.31), 662 for 32 on 2 (216 registers, 0.23), 1037 for 64 on 4 (240
@@ -541,15 +543,79 @@ def _mixed_words(base, j_ok, kv_m, d, BITS: tl.constexpr, HEAD_DIM: tl.constexpr
 
 
 @triton.jit
+def _mixed_block_words(base, j_ok, kv_m, d, blk, bits_ptr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+                       BLOCK_N: tl.constexpr, out_ty: tl.constexpr):  # fmt: skip
+    """A tile of rows inside one mixed block (`_mixed_words`), its width read from the block's entry: one runtime
+    branch a width, each yielding the same register layout."""
+    nb = tl.load(bits_ptr + blk)
+    if nb == 8:
+        code = _mixed_words(base, j_ok, kv_m, d, 8, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
+    elif nb == 4:
+        code = _mixed_words(base, j_ok, kv_m, d, 4, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
+    else:
+        code = _mixed_words(base, j_ok, kv_m, d, 2, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
+    return code
+
+
+@triton.jit
+def _span_rows(ptr, bt_row, start, s_hi, h: tl.constexpr, kvh, stride_b, stride_s, stride_h, HALF: tl.constexpr):
+    """[HALF] pointers to the rows of block `start // HALF + h` (a tile of two whole blocks of HALF tokens) and its
+    block id (0 where the tile ends before it, every row then masked), one scalar load of the block table."""
+    ok = start + h * HALF < s_hi
+    bt = tl.load(bt_row + start // HALF + h, mask=ok, other=0).to(tl.int64)
+    return ptr + bt * stride_b + kvh * stride_h + tl.arange(0, HALF) * stride_s, bt
+
+
+@triton.jit
+def _mixed_span_codes(crow, crow1, blk0, blk1, start, s_hi, d, d_ok, bits_ptr, HEAD_DIM: tl.constexpr,
+                      DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, out_ty: tl.constexpr,
+                      INTERPRETED: tl.constexpr):  # fmt: skip
+    """The codes of a tile of two whole mixed blocks (rows crow, then crow1) as two tiles, each read at its own width
+    (`_mixed_block_words`), so the per-tile work that does not depend on the width (softmax, addresses, metadata,
+    the loop) is paid once per two blocks. Kept apart, a dot each: stacked along rows (a join), the pair sits in
+    the register order of a row pair, and the fp16 operand's shared-memory store repacks it (sm_90, bf16, head_dim
+    128: ~70 byte permutes a tile)."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    r = start + tl.arange(0, HALF)
+    ok0 = r < s_hi
+    ok1 = r + HALF < s_hi
+    c0 = _mixed_block_words(crow[:, None], ok0, ok0[:, None] & d_ok[None, :], d, blk0, bits_ptr, HEAD_DIM, DIM_PAD,
+                            HALF, out_ty)  # fmt: skip
+    c1 = _mixed_block_words(crow1[:, None], ok1, ok1[:, None] & d_ok[None, :], d, blk1, bits_ptr, HEAD_DIM, DIM_PAD,
+                            HALF, out_ty)  # fmt: skip
+    if out_ty == tl.float16:
+        c0 = opaque_f16(c0, INTERPRETED)
+        c1 = opaque_f16(c1, INTERPRETED)
+    else:
+        c0 = c0.to(out_ty)
+        c1 = c1.to(out_ty)
+    return c0, c1
+
+
+@triton.jit
+def _cat_cols(a, b):
+    """[M, 2 N]: a [M, N] then b beside it, in registers (a join: each thread's elements of a and b side by side)."""
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (a.shape[0], 2 * a.shape[1]))
+
+
+@triton.jit
+def _split_cols(x):
+    """The two column halves of x [M, 2 N] (`_cat_cols` undone), in registers."""
+    return tl.split(tl.permute(tl.reshape(x, (x.shape[0], 2, x.shape[1] // 2)), (0, 2, 1)))
+
+
+@triton.jit
 def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FORMAT: tl.constexpr,
                     BITS: tl.constexpr, bits_ptr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
                     DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, blk0, INTERPRETED: tl.constexpr,
-                    META32: tl.constexpr, kvh=0, IS_KEY: tl.constexpr = True):  # fmt: skip
+                    META32: tl.constexpr, kvh=0, IS_KEY: tl.constexpr = True, SPAN: tl.constexpr = False,
+                    span=None):  # fmt: skip
     """Per-token formats (INT, MIXED, Oaken's dense part): the raw codes of one [BLOCK_N, DIM_PAD] tile as `out_ty`
     (fp16 through `codes_f16`, or fp32; exact either way) and the rows' fp32 (scale, zero), for the factored products
     q . k_j = sc_j (q . c_j) + zr_j sum(q) and sum_j p_j v_j = (p * sc) @ c + sum_j p_j zr_j. The scale and
     zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element. crow, mrow: the rows'
-    pointers into the codes and the (scale, zero) pairs (`_tile_rows`); kvh, IS_KEY: Oaken offline's grid."""
+    pointers into the codes and the (scale, zero) pairs (`_tile_rows`); kvh, IS_KEY: Oaken offline's grid. SPAN: a
+    mixed tile of two whole blocks, crow the first's rows, span the rest (`_mixed_span_codes`: two code tiles)."""
     base = crow[:, None]
     INT_CODES: tl.constexpr = KV_FORMAT == _INT or KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE
     PAIRS: tl.constexpr = INT_CODES and WORDS and out_ty == tl.float16
@@ -560,17 +626,14 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
         code = tl.reshape(words_f16(words, BITS), (BLOCK_N, DIM_PAD))
     elif INT_CODES:
         code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
+    elif SPAN:  # mixed, a tile of two whole blocks (span: the second block's rows and id, start, s_hi, d_ok)
+        code = _mixed_span_codes(crow, span[0], blk0, span[1], span[2], span[3], d, span[4], bits_ptr, HEAD_DIM,
+                                 DIM_PAD, BLOCK_N, out_ty, INTERPRETED)  # fmt: skip
     elif WORDS:
         # Mixed chunks, the tile inside one block (BLOCK_N divides the block size; tiles start at multiples of
         # BLOCK_N): one width for the whole tile, its codes read as int32 words like the INT formats' instead
         # of a byte gather with a shift per row (the mixed cache ran at 1/11 of the bf16 cache on an H200).
-        nb0 = tl.load(bits_ptr + blk0)
-        if nb0 == 8:
-            code = _mixed_words(base, j_ok, kv_m, d, 8, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
-        elif nb0 == 4:
-            code = _mixed_words(base, j_ok, kv_m, d, 4, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
-        else:
-            code = _mixed_words(base, j_ok, kv_m, d, 2, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
+        code = _mixed_block_words(base, j_ok, kv_m, d, blk0, bits_ptr, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
     else:
         nbits = tl.load(bits_ptr + blk, mask=j_ok, other=8).to(tl.int32)[:, None]  # per row: its block's width
         per = 8 // nbits
@@ -584,7 +647,9 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
     else:
         sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
         zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
-    if PAIRS or (KV_FORMAT == _MIXED and WORDS and out_ty == tl.float16):
+    if SPAN:  # (`_mixed_span_codes`: the two halves' tiles)
+        x = code
+    elif PAIRS or (KV_FORMAT == _MIXED and WORDS and out_ty == tl.float16):
         x = opaque_f16(code, INTERPRETED)
     elif out_ty == tl.float16:
         x = opaque_f16(codes_f16(code), INTERPRETED)
@@ -649,6 +714,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         KIVI_PAIRS: tl.constexpr = KV_FORMAT == _KIVI and WORDS and F16_MMA and KIVI_GV % (32 // BITS) == 0
         # mixed chunks read as words: `chunk_words_f16`'s order (16-element chunks as 2-bit `pair_order`), every width
         MIXED_PAIRS: tl.constexpr = KV_FORMAT == _MIXED and WORDS and F16_MMA
+        # mixed tiles of two whole blocks, each read at its own width (`_mixed_span_codes`)
+        MIXED_SPAN: tl.constexpr = KV_FORMAT == _MIXED and WORDS and BLOCK_N == 2 * BLOCK_SIZE
         if MIXED_PAIRS:
             dq = pair_order(d, 2)
         else:
@@ -743,21 +810,36 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 j = start + tl.arange(0, BLOCK_N)
                 j_ok = j < s_hi
                 blk = tl.load(bt_row + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
-                if KV_FORMAT == _KIVI or KV_FORMAT == _MIXED:  # the tile's first block: KIVI key meta, mixed widths
+                if MIXED_SPAN:
+                    blk0 = 0  # (each block's id from `_span_rows` below)
+                elif KV_FORMAT == _KIVI or KV_FORMAT == _MIXED:  # the tile's first block: KIVI key meta, mixed widths
                     blk0 = tl.load(bt_ptr + b * stride_bt + start // BLOCK_SIZE).to(tl.int64)
                 else:
                     blk0 = 0
                 off = j % BLOCK_SIZE
                 kv_m = j_ok[:, None] & d_ok[None, :]
-                krow = _tile_rows(k_ptr, bt_row, start, s_hi, blk, off, kvh, stride_kb, stride_ks, stride_kh, BLOCK_N,
-                                  BLOCK_SIZE, IS_DECODE)  # fmt: skip
+                if MIXED_SPAN:  # each block's rows apart (`_mixed_span_codes`)
+                    krow, blk0 = _span_rows(k_ptr, bt_row, start, s_hi, 0, kvh, stride_kb, stride_ks, stride_kh,
+                                            BLOCK_SIZE)  # fmt: skip
+                    krow1, blk1 = _span_rows(k_ptr, bt_row, start, s_hi, 1, kvh, stride_kb, stride_ks, stride_kh,
+                                             BLOCK_SIZE)  # fmt: skip
+                    kspan = (krow1, blk1, start, s_hi, d_ok)
+                else:
+                    krow = _tile_rows(k_ptr, bt_row, start, s_hi, blk, off, kvh, stride_kb, stride_ks, stride_kh,
+                                      BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
+                    kspan = None
                 kmrow = _tile_rows(k_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_mb, stride_ms, stride_mh,
                                    BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
                 if FACTORED:
                     kc, ksc, kzr = _load_code_tile(krow, kmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
                                                    bits_ptr, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED,
-                                                   META32, kvh, True)  # fmt: skip
-                    s = tl.dot(q_mma, tl.trans(kc), input_precision=DOT_PREC) * (q_unf[:, None] * ksc[None, :])
+                                                   META32, kvh, True, MIXED_SPAN, kspan)  # fmt: skip
+                    if MIXED_SPAN:  # a dot per block, the scores side by side (the codes' layouts stay one block's)
+                        s = _cat_cols(tl.dot(q_mma, tl.trans(kc[0]), input_precision=DOT_PREC),
+                                      tl.dot(q_mma, tl.trans(kc[1]), input_precision=DOT_PREC))  # fmt: skip
+                    else:
+                        s = tl.dot(q_mma, tl.trans(kc), input_precision=DOT_PREC)
+                    s = s * (q_unf[:, None] * ksc[None, :])
                     s += q_sum[:, None] * kzr[None, :]
                     if OAKEN:  # outlier positions hold code 0: the dense part has zr there
                         kcor = _oaken_key_corr(k_res_ptr, blk, off, kvh, kzr, j_ok, qrow, c_ok, stride_rb, stride_rr,
@@ -819,21 +901,36 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 alpha = tl.exp2(m_i - m_safe)
                 p = tl.exp2(s - m_safe[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
-                vrow = _tile_rows(v_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vb, stride_vs, stride_vh, BLOCK_N,
-                                  BLOCK_SIZE, IS_DECODE)  # fmt: skip
+                if MIXED_SPAN:
+                    vrow = v_ptr + blk0 * stride_vb + kvh * stride_vh + tl.arange(0, BLOCK_SIZE) * stride_vs
+                    vspan = (v_ptr + blk1 * stride_vb + kvh * stride_vh + tl.arange(0, BLOCK_SIZE) * stride_vs, blk1,
+                             start, s_hi, d_ok)  # fmt: skip
+                else:
+                    vrow = _tile_rows(v_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vb, stride_vs, stride_vh,
+                                      BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
+                    vspan = None
                 vmrow = _tile_rows(v_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vmb, stride_vms,
                                    stride_vmh, BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
                 if FACTORED:
                     vc, vsc, vzr = _load_code_tile(vrow, vmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
                                                    bits_ptr, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED,
-                                                   META32, kvh, False)  # fmt: skip
+                                                   META32, kvh, False, MIXED_SPAN, vspan)  # fmt: skip
                     if F16_MMA:
                         # p * sc in fp16 would lose small scales to underflow (V of magnitude 1e-5 gave 116 %
                         # error in fp16): the tile's scales are brought to [1, 2) by a power of two first.
                         v_f, v_unf = pow2_scale(tl.max(vsc, 0), 0)
-                        pv = tl.dot((p * (vsc * v_f)[None, :]).to(tl.float16), vc, input_precision=DOT_PREC) * v_unf
+                        ps = (p * (vsc * v_f)[None, :]).to(tl.float16)
                     else:
-                        pv = tl.dot((p * vsc[None, :]).to(vc.dtype), vc, input_precision=DOT_PREC)
+                        v_unf = 1.0
+                        ps = p * vsc[None, :]
+                    if MIXED_SPAN:  # each block's probabilities against its own tile
+                        p0, p1 = _split_cols(ps)
+                        if F16_MMA:  # (the split's join would halve the dot's operand width, `opaque_f16`)
+                            p0, p1 = opaque_f16(p0, INTERPRETED), opaque_f16(p1, INTERPRETED)
+                        pv = tl.dot(p0.to(vc[0].dtype), vc[0], input_precision=DOT_PREC)
+                        pv = tl.dot(p1.to(vc[1].dtype), vc[1], pv, input_precision=DOT_PREC) * v_unf
+                    else:
+                        pv = tl.dot(ps.to(vc.dtype), vc, input_precision=DOT_PREC) * v_unf
                     acc = acc * alpha[:, None] + pv + tl.sum(p * vzr[None, :], 1)[:, None]
                     if OAKEN:
                         tl.debug_barrier()  # every thread is done with the previous tile's p and zeros
@@ -935,6 +1032,8 @@ def default_config(
         cfg["BLOCK_N"] //= 2
     oaken = kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE)
     mixed_bn = min(cfg["BLOCK_N"], MIXED_WORDS_TILE, block_size or 0)
+    if 2 * mixed_bn == min(cfg["BLOCK_N"], MIXED_WORDS_TILE):
+        mixed_bn *= 2  # two whole blocks a tile
     mixed_words = mixed_bn >= 16 and mixed_reads_words(kv_format, head_dim, block_size, mixed_bn)  # a dot's K >= 16
     gathered = (kv_format == KV_FORMAT_MIXED and not mixed_words) or (
         (kv_format == KV_FORMAT_INT or oaken) and bits < 8 and not reads_words(kv_format, bits, head_dim)
@@ -977,8 +1076,10 @@ WORDS8_DEFAULT = 1
 
 def mixed_reads_words(kv_format: int, head_dim: int, block_size: int, block_n: int) -> bool:
     """True when a mixed-precision launch reads its codes as int32 words: every tile lies in one block (one
-    width), and rows of every width (8, 4, 2 bits) are whole words."""
-    return kv_format == KV_FORMAT_MIXED and head_dim % 16 == 0 and block_size % block_n == 0
+    width) or is two whole blocks of at least 16 tokens (each read at its own width, a dot per block: a dot's
+    dimensions are at least 16), and rows of every width (8, 4, 2 bits) are whole words."""
+    span = block_n == 2 * block_size and block_size >= 16
+    return kv_format == KV_FORMAT_MIXED and head_dim % 16 == 0 and (block_size % block_n == 0 or span)
 
 
 def table_op(kv_format: int = KV_FORMAT_PLAIN, bits: int = 16) -> str:

@@ -35,7 +35,9 @@ def test_cocktail_policy_ranks_chunks_by_query_similarity():
         cocktail_bits(q, chunks, 0.7, 0.7)
 
 
-def _setup(ctx, bs=BS, d=D):
+def _setup(ctx, bs=BS, d=D, widths=None):
+    """A mixed cache holding ctx tokens a sequence; block widths by the Cocktail policy, or widths[b] (one per block
+    of sequence b, in order)."""
     tables, nb = shuffled_block_tables(ctx, bs)
     cache = MixedPagedKV.empty(nb, bs, H, d)
     cache.k_codes.random_(0, 256)
@@ -46,7 +48,8 @@ def _setup(ctx, bs=BS, d=D):
         k, v = torch.randn(c, H, d), torch.randn(c, H, d)
         q_recent = torch.randn(2, 2 * H, d)
         chunks = [k[i : i + bs] for i in range(0, c, bs)]
-        cache.set_block_bits(tables[b, : len(chunks)].tolist(), cocktail_bits(q_recent, chunks, 1 / 3, 1 / 3))
+        bits = cocktail_bits(q_recent, chunks, 1 / 3, 1 / 3) if widths is None else widths[b]
+        cache.set_block_bits(tables[b, : len(chunks)].tolist(), bits)
         slots += seq_slots(tables, b, c, bs).tolist()
         ks.append(k)
         vs.append(v)
@@ -107,6 +110,41 @@ def test_decode_and_extend_over_mixed_blocks(splits):
         oe = mixed_attention(qe, cache, bt, cl, cu, num_splits=splits)
     ref_e, _ = reference_attention(qe, kd, vd, bt, cl, [2, 1, 3])
     assert_rel_close(oe, ref_e, 2e-6, "mixed extend")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "bs, d, dtype",
+    [(32, 64, torch.float16), (32, 48, torch.float16), (32, 16, torch.float16), (32, 64, torch.float32),
+     (16, 128, torch.float32), (64, 64, torch.float16), (16, 64, torch.float16)],  # fmt: skip
+)
+def test_two_block_tiles_read_each_block_at_its_width(bs, d, dtype):
+    """Tiles of two whole blocks (`_mixed_span_codes`: the default tile where two blocks fill it) read each block at
+    its own width: adjacent blocks of every ordered pair of widths, tiles whose second block is partial or absent,
+    decode with splits and extend; fp16 queries (the fp16 dot per block) and fp32; head_dim 48 and 16 (padded and
+    one-load 8-bit rows). Blocks of 64 (one block a tile) and 16 under fp16 queries (16-token tiles): the path
+    does not apply, same answers."""
+    elem = torch.tensor([], dtype=dtype).element_size()
+    tile = pat.default_config(d, elem, pat.KV_FORMAT_MIXED, 8, bs)["BLOCK_N"]
+    assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile)
+    assert (tile == 2 * bs) == ((bs, dtype) != (64, torch.float16) and (bs, dtype) != (16, torch.float16))
+    widths = [[8, 4, 4, 2, 2, 8, 8, 8, 2, 4], [4, 8, 2], [2], [2, 2, 8], [8, 2, 4, 4]]
+    ctx = [9 * bs + 5, 3 * bs, bs - 3, 2 * bs + 1, 4 * bs]
+    cache, bt, cl, *_ = _setup(ctx, bs, d, widths)
+    kd, vd = _engine_dequant(cache)
+    tol = 2e-6 if dtype == torch.float32 else 1e-3
+    q = (torch.randn(len(ctx), 2 * H, d) * 3.0).to(dtype)
+    ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [1] * len(ctx))
+    for splits in (1, 3):
+        with use_backend("triton"):
+            out = mixed_attention(q, cache, bt, cl, num_splits=splits)
+        assert_rel_close(out.double(), ref, tol, f"mixed decode bs={bs} d={d} {dtype} splits={splits}")
+    qe = (torch.randn(13, 2 * H, d) * 3.0).to(dtype)
+    cu = torch.tensor([0, 3, 5, 8, 9, 13], dtype=torch.int32)
+    with use_backend("triton"):
+        oe = mixed_attention(qe, cache, bt, cl, cu, num_splits=1)
+    ref_e, _ = reference_attention(qe.double(), kd, vd, bt, cl, [3, 2, 3, 1, 4])
+    assert_rel_close(oe.double(), ref_e, tol, f"mixed extend bs={bs} d={d} {dtype}")
 
 
 @pytest.mark.slow
