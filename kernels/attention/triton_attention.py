@@ -1032,8 +1032,8 @@ def default_config(
         cfg["BLOCK_N"] //= 2
     oaken = kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE)
     mixed_bn = min(cfg["BLOCK_N"], MIXED_WORDS_TILE, block_size or 0)
-    if 2 * mixed_bn == min(cfg["BLOCK_N"], MIXED_WORDS_TILE):
-        mixed_bn *= 2  # two whole blocks a tile
+    if elem_bytes == 2 and 2 * mixed_bn == min(cfg["BLOCK_N"], MIXED_WORDS_TILE):
+        mixed_bn *= 2  # two whole blocks a tile (fp32 queries: not; 32 x 128 over blocks of 16 spilled 452 B, sm_90)
     mixed_words = mixed_bn >= 16 and mixed_reads_words(kv_format, head_dim, block_size, mixed_bn)  # a dot's K >= 16
     gathered = (kv_format == KV_FORMAT_MIXED and not mixed_words) or (
         (kv_format == KV_FORMAT_INT or oaken) and bits < 8 and not reads_words(kv_format, bits, head_dim)

@@ -104,6 +104,18 @@ def _fusedq_kernel(
                     PER_TENSOR_W, HAS_BIAS, SPLIT_K)  # fmt: skip
 
 
+# Shared memory the pipeline stages may take: under sm_89's 99 KB opt-in with room for the epilogue's layout change.
+SMEM_BUDGET = 96 * 1024
+
+
+def _stages(cfg: dict, rows: int, x_bytes: int) -> int:
+    """The config's stages, fewer where rows of activations make a stage too big for SMEM_BUDGET (each stage holds
+    ROWS x BLOCK_K activations and a BLOCK_K x BLOCK_N 8-bit weight tile): at 64 fp32 rows the 6 default stages took
+    221 KB (sm_80: over its 163 KB), where decode's 2-8 rows take 10-14 KB a stage."""
+    stage = rows * cfg["BLOCK_K"] * x_bytes + cfg["BLOCK_K"] * cfg["BLOCK_N"]
+    return max(1, min(cfg["num_stages"], SMEM_BUDGET // stage))
+
+
 def w_strides(w: torch.Tensor, fp8: bool) -> tuple[int, int]:
     """(stride along K, along N) of the e4m3 weight [K, N]: either layout runs, but only K contiguous ([N, K] in
     memory, `formats.quantize`'s) pipelines on sm_90: Hopper's 8-bit warpgroup MMA reads its shared-memory
@@ -134,7 +146,7 @@ def fusedq_mm(x, w, w_scale, bias, out: torch.Tensor, fp8: bool, cfg: dict, inte
         QMAX=448.0 if fp8 else 127.0, IS_FP8=fp8, INTERPRETED=interpreted, PER_TENSOR_W=w_scale.numel() == 1 and n > 1,
         HAS_BIAS=bias is not None, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         GROUP_M=cfg["GROUP_M"], ROWS=rows, SPLIT_K=split, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        num_stages=_stages(cfg, rows, x.element_size()),
     )  # fmt: skip
     if dst is not out:
         out.copy_(dst)

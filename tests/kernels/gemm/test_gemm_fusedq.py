@@ -203,3 +203,14 @@ assert k_major.shared_bytes >= 5 * 128 * 64 > row_major.shared_bytes, (k_major.s
 print("ok")
 """
     assert_runs_without_interpreter(code)
+
+
+def test_stages_shrink_where_rows_of_activations_fill_shared_memory():
+    """Decode's few rows keep the default's stages; a forced 64-row fp32 tile gets as many as fit SMEM_BUDGET (six
+    took 221 KB, over sm_80's 163 KB), never fewer than one."""
+    cfg = qt._GPU_DEFAULTS["fusedq"]
+    assert fq._stages(cfg, 2, 2) == fq._stages(cfg, 8, 4) == cfg["num_stages"]
+    big = fq._stages(cfg, 64, 4)
+    stage = 64 * cfg["BLOCK_K"] * 4 + cfg["BLOCK_K"] * cfg["BLOCK_N"]
+    assert 1 <= big < cfg["num_stages"] and big * stage <= fq.SMEM_BUDGET
+    assert fq._stages({**cfg, "BLOCK_K": 4096}, 64, 4) == 1

@@ -11,6 +11,7 @@ from helpers import assert_rel_close, seq_slots, shuffled_block_tables
 from paged_attention_ref import reference_attention
 
 from codesign.accel_model import kv_quant_engine as eng
+from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
 from codesign.kernels.attention import triton_attention as pat
 from codesign.kernels.attention.quantized import mixed_attention
@@ -123,11 +124,19 @@ def test_two_block_tiles_read_each_block_at_its_width(bs, d, dtype):
     its own width: adjacent blocks of every ordered pair of widths, tiles whose second block is partial or absent,
     decode with splits and extend; fp16 queries (the fp16 dot per block) and fp32; head_dim 48 and 16 (padded and
     one-load 8-bit rows). Blocks of 64 (one block a tile) and 16 under fp16 queries (16-token tiles): the path
-    does not apply, same answers."""
+    does not apply, same answers. fp32 queries default to one block a tile (two spilled on sm_90), so they force
+    two: the exact fp32 path checks the two-block logic at 2e-6."""
     elem = torch.tensor([], dtype=dtype).element_size()
     tile = pat.default_config(d, elem, pat.KV_FORMAT_MIXED, 8, bs)["BLOCK_N"]
+    two = (bs, dtype) in ((32, torch.float16),)
+    assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile) and (tile == 2 * bs) == two
+    if dtype == torch.float32:
+        tile = 2 * bs
+        assert tile > pat.default_config(d, elem, pat.KV_FORMAT_MIXED, 8, bs)["BLOCK_N"]
+    def forced():
+        return forced_config(pat.table_op(pat.KV_FORMAT_MIXED, 8), {"BLOCK_N": tile, "num_warps": 4})
+
     assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile)
-    assert (tile == 2 * bs) == ((bs, dtype) != (64, torch.float16) and (bs, dtype) != (16, torch.float16))
     widths = [[8, 4, 4, 2, 2, 8, 8, 8, 2, 4], [4, 8, 2], [2], [2, 2, 8], [8, 2, 4, 4]]
     ctx = [9 * bs + 5, 3 * bs, bs - 3, 2 * bs + 1, 4 * bs]
     cache, bt, cl, *_ = _setup(ctx, bs, d, widths)
@@ -136,12 +145,12 @@ def test_two_block_tiles_read_each_block_at_its_width(bs, d, dtype):
     q = (torch.randn(len(ctx), 2 * H, d) * 3.0).to(dtype)
     ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [1] * len(ctx))
     for splits in (1, 3):
-        with use_backend("triton"):
+        with use_backend("triton"), forced():
             out = mixed_attention(q, cache, bt, cl, num_splits=splits)
         assert_rel_close(out.double(), ref, tol, f"mixed decode bs={bs} d={d} {dtype} splits={splits}")
     qe = (torch.randn(13, 2 * H, d) * 3.0).to(dtype)
     cu = torch.tensor([0, 3, 5, 8, 9, 13], dtype=torch.int32)
-    with use_backend("triton"):
+    with use_backend("triton"), forced():
         oe = mixed_attention(qe, cache, bt, cl, cu, num_splits=1)
     ref_e, _ = reference_attention(qe.double(), kd, vd, bt, cl, [3, 2, 3, 1, 4])
     assert_rel_close(oe.double(), ref_e, tol, f"mixed extend bs={bs} d={d} {dtype}")
