@@ -259,14 +259,14 @@ def _oaken_offline_meta(mrow, j_ok, bits_ptr, kvh, IS_KEY: tl.constexpr, BITS: t
 
 
 @triton.jit
-def _oaken_key_corr(ix_ptr, blk, off, kvh, zr, j_ok, qtr, stride_ib, stride_ih, OAKEN_CAP: tl.constexpr,
+def _oaken_key_corr(ix_ptr, blk, off, kvh, j_ok, qtr, stride_ib, stride_ih, OAKEN_CAP: tl.constexpr,
                     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CR: tl.constexpr,
                     BLOCK_N: tl.constexpr):  # fmt: skip
-    """[BLOCK_N, CR] key-outlier corrections of the scores (token-major): q[row, d] * (value - zr) summed over
-    each token's slots, rank by rank through the token-sorted index (`oaken.outlier_index`, words carry the
-    channel). qtr: the program's q, fp32 channel-major ([HEAD_DIM, CR] in the scratch), so a slot's CR rows are
-    one contiguous load. zr: the tile's per-token fp32 zero (the factored dense part's value at code 0, so no
-    meta gather per slot)."""
+    """[BLOCK_N, CR] key-outlier corrections of the scores (token-major): q[row, d] * delta summed over each
+    token's slots, rank by rank through the token-sorted index (`oaken.outlier_index`: words carry the channel,
+    deltas the value minus the token's dense value at code 0, which is what the factored dense part has there).
+    qtr: the program's q, fp32 channel-major ([HEAD_DIM, CR] in the scratch), so a slot's CR rows are one
+    contiguous load."""
     ib = ix_ptr + blk * stride_ib + kvh * stride_ih  # each token's block's index
     st = tl.load(ib + OAKEN_CAP + off, mask=j_ok, other=0)
     en = tl.load(ib + OAKEN_CAP + off + 1, mask=j_ok, other=0)
@@ -274,16 +274,17 @@ def _oaken_key_corr(ix_ptr, blk, off, kvh, zr, j_ok, qtr, stride_ib, stride_ih, 
     corr = tl.zeros([BLOCK_N, CR], tl.float32)
     for r in range(0, nr, _OAKEN_KEY_RANKS):  # unrolled here: ptxas's own unrolling left long remainder code
         for u in tl.static_range(_OAKEN_KEY_RANKS):
-            corr += _oaken_key_rank(ib, st + r + u, en, zr, qtr, CR)
+            corr += _oaken_key_rank(ib, st + r + u, en, qtr, CR, OAKEN_CAP + max(BLOCK_SIZE, HEAD_DIM) + 2)
     return corr
 
 
 @triton.jit
-def _oaken_key_rank(ib, at, en, zr, qtr, CR: tl.constexpr):
-    """One rank of `_oaken_key_corr`: each token's slot at index word `at` (none past its list's end `en`)."""
+def _oaken_key_rank(ib, at, en, qtr, CR: tl.constexpr, DW: tl.constexpr):
+    """One rank of `_oaken_key_corr`: each token's slot at index word `at` (none past its list's end `en`; its
+    delta at word DW + at)."""
     ok = at < en
     w = tl.load(ib + at, mask=ok, other=0)
-    delta = tl.where(ok, (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) - zr, 0.0)
+    delta = tl.load(ib + DW + at, mask=ok, other=0).to(tl.float32, bitcast=True)
     # unmasked: a token with no slot here reads channel 0's q (in bounds, times a zero delta)
     qg = tl.load(qtr + ((w >> 16) * CR)[:, None] + tl.arange(0, CR)[None, :])
     return qg * delta[:, None]
@@ -292,12 +293,11 @@ def _oaken_key_rank(ib, at, en, zr, qtr, CR: tl.constexpr):
 @triton.jit
 def _oaken_value_corr(ix_ptr, pp, bt_row, start, s_hi, kvh, dq, d_ok, c_ok, stride_ib, stride_ih,
                       OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CR: tl.constexpr,
-                      BLOCK_N: tl.constexpr, DIM_PAD: tl.constexpr, OAKEN_NBT: tl.constexpr,
-                      PS: tl.constexpr):  # fmt: skip
+                      BLOCK_N: tl.constexpr, DIM_PAD: tl.constexpr, OAKEN_NBT: tl.constexpr):  # fmt: skip
     """[CR, DIM_PAD] value-outlier corrections of this tile's output (column i: channel dq[i], the dot's column
-    order): p[row, token] * (value - zr[token]) summed over each channel's slots, rank by rank through the
-    channel-sorted index, p and the tile's per-token zero zr gathered from the program's scratch `pp`
-    ([BLOCK_N, PS]: a token's CR probabilities, then its zero, so both loads share one address)."""
+    order): p[row, token] * delta summed over each channel's slots, rank by rank through the channel-sorted
+    index (deltas as the key side's, `_oaken_key_corr`), p gathered from the program's scratch `pp` ([BLOCK_N,
+    CR], token-major)."""
     corr = tl.zeros([CR, DIM_PAD], tl.float32)
     for t in tl.static_range(OAKEN_NBT):  # the blocks this tile's tokens lie in
         bi = start // BLOCK_SIZE + t
@@ -311,20 +311,21 @@ def _oaken_value_corr(ix_ptr, pp, bt_row, start, s_hi, kvh, dq, d_ok, c_ok, stri
         nr = tl.where(live, tl.load(ib + OAKEN_CAP + HEAD_DIM + 1), 0)  # (blk_t 0 when not live: in bounds)
         for r in range(0, nr, _OAKEN_RANKS):  # unrolled here, as the key loop
             for u in tl.static_range(_OAKEN_RANKS):
-                corr += _oaken_value_rank(ib, st + r + u, en, first, pp, c_ok, CR, BLOCK_N, PS)
+                corr += _oaken_value_rank(ib, st + r + u, en, first, pp, c_ok, CR, BLOCK_N,
+                                          OAKEN_CAP + max(BLOCK_SIZE, HEAD_DIM) + 2)  # fmt: skip
     return corr
 
 
 @triton.jit
-def _oaken_value_rank(ib, at, en, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr, PS: tl.constexpr):
-    """One rank of `_oaken_value_corr`: each channel's slot at index word `at` (none past its list's end `en`)."""
+def _oaken_value_rank(ib, at, en, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr, DW: tl.constexpr):
+    """One rank of `_oaken_value_corr`: each channel's slot at index word `at` (none past its list's end `en`; its
+    delta at word DW + at)."""
     cr = tl.arange(0, CR)
     w = tl.load(ib + at, mask=at < en, other=0)
     col = first + (w >> 16)  # the slot's token (the index word's coordinate)
     ok = (at < en) & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
-    zr = tl.load(pp + col * PS + CR, mask=ok, other=0.0)
-    delta = tl.where(ok, (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) - zr, 0.0)
-    pg = tl.load(pp + cr[:, None] + col[None, :] * PS, mask=c_ok[:, None] & ok[None, :], other=0.0)
+    delta = tl.load(ib + DW + at, mask=ok, other=0).to(tl.float32, bitcast=True)
+    pg = tl.load(pp + cr[:, None] + col[None, :] * CR, mask=c_ok[:, None] & ok[None, :], other=0.0)
     return pg * delta[None, :]
 
 
@@ -775,10 +776,9 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         # Oaken's outlier corrections run on the CR = BLOCK_Q x OAKEN_GP rows of real query heads (OAKEN_GP: GROUP
         # to a power of two), not the GROUP_PAD-padded tile (4 rows against 16 at decode). k_res_ptr / v_res_ptr
         # hold the cache's outlier index (`oaken.outlier_index`), scr_ptr each program's scratch (`oaken_scratch_size`):
-        # p and the tile's value zeros ([BLOCK_N, PS]), the key corrections ([CR, BLOCK_N]), q ([HEAD_DIM, CR]).
+        # p ([BLOCK_N, CR]), the key corrections ([CR, BLOCK_N]), q ([HEAD_DIM, CR]).
         OAKEN: tl.constexpr = (KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE) and OAKEN_CAP > 0
         CR: tl.constexpr = BLOCK_Q * OAKEN_GP
-        PS: tl.constexpr = CR + min(CR, 4)  # a token's p then its zero, 16-byte aligned for CR >= 4
         SPREAD: tl.constexpr = OAKEN_GP < GROUP_PAD  # padded rows (decode on a GPU): a [CR, DIM_PAD] accumulator apart
         if OAKEN:
             cr = tl.arange(0, CR)
@@ -786,15 +786,15 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             c_ok = (cqi < q_len) & (cr % OAKEN_GP < GROUP)
             qrow = q_ptr + (q_start + cqi).to(tl.int64) * stride_qt + (kvh * GROUP + cr % OAKEN_GP) * stride_qh
             prog = (pid * tl.num_programs(1) + kvh) * NUM_SPLITS + split
-            pp = scr_ptr + prog.to(tl.int64) * ((PS + CR) * BLOCK_N + HEAD_DIM * CR)
-            kp = pp + PS * BLOCK_N  # the key corrections
+            pp = scr_ptr + prog.to(tl.int64) * (2 * CR * BLOCK_N + HEAD_DIM * CR)
+            kp = pp + CR * BLOCK_N  # the key corrections
             qtr = kp + CR * BLOCK_N  # q, fp32 channel-major: a key slot's CR rows are one load (`_oaken_key_rank`)
             tl.store(qtr + d[None, :] * CR + cr[:, None],
                      tl.load(qrow[:, None] + d[None, :], mask=c_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32),
                      mask=d_ok[None, :])  # fmt: skip
             tl.debug_barrier()
-            # p stored token-major ([BLOCK_N, PS]): a value slot's CR probabilities are one 16-byte load
-            p_at = ((rows // GROUP_PAD) * OAKEN_GP + hg)[:, None] + tl.arange(0, BLOCK_N)[None, :] * PS
+            # p stored token-major ([BLOCK_N, CR]): a value slot's CR probabilities are one 16-byte load
+            p_at = ((rows // GROUP_PAD) * OAKEN_GP + hg)[:, None] + tl.arange(0, BLOCK_N)[None, :] * CR
             c_at = tl.arange(0, BLOCK_N)[:, None] + cr[None, :] * BLOCK_N  # the [CR, BLOCK_N] rows, in order
             # each tile row's real row there (padding rows: a copy, masked later)
             k_at = ((rows // GROUP_PAD) * OAKEN_GP + hg % OAKEN_GP)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -854,7 +854,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     s = s * (q_unf[:, None] * ksc[None, :])
                     s += q_sum[:, None] * kzr[None, :]
                     if OAKEN:  # outlier positions hold code 0: the dense part has zr there
-                        kcor = _oaken_key_corr(k_res_ptr, blk, off, kvh, kzr, j_ok, qtr, stride_rb, stride_rr,
+                        kcor = _oaken_key_corr(k_res_ptr, blk, off, kvh, j_ok, qtr, stride_rb, stride_rr,
                                                OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, CR, BLOCK_N)  # fmt: skip
                         if SPREAD:
                             # to the tile's rows through the scratch: an in-register spread left the softmax in a
@@ -945,13 +945,12 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                         pv = tl.dot(ps.to(vc.dtype), vc, input_precision=DOT_PREC) * v_unf
                     acc = acc * alpha[:, None] + pv + tl.sum(p * vzr[None, :], 1)[:, None]
                     if OAKEN:
-                        tl.debug_barrier()  # every thread is done with the previous tile's p and zeros
+                        tl.debug_barrier()  # every thread is done with the previous tile's p
                         tl.store(pp + p_at, p, mask=(hg < OAKEN_GP)[:, None])
-                        tl.store(pp + tl.arange(0, BLOCK_N) * PS + CR, vzr)
                         tl.debug_barrier()
                         vcor = _oaken_value_corr(v_res_ptr, pp, bt_ptr + b * stride_bt, start, s_hi, kvh, dq, d_ok,
                                                  c_ok, stride_rb, stride_rr, OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, CR,
-                                                 BLOCK_N, DIM_PAD, OAKEN_NBT, PS)  # fmt: skip
+                                                 BLOCK_N, DIM_PAD, OAKEN_NBT)  # fmt: skip
                         if SPREAD:
                             acc_o = acc_o * _rows_max(alpha, BLOCK_Q, OAKEN_GP, GROUP_PAD)[:, None] + vcor
                         else:  # the tile's rows: straight into the (already rescaled) accumulator
@@ -1218,9 +1217,9 @@ class LaunchPlan:
 
 
 def oaken_scratch_size(rows: int, block_n: int, head_dim: int) -> int:
-    """fp32 words of one program's Oaken scratch (rows: the CR real query rows): p and each token's value zero
-    ([BLOCK_N, PS], PS = CR + min(CR, 4)), the key corrections ([CR, BLOCK_N]), q channel-major ([HEAD_DIM, CR])."""
-    return (2 * rows + min(rows, 4)) * block_n + head_dim * rows
+    """fp32 words of one program's Oaken scratch (rows: the CR real query rows): p ([BLOCK_N, CR]), the key
+    corrections ([CR, BLOCK_N]), q channel-major ([HEAD_DIM, CR])."""
+    return 2 * rows * block_n + head_dim * rows
 
 
 def plan_launch(
