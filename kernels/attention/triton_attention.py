@@ -312,18 +312,22 @@ def _oaken_value_corr(ix_ptr, pp, bt_row, start, s_hi, kvh, dq, d_ok, c_ok, stri
         for r in range(0, nr, _OAKEN_RANKS):  # unrolled here, as the key loop
             for u in tl.static_range(_OAKEN_RANKS):
                 corr += _oaken_value_rank(ib, st + r + u, en, first, pp, c_ok, CR, BLOCK_N,
-                                          OAKEN_CAP + max(BLOCK_SIZE, HEAD_DIM) + 2)  # fmt: skip
+                                          OAKEN_CAP + max(BLOCK_SIZE, HEAD_DIM) + 2, BLOCK_SIZE)  # fmt: skip
     return corr
 
 
 @triton.jit
-def _oaken_value_rank(ib, at, en, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr, DW: tl.constexpr):
+def _oaken_value_rank(ib, at, en, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr, DW: tl.constexpr,
+                      BLOCK_SIZE: tl.constexpr):
     """One rank of `_oaken_value_corr`: each channel's slot at index word `at` (none past its list's end `en`; its
     delta at word DW + at)."""
     cr = tl.arange(0, CR)
     w = tl.load(ib + at, mask=at < en, other=0)
     col = first + (w >> 16)  # the slot's token (the index word's coordinate)
-    ok = (at < en) & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
+    if BLOCK_N % BLOCK_SIZE == 0:  # tiles start at multiples of BLOCK_N: whole blocks, every token inside
+        ok = at < en
+    else:
+        ok = (at < en) & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
     delta = tl.load(ib + DW + at, mask=ok, other=0).to(tl.float32, bitcast=True)
     pg = tl.load(pp + cr[:, None] + col[None, :] * CR, mask=c_ok[:, None] & ok[None, :], other=0.0)
     return pg * delta[None, :]
