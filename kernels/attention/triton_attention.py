@@ -325,11 +325,13 @@ def _oaken_value_rank(ib, at, en, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl
     w = tl.load(ib + at, mask=at < en, other=0)
     col = first + (w >> 16)  # the slot's token (the index word's coordinate)
     if BLOCK_N % BLOCK_SIZE == 0:  # tiles start at multiples of BLOCK_N: whole blocks, every token inside
-        ok = at < en
+        delta = tl.load(ib + DW + at, mask=at < en, other=0).to(tl.float32, bitcast=True)
+        # unmasked: every row's p is in the scratch each tile (0 for rows of no query), a column in the tile
+        pg = tl.load(pp + cr[:, None] + col[None, :] * CR)
     else:
         ok = (at < en) & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
-    delta = tl.load(ib + DW + at, mask=ok, other=0).to(tl.float32, bitcast=True)
-    pg = tl.load(pp + cr[:, None] + col[None, :] * CR, mask=c_ok[:, None] & ok[None, :], other=0.0)
+        delta = tl.load(ib + DW + at, mask=ok, other=0).to(tl.float32, bitcast=True)
+        pg = tl.load(pp + cr[:, None] + col[None, :] * CR, mask=c_ok[:, None] & ok[None, :], other=0.0)
     return pg * delta[None, :]
 
 

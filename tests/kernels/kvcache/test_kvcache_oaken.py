@@ -204,10 +204,22 @@ def test_outlier_index_sorts_and_starts_every_list(bs, d, cap):
 def test_kernel_padded_rows_vs_fp64(offline, monkeypatch):
     """Outlier corrections on the real query heads only (3 per kv head, 4 with padding) while the tile has 16
     rows (a GPU's smallest tl.dot, as on GPUs): decode with splits (several tiles a split: the separate value
-    correction accumulator is rescaled as the output) and extend against fp64."""
+    correction accumulator is rescaled as the output) and extend against fp64. The program scratch starts as NaN:
+    the kernel reads only what each tile wrote (every row's p, 0 for rows of no query)."""
     import dataclasses
 
     from codesign.backend import device_view, use_device_view
+    from codesign.kernels.attention import triton_attention as ta
+
+    plan_launch = ta.plan_launch
+
+    def poisoned(*args, **kwargs):
+        plan = plan_launch(*args, **kwargs)
+        if plan.oaken_scratch is not None:
+            plan.oaken_scratch.fill_(float("nan"))
+        return plan
+
+    monkeypatch.setattr(ta, "plan_launch", poisoned)
 
     if offline:
         from test_kvcache_oaken_offline import _reference_pool as ref_pool
