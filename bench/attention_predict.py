@@ -103,14 +103,16 @@ def oaken_trips() -> dict[str, Any]:
     return out
 
 
-def oaken_loop_trips(sass: str, nbt: int, key: int, value: int, per_trip: int = 1) -> dict[str, Any]:
+def oaken_loop_trips(
+    sass: str, nbt: int, key: int, value: int, per_trip: int = 1, key_per_trip: int | None = None
+) -> dict[str, Any]:
     """Trips of each inner loop of Oaken's tile loop (address order) for `key` ranks per tile and `value` ranks per
     block. The loops fall into 1 + `nbt` groups (the key loop, then one value loop per block of the tile), each a
     loop LLVM may unroll U times, with its remainder loop right after when it keeps one (a loop whose global loads
     are a 1/U of the one before). The unrolled loop runs ranks // U times, the remainder ranks % U (an upper bound:
     straight-line remainder code is counted on the path as well); U of a value group without a remainder loop is
-    the other value groups' (the same code). `per_trip`: ranks the kernel's loop body takes a trip
-    (`triton_attention.OAKEN_RANKS`)."""
+    the other value groups' (the same code). `per_trip`: ranks the kernel's value loop body takes a trip
+    (`triton_attention.OAKEN_RANKS`), `key_per_trip` its key loop's (`OAKEN_KEY_RANKS`; default `per_trip`)."""
     ins, labels = parse_sass(sass)
     all_loops = loops(ins, labels)
     outer = [lp for lp in all_loops if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in all_loops)]
@@ -134,7 +136,8 @@ def oaken_loop_trips(sass: str, nbt: int, key: int, value: int, per_trip: int = 
     trips: list[int] = []
     unrolls = []
     for i, g in enumerate(groups):
-        ranks = -(-(key if i == 0 else value) // per_trip)  # the kernel's trips
+        per = (per_trip if key_per_trip is None else key_per_trip) if i == 0 else per_trip
+        ranks = -(-(key if i == 0 else value) // per)  # the kernel's trips
         u = g[0] // g[1] if len(g) == 2 else (1 if i == 0 else v_unroll)
         unrolls.append(u)
         trips += [ranks // u, ranks % u] if len(g) == 2 else [ranks // u]
@@ -259,7 +262,7 @@ def predict(formats: list[str] | None = None, tree: bool = True, log=print) -> d
 
     from codesign.autotune.compile_only import compile_only
     from codesign.backend import use_backend
-    from codesign.kernels.attention.triton_attention import OAKEN_RANKS
+    from codesign.kernels.attention.triton_attention import OAKEN_KEY_RANKS, OAKEN_RANKS
 
     sys.path.insert(0, str(BENCH_DIR))
     import gpu_kvquant as kvq
@@ -280,11 +283,13 @@ def predict(formats: list[str] | None = None, tree: bool = True, log=print) -> d
             cx = launch.constexprs
             if cx.get("OAKEN_CAP", 0) > 0:  # the key loop, then each block's value loop
                 ot = oaken_trips()
-                per = OAKEN_RANKS
+                per, kper = OAKEN_RANKS, OAKEN_KEY_RANKS
                 mean = oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], round(ot["key_mean"]),
-                                        round(ot["value_mean"]), per)  # fmt: skip
-                ot.update(oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], ot["key_max"], ot["value_max"], per))
+                                        round(ot["value_mean"]), per, kper)  # fmt: skip
+                ot.update(oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], ot["key_max"], ot["value_max"], per,
+                                           kper))  # fmt: skip
                 ot["ranks_per_trip"] = per
+                ot["key_ranks_per_trip"] = kper
                 trips = ot["trips"]
                 at_mean = decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, mean["trips"])
                 ot["at_mean_trips"] = {k: at_mean[k] for k in ("sass_per_tile", "issue_ms", "predicted_ms")}

@@ -32,7 +32,13 @@ from codesign.kernels.kvcache.formats import (
 from codesign.kernels.kvcache.kivi import KiviPagedKV, check_rings
 from codesign.kernels.kvcache.kvq import FORMATS, QuantPagedKV, check_quant_cache, dequantize_codes
 from codesign.kernels.kvcache.mixed import MixedPagedKV
-from codesign.kernels.kvcache.oaken import OakenPagedKV, dequantize_pool, index_width, outlier_index
+from codesign.kernels.kvcache.oaken import (
+    OakenPagedKV,
+    dense_zeros,
+    dequantize_pool,
+    index_width,
+    outlier_index,
+)
 from codesign.specs import CodesignError, KVFormat
 
 _CODES = ("k_codes", "v_codes", "k_meta", "v_meta")
@@ -135,8 +141,9 @@ def _oaken_kernel(q, tensors, params):
         if ix is not None and (tuple(ix.shape) != want or ix.dtype != torch.int32 or not ix.is_contiguous()):
             raise CodesignError(f"{name} must be a contiguous int32 tensor of shape {want} (the slots' outlier "
                                 f"index), got {ix.dtype} {tuple(ix.shape)}")  # fmt: skip
-    kix = outlier_index(k_out, bs, d, "token") if kix is None else kix
-    vix = outlier_index(v_out, bs, d, "channel") if vix is None else vix
+    kg, vg = (None, None) if grid is None else (grid[0], grid[1])
+    kix = outlier_index(k_out, bs, d, "token", zeros=dense_zeros(k_meta, kg)) if kix is None else kix
+    vix = outlier_index(v_out, bs, d, "channel", zeros=dense_zeros(v_meta, vg)) if vix is None else vix
     return KernelKV(k_codes, v_codes, code, bits, k_meta, v_meta, kix, vix, block_bits=grid)
 
 

@@ -132,7 +132,8 @@ TREE_PAD_BITS = tl.constexpr(64)
 # of 32: 208 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
 # registers, but is not predicted against 32 x 8).
 OAKEN_WIDE_BLOCK = 32
-OAKEN_RANKS = 2  # outlier ranks per trip of Oaken's correction loops (`_oaken_key_corr`, `_oaken_value_corr`)
+OAKEN_RANKS = 2  # outlier ranks per trip of Oaken's value correction loops (`_oaken_value_corr`)
+OAKEN_KEY_RANKS = 3  # and of its key loop (`_oaken_key_corr`: a rank is one load of q's rows, half a value rank)
 # The constants above as the jit code reads them (a kernel reads only constexpr globals).
 _PLAIN = tl.constexpr(KV_FORMAT_PLAIN)
 _INT = tl.constexpr(KV_FORMAT_INT)
@@ -142,6 +143,7 @@ _MIXED = tl.constexpr(KV_FORMAT_MIXED)
 _OAKEN = tl.constexpr(KV_FORMAT_OAKEN)
 _OAKEN_OFFLINE = tl.constexpr(KV_FORMAT_OAKEN_OFFLINE)
 _OAKEN_RANKS = tl.constexpr(OAKEN_RANKS)
+_OAKEN_KEY_RANKS = tl.constexpr(OAKEN_KEY_RANKS)
 _CAUSAL = tl.constexpr(MASK_CAUSAL)
 _TREE = tl.constexpr(MASK_TREE)
 _LOG2E = tl.constexpr(LOG2E)
@@ -257,32 +259,35 @@ def _oaken_offline_meta(mrow, j_ok, bits_ptr, kvh, IS_KEY: tl.constexpr, BITS: t
 
 
 @triton.jit
-def _oaken_key_corr(ix_ptr, blk, off, kvh, zr, j_ok, qrow, c_ok, stride_ib, stride_ih, OAKEN_CAP: tl.constexpr,
+def _oaken_key_corr(ix_ptr, blk, off, kvh, j_ok, qtr, stride_ib, stride_ih, OAKEN_CAP: tl.constexpr,
                     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CR: tl.constexpr,
                     BLOCK_N: tl.constexpr):  # fmt: skip
-    """[CR, BLOCK_N] key-outlier corrections of the scores: q[row, d] * (value - zr) summed over each token's
-    slots, rank by rank through the token-sorted index (`oaken.outlier_index`, words carry the channel): one q
-    gather per rank. zr: the tile's per-token fp32 zero (the factored dense part's value at code 0, so no meta
-    gather per slot)."""
+    """[BLOCK_N, CR] key-outlier corrections of the scores (token-major): q[row, d] * delta summed over each
+    token's slots, rank by rank through the token-sorted index (`oaken.outlier_index`: words carry the channel,
+    deltas the value minus the token's dense value at code 0, which is what the factored dense part has there).
+    qtr: the program's q, fp32 channel-major ([HEAD_DIM, CR] in the scratch), so a slot's CR rows are one
+    contiguous load."""
     ib = ix_ptr + blk * stride_ib + kvh * stride_ih  # each token's block's index
     st = tl.load(ib + OAKEN_CAP + off, mask=j_ok, other=0)
     en = tl.load(ib + OAKEN_CAP + off + 1, mask=j_ok, other=0)
     nr = tl.max(tl.load(ib + OAKEN_CAP + BLOCK_SIZE + 1, mask=j_ok, other=0), 0)  # the tile's fullest token
-    corr = tl.zeros([CR, BLOCK_N], tl.float32)
-    for r in range(0, nr, _OAKEN_RANKS):  # unrolled here: LLVM's own unrolling left long remainder code
-        for u in tl.static_range(_OAKEN_RANKS):
-            corr += _oaken_key_rank(ib, st + r + u, en, zr, qrow, c_ok)
+    corr = tl.zeros([BLOCK_N, CR], tl.float32)
+    for r in range(0, nr, _OAKEN_KEY_RANKS):  # unrolled here: ptxas's own unrolling left long remainder code
+        for u in tl.static_range(_OAKEN_KEY_RANKS):
+            corr += _oaken_key_rank(ib, st + r + u, en, qtr, CR, OAKEN_CAP + max(BLOCK_SIZE, HEAD_DIM) + 2)
     return corr
 
 
 @triton.jit
-def _oaken_key_rank(ib, at, en, zr, qrow, c_ok):
-    """One rank of `_oaken_key_corr`: each token's slot at index word `at` (none past its list's end `en`)."""
+def _oaken_key_rank(ib, at, en, qtr, CR: tl.constexpr, DW: tl.constexpr):
+    """One rank of `_oaken_key_corr`: each token's slot at index word `at` (none past its list's end `en`; its
+    delta at word DW + at)."""
     ok = at < en
     w = tl.load(ib + at, mask=ok, other=0)
-    delta = tl.where(ok, (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) - zr, 0.0)
-    qg = tl.load(qrow[:, None] + (w >> 16)[None, :], mask=c_ok[:, None] & ok[None, :], other=0.0)
-    return qg.to(tl.float32) * delta[None, :]
+    delta = tl.load(ib + DW + at, mask=ok, other=0).to(tl.float32, bitcast=True)
+    # unmasked: a token with no slot here reads channel 0's q (in bounds, times a zero delta)
+    qg = tl.load(qtr + ((w >> 16) * CR)[:, None] + tl.arange(0, CR)[None, :])
+    return qg * delta[:, None]
 
 
 @triton.jit
@@ -290,9 +295,9 @@ def _oaken_value_corr(ix_ptr, pp, bt_row, start, s_hi, kvh, dq, d_ok, c_ok, stri
                       OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CR: tl.constexpr,
                       BLOCK_N: tl.constexpr, DIM_PAD: tl.constexpr, OAKEN_NBT: tl.constexpr):  # fmt: skip
     """[CR, DIM_PAD] value-outlier corrections of this tile's output (column i: channel dq[i], the dot's column
-    order): p[row, token] * (value - zr[token]) summed over each channel's slots, rank by rank through the
-    channel-sorted index, p and the tile's per-token zero zr gathered from the program's scratch `pp`
-    ([BLOCK_N, CR] probabilities, token-major, then [BLOCK_N] zeros)."""
+    order): p[row, token] * delta summed over each channel's slots, rank by rank through the channel-sorted
+    index (deltas as the key side's, `_oaken_key_corr`), p gathered from the program's scratch `pp` ([BLOCK_N,
+    CR], token-major)."""
     corr = tl.zeros([CR, DIM_PAD], tl.float32)
     for t in tl.static_range(OAKEN_NBT):  # the blocks this tile's tokens lie in
         bi = start // BLOCK_SIZE + t
@@ -306,20 +311,27 @@ def _oaken_value_corr(ix_ptr, pp, bt_row, start, s_hi, kvh, dq, d_ok, c_ok, stri
         nr = tl.where(live, tl.load(ib + OAKEN_CAP + HEAD_DIM + 1), 0)  # (blk_t 0 when not live: in bounds)
         for r in range(0, nr, _OAKEN_RANKS):  # unrolled here, as the key loop
             for u in tl.static_range(_OAKEN_RANKS):
-                corr += _oaken_value_rank(ib, st + r + u, en, first, pp, c_ok, CR, BLOCK_N)
+                corr += _oaken_value_rank(ib, st + r + u, en, first, pp, c_ok, CR, BLOCK_N,
+                                          OAKEN_CAP + max(BLOCK_SIZE, HEAD_DIM) + 2, BLOCK_SIZE)  # fmt: skip
     return corr
 
 
 @triton.jit
-def _oaken_value_rank(ib, at, en, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One rank of `_oaken_value_corr`: each channel's slot at index word `at` (none past its list's end `en`)."""
+def _oaken_value_rank(ib, at, en, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr, DW: tl.constexpr,
+                      BLOCK_SIZE: tl.constexpr):
+    """One rank of `_oaken_value_corr`: each channel's slot at index word `at` (none past its list's end `en`; its
+    delta at word DW + at)."""
     cr = tl.arange(0, CR)
     w = tl.load(ib + at, mask=at < en, other=0)
     col = first + (w >> 16)  # the slot's token (the index word's coordinate)
-    ok = (at < en) & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
-    zr = tl.load(pp + CR * BLOCK_N + col, mask=ok, other=0.0)
-    delta = tl.where(ok, (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) - zr, 0.0)
-    pg = tl.load(pp + cr[:, None] + col[None, :] * CR, mask=c_ok[:, None] & ok[None, :], other=0.0)
+    if BLOCK_N % BLOCK_SIZE == 0:  # tiles start at multiples of BLOCK_N: whole blocks, every token inside
+        delta = tl.load(ib + DW + at, mask=at < en, other=0).to(tl.float32, bitcast=True)
+        # unmasked: every row's p is in the scratch each tile (0 for rows of no query), a column in the tile
+        pg = tl.load(pp + cr[:, None] + col[None, :] * CR)
+    else:
+        ok = (at < en) & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
+        delta = tl.load(ib + DW + at, mask=ok, other=0).to(tl.float32, bitcast=True)
+        pg = tl.load(pp + cr[:, None] + col[None, :] * CR, mask=c_ok[:, None] & ok[None, :], other=0.0)
     return pg * delta[None, :]
 
 
@@ -769,8 +781,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         nq = tl.maximum(kv_len - KIVI_R, 0) // KIVI_G * KIVI_G  # KIVI: tokens below are quantized
         # Oaken's outlier corrections run on the CR = BLOCK_Q x OAKEN_GP rows of real query heads (OAKEN_GP: GROUP
         # to a power of two), not the GROUP_PAD-padded tile (4 rows against 16 at decode). k_res_ptr / v_res_ptr
-        # hold the cache's outlier index (`oaken.outlier_index`), scr_ptr each program's p ([BLOCK_N, CR]) and the
-        # tile's [BLOCK_N] value zeros.
+        # hold the cache's outlier index (`oaken.outlier_index`), scr_ptr each program's scratch (`oaken_scratch_size`):
+        # p ([BLOCK_N, CR]), the key corrections ([CR, BLOCK_N]), q ([HEAD_DIM, CR]).
         OAKEN: tl.constexpr = (KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE) and OAKEN_CAP > 0
         CR: tl.constexpr = BLOCK_Q * OAKEN_GP
         SPREAD: tl.constexpr = OAKEN_GP < GROUP_PAD  # padded rows (decode on a GPU): a [CR, DIM_PAD] accumulator apart
@@ -780,10 +792,16 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             c_ok = (cqi < q_len) & (cr % OAKEN_GP < GROUP)
             qrow = q_ptr + (q_start + cqi).to(tl.int64) * stride_qt + (kvh * GROUP + cr % OAKEN_GP) * stride_qh
             prog = (pid * tl.num_programs(1) + kvh) * NUM_SPLITS + split
-            pp = scr_ptr + prog.to(tl.int64) * ((2 * CR + 1) * BLOCK_N)
+            pp = scr_ptr + prog.to(tl.int64) * (2 * CR * BLOCK_N + HEAD_DIM * CR)
+            kp = pp + CR * BLOCK_N  # the key corrections
+            qtr = kp + CR * BLOCK_N  # q, fp32 channel-major: a key slot's CR rows are one load (`_oaken_key_rank`)
+            tl.store(qtr + d[None, :] * CR + cr[:, None],
+                     tl.load(qrow[:, None] + d[None, :], mask=c_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32),
+                     mask=d_ok[None, :])  # fmt: skip
+            tl.debug_barrier()
             # p stored token-major ([BLOCK_N, CR]): a value slot's CR probabilities are one 16-byte load
             p_at = ((rows // GROUP_PAD) * OAKEN_GP + hg)[:, None] + tl.arange(0, BLOCK_N)[None, :] * CR
-            c_at = cr[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # the [CR, BLOCK_N] rows, in order
+            c_at = tl.arange(0, BLOCK_N)[:, None] + cr[None, :] * BLOCK_N  # the [CR, BLOCK_N] rows, in order
             # each tile row's real row there (padding rows: a copy, masked later)
             k_at = ((rows // GROUP_PAD) * OAKEN_GP + hg % OAKEN_GP)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
             if SPREAD:
@@ -842,16 +860,16 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     s = s * (q_unf[:, None] * ksc[None, :])
                     s += q_sum[:, None] * kzr[None, :]
                     if OAKEN:  # outlier positions hold code 0: the dense part has zr there
-                        kcor = _oaken_key_corr(k_res_ptr, blk, off, kvh, kzr, j_ok, qrow, c_ok, stride_rb, stride_rr,
+                        kcor = _oaken_key_corr(k_res_ptr, blk, off, kvh, j_ok, qtr, stride_rb, stride_rr,
                                                OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, CR, BLOCK_N)  # fmt: skip
                         if SPREAD:
                             # to the tile's rows through the scratch: an in-register spread left the softmax in a
                             # second layout (its row reductions took ~250 more SASS a tile, sm_90)
-                            tl.store(pp + (CR + 1) * BLOCK_N + c_at, kcor)
+                            tl.store(kp + c_at, kcor)
                             tl.debug_barrier()
-                            s += tl.load(pp + (CR + 1) * BLOCK_N + k_at)
+                            s += tl.load(kp + k_at)
                         else:
-                            s += kcor
+                            s += tl.trans(kcor)
                 else:
                     k = _load_kv_tile(krow, k_scale_ptr, kmrow, blk, off, kvh, d, j_ok, kv_m,
                                       stride_mb, stride_ms, stride_mh, q_mma.dtype, KV_FORMAT, BITS,
@@ -933,9 +951,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                         pv = tl.dot(ps.to(vc.dtype), vc, input_precision=DOT_PREC) * v_unf
                     acc = acc * alpha[:, None] + pv + tl.sum(p * vzr[None, :], 1)[:, None]
                     if OAKEN:
-                        tl.debug_barrier()  # every thread is done with the previous tile's p and zeros
+                        tl.debug_barrier()  # every thread is done with the previous tile's p
                         tl.store(pp + p_at, p, mask=(hg < OAKEN_GP)[:, None])
-                        tl.store(pp + CR * BLOCK_N + tl.arange(0, BLOCK_N), vzr)
                         tl.debug_barrier()
                         vcor = _oaken_value_corr(v_res_ptr, pp, bt_ptr + b * stride_bt, start, s_hi, kvh, dq, d_ok,
                                                  c_ok, stride_rb, stride_rr, OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, CR,
@@ -1205,6 +1222,12 @@ class LaunchPlan:
     oaken_scratch: torch.Tensor | None = None
 
 
+def oaken_scratch_size(rows: int, block_n: int, head_dim: int) -> int:
+    """fp32 words of one program's Oaken scratch (rows: the CR real query rows): p ([BLOCK_N, CR]), the key
+    corrections ([CR, BLOCK_N]), q channel-major ([HEAD_DIM, CR])."""
+    return 2 * rows * block_n + head_dim * rows
+
+
 def plan_launch(
     q: torch.Tensor,
     kv_shape: tuple[int, ...],
@@ -1255,8 +1278,8 @@ def plan_launch(
     oak = None
     if kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) and oaken_cap > 0:
         programs = (b if batch.is_decode else t // bq + b) * hkv * num_splits
-        rows = bq * triton.next_power_of_2(hq // hkv)
-        oak = torch.empty(programs * (2 * rows + 1) * cfg["BLOCK_N"], dtype=torch.float32, device=q.device)
+        oak = torch.empty(programs * oaken_scratch_size(bq * triton.next_power_of_2(hq // hkv), cfg["BLOCK_N"], dim),
+                          dtype=torch.float32, device=q.device)  # fmt: skip
     return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws, tw, oak)
 
 

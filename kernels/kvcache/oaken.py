@@ -27,12 +27,13 @@ bit-identical to the torch loop.
 
 The kept index. The kernel reads the slots through `outlier_index` (keys grouped by token, values by channel),
 which the cache keeps in k_index / v_index: every write rebuilds the index rows of exactly the blocks it wrote
-(gather their slots, `outlier_index`, scatter back: torch ops, no host sync, so a CUDA graph captures it with
-the write), and so does every other slot change made through the cache (`editing_slots`: copy-on-write,
+(gather their slots and meta, `outlier_index`, scatter back: torch ops, no host sync, so a CUDA graph captures
+it with the write), and so does every other slot change made through the cache (`editing_slots`: copy-on-write,
 rollback). A decode step thus re-indexes its batch's written blocks, not the pool. Validity rule: the cache
-records, on the host, the identity and version counter of k_out, v_out, k_index and v_index whenever the index
-is known to equal `outlier_index` of the slots (built whole, or rebuilt after a change made through the cache
-while it was current). Any other change (slots assigned by hand, a replaced tensor, a cache built without the
+records, on the host, the identity and version counter of k_out, v_out, k_meta, v_meta, k_index and v_index
+(the index's deltas hold each token's zero, from the meta) whenever the index is known to equal `outlier_index`
+of the slots and meta (built whole, or rebuilt after a change made through the cache while it was current).
+Any other change (slots or meta assigned by hand, a replaced tensor, a cache built without the
 index or unpickled) leaves that record behind, and the next attention (`ensure_index`) rebuilds the whole index
 once before the kernel reads it. Tensors without a version counter (inference tensors) are rebuilt whole every
 attention. Writes torch does not count (through `.data`, a NumPy or DLPack view, another kernel's pointers) are
@@ -278,9 +279,10 @@ class OakenPagedKV:
 
     # --- the kept outlier index (module docstring) ---------------------------------------------------
     def _versions(self) -> tuple | None:
-        """Each of k_out, v_out, k_index, v_index with its version counter (host-side, no sync); None when one
-        keeps no counter (an inference tensor) or the index is not allocated."""
-        ts = (self.k_out, self.v_out, self.k_index, self.v_index)
+        """Each of k_out, v_out, k_meta, v_meta, k_index, v_index with its version counter (host-side, no sync;
+        the meta: the index's deltas hold each token's zero); None when one keeps no counter (an inference
+        tensor) or the index is not allocated."""
+        ts = self._indexed()
         if not all(isinstance(t, torch.Tensor) for t in ts):
             return None
         try:
@@ -288,10 +290,14 @@ class OakenPagedKV:
         except RuntimeError:  # inference tensors track no version
             return None
 
+    def _indexed(self) -> tuple:
+        """The tensors the index is built from, and the index (`_versions`)."""
+        return (self.k_out, self.v_out, self.k_meta, self.v_meta, self.k_index, self.v_index)
+
     def index_current(self) -> bool:
         """Whether k_index / v_index are `outlier_index` of the slots as they are now, by the validity rule
         (module docstring): the same tensors, unchanged since the cache last brought the index up to date."""
-        stamp, ts = self._stamp, (self.k_out, self.v_out, self.k_index, self.v_index)
+        stamp, ts = self._stamp, self._indexed()
         if stamp is None:
             return False
         try:
@@ -338,11 +344,13 @@ class OakenPagedKV:
         """k_index / v_index rows of `blocks` (block ids, repeats allowed; None: every block) from the slots
         now: `outlier_index` of the gathered rows, scattered back. Torch ops only, no host sync."""
         bs, d = self.k_codes.shape[1], self.head_dim
-        for slots, index, by in ((self.k_out, self.k_index, "token"), (self.v_out, self.v_index, "channel")):
+        for slots, meta, index, by, kv in ((self.k_out, self.k_meta, self.k_index, "token", 0),
+                                           (self.v_out, self.v_meta, self.v_index, "channel", 1)):  # fmt: skip
             if blocks is None:
-                outlier_index(slots, bs, d, by, index)
+                outlier_index(slots, bs, d, by, index, dense_zeros(meta, self._grid(kv)))
             else:  # repeated blocks get equal rows, so the scatter's order does not matter
-                index.index_copy_(0, blocks, outlier_index(slots.index_select(0, blocks), bs, d, by))
+                z = dense_zeros(meta.index_select(0, blocks), self._grid(kv))
+                index.index_copy_(0, blocks, outlier_index(slots.index_select(0, blocks), bs, d, by, zeros=z))
 
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Debug / reference: the whole pool in float32, outliers written back."""
@@ -405,17 +413,34 @@ OUTLIER_KEYS = ("token", "channel")
 
 def index_width(capacity: int, block_size: int, head_dim: int) -> int:
     """Int32 words per (block, kv head) of an `outlier_index`, either side (one stride for both): CAP sorted
-    slots, L + 1 list starts and the fullest list's length, L = max(block_size, head_dim)."""
-    return capacity + max(block_size, head_dim) + 2
+    slots, L + 1 list starts and the fullest list's length, L = max(block_size, head_dim), then CAP deltas."""
+    return 2 * capacity + max(block_size, head_dim) + 2
 
 
 def index_capacity(width: int, block_size: int, head_dim: int) -> int:
-    """The slot capacity of an `outlier_index` `width` words wide (`index_width`'s inverse)."""
-    return width - index_width(0, block_size, head_dim)
+    """The slot capacity of an `outlier_index` `width` words wide (`index_width`'s inverse; -1: no such width)."""
+    extra = width - index_width(0, block_size, head_dim)
+    return extra // 2 if extra >= 0 and extra % 2 == 0 else -1
+
+
+def dense_zeros(meta: torch.Tensor, grid: torch.Tensor | None = None) -> torch.Tensor:
+    """`[nb, H, block_size]` float32: each token's dense value at code 0 (its lower bound), as the attention
+    kernel's factored path has it: fp16 meta's zero, or the offline grid's base + z step (grid: one side's
+    `[H, 2]`), from meta `[nb, block_size, H, 2]`. An outlier's index delta is its value minus this."""
+    if grid is None:
+        z = meta[..., 1].to(torch.float32)
+    else:
+        z = grid[:, 0] + meta[..., 0].to(torch.float32) * grid[:, 1]
+    return z.transpose(1, 2)
 
 
 def outlier_index(
-    slots: torch.Tensor, block_size: int, head_dim: int, by: str, out: torch.Tensor | None = None
+    slots: torch.Tensor,
+    block_size: int,
+    head_dim: int,
+    by: str,
+    out: torch.Tensor | None = None,
+    zeros: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The slots `[nb, H, CAP]` of each (block, kv head) grouped by token (`by="token"`, the key side) or by
     channel (`"channel"`, the value side), as the attention kernel reads them (the cache keeps it:
@@ -429,10 +454,13 @@ def outlier_index(
         [CAP, CAP + L + 1)   start of each token's (channel's) list in that order (L = block_size or head_dim):
                              list i is words [start[i], start[i + 1])
         CAP + L + 1          the fullest list's length (the kernel's inner-loop bound for that block)
+        [CAP + L + 2, + CAP) beside word i, the fp32 bits of its value minus its token's dense value at code 0
+                             (`zeros` `[nb, H, block_size]`, `dense_zeros` of the block's meta; None: 0), 0 for
+                             unused slots: the kernel's correction, with no decode or zero per slot
 
     Empty slots (-1) and positions past the block are left out. Torch ops only, into `out` when given: no host
     sync and no factory allocation, so a writer can rebuild its blocks' rows inside a CUDA graph; words past
-    CAP + L + 2 are left as they are (0 in a buffer allocated here). The one definition of the layout: the
+    2 CAP + L + 2 are left as they are (0 in a buffer allocated here). The one definition of the layout: the
     cache's kept index is made of its rows."""
     if by not in OUTLIER_KEYS:
         raise CodesignError(f"by must be one of {OUTLIER_KEYS}, got {by!r}")
@@ -449,6 +477,13 @@ def outlier_index(
     wpos = words >> 16
     other = wpos % head_dim if by == "token" else wpos // head_dim
     out[..., :cap].copy_(torch.where(words >= 0, (other << 16) | (words & 0xFFFF), words))
+    used = (words >= 0) & (wpos < block_size * head_dim)
+    value = (words & 0xFFFF).to(torch.int16).view(torch.float16).to(torch.float32)
+    if zeros is not None:
+        tok = torch.where(used, wpos // head_dim, 0).long()
+        value = value - zeros.to(torch.float32).gather(-1, tok)
+    w0 = cap + max(block_size, head_dim) + 2
+    out[..., w0 : w0 + cap].copy_(torch.where(used, value, 0.0).view(torch.int32))
     counts = out[..., cap + 1 : cap + n + 1]
     counts.zero_()
     counts.scatter_add_(-1, torch.where(valid, key, 0), valid.to(torch.int32))

@@ -85,6 +85,10 @@ def test_per_loop_trips_and_oaken_unrolled_key_loop(ap):
     # HMMA, the key loops (5 x 1 + 2 x 2), the value loops (3 x 5 each), the back edge
     assert ap.loop_report(OAKEN_SASS, t["trips"])["path_max"] == 1 + 5 + 4 + 15 + 15 + 1
     assert ap.loop_report(OAKEN_SASS, [1, 2, 5])["path_max"] == 1 + 5 + 4 + 15 + 15 + 1  # the last entry repeats
+    # ranks per trip: the value loops' 2 (5 ranks: 3 trips), the key loop's own 3 (6 ranks: 2 = 4 x 0 + 2)
+    t = ap.oaken_loop_trips(OAKEN_SASS, 2, 6, 5, per_trip=2, key_per_trip=3)
+    assert t["trips"] == [0, 2, 3, 3]
+    assert ap.oaken_loop_trips(OAKEN_SASS, 2, 6, 5, per_trip=2)["trips"] == [0, 3, 3, 3]
     with pytest.raises(ValueError, match="value loops"):
         ap.oaken_loop_trips(OAKEN_SASS, 4, 6, 5)
 

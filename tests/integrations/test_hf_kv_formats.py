@@ -205,13 +205,17 @@ def test_rollback_leaves_the_cache_as_if_only_kept_tokens_were_written(name, how
 
 def _assert_oaken_index_kept(kv) -> None:
     """The cache's outlier index is current (no whole rebuild pending) and equals a rebuild from its slots."""
-    from codesign.kernels.kvcache.oaken import outlier_index
+    from codesign.kernels.kvcache.oaken import dense_zeros, outlier_index
 
     assert kv.index_current()
     bs, d, cap = kv.k_codes.shape[1], kv.head_dim, kv.capacity
-    for ix, slots, by, n in ((kv.k_index, kv.k_out, "token", bs), (kv.v_index, kv.v_out, "channel", d)):
+    w0 = cap + max(bs, d) + 2  # the deltas (each slot's value minus its token's zero, from the meta) from here
+    for i, (ix, slots, meta, by, n) in enumerate(
+        ((kv.k_index, kv.k_out, kv.k_meta, "token", bs), (kv.v_index, kv.v_out, kv.v_meta, "channel", d))
+    ):
+        fresh = outlier_index(slots, bs, d, by, zeros=dense_zeros(meta, None if kv.grid is None else kv.grid[i]))
         w = cap + n + 2
-        assert torch.equal(ix[..., :w], outlier_index(slots, bs, d, by)[..., :w])
+        assert torch.equal(ix[..., :w], fresh[..., :w]) and torch.equal(ix[..., w0:], fresh[..., w0:])
 
 
 def test_oaken_storage_keeps_the_index_through_copy_on_write_and_restore():

@@ -31,6 +31,7 @@ def _setup(ctx, bits=4, bs=BS, cap=CAP, spikes=(5,)):
     cache = OakenPagedKV.empty(nb, bs, H, D, bits, thr, cap)
     cache.k_meta.fill_(float("nan"))  # poison the slots nothing writes
     cache.v_meta.fill_(float("nan"))
+    cache.ensure_index()  # a hand edit (the meta's zeros are in the index): rebuilt from it
     for b, (k, v) in enumerate(xs):  # token by token, sequences interleaved in one call
         cache.write(k, v, seq_slots(bt, b, k.shape[0], bs))
     return cache, bt, torch.tensor(ctx, dtype=torch.int32), xs, thr
@@ -180,16 +181,45 @@ def test_outlier_index_sorts_and_starts_every_list(bs, d, cap):
             assert out[blk, hh, cap : cap + n + 1].tolist() == starts[i], (by, blk, hh)
             assert int(out[blk, hh, cap + n + 1]) == longest[i], (by, blk, hh)
         assert torch.equal(outlier_index(slots, bs, d, by)[..., : cap + n + 2], out[..., : cap + n + 2])
+        # beside word i (from 2 * CAP + ... : CAP + L + 2 on): its value minus its token's zero, 0 for unused slots
+        zeros = torch.randn(nb, h, bs, generator=g)
+        got = outlier_index(slots, bs, d, by, zeros=zeros)
+        w0 = cap + max(bs, d) + 2
+        assert got.shape[-1] == w0 + cap == index_width(cap, bs, d)
+        for i, (blk, hh) in enumerate((b_, h_) for b_ in range(nb) for h_ in range(h)):
+            m = len(words[i])
+            tok = [int(w) >> 16 if by == "channel" else None for w in words[i]]
+            want = []
+            for k, w in enumerate(words[i]):
+                t = tok[k] if by == "channel" else next(j for j in range(n) if starts[i][j] <= k < starts[i][j + 1])
+                val = torch.tensor(w & 0xFFFF, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+                want.append(float(val - zeros[blk, hh, t]))
+            delta = got[blk, hh, w0 : w0 + cap].view(torch.float32)
+            # (random bits: some values are NaN or inf, compared as such)
+            torch.testing.assert_close(delta[:m], torch.tensor(want), rtol=0, atol=0, equal_nan=True)
+            assert not delta[m:].any(), (by, blk, hh)
 
 
 @pytest.mark.parametrize("offline", [False, True])
 def test_kernel_padded_rows_vs_fp64(offline, monkeypatch):
     """Outlier corrections on the real query heads only (3 per kv head, 4 with padding) while the tile has 16
     rows (a GPU's smallest tl.dot, as on GPUs): decode with splits (several tiles a split: the separate value
-    correction accumulator is rescaled as the output) and extend against fp64."""
+    correction accumulator is rescaled as the output) and extend against fp64. The program scratch starts as NaN:
+    the kernel reads only what each tile wrote (every row's p, 0 for rows of no query)."""
     import dataclasses
 
     from codesign.backend import device_view, use_device_view
+    from codesign.kernels.attention import triton_attention as ta
+
+    plan_launch = ta.plan_launch
+
+    def poisoned(*args, **kwargs):
+        plan = plan_launch(*args, **kwargs)
+        if plan.oaken_scratch is not None:
+            plan.oaken_scratch.fill_(float("nan"))
+        return plan
+
+    monkeypatch.setattr(ta, "plan_launch", poisoned)
 
     if offline:
         from test_kvcache_oaken_offline import _reference_pool as ref_pool

@@ -19,20 +19,26 @@ from test_kvcache_oaken import H, _setup
 from codesign.backend import use_backend
 from codesign.kernels.attention.quantized import oaken_attention
 from codesign.kernels.kvcache import quantizers as kvq
-from codesign.kernels.kvcache.oaken import OakenPagedKV, outlier_index
+from codesign.kernels.kvcache.oaken import OakenPagedKV, dense_zeros, outlier_index
 from codesign.specs import CodesignError
 
 
 def _fresh_index(c: OakenPagedKV) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both sides' `outlier_index` of the slots now, cut to the words the layout defines (CAP + L + 2)."""
-    bs, d, cap = c.k_codes.shape[1], c.head_dim, c.capacity
-    return (outlier_index(c.k_out, bs, d, "token")[..., : cap + bs + 2],
-            outlier_index(c.v_out, bs, d, "channel")[..., : cap + d + 2])  # fmt: skip
+    """Both sides' `outlier_index` of the slots and meta now, whole (the deltas included)."""
+    bs, d = c.k_codes.shape[1], c.head_dim
+    kg, vg = (None, None) if c.grid is None else (c.grid[0], c.grid[1])
+    return (outlier_index(c.k_out, bs, d, "token", zeros=dense_zeros(c.k_meta, kg)),
+            outlier_index(c.v_out, bs, d, "channel", zeros=dense_zeros(c.v_meta, vg)))  # fmt: skip
 
 
 def _assert_index_fresh(c: OakenPagedKV, what: str) -> None:
-    k, v = _fresh_index(c)
-    assert torch.equal(c.k_index[..., : k.shape[2]], k) and torch.equal(c.v_index[..., : v.shape[2]], v), what
+    """The kept index equals a rebuild on the words the layout defines: CAP + n + 2 (n = block_size for keys,
+    head_dim for values), then from CAP + L + 2 the CAP deltas."""
+    bs, d, cap = c.k_codes.shape[1], c.head_dim, c.capacity
+    w0 = cap + max(bs, d) + 2
+    for kept, fresh, n in zip((c.k_index, c.v_index), _fresh_index(c), (bs, d)):
+        assert torch.equal(kept[..., : cap + n + 2], fresh[..., : cap + n + 2]), what
+        assert torch.equal(kept[..., w0:], fresh[..., w0:]), what
 
 
 def _empty(nb, bs, h, d, cap, bits=4, seed=0):
@@ -42,6 +48,7 @@ def _empty(nb, bs, h, d, cap, bits=4, seed=0):
     c = OakenPagedKV.empty(nb, bs, h, d, bits, thr, cap)
     c.k_meta.fill_(float("nan"))  # poison the slots nothing writes
     c.v_meta.fill_(float("nan"))
+    c.ensure_index()  # a hand edit (the meta's zeros are in the index): rebuilt from it
     return c
 
 
@@ -152,6 +159,38 @@ def test_a_hand_edit_of_the_slots_is_caught_and_rebuilt():
         out = oaken_attention(q, cache, bt, cl)
     assert cache.index_current()
     assert_rel_close(out, ref, 2e-6, "oaken decode after a hand edit")
+
+
+def _edit_meta_by_hand(c, bt):
+    """Move the zero of every token of two used blocks outside the cache (keys and values); slots untouched."""
+    for blk in (int(bt[0, 0]), int(bt[1, 0])):
+        c.k_meta[blk, :, :, 1] += 0.75
+        c.v_meta[blk, :, :, 1] -= 0.5
+
+
+@pytest.mark.parametrize("skip_rebuild", [False, True])
+def test_a_hand_edit_of_the_meta_is_caught_and_rebuilt(skip_rebuild, monkeypatch):
+    """The index's deltas hold each token's zero, so meta changed outside the cache leaves the index not
+    current too; the next attention rebuilds it whole and matches fp64 over the edited pool. With the rebuild
+    skipped (the check's teeth) the stale deltas miss it."""
+    cache, bt, cl, _, _ = _setup([11, 6, 9])
+    q = torch.randn(3, 2 * H, cache.head_dim)
+    before = _pool_reference(cache, q, bt, cl)
+    if skip_rebuild:
+        monkeypatch.setattr(OakenPagedKV, "_index_rows", lambda self, blocks: None)
+    _edit_meta_by_hand(cache, bt)
+    assert not cache.index_current()
+    ref = _pool_reference(cache, q, bt, cl)
+    assert (ref - before).abs().max() > 1e-3
+    with use_backend("triton"):
+        out = oaken_attention(q, cache, bt, cl)
+    if skip_rebuild:
+        with pytest.raises(AssertionError):
+            assert_rel_close(out, ref, 2e-6, "stale deltas")
+    else:
+        assert cache.index_current()
+        _assert_index_fresh(cache, "after a meta edit")
+        assert_rel_close(out, ref, 2e-6, "oaken decode after a meta edit")
 
 
 def test_a_skipped_rebuild_reads_a_stale_index(monkeypatch):
