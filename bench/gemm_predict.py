@@ -6,7 +6,7 @@ of the launches the default configs choose (compile-only: no GPU, nothing timed;
 
 Cases: `gpu_quant_gemm`'s quick shapes (N = K = 8192, and Llama-2-70B gate_up, N = 57344, K = 8192) through
 `lowering_report`'s cases (bf16 activations; W4A16 g128 asymmetric with bf16 scales and zeros, W8A16 per channel,
-W8A8 int8 and FP8 with fp32 per-channel weight scales), M in 1, 2, 4, 16, 256, 1024, 4096 (M = 2, untimed by the GPU
+W8A8 int8 and FP8 with fp32 per-channel weight scales), M in 1, 2, 4, 8, 16, 256, 1024, 4096 (M = 2 and 8, untimed by the GPU
 bench, takes the next timed M's bf16 time: `bf16_ms`). Each op runs once per
 variant, pinned by `forced_config` as `gpu_quant_gemm` pins them (W4A16 / W8A16: gemv, splitk, tiled, dequant;
 W8A8 / FP8: fusedq, triton, tma, torch), under `codesign.autotune.compile_only(90, "NVIDIA H200")`; the default
@@ -64,7 +64,7 @@ from sass_model import CLOCK_HZ, SMS, issue_cycles, program_report, run_report  
 COPY_BPS = 4.18e12  # measured device-to-device copy, H200 run 1 (docs/results.md, "Ceilings")
 TENSOR_OPS = {16: 989e12, 8: 1979e12}  # dense tensor-core peak by operand bits (H100 / H200 SXM datasheets)
 LAUNCH_GAP_MS = 0.001  # between two launches of one call in a CUDA graph (assumed: ~1 us, docs/kernels.md)
-MS = (1, 2, 4, 16, 256, 1024, 4096)
+MS = (1, 2, 4, 8, 16, 256, 1024, 4096)
 RUN = BENCH_DIR / "results" / "h200-2026-11-30-run2.json"  # bf16 torch.matmul and the old kernels, measured
 # op -> (kind, bits or fp8); the variants in the order the table shows them
 OPS = {"w4a16_g128": ("wq", 4), "w8a16_pc": ("wq", 8), "w8a8_int8": ("mm", False), "fp8": ("mm", True)}

@@ -28,6 +28,7 @@ from codesign.kernels.gemm.triton_parts import (
     scaled_epilogue,
     split_k_buffer,
     split_range,
+    w_strides,
 )
 from codesign.kernels.triton_codes import opaque_bytes
 
@@ -114,15 +115,6 @@ def _stages(cfg: dict, rows: int, x_bytes: int) -> int:
     221 KB (sm_80: over its 163 KB), where decode's 2-8 rows take 10-14 KB a stage."""
     stage = rows * cfg["BLOCK_K"] * x_bytes + cfg["BLOCK_K"] * cfg["BLOCK_N"]
     return max(1, min(cfg["num_stages"], SMEM_BUDGET // stage))
-
-
-def w_strides(w: torch.Tensor, fp8: bool) -> tuple[int, int]:
-    """(stride along K, along N) of the e4m3 weight [K, N]: either layout runs, but only K contiguous ([N, K] in
-    memory, `formats.quantize`'s) pipelines on sm_90: Hopper's 8-bit warpgroup MMA reads its shared-memory
-    operands K-contiguous, so an [K, N] row-major tile is loaded to registers and stored transposed every K step
-    (no cp.async, no stages: the loop waits on each weight load). The int8 weight's packed [K/4, N] words are
-    read by `code_tile_nk`; these are unused for it."""
-    return (w.stride(0), w.stride(1)) if fp8 else (0, 0)
 
 
 def fusedq_mm(x, w, w_scale, bias, out: torch.Tensor, fp8: bool, cfg: dict, interpreted: bool) -> None:

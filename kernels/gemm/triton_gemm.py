@@ -28,7 +28,7 @@ from codesign.autotune.lookup import forced_config_of, lookup_config, shape_key
 from codesign.backend import DeviceView, device_view
 from codesign.kernels.gemm import torch_mm, triton_tma
 from codesign.kernels.gemm.triton_dequant import dequant_matmul
-from codesign.kernels.gemm.triton_fusedq import fusedq_mm, w_strides
+from codesign.kernels.gemm.triton_fusedq import fusedq_mm
 from codesign.kernels.gemm.triton_gemv import wq_gemv
 from codesign.kernels.gemm.triton_parts import (
     code_tile_nk,
@@ -38,6 +38,7 @@ from codesign.kernels.gemm.triton_parts import (
     scaled_epilogue,
     split_k_buffer,
     split_range,
+    w_strides,
 )
 from codesign.kernels.triton_codes import codes_f16, pow2_scale
 from codesign.specs import CodesignError
@@ -59,9 +60,9 @@ GEMV_MAX_M = 2
 WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
 # At or below this M the W8A8 / FP8 GEMMs default to the fused-quantizer kernel (`triton_fusedq`): one launch
 # instead of two and no M x K codes written and read back, against every N-tile program re-quantizing its rows
-# of A (its SASS per weight byte grows with the rows: sm_90, int8, 0.051 issue cycles a byte at M <= 2, 0.078 at
-# M <= 8, 0.105 at 16, against 0.069 for the two-launch GEMM). Untimed prediction; the reasoning and numbers are
-# in docs/kernels.md; a tuned variant table overrides it.
+# of A (its SASS a K step grows with the rows; int8 at M = 16 is predicted slower than the two-launch path,
+# `bench/gemm_predict.py`). Untimed prediction; the reasoning and numbers are in docs/kernels.md; a tuned variant
+# table overrides it.
 FUSEDQ_MAX_M = 8
 SCALED_MM_VARIANTS = ("triton", "torch", "fusedq", "tma")
 
@@ -96,10 +97,10 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # a step (sm_90: 96-168 registers, no spills; 1024 spilled), 12.5 us predicted at N = K = 8192, M = 1 (int4).
     "gemv": {"BLOCK_K": 64, "BLOCK_N": 512, "num_warps": 2},
     # The fused quantizer: 64 rows (a decode batch's, copied up), so sm_90 runs the dot on the warpgroup MMA with s8 /
-    # e4m3 operands straight from shared memory; a 16-row tile took mma.sync, which converts e4m3 to fp16 in
-    # registers (sm_90, N = K = 8192, M = 1: 232 SASS a K step against 292 for 4x the rows, and issue-bound). BLOCK_N
-    # 64: N / 64 programs (128 at N = 8192, about one an SM), no split (no zeroed buffer, atomics or copy); 6 stages
-    # keep 48 KB of weight in flight an SM. Predictions, untimed: docs/kernels.md.
+    # e4m3 operands straight from shared memory (a 16-row tile takes mma.sync, which converts e4m3 to fp16 in
+    # registers). BLOCK_N 64: N / 64 programs (128 at N = 8192, about one an SM), no split (no zeroed buffer, atomics
+    # or copy); 6 stages keep 48 KB of weight in flight an SM. Predictions, untimed: `bench/gemm_predict.py`,
+    # docs/kernels.md.
     "fusedq": {
         "BLOCK_M": 64,
         "BLOCK_N": 64,
@@ -417,7 +418,7 @@ def _scaled_mm_kernel(
 
     out = acc * a_scale[m] * w_scale[n] (+ bias[n]). int8 weights are unpacked from the native
     int32 layout (offset-binary codes, zero 128); fp8 weights are an e4m3 [K, N] (strides: K contiguous pipelines
-    on sm_90, `triton_fusedq.w_strides`).
+    on sm_90, `triton_parts.w_strides`).
     Grid (output tiles in grouped order, SPLIT_K): program (t, j) sums K range j (K_PER_SPLIT, a multiple of
     BLOCK_K; `k_split`) and `scaled_epilogue` adds its scaled partial into a zeroed fp32 buffer (SPLIT_K > 1)
     or stores the tile (SPLIT_K 1, today's kernel). The split result's error bound: `scaled_mm`.

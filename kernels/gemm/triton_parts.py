@@ -8,6 +8,7 @@ variant modules can use them without importing `triton_gemm` (which imports the 
   e4m3 codes, shared so the two-launch and fused paths give the same codes bit for bit.
 * `scaled_epilogue`: the W8A8 / FP8 kernels' epilogue (scales, bias, store or split-K atomic add), one copy so
   the two-launch and fused paths round alike.
+* `w_strides` (host): the e4m3 weight's strides, K contiguous or row-major.
 * `split_range`: a split-K program's K range; `k_split`, `split_k_buffer` (host): a split-K launch's (splits,
   K per split), no split empty, and the buffer its programs add into.
 """
@@ -110,8 +111,8 @@ def round_to_e4m3(v):
 def quantize_codes(v, IS_FP8: tl.constexpr, INTERPRETED: tl.constexpr):
     """int8 (IS_FP8 False) or e4m3 codes of v, |v| <= 127 / 448, rounded to nearest even. On a GPU one conversion
     each (`cvt.rn.satfinite.e4m3x2.f32`; `rint` then a truncating `cvt`): the same codes as the exact fp32 helpers,
-    which cost 7 (int8) and 12 or more (e4m3: an fp32 divide) instructions an element and which the interpreter
-    needs (its fp32 -> fp8 cast drops a rounding carry; it has no libdevice)."""
+    which take several instructions an element (e4m3's an fp32 divide) and which the interpreter needs (its fp32 ->
+    fp8 cast drops a rounding carry; it has no libdevice)."""
     if IS_FP8:
         if INTERPRETED:
             q = round_to_e4m3(v).to(tl.float8e4nv)
@@ -148,3 +149,12 @@ def scaled_epilogue(acc, a_s, ws_ptr, b_ptr, out_ptr, offs_m, offs_n, M, N, PER_
         tl.atomic_add(ptrs, res, mask=mask, sem="relaxed")
     else:
         tl.store(ptrs, res.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def w_strides(w: torch.Tensor, fp8: bool) -> tuple[int, int]:
+    """(stride along K, along N) of the e4m3 weight [K, N]: either layout runs, but only K contiguous ([N, K] in
+    memory, `formats.quantize`'s) pipelines on sm_90: Hopper's 8-bit warpgroup MMA reads its shared-memory
+    operands K-contiguous, so a row-major [K, N] tile is loaded to registers and stored transposed every K step
+    (no cp.async, no stages: the loop waits on each weight load). The int8 weight's packed [K/4, N] words are
+    read by `code_tile_nk`; these are unused for it."""
+    return (w.stride(0), w.stride(1)) if fp8 else (0, 0)

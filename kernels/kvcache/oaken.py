@@ -388,12 +388,10 @@ def dequantize_pool(codes, meta, out, bits, grid) -> torch.Tensor:
     d = codes.shape[-1] * 8 // bits
     c = kq.unpack_codes(codes, bits)
     if grid is None:
-        x = kq.dequantize_asym(c, meta[..., 0].float(), meta[..., 1].float())
-    else:  # zero = base + z * step, scale = r * step / (2^b - 1)   (quantizers.offline_meta)
-        base, step = grid[:, 0], grid[:, 1]
-        zero = base + meta[..., 0].float() * step
-        scale = (meta[..., 1].float() * step) / torch.tensor(float(2**bits - 1))
-        x = kq.dequantize_asym(c, scale, zero)
+        scale = meta[..., 0].float()
+    else:  # scale = r * step / (2^b - 1)   (quantizers.offline_meta)
+        scale = (meta[..., 1].float() * grid[:, 1]) / torch.tensor(float(2**bits - 1))
+    x = kq.dequantize_asym(c, scale, _token_zeros(meta, grid))
     used = out >= 0
     blk, hh, _ = torch.nonzero(used, as_tuple=True)
     w = out[used]
@@ -427,11 +425,15 @@ def dense_zeros(meta: torch.Tensor, grid: torch.Tensor | None = None) -> torch.T
     """`[nb, H, block_size]` float32: each token's dense value at code 0 (its lower bound), as the attention
     kernel's factored path has it: fp16 meta's zero, or the offline grid's base + z step (grid: one side's
     `[H, 2]`), from meta `[nb, block_size, H, 2]`. An outlier's index delta is its value minus this."""
+    return _token_zeros(meta, grid).transpose(1, 2)
+
+
+def _token_zeros(meta: torch.Tensor, grid: torch.Tensor | None) -> torch.Tensor:
+    """`[nb, block_size, H]` float32 zeros of meta `[nb, block_size, H, 2]`: the fp16 meta's second value, or on
+    the offline grid base + z step (`quantizers.offline_meta`)."""
     if grid is None:
-        z = meta[..., 1].to(torch.float32)
-    else:
-        z = grid[:, 0] + meta[..., 0].to(torch.float32) * grid[:, 1]
-    return z.transpose(1, 2)
+        return meta[..., 1].to(torch.float32)
+    return grid[:, 0] + meta[..., 0].to(torch.float32) * grid[:, 1]
 
 
 def outlier_index(

@@ -50,13 +50,13 @@ def _x(m: int, k: int, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
-def _run(variant: str, x, w, w_s, bias, fp8: bool) -> torch.Tensor:
+def _run(variant: str, x, w, w_s, bias, fp8: bool, cfg: dict = CFG) -> torch.Tensor:
     out = torch.full((x.shape[0], w.shape[1]), float("nan"), dtype=x.dtype)
     with (
         use_backend("triton"),
         forced_config(qt.scaled_mm_variant_op(fp8), qt.scaled_mm_variant_entry(variant)),
-        forced_config(qt.scaled_mm_table_op(fp8), CFG),
-        forced_config(qt.scaled_mm_table_op(fp8, "fusedq"), CFG),
+        forced_config(qt.scaled_mm_table_op(fp8), cfg),
+        forced_config(qt.scaled_mm_table_op(fp8, "fusedq"), cfg),
     ):
         qt.w8a8_mm(x, fp8, w, w_s, bias, out)
     return out
@@ -136,17 +136,20 @@ CFG64 = {**CFG, "BLOCK_M": 64, "SPLIT_K": 1}  # the GPU default's shape: 64 rows
 
 
 @pytest.mark.parametrize("variant", ["fusedq", "triton"])
-def test_an_fp8_weight_in_either_layout_gives_the_same_output(variant):
+def test_an_fp8_weight_in_either_layout_gives_the_same_output(variant, monkeypatch):
     """`quantize_rtn` gives the e4m3 weight K contiguous (the [K, N] view of an [N, K]); a row-major [K, N] copy of
     it runs too (strides), bit for bit, at the 16- and the 64-row tile; any other layout is refused by name."""
     w, w_s, _ = _weight(True, 80, 96, False)
     assert w.shape == (96, 80) and w.t().is_contiguous() and not w.is_contiguous()
     x = _x(5, 96, torch.bfloat16)
+    rows = []  # the GEMM's tile rows per call: both configs really run
+    real = qt.launch_config
+    monkeypatch.setattr(qt, "launch_config", lambda *a, **k: rows.append(real(*a, **k).get("BLOCK_M")) or real(*a, **k))
     for cfg in (CFG, CFG64):
-        with forced_config(qt.scaled_mm_table_op(True, "fusedq"), cfg), forced_config(qt.scaled_mm_table_op(True), cfg):
-            kmaj = _run(variant, x, w, w_s, None, True)
-            rowmaj = _run(variant, x, w.contiguous(), w_s, None, True)
+        kmaj = _run(variant, x, w, w_s, None, True, cfg)
+        rowmaj = _run(variant, x, w.contiguous(), w_s, None, True, cfg)
         assert not kmaj.isnan().any() and torch.equal(kmaj, rowmaj)
+    assert [r for r in rows if r is not None] == [16, 16, 64, 64], rows
     with use_backend("triton"), pytest.raises(CodesignError, match="qweight must be contiguous"):
         qg.fp8_gemm(x, torch.empty(80, 192, dtype=torch.float8_e4m3fn)[:, ::2].t(), w_s, None)
 

@@ -218,19 +218,12 @@ def test_oaken_padded_rows_fp16_queries(offline, monkeypatch):
     column order (`words_f16`), as a GPU decode runs them; decode with splits and extend against fp64."""
     import dataclasses
 
+    from test_kvcache_oaken import padded_rows_pool
+
     from codesign.backend import device_view, use_device_view
     from codesign.kernels.attention.quantized import oaken_attention
 
-    if offline:
-        from test_kvcache_oaken_offline import _reference_pool, _setup
-
-        cache, bt, cl, xs, thr, grid = _setup([11, 70, 100])
-        kd, vd, *_ = _reference_pool(cache, bt, xs, thr, grid, 4)
-    else:
-        from test_kvcache_oaken import _reference_pool, _setup
-
-        cache, bt, cl, xs, thr = _setup([11, 70, 100], bs=8, cap=12, spikes=(5, 9))
-        kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+    cache, bt, cl, kd, vd = padded_rows_pool(offline)
     monkeypatch.setattr(ops, "check_backend_dtype", lambda backend, q: None)
     h, d = cache.k_codes.shape[2], kd.shape[-1]
     q = (torch.randn(3, 3 * h, d) * 3.0).half()

@@ -200,6 +200,21 @@ def test_outlier_index_sorts_and_starts_every_list(bs, d, cap):
             assert not delta[m:].any(), (by, blk, hh)
 
 
+def padded_rows_pool(offline: bool):
+    """(cache, block tables, context lengths, fp64 K, V) of three sequences (11, 70, 100 tokens) over an Oaken cache,
+    online (blocks of 8, 12 slots, spikes) or offline: the padded-rows tests' pool (here and fp16 queries')."""
+    if offline:
+        from test_kvcache_oaken_offline import _reference_pool as ref_pool
+        from test_kvcache_oaken_offline import _setup as setup
+
+        cache, bt, cl, xs, thr, grid = setup([11, 70, 100])
+        kd, vd, *_ = ref_pool(cache, bt, xs, thr, grid, 4)
+    else:
+        cache, bt, cl, xs, thr = _setup([11, 70, 100], bs=8, cap=12, spikes=(5, 9))
+        kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+    return cache, bt, cl, kd, vd
+
+
 @pytest.mark.parametrize("offline", [False, True])
 def test_kernel_padded_rows_vs_fp64(offline, monkeypatch):
     """Outlier corrections on the real query heads only (3 per kv head, 4 with padding) while the tile has 16
@@ -221,15 +236,7 @@ def test_kernel_padded_rows_vs_fp64(offline, monkeypatch):
 
     monkeypatch.setattr(ta, "plan_launch", poisoned)
 
-    if offline:
-        from test_kvcache_oaken_offline import _reference_pool as ref_pool
-        from test_kvcache_oaken_offline import _setup as setup
-
-        cache, bt, cl, xs, thr, grid = setup([11, 70, 100])
-        kd, vd, *_ = ref_pool(cache, bt, xs, thr, grid, 4)
-    else:
-        cache, bt, cl, xs, thr = _setup([11, 70, 100], bs=8, cap=12, spikes=(5, 9))
-        kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+    cache, bt, cl, kd, vd = padded_rows_pool(offline)
     hq = 3 * H
     q = torch.randn(3, hq, D)
     ref, _ = reference_attention(q, kd, vd, bt, cl, [1, 1, 1])

@@ -145,22 +145,6 @@ def test_attention_over_the_kept_index_vs_fp64(splits):
     assert_rel_close(out, _pool_reference(cache, q, bt, cl), 2e-6, "oaken decode over the kept index")
 
 
-def test_a_hand_edit_of_the_slots_is_caught_and_rebuilt():
-    """Slots changed outside the cache leave the index not current; the next attention rebuilds it whole and
-    matches fp64 over the edited pool (the edit does change the output)."""
-    cache, bt, cl, _, _ = _setup([11, 6, 9])
-    q = torch.randn(3, 2 * H, cache.head_dim)
-    before = _pool_reference(cache, q, bt, cl)
-    _edit_slots_by_hand(cache, bt)
-    assert not cache.index_current()
-    ref = _pool_reference(cache, q, bt, cl)
-    assert (ref - before).abs().max() > 1e-3
-    with use_backend("triton"):
-        out = oaken_attention(q, cache, bt, cl)
-    assert cache.index_current()
-    assert_rel_close(out, ref, 2e-6, "oaken decode after a hand edit")
-
-
 def _edit_meta_by_hand(c, bt):
     """Move the zero of every token of two used blocks outside the cache (keys and values); slots untouched."""
     for blk in (int(bt[0, 0]), int(bt[1, 0])):
@@ -168,17 +152,20 @@ def _edit_meta_by_hand(c, bt):
         c.v_meta[blk, :, :, 1] -= 0.5
 
 
-@pytest.mark.parametrize("skip_rebuild", [False, True])
-def test_a_hand_edit_of_the_meta_is_caught_and_rebuilt(skip_rebuild, monkeypatch):
-    """The index's deltas hold each token's zero, so meta changed outside the cache leaves the index not
-    current too; the next attention rebuilds it whole and matches fp64 over the edited pool. With the rebuild
-    skipped (the check's teeth) the stale deltas miss it."""
+@pytest.mark.parametrize(
+    ("edit", "skip_rebuild"),
+    [(_edit_slots_by_hand, False), (_edit_meta_by_hand, False), (_edit_meta_by_hand, True)],
+)
+def test_a_hand_edit_is_caught_and_rebuilt(edit, skip_rebuild, monkeypatch):
+    """Slots or meta changed outside the cache (the index's deltas hold each token's zero, from the meta) leave the
+    index not current; the next attention rebuilds it whole and matches fp64 over the edited pool (the edit does
+    change the output). With the rebuild skipped (the check's teeth) the stale deltas miss it."""
     cache, bt, cl, _, _ = _setup([11, 6, 9])
     q = torch.randn(3, 2 * H, cache.head_dim)
     before = _pool_reference(cache, q, bt, cl)
     if skip_rebuild:
         monkeypatch.setattr(OakenPagedKV, "_index_rows", lambda self, blocks: None)
-    _edit_meta_by_hand(cache, bt)
+    edit(cache, bt)
     assert not cache.index_current()
     ref = _pool_reference(cache, q, bt, cl)
     assert (ref - before).abs().max() > 1e-3
@@ -189,8 +176,8 @@ def test_a_hand_edit_of_the_meta_is_caught_and_rebuilt(skip_rebuild, monkeypatch
             assert_rel_close(out, ref, 2e-6, "stale deltas")
     else:
         assert cache.index_current()
-        _assert_index_fresh(cache, "after a meta edit")
-        assert_rel_close(out, ref, 2e-6, "oaken decode after a meta edit")
+        _assert_index_fresh(cache, f"after {edit.__name__}")
+        assert_rel_close(out, ref, 2e-6, f"oaken decode after {edit.__name__}")
 
 
 def test_a_skipped_rebuild_reads_a_stale_index(monkeypatch):
