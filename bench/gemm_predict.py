@@ -6,8 +6,8 @@ of the launches the default configs choose (compile-only: no GPU, nothing timed;
 
 Cases: `gpu_quant_gemm`'s quick shapes (N = K = 8192, and Llama-2-70B gate_up, N = 57344, K = 8192) through
 `lowering_report`'s cases (bf16 activations; W4A16 g128 asymmetric with bf16 scales and zeros, W8A16 per channel,
-W8A8 int8 and FP8 with fp32 per-channel weight scales), M in 1, 2, 4, 8, 16, 256, 1024, 4096 (M = 2 and 8, untimed by the GPU
-bench, takes the next timed M's bf16 time: `bf16_ms`). Each op runs once per
+W8A8 int8 and FP8 with fp32 per-channel weight scales), M in 1, 2, 4, 8, 16, 256, 1024, 4096 (M = 2 and 8, untimed
+by the GPU bench, take the next timed M's bf16 time: `bf16_ms`). Each op runs once per
 variant, pinned by `forced_config` as `gpu_quant_gemm` pins them (W4A16 / W8A16: gemv, splitk, tiled, dequant;
 W8A8 / FP8: fusedq, triton, tma, torch), under `codesign.autotune.compile_only(90, "NVIDIA H200")`; the default
 rule's choice (`triton_gemm.choose_variant`, `choose_scaled_mm_variant`, with that device view) is marked.
