@@ -103,8 +103,30 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def loop_trips(kernel: str, cx: dict, grid: list[int], m: int, k: int, n_loops: int) -> list[int]:
+ACT_BYTES = 2  # bf16 activations (the cases)
+# Kernels whose loops count along their shortest path: their only branches are the activation quantizer's fallback
+# to div_rn for rows whose scale is outside the reciprocal's exact range (`kernels/triton_div.py`: 2^-60 .. 2^60)
+# and div_rn's out-of-line slow path, neither taken for the bench's activations.
+COLD_BRANCHES = ("_act_quant_kernel", "_fusedq_kernel")
+
+
+def _ldg_bytes(lp: dict) -> int:
+    """Bytes one thread loads by LDG in one iteration of the loop (the opcode's width suffix; 4 without one)."""
+    width = {"64": 8, "128": 16, "U8": 1, "S8": 1, "U16": 2, "S16": 2}
+    return sum(c * width.get(op.split(".")[-1], 4) for op, c in lp["ldg"].items())
+
+
+def _absmax_trips(lp: dict, steps: int, rows: int, cx: dict, warps: int) -> int:
+    """Trips of an absmax loop over `steps` K tiles of `rows` activation rows: LLVM unrolls it (4 K tiles an
+    iteration for `_act_quant_kernel`'s 1024-element tiles and the fused quantizer's at 4 rows; the remainder runs
+    outside the loop), which the loop's loads tell: bytes an iteration / bytes a K tile, per thread."""
+    per_tile = rows * cx["BLOCK_K"] * ACT_BYTES / (32 * warps)
+    return _cdiv(steps, max(1, round(_ldg_bytes(lp) / per_tile)))
+
+
+def loop_trips(kernel: str, cx: dict, grid: list[int], m: int, k: int, lps: list[dict], warps: int) -> list[int]:
     """Trips of each outermost SASS loop (address order) of one program, the busiest (longest K range)."""
+    n_loops = len(lps)
     if kernel == "_wq_gemv_kernel":
         want = [_cdiv(_cdiv(k, cx["BLOCK_K"]), grid[1])]  # the program's K tiles (rows: M_PAD inside each)
     elif kernel == "_wq_kernel":
@@ -113,11 +135,14 @@ def loop_trips(kernel: str, cx: dict, grid: list[int], m: int, k: int, n_loops: 
     elif kernel == "_dequant_kernel":
         want = []
     elif kernel == "_act_quant_kernel":
-        want = [_cdiv(k, cx["BLOCK_K"])] * 2  # absmax, then quantize
+        steps = _cdiv(k, cx["BLOCK_K"])
+        want = [_absmax_trips(lps[0], steps, 1, cx, warps) if lps else steps, steps]  # absmax, then quantize
     elif kernel == "_scaled_mm_kernel":
         want = [_cdiv(_cdiv(k, cx["BLOCK_K"]), grid[1] if len(grid) > 1 else 1)]
     elif kernel == "_fusedq_kernel":
-        want = [_cdiv(k, cx["BLOCK_K"]), _cdiv(_cdiv(k, cx["BLOCK_K"]), grid[1])]  # absmax over all K, then dots
+        steps = _cdiv(k, cx["BLOCK_K"])
+        prologue = _absmax_trips(lps[0], steps, cx["ROWS"], cx, warps) if lps else steps
+        want = [prologue, _cdiv(steps, grid[1])]  # absmax over all K, then dots
     else:
         raise ValueError(f"no loop model for {kernel}")
     if n_loops != len(want):
@@ -125,7 +150,9 @@ def loop_trips(kernel: str, cx: dict, grid: list[int], m: int, k: int, n_loops: 
     return want
 
 
-def per_program(kernel: str, cx: dict, grid: list[int], m: int, n: int, k: int, prog: dict) -> dict[str, Any]:
+def per_program(
+    kernel: str, cx: dict, grid: list[int], m: int, n: int, k: int, prog: dict, warps: int
+) -> dict[str, Any]:
     """Warp instructions one program issues (per warp), from its loops' paths and trips (module docstring)."""
     lps = prog["loops"]
     if kernel == "_tma_scaled_mm_kernel":
@@ -139,12 +166,13 @@ def per_program(kernel: str, cx: dict, grid: list[int], m: int, n: int, k: int, 
         count = tiles * ((steps - 1) * lps[i]["path_min"] + lps[i]["path_max"]) + prog["outside"]
         return {"trips": trips, "main": i, "sass_per_iter": lps[i]["path_min"], "instructions": count,
                 "tiles_per_program": tiles, "k_range": tiles * steps * cx["BLOCK_K"]}  # fmt: skip
-    trips = loop_trips(kernel, cx, grid, m, k, len(lps))
-    count = prog["outside"] + sum(t * lp["path_max"] for t, lp in zip(trips, lps))
+    trips = loop_trips(kernel, cx, grid, m, k, lps, warps)
+    path = "path_min" if kernel in COLD_BRANCHES else "path_max"
+    count = prog["outside"] + sum(t * lp[path] for t, lp in zip(trips, lps))
     mma = [j for j, lp in enumerate(lps) if lp["hmma"]]
     main = mma[-1] if mma else (len(lps) - 1 if lps else None)
     k_range = trips[main] * cx["BLOCK_K"] if mma else 0
-    return {"trips": trips, "main": main, "sass_per_iter": lps[main]["path_max"] if main is not None else 0,
+    return {"trips": trips, "main": main, "sass_per_iter": lps[main][path] if main is not None else 0,
             "instructions": count, "tiles_per_program": 1, "k_range": k_range}  # fmt: skip
 
 
@@ -152,7 +180,7 @@ def launch_prediction(launch: Any, sass: str, op: str, m: int, n: int, k: int) -
     """One launch's bounds (module docstring): issue, tensor, bytes; its SASS loops and resources."""
     cx, grid, kern = launch.constexprs, list(launch.grid), launch.kernel
     prog = program_report(sass)
-    pp = per_program(kern, cx, grid, m, n, k, prog)
+    pp = per_program(kern, cx, grid, m, n, k, prog, launch.num_warps)
     programs = math.prod(grid)
     occ = issue_cycles(programs, launch.num_warps, launch.registers, launch.shared_bytes, pp["instructions"])
     atomic = bool(cx.get("USE_ATOMIC")) or (kern in ("_fusedq_kernel", "_scaled_mm_kernel") and grid[1] > 1)

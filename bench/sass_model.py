@@ -29,7 +29,10 @@ SMS, SCHEDULERS, CLOCK_HZ = 132, 4, 1.98e9  # H200 (SXM): SMs, warp schedulers p
 REGS_PER_SM, MAX_WARPS_PER_SM, MAX_BLOCKS_PER_SM = 65536, 64, 32  # sm_90 occupancy limits
 SMEM_PER_SM, SMEM_PER_BLOCK_RESERVED = 228 * 1024, 1024
 _LABEL = re.compile(r"\s*(\w+):\s*$")
-_BRA = re.compile(r"\bBRA(?:\.\w+)* (\w+);")
+# A branch and its target: a label, or a byte address (16 bytes an sm_90 instruction, the listing from address 0). A
+# second predicate operand (`@!P2 BRA P3, 0x1d40;`, `BRA !P4, ...`: ptxas's uniform branches) makes it conditional.
+_BRA = re.compile(r"\bBRA(?:\.\w+)* (!?U?P\w+, )?(\w+);")
+_INSTRUCTION_BYTES = 16
 
 
 # ----------------------------------------------------------------------------- SASS
@@ -48,6 +51,9 @@ def parse_sass(sass: str) -> tuple[list[str], dict[str, int]]:
             labels[m.group(1)] = len(ins)
         elif ";" in line:
             ins.append(line.split("\t")[-1].strip())
+    for t in ins:  # branches to an address rather than a label: the address names its instruction
+        if (m := _BRA.search(t)) and m.group(2).startswith("0x"):
+            labels[m.group(2)] = int(m.group(2), 16) // _INSTRUCTION_BYTES
     return ins, labels
 
 
@@ -57,8 +63,8 @@ def loops(ins: list[str], labels: dict[str, int]) -> list[tuple[int, int]]:
     out = []
     for i, t in enumerate(ins):
         m = _BRA.search(t)
-        if m and m.group(1) in labels and labels[m.group(1)] < i:
-            a = labels[m.group(1)]
+        if m and m.group(2) in labels and labels[m.group(2)] < i:
+            a = labels[m.group(2)]
             # Not a loop: a jump back from out-of-line code placed after the kernel's EXIT (ptxas puts the
             # retry of an mbarrier wait there, `SYNCS.PHASECHK ... BRA` back into the TMA pipeline).
             if not any(ins[j].startswith("EXIT") for j in range(a, i)):
@@ -77,8 +83,8 @@ def _successors(ins: list[str], labels: dict[str, int], a: int, b: int, e: int) 
     m = _BRA.search(ins[e - 1])
     if not m:
         return [e]
-    t = labels.get(m.group(1))
-    out = [e] if ins[e - 1].startswith("@") else []
+    t = labels.get(m.group(2))
+    out = [e] if ins[e - 1].startswith("@") or m.group(1) else []
     if t is None or t >= b or t < a:
         return out  # leaves the loop
     if t == a:
@@ -168,7 +174,7 @@ def program_report(sass: str, inner_trips: int = 1) -> dict[str, Any]:
 
 def _self_branch(ins: list[str], labels: dict[str, int], i: int) -> bool:
     m = _BRA.search(ins[i])
-    return bool(m) and labels.get(m.group(1)) == i
+    return bool(m) and labels.get(m.group(2)) == i
 
 
 def loop_report(sass: str, inner_trips: int | list[int] = 1, which: int = -1) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from codesign.kernels.gemm.triton_parts import (
     w_strides,
 )
 from codesign.kernels.triton_codes import opaque_bytes
+from codesign.kernels.triton_div import div_by_recip, recip_rn, shared_divisor_ok
 
 
 @triton.jit
@@ -75,6 +76,8 @@ def _fusedq_kernel(
         amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
     # div_rn as in `_act_quant_kernel`: fp32 "/" lowers to an approximate divide on GPUs.
     s = tl.where(amax > 0, tl.math.div_rn(amax, QMAX), 1.0)
+    shared = tl.min(shared_divisor_ok(s).to(tl.int32), axis=0) == 1  # every row's quotients by its reciprocal
+    y = recip_rn(s)
     if IS_FP8:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:
@@ -85,7 +88,11 @@ def _fusedq_kernel(
         mask_k = offs_k < K
         x = tl.load(rows + offs_k[None, :], mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
         # Masked lanes load 0 and quantize to code 0, so the dot needs no select on A.
-        v = tl.minimum(tl.maximum(tl.math.div_rn(x, s[:, None]), -QMAX), QMAX)
+        if shared:  # `_act_quant_kernel`'s IEEE division, bit for bit (`triton_div`)
+            q = div_by_recip(x, s[:, None], y[:, None])
+        else:
+            q = tl.math.div_rn(x, s[:, None])
+        v = tl.minimum(tl.maximum(q, -QMAX), QMAX)
         if IS_FP8:
             a = _rows_to_tile(opaque_bytes(quantize_codes(v, True, INTERPRETED), INTERPRETED), BLOCK_M)
             wmask = mask_k[:, None] & mask_n[None, :]

@@ -41,6 +41,7 @@ from codesign.kernels.gemm.triton_parts import (
     w_strides,
 )
 from codesign.kernels.triton_codes import codes_f16, pow2_scale
+from codesign.kernels.triton_div import div_by_recip, recip_rn, shared_divisor_ok
 from codesign.specs import CodesignError
 
 # Without a tuned variant table, M at or below this runs the split-K kernel: decode batches read the
@@ -382,10 +383,17 @@ def _act_quant_kernel(
     # div_rn, not "/": on GPUs Triton lowers fp32 "/" to an approximate divide (off by an ulp), which
     # moved scales and flipped codes at rounding ties against torch (measured on an H200).
     s = tl.where(m > 0, tl.math.div_rn(m, QMAX), 1.0)
+    shared = shared_divisor_ok(s)
+    y = recip_rn(s)
     for k0 in range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * K + offs, mask=offs < K, other=0.0).to(tl.float32)
-        v = tl.minimum(tl.maximum(tl.math.div_rn(x, s), -QMAX), QMAX)  # IEEE division: bit-exact codes
+        # IEEE division (bit-exact codes), by the row's reciprocal where that is exact (`triton_div`), a uniform branch
+        if shared:
+            q = div_by_recip(x, s, y)
+        else:
+            q = tl.math.div_rn(x, s)
+        v = tl.minimum(tl.maximum(q, -QMAX), QMAX)
         tl.store(q_ptr + row * K + offs, quantize_codes(v, IS_FP8, INTERPRETED), mask=offs < K)
     tl.store(s_ptr + row, s)
 

@@ -68,7 +68,34 @@ def test_splitk_launch_hand_computed(gp):
 
 def test_loop_count_mismatch_is_refused(gp):
     with pytest.raises(ValueError, match="expects 2"):  # the quantizer has two K loops; this listing one
-        gp.loop_trips("_act_quant_kernel", {"BLOCK_K": 1024}, [16], 16, 8192, 1)
+        gp.loop_trips("_act_quant_kernel", {"BLOCK_K": 1024}, [16], 16, 8192, [{"ldg": {"LDG.E.128": 1}}], 4)
+
+
+def test_uniform_branches_to_addresses_are_conditional(gp):
+    """ptxas's uniform branches name a second predicate and a byte address (`@!P2 BRA P3, 0x...;`): both are read,
+    so a loop whose fast side skips a slow side has two paths, and the quantizers count the short one."""
+    body = ["\tLOP3.LUT R5, R5, 0xf, RZ, 0xc0, !PT;"]
+    ins = ["LBB0:", "\tLDG.E.128 R8, desc[UR8][R16.64];", "\t@!P2 BRA P3, 0x{:x};"] + body * 10 + ["\tBRA LBB1;"]
+    fast = len([t for t in ins if t.startswith("\t")])  # the fast side's first instruction
+    ins[2] = ins[2].format(fast * 16)
+    ins += body * 3 + ["LBB1:", "\t@P0 BRA LBB0;", "\tEXIT;"]
+    sass = "\n".join(f"04:-:-:-:1{t}" if t.startswith("\t") else t for t in ins)
+    (lp,) = gp.program_report(sass)["loops"]
+    assert (lp["path_min"], lp["path_max"]) == (6, 14)  # load, branch, 3 fast, back edge / 10 slow and its BRA
+    cx = {"BLOCK_K": 1024}
+    one = gp.per_program("_act_quant_kernel", cx, [16], 16, 8192, 8192, {"loops": [lp, lp], "outside": 0}, 4)
+    assert one["sass_per_iter"] == 6 and one["instructions"] == 8 * 6 + 8 * 6
+
+
+def test_unrolled_absmax_loops_run_fewer_trips(gp):
+    """LLVM unrolls the quantizers' absmax loops: four 16-byte loads an iteration where a 1024-element bf16 tile on
+    4 warps is one a thread, so 8192 / 1024 = 8 K tiles are 2 trips; the quantize loop's single load, 8."""
+    unrolled, single = {"ldg": {"LDG.E.128": 4}}, {"ldg": {"LDG.E.128": 1}}
+    assert gp.loop_trips("_act_quant_kernel", {"BLOCK_K": 1024}, [16], 16, 8192, [unrolled, single], 4) == [2, 8]
+    assert gp.loop_trips("_act_quant_kernel", {"BLOCK_K": 1024}, [16], 16, 8192, [single, single], 4) == [8, 8]
+    # the fused quantizer at 4 rows: 4 x 128 bf16 on 4 warps = 8 B a thread a tile; four 8-byte loads = 4 tiles
+    cx = {"BLOCK_K": 128, "ROWS": 4}
+    assert gp.loop_trips("_fusedq_kernel", cx, [128, 1], 4, 8192, [{"ldg": {"LDG.E.64": 4}}, single], 4) == [16, 64]
 
 
 def test_variant_sums_and_torch_rule(gp):

@@ -161,6 +161,20 @@ def test_act_quantizer_kernel_is_bit_exact(fp8, m, dtype):
     # Values that round to zero keep their sign in e4m3 (-0 is 0x80): an H200 run found the kernel
     # writing +0 for them (rare in random data: 1 in ~10^5 at this scale).
     x[-1, 1:4] = torch.tensor([-1e-6, 1e-6, -2e-5]).to(dtype)
+    if m > 4:
+        # Quotients at and beside rounding ties (absmax 100: s = RN(100 / QMAX) is inexact), where a division off by an
+        # ulp flips a code; and fp32 rows whose scales are outside the reciprocal's exact range (`triton_div`), which
+        # divide by div_rn.
+        qmax = 448.0 if fp8 else 127.0
+        s_row = torch.tensor(100.0) / qmax
+        ties = ((torch.arange(300) % 200 - 100) + 0.5).double() * s_row.double()
+        away = torch.tensor([0.0, float("inf"), float("-inf")]).repeat(100)  # on the tie, an ulp up, an ulp down
+        ties = torch.where(away == 0, ties.float(), torch.nextafter(ties.float(), away))
+        x[1] = torch.where(ties.abs() <= 100, ties, 0.0).to(dtype)
+        x[1, 0] = 100.0
+        if dtype == torch.float32:
+            x[2] *= 1e-20
+            x[3] *= 1e25
     # Poison codes: -128 is never produced (clamp at -127); 0xFF is an e4m3 NaN.
     q = torch.full((m, 300), -1 if fp8 else -128, dtype=torch.int8)
     if fp8:
