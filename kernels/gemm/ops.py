@@ -125,14 +125,11 @@ def _dequant_kn(
     qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int, group: int
 ) -> torch.Tensor:
     """W^T [K, N] in fp32 from the native layout (codes, scales, zeros all exact in fp32)."""
-    codes = qf.unpack_codes(qweight, bits).to(torch.float32)
-    s = scales.to(torch.float32).repeat_interleave(group, dim=0)
-    z = (
-        zeros.to(torch.float32).repeat_interleave(group, dim=0)
-        if zeros is not None
-        else torch.full_like(s, float(1 << (bits - 1)))
-    )
-    return (codes - z) * s
+    k, n = qweight.shape[0] * qf.pack_factor(bits), qweight.shape[1]
+    w = qf.unpack_codes_u8(qweight, bits).to(torch.float32).view(k // group, group, n)  # one group a row
+    z = zeros.to(torch.float32)[:, None, :] if zeros is not None else float(1 << (bits - 1))
+    # In place: on a CPU each weight-sized temporary costs more in page faults than in arithmetic.
+    return w.sub_(z).mul_(scales.to(torch.float32)[:, None, :]).view(k, n)
 
 
 def _wq_torch(x2, qweight, scales, zeros, bias, bits, group) -> torch.Tensor:
