@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 from codesign.kernels.gemm.triton_parts import (
-    code_tile_nk,
     grouped_tile,
+    int8_tile_nk,
     k_split,
     quantize_codes,
     scaled_epilogue,
@@ -104,8 +104,7 @@ def _fusedq_kernel(
             acc += tl.dot(a, w)
         else:
             a = _rows_to_tile(opaque_bytes(quantize_codes(v, False, INTERPRETED), INTERPRETED), BLOCK_M)
-            codes = code_tile_nk(w_ptr, k0, offs_n, N, K, 8, BLOCK_K)  # [BLOCK_N, BLOCK_K], offset-binary
-            w = tl.where(mask_n[:, None] & mask_k[None, :], codes - 128, 0).to(tl.int8)
+            w = int8_tile_nk(w_ptr, k0, offs_n, N, K, BLOCK_K)  # [BLOCK_N, BLOCK_K], zero outside N and K
             acc += tl.dot(a, tl.trans(w), out_dtype=tl.int32)
     # `_scaled_mm_kernel`'s epilogue, the same function (the bit-identity depends on it).
     scaled_epilogue(acc, _rows_to_tile(s[:, None], BLOCK_M), ws_ptr, b_ptr, out_ptr, offs_m, offs_n, M, N,

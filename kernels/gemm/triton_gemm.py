@@ -33,6 +33,7 @@ from codesign.kernels.gemm.triton_gemv import wq_gemv
 from codesign.kernels.gemm.triton_parts import (
     code_tile_nk,
     grouped_tile,
+    int8_tile_nk,
     k_split,
     quantize_codes,
     scaled_epilogue,
@@ -460,8 +461,7 @@ def _scaled_mm_kernel(
             acc += tl.dot(a, w)
         else:
             a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask, other=0)
-            codes = code_tile_nk(w_ptr, k0, offs_n, N, K, 8, BLOCK_K)  # [BLOCK_N, BLOCK_K]
-            w = tl.where(mask_n[:, None] & mask_k[None, :], codes - 128, 0).to(tl.int8)
+            w = int8_tile_nk(w_ptr, k0, offs_n, N, K, BLOCK_K)  # [BLOCK_N, BLOCK_K], zero outside N and K
             acc += tl.dot(a, tl.trans(w), out_dtype=tl.int32)
     a_s = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
     scaled_epilogue(

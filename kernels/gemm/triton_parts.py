@@ -3,6 +3,7 @@ quantizer kernels, and the fused-quantizer W8A8 kernel of `triton_fusedq`), kept
 variant modules can use them without importing `triton_gemm` (which imports the variants).
 
 * `code_tile_nk`: an int32 [BLOCK_N, BLOCK_K] code tile from the native packed [K / P, N] weight words.
+* `int8_tile_nk`: W8A8's signed int8 [BLOCK_N, BLOCK_K] weight tile from the same words, by one XOR a word.
 * `grouped_tile`: a program's output tile in grouped (L2-friendly) order.
 * `quantize_codes` (over `round_half_even`, `round_to_e4m3`): the activation quantizer's rounding of fp32 to int8 /
   e4m3 codes, shared so the two-launch and fused paths give the same codes bit for bit.
@@ -67,6 +68,20 @@ def code_tile_nk(qw_ptr, k0, offs_n, N, K, BITS: tl.constexpr, BLOCK_K: tl.const
     words = tl.load(qw_ptr + kw[None, :] * N + offs_n[:, None], mask=(offs_n < N)[:, None] & (kw * P < K)[None, :],
                     other=0)  # fmt: skip
     return tl.reshape(unpack_words(words, BITS), (offs_n.shape[0], BLOCK_K))
+
+
+@triton.jit
+def int8_tile_nk(qw_ptr, k0, offs_n, N, K, BLOCK_K: tl.constexpr):
+    """int8 [BLOCK_N, BLOCK_K] signed weight codes (code - 128) of W8A8's packed [K / 4, N] offset-binary words, zero
+    outside N and K: each word XOR 0x80808080 holds its four codes in two's complement (c ^ 0x80 = c - 128 in a
+    byte), so a byte truncated to int8 is the signed code, and out-of-range words load as 0x80808080 to become 0.
+    No subtract or select an element (as `code_tile_nk`'s codes - 128 under a mask took)."""
+    kw = k0 // 4 + tl.arange(0, BLOCK_K // 4)
+    mask = (offs_n < N)[:, None] & (kw * 4 < K)[None, :]
+    words = tl.load(qw_ptr + kw[None, :] * N + offs_n[:, None], mask=mask, other=-2139062144) ^ -2139062144
+    b0 = tl.join((words << 24) >> 24, (words << 8) >> 24)  # bytes 0 and 2, sign-extended
+    b1 = tl.join((words << 16) >> 24, words >> 24)  # bytes 1 and 3
+    return tl.reshape(tl.join(b0, b1), (offs_n.shape[0], BLOCK_K)).to(tl.int8)  # [.., a, b] = byte 2a + b
 
 
 @triton.jit
