@@ -259,9 +259,9 @@ def _oaken_offline_meta(mrow, j_ok, bits_ptr, kvh, IS_KEY: tl.constexpr, BITS: t
 
 
 @triton.jit
-def _oaken_key_corr(ix_ptr, blk, off, kvh, j_ok, qtr, stride_ib, stride_ih, OAKEN_CAP: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CR: tl.constexpr,
-                    BLOCK_N: tl.constexpr):  # fmt: skip
+def _oaken_key_corr(ix_ptr, blk, off, kvh, j_ok, qtr, stride_ib, stride_ih, bt_row, start, s_hi,
+                    OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CR: tl.constexpr,
+                    BLOCK_N: tl.constexpr, OAKEN_NBT: tl.constexpr):  # fmt: skip
     """[BLOCK_N, CR] key-outlier corrections of the scores (token-major): q[row, d] * delta summed over each
     token's slots, rank by rank through the token-sorted index (`oaken.outlier_index`: words carry the channel,
     deltas the value minus the token's dense value at code 0, which is what the factored dense part has there).
@@ -270,21 +270,34 @@ def _oaken_key_corr(ix_ptr, blk, off, kvh, j_ok, qtr, stride_ib, stride_ih, OAKE
     ib = ix_ptr + blk * stride_ib + kvh * stride_ih  # each token's block's index
     st = tl.load(ib + OAKEN_CAP + off, mask=j_ok, other=0)
     en = tl.load(ib + OAKEN_CAP + off + 1, mask=j_ok, other=0)
-    nr = tl.max(tl.load(ib + OAKEN_CAP + BLOCK_SIZE + 1, mask=j_ok, other=0), 0)  # the tile's fullest token
+    if BLOCK_N % BLOCK_SIZE == 0:
+        # tiles of whole blocks: the loop runs to the fullest of its blocks' fullest tokens, read from each block's
+        # index row (OAKEN_NBT words, a power of two here), not a max over the tile's tokens (a reduction across
+        # the warps: a shared-memory round trip and 2 barriers a tile, sm_90)
+        bi = start // BLOCK_SIZE + tl.arange(0, OAKEN_NBT)
+        live = bi * BLOCK_SIZE < s_hi  # blocks of this split's keys (not past its end)
+        blk_t = tl.load(bt_row + bi, mask=live, other=0).to(tl.int64)
+        nr = tl.max(tl.load(ix_ptr + blk_t * stride_ib + kvh * stride_ih + OAKEN_CAP + BLOCK_SIZE + 1, mask=live,
+                            other=0), 0)  # fmt: skip
+    else:
+        nr = tl.max(tl.load(ib + OAKEN_CAP + BLOCK_SIZE + 1, mask=j_ok, other=0), 0)  # the tile's fullest token
     corr = tl.zeros([BLOCK_N, CR], tl.float32)
     for r in range(0, nr, _OAKEN_KEY_RANKS):  # unrolled here: ptxas's own unrolling left long remainder code
+        # one address a token a trip, its ranks at constant offsets from it (folded into the loads: no 64-bit
+        # address a rank; sm_90: 47 -> 42 SASS a trip), each rank kept while it lies before the list's end
+        wp = ib + (st + r)
+        left = en - (st + r)
         for u in tl.static_range(_OAKEN_KEY_RANKS):
-            corr += _oaken_key_rank(ib, st + r + u, en, qtr, CR, OAKEN_CAP + max(BLOCK_SIZE, HEAD_DIM) + 2)
+            corr += _oaken_key_rank(wp + u, u < left, qtr, CR, OAKEN_CAP + max(BLOCK_SIZE, HEAD_DIM) + 2)
     return corr
 
 
 @triton.jit
-def _oaken_key_rank(ib, at, en, qtr, CR: tl.constexpr, DW: tl.constexpr):
-    """One rank of `_oaken_key_corr`: each token's slot at index word `at` (none past its list's end `en`; its
-    delta at word DW + at)."""
-    ok = at < en
-    w = tl.load(ib + at, mask=ok, other=0)
-    delta = tl.load(ib + DW + at, mask=ok, other=0).to(tl.float32, bitcast=True)
+def _oaken_key_rank(wp, ok, qtr, CR: tl.constexpr, DW: tl.constexpr):
+    """One rank of `_oaken_key_corr`: each token's slot at index word `wp` (none where not `ok`: past its list's
+    end; its delta DW words on)."""
+    w = tl.load(wp, mask=ok, other=0)
+    delta = tl.load(wp + DW, mask=ok, other=0).to(tl.float32, bitcast=True)
     # unmasked: a token with no slot here reads channel 0's q (in bounds, times a zero delta)
     qg = tl.load(qtr + ((w >> 16) * CR)[:, None] + tl.arange(0, CR)[None, :])
     return qg * delta[:, None]
@@ -310,27 +323,30 @@ def _oaken_value_corr(ix_ptr, pp, bt_row, start, s_hi, kvh, dq, d_ok, c_ok, stri
         en = tl.load(ib + OAKEN_CAP + dq + 1, mask=lm, other=0)
         nr = tl.where(live, tl.load(ib + OAKEN_CAP + HEAD_DIM + 1), 0)  # (blk_t 0 when not live: in bounds)
         for r in range(0, nr, _OAKEN_RANKS):  # unrolled here, as the key loop
+            # each rank its own address: at one a trip with the ranks at constant offsets (the key loop's way),
+            # ptxas unrolled the smaller body 4 times with a straight-line remainder (a PTX nounroll pragma in
+            # the loop did not stop it; sm_90)
             for u in tl.static_range(_OAKEN_RANKS):
-                corr += _oaken_value_rank(ib, st + r + u, en, first, pp, c_ok, CR, BLOCK_N,
+                corr += _oaken_value_rank(ib + (st + r + u), st + r + u < en, first, pp, c_ok, CR, BLOCK_N,
                                           OAKEN_CAP + max(BLOCK_SIZE, HEAD_DIM) + 2, BLOCK_SIZE)  # fmt: skip
     return corr
 
 
 @triton.jit
-def _oaken_value_rank(ib, at, en, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr, DW: tl.constexpr,
+def _oaken_value_rank(wp, live, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr, DW: tl.constexpr,
                       BLOCK_SIZE: tl.constexpr):
-    """One rank of `_oaken_value_corr`: each channel's slot at index word `at` (none past its list's end `en`; its
-    delta at word DW + at)."""
+    """One rank of `_oaken_value_corr`: each channel's slot at index word `wp` (none where not `live`: past its
+    list's end; its delta DW words on)."""
     cr = tl.arange(0, CR)
-    w = tl.load(ib + at, mask=at < en, other=0)
+    w = tl.load(wp, mask=live, other=0)
     col = first + (w >> 16)  # the slot's token (the index word's coordinate)
     if BLOCK_N % BLOCK_SIZE == 0:  # tiles start at multiples of BLOCK_N: whole blocks, every token inside
-        delta = tl.load(ib + DW + at, mask=at < en, other=0).to(tl.float32, bitcast=True)
+        delta = tl.load(wp + DW, mask=live, other=0).to(tl.float32, bitcast=True)
         # unmasked: every row's p is in the scratch each tile (0 for rows of no query), a column in the tile
         pg = tl.load(pp + cr[:, None] + col[None, :] * CR)
     else:
-        ok = (at < en) & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
-        delta = tl.load(ib + DW + at, mask=ok, other=0).to(tl.float32, bitcast=True)
+        ok = live & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
+        delta = tl.load(wp + DW, mask=ok, other=0).to(tl.float32, bitcast=True)
         pg = tl.load(pp + cr[:, None] + col[None, :] * CR, mask=c_ok[:, None] & ok[None, :], other=0.0)
     return pg * delta[None, :]
 
@@ -860,14 +876,21 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     s = s * (q_unf[:, None] * ksc[None, :])
                     s += q_sum[:, None] * kzr[None, :]
                     if OAKEN:  # outlier positions hold code 0: the dense part has zr there
-                        kcor = _oaken_key_corr(k_res_ptr, blk, off, kvh, j_ok, qtr, stride_rb, stride_rr,
-                                               OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, CR, BLOCK_N)  # fmt: skip
+                        kcor = _oaken_key_corr(k_res_ptr, blk, off, kvh, j_ok, qtr, stride_rb, stride_rr, bt_row,
+                                               start, s_hi, OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, CR, BLOCK_N,
+                                               OAKEN_NBT)  # fmt: skip
                         if SPREAD:
                             # to the tile's rows through the scratch: an in-register spread left the softmax in a
-                            # second layout (its row reductions took ~250 more SASS a tile, sm_90)
+                            # second layout (its row reductions took ~250 more SASS a tile, sm_90). The reload
+                            # enters as the accumulator of a dot of zeros (adds exactly 0): a dot fixes its
+                            # layout, so the load's coalesced layout stops there; added to s directly, it was
+                            # propagated through the softmax, which Triton then computed twice, once in each
+                            # layout (m, p and l: a second exp2 of the tile, its row reductions and a conversion
+                            # of s through shared memory; sm_90: 1354 -> 1317 SASS a tile at the fullest lists).
                             tl.store(kp + c_at, kcor)
                             tl.debug_barrier()
-                            s += tl.load(kp + k_at)
+                            z16 = tl.zeros([BLOCK_M, 16], tl.float16)
+                            s += tl.dot(z16, tl.zeros([16, BLOCK_N], tl.float16), tl.load(kp + k_at))
                         else:
                             s += tl.trans(kcor)
                 else:

@@ -20,11 +20,12 @@ from codesign.specs import CodesignError
 BS, H, D, CAP = 4, 2, 16, 3
 
 
-def _setup(ctx, bits=4, bs=BS, cap=CAP, spikes=(5,)):
+def _setup(ctx, bits=4, bs=BS, cap=CAP, spikes=(5,), token_spikes=()):
     bt, nb = shuffled_block_tables(ctx, bs)
     xs = [(torch.randn(c, H, D), torch.randn(c, H, D)) for c in ctx]
     for k, _ in xs:
         k[:, :, list(spikes)] *= 6  # channel outliers: more outliers than slots in some blocks
+        k[[t for t in token_spikes if t < k.shape[0]]] *= 6  # token outliers: one token's many key slots
     thr = kvq.calibrate_kv_thresholds([(torch.cat([k for k, _ in xs]), torch.cat([v for _, v in xs]))], 0.05)[
         0
     ]
@@ -213,6 +214,37 @@ def padded_rows_pool(offline: bool):
         cache, bt, cl, xs, thr = _setup([11, 70, 100], bs=8, cap=12, spikes=(5, 9))
         kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
     return cache, bt, cl, kd, vd
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_kernel_key_spikes_in_later_blocks_vs_fp64(padded):
+    """Key outliers crowded on single tokens in a tile's later blocks (blocks of 8, 32-token tiles: 4 blocks a
+    tile; tokens 13, 45, 60: blocks 1, 5 and 7, none a tile's first): the key loop runs to the fullest of the
+    tile's blocks' fullest tokens (a count per block), so those tokens' ranks beyond the first block's fullest
+    are taken; decode with splits (a split ending inside a tile: its later blocks not live) and extend against
+    fp64, with and without padded rows (16-row tiles: the corrections through the program's scratch)."""
+    import dataclasses
+
+    from codesign.backend import device_view, use_device_view
+    from codesign.kernels.attention import triton_attention as ta
+
+    cache, bt, cl, xs, thr = _setup([70, 45, 61], bs=8, cap=24, spikes=(), token_spikes=(13, 45, 60))
+    kd, vd, over = _reference_pool(cache, bt, xs, thr, 4)
+    assert over == 0
+    assert ta.default_config(D, 4, ta.KV_FORMAT_OAKEN, 4, 8)["BLOCK_N"] == 32  # 4 blocks a tile
+    k_rank = cache.k_index[..., cache.capacity + 8 + 1]  # each (block, head)'s fullest token
+    assert int(k_rank[bt[0, 1]].max()) > int(k_rank[bt[0, 0]].max())  # block 1 fuller than its tile's first
+    q = torch.randn(3, 3 * H, D)
+    ref, _ = reference_attention(q, kd, vd, bt, cl, [1, 1, 1])
+    qe = torch.randn(5, 3 * H, D)
+    cu = torch.tensor([0, 3, 3, 5], dtype=torch.int32)
+    ref_e, _ = reference_attention(qe, kd, vd, bt, cl, [3, 0, 2])
+    view = dataclasses.replace(device_view("cpu"), min_dot_rows=16) if padded else device_view("cpu")
+    with use_device_view(view), use_backend("triton"):
+        for splits in (1, 3):
+            out = oaken_attention(q, cache, bt, cl, num_splits=splits)
+            assert_rel_close(out, ref, 2e-6, f"decode splits={splits}")
+        assert_rel_close(oaken_attention(qe, cache, bt, cl, cu, num_splits=2), ref_e, 2e-6, "extend")
 
 
 @pytest.mark.parametrize("offline", [False, True])
