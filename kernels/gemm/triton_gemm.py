@@ -9,7 +9,8 @@ Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), W in the native layout of `codesign.kern
 
 Launchers here assume validated, contiguous arguments (`codesign.kernels.gemm.ops` validates).
 Launch parameters come from `codesign.autotune.lookup.lookup_config` (fixed defaults when no GPU:
-the interpreter cannot time configs). Activations are converted to fp32 right after loading
+the interpreter cannot time configs; the tiled variant's default tile has 256 rows once 128-row tiles would be more
+than one wave of the GPU's SMs, `tiled_kind`). Activations are converted to fp32 right after loading
 because bf16 arithmetic is wrong in Triton's interpreter. On a GPU the tiled variant casts the matmul
 operands back to the activation dtype (exact for the activation; the dequantized weight rounds once);
 split-K meets the raw codes as fp16 with the activation rows scaled into fp16's range (exact both) and
@@ -80,6 +81,12 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # sm_80 / sm_89 / sm_90, N aligned or not (128 x 128 tiles spill 36-668 B per thread when N = 1000)
     # (`bench/lowering_report.py --arch 80/89/90`). Tuned tables may go bigger.
     "tiled": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    # The tiled variant past one wave of 128-row tiles (`tiled_kind`): 256 rows, so each dequantized weight element
+    # (a shift, mask, conversion, subtract, multiply and pack per element: most of a K step's SASS) feeds twice the
+    # MMA work. sm_90, N = K = 8192, W4A16 g128: 201 SASS a K step for 4 HGMMA (the 128-row tile: 187 for 2), 189
+    # registers, 62,464 B of shared memory, no spills; sm_80 / sm_89 (mma.sync): 242-245 registers, 65,536 B, no
+    # spills (W4A16 / W8A16, fp16 / bf16). Predicted tensor-core bound at M >= 512 (`bench/gemm_predict.py`).
+    "tiled_wide": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "scaled_mm": {
         "BLOCK_M": 128,
         "BLOCK_N": 64,
@@ -262,6 +269,30 @@ def launch_config(table_op: str, kind: str, device: torch.device, m: int, key: s
     return lookup_config(table_op, view.gpu_name, m, key, defaults[kind])
 
 
+def tiled_kind(m: int, n: int, x_dtype: torch.dtype, view: DeviceView) -> str:
+    """The tiled variant's defaults: "tiled_wide" (256-row tiles) for fp16 / bf16 activations on a GPU once the
+    128-row tiles are more than one wave (cdiv(M, 128) x cdiv(N, 128) programs > SMs, M > 128), else "tiled".
+    Within one wave the 128-row tile keeps more SMs busy (N = K = 8192, M = 256: 128 programs; 256 rows would leave
+    68 of 132 SMs idle, predicted 71.7 against 48.8 us); past it, 256 rows halve the dequantization a flop. fp32
+    activations (the correctness path, "ieee" dots) keep 128 rows: twice the shared memory and registers."""
+    tile = _GPU_DEFAULTS["tiled"]["BLOCK_M"]
+    if not view.compiled or not view.sms or x_dtype == torch.float32 or m <= tile:
+        return "tiled"
+    programs = triton.cdiv(m, tile) * triton.cdiv(n, _GPU_DEFAULTS["tiled"]["BLOCK_N"])
+    return "tiled_wide" if programs > view.sms else "tiled"
+
+
+def group_shift(group: int, k: int) -> int:
+    """s with k0 >> s the group of K offset k0 (0 <= k0 < k): log2 of a power-of-two group, else (the group is all
+    of K, per-channel) 31, so every k0 < 2^31 is in group 0. A runtime `//` cost an integer division a K step
+    (sm_90: ~15 SASS of the tiled kernel's 209)."""
+    if group & (group - 1) == 0:
+        return group.bit_length() - 1
+    if group != k:
+        raise CodesignError(f"group {group} is neither a power of two nor K = {k}")
+    return 31
+
+
 def _dot_dtype(x_dtype: torch.dtype, view: DeviceView) -> tl.dtype:
     # In the interpreter bf16 arithmetic is wrong, so the matmul runs in fp32 there.
     if x_dtype == torch.bfloat16 and not view.bf16_dot:
@@ -283,7 +314,7 @@ def _wq_kernel(
     M,
     N,
     K,
-    GROUP,
+    GROUP_SHIFT,
     K_PER_SPLIT,
     BITS: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
@@ -304,7 +335,7 @@ def _wq_kernel(
     each program the whole of K. Split-K (small M, GEMV-style): program (n-tile, k-slice, m-tile) reduces
     K_PER_SPLIT of K, so few rows still fill the GPU. With USE_ATOMIC the fp32 partial sums are
     atomically added into a zeroed fp32 output (the split-0 program adds the bias); otherwise the
-    program stores its tile.
+    program stores its tile. GROUP_SHIFT: the group of K offset k0 is k0 >> GROUP_SHIFT (`group_shift`).
     """
     if SPLITK:
         pid_k = tl.program_id(1)
@@ -327,7 +358,7 @@ def _wq_kernel(
             other=0.0,
         ).to(tl.float32)
         codes = code_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K]
-        g = k0 // GROUP  # one group per tile
+        g = k0 >> GROUP_SHIFT  # one group per tile (`group_shift`: a shift, not an integer division a K step)
         scale = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         if HAS_ZEROS:
             zero = tl.load(z_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -484,7 +515,8 @@ def wq_gemm(
     n = qweight.shape[1]
     key = wq_table_key(n, k, group)
     variant = choose_variant(m, wq_op(bits), x.device, key)
-    cfg = launch_config(wq_table_op(bits, variant), variant, x.device, m, key)
+    kind = tiled_kind(m, n, x.dtype, device_view(x.device)) if variant == "tiled" else variant
+    cfg = launch_config(wq_table_op(bits, variant), kind, x.device, m, key)
     if variant == "dequant":
         dequant_matmul(x, qweight, scales, zeros, bias, bits, group, out, cfg)
         return out
@@ -505,7 +537,7 @@ def wq_gemm(
     # zeros / bias stand-ins (scales) are never read when HAS_ZEROS / HAS_BIAS is False.
     _wq_kernel[grid](
         x, qweight, scales, scales if zeros is None else zeros, scales if bias is None else bias, dst,
-        m, n, k, group, k_per_split,
+        m, n, k, group_shift(group, k), k_per_split,
         BITS=bits, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, DOT_DTYPE=dot_dtype,
         # fp32 activations get fp32 products, as torch's fp32 matmul does: Triton's default (tf32) gave
         # 7.7e-4 relative error at K = 4096 on an H200; "ieee" passed there. It runs on the FMA units and
