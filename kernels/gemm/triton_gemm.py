@@ -57,8 +57,8 @@ SMALL_M_MAX = 16
 TORCH_PATH_MIN_M = 1024
 # At or below this M the weight-only GEMMs default to the CUDA-core GEMV (`triton_gemv`). Each row of x adds an FFMA
 # per weight while split-K's 16-row tile costs the same at M = 1-16: predicted on an H200 (bench/gemm_predict.py,
-# sm_90 SASS, untimed), N = K = 8192: GEMV / split-K 12.5 / 22.5 us at M = 1, 16.5 / 22.6 at M = 2, 24.1 / 22.6 at
-# M = 4 (int4); 18.1 / 27.0, 18.1 / 26.5, 23.6 / 26.6 (int8). A tuned variant table overrides it.
+# sm_90 SASS, untimed), N = K = 8192: GEMV / split-K 12.5 / 20.9 us at M = 1, 16.5 / 21.2 at M = 2, 24.1 / 21.2 at
+# M = 4 (int4); 18.1 / 25.9, 18.1 / 26.1, 23.6 / 26.1 (int8). A tuned variant table overrides it.
 GEMV_MAX_M = 2
 WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
 # At or below this M the W8A8 / FP8 GEMMs default to the fused-quantizer kernel (`triton_fusedq`): one launch
@@ -84,10 +84,10 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # (`bench/lowering_report.py --arch 80/89/90`). Tuned tables may go bigger.
     "tiled": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     # The tiled variant past one wave of 128-row tiles (`tiled_kind`): 256 rows, so each dequantized weight element
-    # (a shift, mask, conversion, subtract, multiply and pack per element: most of a K step's SASS) feeds twice the
-    # MMA work. sm_90, N = K = 8192, W4A16 g128: 201 SASS a K step for 4 HGMMA (the 128-row tile: 187 for 2), 189
-    # registers, 62,464 B of shared memory, no spills; sm_80 / sm_89 (mma.sync): 242-245 registers, 65,536 B, no
-    # spills (W4A16 / W8A16, fp16 / bf16). Predicted tensor-core bound at M >= 512 (`bench/gemm_predict.py`).
+    # (its unpack and dequantization are most of a K step's SASS) feeds twice the MMA work. sm_90, N = K = 8192, bf16:
+    # W4A16 g128 172 SASS a K step for 4 HGMMA (the 128-row tile: 157 for 2), 183 registers, 62,464 B of shared
+    # memory; W8A16 190, 184, 66,048 B; no spills. sm_80 / sm_89 (mma.sync): 239-245 registers, 65,536 B, no spills
+    # (W4A16 / W8A16, fp16 / bf16). Predicted tensor-core bound from M = 512 (`bench/gemm_predict.py`).
     "tiled_wide": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "scaled_mm": {
         "BLOCK_M": 128,
@@ -275,7 +275,7 @@ def tiled_kind(m: int, n: int, x_dtype: torch.dtype, view: DeviceView) -> str:
     """The tiled variant's defaults: "tiled_wide" (256-row tiles) for fp16 / bf16 activations on a GPU once the
     128-row tiles are more than one wave (cdiv(M, 128) x cdiv(N, 128) programs > SMs, M > 128), else "tiled".
     Within one wave the 128-row tile keeps more SMs busy (N = K = 8192, M = 256: 128 programs; 256 rows would leave
-    68 of 132 SMs idle, predicted 71.7 against 48.8 us); past it, 256 rows halve the dequantization a flop. fp32
+    68 of 132 SMs idle, predicted 71.7 against 41.0 us); past it, 256 rows halve the dequantization a flop. fp32
     activations (the correctness path, "ieee" dots) keep 128 rows: twice the shared memory and registers."""
     tile = _GPU_DEFAULTS["tiled"]["BLOCK_M"]
     if not view.compiled or not view.sms or x_dtype == torch.float32 or m <= tile:
