@@ -85,8 +85,8 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     "tiled": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     # The tiled variant past one wave of 128-row tiles (`tiled_kind`): 256 rows, so each dequantized weight element
     # (its unpack and dequantization are most of a K step's SASS) feeds twice the MMA work. sm_90, N = K = 8192, bf16:
-    # W4A16 g128 172 SASS a K step for 4 HGMMA (the 128-row tile: 157 for 2), 183 registers, 62,464 B of shared
-    # memory; W8A16 190, 184, 66,048 B; no spills. sm_80 / sm_89 (mma.sync): 239-245 registers, 65,536 B, no spills
+    # W4A16 g128 169 SASS a K step for 4 HGMMA (the 128-row tile: 155 for 2), 185 registers, 62,464 B of shared
+    # memory; W8A16 188, 186, 66,048 B; no spills. sm_80 / sm_89 (mma.sync): 239-245 registers, 65,536 B, no spills
     # (W4A16 / W8A16, fp16 / bf16). Predicted tensor-core bound from M = 512 (`bench/gemm_predict.py`).
     "tiled_wide": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "scaled_mm": {
@@ -275,7 +275,7 @@ def tiled_kind(m: int, n: int, x_dtype: torch.dtype, view: DeviceView) -> str:
     """The tiled variant's defaults: "tiled_wide" (256-row tiles) for fp16 / bf16 activations on a GPU once the
     128-row tiles are more than one wave (cdiv(M, 128) x cdiv(N, 128) programs > SMs, M > 128), else "tiled".
     Within one wave the 128-row tile keeps more SMs busy (N = K = 8192, M = 256: 128 programs; 256 rows would leave
-    68 of 132 SMs idle, predicted 71.7 against 41.0 us); past it, 256 rows halve the dequantization a flop. fp32
+    68 of 132 SMs idle, predicted 71.7 against 40.5 us); past it, 256 rows halve the dequantization a flop. fp32
     activations (the correctness path, "ieee" dots) keep 128 rows: twice the shared memory and registers."""
     tile = _GPU_DEFAULTS["tiled"]["BLOCK_M"]
     if not view.compiled or not view.sms or x_dtype == torch.float32 or m <= tile:
@@ -395,7 +395,7 @@ def _wq_kernel(
             # OR'd into the exponent of BASE (fp16 1024, bf16 128) is BASE + c by its bit pattern, and BASE + z is
             # exact too (integer zeros <= 2^bits), so one packed subtract gives c - z exactly and one packed multiply
             # rounds (c - z) s once, as the fp32 path's single rounding of its exact product does: the same bits.
-            # sm_90, 128 x 128 x 32, W4A16 bf16: 157 SASS a K step against 187 (16 I2FP, FADD, FMUL, 8 F2FP gone).
+            # sm_90, 128 x 128 x 32, W4A16 bf16: 155 SASS a K step against 187 (16 I2FP, FADD, FMUL, 8 F2FP gone).
             BASE: tl.constexpr = 1024.0 if DOT_DTYPE == tl.float16 else 128.0
             wq = (codes | (0x6400 if DOT_DTYPE == tl.float16 else 0x4300)).to(tl.int16).to(DOT_DTYPE, bitcast=True)
             wh = (wq - (zero + BASE).to(DOT_DTYPE)[:, None]) * scale.to(DOT_DTYPE)[:, None]
@@ -575,6 +575,9 @@ def wq_gemm(
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 1),
         SPLITK=variant == "splitk", USE_ATOMIC=split > 1, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         MAGIC_DQ=variant == "tiled" and magic_dequant(bits, scales.dtype, dot_dtype),
+        # The tiled kernel may take every register: with only `.reqntid 256` ptxas aimed at 128 registers (two programs
+        # an SM) on sm_80 and spilled 20 B for the symmetric W4A16 tile (150 registers, no spill with the limit).
+        maxnreg=255 if variant == "tiled" else None,
     )  # fmt: skip
     if dst is not out:
         out.copy_(dst)
