@@ -9,9 +9,12 @@ Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), W in the native layout of `codesign.kern
 
 Launchers here assume validated, contiguous arguments (`codesign.kernels.gemm.ops` validates).
 Launch parameters come from `codesign.autotune.lookup.lookup_config` (fixed defaults when no GPU:
-the interpreter cannot time configs). Activations are converted to fp32 right after loading
+the interpreter cannot time configs; the tiled variant's default tile has 256 rows once 128-row tiles would be more
+than one wave of the GPU's SMs, `tiled_kind`). Activations are converted to fp32 right after loading
 because bf16 arithmetic is wrong in Triton's interpreter. On a GPU the tiled variant casts the matmul
-operands back to the activation dtype (exact for the activation; the dequantized weight rounds once);
+operands back to the activation dtype (exact for the activation; the dequantized weight rounds once; where the
+scales are of that 16-bit type, fp16 or 4-bit bf16, it dequantizes by bit patterns and packed 16-bit arithmetic
+to the same bits, `magic_dequant`);
 split-K meets the raw codes as fp16 with the activation rows scaled into fp16's range (exact both) and
 applies each group's scale and zero per output element (`_wq_kernel`).
 """
@@ -56,8 +59,8 @@ SMALL_M_MAX = 16
 TORCH_PATH_MIN_M = 1024
 # At or below this M the weight-only GEMMs default to the CUDA-core GEMV (`triton_gemv`). Each row of x adds an FFMA
 # per weight while split-K's 16-row tile costs the same at M = 1-16: predicted on an H200 (bench/gemm_predict.py,
-# sm_90 SASS, untimed), N = K = 8192: GEMV / split-K 12.5 / 22.5 us at M = 1, 16.5 / 22.6 at M = 2, 24.1 / 22.6 at
-# M = 4 (int4); 18.1 / 27.0, 18.1 / 26.5, 23.6 / 26.6 (int8). A tuned variant table overrides it.
+# sm_90 SASS, untimed), N = K = 8192: GEMV / split-K 12.5 / 20.9 us at M = 1, 16.5 / 21.2 at M = 2, 24.1 / 21.2 at
+# M = 4 (int4); 18.1 / 25.9, 18.1 / 26.1, 23.6 / 26.1 (int8). A tuned variant table overrides it.
 GEMV_MAX_M = 2
 WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
 # At or below this M the W8A8 / FP8 GEMMs default to the fused-quantizer kernel (`triton_fusedq`): one launch
@@ -82,6 +85,12 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # sm_80 / sm_89 / sm_90, N aligned or not (128 x 128 tiles spill 36-668 B per thread when N = 1000)
     # (`bench/lowering_report.py --arch 80/89/90`). Tuned tables may go bigger.
     "tiled": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    # The tiled variant past one wave of 128-row tiles (`tiled_kind`): 256 rows, so each dequantized weight element
+    # (its unpack and dequantization are most of a K step's SASS) feeds twice the MMA work. sm_90, N = K = 8192, bf16:
+    # W4A16 g128 169 SASS a K step for 4 HGMMA (the 128-row tile: 155 for 2), 185 registers, 62,464 B of shared
+    # memory; W8A16 188, 186, 66,048 B; no spills. sm_80 / sm_89 (mma.sync): 239-245 registers, 65,536 B, no spills
+    # (W4A16 / W8A16, fp16 / bf16). Predicted tensor-core bound from M = 512 (`bench/gemm_predict.py`).
+    "tiled_wide": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "scaled_mm": {
         "BLOCK_M": 128,
         "BLOCK_N": 64,
@@ -264,6 +273,42 @@ def launch_config(table_op: str, kind: str, device: torch.device, m: int, key: s
     return lookup_config(table_op, view.gpu_name, m, key, defaults[kind])
 
 
+def tiled_kind(m: int, n: int, x_dtype: torch.dtype, view: DeviceView) -> str:
+    """The tiled variant's defaults: "tiled_wide" (256-row tiles) for fp16 / bf16 activations on a GPU once the
+    128-row tiles are more than one wave (cdiv(M, 128) x cdiv(N, 128) programs > SMs, M > 128), else "tiled".
+    Within one wave the 128-row tile keeps more SMs busy (N = K = 8192, M = 256: 128 programs; 256 rows would leave
+    68 of 132 SMs idle, predicted 71.7 against 40.5 us); past it, 256 rows halve the dequantization a flop. fp32
+    activations (the correctness path, "ieee" dots) keep 128 rows: twice the shared memory and registers."""
+    tile = _GPU_DEFAULTS["tiled"]["BLOCK_M"]
+    if not view.compiled or not view.sms or x_dtype == torch.float32 or m <= tile:
+        return "tiled"
+    programs = triton.cdiv(m, tile) * triton.cdiv(n, _GPU_DEFAULTS["tiled"]["BLOCK_N"])
+    return "tiled_wide" if programs > view.sms else "tiled"
+
+
+def magic_dequant(bits: int, scale_dtype: torch.dtype, dot_dtype: tl.dtype) -> bool:
+    """Whether the tiled kernel dequantizes in the dot's 16-bit type by bit patterns (`_wq_kernel`, MAGIC_DQ) rather
+    than in fp32 (an I2FP conversion per element). The same bits where: the scales are already of that type (so
+    the fp32 product (c - z) s is exact and rounds once, as the 16-bit multiply does); BASE + c and BASE + z are
+    exact (fp16, BASE 1024: codes and zeros <= 256; bf16, BASE 128, 7 mantissa bits: 4-bit codes only, zeros <= 16);
+    zeros are integers (the format's, `formats.validate_quantized_weight`). bf16 runs it only where a GPU computes
+    bf16 (the interpreter's dot is fp32 there: `_dot_dtype`)."""
+    if dot_dtype == tl.float16:
+        return scale_dtype == torch.float16
+    return dot_dtype == tl.bfloat16 and scale_dtype == torch.bfloat16 and bits == 4
+
+
+def group_shift(group: int, k: int) -> int:
+    """s with k0 >> s the group of K offset k0 (0 <= k0 < k): log2 of a power-of-two group, else (the group is all
+    of K, per-channel) 31, so every k0 < 2^31 is in group 0. A runtime `//` cost an integer division a K step
+    (sm_90: 22 of the tiled kernel's 209 SASS a K step)."""
+    if group & (group - 1) == 0:
+        return group.bit_length() - 1
+    if group != k:
+        raise CodesignError(f"group {group} is neither a power of two nor K = {k}")
+    return 31
+
+
 def _dot_dtype(x_dtype: torch.dtype, view: DeviceView) -> tl.dtype:
     # In the interpreter bf16 arithmetic is wrong, so the matmul runs in fp32 there.
     if x_dtype == torch.bfloat16 and not view.bf16_dot:
@@ -285,7 +330,7 @@ def _wq_kernel(
     M,
     N,
     K,
-    GROUP,
+    GROUP_SHIFT,
     K_PER_SPLIT,
     BITS: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
@@ -299,6 +344,7 @@ def _wq_kernel(
     SPLITK: tl.constexpr,
     USE_ATOMIC: tl.constexpr,
     F16_CODES: tl.constexpr = False,
+    MAGIC_DQ: tl.constexpr = False,
 ):
     """Weight-only GEMM: one [BLOCK_M, BLOCK_N] output tile over a K range per program.
 
@@ -306,7 +352,7 @@ def _wq_kernel(
     each program the whole of K. Split-K (small M, GEMV-style): program (n-tile, k-slice, m-tile) reduces
     K_PER_SPLIT of K, so few rows still fill the GPU. With USE_ATOMIC the fp32 partial sums are
     atomically added into a zeroed fp32 output (the split-0 program adds the bias); otherwise the
-    program stores its tile.
+    program stores its tile. GROUP_SHIFT: the group of K offset k0 is k0 >> GROUP_SHIFT (`group_shift`).
     """
     if SPLITK:
         pid_k = tl.program_id(1)
@@ -329,7 +375,7 @@ def _wq_kernel(
             other=0.0,
         ).to(tl.float32)
         codes = code_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K]
-        g = k0 // GROUP  # one group per tile
+        g = k0 >> GROUP_SHIFT  # one group per tile (`group_shift`: a shift, not an integer division a K step)
         scale = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         if HAS_ZEROS:
             zero = tl.load(z_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -346,6 +392,16 @@ def _wq_kernel(
             x_f, x_unf = pow2_scale(tl.max(tl.abs(x), 1), 14)
             xc = tl.dot((x * x_f[:, None]).to(tl.float16), tl.trans(codes_f16(codes))) * x_unf[:, None]
             acc += (xc - tl.sum(x, 1)[:, None] * zero[None, :]) * scale[None, :]
+        elif MAGIC_DQ:
+            # The weight tile in the dot's 16-bit type without a conversion per element (`magic_dequant`): the code
+            # OR'd into the exponent of BASE (fp16 1024, bf16 128) is BASE + c by its bit pattern, and BASE + z is
+            # exact too (integer zeros <= 2^bits), so one packed subtract gives c - z exactly and one packed multiply
+            # rounds (c - z) s once, as the fp32 path's single rounding of its exact product does: the same bits.
+            # sm_90, 128 x 128 x 32, W4A16 bf16: 155 SASS a K step against 187 (16 I2FP, FADD, FMUL, 8 F2FP gone).
+            BASE: tl.constexpr = 1024.0 if DOT_DTYPE == tl.float16 else 128.0
+            wq = (codes | (0x6400 if DOT_DTYPE == tl.float16 else 0x4300)).to(tl.int16).to(DOT_DTYPE, bitcast=True)
+            wh = (wq - (zero + BASE).to(DOT_DTYPE)[:, None]) * scale.to(DOT_DTYPE)[:, None]
+            acc += tl.dot(x.to(DOT_DTYPE), tl.trans(wh), input_precision=DOT_PREC)
         else:
             w = (codes.to(tl.float32) - zero[:, None]) * scale[:, None]
             acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), input_precision=DOT_PREC)
@@ -492,7 +548,8 @@ def wq_gemm(
     n = qweight.shape[1]
     key = wq_table_key(n, k, group)
     variant = choose_variant(m, wq_op(bits), x.device, key)
-    cfg = launch_config(wq_table_op(bits, variant), variant, x.device, m, key)
+    kind = tiled_kind(m, n, x.dtype, device_view(x.device)) if variant == "tiled" else variant
+    cfg = launch_config(wq_table_op(bits, variant), kind, x.device, m, key)
     if variant == "dequant":
         dequant_matmul(x, qweight, scales, zeros, bias, bits, group, out, cfg)
         return out
@@ -513,7 +570,7 @@ def wq_gemm(
     # zeros / bias stand-ins (scales) are never read when HAS_ZEROS / HAS_BIAS is False.
     _wq_kernel[grid](
         x, qweight, scales, scales if zeros is None else zeros, scales if bias is None else bias, dst,
-        m, n, k, group, k_per_split,
+        m, n, k, group_shift(group, k), k_per_split,
         BITS=bits, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, DOT_DTYPE=dot_dtype,
         # fp32 activations get fp32 products, as torch's fp32 matmul does: Triton's default (tf32) gave
         # 7.7e-4 relative error at K = 4096 on an H200; "ieee" passed there. It runs on the FMA units and
@@ -525,6 +582,10 @@ def wq_gemm(
         F16_CODES=variant == "splitk" and dot_dtype in (tl.float16, tl.bfloat16),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 1),
         SPLITK=variant == "splitk", USE_ATOMIC=split > 1, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        MAGIC_DQ=variant == "tiled" and magic_dequant(bits, scales.dtype, dot_dtype),
+        # The tiled kernel may take every register: with only `.reqntid 256` ptxas aimed at 128 registers (two programs
+        # an SM) on sm_80 and spilled 20 B for the symmetric W4A16 tile (150 registers, no spill with the limit).
+        maxnreg=255 if variant == "tiled" else None,
     )  # fmt: skip
     if dst is not out:
         out.copy_(dst)

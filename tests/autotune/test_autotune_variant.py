@@ -221,6 +221,7 @@ def test_weight_only_kernel_lowers_for_sm90_in_both_variants():
     )
     variants = [
         {**common, "BLOCK_M": 64, "SPLITK": False, "USE_ATOMIC": False},
+        {**common, "BLOCK_M": 64, "SPLITK": False, "USE_ATOMIC": False, "MAGIC_DQ": True},
         {**common, "BLOCK_M": 16, "SPLITK": True, "USE_ATOMIC": True, "types": {"out_ptr": "*fp32"}},
     ]
     assert_lowers_for_gpu("codesign.kernels.gemm.triton_gemm:_wq_kernel", types, variants)
