@@ -58,7 +58,7 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     k, n = codes.shape
     if k % p:
         raise CodesignError(f"K={k} must be divisible by {p} to pack {bits}-bit codes into int32")
-    if codes.numel() and (codes.min() < 0 or codes.max() >= (1 << bits)):
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= (1 << bits)):  # as ints: uint8 wraps 256 to 0
         raise CodesignError(f"codes must lie in [0, {1 << bits}), got [{int(codes.min())}, {int(codes.max())}]")
     # Built byte by byte (a word's byte j is its bits 8j .. 8j + 7 on the little-endian hosts torch runs on): the
     # int64 shifts and sums this replaces took seconds a layer on a CPU.
@@ -245,7 +245,7 @@ def quantize_rtn(
         s32 = s.float()
         if not torch.isfinite(s32).all():
             raise CodesignError(f"a scale overflows {scale_dtype}: use a wider scale_dtype")
-        codes = (wg / s32).round().clamp(-qmax, qmax) + (1 << (bits - 1))
+        codes = (wg / s32).round_().clamp_(-qmax, qmax).add_(1 << (bits - 1))  # in place: weight-sized passes
         zeros = None
     else:
         top = (1 << bits) - 1
@@ -257,10 +257,9 @@ def quantize_rtn(
         if not torch.isfinite(s32).all():
             raise CodesignError(f"a scale overflows {scale_dtype}: use a wider scale_dtype")
         z = (-lo / s32).round().clamp(0, top)
-        codes = ((wg / s32).round() + z).clamp(0, top)
+        codes = (wg / s32).round_().add_(z).clamp_(0, top)
         zeros = z.reshape(n, k // g).t().contiguous().to(scale_dtype)
-    codes = codes.reshape(n, k).to(torch.int64)
-    qweight = pack_codes(codes.t().contiguous(), bits)
+    qweight = pack_codes(codes.reshape(n, k).to(torch.uint8).t(), bits)  # codes in [0, 2^bits): exact in uint8
     scales = s.reshape(n, k // g).t().contiguous()
     return QuantizedWeight(qweight, scales, zeros, dtype, group_size, n, k)
 
