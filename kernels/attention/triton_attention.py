@@ -887,10 +887,16 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                             # propagated through the softmax, which Triton then computed twice, once in each
                             # layout (m, p and l: a second exp2 of the tile, its row reductions and a conversion
                             # of s through shared memory; sm_90: 1354 -> 1317 SASS a tile at the fullest lists).
+                            # Only on 64-token tiles: on 32-token tiles of 8 warps (blocks of 16, fp32 queries) the
+                            # dot's layout made ptxas spill (sm_80 fp16: 128 registers, 16 B; sm_90 fp32: 56 B),
+                            # where the plain add did not.
                             tl.store(kp + c_at, kcor)
                             tl.debug_barrier()
-                            z16 = tl.zeros([BLOCK_M, 16], tl.float16)
-                            s += tl.dot(z16, tl.zeros([16, BLOCK_N], tl.float16), tl.load(kp + k_at))
+                            if BLOCK_N >= 64:
+                                z16 = tl.zeros([BLOCK_M, 16], tl.float16)
+                                s += tl.dot(z16, tl.zeros([16, BLOCK_N], tl.float16), tl.load(kp + k_at))
+                            else:
+                                s += tl.load(kp + k_at)
                         else:
                             s += tl.trans(kcor)
                 else:

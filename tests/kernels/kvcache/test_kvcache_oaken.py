@@ -10,6 +10,7 @@ import torch
 from helpers import assert_rel_close, seq_slots, shuffled_block_tables
 from paged_attention_ref import reference_attention
 
+from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
 from codesign.kernels.attention.quantized import oaken_attention
 from codesign.kernels.attention.tree import build_tree_batch
@@ -216,13 +217,15 @@ def padded_rows_pool(offline: bool):
     return cache, bt, cl, kd, vd
 
 
+@pytest.mark.parametrize("tile", [32, 64])
 @pytest.mark.parametrize("padded", [False, True])
-def test_kernel_key_spikes_in_later_blocks_vs_fp64(padded):
+def test_kernel_key_spikes_in_later_blocks_vs_fp64(padded, tile):
     """Key outliers crowded on single tokens in a tile's later blocks (blocks of 8, 32-token tiles: 4 blocks a
     tile; tokens 13, 45, 60: blocks 1, 5 and 7, none a tile's first): the key loop runs to the fullest of the
     tile's blocks' fullest tokens (a count per block), so those tokens' ranks beyond the first block's fullest
     are taken; decode with splits (a split ending inside a tile: its later blocks not live) and extend against
-    fp64, with and without padded rows (16-row tiles: the corrections through the program's scratch)."""
+    fp64, with and without padded rows (16-row tiles: the corrections through the program's scratch; 64-token
+    tiles reload them through a dot of zeros, 32-token tiles by a plain add)."""
     import dataclasses
 
     from codesign.backend import device_view, use_device_view
@@ -240,7 +243,8 @@ def test_kernel_key_spikes_in_later_blocks_vs_fp64(padded):
     cu = torch.tensor([0, 3, 3, 5], dtype=torch.int32)
     ref_e, _ = reference_attention(qe, kd, vd, bt, cl, [3, 0, 2])
     view = dataclasses.replace(device_view("cpu"), min_dot_rows=16) if padded else device_view("cpu")
-    with use_device_view(view), use_backend("triton"):
+    op = ta.table_op(ta.KV_FORMAT_OAKEN, 4)
+    with use_device_view(view), use_backend("triton"), forced_config(op, {"BLOCK_N": tile}):
         for splits in (1, 3):
             out = oaken_attention(q, cache, bt, cl, num_splits=splits)
             assert_rel_close(out, ref, 2e-6, f"decode splits={splits}")
