@@ -51,3 +51,14 @@ def div_by_recip(x, s, y):
     q1 = tl.fma(tl.fma(-s, q0, x), y, q0)
     q2 = tl.fma(tl.fma(-s, q1, x), y, q1)
     return tl.where(q0 == 0.0, q0, q2)
+
+
+@triton.jit
+def div_rn_shared(x, s, y, shared):
+    """x / s correctly rounded, as `tl.math.div_rn(x, s)` gives it: by `div_by_recip` where `shared` (a scalar: every
+    divisor here `shared_divisor_ok`), else by `div_rn` itself (a uniform branch)."""
+    if shared:
+        q = div_by_recip(x, s, y)
+    else:
+        q = tl.math.div_rn(x, s)
+    return q

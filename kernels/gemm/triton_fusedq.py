@@ -31,7 +31,7 @@ from codesign.kernels.gemm.triton_parts import (
     w_strides,
 )
 from codesign.kernels.triton_codes import opaque_bytes
-from codesign.kernels.triton_div import div_by_recip, recip_rn, shared_divisor_ok
+from codesign.kernels.triton_div import div_rn_shared, recip_rn, shared_divisor_ok
 
 
 @triton.jit
@@ -88,11 +88,8 @@ def _fusedq_kernel(
         mask_k = offs_k < K
         x = tl.load(rows + offs_k[None, :], mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
         # Masked lanes load 0 and quantize to code 0, so the dot needs no select on A.
-        if shared:  # `_act_quant_kernel`'s IEEE division, bit for bit (`triton_div`)
-            q = div_by_recip(x, s[:, None], y[:, None])
-        else:
-            q = tl.math.div_rn(x, s[:, None])
-        v = tl.minimum(tl.maximum(q, -QMAX), QMAX)
+        # `_act_quant_kernel`'s IEEE division, bit for bit (`triton_div`)
+        v = tl.minimum(tl.maximum(div_rn_shared(x, s[:, None], y[:, None], shared), -QMAX), QMAX)
         if IS_FP8:
             a = _rows_to_tile(opaque_bytes(quantize_codes(v, True, INTERPRETED), INTERPRETED), BLOCK_M)
             wmask = mask_k[:, None] & mask_n[None, :]

@@ -45,7 +45,7 @@ from codesign.kernels.gemm.triton_parts import (
     w_strides,
 )
 from codesign.kernels.triton_codes import codes_f16, pow2_scale
-from codesign.kernels.triton_div import div_by_recip, recip_rn, shared_divisor_ok
+from codesign.kernels.triton_div import div_rn_shared, recip_rn, shared_divisor_ok
 from codesign.specs import CodesignError
 
 # Without a tuned variant table, M at or below this runs the split-K kernel: decode batches read the
@@ -445,12 +445,8 @@ def _act_quant_kernel(
     for k0 in range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * K + offs, mask=offs < K, other=0.0).to(tl.float32)
-        # IEEE division (bit-exact codes), by the row's reciprocal where that is exact (`triton_div`), a uniform branch
-        if shared:
-            q = div_by_recip(x, s, y)
-        else:
-            q = tl.math.div_rn(x, s)
-        v = tl.minimum(tl.maximum(q, -QMAX), QMAX)
+        # IEEE division (bit-exact codes), by the row's reciprocal where that is exact (`triton_div`)
+        v = tl.minimum(tl.maximum(div_rn_shared(x, s, y, shared), -QMAX), QMAX)
         tl.store(q_ptr + row * K + offs, quantize_codes(v, IS_FP8, INTERPRETED), mask=offs < K)
     tl.store(s_ptr + row, s)
 

@@ -63,11 +63,17 @@ def code_tile_nk(qw_ptr, k0, offs_n, N, K, BITS: tl.constexpr, BLOCK_K: tl.const
     meets tl.dot transposed through a vectorized layout conversion. Unpacking along K as the major axis (a
     [K, N] tile) would move each code to the matrix unit by one 16-bit shared-memory store. k0 and K are
     multiples of P (packing needs K % P == 0)."""
-    P: tl.constexpr = 32 // BITS
-    kw = k0 // P + tl.arange(0, BLOCK_K // P)
-    words = tl.load(qw_ptr + kw[None, :] * N + offs_n[:, None], mask=(offs_n < N)[:, None] & (kw * P < K)[None, :],
-                    other=0)  # fmt: skip
+    words = _word_tile(qw_ptr, k0, offs_n, N, K, 32 // BITS, BLOCK_K, 0)
     return tl.reshape(unpack_words(words, BITS), (offs_n.shape[0], BLOCK_K))
+
+
+@triton.jit
+def _word_tile(qw_ptr, k0, offs_n, N, K, P: tl.constexpr, BLOCK_K: tl.constexpr, OTHER: tl.constexpr):
+    """The [BLOCK_N, BLOCK_K / P] packed words holding codes k0 .. k0 + BLOCK_K of columns offs_n; OTHER outside N
+    and K."""
+    kw = k0 // P + tl.arange(0, BLOCK_K // P)
+    return tl.load(qw_ptr + kw[None, :] * N + offs_n[:, None], mask=(offs_n < N)[:, None] & (kw * P < K)[None, :],
+                   other=OTHER)  # fmt: skip
 
 
 @triton.jit
@@ -76,9 +82,7 @@ def int8_tile_nk(qw_ptr, k0, offs_n, N, K, BLOCK_K: tl.constexpr):
     outside N and K: each word XOR 0x80808080 holds its four codes in two's complement (c ^ 0x80 = c - 128 in a
     byte), so a byte truncated to int8 is the signed code, and out-of-range words load as 0x80808080 to become 0.
     No subtract or select an element (as `code_tile_nk`'s codes - 128 under a mask took)."""
-    kw = k0 // 4 + tl.arange(0, BLOCK_K // 4)
-    mask = (offs_n < N)[:, None] & (kw * 4 < K)[None, :]
-    words = tl.load(qw_ptr + kw[None, :] * N + offs_n[:, None], mask=mask, other=-2139062144) ^ -2139062144
+    words = _word_tile(qw_ptr, k0, offs_n, N, K, 4, BLOCK_K, -2139062144) ^ -2139062144  # 0x80808080
     b0 = tl.join((words << 24) >> 24, (words << 8) >> 24)  # bytes 0 and 2, sign-extended
     b1 = tl.join((words << 16) >> 24, words >> 24)  # bytes 1 and 3
     return tl.reshape(tl.join(b0, b1), (offs_n.shape[0], BLOCK_K)).to(tl.int8)  # [.., a, b] = byte 2a + b
