@@ -101,6 +101,7 @@ def _kernels(weight, fp8_ok: bool, cupy_ok: bool, act: str = "bf16") -> dict[str
     w4 = qf.quantize_rtn(weight, "int4", 128, False, torch_dtype(act))
     w8 = qf.quantize_rtn(weight, "int8", None, True, torch_dtype(act))
     w8a8 = qf.quantize_rtn(weight, "int8", None, True, torch_dtype("fp32"))
+    w8a8_kn = qf.int8_codes_nk(w8a8.qweight).t()  # signed codes, K contiguous: what `QuantLinear` keeps
     out: dict[str, Any] = {
         "w4a16_g128": (
             WeightFormat("int4", 128, False, act),
@@ -112,7 +113,7 @@ def _kernels(weight, fp8_ok: bool, cupy_ok: bool, act: str = "bf16") -> dict[str
         "w8a8_int8": (
             WeightFormat("int8", None, True, "fp32"),
             "int8",
-            lambda x: qg.quant_matmul(x, w8a8, act_quant=True),
+            lambda x: qg.w8a8_gemm(x, w8a8_kn, w8a8.scales, None),
             w8a8,
         ),
     }

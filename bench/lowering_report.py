@@ -126,9 +126,14 @@ def _quant_gemm_cases(mods: dict, arch: int) -> Iterator[Case]:
                         yield ("quant_gemm", label, _skip("FP8 needs sm_89+"))
                         continue
 
-                    def call(m=m, k=k, make_w=make_w, act_quant=act_quant):
+                    def call(m=m, k=k, make_w=make_w, act_quant=act_quant, kname=kname):
                         x = torch.zeros(m, k, dtype=torch.bfloat16)
-                        qg.quant_matmul(x, make_w(), act_quant=act_quant)
+                        w = make_w()
+                        if kname == "w8a8_int8":  # signed codes, K contiguous: what `QuantLinear` runs
+                            codes = torch.empty(w.N, w.K, dtype=torch.int8).t()
+                            qg.w8a8_gemm(x, codes, w.scales, None)
+                        else:
+                            qg.quant_matmul(x, w, act_quant=act_quant)
 
                     yield ("quant_gemm", label, call)
 

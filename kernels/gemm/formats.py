@@ -23,6 +23,11 @@ contiguous [N, K] (K contiguous): Hopper's 8-bit warpgroup MMA reads its operand
 layout streams into shared memory by asynchronous copies (a row-major [K, N] weight is transposed through
 registers every K step). A contiguous [K, N] is still accepted.
 
+W8A8 (int8 weights, int8 activations; per-channel symmetric) also runs from signed int8 codes [K, N] (code - 128,
+`int8_codes_nk`): the [K, N] view of a contiguous [N, K], as `QuantLinear` stores them, for the reason FP8's are
+K contiguous, and because torch's `_int_mm` and TMA read that layout as it is (from packed words they need an [N, K]
+copy: a second weight). `pack_int8_codes` packs them back.
+
 An optional `perm` (int64 [K]) records a K permutation (GPTQ act-order): the layer computes
 X[:, perm] @ W_native^T, where W_native is stored in the permuted K order.
 """
@@ -83,6 +88,23 @@ def unpack_codes_u8(qweight: torch.Tensor, bits: int) -> torch.Tensor:
 def unpack_codes(qweight: torch.Tensor, bits: int) -> torch.Tensor:
     """Inverse of `pack_codes`: int32 [K / P, N] -> int64 codes [K, N] in [0, 2**bits)."""
     return unpack_codes_u8(qweight, bits).to(torch.int64)
+
+
+def int8_codes_nk(qweight: torch.Tensor) -> torch.Tensor:
+    """Signed int8 codes [N, K] (code - 128, K contiguous) of the native int8 words [K / 4, N] (offset binary, byte j
+    of word (i, n) is k = 4i + j); `.t()` of it is what the W8A8 op takes."""
+    if qweight.dtype != torch.int32 or qweight.dim() != 2:
+        raise CodesignError(f"qweight must be a 2-D int32 tensor, got {qweight.dtype} {tuple(qweight.shape)}")
+    k4, n = qweight.shape
+    codes = qweight.contiguous().view(torch.uint8).view(k4, n, 4).permute(1, 0, 2).reshape(n, 4 * k4)
+    return (codes ^ 0x80).view(torch.int8)  # c ^ 0x80 is c - 128 in two's complement
+
+
+def pack_int8_codes(codes_kn: torch.Tensor) -> torch.Tensor:
+    """Inverse of `int8_codes_nk`: signed int8 codes [K, N] (any strides) -> the native words [K / 4, N]."""
+    if codes_kn.dtype != torch.int8 or codes_kn.dim() != 2:
+        raise CodesignError(f"codes must be a 2-D int8 tensor [K, N], got {codes_kn.dtype} {tuple(codes_kn.shape)}")
+    return pack_codes(codes_kn.view(torch.uint8) ^ 0x80, 8)
 
 
 @dataclass(frozen=True, eq=False)

@@ -72,10 +72,13 @@ def _quantize_weight(weight: torch.Tensor, config: QuantConfig) -> tuple[qf.Quan
 class QuantLinear(nn.Module):
     """y = x @ W^T + b with W stored quantized; a drop-in replacement for nn.Linear.
 
-    Buffers: qweight, scales, zeros (or None), perm (or None), bias (or None). fp8 codes are kept
-    as an int8 view so that `module.half()`/`.to(dtype)` cannot convert them, as [N, K] (nn.Linear's
-    orientation, K contiguous: what Hopper's 8-bit MMA streams; the ops get its [K, N] view); scales and zeros
-    are metadata and keep their dtype only if you quantize after casting the model (quantize last).
+    Buffers: qweight, scales, zeros (or None), perm (or None), bias (or None). 8-bit codes that meet 8-bit
+    activations (W8A8 and fp8) are kept as int8 [N, K] (nn.Linear's orientation, K contiguous: what Hopper's 8-bit
+    MMA streams and torch's `_int_mm` / `_scaled_mm` and TMA read with no copy; the ops get its [K, N] view): W8A8's
+    as signed codes (`formats.int8_codes_nk`), fp8's as an int8 view so that `module.half()`/`.to(dtype)` cannot
+    convert them. Weight-only codes keep the packed native layout. Scales and zeros are metadata and keep their
+    dtype only if you quantize after casting the model (quantize last). A W8A8 state dict saved with packed int32
+    words (before the signed layout) still loads: `load_state_dict` converts it.
     """
 
     def __init__(self, weight: qf.QuantizedWeight, bias: torch.Tensor | None = None, act_quant: bool = False):
@@ -94,9 +97,14 @@ class QuantLinear(nn.Module):
         self.dtype_name, self.group_size = weight.dtype, weight.group_size
         self.group = weight.group
         self.act_quant = act_quant or weight.dtype == "fp8_e4m3"
-        fp8 = weight.dtype == "fp8_e4m3"
-        qweight = weight.qweight.t().contiguous().view(torch.int8) if fp8 else weight.qweight  # [N, K]
+        if weight.dtype == "fp8_e4m3":
+            qweight = weight.qweight.t().contiguous().view(torch.int8)  # [N, K]
+        elif self.act_quant:
+            qweight = qf.int8_codes_nk(weight.qweight)  # [N, K], signed
+        else:
+            qweight = weight.qweight
         self.register_buffer("qweight", qweight)
+        self._register_load_state_dict_pre_hook(self._load_packed_w8a8)
         self.register_buffer("scales", weight.scales)
         self.register_buffer("zeros", weight.zeros)
         self.register_buffer("perm", weight.perm)
@@ -108,9 +116,35 @@ class QuantLinear(nn.Module):
         w, act_quant = _quantize_weight(linear.weight.detach(), config)
         return cls(w, linear.bias, act_quant)
 
+    def _load_packed_w8a8(self, state_dict, prefix, *args) -> None:
+        """A W8A8 state dict from before the signed layout holds the packed words [K / 4, N]: convert them."""
+        key = prefix + "qweight"
+        t = state_dict.get(key)
+        if self._w8a8 and isinstance(t, torch.Tensor) and t.dtype == torch.int32 and self.qweight.dtype == torch.int8:
+            state_dict[key] = qf.int8_codes_nk(t)
+
+    @property
+    def _w8a8(self) -> bool:
+        return self.act_quant and self.dtype_name == "int8"
+
+    def signed_codes_(self) -> QuantLinear:
+        """W8A8 weights held as packed words (a checkpoint loader filled them so) become the signed [N, K] codes."""
+        if self._w8a8 and self.qweight.dtype == torch.int32:
+            self.qweight = qf.int8_codes_nk(self.qweight)
+        return self
+
+    def _w8a8_weight(self) -> torch.Tensor:
+        """W8A8's codes as the op takes them: the [K, N] view of the signed [N, K] buffer (or the packed words)."""
+        return self.qweight.t() if self.qweight.dtype == torch.int8 else self.qweight
+
     def quantized_weight(self) -> qf.QuantizedWeight:
-        """The stored weight as a (validated) QuantizedWeight."""
-        qw = self._fp8_weight() if self.dtype_name == "fp8_e4m3" else self.qweight
+        """The stored weight as a (validated) QuantizedWeight (W8A8's codes packed back into the native words)."""
+        if self.dtype_name == "fp8_e4m3":
+            qw = self._fp8_weight()
+        elif self._w8a8 and self.qweight.dtype == torch.int8:
+            qw = qf.pack_int8_codes(self.qweight.t())
+        else:
+            qw = self.qweight
         return qf.QuantizedWeight(
             qw,
             self.scales,
@@ -148,7 +182,7 @@ class QuantLinear(nn.Module):
         if self.dtype_name == "fp8_e4m3":
             return qg.fp8_gemm(x, self._fp8_weight(), self.scales.float(), bias)
         if self.act_quant:
-            return qg.w8a8_gemm(x, self.qweight, self.scales, bias)
+            return qg.w8a8_gemm(x, self._w8a8_weight(), self.scales, bias)
         op = qg.w4a16_gemm if self.dtype_name == "int4" else qg.w8a16_gemm
         return op(x, self.qweight, self.scales, self.zeros, bias, self.group)
 

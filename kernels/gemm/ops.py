@@ -9,7 +9,8 @@ or CPU tensors through the interpreter), "torch" runs a plain-torch CPU/GPU impl
 Argument contract (checked before any launch; violations raise CodesignError naming the argument):
   x       [..., K] fp16/bf16/fp32; a non-contiguous x is copied to a contiguous one (weights are not:
           they are prepared once, so a non-contiguous weight is refused rather than copied per call).
-  qweight native layout (see `gemm.formats`; fp8 also as a [K, N] view of a contiguous [N, K]),
+  qweight native layout (see `gemm.formats`; fp8, and W8A8's signed int8 codes, [K, N] or the [K, N] view of a
+          contiguous [N, K]),
           scales/zeros [K/G, N], bias [N] of x's dtype or None,
   all on x's device. group_size is 32/64/128 or K (per-channel). M = 0 returns an empty result.
 The output has x's dtype and shape [..., N].
@@ -88,19 +89,17 @@ def check_wq_args(x, qweight, scales, zeros, bias, bits: int, group_size: int) -
 def _check_mm_args(x, qweight, w_scales, bias, fp8: bool) -> tuple[int, int]:
     _check_x(x)
     k = x.shape[-1]
-    what = "float8_e4m3fn [K, N]" if fp8 else "int32 [K/4, N] (native int8 codes)"
+    what = "float8_e4m3fn [K, N]" if fp8 else "int8 [K, N] (signed codes) or int32 [K/4, N] (native int8 words)"
     ok = isinstance(qweight, torch.Tensor) and qweight.dim() == 2
-    ok = ok and qweight.dtype == (torch.float8_e4m3fn if fp8 else torch.int32)
+    ok = ok and qweight.dtype in ((torch.float8_e4m3fn,) if fp8 else (torch.int8, torch.int32))
     _check(ok, f"qweight must be {what}, got {getattr(qweight, 'dtype', type(qweight))}")
     n = qweight.shape[1]
-    _check(
-        k > 0 and (fp8 or k % 4 == 0),
-        f"K={k} (x's last dim) must be positive{'' if fp8 else ' and % 4 == 0'}",
-    )
-    if fp8 and qweight.t().is_contiguous():  # K contiguous ([N, K] in memory): as Hopper's 8-bit MMA reads it
+    packed = qweight.dtype == torch.int32
+    _check(k > 0 and (not packed or k % 4 == 0), f"K={k} (x's last dim) must be positive{' and % 4 == 0' * packed}")
+    if not packed and qweight.t().is_contiguous():  # K contiguous ([N, K] in memory): as Hopper's 8-bit MMA reads it
         _check_side("qweight", qweight.t(), x, (n, k), (qweight.dtype,))
     else:
-        _check_side("qweight", qweight, x, (k if fp8 else k // 4, n), (qweight.dtype,))
+        _check_side("qweight", qweight, x, (k // 4 if packed else k, n), (qweight.dtype,))
     _check(n > 0, "qweight must have N > 0 columns")
     _check(
         isinstance(w_scales, torch.Tensor) and tuple(w_scales.shape) in ((1, n), (1, 1)),
@@ -141,7 +140,7 @@ def _wq_torch(x2, qweight, scales, zeros, bias, bits, group) -> torch.Tensor:
 
 def _scaled_mm_torch(aq, a_s, w, w_s, bias, out_dtype, fp8: bool) -> torch.Tensor:
     # fp64 matmul: int8 x int8 sums are exact (< 2**53), like the int32 accumulator of the kernel.
-    wk = w.to(torch.float64) if fp8 else (qf.unpack_codes(w, 8) - 128).to(torch.float64)
+    wk = (qf.unpack_codes(w, 8) - 128).to(torch.float64) if w.dtype == torch.int32 else w.to(torch.float64)
     acc = (aq.to(torch.float64) @ wk).to(torch.float32)
     y = acc * a_s[:, None] * w_s.to(torch.float32)
     if bias is not None:
@@ -283,7 +282,9 @@ def _w8a8_impl(x, qweight, w_scales, bias, fp8: bool, op: str) -> torch.Tensor:
 def w8a8_gemm(
     x: torch.Tensor, qweight: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """y = (q_x @ q_w) * s_x[m] * s_w[n] (+ bias): per-token int8 x, per-channel symmetric int8 W."""
+    """y = (q_x @ q_w) * s_x[m] * s_w[n] (+ bias): per-token int8 x, per-channel symmetric int8 W, given as signed
+    int8 codes [K, N] (`formats.int8_codes_nk(...).t()`, K contiguous: no copy on any path) or the native int32
+    words [K/4, N] (torch's and the TMA variant then make an [N, K] copy once per weight)."""
     return _w8a8_impl(x, qweight, w_scales, bias, False, "w8a8_gemm")
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from codesign.backend import device_view
+from codesign.kernels.gemm import formats as qf
 from codesign.specs import CodesignError
 
 
@@ -38,13 +39,6 @@ def why_not(m: int, n: int, k: int, fp8: bool, out_dtype: torch.dtype, device: t
     if k % 8 or n % 8:
         return f"torch._int_mm needs K and N multiples of 8, got K={k}, N={n}"
     return ""
-
-
-def int8_weight_nk(w: torch.Tensor) -> torch.Tensor:
-    """int8 [N, K] from the native int32 [K/4, N] words of offset-binary codes (byte j of a word is k = 4i + j)."""
-    k4, n = w.shape
-    codes = w.view(torch.uint8).view(k4, n, 4).permute(1, 0, 2).reshape(n, 4 * k4)
-    return (codes ^ 0x80).view(torch.int8)  # code - 128 in two's complement
 
 
 @dataclass
@@ -70,15 +64,25 @@ def cached_on_weight(table: weakref.WeakKeyDictionary, w: torch.Tensor, key: tup
     return value
 
 
-# One [N, K] copy per weight serves torch's GEMMs and the TMA kernel's descriptors.
+# One [N, K] copy per weight that needs one serves torch's GEMMs and the TMA kernel's descriptors.
 _NK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def weight_nk(w: torch.Tensor, fp8: bool) -> torch.Tensor:
-    """The K-major [N, K] int8 / e4m3 copy of a native weight (int32-packed int8 codes [K/4, N], or e4m3 [K, N]),
-    as cuBLASLt's int8 / fp8 GEMMs and TMA boxes read it: made once per weight (`cached_on_weight`; the weight's
-    size once more, only for weights these paths run)."""
-    return cached_on_weight(_NK, w, (fp8,), (lambda: w.t().contiguous()) if fp8 else (lambda: int8_weight_nk(w)))
+def is_k_contiguous(w: torch.Tensor) -> bool:
+    """Whether an 8-bit [K, N] weight is the view of a contiguous [N, K] (`weight_nk` needs no copy of it)."""
+    return w.dtype != torch.int32 and w.t().is_contiguous()
+
+
+def weight_nk(w: torch.Tensor) -> torch.Tensor:
+    """The K-major [N, K] int8 / e4m3 weight as cuBLASLt's int8 / fp8 GEMMs and TMA boxes read it. A K-contiguous
+    weight ([K, N] view of a contiguous [N, K]: `formats.quantize`'s e4m3, `QuantLinear`'s int8) is that already: its
+    `.t()`, no copy. Otherwise (int32-packed int8 words [K/4, N], a row-major [K, N]) a copy, made once per weight
+    (`cached_on_weight`: the weight's size once more). The K-contiguous case is never cached: an entry holding a view
+    of its own key's storage would keep the weight alive for ever."""
+    if is_k_contiguous(w):
+        return w.t()
+    return cached_on_weight(_NK, w, (), (lambda: qf.int8_codes_nk(w)) if w.dtype == torch.int32 else
+                            (lambda: w.t().contiguous()))  # fmt: skip
 
 
 def cached_weight_copies() -> int:
@@ -95,12 +99,12 @@ def torch_scaled_mm(aq, a_s, w, w_s, bias, out: torch.Tensor, fp8: bool) -> None
         return  # compile-only runs (CPU stand-ins for GPU tensors): no Triton code here, nothing to compile
     n = out.shape[1]
     if fp8:
-        b = weight_nk(w, True).t()  # column-major [K, N], as cuBLASLt's fp8 GEMM takes it
+        b = weight_nk(w).t()  # column-major [K, N], as cuBLASLt's fp8 GEMM takes it
         sb = w_s.to(torch.float32).expand(1, n).contiguous()
         sa = a_s[:, None].contiguous()
         out.copy_(torch._scaled_mm(aq, b, scale_a=sa, scale_b=sb, bias=bias, out_dtype=out.dtype))
         return
-    acc = torch._int_mm(aq, weight_nk(w, False).t())
+    acc = torch._int_mm(aq, weight_nk(w).t())  # column-major [K, N]
     y = acc.to(torch.float32) * a_s[:, None] * w_s.to(torch.float32)
     if bias is not None:
         y = y + bias.to(torch.float32)

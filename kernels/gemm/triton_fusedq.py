@@ -24,6 +24,7 @@ from codesign.kernels.gemm.triton_parts import (
     grouped_tile,
     int8_tile_nk,
     k_split,
+    load_zeroed,
     quantize_codes,
     scaled_epilogue,
     split_k_buffer,
@@ -54,7 +55,7 @@ def _fusedq_kernel(
     x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_wk, stride_wn,
     QMAX: tl.constexpr, IS_FP8: tl.constexpr, INTERPRETED: tl.constexpr, PER_TENSOR_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, ROWS: tl.constexpr, SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr, ROWS: tl.constexpr, SPLIT_K: tl.constexpr, W_PACKED: tl.constexpr = False,
 ):  # fmt: skip
     """out = (q(x) @ W) * s[m] * w_scale[n] (+ bias), s = absmax(x[m, :]) / QMAX, q = round(x / s), per tile.
 
@@ -90,19 +91,17 @@ def _fusedq_kernel(
         # Masked lanes load 0 and quantize to code 0, so the dot needs no select on A.
         # `_act_quant_kernel`'s IEEE division, bit for bit (`triton_div`)
         v = tl.minimum(tl.maximum(div_rn_shared(x, s[:, None], y[:, None], shared), -QMAX), QMAX)
-        if IS_FP8:
-            a = _rows_to_tile(opaque_bytes(quantize_codes(v, True, INTERPRETED), INTERPRETED), BLOCK_M)
-            wmask = mask_k[:, None] & mask_n[None, :]
-            if INTERPRETED:  # the interpreter cannot cast `other` to fp8: zero masked lanes by a select
-                w = tl.load(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn, mask=wmask)
-                w = tl.where(wmask, w, tl.zeros_like(w))
-            else:
-                w = tl.load(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn, mask=wmask, other=0.0)
-            acc += tl.dot(a, w)
-        else:
-            a = _rows_to_tile(opaque_bytes(quantize_codes(v, False, INTERPRETED), INTERPRETED), BLOCK_M)
+        a = _rows_to_tile(opaque_bytes(quantize_codes(v, IS_FP8, INTERPRETED), INTERPRETED), BLOCK_M)
+        if W_PACKED:  # the native int8 words
             w = int8_tile_nk(w_ptr, k0, offs_n, N, K, BLOCK_K)  # [BLOCK_N, BLOCK_K], zero outside N and K
             acc += tl.dot(a, tl.trans(w), out_dtype=tl.int32)
+        else:  # an 8-bit [K, N] (e4m3, or signed int8 codes), by strides
+            w = load_zeroed(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn,
+                            mask_k[:, None] & mask_n[None, :], IS_FP8 and INTERPRETED)  # fmt: skip
+            if IS_FP8:
+                acc += tl.dot(a, w)
+            else:
+                acc += tl.dot(a, w, out_dtype=tl.int32)
     # `_scaled_mm_kernel`'s epilogue, the same function (the bit-identity depends on it).
     scaled_epilogue(acc, _rows_to_tile(s[:, None], BLOCK_M), ws_ptr, b_ptr, out_ptr, offs_m, offs_n, M, N,
                     PER_TENSOR_W, HAS_BIAS, SPLIT_K)  # fmt: skip
@@ -122,7 +121,8 @@ def _stages(cfg: dict, rows: int, x_bytes: int) -> int:
 
 def fusedq_mm(x, w, w_scale, bias, out: torch.Tensor, fp8: bool, cfg: dict, interpreted: bool) -> None:
     """out [M, N] = quantize_per_token(x) @ W, scaled (+ bias), in one launch: x [M, K] fp16 / bf16 / fp32;
-    w the native int32-packed int8 codes [K/4, N], or float8_e4m3fn [K, N] when fp8 (either layout, `w_strides`);
+    w the native int32-packed int8 codes [K/4, N] or signed int8 codes [K, N], or float8_e4m3fn [K, N] when fp8 (8-bit
+    weights in either layout, `w_strides`);
     w_scale [1, N] or [1, 1].
     cfg["SPLIT_K"] > 1 splits K as `triton_gemm.scaled_mm` does (its docstring states the error bound)."""
     m, k = x.shape
@@ -137,10 +137,11 @@ def fusedq_mm(x, w, w_scale, bias, out: torch.Tensor, fp8: bool, cfg: dict, inte
     rows = triton.next_power_of_2(m)
     rows = min(max(2, rows, per_thread * 32 * cfg["num_warps"] // cfg["BLOCK_K"]), cfg["BLOCK_M"])
     _fusedq_kernel[grid](
-        x, w, w_scale, w_scale if bias is None else bias, dst, m, n, k, k_per_split, *w_strides(w, fp8),
+        x, w, w_scale, w_scale if bias is None else bias, dst, m, n, k, k_per_split, *w_strides(w),
         QMAX=448.0 if fp8 else 127.0, IS_FP8=fp8, INTERPRETED=interpreted, PER_TENSOR_W=w_scale.numel() == 1 and n > 1,
         HAS_BIAS=bias is not None, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-        GROUP_M=cfg["GROUP_M"], ROWS=rows, SPLIT_K=split, num_warps=cfg["num_warps"],
+        GROUP_M=cfg["GROUP_M"], ROWS=rows, SPLIT_K=split, W_PACKED=w.dtype == torch.int32,
+        num_warps=cfg["num_warps"],
         num_stages=_stages(cfg, rows, x.element_size()),
     )  # fmt: skip
     if dst is not out:

@@ -38,6 +38,7 @@ from codesign.kernels.gemm.triton_parts import (
     grouped_tile,
     int8_tile_nk,
     k_split,
+    load_zeroed,
     quantize_codes,
     scaled_epilogue,
     split_k_buffer,
@@ -474,12 +475,13 @@ def _scaled_mm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    W_PACKED: tl.constexpr = False,
 ):
     """W8A8 GEMM: int8 x int8 -> int32 (or fp8 x fp8 -> fp32), scales applied in the epilogue.
 
-    out = acc * a_scale[m] * w_scale[n] (+ bias[n]). int8 weights are unpacked from the native
-    int32 layout (offset-binary codes, zero 128); fp8 weights are an e4m3 [K, N] (strides: K contiguous pipelines
-    on sm_90, `triton_parts.w_strides`).
+    out = acc * a_scale[m] * w_scale[n] (+ bias[n]). The weight: an 8-bit [K, N], e4m3 or signed int8 codes
+    (strides: K contiguous pipelines on sm_90, `triton_parts.w_strides`), or (W_PACKED) the native int32 words of
+    offset-binary int8 codes (zero 128).
     Grid (output tiles in grouped order, SPLIT_K): program (t, j) sums K range j (K_PER_SPLIT, a multiple of
     BLOCK_K; `k_split`) and `scaled_epilogue` adds its scaled partial into a zeroed fp32 buffer (SPLIT_K > 1)
     or stores the tile (SPLIT_K 1, today's kernel). The split result's error bound: `scaled_mm`.
@@ -498,23 +500,18 @@ def _scaled_mm_kernel(
         mask_k = offs_k < K
         amask = mask_m[:, None] & mask_k[None, :]
         wmask = mask_k[:, None] & mask_n[None, :]
-        if IS_FP8 and INTERPRETED:
-            # Masked lanes are zeroed by tl.where: the interpreter cannot cast `other` to fp8.
-            a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask)
-            w = tl.load(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn, mask=wmask)
-            a = tl.where(amask, a, tl.zeros_like(a))
-            w = tl.where(wmask, w, tl.zeros_like(w))
-            acc += tl.dot(a, w)
-        elif IS_FP8:
-            # Compiled: `other` zeroes masked lanes in the load itself, so the operands go from the (pipelined)
-            # load straight to the dot; a select between them would keep both in registers.
-            a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask, other=0.0)
-            w = tl.load(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn, mask=wmask, other=0.0)
-            acc += tl.dot(a, w)
-        else:
+        if W_PACKED:  # the native int8 words
             a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=amask, other=0)
             w = int8_tile_nk(w_ptr, k0, offs_n, N, K, BLOCK_K)  # [BLOCK_N, BLOCK_K], zero outside N and K
             acc += tl.dot(a, tl.trans(w), out_dtype=tl.int32)
+        else:  # an 8-bit [K, N] (e4m3, or signed int8 codes), by strides: operands from the load to the dot
+            a = load_zeroed(a_ptr + offs_m[:, None] * K + offs_k[None, :], amask, IS_FP8 and INTERPRETED)
+            w = load_zeroed(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn, wmask,
+                            IS_FP8 and INTERPRETED)  # fmt: skip
+            if IS_FP8:
+                acc += tl.dot(a, w)
+            else:
+                acc += tl.dot(a, w, out_dtype=tl.int32)
     a_s = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
     scaled_epilogue(
         acc, a_s[:, None], ws_ptr, b_ptr, out_ptr, offs_m, offs_n, M, N, PER_TENSOR_W, HAS_BIAS, SPLIT_K
@@ -638,10 +635,11 @@ def scaled_mm(
 ) -> torch.Tensor:
     """out[M, N] = (a @ w_codes) * a_scale[:, None] * w_scale[None, :] (+ bias).
 
-    a: int8 [M, K] with w the native int32-packed int8 codes [K/4, N], or a: float8_e4m3fn [M, K]
-    with w float8_e4m3fn [K, N]. w_scale [1, N] per channel or [1, 1] per tensor. `variant` ("triton", "tma" or
-    "torch") as `w8a8_mm` chose it, else chosen here; codes already quantized leave nothing to fuse, so a
-    chosen "fusedq" runs ours ("triton"), and a forced one raises.
+    a: int8 [M, K] with w the native int32-packed int8 codes [K/4, N] or signed int8 codes [K, N], or a:
+    float8_e4m3fn [M, K] with w float8_e4m3fn [K, N] (8-bit [K, N] weights by strides: `w_strides`). w_scale
+    [1, N] per channel or [1, 1] per tensor. `variant` ("triton", "tma" or "torch") as `w8a8_mm` chose it, else
+    chosen here; codes already quantized leave nothing to fuse, so a chosen "fusedq" runs ours ("triton"), and a
+    forced one raises.
 
     Split-K (the config's SPLIT_K, here and in `triton_fusedq`; S splits of `k_split`, S > 1): every split adds
     its scaled partial into a zeroed fp32 buffer, copied into `out`. Error bound, u = 2^-24, g_n = n u / (1 - n u),
@@ -692,8 +690,9 @@ def scaled_mm(
         n,
         k,
         k_per_split,
-        *w_strides(w, fp8),
+        *w_strides(w),
         IS_FP8=fp8,
+        W_PACKED=w.dtype == torch.int32,
         INTERPRETED=device_view(a.device).interpreted,
         PER_TENSOR_W=w_scale.numel() == 1 and n > 1,
         HAS_BIAS=bias is not None,

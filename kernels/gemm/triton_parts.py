@@ -9,7 +9,8 @@ variant modules can use them without importing `triton_gemm` (which imports the 
   e4m3 codes, shared so the two-launch and fused paths give the same codes bit for bit.
 * `scaled_epilogue`: the W8A8 / FP8 kernels' epilogue (scales, bias, store or split-K atomic add), one copy so
   the two-launch and fused paths round alike.
-* `w_strides` (host): the e4m3 weight's strides, K contiguous or row-major.
+* `w_strides` (host): an 8-bit [K, N] weight's strides, K contiguous or row-major; `load_zeroed`: its tiles (and the
+  activation codes') with masked lanes 0.
 * `split_range`: a split-K program's K range; `k_split`, `split_k_buffer` (host): a split-K launch's (splits,
   K per split), no split empty, and the buffer its programs add into.
 """
@@ -170,10 +171,23 @@ def scaled_epilogue(acc, a_s, ws_ptr, b_ptr, out_ptr, offs_m, offs_n, M, N, PER_
         tl.store(ptrs, res.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def w_strides(w: torch.Tensor, fp8: bool) -> tuple[int, int]:
-    """(stride along K, along N) of the e4m3 weight [K, N]: either layout runs, but only K contiguous ([N, K] in
-    memory, `formats.quantize`'s) pipelines on sm_90: Hopper's 8-bit warpgroup MMA reads its shared-memory
-    operands K-contiguous, so a row-major [K, N] tile is loaded to registers and stored transposed every K step
-    (no cp.async, no stages: the loop waits on each weight load). The int8 weight's packed [K/4, N] words are
-    read by `code_tile_nk`; these are unused for it."""
-    return (w.stride(0), w.stride(1)) if fp8 else (0, 0)
+def w_strides(w: torch.Tensor) -> tuple[int, int]:
+    """(stride along K, along N) of an 8-bit weight [K, N] (e4m3, or W8A8's signed int8 codes): either layout runs,
+    but only K contiguous ([N, K] in memory, `formats.quantize`'s e4m3, `QuantLinear`'s int8) pipelines on sm_90:
+    Hopper's 8-bit warpgroup MMA reads its shared-memory operands K-contiguous, so a row-major [K, N] tile is loaded
+    to registers and stored transposed every K step (no cp.async, no stages: the loop waits on each weight load).
+    Packed int32 words [K/4, N] are read by `int8_tile_nk`; these are unused for them."""
+    return (0, 0) if w.dtype == torch.int32 else (w.stride(0), w.stride(1))
+
+
+@triton.jit
+def load_zeroed(ptrs, mask, SELECT: tl.constexpr):
+    """tl.load with masked lanes 0: by `other` in the load itself (compiled: the tile goes from the pipelined load
+    straight to the dot; a select after it would keep both in registers), or by a select (SELECT: the interpreter
+    cannot cast `other` to fp8)."""
+    if SELECT:
+        t = tl.load(ptrs, mask=mask)
+        t = tl.where(mask, t, tl.zeros_like(t))
+    else:
+        t = tl.load(ptrs, mask=mask, other=0.0)
+    return t

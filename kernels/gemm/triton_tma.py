@@ -7,12 +7,12 @@ shared memory, zero-filled past the tensor's edges, so the main loop has no mask
 are, to `tl.dot` (int32 / fp32 accumulation on the warpgroup MMA); the scales and bias come once per tile in
 `_scaled_mm_kernel`'s epilogue, operation for operation, so int8 outputs are the two-launch path's bit for bit.
 
-TMA needs a dense tile layout with 16-byte row strides, and 8-bit wgmma wants both operands K-major. The
-native int8 weight is codes packed 4 to an int32 along K ([K/4, N], offset-binary) and the e4m3 weight is
-[K, N], so the kernel reads a K-major [N, K] int8 / e4m3 copy of the weight (one more weight-sized buffer per
-layer, shared with torch's variant: `torch_mm.weight_nk`). The copy is made once per weight and its descriptor once
-per tile shape, both cached beside the weight's storage (`weight_descriptor`); an in-place change to the weight (its
-version counter) rebuilds them.
+TMA needs a dense tile layout with 16-byte row strides, and 8-bit wgmma wants both operands K-major: the kernel
+reads the weight as a K-major [N, K] (`torch_mm.weight_nk`). The e4m3 weights `formats.quantize` makes and the int8
+codes `QuantLinear` keeps for W8A8 are that already (no copy); int32-packed int8 words [K/4, N] (or a row-major
+[K, N]) get an [N, K] copy, made once per weight and shared with torch's variant (one more weight-sized buffer).
+A copy's descriptor is cached beside the weight's storage per tile shape (`weight_descriptor`; an in-place change
+to the weight, its version counter, rebuilds both).
 
 Shapes TMA cannot take (`why_not`: K % 16, a 16-byte-unaligned activation buffer, a pre-Hopper GPU) never
 choose this variant, and a forced one raises the reason.
@@ -28,7 +28,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from codesign.backend import DeviceView
-from codesign.kernels.gemm.torch_mm import cached_on_weight, weight_nk
+from codesign.kernels.gemm.torch_mm import cached_on_weight, is_k_contiguous, weight_nk
 from codesign.specs import CodesignError
 
 # From this M the default rule on sm_90 takes this variant (int8 at every larger M; e4m3 below torch's
@@ -67,11 +67,14 @@ _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def weight_descriptor(w: torch.Tensor, fp8: bool, block_n: int, block_k: int) -> TensorDescriptor:
-    """The descriptor of the [N, K] copy of `w` (`torch_mm.weight_nk`) with [block_n, block_k] boxes, made once per
-    weight and box (`torch_mm.cached_on_weight`: rebuilt when the weight changed in place or moved; per call for
-    inference tensors, correct but not fast: create weights outside `torch.inference_mode`)."""
+    """The descriptor of `w` as a K-major [N, K] (`torch_mm.weight_nk`) with [block_n, block_k] boxes. Over a copy:
+    made once per weight and box (`torch_mm.cached_on_weight`: rebuilt when the weight changed in place or moved;
+    per call for inference tensors, correct but not fast: create weights outside `torch.inference_mode`). Over a
+    K-contiguous weight itself: per call (a few host microseconds; an entry would keep the weight alive)."""
+    if is_k_contiguous(w):
+        return TensorDescriptor.from_tensor(weight_nk(w), [block_n, block_k])
     return cached_on_weight(_CACHE, w, (fp8, block_n, block_k),
-                            lambda: TensorDescriptor.from_tensor(weight_nk(w, fp8), [block_n, block_k]))  # fmt: skip
+                            lambda: TensorDescriptor.from_tensor(weight_nk(w), [block_n, block_k]))  # fmt: skip
 
 
 def cached_descriptors() -> int:
@@ -133,9 +136,9 @@ def _tma_scaled_mm_kernel(
 
 
 def tma_scaled_mm(a, a_scale, w, w_scale, bias, out: torch.Tensor, cfg: dict, view: DeviceView) -> None:
-    """out [M, N] = (a @ W) * a_scale[:, None] * w_scale (+ bias) by the persistent TMA kernel: a int8 [M, K]
-    with w the native int32-packed codes [K/4, N], or a float8_e4m3fn [M, K] with w e4m3 [K, N]; w_scale [1, N]
-    or [1, 1]. CodesignError (`why_not`) for a call TMA cannot take."""
+    """out [M, N] = (a @ W) * a_scale[:, None] * w_scale (+ bias) by the persistent TMA kernel: a int8 [M, K] with w
+    the native int32-packed codes [K/4, N] or signed int8 codes [K, N], or a float8_e4m3fn [M, K] with w e4m3 [K, N];
+    w_scale [1, N] or [1, 1]. CodesignError (`why_not`) for a call TMA cannot take."""
     m, k = a.shape
     n = w.shape[1]
     fp8 = a.dtype == torch.float8_e4m3fn

@@ -4,9 +4,12 @@ and AWQ tensors through the importers into a codesign checkpoint; quantized weig
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from hf_testing import assert_same_greedy_where_decisive, greedy, prompts, tiny_model
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from codesign.integrations.hf import (
@@ -17,6 +20,7 @@ from codesign.integrations.hf import (
     load_gptq_awq,
 )
 from codesign.integrations.hf import _kernels as K
+from codesign.kernels.gemm.formats import pack_int8_codes
 from codesign.specs import CodesignError
 
 FORMATS = {
@@ -62,6 +66,27 @@ def test_quantize_on_load_save_and_reload(weights, base_dir, tmp_path):
         plain = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.bfloat16)
         with torch.no_grad():
             assert torch.equal(r(ids).logits, plain(ids).logits)
+
+
+def test_a_w8a8_checkpoint_saved_with_packed_words_still_loads(base_dir, tmp_path):
+    """Before W8A8 kept signed [N, K] codes, its checkpoints held the packed int32 words [K / 4, N] and no
+    "w8a8_codes" in the recorded layouts: they load (converted), and save again in the new layout."""
+    q = AutoModelForCausalLM.from_pretrained(base_dir, quantization_config=CodesignQuantConfig("w8a8"))
+    q.save_pretrained(tmp_path / "old")
+    state = load_file(tmp_path / "old" / "model.safetensors")
+    state = {k: pack_int8_codes(v.t()) if k.endswith(".qweight") else v for k, v in state.items()}
+    save_file(state, tmp_path / "old" / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp_path / "old" / "config.json").read_text())
+    for layout in config["quantization_config"]["layers"].values():
+        assert layout.pop("w8a8_codes") == "signed"
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    ids, _ = prompts(2, 8)
+    r = AutoModelForCausalLM.from_pretrained(tmp_path / "old")
+    assert _linears(r) == _linears(q)  # int8 [N, K] again
+    r.save_pretrained(tmp_path / "again")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "again")
+    with torch.no_grad():
+        assert torch.equal(r(ids).logits, q(ids).logits) and torch.equal(again(ids).logits, q(ids).logits)
 
 
 @pytest.mark.skipif(not _compat.CASTS_CHECKPOINT, reason="5.x keeps a checkpoint's dtypes")

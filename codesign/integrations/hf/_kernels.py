@@ -98,9 +98,11 @@ def _dt(t: torch.Tensor | None) -> str | None:
 def layout_of(m: nn.Module) -> dict:
     """A JSON-serializable description of a QuantLinear / LosslessBF16Linear, enough to rebuild it empty."""
     if isinstance(m, QuantLinear):
+        signed = m.qweight.dtype == torch.int8 and m.dtype_name == "int8"  # W8A8's signed [N, K] codes
         return {"kind": "quant", "dtype": m.dtype_name, "group_size": m.group_size, "N": m.out_features,
                 "K": m.in_features, "scales": _dt(m.scales), "zeros": m.zeros is not None, "perm": m.perm is not None,
-                "bias": _dt(m.bias), "act_quant": m.act_quant}  # fmt: skip
+                "bias": _dt(m.bias), "act_quant": m.act_quant,
+                **({"w8a8_codes": "signed"} if signed else {})}  # fmt: skip
     p = m.weight_packed
     bufs = {n: [list(b.shape), _dt(b)] for n, b in p.named_buffers()}
     return {"kind": "df11", **{a: getattr(p, a) for a in _DF11_SCALARS}, "buffers": bufs,
@@ -131,7 +133,10 @@ def module_from_layout(layout: dict, workspace: DecodeWorkspace | None = None) -
             zeros = torch.zeros(groups, n, dtype=sd, device="cpu") if layout["zeros"] else None
         perm = torch.arange(k, device="cpu") if layout["perm"] else None
         w = QuantizedWeight(qw, scales, zeros, layout["dtype"], g, n, k, perm)
-        return QuantLinear(w, bias, layout["act_quant"])
+        q = QuantLinear(w, bias, layout["act_quant"])
+        if q.qweight.dtype == torch.int8 and layout["dtype"] == "int8" and layout.get("w8a8_codes") != "signed":
+            q.qweight = qw  # saved before W8A8's signed layout: the packed words (`QuantLinear.signed_codes_` after)
+        return q
     p = PackedDF11.__new__(PackedDF11)
     nn.Module.__init__(p)
     for a in _DF11_SCALARS:

@@ -103,10 +103,14 @@ class CodesignHfQuantizer(QuantizerLoading, HfQuantizer):
         self.restore_saved_dtypes(model)
         if not self.pre_quantized:
             K.quantize_(model, cfg.kernel_config(), lambda m, fqn: cfg.converts(fqn))
-            cfg.layers = record_layers(model)
-            saved = getattr(model.config, "quantization_config", None)
-            if isinstance(saved, CodesignQuantConfig) and saved is not cfg:  # 4.57 gives the model a copy
-                saved.layers = dict(cfg.layers)
+        else:  # W8A8 words from a checkpoint saved before the signed layout: converted, recorded anew
+            for m in model.modules():
+                if isinstance(m, K.QuantLinear):
+                    m.signed_codes_()
+        cfg.layers = record_layers(model)
+        saved = getattr(model.config, "quantization_config", None)
+        if isinstance(saved, CodesignQuantConfig) and saved is not cfg:  # 4.57 gives the model a copy
+            saved.layers = dict(cfg.layers)
         return model
 
     def is_serializable(self, *args, **kwargs) -> bool:

@@ -59,6 +59,7 @@ def _run(variant: str, x, w, w_s, bias, fp8: bool, cfg: dict = CFG) -> torch.Ten
         forced_config(qt.scaled_mm_variant_op(fp8), qt.scaled_mm_variant_entry(variant)),
         forced_config(qt.scaled_mm_table_op(fp8), cfg),
         forced_config(qt.scaled_mm_table_op(fp8, "fusedq"), cfg),
+        forced_config(qt.scaled_mm_table_op(fp8, "tma"), {k: v for k, v in cfg.items() if k != "SPLIT_K"}),
     ):
         qt.w8a8_mm(x, fp8, w, w_s, bias, out)
     return out

@@ -132,7 +132,7 @@ def _step(m: QuantLinear) -> torch.Tensor:
         ulp = torch.exp2(torch.floor(torch.log2(code.clamp(min=2.0**-6))) - 3)  # 3 mantissa bits, subnormals 2^-9
         return (0.5 * ulp * s).t()
     bits = 4 if m.dtype_name == "int4" else 8
-    codes = qf.unpack_codes(m.qweight, bits)  # [K, N]
+    codes = qf.unpack_codes(m.quantized_weight().qweight, bits)  # [K, N]
     clamped = (codes == 0) | (codes == (1 << bits) - 1) if m.zeros is not None else torch.zeros_like(codes, dtype=bool)
     return (s.repeat_interleave(m.group, dim=0) * torch.where(clamped, 1.0, 0.5)).t()
 

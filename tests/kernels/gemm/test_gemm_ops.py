@@ -273,7 +273,8 @@ def test_w4a16_op_refuses_bad_arguments(over, match, backend):
 @pytest.mark.parametrize(
     "fp8, over, match",
     [
-        (False, dict(qweight=torch.zeros(32, 96, dtype=torch.int8)), "qweight must be int32"),
+        (False, dict(qweight=torch.zeros(32, 96, dtype=torch.int16)), r"qweight must be int8 \[K, N\] .* or int32"),
+        (False, dict(qweight=torch.zeros(32, 96, dtype=torch.int8)), r"qweight must have shape \(128, 96\)"),
         (False, dict(w_scales=torch.ones(2, 96)), "w_scales must have shape"),
         (False, dict(x=torch.randn(3, 126)), "% 4 == 0"),
         (True, dict(w_scales=torch.ones(1, 96, dtype=torch.float16)), "w_scales must have dtype"),

@@ -9,6 +9,7 @@ stale descriptor caught (teeth); and compile-only sm_90 lowering (TMA, wgmma, no
 from __future__ import annotations
 
 import gc
+import weakref
 
 import pytest
 import torch
@@ -78,7 +79,7 @@ def test_tma_is_the_two_launch_path(fp8, m, n, k, dtype, bias, per_tensor, launc
 def test_the_descriptor_is_cached_per_weight_and_rebuilt_when_it_changes(monkeypatch):
     built = []
     real = tt.weight_nk
-    monkeypatch.setattr(tt, "weight_nk", lambda w, fp8: built.append(fp8) or real(w, fp8))
+    monkeypatch.setattr(tt, "weight_nk", lambda w: built.append(w.dtype == torch.float8_e4m3fn) or real(w))
     w, w_s, _ = _weight(False, 48, 64, False)
     x = torch.randn(5, 64)
     gc.collect()  # earlier tests' weights
@@ -96,15 +97,23 @@ def test_the_descriptor_is_cached_per_weight_and_rebuilt_when_it_changes(monkeyp
     assert tt.cached_descriptors() == before  # the entry died with the weight's storage
 
 
-def test_fresh_views_of_one_weight_share_its_descriptor(monkeypatch):
-    """`QuantLinear` views its int8 buffer as e4m3 on every call: the views share the storage, so one entry."""
-    built = []
-    real = tt.weight_nk
-    monkeypatch.setattr(tt, "weight_nk", lambda w, fp8: built.append(fp8) or real(w, fp8))
-    w, w_s, _ = _weight(True, 64, 64, False)
-    buf = w.view(torch.int8)
-    outs = [_run("tma", torch.randn(5, 64), buf.view(torch.float8_e4m3fn), w_s, None, True) for _ in range(2)]
-    assert built == [True] and not outs[1].isnan().any()
+def test_a_k_contiguous_weight_is_its_own_descriptor_base_and_is_never_cached():
+    """`QuantLinear`'s e4m3 and W8A8 int8 buffers are [N, K]: the descriptor is over the weight itself, built per
+    call, and no cache entry holds it (one did for e4m3 before: the weight outlived its model)."""
+    gc.collect()
+    before = (tt.cached_descriptors(), torch_mm.cached_weight_copies())
+    for fp8 in (True, False):
+        w, w_s, _ = _weight(fp8, 64, 64, False)
+        buf = w.t().view(torch.int8) if fp8 else qf.int8_codes_nk(w)  # [N, K], as QuantLinear keeps them
+        wk = buf.view(torch.float8_e4m3fn).t() if fp8 else buf.t()
+        x = torch.randn(5, 64)
+        assert torch.equal(_run("tma", x, wk, w_s, None, fp8), _run("triton", x, wk, w_s, None, fp8))
+        assert tt.weight_descriptor(wk, fp8, 32, 32).base.data_ptr() == buf.data_ptr()
+        assert (tt.cached_descriptors(), torch_mm.cached_weight_copies()) == before
+        ref = weakref.ref(buf.untyped_storage())
+        del w, buf, wk
+        gc.collect()
+        assert ref() is None  # nothing kept the weight alive
 
 
 def _choose(m: int, k: int = 128, fp8: bool = False) -> str:

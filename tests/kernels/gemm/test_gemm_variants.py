@@ -98,8 +98,8 @@ def test_torch_variant_copies_the_weight_once_and_again_when_it_changes(monkeypa
     """The [N, K] copy cuBLASLt's GEMMs read is made on the first call, reused after (a per-call copy of an
     8192^2 e4m3 weight costs ~32 us on an H200), rebuilt when the weight changes in place, and dies with it."""
     made = []
-    real = torch_mm.int8_weight_nk
-    monkeypatch.setattr(torch_mm, "int8_weight_nk", lambda w: made.append(1) or real(w))
+    real = qf.int8_codes_nk
+    monkeypatch.setattr(qf, "int8_codes_nk", lambda w: made.append(1) or real(w))
     qw = qf.quantize_rtn(torch.randn(48, 64), "int8", None, True, torch.float32)
     x = torch.randn(40, 64)
 
