@@ -388,8 +388,11 @@ class W8A8Gemm:
         x = torch.randn(shape["M"], shape["K"], generator=gen).to(dtype)
         aq, a_s = qf.quantize_per_token(x, self.fmt)
         w64 = qw.dequantize(torch.float64).t()  # int8 and e4m3 codes are exact in fp64
+        # int8: the signed K-contiguous codes `QuantLinear` runs (a config tuned on packed words would tune another
+        # kernel: the tile is unpacked, not streamed)
+        w = qw.qweight if self.fp8 else qf.int8_codes_nk(qw.qweight).t()
         return {
-            "x": x.to(device), "w": qw.qweight.to(device), "w_s": qw.scales.to(device),
+            "x": x.to(device), "w": w.to(device), "w_s": qw.scales.to(device),
             "out": torch.empty(shape["M"], shape["N"], dtype=dtype, device=device),
             "ref": (aq.double() * a_s.double()[:, None]) @ w64,
             "table_op": self.table_op(shape), "variant": self.kernel.scaled_mm_variant_entry(self._variant(shape)),
