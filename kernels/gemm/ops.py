@@ -138,10 +138,20 @@ def _wq_torch(x2, qweight, scales, zeros, bias, bits, group) -> torch.Tensor:
     return y.to(x2.dtype)
 
 
+# Below this K an int8 dot's |sum| <= 127 * 127 * K fits int32: `torch._int_mm` is exact there.
+_INT_MM_MAX_K = (2**31 - 1) // (127 * 127)
+
+
 def _scaled_mm_torch(aq, a_s, w, w_s, bias, out_dtype, fp8: bool) -> torch.Tensor:
-    # fp64 matmul: int8 x int8 sums are exact (< 2**53), like the int32 accumulator of the kernel.
-    wk = (qf.unpack_codes(w, 8) - 128).to(torch.float64) if w.dtype == torch.int32 else w.to(torch.float64)
-    acc = (aq.to(torch.float64) @ wk).to(torch.float32)
+    if not fp8 and aq.device.type == "cpu" and aq.shape[1] <= _INT_MM_MAX_K:
+        # Exact int32 sums, as the kernels' accumulator; ~10x the fp64 matmul on a CPU (which also built an fp64
+        # copy of the weight per call). CUDA's `_int_mm` refuses M <= 16 and unaligned shapes: fp64 there.
+        wk = qf.int8_codes_nk(w).t() if w.dtype == torch.int32 else w
+        acc = torch._int_mm(aq, wk).to(torch.float32)
+    else:
+        # fp64 matmul: int8 x int8 sums are exact (< 2**53); e4m3 products too, their sums to fp64's rounding.
+        wk = (qf.unpack_codes(w, 8) - 128).to(torch.float64) if w.dtype == torch.int32 else w.to(torch.float64)
+        acc = (aq.to(torch.float64) @ wk).to(torch.float32)
     y = acc * a_s[:, None] * w_s.to(torch.float32)
     if bias is not None:
         y = y + bias.to(torch.float32)

@@ -53,6 +53,14 @@ def test_generate_speculative_and_quantized_weights(folder, capsys):
     assert "tokens accepted a step" in out
 
 
+def test_random_weights_are_seeded(folder, capsys):
+    runs = []
+    for _ in range(2):
+        assert main(["generate", str(folder), "--random-weights", "--seed", "5", "--max-new-tokens", "6"]) == 0
+        runs.append(next(line for line in capsys.readouterr().out.splitlines() if line.startswith("tokens:")))
+    assert runs[0] == runs[1]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--kv-format", "int5"], "unknown kv_format 'int5'"),
     (["--design", "no-such-design"], "is neither a GPU"),

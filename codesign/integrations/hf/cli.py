@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")
     p.add_argument("--layers", type=int, default=None, help="catalogue models: keep the first N layers")
     p.add_argument("--random-weights", action="store_true", help="a model folder with a config only")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seeds random weights, the random prompt and sampling")
     p.add_argument("--json", type=Path, help="write the run (tokens, steps, predictions) as JSON")
 
 
@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
             raise CodesignError(f"--{name.replace('_', '-')} must be >= 1")
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(args.seed)  # random weights too: one seed, one run
     model, tok = load_model(args.model, dtype, device, args.layers, args.random_weights)
     layout = check_model(model)
     spec = parse_kv_format(args.kv_format, layout.dtype)

@@ -100,3 +100,18 @@ def test_quant_linear_keeps_one_signed_buffer_and_loads_packed_state_dicts():
     assert torch.equal(fresh.qweight, q.qweight)
     with use_backend("triton"):
         assert torch.equal(fresh(x), want)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 41, 90), (7, 3, 4), (33, 64, 128), (2, 1, 1)])
+def test_the_cpu_torch_path_sums_exactly_in_either_layout(m, n, k):
+    """The torch backend on a CPU takes `torch._int_mm` (exact int32 sums, as the kernels' accumulator): the same
+    bits as the exact fp64 sums it replaced, for signed codes (either layout) and packed words."""
+    codes = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    x = torch.randn(m, k) * 4
+    w_s = torch.rand(1, n) + 0.01
+    aq, a_s = qf.quantize_per_token(x, "int8")
+    want = ((aq.double() @ codes.t().double()).float() * a_s[:, None] * w_s).to(x.dtype)
+    layouts = [codes.t(), codes.t().contiguous()] + ([qf.pack_int8_codes(codes.t())] if k % 4 == 0 else [])
+    with use_backend("torch"):
+        for w in layouts:
+            assert torch.equal(qg.w8a8_gemm(x, w, w_s, None), want), w.dtype
