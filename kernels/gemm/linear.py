@@ -104,7 +104,6 @@ class QuantLinear(nn.Module):
         else:
             qweight = weight.qweight
         self.register_buffer("qweight", qweight)
-        self._register_load_state_dict_pre_hook(self._load_packed_w8a8)
         self.register_buffer("scales", weight.scales)
         self.register_buffer("zeros", weight.zeros)
         self.register_buffer("perm", weight.perm)
@@ -116,12 +115,13 @@ class QuantLinear(nn.Module):
         w, act_quant = _quantize_weight(linear.weight.detach(), config)
         return cls(w, linear.bias, act_quant)
 
-    def _load_packed_w8a8(self, state_dict, prefix, *args) -> None:
-        """A W8A8 state dict from before the signed layout holds the packed words [K / 4, N]: convert them."""
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # A W8A8 state dict from before the signed layout holds the packed words [K / 4, N]: converted first.
         key = prefix + "qweight"
         t = state_dict.get(key)
         if self._w8a8 and isinstance(t, torch.Tensor) and t.dtype == torch.int32 and self.qweight.dtype == torch.int8:
             state_dict[key] = qf.int8_codes_nk(t)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
     def _w8a8(self) -> bool:
