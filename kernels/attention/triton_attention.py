@@ -105,12 +105,13 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 SUBBYTE_TILE_ELEMS = 16 * 128
 # Mixed chunks read as words at most this wide, on 4 warps: a tile inside one block, or of two whole blocks where two
 # fill it (each read at its own width, `_mixed_span_codes`). sm_90, bf16, head_dim 128, batch 16, context 32k
-# (`bench/attention_predict.py`): blocks of 32, 64 x 128 over two blocks takes 125 registers and 721-752 SASS a tile
-# (0.199 ms predicted), against 421-436 a 32-token tile in one block (108 registers, 0.230 ms); before the subnormal
-# unpack (`chunk_words_f16`) 828-879 (0.232) against 483-506 (0.267), and, not recounted since: blocks of 64, 64 x 128
-# in one block 150 registers, 785 SASS (0.208; 32 x 128: 530, 0.279); blocks of 16 keep 16 x 128 (420 SASS, 0.439:
-# two blocks, 825 a 32-token tile at 140 registers, 0.432, not taken for 2 %). None measured. Earlier, 32 x 128 on 8
-# warps (394 SASS, 0.41 ms), 16 x 128 on 2 (586, 0.41) and on 8 (446, 0.93) predicted slower.
+# (`bench/attention_predict.py`): blocks of 32, 64 x 128 over two blocks takes 128 registers and 682-705 SASS a tile
+# (0.187 ms predicted), against 421-436 a 32-token tile in one block (108 registers, 0.230 ms); before the subnormal
+# unpack (`chunk_words_f16`) and the unmasked rows (`_mixed_span_codes`) 828-879 (0.232) against 483-506 (0.267), and,
+# not recounted since: blocks of 64, 64 x 128 in one block 150 registers, 785 SASS (0.208; 32 x 128: 530, 0.279);
+# blocks of 16 keep 16 x 128 (420 SASS, 0.439: two blocks, 825 a 32-token tile at 140 registers, 0.432, not taken for
+# 2 %). None measured. Earlier, 32 x 128 on 8 warps (394 SASS, 0.41 ms), 16 x 128 on 2 (586, 0.41) and on 8 (446,
+# 0.93) predicted slower.
 MIXED_WORDS_TILE = 64
 # KIVI's tile where it fits in a block, on 4 warps: sm_90, bf16, head_dim 128, G = R = 32, blocks of 32, its
 # code-only loop takes 397 SASS a 32-token tile and 124 registers (0.21 ms predicted at batch 16, context 32k),
@@ -591,7 +592,8 @@ def _mixed_block_words(base, j_ok, kv_m, d, blk, bits_ptr, HEAD_DIM: tl.constexp
 @triton.jit
 def _span_rows(ptr, bt_row, start, s_hi, h: tl.constexpr, kvh, stride_b, stride_s, stride_h, HALF: tl.constexpr):
     """[HALF] pointers to the rows of block `start // HALF + h` (a tile of two whole blocks of HALF tokens) and its
-    block id (0 where the tile ends before it, every row then masked), one scalar load of the block table."""
+    block id (0 where the tile ends before it: every row then masked, its fp16 codes read from block 0 and unused,
+    `_mixed_span_codes`), one scalar load of the block table."""
     ok = start + h * HALF < s_hi
     bt = tl.load(bt_row + start // HALF + h, mask=ok, other=0).to(tl.int64)
     return ptr + bt * stride_b + kvh * stride_h + tl.arange(0, HALF) * stride_s, bt
@@ -610,6 +612,12 @@ def _mixed_span_codes(crow, crow1, blk0, blk1, start, s_hi, d, d_ok, bits_ptr, H
     r = start + tl.arange(0, HALF)
     ok0 = r < s_hi
     ok1 = r + HALF < s_hi
+    if out_ty == tl.float16:
+        # Rows past the end are read unmasked: every row lies in an allocated block (block 0 once the tile has ended,
+        # `_span_rows`), any bytes unpack to finite fp16 codes (`chunk_words_f16`), and those rows meet masked scores
+        # and zero probabilities. Masked, each load took a zero fill, and the 2- and 4-bit loads a branch.
+        ok0 = tl.full([HALF], 1, tl.int1)
+        ok1 = ok0
     c0 = _mixed_block_words(crow[:, None], ok0, ok0[:, None] & d_ok[None, :], d, blk0, bits_ptr, HEAD_DIM, DIM_PAD,
                             HALF, out_ty, INTERPRETED)  # fmt: skip
     c1 = _mixed_block_words(crow1[:, None], ok1, ok1[:, None] & d_ok[None, :], d, blk1, bits_ptr, HEAD_DIM, DIM_PAD,
