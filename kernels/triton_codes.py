@@ -12,6 +12,11 @@ KV attention and the weight-only GEMM kernels.
 * `words_f16`: 8-, 4- and 2-bit words -> fp16 pairs by one mask-and-OR per two codes (the fp16x2 magic number), in
   a column order of its own (`pair_order`) that a kernel folds into its other operands' indexing (`pair_cols`
   permutes a vector or tile loaded in element order into it, in registers).
+* `words_f16_units` / `chunk_words_f16` (the mixed-precision cache's words): codes c -> c / `CODE_UNITS` (1024) in
+  fp16 by one mask and one packed multiply per two codes: a code masked in place in a half's low 10 bits is an fp16
+  subnormal, which a power of two brings up exactly (no magic number to OR in and subtract). `chunk_words_f16` puts
+  every width in one column order, recombining the 8- and 4-bit words' halves by byte permutes (`prmt`: PTX
+  `prmt.b32` by inline assembly; shifts and masks in the interpreter).
 * `opaque_f16`: an fp16 tile unchanged, through a register move Triton cannot see through, so a `tl.join` tree
   before it does not halve the dot operand's width in Triton's choice of layout (sm_90: kWidth 4, Q reloaded by
   64-bit shared-memory loads and register moves every tile, instead of 2 and ldmatrix).
@@ -161,24 +166,78 @@ def pair_cols(x, BITS: tl.constexpr):
 
 
 @triton.jit
-def chunk_words_f16(words, BITS: tl.constexpr):
-    """fp16 [.., NW * 32 / BITS] of int32 words [.., NW] of 8-, 4- or 2-bit codes, exactly, in one column order for
-    every width: 16-element chunks in `pair_order(c, 2)` (column 2 i + half holds element i + 8 half), so tiles of
-    different widths can meet one permuted q. 2 bits: `words_f16`. 8 and 4 bits: the chunk's words are first
-    recombined, low halves with low halves and high with high (a byte permute each), so each 32-bit word holds
-    elements i and i + 8 in its halves, then `words_f16` (NW: 4 / 2 words a chunk)."""
+def words_f16_units(words, BITS: tl.constexpr, INTERPRETED: tl.constexpr = False):
+    """fp16 [.., NW, 32 / BITS] of int32 words [.., NW] of 8-, 4- or 2-bit codes c, as c / CODE_UNITS (1024) exactly,
+    in `words_f16`'s column order, by one mask and one packed multiply per two codes: a code masked in place in bits
+    b .. b + BITS - 1 <= 9 of each half is already an fp16 pair of subnormals c 2^(b - 24) (exponent bits zero),
+    which one HMUL2 by 2^(14 - b) makes c 2^-10 (exact: a normal number, or zero). The magic number of `words_f16`
+    (an OR with 0x6400 and a subtraction of 1024) took one more op a pair. Codes in bits 10-15 of a half (the
+    exponent) are shifted down first: one shift a word at 8 (the odd bytes), 4 (the upper two nibbles) and 2 bits
+    (the upper four pairs); `words_f16` shifts 2-bit words 7 times. fp16 HMUL2 keeps subnormal inputs (PTX `mul.f16x2`
+    without .ftz, as Triton emits it); the kernel multiplies the products back by CODE_UNITS in fp32."""
+    if BITS == 8:
+        # [.., i]: elements i, i + 2 at bits 0 .. 7; the odd bytes by one PRMT with zeros (by a shift and a mask, ptxas
+        # took them apart byte by byte after `prmt`: 4 ops a word)
+        x = tl.join(words & 0x00FF00FF, prmt(words, words & 0, 0x4341, INTERPRETED))
+        out = _halves(x) * 16384.0
+        return tl.reshape(out, (words.shape[0], words.shape[1], 4))
+    elif BITS == 2:
+        a = tl.join(words, words >> 8)  # [.., j3]: elements 4 j3 + r, 12 + 4 j3 + r (r < 4) at bits 2 r of each half
+        lo = tl.join(a & 0x00030003, a & 0x000C000C)  # [.., j3, j1]: r = j1
+        hi = tl.join(a & 0x00300030, a & 0x00C000C0)  # r = 2 + j1
+        x = tl.permute(tl.join(lo, hi), (0, 1, 2, 4, 3))  # [.., j3, j2, j1]: element j1 + 2 j2 + 4 j3 (+ 8 half)
+        j1 = tl.arange(0, 2)[None, None, None, None, :, None].to(tl.float16)
+        j2 = tl.arange(0, 2)[None, None, None, :, None, None].to(tl.float16)
+        out = _halves(x) * (16384.0 * (1.0 - 0.75 * j1) * (1.0 - 0.9375 * j2))  # 2^(14 - 2 r)
+        return tl.reshape(out, (words.shape[0], words.shape[1], 16))
+    else:
+        a = tl.join(words, words >> 8)  # [.., j]: elements 2j, 2j + 1, 2j + 4, 2j + 5 at bits 0, 4, 16, 20
+        x = tl.join(a & 0x000F000F, a & 0x00F000F0)  # [.., j, odd]: c 2^-24, odd 16 c 2^-24
+        odd = tl.arange(0, 2)[None, None, None, :, None].to(tl.float16)
+        out = _halves(x) * (16384.0 - 15360.0 * odd)  # 2^14, odd 2^10
+        return tl.reshape(out, (words.shape[0], words.shape[1], 8))
+
+
+CODE_UNITS = 1024.0  # `words_f16_units` / `chunk_words_f16`: an fp16 code there is c / CODE_UNITS
+
+
+@triton.jit
+def prmt(a, b, SEL: tl.constexpr, INTERPRETED: tl.constexpr):
+    """int32 a, b -> int32 whose byte n is byte SEL[4n + 2 : 4n] of {b, a} (bytes 0-3 a's, 4-7 b's): PTX `prmt.b32`
+    in its default mode (SEL's nibbles below 8, no sign replication), one PRMT. LLVM keeps no byte permute of its own,
+    and ptxas did not find one in shifts, masks and ORs (a recombine of two words' halves: 4 ops for 2 words, against
+    2 PRMT). Interpreted: the same bytes by shifts and masks."""
+    if INTERPRETED:
+        out = a & 0
+        for n in tl.static_range(4):
+            s: tl.constexpr = (SEL >> (4 * n)) & 7
+            src = a if s < 4 else b
+            out = out | (((src >> (8 * (s % 4))) & 0xFF) << (8 * n))
+        return out
+    else:
+        return tl.inline_asm_elementwise(f"prmt.b32 $0, $1, $2, {SEL};", "=r,r,r", [a, b], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def chunk_words_f16(words, BITS: tl.constexpr, INTERPRETED: tl.constexpr = False):
+    """fp16 [.., NW * 32 / BITS] of int32 words [.., NW] of 8-, 4- or 2-bit codes c, as c / CODE_UNITS exactly
+    (`words_f16_units`), in one column order for every width: 16-element chunks in `pair_order(c, 2)` (column 2 i +
+    half holds element i + 8 half), so tiles of different widths can meet one permuted q. 2 bits: as they are. 8 and
+    4 bits: the chunk's words are first recombined, low halves with low halves and high with high (a byte permute
+    each), so each 32-bit word holds elements i and i + 8 in its halves (NW: 4 / 2 words a chunk)."""
     N: tl.constexpr = words.shape[0]
     NW: tl.constexpr = words.shape[1]
     if BITS == 2:
-        out = tl.reshape(words_f16(words, 2), (N, NW * 16))
+        out = tl.reshape(words_f16_units(words, 2), (N, NW * 16))
     else:
         if BITS == 8:  # [chunk, t, pair]: words t and 2 + t of a chunk (elements 4 t .. and 8 + 4 t ..)
             wa, wb = tl.split(tl.permute(tl.reshape(words, (N, NW // 4, 2, 2)), (0, 1, 3, 2)))
         else:  # [chunk, pair]: a chunk's two words (elements 0 .. 7 and 8 .. 15)
             wa, wb = tl.split(tl.reshape(words, (N, NW // 2, 2)))
-        lo = (wa & 0xFFFF) | (wb << 16)
-        hi = ((wa >> 16) & 0xFFFF) | (wb & -65536)
+        lo = prmt(wa, wb, 0x5410, INTERPRETED)  # (wa & 0xFFFF) | (wb << 16)
+        hi = prmt(wa, wb, 0x7632, INTERPRETED)  # (wa >> 16) & 0xFFFF | (wb & 0xFFFF0000)
         x = tl.reshape(tl.join(lo, hi), (N, NW))
-        out = tl.reshape(words_f16(x, BITS), (N, NW * (32 // BITS)))
+        out = tl.reshape(words_f16_units(x, BITS, INTERPRETED), (N, NW * (32 // BITS)))
     return out
 

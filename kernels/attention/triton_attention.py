@@ -67,6 +67,7 @@ from codesign.kernels.kvcache.formats import (
 )
 from codesign.kernels.kvcache.oaken import index_capacity
 from codesign.kernels.triton_codes import (
+    CODE_UNITS,
     chunk_words_f16,
     codes_f16,
     opaque_f16,
@@ -104,11 +105,13 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 SUBBYTE_TILE_ELEMS = 16 * 128
 # Mixed chunks read as words at most this wide, on 4 warps: a tile inside one block, or of two whole blocks where two
 # fill it (each read at its own width, `_mixed_span_codes`). sm_90, bf16, head_dim 128, batch 16, context 32k
-# (`bench/attention_predict.py`): blocks of 32, 64 x 128 over two blocks takes 126 registers and 828-879 SASS a tile
-# (0.232 ms predicted), against 483-506 a 32-token tile in one block (112 registers, 0.267 ms); blocks of 64, 64 x 128
-# in one block 150 registers, 785 SASS (0.208; 32 x 128: 530, 0.279); blocks of 16 keep 16 x 128 (420 SASS, 0.439:
-# two blocks, 825 a 32-token tile at 140 registers, 0.432, not taken for 2 %). None measured. Earlier, 32 x 128 on 8
-# warps (394 SASS, 0.41 ms), 16 x 128 on 2 (586, 0.41) and on 8 (446, 0.93) predicted slower.
+# (`bench/attention_predict.py`): blocks of 32, 64 x 128 over two blocks takes 128 registers and 682-705 SASS a tile
+# (0.187 ms predicted), against 421-436 a 32-token tile in one block (108 registers, 0.230 ms); before the subnormal
+# unpack (`chunk_words_f16`) and the unmasked rows (`_mixed_span_codes`) 828-879 (0.232) against 483-506 (0.267), and,
+# not recounted since: blocks of 64, 64 x 128 in one block 150 registers, 785 SASS (0.208; 32 x 128: 530, 0.279);
+# blocks of 16 keep 16 x 128 (420 SASS, 0.439: two blocks, 825 a 32-token tile at 140 registers, 0.432, not taken for
+# 2 %). None measured. Earlier, 32 x 128 on 8 warps (394 SASS, 0.41 ms), 16 x 128 on 2 (586, 0.41) and on 8 (446,
+# 0.93) predicted slower.
 MIXED_WORDS_TILE = 64
 # KIVI's tile where it fits in a block, on 4 warps: sm_90, bf16, head_dim 128, G = R = 32, blocks of 32, its
 # code-only loop takes 397 SASS a 32-token tile and 124 registers (0.21 ms predicted at batch 16, context 32k),
@@ -148,6 +151,7 @@ _CAUSAL = tl.constexpr(MASK_CAUSAL)
 _TREE = tl.constexpr(MASK_TREE)
 _LOG2E = tl.constexpr(LOG2E)
 _LN2 = tl.constexpr(LN2)
+_CODE_UNITS = tl.constexpr(CODE_UNITS)
 
 
 @triton.jit
@@ -553,7 +557,7 @@ def _row_major_words(base, j_ok, NW_OK: tl.constexpr, NW: tl.constexpr):
 
 @triton.jit
 def _mixed_words(base, j_ok, kv_m, d, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-                 BLOCK_N: tl.constexpr, out_ty: tl.constexpr):  # fmt: skip
+                 BLOCK_N: tl.constexpr, out_ty: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
     """One width's tile of a mixed-precision block read as words: fp16 tiles by `chunk_words_f16` (one column order
     for every width, which q and the output follow), else int32 codes in order. 8 bits: `_row_major_words`, so each
     thread holds one row's 32 columns as the 4- and 2-bit tiles do and the branches meet without shared memory."""
@@ -564,7 +568,7 @@ def _mixed_words(base, j_ok, kv_m, d, BITS: tl.constexpr, HEAD_DIM: tl.constexpr
         else:
             w = tl.arange(0, DIM_PAD // PERW)
             words = tl.load(base + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
-        code = chunk_words_f16(words, BITS)
+        code = chunk_words_f16(words, BITS, INTERPRETED)
     else:
         code = _load_codes(base, d, j_ok, kv_m, BITS, True, HEAD_DIM, DIM_PAD, BLOCK_N)
     return code
@@ -572,23 +576,24 @@ def _mixed_words(base, j_ok, kv_m, d, BITS: tl.constexpr, HEAD_DIM: tl.constexpr
 
 @triton.jit
 def _mixed_block_words(base, j_ok, kv_m, d, blk, bits_ptr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-                       BLOCK_N: tl.constexpr, out_ty: tl.constexpr):  # fmt: skip
+                       BLOCK_N: tl.constexpr, out_ty: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
     """A tile of rows inside one mixed block (`_mixed_words`), its width read from the block's entry: one runtime
     branch a width, each yielding the same register layout."""
     nb = tl.load(bits_ptr + blk)
     if nb == 8:
-        code = _mixed_words(base, j_ok, kv_m, d, 8, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
+        code = _mixed_words(base, j_ok, kv_m, d, 8, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty, INTERPRETED)
     elif nb == 4:
-        code = _mixed_words(base, j_ok, kv_m, d, 4, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
+        code = _mixed_words(base, j_ok, kv_m, d, 4, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty, INTERPRETED)
     else:
-        code = _mixed_words(base, j_ok, kv_m, d, 2, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
+        code = _mixed_words(base, j_ok, kv_m, d, 2, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty, INTERPRETED)
     return code
 
 
 @triton.jit
 def _span_rows(ptr, bt_row, start, s_hi, h: tl.constexpr, kvh, stride_b, stride_s, stride_h, HALF: tl.constexpr):
     """[HALF] pointers to the rows of block `start // HALF + h` (a tile of two whole blocks of HALF tokens) and its
-    block id (0 where the tile ends before it, every row then masked), one scalar load of the block table."""
+    block id (0 where the tile ends before it: every row then masked, its fp16 codes read from block 0 and unused,
+    `_mixed_span_codes`), one scalar load of the block table."""
     ok = start + h * HALF < s_hi
     bt = tl.load(bt_row + start // HALF + h, mask=ok, other=0).to(tl.int64)
     return ptr + bt * stride_b + kvh * stride_h + tl.arange(0, HALF) * stride_s, bt
@@ -607,10 +612,16 @@ def _mixed_span_codes(crow, crow1, blk0, blk1, start, s_hi, d, d_ok, bits_ptr, H
     r = start + tl.arange(0, HALF)
     ok0 = r < s_hi
     ok1 = r + HALF < s_hi
+    if out_ty == tl.float16:
+        # Rows past the end are read unmasked: every row lies in an allocated block (block 0 once the tile has ended,
+        # `_span_rows`), any bytes unpack to finite fp16 codes (`chunk_words_f16`), and those rows meet masked scores
+        # and zero probabilities. Masked, each load took a zero fill, and the 2- and 4-bit loads a branch.
+        ok0 = tl.full([HALF], 1, tl.int1)
+        ok1 = ok0
     c0 = _mixed_block_words(crow[:, None], ok0, ok0[:, None] & d_ok[None, :], d, blk0, bits_ptr, HEAD_DIM, DIM_PAD,
-                            HALF, out_ty)  # fmt: skip
+                            HALF, out_ty, INTERPRETED)  # fmt: skip
     c1 = _mixed_block_words(crow1[:, None], ok1, ok1[:, None] & d_ok[None, :], d, blk1, bits_ptr, HEAD_DIM, DIM_PAD,
-                            HALF, out_ty)  # fmt: skip
+                            HALF, out_ty, INTERPRETED)  # fmt: skip
     if out_ty == tl.float16:
         c0 = opaque_f16(c0, INTERPRETED)
         c1 = opaque_f16(c1, INTERPRETED)
@@ -661,7 +672,8 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
         # Mixed chunks, the tile inside one block (BLOCK_N divides the block size; tiles start at multiples of
         # BLOCK_N): one width for the whole tile, its codes read as int32 words like the INT formats' instead
         # of a byte gather with a shift per row (the mixed cache ran at 1/11 of the bf16 cache on an H200).
-        code = _mixed_block_words(base, j_ok, kv_m, d, blk0, bits_ptr, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty)
+        code = _mixed_block_words(base, j_ok, kv_m, d, blk0, bits_ptr, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty,
+                                  INTERPRETED)  # fmt: skip
     else:
         nbits = tl.load(bits_ptr + blk, mask=j_ok, other=8).to(tl.int32)[:, None]  # per row: its block's width
         per = 8 // nbits
@@ -791,6 +803,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             q_mma = (qf * q_f[:, None]).to(tl.float16)
             if KV_FORMAT == _FP8:  # FP8: the key head scale joins the row factor (the value's scales the output)
                 q_unf = q_unf * tl.load(k_scale_ptr + kvh)
+            if MIXED_PAIRS:  # `chunk_words_f16`'s codes are c / CODE_UNITS: the scores take it back here, once
+                q_unf = q_unf * _CODE_UNITS
         else:
             q_mma = q
             q_unf = tl.full([BLOCK_M], 1.0, tl.float32)
@@ -967,6 +981,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                         # error in fp16): the tile's scales are brought to [1, 2) by a power of two first.
                         v_f, v_unf = pow2_scale(tl.max(vsc, 0), 0)
                         ps = (p * (vsc * v_f)[None, :]).to(tl.float16)
+                        if MIXED_PAIRS:  # (codes c / CODE_UNITS, `chunk_words_f16`)
+                            v_unf = v_unf * _CODE_UNITS
                     else:
                         v_unf = 1.0
                         ps = p * vsc[None, :]

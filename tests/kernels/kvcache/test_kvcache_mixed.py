@@ -41,7 +41,8 @@ def _setup(ctx, bs=BS, d=D, widths=None):
     of sequence b, in order)."""
     tables, nb = shuffled_block_tables(ctx, bs)
     cache = MixedPagedKV.empty(nb, bs, H, d)
-    cache.k_codes.random_(0, 256)
+    cache.k_codes.random_(0, 256)  # unused slots' code bytes: two-block tiles read the rows past the end unmasked
+    cache.v_codes.random_(0, 256)
     cache.k_meta.fill_(float("nan"))  # poison: unused slots
     cache.v_meta.fill_(float("nan"))
     slots, ks, vs = [], [], []
