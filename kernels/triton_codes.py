@@ -116,18 +116,26 @@ def words_f16(words, BITS: tl.constexpr):
     exact), so a word takes one shift, not three (Marlin's dequant); the fp16 pairs are joined last, so each
     thread's registers hold the columns in order and `opaque_f16` packs them as they are. sm_90, INT4 decode at
     64 x 128 on 4 warps: 707 SASS a tile with one shift, 727 with three; the element-order unpack took 1136 (byte
-    permutes to pair neighbouring codes). At 2 bits a word is shifted by 2 i (i < 8: 7 shifts down a join tree)
-    and each shift masked once: INT2 at 64 x 128 on 4 warps 719 SASS a tile, against 864 element by element."""
+    permutes to pair neighbouring codes). At 2 bits likewise: one shift a word (by 8), each pair masked in place at
+    bit b = 2 r and finished by one packed FMA (x 2^-b - 2^(10 - b), exact), where a word shifted by 2 i (i < 8: 7
+    shifts down a join tree) took 6 ops a word more: sm_90, INT2 at 64 x 128 on 4 warps 719 -> 702 SASS a tile,
+    KIVI INT2 at 32 x 128 446 -> 408 (864 element by element). The subnormal unpack (`words_f16_units`) paid
+    nothing here: per-token INT2 701, INT4 667 (653), INT8 743 (697), and KIVI's fp16 dequantization would need
+    its scales times 1024 in fp16 (overflow from 64 up)."""
     if BITS == 8:
         x = tl.join(words & 0x00FF00FF, (words >> 8) & 0x00FF00FF) | 0x64006400  # [.., i]: elements i, i + 2
         out = _halves(x)
         return tl.reshape(out, (words.shape[0], words.shape[1], 4)) - 1024.0
-    elif BITS == 2:  # shifted by 2 i (a join tree: 7 shifts a word), [.., i]: elements i, i + 8
-        a = tl.join(words, words >> 2)
-        a = tl.join(a, a >> 4)
-        a = tl.permute(tl.join(a, a >> 8), (0, 1, 4, 3, 2))  # [.., j3, j2, j1]: shift 2 (j1 + 2 j2 + 4 j3)
-        out = _halves((a & 0x00030003) | 0x64006400)
-        return tl.reshape(out, (words.shape[0], words.shape[1], 16)) - 1024.0
+    elif BITS == 2:  # masked in place at bit b = 2 r of each byte's half (one shift a word, as `words_f16_units`)
+        a = tl.join(words, words >> 8)  # [.., j3]: elements 4 j3 + r, 8 + 4 j3 + r (r < 4) at bits 2 r of each half
+        lo = tl.join(a & 0x00030003, a & 0x000C000C)  # [.., j3, j1]: r = j1
+        hi = tl.join(a & 0x00300030, a & 0x00C000C0)  # r = 2 + j1
+        x = tl.permute(tl.join(lo, hi), (0, 1, 2, 4, 3)) | 0x64006400  # [.., j3, j2, j1]: fp16 1024 + 2^b c
+        j1 = tl.arange(0, 2)[None, None, None, None, :, None].to(tl.float16)
+        j2 = tl.arange(0, 2)[None, None, None, :, None, None].to(tl.float16)
+        f = (1.0 - 0.75 * j1) * (1.0 - 0.9375 * j2)  # 2^-b
+        out = _halves(x) * f - 1024.0 * f  # one exact packed FMA: (1024 + 2^b c) 2^-b - 2^(10 - b) = c
+        return tl.reshape(out, (words.shape[0], words.shape[1], 16))
     else:
         a = tl.join(words, words >> 8)  # [.., j]: elements 2j, 2j + 1, 2j + 4, 2j + 5 at bits 0, 4, 16, 20
         x = tl.join((a & 0x000F000F) | 0x64006400, (a & 0x00F000F0) | 0x64006400)  # [.., j, odd]

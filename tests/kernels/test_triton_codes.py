@@ -1,7 +1,7 @@
 """`codesign.kernels.triton_codes` in the interpreter: every code below 1024 becomes its exact fp16 value,
 the power-of-two scales are exact and land where they say, and the join-tree unpack returns each word's
 codes in order at 2, 4 and 8 bits (random words, sign bits set), the paired fp16 unpack returns them
-exactly in its stated column order at 4 and 8 bits, the mixed chunks' unpack (`chunk_words_f16`: fp16 subnormals
+exactly in its stated column order at 2, 4 and 8 bits, the mixed chunks' unpack (`chunk_words_f16`: fp16 subnormals
 scaled up, byte permutes) returns c / CODE_UNITS exactly in its one column order at 2, 4 and 8 bits, and `prmt`
 picks PTX's bytes."""
 
@@ -86,10 +86,12 @@ def _pairs_probe(w_ptr, out_ptr, order_ptr, R: tl.constexpr, NW: tl.constexpr, B
     tl.store(order_ptr + c, pair_order(c, BITS))
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [2, 4, 8])
 def test_words_f16_exact_in_pair_order(bits):
     per = 32 // bits
     words = torch.randint(-(2**31), 2**31 - 1, (4, 8), dtype=torch.int64).to(torch.int32)
+    words[0] = -1  # every code at its largest (2^bits - 1), sign bits set
+    words[1] = 0
     out = torch.full((4, 8 * per), float("nan"), dtype=torch.float16)
     order = torch.full((8 * per,), -1, dtype=torch.int32)
     with use_backend("triton"):
