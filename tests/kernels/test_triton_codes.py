@@ -86,18 +86,25 @@ def _pairs_probe(w_ptr, out_ptr, order_ptr, R: tl.constexpr, NW: tl.constexpr, B
     tl.store(order_ptr + c, pair_order(c, BITS))
 
 
-@pytest.mark.parametrize("bits", [2, 4, 8])
-def test_words_f16_exact_in_pair_order(bits):
+def _run_unpack_probe(probe, bits: int):
+    """(fp16 out [4, 8 P] NaN-poisoned, column order, the codes in element order [4, 8 P]) of a probe unpacking 4 x 8
+    random words (row 0 all ones: every code at its largest, sign bits set; row 1 zeros), P = 32 / bits."""
     per = 32 // bits
     words = torch.randint(-(2**31), 2**31 - 1, (4, 8), dtype=torch.int64).to(torch.int32)
-    words[0] = -1  # every code at its largest (2^bits - 1), sign bits set
+    words[0] = -1
     words[1] = 0
     out = torch.full((4, 8 * per), float("nan"), dtype=torch.float16)
     order = torch.full((8 * per,), -1, dtype=torch.int32)
     with use_backend("triton"):
-        _pairs_probe[(1,)](words, out, order, R=4, NW=8, BITS=bits)
+        probe[(1,)](words, out, order, R=4, NW=8, BITS=bits)
     u = words.to(torch.int64) & 0xFFFFFFFF
-    codes = ((u[:, :, None] >> (torch.arange(per) * bits)) & (2**bits - 1)).reshape(4, 8 * per)
+    return out, order, ((u[:, :, None] >> (torch.arange(per) * bits)) & (2**bits - 1)).reshape(4, 8 * per)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_words_f16_exact_in_pair_order(bits):
+    per = 32 // bits
+    out, order, codes = _run_unpack_probe(_pairs_probe, bits)
     assert sorted(order.tolist()) == list(range(8 * per))  # a permutation inside each word
     assert torch.equal(order.view(8, per) // per, torch.arange(8)[:, None].expand(8, per).to(torch.int32))
     assert torch.equal(out.double(), codes[:, order.long()].double())
@@ -119,15 +126,7 @@ def test_chunk_words_f16_exact_in_chunk_order(bits):
     """Every code c of every width as c / CODE_UNITS exactly (fp16 subnormals brought up by powers of two), in the
     16-element chunks' order that q and the output follow (column 2 i + half: element i + 8 half of its chunk)."""
     per = 32 // bits
-    words = torch.randint(-(2**31), 2**31 - 1, (4, 8), dtype=torch.int64).to(torch.int32)
-    words[0] = -1  # every code at its largest (2^bits - 1), sign bits set
-    words[1] = 0
-    out = torch.full((4, 8 * per), float("nan"), dtype=torch.float16)
-    order = torch.full((8 * per,), -1, dtype=torch.int32)
-    with use_backend("triton"):
-        _chunk_probe[(1,)](words, out, order, R=4, NW=8, BITS=bits)
-    u = words.to(torch.int64) & 0xFFFFFFFF
-    codes = ((u[:, :, None] >> (torch.arange(per) * bits)) & (2**bits - 1)).reshape(4, 8 * per)
+    out, order, codes = _run_unpack_probe(_chunk_probe, bits)
     chunks = 8 * per // 16
     assert sorted(order.tolist()) == list(range(8 * per))
     chunk_of = torch.arange(chunks, dtype=torch.int32)[:, None].expand(chunks, 16)
