@@ -115,3 +115,32 @@ def test_the_cpu_torch_path_sums_exactly_in_either_layout(m, n, k):
     with use_backend("torch"):
         for w in layouts:
             assert torch.equal(qg.w8a8_gemm(x, w, w_s, None), want), w.dtype
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 8, 300])
+@pytest.mark.parametrize("variant", ["triton", "fusedq", "tma", "torch"])
+def test_every_variant_compiled_gives_the_same_bits_from_either_layout(variant, m):
+    """The compiled kernels at their default configs (the signed codes streamed by `cp.async` / TMA, the packed words
+    unpacked in registers): the same outputs bit for bit, within the output's rounding of fp64."""
+    from codesign.autotune.lookup import forced_config
+    from codesign.backend import device_view
+    from codesign.kernels.gemm import torch_mm
+    from codesign.kernels.gemm import triton_gemm as qt
+    from codesign.kernels.gemm import triton_tma as tt
+
+    n, k = 4096 + 64, 1024
+    dev = torch.device("cuda")
+    if variant == "tma" and tt.why_not(m, n, k, device_view(dev)):
+        pytest.skip(tt.why_not(m, n, k, device_view(dev)))
+    if variant == "torch" and torch_mm.why_not(m, n, k, False, torch.bfloat16, dev):
+        pytest.skip(torch_mm.why_not(m, n, k, False, torch.bfloat16, dev))
+    qw = qf.quantize_rtn(torch.randn(n, k), "int8", None, True, torch.float32)
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+    nk = qf.int8_codes_nk(qw.qweight)
+    outs = []
+    with use_backend("triton"), forced_config(qt.scaled_mm_variant_op(False), qt.scaled_mm_variant_entry(variant)):
+        for w in (qw.qweight.cuda(), nk.cuda().t()):
+            outs.append(qg.w8a8_gemm(x.cuda(), w, qw.scales.cuda(), None).cpu())
+    assert torch.equal(outs[0], outs[1])
+    assert_rel_close(outs[1], _ref(x, nk.t(), qw.scales, None), BOUND[torch.bfloat16], f"{variant} M={m}")
