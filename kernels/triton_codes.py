@@ -126,15 +126,9 @@ def words_f16(words, BITS: tl.constexpr):
         x = tl.join(words & 0x00FF00FF, (words >> 8) & 0x00FF00FF) | 0x64006400  # [.., i]: elements i, i + 2
         out = _halves(x)
         return tl.reshape(out, (words.shape[0], words.shape[1], 4)) - 1024.0
-    elif BITS == 2:  # masked in place at bit b = 2 r of each byte's half (one shift a word, as `words_f16_units`)
-        a = tl.join(words, words >> 8)  # [.., j3]: elements 4 j3 + r, 8 + 4 j3 + r (r < 4) at bits 2 r of each half
-        lo = tl.join(a & 0x00030003, a & 0x000C000C)  # [.., j3, j1]: r = j1
-        hi = tl.join(a & 0x00300030, a & 0x00C000C0)  # r = 2 + j1
-        x = tl.permute(tl.join(lo, hi), (0, 1, 2, 4, 3)) | 0x64006400  # [.., j3, j2, j1]: fp16 1024 + 2^b c
-        j1 = tl.arange(0, 2)[None, None, None, None, :, None].to(tl.float16)
-        j2 = tl.arange(0, 2)[None, None, None, :, None, None].to(tl.float16)
-        f = (1.0 - 0.75 * j1) * (1.0 - 0.9375 * j2)  # 2^-b
-        out = _halves(x) * f - 1024.0 * f  # one exact packed FMA: (1024 + 2^b c) 2^-b - 2^(10 - b) = c
+    elif BITS == 2:
+        x, f = _pairs_in_place(words)
+        out = _halves(x | 0x64006400) * f - 1024.0 * f  # one exact packed FMA: (1024 + 2^b c) 2^-b - 2^(10 - b) = c
         return tl.reshape(out, (words.shape[0], words.shape[1], 16))
     else:
         a = tl.join(words, words >> 8)  # [.., j]: elements 2j, 2j + 1, 2j + 4, 2j + 5 at bits 0, 4, 16, 20
@@ -142,6 +136,21 @@ def words_f16(words, BITS: tl.constexpr):
         odd = tl.arange(0, 2)[None, None, None, :, None].to(tl.float16)
         out = _halves(x) * (1.0 - 0.9375 * odd) + (960.0 * odd - 1024.0)  # odd: 1024 + 16 c, so x / 16 - 64
         return tl.reshape(out, (words.shape[0], words.shape[1], 8))
+
+
+@triton.jit
+def _pairs_in_place(words):
+    """2-bit words [.., NW] -> (int32 [.., NW, 2, 2, 2] whose halves hold one code each masked in place at bit
+    b = 2 r of the half, fp16 2^-b broadcastable to its `_halves`), by one shift a word: [.., j3, j2, j1] holds
+    element j1 + 2 j2 + 4 j3 in its low half and 8 + that in its high (r = j1 + 2 j2). `words_f16` and
+    `words_f16_units` finish it."""
+    a = tl.join(words, words >> 8)  # [.., j3]: elements 4 j3 + r, 8 + 4 j3 + r (r < 4) at bits 2 r of each half
+    lo = tl.join(a & 0x00030003, a & 0x000C000C)  # [.., j3, j1]: r = j1
+    hi = tl.join(a & 0x00300030, a & 0x00C000C0)  # r = 2 + j1
+    x = tl.permute(tl.join(lo, hi), (0, 1, 2, 4, 3))  # [.., j3, j2, j1]
+    j1 = tl.arange(0, 2)[None, None, None, None, :, None].to(tl.float16)  # (the last axis: `_halves`' two halves)
+    j2 = tl.arange(0, 2)[None, None, None, :, None, None].to(tl.float16)
+    return x, (1.0 - 0.75 * j1) * (1.0 - 0.9375 * j2)  # 2^-b, b = 2 j1 + 4 j2
 
 
 @triton.jit
@@ -190,13 +199,8 @@ def words_f16_units(words, BITS: tl.constexpr, INTERPRETED: tl.constexpr = False
         out = _halves(x) * 16384.0
         return tl.reshape(out, (words.shape[0], words.shape[1], 4))
     elif BITS == 2:
-        a = tl.join(words, words >> 8)  # [.., j3]: elements 4 j3 + r, 12 + 4 j3 + r (r < 4) at bits 2 r of each half
-        lo = tl.join(a & 0x00030003, a & 0x000C000C)  # [.., j3, j1]: r = j1
-        hi = tl.join(a & 0x00300030, a & 0x00C000C0)  # r = 2 + j1
-        x = tl.permute(tl.join(lo, hi), (0, 1, 2, 4, 3))  # [.., j3, j2, j1]: element j1 + 2 j2 + 4 j3 (+ 8 half)
-        j1 = tl.arange(0, 2)[None, None, None, None, :, None].to(tl.float16)
-        j2 = tl.arange(0, 2)[None, None, None, :, None, None].to(tl.float16)
-        out = _halves(x) * (16384.0 * (1.0 - 0.75 * j1) * (1.0 - 0.9375 * j2))  # 2^(14 - 2 r)
+        x, f = _pairs_in_place(words)
+        out = _halves(x) * (16384.0 * f)  # 2^(14 - b)
         return tl.reshape(out, (words.shape[0], words.shape[1], 16))
     else:
         a = tl.join(words, words >> 8)  # [.., j]: elements 2j, 2j + 1, 2j + 4, 2j + 5 at bits 0, 4, 16, 20

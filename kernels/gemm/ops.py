@@ -138,8 +138,9 @@ def _wq_torch(x2, qweight, scales, zeros, bias, bits, group) -> torch.Tensor:
     return y.to(x2.dtype)
 
 
-# Below this K an int8 dot's |sum| <= 127 * 127 * K fits int32: `torch._int_mm` is exact there.
-_INT_MM_MAX_K = (2**31 - 1) // (127 * 127)
+# Up to this K an int8 dot's |sum| <= 127 * 128 * K fits int32 (activation codes within +-127, weight codes -128 ..
+# 127): `torch._int_mm` is exact there.
+_INT_MM_MAX_K = (2**31 - 1) // (127 * 128)
 
 
 def _scaled_mm_torch(aq, a_s, w, w_s, bias, out_dtype, fp8: bool) -> torch.Tensor:
