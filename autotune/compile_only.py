@@ -152,6 +152,9 @@ PTX_OPS = {
     # tile on sm_90 Triton's mma.sync takes e4m3 upcast to f16 instead), not a wider copy of them.
     "mma_s8": r"\b(?:mma\.sync|wgmma\.mma_async\.sync)\.aligned(?:\.\w+)*?\.s32\.s8\.s8\b",
     "mma_e4m3": r"\b(?:mma\.sync|wgmma\.mma_async\.sync)\.aligned(?:\.\w+)*?\.f32\.e4m3\.e4m3\b",
+    # fp16 arithmetic that flushes subnormals: the mixed KV cache's codes are fp16 subnormals made normal by one
+    # packed multiply (`triton_codes.words_f16_units`), which a flush to zero would turn into zeros.
+    "f16_ftz": r"\b(?:mul|fma|add|sub)(?:\.\w+)*?\.ftz(?:\.\w+)*?\.f16(?:x2)?\b",
     # fp32 atomic adds to global memory (split-K reductions), with or without a returned value.
     "atomic_add_f32": r"\b(?:red|atom)\.global(?:\.\w+)*?\.add(?:\.\w+)*?\.f32\b",
 }

@@ -76,9 +76,12 @@ def test_ptx_census_counts_each_instruction_kind():
     red.global.gpu.relaxed.add.v4.f32 [%rd5], {%f1, %f2, %f3, %f4};
     atom.global.gpu.acq_rel.add.f32 %f5, [%rd6], %f6;
     atom.global.add.u32 %r9, [%rd7], 1;
+    mul.f16x2 %r10, %r11, %r12;
+    mul.rn.ftz.f16x2 %r10, %r11, %r12;
+    fma.rn.ftz.f32 %f7, %f8, %f9, %f10;
     """
     want = {"wgmma": 3, "wgmma_8bit": 2, "mma_sync": 2, "cp_async": 2, "tma": 1, "ld_global_v4": 2, "ld_global": 3,
-            "cvt_i2f": 2, "mma_s8": 2, "mma_e4m3": 1, "atomic_add_f32": 2}  # fmt: skip
+            "cvt_i2f": 2, "mma_s8": 2, "mma_e4m3": 1, "f16_ftz": 1, "atomic_add_f32": 2}  # fmt: skip
     assert ptx_census(ptx) == want
 
 
@@ -330,6 +333,8 @@ for kv_ in [l for l in s.launches if l.constexprs.get("KV_FORMAT") == pt.KV_FORM
 for l in s.launches:
     if l.kernel == "_paged_attn_kernel":
         assert l.ptx_ops["cvt_i2f"] <= 4, (l.constexprs["KV_FORMAT"], l.ptx_ops)
+        # Mixed's codes are fp16 subnormals until one packed multiply: no fp16 op may flush them to zero.
+        assert l.ptx_ops["f16_ftz"] == 0, (l.constexprs["KV_FORMAT"], l.ptx_ops)
 # Oaken's offline variant (8-bit metadata on a per-head grid) at its default: 64 x 128 spilled 52 B.
 from codesign.kernels.kvcache.oaken import OakenPagedKV
 from codesign.kernels.attention.quantized import oaken_attention
