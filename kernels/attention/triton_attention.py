@@ -128,6 +128,18 @@ KIVI_WORDS_TILE = 32
 TREE_MAX_BLOCK_N = 64
 TREE_MIN_WARPS = 8
 TREE_FOUR_WARP_FORMATS = (KV_FORMAT_PLAIN, KV_FORMAT_FP8)
+# Extend launches follow the tree's warps rule (sm_90, bf16, 64 x 128 on 4 warps: INT8 spilled 20 B, INT2 16 B;
+# 8 warps: 221 registers). Oaken's extend and tree rows are all real heads: the outlier corrections' [64,
+# BLOCK_N] and the value scratch spilled at 64 x 128 (blocks of 32: 960 B on 4 warps, the tree 324 B on 8).
+# Without warpgroup MMA (sm_80 / sm_89: mma.sync keeps both dot operands and the accumulators in registers)
+# every 64 x 128 rows tile spilled on 4 warps (bf16 extend 80 B, tree 112 B; 8 warps: 172 / 193 registers)
+# and the integer-coded caches' also on 8 (INT8 extend 112 B, tree 164 B) until the query rows halved (196-212
+# registers with 32 rows). Compile-only evidence, untimed.
+ROWS_OAKEN_BLOCK_N = 32
+# A mixed cache's tree tile over two blocks (64 x 128) spilled 164 B on 8 warps (sm_90, bf16; 120 B on 4); one
+# block a tile, 32 x 128 on 8 warps, takes 205 registers.
+ROWS_MIXED_TREE_BLOCK_N = 32
+ROWS_SYNC_MMA_CODED_M = 32
 # The kernel reads a row's mask bits for one tile as a 64-bit window (`tree_mask_words`); a tile starts at most
 # BLOCK_N <= 64 keys before the tree, so the packed bits start this far in.
 TREE_PAD_BITS = tl.constexpr(64)
@@ -1192,6 +1204,29 @@ def tree_config(cfg: dict, kv_format: int = KV_FORMAT_PLAIN) -> dict:
     return {**cfg, "BLOCK_N": bn, "num_warps": warps}
 
 
+def rows_config(cfg: dict, kv_format: int, is_tree: bool, capability: tuple[int, int] | None) -> dict:
+    """`cfg` for an extend or tree launch, whose programs hold a 64-row query tile (decode's hold one head
+    group), so that it does not spill: Oaken's corrections at most ROWS_OAKEN_BLOCK_N wide on 8 warps; a tree
+    at most TREE_MAX_BLOCK_N wide (a mixed cache's ROWS_MIXED_TREE_BLOCK_N on 8 warps); a 64-wide tile on
+    TREE_MIN_WARPS for caches outside TREE_FOUR_WARP_FORMATS; and on GPUs without warpgroup MMA (capability
+    below 9.0) TREE_MIN_WARPS for every cache and ROWS_SYNC_MMA_CODED_M query rows for the coded ones. The
+    table's tile is kept otherwise (decode and rows launches share a format's table, bucketed by batch)."""
+    fmt = kv_format
+    if fmt in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
+        cfg = {**cfg, "BLOCK_N": min(cfg["BLOCK_N"], ROWS_OAKEN_BLOCK_N), "num_warps": max(cfg["num_warps"], 8)}
+    if is_tree and fmt == KV_FORMAT_MIXED:
+        cfg = {**cfg, "BLOCK_N": min(cfg["BLOCK_N"], ROWS_MIXED_TREE_BLOCK_N), "num_warps": max(cfg["num_warps"], 8)}
+    if is_tree:
+        cfg = tree_config(cfg, fmt)
+    elif cfg["BLOCK_N"] >= TREE_MAX_BLOCK_N and fmt not in TREE_FOUR_WARP_FORMATS:
+        cfg = {**cfg, "num_warps": max(cfg["num_warps"], TREE_MIN_WARPS)}
+    if capability is not None and capability < (9, 0):
+        cfg = {**cfg, "num_warps": max(cfg["num_warps"], TREE_MIN_WARPS)}
+        if fmt not in TREE_FOUR_WARP_FORMATS:
+            cfg["BLOCK_M"] = min(cfg["BLOCK_M"], ROWS_SYNC_MMA_CODED_M)
+    return cfg
+
+
 def tree_mask_words(mask: torch.Tensor) -> torch.Tensor:
     """The flat uint8 tree mask as int64 words of 64 bits (bit k of word w: element 64 w + k - TREE_PAD_BITS),
     TREE_PAD_BITS zero bits first and a zero word last, so every 64-bit window the kernel reads lies inside."""
@@ -1293,12 +1328,8 @@ def plan_launch(
     bs, hkv, b = kv_shape[1], kv_shape[2], batch.block_tables.shape[0]
     view = device_view(q.device)
     cfg = launch_config(hq, hkv, dim, bs, batch.block_tables.shape[0], q.device, q.element_size(), kv_format, bits)
-    if kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) and not batch.is_decode:
-        # Extend and tree rows are all real heads (64 of them): the outlier corrections' [64, BLOCK_N] and the
-        # value scratch spill at 64 x 128 (sm_90, bf16, blocks of 32: 960 B on 4 warps, tree 324 B on 8).
-        cfg = {**cfg, "BLOCK_N": min(cfg["BLOCK_N"], 32), "num_warps": max(cfg["num_warps"], 8)}
-    if batch.is_tree:
-        cfg = tree_config(cfg, kv_format)
+    if not batch.is_decode:
+        cfg = rows_config(cfg, kv_format, batch.is_tree, view.capability)
     gpad, bq = rows_layout(hq // hkv, cfg["BLOCK_M"], batch.is_decode, view.min_dot_rows)
     if num_splits is None:
         b = batch.block_tables.shape[0]

@@ -371,3 +371,51 @@ print("ok")
 """
     )
     assert_runs_without_interpreter(code)
+
+
+def test_extend_and_tree_launches_do_not_spill_with_either_mma():
+    """Extend and tree programs hold 64 query rows (`triton_attention.rows_config`). Before that rule, compiled
+    for sm_80 (mma.sync: both dot operands and the accumulators in registers) in bf16 at head_dim 128 every
+    such launch spilled on 4 warps (bf16 tree 112 B, INT8 extend 532 B; INT8 tree 164 B even on 8 warps), and for
+    sm_90 the INT8 extend spilled 20 B on 4 warps and the mixed tree over two blocks 164 B on 8."""
+    code = (
+        _PRELUDE
+        + """
+from codesign.backend import use_backend
+from codesign.kernels.attention.paged import tree_attention
+from codesign.kernels.attention.quantized import kvq_extend_attention, kvq_tree_attention, mixed_attention
+from codesign.kernels.attention.tree import build_tree_batch
+from codesign.kernels.kvcache.kvq import QuantPagedKV
+from codesign.kernels.kvcache.mixed import MixedPagedKV
+B, Q, P, HQ, HKV, D = 4, 64, 4096, 32, 8, 128
+tree = build_tree_batch([[-1] + [i // 2 for i in range(Q - 1)]] * B, [P] * B)
+bt = torch.zeros(B, (P + Q) // 16 + 5, dtype=torch.int32)
+cl = torch.full((B,), P + Q, dtype=torch.int32)
+cu = torch.arange(0, (B + 1) * Q, Q, dtype=torch.int32)
+q = torch.zeros(B * Q, HQ, D, dtype=torch.bfloat16)
+kv = torch.zeros(2, 16, HKV, D, dtype=torch.bfloat16)
+fp8 = QuantPagedKV.empty(4, 16, HKV, D, "fp8", "cpu", torch.full((HKV,), 0.01), torch.full((HKV,), 0.01))
+int8 = QuantPagedKV.empty(4, 16, HKV, D, "int8")
+mixed = MixedPagedKV.empty(8, 32, HKV, D)
+bt32 = torch.zeros(B, (P + Q) // 32 + 5, dtype=torch.int32)
+cases = {
+    80: {"bf16 tree": lambda: tree_attention(q, kv, kv, bt, tree, check_data=False),
+         "fp8 tree": lambda: kvq_tree_attention(q, fp8, bt, tree, check_data=False),
+         "int8 extend": lambda: kvq_extend_attention(q, int8, bt, cl, cu, check_data=False),
+         "int8 tree": lambda: kvq_tree_attention(q, int8, bt, tree, check_data=False),
+         "mixed tree": lambda: mixed_attention(q, mixed, bt32, cl, tree=tree, check_data=False)},
+    90: {"int8 extend": lambda: kvq_extend_attention(q, int8, bt, cl, cu, check_data=False),
+         "mixed tree": lambda: mixed_attention(q, mixed, bt32, cl, tree=tree, check_data=False)},
+}
+gpus = {80: "NVIDIA A100-SXM4-80GB", 90: "NVIDIA H200"}
+for arch, calls in cases.items():
+    for name, call in calls.items():
+        with use_backend("triton"), compile_only(arch, gpus[arch]) as s:
+            call()
+        (l,) = [l for l in s.launches if l.kernel == "_paged_attn_kernel"]
+        assert l.problems() == [], (arch, name, l.registers, l.problems())
+        assert l.num_warps == 8 or (arch == 90 and name.startswith(("bf16", "fp8"))), (arch, name, l.num_warps)
+print("ok")
+"""
+    )
+    assert_runs_without_interpreter(code)
