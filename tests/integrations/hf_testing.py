@@ -2,35 +2,50 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
-from transformers import (
-    Gemma2Config,
-    Gemma2ForCausalLM,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
+import transformers
 
-from codesign.integrations.hf._compat import cache_kwarg
+from codesign.integrations.hf._compat import VERSION, cache_kwarg
+from codesign.integrations.hf.support import FAMILY_SINCE
 
 VOCAB = 96
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0,
               bos_token_id=1, eos_token_id=2)  # fmt: skip
 NO_EOS = VOCAB  # past the vocabulary: an end-of-sequence id that is never generated
+# MoE: 4 experts (Mixtral's `num_local_experts`, Qwen's `num_experts`), top 2.
+MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+# (config class, model class, config) by the text config's model_type; classes by name, so that a family the
+# installed transformers lacks is skipped (`family_params`) instead of failing the import.
 # Windows and soft caps small enough to bite within a 12-token prompt and 8 new tokens.
 FAMILIES = {
-    "llama": (LlamaConfig, LlamaForCausalLM, {}),
-    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 5}),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 16}),
-    "gemma2": (Gemma2Config, Gemma2ForCausalLM, {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 4,
-                                                  "attn_logit_softcapping": 1.0, "final_logit_softcapping": None}),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 5}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 4,
+                                                  "max_window_layers": 1}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 4,
+                                                      "attn_logit_softcapping": 1.0, "final_logit_softcapping": None}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"sliding_window": 5, "num_local_experts": 4,
+                                                        "num_experts_per_tok": 2}),
+    # Layer 0 sliding, layer 1 full (Qwen2-MoE: even layers below max_window_layers); a shared expert.
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {**MOE, "num_experts": 4, "use_sliding_window": True,
+                                                            "sliding_window": 4, "max_window_layers": 2,
+                                                            "shared_expert_intermediate_size": 64}),
+    # A window on every layer (as Qwen3-MoE applies use_sliding_window); layer 1 a dense MLP (mlp_only_layers).
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {**MOE, "num_experts": 4, "head_dim": 16,
+                                                            "use_sliding_window": True, "sliding_window": 5,
+                                                            "mlp_only_layers": [1]}),
+    # Untied head: with Gemma's tied embedding (scaled by sqrt(hidden)) this tiny model repeats its last token.
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16, "tie_word_embeddings": False}),
+    # Layer 0 sliding (local RoPE base), layer 1 full; scale 64**-0.5, not head_dim**-0.5.
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16, "query_pre_attn_scalar": 64,
+                                                              "sliding_window": 4, "final_logit_softcapping": None,
+                                                              "layer_types": ["sliding_attention", "full_attention"]}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"sliding_window": 5}),  # fused qkv_proj
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", {"attention_multiplier": 0.5}),  # not head_dim**-0.5 = 0.25
 }  # fmt: skip
 # Both sides compute in fp32 (logits agree to ~1e-5): a lead of 1e-3 cannot flip.
 DECISIVE = 1e-3
@@ -40,23 +55,46 @@ DECISIVE_QUANT = 5e-2
 REFERENCE_ATTN = {"gemma2": "eager"}  # torch's sdpa has no soft cap
 
 
+def family_missing(family: str) -> str | None:
+    """Why the installed transformers cannot run `family`'s tests (None: it can)."""
+    cfg_name, model_name, _ = FAMILIES[family]
+    if not all(hasattr(transformers, n) for n in (cfg_name, model_name)):
+        return f"transformers {transformers.__version__} has no {model_name}"
+    since = FAMILY_SINCE.get(family)
+    if since is not None and VERSION < since:
+        return f"{family} is served from transformers {since[0]}.{since[1]}"
+    return None
+
+
+def family_params(families, *more) -> list:
+    """pytest params `(family, *more)` (`family` alone without `more`) of `families`, each skipped where the
+    installed transformers cannot run it."""
+    return [pytest.param(f, *more, marks=pytest.mark.skipif(bool(family_missing(f)), reason=family_missing(f) or ""))
+            for f in families]  # fmt: skip
+
+
 def tiny_model(family: str = "llama", seed: int = 0, sharpen: float = 8.0, **overrides):
     """A random-weight model; q and k scaled by `sharpen` so that attention is far from uniform (positions,
     masks, windows and soft caps then change the tokens)."""
-    cfg_cls, model_cls, extra = FAMILIES[family]
+    cfg_name, model_name, extra = FAMILIES[family]
     torch.manual_seed(seed)
-    cfg = cfg_cls(**{**COMMON, **extra, **overrides})
+    cfg = getattr(transformers, cfg_name)(**{**COMMON, **extra, **overrides})
     cfg._attn_implementation = REFERENCE_ATTN.get(family, "sdpa")
-    model = model_cls(cfg).eval()
+    model = getattr(transformers, model_name)(cfg).eval()
     with torch.no_grad():
         for layer in model.model.layers:
             a = layer.self_attn
-            for w in (
-                (a.q_norm.weight, a.k_norm.weight)
-                if hasattr(a, "q_norm")
-                else (a.q_proj.weight, a.k_proj.weight)
-            ):
-                w *= sharpen
+            if hasattr(a, "q_norm"):
+                ws = (a.q_norm.weight, a.k_norm.weight)
+            elif hasattr(a, "qkv_proj"):  # Phi-3: q rows, then k rows, then v rows
+                ws = (a.qkv_proj.weight[: (cfg.num_attention_heads + cfg.num_key_value_heads) * a.head_dim],)
+            else:
+                ws = (a.q_proj.weight, a.k_proj.weight)
+            for w in ws:
+                if "Gemma" in type(a).__name__ and hasattr(a, "q_norm"):  # Gemma3's norms scale by 1 + weight
+                    w.add_(1).mul_(sharpen).sub_(1)
+                else:
+                    w *= sharpen
     return model
 
 

@@ -1,14 +1,18 @@
 """codesign_paged attention + CodesignCache inside transformers' generate: greedy tokens as HF's own attention
-for Llama, Mistral (sliding window), Qwen2 (sliding layers), Qwen3 and Gemma2 (soft cap), through the torch
-path and the Triton kernels (interpreter); block sizes 1, 4, 16 over scrambled pools; padded batches;
-prompt lookup (crop); and the refusals."""
+for every served family (hf_testing.FAMILIES: sliding windows on every layer or on some, soft caps, q/k norms,
+fused qkv, scales other than head_dim**-0.5, MoE MLPs), through the torch path and the Triton kernels
+(interpreter); block sizes 1, 4, 16 over scrambled pools; padded batches; prompt lookup (crop); and the
+refusals."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from hf_testing import (
+    FAMILIES,
     assert_same_greedy_where_decisive,
+    family_missing,
+    family_params,
     greedy,
     prompts,
     scramble_pool,
@@ -42,7 +46,7 @@ def paged():
         model.set_attn_implementation(prev)
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma2"])
+@pytest.mark.parametrize("family", family_params(FAMILIES))
 def test_greedy_matches_hf_attention_with_padding(family):
     model = tiny_model(family)
     ids, mask = prompts(3, 12, pads=(0, 4, 7))
@@ -80,7 +84,7 @@ def test_prompt_lookup_crops_the_cache(paged):
     assert cache.row_lengths() == [cache.seen]
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral"])
+@pytest.mark.parametrize("family", family_params(["llama", "mistral", "gemma3_text"]))
 def test_triton_kernels_in_the_interpreter(family):
     model = tiny_model(family)
     ids, mask = prompts(2, 9, pads=(0, 2))
@@ -130,11 +134,44 @@ def test_prefix_sharing_saves_blocks_and_keeps_tokens():
 
 # --- refusals -------------------------------------------------------------------------------------------
 def test_unsupported_family_is_refused():
-    from transformers import GPT2Config, GPT2LMHeadModel
+    """GPT-OSS: GQA and RoPE as Llama's, but each head's learned sink logit joins the softmax."""
+    from transformers import GptOssConfig, GptOssForCausalLM
 
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)).eval()
-    with pytest.raises(CodesignError, match="model family 'gpt2' is not supported"):
+    cfg = GptOssConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
+                       num_experts_per_tok=1, sliding_window=4)  # fmt: skip
+    model = GptOssForCausalLM(cfg).eval()
+    with pytest.raises(CodesignError, match="model family 'gpt_oss' is not supported: attention sinks"):
         generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=2)
+
+
+def test_bidirectional_gemma3_and_the_multimodal_wrapper_are_refused():
+    with pytest.raises(CodesignError, match="only causal decoder-only attention is served"):
+        generate(tiny_model("gemma3_text", use_bidirectional_attention=True), torch.tensor([[3, 4, 5]]),
+                 max_new_tokens=2)  # fmt: skip
+    from hf_testing import COMMON, FAMILIES
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)  # fmt: skip
+    text = {**COMMON, **FAMILIES["gemma3_text"][2]}
+    cfg = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    with torch.device("meta"):
+        model = Gemma3ForConditionalGeneration(cfg)
+    with pytest.raises(CodesignError, match="gemma3: Gemma3ForConditionalGeneration"):
+        generate(model, torch.tensor([[3, 4, 5]]), max_new_tokens=2)
+
+
+def test_qwen2_moe_needs_transformers_5(monkeypatch):
+    """4.57's Qwen2-MoE has its own attention classes: it would never call codesign_paged."""
+    import transformers
+
+    model = tiny_model("qwen2_moe") if not family_missing("qwen2_moe") else None
+    if model is None:
+        pytest.skip(family_missing("qwen2_moe"))
+    monkeypatch.setattr(transformers, "__version__", "4.57.6")
+    with pytest.raises(CodesignError, match="qwen2_moe is served from transformers 5.23 on"):
+        generate(model, torch.tensor([[3, 4, 5]]), max_new_tokens=2)
 
 
 def test_cache_refuses_a_foreign_attention():

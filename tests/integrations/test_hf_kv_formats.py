@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_testing import DECISIVE_QUANT, assert_same_greedy_where_decisive, greedy, prompts, tiny_model
+from hf_testing import (
+    DECISIVE_QUANT,
+    assert_same_greedy_where_decisive,
+    family_params,
+    greedy,
+    prompts,
+    tiny_model,
+)
 from transformers.cache_utils import Cache, DynamicLayer
 
 from codesign.integrations.hf import ATTN_NAME, CodesignCache, run_generate
@@ -116,9 +123,18 @@ def _block_bits(cache: CodesignCache) -> list[list[list[int]]]:
     return [[[int(layer.storage.kv.block_bits[b]) for b in r] for r in rows] for layer in cache.layers]
 
 
-@pytest.mark.parametrize("name", FORMATS)
-def test_quantized_cache_matches_the_reference_and_bounds_logits(name, record_property):
-    model = tiny_model("llama")
+# INT8 on an MoE family with a window on every layer, and on one mixing windows, q/k norms and its own scale:
+# measured as above, Mixtral 4.4e-3 to 1.3e-2, Gemma3 5.9e-2 to 7.5e-2 (its q/k norms, sharpened, give scores up
+# to ~100, where INT8's rounding of K moves the softmax most).
+FAMILY_BOUND = {("mixtral", "int8"): 3e-2, ("gemma3_text", "int8"): 0.15}
+
+
+# Every format on Llama; INT8 on two other families.
+@pytest.mark.parametrize(
+    "family, name", [("llama", n) for n in FORMATS] + family_params(["mixtral", "gemma3_text"], "int8")
+)
+def test_quantized_cache_matches_the_reference_and_bounds_logits(family, name, record_property):
+    model = tiny_model(family)
     ids, _ = prompts(2, 14, seed=5)
     run = run_generate(model, ids, _spec(name), block_size=BLOCK, max_new_tokens=NEW, do_sample=False,
                        pad_token_id=0, eos_token_id=None, return_dict_in_generate=True, output_logits=True)  # fmt: skip
@@ -132,7 +148,7 @@ def test_quantized_cache_matches_the_reference_and_bounds_logits(name, record_pr
     ours = torch.stack(run.output.logits, 1)
     err = float((ours - full).norm() / full.norm())
     record_property(f"logits_rel_err_{name}", err)
-    assert 0 < err < LOGIT_BOUND[name], err
+    assert 0 < err < FAMILY_BOUND.get((family, name), LOGIT_BOUND[name]), err
 
 
 @pytest.mark.parametrize("name", ["int4-kivi", "int4-oaken"])

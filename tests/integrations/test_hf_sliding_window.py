@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_testing import NO_EOS, assert_same_greedy_where_decisive, greedy, prompts, tiny_model
+from hf_testing import NO_EOS, assert_same_greedy_where_decisive, family_missing, greedy, prompts, tiny_model
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from codesign.integrations.hf import ATTN_NAME, CodesignCache, TreeSpeculator, run_generate
@@ -196,11 +196,15 @@ def test_every_format_attends_bit_for_bit_as_without_freeing(name, family, monke
 
 
 @numerics
-@pytest.mark.parametrize("family, layers", [("qwen2", (0, 1)), ("gemma2", (1, 0))])
+@pytest.mark.parametrize("family, layers", [("qwen2", (0, 1)), ("gemma2", (1, 0)), ("gemma3_text", (1, 0)),
+                                            ("qwen2_moe", (1, 0))])  # fmt: skip
 def test_models_mixing_full_and_sliding_layers_free_the_sliding_ones(family, layers):
-    """Qwen2 (layer 0 full, layer 1 sliding: max_window_layers=1) and Gemma2 (alternating, layer 0 sliding):
-    a block table per window; the sliding layers' pool is sized for the window and their rows hold exactly the
-    bound, the full layers' hold every token."""
+    """Qwen2 (layer 0 full, layer 1 sliding: max_window_layers=1), Gemma2 and Gemma3 (alternating, layer 0
+    sliding), Qwen2-MoE (layer 0 sliding: even layers below max_window_layers): a block table per window; the
+    sliding layers' pool is sized for the window and their rows hold exactly the bound, the full layers' hold
+    every token."""
+    if family_missing(family):
+        pytest.skip(family_missing(family))
     full, sliding = layers
     model = tiny_model(family, sliding_window=WINDOW)
     ids, _ = prompts(1, 10, seed=3)

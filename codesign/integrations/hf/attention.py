@@ -25,8 +25,10 @@ from codesign.integrations.hf.support import ATTN_NAME, left_pads
 from codesign.specs import CodesignError
 
 TRANSIENT_BLOCK = 16
-# Keywords transformers passes that do not change the attention computed.
-_HARMLESS = {"position_ids", "use_cache", "cache_position", "output_hidden_states", "return_dict"}
+# Keywords transformers passes that do not change the attention computed (MoE models pass output_router_logits
+# through every layer).
+_HARMLESS = {"position_ids", "use_cache", "cache_position", "output_hidden_states", "return_dict",
+             "output_router_logits"}  # fmt: skip
 
 
 def codesign_mask(batch_size, q_length=None, kv_length=None, q_offset=0, kv_offset=0, mask_function=None,
@@ -56,10 +58,17 @@ def _check_call(module, attention_mask, dropout, kwargs) -> None:
         )
 
 
+_UNSET = object()
+
+
 def codesign_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                       sliding_window=None, softcap=None, **kwargs):  # fmt: skip
-    """transformers' attention interface over the paged kernels; returns (out `[B, S, Hq, D]`, None)."""
+                       sliding_window=_UNSET, softcap=None, **kwargs):  # fmt: skip
+    """transformers' attention interface over the paged kernels; returns (out `[B, S, Hq, D]`, None).
+    sliding_window not passed: the module's own (Qwen2-MoE sets it on its sliding layers and applies it only
+    through the mask it builds for sdpa / eager; families without windows have none)."""
     _check_call(module, attention_mask, dropout, kwargs)
+    if sliding_window is _UNSET:
+        sliding_window = getattr(module, "sliding_window", None)
     pending = module.__dict__.pop("_codesign_pending", None)
     window = int(sliding_window) if sliding_window else None
     soft = float(softcap) if softcap else None

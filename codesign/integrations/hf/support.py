@@ -14,11 +14,32 @@ ATTN_NAME = "codesign_paged"  # no "flash" in it: transformers treats such names
 # [lo, hi) (major, minor) ranges: tests/integrations passes on 4.57.6, 5.23.0, 5.24.0 and 5.25.0
 # (`make test-hf-compat`); 5.0-5.22 were never run, so they are refused. pyproject's hf extra states the same ranges.
 TRANSFORMERS_RANGE = (((4, 57), (4, 58)), ((5, 23), (6, 0)))
-# Families whose attention is "RoPE, then softmax(scale q k^T [softcapped], causal [+ window]) v" with GQA:
-# what the paged kernels compute. Anything else (ALiBi models, attention sinks, MLA, chunked or
-# bidirectional layers, cross-attention) is refused.
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2")
+# Families (the text config's model_type) whose attention is "RoPE, then softmax(scale q k^T [softcapped],
+# causal [+ window]) v" with GQA: what the paged kernels compute. Each was read in its modeling file (4.57.6 and
+# 5.25.0) and is tested token for token against transformers' own attention (tests/integrations). What differs
+# between them happens before the attention function (q/k norms, fused qkv_proj, per-layer RoPE bases, MoE MLPs)
+# or is passed to it (`scaling`: Granite's attention_multiplier, Gemma's query_pre_attn_scalar; `sliding_window`,
+# `softcap`). Anything else (ALiBi models, attention sinks, MLA, chunked, no-RoPE or bidirectional layers,
+# cross-attention) is refused.
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "mixtral", "qwen2_moe", "qwen3_moe", "gemma",
+            "gemma3_text", "phi3", "olmo2", "granite")  # fmt: skip
+# Families served from a later transformers release than the range's first: 4.57's Qwen2-MoE has its own
+# attention classes (sdpa / flash / eager) and never calls a registered attention function.
+FAMILY_SINCE = {"qwen2_moe": (5, 23)}
+# Why some families users ask for are refused (the message names the reason).
+REFUSED = {
+    "gpt_oss": "attention sinks (a learned per-head logit joins the softmax)",
+    "deepseek_v2": "multi-head latent attention (MLA)",
+    "deepseek_v3": "multi-head latent attention (MLA)",
+    "llama4": "chunked-attention and no-RoPE layers",
+}
+# Multimodal wrappers whose text model is served alone but not through the wrapper: Gemma3ForConditionalGeneration
+# attends bidirectionally within each image's tokens (a mask our mask entry does not carry).
+WRAPPERS_REFUSED = {"gemma3": "Gemma3ForConditionalGeneration (bidirectional attention over image tokens); "
+                              "Gemma3ForCausalLM is served"}  # fmt: skip
 LAYER_TYPES = ("full_attention", "sliding_attention")
+# Families whose every layer is passed (and masked with) config.sliding_window, whatever a config's layer_types say.
+ONE_WINDOW = ("mistral", "mixtral", "qwen3_moe", "phi3")
 
 
 def check_transformers_version(version: str | None = None) -> str:
@@ -69,11 +90,12 @@ def text_config(model: nn.Module):
 
 def layer_windows(cfg, layers: int) -> list[int | None]:
     """The sliding window each layer's attention is called with (None: full attention), as the served
-    families set it: per `layer_types` where the config has them (Qwen2, Qwen3, Gemma2), otherwise
-    `sliding_window` for every layer (Mistral; None or absent elsewhere)."""
+    families set it: per `layer_types` where the config has them (Qwen2, Qwen3, Gemma2, Gemma3, Qwen2-MoE),
+    otherwise `sliding_window` for every layer (Mistral, Mixtral, Qwen3-MoE, Phi-3; None or absent elsewhere).
+    Qwen2-MoE's window is 0 without `use_sliding_window`: no window."""
     window = getattr(cfg, "sliding_window", None)
     types = getattr(cfg, "layer_types", None)
-    if types is not None and getattr(cfg, "model_type", "") != "mistral":  # Mistral ignores layer_types
+    if types is not None and getattr(cfg, "model_type", "") not in ONE_WINDOW:
         return [int(window) if t == "sliding_attention" and window else None for t in types[:layers]]
     return [int(window) if window else None] * layers
 
@@ -84,11 +106,28 @@ def check_model(model: nn.Module) -> Layout:
     cfg = text_config(model)
     family = str(getattr(cfg, "model_type", ""))
     if family not in FAMILIES:
-        raise CodesignError(
-            f"model family {family!r} is not supported (attention layout not checked against the paged "
-            f"kernels); supported: {', '.join(FAMILIES)}"
+        why = (
+            f": {REFUSED[family]}"
+            if family in REFUSED
+            else " (attention not checked against the paged kernels)"
         )
-    if getattr(cfg, "is_encoder_decoder", False) or not getattr(cfg, "is_causal", True):
+        raise CodesignError(
+            f"model family {family!r} is not supported{why}; supported: {', '.join(FAMILIES)}"
+        )
+    outer = str(getattr(model.config, "model_type", ""))
+    if outer in WRAPPERS_REFUSED:
+        raise CodesignError(f"{outer}: {WRAPPERS_REFUSED[outer]}")
+    since = FAMILY_SINCE.get(family)
+    if since is not None:
+        import transformers
+
+        if tuple(int(p) for p in transformers.__version__.split(".")[:2]) < since:
+            raise CodesignError(
+                f"{family} is served from transformers {since[0]}.{since[1]} on (installed "
+                f"{transformers.__version__}: its attention does not go through the registered function)"
+            )
+    if (getattr(cfg, "is_encoder_decoder", False) or not getattr(cfg, "is_causal", True)
+            or getattr(cfg, "use_bidirectional_attention", False)):  # fmt: skip
         raise CodesignError(f"{family}: only causal decoder-only attention is served")
     types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
     if not types <= set(LAYER_TYPES):
