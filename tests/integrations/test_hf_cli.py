@@ -80,7 +80,7 @@ def test_bad_models_exit_2(tmp_path, capsys):
     GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64).save_pretrained(tmp_path / "gpt2")
     assert main(["generate", str(tmp_path / "gpt2"), "--random-weights"]) == 2
     assert "model family 'gpt2' is not supported" in capsys.readouterr().err
-    assert main(["generate", "mixtral-8x7b"]) == 2
+    assert main(["generate", "opt-6.7b"]) == 2  # learned positions, LayerNorm
     assert "not served" in capsys.readouterr().err
 
 
@@ -95,6 +95,30 @@ def test_catalogue_models_become_transformers_configs():
         128256,
     )
     assert hf_config(load_model("mistral-7b")).model_type == "mistral"
+    moe = hf_config(load_model("mixtral-8x7b"), layers=1)
+    assert (moe.model_type, moe.num_local_experts, moe.num_experts_per_tok, moe.intermediate_size) == (
+        "mixtral", 8, 2, 14336)  # fmt: skip
+    qm = hf_config(load_model("qwen1.5-moe-a2.7b"))
+    assert (qm.model_type, qm.num_experts, qm.num_experts_per_tok, qm.moe_intermediate_size) == (
+        "qwen2_moe", 60, 4, 1408)  # fmt: skip
+    assert (qm.shared_expert_intermediate_size, qm.norm_topk_prob, qm.decoder_sparse_step, qm.mlp_only_layers) == (
+        5632, False, 1, [])  # fmt: skip
+
+
+def test_a_mixture_of_experts_is_costed_with_its_experts_and_refused_half_quantized():
+    """The mapper sees a Mixtral's experts (all resident, top-k active); quantize_ converts its linears but not
+    the fused expert tensors, so costing it in the linears' format would undercount: refused by name."""
+    from codesign.integrations.hf.costing import model_config, run_shape
+    from codesign.integrations.hf.kv_formats import parse_kv_format
+    from codesign.specs import CodesignError
+
+    model = tiny_model("mixtral")
+    mc = model_config(model)
+    assert (mc.experts, mc.top_k) == (model.config.num_local_experts, model.config.num_experts_per_tok)
+    run_shape(model, parse_kv_format("bf16", torch.float32), 16)
+    K.quantize_(model, K.W4A16Config(group_size=32))
+    with pytest.raises(CodesignError, match="stacked expert weights"):
+        run_shape(model, parse_kv_format("bf16", torch.float32), 16)
 
 
 def test_each_recorded_step_is_costed_as_what_it_ran():

@@ -31,7 +31,7 @@ from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf.cache import StepRecord
 from codesign.integrations.hf.kv_formats import KVSpec
 from codesign.integrations.hf.support import check_model
-from codesign.specs import KVFormat, PagedExtendAttention, TreeAttention, WeightFormat
+from codesign.specs import CodesignError, KVFormat, PagedExtendAttention, TreeAttention, WeightFormat
 
 _TORCH_WEIGHTS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
@@ -48,7 +48,16 @@ def model_config(model: nn.Module) -> ModelConfig:
 
 def weight_format(model: nn.Module) -> tuple[WeightFormat, str]:
     """(weight format, GEMM activation dtype) of the model's linears: the first codesign linear's, or the
-    model's float dtype."""
+    model's float dtype. A quantized model whose experts stayed floating point (transformers' fused expert
+    tensors are not linears: `quantize_` leaves them) is refused: the mapper costs one weight format a model."""
+    if any(isinstance(m, (K.QuantLinear, K.LosslessBF16Linear)) for m in model.modules()):
+        stacked = [n for n, p in model.named_parameters() if p.dim() == 3 and p.is_floating_point()]
+        if stacked:
+            raise CodesignError(
+                f"cannot cost this model in one weight format: its linears are quantized but {len(stacked)} "
+                f"stacked expert weights (e.g. {stacked[0]}) stay {model.get_parameter(stacked[0]).dtype}; "
+                "cost it with unquantized weights (--weights none)"
+            )
     for m in model.modules():
         if isinstance(m, K.QuantLinear):
             act = ("fp8_e4m3" if m.dtype_name == "fp8_e4m3" else "int8") if m.act_quant else "fp16"

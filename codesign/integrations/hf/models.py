@@ -46,10 +46,11 @@ def load_model(name: str, dtype, device: str, layers: int | None, random_weights
 
 
 def hf_config(m, layers: int | None = None):
-    """A transformers config of a catalogue model (Llama, Mistral or Qwen2 style); others are refused."""
+    """A transformers config of a catalogue model (Llama, Mistral or Qwen2 style, or their mixtures of experts:
+    Mixtral, Qwen2-MoE); others are refused."""
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
-    if m.experts or not m.rope or m.learned_positions or m.norm != "rms" or m.ffn_kind != "gated_silu":
+    if not m.rope or m.learned_positions or m.norm != "rms" or m.ffn_kind != "gated_silu":
         raise CodesignError(
             f"catalogue model {m.name!r} has no Llama / Mistral / Qwen2-style architecture: not served"
         )
@@ -57,6 +58,8 @@ def hf_config(m, layers: int | None = None):
                   num_hidden_layers=layers or m.layers, num_attention_heads=m.heads, num_key_value_heads=m.kv_heads,
                   head_dim=m.head_dim, max_position_embeddings=m.max_context,
                   tie_word_embeddings=m.tied_embeddings)  # fmt: skip
+    if m.experts:
+        return _moe_config(m, common)
     if m.qkv_bias and not m.o_bias:
         return Qwen2Config(
             **common, use_sliding_window=m.sliding_window is not None, sliding_window=m.sliding_window
@@ -64,6 +67,22 @@ def hf_config(m, layers: int | None = None):
     if m.sliding_window:
         return MistralConfig(**common, sliding_window=m.sliding_window)
     return LlamaConfig(**common, attention_bias=m.qkv_bias, mlp_bias=m.mlp_bias)
+
+
+def _moe_config(m, common: dict):
+    """Mixtral (routed experts only, no biases) or Qwen2-MoE (a gated shared expert, q/k/v biases): the two
+    mixtures of experts whose transformers attention the integration serves."""
+    import transformers
+
+    routed = dict(num_experts_per_tok=m.top_k)
+    if not m.qkv_bias and not m.shared_expert_ffn and not m.mlp_bias:
+        return transformers.MixtralConfig(**common, **routed, num_local_experts=m.experts,
+                                          sliding_window=m.sliding_window)  # fmt: skip
+    if m.qkv_bias and not m.o_bias and m.shared_expert_ffn and m.shared_expert_gate and not m.sliding_window:
+        return transformers.Qwen2MoeConfig(**common, **routed, num_experts=m.experts, moe_intermediate_size=m.ffn,
+                                           shared_expert_intermediate_size=m.shared_expert_ffn,
+                                           norm_topk_prob=False, decoder_sparse_step=1)  # fmt: skip
+    raise CodesignError(f"catalogue model {m.name!r}: a mixture of experts neither Mixtral- nor Qwen2-MoE-style")
 
 
 def random_model(cfg, dtype: torch.dtype, device: str):
