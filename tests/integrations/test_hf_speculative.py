@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_testing import DECISIVE_QUANT, assert_same_greedy_where_decisive, greedy, prompts, tiny_model
+from hf_testing import (
+    DECISIVE_QUANT,
+    assert_same_greedy_where_decisive,
+    family_params,
+    greedy,
+    prompts,
+    tiny_model,
+)
 
 from codesign.integrations.hf import ATTN_NAME, ModelDraft, TreeSpeculator, chain_tree, run_generate
 from codesign.specs import CodesignError
@@ -23,9 +30,11 @@ def _spec_run(model, ids, mask, speculator, **kw):
                         max_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=None, **kw)  # fmt: skip
 
 
-@pytest.mark.parametrize("draft", ["random", "ngram"])
-def test_greedy_tree_speculation_is_plain_greedy(draft):
-    model = tiny_model("llama")
+@pytest.mark.parametrize("family, draft", [("llama", "random"), ("llama", "ngram"),
+                                           *family_params(["mixtral", "gemma3_text"], "ngram")])  # fmt: skip
+def test_greedy_tree_speculation_is_plain_greedy(family, draft):
+    """Also a mixture of experts and a family with per-layer windows (tree steps over sliding layers)."""
+    model = tiny_model(family)
     ids, mask = prompts(2, 12, pads=(0, 3))
     ids[0, 6:] = ids[0, :6]  # something for prompt lookup to find
     want = greedy(model, ids, mask, NEW)
