@@ -351,7 +351,9 @@ def _oaken_value_rank(wp, live, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.c
     delta = (x >> 32).to(tl.int32).to(tl.float32, bitcast=True)
     if BLOCK_N % BLOCK_SIZE == 0:  # tiles start at multiples of BLOCK_N: whole blocks, every token inside
         # unmasked: every row's p is in the scratch each tile (0 for rows of no query), a column in the tile
-        pg = tl.load(pp + cr[:, None] + col[None, :] * CR)
+        # (the column scaled in 64 bits: one shift and a 64-bit add a rank, not a shift, a multiply and a sign
+        # extension)
+        pg = tl.load(pp + cr[:, None] + (col.to(tl.int64) * CR)[None, :])
     else:
         ok = live & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
         delta = tl.where(ok, delta, 0.0)
