@@ -98,7 +98,7 @@ def oaken_trips() -> dict[str, Any]:
     out["index_pool_bytes"] = 2 * shape[0] * row
     for side, by, seed, n in (("key", "token", 0, kvq.BLOCK_SIZE), ("value", "channel", 1, kvq.DIM)):
         ix = outlier_index(kvq.oaken_slots(shape, "cpu", seed), kvq.BLOCK_SIZE, kvq.DIM, by)
-        rank = ix[..., shape[2] + n + 1]
+        rank = ix[..., 2 * shape[2] + n + 1]  # each list's fullest (`outlier_index`)
         out[f"{side}_max"], out[f"{side}_mean"] = int(rank.max()), float(rank.float().mean())
     return out
 

@@ -141,6 +141,8 @@ def _oaken_kernel(q, tensors, params):
         if ix is not None and (tuple(ix.shape) != want or ix.dtype != torch.int32 or not ix.is_contiguous()):
             raise CodesignError(f"{name} must be a contiguous int32 tensor of shape {want} (the slots' outlier "
                                 f"index), got {ix.dtype} {tuple(ix.shape)}")  # fmt: skip
+        if ix is not None and ix.storage_offset() % 2:  # the kernel loads each (coordinate, delta) pair at once
+            raise CodesignError(f"{name} must start 8-byte aligned (an even storage offset)")
     kg, vg = (None, None) if grid is None else (grid[0], grid[1])
     kix = outlier_index(k_out, bs, d, "token", zeros=dense_zeros(k_meta, kg)) if kix is None else kix
     vix = outlier_index(v_out, bs, d, "channel", zeros=dense_zeros(v_meta, vg)) if vix is None else vix

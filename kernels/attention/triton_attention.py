@@ -144,10 +144,13 @@ ROWS_SYNC_MMA_CODED_M = 32
 # BLOCK_N <= 64 keys before the tree, so the packed bits start this far in.
 TREE_PAD_BITS = tl.constexpr(64)
 # Oaken's decode tile is 64 x 128 on 4 warps for blocks of at least this many tokens (sm_90, bf16, head_dim 128, blocks
-# of 32: 208 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
+# of 32: 202 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
 # registers, but is not predicted against 32 x 8).
 OAKEN_WIDE_BLOCK = 32
-OAKEN_RANKS = 2  # outlier ranks per trip of Oaken's value correction loops (`_oaken_value_corr`)
+# Outlier ranks per trip of Oaken's value correction loops (`_oaken_value_corr`): 5 keeps ptxas from unrolling the
+# loop (at 2 it unrolled 4 times with a straight-line remainder) and takes a block's fullest channel in the bench's
+# cache (10, sm_90) in 2 trips of 62-67 SASS.
+OAKEN_RANKS = 5
 OAKEN_KEY_RANKS = 3  # and of its key loop (`_oaken_key_corr`: a rank is one load of q's rows, half a value rank)
 # The constants above as the jit code reads them (a kernel reads only constexpr globals).
 _PLAIN = tl.constexpr(KV_FORMAT_PLAIN)
@@ -279,13 +282,14 @@ def _oaken_key_corr(ix_ptr, blk, off, kvh, j_ok, qtr, stride_ib, stride_ih, bt_r
                     OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CR: tl.constexpr,
                     BLOCK_N: tl.constexpr, OAKEN_NBT: tl.constexpr):  # fmt: skip
     """[BLOCK_N, CR] key-outlier corrections of the scores (token-major): q[row, d] * delta summed over each
-    token's slots, rank by rank through the token-sorted index (`oaken.outlier_index`: words carry the channel,
-    deltas the value minus the token's dense value at code 0, which is what the factored dense part has there).
+    token's slots, rank by rank through the token-sorted index (`oaken.outlier_index`: (channel, delta) pairs, the
+    delta the value minus the token's dense value at code 0, which is what the factored dense part has there).
     qtr: the program's q, fp32 channel-major ([HEAD_DIM, CR] in the scratch), so a slot's CR rows are one
     contiguous load."""
     ib = ix_ptr + blk * stride_ib + kvh * stride_ih  # each token's block's index
-    st = tl.load(ib + OAKEN_CAP + off, mask=j_ok, other=0)
-    en = tl.load(ib + OAKEN_CAP + off + 1, mask=j_ok, other=0)
+    lists = ib + 2 * OAKEN_CAP  # the list starts, after the CAP pairs
+    st = tl.load(lists + off, mask=j_ok, other=0)
+    en = tl.load(lists + off + 1, mask=j_ok, other=0)
     if BLOCK_N % BLOCK_SIZE == 0:
         # tiles of whole blocks: the loop runs to the fullest of its blocks' fullest tokens, read from each block's
         # index row (OAKEN_NBT words, a power of two here), not a max over the tile's tokens (a reduction across
@@ -293,29 +297,30 @@ def _oaken_key_corr(ix_ptr, blk, off, kvh, j_ok, qtr, stride_ib, stride_ih, bt_r
         bi = start // BLOCK_SIZE + tl.arange(0, OAKEN_NBT)
         live = bi * BLOCK_SIZE < s_hi  # blocks of this split's keys (not past its end)
         blk_t = tl.load(bt_row + bi, mask=live, other=0).to(tl.int64)
-        nr = tl.max(tl.load(ix_ptr + blk_t * stride_ib + kvh * stride_ih + OAKEN_CAP + BLOCK_SIZE + 1, mask=live,
-                            other=0), 0)  # fmt: skip
+        nr = tl.max(tl.load(ix_ptr + blk_t * stride_ib + kvh * stride_ih + 2 * OAKEN_CAP + BLOCK_SIZE + 1,
+                            mask=live, other=0), 0)  # fmt: skip
     else:
-        nr = tl.max(tl.load(ib + OAKEN_CAP + BLOCK_SIZE + 1, mask=j_ok, other=0), 0)  # the tile's fullest token
+        nr = tl.max(tl.load(lists + BLOCK_SIZE + 1, mask=j_ok, other=0), 0)  # the tile's fullest token
     corr = tl.zeros([BLOCK_N, CR], tl.float32)
     for r in range(0, nr, _OAKEN_KEY_RANKS):  # unrolled here: ptxas's own unrolling left long remainder code
-        # one address a token a trip, its ranks at constant offsets from it (folded into the loads: no 64-bit
-        # address a rank; sm_90: 47 -> 42 SASS a trip), each rank kept while it lies before the list's end
-        wp = ib + (st + r)
+        # one address a token a trip, its ranks' pairs at constant offsets from it (folded into the loads: no
+        # 64-bit address a rank), each rank kept while it lies before the list's end
+        wp = (ib + 2 * (st + r)).to(tl.pointer_type(tl.int64), bitcast=True)  # a pair as one int64
         left = en - (st + r)
         for u in tl.static_range(_OAKEN_KEY_RANKS):
-            corr += _oaken_key_rank(wp + u, u < left, qtr, CR, OAKEN_CAP + max(BLOCK_SIZE, HEAD_DIM) + 2)
+            corr += _oaken_key_rank(wp + u, u < left, qtr, CR)
     return corr
 
 
 @triton.jit
-def _oaken_key_rank(wp, ok, qtr, CR: tl.constexpr, DW: tl.constexpr):
-    """One rank of `_oaken_key_corr`: each token's slot at index word `wp` (none where not `ok`: past its list's
-    end; its delta DW words on)."""
-    w = tl.load(wp, mask=ok, other=0)
-    delta = tl.load(wp + DW, mask=ok, other=0).to(tl.float32, bitcast=True)
+def _oaken_key_rank(wp, ok, qtr, CR: tl.constexpr):
+    """One rank of `_oaken_key_corr`: each token's (channel, delta) pair at `wp` (none where not `ok`: past its
+    list's end)."""
+    x = tl.load(wp, mask=ok, other=0)  # (channel, delta) in one 8-byte load, the channel in the low word
+    ch = x.to(tl.int32)
+    delta = (x >> 32).to(tl.int32).to(tl.float32, bitcast=True)
     # unmasked: a token with no slot here reads channel 0's q (in bounds, times a zero delta)
-    qg = tl.load(qtr + ((w >> 16) * CR)[:, None] + tl.arange(0, CR)[None, :])
+    qg = tl.load(qtr + (ch * CR)[:, None] + tl.arange(0, CR)[None, :])
     return qg * delta[:, None]
 
 
@@ -335,34 +340,35 @@ def _oaken_value_corr(ix_ptr, pp, bt_row, start, s_hi, kvh, dq, d_ok, c_ok, stri
         ib = ix_ptr + blk_t * stride_ib + kvh * stride_ih
         first = bi * BLOCK_SIZE - start  # tile column of the block's first token (< 0: the tile starts inside)
         lm = d_ok & (dq * 0 + bi * BLOCK_SIZE < s_hi)  # (vector compare: the interpreter widens a scalar int1)
-        st = tl.load(ib + OAKEN_CAP + dq, mask=lm, other=0)
-        en = tl.load(ib + OAKEN_CAP + dq + 1, mask=lm, other=0)
-        nr = tl.where(live, tl.load(ib + OAKEN_CAP + HEAD_DIM + 1), 0)  # (blk_t 0 when not live: in bounds)
+        lists = ib + 2 * OAKEN_CAP  # the list starts, after the CAP pairs
+        st = tl.load(lists + dq, mask=lm, other=0)
+        en = tl.load(lists + dq + 1, mask=lm, other=0)
+        nr = tl.where(live, tl.load(lists + HEAD_DIM + 1), 0)  # (blk_t 0 when not live: in bounds)
         for r in range(0, nr, _OAKEN_RANKS):  # unrolled here, as the key loop
-            # each rank its own address: at one a trip with the ranks at constant offsets (the key loop's way),
-            # ptxas unrolled the smaller body 4 times with a straight-line remainder (a PTX nounroll pragma in
-            # the loop did not stop it; sm_90)
+            # one address a channel a trip, its ranks' pairs at constant offsets from it (the key loop's way)
+            wp = (ib + 2 * (st + r)).to(tl.pointer_type(tl.int64), bitcast=True)
+            left = en - (st + r)
             for u in tl.static_range(_OAKEN_RANKS):
-                corr += _oaken_value_rank(ib + (st + r + u), st + r + u < en, first, pp, c_ok, CR, BLOCK_N,
-                                          OAKEN_CAP + max(BLOCK_SIZE, HEAD_DIM) + 2, BLOCK_SIZE)  # fmt: skip
+                corr += _oaken_value_rank(wp + u, u < left, first, pp, c_ok, CR, BLOCK_N, BLOCK_SIZE)
     return corr
 
 
 @triton.jit
-def _oaken_value_rank(wp, live, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr, DW: tl.constexpr,
-                      BLOCK_SIZE: tl.constexpr):
-    """One rank of `_oaken_value_corr`: each channel's slot at index word `wp` (none where not `live`: past its
-    list's end; its delta DW words on)."""
+def _oaken_value_rank(wp, live, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """One rank of `_oaken_value_corr`: each channel's (token, delta) pair at `wp` (none where not `live`: past its
+    list's end)."""
     cr = tl.arange(0, CR)
-    w = tl.load(wp, mask=live, other=0)
-    col = first + (w >> 16)  # the slot's token (the index word's coordinate)
+    x = tl.load(wp, mask=live, other=0)  # (token, delta) in one 8-byte load, the token in the low word
+    col = first + x.to(tl.int32)  # the slot's token's tile column
+    delta = (x >> 32).to(tl.int32).to(tl.float32, bitcast=True)
     if BLOCK_N % BLOCK_SIZE == 0:  # tiles start at multiples of BLOCK_N: whole blocks, every token inside
-        delta = tl.load(wp + DW, mask=live, other=0).to(tl.float32, bitcast=True)
         # unmasked: every row's p is in the scratch each tile (0 for rows of no query), a column in the tile
-        pg = tl.load(pp + cr[:, None] + col[None, :] * CR)
+        # (the column scaled in 64 bits: one shift and a 64-bit add a rank, not a shift, a multiply and a sign
+        # extension)
+        pg = tl.load(pp + cr[:, None] + (col.to(tl.int64) * CR)[None, :])
     else:
         ok = live & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
-        delta = tl.load(wp + DW, mask=ok, other=0).to(tl.float32, bitcast=True)
+        delta = tl.where(ok, delta, 0.0)
         pg = tl.load(pp + cr[:, None] + col[None, :] * CR, mask=c_ok[:, None] & ok[None, :], other=0.0)
     return pg * delta[None, :]
 

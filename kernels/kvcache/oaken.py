@@ -410,9 +410,11 @@ OUTLIER_KEYS = ("token", "channel")
 
 
 def index_width(capacity: int, block_size: int, head_dim: int) -> int:
-    """Int32 words per (block, kv head) of an `outlier_index`, either side (one stride for both): CAP sorted
-    slots, L + 1 list starts and the fullest list's length, L = max(block_size, head_dim), then CAP deltas."""
-    return 2 * capacity + max(block_size, head_dim) + 2
+    """Int32 words per (block, kv head) of an `outlier_index`, either side (one stride for both): CAP (coordinate,
+    delta) pairs, L + 1 list starts and the fullest list's length, L = max(block_size, head_dim), and one word of
+    padding when L is odd (an even width keeps every row's pairs 8-byte aligned: the kernel loads a pair at once)."""
+    lists = max(block_size, head_dim)
+    return 2 * capacity + lists + 2 + lists % 2
 
 
 def index_capacity(width: int, block_size: int, head_dim: int) -> int:
@@ -447,18 +449,18 @@ def outlier_index(
     """The slots `[nb, H, CAP]` of each (block, kv head) grouped by token (`by="token"`, the key side) or by
     channel (`"channel"`, the value side), as the attention kernel reads them (the cache keeps it:
     `OakenPagedKV.k_index` / `v_index`, module docstring): `[nb, H, W]` int32
-    (W >= CAP + L + 2, `index_width`) with
+    (W >= 2 CAP + L + 2, `index_width`) with
 
-        [0, CAP)             the used slots stably sorted by their token (or channel), unused slots (-1) last;
-                             each word (c << 16) | fp16 bits of the value, c its slot's other coordinate (the
-                             channel of a token's list, the token of a channel's): the kernel's gather index, with
-                             no division by D per slot
-        [CAP, CAP + L + 1)   start of each token's (channel's) list in that order (L = block_size or head_dim):
-                             list i is words [start[i], start[i + 1])
-        CAP + L + 1          the fullest list's length (the kernel's inner-loop bound for that block)
-        [CAP + L + 2, + CAP) beside word i, the fp32 bits of its value minus its token's dense value at code 0
-                             (`zeros` `[nb, H, block_size]`, `dense_zeros` of the block's meta; None: 0), 0 for
-                             unused slots: the kernel's correction, with no decode or zero per slot
+        [0, 2 CAP)               one (c, delta) pair a slot (words 2 i, 2 i + 1), the used slots stably sorted by
+                                 their token (or channel), unused slots (-1, 0) last: c its slot's other coordinate
+                                 (the channel of a token's list, the token of a channel's: the kernel's gather
+                                 index, with no division by D per slot), delta the fp32 bits of its value minus its
+                                 token's dense value at code 0 (`zeros` `[nb, H, block_size]`, `dense_zeros` of the
+                                 block's meta; None: 0): the kernel's correction, with no decode or zero per slot,
+                                 and one 8-byte load a slot
+        [2 CAP, 2 CAP + L + 1)   start of each token's (channel's) list in that order (L = block_size or
+                                 head_dim), in pairs: list i is pairs [start[i], start[i + 1])
+        2 CAP + L + 1            the fullest list's length (the kernel's inner-loop bound for that block)
 
     Empty slots (-1) and positions past the block are left out. Torch ops only, into `out` when given: no host
     sync and no factory allocation, so a writer can rebuild its blocks' rows inside a CUDA graph; words past
@@ -474,22 +476,23 @@ def outlier_index(
     key = torch.where(valid, key, n)  # unused slots sort after every list
     order = torch.sort(key, dim=-1, stable=True).indices
     if out is None:
-        out = slots.new_zeros(nb, h, index_width(cap, block_size, head_dim))  # the words past CAP + L + 2: 0
+        out = slots.new_zeros(nb, h, index_width(cap, block_size, head_dim))  # the words past 2 CAP + L + 2: 0
     words = slots.gather(-1, order)
     wpos = words >> 16
-    other = wpos % head_dim if by == "token" else wpos // head_dim
-    out[..., :cap].copy_(torch.where(words >= 0, (other << 16) | (words & 0xFFFF), words))
     used = (words >= 0) & (wpos < block_size * head_dim)
+    other = wpos % head_dim if by == "token" else wpos // head_dim
     value = (words & 0xFFFF).to(torch.int16).view(torch.float16).to(torch.float32)
     if zeros is not None:
         tok = torch.where(used, wpos // head_dim, 0).long()
         value = value - zeros.to(torch.float32).gather(-1, tok)
-    w0 = cap + max(block_size, head_dim) + 2
-    out[..., w0 : w0 + cap].copy_(torch.where(used, value, 0.0).view(torch.int32))
-    counts = out[..., cap + 1 : cap + n + 1]
+    pairs = out[..., : 2 * cap].view(nb, h, cap, 2)
+    pairs[..., 0].copy_(torch.where(used, other, -1))
+    pairs[..., 1].copy_(torch.where(used, value, 0.0).view(torch.int32))
+    s0 = 2 * cap
+    counts = out[..., s0 + 1 : s0 + n + 1]
     counts.zero_()
     counts.scatter_add_(-1, torch.where(valid, key, 0), valid.to(torch.int32))
-    out[..., cap + n + 1].copy_(counts.amax(-1) if n > 0 else 0)
-    out[..., cap].zero_()
+    out[..., s0 + n + 1].copy_(counts.amax(-1) if n > 0 else 0)
+    out[..., s0].zero_()
     counts.copy_(counts.cumsum(-1))
     return out

@@ -139,28 +139,33 @@ def test_bad_input():
 
 
 def _index_by_loop(slots, bs, d, by):
-    """`outlier_index` by a plain loop: per (block, head) the used in-block slots in stable key order (each word
-    with its other coordinate in place of the position), the starts of each key's list and the longest list."""
+    """`outlier_index` by a plain loop: per (block, head) the used in-block slots in stable key order (each with its
+    other coordinate and its fp16 value), the starts of each key's list and the longest list."""
     nb, h, cap = slots.shape
     n = bs if by == "token" else d
-    words, starts, longest = [], [], []
+    entries, starts, longest = [], [], []
     for blk in range(nb):
         for hh in range(h):
             used = [int(w) for w in slots[blk, hh] if w >= 0 and (int(w) >> 16) < bs * d]
             key = [(w >> 16) // d if by == "token" else (w >> 16) % d for w in used]
             order = sorted(range(len(used)), key=lambda i: key[i])  # sorted() is stable
             other = [(w >> 16) % d if by == "token" else (w >> 16) // d for w in used]
-            words.append([(other[i] << 16) | (used[i] & 0xFFFF) for i in order])
+            tok = [(w >> 16) // d for w in used]
+            val = [torch.tensor(w & 0xFFFF, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+                   for w in used]  # fmt: skip
+            entries.append([(other[i], tok[i], val[i]) for i in order])
             st = [sum(1 for k in key if k < i) for i in range(n + 1)]
             starts.append(st)
             longest.append(max([st[i + 1] - st[i] for i in range(n)], default=0))
-    return words, starts, longest
+    return entries, starts, longest
 
 
 @pytest.mark.parametrize("bs, d, cap", [(3, 5, 7), (4, 16, 3), (5, 2, 12)])
 def test_outlier_index_sorts_and_starts_every_list(bs, d, cap):
     """`oaken.outlier_index` against a plain loop, both sides: odd sizes, empty slots (in the middle too), words
-    past the block (dropped), duplicate keys (kept in slot order), into a wider buffer as the kernel's."""
+    past the block (dropped), duplicate keys (kept in slot order), into a wider buffer as the kernel's. Each slot a
+    (coordinate, delta) pair: its other coordinate, then its value minus its token's zero (fp32 bits); unused pairs
+    (-1, 0); an even width (8-byte aligned rows)."""
     from codesign.kernels.kvcache.oaken import index_width, outlier_index
 
     g = torch.Generator().manual_seed(bs * 100 + d)
@@ -171,35 +176,30 @@ def test_outlier_index_sorts_and_starts_every_list(bs, d, cap):
     slots[torch.rand(nb, h, cap, generator=g) < 0.3] = -1
     slots[0, 0] = -1  # a (block, head) with no outlier
     assert ((pos >= bs * d) & (slots >= 0)).any() and (slots < 0).any()
+    assert index_width(cap, bs, d) % 2 == 0
     for by in ("token", "channel"):
         n = bs if by == "token" else d
-        out = torch.full((nb, h, index_width(cap, bs, d)), -7, dtype=torch.int32)
-        got = outlier_index(slots, bs, d, by, out)
-        assert got is out
-        words, starts, longest = _index_by_loop(slots, bs, d, by)
-        for i, (blk, hh) in enumerate((b_, h_) for b_ in range(nb) for h_ in range(h)):
-            m = len(words[i])
-            assert out[blk, hh, :m].tolist() == words[i], (by, blk, hh)
-            assert out[blk, hh, cap : cap + n + 1].tolist() == starts[i], (by, blk, hh)
-            assert int(out[blk, hh, cap + n + 1]) == longest[i], (by, blk, hh)
-        assert torch.equal(outlier_index(slots, bs, d, by)[..., : cap + n + 2], out[..., : cap + n + 2])
-        # beside word i (from 2 * CAP + ... : CAP + L + 2 on): its value minus its token's zero, 0 for unused slots
         zeros = torch.randn(nb, h, bs, generator=g)
-        got = outlier_index(slots, bs, d, by, zeros=zeros)
-        w0 = cap + max(bs, d) + 2
-        assert got.shape[-1] == w0 + cap == index_width(cap, bs, d)
+        out = torch.full((nb, h, index_width(cap, bs, d)), -7, dtype=torch.int32)
+        got = outlier_index(slots, bs, d, by, out, zeros=zeros)
+        assert got is out
+        entries, starts, longest = _index_by_loop(slots, bs, d, by)
         for i, (blk, hh) in enumerate((b_, h_) for b_ in range(nb) for h_ in range(h)):
-            m = len(words[i])
-            tok = [int(w) >> 16 if by == "channel" else None for w in words[i]]
-            want = []
-            for k, w in enumerate(words[i]):
-                t = tok[k] if by == "channel" else next(j for j in range(n) if starts[i][j] <= k < starts[i][j + 1])
-                val = torch.tensor(w & 0xFFFF, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
-                want.append(float(val - zeros[blk, hh, t]))
-            delta = got[blk, hh, w0 : w0 + cap].view(torch.float32)
+            m = len(entries[i])
+            pairs = out[blk, hh, : 2 * cap].view(cap, 2)
+            assert pairs[:m, 0].tolist() == [e[0] for e in entries[i]], (by, blk, hh)
+            want = torch.tensor([float(e[2] - zeros[blk, hh, e[1]]) for e in entries[i]])
             # (random bits: some values are NaN or inf, compared as such)
-            torch.testing.assert_close(delta[:m], torch.tensor(want), rtol=0, atol=0, equal_nan=True)
-            assert not delta[m:].any(), (by, blk, hh)
+            torch.testing.assert_close(pairs[:m, 1].view(torch.float32), want, rtol=0, atol=0, equal_nan=True)
+            assert (pairs[m:, 0] == -1).all() and not pairs[m:, 1].any(), (by, blk, hh)
+            assert out[blk, hh, 2 * cap : 2 * cap + n + 1].tolist() == starts[i], (by, blk, hh)
+            assert int(out[blk, hh, 2 * cap + n + 1]) == longest[i], (by, blk, hh)
+        w = 2 * cap + n + 2
+        assert torch.equal(outlier_index(slots, bs, d, by, zeros=zeros)[..., :w], out[..., :w])
+        # no zeros: the deltas are the values themselves
+        plain = outlier_index(slots, bs, d, by)
+        nz = outlier_index(slots, bs, d, by, zeros=torch.zeros(nb, h, bs))
+        assert torch.equal(plain[..., :w], nz[..., :w])
 
 
 def padded_rows_pool(offline: bool):
@@ -235,7 +235,7 @@ def test_kernel_key_spikes_in_later_blocks_vs_fp64(padded, tile):
     kd, vd, over = _reference_pool(cache, bt, xs, thr, 4)
     assert over == 0
     assert ta.default_config(D, 4, ta.KV_FORMAT_OAKEN, 4, 8)["BLOCK_N"] == 32  # 4 blocks a tile
-    k_rank = cache.k_index[..., cache.capacity + 8 + 1]  # each (block, head)'s fullest token
+    k_rank = cache.k_index[..., 2 * cache.capacity + 8 + 1]  # each (block, head)'s fullest token
     assert int(k_rank[bt[0, 1]].max()) > int(k_rank[bt[0, 0]].max())  # block 1 fuller than its tile's first
     q = torch.randn(3, 3 * H, D)
     ref, _ = reference_attention(q, kd, vd, bt, cl, [1, 1, 1])
