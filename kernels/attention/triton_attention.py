@@ -136,6 +136,12 @@ TREE_FOUR_WARP_FORMATS = (KV_FORMAT_PLAIN, KV_FORMAT_FP8)
 # and the integer-coded caches' also on 8 (INT8 extend 112 B, tree 164 B) until the query rows halved (196-212
 # registers with 32 rows). Compile-only evidence, untimed.
 ROWS_OAKEN_BLOCK_N = 32
+# ... and on 32 query rows: with its index read as (coordinate, delta) pairs the 64-row tree tile took 255
+# registers and spilled 40 B (sm_90, bf16, 32 x 128 on 8 warps; the extend 254); 32 rows: 249 and 178.
+ROWS_OAKEN_M = 32
+# The offline variant's tree (its grid decode beside the mask) spilled 16 B even at 32 rows (255 registers; 32 x 16
+# too); at 16 rows: 174.
+ROWS_OAKEN_OFFLINE_TREE_M = 16
 # A mixed cache's tree tile over two blocks (64 x 128) spilled 164 B on 8 warps (sm_90, bf16; 120 B on 4); one
 # block a tile, 32 x 128 on 8 warps, takes 205 registers.
 ROWS_MIXED_TREE_BLOCK_N = 32
@@ -1212,14 +1218,17 @@ def tree_config(cfg: dict, kv_format: int = KV_FORMAT_PLAIN) -> dict:
 
 def rows_config(cfg: dict, kv_format: int, is_tree: bool, capability: tuple[int, int] | None) -> dict:
     """`cfg` for an extend or tree launch, whose programs hold a 64-row query tile (decode's hold one head
-    group), so that it does not spill: Oaken's corrections at most ROWS_OAKEN_BLOCK_N wide on 8 warps; a tree
-    at most TREE_MAX_BLOCK_N wide (a mixed cache's ROWS_MIXED_TREE_BLOCK_N on 8 warps); a 64-wide tile on
+    group), so that it does not spill: Oaken's corrections at most ROWS_OAKEN_BLOCK_N wide on 8 warps and
+    ROWS_OAKEN_M query rows (its offline variant's tree ROWS_OAKEN_OFFLINE_TREE_M); a tree at most TREE_MAX_BLOCK_N
+    wide (a mixed cache's ROWS_MIXED_TREE_BLOCK_N on 8 warps); a 64-wide tile on
     TREE_MIN_WARPS for caches outside TREE_FOUR_WARP_FORMATS; and on GPUs without warpgroup MMA (capability
     below 9.0) TREE_MIN_WARPS for every cache and ROWS_SYNC_MMA_CODED_M query rows for the coded ones. The
     table's tile is kept otherwise (decode and rows launches share a format's table, bucketed by batch)."""
     fmt = kv_format
     if fmt in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
-        cfg = {**cfg, "BLOCK_N": min(cfg["BLOCK_N"], ROWS_OAKEN_BLOCK_N), "num_warps": max(cfg["num_warps"], 8)}
+        rows = ROWS_OAKEN_OFFLINE_TREE_M if is_tree and fmt == KV_FORMAT_OAKEN_OFFLINE else ROWS_OAKEN_M
+        cfg = {**cfg, "BLOCK_N": min(cfg["BLOCK_N"], ROWS_OAKEN_BLOCK_N), "num_warps": max(cfg["num_warps"], 8),
+               "BLOCK_M": min(cfg["BLOCK_M"], rows)}
     if is_tree and fmt == KV_FORMAT_MIXED:
         cfg = {**cfg, "BLOCK_N": min(cfg["BLOCK_N"], ROWS_MIXED_TREE_BLOCK_N), "num_warps": max(cfg["num_warps"], 8)}
     if is_tree:

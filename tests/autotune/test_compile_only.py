@@ -377,13 +377,16 @@ def test_extend_and_tree_launches_do_not_spill_with_either_mma():
     """Extend and tree programs hold 64 query rows (`triton_attention.rows_config`). Before that rule, compiled
     for sm_80 (mma.sync: both dot operands and the accumulators in registers) in bf16 at head_dim 128 every
     such launch spilled on 4 warps (bf16 tree 112 B, INT8 extend 532 B; INT8 tree 164 B even on 8 warps), and for
-    sm_90 the INT8 extend spilled 20 B on 4 warps and the mixed tree over two blocks 164 B on 8."""
+    sm_90 the INT8 extend spilled 20 B on 4 warps, the mixed tree over two blocks 164 B on 8, and with Oaken's
+    index read as pairs its tree 40 B on 64 rows (the offline variant's 16 B on 32)."""
     code = (
         _PRELUDE
         + """
 from codesign.backend import use_backend
 from codesign.kernels.attention.paged import tree_attention
-from codesign.kernels.attention.quantized import kvq_extend_attention, kvq_tree_attention, mixed_attention
+from codesign.kernels.attention.quantized import (kvq_extend_attention, kvq_tree_attention, mixed_attention,
+                                                  oaken_attention)
+from codesign.kernels.kvcache.oaken import OakenPagedKV
 from codesign.kernels.attention.tree import build_tree_batch
 from codesign.kernels.kvcache.kvq import QuantPagedKV
 from codesign.kernels.kvcache.mixed import MixedPagedKV
@@ -398,6 +401,10 @@ fp8 = QuantPagedKV.empty(4, 16, HKV, D, "fp8", "cpu", torch.full((HKV,), 0.01), 
 int8 = QuantPagedKV.empty(4, 16, HKV, D, "int8")
 mixed = MixedPagedKV.empty(8, 32, HKV, D)
 bt32 = torch.zeros(B, (P + Q) // 32 + 5, dtype=torch.int32)
+thr = torch.tensor([[-1.0, 1.0]] * HKV).expand(2, HKV, 2).contiguous()
+grid = torch.tensor([[-2.0, 0.0625]] * HKV).expand(2, HKV, 2).contiguous()
+oaken = OakenPagedKV.empty(8, 32, HKV, D, 4, thr, 4)
+oaken_off = OakenPagedKV.empty(8, 32, HKV, D, 4, thr, 4, grid=grid)
 cases = {
     80: {"bf16 tree": lambda: tree_attention(q, kv, kv, bt, tree, check_data=False),
          "fp8 tree": lambda: kvq_tree_attention(q, fp8, bt, tree, check_data=False),
@@ -405,7 +412,9 @@ cases = {
          "int8 tree": lambda: kvq_tree_attention(q, int8, bt, tree, check_data=False),
          "mixed tree": lambda: mixed_attention(q, mixed, bt32, cl, tree=tree, check_data=False)},
     90: {"int8 extend": lambda: kvq_extend_attention(q, int8, bt, cl, cu, check_data=False),
-         "mixed tree": lambda: mixed_attention(q, mixed, bt32, cl, tree=tree, check_data=False)},
+         "mixed tree": lambda: mixed_attention(q, mixed, bt32, cl, tree=tree, check_data=False),
+         "oaken tree": lambda: oaken_attention(q, oaken, bt32, cl, tree=tree, check_data=False),
+         "oaken offline tree": lambda: oaken_attention(q, oaken_off, bt32, cl, tree=tree, check_data=False)},
 }
 gpus = {80: "NVIDIA A100-SXM4-80GB", 90: "NVIDIA H200"}
 for arch, calls in cases.items():
