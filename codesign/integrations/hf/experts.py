@@ -139,7 +139,7 @@ def quantize_experts_(model: nn.Module, config, filter_fn: Callable[[nn.Module, 
             q = QuantExperts.from_experts(experts, config)
         except CodesignError as err:
             raise CodesignError(f"experts {fqn!r}: {err}") from err
-        _set(model, fqn, q)
+        replace_module(model, fqn, q)
     return model
 
 
@@ -160,11 +160,11 @@ def rebuild_quant_experts_(model: nn.Module, fqns: Iterable[str]) -> set[str]:
             slots.setdefault(m["experts"], []).append(f)
     filled = set()
     for parent, names in slots.items():
-        experts = _get(model, parent)
+        experts = module_at(model, parent)
         if isinstance(experts, QuantExperts):
             pass
         elif is_stacked_experts(experts):
-            _set(model, parent, QuantExperts.empty(experts))
+            replace_module(model, parent, QuantExperts.empty(experts))
         else:
             continue  # not an experts module: left to the caller's check of plain linears
         filled.update(names)
@@ -182,13 +182,15 @@ def check_experts_filled(model: nn.Module) -> None:
                                     f"{empty[0]}: it was saved with some experts unquantized")  # fmt: skip
 
 
-def _get(model: nn.Module, fqn: str):
+def module_at(model: nn.Module, fqn: str) -> nn.Module | None:
+    """The submodule named `fqn`, or None."""
     try:
         return model.get_submodule(fqn)
     except AttributeError:
         return None
 
 
-def _set(model: nn.Module, fqn: str, module: nn.Module) -> None:
+def replace_module(model: nn.Module, fqn: str, module: nn.Module) -> None:
+    """Put `module` where the submodule named `fqn` is."""
     parent, _, child = fqn.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, module)

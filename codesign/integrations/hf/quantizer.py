@@ -28,6 +28,8 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf import experts as X
 from codesign.integrations.hf._compat import QuantizerLoading
+from codesign.integrations.hf.experts import module_at as _get
+from codesign.integrations.hf.experts import replace_module as _set
 from codesign.specs import CodesignError
 
 QUANT_METHOD = "codesign"
@@ -199,15 +201,3 @@ def load_gptq_awq(path, dtype: torch.dtype | None = None) -> nn.Module:
             f"{path}: tensors left unmatched: missing {missing[:3]}, unexpected {unexpected[:3]}"
         )
     return model
-
-
-def _get(model: nn.Module, fqn: str):
-    try:
-        return model.get_submodule(fqn)
-    except AttributeError:
-        return None
-
-
-def _set(model: nn.Module, fqn: str, module: nn.Module) -> None:
-    parent, _, child = fqn.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, module)
