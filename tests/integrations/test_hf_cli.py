@@ -10,6 +10,7 @@ import torch
 from hf_testing import tiny_model
 
 from codesign.cli import main
+from codesign.integrations.hf import _compat
 from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf.bench import VARIANTS, bench_decode
 from codesign.integrations.hf.models import hf_config
@@ -105,20 +106,34 @@ def test_catalogue_models_become_transformers_configs():
         5632, False, 1, [])  # fmt: skip
 
 
+@pytest.mark.skipif(_compat.VERSION < (5, 0), reason="transformers 4.x keeps experts as nn.Linear MLPs")
 def test_a_mixture_of_experts_is_costed_with_its_experts_and_refused_half_quantized():
-    """The mapper sees a Mixtral's experts (all resident, top-k active); quantize_ converts its linears but not
-    the fused expert tensors, so costing it in the linears' format would undercount: refused by name."""
+    """The mapper sees a Mixtral's experts (all resident, top-k active). `quantize_model_` converts the experts
+    with the linears, and the model is costed in their format; `quantize_` alone (linears only) or lossless BF16
+    (which leaves the experts) keeps float stacked expert tensors, which one weight format would undercount:
+    refused by name."""
     from codesign.integrations.hf.costing import model_config, run_shape
+    from codesign.integrations.hf.experts import quantize_model_
     from codesign.integrations.hf.kv_formats import parse_kv_format
     from codesign.specs import CodesignError
 
     model = tiny_model("mixtral")
     mc = model_config(model)
     assert (mc.experts, mc.top_k) == (model.config.num_local_experts, model.config.num_experts_per_tok)
-    run_shape(model, parse_kv_format("bf16", torch.float32), 16)
+    kv = parse_kv_format("bf16", torch.float32)
+    run_shape(model, kv, 16)
     K.quantize_(model, K.W4A16Config(group_size=32))
     with pytest.raises(CodesignError, match="stacked expert weights"):
-        run_shape(model, parse_kv_format("bf16", torch.float32), 16)
+        run_shape(model, kv, 16)
+    quantize_model_(model, K.W4A16Config(group_size=32))  # the experts now (the linears are done)
+    w = run_shape(model, kv, 16).weights
+    assert (w.dtype, w.group_size) == ("int4", 32)
+    bf16 = quantize_model_(tiny_model("mixtral").to(torch.bfloat16), K.LosslessBF16Config())
+    with pytest.raises(CodesignError, match="stacked expert weights"):
+        run_shape(bf16, parse_kv_format("bf16", torch.bfloat16), 16)
+    mixed = quantize_model_(K.quantize_(tiny_model("mixtral"), K.W8A16Config()), K.W4A16Config(group_size=32))
+    with pytest.raises(CodesignError, match=r"2 formats \(int4/g32/a:fp16, int8/gNone/a:fp16\)"):
+        run_shape(mixed, kv, 16)  # experts int4, linears int8: no one format
 
 
 def test_each_recorded_step_is_costed_as_what_it_ran():

@@ -73,7 +73,7 @@ def _prompt(args, tok, vocab: int):
 def _quantize(model, args, dtype) -> None:
     import torch
 
-    from codesign.integrations.hf import _kernels as K
+    from codesign.integrations.hf.experts import quantize_model_
     from codesign.integrations.hf.quantizer import CodesignQuantConfig
 
     if args.weights == "none":
@@ -81,7 +81,7 @@ def _quantize(model, args, dtype) -> None:
     if args.weights == "lossless-bf16" and dtype != torch.bfloat16:
         raise CodesignError("--weights lossless-bf16 compresses bf16 weights: pass --dtype bf16")
     qc = CodesignQuantConfig(args.weights, group_size=args.group_size or None)
-    K.quantize_(model, qc.kernel_config(), lambda m, fqn: qc.converts(fqn))
+    quantize_model_(model, qc.kernel_config(), lambda m, fqn: qc.converts(fqn))  # a MoE's experts too
 
 
 def _speculator(args, dtype, device):

@@ -47,26 +47,35 @@ def model_config(model: nn.Module) -> ModelConfig:
 
 
 def weight_format(model: nn.Module) -> tuple[WeightFormat, str]:
-    """(weight format, GEMM activation dtype) of the model's linears: the first codesign linear's, or the
-    model's float dtype. A quantized model whose experts stayed floating point (transformers' fused expert
-    tensors are not linears: `quantize_` leaves them) is refused: the mapper costs one weight format a model."""
+    """(weight format, GEMM activation dtype) of the model's linears: their codesign linears' one format, or the
+    model's float dtype. The mapper costs one weight format a model, so refused: codesign linears of several
+    formats, and a quantized model whose experts stayed floating point (transformers' stacked expert tensors
+    are not linears: `quantize_` and lossless BF16 leave them; `experts.quantize_model_` converts them)."""
     if any(isinstance(m, (K.QuantLinear, K.LosslessBF16Linear)) for m in model.modules()):
         stacked = [n for n, p in model.named_parameters() if p.dim() == 3 and p.is_floating_point()]
         if stacked:
             raise CodesignError(
                 f"cannot cost this model in one weight format: its linears are quantized but {len(stacked)} "
                 f"stacked expert weights (e.g. {stacked[0]}) stay {model.get_parameter(stacked[0]).dtype}; "
-                "cost it with unquantized weights (--weights none)"
+                "quantize them too (`experts.quantize_model_`, as --weights w4a16 / w8a16 / w8a8 / fp8 do) or cost "
+                "it with unquantized weights (--weights none)"
             )
-    for m in model.modules():
-        if isinstance(m, K.QuantLinear):
-            act = ("fp8_e4m3" if m.dtype_name == "fp8_e4m3" else "int8") if m.act_quant else "fp16"
-            return WeightFormat(
-                m.dtype_name, m.group_size, m.zeros is None, _TORCH_WEIGHTS[m.scales.dtype]
-            ), act
-        if isinstance(m, K.LosslessBF16Linear):
-            return K.model_weight_format(model), "fp16"
+    formats = {_quant_format(m) for m in model.modules() if isinstance(m, K.QuantLinear)}
+    if any(isinstance(m, K.LosslessBF16Linear) for m in model.modules()):
+        formats.add((K.model_weight_format(model), "fp16"))
+    if len(formats) > 1:  # e.g. experts quantized under another config than the linears
+        raise CodesignError(
+            f"cannot cost this model in one weight format: its codesign linears hold {len(formats)} formats "
+            f"({', '.join(sorted(f'{w.dtype}/g{w.group_size}/a:{a}' for w, a in formats))})"
+        )
+    if formats:
+        return formats.pop()
     return WeightFormat(_TORCH_WEIGHTS.get(getattr(model, "dtype", torch.float16), "fp16")), "fp16"
+
+
+def _quant_format(m) -> tuple[WeightFormat, str]:
+    act = ("fp8_e4m3" if m.dtype_name == "fp8_e4m3" else "int8") if m.act_quant else "fp16"
+    return WeightFormat(m.dtype_name, m.group_size, m.zeros is None, _TORCH_WEIGHTS[m.scales.dtype]), act
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,11 @@
 
 Formats: "w4a16", "w8a16" (group_size 32/64/128 or None per channel, symmetric or not), "w8a8", "fp8",
 "lossless-bf16" (DFloat11-style entropy-coded BF16: bit-identical outputs; the model must load in bf16).
-Quantize on load runs `quantize_` (round to nearest) after the float weights load; a pre-quantized load swaps
-each recorded linear for an empty module of the recorded layout before the weights load, so the checkpoint's
-buffers fill it. `modules_to_not_convert` (default: the lm head) stay float.
+Quantize on load runs `quantize_` (round to nearest) after the float weights load, and converts a mixture of
+experts' stacked expert weights into `QuantExperts` (`experts.py`; lossless-bf16 leaves them); a pre-quantized
+load swaps each recorded linear (an expert's too, inside an empty QuantExperts) for an empty module of the
+recorded layout before the weights load, so the checkpoint's buffers fill it. `modules_to_not_convert`
+(default: the lm head) stay float.
 
 GPTQ and AWQ checkpoints convert through the kernels' importers (`load_gptq_awq` for a checkpoint folder,
 `from_quantized_checkpoint` for a state dict): their packed int32 tensors become native QuantLinear modules,
@@ -24,7 +26,10 @@ from transformers.quantizers.auto import register_quantization_config
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from codesign.integrations.hf import _kernels as K
+from codesign.integrations.hf import experts as X
 from codesign.integrations.hf._compat import QuantizerLoading
+from codesign.integrations.hf.experts import module_at as _get
+from codesign.integrations.hf.experts import replace_module as _set
 from codesign.specs import CodesignError
 
 QUANT_METHOD = "codesign"
@@ -89,12 +94,14 @@ class CodesignHfQuantizer(QuantizerLoading, HfQuantizer):
     def _process_model_before_weight_loading(self, model, **kwargs):
         if self.pre_quantized:
             layouts = self.quantization_config.layers
-            missing = [f for f in layouts if not isinstance(_get(model, f), nn.Linear)]
+            slots = X.rebuild_quant_experts_(model, layouts)  # stacked experts first: their linears' slots
+            missing = [f for f in layouts if f not in slots and not isinstance(_get(model, f), nn.Linear)]
             if missing:
                 raise CodesignError(f"the checkpoint lists layers the model has no linear for: {missing[:3]}")
             ws = K.DecodeWorkspace()  # one decode buffer for all lossless layers, as compress_model_ shares
             for fqn, layout in layouts.items():
                 _set(model, fqn, K.module_from_layout(layout, ws))
+            X.check_experts_filled(model)
             self.check_load_casts(model, list(layouts))
         return model
 
@@ -102,7 +109,7 @@ class CodesignHfQuantizer(QuantizerLoading, HfQuantizer):
         cfg = self.quantization_config
         self.restore_saved_dtypes(model)
         if not self.pre_quantized:
-            K.quantize_(model, cfg.kernel_config(), lambda m, fqn: cfg.converts(fqn))
+            X.quantize_model_(model, cfg.kernel_config(), lambda m, fqn: cfg.converts(fqn))
         else:  # W8A8 words from a checkpoint saved before the signed layout: converted, recorded anew
             for m in model.modules():
                 if isinstance(m, K.QuantLinear):
@@ -194,15 +201,3 @@ def load_gptq_awq(path, dtype: torch.dtype | None = None) -> nn.Module:
             f"{path}: tensors left unmatched: missing {missing[:3]}, unexpected {unexpected[:3]}"
         )
     return model
-
-
-def _get(model: nn.Module, fqn: str):
-    try:
-        return model.get_submodule(fqn)
-    except AttributeError:
-        return None
-
-
-def _set(model: nn.Module, fqn: str, module: nn.Module) -> None:
-    parent, _, child = fqn.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, module)

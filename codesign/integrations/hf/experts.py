@@ -1,0 +1,196 @@
+"""Quantized mixtures of experts: transformers 5 keeps a MoE layer's experts as stacked 3-D parameters
+(`gate_up_proj` [E, 2F, H], `down_proj` [E, H, F]) with their own forward loop, not as nn.Linear layers, so
+`quantize_` leaves them (most of a MoE's weights) in floating point. Here:
+
+- `QuantExperts`: such an experts module with each expert's gate_up ([2F, H], an nn.Linear weight) and down
+  ([H, F]) projection a `QuantLinear`; its forward is the replaced module's eager forward, line for line.
+  Being another class, it runs whatever `config._experts_implementation` says (transformers' decorator
+  `use_experts_implementation` dispatches only the classes it wraps).
+- `quantize_model_(model, config, filter_fn)`: `quantize_` plus the experts, what the CLI and the quantizer run.
+- `rebuild_quant_experts_` / `check_experts_filled`: a pre-quantized load's empty QuantExperts.
+
+Converted: the experts classes whose forward was read in transformers 5.23-5.25 (`EXPERTS_CLASSES`: Mixtral,
+Qwen2-MoE, Qwen3-MoE; gated, concatenated [gate; up], not transposed, no biases). Qwen2-MoE's shared expert is a
+plain MLP of nn.Linears (`quantize_` converts it). transformers 4.57's experts are lists of nn.Linear MLPs:
+nothing to do there. Lossless BF16 (`LosslessBF16Config`) leaves experts alone; costing then refuses the model.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from codesign.integrations.hf import _kernels as K
+from codesign.specs import CodesignError
+
+# Each one's forward is the loop `QuantExperts.forward` copies (modeling_{mixtral,qwen2_moe,qwen3_moe}.py).
+EXPERTS_CLASSES = ("MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts")
+# A QuantExperts' linears are `<experts>.gate_up.<e>` / `<experts>.down.<e>`: names that match none of
+# transformers' MoE conversion patterns (`experts.*.w1.weight`, `experts.gate_up_proj`, ...), so a saved
+# checkpoint's keys are loaded as they are, never merged into 3-D tensors.
+_SLOT = re.compile(r"^(?P<experts>.+)\.(?P<proj>gate_up|down)\.(?P<e>\d+)$")
+
+
+def is_stacked_experts(m: nn.Module) -> bool:
+    """A transformers experts module of a verified class holding stacked 3-D expert weights."""
+    gate_up = getattr(m, "gate_up_proj", None)
+    return type(m).__name__ in EXPERTS_CLASSES and isinstance(gate_up, torch.Tensor) and gate_up.dim() == 3
+
+
+def _check_layout(experts: nn.Module) -> None:
+    # The decorator's flags describe the layout; other values would make the copied forward wrong.
+    flags = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
+             "has_post_expert_norm": False}  # fmt: skip
+    odd = {k: getattr(experts, k) for k, v in flags.items() if getattr(experts, k, v) != v}
+    if odd:
+        raise CodesignError(f"{type(experts).__name__} with {odd}: QuantExperts covers gated [gate; up] experts "
+                            "without biases, not transposed")  # fmt: skip
+    if getattr(experts, "_is_expert_parallel", False):
+        raise CodesignError(f"{type(experts).__name__} is expert-parallel: QuantExperts runs every expert locally")
+
+
+class _Unloaded(nn.Module):
+    """The slot of an expert linear a pre-quantized checkpoint has not filled yet."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise CodesignError("an expert's quantized weights were never loaded")
+
+
+class QuantExperts(nn.Module):
+    """A MoE layer's experts with quantized weights: `gate_up[e]` ([2F, H]) and `down[e]` ([H, F]) are codesign
+    linears; `forward(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k])` as transformers' own."""
+
+    def __init__(self, num_experts: int, hidden_dim: int, intermediate_dim: int, act_fn: nn.Module,
+                 gate_up: Iterable[nn.Module], down: Iterable[nn.Module]) -> None:  # fmt: skip
+        super().__init__()
+        self.num_experts, self.hidden_dim, self.intermediate_dim = num_experts, hidden_dim, intermediate_dim
+        self.act_fn = act_fn
+        self.gate_up, self.down = nn.ModuleList(gate_up), nn.ModuleList(down)
+        if not len(self.gate_up) == len(self.down) == num_experts:
+            raise CodesignError(f"QuantExperts needs {num_experts} gate_up and down linears, got "
+                                f"{len(self.gate_up)} and {len(self.down)}")  # fmt: skip
+
+    @classmethod
+    def from_experts(cls, experts: nn.Module, config) -> QuantExperts:
+        """Quantize each expert of a stacked experts module (round to nearest) under a `quantize_` config."""
+        if not is_stacked_experts(experts):
+            raise CodesignError(f"{type(experts).__name__} is not one of {EXPERTS_CLASSES} with stacked weights")
+        _check_layout(experts)
+        e, two_f, h = experts.gate_up_proj.shape
+        if tuple(experts.down_proj.shape) != (e, h, two_f // 2):
+            raise CodesignError(f"down_proj {tuple(experts.down_proj.shape)} does not match gate_up_proj "
+                                f"{tuple(experts.gate_up_proj.shape)}")  # fmt: skip
+        gate_up = [_quant_linear(experts.gate_up_proj[i], config) for i in range(e)]
+        down = [_quant_linear(experts.down_proj[i], config) for i in range(e)]
+        return cls(e, h, two_f // 2, experts.act_fn, gate_up, down)
+
+    @classmethod
+    def empty(cls, experts: nn.Module) -> QuantExperts:
+        """Unfilled slots of `experts`' shape (a pre-quantized load sets each linear, then the checkpoint fills it)."""
+        _check_layout(experts)
+        e, two_f, h = experts.gate_up_proj.shape
+        return cls(e, h, two_f // 2, experts.act_fn, [_Unloaded() for _ in range(e)], [_Unloaded() for _ in range(e)])
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+                ) -> torch.Tensor:  # fmt: skip
+        # transformers' eager experts loop (MixtralExperts.forward), with expert e's matmuls through its linears.
+        final_hidden_states = torch.zeros_like(hidden_states)
+        with torch.no_grad():
+            expert_mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1)
+            expert_mask = expert_mask.permute(2, 1, 0)
+            expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+        for expert_idx in expert_hit:
+            e = int(expert_idx[0])
+            if e == self.num_experts:  # the expert-parallel sentinel class, as transformers skips it
+                continue
+            top_k_pos, token_idx = torch.where(expert_mask[e])
+            current_state = hidden_states[token_idx]
+            gate, up = self.gate_up[e](current_state).chunk(2, dim=-1)
+            current_hidden_states = self.act_fn(gate) * up
+            current_hidden_states = self.down[e](current_hidden_states)
+            current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos, None]
+            final_hidden_states.index_add_(0, token_idx, current_hidden_states.to(final_hidden_states.dtype))
+        return final_hidden_states
+
+    def extra_repr(self) -> str:
+        return f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, intermediate_dim={self.intermediate_dim}"
+
+
+def _quant_linear(weight: torch.Tensor, config) -> nn.Module:
+    """One expert's [N, K] weight as a QuantLinear (through an nn.Linear on meta holding it: no copy)."""
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    lin.weight = nn.Parameter(weight.detach(), requires_grad=False)
+    return K.QuantLinear.from_linear(lin, config)
+
+
+def quantize_experts_(model: nn.Module, config, filter_fn: Callable[[nn.Module, str], bool] | None = None
+                      ) -> nn.Module:  # fmt: skip
+    """Replace, in place, each stacked experts module `m` named `fqn` with filter_fn(m, fqn) true by a
+    QuantExperts under `config` (a `quantize_` config). `LosslessBF16Config` leaves them. Returns `model`."""
+    if isinstance(config, K.LosslessBF16Config):  # DF11 compresses linears only: the experts stay float
+        return model
+    targets = [(f, m) for f, m in model.named_modules()
+               if is_stacked_experts(m) and (filter_fn is None or filter_fn(m, f))]  # fmt: skip
+    for fqn, experts in targets:
+        try:
+            q = QuantExperts.from_experts(experts, config)
+        except CodesignError as err:
+            raise CodesignError(f"experts {fqn!r}: {err}") from err
+        replace_module(model, fqn, q)
+    return model
+
+
+def quantize_model_(model: nn.Module, config, filter_fn: Callable[[nn.Module, str], bool] | None = None
+                    ) -> nn.Module:  # fmt: skip
+    """`quantize_` (every selected nn.Linear), then `quantize_experts_` (every selected stacked experts module)."""
+    K.quantize_(model, config, filter_fn)
+    return quantize_experts_(model, config, filter_fn)
+
+
+def rebuild_quant_experts_(model: nn.Module, fqns: Iterable[str]) -> set[str]:
+    """Before a pre-quantized load: each stacked experts module that recorded layouts `fqns` name a slot of
+    (`<experts>.gate_up.<e>`, `<experts>.down.<e>`) becomes an empty QuantExperts. Returns the slots' fqns."""
+    slots: dict[str, list[str]] = {}
+    for f in fqns:
+        m = _SLOT.match(f)
+        if m:
+            slots.setdefault(m["experts"], []).append(f)
+    filled = set()
+    for parent, names in slots.items():
+        experts = module_at(model, parent)
+        if isinstance(experts, QuantExperts):
+            pass
+        elif is_stacked_experts(experts):
+            replace_module(model, parent, QuantExperts.empty(experts))
+        else:
+            continue  # not an experts module: left to the caller's check of plain linears
+        filled.update(names)
+    return filled
+
+
+def check_experts_filled(model: nn.Module) -> None:
+    """After a pre-quantized model's modules are rebuilt: every QuantExperts slot holds a codesign linear."""
+    for fqn, m in model.named_modules():
+        if isinstance(m, QuantExperts):
+            empty = [f"{fqn}.{p}.{i}" for p in ("gate_up", "down") for i, s in enumerate(getattr(m, p))
+                     if isinstance(s, _Unloaded)]  # fmt: skip
+            if empty:
+                raise CodesignError(f"the checkpoint records no layout for {len(empty)} expert linears, e.g. "
+                                    f"{empty[0]}: it was saved with some experts unquantized")  # fmt: skip
+
+
+def module_at(model: nn.Module, fqn: str) -> nn.Module | None:
+    """The submodule named `fqn`, or None."""
+    try:
+        return model.get_submodule(fqn)
+    except AttributeError:
+        return None
+
+
+def replace_module(model: nn.Module, fqn: str, module: nn.Module) -> None:
+    """Put `module` where the submodule named `fqn` is."""
+    parent, _, child = fqn.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
