@@ -1219,11 +1219,11 @@ def tree_config(cfg: dict, kv_format: int = KV_FORMAT_PLAIN) -> dict:
 def rows_config(cfg: dict, kv_format: int, is_tree: bool, capability: tuple[int, int] | None) -> dict:
     """`cfg` for an extend or tree launch, whose programs hold a 64-row query tile (decode's hold one head
     group), so that it does not spill: Oaken's corrections at most ROWS_OAKEN_BLOCK_N wide on 8 warps and
-    ROWS_OAKEN_M query rows (its offline variant's tree ROWS_OAKEN_OFFLINE_TREE_M); a tree at most TREE_MAX_BLOCK_N
-    wide (a mixed cache's ROWS_MIXED_TREE_BLOCK_N on 8 warps); a 64-wide tile on
-    TREE_MIN_WARPS for caches outside TREE_FOUR_WARP_FORMATS; and on GPUs without warpgroup MMA (capability
-    below 9.0) TREE_MIN_WARPS for every cache and ROWS_SYNC_MMA_CODED_M query rows for the coded ones. The
-    table's tile is kept otherwise (decode and rows launches share a format's table, bucketed by batch)."""
+    ROWS_OAKEN_M query rows (its offline variant's tree ROWS_OAKEN_OFFLINE_TREE_M); a tree at most
+    TREE_MAX_BLOCK_N wide (a mixed cache's ROWS_MIXED_TREE_BLOCK_N on 8 warps); a 64-wide tile on TREE_MIN_WARPS
+    for caches outside TREE_FOUR_WARP_FORMATS; and on GPUs without warpgroup MMA (capability below 9.0)
+    TREE_MIN_WARPS for every cache and ROWS_SYNC_MMA_CODED_M query rows for the coded ones. The table's tile is
+    kept otherwise (decode and rows launches share a format's table, bucketed by batch)."""
     fmt = kv_format
     if fmt in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
         rows = ROWS_OAKEN_OFFLINE_TREE_M if is_tree and fmt == KV_FORMAT_OAKEN_OFFLINE else ROWS_OAKEN_M
