@@ -96,17 +96,21 @@ class QuantExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
                 ) -> torch.Tensor:  # fmt: skip
-        # transformers' eager experts loop (MixtralExperts.forward), with expert e's matmuls through its linears.
+        # transformers' eager experts loop (MixtralExperts.forward), with expert e's matmuls through its linears and
+        # its rows in the same order ((rank, token) ascending), but one host sync a layer (the routed counts), not
+        # one an expert hit (its `torch.where`) plus one for the hit list.
         final_hidden_states = torch.zeros_like(hidden_states)
         with torch.no_grad():
-            expert_mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1)
-            expert_mask = expert_mask.permute(2, 1, 0)
-            expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
-        for expert_idx in expert_hit:
-            e = int(expert_idx[0])
-            if e == self.num_experts:  # the expert-parallel sentinel class, as transformers skips it
+            t = top_k_index.shape[0]
+            routed = top_k_index.t().reshape(-1)  # rank-major: entry j * T + tok is token tok's j-th expert
+            order = torch.argsort(routed, stable=True)  # grouped by expert, (rank, token) ascending in each
+            counts = torch.bincount(routed, minlength=self.num_experts + 1).tolist()
+        start = 0
+        for e, n in enumerate(counts[: self.num_experts]):  # past them: the expert-parallel sentinel, skipped
+            sel, start = order[start : start + n], start + n
+            if n == 0:
                 continue
-            top_k_pos, token_idx = torch.where(expert_mask[e])
+            top_k_pos, token_idx = sel // t, sel % t
             current_state = hidden_states[token_idx]
             gate, up = self.gate_up[e](current_state).chunk(2, dim=-1)
             current_hidden_states = self.act_fn(gate) * up
