@@ -27,7 +27,8 @@ budget() {
   local left=$(( DEADLINE - $(date +%s) - RESERVE ))
   if (( left >= $1 )); then echo "$1"; elif (( left >= 5 )); then echo "$left"; else echo 0; fi
 }
-skipped() { echo "gpu_session: skipped $1 (session deadline: SESSION_SECONDS=${SESSION_SECONDS:-540})" | tee -a "$OUT/log.txt"; }
+# skipped WHAT [WHY]: a log line for a step not run (default reason: nothing left before the deadline).
+skipped() { echo "gpu_session: skipped $1 (${2:-session deadline: SESSION_SECONDS=${SESSION_SECONDS:-540}})" | tee -a "$OUT/log.txt"; }
 pack() { tar czf "$OUT/extra.tgz.part" -C "$work" . && mv "$OUT/extra.tgz.part" "$OUT/extra.tgz"; }
 trap 'pack; exit 124' TERM
 
@@ -62,7 +63,7 @@ pack
 shape="M=16,q_heads=32,kv_heads=8,head_dim=128,block_size=32,ctx=32768"
 for fmt in ${KV_FORMATS:-int8 int4 kivi oaken mixed}; do
   t=$(budget "${TUNE_SECONDS:-60}")
-  if (( t < 30 )); then skipped "tuning paged_attention_$fmt"; continue; fi  # start-up alone takes ~20 s
+  if (( t < 30 )); then skipped "tuning paged_attention_$fmt" "$t s for it, tuning needs 30"; continue; fi  # start-up ~20 s
   timeout -s TERM "$t" $PY -m codesign.cli tune --op "paged_attention_$fmt" --shape "$shape" \
     --dtype bfloat16 --strategy random --max-seconds "${TUNE_BUDGET:-25}" --cache "$work/cache.jsonl" \
     --export --out-dir "$work/tables" --json "$work/tune_$fmt.json" 2>&1 | grep -v UserWarning | tail -3 \
@@ -74,7 +75,7 @@ done
 # DF11 rows layout's kernels, untuned so far: TUNE_OPS="df11_rows_decode df11_rows_gemv"; ~TUNE_SECONDS each).
 for op in ${TUNE_OPS:-}; do
   t=$(budget "${TUNE_SECONDS:-60}")
-  if (( t < 30 )); then skipped "tuning $op"; continue; fi
+  if (( t < 30 )); then skipped "tuning $op" "$t s for it, tuning needs 30"; continue; fi
   op_shape=$($PY -c "import sys; sys.path.insert(0, 'bench'); import gpu_suite; print(gpu_suite.TUNE_SHAPES['$op'])") \
     || { echo "gpu_session: no TUNE_SHAPES entry for $op" | tee -a "$OUT/log.txt"; continue; }
   timeout -s TERM "$t" $PY -m codesign.cli tune --op "$op" --shape "$op_shape" \

@@ -98,6 +98,13 @@ def tiny_model(family: str = "llama", seed: int = 0, sharpen: float = 8.0, **ove
     return model
 
 
+def saved_tiny_model(tmp_path_factory, family: str, folder: str):
+    """`tiny_model(family)` saved (config and weights) into a fresh temporary `folder`; its path."""
+    path = tmp_path_factory.mktemp("hf") / folder
+    tiny_model(family).save_pretrained(path)
+    return path
+
+
 def prompts(batch: int, length: int, pads=(), seed: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Random prompts (ids 3.., never pad/bos/eos); row b left-padded with pads[b] pad tokens."""
     g = torch.Generator().manual_seed(seed)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from hf_testing import tiny_model
+from hf_testing import saved_tiny_model, tiny_model
 
 from codesign.cli import main
 from codesign.integrations.hf import _compat
@@ -18,9 +18,7 @@ from codesign.integrations.hf.models import hf_config
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cli") / "tiny-llama"
-    tiny_model("llama").save_pretrained(path)
-    return path
+    return saved_tiny_model(tmp_path_factory, "llama", "tiny-llama")
 
 
 def _table(out: str) -> list[list[str]]:

@@ -10,7 +10,14 @@ import re
 
 import pytest
 import torch
-from hf_testing import assert_same_greedy_where_decisive, family_params, greedy, prompts, tiny_model
+from hf_testing import (
+    assert_same_greedy_where_decisive,
+    family_params,
+    greedy,
+    prompts,
+    saved_tiny_model,
+    tiny_model,
+)
 from transformers import AutoModelForCausalLM
 
 from codesign.cli import main
@@ -140,9 +147,7 @@ def test_a_checkpoint_missing_expert_layouts_is_refused(tmp_path):
 
 @pytest.fixture(scope="module")
 def moe_folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cli") / "tiny-mixtral"
-    tiny_model("mixtral").save_pretrained(path)
-    return path
+    return saved_tiny_model(tmp_path_factory, "mixtral", "tiny-mixtral")
 
 
 def test_generate_costs_a_moe_with_quantized_experts(moe_folder, capsys):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from hf_testing import assert_same_greedy_where_decisive, greedy, prompts, tiny_model
+from hf_testing import assert_same_greedy_where_decisive, greedy, prompts, saved_tiny_model, tiny_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
@@ -34,9 +34,7 @@ FORMATS = {
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("hf") / "base"
-    tiny_model("llama").save_pretrained(path)
-    return path
+    return saved_tiny_model(tmp_path_factory, "llama", "base")
 
 
 def _greedy(model, ids):
