@@ -3,6 +3,7 @@ extend, from the sm_90 SASS of the kernels the default launch configs choose (co
 
     python bench/attention_predict.py                      # every format + tree/extend, a table on stdout
     python bench/attention_predict.py --formats int8 fp8 --no-tree --out /tmp/p.json
+    python bench/attention_predict.py --no-tree --sweep      # also gpu_kvquant's sweep (batch x context)
 
 Decode (issue 21's shape: batch 16, context 32k, 32 q / 8 kv heads, head_dim 128, blocks of 32, bf16 queries;
 `gpu_kvquant`'s caches, through `lowering_report`'s cases): each launch compiles for sm_90 under
@@ -25,6 +26,10 @@ Tree (64 nodes over a 4k prefix, batch 16, `gpu_attention`'s extend case, blocks
 for the tree launch (its prefix loop and its masked loop) and the causal extend launch; predicted tree = the
 measured extend (0.293 ms) x tree cycles / extend cycles (both issue- or tensor-bound, not memory-bound).
 
+`--sweep` also predicts every format at the GPU suite's sweep points (`gpu_kvquant.SWEEP_BATCH` x `SWEEP_CONTEXT`,
+each at that shape's split count and tiles, the bandwidth above), each row with its share of its byte floor's speed
+(`floor_pct`): issue 21's "every format at >= 70 % of its byte floor at batch >= 16, context >= 8k", predicted.
+
 The SASS model (listing parser, loop paths, census, occupancy, issue cycles) is `bench/sass_model.py`, shared with
 `bench/gemm_predict.py`. Also per launch: registers, spills, the loop's load widths (LDG / LDGSTS by width),
 shared-memory traffic, conversion instructions (I2F, F2F, F2I; packed F2FP separately) and tensor-core
@@ -34,9 +39,11 @@ instructions. JSON with --out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -256,7 +263,46 @@ def _tree_cases() -> tuple[tuple[int, int, int], Any, Any]:
     return case, calls["extend"], calls["tree"]
 
 
-def predict(formats: list[str] | None = None, tree: bool = True, log=print) -> dict[str, Any]:
+@contextlib.contextmanager
+def _at_shape(kvq: Any, batch: int, context: int) -> Iterator[None]:
+    """gpu_kvquant's decode shape set to (batch, context) for the cases built inside (they read it when called)."""
+    saved = kvq.BATCH, kvq.CONTEXT
+    kvq.BATCH, kvq.CONTEXT = batch, context
+    try:
+        yield
+    finally:
+        kvq.BATCH, kvq.CONTEXT = saved
+
+
+def _sweep_row(row: dict[str, Any]) -> dict[str, Any]:
+    keep = ("BLOCK_N", "num_warps", "NUM_SPLITS", "registers", "spill_stores", "sass_per_tile", "tiles_per_program",
+            "programs_per_sm", "warps_per_scheduler", "issue_ms", "floor_ms", "predicted_ms", "bound")
+    return {k: row[k] for k in keep} | {"floor_pct": 100 * row["floor_ms"] / row["predicted_ms"]}
+
+
+def _sweep(session: Any, kvq: Any, formats: list[str] | None, bandwidth: float, oaken: int | list[int], log) -> dict:
+    """Every format at each of gpu_kvquant's sweep points (`--sweep`), compiled in `session`; Oaken's loops at
+    the bench cache's fullest lists (`oaken`, from the issue shape's row)."""
+    report: dict[str, Any] = {}
+    for batch in kvq.SWEEP_BATCH:
+        for context in kvq.SWEEP_CONTEXT:
+            point = report[f"batch={batch} context={context}"] = {}
+            with _at_shape(kvq, batch, context):
+                for name, call in _decode_cases(formats):
+                    n0 = len(session.launches)
+                    call()
+                    launch, kernel, _ = _attn(session.launches[n0:], session.compiled[n0:])
+                    floor = kvq.floor_bytes(name, batch, context)
+                    trips = oaken if name == "int4-oaken" else 1
+                    point[name] = _sweep_row(decode_prediction(launch, kernel, floor, bandwidth, context, trips))
+            base = point.get("bf16", {}).get("predicted_ms")
+            for row in point.values():
+                row["vs_bf16"] = base / row["predicted_ms"] if base else None
+            log(f"  swept batch={batch} context={context}")
+    return report
+
+
+def predict(formats: list[str] | None = None, tree: bool = True, log=print, sweep: bool = False) -> dict[str, Any]:
     """Compile every case for sm_90 (compile-only) and predict its time; the report (module docstring)."""
     import torch
 
@@ -301,6 +347,8 @@ def predict(formats: list[str] | None = None, tree: bool = True, log=print) -> d
             row["vs_bf16"] = None
             out["decode"][name] = row
             log(f"  compiled {name}: {row['sass_per_tile']} SASS per tile, {row['predicted_ms']:.3f} ms")
+        if sweep:
+            out["sweep"] = _sweep(session, kvq, formats, bandwidth, out.get("oaken_trips", {}).get("trips", 1), log)
         if tree:
             (batch, q_len, prefix), ext_call, tree_call = _tree_cases()
             pair = []
@@ -335,6 +383,10 @@ def table(report: dict[str, Any]) -> str:
             f"{_loads(lp):18s} {r['issue_ms']:8.3f} {r['floor_ms']:8.3f} {r['predicted_ms']:9.3f} "
             f"{r['vs_bf16']:7.2f}x"
         )
+    for point, rows in report.get("sweep", {}).items():
+        lines.append(f"sweep {point}: " + ", ".join(
+            f"{name} {r['predicted_ms']:.3f} ms ({r['floor_pct']:.0f} % of floor, {r['NUM_SPLITS']} splits)"
+            for name, r in rows.items()))  # fmt: skip
     t = report.get("tree")
     if t:
         for name in ("extend", "tree"):
@@ -356,9 +408,11 @@ def main(argv: list[str] | None = None) -> int:
         "--formats", nargs="*", default=None, help="bf16 int8 int4 int2 fp8 int4-kivi ... (default all)"
     )
     ap.add_argument("--no-tree", action="store_true", help="skip tree verification vs extend")
+    ap.add_argument("--sweep", action="store_true", help="also every format at gpu_kvquant's sweep points")
     ap.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
     args = ap.parse_args(argv)
-    return run_report("attention_predict", lambda: predict(args.formats, not args.no_tree), table, args.out)
+    return run_report("attention_predict", lambda: predict(args.formats, not args.no_tree, sweep=args.sweep), table,
+                      args.out)  # fmt: skip
 
 
 if __name__ == "__main__":

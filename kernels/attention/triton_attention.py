@@ -103,6 +103,15 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 # context 32k) ran 0.83 ms against 1.08 on 8 warps, 1.61 at 16 x 128 (tuning-pass timings,
 # `bench/results/h200-2026-11-30-run2`).
 SUBBYTE_TILE_ELEMS = 16 * 128
+# Per-token INT4 / INT2 read as words decode their 64 x 128 tile on this many warps (with 4 / warps times the
+# splits, `choose_num_splits`: the SMs hold as many warps). sm_90, bf16, batch 16, context 32k
+# (`bench/attention_predict.py`, untimed): a warp then covers 32 of the 64 keys instead of 16, so the softmax's
+# cross-warp steps and the per-tile fixed work are shared by half the warps: 2174 warp instructions a tile
+# against 2612 on 4 warps (INT4; INT2 2334 against 2808), 222 / 254 registers, no spills: 0.146 / 0.157 ms
+# predicted against 0.174 / 0.186. One warp spills (64 x 128: 464 B INT2; 32 x 128: 28-72 B), and 128 x 128 on
+# 2 warps spills 64-180 B. INT8 stays on 4 warps: at its byte floor either way. Fewer warps were faster on the
+# last H200 run too (INT4 64 x 128: 0.83 ms on 4 warps, 1.08 on 8; the kernel then unpacked per element).
+INT_WORDS_WARPS = 2
 # Mixed chunks read as words at most this wide, on 4 warps: a tile inside one block, or of two whole blocks where two
 # fill it (each read at its own width, `_mixed_span_codes`). sm_90, bf16, head_dim 128, batch 16, context 32k
 # (`bench/attention_predict.py`): blocks of 32, 64 x 128 over two blocks takes 128 registers and 682-705 SASS a tile
@@ -113,11 +122,14 @@ SUBBYTE_TILE_ELEMS = 16 * 128
 # 2 %). None measured. Earlier, 32 x 128 on 8 warps (394 SASS, 0.41 ms), 16 x 128 on 2 (586, 0.41) and on 8 (446,
 # 0.93) predicted slower.
 MIXED_WORDS_TILE = 64
-# KIVI's tile where it fits in a block, on 4 warps: sm_90, bf16, head_dim 128, G = R = 32, blocks of 32, its
-# code-only loop takes 397 SASS a 32-token tile and 124 registers (0.21 ms predicted at batch 16, context 32k),
-# against 437 a 16-token tile on 2 warps (0.31), 662 for 32 on 2 (216 registers, 0.23), 1037 for 64 on 4 (240
-# registers, 0.28).
+# KIVI's tile where it fits in a block, on KIVI_WORDS_WARPS: sm_90, bf16, head_dim 128, G = R = 32, blocks of 32,
+# batch 16, context 32k (`bench/attention_predict.py`, untimed): its code-only loop takes 662-683 SASS a 32-token
+# tile on 2 warps (216-219 registers, no spills) and, with twice the splits (`choose_num_splits`: the 4-warp plan's
+# warps), 0.177 / 0.183 ms (INT4 / INT2), against 397-408 on 4 warps (1588-1632 warp instructions a tile against
+# 1324-1366; 124 registers; 0.211 / 0.217 ms); 64 on 4: 1037 SASS, 240 registers, 0.28 ms; 64 on 2 spills
+# (296-612 B). Earlier, 16 on 2 warps at the 4-warp split count: 437 SASS, 0.31 ms.
 KIVI_WORDS_TILE = 32
+KIVI_WORDS_WARPS = 2
 # Tree verification adds the ancestor mask to a 16-token x GROUP_PAD-row extend tile, one 64-bit window of
 # packed mask bits per row (`tree_mask_words`): at most 64 wide. Compiled for sm_90 in bf16 at head_dim 128
 # (batch 16, 64 nodes over 4k): 64 x 4 warps takes 232 registers, no spills (2 programs an SM, as the extend),
@@ -1086,18 +1098,24 @@ def _reduce_splits_kernel(
         tl.store(lse_ptr + t * stride_lt + h * stride_lh, (m + tl.log2(tot)) * _LN2)
 
 
-def choose_num_splits(programs: int, max_kv_len: int, sms: int | None) -> int:
+def choose_num_splits(programs: int, max_kv_len: int, sms: int | None, warps: int = 4) -> int:
     """The one split-KV heuristic: split only when `programs` (q-blocks x kv heads) leave SMs idle.
 
     splits = min(ceil(2 * sms / programs), max_kv_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS), at least 1:
-    aim for two waves of programs, but never splits shorter than MIN_TOKENS_PER_SPLIT tokens. Depends
-    only on host-known sizes (no sync), so a plan made once serves CUDA-graph replays. On CPU (sms
-    None) an H100-sized 132 SMs is assumed, so interpreter runs take the same path a GPU would.
+    aim for two waves of programs, but never splits shorter than MIN_TOKENS_PER_SPLIT tokens. The rule
+    counts 4-warp programs: programs of `warps` < 4 split 4 / warps times as often (within the same caps),
+    so the SMs hold as many warps as the 4-warp plan would. Depends only on host-known sizes (no sync), so
+    a plan made once serves CUDA-graph replays. On CPU (sms None) an H100-sized 132 SMs is assumed, so
+    interpreter runs take the same path a GPU would.
     """
     sms = 132 if sms is None else sms
-    if programs <= 0 or programs >= sms:
+    cap = min(max_kv_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS)
+    if programs <= 0:
         return 1
-    return max(1, min(-(-2 * sms // programs), max_kv_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS))
+    splits = 1 if programs >= sms else max(1, min(-(-2 * sms // programs), cap))
+    if warps < 4:
+        splits = max(splits, min(splits * (4 // warps), cap))
+    return splits
 
 
 def default_config(
@@ -1107,9 +1125,10 @@ def default_config(
     num_stages * 2 * BLOCK_N * dim_pad * elem_bytes <= DEFAULT_SMEM_BUDGET; at head_dim 256 also 8 warps
     and 32 rows (a 64 x 256 fp32 accumulator would be 128 registers per thread over 4 warps). Caches that
     unpack codes in the inner loop also keep BLOCK_N x dim_pad within a register budget
-    (SUBBYTE_TILE_ELEMS) so the kernel does not spill. With `block_size` known, KIVI takes KIVI_WORDS_TILE on 4
-    warps where a block holds whole tiles (else its measured 16-row tile on 2 warps), and mixed chunks read as words
-    (`mixed_reads_words`) MIXED_WORDS_TILE on 4 warps."""
+    (SUBBYTE_TILE_ELEMS) so the kernel does not spill; per-token INT4 / INT2 read as words decode on
+    INT_WORDS_WARPS (16-bit queries). With `block_size` known, KIVI takes KIVI_WORDS_TILE on KIVI_WORDS_WARPS
+    (16-bit queries; fp32 4) where a block holds whole tiles (else its measured 16-row tile on 2 warps), and mixed
+    chunks read as words (`mixed_reads_words`) MIXED_WORDS_TILE on 4 warps."""
     cfg = dict(DEFAULT_CONFIG)
     dp = dim_pad(head_dim)
     while (
@@ -1126,13 +1145,15 @@ def default_config(
     )
     if gathered:  # sub-byte codes read by byte gather
         cfg["BLOCK_N"] = max(16, min(cfg["BLOCK_N"], SUBBYTE_TILE_ELEMS // dp))
+    elif kv_format == KV_FORMAT_INT and bits < 8 and reads_words(kv_format, bits, head_dim) and elem_bytes == 2:
+        cfg["num_warps"] = INT_WORDS_WARPS  # (fp32 queries keep 4: their IEEE dots spill more on 2)
     elif oaken and block_size is not None and block_size >= OAKEN_WIDE_BLOCK:
         cfg["BLOCK_N"], cfg["num_warps"] = min(cfg["BLOCK_N"], 64), 4
     elif oaken:
         cfg["BLOCK_N"], cfg["num_warps"] = min(cfg["BLOCK_N"], 32), 8
     kivi_wide = cfg["BLOCK_N"] >= KIVI_WORDS_TILE and block_size is not None and block_size % KIVI_WORDS_TILE == 0
     if kv_format == KV_FORMAT_KIVI and kivi_wide:
-        cfg["BLOCK_N"], cfg["num_warps"] = KIVI_WORDS_TILE, 4
+        cfg["BLOCK_N"], cfg["num_warps"] = KIVI_WORDS_TILE, KIVI_WORDS_WARPS if elem_bytes == 2 else 4
     elif kv_format == KV_FORMAT_KIVI:
         # 16 x 128 on 2 warps: the fastest config of three H200 tuning passes at batch 16 (context 32k: 6.1 ms
         # against 10.4 at 64 x 128 on 8 warps; the kernel then gathered its scales and selected ring rows per tile).
@@ -1222,9 +1243,12 @@ def rows_config(cfg: dict, kv_format: int, is_tree: bool, capability: tuple[int,
     ROWS_OAKEN_M query rows (its offline variant's tree ROWS_OAKEN_OFFLINE_TREE_M); a tree at most
     TREE_MAX_BLOCK_N wide (a mixed cache's ROWS_MIXED_TREE_BLOCK_N on 8 warps); a 64-wide tile on TREE_MIN_WARPS
     for caches outside TREE_FOUR_WARP_FORMATS; and on GPUs without warpgroup MMA (capability below 9.0)
-    TREE_MIN_WARPS for every cache and ROWS_SYNC_MMA_CODED_M query rows for the coded ones. The table's tile is
-    kept otherwise (decode and rows launches share a format's table, bucketed by batch)."""
+    TREE_MIN_WARPS for every cache and ROWS_SYNC_MMA_CODED_M query rows for the coded ones; at least 4 warps
+    always. The table's tile is kept otherwise (decode and rows launches share a format's table, bucketed by batch)."""
     fmt = kv_format
+    # Decode's tile holds one head group (16 rows): a config of fewer warps (INT_WORDS_WARPS, KIVI_WORDS_WARPS)
+    # is a decode choice, and 64 query rows take at least 4.
+    cfg = {**cfg, "num_warps": max(cfg["num_warps"], 4)}
     if fmt in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
         rows = ROWS_OAKEN_OFFLINE_TREE_M if is_tree and fmt == KV_FORMAT_OAKEN_OFFLINE else ROWS_OAKEN_M
         cfg = {**cfg, "BLOCK_N": min(cfg["BLOCK_N"], ROWS_OAKEN_BLOCK_N), "num_warps": max(cfg["num_warps"], 8),
@@ -1349,7 +1373,7 @@ def plan_launch(
     if num_splits is None:
         b = batch.block_tables.shape[0]
         programs = (b if batch.is_decode else -(-t // bq) + b) * hkv
-        num_splits = choose_num_splits(programs, batch.block_tables.shape[1] * bs, view.sms)
+        num_splits = choose_num_splits(programs, batch.block_tables.shape[1] * bs, view.sms, cfg["num_warps"])
     words = (
         reads_words(kv_format, bits, dim)
         or mixed_reads_words(kv_format, dim, bs, cfg["BLOCK_N"])

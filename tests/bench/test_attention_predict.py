@@ -100,17 +100,35 @@ def test_occupancy_and_issue_model(ap):
     assert (occ["programs_per_sm"], occ["warps_per_scheduler"], occ["cycles"]) == (3, 3, 3000)
 
 
+def test_sweep_shape_is_set_and_restored(ap):
+    class Bench:
+        BATCH, CONTEXT = 16, 32768
+
+    with ap._at_shape(Bench, 64, 1024):
+        assert (Bench.BATCH, Bench.CONTEXT) == (64, 1024)
+    assert (Bench.BATCH, Bench.CONTEXT) == (16, 32768)
+    keys = ("BLOCK_N", "num_warps", "NUM_SPLITS", "registers", "spill_stores", "sass_per_tile", "tiles_per_program",
+            "programs_per_sm", "warps_per_scheduler", "issue_ms", "bound")  # fmt: skip
+    row = dict.fromkeys(keys, 1)
+    assert ap._sweep_row({**row, "floor_ms": 0.05, "predicted_ms": 0.1})["floor_pct"] == pytest.approx(50)
+
+
 @pytest.mark.lowering
 def test_int8_prediction_from_sm90_lowering(tmp_path):
     """The INT8 per-token decode compiles for sm_90 at its default config without spills or conversion
-    instructions, and its predicted time is positive and not below its byte floor."""
+    instructions, and its predicted time is positive and not below its byte floor; INT4 runs 2 warps with
+    twice INT8's splits (the SMs hold the same warps), without spills."""
     out = tmp_path / "p.json"
     env = dict(os.environ, TRITON_INTERPRET="0")
-    res = subprocess.run([sys.executable, str(SCRIPT), "--formats", "int8", "--no-tree", "--out", str(out)],
+    res = subprocess.run([sys.executable, str(SCRIPT), "--formats", "int8", "int4", "--no-tree", "--out", str(out)],
                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
-    row = json.loads(out.read_text())["decode"]["int8"]
+    rows = json.loads(out.read_text())["decode"]
+    row = rows["int8"]
     assert row["spill_stores"] == 0 and row["loop"]["cvt"] == {} and row["loop"]["spill_ldl_stl"] == 0
     assert row["loop"]["ldgsts"].get("LDGSTS.E.BYPASS.128", 0) > 0  # the codes arrive in 16-byte copies
     assert 0 < row["floor_ms"] <= row["predicted_ms"] < 5 and row["sass_per_tile"] > 100
     assert "int8" in res.stdout
+    i4 = rows["int4"]
+    assert (i4["num_warps"], row["num_warps"], i4["NUM_SPLITS"]) == (2, 4, 2 * row["NUM_SPLITS"]), i4
+    assert i4["spill_stores"] == 0 and i4["warps_per_scheduler"] == row["warps_per_scheduler"]

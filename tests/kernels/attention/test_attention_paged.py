@@ -208,6 +208,26 @@ def test_split_heuristic():
     assert choose_num_splits(8, 512, 132) == 512 // MIN_TOKENS_PER_SPLIT  # short contexts cap it
     assert choose_num_splits(1, 100, 132) == 1
     assert 1 <= choose_num_splits(1, 10**6, 132) <= 64
+    # Programs of fewer than 4 warps split 4 / warps times as often: the SMs hold the 4-warp plan's warps.
+    assert choose_num_splits(128, 32768, 132, warps=2) == 2 * choose_num_splits(128, 32768, 132) == 6
+    assert choose_num_splits(512, 32768, 132, warps=2) == 2  # no split at 4 warps: still the same warps
+    assert choose_num_splits(128, 1024, 132, warps=2) == 1024 // MIN_TOKENS_PER_SPLIT  # within the same caps
+    assert choose_num_splits(8, 10**6, 132, warps=1) == 64
+    assert choose_num_splits(128, 32768, 132, warps=8) == choose_num_splits(128, 32768, 132)  # 4+: unchanged
+
+
+def test_two_warp_decode_tiles_and_rows_launches():
+    """Per-token INT4 / INT2 and KIVI decode on 2 warps (INT8 and bf16 on 4); extend and tree launches, whose
+    programs hold 64 query rows, never below 4."""
+    from codesign.kernels.attention import triton_attention as ta
+
+    two = [(ta.KV_FORMAT_INT, 4), (ta.KV_FORMAT_INT, 2), (ta.KV_FORMAT_KIVI, 4), (ta.KV_FORMAT_KIVI, 2)]
+    for fmt, bits in two + [(ta.KV_FORMAT_INT, 8), (ta.KV_FORMAT_PLAIN, 16)]:
+        cfg = ta.default_config(128, 2, fmt, bits, 32)
+        assert cfg["num_warps"] == (2 if (fmt, bits) in two else 4), (fmt, bits, cfg)
+        for tree in (False, True):
+            for cap in ((9, 0), (8, 0)):
+                assert ta.rows_config(cfg, fmt, tree, cap)["num_warps"] >= 4, (fmt, bits, tree, cap)
 
 
 # --- the torch op --------------------------------------------------------------------------------------
