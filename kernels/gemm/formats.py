@@ -160,6 +160,16 @@ def _check_tensor(
         raise CodesignError(f"{name} must be contiguous{also} (weights are prepared once; call .contiguous())")
 
 
+def zeros_are_codes(zeros: torch.Tensor, bits: int) -> bool:
+    """Whether every zero is an integer in [0, 2^bits], as the format stores them (up to 2^bits inclusive: GPTQ v1
+    checkpoints store zero - 1, so a stored 15 means 16) and the Triton kernels need (they meet c - z in 16-bit
+    arithmetic, exact only then). One host sync on a GPU."""
+    z = zeros.float()
+    if z.numel() == 0:
+        return True
+    return bool(torch.isfinite(z).all() and (z == z.round()).all() and z.min() >= 0 and z.max() <= (1 << bits))
+
+
 def validate_quantized_weight(w: QuantizedWeight) -> None:
     """Raise CodesignError unless every field of `w` matches the native layout; scales must be finite > 0."""
     check_choice("dtype", w.dtype, ("int4", "int8", "fp8_e4m3"))
@@ -186,14 +196,7 @@ def validate_quantized_weight(w: QuantizedWeight) -> None:
         _check_tensor("scales", w.scales, (k // g, n), _SCALE_DTYPES)
         if w.zeros is not None:
             _check_tensor("zeros", w.zeros, (k // g, n), (w.scales.dtype,))
-            z = w.zeros.float()
-            # Up to 2**bits inclusive: GPTQ v1 checkpoints store zero - 1, so a stored 15 means 16.
-            if (
-                not torch.isfinite(z).all()
-                or (z != z.round()).any()
-                or z.min() < 0
-                or z.max() > (1 << w.bits)
-            ):
+            if not zeros_are_codes(w.zeros, w.bits):
                 raise CodesignError(f"zeros must be integers in [0, {1 << w.bits}]")
     for t, name in ((w.qweight, "qweight"), (w.zeros, "zeros"), (w.perm, "perm")):
         if t is not None and t.device != w.scales.device:

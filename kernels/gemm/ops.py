@@ -13,10 +13,14 @@ Argument contract (checked before any launch; violations raise CodesignError nam
           contiguous [N, K]),
           scales/zeros [K/G, N], bias [N] of x's dtype or None,
   all on x's device. group_size is 32/64/128 or K (per-channel). M = 0 returns an empty result.
+  zeros' values are integers in [0, 2^bits] (the format's, `formats.zeros_are_codes`): checked once per zeros
+          tensor (one host sync, again after an in-place change), not while a CUDA graph is being captured.
 The output has x's dtype and shape [..., N].
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -162,8 +166,32 @@ def _scaled_mm_torch(aq, a_s, w, w_s, bias, out_dtype, fp8: bool) -> torch.Tenso
 # ----------------------------------------------------------------------------- weight-only ops
 
 
+# zeros tensors whose values were checked (`_check_zero_values`), keyed weakly by their storage.
+_ZEROS_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _check_zero_values(zeros: torch.Tensor, bits: int) -> None:
+    """Raise unless `zeros` holds integers in [0, 2^bits] (`formats.zeros_are_codes`), once per tensor: the result is
+    kept per (storage, view, version), so a decode loop pays a dictionary lookup, not a host sync. Inference tensors
+    have no version counter: theirs is kept per view. Skipped while the stream captures a CUDA graph (a sync would
+    break the capture; the warm-up call before it checked the same tensor)."""
+    if zeros.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    key = (zeros.storage_offset(), tuple(zeros.shape), zeros.stride(), zeros.dtype, bits)
+    version = None if zeros.is_inference() else zeros._version
+    seen = _ZEROS_CHECKED.setdefault(zeros.untyped_storage(), {})
+    if seen.get(key) == (version, zeros.data_ptr()):
+        return
+    if not qf.zeros_are_codes(zeros, bits):
+        raise CodesignError(f"zeros must hold integers in [0, {1 << bits}] (the format's zero points: the kernels "
+                            "meet c - z in 16-bit arithmetic, exact only for these)")  # fmt: skip
+    seen[key] = (version, zeros.data_ptr())
+
+
 def _wq_impl(x, qweight, scales, zeros, bias, group_size, bits: int, op: str) -> torch.Tensor:
     n, k = check_wq_args(x, qweight, scales, zeros, bias, bits, group_size)
+    if zeros is not None and zeros.device.type != "meta":
+        _check_zero_values(zeros, bits)
     available = ("triton", "torch", "cupy") if bits == 4 else ("triton", "torch")
     backend = resolve_backend(op, x.device, available)
     m = x.numel() // k

@@ -270,6 +270,45 @@ def test_w4a16_op_refuses_bad_arguments(over, match, backend):
         qg.w4a16_gemm(**_args(**over))
 
 
+@pytest.mark.parametrize("bad", [0.5, -1.0, 17.0, float("nan"), float("inf")])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_weight_only_ops_refuse_zeros_that_are_not_codes(bad, backend):
+    """zeros hold the format's integer zero points in [0, 2^bits] (16 included: GPTQ v1); the kernels meet c - z in
+    16-bit arithmetic, exact only for these, so any other value is refused by name, not computed inexactly. The
+    check is kept per tensor and made again after an in-place change."""
+    a = _args()
+    z = a["zeros"]
+    z[1, 2] = 16.0  # the largest zero a 4-bit format stores (GPTQ v1's 15 + 1)
+    with use_backend(backend):
+        qg.w4a16_gemm(**a)
+        z[1, 2] = bad  # in place: a new version of a tensor already checked
+        with pytest.raises(CodesignError, match=r"zeros must hold integers in \[0, 16\]"):
+            qg.w4a16_gemm(**a)
+        z8 = qf.quantize_rtn(torch.randn(96, 128), "int8", 32, False)
+        z8.zeros[0, 0] = 256.0 if bad != 17.0 else 257.0
+        a8 = dict(a, qweight=z8.qweight, scales=z8.scales, zeros=z8.zeros)
+        if bad == 17.0:
+            with pytest.raises(CodesignError, match=r"\[0, 256\]"):
+                qg.w8a16_gemm(**a8)
+        else:
+            qg.w8a16_gemm(**a8)
+
+
+def test_zero_values_are_checked_once_per_tensor(monkeypatch):
+    """One host sync per zeros tensor, not per call (a decode loop calls each layer's op every step)."""
+    a = _args()
+    calls = []
+    real = qf.zeros_are_codes
+    monkeypatch.setattr(qf, "zeros_are_codes", lambda z, b: calls.append(1) or real(z, b))
+    with use_backend("torch"):
+        for _ in range(3):
+            qg.w4a16_gemm(**a)
+        assert len(calls) == 1
+        a["zeros"].add_(0)  # an in-place change: checked again
+        qg.w4a16_gemm(**a)
+    assert len(calls) == 2
+
+
 @pytest.mark.parametrize(
     "fp8, over, match",
     [
