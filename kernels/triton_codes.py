@@ -139,6 +139,26 @@ def words_f16(words, BITS: tl.constexpr):
 
 
 @triton.jit
+def words_f16_less(words, zero, BITS: tl.constexpr):
+    """fp16 [N, NW, 32 / BITS] of c - zero[n] for int32 words [N, NW] of 8- or 4-bit codes c and integer zeros
+    [N] (fp32, 0 <= zero <= 2^BITS), exactly, in `words_f16`'s column order (`pair_order`) and by its ops: the zero
+    rides in the packed subtract (FMA) that finishes each pair, -(1024 + z) (odd nibbles: -(64 + z)) in place of
+    -1024, so a per-column zero costs nothing a code (every value exact in fp16: |c - z| <= 256, 1024 + z <= 1280)."""
+    zb = (zero + 1024.0).to(tl.float16)
+    if BITS == 8:
+        x = tl.join(words & 0x00FF00FF, (words >> 8) & 0x00FF00FF) | 0x64006400  # [.., i]: elements i, i + 2
+        out = _halves(x) - zb[:, None, None, None]
+        return tl.reshape(out, (words.shape[0], words.shape[1], 4))
+    else:
+        a = tl.join(words, words >> 8)  # [.., j]: elements 2j, 2j + 1, 2j + 4, 2j + 5 at bits 0, 4, 16, 20
+        x = tl.join((a & 0x000F000F) | 0x64006400, (a & 0x00F000F0) | 0x64006400)  # [.., j, odd]
+        odd = tl.arange(0, 2)[None, None, None, :, None].to(tl.float16)
+        # even: (1024 + c) - (1024 + z); odd: (1024 + 16 c) / 16 - (64 + z), one exact FMA either way
+        out = _halves(x) * (1.0 - 0.9375 * odd) + (960.0 * odd - zb[:, None, None, None, None])
+        return tl.reshape(out, (words.shape[0], words.shape[1], 8))
+
+
+@triton.jit
 def _pairs_in_place(words):
     """2-bit words [.., NW] -> (int32 [.., NW, 2, 2, 2] whose halves hold one code each masked in place at bit
     b = 2 r of the half, fp16 2^-b broadcastable to its `_halves`), by one shift a word: [.., j3, j2, j1] holds

@@ -44,8 +44,9 @@ from codesign.kernels.gemm.triton_parts import (
     split_k_buffer,
     split_range,
     w_strides,
+    word_tile_nk,
 )
-from codesign.kernels.triton_codes import codes_f16, pow2_scale
+from codesign.kernels.triton_codes import opaque_f16, pair_cols, pow2_scale, words_f16_less
 from codesign.kernels.triton_div import div_rn_shared, recip_rn, shared_divisor_ok
 from codesign.specs import CodesignError
 
@@ -346,6 +347,7 @@ def _wq_kernel(
     USE_ATOMIC: tl.constexpr,
     F16_CODES: tl.constexpr = False,
     MAGIC_DQ: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False,
 ):
     """Weight-only GEMM: one [BLOCK_M, BLOCK_N] output tile over a K range per program.
 
@@ -375,7 +377,6 @@ def _wq_kernel(
             mask=mask_m[:, None] & (offs_k < k_end)[None, :],
             other=0.0,
         ).to(tl.float32)
-        codes = code_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K]
         g = k0 >> GROUP_SHIFT  # one group per tile (`group_shift`: a shift, not an integer division a K step)
         scale = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         if HAS_ZEROS:
@@ -384,15 +385,20 @@ def _wq_kernel(
             zero = tl.full(offs_n.shape, 1 << (BITS - 1), tl.float32)
         if F16_CODES:
             # Split-K with fp16 / bf16 activations (few rows, the weight tile dominates): x @ ((c - z) s) =
-            # (x @ c - rowsum(x) z) s per column, so the codes enter the product as they are, made fp16 by bit
-            # patterns (`codes_f16`), and scale and zero cost O(BLOCK_M x BLOCK_N) per tile instead of a
-            # multiply-add and two conversions per weight element. Each activation row is scaled by a power of
-            # two into fp16's range (bf16 rows beyond it included). With many rows (the tiled variant) the
-            # per-tile [BLOCK_M, BLOCK_N] work and the second accumulator cost more (sm_90, 128 x 128 x 32: 222
-            # registers against 122): that variant dequantizes the weight tile.
+            # (x @ (c - z)) s per column, so the codes enter the product as c - z, made fp16 exactly by bit patterns
+            # (`words_f16_less`: one mask-and-OR and one packed subtract per two codes, the zero riding in the
+            # subtract), and the scale costs O(BLOCK_M x BLOCK_N) per tile instead of a multiply-add and two
+            # conversions per weight element. The unpack's column order (`pair_order`) is folded into the activation
+            # tile (`pair_cols`, in registers). Each activation row is scaled by a power of two into fp16's range
+            # (bf16 rows beyond it included). With many rows (the tiled variant) the per-tile [BLOCK_M, BLOCK_N]
+            # work costs more (sm_90, 128 x 128 x 32: 222 registers against 122): that variant dequantizes the
+            # weight tile.
+            words = word_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K / P]
+            w = tl.reshape(words_f16_less(words, zero, BITS), (BLOCK_N, BLOCK_K))  # c - z, in `pair_order`
             x_f, x_unf = pow2_scale(tl.max(tl.abs(x), 1), 14)
-            xc = tl.dot((x * x_f[:, None]).to(tl.float16), tl.trans(codes_f16(codes))) * x_unf[:, None]
-            acc += (xc - tl.sum(x, 1)[:, None] * zero[None, :]) * scale[None, :]
+            xh = pair_cols((x * x_f[:, None]).to(tl.float16), BITS)
+            xc = tl.dot(xh, tl.trans(opaque_f16(w, INTERPRETED))) * x_unf[:, None]
+            acc += xc * scale[None, :]
         elif MAGIC_DQ:
             # The weight tile in the dot's 16-bit type without a conversion per element (`magic_dequant`): the code
             # OR'd into the exponent of BASE (fp16 1024, bf16 128) is BASE + c by its bit pattern, and BASE + z is
@@ -400,10 +406,12 @@ def _wq_kernel(
             # rounds (c - z) s once, as the fp32 path's single rounding of its exact product does: the same bits.
             # sm_90, 128 x 128 x 32, W4A16 bf16: 155 SASS a K step against 187 (16 I2FP, FADD, FMUL, 8 F2FP gone).
             BASE: tl.constexpr = 1024.0 if DOT_DTYPE == tl.float16 else 128.0
+            codes = code_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K]
             wq = (codes | (0x6400 if DOT_DTYPE == tl.float16 else 0x4300)).to(tl.int16).to(DOT_DTYPE, bitcast=True)
             wh = (wq - (zero + BASE).to(DOT_DTYPE)[:, None]) * scale.to(DOT_DTYPE)[:, None]
             acc += tl.dot(x.to(DOT_DTYPE), tl.trans(wh), input_precision=DOT_PREC)
         else:
+            codes = code_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K]
             w = (codes.to(tl.float32) - zero[:, None]) * scale[:, None]
             acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), input_precision=DOT_PREC)
     if HAS_BIAS:
@@ -576,6 +584,7 @@ def wq_gemm(
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 1),
         SPLITK=variant == "splitk", USE_ATOMIC=split > 1, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         MAGIC_DQ=variant == "tiled" and magic_dequant(bits, scales.dtype, dot_dtype),
+        INTERPRETED=device_view(x.device).interpreted,
         # The tiled kernel may take every register: with only `.reqntid 256` ptxas aimed at 128 registers (two programs
         # an SM) on sm_80 and spilled 20 B for the symmetric W4A16 tile (150 registers, no spill with the limit).
         maxnreg=255 if variant == "tiled" else None,
