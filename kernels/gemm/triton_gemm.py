@@ -394,10 +394,10 @@ def _wq_kernel(
             # work costs more (sm_90, 128 x 128 x 32: 222 registers against 122): that variant dequantizes the
             # weight tile.
             words = word_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K / P]
-            w = tl.reshape(words_f16_less(words, zero, BITS), (BLOCK_N, BLOCK_K))  # c - z, in `pair_order`
+            w = tl.reshape(words_f16_less(words, zero, BITS, INTERPRETED), (BLOCK_N, BLOCK_K))  # (c - z) / 1024
             x_f, x_unf = pow2_scale(tl.max(tl.abs(x), 1), 14)
             xh = pair_cols((x * x_f[:, None]).to(tl.float16), BITS)
-            xc = tl.dot(xh, tl.trans(opaque_f16(w, INTERPRETED))) * x_unf[:, None]
+            xc = tl.dot(xh, tl.trans(opaque_f16(w, INTERPRETED))) * (x_unf * 1024.0)[:, None]  # (`words_f16_less`)
             acc += xc * scale[None, :]
         elif MAGIC_DQ:
             # The weight tile in the dot's 16-bit type without a conversion per element (`magic_dequant`): the code
