@@ -78,7 +78,14 @@ SCALED_MM_VARIANTS = ("triton", "torch", "fusedq", "tma")
 _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # Split-K in 4 stages: with fp16 codes, 3 stages spilled 20 B at 80 registers on sm_90 for fp16 activations
     # at K = 1024 (ptxas); 4 stages take 86 and 45 KB of shared memory, no spill on the shapes sampled.
-    "splitk": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
+    # 128 columns: the activation tile's per-tile work (its row scale, the fp16 copy, the dot's A loads) and the
+    # loop's fixed costs serve twice the weight: sm_90, N = K = 8192, M = 16, W4A16 g128 491 SASS a K tile for 128
+    # columns against 353 for 64, predicted 11.0 us against 14.4 (memory-bound now), W8A16 517 / 352, 18.6 us
+    # either way (memory-bound); 88-128 registers, no spills (`bench/gemm_predict.py`, `bench/lowering_report.py`).
+    "splitk": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
+    # fp32 activations (the "ieee" correctness path on the FMA units, `splitk_kind`) keep 64 columns: at 128 their
+    # spills doubled (sm_90: 448-7868 B a thread against 260-4264).
+    "splitk_fp32": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
     # Packed weights are loaded as one int32 word per k, so a pipelined weight tile costs 4 B per element
     # in shared memory. Untuned defaults must launch on every GPU we target, the smallest opt-in limit
     # being sm_89's 101,376 B (L40S, RTX 4090): tiled 128 x 128 x 64 in 3 stages needs 115,200 B (ptxas),
@@ -286,6 +293,11 @@ def tiled_kind(m: int, n: int, x_dtype: torch.dtype, view: DeviceView) -> str:
         return "tiled"
     programs = triton.cdiv(m, tile) * triton.cdiv(n, _GPU_DEFAULTS["tiled"]["BLOCK_N"])
     return "tiled_wide" if programs > view.sms else "tiled"
+
+
+def splitk_kind(x_dtype: torch.dtype, view: DeviceView) -> str:
+    """The split-K variant's defaults: "splitk", or on a GPU "splitk_fp32" (64 columns) for fp32 activations."""
+    return "splitk_fp32" if view.compiled and x_dtype == torch.float32 else "splitk"
 
 
 def magic_dequant(bits: int, scale_dtype: torch.dtype, dot_dtype: tl.dtype) -> bool:
@@ -549,7 +561,8 @@ def wq_gemm(
     n = qweight.shape[1]
     key = wq_table_key(n, k, group)
     variant = choose_variant(m, wq_op(bits), x.device, key)
-    kind = tiled_kind(m, n, x.dtype, device_view(x.device)) if variant == "tiled" else variant
+    view = device_view(x.device)
+    kind = {"tiled": tiled_kind(m, n, x.dtype, view), "splitk": splitk_kind(x.dtype, view)}.get(variant, variant)
     cfg = launch_config(wq_table_op(bits, variant), kind, x.device, m, key)
     if variant == "dequant":
         dequant_matmul(x, qweight, scales, zeros, bias, bits, group, out, cfg)
