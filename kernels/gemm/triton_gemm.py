@@ -384,11 +384,9 @@ def _wq_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(
-            x_ptr + offs_m[:, None] * K + offs_k[None, :],
-            mask=mask_m[:, None] & (offs_k < k_end)[None, :],
-            other=0.0,
-        ).to(tl.float32)
+        x16 = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask_m[:, None] & (offs_k < k_end)[None, :],
+                      other=0.0)  # fmt: skip
+        x = x16.to(tl.float32)
         g = k0 >> GROUP_SHIFT  # one group per tile (`group_shift`: a shift, not an integer division a K step)
         scale = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         if HAS_ZEROS:
@@ -407,10 +405,14 @@ def _wq_kernel(
             # weight tile.
             words = word_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K / P]
             w = tl.reshape(words_f16_less(words, zero, BITS, INTERPRETED), (BLOCK_N, BLOCK_K))  # (c - z) / 1024
-            x_f, x_unf = pow2_scale(tl.max(tl.abs(x), 1), 14)
-            xh = pair_cols((x * x_f[:, None]).to(tl.float16), BITS)
-            xc = tl.dot(xh, tl.trans(opaque_f16(w, INTERPRETED))) * (x_unf * 1024.0)[:, None]  # (`words_f16_less`)
-            acc += xc * scale[None, :]
+            if DOT_DTYPE == tl.float16:  # fp16 rows as they are: exact products, fp32 sums, no scale to undo
+                xc = tl.dot(pair_cols(opaque_f16(x16, INTERPRETED), BITS), tl.trans(opaque_f16(w, INTERPRETED)))
+                acc += xc * (scale * 1024.0)[None, :]  # (`words_f16_less`)
+            else:
+                x_f, x_unf = pow2_scale(tl.max(tl.abs(x), 1), 14)
+                xh = pair_cols((x * x_f[:, None]).to(tl.float16), BITS)
+                xc = tl.dot(xh, tl.trans(opaque_f16(w, INTERPRETED))) * (x_unf * 1024.0)[:, None]
+                acc += xc * scale[None, :]
         elif MAGIC_DQ:
             # The weight tile in the dot's 16-bit type without a conversion per element (`magic_dequant`): the code
             # OR'd into the exponent of BASE (fp16 1024, bf16 128) is BASE + c by its bit pattern, and BASE + z is
