@@ -12,6 +12,8 @@ KV attention and the weight-only GEMM kernels.
 * `words_f16`: 8-, 4- and 2-bit words -> fp16 pairs by one mask-and-OR per two codes (the fp16x2 magic number), in
   a column order of its own (`pair_order`) that a kernel folds into its other operands' indexing (`pair_cols`
   permutes a vector or tile loaded in element order into it, in registers).
+* `words_f16_less`: the weight-only split-K GEMM's 8- and 4-bit words -> fp16 (c - z) / 1024 in `words_f16`'s order,
+  the zero folded into one packed FMA a pair (inline `fma.rn.f16x2`) after a single-constant mask (a subnormal).
 * `words_f16_units` / `chunk_words_f16` (the mixed-precision cache's words): codes c -> c / `CODE_UNITS` (1024) in
   fp16 by one mask and one packed multiply per two codes: a code masked in place in a half's low 10 bits is an fp16
   subnormal, which a power of two brings up exactly (no magic number to OR in and subtract). `chunk_words_f16` puts

@@ -15,8 +15,8 @@ because bf16 arithmetic is wrong in Triton's interpreter. On a GPU the tiled var
 operands back to the activation dtype (exact for the activation; the dequantized weight rounds once; where the
 scales are of that 16-bit type, fp16 or 4-bit bf16, it dequantizes by bit patterns and packed 16-bit arithmetic
 to the same bits, `magic_dequant`);
-split-K meets the raw codes as fp16 with the activation rows scaled into fp16's range (exact both) and
-applies each group's scale and zero per output element (`_wq_kernel`).
+split-K meets the codes as fp16 (c - z) / 1024 with bf16 activation rows scaled into fp16's range (exact both) and
+applies each group's scale per output element (`_wq_kernel`).
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ TORCH_PATH_MIN_M = 1024
 # At or below this M the weight-only GEMMs default to the CUDA-core GEMV (`triton_gemv`). Each row of x adds an FFMA
 # per weight while split-K's 16-row tile costs the same at M = 1-16: predicted on an H200 (bench/gemm_predict.py,
 # sm_90 SASS, untimed), N = K = 8192: GEMV / split-K 12.5 / 20.9 us at M = 1, 16.5 / 21.2 at M = 2, 24.1 / 21.2 at
-# M = 4 (int4); 18.1 / 25.9, 18.1 / 26.1, 23.6 / 26.1 (int8). A tuned variant table overrides it.
+# M = 4 (int4); 18.1 / 25.9, 18.1 / 26.1, 23.6 / 26.1 (int8). A tuned variant table overrides it. Since split-K's
+# rework (128 columns, ldmatrix operands, the pair unpack) it is predicted 10.6 / 10.6 / 10.7 (int4) and 18.1 / 18.1 /
+# 18.2 (int8) at M = 1 / 2 / 4: faster than the GEMV for int4, level for int8; kept until a GPU times both.
 GEMV_MAX_M = 2
 WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
 # At or below this M the W8A8 / FP8 GEMMs default to the fused-quantizer kernel (`triton_fusedq`): one launch
