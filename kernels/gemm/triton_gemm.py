@@ -83,7 +83,8 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # 128 columns: the activation tile's per-tile work (its row scale, the fp16 copy, the dot's A loads) and the
     # loop's fixed costs serve twice the weight: sm_90, N = K = 8192, M = 16, W4A16 g128 491 SASS a K tile for 128
     # columns against 353 for 64, predicted 11.0 us against 14.4 (memory-bound now), W8A16 517 / 352, 18.6 us
-    # either way (memory-bound); 88-128 registers, no spills (`bench/gemm_predict.py`, `bench/lowering_report.py`).
+    # either way (memory-bound); 88-128 registers, no spills on sm_90 or sm_80 (`bench/gemm_predict.py`,
+    # `bench/lowering_report.py --sections correctness quant_gemm`).
     "splitk": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
     # fp32 activations (the "ieee" correctness path on the FMA units, `splitk_kind`) keep 64 columns: at 128 their
     # spills doubled (sm_90: 448-7868 B a thread against 260-4264).
