@@ -12,6 +12,8 @@ KV attention and the weight-only GEMM kernels.
 * `words_f16`: 8-, 4- and 2-bit words -> fp16 pairs by one mask-and-OR per two codes (the fp16x2 magic number), in
   a column order of its own (`pair_order`) that a kernel folds into its other operands' indexing (`pair_cols`
   permutes a vector or tile loaded in element order into it, in registers).
+* `words_f16_less`: the weight-only split-K GEMM's 8- and 4-bit words -> fp16 (c - z) / 1024 in `words_f16`'s order,
+  the zero folded into one packed FMA a pair (inline `fma.rn.f16x2`) after a single-constant mask (a subnormal).
 * `words_f16_units` / `chunk_words_f16` (the mixed-precision cache's words): codes c -> c / `CODE_UNITS` (1024) in
   fp16 by one mask and one packed multiply per two codes: a code masked in place in a half's low 10 bits is an fp16
   subnormal, which a power of two brings up exactly (no magic number to OR in and subtract). `chunk_words_f16` puts
@@ -136,6 +138,44 @@ def words_f16(words, BITS: tl.constexpr):
         odd = tl.arange(0, 2)[None, None, None, :, None].to(tl.float16)
         out = _halves(x) * (1.0 - 0.9375 * odd) + (960.0 * odd - 1024.0)  # odd: 1024 + 16 c, so x / 16 - 64
         return tl.reshape(out, (words.shape[0], words.shape[1], 8))
+
+
+@triton.jit
+def words_f16_less(words, zero, BITS: tl.constexpr, INTERPRETED: tl.constexpr = False):
+    """fp16 [N, NW, 32 / BITS] of (c - zero[n]) / CODE_UNITS (1024) for int32 words [N, NW] of 8- or 4-bit codes c and
+    integer zeros [N] (fp32, 0 <= zero <= 2^BITS), exactly, in `words_f16`'s column order (`pair_order`): the
+    subnormal unpack of `words_f16_units` (one single-constant mask a pair, a code in place in a half's low bits being
+    c 2^(b - 24)) finished by one packed FMA a pair, x 2^(14 - b) - z / 1024, so the zero costs nothing a code (every
+    value exact: (c - z) / 1024 with |c - z| <= 256 is a multiple of 2^-10 below 1, z / 1024 too)."""
+    zq = (zero * -0.0009765625).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF  # -z / 1024
+    zz = (zq | (zq << 16))[:, None, None]  # both halves
+    if BITS == 8:
+        x = tl.join(words & 0x00FF00FF, prmt(words, words & 0, 0x4341, INTERPRETED))  # [.., i]: elements i, i + 2
+        out = _halves(_fma_pairs(x, zz, 0x74007400, INTERPRETED))  # 2^14
+        return tl.reshape(out, (words.shape[0], words.shape[1], 4))
+    else:
+        a = tl.join(words, words >> 8)  # [.., j]: elements 2j, 2j + 1, 2j + 4, 2j + 5 at bits 0, 4, 16, 20
+        even = _fma_pairs(a & 0x000F000F, zz, 0x74007400, INTERPRETED)  # c 2^-24 times 2^14
+        odd = _fma_pairs(a & 0x00F000F0, zz, 0x64006400, INTERPRETED)  # 16 c 2^-24 times 2^10
+        out = _halves(tl.join(even, odd))  # [.., j, odd, half]
+        return tl.reshape(out, (words.shape[0], words.shape[1], 8))
+
+
+@triton.jit
+def _fma_pairs(x, zz, MUL: tl.constexpr, INTERPRETED: tl.constexpr):
+    """int32 words [..] of fp16 pairs: x's pairs times MUL's pair plus zz's (broadcast to x). Compiled, one
+    `fma.rn.f16x2` on the word in inline assembly: as fp16 elements, LLVM paired some halves the other way round and
+    swapped them before and after its packed FMA (sm_90: 32 PRMT a W4A16 split-K tile)."""
+    zz = tl.broadcast_to(zz, x.shape)
+    if INTERPRETED:
+        m = tl.full((2,), MUL & 0xFFFF, tl.int16).to(tl.float16, bitcast=True)
+        y = (_halves(x) * m + _halves(zz)).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        lo, hi = tl.split(y)
+        return lo | (hi << 16)
+    else:
+        return tl.inline_asm_elementwise(
+            f"{{ .reg .b32 m; mov.b32 m, {MUL}; fma.rn.f16x2 $0, $1, m, $2; }}", "=r,r,r", [x, zz], dtype=tl.int32,
+            is_pure=True, pack=1)  # fmt: skip
 
 
 @triton.jit

@@ -15,8 +15,8 @@ because bf16 arithmetic is wrong in Triton's interpreter. On a GPU the tiled var
 operands back to the activation dtype (exact for the activation; the dequantized weight rounds once; where the
 scales are of that 16-bit type, fp16 or 4-bit bf16, it dequantizes by bit patterns and packed 16-bit arithmetic
 to the same bits, `magic_dequant`);
-split-K meets the raw codes as fp16 with the activation rows scaled into fp16's range (exact both) and
-applies each group's scale and zero per output element (`_wq_kernel`).
+split-K meets the codes as fp16 (c - z) / 1024 with bf16 activation rows scaled into fp16's range (exact both) and
+applies each group's scale per output element (`_wq_kernel`).
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ from codesign.kernels.gemm.triton_parts import (
     split_k_buffer,
     split_range,
     w_strides,
+    word_tile_nk,
 )
-from codesign.kernels.triton_codes import codes_f16, pow2_scale
+from codesign.kernels.triton_codes import opaque_f16, pair_cols, pow2_scale, words_f16_less
 from codesign.kernels.triton_div import div_rn_shared, recip_rn, shared_divisor_ok
 from codesign.specs import CodesignError
 
@@ -61,7 +62,9 @@ TORCH_PATH_MIN_M = 1024
 # At or below this M the weight-only GEMMs default to the CUDA-core GEMV (`triton_gemv`). Each row of x adds an FFMA
 # per weight while split-K's 16-row tile costs the same at M = 1-16: predicted on an H200 (bench/gemm_predict.py,
 # sm_90 SASS, untimed), N = K = 8192: GEMV / split-K 12.5 / 20.9 us at M = 1, 16.5 / 21.2 at M = 2, 24.1 / 21.2 at
-# M = 4 (int4); 18.1 / 25.9, 18.1 / 26.1, 23.6 / 26.1 (int8). A tuned variant table overrides it.
+# M = 4 (int4); 18.1 / 25.9, 18.1 / 26.1, 23.6 / 26.1 (int8). A tuned variant table overrides it. Since split-K's
+# rework (128 columns, ldmatrix operands, the pair unpack) it is predicted 10.6 / 10.6 / 10.7 (int4) and 18.1 / 18.1 /
+# 18.2 (int8) at M = 1 / 2 / 4: faster than the GEMV for int4, level for int8; kept until a GPU times both.
 GEMV_MAX_M = 2
 WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
 # At or below this M the W8A8 / FP8 GEMMs default to the fused-quantizer kernel (`triton_fusedq`): one launch
@@ -77,7 +80,15 @@ SCALED_MM_VARIANTS = ("triton", "torch", "fusedq", "tma")
 _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # Split-K in 4 stages: with fp16 codes, 3 stages spilled 20 B at 80 registers on sm_90 for fp16 activations
     # at K = 1024 (ptxas); 4 stages take 86 and 45 KB of shared memory, no spill on the shapes sampled.
-    "splitk": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
+    # 128 columns: the activation tile's per-tile work (its row scale, the fp16 copy, the dot's A loads) and the
+    # loop's fixed costs serve twice the weight: sm_90, N = K = 8192, M = 16, W4A16 g128 491 SASS a K tile for 128
+    # columns against 353 for 64, predicted 11.0 us against 14.4 (memory-bound now), W8A16 517 / 352, 18.6 us
+    # either way (memory-bound); 88-128 registers, no spills on sm_90 or sm_80 (`bench/gemm_predict.py`,
+    # `bench/lowering_report.py --sections correctness quant_gemm`).
+    "splitk": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
+    # fp32 activations (the "ieee" correctness path on the FMA units, `splitk_kind`) keep 64 columns: at 128 their
+    # spills doubled (sm_90: 448-7868 B a thread against 260-4264).
+    "splitk_fp32": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
     # Packed weights are loaded as one int32 word per k, so a pipelined weight tile costs 4 B per element
     # in shared memory. Untuned defaults must launch on every GPU we target, the smallest opt-in limit
     # being sm_89's 101,376 B (L40S, RTX 4090): tiled 128 x 128 x 64 in 3 stages needs 115,200 B (ptxas),
@@ -287,6 +298,11 @@ def tiled_kind(m: int, n: int, x_dtype: torch.dtype, view: DeviceView) -> str:
     return "tiled_wide" if programs > view.sms else "tiled"
 
 
+def splitk_kind(x_dtype: torch.dtype, view: DeviceView) -> str:
+    """The split-K variant's defaults: "splitk", or on a GPU "splitk_fp32" (64 columns) for fp32 activations."""
+    return "splitk_fp32" if view.compiled and x_dtype == torch.float32 else "splitk"
+
+
 def magic_dequant(bits: int, scale_dtype: torch.dtype, dot_dtype: tl.dtype) -> bool:
     """Whether the tiled kernel dequantizes in the dot's 16-bit type by bit patterns (`_wq_kernel`, MAGIC_DQ) rather
     than in fp32 (an I2FP conversion per element). The same bits where: the scales are already of that type (so
@@ -346,6 +362,7 @@ def _wq_kernel(
     USE_ATOMIC: tl.constexpr,
     F16_CODES: tl.constexpr = False,
     MAGIC_DQ: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False,
 ):
     """Weight-only GEMM: one [BLOCK_M, BLOCK_N] output tile over a K range per program.
 
@@ -370,12 +387,9 @@ def _wq_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(
-            x_ptr + offs_m[:, None] * K + offs_k[None, :],
-            mask=mask_m[:, None] & (offs_k < k_end)[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        codes = code_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K]
+        x16 = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask_m[:, None] & (offs_k < k_end)[None, :],
+                      other=0.0)  # fmt: skip
+        x = x16.to(tl.float32)
         g = k0 >> GROUP_SHIFT  # one group per tile (`group_shift`: a shift, not an integer division a K step)
         scale = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         if HAS_ZEROS:
@@ -384,15 +398,24 @@ def _wq_kernel(
             zero = tl.full(offs_n.shape, 1 << (BITS - 1), tl.float32)
         if F16_CODES:
             # Split-K with fp16 / bf16 activations (few rows, the weight tile dominates): x @ ((c - z) s) =
-            # (x @ c - rowsum(x) z) s per column, so the codes enter the product as they are, made fp16 by bit
-            # patterns (`codes_f16`), and scale and zero cost O(BLOCK_M x BLOCK_N) per tile instead of a
-            # multiply-add and two conversions per weight element. Each activation row is scaled by a power of
-            # two into fp16's range (bf16 rows beyond it included). With many rows (the tiled variant) the
-            # per-tile [BLOCK_M, BLOCK_N] work and the second accumulator cost more (sm_90, 128 x 128 x 32: 222
-            # registers against 122): that variant dequantizes the weight tile.
-            x_f, x_unf = pow2_scale(tl.max(tl.abs(x), 1), 14)
-            xc = tl.dot((x * x_f[:, None]).to(tl.float16), tl.trans(codes_f16(codes))) * x_unf[:, None]
-            acc += (xc - tl.sum(x, 1)[:, None] * zero[None, :]) * scale[None, :]
+            # (x @ (c - z)) s per column, so the codes enter the product as c - z, made fp16 exactly by bit patterns
+            # (`words_f16_less`: one mask-and-OR and one packed subtract per two codes, the zero riding in the
+            # subtract), and the scale costs O(BLOCK_M x BLOCK_N) per tile instead of a multiply-add and two
+            # conversions per weight element. The unpack's column order (`pair_order`) is folded into the activation
+            # tile (`pair_cols`, in registers). Each activation row is scaled by a power of two into fp16's range
+            # (bf16 rows beyond it included). With many rows (the tiled variant) the per-tile [BLOCK_M, BLOCK_N]
+            # work costs more (sm_90, 128 x 128 x 32: 222 registers against 122): that variant dequantizes the
+            # weight tile.
+            words = word_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K / P]
+            w = tl.reshape(words_f16_less(words, zero, BITS, INTERPRETED), (BLOCK_N, BLOCK_K))  # (c - z) / 1024
+            if DOT_DTYPE == tl.float16:  # fp16 rows as they are: exact products, fp32 sums, no scale to undo
+                xc = tl.dot(pair_cols(opaque_f16(x16, INTERPRETED), BITS), tl.trans(opaque_f16(w, INTERPRETED)))
+                acc += xc * (scale * 1024.0)[None, :]  # (`words_f16_less`)
+            else:
+                x_f, x_unf = pow2_scale(tl.max(tl.abs(x), 1), 14)
+                xh = pair_cols((x * x_f[:, None]).to(tl.float16), BITS)
+                xc = tl.dot(xh, tl.trans(opaque_f16(w, INTERPRETED))) * (x_unf * 1024.0)[:, None]
+                acc += xc * scale[None, :]
         elif MAGIC_DQ:
             # The weight tile in the dot's 16-bit type without a conversion per element (`magic_dequant`): the code
             # OR'd into the exponent of BASE (fp16 1024, bf16 128) is BASE + c by its bit pattern, and BASE + z is
@@ -400,10 +423,12 @@ def _wq_kernel(
             # rounds (c - z) s once, as the fp32 path's single rounding of its exact product does: the same bits.
             # sm_90, 128 x 128 x 32, W4A16 bf16: 155 SASS a K step against 187 (16 I2FP, FADD, FMUL, 8 F2FP gone).
             BASE: tl.constexpr = 1024.0 if DOT_DTYPE == tl.float16 else 128.0
+            codes = code_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K]
             wq = (codes | (0x6400 if DOT_DTYPE == tl.float16 else 0x4300)).to(tl.int16).to(DOT_DTYPE, bitcast=True)
             wh = (wq - (zero + BASE).to(DOT_DTYPE)[:, None]) * scale.to(DOT_DTYPE)[:, None]
             acc += tl.dot(x.to(DOT_DTYPE), tl.trans(wh), input_precision=DOT_PREC)
         else:
+            codes = code_tile_nk(qw_ptr, k0, offs_n, N, k_end, BITS, BLOCK_K)  # [BLOCK_N, BLOCK_K]
             w = (codes.to(tl.float32) - zero[:, None]) * scale[:, None]
             acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), input_precision=DOT_PREC)
     if HAS_BIAS:
@@ -541,7 +566,8 @@ def wq_gemm(
     n = qweight.shape[1]
     key = wq_table_key(n, k, group)
     variant = choose_variant(m, wq_op(bits), x.device, key)
-    kind = tiled_kind(m, n, x.dtype, device_view(x.device)) if variant == "tiled" else variant
+    view = device_view(x.device)
+    kind = {"tiled": tiled_kind(m, n, x.dtype, view), "splitk": splitk_kind(x.dtype, view)}.get(variant, variant)
     cfg = launch_config(wq_table_op(bits, variant), kind, x.device, m, key)
     if variant == "dequant":
         dequant_matmul(x, qweight, scales, zeros, bias, bits, group, out, cfg)
@@ -576,6 +602,7 @@ def wq_gemm(
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 1),
         SPLITK=variant == "splitk", USE_ATOMIC=split > 1, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         MAGIC_DQ=variant == "tiled" and magic_dequant(bits, scales.dtype, dot_dtype),
+        INTERPRETED=device_view(x.device).interpreted,
         # The tiled kernel may take every register: with only `.reqntid 256` ptxas aimed at 128 registers (two programs
         # an SM) on sm_80 and spilled 20 B for the symmetric W4A16 tile (150 registers, no spill with the limit).
         maxnreg=255 if variant == "tiled" else None,

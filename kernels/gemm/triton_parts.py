@@ -2,7 +2,8 @@
 quantizer kernels, and the fused-quantizer W8A8 kernel of `triton_fusedq`), kept in a leaf module so that the
 variant modules can use them without importing `triton_gemm` (which imports the variants).
 
-* `code_tile_nk`: an int32 [BLOCK_N, BLOCK_K] code tile from the native packed [K / P, N] weight words.
+* `code_tile_nk`: an int32 [BLOCK_N, BLOCK_K] code tile from the native packed [K / P, N] weight words
+  (`word_tile_nk`: the words themselves).
 * `int8_tile_nk`: W8A8's signed int8 [BLOCK_N, BLOCK_K] weight tile from the same words, by one XOR a word.
 * `grouped_tile`: a program's output tile in grouped (L2-friendly) order.
 * `quantize_codes` (over `round_half_even`, `round_to_e4m3`): the activation quantizer's rounding of fp32 to int8 /
@@ -66,6 +67,14 @@ def code_tile_nk(qw_ptr, k0, offs_n, N, K, BITS: tl.constexpr, BLOCK_K: tl.const
     multiples of P (packing needs K % P == 0)."""
     words = _word_tile(qw_ptr, k0, offs_n, N, K, 32 // BITS, BLOCK_K, 0)
     return tl.reshape(unpack_words(words, BITS), (offs_n.shape[0], BLOCK_K))
+
+
+@triton.jit
+def word_tile_nk(qw_ptr, k0, offs_n, N, K, BITS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """int32 [BLOCK_N, BLOCK_K / P] packed words (P = 32 / BITS codes each along K) of W's rows n, codes k0 .. k0 +
+    BLOCK_K, 0 outside N and K: `code_tile_nk` before its unpack, for kernels that unpack words themselves
+    (`triton_codes.words_f16_less`)."""
+    return _word_tile(qw_ptr, k0, offs_n, N, K, 32 // BITS, BLOCK_K, 0)
 
 
 @triton.jit

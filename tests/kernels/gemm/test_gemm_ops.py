@@ -81,6 +81,50 @@ def test_weight_only_kernel_bf16_activations(m):
     assert_rel_close(_run_wq(x, qw, bias), _ref(x, qw, bias), BOUND[torch.bfloat16])
 
 
+@pytest.mark.parametrize("bits, group", [(4, 32), (4, None), (8, 64), (8, None)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_weight_only_splitk_zero_rides_in_the_unpack(bits, group, dtype):
+    """Split-K meets c - z as fp16, the zero folded into each code pair's packed subtract (`words_f16_less`): zeros at
+    both ends of their range (0 and 2^bits, GPTQ v1's stored 15 / 255 + 1) and random between, odd N (masked
+    columns), per-channel K not a multiple of BLOCK_K (a masked tail tile), M 5 (one partial 16-row tile); bf16 rows
+    through the forced bf16-dot path with a row beyond fp16's range (fp16: a row of 8). Every zero off by one failed
+    all eight cases (int8 per-channel bf16 the closest: 8.1e-3 against 8e-3)."""
+    n, k, m = 77, 392 if group is None else 384, 5
+    qw = qf.quantize_rtn(torch.randn(n, k), f"int{bits}", group, False)
+    z = torch.randint(0, (1 << bits) + 1, qw.zeros.shape).to(qw.zeros.dtype)
+    z[0], z[-1] = 0, 1 << bits
+    qw.zeros.copy_(z)
+    x = torch.randn(m, k)
+    x[1] *= 1e6 if dtype == torch.bfloat16 else 8.0  # (fp16: the output must fit too)
+    x = x.to(dtype)
+    with device_view_with(bf16_dot=dtype == torch.bfloat16):
+        assert qt.choose_variant(m, qt.wq_op(bits)) == "splitk"
+        got = _run_wq(x, qw, None)
+    assert torch.isfinite(got).all()
+    want = _ref(x, qw, None)
+    for rows in ([1], [0, 2, 3, 4]):
+        assert_rel_close(got[rows], want[rows], BOUND[dtype], f"int{bits} g{group} {dtype} rows {rows}")
+
+
+@pytest.mark.parametrize("bits, group", [(4, 128), (8, None)])
+def test_weight_only_splitk_fp16_rows_meet_the_codes_unscaled(bits, group):
+    """fp16 activations reach split-K's fp16 dot as they are (no row scale: fp16 x (c - z) / 1024 products are exact
+    in the fp32 sums): a row up to fp16's largest values (6e4) beside rows of 1e-3, N odd, M 7. A row scale that
+    were needed would show as inf or an error of order 1 in the large row."""
+    n, k, m = 45, 256, 7
+    qw = qf.quantize_rtn(torch.randn(n, k) * 0.01, f"int{bits}", group, False)
+    x = torch.randn(m, k)
+    x[0] = (x[0] * 2e4).clamp(-6e4, 6e4)
+    x[1:] *= 1e-3
+    x = x.half()
+    assert qt.choose_variant(m, qt.wq_op(bits)) == "splitk"
+    got = _run_wq(x, qw, None)
+    assert torch.isfinite(got).all()
+    want = _ref(x, qw, None)
+    for rows in ([0], list(range(1, m))):
+        assert_rel_close(got[rows], want[rows], BOUND[torch.float16], f"int{bits} rows {rows}")
+
+
 @pytest.mark.parametrize("m, n, k, group", [(5, 50, 160, 32), (20, 37, 200, None), (1, 130, 72, None)])
 def test_weight_only_kernel_masks_odd_n_and_k(m, n, k, group):
     # N not a multiple of BLOCK_N, per-channel K not a multiple of BLOCK_K (masked tail tiles).
