@@ -62,10 +62,12 @@ TORCH_PATH_MIN_M = 1024
 # At or below this M the weight-only GEMMs default to the CUDA-core GEMV (`triton_gemv`). Each row of x adds an FFMA
 # per weight while split-K's 16-row tile costs the same at M = 1-16: predicted on an H200 (bench/gemm_predict.py,
 # sm_90 SASS, untimed), N = K = 8192: GEMV / split-K 12.5 / 20.9 us at M = 1, 16.5 / 21.2 at M = 2, 24.1 / 21.2 at
-# M = 4 (int4); 18.1 / 25.9, 18.1 / 26.1, 23.6 / 26.1 (int8). A tuned variant table overrides it. Since split-K's
-# rework (128 columns, ldmatrix operands, the pair unpack) it is predicted 10.6 / 10.6 / 10.7 (int4) and 18.1 / 18.1 /
-# 18.2 (int8) at M = 1 / 2 / 4: faster than the GEMV for int4, level for int8; kept until a GPU times both.
-GEMV_MAX_M = 2
+# M = 4 (int4); 18.1 / 25.9, 18.1 / 26.1, 23.6 / 26.1 (int8), so it took M <= 2. Since split-K's rework (128
+# columns, ldmatrix operands, the pair unpack) split-K is predicted 10.6 / 10.6 / 10.7 (int4) and 18.1 / 18.1 / 18.2
+# (int8) at M = 1 / 2 / 4: 1.56x faster than the GEMV at M = 2 (int4; level for int8), so M = 2 goes to split-K;
+# at M = 1 it is 1.18x faster, within the error of two lower bounds (the atomics of neither are modelled), and the
+# GEMV keeps it until a GPU times both. A tuned variant table overrides it.
+GEMV_MAX_M = 1
 WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
 # At or below this M the W8A8 / FP8 GEMMs default to the fused-quantizer kernel (`triton_fusedq`): one launch
 # instead of two and no M x K codes written and read back, against every N-tile program re-quantizing its rows
