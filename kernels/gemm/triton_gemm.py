@@ -64,10 +64,11 @@ TORCH_PATH_MIN_M = 1024
 # sm_90 SASS, untimed), N = K = 8192: GEMV / split-K 12.5 / 20.9 us at M = 1, 16.5 / 21.2 at M = 2, 24.1 / 21.2 at
 # M = 4 (int4); 18.1 / 25.9, 18.1 / 26.1, 23.6 / 26.1 (int8), so it took M <= 2. Since split-K's rework (128
 # columns, ldmatrix operands, the pair unpack) split-K is predicted 10.6 / 10.6 / 10.7 (int4) and 18.1 / 18.1 / 18.2
-# (int8) at M = 1 / 2 / 4: 1.56x faster than the GEMV at M = 2 (int4; level for int8), so M = 2 goes to split-K;
-# at M = 1 it is 1.18x faster, within the error of two lower bounds (the atomics of neither are modelled), and the
-# GEMV keeps it until a GPU times both. A tuned variant table overrides it.
-GEMV_MAX_M = 1
+# (int8) at M = 1 / 2 / 4, at its byte floor: 1.19x / 1.56x faster than the GEMV at M = 1 / 2 for int4 (level for
+# int8), and on Llama-2-70B's gate_up at M = 1 1.38x (61.9 against 85.7 us: the GEMV is issue-bound). Split-K's
+# unmodelled atomics are also 8x fewer (SPLIT_K x M x N against the GEMV's K range count x N). So no M defaults to
+# the GEMV now (0); it stays a variant a tuned table (or `forced_config`) picks where a GPU times it faster.
+GEMV_MAX_M = 0
 WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
 # At or below this M the W8A8 / FP8 GEMMs default to the fused-quantizer kernel (`triton_fusedq`): one launch
 # instead of two and no M x K codes written and read back, against every N-tile program re-quantizing its rows

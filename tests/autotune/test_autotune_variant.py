@@ -115,8 +115,9 @@ def test_expand_gives_both_variants_and_bad_variants_are_refused():
 
 
 def test_default_rule_without_a_table():
-    # No device, a CPU device, or an unknown key: M <= 2 the GEMV, <= 16 split-K, from 1024 dequantize-then-matmul.
-    for m, want in ((1, "gemv"), (2, "gemv"), (4, "splitk"), (16, "splitk"), (17, "tiled"), (1023, "tiled"),
+    # No device, a CPU device, or an unknown key: M <= 16 split-K, from 1024 dequantize-then-matmul (the GEMV only
+    # from a table or forced).
+    for m, want in ((1, "splitk"), (2, "splitk"), (4, "splitk"), (16, "splitk"), (17, "tiled"), (1023, "tiled"),
                     (1024, "dequant")):  # fmt: skip
         assert qt.choose_variant(m) == want
         assert qt.choose_variant(m, "w8a16_gemm", torch.device("cpu"), KEY) == want

@@ -157,7 +157,7 @@ def test_weight_only_kernel_with_small_blocks_and_three_splits(m, monkeypatch):
 
 def test_variant_is_chosen_by_m():
     got = [qt.choose_variant(m) for m in (1, 2, 4, 16, 17, 1023, 1024, 4096)]
-    assert got == ["gemv", "splitk", "splitk", "splitk", "tiled", "tiled", "dequant", "dequant"]
+    assert got == ["splitk", "splitk", "splitk", "splitk", "tiled", "tiled", "dequant", "dequant"]
 
 
 @pytest.mark.parametrize("m", [1, 17])

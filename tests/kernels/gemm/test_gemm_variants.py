@@ -179,10 +179,10 @@ from codesign.kernels.gemm.ops import quant_matmul
 with compile_only(90) as s:
     for bits, group in ((4, 128), (8, None)):
         qw = qf.quantize_rtn(torch.randn(256, 1024), f"int{bits}", group, group is None, torch.bfloat16)
-        for m in (1, 2048):  # the rule's GEMV and dequantize pass
-            quant_matmul(torch.randn(m, 1024, dtype=torch.bfloat16), qw)
-        with forced_config(qt.wq_variant_op(bits), qt.wq_variant_entry("gemv")):  # several rows: forced
-            quant_matmul(torch.randn(3, 1024, dtype=torch.bfloat16), qw)
+        quant_matmul(torch.randn(2048, 1024, dtype=torch.bfloat16), qw)  # the rule's dequantize pass
+        with forced_config(qt.wq_variant_op(bits), qt.wq_variant_entry("gemv")):  # a variant for tables: forced
+            for m in (1, 3):
+                quant_matmul(torch.randn(m, 1024, dtype=torch.bfloat16), qw)
 kinds = sorted({l.kernel for l in s.launches})
 assert kinds == ["_dequant_kernel", "_wq_gemv_kernel"], kinds
 from codesign.kernels.gemm.triton_gemv import PROGRAMS_PER_SM
