@@ -26,6 +26,7 @@ import torch
 
 from codesign.backend import device_view, resolve_backend
 from codesign.kernels.gemm import formats as qf
+from codesign.kernels.gemm.torch_mm import cached_on_weight
 from codesign.specs import CodesignError
 
 _ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -166,26 +167,20 @@ def _scaled_mm_torch(aq, a_s, w, w_s, bias, out_dtype, fp8: bool) -> torch.Tenso
 # ----------------------------------------------------------------------------- weight-only ops
 
 
-# zeros tensors whose values were checked (`_check_zero_values`), keyed weakly by their storage.
+# Per zeros tensor, whether its values are the format's codes (`_check_zero_values`), keyed weakly by storage.
 _ZEROS_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _check_zero_values(zeros: torch.Tensor, bits: int) -> None:
-    """Raise unless `zeros` holds integers in [0, 2^bits] (`formats.zeros_are_codes`), once per tensor: the result is
-    kept per (storage, view, version), so a decode loop pays a dictionary lookup, not a host sync. Inference tensors
-    have no version counter: theirs is kept per view. Skipped while the stream captures a CUDA graph (a sync would
-    break the capture; the warm-up call before it checked the same tensor)."""
+    """Raise unless `zeros` holds integers in [0, 2^bits] (`formats.zeros_are_codes`), once per tensor: the answer is
+    kept as torch_mm keeps its weight copies (`cached_on_weight`: per storage, view and version), so a decode loop
+    pays a dictionary lookup, not a host sync (inference tensors keep no version: checked every call). Skipped
+    while the stream captures a CUDA graph (a sync would break the capture; the warm-up call checked the tensor)."""
     if zeros.is_cuda and torch.cuda.is_current_stream_capturing():
         return
-    key = (zeros.storage_offset(), tuple(zeros.shape), zeros.stride(), zeros.dtype, bits)
-    version = None if zeros.is_inference() else zeros._version
-    seen = _ZEROS_CHECKED.setdefault(zeros.untyped_storage(), {})
-    if seen.get(key) == (version, zeros.data_ptr()):
-        return
-    if not qf.zeros_are_codes(zeros, bits):
+    if not cached_on_weight(_ZEROS_CHECKED, zeros, (bits,), lambda: qf.zeros_are_codes(zeros, bits)):
         raise CodesignError(f"zeros must hold integers in [0, {1 << bits}] (the format's zero points: the kernels "
                             "meet c - z in 16-bit arithmetic, exact only for these)")  # fmt: skip
-    seen[key] = (version, zeros.data_ptr())
 
 
 def _wq_impl(x, qweight, scales, zeros, bias, group_size, bits: int, op: str) -> torch.Tensor:
