@@ -36,9 +36,11 @@ def test_cocktail_policy_ranks_chunks_by_query_similarity():
         cocktail_bits(q, chunks, 0.7, 0.7)
 
 
-def _setup(ctx, bs=BS, d=D, widths=None):
+def _setup(ctx, bs=BS, d=D, widths=None, backend="triton"):
     """A mixed cache holding ctx tokens a sequence; block widths by the Cocktail policy, or widths[b] (one per block
-    of sequence b, in order)."""
+    of sequence b, in order). Written by the Triton writer, or by the torch one (backend "torch": the same bytes,
+    `test_write_bit_exact_per_block_width`) where a test is about the reads and hundreds of tokens would take the
+    interpreted writer most of its time."""
     tables, nb = shuffled_block_tables(ctx, bs)
     cache = MixedPagedKV.empty(nb, bs, H, d)
     cache.k_codes.random_(0, 256)  # unused slots' code bytes: two-block tiles read the rows past the end unmasked
@@ -57,7 +59,7 @@ def _setup(ctx, bs=BS, d=D, widths=None):
         vs.append(v)
     k, v = torch.cat(ks), torch.cat(vs)
     perm = torch.randperm(k.shape[0])
-    with use_backend("triton"):
+    with use_backend(backend):
         mixed_write(k[perm], v[perm], cache, torch.tensor(slots, dtype=torch.int32)[perm])
     return cache, tables, torch.tensor(ctx, dtype=torch.int32), k, v, torch.tensor(slots)
 
@@ -140,7 +142,7 @@ def test_two_block_tiles_read_each_block_at_its_width(bs, d, dtype):
     assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile)
     widths = [[8, 4, 4, 2, 2, 8, 8, 8, 2, 4], [4, 8, 2], [2], [2, 2, 8], [8, 2, 4, 4]]
     ctx = [9 * bs + 5, 3 * bs, bs - 3, 2 * bs + 1, 4 * bs]
-    cache, bt, cl, *_ = _setup(ctx, bs, d, widths)
+    cache, bt, cl, *_ = _setup(ctx, bs, d, widths, backend="torch")  # the reads are under test, not the writer
     kd, vd = _engine_dequant(cache)
     tol = 2e-6 if dtype == torch.float32 else 1e-3
     q = (torch.randn(len(ctx), 2 * H, d) * 3.0).to(dtype)
