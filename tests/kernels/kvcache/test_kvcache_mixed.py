@@ -78,24 +78,27 @@ def _engine_dequant(cache):
     return out
 
 
-def test_write_bit_exact_per_block_width():
-    cache, bt, cl, k, v, slots = _setup([11, 9])
+@pytest.mark.parametrize("bs, d, ctx, widths", [(BS, D, [11, 9], None), (64, 48, [11, 9, 5], [[8], [4], [2]])])
+def test_write_bit_exact_per_block_width(bs, d, ctx, widths):
+    """The Triton writer at each block's width, bit-exact against the engine and the torch writer; also at blocks of
+    64 and head_dim 48 (rows padded past the codes: the reads tests fill such caches with the torch writer)."""
+    cache, bt, cl, k, v, slots = _setup(ctx, bs, d, widths)
     assert set(cache.block_bits[bt[bt > 0]].tolist()) <= {2, 4, 8}
-    assert len(set(cache.block_bits[slots // BS].tolist())) == 3  # all three widths in use
+    assert len(set(cache.block_bits[slots // bs].tolist())) == 3  # all three widths in use
     for x, codes, meta in ((k, cache.k_codes, cache.k_meta), (v, cache.v_codes, cache.v_meta)):
         for i, s in enumerate(slots.tolist()):
-            b = int(cache.block_bits[s // BS])
+            b = int(cache.block_bits[s // bs])
             c, sc, z = eng.quantize_per_token(x[i].numpy(), b)
-            assert np.array_equal(codes[s // BS, s % BS, :, : D * b // 8].numpy(), eng.pack_codes(c, b))
-            assert np.array_equal(meta[s // BS, s % BS].float().numpy(), np.stack([sc, z], -1))
+            assert np.array_equal(codes[s // bs, s % bs, :, : d * b // 8].numpy(), eng.pack_codes(c, b))
+            assert np.array_equal(meta[s // bs, s % bs].float().numpy(), np.stack([sc, z], -1))
     # the CPU torch writer stores the same bytes
-    c2 = MixedPagedKV.empty(cache.k_codes.shape[0], BS, H, D)
+    c2 = MixedPagedKV.empty(cache.k_codes.shape[0], bs, H, d)
     c2.block_bits.copy_(cache.block_bits)
     mixed_write(k, v, c2, slots.to(torch.int32))
     for s in slots.tolist():
-        w = D * int(cache.block_bits[s // BS]) // 8
-        assert torch.equal(c2.k_codes[s // BS, s % BS, :, :w], cache.k_codes[s // BS, s % BS, :, :w])
-        assert torch.equal(c2.v_meta[s // BS, s % BS], cache.v_meta[s // BS, s % BS])
+        w = d * int(cache.block_bits[s // bs]) // 8
+        assert torch.equal(c2.k_codes[s // bs, s % bs, :, :w], cache.k_codes[s // bs, s % bs, :, :w])
+        assert torch.equal(c2.v_meta[s // bs, s % bs], cache.v_meta[s // bs, s % bs])
 
 
 @pytest.mark.parametrize("splits", [1, 2])
@@ -168,7 +171,7 @@ def test_whole_block_tiles_read_words(bs, d):
     tile = pat.default_config(d, 4, pat.KV_FORMAT_MIXED, 8)["BLOCK_N"]
     assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile)
     ctx = [5 * bs + 3, 2 * bs, 3 * bs - 1, 7]
-    cache, bt, cl, k, v, slots = _setup(ctx, bs, d)
+    cache, bt, cl, k, v, slots = _setup(ctx, bs, d, backend="torch")  # the reads are under test, not the writer
     assert len(set(cache.block_bits[bt[0, :5]].tolist())) >= 2
     kd, vd = _engine_dequant(cache)
     q = torch.randn(len(ctx), 2 * H, d)
