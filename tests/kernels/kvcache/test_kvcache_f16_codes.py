@@ -118,7 +118,7 @@ def test_fp16_queries_over_mixed_chunks(bs, d):
     from codesign.kernels.attention.quantized import mixed_attention
 
     ctx = [3 * bs + 1, 2 * bs - 1, 5]
-    cache, bt, cl, *_ = _setup(ctx, bs, d)
+    cache, bt, cl, *_ = _setup(ctx, bs, d, backend="torch")  # the reads are under test, not the writer
     cache.v_meta.mul_(1e-4)
     kd, vd = _engine_dequant(cache)
     q = (torch.randn(len(ctx), 2 * H, d) * 3.0).half()

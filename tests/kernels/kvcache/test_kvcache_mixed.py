@@ -36,9 +36,11 @@ def test_cocktail_policy_ranks_chunks_by_query_similarity():
         cocktail_bits(q, chunks, 0.7, 0.7)
 
 
-def _setup(ctx, bs=BS, d=D, widths=None):
+def _setup(ctx, bs=BS, d=D, widths=None, backend="triton"):
     """A mixed cache holding ctx tokens a sequence; block widths by the Cocktail policy, or widths[b] (one per block
-    of sequence b, in order)."""
+    of sequence b, in order). Written by the Triton writer, or by the torch one (backend "torch": the same bytes,
+    `test_write_bit_exact_per_block_width`) where a test is about the reads and hundreds of tokens would take the
+    interpreted writer most of its time."""
     tables, nb = shuffled_block_tables(ctx, bs)
     cache = MixedPagedKV.empty(nb, bs, H, d)
     cache.k_codes.random_(0, 256)  # unused slots' code bytes: two-block tiles read the rows past the end unmasked
@@ -57,7 +59,7 @@ def _setup(ctx, bs=BS, d=D, widths=None):
         vs.append(v)
     k, v = torch.cat(ks), torch.cat(vs)
     perm = torch.randperm(k.shape[0])
-    with use_backend("triton"):
+    with use_backend(backend):
         mixed_write(k[perm], v[perm], cache, torch.tensor(slots, dtype=torch.int32)[perm])
     return cache, tables, torch.tensor(ctx, dtype=torch.int32), k, v, torch.tensor(slots)
 
@@ -76,24 +78,27 @@ def _engine_dequant(cache):
     return out
 
 
-def test_write_bit_exact_per_block_width():
-    cache, bt, cl, k, v, slots = _setup([11, 9])
+@pytest.mark.parametrize("bs, d, ctx, widths", [(BS, D, [11, 9], None), (64, 48, [11, 9, 5], [[8], [4], [2]])])
+def test_write_bit_exact_per_block_width(bs, d, ctx, widths):
+    """The Triton writer at each block's width, bit-exact against the engine and the torch writer; also at blocks of
+    64 and head_dim 48 (rows padded past the codes: the reads tests fill such caches with the torch writer)."""
+    cache, bt, cl, k, v, slots = _setup(ctx, bs, d, widths)
     assert set(cache.block_bits[bt[bt > 0]].tolist()) <= {2, 4, 8}
-    assert len(set(cache.block_bits[slots // BS].tolist())) == 3  # all three widths in use
+    assert len(set(cache.block_bits[slots // bs].tolist())) == 3  # all three widths in use
     for x, codes, meta in ((k, cache.k_codes, cache.k_meta), (v, cache.v_codes, cache.v_meta)):
         for i, s in enumerate(slots.tolist()):
-            b = int(cache.block_bits[s // BS])
+            b = int(cache.block_bits[s // bs])
             c, sc, z = eng.quantize_per_token(x[i].numpy(), b)
-            assert np.array_equal(codes[s // BS, s % BS, :, : D * b // 8].numpy(), eng.pack_codes(c, b))
-            assert np.array_equal(meta[s // BS, s % BS].float().numpy(), np.stack([sc, z], -1))
+            assert np.array_equal(codes[s // bs, s % bs, :, : d * b // 8].numpy(), eng.pack_codes(c, b))
+            assert np.array_equal(meta[s // bs, s % bs].float().numpy(), np.stack([sc, z], -1))
     # the CPU torch writer stores the same bytes
-    c2 = MixedPagedKV.empty(cache.k_codes.shape[0], BS, H, D)
+    c2 = MixedPagedKV.empty(cache.k_codes.shape[0], bs, H, d)
     c2.block_bits.copy_(cache.block_bits)
     mixed_write(k, v, c2, slots.to(torch.int32))
     for s in slots.tolist():
-        w = D * int(cache.block_bits[s // BS]) // 8
-        assert torch.equal(c2.k_codes[s // BS, s % BS, :, :w], cache.k_codes[s // BS, s % BS, :, :w])
-        assert torch.equal(c2.v_meta[s // BS, s % BS], cache.v_meta[s // BS, s % BS])
+        w = d * int(cache.block_bits[s // bs]) // 8
+        assert torch.equal(c2.k_codes[s // bs, s % bs, :, :w], cache.k_codes[s // bs, s % bs, :, :w])
+        assert torch.equal(c2.v_meta[s // bs, s % bs], cache.v_meta[s // bs, s % bs])
 
 
 @pytest.mark.parametrize("splits", [1, 2])
@@ -140,7 +145,7 @@ def test_two_block_tiles_read_each_block_at_its_width(bs, d, dtype):
     assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile)
     widths = [[8, 4, 4, 2, 2, 8, 8, 8, 2, 4], [4, 8, 2], [2], [2, 2, 8], [8, 2, 4, 4]]
     ctx = [9 * bs + 5, 3 * bs, bs - 3, 2 * bs + 1, 4 * bs]
-    cache, bt, cl, *_ = _setup(ctx, bs, d, widths)
+    cache, bt, cl, *_ = _setup(ctx, bs, d, widths, backend="torch")  # the reads are under test, not the writer
     kd, vd = _engine_dequant(cache)
     tol = 2e-6 if dtype == torch.float32 else 1e-3
     q = (torch.randn(len(ctx), 2 * H, d) * 3.0).to(dtype)
@@ -166,7 +171,7 @@ def test_whole_block_tiles_read_words(bs, d):
     tile = pat.default_config(d, 4, pat.KV_FORMAT_MIXED, 8)["BLOCK_N"]
     assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile)
     ctx = [5 * bs + 3, 2 * bs, 3 * bs - 1, 7]
-    cache, bt, cl, k, v, slots = _setup(ctx, bs, d)
+    cache, bt, cl, k, v, slots = _setup(ctx, bs, d, backend="torch")  # the reads are under test, not the writer
     assert len(set(cache.block_bits[bt[0, :5]].tolist())) >= 2
     kd, vd = _engine_dequant(cache)
     q = torch.randn(len(ctx), 2 * H, d)
