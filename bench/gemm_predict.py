@@ -21,7 +21,8 @@ one flattened loop as K steps on its shortest path, the last of each tile on its
     tensor = ceil(programs / 132) * 2 * BLOCK_M * BLOCK_N * K-range / (peak / 132)      (launches with a dot)
     floor  = the launch's unique bytes (weight codes, scales, zeros, activations or codes, output; fp32 output
              where K slices meet by atomics) / 4.18 TB/s (the measured device-to-device copy, docs/results.md)
-    launch = max(issue, tensor, floor)
+    latency = waves * main-loop trips * sim(main loop, warps a scheduler) + the rest at issue rate   (not wgmma)
+    launch = max(issue, tensor, floor, latency)
 
 Tensor-core peak: dense 989 TFLOP/s for fp16 / bf16 and 1979 TOPS for int8 / fp8 (NVIDIA H100 SXM5 datasheet,
 the figures the H200 datasheet repeats: the same GH100 tensor cores; bf16 8192^3 measured 797 TFLOP/s here, 81 %).
@@ -38,11 +39,14 @@ the split-K buffer (zeroed, then copied into the bf16 output: bytes at copy band
 copy is made once per weight and cached, so it is not counted) and the activation quantizer (compiled, predicted
 as above). `torch._int_mm` needs M > 16: no prediction below.
 
-Lower bounds: full issue rate (integer ALU at half rate, dependent latency with 1-4 warps a scheduler: not
-modelled), the tensor-core peak, unique bytes (L2 reuse perfect: the tiled kernels' re-reads of weight and
-activation tiles, fp32 atomics' read-modify-writes in L2: the GEMV makes programs x BLOCK_N x M of them a call),
-full HBM bandwidth even when fewer programs than SMs stream it (the TMA and tiled grids at small M), no host work
-(the TMA descriptors' encoding per launch). The launch gap is assumed (1 us, CUDA-graph replay, as docs/kernels.md
+`latency`: the warp-scheduler simulation of `bench/sass_sched.py` (in-order warps behind a scoreboard, Hopper
+latencies and sm_90 pipe rates), held against the measured decode attention by `bench/hindcast.py` (0.69-2.04x,
+where the issue count alone was 2.5-5.8x low); not run on the TMA kernel's wgmma loop, whose asynchronous waits it
+does not follow, and not yet held against measured GEMMs. Lower bounds otherwise: the tensor-core peak, unique
+bytes (L2 reuse perfect: the tiled kernels' re-reads of weight and activation tiles, fp32 atomics'
+read-modify-writes in L2: the GEMV makes programs x BLOCK_N x M of them a call), full HBM bandwidth even when fewer
+programs than SMs stream it (the TMA and tiled grids at small M), no host work (the TMA descriptors' encoding per
+launch). The launch gap is assumed (1 us, CUDA-graph replay, as docs/kernels.md
 estimates), not measured here. JSON with --out.
 """
 
@@ -59,7 +63,17 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
-from sass_model import CLOCK_HZ, SMS, issue_cycles, program_report, run_report  # noqa: E402
+from sass_model import (  # noqa: E402
+    CLOCK_HZ,
+    SCHEDULERS,
+    SMS,
+    issue_cycles,
+    outer_loops,
+    parse_sass,
+    program_report,
+    run_report,
+)
+from sass_sched import iteration, simulate  # noqa: E402
 
 COPY_BPS = 4.18e12  # measured device-to-device copy, H200 run 1 (docs/results.md, "Ceilings")
 TENSOR_OPS = {16: 989e12, 8: 1979e12}  # dense tensor-core peak by operand bits (H100 / H200 SXM datasheets)
@@ -194,6 +208,9 @@ def launch_prediction(launch: Any, sass: str, op: str, m: int, n: int, k: int) -
         flops = 2 * cx["BLOCK_M"] * cx["BLOCK_N"] * pp["k_range"] * occ["programs_per_sm"]
         tensor_ms = flops / (TENSOR_OPS[bits] / SMS) * 1e3
     times = {"issue": occ["cycles"] / CLOCK_HZ * 1e3, "tensor": tensor_ms, "memory": nbytes / COPY_BPS * 1e3}
+    sim = _sched(sass, prog, pp, occ, launch.num_warps) if kern not in ASYNC_KERNELS else None
+    if sim is not None:
+        times["latency"] = sim["ms"]
     bound = max(times, key=times.get)
     main = prog["loops"][pp["main"]] if pp["main"] is not None else None
     return {"kernel": kern, "grid": grid, "num_warps": launch.num_warps, "num_stages": launch.num_stages,
@@ -203,7 +220,29 @@ def launch_prediction(launch: Any, sass: str, op: str, m: int, n: int, k: int) -
             "outside_loops": prog["outside"], "trips": pp["trips"], "sass_per_iter": pp["sass_per_iter"],
             "main_loop_cvt": main["cvt"] if main else {}, "mma": mma, "instructions_per_program": pp["instructions"],
             **occ, "atomic": atomic, "bytes": nbytes, "issue_ms": times["issue"], "tensor_ms": times["tensor"],
-            "floor_ms": times["memory"], "bound": bound, "predicted_ms": times[bound]}  # fmt: skip
+            "sched": sim, "floor_ms": times["memory"], "bound": bound, "predicted_ms": times[bound]}  # fmt: skip
+
+
+# wgmma fed by TMA / mbarriers (`SYNCS` waits): async proxies the scheduler simulation does not follow
+ASYNC_KERNELS = ("_tma_scaled_mm_kernel",)
+
+
+def _sched(sass: str, prog: dict, pp: dict, occ: dict, warps: int) -> dict[str, Any] | None:
+    """The main loop through the warp-scheduler simulation (`bench/sass_sched.py`: the resident programs' warps a
+    scheduler), times its trips and the waves, plus everything else at one instruction a cycle a warp: the
+    latency-aware time of a launch whose loop has too few warps to hide its loads and dots. None without a loop or
+    with wgmma (its asynchronous waits are not simulated)."""
+    if pp["main"] is None or any(o.startswith(("HGMMA", "IGMMA", "QGMMA")) for o in prog["loops"][pp["main"]]["mma"]):
+        return None
+    ins, labels = parse_sass(sass)
+    a, b = outer_loops(ins, labels)[0][pp["main"]]
+    wps = math.ceil(min(occ["programs_per_sm"], occ["resident"]) * warps / SCHEDULERS)
+    sim = simulate(iteration(ins, labels, a, b), wps)
+    main_trips = pp["trips"][pp["main"]]
+    rest = pp["instructions"] - main_trips * pp["sass_per_iter"]
+    cycles = occ["waves"] * main_trips * sim["cycles"] + occ["warps_per_scheduler"] * rest
+    return {"warps_per_scheduler": wps, "cycles_per_iter": sim["cycles"], "single_warp": sim["single_warp"],
+            "nearest_bound": sim["nearest_bound"], "ms": cycles / CLOCK_HZ * 1e3}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- one variant

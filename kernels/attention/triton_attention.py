@@ -103,14 +103,13 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 # context 32k) ran 0.83 ms against 1.08 on 8 warps, 1.61 at 16 x 128 (tuning-pass timings,
 # `bench/results/h200-2026-11-30-run2`).
 SUBBYTE_TILE_ELEMS = 16 * 128
-# Per-token INT4 / INT2 read as words decode their 64 x 128 tile on this many warps (with 4 / warps times the
-# splits, `choose_num_splits`: the SMs hold as many warps). sm_90, bf16, batch 16, context 32k
-# (`bench/attention_predict.py`, untimed): a warp then covers 32 of the 64 keys instead of 16, so the softmax's
-# cross-warp steps and the per-tile fixed work are shared by half the warps: 2174 warp instructions a tile
-# against 2612 on 4 warps (INT4; INT2 2334 against 2808), 222 / 254 registers, no spills: 0.146 / 0.157 ms
-# predicted against 0.174 / 0.186. One warp spills (64 x 128: 464 B INT2; 32 x 128: 28-72 B), and 128 x 128 on
-# 2 warps spills 64-180 B. INT8 stays on 4 warps: at its byte floor either way. Fewer warps were faster on the
-# last H200 run too (INT4 64 x 128: 0.83 ms on 4 warps, 1.08 on 8; the kernel then unpacked per element).
+# Per-token INT4 / INT2 read as words (16-bit queries) decode 64 x 128 tiles on INT_WORDS_WARPS (with 4 / warps times
+# the splits, `choose_num_splits`). By the warp-scheduler simulation that predicts the kernels the H200 timed within
+# 0.69-2.04x (`bench/attention_configs.py`, sm_90, bf16, untimed) the loop is latency-bound and the best tile depends
+# on the batch: at batch 16, context 32k, 32 x 128 on 2 warps (138 / 167 registers, INT4 / INT2: 3 warps a
+# scheduler) is predicted 0.327 / 0.321 ms against this 0.414 / 0.475 (222 / 254 registers, 2 a scheduler); at batch
+# 64 it is predicted twice as slow as this (2.35 / 1.95 ms against 1.22 / 1.41: shared-memory traffic-bound at 4 warps
+# a scheduler). Kept until a GPU's tables decide per batch.
 INT_WORDS_WARPS = 2
 # Mixed chunks read as words at most this wide, on 4 warps: a tile inside one block, or of two whole blocks where two
 # fill it (each read at its own width, `_mixed_span_codes`). sm_90, bf16, head_dim 128, batch 16, context 32k
@@ -122,14 +121,12 @@ INT_WORDS_WARPS = 2
 # 2 %). None measured. Earlier, 32 x 128 on 8 warps (394 SASS, 0.41 ms), 16 x 128 on 2 (586, 0.41) and on 8 (446,
 # 0.93) predicted slower.
 MIXED_WORDS_TILE = 64
-# KIVI's tile where it fits in a block, on KIVI_WORDS_WARPS: sm_90, bf16, head_dim 128, G = R = 32, blocks of 32,
-# batch 16, context 32k (`bench/attention_predict.py`, untimed): its code-only loop takes 662-683 SASS a 32-token
-# tile on 2 warps (216-219 registers, no spills) and, with twice the splits (`choose_num_splits`: the 4-warp plan's
-# warps), 0.177 / 0.183 ms (INT4 / INT2), against 397-408 on 4 warps (1588-1632 warp instructions a tile against
-# 1324-1366; 124 registers; 0.211 / 0.217 ms); 64 on 4: 1037 SASS, 240 registers, 0.28 ms; 64 on 2 spills
-# (296-612 B). Earlier, 16 on 2 warps at the 4-warp split count: 437 SASS, 0.31 ms.
+# KIVI's tile where it fits in a block, on KIVI_WORDS_WARPS (16-bit queries; fp32 4). By the same simulation
+# (`bench/attention_configs.py`, G = R = 32, blocks of 32, batch 16, context 32k): 32 x 128 on 4 warps, 124 registers,
+# 3 warps a scheduler, 0.467 / 0.453 ms (INT4 / INT2); on 2 warps (216-219 registers, 2 a scheduler) 0.587 / 0.515;
+# 16 on 2 0.488 / 0.441. Also ahead on 2 at batch 64 (1.63 against 1.75 ms at 32k) and at 8k.
 KIVI_WORDS_TILE = 32
-KIVI_WORDS_WARPS = 2
+KIVI_WORDS_WARPS = 4
 # Tree verification adds the ancestor mask to a 16-token x GROUP_PAD-row extend tile, one 64-bit window of
 # packed mask bits per row (`tree_mask_words`): at most 64 wide. Compiled for sm_90 in bf16 at head_dim 128
 # (batch 16, 64 nodes over 4k): 64 x 4 warps takes 232 registers, no spills (2 programs an SM, as the extend),
@@ -1126,9 +1123,9 @@ def default_config(
     and 32 rows (a 64 x 256 fp32 accumulator would be 128 registers per thread over 4 warps). Caches that
     unpack codes in the inner loop also keep BLOCK_N x dim_pad within a register budget
     (SUBBYTE_TILE_ELEMS) so the kernel does not spill; per-token INT4 / INT2 read as words decode on
-    INT_WORDS_WARPS (16-bit queries). With `block_size` known, KIVI takes KIVI_WORDS_TILE on KIVI_WORDS_WARPS
-    (16-bit queries; fp32 4) where a block holds whole tiles (else its measured 16-row tile on 2 warps), and mixed
-    chunks read as words (`mixed_reads_words`) MIXED_WORDS_TILE on 4 warps."""
+    INT_WORDS_WARPS (16-bit queries). With `block_size` known, KIVI takes
+    KIVI_WORDS_TILE on KIVI_WORDS_WARPS (16-bit queries; fp32 4) where a block holds whole tiles (else its measured
+    16-row tile on 2 warps), and mixed chunks read as words (`mixed_reads_words`) MIXED_WORDS_TILE on 4 warps."""
     cfg = dict(DEFAULT_CONFIG)
     dp = dim_pad(head_dim)
     while (

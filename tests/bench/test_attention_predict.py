@@ -132,3 +132,24 @@ def test_int8_prediction_from_sm90_lowering(tmp_path):
     i4 = rows["int4"]
     assert (i4["num_warps"], row["num_warps"], i4["NUM_SPLITS"]) == (2, 4, 2 * row["NUM_SPLITS"]), i4
     assert i4["spill_stores"] == 0 and i4["warps_per_scheduler"] == row["warps_per_scheduler"]
+
+
+@pytest.mark.lowering
+def test_config_sweep_forces_each_config_and_ranks_them(tmp_path):
+    """bench/attention_configs.py on INT4 with two warp counts: each config is the one compiled (its warps, and the
+    split count that follows them), the simulation's time is in each row, and the best is the fastest spill-free."""
+    out = tmp_path / "c.json"
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    script = SCRIPT.parent / "attention_configs.py"
+    res = subprocess.run([sys.executable, str(script), "--formats", "int4", "--block-n", "64", "--warps", "2", "4",
+                          "--stages", "2", "--out", str(out)], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    f = json.loads(out.read_text())["formats"]["int4"]
+    rows = {r["num_warps"]: r for r in f["configs"]}
+    assert set(rows) == {2, 4} and all(r["BLOCK_N"] == 64 and r["num_stages"] == 2 for r in rows.values())
+    assert rows[2]["NUM_SPLITS"] == 2 * rows[4]["NUM_SPLITS"]  # the splits follow the forced warps
+    assert all(r["predicted_ms"] >= max(r["sched_ms"], r["floor_ms"]) for r in rows.values())
+    ok = [r for r in rows.values() if not r["spill_stores"]]
+    assert f["best"][0]["predicted_ms"] == min(r["predicted_ms"] for r in ok)
+    assert f["default"]["num_warps"] == 2 and f["default"]["predicted_ms"] == pytest.approx(rows[2]["predicted_ms"])

@@ -24,7 +24,8 @@ def _sass(rest_before: int, body: int, rest_after: int) -> str:
     ins = ["\tIMAD.MOV.U32 R1, RZ, RZ, c[0x0][0x28];"] * rest_before + ["LBB0:"]
     ins += ["\tHMMA.16816.F32 R4, R8, R10, R4;", "\t@P0 BRA LBB1;", "\tIADD3 R1, R1, 1, RZ;",
             "\tIADD3 R1, R1, 1, RZ;", "\tBRA LBB2;", "LBB1:", "\tIADD3 R1, R1, 2, RZ;", "LBB2:"]  # fmt: skip
-    ins += ["\tLOP3.LUT R5, R5, 0xf, RZ, 0xc0, !PT;"] * (body - 6) + ["\t@P2 BRA LBB0;"]
+    # independent fillers (no chain through one register): the loop issue-bound in the scheduler simulation too
+    ins += [f"\tLOP3.LUT R{20 + i % 16}, R5, 0xf, RZ, 0xc0, !PT;" for i in range(body - 6)] + ["\t@P2 BRA LBB0;"]
     ins += ["\tSTG.E [R2.64], R4;"] * (rest_after - 1) + ["\tEXIT;", "LBB3:", "\tBRA LBB3;", "\tNOP;", "\tNOP;"]
     return "\n".join(f"04:-:-:-:1{t}" if t.startswith("\t") else t for t in ins)
 
@@ -61,6 +62,14 @@ def test_splitk_launch_hand_computed(gp):
     assert r["tensor_ms"] == pytest.approx(4 * 2 * 16 * 64 * 2048 / (989e12 / 132) * 1e3)
     assert r["bytes"] == 36_438_016 and r["floor_ms"] == pytest.approx(36_438_016 / 4.18e12 * 1e3)
     assert r["bound"] == "issue" and r["predicted_ms"] == r["issue_ms"]
+    # the simulated loop: 4 warps a scheduler issue-bound (both arms of the if counted: 601 a warp an iteration)
+    assert r["sched"]["warps_per_scheduler"] == 4 and r["sched"]["cycles_per_iter"] == pytest.approx(4 * 601, abs=8)
+    assert r["sched"]["ms"] <= r["issue_ms"] * 1.01
+    # a chain of shared-memory loads through one register instead (30 cycles each): 4 warps cannot hide it
+    chain = "\n".join(t if "LOP3" not in t else "04:-:-:-:1\tLDS R5, [R5];" for t in _sass(200, 600, 100).splitlines())
+    rc = gp.launch_prediction(_splitk_launch(), chain, "w4a16_g128", 16, 8192, 8192)
+    assert rc["bound"] == "latency" and rc["sched"]["single_warp"] >= 30 * 594
+    assert rc["predicted_ms"] > 5 * rc["issue_ms"]
     # a wrong trip count must change the answer: K tiles of 64 are 32 a slice, twice the loop's issue
     r64 = gp.launch_prediction(_splitk_launch(64), _sass(200, 600, 100), "w4a16_g128", 16, 8192, 8192)
     assert r64["trips"] == [32] and r64["issue_ms"] == pytest.approx(4 * (300 + 32 * 600) / 1.98e9 * 1e3)

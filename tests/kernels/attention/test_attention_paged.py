@@ -217,12 +217,14 @@ def test_split_heuristic():
 
 
 def test_two_warp_decode_tiles_and_rows_launches():
-    """Per-token INT4 / INT2 and KIVI decode on 2 warps (INT8 and bf16 on 4); extend and tree launches, whose
-    programs hold 64 query rows, never below 4."""
+    """Per-token INT4 / INT2 decode on 2 warps (KIVI, INT8 and bf16 on 4; fp32 queries keep 4 warps); extend and
+    tree launches, whose programs hold 64 query rows, never below 4."""
     from codesign.kernels.attention import triton_attention as ta
 
-    two = [(ta.KV_FORMAT_INT, 4), (ta.KV_FORMAT_INT, 2), (ta.KV_FORMAT_KIVI, 4), (ta.KV_FORMAT_KIVI, 2)]
-    for fmt, bits in two + [(ta.KV_FORMAT_INT, 8), (ta.KV_FORMAT_PLAIN, 16)]:
+    two = [(ta.KV_FORMAT_INT, 4), (ta.KV_FORMAT_INT, 2)]
+    assert ta.default_config(128, 4, ta.KV_FORMAT_INT, 4, 32)["num_warps"] == 4
+    for fmt, bits in two + [(ta.KV_FORMAT_KIVI, 4), (ta.KV_FORMAT_KIVI, 2), (ta.KV_FORMAT_INT, 8),
+                            (ta.KV_FORMAT_PLAIN, 16)]:  # fmt: skip
         cfg = ta.default_config(128, 2, fmt, bits, 32)
         assert cfg["num_warps"] == (2 if (fmt, bits) in two else 4), (fmt, bits, cfg)
         for tree in (False, True):

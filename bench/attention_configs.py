@@ -1,0 +1,121 @@
+"""Rank decode launch configs by predicted H200 time on a CPU machine: each quantized KV format at issue 21's shape
+(`attention_predict`'s cases), compiled for sm_90 under every (BLOCK_N, num_warps, num_stages) of a grid forced as
+the tuner forces a candidate (`autotune.lookup.forced_config`), each predicted by `attention_predict.decode_prediction`
+(byte floor, warp-scheduler simulation, issue count) with its registers and spills. The split count follows the
+warps (`choose_num_splits`), as a tuned table's config would.
+
+    python bench/attention_configs.py                               # int8 int4 int2 int4-kivi int2-kivi mixed
+    python bench/attention_configs.py --formats int4 --block-n 32 64 --warps 2 4 8 --out /tmp/c.json
+
+What the predictor was held against is `bench/hindcast.py` (0.69-2.04x of measured decode); a config that spills
+is listed with its spill bytes and not ranked. Oaken is left out (its inner loops' trips depend on the config's
+unrolling: `attention_predict` counts them for the default only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import warnings
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+if str(BENCH_DIR) not in sys.path:
+    sys.path.insert(0, str(BENCH_DIR))
+import attention_predict as ap  # noqa: E402
+from sass_model import run_report  # noqa: E402
+
+FORMATS = ["int8", "int4", "int2", "int4-kivi", "int2-kivi", "mixed-8/4/4/2"]
+BLOCK_N, WARPS, STAGES = [16, 32, 64, 128], [1, 2, 4, 8], [2, 3]
+# Every decode table a format may read (forcing them all forces whichever the case's launch looks up).
+TABLE_OPS = ["paged_attention"] + [f"paged_attention_{s}" for s in ("int8", "int4", "int2", "fp8", "kivi", "mixed")]
+
+
+def sweep(formats: list[str], block_n: list[int], warps: list[int], stages: list[int], log=print) -> dict[str, Any]:
+    import gpu_kvquant as kvq
+    import torch
+
+    from codesign.autotune.compile_only import compile_only
+    from codesign.autotune.lookup import forced_config
+    from codesign.backend import use_backend
+
+    warnings.filterwarnings("ignore")
+    bandwidth = kvq.floor_bytes("bf16", kvq.BATCH, kvq.CONTEXT) / ((ap.BF16_MS - ap.MERGE_MS) * 1e-3)
+    out: dict[str, Any] = {"shape": {"batch": kvq.BATCH, "context": kvq.CONTEXT, "block_size": kvq.BLOCK_SIZE},
+                           "formats": {}}  # fmt: skip
+    cases = dict(ap._decode_cases(formats))
+    with compile_only(90, "NVIDIA H200") as session, use_backend("triton"), torch.no_grad():
+        for name, call in cases.items():
+            rows = []
+            default = None
+            n0 = len(session.launches)
+            call()
+            launch, kernel, _ = ap._attn(session.launches[n0:], session.compiled[n0:])
+            floor = kvq.floor_bytes(name, kvq.BATCH, kvq.CONTEXT)
+            default = _row(ap.decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT))
+            for bn, w, st in itertools.product(block_n, warps, stages):
+                cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st}
+                n0 = len(session.launches)
+                try:
+                    with ExitStack() as stack:
+                        for op in TABLE_OPS:
+                            stack.enter_context(forced_config(op, cfg))
+                        call()
+                    launch, kernel, _ = ap._attn(session.launches[n0:], session.compiled[n0:])
+                    if launch.error:
+                        raise RuntimeError(launch.error)
+                    row = _row(ap.decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT))
+                except Exception as e:  # a config the kernel refuses or that fails to compile: said
+                    row = {"error": f"{type(e).__name__}: {e}"[:160]}
+                rows.append({**cfg, **row})
+            ranked = sorted((r for r in rows if "predicted_ms" in r and not r["spill_stores"]),
+                            key=lambda r: r["predicted_ms"])  # fmt: skip
+            out["formats"][name] = {"default": default, "best": ranked[:3], "configs": rows}
+            best = ranked[0] if ranked else None
+            log(f"  {name}: default {default['predicted_ms']:.3f} ms ({default['BLOCK_N']}x{default['num_warps']}w)"
+                + (f", best {best['predicted_ms']:.3f} ms ({best['BLOCK_N']}x{best['num_warps']}w "
+                   f"{best['num_stages']}st)" if best else ""))  # fmt: skip
+    return out
+
+
+def _row(p: dict[str, Any]) -> dict[str, Any]:
+    keep = ("BLOCK_N", "num_warps", "num_stages", "NUM_SPLITS", "registers", "spill_stores", "resident",
+            "sched_warps", "sass_per_tile", "issue_ms", "sched_ms", "floor_ms", "predicted_ms", "bound")  # fmt: skip
+    return {k: p[k] for k in keep} | {"floor_pct": 100 * p["floor_ms"] / p["predicted_ms"]}
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = []
+    for name, f in report["formats"].items():
+        d = f["default"]
+        lines.append(f"{name}: default {d['BLOCK_N']} x {d['num_warps']} warps x {d['num_stages']} stages "
+                     f"{d['predicted_ms']:.3f} ms ({d['floor_pct']:.0f} % of floor, {d['bound']})")  # fmt: skip
+        lines.append(f"  {'tile':>5} {'warps':>5} {'st':>3} {'splits':>6} {'regs':>4} {'spill':>5} {'w/sch':>5} "
+                     f"{'sass':>5} {'ms':>7} {'floor%':>6}  bound")  # fmt: skip
+        for r in sorted(f["configs"], key=lambda r: r.get("predicted_ms", 1e9)):
+            if "error" in r:
+                lines.append(f"  {r['BLOCK_N']:5d} {r['num_warps']:5d} {r['num_stages']:3d}  {r['error']}")
+                continue
+            lines.append(f"  {r['BLOCK_N']:5d} {r['num_warps']:5d} {r['num_stages']:3d} {r['NUM_SPLITS']:6d} "
+                         f"{r['registers']:4d} {r['spill_stores']:5d} {r['sched_warps']:5d} {r['sass_per_tile']:5d} "
+                         f"{r['predicted_ms']:7.3f} {r['floor_pct']:6.0f}  {r['bound']}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    a.add_argument("--formats", nargs="*", default=FORMATS)
+    a.add_argument("--block-n", nargs="*", type=int, default=BLOCK_N)
+    a.add_argument("--warps", nargs="*", type=int, default=WARPS)
+    a.add_argument("--stages", nargs="*", type=int, default=STAGES)
+    a.add_argument("--out", type=Path, default=None)
+    args = a.parse_args(argv)
+    return run_report("attention_configs", lambda: sweep(args.formats, args.block_n, args.warps, args.stages),
+                      table, args.out)  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
