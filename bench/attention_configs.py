@@ -50,7 +50,6 @@ def sweep(formats: list[str], block_n: list[int], warps: list[int], stages: list
     with compile_only(90, "NVIDIA H200") as session, use_backend("triton"), torch.no_grad():
         for name, call in cases.items():
             rows = []
-            default = None
             n0 = len(session.launches)
             call()
             launch, kernel, _ = ap._attn(session.launches[n0:], session.compiled[n0:])

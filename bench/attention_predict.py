@@ -22,9 +22,10 @@ with `issue_ms` one warp instruction per scheduler per cycle, 4 schedulers per S
 over 132 SMs), and `sim` the warp-scheduler simulation of one loop iteration (`bench/sass_sched.py`: the warps of
 the programs an SM holds at once, each in order behind its scoreboard, with published latencies and pipe rates;
 programs past the resident count run in later waves); the bandwidth calibrated so the bf16 cache predicts its
-measured 0.517 ms (`BF16_MS`). `issue_ms` alone was 2.5-5.8x below the measured times of the quantized decode
-kernels timed on 2026-11-30; with the simulation the same kernels are predicted within 0.7-1.5x (INT8, INT4, INT2,
-FP8, bf16; mixed 2.0x; the old KIVI and Oaken kernels' 10-30x are outside the loop's count): `bench/hindcast.py`.
+measured 0.517 ms (`BF16_MS`). `issue_ms` alone was 2.4-4.6x below the measured times of the INT8 / INT4 / INT2 /
+mixed decode kernels timed on 2026-11-30; with the simulation those timings and the FP8 and bf16 ones are predicted
+within 0.69-2.04x, median 1.04 (the old KIVI and Oaken kernels' 3-30x lie outside the loop's count):
+`bench/hindcast.py`, reproduced by `tests/bench/test_hindcast.py`.
 Not modelled: shared-memory bank conflicts, memory-system queueing past the DRAM latency (the floor bounds
 bandwidth apart), the tensor-core rate beyond its pipe occupancy (docs/kernels.md).
 
@@ -58,15 +59,14 @@ if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
 from sass_model import (  # noqa: E402  (the SASS model, shared with gemm_predict.py)
     CLOCK_HZ,
-    SCHEDULERS,
     SMS,
-    is_matrix,
     issue_cycles,
     loop_report,
     loops,
     opcode,
     parse_sass,
     run_report,
+    tile_loop,
 )
 from sass_model import resident_programs as resident_programs  # noqa: E402, F401  (re-exported)
 from sass_sched import iteration, simulate  # noqa: E402  (the warp-scheduler simulation of a loop)
@@ -129,11 +129,8 @@ def oaken_loop_trips(
     the other value groups' (the same code). `per_trip`: ranks the kernel's value loop body takes a trip
     (`triton_attention.OAKEN_RANKS`), `key_per_trip` its key loop's (`OAKEN_KEY_RANKS`; default `per_trip`)."""
     ins, labels = parse_sass(sass)
-    all_loops = loops(ins, labels)
-    outer = [lp for lp in all_loops if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in all_loops)]
-    tiles = [(a, b) for a, b in outer if any(is_matrix(opcode(t)) for t in ins[a:b])]
-    a, b = max(tiles, key=lambda lp: lp[1] - lp[0])
-    inner = [lp for lp in all_loops if a < lp[0] and lp[1] <= b]
+    a, b = tile_loop(ins, labels)
+    inner = [lp for lp in loops(ins, labels) if a < lp[0] and lp[1] <= b]
 
     def ldg(lp: tuple[int, int]) -> int:
         return sum(opcode(t).startswith("LDG") for t in ins[lp[0] : lp[1]])
@@ -171,9 +168,9 @@ def decode_prediction(
     tiles = math.ceil(math.ceil(context / splits) / bn)  # the kernel's split length, whole tiles
     ring = 0
     programs = math.prod(launch.grid)
-    occ = issue_cycles(programs, launch.num_warps, launch.registers, launch.shared_bytes, 0)
     # the scheduler simulation's warps: the programs an SM runs at once (the rest run in later waves)
-    wps = math.ceil(min(occ["programs_per_sm"], occ["resident"]) * launch.num_warps / SCHEDULERS)
+    wps = issue_cycles(programs, launch.num_warps, launch.registers, launch.shared_bytes, 0)[
+        "resident_warps_per_scheduler"]  # fmt: skip
     if cx.get("KV_FORMAT") == KV_FORMAT_KIVI:  # a code-only tile loop, then one over the ring (the last split's)
         g, r = cx["KIVI_G"], cx["KIVI_R"]
         ring = math.ceil(context / bn) - max(context - r, 0) // g * g // bn
@@ -205,13 +202,10 @@ def decode_prediction(
 
 
 def _sched(sass: str, trips: int | list[int], warps: int, which: int = -1) -> dict[str, Any]:
-    """`sass_sched.simulate` on the tile loop (`loop_report`'s choice of loop) with `warps` warps a scheduler."""
+    """`sass_sched.simulate` on the tile loop (`tile_loop`, as `loop_report` picks it) with `warps` warps a
+    scheduler."""
     ins, labels = parse_sass(sass)
-    all_loops = loops(ins, labels)
-    outer = [lp for lp in all_loops if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in all_loops)]
-    tiles = [(a, b) for a, b in outer if any(is_matrix(opcode(t)) for t in ins[a:b])]
-    a, b = max(tiles, key=lambda lp: lp[1] - lp[0]) if which < 0 else tiles[which]
-    return simulate(iteration(ins, labels, a, b, trips), warps)
+    return simulate(iteration(ins, labels, *tile_loop(ins, labels, which), trips), warps)
 
 
 def tree_prediction(ext: tuple[Any, Any], tree: tuple[Any, Any], batch: int, q_len: int, prefix: int) -> dict:

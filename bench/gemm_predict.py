@@ -41,7 +41,7 @@ as above). `torch._int_mm` needs M > 16: no prediction below.
 
 `latency`: the warp-scheduler simulation of `bench/sass_sched.py` (in-order warps behind a scoreboard, Hopper
 latencies and sm_90 pipe rates), held against the measured decode attention by `bench/hindcast.py` (0.69-2.04x,
-where the issue count alone was 2.5-5.8x low); not run on the TMA kernel's wgmma loop, whose asynchronous waits it
+where the issue count alone was 2.4-4.6x low); not run on the TMA kernel's wgmma loop, whose asynchronous waits it
 does not follow, and not yet held against measured GEMMs. Lower bounds otherwise: the tensor-core peak, unique
 bytes (L2 reuse perfect: the tiled kernels' re-reads of weight and activation tiles, fp32 atomics'
 read-modify-writes in L2: the GEMV makes programs x BLOCK_N x M of them a call), full HBM bandwidth even when fewer
@@ -65,7 +65,6 @@ if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
 from sass_model import (  # noqa: E402
     CLOCK_HZ,
-    SCHEDULERS,
     SMS,
     issue_cycles,
     outer_loops,
@@ -208,7 +207,7 @@ def launch_prediction(launch: Any, sass: str, op: str, m: int, n: int, k: int) -
         flops = 2 * cx["BLOCK_M"] * cx["BLOCK_N"] * pp["k_range"] * occ["programs_per_sm"]
         tensor_ms = flops / (TENSOR_OPS[bits] / SMS) * 1e3
     times = {"issue": occ["cycles"] / CLOCK_HZ * 1e3, "tensor": tensor_ms, "memory": nbytes / COPY_BPS * 1e3}
-    sim = _sched(sass, prog, pp, occ, launch.num_warps) if kern not in ASYNC_KERNELS else None
+    sim = _sched(sass, prog, pp, occ) if kern not in ASYNC_KERNELS else None
     if sim is not None:
         times["latency"] = sim["ms"]
     bound = max(times, key=times.get)
@@ -227,7 +226,7 @@ def launch_prediction(launch: Any, sass: str, op: str, m: int, n: int, k: int) -
 ASYNC_KERNELS = ("_tma_scaled_mm_kernel",)
 
 
-def _sched(sass: str, prog: dict, pp: dict, occ: dict, warps: int) -> dict[str, Any] | None:
+def _sched(sass: str, prog: dict, pp: dict, occ: dict) -> dict[str, Any] | None:
     """The main loop through the warp-scheduler simulation (`bench/sass_sched.py`: the resident programs' warps a
     scheduler), times its trips and the waves, plus everything else at one instruction a cycle a warp: the
     latency-aware time of a launch whose loop has too few warps to hide its loads and dots. None without a loop or
@@ -236,7 +235,7 @@ def _sched(sass: str, prog: dict, pp: dict, occ: dict, warps: int) -> dict[str, 
         return None
     ins, labels = parse_sass(sass)
     a, b = outer_loops(ins, labels)[0][pp["main"]]
-    wps = math.ceil(min(occ["programs_per_sm"], occ["resident"]) * warps / SCHEDULERS)
+    wps = occ["resident_warps_per_scheduler"]
     sim = simulate(iteration(ins, labels, a, b), wps)
     main_trips = pp["trips"][pp["main"]]
     rest = pp["instructions"] - main_trips * pp["sass_per_iter"]

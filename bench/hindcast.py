@@ -2,36 +2,41 @@
 (commit 54daa75, Triton 3.6), beside what it measured. Every speed since is a prediction from that model; this says
 how far the model was from the only measurements the project has, and where.
 
-    # once: that commit's code, and Triton 3.6 in a venv that reuses this one's packages for the rest
+    python bench/hindcast.py --out bench/results/hindcast_sm90.json     # from the committed launches (~20 s)
+
+    # collecting the launches again: that commit's code, and Triton 3.6 in a venv reusing this one's packages
     git worktree add --detach /tmp/old 54daa75
     site='import sysconfig; print(sysconfig.get_paths()["purelib"])'
     python3 -m venv /tmp/old/.venv
     .venv/bin/python -c "$site" > "$(/tmp/old/.venv/bin/python -c "$site")/zz_base.pth"
     /tmp/old/.venv/bin/pip install --no-deps triton==3.6.0
-    # then (~1 min: compile-only, nothing runs)
     python bench/hindcast.py --old-root /tmp/old --old-python /tmp/old/.venv/bin/python \
-        --out bench/results/hindcast_sm90.json
+        --raw bench/results/hindcast_sm90_launches.json.gz --out bench/results/hindcast_sm90.json
 
 Two steps. `collect` runs under the old checkout's Python (`codesign` resolved to the old folders through a tree of
-links, `--old-root`'s `bench/` first on the path): it compiles, for sm_90 under that commit's `compile_only`, the
-launches the measured benchmarks made, and writes each attention launch's resources, constexprs and SASS. Then this
-Python turns each into the predictor's numbers (`attention_predict.decode_prediction`, unchanged: loop path, issue
-cycles, byte floor at the bandwidth that makes the bf16 cache predict its measured 0.517 ms) beside the measured
-time from `bench/results/h200-2026-11-30-run2*.json`:
+links, `--old-root`'s `bench/` on the path): it compiles, for sm_90 under that commit's `compile_only`, the launches
+the measured benchmarks made, and writes each attention launch's resources, constexprs and SASS (committed as
+`bench/results/hindcast_sm90_launches.json.gz`, 0.9 MB). Then this Python turns each into the predictor's numbers
+(`attention_predict.decode_prediction` as it is: byte floor at the bandwidth that makes the bf16 cache predict its
+measured 0.517 ms, the warp-scheduler simulation of the tile loop, the issue count) beside the measured time from
+`bench/results/h200-2026-11-30-run2*.json`, and the issue-count model alone beside it:
 
-* `decode`: the quantized-KV benchmark at issue 21's shape (batch 16, context 32k, blocks of 32, bf16 queries) at
-  each format's default config then, and the bf16 cache's decode at every batch x context the suite timed;
-* `tuning`: the 33 configs the tuning pass timed (INT8, INT4, FP8 at batch 16 over lengths drawn in [16k, 32k]:
-  the adapter's seed-0 lengths, each program's tiles averaged; KIVI's two at its default bits).
+* `kvquant` / `attention`: the quantized-KV benchmark at issue 21's shape (batch 16, context 32k, blocks of 32, bf16
+  queries) at each format's default config then, and the bf16 cache's decode at every batch x context the suite
+  timed (extend and tree rows: their loops only, no prediction);
+* `tuning`: the 33 configs the tuning pass timed (INT8, INT4, FP8 at batch 16 over lengths drawn in [16k, 32k]: the
+  adapter's seed-0 lengths, predicted at the longest, whose programs set the time; KIVI's two at its default bits;
+  seven, all at 128- or 256-token tiles, whose SASS has no outermost loop with a matrix instruction, are listed with
+  that error: the predictor cannot place their tile loop).
 
-Not modelled by the predictor, so expected to show here: dependent latency with few warps a scheduler, shared-memory
-throughput, the tensor-core rate, and anything pathological outside the tile loop (the old Oaken, KIVI and mixed
-kernels took 6-360 ms for reasons the SASS count does not see: the `note` of each row says what the count saw).
+The old KIVI and Oaken kernels ran 3-30x their predictions for reasons outside the tile loop's instructions; the
+summary keeps them apart. `tests/bench/test_hindcast.py` reproduces the bands the docs quote.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -45,7 +50,7 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 RUN2 = BENCH_DIR / "results" / "h200-2026-11-30-run2.json"
 RUN2_KV = BENCH_DIR / "results" / "h200-2026-11-30-run2-kv.json"
-KERNEL_COMMIT = "54daa75"
+LAUNCHES = BENCH_DIR / "results" / "hindcast_sm90_launches.json.gz"  # what `collect` wrote for 54daa75
 ATTN = "_paged_attn_kernel"
 # The tuning pass's inputs (old `autotune/adapters_kvq.py`, seed 0): batch 16, lengths drawn in [ctx / 2, ctx], the
 # first set to ctx.
@@ -109,7 +114,7 @@ def collect(out: Path) -> None:
             if "bfloat16" in label or label.endswith("bf16"):
                 run("attention", label, call)
         _tuning(run, mods, forced_config)
-    out.write_text(json.dumps({"commit": _git_head(), "rows": rows}))
+    _write(out, {"commit": _git_head(), "rows": rows})
 
 
 def _tuning(run, mods: dict, forced_config) -> None:
@@ -142,6 +147,23 @@ def _tuning(run, mods: dict, forced_config) -> None:
 
         run("tuning", f"{rec['op']} {cfg}", call, op=rec["op"], config=cfg, measured_ms=rec["time_ms"],
             lens=lens.tolist())  # fmt: skip
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    text = json.dumps(data)
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+
+
+def load_launches(path: Path = LAUNCHES) -> dict[str, Any]:
+    """The collected launches (`collect`'s JSON, gzipped where the name says so)."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt") as f:
+            return json.load(f)
+    return json.loads(path.read_text())
 
 
 def _git_head() -> str:
@@ -202,6 +224,7 @@ def _format(label: str) -> str:
 def predict_rows(raw: dict[str, Any]) -> list[dict[str, Any]]:
     import attention_predict as ap
     import gpu_kvquant as kvq
+    from sass_model import parse_sass, tile_loops
 
     from codesign.kernels.kvcache.formats import KV_FORMAT_KIVI
 
@@ -237,7 +260,7 @@ def predict_rows(raw: dict[str, Any]) -> list[dict[str, Any]]:
         else:
             out.append({**base, "measured_ms": measured.get(row["label"]), **_loop_only(kernel)})
             continue
-        if cx.get("KV_FORMAT") == KV_FORMAT_KIVI and _tile_loops(kernel) < 2:
+        if cx.get("KV_FORMAT") == KV_FORMAT_KIVI and len(tile_loops(*parse_sass(row["sass"]))) < 2:
             # the old KIVI kernel: one tile loop for codes and ring alike (today's has two, which the predictor
             # reads for KIVI), so counted as the other formats are
             launch.constexprs = {k: v for k, v in cx.items() if k != "KV_FORMAT"}
@@ -258,13 +281,6 @@ def predict_rows(raw: dict[str, Any]) -> list[dict[str, Any]]:
             r["measured_over_issue_model"] = ms / issue_pred
         out.append(r)
     return out
-
-
-def _tile_loops(kernel: Any) -> int:
-    from sass_model import is_matrix, opcode, outer_loops, parse_sass
-
-    ins, labels = parse_sass(kernel.asm["sass"])
-    return sum(any(is_matrix(opcode(t)) for t in ins[a:b]) for a, b in outer_loops(ins, labels)[0])
 
 
 def _loop_only(kernel: Any) -> dict[str, Any]:
@@ -346,22 +362,23 @@ def main(argv: list[str] | None = None) -> int:
     ap_.add_argument("step", nargs="?", choices=["collect"], help="internal: the step run under the old Python")
     ap_.add_argument("--old-root", type=Path, help="a checkout of the measured commit (54daa75)")
     ap_.add_argument("--old-python", help="a Python with Triton 3.6 and this one's other packages")
-    ap_.add_argument("--raw", type=Path, help="the collected launches (JSON): written by collect, else read")
+    ap_.add_argument("--raw", type=Path, help="the collected launches (JSON, .gz): written by collect with --old-root, "
+                     f"else read (default {LAUNCHES.name})")
     ap_.add_argument("--out", type=Path)
     a = ap_.parse_args(argv)
     if a.step == "collect":
         collect(a.raw)
         return 0
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        print("hindcast: unset TRITON_INTERPRET (kernels must compile)", file=sys.stderr)
-        return 2
     sys.path.insert(0, str(BENCH_DIR))
-    raw_path = a.raw or Path(tempfile.mkdtemp()) / "hindcast_raw.json"
-    if not (a.raw and a.raw.exists()):
-        if not (a.old_root and a.old_python):
-            ap_.error("--old-root and --old-python (or an existing --raw)")
+    raw_path = a.raw or LAUNCHES
+    if a.old_root:
+        if not a.old_python:
+            ap_.error("--old-root needs --old-python")
+        if os.environ.get("TRITON_INTERPRET", "0") == "1":
+            print("hindcast: unset TRITON_INTERPRET (kernels must compile)", file=sys.stderr)
+            return 2
         run_collect(a.old_root.resolve(), a.old_python, raw_path)
-    raw = json.loads(raw_path.read_text())
+    raw = load_launches(raw_path)
     rows = predict_rows(raw)
     report = {"what": "attention_predict's model on the kernels timed on the H200 on 2026-11-30 (compile-only "
               "sm_90 of the measured commit's code under Triton 3.6), beside the times measured then",

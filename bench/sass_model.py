@@ -177,23 +177,31 @@ def _self_branch(ins: list[str], labels: dict[str, int], i: int) -> bool:
     return bool(m) and labels.get(m.group(2)) == i
 
 
-def loop_report(sass: str, inner_trips: int | list[int] = 1, which: int = -1) -> dict[str, Any]:
-    """A KV-tile loop (an outermost loop with a matrix instruction; `which` -1: the largest, else its index in
-    address order: a tree launch's prefix loop, then its masked loop): its executed path per iteration, its census
-    and the instructions outside the outermost loops (run once per program)."""
-    ins, labels = parse_sass(sass)
-    all_loops = loops(ins, labels)
-    outer = [
-        lp for lp in all_loops if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in all_loops)
-    ]
-    tiles = [(a, b) for a, b in outer if any(is_matrix(opcode(t)) for t in ins[a:b])]  # not _find_seq's search
+def tile_loops(ins: list[str], labels: dict[str, int]) -> list[tuple[int, int]]:
+    """[start, end) of the outermost loops with a matrix instruction (KV-tile or K-step loops), in address order."""
+    outer, _ = outer_loops(ins, labels)
+    return [(a, b) for a, b in outer if any(is_matrix(opcode(t)) for t in ins[a:b])]
+
+
+def tile_loop(ins: list[str], labels: dict[str, int], which: int = -1) -> tuple[int, int]:
+    """One of `tile_loops`: `which` -1 the largest, else its index in address order (a tree launch's prefix loop,
+    then its masked loop); ValueError when there is none."""
+    tiles = tile_loops(ins, labels)
     if not tiles:
         raise ValueError("no loop with a matrix instruction in the SASS")
-    a, b = max(tiles, key=lambda lp: lp[1] - lp[0]) if which < 0 else tiles[which]
+    return max(tiles, key=lambda lp: lp[1] - lp[0]) if which < 0 else tiles[which]
+
+
+def loop_report(sass: str, inner_trips: int | list[int] = 1, which: int = -1) -> dict[str, Any]:
+    """A KV-tile loop (`tile_loop`): its executed path per iteration, its census and the instructions outside the
+    outermost loops (run once per program)."""
+    ins, labels = parse_sass(sass)
+    outer, inner = outer_loops(ins, labels)
+    a, b = tile_loop(ins, labels, which)
     lo, hi = loop_path(ins, labels, a, b, inner_trips)
     rest = len(ins) - sum(e - s for s, e in outer)
-    return {"static": b - a, "path_min": lo, "path_max": hi, "inner_loops": len(all_loops) - len(outer),
-            "outside_loops": rest, "tile_loops": [e - s for s, e in tiles], **census(ins[a:b])}  # fmt: skip
+    return {"static": b - a, "path_min": lo, "path_max": hi, "inner_loops": inner, "outside_loops": rest,
+            "tile_loops": [e - s for s, e in tile_loops(ins, labels)], **census(ins[a:b])}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the model
@@ -216,8 +224,10 @@ def issue_cycles(
     res = resident_programs(warps, registers, shared)
     waves = math.ceil(per_sm / res)
     warps_per_scheduler = math.ceil(per_sm * warps / SCHEDULERS)
+    # the warps a scheduler runs together (the programs an SM holds at once): what `sass_sched.simulate` takes
+    together = math.ceil(min(per_sm, res) * warps / SCHEDULERS)
     return {"programs_per_sm": per_sm, "resident": res, "waves": waves, "warps_per_scheduler": warps_per_scheduler,
-            "cycles": warps_per_scheduler * per_program}  # fmt: skip
+            "resident_warps_per_scheduler": together, "cycles": warps_per_scheduler * per_program}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the scripts' common tail

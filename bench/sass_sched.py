@@ -8,19 +8,21 @@ issued), and each functional pipe accepting a warp instruction only as fast as i
 
 Why: the issue count of `sass_model.issue_cycles` (one warp instruction per scheduler per cycle) is a lower bound
 that assumes the scheduler always has a ready warp. On the kernels the H200 timed (`bench/hindcast.py`), it was
-2.5-5.8x below the measured times of quantized decode with 2-6 warps a scheduler: a warp waits on its block-table
-load, then on the codes, then on each dot, and too few warps hide it. This adds the latencies and pipe rates below;
-nothing is fitted to the measurements.
+2.4-4.6x below the measured INT8 / INT4 / INT2 / mixed decode with 2-6 warps a scheduler: a warp waits on its
+block-table load, then on the codes, then on each dot, and too few warps hide it. This adds the latencies and pipe
+rates below.
 
 Figures (sm_90; cycles): pipe occupancy per warp instruction on one sub-partition = 32 lanes / (results per clock per
 SM / 4), from the CUDA C++ Programming Guide's arithmetic-throughput table for compute capability 9.0 (fp32 and
-packed fp16 128 an SM: 1; 32-bit integer add, logic, shift, multiply-add, compare 64: 2; conversions and MUFU 16: 8;
-shuffles 32: 4); shared-memory and L1 traffic at 128 bytes a clock an SM (a quarter to each sub-partition);
-`mma.sync` m16n8k16 at ~550 TFLOP/s dense (8 cycles; wgmma at the measured 797 TFLOP/s bf16 matmul, rounded to
-1024 FLOP a clock a sub-partition). Latencies from microbenchmarks of Hopper (Luo et al., "Dissecting the NVIDIA
-Hopper Architecture through Microbenchmarking", arXiv 2501.12084; rounded): ALU 4, MUFU 18, conversions 14, shared
-memory and shuffles 30, `mma.sync` 32, an L2 hit 260, DRAM under load 600. A global load whose value reaches another
-global load's address (a block-table entry) is taken as an L2 hit; the loads it feeds, and every `cp.async`, as DRAM.
+packed fp16 128 an SM: 1; conversions and MUFU 16: 8; shuffles 32: 4); shared-memory and L1 traffic at 128 bytes a
+clock an SM (a quarter to each sub-partition); `mma.sync` m16n8k16 at ~550 TFLOP/s dense (8 cycles; wgmma at the
+measured 797 TFLOP/s bf16 matmul, rounded to 1024 FLOP a clock a sub-partition). Latencies from microbenchmarks of
+Hopper (Luo et al., "Dissecting the NVIDIA Hopper Architecture through Microbenchmarking", arXiv 2501.12084;
+rounded): ALU 4, MUFU 18, conversions 14, shared memory and shuffles 30, `mma.sync` 32, an L2 hit 260, DRAM under
+load 600. A global load whose value reaches another global load's address (a block-table entry) is taken as an L2
+hit; the loads it feeds, and every `cp.async`, as DRAM. One figure is read from the measurements, not the guide:
+32-bit integer instructions at one a cycle (the guide's 64 an SM, 2 cycles, would make the timed FP8 kernel, 2780
+integer instructions a warp a tile, 1.5x slower than it ran). Nothing else is fitted.
 
 Approximations: both sides of a forward branch are executed (the decode loops' branches guard masked tails); a
 barrier costs its latency only (the warps of a program on the other sub-partitions run the same code, so they
@@ -31,7 +33,7 @@ latency (the byte floor of the predictors bounds bandwidth separately).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # cycles a warp instruction holds its pipe on one sub-partition
@@ -206,13 +208,13 @@ def _index_loads(seq: list[Instr]) -> set[int]:
 
 @dataclass
 class _Warp:
-    pos: int = 0
-    ready: dict[str, int] | None = None
+    pos: int = 0  # the next instruction, counted over all iterations
+    ready: dict[str, int] = field(default_factory=dict)  # register -> the cycle its value is ready
     stall: int = 0
     open_group: int = -1  # completion of the cp.async group being filled
-    groups: list[int] | None = None  # committed cp.async groups' completions, oldest first
+    groups: list[int] = field(default_factory=list)  # committed cp.async groups' completions, oldest first
     gmma: int = 0  # completion of the warpgroup MMAs issued
-    done_at: list[int] | None = None
+    done_at: list[int] = field(default_factory=list)  # the cycle each iteration's last instruction issued
 
 
 def _earliest(x: _Warp, ins: Instr, pipe_free: dict[str, int]) -> int:
@@ -250,7 +252,7 @@ def _issue(x: _Warp, ins: Instr, t: int, latency: int, pipe_free: dict[str, int]
 def _run(seq: list[Instr], lat: list[int], warps: int, iterations: int) -> int:
     """Steady-state cycles an iteration of `warps` warps on one scheduler (`simulate`)."""
     n = len(seq)
-    ws = [_Warp(ready={}, groups=[], done_at=[]) for _ in range(warps)]
+    ws = [_Warp() for _ in range(warps)]
     pipe_free: dict[str, int] = {}
     t, last, total = 0, -1, n * iterations
     while any(x.pos < total for x in ws):
