@@ -2,7 +2,8 @@
 (`attention_predict`'s cases), compiled for sm_90 under every (BLOCK_N, num_warps, num_stages) of a grid forced as
 the tuner forces a candidate (`autotune.lookup.forced_config`), each predicted by `attention_predict.decode_prediction`
 (byte floor, warp-scheduler simulation, issue count) with its registers and spills. The split count follows the
-warps (`choose_num_splits`), as a tuned table's config would.
+config (`choose_num_splits`) as a tuned table's would: the default tile fills one wave of its PROGRAMS_PER_SM, any
+other takes the two-wave rule of its warps.
 
     python bench/attention_configs.py                               # int8 int4 int2 int4-kivi int2-kivi mixed
     python bench/attention_configs.py --formats int4 --block-n 32 64 --warps 2 4 8 --out /tmp/c.json

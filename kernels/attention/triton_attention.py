@@ -91,6 +91,19 @@ LN2 = 0.6931471805599453  # lse back to natural log
 # parallelism gains (flash-decoding's rule of thumb).
 MIN_TOKENS_PER_SPLIT = 256
 DEFAULT_CONFIG = {"BLOCK_N": 64, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
+# Decode occupancy: a config's "PROGRAMS_PER_SM" P is the programs an SM holds at once (registers, shared memory),
+# and the split count then fills exactly one wave of them (`choose_num_splits`): no second wave half empty. Without
+# it the split rule aims at two waves of 4-warp programs, which at batch 16 left 6 programs an SM for 4 resident
+# (INT4 / INT2 words on 2 warps: 2 waves; predicted 0.414 / 0.475 ms against 0.309 / 0.354 in one wave of 4, sm_90,
+# batch 16, context 32k; `bench/attention_predict.py`, untimed). P per default is what the compiled tiles reach
+# (sm_90, head_dim <= 128, 16-bit queries: 4-warp tiles of 105-128 registers and up to 40 KB shared 4; 2-warp
+# tiles, up to 255 registers, 4; FP8's 144 registers on 4 warps 3; Oaken's 202 2), checked by
+# `tests/bench/test_attention_predict.py`. Not forced through Triton's `maxnreg`: a cap of 128 made ptxas spill the
+# bf16 tile (105 registers uncapped). Tuned tables may set it per config; one that changes the tile drops the
+# default's (`launch_config`).
+DECODE_PROGRAMS_PER_SM = {2: 4, 4: 4}  # by num_warps; 1- and 8-warp tiles keep the two-wave rule
+FP8_DECODE_PROGRAMS_PER_SM = 3
+OAKEN_DECODE_PROGRAMS_PER_SM = 2  # its 64 x 128 tile on 4 warps (blocks of 32 and up): 202 registers
 # Shared memory the default K/V tile pipeline may use: well under Hopper's 227 KiB and Ampere's
 # 163 KiB per block, leaving room for Q and the layout conversions of tl.dot.
 DEFAULT_SMEM_BUDGET = 96 * 1024
@@ -1095,20 +1108,28 @@ def _reduce_splits_kernel(
         tl.store(lse_ptr + t * stride_lt + h * stride_lh, (m + tl.log2(tot)) * _LN2)
 
 
-def choose_num_splits(programs: int, max_kv_len: int, sms: int | None, warps: int = 4) -> int:
+def choose_num_splits(
+    programs: int, max_kv_len: int, sms: int | None, warps: int = 4, per_sm: int | None = None
+) -> int:
     """The one split-KV heuristic: split only when `programs` (q-blocks x kv heads) leave SMs idle.
 
-    splits = min(ceil(2 * sms / programs), max_kv_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS), at least 1:
-    aim for two waves of programs, but never splits shorter than MIN_TOKENS_PER_SPLIT tokens. The rule
-    counts 4-warp programs: programs of `warps` < 4 split 4 / warps times as often (within the same caps),
-    so the SMs hold as many warps as the 4-warp plan would. Depends only on host-known sizes (no sync), so
-    a plan made once serves CUDA-graph replays. On CPU (sms None) an H100-sized 132 SMs is assumed, so
-    interpreter runs take the same path a GPU would.
+    With `per_sm` (the programs an SM holds at once: a config's "PROGRAMS_PER_SM"): one full
+    wave, splits = min(per_sm * sms // programs, cap), at least 1. Else
+    splits = min(ceil(2 * sms / programs), cap), at least 1: aim for two waves of programs. The cap,
+    max_kv_len // MIN_TOKENS_PER_SPLIT and MAX_SPLITS, keeps splits at least MIN_TOKENS_PER_SPLIT tokens long.
+    The two-wave rule counts 4-warp programs: programs of `warps` < 4 split 4 / warps times as often (within
+    the same caps), so the SMs hold as many warps as the 4-warp plan would. Depends only on host-known sizes
+    (no sync), so a plan made once serves CUDA-graph replays. On CPU (sms None) an H100-sized 132 SMs is
+    assumed, so interpreter runs take the same path a GPU would.
     """
     sms = 132 if sms is None else sms
     cap = min(max_kv_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS)
     if programs <= 0:
         return 1
+    if per_sm is not None:
+        if isinstance(per_sm, bool) or not isinstance(per_sm, int) or per_sm < 1:
+            raise ValueError(f"PROGRAMS_PER_SM must be a positive int, got {per_sm!r}")
+        return max(1, min(per_sm * sms // programs, cap))
     splits = 1 if programs >= sms else max(1, min(-(-2 * sms // programs), cap))
     if warps < 4:
         splits = max(splits, min(splits * (4 // warps), cap))
@@ -1162,6 +1183,12 @@ def default_config(
     if dp >= 256:
         cfg["num_warps"] = 8
         cfg["BLOCK_M"] = 32  # and half the query rows: Q and the accumulator stay in registers
+    # decode occupancy (DECODE_PROGRAMS_PER_SM): where the compiled tiles are known to fit it
+    per_sm = {KV_FORMAT_FP8: FP8_DECODE_PROGRAMS_PER_SM}.get(kv_format, DECODE_PROGRAMS_PER_SM.get(cfg["num_warps"]))
+    if oaken:
+        per_sm = OAKEN_DECODE_PROGRAMS_PER_SM if cfg["num_warps"] == 4 else None
+    if dp <= 128 and elem_bytes == 2 and not gathered and per_sm is not None:
+        cfg["PROGRAMS_PER_SM"] = per_sm
     return cfg
 
 
@@ -1221,8 +1248,15 @@ def launch_config(
     key = table_key(q_heads, kv_heads, head_dim, block_size)
     gpu = device_view(device).gpu_name
     op = table_op(kv_format, bits)
-    cfg = lookup_config(op, gpu, batch, key, default_config(head_dim, elem_bytes, kv_format, bits, block_size))
+    base = default_config(head_dim, elem_bytes, kv_format, bits, block_size)
+    cfg = lookup_config(op, gpu, batch, key, base)
+    if any(cfg.get(k) != base.get(k) for k in OCCUPANCY_KEYS):  # another tile: the default's occupancy is not its
+        cfg.pop("PROGRAMS_PER_SM", None)
     return cfg
+
+
+# What a default "PROGRAMS_PER_SM" was sized for: a tuned or forced config changing any of these drops it.
+OCCUPANCY_KEYS = ("BLOCK_N", "BLOCK_M", "num_warps", "num_stages", "WORDS8")
 
 
 def tree_config(cfg: dict, kv_format: int = KV_FORMAT_PLAIN) -> dict:
@@ -1244,8 +1278,9 @@ def rows_config(cfg: dict, kv_format: int, is_tree: bool, capability: tuple[int,
     always. The table's tile is kept otherwise (decode and rows launches share a format's table, bucketed by batch)."""
     fmt = kv_format
     # Decode's tile holds one head group (16 rows): a config of fewer warps (INT_WORDS_WARPS, KIVI_WORDS_WARPS)
-    # is a decode choice, and 64 query rows take at least 4.
-    cfg = {**cfg, "num_warps": max(cfg["num_warps"], 4)}
+    # is a decode choice, and 64 query rows take at least 4; so is its occupancy (a 64-row tile takes more registers).
+    cfg = {k: v for k, v in cfg.items() if k != "PROGRAMS_PER_SM"}
+    cfg["num_warps"] = max(cfg["num_warps"], 4)
     if fmt in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
         rows = ROWS_OAKEN_OFFLINE_TREE_M if is_tree and fmt == KV_FORMAT_OAKEN_OFFLINE else ROWS_OAKEN_M
         cfg = {**cfg, "BLOCK_N": min(cfg["BLOCK_N"], ROWS_OAKEN_BLOCK_N), "num_warps": max(cfg["num_warps"], 8),
@@ -1370,7 +1405,8 @@ def plan_launch(
     if num_splits is None:
         b = batch.block_tables.shape[0]
         programs = (b if batch.is_decode else -(-t // bq) + b) * hkv
-        num_splits = choose_num_splits(programs, batch.block_tables.shape[1] * bs, view.sms, cfg["num_warps"])
+        per_sm = cfg.get("PROGRAMS_PER_SM")  # (decode only: `rows_config` drops it)
+        num_splits = choose_num_splits(programs, batch.block_tables.shape[1] * bs, view.sms, cfg["num_warps"], per_sm)
     words = (
         reads_words(kv_format, bits, dim)
         or mixed_reads_words(kv_format, dim, bs, cfg["BLOCK_N"])

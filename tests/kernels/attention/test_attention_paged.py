@@ -12,6 +12,7 @@ from paged_attention_ref import make_paged_kv, reference_attention
 
 from codesign.backend import use_backend
 from codesign.kernels.attention.ops import PLAIN
+from codesign.kernels.attention.options import MAX_SPLITS
 from codesign.kernels.attention.paged import paged_decode_attention, paged_extend_attention
 from codesign.kernels.attention.triton_attention import MIN_TOKENS_PER_SPLIT, choose_num_splits
 from codesign.kernels.attention.wrappers import PagedDecodeWrapper, PagedExtendWrapper
@@ -214,6 +215,47 @@ def test_split_heuristic():
     assert choose_num_splits(128, 1024, 132, warps=2) == 1024 // MIN_TOKENS_PER_SPLIT  # within the same caps
     assert choose_num_splits(8, 10**6, 132, warps=1) == 64
     assert choose_num_splits(128, 32768, 132, warps=8) == choose_num_splits(128, 32768, 132)  # 4+: unchanged
+
+
+def test_split_fills_one_wave_of_resident_programs():
+    """With a config's PROGRAMS_PER_SM, the fullest single wave: batch 16 x 8 kv heads on 132 SMs holding 4 programs
+    each split 4 ways (512 programs), where the two-wave rule's 6 on 2 warps left a second wave half empty."""
+    assert choose_num_splits(128, 32768, 132, warps=2, per_sm=4) == 4
+    assert choose_num_splits(128, 32768, 132, warps=2) == 6
+    for programs in (1, 7, 128, 131, 300, 527):
+        for per_sm in (1, 2, 3, 4):
+            s = choose_num_splits(programs, 10**6, 132, per_sm=per_sm)
+            assert s == 1 or math.ceil(programs * s / 132) <= per_sm, (programs, per_sm, s)
+            assert s == MAX_SPLITS or math.ceil(programs * (s + 1) / 132) > per_sm, (programs, per_sm, s)
+    assert choose_num_splits(600, 32768, 132, per_sm=4) == 1  # more than a wave already
+    assert choose_num_splits(8, 1024, 132, per_sm=4) == 1024 // MIN_TOKENS_PER_SPLIT  # the caps hold
+    for bad in (0, -1, 2.0, True, "4"):
+        with pytest.raises(ValueError, match="PROGRAMS_PER_SM"):
+            choose_num_splits(128, 32768, 132, per_sm=bad)
+
+
+def test_decode_occupancy_defaults_and_who_drops_them():
+    """Default decode tiles carry the programs an SM holds (sm_90, head_dim <= 128, 16-bit queries); fp32 queries,
+    head_dim 256 and byte-gathered codes do not; extend / tree launches (64 query rows) drop it, and so does a tuned
+    or forced config that changes the tile."""
+    from codesign.autotune.lookup import forced_config
+    from codesign.kernels.attention import triton_attention as ta
+
+    per = lambda *a: ta.default_config(*a).get("PROGRAMS_PER_SM")  # noqa: E731
+    assert per(128, 2, ta.KV_FORMAT_PLAIN, 16, 32) == per(128, 2, ta.KV_FORMAT_INT, 8, 32) == 4
+    assert per(128, 2, ta.KV_FORMAT_INT, 4, 32) == per(128, 2, ta.KV_FORMAT_KIVI, 2, 32) == 4
+    assert per(128, 2, ta.KV_FORMAT_FP8, 8, 32) == 3 and per(128, 2, ta.KV_FORMAT_OAKEN, 4, 32) == 2
+    assert per(128, 4, ta.KV_FORMAT_INT, 8, 32) is None and per(256, 2, ta.KV_FORMAT_PLAIN, 16, 32) is None
+    assert per(100, 2, ta.KV_FORMAT_INT, 4, 32) is None  # 50-byte rows: codes gathered by byte
+    cfg = ta.default_config(128, 2, ta.KV_FORMAT_INT, 4, 32)
+    for tree in (False, True):
+        assert "PROGRAMS_PER_SM" not in ta.rows_config(cfg, ta.KV_FORMAT_INT, tree, (9, 0))
+    args = (32, 8, 128, 32, 16, "cpu", 2, ta.KV_FORMAT_INT, 4)
+    assert ta.launch_config(*args)["PROGRAMS_PER_SM"] == 4
+    with forced_config("paged_attention_int4", {"num_warps": 4}):
+        assert "PROGRAMS_PER_SM" not in ta.launch_config(*args)
+    with forced_config("paged_attention_int4", {"num_warps": 2}):  # the same tile: kept
+        assert ta.launch_config(*args)["PROGRAMS_PER_SM"] == 4
 
 
 def test_two_warp_decode_tiles_and_rows_launches():
