@@ -82,7 +82,8 @@ def _row(launch: Any, kernel: Any) -> dict[str, Any]:
 def collect(out: Path) -> None:
     import warnings
 
-    sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != BENCH_DIR]  # this script's folder: not the old
+    # this script's folder off the path: `lowering_report` must be the old one
+    sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != BENCH_DIR]
     import lowering_report as lr  # the old one: its bench/ is on the path (PYTHONPATH)
     import torch
 
@@ -185,12 +186,14 @@ def _link_tree(old_root: Path, into: Path) -> Path:
     return into
 
 
-def run_collect(old_root: Path, old_python: str, raw: Path) -> None:
+def run_collect(old_root: Path, old_python: str, raw: Path, script: Path | None = None) -> None:
+    """`script collect --raw raw` under the old Python, `codesign` and `bench/` the old checkout's (`script`: this
+    file, or another hindcast's that shares the plumbing)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "PYTHONPATH": f"{_link_tree(old_root, Path(tmp))}{os.pathsep}{old_root / 'bench'}",
                "HINDCAST_OLD_ROOT": str(old_root)}  # fmt: skip
         env.pop("TRITON_INTERPRET", None)
-        subprocess.run([old_python, str(Path(__file__).resolve()), "collect", "--raw", str(raw)], env=env,
+        subprocess.run([old_python, str(script or Path(__file__).resolve()), "collect", "--raw", str(raw)], env=env,
                        cwd=tmp, check=True)  # fmt: skip
 
 
@@ -212,7 +215,16 @@ def _measured() -> dict[str, float]:
 
 
 def _objects(row: dict[str, Any]) -> tuple[Any, Any]:
-    keys = ("grid", "num_warps", "num_stages", "registers", "spill_stores", "spill_loads", "shared_bytes", "constexprs")
+    keys = (
+        "grid",
+        "num_warps",
+        "num_stages",
+        "registers",
+        "spill_stores",
+        "spill_loads",
+        "shared_bytes",
+        "constexprs",
+    )
     launch = SimpleNamespace(**{k: row[k] for k in keys}, ptx_ops={})
     return launch, SimpleNamespace(asm={"sass": row["sass"]})
 
@@ -287,7 +299,11 @@ def _loop_only(kernel: Any) -> dict[str, Any]:
     from sass_model import program_report
 
     rep = program_report(kernel.asm["sass"])
-    return {"loops": [{k: lp[k] for k in ("static", "path_max", "hmma", "lds", "sts", "bar")} for lp in rep["loops"]]}
+    return {
+        "loops": [
+            {k: lp[k] for k in ("static", "path_max", "hmma", "lds", "sts", "bar")} for lp in rep["loops"]
+        ]
+    }
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -345,10 +361,14 @@ def _rank_of_best(pts: list[tuple[float, float]]) -> int | None:
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = [f"{'case':58} {'meas ms':>8} {'pred ms':>8} {'m/p':>5} {'issue':>8} {'m/i':>5} {'bound':>9} {'warps':>5}"]
+    lines = [
+        f"{'case':58} {'meas ms':>8} {'pred ms':>8} {'m/p':>5} {'issue':>8} {'m/i':>5} {'bound':>9} {'warps':>5}"
+    ]
     for r in report["rows"]:
         if "predicted_ms" not in r:
-            lines.append(f"{r['case'][:58]:58} {r.get('measured_ms') or 0:8.3f} {'-':>8}  {r.get('error', '')[:60]}")
+            lines.append(
+                f"{r['case'][:58]:58} {r.get('measured_ms') or 0:8.3f} {'-':>8}  {r.get('error', '')[:60]}"
+            )
             continue
         lines.append(f"{r['case'][:58]:58} {r.get('measured_ms') or 0:8.3f} {r['predicted_ms']:8.3f} "
                      f"{r.get('measured_over_predicted', 0):5.2f} {r['issue_model_ms']:8.3f} "
@@ -359,11 +379,17 @@ def table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap_ = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap_.add_argument("step", nargs="?", choices=["collect"], help="internal: the step run under the old Python")
+    ap_.add_argument(
+        "step", nargs="?", choices=["collect"], help="internal: the step run under the old Python"
+    )
     ap_.add_argument("--old-root", type=Path, help="a checkout of the measured commit (54daa75)")
     ap_.add_argument("--old-python", help="a Python with Triton 3.6 and this one's other packages")
-    ap_.add_argument("--raw", type=Path, help="the collected launches (JSON, .gz): written by collect with --old-root, "
-                     f"else read (default {LAUNCHES.name})")
+    ap_.add_argument(
+        "--raw",
+        type=Path,
+        help="the collected launches (JSON, .gz): written by collect with --old-root, "
+        f"else read (default {LAUNCHES.name})",
+    )
     ap_.add_argument("--out", type=Path)
     a = ap_.parse_args(argv)
     if a.step == "collect":
