@@ -21,7 +21,7 @@ one flattened loop as K steps on its shortest path, the last of each tile on its
     tensor = ceil(programs / 132) * 2 * BLOCK_M * BLOCK_N * K-range / (peak / 132)      (launches with a dot)
     floor  = the launch's unique bytes (weight codes, scales, zeros, activations or codes, output; fp32 output
              where K slices meet by atomics) / 4.18 TB/s (the measured device-to-device copy, docs/results.md)
-    latency = waves * main-loop trips * sim(main loop, warps a scheduler) + the rest at issue rate   (not wgmma)
+    latency = waves * main-loop trips * sim(main loop, warps a scheduler) + the rest at issue rate   (not TMA)
     launch = max(issue, tensor, floor, latency)
 
 Tensor-core peak: dense 989 TFLOP/s for fp16 / bf16 and 1979 TOPS for int8 / fp8 (NVIDIA H100 SXM5 datasheet,
@@ -41,8 +41,10 @@ as above). `torch._int_mm` needs M > 16: no prediction below.
 
 `latency`: the warp-scheduler simulation of `bench/sass_sched.py` (in-order warps behind a scoreboard, Hopper
 latencies and sm_90 pipe rates), held against the measured decode attention by `bench/hindcast.py` (0.69-2.04x,
-where the issue count alone was 2.4-4.6x low); not run on the TMA kernel's wgmma loop, whose asynchronous waits it
-does not follow, and not yet held against measured GEMMs. Lower bounds otherwise: the tensor-core peak, unique
+where the issue count alone was 2.4-4.6x low) and the measured GEMMs by `bench/hindcast_gemm.py` (`mma.sync`
+split-K 1.06-1.25x; the wgmma loops fed by `cp.async` 1.33-1.71x tiled, 2.2-3.3x the 8-bit scaled GEMM: a constant
+gap a K step it does not explain, docs/results.md; the issue count alone was 1.9-4.9x low there); not run on the TMA
+kernel's wgmma loop, whose mbarrier waits it does not follow. Lower bounds otherwise: the tensor-core peak, unique
 bytes (L2 reuse perfect: the tiled kernels' re-reads of weight and activation tiles, fp32 atomics'
 read-modify-writes in L2: the GEMV makes programs x BLOCK_N x M of them a call), full HBM bandwidth even when fewer
 programs than SMs stream it (the TMA and tiled grids at small M), no host work (the TMA descriptors' encoding per
@@ -229,9 +231,10 @@ ASYNC_KERNELS = ("_tma_scaled_mm_kernel",)
 def _sched(sass: str, prog: dict, pp: dict, occ: dict) -> dict[str, Any] | None:
     """The main loop through the warp-scheduler simulation (`bench/sass_sched.py`: the resident programs' warps a
     scheduler), times its trips and the waves, plus everything else at one instruction a cycle a warp: the
-    latency-aware time of a launch whose loop has too few warps to hide its loads and dots. None without a loop or
-    with wgmma (its asynchronous waits are not simulated)."""
-    if pp["main"] is None or any(o.startswith(("HGMMA", "IGMMA", "QGMMA")) for o in prog["loops"][pp["main"]]["mma"]):
+    latency-aware time of a launch whose loop has too few warps to hide its loads and dots. wgmma loops fed by
+    cp.async included (the simulation follows their copy groups and `WARPGROUP.DEPBAR` waits); None without a
+    loop (the TMA kernel's mbarrier waits are not followed: `ASYNC_KERNELS`, never passed here)."""
+    if pp["main"] is None:
         return None
     ins, labels = parse_sass(sass)
     a, b = outer_loops(ins, labels)[0][pp["main"]]

@@ -20,8 +20,7 @@ Then this Python predicts each timed call with today's `gemm_predict` as it is: 
 summed by `variant_prediction` (split-K's zeroing and copy passes, the launch gaps), beside the measured time of
 `bench/results/h200-2026-11-30-run2.json`'s `quant_gemm` rows, and the issue-count model alone beside it (each
 launch max(issue, tensor, floor): the predictor before the simulation). The bf16 `torch.matmul` baseline and the
-CuPy W4A16 rows are listed as not predicted (no Triton launch of ours). Two diagnostics, not the model: the
-scheduler simulation run on the wgmma main loops `gemm_predict._sched` skips (`wgmma_sim_whatif_ms`), and the cycles a
+CuPy W4A16 rows are listed as not predicted (no Triton launch of ours). A diagnostic, not the model: the cycles a
 main-loop iteration took on the H200 (`measured_cycles_per_iter`), to set beside the simulated ones.
 `tests/bench/test_hindcast_gemm.py` reproduces the bands the docs quote.
 """
@@ -128,17 +127,11 @@ def predict_rows(raw: dict[str, Any]) -> list[dict[str, Any]]:
         # the issue-count model: each launch max(issue, tensor, floor), the same passes and gaps
         other = sum(x["ms"] for x in p["torch_passes"]) + p["gaps_ms"]
         issue = sum(max(x["issue_ms"], x["tensor_ms"], x["floor_ms"]) for x in launches) + other
-        # diagnostic, not the model: the scheduler simulation run on the wgmma main loops it skips
-        whatif = [_wgmma_sim(raw["sass"][r["sass_id"]], x) for r, x in zip(rows, launches)]
-        sim = sum(max(x["predicted_ms"], w["ms"] if w else 0.0) for x, w in zip(launches, whatif)) + other
         r = {**base, "variant": variant, "predicted_ms": p["predicted_ms"], "issue_model_ms": issue,
-             "other_ms": other, "dominant": p["dominant"], "wgmma_sim_whatif_ms": sim if any(whatif) else None,
-             "launches": [_brief(x, w) for x, w in zip(launches, whatif)]}  # fmt: skip
+             "other_ms": other, "dominant": p["dominant"], "launches": [_brief(x) for x in launches]}  # fmt: skip
         if base["measured_ms"]:
             r["measured_over_predicted"] = base["measured_ms"] / p["predicted_ms"]
             r["measured_over_issue_model"] = base["measured_ms"] / issue
-            if any(whatif):
-                r["measured_over_wgmma_sim_whatif"] = base["measured_ms"] / sim
             r["measured_cycles_per_iter"] = _measured_cycles(base["measured_ms"] - other, launches)
         out.append(r)
     for (layer, m, kern), ms in sorted(meas.items()):
@@ -154,27 +147,6 @@ def _main(x: dict[str, Any]) -> int | None:
     return mma[-1] if mma else None
 
 
-def _wgmma_sim(sass: str, x: dict[str, Any]) -> dict[str, Any] | None:
-    """`gemm_predict._sched`'s latency time for a launch whose main loop is wgmma fed by cp.async (the simulation
-    follows its LDGSTS groups and WARPGROUP.DEPBAR waits; `_sched` skips every wgmma loop): None otherwise."""
-    from sass_model import CLOCK_HZ, outer_loops, parse_sass
-    from sass_sched import iteration, simulate
-
-    j = _main(x)
-    if (
-        x["sched"] is not None
-        or j is None
-        or not any(o.startswith(("HGMMA", "IGMMA", "QGMMA")) for o in x["mma"])
-    ):
-        return None
-    ins, labels = parse_sass(sass)
-    a, b = outer_loops(ins, labels)[0][j]
-    cycles = simulate(iteration(ins, labels, a, b), x["resident_warps_per_scheduler"])["cycles"]
-    rest = x["instructions_per_program"] - x["trips"][j] * x["sass_per_iter"]
-    ms = (x["waves"] * x["trips"][j] * cycles + x["warps_per_scheduler"] * rest) / CLOCK_HZ * 1e3
-    return {"cycles_per_iter": cycles, "ms": ms}
-
-
 def _measured_cycles(ms: float, launches: list[dict[str, Any]]) -> float | None:
     """Cycles one main-loop iteration took on the H200 (a wave's programs side by side): the measured time less the
     call's other launches (as predicted) over the GEMM launch's waves x trips; what the simulated cycles compare to."""
@@ -188,7 +160,7 @@ def _measured_cycles(ms: float, launches: list[dict[str, Any]]) -> float | None:
     return left * 1e-3 * CLOCK_HZ / (gemm["waves"] * gemm["trips"][j])
 
 
-def _brief(x: dict[str, Any], whatif: dict[str, Any] | None) -> dict[str, Any]:
+def _brief(x: dict[str, Any]) -> dict[str, Any]:
     keep = ("kernel", "grid", "num_warps", "num_stages", "registers", "spill_stores", "shared_bytes", "constexprs",
             "loops", "trips", "sass_per_iter", "mma", "programs_per_sm", "resident", "waves", "warps_per_scheduler",
             "resident_warps_per_scheduler",
@@ -198,14 +170,12 @@ def _brief(x: dict[str, Any], whatif: dict[str, Any] | None) -> dict[str, Any]:
         out["sched"] = {
             k: x["sched"][k] for k in ("warps_per_scheduler", "cycles_per_iter", "single_warp", "ms")
         }
-    if whatif:
-        out["wgmma_sim_whatif"] = whatif
     return out
 
 
 def _band(sel: list[dict[str, Any]]) -> dict[str, Any]:
     res: dict[str, Any] = {"rows": len(sel)}
-    for key in ("measured_over_predicted", "measured_over_issue_model", "measured_over_wgmma_sim_whatif"):
+    for key in ("measured_over_predicted", "measured_over_issue_model"):
         v = sorted(x[key] for x in sel if key in x)
         res[key] = {"min": v[0], "median": v[len(v) // 2], "max": v[-1]} if v else None
     return res

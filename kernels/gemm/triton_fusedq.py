@@ -119,16 +119,38 @@ def _stages(cfg: dict, rows: int, x_bytes: int) -> int:
     return max(1, min(cfg["num_stages"], SMEM_BUDGET // stage))
 
 
-def fusedq_mm(x, w, w_scale, bias, out: torch.Tensor, fp8: bool, cfg: dict, interpreted: bool) -> None:
+# SPLIT_K 0 (the GPU default): split K until the output tiles give every SM at least AUTO_SPLIT_PROGRAMS programs (of
+# 4 warps: 3 a scheduler), at most AUTO_SPLIT_MAX splits. At decode M one row tile is left, so N = K = 8192 makes 128
+# programs for 132 SMs: one warp a scheduler, the loop latency-bound (sm_90, `bench/gemm_predict.py` with its wgmma
+# loop simulated, untimed: 24.5 us int8 at M = 1, 35.4 at M = 8, against 18.1 / 19.5 over 4 splits, 1.89 / 1.75x
+# bf16). Llama-2-70B's gate_up (896 tiles) keeps one. A tuned table's SPLIT_K (1 and up) is taken as it is.
+AUTO_SPLIT_PROGRAMS = 3
+AUTO_SPLIT_MAX = 4
+
+
+def auto_split_k(tiles: int, sms: int | None) -> int:
+    """The split count SPLIT_K 0 means: ceil(AUTO_SPLIT_PROGRAMS x sms / tiles) in [1, AUTO_SPLIT_MAX]; 1 with no
+    SM count (CPU)."""
+    if not sms or tiles <= 0:
+        return 1
+    return max(1, min(AUTO_SPLIT_MAX, -(-AUTO_SPLIT_PROGRAMS * sms // tiles)))
+
+
+def fusedq_mm(
+    x, w, w_scale, bias, out: torch.Tensor, fp8: bool, cfg: dict, interpreted: bool, sms: int | None = None
+) -> None:
     """out [M, N] = quantize_per_token(x) @ W, scaled (+ bias), in one launch: x [M, K] fp16 / bf16 / fp32;
     w the native int32-packed int8 codes [K/4, N] or signed int8 codes [K, N], or float8_e4m3fn [K, N] when fp8 (8-bit
     weights in either layout, `w_strides`);
     w_scale [1, N] or [1, 1].
-    cfg["SPLIT_K"] > 1 splits K as `triton_gemm.scaled_mm` does (its docstring states the error bound)."""
+    cfg["SPLIT_K"] > 1 splits K as `triton_gemm.scaled_mm` does (its docstring states the error bound); 0 picks the
+    count from the tiles and `sms` (`auto_split_k`)."""
     m, k = x.shape
     n = w.shape[1]
-    split, k_per_split = k_split(k, cfg["BLOCK_K"], cfg["SPLIT_K"])
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split)
+    tiles = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
+    want = auto_split_k(tiles, sms) if cfg["SPLIT_K"] == 0 else cfg["SPLIT_K"]
+    split, k_per_split = k_split(k, cfg["BLOCK_K"], want)
+    grid = (tiles, split)
     dst = split_k_buffer(out, split)
     # At least 2 rows, and an element a thread (e4m3: two): on sm_90 a 1-row tile compiled to 1334 SASS
     # instructions a K step (and spilled) where 2 rows took 423 (int8, 16 x 64 x 128, 4 warps); 2 rows x 64 on 8

@@ -124,17 +124,18 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     "gemv": {"BLOCK_K": 64, "BLOCK_N": 512, "num_warps": 2},
     # The fused quantizer: 64 rows (a decode batch's, copied up), so sm_90 runs the dot on the warpgroup MMA with s8 /
     # e4m3 operands straight from shared memory (a 16-row tile takes mma.sync, which converts e4m3 to fp16 in
-    # registers). BLOCK_N 64: N / 64 programs (128 at N = 8192, about one an SM), no split (no zeroed buffer, atomics
-    # or copy); 6 stages keep 48 KB of weight in flight an SM. Predictions, untimed: `bench/gemm_predict.py`,
-    # docs/kernels.md.
+    # registers). BLOCK_N 64: N / 64 output tiles (128 at N = 8192, about one an SM), K split until the SMs hold 3
+    # programs each (SPLIT_K 0: `triton_fusedq.auto_split_k`); 4 stages keep 32 KB of weight in flight a program,
+    # ~96 KB an SM (6, the default before the split, held more shared memory a program: at M = 8 over 4 splits 29.0
+    # against 19.5 us). Predictions, untimed: `bench/gemm_predict.py`, docs/kernels.md.
     "fusedq": {
         "BLOCK_M": 64,
         "BLOCK_N": 64,
         "BLOCK_K": 128,
         "GROUP_M": 8,
-        "SPLIT_K": 1,
+        "SPLIT_K": 0,
         "num_warps": 4,
-        "num_stages": 6,
+        "num_stages": 4,
     },
     # The persistent TMA kernel (sm_90, ptxas): 128 x 128 x 128 on 8 warps (two warpgroups, wgmma), 4 stages,
     # 163,872 B of shared memory, 127 registers for int8 and 159 for e4m3, no spills; e4m3 at 128 x 256 spilled
@@ -646,7 +647,8 @@ def w8a8_mm(
     if variant == "fusedq":
         table = scaled_mm_table_op(fp8, "fusedq")
         cfg = launch_config(table, "fusedq", x.device, m, scaled_mm_table_key(n, k))
-        fusedq_mm(x, w, w_scale, bias, out, fp8, cfg, device_view(x.device).interpreted)
+        view = device_view(x.device)
+        fusedq_mm(x, w, w_scale, bias, out, fp8, cfg, view.interpreted, view.sms)
         return out
     aq = torch.empty(x.shape, dtype=torch.float8_e4m3fn if fp8 else torch.int8, device=x.device)
     a_s = torch.empty(m, dtype=torch.float32, device=x.device)

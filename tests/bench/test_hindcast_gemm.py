@@ -40,17 +40,17 @@ def test_the_split_k_gemv_is_predicted_within_its_band(report):
     assert min(_ratios(rows, "measured_over_issue_model", variant="splitk")) >= 1.63
 
 
-def test_the_wgmma_kernels_ran_2_to_5x_their_issue_count(report):
+def test_the_wgmma_kernels_ran_over_their_simulation(report):
     rows, _ = report
+    # wgmma loops fed by cp.async, simulated: tiled 1.33-1.71x, the 8-bit scaled GEMM 2.2-3.3x (a constant gap a K
+    # step the simulation does not explain); the issue count alone 1.9-4.9x low
     tiled = _ratios(rows, "measured_over_predicted", variant="tiled")
     scaled = _ratios(rows, "measured_over_predicted", variant="triton")
-    assert len(tiled) == 16 and 1.90 <= tiled[0] and tiled[-1] <= 2.83
-    assert len(scaled) == 28 and 2.82 <= scaled[0] and scaled[-1] <= 4.44
-    # the scheduler simulation run on those loops (a diagnostic, not the model) closes part of the gap only
-    tiled_sim = _ratios(rows, "measured_over_wgmma_sim_whatif", variant="tiled")
-    scaled_sim = _ratios(rows, "measured_over_wgmma_sim_whatif", variant="triton")
-    assert 1.32 <= tiled_sim[0] and tiled_sim[-1] <= 1.72
-    assert 2.20 <= scaled_sim[0] and scaled_sim[-1] <= 3.32
+    assert len(tiled) == 16 and 1.32 <= tiled[0] and tiled[-1] <= 1.72
+    assert len(scaled) == 28 and 2.19 <= scaled[0] and scaled[-1] <= 3.32
+    tiled_issue = _ratios(rows, "measured_over_issue_model", variant="tiled")
+    scaled_issue = _ratios(rows, "measured_over_issue_model", variant="triton")
+    assert 1.90 <= tiled_issue[0] and tiled_issue[-1] <= 2.83 and 2.86 <= scaled_issue[0] and scaled_issue[-1] <= 4.93
 
 
 def test_the_byte_floor_is_the_predictors(report):

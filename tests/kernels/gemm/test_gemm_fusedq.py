@@ -205,7 +205,8 @@ for (fp8, m, layout), (l, kern) in ls.items():
     assert 0 < rounds <= per_thread, (fp8, m, rounds, per_thread)
 k_major, row_major = ls[(True, 1, "k")][0], ls[(True, 1, "row")][0]
 assert k_major.ptx_ops["cp_async"] > row_major.ptx_ops["cp_async"], (k_major.ptx_ops, row_major.ptx_ops)
-assert k_major.shared_bytes >= 5 * 128 * 64 > row_major.shared_bytes, (k_major.shared_bytes, row_major.shared_bytes)
+assert k_major.shared_bytes >= (cfg["num_stages"] - 1) * 128 * 64 > row_major.shared_bytes, (
+    k_major.shared_bytes, row_major.shared_bytes)
 print("ok")
 """
     assert_runs_without_interpreter(code)
@@ -220,3 +221,29 @@ def test_stages_shrink_where_rows_of_activations_fill_shared_memory():
     stage = 64 * cfg["BLOCK_K"] * 4 + cfg["BLOCK_K"] * cfg["BLOCK_N"]
     assert 1 <= big < cfg["num_stages"] and big * stage <= fq.SMEM_BUDGET
     assert fq._stages({**cfg, "BLOCK_K": 4096}, 64, 4) == 1
+
+
+def test_split_k_0_fills_the_sms_and_sums_the_same(monkeypatch):
+    """SPLIT_K 0 (the GPU default) splits K until the SMs hold AUTO_SPLIT_PROGRAMS programs each, at most
+    AUTO_SPLIT_MAX: N = K = 8192 at decode M (128 output tiles, 132 SMs) takes 4, Llama-2-70B's gate_up (896) one;
+    none without an SM count. Through the kernel (interpreter, 132 SMs given): the grid carries the split, and the
+    output is the one-split kernel's within the split's rounding."""
+    assert fq.auto_split_k(128, 132) == 4 and fq.auto_split_k(896, 132) == 1 and fq.auto_split_k(200, 132) == 2
+    assert fq.auto_split_k(1, 132) == fq.AUTO_SPLIT_MAX and fq.auto_split_k(128, None) == 1
+    assert qt._GPU_DEFAULTS["fusedq"]["SPLIT_K"] == 0
+    grids = []
+    launch = fq._fusedq_kernel.__getitem__
+    monkeypatch.setattr(fq, "_fusedq_kernel", type("Spy", (), {
+        "__getitem__": staticmethod(lambda grid: grids.append(grid) or launch(grid))})())  # fmt: skip
+    m, n, k = 3, 64, 256
+    w, w_s, _ = _weight(False, n, k, False)
+    x = _x(m, k, torch.float32)
+    outs = []
+    for split in (0, 1):
+        out = torch.full((m, n), float("nan"))
+        with use_backend("triton"):
+            fq.fusedq_mm(x, w, w_s, None, out, False, {**CFG, "BLOCK_K": 64, "SPLIT_K": split}, True, sms=132)
+        outs.append(out)
+    assert [g[1] for g in grids] == [4, 1]  # 2 tiles of 32 columns: 4 splits (the cap), K 256 = 4 tiles of 64
+    assert not outs[0].isnan().any()
+    assert_rel_close(outs[0], outs[1].double(), BOUND[torch.float32], "SPLIT_K 0 against 1")

@@ -157,21 +157,22 @@ def test_split_k_1_is_todays_one_pass_epilogue_bit_for_bit(fp8, m, k, dtype, bia
 
 
 def test_the_interpreter_default_splits_and_the_gpu_default_is_stated():
-    """Interpreter tests that do not pin SPLIT_K run the atomic path (as the weight-only split-K does); neither GPU
-    default splits (docs/kernels.md, untimed: the fused kernel's 64-row tile has one program an SM at N = 8192 with
-    48 KB in flight, the two-launch one serves M 9-1023); tuned tables may."""
+    """Interpreter tests that do not pin SPLIT_K run the atomic path (as the weight-only split-K does); on a GPU the
+    fused kernel splits K until the SMs hold 3 programs each (SPLIT_K 0, `triton_fusedq.auto_split_k`: its 64-row tile
+    left one program an SM at N = 8192, latency-bound; docs/kernels.md, untimed), the two-launch one does not (it
+    serves M 9-1023); tuned tables may set either."""
     for kind in ("scaled_mm", "fusedq"):
         assert qt._INTERP_DEFAULTS[kind]["SPLIT_K"] == 2
-    assert qt._GPU_DEFAULTS["fusedq"]["SPLIT_K"] == 1 and qt._GPU_DEFAULTS["scaled_mm"]["SPLIT_K"] == 1
+    assert qt._GPU_DEFAULTS["fusedq"]["SPLIT_K"] == 0 and qt._GPU_DEFAULTS["scaled_mm"]["SPLIT_K"] == 1
 
 
 @pytest.mark.slow
 @pytest.mark.lowering
 def test_split_k_lowers_for_sm90_with_int8_e4m3_mmas_and_fp32_reductions():
-    """At the GPU defaults (no split), a forced split of the fused kernel, and forced splits of the two-launch kernel
-    (16-row tiles: mma.sync; 64-row: wgmma), from bf16 at decode M: no spills, the MMA on s8 codes (int8) or e4m3
-    (wgmma; a 16-row mma.sync on sm_90 takes the e4m3 tile upcast to f16, as before split-K), the partials reduced
-    by fp32 global atomics, and none without a split."""
+    """At the GPU defaults (the fused kernel split until the SMs are full), a forced split of the fused kernel, and
+    forced splits of the two-launch kernel (16-row tiles: mma.sync; 64-row: wgmma), from bf16 at decode M: no
+    spills, the MMA on s8 codes (int8) or e4m3 (wgmma; a 16-row mma.sync on sm_90 takes the e4m3 tile upcast to
+    f16, as before split-K), the partials reduced by fp32 global atomics, and none without a split."""
     from helpers import assert_runs_without_interpreter
 
     code = """
@@ -179,6 +180,7 @@ import torch
 from codesign.autotune.compile_only import compile_only
 from codesign.autotune.lookup import forced_config
 from codesign.kernels.gemm import formats as qf
+from codesign.kernels.gemm import triton_fusedq as fq
 from codesign.kernels.gemm import triton_gemm as qt
 from codesign.kernels.gemm.ops import quant_matmul
 with compile_only(90, "NVIDIA H200") as s:
@@ -198,7 +200,8 @@ assert [l.kernel for l in mm] == (["_fusedq_kernel"] * 3 + ["_scaled_mm_kernel"]
 for i, l in enumerate(mm):
     fp8, split = l.constexprs["IS_FP8"], l.constexprs["SPLIT_K"]
     assert l.error is None and l.problems() == [] and l.spill_stores == 0 and 0 < l.registers <= 128, l
-    assert l.kernel != "_fusedq_kernel" or split == (2 if i % 6 == 2 else qt._GPU_DEFAULTS["fusedq"]["SPLIT_K"]), l
+    # the defaults' SPLIT_K 0: 8 output tiles of N = 512 on 132 SMs split to the cap (`auto_split_k`)
+    assert l.kernel != "_fusedq_kernel" or split == (2 if i % 6 == 2 else fq.AUTO_SPLIT_MAX), l
     assert (l.ptx_ops["atomic_add_f32"] > 0) == (split > 1), l
     if not fp8:
         assert l.ptx_ops["mma_s8"] > 0, l.ptx_ops
