@@ -295,6 +295,32 @@ def predict_rows(raw: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+TREE_CASE = ("extend batch=16 q_len=64 prefix=4096 bf16", "tree batch=16 nodes=64 prefix=4096 bf16", 16, 64, 4096)
+
+
+def tree_rows(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """The old one-phase tree launch against the causal extend it was timed beside (64 nodes / tokens over a 4k
+    prefix, batch 16): `attention_predict.tree_prediction` on both (the scheduler simulation of their tile loops, and
+    the issue count), each launch's simulated time and the tree / extend ratio beside the measured ones."""
+    import attention_predict as ap
+
+    by = {r["label"]: r for r in raw["rows"] if r["kind"] == "attention" and "error" not in r}
+    ext_label, tree_label, batch, q_len, prefix = TREE_CASE
+    if ext_label not in by or tree_label not in by:
+        return None
+    t = ap.tree_prediction(_objects(by[ext_label]), _objects(by[tree_label]), batch, q_len, prefix)
+    measured = _measured()
+    ext_ms, tree_ms = measured.get(ext_label), measured.get(tree_label)
+    out = {"extend_measured_ms": ext_ms, "tree_measured_ms": tree_ms,
+           "extend_sched_ms": t["extend"]["sched_ms"], "tree_sched_ms": t["tree"]["sched_ms"],
+           "extend_issue_ms": t["extend"]["issue_ms"], "tree_issue_ms": t["tree"]["issue_ms"],
+           "ratio_predicted": t["tree_over_extend"], "ratio_issue_model": t["tree_over_extend_issue"]}  # fmt: skip
+    if ext_ms and tree_ms:
+        out |= {"ratio_measured": tree_ms / ext_ms, "extend_measured_over_predicted": ext_ms / out["extend_sched_ms"],
+                "tree_measured_over_predicted": tree_ms / out["tree_sched_ms"]}  # fmt: skip
+    return out
+
+
 def _loop_only(kernel: Any) -> dict[str, Any]:
     from sass_model import program_report
 
@@ -374,6 +400,7 @@ def table(report: dict[str, Any]) -> str:
                      f"{r.get('measured_over_predicted', 0):5.2f} {r['issue_model_ms']:8.3f} "
                      f"{r.get('measured_over_issue_model', 0):5.2f} {r['bound']:>9} {r['sched_warps']:5d}")  # fmt: skip
     lines.append(json.dumps(report["summary"], indent=1))
+    lines.append("tree / extend: " + json.dumps(report.get("tree"), indent=1))
     return "\n".join(lines)
 
 
@@ -408,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = predict_rows(raw)
     report = {"what": "attention_predict's model on the kernels timed on the H200 on 2026-11-30 (compile-only "
               "sm_90 of the measured commit's code under Triton 3.6), beside the times measured then",
-              "kernel_commit": raw["commit"], "rows": rows, "summary": summary(rows)}  # fmt: skip
+              "kernel_commit": raw["commit"], "rows": rows, "summary": summary(rows),
+              "tree": tree_rows(raw)}  # fmt: skip
     print(table(report))
     if a.out:
         a.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -900,10 +900,17 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             else:
                 lo = s_lo
                 hi = s_hi
+            # Each tile's block ids are loaded one tile ahead (loop-carried): the codes' addresses hang on them, and
+            # loaded in the tile that uses them each was an L2 round trip on its critical path (sm_90 tree prefix
+            # loop: 8 such loads, each waited on by the next instruction, ~2000 of its 5589 simulated cycles a tile).
+            j_next = lo + tl.arange(0, BLOCK_N)
+            blk_next = tl.load(bt_row + j_next // BLOCK_SIZE, mask=j_next < s_hi, other=0)
             for start in range(lo, hi, BLOCK_N):
                 j = start + tl.arange(0, BLOCK_N)
                 j_ok = j < s_hi
-                blk = tl.load(bt_row + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
+                blk = blk_next.to(tl.int64)
+                j_next = j + BLOCK_N
+                blk_next = tl.load(bt_row + j_next // BLOCK_SIZE, mask=j_next < s_hi, other=0)
                 if MIXED_SPAN:
                     blk0 = 0  # (each block's id from `_span_rows` below)
                 elif KV_FORMAT == _KIVI or KV_FORMAT == _MIXED:  # the tile's first block: KIVI key meta, mixed widths
@@ -1249,13 +1256,15 @@ def launch_config(
     gpu = device_view(device).gpu_name
     op = table_op(kv_format, bits)
     base = default_config(head_dim, elem_bytes, kv_format, bits, block_size)
-    cfg = lookup_config(op, gpu, batch, key, base)
-    if any(cfg.get(k) != base.get(k) for k in OCCUPANCY_KEYS):  # another tile: the default's occupancy is not its
-        cfg.pop("PROGRAMS_PER_SM", None)
+    per_sm = base.pop("PROGRAMS_PER_SM", None)
+    cfg = lookup_config(op, gpu, batch, key, base)  # (its PROGRAMS_PER_SM, if any, the table's or forced)
+    if per_sm is not None and "PROGRAMS_PER_SM" not in cfg and all(cfg.get(k) == base.get(k) for k in OCCUPANCY_KEYS):
+        cfg["PROGRAMS_PER_SM"] = per_sm  # the default's occupancy, for the default's tile only
     return cfg
 
 
-# What a default "PROGRAMS_PER_SM" was sized for: a tuned or forced config changing any of these drops it.
+# What a default "PROGRAMS_PER_SM" was sized for: a tuned or forced config changing any of these does not inherit it
+# (one that sets its own keeps that).
 OCCUPANCY_KEYS = ("BLOCK_N", "BLOCK_M", "num_warps", "num_stages", "WORDS8")
 
 

@@ -144,11 +144,12 @@ def fusedq_mm(
     weights in either layout, `w_strides`);
     w_scale [1, N] or [1, 1].
     cfg["SPLIT_K"] > 1 splits K as `triton_gemm.scaled_mm` does (its docstring states the error bound); 0 picks the
-    count from the tiles and `sms` (`auto_split_k`)."""
+    count from the tiles and `sms` (`auto_split_k`) where x has one row tile, else 1."""
     m, k = x.shape
     n = w.shape[1]
     tiles = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
-    want = auto_split_k(tiles, sms) if cfg["SPLIT_K"] == 0 else cfg["SPLIT_K"]
+    # SPLIT_K 0: split at decode M (one row tile) only; forced over more rows, fp32 activations spilled 4 B (sm_90)
+    want = cfg["SPLIT_K"] or (auto_split_k(tiles, sms) if m <= cfg["BLOCK_M"] else 1)
     split, k_per_split = k_split(k, cfg["BLOCK_K"], want)
     grid = (tiles, split)
     dst = split_k_buffer(out, split)

@@ -39,3 +39,15 @@ def test_the_committed_report_is_what_the_predictor_computes(report):
     _, _, summary = report
     committed = json.loads((BENCH / "results" / "hindcast_sm90.json").read_text())["summary"]
     assert json.dumps(summary, sort_keys=True) == json.dumps(committed, sort_keys=True)
+
+
+def test_the_tree_over_extend_ratio_is_predicted(report):
+    """The old one-phase tree (64 nodes over 4k, batch 16) ran 3.32x the causal extend beside it; simulated, 3.51x
+    (each launch 1.29 / 1.36x below its measured time); the issue count said 2.89x. The committed numbers are these."""
+    hc, _, _ = report
+    t = hc.tree_rows(hc.load_launches())
+    assert t["ratio_measured"] == pytest.approx(3.32, abs=0.01)
+    assert 3.3 <= t["ratio_predicted"] <= 3.7 and t["ratio_issue_model"] < 3.0
+    assert 1.2 <= t["tree_measured_over_predicted"] <= 1.45 and 1.2 <= t["extend_measured_over_predicted"] <= 1.45
+    committed = json.loads((BENCH / "results" / "hindcast_sm90.json").read_text())["tree"]
+    assert json.dumps(t, sort_keys=True) == json.dumps(committed, sort_keys=True)

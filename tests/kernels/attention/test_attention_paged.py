@@ -236,8 +236,8 @@ def test_split_fills_one_wave_of_resident_programs():
 
 def test_decode_occupancy_defaults_and_who_drops_them():
     """Default decode tiles carry the programs an SM holds (sm_90, head_dim <= 128, 16-bit queries); fp32 queries,
-    head_dim 256 and byte-gathered codes do not; extend / tree launches (64 query rows) drop it, and so does a tuned
-    or forced config that changes the tile."""
+    head_dim 256 and byte-gathered codes do not; extend / tree launches (64 query rows) drop it; a tuned or forced
+    config that changes the tile does not inherit it, one that sets its own keeps it."""
     from codesign.autotune.lookup import forced_config
     from codesign.kernels.attention import triton_attention as ta
 
@@ -256,6 +256,8 @@ def test_decode_occupancy_defaults_and_who_drops_them():
         assert "PROGRAMS_PER_SM" not in ta.launch_config(*args)
     with forced_config("paged_attention_int4", {"num_warps": 2}):  # the same tile: kept
         assert ta.launch_config(*args)["PROGRAMS_PER_SM"] == 4
+    with forced_config("paged_attention_int4", {"num_warps": 4, "PROGRAMS_PER_SM": 3}):  # its own: taken
+        assert ta.launch_config(*args)["PROGRAMS_PER_SM"] == 3
 
 
 def test_two_warp_decode_tiles_and_rows_launches():
