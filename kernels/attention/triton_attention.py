@@ -766,7 +766,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
     BITS: tl.constexpr = 16, KIVI_G: tl.constexpr = 1, KIVI_GV: tl.constexpr = 1, KIVI_R: tl.constexpr = 0,
     OAKEN_CAP: tl.constexpr = 0, WORDS: tl.constexpr = False, HW_FP8: tl.constexpr = False,
     OAKEN_NBT: tl.constexpr = 1, F16_MMA: tl.constexpr = False, OAKEN_GP: tl.constexpr = 1,
-    INTERPRETED: tl.constexpr = False, META32: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False, META32: tl.constexpr = False, BT_AHEAD: tl.constexpr = True,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -900,17 +900,22 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             else:
                 lo = s_lo
                 hi = s_hi
-            # Each tile's block ids are loaded one tile ahead (loop-carried): the codes' addresses hang on them, and
-            # loaded in the tile that uses them each was an L2 round trip on its critical path (sm_90 tree prefix
-            # loop: 8 such loads, each waited on by the next instruction, ~2000 of its 5589 simulated cycles a tile).
-            j_next = lo + tl.arange(0, BLOCK_N)
-            blk_next = tl.load(bt_row + j_next // BLOCK_SIZE, mask=j_next < s_hi, other=0)
+            # BT_AHEAD: each tile's block ids are loaded one tile ahead (loop-carried): the codes' addresses hang on
+            # them, and loaded in the tile that uses them each was an L2 round trip on its critical path (sm_90 tree
+            # prefix loop: 8 such loads, each waited on by the next instruction, ~2000 of its 5589 simulated cycles a
+            # tile). Not below sm_90: the FP8 tree tile on mma.sync (sm_80, 255 registers) spilled 8 B.
+            if BT_AHEAD:
+                j_next = lo + tl.arange(0, BLOCK_N)
+                blk_next = tl.load(bt_row + j_next // BLOCK_SIZE, mask=j_next < s_hi, other=0)
             for start in range(lo, hi, BLOCK_N):
                 j = start + tl.arange(0, BLOCK_N)
                 j_ok = j < s_hi
-                blk = blk_next.to(tl.int64)
-                j_next = j + BLOCK_N
-                blk_next = tl.load(bt_row + j_next // BLOCK_SIZE, mask=j_next < s_hi, other=0)
+                if BT_AHEAD:
+                    blk = blk_next.to(tl.int64)
+                    j_next = j + BLOCK_N
+                    blk_next = tl.load(bt_row + j_next // BLOCK_SIZE, mask=j_next < s_hi, other=0)
+                else:
+                    blk = tl.load(bt_row + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
                 if MIXED_SPAN:
                     blk0 = 0  # (each block's id from `_span_rows` below)
                 elif KV_FORMAT == _KIVI or KV_FORMAT == _MIXED:  # the tile's first block: KIVI key meta, mixed widths
@@ -1481,6 +1486,13 @@ def _oaken_capacity(kv: KernelKV, head_dim: int) -> int:
     return cap
 
 
+def _bt_ahead(device) -> bool:
+    """Whether the kernel loads block ids a tile ahead (`BT_AHEAD`): on sm_90 and up, and in the interpreter (so CPU
+    tests run that path); not on mma.sync GPUs, where the FP8 tree tile spilled with it."""
+    cap = device_view(device).capability
+    return cap is None or cap >= (9, 0)
+
+
 def paged_attention_triton(
     q: torch.Tensor,
     kv: KernelKV,
@@ -1540,7 +1552,7 @@ def paged_attention_triton(
         HW_FP8=p.hw_fp8, OAKEN_GP=triton.next_power_of_2(hq // hkv),
         F16_MMA=kv.kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", INTERPRETED=device_view(q.device).interpreted,
-        META32=meta32,
+        META32=meta32, BT_AHEAD=_bt_ahead(q.device),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if s > 1:
