@@ -87,7 +87,8 @@ def sweep(
 def _row(p: dict[str, Any]) -> dict[str, Any]:
     keep = ("BLOCK_N", "num_warps", "num_stages", "NUM_SPLITS", "registers", "spill_stores", "resident",
             "sched_warps", "sass_per_tile", "issue_ms", "sched_ms", "floor_ms", "predicted_ms", "bound")  # fmt: skip
-    return {k: p[k] for k in keep} | {"floor_pct": 100 * p["floor_ms"] / p["predicted_ms"]}
+    return {k: p[k] for k in keep} | {"floor_pct": 100 * p["floor_ms"] / p["predicted_ms"],
+                                      "mio_by_op": p["sched"]["mio_by_op"]}  # fmt: skip
 
 
 def table(report: dict[str, Any]) -> str:

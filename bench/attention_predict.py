@@ -198,7 +198,8 @@ def decode_prediction(
     sched_ms = max(sched_ms, issue_ms)
     return {**_resources(launch), "tiles_per_program": tiles, "ring_tiles": ring, "loop": loop, **occ,
             "sass_per_tile": loop["path_max"], "warp_instr_per_kv_byte": per_byte,
-            "sched": {k: sim[k] for k in ("cycles", "single_warp", "issue", "nearest_bound")}, "sched_warps": wps,
+            "sched": {k: sim[k] for k in ("cycles", "single_warp", "issue", "nearest_bound", "mio_by_op")},
+            "sched_warps": wps,
             "issue_ms": issue_ms, "sched_ms": sched_ms, "floor_ms": floor_ms, "merge_ms": merge,
             "bound": "memory" if floor_ms >= sched_ms else sim["nearest_bound"],
             "predicted_ms": max(sched_ms, floor_ms) + merge}  # fmt: skip

@@ -43,6 +43,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -332,6 +333,15 @@ def _loop_only(kernel: Any) -> dict[str, Any]:
     }
 
 
+def band(sel: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rows, and min / median / max of measured / predicted for both models (the predictor, the issue count alone)."""
+    res: dict[str, Any] = {"rows": len(sel)}
+    for key in ("measured_over_predicted", "measured_over_issue_model"):
+        v = sorted(x[key] for x in sel if key in x)
+        res[key] = {"min": v[0], "median": v[len(v) // 2], "max": v[-1]} if v else None
+    return res
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Measured / predicted of both models (the scheduler simulation's predictor, and the issue count alone) over the
     rows with a measured time, per format family and over the set; and per tuned op whether the predictor orders its
@@ -339,14 +349,6 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     loop's count) are listed apart, not in the set's band."""
     timed = [x for x in rows if x.get("measured_ms") and "predicted_ms" in x]
     out: dict[str, Any] = {}
-
-    def band(sel: list[dict[str, Any]]) -> dict[str, Any]:
-        res = {"rows": len(sel)}
-        for key in ("measured_over_predicted", "measured_over_issue_model"):
-            v = sorted(x[key] for x in sel)
-            res[key] = {"min": v[0], "median": v[len(v) // 2], "max": v[-1]} if v else None
-        return res
-
     apart = [x for x in timed if "kivi" in x["format"] or "oaken" in x["format"]]
     kept = [x for x in timed if x not in apart]
     out["all_but_old_kivi_oaken"] = band(kept)
@@ -404,44 +406,50 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap_ = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap_.add_argument(
-        "step", nargs="?", choices=["collect"], help="internal: the step run under the old Python"
-    )
+def cli(argv: list[str] | None, name: str, doc: str, launches: Path, collect_fn: Callable[[Path], None],
+        report_fn: Callable[[dict[str, Any]], dict[str, Any]], table_fn: Callable[[dict[str, Any]], str],
+        script: Path) -> int:  # fmt: skip
+    """A hindcast's command line (this one's and `hindcast_gemm`'s): `collect` under the old Python, or recollect
+    with --old-root (`run_collect` of `script`), then the report from the launches (`report_fn`), printed and
+    written with --out."""
+    ap_ = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap_.add_argument("step", nargs="?", choices=["collect"], help="internal: the step run under the old Python")
     ap_.add_argument("--old-root", type=Path, help="a checkout of the measured commit (54daa75)")
     ap_.add_argument("--old-python", help="a Python with Triton 3.6 and this one's other packages")
-    ap_.add_argument(
-        "--raw",
-        type=Path,
-        help="the collected launches (JSON, .gz): written by collect with --old-root, "
-        f"else read (default {LAUNCHES.name})",
-    )
+    ap_.add_argument("--raw", type=Path, help="the collected launches (JSON, .gz): written by collect with --old-root, "
+                     f"else read (default {launches.name})")  # fmt: skip
     ap_.add_argument("--out", type=Path)
     a = ap_.parse_args(argv)
     if a.step == "collect":
-        collect(a.raw)
+        collect_fn(a.raw)
         return 0
     sys.path.insert(0, str(BENCH_DIR))
-    raw_path = a.raw or LAUNCHES
+    raw_path = a.raw or launches
     if a.old_root:
         if not a.old_python:
             ap_.error("--old-root needs --old-python")
         if os.environ.get("TRITON_INTERPRET", "0") == "1":
-            print("hindcast: unset TRITON_INTERPRET (kernels must compile)", file=sys.stderr)
+            print(f"{name}: unset TRITON_INTERPRET (kernels must compile)", file=sys.stderr)
             return 2
-        run_collect(a.old_root.resolve(), a.old_python, raw_path)
-    raw = load_launches(raw_path)
-    rows = predict_rows(raw)
-    report = {"what": "attention_predict's model on the kernels timed on the H200 on 2026-11-30 (compile-only "
-              "sm_90 of the measured commit's code under Triton 3.6), beside the times measured then",
-              "kernel_commit": raw["commit"], "rows": rows, "summary": summary(rows),
-              "tree": tree_rows(raw)}  # fmt: skip
-    print(table(report))
+        run_collect(a.old_root.resolve(), a.old_python, raw_path, script=script)
+    report = report_fn(load_launches(raw_path))
+    print(table_fn(report))
     if a.out:
         a.out.write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {a.out}")
     return 0
+
+
+def report(raw: dict[str, Any]) -> dict[str, Any]:
+    rows = predict_rows(raw)
+    return {"what": "attention_predict's model on the kernels timed on the H200 on 2026-11-30 (compile-only "
+            "sm_90 of the measured commit's code under Triton 3.6), beside the times measured then",
+            "kernel_commit": raw["commit"], "rows": rows, "summary": summary(rows),
+            "tree": tree_rows(raw)}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli(argv, "hindcast", __doc__, LAUNCHES, collect, report, table, Path(__file__).resolve())
 
 
 if __name__ == "__main__":

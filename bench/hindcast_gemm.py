@@ -27,10 +27,8 @@ main-loop iteration took on the H200 (`measured_cycles_per_iter`), to set beside
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -173,24 +171,16 @@ def _brief(x: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _band(sel: list[dict[str, Any]]) -> dict[str, Any]:
-    res: dict[str, Any] = {"rows": len(sel)}
-    for key in ("measured_over_predicted", "measured_over_issue_model"):
-        v = sorted(x[key] for x in sel if key in x)
-        res[key] = {"min": v[0], "median": v[len(v) // 2], "max": v[-1]} if v else None
-    return res
-
-
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Measured / predicted of both models per kernel (op), per op and variant, per dominant bound, and overall."""
     timed = [x for x in rows if x.get("measured_ms") and "predicted_ms" in x]
-    out: dict[str, Any] = {"all": _band(timed)}
+    out: dict[str, Any] = {"all": hc.band(timed)}
     for op in sorted({x["op"] for x in timed}):
-        out[f"op {op}"] = _band([x for x in timed if x["op"] == op])
+        out[f"op {op}"] = hc.band([x for x in timed if x["op"] == op])
         for v in sorted({x["variant"] for x in timed if x["op"] == op}):
-            out[f"op {op} {v}"] = _band([x for x in timed if x["op"] == op and x["variant"] == v])
+            out[f"op {op} {v}"] = hc.band([x for x in timed if x["op"] == op and x["variant"] == v])
     for b in sorted({x["dominant"] for x in timed}):
-        out[f"dominant {b}"] = _band([x for x in timed if x["dominant"] == b])
+        out[f"dominant {b}"] = hc.band([x for x in timed if x["dominant"] == b])
     out["not_predicted"] = {r["op"]: sum(1 for x in rows if x["op"] == r["op"] and "not_predicted" in x)
                             for r in rows if "not_predicted" in r}  # fmt: skip
     return out
@@ -212,38 +202,15 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap_ = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap_.add_argument(
-        "step", nargs="?", choices=["collect"], help="internal: the step run under the old Python"
-    )
-    ap_.add_argument("--old-root", type=Path, help="a checkout of the measured commit (54daa75)")
-    ap_.add_argument("--old-python", help="a Python with Triton 3.6 and this one's other packages")
-    ap_.add_argument("--raw", type=Path, help="the collected launches (JSON, .gz): written by collect with --old-root, "
-                     f"else read (default {LAUNCHES.name})")  # fmt: skip
-    ap_.add_argument("--out", type=Path)
-    a = ap_.parse_args(argv)
-    if a.step == "collect":
-        collect(a.raw)
-        return 0
-    raw_path = a.raw or LAUNCHES
-    if a.old_root:
-        if not a.old_python:
-            ap_.error("--old-root needs --old-python")
-        if os.environ.get("TRITON_INTERPRET", "0") == "1":
-            print("hindcast_gemm: unset TRITON_INTERPRET (kernels must compile)", file=sys.stderr)
-            return 2
-        hc.run_collect(a.old_root.resolve(), a.old_python, raw_path, script=Path(__file__).resolve())
-    raw = hc.load_launches(raw_path)
+def report(raw: dict[str, Any]) -> dict[str, Any]:
     rows = predict_rows(raw)
-    report = {"what": "gemm_predict's model on the quantized GEMMs timed on the H200 on 2026-11-30 (compile-only "
-              "sm_90 of the measured commit's code under Triton 3.6), beside the times measured then",
-              "kernel_commit": raw["commit"], "rows": rows, "summary": summary(rows)}  # fmt: skip
-    print(table(report))
-    if a.out:
-        a.out.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {a.out}")
-    return 0
+    return {"what": "gemm_predict's model on the quantized GEMMs timed on the H200 on 2026-11-30 (compile-only "
+            "sm_90 of the measured commit's code under Triton 3.6), beside the times measured then",
+            "kernel_commit": raw["commit"], "rows": rows, "summary": summary(rows)}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    return hc.cli(argv, "hindcast_gemm", __doc__, LAUNCHES, collect, report, table, Path(__file__).resolve())
 
 
 if __name__ == "__main__":

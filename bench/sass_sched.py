@@ -285,14 +285,18 @@ def simulate(lines: list[str], warps: int, iterations: int = 6) -> dict[str, Any
     """Cycles per iteration of `lines` (one loop iteration) with `warps` warps on one sub-partition in steady state:
     the mean of the iterations after the first two (register state and `cp.async` groups carried from one to the
     next: a two-stage copy pipeline fills in two), the slowest warp's. Also the single-warp time, the issue count
-    (warps x instructions) and each pipe's occupancy, for the bound they name."""
+    (warps x instructions), each pipe's occupancy, for the bound they name, and one warp's shared-memory / L1 pipe
+    cycles by opcode (`mio_by_op`: where shared-memory traffic goes)."""
     seq = [decode(t) for t in lines]
     index = _index_loads(seq)
     lat = [LATENCY["l2"] if i in index else x.latency for i, x in enumerate(seq)]
     pipes: dict[str, int] = {}
+    mio: dict[str, int] = {}  # a warp's shared-memory / L1 pipe cycles an iteration, by opcode
     for x in seq:
         if x.pipe != "none":
             pipes[x.pipe] = pipes.get(x.pipe, 0) + x.pipe_cycles
+        if x.pipe == "mio":
+            mio[x.op] = mio.get(x.op, 0) + x.pipe_cycles
     cycles = _run(seq, lat, warps, iterations)
     single = _run(seq, lat, 1, iterations) if warps > 1 else cycles
     issue = warps * len(seq)
@@ -300,4 +304,5 @@ def simulate(lines: list[str], warps: int, iterations: int = 6) -> dict[str, Any
     bound = max([("latency", single), ("issue", issue)] + [(f"pipe:{p}", c) for p, c in pipe_bound.items()],
                 key=lambda kv: kv[1])[0]  # fmt: skip
     return {"cycles": cycles, "single_warp": single, "issue": issue, "pipes": pipe_bound, "nearest_bound": bound,
-            "instructions": len(seq), "index_loads": len(index)}  # fmt: skip
+            "instructions": len(seq), "index_loads": len(index),
+            "mio_by_op": dict(sorted(mio.items(), key=lambda kv: -kv[1]))}  # fmt: skip

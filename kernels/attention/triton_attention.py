@@ -98,9 +98,9 @@ DEFAULT_CONFIG = {"BLOCK_N": 64, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
 # batch 16, context 32k; `bench/attention_predict.py`, untimed). P per default is what the compiled tiles reach
 # (sm_90, head_dim <= 128, 16-bit queries: 4-warp tiles of 105-128 registers and up to 40 KB shared 4; 2-warp
 # tiles, up to 255 registers, 4; FP8's 144 registers on 4 warps 3; Oaken's 202 2), checked by
-# `tests/bench/test_attention_predict.py`. Not forced through Triton's `maxnreg`: a cap of 128 made ptxas spill the
-# bf16 tile (105 registers uncapped). Tuned tables may set it per config; one that changes the tile drops the
-# default's (`launch_config`).
+# `tests/bench/test_attention_predict.py`. Not forced through Triton's `maxnreg`: a cap of 128, tried once, made
+# ptxas spill the bf16 tile (105 registers uncapped). Tuned tables may set it per config; a config with another tile
+# does not inherit the default's (`launch_config`).
 DECODE_PROGRAMS_PER_SM = {2: 4, 4: 4}  # by num_warps; 1- and 8-warp tiles keep the two-wave rule
 FP8_DECODE_PROGRAMS_PER_SM = 3
 OAKEN_DECODE_PROGRAMS_PER_SM = 2  # its 64 x 128 tile on 4 warps (blocks of 32 and up): 202 registers

@@ -126,8 +126,9 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # e4m3 operands straight from shared memory (a 16-row tile takes mma.sync, which converts e4m3 to fp16 in
     # registers). BLOCK_N 64: N / 64 output tiles (128 at N = 8192, about one an SM), K split until the SMs hold 3
     # programs each (SPLIT_K 0: `triton_fusedq.auto_split_k`); 4 stages keep 32 KB of weight in flight a program,
-    # ~96 KB an SM (6, the default before the split, held more shared memory a program: at M = 8 over 4 splits 29.0
-    # against 19.5 us). Predictions, untimed: `bench/gemm_predict.py`, docs/kernels.md.
+    # ~96 KB an SM (6, the default before the split, held more shared memory a program, fewer resident: slower at
+    # M = 8 by the same predictor with the config forced). Predictions, untimed: `bench/gemm_predict.py`,
+    # docs/kernels.md.
     "fusedq": {
         "BLOCK_M": 64,
         "BLOCK_N": 64,

@@ -63,6 +63,15 @@ def test_independent_work_is_issue_bound_and_conversions_pipe_bound(sched):
     assert r["cycles"] == pytest.approx(2 * 20 * 8, abs=4) and r["nearest_bound"] == "pipe:xu"
 
 
+def test_shared_memory_traffic_is_counted_by_opcode_and_bounds_the_loop(sched):
+    """A warp's MIO cycles an iteration, by opcode: 128 B a clock an SM, a quarter to a sub-partition, so a 16-byte
+    store a thread (512 B) takes 16 and an ldmatrix x4 16, a shuffle 4; with 4 warps the pipe bounds the loop."""
+    body = ["STS.128 [R2], R4 ;"] * 4 + ["LDSM.16.M88.4 R8, [R3] ;"] * 2 + ["SHFL.BFLY PT, R12, R13, 0x1, 0x1f ;"]
+    r = sched.simulate(_loop(body), 4)
+    assert r["mio_by_op"] == {"STS.128": 64, "LDSM.16.M88.4": 32, "SHFL.BFLY": 4}
+    assert r["nearest_bound"] == "pipe:mio" and r["cycles"] == pytest.approx(4 * 100, abs=8)
+
+
 def test_block_table_load_is_an_l2_hit_and_the_codes_a_dram_access(sched):
     body = _loop([
         "LDG.E R4, desc[UR4][R2.64] ;",           # the block-table entry
