@@ -77,6 +77,7 @@ from codesign.kernels.triton_codes import (
     unpack_words,
     words_f16,
 )
+from codesign.kernels.triton_planes import word_planes
 
 OP = "paged_attention"
 # Formats whose codes meet fp16 / bf16 queries in fp16 products (F16_MMA): codes become fp16 by bit patterns
@@ -101,7 +102,7 @@ DEFAULT_CONFIG = {"BLOCK_N": 64, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
 # `tests/bench/test_attention_predict.py`. Not forced through Triton's `maxnreg`: a cap of 128, tried once, made
 # ptxas spill the bf16 tile (105 registers uncapped). Tuned tables may set it per config; a config with another tile
 # does not inherit the default's (`launch_config`).
-DECODE_PROGRAMS_PER_SM = {2: 4, 4: 4}  # by num_warps; 1- and 8-warp tiles keep the two-wave rule
+DECODE_PROGRAMS_PER_SM = {2: 4, 4: 4}  # by num_warps (one warp: PLANES_DECODE_PROGRAMS_PER_SM); 8 the two-wave rule
 FP8_DECODE_PROGRAMS_PER_SM = 3
 OAKEN_DECODE_PROGRAMS_PER_SM = 2  # its 64 x 128 tile on 4 warps (blocks of 32 and up): 202 registers
 # Shared memory the default K/V tile pipeline may use: well under Hopper's 227 KiB and Ampere's
@@ -116,14 +117,23 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 # context 32k) ran 0.83 ms against 1.08 on 8 warps, 1.61 at 16 x 128 (tuning-pass timings,
 # `bench/results/h200-2026-11-30-run2`).
 SUBBYTE_TILE_ELEMS = 16 * 128
-# Per-token INT4 / INT2 read as words (16-bit queries) decode 64 x 128 tiles on INT_WORDS_WARPS (with 4 / warps times
-# the splits, `choose_num_splits`). By the warp-scheduler simulation that predicts the kernels the H200 timed within
-# 0.69-2.04x (`bench/attention_configs.py`, sm_90, bf16, untimed) the loop is latency-bound and the best tile depends
+# Per-token INT2 (and INT4 off head_dim 128) read as words (16-bit queries) decode 64 x 128 tiles on INT_WORDS_WARPS
+# (with 4 / warps times the splits, `choose_num_splits`). By the warp-scheduler simulation that predicts the kernels
+# the H200 timed within 0.69-2.04x (`bench/attention_configs.py`, sm_90, bf16, untimed) the loop is latency-bound and
+# the best tile depends
 # on the batch: at batch 16, context 32k, 32 x 128 on 2 warps (138 / 167 registers, INT4 / INT2: 3 warps a
 # scheduler) is predicted 0.327 / 0.321 ms against this 0.414 / 0.475 (222 / 254 registers, 2 a scheduler); at batch
 # 64 it is predicted twice as slow as this (2.35 / 1.95 ms against 1.22 / 1.41: shared-memory traffic-bound at 4 warps
 # a scheduler). Kept until a GPU's tables decide per batch.
 INT_WORDS_WARPS = 2
+# Per-token INT4 at head_dim 128 (16-bit queries) decodes code planes (`reads_planes`) on one warp a program, 32 x 128,
+# PLANES_DECODE_PROGRAMS_PER_SM an SM: each plane dot's output is [16, 16], which more warps would compute once each
+# (Triton cannot split 2 column tiles over 4 warps). By the scheduler simulation (sm_90, bf16, batch 16, context 32k,
+# `bench/attention_configs.py`, untimed) 0.173 ms, 79 % of its byte floor's speed, against the joined tile's 0.309
+# on 2 warps; 64 x 128 on one warp spills (255 registers), and planes on the 2-warp 64 x 128 tile 0.277. INT8 keeps
+# its 4-warp tile, planes included (0.346 -> 0.268 ms, at its byte floor).
+PLANES_DECODE_TILE = {"BLOCK_N": 32, "num_warps": 1}
+PLANES_DECODE_PROGRAMS_PER_SM = 10  # its 200 registers: 10 one-warp programs an SM
 # Mixed chunks read as words at most this wide, on 4 warps: a tile inside one block, or of two whole blocks where two
 # fill it (each read at its own width, `_mixed_span_codes`). sm_90, bf16, head_dim 128, batch 16, context 32k
 # (`bench/attention_predict.py`): blocks of 32, 64 x 128 over two blocks takes 128 registers and 682-705 SASS a tile
@@ -694,13 +704,14 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
                     BITS: tl.constexpr, bits_ptr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
                     DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, blk0, INTERPRETED: tl.constexpr,
                     META32: tl.constexpr, kvh=0, IS_KEY: tl.constexpr = True, SPAN: tl.constexpr = False,
-                    span=None):  # fmt: skip
+                    span=None, PLANES: tl.constexpr = False):  # fmt: skip
     """Per-token formats (INT, MIXED, Oaken's dense part): the raw codes of one [BLOCK_N, DIM_PAD] tile as `out_ty`
     (fp16 through `codes_f16`, or fp32; exact either way) and the rows' fp32 (scale, zero), for the factored products
     q . k_j = sc_j (q . c_j) + zr_j sum(q) and sum_j p_j v_j = (p * sc) @ c + sum_j p_j zr_j. The scale and
     zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element. crow, mrow: the rows'
     pointers into the codes and the (scale, zero) pairs (`_tile_rows`); kvh, IS_KEY: Oaken offline's grid. SPAN: a
-    mixed tile of two whole blocks, crow the first's rows, span the rest (`_mixed_span_codes`: two code tiles)."""
+    mixed tile of two whole blocks, crow the first's rows, span the rest (`_mixed_span_codes`: two code tiles).
+    PLANES: per-token INT4 / INT8 words as a tuple of code planes (`word_planes`), each [BLOCK_N, DIM_PAD / P]."""
     base = crow[:, None]
     INT_CODES: tl.constexpr = KV_FORMAT == _INT or KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE
     PAIRS: tl.constexpr = INT_CODES and WORDS and out_ty == tl.float16
@@ -708,7 +719,10 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
         PERW: tl.constexpr = 32 // BITS
         w = tl.arange(0, DIM_PAD // PERW)
         words = tl.load(base + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
-        code = tl.reshape(words_f16(words, BITS), (BLOCK_N, DIM_PAD))
+        if PLANES:
+            code = word_planes(words, BITS, INTERPRETED)
+        else:
+            code = tl.reshape(words_f16(words, BITS), (BLOCK_N, DIM_PAD))
     elif INT_CODES:
         code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
     elif SPAN:  # mixed, a tile of two whole blocks (span: the second block's rows and id, start, s_hi, d_ok)
@@ -733,7 +747,7 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
     else:
         sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
         zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
-    if SPAN:  # (`_mixed_span_codes`: the two halves' tiles)
+    if SPAN or PLANES:  # (`_mixed_span_codes`: the two halves' tiles; the planes, a tuple)
         x = code
     elif PAIRS or (KV_FORMAT == _MIXED and WORDS and out_ty == tl.float16):
         x = opaque_f16(code, INTERPRETED)
@@ -767,6 +781,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
     OAKEN_CAP: tl.constexpr = 0, WORDS: tl.constexpr = False, HW_FP8: tl.constexpr = False,
     OAKEN_NBT: tl.constexpr = 1, F16_MMA: tl.constexpr = False, OAKEN_GP: tl.constexpr = 1,
     INTERPRETED: tl.constexpr = False, META32: tl.constexpr = False, BT_AHEAD: tl.constexpr = True,
+    PLANES: tl.constexpr = False,
 ):  # fmt: skip
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -854,6 +869,21 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         else:
             q_mma = q
             q_unf = tl.full([BLOCK_M], 1.0, tl.float32)
+        # PLANES (per-token INT4 / INT8 words, `plan_launch`): the dots run over code planes (`word_planes`): q's
+        # columns j, j + P, .. meet plane j of the code words, and the output builds up plane by plane (NWP columns
+        # each), in units u_acc (the last tile's value scale), so each tile's rescale rides in the dot's accumulator.
+        PW: tl.constexpr = 32 // BITS
+        NWP: tl.constexpr = DIM_PAD // PW
+        if PLANES:
+            wq = tl.arange(0, NWP)
+            q_planes = ()
+            acc_planes = ()
+            for pj in tl.static_range(PW):
+                qj = tl.load(q_ptr + qt[:, None] * stride_qt + qh[:, None] * stride_qh + (PW * wq + pj)[None, :],
+                             mask=row_ok[:, None], other=0.0)  # fmt: skip
+                q_planes = q_planes + ((qj.to(tl.float32) * q_f[:, None]).to(tl.float16),)
+                acc_planes = acc_planes + (tl.zeros([BLOCK_M, NWP], tl.float32),)
+            u_acc = sm_scale * 0.0 + 1.0
         nq = tl.maximum(kv_len - KIVI_R, 0) // KIVI_G * KIVI_G  # KIVI: tokens below are quantized
         # Oaken's outlier corrections run on the CR = BLOCK_Q x OAKEN_GP rows of real query heads (OAKEN_GP: GROUP
         # to a power of two), not the GROUP_PAD-padded tile (4 rows against 16 at decode). k_res_ptr / v_res_ptr
@@ -939,8 +969,12 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 if FACTORED:
                     kc, ksc, kzr = _load_code_tile(krow, kmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
                                                    bits_ptr, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED,
-                                                   META32, kvh, True, MIXED_SPAN, kspan)  # fmt: skip
-                    if MIXED_SPAN:  # a dot per block, the scores side by side (the codes' layouts stay one block's)
+                                                   META32, kvh, True, MIXED_SPAN, kspan, PLANES)  # fmt: skip
+                    if PLANES:
+                        s = tl.dot(q_planes[0], tl.trans(kc[0]), input_precision=DOT_PREC)
+                        for pj in tl.static_range(1, PW):
+                            s = tl.dot(q_planes[pj], tl.trans(kc[pj]), s, input_precision=DOT_PREC)
+                    elif MIXED_SPAN:  # a dot per block, the scores side by side (the codes' layouts stay one block's)
                         s = _cat_cols(tl.dot(q_mma, tl.trans(kc[0]), input_precision=DOT_PREC),
                                       tl.dot(q_mma, tl.trans(kc[1]), input_precision=DOT_PREC))  # fmt: skip
                     else:
@@ -1033,7 +1067,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 if FACTORED:
                     vc, vsc, vzr = _load_code_tile(vrow, vmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
                                                    bits_ptr, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED,
-                                                   META32, kvh, False, MIXED_SPAN, vspan)  # fmt: skip
+                                                   META32, kvh, False, MIXED_SPAN, vspan, PLANES)  # fmt: skip
                     if F16_MMA:
                         # p * sc in fp16 would lose small scales to underflow (V of magnitude 1e-5 gave 116 %
                         # error in fp16): the tile's scales are brought to [1, 2) by a power of two first.
@@ -1044,7 +1078,16 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     else:
                         v_unf = 1.0
                         ps = p * vsc[None, :]
-                    if MIXED_SPAN:  # each block's probabilities against its own tile
+                    if PLANES:  # acc = u_acc * planes: (acc alpha + pv + rank-1) / v_unf into each dot's C
+                        f_acc = alpha * (u_acc / v_unf)
+                        g_acc = tl.sum(p * vzr[None, :], 1) / v_unf
+                        new_planes = ()
+                        for pj in tl.static_range(PW):
+                            c_in = acc_planes[pj] * f_acc[:, None] + g_acc[:, None]
+                            new_planes = new_planes + (tl.dot(ps, vc[pj], c_in, input_precision=DOT_PREC),)
+                        acc_planes = new_planes
+                        u_acc = v_unf
+                    elif MIXED_SPAN:  # each block's probabilities against its own tile
                         p0, p1 = _split_cols(ps)
                         if F16_MMA:  # (the split's join would halve the dot's operand width, `opaque_f16`)
                             p0, p1 = opaque_f16(p0, INTERPRETED), opaque_f16(p1, INTERPRETED)
@@ -1052,7 +1095,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                         pv = tl.dot(p1.to(vc[1].dtype), vc[1], pv, input_precision=DOT_PREC) * v_unf
                     else:
                         pv = tl.dot(ps.to(vc.dtype), vc, input_precision=DOT_PREC) * v_unf
-                    acc = acc * alpha[:, None] + pv + tl.sum(p * vzr[None, :], 1)[:, None]
+                    if not PLANES:
+                        acc = acc * alpha[:, None] + pv + tl.sum(p * vzr[None, :], 1)[:, None]
                     if OAKEN:
                         tl.debug_barrier()  # every thread is done with the previous tile's p
                         tl.store(pp + p_at, p, mask=(hg < OAKEN_GP)[:, None])
@@ -1078,20 +1122,36 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         if OAKEN and SPREAD:
             acc += _spread_rows(acc_o, BLOCK_Q, OAKEN_GP, GROUP_PAD, DIM_PAD)
         has = l_i > 0.0
-        o = acc / tl.where(has, l_i, 1.0)[:, None]
-        if F16_MMA and KV_FORMAT == _FP8:  # the value head scale, left out of the tiles (splits: each part alike)
-            o = o * tl.load(v_scale_ptr + kvh)
         lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        st_m = row_ok[:, None] & d_ok[None, :]
+        base = qt * stride_pt + qh * stride_ph + split * stride_ps  # (the split's partial output, NUM_SPLITS > 1)
+        if PLANES:  # plane pj holds channels pj, pj + PW, ..
+            for pj in tl.static_range(PW):
+                o = acc_planes[pj] * u_acc / tl.where(has, l_i, 1.0)[:, None]
+                _write_out(o, PW * wq + pj, row_ok[:, None], o_ptr, op_ptr, qt, qh, base, stride_ot, stride_oh,
+                           DIM_PAD, NUM_SPLITS)  # fmt: skip
+        else:
+            o = acc / tl.where(has, l_i, 1.0)[:, None]
+            if F16_MMA and KV_FORMAT == _FP8:  # the value head scale, left out of the tiles (splits: each part alike)
+                o = o * tl.load(v_scale_ptr + kvh)
+            _write_out(o, dq, row_ok[:, None] & d_ok[None, :], o_ptr, op_ptr, qt, qh, base, stride_ot, stride_oh,
+                       DIM_PAD, NUM_SPLITS)  # fmt: skip
         if NUM_SPLITS == 1:
-            tl.store(o_ptr + qt[:, None] * stride_ot + qh[:, None] * stride_oh + dq[None, :],
-                     o.to(o_ptr.dtype.element_ty), mask=st_m)  # fmt: skip
             if WRITE_LSE:
                 tl.store(lse_ptr + qt * stride_lt + qh * stride_lh, lse2 * _LN2, mask=row_ok)
         else:
-            base = qt * stride_pt + qh * stride_ph + split * stride_ps
-            tl.store(op_ptr + base[:, None] * DIM_PAD + dq[None, :], o, mask=st_m)
             tl.store(lsep_ptr + base, lse2, mask=row_ok)
+
+
+@triton.jit
+def _write_out(o, cols, ok, o_ptr, op_ptr, qt, qh, base, stride_ot, stride_oh, DIM_PAD: tl.constexpr,
+               NUM_SPLITS: tl.constexpr):  # fmt: skip
+    """Store an output tile o [BLOCK_M, C] (fp32, normalized) at channels `cols` [C]: into the output, or with
+    splits into this split's fp32 partial rows (`base`); ok: a mask broadcastable to o."""
+    if NUM_SPLITS == 1:
+        tl.store(o_ptr + qt[:, None] * stride_ot + qh[:, None] * stride_oh + cols[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=ok)  # fmt: skip
+    else:
+        tl.store(op_ptr + base[:, None] * DIM_PAD + cols[None, :], o, mask=ok)
 
 
 @triton.jit
@@ -1175,6 +1235,8 @@ def default_config(
     )
     if gathered:  # sub-byte codes read by byte gather
         cfg["BLOCK_N"] = max(16, min(cfg["BLOCK_N"], SUBBYTE_TILE_ELEMS // dp))
+    elif kv_format == KV_FORMAT_INT and bits == 4 and head_dim == 128 and elem_bytes == 2:
+        cfg.update(PLANES_DECODE_TILE)  # (`reads_planes`; extend and tree launches widen it, `rows_config`)
     elif kv_format == KV_FORMAT_INT and bits < 8 and reads_words(kv_format, bits, head_dim) and elem_bytes == 2:
         cfg["num_warps"] = INT_WORDS_WARPS  # (fp32 queries keep 4: their IEEE dots spill more on 2)
     elif oaken and block_size is not None and block_size >= OAKEN_WIDE_BLOCK:
@@ -1195,13 +1257,20 @@ def default_config(
     if dp >= 256:
         cfg["num_warps"] = 8
         cfg["BLOCK_M"] = 32  # and half the query rows: Q and the accumulator stay in registers
-    # decode occupancy (DECODE_PROGRAMS_PER_SM): where the compiled tiles are known to fit it
-    per_sm = {KV_FORMAT_FP8: FP8_DECODE_PROGRAMS_PER_SM}.get(kv_format, DECODE_PROGRAMS_PER_SM.get(cfg["num_warps"]))
-    if oaken:
-        per_sm = OAKEN_DECODE_PROGRAMS_PER_SM if cfg["num_warps"] == 4 else None
+    per_sm = _decode_programs_per_sm(kv_format, cfg["num_warps"])
     if dp <= 128 and elem_bytes == 2 and not gathered and per_sm is not None:
         cfg["PROGRAMS_PER_SM"] = per_sm
     return cfg
+
+
+def _decode_programs_per_sm(kv_format: int, warps: int) -> int | None:
+    """A default decode tile's occupancy (DECODE_PROGRAMS_PER_SM and its kin): what the compiled tiles are known to
+    fit, by format and warps."""
+    if kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
+        return OAKEN_DECODE_PROGRAMS_PER_SM if warps == 4 else None
+    if warps == 1:  # the code planes' tile (PLANES_DECODE_TILE)
+        return PLANES_DECODE_PROGRAMS_PER_SM
+    return FP8_DECODE_PROGRAMS_PER_SM if kv_format == KV_FORMAT_FP8 else DECODE_PROGRAMS_PER_SM.get(warps)
 
 
 def reads_words(kv_format: int, bits: int, head_dim: int) -> bool:
@@ -1215,6 +1284,8 @@ def reads_words(kv_format: int, bits: int, head_dim: int) -> bool:
 # INT8 codes are read as int32 words by default too (config key "WORDS8", a tuning parameter; 0 reads bytes): the
 # byte tile takes one 8-bit shared-memory load per element and more registers (sm_90: 140 against 100).
 WORDS8_DEFAULT = 1
+# Per-token INT4 / INT8 decode dots code planes (`reads_planes`; config key "PLANES", 0 for the joined fp16 tile).
+PLANES_DEFAULT = 1
 
 
 def mixed_reads_words(kv_format: int, head_dim: int, block_size: int, block_n: int) -> bool:
@@ -1270,7 +1341,7 @@ def launch_config(
 
 # What a default "PROGRAMS_PER_SM" was sized for: a tuned or forced config changing any of these does not inherit it
 # (one that sets its own keeps that).
-OCCUPANCY_KEYS = ("BLOCK_N", "BLOCK_M", "num_warps", "num_stages", "WORDS8")
+OCCUPANCY_KEYS = ("BLOCK_N", "BLOCK_M", "num_warps", "num_stages", "WORDS8", "PLANES")
 
 
 def tree_config(cfg: dict, kv_format: int = KV_FORMAT_PLAIN) -> dict:
@@ -1294,6 +1365,8 @@ def rows_config(cfg: dict, kv_format: int, is_tree: bool, capability: tuple[int,
     # Decode's tile holds one head group (16 rows): a config of fewer warps (INT_WORDS_WARPS, KIVI_WORDS_WARPS)
     # is a decode choice, and 64 query rows take at least 4; so is its occupancy (a 64-row tile takes more registers).
     cfg = {k: v for k, v in cfg.items() if k != "PROGRAMS_PER_SM"}
+    if cfg["num_warps"] == 1:  # the code planes' one-warp decode tile (PLANES_DECODE_TILE): rows take the default's
+        cfg["BLOCK_N"] = max(cfg["BLOCK_N"], DEFAULT_CONFIG["BLOCK_N"])
     cfg["num_warps"] = max(cfg["num_warps"], 4)
     if fmt in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
         rows = ROWS_OAKEN_OFFLINE_TREE_M if is_tree and fmt == KV_FORMAT_OAKEN_OFFLINE else ROWS_OAKEN_M
@@ -1385,6 +1458,7 @@ class LaunchPlan:
     workspace: tuple[torch.Tensor, torch.Tensor] | None
     tree_words: torch.Tensor | None = None
     oaken_scratch: torch.Tensor | None = None
+    planes: bool = False
 
 
 def oaken_scratch_size(rows: int, block_n: int, head_dim: int) -> int:
@@ -1442,7 +1516,19 @@ def plan_launch(
         programs = (b if batch.is_decode else t // bq + b) * hkv * num_splits
         oak = torch.empty(programs * oaken_scratch_size(bq * triton.next_power_of_2(hq // hkv), cfg["BLOCK_N"], dim),
                           dtype=torch.float32, device=q.device)  # fmt: skip
-    return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws, tw, oak)
+    planes = words and batch.is_decode and q.dtype != torch.float32 and reads_planes(kv_format, bits, dim, cfg)
+    return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws, tw, oak, planes)
+
+
+def reads_planes(kv_format: int, bits: int, head_dim: int, cfg: dict) -> bool:
+    """True when a decode launch over words of per-token INT codes (16-bit queries) dots them plane by plane
+    (`word_planes`, the kernel's PLANES; config key "PLANES", default PLANES_DEFAULT): INT4 and INT8 whose head_dim is a
+    power of two with at least 16 words a row (a dot's K is at least 16; INT2 words hold 16 codes: 8 a row at 128),
+    on no more warps than a plane's output has 8-column tiles (16 rows: more warps would each compute it whole)."""
+    per = 32 // bits if bits in (4, 8) else 0
+    words = head_dim // per if per else 0
+    return (kv_format == KV_FORMAT_INT and per > 0 and head_dim == dim_pad(head_dim) and words >= 16
+            and words // 8 >= cfg.get("num_warps", 1) and bool(cfg.get("PLANES", PLANES_DEFAULT)))  # fmt: skip
 
 
 def pairs_are_words(meta: torch.Tensor | None) -> bool:
@@ -1552,7 +1638,7 @@ def paged_attention_triton(
         HW_FP8=p.hw_fp8, OAKEN_GP=triton.next_power_of_2(hq // hkv),
         F16_MMA=kv.kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", INTERPRETED=device_view(q.device).interpreted,
-        META32=meta32, BT_AHEAD=_bt_ahead(q.device),
+        META32=meta32, BT_AHEAD=_bt_ahead(q.device), PLANES=p.planes,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if s > 1:

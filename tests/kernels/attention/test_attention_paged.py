@@ -243,14 +243,15 @@ def test_decode_occupancy_defaults_and_who_drops_them():
 
     per = lambda *a: ta.default_config(*a).get("PROGRAMS_PER_SM")  # noqa: E731
     assert per(128, 2, ta.KV_FORMAT_PLAIN, 16, 32) == per(128, 2, ta.KV_FORMAT_INT, 8, 32) == 4
-    assert per(128, 2, ta.KV_FORMAT_INT, 4, 32) == per(128, 2, ta.KV_FORMAT_KIVI, 2, 32) == 4
+    assert per(64, 2, ta.KV_FORMAT_INT, 4, 32) == per(128, 2, ta.KV_FORMAT_KIVI, 2, 32) == 4
+    assert per(128, 2, ta.KV_FORMAT_INT, 4, 32) == ta.PLANES_DECODE_PROGRAMS_PER_SM  # the code planes' one warp
     assert per(128, 2, ta.KV_FORMAT_FP8, 8, 32) == 3 and per(128, 2, ta.KV_FORMAT_OAKEN, 4, 32) == 2
     assert per(128, 4, ta.KV_FORMAT_INT, 8, 32) is None and per(256, 2, ta.KV_FORMAT_PLAIN, 16, 32) is None
     assert per(100, 2, ta.KV_FORMAT_INT, 4, 32) is None  # 50-byte rows: codes gathered by byte
     cfg = ta.default_config(128, 2, ta.KV_FORMAT_INT, 4, 32)
     for tree in (False, True):
         assert "PROGRAMS_PER_SM" not in ta.rows_config(cfg, ta.KV_FORMAT_INT, tree, (9, 0))
-    args = (32, 8, 128, 32, 16, "cpu", 2, ta.KV_FORMAT_INT, 4)
+    args = (32, 8, 64, 32, 16, "cpu", 2, ta.KV_FORMAT_INT, 4)
     assert ta.launch_config(*args)["PROGRAMS_PER_SM"] == 4
     with forced_config("paged_attention_int4", {"num_warps": 4}):
         assert "PROGRAMS_PER_SM" not in ta.launch_config(*args)
@@ -258,11 +259,15 @@ def test_decode_occupancy_defaults_and_who_drops_them():
         assert ta.launch_config(*args)["PROGRAMS_PER_SM"] == 4
     with forced_config("paged_attention_int4", {"num_warps": 4, "PROGRAMS_PER_SM": 3}):  # its own: taken
         assert ta.launch_config(*args)["PROGRAMS_PER_SM"] == 3
+    planes = (32, 8, 128, 32, 16, "cpu", 2, ta.KV_FORMAT_INT, 4)
+    with forced_config("paged_attention_int4", {"PLANES": 0}):  # the joined tile is another tile: not inherited
+        assert "PROGRAMS_PER_SM" not in ta.launch_config(*planes)
 
 
 def test_two_warp_decode_tiles_and_rows_launches():
-    """Per-token INT4 / INT2 decode on 2 warps (KIVI, INT8 and bf16 on 4; fp32 queries keep 4 warps); extend and
-    tree launches, whose programs hold 64 query rows, never below 4."""
+    """Per-token INT4 / INT2 decode on 2 warps (KIVI, INT8 and bf16 on 4; fp32 queries keep 4 warps), INT4 at
+    head_dim 128 on one (its code planes); extend and tree launches, whose programs hold 64 query rows, never below
+    4."""
     from codesign.kernels.attention import triton_attention as ta
 
     two = [(ta.KV_FORMAT_INT, 4), (ta.KV_FORMAT_INT, 2)]
@@ -270,7 +275,8 @@ def test_two_warp_decode_tiles_and_rows_launches():
     for fmt, bits in two + [(ta.KV_FORMAT_KIVI, 4), (ta.KV_FORMAT_KIVI, 2), (ta.KV_FORMAT_INT, 8),
                             (ta.KV_FORMAT_PLAIN, 16)]:  # fmt: skip
         cfg = ta.default_config(128, 2, fmt, bits, 32)
-        assert cfg["num_warps"] == (2 if (fmt, bits) in two else 4), (fmt, bits, cfg)
+        want = 1 if (fmt, bits) == (ta.KV_FORMAT_INT, 4) else 2 if (fmt, bits) in two else 4
+        assert cfg["num_warps"] == want, (fmt, bits, cfg)
         for tree in (False, True):
             for cap in ((9, 0), (8, 0)):
                 assert ta.rows_config(cfg, fmt, tree, cap)["num_warps"] >= 4, (fmt, bits, tree, cap)

@@ -1,0 +1,182 @@
+"""Per-token INT4 / INT8 decode over code planes (`kernels/triton_planes.py`, the attention kernel's PLANES): the
+compiled unpack's instructions, emulated bit by bit, give every plane of every word exactly (no GPU here runs PTX);
+the kernel in the interpreter matches an fp64 reference over poisoned caches (NaN metadata and random codes in every
+unused slot), with and without splits, for fp16 and bf16 queries and tiny value scales, and the joined-tile path
+(PLANES 0) to fp16 rounding; the launch rule takes planes where a dot's K holds them, decode only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_rel_close, rel_fro_error
+from paged_attention_ref import reference_attention
+from test_kvcache_f16_codes import _case
+
+from codesign.autotune.lookup import forced_config
+from codesign.backend import use_backend
+from codesign.kernels import triton_planes as tp
+from codesign.kernels.attention import ops
+from codesign.kernels.attention import triton_attention as ta
+from codesign.kernels.attention.quantized import kvq_decode_attention
+from codesign.kernels.kvcache.formats import KV_FORMAT_INT, KV_FORMAT_KIVI
+
+
+# ----------------------------------------------------------------------------- the unpack, emulated
+def _f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.uint16).view(np.float16).astype(np.float64)
+
+
+def _pair(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """fp64 halves -> uint32 fp16x2, each rounded to nearest fp16 once."""
+    return lo.astype(np.float16).view(np.uint16).astype(np.uint32) | (
+        hi.astype(np.float16).view(np.uint16).astype(np.uint32) << 16)  # fmt: skip
+
+
+def _emulate(program, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+    """Run `PLANE_PROGRAM` on uint32 words a (element 0) and b (element 1): prmt in its default mode, lop3 with
+    immLut 0xEA ((x & y) | z), sub / fma on fp16 halves rounded once (exact products and sums in fp64)."""
+    reg = {"$a": a, "$b": b, "k": np.uint32(0x64006400), "s": np.uint32(0x2C002C00), "z": np.uint32(0xD400D400)}
+
+    def val(x):
+        return reg[x] if isinstance(x, str) else np.uint32(x)
+
+    def halves(x):
+        return _f16(x & 0xFFFF), _f16(x >> 16)
+
+    for op, dst, args in program:
+        x = [val(t) for t in args[:2]]
+        if op == "prmt":
+            src = [(x[0] >> (8 * n)) & 0xFF for n in range(4)] + [(x[1] >> (8 * n)) & 0xFF for n in range(4)]
+            sel = args[2]
+            assert all((sel >> (4 * n)) & 0x8 == 0 for n in range(4))  # no sign replication
+            reg[dst] = sum(src[(sel >> (4 * n)) & 7].astype(np.uint32) << (8 * n) for n in range(4))
+        elif op == "lop3":
+            reg[dst] = (x[0] & x[1]) | val(args[2])
+        elif op == "sub":
+            (al, ah), (bl, bh) = halves(x[0]), halves(x[1])
+            reg[dst] = _pair(al - bl, ah - bh)
+        else:
+            (al, ah), (bl, bh), (cl, ch) = halves(x[0]), halves(x[1]), halves(val(args[2]))
+            reg[dst] = _pair(al * bl + cl, ah * bh + ch)
+    return reg
+
+
+def _check_program(program, bits: int, a: np.ndarray, b: np.ndarray) -> None:
+    reg = _emulate(program, a, b)
+    for j in range(32 // bits):
+        want = _pair(((a >> (bits * j)) & ((1 << bits) - 1)).astype(np.float64),
+                     ((b >> (bits * j)) & ((1 << bits) - 1)).astype(np.float64))  # fmt: skip
+        np.testing.assert_array_equal(reg[f"${j}"], want, err_msg=f"plane {j} of {bits}-bit words")
+
+
+def _words(rng) -> tuple[np.ndarray, np.ndarray]:
+    every = np.arange(256, dtype=np.uint32) * 0x01010101  # every byte value in every byte
+    a = np.concatenate([every, rng.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)])
+    return a, np.roll(a, 7) ^ np.uint32(0xA5C3F00F)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_plane_program_is_exact(bits):
+    """Every plane of every byte value (and random words) comes out as the code, as an exact fp16."""
+    a, b = _words(np.random.default_rng(bits))
+    _check_program(tp.PLANE_PROGRAM[bits], bits, a, b)
+
+
+def test_plane_program_check_has_teeth():
+    """A high nibble finished like a low one (no 1/16 scale) is caught."""
+    bad = [(op, dst, args) if op != "fma" else ("sub", dst, ("e", "k")) for op, dst, args in tp.PLANE_PROGRAM[4]]
+    a, b = _words(np.random.default_rng(0))
+    with pytest.raises(AssertionError):
+        _check_program(bad, 4, a, b)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_plane_ptx_follows_the_program(bits):
+    """The PTX text is the program: one instruction per entry, in order, inputs after the 32 / bits outputs."""
+    ptx = tp._ptx(bits)
+    body = [t.strip() for t in ptx.split(";") if t.strip() and not t.strip().startswith(("{", "mov", "}"))]
+    ops_ = [t.split()[0].split(".")[0] for t in body]
+    assert ops_ == [op for op, _, _ in tp.PLANE_PROGRAM[bits]]
+    n = 32 // bits
+    assert f"prmt.b32 t, ${n}, ${n + 1}," in ptx and tp._constraints(bits).count("=r") == n
+
+
+# ----------------------------------------------------------------------------- the kernel (interpreter)
+def _planes_used(monkeypatch) -> list[bool]:
+    seen: list[bool] = []
+    orig = ta.plan_launch
+
+    def spy(*a, **k):
+        p = orig(*a, **k)
+        seen.append(p.planes)
+        return p
+
+    monkeypatch.setattr(ta, "plan_launch", spy)
+    return seen
+
+
+@pytest.mark.parametrize("fmt, d, warps", [("int4", 128, None), ("int8", 64, 2), ("int8", 128, None)])
+@pytest.mark.parametrize("v_scale", [1.0, 1e-4])
+def test_planes_decode_vs_fp64(fmt, d, warps, v_scale, monkeypatch):
+    """fp16 queries, contexts of 1 to 70 tokens over shuffled blocks of 8, 1-3 splits: within fp16 rounding of an
+    fp64 reference; the joined tile (PLANES 0) agrees to the same rounding. INT8 at head_dim 64 (16 words: two
+    8-column tiles a plane) takes planes on 2 warps, not on its default 4."""
+    seen = _planes_used(monkeypatch)
+    cache, bt, cl, q, kd, vd = _case(fmt, v_scale, 3.0, torch.float16, ctx=(70, 33, 1), d=d, bs=8)
+    ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [1, 1, 1])
+    op, cfg = f"paged_attention_{fmt}", {"num_warps": warps} if warps else {}
+    for splits in (1, 3):
+        with use_backend("triton"):
+            with forced_config(op, cfg):
+                out = kvq_decode_attention(q, cache, bt, cl, num_splits=splits)
+            with forced_config(op, {**cfg, "PLANES": 0}):
+                joined = kvq_decode_attention(q, cache, bt, cl, num_splits=splits)
+        assert seen[-2:] == [True, False]
+        assert out.dtype == torch.float16 and torch.isfinite(out).all()
+        assert_rel_close(out.double(), ref, 1e-3, f"{fmt} d={d} planes splits={splits} v_scale={v_scale}")
+        assert rel_fro_error(out.double(), joined.double()) < 1e-3
+
+
+def test_planes_bf16_queries_beyond_fp16_range(monkeypatch):
+    """bf16 queries of 1e6 meet the INT4 planes in fp16 after the per-row power of two (as the joined tile)."""
+    monkeypatch.setattr(ops, "check_backend_dtype", lambda backend, q: None)
+    seen = _planes_used(monkeypatch)
+    cache, bt, cl, q, kd, vd = _case("int4", 1.0, 1.0, torch.float32, ctx=(40, 7, 1), d=128, bs=8)
+    q = (q * 1e6).bfloat16()
+    ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [1, 1, 1], scale=3e-7)
+    with use_backend("triton"):
+        out = kvq_decode_attention(q, cache, bt, cl, num_splits=2, sm_scale=3e-7)
+    assert seen == [True] and torch.isfinite(out).all()
+    assert rel_fro_error(out.double(), ref) < 8e-3
+
+
+# ----------------------------------------------------------------------------- the launch rule
+def test_reads_planes_rule():
+    d = {**ta.DEFAULT_CONFIG, "num_warps": 1}
+    assert ta.reads_planes(KV_FORMAT_INT, 4, 128, d) and ta.reads_planes(KV_FORMAT_INT, 8, 64, d)
+    # warps up to the plane's 8-column tiles: INT8 at 128 (32 words) on 4, INT4 at 128 (16) on 2, not on 4
+    assert ta.reads_planes(KV_FORMAT_INT, 8, 128, ta.DEFAULT_CONFIG)
+    assert ta.reads_planes(KV_FORMAT_INT, 4, 128, {**d, "num_warps": 2})
+    assert not ta.reads_planes(KV_FORMAT_INT, 4, 128, ta.DEFAULT_CONFIG)
+    assert not ta.reads_planes(KV_FORMAT_INT, 8, 64, ta.DEFAULT_CONFIG)
+    assert not ta.reads_planes(KV_FORMAT_INT, 4, 64, d)  # 8 words a row: a dot's K is at least 16
+    assert not ta.reads_planes(KV_FORMAT_INT, 2, 256, d)  # INT2 stays joined
+    assert not ta.reads_planes(KV_FORMAT_INT, 8, 96, d)  # head_dim padded: not planes
+    assert not ta.reads_planes(KV_FORMAT_KIVI, 4, 128, d)
+    assert not ta.reads_planes(KV_FORMAT_INT, 4, 128, {**d, "PLANES": 0})
+
+
+def test_planes_default_tile_and_rows():
+    """INT4 at head_dim 128 decodes 32 x 128 on one warp, 10 programs an SM; extend and tree launches keep the tile
+    they had (the 64-wide default, at least 4 warps, no occupancy); INT4 at 64 keeps the 2-warp word tile; fp32
+    queries keep 4 warps."""
+    cfg = ta.default_config(128, 2, KV_FORMAT_INT, 4, 16)
+    assert (cfg["BLOCK_N"], cfg["num_warps"], cfg["PROGRAMS_PER_SM"]) == (32, 1, ta.PLANES_DECODE_PROGRAMS_PER_SM)
+    word_tile = {**ta.DEFAULT_CONFIG, "num_warps": ta.INT_WORDS_WARPS}  # what rows launches had before the planes
+    for tree in (False, True):
+        for cap in ((9, 0), (8, 0)):
+            rows = ta.rows_config(cfg, KV_FORMAT_INT, tree, cap)
+            assert rows == ta.rows_config(word_tile, KV_FORMAT_INT, tree, cap) and rows["num_warps"] >= 4
+    assert ta.default_config(64, 2, KV_FORMAT_INT, 4, 16)["num_warps"] == ta.INT_WORDS_WARPS
+    assert ta.default_config(128, 4, KV_FORMAT_INT, 4, 16)["num_warps"] == 4
