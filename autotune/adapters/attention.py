@@ -187,22 +187,23 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
 
     def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
         """The decode space; INT8 on GPUs also tries reading its codes as int32 words (WORDS8 1: 16-byte copies,
-        a shift and a mask per element) against bytes (0); INT4 / INT8 with 16-bit queries where the kernel can dot
-        code planes (`triton_attention.reads_planes`) try them against the joined tile (PLANES 1 / 0), and one warp
-        a program (the planes' default tile at head_dim 128)."""
+        a shift and a mask per element) against bytes (0); INT4 / INT8 (and KIVI's keys) with 16-bit queries where
+        the kernel can dot code planes (`triton_attention.reads_planes`) try them against the joined tile (PLANES 1 /
+        0), and one warp a program (the planes' default tile for INT4 at head_dim 128)."""
         sp = super().space(shape, dtype, on_gpu)
         params, valid = dict(sp.params), sp.valid
         if self.fmt == "int8" and on_gpu and shape["head_dim"] % 4 == 0:
             params["WORDS8"] = [0, 1]
         ta = importlib.import_module("codesign.kernels.attention.triton_attention")
-        bits = {"int4": 4, "int8": 8}.get(self.fmt)
+        kf, bits = {"int4": (ta.KV_FORMAT_INT, 4), "int8": (ta.KV_FORMAT_INT, 8), "kivi": (ta.KV_FORMAT_KIVI, 4)}.get(
+            self.fmt, (None, 0))  # fmt: skip
         d = shape["head_dim"]
-        if on_gpu and bits and dtype != torch.float32 and ta.reads_planes(ta.KV_FORMAT_INT, bits, d, {}):
+        if on_gpu and bits and dtype != torch.float32 and ta.reads_planes(kf, bits, d, {"BLOCK_N": 64}):
             params["PLANES"] = [0, 1]
             params["num_warps"] = [1, *params["num_warps"]]
 
-            def valid(c, v=sp.valid, bits=bits, d=d):  # PLANES 1 only where the kernel takes it (else: a duplicate)
-                planes = c.get("WORDS8", 1) == 1 and ta.reads_planes(ta.KV_FORMAT_INT, bits, d, c)
+            def valid(c, v=sp.valid, kf=kf, bits=bits, d=d):  # PLANES 1 where the kernel takes it (else a duplicate)
+                planes = c.get("WORDS8", 1) == 1 and ta.reads_planes(kf, bits, d, c)
                 return v(c) and (c["PLANES"] == 0 or planes)
         return dataclasses.replace(sp, params=params, valid=valid)
 

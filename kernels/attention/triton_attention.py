@@ -282,24 +282,32 @@ def _load_kv_tile(crow, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m,
                   HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
                   BLOCK_N: tl.constexpr, HW_FP8: tl.constexpr, RING: tl.constexpr = True,
                   INTERPRETED: tl.constexpr = False, META32: tl.constexpr = False, dq=None,
-                  PAIRS: tl.constexpr = False):  # fmt: skip
+                  PAIRS: tl.constexpr = False, KPLANES: tl.constexpr = False):  # fmt: skip
     """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8 and KIVI
     caches, one helper per format family (the per-token INT, mixed and Oaken formats take the factored path,
     `_load_code_tile`). RING False: a KIVI tile of codes only (every token below n_q). crow, mrow: the rows'
-    pointers into the codes and the per-token metadata (`_tile_rows`)."""
+    pointers into the codes and the per-token metadata (`_tile_rows`). KPLANES: a KIVI key tile of codes only as
+    dequantized code planes (`_kivi_key_planes`), a tuple."""
     base = crow[:, None]
     if KV_FORMAT == _PLAIN:
         x = tl.load(base + d[None, :], mask=kv_m, other=0.0)
     elif KV_FORMAT == _FP8:
         x = _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty, HW_FP8)
+    elif KPLANES:  # a KIVI key tile of codes only, inside one key group
+        w = tl.arange(0, DIM_PAD // (32 // BITS))
+        words = tl.load(base + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // (32 // BITS))[None, :], other=0)
+        row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G) * stride_ms + kvh * stride_mh
+        x = _kivi_key_planes(words, s_ptr + row0, w, BITS, HEAD_DIM, META32, INTERPRETED)
     else:
         x = _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty,
                             BITS, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY, blk0, j0, d_ok, BLOCK_SIZE,
                             KIVI_G, KIVI_GV, KIVI_R, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N, RING, META32, dq,
                             PAIRS)  # fmt: skip
-    if WORDS and out_ty == tl.float16:  # codes unpacked by a join tree (`opaque_f16`)
-        x = opaque_f16(x.to(out_ty), INTERPRETED)
-    return x.to(out_ty)
+    if not KPLANES:
+        if WORDS and out_ty == tl.float16:  # codes unpacked by a join tree (`opaque_f16`)
+            x = opaque_f16(x.to(out_ty), INTERPRETED)
+        x = x.to(out_ty)
+    return x
 
 
 @triton.jit
@@ -515,6 +523,27 @@ def _kivi_meta(s_ptr, mrow, blk, off, kvh, d, dq, d_ok, c_ok, qm, nq, stride_mb,
         sc = tl.load(mp, mask=qm, other=0.0)
         zr = tl.load(mp + 1, mask=qm, other=0.0)
     return sc, zr
+
+
+@triton.jit
+def _kivi_key_planes(words, mrow, w, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, META32: tl.constexpr,
+                     INTERPRETED: tl.constexpr):  # fmt: skip
+    """A KIVI key tile of codes only, inside one key group, as dequantized code planes (`word_planes`): plane j
+    (channels PERW w + j) times its channels' fp16 scales plus their zeros (mrow: the group's (scale, zero) row), one
+    fp16 multiply-add an element as the joined tile's; each plane stays an elementwise function of the words, so
+    it reaches the dot without a shared-memory round trip."""
+    PERW: tl.constexpr = 32 // BITS
+    planes = word_planes(words, BITS, INTERPRETED)
+    out = ()
+    for pj in tl.static_range(PERW):
+        ch = PERW * w + pj
+        if META32:
+            sc, zr = _pairs(mrow + ch * 2, ch < HEAD_DIM)
+        else:
+            sc = tl.load(mrow + ch * 2, mask=ch < HEAD_DIM, other=0.0)
+            zr = tl.load(mrow + ch * 2 + 1, mask=ch < HEAD_DIM, other=0.0)
+        out = out + (planes[pj] * sc[None, :] + zr[None, :],)
+    return out
 
 
 @triton.jit
@@ -813,6 +842,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         PAIRS: tl.constexpr = INT_CODES and WORDS and F16_MMA
         # KIVI too where each value group holds whole words (its per-group scales then need no permutation)
         KIVI_PAIRS: tl.constexpr = KV_FORMAT == _KIVI and WORDS and F16_MMA and KIVI_GV % (32 // BITS) == 0
+        # KIVI with PLANES: its key tiles of codes only (each inside one key group) as code planes; values joined
+        KIVI_KPLANES: tl.constexpr = PLANES and KIVI_PAIRS and KIVI_G % BLOCK_N == 0
         # mixed chunks read as words: `chunk_words_f16`'s order (16-element chunks as 2-bit `pair_order`), every width
         MIXED_PAIRS: tl.constexpr = KV_FORMAT == _MIXED and WORDS and F16_MMA
         # mixed tiles of two whole blocks, each read at its own width (`_mixed_span_codes`)
@@ -1012,8 +1043,14 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                       blk0, start, d_ok, BLOCK_SIZE,
                                       KIVI_G, KIVI_GV, KIVI_R, bits_ptr, HEAD_DIM, WORDS, DIM_PAD,
                                       BLOCK_N, HW_FP8,
-                                      not KIVI_SPLIT or phase == 1, INTERPRETED, META32, dq, KIVI_PAIRS)  # fmt: skip
-                    s = tl.dot(q_mma, tl.trans(k), input_precision=DOT_PREC)
+                                      not KIVI_SPLIT or phase == 1, INTERPRETED, META32, dq, KIVI_PAIRS,
+                                      KIVI_KPLANES and KIVI_SPLIT and phase == 0)  # fmt: skip
+                    if KIVI_KPLANES and KIVI_SPLIT and phase == 0:  # KIVI's code-only key tiles: code planes
+                        s = tl.dot(q_planes[0], tl.trans(k[0]), input_precision=DOT_PREC)
+                        for pj in tl.static_range(1, PW):
+                            s = tl.dot(q_planes[pj], tl.trans(k[pj]), s, input_precision=DOT_PREC)
+                    else:
+                        s = tl.dot(q_mma, tl.trans(k), input_precision=DOT_PREC)
                     if F16_MMA:
                         s = s * q_unf[:, None]
                 if HAS_SOFTCAP:
@@ -1124,7 +1161,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         has = l_i > 0.0
         lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         base = qt * stride_pt + qh * stride_ph + split * stride_ps  # (the split's partial output, NUM_SPLITS > 1)
-        if PLANES:  # plane pj holds channels pj, pj + PW, ..
+        if PLANES and FACTORED:  # plane pj holds channels pj, pj + PW, .. (KIVI: its keys only)
             for pj in tl.static_range(PW):
                 o = acc_planes[pj] * u_acc / tl.where(has, l_i, 1.0)[:, None]
                 _write_out(o, PW * wq + pj, row_ok[:, None], o_ptr, op_ptr, qt, qh, base, stride_ot, stride_oh,
@@ -1521,14 +1558,19 @@ def plan_launch(
 
 
 def reads_planes(kv_format: int, bits: int, head_dim: int, cfg: dict) -> bool:
-    """True when a decode launch over words of per-token INT codes (16-bit queries) dots them plane by plane
-    (`word_planes`, the kernel's PLANES; config key "PLANES", default PLANES_DEFAULT): INT4 and INT8 whose head_dim is a
-    power of two with at least 16 words a row (a dot's K is at least 16; INT2 words hold 16 codes: 8 a row at 128),
-    on no more warps than a plane's output has 8-column tiles (16 rows: more warps would each compute it whole)."""
+    """True when a decode launch over code words (16-bit queries) dots them plane by plane (`word_planes`, the
+    kernel's PLANES; config key "PLANES", default PLANES_DEFAULT): per-token INT keys and values, KIVI's code-only key
+    tiles (its values stay joined). 4- and 8-bit codes, head_dim a power of two with at least 16 words a row (a dot's
+    K is at least 16; 2-bit words hold 16 codes: 8 a row at 128), on no more warps than a plane dot's output has
+    8-column tiles (16 rows; more warps would each compute it whole): INT's value planes have a row's words as
+    columns, KIVI's key planes the tile's tokens. The kernel also needs KIVI's value groups of whole words and a key
+    tile inside one group (`KIVI_KPLANES`)."""
     per = 32 // bits if bits in (4, 8) else 0
     words = head_dim // per if per else 0
-    return (kv_format == KV_FORMAT_INT and per > 0 and head_dim == dim_pad(head_dim) and words >= 16
-            and words // 8 >= cfg.get("num_warps", 1) and bool(cfg.get("PLANES", PLANES_DEFAULT)))  # fmt: skip
+    if not per or head_dim != dim_pad(head_dim) or words < 16 or not cfg.get("PLANES", PLANES_DEFAULT):
+        return False
+    cols = {KV_FORMAT_INT: words, KV_FORMAT_KIVI: cfg.get("BLOCK_N", 0)}.get(kv_format, 0)
+    return cols // 8 >= cfg.get("num_warps", 1) > 0
 
 
 def pairs_are_words(meta: torch.Tensor | None) -> bool:

@@ -133,3 +133,6 @@ def test_int4_int8_kv_decode_tune_code_planes_and_one_warp():
     assert sp.valid({**base, "WORDS8": 1, "PLANES": 1}) and not sp.valid({**base, "WORDS8": 0, "PLANES": 1})
     assert not int4.space(shape, torch.float16, True).valid({**base, "num_warps": 4, "PLANES": 1})  # joined there
     assert "PLANES" not in int4.space({**shape, "head_dim": 64}, torch.float16, True).params
+    kivi = get_op("paged_attention_kivi").space(shape, torch.float16, True)  # its key tiles: [16, BLOCK_N] outputs
+    assert kivi.params["PLANES"] == [0, 1]
+    assert kivi.valid({**base, "PLANES": 1}) and not kivi.valid({**base, "num_warps": 4, "BLOCK_N": 16, "PLANES": 1})

@@ -151,6 +151,33 @@ def test_planes_bf16_queries_beyond_fp16_range(monkeypatch):
     assert rel_fro_error(out.double(), ref) < 8e-3
 
 
+@pytest.mark.parametrize("r", [0, 8])
+def test_kivi_key_planes_vs_fp64(r, monkeypatch):
+    """KIVI INT4 at head_dim 128, groups of 32 in blocks of 32 (its default 32-token tile inside one key group): the
+    code-only key tiles dot code planes, each dequantized by its channels' fp16 (scale, zero); the ring tiles and the
+    values stay joined. Poisoned cache (NaN metadata and ring, random codes where nothing was written), shared
+    first blocks, 1-3 splits; fp16 queries within fp16 rounding of fp64, the joined tile (PLANES 0) alike."""
+    from test_kvcache_kivi import _ref, _setup
+
+    from codesign.kernels.attention.quantized import kivi_decode_attention
+
+    seen = _planes_used(monkeypatch)
+    g = 32
+    ctx = [2 * g + r - 1, 3 * g + r + 5, 1, 4 * g + 3]
+    cache, bt, cl, ks, vs = _setup(ctx, 4, chunks=(g + 3, 1, 1000), share=True, g=g, r=r, bs=32, d=128)
+    q = (torch.randn(len(ctx), 2 * cache.k_codes.shape[2], 128) * 3.0).half()
+    ref, _ = _ref(q.double(), cache, ks, vs, [1] * len(ctx))
+    for splits in (1, 3):
+        with use_backend("triton"):
+            out = kivi_decode_attention(q, cache, bt, cl, num_splits=splits)
+            with forced_config("paged_attention_kivi", {"PLANES": 0}):
+                joined = kivi_decode_attention(q, cache, bt, cl, num_splits=splits)
+        assert seen[-2:] == [True, False]
+        assert torch.isfinite(out).all()
+        assert_rel_close(out.double(), ref, 2e-3, f"kivi planes r={r} splits={splits}")
+        assert rel_fro_error(out.double(), joined.double()) < 1e-3
+
+
 # ----------------------------------------------------------------------------- the launch rule
 def test_reads_planes_rule():
     d = {**ta.DEFAULT_CONFIG, "num_warps": 1}
@@ -163,7 +190,10 @@ def test_reads_planes_rule():
     assert not ta.reads_planes(KV_FORMAT_INT, 4, 64, d)  # 8 words a row: a dot's K is at least 16
     assert not ta.reads_planes(KV_FORMAT_INT, 2, 256, d)  # INT2 stays joined
     assert not ta.reads_planes(KV_FORMAT_INT, 8, 96, d)  # head_dim padded: not planes
-    assert not ta.reads_planes(KV_FORMAT_KIVI, 4, 128, d)
+    kivi = {"BLOCK_N": 32, "num_warps": 4}  # KIVI: key planes, [16, BLOCK_N] outputs
+    assert ta.reads_planes(KV_FORMAT_KIVI, 4, 128, kivi)
+    assert not ta.reads_planes(KV_FORMAT_KIVI, 4, 128, {**kivi, "BLOCK_N": 16})
+    assert not ta.reads_planes(KV_FORMAT_KIVI, 2, 128, kivi)
     assert not ta.reads_planes(KV_FORMAT_INT, 4, 128, {**d, "PLANES": 0})
 
 
