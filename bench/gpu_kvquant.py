@@ -164,6 +164,22 @@ def _check_kivi(
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
+# The joined-tile design each code-planes default replaced (`triton_attention.reads_planes`), timed beside it: the
+# fp16 code tile through shared memory, on the tile and occupancy it had (INT4 64 x 128 on 2 warps).
+JOINED = {"int4": {"PLANES": 0, "BLOCK_N": 64, "num_warps": 2, "PROGRAMS_PER_SM": 4},
+          "int8": {"PLANES": 0, "PROGRAMS_PER_SM": 4}, "int4-kivi": {"PLANES": 0, "PROGRAMS_PER_SM": 4}}  # fmt: skip
+
+
+def _joined_ms(name: str, table: str, fn, mode: Any) -> dict:
+    """{"joined_ms", "joined_config"}: `fn` timed under the format's JOINED config (empty where none)."""
+    from codesign.autotune.lookup import forced_config
+
+    if name not in JOINED:
+        return {}
+    with forced_config(table, JOINED[name]):
+        return {"joined_ms": _time_ms(fn, mode), "joined_config": JOINED[name]}
+
+
 def _format_row(name: str, ms: float, bits: float, base_ms: float, **extra) -> dict:
     """One format's row: time, bits per element, speedup over the bf16 cache against the ideal 16 / bits,
     and the issue's target where it sets one."""
@@ -447,7 +463,9 @@ def run(report: dict, quick: bool = True, mode: Any = None) -> None:
         wms = _time_ms(lambda c=c: kvq_write(new, new, c, slots, check_data=False), mode)
         bits = kvq.layout_bits_per_element("fp8" if fmt == "fp8" else "per_token", c.bits, DIM)
         checked = _checked(_check(fmt, dtype, dev, check_ctx, hq, hkv), dtype)
-        rows.append(_format_row(fmt, ms, bits, base, write_ms_16_tokens=wms, **checked))
+        call = lambda c=c: kvq_decode_attention(q, c, bt, cl, check_data=False)  # noqa: E731
+        joined = _joined_ms(fmt, f"paged_attention_{fmt}", call, mode)
+        rows.append(_format_row(fmt, ms, bits, base, write_ms_16_tokens=wms, **checked, **joined))
         c = None
         mode.empty_cache()
     for name, b in KIVI.items():
@@ -455,7 +473,9 @@ def run(report: dict, quick: bool = True, mode: Any = None) -> None:
         ms = _time_ms(lambda c=c: kivi_decode_attention(q, c, bt, cl, check_data=False), mode)
         bits = kvq.layout_bits_per_element("kivi", b, DIM, group=KIVI_G)
         checked = _checked(_check_kivi(b, dtype, dev, 2 * KIVI_G + KIVI_R, hq, hkv), dtype)
-        rows.append(_format_row(name, ms, bits, base, **checked))
+        call = lambda c=c: kivi_decode_attention(q, c, bt, cl, check_data=False)  # noqa: E731
+        joined = _joined_ms(name, "paged_attention_kivi", call, mode)
+        rows.append(_format_row(name, ms, bits, base, **checked, **joined))
         c = None
         mode.empty_cache()
     rows.append(_oaken_row(q, bt, cl, nb, base, mode))
