@@ -8,7 +8,8 @@ conversion back through the unpack to the load (its mixed-precision path): the w
 through shared memory (`cp.async` in, then loads into the MMA operand layout), and no tile is stored back by the
 threads. An unpack that joins each word's codes into one [N, D] tile (`words_f16`) changes the shape, so the
 conversion stays after it: the fp16 tile is stored to shared memory and read back by `ldmatrix` every tile (sm_90,
-per-token INT4 decode at 64 x 128 on 2 warps: 32 `STS.128` and 256 `LDS` / `LDSM` cycles a warp of that).
+per-token INT4 decode at 64 x 128 on 2 warps, by the scheduler simulation's count: 32 `STS.128` a warp a tile, 1.7k
+shared-memory pipe cycles in all, 27 a token; with planes, 32 x 128 on one warp, no store and 17 a token).
 
 Compiled, `word_planes` is one inline-assembly block per two words (pack 2: two neighbouring elements of a thread,
 the dot operand's k pair), whose every output register is one plane's fp16 pair: per byte i of the two words a

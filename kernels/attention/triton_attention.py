@@ -120,11 +120,10 @@ SUBBYTE_TILE_ELEMS = 16 * 128
 # Per-token INT2 (and INT4 off head_dim 128) read as words (16-bit queries) decode 64 x 128 tiles on INT_WORDS_WARPS
 # (with 4 / warps times the splits, `choose_num_splits`). By the warp-scheduler simulation that predicts the kernels
 # the H200 timed within 0.69-2.04x (`bench/attention_configs.py`, sm_90, bf16, untimed) the loop is latency-bound and
-# the best tile depends
-# on the batch: at batch 16, context 32k, 32 x 128 on 2 warps (138 / 167 registers, INT4 / INT2: 3 warps a
-# scheduler) is predicted 0.327 / 0.321 ms against this 0.414 / 0.475 (222 / 254 registers, 2 a scheduler); at batch
-# 64 it is predicted twice as slow as this (2.35 / 1.95 ms against 1.22 / 1.41: shared-memory traffic-bound at 4 warps
-# a scheduler). Kept until a GPU's tables decide per batch.
+# the best tile depends on the batch: at batch 16, context 32k, 32 x 128 on 2 warps (138 / 167 registers, INT4 /
+# INT2: 3 warps a scheduler) is predicted 0.327 / 0.321 ms against this 0.414 / 0.475 (222 / 254 registers, 2 a
+# scheduler); at batch 64 it is predicted twice as slow as this (2.35 / 1.95 ms against 1.22 / 1.41: shared-memory
+# traffic-bound at 4 warps a scheduler). Kept until a GPU's tables decide per batch.
 INT_WORDS_WARPS = 2
 # Per-token INT4 at head_dim 128 (16-bit queries) decodes code planes (`reads_planes`) on one warp a program, 32 x 128,
 # PLANES_DECODE_PROGRAMS_PER_SM an SM: each plane dot's output is [16, 16], which more warps would compute once each
@@ -900,9 +899,10 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         else:
             q_mma = q
             q_unf = tl.full([BLOCK_M], 1.0, tl.float32)
-        # PLANES (per-token INT4 / INT8 words, `plan_launch`): the dots run over code planes (`word_planes`): q's
-        # columns j, j + P, .. meet plane j of the code words, and the output builds up plane by plane (NWP columns
-        # each), in units u_acc (the last tile's value scale), so each tile's rescale rides in the dot's accumulator.
+        # PLANES (`reads_planes`): the dots run over code planes (`word_planes`): q's columns j, j + P, .. meet plane j
+        # of the code words. Per-token INT: keys and values, the output built up plane by plane (NWP columns each) in
+        # units u_acc (the last tile's value scale), so each tile's rescale rides in the dot's accumulator; KIVI: its
+        # code-only key tiles (KIVI_KPLANES).
         PW: tl.constexpr = 32 // BITS
         NWP: tl.constexpr = DIM_PAD // PW
         if PLANES:
