@@ -106,6 +106,14 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # memory; W8A16 188, 186, 66,048 B; no spills. sm_80 / sm_89 (mma.sync): 239-245 registers, 65,536 B, no spills
     # (W4A16 / W8A16, fp16 / bf16). Predicted tensor-core bound from M = 512 (`bench/gemm_predict.py`).
     "tiled_wide": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    # 4-bit weights on warpgroup-MMA GPUs up to W4_TILE_MAX_M rows (`tiled_kind`): 64-row tiles with K steps of 128,
+    # twice the programs of the 128-row tile (2 an SM: 4 warps a scheduler, where the loop is latency-bound at 2) and
+    # a quarter of the steps. sm_90, bf16, predicted (`bench/gemm_predict.py`, untimed): N = K = 8192 at M = 256
+    # 75.9 -> 61.2 us (0.75x -> 0.94x bf16), gate_up (N = 57344, past one wave: the 256-row tile before) 476 -> 429
+    # us; 123 registers, 99,328 B of shared memory (sm_90's limit: 227 KiB), no spills. At M >= 1024 within 3 % of the
+    # 256-row tile, which keeps those. Not on mma.sync GPUs (sm_80: 224 registers, predicted slower) nor for 8-bit
+    # codes (115,200 B, and predicted slower: 103.1 against 80.3 us).
+    "tiled_w4": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "scaled_mm": {
         "BLOCK_M": 128,
         "BLOCK_N": 64,
@@ -290,17 +298,25 @@ def launch_config(table_op: str, kind: str, device: torch.device, m: int, key: s
     return lookup_config(table_op, view.gpu_name, m, key, defaults[kind])
 
 
-def tiled_kind(m: int, n: int, x_dtype: torch.dtype, view: DeviceView) -> str:
+def tiled_kind(m: int, n: int, x_dtype: torch.dtype, view: DeviceView, bits: int = 8) -> str:
     """The tiled variant's defaults: "tiled_wide" (256-row tiles) for fp16 / bf16 activations on a GPU once the
-    128-row tiles are more than one wave (cdiv(M, 128) x cdiv(N, 128) programs > SMs, M > 128), else "tiled".
+    128-row tiles are more than one wave (cdiv(M, 128) x cdiv(N, 128) programs > SMs, M > 128), else "tiled";
+    4-bit weights on warpgroup-MMA GPUs (sm_90+) up to W4_TILE_MAX_M rows "tiled_w4" (64-row tiles, its comment).
     Within one wave the 128-row tile keeps more SMs busy (N = K = 8192, M = 256: 128 programs; 256 rows would leave
     68 of 132 SMs idle, predicted 71.7 against 40.5 us); past it, 256 rows halve the dequantization a flop. fp32
     activations (the correctness path, "ieee" dots) keep 128 rows: twice the shared memory and registers."""
     tile = _GPU_DEFAULTS["tiled"]["BLOCK_M"]
-    if not view.compiled or not view.sms or x_dtype == torch.float32 or m <= tile:
+    if not view.compiled or not view.sms or x_dtype == torch.float32:
+        return "tiled"
+    if bits == 4 and (view.capability or (0, 0)) >= (9, 0) and m <= W4_TILE_MAX_M:
+        return "tiled_w4"
+    if m <= tile:
         return "tiled"
     programs = triton.cdiv(m, tile) * triton.cdiv(n, _GPU_DEFAULTS["tiled"]["BLOCK_N"])
     return "tiled_wide" if programs > view.sms else "tiled"
+
+
+W4_TILE_MAX_M = 256  # "tiled_w4" up to here (`tiled_kind`); past it the 256-row tile is as fast (predicted)
 
 
 def splitk_kind(x_dtype: torch.dtype, view: DeviceView) -> str:
@@ -572,7 +588,7 @@ def wq_gemm(
     key = wq_table_key(n, k, group)
     variant = choose_variant(m, wq_op(bits), x.device, key)
     view = device_view(x.device)
-    kind = {"tiled": tiled_kind(m, n, x.dtype, view), "splitk": splitk_kind(x.dtype, view)}.get(variant, variant)
+    kind = {"tiled": tiled_kind(m, n, x.dtype, view, bits), "splitk": splitk_kind(x.dtype, view)}.get(variant, variant)
     cfg = launch_config(wq_table_op(bits, variant), kind, x.device, m, key)
     if variant == "dequant":
         dequant_matmul(x, qweight, scales, zeros, bias, bits, group, out, cfg)
