@@ -10,7 +10,8 @@ other takes the two-wave rule of its warps, unless `--per-sm` gives it one (0: n
     python bench/attention_configs.py --formats int4 --block-n 32 64 --warps 2 --stages 2 --per-sm 0 4 6 8
 
 What the predictor was held against is `bench/hindcast.py` (0.69-2.04x of measured decode); a config that spills
-is listed with its spill bytes and not ranked. Oaken is left out (its inner loops' trips depend on the config's
+is listed with its spill bytes and not ranked. Mixed ranks its one-launch kernel (`BY_WIDTH` 0): its default decodes
+width by width, in the INT formats' launches. Oaken is left out (its inner loops' trips depend on the config's
 unrolling: `attention_predict` counts them for the default only).
 """
 
@@ -54,13 +55,17 @@ def sweep(
     with compile_only(90, "NVIDIA H200") as session, use_backend("triton"), torch.no_grad():
         for name, call in cases.items():
             rows = []
+            # mixed: the one-launch kernel's tiles (its default decodes width by width: INT8 / 4 / 2's own launches)
+            one = {"BY_WIDTH": 0} if name.startswith("mixed") else {}
             n0 = len(session.launches)
-            call()
+            with forced_config("paged_attention_mixed", one):
+                call()
             launch, kernel, _ = ap._attn(session.launches[n0:], session.compiled[n0:])
             floor = kvq.floor_bytes(name, kvq.BATCH, kvq.CONTEXT)
             default = _row(ap.decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT))
             for bn, w, st, per in itertools.product(block_n, warps, stages, per_sm):
                 cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st} | ({"PROGRAMS_PER_SM": per} if per else {})
+                cfg |= one
                 n0 = len(session.launches)
                 try:
                     with ExitStack() as stack:

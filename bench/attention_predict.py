@@ -205,6 +205,37 @@ def decode_prediction(
             "predicted_ms": max(sched_ms, floor_ms) + merge}  # fmt: skip
 
 
+def by_width_prediction(launches: list, compiled: list, kvq: Any, bandwidth: float, batch: int, context: int) -> dict:
+    """A mixed decode width by width (`attention.mixed_by_width`): each width's per-token INT launch predicted at its
+    share of the context and of the bytes (`gpu_kvquant.MIXED_BITS`, the bench cache's block widths in turn), the
+    launches one after another, plus the one reduction and the tables launch (MERGE_MS each: launches of a few hundred
+    small programs, as the split merge). Per-launch fields are the slowest launch's; `by_width` holds each."""
+    parts: dict[str, dict[str, Any]] = {}
+    for launch, kernel in zip(launches, compiled):
+        if launch.kernel == ATTN_KERNEL:
+            bits = launch.constexprs["BITS"]
+            ctx = context * kvq.MIXED_BITS.count(bits) // len(kvq.MIXED_BITS)
+            floor = kvq.floor_bytes(f"int{bits}", batch, ctx)
+            parts[f"int{bits}"] = {**decode_prediction(launch, kernel, floor, bandwidth, ctx), "context": ctx}
+    lead = max(parts.values(), key=lambda r: r["predicted_ms"])
+    total = sum(r["predicted_ms"] - r["merge_ms"] for r in parts.values()) + 2 * MERGE_MS
+    keep = ("BLOCK_N", "num_warps", "NUM_SPLITS", "context", "sass_per_tile", "floor_ms", "predicted_ms", "bound")
+    return {**lead, "issue_ms": sum(r["issue_ms"] for r in parts.values()), "merge_ms": 2 * MERGE_MS,
+            "floor_ms": kvq.floor_bytes("mixed-8/4/4/2", batch, context) / bandwidth * 1e3, "predicted_ms": total,
+            "bound": "by width", "by_width": {k: {f: r[f] for f in keep} for k, r in parts.items()}}  # fmt: skip
+
+
+def _case_prediction(name: str, session: Any, n0: int, kvq: Any, bandwidth: float, batch: int, context: int,
+                     trips: int | list[int] = 1) -> dict:  # fmt: skip
+    """The prediction of the decode case whose launches start at session.launches[n0]: one attention launch, or a
+    mixed cache's launches width by width."""
+    launches, compiled = session.launches[n0:], session.compiled[n0:]
+    if sum(launch.kernel == ATTN_KERNEL for launch in launches) > 1:
+        return by_width_prediction(launches, compiled, kvq, bandwidth, batch, context)
+    launch, kernel, _ = _attn(launches, compiled)
+    return decode_prediction(launch, kernel, kvq.floor_bytes(name, batch, context), bandwidth, context, trips)
+
+
 def _sched(sass: str, trips: int | list[int], warps: int, which: int = -1) -> dict[str, Any]:
     """`sass_sched.simulate` on the tile loop (`tile_loop`, as `loop_report` picks it) with `warps` warps a
     scheduler."""
@@ -333,10 +364,9 @@ def _sweep(session: Any, kvq: Any, formats: list[str] | None, bandwidth: float, 
                 for name, call in _decode_cases(formats):
                     n0 = len(session.launches)
                     call()
-                    launch, kernel, _ = _attn(session.launches[n0:], session.compiled[n0:])
-                    floor = kvq.floor_bytes(name, batch, context)
                     trips = oaken if name == "int4-oaken" else 1
-                    point[name] = _sweep_row(decode_prediction(launch, kernel, floor, bandwidth, context, trips))
+                    point[name] = _sweep_row(_case_prediction(name, session, n0, kvq, bandwidth, batch, context,
+                                                              trips))  # fmt: skip
             base = point.get("bf16", {}).get("predicted_ms")
             for row in point.values():
                 row["vs_bf16"] = base / row["predicted_ms"] if base else None
@@ -385,7 +415,7 @@ def predict(formats: list[str] | None = None, tree: bool = True, log=print, swee
                 ot["index_step_floor_ms"] = ot["index_step_bytes"] / bandwidth * 1e3
                 ot["index_pool_floor_ms"] = ot["index_pool_bytes"] / bandwidth * 1e3
                 out["oaken_trips"] = ot
-            row = decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, trips)
+            row = _case_prediction(name, session, n0, kvq, bandwidth, kvq.BATCH, kvq.CONTEXT, trips)
             row["vs_bf16"] = None
             out["decode"][name] = row
             log(f"  compiled {name}: {row['sass_per_tile']} SASS per tile, {row['predicted_ms']:.3f} ms")

@@ -164,10 +164,12 @@ def _check_kivi(
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
-# The joined-tile design each code-planes default replaced (`triton_attention.reads_planes`), timed beside it: the
-# fp16 code tile through shared memory, on the tile and occupancy it had (INT4 64 x 128 on 2 warps).
+# The design each default replaced, timed beside it: for the code-planes defaults (`triton_attention.reads_planes`)
+# the fp16 code tile through shared memory, on the tile and occupancy it had (INT4 64 x 128 on 2 warps); for the
+# mixed cache's decode width by width (`attention.mixed_by_width`) the one launch over every width.
 JOINED = {"int4": {"PLANES": 0, "BLOCK_N": 64, "num_warps": 2, "PROGRAMS_PER_SM": 4},
-          "int8": {"PLANES": 0, "PROGRAMS_PER_SM": 4}, "int4-kivi": {"PLANES": 0, "PROGRAMS_PER_SM": 4}}  # fmt: skip
+          "int8": {"PLANES": 0, "PROGRAMS_PER_SM": 4}, "int4-kivi": {"PLANES": 0, "PROGRAMS_PER_SM": 4},
+          "mixed-8/4/4/2": {"BY_WIDTH": 0}}  # fmt: skip
 
 
 def _joined_ms(name: str, table: str, fn, mode: Any) -> dict:
@@ -255,13 +257,15 @@ def _mixed_cache(nb: int, dev, hkv: int):
 
 
 def _mixed_row(q, bt, cl, nb: int, base: float, mode: Any = None) -> dict:
-    """Cocktail-style mix over one launch."""
+    """Cocktail-style mix: width by width (the default), and in one launch (joined_ms)."""
     from codesign.kernels.attention.quantized import mixed_attention
 
     c = _mixed_cache(nb, q.device, q.shape[1] // (HQ // HKV))
-    ms = _time_ms(lambda: mixed_attention(q, c, bt, cl, check_data=False), mode)
+    call = lambda: mixed_attention(q, c, bt, cl, check_data=False)  # noqa: E731
+    ms = _time_ms(call, mode)
     bits = 4.5 + 32 / DIM
-    return _format_row("mixed-8/4/4/2", ms, bits, base)
+    joined = _joined_ms("mixed-8/4/4/2", "paged_attention_mixed", call, mode)
+    return _format_row("mixed-8/4/4/2", ms, bits, base, **joined)
 
 
 SWEEP_FORMATS = ("bf16", *FORMATS, *KIVI, "int4-oaken", "mixed-8/4/4/2")

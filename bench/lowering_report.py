@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import os
 import sys
@@ -205,6 +206,7 @@ def _kvquant_cases(mods: dict) -> Iterator[Case]:
     """gpu_kvquant: decode over every quantized format at its batch and context, and the writers (bf16, fp16)."""
     import torch
 
+    from codesign.autotune.lookup import forced_config
     from codesign.kernels.attention.quantized import (
         kivi_decode_attention,
         kvq_decode_attention,
@@ -276,16 +278,19 @@ def _kvquant_cases(mods: dict) -> Iterator[Case]:
             new = torch.zeros(b.BATCH, hkv, dim, dtype=dtype)
             c.write(new, new, torch.arange(b.BATCH, dtype=torch.int32))
 
-        def mixed(dtype=dtype):
+        def mixed(dtype=dtype, by_width=1):  # by_width 0: the one launch it replaced (extend and tree still run it)
             q, bt, cl = q_and_tables(dtype)
             c = MixedPagedKV.empty(nb, bs, hkv, dim, "cpu")
             c.block_bits.copy_(torch.tensor([8, 4, 4, 2], dtype=torch.uint8))
-            mixed_attention(q, c, bt, cl, check_data=False)
+            with forced_config("paged_attention_mixed", {"BY_WIDTH": by_width}):
+                mixed_attention(q, c, bt, cl, check_data=False)
 
         yield ("kv_quant", f"decode int4-oaken batch={b.BATCH} ctx={b.CONTEXT} {dn}", oaken)
         yield ("kv_quant", f"decode int4-oaken-offline batch={b.BATCH} ctx={b.CONTEXT} {dn}", oaken_offline)
         yield ("kv_quant", f"write int4-oaken tokens={b.BATCH} {dn}", oaken_write)
         yield ("kv_quant", f"decode mixed-8/4/4/2 batch={b.BATCH} ctx={b.CONTEXT} {dn}", mixed)
+        yield ("kv_quant", f"decode mixed-8/4/4/2-one-launch batch={b.BATCH} ctx={b.CONTEXT} {dn}",
+               functools.partial(mixed, by_width=0))
 
 
 def _df11_cases(mods: dict) -> Iterator[Case]:

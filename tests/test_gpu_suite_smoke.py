@@ -144,9 +144,10 @@ def test_smoke_kernel_benches_all_run_and_check(tmp_path):
                                         ("int8", "fp8", "int4", "int4-kivi", "int4-oaken", "mixed-8/4/4/2")} | {
         "all_formats_pct_of_floor_b16_c8k", "bf16_pct_of_copy_b16_c8k"}  # fmt: skip
     assert all({"measured", "target", "met"} <= set(t) for t in kq["sweep_targets"].values())
-    # the joined-tile design each code-planes default replaced, timed beside it (gpu_kvquant.JOINED)
+    # the design each default replaced, timed beside it (gpu_kvquant.JOINED: code planes, mixed by width)
     joined = {r["format"]: r for r in kq["rows"] if "joined_ms" in r}
-    assert set(joined) == {"int4", "int8", "int4-kivi"} and all(r["joined_ms"] > 0 for r in joined.values())
+    assert set(joined) == {"int4", "int8", "int4-kivi", "mixed-8/4/4/2"}
+    assert all(r["joined_ms"] > 0 for r in joined.values())
     df = rep["df11"]
     assert df["all_bit_exact"] and df["small_m_4096x4096"] and df["shapes"] and df["sweep_4096x4096"]
     # The rows layout beside the flat one: decoded bit for bit, its GEMV timed at M = 1 in smoke mode.

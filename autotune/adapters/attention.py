@@ -189,7 +189,8 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
         """The decode space; INT8 on GPUs also tries reading its codes as int32 words (WORDS8 1: 16-byte copies,
         a shift and a mask per element) against bytes (0); INT4 / INT8 (and KIVI's keys) with 16-bit queries where
         the kernel can dot code planes (`triton_attention.reads_planes`) try them against the joined tile (PLANES 1 /
-        0), and one warp a program (the planes' default tile for INT4 at head_dim 128)."""
+        0), and one warp a program (the planes' default tile for INT4 at head_dim 128); the mixed cache decodes width
+        by width (BY_WIDTH 1, on its default tile: the tile is then the INT launches') or in one launch (0)."""
         sp = super().space(shape, dtype, on_gpu)
         params, valid = dict(sp.params), sp.valid
         if self.fmt == "int8" and on_gpu and shape["head_dim"] % 4 == 0:
@@ -205,6 +206,13 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
             def valid(c, v=sp.valid, kf=kf, bits=bits, d=d):  # PLANES 1 where the kernel takes it (else a duplicate)
                 planes = c.get("WORDS8", 1) == 1 and ta.reads_planes(kf, bits, d, c)
                 return v(c) and (c["PLANES"] == 0 or planes)
+        if self.fmt == "mixed" and on_gpu:  # decode width by width (its INT launches read their own tables) or in one
+            params["BY_WIDTH"] = [0, 1]
+            base = ta.default_config(d, torch.finfo(dtype).bits // 8, ta.KV_FORMAT_MIXED, 8, shape["block_size"])
+            tile = ("BLOCK_N", "num_warps", "num_stages")
+
+            def valid(c, v=sp.valid, base=base, tile=tile):  # BY_WIDTH 1 ignores the tile: one config of it
+                return v(c) and (c["BY_WIDTH"] == 0 or all(c[k] == base[k] for k in tile))
         return dataclasses.replace(sp, params=params, valid=valid)
 
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:

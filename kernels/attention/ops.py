@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from codesign.backend import device_view, resolve_backend
+from codesign.kernels.attention.mixed_by_width import ByWidthPlan, attend_by_width, by_width_applies
 from codesign.kernels.attention.options import (
     OP_ARGS,
     OP_ARGS_SCHEMA,
@@ -137,7 +138,7 @@ def run_attention(
     opts: AttentionOptions,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
-    plan: LaunchPlan | None = None,
+    plan: LaunchPlan | ByWidthPlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of `fmt`'s attention on the backend `attention_backend` picks for q, into `out` / `lse`
     when given (lse: `[0, q_heads]` when opts.return_lse is off). The Triton path launches with `plan` (made
@@ -147,8 +148,12 @@ def run_attention(
         return _into(out, o), _into(lse, l_)
     out = torch.empty_like(q) if out is None else out
     lse = alloc_lse(q, opts.return_lse) if lse is None else lse
-    paged_attention_triton(q, fmt.kernel_kv(q, tensors, params), batch, opts, out, lse if opts.return_lse else None,
-                           plan)  # fmt: skip
+    kv = fmt.kernel_kv(q, tensors, params)
+    lse_or = lse if opts.return_lse else None
+    if isinstance(plan, ByWidthPlan) or (plan is None and by_width_applies(kv.kv_format, q, batch, opts, kv.k.shape)):
+        attend_by_width(q, kv, batch, opts, out, lse_or, plan)
+    else:
+        paged_attention_triton(q, kv, batch, opts, out, lse_or, plan)
     return out, lse
 
 

@@ -809,8 +809,16 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
     OAKEN_CAP: tl.constexpr = 0, WORDS: tl.constexpr = False, HW_FP8: tl.constexpr = False,
     OAKEN_NBT: tl.constexpr = 1, F16_MMA: tl.constexpr = False, OAKEN_GP: tl.constexpr = 1,
     INTERPRETED: tl.constexpr = False, META32: tl.constexpr = False, BT_AHEAD: tl.constexpr = True,
-    PLANES: tl.constexpr = False,
+    PLANES: tl.constexpr = False, KV_ALIGN: tl.constexpr = 1,
 ):  # fmt: skip
+    if KV_ALIGN > 1:  # the K/V strides' common power of two below 16 (`kv_align`), which Triton does not specialize
+        # on: a product with the constant carries it into the alignment analysis (`tl.multiple_of` on a scalar did not)
+        stride_kb = stride_kb // KV_ALIGN * KV_ALIGN
+        stride_ks = stride_ks // KV_ALIGN * KV_ALIGN
+        stride_kh = stride_kh // KV_ALIGN * KV_ALIGN
+        stride_vb = stride_vb // KV_ALIGN * KV_ALIGN
+        stride_vs = stride_vs // KV_ALIGN * KV_ALIGN
+        stride_vh = stride_vh // KV_ALIGN * KV_ALIGN
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -1513,12 +1521,14 @@ def plan_launch(
     num_splits: int | None,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     oaken_cap: int = 0,
+    allocate: bool = True,
 ) -> LaunchPlan:
     """The one place a launch is planned: config (`launch_config`, one table lookup), rows layout, split count
     (`choose_num_splits` over this launch's programs when `num_splits` is None) and workspace (`workspace`
     reused when its shape fits). q: the queries (or a tensor of their shape, dtype and device); kv_shape: the
     cache's (num_blocks, block_size, kv_heads, ...); oaken_cap: an Oaken cache's slots per (block, kv head)
-    (its launch needs a probability scratch).
+    (its launch needs a probability scratch); allocate False: no workspace (a caller that lays out its own, as
+    `mixed_by_width` does for its launches' shared one).
     Host-only: no sync."""
     t, hq, dim = q.shape
     bs, hkv, b = kv_shape[1], kv_shape[2], batch.block_tables.shape[0]
@@ -1538,7 +1548,7 @@ def plan_launch(
         or (kv_format == KV_FORMAT_INT and bits == 8 and dim % 4 == 0 and bool(cfg.get("WORDS8", WORDS8_DEFAULT)))
     )
     ws = None
-    if num_splits > 1:
+    if num_splits > 1 and allocate:
         shape = (t, hq, num_splits)
         if workspace is not None and workspace[1].shape == shape and workspace[0].shape[-1] == dim_pad(dim):
             ws = workspace
@@ -1614,6 +1624,20 @@ def _oaken_capacity(kv: KernelKV, head_dim: int) -> int:
     return cap
 
 
+def kv_align(*caches: torch.Tensor) -> int:
+    """The largest power of two up to 4 elements (16 bytes of words) dividing every block, token and head stride and
+    offset of `caches`, or 1 where all of them divide by 16 (Triton specializes those itself) or by no power of two.
+    A 2-bit row at head_dim 128 is 8 words: heads 8 words apart, which Triton cannot tell from 3, so it copied the rows
+    4 bytes at a time (`LDGSTS.E`) where 16 (`.128`) fit."""
+    vals = [v for c in caches for v in (*c.stride()[:3], c.storage_offset())]
+    if all(v % 16 == 0 for v in vals):
+        return 1
+    align = 4
+    while align > 1 and any(v % align for v in vals):
+        align //= 2
+    return align
+
+
 def _bt_ahead(device) -> bool:
     """Whether the kernel loads block ids a tile ahead (`BT_AHEAD`): on sm_90 and up, and in the interpreter (so CPU
     tests run that path); not on mma.sync GPUs, where the FP8 tree tile spilled with it."""
@@ -1629,10 +1653,13 @@ def paged_attention_triton(
     out: torch.Tensor,
     lse: torch.Tensor | None,
     plan: LaunchPlan | None = None,
+    reduce: bool = True,
 ) -> None:
     """Launch the attention (and, with more than one split, the reduction) kernels into `out` / `lse`
     (lse None: not written). `opts`: resolved (`attention.options.prepare`); `plan`: `plan_launch`'s, made
-    here when not given (a plan()/run() wrapper gives its own: no table lookup, no allocation here).
+    here when not given (a plan()/run() wrapper gives its own: no table lookup, no allocation here). With splits
+    the partials go to the plan's workspace at its strides (a view into a larger one is fine) and `reduce` False
+    leaves them there (`reduce_splits` later merges several launches' partials at once).
 
     Inputs are validated by the entry points (`attention.paged.attend`, the cache types of `kvcache`);
     nothing here syncs with the host, so the launch can be captured in a CUDA graph.
@@ -1670,7 +1697,7 @@ def paged_attention_triton(
         batch.block_tables.stride(0),
         out.stride(0), out.stride(1),
         lse_t.stride(0), lse_t.stride(1),
-        hq * s, s, 1,
+        *l_part.stride(),
         GROUP=hq // hkv, GROUP_PAD=p.group_pad, BLOCK_Q=p.block_q, BLOCK_N=cfg["BLOCK_N"],
         HEAD_DIM=dim, DIM_PAD=dpad, BLOCK_SIZE=bs, NUM_SPLITS=s,
         IS_DECODE=batch.is_decode, MASK_MODE=MASK_TREE if batch.is_tree else MASK_CAUSAL,
@@ -1680,13 +1707,22 @@ def paged_attention_triton(
         HW_FP8=p.hw_fp8, OAKEN_GP=triton.next_power_of_2(hq // hkv),
         F16_MMA=kv.kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", INTERPRETED=device_view(q.device).interpreted,
-        META32=meta32, BT_AHEAD=_bt_ahead(q.device), PLANES=p.planes,
+        META32=meta32, BT_AHEAD=_bt_ahead(q.device), PLANES=p.planes, KV_ALIGN=kv_align(k_cache, v_cache),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
-    if s > 1:
-        _reduce_splits_kernel[(t, hq)](
-            o_part, l_part, out, lse_t,
-            hq * s, s, out.stride(0), out.stride(1), lse_t.stride(0), lse_t.stride(1),
-            NUM_SPLITS=s, SPLITS_PAD=triton.next_power_of_2(s), HEAD_DIM=dim, DIM_PAD=dpad,
-            WRITE_LSE=lse is not None, num_warps=4 if dim >= 128 else 2,
-        )  # fmt: skip
+    if s > 1 and reduce:
+        reduce_splits(o_part, l_part, out, lse)
+
+
+def reduce_splits(o_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    """Merge split partials (fp32 o_part [T, Hq, S, DIM_PAD], l_part [T, Hq, S] in log2, contiguous) into `out`
+    [T, Hq, D] and, when given, `lse` (natural log); a split of no keys holds -inf and weighs nothing."""
+    t, hq, s = l_part.shape
+    dim = out.shape[2]
+    lse_t = lse if lse is not None else out
+    _reduce_splits_kernel[(t, hq)](
+        o_part, l_part, out, lse_t,
+        hq * s, s, out.stride(0), out.stride(1), lse_t.stride(0), lse_t.stride(1),
+        NUM_SPLITS=s, SPLITS_PAD=triton.next_power_of_2(s), HEAD_DIM=dim, DIM_PAD=dim_pad(dim),
+        WRITE_LSE=lse is not None, num_warps=4 if dim >= 128 else 2,
+    )  # fmt: skip

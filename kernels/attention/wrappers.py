@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from codesign.backend import canonical_device
+from codesign.kernels.attention.mixed_by_width import ByWidthPlan, by_width_applies, plan_by_width
 from codesign.kernels.attention.ops import PLAIN, AttentionFormat, run_attention
 from codesign.kernels.attention.options import Q_DTYPES, AttentionBatch, AttentionOptions, alloc_lse, prepare
 from codesign.kernels.attention.quantized import QUANT_CACHE_TYPES, format_of
@@ -47,7 +48,7 @@ class _Plan:
     batch: AttentionBatch
     opts: AttentionOptions
     opts_lse: AttentionOptions
-    launch: LaunchPlan
+    launch: LaunchPlan | ByWidthPlan
     no_lse: torch.Tensor  # the `[0, q_heads]` lse run() passes when none is asked
     signature: tuple | None  # a quantized cache's (`AttentionFormat.signature`), None for a plain cache
     kv_format: KVFormat
@@ -115,8 +116,14 @@ class _PlannedAttention:
         batch, opts = prepare(probe, k_like, k_like, block_tables, context_lens, cu, tree_args, opts)
         old = self._plan.launch.workspace if self._plan else None
         cap = cache.capacity if isinstance(cache, OakenPagedKV) else 0
-        launch = plan_launch(probe, tuple(k_like.shape), code, bits, batch, opts.num_splits, old, cap)
-        launch = dataclasses.replace(launch, tree_words=self._persist("tree_words", launch.tree_words))
+        if by_width_applies(code, probe, batch, opts, tuple(k_like.shape)):  # a mixed cache's decode, width by width
+            launch = plan_by_width(probe, tuple(k_like.shape), batch, opts.num_splits, old)
+            # run() rebuilds the sorted tables in place: the buffers stay put across re-plans (CUDA graphs)
+            launch = dataclasses.replace(launch, tables=self._keep("width_tables", launch.tables),
+                                         lens=self._keep("width_lens", launch.lens))  # fmt: skip
+        else:
+            launch = plan_launch(probe, tuple(k_like.shape), code, bits, batch, opts.num_splits, old, cap)
+            launch = dataclasses.replace(launch, tree_words=self._persist("tree_words", launch.tree_words))
         if launch.oaken_scratch is not None:  # rewritten by every run(): only the buffer is kept across re-plans
             launch = dataclasses.replace(launch, oaken_scratch=self._keep("oaken_scratch", launch.oaken_scratch))
         persisted = {f.name: self._persist(f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch)

@@ -89,6 +89,11 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # either way (memory-bound); 88-128 registers, no spills on sm_90 or sm_80 (`bench/gemm_predict.py`,
     # `bench/lowering_report.py --sections correctness quant_gemm`).
     "splitk": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
+    # 4-bit weights on sm_90+ (`splitk_kind`): 8 warps a program, each a 16 x 16 slice of the tile. The loop is
+    # latency-bound at 3 programs an SM either way; 8 warps put 6 a scheduler where 4 put 3. sm_90, N = K = 8192, bf16,
+    # predicted (`bench/gemm_predict.py`, untimed): M = 1 23.6 -> 21.3 us (1.45x -> 1.60x bf16), M = 16 24.3 -> 21.7
+    # (1.40x -> 1.58x); 72 registers, no spills. 8-bit codes keep 4 (predicted 21.1 against 22.5 us at M = 16).
+    "splitk_w4": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 8, "num_stages": 4},
     # fp32 activations (the "ieee" correctness path on the FMA units, `splitk_kind`) keep 64 columns: at 128 their
     # spills doubled (sm_90: 448-7868 B a thread against 260-4264).
     "splitk_fp32": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
@@ -319,9 +324,14 @@ def tiled_kind(m: int, n: int, x_dtype: torch.dtype, view: DeviceView, bits: int
 W4_TILE_MAX_M = 256  # "tiled_w4" up to here (`tiled_kind`); past it the 256-row tile is as fast (predicted)
 
 
-def splitk_kind(x_dtype: torch.dtype, view: DeviceView) -> str:
-    """The split-K variant's defaults: "splitk", or on a GPU "splitk_fp32" (64 columns) for fp32 activations."""
-    return "splitk_fp32" if view.compiled and x_dtype == torch.float32 else "splitk"
+def splitk_kind(x_dtype: torch.dtype, view: DeviceView, bits: int = 8) -> str:
+    """The split-K variant's defaults: "splitk", or on a GPU "splitk_fp32" (64 columns) for fp32 activations and, on
+    sm_90+, "splitk_w4" (8 warps) for 4-bit weights."""
+    if view.compiled and x_dtype == torch.float32:
+        return "splitk_fp32"
+    if view.compiled and bits == 4 and (view.capability or (0, 0)) >= (9, 0):
+        return "splitk_w4"
+    return "splitk"
 
 
 def magic_dequant(bits: int, scale_dtype: torch.dtype, dot_dtype: tl.dtype) -> bool:
@@ -588,7 +598,8 @@ def wq_gemm(
     key = wq_table_key(n, k, group)
     variant = choose_variant(m, wq_op(bits), x.device, key)
     view = device_view(x.device)
-    kind = {"tiled": tiled_kind(m, n, x.dtype, view, bits), "splitk": splitk_kind(x.dtype, view)}.get(variant, variant)
+    kinds = {"tiled": tiled_kind(m, n, x.dtype, view, bits), "splitk": splitk_kind(x.dtype, view, bits)}
+    kind = kinds.get(variant, variant)
     cfg = launch_config(wq_table_op(bits, variant), kind, x.device, m, key)
     if variant == "dequant":
         dequant_matmul(x, qweight, scales, zeros, bias, bits, group, out, cfg)

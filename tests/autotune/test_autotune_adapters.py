@@ -6,6 +6,7 @@ launcher), so the table a tune writes is the one the kernel reads by constructio
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -136,3 +137,19 @@ def test_int4_int8_kv_decode_tune_code_planes_and_one_warp():
     kivi = get_op("paged_attention_kivi").space(shape, torch.float16, True)  # its key tiles: [16, BLOCK_N] outputs
     assert kivi.params["PLANES"] == [0, 1]
     assert kivi.valid({**base, "PLANES": 1}) and not kivi.valid({**base, "num_warps": 4, "BLOCK_N": 16, "PLANES": 1})
+
+
+def test_mixed_kv_decode_tunes_width_by_width_against_one_launch():
+    """The mixed cache's GPU space holds BY_WIDTH 0 / 1, width by width only on the default tile (it ignores the
+    tile, so other tiles would time the same launches again); not on CPU."""
+    op = get_op("paged_attention_mixed")
+    shape = dict(M=4, q_heads=8, kv_heads=2, head_dim=128, block_size=32, ctx=512)
+    sp = op.space(shape, torch.float16, True)
+    assert sp.params["BY_WIDTH"] == [0, 1]
+    assert "BY_WIDTH" not in op.space(shape, torch.float16, False).params
+    ta = importlib.import_module("codesign.kernels.attention.triton_attention")
+    base = {k: ta.default_config(128, 2, ta.KV_FORMAT_MIXED, 8, 32)[k] for k in ("BLOCK_N", "num_warps", "num_stages")}
+    cfg = {**base, "BLOCK_M": 64}
+    other = {**cfg, "BLOCK_N": 16 if base["BLOCK_N"] != 16 else 32}
+    assert sp.valid({**cfg, "BY_WIDTH": 1}) and sp.valid({**other, "BY_WIDTH": 0})
+    assert not sp.valid({**other, "BY_WIDTH": 1})

@@ -245,12 +245,12 @@ os.makedirs(os.path.join(root, "nvidia-h200"))
 json.dump(table, open(os.path.join(root, "nvidia-h200", "w4a16_gemm_splitk.json"), "w"))
 qw = qf.quantize_rtn(torch.randn(96, 256), "int4", 64, True, torch.float16)
 x = torch.randn(5, 256, dtype=torch.float16)  # M = 5: split-K (the table's M = 1 entry is the nearest)
-for gpu, want in (("NVIDIA H200", (32, 32, 2, 2)), ("NVIDIA H100 80GB HBM3", (128, 64, 4, 4))):
+for gpu, want in (("NVIDIA H200", (32, 32, 2, 2)), ("NVIDIA H100 80GB HBM3", (128, 64, 8, 4))):
     with compile_only(90, gpu) as s:
         quant_matmul(x, qw)
     c = s.launches[-1]
     got = (c.constexprs["BLOCK_N"], c.constexprs["BLOCK_K"], c.num_warps, c.num_stages)
-    assert got == want, (gpu, got)  # H100: no table, the GPU defaults (BLOCK_K clamped to the group)
+    assert got == want, (gpu, got)  # H100: no table, the GPU defaults (splitk_w4; BLOCK_K clamped to the group)
 print("ok")
 """
     )
@@ -303,7 +303,8 @@ with compile_only(90, "NVIDIA H200") as s:
             for bs in (16, 32) if fmt in blocks else (16,):
                 shape = dict(M=m, q_heads=32, kv_heads=8, head_dim=128, block_size=bs, ctx=ctx)
                 op = get_op(name)
-                op.run(op.make_inputs(shape, torch.float16, "cpu", 0), pt.default_config(128, 2, fmt, 4, bs))
+                cfg = pt.default_config(128, 2, fmt, 4, bs) | ({"BY_WIDTH": 0} if fmt == pt.KV_FORMAT_MIXED else {})
+                op.run(op.make_inputs(shape, torch.float16, "cpu", 0), cfg)  # (mixed: its one-launch kernel)
 # Tree verification at its default tile (64 x 4 warps, as the extend): the byte-mask tile spilled 312 B there.
 from codesign.kernels.attention.tree import build_tree_batch
 from codesign.kernels.attention.paged import tree_attention
@@ -373,6 +374,13 @@ with compile_only(90, "NVIDIA H200") as s:
     op.run(op.make_inputs(dict(M=256, N=512, K=512, G=128), torch.bfloat16, "cpu", 0), dict(_GPU_DEFAULTS["tiled_w4"]))
 w4 = [l for l in s.launches if l.kernel == "_wq_kernel"]
 assert w4 and all(l.problems() == [] and l.ptx_ops["wgmma"] > 0 for l in w4), [(l.problems(), l.ptx_ops) for l in w4]
+# and its 8-warp split-K (splitk_w4) at decode M: no spill.
+with compile_only(90, "NVIDIA H200") as s:
+    op = get_op("w4a16_gemm")
+    op.run(op.make_inputs(dict(M=16, N=512, K=1024, G=128, SPLITK=1), torch.bfloat16, "cpu", 0),
+           dict(_GPU_DEFAULTS["splitk_w4"]))  # fmt: skip
+sk = [l for l in s.launches if l.kernel == "_wq_kernel"]
+assert sk and all(l.problems() == [] and l.num_warps == 8 for l in sk), [(l.problems(), l.num_warps) for l in sk]
 print("ok")
 """
     )

@@ -161,3 +161,25 @@ def test_config_sweep_forces_each_config_and_ranks_them(tmp_path):
     ok = [r for r in rows.values() if not r["spill_stores"]]
     assert f["best"][0]["predicted_ms"] == min(r["predicted_ms"] for r in ok)
     assert f["default"]["num_warps"] == 1 and f["default"]["predicted_ms"] == pytest.approx(rows[1]["predicted_ms"])
+
+
+@pytest.mark.lowering
+def test_int2_rows_copy_16_bytes_and_mixed_decodes_by_width(tmp_path):
+    """INT2 rows at head_dim 128 are 8 words, heads 8 words apart: with `kv_align` the kernel knows it and copies
+    them 16 bytes at a time (it copied 4, `LDGSTS.E`, 1167 SASS a tile against 1043). The mixed cache's prediction is
+    its three INT launches at their shares of the context (8/4/4/2: a quarter, half, a quarter), plus the
+    reduction and the tables launch."""
+    out = tmp_path / "p.json"
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    res = subprocess.run([sys.executable, str(SCRIPT), "--formats", "int2", "mixed-8/4/4/2", "--no-tree", "--out",
+                          str(out)], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(out.read_text())["decode"]
+    i2 = rows["int2"]
+    assert i2["loop"]["ldgsts"].get("LDGSTS.E.BYPASS.128", 0) > 0 and i2["spill_stores"] == 0, i2["loop"]["ldgsts"]
+    mixed = rows["mixed-8/4/4/2"]
+    parts = mixed["by_width"]
+    assert {k: p["context"] for k, p in parts.items()} == {"int8": 8192, "int4": 16384, "int2": 8192}
+    # each part's own merge (0.003 ms, 3 of them) gives way to one reduction and the tables launch (2)
+    assert mixed["predicted_ms"] == pytest.approx(sum(p["predicted_ms"] for p in parts.values()) - 0.003, rel=1e-9)
+    assert mixed["predicted_ms"] < rows["int2"]["predicted_ms"]  # three shorter launches, INT4's on code planes

@@ -261,6 +261,7 @@ def test_run_does_no_table_lookup_and_no_allocation(kind, monkeypatch):
     functional entry point's bits."""
     from collections import Counter
 
+    from codesign.kernels.attention import mixed_by_width as mbw
     from codesign.kernels.attention import triton_attention as ta
     from codesign.kernels.attention.paged import paged_decode_attention
 
@@ -280,8 +281,9 @@ def test_run_does_no_table_lookup_and_no_allocation(kind, monkeypatch):
             ref = _functional(kind, q, args[0], bt, cl, None, 2)
         counts: Counter = Counter()
         paused: list = []
-        for kernel in ("_paged_attn_kernel", "_reduce_splits_kernel"):
-            monkeypatch.setattr(ta, kernel, _Uncounted(getattr(ta, kernel), paused))
+        for mod, kernel in ((ta, "_paged_attn_kernel"), (ta, "_reduce_splits_kernel"),
+                            (mbw, "_width_tables_kernel")):  # (the interpreter's own copies are not run()'s)
+            monkeypatch.setattr(mod, kernel, _Uncounted(getattr(mod, kernel), paused))
         _count_calls(monkeypatch, counts, ta, "lookup_config", paused)
         for name in ("empty", "zeros", "ones", "full", "empty_like", "zeros_like", "full_like", "empty_strided",
                      "tensor", "arange"):  # fmt: skip

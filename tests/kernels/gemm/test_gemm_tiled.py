@@ -147,3 +147,8 @@ def test_tiled_kind_takes_64_row_tiles_for_4_bit_weights_on_hopper():
     assert qt.tiled_kind(256, 8192, bf16, DeviceView(interpreted=True), bits=4) == "tiled"
     cfg = qt._GPU_DEFAULTS["tiled_w4"]
     assert cfg["BLOCK_K"] == 128 and cfg["BLOCK_M"] == 64  # one group of 128 a K step
+    # split-K likewise: 8 warps for 4-bit weights on sm_90+, else as before
+    assert qt.splitk_kind(bf16, h200, bits=4) == "splitk_w4" and qt._GPU_DEFAULTS["splitk_w4"]["num_warps"] == 8
+    assert qt.splitk_kind(bf16, h200, bits=8) == qt.splitk_kind(bf16, a100, bits=4) == "splitk"
+    assert qt.splitk_kind(torch.float32, h200, bits=4) == "splitk_fp32"
+    assert qt.splitk_kind(bf16, DeviceView(interpreted=True), bits=4) == "splitk"

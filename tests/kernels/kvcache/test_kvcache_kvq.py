@@ -320,3 +320,21 @@ def test_meta_pairs_not_aligned_as_words_give_the_same_attention(fmt):
     kd, vd = _dequant_ref(cache)
     ref, _ = reference_attention(q, kd, vd, bt, cl, [1] * len(ctx))
     assert_rel_close(outs[1], ref, 2e-6, f"{fmt} decode, metadata not word-aligned")
+
+
+def test_kv_align_is_the_strides_common_power_of_two():
+    """`kv_align`: 1 where every stride and offset divides by 16 (Triton specializes those) or none by 2; else the
+    largest of 4, 2 dividing all (INT2 at head_dim 128: heads 8 words apart -> 4; head_dim 48: 3 words -> 1); a view at
+    an odd offset lowers it. The kernel rounds the strides down to it, so a wrong answer would read wrong rows: the
+    INT2 attention tests run with it."""
+    from codesign.kernels.attention.triton_attention import kv_align
+
+    def words(nb, bs, h, nw):
+        return torch.zeros(nb, bs, h, nw, dtype=torch.int32)
+
+    assert kv_align(words(4, 16, 8, 32), words(4, 16, 8, 32)) == 1  # INT8 at 128: every stride a multiple of 16
+    assert kv_align(words(4, 16, 8, 8), words(4, 16, 8, 8)) == 4  # INT2 at 128
+    assert kv_align(words(4, 16, 2, 3)) == 1  # INT2 at 48: heads 3 words apart
+    assert kv_align(words(4, 16, 2, 6)) == 2
+    assert kv_align(words(4, 16, 8, 8), words(5, 16, 8, 8)[1:]) == 4  # a view one block in: 1024 words
+    assert kv_align(torch.zeros(4 * 16 * 8 * 8 + 2, dtype=torch.int32)[2:].view(4, 16, 8, 8)) == 2  # offset 2

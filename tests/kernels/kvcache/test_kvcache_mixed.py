@@ -13,6 +13,7 @@ from paged_attention_ref import reference_attention
 from codesign.accel_model import kv_quant_engine as eng
 from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
+from codesign.kernels.attention import mixed_by_width as mbw
 from codesign.kernels.attention import triton_attention as pat
 from codesign.kernels.attention.quantized import mixed_attention
 from codesign.kernels.attention.tree import build_tree_batch
@@ -101,8 +102,10 @@ def test_write_bit_exact_per_block_width(bs, d, ctx, widths):
         assert torch.equal(c2.v_meta[s // bs, s % bs], cache.v_meta[s // bs, s % bs])
 
 
-@pytest.mark.parametrize("splits", [1, 2])
-def test_decode_and_extend_over_mixed_blocks(splits):
+@pytest.mark.parametrize("splits, by_width", [(1, 1), (2, 1), (2, 0)])
+def test_decode_and_extend_over_mixed_blocks(splits, by_width, monkeypatch):
+    """Decode width by width (`mixed_by_width`, the default) and in one launch (BY_WIDTH 0), extend in one launch."""
+    monkeypatch.setattr(mbw, "BY_WIDTH_DEFAULT", by_width)
     cache, bt, cl, k, v, slots = _setup([11, 9, 14])
     kd, vd = _engine_dequant(cache)
     q = torch.randn(3, 2 * H, D)
@@ -140,7 +143,7 @@ def test_two_block_tiles_read_each_block_at_its_width(bs, d, dtype):
         tile = 2 * bs
         assert tile > pat.default_config(d, elem, pat.KV_FORMAT_MIXED, 8, bs)["BLOCK_N"]
     def forced():
-        return forced_config(pat.table_op(pat.KV_FORMAT_MIXED, 8), {"BLOCK_N": tile, "num_warps": 4})
+        return forced_config(pat.table_op(pat.KV_FORMAT_MIXED, 8), {"BLOCK_N": tile, "num_warps": 4, "BY_WIDTH": 0})
 
     assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile)
     widths = [[8, 4, 4, 2, 2, 8, 8, 8, 2, 4], [4, 8, 2], [2], [2, 2, 8], [8, 2, 4, 4]]
@@ -164,10 +167,11 @@ def test_two_block_tiles_read_each_block_at_its_width(bs, d, dtype):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bs, d", [(32, 64), (64, 48)])
-def test_whole_block_tiles_read_words(bs, d):
+def test_whole_block_tiles_read_words(bs, d, monkeypatch):
     """Blocks a multiple of the default tile (32 tokens at these head sizes): each tile has one width and
-    reads its codes as int32 words (`mixed_reads_words`); all three widths in one launch, decode with splits
-    and extend; head_dim 48 pads the tile (three 2-bit words a row)."""
+    reads its codes as int32 words (`mixed_reads_words`); all three widths in one launch (BY_WIDTH 0), decode with
+    splits and extend; head_dim 48 pads the tile (three 2-bit words a row)."""
+    monkeypatch.setattr(mbw, "BY_WIDTH_DEFAULT", 0)
     tile = pat.default_config(d, 4, pat.KV_FORMAT_MIXED, 8)["BLOCK_N"]
     assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile)
     ctx = [5 * bs + 3, 2 * bs, 3 * bs - 1, 7]
@@ -224,3 +228,92 @@ def test_mixed_cache_with_a_width_unused_dequantizes():
     cache.set_block_bits([0, 1, 2, 3], [8, 8, 4, 4])
     k, v = cache.dequantize()
     assert k.shape == v.shape and k.shape[:2] == (4, 16)
+
+
+def _random_tables(ctx, bs, nb, widths=(8, 4, 2)):
+    """Shuffled block tables over a pool of nb blocks with random widths (entries past a context: -1)."""
+    per = max(1, max(-(-c // bs) for c in ctx))
+    ids = torch.randperm(nb)[: len(ctx) * per].reshape(len(ctx), per).to(torch.int32)
+    for b, c in enumerate(ctx):
+        ids[b, -(-c // bs) :] = -1
+    bits = torch.tensor(widths, dtype=torch.uint8)[torch.randint(len(widths), (nb,))]
+    return ids, bits
+
+
+@pytest.mark.parametrize("chunk", [2, mbw.TABLES_CHUNK])
+def test_width_tables_sort_each_sequence_by_width(chunk, monkeypatch):
+    """`_width_tables_kernel` (interpreted) against the host reference: order kept, the partial last block at the end
+    of its width's list, empty contexts and widths, several chunks a row (chunk 2); entries past a width's count
+    untouched."""
+    monkeypatch.setattr(mbw, "TABLES_CHUNK", chunk)
+    bs = 4
+    ctx = torch.tensor([0, 1, 4, 5, 17, 40, 39], dtype=torch.int32)
+    bt, bits = _random_tables(ctx.tolist(), bs, 96)
+    want_t, want_l = mbw.width_tables_torch(bt, ctx, bits, bs)
+    tables = torch.full((3, *bt.shape), -7, dtype=torch.int32)
+    lens = torch.full((3, len(ctx)), -7, dtype=torch.int32)
+    with use_backend("triton"):
+        mbw.width_tables(bt, ctx, bits, bs, tables, lens)
+    assert torch.equal(lens, want_l)
+    assert torch.equal(lens.sum(0), ctx)  # every token in exactly one width's list
+    for i in range(3):
+        for b in range(len(ctx)):
+            n = -(-int(want_l[i, b]) // bs)
+            assert torch.equal(tables[i, b, :n], want_t[i, b, :n])
+            assert (tables[i, b, n:] == -7).all()
+
+
+def _spy_launches(monkeypatch):
+    calls = []
+    orig = mbw.paged_attention_triton
+
+    def spy(q, kv, batch, opts, out, lse, plan, reduce=True):
+        calls.append((kv.kv_format, kv.bits, plan.num_splits, reduce))
+        return orig(q, kv, batch, opts, out, lse, plan, reduce)
+
+    monkeypatch.setattr(mbw, "paged_attention_triton", spy)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_decode_by_width_runs_one_int_launch_a_width(dtype, monkeypatch):
+    """A mixed decode is three per-token INT launches (8, 4, 2 bits, each at least MIN_SPLITS splits, partials left
+    for one reduction) over the cache in place, equal to fp64 attention over the engine-dequantized cache (out and
+    lse), a sequence with no block of some width and one shorter than a block included; ALiBi, a window or a config
+    with BY_WIDTH 0 keep the one-launch kernel. Teeth: a length one token long (a NaN-poisoned slot) must fail."""
+    calls = _spy_launches(monkeypatch)
+    bs, d = 8, 32
+    widths = [[8, 4, 4, 2, 8], [4, 4], [2], [2, 8, 8]]
+    ctx = [4 * bs + 3, 2 * bs, bs - 5, 3 * bs]
+    cache, bt, cl, *_ = _setup(ctx, bs, d, widths, backend="torch")
+    kd, vd = _engine_dequant(cache)
+    q = (torch.randn(len(ctx), 2 * H, d) * 3.0).to(dtype)
+    ref, ref_lse = reference_attention(q.double(), kd, vd, bt, cl, [1] * len(ctx))
+    tol = 2e-6 if dtype == torch.float32 else 1e-3
+    for splits in (None, 1, 3):
+        calls.clear()
+        with use_backend("triton"):
+            out, lse = mixed_attention(q, cache, bt, cl, num_splits=splits, return_lse=True)
+        assert [c[:2] for c in calls] == [(pat.KV_FORMAT_INT, 8), (pat.KV_FORMAT_INT, 4), (pat.KV_FORMAT_INT, 2)]
+        assert all(c[2] >= max(mbw.MIN_SPLITS, splits or 1) and not c[3] for c in calls)
+        assert_rel_close(out.double(), ref, tol, f"mixed decode by width {dtype} splits={splits}")
+        assert_rel_close(lse.double(), ref_lse.double(), 2e-6, "lse")
+    calls.clear()
+    slopes = torch.rand(2 * H)
+    with use_backend("triton"):
+        mixed_attention(q, cache, bt, cl, alibi_slopes=slopes)
+        mixed_attention(q, cache, bt, cl, window=5)
+        with forced_config(pat.table_op(pat.KV_FORMAT_MIXED, 8), {"BY_WIDTH": 0}):
+            out0 = mixed_attention(q, cache, bt, cl)
+    assert not calls
+    assert_rel_close(out0.double(), ref, tol, "mixed decode in one launch")
+    orig = mbw.width_tables
+
+    def one_too_many(*args):
+        orig(*args)
+        args[-1].add_(args[-1] > 0)
+
+    monkeypatch.setattr(mbw, "width_tables", one_too_many)
+    with use_backend("triton"):
+        bad = mixed_attention(q, cache, bt, cl)
+    assert not torch.allclose(bad.double(), ref, atol=tol, equal_nan=False)
