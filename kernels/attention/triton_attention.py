@@ -546,6 +546,44 @@ def _kivi_key_planes(words, mrow, w, BITS: tl.constexpr, HEAD_DIM: tl.constexpr,
 
 
 @triton.jit
+def _value_group(w, WORDS_PER_GROUP: tl.constexpr, GROUPS: tl.constexpr):
+    """The value group of word column w (its own function: the tests mutate it)."""
+    return w // WORDS_PER_GROUP
+
+
+@triton.jit
+def _kivi_value_planes(base, mrow, j_ok, j, nq, rrow, BITS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       DIM_PAD: tl.constexpr, KIVI_GV: tl.constexpr, META32: tl.constexpr, RING: tl.constexpr,
+                       INTERPRETED: tl.constexpr):  # fmt: skip
+    """A KIVI value tile as dequantized code planes (`word_planes`): plane j (channels PERW w + j) times its token's
+    group (scale, zero). A value group holds whole words (KIVI_GV a multiple of PERW), so column w's group is
+    w // (KIVI_GV / PERW) in every plane: one [BLOCK_N, words] load of pairs serves all planes. RING: tokens at or
+    past nq come from the fp16 ring rows `rrow`, read plane by plane (channel PERW w + j). Each plane stays an
+    elementwise function of loaded tiles, so it reaches the dot without a shared-memory round trip."""
+    PERW: tl.constexpr = 32 // BITS
+    w = tl.arange(0, DIM_PAD // PERW)
+    w_ok = w < HEAD_DIM // PERW
+    c_ok = j_ok & (j < nq) if RING else j_ok
+    m_ok = c_ok[:, None] & w_ok[None, :]
+    planes = word_planes(tl.load(base + w[None, :], mask=m_ok, other=0), BITS, INTERPRETED)
+    at = mrow[:, None] + _value_group(w, KIVI_GV // PERW, DIM_PAD // KIVI_GV)[None, :] * 2
+    if META32:
+        sc, zr = _pairs(at, m_ok)
+    else:
+        sc = tl.load(at, mask=m_ok, other=0.0)
+        zr = tl.load(at + 1, mask=m_ok, other=0.0)
+    out = ()
+    for pj in tl.static_range(PERW):
+        x = planes[pj] * sc + zr
+        if RING:
+            r_ok = (j_ok & (j >= nq))[:, None] & w_ok[None, :]
+            xr = tl.load(rrow[:, None] + (PERW * w + pj)[None, :], mask=r_ok, other=0.0).to(tl.float16)
+            x = tl.where((j < nq)[:, None], x, xr)
+        out = out + (x,)
+    return out
+
+
+@triton.jit
 def _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh,
                     out_ty: tl.constexpr,
                     BITS: tl.constexpr, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0,
@@ -809,7 +847,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
     OAKEN_CAP: tl.constexpr = 0, WORDS: tl.constexpr = False, HW_FP8: tl.constexpr = False,
     OAKEN_NBT: tl.constexpr = 1, F16_MMA: tl.constexpr = False, OAKEN_GP: tl.constexpr = 1,
     INTERPRETED: tl.constexpr = False, META32: tl.constexpr = False, BT_AHEAD: tl.constexpr = True,
-    PLANES: tl.constexpr = False, KV_ALIGN: tl.constexpr = 1,
+    PLANES: tl.constexpr = False, KV_ALIGN: tl.constexpr = 1, VPLANES: tl.constexpr = False,
 ):  # fmt: skip
     if KV_ALIGN > 1:  # the K/V strides' common power of two below 16 (`kv_align`), which Triton does not specialize
         # on: a product with the constant carries it into the alignment analysis (`tl.multiple_of` on a scalar did not)
@@ -851,6 +889,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         KIVI_PAIRS: tl.constexpr = KV_FORMAT == _KIVI and WORDS and F16_MMA and KIVI_GV % (32 // BITS) == 0
         # KIVI with PLANES: its key tiles of codes only (each inside one key group) as code planes; values joined
         KIVI_KPLANES: tl.constexpr = PLANES and KIVI_PAIRS and KIVI_G % BLOCK_N == 0
+        # and its value tiles too (VPLANES, `reads_value_planes`: no more warps than a value plane's column tiles)
+        KIVI_VPLANES: tl.constexpr = KIVI_KPLANES and VPLANES
         # mixed chunks read as words: `chunk_words_f16`'s order (16-element chunks as 2-bit `pair_order`), every width
         MIXED_PAIRS: tl.constexpr = KV_FORMAT == _MIXED and WORDS and F16_MMA
         # mixed tiles of two whole blocks, each read at its own width (`_mixed_span_codes`)
@@ -1153,6 +1193,17 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                             acc_o = acc_o * _rows_max(alpha, BLOCK_Q, OAKEN_GP, GROUP_PAD)[:, None] + vcor
                         else:  # the tile's rows: straight into the (already rescaled) accumulator
                             acc += vcor
+                elif KIVI_VPLANES:  # KIVI's value tiles as code planes, into the plane accumulators (units 1)
+                    rrow = (v_res_ptr + b * stride_rb + kvh * stride_rh
+                            + ((j % (KIVI_G + KIVI_R)) * stride_rr).to(tl.int64))  # fmt: skip
+                    vpl = _kivi_value_planes(vrow[:, None], vmrow, j_ok, j, nq, rrow, BITS, HEAD_DIM, DIM_PAD, KIVI_GV,
+                                             META32, not KIVI_SPLIT or phase == 1, INTERPRETED)  # fmt: skip
+                    pf = p.to(tl.float16)
+                    new_planes = ()
+                    for pj in tl.static_range(PW):
+                        c_in = acc_planes[pj] * alpha[:, None]
+                        new_planes = new_planes + (tl.dot(pf, vpl[pj], c_in, input_precision=DOT_PREC),)
+                    acc_planes = new_planes
                 else:
                     v = _load_kv_tile(vrow, v_scale_ptr, vmrow, blk, off, kvh, d, j_ok, kv_m,
                                       stride_vmb, stride_vms, stride_vmh, q_mma.dtype, KV_FORMAT, BITS,
@@ -1169,7 +1220,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         has = l_i > 0.0
         lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         base = qt * stride_pt + qh * stride_ph + split * stride_ps  # (the split's partial output, NUM_SPLITS > 1)
-        if PLANES and FACTORED:  # plane pj holds channels pj, pj + PW, .. (KIVI: its keys only)
+        if PLANES and (FACTORED or KIVI_VPLANES):  # plane pj holds channels pj, pj + PW, ..
             for pj in tl.static_range(PW):
                 o = acc_planes[pj] * u_acc / tl.where(has, l_i, 1.0)[:, None]
                 _write_out(o, PW * wq + pj, row_ok[:, None], o_ptr, op_ptr, qt, qh, base, stride_ot, stride_oh,
@@ -1331,6 +1382,8 @@ def reads_words(kv_format: int, bits: int, head_dim: int) -> bool:
 WORDS8_DEFAULT = 1
 # Per-token INT4 / INT8 decode dots code planes (`reads_planes`; config key "PLANES", 0 for the joined fp16 tile).
 PLANES_DEFAULT = 1
+# KIVI decode on few enough warps dots its value tiles' code planes too (`reads_value_planes`; "VPLANES" 0: joined).
+VPLANES_DEFAULT = 1
 
 
 def mixed_reads_words(kv_format: int, head_dim: int, block_size: int, block_n: int) -> bool:
@@ -1410,8 +1463,8 @@ def rows_config(cfg: dict, kv_format: int, is_tree: bool, capability: tuple[int,
     # Decode's tile holds one head group (16 rows): a config of fewer warps (INT_WORDS_WARPS, KIVI_WORDS_WARPS)
     # is a decode choice, and 64 query rows take at least 4; so is its occupancy (a 64-row tile takes more registers).
     cfg = {k: v for k, v in cfg.items() if k != "PROGRAMS_PER_SM"}
-    if cfg["num_warps"] == 1:  # the code planes' one-warp decode tile (PLANES_DECODE_TILE): rows take the default's
-        cfg["BLOCK_N"] = max(cfg["BLOCK_N"], DEFAULT_CONFIG["BLOCK_N"])
+    if cfg["num_warps"] == 1:  # the code planes' one-warp decode tiles: rows take the tile they had before
+        cfg["BLOCK_N"] = max(cfg["BLOCK_N"], KIVI_WORDS_TILE if fmt == KV_FORMAT_KIVI else DEFAULT_CONFIG["BLOCK_N"])
     cfg["num_warps"] = max(cfg["num_warps"], 4)
     if fmt in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
         rows = ROWS_OAKEN_OFFLINE_TREE_M if is_tree and fmt == KV_FORMAT_OAKEN_OFFLINE else ROWS_OAKEN_M
@@ -1504,6 +1557,7 @@ class LaunchPlan:
     tree_words: torch.Tensor | None = None
     oaken_scratch: torch.Tensor | None = None
     planes: bool = False
+    vplanes: bool = False
 
 
 def oaken_scratch_size(rows: int, block_n: int, head_dim: int) -> int:
@@ -1564,7 +1618,19 @@ def plan_launch(
         oak = torch.empty(programs * oaken_scratch_size(bq * triton.next_power_of_2(hq // hkv), cfg["BLOCK_N"], dim),
                           dtype=torch.float32, device=q.device)  # fmt: skip
     planes = words and batch.is_decode and q.dtype != torch.float32 and reads_planes(kv_format, bits, dim, cfg)
-    return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws, tw, oak, planes)
+    vplanes = planes and reads_value_planes(kv_format, bits, dim, cfg)
+    return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws, tw, oak, planes,
+                      vplanes)  # fmt: skip
+
+
+def reads_value_planes(kv_format: int, bits: int, head_dim: int, cfg: dict) -> bool:
+    """True when a KIVI decode launch that dots its key tiles' code planes (`reads_planes`) dots its value tiles'
+    too (`_kivi_value_planes`; config key "VPLANES", default VPLANES_DEFAULT): a value plane dot's output has a row's
+    words as columns (16 at INT4, head_dim 128), so no more warps than its 8-column tiles. The kernel also needs value
+    groups of whole words (its KIVI_PAIRS)."""
+    if kv_format != KV_FORMAT_KIVI or bits not in (4, 8) or not cfg.get("VPLANES", VPLANES_DEFAULT):
+        return False
+    return head_dim // (32 // bits) // 8 >= cfg.get("num_warps", 1)
 
 
 def reads_planes(kv_format: int, bits: int, head_dim: int, cfg: dict) -> bool:
@@ -1708,6 +1774,7 @@ def paged_attention_triton(
         F16_MMA=kv.kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", INTERPRETED=device_view(q.device).interpreted,
         META32=meta32, BT_AHEAD=_bt_ahead(q.device), PLANES=p.planes, KV_ALIGN=kv_align(k_cache, v_cache),
+        VPLANES=p.vplanes,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if s > 1 and reduce:

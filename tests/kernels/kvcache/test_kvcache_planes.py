@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 from helpers import assert_rel_close, rel_fro_error
 from paged_attention_ref import reference_attention
 from test_kvcache_f16_codes import _case
@@ -103,13 +105,14 @@ def test_plane_ptx_follows_the_program(bits):
 
 
 # ----------------------------------------------------------------------------- the kernel (interpreter)
-def _planes_used(monkeypatch) -> list[bool]:
+def _planes_used(monkeypatch, field: str = "planes") -> list[bool]:
+    """Each launch plan's `field` (planes, or KIVI's vplanes), recorded as plans are made."""
     seen: list[bool] = []
     orig = ta.plan_launch
 
     def spy(*a, **k):
         p = orig(*a, **k)
-        seen.append(p.planes)
+        seen.append(getattr(p, field))
         return p
 
     monkeypatch.setattr(ta, "plan_launch", spy)
@@ -178,6 +181,47 @@ def test_kivi_key_planes_vs_fp64(r, monkeypatch):
         assert rel_fro_error(out.double(), joined.double()) < 1e-3
 
 
+@pytest.mark.parametrize("r", [0, 8])
+def test_kivi_value_planes_vs_fp64(r, monkeypatch):
+    """KIVI INT4 at head_dim 128 on a 2-warp tile (`reads_value_planes`): the value tiles dot code planes too, each
+    times its token's group (scale, zero), ring rows read plane by plane, in the code-only tiles and across the ring.
+    The same poisoned cache as the key test; within fp16 rounding of fp64 and of the joined values (VPLANES 0).
+    Teeth: planes dequantized with the next group's scales must fail."""
+    from test_kvcache_kivi import _ref, _setup
+
+    from codesign.kernels.attention.quantized import kivi_decode_attention
+
+    g = 32
+    ctx = [2 * g + r - 1, 3 * g + r + 5, 1, 4 * g + 3]
+    cache, bt, cl, ks, vs = _setup(ctx, 4, chunks=(g + 3, 1, 1000), share=True, g=g, r=r, bs=32, d=128)
+    q = (torch.randn(len(ctx), 2 * cache.k_codes.shape[2], 128) * 3.0).half()
+    ref, _ = _ref(q.double(), cache, ks, vs, [1] * len(ctx))
+    tile = {"BLOCK_N": 32, "num_warps": 2}
+    assert ta.reads_value_planes(KV_FORMAT_KIVI, 4, 128, tile) and not ta.reads_value_planes(
+        KV_FORMAT_KIVI, 4, 128, {**tile, "num_warps": 4})  # fmt: skip
+    seen = _planes_used(monkeypatch, "vplanes")
+    for splits in (1, 3):
+        with use_backend("triton"):
+            with forced_config("paged_attention_kivi", tile):
+                out = kivi_decode_attention(q, cache, bt, cl, num_splits=splits)
+            with forced_config("paged_attention_kivi", {**tile, "VPLANES": 0}):
+                joined = kivi_decode_attention(q, cache, bt, cl, num_splits=splits)
+        assert seen[-2:] == [True, False]
+        assert torch.isfinite(out).all()
+        assert_rel_close(out.double(), ref, 2e-3, f"kivi value planes r={r} splits={splits}")
+        assert rel_fro_error(out.double(), joined.double()) < 1e-3
+    if r == 0:  # teeth: each column dequantized with the next group's (scale, zero) must fail
+
+        @triton.jit
+        def next_group(w, WORDS_PER_GROUP: tl.constexpr, GROUPS: tl.constexpr):
+            return (w // WORDS_PER_GROUP + 1) % GROUPS
+
+        monkeypatch.setattr(ta, "_value_group", next_group)
+        with use_backend("triton"), forced_config("paged_attention_kivi", tile):
+            bad = kivi_decode_attention(q, cache, bt, cl, num_splits=1)
+        assert rel_fro_error(bad.double(), ref) > 1e-2
+
+
 # ----------------------------------------------------------------------------- the launch rule
 def test_reads_planes_rule():
     d = {**ta.DEFAULT_CONFIG, "num_warps": 1}
@@ -209,4 +253,13 @@ def test_planes_default_tile_and_rows():
             rows = ta.rows_config(cfg, KV_FORMAT_INT, tree, cap)
             assert rows == ta.rows_config(word_tile, KV_FORMAT_INT, tree, cap) and rows["num_warps"] >= 4
     assert ta.default_config(64, 2, KV_FORMAT_INT, 4, 16)["num_warps"] == ta.INT_WORDS_WARPS
+    # KIVI's default stays 32 x 128 on 4 warps (the one-warp value-plane tile is predicted slower at batch 1: tables);
+    # a one-warp KIVI tile a table picks gives rows launches the 32 x 128 on 4 warps they have by default
+    kv = ta.default_config(128, 2, KV_FORMAT_KIVI, 4, 32)
+    assert (kv["BLOCK_N"], kv["num_warps"]) == (ta.KIVI_WORDS_TILE, ta.KIVI_WORDS_WARPS)
+    assert not ta.reads_value_planes(KV_FORMAT_KIVI, 4, 128, kv)
+    one = {**kv, "BLOCK_N": 16, "num_warps": 1}
+    assert ta.reads_planes(KV_FORMAT_KIVI, 4, 128, one) and ta.reads_value_planes(KV_FORMAT_KIVI, 4, 128, one)
+    for tree in (False, True):
+        assert ta.rows_config(one, KV_FORMAT_KIVI, tree, (9, 0)) == ta.rows_config(kv, KV_FORMAT_KIVI, tree, (9, 0))
     assert ta.default_config(128, 4, KV_FORMAT_INT, 4, 16)["num_warps"] == 4
