@@ -30,7 +30,8 @@ tile by tile in registers (no dequantized copy of the cache), one jit helper per
       come from the per-sequence residual ring `[batch, G + R, kv_heads, D]` at row j % (G + R).
   KV_FORMAT_MIXED: per-chunk mixed precision (Cocktail-style): block i holds BITS_i-bit codes
       (8, 4 or 2 from `block_bits[i]`) in the first D * BITS_i / 8 bytes of rows of D bytes, with
-      per-token (scale, zero) as INT; one launch covers blocks of every width.
+      per-token (scale, zero) as INT; one launch covers blocks of every width (decode by default runs one INT
+      launch a width instead, `mixed_by_width`).
   KV_FORMAT_OAKEN: dense codes and per-token (scale, zero) as INT (outlier positions hold code 0),
       plus OAKEN_CAP sparse outliers per (block, kv head) `[blocks, kv_heads, CAP]` int32, each
       (position_in_block << 16) | fp16 bits (-1: empty). The kernel reads them through the index the cache

@@ -1,6 +1,7 @@
 """Per-chunk mixed-precision KV cache (Cocktail-style): each paged block (a chunk of `block_size` tokens)
 stores INT8, INT4 or INT2 per-token codes, chosen by a policy from the chunk's similarity to recent
-queries; one attention launch reads blocks of every width (`KV_FORMAT_MIXED`, `attention.quantized`).
+queries. Decode attends width by width (`attention.mixed_by_width`: one per-token INT launch a width over the
+cache in place); extend, tree, ALiBi and windows run one launch over blocks of every width (`KV_FORMAT_MIXED`).
 
 Layout, per layer: codes uint8 `[num_blocks, block_size, kv_heads, D]` (rows sized for INT8; a b-bit block
 uses the first D * b / 8 bytes of each row, packed as `quantizers.pack_codes`), meta fp16
