@@ -189,7 +189,8 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
         """The decode space; INT8 on GPUs also tries reading its codes as int32 words (WORDS8 1: 16-byte copies,
         a shift and a mask per element) against bytes (0); INT4 / INT8 (and KIVI's keys) with 16-bit queries where
         the kernel can dot code planes (`triton_attention.reads_planes`) try them against the joined tile (PLANES 1 /
-        0), and one warp a program (the planes' default tile for INT4 at head_dim 128); the mixed cache decodes width
+        0), and one warp a program (the planes' default tile for INT4 at head_dim 128), KIVI's value planes on tiles of
+        few enough warps (VPLANES 1 / 0, `reads_value_planes`); the mixed cache decodes width
         by width (BY_WIDTH 1, on its default tile: the tile is then the INT launches') or in one launch (0)."""
         sp = super().space(shape, dtype, on_gpu)
         params, valid = dict(sp.params), sp.valid
@@ -206,6 +207,12 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
             def valid(c, v=sp.valid, kf=kf, bits=bits, d=d):  # PLANES 1 where the kernel takes it (else a duplicate)
                 planes = c.get("WORDS8", 1) == 1 and ta.reads_planes(kf, bits, d, c)
                 return v(c) and (c["PLANES"] == 0 or planes)
+        if self.fmt == "kivi" and "PLANES" in params:  # value planes too, where the tile's warps allow them
+            params["VPLANES"] = [0, 1]
+
+            def valid(c, v=valid, d=d):
+                return v(c) and (c["VPLANES"] == 0 or (c["PLANES"] == 1 and ta.reads_value_planes(ta.KV_FORMAT_KIVI, 4,
+                                                                                                  d, c)))  # fmt: skip
         if self.fmt == "mixed" and on_gpu:  # decode width by width (its INT launches read their own tables) or in one
             params["BY_WIDTH"] = [0, 1]
             base = ta.default_config(d, torch.finfo(dtype).bits // 8, ta.KV_FORMAT_MIXED, 8, shape["block_size"])

@@ -1383,8 +1383,9 @@ def reads_words(kv_format: int, bits: int, head_dim: int) -> bool:
 WORDS8_DEFAULT = 1
 # Per-token INT4 / INT8 decode dots code planes (`reads_planes`; config key "PLANES", 0 for the joined fp16 tile).
 PLANES_DEFAULT = 1
-# KIVI decode on few enough warps dots its value tiles' code planes too (`reads_value_planes`; "VPLANES" 0: joined).
-VPLANES_DEFAULT = 1
+# KIVI decode on few enough warps may dot its value tiles' code planes too (`reads_value_planes`; config key "VPLANES",
+# 1): off by default, since predicted slower than the default tile at batch 1; a per-batch table turns it on.
+VPLANES_DEFAULT = 0
 
 
 def mixed_reads_words(kv_format: int, head_dim: int, block_size: int, block_n: int) -> bool:

@@ -136,7 +136,12 @@ def test_int4_int8_kv_decode_tune_code_planes_and_one_warp():
     assert "PLANES" not in int4.space({**shape, "head_dim": 64}, torch.float16, True).params
     kivi = get_op("paged_attention_kivi").space(shape, torch.float16, True)  # its key tiles: [16, BLOCK_N] outputs
     assert kivi.params["PLANES"] == [0, 1]
-    assert kivi.valid({**base, "PLANES": 1}) and not kivi.valid({**base, "num_warps": 4, "BLOCK_N": 16, "PLANES": 1})
+    assert kivi.valid({**base, "PLANES": 1, "VPLANES": 0}) and not kivi.valid(
+        {**base, "num_warps": 4, "BLOCK_N": 16, "PLANES": 1, "VPLANES": 0})  # fmt: skip
+    # value planes: on one warp, with key planes; not on 4 warps (a value plane's 16 columns) nor without PLANES
+    assert kivi.params["VPLANES"] == [0, 1] and kivi.valid({**base, "PLANES": 1, "VPLANES": 1})
+    assert not kivi.valid({**base, "num_warps": 4, "PLANES": 1, "VPLANES": 1})
+    assert not kivi.valid({**base, "PLANES": 0, "VPLANES": 1})
 
 
 def test_mixed_kv_decode_tunes_width_by_width_against_one_launch():

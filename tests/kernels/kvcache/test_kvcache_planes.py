@@ -196,7 +196,7 @@ def test_kivi_value_planes_vs_fp64(r, monkeypatch):
     cache, bt, cl, ks, vs = _setup(ctx, 4, chunks=(g + 3, 1, 1000), share=True, g=g, r=r, bs=32, d=128)
     q = (torch.randn(len(ctx), 2 * cache.k_codes.shape[2], 128) * 3.0).half()
     ref, _ = _ref(q.double(), cache, ks, vs, [1] * len(ctx))
-    tile = {"BLOCK_N": 32, "num_warps": 2}
+    tile = {"BLOCK_N": 32, "num_warps": 2, "VPLANES": 1}
     assert ta.reads_value_planes(KV_FORMAT_KIVI, 4, 128, tile) and not ta.reads_value_planes(
         KV_FORMAT_KIVI, 4, 128, {**tile, "num_warps": 4})  # fmt: skip
     seen = _planes_used(monkeypatch, "vplanes")
@@ -258,8 +258,10 @@ def test_planes_default_tile_and_rows():
     kv = ta.default_config(128, 2, KV_FORMAT_KIVI, 4, 32)
     assert (kv["BLOCK_N"], kv["num_warps"]) == (ta.KIVI_WORDS_TILE, ta.KIVI_WORDS_WARPS)
     assert not ta.reads_value_planes(KV_FORMAT_KIVI, 4, 128, kv)
-    one = {**kv, "BLOCK_N": 16, "num_warps": 1}
+    one = {**kv, "BLOCK_N": 16, "num_warps": 1, "VPLANES": 1}
+    assert not ta.reads_value_planes(KV_FORMAT_KIVI, 4, 128, {**one, "VPLANES": 0})  # (off unless asked: a table)
     assert ta.reads_planes(KV_FORMAT_KIVI, 4, 128, one) and ta.reads_value_planes(KV_FORMAT_KIVI, 4, 128, one)
     for tree in (False, True):
-        assert ta.rows_config(one, KV_FORMAT_KIVI, tree, (9, 0)) == ta.rows_config(kv, KV_FORMAT_KIVI, tree, (9, 0))
+        rows = {k: v for k, v in ta.rows_config(one, KV_FORMAT_KIVI, tree, (9, 0)).items() if k != "VPLANES"}
+        assert rows == ta.rows_config(kv, KV_FORMAT_KIVI, tree, (9, 0))
     assert ta.default_config(128, 4, KV_FORMAT_INT, 4, 16)["num_warps"] == 4
