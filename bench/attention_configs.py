@@ -3,11 +3,13 @@
 the tuner forces a candidate (`autotune.lookup.forced_config`), each predicted by `attention_predict.decode_prediction`
 (byte floor, warp-scheduler simulation, issue count) with its registers and spills. The split count follows the
 config (`choose_num_splits`) as a tuned table's would: the default tile fills one wave of its PROGRAMS_PER_SM, any
-other takes the two-wave rule of its warps, unless `--per-sm` gives it one (0: none given).
+other takes the two-wave rule of its warps, unless `--per-sm` gives it one (0: none given). `--vplanes 0 1` also forces
+KIVI's value tiles joined (0) or as code planes (1; `VPLANES`, off by default), per config.
 
     python bench/attention_configs.py                               # int8 int4 int2 int4-kivi int2-kivi mixed
     python bench/attention_configs.py --formats int4 --block-n 32 64 --warps 2 4 8 --out /tmp/c.json
     python bench/attention_configs.py --formats int4 --block-n 32 64 --warps 2 --stages 2 --per-sm 0 4 6 8
+    python bench/attention_configs.py --formats int4-kivi --block-n 16 --warps 1 --stages 2 --per-sm 8 --vplanes 0 1
 
 What the predictor was held against is `bench/hindcast.py` (0.69-2.04x of measured decode); a config that spills
 is listed with its spill bytes and not ranked. Mixed ranks its one-launch kernel (`BY_WIDTH` 0): its default decodes
@@ -32,13 +34,14 @@ import attention_predict as ap  # noqa: E402
 from sass_model import run_report  # noqa: E402
 
 FORMATS = ["int8", "int4", "int2", "int4-kivi", "int2-kivi", "mixed-8/4/4/2"]
-BLOCK_N, WARPS, STAGES, PER_SM = [16, 32, 64, 128], [1, 2, 4, 8], [2, 3], [0]
+BLOCK_N, WARPS, STAGES, PER_SM, VPLANES = [16, 32, 64, 128], [1, 2, 4, 8], [2, 3], [0], [None]
 # Every decode table a format may read (forcing them all forces whichever the case's launch looks up).
 TABLE_OPS = ["paged_attention"] + [f"paged_attention_{s}" for s in ("int8", "int4", "int2", "fp8", "kivi", "mixed")]
 
 
 def sweep(
-    formats: list[str], block_n: list[int], warps: list[int], stages: list[int], per_sm: list[int] = PER_SM, log=print
+    formats: list[str], block_n: list[int], warps: list[int], stages: list[int], per_sm: list[int] = PER_SM,
+    vplanes: list[int | None] = VPLANES, log=print,
 ) -> dict[str, Any]:
     import gpu_kvquant as kvq
     import torch
@@ -63,9 +66,9 @@ def sweep(
             launch, kernel, _ = ap._attn(session.launches[n0:], session.compiled[n0:])
             floor = kvq.floor_bytes(name, kvq.BATCH, kvq.CONTEXT)
             default = _row(ap.decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT))
-            for bn, w, st, per in itertools.product(block_n, warps, stages, per_sm):
+            for bn, w, st, per, vp in itertools.product(block_n, warps, stages, per_sm, vplanes):
                 cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st} | ({"PROGRAMS_PER_SM": per} if per else {})
-                cfg |= one
+                cfg |= one | ({} if vp is None else {"VPLANES": vp})
                 n0 = len(session.launches)
                 try:
                     with ExitStack() as stack:
@@ -78,7 +81,7 @@ def sweep(
                     row = _row(ap.decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT))
                 except Exception as e:  # a config the kernel refuses or that fails to compile: said
                     row = {"error": f"{type(e).__name__}: {e}"[:160]}
-                rows.append({"PROGRAMS_PER_SM": per or None, **cfg, **row})
+                rows.append({"PROGRAMS_PER_SM": per or None, "VPLANES": vp, **cfg, **row})
             ranked = sorted((r for r in rows if "predicted_ms" in r and not r["spill_stores"]),
                             key=lambda r: r["predicted_ms"])  # fmt: skip
             out["formats"][name] = {"default": default, "best": ranked[:3], "configs": rows}
@@ -102,14 +105,15 @@ def table(report: dict[str, Any]) -> str:
         d = f["default"]
         lines.append(f"{name}: default {d['BLOCK_N']} x {d['num_warps']} warps x {d['num_stages']} stages "
                      f"{d['predicted_ms']:.3f} ms ({d['floor_pct']:.0f} % of floor, {d['bound']})")  # fmt: skip
-        lines.append(f"  {'tile':>5} {'warps':>5} {'st':>3} {'P':>2} {'splits':>6} {'regs':>4} {'spill':>5} "
+        lines.append(f"  {'tile':>5} {'warps':>5} {'st':>3} {'P':>2} {'VP':>2} {'splits':>6} {'regs':>4} {'spill':>5} "
                      f"{'w/sch':>5} {'sass':>5} {'ms':>7} {'floor%':>6}  bound")  # fmt: skip
         for r in sorted(f["configs"], key=lambda r: r.get("predicted_ms", 1e9)):
             if "error" in r:
                 lines.append(f"  {r['BLOCK_N']:5d} {r['num_warps']:5d} {r['num_stages']:3d}  {r['error']}")
                 continue
+            vp = "-" if r.get("VPLANES") is None else str(r["VPLANES"])
             lines.append(f"  {r['BLOCK_N']:5d} {r['num_warps']:5d} {r['num_stages']:3d} {r['PROGRAMS_PER_SM'] or 0:2d} "
-                         f"{r['NUM_SPLITS']:6d} "
+                         f"{vp:>2} {r['NUM_SPLITS']:6d} "
                          f"{r['registers']:4d} {r['spill_stores']:5d} {r['sched_warps']:5d} {r['sass_per_tile']:5d} "
                          f"{r['predicted_ms']:7.3f} {r['floor_pct']:6.0f}  {r['bound']}")  # fmt: skip
     return "\n".join(lines)
@@ -122,10 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--warps", nargs="*", type=int, default=WARPS)
     a.add_argument("--stages", nargs="*", type=int, default=STAGES)
     a.add_argument("--per-sm", nargs="*", type=int, default=PER_SM, help="PROGRAMS_PER_SM values (0: none given)")
+    a.add_argument("--vplanes", nargs="*", type=int, default=VPLANES,
+                   help="VPLANES values forced per config (KIVI's value tiles: 0 joined, 1 code planes; none: default)")
     a.add_argument("--out", type=Path, default=None)
     args = a.parse_args(argv)
     return run_report("attention_configs", lambda: sweep(args.formats, args.block_n, args.warps, args.stages,
-                                                         args.per_sm), table, args.out)  # fmt: skip
+                                                         args.per_sm, args.vplanes), table, args.out)  # fmt: skip
 
 
 if __name__ == "__main__":

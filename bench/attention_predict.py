@@ -122,7 +122,8 @@ def oaken_trips() -> dict[str, Any]:
 
 
 def oaken_loop_trips(
-    sass: str, nbt: int, key: int, value: int, per_trip: int = 1, key_per_trip: int | None = None
+    sass: str, nbt: int, key: int, value: int, per_trip: int = 1, key_per_trip: int | None = None,
+    ahead: bool = False,
 ) -> dict[str, Any]:
     """Trips of each inner loop of Oaken's tile loop (address order) for `key` ranks per tile and `value` ranks per
     block. The loops fall into 1 + `nbt` groups (the key loop, then one value loop per block of the tile), each a
@@ -130,7 +131,9 @@ def oaken_loop_trips(
     are a 1/U of the one before). The unrolled loop runs ranks // U times, the remainder ranks % U (an upper bound:
     straight-line remainder code is counted on the path as well); U of a value group without a remainder loop is
     the other value groups' (the same code). `per_trip`: ranks the kernel's value loop body takes a trip
-    (`triton_attention.OAKEN_RANKS`), `key_per_trip` its key loop's (`OAKEN_KEY_RANKS`; default `per_trip`)."""
+    (`triton_attention.OAKEN_RANKS`), `key_per_trip` its key loop's (`OAKEN_KEY_RANKS`; default `per_trip`).
+    `ahead`: the kernel takes each list's first trip of ranks outside its loops (`_oaken_key_first`,
+    `_oaken_value_first`), so the loops run only for the ranks past them."""
     ins, labels = parse_sass(sass)
     a, b = tile_loop(ins, labels)
     inner = [lp for lp in loops(ins, labels) if a < lp[0] and lp[1] <= b]
@@ -152,7 +155,7 @@ def oaken_loop_trips(
     unrolls = []
     for i, g in enumerate(groups):
         per = (per_trip if key_per_trip is None else key_per_trip) if i == 0 else per_trip
-        ranks = -(-(key if i == 0 else value) // per)  # the kernel's trips
+        ranks = -(-max((key if i == 0 else value) - (per if ahead else 0), 0) // per)  # the kernel's trips
         u = g[0] // g[1] if len(g) == 2 else (1 if i == 0 else v_unroll)
         unrolls.append(u)
         trips += [ranks // u, ranks % u] if len(g) == 2 else [ranks // u]
@@ -403,9 +406,9 @@ def predict(formats: list[str] | None = None, tree: bool = True, log=print, swee
                 ot = oaken_trips()
                 per, kper = OAKEN_RANKS, OAKEN_KEY_RANKS
                 mean = oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], round(ot["key_mean"]),
-                                        round(ot["value_mean"]), per, kper)  # fmt: skip
+                                        round(ot["value_mean"]), per, kper, ahead=True)  # fmt: skip
                 ot.update(oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], ot["key_max"], ot["value_max"], per,
-                                           kper))  # fmt: skip
+                                           kper, ahead=True))  # fmt: skip
                 ot["ranks_per_trip"] = per
                 ot["key_ranks_per_trip"] = kper
                 trips = ot["trips"]

@@ -99,13 +99,13 @@ DEFAULT_CONFIG = {"BLOCK_N": 64, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
 # (INT4 / INT2 words on 2 warps: 2 waves; predicted 0.414 / 0.475 ms against 0.309 / 0.354 in one wave of 4, sm_90,
 # batch 16, context 32k; `bench/attention_predict.py`, untimed). P per default is what the compiled tiles reach
 # (sm_90, head_dim <= 128, 16-bit queries: 4-warp tiles of 105-128 registers and up to 40 KB shared 4; 2-warp
-# tiles, up to 255 registers, 4; FP8's 144 registers on 4 warps 3; Oaken's 202 2), checked by
+# tiles, up to 255 registers, 4; FP8's 144 registers on 4 warps 3; Oaken's 236 2), checked by
 # `tests/bench/test_attention_predict.py`. Not forced through Triton's `maxnreg`: a cap of 128, tried once, made
 # ptxas spill the bf16 tile (105 registers uncapped). Tuned tables may set it per config; a config with another tile
 # does not inherit the default's (`launch_config`).
 DECODE_PROGRAMS_PER_SM = {2: 4, 4: 4}  # by num_warps (one warp: PLANES_DECODE_PROGRAMS_PER_SM); 8 the two-wave rule
 FP8_DECODE_PROGRAMS_PER_SM = 3
-OAKEN_DECODE_PROGRAMS_PER_SM = 2  # its 64 x 128 tile on 4 warps (blocks of 32 and up): 202 registers
+OAKEN_DECODE_PROGRAMS_PER_SM = 2  # its 64 x 128 tile on 4 warps (blocks of 32 and up): 236 registers
 # Shared memory the default K/V tile pipeline may use: well under Hopper's 227 KiB and Ampere's
 # 163 KiB per block, leaving room for Q and the layout conversions of tl.dot.
 DEFAULT_SMEM_BUDGET = 96 * 1024
@@ -150,6 +150,13 @@ MIXED_WORDS_TILE = 64
 # 16 on 2 0.488 / 0.441. Also ahead on 2 at batch 64 (1.63 against 1.75 ms at 32k) and at 8k.
 KIVI_WORDS_TILE = 32
 KIVI_WORDS_WARPS = 4
+# KIVI INT4 at head_dim 128 with enough (sequence, kv head) pairs to fill the SMs decodes on one warp, its value tiles
+# as code planes too (`reads_value_planes`): predicted (sm_90, bf16, blocks of 32, `bench/attention_predict.py`)
+# faster than the 4-warp tile from batch 4 at 8 kv heads (at 8k / 32k: batch 4 26 / 82 us against 30 / 103, batch 16
+# 83 / 309 against 103 / 395) and slower at batch 1 (20 / 34 against 13 / 30; batch 2 splits the two); 254
+# registers, 8 programs an SM.
+KIVI_PLANES_DECODE_TILE = {"BLOCK_N": 16, "num_warps": 1, "num_stages": 2, "VPLANES": 1, "PROGRAMS_PER_SM": 8}
+KIVI_PLANES_MIN_PAIRS = 32
 # Tree verification adds the ancestor mask to a 16-token x GROUP_PAD-row extend tile, one 64-bit window of
 # packed mask bits per row (`tree_mask_words`): at most 64 wide. Compiled for sm_90 in bf16 at head_dim 128
 # (batch 16, 64 nodes over 4k): 64 x 4 warps takes 232 registers, no spills (2 programs an SM, as the extend),
@@ -182,14 +189,18 @@ ROWS_SYNC_MMA_CODED_M = 32
 # BLOCK_N <= 64 keys before the tree, so the packed bits start this far in.
 TREE_PAD_BITS = tl.constexpr(64)
 # Oaken's decode tile is 64 x 128 on 4 warps for blocks of at least this many tokens (sm_90, bf16, head_dim 128, blocks
-# of 32: 202 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
+# of 32: 236 registers, no spills), else 32 x 128 on 8 warps (blocks of 16: 64 x 4 compiles without spills, 229
 # registers, but is not predicted against 32 x 8).
 OAKEN_WIDE_BLOCK = 32
-# Outlier ranks per trip of Oaken's value correction loops (`_oaken_value_corr`): 5 keeps ptxas from unrolling the
-# loop (at 2 it unrolled 4 times with a straight-line remainder) and takes a block's fullest channel in the bench's
-# cache (10, sm_90) in 2 trips of 62-67 SASS.
-OAKEN_RANKS = 5
-OAKEN_KEY_RANKS = 3  # and of its key loop (`_oaken_key_corr`: a rank is one load of q's rows, half a value rank)
+# Outlier ranks of Oaken's corrections loaded ahead of the tile's dense part, a trip of its value loops for the ranks
+# past them (`_oaken_value_first`, `_oaken_value_corr`): 10 takes the fullest channel of a block in the bench's cache
+# (sm_90) without the loop, whose chain of dependent loads a trip was the tile's critical path.
+OAKEN_RANKS = 10
+OAKEN_KEY_RANKS = 6  # and of the key side (`_oaken_key_first`: the bench cache's fullest token, 6 slots)
+# Extend and tree tiles (64 rows) load the index where it is used, a trip of 5 value and 3 key ranks (at 2 ptxas
+# unrolled the loop with a straight-line remainder; more spilled the tree's tile).
+OAKEN_ROWS_RANKS = 5
+OAKEN_ROWS_KEY_RANKS = 3
 # The constants above as the jit code reads them (a kernel reads only constexpr globals).
 _PLAIN = tl.constexpr(KV_FORMAT_PLAIN)
 _INT = tl.constexpr(KV_FORMAT_INT)
@@ -200,6 +211,8 @@ _OAKEN = tl.constexpr(KV_FORMAT_OAKEN)
 _OAKEN_OFFLINE = tl.constexpr(KV_FORMAT_OAKEN_OFFLINE)
 _OAKEN_RANKS = tl.constexpr(OAKEN_RANKS)
 _OAKEN_KEY_RANKS = tl.constexpr(OAKEN_KEY_RANKS)
+_OAKEN_ROWS_RANKS = tl.constexpr(OAKEN_ROWS_RANKS)
+_OAKEN_ROWS_KEY_RANKS = tl.constexpr(OAKEN_ROWS_KEY_RANKS)
 _CAUSAL = tl.constexpr(MASK_CAUSAL)
 _TREE = tl.constexpr(MASK_TREE)
 _LOG2E = tl.constexpr(LOG2E)
@@ -324,22 +337,20 @@ def _oaken_offline_meta(mrow, j_ok, bits_ptr, kvh, IS_KEY: tl.constexpr, BITS: t
 
 
 @triton.jit
-def _oaken_key_corr(ix_ptr, blk, off, kvh, j_ok, qtr, stride_ib, stride_ih, bt_row, start, s_hi,
-                    OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CR: tl.constexpr,
-                    BLOCK_N: tl.constexpr, OAKEN_NBT: tl.constexpr):  # fmt: skip
-    """[BLOCK_N, CR] key-outlier corrections of the scores (token-major): q[row, d] * delta summed over each
-    token's slots, rank by rank through the token-sorted index (`oaken.outlier_index`: (channel, delta) pairs, the
-    delta the value minus the token's dense value at code 0, which is what the factored dense part has there).
-    qtr: the program's q, fp32 channel-major ([HEAD_DIM, CR] in the scratch), so a slot's CR rows are one
-    contiguous load."""
-    ib = ix_ptr + blk * stride_ib + kvh * stride_ih  # each token's block's index
-    lists = ib + 2 * OAKEN_CAP  # the list starts, after the CAP pairs
-    st = tl.load(lists + off, mask=j_ok, other=0)
-    en = tl.load(lists + off + 1, mask=j_ok, other=0)
+def _oaken_key_heads(ix_ptr, blk, start, s_hi, kvh, stride_ib, stride_ih, bt_row, OAKEN_CAP: tl.constexpr,
+                     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, OAKEN_NBT: tl.constexpr):  # fmt: skip
+    """The heads of a tile's key-outlier lists (`_oaken_key_corr`), loaded a tile ahead of their use (they address
+    the pairs, which address the gathers): each token's list (start, end) in the token-sorted index
+    (`oaken.outlier_index`) and the ranks of the tile's fullest list (the loop bound for the ranks past the first)."""
+    j = start + tl.arange(0, BLOCK_N)
+    j_ok = j < s_hi
+    lists = ix_ptr + blk * stride_ib + kvh * stride_ih + 2 * OAKEN_CAP  # the list starts, after the CAP pairs
+    st = tl.load(lists + j % BLOCK_SIZE, mask=j_ok, other=0)
+    en = tl.load(lists + j % BLOCK_SIZE + 1, mask=j_ok, other=0)
     if BLOCK_N % BLOCK_SIZE == 0:
-        # tiles of whole blocks: the loop runs to the fullest of its blocks' fullest tokens, read from each block's
-        # index row (OAKEN_NBT words, a power of two here), not a max over the tile's tokens (a reduction across
-        # the warps: a shared-memory round trip and 2 barriers a tile, sm_90)
+        # tiles of whole blocks: the fullest of its blocks' fullest tokens, read from each block's index row
+        # (OAKEN_NBT words, a power of two here), not a max over the tile's tokens (a reduction across the warps: a
+        # shared-memory round trip and 2 barriers a tile, sm_90)
         bi = start // BLOCK_SIZE + tl.arange(0, OAKEN_NBT)
         live = bi * BLOCK_SIZE < s_hi  # blocks of this split's keys (not past its end)
         blk_t = tl.load(bt_row + bi, mask=live, other=0).to(tl.int64)
@@ -347,22 +358,51 @@ def _oaken_key_corr(ix_ptr, blk, off, kvh, j_ok, qtr, stride_ib, stride_ih, bt_r
                             mask=live, other=0), 0)  # fmt: skip
     else:
         nr = tl.max(tl.load(lists + BLOCK_SIZE + 1, mask=j_ok, other=0), 0)  # the tile's fullest token
+    return st, en, nr
+
+
+@triton.jit
+def _oaken_key_first(ix_ptr, blk, kvh, stride_ib, stride_ih, heads, R: tl.constexpr, AHEAD: tl.constexpr = True):
+    """The first R (channel, delta) pairs of each token's list (`_oaken_key_heads`), loaded at the
+    top of the tile so that their latency hides behind the key dot; with the list heads and the index (not AHEAD:
+    no pairs, the loop of `_oaken_key_corr` takes every rank)."""
+    st, en, nr = heads
+    ib = ix_ptr + blk * stride_ib + kvh * stride_ih  # each token's block's index
+    # a pair as one int64, the channel in the low word (none past the list's end: channel 0, delta 0)
+    wp = (ib + 2 * st).to(tl.pointer_type(tl.int64), bitcast=True)
+    pairs = ()
+    if AHEAD:
+        for u in tl.static_range(R):
+            pairs = pairs + (tl.load(wp + u, mask=u < en - st, other=0),)
+    return ib, st, en, nr, pairs
+
+
+@triton.jit
+def _oaken_key_corr(first, qtr, CR: tl.constexpr, BLOCK_N: tl.constexpr, R: tl.constexpr, AHEAD: tl.constexpr = True):
+    """[BLOCK_N, CR] key-outlier corrections of the scores (token-major): q[row, d] * delta summed over each
+    token's slots (the delta the value minus the token's dense value at code 0, which is what the factored dense
+    part has there): the first ranks from the pairs `_oaken_key_first` loaded, the rest rank by rank through the
+    index. qtr: the program's q, fp32 channel-major ([HEAD_DIM, CR] in the scratch), so a slot's CR rows are one
+    contiguous load."""
+    ib, st, en, nr, pairs = first
     corr = tl.zeros([BLOCK_N, CR], tl.float32)
-    for r in range(0, nr, _OAKEN_KEY_RANKS):  # unrolled here: ptxas's own unrolling left long remainder code
-        # one address a token a trip, its ranks' pairs at constant offsets from it (folded into the loads: no
-        # 64-bit address a rank), each rank kept while it lies before the list's end
-        wp = (ib + 2 * (st + r)).to(tl.pointer_type(tl.int64), bitcast=True)  # a pair as one int64
+    LO: tl.constexpr = R if AHEAD else 0
+    if AHEAD:
+        for u in tl.static_range(R):
+            corr += _oaken_key_rank(pairs[u], qtr, CR)
+    for r in range(LO, nr, R):  # lists longer than the first ranks (unrolled here:
+        # ptxas's own unrolling left long remainder code); one address a token a trip, its ranks' pairs at constant
+        # offsets from it (folded into the loads: no 64-bit address a rank), each kept while before the list's end
+        wp = (ib + 2 * (st + r)).to(tl.pointer_type(tl.int64), bitcast=True)
         left = en - (st + r)
-        for u in tl.static_range(_OAKEN_KEY_RANKS):
-            corr += _oaken_key_rank(wp + u, u < left, qtr, CR)
+        for u in tl.static_range(R):
+            corr += _oaken_key_rank(tl.load(wp + u, mask=u < left, other=0), qtr, CR)
     return corr
 
 
 @triton.jit
-def _oaken_key_rank(wp, ok, qtr, CR: tl.constexpr):
-    """One rank of `_oaken_key_corr`: each token's (channel, delta) pair at `wp` (none where not `ok`: past its
-    list's end)."""
-    x = tl.load(wp, mask=ok, other=0)  # (channel, delta) in one 8-byte load, the channel in the low word
+def _oaken_key_rank(x, qtr, CR: tl.constexpr):
+    """One rank of `_oaken_key_corr`: each token's (channel, delta) pair `x` (0 past its list's end)."""
     ch = x.to(tl.int32)
     delta = (x >> 32).to(tl.int32).to(tl.float32, bitcast=True)
     # unmasked: a token with no slot here reads channel 0's q (in bounds, times a zero delta)
@@ -371,40 +411,80 @@ def _oaken_key_rank(wp, ok, qtr, CR: tl.constexpr):
 
 
 @triton.jit
-def _oaken_value_corr(ix_ptr, pp, bt_row, start, s_hi, kvh, dq, d_ok, c_ok, stride_ib, stride_ih,
-                      OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CR: tl.constexpr,
-                      BLOCK_N: tl.constexpr, DIM_PAD: tl.constexpr, OAKEN_NBT: tl.constexpr):  # fmt: skip
-    """[CR, DIM_PAD] value-outlier corrections of this tile's output (column i: channel dq[i], the dot's column
-    order): p[row, token] * delta summed over each channel's slots, rank by rank through the channel-sorted
-    index (deltas as the key side's, `_oaken_key_corr`), p gathered from the program's scratch `pp` ([BLOCK_N,
-    CR], token-major)."""
-    corr = tl.zeros([CR, DIM_PAD], tl.float32)
-    for t in tl.static_range(OAKEN_NBT):  # the blocks this tile's tokens lie in
+def _oaken_value_heads(ix_ptr, bt_row, start, s_hi, kvh, dq, d_ok, stride_ib, stride_ih,
+                       OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                       OAKEN_NBT: tl.constexpr):  # fmt: skip
+    """The heads of a tile's value-outlier lists (`_oaken_value_corr`), loaded a tile ahead of their use: for each
+    block the tile's tokens lie in, its index, each channel's list (start, end) in the channel-sorted index and
+    the ranks of its fullest channel."""
+    heads = ()
+    for t in tl.static_range(OAKEN_NBT):
         bi = start // BLOCK_SIZE + t
         live = bi * BLOCK_SIZE < s_hi  # a block of this split's keys (not past its end)
         blk_t = tl.load(bt_row + bi, mask=live, other=0).to(tl.int64)
         ib = ix_ptr + blk_t * stride_ib + kvh * stride_ih
-        first = bi * BLOCK_SIZE - start  # tile column of the block's first token (< 0: the tile starts inside)
         lm = d_ok & (dq * 0 + bi * BLOCK_SIZE < s_hi)  # (vector compare: the interpreter widens a scalar int1)
         lists = ib + 2 * OAKEN_CAP  # the list starts, after the CAP pairs
         st = tl.load(lists + dq, mask=lm, other=0)
         en = tl.load(lists + dq + 1, mask=lm, other=0)
         nr = tl.where(live, tl.load(lists + HEAD_DIM + 1), 0)  # (blk_t 0 when not live: in bounds)
-        for r in range(0, nr, _OAKEN_RANKS):  # unrolled here, as the key loop
-            # one address a channel a trip, its ranks' pairs at constant offsets from it (the key loop's way)
+        heads = heads + ((ib, st, en, nr),)
+    return heads
+
+
+@triton.jit
+def _oaken_value_first(heads, OAKEN_NBT: tl.constexpr, R: tl.constexpr, AHEAD: tl.constexpr = True):
+    """The first R (token, delta) pairs of each channel's list in each block of the tile
+    (`_oaken_value_heads`), loaded at the top of the tile (their latency behind the key side's work, where after
+    p they were a chain of four loads a block); with the heads."""
+    blocks = ()
+    for t in tl.static_range(OAKEN_NBT):
+        ib, st, en, nr = heads[t]
+        wp = (ib + 2 * st).to(tl.pointer_type(tl.int64), bitcast=True)  # (token, delta) pairs, as the key side's
+        pairs = ()
+        if AHEAD:  # (else none: the loop of `_oaken_value_corr` takes every rank)
+            for u in tl.static_range(R):
+                pairs = pairs + (tl.load(wp + u, mask=u < en - st, other=0),)
+        blocks = blocks + ((ib, st, en, nr, pairs),)
+    return blocks
+
+
+@triton.jit
+def _oaken_value_corr(first, pp, start, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr, DIM_PAD: tl.constexpr,
+                      BLOCK_SIZE: tl.constexpr, OAKEN_NBT: tl.constexpr, R: tl.constexpr,
+                      AHEAD: tl.constexpr = True):  # fmt: skip
+    """[CR, DIM_PAD] value-outlier corrections of this tile's output (column i: channel dq[i], the dot's column
+    order): p[row, token] * delta summed over each channel's slots, the first ranks from the pairs
+    `_oaken_value_first` loaded, the rest rank by rank through the index (deltas as the key side's), p gathered
+    from the program's scratch `pp` ([BLOCK_N, CR], token-major)."""
+    corr = tl.zeros([CR, DIM_PAD], tl.float32)
+    LO: tl.constexpr = R if AHEAD else 0
+    if AHEAD:
+        terms = ()
+        for t in tl.static_range(OAKEN_NBT):  # the blocks this tile's tokens lie in
+            ib, st, en, nr, pairs = first[t]
+            fc = (start // BLOCK_SIZE + t) * BLOCK_SIZE - start  # the block's first token's tile column (< 0: before)
+            for u in tl.static_range(R):  # every block's gathers in flight at once, then their sum
+                terms = terms + (_oaken_value_rank(pairs[u], en - st > u, fc, pp, c_ok, CR, BLOCK_N, BLOCK_SIZE),)
+        for i in tl.static_range(OAKEN_NBT * R):
+            corr += terms[i]
+    for t in tl.static_range(OAKEN_NBT):
+        ib, st, en, nr, pairs = first[t]
+        fc = (start // BLOCK_SIZE + t) * BLOCK_SIZE - start
+        for r in range(LO, nr, R):  # channels with longer lists, as the key loop
             wp = (ib + 2 * (st + r)).to(tl.pointer_type(tl.int64), bitcast=True)
             left = en - (st + r)
-            for u in tl.static_range(_OAKEN_RANKS):
-                corr += _oaken_value_rank(wp + u, u < left, first, pp, c_ok, CR, BLOCK_N, BLOCK_SIZE)
+            for u in tl.static_range(R):
+                corr += _oaken_value_rank(tl.load(wp + u, mask=u < left, other=0), u < left, fc, pp, c_ok, CR,
+                                          BLOCK_N, BLOCK_SIZE)  # fmt: skip
     return corr
 
 
 @triton.jit
-def _oaken_value_rank(wp, live, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """One rank of `_oaken_value_corr`: each channel's (token, delta) pair at `wp` (none where not `live`: past its
+def _oaken_value_rank(x, live, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """One rank of `_oaken_value_corr`: each channel's (token, delta) pair `x` (0 where not `live`: past its
     list's end)."""
     cr = tl.arange(0, CR)
-    x = tl.load(wp, mask=live, other=0)  # (token, delta) in one 8-byte load, the token in the low word
     col = first + x.to(tl.int32)  # the slot's token's tile column
     delta = (x >> 32).to(tl.int32).to(tl.float32, bitcast=True)
     if BLOCK_N % BLOCK_SIZE == 0:  # tiles start at multiples of BLOCK_N: whole blocks, every token inside
@@ -771,21 +851,22 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
                     BITS: tl.constexpr, bits_ptr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
                     DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, blk0, INTERPRETED: tl.constexpr,
                     META32: tl.constexpr, kvh=0, IS_KEY: tl.constexpr = True, SPAN: tl.constexpr = False,
-                    span=None, PLANES: tl.constexpr = False):  # fmt: skip
+                    span=None, PLANES: tl.constexpr = False, meta=None, words=None):  # fmt: skip
     """Per-token formats (INT, MIXED, Oaken's dense part): the raw codes of one [BLOCK_N, DIM_PAD] tile as `out_ty`
     (fp16 through `codes_f16`, or fp32; exact either way) and the rows' fp32 (scale, zero), for the factored products
     q . k_j = sc_j (q . c_j) + zr_j sum(q) and sum_j p_j v_j = (p * sc) @ c + sum_j p_j zr_j. The scale and
     zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element. crow, mrow: the rows'
     pointers into the codes and the (scale, zero) pairs (`_tile_rows`); kvh, IS_KEY: Oaken offline's grid. SPAN: a
     mixed tile of two whole blocks, crow the first's rows, span the rest (`_mixed_span_codes`: two code tiles).
-    PLANES: per-token INT4 / INT8 words as a tuple of code planes (`word_planes`), each [BLOCK_N, DIM_PAD / P]."""
+    PLANES: per-token INT4 / INT8 words as a tuple of code planes (`word_planes`), each [BLOCK_N, DIM_PAD / P].
+    meta, words: the rows' (scale, zero) (`_load_meta`) and their code words (`_load_words`, the word-pair path)
+    already loaded, or None to load them here."""
     base = crow[:, None]
     INT_CODES: tl.constexpr = KV_FORMAT == _INT or KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE
     PAIRS: tl.constexpr = INT_CODES and WORDS and out_ty == tl.float16
     if PAIRS:  # `words_f16`: its columns in `pair_order` (the kernel permutes q and o alike)
-        PERW: tl.constexpr = 32 // BITS
-        w = tl.arange(0, DIM_PAD // PERW)
-        words = tl.load(base + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
+        if words is None:
+            words = _load_words(crow, j_ok, BITS, HEAD_DIM, DIM_PAD)
         if PLANES:
             code = word_planes(words, BITS, INTERPRETED)
         else:
@@ -806,14 +887,10 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
         per = 8 // nbits
         byte = tl.load(base + d[None, :] // per, mask=kv_m, other=0).to(tl.int32)
         code = (byte >> ((d[None, :] % per) * nbits)) & ((1 << nbits) - 1)
-    if KV_FORMAT == _OAKEN_OFFLINE:
-        sc, zr = _oaken_offline_meta(mrow, j_ok, bits_ptr, kvh, IS_KEY, BITS)
-    elif META32:
-        sc, zr = _pairs(mrow, j_ok)
-        sc, zr = sc.to(tl.float32), zr.to(tl.float32)
+    if meta is None:
+        sc, zr = _load_meta(mrow, j_ok, KV_FORMAT, META32, bits_ptr, kvh, IS_KEY, BITS)
     else:
-        sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
-        zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
+        sc, zr = meta
     if SPAN or PLANES:  # (`_mixed_span_codes`: the two halves' tiles; the planes, a tuple)
         x = code
     elif PAIRS or (KV_FORMAT == _MIXED and WORDS and out_ty == tl.float16):
@@ -823,6 +900,29 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
     else:
         x = code.to(out_ty)
     return x, sc, zr
+
+
+@triton.jit
+def _load_words(crow, j_ok, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
+    """The int32 code words of a per-token tile's rows (`_load_code_tile`'s word-pair path), [BLOCK_N, words]."""
+    PERW: tl.constexpr = 32 // BITS
+    w = tl.arange(0, DIM_PAD // PERW)
+    return tl.load(crow[:, None] + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
+
+
+@triton.jit
+def _load_meta(mrow, j_ok, KV_FORMAT: tl.constexpr, META32: tl.constexpr, bits_ptr, kvh, IS_KEY: tl.constexpr,
+               BITS: tl.constexpr):  # fmt: skip
+    """The fp32 (scale, zero) of a per-token tile's rows (`_load_code_tile`)."""
+    if KV_FORMAT == _OAKEN_OFFLINE:
+        sc, zr = _oaken_offline_meta(mrow, j_ok, bits_ptr, kvh, IS_KEY, BITS)
+    elif META32:
+        sc, zr = _pairs(mrow, j_ok)
+        sc, zr = sc.to(tl.float32), zr.to(tl.float32)
+    else:
+        sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
+        zr = tl.load(mrow + 1, mask=j_ok, other=0.0).to(tl.float32)
+    return sc, zr
 
 
 # Allow-listed (pyproject.toml): a Triton kernel is one program; jit helpers change inlining and registers.
@@ -971,6 +1071,13 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         # p ([BLOCK_N, CR]), the key corrections ([CR, BLOCK_N]), q ([HEAD_DIM, CR]).
         OAKEN: tl.constexpr = (KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE) and OAKEN_CAP > 0
         CR: tl.constexpr = BLOCK_Q * OAKEN_GP
+        # Decode loads each tile's code words, metadata and outlier index ahead of the work that waits on them, the
+        # next tile's list heads a tile ahead (its chain of dependent loads was the tile's critical path, sm_90); the
+        # extend and tree tiles' 64 rows leave no registers for it (the tree spilled 88 B, sm_90), nor fp32 queries
+        # (decode in blocks of 16 spilled 16 B, sm_80).
+        OAKEN_AHEAD: tl.constexpr = IS_DECODE and F16_MMA
+        KR: tl.constexpr = _OAKEN_KEY_RANKS if OAKEN_AHEAD else _OAKEN_ROWS_KEY_RANKS  # ranks a trip: key side
+        VR: tl.constexpr = _OAKEN_RANKS if OAKEN_AHEAD else _OAKEN_ROWS_RANKS  # value side
         SPREAD: tl.constexpr = OAKEN_GP < GROUP_PAD  # padded rows (decode on a GPU): a [CR, DIM_PAD] accumulator apart
         if OAKEN:
             cr = tl.arange(0, CR)
@@ -1017,6 +1124,13 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             if BT_AHEAD:
                 j_next = lo + tl.arange(0, BLOCK_N)
                 blk_next = tl.load(bt_row + j_next // BLOCK_SIZE, mask=j_next < s_hi, other=0)
+            if OAKEN and OAKEN_AHEAD:  # the first tile's outlier list heads (`_oaken_key_heads`: a tile the next's)
+                j_h = lo + tl.arange(0, BLOCK_N)
+                blk_h = tl.load(bt_row + j_h // BLOCK_SIZE, mask=j_h < s_hi, other=0).to(tl.int64)
+                kheads = _oaken_key_heads(k_res_ptr, blk_h, lo, s_hi, kvh, stride_rb, stride_rr, bt_row, OAKEN_CAP,
+                                          BLOCK_SIZE, BLOCK_N, OAKEN_NBT)  # fmt: skip
+                vheads = _oaken_value_heads(v_res_ptr, bt_row, lo, s_hi, kvh, dq, d_ok, stride_rb, stride_rr,
+                                            OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, OAKEN_NBT)  # fmt: skip
             for start in range(lo, hi, BLOCK_N):
                 j = start + tl.arange(0, BLOCK_N)
                 j_ok = j < s_hi
@@ -1046,10 +1160,47 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     kspan = None
                 kmrow = _tile_rows(k_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_mb, stride_ms, stride_mh,
                                    BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
+                if OAKEN:
+                    kmeta = None
+                    vmeta = None
+                    kwords = None
+                    vwords = None
+                if OAKEN and OAKEN_AHEAD:
+                    # Every load of the tile first, then the work that waits on them (ptxas moves no load above the
+                    # scratch's barrier below): the code words and (scale, zero) of both tiles (the value tile's
+                    # were loaded after the softmax, a DRAM round trip there), the outlier corrections' index
+                    # (`_oaken_key_first`, `_oaken_value_first`), then the key corrections' gathers of q.
+                    kmeta = _load_meta(kmrow, j_ok, KV_FORMAT, META32, bits_ptr, kvh, True, BITS)
+                    vmeta = _load_meta(_tile_rows(v_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vmb,
+                                                  stride_vms, stride_vmh, BLOCK_N, BLOCK_SIZE, IS_DECODE),
+                                       j_ok, KV_FORMAT, META32, bits_ptr, kvh, False, BITS)  # fmt: skip
+                    if WORDS and q_mma.dtype == tl.float16:  # (`_load_code_tile`'s word-pair path)
+                        kwords = _load_words(krow, j_ok, BITS, HEAD_DIM, DIM_PAD)
+                        vwords = _load_words(_tile_rows(v_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vb,
+                                                        stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE, IS_DECODE),
+                                             j_ok, BITS, HEAD_DIM, DIM_PAD)  # fmt: skip
+                    kfirst = _oaken_key_first(k_res_ptr, blk, kvh, stride_rb, stride_rr, kheads, KR)
+                    vfirst = _oaken_value_first(vheads, OAKEN_NBT, VR)
+                    # the next tile's list heads (their loads off this tile's critical path)
+                    if BT_AHEAD:
+                        blk_n = blk_next.to(tl.int64)
+                    else:
+                        blk_n = tl.load(bt_row + (j + BLOCK_N) // BLOCK_SIZE, mask=j + BLOCK_N < s_hi,
+                                        other=0).to(tl.int64)  # fmt: skip
+                    kheads = _oaken_key_heads(k_res_ptr, blk_n, start + BLOCK_N, s_hi, kvh, stride_rb, stride_rr,
+                                              bt_row, OAKEN_CAP, BLOCK_SIZE, BLOCK_N, OAKEN_NBT)  # fmt: skip
+                    vheads = _oaken_value_heads(v_res_ptr, bt_row, start + BLOCK_N, s_hi, kvh, dq, d_ok, stride_rb,
+                                                stride_rr, OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, OAKEN_NBT)  # fmt: skip
+                    kcor = _oaken_key_corr(kfirst, qtr, CR, BLOCK_N, KR)
+                    if SPREAD:  # to the tile's rows through the scratch (used after the dot, below)
+                        tl.store(kp + c_at, kcor)
+                        tl.debug_barrier()
+                        kadd = tl.load(kp + k_at)
                 if FACTORED:
                     kc, ksc, kzr = _load_code_tile(krow, kmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
                                                    bits_ptr, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED,
-                                                   META32, kvh, True, MIXED_SPAN, kspan, PLANES)  # fmt: skip
+                                                   META32, kvh, True, MIXED_SPAN, kspan, PLANES,
+                                                   kmeta if OAKEN else None, kwords if OAKEN else None)  # fmt: skip
                     if PLANES:
                         s = tl.dot(q_planes[0], tl.trans(kc[0]), input_precision=DOT_PREC)
                         for pj in tl.static_range(1, PW):
@@ -1062,13 +1213,21 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     s = s * (q_unf[:, None] * ksc[None, :])
                     s += q_sum[:, None] * kzr[None, :]
                     if OAKEN:  # outlier positions hold code 0: the dense part has zr there
-                        kcor = _oaken_key_corr(k_res_ptr, blk, off, kvh, j_ok, qtr, stride_rb, stride_rr, bt_row,
-                                               start, s_hi, OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, CR, BLOCK_N,
-                                               OAKEN_NBT)  # fmt: skip
+                        if not OAKEN_AHEAD:  # each load where it is used (fewer registers)
+                            kcor = _oaken_key_corr(
+                                _oaken_key_first(k_res_ptr, blk, kvh, stride_rb, stride_rr,
+                                                 _oaken_key_heads(k_res_ptr, blk, start, s_hi, kvh, stride_rb,
+                                                                  stride_rr, bt_row, OAKEN_CAP, BLOCK_SIZE, BLOCK_N,
+                                                                  OAKEN_NBT), KR, False),
+                                qtr, CR, BLOCK_N, KR, False)  # fmt: skip
+                            if SPREAD:
+                                tl.store(kp + c_at, kcor)
+                                tl.debug_barrier()
+                                kadd = tl.load(kp + k_at)
                         if SPREAD:
-                            # to the tile's rows through the scratch: an in-register spread left the softmax in a
-                            # second layout (its row reductions took ~250 more SASS a tile, sm_90). The reload
-                            # enters as the accumulator of a dot of zeros (adds exactly 0): a dot fixes its
+                            # to the tile's rows through the scratch (`kadd`, above): an in-register spread left the
+                            # softmax in a second layout (its row reductions took ~250 more SASS a tile, sm_90). The
+                            # reload enters as the accumulator of a dot of zeros (adds exactly 0): a dot fixes its
                             # layout, so the load's coalesced layout stops there; added to s directly, it was
                             # propagated through the softmax, which Triton then computed twice, once in each
                             # layout (m, p and l: a second exp2 of the tile, its row reductions and a conversion
@@ -1076,13 +1235,11 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                             # Only on 64-token tiles: on 32-token tiles of 8 warps (blocks of 16, fp32 queries) the
                             # dot's layout made ptxas spill (sm_80 fp16: 128 registers, 16 B; sm_90 fp32: 56 B),
                             # where the plain add did not.
-                            tl.store(kp + c_at, kcor)
-                            tl.debug_barrier()
                             if BLOCK_N >= 64:
                                 z16 = tl.zeros([BLOCK_M, 16], tl.float16)
-                                s += tl.dot(z16, tl.zeros([16, BLOCK_N], tl.float16), tl.load(kp + k_at))
+                                s += tl.dot(z16, tl.zeros([16, BLOCK_N], tl.float16), kadd)
                             else:
-                                s += tl.load(kp + k_at)
+                                s += kadd
                         else:
                             s += tl.trans(kcor)
                 else:
@@ -1153,7 +1310,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 if FACTORED:
                     vc, vsc, vzr = _load_code_tile(vrow, vmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
                                                    bits_ptr, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED,
-                                                   META32, kvh, False, MIXED_SPAN, vspan, PLANES)  # fmt: skip
+                                                   META32, kvh, False, MIXED_SPAN, vspan, PLANES,
+                                                   vmeta if OAKEN else None, vwords if OAKEN else None)  # fmt: skip
                     if F16_MMA:
                         # p * sc in fp16 would lose small scales to underflow (V of magnitude 1e-5 gave 116 %
                         # error in fp16): the tile's scales are brought to [1, 2) by a power of two first.
@@ -1187,9 +1345,13 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                         tl.debug_barrier()  # every thread is done with the previous tile's p
                         tl.store(pp + p_at, p, mask=(hg < OAKEN_GP)[:, None])
                         tl.debug_barrier()
-                        vcor = _oaken_value_corr(v_res_ptr, pp, bt_ptr + b * stride_bt, start, s_hi, kvh, dq, d_ok,
-                                                 c_ok, stride_rb, stride_rr, OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, CR,
-                                                 BLOCK_N, DIM_PAD, OAKEN_NBT)  # fmt: skip
+                        if not OAKEN_AHEAD:
+                            vfirst = _oaken_value_first(_oaken_value_heads(v_res_ptr, bt_row, start, s_hi, kvh, dq,
+                                                                           d_ok, stride_rb, stride_rr, OAKEN_CAP,
+                                                                           HEAD_DIM, BLOCK_SIZE, OAKEN_NBT),
+                                                        OAKEN_NBT, VR, False)  # fmt: skip
+                        vcor = _oaken_value_corr(vfirst, pp, start, c_ok, CR, BLOCK_N, DIM_PAD, BLOCK_SIZE,
+                                                 OAKEN_NBT, VR, OAKEN_AHEAD)  # fmt: skip
                         if SPREAD:
                             acc_o = acc_o * _rows_max(alpha, BLOCK_Q, OAKEN_GP, GROUP_PAD)[:, None] + vcor
                         else:  # the tile's rows: straight into the (already rescaled) accumulator
@@ -1384,7 +1546,7 @@ WORDS8_DEFAULT = 1
 # Per-token INT4 / INT8 decode dots code planes (`reads_planes`; config key "PLANES", 0 for the joined fp16 tile).
 PLANES_DEFAULT = 1
 # KIVI decode on few enough warps may dot its value tiles' code planes too (`reads_value_planes`; config key "VPLANES",
-# 1): off by default, since predicted slower than the default tile at batch 1; a per-batch table turns it on.
+# 1): off but on the one-warp tile the default takes from enough pairs (`kivi_planes_default`).
 VPLANES_DEFAULT = 0
 
 
@@ -1432,11 +1594,22 @@ def launch_config(
     gpu = device_view(device).gpu_name
     op = table_op(kv_format, bits)
     base = default_config(head_dim, elem_bytes, kv_format, bits, block_size)
+    if kivi_planes_default(kv_format, bits, head_dim, elem_bytes, base, batch * kv_heads):
+        base.update(KIVI_PLANES_DECODE_TILE)
     per_sm = base.pop("PROGRAMS_PER_SM", None)
     cfg = lookup_config(op, gpu, batch, key, base)  # (its PROGRAMS_PER_SM, if any, the table's or forced)
     if per_sm is not None and "PROGRAMS_PER_SM" not in cfg and all(cfg.get(k) == base.get(k) for k in OCCUPANCY_KEYS):
         cfg["PROGRAMS_PER_SM"] = per_sm  # the default's occupancy, for the default's tile only
     return cfg
+
+
+def kivi_planes_default(kv_format: int, bits: int, head_dim: int, elem_bytes: int, base: dict, pairs: int) -> bool:
+    """True when a KIVI decode launch's default is KIVI_PLANES_DECODE_TILE instead of `base` (`default_config`'s
+    tile): INT4 at head_dim 128, 16-bit queries, blocks holding whole KIVI_WORDS_TILE tiles, and at least
+    KIVI_PLANES_MIN_PAIRS (sequence, kv head) pairs."""
+    wide = base["BLOCK_N"] == KIVI_WORDS_TILE and base["num_warps"] == KIVI_WORDS_WARPS
+    kivi4 = kv_format == KV_FORMAT_KIVI and bits == 4 and head_dim == 128 and elem_bytes == 2
+    return kivi4 and wide and pairs >= KIVI_PLANES_MIN_PAIRS
 
 
 # What a default "PROGRAMS_PER_SM" was sized for: a tuned or forced config changing any of these does not inherit it

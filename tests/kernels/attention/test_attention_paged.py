@@ -264,6 +264,32 @@ def test_decode_occupancy_defaults_and_who_drops_them():
         assert "PROGRAMS_PER_SM" not in ta.launch_config(*planes)
 
 
+
+def test_kivi_int4_decodes_on_one_warp_with_value_planes_from_enough_pairs():
+    """KIVI INT4 at head_dim 128 (16-bit queries, blocks of 32) decodes on the one-warp value-planes tile once the
+    (sequence, kv head) pairs reach KIVI_PLANES_MIN_PAIRS, and on the 4-warp tile below (batch 1 at 8 kv heads); not
+    INT2 (no value planes), fp32 queries, other head dims, blocks of 16 or a tuned config; extend and tree launches
+    of that tile widen it to 32 x 128 on 4 warps, whose value tiles stay joined."""
+    from codesign.autotune.lookup import forced_config
+    from codesign.kernels.attention import triton_attention as ta
+
+    def cfg(batch, hkv=8, bits=4, dim=128, bs=32, elem=2):
+        return ta.launch_config(4 * hkv, hkv, dim, bs, batch, "cpu", elem, ta.KV_FORMAT_KIVI, bits)
+
+    n = ta.KIVI_PLANES_MIN_PAIRS
+    planes = cfg(n // 8)
+    assert {k: planes[k] for k in ta.KIVI_PLANES_DECODE_TILE} == ta.KIVI_PLANES_DECODE_TILE
+    assert ta.reads_value_planes(ta.KV_FORMAT_KIVI, 4, 128, planes)
+    assert cfg(n // 8 - 1)["num_warps"] == ta.KIVI_WORDS_WARPS and cfg(1)["BLOCK_N"] == ta.KIVI_WORDS_TILE
+    assert cfg(n // 2, hkv=2)["num_warps"] == 1 and cfg(n // 2 - 1, hkv=2)["num_warps"] == ta.KIVI_WORDS_WARPS
+    for other in (cfg(64, bits=2), cfg(64, elem=4), cfg(64, dim=64), cfg(64, bs=16)):
+        assert other["num_warps"] > 1 and "VPLANES" not in other, other
+    with forced_config("paged_attention_kivi", {"BLOCK_N": 32, "num_warps": 4}):  # another tile: joined values
+        assert not ta.reads_value_planes(ta.KV_FORMAT_KIVI, 4, 128, cfg(64)) and "PROGRAMS_PER_SM" not in cfg(64)
+    rows = ta.rows_config(planes, ta.KV_FORMAT_KIVI, False, (9, 0))
+    assert (rows["BLOCK_N"], rows["num_warps"]) == (ta.KIVI_WORDS_TILE, 4)
+    assert not ta.reads_value_planes(ta.KV_FORMAT_KIVI, 4, 128, rows)
+
 def test_two_warp_decode_tiles_and_rows_launches():
     """Per-token INT4 / INT2 decode on 2 warps (KIVI, INT8 and bf16 on 4; fp32 queries keep 4 warps), INT4 at
     head_dim 128 on one (its code planes); extend and tree launches, whose programs hold 64 query rows, never below

@@ -21,12 +21,14 @@ from codesign.specs import CodesignError
 BS, H, D, CAP = 4, 2, 16, 3
 
 
-def _setup(ctx, bits=4, bs=BS, cap=CAP, spikes=(5,), token_spikes=()):
+def _setup(ctx, bits=4, bs=BS, cap=CAP, spikes=(5,), token_spikes=(), value_spikes=()):
     bt, nb = shuffled_block_tables(ctx, bs)
     xs = [(torch.randn(c, H, D), torch.randn(c, H, D)) for c in ctx]
     for k, _ in xs:
         k[:, :, list(spikes)] *= 6  # channel outliers: more outliers than slots in some blocks
         k[[t for t in token_spikes if t < k.shape[0]]] *= 6  # token outliers: one token's many key slots
+    for _, v in xs:
+        v[:, :, list(value_spikes)] *= 6  # value channel outliers: long channel lists
     thr = kvq.calibrate_kv_thresholds([(torch.cat([k for k, _ in xs]), torch.cat([v for _, v in xs]))], 0.05)[
         0
     ]
@@ -100,6 +102,36 @@ def test_kernel_outlier_chunks_vs_fp64(bs, cap):
             out = oaken_attention(q, cache, bt, cl, num_splits=splits)
         assert_rel_close(out, ref, 2e-6, f"oaken decode bs={bs} cap={cap} splits={splits}")
 
+
+
+@pytest.mark.parametrize("tile", [32, 64])
+@pytest.mark.parametrize("qdtype", [torch.float32, torch.float16])
+def test_kernel_lists_past_the_ranks_loaded_ahead_vs_fp64(tile, qdtype):
+    """Decode with 16-bit queries loads each tile's first OAKEN_KEY_RANKS key slots a token and OAKEN_RANKS value
+    slots a channel ahead of its dense part (`_oaken_key_first`, `_oaken_value_first`; fp32 queries, extend and
+    tree load 3 / 5 a trip where used); longer lists go on in loops. Token spikes (many key slots on one token)
+    and value channel spikes (a channel's slot on most tokens of a block) make both kinds of list run past those
+    ranks: decode with splits and extend against fp64."""
+    from codesign.kernels.attention import triton_attention as ta
+
+    cache, bt, cl, xs, thr = _setup([70, 45, 61], bs=32, cap=160, spikes=(), token_spikes=(13, 45, 60),
+                                    value_spikes=(3, 9, 14))  # fmt: skip
+    kd, vd, over = _reference_pool(cache, bt, xs, thr, 4)
+    assert over == 0
+    k_rank = cache.k_index[..., 2 * cache.capacity + 32 + 1]  # each (block, head)'s fullest token
+    v_rank = cache.v_index[..., 2 * cache.capacity + D + 1]  # and fullest channel
+    assert int(k_rank.max()) > ta.OAKEN_KEY_RANKS and int(v_rank.max()) > ta.OAKEN_RANKS, (k_rank, v_rank)
+    q = torch.randn(3, 2 * H, D).to(qdtype)
+    ref, _ = reference_attention(q.float(), kd, vd, bt, cl, [1, 1, 1])
+    qe = torch.randn(5, 2 * H, D).to(qdtype)
+    cu = torch.tensor([0, 3, 3, 5], dtype=torch.int32)
+    ref_e, _ = reference_attention(qe.float(), kd, vd, bt, cl, [3, 0, 2])
+    tol = 2e-6 if qdtype == torch.float32 else 2e-3
+    with use_backend("triton"), forced_config(ta.table_op(ta.KV_FORMAT_OAKEN, 4), {"BLOCK_N": tile}):
+        for splits in (1, 3):
+            out = oaken_attention(q, cache, bt, cl, num_splits=splits).double()
+            assert_rel_close(out, ref, tol, f"splits={splits}")
+        assert_rel_close(oaken_attention(qe, cache, bt, cl, cu, num_splits=2).double(), ref_e, tol, "extend")
 
 def test_tree_kernel_vs_fp64():
     parents = [[-1, 0, 1], [-1, 0, 0, 2]]
@@ -237,6 +269,7 @@ def test_kernel_key_spikes_in_later_blocks_vs_fp64(padded, tile):
     assert ta.default_config(D, 4, ta.KV_FORMAT_OAKEN, 4, 8)["BLOCK_N"] == 32  # 4 blocks a tile
     k_rank = cache.k_index[..., 2 * cache.capacity + 8 + 1]  # each (block, head)'s fullest token
     assert int(k_rank[bt[0, 1]].max()) > int(k_rank[bt[0, 0]].max())  # block 1 fuller than its tile's first
+    assert int(k_rank.max()) > ta.OAKEN_KEY_RANKS  # lists past the ranks loaded ahead: the key loop runs
     q = torch.randn(3, 3 * H, D)
     ref, _ = reference_attention(q, kd, vd, bt, cl, [1, 1, 1])
     qe = torch.randn(5, 3 * H, D)
