@@ -10,6 +10,8 @@ KIVI's value tiles joined (0) or as code planes (1; `VPLANES`, off by default), 
     python bench/attention_configs.py --formats int4 --block-n 32 64 --warps 2 4 8 --out /tmp/c.json
     python bench/attention_configs.py --formats int4 --block-n 32 64 --warps 2 --stages 2 --per-sm 0 4 6 8
     python bench/attention_configs.py --formats int4-kivi --block-n 16 --warps 1 --stages 2 --per-sm 8 --vplanes 0 1
+    python bench/attention_configs.py --formats int4-kivi --batch 4 --context 8192 --block-n 16 32 --warps 1 4 \
+        --stages 2 --per-sm 4 8 --vplanes 0 1     # KIVI's one-warp planes tile against the 4-warp one at batch 4
 
 What the predictor was held against is `bench/hindcast.py` (0.69-2.04x of measured decode); a config that spills
 is listed with its spill bytes and not ranked. Mixed ranks its one-launch kernel (`BY_WIDTH` 0): its default decodes
@@ -41,17 +43,24 @@ TABLE_OPS = ["paged_attention"] + [f"paged_attention_{s}" for s in ("int8", "int
 
 def sweep(
     formats: list[str], block_n: list[int], warps: list[int], stages: list[int], per_sm: list[int] = PER_SM,
-    vplanes: list[int | None] = VPLANES, log=print,
+    vplanes: list[int | None] = VPLANES, log=print, batch: int | None = None, context: int | None = None,
 ) -> dict[str, Any]:
     import gpu_kvquant as kvq
+
+    warnings.filterwarnings("ignore")
+    bandwidth = kvq.floor_bytes("bf16", kvq.BATCH, kvq.CONTEXT) / ((ap.BF16_MS - ap.MERGE_MS) * 1e-3)
+    with ap._at_shape(kvq, batch or kvq.BATCH, context or kvq.CONTEXT):  # (the bandwidth: the issue shape's)
+        return _sweep(kvq, formats, block_n, warps, stages, per_sm, vplanes, log, bandwidth)
+
+
+def _sweep(kvq: Any, formats: list[str], block_n: list[int], warps: list[int], stages: list[int], per_sm: list[int],
+           vplanes: list[int | None], log, bandwidth: float) -> dict[str, Any]:  # fmt: skip
     import torch
 
     from codesign.autotune.compile_only import compile_only
     from codesign.autotune.lookup import forced_config
     from codesign.backend import use_backend
 
-    warnings.filterwarnings("ignore")
-    bandwidth = kvq.floor_bytes("bf16", kvq.BATCH, kvq.CONTEXT) / ((ap.BF16_MS - ap.MERGE_MS) * 1e-3)
     out: dict[str, Any] = {"shape": {"batch": kvq.BATCH, "context": kvq.CONTEXT, "block_size": kvq.BLOCK_SIZE},
                            "formats": {}}  # fmt: skip
     cases = dict(ap._decode_cases(formats))
@@ -128,10 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--per-sm", nargs="*", type=int, default=PER_SM, help="PROGRAMS_PER_SM values (0: none given)")
     a.add_argument("--vplanes", nargs="*", type=int, default=VPLANES,
                    help="VPLANES values forced per config (KIVI's value tiles: 0 joined, 1 code planes; none: default)")
+    a.add_argument("--batch", type=int, default=None, help="decode batch (default: gpu_kvquant's, issue 21's)")
+    a.add_argument("--context", type=int, default=None, help="context length (default: gpu_kvquant's)")
     a.add_argument("--out", type=Path, default=None)
     args = a.parse_args(argv)
     return run_report("attention_configs", lambda: sweep(args.formats, args.block_n, args.warps, args.stages,
-                                                         args.per_sm, args.vplanes), table, args.out)  # fmt: skip
+                                                         args.per_sm, args.vplanes, batch=args.batch,
+                                                         context=args.context), table, args.out)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ MIXED_WORDS_TILE = 64
 KIVI_WORDS_TILE = 32
 KIVI_WORDS_WARPS = 4
 # KIVI INT4 at head_dim 128 with enough (sequence, kv head) pairs to fill the SMs decodes on one warp, its value tiles
-# as code planes too (`reads_value_planes`): predicted (sm_90, bf16, blocks of 32, `bench/attention_predict.py`)
+# as code planes too (`reads_value_planes`): predicted (sm_90, bf16, blocks of 32, `bench/attention_configs.py --batch`)
 # faster than the 4-warp tile from batch 4 at 8 kv heads (at 8k / 32k: batch 4 26 / 82 us against 30 / 103, batch 16
 # 83 / 309 against 103 / 395) and slower at batch 1 (20 / 34 against 13 / 30; batch 2 splits the two); 254
 # registers, 8 programs an SM.
@@ -368,10 +368,10 @@ def _oaken_key_first(ix_ptr, blk, kvh, stride_ib, stride_ih, heads, R: tl.conste
     no pairs, the loop of `_oaken_key_corr` takes every rank)."""
     st, en, nr = heads
     ib = ix_ptr + blk * stride_ib + kvh * stride_ih  # each token's block's index
-    # a pair as one int64, the channel in the low word (none past the list's end: channel 0, delta 0)
-    wp = (ib + 2 * st).to(tl.pointer_type(tl.int64), bitcast=True)
     pairs = ()
     if AHEAD:
+        # a pair as one int64, the channel in the low word (none past the list's end: channel 0, delta 0)
+        wp = (ib + 2 * st).to(tl.pointer_type(tl.int64), bitcast=True)
         for u in tl.static_range(R):
             pairs = pairs + (tl.load(wp + u, mask=u < en - st, other=0),)
     return ib, st, en, nr, pairs
@@ -440,9 +440,9 @@ def _oaken_value_first(heads, OAKEN_NBT: tl.constexpr, R: tl.constexpr, AHEAD: t
     blocks = ()
     for t in tl.static_range(OAKEN_NBT):
         ib, st, en, nr = heads[t]
-        wp = (ib + 2 * st).to(tl.pointer_type(tl.int64), bitcast=True)  # (token, delta) pairs, as the key side's
         pairs = ()
         if AHEAD:  # (else none: the loop of `_oaken_value_corr` takes every rank)
+            wp = (ib + 2 * st).to(tl.pointer_type(tl.int64), bitcast=True)  # (token, delta) pairs, as the key side's
             for u in tl.static_range(R):
                 pairs = pairs + (tl.load(wp + u, mask=u < en - st, other=0),)
         blocks = blocks + ((ib, st, en, nr, pairs),)
@@ -497,6 +497,15 @@ def _oaken_value_rank(x, live, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.co
         delta = tl.where(ok, delta, 0.0)
         pg = tl.load(pp + cr[:, None] + col[None, :] * CR, mask=c_ok[:, None] & ok[None, :], other=0.0)
     return pg * delta[None, :]
+
+
+@triton.jit
+def _through_scratch(scr, store_at, load_at, x):
+    """`x` stored to the program's scratch at `store_at` and read back at `load_at` (another layout: the key
+    corrections' real rows to the tile's padded rows), every thread's stores visible first."""
+    tl.store(scr + store_at, x)
+    tl.debug_barrier()
+    return tl.load(scr + load_at)
 
 
 @triton.jit
@@ -1160,11 +1169,10 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     kspan = None
                 kmrow = _tile_rows(k_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_mb, stride_ms, stride_mh,
                                    BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
-                if OAKEN:
-                    kmeta = None
-                    vmeta = None
-                    kwords = None
-                    vwords = None
+                kmeta = None  # (rows' (scale, zero) and code words loaded ahead: Oaken decode, below)
+                vmeta = None
+                kwords = None
+                vwords = None
                 if OAKEN and OAKEN_AHEAD:
                     # Every load of the tile first, then the work that waits on them (ptxas moves no load above the
                     # scratch's barrier below): the code words and (scale, zero) of both tiles (the value tile's
@@ -1193,14 +1201,12 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                                 stride_rr, OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, OAKEN_NBT)  # fmt: skip
                     kcor = _oaken_key_corr(kfirst, qtr, CR, BLOCK_N, KR)
                     if SPREAD:  # to the tile's rows through the scratch (used after the dot, below)
-                        tl.store(kp + c_at, kcor)
-                        tl.debug_barrier()
-                        kadd = tl.load(kp + k_at)
+                        kadd = _through_scratch(kp, c_at, k_at, kcor)
                 if FACTORED:
                     kc, ksc, kzr = _load_code_tile(krow, kmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
                                                    bits_ptr, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED,
                                                    META32, kvh, True, MIXED_SPAN, kspan, PLANES,
-                                                   kmeta if OAKEN else None, kwords if OAKEN else None)  # fmt: skip
+                                                   kmeta, kwords)  # fmt: skip
                     if PLANES:
                         s = tl.dot(q_planes[0], tl.trans(kc[0]), input_precision=DOT_PREC)
                         for pj in tl.static_range(1, PW):
@@ -1221,9 +1227,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                                                   OAKEN_NBT), KR, False),
                                 qtr, CR, BLOCK_N, KR, False)  # fmt: skip
                             if SPREAD:
-                                tl.store(kp + c_at, kcor)
-                                tl.debug_barrier()
-                                kadd = tl.load(kp + k_at)
+                                kadd = _through_scratch(kp, c_at, k_at, kcor)
                         if SPREAD:
                             # to the tile's rows through the scratch (`kadd`, above): an in-register spread left the
                             # softmax in a second layout (its row reductions took ~250 more SASS a tile, sm_90). The
@@ -1311,7 +1315,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     vc, vsc, vzr = _load_code_tile(vrow, vmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
                                                    bits_ptr, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED,
                                                    META32, kvh, False, MIXED_SPAN, vspan, PLANES,
-                                                   vmeta if OAKEN else None, vwords if OAKEN else None)  # fmt: skip
+                                                   vmeta, vwords)  # fmt: skip
                     if F16_MMA:
                         # p * sc in fp16 would lose small scales to underflow (V of magnitude 1e-5 gave 116 %
                         # error in fp16): the tile's scales are brought to [1, 2) by a power of two first.

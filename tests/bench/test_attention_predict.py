@@ -171,16 +171,21 @@ def test_config_sweep_forces_each_config_and_ranks_them(tmp_path):
 @pytest.mark.lowering
 def test_config_sweep_forces_kivi_value_planes(tmp_path):
     """`--vplanes 0 1` compiles KIVI's one-warp 16 x 128 tile twice, its value tiles joined and as code planes
-    (VPLANES, off by default): two different kernels, each row saying which it is, the planes row the faster
-    (predicted 0.309 against 0.330 ms at batch 16 / 32k when it was added)."""
+    (VPLANES): two different kernels, each row saying which it is, the planes row the faster (predicted 0.309
+    against 0.330 ms at batch 16 / 32k when it was added; 26 against 27 us at batch 4 / 8k, the shape `--batch`
+    and `--context` set here, where the split count follows: 32 pairs, 32 splits)."""
     out = tmp_path / "c.json"
     env = dict(os.environ, TRITON_INTERPRET="0")
     script = SCRIPT.parent / "attention_configs.py"
     res = subprocess.run([sys.executable, str(script), "--formats", "int4-kivi", "--block-n", "16", "--warps", "1",
-                          "--stages", "2", "--per-sm", "8", "--vplanes", "0", "1", "--out", str(out)], env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+                          "--stages", "2", "--per-sm", "8", "--vplanes", "0", "1", "--batch", "4", "--context",
+                          "8192", "--out", str(out)], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
-    rows = {r["VPLANES"]: r for r in json.loads(out.read_text())["formats"]["int4-kivi"]["configs"]}
+    report = json.loads(out.read_text())
+    assert report["shape"]["batch"] == 4 and report["shape"]["context"] == 8192
+    rows = {r["VPLANES"]: r for r in report["formats"]["int4-kivi"]["configs"]}
+    assert all(r["NUM_SPLITS"] == 32 for r in rows.values()), rows
     assert set(rows) == {0, 1} and all(r["spill_stores"] == 0 for r in rows.values()), rows
     # the option reaches the kernel: the planes' value dots are another instruction stream, not the joined tile's
     assert rows[0]["sass_per_tile"] != rows[1]["sass_per_tile"], rows
