@@ -1,4 +1,5 @@
-"""Code planes: int32 words of 8- or 4-bit codes -> one fp16 tile per code position, each shaped like the words.
+"""Code planes: int32 words of 8- or 4-bit codes (int16 half-words of 2-bit ones) -> one fp16 tile per code position,
+each shaped like the words.
 
 A quantized tile [N, D] whose rows are int32 words [N, D / P] (P = 32 / BITS codes a word, element e at bits
 BITS * e) is, per code position j, the plane [N, D / P] of element j of every word: channel P * w + j at column w.
@@ -18,6 +19,12 @@ number 0x6400 (1024 + c, or 1024 + 16 c for a byte's high nibble) and finished b
 exact: 5 instructions for 4 INT4 codes, 3 for 2 INT8 codes. `PLANE_PROGRAM` holds those instructions as data, so a
 CPU test runs them through an emulator against the plane definition (no GPU runs PTX here); the interpreter takes
 shifts and masks instead.
+
+2-bit codes are read as int16 half-words (`plane_words`), 8 codes each like an INT4 word: 16 codes a word would leave
+planes of head_dim / 16 columns, under the 16 a dot's K needs at head_dim 128; half-words give 8 planes of head_dim / 8,
+channel 8 c + j at column c of plane j as for INT4. Two neighbouring half-words arrive in one register (the low half
+element 0); per byte of each, one `prmt` and per code a mask and an FMA (1024 + 4^m c scaled by 4^-m), all exact:
+9 instructions for 8 codes.
 """
 
 from __future__ import annotations
@@ -28,10 +35,22 @@ import triton.language as tl
 # One (op, destination, operands) per PTX instruction, for two input words $a (element 0: low halves) and $b
 # (element 1: high halves). t / e: scratch registers; k, s, z: fp16x2 constants 1024, 1 / 16 and -64.
 _MAGIC, _ONE16TH, _MINUS64 = 0x64006400, 0x2C002C00, 0xD400D400
+_QUARTER, _MINUS256, _ONE64TH, _MINUS16 = 0x34003400, 0xDC00DC00, 0x24002400, 0xCC00CC00
+# The named fp16x2 constants a program reads (the emulator takes them from here too).
+PLANE_CONSTS = {"k": _MAGIC, "s": _ONE16TH, "z": _MINUS64, "q": _QUARTER, "w": _MINUS256, "o": _ONE64TH,
+                "y": _MINUS16}  # fmt: skip
 
 
 def _program(bits: int) -> list[tuple[str, str, tuple]]:
     prog = []
+    if bits == 2:  # $a: two half-words (element 0 low); byte i of each into the low byte of each half
+        finish = [("sub", ("e", "k")), ("fma", ("e", "q", "w")), ("fma", ("e", "s", "z")), ("fma", ("e", "o", "y"))]
+        for i in range(2):
+            prog.append(("prmt", "t", ("$a", "$a", (2 + i) << 12 | (2 + i) << 8 | i << 4 | i)))
+            for m in range(4):  # code 4 i + m: bits 2 m of the byte, 1024 + 4^m c
+                op, args = finish[m]
+                prog += [("lop3", "e", ("t", 0x00030003 << (2 * m), _MAGIC)), (op, f"${4 * i + m}", args)]
+        return prog
     for i in range(4):  # byte i of each word into the low byte of each half: [a_i, a_i, b_i, b_i]
         prog.append(("prmt", "t", ("$a", "$b", (4 + i) << 12 | (4 + i) << 8 | i << 4 | i)))
         if bits == 8:
@@ -42,11 +61,16 @@ def _program(bits: int) -> list[tuple[str, str, tuple]]:
     return prog
 
 
-PLANE_PROGRAM = {bits: _program(bits) for bits in (4, 8)}
+def plane_count(bits: int) -> int:
+    """Planes of a BITS-bit code tile: the codes of a word (of a half-word at 2 bits)."""
+    return 8 if bits == 2 else 32 // bits
+
+
+PLANE_PROGRAM = {bits: _program(bits) for bits in (2, 4, 8)}
 
 
 def _ptx(bits: int) -> str:
-    planes = 32 // bits
+    planes = plane_count(bits)
     reg = {"$a": f"${planes}", "$b": f"${planes + 1}"}  # inputs follow the outputs
 
     def r(x):
@@ -63,27 +87,31 @@ def _ptx(bits: int) -> str:
             lines.append(f"sub.f16x2 {dst}, {a[0]}, {a[1]};")
         else:
             lines.append(f"fma.rn.f16x2 {dst}, {a[0]}, {a[1]}, {a[2]};")
-    consts = f"mov.b32 k, {_MAGIC:#x}; mov.b32 s, {_ONE16TH:#x}; mov.b32 z, {_MINUS64:#x}; "
-    return "{ .reg .b32 t, e, k, s, z; " + consts + " ".join(lines) + " }"
+    used = sorted({a for _, _, args in PLANE_PROGRAM[bits] for a in args if isinstance(a, str) and a in PLANE_CONSTS})
+    consts = " ".join(f"mov.b32 {c}, {PLANE_CONSTS[c]:#x};" for c in used)
+    return "{ .reg .b32 t, e, " + ", ".join(used) + "; " + consts + " " + " ".join(lines) + " }"
 
 
 def _constraints(bits: int) -> str:
-    return ",".join(["=r"] * (32 // bits) + ["r", "r"])
+    return ",".join(["=r"] * plane_count(bits) + ["r"] * (1 if bits == 2 else 2))  # (two half-words: one register)
 
 
-_PTX4, _PTX8 = tl.constexpr(_ptx(4)), tl.constexpr(_ptx(8))
-_CON4, _CON8 = tl.constexpr(_constraints(4)), tl.constexpr(_constraints(8))
+_PTX2, _PTX4, _PTX8 = tl.constexpr(_ptx(2)), tl.constexpr(_ptx(4)), tl.constexpr(_ptx(8))
+_CON2, _CON4, _CON8 = tl.constexpr(_constraints(2)), tl.constexpr(_constraints(4)), tl.constexpr(_constraints(8))
 
 
 @triton.jit
 def word_planes(words, BITS: tl.constexpr, INTERPRETED: tl.constexpr):
-    """A tuple of 32 / BITS fp16 tiles shaped like int32 `words` (BITS 4 or 8): tile j holds element j of every
-    word (bits BITS * j .. BITS * j + BITS - 1, unsigned), exactly."""
+    """A tuple of fp16 tiles shaped like `words` (`plane_words`), exactly: int32 words of BITS 4 or 8 give 32 / BITS
+    tiles, int16 half-words of BITS 2 give 8; tile j holds element j of every word (bits BITS * j .. BITS * j +
+    BITS - 1, unsigned)."""
     if INTERPRETED:
         out = ()
-        for j in tl.static_range(32 // BITS):
+        for j in tl.static_range(16 // BITS if BITS == 2 else 32 // BITS):
             out = out + (((words >> (BITS * j)) & ((1 << BITS) - 1)).to(tl.float16),)
         return out
+    elif BITS == 2:
+        return tl.inline_asm_elementwise(_PTX2, _CON2, [words], dtype=(tl.float16,) * 8, is_pure=True, pack=2)
     elif BITS == 4:
         return tl.inline_asm_elementwise(_PTX4, _CON4, [words], dtype=(tl.float16,) * 8, is_pure=True, pack=2)
     else:
@@ -91,6 +119,16 @@ def word_planes(words, BITS: tl.constexpr, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def plane_cols(c, P: tl.constexpr, NW: tl.constexpr):
-    """The channel at column c of the planes laid side by side ([P] planes of NW columns): P * (c % NW) + c // NW."""
-    return P * (c % NW) + c // NW
+def plane_words(rows, ok, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
+    """The tile `word_planes` takes, from code rows (`rows` [R, 1]: int32 pointers to each row's first word; `ok`
+    [R, 1]): int32 words [R, DIM_PAD / (32 / BITS)] at 4 or 8 bits, int16 half-words [R, DIM_PAD / 8] at 2 (half-word
+    c holds codes 8 c .. 8 c + 7, a word's low half first); columns past head_dim load 0. Plane j of it holds channel
+    P c + j at column c (P: `plane_count`)."""
+    P: tl.constexpr = 8 if BITS == 2 else 32 // BITS
+    c = tl.arange(0, DIM_PAD // P)
+    m = ok & (c < HEAD_DIM // P)[None, :]
+    if BITS == 2:
+        t = tl.load(rows.to(tl.pointer_type(tl.int16)) + c[None, :], mask=m, other=0)
+    else:
+        t = tl.load(rows + c[None, :], mask=m, other=0)
+    return t

@@ -146,7 +146,7 @@ def test_smoke_kernel_benches_all_run_and_check(tmp_path):
     assert all({"measured", "target", "met"} <= set(t) for t in kq["sweep_targets"].values())
     # the design each default replaced, timed beside it (gpu_kvquant.JOINED: code planes, mixed by width)
     joined = {r["format"]: r for r in kq["rows"] if "joined_ms" in r}
-    assert set(joined) == {"int4", "int8", "int4-kivi", "mixed-8/4/4/2"}
+    assert set(joined) == {"int4", "int2", "int8", "int4-kivi", "int2-kivi", "mixed-8/4/4/2"}
     assert all(r["joined_ms"] > 0 for r in joined.values())
     df = rep["df11"]
     assert df["all_bit_exact"] and df["small_m_4096x4096"] and df["shapes"] and df["sweep_4096x4096"]

@@ -187,18 +187,19 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
 
     def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
         """The decode space; INT8 on GPUs also tries reading its codes as int32 words (WORDS8 1: 16-byte copies,
-        a shift and a mask per element) against bytes (0); INT4 / INT8 (and KIVI's keys) with 16-bit queries where
-        the kernel can dot code planes (`triton_attention.reads_planes`) try them against the joined tile (PLANES 1 /
-        0), and one warp a program (the planes' default tile for INT4 at head_dim 128), KIVI's value planes on tiles of
-        few enough warps (VPLANES 1 / 0, `reads_value_planes`); the mixed cache decodes width
-        by width (BY_WIDTH 1, on its default tile: the tile is then the INT launches') or in one launch (0)."""
+        a shift and a mask per element) against bytes (0); INT8 / INT4 / INT2 (and KIVI's keys) with 16-bit queries
+        where the kernel can dot code planes (`triton_attention.reads_planes`) try them against the joined tile (PLANES
+        1 / 0), and one warp a program (the planes' default tile for INT4 / INT2 at head_dim 128), KIVI's value planes
+        on tiles of few enough warps (VPLANES 1 / 0, `reads_value_planes`, at the shape's bits); the mixed cache decodes
+        width by width (BY_WIDTH 1, on its default tile: the tile is then the INT launches') or in one launch (0)."""
         sp = super().space(shape, dtype, on_gpu)
         params, valid = dict(sp.params), sp.valid
         if self.fmt == "int8" and on_gpu and shape["head_dim"] % 4 == 0:
             params["WORDS8"] = [0, 1]
         ta = importlib.import_module("codesign.kernels.attention.triton_attention")
-        kf, bits = {"int4": (ta.KV_FORMAT_INT, 4), "int8": (ta.KV_FORMAT_INT, 8), "kivi": (ta.KV_FORMAT_KIVI, 4)}.get(
-            self.fmt, (None, 0))  # fmt: skip
+        kivi_bits = self._format(shape)[0] if self.fmt == "kivi" else 0
+        kf, bits = {"int4": (ta.KV_FORMAT_INT, 4), "int8": (ta.KV_FORMAT_INT, 8), "int2": (ta.KV_FORMAT_INT, 2),
+                    "kivi": (ta.KV_FORMAT_KIVI, kivi_bits)}.get(self.fmt, (None, 0))  # fmt: skip
         d = shape["head_dim"]
         if on_gpu and bits and dtype != torch.float32 and ta.reads_planes(kf, bits, d, {"BLOCK_N": 64}):
             params["PLANES"] = [0, 1]
@@ -210,9 +211,9 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
         if self.fmt == "kivi" and "PLANES" in params:  # value planes too, where the tile's warps allow them
             params["VPLANES"] = [0, 1]
 
-            def valid(c, v=valid, d=d):
-                return v(c) and (c["VPLANES"] == 0 or (c["PLANES"] == 1 and ta.reads_value_planes(ta.KV_FORMAT_KIVI, 4,
-                                                                                                  d, c)))  # fmt: skip
+            def valid(c, v=valid, d=d, bits=bits):
+                vplanes = c["PLANES"] == 1 and ta.reads_value_planes(ta.KV_FORMAT_KIVI, bits, d, c)
+                return v(c) and (c["VPLANES"] == 0 or vplanes)
         if self.fmt == "mixed" and on_gpu:  # decode width by width (its INT launches read their own tables) or in one
             params["BY_WIDTH"] = [0, 1]
             base = ta.default_config(d, torch.finfo(dtype).bits // 8, ta.KV_FORMAT_MIXED, 8, shape["block_size"])

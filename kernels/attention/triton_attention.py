@@ -78,7 +78,7 @@ from codesign.kernels.triton_codes import (
     unpack_words,
     words_f16,
 )
-from codesign.kernels.triton_planes import word_planes
+from codesign.kernels.triton_planes import plane_words, word_planes
 
 OP = "paged_attention"
 # Formats whose codes meet fp16 / bf16 queries in fp16 products (F16_MMA): codes become fp16 by bit patterns
@@ -118,22 +118,25 @@ DEFAULT_SMEM_BUDGET = 96 * 1024
 # context 32k) ran 0.83 ms against 1.08 on 8 warps, 1.61 at 16 x 128 (tuning-pass timings,
 # `bench/results/h200-2026-11-30-run2`).
 SUBBYTE_TILE_ELEMS = 16 * 128
-# Per-token INT2 (and INT4 off head_dim 128) read as words (16-bit queries) decode 64 x 128 tiles on INT_WORDS_WARPS
+# Per-token INT2 and INT4 off head_dim 128 read as words (16-bit queries) decode 64 x 128 tiles on INT_WORDS_WARPS
 # (with 4 / warps times the splits, `choose_num_splits`). By the warp-scheduler simulation that predicts the kernels
 # the H200 timed within 0.69-2.04x (`bench/attention_configs.py`, sm_90, bf16, untimed) the loop is latency-bound and
 # the best tile depends on the batch: at batch 16, context 32k, 32 x 128 on 2 warps (138 / 167 registers, INT4 /
 # INT2: 3 warps a scheduler) is predicted 0.327 / 0.321 ms against this 0.414 / 0.475 (222 / 254 registers, 2 a
 # scheduler); at batch 64 it is predicted twice as slow as this (2.35 / 1.95 ms against 1.22 / 1.41: shared-memory
-# traffic-bound at 4 warps a scheduler). Kept until a GPU's tables decide per batch.
+# traffic-bound at 4 warps a scheduler). Kept until a GPU's tables decide per batch. (INT2 at head_dim 128 now takes
+# the code planes' tile, below.)
 INT_WORDS_WARPS = 2
 # Per-token INT4 at head_dim 128 (16-bit queries) decodes code planes (`reads_planes`) on one warp a program, 32 x 128,
 # PLANES_DECODE_PROGRAMS_PER_SM an SM: each plane dot's output is [16, 16], which more warps would compute once each
 # (Triton cannot split 2 column tiles over 4 warps). By the scheduler simulation (sm_90, bf16, batch 16, context 32k,
 # `bench/attention_configs.py`, untimed) 0.173 ms, 79 % of its byte floor's speed, against the joined tile's 0.309
 # on 2 warps; 64 x 128 on one warp spills (255 registers), and planes on the 2-warp 64 x 128 tile 0.277. INT8 keeps
-# its 4-warp tile, planes included (0.346 -> 0.268 ms, at its byte floor).
+# its 4-warp tile, planes included (0.346 -> 0.268 ms, at its byte floor). Per-token INT2 at head_dim 128 takes the same
+# tile over its int16 half-words (8 planes like INT4's, `plane_words`): 168 registers, 12 programs an SM, 789 SASS a
+# tile, predicted 0.140 ms (51 % of its byte floor) against 0.338 on the joined 64 x 128 2-warp tile (0.164 at 8 an SM).
 PLANES_DECODE_TILE = {"BLOCK_N": 32, "num_warps": 1}
-PLANES_DECODE_PROGRAMS_PER_SM = 10  # its 200 registers: 10 one-warp programs an SM
+PLANES_DECODE_PROGRAMS_PER_SM = {4: 10, 2: 12}  # by bits: 200 / 168 registers, 10 / 12 one-warp programs an SM
 # Mixed chunks read as words at most this wide, on 4 warps: a tile inside one block, or of two whole blocks where two
 # fill it (each read at its own width, `_mixed_span_codes`). sm_90, bf16, head_dim 128, batch 16, context 32k
 # (`bench/attention_predict.py`): blocks of 32, 64 x 128 over two blocks takes 128 registers and 682-705 SASS a tile
@@ -150,12 +153,14 @@ MIXED_WORDS_TILE = 64
 # 16 on 2 0.488 / 0.441. Also ahead on 2 at batch 64 (1.63 against 1.75 ms at 32k) and at 8k.
 KIVI_WORDS_TILE = 32
 KIVI_WORDS_WARPS = 4
-# KIVI INT4 at head_dim 128 with enough (sequence, kv head) pairs to fill the SMs decodes on one warp, its value tiles
-# as code planes too (`reads_value_planes`): predicted (sm_90, bf16, blocks of 32, `bench/attention_configs.py --batch`)
-# faster than the 4-warp tile from batch 4 at 8 kv heads (at 8k / 32k: batch 4 26 / 82 us against 30 / 103, batch 16
-# 83 / 309 against 103 / 395) and slower at batch 1 (20 / 34 against 13 / 30; batch 2 splits the two); 254
-# registers, 8 programs an SM.
-KIVI_PLANES_DECODE_TILE = {"BLOCK_N": 16, "num_warps": 1, "num_stages": 2, "VPLANES": 1, "PROGRAMS_PER_SM": 8}
+# KIVI INT4 / INT2 at head_dim 128 with enough (sequence, kv head) pairs to fill the SMs decodes on one warp, its value
+# tiles as code planes too (`reads_value_planes`): predicted (sm_90, bf16, blocks of 32, `bench/attention_configs.py
+# --batch`) faster than the 4-warp tile from batch 4 at 8 kv heads (at 8k / 32k: batch 4 26 / 82 us against 30 / 103,
+# batch 16 83 / 309 against 103 / 395) and slower at batch 1 (20 / 34 against 13 / 30; batch 2 splits the two); 254
+# registers, 8 programs an SM. KIVI INT2 over half-words (`plane_words`) alike: 178 registers, 11 an SM; at 8k / 32k
+# batch 4 27 / 68 us against 31 / 103, batch 16 69 / 242 against 103 / 391, batch 1 23 / 37 against 13 / 31.
+KIVI_PLANES_DECODE_TILE = {"BLOCK_N": 16, "num_warps": 1, "num_stages": 2, "VPLANES": 1}
+KIVI_PLANES_PROGRAMS_PER_SM = {4: 8, 2: 11}  # by bits
 KIVI_PLANES_MIN_PAIRS = 32
 # Tree verification adds the ancestor mask to a 16-token x GROUP_PAD-row extend tile, one 64-bit window of
 # packed mask bits per row (`tree_mask_words`): at most 64 wide. Compiled for sm_90 in bf16 at head_dim 128
@@ -307,8 +312,8 @@ def _load_kv_tile(crow, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m,
     elif KV_FORMAT == _FP8:
         x = _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty, HW_FP8)
     elif KPLANES:  # a KIVI key tile of codes only, inside one key group
-        w = tl.arange(0, DIM_PAD // (32 // BITS))
-        words = tl.load(base + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // (32 // BITS))[None, :], other=0)
+        w = tl.arange(0, DIM_PAD // (8 if BITS == 2 else 32 // BITS))
+        words = plane_words(base, j_ok[:, None], BITS, HEAD_DIM, DIM_PAD)
         row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G) * stride_ms + kvh * stride_mh
         x = _kivi_key_planes(words, s_ptr + row0, w, BITS, HEAD_DIM, META32, INTERPRETED)
     else:
@@ -617,11 +622,11 @@ def _kivi_meta(s_ptr, mrow, blk, off, kvh, d, dq, d_ok, c_ok, qm, nq, stride_mb,
 @triton.jit
 def _kivi_key_planes(words, mrow, w, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, META32: tl.constexpr,
                      INTERPRETED: tl.constexpr):  # fmt: skip
-    """A KIVI key tile of codes only, inside one key group, as dequantized code planes (`word_planes`): plane j
-    (channels PERW w + j) times its channels' fp16 scales plus their zeros (mrow: the group's (scale, zero) row), one
-    fp16 multiply-add an element as the joined tile's; each plane stays an elementwise function of the words, so
-    it reaches the dot without a shared-memory round trip."""
-    PERW: tl.constexpr = 32 // BITS
+    """A KIVI key tile of codes only, inside one key group, as dequantized code planes (`word_planes` of `plane_words`):
+    plane j (channels PERW w + j) times its channels' fp16 scales plus their zeros (mrow: the group's (scale, zero)
+    row), one fp16 multiply-add an element as the joined tile's; each plane stays an elementwise function of the
+    words, so it reaches the dot without a shared-memory round trip."""
+    PERW: tl.constexpr = 8 if BITS == 2 else 32 // BITS  # planes
     planes = word_planes(words, BITS, INTERPRETED)
     out = ()
     for pj in tl.static_range(PERW):
@@ -645,17 +650,17 @@ def _value_group(w, WORDS_PER_GROUP: tl.constexpr, GROUPS: tl.constexpr):
 def _kivi_value_planes(base, mrow, j_ok, j, nq, rrow, BITS: tl.constexpr, HEAD_DIM: tl.constexpr,
                        DIM_PAD: tl.constexpr, KIVI_GV: tl.constexpr, META32: tl.constexpr, RING: tl.constexpr,
                        INTERPRETED: tl.constexpr):  # fmt: skip
-    """A KIVI value tile as dequantized code planes (`word_planes`): plane j (channels PERW w + j) times its token's
-    group (scale, zero). A value group holds whole words (KIVI_GV a multiple of PERW), so column w's group is
-    w // (KIVI_GV / PERW) in every plane: one [BLOCK_N, words] load of pairs serves all planes. RING: tokens at or
-    past nq come from the fp16 ring rows `rrow`, read plane by plane (channel PERW w + j). Each plane stays an
-    elementwise function of loaded tiles, so it reaches the dot without a shared-memory round trip."""
-    PERW: tl.constexpr = 32 // BITS
+    """A KIVI value tile as dequantized code planes (`word_planes` of `plane_words`): plane j (channels PERW w + j)
+    times its token's group (scale, zero). A value group holds whole words (KIVI_GV a multiple of PERW), so column
+    w's group is w // (KIVI_GV / PERW) in every plane: one [BLOCK_N, words] load of pairs serves all planes. RING:
+    tokens at or past nq come from the fp16 ring rows `rrow`, read plane by plane (channel PERW w + j). Each plane
+    stays an elementwise function of loaded tiles, so it reaches the dot without a shared-memory round trip."""
+    PERW: tl.constexpr = 8 if BITS == 2 else 32 // BITS  # planes (2 bits: of half-words)
     w = tl.arange(0, DIM_PAD // PERW)
     w_ok = w < HEAD_DIM // PERW
     c_ok = j_ok & (j < nq) if RING else j_ok
     m_ok = c_ok[:, None] & w_ok[None, :]
-    planes = word_planes(tl.load(base + w[None, :], mask=m_ok, other=0), BITS, INTERPRETED)
+    planes = word_planes(plane_words(base, c_ok[:, None], BITS, HEAD_DIM, DIM_PAD), BITS, INTERPRETED)
     at = mrow[:, None] + _value_group(w, KIVI_GV // PERW, DIM_PAD // KIVI_GV)[None, :] * 2
     if META32:
         sc, zr = _pairs(at, m_ok)
@@ -867,7 +872,8 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
     zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element. crow, mrow: the rows'
     pointers into the codes and the (scale, zero) pairs (`_tile_rows`); kvh, IS_KEY: Oaken offline's grid. SPAN: a
     mixed tile of two whole blocks, crow the first's rows, span the rest (`_mixed_span_codes`: two code tiles).
-    PLANES: per-token INT4 / INT8 words as a tuple of code planes (`word_planes`), each [BLOCK_N, DIM_PAD / P].
+    PLANES: per-token INT8 / INT4 / INT2 words as a tuple of code planes (`word_planes`), each [BLOCK_N, DIM_PAD / P]
+    (P planes: 32 / BITS, or 8 of INT2's half-words).
     meta, words: the rows' (scale, zero) (`_load_meta`) and their code words (`_load_words`, the word-pair path)
     already loaded, or None to load them here."""
     base = crow[:, None]
@@ -875,7 +881,7 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
     PAIRS: tl.constexpr = INT_CODES and WORDS and out_ty == tl.float16
     if PAIRS:  # `words_f16`: its columns in `pair_order` (the kernel permutes q and o alike)
         if words is None:
-            words = _load_words(crow, j_ok, BITS, HEAD_DIM, DIM_PAD)
+            words = _load_words(crow, j_ok, BITS, HEAD_DIM, DIM_PAD, PLANES)
         if PLANES:
             code = word_planes(words, BITS, INTERPRETED)
         else:
@@ -912,11 +918,17 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
 
 
 @triton.jit
-def _load_words(crow, j_ok, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
-    """The int32 code words of a per-token tile's rows (`_load_code_tile`'s word-pair path), [BLOCK_N, words]."""
+def _load_words(crow, j_ok, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+                PLANES: tl.constexpr = False):  # fmt: skip
+    """The int32 code words of a per-token tile's rows (`_load_code_tile`'s word-pair path), [BLOCK_N, words]; for
+    code planes `plane_words`' tile (2 bits: int16 half-words, [BLOCK_N, 2 words])."""
     PERW: tl.constexpr = 32 // BITS
-    w = tl.arange(0, DIM_PAD // PERW)
-    return tl.load(crow[:, None] + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
+    if PLANES:
+        words = plane_words(crow[:, None], j_ok[:, None], BITS, HEAD_DIM, DIM_PAD)
+    else:
+        w = tl.arange(0, DIM_PAD // PERW)
+        words = tl.load(crow[:, None] + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
+    return words
 
 
 @triton.jit
@@ -1058,10 +1070,10 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             q_mma = q
             q_unf = tl.full([BLOCK_M], 1.0, tl.float32)
         # PLANES (`reads_planes`): the dots run over code planes (`word_planes`): q's columns j, j + P, .. meet plane j
-        # of the code words. Per-token INT: keys and values, the output built up plane by plane (NWP columns each) in
-        # units u_acc (the last tile's value scale), so each tile's rescale rides in the dot's accumulator; KIVI: its
-        # code-only key tiles (KIVI_KPLANES).
-        PW: tl.constexpr = 32 // BITS
+        # of the code words (2-bit codes: of their half-words, `plane_words`). Per-token INT: keys and values, the
+        # output built up plane by plane (NWP columns each) in units u_acc (the last tile's value scale), so each
+        # tile's rescale rides in the dot's accumulator; KIVI: its code-only key tiles (KIVI_KPLANES).
+        PW: tl.constexpr = 8 if BITS == 2 else 32 // BITS
         NWP: tl.constexpr = DIM_PAD // PW
         if PLANES:
             wq = tl.arange(0, NWP)
@@ -1498,7 +1510,7 @@ def default_config(
     )
     if gathered:  # sub-byte codes read by byte gather
         cfg["BLOCK_N"] = max(16, min(cfg["BLOCK_N"], SUBBYTE_TILE_ELEMS // dp))
-    elif kv_format == KV_FORMAT_INT and bits == 4 and head_dim == 128 and elem_bytes == 2:
+    elif kv_format == KV_FORMAT_INT and bits in PLANES_DECODE_PROGRAMS_PER_SM and head_dim == 128 and elem_bytes == 2:
         cfg.update(PLANES_DECODE_TILE)  # (`reads_planes`; extend and tree launches widen it, `rows_config`)
     elif kv_format == KV_FORMAT_INT and bits < 8 and reads_words(kv_format, bits, head_dim) and elem_bytes == 2:
         cfg["num_warps"] = INT_WORDS_WARPS  # (fp32 queries keep 4: their IEEE dots spill more on 2)
@@ -1520,19 +1532,19 @@ def default_config(
     if dp >= 256:
         cfg["num_warps"] = 8
         cfg["BLOCK_M"] = 32  # and half the query rows: Q and the accumulator stay in registers
-    per_sm = _decode_programs_per_sm(kv_format, cfg["num_warps"])
+    per_sm = _decode_programs_per_sm(kv_format, cfg["num_warps"], bits)
     if dp <= 128 and elem_bytes == 2 and not gathered and per_sm is not None:
         cfg["PROGRAMS_PER_SM"] = per_sm
     return cfg
 
 
-def _decode_programs_per_sm(kv_format: int, warps: int) -> int | None:
+def _decode_programs_per_sm(kv_format: int, warps: int, bits: int) -> int | None:
     """A default decode tile's occupancy (DECODE_PROGRAMS_PER_SM and its kin): what the compiled tiles are known to
-    fit, by format and warps."""
+    fit, by format, warps and (one warp) code bits."""
     if kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
         return OAKEN_DECODE_PROGRAMS_PER_SM if warps == 4 else None
     if warps == 1:  # the code planes' tile (PLANES_DECODE_TILE)
-        return PLANES_DECODE_PROGRAMS_PER_SM
+        return PLANES_DECODE_PROGRAMS_PER_SM.get(bits)
     return FP8_DECODE_PROGRAMS_PER_SM if kv_format == KV_FORMAT_FP8 else DECODE_PROGRAMS_PER_SM.get(warps)
 
 
@@ -1599,7 +1611,7 @@ def launch_config(
     op = table_op(kv_format, bits)
     base = default_config(head_dim, elem_bytes, kv_format, bits, block_size)
     if kivi_planes_default(kv_format, bits, head_dim, elem_bytes, base, batch * kv_heads):
-        base.update(KIVI_PLANES_DECODE_TILE)
+        base.update(KIVI_PLANES_DECODE_TILE, PROGRAMS_PER_SM=KIVI_PLANES_PROGRAMS_PER_SM[bits])
     per_sm = base.pop("PROGRAMS_PER_SM", None)
     cfg = lookup_config(op, gpu, batch, key, base)  # (its PROGRAMS_PER_SM, if any, the table's or forced)
     if per_sm is not None and "PROGRAMS_PER_SM" not in cfg and all(cfg.get(k) == base.get(k) for k in OCCUPANCY_KEYS):
@@ -1609,11 +1621,11 @@ def launch_config(
 
 def kivi_planes_default(kv_format: int, bits: int, head_dim: int, elem_bytes: int, base: dict, pairs: int) -> bool:
     """True when a KIVI decode launch's default is KIVI_PLANES_DECODE_TILE instead of `base` (`default_config`'s
-    tile): INT4 at head_dim 128, 16-bit queries, blocks holding whole KIVI_WORDS_TILE tiles, and at least
+    tile): INT4 or INT2 at head_dim 128, 16-bit queries, blocks holding whole KIVI_WORDS_TILE tiles, and at least
     KIVI_PLANES_MIN_PAIRS (sequence, kv head) pairs."""
     wide = base["BLOCK_N"] == KIVI_WORDS_TILE and base["num_warps"] == KIVI_WORDS_WARPS
-    kivi4 = kv_format == KV_FORMAT_KIVI and bits == 4 and head_dim == 128 and elem_bytes == 2
-    return kivi4 and wide and pairs >= KIVI_PLANES_MIN_PAIRS
+    kivi = kv_format == KV_FORMAT_KIVI and bits in KIVI_PLANES_PROGRAMS_PER_SM and head_dim == 128 and elem_bytes == 2
+    return kivi and wide and pairs >= KIVI_PLANES_MIN_PAIRS
 
 
 # What a default "PROGRAMS_PER_SM" was sized for: a tuned or forced config changing any of these does not inherit it
@@ -1805,23 +1817,24 @@ def plan_launch(
 def reads_value_planes(kv_format: int, bits: int, head_dim: int, cfg: dict) -> bool:
     """True when a KIVI decode launch that dots its key tiles' code planes (`reads_planes`) dots its value tiles'
     too (`_kivi_value_planes`; config key "VPLANES", default VPLANES_DEFAULT): a value plane dot's output has a row's
-    words as columns (16 at INT4, head_dim 128), so no more warps than its 8-column tiles. The kernel also needs value
-    groups of whole words (its KIVI_PAIRS)."""
-    if kv_format != KV_FORMAT_KIVI or bits not in (4, 8) or not cfg.get("VPLANES", VPLANES_DEFAULT):
+    words (INT2: half-words) as columns (16 at INT4 and INT2, head_dim 128), so no more warps than its 8-column tiles.
+    The kernel also needs value groups of whole words (its KIVI_PAIRS)."""
+    if kv_format != KV_FORMAT_KIVI or bits not in (2, 4, 8) or not cfg.get("VPLANES", VPLANES_DEFAULT):
         return False
-    return head_dim // (32 // bits) // 8 >= cfg.get("num_warps", 1)
+    return head_dim // (8 if bits == 2 else 32 // bits) // 8 >= cfg.get("num_warps", 1)
 
 
 def reads_planes(kv_format: int, bits: int, head_dim: int, cfg: dict) -> bool:
     """True when a decode launch over code words (16-bit queries) dots them plane by plane (`word_planes`, the
     kernel's PLANES; config key "PLANES", default PLANES_DEFAULT): per-token INT keys and values, KIVI's code-only key
-    tiles (its values stay joined). 4- and 8-bit codes, head_dim a power of two with at least 16 words a row (a dot's
-    K is at least 16; 2-bit words hold 16 codes: 8 a row at 128), on no more warps than a plane dot's output has
+    tiles (its values stay joined). 8- and 4-bit codes, and 2-bit ones as half-words (`plane_words`: 8
+    planes of a row's half-words), head_dim a power of two with planes at least 16 columns wide (a dot's K is at
+    least 16: head_dim 128 for INT4 and INT2, 64 for INT8), on no more warps than a plane dot's output has
     8-column tiles (16 rows; more warps would each compute it whole): INT's value planes have a row's words as
     columns, KIVI's key planes the tile's tokens. The kernel also needs KIVI's value groups of whole words and a key
     tile inside one group (`KIVI_KPLANES`)."""
-    per = 32 // bits if bits in (4, 8) else 0
-    words = head_dim // per if per else 0
+    per = {4: 8, 8: 4, 2: 8}.get(bits, 0)  # planes (2 bits: of half-words)
+    words = head_dim // per if per else 0  # a plane's columns
     if not per or head_dim != dim_pad(head_dim) or words < 16 or not cfg.get("PLANES", PLANES_DEFAULT):
         return False
     cols = {KV_FORMAT_INT: words, KV_FORMAT_KIVI: cfg.get("BLOCK_N", 0)}.get(kv_format, 0)

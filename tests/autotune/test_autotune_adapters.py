@@ -119,12 +119,13 @@ def test_int8_kv_decode_tunes_the_word_read_on_gpus_only():
     assert "WORDS8" not in int4.space(shape, torch.float16, True).params  # sub-byte codes are words already
 
 
-def test_int4_int8_kv_decode_tune_code_planes_and_one_warp():
-    """Where the kernel can dot code planes (16-bit queries, INT4 at head_dim >= 128, INT8 at >= 64) the GPU space
-    holds PLANES 0 / 1 and one warp; never planes over bytes (WORDS8 0); not at head_dim 64 for INT4, not on CPU."""
-    int8, int4 = get_op("paged_attention_int8"), get_op("paged_attention_int4")
+def test_int_kv_decode_tune_code_planes_and_one_warp():
+    """Where the kernel can dot code planes (16-bit queries, INT4 / INT2 at head_dim >= 128, INT8 at >= 64) the GPU
+    space holds PLANES 0 / 1 and one warp; never planes over bytes (WORDS8 0); not at head_dim 64 for INT4 / INT2,
+    not on CPU; KIVI by its shape's bits."""
+    int8, int4, int2 = (get_op(f"paged_attention_{f}") for f in ("int8", "int4", "int2"))
     shape = dict(M=4, q_heads=8, kv_heads=2, head_dim=128, block_size=16, ctx=512)
-    for op in (int8, int4):
+    for op in (int8, int4, int2):
         sp = op.space(shape, torch.bfloat16, True)
         assert sp.params["PLANES"] == [0, 1] and sp.params["num_warps"][0] == 1
         assert "PLANES" not in op.space(shape, torch.bfloat16, False).params
@@ -134,6 +135,9 @@ def test_int4_int8_kv_decode_tune_code_planes_and_one_warp():
     assert sp.valid({**base, "WORDS8": 1, "PLANES": 1}) and not sp.valid({**base, "WORDS8": 0, "PLANES": 1})
     assert not int4.space(shape, torch.float16, True).valid({**base, "num_warps": 4, "PLANES": 1})  # joined there
     assert "PLANES" not in int4.space({**shape, "head_dim": 64}, torch.float16, True).params
+    assert "PLANES" not in int2.space({**shape, "head_dim": 64}, torch.float16, True).params
+    kivi2 = get_op("paged_attention_kivi").space({**shape, "bits": 2}, torch.float16, True)  # half-words
+    assert kivi2.params["VPLANES"] == [0, 1] and kivi2.valid({**base, "PLANES": 1, "VPLANES": 1})
     kivi = get_op("paged_attention_kivi").space(shape, torch.float16, True)  # its key tiles: [16, BLOCK_N] outputs
     assert kivi.params["PLANES"] == [0, 1]
     assert kivi.valid({**base, "PLANES": 1, "VPLANES": 0}) and not kivi.valid(

@@ -196,7 +196,7 @@ def test_int2_rows_copy_16_bytes_and_mixed_decodes_by_width(tmp_path):
     """INT2 rows at head_dim 128 are 8 words, heads 8 words apart: with `kv_align` the kernel knows it and copies
     them 16 bytes at a time (it copied 4, `LDGSTS.E`, 1167 SASS a tile against 1043). The mixed cache's prediction is
     its three INT launches at their shares of the context (8/4/4/2: a quarter, half, a quarter), plus the
-    reduction and the tables launch."""
+    reduction and the tables launch; its INT2 width decodes INT2's half-word planes tile."""
     out = tmp_path / "p.json"
     env = dict(os.environ, TRITON_INTERPRET="0")
     res = subprocess.run([sys.executable, str(SCRIPT), "--formats", "int2", "mixed-8/4/4/2", "--no-tree", "--out",
@@ -210,4 +210,6 @@ def test_int2_rows_copy_16_bytes_and_mixed_decodes_by_width(tmp_path):
     assert {k: p["context"] for k, p in parts.items()} == {"int8": 8192, "int4": 16384, "int2": 8192}
     # each part's own merge (0.003 ms, 3 of them) gives way to one reduction and the tables launch (2)
     assert mixed["predicted_ms"] == pytest.approx(sum(p["predicted_ms"] for p in parts.values()) - 0.003, rel=1e-9)
-    assert mixed["predicted_ms"] < rows["int2"]["predicted_ms"]  # three shorter launches, INT4's on code planes
+    # the INT2 width on the half-word planes' one-warp tile, as the INT2 cache's own decode
+    assert (parts["int2"]["BLOCK_N"], parts["int2"]["num_warps"]) == (i2["BLOCK_N"], i2["num_warps"]) == (32, 1)
+    assert parts["int2"]["predicted_ms"] < i2["predicted_ms"]  # a quarter of the context

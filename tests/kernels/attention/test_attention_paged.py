@@ -244,7 +244,8 @@ def test_decode_occupancy_defaults_and_who_drops_them():
     per = lambda *a: ta.default_config(*a).get("PROGRAMS_PER_SM")  # noqa: E731
     assert per(128, 2, ta.KV_FORMAT_PLAIN, 16, 32) == per(128, 2, ta.KV_FORMAT_INT, 8, 32) == 4
     assert per(64, 2, ta.KV_FORMAT_INT, 4, 32) == per(128, 2, ta.KV_FORMAT_KIVI, 2, 32) == 4
-    assert per(128, 2, ta.KV_FORMAT_INT, 4, 32) == ta.PLANES_DECODE_PROGRAMS_PER_SM  # the code planes' one warp
+    assert per(128, 2, ta.KV_FORMAT_INT, 4, 32) == ta.PLANES_DECODE_PROGRAMS_PER_SM[4]  # the code planes' one warp
+    assert per(128, 2, ta.KV_FORMAT_INT, 2, 32) == ta.PLANES_DECODE_PROGRAMS_PER_SM[2] == 12  # INT2's: 168 registers
     assert per(128, 2, ta.KV_FORMAT_FP8, 8, 32) == 3 and per(128, 2, ta.KV_FORMAT_OAKEN, 4, 32) == 2
     assert per(128, 4, ta.KV_FORMAT_INT, 8, 32) is None and per(256, 2, ta.KV_FORMAT_PLAIN, 16, 32) is None
     assert per(100, 2, ta.KV_FORMAT_INT, 4, 32) is None  # 50-byte rows: codes gathered by byte
@@ -265,34 +266,36 @@ def test_decode_occupancy_defaults_and_who_drops_them():
 
 
 
-def test_kivi_int4_decodes_on_one_warp_with_value_planes_from_enough_pairs():
-    """KIVI INT4 at head_dim 128 (16-bit queries, blocks of 32) decodes on the one-warp value-planes tile once the
-    (sequence, kv head) pairs reach KIVI_PLANES_MIN_PAIRS, and on the 4-warp tile below (batch 1 at 8 kv heads); not
-    INT2 (no value planes), fp32 queries, other head dims, blocks of 16 or a tuned config; extend and tree launches
-    of that tile widen it to 32 x 128 on 4 warps, whose value tiles stay joined."""
+@pytest.mark.parametrize("bits", [4, 2])
+def test_kivi_decodes_on_one_warp_with_value_planes_from_enough_pairs(bits):
+    """KIVI INT4 / INT2 at head_dim 128 (16-bit queries, blocks of 32) decodes on the one-warp value-planes tile (8 /
+    11 programs an SM) once the (sequence, kv head) pairs reach KIVI_PLANES_MIN_PAIRS, and on the 4-warp tile below
+    (batch 1 at 8 kv heads); not INT8, fp32 queries, other head dims, blocks of 16 or a tuned config; extend and tree
+    launches of that tile widen it to 32 x 128 on 4 warps, whose value tiles stay joined."""
     from codesign.autotune.lookup import forced_config
     from codesign.kernels.attention import triton_attention as ta
 
-    def cfg(batch, hkv=8, bits=4, dim=128, bs=32, elem=2):
+    def cfg(batch, hkv=8, bits=bits, dim=128, bs=32, elem=2):
         return ta.launch_config(4 * hkv, hkv, dim, bs, batch, "cpu", elem, ta.KV_FORMAT_KIVI, bits)
 
     n = ta.KIVI_PLANES_MIN_PAIRS
     planes = cfg(n // 8)
     assert {k: planes[k] for k in ta.KIVI_PLANES_DECODE_TILE} == ta.KIVI_PLANES_DECODE_TILE
-    assert ta.reads_value_planes(ta.KV_FORMAT_KIVI, 4, 128, planes)
+    assert planes["PROGRAMS_PER_SM"] == {4: 8, 2: 11}[bits]
+    assert ta.reads_value_planes(ta.KV_FORMAT_KIVI, bits, 128, planes)
     assert cfg(n // 8 - 1)["num_warps"] == ta.KIVI_WORDS_WARPS and cfg(1)["BLOCK_N"] == ta.KIVI_WORDS_TILE
     assert cfg(n // 2, hkv=2)["num_warps"] == 1 and cfg(n // 2 - 1, hkv=2)["num_warps"] == ta.KIVI_WORDS_WARPS
-    for other in (cfg(64, bits=2), cfg(64, elem=4), cfg(64, dim=64), cfg(64, bs=16)):
+    for other in (cfg(64, bits=8), cfg(64, elem=4), cfg(64, dim=64), cfg(64, bs=16)):
         assert other["num_warps"] > 1 and "VPLANES" not in other, other
     with forced_config("paged_attention_kivi", {"BLOCK_N": 32, "num_warps": 4}):  # another tile: joined values
-        assert not ta.reads_value_planes(ta.KV_FORMAT_KIVI, 4, 128, cfg(64)) and "PROGRAMS_PER_SM" not in cfg(64)
+        assert not ta.reads_value_planes(ta.KV_FORMAT_KIVI, bits, 128, cfg(64)) and "PROGRAMS_PER_SM" not in cfg(64)
     rows = ta.rows_config(planes, ta.KV_FORMAT_KIVI, False, (9, 0))
     assert (rows["BLOCK_N"], rows["num_warps"]) == (ta.KIVI_WORDS_TILE, 4)
-    assert not ta.reads_value_planes(ta.KV_FORMAT_KIVI, 4, 128, rows)
+    assert not ta.reads_value_planes(ta.KV_FORMAT_KIVI, bits, 128, rows)
 
 def test_two_warp_decode_tiles_and_rows_launches():
-    """Per-token INT4 / INT2 decode on 2 warps (KIVI, INT8 and bf16 on 4; fp32 queries keep 4 warps), INT4 at
-    head_dim 128 on one (its code planes); extend and tree launches, whose programs hold 64 query rows, never below
+    """Per-token INT4 / INT2 decode on 2 warps (KIVI, INT8 and bf16 on 4; fp32 queries keep 4 warps), INT4 and INT2 at
+    head_dim 128 on one (their code planes); extend and tree launches, whose programs hold 64 query rows, never below
     4."""
     from codesign.kernels.attention import triton_attention as ta
 
@@ -301,7 +304,8 @@ def test_two_warp_decode_tiles_and_rows_launches():
     for fmt, bits in two + [(ta.KV_FORMAT_KIVI, 4), (ta.KV_FORMAT_KIVI, 2), (ta.KV_FORMAT_INT, 8),
                             (ta.KV_FORMAT_PLAIN, 16)]:  # fmt: skip
         cfg = ta.default_config(128, 2, fmt, bits, 32)
-        want = 1 if (fmt, bits) == (ta.KV_FORMAT_INT, 4) else 2 if (fmt, bits) in two else 4
+        want = 1 if (fmt, bits) in two else 4
+        assert ta.default_config(64, 2, fmt, bits, 32)["num_warps"] == (2 if (fmt, bits) in two else 4)
         assert cfg["num_warps"] == want, (fmt, bits, cfg)
         for tree in (False, True):
             for cap in ((9, 0), (8, 0)):

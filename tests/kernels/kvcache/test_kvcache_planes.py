@@ -1,4 +1,4 @@
-"""Per-token INT4 / INT8 decode over code planes (`kernels/triton_planes.py`, the attention kernel's PLANES): the
+"""Per-token INT8 / INT4 / INT2 decode over code planes (`kernels/triton_planes.py`, the attention kernel's PLANES): the
 compiled unpack's instructions, emulated bit by bit, give every plane of every word exactly (no GPU here runs PTX);
 the kernel in the interpreter matches an fp64 reference over poisoned caches (NaN metadata and random codes in every
 unused slot), with and without splits, for fp16 and bf16 queries and tiny value scales, and the joined-tile path
@@ -37,8 +37,9 @@ def _pair(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 def _emulate(program, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
     """Run `PLANE_PROGRAM` on uint32 words a (element 0) and b (element 1): prmt in its default mode, lop3 with
-    immLut 0xEA ((x & y) | z), sub / fma on fp16 halves rounded once (exact products and sums in fp64)."""
-    reg = {"$a": a, "$b": b, "k": np.uint32(0x64006400), "s": np.uint32(0x2C002C00), "z": np.uint32(0xD400D400)}
+    immLut 0xEA ((x & y) | z), sub / fma on fp16 halves rounded once (exact products and sums in fp64); the named
+    fp16x2 constants from `PLANE_CONSTS`."""
+    reg = {"$a": a, "$b": b, **{c: np.uint32(v) for c, v in tp.PLANE_CONSTS.items()}}
 
     def val(x):
         return reg[x] if isinstance(x, str) else np.uint32(x)
@@ -65,8 +66,13 @@ def _emulate(program, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _check_program(program, bits: int, a: np.ndarray, b: np.ndarray) -> None:
-    reg = _emulate(program, a, b)
-    for j in range(32 // bits):
+    """Plane j: element j of each word; 2 bits: of each 16-bit half-word, a's low half and b's in one register."""
+    if bits == 2:
+        a, b = a & 0xFFFF, b & 0xFFFF
+        reg = _emulate(program, a | (b << 16), b)
+    else:
+        reg = _emulate(program, a, b)
+    for j in range(tp.plane_count(bits)):
         want = _pair(((a >> (bits * j)) & ((1 << bits) - 1)).astype(np.float64),
                      ((b >> (bits * j)) & ((1 << bits) - 1)).astype(np.float64))  # fmt: skip
         np.testing.assert_array_equal(reg[f"${j}"], want, err_msg=f"plane {j} of {bits}-bit words")
@@ -78,7 +84,7 @@ def _words(rng) -> tuple[np.ndarray, np.ndarray]:
     return a, np.roll(a, 7) ^ np.uint32(0xA5C3F00F)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [2, 4, 8])
 def test_plane_program_is_exact(bits):
     """Every plane of every byte value (and random words) comes out as the code, as an exact fp16."""
     a, b = _words(np.random.default_rng(bits))
@@ -86,22 +92,32 @@ def test_plane_program_is_exact(bits):
 
 
 def test_plane_program_check_has_teeth():
-    """A high nibble finished like a low one (no 1/16 scale) is caught."""
+    """A high nibble finished like a low one (no 1/16 scale) is caught; so is a 2-bit program whose bytes of the
+    high half-word come from the low one, or whose codes at bits 4-5 are finished as those at 2-3."""
     bad = [(op, dst, args) if op != "fma" else ("sub", dst, ("e", "k")) for op, dst, args in tp.PLANE_PROGRAM[4]]
     a, b = _words(np.random.default_rng(0))
     with pytest.raises(AssertionError):
         _check_program(bad, 4, a, b)
+    one_half = [(op, d, (*args[:2], (args[2] & 0xFF) * 0x101) if op == "prmt" else args)
+                for op, d, args in tp.PLANE_PROGRAM[2]]  # fmt: skip
+    with pytest.raises(AssertionError):
+        _check_program(one_half, 2, a, b)
+    wrong = [(op, d, ("e", "q", "w")) if d == "$2" else (op, d, args) for op, d, args in tp.PLANE_PROGRAM[2]]
+    with pytest.raises(AssertionError):
+        _check_program(wrong, 2, a, b)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [2, 4, 8])
 def test_plane_ptx_follows_the_program(bits):
-    """The PTX text is the program: one instruction per entry, in order, inputs after the 32 / bits outputs."""
+    """The PTX text is the program: one instruction per entry, in order, inputs after the planes' outputs."""
     ptx = tp._ptx(bits)
     body = [t.strip() for t in ptx.split(";") if t.strip() and not t.strip().startswith(("{", "mov", "}"))]
     ops_ = [t.split()[0].split(".")[0] for t in body]
     assert ops_ == [op for op, _, _ in tp.PLANE_PROGRAM[bits]]
-    n = 32 // bits
-    assert f"prmt.b32 t, ${n}, ${n + 1}," in ptx and tp._constraints(bits).count("=r") == n
+    n = tp.plane_count(bits)
+    second = n if bits == 2 else n + 1  # (2 bits: both half-words in the one input register)
+    assert f"prmt.b32 t, ${n}, ${second}," in ptx and tp._constraints(bits).count("=r") == n
+    assert tp._constraints(bits).count(",r") == (1 if bits == 2 else 2)
 
 
 # ----------------------------------------------------------------------------- the kernel (interpreter)
@@ -119,7 +135,8 @@ def _planes_used(monkeypatch, field: str = "planes") -> list[bool]:
     return seen
 
 
-@pytest.mark.parametrize("fmt, d, warps", [("int4", 128, None), ("int8", 64, 2), ("int8", 128, None)])
+@pytest.mark.parametrize("fmt, d, warps", [("int4", 128, None), ("int8", 64, 2), ("int8", 128, None),
+                                           ("int2", 128, None)])
 @pytest.mark.parametrize("v_scale", [1.0, 1e-4])
 def test_planes_decode_vs_fp64(fmt, d, warps, v_scale, monkeypatch):
     """fp16 queries, contexts of 1 to 70 tokens over shuffled blocks of 8, 1-3 splits: within fp16 rounding of an
@@ -154,12 +171,13 @@ def test_planes_bf16_queries_beyond_fp16_range(monkeypatch):
     assert rel_fro_error(out.double(), ref) < 8e-3
 
 
-@pytest.mark.parametrize("r", [0, 8])
-def test_kivi_key_planes_vs_fp64(r, monkeypatch):
-    """KIVI INT4 at head_dim 128, groups of 32 in blocks of 32 (its default 32-token tile inside one key group): the
-    code-only key tiles dot code planes, each dequantized by its channels' fp16 (scale, zero); the ring tiles and the
-    values stay joined. Poisoned cache (NaN metadata and ring, random codes where nothing was written), shared
-    first blocks, 1-3 splits; fp16 queries within fp16 rounding of fp64, the joined tile (PLANES 0) alike."""
+@pytest.mark.parametrize("r, bits", [(0, 4), (8, 4), (8, 2)])
+def test_kivi_key_planes_vs_fp64(r, bits, monkeypatch):
+    """KIVI INT4 (and INT2 over half-words) at head_dim 128, groups of 32 in blocks of 32 (its default 32-token tile
+    inside one key group): the code-only key tiles dot code planes, each dequantized by its channels' fp16 (scale,
+    zero); the ring tiles and the values stay joined. Poisoned cache (NaN metadata and ring, random codes where
+    nothing was written), shared first blocks, 1-3 splits; fp16 queries within fp16 rounding of fp64, the joined tile
+    (PLANES 0) alike."""
     from test_kvcache_kivi import _ref, _setup
 
     from codesign.kernels.attention.quantized import kivi_decode_attention
@@ -167,7 +185,7 @@ def test_kivi_key_planes_vs_fp64(r, monkeypatch):
     seen = _planes_used(monkeypatch)
     g = 32
     ctx = [2 * g + r - 1, 3 * g + r + 5, 1, 4 * g + 3]
-    cache, bt, cl, ks, vs = _setup(ctx, 4, chunks=(g + 3, 1, 1000), share=True, g=g, r=r, bs=32, d=128)
+    cache, bt, cl, ks, vs = _setup(ctx, bits, chunks=(g + 3, 1, 1000), share=True, g=g, r=r, bs=32, d=128)
     q = (torch.randn(len(ctx), 2 * cache.k_codes.shape[2], 128) * 3.0).half()
     ref, _ = _ref(q.double(), cache, ks, vs, [1] * len(ctx))
     for splits in (1, 3):
@@ -177,14 +195,15 @@ def test_kivi_key_planes_vs_fp64(r, monkeypatch):
                 joined = kivi_decode_attention(q, cache, bt, cl, num_splits=splits)
         assert seen[-2:] == [True, False]
         assert torch.isfinite(out).all()
-        assert_rel_close(out.double(), ref, 2e-3, f"kivi planes r={r} splits={splits}")
+        assert_rel_close(out.double(), ref, 2e-3, f"kivi planes bits={bits} r={r} splits={splits}")
         assert rel_fro_error(out.double(), joined.double()) < 1e-3
 
 
-@pytest.mark.parametrize("r", [0, 8])
-def test_kivi_value_planes_vs_fp64(r, monkeypatch):
-    """KIVI INT4 at head_dim 128 on a 2-warp tile (`reads_value_planes`): the value tiles dot code planes too, each
-    times its token's group (scale, zero), ring rows read plane by plane, in the code-only tiles and across the ring.
+@pytest.mark.parametrize("r, bits", [(0, 4), (8, 4), (0, 2), (8, 2)])
+def test_kivi_value_planes_vs_fp64(r, bits, monkeypatch):
+    """KIVI INT4 and INT2 (half-words) at head_dim 128 on a 2-warp tile (`reads_value_planes`): the value tiles dot
+    code planes too, each times its token's group (scale, zero), ring rows read plane by plane, in the code-only
+    tiles and across the ring.
     The same poisoned cache as the key test; within fp16 rounding of fp64 and of the joined values (VPLANES 0).
     Teeth: planes dequantized with the next group's scales must fail."""
     from test_kvcache_kivi import _ref, _setup
@@ -193,12 +212,12 @@ def test_kivi_value_planes_vs_fp64(r, monkeypatch):
 
     g = 32
     ctx = [2 * g + r - 1, 3 * g + r + 5, 1, 4 * g + 3]
-    cache, bt, cl, ks, vs = _setup(ctx, 4, chunks=(g + 3, 1, 1000), share=True, g=g, r=r, bs=32, d=128)
+    cache, bt, cl, ks, vs = _setup(ctx, bits, chunks=(g + 3, 1, 1000), share=True, g=g, r=r, bs=32, d=128)
     q = (torch.randn(len(ctx), 2 * cache.k_codes.shape[2], 128) * 3.0).half()
     ref, _ = _ref(q.double(), cache, ks, vs, [1] * len(ctx))
     tile = {"BLOCK_N": 32, "num_warps": 2, "VPLANES": 1}
-    assert ta.reads_value_planes(KV_FORMAT_KIVI, 4, 128, tile) and not ta.reads_value_planes(
-        KV_FORMAT_KIVI, 4, 128, {**tile, "num_warps": 4})  # fmt: skip
+    assert ta.reads_value_planes(KV_FORMAT_KIVI, bits, 128, tile) and not ta.reads_value_planes(
+        KV_FORMAT_KIVI, bits, 128, {**tile, "num_warps": 4})  # fmt: skip
     seen = _planes_used(monkeypatch, "vplanes")
     for splits in (1, 3):
         with use_backend("triton"):
@@ -208,7 +227,7 @@ def test_kivi_value_planes_vs_fp64(r, monkeypatch):
                 joined = kivi_decode_attention(q, cache, bt, cl, num_splits=splits)
         assert seen[-2:] == [True, False]
         assert torch.isfinite(out).all()
-        assert_rel_close(out.double(), ref, 2e-3, f"kivi value planes r={r} splits={splits}")
+        assert_rel_close(out.double(), ref, 2e-3, f"kivi value planes bits={bits} r={r} splits={splits}")
         assert rel_fro_error(out.double(), joined.double()) < 1e-3
     if r == 0:  # teeth: each column dequantized with the next group's (scale, zero) must fail
 
@@ -232,21 +251,27 @@ def test_reads_planes_rule():
     assert not ta.reads_planes(KV_FORMAT_INT, 4, 128, ta.DEFAULT_CONFIG)
     assert not ta.reads_planes(KV_FORMAT_INT, 8, 64, ta.DEFAULT_CONFIG)
     assert not ta.reads_planes(KV_FORMAT_INT, 4, 64, d)  # 8 words a row: a dot's K is at least 16
-    assert not ta.reads_planes(KV_FORMAT_INT, 2, 256, d)  # INT2 stays joined
+    assert ta.reads_planes(KV_FORMAT_INT, 2, 128, d)  # INT2: 8 planes of nibble words, 16 columns at 128
+    assert not ta.reads_planes(KV_FORMAT_INT, 2, 64, d)
     assert not ta.reads_planes(KV_FORMAT_INT, 8, 96, d)  # head_dim padded: not planes
     kivi = {"BLOCK_N": 32, "num_warps": 4}  # KIVI: key planes, [16, BLOCK_N] outputs
     assert ta.reads_planes(KV_FORMAT_KIVI, 4, 128, kivi)
     assert not ta.reads_planes(KV_FORMAT_KIVI, 4, 128, {**kivi, "BLOCK_N": 16})
-    assert not ta.reads_planes(KV_FORMAT_KIVI, 2, 128, kivi)
+    assert ta.reads_planes(KV_FORMAT_KIVI, 2, 128, kivi)  # half-words: 16 columns a plane
+    assert not ta.reads_planes(KV_FORMAT_KIVI, 2, 64, kivi)
     assert not ta.reads_planes(KV_FORMAT_INT, 4, 128, {**d, "PLANES": 0})
 
 
 def test_planes_default_tile_and_rows():
-    """INT4 at head_dim 128 decodes 32 x 128 on one warp, 10 programs an SM; extend and tree launches keep the tile
-    they had (the 64-wide default, at least 4 warps, no occupancy); INT4 at 64 keeps the 2-warp word tile; fp32
-    queries keep 4 warps."""
+    """INT4 (INT2) at head_dim 128 decodes 32 x 128 on one warp, 10 (12) programs an SM; extend and tree launches keep
+    the tile they had (the 64-wide default, at least 4 warps, no occupancy); INT4 and INT2 at 64 keep the 2-warp word
+    tile; fp32 queries keep 4 warps."""
     cfg = ta.default_config(128, 2, KV_FORMAT_INT, 4, 16)
-    assert (cfg["BLOCK_N"], cfg["num_warps"], cfg["PROGRAMS_PER_SM"]) == (32, 1, ta.PLANES_DECODE_PROGRAMS_PER_SM)
+    assert (cfg["BLOCK_N"], cfg["num_warps"], cfg["PROGRAMS_PER_SM"]) == (32, 1, ta.PLANES_DECODE_PROGRAMS_PER_SM[4])
+    two = ta.default_config(128, 2, KV_FORMAT_INT, 2, 16)  # INT2 over half-words: the same tile, 12 an SM
+    assert (two["BLOCK_N"], two["num_warps"], two["PROGRAMS_PER_SM"]) == (32, 1, 12) and ta.reads_planes(
+        KV_FORMAT_INT, 2, 128, two)  # fmt: skip
+    assert ta.default_config(64, 2, KV_FORMAT_INT, 2, 16)["num_warps"] == ta.INT_WORDS_WARPS  # 8 columns: joined
     word_tile = {**ta.DEFAULT_CONFIG, "num_warps": ta.INT_WORDS_WARPS}  # what rows launches had before the planes
     for tree in (False, True):
         for cap in ((9, 0), (8, 0)):
