@@ -92,6 +92,10 @@ LN2 = 0.6931471805599453  # lse back to natural log
 # Each split should stream at least this many tokens: below it the reduction costs more than the
 # parallelism gains (flash-decoding's rule of thumb).
 MIN_TOKENS_PER_SPLIT = 256
+# Past one wave of resident programs, the split counts tried for the fullest waves (`choose_num_splits`), and how close
+# to the best a smaller count may come and still be taken (fewer partials to merge).
+WAVE_SPLITS = 8
+WAVE_SLACK = 1.05
 DEFAULT_CONFIG = {"BLOCK_N": 64, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
 # Decode occupancy: a config's "PROGRAMS_PER_SM" P is the programs an SM holds at once (registers, shared memory),
 # and the split count then fills exactly one wave of them (`choose_num_splits`): no second wave half empty. Without
@@ -1461,7 +1465,10 @@ def choose_num_splits(
     """The one split-KV heuristic: split only when `programs` (q-blocks x kv heads) leave SMs idle.
 
     With `per_sm` (the programs an SM holds at once: a config's "PROGRAMS_PER_SM"): one full
-    wave, splits = min(per_sm * sms // programs, cap), at least 1. Else
+    wave, splits = min(per_sm * sms // programs, cap), at least 1; past one wave (more programs than per_sm * sms
+    slots), the split count s in 1..WAVE_SPLITS (within the cap) whose waves are fullest, time ~ ceil(programs * s /
+    slots) / s, the smallest within WAVE_SLACK of the best (512 programs on 396 slots: 3 splits, 4 waves of a third
+    of the keys, where 1 left a second wave under a third full). Else
     splits = min(ceil(2 * sms / programs), cap), at least 1: aim for two waves of programs. The cap,
     max_kv_len // MIN_TOKENS_PER_SPLIT and MAX_SPLITS, keeps splits at least MIN_TOKENS_PER_SPLIT tokens long.
     The two-wave rule counts 4-warp programs: programs of `warps` < 4 split 4 / warps times as often (within
@@ -1476,7 +1483,11 @@ def choose_num_splits(
     if per_sm is not None:
         if isinstance(per_sm, bool) or not isinstance(per_sm, int) or per_sm < 1:
             raise ValueError(f"PROGRAMS_PER_SM must be a positive int, got {per_sm!r}")
-        return max(1, min(per_sm * sms // programs, cap))
+        slots = per_sm * sms
+        if programs <= slots:
+            return max(1, min(slots // programs, cap))
+        waves = {s: -(-programs * s // slots) / s for s in range(1, max(1, min(cap, WAVE_SPLITS)) + 1)}
+        return min(s for s, t in waves.items() if t <= WAVE_SLACK * min(waves.values()))
     splits = 1 if programs >= sms else max(1, min(-(-2 * sms // programs), cap))
     if warps < 4:
         splits = max(splits, min(splits * (4 // warps), cap))

@@ -219,15 +219,26 @@ def test_split_heuristic():
 
 def test_split_fills_one_wave_of_resident_programs():
     """With a config's PROGRAMS_PER_SM, the fullest single wave: batch 16 x 8 kv heads on 132 SMs holding 4 programs
-    each split 4 ways (512 programs), where the two-wave rule's 6 on 2 warps left a second wave half empty."""
+    each split 4 ways (512 programs), where the two-wave rule's 6 on 2 warps left a second wave half empty; past one
+    wave, the fullest waves."""
     assert choose_num_splits(128, 32768, 132, warps=2, per_sm=4) == 4
     assert choose_num_splits(128, 32768, 132, warps=2) == 6
     for programs in (1, 7, 128, 131, 300, 527):
         for per_sm in (1, 2, 3, 4):
+            if programs > per_sm * 132:  # past one wave: below
+                continue
             s = choose_num_splits(programs, 10**6, 132, per_sm=per_sm)
             assert s == 1 or math.ceil(programs * s / 132) <= per_sm, (programs, per_sm, s)
             assert s == MAX_SPLITS or math.ceil(programs * (s + 1) / 132) > per_sm, (programs, per_sm, s)
-    assert choose_num_splits(600, 32768, 132, per_sm=4) == 1  # more than a wave already
+    # past one wave: the split count whose waves are fullest (ceil(P s / slots) / s), the smallest within 5 %
+    assert choose_num_splits(512, 32768, 132, per_sm=3) == 3  # FP8 at batch 64: 4 waves of a third, not 1.3 waves
+    assert choose_num_splits(600, 32768, 132, per_sm=4) == 5  # 1.14 waves: 5 splits, 5.7 waves of a fifth
+    assert choose_num_splits(512, 32768, 132, per_sm=2) == 1  # 1.94 waves: full enough
+    assert choose_num_splits(512, 256, 132, per_sm=3) == 1  # the caps hold (one split of 256 tokens)
+    for programs in (397, 512, 700, 1000, 5000):
+        s = choose_num_splits(programs, 10**6, 132, per_sm=3)
+        t = {n: math.ceil(programs * n / 396) / n for n in range(1, 9)}
+        assert t[s] <= 1.05 * min(t.values()) and all(t[n] > 1.05 * min(t.values()) for n in range(1, s)), programs
     assert choose_num_splits(8, 1024, 132, per_sm=4) == 1024 // MIN_TOKENS_PER_SPLIT  # the caps hold
     for bad in (0, -1, 2.0, True, "4"):
         with pytest.raises(ValueError, match="PROGRAMS_PER_SM"):
