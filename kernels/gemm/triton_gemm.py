@@ -66,9 +66,13 @@ TORCH_PATH_MIN_M = 1024
 # columns, ldmatrix operands, the pair unpack) split-K is predicted 10.6 / 10.6 / 10.7 (int4) and 18.1 / 18.1 / 18.2
 # (int8) at M = 1 / 2 / 4, at its byte floor: 1.19x / 1.56x faster than the GEMV at M = 1 / 2 for int4 (level for
 # int8), and on Llama-2-70B's gate_up at M = 1 1.38x (61.9 against 85.7 us: the GEMV is issue-bound). Split-K's
-# unmodelled atomics are also 8x fewer (SPLIT_K x M x N against the GEMV's K range count x N). So no M defaults to
-# the GEMV now (0); it stays a variant a tuned table (or `forced_config`) picks where a GPU times it faster.
-GEMV_MAX_M = 0
+# unmodelled atomics are also 8x fewer (SPLIT_K x M x N against the GEMV's K range count x N). Those were issue counts:
+# with the warp-scheduler simulation (which the GEMM hindcast holds within 1.06-1.25x of the split-K kernels the H200
+# timed, measured slower) split-K is latency-bound, 21.3 / 21.4 us at M = 1 / 2 (int4), against the GEMV's 15.9 /
+# 17.4 (gate_up 142 against 112 / 124), and 27.5 against 21.4 at M = 4; for int8 the GEMV is slower at every M (47.0 /
+# 28.7 against 21.6). So W4A16 takes the GEMV up to M = 2 (predicted 1.60x -> 2.15x bf16 at M = 1), W8A16 none; a
+# tuned table overrides it.
+GEMV_MAX_M = {"w4a16_gemm": 2}  # by op; other ops 0
 WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
 # At or below this M the W8A8 / FP8 GEMMs default to the fused-quantizer kernel (`triton_fusedq`): one launch
 # instead of two and no M x K codes written and read back, against every N-tile program re-quantizing its rows
@@ -250,12 +254,12 @@ def choose_variant(m: int, op: str = "w4a16_gemm", device: torch.device | None =
 
     Reads the per-GPU variant table "<op>_variant" (`wq_variant_entry` per shape key `key` and M bucket;
     written by `codesign tune --variants all --export` from the fastest correct config of each variant at
-    the same M), else the default rule: the GEMV up to GEMV_MAX_M, split-K up to SMALL_M_MAX,
+    the same M), else the default rule: the GEMV up to the op's GEMV_MAX_M, split-K up to SMALL_M_MAX,
     dequantize-then-matmul from TORCH_PATH_MIN_M, tiled between. No device (or a CPU one) means no table:
     the default rule, unless the tuner forces a variant (`forced_config`).
     """
     gpu = device_view(device).gpu_name if device is not None else None
-    rule = ("gemv" if m <= GEMV_MAX_M else "splitk" if m <= SMALL_M_MAX
+    rule = ("gemv" if m <= GEMV_MAX_M.get(op, 0) else "splitk" if m <= SMALL_M_MAX
             else "dequant" if m >= TORCH_PATH_MIN_M else "tiled")  # fmt: skip
     # An entry names its variant by the flags it sets (a missing flag is 0); no entry: the rule.
     cfg = lookup_config(f"{op}_variant", gpu, m, key, {}) or wq_variant_entry(rule)  # `wq_variant_op`
