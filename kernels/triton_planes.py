@@ -33,7 +33,8 @@ import triton
 import triton.language as tl
 
 # One (op, destination, operands) per PTX instruction, for two input words $a (element 0: low halves) and $b
-# (element 1: high halves). t / e: scratch registers; k, s, z: fp16x2 constants 1024, 1 / 16 and -64.
+# (element 1: high halves). t / e: scratch registers; k, s, z: fp16x2 constants 1024, 1 / 16 and -64; for 2-bit codes
+# also q, w (1 / 4, -256) and o, y (1 / 64, -16).
 _MAGIC, _ONE16TH, _MINUS64 = 0x64006400, 0x2C002C00, 0xD400D400
 _QUARTER, _MINUS256, _ONE64TH, _MINUS16 = 0x34003400, 0xDC00DC00, 0x24002400, 0xCC00CC00
 # The named fp16x2 constants a program reads (the emulator takes them from here too).
