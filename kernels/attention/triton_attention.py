@@ -78,7 +78,7 @@ from codesign.kernels.triton_codes import (
     unpack_words,
     words_f16,
 )
-from codesign.kernels.triton_planes import plane_words, word_planes
+from codesign.kernels.triton_planes import plane_count, plane_words, word_planes
 
 OP = "paged_attention"
 # Formats whose codes meet fp16 / bf16 queries in fp16 products (F16_MMA): codes become fp16 by bit patterns
@@ -138,7 +138,7 @@ INT_WORDS_WARPS = 2
 # on 2 warps; 64 x 128 on one warp spills (255 registers), and planes on the 2-warp 64 x 128 tile 0.277. INT8 keeps
 # its 4-warp tile, planes included (0.346 -> 0.268 ms, at its byte floor). Per-token INT2 at head_dim 128 takes the same
 # tile over its int16 half-words (8 planes like INT4's, `plane_words`): 168 registers, 12 programs an SM, 789 SASS a
-# tile, predicted 0.140 ms (51 % of its byte floor) against 0.338 on the joined 64 x 128 2-warp tile (0.164 at 8 an SM).
+# tile, predicted 0.140 ms (52 % of its byte floor) against 0.338 on the joined 64 x 128 2-warp tile (0.164 at 8 an SM).
 PLANES_DECODE_TILE = {"BLOCK_N": 32, "num_warps": 1}
 PLANES_DECODE_PROGRAMS_PER_SM = {4: 10, 2: 12}  # by bits: 200 / 168 registers, 10 / 12 one-warp programs an SM
 # Mixed chunks read as words at most this wide, on 4 warps: a tile inside one block, or of two whole blocks where two
@@ -316,10 +316,9 @@ def _load_kv_tile(crow, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m,
     elif KV_FORMAT == _FP8:
         x = _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty, HW_FP8)
     elif KPLANES:  # a KIVI key tile of codes only, inside one key group
-        w = tl.arange(0, DIM_PAD // (8 if BITS == 2 else 32 // BITS))
         words = plane_words(base, j_ok[:, None], BITS, HEAD_DIM, DIM_PAD)
         row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G) * stride_ms + kvh * stride_mh
-        x = _kivi_key_planes(words, s_ptr + row0, w, BITS, HEAD_DIM, META32, INTERPRETED)
+        x = _kivi_key_planes(words, s_ptr + row0, BITS, HEAD_DIM, META32, INTERPRETED)
     else:
         x = _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty,
                             BITS, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY, blk0, j0, d_ok, BLOCK_SIZE,
@@ -624,13 +623,14 @@ def _kivi_meta(s_ptr, mrow, blk, off, kvh, d, dq, d_ok, c_ok, qm, nq, stride_mb,
 
 
 @triton.jit
-def _kivi_key_planes(words, mrow, w, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, META32: tl.constexpr,
+def _kivi_key_planes(words, mrow, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, META32: tl.constexpr,
                      INTERPRETED: tl.constexpr):  # fmt: skip
     """A KIVI key tile of codes only, inside one key group, as dequantized code planes (`word_planes` of `plane_words`):
     plane j (channels PERW w + j) times its channels' fp16 scales plus their zeros (mrow: the group's (scale, zero)
     row), one fp16 multiply-add an element as the joined tile's; each plane stays an elementwise function of the
     words, so it reaches the dot without a shared-memory round trip."""
     PERW: tl.constexpr = 8 if BITS == 2 else 32 // BITS  # planes
+    w = tl.arange(0, words.shape[1])  # the word columns (`plane_words`)
     planes = word_planes(words, BITS, INTERPRETED)
     out = ()
     for pj in tl.static_range(PERW):
@@ -1832,7 +1832,7 @@ def reads_value_planes(kv_format: int, bits: int, head_dim: int, cfg: dict) -> b
     The kernel also needs value groups of whole words (its KIVI_PAIRS)."""
     if kv_format != KV_FORMAT_KIVI or bits not in (2, 4, 8) or not cfg.get("VPLANES", VPLANES_DEFAULT):
         return False
-    return head_dim // (8 if bits == 2 else 32 // bits) // 8 >= cfg.get("num_warps", 1)
+    return head_dim // plane_count(bits) // 8 >= cfg.get("num_warps", 1)
 
 
 def reads_planes(kv_format: int, bits: int, head_dim: int, cfg: dict) -> bool:
@@ -1844,7 +1844,7 @@ def reads_planes(kv_format: int, bits: int, head_dim: int, cfg: dict) -> bool:
     8-column tiles (16 rows; more warps would each compute it whole): INT's value planes have a row's words as
     columns, KIVI's key planes the tile's tokens. The kernel also needs KIVI's value groups of whole words and a key
     tile inside one group (`KIVI_KPLANES`)."""
-    per = {4: 8, 8: 4, 2: 8}.get(bits, 0)  # planes (2 bits: of half-words)
+    per = plane_count(bits) if bits in (2, 4, 8) else 0  # planes (2 bits: of half-words)
     words = head_dim // per if per else 0  # a plane's columns
     if not per or head_dim != dim_pad(head_dim) or words < 16 or not cfg.get("PLANES", PLANES_DEFAULT):
         return False

@@ -117,11 +117,12 @@ def test_expand_gives_both_variants_and_bad_variants_are_refused():
 def test_default_rule_without_a_table():
     # No device, a CPU device, or an unknown key: W4A16 the GEMV at M <= 2, M <= 16 split-K (W8A16 from M = 1), from
     # 1024 dequantize-then-matmul.
-    for m, want in ((1, "splitk"), (2, "splitk"), (3, "splitk"), (4, "splitk"), (16, "splitk"), (17, "tiled"),
-                    (1023, "tiled"), (1024, "dequant")):  # fmt: skip
-        assert qt.choose_variant(m) == ("gemv" if m <= 2 else want)
-        assert qt.choose_variant(m, "w4a16_gemm", torch.device("cpu"), KEY) == ("gemv" if m <= 2 else want)
-        assert qt.choose_variant(m, "w8a16_gemm", torch.device("cpu"), KEY) == want
+    w8 = {1: "splitk", 2: "splitk", 3: "splitk", 4: "splitk", 16: "splitk", 17: "tiled", 1023: "tiled", 1024: "dequant"}
+    w4 = {**w8, 1: "gemv", 2: "gemv"}
+    for m in w8:
+        assert qt.choose_variant(m) == w4[m]
+        assert qt.choose_variant(m, "w4a16_gemm", torch.device("cpu"), KEY) == w4[m]
+        assert qt.choose_variant(m, "w8a16_gemm", torch.device("cpu"), KEY) == w8[m]
     with forced_config("w4a16_gemm_variant", {"SPLITK": 0}):
         assert qt.choose_variant(1) == "tiled"
 
