@@ -307,8 +307,8 @@ class Tuner:
 
     def time_config(self, sets: list[Any], cfg: Config) -> tuple[float, dict[str, Any]]:
         """Time `cfg` over the input sets `sets` (GPU: graph + cold L2; CPU: timer); returns (ms, method)."""
-        if not self.on_gpu:  # the check run was the warm-up (it compiled nothing: interpreter)
-            return cpu_time_ms(lambda: self.op.run(sets[0], cfg), warmup=0, reps=2), {"timer": "cpu"}
+        if not self.on_gpu:  # one call: the check run was the warm-up; an interpreter's time says nothing of a GPU's
+            return cpu_time_ms(lambda: self.op.run(sets[0], cfg), warmup=0, reps=1), {"timer": "cpu"}
         fns = [lambda s=s: self.op.run(s, cfg) for s in sets]
         ms, how = gpu_time_ms(fns, self.limits.l2_bytes, self.op.input_bytes(sets[0]))
         return ms, {"timer": "cuda_events", **how}

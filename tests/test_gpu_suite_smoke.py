@@ -114,6 +114,12 @@ def test_smoke_kernel_benches_all_run_and_check(tmp_path):
     # The fused-quantizer W8A8 / FP8 variant pinned beside the two-launch path: timed and checked.
     for v in ("w8a8_int8@fusedq", "fp8@fusedq", "w8a8_int8@triton"):
         assert any(r["kernel"] == v and r["rel_err"] is not None and r["rel_err_ok"] for r in qg), v
+    # Issue 20's targets, each with its worst measured speed-up (smoke's Ms are not the real ones: the structure only).
+    tg = rep["quant_gemm"]["targets"]
+    assert set(tg) == {"w4a16_m1", "w4a16_m16", "w4a16_m256_up", "w8a8_int8_m1024_up", "w8a8_int8_m16",
+                       "fp8_m1024_up", "fp8_m16", "w4a16_vs_gemlite"}  # fmt: skip
+    assert all({"measured", "target", "met", "at"} <= set(t) for t in tg.values()), tg
+    assert tg["w4a16_m1"]["measured"] is not None, tg
     # The peer path with the stand-in peer: installed (already importable), timed, checked, compared.
     assert rep["quant_gemm"]["peers"]["dequant"]["ok"] and rep["quant_gemm"]["peers_checks_ok"] is True
     peer_rows = [r for r in qg if r.get("peer") == "dequant"]

@@ -126,15 +126,14 @@ def test_decode_and_extend_over_mixed_blocks(splits, by_width, monkeypatch):
 @pytest.mark.parametrize(
     "bs, d, dtype",
     [(32, 64, torch.float16), (32, 48, torch.float16), (32, 16, torch.float16), (32, 64, torch.float32),
-     (16, 128, torch.float32), (64, 64, torch.float16), (16, 64, torch.float16)],  # fmt: skip
+     (16, 128, torch.float32)],  # fmt: skip
 )
 def test_two_block_tiles_read_each_block_at_its_width(bs, d, dtype):
     """Tiles of two whole blocks (`_mixed_span_codes`: the default tile where two blocks fill it) read each block at
     its own width: adjacent blocks of every ordered pair of widths, tiles whose second block is partial or absent,
     decode with splits and extend; fp16 queries (the fp16 dot per block) and fp32; head_dim 48 and 16 (padded and
-    one-load 8-bit rows). Blocks of 64 (one block a tile) and 16 under fp16 queries (16-token tiles): the path
-    does not apply, same answers. fp32 queries default to one block a tile (two spilled on sm_90), so they force
-    two: the exact fp32 path checks the two-block logic at 2e-6."""
+    one-load 8-bit rows). fp32 queries default to one block a tile (two spilled on sm_90), so they force two: the
+    exact fp32 path checks the two-block logic at 2e-6. Where the path does not apply: the test below."""
     elem = torch.tensor([], dtype=dtype).element_size()
     tile = pat.default_config(d, elem, pat.KV_FORMAT_MIXED, 8, bs)["BLOCK_N"]
     two = (bs, dtype) in ((32, torch.float16),)
@@ -163,6 +162,15 @@ def test_two_block_tiles_read_each_block_at_its_width(bs, d, dtype):
         oe = mixed_attention(qe, cache, bt, cl, cu, num_splits=1)
     ref_e, _ = reference_attention(qe.double(), kd, vd, bt, cl, [3, 2, 3, 1, 4])
     assert_rel_close(oe.double(), ref_e, tol, f"mixed extend bs={bs} d={d} {dtype}")
+
+
+@pytest.mark.parametrize("bs", [64, 16])
+def test_two_block_tiles_only_where_two_blocks_fill_the_tile(bs):
+    """Blocks of 64 (one block a tile) and of 16 under fp16 queries (16-token tiles) keep one block a tile: the
+    two-block path (above) does not apply; their reads are the one-block tiles' (`test_whole_block_tiles_read_words`,
+    `test_decode_and_extend_over_mixed_blocks`)."""
+    tile = pat.default_config(64, 2, pat.KV_FORMAT_MIXED, 8, bs)["BLOCK_N"]
+    assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, 64, bs, tile) and tile != 2 * bs
 
 
 @pytest.mark.slow
