@@ -1,7 +1,7 @@
 """GPU benchmark: DF11 decode throughput and decode-then-GEMV at M = 1 against the plain BF16 GEMV.
 
-Targets (issue 11, H100/H200 class): decode >= 200 GB/s of BF16 output; decode + GEMV at M = 1 no slower
-than 1.3x the uncompressed BF16 GEMV. Two decode-step paths are timed: decode into the shared buffer then
+Targets (issue 20, H100/H200 class): decode >= 250 GB/s of BF16 output; decode + GEMV at M = 1 within 1.5x the
+uncompressed BF16 GEMV's time. Two decode-step paths are timed: decode into the shared buffer then
 F.linear (bit-identical to the BF16 layer), and `df11_gemv` (weights decoded in registers, fp32 sums; its
 relative error against fp64 is reported). Weights are synthetic N(0, 0.02) (a trained layer's exponent
 histogram: ~2.6 bits of entropy). Every shape is checked bit-exact on the GPU (decoded bits, and the
@@ -35,8 +35,8 @@ from codesign.kernels.df11 import rows as df11_rows
 from codesign.kernels.df11.linear import DecodeWorkspace, PackedDF11, df11_gemm, df11_gemv
 from codesign.kernels.df11.packed_rows import PackedDF11Rows, df11_rows_gemv
 
-TARGET_DECODE_GBPS = 200.0
-TARGET_GEMV_SLOWDOWN = 1.3
+TARGET_DECODE_GBPS = 250.0
+TARGET_GEMV_SLOWDOWN = 1.5
 # (N, K): Llama-2-7B's q/o projection, its MLP up and down projections.
 SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008)]
 SMALL_M = (2, 4, 8, 16)
