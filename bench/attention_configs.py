@@ -25,6 +25,7 @@ import argparse
 import itertools
 import sys
 import warnings
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,8 @@ from sass_model import run_report  # noqa: E402
 FORMATS = ["int8", "int4", "int2", "int4-kivi", "int2-kivi", "mixed-8/4/4/2"]
 BLOCK_N, WARPS, STAGES, PER_SM, VPLANES = [16, 32, 64, 128], [1, 2, 4, 8], [2, 3], [0], [None]
 # Every decode table a format may read (forcing them all forces whichever the case's launch looks up).
-TABLE_OPS = ["paged_attention"] + [f"paged_attention_{s}" for s in ("int8", "int4", "int2", "fp8", "kivi", "mixed")]
+TABLE_OPS = ["paged_attention"] + [f"paged_attention_{s}"
+                                   for s in ("int8", "int4", "int2", "fp8", "kivi", "mixed", "oaken")]  # fmt: skip
 
 
 def sweep(
@@ -53,6 +55,22 @@ def sweep(
         return _sweep(kvq, formats, block_n, warps, stages, per_sm, vplanes, log, bandwidth)
 
 
+def _trips_of(name: str, ot: dict[str, Any] | None) -> Callable[[Any, Any], int | list[int]]:
+    """A launch's inner-loop trips for `decode_prediction`: Oaken's at the bench cache's fullest lists (`ot`:
+    `attention_predict.oaken_trips`, the ranks its decode loads ahead taken out), as `attention_predict` counts
+    them; one for the other formats (no inner loops)."""
+    from codesign.kernels.attention.triton_attention import OAKEN_KEY_RANKS, OAKEN_RANKS
+
+    def trips(launch: Any, kernel: Any) -> int | list[int]:
+        cx = launch.constexprs
+        if ot is None or "oaken" not in name or cx.get("OAKEN_CAP", 0) <= 0:
+            return 1
+        return ap.oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], ot["key_max"], ot["value_max"], OAKEN_RANKS,
+                                   OAKEN_KEY_RANKS, ahead=True)["trips"]  # fmt: skip
+
+    return trips
+
+
 def _sweep(kvq: Any, formats: list[str], block_n: list[int], warps: list[int], stages: list[int], per_sm: list[int],
            vplanes: list[int | None], log, bandwidth: float) -> dict[str, Any]:  # fmt: skip
     import torch
@@ -64,6 +82,7 @@ def _sweep(kvq: Any, formats: list[str], block_n: list[int], warps: list[int], s
     out: dict[str, Any] = {"shape": {"batch": kvq.BATCH, "context": kvq.CONTEXT, "block_size": kvq.BLOCK_SIZE},
                            "formats": {}}  # fmt: skip
     cases = dict(ap._decode_cases(formats))
+    ot = ap.oaken_trips() if any("oaken" in name for name in cases) else None
     with compile_only(90, "NVIDIA H200") as session, use_backend("triton"), torch.no_grad():
         for name, call in cases.items():
             rows = []
@@ -74,7 +93,8 @@ def _sweep(kvq: Any, formats: list[str], block_n: list[int], warps: list[int], s
                 call()
             launch, kernel, _ = ap._attn(session.launches[n0:], session.compiled[n0:])
             floor = kvq.floor_bytes(name, kvq.BATCH, kvq.CONTEXT)
-            default = _row(ap.decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT))
+            trips = _trips_of(name, ot)
+            default = _row(ap.decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, trips(launch, kernel)))
             for bn, w, st, per, vp in itertools.product(block_n, warps, stages, per_sm, vplanes):
                 cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st} | ({"PROGRAMS_PER_SM": per} if per else {})
                 cfg |= one | ({} if vp is None else {"VPLANES": vp})
@@ -87,7 +107,8 @@ def _sweep(kvq: Any, formats: list[str], block_n: list[int], warps: list[int], s
                     launch, kernel, _ = ap._attn(session.launches[n0:], session.compiled[n0:])
                     if launch.error:
                         raise RuntimeError(launch.error)
-                    row = _row(ap.decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT))
+                    row = _row(ap.decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT,
+                                                    trips(launch, kernel)))  # fmt: skip
                 except Exception as e:  # a config the kernel refuses or that fails to compile: said
                     row = {"error": f"{type(e).__name__}: {e}"[:160]}
                 rows.append({"PROGRAMS_PER_SM": per or None, "VPLANES": vp, **cfg, **row})

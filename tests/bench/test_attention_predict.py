@@ -192,6 +192,27 @@ def test_config_sweep_forces_kivi_value_planes(tmp_path):
     assert rows[1]["predicted_ms"] < rows[0]["predicted_ms"], rows
 
 @pytest.mark.lowering
+def test_config_sweep_counts_oakens_inner_loops_as_the_predictor_does(tmp_path):
+    """Oaken's configs are forced (its table was missing from the ones the sweep forces) and predicted with its inner
+    loops' trips at the bench cache's fullest lists, as `attention_predict` counts them: the default row is the
+    committed prediction's (counting each inner loop once gave 1.149 ms and 1577 SASS a tile for 0.678 and 1270)."""
+    out = tmp_path / "c.json"
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    script = SCRIPT.parent / "attention_configs.py"
+    res = subprocess.run([sys.executable, str(script), "--formats", "int4-oaken", "--block-n", "32", "--warps", "4",
+                          "--stages", "2", "--out", str(out)], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    f = json.loads(out.read_text())["formats"]["int4-oaken"]
+    committed = json.loads((SCRIPT.parent / "results" / "attention_predict_sm90.json").read_text())
+    want = committed["decode"]["int4-oaken"]
+    assert f["default"]["sass_per_tile"] == want["sass_per_tile"]
+    assert f["default"]["predicted_ms"] == pytest.approx(want["predicted_ms"], rel=1e-6)
+    (row,) = f["configs"]
+    assert (row["BLOCK_N"], row["num_warps"]) == (32, 4) and row["sass_per_tile"] != want["sass_per_tile"], row
+
+
+@pytest.mark.lowering
 def test_int2_rows_copy_16_bytes_and_mixed_decodes_by_width(tmp_path):
     """INT2 rows at head_dim 128 are 8 words, heads 8 words apart: with `kv_align` the kernel knows it and copies
     them 16 bytes at a time (it copied 4, `LDGSTS.E`, 1167 SASS a tile against 1043). The mixed cache's prediction is
