@@ -567,9 +567,34 @@ def _summary(report: dict) -> str:
         lines.append(f"tune {r['table_op']} {r['key']} M={r['m']}: {best:.4f} ms{gain}")
     if report.get("tuning", {}).get("error"):
         lines.append(f"tuning stopped early: {report['tuning']['error'][:200]}")
+    lines += target_lines(report)
     for k, err in report.get("errors", {}).items():
         lines.append(f"section {k} FAILED: {err[:160]}")
     return "\n".join(lines)
+
+
+def target_lines(report: dict) -> list[str]:
+    """The issues' targets as the benches measured them, a line each (what a short GPU lease's log must show): the
+    GEMM and KV-decode targets (`{measured, target, met}`), DF11's, tree verification against the extend."""
+    lines = []
+    for sec, key in (("quant_gemm", "targets"), ("kv_quant", "sweep_targets")):
+        for name, t in (report.get(sec, {}).get(key) or {}).items():
+            if not isinstance(t, dict) or "met" not in t:
+                continue
+            got = "not measured" if t["measured"] is None else f"{t['measured']:.3g}"
+            verdict = {True: "met", False: "MISSED", None: "-"}[t["met"]]
+            where = t.get("at") or t.get("worst")
+            lines.append(f"target {name}: {got} (>= {t['target']}) {verdict}" + (f" at {where}" if where else ""))
+    df = report.get("df11", {})
+    for name in ("decode_target_met", "rows_decode_target_met", "gemv_target_met"):
+        if name in df:
+            lines.append(f"target df11 {name.removesuffix('_met')}: {'met' if df[name] else 'MISSED'}")
+    for r in report.get("paged_attention", {}).get("rows", []):
+        if "vs_extend" in r:
+            met = r["vs_extend"] <= r["target_vs_extend"]
+            lines.append(f"target tree vs extend ({r.get('nodes')} nodes): {r['vs_extend']:.2f}x "
+                         f"(<= {r['target_vs_extend']}x) {'met' if met else 'MISSED'}")  # fmt: skip
+    return lines
 
 
 def smoke_problems(report: dict) -> list[str]:

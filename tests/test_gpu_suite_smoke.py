@@ -154,11 +154,34 @@ def test_smoke_kernel_benches_all_run_and_check(tmp_path):
     joined = {r["format"]: r for r in kq["rows"] if "joined_ms" in r}
     assert set(joined) == {"int4", "int2", "int8", "int4-kivi", "int2-kivi", "mixed-8/4/4/2"}
     assert all(r["joined_ms"] > 0 for r in joined.values())
+    # The printed summary gives every target a line (what a short GPU lease's log must show).
+    lines = [x for x in suite.target_lines(rep) if x.startswith("target ")]
+    trees = sum("vs_extend" in r for r in att)
+    assert trees and len(lines) == len(tg) + len(kq["sweep_targets"]) + 3 + trees, lines
     df = rep["df11"]
     assert df["all_bit_exact"] and df["small_m_4096x4096"] and df["shapes"] and df["sweep_4096x4096"]
     # The rows layout beside the flat one: decoded bit for bit, its GEMV timed at M = 1 in smoke mode.
     assert df["rows_layout"] and all(r["bit_exact"] and r["gemv"] for r in df["rows_layout"])
     assert df["layouts_side_by_side"]
+
+
+def test_target_lines_say_each_target_and_whether_it_was_met():
+    suite = _suite()
+    rep = {"quant_gemm": {"targets": {"w4a16_m1": dict(measured=1.8, target=2.0, met=False, at="square 8192 M=1"),
+                                      "fp8_m16": dict(measured=None, target=1.0, met=None, at=None)}},
+           "kv_quant": {"sweep_targets": {"int8_speedup_b16_c32k": dict(measured=1.7, target=1.6, met=True)}},
+           "df11": {"decode_target_met": True, "gemv_target_met": False},
+           "paged_attention": {"rows": [dict(kind="tree", nodes=64, vs_extend=1.4, target_vs_extend=1.3),
+                                        dict(kind="decode", ms=0.1)]}}  # fmt: skip
+    assert suite.target_lines(rep) == [
+        "target w4a16_m1: 1.8 (>= 2.0) MISSED at square 8192 M=1",
+        "target fp8_m16: not measured (>= 1.0) -",
+        "target int8_speedup_b16_c32k: 1.7 (>= 1.6) met",
+        "target df11 decode_target: met",
+        "target df11 gemv_target: MISSED",
+        "target tree vs extend (64 nodes): 1.40x (<= 1.3x) MISSED",
+    ]
+    assert suite.target_lines({}) == []
 
 
 def test_smoke_refuses_to_write_into_bench_results():
