@@ -25,7 +25,6 @@ import argparse
 import itertools
 import sys
 import warnings
-from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -55,20 +54,12 @@ def sweep(
         return _sweep(kvq, formats, block_n, warps, stages, per_sm, vplanes, log, bandwidth)
 
 
-def _trips_of(name: str, ot: dict[str, Any] | None) -> Callable[[Any, Any], int | list[int]]:
-    """A launch's inner-loop trips for `decode_prediction`: Oaken's at the bench cache's fullest lists (`ot`:
-    `attention_predict.oaken_trips`, the ranks its decode loads ahead taken out), as `attention_predict` counts
-    them; one for the other formats (no inner loops)."""
-    from codesign.kernels.attention.triton_attention import OAKEN_KEY_RANKS, OAKEN_RANKS
-
-    def trips(launch: Any, kernel: Any) -> int | list[int]:
-        cx = launch.constexprs
-        if ot is None or "oaken" not in name or cx.get("OAKEN_CAP", 0) <= 0:
-            return 1
-        return ap.oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], ot["key_max"], ot["value_max"], OAKEN_RANKS,
-                                   OAKEN_KEY_RANKS, ahead=True)["trips"]  # fmt: skip
-
-    return trips
+def _trips(launch: Any, kernel: Any, ot: dict[str, Any] | None) -> int | list[int]:
+    """A launch's inner-loop trips for `decode_prediction`: an Oaken launch's at the bench cache's fullest lists (`ot`:
+    `attention_predict.oaken_trips`), as `attention_predict` counts them; one for the rest (no inner loops)."""
+    if launch.constexprs.get("OAKEN_CAP", 0) <= 0:
+        return 1
+    return ap.oaken_decode_trips(kernel.asm["sass"], launch.constexprs, ot["key_max"], ot["value_max"])["trips"]
 
 
 def _sweep(kvq: Any, formats: list[str], block_n: list[int], warps: list[int], stages: list[int], per_sm: list[int],
@@ -93,8 +84,8 @@ def _sweep(kvq: Any, formats: list[str], block_n: list[int], warps: list[int], s
                 call()
             launch, kernel, _ = ap._attn(session.launches[n0:], session.compiled[n0:])
             floor = kvq.floor_bytes(name, kvq.BATCH, kvq.CONTEXT)
-            trips = _trips_of(name, ot)
-            default = _row(ap.decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, trips(launch, kernel)))
+            trips = _trips(launch, kernel, ot)
+            default = _row(ap.decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, trips))
             for bn, w, st, per, vp in itertools.product(block_n, warps, stages, per_sm, vplanes):
                 cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st} | ({"PROGRAMS_PER_SM": per} if per else {})
                 cfg |= one | ({} if vp is None else {"VPLANES": vp})
@@ -108,7 +99,7 @@ def _sweep(kvq: Any, formats: list[str], block_n: list[int], warps: list[int], s
                     if launch.error:
                         raise RuntimeError(launch.error)
                     row = _row(ap.decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT,
-                                                    trips(launch, kernel)))  # fmt: skip
+                                                    _trips(launch, kernel, ot)))  # fmt: skip
                 except Exception as e:  # a config the kernel refuses or that fails to compile: said
                     row = {"error": f"{type(e).__name__}: {e}"[:160]}
                 rows.append({"PROGRAMS_PER_SM": per or None, "VPLANES": vp, **cfg, **row})

@@ -162,6 +162,14 @@ def oaken_loop_trips(
     return {"trips": trips, "key_unroll": unrolls[0], "value_unroll": v_unroll, "inner_loops": len(inner)}
 
 
+def oaken_decode_trips(sass: str, constexprs: dict[str, Any], key: int, value: int) -> dict[str, Any]:
+    """`oaken_loop_trips` of an Oaken decode launch for `key` ranks a token and `value` a channel: its loops take
+    `OAKEN_KEY_RANKS` / `OAKEN_RANKS` ranks a trip, the first trip loaded ahead of them (decode's `_oaken_*_first`)."""
+    from codesign.kernels.attention.triton_attention import OAKEN_KEY_RANKS, OAKEN_RANKS
+
+    return oaken_loop_trips(sass, constexprs["OAKEN_NBT"], key, value, OAKEN_RANKS, OAKEN_KEY_RANKS, ahead=True)
+
+
 def decode_prediction(
     launch: Any, kernel: Any, floor_bytes: float, bandwidth: float, context: int, trips: int | list[int] = 1
 ) -> dict:
@@ -404,13 +412,10 @@ def predict(formats: list[str] | None = None, tree: bool = True, log=print, swee
             cx = launch.constexprs
             if cx.get("OAKEN_CAP", 0) > 0:  # the key loop, then each block's value loop
                 ot = oaken_trips()
-                per, kper = OAKEN_RANKS, OAKEN_KEY_RANKS
-                mean = oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], round(ot["key_mean"]),
-                                        round(ot["value_mean"]), per, kper, ahead=True)  # fmt: skip
-                ot.update(oaken_loop_trips(kernel.asm["sass"], cx["OAKEN_NBT"], ot["key_max"], ot["value_max"], per,
-                                           kper, ahead=True))  # fmt: skip
-                ot["ranks_per_trip"] = per
-                ot["key_ranks_per_trip"] = kper
+                mean = oaken_decode_trips(kernel.asm["sass"], cx, round(ot["key_mean"]), round(ot["value_mean"]))
+                ot.update(oaken_decode_trips(kernel.asm["sass"], cx, ot["key_max"], ot["value_max"]))
+                ot["ranks_per_trip"] = OAKEN_RANKS
+                ot["key_ranks_per_trip"] = OAKEN_KEY_RANKS
                 trips = ot["trips"]
                 at_mean = decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, mean["trips"])
                 ot["at_mean_trips"] = {k: at_mean[k] for k in ("sass_per_tile", "issue_ms", "predicted_ms")}
