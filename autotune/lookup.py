@@ -8,9 +8,11 @@ Tables are JSON files `<root>/<gpu-slug>/<op>.json`:
      "entries": {"G=128,K=4096,N=4096": {"1": {...config...}, "16": {...}}}}
 
 A table is only trusted while its key still matches: the same Triton version
-and the same kernel source (hash of the modules it names). A stale table is
-ignored with one warning and the defaults are used: a config tuned for other
-code may be slow or, for a changed kernel, invalid.
+and the same kernel source (hash of the modules it names and of every module of
+their package whose `@triton.jit` helpers they import, transitively: the code
+compiled into the kernel). A stale table is ignored with one warning and the
+defaults are used: a config tuned for other code may be slow or, for a changed
+kernel, invalid.
 
 Roots, highest precedence first: $CODESIGN_CONFIG_DIR (a user's own tuning
 results), then the tables shipped in `codesign/autotune/configs/`. The shape key
@@ -22,6 +24,7 @@ happens offline (`codesign tune`), never inside an op call or a graph capture.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib.util
@@ -71,19 +74,96 @@ def _hash_files(files: tuple[tuple[str, str, int], ...]) -> str:
     return h.hexdigest()[:16]
 
 
+def _source(name: str) -> str:
+    """The source file of module `name`, located without importing it (its parent packages are imported)."""
+    from codesign.specs.errors import CodesignError
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a parent that is a module, not a package
+        spec = None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise CodesignError(f"source_modules: no Python source found for module {name!r}")
+    return spec.origin
+
+
+@functools.lru_cache(maxsize=256)
+def _jit_imports(name: str, path: str, _mtime: int) -> tuple[str, ...]:
+    """Modules of `name`'s own top-level package that its source imports and that define `@triton.jit` functions
+    (parsed, not imported): helpers compiled into its kernels, which a table keyed on `name` must follow."""
+    top = name.split(".")[0]
+    here = name.split(".")
+    is_pkg = path.endswith("__init__.py")
+    found = []
+    for node in ast.walk(ast.parse(Path(path).read_text(), path)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the package `name` lies in
+                base = here[: len(here) - node.level + (1 if is_pkg else 0)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            names = [mod]
+            if mod.split(".")[0] == top and _is_package(mod):  # (`from pkg import sub`: a submodule by name)
+                names += [f"{mod}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for m in names:
+            if m.split(".")[0] != top or m == name:
+                continue
+            try:
+                src = _source(m)
+            except ValueError:  # not a module (an imported function or constant)
+                continue
+            if _defines_jit(src):
+                found.append(m)
+    return tuple(sorted(set(found)))
+
+
+def _is_package(name: str) -> bool:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.submodule_search_locations is not None
+
+
+def _defines_jit(path: str) -> bool:
+    """Whether the module at `path` defines a function decorated `@triton.jit` (or `@jit`, called or not)."""
+    for node in ast.walk(ast.parse(Path(path).read_text(), path)):
+        if isinstance(node, ast.FunctionDef):
+            for d in node.decorator_list:
+                f = d.func if isinstance(d, ast.Call) else d
+                if ast.unparse(f) in ("triton.jit", "jit"):
+                    return True
+    return False
+
+
+def kernel_modules(modules: list[str] | tuple[str, ...]) -> list[str]:
+    """`modules` and, transitively, the jit-helper modules they import (`_jit_imports`), sorted."""
+    seen: set[str] = set()
+    todo = list(modules)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = _source(name)
+        todo += _jit_imports(name, path, os.stat(path).st_mtime_ns)
+    return sorted(seen)
+
+
 def kernel_source_hash(modules: list[str] | tuple[str, ...]) -> str:
-    """sha256 (first 16 hex digits) over the source files of `modules`, in sorted name order.
+    """sha256 (first 16 hex digits) over the source files of `modules` and of the jit helpers they import
+    (`kernel_modules`), in sorted name order.
 
     Modules are located without importing them. Raises CodesignError for a module with no source.
     """
-    from codesign.specs.errors import CodesignError
-
     files = []
-    for name in sorted(set(modules)):
-        spec = importlib.util.find_spec(name)
-        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-            raise CodesignError(f"source_modules: no Python source found for module {name!r}")
-        files.append((name, spec.origin, os.stat(spec.origin).st_mtime_ns))
+    for name in kernel_modules(modules):
+        path = _source(name)
+        files.append((name, path, os.stat(path).st_mtime_ns))
     return _hash_files(tuple(files))
 
 

@@ -132,8 +132,8 @@ def oaken_loop_trips(
     straight-line remainder code is counted on the path as well); U of a value group without a remainder loop is
     the other value groups' (the same code). `per_trip`: ranks the kernel's value loop body takes a trip
     (`triton_attention.OAKEN_RANKS`), `key_per_trip` its key loop's (`OAKEN_KEY_RANKS`; default `per_trip`).
-    `ahead`: the kernel takes each list's first trip of ranks outside its loops (`_oaken_key_first`,
-    `_oaken_value_first`), so the loops run only for the ranks past them."""
+    `ahead`: the kernel takes each list's first trip of ranks outside its loops (`oaken_key_first`,
+    `oaken_value_first`), so the loops run only for the ranks past them."""
     ins, labels = parse_sass(sass)
     a, b = tile_loop(ins, labels)
     inner = [lp for lp in loops(ins, labels) if a < lp[0] and lp[1] <= b]

@@ -20,7 +20,8 @@ tile never straddles a KIVI key group or, when BLOCK_N divides the block size, a
 
 The K/V read path takes a KV_FORMAT constexpr (the codes of `kvcache.formats`) and scale pointers (unused
 for plain caches): the quantized caches of `codesign.kernels.kvcache` dequantize inside this same loop,
-tile by tile in registers (no dequantized copy of the cache), one jit helper per format family:
+tile by tile in registers (no dequantized copy of the cache), with a module of jit helpers per format family
+(`triton_kivi`, `triton_mixed`, `triton_oaken`; the loads they share in `triton_tiles`):
   KV_FORMAT_INT: packed BITS-bit codes `[blocks, block_size, kv_heads, D * BITS / 8]` uint8 and
       (scale, zero) fp16 `[blocks, block_size, kv_heads, 2]`:  x = code * scale + zero.
   KV_FORMAT_FP8: e4m3 codes `[blocks, block_size, kv_heads, D]` (as uint8), fp32 scale per kv head.
@@ -36,8 +37,8 @@ tile by tile in registers (no dequantized copy of the cache), one jit helper per
       plus OAKEN_CAP sparse outliers per (block, kv head) `[blocks, kv_heads, CAP]` int32, each
       (position_in_block << 16) | fp16 bits (-1: empty). The kernel reads them through the index the cache
       keeps (`kvcache.oaken.outlier_index`: keys by token, values by channel; `OakenPagedKV.k_index`) and adds
-      each one's difference from the dense value to the scores and the output (`_oaken_key_corr`,
-      `_oaken_value_corr`).
+      each one's difference from the dense value to the scores and the output (`oaken_key_corr`,
+      `oaken_value_corr`).
   KV_FORMAT_OAKEN_OFFLINE: as OAKEN, but the per-token metadata is uint8 (z, r) on a per-kv-head
       offline grid (base, step) fp32 `[2 (K, V), kv_heads, 2]` (passed as `block_bits`):
       zero = base + z * step, scale = r * step / (2^BITS - 1)   (`kvcache.quantizers.offline_meta`).
@@ -55,6 +56,37 @@ import triton.language as tl
 from codesign.autotune.lookup import lookup_config, shape_key
 from codesign.backend import device_view
 from codesign.kernels.attention.options import MAX_SPLITS, AttentionBatch, AttentionOptions
+from codesign.kernels.attention.triton_kivi import (
+    kivi_key_planes,
+    kivi_value_planes,
+    load_kivi_tile,
+)
+from codesign.kernels.attention.triton_mixed import (
+    mixed_block_words,
+    mixed_span_codes,
+)
+from codesign.kernels.attention.triton_oaken import (
+    oaken_key_corr,
+    oaken_key_first,
+    oaken_key_heads,
+    oaken_offline_meta,
+    oaken_value_corr,
+    oaken_value_first,
+    oaken_value_heads,
+    rows_max,
+    spread_rows,
+    through_scratch,
+)
+from codesign.kernels.attention.triton_tiles import (
+    cat_cols,
+    load_codes,
+    load_fp8_tile,
+    load_words,
+    pairs,
+    span_rows,
+    split_cols,
+    tile_rows,
+)
 from codesign.kernels.kvcache.formats import (
     KV_FORMAT_FP8,
     KV_FORMAT_INT,
@@ -69,13 +101,10 @@ from codesign.kernels.kvcache.formats import (
 from codesign.kernels.kvcache.oaken import index_capacity
 from codesign.kernels.triton_codes import (
     CODE_UNITS,
-    chunk_words_f16,
     codes_f16,
     opaque_f16,
-    pair_cols,
     pair_order,
     pow2_scale,
-    unpack_words,
     words_f16,
 )
 from codesign.kernels.triton_planes import plane_count, plane_words, word_planes
@@ -142,10 +171,10 @@ INT_WORDS_WARPS = 2
 PLANES_DECODE_TILE = {"BLOCK_N": 32, "num_warps": 1}
 PLANES_DECODE_PROGRAMS_PER_SM = {4: 10, 2: 12}  # by bits: 200 / 168 registers, 10 / 12 one-warp programs an SM
 # Mixed chunks read as words at most this wide, on 4 warps: a tile inside one block, or of two whole blocks where two
-# fill it (each read at its own width, `_mixed_span_codes`). sm_90, bf16, head_dim 128, batch 16, context 32k
+# fill it (each read at its own width, `mixed_span_codes`). sm_90, bf16, head_dim 128, batch 16, context 32k
 # (`bench/attention_predict.py`): blocks of 32, 64 x 128 over two blocks takes 128 registers and 682-705 SASS a tile
 # (0.187 ms predicted), against 421-436 a 32-token tile in one block (108 registers, 0.230 ms); before the subnormal
-# unpack (`chunk_words_f16`) and the unmasked rows (`_mixed_span_codes`) 828-879 (0.232) against 483-506 (0.267), and,
+# unpack (`chunk_words_f16`) and the unmasked rows (`mixed_span_codes`) 828-879 (0.232) against 483-506 (0.267), and,
 # not recounted since: blocks of 64, 64 x 128 in one block 150 registers, 785 SASS (0.208; 32 x 128: 530, 0.279);
 # blocks of 16 keep 16 x 128 (420 SASS, 0.439: two blocks, 825 a 32-token tile at 140 registers, 0.432, not taken for
 # 2 %). None measured. Earlier, 32 x 128 on 8 warps (394 SASS, 0.41 ms), 16 x 128 on 2 (586, 0.41) and on 8 (446,
@@ -202,10 +231,10 @@ TREE_PAD_BITS = tl.constexpr(64)
 # registers, but is not predicted against 32 x 8).
 OAKEN_WIDE_BLOCK = 32
 # Outlier ranks of Oaken's corrections loaded ahead of the tile's dense part, a trip of its value loops for the ranks
-# past them (`_oaken_value_first`, `_oaken_value_corr`): 10 takes the fullest channel of a block in the bench's cache
+# past them (`oaken_value_first`, `oaken_value_corr`): 10 takes the fullest channel of a block in the bench's cache
 # (sm_90) without the loop, whose chain of dependent loads a trip was the tile's critical path.
 OAKEN_RANKS = 10
-OAKEN_KEY_RANKS = 6  # and of the key side (`_oaken_key_first`: the bench cache's fullest token, 6 slots)
+OAKEN_KEY_RANKS = 6  # and of the key side (`oaken_key_first`: the bench cache's fullest token, 6 slots)
 # Extend and tree tiles (64 rows) load the index where it is used, a trip of 5 value and 3 key ranks (at 2 ptxas
 # unrolled the loop with a straight-line remainder; more spilled the tree's tile).
 OAKEN_ROWS_RANKS = 5
@@ -245,56 +274,6 @@ def _find_seq(cu_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def _fp8_e4m3_f16(byte):
-    """fp16 value of e4m3fn bytes (int32), exactly, with integer ops and no fp8 type (sm_80, the interpreter):
-    the sign, E and M bits moved into fp16's fields read as the e4m3 value times 2^-8 (both biases and the
-    subnormals line up), so one exact fp16 multiply by 256 follows; 0x7F/0xFF are NaN."""
-    bits = ((byte & 0x80) << 8) | ((byte & 0x7F) << 7)
-    h = bits.to(tl.int16).to(tl.float16, bitcast=True) * 256.0
-    return tl.where((byte & 0x7F) == 0x7F, float("nan"), h)
-
-
-@triton.jit
-def _pairs(ptr, mask):
-    """fp16 (scale, zero) of the pairs at `ptr` (each pair an aligned int32 word: the launch's META32) by one 4-byte
-    load a pair, the scale's bits low; 0 where masked."""
-    w = tl.load(ptr.to(tl.pointer_type(tl.int32), bitcast=True), mask=mask, other=0)
-    return w.to(tl.int16).to(tl.float16, bitcast=True), (w >> 16).to(tl.int16).to(tl.float16, bitcast=True)
-
-
-@triton.jit
-def _tile_rows(ptr, bt_row, start, s_hi, blk, off, kvh, stride_b, stride_s, stride_h, BLOCK_N: tl.constexpr,
-               BLOCK_SIZE: tl.constexpr, PER_BLOCK: tl.constexpr):  # fmt: skip
-    """[BLOCK_N] pointers to the rows of tokens start .. start + BLOCK_N - 1 (kv head kvh) of a paged tensor
-    [blocks, BLOCK_SIZE, heads, ..]. Tiles start at multiples of BLOCK_N, so where one of BLOCK_N and BLOCK_SIZE
-    divides the other each block of the tile is a scalar load and one 64-bit base, and a row adds a 32-bit offset
-    (and a multiply-add per block past the first), not a 64-bit multiply and sign extension per row. Else, and where
-    PER_BLOCK is False, per row from the rows' block ids `blk` (int64) and offsets `off`: the kernel keeps that for
-    extend and tree launches, where per-block bases took the bf16 tree tile from 232 registers to 255 (extend 180 to
-    212; sm_90, 64 x 4 warps) to save instructions in launches that wait on latency, not issue. Rows past s_hi may
-    point anywhere: every load masks them."""
-    r = tl.arange(0, BLOCK_N)
-    if not PER_BLOCK:
-        rows = ptr + blk * stride_b + off * stride_s + kvh * stride_h
-    elif BLOCK_SIZE % BLOCK_N == 0:  # one block
-        rows = ptr + tl.load(bt_row + start // BLOCK_SIZE).to(tl.int64) * stride_b + kvh * stride_h
-        rows = rows + (start % BLOCK_SIZE + r) * stride_s
-    elif BLOCK_N % BLOCK_SIZE == 0:  # BLOCK_N / BLOCK_SIZE whole blocks
-        # (block steps as multiplies, not selects: Triton's alignment analysis keeps a product's factor of 16, which
-        # the 16-byte copies of the codes need, and loses it through a select)
-        b0 = start // BLOCK_SIZE
-        prev = tl.load(bt_row + b0).to(tl.int64)
-        rows = ptr + prev * stride_b + kvh * stride_h + (r % BLOCK_SIZE) * stride_s
-        for t in tl.static_range(1, BLOCK_N // BLOCK_SIZE):
-            bt = tl.load(bt_row + b0 + t, mask=start + t * BLOCK_SIZE < s_hi, other=0).to(tl.int64)
-            rows += (r // BLOCK_SIZE >= t).to(tl.int64) * ((bt - prev) * stride_b)
-            prev = bt
-    else:
-        rows = ptr + blk * stride_b + off * stride_s + kvh * stride_h
-    return rows
-
-
-@triton.jit
 def _load_kv_tile(crow, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m,
                   stride_mb, stride_ms, stride_mh, out_ty: tl.constexpr,
                   KV_FORMAT: tl.constexpr, BITS: tl.constexpr,
@@ -308,560 +287,27 @@ def _load_kv_tile(crow, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m,
     """One [BLOCK_N, DIM_PAD] K or V tile, dequantized to `out_ty` (masked entries 0): the plain, FP8 and KIVI
     caches, one helper per format family (the per-token INT, mixed and Oaken formats take the factored path,
     `_load_code_tile`). RING False: a KIVI tile of codes only (every token below n_q). crow, mrow: the rows'
-    pointers into the codes and the per-token metadata (`_tile_rows`). KPLANES: a KIVI key tile of codes only as
-    dequantized code planes (`_kivi_key_planes`), a tuple."""
+    pointers into the codes and the per-token metadata (`tile_rows`). KPLANES: a KIVI key tile of codes only as
+    dequantized code planes (`kivi_key_planes`), a tuple."""
     base = crow[:, None]
     if KV_FORMAT == _PLAIN:
         x = tl.load(base + d[None, :], mask=kv_m, other=0.0)
     elif KV_FORMAT == _FP8:
-        x = _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty, HW_FP8)
+        x = load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty, HW_FP8)
     elif KPLANES:  # a KIVI key tile of codes only, inside one key group
         words = plane_words(base, j_ok[:, None], BITS, HEAD_DIM, DIM_PAD)
         row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G) * stride_ms + kvh * stride_mh
-        x = _kivi_key_planes(words, s_ptr + row0, BITS, HEAD_DIM, META32, INTERPRETED)
+        x = kivi_key_planes(words, s_ptr + row0, BITS, HEAD_DIM, META32, INTERPRETED)
     else:
-        x = _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty,
-                            BITS, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY, blk0, j0, d_ok, BLOCK_SIZE,
-                            KIVI_G, KIVI_GV, KIVI_R, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N, RING, META32, dq,
-                            PAIRS)  # fmt: skip
+        x = load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh, out_ty,
+                           BITS, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY, blk0, j0, d_ok, BLOCK_SIZE,
+                           KIVI_G, KIVI_GV, KIVI_R, HEAD_DIM, WORDS, DIM_PAD, BLOCK_N, RING, META32, dq,
+                           PAIRS)  # fmt: skip
     if not KPLANES:
         if WORDS and out_ty == tl.float16:  # codes unpacked by a join tree (`opaque_f16`)
             x = opaque_f16(x.to(out_ty), INTERPRETED)
         x = x.to(out_ty)
     return x
-
-
-@triton.jit
-def _oaken_offline_meta(mrow, j_ok, bits_ptr, kvh, IS_KEY: tl.constexpr, BITS: tl.constexpr):
-    """Oaken offline: the rows' fp32 (scale, zero) from their uint8 (z, r) on the kv head's grid (bits_ptr: the
-    grids [2 (K, V), kv_heads, 2 (base, step)]), O(BLOCK_N): zero = base + z step, scale = r step / (2^BITS - 1)
-    (`kvcache.quantizers.offline_meta`)."""
-    gp = bits_ptr + (kvh if IS_KEY else tl.num_programs(1) + kvh) * 2
-    g_base = tl.load(gp)
-    g_step = tl.load(gp + 1)
-    zc = tl.load(mrow, mask=j_ok, other=0).to(tl.float32)
-    rc = tl.load(mrow + 1, mask=j_ok, other=0).to(tl.float32)
-    return tl.math.div_rn(rc * g_step, (2**BITS - 1) * 1.0), g_base + zc * g_step
-
-
-@triton.jit
-def _oaken_key_heads(ix_ptr, blk, start, s_hi, kvh, stride_ib, stride_ih, bt_row, OAKEN_CAP: tl.constexpr,
-                     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, OAKEN_NBT: tl.constexpr):  # fmt: skip
-    """The heads of a tile's key-outlier lists (`_oaken_key_corr`), loaded a tile ahead of their use (they address
-    the pairs, which address the gathers): each token's list (start, end) in the token-sorted index
-    (`oaken.outlier_index`) and the ranks of the tile's fullest list (the loop bound for the ranks past the first)."""
-    j = start + tl.arange(0, BLOCK_N)
-    j_ok = j < s_hi
-    lists = ix_ptr + blk * stride_ib + kvh * stride_ih + 2 * OAKEN_CAP  # the list starts, after the CAP pairs
-    st = tl.load(lists + j % BLOCK_SIZE, mask=j_ok, other=0)
-    en = tl.load(lists + j % BLOCK_SIZE + 1, mask=j_ok, other=0)
-    if BLOCK_N % BLOCK_SIZE == 0:
-        # tiles of whole blocks: the fullest of its blocks' fullest tokens, read from each block's index row
-        # (OAKEN_NBT words, a power of two here), not a max over the tile's tokens (a reduction across the warps: a
-        # shared-memory round trip and 2 barriers a tile, sm_90)
-        bi = start // BLOCK_SIZE + tl.arange(0, OAKEN_NBT)
-        live = bi * BLOCK_SIZE < s_hi  # blocks of this split's keys (not past its end)
-        blk_t = tl.load(bt_row + bi, mask=live, other=0).to(tl.int64)
-        nr = tl.max(tl.load(ix_ptr + blk_t * stride_ib + kvh * stride_ih + 2 * OAKEN_CAP + BLOCK_SIZE + 1,
-                            mask=live, other=0), 0)  # fmt: skip
-    else:
-        nr = tl.max(tl.load(lists + BLOCK_SIZE + 1, mask=j_ok, other=0), 0)  # the tile's fullest token
-    return st, en, nr
-
-
-@triton.jit
-def _oaken_key_first(ix_ptr, blk, kvh, stride_ib, stride_ih, heads, R: tl.constexpr, AHEAD: tl.constexpr = True):
-    """The first R (channel, delta) pairs of each token's list (`_oaken_key_heads`), loaded at the
-    top of the tile so that their latency hides behind the key dot; with the list heads and the index (not AHEAD:
-    no pairs, the loop of `_oaken_key_corr` takes every rank)."""
-    st, en, nr = heads
-    ib = ix_ptr + blk * stride_ib + kvh * stride_ih  # each token's block's index
-    pairs = ()
-    if AHEAD:
-        # a pair as one int64, the channel in the low word (none past the list's end: channel 0, delta 0)
-        wp = (ib + 2 * st).to(tl.pointer_type(tl.int64), bitcast=True)
-        for u in tl.static_range(R):
-            pairs = pairs + (tl.load(wp + u, mask=u < en - st, other=0),)
-    return ib, st, en, nr, pairs
-
-
-@triton.jit
-def _oaken_key_corr(first, qtr, CR: tl.constexpr, BLOCK_N: tl.constexpr, R: tl.constexpr, AHEAD: tl.constexpr = True):
-    """[BLOCK_N, CR] key-outlier corrections of the scores (token-major): q[row, d] * delta summed over each
-    token's slots (the delta the value minus the token's dense value at code 0, which is what the factored dense
-    part has there): the first ranks from the pairs `_oaken_key_first` loaded, the rest rank by rank through the
-    index. qtr: the program's q, fp32 channel-major ([HEAD_DIM, CR] in the scratch), so a slot's CR rows are one
-    contiguous load."""
-    ib, st, en, nr, pairs = first
-    corr = tl.zeros([BLOCK_N, CR], tl.float32)
-    LO: tl.constexpr = R if AHEAD else 0
-    if AHEAD:
-        for u in tl.static_range(R):
-            corr += _oaken_key_rank(pairs[u], qtr, CR)
-    for r in range(LO, nr, R):  # lists longer than the first ranks (unrolled here:
-        # ptxas's own unrolling left long remainder code); one address a token a trip, its ranks' pairs at constant
-        # offsets from it (folded into the loads: no 64-bit address a rank), each kept while before the list's end
-        wp = (ib + 2 * (st + r)).to(tl.pointer_type(tl.int64), bitcast=True)
-        left = en - (st + r)
-        for u in tl.static_range(R):
-            corr += _oaken_key_rank(tl.load(wp + u, mask=u < left, other=0), qtr, CR)
-    return corr
-
-
-@triton.jit
-def _oaken_key_rank(x, qtr, CR: tl.constexpr):
-    """One rank of `_oaken_key_corr`: each token's (channel, delta) pair `x` (0 past its list's end)."""
-    ch = x.to(tl.int32)
-    delta = (x >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-    # unmasked: a token with no slot here reads channel 0's q (in bounds, times a zero delta)
-    qg = tl.load(qtr + (ch * CR)[:, None] + tl.arange(0, CR)[None, :])
-    return qg * delta[:, None]
-
-
-@triton.jit
-def _oaken_value_heads(ix_ptr, bt_row, start, s_hi, kvh, dq, d_ok, stride_ib, stride_ih,
-                       OAKEN_CAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                       OAKEN_NBT: tl.constexpr):  # fmt: skip
-    """The heads of a tile's value-outlier lists (`_oaken_value_corr`), loaded a tile ahead of their use: for each
-    block the tile's tokens lie in, its index, each channel's list (start, end) in the channel-sorted index and
-    the ranks of its fullest channel."""
-    heads = ()
-    for t in tl.static_range(OAKEN_NBT):
-        bi = start // BLOCK_SIZE + t
-        live = bi * BLOCK_SIZE < s_hi  # a block of this split's keys (not past its end)
-        blk_t = tl.load(bt_row + bi, mask=live, other=0).to(tl.int64)
-        ib = ix_ptr + blk_t * stride_ib + kvh * stride_ih
-        lm = d_ok & (dq * 0 + bi * BLOCK_SIZE < s_hi)  # (vector compare: the interpreter widens a scalar int1)
-        lists = ib + 2 * OAKEN_CAP  # the list starts, after the CAP pairs
-        st = tl.load(lists + dq, mask=lm, other=0)
-        en = tl.load(lists + dq + 1, mask=lm, other=0)
-        nr = tl.where(live, tl.load(lists + HEAD_DIM + 1), 0)  # (blk_t 0 when not live: in bounds)
-        heads = heads + ((ib, st, en, nr),)
-    return heads
-
-
-@triton.jit
-def _oaken_value_first(heads, OAKEN_NBT: tl.constexpr, R: tl.constexpr, AHEAD: tl.constexpr = True):
-    """The first R (token, delta) pairs of each channel's list in each block of the tile
-    (`_oaken_value_heads`), loaded at the top of the tile (their latency behind the key side's work, where after
-    p they were a chain of four loads a block); with the heads."""
-    blocks = ()
-    for t in tl.static_range(OAKEN_NBT):
-        ib, st, en, nr = heads[t]
-        pairs = ()
-        if AHEAD:  # (else none: the loop of `_oaken_value_corr` takes every rank)
-            wp = (ib + 2 * st).to(tl.pointer_type(tl.int64), bitcast=True)  # (token, delta) pairs, as the key side's
-            for u in tl.static_range(R):
-                pairs = pairs + (tl.load(wp + u, mask=u < en - st, other=0),)
-        blocks = blocks + ((ib, st, en, nr, pairs),)
-    return blocks
-
-
-@triton.jit
-def _oaken_value_corr(first, pp, start, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr, DIM_PAD: tl.constexpr,
-                      BLOCK_SIZE: tl.constexpr, OAKEN_NBT: tl.constexpr, R: tl.constexpr,
-                      AHEAD: tl.constexpr = True):  # fmt: skip
-    """[CR, DIM_PAD] value-outlier corrections of this tile's output (column i: channel dq[i], the dot's column
-    order): p[row, token] * delta summed over each channel's slots, the first ranks from the pairs
-    `_oaken_value_first` loaded, the rest rank by rank through the index (deltas as the key side's), p gathered
-    from the program's scratch `pp` ([BLOCK_N, CR], token-major)."""
-    corr = tl.zeros([CR, DIM_PAD], tl.float32)
-    LO: tl.constexpr = R if AHEAD else 0
-    if AHEAD:
-        terms = ()
-        for t in tl.static_range(OAKEN_NBT):  # the blocks this tile's tokens lie in
-            ib, st, en, nr, pairs = first[t]
-            fc = (start // BLOCK_SIZE + t) * BLOCK_SIZE - start  # the block's first token's tile column (< 0: before)
-            for u in tl.static_range(R):  # every block's gathers in flight at once, then their sum
-                terms = terms + (_oaken_value_rank(pairs[u], en - st > u, fc, pp, c_ok, CR, BLOCK_N, BLOCK_SIZE),)
-        for i in tl.static_range(OAKEN_NBT * R):
-            corr += terms[i]
-    for t in tl.static_range(OAKEN_NBT):
-        ib, st, en, nr, pairs = first[t]
-        fc = (start // BLOCK_SIZE + t) * BLOCK_SIZE - start
-        for r in range(LO, nr, R):  # channels with longer lists, as the key loop
-            wp = (ib + 2 * (st + r)).to(tl.pointer_type(tl.int64), bitcast=True)
-            left = en - (st + r)
-            for u in tl.static_range(R):
-                corr += _oaken_value_rank(tl.load(wp + u, mask=u < left, other=0), u < left, fc, pp, c_ok, CR,
-                                          BLOCK_N, BLOCK_SIZE)  # fmt: skip
-    return corr
-
-
-@triton.jit
-def _oaken_value_rank(x, live, first, pp, c_ok, CR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """One rank of `_oaken_value_corr`: each channel's (token, delta) pair `x` (0 where not `live`: past its
-    list's end)."""
-    cr = tl.arange(0, CR)
-    col = first + x.to(tl.int32)  # the slot's token's tile column
-    delta = (x >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-    if BLOCK_N % BLOCK_SIZE == 0:  # tiles start at multiples of BLOCK_N: whole blocks, every token inside
-        # unmasked: every row's p is in the scratch each tile (0 for rows of no query), a column in the tile
-        # (the column scaled in 64 bits: one shift and a 64-bit add a rank, not a shift, a multiply and a sign
-        # extension)
-        pg = tl.load(pp + cr[:, None] + (col.to(tl.int64) * CR)[None, :])
-    else:
-        ok = live & (col >= 0) & (col < BLOCK_N)  # slots of tokens outside the tile: not here
-        delta = tl.where(ok, delta, 0.0)
-        pg = tl.load(pp + cr[:, None] + col[None, :] * CR, mask=c_ok[:, None] & ok[None, :], other=0.0)
-    return pg * delta[None, :]
-
-
-@triton.jit
-def _through_scratch(scr, store_at, load_at, x):
-    """`x` stored to the program's scratch at `store_at` and read back at `load_at` (another layout: the key
-    corrections' real rows to the tile's padded rows), every thread's stores visible first."""
-    tl.store(scr + store_at, x)
-    tl.debug_barrier()
-    return tl.load(scr + load_at)
-
-
-@triton.jit
-def _spread_rows(x, BLOCK_Q: tl.constexpr, GP: tl.constexpr, GROUP_PAD: tl.constexpr, W: tl.constexpr):
-    """[BLOCK_Q x GP, W] rows of real heads spread to the [BLOCK_Q x GROUP_PAD, W] tile's rows (head h of query i
-    at row i GROUP_PAD + h); the padding rows get copies, which the kernel masks or never stores."""
-    if GP == GROUP_PAD:
-        y = x
-    else:
-        y = tl.reshape(tl.broadcast_to(tl.reshape(x, (BLOCK_Q, 1, GP, W)), (BLOCK_Q, GROUP_PAD // GP, GP, W)),
-                       (BLOCK_Q * GROUP_PAD, W))  # fmt: skip
-    return y
-
-
-@triton.jit
-def _rows_max(x, BLOCK_Q: tl.constexpr, GP: tl.constexpr, GROUP_PAD: tl.constexpr):
-    """The [BLOCK_Q x GP] real heads' entries of a [BLOCK_Q x GROUP_PAD] row vector whose padding rows are <= them
-    (the online softmax's rescale: 0 on padding rows)."""
-    if GP == GROUP_PAD:
-        y = x
-    else:
-        y = tl.reshape(tl.max(tl.reshape(x, (BLOCK_Q, GROUP_PAD // GP, GP)), 1), (BLOCK_Q * GP,))
-    return y
-
-
-@triton.jit
-def _load_fp8_tile(base, s_ptr, kvh, d, kv_m, out_ty: tl.constexpr, HW_FP8: tl.constexpr):
-    """FP8: e4m3 codes decoded in hardware (sm_89+) or with integer ops, exact in fp16 (see below for the scale)."""
-    raw = tl.load(base + d[None, :], mask=kv_m, other=0)
-    if HW_FP8:  # sm_89+: the hardware's e4m3 conversion (NaN codes included), two elements at a time
-        x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-    else:
-        x = _fp8_e4m3_f16(raw.to(tl.int32))
-    # e4m3 values are exact in fp16. fp16 tiles leave the head's scale out (the kernel folds the key scale
-    # into the scores' row factor and the value scale into the output); fp32 tiles take it per element.
-    if out_ty != tl.float16:
-        x = x.to(tl.float32) * tl.load(s_ptr + kvh)
-    return x
-
-
-@triton.jit
-def _kivi_meta(s_ptr, mrow, blk, off, kvh, d, dq, d_ok, c_ok, qm, nq, stride_mb, stride_ms, stride_mh,
-               IS_KEY: tl.constexpr, blk0, j0, BLOCK_SIZE: tl.constexpr, KIVI_G: tl.constexpr,
-               KIVI_GV: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-               RING: tl.constexpr, META32: tl.constexpr, PAIRS: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
-    """KIVI's fp16 (scale, zero) of one tile, each broadcastable to [BLOCK_N, DIM_PAD] (`_load_kivi_tile`); dq: each
-    column's channel (PAIRS: `pair_order`; the value groups then hold whole words)."""
-    # Metadata (fp16, kept so) is loaded at its own size, not per element: a gather of [BLOCK_N, DIM_PAD]
-    # scales issues one scalar load per element (KIVI ran at 0.047x the bf16 cache's speed on an H200).
-    NGV: tl.constexpr = HEAD_DIM // KIVI_GV
-    if IS_KEY and KIVI_G % BLOCK_N == 0:
-        # The tile lies in one key group of one block (tiles start at multiples of BLOCK_N, KIVI_G divides
-        # the block size): one (scale, zero) row of DIM_PAD channels for the whole tile, and the tile is
-        # all codes or all ring (n_q is a multiple of KIVI_G).
-        row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G) * stride_ms + kvh * stride_mh
-        m1 = d_ok & (d * 0 + nq > j0) if RING else d_ok  # (vector compare: the interpreter widens a scalar int1)
-        if META32:
-            sc, zr = _pairs(s_ptr + row0 + d * 2, m1)
-        else:
-            sc = tl.load(s_ptr + row0 + d * 2, mask=m1, other=0.0)
-            zr = tl.load(s_ptr + row0 + d * 2 + 1, mask=m1, other=0.0)
-        if PAIRS:  # loaded in channel order (contiguous), then permuted in registers
-            sc, zr = pair_cols(sc, BITS), pair_cols(zr, BITS)
-        sc, zr = sc[None, :], zr[None, :]
-    elif IS_KEY and BLOCK_N % KIVI_G == 0 and BLOCK_SIZE % BLOCK_N == 0 and BLOCK_N // KIVI_G <= 8:
-        # The tile holds BLOCK_N / KIVI_G whole key groups of one block: one (scale, zero) row per group, each
-        # repeated over its group's tokens (as the value scales below), not a gather per element.
-        NG: tl.constexpr = BLOCK_N // KIVI_G
-        gi = tl.arange(0, NG)
-        row0 = blk0 * stride_mb + (j0 % BLOCK_SIZE // KIVI_G + gi) * stride_ms + kvh * stride_mh
-        m1 = d_ok[None, :] & (j0 + gi * KIVI_G < nq)[:, None] if RING else d_ok[None, :] & (gi >= 0)[:, None]
-        mp = s_ptr + row0[:, None] + dq[None, :] * 2
-        sc = tl.reshape(tl.broadcast_to(tl.load(mp, mask=m1, other=0.0)[:, None, :], (NG, KIVI_G, DIM_PAD)),
-                        (BLOCK_N, DIM_PAD))  # fmt: skip
-        zr = tl.reshape(tl.broadcast_to(tl.load(mp + 1, mask=m1, other=0.0)[:, None, :], (NG, KIVI_G, DIM_PAD)),
-                        (BLOCK_N, DIM_PAD))  # fmt: skip
-    elif IS_KEY:  # per channel, one (scale, zero) pair per group of KIVI_G tokens: per row
-        mp = s_ptr + (blk * stride_mb + (off // KIVI_G) * stride_ms + kvh * stride_mh)[:, None] + dq[None, :] * 2
-        sc = tl.load(mp, mask=qm, other=0.0)
-        zr = tl.load(mp + 1, mask=qm, other=0.0)
-    elif NGV * KIVI_GV == DIM_PAD and NGV <= 8:
-        # Per token, one pair per KIVI_GV elements of head_dim: a [BLOCK_N, NGV] load, each pair repeated
-        # over its group's columns (a broadcast and an order-keeping reshape: no select per element).
-        gi = tl.arange(0, NGV)
-        mp = mrow[:, None] + 2 * gi[None, :]
-        rq = c_ok[:, None] & (gi >= 0)[None, :]
-        if META32:
-            sg, zg = _pairs(mp, rq)
-        else:
-            sg, zg = tl.load(mp, mask=rq, other=0.0), tl.load(mp + 1, mask=rq, other=0.0)
-        sc = tl.reshape(tl.broadcast_to(sg[:, :, None], (BLOCK_N, NGV, KIVI_GV)), (BLOCK_N, DIM_PAD))
-        zr = tl.reshape(tl.broadcast_to(zg[:, :, None], (BLOCK_N, NGV, KIVI_GV)), (BLOCK_N, DIM_PAD))
-    elif NGV <= 8:
-        # Per token, one pair per KIVI_GV elements of head_dim: NGV [BLOCK_N] loads, spread over columns.
-        rq = c_ok
-        sc = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
-        zr = tl.zeros([BLOCK_N, DIM_PAD], s_ptr.dtype.element_ty)
-        for g in tl.static_range(NGV):
-            in_g = (dq // KIVI_GV == g)[None, :]
-            sc = tl.where(in_g, tl.load(mrow + 2 * g, mask=rq, other=0.0)[:, None], sc)
-            zr = tl.where(in_g, tl.load(mrow + 2 * g + 1, mask=rq, other=0.0)[:, None], zr)
-    else:  # many small value groups: gather per element
-        mp = s_ptr + (blk * stride_mb + off * stride_ms + kvh * stride_mh)[:, None] + ((dq // KIVI_GV) * 2)[None, :]
-        sc = tl.load(mp, mask=qm, other=0.0)
-        zr = tl.load(mp + 1, mask=qm, other=0.0)
-    return sc, zr
-
-
-@triton.jit
-def _kivi_key_planes(words, mrow, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, META32: tl.constexpr,
-                     INTERPRETED: tl.constexpr):  # fmt: skip
-    """A KIVI key tile of codes only, inside one key group, as dequantized code planes (`word_planes` of `plane_words`):
-    plane j (channels PERW w + j) times its channels' fp16 scales plus their zeros (mrow: the group's (scale, zero)
-    row), one fp16 multiply-add an element as the joined tile's; each plane stays an elementwise function of the
-    words, so it reaches the dot without a shared-memory round trip."""
-    PERW: tl.constexpr = 8 if BITS == 2 else 32 // BITS  # planes
-    w = tl.arange(0, words.shape[1])  # the word columns (`plane_words`)
-    planes = word_planes(words, BITS, INTERPRETED)
-    out = ()
-    for pj in tl.static_range(PERW):
-        ch = PERW * w + pj
-        if META32:
-            sc, zr = _pairs(mrow + ch * 2, ch < HEAD_DIM)
-        else:
-            sc = tl.load(mrow + ch * 2, mask=ch < HEAD_DIM, other=0.0)
-            zr = tl.load(mrow + ch * 2 + 1, mask=ch < HEAD_DIM, other=0.0)
-        out = out + (planes[pj] * sc[None, :] + zr[None, :],)
-    return out
-
-
-@triton.jit
-def _value_group(w, WORDS_PER_GROUP: tl.constexpr, GROUPS: tl.constexpr):
-    """The value group of word column w (its own function: the tests mutate it)."""
-    return w // WORDS_PER_GROUP
-
-
-@triton.jit
-def _kivi_value_planes(base, mrow, j_ok, j, nq, rrow, BITS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       DIM_PAD: tl.constexpr, KIVI_GV: tl.constexpr, META32: tl.constexpr, RING: tl.constexpr,
-                       INTERPRETED: tl.constexpr):  # fmt: skip
-    """A KIVI value tile as dequantized code planes (`word_planes` of `plane_words`): plane j (channels PERW w + j)
-    times its token's group (scale, zero). A value group holds whole words (KIVI_GV a multiple of PERW), so column
-    w's group is w // (KIVI_GV / PERW) in every plane: one [BLOCK_N, words] load of pairs serves all planes. RING:
-    tokens at or past nq come from the fp16 ring rows `rrow`, read plane by plane (channel PERW w + j). Each plane
-    stays an elementwise function of loaded tiles, so it reaches the dot without a shared-memory round trip."""
-    PERW: tl.constexpr = 8 if BITS == 2 else 32 // BITS  # planes (2 bits: of half-words)
-    w = tl.arange(0, DIM_PAD // PERW)
-    w_ok = w < HEAD_DIM // PERW
-    c_ok = j_ok & (j < nq) if RING else j_ok
-    m_ok = c_ok[:, None] & w_ok[None, :]
-    planes = word_planes(plane_words(base, c_ok[:, None], BITS, HEAD_DIM, DIM_PAD), BITS, INTERPRETED)
-    at = mrow[:, None] + _value_group(w, KIVI_GV // PERW, DIM_PAD // KIVI_GV)[None, :] * 2
-    if META32:
-        sc, zr = _pairs(at, m_ok)
-    else:
-        sc = tl.load(at, mask=m_ok, other=0.0)
-        zr = tl.load(at + 1, mask=m_ok, other=0.0)
-    out = ()
-    for pj in tl.static_range(PERW):
-        x = planes[pj] * sc + zr
-        if RING:
-            r_ok = (j_ok & (j >= nq))[:, None] & w_ok[None, :]
-            xr = tl.load(rrow[:, None] + (PERW * w + pj)[None, :], mask=r_ok, other=0.0).to(tl.float16)
-            x = tl.where((j < nq)[:, None], x, xr)
-        out = out + (x,)
-    return out
-
-
-@triton.jit
-def _load_kivi_tile(base, s_ptr, mrow, blk, off, kvh, d, j_ok, kv_m, stride_mb, stride_ms, stride_mh,
-                    out_ty: tl.constexpr,
-                    BITS: tl.constexpr, j, b, nq, r_ptr, stride_rb, stride_rr, stride_rh, IS_KEY: tl.constexpr, blk0,
-                    j0, d_ok, BLOCK_SIZE: tl.constexpr, KIVI_G: tl.constexpr, KIVI_GV: tl.constexpr,
-                    KIVI_R: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, DIM_PAD: tl.constexpr,
-                    BLOCK_N: tl.constexpr, RING: tl.constexpr, META32: tl.constexpr, dq,
-                    PAIRS: tl.constexpr):  # fmt: skip
-    """KIVI: tokens below n_q from the codes (keys per channel over KIVI_G tokens, values per token over KIVI_GV
-    elements), the newer ones from the sequence's residual ring (RING False: the caller's tile is all codes).
-    PAIRS: fp16 codes by `words_f16`, columns in `pair_order` (dq: each column's channel), as the INT formats'."""
-    if RING:
-        c_ok = j_ok & (j < nq)
-        quant = (j < nq)[:, None]
-        qm = kv_m & quant
-    else:  # no ring row in the tile: no compare or select against n_q
-        c_ok = j_ok
-        qm = kv_m
-    if PAIRS:
-        PERW: tl.constexpr = 32 // BITS
-        w = tl.arange(0, DIM_PAD // PERW)
-        words = tl.load(base + w[None, :], mask=c_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
-        code = tl.reshape(words_f16(words, BITS), (BLOCK_N, DIM_PAD))  # fp16 already
-    else:
-        code = _load_codes(base, d, c_ok, qm, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
-    sc, zr = _kivi_meta(s_ptr, mrow, blk, off, kvh, d, dq, d_ok, c_ok, qm, nq, stride_mb, stride_ms, stride_mh, IS_KEY,
-                        blk0, j0, BLOCK_SIZE, KIVI_G, KIVI_GV, HEAD_DIM, DIM_PAD, BLOCK_N, RING, META32, PAIRS,
-                        BITS)  # fmt: skip
-    if PAIRS:
-        cf = code
-    elif out_ty == tl.float16:
-        cf = codes_f16(code)
-    if not RING:  # masked rows and columns load code, scale and zero 0: they dequantize to 0 with no select
-        if out_ty == tl.float16:
-            x = cf * sc + zr
-        else:
-            x = code.to(tl.float32) * sc.to(tl.float32) + zr.to(tl.float32)
-    else:
-        ring = (j % (KIVI_G + KIVI_R)) * stride_rr  # the residual ring row of token j
-        rp = r_ptr + b * stride_rb + kvh * stride_rh + ring[:, None] + d[None, :]
-        if out_ty == tl.float16:
-            # fp16 codes by bit patterns and one fused multiply-add in fp16 with the stored fp16 (scale, zero):
-            # one rounding (2^-11, finer than the bf16 tiles this replaces) and no per-element conversion (an
-            # int-to-float and a float-to-bf16 cvt each ran at 16 per clock per SM).
-            xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float16)
-            if PAIRS:  # ring rows read in channel order (contiguous), then permuted in registers
-                xr = pair_cols(xr, BITS)
-            x = tl.where(quant, cf * sc + zr, xr)
-        else:
-            xr = tl.load(rp, mask=kv_m & ~quant, other=0.0).to(tl.float32)
-            x = tl.where(quant, code.to(tl.float32) * sc.to(tl.float32) + zr.to(tl.float32), xr)
-        x = tl.where(kv_m, x, 0.0)
-    return x
-
-
-@triton.jit
-def _load_codes(base, d, row_ok, kv_m, BITS: tl.constexpr, WORDS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """int32 [BLOCK_N, DIM_PAD] tile of packed BITS-bit codes from row pointers `base` [BLOCK_N, 1] (0 where masked).
-
-    WORDS (rows of whole int32 words; `base` into an int32 view, strides in words): word w holds elements
-    32/BITS * w + i at bits [BITS * i, BITS * (i + 1)), so unpacking a [BLOCK_N, NW] word tile along a new
-    last axis and flattening gives the elements in order: one coalesced 4-byte load per 32 / BITS codes.
-    Otherwise a byte gather, which loads (and holds in registers) each byte 8 / BITS times."""
-    if WORDS:
-        PERW: tl.constexpr = 32 // BITS
-        NW: tl.constexpr = DIM_PAD // PERW
-        w = tl.arange(0, NW)
-        words = tl.load(base + w[None, :], mask=row_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
-        code = tl.reshape(unpack_words(words, BITS), (BLOCK_N, DIM_PAD))
-    elif BITS == 8:
-        code = tl.load(base + d[None, :], mask=kv_m, other=0).to(tl.int32)
-    else:
-        PER: tl.constexpr = 8 // BITS
-        byte = tl.load(base + (d // PER)[None, :], mask=kv_m, other=0).to(tl.int32)
-        code = (byte >> ((d % PER) * BITS)[None, :]) & (2**BITS - 1)
-    return code
-
-
-@triton.jit
-def _row_major_words(base, j_ok, NW_OK: tl.constexpr, NW: tl.constexpr):
-    """int32 [BLOCK_N, NW] words of rows `base` [BLOCK_N, 1] (0 where masked or at or past NW_OK), each thread's
-    eight contiguous words of one row, as two loads of four (`w // 4 * 8 + w % 4`, then + 4) joined in registers.
-    Triton's coalescing would give one [BLOCK_N, NW] load four words a thread over two rows, and the 8-bit mixed
-    tile would then meet the 2- and 4-bit branches' layout (a thread: one row, 32 columns) through shared memory
-    (sm_90, 32 x 128 on 4 warps: 4 STS.128, 4 LDS.128 and 3 barriers a tile, K and V each)."""
-    w = tl.arange(0, NW // 2)
-    at = w // 4 * 8 + w % 4  # each thread's first four words, then its last four (+ 4)
-    lo = tl.load(base + at[None, :], mask=j_ok[:, None] & (at < NW_OK)[None, :], other=0)
-    hi = tl.load(base + 4 + at[None, :], mask=j_ok[:, None] & (at + 4 < NW_OK)[None, :], other=0)
-    x = tl.permute(tl.reshape(tl.join(lo, hi), (lo.shape[0], NW // 8, 4, 2)), (0, 1, 3, 2))  # [row, group, half, k]
-    return tl.reshape(x, (lo.shape[0], NW))
-
-
-@triton.jit
-def _mixed_words(base, j_ok, kv_m, d, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-                 BLOCK_N: tl.constexpr, out_ty: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
-    """One width's tile of a mixed-precision block read as words: fp16 tiles by `chunk_words_f16` (one column order
-    for every width, which q and the output follow), else int32 codes in order. 8 bits: `_row_major_words`, so each
-    thread holds one row's 32 columns as the 4- and 2-bit tiles do and the branches meet without shared memory."""
-    if out_ty == tl.float16:
-        PERW: tl.constexpr = 32 // BITS
-        if BITS == 8 and DIM_PAD // PERW >= 8:  # (head_dim 16: 4 words a row, one load already holds a row)
-            words = _row_major_words(base, j_ok, HEAD_DIM // PERW, DIM_PAD // PERW)
-        else:
-            w = tl.arange(0, DIM_PAD // PERW)
-            words = tl.load(base + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
-        code = chunk_words_f16(words, BITS, INTERPRETED)
-    else:
-        code = _load_codes(base, d, j_ok, kv_m, BITS, True, HEAD_DIM, DIM_PAD, BLOCK_N)
-    return code
-
-
-@triton.jit
-def _mixed_block_words(base, j_ok, kv_m, d, blk, bits_ptr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-                       BLOCK_N: tl.constexpr, out_ty: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
-    """A tile of rows inside one mixed block (`_mixed_words`), its width read from the block's entry: one runtime
-    branch a width, each yielding the same register layout."""
-    nb = tl.load(bits_ptr + blk)
-    if nb == 8:
-        code = _mixed_words(base, j_ok, kv_m, d, 8, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty, INTERPRETED)
-    elif nb == 4:
-        code = _mixed_words(base, j_ok, kv_m, d, 4, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty, INTERPRETED)
-    else:
-        code = _mixed_words(base, j_ok, kv_m, d, 2, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty, INTERPRETED)
-    return code
-
-
-@triton.jit
-def _span_rows(ptr, bt_row, start, s_hi, h: tl.constexpr, kvh, stride_b, stride_s, stride_h, HALF: tl.constexpr):
-    """[HALF] pointers to the rows of block `start // HALF + h` (a tile of two whole blocks of HALF tokens) and its
-    block id (0 where the tile ends before it: every row then masked, its fp16 codes read from block 0 and unused,
-    `_mixed_span_codes`), one scalar load of the block table."""
-    ok = start + h * HALF < s_hi
-    bt = tl.load(bt_row + start // HALF + h, mask=ok, other=0).to(tl.int64)
-    return ptr + bt * stride_b + kvh * stride_h + tl.arange(0, HALF) * stride_s, bt
-
-
-@triton.jit
-def _mixed_span_codes(crow, crow1, blk0, blk1, start, s_hi, d, d_ok, bits_ptr, HEAD_DIM: tl.constexpr,
-                      DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, out_ty: tl.constexpr,
-                      INTERPRETED: tl.constexpr):  # fmt: skip
-    """The codes of a tile of two whole mixed blocks (rows crow, then crow1) as two tiles, each read at its own width
-    (`_mixed_block_words`), so the per-tile work that does not depend on the width (softmax, addresses, metadata,
-    the loop) is paid once per two blocks. Kept apart, a dot each: stacked along rows (a join), the pair sits in
-    the register order of a row pair, and the fp16 operand's shared-memory store repacks it (sm_90, bf16, head_dim
-    128: ~70 byte permutes a tile)."""
-    HALF: tl.constexpr = BLOCK_N // 2
-    r = start + tl.arange(0, HALF)
-    ok0 = r < s_hi
-    ok1 = r + HALF < s_hi
-    if out_ty == tl.float16:
-        # Rows past the end are read unmasked: every row lies in an allocated block (block 0 once the tile has ended,
-        # `_span_rows`), any bytes unpack to finite fp16 codes (`chunk_words_f16`), and those rows meet masked scores
-        # and zero probabilities. Masked, each load took a zero fill, and the 2- and 4-bit loads a branch.
-        ok0 = tl.full([HALF], 1, tl.int1)
-        ok1 = ok0
-    c0 = _mixed_block_words(crow[:, None], ok0, ok0[:, None] & d_ok[None, :], d, blk0, bits_ptr, HEAD_DIM, DIM_PAD,
-                            HALF, out_ty, INTERPRETED)  # fmt: skip
-    c1 = _mixed_block_words(crow1[:, None], ok1, ok1[:, None] & d_ok[None, :], d, blk1, bits_ptr, HEAD_DIM, DIM_PAD,
-                            HALF, out_ty, INTERPRETED)  # fmt: skip
-    if out_ty == tl.float16:
-        c0 = opaque_f16(c0, INTERPRETED)
-        c1 = opaque_f16(c1, INTERPRETED)
-    else:
-        c0 = c0.to(out_ty)
-        c1 = c1.to(out_ty)
-    return c0, c1
-
-
-@triton.jit
-def _cat_cols(a, b):
-    """[M, 2 N]: a [M, N] then b beside it, in registers (a join: each thread's elements of a and b side by side)."""
-    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (a.shape[0], 2 * a.shape[1]))
-
-
-@triton.jit
-def _split_cols(x):
-    """The two column halves of x [M, 2 N] (`_cat_cols` undone), in registers."""
-    return tl.split(tl.permute(tl.reshape(x, (x.shape[0], 2, x.shape[1] // 2)), (0, 2, 1)))
 
 
 @triton.jit
@@ -874,33 +320,33 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
     (fp16 through `codes_f16`, or fp32; exact either way) and the rows' fp32 (scale, zero), for the factored products
     q . k_j = sc_j (q . c_j) + zr_j sum(q) and sum_j p_j v_j = (p * sc) @ c + sum_j p_j zr_j. The scale and
     zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element. crow, mrow: the rows'
-    pointers into the codes and the (scale, zero) pairs (`_tile_rows`); kvh, IS_KEY: Oaken offline's grid. SPAN: a
-    mixed tile of two whole blocks, crow the first's rows, span the rest (`_mixed_span_codes`: two code tiles).
+    pointers into the codes and the (scale, zero) pairs (`tile_rows`); kvh, IS_KEY: Oaken offline's grid. SPAN: a
+    mixed tile of two whole blocks, crow the first's rows, span the rest (`mixed_span_codes`: two code tiles).
     PLANES: per-token INT8 / INT4 / INT2 words as a tuple of code planes (`word_planes`), each [BLOCK_N, DIM_PAD / P]
     (P planes: 32 / BITS, or 8 of INT2's half-words).
-    meta, words: the rows' (scale, zero) (`_load_meta`) and their code words (`_load_words`, the word-pair path)
+    meta, words: the rows' (scale, zero) (`_load_meta`) and their code words (`load_words`, the word-pair path)
     already loaded, or None to load them here."""
     base = crow[:, None]
     INT_CODES: tl.constexpr = KV_FORMAT == _INT or KV_FORMAT == _OAKEN or KV_FORMAT == _OAKEN_OFFLINE
     PAIRS: tl.constexpr = INT_CODES and WORDS and out_ty == tl.float16
     if PAIRS:  # `words_f16`: its columns in `pair_order` (the kernel permutes q and o alike)
         if words is None:
-            words = _load_words(crow, j_ok, BITS, HEAD_DIM, DIM_PAD, PLANES)
+            words = load_words(crow, j_ok, BITS, HEAD_DIM, DIM_PAD, PLANES)
         if PLANES:
             code = word_planes(words, BITS, INTERPRETED)
         else:
             code = tl.reshape(words_f16(words, BITS), (BLOCK_N, DIM_PAD))
     elif INT_CODES:
-        code = _load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
+        code = load_codes(base, d, j_ok, kv_m, BITS, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N)
     elif SPAN:  # mixed, a tile of two whole blocks (span: the second block's rows and id, start, s_hi, d_ok)
-        code = _mixed_span_codes(crow, span[0], blk0, span[1], span[2], span[3], d, span[4], bits_ptr, HEAD_DIM,
-                                 DIM_PAD, BLOCK_N, out_ty, INTERPRETED)  # fmt: skip
+        code = mixed_span_codes(crow, span[0], blk0, span[1], span[2], span[3], d, span[4], bits_ptr, HEAD_DIM,
+                                DIM_PAD, BLOCK_N, out_ty, INTERPRETED)  # fmt: skip
     elif WORDS:
         # Mixed chunks, the tile inside one block (BLOCK_N divides the block size; tiles start at multiples of
         # BLOCK_N): one width for the whole tile, its codes read as int32 words like the INT formats' instead
         # of a byte gather with a shift per row (the mixed cache ran at 1/11 of the bf16 cache on an H200).
-        code = _mixed_block_words(base, j_ok, kv_m, d, blk0, bits_ptr, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty,
-                                  INTERPRETED)  # fmt: skip
+        code = mixed_block_words(base, j_ok, kv_m, d, blk0, bits_ptr, HEAD_DIM, DIM_PAD, BLOCK_N, out_ty,
+                                 INTERPRETED)  # fmt: skip
     else:
         nbits = tl.load(bits_ptr + blk, mask=j_ok, other=8).to(tl.int32)[:, None]  # per row: its block's width
         per = 8 // nbits
@@ -910,7 +356,7 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
         sc, zr = _load_meta(mrow, j_ok, KV_FORMAT, META32, bits_ptr, kvh, IS_KEY, BITS)
     else:
         sc, zr = meta
-    if SPAN or PLANES:  # (`_mixed_span_codes`: the two halves' tiles; the planes, a tuple)
+    if SPAN or PLANES:  # (`mixed_span_codes`: the two halves' tiles; the planes, a tuple)
         x = code
     elif PAIRS or (KV_FORMAT == _MIXED and WORDS and out_ty == tl.float16):
         x = opaque_f16(code, INTERPRETED)
@@ -922,27 +368,13 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
 
 
 @triton.jit
-def _load_words(crow, j_ok, BITS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-                PLANES: tl.constexpr = False):  # fmt: skip
-    """The int32 code words of a per-token tile's rows (`_load_code_tile`'s word-pair path), [BLOCK_N, words]; for
-    code planes `plane_words`' tile (2 bits: int16 half-words, [BLOCK_N, 2 words])."""
-    PERW: tl.constexpr = 32 // BITS
-    if PLANES:
-        words = plane_words(crow[:, None], j_ok[:, None], BITS, HEAD_DIM, DIM_PAD)
-    else:
-        w = tl.arange(0, DIM_PAD // PERW)
-        words = tl.load(crow[:, None] + w[None, :], mask=j_ok[:, None] & (w < HEAD_DIM // PERW)[None, :], other=0)
-    return words
-
-
-@triton.jit
 def _load_meta(mrow, j_ok, KV_FORMAT: tl.constexpr, META32: tl.constexpr, bits_ptr, kvh, IS_KEY: tl.constexpr,
                BITS: tl.constexpr):  # fmt: skip
     """The fp32 (scale, zero) of a per-token tile's rows (`_load_code_tile`)."""
     if KV_FORMAT == _OAKEN_OFFLINE:
-        sc, zr = _oaken_offline_meta(mrow, j_ok, bits_ptr, kvh, IS_KEY, BITS)
+        sc, zr = oaken_offline_meta(mrow, j_ok, bits_ptr, kvh, IS_KEY, BITS)
     elif META32:
-        sc, zr = _pairs(mrow, j_ok)
+        sc, zr = pairs(mrow, j_ok)
         sc, zr = sc.to(tl.float32), zr.to(tl.float32)
     else:
         sc = tl.load(mrow, mask=j_ok, other=0.0).to(tl.float32)
@@ -1019,7 +451,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         KIVI_VPLANES: tl.constexpr = KIVI_KPLANES and VPLANES
         # mixed chunks read as words: `chunk_words_f16`'s order (16-element chunks as 2-bit `pair_order`), every width
         MIXED_PAIRS: tl.constexpr = KV_FORMAT == _MIXED and WORDS and F16_MMA
-        # mixed tiles of two whole blocks, each read at its own width (`_mixed_span_codes`)
+        # mixed tiles of two whole blocks, each read at its own width (`mixed_span_codes`)
         MIXED_SPAN: tl.constexpr = KV_FORMAT == _MIXED and WORDS and BLOCK_N == 2 * BLOCK_SIZE
         if MIXED_PAIRS:
             dq = pair_order(d, 2)
@@ -1149,13 +581,13 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             if BT_AHEAD:
                 j_next = lo + tl.arange(0, BLOCK_N)
                 blk_next = tl.load(bt_row + j_next // BLOCK_SIZE, mask=j_next < s_hi, other=0)
-            if OAKEN and OAKEN_AHEAD:  # the first tile's outlier list heads (`_oaken_key_heads`: a tile the next's)
+            if OAKEN and OAKEN_AHEAD:  # the first tile's outlier list heads (`oaken_key_heads`: a tile the next's)
                 j_h = lo + tl.arange(0, BLOCK_N)
                 blk_h = tl.load(bt_row + j_h // BLOCK_SIZE, mask=j_h < s_hi, other=0).to(tl.int64)
-                kheads = _oaken_key_heads(k_res_ptr, blk_h, lo, s_hi, kvh, stride_rb, stride_rr, bt_row, OAKEN_CAP,
-                                          BLOCK_SIZE, BLOCK_N, OAKEN_NBT)  # fmt: skip
-                vheads = _oaken_value_heads(v_res_ptr, bt_row, lo, s_hi, kvh, dq, d_ok, stride_rb, stride_rr,
-                                            OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, OAKEN_NBT)  # fmt: skip
+                kheads = oaken_key_heads(k_res_ptr, blk_h, lo, s_hi, kvh, stride_rb, stride_rr, bt_row, OAKEN_CAP,
+                                         BLOCK_SIZE, BLOCK_N, OAKEN_NBT)  # fmt: skip
+                vheads = oaken_value_heads(v_res_ptr, bt_row, lo, s_hi, kvh, dq, d_ok, stride_rb, stride_rr,
+                                           OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, OAKEN_NBT)  # fmt: skip
             for start in range(lo, hi, BLOCK_N):
                 j = start + tl.arange(0, BLOCK_N)
                 j_ok = j < s_hi
@@ -1166,25 +598,25 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 else:
                     blk = tl.load(bt_row + j // BLOCK_SIZE, mask=j_ok, other=0).to(tl.int64)
                 if MIXED_SPAN:
-                    blk0 = 0  # (each block's id from `_span_rows` below)
+                    blk0 = 0  # (each block's id from `span_rows` below)
                 elif KV_FORMAT == _KIVI or KV_FORMAT == _MIXED:  # the tile's first block: KIVI key meta, mixed widths
                     blk0 = tl.load(bt_ptr + b * stride_bt + start // BLOCK_SIZE).to(tl.int64)
                 else:
                     blk0 = 0
                 off = j % BLOCK_SIZE
                 kv_m = j_ok[:, None] & d_ok[None, :]
-                if MIXED_SPAN:  # each block's rows apart (`_mixed_span_codes`)
-                    krow, blk0 = _span_rows(k_ptr, bt_row, start, s_hi, 0, kvh, stride_kb, stride_ks, stride_kh,
+                if MIXED_SPAN:  # each block's rows apart (`mixed_span_codes`)
+                    krow, blk0 = span_rows(k_ptr, bt_row, start, s_hi, 0, kvh, stride_kb, stride_ks, stride_kh,
+                                           BLOCK_SIZE)  # fmt: skip
+                    krow1, blk1 = span_rows(k_ptr, bt_row, start, s_hi, 1, kvh, stride_kb, stride_ks, stride_kh,
                                             BLOCK_SIZE)  # fmt: skip
-                    krow1, blk1 = _span_rows(k_ptr, bt_row, start, s_hi, 1, kvh, stride_kb, stride_ks, stride_kh,
-                                             BLOCK_SIZE)  # fmt: skip
                     kspan = (krow1, blk1, start, s_hi, d_ok)
                 else:
-                    krow = _tile_rows(k_ptr, bt_row, start, s_hi, blk, off, kvh, stride_kb, stride_ks, stride_kh,
-                                      BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
+                    krow = tile_rows(k_ptr, bt_row, start, s_hi, blk, off, kvh, stride_kb, stride_ks, stride_kh,
+                                     BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
                     kspan = None
-                kmrow = _tile_rows(k_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_mb, stride_ms, stride_mh,
-                                   BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
+                kmrow = tile_rows(k_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_mb, stride_ms, stride_mh,
+                                  BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
                 kmeta = None  # (rows' (scale, zero) and code words loaded ahead: Oaken decode, below)
                 vmeta = None
                 kwords = None
@@ -1193,31 +625,31 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     # Every load of the tile first, then the work that waits on them (ptxas moves no load above the
                     # scratch's barrier below): the code words and (scale, zero) of both tiles (the value tile's
                     # were loaded after the softmax, a DRAM round trip there), the outlier corrections' index
-                    # (`_oaken_key_first`, `_oaken_value_first`), then the key corrections' gathers of q.
+                    # (`oaken_key_first`, `oaken_value_first`), then the key corrections' gathers of q.
                     kmeta = _load_meta(kmrow, j_ok, KV_FORMAT, META32, bits_ptr, kvh, True, BITS)
-                    vmeta = _load_meta(_tile_rows(v_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vmb,
-                                                  stride_vms, stride_vmh, BLOCK_N, BLOCK_SIZE, IS_DECODE),
+                    vmeta = _load_meta(tile_rows(v_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vmb,
+                                                 stride_vms, stride_vmh, BLOCK_N, BLOCK_SIZE, IS_DECODE),
                                        j_ok, KV_FORMAT, META32, bits_ptr, kvh, False, BITS)  # fmt: skip
                     if WORDS and q_mma.dtype == tl.float16:  # (`_load_code_tile`'s word-pair path)
-                        kwords = _load_words(krow, j_ok, BITS, HEAD_DIM, DIM_PAD)
-                        vwords = _load_words(_tile_rows(v_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vb,
+                        kwords = load_words(krow, j_ok, BITS, HEAD_DIM, DIM_PAD)
+                        vwords = load_words(tile_rows(v_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vb,
                                                         stride_vs, stride_vh, BLOCK_N, BLOCK_SIZE, IS_DECODE),
                                              j_ok, BITS, HEAD_DIM, DIM_PAD)  # fmt: skip
-                    kfirst = _oaken_key_first(k_res_ptr, blk, kvh, stride_rb, stride_rr, kheads, KR)
-                    vfirst = _oaken_value_first(vheads, OAKEN_NBT, VR)
+                    kfirst = oaken_key_first(k_res_ptr, blk, kvh, stride_rb, stride_rr, kheads, KR)
+                    vfirst = oaken_value_first(vheads, OAKEN_NBT, VR)
                     # the next tile's list heads (their loads off this tile's critical path)
                     if BT_AHEAD:
                         blk_n = blk_next.to(tl.int64)
                     else:
                         blk_n = tl.load(bt_row + (j + BLOCK_N) // BLOCK_SIZE, mask=j + BLOCK_N < s_hi,
                                         other=0).to(tl.int64)  # fmt: skip
-                    kheads = _oaken_key_heads(k_res_ptr, blk_n, start + BLOCK_N, s_hi, kvh, stride_rb, stride_rr,
-                                              bt_row, OAKEN_CAP, BLOCK_SIZE, BLOCK_N, OAKEN_NBT)  # fmt: skip
-                    vheads = _oaken_value_heads(v_res_ptr, bt_row, start + BLOCK_N, s_hi, kvh, dq, d_ok, stride_rb,
-                                                stride_rr, OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, OAKEN_NBT)  # fmt: skip
-                    kcor = _oaken_key_corr(kfirst, qtr, CR, BLOCK_N, KR)
+                    kheads = oaken_key_heads(k_res_ptr, blk_n, start + BLOCK_N, s_hi, kvh, stride_rb, stride_rr,
+                                             bt_row, OAKEN_CAP, BLOCK_SIZE, BLOCK_N, OAKEN_NBT)  # fmt: skip
+                    vheads = oaken_value_heads(v_res_ptr, bt_row, start + BLOCK_N, s_hi, kvh, dq, d_ok, stride_rb,
+                                               stride_rr, OAKEN_CAP, HEAD_DIM, BLOCK_SIZE, OAKEN_NBT)  # fmt: skip
+                    kcor = oaken_key_corr(kfirst, qtr, CR, BLOCK_N, KR)
                     if SPREAD:  # to the tile's rows through the scratch (used after the dot, below)
-                        kadd = _through_scratch(kp, c_at, k_at, kcor)
+                        kadd = through_scratch(kp, c_at, k_at, kcor)
                 if FACTORED:
                     kc, ksc, kzr = _load_code_tile(krow, kmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
                                                    bits_ptr, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED,
@@ -1228,22 +660,22 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                         for pj in tl.static_range(1, PW):
                             s = tl.dot(q_planes[pj], tl.trans(kc[pj]), s, input_precision=DOT_PREC)
                     elif MIXED_SPAN:  # a dot per block, the scores side by side (the codes' layouts stay one block's)
-                        s = _cat_cols(tl.dot(q_mma, tl.trans(kc[0]), input_precision=DOT_PREC),
-                                      tl.dot(q_mma, tl.trans(kc[1]), input_precision=DOT_PREC))  # fmt: skip
+                        s = cat_cols(tl.dot(q_mma, tl.trans(kc[0]), input_precision=DOT_PREC),
+                                     tl.dot(q_mma, tl.trans(kc[1]), input_precision=DOT_PREC))  # fmt: skip
                     else:
                         s = tl.dot(q_mma, tl.trans(kc), input_precision=DOT_PREC)
                     s = s * (q_unf[:, None] * ksc[None, :])
                     s += q_sum[:, None] * kzr[None, :]
                     if OAKEN:  # outlier positions hold code 0: the dense part has zr there
                         if not OAKEN_AHEAD:  # each load where it is used (fewer registers)
-                            kcor = _oaken_key_corr(
-                                _oaken_key_first(k_res_ptr, blk, kvh, stride_rb, stride_rr,
-                                                 _oaken_key_heads(k_res_ptr, blk, start, s_hi, kvh, stride_rb,
+                            kcor = oaken_key_corr(
+                                oaken_key_first(k_res_ptr, blk, kvh, stride_rb, stride_rr,
+                                                oaken_key_heads(k_res_ptr, blk, start, s_hi, kvh, stride_rb,
                                                                   stride_rr, bt_row, OAKEN_CAP, BLOCK_SIZE, BLOCK_N,
                                                                   OAKEN_NBT), KR, False),
                                 qtr, CR, BLOCK_N, KR, False)  # fmt: skip
                             if SPREAD:
-                                kadd = _through_scratch(kp, c_at, k_at, kcor)
+                                kadd = through_scratch(kp, c_at, k_at, kcor)
                         if SPREAD:
                             # to the tile's rows through the scratch (`kadd`, above): an in-register spread left the
                             # softmax in a second layout (its row reductions took ~250 more SASS a tile, sm_90). The
@@ -1322,11 +754,11 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     vspan = (v_ptr + blk1 * stride_vb + kvh * stride_vh + tl.arange(0, BLOCK_SIZE) * stride_vs, blk1,
                              start, s_hi, d_ok)  # fmt: skip
                 else:
-                    vrow = _tile_rows(v_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vb, stride_vs, stride_vh,
-                                      BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
+                    vrow = tile_rows(v_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vb, stride_vs, stride_vh,
+                                     BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
                     vspan = None
-                vmrow = _tile_rows(v_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vmb, stride_vms,
-                                   stride_vmh, BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
+                vmrow = tile_rows(v_scale_ptr, bt_row, start, s_hi, blk, off, kvh, stride_vmb, stride_vms,
+                                  stride_vmh, BLOCK_N, BLOCK_SIZE, IS_DECODE)  # fmt: skip
                 if FACTORED:
                     vc, vsc, vzr = _load_code_tile(vrow, vmrow, blk, d, j_ok, kv_m, q_mma.dtype, KV_FORMAT, BITS,
                                                    bits_ptr, WORDS, HEAD_DIM, DIM_PAD, BLOCK_N, blk0, INTERPRETED,
@@ -1352,7 +784,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                         acc_planes = new_planes
                         u_acc = v_unf
                     elif MIXED_SPAN:  # each block's probabilities against its own tile
-                        p0, p1 = _split_cols(ps)
+                        p0, p1 = split_cols(ps)
                         if F16_MMA:  # (the split's join would halve the dot's operand width, `opaque_f16`)
                             p0, p1 = opaque_f16(p0, INTERPRETED), opaque_f16(p1, INTERPRETED)
                         pv = tl.dot(p0.to(vc[0].dtype), vc[0], input_precision=DOT_PREC)
@@ -1366,21 +798,21 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                         tl.store(pp + p_at, p, mask=(hg < OAKEN_GP)[:, None])
                         tl.debug_barrier()
                         if not OAKEN_AHEAD:
-                            vfirst = _oaken_value_first(_oaken_value_heads(v_res_ptr, bt_row, start, s_hi, kvh, dq,
+                            vfirst = oaken_value_first(oaken_value_heads(v_res_ptr, bt_row, start, s_hi, kvh, dq,
                                                                            d_ok, stride_rb, stride_rr, OAKEN_CAP,
                                                                            HEAD_DIM, BLOCK_SIZE, OAKEN_NBT),
                                                         OAKEN_NBT, VR, False)  # fmt: skip
-                        vcor = _oaken_value_corr(vfirst, pp, start, c_ok, CR, BLOCK_N, DIM_PAD, BLOCK_SIZE,
-                                                 OAKEN_NBT, VR, OAKEN_AHEAD)  # fmt: skip
+                        vcor = oaken_value_corr(vfirst, pp, start, c_ok, CR, BLOCK_N, DIM_PAD, BLOCK_SIZE,
+                                                OAKEN_NBT, VR, OAKEN_AHEAD)  # fmt: skip
                         if SPREAD:
-                            acc_o = acc_o * _rows_max(alpha, BLOCK_Q, OAKEN_GP, GROUP_PAD)[:, None] + vcor
+                            acc_o = acc_o * rows_max(alpha, BLOCK_Q, OAKEN_GP, GROUP_PAD)[:, None] + vcor
                         else:  # the tile's rows: straight into the (already rescaled) accumulator
                             acc += vcor
                 elif KIVI_VPLANES:  # KIVI's value tiles as code planes, into the plane accumulators (units 1)
                     rrow = (v_res_ptr + b * stride_rb + kvh * stride_rh
                             + ((j % (KIVI_G + KIVI_R)) * stride_rr).to(tl.int64))  # fmt: skip
-                    vpl = _kivi_value_planes(vrow[:, None], vmrow, j_ok, j, nq, rrow, BITS, HEAD_DIM, DIM_PAD, KIVI_GV,
-                                             META32, not KIVI_SPLIT or phase == 1, INTERPRETED)  # fmt: skip
+                    vpl = kivi_value_planes(vrow[:, None], vmrow, j_ok, j, nq, rrow, BITS, HEAD_DIM, DIM_PAD, KIVI_GV,
+                                            META32, not KIVI_SPLIT or phase == 1, INTERPRETED)  # fmt: skip
                     pf = p.to(tl.float16)
                     new_planes = ()
                     for pj in tl.static_range(PW):
@@ -1399,7 +831,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 m_i = m_new
 
         if OAKEN and SPREAD:
-            acc += _spread_rows(acc_o, BLOCK_Q, OAKEN_GP, GROUP_PAD, DIM_PAD)
+            acc += spread_rows(acc_o, BLOCK_Q, OAKEN_GP, GROUP_PAD, DIM_PAD)
         has = l_i > 0.0
         lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         base = qt * stride_pt + qh * stride_ph + split * stride_ps  # (the split's partial output, NUM_SPLITS > 1)
@@ -1560,7 +992,7 @@ def _decode_programs_per_sm(kv_format: int, warps: int, bits: int) -> int | None
 
 
 def reads_words(kv_format: int, bits: int, head_dim: int) -> bool:
-    """True when the kernel reads this cache's packed sub-byte codes as int32 words (`_load_codes`): the INT,
+    """True when the kernel reads this cache's packed sub-byte codes as int32 words (`load_codes`): the INT,
     KIVI and Oaken formats below 8 bits whose code rows are whole words (not mixed chunks: their width varies
     per block). Words, not a byte gather: a gather loads (and holds in registers) each byte 8 / BITS times."""
     words_formats = (KV_FORMAT_INT, KV_FORMAT_KIVI, KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE)
@@ -1827,7 +1259,7 @@ def plan_launch(
 
 def reads_value_planes(kv_format: int, bits: int, head_dim: int, cfg: dict) -> bool:
     """True when a KIVI decode launch that dots its key tiles' code planes (`reads_planes`) dots its value tiles'
-    too (`_kivi_value_planes`; config key "VPLANES", default VPLANES_DEFAULT): a value plane dot's output has a row's
+    too (`kivi_value_planes`; config key "VPLANES", default VPLANES_DEFAULT): a value plane dot's output has a row's
     words (INT2: half-words) as columns (16 at INT4 and INT2, head_dim 128), so no more warps than its 8-column tiles.
     The kernel also needs value groups of whole words (its KIVI_PAIRS)."""
     if kv_format != KV_FORMAT_KIVI or bits not in (2, 4, 8) or not cfg.get("VPLANES", VPLANES_DEFAULT):

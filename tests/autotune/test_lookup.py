@@ -82,6 +82,38 @@ def test_source_hash_follows_the_source(tmp_path, monkeypatch):
         lookup.kernel_source_hash(["h6_no_such_module_xyz"])
 
 
+def test_source_hash_follows_the_jit_helpers_a_kernel_imports(tmp_path, monkeypatch):
+    """A table keyed on a kernel's module goes stale when a jit helper compiled into the kernel changes, in a
+    module it imports (absolute, relative, or a submodule by name; transitively), not when a plain one does."""
+    pkg = tmp_path / "h7_fake_kernel_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    jit = "import triton\n\n@triton.jit\ndef {0}(x):\n    return x + {1}\n"
+    (pkg / "a.py").write_text(jit.format("a", 1))
+    (pkg / "b.py").write_text("from .c import c\n" + jit.format("b", 1))
+    (pkg / "c.py").write_text("from triton import jit\n\n@jit(do_not_specialize=[0])\ndef c(x):\n    return x\n")
+    (pkg / "plain.py").write_text("N = 1  # no triton.jit here, only words\n")
+    (pkg / "k.py").write_text("from h7_fake_kernel_pkg.a import a\nfrom h7_fake_kernel_pkg import b\n"
+                              "from . import plain\nimport math\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mods = ["h7_fake_kernel_pkg.k"]
+    assert lookup.kernel_modules(mods) == [f"h7_fake_kernel_pkg.{m}" for m in ("a", "b", "c", "k")]
+    h = lookup.kernel_source_hash(mods)
+    for name, text in [("a", jit.format("a", 2)), ("c", jit.format("c", 3))]:
+        (pkg / f"{name}.py").write_text(text)
+        assert lookup.kernel_source_hash(mods) != h, name
+        h = lookup.kernel_source_hash(mods)
+    (pkg / "plain.py").write_text("N = 2\n")
+    assert lookup.kernel_source_hash(mods) == h
+
+
+def test_attention_tables_follow_the_code_unpacking_helpers():
+    """The shared jit helpers (code unpacking, code planes) are compiled into the attention and GEMM kernels."""
+    att = lookup.kernel_modules(["codesign.kernels.attention.triton_attention"])
+    assert {"codesign.kernels.triton_codes", "codesign.kernels.triton_planes"} <= set(att)
+    assert "codesign.kernels.triton_codes" in lookup.kernel_modules(["codesign.kernels.gemm.triton_gemm"])
+
+
 def test_forced_config_wins_on_every_device_and_only_inside_the_block():
     with forced_config("op", {"BLOCK_M": 128}):
         assert lookup_config("op", None, 1, "K=1", DEFAULT) == {"BLOCK_M": 128, "num_warps": 4}

@@ -111,7 +111,7 @@ def test_bf16_queries_beyond_fp16_range(fmt, monkeypatch):
 def test_fp16_queries_over_mixed_chunks(bs, d):
     """Mixed INT8/4/2 chunks in one launch, fp16 queries: byte-gathered rows (block 4) and whole-block word
     tiles (block 32), small values included; head_dim 48 pads the word tile (12 of 16 8-bit words a row, so the
-    8-bit rows' two 4-word loads, `_row_major_words`, mask a whole second load in the last group); head_dim 16: 4
+    8-bit rows' two 4-word loads, `row_major_words`, mask a whole second load in the last group); head_dim 16: 4
     words an 8-bit row, one plain load."""
     from test_kvcache_mixed import H, _engine_dequant, _setup
 

@@ -129,7 +129,7 @@ def test_decode_and_extend_over_mixed_blocks(splits, by_width, monkeypatch):
      (16, 128, torch.float32)],  # fmt: skip
 )
 def test_two_block_tiles_read_each_block_at_its_width(bs, d, dtype):
-    """Tiles of two whole blocks (`_mixed_span_codes`: the default tile where two blocks fill it) read each block at
+    """Tiles of two whole blocks (`mixed_span_codes`: the default tile where two blocks fill it) read each block at
     its own width: adjacent blocks of every ordered pair of widths, tiles whose second block is partial or absent,
     decode with splits and extend; fp16 queries (the fp16 dot per block) and fp32; head_dim 48 and 16 (padded and
     one-load 8-bit rows). fp32 queries default to one block a tile (two spilled on sm_90), so they force two: the

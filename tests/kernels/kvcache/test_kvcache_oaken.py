@@ -108,7 +108,7 @@ def test_kernel_outlier_chunks_vs_fp64(bs, cap):
 @pytest.mark.parametrize("qdtype", [torch.float32, torch.float16])
 def test_kernel_lists_past_the_ranks_loaded_ahead_vs_fp64(tile, qdtype):
     """Decode with 16-bit queries loads each tile's first OAKEN_KEY_RANKS key slots a token and OAKEN_RANKS value
-    slots a channel ahead of its dense part (`_oaken_key_first`, `_oaken_value_first`; fp32 queries, extend and
+    slots a channel ahead of its dense part (`oaken_key_first`, `oaken_value_first`; fp32 queries, extend and
     tree load 3 / 5 a trip where used); longer lists go on in loops. Token spikes (many key slots on one token)
     and value channel spikes (a channel's slot on most tokens of a block) make both kinds of list run past those
     ranks: decode with splits and extend against fp64."""

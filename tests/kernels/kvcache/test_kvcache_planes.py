@@ -18,7 +18,7 @@ from test_kvcache_f16_codes import _case
 from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
 from codesign.kernels import triton_planes as tp
-from codesign.kernels.attention import ops
+from codesign.kernels.attention import ops, triton_kivi
 from codesign.kernels.attention import triton_attention as ta
 from codesign.kernels.attention.quantized import kvq_decode_attention
 from codesign.kernels.kvcache.formats import KV_FORMAT_INT, KV_FORMAT_KIVI
@@ -235,7 +235,7 @@ def test_kivi_value_planes_vs_fp64(r, bits, monkeypatch):
         def next_group(w, WORDS_PER_GROUP: tl.constexpr, GROUPS: tl.constexpr):
             return (w // WORDS_PER_GROUP + 1) % GROUPS
 
-        monkeypatch.setattr(ta, "_value_group", next_group)
+        monkeypatch.setattr(triton_kivi, "_value_group", next_group)
         with use_backend("triton"), forced_config("paged_attention_kivi", tile):
             bad = kivi_decode_attention(q, cache, bt, cl, num_splits=1)
         assert rel_fro_error(bad.double(), ref) > 1e-2
