@@ -164,7 +164,7 @@ def oaken_loop_trips(
 
 def oaken_decode_trips(sass: str, constexprs: dict[str, Any], key: int, value: int) -> dict[str, Any]:
     """`oaken_loop_trips` of an Oaken decode launch for `key` ranks a token and `value` a channel: its loops take
-    `OAKEN_KEY_RANKS` / `OAKEN_RANKS` ranks a trip, the first trip loaded ahead of them (decode's `_oaken_*_first`)."""
+    `OAKEN_KEY_RANKS` / `OAKEN_RANKS` ranks a trip, the first trip loaded ahead of them (decode's `oaken_*_first`)."""
     from codesign.kernels.attention.triton_attention import OAKEN_KEY_RANKS, OAKEN_RANKS
 
     return oaken_loop_trips(sass, constexprs["OAKEN_NBT"], key, value, OAKEN_RANKS, OAKEN_KEY_RANKS, ahead=True)

@@ -164,9 +164,9 @@ def _check_kivi(
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
-# The design each default replaced, timed beside it: for the code-planes defaults (`triton_attention.reads_planes`)
+# The design each default replaced, timed beside it: for the code-planes defaults (`launch_rules.reads_planes`)
 # the fp16 code tile through shared memory, on the tile and occupancy it had (INT4 and INT2 64 x 128 on 2 warps); for
-# KIVI's one-warp value-planes tile (`triton_attention.KIVI_PLANES_DECODE_TILE`) the 4-warp tile with joined values
+# KIVI's one-warp value-planes tile (`launch_rules.KIVI_PLANES_DECODE_TILE`) the 4-warp tile with joined values
 # (INT2: joined keys too, as before its half-word planes);
 # for the mixed cache's decode width by width (`attention.mixed_by_width`) the one launch over every width.
 JOINED = {"int4": {"PLANES": 0, "BLOCK_N": 64, "num_warps": 2, "PROGRAMS_PER_SM": 4},

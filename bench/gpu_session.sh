@@ -48,6 +48,16 @@ if (( t > 0 )); then
 else skipped "the suite"; fi
 pack
 
+# 1b. The GPU model fitted on the suite's single operators (bench/gpu_ops.py: the LLMCompass set, leave-one-out) and
+# checked on a Llama-3-8B layer's operators: CPU work on the suite's JSON, its table into the log.
+t=$(budget 30)
+if (( t > 0 )) && [ -s "$OUT/suite.json" ]; then
+  timeout -s TERM "$t" $PY -m codesign.dataflow.gpu_model --suite "$OUT/suite.json" --no-validation \
+    >"$work/gpu_model_fit.txt" 2>&1
+  tail -60 "$work/gpu_model_fit.txt" | tee -a "$OUT/log.txt"
+fi
+pack
+
 # 2. The tests marked gpu (skipped on CPU machines): compiled kernels against their references.
 t=$(budget "${TESTS_SECONDS:-120}")
 if (( t > 0 )); then

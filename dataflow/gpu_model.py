@@ -43,6 +43,8 @@ Run `python -m codesign.dataflow.gpu_model` for the per-row error report
 (in-sample and leave-one-out, which is the honest number), the GPT-3 layer
 rows (validation only, never fitted) and the measured end-to-end latencies
 (validation.py: predicted / measured per row, leave-one-source-out).
+`--suite REPORT.json` does the same for a GPU the suite timed (`bench/gpu_ops.py`: the LLMCompass operator set
+fitted, a Llama-3-8B layer's operators validated).
 """
 
 from __future__ import annotations
@@ -313,6 +315,47 @@ def _print_report(rep: dict[str, dict]) -> None:
         )
 
 
+def suite_fit(report: dict, gpu: GPUSpec) -> dict:
+    """A GPU suite report's single operators (`measured_ops`) against the model on `gpu`: each family refitted on
+    the calibration rows (`efficiencies`, the fit; `calibration`, in-sample and leave-one-out errors) and the layer
+    rows predicted with that fit and with the catalogue's current efficiencies (`layers`: validation, never fitted)."""
+    from codesign.dataflow.measured_ops import calibration_rows, layer_rows
+
+    rows = by_family(calibration_rows(report))
+    now = efficiencies(gpu)
+    fitted = {**now, **{fam: fit_family(r, gpu, fam) for fam, r in rows.items() if len(r) > 1}}
+    layers = [
+        {"phase": r.phase, "node": r.node, "impl": r.impl, "ms": r.seconds * 1e3,
+         "fitted_ratio": gpu_op_time(r.spec, gpu, fitted) / r.seconds,
+         "current_ratio": gpu_op_time(r.spec, gpu, now) / r.seconds}
+        for r in layer_rows(report)
+    ]  # fmt: skip
+    return {"efficiencies": fitted, "calibration": error_report({f: r for f, r in rows.items() if len(r) > 1}, gpu,
+                                                                fitted), "layers": layers}  # fmt: skip
+
+
+def _print_suite(path: str, device: str | None) -> None:
+    import json
+
+    from codesign.catalog.gpus import load_gpu, match_gpu_name
+
+    report = json.loads(Path(path).read_text())
+    name = report.get("env", {}).get("gpu", "")
+    gpu = load_gpu(device) if device else match_gpu_name(name)
+    if gpu is None:
+        raise SystemExit(f"{path}: no catalogue GPU matches the report's device {name!r}; pass --device")
+    fit = suite_fit(report, gpu)
+    print(f"{gpu.key}: fitted on {path} ({name})")
+    for fam, e in fit["efficiencies"].items():
+        if fam in fit["calibration"]:
+            print(_yaml_line(fam, e))
+    _print_report(fit["calibration"])
+    print("layer operators (validation, never fitted): predicted / measured, with the fit | with the catalogue's now")
+    for r in fit["layers"]:
+        print(f"  {r['phase']:<8} {r['node']:<16} {r['impl']:<30} {r['ms']:9.4f} ms"
+              f"  {r['fitted_ratio']:6.3f} | {r['current_ratio']:6.3f}")  # fmt: skip
+
+
 def _main() -> None:
     from codesign.catalog.gpus import load_gpu
     from codesign.dataflow.llmcompass_ref import GPT3_DECODE_A100, GPT3_PREFILL_A100, gpt3_layer_specs
@@ -323,16 +366,25 @@ def _main() -> None:
         "--csv-dir",
         help="fit and check the model on another device's LLMCompass CSVs in this folder (with --device)",
     )
-    ap.add_argument("--device", default="mi210", help="catalogue GPU of --csv-dir (its CSV tag: --tag)")
+    ap.add_argument("--device", dest="device_given", default=None,
+                    help="catalogue GPU of --csv-dir (default mi210; its CSV tag: --tag) or of --suite")  # fmt: skip
     ap.add_argument("--tag", default="MI210", help="device tag in the CSV file names")
     ap.add_argument(
         "--no-validation", action="store_true", help="skip the measured-latency set (validation.py, ~10 s)"
     )
+    ap.add_argument(
+        "--suite",
+        help="fit and check the model on a GPU suite report's single-operator timings (bench/gpu_ops.py), on the "
+        "report's GPU (or --device)",
+    )
     args = ap.parse_args()
+    if args.suite:
+        _print_suite(args.suite, args.device_given)
+        return
     if args.csv_dir:
         from codesign.dataflow.llmcompass_ref import load_llmcompass_csvs
 
-        other = load_gpu(args.device)
+        other = load_gpu(args.device_given or "mi210")
         rows = by_family(load_llmcompass_csvs(args.csv_dir, args.tag))
         fitted = {**efficiencies(other), **{fam: fit_family(r, other, fam) for fam, r in rows.items()}}
         for fam in rows:

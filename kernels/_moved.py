@@ -51,7 +51,7 @@ MOVED: dict[str, tuple[str, ...]] = {
         "attention.wrappers",
         "kvcache.checks",
     ),
-    "paged_attention_triton": ("attention.triton_attention", "kvcache.formats"),
+    "paged_attention_triton": ("attention.triton_attention", "attention.launch_rules", "kvcache.formats"),
     "tree_attention": ("attention.tree", "attention.paged", "attention.wrappers"),
 }
 

@@ -29,6 +29,7 @@ BENCH_SECTIONS = {
     "gpu_df11": "df11",
     "gpu_hf": "hf_generate",
     "gpu_kvquant": "kv_quant",
+    "gpu_ops": "ops",
     "gpu_quant_gemm": "quant_gemm",
 }
 
@@ -105,7 +106,7 @@ def test_smoke_kernel_benches_all_run_and_check(tmp_path):
         assert benches[name]["ok"], benches[name]
         sec = rep[key]
         assert "skipped" not in sec, (key, sec)
-        assert sec.get("rows") or sec.get("shapes"), key
+        assert sec.get("rows") or sec.get("shapes") or sec.get("calibration"), key
         assert sec["checks_ok"] is True, (key, sec)
     qg = rep["quant_gemm"]["rows"]
     assert {r["kernel"] for r in qg} >= {"fp16_matmul", "w4a16_g128", "w8a16_pc", "w8a8_int8", "fp8"}
@@ -158,6 +159,14 @@ def test_smoke_kernel_benches_all_run_and_check(tmp_path):
     lines = [x for x in suite.target_lines(rep) if x.startswith("target ")]
     trees = sum("vs_extend" in r for r in att)
     assert trees and len(lines) == len(tg) + len(kq["sweep_targets"]) + 3 + trees, lines
+    # Single operators for the GPU model's fit (gpu_ops): every calibration op; decode and prefill of a layer,
+    # attention by ours and by torch's sdpa beside the GEMMs, norms and elementwise ops.
+    ops = rep["ops"]
+    assert {r["op"] for r in ops["calibration"]} == {"matmul", "softmax", "layernorm", "gelu"}
+    assert [lay["phase"] for lay in ops["layers"]] == ["decode", "prefill"]
+    impls = {r["impl"] for lay in ops["layers"] for r in lay["rows"]}
+    assert {"codesign paged decode", "torch sdpa (contiguous cache)", "torch sdpa (causal)", "torch.matmul",
+            "torch rms_norm", "torch silu * up", "torch add"} <= impls  # fmt: skip
     df = rep["df11"]
     assert df["all_bit_exact"] and df["small_m_4096x4096"] and df["shapes"] and df["sweep_4096x4096"]
     # The rows layout beside the flat one: decoded bit for bit, its GEMV timed at M = 1 in smoke mode.

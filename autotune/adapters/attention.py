@@ -15,7 +15,7 @@ integer work per byte, fewer bytes per token). The cache is filled by the format
 the device, and the fp64 reference is exact attention over the dequantized cache, so a candidate
 is judged on the attention alone, not on the quantization error.
 
-Table: the name and key the kernel reads, from `attention.triton_attention.table_op` / `table_key` (a quantized
+Table: the name and key the kernel reads, from `attention.launch_rules.table_op` / `table_key` (a quantized
 cache reads `paged_attention_<fmt>`, else its format's own defaults, never the plain table).
 """
 
@@ -32,7 +32,14 @@ from codesign.autotune.adapters.common import TOL, need_dims, pow2_cap, seeded
 from codesign.autotune.lookup import forced_config
 from codesign.autotune.ops import Shape, register
 from codesign.autotune.space import ConfigSpace, Resources
-from codesign.kernels.kvcache.formats import ATTENTION_TABLE_FORMATS, KVQ_FORMATS, kernel_format
+from codesign.kernels.kvcache.formats import (
+    ATTENTION_TABLE_FORMATS,
+    KV_FORMAT_INT,
+    KV_FORMAT_KIVI,
+    KV_FORMAT_MIXED,
+    KVQ_FORMATS,
+    kernel_format,
+)
 from codesign.specs import KVFormat
 from codesign.specs.errors import CodesignError
 
@@ -43,15 +50,16 @@ class PagedDecodeAttention:
     default_trial = True  # run(inputs, {}) is the untuned default (forced_config merges over it)
 
     name = "paged_attention"
-    source_modules = ("codesign.kernels.attention.triton_attention",)
+    # the kernel and its launch rules (a table is merged over their defaults)
+    source_modules = ("codesign.kernels.attention.triton_attention", "codesign.kernels.attention.launch_rules")
     _DIMS = ("M", "q_heads", "kv_heads", "head_dim", "block_size", "ctx")
 
     kv_format = KVFormat()  # the cache the kernel reads (its table name)
 
     def __init__(self) -> None:
-        from codesign.kernels.attention import triton_attention  # unavailable kernel -> ImportError
+        from codesign.kernels.attention import launch_rules, triton_attention  # noqa: F401  (unavailable kernel -> ImportError)
 
-        self.kernel = triton_attention
+        self.rules = launch_rules
 
     def check_shape(self, shape: Shape) -> None:
         need_dims(shape, self._DIMS, self.name)
@@ -59,11 +67,11 @@ class PagedDecodeAttention:
             raise CodesignError(f"shape for {self.name}: q_heads must be a multiple of kv_heads, got {shape}")
 
     def table_op(self, shape: Shape) -> str:
-        return self.kernel.table_op(*kernel_format(self.kv_format))
+        return self.rules.table_op(*kernel_format(self.kv_format))
 
     def table_key(self, shape: Shape) -> str:
         s = shape
-        return self.kernel.table_key(s["q_heads"], s["kv_heads"], s["head_dim"], s["block_size"])
+        return self.rules.table_key(s["q_heads"], s["kv_heads"], s["head_dim"], s["block_size"])
 
     def m(self, shape: Shape) -> int:
         return shape["M"]
@@ -170,7 +178,7 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
         super().__init__()
         self.kv_format, self.entry = _ENTRY[fmt]
         importlib.import_module(QUANTIZED)  # unavailable kernel -> ImportError
-        self.source_modules = ("codesign.kernels.attention.triton_attention", QUANTIZED)
+        self.source_modules = (*PagedDecodeAttention.source_modules, QUANTIZED)
         self.fmt = fmt
         self.name = f"paged_attention_{fmt}"
 
@@ -188,7 +196,7 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
     def space(self, shape: Shape, dtype: torch.dtype, on_gpu: bool) -> ConfigSpace:
         """The decode space; INT8 on GPUs also tries reading its codes as int32 words (WORDS8 1: 16-byte copies,
         a shift and a mask per element) against bytes (0); INT8 / INT4 / INT2 (and KIVI's keys) with 16-bit queries
-        where the kernel can dot code planes (`triton_attention.reads_planes`) try them against the joined tile (PLANES
+        where the kernel can dot code planes (`launch_rules.reads_planes`) try them against the joined tile (PLANES
         1 / 0), and one warp a program (the planes' default tile for INT4 / INT2 at head_dim 128), KIVI's value planes
         on tiles of few enough warps (VPLANES 1 / 0, `reads_value_planes`, at the shape's bits); the mixed cache decodes
         width by width (BY_WIDTH 1, on its default tile: the tile is then the INT launches') or in one launch (0)."""
@@ -196,27 +204,27 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
         params, valid = dict(sp.params), sp.valid
         if self.fmt == "int8" and on_gpu and shape["head_dim"] % 4 == 0:
             params["WORDS8"] = [0, 1]
-        ta = importlib.import_module("codesign.kernels.attention.triton_attention")
+        lr = importlib.import_module("codesign.kernels.attention.launch_rules")
         kivi_bits = self._format(shape)[0] if self.fmt == "kivi" else 0
-        kf, bits = {"int4": (ta.KV_FORMAT_INT, 4), "int8": (ta.KV_FORMAT_INT, 8), "int2": (ta.KV_FORMAT_INT, 2),
-                    "kivi": (ta.KV_FORMAT_KIVI, kivi_bits)}.get(self.fmt, (None, 0))  # fmt: skip
+        kf, bits = {"int4": (KV_FORMAT_INT, 4), "int8": (KV_FORMAT_INT, 8), "int2": (KV_FORMAT_INT, 2),
+                    "kivi": (KV_FORMAT_KIVI, kivi_bits)}.get(self.fmt, (None, 0))  # fmt: skip
         d = shape["head_dim"]
-        if on_gpu and bits and dtype != torch.float32 and ta.reads_planes(kf, bits, d, {"BLOCK_N": 64}):
+        if on_gpu and bits and dtype != torch.float32 and lr.reads_planes(kf, bits, d, {"BLOCK_N": 64}):
             params["PLANES"] = [0, 1]
             params["num_warps"] = [1, *params["num_warps"]]
 
             def valid(c, v=sp.valid, kf=kf, bits=bits, d=d):  # PLANES 1 where the kernel takes it (else a duplicate)
-                planes = c.get("WORDS8", 1) == 1 and ta.reads_planes(kf, bits, d, c)
+                planes = c.get("WORDS8", 1) == 1 and lr.reads_planes(kf, bits, d, c)
                 return v(c) and (c["PLANES"] == 0 or planes)
         if self.fmt == "kivi" and "PLANES" in params:  # value planes too, where the tile's warps allow them
             params["VPLANES"] = [0, 1]
 
             def valid(c, v=valid, d=d, bits=bits):
-                vplanes = c["PLANES"] == 1 and ta.reads_value_planes(ta.KV_FORMAT_KIVI, bits, d, c)
+                vplanes = c["PLANES"] == 1 and lr.reads_value_planes(KV_FORMAT_KIVI, bits, d, c)
                 return v(c) and (c["VPLANES"] == 0 or vplanes)
         if self.fmt == "mixed" and on_gpu:  # decode width by width (its INT launches read their own tables) or in one
             params["BY_WIDTH"] = [0, 1]
-            base = ta.default_config(d, torch.finfo(dtype).bits // 8, ta.KV_FORMAT_MIXED, 8, shape["block_size"])
+            base = lr.default_config(d, torch.finfo(dtype).bits // 8, KV_FORMAT_MIXED, 8, shape["block_size"])
             tile = ("BLOCK_N", "num_warps", "num_stages")
 
             def valid(c, v=sp.valid, base=base, tile=tile):  # BY_WIDTH 1 ignores the tile: one config of it
@@ -316,7 +324,7 @@ class KiviDecodeAttention(QuantKVDecodeAttention):
         self.fmt = "kivi"
         self.name = "paged_attention_kivi"
         self.source_modules = (
-            "codesign.kernels.attention.triton_attention",
+            *PagedDecodeAttention.source_modules,
             "codesign.kernels.attention.quantized",
             "codesign.kernels.kvcache.kivi",
             "codesign.kernels.kvcache.triton_kivi_flush",

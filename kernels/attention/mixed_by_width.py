@@ -23,12 +23,11 @@ import triton
 import triton.language as tl
 
 from codesign.backend import device_view
+from codesign.kernels.attention.launch_rules import dim_pad, launch_config
 from codesign.kernels.attention.options import AttentionBatch, AttentionOptions
 from codesign.kernels.attention.triton_attention import (
     KernelKV,
     LaunchPlan,
-    dim_pad,
-    launch_config,
     paged_attention_triton,
     plan_launch,
     reduce_splits,

@@ -156,8 +156,8 @@ def test_mixed_kv_decode_tunes_width_by_width_against_one_launch():
     sp = op.space(shape, torch.float16, True)
     assert sp.params["BY_WIDTH"] == [0, 1]
     assert "BY_WIDTH" not in op.space(shape, torch.float16, False).params
-    ta = importlib.import_module("codesign.kernels.attention.triton_attention")
-    base = {k: ta.default_config(128, 2, ta.KV_FORMAT_MIXED, 8, 32)[k] for k in ("BLOCK_N", "num_warps", "num_stages")}
+    lr = importlib.import_module("codesign.kernels.attention.launch_rules")
+    base = {k: lr.default_config(128, 2, lr.KV_FORMAT_MIXED, 8, 32)[k] for k in ("BLOCK_N", "num_warps", "num_stages")}
     cfg = {**base, "BLOCK_M": 64}
     other = {**cfg, "BLOCK_N": 16 if base["BLOCK_N"] != 16 else 32}
     assert sp.valid({**cfg, "BY_WIDTH": 1}) and sp.valid({**other, "BY_WIDTH": 0})

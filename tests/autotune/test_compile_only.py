@@ -291,6 +291,7 @@ def test_untuned_defaults_neither_spill_nor_overflow_shared_memory():
         + """
 from codesign.autotune.ops import get_op
 from codesign.kernels.attention import triton_attention as pt
+from codesign.kernels.attention import launch_rules as lr
 from codesign.kernels.gemm.triton_gemm import _GPU_DEFAULTS
 fmts = {"paged_attention_int4": pt.KV_FORMAT_INT, "paged_attention_mixed": pt.KV_FORMAT_MIXED,
         "paged_attention_kivi": pt.KV_FORMAT_KIVI, "paged_attention_oaken": pt.KV_FORMAT_OAKEN}
@@ -303,7 +304,7 @@ with compile_only(90, "NVIDIA H200") as s:
             for bs in (16, 32) if fmt in blocks else (16,):
                 shape = dict(M=m, q_heads=32, kv_heads=8, head_dim=128, block_size=bs, ctx=ctx)
                 op = get_op(name)
-                cfg = pt.default_config(128, 2, fmt, 4, bs) | ({"BY_WIDTH": 0} if fmt == pt.KV_FORMAT_MIXED else {})
+                cfg = lr.default_config(128, 2, fmt, 4, bs) | ({"BY_WIDTH": 0} if fmt == pt.KV_FORMAT_MIXED else {})
                 op.run(op.make_inputs(shape, torch.float16, "cpu", 0), cfg)  # (mixed: its one-launch kernel)
 # Tree verification at its default tile (64 x 4 warps, as the extend): the byte-mask tile spilled 312 B there.
 from codesign.kernels.attention.tree import build_tree_batch
@@ -388,7 +389,7 @@ print("ok")
 
 
 def test_extend_and_tree_launches_do_not_spill_with_either_mma():
-    """Extend and tree programs hold 64 query rows (`triton_attention.rows_config`). Before that rule, compiled
+    """Extend and tree programs hold 64 query rows (`launch_rules.rows_config`). Before that rule, compiled
     for sm_80 (mma.sync: both dot operands and the accumulators in registers) in bf16 at head_dim 128 every
     such launch spilled on 4 warps (bf16 tree 112 B, INT8 extend 532 B; INT8 tree 164 B even on 8 warps), and for
     sm_90 the INT8 extend spilled 20 B on 4 warps, the mixed tree over two blocks 164 B on 8, and with Oaken's

@@ -11,10 +11,10 @@ from helpers import assert_rel_close, poison_like
 from paged_attention_ref import make_paged_kv, reference_attention
 
 from codesign.backend import use_backend
+from codesign.kernels.attention.launch_rules import MIN_TOKENS_PER_SPLIT, choose_num_splits
 from codesign.kernels.attention.ops import PLAIN
 from codesign.kernels.attention.options import MAX_SPLITS
 from codesign.kernels.attention.paged import paged_decode_attention, paged_extend_attention
-from codesign.kernels.attention.triton_attention import MIN_TOKENS_PER_SPLIT, choose_num_splits
 from codesign.kernels.attention.wrappers import PagedDecodeWrapper, PagedExtendWrapper
 from codesign.specs import CodesignError
 
@@ -250,30 +250,31 @@ def test_decode_occupancy_defaults_and_who_drops_them():
     head_dim 256 and byte-gathered codes do not; extend / tree launches (64 query rows) drop it; a tuned or forced
     config that changes the tile does not inherit it, one that sets its own keeps it."""
     from codesign.autotune.lookup import forced_config
+    from codesign.kernels.attention import launch_rules as lr
     from codesign.kernels.attention import triton_attention as ta
 
-    per = lambda *a: ta.default_config(*a).get("PROGRAMS_PER_SM")  # noqa: E731
+    per = lambda *a: lr.default_config(*a).get("PROGRAMS_PER_SM")  # noqa: E731
     assert per(128, 2, ta.KV_FORMAT_PLAIN, 16, 32) == per(128, 2, ta.KV_FORMAT_INT, 8, 32) == 4
     assert per(64, 2, ta.KV_FORMAT_INT, 4, 32) == per(128, 2, ta.KV_FORMAT_KIVI, 2, 32) == 4
-    assert per(128, 2, ta.KV_FORMAT_INT, 4, 32) == ta.PLANES_DECODE_PROGRAMS_PER_SM[4]  # the code planes' one warp
-    assert per(128, 2, ta.KV_FORMAT_INT, 2, 32) == ta.PLANES_DECODE_PROGRAMS_PER_SM[2] == 12  # INT2's: 168 registers
+    assert per(128, 2, ta.KV_FORMAT_INT, 4, 32) == lr.PLANES_DECODE_PROGRAMS_PER_SM[4]  # the code planes' one warp
+    assert per(128, 2, ta.KV_FORMAT_INT, 2, 32) == lr.PLANES_DECODE_PROGRAMS_PER_SM[2] == 12  # INT2's: 168 registers
     assert per(128, 2, ta.KV_FORMAT_FP8, 8, 32) == 3 and per(128, 2, ta.KV_FORMAT_OAKEN, 4, 32) == 2
     assert per(128, 4, ta.KV_FORMAT_INT, 8, 32) is None and per(256, 2, ta.KV_FORMAT_PLAIN, 16, 32) is None
     assert per(100, 2, ta.KV_FORMAT_INT, 4, 32) is None  # 50-byte rows: codes gathered by byte
-    cfg = ta.default_config(128, 2, ta.KV_FORMAT_INT, 4, 32)
+    cfg = lr.default_config(128, 2, ta.KV_FORMAT_INT, 4, 32)
     for tree in (False, True):
-        assert "PROGRAMS_PER_SM" not in ta.rows_config(cfg, ta.KV_FORMAT_INT, tree, (9, 0))
+        assert "PROGRAMS_PER_SM" not in lr.rows_config(cfg, ta.KV_FORMAT_INT, tree, (9, 0))
     args = (32, 8, 64, 32, 16, "cpu", 2, ta.KV_FORMAT_INT, 4)
-    assert ta.launch_config(*args)["PROGRAMS_PER_SM"] == 4
+    assert lr.launch_config(*args)["PROGRAMS_PER_SM"] == 4
     with forced_config("paged_attention_int4", {"num_warps": 4}):
-        assert "PROGRAMS_PER_SM" not in ta.launch_config(*args)
+        assert "PROGRAMS_PER_SM" not in lr.launch_config(*args)
     with forced_config("paged_attention_int4", {"num_warps": 2}):  # the same tile: kept
-        assert ta.launch_config(*args)["PROGRAMS_PER_SM"] == 4
+        assert lr.launch_config(*args)["PROGRAMS_PER_SM"] == 4
     with forced_config("paged_attention_int4", {"num_warps": 4, "PROGRAMS_PER_SM": 3}):  # its own: taken
-        assert ta.launch_config(*args)["PROGRAMS_PER_SM"] == 3
+        assert lr.launch_config(*args)["PROGRAMS_PER_SM"] == 3
     planes = (32, 8, 128, 32, 16, "cpu", 2, ta.KV_FORMAT_INT, 4)
     with forced_config("paged_attention_int4", {"PLANES": 0}):  # the joined tile is another tile: not inherited
-        assert "PROGRAMS_PER_SM" not in ta.launch_config(*planes)
+        assert "PROGRAMS_PER_SM" not in lr.launch_config(*planes)
 
 
 
@@ -284,43 +285,45 @@ def test_kivi_decodes_on_one_warp_with_value_planes_from_enough_pairs(bits):
     (batch 1 at 8 kv heads); not INT8, fp32 queries, other head dims, blocks of 16 or a tuned config; extend and tree
     launches of that tile widen it to 32 x 128 on 4 warps, whose value tiles stay joined."""
     from codesign.autotune.lookup import forced_config
+    from codesign.kernels.attention import launch_rules as lr
     from codesign.kernels.attention import triton_attention as ta
 
     def cfg(batch, hkv=8, bits=bits, dim=128, bs=32, elem=2):
-        return ta.launch_config(4 * hkv, hkv, dim, bs, batch, "cpu", elem, ta.KV_FORMAT_KIVI, bits)
+        return lr.launch_config(4 * hkv, hkv, dim, bs, batch, "cpu", elem, ta.KV_FORMAT_KIVI, bits)
 
-    n = ta.KIVI_PLANES_MIN_PAIRS
+    n = lr.KIVI_PLANES_MIN_PAIRS
     planes = cfg(n // 8)
-    assert {k: planes[k] for k in ta.KIVI_PLANES_DECODE_TILE} == ta.KIVI_PLANES_DECODE_TILE
+    assert {k: planes[k] for k in lr.KIVI_PLANES_DECODE_TILE} == lr.KIVI_PLANES_DECODE_TILE
     assert planes["PROGRAMS_PER_SM"] == {4: 8, 2: 11}[bits]
-    assert ta.reads_value_planes(ta.KV_FORMAT_KIVI, bits, 128, planes)
-    assert cfg(n // 8 - 1)["num_warps"] == ta.KIVI_WORDS_WARPS and cfg(1)["BLOCK_N"] == ta.KIVI_WORDS_TILE
-    assert cfg(n // 2, hkv=2)["num_warps"] == 1 and cfg(n // 2 - 1, hkv=2)["num_warps"] == ta.KIVI_WORDS_WARPS
+    assert lr.reads_value_planes(ta.KV_FORMAT_KIVI, bits, 128, planes)
+    assert cfg(n // 8 - 1)["num_warps"] == lr.KIVI_WORDS_WARPS and cfg(1)["BLOCK_N"] == lr.KIVI_WORDS_TILE
+    assert cfg(n // 2, hkv=2)["num_warps"] == 1 and cfg(n // 2 - 1, hkv=2)["num_warps"] == lr.KIVI_WORDS_WARPS
     for other in (cfg(64, bits=8), cfg(64, elem=4), cfg(64, dim=64), cfg(64, bs=16)):
         assert other["num_warps"] > 1 and "VPLANES" not in other, other
     with forced_config("paged_attention_kivi", {"BLOCK_N": 32, "num_warps": 4}):  # another tile: joined values
-        assert not ta.reads_value_planes(ta.KV_FORMAT_KIVI, bits, 128, cfg(64)) and "PROGRAMS_PER_SM" not in cfg(64)
-    rows = ta.rows_config(planes, ta.KV_FORMAT_KIVI, False, (9, 0))
-    assert (rows["BLOCK_N"], rows["num_warps"]) == (ta.KIVI_WORDS_TILE, 4)
-    assert not ta.reads_value_planes(ta.KV_FORMAT_KIVI, bits, 128, rows)
+        assert not lr.reads_value_planes(ta.KV_FORMAT_KIVI, bits, 128, cfg(64)) and "PROGRAMS_PER_SM" not in cfg(64)
+    rows = lr.rows_config(planes, ta.KV_FORMAT_KIVI, False, (9, 0))
+    assert (rows["BLOCK_N"], rows["num_warps"]) == (lr.KIVI_WORDS_TILE, 4)
+    assert not lr.reads_value_planes(ta.KV_FORMAT_KIVI, bits, 128, rows)
 
 def test_two_warp_decode_tiles_and_rows_launches():
     """Per-token INT4 / INT2 decode on 2 warps (KIVI, INT8 and bf16 on 4; fp32 queries keep 4 warps), INT4 and INT2 at
     head_dim 128 on one (their code planes); extend and tree launches, whose programs hold 64 query rows, never below
     4."""
+    from codesign.kernels.attention import launch_rules as lr
     from codesign.kernels.attention import triton_attention as ta
 
     two = [(ta.KV_FORMAT_INT, 4), (ta.KV_FORMAT_INT, 2)]
-    assert ta.default_config(128, 4, ta.KV_FORMAT_INT, 4, 32)["num_warps"] == 4
+    assert lr.default_config(128, 4, ta.KV_FORMAT_INT, 4, 32)["num_warps"] == 4
     for fmt, bits in two + [(ta.KV_FORMAT_KIVI, 4), (ta.KV_FORMAT_KIVI, 2), (ta.KV_FORMAT_INT, 8),
                             (ta.KV_FORMAT_PLAIN, 16)]:  # fmt: skip
-        cfg = ta.default_config(128, 2, fmt, bits, 32)
+        cfg = lr.default_config(128, 2, fmt, bits, 32)
         want = 1 if (fmt, bits) in two else 4
-        assert ta.default_config(64, 2, fmt, bits, 32)["num_warps"] == (2 if (fmt, bits) in two else 4)
+        assert lr.default_config(64, 2, fmt, bits, 32)["num_warps"] == (2 if (fmt, bits) in two else 4)
         assert cfg["num_warps"] == want, (fmt, bits, cfg)
         for tree in (False, True):
             for cap in ((9, 0), (8, 0)):
-                assert ta.rows_config(cfg, fmt, tree, cap)["num_warps"] >= 4, (fmt, bits, tree, cap)
+                assert lr.rows_config(cfg, fmt, tree, cap)["num_warps"] >= 4, (fmt, bits, tree, cap)
 
 
 # --- the torch op --------------------------------------------------------------------------------------

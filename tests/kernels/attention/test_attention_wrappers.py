@@ -261,6 +261,7 @@ def test_run_does_no_table_lookup_and_no_allocation(kind, monkeypatch):
     functional entry point's bits."""
     from collections import Counter
 
+    from codesign.kernels.attention import launch_rules as lr
     from codesign.kernels.attention import mixed_by_width as mbw
     from codesign.kernels.attention import triton_attention as ta
     from codesign.kernels.attention.paged import paged_decode_attention
@@ -284,7 +285,7 @@ def test_run_does_no_table_lookup_and_no_allocation(kind, monkeypatch):
         for mod, kernel in ((ta, "_paged_attn_kernel"), (ta, "_reduce_splits_kernel"),
                             (mbw, "_width_tables_kernel")):  # (the interpreter's own copies are not run()'s)
             monkeypatch.setattr(mod, kernel, _Uncounted(getattr(mod, kernel), paused))
-        _count_calls(monkeypatch, counts, ta, "lookup_config", paused)
+        _count_calls(monkeypatch, counts, lr, "lookup_config", paused)
         for name in ("empty", "zeros", "ones", "full", "empty_like", "zeros_like", "full_like", "empty_strided",
                      "tensor", "arange"):  # fmt: skip
             _count_calls(monkeypatch, counts, torch, name, paused)

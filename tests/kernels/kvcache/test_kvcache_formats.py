@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from codesign.kernels.attention import triton_attention as ta
+from codesign.kernels.attention import launch_rules as lr
 from codesign.kernels.kvcache import formats as kf
 from codesign.kernels.kvcache import quantizers as kq
 from codesign.kernels.kvcache import triton_write as tw
@@ -43,11 +43,11 @@ def test_every_cache_type_maps_to_its_kernel_code():
 
 
 def test_table_names_derive_from_the_format():
-    assert ta.table_op() == "paged_attention" and tw.table_op(kf.KV_FORMAT_PLAIN, 16) == "kv_write"
+    assert lr.table_op() == "paged_attention" and tw.table_op(kf.KV_FORMAT_PLAIN, 16) == "kv_write"
     for suffix in kf.ATTENTION_TABLE_FORMATS:
         name = {"kivi": "int4-kivi", "oaken": "int4-oaken"}.get(suffix, suffix)
-        assert ta.table_op(*kf.kernel_format(KVFormat.parse(name))) == f"paged_attention_{suffix}"
-    assert ta.table_op(*kf.kernel_format(KVFormat.parse("int2-oaken_offline"))) == "paged_attention_oaken"
+        assert lr.table_op(*kf.kernel_format(KVFormat.parse(name))) == f"paged_attention_{suffix}"
+    assert lr.table_op(*kf.kernel_format(KVFormat.parse("int2-oaken_offline"))) == "paged_attention_oaken"
     for name in kf.WRITE_TABLE_FORMATS:
         assert tw.table_op(*FORMATS[name]) == f"kv_write_{name}"
     assert kf.ATTENTION_TABLE_FORMATS == ("int8", "int4", "int2", "fp8", "mixed", "kivi", "oaken")

@@ -13,6 +13,7 @@ from paged_attention_ref import reference_attention
 from codesign.accel_model import kv_quant_engine as eng
 from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
+from codesign.kernels.attention import launch_rules as lr
 from codesign.kernels.attention import mixed_by_width as mbw
 from codesign.kernels.attention import triton_attention as pat
 from codesign.kernels.attention.quantized import mixed_attention
@@ -135,16 +136,16 @@ def test_two_block_tiles_read_each_block_at_its_width(bs, d, dtype):
     one-load 8-bit rows). fp32 queries default to one block a tile (two spilled on sm_90), so they force two: the
     exact fp32 path checks the two-block logic at 2e-6. Where the path does not apply: the test below."""
     elem = torch.tensor([], dtype=dtype).element_size()
-    tile = pat.default_config(d, elem, pat.KV_FORMAT_MIXED, 8, bs)["BLOCK_N"]
+    tile = lr.default_config(d, elem, pat.KV_FORMAT_MIXED, 8, bs)["BLOCK_N"]
     two = (bs, dtype) in ((32, torch.float16),)
-    assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile) and (tile == 2 * bs) == two
+    assert lr.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile) and (tile == 2 * bs) == two
     if dtype == torch.float32:
         tile = 2 * bs
-        assert tile > pat.default_config(d, elem, pat.KV_FORMAT_MIXED, 8, bs)["BLOCK_N"]
+        assert tile > lr.default_config(d, elem, pat.KV_FORMAT_MIXED, 8, bs)["BLOCK_N"]
     def forced():
-        return forced_config(pat.table_op(pat.KV_FORMAT_MIXED, 8), {"BLOCK_N": tile, "num_warps": 4, "BY_WIDTH": 0})
+        return forced_config(lr.table_op(pat.KV_FORMAT_MIXED, 8), {"BLOCK_N": tile, "num_warps": 4, "BY_WIDTH": 0})
 
-    assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile)
+    assert lr.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile)
     widths = [[8, 4, 4, 2, 2, 8, 8, 8, 2, 4], [4, 8, 2], [2], [2, 2, 8], [8, 2, 4, 4]]
     ctx = [9 * bs + 5, 3 * bs, bs - 3, 2 * bs + 1, 4 * bs]
     cache, bt, cl, *_ = _setup(ctx, bs, d, widths, backend="torch")  # the reads are under test, not the writer
@@ -169,8 +170,8 @@ def test_two_block_tiles_only_where_two_blocks_fill_the_tile(bs):
     """Blocks of 64 (one block a tile) and of 16 under fp16 queries (16-token tiles) keep one block a tile: the
     two-block path (above) does not apply; their reads are the one-block tiles' (`test_whole_block_tiles_read_words`,
     `test_decode_and_extend_over_mixed_blocks`)."""
-    tile = pat.default_config(64, 2, pat.KV_FORMAT_MIXED, 8, bs)["BLOCK_N"]
-    assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, 64, bs, tile) and tile != 2 * bs
+    tile = lr.default_config(64, 2, pat.KV_FORMAT_MIXED, 8, bs)["BLOCK_N"]
+    assert lr.mixed_reads_words(pat.KV_FORMAT_MIXED, 64, bs, tile) and tile != 2 * bs
 
 
 @pytest.mark.slow
@@ -180,8 +181,8 @@ def test_whole_block_tiles_read_words(bs, d, monkeypatch):
     reads its codes as int32 words (`mixed_reads_words`); all three widths in one launch (BY_WIDTH 0), decode with
     splits and extend; head_dim 48 pads the tile (three 2-bit words a row)."""
     monkeypatch.setattr(mbw, "BY_WIDTH_DEFAULT", 0)
-    tile = pat.default_config(d, 4, pat.KV_FORMAT_MIXED, 8)["BLOCK_N"]
-    assert pat.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile)
+    tile = lr.default_config(d, 4, pat.KV_FORMAT_MIXED, 8)["BLOCK_N"]
+    assert lr.mixed_reads_words(pat.KV_FORMAT_MIXED, d, bs, tile)
     ctx = [5 * bs + 3, 2 * bs, 3 * bs - 1, 7]
     cache, bt, cl, k, v, slots = _setup(ctx, bs, d, backend="torch")  # the reads are under test, not the writer
     assert len(set(cache.block_bits[bt[0, :5]].tolist())) >= 2
@@ -311,7 +312,7 @@ def test_decode_by_width_runs_one_int_launch_a_width(dtype, monkeypatch):
     with use_backend("triton"):
         mixed_attention(q, cache, bt, cl, alibi_slopes=slopes)
         mixed_attention(q, cache, bt, cl, window=5)
-        with forced_config(pat.table_op(pat.KV_FORMAT_MIXED, 8), {"BY_WIDTH": 0}):
+        with forced_config(lr.table_op(pat.KV_FORMAT_MIXED, 8), {"BY_WIDTH": 0}):
             out0 = mixed_attention(q, cache, bt, cl)
     assert not calls
     assert_rel_close(out0.double(), ref, tol, "mixed decode in one launch")

@@ -112,6 +112,7 @@ def test_kernel_lists_past_the_ranks_loaded_ahead_vs_fp64(tile, qdtype):
     tree load 3 / 5 a trip where used); longer lists go on in loops. Token spikes (many key slots on one token)
     and value channel spikes (a channel's slot on most tokens of a block) make both kinds of list run past those
     ranks: decode with splits and extend against fp64."""
+    from codesign.kernels.attention import launch_rules as lr
     from codesign.kernels.attention import triton_attention as ta
 
     cache, bt, cl, xs, thr = _setup([70, 45, 61], bs=32, cap=160, spikes=(), token_spikes=(13, 45, 60),
@@ -127,7 +128,7 @@ def test_kernel_lists_past_the_ranks_loaded_ahead_vs_fp64(tile, qdtype):
     cu = torch.tensor([0, 3, 3, 5], dtype=torch.int32)
     ref_e, _ = reference_attention(qe.float(), kd, vd, bt, cl, [3, 0, 2])
     tol = 2e-6 if qdtype == torch.float32 else 2e-3
-    with use_backend("triton"), forced_config(ta.table_op(ta.KV_FORMAT_OAKEN, 4), {"BLOCK_N": tile}):
+    with use_backend("triton"), forced_config(lr.table_op(ta.KV_FORMAT_OAKEN, 4), {"BLOCK_N": tile}):
         for splits in (1, 3):
             out = oaken_attention(q, cache, bt, cl, num_splits=splits).double()
             assert_rel_close(out, ref, tol, f"splits={splits}")
@@ -261,12 +262,13 @@ def test_kernel_key_spikes_in_later_blocks_vs_fp64(padded, tile):
     import dataclasses
 
     from codesign.backend import device_view, use_device_view
+    from codesign.kernels.attention import launch_rules as lr
     from codesign.kernels.attention import triton_attention as ta
 
     cache, bt, cl, xs, thr = _setup([70, 45, 61], bs=8, cap=24, spikes=(), token_spikes=(13, 45, 60))
     kd, vd, over = _reference_pool(cache, bt, xs, thr, 4)
     assert over == 0
-    assert ta.default_config(D, 4, ta.KV_FORMAT_OAKEN, 4, 8)["BLOCK_N"] == 32  # 4 blocks a tile
+    assert lr.default_config(D, 4, ta.KV_FORMAT_OAKEN, 4, 8)["BLOCK_N"] == 32  # 4 blocks a tile
     k_rank = cache.k_index[..., 2 * cache.capacity + 8 + 1]  # each (block, head)'s fullest token
     assert int(k_rank[bt[0, 1]].max()) > int(k_rank[bt[0, 0]].max())  # block 1 fuller than its tile's first
     assert int(k_rank.max()) > ta.OAKEN_KEY_RANKS  # lists past the ranks loaded ahead: the key loop runs
@@ -276,7 +278,7 @@ def test_kernel_key_spikes_in_later_blocks_vs_fp64(padded, tile):
     cu = torch.tensor([0, 3, 3, 5], dtype=torch.int32)
     ref_e, _ = reference_attention(qe, kd, vd, bt, cl, [3, 0, 2])
     view = dataclasses.replace(device_view("cpu"), min_dot_rows=16) if padded else device_view("cpu")
-    op = ta.table_op(ta.KV_FORMAT_OAKEN, 4)
+    op = lr.table_op(ta.KV_FORMAT_OAKEN, 4)
     with use_device_view(view), use_backend("triton"), forced_config(op, {"BLOCK_N": tile}):
         for splits in (1, 3):
             out = oaken_attention(q, cache, bt, cl, num_splits=splits)

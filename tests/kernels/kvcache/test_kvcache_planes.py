@@ -18,6 +18,7 @@ from test_kvcache_f16_codes import _case
 from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
 from codesign.kernels import triton_planes as tp
+from codesign.kernels.attention import launch_rules as lr
 from codesign.kernels.attention import ops, triton_kivi
 from codesign.kernels.attention import triton_attention as ta
 from codesign.kernels.attention.quantized import kvq_decode_attention
@@ -216,7 +217,7 @@ def test_kivi_value_planes_vs_fp64(r, bits, monkeypatch):
     q = (torch.randn(len(ctx), 2 * cache.k_codes.shape[2], 128) * 3.0).half()
     ref, _ = _ref(q.double(), cache, ks, vs, [1] * len(ctx))
     tile = {"BLOCK_N": 32, "num_warps": 2, "VPLANES": 1}
-    assert ta.reads_value_planes(KV_FORMAT_KIVI, bits, 128, tile) and not ta.reads_value_planes(
+    assert lr.reads_value_planes(KV_FORMAT_KIVI, bits, 128, tile) and not lr.reads_value_planes(
         KV_FORMAT_KIVI, bits, 128, {**tile, "num_warps": 4})  # fmt: skip
     seen = _planes_used(monkeypatch, "vplanes")
     for splits in (1, 3):
@@ -243,50 +244,50 @@ def test_kivi_value_planes_vs_fp64(r, bits, monkeypatch):
 
 # ----------------------------------------------------------------------------- the launch rule
 def test_reads_planes_rule():
-    d = {**ta.DEFAULT_CONFIG, "num_warps": 1}
-    assert ta.reads_planes(KV_FORMAT_INT, 4, 128, d) and ta.reads_planes(KV_FORMAT_INT, 8, 64, d)
+    d = {**lr.DEFAULT_CONFIG, "num_warps": 1}
+    assert lr.reads_planes(KV_FORMAT_INT, 4, 128, d) and lr.reads_planes(KV_FORMAT_INT, 8, 64, d)
     # warps up to the plane's 8-column tiles: INT8 at 128 (32 words) on 4, INT4 at 128 (16) on 2, not on 4
-    assert ta.reads_planes(KV_FORMAT_INT, 8, 128, ta.DEFAULT_CONFIG)
-    assert ta.reads_planes(KV_FORMAT_INT, 4, 128, {**d, "num_warps": 2})
-    assert not ta.reads_planes(KV_FORMAT_INT, 4, 128, ta.DEFAULT_CONFIG)
-    assert not ta.reads_planes(KV_FORMAT_INT, 8, 64, ta.DEFAULT_CONFIG)
-    assert not ta.reads_planes(KV_FORMAT_INT, 4, 64, d)  # 8 words a row: a dot's K is at least 16
-    assert ta.reads_planes(KV_FORMAT_INT, 2, 128, d)  # INT2: 8 planes of nibble words, 16 columns at 128
-    assert not ta.reads_planes(KV_FORMAT_INT, 2, 64, d)
-    assert not ta.reads_planes(KV_FORMAT_INT, 8, 96, d)  # head_dim padded: not planes
+    assert lr.reads_planes(KV_FORMAT_INT, 8, 128, lr.DEFAULT_CONFIG)
+    assert lr.reads_planes(KV_FORMAT_INT, 4, 128, {**d, "num_warps": 2})
+    assert not lr.reads_planes(KV_FORMAT_INT, 4, 128, lr.DEFAULT_CONFIG)
+    assert not lr.reads_planes(KV_FORMAT_INT, 8, 64, lr.DEFAULT_CONFIG)
+    assert not lr.reads_planes(KV_FORMAT_INT, 4, 64, d)  # 8 words a row: a dot's K is at least 16
+    assert lr.reads_planes(KV_FORMAT_INT, 2, 128, d)  # INT2: 8 planes of nibble words, 16 columns at 128
+    assert not lr.reads_planes(KV_FORMAT_INT, 2, 64, d)
+    assert not lr.reads_planes(KV_FORMAT_INT, 8, 96, d)  # head_dim padded: not planes
     kivi = {"BLOCK_N": 32, "num_warps": 4}  # KIVI: key planes, [16, BLOCK_N] outputs
-    assert ta.reads_planes(KV_FORMAT_KIVI, 4, 128, kivi)
-    assert not ta.reads_planes(KV_FORMAT_KIVI, 4, 128, {**kivi, "BLOCK_N": 16})
-    assert ta.reads_planes(KV_FORMAT_KIVI, 2, 128, kivi)  # half-words: 16 columns a plane
-    assert not ta.reads_planes(KV_FORMAT_KIVI, 2, 64, kivi)
-    assert not ta.reads_planes(KV_FORMAT_INT, 4, 128, {**d, "PLANES": 0})
+    assert lr.reads_planes(KV_FORMAT_KIVI, 4, 128, kivi)
+    assert not lr.reads_planes(KV_FORMAT_KIVI, 4, 128, {**kivi, "BLOCK_N": 16})
+    assert lr.reads_planes(KV_FORMAT_KIVI, 2, 128, kivi)  # half-words: 16 columns a plane
+    assert not lr.reads_planes(KV_FORMAT_KIVI, 2, 64, kivi)
+    assert not lr.reads_planes(KV_FORMAT_INT, 4, 128, {**d, "PLANES": 0})
 
 
 def test_planes_default_tile_and_rows():
     """INT4 (INT2) at head_dim 128 decodes 32 x 128 on one warp, 10 (12) programs an SM; extend and tree launches keep
     the tile they had (the 64-wide default, at least 4 warps, no occupancy); INT4 and INT2 at 64 keep the 2-warp word
     tile; fp32 queries keep 4 warps."""
-    cfg = ta.default_config(128, 2, KV_FORMAT_INT, 4, 16)
-    assert (cfg["BLOCK_N"], cfg["num_warps"], cfg["PROGRAMS_PER_SM"]) == (32, 1, ta.PLANES_DECODE_PROGRAMS_PER_SM[4])
-    two = ta.default_config(128, 2, KV_FORMAT_INT, 2, 16)  # INT2 over half-words: the same tile, 12 an SM
-    assert (two["BLOCK_N"], two["num_warps"], two["PROGRAMS_PER_SM"]) == (32, 1, 12) and ta.reads_planes(
+    cfg = lr.default_config(128, 2, KV_FORMAT_INT, 4, 16)
+    assert (cfg["BLOCK_N"], cfg["num_warps"], cfg["PROGRAMS_PER_SM"]) == (32, 1, lr.PLANES_DECODE_PROGRAMS_PER_SM[4])
+    two = lr.default_config(128, 2, KV_FORMAT_INT, 2, 16)  # INT2 over half-words: the same tile, 12 an SM
+    assert (two["BLOCK_N"], two["num_warps"], two["PROGRAMS_PER_SM"]) == (32, 1, 12) and lr.reads_planes(
         KV_FORMAT_INT, 2, 128, two)  # fmt: skip
-    assert ta.default_config(64, 2, KV_FORMAT_INT, 2, 16)["num_warps"] == ta.INT_WORDS_WARPS  # 8 columns: joined
-    word_tile = {**ta.DEFAULT_CONFIG, "num_warps": ta.INT_WORDS_WARPS}  # what rows launches had before the planes
+    assert lr.default_config(64, 2, KV_FORMAT_INT, 2, 16)["num_warps"] == lr.INT_WORDS_WARPS  # 8 columns: joined
+    word_tile = {**lr.DEFAULT_CONFIG, "num_warps": lr.INT_WORDS_WARPS}  # what rows launches had before the planes
     for tree in (False, True):
         for cap in ((9, 0), (8, 0)):
-            rows = ta.rows_config(cfg, KV_FORMAT_INT, tree, cap)
-            assert rows == ta.rows_config(word_tile, KV_FORMAT_INT, tree, cap) and rows["num_warps"] >= 4
-    assert ta.default_config(64, 2, KV_FORMAT_INT, 4, 16)["num_warps"] == ta.INT_WORDS_WARPS
+            rows = lr.rows_config(cfg, KV_FORMAT_INT, tree, cap)
+            assert rows == lr.rows_config(word_tile, KV_FORMAT_INT, tree, cap) and rows["num_warps"] >= 4
+    assert lr.default_config(64, 2, KV_FORMAT_INT, 4, 16)["num_warps"] == lr.INT_WORDS_WARPS
     # KIVI's default stays 32 x 128 on 4 warps (the one-warp value-plane tile is predicted slower at batch 1: tables);
     # a one-warp KIVI tile a table picks gives rows launches the 32 x 128 on 4 warps they have by default
-    kv = ta.default_config(128, 2, KV_FORMAT_KIVI, 4, 32)
-    assert (kv["BLOCK_N"], kv["num_warps"]) == (ta.KIVI_WORDS_TILE, ta.KIVI_WORDS_WARPS)
-    assert not ta.reads_value_planes(KV_FORMAT_KIVI, 4, 128, kv)
+    kv = lr.default_config(128, 2, KV_FORMAT_KIVI, 4, 32)
+    assert (kv["BLOCK_N"], kv["num_warps"]) == (lr.KIVI_WORDS_TILE, lr.KIVI_WORDS_WARPS)
+    assert not lr.reads_value_planes(KV_FORMAT_KIVI, 4, 128, kv)
     one = {**kv, "BLOCK_N": 16, "num_warps": 1, "VPLANES": 1}
-    assert not ta.reads_value_planes(KV_FORMAT_KIVI, 4, 128, {**one, "VPLANES": 0})  # (off unless asked: a table)
-    assert ta.reads_planes(KV_FORMAT_KIVI, 4, 128, one) and ta.reads_value_planes(KV_FORMAT_KIVI, 4, 128, one)
+    assert not lr.reads_value_planes(KV_FORMAT_KIVI, 4, 128, {**one, "VPLANES": 0})  # (off unless asked: a table)
+    assert lr.reads_planes(KV_FORMAT_KIVI, 4, 128, one) and lr.reads_value_planes(KV_FORMAT_KIVI, 4, 128, one)
     for tree in (False, True):
-        rows = {k: v for k, v in ta.rows_config(one, KV_FORMAT_KIVI, tree, (9, 0)).items() if k != "VPLANES"}
-        assert rows == ta.rows_config(kv, KV_FORMAT_KIVI, tree, (9, 0))
-    assert ta.default_config(128, 4, KV_FORMAT_INT, 4, 16)["num_warps"] == 4
+        rows = {k: v for k, v in lr.rows_config(one, KV_FORMAT_KIVI, tree, (9, 0)).items() if k != "VPLANES"}
+        assert rows == lr.rows_config(kv, KV_FORMAT_KIVI, tree, (9, 0))
+    assert lr.default_config(128, 4, KV_FORMAT_INT, 4, 16)["num_warps"] == 4
