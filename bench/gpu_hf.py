@@ -3,17 +3,21 @@
 `run(report)` adds `report["hf_generate"]` from `codesign.integrations.hf.bench.bench_decode`: decode
 tokens/s of transformers' greedy generate with its own sdpa attention against codesign's paged attention
 (bf16 / INT8 / INT4 KV) and W4A16 weights, at batch 1 and 16, on a random-weight Llama-3-8B, each row beside
-the design model's prediction for the same steps. `checks_ok`: every variant generated every token, in
-positive time (token agreement with sdpa is not asserted: bf16 greedy ties may break either way).
+the design model's prediction for the same steps; `prefill_rows`: the prefill of one 2048-token prompt (time to
+first token) by the variants with bf16 weights, beside the design model's prefill step. `checks_ok`: every
+variant generated every token, in positive time (token agreement with sdpa is not asserted: bf16 greedy ties
+may break either way).
 
 Smoke mode: a two-layer Llama of hidden 128 on the CPU, float32 (fp32 in place of the bf16 caches), the
-Triton interpreter, 3 new tokens, batch 2, three variants (sdpa, an INT4 cache, W4A16 weights).
+Triton interpreter, 3 new tokens, batch 2, three variants (sdpa, an INT4 cache, W4A16 weights); the prefill
+rows an 8-token prompt.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+PREFILL_TOKENS = 2048  # the prefill rows' prompt (batch 1)
 SMOKE_CONFIG = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512)  # fmt: skip
 
@@ -29,12 +33,7 @@ def run(report: dict, quick: bool = False, mode: Any = None) -> None:
         report["hf_generate"] = {"skipped": "no CUDA device"}
         return
     if smoke:
-        from transformers import LlamaConfig
-
-        from codesign.integrations.hf.models import random_model
-
-        torch.manual_seed(0)
-        model = random_model(LlamaConfig(**SMOKE_CONFIG), torch.float32, "cpu")
+        model = _smoke_model()
         # The interpreter computes bf16 wrongly (the writer refuses it): the bf16 cache rows run fp32 here. Three
         # variants cover the three paths (transformers' own, a quantized cache, quantized weights); one batch.
         variants = tuple((n, a, "fp32" if kv == "bf16" else kv, w) for n, a, kv, w in VARIANTS
@@ -46,7 +45,28 @@ def run(report: dict, quick: bool = False, mode: Any = None) -> None:
         model, new_tokens, kw = None, 16 if quick else 64, {}
         name = "llama-3-8b (random weights, bf16)"
     rows = bench_decode(model, new_tokens=new_tokens, **kw)
+    # Prefill end to end: one long prompt at batch 1, its first step (time to first token) beside the design model's
+    # prefill step; the variants with bf16 weights, on a fresh model (W4A16 quantized the first in place). The
+    # warm-up runs the same prompt, so no kernel compiles inside the timed step.
+    n = 8 if smoke else PREFILL_TOKENS
+    pre_variants = tuple(v for v in kw.get("variants", VARIANTS) if v[3] is None)
+    pkw = {**kw, "batches": (1,), "prompt_len": n, "warmup": n, "variants": pre_variants}
+    pre = bench_decode(_smoke_model() if smoke else None, new_tokens=2, **pkw)
+    prefill = [{"variant": r["variant"], "prompt": n, "prefill_s": r["prefill_s"],
+                "predicted_prefill_s": r["predicted_prefill_s"], "prefill_tokens_per_s": n / r["prefill_s"]}
+               for r in pre]  # fmt: skip
     report["hf_generate"] = {
-        "model": name, "design": "h200", "new_tokens": new_tokens, "rows": rows,
-        "checks_ok": bool(rows) and all(r["steps"] == new_tokens and r["decode_tokens_per_s"] > 0 for r in rows),
+        "model": name, "design": "h200", "new_tokens": new_tokens, "rows": rows, "prefill_rows": prefill,
+        "checks_ok": bool(rows) and all(r["steps"] == new_tokens and r["decode_tokens_per_s"] > 0 for r in rows)
+        and len(prefill) == len(pre_variants) and all(r["prefill_s"] > 0 for r in prefill),
     }  # fmt: skip
+
+
+def _smoke_model():
+    import torch
+    from transformers import LlamaConfig
+
+    from codesign.integrations.hf.models import random_model
+
+    torch.manual_seed(0)
+    return random_model(LlamaConfig(**SMOKE_CONFIG), torch.float32, "cpu")

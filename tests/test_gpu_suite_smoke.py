@@ -159,6 +159,20 @@ def test_smoke_kernel_benches_all_run_and_check(tmp_path):
     lines = [x for x in suite.target_lines(rep) if x.startswith("target ")]
     trees = sum("vs_extend" in r for r in att)
     assert trees and len(lines) == len(tg) + len(kq["sweep_targets"]) + 3 + trees, lines
+    _check_prefill_and_single_ops(rep)
+    df = rep["df11"]
+    assert df["all_bit_exact"] and df["small_m_4096x4096"] and df["shapes"] and df["sweep_4096x4096"]
+    # The rows layout beside the flat one: decoded bit for bit, its GEMV timed at M = 1 in smoke mode.
+    assert df["rows_layout"] and all(r["bit_exact"] and r["gemv"] for r in df["rows_layout"])
+    assert df["layouts_side_by_side"]
+
+
+def _check_prefill_and_single_ops(rep: dict) -> None:
+    """gpu_hf's prefill rows and gpu_ops' single operators (the smoke run's report)."""
+    # Prefill end to end (time to first token) beside the design model's prefill step: the bf16-weight variants.
+    pre = rep["hf_generate"]["prefill_rows"]
+    assert [r["variant"] for r in pre] == ["hf-sdpa", "codesign-int4"], pre
+    assert all(r["prefill_s"] > 0 and r["predicted_prefill_s"] > 0 and r["prompt"] == 8 for r in pre), pre
     # Single operators for the GPU model's fit (gpu_ops): every calibration op; decode and prefill of a layer,
     # attention by ours and by torch's sdpa beside the GEMMs, norms and elementwise ops.
     ops = rep["ops"]
@@ -167,11 +181,6 @@ def test_smoke_kernel_benches_all_run_and_check(tmp_path):
     impls = {r["impl"] for lay in ops["layers"] for r in lay["rows"]}
     assert {"codesign paged decode", "torch sdpa (contiguous cache)", "torch sdpa (causal)", "torch.matmul",
             "torch rms_norm", "torch silu * up", "torch add"} <= impls  # fmt: skip
-    df = rep["df11"]
-    assert df["all_bit_exact"] and df["small_m_4096x4096"] and df["shapes"] and df["sweep_4096x4096"]
-    # The rows layout beside the flat one: decoded bit for bit, its GEMV timed at M = 1 in smoke mode.
-    assert df["rows_layout"] and all(r["bit_exact"] and r["gemv"] for r in df["rows_layout"])
-    assert df["layouts_side_by_side"]
 
 
 def test_target_lines_say_each_target_and_whether_it_was_met():
