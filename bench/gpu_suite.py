@@ -13,8 +13,8 @@ On one H100/H200-class GPU it runs, in this order, in under 8 minutes:
      int8/int4/int2/fp8/mixed/KIVI/Oaken caches) with its default launch config, at odd shapes, in float16,
      bfloat16 and float32, into NaN-poisoned outputs, against an fp64 reference;
   3. the kernels' own benchmarks: every `bench/gpu_*.py` module with `run(report)` (quantized
-     GEMM and attention vs torch / FlashInfer / vLLM where importable, ...), each in try/except so
-     one failing section is recorded, not fatal;
+     GEMM and attention vs torch / FlashInfer / vLLM where importable, ...), most needed first
+     (`BENCH_ORDER`), each in try/except so one failing section is recorded, not fatal;
   4. a short tuning pass (TPE, or random search where optuna is missing; CUDA graphs, cold L2): one
      small shape of every registered tunable op, the time budget split evenly, in an isolated child
      process (a config that crashes it is recorded and skipped, the child restarted: the suite itself
@@ -341,8 +341,16 @@ def _correctness(
         save()
 
 
+# Kernel benches in the order a short lease needs them (a deadline's SIGTERM keeps what finished): the quantized
+# GEMMs, the quantized KV caches, paged and tree attention, DF11, then the end-to-end and single-operator rows;
+# any other bench module after these, by name.
+BENCH_ORDER = ("gpu_quant_gemm", "gpu_kvquant", "gpu_attention", "gpu_df11", "gpu_hf", "gpu_ops")
+
+
 def _bench_modules() -> list[Path]:
-    return [p for p in sorted(BENCH_DIR.glob("gpu_*.py")) if p.stem != "gpu_suite"]
+    rank = {name: i for i, name in enumerate(BENCH_ORDER)}
+    found = [p for p in BENCH_DIR.glob("gpu_*.py") if p.stem != "gpu_suite"]
+    return sorted(found, key=lambda p: (rank.get(p.stem, len(rank)), p.stem))
 
 
 def _kernel_benches(

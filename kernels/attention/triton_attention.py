@@ -43,6 +43,10 @@ tile by tile in registers (no dequantized copy of the cache), with a module of j
       offline grid (base, step) fp32 `[2 (K, V), kv_heads, 2]` (passed as `block_bits`):
       zero = base + z * step, scale = r * step / (2^BITS - 1)   (`kvcache.quantizers.offline_meta`).
 The dequantized tile is cast to q's dtype before tl.dot, as a plain cache of that dtype would be.
+
+Which tile, warps, split count and code layout a launch takes is `launch_rules`' (defaults per format, GPU and
+shape, over the tuned tables); `plan_launch` here turns them into a launch plan and `paged_attention_triton`
+runs it.
 """
 
 from __future__ import annotations
