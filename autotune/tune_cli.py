@@ -53,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", default="default", choices=("default", "all"),
                    help="all: tune each kernel variant per shape (default: the default rule's variant)")  # fmt: skip
     p.add_argument("--strategy", default="tpe", choices=("exhaustive", "random", "tpe"))
+    p.add_argument("--first", type=Path, default=None,
+                   help="JSON {op: [partial configs]}: this op's configs to try first, in order (with --strategy "
+                   "exhaustive; e.g. a shortlist ranked on a CPU machine by bench/attention_configs.py)")  # fmt: skip
     p.add_argument("--max-evals", type=int, default=None, help="new measurements per shape")
     p.add_argument("--max-seconds", type=float, default=None, help="wall-time budget per shape")
     p.add_argument("--dtype", default=None, choices=("float16", "bfloat16", "float32"),
@@ -204,6 +207,8 @@ def _tune_op(
     budget = Budget(args.max_evals, args.max_seconds)
     settings = dict(dtype=DTYPES[dtype_name], device=device, strategy=args.strategy, budget=budget,
                     seed=args.seed)  # fmt: skip
+    if args.first is not None:
+        settings["first"] = _first(args.first, args.op, args.strategy)
     print(
         f"tuning {args.op} on {gpu} ({dtype_name}, {args.strategy}), {len(shapes)} shape(s), cache {cache.path}"
     )
@@ -216,6 +221,22 @@ def _tune_op(
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
     return ops_touched, variant_owners
+
+
+def _first(path: Path, op: str, strategy: str) -> list[dict]:
+    """--first: the op's list from the file (none listed: an empty list, said on stdout)."""
+    if strategy != "exhaustive":
+        raise CodesignError(f"--first: a try-first order needs --strategy exhaustive, not {strategy!r}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CodesignError(f"--first: cannot read {path}: {e}") from e
+    first = data.get(op, []) if isinstance(data, dict) else None
+    if not isinstance(first, list) or not all(isinstance(c, dict) for c in first):
+        raise CodesignError(f"--first: {path} must map op names to lists of configs (objects)")
+    if not first:
+        print(f"--first: {path} lists no configs for {op}; the space's own order")
+    return first
 
 
 def _shapes(args: argparse.Namespace, op: TunableOp) -> list[dict]:

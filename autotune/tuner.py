@@ -110,8 +110,13 @@ class Tuner:
     # Measure the kernel's default beside the search (ops with `default_trial`): None = on GPUs only (the
     # interpreter's timings say nothing about speed), True / False = always / never.
     default_trial: bool | None = None
+    # Configs to try first, in this order (strategy "exhaustive" only): each a partial config, standing for every
+    # candidate that sets its keys to its values (e.g. a shortlist ranked by a CPU-side predictor); the rest follow.
+    first: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
+        if self.first and self.strategy != "exhaustive":
+            raise CodesignError(f"first: a try-first order needs strategy 'exhaustive', not {self.strategy!r}")
         self.on_gpu = torch.device(self.device).type == "cuda"
         if self.on_gpu and not torch.cuda.is_available():
             raise CodesignError("device: 'cuda' requested but torch sees no CUDA device")
@@ -175,7 +180,21 @@ class Tuner:
             raise CodesignError(
                 f"shape {shape}: every config of {self.op.name} was pruned ({'; '.join(reasons[:3])})"
             )
-        return cands, space.size - len(cands)
+        return self._first_ordered(cands), space.size - len(cands)
+
+    def _first_ordered(self, cands: list[Config]) -> list[Config]:
+        """`cands` with those matching `first` in front, in its order (a parameter it names that the space lacks:
+        an error naming it)."""
+        if not self.first:
+            return cands
+        names = {k for c in cands for k in c}
+        lead: list[Config] = []
+        for part in self.first:
+            unknown = sorted(set(part) - names)
+            if unknown:
+                raise CodesignError(f"first: {unknown[0]!r} is not a parameter of {self.op.name} ({sorted(names)})")
+            lead += [c for c in cands if c not in lead and all(c.get(k) == v for k, v in part.items())]
+        return lead + [c for c in cands if c not in lead]
 
     def _cached(self, base: dict[str, Any]) -> tuple[dict[str, float], list[dict[str, Any]], float | None]:
         """What the cache holds for the shape `base` names: (known time per config id, inf for a failure;

@@ -12,6 +12,9 @@ KIVI's value tiles joined (0) or as code planes (1; `VPLANES`, off by default), 
     python bench/attention_configs.py --formats int4-kivi --block-n 16 --warps 1 --stages 2 --per-sm 8 --vplanes 0 1
     python bench/attention_configs.py --formats int4-kivi --batch 4 --context 8192 --block-n 16 32 --warps 1 4 \
         --stages 2 --per-sm 4 8 --vplanes 0 1     # KIVI's one-warp planes tile against the 4-warp one at batch 4
+    python bench/attention_configs.py --formats int8 int4 int2 fp8 int4-kivi mixed-8/4/4/2 int4-oaken \
+        --block-n 16 32 64 --warps 1 2 4 8 --stages 2 --shortlist bench/results/attention_shortlist_sm90.json
+                                                  # each format's fastest predicted configs, for `codesign tune --first`
 
 What the predictor was held against is `bench/hindcast.py` (0.69-2.04x of measured decode); a config that spills
 is listed with its spill bytes and not ranked. Mixed ranks its one-launch kernel (`BY_WIDTH` 0): its default decodes
@@ -22,7 +25,9 @@ unrolling: `attention_predict` counts them for the default only).
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
+import json
 import sys
 import warnings
 from contextlib import ExitStack
@@ -77,11 +82,13 @@ def _sweep(kvq: Any, formats: list[str], block_n: list[int], warps: list[int], s
     with compile_only(90, "NVIDIA H200") as session, use_backend("triton"), torch.no_grad():
         for name, call in cases.items():
             rows = []
-            # mixed: the one-launch kernel's tiles (its default decodes width by width: INT8 / 4 / 2's own launches)
+            # mixed: the one-launch kernel's tiles (its default decodes width by width: INT8 / 4 / 2's own launches;
+            # the case forces BY_WIDTH over the tile forced here)
             one = {"BY_WIDTH": 0} if name.startswith("mixed") else {}
+            if one:
+                call = functools.partial(call, by_width=0)
             n0 = len(session.launches)
-            with forced_config("paged_attention_mixed", one):
-                call()
+            call()
             launch, kernel, _ = ap._attn(session.launches[n0:], session.compiled[n0:])
             floor = kvq.floor_bytes(name, kvq.BATCH, kvq.CONTEXT)
             trips = _trips(launch, kernel, ot)
@@ -120,6 +127,50 @@ def _row(p: dict[str, Any]) -> dict[str, Any]:
                                       "mio_by_op": p["sched"]["mio_by_op"]}  # fmt: skip
 
 
+# The tuner's table op of each format (`autotune.adapters.attention`; both KIVI widths share one).
+SHORTLIST_OPS = {"int8": "paged_attention_int8", "int4": "paged_attention_int4", "int2": "paged_attention_int2",
+                 "fp8": "paged_attention_fp8", "int4-kivi": "paged_attention_kivi",
+                 "mixed-8/4/4/2": "paged_attention_mixed", "int4-oaken": "paged_attention_oaken"}  # fmt: skip
+SHORTLIST_KEYS = ("BLOCK_N", "num_warps", "num_stages", "VPLANES", "BY_WIDTH")  # what the tuner's spaces share
+
+
+def tuner_grid(op: str, shape: dict[str, int]) -> list[dict[str, Any]]:
+    """Every candidate of the tuner's GPU space for `op` at the sweep's shape (bf16 queries, gpu_kvquant's heads)."""
+    import gpu_kvquant as kvq
+    import torch
+
+    import codesign.autotune.adapters  # noqa: F401  (registers the ops)
+    from codesign.autotune.ops import get_op
+
+    dims = dict(M=shape["batch"], q_heads=kvq.HQ, kv_heads=kvq.HKV, head_dim=kvq.DIM, block_size=shape["block_size"],
+                ctx=shape["context"])  # fmt: skip
+    return list(get_op(op).space(dims, torch.bfloat16, True).grid())
+
+
+def shortlist(report: dict[str, Any], n: int, grid=tuner_grid) -> dict[str, Any]:
+    """{table op: the n fastest predicted configs that compile without spilling and that the tuner's space holds,
+    fastest first}: the order a GPU's exhaustive tuning tries first (`codesign tune --first`), as partial configs
+    (no PROGRAMS_PER_SM: not tuned). `grid(op, shape)`: the op's candidates (None: no filter)."""
+    shape = report["shape"]
+    out: dict[str, Any] = {"_about": f"bench/attention_configs.py --shortlist: sm_90 predictions, untimed, at batch "
+                                     f"{shape['batch']}, context {shape['context']}"}  # fmt: skip
+    for name, f in report["formats"].items():
+        op = SHORTLIST_OPS.get(name)
+        if op is None or op in out:
+            continue
+        # ties (configs at the byte floor) go to the one whose simulated loop leaves the floor the most headroom
+        ranked = sorted((r for r in f["configs"] if "predicted_ms" in r and not r["spill_stores"]),
+                        key=lambda r: (round(r["predicted_ms"], 4), r["sched_ms"]))  # fmt: skip
+        parts = [{k: r[k] for k in SHORTLIST_KEYS if r.get(k) is not None} for r in ranked]
+        cands = grid(op, report["shape"]) if grid is not None else None
+        if cands is not None:  # (e.g. FP8's space has no one-warp tile)
+            parts = [p for p in parts if any(all(c.get(k) == v for k, v in p.items()) for c in cands)]
+        out[op] = parts[:n]
+        if name.startswith("mixed"):  # its default decodes width by width, predicted ahead of every one-launch tile
+            out[op].insert(0, {"BY_WIDTH": 1})  # (attention_predict: 0.195 against 0.724 ms at the issue's shape)
+    return out
+
+
 def table(report: dict[str, Any]) -> str:
     lines = []
     for name, f in report["formats"].items():
@@ -152,10 +203,19 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--batch", type=int, default=None, help="decode batch (default: gpu_kvquant's, issue 21's)")
     a.add_argument("--context", type=int, default=None, help="context length (default: gpu_kvquant's)")
     a.add_argument("--out", type=Path, default=None)
+    a.add_argument("--shortlist", type=Path, default=None,
+                   help="also write each format's fastest predicted configs for `codesign tune --first` here")
+    a.add_argument("--shortlist-n", type=int, default=4, help="configs a format in --shortlist")
     args = a.parse_args(argv)
-    return run_report("attention_configs", lambda: sweep(args.formats, args.block_n, args.warps, args.stages,
-                                                         args.per_sm, args.vplanes, batch=args.batch,
-                                                         context=args.context), table, args.out)  # fmt: skip
+
+    def make() -> dict[str, Any]:
+        report = sweep(args.formats, args.block_n, args.warps, args.stages, args.per_sm, args.vplanes,
+                       batch=args.batch, context=args.context)  # fmt: skip
+        if args.shortlist is not None:
+            args.shortlist.write_text(json.dumps(shortlist(report, args.shortlist_n), indent=1) + "\n")
+        return report
+
+    return run_report("attention_configs", make, table, args.out)
 
 
 if __name__ == "__main__":

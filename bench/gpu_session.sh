@@ -70,12 +70,16 @@ pack
 # The first H200 session found 20 s of search plus start-up (inputs, fp64 reference) needs more than 32 s.
 # Default formats: those whose kernels changed since the last timing (KIVI, Oaken and mixed metadata reads;
 # INT8's WORDS8 switch) and INT4; int2 and fp8 were tuned in session 4 (KV_FORMATS="... int2 fp8" adds them).
+# Each format's fastest predicted configs (bench/attention_configs.py --shortlist, sm_90) are tried first, then the
+# rest of its space in order; without the file, random search.
 shape="M=16,q_heads=32,kv_heads=8,head_dim=128,block_size=32,ctx=32768"
+SHORTLIST=${SHORTLIST:-bench/results/attention_shortlist_sm90.json}
+if [ -s "$SHORTLIST" ]; then search="--strategy exhaustive --first $SHORTLIST"; else search="--strategy random"; fi
 for fmt in ${KV_FORMATS:-int8 int4 kivi oaken mixed}; do
   t=$(budget "${TUNE_SECONDS:-60}")
   if (( t < 30 )); then skipped "tuning paged_attention_$fmt" "$t s for it, tuning needs 30"; continue; fi  # start-up ~20 s
   timeout -s TERM "$t" $PY -m codesign.cli tune --op "paged_attention_$fmt" --shape "$shape" \
-    --dtype bfloat16 --strategy random --max-seconds "${TUNE_BUDGET:-25}" --cache "$work/cache.jsonl" \
+    --dtype bfloat16 $search --max-seconds "${TUNE_BUDGET:-25}" --cache "$work/cache.jsonl" \
     --export --out-dir "$work/tables" --json "$work/tune_$fmt.json" 2>&1 | grep -v UserWarning | tail -3 \
     | tee -a "$OUT/log.txt"
   pack

@@ -206,7 +206,7 @@ def _kvquant_cases(mods: dict) -> Iterator[Case]:
     """gpu_kvquant: decode over every quantized format at its batch and context, and the writers (bf16, fp16)."""
     import torch
 
-    from codesign.autotune.lookup import forced_config
+    from codesign.autotune.lookup import forced_config, forced_config_of
     from codesign.kernels.attention.quantized import (
         kivi_decode_attention,
         kvq_decode_attention,
@@ -282,7 +282,9 @@ def _kvquant_cases(mods: dict) -> Iterator[Case]:
             q, bt, cl = q_and_tables(dtype)
             c = MixedPagedKV.empty(nb, bs, hkv, dim, "cpu")
             c.block_bits.copy_(torch.tensor([8, 4, 4, 2], dtype=torch.uint8))
-            with forced_config("paged_attention_mixed", {"BY_WIDTH": by_width}):
+            # BY_WIDTH over whatever an outer block forces (bench/attention_configs.py forces the tile)
+            with forced_config("paged_attention_mixed", {**(forced_config_of("paged_attention_mixed") or {}),
+                                                         "BY_WIDTH": by_width}):  # fmt: skip
                 mixed_attention(q, c, bt, cl, check_data=False)
 
         yield ("kv_quant", f"decode int4-oaken batch={b.BATCH} ctx={b.CONTEXT} {dn}", oaken)

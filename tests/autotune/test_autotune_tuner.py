@@ -199,3 +199,51 @@ def test_the_default_is_measured_and_never_beaten_by_an_exported_entry(tmp_path,
     plain = Tuner(op, TuningCache(tmp_path / "d.jsonl"), dtype=torch.float32, device="cpu", log=lambda s: None,
                   strategy="exhaustive").tune_shape({"M": 2})  # fmt: skip
     assert plain.default_ms is None and len(TuningCache(tmp_path / "d.jsonl").load().records) == 2
+
+
+class _GridOp(_SleepOp):
+    """_SleepOp over two parameters, no sleeping: what matters is which configs are measured, in what order."""
+
+    name = "test_grid"
+    default_trial = False
+
+    def __init__(self) -> None:
+        super().__init__(0.0, {})
+
+    def table_op(self, shape): return "test_grid"
+    def space(self, shape, dtype, on_gpu):
+        from codesign.autotune.space import ConfigSpace
+        return ConfigSpace({"A": [1, 2, 3], "B": [0, 1]})
+    def run(self, x, cfg): return x * 1.0
+
+
+def test_first_configs_are_measured_first_in_their_order(tmp_path):
+    """A try-first order (a predicted shortlist) leads the exhaustive search: a partial config stands for every
+    candidate with its values; with a budget of three only those three are measured."""
+    from codesign.autotune.strategies import Budget
+
+    cache = TuningCache(tmp_path / "c.jsonl")
+    first = [{"A": 3, "B": 1}, {"A": 2}]
+    res = Tuner(_GridOp(), cache, dtype=torch.float32, device="cpu", strategy="exhaustive", log=lambda s: None,
+                budget=Budget(max_evals=3), first=first).tune_shape({"M": 1})  # fmt: skip
+    assert res.n_new == 3 and res.n_candidates == 6
+    assert [r["config"] for r in cache.load().records] == [{"A": 3, "B": 1}, {"A": 2, "B": 0}, {"A": 2, "B": 1}]
+    with pytest.raises(CodesignError, match="'C' is not a parameter of test_grid"):
+        Tuner(_GridOp(), cache, dtype=torch.float32, device="cpu", strategy="exhaustive", log=lambda s: None,
+              first=[{"C": 1}]).tune_shape({"M": 1})  # fmt: skip
+    with pytest.raises(CodesignError, match="needs strategy 'exhaustive'"):
+        Tuner(_GridOp(), cache, dtype=torch.float32, device="cpu", strategy="random", first=first)
+
+
+def test_cli_first_file_is_checked_before_tuning(tmp_path, capsys):
+    args = ["tune", "--op", "w4a16_gemm", "--shape", "M=5,N=64,K=128,G=32", "--device", "cpu",
+            "--cache", str(tmp_path / "c.jsonl")]  # fmt: skip
+    bad = tmp_path / "first.json"
+    bad.write_text('{"w4a16_gemm": {"BLOCK_N": 64}}')
+    none = str(tmp_path / "none.json")
+    for extra, why in [(["--first", str(bad), "--strategy", "exhaustive"], "must map op names to lists"),
+                       (["--first", str(bad)], "needs --strategy exhaustive"),
+                       (["--first", none, "--strategy", "exhaustive"], "cannot read")]:  # fmt: skip
+        assert cli.main([*args, *extra]) == 2
+        assert why in capsys.readouterr().err
+    assert not (tmp_path / "c.jsonl").exists() or not (tmp_path / "c.jsonl").read_text()  # nothing was tuned

@@ -151,11 +151,15 @@ def test_config_sweep_forces_each_config_and_ranks_them(tmp_path):
     out = tmp_path / "c.json"
     env = dict(os.environ, TRITON_INTERPRET="0")
     script = SCRIPT.parent / "attention_configs.py"
+    short = tmp_path / "s.json"
     res = subprocess.run([sys.executable, str(script), "--formats", "int4", "--block-n", "32", "--warps", "1", "4",
-                          "--stages", "2", "--out", str(out)], env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
+                          "--stages", "2", "--out", str(out), "--shortlist", str(short), "--shortlist-n", "1"],
+                         env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     f = json.loads(out.read_text())["formats"]["int4"]
+    best = f["best"][0]  # the shortlist: the fastest spill-free config, as the tuner's partial config
+    assert json.loads(short.read_text())["paged_attention_int4"] == [
+        {"BLOCK_N": 32, "num_warps": best["num_warps"], "num_stages": 2}]
     rows = {r["num_warps"]: r for r in f["configs"]}
     assert set(rows) == {1, 4} and all(r["BLOCK_N"] == 32 and r["num_stages"] == 2 for r in rows.values())
     # the splits follow the forced config: the default's tile keeps its one wave of 10 programs an SM (10 splits), 4
@@ -234,3 +238,50 @@ def test_int2_rows_copy_16_bytes_and_mixed_decodes_by_width(tmp_path):
     # the INT2 width on the half-word planes' one-warp tile, as the INT2 cache's own decode
     assert (parts["int2"]["BLOCK_N"], parts["int2"]["num_warps"]) == (i2["BLOCK_N"], i2["num_warps"]) == (32, 1)
     assert parts["int2"]["predicted_ms"] < i2["predicted_ms"]  # a quarter of the context
+
+
+def test_shortlist_ranks_spill_free_configs_per_table_op():
+    """`attention_configs.shortlist`: per tuner table op, the n fastest predicted configs that compiled without
+    spilling, as partial configs; KIVI's two widths share one table (the first listed, INT4, gives it)."""
+    ac = load_script(SCRIPT.parent / "attention_configs.py", "_attention_configs")
+    def row(bn, w, ms, spill=0, sched=0.1, **kw):
+        return {"BLOCK_N": bn, "num_warps": w, "num_stages": 2, "PROGRAMS_PER_SM": None, "VPLANES": None,
+                "predicted_ms": ms, "sched_ms": sched, "spill_stores": spill, **kw}  # fmt: skip
+
+    report = {"shape": {"batch": 16, "context": 32768}, "formats": {
+        "int4-kivi": {"configs": [row(16, 1, 0.3, VPLANES=1), row(32, 4, 0.2, spill=24), row(32, 2, 0.4),
+                                  {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "error": "refused"}]},
+        "int2-kivi": {"configs": [row(64, 1, 0.1)]},
+        "mixed-8/4/4/2": {"configs": [row(64, 4, 0.5, BY_WIDTH=0)]},
+        "int8": {"configs": [row(16, 1, 0.268, sched=0.25), row(64, 4, 0.268, sched=0.19)]}}}  # fmt: skip
+    out = ac.shortlist(report, 2, grid=None)
+    # at the byte floor (equal predictions) the config with the most headroom under it first
+    assert [c["BLOCK_N"] for c in out["paged_attention_int8"]] == [64, 16]
+    assert out["paged_attention_kivi"] == [{"BLOCK_N": 16, "num_warps": 1, "num_stages": 2, "VPLANES": 1},
+                                           {"BLOCK_N": 32, "num_warps": 2, "num_stages": 2}]  # fmt: skip
+    # mixed: its width-by-width default, then one-launch tiles
+    one_launch = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "BY_WIDTH": 0}
+    assert out["paged_attention_mixed"] == [{"BY_WIDTH": 1}, one_launch]
+    # the tuner's space filters: a tile it does not hold is left out
+    only = ac.shortlist(report, 2, grid=lambda op, shape: [{"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}])
+    assert only["paged_attention_int8"] == [{"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}]
+    assert "batch 16, context 32768" in out["_about"]
+
+
+def test_committed_shortlist_names_configs_of_the_tuners_spaces():
+    """Each config of bench/results/attention_shortlist_sm90.json (what the GPU session tunes first) stands for at
+    least one candidate of its op's GPU space at issue 21's shape (a space change that orphans one fails here)."""
+    import torch
+
+    import codesign.autotune.adapters  # noqa: F401  (registers the ops)
+    from codesign.autotune.ops import get_op, parse_shape
+
+    data = json.loads((SCRIPT.parent / "results" / "attention_shortlist_sm90.json").read_text())
+    shape = parse_shape("M=16,q_heads=32,kv_heads=8,head_dim=128,block_size=32,ctx=32768")
+    ops = [k for k in data if not k.startswith("_")]
+    assert len(ops) == 7
+    for name in ops:
+        grid = list(get_op(name).space(shape, torch.bfloat16, True).grid())
+        assert data[name], name
+        for part in data[name]:
+            assert any(all(c.get(k) == v for k, v in part.items()) for c in grid), (name, part)
