@@ -74,14 +74,19 @@ def _hash_files(files: tuple[tuple[str, str, int], ...]) -> str:
     return h.hexdigest()[:16]
 
 
+def _find_spec(name: str) -> Any:
+    """Module `name`'s spec, found without importing it (its parent packages are imported), or None."""
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a parent that is a module, not a package
+        return None
+
+
 def _source(name: str) -> str:
-    """The source file of module `name`, located without importing it (its parent packages are imported)."""
+    """The source file of module `name` (`_find_spec`)."""
     from codesign.specs.errors import CodesignError
 
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):  # a parent that is a module, not a package
-        spec = None
+    spec = _find_spec(name)
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         raise CodesignError(f"source_modules: no Python source found for module {name!r}")
     return spec.origin
@@ -122,10 +127,7 @@ def _jit_imports(name: str, path: str, _mtime: int) -> tuple[str, ...]:
 
 
 def _is_package(name: str) -> bool:
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return False
+    spec = _find_spec(name)
     return spec is not None and spec.submodule_search_locations is not None
 
 

@@ -72,7 +72,7 @@ from sass_model import (  # noqa: E402  (the SASS model, shared with gemm_predic
     tile_loops,
 )
 from sass_model import resident_programs as resident_programs  # noqa: E402, F401  (re-exported)
-from sass_sched import iteration, simulate  # noqa: E402  (the warp-scheduler simulation of a loop)
+from sass_sched import LATENCY, iteration, simulate  # noqa: E402  (the warp-scheduler simulation of a loop)
 
 BF16_MS = 0.517  # bf16 cache at the decode shape, H200 run 2 (bench/results/h200-2026-11-30-run2.json: 0.518, 0.517)
 EXTEND_MS, TREE_MS = 0.293, 0.973  # run 2: extend 16 x 64 over 4k, tree 64 nodes (the old one-phase kernel)
@@ -489,7 +489,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-tree", action="store_true", help="skip tree verification vs extend")
     ap.add_argument("--sweep", action="store_true", help="also every format at gpu_kvquant's sweep points")
     ap.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
+    ap.add_argument("--dram-latency", type=int, default=None,
+                    help=f"what-if: cycles for every global load but the block-table ones (default "
+                    f"{LATENCY['dram']}; e.g. 40: how much of a tile's time is load latency)")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.dram_latency is not None:
+        LATENCY["dram"] = args.dram_latency
     return run_report("attention_predict", lambda: predict(args.formats, not args.no_tree, sweep=args.sweep), table,
                       args.out)  # fmt: skip
 

@@ -2,7 +2,7 @@
 
 `run(report)` adds `report["ops"]` (the contract is `codesign.dataflow.measured_ops`'s):
   * "calibration": the LLMCompass single-operator set the A100 efficiencies were fitted on
-    (`measured_ops.calibration_shapes`: 20 GEMMs, 22 softmax, 22 layernorm and 20 GELU shapes, fp16), each op
+    (`llmcompass_ref.op_shapes`: 20 GEMMs, 22 softmax, 22 layernorm and 20 GELU shapes, fp16), each op
     called back to back in PyTorch eager between two synchronizes, launch overhead included, as those rows were;
   * "layers": Llama-3-8B's first layer at decode (batch 16, context 4096) and prefill (one 2048-token prompt),
     one row per operator of the step graph (`dataflow.graph`) timed the same way: torch's GEMMs, RMSNorm and
@@ -72,11 +72,11 @@ def _calibration_call(op: str, dims: tuple[int, ...], dtype: Any, dev: str) -> C
 
 
 def calibration(mode: Any) -> list[dict]:
-    from codesign.dataflow.measured_ops import calibration_shapes
+    from codesign.dataflow.llmcompass_ref import op_shapes
 
     dtype, dev = _dtype(mode), mode.device
     rows = []
-    for op, shapes in calibration_shapes().items():
+    for op, shapes in op_shapes().items():
         for dims in sorted(shapes, key=math.prod)[:2] if mode.smoke else shapes:
             row: dict[str, Any] = {"op": op, "dims": list(dims)}
             try:

@@ -321,17 +321,16 @@ def suite_fit(report: dict, gpu: GPUSpec) -> dict:
     rows predicted with that fit and with the catalogue's current efficiencies (`layers`: validation, never fitted)."""
     from codesign.dataflow.measured_ops import calibration_rows, layer_rows
 
-    rows = by_family(calibration_rows(report))
+    rows = {fam: r for fam, r in by_family(calibration_rows(report)).items() if len(r) > 1}  # (one row: no fit)
     now = efficiencies(gpu)
-    fitted = {**now, **{fam: fit_family(r, gpu, fam) for fam, r in rows.items() if len(r) > 1}}
+    fitted = {**now, **{fam: fit_family(r, gpu, fam) for fam, r in rows.items()}}
     layers = [
         {"phase": r.phase, "node": r.node, "impl": r.impl, "ms": r.seconds * 1e3,
          "fitted_ratio": gpu_op_time(r.spec, gpu, fitted) / r.seconds,
          "current_ratio": gpu_op_time(r.spec, gpu, now) / r.seconds}
         for r in layer_rows(report)
     ]  # fmt: skip
-    return {"efficiencies": fitted, "calibration": error_report({f: r for f, r in rows.items() if len(r) > 1}, gpu,
-                                                                fitted), "layers": layers}  # fmt: skip
+    return {"efficiencies": fitted, "calibration": error_report(rows, gpu, fitted), "layers": layers}
 
 
 def _print_suite(path: str, device: str | None) -> None:

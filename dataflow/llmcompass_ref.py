@@ -11,6 +11,7 @@ Run `python -m codesign.dataflow.llmcompass_ref` to print roofline/measured rati
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from codesign.specs import AllReduce, CodesignError, Elementwise, Gemm, Norm, OpSpec, Softmax
@@ -113,12 +114,31 @@ GELU_A100: tuple[tuple[int, float], ...] = (
 )
 
 
+# The operator set: each op's dims, in its CSV's order, as a spec (fp16, as measured).
+OP_SPECS: dict[str, Callable[..., OpSpec]] = {
+    "matmul": lambda m, n, k: Gemm(m, n, k),
+    "softmax": lambda m, n: Softmax(m, n),
+    "layernorm": lambda m, n: Norm(m, n, "layer"),
+    "gelu": lambda n: Elementwise("gelu", n),
+}
+
+
+def op_shapes() -> dict[str, list[tuple[int, ...]]]:
+    """The single-operator shapes of the A100 rows, per op of `OP_SPECS` (what another GPU is timed on)."""
+    return {
+        "matmul": [(m, n, k) for m, n, k, _ in MATMUL_A100],
+        "softmax": [(m, n) for m, n, _ in SOFTMAX_A100],
+        "layernorm": [(m, n) for m, n, _ in LAYERNORM_A100],
+        "gelu": [(n,) for n, _ in GELU_A100],
+    }
+
+
 def measured_a100() -> list[tuple[OpSpec, float]]:
     """Every single-operator A100 measurement as (spec, seconds): the calibration set of the GPU model."""
-    out: list[tuple[OpSpec, float]] = [(Gemm(m, n, k), t) for m, n, k, t in MATMUL_A100]
-    out += [(Softmax(m, n), m * n / (g * 1e9)) for m, n, g in SOFTMAX_A100]
-    out += [(Norm(m, n, "layer"), m * n / (g * 1e9)) for m, n, g in LAYERNORM_A100]
-    out += [(Elementwise("gelu", n), n / (g * 1e9)) for n, g in GELU_A100]
+    out: list[tuple[OpSpec, float]] = [(OP_SPECS["matmul"](m, n, k), t) for m, n, k, t in MATMUL_A100]
+    for op, rows in (("softmax", SOFTMAX_A100), ("layernorm", LAYERNORM_A100)):
+        out += [(OP_SPECS[op](m, n), m * n / (g * 1e9)) for m, n, g in rows]
+    out += [(OP_SPECS["gelu"](n), n / (g * 1e9)) for n, g in GELU_A100]
     return out
 
 
@@ -140,15 +160,12 @@ def load_llmcompass_csvs(folder: str | Path, tag: str) -> list[tuple[OpSpec, flo
         ]
 
     for m, n, k, t, *_ in rows("matmul"):
-        out.append((Gemm(int(m), int(n), int(k)), float(t.removesuffix("ms")) * 1e-3))
-    for op, make in (
-        ("softmax", lambda m, n: Softmax(m, n)),
-        ("layernorm", lambda m, n: Norm(m, n, "layer")),
-    ):
+        out.append((OP_SPECS["matmul"](int(m), int(n), int(k)), float(t.removesuffix("ms")) * 1e-3))
+    for op in ("softmax", "layernorm"):
         for m, n, g in rows(op):
-            out.append((make(int(m), int(n)), int(m) * int(n) / (float(g) * 1e9)))
+            out.append((OP_SPECS[op](int(m), int(n)), int(m) * int(n) / (float(g) * 1e9)))
     for n, g in rows("gelu"):
-        out.append((Elementwise("gelu", int(n)), int(n) / (float(g) * 1e9)))
+        out.append((OP_SPECS["gelu"](int(n)), int(n) / (float(g) * 1e9)))
     return out
 
 

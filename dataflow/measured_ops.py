@@ -1,46 +1,26 @@
 """Single operators timed on a GPU by the suite (`bench/gpu_ops.py`), as the GPU model's rows.
 
-    shapes = calibration_shapes()        # the LLMCompass operator set: what the A100 efficiencies were fitted on
-    rows = calibration_rows(report)      # [(OpSpec, seconds)] of that set, timed on the suite's GPU
+    rows = calibration_rows(report)      # [(OpSpec, seconds)]: the LLMCompass operator set (`llmcompass_ref.op_shapes`,
+                                         # what the A100 efficiencies were fitted on), timed on the suite's GPU
     layer = layer_rows(report)           # [LayerRow]: one model layer's operators, decode and prefill
 
 The JSON contract (`report["ops"]`, written by the bench, read here):
   "calibration": [{"op": "matmul" | "softmax" | "layernorm" | "gelu", "dims": [...], "ms": float}], dims in the
       order of LLMCompass's CSVs (matmul M, N, K; softmax and layernorm M, N; gelu N), fp16 tensors;
   "layers": [{"model", "phase", "batch", "context", "rows": [{"node": "L0.qkv_proj", "impl": "...", "ms"}]}],
-      each node's spec rebuilt here by `graph.build_step_graph` from those four fields, so the bench and the
-      model cost the same operator.
+      each node's spec rebuilt here by `graph.build_step_graph` from those four fields (the model a catalogue
+      name, or a `ModelConfig`'s fields), so the bench and the model cost the same operator.
 The calibration rows fit a GPU's efficiencies (`gpu_model --suite`, leave-one-out errors); the layer rows are
 never fitted on: they validate the fit, as the GPT-3 layer rows validate the A100's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from codesign.specs import CodesignError, Elementwise, Gemm, Norm, OpSpec, Softmax
-
-# How each calibration op's dims become its spec (fp16, as LLMCompass measured).
-CALIBRATION_SPECS: dict[str, Callable[..., OpSpec]] = {
-    "matmul": lambda m, n, k: Gemm(m, n, k),
-    "softmax": lambda m, n: Softmax(m, n),
-    "layernorm": lambda m, n: Norm(m, n, "layer"),
-    "gelu": lambda n: Elementwise("gelu", n),
-}
-
-
-def calibration_shapes() -> dict[str, list[tuple[int, ...]]]:
-    """The LLMCompass single-operator shapes (`llmcompass_ref`'s A100 rows, their times dropped), per op."""
-    from codesign.dataflow import llmcompass_ref as ref
-
-    return {
-        "matmul": [(m, n, k) for m, n, k, _ in ref.MATMUL_A100],
-        "softmax": [(m, n) for m, n, _ in ref.SOFTMAX_A100],
-        "layernorm": [(m, n) for m, n, _ in ref.LAYERNORM_A100],
-        "gelu": [(n,) for n, _ in ref.GELU_A100],
-    }
+from codesign.dataflow.llmcompass_ref import OP_SPECS
+from codesign.specs import CodesignError, OpSpec
 
 
 def _ops(report: dict[str, Any]) -> dict[str, Any]:
@@ -54,9 +34,9 @@ def calibration_rows(report: dict[str, Any]) -> list[tuple[OpSpec, float]]:
     """(spec, seconds) of every timed calibration row of a suite report (rows without a time are left out)."""
     out = []
     for r in _ops(report).get("calibration", []):
-        make = CALIBRATION_SPECS.get(r.get("op"))
+        make = OP_SPECS.get(r.get("op"))
         if make is None:
-            raise CodesignError(f"report: calibration op {r.get('op')!r} is none of {sorted(CALIBRATION_SPECS)}")
+            raise CodesignError(f"report: calibration op {r.get('op')!r} is none of {sorted(OP_SPECS)}")
         if isinstance(r.get("ms"), int | float) and r["ms"] > 0:
             out.append((make(*r["dims"]), r["ms"] * 1e-3))
     return out

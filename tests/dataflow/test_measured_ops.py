@@ -12,7 +12,8 @@ import pytest
 from codesign.catalog.gpus import load_gpu
 from codesign.dataflow.gpu_model import FamilyEfficiency, gpu_op_time, suite_fit
 from codesign.dataflow.graph import build_step_graph
-from codesign.dataflow.measured_ops import CALIBRATION_SPECS, calibration_rows, calibration_shapes, layer_rows
+from codesign.dataflow.llmcompass_ref import OP_SPECS, op_shapes
+from codesign.dataflow.measured_ops import calibration_rows, layer_rows
 from codesign.specs import CodesignError, Gemm
 
 # Efficiencies on the fit's grids, unlike the catalogue's for any GPU.
@@ -26,8 +27,8 @@ NODES = ("L0.qkv_proj", "L0.attention", "L0.attn_norm", "L0.act", "L0.down_proj"
 
 
 def _report(gpu, slower: float = 1.25) -> dict:
-    cal = [{"op": op, "dims": list(d), "ms": gpu_op_time(CALIBRATION_SPECS[op](*d), gpu, PLANTED) * 1e3}
-           for op, shapes in calibration_shapes().items() for d in shapes]  # fmt: skip
+    cal = [{"op": op, "dims": list(d), "ms": gpu_op_time(OP_SPECS[op](*d), gpu, PLANTED) * 1e3}
+           for op, shapes in op_shapes().items() for d in shapes]  # fmt: skip
     cal.append({"op": "matmul", "dims": [64, 64, 64], "error": "OutOfMemoryError"})  # an untimed row: left out
     layers = []
     for phase, batch, ctx in (("decode", 16, 4096), ("prefill", 1, 2048)):
@@ -41,7 +42,7 @@ def _report(gpu, slower: float = 1.25) -> dict:
 def test_the_fit_gives_planted_efficiencies_back_and_validates_on_the_layer():
     gpu = load_gpu("h200")
     rep = _report(gpu)
-    assert len(calibration_rows(rep)) == sum(len(s) for s in calibration_shapes().values()) == 84
+    assert len(calibration_rows(rep)) == sum(len(s) for s in op_shapes().values()) == 84
     fit = suite_fit(rep, gpu)
     for fam, want in PLANTED.items():
         got = fit["efficiencies"][fam]
