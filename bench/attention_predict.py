@@ -63,9 +63,11 @@ from sass_model import (  # noqa: E402  (the SASS model, shared with gemm_predic
     CLOCK_HZ,
     SMS,
     issue_cycles,
+    loop_path,
     loop_report,
     loops,
     opcode,
+    outer_loops,
     parse_sass,
     run_report,
     tile_loop,
@@ -79,6 +81,9 @@ EXTEND_MS, TREE_MS = 0.293, 0.973  # run 2: extend 16 x 64 over 4k, tree 64 node
 # The split-KV merge: a second launch (~1-2 us apart in a CUDA graph) reading 0.8 MB of fp32 partials.
 MERGE_MS = 0.003
 ATTN_KERNEL = "_paged_attn_kernel"
+BIAS_KERNEL, CORR_KERNEL = "_key_bias_kernel", "_value_corr_kernel"  # Oaken decode in three launches (`oaken_split`)
+# A launch more in a CUDA graph: its start after the one before drains (as MERGE_MS, without its bytes)
+LAUNCH_GAP_MS = 0.002
 
 
 def _attn(launches: list, compiled: list) -> tuple[Any, Any, int]:
@@ -95,7 +100,7 @@ def _resources(launch: Any) -> dict[str, Any]:
             "WORDS": cx.get("WORDS"), "cvt_i2f_ptx": launch.ptx_ops.get("cvt_i2f")}  # fmt: skip
 
 
-def oaken_trips() -> dict[str, Any]:
+def oaken_trips(walks: dict[str, tuple[int, int, int]] | None = None) -> dict[str, Any]:
     """Oaken's inner-loop trips for the bench's cache (`gpu_kvquant.oaken_slots` at the decode shape): the fullest
     token's slot count (the key loop's bound) and the fullest channel's (each value loop's), over the whole
     cache, from the kernel's own index (`oaken.outlier_index`); with their means over (block, head) beside.
@@ -103,7 +108,9 @@ def oaken_trips() -> dict[str, Any]:
     The index is kept by the cache, rebuilt per written block by the writer (not by the launch): a decode step's
     cost is its written blocks' (one a sequence, K and V: `index_step_bytes`, at least their slots read and their
     index rows written), not the pool's (`index_pool_bytes`: paid only when the whole index is rebuilt, after a
-    change made outside the cache). Neither is in the prediction (the kernel's)."""
+    change made outside the cache). Neither is in the prediction (the kernel's). With `walks` (side: (blocks a step,
+    ranks taken straight, ranks a trip): `oaken_split`'s walks): the mean trips of each side's remainder loop, to
+    the fullest list of the step's blocks past the straight ranks (`{side}_walk_trips`)."""
     import gpu_kvquant as kvq
 
     from codesign.kernels.kvcache.oaken import index_width, outlier_index
@@ -118,6 +125,10 @@ def oaken_trips() -> dict[str, Any]:
         ix = outlier_index(kvq.oaken_slots(shape, "cpu", seed), kvq.BLOCK_SIZE, kvq.DIM, by)
         rank = ix[..., 2 * shape[2] + n + 1]  # each list's fullest (`outlier_index`)
         out[f"{side}_max"], out[f"{side}_mean"] = int(rank.max()), float(rank.float().mean())
+        if walks:
+            nblk, first, per = walks[side]
+            step = rank[: rank.shape[0] // nblk * nblk].view(-1, nblk, rank.shape[1]).amax(1)  # a step's fullest
+            out[f"{side}_walk_trips"] = float((-(-(step - first).clamp(min=0) // per)).float().mean())
     return out
 
 
@@ -243,8 +254,85 @@ def _case_prediction(name: str, session: Any, n0: int, kvq: Any, bandwidth: floa
     launches, compiled = session.launches[n0:], session.compiled[n0:]
     if sum(launch.kernel == ATTN_KERNEL for launch in launches) > 1:
         return by_width_prediction(launches, compiled, kvq, bandwidth, batch, context)
+    if any(launch.kernel == BIAS_KERNEL for launch in launches):
+        return split_prediction(launches, compiled, kvq, bandwidth, batch, context)
     launch, kernel, _ = _attn(launches, compiled)
-    return decode_prediction(launch, kernel, kvq.floor_bytes(name, batch, context), bandwidth, context, trips)
+    return decode_prediction(launch, kernel, kvq.floor_bytes(_floor_name(name), batch, context), bandwidth, context,
+                             trips)  # fmt: skip
+
+
+def _floor_name(name: str) -> str:
+    """The format whose byte floor a case has (a variant's, e.g. Oaken in three launches: the format's)."""
+    return name.removesuffix("-split")
+
+
+def walk_prediction(launch: Any, kernel: Any, steps: int, trips: float, floor_bytes: float,
+                    bandwidth: float) -> dict[str, Any]:  # fmt: skip
+    """A launch without matrix instructions (`oaken_split`'s walks of the outlier index): its largest outermost loop
+    (one block of keys a step, `steps` a program) through the scheduler simulation with its inner loops (the ranks)
+    `trips` times (a mean: interpolated between the whole trips around it), the programs an SM holds at once, wave
+    after wave, plus the code outside it once; against its own bytes' floor."""
+    sass = kernel.asm["sass"]
+    ins, labels = parse_sass(sass)
+    outer, _ = outer_loops(ins, labels)
+    a, b = max(outer, key=lambda lp: lp[1] - lp[0])
+    lo_t, hi_t = math.floor(trips), math.ceil(trips)
+    w = trips - lo_t
+    programs = math.prod(launch.grid)
+    rest = len(ins) - sum(e - s for s, e in outer)
+    path = [loop_path(ins, labels, a, b, t)[1] for t in (lo_t, hi_t)]
+    per_step = (1 - w) * path[0] + w * path[1]
+    occ = issue_cycles(programs, launch.num_warps, launch.registers, launch.shared_bytes, steps * per_step + rest)
+    warps = occ["resident_warps_per_scheduler"]
+    sims = [simulate(iteration(ins, labels, a, b, t), warps) for t in (lo_t, hi_t)]
+    cycles = (1 - w) * sims[0]["cycles"] + w * sims[1]["cycles"]
+    issue_ms = occ["cycles"] / CLOCK_HZ * 1e3
+    sched_ms = max((occ["waves"] * steps * cycles + occ["warps_per_scheduler"] * rest) / CLOCK_HZ * 1e3, issue_ms)
+    floor_ms = floor_bytes / bandwidth * 1e3
+    return {**_resources(launch), "steps_per_program": steps, "inner_trips": trips, "sass_per_step": per_step,
+            "sched": {k: sims[1][k] for k in ("cycles", "single_warp", "issue", "nearest_bound")}, **occ,
+            "sched_warps": warps, "issue_ms": issue_ms, "sched_ms": sched_ms, "floor_ms": floor_ms,
+            "bound": "memory" if floor_ms >= sched_ms else sims[1]["nearest_bound"],
+            "predicted_ms": max(sched_ms, floor_ms)}  # fmt: skip
+
+
+def split_prediction(launches: list, compiled: list, kvq: Any, bandwidth: float, batch: int, context: int) -> dict:
+    """An Oaken decode in three launches (`attention.oaken_split`): the key-bias walk, the per-token INT launch
+    (`decode_prediction`, its floor the INT4 cache's plus the biases it reads and the probabilities and maxima it
+    keeps) and the value-correction walk (`walk_prediction`, their remainder loops at the bench cache's mean trips,
+    `oaken_trips`), one after the other, plus a gap a launch more (the merge is the INT launch's). The row is the
+    INT launch's, with the three apart and the whole time in `predicted_ms`."""
+    from codesign.kernels.attention.oaken_split import BIAS_FIRST, CORR_FIRST, RANKS
+
+    by = {launch.kernel: (launch, kernel) for launch, kernel in zip(launches, compiled, strict=True)}
+    (bias, kb), (attn, ka), (corr, kc) = by[BIAS_KERNEL], by[ATTN_KERNEL], by[CORR_KERNEL]
+    nblk_k, nblk_v = bias.constexprs["NBLK"], corr.constexprs["NBLK"]
+    ot = oaken_trips({"key": (nblk_k, BIAS_FIRST, RANKS), "value": (nblk_v, CORR_FIRST, RANKS)})
+    bs, d, hq, hkv = kvq.BLOCK_SIZE, kvq.DIM, kvq.HQ, kvq.HKV
+    blocks = batch * hkv * math.ceil(context / bs)
+    tokens = batch * math.ceil(context / bs) * bs
+    bias_bytes = tokens * hq * 4  # fp32 biases, written by the walk, read by the INT launch
+    probs_bytes = tokens * hq * 2  # fp16 probabilities, kept by the INT launch, gathered by the walk
+    maxima_bytes = tokens // attn.constexprs["BLOCK_N"] * hq * 4
+    pairs = ot["capacity"] * 8  # a full block's (coordinate, delta) pairs (the bench's cache: every slot used)
+    main = decode_prediction(attn, ka, kvq.floor_bytes("int4", batch, context) + bias_bytes + probs_bytes
+                             + maxima_bytes, bandwidth, context)  # fmt: skip
+    walk_k = walk_prediction(bias, kb, math.ceil(_bias_chunk(bias, blocks) / nblk_k), ot["key_walk_trips"],
+                             blocks * (pairs + (bs + 2) * 4) + bias_bytes, bandwidth)  # fmt: skip
+    splits, walks = corr.constexprs["NUM_SPLITS"], corr.constexprs["WALKS"]
+    steps = math.ceil(math.ceil(math.ceil(context / splits) / bs / walks) / nblk_v)
+    walk_v = walk_prediction(corr, kc, steps, ot["value_walk_trips"],
+                             blocks * (pairs + (d + 2) * 4) + probs_bytes + maxima_bytes, bandwidth)  # fmt: skip
+    total = walk_k["predicted_ms"] + main["predicted_ms"] + walk_v["predicted_ms"] + 2 * LAUNCH_GAP_MS
+    return {**main, "launches": {"key_bias": walk_k, "int": dict(main), "value_corr": walk_v},
+            "oaken_split_trips": ot, "floor_ms": kvq.floor_bytes("int4-oaken", batch, context) / bandwidth * 1e3,
+            "predicted_ms": total}  # fmt: skip
+
+
+def _bias_chunk(launch: Any, blocks: int) -> int:
+    """Blocks a program of the key-bias walk: its grid's third axis over the blocks of a (sequence, kv head)."""
+    seq_heads = launch.grid[0] * launch.grid[1]
+    return math.ceil(blocks / seq_heads / launch.grid[2])
 
 
 def _sched(sass: str, trips: int | list[int], warps: int, which: int = -1) -> dict[str, Any]:
@@ -322,7 +410,8 @@ def _decode_cases(formats: list[str] | None) -> list[tuple[str, Any]]:
     cases = [("bf16", bf16)]
     for _, label, call in lr._kvquant_cases(lr._suite_modules()):
         name = label.split()[1]
-        if label.startswith("decode ") and label.endswith("bfloat16") and name in kvq.SWEEP_FORMATS:
+        decode = label.startswith("decode ") and label.endswith("bfloat16")
+        if decode and _floor_name(name) in kvq.SWEEP_FORMATS:
             cases.append(
                 (name, call)
             )  # (not the offline Oaken variant: no byte floor there, not timed either)
@@ -407,7 +496,7 @@ def predict(formats: list[str] | None = None, tree: bool = True, log=print, swee
             n0 = len(session.launches)
             call()
             launch, kernel, _ = _attn(session.launches[n0:], session.compiled[n0:])
-            floor = kvq.floor_bytes(name, kvq.BATCH, kvq.CONTEXT)
+            floor = kvq.floor_bytes(_floor_name(name), kvq.BATCH, kvq.CONTEXT)
             trips: int | list[int] = 1
             cx = launch.constexprs
             if cx.get("OAKEN_CAP", 0) > 0:  # the key loop, then each block's value loop

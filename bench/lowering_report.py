@@ -202,6 +202,17 @@ def _attention_cases(mods: dict) -> Iterator[Case]:
             yield ("attention", f"tree batch={batch} nodes={q_len} prefix={prefix} bf16", tree)
 
 
+def _oaken_decode(q, bt, cl, cache, split: int) -> None:
+    """Oaken decode over `cache` on the path SPLIT picks (1: three launches, `attention.oaken_split`), over whatever
+    config an outer block forces (bench/attention_configs.py forces the tile)."""
+    from codesign.autotune.lookup import forced_config, forced_config_of
+    from codesign.kernels.attention.quantized import oaken_attention
+
+    op = "paged_attention_oaken"
+    with forced_config(op, {**(forced_config_of(op) or {}), "SPLIT": split}):
+        oaken_attention(q, cache, bt, cl, check_data=False)
+
+
 def _kvquant_cases(mods: dict) -> Iterator[Case]:
     """gpu_kvquant: decode over every quantized format at its batch and context, and the writers (bf16, fp16)."""
     import torch
@@ -261,11 +272,8 @@ def _kvquant_cases(mods: dict) -> Iterator[Case]:
         cap = default_capacity(0.04, bs, dim)
         thr = torch.tensor([[-1.0, 1.0]] * hkv).expand(2, hkv, 2).contiguous()
 
-        def oaken(dtype=dtype, thr=thr, cap=cap):
-            q, bt, cl = q_and_tables(dtype)
-            oaken_attention(
-                q, OakenPagedKV.empty(nb, bs, hkv, dim, 4, thr, cap, "cpu"), bt, cl, check_data=False
-            )
+        def oaken(dtype=dtype, thr=thr, cap=cap, split=0):  # split 1: in three launches (`oaken_split`)
+            _oaken_decode(*q_and_tables(dtype), OakenPagedKV.empty(nb, bs, hkv, dim, 4, thr, cap, "cpu"), split)
 
         def oaken_offline(dtype=dtype, thr=thr):  # 8-bit metadata on a per-head grid, 4 slots per block
             q, bt, cl = q_and_tables(dtype)
@@ -288,6 +296,8 @@ def _kvquant_cases(mods: dict) -> Iterator[Case]:
                 mixed_attention(q, c, bt, cl, check_data=False)
 
         yield ("kv_quant", f"decode int4-oaken batch={b.BATCH} ctx={b.CONTEXT} {dn}", oaken)
+        yield ("kv_quant", f"decode int4-oaken-split batch={b.BATCH} ctx={b.CONTEXT} {dn}",
+               functools.partial(oaken, split=1))
         yield ("kv_quant", f"decode int4-oaken-offline batch={b.BATCH} ctx={b.CONTEXT} {dn}", oaken_offline)
         yield ("kv_quant", f"write int4-oaken tokens={b.BATCH} {dn}", oaken_write)
         yield ("kv_quant", f"decode mixed-8/4/4/2 batch={b.BATCH} ctx={b.CONTEXT} {dn}", mixed)

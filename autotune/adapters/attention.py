@@ -37,6 +37,7 @@ from codesign.kernels.kvcache.formats import (
     KV_FORMAT_INT,
     KV_FORMAT_KIVI,
     KV_FORMAT_MIXED,
+    KV_FORMAT_OAKEN,
     KVQ_FORMATS,
     kernel_format,
 )
@@ -178,7 +179,10 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
         super().__init__()
         self.kv_format, self.entry = _ENTRY[fmt]
         importlib.import_module(QUANTIZED)  # unavailable kernel -> ImportError
-        self.source_modules = (*PagedDecodeAttention.source_modules, QUANTIZED)
+        # the decode paths a config key chooses (BY_WIDTH, SPLIT) run kernels of their own modules
+        path = {"mixed": ("codesign.kernels.attention.mixed_by_width",),
+                "oaken": ("codesign.kernels.attention.oaken_split",)}.get(fmt, ())  # fmt: skip
+        self.source_modules = (*PagedDecodeAttention.source_modules, QUANTIZED, *path)
         self.fmt = fmt
         self.name = f"paged_attention_{fmt}"
 
@@ -199,7 +203,9 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
         where the kernel can dot code planes (`launch_rules.reads_planes`) try them against the joined tile (PLANES
         1 / 0), and one warp a program (the planes' default tile for INT4 / INT2 at head_dim 128), KIVI's value planes
         on tiles of few enough warps (VPLANES 1 / 0, `reads_value_planes`, at the shape's bits); the mixed cache decodes
-        width by width (BY_WIDTH 1, on its default tile: the tile is then the INT launches') or in one launch (0)."""
+        width by width (BY_WIDTH 1, on its default tile: the tile is then the INT launches') or in one launch (0), and
+        the Oaken cache in three launches (SPLIT 1, `attention.oaken_split`, likewise on its default tile) or in one
+        (0)."""
         sp = super().space(shape, dtype, on_gpu)
         params, valid = dict(sp.params), sp.valid
         if self.fmt == "int8" and on_gpu and shape["head_dim"] % 4 == 0:
@@ -229,6 +235,13 @@ class QuantKVDecodeAttention(PagedDecodeAttention):
 
             def valid(c, v=sp.valid, base=base, tile=tile):  # BY_WIDTH 1 ignores the tile: one config of it
                 return v(c) and (c["BY_WIDTH"] == 0 or all(c[k] == base[k] for k in tile))
+        if self.fmt == "oaken" and on_gpu:  # three launches (the INT launch reads its own table) or one
+            params["SPLIT"] = [0, 1]
+            base = lr.default_config(d, torch.finfo(dtype).bits // 8, KV_FORMAT_OAKEN, 4, shape["block_size"])
+            tile = ("BLOCK_N", "num_warps", "num_stages")
+
+            def valid(c, v=sp.valid, base=base, tile=tile):  # SPLIT 1 ignores the tile: one config of it
+                return v(c) and (c["SPLIT"] == 0 or all(c[k] == base[k] for k in tile))
         return dataclasses.replace(sp, params=params, valid=valid)
 
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: Any, seed: int) -> dict[str, Any]:

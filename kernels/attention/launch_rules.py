@@ -270,6 +270,16 @@ def mixed_reads_words(kv_format: int, head_dim: int, block_size: int, block_n: i
 
 
 
+def decode_path_on(q, batch, cache_shape: tuple[int, ...], kv_format: int, bits: int, key: str, default: int) -> bool:
+    """Whether a format's decode config (tuned table or defaults) turns on the decode path `key` (the mixed cache's
+    "BY_WIDTH", Oaken's "SPLIT"), `default` when it does not say. q: the queries (or a tensor of their shape, dtype
+    and device); cache_shape: (num_blocks, block_size, kv_heads, head_dim, ..)."""
+    _, bs, hkv, dim = cache_shape[:4]
+    cfg = launch_config(q.shape[1], hkv, dim, bs, batch.block_tables.shape[0], q.device, q.element_size(), kv_format,
+                        bits)  # fmt: skip
+    return bool(cfg.get(key, default))
+
+
 def table_op(kv_format: int = KV_FORMAT_PLAIN, bits: int = 16) -> str:
     """The tuned-table name for a cache format: "paged_attention" for plain caches, else
     "paged_attention_<suffix>" (`kvcache.formats.table_suffix`: int8/int4/int2, fp8, kivi, mixed, oaken), as

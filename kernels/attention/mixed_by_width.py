@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from codesign.backend import device_view
-from codesign.kernels.attention.launch_rules import dim_pad, launch_config
+from codesign.kernels.attention.launch_rules import decode_path_on
 from codesign.kernels.attention.options import AttentionBatch, AttentionOptions
 from codesign.kernels.attention.triton_attention import (
     KernelKV,
@@ -31,6 +31,7 @@ from codesign.kernels.attention.triton_attention import (
     paged_attention_triton,
     plan_launch,
     reduce_splits,
+    split_workspace,
 )
 from codesign.kernels.kvcache.formats import KV_FORMAT_INT, KV_FORMAT_MIXED
 from codesign.kernels.kvcache.mixed import MIXED_BITS
@@ -61,10 +62,7 @@ def by_width_applies(kv_format: int, q: torch.Tensor, batch: AttentionBatch, opt
     tables do not keep) whose config (tuned table or defaults) keeps "BY_WIDTH" on (BY_WIDTH_DEFAULT)."""
     if kv_format != KV_FORMAT_MIXED or not batch.is_decode or opts.alibi_slopes is not None or opts.window:
         return False
-    _, bs, hkv, dim = cache_shape[:4]
-    cfg = launch_config(q.shape[1], hkv, dim, bs, batch.block_tables.shape[0], q.device, q.element_size(),
-                        KV_FORMAT_MIXED, 8)  # fmt: skip
-    return bool(cfg.get("BY_WIDTH", BY_WIDTH_DEFAULT))
+    return decode_path_on(q, batch, cache_shape, KV_FORMAT_MIXED, 8, "BY_WIDTH", BY_WIDTH_DEFAULT)
 
 
 def plan_by_width(
@@ -84,11 +82,7 @@ def plan_by_width(
         p = plan_launch(q, (nb, bs, hkv, dim * bits // 8), KV_FORMAT_INT, bits, batch, num_splits, allocate=False)
         plans.append((bits, max(p.num_splits, MIN_SPLITS), p))
     total = sum(s for _, s, _ in plans)
-    if workspace is None or workspace[1].shape != (t, hq, total) or workspace[0].shape[-1] != dim_pad(dim):
-        workspace = (
-            torch.empty(t, hq, total, dim_pad(dim), dtype=torch.float32, device=q.device),
-            torch.empty(t, hq, total, dtype=torch.float32, device=q.device),
-        )
+    workspace = split_workspace(t, hq, total, dim, q.device, workspace)
     widths, at = [], 0
     for bits, s, p in plans:
         part = (workspace[0][:, :, at : at + s], workspace[1][:, :, at : at + s])

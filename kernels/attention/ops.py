@@ -18,6 +18,7 @@ import torch
 
 from codesign.backend import device_view, resolve_backend
 from codesign.kernels.attention.mixed_by_width import ByWidthPlan, attend_by_width, by_width_applies
+from codesign.kernels.attention.oaken_split import SplitPlan, attend_split, split_applies
 from codesign.kernels.attention.options import (
     OP_ARGS,
     OP_ARGS_SCHEMA,
@@ -138,7 +139,7 @@ def run_attention(
     opts: AttentionOptions,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
-    plan: LaunchPlan | ByWidthPlan | None = None,
+    plan: LaunchPlan | ByWidthPlan | SplitPlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of `fmt`'s attention on the backend `attention_backend` picks for q, into `out` / `lse`
     when given (lse: `[0, q_heads]` when opts.return_lse is off). The Triton path launches with `plan` (made
@@ -152,6 +153,8 @@ def run_attention(
     lse_or = lse if opts.return_lse else None
     if isinstance(plan, ByWidthPlan) or (plan is None and by_width_applies(kv.kv_format, q, batch, opts, kv.k.shape)):
         attend_by_width(q, kv, batch, opts, out, lse_or, plan)
+    elif isinstance(plan, SplitPlan) or (plan is None and split_applies(kv.kv_format, q, batch, opts, kv.k.shape)):
+        attend_split(q, kv, batch, opts, out, lse_or, plan)
     else:
         paged_attention_triton(q, kv, batch, opts, out, lse_or, plan)
     return out, lse

@@ -311,6 +311,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
     OAKEN_NBT: tl.constexpr = 1, F16_MMA: tl.constexpr = False, OAKEN_GP: tl.constexpr = 1,
     INTERPRETED: tl.constexpr = False, META32: tl.constexpr = False, BT_AHEAD: tl.constexpr = True,
     PLANES: tl.constexpr = False, KV_ALIGN: tl.constexpr = 1, VPLANES: tl.constexpr = False,
+    SCORE_IO: tl.constexpr = False,
 ):  # fmt: skip
     if KV_ALIGN > 1:  # the K/V strides' common power of two below 16 (`kv_align`), which Triton does not specialize
         # on: a product with the constant carries it into the alignment analysis (`tl.multiple_of` on a scalar did not)
@@ -571,6 +572,10 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                         s = tl.dot(q_mma, tl.trans(kc), input_precision=DOT_PREC)
                     s = s * (q_unf[:, None] * ksc[None, :])
                     s += q_sum[:, None] * kzr[None, :]
+                    if SCORE_IO:  # the score biases (Oaken's key outliers, `oaken_split`), before the scale; keys
+                        # past the sequence's end read what is there (in bounds: whole tiles), masked below
+                        s += tl.load(k_res_ptr + (b * stride_rb + qh * stride_rr)[:, None] + j[None, :],
+                                     mask=row_ok[:, None], other=0.0)  # fmt: skip
                     if OAKEN:  # outlier positions hold code 0: the dense part has zr there
                         if not OAKEN_AHEAD:  # each load where it is used (fewer registers)
                             kcor = oaken_key_corr(
@@ -654,6 +659,12 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 alpha = tl.exp2(m_i - m_safe)
                 p = tl.exp2(s - m_safe[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
+                if SCORE_IO:  # p and its running max, per tile (`score_io`: p laid out as the biases); whole tiles
+                    # (p 0 past the sequence's end: a tile crosses no split's end but the last)
+                    at = b * stride_rb + qh * stride_rr
+                    tl.store(v_res_ptr + at[:, None] + j[None, :], p.to(v_res_ptr.dtype.element_ty),
+                             mask=row_ok[:, None])  # fmt: skip
+                    tl.store(scr_ptr + at // BLOCK_N + start // BLOCK_N, m_safe, mask=row_ok)
                 if MIXED_SPAN:
                     vrow = v_ptr + blk0 * stride_vb + kvh * stride_vh + tl.arange(0, BLOCK_SIZE) * stride_vs
                     vspan = (v_ptr + blk1 * stride_vb + kvh * stride_vh + tl.arange(0, BLOCK_SIZE) * stride_vs, blk1,
@@ -891,16 +902,7 @@ def plan_launch(
         or mixed_reads_words(kv_format, dim, bs, cfg["BLOCK_N"])
         or (kv_format == KV_FORMAT_INT and bits == 8 and dim % 4 == 0 and bool(cfg.get("WORDS8", WORDS8_DEFAULT)))
     )
-    ws = None
-    if num_splits > 1 and allocate:
-        shape = (t, hq, num_splits)
-        if workspace is not None and workspace[1].shape == shape and workspace[0].shape[-1] == dim_pad(dim):
-            ws = workspace
-        else:
-            ws = (
-                torch.empty(*shape, dim_pad(dim), dtype=torch.float32, device=q.device),
-                torch.empty(*shape, dtype=torch.float32, device=q.device),
-            )
+    ws = split_workspace(t, hq, num_splits, dim, q.device, workspace) if num_splits > 1 and allocate else None
     tw = tree_mask_words(batch.tree_mask) if batch.is_tree else None
     oak = None
     if kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) and oaken_cap > 0:
@@ -911,6 +913,17 @@ def plan_launch(
     vplanes = planes and reads_value_planes(kv_format, bits, dim, cfg)
     return LaunchPlan(cfg, gpad, bq, num_splits, words, kv_format == KV_FORMAT_FP8 and view.hw_fp8, ws, tw, oak, planes,
                       vplanes)  # fmt: skip
+
+
+def split_workspace(
+    t: int, hq: int, splits: int, dim: int, device, workspace: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split partials' workspace (fp32 o [T, Hq, S, DIM_PAD], lse [T, Hq, S]): `workspace` when its shape fits,
+    else a new one."""
+    if workspace is not None and workspace[1].shape == (t, hq, splits) and workspace[0].shape[-1] == dim_pad(dim):
+        return workspace
+    return (torch.empty(t, hq, splits, dim_pad(dim), dtype=torch.float32, device=device),
+            torch.empty(t, hq, splits, dtype=torch.float32, device=device))  # fmt: skip
 
 
 def pairs_are_words(meta: torch.Tensor | None) -> bool:
@@ -939,9 +952,19 @@ def _side_args(kv: KernelKV, context_lens: torch.Tensor, head_dim: int) -> tuple
     elif kv.kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE):
         kix = kv.k_side  # the cache's outlier index (`oaken.outlier_index`, kept by its writers)
         res = (kix, kv.v_side, kix.stride(0), kix.stride(1), 0)
+    elif kv.k_side is not None:  # per-token INT with score biases in and probabilities out (`score_io`)
+        res = (kv.k_side, kv.v_side, kv.k_side.stride(0), kv.k_side.stride(1), 0)
     else:
         res = (context_lens, context_lens, 0, 0, 0)
     return mstrides, res, _oaken_capacity(kv, head_dim), meta32
+
+
+def score_io(kv: KernelKV) -> bool:
+    """Whether a launch adds score biases and keeps its probabilities (SCORE_IO): a per-token INT launch given side
+    tensors, Oaken's dense part (`oaken_split`): k_side the biases fp32 [B, Hq, T] (T a multiple of BLOCK_N, whole
+    tiles; offsets in int32), v_side the probabilities in the same layout (fp16; fp32 for fp32 queries), the plan's
+    `oaken_scratch` the running maxima fp32 [B, Hq, T / BLOCK_N]."""
+    return kv.kv_format == KV_FORMAT_INT and kv.k_side is not None
 
 
 def _oaken_capacity(kv: KernelKV, head_dim: int) -> int:
@@ -1003,6 +1026,8 @@ def paged_attention_triton(
     hkv, bs = kv.k.shape[2], kv.k.shape[1]
     if cap > 0 and p.oaken_scratch is None:
         raise ValueError("an Oaken launch needs a plan made with oaken_cap (its probability scratch)")
+    if score_io(kv) and (p.oaken_scratch is None or s < 2):
+        raise ValueError("a launch with score biases needs split partials and a plan's scratch for its maxima")
     mstrides, res, cap, meta32 = _side_args(kv, batch.context_lens, dim)
     o_part, l_part = p.workspace if s > 1 else (out, out)  # unused with one split
     dummy = batch.context_lens
@@ -1038,7 +1063,7 @@ def paged_attention_triton(
         F16_MMA=kv.kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", INTERPRETED=device_view(q.device).interpreted,
         META32=meta32, BT_AHEAD=_bt_ahead(q.device), PLANES=p.planes, KV_ALIGN=kv_align(k_cache, v_cache),
-        VPLANES=p.vplanes,
+        VPLANES=p.vplanes, SCORE_IO=score_io(kv),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if s > 1 and reduce:

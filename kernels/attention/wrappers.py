@@ -20,6 +20,7 @@ import torch
 
 from codesign.backend import canonical_device
 from codesign.kernels.attention.mixed_by_width import ByWidthPlan, by_width_applies, plan_by_width
+from codesign.kernels.attention.oaken_split import SplitPlan, plan_split, split_applies
 from codesign.kernels.attention.ops import PLAIN, AttentionFormat, run_attention
 from codesign.kernels.attention.options import Q_DTYPES, AttentionBatch, AttentionOptions, alloc_lse, prepare
 from codesign.kernels.attention.quantized import QUANT_CACHE_TYPES, format_of
@@ -48,7 +49,7 @@ class _Plan:
     batch: AttentionBatch
     opts: AttentionOptions
     opts_lse: AttentionOptions
-    launch: LaunchPlan | ByWidthPlan
+    launch: LaunchPlan | ByWidthPlan | SplitPlan
     no_lse: torch.Tensor  # the `[0, q_heads]` lse run() passes when none is asked
     signature: tuple | None  # a quantized cache's (`AttentionFormat.signature`), None for a plain cache
     kv_format: KVFormat
@@ -121,6 +122,13 @@ class _PlannedAttention:
             # run() rebuilds the sorted tables in place: the buffers stay put across re-plans (CUDA graphs)
             launch = dataclasses.replace(launch, tables=self._keep("width_tables", launch.tables),
                                          lens=self._keep("width_lens", launch.lens))  # fmt: skip
+        elif split_applies(code, probe, batch, opts, tuple(k_like.shape)):  # an Oaken decode in three launches
+            launch = plan_split(probe, tuple(k_like.shape), bits, batch, opts.num_splits, old)
+            # run() rewrites every buffer (q_t's padding heads stay 0): they stay put across re-plans (CUDA graphs)
+            kept = {n: self._keep("split_" + n, getattr(launch, n)) for n in ("bias", "probs", "q_t", "corr")}
+            maxima = self._keep("split_maxima", launch.launch.oaken_scratch)
+            launch = dataclasses.replace(launch, launch=dataclasses.replace(launch.launch, oaken_scratch=maxima),
+                                         **kept)  # fmt: skip
         else:
             launch = plan_launch(probe, tuple(k_like.shape), code, bits, batch, opts.num_splits, old, cap)
             launch = dataclasses.replace(launch, tree_words=self._persist("tree_words", launch.tree_words))

@@ -148,17 +148,24 @@ def test_int_kv_decode_tune_code_planes_and_one_warp():
     assert not kivi.valid({**base, "PLANES": 0, "VPLANES": 1})
 
 
-def test_mixed_kv_decode_tunes_width_by_width_against_one_launch():
-    """The mixed cache's GPU space holds BY_WIDTH 0 / 1, width by width only on the default tile (it ignores the
-    tile, so other tiles would time the same launches again); not on CPU."""
-    op = get_op("paged_attention_mixed")
+@pytest.mark.parametrize("fmt, key, module",
+                         [("mixed", "BY_WIDTH", "mixed_by_width"), ("oaken", "SPLIT", "oaken_split")])  # fmt: skip
+def test_kv_decode_tunes_its_decode_paths(fmt, key, module):
+    """The mixed and Oaken caches' GPU spaces hold their decode path's key 0 / 1 (width by width, `BY_WIDTH`; three
+    launches, `SPLIT`), the path only on the default tile (it ignores the tile, so other tiles would time the same
+    launches again); not on CPU. Their tables follow the path's module."""
+    from codesign.autotune.lookup import kernel_modules
+
+    op = get_op(f"paged_attention_{fmt}")
     shape = dict(M=4, q_heads=8, kv_heads=2, head_dim=128, block_size=32, ctx=512)
     sp = op.space(shape, torch.float16, True)
-    assert sp.params["BY_WIDTH"] == [0, 1]
-    assert "BY_WIDTH" not in op.space(shape, torch.float16, False).params
+    assert sp.params[key] == [0, 1]
+    assert key not in op.space(shape, torch.float16, False).params
     lr = importlib.import_module("codesign.kernels.attention.launch_rules")
-    base = {k: lr.default_config(128, 2, lr.KV_FORMAT_MIXED, 8, 32)[k] for k in ("BLOCK_N", "num_warps", "num_stages")}
+    kf, bits = (lr.KV_FORMAT_MIXED, 8) if fmt == "mixed" else (lr.KV_FORMAT_OAKEN, 4)
+    base = {k: lr.default_config(128, 2, kf, bits, 32)[k] for k in ("BLOCK_N", "num_warps", "num_stages")}
     cfg = {**base, "BLOCK_M": 64}
     other = {**cfg, "BLOCK_N": 16 if base["BLOCK_N"] != 16 else 32}
-    assert sp.valid({**cfg, "BY_WIDTH": 1}) and sp.valid({**other, "BY_WIDTH": 0})
-    assert not sp.valid({**other, "BY_WIDTH": 1})
+    assert sp.valid({**cfg, key: 1}) and sp.valid({**other, key: 0})
+    assert not sp.valid({**other, key: 1})
+    assert f"codesign.kernels.attention.{module}" in kernel_modules(op.source_modules)

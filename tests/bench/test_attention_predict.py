@@ -285,3 +285,25 @@ def test_committed_shortlist_names_configs_of_the_tuners_spaces():
         assert data[name], name
         for part in data[name]:
             assert any(all(c.get(k) == v for k, v in part.items()) for c in grid), (name, part)
+
+
+@pytest.mark.lowering
+def test_oaken_in_three_launches_is_predicted_launch_by_launch(tmp_path):
+    """Oaken decode in three launches (`attention.oaken_split`) compiles for sm_90 without spills and is predicted
+    as the sum of its key walk, its INT launch (the per-token INT4 tile with score biases in and probabilities out,
+    one wave of the programs an SM holds) and its value walk, plus a gap a launch more; the row is the committed
+    prediction's."""
+    out = tmp_path / "p.json"
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    res = subprocess.run([sys.executable, str(SCRIPT), "--formats", "int4-oaken-split", "--no-tree", "--out", str(out)],
+                         env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    row = json.loads(out.read_text())["decode"]["int4-oaken-split"]
+    parts = row["launches"]
+    assert set(parts) == {"key_bias", "int", "value_corr"}
+    assert all(p["spill_stores"] == 0 for p in parts.values()), {k: p["spill_stores"] for k, p in parts.items()}
+    assert parts["int"]["waves"] == 1 and parts["int"]["num_warps"] == 1
+    gaps = row["predicted_ms"] - sum(p["predicted_ms"] for p in parts.values())
+    assert gaps == pytest.approx(2 * 0.002)
+    committed = json.loads((SCRIPT.parent / "results" / "attention_predict_sm90.json").read_text())
+    assert row["predicted_ms"] == pytest.approx(committed["decode"]["int4-oaken-split"]["predicted_ms"], rel=1e-6)

@@ -254,15 +254,23 @@ class _Uncounted:
         return launch
 
 
-@pytest.mark.parametrize("kind", ["plain", *KINDS, "int8"])
+@pytest.mark.parametrize("kind", ["plain", *KINDS, "int8", "oaken-split"])
 def test_run_does_no_table_lookup_and_no_allocation(kind, monkeypatch):
     """plan() plans everything (config, split count, workspace) for every cache type: run() into given out and
     lse buffers calls no table lookup and no tensor constructor (counted by patching them), and gives the
-    functional entry point's bits."""
+    functional entry point's bits; "oaken-split": Oaken decode in three launches (`oaken_split`, SPLIT 1)."""
+    if kind == "oaken-split":
+        from codesign.autotune.lookup import forced_config
+        from codesign.kernels.attention.launch_rules import table_op
+        from codesign.kernels.kvcache.formats import KV_FORMAT_OAKEN
+
+        with forced_config(table_op(KV_FORMAT_OAKEN, 4), {"SPLIT": 1}):
+            return test_run_does_no_table_lookup_and_no_allocation("oaken", monkeypatch)
     from collections import Counter
 
     from codesign.kernels.attention import launch_rules as lr
     from codesign.kernels.attention import mixed_by_width as mbw
+    from codesign.kernels.attention import oaken_split as osp
     from codesign.kernels.attention import triton_attention as ta
     from codesign.kernels.attention.paged import paged_decode_attention
 
@@ -283,7 +291,8 @@ def test_run_does_no_table_lookup_and_no_allocation(kind, monkeypatch):
         counts: Counter = Counter()
         paused: list = []
         for mod, kernel in ((ta, "_paged_attn_kernel"), (ta, "_reduce_splits_kernel"),
-                            (mbw, "_width_tables_kernel")):  # (the interpreter's own copies are not run()'s)
+                            (mbw, "_width_tables_kernel"), (osp, "_key_bias_kernel"), (osp, "_value_corr_kernel"),
+                            (osp, "_merge_kernel")):  # (the interpreter's own copies are not run()'s)
             monkeypatch.setattr(mod, kernel, _Uncounted(getattr(mod, kernel), paused))
         _count_calls(monkeypatch, counts, lr, "lookup_config", paused)
         for name in ("empty", "zeros", "ones", "full", "empty_like", "zeros_like", "full_like", "empty_strided",
@@ -301,19 +310,29 @@ def test_run_does_no_table_lookup_and_no_allocation(kind, monkeypatch):
     assert torch.equal(out, ref)
 
 
+def _split_buffers(plan) -> tuple:
+    from codesign.kernels.attention.oaken_split import SplitPlan
+
+    assert isinstance(plan, SplitPlan)
+    return plan.bias, plan.probs, plan.q_t, plan.corr, plan.launch.oaken_scratch
+
+
 def test_oaken_run_reads_the_kept_index_and_a_replan_keeps_the_scratch():
     """run() over an Oaken cache reads the outlier index the cache keeps: a write after plan() updates it (its new
     outliers count), a hand edit of the slots leaves it stale and run() rebuilds it whole before the launch; the
-    plan keeps only the probability scratch, which a re-plan of the same shapes keeps (a captured graph stays
-    valid)."""
+    decode plan (three launches, `oaken_split`, SPLIT 1) keeps its buffers (biases, kept probabilities, q,
+    corrections, maxima), which a re-plan of the same shapes keeps (a captured graph stays valid)."""
+    from codesign.autotune.lookup import forced_config
+    from codesign.kernels.attention.launch_rules import table_op
+    from codesign.kernels.kvcache.formats import KV_FORMAT_OAKEN
+
     nb, bt, cl, slots = _tables(CTX)
     cache = _cache("oaken", nb, bt, slots)
     w = PagedDecodeWrapper()
     q = torch.randn(len(CTX), HQ, D)
-    with use_backend("triton"):
+    with use_backend("triton"), forced_config(table_op(KV_FORMAT_OAKEN, 4), {"SPLIT": 1}):
         w.plan(cache, bt, cl, HQ, num_splits=1, q_dtype=torch.float32)
-        scratch = w._plan.launch.oaken_scratch
-        assert scratch is not None
+        kept = _split_buffers(w._plan.launch)
         before = w.run(q, cache)
         n = int(slots.numel())
         cache.write(torch.randn(n, H, D) * 4, torch.randn(n, H, D) * 4, slots)  # new outliers after plan()
@@ -327,4 +346,5 @@ def test_oaken_run_reads_the_kept_index_and_a_replan_keeps_the_scratch():
         assert cache.index_current() and not torch.equal(edited, written)
         assert torch.equal(edited, _functional("oaken", q, cache, bt, cl, None, 1))
         w.plan(cache, bt, cl, HQ, num_splits=1, q_dtype=torch.float32)
-        assert w._plan.launch.oaken_scratch is scratch
+        again = _split_buffers(w._plan.launch)
+        assert all(a is b for a, b in zip(again, kept, strict=True))

@@ -5,6 +5,8 @@ from that block reference."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from helpers import assert_rel_close, seq_slots, shuffled_block_tables
@@ -19,6 +21,19 @@ from codesign.kernels.kvcache.oaken import OakenPagedKV
 from codesign.specs import CodesignError
 
 BS, H, D, CAP = 4, 2, 16, 3
+
+
+@contextlib.contextmanager
+def decode_path(split: int, tile: int | None = None):
+    """Online Oaken decode in three launches (split 1, `attention.oaken_split`: the INT launch's tile `tile`) or in
+    the one-launch kernel (0, its tile `tile`); extend and tree take the one-launch kernel's tile either way."""
+    from codesign.kernels.attention import launch_rules as lr
+    from codesign.kernels.kvcache.formats import KV_FORMAT_INT, KV_FORMAT_OAKEN
+
+    tiles = {} if tile is None else {"BLOCK_N": tile}
+    with forced_config(lr.table_op(KV_FORMAT_OAKEN, 4), {**tiles, "SPLIT": split}), \
+            forced_config(lr.table_op(KV_FORMAT_INT, 4), tiles):  # fmt: skip
+        yield
 
 
 def _setup(ctx, bits=4, bs=BS, cap=CAP, spikes=(5,), token_spikes=(), value_spikes=()):
@@ -104,15 +119,15 @@ def test_kernel_outlier_chunks_vs_fp64(bs, cap):
 
 
 
-@pytest.mark.parametrize("tile", [32, 64])
+@pytest.mark.parametrize("tile, split", [(32, 0), (64, 0), (32, 1)])
 @pytest.mark.parametrize("qdtype", [torch.float32, torch.float16])
-def test_kernel_lists_past_the_ranks_loaded_ahead_vs_fp64(tile, qdtype):
+def test_kernel_lists_past_the_ranks_loaded_ahead_vs_fp64(tile, qdtype, split):
     """Decode with 16-bit queries loads each tile's first OAKEN_KEY_RANKS key slots a token and OAKEN_RANKS value
     slots a channel ahead of its dense part (`oaken_key_first`, `oaken_value_first`; fp32 queries, extend and
     tree load 3 / 5 a trip where used); longer lists go on in loops. Token spikes (many key slots on one token)
     and value channel spikes (a channel's slot on most tokens of a block) make both kinds of list run past those
-    ranks: decode with splits and extend against fp64."""
-    from codesign.kernels.attention import launch_rules as lr
+    ranks: decode with splits and extend against fp64, decode in one launch and in three (`oaken_split`: its walks
+    run to each block's fullest list, RANKS a trip)."""
     from codesign.kernels.attention import triton_attention as ta
 
     cache, bt, cl, xs, thr = _setup([70, 45, 61], bs=32, cap=160, spikes=(), token_spikes=(13, 45, 60),
@@ -128,7 +143,7 @@ def test_kernel_lists_past_the_ranks_loaded_ahead_vs_fp64(tile, qdtype):
     cu = torch.tensor([0, 3, 3, 5], dtype=torch.int32)
     ref_e, _ = reference_attention(qe.float(), kd, vd, bt, cl, [3, 0, 2])
     tol = 2e-6 if qdtype == torch.float32 else 2e-3
-    with use_backend("triton"), forced_config(lr.table_op(ta.KV_FORMAT_OAKEN, 4), {"BLOCK_N": tile}):
+    with use_backend("triton"), decode_path(split, tile):
         for splits in (1, 3):
             out = oaken_attention(q, cache, bt, cl, num_splits=splits).double()
             assert_rel_close(out, ref, tol, f"splits={splits}")
@@ -250,15 +265,16 @@ def padded_rows_pool(offline: bool):
     return cache, bt, cl, kd, vd
 
 
-@pytest.mark.parametrize("tile", [32, 64])
+@pytest.mark.parametrize("tile, split", [(32, 0), (64, 0), (64, 1)])
 @pytest.mark.parametrize("padded", [False, True])
-def test_kernel_key_spikes_in_later_blocks_vs_fp64(padded, tile):
+def test_kernel_key_spikes_in_later_blocks_vs_fp64(padded, tile, split):
     """Key outliers crowded on single tokens in a tile's later blocks (blocks of 8, 32-token tiles: 4 blocks a
     tile; tokens 13, 45, 60: blocks 1, 5 and 7, none a tile's first): the key loop runs to the fullest of the
     tile's blocks' fullest tokens (a count per block), so those tokens' ranks beyond the first block's fullest
     are taken; decode with splits (a split ending inside a tile: its later blocks not live) and extend against
     fp64, with and without padded rows (16-row tiles: the corrections through the program's scratch; 64-token
-    tiles reload them through a dot of zeros, 32-token tiles by a plain add)."""
+    tiles reload them through a dot of zeros, 32-token tiles by a plain add); decode in one launch and in three
+    (`oaken_split`: its INT tile of 64 over blocks of 8, eight blocks a tile)."""
     import dataclasses
 
     from codesign.backend import device_view, use_device_view
@@ -278,26 +294,27 @@ def test_kernel_key_spikes_in_later_blocks_vs_fp64(padded, tile):
     cu = torch.tensor([0, 3, 3, 5], dtype=torch.int32)
     ref_e, _ = reference_attention(qe, kd, vd, bt, cl, [3, 0, 2])
     view = dataclasses.replace(device_view("cpu"), min_dot_rows=16) if padded else device_view("cpu")
-    op = lr.table_op(ta.KV_FORMAT_OAKEN, 4)
-    with use_device_view(view), use_backend("triton"), forced_config(op, {"BLOCK_N": tile}):
+    with use_device_view(view), use_backend("triton"), decode_path(split, tile):
         for splits in (1, 3):
             out = oaken_attention(q, cache, bt, cl, num_splits=splits)
             assert_rel_close(out, ref, 2e-6, f"decode splits={splits}")
         assert_rel_close(oaken_attention(qe, cache, bt, cl, cu, num_splits=2), ref_e, 2e-6, "extend")
 
 
-@pytest.mark.parametrize("offline", [False, True])
-def test_kernel_padded_rows_vs_fp64(offline, monkeypatch):
+@pytest.mark.parametrize("offline, split", [(False, 0), (False, 1), (True, 0)])
+def test_kernel_padded_rows_vs_fp64(offline, split, monkeypatch):
     """Outlier corrections on the real query heads only (3 per kv head, 4 with padding) while the tile has 16
     rows (a GPU's smallest tl.dot, as on GPUs): decode with splits (several tiles a split: the separate value
     correction accumulator is rescaled as the output) and extend against fp64. The program scratch starts as NaN:
-    the kernel reads only what each tile wrote (every row's p, 0 for rows of no query)."""
+    the kernel reads only what each tile wrote (every row's p, 0 for rows of no query); so do the three launches'
+    buffers (`oaken_split`: biases, kept probabilities and maxima past what the launches wrote are never read)."""
     import dataclasses
 
     from codesign.backend import device_view, use_device_view
+    from codesign.kernels.attention import oaken_split as osp
     from codesign.kernels.attention import triton_attention as ta
 
-    plan_launch = ta.plan_launch
+    plan_launch, plan_split = ta.plan_launch, osp.plan_split
 
     def poisoned(*args, **kwargs):
         plan = plan_launch(*args, **kwargs)
@@ -305,7 +322,14 @@ def test_kernel_padded_rows_vs_fp64(offline, monkeypatch):
             plan.oaken_scratch.fill_(float("nan"))
         return plan
 
+    def poisoned_split(*args, **kwargs):
+        plan = plan_split(*args, **kwargs)
+        for t in (plan.bias, plan.probs, plan.corr, plan.launch.oaken_scratch, *plan.launch.workspace):
+            t.fill_(float("nan"))
+        return plan
+
     monkeypatch.setattr(ta, "plan_launch", poisoned)
+    monkeypatch.setattr(osp, "plan_split", poisoned_split)
 
     cache, bt, cl, kd, vd = padded_rows_pool(offline)
     hq = 3 * H
@@ -314,7 +338,8 @@ def test_kernel_padded_rows_vs_fp64(offline, monkeypatch):
     qe = torch.randn(5, hq, D)
     cu = torch.tensor([0, 3, 3, 5], dtype=torch.int32)
     ref_e, _ = reference_attention(qe, kd, vd, bt, cl, [3, 0, 2])
-    with use_device_view(dataclasses.replace(device_view("cpu"), min_dot_rows=16)), use_backend("triton"):
+    view = dataclasses.replace(device_view("cpu"), min_dot_rows=16)
+    with use_device_view(view), use_backend("triton"), decode_path(split):
         for splits in (1, 2):
             out = oaken_attention(q, cache, bt, cl, num_splits=splits)
             assert_rel_close(out, ref, 2e-6, f"decode splits={splits}")

@@ -1,0 +1,371 @@
+"""Decode over an Oaken cache in three launches: the key outliers' score biases (`_key_bias_kernel`), the per-token
+INT kernel over the dense codes with those biases added, keeping its probabilities (`triton_attention`'s SCORE_IO),
+then the value outliers' corrections of each split (`_value_corr_kernel`), added to its partial by the merge
+(`_merge_kernel`).
+
+Oaken's dense part is a per-token INT cache in the same layout (`kvcache.oaken`: codes, fp16 (scale, lower bound);
+an outlier's position holds code 0, i.e. its token's lower bound `zr`), so the middle launch is the INT kernel
+itself, with its tiles, code planes and tables. The outlier index (`kvcache.oaken.outlier_index`, kept by the cache)
+holds each slot's difference from that dense value:
+
+    scores   s[h, t] += sum over t's key slots (d, delta) of q[h, d] delta         (before softmax: a bias)
+    output   o_s[h, d] += sum over d's value slots (t, delta) of p_s[h, t] delta   (after: into split s's partial)
+
+where p_s[h, t] = 2^(s[h, t] - lse2_s[h]) is split s's normalized probability, so the split merge weighs the
+correction as it weighs the rest of the partial. The INT launch keeps p as it computed it, relative to the tile's
+running max m (fp16 for 16-bit queries, as its value dot takes p; fp32 for fp32 ones), m per tile, and lse2_s in its
+partials; p_s = p 2^(m - lse2_s).
+
+Why: the one-launch kernel (`triton_oaken`) applies both corrections inside every tile. Its tile carries the index
+walks, a scratch round trip and their registers (sm_90: 64 x 128 on 4 warps, 236 registers, two warps a
+scheduler), and the warp-scheduler simulation found it bound by one warp's dependent chain
+(`bench/attention_predict.py`: 0.678 ms at issue 21's shape, 0.76x the bf16 cache). Apart, each launch runs at its
+own occupancy: the INT tile on one warp, the walks on small programs with few registers. Predictions:
+docs/results.md.
+
+Applies to decode over the online variant without a window whose Oaken config sets "SPLIT" 1 (`split_applies`;
+off by default, SPLIT_DEFAULT, until a GPU has timed it; the tuner tries both); the offline variant (8-bit metadata
+on a grid the INT kernel does not decode), extend, tree and windowed launches keep the one-launch kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from codesign.backend import device_view
+from codesign.kernels.attention.launch_rules import choose_num_splits, decode_path_on, dim_pad
+from codesign.kernels.attention.options import AttentionBatch, AttentionOptions
+from codesign.kernels.attention.triton_attention import (
+    KernelKV,
+    LaunchPlan,
+    paged_attention_triton,
+    plan_launch,
+    split_workspace,
+)
+from codesign.kernels.kvcache.formats import KV_FORMAT_INT, KV_FORMAT_OAKEN
+from codesign.kernels.kvcache.oaken import index_capacity
+
+SPLIT_DEFAULT = 0  # the Oaken config's key choosing this path (1) or the one-launch kernel (0)
+MIN_SPLITS = 2  # the INT launch writes partials (one split would write the output itself)
+# The walks (one warp a program): blocks a step side by side (a step's chain of dependent loads shared by them), the
+# first ranks of every list in straight-line code (their loads in flight together), then RANKS a trip
+BIAS_NBLK, BIAS_FIRST = 2, 6
+CORR_NBLK, CORR_FIRST = 1, 2
+RANKS = 2
+CORR_PROGRAMS_PER_SM, CORR_MIN_BLOCKS = 16, 2  # the value walks split each split's blocks among programs
+# The INT launch with biases in and probabilities out holds more registers than the INT format's own (sm_90, INT4,
+# head_dim 128, one warp: 223 against 200), so an SM holds a program fewer than the INT table's PROGRAMS_PER_SM;
+# the split count follows that (a tenth program an SM would run in a second wave)
+SCORE_IO_FEWER = 1
+BIAS_PROGRAMS_PER_SM = 16  # the bias launch's programs: blocks a program so that about this many fill an SM
+_NEG_INF = tl.constexpr(float("-inf"))
+_LN2 = tl.constexpr(0.6931471805599453)
+
+
+@dataclass(frozen=True, eq=False)
+class SplitPlan:
+    """An Oaken decode's launches, made before them (`plan_split`): the INT launch's plan (its workspace the split
+    partials, its `oaken_scratch` the tiles' running maxima fp32 [B, Hq, T / BLOCK_N]), the score biases fp32
+    [B, Hq, T], the kept probabilities in their layout (fp16, fp32 for fp32 queries), q fp32 channel-major
+    [B, kv_heads, D, GP], the value walks' corrections fp32 [B, Hq, S, W, DIM_PAD] (W walks a split) and the bias
+    launch's blocks a program; T: the block table's tokens, to a multiple of the tile."""
+
+    launch: LaunchPlan
+    bias: torch.Tensor
+    probs: torch.Tensor
+    q_t: torch.Tensor
+    corr: torch.Tensor
+    chunk: int
+    tree_words: None = None  # (the fields a plan()/run() wrapper reads off any plan)
+    oaken_scratch: None = None
+
+    @property
+    def workspace(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return self.launch.workspace
+
+
+def split_applies(kv_format: int, q: torch.Tensor, batch: AttentionBatch, opts: AttentionOptions,
+                  cache_shape: tuple[int, ...]) -> bool:  # fmt: skip
+    """True for a decode over an online Oaken cache without a window (the kept probabilities cover the split's
+    tiles, which a window would move) whose Oaken config (tuned table or defaults) keeps "SPLIT" on."""
+    if kv_format != KV_FORMAT_OAKEN or not batch.is_decode or opts.window:
+        return False
+    return decode_path_on(q, batch, cache_shape, KV_FORMAT_OAKEN, 4, "SPLIT", SPLIT_DEFAULT)
+
+
+def plan_split(
+    q: torch.Tensor,
+    cache_shape: tuple[int, ...],
+    bits: int,
+    batch: AttentionBatch,
+    num_splits: int | None,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> SplitPlan:
+    """The INT launch over the dense codes (`plan_launch` at `bits`: its table or defaults, its split count, at least
+    MIN_SPLITS) and the buffers the three launches share (`workspace` reused when its shape fits). Host-only."""
+    nb, bs, hkv, dim = cache_shape[:4]
+    t, hq = q.shape[:2]
+    p = plan_launch(q, (nb, bs, hkv, dim * bits // 8), KV_FORMAT_INT, bits, batch, num_splits, allocate=False)
+    per_sm = p.config.get("PROGRAMS_PER_SM")
+    if num_splits is None and per_sm is not None and per_sm > SCORE_IO_FEWER:  # its own occupancy (SCORE_IO_FEWER)
+        programs = batch.block_tables.shape[0] * hkv
+        sms = device_view(q.device).sms
+        p = dataclasses.replace(p, num_splits=choose_num_splits(programs, batch.block_tables.shape[1] * bs, sms,
+                                                                p.config["num_warps"], per_sm - SCORE_IO_FEWER))
+    s, bn = max(p.num_splits, MIN_SPLITS), p.config["BLOCK_N"]
+    workspace = split_workspace(t, hq, s, dim, q.device, workspace)
+    b, mb = batch.block_tables.shape
+    tokens = -(-mb * bs // bn) * bn
+    gp = triton.next_power_of_2(hq // hkv)
+    maxima = torch.empty(b, hq, tokens // bn, dtype=torch.float32, device=q.device)
+    launch = dataclasses.replace(p, num_splits=s, workspace=workspace, oaken_scratch=maxima)
+    if b * hq * tokens >= 2**31:  # (the INT launch's offsets into them are int32)
+        raise ValueError(f"{b} sequences x {hq} heads x {tokens} tokens: too many scores to keep (< 2^31)")
+    bias = torch.empty(b, hq, tokens, dtype=torch.float32, device=q.device)
+    # p as the INT tile feeds it to its value dot: fp16 for 16-bit queries, fp32 for fp32 ones
+    pdt = torch.float32 if q.dtype == torch.float32 else torch.float16
+    probs = torch.empty(b, hq, tokens, dtype=pdt, device=q.device)
+    q_t = torch.zeros(b, hkv, dim, gp, dtype=torch.float32, device=q.device)  # padding heads stay 0
+    sms = device_view(q.device).sms or 132
+    # the value walks: enough programs to keep CORR_PROGRAMS_PER_SM an SM, each over at least CORR_MIN_BLOCKS blocks
+    walks = max(1, min(-(-sms * CORR_PROGRAMS_PER_SM // (b * hkv * s)), -(-mb // (s * CORR_MIN_BLOCKS))))
+    corr = torch.empty(b, hq, s, walks, dim_pad(dim), dtype=torch.float32, device=q.device)
+    chunk = -(-max(1, -(-mb * b * hkv // (sms * BIAS_PROGRAMS_PER_SM))) // BIAS_NBLK) * BIAS_NBLK  # whole steps
+    return SplitPlan(launch, bias, probs, q_t, corr, chunk)
+
+
+def attend_split(
+    q: torch.Tensor,
+    kv: KernelKV,
+    batch: AttentionBatch,
+    opts: AttentionOptions,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    plan: SplitPlan | None = None,
+) -> None:
+    """Decode over the Oaken cache `kv` (its k_side / v_side the outlier index) into `out` / `lse` (None: not
+    written): biases, the INT launch, the value corrections, the merge. No host sync (CUDA-graph capturable
+    with a plan)."""
+    plan = plan or plan_split(q, tuple(kv.k.shape[:3]) + (q.shape[2],), kv.bits, batch, opts.num_splits)
+    t, hq, dim = q.shape
+    nb, bs, hkv = kv.k.shape[:3]
+    group, gp = hq // hkv, plan.q_t.shape[3]
+    cap = index_capacity(kv.k_side.shape[2], bs, dim)
+    plan.q_t[..., :group].copy_(q.reshape(t, hkv, group, dim).transpose(2, 3))
+    bt = batch.block_tables
+    _key_bias_kernel[(t, hkv, triton.cdiv(bt.shape[1], plan.chunk))](
+        plan.q_t, kv.k_side, bt, batch.context_lens, plan.bias,
+        kv.k_side.stride(0), kv.k_side.stride(1), bt.stride(0), plan.bias.stride(0), plan.bias.stride(1),
+        plan.chunk, bt.shape[1],
+        GROUP=group, GP=gp, HEAD_DIM=dim, BLOCK_SIZE=bs, BS_PAD=triton.next_power_of_2(bs), NBLK=BIAS_NBLK,
+        CAP=cap, FIRST=BIAS_FIRST, R=RANKS, num_warps=1,
+    )  # fmt: skip
+    dense = KernelKV(kv.k, kv.v, KV_FORMAT_INT, kv.bits, kv.k_meta, kv.v_meta, plan.bias, plan.probs)
+    paged_attention_triton(q, dense, batch, opts, out, None, plan.launch, reduce=False)
+    o_part, l_part = plan.launch.workspace
+    cfg, s, w = plan.launch.config, plan.launch.num_splits, plan.corr.shape[3]
+    _value_corr_kernel[(t, hkv, s * w)](
+        kv.v_side, bt, batch.context_lens, plan.probs, plan.launch.oaken_scratch, plan.corr, l_part,
+        kv.v_side.stride(0), kv.v_side.stride(1), bt.stride(0), *l_part.stride(), plan.probs.stride(0),
+        plan.probs.stride(1),
+        GROUP=group, GP=gp, HEAD_DIM=dim, DIM_PAD=dim_pad(dim), BLOCK_SIZE=bs, BLOCK_N=cfg["BLOCK_N"],
+        NUM_SPLITS=s, WALKS=w, NBLK=CORR_NBLK, CAP=cap, FIRST=CORR_FIRST, R=RANKS, num_warps=1,
+    )  # fmt: skip
+    _merge_kernel[(t, hq)](
+        o_part, l_part, plan.corr, out, lse if lse is not None else out,
+        hq * s, s, out.stride(0), out.stride(1), (lse if lse is not None else out).stride(0),
+        (lse if lse is not None else out).stride(1),
+        NUM_SPLITS=s, SPLITS_PAD=triton.next_power_of_2(s), WALKS=w, HEAD_DIM=dim, DIM_PAD=dim_pad(dim),
+        WRITE_LSE=lse is not None, num_warps=4 if dim >= 128 else 2,
+    )  # fmt: skip
+
+
+@triton.jit
+def _walk_heads(ix_ptr, blk, kvh, stride_ib, stride_ih, at, ok, CAP: tl.constexpr, N: tl.constexpr):
+    """Each lane's list in its block's index (`outlier_index`): the index row, the list's (start, end) for list
+    `at` of that block, and the fullest list of the step's blocks (the remainder loops' bound)."""
+    ib = ix_ptr + blk * stride_ib + kvh * stride_ih
+    st = tl.load(ib + 2 * CAP + at, mask=ok, other=0)
+    en = tl.load(ib + 2 * CAP + at + 1, mask=ok, other=0)
+    nr = tl.max(tl.load(ib + 2 * CAP + N + 1, mask=ok, other=0))
+    return ib, st, en, nr
+
+
+@triton.jit
+def _pair(ib, st, en, r):
+    """Rank r of each lane's list as (coordinate, delta, live): past the list's end coordinate 0, delta 0."""
+    live = r < en - st
+    x = tl.load((ib + 2 * (st + r)).to(tl.pointer_type(tl.int64), bitcast=True), mask=live, other=0)
+    return x.to(tl.int32), (x >> 32).to(tl.int32).to(tl.float32, bitcast=True), live
+
+
+@triton.jit
+def _key_bias_kernel(
+    qt_ptr, ix_ptr, bt_ptr, ctx_ptr, bias_ptr,
+    stride_ib, stride_ih, stride_bt, stride_sb, stride_sh, chunk, max_blocks,
+    GROUP: tl.constexpr, GP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BS_PAD: tl.constexpr,
+    NBLK: tl.constexpr, CAP: tl.constexpr, FIRST: tl.constexpr, R: tl.constexpr,
+):  # fmt: skip
+    """One program a (sequence, kv head, `chunk` blocks), NBLK blocks a step side by side (a lane a token), each
+    step's block ids loaded a step ahead: each token's key slots (the token-sorted index: (channel, delta) pairs)
+    times the group's q at that channel (qt: fp32 channel-major, a slot's heads one load), summed per token into
+    the biases [B, Hq, T] (a head's tokens side by side). The first FIRST ranks of every list in straight-line code
+    (their loads in flight together), the rest R a trip."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    kv_len = tl.load(ctx_ptr + b)
+    lane = tl.arange(0, NBLK * BS_PAD)
+    t = lane % BS_PAD
+    g = tl.arange(0, GP)
+    qrow = qt_ptr + (b * tl.num_programs(1) + kvh).to(tl.int64) * (HEAD_DIM * GP)
+    btrow = bt_ptr + b.to(tl.int64) * stride_bt
+    lo = tl.program_id(2) * chunk
+    hi = tl.minimum(tl.minimum(lo + chunk, max_blocks), tl.cdiv(kv_len, BLOCK_SIZE))
+    bi_n = lo + lane // BS_PAD
+    blk_n = tl.load(btrow + bi_n, mask=bi_n < hi, other=0)
+    for b0 in range(lo, hi, NBLK):
+        bi = b0 + lane // BS_PAD
+        ok = (t < BLOCK_SIZE) & (bi < hi)
+        blk = blk_n.to(tl.int64)
+        blk_n = tl.load(btrow + bi + NBLK, mask=bi + NBLK < hi, other=0)  # the next step's (off its chain)
+        ib, st, en, nr = _walk_heads(ix_ptr, blk, kvh, stride_ib, stride_ih, t, ok, CAP, BLOCK_SIZE)
+        acc = tl.zeros([GP, NBLK * BS_PAD], tl.float32)
+        for u in tl.static_range(FIRST):
+            ch, delta, _ = _pair(ib, st, en, u)
+            acc += tl.load(qrow + (ch * GP)[None, :] + g[:, None]) * delta[None, :]
+        for r in range(FIRST, nr, R):
+            for u in tl.static_range(R):
+                ch, delta, _ = _pair(ib, st, en, r + u)
+                acc += tl.load(qrow + (ch * GP)[None, :] + g[:, None]) * delta[None, :]
+        tj = bi * BLOCK_SIZE + t
+        tl.store(bias_ptr + b.to(tl.int64) * stride_sb + (kvh * GROUP + g)[:, None] * stride_sh + tj[None, :], acc,
+                 mask=(g < GROUP)[:, None] & (ok & (tj < kv_len))[None, :])  # fmt: skip
+
+
+@triton.jit
+def _value_slot(ib, st, en, r, first, s_lo, s_hi, pk, mk, lses, parts, GP: tl.constexpr, WHOLE: tl.constexpr,
+                BLOCK_N: tl.constexpr):  # fmt: skip
+    """Rank r of each (block, channel) list: its token's kept p for each head times its delta, into `parts` (one
+    [NBLK, DIM_PAD] tile a head); tokens outside the split's keys count nothing. Not WHOLE (blocks across tiles):
+    each p times its tile's factor 2^(m - lse2) here."""
+    tok, delta, live = _pair(ib, st, en, r)
+    tj = first + tok
+    ok = live & (tj >= s_lo) & (tj < s_hi)  # the split's keys only
+    delta = tl.where(ok, delta, 0.0)
+    out = ()
+    for h in tl.static_range(GP):
+        pg = tl.load(pk[h] + tj, mask=ok, other=0.0).to(tl.float32)
+        if not WHOLE:
+            pg = pg * tl.exp2(tl.load(mk[h] + tj // BLOCK_N, mask=ok, other=0.0) - lses[h])
+        out = out + (parts[h] + pg * delta,)
+    return out
+
+
+@triton.jit
+def _value_corr_kernel(
+    ix_ptr, bt_ptr, ctx_ptr, pk_ptr, mk_ptr, c_ptr, lsep_ptr,
+    stride_ib, stride_ih, stride_bt, stride_pt, stride_ph, stride_ps, stride_kb, stride_kh,
+    GROUP: tl.constexpr, GP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, WALKS: tl.constexpr, NBLK: tl.constexpr, CAP: tl.constexpr,
+    FIRST: tl.constexpr, R: tl.constexpr,
+):  # fmt: skip
+    """One program a (sequence, kv head, split, walk: a WALKS-th of the split's blocks), NBLK blocks a step side by
+    side (lanes: the blocks' channels), each step's block ids loaded a step ahead: over its keys (the INT launch's
+    split), each channel's value slots (the channel-sorted index: (token, delta) pairs) times the kept probabilities
+    of the slot's token (pk [B, Hq, T], maxima mk [B, Hq, T / BLOCK_N]) normalized to the split (2^(m - lse2)),
+    summed per channel into the walk's row of the corrections c [B, Hq, NUM_SPLITS, WALKS, DIM_PAD] (`_merge_kernel`
+    adds them to the split's partial). Ranks as the key walk's."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2) // WALKS
+    walk = tl.program_id(2) % WALKS
+    kv_len = tl.load(ctx_ptr + b)
+    per = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N  # (`_paged_attn_kernel`'s split of the keys)
+    s_lo = split * per
+    s_hi = tl.minimum(kv_len, s_lo + per)
+    d = tl.arange(0, DIM_PAD)
+    d_ok = d < HEAD_DIM
+    nb = tl.arange(0, NBLK)
+    btrow = bt_ptr + b.to(tl.int64) * stride_bt
+    pt = b.to(tl.int64) * stride_pt + split * stride_ps  # the split's partial rows (a head's: + qh stride_ph)
+    # each head's kept p, its maxima and the split's lse2 (+inf for -inf, a split of no keys or a padding head: its
+    # factors 2^(m - lse2) are then 0)
+    pks = ()
+    mks = ()
+    lses = ()
+    for h in tl.static_range(GP):
+        qh = kvh * GROUP + h
+        pks = pks + (pk_ptr + (b.to(tl.int64) * stride_kb + qh * stride_kh),)
+        mks = mks + (mk_ptr + (b.to(tl.int64) * stride_kb + qh * stride_kh) // BLOCK_N,)
+        lse2 = tl.load(lsep_ptr + pt + qh * stride_ph, mask=h < GROUP, other=float("-inf"))
+        lses = lses + (tl.where(lse2 > _NEG_INF, lse2, float("inf")),)
+    parts = ()
+    for _h in tl.static_range(GP):
+        parts = parts + (tl.zeros([NBLK, DIM_PAD], tl.float32),)
+    WHOLE: tl.constexpr = BLOCK_N % BLOCK_SIZE == 0  # a block inside one tile: one factor a block and head
+    first_blk = s_lo // BLOCK_SIZE
+    per_walk = tl.cdiv(tl.maximum(tl.cdiv(s_hi, BLOCK_SIZE) - first_blk, 0), WALKS)
+    lo = first_blk + walk * per_walk
+    hi = tl.minimum(tl.cdiv(s_hi, BLOCK_SIZE), lo + per_walk)
+    blk_n = tl.load(btrow + lo + nb, mask=lo + nb < hi, other=0)
+    for b0 in range(lo, hi, NBLK):
+        bi = b0 + nb
+        b_ok = bi < hi
+        blk = blk_n.to(tl.int64)
+        blk_n = tl.load(btrow + bi + NBLK, mask=bi + NBLK < hi, other=0)  # the next step's (off its chain)
+        m2 = b_ok[:, None] & d_ok[None, :]
+        ib, st, en, nr = _walk_heads(ix_ptr, blk[:, None], kvh, stride_ib, stride_ih, d[None, :], m2, CAP, HEAD_DIM)
+        first = (bi * BLOCK_SIZE)[:, None]
+        step = ()
+        for _h in tl.static_range(GP):
+            step = step + (tl.zeros([NBLK, DIM_PAD], tl.float32),)
+        for u in tl.static_range(FIRST):
+            step = _value_slot(ib, st, en, u, first, s_lo, s_hi, pks, mks, lses, step, GP, WHOLE, BLOCK_N)
+        for r in range(FIRST, nr, R):
+            for u in tl.static_range(R):
+                step = _value_slot(ib, st, en, r + u, first, s_lo, s_hi, pks, mks, lses, step, GP, WHOLE, BLOCK_N)
+        new = ()
+        for h in tl.static_range(GP):  # p of the split: 2^(m - lse2), m the tile's running max
+            if WHOLE:
+                f = tl.exp2(tl.load(mks[h] + bi * BLOCK_SIZE // BLOCK_N, mask=b_ok, other=0.0) - lses[h])
+                new = new + (parts[h] + step[h] * f[:, None],)
+            else:  # (each slot's factor applied in `_value_slot`)
+                new = new + (parts[h] + step[h],)
+        parts = new
+    for h in tl.static_range(GP):
+        if h < GROUP:
+            tl.store(c_ptr + ((pt + (kvh * GROUP + h) * stride_ph) * WALKS + walk) * DIM_PAD + d, tl.sum(parts[h], 0),
+                     mask=d_ok)  # fmt: skip
+
+
+@triton.jit
+def _merge_kernel(
+    op_ptr, lsep_ptr, c_ptr, o_ptr, lse_ptr,
+    stride_pt, stride_ph, stride_ot, stride_oh, stride_lt, stride_lh,
+    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, WALKS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr, WRITE_LSE: tl.constexpr,
+):  # fmt: skip
+    """`triton_attention._reduce_splits_kernel` with each split's corrections added to its partial first:
+    o = sum_s w_s (o_s + sum_w c_sw) / sum_s w_s, w_s = 2^(lse2_s - max lse2); lse = log(sum_s 2^lse2_s)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, DIM_PAD)
+    base = t * stride_pt + h * stride_ph + s
+    lse2 = tl.load(lsep_ptr + base, mask=s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse2, 0)
+    w = tl.where(lse2 == float("-inf"), 0.0, tl.exp2(lse2 - m))
+    o_m = (w > 0.0)[:, None] & (d < HEAD_DIM)[None, :]
+    o_s = tl.load(op_ptr + base[:, None] * DIM_PAD + d[None, :], mask=o_m, other=0.0)
+    for k in tl.static_range(WALKS):
+        o_s += tl.load(c_ptr + (base[:, None] * WALKS + k) * DIM_PAD + d[None, :], mask=o_m, other=0.0)
+    tot = tl.sum(w, 0)
+    o = tl.sum(o_s * w[:, None], 0) / tot
+    tl.store(o_ptr + t * stride_ot + h * stride_oh + d, o.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+    if WRITE_LSE:
+        tl.store(lse_ptr + t * stride_lt + h * stride_lh, (m + tl.log2(tot)) * _LN2)
