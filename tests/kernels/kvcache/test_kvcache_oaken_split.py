@@ -14,7 +14,6 @@ from test_kvcache_oaken import H, _reference_pool, _setup, decode_path
 from codesign.backend import use_backend
 from codesign.kernels.attention import oaken_split as osp
 from codesign.kernels.attention.quantized import oaken_attention
-from codesign.kernels.attention.tree import build_tree_batch
 
 
 class _Launches:
@@ -40,10 +39,10 @@ def _pool(ctx=(70, 33, 20), bs=8, cap=24, **kw):
 
 
 def test_decode_takes_three_launches_and_the_rest_one(monkeypatch):
-    """With SPLIT 1, online decode (any split count) runs the bias, INT and correction launches; extend, tree, a
-    window and the offline variant run the one-launch kernel (no bias launch), as does decode by default (SPLIT 0:
-    `oaken_split.SPLIT_DEFAULT`)."""
-    from test_kvcache_oaken_offline import _setup as offline_setup
+    """With SPLIT 1, online decode (any split count) runs the bias, INT and correction launches; extend and a window
+    run the one-launch kernel (no bias launch), as does decode by default (SPLIT 0: `oaken_split.SPLIT_DEFAULT`); the
+    offline variant's format never takes them (`split_applies`)."""
+    from codesign.kernels.kvcache.formats import KV_FORMAT_OAKEN_OFFLINE
 
     bias = _Launches(osp._key_bias_kernel)
     corr = _Launches(osp._value_corr_kernel)
@@ -59,11 +58,7 @@ def test_decode_takes_three_launches_and_the_rest_one(monkeypatch):
             cu = torch.tensor([0, 2, 3, 5], dtype=torch.int32)
             oaken_attention(torch.randn(5, 2 * H, kd.shape[-1]), cache, bt, cl, cu)
             oaken_attention(q, cache, bt, cl, window=9)
-            tree = build_tree_batch([[-1, 0], [-1], [-1, 0, 0]], [5, 7, 3])
-            tcache, tbt, _, _, _ = _setup(tree.context_lens.tolist(), bs=8, cap=24)
-            oaken_attention(torch.randn(6, 2 * H, kd.shape[-1]), tcache, tbt, None, tree=tree)
-            off, obt, ocl, *_ = offline_setup([11, 6, 9])
-            oaken_attention(q, off, obt, ocl)
+            assert not osp.split_applies(KV_FORMAT_OAKEN_OFFLINE, q, None, None, ())
         oaken_attention(q, cache, bt, cl)
     assert bias.calls == corr.calls == 3
 
@@ -92,9 +87,9 @@ def test_blocks_against_tiles_vs_fp64(bs, tile, qdtype):
     """Blocks wider than the INT launch's tile (64 over 32, 32 over 16: a factor per slot from its tile's max), of
     no power of two (24, straddling tiles), and several a tile (8 over 64); splits ending inside a block (the
     corrections keep only their split's tokens); fp32 queries (p kept in fp32) and fp16 (kept in fp16)."""
-    cache, bt, cl, kd, vd = _pool(ctx=(150, 70, 33, 97), bs=bs, cap=3 * bs)
-    q = torch.randn(4, 2 * H, kd.shape[-1]).to(qdtype)
-    ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [1] * 4)
+    cache, bt, cl, kd, vd = _pool(ctx=(100, 33, 57), bs=bs, cap=3 * bs)
+    q = torch.randn(3, 2 * H, kd.shape[-1]).to(qdtype)
+    ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [1] * 3)
     tol = 2e-6 if qdtype == torch.float32 else 2e-3
     with use_backend("triton"), decode_path(1, tile):
         for splits in (1, 3):
