@@ -201,6 +201,14 @@ def forced_config(op: str, config: dict[str, Any]) -> Iterator[None]:
         _FORCED.reset(token)
 
 
+@contextmanager
+def forced_key(op: str, key: str, value: Any) -> Iterator[None]:
+    """`forced_config` of `op` with `key` set to `value` over whatever an outer block forces (a decode path's key
+    over a forced tile, say)."""
+    with forced_config(op, {**(forced_config_of(op) or {}), key: value}):
+        yield
+
+
 def forced_config_of(op: str) -> dict[str, Any] | None:
     """The config `forced_config` holds for `op` here, or None (a kernel refusing an unrunnable forced choice)."""
     return _FORCED.get().get(op)

@@ -238,7 +238,7 @@ def _oaken_row(q, bt, cl, nb: int, base: float, mode: Any = None) -> dict:
     """INT4 Oaken decode on its default path, and in three launches beside it (`split_ms`: `attention.oaken_split`,
     SPLIT 1) with their outputs' relative difference on a GPU (`split_rel_diff`; smoke: None, the CPU tests hold
     both paths against fp64)."""
-    from codesign.autotune.lookup import forced_config, forced_config_of
+    from codesign.autotune.lookup import forced_key
     from codesign.kernels.attention.quantized import oaken_attention
     from codesign.kernels.kvcache import quantizers as kvq
 
@@ -246,8 +246,8 @@ def _oaken_row(q, bt, cl, nb: int, base: float, mode: Any = None) -> dict:
     ms = _time_ms(lambda: oaken_attention(q, c, bt, cl, check_data=False), mode)
     smoke = mode is not None and mode.smoke
     ref = None if smoke else oaken_attention(q, c, bt, cl, check_data=False).float()
-    op, diff = "paged_attention_oaken", None
-    with forced_config(op, {**(forced_config_of(op) or {}), "SPLIT": 1}):
+    diff = None
+    with forced_key("paged_attention_oaken", "SPLIT", 1):
         split_ms = _time_ms(lambda: oaken_attention(q, c, bt, cl, check_data=False), mode)
         if ref is not None:
             diff = float((oaken_attention(q, c, bt, cl, check_data=False).float() - ref).norm() / ref.norm())

@@ -205,11 +205,10 @@ def _attention_cases(mods: dict) -> Iterator[Case]:
 def _oaken_decode(q, bt, cl, cache, split: int) -> None:
     """Oaken decode over `cache` on the path SPLIT picks (1: three launches, `attention.oaken_split`), over whatever
     config an outer block forces (bench/attention_configs.py forces the tile)."""
-    from codesign.autotune.lookup import forced_config, forced_config_of
+    from codesign.autotune.lookup import forced_key
     from codesign.kernels.attention.quantized import oaken_attention
 
-    op = "paged_attention_oaken"
-    with forced_config(op, {**(forced_config_of(op) or {}), "SPLIT": split}):
+    with forced_key("paged_attention_oaken", "SPLIT", split):
         oaken_attention(q, cache, bt, cl, check_data=False)
 
 
@@ -217,7 +216,7 @@ def _kvquant_cases(mods: dict) -> Iterator[Case]:
     """gpu_kvquant: decode over every quantized format at its batch and context, and the writers (bf16, fp16)."""
     import torch
 
-    from codesign.autotune.lookup import forced_config, forced_config_of
+    from codesign.autotune.lookup import forced_key
     from codesign.kernels.attention.quantized import (
         kivi_decode_attention,
         kvq_decode_attention,
@@ -291,8 +290,7 @@ def _kvquant_cases(mods: dict) -> Iterator[Case]:
             c = MixedPagedKV.empty(nb, bs, hkv, dim, "cpu")
             c.block_bits.copy_(torch.tensor([8, 4, 4, 2], dtype=torch.uint8))
             # BY_WIDTH over whatever an outer block forces (bench/attention_configs.py forces the tile)
-            with forced_config("paged_attention_mixed", {**(forced_config_of("paged_attention_mixed") or {}),
-                                                         "BY_WIDTH": by_width}):  # fmt: skip
+            with forced_key("paged_attention_mixed", "BY_WIDTH", by_width):
                 mixed_attention(q, c, bt, cl, check_data=False)
 
         yield ("kv_quant", f"decode int4-oaken batch={b.BATCH} ctx={b.CONTEXT} {dn}", oaken)

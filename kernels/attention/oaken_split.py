@@ -1,7 +1,7 @@
 """Decode over an Oaken cache in three launches: the key outliers' score biases (`_key_bias_kernel`), the per-token
 INT kernel over the dense codes with those biases added, keeping its probabilities (`triton_attention`'s SCORE_IO),
 then the value outliers' corrections of each split (`_value_corr_kernel`), added to its partial by the merge
-(`_merge_kernel`).
+(`triton_attention.reduce_splits`).
 
 Oaken's dense part is a per-token INT cache in the same layout (`kvcache.oaken`: codes, fp16 (scale, lower bound);
 an outlier's position holds code 0, i.e. its token's lower bound `zr`), so the middle launch is the INT kernel
@@ -45,6 +45,7 @@ from codesign.kernels.attention.triton_attention import (
     LaunchPlan,
     paged_attention_triton,
     plan_launch,
+    reduce_splits,
     split_workspace,
 )
 from codesign.kernels.kvcache.formats import KV_FORMAT_INT, KV_FORMAT_OAKEN
@@ -64,7 +65,6 @@ CORR_PROGRAMS_PER_SM, CORR_MIN_BLOCKS = 16, 2  # the value walks split each spli
 SCORE_IO_FEWER = 1
 BIAS_PROGRAMS_PER_SM = 16  # the bias launch's programs: blocks a program so that about this many fill an SM
 _NEG_INF = tl.constexpr(float("-inf"))
-_LN2 = tl.constexpr(0.6931471805599453)
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,10 +111,9 @@ def plan_split(
     nb, bs, hkv, dim = cache_shape[:4]
     t, hq = q.shape[:2]
     p = plan_launch(q, (nb, bs, hkv, dim * bits // 8), KV_FORMAT_INT, bits, batch, num_splits, allocate=False)
-    per_sm = p.config.get("PROGRAMS_PER_SM")
+    per_sm, sms = p.config.get("PROGRAMS_PER_SM"), device_view(q.device).sms
     if num_splits is None and per_sm is not None and per_sm > SCORE_IO_FEWER:  # its own occupancy (SCORE_IO_FEWER)
         programs = batch.block_tables.shape[0] * hkv
-        sms = device_view(q.device).sms
         p = dataclasses.replace(p, num_splits=choose_num_splits(programs, batch.block_tables.shape[1] * bs, sms,
                                                                 p.config["num_warps"], per_sm - SCORE_IO_FEWER))
     s, bn = max(p.num_splits, MIN_SPLITS), p.config["BLOCK_N"]
@@ -131,7 +130,7 @@ def plan_split(
     pdt = torch.float32 if q.dtype == torch.float32 else torch.float16
     probs = torch.empty(b, hq, tokens, dtype=pdt, device=q.device)
     q_t = torch.zeros(b, hkv, dim, gp, dtype=torch.float32, device=q.device)  # padding heads stay 0
-    sms = device_view(q.device).sms or 132
+    sms = sms or 132  # (CPU: an H100's, as `choose_num_splits` assumes)
     # the value walks: enough programs to keep CORR_PROGRAMS_PER_SM an SM, each over at least CORR_MIN_BLOCKS blocks
     walks = max(1, min(-(-sms * CORR_PROGRAMS_PER_SM // (b * hkv * s)), -(-mb // (s * CORR_MIN_BLOCKS))))
     corr = torch.empty(b, hq, s, walks, dim_pad(dim), dtype=torch.float32, device=q.device)
@@ -176,13 +175,7 @@ def attend_split(
         GROUP=group, GP=gp, HEAD_DIM=dim, DIM_PAD=dim_pad(dim), BLOCK_SIZE=bs, BLOCK_N=cfg["BLOCK_N"],
         NUM_SPLITS=s, WALKS=w, NBLK=CORR_NBLK, CAP=cap, FIRST=CORR_FIRST, R=RANKS, num_warps=1,
     )  # fmt: skip
-    _merge_kernel[(t, hq)](
-        o_part, l_part, plan.corr, out, lse if lse is not None else out,
-        hq * s, s, out.stride(0), out.stride(1), (lse if lse is not None else out).stride(0),
-        (lse if lse is not None else out).stride(1),
-        NUM_SPLITS=s, SPLITS_PAD=triton.next_power_of_2(s), WALKS=w, HEAD_DIM=dim, DIM_PAD=dim_pad(dim),
-        WRITE_LSE=lse is not None, num_warps=4 if dim >= 128 else 2,
-    )  # fmt: skip
+    reduce_splits(o_part, l_part, out, lse, plan.corr)
 
 
 @triton.jit
@@ -278,8 +271,8 @@ def _value_corr_kernel(
     side (lanes: the blocks' channels), each step's block ids loaded a step ahead: over its keys (the INT launch's
     split), each channel's value slots (the channel-sorted index: (token, delta) pairs) times the kept probabilities
     of the slot's token (pk [B, Hq, T], maxima mk [B, Hq, T / BLOCK_N]) normalized to the split (2^(m - lse2)),
-    summed per channel into the walk's row of the corrections c [B, Hq, NUM_SPLITS, WALKS, DIM_PAD] (`_merge_kernel`
-    adds them to the split's partial). Ranks as the key walk's."""
+    summed per channel into the walk's row of the corrections c [B, Hq, NUM_SPLITS, WALKS, DIM_PAD] (the merge,
+    `reduce_splits`, adds them to the split's partial). Ranks as the key walk's."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2) // WALKS
@@ -341,31 +334,3 @@ def _value_corr_kernel(
         if h < GROUP:
             tl.store(c_ptr + ((pt + (kvh * GROUP + h) * stride_ph) * WALKS + walk) * DIM_PAD + d, tl.sum(parts[h], 0),
                      mask=d_ok)  # fmt: skip
-
-
-@triton.jit
-def _merge_kernel(
-    op_ptr, lsep_ptr, c_ptr, o_ptr, lse_ptr,
-    stride_pt, stride_ph, stride_ot, stride_oh, stride_lt, stride_lh,
-    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, WALKS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr, WRITE_LSE: tl.constexpr,
-):  # fmt: skip
-    """`triton_attention._reduce_splits_kernel` with each split's corrections added to its partial first:
-    o = sum_s w_s (o_s + sum_w c_sw) / sum_s w_s, w_s = 2^(lse2_s - max lse2); lse = log(sum_s 2^lse2_s)."""
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    s = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, DIM_PAD)
-    base = t * stride_pt + h * stride_ph + s
-    lse2 = tl.load(lsep_ptr + base, mask=s < NUM_SPLITS, other=float("-inf"))
-    m = tl.max(lse2, 0)
-    w = tl.where(lse2 == float("-inf"), 0.0, tl.exp2(lse2 - m))
-    o_m = (w > 0.0)[:, None] & (d < HEAD_DIM)[None, :]
-    o_s = tl.load(op_ptr + base[:, None] * DIM_PAD + d[None, :], mask=o_m, other=0.0)
-    for k in tl.static_range(WALKS):
-        o_s += tl.load(c_ptr + (base[:, None] * WALKS + k) * DIM_PAD + d[None, :], mask=o_m, other=0.0)
-    tot = tl.sum(w, 0)
-    o = tl.sum(o_s * w[:, None], 0) / tot
-    tl.store(o_ptr + t * stride_ot + h * stride_oh + d, o.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
-    if WRITE_LSE:
-        tl.store(lse_ptr + t * stride_lt + h * stride_lh, (m + tl.log2(tot)) * _LN2)

@@ -783,12 +783,13 @@ def _write_out(o, cols, ok, o_ptr, op_ptr, qt, qh, base, stride_ot, stride_oh, D
 
 @triton.jit
 def _reduce_splits_kernel(
-    op_ptr, lsep_ptr, o_ptr, lse_ptr,
+    op_ptr, lsep_ptr, o_ptr, lse_ptr, c_ptr,
     stride_pt, stride_ph, stride_ot, stride_oh, stride_lt, stride_lh,
     NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-    WRITE_LSE: tl.constexpr,
+    WRITE_LSE: tl.constexpr, WALKS: tl.constexpr = 0,
 ):  # fmt: skip
-    """o = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse2_s - max lse2); lse = log(sum_s 2^lse2_s)."""
+    """o = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse2_s - max lse2); lse = log(sum_s 2^lse2_s). WALKS > 0: each
+    split's WALKS corrections c [T, Hq, S, WALKS, DIM_PAD] added to its partial first (`oaken_split`)."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.arange(0, SPLITS_PAD)
@@ -800,6 +801,8 @@ def _reduce_splits_kernel(
     w = tl.where(lse2 == float("-inf"), 0.0, w)
     o_m = (w > 0.0)[:, None] & (d < HEAD_DIM)[None, :]
     o_s = tl.load(op_ptr + base[:, None] * DIM_PAD + d[None, :], mask=o_m, other=0.0)
+    for k in tl.static_range(WALKS):
+        o_s += tl.load(c_ptr + (base[:, None] * WALKS + k) * DIM_PAD + d[None, :], mask=o_m, other=0.0)
     tot = tl.sum(w, 0)
     o = tl.sum(o_s * w[:, None], 0) / tot
     tl.store(o_ptr + t * stride_ot + h * stride_oh + d, o.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
@@ -1070,15 +1073,19 @@ def paged_attention_triton(
         reduce_splits(o_part, l_part, out, lse)
 
 
-def reduce_splits(o_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+def reduce_splits(
+    o_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
+    corr: torch.Tensor | None = None,
+) -> None:  # fmt: skip
     """Merge split partials (fp32 o_part [T, Hq, S, DIM_PAD], l_part [T, Hq, S] in log2, contiguous) into `out`
-    [T, Hq, D] and, when given, `lse` (natural log); a split of no keys holds -inf and weighs nothing."""
+    [T, Hq, D] and, when given, `lse` (natural log); a split of no keys holds -inf and weighs nothing. `corr`:
+    each split's corrections (fp32 [T, Hq, S, W, DIM_PAD], contiguous), added to its partial first."""
     t, hq, s = l_part.shape
     dim = out.shape[2]
     lse_t = lse if lse is not None else out
     _reduce_splits_kernel[(t, hq)](
-        o_part, l_part, out, lse_t,
+        o_part, l_part, out, lse_t, corr if corr is not None else o_part,
         hq * s, s, out.stride(0), out.stride(1), lse_t.stride(0), lse_t.stride(1),
         NUM_SPLITS=s, SPLITS_PAD=triton.next_power_of_2(s), HEAD_DIM=dim, DIM_PAD=dim_pad(dim),
-        WRITE_LSE=lse is not None, num_warps=4 if dim >= 128 else 2,
+        WRITE_LSE=lse is not None, WALKS=0 if corr is None else corr.shape[3], num_warps=4 if dim >= 128 else 2,
     )  # fmt: skip

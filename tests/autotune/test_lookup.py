@@ -121,6 +121,14 @@ def test_forced_config_wins_on_every_device_and_only_inside_the_block():
     assert lookup_config("op", None, 1, "K=1", DEFAULT) == DEFAULT
 
 
+def test_forced_key_sets_one_key_over_what_is_forced():
+    with lookup.forced_key("op", "SPLIT", 1):
+        assert lookup_config("op", None, 1, "K=1", DEFAULT) == {**DEFAULT, "SPLIT": 1}
+    with forced_config("op", {"BLOCK_M": 128}), lookup.forced_key("op", "SPLIT", 0):
+        assert lookup_config("op", None, 1, "K=1", DEFAULT) == {"BLOCK_M": 128, "num_warps": 4, "SPLIT": 0}
+    assert lookup_config("op", None, 1, "K=1", DEFAULT) == DEFAULT
+
+
 def test_nearest_bucket_ties_go_up():
     assert nearest_bucket(3, [1, 2, 4, 8]) in (2, 4)
     assert nearest_bucket(6, [4, 8]) == 8

@@ -291,8 +291,8 @@ def test_run_does_no_table_lookup_and_no_allocation(kind, monkeypatch):
         counts: Counter = Counter()
         paused: list = []
         for mod, kernel in ((ta, "_paged_attn_kernel"), (ta, "_reduce_splits_kernel"),
-                            (mbw, "_width_tables_kernel"), (osp, "_key_bias_kernel"), (osp, "_value_corr_kernel"),
-                            (osp, "_merge_kernel")):  # (the interpreter's own copies are not run()'s)
+                            (mbw, "_width_tables_kernel"), (osp, "_key_bias_kernel"),
+                            (osp, "_value_corr_kernel")):  # (the interpreter's own copies are not run()'s)
             monkeypatch.setattr(mod, kernel, _Uncounted(getattr(mod, kernel), paused))
         _count_calls(monkeypatch, counts, lr, "lookup_config", paused)
         for name in ("empty", "zeros", "ones", "full", "empty_like", "zeros_like", "full_like", "empty_strided",
