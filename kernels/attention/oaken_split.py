@@ -58,7 +58,10 @@ MIN_SPLITS = 2  # the INT launch writes partials (one split would write the outp
 BIAS_NBLK, BIAS_FIRST = 2, 6
 CORR_NBLK, CORR_FIRST = 1, 2
 RANKS = 2
-CORR_PROGRAMS_PER_SM, CORR_MIN_BLOCKS = 16, 2  # the value walks split each split's blocks among programs
+# The value walks split each split's blocks among programs: as many as one wave holds at CORR_MAXNREG registers
+# (65536 / 32 lanes / 64 = 32 one-warp programs an SM; uncapped it took 80, 25 an SM), each over at least
+# CORR_MIN_BLOCKS blocks. A walk is a chain of dependent loads: more of them at once, not fewer registers, sets its time
+CORR_MAXNREG, CORR_PROGRAMS_PER_SM, CORR_MIN_BLOCKS = 64, 32, 2
 # The INT launch with biases in and probabilities out holds more registers than the INT format's own (sm_90, INT4,
 # head_dim 128, one warp: 223 against 200), so an SM holds a program fewer than the INT table's PROGRAMS_PER_SM;
 # the split count follows that (a tenth program an SM would run in a second wave)
@@ -131,8 +134,8 @@ def plan_split(
     probs = torch.empty(b, hq, tokens, dtype=pdt, device=q.device)
     q_t = torch.zeros(b, hkv, dim, gp, dtype=torch.float32, device=q.device)  # padding heads stay 0
     sms = sms or 132  # (CPU: an H100's, as `choose_num_splits` assumes)
-    # the value walks: enough programs to keep CORR_PROGRAMS_PER_SM an SM, each over at least CORR_MIN_BLOCKS blocks
-    walks = max(1, min(-(-sms * CORR_PROGRAMS_PER_SM // (b * hkv * s)), -(-mb // (s * CORR_MIN_BLOCKS))))
+    # the value walks: at most CORR_PROGRAMS_PER_SM an SM (one wave), each over at least CORR_MIN_BLOCKS blocks
+    walks = max(1, min(sms * CORR_PROGRAMS_PER_SM // (b * hkv * s), -(-mb // (s * CORR_MIN_BLOCKS))))
     corr = torch.empty(b, hq, s, walks, dim_pad(dim), dtype=torch.float32, device=q.device)
     chunk = -(-max(1, -(-mb * b * hkv // (sms * BIAS_PROGRAMS_PER_SM))) // BIAS_NBLK) * BIAS_NBLK  # whole steps
     return SplitPlan(launch, bias, probs, q_t, corr, chunk)
@@ -173,7 +176,7 @@ def attend_split(
         kv.v_side.stride(0), kv.v_side.stride(1), bt.stride(0), *l_part.stride(), plan.probs.stride(0),
         plan.probs.stride(1),
         GROUP=group, GP=gp, HEAD_DIM=dim, DIM_PAD=dim_pad(dim), BLOCK_SIZE=bs, BLOCK_N=cfg["BLOCK_N"],
-        NUM_SPLITS=s, WALKS=w, NBLK=CORR_NBLK, CAP=cap, FIRST=CORR_FIRST, R=RANKS, num_warps=1,
+        NUM_SPLITS=s, WALKS=w, NBLK=CORR_NBLK, CAP=cap, FIRST=CORR_FIRST, R=RANKS, num_warps=1, maxnreg=CORR_MAXNREG,
     )  # fmt: skip
     reduce_splits(o_part, l_part, out, lse, plan.corr)
 

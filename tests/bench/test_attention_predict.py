@@ -303,6 +303,12 @@ def test_oaken_in_three_launches_is_predicted_launch_by_launch(tmp_path):
     assert set(parts) == {"key_bias", "int", "value_corr"}
     assert all(p["spill_stores"] == 0 for p in parts.values()), {k: p["spill_stores"] for k, p in parts.items()}
     assert parts["int"]["waves"] == 1 and parts["int"]["num_warps"] == 1
+    # the value walk within its register cap, all its programs resident at once (one wave)
+    from codesign.kernels.attention import oaken_split
+
+    corr = parts["value_corr"]
+    assert corr["registers"] <= oaken_split.CORR_MAXNREG and corr["waves"] == 1
+    assert corr["programs_per_sm"] <= corr["resident"] <= oaken_split.CORR_PROGRAMS_PER_SM
     gaps = row["predicted_ms"] - sum(p["predicted_ms"] for p in parts.values())
     assert gaps == pytest.approx(2 * 0.002)
     committed = json.loads((SCRIPT.parent / "results" / "attention_predict_sm90.json").read_text())
