@@ -44,8 +44,10 @@ DEFAULT_CONFIG = {"BLOCK_N": 64, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
 # (sm_90, head_dim <= 128, 16-bit queries: 4-warp tiles of 105-128 registers and up to 40 KB shared 4; 2-warp
 # tiles, up to 255 registers, 4; FP8's 144 registers on 4 warps 3; Oaken's 236 2), checked by
 # `tests/bench/test_attention_predict.py`. Not forced through Triton's `maxnreg`: a cap of 128, tried once, made
-# ptxas spill the bf16 tile (105 registers uncapped). Tuned tables may set it per config; a config with another tile
-# does not inherit the default's (`launch_config`).
+# ptxas spill the bf16 tile (105 registers uncapped); KIVI INT4's one-warp tile (254) capped at 200 (10 programs an
+# SM: a scheduler holds 3 warps where others hold 2) was predicted slower, 0.341 against 0.309 ms, and at 168 (12)
+# spills 64 B (only Oaken's value walk takes a cap, `oaken_split.CORR_MAXNREG`: no spills there). Tuned tables may
+# set PROGRAMS_PER_SM per config; a config with another tile does not inherit the default's (`launch_config`).
 DECODE_PROGRAMS_PER_SM = {2: 4, 4: 4}  # by num_warps (one warp: PLANES_DECODE_PROGRAMS_PER_SM); 8 the two-wave rule
 FP8_DECODE_PROGRAMS_PER_SM = 3
 OAKEN_DECODE_PROGRAMS_PER_SM = 2  # its 64 x 128 tile on 4 warps (blocks of 32 and up): 236 registers
