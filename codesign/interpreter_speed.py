@@ -27,12 +27,20 @@ OVERFLOW_CHECKS_ENV = "CODESIGN_OVERFLOW_CHECKS"
 
 def overflow_checks(on: bool | None = None) -> bool:
     """Make the interpreter check int32 arithmetic for overflow (with debug, so a failing check raises) or skip
-    the check altogether; `on` None: CODESIGN_OVERFLOW_CHECKS=1 decides. Returns the setting."""
+    the check altogether; `on` None: CODESIGN_OVERFLOW_CHECKS=1 decides. Returns the setting (False where the
+    interpreter's options lack these fields: then nothing changes)."""
     from triton.runtime import interpreter
 
     if on is None:
         on = os.environ.get(OVERFLOW_CHECKS_ENV, "0") == "1"
-    b = interpreter.interpreter_builder
+    b = getattr(interpreter, "interpreter_builder", None)
+    fields = (
+        {f.name for f in dataclasses.fields(b.options)}
+        if dataclasses.is_dataclass(getattr(b, "options", None))
+        else set()
+    )
+    if not {"sanitize_overflow", "debug"} <= fields:
+        return False  # another interpreter: left as it is
     b.options = dataclasses.replace(b.options, sanitize_overflow=on, debug=on)
     return on
 

@@ -93,3 +93,12 @@ def test_the_language_is_patched_once_a_launch_with_the_same_bits(interpreter, m
     every, every_scans = run(5)
     assert every_scans > 5 * once_scans  # upstream: again at every device call
     assert torch.equal(once, every) and not once.isnan().any()
+
+
+def test_another_interpreter_is_left_as_it_is(interpreter, monkeypatch):
+    from codesign.interpreter_speed import patch_device_calls_once
+
+    monkeypatch.setattr(interpreter, "interpreter_builder", object())
+    assert overflow_checks(True) is False
+    monkeypatch.delattr(interpreter, "_patch_lang")
+    assert patch_device_calls_once() is False
