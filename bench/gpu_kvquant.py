@@ -235,9 +235,10 @@ def _oaken_capacity() -> int:
 
 
 def _oaken_row(q, bt, cl, nb: int, base: float, mode: Any = None) -> dict:
-    """INT4 Oaken decode on its default path, and in three launches beside it (`split_ms`: `attention.oaken_split`,
-    SPLIT 1) with their outputs' relative difference on a GPU (`split_rel_diff`; smoke: None, the CPU tests hold
-    both paths against fp64)."""
+    """INT4 Oaken decode on its default path (`oaken_split.split_default` without a table), and each path forced
+    beside it: the one-launch kernel (`one_launch_ms`, SPLIT 0) and the three launches (`split_ms`:
+    `attention.oaken_split`, SPLIT 1), with their outputs' relative difference on a GPU (`split_rel_diff`; smoke:
+    None, the CPU tests hold both paths against fp64)."""
     from codesign.autotune.lookup import forced_key
     from codesign.kernels.attention.quantized import oaken_attention
     from codesign.kernels.kvcache import quantizers as kvq
@@ -245,15 +246,16 @@ def _oaken_row(q, bt, cl, nb: int, base: float, mode: Any = None) -> dict:
     c, cap = _oaken_cache(nb, q.device, q.shape[1] // (HQ // HKV)), _oaken_capacity()
     ms = _time_ms(lambda: oaken_attention(q, c, bt, cl, check_data=False), mode)
     smoke = mode is not None and mode.smoke
-    ref = None if smoke else oaken_attention(q, c, bt, cl, check_data=False).float()
-    diff = None
-    with forced_key("paged_attention_oaken", "SPLIT", 1):
-        split_ms = _time_ms(lambda: oaken_attention(q, c, bt, cl, check_data=False), mode)
-        if ref is not None:
-            diff = float((oaken_attention(q, c, bt, cl, check_data=False).float() - ref).norm() / ref.norm())
+    paths: dict[int, tuple[float, Any]] = {}
+    for split in (0, 1):
+        with forced_key("paged_attention_oaken", "SPLIT", split):
+            t = _time_ms(lambda: oaken_attention(q, c, bt, cl, check_data=False), mode)
+            paths[split] = (t, None if smoke else oaken_attention(q, c, bt, cl, check_data=False).float())
+    (one_ms, ref), (split_ms, out) = paths[0], paths[1]
+    diff = None if ref is None else float((out - ref).norm() / ref.norm())
     bits = kvq.layout_bits_per_element("oaken", 4, DIM, block_size=BLOCK_SIZE, capacity=cap)
     return _format_row("int4-oaken", ms, bits, base, capacity=cap, split_ms=split_ms, split_speedup=base / split_ms,
-                       split_rel_diff=diff)  # fmt: skip
+                       one_launch_ms=one_ms, one_launch_speedup=base / one_ms, split_rel_diff=diff)  # fmt: skip
 
 
 def _mixed_cache(nb: int, dev, hkv: int):

@@ -155,6 +155,9 @@ def test_smoke_kernel_benches_all_run_and_check(tmp_path):
     joined = {r["format"]: r for r in kq["rows"] if "joined_ms" in r}
     assert set(joined) == {"int4", "int2", "int8", "int4-kivi", "int2-kivi", "mixed-8/4/4/2"}
     assert all(r["joined_ms"] > 0 for r in joined.values())
+    # Oaken: each decode path forced beside the default (their outputs compared on a GPU only)
+    oaken = next(r for r in kq["rows"] if r["format"] == "int4-oaken")
+    assert oaken["one_launch_ms"] > 0 and oaken["split_ms"] > 0 and oaken["split_rel_diff"] is None
     # The printed summary gives every target a line (what a short GPU lease's log must show).
     lines = [x for x in suite.target_lines(rep) if x.startswith("target ")]
     trees = sum("vs_extend" in r for r in att)

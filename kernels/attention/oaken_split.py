@@ -24,8 +24,9 @@ own occupancy: the INT tile on one warp, the walks on small programs with few re
 docs/results.md.
 
 Applies to decode over the online variant without a window whose Oaken config sets "SPLIT" 1 (`split_applies`;
-off by default, SPLIT_DEFAULT, until a GPU has timed it; the tuner tries both); the offline variant (8-bit metadata
-on a grid the INT kernel does not decode), extend, tree and windowed launches keep the one-launch kernel.
+without a table where the batch is large enough to carry the walks' fixed cost, `split_default`, as predicted:
+no GPU has timed either path; the tuner tries both); the offline variant (8-bit metadata on a grid the INT kernel
+does not decode), extend, tree and windowed launches keep the one-launch kernel.
 """
 
 from __future__ import annotations
@@ -51,7 +52,12 @@ from codesign.kernels.attention.triton_attention import (
 from codesign.kernels.kvcache.formats import KV_FORMAT_INT, KV_FORMAT_OAKEN
 from codesign.kernels.kvcache.oaken import index_capacity
 
-SPLIT_DEFAULT = 0  # the Oaken config's key choosing this path (1) or the one-launch kernel (0)
+# The Oaken config's key "SPLIT" chooses this path (1) or the one-launch kernel (0). Without a table: this path from
+# SPLIT_MIN_TOKEN_HEADS sequences x kv heads x context (the block table's width) on, where it is predicted faster
+# (sm_90, bench/attention_predict.py --sweep, untimed: 16 x 8k 0.126 against 0.173 ms, 64 x 1k 0.060 against 0.097);
+# below, the walks' fixed cost loses (16 x 1k 28 against 25 us, 1 x 8k 28 against 15; 1 x 32k, 262k, is a near tie
+# it leaves to the one launch: 40 against 46 us)
+SPLIT_MIN_TOKEN_HEADS = 1 << 19
 MIN_SPLITS = 2  # the INT launch writes partials (one split would write the output itself)
 # The walks (one warp a program): blocks a step side by side (a step's chain of dependent loads shared by them), the
 # first ranks of every list in straight-line code (their loads in flight together), then RANKS a trip
@@ -98,7 +104,13 @@ def split_applies(kv_format: int, q: torch.Tensor, batch: AttentionBatch, opts: 
     tiles, which a window would move) whose Oaken config (tuned table or defaults) keeps "SPLIT" on."""
     if kv_format != KV_FORMAT_OAKEN or not batch.is_decode or opts.window:
         return False
-    return decode_path_on(q, batch, cache_shape, KV_FORMAT_OAKEN, 4, "SPLIT", SPLIT_DEFAULT)
+    return decode_path_on(q, batch, cache_shape, KV_FORMAT_OAKEN, 4, "SPLIT", split_default(batch, cache_shape))
+
+
+def split_default(batch: AttentionBatch, cache_shape: tuple[int, ...]) -> int:
+    """SPLIT without a table: 1 from SPLIT_MIN_TOKEN_HEADS sequences x kv heads x context (host-side shapes only)."""
+    b, mb = batch.block_tables.shape
+    return int(b * cache_shape[2] * mb * cache_shape[1] >= SPLIT_MIN_TOKEN_HEADS)
 
 
 def plan_split(

@@ -40,8 +40,8 @@ def _pool(ctx=(70, 33, 20), bs=8, cap=24, **kw):
 
 def test_decode_takes_three_launches_and_the_rest_one(monkeypatch):
     """With SPLIT 1, online decode (any split count) runs the bias, INT and correction launches; extend and a window
-    run the one-launch kernel (no bias launch), as does decode by default (SPLIT 0: `oaken_split.SPLIT_DEFAULT`); the
-    offline variant's format never takes them (`split_applies`)."""
+    run the one-launch kernel (no bias launch), as does decode by default at this small a batch (`split_default`);
+    the offline variant's format never takes them (`split_applies`)."""
     from codesign.kernels.kvcache.formats import KV_FORMAT_OAKEN_OFFLINE
 
     bias = _Launches(osp._key_bias_kernel)
@@ -61,6 +61,29 @@ def test_decode_takes_three_launches_and_the_rest_one(monkeypatch):
             assert not osp.split_applies(KV_FORMAT_OAKEN_OFFLINE, q, None, None, ())
         oaken_attention(q, cache, bt, cl)
     assert bias.calls == corr.calls == 3
+
+
+@pytest.mark.parametrize(
+    "batch, context, hkv, want",
+    [(16, 8192, 8, 1), (64, 1024, 8, 1), (16, 32768, 8, 1), (16, 1024, 8, 0), (1, 32768, 8, 0), (1, 8192, 8, 0),
+     (16, 1024, 32, 1), (64, 1008, 8, 0)],  # fmt: skip
+)
+def test_the_default_takes_three_launches_from_the_crossover(batch, context, hkv, want):
+    """Without a table, decode takes the three launches from SPLIT_MIN_TOKEN_HEADS sequences x kv heads x context
+    (the block table's width times the block size) on, where they are predicted faster; and that is what routes."""
+    from codesign.kernels.attention.options import AttentionBatch, AttentionOptions
+
+    bs = 16
+    bt = torch.zeros(batch, -(-context // bs), dtype=torch.int32)
+    cl = torch.full((batch,), context, dtype=torch.int32)
+    b = AttentionBatch(bt, cl, torch.arange(batch + 1, dtype=torch.int32), is_decode=True)
+    shape = (bt.numel(), bs, hkv, 128)
+    assert osp.split_default(b, shape) == want
+    q = torch.empty(batch, 4 * hkv, 128, dtype=torch.float16)
+    assert osp.split_applies(osp.KV_FORMAT_OAKEN, q, b, AttentionOptions(), shape) is bool(want)
+    assert not osp.split_applies(osp.KV_FORMAT_OAKEN, q, b, AttentionOptions(window=64), shape)
+    with decode_path(0):
+        assert not osp.split_applies(osp.KV_FORMAT_OAKEN, q, b, AttentionOptions(), shape)
 
 
 @pytest.mark.parametrize("left_out", ["keys", "values"])
