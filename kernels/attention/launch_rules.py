@@ -46,8 +46,9 @@ DEFAULT_CONFIG = {"BLOCK_N": 64, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
 # `tests/bench/test_attention_predict.py`. Not forced through Triton's `maxnreg`: a cap of 128, tried once, made
 # ptxas spill the bf16 tile (105 registers uncapped); KIVI INT4's one-warp tile (254) capped at 200 (10 programs an
 # SM: a scheduler holds 3 warps where others hold 2) was predicted slower, 0.341 against 0.309 ms, and at 168 (12)
-# spills 64 B (only Oaken's value walk takes a cap, `oaken_split.CORR_MAXNREG`: no spills there). Tuned tables may
-# set PROGRAMS_PER_SM per config; a config with another tile does not inherit the default's (`launch_config`).
+# spilled 64 B (a temporary edit, not reproducible from the repository). Only Oaken's value walk takes a cap
+# (`oaken_split.CORR_MAXNREG`: no spills there). Tuned tables may set PROGRAMS_PER_SM per config; a config with
+# another tile does not inherit the default's (`launch_config`).
 DECODE_PROGRAMS_PER_SM = {2: 4, 4: 4}  # by num_warps (one warp: PLANES_DECODE_PROGRAMS_PER_SM); 8 the two-wave rule
 FP8_DECODE_PROGRAMS_PER_SM = 3
 OAKEN_DECODE_PROGRAMS_PER_SM = 2  # its 64 x 128 tile on 4 warps (blocks of 32 and up): 236 registers
