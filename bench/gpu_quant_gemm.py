@@ -70,11 +70,14 @@ def _peers_module():
 
 def _peer_setup(mode: Any) -> tuple[Any, dict, tuple]:
     """(the peers module, {peer: PeerStatus}, the peers to time): the real ones on the GPU, the stand-in in smoke."""
+    import atexit
+    import shutil
     import tempfile
 
     peers = _peers_module()
     cast = peers.SMOKE_PEERS if mode.smoke else peers.PEERS
     target = Path(tempfile.mkdtemp(prefix="codesign-peers-"))
+    atexit.register(shutil.rmtree, target, True)  # the peers stay importable for the run, then go
     return peers, peers.install_peers(getattr(mode, "peers_dir", None), target, cast), cast
 
 

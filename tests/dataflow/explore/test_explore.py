@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -297,6 +298,7 @@ def test_ray_engine_matches_inline(tmp_path, monkeypatch):
         assert ra == rb
     finally:
         ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_pim_logic_area_is_its_own_metric():
