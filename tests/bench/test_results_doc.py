@@ -1,7 +1,10 @@
-"""docs/results.md's predicted decode sweep matches the committed prediction it quotes (bench/results/...sm90.json).
+"""docs/results.md's prediction tables match the committed predictions they quote: the quantized-KV decode sweep
+and its table at issue 21's shape (bench/results/attention_predict_sm90.json), and the GEMM table's default
+variant per op and M (bench/results/gemm_predict_sm90.json).
 
-The table is copied by hand after each `bench/attention_predict.py --sweep --out`; a kernel change that regenerates
-the JSON and forgets the table leaves the docs quoting old numbers (it happened once: the Oaken three-launch row).
+The tables are copied by hand after each `bench/attention_predict.py --sweep --out` / `bench/gemm_predict.py --out`;
+a kernel change that regenerates the JSON and forgets a table leaves the docs quoting old numbers (it happened once:
+the Oaken three-launch row).
 """
 
 from __future__ import annotations
@@ -13,6 +16,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "results.md"
 PRED = ROOT / "bench" / "results" / "attention_predict_sm90.json"
+GEMM = ROOT / "bench" / "results" / "gemm_predict_sm90.json"
+GEMM_OPS = {"W4A16 g128": "w4a16_g128", "W8A16 per channel": "w8a16_pc", "W8A8 int8": "w8a8_int8", "FP8": "fp8"}
+# | op, M | last measured | default variant now | predicted (untimed) | ...
+GEMM_ROW = re.compile(r"^\| (?P<op>[^|,]+), M = (?P<m>\d+) \| [^|]* \| `(?P<variant>\w+)` \| "
+                      r"(?P<us>[\d.]+) µs \((?P<x>[\d.]+)×\) \|")
 # The table's row names that are not the JSON's format keys.
 ROW_KEYS = {"int4-oaken, three launches": "int4-oaken-split"}
 HEADER = re.compile(r"^\| format \|((?: \d+ × \d+k \|)+)$")
@@ -59,3 +67,71 @@ def test_the_parser_has_teeth():
     _, rows = sweep_table(text.replace(row, bad))
     sweep = json.loads(PRED.read_text())["sweep"]["batch=16 context=32768"]["int4-oaken-split"]
     assert rows["int4-oaken, three launches"][1][1] != round(1000 * sweep["predicted_ms"])
+
+
+def gemm_rows(text: str) -> list[dict]:
+    """The GEMM table's rows (N = K = 8192): op, M, default variant, predicted µs and ratio to bf16."""
+    return [m.groupdict() for line in text.splitlines() if (m := GEMM_ROW.match(line))]
+
+
+def gemm_mismatches(text: str) -> list[tuple]:
+    """The GEMM rows of `text` that differ from the committed prediction: (op, M, quoted, predicted)."""
+    cases = {(c["op"], c["M"]): c for c in json.loads(GEMM.read_text())["cases"]
+             if c["shape"] == "8192" and c.get("default")}  # fmt: skip
+    out = []
+    for r in gemm_rows(text):
+        c = cases[(GEMM_OPS[r["op"]], int(r["m"]))]
+        got = (r["variant"], r["us"], r["x"])
+        want = (c["variant"], f"{1000 * c['predicted_ms']:.1f}", f"{c['vs_bf16']:.2f}")
+        if got != want:
+            out.append((r["op"], r["m"], got, want))
+    return out
+
+
+def test_the_gemm_table_quotes_the_committed_prediction():
+    text = DOC.read_text()
+    assert len(gemm_rows(text)) >= 32, len(gemm_rows(text))
+    assert gemm_mismatches(text) == []
+
+
+def test_the_gemm_check_has_teeth():
+    text = DOC.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| W4A16 g128, M = 1 |"))
+    assert len(gemm_mismatches(text.replace(row, row.replace("`gemv`", "`splitk`")))) == 1
+    assert len(gemm_mismatches(text.replace(row, row.replace("(2.15×)", "(2.16×)")))) == 1
+
+
+DECODE_ROWS = {"bf16": "bf16", "INT8 per token": "int8", "FP8 per head": "fp8", "INT4 per token": "int4",
+               "INT2 per token": "int2", "KIVI INT4": "int4-kivi", "KIVI INT2": "int2-kivi",
+               "mixed 8/4/4/2": "mixed-8/4/4/2", "Oaken INT4, one launch": "int4-oaken",
+               "Oaken INT4, three launches": "int4-oaken-split"}  # fmt: skip
+DECODE_ROW = re.compile(r"^\| (?P<name>[^|(]+?)(?: \([^|]*\))? \| (?P<ms>\d\.\d{3}) ms \| (?P<x>[\d.]+)× \| "
+                        r"(?P<pct>\d+) % \|")
+
+
+def decode_mismatches(text: str) -> tuple[int, list[tuple]]:
+    """(rows read, those that differ from the committed prediction at issue 21's shape) of the decode table."""
+    pred = json.loads(PRED.read_text())
+    n, out = 0, []
+    for line in text.splitlines():
+        m = DECODE_ROW.match(line)
+        if m is None or m["name"] not in DECODE_ROWS:
+            continue
+        n += 1
+        r = pred["decode"][DECODE_ROWS[m["name"]]]
+        want = (f"{r['predicted_ms']:.3f}", f"{pred['bf16_measured_ms'] / r['predicted_ms']:.2f}",
+                str(round(100 * r["floor_ms"] / r["predicted_ms"])))  # fmt: skip
+        if (m["ms"], m["x"], m["pct"]) != want:
+            out.append((m["name"], (m["ms"], m["x"], m["pct"]), want))
+    return n, out
+
+
+def test_the_decode_table_quotes_the_committed_prediction():
+    n, bad = decode_mismatches(DOC.read_text())
+    assert n == len(DECODE_ROWS) and bad == [], (n, bad)
+
+
+def test_the_decode_check_has_teeth():
+    text = DOC.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| KIVI INT4 |"))
+    assert decode_mismatches(text.replace(row, row.replace("0.309 ms", "0.310 ms")))[1]
