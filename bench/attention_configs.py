@@ -4,12 +4,14 @@ the tuner forces a candidate (`autotune.lookup.forced_config`), each predicted b
 (byte floor, warp-scheduler simulation, issue count) with its registers and spills. The split count follows the
 config (`choose_num_splits`) as a tuned table's would: the default tile fills one wave of its PROGRAMS_PER_SM, any
 other takes the two-wave rule of its warps, unless `--per-sm` gives it one (0: none given). `--vplanes 0 1` also forces
-KIVI's value tiles joined (0) or as code planes (1; `VPLANES`, off by default), per config.
+KIVI's value tiles joined (0) or as code planes (1; `VPLANES`, off by default), per config; `--maxnreg` register caps
+(`MAXNREG`; 0 uncapped; not given: the default tile keeps its cap, `launch_rules.PLANES_DECODE_CAP`).
 
     python bench/attention_configs.py                               # int8 int4 int2 int4-kivi int2-kivi mixed
     python bench/attention_configs.py --formats int4 --block-n 32 64 --warps 2 4 8 --out /tmp/c.json
     python bench/attention_configs.py --formats int4 --block-n 32 64 --warps 2 --stages 2 --per-sm 0 4 6 8
     python bench/attention_configs.py --formats int4-kivi --block-n 16 --warps 1 --stages 2 --per-sm 8 --vplanes 0 1
+    python bench/attention_configs.py --formats int4 --block-n 32 --warps 1 --stages 2 --per-sm 10 12 --maxnreg 0 168
     python bench/attention_configs.py --formats int4-kivi --batch 4 --context 8192 --block-n 16 32 --warps 1 4 \
         --stages 2 --per-sm 4 8 --vplanes 0 1     # KIVI's one-warp planes tile against the 4-warp one at batch 4
     python bench/attention_configs.py --formats int8 int4 int2 fp8 int4-kivi mixed-8/4/4/2 int4-oaken \
@@ -41,7 +43,7 @@ import attention_predict as ap  # noqa: E402
 from sass_model import run_report  # noqa: E402
 
 FORMATS = ["int8", "int4", "int2", "int4-kivi", "int2-kivi", "mixed-8/4/4/2"]
-BLOCK_N, WARPS, STAGES, PER_SM, VPLANES = [16, 32, 64, 128], [1, 2, 4, 8], [2, 3], [0], [None]
+BLOCK_N, WARPS, STAGES, PER_SM, VPLANES, MAXNREG = [16, 32, 64, 128], [1, 2, 4, 8], [2, 3], [0], [None], [None]
 # Every decode table a format may read (forcing them all forces whichever the case's launch looks up).
 TABLE_OPS = ["paged_attention"] + [f"paged_attention_{s}"
                                    for s in ("int8", "int4", "int2", "fp8", "kivi", "mixed", "oaken")]  # fmt: skip
@@ -50,13 +52,14 @@ TABLE_OPS = ["paged_attention"] + [f"paged_attention_{s}"
 def sweep(
     formats: list[str], block_n: list[int], warps: list[int], stages: list[int], per_sm: list[int] = PER_SM,
     vplanes: list[int | None] = VPLANES, log=print, batch: int | None = None, context: int | None = None,
+    maxnreg: list[int | None] = MAXNREG,
 ) -> dict[str, Any]:
     import gpu_kvquant as kvq
 
     warnings.filterwarnings("ignore")
     bandwidth = kvq.floor_bytes("bf16", kvq.BATCH, kvq.CONTEXT) / ((ap.BF16_MS - ap.MERGE_MS) * 1e-3)
     with ap._at_shape(kvq, batch or kvq.BATCH, context or kvq.CONTEXT):  # (the bandwidth: the issue shape's)
-        return _sweep(kvq, formats, block_n, warps, stages, per_sm, vplanes, log, bandwidth)
+        return _sweep(kvq, formats, block_n, warps, stages, per_sm, vplanes, log, bandwidth, maxnreg)
 
 
 def _trips(launch: Any, kernel: Any, ot: dict[str, Any] | None) -> int | list[int]:
@@ -68,7 +71,7 @@ def _trips(launch: Any, kernel: Any, ot: dict[str, Any] | None) -> int | list[in
 
 
 def _sweep(kvq: Any, formats: list[str], block_n: list[int], warps: list[int], stages: list[int], per_sm: list[int],
-           vplanes: list[int | None], log, bandwidth: float) -> dict[str, Any]:  # fmt: skip
+           vplanes: list[int | None], log, bandwidth: float, maxnreg: list[int | None]) -> dict[str, Any]:  # fmt: skip
     import torch
 
     from codesign.autotune.compile_only import compile_only
@@ -93,9 +96,9 @@ def _sweep(kvq: Any, formats: list[str], block_n: list[int], warps: list[int], s
             floor = kvq.floor_bytes(name, kvq.BATCH, kvq.CONTEXT)
             trips = _trips(launch, kernel, ot)
             default = _row(ap.decode_prediction(launch, kernel, floor, bandwidth, kvq.CONTEXT, trips))
-            for bn, w, st, per, vp in itertools.product(block_n, warps, stages, per_sm, vplanes):
+            for bn, w, st, per, vp, cap in itertools.product(block_n, warps, stages, per_sm, vplanes, maxnreg):
                 cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st} | ({"PROGRAMS_PER_SM": per} if per else {})
-                cfg |= one | ({} if vp is None else {"VPLANES": vp})
+                cfg |= one | ({} if vp is None else {"VPLANES": vp}) | ({} if cap is None else {"MAXNREG": cap})
                 n0 = len(session.launches)
                 try:
                     with ExitStack() as stack:
@@ -109,7 +112,7 @@ def _sweep(kvq: Any, formats: list[str], block_n: list[int], warps: list[int], s
                                                     _trips(launch, kernel, ot)))  # fmt: skip
                 except Exception as e:  # a config the kernel refuses or that fails to compile: said
                     row = {"error": f"{type(e).__name__}: {e}"[:160]}
-                rows.append({"PROGRAMS_PER_SM": per or None, "VPLANES": vp, **cfg, **row})
+                rows.append({"PROGRAMS_PER_SM": per or None, "VPLANES": vp, "MAXNREG": cap, **cfg, **row})
             ranked = sorted((r for r in rows if "predicted_ms" in r and not r["spill_stores"]),
                             key=lambda r: r["predicted_ms"])  # fmt: skip
             out["formats"][name] = {"default": default, "best": ranked[:3], "configs": rows}
@@ -200,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--per-sm", nargs="*", type=int, default=PER_SM, help="PROGRAMS_PER_SM values (0: none given)")
     a.add_argument("--vplanes", nargs="*", type=int, default=VPLANES,
                    help="VPLANES values forced per config (KIVI's value tiles: 0 joined, 1 code planes; none: default)")
+    a.add_argument("--maxnreg", nargs="*", type=int, default=MAXNREG,
+                   help="MAXNREG values forced per config (register caps; 0 uncapped; none: the default tile's cap)")
     a.add_argument("--batch", type=int, default=None, help="decode batch (default: gpu_kvquant's, issue 21's)")
     a.add_argument("--context", type=int, default=None, help="context length (default: gpu_kvquant's)")
     a.add_argument("--out", type=Path, default=None)
@@ -210,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def make() -> dict[str, Any]:
         report = sweep(args.formats, args.block_n, args.warps, args.stages, args.per_sm, args.vplanes,
-                       batch=args.batch, context=args.context)  # fmt: skip
+                       batch=args.batch, context=args.context, maxnreg=args.maxnreg)  # fmt: skip
         if args.shortlist is not None:
             args.shortlist.write_text(json.dumps(shortlist(report, args.shortlist_n), indent=1) + "\n")
         return report

@@ -177,14 +177,22 @@ JOINED = {"int4": {"PLANES": 0, "BLOCK_N": 64, "num_warps": 2, "PROGRAMS_PER_SM"
           "mixed-8/4/4/2": {"BY_WIDTH": 0}}  # fmt: skip
 
 
+# The register-capped default tiles (`launch_rules.PLANES_DECODE_CAP`, `KIVI_PLANES_CAP`) timed beside the
+# same tile uncapped, at the programs an SM it then holds (the default before the caps).
+UNCAPPED = {"int4": {"MAXNREG": 0, "PROGRAMS_PER_SM": 10}, "int4-kivi": {"MAXNREG": 0, "PROGRAMS_PER_SM": 8}}
+
+
 def _joined_ms(name: str, table: str, fn, mode: Any) -> dict:
-    """{"joined_ms", "joined_config"}: `fn` timed under the format's JOINED config (empty where none)."""
+    """{"joined_ms", "joined_config"}: `fn` timed under the format's JOINED config, and {"uncapped_ms",
+    "uncapped_config"} under its UNCAPPED one (empty where none)."""
     from codesign.autotune.lookup import forced_config
 
-    if name not in JOINED:
-        return {}
-    with forced_config(table, JOINED[name]):
-        return {"joined_ms": _time_ms(fn, mode), "joined_config": JOINED[name]}
+    out: dict[str, Any] = {}
+    for what, configs in (("joined", JOINED), ("uncapped", UNCAPPED)):
+        if name in configs:
+            with forced_config(table, configs[name]):
+                out |= {f"{what}_ms": _time_ms(fn, mode), f"{what}_config": configs[name]}
+    return out
 
 
 def _format_row(name: str, ms: float, bits: float, base_ms: float, **extra) -> dict:

@@ -93,6 +93,39 @@ def test_smoke_correctness_and_tuning_cover_every_op(tmp_path):
         assert entry == (None if r["default_ms"] < r["best_ms"] else r["best"]), (r, entry)
 
 
+def _check_kv_quant(rep: dict) -> dict:
+    """The quantized-KV section: every format timed, the shape sweep, every target, the designs timed beside the
+    defaults. Returns the section."""
+    kv = {r["format"] for r in rep["kv_quant"]["rows"]}
+    assert kv >= {"int8", "int4", "int2", "fp8", "int4-kivi", "int2-kivi", "int4-oaken", "mixed-8/4/4/2"}
+    assert sum("check_ok" in r for r in rep["kv_quant"]["rows"]) == 6
+    # The shape sweep: every format at each swept point, a positive share of its byte floor; every target.
+    kq = rep["kv_quant"]
+    sweep_fmts = {"bf16", "int8", "int4", "int2", "fp8", "int4-kivi", "int2-kivi", "int4-oaken", "mixed-8/4/4/2"}
+    points = {tuple(p) for p in kq["sweep_info"]["points"]}
+    assert points and (16, 32768) in points
+    for pt in points:
+        at = [r for r in kq["sweep"] if (r["batch"], r["context"]) == pt]
+        assert {r["format"] for r in at} == sweep_fmts, pt
+        assert all(r["ms"] > 0 and r["floor_bytes"] > 0 and r["pct_of_floor"] > 0 for r in at), pt
+    assert set(kq["sweep_targets"]) == {f"{f}_speedup_b16_c32k" for f in
+                                        ("int8", "fp8", "int4", "int4-kivi", "int4-oaken", "mixed-8/4/4/2")} | {
+        "all_formats_pct_of_floor_b16_c8k", "bf16_pct_of_copy_b16_c8k"}  # fmt: skip
+    assert all({"measured", "target", "met"} <= set(t) for t in kq["sweep_targets"].values())
+    # the design each default replaced, timed beside it (gpu_kvquant.JOINED: code planes, mixed by width)
+    joined = {r["format"]: r for r in kq["rows"] if "joined_ms" in r}
+    assert set(joined) == {"int4", "int2", "int8", "int4-kivi", "int2-kivi", "mixed-8/4/4/2"}
+    assert all(r["joined_ms"] > 0 for r in joined.values())
+    # the register-capped defaults, timed uncapped beside them (gpu_kvquant.UNCAPPED)
+    uncapped = {r["format"]: r for r in kq["rows"] if "uncapped_ms" in r}
+    assert set(uncapped) == {"int4", "int4-kivi"} and all(r["uncapped_ms"] > 0 for r in uncapped.values())
+    assert all(r["uncapped_config"]["MAXNREG"] == 0 for r in uncapped.values())
+    # Oaken: each decode path forced beside the default (their outputs compared on a GPU only)
+    oaken = next(r for r in kq["rows"] if r["format"] == "int4-oaken")
+    assert oaken["one_launch_ms"] > 0 and oaken["split_ms"] > 0 and oaken["split_rel_diff"] is None
+    return kq
+
+
 @pytest.mark.slow
 def test_smoke_kernel_benches_all_run_and_check(tmp_path):
     """Every bench/gpu_*.py module runs in smoke mode, writes its section and its correctness checks pass."""
@@ -135,29 +168,7 @@ def test_smoke_kernel_benches_all_run_and_check(tmp_path):
     for r in att:  # skips: the real run's over-budget caches, and bf16 in smoke mode, nothing else
         if "skipped" in r:
             assert r["skipped"].startswith("cache ") or "bf16" in r["skipped"], r
-    kv = {r["format"] for r in rep["kv_quant"]["rows"]}
-    assert kv >= {"int8", "int4", "int2", "fp8", "int4-kivi", "int2-kivi", "int4-oaken", "mixed-8/4/4/2"}
-    assert sum("check_ok" in r for r in rep["kv_quant"]["rows"]) == 6
-    # The shape sweep: every format at each swept point, a positive share of its byte floor; every target.
-    kq = rep["kv_quant"]
-    sweep_fmts = {"bf16", "int8", "int4", "int2", "fp8", "int4-kivi", "int2-kivi", "int4-oaken", "mixed-8/4/4/2"}
-    points = {tuple(p) for p in kq["sweep_info"]["points"]}
-    assert points and (16, 32768) in points
-    for pt in points:
-        at = [r for r in kq["sweep"] if (r["batch"], r["context"]) == pt]
-        assert {r["format"] for r in at} == sweep_fmts, pt
-        assert all(r["ms"] > 0 and r["floor_bytes"] > 0 and r["pct_of_floor"] > 0 for r in at), pt
-    assert set(kq["sweep_targets"]) == {f"{f}_speedup_b16_c32k" for f in
-                                        ("int8", "fp8", "int4", "int4-kivi", "int4-oaken", "mixed-8/4/4/2")} | {
-        "all_formats_pct_of_floor_b16_c8k", "bf16_pct_of_copy_b16_c8k"}  # fmt: skip
-    assert all({"measured", "target", "met"} <= set(t) for t in kq["sweep_targets"].values())
-    # the design each default replaced, timed beside it (gpu_kvquant.JOINED: code planes, mixed by width)
-    joined = {r["format"]: r for r in kq["rows"] if "joined_ms" in r}
-    assert set(joined) == {"int4", "int2", "int8", "int4-kivi", "int2-kivi", "mixed-8/4/4/2"}
-    assert all(r["joined_ms"] > 0 for r in joined.values())
-    # Oaken: each decode path forced beside the default (their outputs compared on a GPU only)
-    oaken = next(r for r in kq["rows"] if r["format"] == "int4-oaken")
-    assert oaken["one_launch_ms"] > 0 and oaken["split_ms"] > 0 and oaken["split_rel_diff"] is None
+    kq = _check_kv_quant(rep)
     # The printed summary gives every target a line (what a short GPU lease's log must show).
     lines = [x for x in suite.target_lines(rep) if x.startswith("target ")]
     trees = sum("vs_extend" in r for r in att)

@@ -43,12 +43,12 @@ DEFAULT_CONFIG = {"BLOCK_N": 64, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
 # batch 16, context 32k; `bench/attention_predict.py`, untimed). P per default is what the compiled tiles reach
 # (sm_90, head_dim <= 128, 16-bit queries: 4-warp tiles of 105-128 registers and up to 40 KB shared 4; 2-warp
 # tiles, up to 255 registers, 4; FP8's 144 registers on 4 warps 3; Oaken's 236 2), checked by
-# `tests/bench/test_attention_predict.py`. Not forced through Triton's `maxnreg`: a cap of 128, tried once, made
-# ptxas spill the bf16 tile (105 registers uncapped); KIVI INT4's one-warp tile (254) capped at 200 (10 programs an
-# SM: a scheduler holds 3 warps where others hold 2) was predicted slower, 0.341 against 0.309 ms, and at 168 (12)
-# spilled 64 B (a temporary edit, not reproducible from the repository). Only Oaken's value walk takes a cap
-# (`oaken_split.CORR_MAXNREG`: no spills there). Tuned tables may set PROGRAMS_PER_SM per config; a config with
-# another tile does not inherit the default's (`launch_config`).
+# `tests/bench/test_attention_predict.py`. Registers are capped (config key "MAXNREG", Triton's `maxnreg`) only where a
+# cap fits more programs an SM without spilling and is predicted faster: the one-warp INT4 and KIVI INT4 tiles
+# (PLANES_DECODE_CAP, KIVI_PLANES_CAP; where they raise the split count, `decode_occupancy`), Oaken's value walk
+# (`oaken_split.CORR_MAXNREG`); a cap of 128 made ptxas spill the bf16 tile (105 registers uncapped). Tuned tables may
+# set PROGRAMS_PER_SM and MAXNREG per config; a config with another tile inherits neither from the default
+# (`launch_config`).
 DECODE_PROGRAMS_PER_SM = {2: 4, 4: 4}  # by num_warps (one warp: PLANES_DECODE_PROGRAMS_PER_SM); 8 the two-wave rule
 FP8_DECODE_PROGRAMS_PER_SM = 3
 OAKEN_DECODE_PROGRAMS_PER_SM = 2  # its 64 x 128 tile on 4 warps (blocks of 32 and up): 236 registers
@@ -83,6 +83,20 @@ INT_WORDS_WARPS = 2
 # tile, predicted 0.140 ms (52 % of its byte floor) against 0.338 on the joined 64 x 128 2-warp tile (0.164 at 8 an SM).
 PLANES_DECODE_TILE = {"BLOCK_N": 32, "num_warps": 1}
 PLANES_DECODE_PROGRAMS_PER_SM = {4: 10, 2: 12}  # by bits: 200 / 168 registers, 10 / 12 one-warp programs an SM
+# Register caps of the default one-warp tiles (config key "MAXNREG", Triton's `maxnreg`; 0 or absent: none): (cap,
+# programs an SM at it), where a cap lets an SM hold more programs without spilling. INT4's tile holds 200 uncapped
+# (10 an SM); capped at 168, 167 and 12 an SM, predicted 0.173 -> 0.148 ms (3.00x -> 3.50x bf16, 79 -> 93 % of its
+# byte floor's speed; sm_90, bf16, batch 16, context 32k, `bench/attention_configs.py --formats int4 --block-n 32
+# --warps 1 --stages 2 --per-sm 10 12 --maxnreg 0 168`, untimed). At 160 also 12 an SM (0.151); at 152, 13, it spills
+# 20 B. INT2's 168 gains nothing (at 152, 13 an SM: 0.146 against 0.140). A cap lengthens a tile's chain a little,
+# so a launch keeps it only where it raises the split count (`decode_occupancy`).
+PLANES_DECODE_CAP = {4: (168, 12)}
+# The caps were sized on sm_90's code at 4 query heads a kv head, and hold without spilling up to these groups (sm_90,
+# bf16, `bench/attention_predict.py` at 32 / 8, 40 / 8, 28 / 4, 64 / 8 and 32 / 2 heads: INT4 to 16; KIVI INT4
+# spills 60-272 B from 5); past them, and below CAPS_FROM (sm_80's KIVI INT4 tile spills 44 B at 176), the tiles run
+# uncapped.
+PLANES_CAP_MAX_GROUP, KIVI_CAP_MAX_GROUP = 16, 4
+CAPS_FROM = (9, 0)
 # Mixed chunks read as words at most this wide, on 4 warps: a tile inside one block, or of two whole blocks where two
 # fill it (each read at its own width, `mixed_span_codes`). sm_90, bf16, head_dim 128, batch 16, context 32k
 # (`bench/attention_predict.py`): blocks of 32, 64 x 128 over two blocks takes 128 registers and 682-705 SASS a tile
@@ -107,6 +121,10 @@ KIVI_WORDS_WARPS = 4
 # batch 4 27 / 68 us against 31 / 103, batch 16 69 / 242 against 103 / 391, batch 1 23 / 37 against 13 / 31.
 KIVI_PLANES_DECODE_TILE = {"BLOCK_N": 16, "num_warps": 1, "num_stages": 2, "VPLANES": 1}
 KIVI_PLANES_PROGRAMS_PER_SM = {4: 8, 2: 11}  # by bits
+# KIVI INT4's tile holds 254 registers uncapped (8 an SM, 2 warps a scheduler, latency-bound: 0.309 ms, 1.67x bf16);
+# capped at 176, 11 an SM without spilling: 0.264 ms (1.96x), as PLANES_DECODE_CAP was chosen (at 184 / 200, 10 an
+# SM: 0.287 / 0.341; at 168, 12, it spills 64 B). KIVI INT2's 178 gains nothing (at 168: 28 B of spills).
+KIVI_PLANES_CAP = {4: (176, 11)}
 KIVI_PLANES_MIN_PAIRS = 32
 # Tree verification adds the ancestor mask to a 16-token x GROUP_PAD-row extend tile, one 64-bit window of
 # packed mask bits per row (`tree_mask_words`): at most 64 wide. Compiled for sm_90 in bf16 at head_dim 128
@@ -233,6 +251,44 @@ def default_config(
     return cfg
 
 
+def default_cap(cfg: dict, kv_format: int, bits: int, group: int) -> dict:
+    """A default decode config with its tile's register cap (`with_cap`) where one is known to fit `group` query heads
+    a kv head: the one-warp INT4 tile (PLANES_DECODE_CAP) and KIVI INT4's value-planes tile (KIVI_PLANES_CAP)."""
+    if "PROGRAMS_PER_SM" not in cfg or cfg["num_warps"] != 1:
+        return cfg
+    if kv_format == KV_FORMAT_INT and bits in PLANES_DECODE_CAP and group <= PLANES_CAP_MAX_GROUP:
+        return with_cap(cfg, *PLANES_DECODE_CAP[bits])
+    if kv_format == KV_FORMAT_KIVI and cfg.get("VPLANES") and bits in KIVI_PLANES_CAP and group <= KIVI_CAP_MAX_GROUP:
+        return with_cap(cfg, *KIVI_PLANES_CAP[bits])
+    return cfg
+
+
+def with_cap(cfg: dict, cap: int, per_sm: int) -> dict:
+    """cfg with register cap `cap` at `per_sm` programs an SM, its programs an SM without the cap kept as
+    "UNCAPPED_PER_SM" (`decode_occupancy` takes whichever plan pays)."""
+    return {**cfg, "MAXNREG": cap, "UNCAPPED_PER_SM": cfg["PROGRAMS_PER_SM"], "PROGRAMS_PER_SM": per_sm}
+
+
+def decode_occupancy(cfg: dict, programs: int, max_kv_len: int, sms: int | None, num_splits: int | None = None,
+                     capability: tuple[int, int] | None = None) -> dict:  # fmt: skip
+    """cfg for a decode launch of `programs` (sequences x kv heads) over `max_kv_len` keys: with an
+    "UNCAPPED_PER_SM" (a default's register cap, `with_cap`), the cap dropped (and the programs an SM with it) where
+    the launch would split as many ways without it and fit in one wave of the uncapped programs (the cap only
+    lengthens the tile's chain there: batch 1, short contexts, Oaken at batch 64), and on GPUs below CAPS_FROM;
+    `num_splits`: the caller's."""
+    unc = cfg.get("UNCAPPED_PER_SM")
+    if unc is None:
+        return cfg
+    cfg = {k: v for k, v in cfg.items() if k != "UNCAPPED_PER_SM"}
+    per = cfg.get("PROGRAMS_PER_SM")
+    w = cfg["num_warps"]
+    s = num_splits or choose_num_splits(programs, max_kv_len, sms, w, per)
+    same = s == (num_splits or choose_num_splits(programs, max_kv_len, sms, w, unc))
+    if (same and programs * s <= unc * (sms or 132)) or (capability is not None and capability < CAPS_FROM):
+        cfg = {k: v for k, v in cfg.items() if k != "MAXNREG"} | {"PROGRAMS_PER_SM": unc}
+    return cfg
+
+
 
 def _decode_programs_per_sm(kv_format: int, warps: int, bits: int) -> int | None:
     """A default decode tile's occupancy (DECODE_PROGRAMS_PER_SM and its kin): what the compiled tiles are known to
@@ -323,11 +379,18 @@ def launch_config(
     base = default_config(head_dim, elem_bytes, kv_format, bits, block_size)
     if kivi_planes_default(kv_format, bits, head_dim, elem_bytes, base, batch * kv_heads):
         base.update(KIVI_PLANES_DECODE_TILE, PROGRAMS_PER_SM=KIVI_PLANES_PROGRAMS_PER_SM[bits])
-    per_sm = base.pop("PROGRAMS_PER_SM", None)
-    cfg = lookup_config(op, gpu, batch, key, base)  # (its PROGRAMS_PER_SM, if any, the table's or forced)
-    if per_sm is not None and "PROGRAMS_PER_SM" not in cfg and all(cfg.get(k) == base.get(k) for k in OCCUPANCY_KEYS):
-        cfg["PROGRAMS_PER_SM"] = per_sm  # the default's occupancy, for the default's tile only
+    base = default_cap(base, kv_format, bits, q_heads // kv_heads)
+    # the default's occupancy (its programs an SM, its register cap) for the default's tile only
+    occ = {k: base.pop(k) for k in OCCUPANCY if k in base}
+    cfg = lookup_config(op, gpu, batch, key, base)  # (its PROGRAMS_PER_SM, MAXNREG, if any, the table's or forced)
+    if same_tile(cfg, base) and not set(OCCUPANCY) & set(cfg):
+        cfg |= occ
     return cfg
+
+
+def same_tile(cfg: dict, base: dict) -> bool:
+    """True when config `cfg` is `base`'s tile (OCCUPANCY_KEYS, a key left out at its default)."""
+    return all(_key(cfg, k) == _key(base, k) for k in OCCUPANCY_KEYS)
 
 
 
@@ -341,9 +404,16 @@ def kivi_planes_default(kv_format: int, bits: int, head_dim: int, elem_bytes: in
 
 
 
-# What a default "PROGRAMS_PER_SM" was sized for: a tuned or forced config changing any of these does not inherit it
-# (one that sets its own keeps that).
-OCCUPANCY_KEYS = ("BLOCK_N", "BLOCK_M", "num_warps", "num_stages", "WORDS8", "PLANES")
+# What a default "PROGRAMS_PER_SM" and "MAXNREG" were sized for: a tuned or forced config changing any of these
+# inherits neither; one that sets either keeps what it sets and inherits nothing.
+# A key a config leaves out has its default (a tuner candidate spelling out PLANES 1 is the default's tile).
+OCCUPANCY_KEYS = ("BLOCK_N", "BLOCK_M", "num_warps", "num_stages", "WORDS8", "PLANES", "VPLANES")
+OCCUPANCY = ("PROGRAMS_PER_SM", "MAXNREG", "UNCAPPED_PER_SM")  # a config's occupancy: inherited (or set) together
+
+
+def _key(cfg: dict, k: str):
+    """cfg's value of config key k, its default where it has none."""
+    return cfg.get(k, {"WORDS8": WORDS8_DEFAULT, "PLANES": PLANES_DEFAULT, "VPLANES": VPLANES_DEFAULT}.get(k))
 
 
 def tree_config(cfg: dict, kv_format: int = KV_FORMAT_PLAIN) -> dict:
@@ -367,7 +437,7 @@ def rows_config(cfg: dict, kv_format: int, is_tree: bool, capability: tuple[int,
     fmt = kv_format
     # Decode's tile holds one head group (16 rows): a config of fewer warps (INT_WORDS_WARPS, KIVI_WORDS_WARPS)
     # is a decode choice, and 64 query rows take at least 4; so is its occupancy (a 64-row tile takes more registers).
-    cfg = {k: v for k, v in cfg.items() if k != "PROGRAMS_PER_SM"}
+    cfg = {k: v for k, v in cfg.items() if k not in OCCUPANCY}
     if cfg["num_warps"] == 1:  # the code planes' one-warp decode tiles: rows take the tile they had before
         cfg["BLOCK_N"] = max(cfg["BLOCK_N"], KIVI_WORDS_TILE if fmt == KV_FORMAT_KIVI else DEFAULT_CONFIG["BLOCK_N"])
     cfg["num_warps"] = max(cfg["num_warps"], 4)

@@ -39,7 +39,16 @@ import triton
 import triton.language as tl
 
 from codesign.backend import device_view
-from codesign.kernels.attention.launch_rules import choose_num_splits, decode_path_on, dim_pad
+from codesign.kernels.attention.launch_rules import (
+    OCCUPANCY,
+    choose_num_splits,
+    decode_occupancy,
+    decode_path_on,
+    default_config,
+    dim_pad,
+    same_tile,
+    with_cap,
+)
 from codesign.kernels.attention.options import AttentionBatch, AttentionOptions
 from codesign.kernels.attention.triton_attention import (
     KernelKV,
@@ -69,8 +78,14 @@ RANKS = 2
 # CORR_MIN_BLOCKS blocks. A walk is a chain of dependent loads: more of them at once, not fewer registers, sets its time
 CORR_MAXNREG, CORR_PROGRAMS_PER_SM, CORR_MIN_BLOCKS = 64, 32, 2
 # The INT launch with biases in and probabilities out holds more registers than the INT format's own (sm_90, INT4,
-# head_dim 128, one warp: 223 against 200), so an SM holds a program fewer than the INT table's PROGRAMS_PER_SM;
-# the split count follows that (a tenth program an SM would run in a second wave)
+# head_dim 128, one warp: 223 uncapped, 9 an SM, and 92 B of spills at the INT tile's own cap of 168), so on the INT
+# format's default tile it takes its own occupancy: a program an SM fewer than the INT tile uncapped (SCORE_IO_FEWER;
+# a program more would run in a second wave), and by width SCORE_IO_CAP (cap, programs an SM) where that raises the
+# split count (`launch_rules.decode_occupancy`): INT4 at 200 registers, no spills, 10 an SM, the INT launch predicted
+# 0.207 -> 0.190 ms, the three launches 0.459 -> 0.431 (1.13x -> 1.20x bf16) at issue 21's shape (at 184, 11 an SM,
+# it spills 60 B). Other tiles keep their config, a program fewer an SM.
+SCORE_IO_CAP = {4: (200, 10)}  # by bits
+SCORE_IO_MAX_GROUP = 8  # query heads a kv head the cap fits (at 16 it spills 32 B: sm_90, bf16)
 SCORE_IO_FEWER = 1
 BIAS_PROGRAMS_PER_SM = 16  # the bias launch's programs: blocks a program so that about this many fill an SM
 _NEG_INF = tl.constexpr(float("-inf"))
@@ -126,11 +141,22 @@ def plan_split(
     nb, bs, hkv, dim = cache_shape[:4]
     t, hq = q.shape[:2]
     p = plan_launch(q, (nb, bs, hkv, dim * bits // 8), KV_FORMAT_INT, bits, batch, num_splits, allocate=False)
-    per_sm, sms = p.config.get("PROGRAMS_PER_SM"), device_view(q.device).sms
-    if num_splits is None and per_sm is not None and per_sm > SCORE_IO_FEWER:  # its own occupancy (SCORE_IO_FEWER)
-        programs = batch.block_tables.shape[0] * hkv
-        p = dataclasses.replace(p, num_splits=choose_num_splits(programs, batch.block_tables.shape[1] * bs, sms,
-                                                                p.config["num_warps"], per_sm - SCORE_IO_FEWER))
+    view, programs, ctx = device_view(q.device), batch.block_tables.shape[0] * hkv, batch.block_tables.shape[1] * bs
+    sms = view.sms
+    cfg, per_sm = p.config, p.config.get("PROGRAMS_PER_SM")
+    base = default_config(dim, q.element_size(), KV_FORMAT_INT, bits, bs)
+    if "PROGRAMS_PER_SM" in base and same_tile(cfg, base):  # the INT default's tile: this launch's own occupancy
+        own = {k: v for k, v in cfg.items() if k not in OCCUPANCY}
+        own["PROGRAMS_PER_SM"] = max(1, base["PROGRAMS_PER_SM"] - SCORE_IO_FEWER)
+        if bits in SCORE_IO_CAP and hq // hkv <= SCORE_IO_MAX_GROUP and base["num_warps"] == 1:
+            own = with_cap(own, *SCORE_IO_CAP[bits])
+        cfg = decode_occupancy(own, programs, ctx, sms, num_splits, view.capability)
+        per_sm = cfg["PROGRAMS_PER_SM"]
+    elif per_sm is not None and per_sm > SCORE_IO_FEWER:
+        per_sm -= SCORE_IO_FEWER
+    if num_splits is None and per_sm:  # its own occupancy
+        p = dataclasses.replace(p, num_splits=choose_num_splits(programs, ctx, sms, cfg["num_warps"], per_sm))
+    p = dataclasses.replace(p, config=cfg)
     s, bn = max(p.num_splits, MIN_SPLITS), p.config["BLOCK_N"]
     workspace = split_workspace(t, hq, s, dim, q.device, workspace)
     b, mb = batch.block_tables.shape

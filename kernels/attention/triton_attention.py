@@ -61,6 +61,7 @@ from codesign.backend import device_view
 from codesign.kernels.attention.launch_rules import (
     WORDS8_DEFAULT,
     choose_num_splits,
+    decode_occupancy,
     dim_pad,
     launch_config,
     mixed_reads_words,
@@ -895,11 +896,12 @@ def plan_launch(
     if not batch.is_decode:
         cfg = rows_config(cfg, kv_format, batch.is_tree, view.capability)
     gpad, bq = rows_layout(hq // hkv, cfg["BLOCK_M"], batch.is_decode, view.min_dot_rows)
+    programs = (b if batch.is_decode else -(-t // bq) + b) * hkv
+    ctx = batch.block_tables.shape[1] * bs
+    cfg = decode_occupancy(cfg, programs, ctx, view.sms, num_splits, view.capability)  # (a default's cap if it pays)
     if num_splits is None:
-        b = batch.block_tables.shape[0]
-        programs = (b if batch.is_decode else -(-t // bq) + b) * hkv
         per_sm = cfg.get("PROGRAMS_PER_SM")  # (decode only: `rows_config` drops it)
-        num_splits = choose_num_splits(programs, batch.block_tables.shape[1] * bs, view.sms, cfg["num_warps"], per_sm)
+        num_splits = choose_num_splits(programs, ctx, view.sms, cfg["num_warps"], per_sm)
     words = (
         reads_words(kv_format, bits, dim)
         or mixed_reads_words(kv_format, dim, bs, cfg["BLOCK_N"])
@@ -1067,7 +1069,7 @@ def paged_attention_triton(
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", INTERPRETED=device_view(q.device).interpreted,
         META32=meta32, BT_AHEAD=_bt_ahead(q.device), PLANES=p.planes, KV_ALIGN=kv_align(k_cache, v_cache),
         VPLANES=p.vplanes, SCORE_IO=score_io(kv),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAXNREG") or None,
     )  # fmt: skip
     if s > 1 and reduce:
         reduce_splits(o_part, l_part, out, lse)

@@ -123,7 +123,7 @@ def test_int8_prediction_from_sm90_lowering(tmp_path):
     instructions, and its predicted time is positive and not below its byte floor; INT4 runs one warp, without
     spills; both dot code planes, so no thread stores a code tile to shared memory in the loop; each fills one wave: the
     programs an SM holds (its registers and shared memory) are at least its config's PROGRAMS_PER_SM, which sets the
-    splits (batch 16 x 8 kv heads: INT8 4 a SM, 4 splits; INT4 10, 10)."""
+    splits (batch 16 x 8 kv heads: INT8 4 a SM, 4 splits; INT4 12, 12, its registers within its cap)."""
     out = tmp_path / "p.json"
     env = dict(os.environ, TRITON_INTERPRET="0")
     res = subprocess.run([sys.executable, str(SCRIPT), "--formats", "int8", "int4", "--no-tree", "--out", str(out)],
@@ -136,9 +136,9 @@ def test_int8_prediction_from_sm90_lowering(tmp_path):
     assert 0 < row["floor_ms"] <= row["predicted_ms"] < 5 and row["sass_per_tile"] > 100
     assert "int8" in res.stdout
     i4 = rows["int4"]
-    assert (i4["num_warps"], row["num_warps"], i4["NUM_SPLITS"], row["NUM_SPLITS"]) == (1, 4, 10, 4), i4
-    assert i4["spill_stores"] == 0
-    for r, per in ((row, 4), (i4, 10)):
+    assert (i4["num_warps"], row["num_warps"], i4["NUM_SPLITS"], row["NUM_SPLITS"]) == (1, 4, 12, 4), i4
+    assert i4["spill_stores"] == 0 and i4["registers"] <= 168
+    for r, per in ((row, 4), (i4, 12)):
         assert r["waves"] == 1 and r["resident"] >= r["programs_per_sm"] == per, r
         assert "STS.128" not in r["sched"]["mio_by_op"] and r["loop"]["hmma"] > 0, r["sched"]  # no code tile stored
     assert i4["loop"]["sts"] == 0, i4["loop"]  # (one warp: no cross-warp softmax either)
@@ -162,9 +162,10 @@ def test_config_sweep_forces_each_config_and_ranks_them(tmp_path):
         {"BLOCK_N": 32, "num_warps": best["num_warps"], "num_stages": 2}]
     rows = {r["num_warps"]: r for r in f["configs"]}
     assert set(rows) == {1, 4} and all(r["BLOCK_N"] == 32 and r["num_stages"] == 2 for r in rows.values())
-    # the splits follow the forced config: the default's tile keeps its one wave of 10 programs an SM (10 splits), 4
-    # warps another tile, which drops it for the two-wave rule (3)
-    assert (rows[1]["NUM_SPLITS"], rows[4]["NUM_SPLITS"]) == (10, 3)
+    # the splits follow the forced config: the default's tile keeps its one wave of 12 programs an SM (12 splits, its
+    # register cap), 4 warps another tile, which drops both for the two-wave rule (3)
+    assert (rows[1]["NUM_SPLITS"], rows[4]["NUM_SPLITS"]) == (12, 3)
+    assert rows[1]["registers"] <= 168 < rows[4]["registers"] or rows[4]["registers"] <= 168
     assert all(r["predicted_ms"] >= max(r["sched_ms"], r["floor_ms"]) for r in rows.values())
     ok = [r for r in rows.values() if not r["spill_stores"]]
     assert f["best"][0]["predicted_ms"] == min(r["predicted_ms"] for r in ok)
@@ -177,13 +178,14 @@ def test_config_sweep_forces_kivi_value_planes(tmp_path):
     """`--vplanes 0 1` compiles KIVI's one-warp 16 x 128 tile twice, its value tiles joined and as code planes
     (VPLANES): two different kernels, each row saying which it is, the planes row the faster (predicted 0.309
     against 0.330 ms at batch 16 / 32k when it was added; 26 against 27 us at batch 4 / 8k, the shape `--batch`
-    and `--context` set here, where the split count follows: 32 pairs, 32 splits)."""
+    and `--context` set here, where the split count follows: 32 pairs, 32 splits), both uncapped (`--maxnreg 0`:
+    the planes tile's default cap is sized for its own registers)."""
     out = tmp_path / "c.json"
     env = dict(os.environ, TRITON_INTERPRET="0")
     script = SCRIPT.parent / "attention_configs.py"
     res = subprocess.run([sys.executable, str(script), "--formats", "int4-kivi", "--block-n", "16", "--warps", "1",
-                          "--stages", "2", "--per-sm", "8", "--vplanes", "0", "1", "--batch", "4", "--context",
-                          "8192", "--out", str(out)], env=env, capture_output=True, text=True,
+                          "--stages", "2", "--per-sm", "8", "--vplanes", "0", "1", "--maxnreg", "0", "--batch", "4",
+                          "--context", "8192", "--out", str(out)], env=env, capture_output=True, text=True,
                          timeout=300)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads(out.read_text())

@@ -263,7 +263,7 @@ def test_decode_occupancy_defaults_and_who_drops_them():
     assert per(100, 2, ta.KV_FORMAT_INT, 4, 32) is None  # 50-byte rows: codes gathered by byte
     cfg = lr.default_config(128, 2, ta.KV_FORMAT_INT, 4, 32)
     for tree in (False, True):
-        assert "PROGRAMS_PER_SM" not in lr.rows_config(cfg, ta.KV_FORMAT_INT, tree, (9, 0))
+        assert not {"PROGRAMS_PER_SM", "MAXNREG"} & set(lr.rows_config(cfg, ta.KV_FORMAT_INT, tree, (9, 0)))
     args = (32, 8, 64, 32, 16, "cpu", 2, ta.KV_FORMAT_INT, 4)
     assert lr.launch_config(*args)["PROGRAMS_PER_SM"] == 4
     with forced_config("paged_attention_int4", {"num_warps": 4}):
@@ -274,8 +274,70 @@ def test_decode_occupancy_defaults_and_who_drops_them():
         assert lr.launch_config(*args)["PROGRAMS_PER_SM"] == 3
     planes = (32, 8, 128, 32, 16, "cpu", 2, ta.KV_FORMAT_INT, 4)
     with forced_config("paged_attention_int4", {"PLANES": 0}):  # the joined tile is another tile: not inherited
-        assert "PROGRAMS_PER_SM" not in lr.launch_config(*planes)
+        assert not {"PROGRAMS_PER_SM", "MAXNREG"} & set(lr.launch_config(*planes))
 
+
+def test_register_caps_go_with_the_default_tile():
+    """The one-warp INT4 tile's register cap (MAXNREG, with the programs an SM it allows and those without it) is the
+    default's: a tuned or forced config of the same tile inherits all three, one of another tile none (a cap sized for
+    one tile can make another spill), one that sets any keeps what it sets; INT2's, INT8's and fp32 queries' tiles take
+    none. A launch keeps the cap only where it raises the split count (`decode_occupancy`)."""
+    from codesign.autotune.lookup import forced_config
+    from codesign.kernels.attention import launch_rules as lr
+    from codesign.kernels.attention import triton_attention as ta
+
+    args = (32, 8, 128, 32, 16, "cpu", 2, ta.KV_FORMAT_INT, 4)
+    keys = ("MAXNREG", "PROGRAMS_PER_SM", "UNCAPPED_PER_SM")
+    occ = lambda: tuple(lr.launch_config(*args).get(k) for k in keys)  # noqa: E731
+    assert occ() == (*lr.PLANES_DECODE_CAP[4], lr.PLANES_DECODE_PROGRAMS_PER_SM[4]) == (168, 12, 10)
+    with forced_config("paged_attention_int4", {"BLOCK_N": 32, "num_warps": 1}):  # the same tile
+        assert occ() == (168, 12, 10)
+    with forced_config("paged_attention_int4", {"BLOCK_N": 32, "num_warps": 1, "num_stages": 2, "PLANES": 1}):
+        assert occ() == (168, 12, 10)  # a tuner candidate spelling out the default's keys
+    with forced_config("paged_attention_int4", {"BLOCK_N": 64}):  # another tile
+        assert occ() == (None, None, None)
+    with forced_config("paged_attention_int4", {"MAXNREG": 0}):  # uncapped: 200 registers, not 12 an SM
+        assert occ() == (0, None, None)
+    with forced_config("paged_attention_int4", {"MAXNREG": 0, "PROGRAMS_PER_SM": 10}):
+        assert occ() == (0, 10, None)
+    kivi = (32, 8, 128, 32, 16, "cpu", 2, ta.KV_FORMAT_KIVI, 4)
+    tile = {"BLOCK_N": 16, "num_warps": 1, "num_stages": 2, "PLANES": 1}
+    for vplanes, want in ((1, (176, 11, 8)), (0, (None, None, None))):  # joined values: another register budget
+        with forced_config("paged_attention_kivi", {**tile, "VPLANES": vplanes}):
+            cfg = lr.launch_config(*kivi)
+            assert tuple(cfg.get(k) for k in keys) == want, vplanes
+    for other in ((ta.KV_FORMAT_INT, 2, 2), (ta.KV_FORMAT_INT, 8, 2), (ta.KV_FORMAT_INT, 4, 4)):
+        fmt, bits, elem = other
+        assert "MAXNREG" not in lr.launch_config(32, 8, 128, 32, 16, "cpu", elem, fmt, bits), other
+    # the query heads a kv head the caps were checked at (sm_90, no spills): INT4 up to 16, KIVI INT4 4
+    for hq, hkv, fmt, capped in ((64, 8, ta.KV_FORMAT_INT, True), (32, 2, ta.KV_FORMAT_INT, True),
+                                 (32, 1, ta.KV_FORMAT_INT, False), (40, 8, ta.KV_FORMAT_KIVI, False),
+                                 (64, 8, ta.KV_FORMAT_KIVI, False)):  # fmt: skip
+        cfg = lr.launch_config(hq, hkv, 128, 32, 64, "cpu", 2, fmt, 4)
+        assert ("MAXNREG" in cfg) == capped and cfg["num_warps"] == 1, (hq, hkv, fmt, cfg)
+
+
+@pytest.mark.parametrize("programs, ctx, splits, capped", [
+    (16 * 8, 32768, None, True),   # issue 21's shape: 12 splits capped, 10 without: the cap pays
+    (1 * 8, 32768, None, False),   # batch 1: the context caps the splits either way (64)
+    (16 * 8, 1024, None, False),   # short context: 4 splits either way
+    (64 * 8, 32768, None, True),   # 512 pairs: 3 splits in 1584 slots capped, 2 in 1320 without
+    (16 * 8, 32768, 10, False),    # the caller's 10 splits fit one uncapped wave
+    (16 * 8, 32768, 12, True),     # 12 do not
+])  # fmt: skip
+def test_a_register_cap_is_kept_where_it_raises_the_split_count(programs, ctx, splits, capped):
+    from codesign.kernels.attention import launch_rules as lr
+    from codesign.kernels.attention import triton_attention as ta
+
+    cfg = lr.default_cap(lr.default_config(128, 2, ta.KV_FORMAT_INT, 4, 32), ta.KV_FORMAT_INT, 4, 4)
+    out = lr.decode_occupancy(cfg, programs, ctx, 132, splits)
+    assert "UNCAPPED_PER_SM" not in out
+    want = {"MAXNREG": 168, "PROGRAMS_PER_SM": 12} if capped else {"PROGRAMS_PER_SM": 10}
+    assert {k: out[k] for k in ("MAXNREG", "PROGRAMS_PER_SM") if k in out} == want
+    assert lr.decode_occupancy({"num_warps": 1, "PROGRAMS_PER_SM": 4}, programs, ctx, 132) == {
+        "num_warps": 1, "PROGRAMS_PER_SM": 4}  # without a default's cap: as given
+    assert "MAXNREG" not in lr.decode_occupancy(cfg, programs, ctx, 108, splits, (8, 0))  # sized on sm_90, not sm_80
+    assert ("MAXNREG" in lr.decode_occupancy(cfg, programs, ctx, 132, splits, (9, 0))) == capped
 
 
 @pytest.mark.parametrize("bits", [4, 2])
@@ -294,7 +356,9 @@ def test_kivi_decodes_on_one_warp_with_value_planes_from_enough_pairs(bits):
     n = lr.KIVI_PLANES_MIN_PAIRS
     planes = cfg(n // 8)
     assert {k: planes[k] for k in lr.KIVI_PLANES_DECODE_TILE} == lr.KIVI_PLANES_DECODE_TILE
-    assert planes["PROGRAMS_PER_SM"] == {4: 8, 2: 11}[bits]
+    assert planes["PROGRAMS_PER_SM"] == {4: 11, 2: 11}[bits]
+    assert planes.get("MAXNREG") == {4: 176, 2: None}[bits]  # INT4's 254 registers capped: 11 an SM, no spills
+    assert planes.get("UNCAPPED_PER_SM") == {4: 8, 2: None}[bits]
     assert lr.reads_value_planes(ta.KV_FORMAT_KIVI, bits, 128, planes)
     assert cfg(n // 8 - 1)["num_warps"] == lr.KIVI_WORDS_WARPS and cfg(1)["BLOCK_N"] == lr.KIVI_WORDS_TILE
     assert cfg(n // 2, hkv=2)["num_warps"] == 1 and cfg(n // 2 - 1, hkv=2)["num_warps"] == lr.KIVI_WORDS_WARPS

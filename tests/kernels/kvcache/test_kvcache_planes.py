@@ -264,11 +264,13 @@ def test_reads_planes_rule():
 
 
 def test_planes_default_tile_and_rows():
-    """INT4 (INT2) at head_dim 128 decodes 32 x 128 on one warp, 10 (12) programs an SM; extend and tree launches keep
-    the tile they had (the 64-wide default, at least 4 warps, no occupancy); INT4 and INT2 at 64 keep the 2-warp word
-    tile; fp32 queries keep 4 warps."""
+    """INT4 (INT2) at head_dim 128 decodes 32 x 128 on one warp, 10 (12) programs an SM (INT4's 12 at its register
+    cap, `default_cap`); extend and tree launches keep the tile they had (the 64-wide default, at least 4 warps, no
+    occupancy); INT4 and INT2 at 64 keep the 2-warp word tile; fp32 queries keep 4 warps."""
     cfg = lr.default_config(128, 2, KV_FORMAT_INT, 4, 16)
     assert (cfg["BLOCK_N"], cfg["num_warps"], cfg["PROGRAMS_PER_SM"]) == (32, 1, lr.PLANES_DECODE_PROGRAMS_PER_SM[4])
+    capped = lr.default_cap(cfg, KV_FORMAT_INT, 4, 4)
+    assert (capped["MAXNREG"], capped["PROGRAMS_PER_SM"], capped["UNCAPPED_PER_SM"]) == (168, 12, 10)
     two = lr.default_config(128, 2, KV_FORMAT_INT, 2, 16)  # INT2 over half-words: the same tile, 12 an SM
     assert (two["BLOCK_N"], two["num_warps"], two["PROGRAMS_PER_SM"]) == (32, 1, 12) and lr.reads_planes(
         KV_FORMAT_INT, 2, 128, two)  # fmt: skip
