@@ -82,6 +82,10 @@ INT_WORDS_WARPS = 2
 # tile over its int16 half-words (8 planes like INT4's, `plane_words`): 168 registers, 12 programs an SM, 789 SASS a
 # tile, predicted 0.140 ms (52 % of its byte floor) against 0.338 on the joined 64 x 128 2-warp tile (0.164 at 8 an SM).
 PLANES_DECODE_TILE = {"BLOCK_N": 32, "num_warps": 1}
+# ... for up to 16 query rows (heads a kv head): past them a warp per 16 (`launch_config`). At 32 query heads on one kv
+# head the one-warp tile spills (INT4 500 B, 255 registers; INT2 4 B); on 2 warps INT4 holds 166, no spills, predicted
+# 0.376 -> 0.185 ms at batch 64, context 32k (INT2 0.191 -> 0.184; sm_90, bf16, untimed).
+PLANES_WARP_ROWS = 16
 PLANES_DECODE_PROGRAMS_PER_SM = {4: 10, 2: 12}  # by bits: 200 / 168 registers, 10 / 12 one-warp programs an SM
 # Register caps of the default one-warp tiles (config key "MAXNREG", Triton's `maxnreg`; 0 or absent: none): (cap,
 # programs an SM at it), where a cap lets an SM hold more programs without spilling. INT4's tile holds 200 uncapped
@@ -379,6 +383,10 @@ def launch_config(
     base = default_config(head_dim, elem_bytes, kv_format, bits, block_size)
     if kivi_planes_default(kv_format, bits, head_dim, elem_bytes, base, batch * kv_heads):
         base.update(KIVI_PLANES_DECODE_TILE, PROGRAMS_PER_SM=KIVI_PLANES_PROGRAMS_PER_SM[bits])
+    rows = triton.next_power_of_2(q_heads // kv_heads)  # a decode program's query rows
+    if kv_format == KV_FORMAT_INT and base["num_warps"] == 1 and rows > PLANES_WARP_ROWS:
+        # the one-warp planes tile past 16 rows: a warp per 16 (its PROGRAMS_PER_SM was sized for one)
+        base = {k: v for k, v in base.items() if k not in OCCUPANCY} | {"num_warps": rows // PLANES_WARP_ROWS}
     base = default_cap(base, kv_format, bits, q_heads // kv_heads)
     # the default's occupancy (its programs an SM, its register cap) for the default's tile only
     occ = {k: base.pop(k) for k in OCCUPANCY if k in base}

@@ -311,10 +311,23 @@ def test_register_caps_go_with_the_default_tile():
         assert "MAXNREG" not in lr.launch_config(32, 8, 128, 32, 16, "cpu", elem, fmt, bits), other
     # the query heads a kv head the caps were checked at (sm_90, no spills): INT4 up to 16, KIVI INT4 4
     for hq, hkv, fmt, capped in ((64, 8, ta.KV_FORMAT_INT, True), (32, 2, ta.KV_FORMAT_INT, True),
-                                 (32, 1, ta.KV_FORMAT_INT, False), (40, 8, ta.KV_FORMAT_KIVI, False),
-                                 (64, 8, ta.KV_FORMAT_KIVI, False)):  # fmt: skip
+                                 (40, 8, ta.KV_FORMAT_KIVI, False), (64, 8, ta.KV_FORMAT_KIVI, False)):  # fmt: skip
         cfg = lr.launch_config(hq, hkv, 128, 32, 64, "cpu", 2, fmt, 4)
         assert ("MAXNREG" in cfg) == capped and cfg["num_warps"] == 1, (hq, hkv, fmt, cfg)
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+def test_the_planes_tile_takes_a_warp_per_16_query_rows(bits):
+    """Past 16 query heads a kv head the one-warp INT4 / INT2 planes tile (which spilled 500 B at 32 on one kv head,
+    sm_90) takes a warp per 16 query rows, without the one-warp tile's occupancy or cap; up to 16 it keeps one warp."""
+    from codesign.kernels.attention import launch_rules as lr
+    from codesign.kernels.attention import triton_attention as ta
+
+    wide = lr.launch_config(32, 1, 128, 32, 64, "cpu", 2, ta.KV_FORMAT_INT, bits)
+    assert (wide["BLOCK_N"], wide["num_warps"]) == (32, 2) and not set(lr.OCCUPANCY) & set(wide), wide
+    assert lr.reads_planes(ta.KV_FORMAT_INT, bits, 128, wide)
+    assert lr.launch_config(64, 1, 128, 32, 64, "cpu", 2, ta.KV_FORMAT_INT, bits)["num_warps"] == 4
+    assert lr.launch_config(32, 2, 128, 32, 64, "cpu", 2, ta.KV_FORMAT_INT, bits)["num_warps"] == 1
 
 
 @pytest.mark.parametrize("programs, ctx, splits, capped", [

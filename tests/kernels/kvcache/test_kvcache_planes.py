@@ -159,6 +159,22 @@ def test_planes_decode_vs_fp64(fmt, d, warps, v_scale, monkeypatch):
         assert rel_fro_error(out.double(), joined.double()) < 1e-3
 
 
+@pytest.mark.parametrize("fmt", ["int4", "int2"])
+def test_planes_on_a_warp_per_16_query_rows_vs_fp64(fmt, monkeypatch):
+    """32 query heads on one kv head: the planes tile on 2 warps (the default past 16 rows), within fp16 rounding of
+    fp64 and of the joined tile."""
+    seen = _planes_used(monkeypatch)
+    cache, bt, cl, q, kd, vd = _case(fmt, 1.0, 3.0, torch.float16, ctx=(70, 33, 1), d=128, bs=8, h=1, g=32)
+    ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [1, 1, 1])
+    with use_backend("triton"):
+        out = kvq_decode_attention(q, cache, bt, cl, num_splits=2)
+        with forced_config(f"paged_attention_{fmt}", {"PLANES": 0}):
+            joined = kvq_decode_attention(q, cache, bt, cl, num_splits=2)
+    assert seen[-2:] == [True, False]
+    assert_rel_close(out.double(), ref, 1e-3, f"{fmt} 32 heads on one kv head")
+    assert rel_fro_error(out.double(), joined.double()) < 1e-3
+
+
 def test_planes_bf16_queries_beyond_fp16_range(monkeypatch):
     """bf16 queries of 1e6 meet the INT4 planes in fp16 after the per-row power of two (as the joined tile)."""
     monkeypatch.setattr(ops, "check_backend_dtype", lambda backend, q: None)
