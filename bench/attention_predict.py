@@ -4,6 +4,7 @@ extend, from the sm_90 SASS of the kernels the default launch configs choose (co
     python bench/attention_predict.py                      # every format + tree/extend, a table on stdout
     python bench/attention_predict.py --formats int8 fp8 --no-tree --out /tmp/p.json
     python bench/attention_predict.py --no-tree --sweep      # also gpu_kvquant's sweep (batch x context)
+    python bench/attention_predict.py --formats int4 int4-kivi --no-tree --heads 32 1 --batch 64   # other GQA groups
 
 Decode (issue 21's shape: batch 16, context 32k, 32 q / 8 kv heads, head_dim 128, blocks of 32, bf16 queries;
 `gpu_kvquant`'s caches, through `lowering_report`'s cases): each launch compiles for sm_90 under
@@ -578,12 +579,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-tree", action="store_true", help="skip tree verification vs extend")
     ap.add_argument("--sweep", action="store_true", help="also every format at gpu_kvquant's sweep points")
     ap.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
+    ap.add_argument("--heads", type=int, nargs=2, default=None, metavar=("Q", "KV"),
+                    help="query and kv heads of the decode cases (default gpu_kvquant's 32 / 8; e.g. 32 1)")
+    ap.add_argument("--batch", type=int, default=None, help="decode batch (default gpu_kvquant's 16)")
     ap.add_argument("--dram-latency", type=int, default=None,
                     help=f"what-if: cycles for every global load but the block-table ones (default "
                     f"{LATENCY['dram']}; e.g. 40: how much of a tile's time is load latency)")  # fmt: skip
     args = ap.parse_args(argv)
     if args.dram_latency is not None:
         LATENCY["dram"] = args.dram_latency
+    if args.heads or args.batch:  # (this process's cases only: gpu_kvquant's shape, read when they are built)
+        import gpu_kvquant as kvq
+
+        kvq.HQ, kvq.HKV = args.heads or (kvq.HQ, kvq.HKV)
+        kvq.BATCH = args.batch or kvq.BATCH
     return run_report("attention_predict", lambda: predict(args.formats, not args.no_tree, sweep=args.sweep), table,
                       args.out)  # fmt: skip
 

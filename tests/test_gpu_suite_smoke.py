@@ -116,7 +116,7 @@ def _check_kv_quant(rep: dict) -> dict:
     joined = {r["format"]: r for r in kq["rows"] if "joined_ms" in r}
     assert set(joined) == {"int4", "int2", "int8", "int4-kivi", "int2-kivi", "mixed-8/4/4/2"}
     assert all(r["joined_ms"] > 0 for r in joined.values())
-    # the register-capped defaults, timed uncapped beside them (gpu_kvquant.UNCAPPED)
+    # the register-capped defaults, timed uncapped beside them (gpu_kvquant.uncapped())
     uncapped = {r["format"]: r for r in kq["rows"] if "uncapped_ms" in r}
     assert set(uncapped) == {"int4", "int4-kivi"} and all(r["uncapped_ms"] > 0 for r in uncapped.values())
     assert all(r["uncapped_config"]["MAXNREG"] == 0 for r in uncapped.values())

@@ -84,7 +84,9 @@ INT_WORDS_WARPS = 2
 PLANES_DECODE_TILE = {"BLOCK_N": 32, "num_warps": 1}
 # ... for up to 16 query rows (heads a kv head): past them a warp per 16 (`launch_config`). At 32 query heads on one kv
 # head the one-warp tile spills (INT4 500 B, 255 registers; INT2 4 B); on 2 warps INT4 holds 166, no spills, predicted
-# 0.376 -> 0.185 ms at batch 64, context 32k (INT2 0.191 -> 0.184; sm_90, bf16, untimed).
+# 0.376 -> 0.185 ms at batch 64, context 32k (INT2 0.191 -> 0.184); at 64 on one, 4 warps, 254, no spills, 0.518 ms
+# against one warp's 1.081 with 3.7 KB spilled (2 warps: 96 B spilled, 0.445). sm_90, bf16, untimed: `bench/
+# attention_predict.py --formats int4 int2 --no-tree --heads 32 1 --batch 64` (the one-warp figures: that tile forced).
 PLANES_WARP_ROWS = 16
 PLANES_DECODE_PROGRAMS_PER_SM = {4: 10, 2: 12}  # by bits: 200 / 168 registers, 10 / 12 one-warp programs an SM
 # Register caps of the default one-warp tiles (config key "MAXNREG", Triton's `maxnreg`; 0 or absent: none): (cap,
@@ -96,9 +98,9 @@ PLANES_DECODE_PROGRAMS_PER_SM = {4: 10, 2: 12}  # by bits: 200 / 168 registers, 
 # so a launch keeps it only where it raises the split count (`decode_occupancy`).
 PLANES_DECODE_CAP = {4: (168, 12)}
 # The caps were sized on sm_90's code at 4 query heads a kv head, and hold without spilling up to these groups (sm_90,
-# bf16, `bench/attention_predict.py` at 32 / 8, 40 / 8, 28 / 4, 64 / 8 and 32 / 2 heads: INT4 to 16; KIVI INT4
-# spills 60-272 B from 5); past them, and below CAPS_FROM (sm_80's KIVI INT4 tile spills 44 B at 176), the tiles run
-# uncapped.
+# bf16, `bench/attention_predict.py --heads` 32 8, 40 8, 28 4, 64 8 and 32 2: INT4 to 16; KIVI INT4 with the cap
+# forced spills 60-272 B from 5); past them, and below CAPS_FROM, the tiles run uncapped (sm_80's KIVI INT4 tile spilled
+# 44 B at 176, compiled once with the cap applied there; the sm_80 lowering report now compiles it uncapped).
 PLANES_CAP_MAX_GROUP, KIVI_CAP_MAX_GROUP = 16, 4
 CAPS_FROM = (9, 0)
 # Mixed chunks read as words at most this wide, on 4 warps: a tile inside one block, or of two whole blocks where two

@@ -85,7 +85,9 @@ CORR_MAXNREG, CORR_PROGRAMS_PER_SM, CORR_MIN_BLOCKS = 64, 32, 2
 # 0.207 -> 0.190 ms, the three launches 0.459 -> 0.431 (1.13x -> 1.20x bf16) at issue 21's shape (at 184, 11 an SM,
 # it spills 60 B). Other tiles keep their config, a program fewer an SM.
 SCORE_IO_CAP = {4: (200, 10)}  # by bits
-SCORE_IO_MAX_GROUP = 8  # query heads a kv head the cap fits (at 16 it spills 32 B: sm_90, bf16)
+# query heads a kv head the cap fits (`bench/attention_predict.py --heads 64 8`: none; at 32 2, with the cap forced,
+# it spilled 32 B: sm_90, bf16)
+SCORE_IO_MAX_GROUP = 8
 SCORE_IO_FEWER = 1
 BIAS_PROGRAMS_PER_SM = 16  # the bias launch's programs: blocks a program so that about this many fill an SM
 _NEG_INF = tl.constexpr(float("-inf"))
