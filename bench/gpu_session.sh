@@ -13,6 +13,8 @@
 # is 15 minutes with the machine's start): each step runs under its own limit capped by what is left, a step
 # with nothing left is skipped and says so, and $OUT/extra.tgz is rewritten after every step, so a slow or
 # failing step costs its own numbers only and a kill keeps what finished.
+# Each step's TERM is followed by a KILL 20 s on (`timeout -k 20`): a step that swallowed its TERM cannot hold the
+# session past its deadline.
 set -u
 OUT=${OUT:?set OUT to the output folder}
 mkdir -p "$OUT"
@@ -34,15 +36,15 @@ trap 'pack; exit 124' TERM
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >"$OUT/smi.txt" 2>&1
 t=$(budget 120)
-timeout -s TERM "$t" $PY -m pip install -q -e . --no-deps --no-build-isolation >"$OUT/install.txt" 2>&1 \
-  || timeout -s TERM "$t" $PY -m pip install -q . --no-deps --no-build-isolation >>"$OUT/install.txt" 2>&1
+timeout -s TERM -k 20 "$t" $PY -m pip install -q -e . --no-deps --no-build-isolation >"$OUT/install.txt" 2>&1 \
+  || timeout -s TERM -k 20 "$t" $PY -m pip install -q . --no-deps --no-build-isolation >>"$OUT/install.txt" 2>&1
 
 # 1. The suite: ceilings, correctness of every kernel, the kernels' benchmarks (no tuning pass: step 3), the
 # peers beside ours when their files came along (bench/fetch_peers.sh; carry bench/peers_files).
 PEERS_DIR=${PEERS_DIR:-bench/peers_files}
 t=$(budget "${SUITE_SECONDS:-360}")
 if (( t > 0 )); then
-  timeout -s TERM "$t" $PY bench/gpu_suite.py --out "$OUT/suite.json" --peers-dir "$PEERS_DIR" \
+  timeout -s TERM -k 20 "$t" $PY bench/gpu_suite.py --out "$OUT/suite.json" --peers-dir "$PEERS_DIR" \
     --skip tuning ${SUITE_SKIP:-} \
     2>&1 | grep -v -e "UserWarning: no tuned config" -e "cfg = \|config = launch_config(" | tee -a "$OUT/log.txt"
 else skipped "the suite"; fi
@@ -52,7 +54,7 @@ pack
 # checked on a Llama-3-8B layer's operators: CPU work on the suite's JSON, its table into the log.
 t=$(budget 30)
 if (( t > 0 )) && [ -s "$OUT/suite.json" ]; then
-  timeout -s TERM "$t" $PY -m codesign.dataflow.gpu_model --suite "$OUT/suite.json" --no-validation \
+  timeout -s TERM -k 20 "$t" $PY -m codesign.dataflow.gpu_model --suite "$OUT/suite.json" --no-validation \
     >"$work/gpu_model_fit.txt" 2>&1
   tail -60 "$work/gpu_model_fit.txt" | tee -a "$OUT/log.txt"
 fi
@@ -61,7 +63,7 @@ pack
 # 2. The tests marked gpu (skipped on CPU machines): compiled kernels against their references.
 t=$(budget "${TESTS_SECONDS:-120}")
 if (( t > 0 )); then
-  timeout -s TERM "$t" $PY -m pytest -q -m gpu -p no:cacheprovider tests/kernels >"$work/gpu_tests.txt" 2>&1
+  timeout -s TERM -k 20 "$t" $PY -m pytest -q -m gpu -p no:cacheprovider tests/kernels >"$work/gpu_tests.txt" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$work/gpu_tests.txt" | tail -8 | tee -a "$OUT/log.txt"  # full log: extra.tgz
 else skipped "the gpu tests"; fi
 pack
@@ -78,7 +80,7 @@ if [ -s "$SHORTLIST" ]; then search="--strategy exhaustive --first $SHORTLIST"; 
 for fmt in ${KV_FORMATS:-int8 int4 kivi oaken mixed}; do
   t=$(budget "${TUNE_SECONDS:-60}")
   if (( t < 30 )); then skipped "tuning paged_attention_$fmt" "$t s for it, tuning needs 30"; continue; fi  # start-up ~20 s
-  timeout -s TERM "$t" $PY -m codesign.cli tune --op "paged_attention_$fmt" --shape "$shape" \
+  timeout -s TERM -k 20 "$t" $PY -m codesign.cli tune --op "paged_attention_$fmt" --shape "$shape" \
     --dtype bfloat16 $search --max-seconds "${TUNE_BUDGET:-25}" --cache "$work/cache.jsonl" \
     --export --out-dir "$work/tables" --json "$work/tune_$fmt.json" 2>&1 | grep -v UserWarning | tail -3 \
     | tee -a "$OUT/log.txt"
@@ -92,7 +94,7 @@ for op in ${TUNE_OPS:-}; do
   if (( t < 30 )); then skipped "tuning $op" "$t s for it, tuning needs 30"; continue; fi
   op_shape=$($PY -c "import sys; sys.path.insert(0, 'bench'); import gpu_suite; print(gpu_suite.TUNE_SHAPES['$op'])") \
     || { echo "gpu_session: no TUNE_SHAPES entry for $op" | tee -a "$OUT/log.txt"; continue; }
-  timeout -s TERM "$t" $PY -m codesign.cli tune --op "$op" --shape "$op_shape" \
+  timeout -s TERM -k 20 "$t" $PY -m codesign.cli tune --op "$op" --shape "$op_shape" \
     --dtype bfloat16 --strategy random --max-seconds "${TUNE_BUDGET:-25}" --cache "$work/cache.jsonl" \
     --export --out-dir "$work/tables" --json "$work/tune_$op.json" 2>&1 | grep -v UserWarning | tail -3 \
     | tee -a "$OUT/log.txt"
@@ -102,7 +104,7 @@ done
 # 4. The KV benchmark again, looking the tuned tables up first.
 t=$(budget "${KV_SECONDS:-90}")
 if (( t > 0 )) && [ -d "$work/tables" ]; then
-  CODESIGN_CONFIG_DIR="$work/tables" timeout -s TERM "$t" $PY bench/gpu_kvquant.py \
+  CODESIGN_CONFIG_DIR="$work/tables" timeout -s TERM -k 20 "$t" $PY bench/gpu_kvquant.py \
     >"$work/kv_tuned.json" 2>"$work/kv_tuned.err"
   tail -c 3000 "$work/kv_tuned.json" | tee -a "$OUT/log.txt"
 elif (( t > 0 )); then echo "gpu_session: no tuned tables, the tuned KV benchmark not run" | tee -a "$OUT/log.txt"

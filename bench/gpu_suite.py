@@ -626,16 +626,31 @@ class Terminated(BaseException):
     the sections' `except Exception` must not swallow it."""
 
 
+# Set by the SIGTERM handler while `_sigterm_raises` is active. The handler's raise can be lost: one that lands
+# in a finalizer (`__del__`, a weakref callback run by the garbage collector) is printed and dropped by Python,
+# and the suite would run to its end; every save checks the flag and raises again (`raise_if_terminated`).
+_SIGTERM_SEEN = {"active": False, "seen": False}
+
+
 @contextlib.contextmanager
 def _sigterm_raises() -> Iterator[None]:
     def handler(signum, frame):
+        _SIGTERM_SEEN["seen"] = True
         raise Terminated()
 
     old = signal.signal(signal.SIGTERM, handler)
+    _SIGTERM_SEEN.update(active=True, seen=False)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+        _SIGTERM_SEEN.update(active=False, seen=False)
+
+
+def raise_if_terminated() -> None:
+    """Terminated when a SIGTERM arrived inside `_sigterm_raises` (its own raise may have been dropped)."""
+    if _SIGTERM_SEEN["active"] and _SIGTERM_SEEN["seen"]:
+        raise Terminated()
 
 
 def _default_out(mode: Mode, gpu: str) -> Path:
@@ -770,6 +785,7 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         report["wall_seconds"] = time.monotonic() - t0
         atomic_write_json(out, json.loads(json.dumps(report, default=str)))
+        raise_if_terminated()  # the sections save after every op: a SIGTERM stops the suite by the next one
 
     skip = set(args.skip)
     tune_dir = Path(tempfile.mkdtemp(prefix="gpu-suite-tune-"))
