@@ -197,13 +197,18 @@ def _time(t: Terms, e: FamilyEfficiency, overhead: float) -> float:
 
 
 def gpu_op_time(
-    spec: OpSpec, gpu: GPUSpec, eff: dict[str, FamilyEfficiency] | None = None, launch: str = "eager"
+    spec: OpSpec,
+    gpu: GPUSpec,
+    eff: dict[str, FamilyEfficiency] | None = None,
+    launch: str = "eager",
+    pieces: Terms | None = None,
 ) -> float:
     """Predicted seconds for one operator on `gpu` (see the module formula).
 
     launch: "eager" keeps the calibrated per-launch overhead (PyTorch eager, as measured) and NCCL's ring;
     "graph" uses GRAPH_LAUNCH_S instead and the engines' one-shot all-reduce where faster, for
-    CUDA-graph-captured serving steps.
+    CUDA-graph-captured serving steps. pieces: `terms(spec, gpu)` when the caller keeps them (a fit weighs the
+    same operators with many efficiencies).
     """
     if isinstance(
         spec, AllReduce
@@ -211,7 +216,7 @@ def gpu_op_time(
         return gpu_interconnect(gpu.key).all_reduce_s(spec, gpu.link_bw, engine=launch == "graph")
     e = (eff or efficiencies(gpu))[family(spec)]
     overhead = GRAPH_LAUNCH_S if launch == "graph" else e.overhead_s
-    return _time(terms(spec, gpu), e, overhead)
+    return _time(terms(spec, gpu) if pieces is None else pieces, e, overhead)
 
 
 def _search(pred_err, grids: tuple[np.ndarray, ...], stride: int = 5) -> tuple[tuple[int, ...], float]:

@@ -44,6 +44,7 @@ from codesign.accel_model.collectives import gpu_interconnect
 from codesign.catalog.gpus import GPUSpec, load_gpu
 from codesign.catalog.models import ModelConfig, load_model
 from codesign.dataflow.gpu_model import gpu_op_time
+from codesign.dataflow.gpu_model import terms as gpu_terms
 from codesign.dataflow.graph import build_step_graph
 from codesign.dataflow.serving_terms import (
     STACK,
@@ -218,10 +219,16 @@ def _step(
         * (
             link.all_reduce_s(spec, gpu.link_bw, engine=not ring)
             if isinstance(spec, AllReduce)
-            else max(floor, gpu_op_time(spec, gpu, eff, "graph"))
+            else max(floor, gpu_op_time(spec, gpu, eff, "graph", _pieces(spec, gpu_key)))
         )
         for spec, n in specs
     )
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _pieces(spec: OpSpec, gpu_key: str) -> Any:
+    """`gpu_model.terms` of one operator on a catalogue GPU, kept across the fit's efficiencies."""
+    return gpu_terms(spec, load_gpu(gpu_key))
 
 
 def predict(row: Row, terms: Terms) -> float:
@@ -244,7 +251,26 @@ def predict(row: Row, terms: Terms) -> float:
 def _loss(rows: list[Row], terms: Terms) -> float:
     """Mean |log(predicted / measured)| plus the factors' prior (PRIOR), per row."""
     err = sum(abs(math.log(predict(r, terms) / r.seconds)) for r in rows)
-    return (err + PRIOR * sum(abs(math.log(v)) for _, v in terms.factors)) / len(rows)
+    # No rows (a term no row depends on, `fit`): every value ties, and the fit keeps its grid's least.
+    return (err + PRIOR * sum(abs(math.log(v)) for _, v in terms.factors)) / max(1, len(rows))
+
+
+def _moves(key: Any, row: Row) -> bool:
+    """Whether term `key` can change `row`'s prediction (`predict`): a factor its generation's (and dtype's) rows,
+    a step term rows with decode steps (a stack's, that stack's), the request term rows with other parts, the
+    client and launch terms the rows they apply to."""
+    kinds = {kind for kind, _, _ in row.parts}
+    if key == "client_s":
+        return row.client_timed
+    if key == "launch_s":
+        return row.source in EAGER_ENGINES
+    if key == "request_s":
+        return bool(kinds - {"decode"})
+    if key == "step_s":
+        return "decode" in kinds
+    if key[0] == "step":
+        return STACK.get(row.generation) == key[1]
+    return row.generation == key[1] and (key[0] == "memory" or row.dtype == key[2])
 
 
 def fit(rows: list[Row], passes: int = MAX_PASSES) -> Terms:
@@ -256,11 +282,13 @@ def fit(rows: list[Row], passes: int = MAX_PASSES) -> Terms:
     keys += sorted({("step", STACK[r.generation]) for r in rows if r.generation in STACK})
     keys += list(GRIDS)
     terms = Terms()
+    # A term moves only its rows' errors (and the prior): the argmin over its grid needs those rows alone.
+    affected = {k: [r for r in rows if _moves(k, r)] for k in keys}
     for _ in range(passes):
         start = terms
         for k in keys:
             grid = GRIDS.get(k, STEP_GRID if k[0] == "step" else FACTOR_GRID)
-            _, best = min((_loss(rows, terms.replace(k, float(v))), float(v)) for v in grid)
+            _, best = min((_loss(affected[k], terms.replace(k, float(v))), float(v)) for v in grid)
             terms = terms.replace(k, best)
         if terms == start:
             break

@@ -1,5 +1,5 @@
 """The measured-latency validation set (dataflow/measured_latencies.yaml) and the leave-one-source-out check
-of the GPU model against it (issue 23 item 4). The fits run once per module (~10 s): `held_out` (one per
+of the GPU model against it (issue 23 item 4). The fits run once per module (~6 s): `held_out` (one per
 source) and `all_terms` (every serving row)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from codesign.dataflow.validation import (
     DATA_FILE,
     EAGER_ENGINES,
     MISS,
+    _moves,
     breakdown,
     fit,
     held_out_terms,
@@ -136,6 +137,22 @@ def test_breakdown_names_the_parts_of_a_prediction(rows):
     )
     assert text.startswith("prefill 1 x ") and "; decode 7 x " in text
     assert text.count(f"weights {gemm_gb / 1e9:.1f} GB") == 2 and 43 < gemm_gb / 1e9 < 44.5
+
+
+def test_a_term_the_fit_skips_a_row_for_never_moves_that_row(rows, all_terms):
+    """`fit` weighs each term on the rows `_moves` names; every other row's prediction must not change with it
+    (else the fit would miss errors it should weigh)."""
+    serving = serving_rows(rows[0])
+    keys = [k for k, _ in all_terms.factors] + [("step", s) for s, _ in all_terms.steps]
+    keys += ["step_s", "request_s", "client_s", "launch_s"]
+    skipped = 0
+    for k in keys:
+        moved = all_terms.replace(k, 3.7e-3 if isinstance(k, str) or k[0] == "step" else 0.41)
+        for r in serving:
+            if not _moves(k, r):
+                skipped += 1
+                assert predict(r, moved) == predict(r, all_terms), (k, r.id)
+    assert skipped > len(keys) * len(serving) // 2  # the filter does skip most pairs
 
 
 def test_held_out_source_is_judged_by_terms_fitted_without_it(rows, held_out, loso):
