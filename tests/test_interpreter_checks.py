@@ -1,12 +1,14 @@
 """`codesign.interpreter_speed`: what the suite skips of Triton's interpreter changes no result. The overflow
 check is off by default (unchecked, its int64 recomputation only costs time), on with CODESIGN_OVERFLOW_CHECKS=1,
 and on means an int32 overflow fails the launch; the language is patched once a launch, not at every
-device-function call, and a kernel of nested helpers gives the same bits either way."""
+device-function call; block shapes are built once and numpy dtypes looked up once a type; kernels give the same
+bits either way."""
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -40,6 +42,23 @@ def _outer(x, n: tl.constexpr):
 def _nested_kernel(x_ptr, out_ptr, N: tl.constexpr, CALLS: tl.constexpr):
     r = tl.program_id(0) * N + tl.arange(0, N)
     tl.store(out_ptr + r, _outer(tl.load(x_ptr + r), CALLS))
+
+
+@triton.jit
+def _pair(x, y):
+    return x * 2.0 + y[:, None], tl.reshape(tl.broadcast_to(y[:, None], (8, 4)), (32,))
+
+
+@triton.jit
+def _shapes_kernel(x_ptr, q_ptr, out_ptr, n):
+    """2-D tiles, broadcasts, a reshape, a tuple from a helper, int8 and fp16 codes cast to fp32, masked loads."""
+    r, c = tl.arange(0, 8), tl.arange(0, 4)
+    m = (r < n)[:, None] & (c >= 0)[None, :]
+    x = tl.load(x_ptr + r[:, None] * 4 + c[None, :], mask=m, other=0.0)
+    codes = tl.load(q_ptr + r[:, None] * 4 + c[None, :], mask=m, other=0).to(tl.float16)
+    a, b = _pair(x, tl.sum(codes.to(tl.float32), axis=1))
+    out = tl.reshape(a, (32,)) + b + tl.reshape(codes, (32,)).to(tl.float32)
+    tl.store(out_ptr + tl.arange(0, 32), out)
 
 
 @pytest.fixture
@@ -102,3 +121,57 @@ def test_another_interpreter_is_left_as_it_is(interpreter, monkeypatch):
     assert overflow_checks(True) is False
     monkeypatch.delattr(interpreter, "_patch_lang")
     assert patch_device_calls_once() is False
+    from triton.language import core
+
+    from codesign.interpreter_speed import cache_np_dtypes, share_block_shapes
+
+    monkeypatch.delattr(interpreter, "_get_np_dtype")
+    assert cache_np_dtypes() is False
+    monkeypatch.delattr(core, "block_type")
+    assert share_block_shapes() is False
+
+
+def _originals(monkeypatch) -> None:
+    """Triton's own block_type / tensor constructors and `_get_np_dtype` for the rest of a test."""
+    from triton.language import core
+    from triton.runtime import interpreter
+
+    monkeypatch.setattr(core.block_type, "__init__", core.block_type.__init__._codesign_original)
+    monkeypatch.setattr(core.tensor, "__init__", core.tensor.__init__._codesign_original)
+    monkeypatch.setattr(interpreter, "_get_np_dtype", interpreter._get_np_dtype._codesign_original)
+
+
+def test_shared_shapes_and_dtypes_give_the_same_bits_and_the_same_types(monkeypatch):
+    from triton.language import core
+    from triton.runtime import interpreter
+
+    assert getattr(core.block_type.__init__, "_codesign_shared", False)
+    assert getattr(interpreter._get_np_dtype, "_codesign_cached", False)
+    x, q = torch.randn(8, 4), torch.randint(-100, 100, (8, 4), dtype=torch.int8)
+
+    def run():
+        out = torch.full((32,), float("nan"))
+        _shapes_kernel[(1,)](x, q, out, 6)
+        blk = tl.block_type(tl.float16, [tl.constexpr(8), 4])
+        t = tl.tensor(None, blk)
+        same = blk == tl.block_type(tl.float16, [8, 4])
+        return out, (blk.shape, blk.numel, blk.name, t.shape, t.numel, t.dtype, same)
+
+    shared, shared_types = run()
+    _originals(monkeypatch)
+    own, own_types = run()
+    assert torch.equal(shared, own) and not shared.isnan().any()
+    assert shared_types == own_types and shared_types[-1]
+    kinds = (tl.bfloat16, tl.pointer_type(tl.float16), tl.block_type(tl.int8, [4]), tl.block_type(tl.float32, [2]))
+    want = [np.dtype(d) for d in ("uint16", "uint64", "int8", "float32")]
+    assert [interpreter._get_np_dtype(t) for t in kinds] == want
+
+
+def test_a_bad_shape_is_still_refused():
+    with pytest.raises(ValueError, match="power of 2"):
+        tl.block_type(tl.float16, [3, 4])
+    with pytest.raises(TypeError, match="0d block_type"):
+        tl.block_type(tl.float16, [])
+    tl.block_type(tl.float16, [4, 4])  # built and shared: a bad shape of the same rank still fails
+    with pytest.raises(ValueError, match="power of 2"):
+        tl.block_type(tl.float16, [4, 6])
