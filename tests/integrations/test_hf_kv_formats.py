@@ -287,3 +287,32 @@ def test_tree_speculation_over_rolled_back_formats(name):
     got = run_generate(model, ids, _spec(name), speculative=TreeSpeculator("ngram", 2, 3), **kw)
     assert {s.kind for s in got.steps[1:]} == {"tree"}
     assert_same_greedy_where_decisive(got.sequences, ref, ids.shape[1], DECISIVE_QUANT)
+
+
+# Per format: the module whose write check to count, its name, and whether writes and attention check every layer.
+WRITE_CHECKS = {"fp32": ("write", "check_kv_write", False, False), "int8": ("kvq", "check_quant_write", True, False),
+                "mixed": ("mixed", "check_quant_write", True, True)}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(WRITE_CHECKS))
+def test_shared_plans_are_checked_once_a_forward_and_each_layers_values_at_every_layer(name, monkeypatch):
+    """A forward's slots and block tables are the same in every layer of a group: the first layer checks them (a
+    host sync each) and the others do not; quantized writes still check their own values at every layer, and
+    mixed attention its own block widths (so the tables too). Every layer checked everything before."""
+    import importlib
+
+    from codesign.kernels.attention import options
+    from codesign.kernels.kvcache import checks
+
+    module, fn, writes_every_layer, attends_every_layer = WRITE_CHECKS[name]
+    mod = importlib.import_module(f"codesign.kernels.kvcache.{module}")
+    original, tables, writes = getattr(mod, fn), [], []
+    monkeypatch.setattr(options, "check_block_tables", lambda *a: (tables.append(1), checks.check_block_tables(*a)))
+    monkeypatch.setattr(mod, fn, lambda *a: (writes.append(bool(a[5])), original(*a))[1])  # a[5]: check the data
+    model = tiny_model()
+    run = run_generate(model, prompts(1, 9)[0], _spec(name), block_size=BLOCK, max_new_tokens=4, do_sample=False,
+                       pad_token_id=0)  # fmt: skip
+    forwards, layers = len(run.cache.steps), model.config.num_hidden_layers
+    assert forwards == 4 and layers >= 2
+    assert sum(writes) == forwards * (layers if writes_every_layer else 1), writes
+    assert len(tables) == forwards * (layers if attends_every_layer else 1), (len(tables), forwards, layers)

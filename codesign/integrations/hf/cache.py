@@ -87,6 +87,7 @@ class _Step:
     attend: list[AttendPlan]  # per group
     keep_kv: bool
     offsets: list[int] = field(default_factory=list)  # first flat index of each row's tokens in k/v
+    checked: set[int] = field(default_factory=set)  # groups whose plans a layer has checked this forward
 
 
 class CodesignCacheLayer(CacheLayerMixin):
@@ -126,9 +127,10 @@ class CodesignCache(Cache):
 
     kv_format: a name of `kv_formats` (None: plain K/V in the model's dtype); num_blocks: pool size in
     blocks of `block_size` tokens, per layer of group 0; window_num_blocks: per layer of the sliding groups of a
-    model that also has full-attention layers (default num_blocks); check: the kernels' data checks on every
-    call (host syncs); crop_margin: tokens kept beyond a sliding window, how far before the last forward a
-    rollback may reach.
+    model that also has full-attention layers (default num_blocks); check: the kernels' data checks (host syncs):
+    of the shared slots and tables once a forward per group of layers, of each layer's values (quantized writes)
+    and block widths (mixed) at every layer; crop_margin: tokens kept beyond a sliding window, how far before the
+    last forward a rollback may reach.
     """
 
     def __init__(self, model, kv_format: str | None = None, *, num_blocks: int, block_size: int = 16,
@@ -147,7 +149,7 @@ class CodesignCache(Cache):
         self._group_of = {i: g for g, grp in enumerate(self._groups) for i in grp.layers}
         self.keep = self._groups[0].keep  # group 0's (the model's, when every layer shares one window)
         layers = [CodesignCacheLayer(self, i, new_storage(self.spec, self._groups[self._group_of[i]].num_blocks,
-                                                          block_size, check))
+                                                          block_size))
                   for i in range(layout.layers)]  # fmt: skip
         super().__init__(layers=layers)
         self._pages = self._groups[0].tables
@@ -344,9 +346,14 @@ class CodesignCache(Cache):
             layer.storage.build(k, v)
         layer.snap = layer.storage.snapshot(st.write[g])
         layer.last_kv = (k, v) if st.keep_kv else None
-        layer.storage.write(k, v, st.write[g], q)
-        out = layer.storage.attend(q, st.attend[g], sm_scale=scaling, window=window, softcap=softcap,
-                                   check_data=self.check)  # fmt: skip
+        # The group's layers share this step's slots and tables: its first layer checks them for all (each
+        # check is a host sync and host work, at every layer of a GPU decode step otherwise).
+        first = g not in st.checked
+        st.checked.add(g)
+        store = layer.storage
+        store.write(k, v, st.write[g], q, self.check and (first or not store.write_checks_plan_only))
+        out = store.attend(q, st.attend[g], sm_scale=scaling, window=window, softcap=softcap,
+                           check_data=self.check and (first or not store.attend_checks_plan_only))  # fmt: skip
         return _untokens(out, st.real, b, s)
 
     def _begin(self, batch: int, width: int, mask2d, device) -> _Step:
@@ -470,7 +477,7 @@ class CodesignCache(Cache):
         for i, layer in enumerate(self.layers):
             layer.storage.restore(layer.snap)
             k, v = (x[idx.to(x.device)] for x in layer.last_kv)
-            layer.storage.write(k, v, plans[self._group_of[i]], None)
+            layer.storage.write(k, v, plans[self._group_of[i]], None, self.check)
             layer.last_kv = layer.snap = None
         self._undo = None
 

@@ -141,16 +141,22 @@ class Storage:
     """One layer's pool; built on the first write, when heads, head_dim, dtype and device are known."""
 
     block_fields: tuple[str, ...] = ()
+    # Whether the data checks of a write / an attention read only the step's plan (slots; tables and lengths), the
+    # same for every layer of a group, so that the group's first layer checks them for all (`CodesignCache`). A
+    # quantized write also checks its values are finite, and mixed attention the pool's block widths: per layer.
+    write_checks_plan_only = False
+    attend_checks_plan_only = True
 
-    def __init__(self, spec: KVSpec, num_blocks: int, block_size: int, check: bool) -> None:
-        self.spec, self.num_blocks, self.block_size, self.check = spec, num_blocks, block_size, check
+    def __init__(self, spec: KVSpec, num_blocks: int, block_size: int) -> None:
+        self.spec, self.num_blocks, self.block_size = spec, num_blocks, block_size
         self.kv = None  # the kernel's cache object (or a (k_cache, v_cache) pair for plain formats)
 
     # --- hooks of each format -----------------------------------------------------------------------
     def build(self, k: torch.Tensor, v: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def write(self, k: torch.Tensor, v: torch.Tensor, plan: WritePlan, q: torch.Tensor | None) -> None:
+    def write(self, k: torch.Tensor, v: torch.Tensor, plan: WritePlan, q: torch.Tensor | None, check: bool) -> None:
+        """Write one forward's new tokens; `check`: the kernels' data checks (a host sync)."""
         raise NotImplementedError
 
     def attend(self, q: torch.Tensor, plan: AttendPlan, **kw) -> torch.Tensor:
@@ -202,6 +208,7 @@ class _PlainKV:
 
 class PlainStorage(Storage):
     block_fields = ("k_cache", "v_cache")
+    write_checks_plan_only = True  # slots only
 
     def build(self, k, v):
         shape = (self.num_blocks, self.block_size, k.shape[1], k.shape[2])
@@ -210,9 +217,9 @@ class PlainStorage(Storage):
             torch.zeros(shape, dtype=dt, device=k.device), torch.zeros(shape, dtype=dt, device=k.device)
         )
 
-    def write(self, k, v, plan, q):
+    def write(self, k, v, plan, q, check):
         dt = self.spec.dtype
-        K.kv_write(k.to(dt), v.to(dt), self.kv.k_cache, self.kv.v_cache, plan.slots, self.check)
+        K.kv_write(k.to(dt), v.to(dt), self.kv.k_cache, self.kv.v_cache, plan.slots, check)
 
     def attend(self, q, plan, **kw):
         kc, vc, bt, qd = self.kv.k_cache, self.kv.v_cache, plan.block_tables, q.to(self.spec.dtype)
@@ -240,8 +247,8 @@ class PerTokenStorage(Storage):
         self.kv = K.QuantPagedKV.empty(self.num_blocks, self.block_size, k.shape[1], k.shape[2], fmt, k.device,
                                        *scales)  # fmt: skip
 
-    def write(self, k, v, plan, q):
-        K.kvq_write(k, v, self.kv, plan.slots, self.check)
+    def write(self, k, v, plan, q, check):
+        K.kvq_write(k, v, self.kv, plan.slots, check)
 
     def attend(self, q, plan, **kw):
         entries = (K.kvq_decode_attention, K.kvq_extend_attention, K.kvq_tree_attention)
@@ -280,7 +287,7 @@ class KiviStorage(Storage):
             self._ring_of[seq] = self._free_rings.pop()
         return self._ring_of[seq]
 
-    def write(self, k, v, plan, q):
+    def write(self, k, v, plan, q, check):
         off = 0
         for row, seq, start, n in zip(plan.rows, plan.seqs, plan.starts, plan.counts):
             r = self._row(seq)
@@ -336,8 +343,8 @@ class OakenStorage(Storage):
         self.kv = K.OakenPagedKV.empty(self.num_blocks, self.block_size, k.shape[1], k.shape[2], self.spec.bits,
                                        thr, cap, k.device, grid)  # fmt: skip
 
-    def write(self, k, v, plan, q):
-        self.kv.write(k, v, plan.slots, self.check)
+    def write(self, k, v, plan, q, check):
+        self.kv.write(k, v, plan.slots, check)
 
     def attend(self, q, plan, **kw):
         tree = plan.tree
@@ -368,11 +375,12 @@ class MixedStorage(Storage):
     """Per-block INT8 / INT4 / INT2: a prompt's blocks by `cocktail_bits` on its last queries, later blocks INT8."""
 
     block_fields = ("k_codes", "v_codes", "k_meta", "v_meta", "block_bits")
+    attend_checks_plan_only = False  # also this layer's block widths
 
     def build(self, k, v):
         self.kv = K.MixedPagedKV.empty(self.num_blocks, self.block_size, k.shape[1], k.shape[2], k.device)
 
-    def write(self, k, v, plan, q):
+    def write(self, k, v, plan, q, check):
         off, blocks, bits = 0, [], []
         for start, n, fresh in zip(plan.starts, plan.counts, plan.fresh):
             if fresh:
@@ -381,7 +389,7 @@ class MixedStorage(Storage):
             off += n
         if blocks:
             self.kv.set_block_bits(blocks, bits)
-        K.mixed_write(k, v, self.kv, plan.slots, self.check)
+        K.mixed_write(k, v, self.kv, plan.slots, check)
 
     def _policy(self, q, k, off, start, n, nfresh) -> list[int]:
         if start != 0 or q is None:  # blocks opened by generated tokens keep the widest codes
@@ -401,9 +409,9 @@ STORAGES = {"plain": PlainStorage, "per_token": PerTokenStorage, "fp8": PerToken
             "oaken": OakenStorage, "oaken_offline": OakenStorage, "mixed": MixedStorage}  # fmt: skip
 
 
-def new_storage(spec: KVSpec, num_blocks: int, block_size: int, check: bool = True) -> Storage:
+def new_storage(spec: KVSpec, num_blocks: int, block_size: int) -> Storage:
     """An empty (unbuilt) storage of `spec`."""
-    return STORAGES[spec.kind](spec, num_blocks, block_size, check)
+    return STORAGES[spec.kind](spec, num_blocks, block_size)
 
 
 def check_geometry(spec: KVSpec, block_size: int, kv_heads: int, head_dim: int) -> None:
