@@ -1,0 +1,115 @@
+"""Host time of a Hugging Face decode step on codesign's cache, without a GPU: what each layer costs the CPU
+before any kernel runs (Python, torch dispatch, checks), against transformers' own sdpa path.
+
+At batch 1 an eager decode step is host-bound: the GPU waits for the next launch. This times greedy decoding of a
+small random-weight Llama on the CPU with every Triton launch stubbed out (`--stub`, the default: the
+interpreter's `InterpretedFunction.run` returns at once, so neither kernel work nor the interpreter's own launch
+path is counted; outputs are garbage, only time is measured), and counts the launches per layer (each costs
+Triton's launcher, ~10-30 us of host time, on a GPU). The sdpa rows do run their (small) CPU attention.
+
+    python bench/hf_host_time.py [--layers 8] [--tokens 32] [--formats bf16 int8 int4] [--json out.json]
+
+Numbers depend on the CPU; compare rows of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, max_position_embeddings=512)  # fmt: skip
+
+
+def _stub_launches(counter: list[int]) -> Any:
+    """Every interpreted Triton launch returns at once, counted; returns the original launch, to restore."""
+    from triton.runtime import interpreter
+
+    def run(self, *args, **kwargs):
+        counter.append(1)
+
+    original, interpreter.InterpretedFunction.run = interpreter.InterpretedFunction.run, run
+    return original
+
+
+def _per_token_ms(model, ids, kv_format: str | None, tokens: int, check: bool) -> float:
+    from codesign.integrations.hf.one_call import run_generate
+
+    kw = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+    t0 = time.perf_counter()
+    if kv_format is None:
+        model.generate(ids, **kw)
+    else:
+        run_generate(model, ids, kv_format, check=check, **kw)
+    return (time.perf_counter() - t0) / tokens * 1e3
+
+
+def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32", "int8", "int4"),
+            repeats: int = 3) -> dict[str, Any]:  # fmt: skip
+    """Rows of host ms per token and per layer (the best of `repeats`), sdpa first; launches per layer."""
+    from triton.runtime import interpreter
+
+    launches: list[int] = []
+    original = _stub_launches(launches)
+    try:
+        return _measure(layers, tokens, formats, repeats, launches)
+    finally:
+        interpreter.InterpretedFunction.run = original
+
+
+def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, launches: list[int]) -> dict[str, Any]:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **SMALL)).eval()
+    ids = torch.randint(3, 256, (1, 16))
+    rows = []
+    # With checks only where no check reads values: the stubbed kernels leave their outputs unwritten (NaN),
+    # which a quantized write's finiteness check refuses at the next layer.
+    variants = [("hf-sdpa", None, False)] + [(f"codesign-{f}", f, False) for f in formats]
+    variants += [(f"codesign-{f}+checks", f, True) for f in formats if f in ("fp32", "bf16", "fp16")]
+    for name, fmt, check in variants:
+        best, per_step = float("inf"), 0.0
+        for _ in range(repeats):
+            launches.clear()
+            best = min(best, _per_token_ms(model, ids, fmt, tokens, check))
+            per_step = len(launches) / (tokens * layers)
+        rows.append({"variant": name, "ms_per_token": best, "us_per_layer": best * 1e3 / layers,
+                     "launches_per_layer": per_step})  # fmt: skip
+    base = rows[0]["us_per_layer"]
+    for r in rows:
+        r["extra_us_per_layer"] = r["us_per_layer"] - base
+    return {"layers": layers, "tokens": tokens, "config": SMALL, "rows": rows,
+            "note": "CPU host time with Triton launches stubbed; compare rows of one run"}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--formats", nargs="+", default=["fp32", "int8", "int4"])
+    ap.add_argument("--json", default=None, help="also write the rows here")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("CODESIGN_BACKEND", "triton")
+    if os.environ["TRITON_INTERPRET"] != "1":
+        print("hf_host_time: needs TRITON_INTERPRET=1 (it stubs the interpreter's launches)", file=sys.stderr)
+        return 2
+    rep = measure(args.layers, args.tokens, tuple(args.formats))
+    print(f"{'variant':<24} {'ms/token':>9} {'us/layer':>9} {'extra':>8} {'launches/layer':>15}")
+    for r in rep["rows"]:
+        print(f"{r['variant']:<24} {r['ms_per_token']:9.2f} {r['us_per_layer']:9.0f} {r['extra_us_per_layer']:8.0f} "
+              f"{r['launches_per_layer']:15.2f}")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rep, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
