@@ -215,9 +215,9 @@ class _PlannedAttention:
             raise CodesignError("the quantized cache does not match the plan (tensor shapes, dtypes or format)")
 
 
-def _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits) -> AttentionOptions:
-    """plan()'s keywords as options (plan() always runs the data checks)."""
-    return AttentionOptions(sm_scale, window, softcap, alibi_slopes, False, num_splits, True)
+def _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits, check_data: bool = True) -> AttentionOptions:
+    """plan()'s keywords as options (the data checks on unless a decode plan's caller turns them off)."""
+    return AttentionOptions(sm_scale, window, softcap, alibi_slopes, False, num_splits, check_data)
 
 
 class PagedDecodeWrapper(_PlannedAttention):
@@ -243,10 +243,12 @@ class PagedDecodeWrapper(_PlannedAttention):
         alibi_slopes: torch.Tensor | None = None,
         num_splits: int | None = None,
         q_dtype: torch.dtype | None = None,
+        check_data: bool = True,
     ) -> None:
-        """Validate the tables (one host sync) and choose splits and workspace for this batch.
+        """Validate the tables (one host sync; `check_data` False: a caller that built them skips it) and choose
+        splits and workspace for this batch.
         k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
-        opts = _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits)
+        opts = _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits, check_data)
         self._stage(
             k_cache, block_tables, context_lens, None, block_tables.shape[0], num_q_heads, None, opts, q_dtype
         )

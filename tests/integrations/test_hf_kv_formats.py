@@ -316,3 +316,33 @@ def test_shared_plans_are_checked_once_a_forward_and_each_layers_values_at_every
     assert forwards == 4 and layers >= 2
     assert sum(writes) == forwards * (layers if writes_every_layer else 1), writes
     assert len(tables) == forwards * (layers if attends_every_layer else 1), (len(tables), forwards, layers)
+
+
+@pytest.mark.parametrize("name", ["fp32", "int8", "int4"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_decode_plans_once_a_forward_and_gives_the_entry_points_bits(name, backend, monkeypatch):
+    """Decode runs through a PagedDecodeWrapper the group's first layer plans (one plan a decode forward, a run a
+    layer): the same logits, bit for bit, as every layer through the entry point (the Triton path in the
+    interpreter too)."""
+    from codesign.backend import use_backend
+    from codesign.integrations.hf.kv_formats import Storage
+
+    model = tiny_model()
+    ids = prompts(2, 7)[0]
+    plans, runs = [], []
+    plan, run = K.PagedDecodeWrapper.plan, K.PagedDecodeWrapper.run
+    monkeypatch.setattr(K.PagedDecodeWrapper, "plan", lambda self, *a, **k: (plans.append(1), plan(self, *a, **k))[1])
+    monkeypatch.setattr(K.PagedDecodeWrapper, "run", lambda self, *a, **k: (runs.append(1), run(self, *a, **k))[1])
+    kw = dict(block_size=BLOCK, max_new_tokens=4, do_sample=False, pad_token_id=0, return_dict_in_generate=True,
+              output_logits=True)  # fmt: skip
+    with use_backend(backend):
+        planned = run_generate(model, ids, _spec(name), **kw)
+        decodes, layers = sum(s.kind == "decode" for s in planned.cache.steps), model.config.num_hidden_layers
+        assert decodes == 3 and len(plans) == decodes and len(runs) == decodes * layers
+        for cls in {type(layer.storage) for layer in planned.cache.layers}:
+            monkeypatch.setattr(cls, "decode_run", Storage.decode_run)  # every layer through the entry point
+        plans.clear()
+        direct = run_generate(model, ids, _spec(name), **kw)
+    assert not plans
+    assert torch.equal(planned.sequences, direct.sequences)
+    assert torch.equal(torch.stack(planned.output.logits), torch.stack(direct.output.logits))

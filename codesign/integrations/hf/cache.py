@@ -88,6 +88,7 @@ class _Step:
     keep_kv: bool
     offsets: list[int] = field(default_factory=list)  # first flat index of each row's tokens in k/v
     checked: set[int] = field(default_factory=set)  # groups whose plans a layer has checked this forward
+    planned: dict[int, tuple] = field(default_factory=dict)  # group -> (options key, its decode wrapper)
 
 
 class CodesignCacheLayer(CacheLayerMixin):
@@ -352,9 +353,29 @@ class CodesignCache(Cache):
         st.checked.add(g)
         store = layer.storage
         store.write(k, v, st.write[g], q, self.check and (first or not store.write_checks_plan_only))
-        out = store.attend(q, st.attend[g], sm_scale=scaling, window=window, softcap=softcap,
-                           check_data=self.check and (first or not store.attend_checks_plan_only))  # fmt: skip
+        plan, run = st.attend[g], store.decode_run()
+        if run is not None and plan.tree is None and plan.cu_seqlens_q is None:
+            out = self._run_planned(st, g, run, q, scaling, window, softcap)
+        else:
+            out = store.attend(q, plan, sm_scale=scaling, window=window, softcap=softcap,
+                               check_data=self.check and (first or not store.attend_checks_plan_only))  # fmt: skip
         return _untokens(out, st.real, b, s)
+
+    def _run_planned(self, st: _Step, g: int, run: tuple, q, scaling, window, softcap) -> torch.Tensor:
+        """Decode through a `PagedDecodeWrapper` planned by the group's first layer of this forward (its layers
+        share tables and lengths; the plan checks them with `check`): each layer launches, with no option
+        resolution, config lookup or check (`attention.wrappers`; bit-identical to the entry point)."""
+        caches, dtype = run
+        qd = q if dtype is None else q.to(dtype)
+        key = (tuple(qd.shape), qd.dtype, scaling, window, softcap, type(caches[0]))
+        hit = st.planned.get(g)
+        if hit is None or hit[0] != key:  # (a layer with other options than the group's first: planned again)
+            w, plan = K.PagedDecodeWrapper(q.device), st.attend[g]
+            w.plan(caches[0], plan.block_tables, plan.context_lens, qd.shape[1], sm_scale=scaling, window=window,
+                   softcap=softcap, q_dtype=qd.dtype, check_data=self.check)  # fmt: skip
+            st.planned[g] = hit = (key, w)
+        out = hit[1].run(qd, *caches)
+        return out if dtype is None else out.to(q.dtype)
 
     def _begin(self, batch: int, width: int, mask2d, device) -> _Step:
         """Layer 0 of a forward: allocate every row's new slots (all layers share them) and build the plans."""

@@ -162,6 +162,12 @@ class Storage:
     def attend(self, q: torch.Tensor, plan: AttendPlan, **kw) -> torch.Tensor:
         raise NotImplementedError
 
+    def decode_run(self) -> tuple[tuple, torch.dtype | None] | None:
+        """(the cache arguments of a `PagedDecodeWrapper`'s plan and run, q's dtype for it or None for q's own)
+        for a format whose decode runs planned (`CodesignCache`: planned once per group and forward, a launch a
+        layer); None: decode through `attend`."""
+        return None
+
     def snapshot(self, plan: WritePlan) -> object:
         """State the write of `plan` changes outside its own slots (None for token-local formats)."""
         return None
@@ -221,6 +227,9 @@ class PlainStorage(Storage):
         dt = self.spec.dtype
         K.kv_write(k.to(dt), v.to(dt), self.kv.k_cache, self.kv.v_cache, plan.slots, check)
 
+    def decode_run(self):
+        return (self.kv.k_cache, self.kv.v_cache), self.spec.dtype
+
     def attend(self, q, plan, **kw):
         kc, vc, bt, qd = self.kv.k_cache, self.kv.v_cache, plan.block_tables, q.to(self.spec.dtype)
         if plan.tree is not None:
@@ -249,6 +258,9 @@ class PerTokenStorage(Storage):
 
     def write(self, k, v, plan, q, check):
         K.kvq_write(k, v, self.kv, plan.slots, check)
+
+    def decode_run(self):
+        return (self.kv,), None
 
     def attend(self, q, plan, **kw):
         entries = (K.kvq_decode_attention, K.kvq_extend_attention, K.kvq_tree_attention)
