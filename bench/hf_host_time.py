@@ -9,7 +9,9 @@ Triton's launcher, ~10-30 us of host time, on a GPU). The sdpa rows do run their
 
     python bench/hf_host_time.py [--layers 8] [--tokens 32] [--formats bf16 int8 int4] [--json out.json]
 
-Numbers depend on the CPU; compare rows of one run.
+Numbers depend on the CPU; compare rows of one run. Formats: the plain ones and per-token INT8 / INT4 / INT2; the
+others calibrate on the values they first write (FP8's scales, KIVI, Oaken, mixed), which the stubbed kernels leave
+unwritten.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from typing import Any
 
 SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
              head_dim=16, max_position_embeddings=512)  # fmt: skip
+
+
+FORMATS = ("fp32", "fp16", "bf16", "int8", "int4", "int2")  # what runs on the stubs' unwritten outputs
 
 
 def _stub_launches(counter: list[int]) -> Any:
@@ -99,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("CODESIGN_BACKEND", "triton")
     if os.environ["TRITON_INTERPRET"] != "1":
         print("hf_host_time: needs TRITON_INTERPRET=1 (it stubs the interpreter's launches)", file=sys.stderr)
+        return 2
+    bad = [f for f in args.formats if f not in FORMATS]
+    if bad:
+        print(f"hf_host_time: --formats {bad[0]!r}: one of {', '.join(FORMATS)} (the module docstring says why)",
+              file=sys.stderr)  # fmt: skip
         return 2
     rep = measure(args.layers, args.tokens, tuple(args.formats))
     print(f"{'variant':<24} {'ms/token':>9} {'us/layer':>9} {'extra':>8} {'launches/layer':>15}")

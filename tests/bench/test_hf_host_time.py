@@ -26,7 +26,11 @@ def test_rows_time_every_variant_and_count_two_launches_a_layer(tmp_path):
     assert all(x["ms_per_token"] > 0 for x in rows.values()) and "codesign-fp32" in r.stdout
 
 
-def test_refuses_without_the_interpreter():
+def test_refuses_without_the_interpreter_and_formats_that_read_their_values():
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and "needs TRITON_INTERPRET=1" in r.stderr
+    env["TRITON_INTERPRET"] = "1"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--formats", "int8", "int4-oaken"], capture_output=True,
+                       text=True, env=env, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "--formats 'int4-oaken'" in r.stderr

@@ -318,7 +318,7 @@ def test_shared_plans_are_checked_once_a_forward_and_each_layers_values_at_every
     assert len(tables) == forwards * (layers if attends_every_layer else 1), (len(tables), forwards, layers)
 
 
-@pytest.mark.parametrize("name", ["fp32", "int8", "int4"])
+@pytest.mark.parametrize("name", ["fp32", "int8", "int4", "int4-oaken", "int4-oaken_offline"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_decode_plans_once_a_forward_and_gives_the_entry_points_bits(name, backend, monkeypatch):
     """Decode runs through a PagedDecodeWrapper the group's first layer plans (one plan a decode forward, a run a

@@ -358,6 +358,9 @@ class OakenStorage(Storage):
     def write(self, k, v, plan, q, check):
         self.kv.write(k, v, plan.slots, check)
 
+    def decode_run(self):
+        return (self.kv,), None
+
     def attend(self, q, plan, **kw):
         tree = plan.tree
         ctx = plan.context_lens if tree is None else tree.context_lens
