@@ -346,3 +346,23 @@ def test_decode_plans_once_a_forward_and_gives_the_entry_points_bits(name, backe
     assert not plans
     assert torch.equal(planned.sequences, direct.sequences)
     assert torch.equal(torch.stack(planned.output.logits), torch.stack(direct.output.logits))
+
+
+def test_a_layer_whose_pool_differs_from_the_groups_first_is_planned_again():
+    """Layers of one group whose pools differ (here kv heads 2 and 1) each get a plan of their own, each bit for bit
+    the entry point's."""
+    from types import SimpleNamespace
+
+    from codesign.integrations.hf.cache import CodesignCache, _Step
+    from codesign.integrations.hf.kv_formats import AttendPlan
+
+    torch.manual_seed(0)
+    bt, ctx = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32), torch.tensor([5, 7], dtype=torch.int32)
+    st = _Step(2, 1, None, [], [AttendPlan(bt, ctx, None, None, [0, 1])], False)
+    owner = SimpleNamespace(check=True)
+    for hkv in (2, 1, 2):
+        k, v = torch.randn(4, 4, hkv, 8), torch.randn(4, 4, hkv, 8)
+        q = torch.randn(2, 4, 8)
+        out = CodesignCache._run_planned(owner, st, 0, ((k, v), None), q, 0.3, None, None)
+        assert torch.equal(out, K.paged_decode_attention(q, k, v, bt, ctx, sm_scale=0.3))
+        assert st.planned[0][1]._plan.cache_shape == (4, 4, hkv, 8)

@@ -12,6 +12,7 @@ from torch import nn
 
 from codesign.kernels.attention.paged import paged_decode_attention, paged_extend_attention, tree_attention
 from codesign.kernels.attention.quantized import (
+    format_of,
     kivi_decode_attention,
     kivi_extend_attention,
     kivi_tree_attention,
@@ -72,7 +73,7 @@ __all__ = [
     "MAX_BLOCK_SIZE", "MIXED_BITS", "MIXED_RECENT", "MixedPagedKV", "OAKEN_FRACTION", "OAKEN_OFFLINE_CAP",
     "OAKEN_OFFLINE_FRACTION", "OAKEN_SLOTS", "OakenPagedKV", "PagedDecodeWrapper", "PagedKVCache", "QuantLinear",
     "QuantPagedKV", "QuantizedWeight", "TreeBatch", "W4A16Config", "W8A8Config", "W8A16Config", "build_tree_batch",
-    "check_parents", "cocktail_bits", "compress_model_", "from_awq", "from_gptq", "kivi_decode_attention",
+    "check_parents", "cocktail_bits", "compress_model_", "format_of", "from_awq", "from_gptq", "kivi_decode_attention",
     "kivi_extend_attention", "kivi_tree_attention", "kv_write", "kvq", "kvq_decode_attention",
     "kvq_extend_attention", "kvq_tree_attention", "kvq_write", "mixed_attention", "mixed_write",
     "oaken_attention", "paged_decode_attention", "paged_extend_attention", "quantize_", "tree_attention",

@@ -367,7 +367,9 @@ class CodesignCache(Cache):
         resolution, config lookup or check (`attention.wrappers`; bit-identical to the entry point)."""
         caches, dtype = run
         qd = q if dtype is None else q.to(dtype)
-        key = (tuple(qd.shape), qd.dtype, scaling, window, softcap, type(caches[0]))
+        c = caches[0]  # its geometry too: a layer whose pool differs from the first's (heads, dtype) plans again
+        geometry = (c.shape, c.dtype) if isinstance(c, torch.Tensor) else K.format_of(c).signature(c)
+        key = (tuple(qd.shape), qd.dtype, scaling, window, softcap, geometry)
         hit = st.planned.get(g)
         if hit is None or hit[0] != key:  # (a layer with other options than the group's first: planned again)
             w, plan = K.PagedDecodeWrapper(q.device), st.attend[g]
