@@ -2,16 +2,17 @@
 before any kernel runs (Python, torch dispatch, checks), against transformers' own sdpa path.
 
 At batch 1 an eager decode step is host-bound: the GPU waits for the next launch. This times greedy decoding of a
-small random-weight Llama on the CPU with every Triton launch stubbed out (`--stub`, the default: the
-interpreter's `InterpretedFunction.run` returns at once, so neither kernel work nor the interpreter's own launch
-path is counted; outputs are garbage, only time is measured), and counts the launches per layer (each costs
-Triton's launcher, ~10-30 us of host time, on a GPU). The sdpa rows do run their (small) CPU attention.
+small random-weight Llama on the CPU with every Triton launch stubbed out (the interpreter's
+`InterpretedFunction.run` returns at once, so neither kernel work nor the interpreter's own launch path is counted;
+outputs are garbage, only time is measured), and counts the launches per layer (each costs Triton's launcher,
+~10-30 us of host time, on a GPU). The sdpa rows do run their (small) CPU attention. `--entry-point`: decode
+through the attention entry points at every layer, as before `CodesignCache` planned decode once a forward.
 
-    python bench/hf_host_time.py [--layers 8] [--tokens 32] [--formats bf16 int8 int4] [--json out.json]
+    python bench/hf_host_time.py [--layers 8] [--tokens 32] [--formats fp32 int8 int4] [--entry-point] [--json F]
 
-Numbers depend on the CPU; compare rows of one run. Formats: the plain ones and per-token INT8 / INT4 / INT2; the
-others calibrate on the values they first write (FP8's scales, KIVI, Oaken, mixed), which the stubbed kernels leave
-unwritten.
+Numbers depend on the CPU; compare rows of one run (or runs back to back). Formats: fp32, fp16 and per-token
+INT8 / INT4 / INT2; bf16 needs a GPU for the Triton writer, and the others calibrate on the values they first write
+(FP8's scales, KIVI, Oaken, mixed), which the stubbed kernels leave unwritten.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attentio
              head_dim=16, max_position_embeddings=512)  # fmt: skip
 
 
-FORMATS = ("fp32", "fp16", "bf16", "int8", "int4", "int2")  # what runs on the stubs' unwritten outputs
+FORMATS = ("fp32", "fp16", "int8", "int4", "int2")  # what runs on the stubs' unwritten outputs (docstring)
 
 
 def _stub_launches(counter: list[int]) -> Any:
@@ -54,16 +55,25 @@ def _per_token_ms(model, ids, kv_format: str | None, tokens: int, check: bool) -
 
 
 def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32", "int8", "int4"),
-            repeats: int = 3) -> dict[str, Any]:  # fmt: skip
-    """Rows of host ms per token and per layer (the best of `repeats`), sdpa first; launches per layer."""
+            repeats: int = 3, entry_point: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Rows of host ms per token and per layer (the best of `repeats`), sdpa first; launches per layer.
+    entry_point: every storage decodes through `Storage.attend` (no planned decode)."""
     from triton.runtime import interpreter
+
+    from codesign.integrations.hf import kv_formats
 
     launches: list[int] = []
     original = _stub_launches(launches)
+    planned = {c: c.decode_run for c in set(kv_formats.STORAGES.values())}
+    if entry_point:
+        for c in planned:
+            c.decode_run = kv_formats.Storage.decode_run
     try:
-        return _measure(layers, tokens, formats, repeats, launches)
+        return {**_measure(layers, tokens, formats, repeats, launches), "entry_point": entry_point}
     finally:
         interpreter.InterpretedFunction.run = original
+        for c, f in planned.items():
+            c.decode_run = f
 
 
 def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, launches: list[int]) -> dict[str, Any]:
@@ -74,10 +84,10 @@ def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, l
     model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **SMALL)).eval()
     ids = torch.randint(3, 256, (1, 16))
     rows = []
-    # With checks only where no check reads values: the stubbed kernels leave their outputs unwritten (NaN),
-    # which a quantized write's finiteness check refuses at the next layer.
+    # With checks only where no check reads values: the stubbed kernels leave their outputs unwritten (garbage,
+    # NaN among it), which a quantized write's finiteness check refuses at the next layer.
     variants = [("hf-sdpa", None, False)] + [(f"codesign-{f}", f, False) for f in formats]
-    variants += [(f"codesign-{f}+checks", f, True) for f in formats if f in ("fp32", "bf16", "fp16")]
+    variants += [(f"codesign-{f}+checks", f, True) for f in formats if f in ("fp32", "fp16")]
     for name, fmt, check in variants:
         best, per_step = float("inf"), 0.0
         for _ in range(repeats):
@@ -98,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--formats", nargs="+", default=["fp32", "int8", "int4"])
+    ap.add_argument("--entry-point", action="store_true", help="decode through the entry points at every layer")
     ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args(argv)
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -110,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hf_host_time: --formats {bad[0]!r}: one of {', '.join(FORMATS)} (the module docstring says why)",
               file=sys.stderr)  # fmt: skip
         return 2
-    rep = measure(args.layers, args.tokens, tuple(args.formats))
+    rep = measure(args.layers, args.tokens, tuple(args.formats), entry_point=args.entry_point)
     print(f"{'variant':<24} {'ms/token':>9} {'us/layer':>9} {'extra':>8} {'launches/layer':>15}")
     for r in rep["rows"]:
         print(f"{r['variant']:<24} {r['ms_per_token']:9.2f} {r['us_per_layer']:9.0f} {r['extra_us_per_layer']:8.0f} "

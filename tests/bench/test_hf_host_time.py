@@ -24,6 +24,25 @@ def test_rows_time_every_variant_and_count_two_launches_a_layer(tmp_path):
     # one KV write and one attention launch a layer (decode steps and the prefill alike)
     assert all(rows[v]["launches_per_layer"] == 2 for v in rows if v != "hf-sdpa"), rows
     assert all(x["ms_per_token"] > 0 for x in rows.values()) and "codesign-fp32" in r.stdout
+    assert json.loads(out.read_text())["entry_point"] is False
+
+
+def test_entry_point_decodes_without_a_plan(tmp_path):
+    """--entry-point: the path before planned decode (the same two launches a layer), the planned one restored."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CODESIGN_BACKEND": "triton", "CUDA_VISIBLE_DEVICES": ""}
+    # (run from tmp_path: at the repo root `kernels/` would shadow the `kernels` package transformers imports)
+    code = (f"import sys, json; sys.path.insert(0, {str(SCRIPT.parent)!r}); import hf_host_time as h; "
+            "from codesign.integrations.hf import kv_formats as kf; from codesign.kernels.attention import wrappers; "
+            "plans = []; p = wrappers.PagedDecodeWrapper.plan; "
+            "wrappers.PagedDecodeWrapper.plan = lambda *a, **k: (plans.append(1), p(*a, **k))[1]; "
+            "rep = h.measure(2, 2, ('fp32',), 1, entry_point=True); "
+            "assert not plans and kf.PlainStorage.decode_run is not kf.Storage.decode_run, plans; "
+            "h.measure(2, 2, ('fp32',), 1); assert plans; print(json.dumps(rep))")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                       cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    assert rep["entry_point"] is True and {x["launches_per_layer"] for x in rep["rows"][1:]} == {2.0}
 
 
 def test_refuses_without_the_interpreter_and_formats_that_read_their_values():

@@ -367,13 +367,13 @@ class CodesignCache(Cache):
         resolution, config lookup or check (`attention.wrappers`; bit-identical to the entry point)."""
         caches, dtype = run
         qd = q if dtype is None else q.to(dtype)
-        c = caches[0]  # its geometry too: a layer whose pool differs from the first's (heads, dtype) plans again
+        c = caches[0]
         geometry = (c.shape, c.dtype) if isinstance(c, torch.Tensor) else K.format_of(c).signature(c)
         key = (tuple(qd.shape), qd.dtype, scaling, window, softcap, geometry)
         hit = st.planned.get(g)
-        if hit is None or hit[0] != key:  # (a layer with other options than the group's first: planned again)
+        if hit is None or hit[0] != key:  # a layer whose options or pool differ from the group's first: planned again
             w, plan = K.PagedDecodeWrapper(q.device), st.attend[g]
-            w.plan(caches[0], plan.block_tables, plan.context_lens, qd.shape[1], sm_scale=scaling, window=window,
+            w.plan(c, plan.block_tables, plan.context_lens, qd.shape[1], sm_scale=scaling, window=window,
                    softcap=softcap, q_dtype=qd.dtype, check_data=self.check)  # fmt: skip
             st.planned[g] = hit = (key, w)
         out = hit[1].run(qd, *caches)

@@ -164,8 +164,8 @@ class Storage:
 
     def decode_run(self) -> tuple[tuple, torch.dtype | None] | None:
         """(the cache arguments of a `PagedDecodeWrapper`'s plan and run, q's dtype for it or None for q's own)
-        for a format whose decode runs planned (`CodesignCache`: planned once per group and forward, a launch a
-        layer); None: decode through `attend`."""
+        for a format whose decode runs planned (`CodesignCache`: planned once per group and forward, then only
+        launches at each layer); None: decode through `attend`."""
         return None
 
     def snapshot(self, plan: WritePlan) -> object:
