@@ -8,11 +8,14 @@ outputs are garbage, only time is measured), and counts the launches per layer (
 ~10-30 us of host time, on a GPU). The sdpa rows do run their (small) CPU attention. `--entry-point`: decode
 through the attention entry points at every layer, as before `CodesignCache` planned decode once a forward.
 
-    python bench/hf_host_time.py [--layers 8] [--tokens 32] [--formats fp32 int8 int4] [--entry-point] [--json F]
+    python bench/hf_host_time.py [--layers 8] [--tokens 32] [--batch 1] [--formats fp32 int8 int4] [--entry-point]
+                                 [--json F]
 
-Numbers depend on the CPU; compare rows of one run (or runs back to back). Formats: fp32, fp16 and per-token
-INT8 / INT4 / INT2; bf16 needs a GPU for the Triton writer, and the others calibrate on the values they first write
-(FP8's scales, KIVI, Oaken, mixed), which the stubbed kernels leave unwritten.
+Times are the process's CPU time on one torch thread (wall time counts a shared VM's stolen time, which moved
+rows of one run by up to ~200 us a layer on the development machine). Numbers depend on the CPU; compare rows of
+one run (or runs back to back). Formats: fp32, fp16, per-token INT8 / INT4 / INT2 and KIVI INT4 / INT2; bf16
+needs a GPU for the Triton writer, and the others calibrate on the values they first write (FP8's scales, Oaken,
+mixed), which the stubbed kernels leave unwritten.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attentio
              head_dim=16, max_position_embeddings=512)  # fmt: skip
 
 
-FORMATS = ("fp32", "fp16", "int8", "int4", "int2")  # what runs on the stubs' unwritten outputs (docstring)
+FORMATS = ("fp32", "fp16", "int8", "int4", "int2", "int4-kivi", "int2-kivi")  # what runs on the stubs' outputs
 
 
 def _stub_launches(counter: list[int]) -> Any:
@@ -46,43 +49,47 @@ def _per_token_ms(model, ids, kv_format: str | None, tokens: int, check: bool) -
     from codesign.integrations.hf.one_call import run_generate
 
     kw = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     if kv_format is None:
         model.generate(ids, **kw)
     else:
         run_generate(model, ids, kv_format, check=check, **kw)
-    return (time.perf_counter() - t0) / tokens * 1e3
+    return (time.process_time() - t0) / tokens * 1e3
 
 
 def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32", "int8", "int4"),
-            repeats: int = 3, entry_point: bool = False) -> dict[str, Any]:  # fmt: skip
+            repeats: int = 3, entry_point: bool = False, batch: int = 1) -> dict[str, Any]:  # fmt: skip
     """Rows of host ms per token and per layer (the best of `repeats`), sdpa first; launches per layer.
     entry_point: every storage decodes through `Storage.attend` (no planned decode)."""
+    import torch
     from triton.runtime import interpreter
 
     from codesign.integrations.hf import kv_formats
 
     launches: list[int] = []
-    original = _stub_launches(launches)
+    original, threads = _stub_launches(launches), torch.get_num_threads()
+    torch.set_num_threads(1)  # CPU time counts every thread's
     planned = {c: c.decode_run for c in set(kv_formats.STORAGES.values())}
     if entry_point:
         for c in planned:
             c.decode_run = kv_formats.Storage.decode_run
     try:
-        return {**_measure(layers, tokens, formats, repeats, launches), "entry_point": entry_point}
+        return {**_measure(layers, tokens, formats, repeats, launches, batch), "entry_point": entry_point}
     finally:
         interpreter.InterpretedFunction.run = original
+        torch.set_num_threads(threads)
         for c, f in planned.items():
             c.decode_run = f
 
 
-def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, launches: list[int]) -> dict[str, Any]:
+def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, launches: list[int],
+             batch: int) -> dict[str, Any]:  # fmt: skip
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **SMALL)).eval()
-    ids = torch.randint(3, 256, (1, 16))
+    ids = torch.randint(3, 256, (batch, 16))
     rows = []
     # With checks only where no check reads values: the stubbed kernels leave their outputs unwritten (garbage,
     # NaN among it), which a quantized write's finiteness check refuses at the next layer.
@@ -99,7 +106,7 @@ def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, l
     base = rows[0]["us_per_layer"]
     for r in rows:
         r["extra_us_per_layer"] = r["us_per_layer"] - base
-    return {"layers": layers, "tokens": tokens, "config": SMALL, "rows": rows,
+    return {"layers": layers, "tokens": tokens, "batch": batch, "config": SMALL, "rows": rows,
             "note": "CPU host time with Triton launches stubbed; compare rows of one run"}  # fmt: skip
 
 
@@ -107,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=1, help="rows a decode step (each its own sequence)")
     ap.add_argument("--formats", nargs="+", default=["fp32", "int8", "int4"])
     ap.add_argument("--entry-point", action="store_true", help="decode through the entry points at every layer")
     ap.add_argument("--json", default=None, help="also write the rows here")
@@ -121,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hf_host_time: --formats {bad[0]!r}: one of {', '.join(FORMATS)} (the module docstring says why)",
               file=sys.stderr)  # fmt: skip
         return 2
-    rep = measure(args.layers, args.tokens, tuple(args.formats), entry_point=args.entry_point)
+    if args.batch < 1:
+        print(f"hf_host_time: --batch must be >= 1, got {args.batch}", file=sys.stderr)
+        return 2
+    rep = measure(args.layers, args.tokens, tuple(args.formats), entry_point=args.entry_point, batch=args.batch)
     print(f"{'variant':<24} {'ms/token':>9} {'us/layer':>9} {'extra':>8} {'launches/layer':>15}")
     for r in rep["rows"]:
         print(f"{r['variant']:<24} {r['ms_per_token']:9.2f} {r['us_per_layer']:9.0f} {r['extra_us_per_layer']:8.0f} "

@@ -9,13 +9,15 @@ Layout, per layer (b bits, G | block_size, GV | D, (8 / b) | D):
     k_res, v_res      `[batch, G + R, kv_heads, D]` (fp16 or fp32): token t of sequence b at row t % (G + R)
 Tokens [0, n_q) of a sequence of length T are in the codes, n_q = floor(max(T - R, 0) / G) * G
 (`quantizers.kivi_split`); tokens [n_q, T) (fewer than G + R) are in the ring. Row b of the ring belongs
-to row b of block_tables. `append` is the writer: new tokens go to the ring, each group that fills is
-quantized straight into its block (a Triton flush kernel on GPUs / with the triton backend, torch
-otherwise); the codes are exactly those of `quantizers.kivi_fake_quant` on the whole sequence.
+to row b of block_tables. `append` is the writer (`append_decode`: one token for each of several sequences):
+new tokens go to the ring, each group that fills is quantized straight into its block (a Triton flush kernel on
+GPUs / with the triton backend, torch otherwise); the codes are exactly those of `quantizers.kivi_fake_quant`
+on the whole sequence.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +25,7 @@ import torch
 from codesign.backend import resolve_backend
 from codesign.kernels.kvcache import quantizers as kq
 from codesign.kernels.kvcache.checks import IN_DTYPES, check_cache_tensors, check_pool_dims
+from codesign.kernels.kvcache.host_ints import device_ints
 from codesign.specs import CodesignError, KVFormat, check_positive_int
 
 RES_DTYPES = (torch.float16, torch.float32)
@@ -128,28 +131,26 @@ class KiviPagedKV:
             raise CodesignError(f"all KIVI tensors must be on one device, got {sorted(map(str, devs))}")
         return nb, bs, h, d
 
-    # --- writer (torch) ---------------------------------------------------------------------------
+    # --- writers ---------------------------------------------------------------------------------
     def append(
-        self, seq: int, block_row: torch.Tensor, start: int, k_new: torch.Tensor, v_new: torch.Tensor
+        self,
+        seq: int,
+        block_row: torch.Tensor,
+        start: int,
+        k_new: torch.Tensor,
+        v_new: torch.Tensor,
+        check_data: bool = True,
     ) -> None:
         """Append tokens [start, start + n) of sequence `seq` (blocks `block_row`, a row of block_tables).
 
         New tokens go to the ring; each group of G tokens leaving the residual window is quantized
         (keys per channel, values per token) into its block, so sequences forked from a shared prefix
-        rewrite identical codes into shared blocks.
+        rewrite identical codes into shared blocks. `check_data=False` skips the check that the new
+        tokens are finite (a host sync).
         """
         nb, bs, h, d = self.check()
-        if not 0 <= seq < self.k_res.shape[0]:
-            raise CodesignError(f"seq {seq} outside the {self.k_res.shape[0]} residual rings")
-        for name, x in (("k_new", k_new), ("v_new", v_new)):
-            if not isinstance(x, torch.Tensor) or x.dim() != 3 or tuple(x.shape[1:]) != (h, d):
-                raise CodesignError(
-                    f"{name} must be [tokens, {h}, {d}], got {tuple(getattr(x, 'shape', ()))}"
-                )
-            if x.dtype not in IN_DTYPES:
-                raise CodesignError(f"{name} dtype must be one of {IN_DTYPES}, got {x.dtype}")
-        if k_new.shape != v_new.shape:
-            raise CodesignError("k_new and v_new must have the same shape")
+        self._check_ring(seq)
+        self._check_new(k_new, v_new, h, d)
         n, g, r = k_new.shape[0], self.group, self.residual
         end = start + n
         if start < 0 or -(-end // bs) > block_row.numel():
@@ -162,34 +163,108 @@ class KiviPagedKV:
         ring = g + r
         old, new = kq.kivi_split(start, g, r), kq.kivi_split(end, g, r)
         idx = torch.arange(old, start) % ring
-        pk = torch.cat(
-            [self.k_res[seq, idx].float(), kq._check_finite("k_new", k_new).to(self.k_res.device)]
-        )
-        pv = torch.cat(
-            [self.v_res[seq, idx].float(), kq._check_finite("v_new", v_new).to(self.k_res.device)]
-        )
-        gv = self.value_group
-        from codesign.kernels.kvcache.triton_kivi_flush import kivi_flush_triton, triton_flush_supported
-
-        if resolve_backend("kv_write", pk.device) == "triton" and triton_flush_supported(g, gv, d):
-            # Fused flush: every full group of this append in one launch.
-            groups = range(old, new, g)
-            slots = [int(rows[g0 // bs]) * bs + g0 % bs for g0 in groups]
-            kivi_flush_triton(self, pk, pv, [g0 - old for g0 in groups], slots)
-            groups = range(0)
-        else:
-            groups = range(old, new, g)
-        for g0 in groups:
-            blk, off = int(rows[g0 // bs]), g0 % bs
-            c, s, z = kq.quantize_asym(pk[g0 - old : g0 - old + g], self.bits, dim=0)
-            self.k_codes[blk, off : off + g] = kq.pack_codes(c, self.bits)
-            self.k_meta[blk, off // g] = torch.stack([s, z], -1).half()
-            c, s, z = kq.quantize_asym(pv[g0 - old : g0 - old + g].reshape(g, h, d // gv, gv), self.bits)
-            self.v_codes[blk, off : off + g] = kq.pack_codes(c.reshape(g, h, d), self.bits)
-            self.v_meta[blk, off : off + g] = torch.stack([s, z], -1).half()
+        if check_data:
+            kq._check_finite("k_new", k_new), kq._check_finite("v_new", v_new)
+        dev = self.k_res.device
+        pk = torch.cat([self.k_res[seq, idx].float(), k_new.to(dev, torch.float32)])
+        pv = torch.cat([self.v_res[seq, idx].float(), v_new.to(dev, torch.float32)])
+        self._flush(pk, pv, [(0, g0 - old, int(rows[g0 // bs]) * bs + g0 % bs) for g0 in range(old, new, g)],
+                    pk.shape[0])  # fmt: skip
         for t in range(max(new, start), end):
             self.k_res[seq, t % ring] = k_new[t - start].to(self.k_res.dtype)
             self.v_res[seq, t % ring] = v_new[t - start].to(self.v_res.dtype)
+
+    def append_decode(
+        self,
+        seqs: Sequence[int],
+        positions: Sequence[int],
+        k_new: torch.Tensor,
+        v_new: torch.Tensor,
+        blocks: Sequence[Sequence[int]] | torch.Tensor,
+        check_data: bool = True,
+        memo: dict | None = None,
+    ) -> None:
+        """One new token for each of several sequences, in one pass (a decode step): token i of
+        k_new / v_new `[n, kv_heads, D]` is token positions[i] of sequence seqs[i] (distinct), whose blocks are
+        blocks[i] (host lists, or a block_tables tensor: one host copy). The same cache contents as `append`
+        token by token. On a GPU: no host sync without check_data, one copy of the ring indices and, where a
+        group leaves the residual window, one flush launch for all of them; `memo` (`host_ints.device_ints`)
+        shares those index copies with the other layers of a step.
+        """
+        nb, bs, h, d = self.check()
+        self._check_new(k_new, v_new, h, d)
+        n = k_new.shape[0]
+        if len(seqs) != n or len(positions) != n or len(blocks) != n:
+            raise CodesignError(
+                f"append_decode: {n} tokens need as many seqs ({len(seqs)}), positions ({len(positions)}) "
+                f"and block rows ({len(blocks)})"
+            )
+        if len(set(seqs)) != n:
+            raise CodesignError(f"append_decode: seqs must be distinct, got {list(seqs)}")
+        for s in seqs:
+            self._check_ring(s)
+        if isinstance(blocks, torch.Tensor):
+            blocks = blocks.tolist()
+        g, r = self.group, self.residual
+        ring = g + r
+        flush = []  # (ring base, the group's first ring row, its slot) of each group leaving the window
+        for s, t, row in zip(seqs, positions, blocks):
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise CodesignError(f"append_decode: positions must be ints >= 0, got {t!r}")
+            g0 = kq.kivi_split(t, g, r)
+            if kq.kivi_split(t + 1, g, r) == g0:
+                continue
+            if g0 // bs >= len(row) or not 0 <= int(row[g0 // bs]) < nb:
+                raise CodesignError(
+                    f"append_decode: sequence {s} flushes tokens [{g0}, {g0 + g}), whose block "
+                    f"{g0 // bs} its block row ({len(row)} entries) does not hold inside [0, {nb})"
+                )
+            flush.append((s * ring, g0 % ring, int(row[g0 // bs]) * bs + g0 % bs))
+        if check_data:
+            kq._check_finite("k_new", k_new), kq._check_finite("v_new", v_new)
+        dev = self.k_res.device
+        at = device_ints([s * ring + t % ring for s, t in zip(seqs, positions)], dev, memo)
+        # The new tokens enter the ring first: a flushed group's rows are all in the ring then (at most G + R).
+        self.k_res.view(-1, h, d).index_copy_(0, at, k_new.to(dev, self.k_res.dtype))
+        self.v_res.view(-1, h, d).index_copy_(0, at, v_new.to(dev, self.v_res.dtype))
+        self._flush(self.k_res.view(-1, h, d), self.v_res.view(-1, h, d), flush, ring, memo)
+
+    def _check_ring(self, seq: int) -> None:
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < self.k_res.shape[0]:
+            raise CodesignError(f"seq {seq!r} outside the {self.k_res.shape[0]} residual rings")
+
+    @staticmethod
+    def _check_new(k_new, v_new, h: int, d: int) -> None:
+        for name, x in (("k_new", k_new), ("v_new", v_new)):
+            if not isinstance(x, torch.Tensor) or x.dim() != 3 or tuple(x.shape[1:]) != (h, d):
+                raise CodesignError(
+                    f"{name} must be [tokens, {h}, {d}], got {tuple(getattr(x, 'shape', ()))}"
+                )
+            if x.dtype not in IN_DTYPES:
+                raise CodesignError(f"{name} dtype must be one of {IN_DTYPES}, got {x.dtype}")
+        if k_new.shape != v_new.shape:
+            raise CodesignError("k_new and v_new must have the same shape")
+
+    def _flush(self, pk: torch.Tensor, pv: torch.Tensor, groups: list[tuple[int, int, int]], ring: int,
+               memo: dict | None = None) -> None:  # fmt: skip
+        """Quantize groups (base, first, slot) of the pending rows `[P, kv_heads, D]` (group token t at row
+        base + (first + t) % ring) into their slots: the Triton flush in one launch, else torch."""
+        from codesign.kernels.kvcache.triton_kivi_flush import kivi_flush_triton, triton_flush_supported
+
+        bs, h, d = self.k_codes.shape[1], self.k_codes.shape[2], self.head_dim
+        g, gv = self.group, self.value_group
+        if resolve_backend("kv_write", pk.device) == "triton" and triton_flush_supported(g, gv, d):
+            kivi_flush_triton(self, pk, pv, groups, ring, memo)
+            return
+        for base, first, slot in groups:
+            at = base + (first + torch.arange(g, device=pk.device)) % ring
+            blk, off = slot // bs, slot % bs
+            c, s, z = kq.quantize_asym(pk[at].float(), self.bits, dim=0)
+            self.k_codes[blk, off : off + g] = kq.pack_codes(c, self.bits)
+            self.k_meta[blk, off // g] = torch.stack([s, z], -1).half()
+            c, s, z = kq.quantize_asym(pv[at].float().reshape(g, h, d // gv, gv), self.bits)
+            self.v_codes[blk, off : off + g] = kq.pack_codes(c.reshape(g, h, d), self.bits)
+            self.v_meta[blk, off : off + g] = torch.stack([s, z], -1).half()
 
     def dequantize_seq(
         self, seq: int, block_row: torch.Tensor, length: int

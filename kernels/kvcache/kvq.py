@@ -27,6 +27,7 @@ from codesign.kernels.kvcache.checks import (
     check_writer_dtype,
 )
 from codesign.kernels.kvcache.formats import KV_FORMAT_FP8, KVQ_FORMATS, kernel_format
+from codesign.kernels.kvcache.write import direct
 from codesign.specs import CodesignError, KVFormat
 
 # name -> (KV_FORMAT code, bits), from the one vocabulary (`kvcache.formats`)
@@ -160,6 +161,17 @@ def _write_torch(key, value, k_codes, v_codes, k_meta, v_meta, slot_mapping, kin
         meta.view(-1, *meta.shape[2:]).index_copy_(0, s, torch.stack([sc, zr], -1).to(torch.float16))
 
 
+def _kvq_write_body(key, value, k_codes, v_codes, k_meta, v_meta, slot_mapping, kind, bits) -> None:
+    """The op's body: the backend's writer."""
+    if resolve_backend(WRITE_OP, key.device) == "triton":
+        check_writer_dtype(key)
+        from codesign.kernels.kvcache.triton_write import kv_write_triton
+
+        kv_write_triton(key, value, k_codes, v_codes, slot_mapping, k_meta, v_meta, kind, bits)
+    else:
+        _write_torch(key, value, k_codes, v_codes, k_meta, v_meta, slot_mapping, kind, bits)
+
+
 @torch.library.custom_op("codesign::kvq_write", mutates_args=("k_codes", "v_codes", "k_meta", "v_meta"))
 def kvq_write_op(
     key: torch.Tensor,
@@ -172,13 +184,7 @@ def kvq_write_op(
     kind: int,
     bits: int,
 ) -> None:
-    if resolve_backend(WRITE_OP, key.device) == "triton":
-        check_writer_dtype(key)
-        from codesign.kernels.kvcache.triton_write import kv_write_triton
-
-        kv_write_triton(key, value, k_codes, v_codes, slot_mapping, k_meta, v_meta, kind, bits)
-    else:
-        _write_torch(key, value, k_codes, v_codes, k_meta, v_meta, slot_mapping, kind, bits)
+    _kvq_write_body(key, value, k_codes, v_codes, k_meta, v_meta, slot_mapping, kind, bits)
 
 
 @kvq_write_op.register_fake
@@ -192,16 +198,20 @@ def kvq_write(
     cache: QuantPagedKV,
     slot_mapping: torch.Tensor,
     check_data: bool = True,
+    dispatch: bool = True,
 ) -> None:
     """Quantize key/value `[tokens, kv_heads, head_dim]` straight into the cache slots (in place).
 
     Slot s = block * block_size + offset; -1 skips a token. The codes and scales written are bit
     for bit those of `quantizers.quantize_per_token` / `quantize_fp8` (one writer launch per layer).
-    `check_data` (one host sync) checks slots and that key/value are finite.
+    `check_data` (one host sync) checks slots and that key/value are finite. `dispatch=False`: the op's body
+    without torch's dispatcher, as `write.kv_write`'s.
     """
     shape = check_quant_cache(cache)
     check_quant_write(key, value, shape, cache.k_codes.device, slot_mapping, check_data, check_data)
     kind, bits = FORMATS[cache.fmt]
-    kvq_write_op(
-        key, value, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, slot_mapping, kind, bits
-    )
+    args = (key, value, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, slot_mapping, kind, bits)
+    if direct(dispatch):
+        _kvq_write_body(*args)
+    else:
+        kvq_write_op(*args)

@@ -2,8 +2,11 @@
 group and kv head): keys per channel over the G tokens, values per token over GV-element groups, with the
 engine's rule (div_rn, round half to even, fp16 scale/zero first), so the codes equal the torch writer's.
 
-    pending `[P, kv_heads, D]` fp32 (the ring's unflushed tokens, then the new ones); group i starts at
-    pending row rows[i] and lands at slot slots[i] (= block * block_size + offset, offset % G == 0).
+    pending `[P, kv_heads, D]` fp32, fp16 (or bf16 on a GPU); group i's token t is pending row
+    base_i + (first_i + t) % ring, and the group lands at slot slot_i (= block * block_size + offset,
+    offset % G == 0). `KiviPagedKV.append` passes the ring's unflushed tokens, then the new ones (base 0,
+    ring P: no wrap); `append_decode` passes the residual rings themselves (base: the sequence's ring,
+    ring G + R), whose rows already hold the new tokens.
 
 Needs G, GV and D powers of two (tl.arange / reshape); `KiviPagedKV.append` falls back to torch otherwise.
 """
@@ -14,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from codesign.kernels.kvcache.host_ints import device_ints
 from codesign.kernels.kvcache.triton_write import rint_half_even
 
 
@@ -40,22 +44,23 @@ def _pack(q, ROWS: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
 
 @triton.jit
 def _kivi_flush_kernel(
-    pk_ptr, pv_ptr, rows_ptr, slots_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr,
-    stride_pt, stride_ph,
+    pk_ptr, pv_ptr, groups_ptr, kc_ptr, vc_ptr, km_ptr, vm_ptr,
+    stride_pt, stride_ph, ring,
     H: tl.constexpr, D: tl.constexpr, G: tl.constexpr, GV: tl.constexpr, BS: tl.constexpr, BITS: tl.constexpr,
 ):  # fmt: skip
     g = tl.program_id(0)
     h = tl.program_id(1)
-    r0 = tl.load(rows_ptr + g).to(tl.int64)
-    slot0 = tl.load(slots_ptr + g).to(tl.int64)
+    base = tl.load(groups_ptr + 3 * g)  # int64 (base, first, slot) a group
+    first = tl.load(groups_ptr + 3 * g + 1)
+    slot0 = tl.load(groups_ptr + 3 * g + 2)
     t = tl.arange(0, G)
     d = tl.arange(0, D)
     m = (t[:, None] >= 0) & (d[None, :] >= 0)
-    src = (r0 + t)[:, None] * stride_pt + h * stride_ph + d[None, :]
+    src = (base + (first + t) % ring)[:, None] * stride_pt + h * stride_ph + d[None, :]
     W: tl.constexpr = D * BITS // 8
     i = tl.arange(0, W)
     # keys: one (scale, zero) per channel over the G tokens
-    k = tl.load(pk_ptr + src)
+    k = tl.load(pk_ptr + src).to(tl.float32)  # exact from fp16 / bf16
     kq, ks, kz = _asym(k, m, tl.min(k, 0)[None, :], tl.max(k, 0)[None, :], BITS)
     tl.store(kc_ptr + ((slot0 + t) * H + h)[:, None] * W + i[None, :], _pack(kq, G, D, BITS))
     blk = slot0 // BS
@@ -64,7 +69,7 @@ def _kivi_flush_kernel(
     tl.store(kmeta, tl.reshape(ks, (D,)))
     tl.store(kmeta + 1, tl.reshape(kz, (D,)))
     # values: one (scale, zero) per token per GV elements
-    v = tl.load(pv_ptr + src)
+    v = tl.load(pv_ptr + src).to(tl.float32)
     v3 = tl.reshape(v, (G, D // GV, GV))
     vq, vs, vz = _asym(v3, v3 == v3, tl.min(v3, 2)[:, :, None], tl.max(v3, 2)[:, :, None], BITS)
     tl.store(
@@ -81,18 +86,19 @@ def triton_flush_supported(group: int, value_group: int, head_dim: int) -> bool:
     return all(x & (x - 1) == 0 for x in (group, value_group, head_dim))
 
 
-def kivi_flush_triton(cache, pk: torch.Tensor, pv: torch.Tensor, rows: list[int], slots: list[int]) -> None:
-    """Quantize the groups starting at pending rows `rows` into slots `slots` (validated by the caller)."""
-    if not rows:
+def kivi_flush_triton(cache, pk: torch.Tensor, pv: torch.Tensor, groups: list[tuple[int, int, int]],
+                      ring: int, memo: dict | None = None) -> None:  # fmt: skip
+    """Quantize the groups (base, first, slot) of pending `pk`, `pv` (module docstring; validated by the
+    caller) into their slots; `memo`: `host_ints.device_ints`'."""
+    if not groups:
         return
     bs, h, d = cache.k_codes.shape[1], cache.k_codes.shape[2], cache.head_dim
-    dev = cache.k_codes.device
-    r = torch.tensor(rows, dtype=torch.int32, device=dev)
-    s = torch.tensor(slots, dtype=torch.int64, device=dev)
-    pk, pv = pk.contiguous(), pv.contiguous()
-    _kivi_flush_kernel[(len(rows), h)](
-        pk, pv, r, s, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta,
-        pk.stride(0), pk.stride(1),
+    g = device_ints([x for grp in groups for x in grp], cache.k_codes.device, memo)
+    if pk.stride() != pv.stride() or pk.stride(2) != 1:
+        pk, pv = pk.contiguous(), pv.contiguous()
+    _kivi_flush_kernel[(len(groups), h)](
+        pk, pv, g, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta,
+        pk.stride(0), pk.stride(1), ring,
         H=h, D=d, G=cache.group, GV=cache.value_group, BS=bs, BITS=cache.bits,
         num_warps=4 if cache.group * d >= 4096 else 1,
     )  # fmt: skip

@@ -27,14 +27,8 @@ def _kv_write_torch(key, value, k_cache, v_cache, slot_mapping) -> None:
     flat_v.index_copy_(0, s, value[keep])
 
 
-@torch.library.custom_op("codesign::kv_write", mutates_args=("k_cache", "v_cache"))
-def _kv_write_op(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
+def _kv_write_body(key, value, k_cache, v_cache, slot_mapping) -> None:
+    """The op's body: the backend's writer."""
     # Backend checks live here, not in kv_write(): dynamo cannot trace the backend ContextVar.
     backend = resolve_backend(OP, key.device)
     if backend == "triton" and k_cache.dtype == torch.bfloat16 and not device_view(key.device).compiled:
@@ -45,6 +39,17 @@ def _kv_write_op(
         kv_write_triton(key, value, k_cache, v_cache, slot_mapping)
     else:
         _kv_write_torch(key, value, k_cache, v_cache, slot_mapping)
+
+
+@torch.library.custom_op("codesign::kv_write", mutates_args=("k_cache", "v_cache"))
+def _kv_write_op(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    _kv_write_body(key, value, k_cache, v_cache, slot_mapping)
 
 
 @_kv_write_op.register_fake
@@ -59,11 +64,22 @@ def kv_write(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     check_data: bool = True,
+    dispatch: bool = True,
 ) -> None:
     """Write key/value `[tokens, kv_heads, head_dim]` into the caches at `slot_mapping` (in place).
 
     `check_data=False` skips the slot-range check (a host sync): use it inside CUDA-graph capture
-    with slot mappings that were checked when built.
+    with slot mappings that were checked when built. `dispatch=False` runs the op's body without torch's
+    dispatcher (`direct`): the same launch, ~30 us less host time a call, for eager callers over real tensors.
     """
     check_kv_write(key, value, k_cache, v_cache, slot_mapping, check_data)
-    _kv_write_op(key, value, k_cache, v_cache, slot_mapping)
+    if direct(dispatch):
+        _kv_write_body(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        _kv_write_op(key, value, k_cache, v_cache, slot_mapping)
+
+
+def direct(dispatch: bool) -> bool:
+    """Whether a writer runs its op's body directly: asked for (dispatch=False) and not while torch.compile
+    traces (which needs the op)."""
+    return not dispatch and not torch.compiler.is_compiling()

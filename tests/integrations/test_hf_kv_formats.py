@@ -247,7 +247,7 @@ def test_oaken_storage_keeps_the_index_through_copy_on_write_and_restore():
     st.copy_block(1, 4)
     _assert_oaken_index_kept(st.kv)
     assert torch.equal(st.kv.k_index[4], st.kv.k_index[1]) and torch.equal(st.kv.k_out[4], st.kv.k_out[1])
-    plan = WritePlan([0], [0], [6], [2], torch.tensor([6, 7]), bt, [[]])
+    plan = WritePlan([0], [0], [6], [2], torch.tensor([6, 7]), bt, [[]], [[0, 1]])
     snap = st.snapshot(plan)
     st.kv.write(k[:2] * 40, v[:2] * 40, plan.slots)  # claims block 1's free slots
     st.restore(snap)
@@ -318,7 +318,7 @@ def test_shared_plans_are_checked_once_a_forward_and_each_layers_values_at_every
     assert len(tables) == forwards * (layers if attends_every_layer else 1), (len(tables), forwards, layers)
 
 
-@pytest.mark.parametrize("name", ["fp32", "int8", "int4", "int4-oaken", "int4-oaken_offline"])
+@pytest.mark.parametrize("name", ["fp32", "int8", "int4", "int4-oaken", "int4-oaken_offline", "int4-kivi"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_decode_plans_once_a_forward_and_gives_the_entry_points_bits(name, backend, monkeypatch):
     """Decode runs through a PagedDecodeWrapper the group's first layer plans (one plan a decode forward, a run a
@@ -366,3 +366,23 @@ def test_a_layer_whose_pool_differs_from_the_groups_first_is_planned_again():
         out = CodesignCache._run_planned(owner, st, 0, ((k, v), None), q, 0.3, None, None)
         assert torch.equal(out, K.paged_decode_attention(q, k, v, bt, ctx, sm_scale=0.3))
         assert st.planned[0][1]._plan.cache_shape == (4, 4, hkv, 8)
+
+
+@pytest.mark.parametrize("name", ["int4-kivi", "int4-oaken"])
+def test_a_decode_step_builds_its_index_tensors_once_for_all_layers(name, monkeypatch):
+    """The writers' per-step index tensors (KIVI's ring rows, the rollback snapshots' rows) are copied to the device
+    once a forward, shared by every layer through the plan's memo: as many copies with 4 layers as with 2 (a copy
+    from the host at every layer would sync a GPU with the host at every layer)."""
+    from codesign.kernels.kvcache import host_ints
+
+    counts, build = [], host_ints._build
+    for layers in (2, 4):
+        built: list = []
+        monkeypatch.setattr(host_ints, "_build", lambda v, d, built=built: (built.append(v), build(v, d))[1])
+        model = tiny_model(num_hidden_layers=layers)
+        run = run_generate(model, prompts(2, 7)[0], _spec(name), block_size=BLOCK, max_new_tokens=5,
+                           do_sample=False, pad_token_id=0)  # fmt: skip
+        assert [s.kind for s in run.cache.steps] == ["prefill"] + ["decode"] * 4
+        counts.append(len(built))
+        monkeypatch.undo()
+    assert counts[0] == counts[1] > 0, counts

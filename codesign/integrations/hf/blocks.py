@@ -109,6 +109,10 @@ class BlockTables:
     def seq_blocks(self, seq: int) -> list[int]:
         return list(self._seq(seq).blocks)
 
+    def blocks_view(self, seq: int) -> list[int]:
+        """`seq`'s block list itself, not a copy (read only; it changes with the sequence)."""
+        return self._seq(seq).blocks
+
     def block_tables(self, seqs: list[int]) -> torch.Tensor:
         """int32 `[len(seqs), max blocks]`; unused entries 0 (never read)."""
         rows = [self._seq(i).blocks for i in seqs]

@@ -353,7 +353,8 @@ class CodesignCache(Cache):
         st.checked.add(g)
         store = layer.storage
         store.write(k, v, st.write[g], q, self.check and (first or not store.write_checks_plan_only))
-        plan, run = st.attend[g], store.decode_run()
+        plan = st.attend[g]
+        run = store.decode_run(plan)
         if run is not None and plan.tree is None and plan.cu_seqlens_q is None:
             out = self._run_planned(st, g, run, q, scaling, window, softcap)
         else:
@@ -464,7 +465,8 @@ class CodesignCache(Cache):
         bt = g.tables.block_tables(self._rows).to(device)
         slots_t = torch.tensor(slots, dtype=torch.int64, device=device)
         pick = lambda xs: [xs[b] for b in live]  # noqa: E731
-        return WritePlan(live, pick(self._rows), pick(starts), pick(counts), slots_t, bt, pick(fresh))
+        blocks = [g.tables.blocks_view(self._rows[b]) for b in live]
+        return WritePlan(live, pick(self._rows), pick(starts), pick(counts), slots_t, bt, pick(fresh), blocks)
 
     def _rewind(self, lengths: list[int], keep: list[list[int]]) -> None:
         """Row b ends with lengths[b] tokens; keep[b]: which of the last forward's tokens of row b (by index

@@ -115,7 +115,9 @@ class WritePlan:
 
     rows[i], seqs[i]: batch row and sequence id; starts[i]: the position of its first new token; counts[i]:
     how many; slots: int64 flat slot of each token (-1: a prompt token shared with an earlier row, not
-    written); fresh[i]: the block ids allocated for row i in this forward (not copies)."""
+    written); fresh[i]: the block ids allocated for row i in this forward (not copies); blocks[i]: row i's
+    block ids on the host (the tables' own lists: read only); memo: the step's index tensors built once for
+    all the group's layers (`device_ints`)."""
 
     rows: list[int]
     seqs: list[int]
@@ -124,6 +126,8 @@ class WritePlan:
     slots: torch.Tensor
     block_tables: torch.Tensor
     fresh: list[list[int]]
+    blocks: list[list[int]]
+    memo: dict = dataclasses.field(default_factory=dict)  # index tensors the group's layers share (device_ints)
 
 
 @dataclass
@@ -162,10 +166,10 @@ class Storage:
     def attend(self, q: torch.Tensor, plan: AttendPlan, **kw) -> torch.Tensor:
         raise NotImplementedError
 
-    def decode_run(self) -> tuple[tuple, torch.dtype | None] | None:
+    def decode_run(self, plan: AttendPlan) -> tuple[tuple, torch.dtype | None] | None:
         """(the cache arguments of a `PagedDecodeWrapper`'s plan and run, q's dtype for it or None for q's own)
-        for a format whose decode runs planned (`CodesignCache`: planned once per group and forward, then only
-        launches at each layer); None: decode through `attend`."""
+        for a format whose decode of `plan` runs planned (`CodesignCache`: planned once per group and forward,
+        then only launches at each layer); None: decode through `attend`."""
         return None
 
     def snapshot(self, plan: WritePlan) -> object:
@@ -225,9 +229,9 @@ class PlainStorage(Storage):
 
     def write(self, k, v, plan, q, check):
         dt = self.spec.dtype
-        K.kv_write(k.to(dt), v.to(dt), self.kv.k_cache, self.kv.v_cache, plan.slots, check)
+        K.kv_write(k.to(dt), v.to(dt), self.kv.k_cache, self.kv.v_cache, plan.slots, check, dispatch=False)
 
-    def decode_run(self):
+    def decode_run(self, plan):
         return (self.kv.k_cache, self.kv.v_cache), self.spec.dtype
 
     def attend(self, q, plan, **kw):
@@ -257,9 +261,9 @@ class PerTokenStorage(Storage):
                                        *scales)  # fmt: skip
 
     def write(self, k, v, plan, q, check):
-        K.kvq_write(k, v, self.kv, plan.slots, check)
+        K.kvq_write(k, v, self.kv, plan.slots, check, dispatch=False)
 
-    def decode_run(self):
+    def decode_run(self, plan):
         return (self.kv,), None
 
     def attend(self, q, plan, **kw):
@@ -300,11 +304,23 @@ class KiviStorage(Storage):
         return self._ring_of[seq]
 
     def write(self, k, v, plan, q, check):
+        if all(n == 1 for n in plan.counts):  # a decode step: every row at once, no host sync without checks
+            rings = [self._row(seq) for seq in plan.seqs]
+            self.kv.append_decode(rings, plan.starts, k, v, plan.blocks, check, plan.memo)
+            return
         off = 0
         for row, seq, start, n in zip(plan.rows, plan.seqs, plan.starts, plan.counts):
             r = self._row(seq)
-            self.kv.append(r, plan.block_tables[row], start, k[off : off + n], v[off : off + n])
+            self.kv.append(r, plan.block_tables[row], start, k[off : off + n], v[off : off + n], check)
             off += n
+
+    def decode_run(self, plan):
+        """Planned where ring b is block-table row b's (the kernel's rule; generate keeps rows in place), else
+        through `attend`, which gathers the rings into that order."""
+        return ((self.kv,), None) if self._in_place(plan) else None
+
+    def _in_place(self, plan) -> bool:
+        return [self._row(s) for s in plan.ring_seqs] == list(range(len(plan.ring_seqs)))
 
     def attend(self, q, plan, **kw):
         idx, kv = [self._row(s) for s in plan.ring_seqs], self.kv
@@ -315,19 +331,19 @@ class KiviStorage(Storage):
         return self._attend_kvq(entries, q, plan, kw, kv)
 
     def snapshot(self, plan):
-        snap = []
-        for seq, start, n in zip(plan.seqs, plan.starts, plan.counts):
-            r = self._row(seq)
-            rows = torch.tensor(
-                sorted({(start + i) % self.ring for i in range(min(n, self.ring))}), dtype=torch.long
-            )
-            snap.append((r, rows, self.kv.k_res[r, rows].clone(), self.kv.v_res[r, rows].clone()))
-        return snap
+        """The ring rows the write of `plan` claims, every row's in one gather (flat indices into the rings)."""
+        ring = self.ring
+        at = [self._row(seq) * ring + (start + i) % ring
+              for seq, start, n in zip(plan.seqs, plan.starts, plan.counts) for i in range(min(n, ring))]  # fmt: skip
+        h, d = self.kv.k_res.shape[2:]
+        at = K.device_ints(at, self.kv.k_res.device, plan.memo)
+        return at, self.kv.k_res.view(-1, h, d)[at], self.kv.v_res.view(-1, h, d)[at]
 
     def restore(self, snap):
-        for r, rows, ks, vs in snap:
-            self.kv.k_res[r, rows] = ks
-            self.kv.v_res[r, rows] = vs
+        at, ks, vs = snap
+        h, d = self.kv.k_res.shape[2:]  # the pool may have grown since (new rings go after the old)
+        self.kv.k_res.view(-1, h, d).index_copy_(0, at, ks)
+        self.kv.v_res.view(-1, h, d).index_copy_(0, at, vs)
 
     def fork_seq(self, src, dst):
         if self.kv is not None and src in self._ring_of:
@@ -358,7 +374,7 @@ class OakenStorage(Storage):
     def write(self, k, v, plan, q, check):
         self.kv.write(k, v, plan.slots, check)
 
-    def decode_run(self):
+    def decode_run(self, plan):
         return (self.kv,), None
 
     def attend(self, q, plan, **kw):
@@ -367,19 +383,22 @@ class OakenStorage(Storage):
         return K.oaken_attention(q, self.kv, plan.block_tables, ctx, plan.cu_seqlens_q, tree=tree, **kw)
 
     def snapshot(self, plan):
-        """The outlier slots of each row's partly filled block, which the write claims into."""
-        snap = []
-        for row, start in zip(plan.rows, plan.starts):
-            if start % self.block_size:
-                blk = int(plan.block_tables[row, start // self.block_size])
-                snap.append((blk, [getattr(self.kv, n)[blk].clone() for n in self._slot_state]))
-        return snap
+        """The outlier slots of each row's partly filled block, which the write claims into (one gather a
+        tensor for all rows)."""
+        bs = self.block_size
+        blocks = sorted({row[start // bs] for row, start in zip(plan.blocks, plan.starts) if start % bs})
+        if not blocks:
+            return None
+        at = K.device_ints(blocks, self.kv.k_out.device, plan.memo)
+        return at, [getattr(self.kv, n)[at] for n in self._slot_state]
 
     def restore(self, snap):
-        with self.kv.editing_slots([blk for blk, _ in snap]):  # the kept outlier index follows the slots
-            for blk, saved in snap:
-                for n, t in zip(self._slot_state, saved):
-                    getattr(self.kv, n)[blk] = t
+        if snap is None:
+            return
+        at, saved = snap
+        with self.kv.editing_slots(at):  # the kept outlier index follows the slots
+            for n, t in zip(self._slot_state, saved):
+                getattr(self.kv, n).index_copy_(0, at, t)
 
     def copy_block(self, src: int, dst: int) -> None:
         with self.kv.editing_slots([dst]):

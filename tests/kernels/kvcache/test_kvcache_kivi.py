@@ -165,3 +165,68 @@ def test_triton_flush_equals_torch_writer(bits):
     for name in ("k_codes", "v_codes", "k_meta", "v_meta", "k_res", "v_res"):
         a, b = getattr(got, name), getattr(ref, name)
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name  # bytes: NaN poison compares equal
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("bits,g,r", [(4, 4, 4), (2, 4, 2), (8, 4, 0), (4, 8, 3)])
+def test_append_decode_equals_append_token_by_token(backend, bits, g, r):
+    """Decode steps of several sequences in one `append_decode` each: the same codes, metadata and live ring rows
+    as `append` token by token, every group leaving the window on the way (R = 2: a group wraps the ring; R = 0:
+    the new token is in the group it flushes); block rows as a tensor and as host lists."""
+    torch.manual_seed(3)
+    prompts, steps = [3, g + r, 2 * g + r + 1], 2 * g + 1
+    bt, nb = shuffled_block_tables([p + steps for p in prompts], BS)
+    caches = [KiviPagedKV.empty(nb, BS, H, D, bits, g, r, len(prompts)) for _ in range(2)]
+    poison = torch.randint(0, 256, caches[0].k_codes.shape, dtype=torch.uint8)
+    for c in caches:
+        c.k_codes.copy_(poison)  # what no append writes
+        c.k_meta.fill_(float("nan"))
+        c.v_meta.fill_(float("nan"))
+    ref, got = caches
+    k = [torch.randn(p + steps, H, D).half() for p in prompts]
+    v = [torch.randn(p + steps, H, D).half() for p in prompts]
+    with use_backend(backend):
+        for b, p in enumerate(prompts):
+            for c in caches:
+                c.append(b, bt[b], 0, k[b][:p], v[b][:p])
+        for i in range(steps):
+            seqs = [2, 0, 1] if i % 2 else [0, 1, 2]  # any order of the batch
+            pos = [prompts[b] + i for b in seqs]
+            for b, t in zip(seqs, pos):
+                ref.append(b, bt[b], t, k[b][t : t + 1], v[b][t : t + 1])
+            rows = bt[seqs] if i % 3 else [bt[b].tolist() for b in seqs]
+            got.append_decode(seqs, pos, torch.cat([k[b][t : t + 1] for b, t in zip(seqs, pos)]),
+                              torch.cat([v[b][t : t + 1] for b, t in zip(seqs, pos)]), rows)  # fmt: skip
+    for name in ("k_codes", "v_codes", "k_meta", "v_meta"):
+        assert torch.equal(getattr(got, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)), name
+    for b, p in enumerate(prompts):
+        n = p + steps
+        assert all(torch.equal(x, y) for x, y in zip(got.dequantize_seq(b, bt[b], n), ref.dequantize_seq(b, bt[b], n)))
+        kh, vh = kvq.kivi_fake_quant(k[b].float(), v[b].float(), bits, g, r)
+        gk, gv = got.dequantize_seq(b, bt[b], n)
+        assert torch.equal(gk, kh) and torch.equal(gv, vh)
+
+
+def test_append_decode_bad_input():
+    c = KiviPagedKV.empty(4, 8, 1, 16, 4, 4, 4, 2)
+    x = torch.randn(2, 1, 16)
+    rows = [[0, 1], [2, 3]]
+    with pytest.raises(CodesignError, match="as many seqs"):
+        c.append_decode([0], [0, 0], x, x, rows)
+    with pytest.raises(CodesignError, match="distinct"):
+        c.append_decode([1, 1], [0, 0], x, x, rows)
+    with pytest.raises(CodesignError, match="residual rings"):
+        c.append_decode([0, 2], [0, 0], x, x, rows)
+    with pytest.raises(CodesignError, match="positions must be ints"):
+        c.append_decode([0, 1], [0, -1], x, x, rows)
+    with pytest.raises(CodesignError, match=r"flushes tokens \[0, 4\)"):
+        c.append_decode([0, 1], [7, 0], x, x, [[], [2]])  # token 7 moves tokens 0-3 into a block the row lacks
+    with pytest.raises(CodesignError, match=r"inside \[0, 4\)"):
+        c.append_decode([0, 1], [7, 0], x, x, [[9], [2]])
+    with pytest.raises(CodesignError, match="k_new must be"):
+        c.append_decode([0, 1], [0, 0], x[:, :, :8], x, rows)
+    with pytest.raises(CodesignError, match="finite"):
+        c.append_decode([0, 1], [0, 0], torch.full((2, 1, 16), float("nan")), x, rows)
+    before = c.k_res.clone()
+    c.append_decode([0, 1], [0, 0], torch.full((2, 1, 16), float("nan")), x, rows, check_data=False)  # told not to
+    assert c.k_res[:, 0].isnan().all() and torch.equal(c.k_res[:, 1:], before[:, 1:])

@@ -338,3 +338,41 @@ def test_kv_align_is_the_strides_common_power_of_two():
     assert kv_align(words(4, 16, 2, 6)) == 2
     assert kv_align(words(4, 16, 8, 8), words(5, 16, 8, 8)[1:]) == 4  # a view one block in: 1024 words
     assert kv_align(torch.zeros(4 * 16 * 8 * 8 + 2, dtype=torch.int32)[2:].view(4, 16, 8, 8)) == 2  # offset 2
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_writers_without_the_dispatcher_write_the_same_bytes(backend, monkeypatch):
+    """`dispatch=False` runs the writer ops' bodies directly (eager callers: the HF cache): the same bytes as
+    through the ops, no op called; torch.compile still traces the op (fullgraph: the direct body would break it)."""
+    from codesign.kernels.kvcache import kvq as kvq_mod
+    from codesign.kernels.kvcache import write as write_mod
+
+    torch.manual_seed(5)
+    key, value = torch.randn(5, 2, 16), torch.randn(5, 2, 16)
+    slots = torch.tensor([0, 3, -1, 9, 14], dtype=torch.int64)
+
+    def run(dispatch):
+        plain = torch.full((4, 4, 2, 16), float("nan")), torch.full((4, 4, 2, 16), float("nan"))
+        write_mod.kv_write(key, value, *plain, slots, dispatch=dispatch)
+        caches = [QuantPagedKV.empty(4, 4, 2, 16, f) for f in ("int4", "int8")]
+        for c in caches:
+            kvq_write(key, value, c, slots, dispatch=dispatch)
+        return [*plain] + [getattr(c, n) for c in caches for n in ("k_codes", "v_codes", "k_meta", "v_meta")]
+
+    with use_backend(backend):
+        ref = run(True)
+        calls = []
+        for mod, name in ((write_mod, "_kv_write_op"), (kvq_mod, "kvq_write_op")):
+            monkeypatch.setattr(mod, name, lambda *a, name=name: calls.append(name))
+        got = run(False)
+        assert not calls
+        for a, b in zip(got, ref):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))  # bytes: NaN where nothing was written
+        run(True)
+        assert calls == ["_kv_write_op", "kvq_write_op", "kvq_write_op"]
+    monkeypatch.undo()
+    kc, vc = torch.zeros(4, 4, 2, 16), torch.zeros(4, 4, 2, 16)
+    f = torch.compile(lambda k, v, kc, vc, s: write_mod.kv_write(k, v, kc, vc, s, check_data=False, dispatch=False),
+                      backend="aot_eager", fullgraph=True)  # fmt: skip
+    f(key, value, kc, vc, slots)
+    assert torch.equal(kc.view(-1, 2, 16)[slots[slots >= 0]], key[slots >= 0])
