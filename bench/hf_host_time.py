@@ -69,17 +69,17 @@ def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32
     launches: list[int] = []
     original, threads = _stub_launches(launches), torch.get_num_threads()
     torch.set_num_threads(1)  # CPU time counts every thread's
-    planned = {c: c.decode_run for c in set(kv_formats.STORAGES.values())}
+    planned = {c: c.planned_run for c in set(kv_formats.STORAGES.values())}
     if entry_point:
         for c in planned:
-            c.decode_run = kv_formats.Storage.decode_run
+            c.planned_run = kv_formats.Storage.planned_run
     try:
         return {**_measure(layers, tokens, formats, repeats, launches, batch), "entry_point": entry_point}
     finally:
         interpreter.InterpretedFunction.run = original
         torch.set_num_threads(threads)
         for c, f in planned.items():
-            c.decode_run = f
+            c.planned_run = f
 
 
 def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, launches: list[int],

@@ -216,7 +216,7 @@ class _PlannedAttention:
 
 
 def _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits, check_data: bool = True) -> AttentionOptions:
-    """plan()'s keywords as options (the data checks on unless a decode plan's caller turns them off)."""
+    """plan()'s keywords as options (the data checks on unless the plan's caller turns them off)."""
     return AttentionOptions(sm_scale, window, softcap, alibi_slopes, False, num_splits, check_data)
 
 
@@ -284,12 +284,14 @@ class PagedExtendWrapper(_PlannedAttention):
         alibi_slopes: torch.Tensor | None = None,
         num_splits: int | None = None,
         q_dtype: torch.dtype | None = None,
+        check_data: bool = True,
     ) -> None:
-        """Validate tables and offsets (one host sync); q of run() has cu_seqlens_q[-1] tokens.
+        """Validate tables and offsets (one host sync; `check_data` False: a caller that built them skips the
+        data checks); q of run() has cu_seqlens_q[-1] tokens.
         k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
         check_int_tensor("cu_seqlens_q", cu_seqlens_q, 1, self.device)
         tokens = int(cu_seqlens_q[-1]) if cu_seqlens_q.numel() else 0
-        opts = _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits)
+        opts = _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits, check_data)
         self._stage(k_cache, block_tables, context_lens, cu_seqlens_q, tokens, num_q_heads, None, opts, q_dtype)
 
 
@@ -310,12 +312,14 @@ class TreeAttentionWrapper(_PlannedAttention):
         alibi_slopes: torch.Tensor | None = None,
         num_splits: int | None = None,
         q_dtype: torch.dtype | None = None,
+        check_data: bool = True,
     ) -> TreeBatch:
-        """Build the tree metadata on the device and validate it against the block tables.
+        """Build the tree metadata on the device and validate it against the block tables (`check_data` False:
+        a caller that built the tables skips the data checks, a host sync).
 
         k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
         tree = build_tree_batch(parents, prefix_lens, self.device)
-        opts = _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits)
+        opts = _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits, check_data)
         self._stage(k_cache, block_tables, tree.context_lens, tree.cu_seqlens_q, sum(tree.tree_sizes),
                     num_q_heads, tree.mask_args, opts, q_dtype)  # fmt: skip
         self._tree = tree

@@ -40,7 +40,7 @@ def test_entry_point_decodes_without_a_plan(tmp_path):
             "plans = []; p = wrappers.PagedDecodeWrapper.plan; "
             "wrappers.PagedDecodeWrapper.plan = lambda *a, **k: (plans.append(1), p(*a, **k))[1]; "
             "rep = h.measure(2, 2, ('fp32',), 1, entry_point=True); "
-            "assert not plans and kf.PlainStorage.decode_run is not kf.Storage.decode_run, plans; "
+            "assert not plans and kf.PlainStorage.planned_run is not kf.Storage.planned_run, plans; "
             "h.measure(2, 2, ('fp32',), 1); assert plans; print(json.dumps(rep))")  # fmt: skip
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
                        cwd=tmp_path)  # fmt: skip

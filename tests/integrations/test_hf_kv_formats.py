@@ -340,7 +340,7 @@ def test_decode_plans_once_a_forward_and_gives_the_entry_points_bits(name, backe
         decodes, layers = sum(s.kind == "decode" for s in planned.cache.steps), model.config.num_hidden_layers
         assert decodes == 3 and len(plans) == decodes and len(runs) == decodes * layers
         for cls in {type(layer.storage) for layer in planned.cache.layers}:
-            monkeypatch.setattr(cls, "decode_run", Storage.decode_run)  # every layer through the entry point
+            monkeypatch.setattr(cls, "planned_run", Storage.planned_run)  # every layer through the entry point
         plans.clear()
         direct = run_generate(model, ids, _spec(name), **kw)
     assert not plans
@@ -363,7 +363,7 @@ def test_a_layer_whose_pool_differs_from_the_groups_first_is_planned_again():
     for hkv in (2, 1, 2):
         k, v = torch.randn(4, 4, hkv, 8), torch.randn(4, 4, hkv, 8)
         q = torch.randn(2, 4, 8)
-        out = CodesignCache._run_planned(owner, st, 0, ((k, v), None), q, 0.3, None, None)
+        out = CodesignCache._run_planned(owner, st, 0, ((k, v), None), q, 0.3, None, None)  # a decode: no tree
         assert torch.equal(out, K.paged_decode_attention(q, k, v, bt, ctx, sm_scale=0.3))
         assert st.planned[0][1]._plan.cache_shape == (4, 4, hkv, 8)
 
@@ -386,3 +386,49 @@ def test_a_decode_step_builds_its_index_tensors_once_for_all_layers(name, monkey
         counts.append(len(built))
         monkeypatch.undo()
     assert counts[0] == counts[1] > 0, counts
+
+
+@pytest.mark.parametrize("name", ["fp32", "int4", "int4-oaken", "int4-kivi"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_extend_and_tree_forwards_run_planned_with_the_entry_points_bits(name, backend, monkeypatch):
+    """Assisted decoding (extend forwards verifying a draft model's tokens, then crops) and tree speculation (tree
+    forwards) attend through wrappers planned once a forward by the group's first layer: one plan a forward of each
+    kind, the same logits and tokens, bit for bit, as every layer through the entry point."""
+    from codesign.backend import use_backend
+    from codesign.integrations.hf import TreeSpeculator
+    from codesign.integrations.hf.kv_formats import Storage
+
+    model, draft = tiny_model(), tiny_model(seed=7, num_hidden_layers=1)
+    ids = prompts(1, 12)[0]
+    plans: dict[str, int] = {}
+    for cls in (K.PagedExtendWrapper, K.TreeAttentionWrapper):
+        plan = cls.plan
+        monkeypatch.setattr(cls, "plan", lambda self, *a, plan=plan, n=cls.__name__, **k: (
+            plans.__setitem__(n, plans.get(n, 0) + 1), plan(self, *a, **k))[1])  # fmt: skip
+    kw = dict(block_size=BLOCK, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    def runs():
+        look = run_generate(model, ids, _spec(name), assistant_model=draft, return_dict_in_generate=True,
+                            output_logits=True, **kw)  # fmt: skip
+        tree = run_generate(model, ids, _spec(name), speculative=TreeSpeculator("ngram", width=2, depth=2), **kw)
+        return look, tree
+
+    with use_backend(backend):
+        look, tree = runs()
+        kinds = [s.kind for s in look.cache.steps] + [s.kind for s in tree.steps]
+        assert plans == {"PagedExtendWrapper": kinds.count("prefill") + kinds.count("extend"),
+                         "TreeAttentionWrapper": kinds.count("tree")}, (plans, kinds)  # fmt: skip
+        assert kinds.count("tree") >= 2 and kinds.count("extend") >= 2, kinds
+        for cls in kf_storages():
+            monkeypatch.setattr(cls, "planned_run", Storage.planned_run)  # every layer through the entry point
+        plans.clear()
+        look2, tree2 = runs()
+    assert not plans
+    assert torch.equal(look.sequences, look2.sequences) and torch.equal(tree.sequences, tree2.sequences)
+    assert torch.equal(torch.stack(look.output.logits), torch.stack(look2.output.logits))
+
+
+def kf_storages():
+    from codesign.integrations.hf import kv_formats
+
+    return set(kv_formats.STORAGES.values())

@@ -29,7 +29,7 @@ from codesign.kernels.attention.tree import (
     tree_depths,
     verify_tree,
 )
-from codesign.kernels.attention.wrappers import PagedDecodeWrapper
+from codesign.kernels.attention.wrappers import PagedDecodeWrapper, PagedExtendWrapper, TreeAttentionWrapper
 from codesign.kernels.df11.linear import (
     DecodeWorkspace,
     LosslessBF16Config,
@@ -72,7 +72,8 @@ __all__ = [
     "DecodeWorkspace", "PackedDF11", "model_weight_format", "is_codesign_linear", "layout_of", "module_from_layout",
     "FP8Config", "KIVI_GROUP", "KIVI_RESIDUAL", "KiviPagedKV", "LosslessBF16Config", "LosslessBF16Linear",
     "MAX_BLOCK_SIZE", "MIXED_BITS", "MIXED_RECENT", "MixedPagedKV", "OAKEN_FRACTION", "OAKEN_OFFLINE_CAP",
-    "OAKEN_OFFLINE_FRACTION", "OAKEN_SLOTS", "OakenPagedKV", "PagedDecodeWrapper", "PagedKVCache", "QuantLinear",
+    "OAKEN_OFFLINE_FRACTION", "OAKEN_SLOTS", "OakenPagedKV", "PagedDecodeWrapper", "PagedExtendWrapper",
+    "PagedKVCache", "QuantLinear", "TreeAttentionWrapper",
     "QuantPagedKV", "QuantizedWeight", "TreeBatch", "W4A16Config", "W8A8Config", "W8A16Config", "build_tree_batch",
     "check_parents", "cocktail_bits", "compress_model_", "device_ints", "format_of", "from_awq", "from_gptq",
     "kivi_decode_attention",

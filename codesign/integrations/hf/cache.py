@@ -88,7 +88,7 @@ class _Step:
     keep_kv: bool
     offsets: list[int] = field(default_factory=list)  # first flat index of each row's tokens in k/v
     checked: set[int] = field(default_factory=set)  # groups whose plans a layer has checked this forward
-    planned: dict[int, tuple] = field(default_factory=dict)  # group -> (options key, its decode wrapper)
+    planned: dict[int, tuple] = field(default_factory=dict)  # group -> (options key, its planned wrapper)
 
 
 class CodesignCacheLayer(CacheLayerMixin):
@@ -354,8 +354,8 @@ class CodesignCache(Cache):
         store = layer.storage
         store.write(k, v, st.write[g], q, self.check and (first or not store.write_checks_plan_only))
         plan = st.attend[g]
-        run = store.decode_run(plan)
-        if run is not None and plan.tree is None and plan.cu_seqlens_q is None:
+        run = store.planned_run(plan)
+        if run is not None:
             out = self._run_planned(st, g, run, q, scaling, window, softcap)
         else:
             out = store.attend(q, plan, sm_scale=scaling, window=window, softcap=softcap,
@@ -363,9 +363,10 @@ class CodesignCache(Cache):
         return _untokens(out, st.real, b, s)
 
     def _run_planned(self, st: _Step, g: int, run: tuple, q, scaling, window, softcap) -> torch.Tensor:
-        """Decode through a `PagedDecodeWrapper` planned by the group's first layer of this forward (its layers
-        share tables and lengths; the plan checks them with `check`): each layer launches, with no option
-        resolution, config lookup or check (`attention.wrappers`; bit-identical to the entry point)."""
+        """Attend through a wrapper (decode, extend or tree) planned by the group's first layer of this forward
+        (its layers share tables, lengths and trees; the plan checks them with `check`): each layer launches,
+        with no option resolution, config lookup or check (`attention.wrappers`; bit-identical to the entry
+        point)."""
         caches, dtype = run
         qd = q if dtype is None else q.to(dtype)
         c = caches[0]
@@ -373,10 +374,9 @@ class CodesignCache(Cache):
         key = (tuple(qd.shape), qd.dtype, scaling, window, softcap, geometry)
         hit = st.planned.get(g)
         if hit is None or hit[0] != key:  # a layer whose options or pool differ from the group's first: planned again
-            w, plan = K.PagedDecodeWrapper(q.device), st.attend[g]
-            w.plan(c, plan.block_tables, plan.context_lens, qd.shape[1], sm_scale=scaling, window=window,
-                   softcap=softcap, q_dtype=qd.dtype, check_data=self.check)  # fmt: skip
-            st.planned[g] = hit = (key, w)
+            plan = st.attend[g]
+            tree = self.steps[-1].parents if plan.tree is not None else ()
+            st.planned[g] = hit = (key, plan_wrapper(plan, tree, c, qd, self.check, scaling, window, softcap))
         out = hit[1].run(qd, *caches)
         return out if dtype is None else out.to(q.dtype)
 
@@ -526,6 +526,24 @@ class CodesignCache(Cache):
             g.tables.free(seq)
         for layer in self.layers:
             layer.storage.free_seq(seq)
+
+
+def plan_wrapper(plan: AttendPlan, tree: tuple[int, ...], cache, qd: torch.Tensor, check: bool, scaling, window,
+                 softcap):  # fmt: skip
+    """A wrapper of the forward's kind (decode, extend, or tree: every row verifying `tree`, a parent array)
+    planned over `cache` (any layer's pool of the group) for queries like `qd`."""
+    kw = dict(sm_scale=scaling, window=window, softcap=softcap, q_dtype=qd.dtype, check_data=check)
+    heads, bt = qd.shape[1], plan.block_tables
+    if plan.tree is not None:
+        w = K.TreeAttentionWrapper(qd.device)
+        w.plan(cache, bt, [tree] * len(plan.tree.prefix_lens), plan.tree.prefix_lens, heads, **kw)
+    elif plan.cu_seqlens_q is not None:
+        w = K.PagedExtendWrapper(qd.device)
+        w.plan(cache, bt, plan.context_lens, plan.cu_seqlens_q, heads, **kw)
+    else:
+        w = K.PagedDecodeWrapper(qd.device)
+        w.plan(cache, bt, plan.context_lens, heads, **kw)
+    return w
 
 
 def blocks_needed(lengths: list[int], block_size: int) -> int:

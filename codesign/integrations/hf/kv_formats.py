@@ -166,10 +166,10 @@ class Storage:
     def attend(self, q: torch.Tensor, plan: AttendPlan, **kw) -> torch.Tensor:
         raise NotImplementedError
 
-    def decode_run(self, plan: AttendPlan) -> tuple[tuple, torch.dtype | None] | None:
-        """(the cache arguments of a `PagedDecodeWrapper`'s plan and run, q's dtype for it or None for q's own)
-        for a format whose decode of `plan` runs planned (`CodesignCache`: planned once per group and forward,
-        then only launches at each layer); None: decode through `attend`."""
+    def planned_run(self, plan: AttendPlan) -> tuple[tuple, torch.dtype | None] | None:
+        """(the cache arguments of a wrapper's plan and run, q's dtype for it or None for q's own) for a format
+        whose attention over `plan` (decode, extend or tree) runs planned (`CodesignCache`: a wrapper planned once
+        per group and forward, then only launches at each layer); None: through `attend`."""
         return None
 
     def snapshot(self, plan: WritePlan) -> object:
@@ -231,7 +231,7 @@ class PlainStorage(Storage):
         dt = self.spec.dtype
         K.kv_write(k.to(dt), v.to(dt), self.kv.k_cache, self.kv.v_cache, plan.slots, check, dispatch=False)
 
-    def decode_run(self, plan):
+    def planned_run(self, plan):
         return (self.kv.k_cache, self.kv.v_cache), self.spec.dtype
 
     def attend(self, q, plan, **kw):
@@ -263,7 +263,7 @@ class PerTokenStorage(Storage):
     def write(self, k, v, plan, q, check):
         K.kvq_write(k, v, self.kv, plan.slots, check, dispatch=False)
 
-    def decode_run(self, plan):
+    def planned_run(self, plan):
         return (self.kv,), None
 
     def attend(self, q, plan, **kw):
@@ -314,7 +314,7 @@ class KiviStorage(Storage):
             self.kv.append(r, plan.block_tables[row], start, k[off : off + n], v[off : off + n], check)
             off += n
 
-    def decode_run(self, plan):
+    def planned_run(self, plan):
         """Planned where ring b is block-table row b's (the kernel's rule; generate keeps rows in place), else
         through `attend`, which gathers the rings into that order."""
         return ((self.kv,), None) if self._in_place(plan) else None
@@ -374,7 +374,7 @@ class OakenStorage(Storage):
     def write(self, k, v, plan, q, check):
         self.kv.write(k, v, plan.slots, check)
 
-    def decode_run(self, plan):
+    def planned_run(self, plan):
         return (self.kv,), None
 
     def attend(self, q, plan, **kw):
