@@ -18,13 +18,15 @@ Policy (`cocktail_bits`): score_c = max over recent queries and query heads of q
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
 
 from codesign.kernels.kvcache import quantizers as kq
 from codesign.kernels.kvcache.checks import check_cache_tensors, check_pool_dims, check_quant_write
-from codesign.kernels.kvcache.kvq import FORMATS, kvq_write_op
+from codesign.kernels.kvcache.kvq import FORMATS, _kvq_write_body, kvq_write_op
+from codesign.kernels.kvcache.write import direct
 from codesign.specs import CodesignError, KVFormat
 
 MIXED_BITS = (8, 4, 2)
@@ -165,22 +167,35 @@ def mixed_write(
     cache: MixedPagedKV,
     slot_mapping: torch.Tensor,
     check_data: bool = True,
+    dispatch: bool = True,
+    widths: Collection[int] | None = None,
 ) -> None:
     """Quantize tokens into their slots at their block's width (one writer launch per width present).
 
-    Reads block_bits on the host (one sync): the policy state lives with the host's block bookkeeping.
+    Finds the widths present by reading block_bits on the host (one sync, which also checks that key and value
+    are finite), unless the caller names them in `widths` (the HF cache keeps its blocks' widths on the host):
+    then nothing syncs without `check_data`, a width named without tokens launches a writer that skips every
+    token, and a width present but not named would leave its tokens unwritten (name all). `dispatch=False`: the
+    writer op's body without torch's dispatcher (`write.kv_write`).
     """
     nb, bs, h, d = cache.check()
-    check_quant_write(key, value, (nb, bs, h, d), cache.k_codes.device, slot_mapping, check_data, True)
+    if widths is not None and not set(widths) <= set(MIXED_BITS):
+        raise CodesignError(f"widths must be among {MIXED_BITS}, got {sorted(widths)}")
+    check_quant_write(key, value, (nb, bs, h, d), cache.k_codes.device, slot_mapping, check_data,
+                      check_data or widths is None)  # fmt: skip
     slot_bits = torch.where(
         slot_mapping >= 0, cache.block_bits.long()[(slot_mapping.long() // bs).clamp(min=0)], 0
     )  # fmt: skip
     for b in MIXED_BITS:
         sel = slot_bits == b
-        if not bool(sel.any()):
+        if (b not in widths) if widths is not None else not bool(sel.any()):
             continue
         slots = torch.where(sel, slot_mapping, -1).to(slot_mapping.dtype)
         w = d * b // 8
         kc, vc = cache.k_codes[..., :w], cache.v_codes[..., :w]  # strided views: rows stay D bytes apart
         # The per-token INT writer of `kvq` (Triton or torch), at this width.
-        kvq_write_op(key, value, kc, vc, cache.k_meta, cache.v_meta, slots, *FORMATS[f"int{b}"])
+        args = (key, value, kc, vc, cache.k_meta, cache.v_meta, slots, *FORMATS[f"int{b}"])
+        if direct(dispatch):
+            _kvq_write_body(*args)
+        else:
+            kvq_write_op(*args)

@@ -291,14 +291,15 @@ def test_tree_speculation_over_rolled_back_formats(name):
 
 # Per format: the module whose write check to count, its name, and whether writes and attention check every layer.
 WRITE_CHECKS = {"fp32": ("write", "check_kv_write", False, False), "int8": ("kvq", "check_quant_write", True, False),
-                "mixed": ("mixed", "check_quant_write", True, True)}  # fmt: skip
+                "mixed": ("mixed", "check_quant_write", True, False)}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(WRITE_CHECKS))
 def test_shared_plans_are_checked_once_a_forward_and_each_layers_values_at_every_layer(name, monkeypatch):
     """A forward's slots and block tables are the same in every layer of a group: the first layer checks them (a
-    host sync each) and the others do not; quantized writes still check their own values at every layer, and
-    mixed attention its own block widths (so the tables too). Every layer checked everything before."""
+    host sync each) and the others do not; quantized writes still check their own values at every layer. (Mixed
+    attention checked its block widths, and so the tables, at every layer until it ran planned: the cache sets
+    every width through `set_block_bits`, which checks them.) Every layer checked everything before."""
     import importlib
 
     from codesign.kernels.attention import options
@@ -318,7 +319,7 @@ def test_shared_plans_are_checked_once_a_forward_and_each_layers_values_at_every
     assert len(tables) == forwards * (layers if attends_every_layer else 1), (len(tables), forwards, layers)
 
 
-@pytest.mark.parametrize("name", ["fp32", "int8", "int4", "int4-oaken", "int4-oaken_offline", "int4-kivi"])
+@pytest.mark.parametrize("name", ["fp32", "int8", "int4", "int4-oaken", "int4-oaken_offline", "int4-kivi", "mixed"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_decode_plans_once_a_forward_and_gives_the_entry_points_bits(name, backend, monkeypatch):
     """Decode runs through a PagedDecodeWrapper the group's first layer plans (one plan a decode forward, a run a
@@ -388,7 +389,7 @@ def test_a_decode_step_builds_its_index_tensors_once_for_all_layers(name, monkey
     assert counts[0] == counts[1] > 0, counts
 
 
-@pytest.mark.parametrize("name", ["fp32", "int4", "int4-oaken", "int4-kivi"])
+@pytest.mark.parametrize("name", ["fp32", "int4", "int4-oaken", "int4-kivi", "mixed"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_extend_and_tree_forwards_run_planned_with_the_entry_points_bits(name, backend, monkeypatch):
     """Assisted decoding (extend forwards verifying a draft model's tokens, then crops) and tree speculation (tree
@@ -432,3 +433,25 @@ def kf_storages():
     from codesign.integrations.hf import kv_formats
 
     return set(kv_formats.STORAGES.values())
+
+
+def test_mixed_storage_keeps_its_block_widths_through_copy_on_write():
+    """The mixed storage names the widths a write lands in from its host record of the widths it set; a block copied
+    on write keeps its source's width there too, so a token written into the copy is quantized at that width, the
+    same bytes as into the source."""
+    from codesign.integrations.hf.kv_formats import WritePlan, new_storage
+
+    st = new_storage(_spec("mixed"), 6, BLOCK)
+    g = torch.Generator().manual_seed(2)
+    k, v, q = torch.randn(6, 2, 16, generator=g), torch.randn(6, 2, 16, generator=g), torch.randn(6, 4, 16, generator=g)
+    st.build(k, v)
+    bt = torch.tensor([[0, 1]], dtype=torch.int32)
+    st.write(k, v, WritePlan([0], [0], [0], [6], torch.arange(6), bt, [[0, 1]], [[0, 1]]), q, True)  # the policy
+    src = next(b for b in (0, 1) if int(st.kv.block_bits[b]) != 8)
+    st.copy_block(src, 3)
+    x = torch.randn(1, 2, 16, generator=g) * 3
+    for blk in (src, 3):
+        st.write(x, -x, WritePlan([0], [0], [1], [1], torch.tensor([blk * BLOCK + 1]), bt, [[]], [[blk]]), None, True)
+    assert int(st.kv.block_bits[3]) == int(st.kv.block_bits[src]) != 8
+    for name in ("k_codes", "v_codes", "k_meta", "v_meta"):
+        assert torch.equal(getattr(st.kv, name)[3], getattr(st.kv, name)[src]), name

@@ -359,7 +359,7 @@ class CodesignCache(Cache):
             out = self._run_planned(st, g, run, q, scaling, window, softcap)
         else:
             out = store.attend(q, plan, sm_scale=scaling, window=window, softcap=softcap,
-                               check_data=self.check and (first or not store.attend_checks_plan_only))  # fmt: skip
+                               check_data=self.check and first)  # fmt: skip
         return _untokens(out, st.real, b, s)
 
     def _run_planned(self, st: _Step, g: int, run: tuple, q, scaling, window, softcap) -> torch.Tensor:

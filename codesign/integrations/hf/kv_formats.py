@@ -145,11 +145,10 @@ class Storage:
     """One layer's pool; built on the first write, when heads, head_dim, dtype and device are known."""
 
     block_fields: tuple[str, ...] = ()
-    # Whether the data checks of a write / an attention read only the step's plan (slots; tables and lengths), the
-    # same for every layer of a group, so that the group's first layer checks them for all (`CodesignCache`). A
-    # quantized write also checks its values are finite, and mixed attention the pool's block widths: per layer.
+    # Whether the data checks of a write read only the step's plan (its slots), the same for every layer of a
+    # group, so that the group's first layer checks them for all (`CodesignCache`); a quantized write also checks
+    # its values are finite: per layer. An attention's checks read only the plan (tables and lengths).
     write_checks_plan_only = False
-    attend_checks_plan_only = True
 
     def __init__(self, spec: KVSpec, num_blocks: int, block_size: int) -> None:
         self.spec, self.num_blocks, self.block_size = spec, num_blocks, block_size
@@ -409,10 +408,10 @@ class MixedStorage(Storage):
     """Per-block INT8 / INT4 / INT2: a prompt's blocks by `cocktail_bits` on its last queries, later blocks INT8."""
 
     block_fields = ("k_codes", "v_codes", "k_meta", "v_meta", "block_bits")
-    attend_checks_plan_only = False  # also this layer's block widths
 
     def build(self, k, v):
         self.kv = K.MixedPagedKV.empty(self.num_blocks, self.block_size, k.shape[1], k.shape[2], k.device)
+        self._bits: dict[int, int] = {}  # the widths this storage set, on the host (other blocks: INT8)
 
     def write(self, k, v, plan, q, check):
         off, blocks, bits = 0, [], []
@@ -423,7 +422,20 @@ class MixedStorage(Storage):
             off += n
         if blocks:
             self.kv.set_block_bits(blocks, bits)
-        K.mixed_write(k, v, self.kv, plan.slots, check)
+            self._bits.update(zip(blocks, bits))
+        bs = self.block_size
+        widths = {self._bits.get(row[p // bs], 8)  # the blocks the tokens land in
+                  for row, s, n in zip(plan.blocks, plan.starts, plan.counts)
+                  for p in range(s // bs * bs, s + n, bs)}  # fmt: skip
+        K.mixed_write(k, v, self.kv, plan.slots, check, dispatch=False, widths=widths)
+
+    def copy_block(self, src: int, dst: int) -> None:
+        super().copy_block(src, dst)
+        self._bits[dst] = self._bits.get(src, 8)
+
+    def planned_run(self, plan):
+        """Planned: a decode's plan re-sorts the block tables by width at each run, from that layer's widths."""
+        return (self.kv,), None
 
     def _policy(self, q, k, off, start, n, nfresh) -> list[int]:
         if start != 0 or q is None:  # blocks opened by generated tokens keep the widest codes

@@ -326,3 +326,36 @@ def test_decode_by_width_runs_one_int_launch_a_width(dtype, monkeypatch):
     with use_backend("triton"):
         bad = mixed_attention(q, cache, bt, cl)
     assert not torch.allclose(bad.double(), ref, atol=tol, equal_nan=False)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_write_with_the_widths_named_writes_the_same_bytes(backend):
+    """`mixed_write(widths=...)` (the caller knows its blocks' widths: no sync to find them): the same bytes as
+    finding them, a width named without tokens writes nothing, one left out leaves its tokens unwritten (as
+    documented); widths outside INT8/4/2 are refused; finding the widths checks the values are finite anyway."""
+    torch.manual_seed(4)
+    nb, bs, d = 6, 4, 16
+    k, v = torch.randn(7, H, d), torch.randn(7, H, d)
+    slots = torch.tensor([0, 1, 5, 6, -1, 13, 14], dtype=torch.int32)  # blocks 0, 1, 3: widths 8, 2, 4
+
+    def write(**kw):
+        c = MixedPagedKV.empty(nb, bs, H, d)
+        c.set_block_bits([1, 3, 4], [2, 4, 2])
+        c.k_codes.fill_(0xA5)  # poison: a slot written shows
+        with use_backend(backend):
+            mixed_write(k, v, c, slots, **kw)
+        return c
+
+    ref = write()
+    for widths in ({8, 4, 2}, [2, 4, 8, 8]):
+        got = write(widths=widths, dispatch=False)
+        assert all(torch.equal(getattr(got, n), getattr(ref, n)) for n in ("k_codes", "v_codes", "k_meta", "v_meta"))
+    partial = write(widths={8, 4})
+    assert torch.equal(partial.k_codes[1], torch.full_like(partial.k_codes[1], 0xA5))  # the INT2 block's tokens
+    assert torch.equal(partial.k_codes[3], ref.k_codes[3]) and torch.equal(partial.k_codes[0], ref.k_codes[0])
+    with pytest.raises(CodesignError, match="widths must be among"):
+        write(widths={8, 3})
+    nan = k.clone()
+    nan[0, 0, 0] = float("nan")
+    with pytest.raises(CodesignError, match="finite"):
+        mixed_write(nan, v, MixedPagedKV.empty(nb, bs, H, d), slots, check_data=False)  # finding widths syncs anyway
