@@ -9,7 +9,7 @@ Layout, per layer (b bits, G | block_size, GV | D, (8 / b) | D):
     k_res, v_res      `[batch, G + R, kv_heads, D]` (fp16 or fp32): token t of sequence b at row t % (G + R)
 Tokens [0, n_q) of a sequence of length T are in the codes, n_q = floor(max(T - R, 0) / G) * G
 (`quantizers.kivi_split`); tokens [n_q, T) (fewer than G + R) are in the ring. Row b of the ring belongs
-to row b of block_tables. `append` is the writer (`append_decode`: one token for each of several sequences):
+to row b of block_tables. `append` is the writer (`append_decode`, `append_rows`: several sequences at once):
 new tokens go to the ring, each group that fills is quantized straight into its block (a Triton flush kernel on
 GPUs / with the triton backend, torch otherwise); the codes are exactly those of `quantizers.kivi_fake_quant`
 on the whole sequence.
@@ -209,17 +209,10 @@ class KiviPagedKV:
         ring = g + r
         flush = []  # (ring base, the group's first ring row, its slot) of each group leaving the window
         for s, t, row in zip(seqs, positions, blocks):
-            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                raise CodesignError(f"append_decode: positions must be ints >= 0, got {t!r}")
+            _check_position("append_decode", "positions", t)
             g0 = kq.kivi_split(t, g, r)
-            if kq.kivi_split(t + 1, g, r) == g0:
-                continue
-            if g0 // bs >= len(row) or not 0 <= int(row[g0 // bs]) < nb:
-                raise CodesignError(
-                    f"append_decode: sequence {s} flushes tokens [{g0}, {g0 + g}), whose block "
-                    f"{g0 // bs} its block row ({len(row)} entries) does not hold inside [0, {nb})"
-                )
-            flush.append((s * ring, g0 % ring, int(row[g0 // bs]) * bs + g0 % bs))
+            if kq.kivi_split(t + 1, g, r) > g0:
+                flush.append((s * ring, g0 % ring, self._group_slot("append_decode", s, g0, row, nb, bs)))
         if check_data:
             kq._check_finite("k_new", k_new), kq._check_finite("v_new", v_new)
         dev = self.k_res.device
@@ -228,6 +221,84 @@ class KiviPagedKV:
         self.k_res.view(-1, h, d).index_copy_(0, at, k_new.to(dev, self.k_res.dtype))
         self.v_res.view(-1, h, d).index_copy_(0, at, v_new.to(dev, self.v_res.dtype))
         self._flush(self.k_res.view(-1, h, d), self.v_res.view(-1, h, d), flush, ring, memo)
+
+    def append_rows(
+        self,
+        seqs: Sequence[int],
+        starts: Sequence[int],
+        counts: Sequence[int],
+        k_new: torch.Tensor,
+        v_new: torch.Tensor,
+        blocks: Sequence[Sequence[int]] | torch.Tensor,
+        check_data: bool = True,
+        memo: dict | None = None,
+    ) -> None:
+        """Tokens [starts[i], starts[i] + counts[i]) of sequences seqs[i] (distinct), rows after rows in
+        k_new / v_new, in one pass (a prefill, extend or tree forward): the same cache contents as `append` row by
+        row. Each row's unflushed ring tokens and its new tokens are staged together (one gather), every group
+        leaving a residual window is quantized from the stage in one flush launch, and the rows' new ring tokens
+        go in with one copy. blocks, check_data, memo: as `append_decode`'s (no host sync without check_data).
+        """
+        nb, bs, h, d = self.check()
+        self._check_new(k_new, v_new, h, d)
+        if not len(seqs) == len(starts) == len(counts) == len(blocks):
+            raise CodesignError(
+                f"append_rows: seqs ({len(seqs)}), starts ({len(starts)}), counts ({len(counts)}) and block rows "
+                f"({len(blocks)}) must match"
+            )
+        if len(set(seqs)) != len(seqs):
+            raise CodesignError(f"append_rows: seqs must be distinct, got {list(seqs)}")
+        for s, t, n in zip(seqs, starts, counts):
+            self._check_ring(s)
+            _check_position("append_rows", "starts", t)
+            _check_position("append_rows", "counts", n)
+        if sum(counts) != k_new.shape[0]:
+            raise CodesignError(f"append_rows: counts add up to {sum(counts)}, k_new has {k_new.shape[0]} tokens")
+        if isinstance(blocks, torch.Tensor):
+            blocks = blocks.tolist()
+        g, r = self.group, self.residual
+        ring = g + r
+        from_ring, to_stage, new_from, new_at, ring_at, ring_from, flush = [], [], [], [], [], [], []
+        off = staged = 0  # k_new row of this row's first token; stage rows so far
+        for s, t, n, row in zip(seqs, starts, counts, blocks):
+            old, new, end = kq.kivi_split(t, g, r), kq.kivi_split(t + n, g, r), t + n
+            if new > old:  # stage: ring tokens [old, t), then the new tokens
+                from_ring += [s * ring + u % ring for u in range(old, t)]
+                to_stage += range(staged, staged + t - old)
+                new_from += range(off, off + n)
+                new_at += range(staged + t - old, staged + end - old)
+                flush += [(0, staged + g0 - old, self._group_slot("append_rows", s, g0, row, nb, bs))
+                          for g0 in range(old, new, g)]  # fmt: skip
+                staged += end - old
+            ring_at += [s * ring + u % ring for u in range(max(new, t), end)]
+            ring_from += range(off + max(new, t) - t, off + n)
+            off += n
+        if check_data:
+            kq._check_finite("k_new", k_new), kq._check_finite("v_new", v_new)
+        dev = self.k_res.device
+        kr, vr = self.k_res.view(-1, h, d), self.v_res.view(-1, h, d)
+        if flush:
+            stage = []
+            for res, x in ((kr, k_new), (vr, v_new)):
+                p = torch.empty(staged, h, d, dtype=torch.float32, device=dev)
+                if to_stage:
+                    p.index_copy_(0, device_ints(to_stage, dev, memo), res[device_ints(from_ring, dev, memo)].float())
+                p.index_copy_(0, device_ints(new_at, dev, memo), x.to(dev)[device_ints(new_from, dev, memo)].float())
+                stage.append(p)
+            self._flush(*stage, flush, staged, memo)
+        if ring_at:
+            at, src = device_ints(ring_at, dev, memo), device_ints(ring_from, dev, memo)
+            kr.index_copy_(0, at, k_new.to(dev)[src].to(kr.dtype))
+            vr.index_copy_(0, at, v_new.to(dev)[src].to(vr.dtype))
+
+    def _group_slot(self, who: str, seq: int, g0: int, row, nb: int, bs: int) -> int:
+        """The slot a group starting at token g0 of `seq` lands in (its block from the host row, checked)."""
+        if g0 // bs >= len(row) or not 0 <= int(row[g0 // bs]) < nb:
+            raise CodesignError(
+                f"{who}: sequence {seq} flushes tokens [{g0}, {g0 + self.group}), whose block {g0 // bs} its block "
+                f"row ({len(row)} entries) does not hold inside [0, {nb})"
+            )
+        return int(row[g0 // bs]) * bs + g0 % bs
 
     def _check_ring(self, seq: int) -> None:
         if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < self.k_res.shape[0]:
@@ -286,6 +357,11 @@ class KiviPagedKV:
         k = torch.where(res, self.k_res[seq, t % ring].float(), k)
         v = torch.where(res, self.v_res[seq, t % ring].float(), v)
         return k, v
+
+
+def _check_position(who: str, name: str, t) -> None:
+    if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+        raise CodesignError(f"{who}: {name} must be ints >= 0, got {t!r}")
 
 
 def check_rings(cache: KiviPagedKV, block_tables: torch.Tensor) -> None:

@@ -25,6 +25,7 @@ import torch
 
 from codesign.kernels.kvcache import quantizers as kq
 from codesign.kernels.kvcache.checks import check_cache_tensors, check_pool_dims, check_quant_write
+from codesign.kernels.kvcache.host_ints import device_ints
 from codesign.kernels.kvcache.kvq import FORMATS, _kvq_write_body, kvq_write_op
 from codesign.kernels.kvcache.write import direct
 from codesign.specs import CodesignError, KVFormat
@@ -95,8 +96,9 @@ class MixedPagedKV:
         if not bool(torch.isin(self.block_bits, allowed).all()):
             raise CodesignError(f"block_bits must all be in {MIXED_BITS}")
 
-    def set_block_bits(self, blocks: list[int], bits: list[int]) -> None:
-        """Choose the width of `blocks` (before their tokens are written: codes are not re-packed)."""
+    def set_block_bits(self, blocks: list[int], bits: list[int], memo: dict | None = None) -> None:
+        """Choose the width of `blocks` (before their tokens are written: codes are not re-packed); no host sync
+        (`memo`: `host_ints.device_ints`')."""
         nb = self.check()[0]
         if len(blocks) != len(bits):
             raise CodesignError(f"{len(blocks)} blocks but {len(bits)} bit widths")
@@ -105,9 +107,8 @@ class MixedPagedKV:
                 raise CodesignError(f"block id {blk} outside the pool [0, {nb})")
             if b not in MIXED_BITS:
                 raise CodesignError(f"chunk bits must be one of {MIXED_BITS}, got {b!r}")
-        self.block_bits[torch.tensor(blocks, dtype=torch.long)] = torch.tensor(bits, dtype=torch.uint8).to(
-            self.block_bits.device
-        )
+        dev = self.block_bits.device
+        self.block_bits[device_ints(blocks, dev, memo)] = device_ints(bits, dev, memo).to(torch.uint8)
 
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Debug / reference: the whole pool in float32 `[nb, bs, kv_heads, D]`."""

@@ -303,15 +303,12 @@ class KiviStorage(Storage):
         return self._ring_of[seq]
 
     def write(self, k, v, plan, q, check):
-        if all(n == 1 for n in plan.counts):  # a decode step: every row at once, no host sync without checks
-            rings = [self._row(seq) for seq in plan.seqs]
+        # Every row at once, no host sync without checks: a decode step through the rings, others staged.
+        rings = [self._row(seq) for seq in plan.seqs]
+        if all(n == 1 for n in plan.counts):
             self.kv.append_decode(rings, plan.starts, k, v, plan.blocks, check, plan.memo)
-            return
-        off = 0
-        for row, seq, start, n in zip(plan.rows, plan.seqs, plan.starts, plan.counts):
-            r = self._row(seq)
-            self.kv.append(r, plan.block_tables[row], start, k[off : off + n], v[off : off + n], check)
-            off += n
+        else:
+            self.kv.append_rows(rings, plan.starts, plan.counts, k, v, plan.blocks, check, plan.memo)
 
     def planned_run(self, plan):
         """Planned where ring b is block-table row b's (the kernel's rule; generate keeps rows in place), else
@@ -324,7 +321,7 @@ class KiviStorage(Storage):
     def attend(self, q, plan, **kw):
         idx, kv = [self._row(s) for s in plan.ring_seqs], self.kv
         if idx != list(range(len(idx))):  # the kernel reads ring b for block-table row b
-            t = torch.tensor(idx, device=kv.k_res.device)
+            t = K.device_ints(idx, kv.k_res.device)
             kv = dataclasses.replace(kv, k_res=kv.k_res[t].contiguous(), v_res=kv.v_res[t].contiguous())
         entries = (K.kivi_decode_attention, K.kivi_extend_attention, K.kivi_tree_attention)
         return self._attend_kvq(entries, q, plan, kw, kv)
@@ -421,7 +418,7 @@ class MixedStorage(Storage):
                 bits += self._policy(q, k, off, start, n, len(fresh))
             off += n
         if blocks:
-            self.kv.set_block_bits(blocks, bits)
+            self.kv.set_block_bits(blocks, bits, plan.memo)
             self._bits.update(zip(blocks, bits))
         bs = self.block_size
         widths = {self._bits.get(row[p // bs], 8)  # the blocks the tokens land in

@@ -230,3 +230,60 @@ def test_append_decode_bad_input():
     before = c.k_res.clone()
     c.append_decode([0, 1], [0, 0], torch.full((2, 1, 16), float("nan")), x, rows, check_data=False)  # told not to
     assert c.k_res[:, 0].isnan().all() and torch.equal(c.k_res[:, 1:], before[:, 1:])
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("bits,g,r", [(4, 4, 4), (2, 4, 2), (8, 4, 0)])
+def test_append_rows_equals_append_row_by_row(backend, bits, g, r):
+    """Forwards of several tokens a row (prefill, extend, tree) in one `append_rows` each: the same codes, metadata
+    and live ring rows as `append` row by row; rows of no tokens, of more tokens than the ring holds, and ones
+    whose unflushed ring tokens join the new ones in a group."""
+    torch.manual_seed(6)
+    forwards = [[7, 0, 3], [1, 5, 2 * (g + r) + 1], [0, 3, 1], [g + r, 1, 2]]  # tokens a forward, per sequence
+    total = [sum(f[b] for f in forwards) for b in range(3)]
+    bt, nb = shuffled_block_tables(total, BS)
+    caches = [KiviPagedKV.empty(nb, BS, H, D, bits, g, r, 3) for _ in range(2)]
+    poison = torch.randint(0, 256, caches[0].k_codes.shape, dtype=torch.uint8)
+    for c in caches:
+        c.k_codes.copy_(poison)
+        c.k_meta.fill_(float("nan"))
+    ref, got = caches
+    k = [torch.randn(n, H, D).half() for n in total]
+    v = [torch.randn(n, H, D).half() for n in total]
+    at = [0, 0, 0]
+    with use_backend(backend):
+        for i, f in enumerate(forwards):
+            seqs = [2, 0, 1] if i % 2 else [0, 1, 2]
+            for b in seqs:
+                if f[b]:
+                    ref.append(b, bt[b], at[b], k[b][at[b] : at[b] + f[b]], v[b][at[b] : at[b] + f[b]])
+            rows = bt[seqs] if i % 2 else [bt[b].tolist() for b in seqs]
+            got.append_rows(seqs, [at[b] for b in seqs], [f[b] for b in seqs],
+                            torch.cat([k[b][at[b] : at[b] + f[b]] for b in seqs]),
+                            torch.cat([v[b][at[b] : at[b] + f[b]] for b in seqs]), rows)  # fmt: skip
+            for b in seqs:
+                at[b] += f[b]
+    for name in ("k_codes", "v_codes", "k_meta", "v_meta"):
+        assert torch.equal(getattr(got, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)), name
+    for b, n in enumerate(total):
+        kh, vh = kvq.kivi_fake_quant(k[b].float(), v[b].float(), bits, g, r)
+        gk, gv = got.dequantize_seq(b, bt[b], n)
+        assert torch.equal(gk, kh) and torch.equal(gv, vh)
+
+
+def test_append_rows_bad_input():
+    c = KiviPagedKV.empty(4, 8, 1, 16, 4, 4, 4, 2)
+    x = torch.randn(3, 1, 16)
+    rows = [[0, 1], [2, 3]]
+    with pytest.raises(CodesignError, match="must match"):
+        c.append_rows([0, 1], [0], [1, 2], x, x, rows)
+    with pytest.raises(CodesignError, match="add up to 2"):
+        c.append_rows([0, 1], [0, 0], [1, 1], x, x, rows)
+    with pytest.raises(CodesignError, match="distinct"):
+        c.append_rows([1, 1], [0, 0], [1, 2], x, x, rows)
+    with pytest.raises(CodesignError, match="counts must be ints"):
+        c.append_rows([0, 1], [0, 0], [4, -1], x, x, rows)
+    with pytest.raises(CodesignError, match=r"flushes tokens \[0, 4\)"):
+        c.append_rows([0, 1], [6, 0], [2, 1], x, x, [[], [2]])
+    with pytest.raises(CodesignError, match="finite"):
+        c.append_rows([0, 1], [0, 0], [1, 2], torch.full((3, 1, 16), float("nan")), x, rows)
