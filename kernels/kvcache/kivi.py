@@ -9,7 +9,7 @@ Layout, per layer (b bits, G | block_size, GV | D, (8 / b) | D):
     k_res, v_res      `[batch, G + R, kv_heads, D]` (fp16 or fp32): token t of sequence b at row t % (G + R)
 Tokens [0, n_q) of a sequence of length T are in the codes, n_q = floor(max(T - R, 0) / G) * G
 (`quantizers.kivi_split`); tokens [n_q, T) (fewer than G + R) are in the ring. Row b of the ring belongs
-to row b of block_tables. `append` is the writer (`append_decode`, `append_rows`: several sequences at once):
+to row b of block_tables. `append` is the writer (`append_rows`: several sequences at once):
 new tokens go to the ring, each group that fills is quantized straight into its block (a Triton flush kernel on
 GPUs / with the triton backend, torch otherwise); the codes are exactly those of `quantizers.kivi_fake_quant`
 on the whole sequence.
@@ -174,54 +174,6 @@ class KiviPagedKV:
             self.k_res[seq, t % ring] = k_new[t - start].to(self.k_res.dtype)
             self.v_res[seq, t % ring] = v_new[t - start].to(self.v_res.dtype)
 
-    def append_decode(
-        self,
-        seqs: Sequence[int],
-        positions: Sequence[int],
-        k_new: torch.Tensor,
-        v_new: torch.Tensor,
-        blocks: Sequence[Sequence[int]] | torch.Tensor,
-        check_data: bool = True,
-        memo: dict | None = None,
-    ) -> None:
-        """One new token for each of several sequences, in one pass (a decode step): token i of
-        k_new / v_new `[n, kv_heads, D]` is token positions[i] of sequence seqs[i] (distinct), whose blocks are
-        blocks[i] (host lists, or a block_tables tensor: one host copy). The same cache contents as `append`
-        token by token. On a GPU: no host sync without check_data, one copy of the ring indices and, where a
-        group leaves the residual window, one flush launch for all of them; `memo` (`host_ints.device_ints`)
-        shares those index copies with the other layers of a step.
-        """
-        nb, bs, h, d = self.check()
-        self._check_new(k_new, v_new, h, d)
-        n = k_new.shape[0]
-        if len(seqs) != n or len(positions) != n or len(blocks) != n:
-            raise CodesignError(
-                f"append_decode: {n} tokens need as many seqs ({len(seqs)}), positions ({len(positions)}) "
-                f"and block rows ({len(blocks)})"
-            )
-        if len(set(seqs)) != n:
-            raise CodesignError(f"append_decode: seqs must be distinct, got {list(seqs)}")
-        for s in seqs:
-            self._check_ring(s)
-        if isinstance(blocks, torch.Tensor):
-            blocks = blocks.tolist()
-        g, r = self.group, self.residual
-        ring = g + r
-        flush = []  # (ring base, the group's first ring row, its slot) of each group leaving the window
-        for s, t, row in zip(seqs, positions, blocks):
-            _check_position("append_decode", "positions", t)
-            g0 = kq.kivi_split(t, g, r)
-            if kq.kivi_split(t + 1, g, r) > g0:
-                flush.append((s * ring, g0 % ring, self._group_slot("append_decode", s, g0, row, nb, bs)))
-        if check_data:
-            kq._check_finite("k_new", k_new), kq._check_finite("v_new", v_new)
-        dev = self.k_res.device
-        at = device_ints([s * ring + t % ring for s, t in zip(seqs, positions)], dev, memo)
-        # The new tokens enter the ring first: a flushed group's rows are all in the ring then (at most G + R).
-        self.k_res.view(-1, h, d).index_copy_(0, at, k_new.to(dev, self.k_res.dtype))
-        self.v_res.view(-1, h, d).index_copy_(0, at, v_new.to(dev, self.v_res.dtype))
-        self._flush(self.k_res.view(-1, h, d), self.v_res.view(-1, h, d), flush, ring, memo)
-
     def append_rows(
         self,
         seqs: Sequence[int],
@@ -234,10 +186,15 @@ class KiviPagedKV:
         memo: dict | None = None,
     ) -> None:
         """Tokens [starts[i], starts[i] + counts[i]) of sequences seqs[i] (distinct), rows after rows in
-        k_new / v_new, in one pass (a prefill, extend or tree forward): the same cache contents as `append` row by
-        row. Each row's unflushed ring tokens and its new tokens are staged together (one gather), every group
-        leaving a residual window is quantized from the stage in one flush launch, and the rows' new ring tokens
-        go in with one copy. blocks, check_data, memo: as `append_decode`'s (no host sync without check_data).
+        k_new / v_new `[tokens, kv_heads, D]`, in one pass (a decode, prefill, extend or tree forward): the same
+        cache contents as `append` row by row. blocks[i]: sequence seqs[i]'s block ids (host lists, or a
+        block_tables tensor: one host copy).
+
+        Where every row's unflushed ring tokens and new tokens fit in its ring (a decode step, short forwards), the
+        new tokens go into the rings (one copy) and every group leaving a residual window is quantized from there
+        (one flush launch); otherwise each row's unflushed and new tokens are staged together first (one gather).
+        On a GPU no host sync without check_data (the finiteness check); `memo` (`host_ints.device_ints`) shares
+        the index copies with the other layers of a step.
         """
         nb, bs, h, d = self.check()
         self._check_new(k_new, v_new, h, d)
@@ -250,33 +207,44 @@ class KiviPagedKV:
             raise CodesignError(f"append_rows: seqs must be distinct, got {list(seqs)}")
         for s, t, n in zip(seqs, starts, counts):
             self._check_ring(s)
-            _check_position("append_rows", "starts", t)
-            _check_position("append_rows", "counts", n)
+            _check_position("starts", t)
+            _check_position("counts", n)
         if sum(counts) != k_new.shape[0]:
             raise CodesignError(f"append_rows: counts add up to {sum(counts)}, k_new has {k_new.shape[0]} tokens")
         if isinstance(blocks, torch.Tensor):
             blocks = blocks.tolist()
         g, r = self.group, self.residual
         ring = g + r
+        if check_data:
+            kq._check_finite("k_new", k_new), kq._check_finite("v_new", v_new)
+        dev = self.k_res.device
+        kr, vr = self.k_res.view(-1, h, d), self.v_res.view(-1, h, d)
+        rows = list(zip(seqs, starts, counts, blocks))
+        if all(t + n - kq.kivi_split(t, g, r) <= ring for _, t, n, _ in rows):
+            # The new tokens enter the rings first: a flushed group's tokens are all in the ring then.
+            at = device_ints([s * ring + u % ring for s, t, n, _ in rows for u in range(t, t + n)], dev, memo)
+            kr.index_copy_(0, at, k_new.to(dev, kr.dtype))
+            vr.index_copy_(0, at, v_new.to(dev, vr.dtype))
+            split = lambda t: kq.kivi_split(t, g, r)  # noqa: E731
+            flush = [(s * ring, g0 % ring, self._group_slot(s, g0, row, nb, bs))
+                     for s, t, n, row in rows for g0 in range(split(t), split(t + n), g)]  # fmt: skip
+            self._flush(kr, vr, flush, ring, memo)
+            return
         from_ring, to_stage, new_from, new_at, ring_at, ring_from, flush = [], [], [], [], [], [], []
         off = staged = 0  # k_new row of this row's first token; stage rows so far
-        for s, t, n, row in zip(seqs, starts, counts, blocks):
+        for s, t, n, row in rows:
             old, new, end = kq.kivi_split(t, g, r), kq.kivi_split(t + n, g, r), t + n
             if new > old:  # stage: ring tokens [old, t), then the new tokens
                 from_ring += [s * ring + u % ring for u in range(old, t)]
                 to_stage += range(staged, staged + t - old)
                 new_from += range(off, off + n)
                 new_at += range(staged + t - old, staged + end - old)
-                flush += [(0, staged + g0 - old, self._group_slot("append_rows", s, g0, row, nb, bs))
+                flush += [(0, staged + g0 - old, self._group_slot(s, g0, row, nb, bs))
                           for g0 in range(old, new, g)]  # fmt: skip
                 staged += end - old
             ring_at += [s * ring + u % ring for u in range(max(new, t), end)]
             ring_from += range(off + max(new, t) - t, off + n)
             off += n
-        if check_data:
-            kq._check_finite("k_new", k_new), kq._check_finite("v_new", v_new)
-        dev = self.k_res.device
-        kr, vr = self.k_res.view(-1, h, d), self.v_res.view(-1, h, d)
         if flush:
             stage = []
             for res, x in ((kr, k_new), (vr, v_new)):
@@ -291,12 +259,12 @@ class KiviPagedKV:
             kr.index_copy_(0, at, k_new.to(dev)[src].to(kr.dtype))
             vr.index_copy_(0, at, v_new.to(dev)[src].to(vr.dtype))
 
-    def _group_slot(self, who: str, seq: int, g0: int, row, nb: int, bs: int) -> int:
+    def _group_slot(self, seq: int, g0: int, row, nb: int, bs: int) -> int:
         """The slot a group starting at token g0 of `seq` lands in (its block from the host row, checked)."""
         if g0 // bs >= len(row) or not 0 <= int(row[g0 // bs]) < nb:
             raise CodesignError(
-                f"{who}: sequence {seq} flushes tokens [{g0}, {g0 + self.group}), whose block {g0 // bs} its block "
-                f"row ({len(row)} entries) does not hold inside [0, {nb})"
+                f"append_rows: sequence {seq} flushes tokens [{g0}, {g0 + self.group}), whose block {g0 // bs} its "
+                f"block row ({len(row)} entries) does not hold inside [0, {nb})"
             )
         return int(row[g0 // bs]) * bs + g0 % bs
 
@@ -359,9 +327,9 @@ class KiviPagedKV:
         return k, v
 
 
-def _check_position(who: str, name: str, t) -> None:
+def _check_position(name: str, t) -> None:
     if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-        raise CodesignError(f"{who}: {name} must be ints >= 0, got {t!r}")
+        raise CodesignError(f"append_rows: {name} must be ints >= 0, got {t!r}")
 
 
 def check_rings(cache: KiviPagedKV, block_tables: torch.Tensor) -> None:

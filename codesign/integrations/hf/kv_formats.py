@@ -303,12 +303,8 @@ class KiviStorage(Storage):
         return self._ring_of[seq]
 
     def write(self, k, v, plan, q, check):
-        # Every row at once, no host sync without checks: a decode step through the rings, others staged.
-        rings = [self._row(seq) for seq in plan.seqs]
-        if all(n == 1 for n in plan.counts):
-            self.kv.append_decode(rings, plan.starts, k, v, plan.blocks, check, plan.memo)
-        else:
-            self.kv.append_rows(rings, plan.starts, plan.counts, k, v, plan.blocks, check, plan.memo)
+        rings = [self._row(seq) for seq in plan.seqs]  # every row at once, no host sync without checks
+        self.kv.append_rows(rings, plan.starts, plan.counts, k, v, plan.blocks, check, plan.memo)
 
     def planned_run(self, plan):
         """Planned where ring b is block-table row b's (the kernel's rule; generate keeps rows in place), else

@@ -169,10 +169,10 @@ def test_triton_flush_equals_torch_writer(bits):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("bits,g,r", [(4, 4, 4), (2, 4, 2), (8, 4, 0), (4, 8, 3)])
-def test_append_decode_equals_append_token_by_token(backend, bits, g, r):
-    """Decode steps of several sequences in one `append_decode` each: the same codes, metadata and live ring rows
-    as `append` token by token, every group leaving the window on the way (R = 2: a group wraps the ring; R = 0:
-    the new token is in the group it flushes); block rows as a tensor and as host lists."""
+def test_append_rows_of_a_token_equals_append_token_by_token(backend, bits, g, r):
+    """Decode steps of several sequences in one `append_rows` each (through the rings): the same codes, metadata and
+    live ring rows as `append` token by token, every group leaving the window on the way (R = 2: a group wraps the
+    ring; R = 0: the new token is in the group it flushes); block rows as a tensor and as host lists."""
     torch.manual_seed(3)
     prompts, steps = [3, g + r, 2 * g + r + 1], 2 * g + 1
     bt, nb = shuffled_block_tables([p + steps for p in prompts], BS)
@@ -195,8 +195,8 @@ def test_append_decode_equals_append_token_by_token(backend, bits, g, r):
             for b, t in zip(seqs, pos):
                 ref.append(b, bt[b], t, k[b][t : t + 1], v[b][t : t + 1])
             rows = bt[seqs] if i % 3 else [bt[b].tolist() for b in seqs]
-            got.append_decode(seqs, pos, torch.cat([k[b][t : t + 1] for b, t in zip(seqs, pos)]),
-                              torch.cat([v[b][t : t + 1] for b, t in zip(seqs, pos)]), rows)  # fmt: skip
+            got.append_rows(seqs, pos, [1] * len(seqs), torch.cat([k[b][t : t + 1] for b, t in zip(seqs, pos)]),
+                            torch.cat([v[b][t : t + 1] for b, t in zip(seqs, pos)]), rows)  # fmt: skip
     for name in ("k_codes", "v_codes", "k_meta", "v_meta"):
         assert torch.equal(getattr(got, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)), name
     for b, p in enumerate(prompts):
@@ -207,28 +207,35 @@ def test_append_decode_equals_append_token_by_token(backend, bits, g, r):
         assert torch.equal(gk, kh) and torch.equal(gv, vh)
 
 
-def test_append_decode_bad_input():
+def test_append_rows_bad_input():
     c = KiviPagedKV.empty(4, 8, 1, 16, 4, 4, 4, 2)
     x = torch.randn(2, 1, 16)
     rows = [[0, 1], [2, 3]]
-    with pytest.raises(CodesignError, match="as many seqs"):
-        c.append_decode([0], [0, 0], x, x, rows)
+    with pytest.raises(CodesignError, match="must match"):
+        c.append_rows([0], [0, 0], [1, 1], x, x, rows)
+    with pytest.raises(CodesignError, match="add up to 3"):
+        c.append_rows([0, 1], [0, 0], [1, 2], x, x, rows)
     with pytest.raises(CodesignError, match="distinct"):
-        c.append_decode([1, 1], [0, 0], x, x, rows)
+        c.append_rows([1, 1], [0, 0], [1, 1], x, x, rows)
     with pytest.raises(CodesignError, match="residual rings"):
-        c.append_decode([0, 2], [0, 0], x, x, rows)
-    with pytest.raises(CodesignError, match="positions must be ints"):
-        c.append_decode([0, 1], [0, -1], x, x, rows)
+        c.append_rows([0, 2], [0, 0], [1, 1], x, x, rows)
+    with pytest.raises(CodesignError, match="starts must be ints"):
+        c.append_rows([0, 1], [0, -1], [1, 1], x, x, rows)
+    with pytest.raises(CodesignError, match="counts must be ints"):
+        c.append_rows([0, 1], [0, 0], [3, -1], x, x, rows)
     with pytest.raises(CodesignError, match=r"flushes tokens \[0, 4\)"):
-        c.append_decode([0, 1], [7, 0], x, x, [[], [2]])  # token 7 moves tokens 0-3 into a block the row lacks
+        c.append_rows([0, 1], [7, 0], [1, 1], x, x, [[], [2]])  # token 7 moves tokens 0-3 into a block the row lacks
     with pytest.raises(CodesignError, match=r"inside \[0, 4\)"):
-        c.append_decode([0, 1], [7, 0], x, x, [[9], [2]])
+        c.append_rows([0, 1], [7, 0], [1, 1], x, x, [[9], [2]])
+    with pytest.raises(CodesignError, match=r"flushes tokens \[0, 4\)"):
+        c.append_rows([0], [0], [2 * 8 + 1], torch.randn(17, 1, 16), torch.randn(17, 1, 16), [[]])  # staged
     with pytest.raises(CodesignError, match="k_new must be"):
-        c.append_decode([0, 1], [0, 0], x[:, :, :8], x, rows)
+        c.append_rows([0, 1], [0, 0], [1, 1], x[:, :, :8], x, rows)
     with pytest.raises(CodesignError, match="finite"):
-        c.append_decode([0, 1], [0, 0], torch.full((2, 1, 16), float("nan")), x, rows)
+        c.append_rows([0, 1], [0, 0], [1, 1], torch.full((2, 1, 16), float("nan")), x, rows)
     before = c.k_res.clone()
-    c.append_decode([0, 1], [0, 0], torch.full((2, 1, 16), float("nan")), x, rows, check_data=False)  # told not to
+    nan = torch.full((2, 1, 16), float("nan"))
+    c.append_rows([0, 1], [0, 0], [1, 1], nan, x, rows, check_data=False)  # told not to check
     assert c.k_res[:, 0].isnan().all() and torch.equal(c.k_res[:, 1:], before[:, 1:])
 
 
@@ -269,21 +276,3 @@ def test_append_rows_equals_append_row_by_row(backend, bits, g, r):
         kh, vh = kvq.kivi_fake_quant(k[b].float(), v[b].float(), bits, g, r)
         gk, gv = got.dequantize_seq(b, bt[b], n)
         assert torch.equal(gk, kh) and torch.equal(gv, vh)
-
-
-def test_append_rows_bad_input():
-    c = KiviPagedKV.empty(4, 8, 1, 16, 4, 4, 4, 2)
-    x = torch.randn(3, 1, 16)
-    rows = [[0, 1], [2, 3]]
-    with pytest.raises(CodesignError, match="must match"):
-        c.append_rows([0, 1], [0], [1, 2], x, x, rows)
-    with pytest.raises(CodesignError, match="add up to 2"):
-        c.append_rows([0, 1], [0, 0], [1, 1], x, x, rows)
-    with pytest.raises(CodesignError, match="distinct"):
-        c.append_rows([1, 1], [0, 0], [1, 2], x, x, rows)
-    with pytest.raises(CodesignError, match="counts must be ints"):
-        c.append_rows([0, 1], [0, 0], [4, -1], x, x, rows)
-    with pytest.raises(CodesignError, match=r"flushes tokens \[0, 4\)"):
-        c.append_rows([0, 1], [6, 0], [2, 1], x, x, [[], [2]])
-    with pytest.raises(CodesignError, match="finite"):
-        c.append_rows([0, 1], [0, 0], [1, 2], torch.full((3, 1, 16), float("nan")), x, rows)
