@@ -7,9 +7,11 @@ small random-weight Llama on the CPU with every Triton launch stubbed out (the i
 outputs are garbage, only time is measured), and counts the launches per layer (each costs Triton's launcher,
 ~10-30 us of host time, on a GPU). The sdpa rows do run their (small) CPU attention. `--entry-point`: decode
 through the attention entry points at every layer, as before `CodesignCache` planned decode once a forward.
+`--tree`: the forwards of tree speculation (an n-gram draft) instead, time a forward (no sdpa row: transformers
+has no tree verification).
 
     python bench/hf_host_time.py [--layers 8] [--tokens 32] [--batch 1] [--formats fp32 int8 int4] [--entry-point]
-                                 [--json F]
+                                 [--tree] [--json F]
 
 Times are the process's CPU time on one torch thread (wall time counts a shared VM's stolen time, which moved
 rows of one run by up to ~200 us a layer on the development machine). Numbers depend on the CPU; compare rows of
@@ -45,22 +47,34 @@ def _stub_launches(counter: list[int]) -> Any:
     return original
 
 
-def _per_token_ms(model, ids, kv_format: str | None, tokens: int, check: bool) -> float:
+def _per_forward_ms(model, ids, kv_format: str | None, tokens: int, check: bool, tree: bool) -> tuple[float, int]:
+    """(CPU ms a forward after the prefill, forwards): greedy decoding of `tokens` tokens, or with `tree` tree
+    speculation (an n-gram draft, width 2, depth 3: its accepted paths vary with the stubs' garbage, so time is
+    counted per forward)."""
+    from codesign.integrations.hf import TreeSpeculator
     from codesign.integrations.hf.one_call import run_generate
 
     kw = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
     t0 = time.process_time()
     if kv_format is None:
         model.generate(ids, **kw)
+        forwards = tokens
+    elif tree:
+        run = run_generate(model, ids, kv_format, check=check, eos_token_id=None,
+                           speculative=TreeSpeculator("ngram", width=2, depth=3), **kw)  # fmt: skip
+        forwards = len(run.steps)
     else:
         run_generate(model, ids, kv_format, check=check, **kw)
-    return (time.process_time() - t0) / tokens * 1e3
+        forwards = tokens
+    return (time.process_time() - t0) / forwards * 1e3, forwards
 
 
 def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32", "int8", "int4"),
-            repeats: int = 3, entry_point: bool = False, batch: int = 1) -> dict[str, Any]:  # fmt: skip
-    """Rows of host ms per token and per layer (the best of `repeats`), sdpa first; launches per layer.
-    entry_point: every storage decodes through `Storage.attend` (no planned decode)."""
+            repeats: int = 3, entry_point: bool = False, batch: int = 1,
+            tree: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Rows of host ms a forward (a token in greedy decoding) and us a forward and layer (the best of `repeats`),
+    sdpa first (not with `tree`: transformers has no tree verification); launches a forward and layer.
+    entry_point: every storage attends through `Storage.attend` (no planned attention)."""
     import torch
     from triton.runtime import interpreter
 
@@ -74,7 +88,7 @@ def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32
         for c in planned:
             c.planned_run = kv_formats.Storage.planned_run
     try:
-        return {**_measure(layers, tokens, formats, repeats, launches, batch), "entry_point": entry_point}
+        return {**_measure(layers, tokens, formats, repeats, launches, batch, tree), "entry_point": entry_point}
     finally:
         interpreter.InterpretedFunction.run = original
         torch.set_num_threads(threads)
@@ -83,7 +97,7 @@ def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32
 
 
 def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, launches: list[int],
-             batch: int) -> dict[str, Any]:  # fmt: skip
+             batch: int, tree: bool) -> dict[str, Any]:  # fmt: skip
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -93,20 +107,21 @@ def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, l
     rows = []
     # With checks only where no check reads values: the stubbed kernels leave their outputs unwritten (garbage,
     # NaN among it), which a quantized write's finiteness check refuses at the next layer.
-    variants = [("hf-sdpa", None, False)] + [(f"codesign-{f}", f, False) for f in formats]
+    variants = [] if tree else [("hf-sdpa", None, False)]
+    variants += [(f"codesign-{f}", f, False) for f in formats]
     variants += [(f"codesign-{f}+checks", f, True) for f in formats if f in ("fp32", "fp16")]
     for name, fmt, check in variants:
         best, per_step = float("inf"), 0.0
         for _ in range(repeats):
             launches.clear()
-            best = min(best, _per_token_ms(model, ids, fmt, tokens, check))
-            per_step = len(launches) / (tokens * layers)
-        rows.append({"variant": name, "ms_per_token": best, "us_per_layer": best * 1e3 / layers,
+            ms, forwards = _per_forward_ms(model, ids, fmt, tokens, check, tree)
+            best = min(best, ms)
+            per_step = len(launches) / (forwards * layers)
+        rows.append({"variant": name, "ms_per_forward": best, "us_per_layer": best * 1e3 / layers,
                      "launches_per_layer": per_step})  # fmt: skip
-    base = rows[0]["us_per_layer"]
     for r in rows:
-        r["extra_us_per_layer"] = r["us_per_layer"] - base
-    return {"layers": layers, "tokens": tokens, "batch": batch, "config": SMALL, "rows": rows,
+        r["extra_us_per_layer"] = None if tree else r["us_per_layer"] - rows[0]["us_per_layer"]
+    return {"layers": layers, "tokens": tokens, "batch": batch, "tree": tree, "config": SMALL, "rows": rows,
             "note": "CPU host time with Triton launches stubbed; compare rows of one run"}  # fmt: skip
 
 
@@ -116,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--batch", type=int, default=1, help="rows a decode step (each its own sequence)")
     ap.add_argument("--formats", nargs="+", default=["fp32", "int8", "int4"])
-    ap.add_argument("--entry-point", action="store_true", help="decode through the entry points at every layer")
+    ap.add_argument("--entry-point", action="store_true", help="attend through the entry points at every layer")
+    ap.add_argument("--tree", action="store_true", help="tree speculation's forwards (n-gram draft) instead")
     ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args(argv)
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -132,10 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch < 1:
         print(f"hf_host_time: --batch must be >= 1, got {args.batch}", file=sys.stderr)
         return 2
-    rep = measure(args.layers, args.tokens, tuple(args.formats), entry_point=args.entry_point, batch=args.batch)
-    print(f"{'variant':<24} {'ms/token':>9} {'us/layer':>9} {'extra':>8} {'launches/layer':>15}")
+    rep = measure(args.layers, args.tokens, tuple(args.formats), entry_point=args.entry_point, batch=args.batch,
+                  tree=args.tree)  # fmt: skip
+    print(f"{'variant':<24} {'ms/forward':>10} {'us/layer':>9} {'extra':>8} {'launches/layer':>15}")
     for r in rep["rows"]:
-        print(f"{r['variant']:<24} {r['ms_per_token']:9.2f} {r['us_per_layer']:9.0f} {r['extra_us_per_layer']:8.0f} "
+        extra = "" if r["extra_us_per_layer"] is None else f"{r['extra_us_per_layer']:.0f}"
+        print(f"{r['variant']:<24} {r['ms_per_forward']:10.2f} {r['us_per_layer']:9.0f} {extra:>8} "
               f"{r['launches_per_layer']:15.2f}")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:

@@ -27,7 +27,7 @@ def test_rows_time_every_variant_and_count_two_launches_a_layer(tmp_path):
     # ops into the rings until a group leaves the residual window (not within these 19 tokens)
     assert all(rows[v]["launches_per_layer"] == 2 for v in rows if v not in ("hf-sdpa", "codesign-int4-kivi")), rows
     assert rows["codesign-int4-kivi"]["launches_per_layer"] == 1 and rep["batch"] == 2
-    assert all(x["ms_per_token"] > 0 for x in rows.values()) and "codesign-fp32" in r.stdout
+    assert all(x["ms_per_forward"] > 0 for x in rows.values()) and "codesign-fp32" in r.stdout
     assert json.loads(out.read_text())["entry_point"] is False
 
 
@@ -60,3 +60,18 @@ def test_refuses_without_the_interpreter_and_formats_that_read_their_values():
     r = subprocess.run([sys.executable, str(SCRIPT), "--batch", "0"], capture_output=True, text=True, env=env,
                        timeout=120)  # fmt: skip
     assert r.returncode == 2 and "--batch must be >= 1" in r.stderr
+
+
+def test_tree_rows_time_tree_speculation_a_forward(tmp_path):
+    """--tree: tree speculation's forwards (planned by default), no sdpa row, two launches a forward and layer (a
+    split-KV merge may add one to a longer forward's)."""
+    out = tmp_path / "t.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--layers", "2", "--tokens", "4", "--tree", "--formats", "fp32",
+                        "--json", str(out)], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    rows = {x["variant"]: x for x in rep["rows"]}
+    assert rep["tree"] is True and set(rows) == {"codesign-fp32", "codesign-fp32+checks"}
+    assert all(x["extra_us_per_layer"] is None and x["us_per_layer"] > 0 for x in rows.values())
+    assert all(2 <= x["launches_per_layer"] < 3 for x in rows.values()), rows
