@@ -130,8 +130,8 @@ class CodesignCache(Cache):
     blocks of `block_size` tokens, per layer of group 0; window_num_blocks: per layer of the sliding groups of a
     model that also has full-attention layers (default num_blocks); check: the kernels' data checks (host syncs):
     of the shared slots and tables once a forward per group of layers, of each layer's values (quantized writes)
-    and block widths (mixed) at every layer; crop_margin: tokens kept beyond a sliding window, how far before the
-    last forward a rollback may reach.
+    at every layer (mixed block widths are checked where the cache sets them); crop_margin: tokens kept beyond a
+    sliding window, how far before the last forward a rollback may reach.
     """
 
     def __init__(self, model, kv_format: str | None = None, *, num_blocks: int, block_size: int = 16,
