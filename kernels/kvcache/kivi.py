@@ -146,13 +146,11 @@ class KiviPagedKV:
         New tokens go to the ring; each group of G tokens leaving the residual window is quantized
         (keys per channel, values per token) into its block, so sequences forked from a shared prefix
         rewrite identical codes into shared blocks. `check_data=False` skips the check that the new
-        tokens are finite (a host sync).
+        tokens are finite (a host sync). `append_rows` for one row, after checking the row's block ids (a sync).
         """
         nb, bs, h, d = self.check()
-        self._check_ring(seq)
         self._check_new(k_new, v_new, h, d)
-        n, g, r = k_new.shape[0], self.group, self.residual
-        end = start + n
+        end = start + k_new.shape[0]
         if start < 0 or -(-end // bs) > block_row.numel():
             raise CodesignError(
                 f"tokens [{start}, {end}) need {-(-end // bs)} blocks, the row has {block_row.numel()}"
@@ -160,19 +158,7 @@ class KiviPagedKV:
         rows = block_row[: -(-end // bs)].long().cpu()
         if ((rows < 0) | (rows >= nb)).any():
             raise CodesignError(f"block_row holds ids outside [0, {nb})")
-        ring = g + r
-        old, new = kq.kivi_split(start, g, r), kq.kivi_split(end, g, r)
-        idx = torch.arange(old, start) % ring
-        if check_data:
-            kq._check_finite("k_new", k_new), kq._check_finite("v_new", v_new)
-        dev = self.k_res.device
-        pk = torch.cat([self.k_res[seq, idx].float(), k_new.to(dev, torch.float32)])
-        pv = torch.cat([self.v_res[seq, idx].float(), v_new.to(dev, torch.float32)])
-        self._flush(pk, pv, [(0, g0 - old, int(rows[g0 // bs]) * bs + g0 % bs) for g0 in range(old, new, g)],
-                    pk.shape[0])  # fmt: skip
-        for t in range(max(new, start), end):
-            self.k_res[seq, t % ring] = k_new[t - start].to(self.k_res.dtype)
-            self.v_res[seq, t % ring] = v_new[t - start].to(self.v_res.dtype)
+        self.append_rows([seq], [start], [k_new.shape[0]], k_new, v_new, [rows.tolist()], check_data)
 
     def append_rows(
         self,

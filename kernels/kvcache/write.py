@@ -70,7 +70,7 @@ def kv_write(
 
     `check_data=False` skips the slot-range check (a host sync): use it inside CUDA-graph capture
     with slot mappings that were checked when built. `dispatch=False` runs the op's body without torch's
-    dispatcher (`direct`): the same launch, ~30 us less host time a call, for eager callers over real tensors.
+    dispatcher (`direct`): the same launch without the dispatcher's host time, for eager callers over real tensors.
     """
     check_kv_write(key, value, k_cache, v_cache, slot_mapping, check_data)
     if direct(dispatch):

@@ -309,14 +309,16 @@ class KiviStorage(Storage):
     def planned_run(self, plan):
         """Planned where ring b is block-table row b's (the kernel's rule; generate keeps rows in place), else
         through `attend`, which gathers the rings into that order."""
-        return ((self.kv,), None) if self._in_place(plan) else None
+        return ((self.kv,), None) if self._rings_out_of_place(plan) is None else None
 
-    def _in_place(self, plan) -> bool:
-        return [self._row(s) for s in plan.ring_seqs] == list(range(len(plan.ring_seqs)))
+    def _rings_out_of_place(self, plan) -> list[int] | None:
+        """The ring of each block-table row, or None where ring b is row b's."""
+        idx = [self._row(s) for s in plan.ring_seqs]
+        return None if idx == list(range(len(idx))) else idx
 
     def attend(self, q, plan, **kw):
-        idx, kv = [self._row(s) for s in plan.ring_seqs], self.kv
-        if idx != list(range(len(idx))):  # the kernel reads ring b for block-table row b
+        idx, kv = self._rings_out_of_place(plan), self.kv
+        if idx is not None:  # the kernel reads ring b for block-table row b
             t = K.device_ints(idx, kv.k_res.device)
             kv = dataclasses.replace(kv, k_res=kv.k_res[t].contiguous(), v_res=kv.v_res[t].contiguous())
         entries = (K.kivi_decode_attention, K.kivi_extend_attention, K.kivi_tree_attention)
