@@ -8,10 +8,12 @@ outputs are garbage, only time is measured), and counts the launches per layer (
 ~10-30 us of host time, on a GPU). The sdpa rows do run their (small) CPU attention. `--entry-point`: decode
 through the attention entry points at every layer, as before `CodesignCache` planned decode once a forward.
 `--tree`: the forwards of tree speculation (an n-gram draft) instead, time a forward (no sdpa row: transformers
-has no tree verification).
+has no tree verification). `--cuda-graph`: also a row per format for captured decode (`graphs.GraphDecoding`)
+whose replay costs nothing here, so the row is a captured step's host side alone (its slots, buffer copies and
+re-plans, the logits processors, the stopping check), timed from one replay to the next.
 
     python bench/hf_host_time.py [--layers 8] [--tokens 32] [--batch 1] [--formats fp32 int8 int4] [--entry-point]
-                                 [--tree] [--json F]
+                                 [--tree] [--cuda-graph] [--json F]
 
 Times are the process's CPU time on one torch thread (wall time counts a shared VM's stolen time, which moved
 rows of one run by up to ~200 us a layer on the development machine). Numbers depend on the CPU; compare rows of
@@ -47,14 +49,37 @@ def _stub_launches(counter: list[int]) -> Any:
     return original
 
 
-def _per_forward_ms(model, ids, kv_format: str | None, tokens: int, check: bool, tree: bool) -> tuple[float, int]:
+def _host_only(times: list[float]):
+    """A capture whose replay is free: the step runs twice (a warm-up and the capture, as `cuda_capture`), then every
+    replay returns the captured logits, its CPU time appended to `times`."""
+
+    def capture(step):
+        step()
+        out = step()
+
+        def replay():
+            times.append(time.process_time())
+            return out
+
+        return replay
+
+    return capture
+
+
+def _per_forward_ms(model, ids, kv_format: str | None, tokens: int, check: bool, tree: bool,
+                    graph: bool = False) -> tuple[float, int]:  # fmt: skip
     """(CPU ms a forward after the prefill, forwards): greedy decoding of `tokens` tokens, or with `tree` tree
     speculation (an n-gram draft, width 2, depth 3: its accepted paths vary with the stubs' garbage, so time is
-    counted per forward)."""
+    counted per forward); `graph`: a captured step's host side (`_host_only` replays), from one replay to the next."""
     from codesign.integrations.hf import TreeSpeculator
+    from codesign.integrations.hf.graphs import GraphDecoding
     from codesign.integrations.hf.one_call import run_generate
 
     kw = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+    if graph:
+        times: list[float] = []
+        run_generate(model, ids, kv_format, check=check, custom_generate=GraphDecoding(_host_only(times)), **kw)
+        return (times[-1] - times[0]) / (len(times) - 1) * 1e3, len(times) - 1
     t0 = time.process_time()
     if kv_format is None:
         model.generate(ids, **kw)
@@ -71,10 +96,11 @@ def _per_forward_ms(model, ids, kv_format: str | None, tokens: int, check: bool,
 
 def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32", "int8", "int4"),
             repeats: int = 3, entry_point: bool = False, batch: int = 1,
-            tree: bool = False) -> dict[str, Any]:  # fmt: skip
+            tree: bool = False, graph: bool = False) -> dict[str, Any]:  # fmt: skip
     """Rows of host ms a forward (a token in greedy decoding) and us a forward and layer (the best of `repeats`),
     sdpa first (not with `tree`: transformers has no tree verification); launches a forward and layer.
-    entry_point: every storage attends through `Storage.attend` (no planned attention)."""
+    entry_point: every storage attends through `Storage.attend` (no planned attention); graph: also each
+    capturable format's captured decode, its step's host side."""
     import torch
     from triton.runtime import interpreter
 
@@ -88,7 +114,7 @@ def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32
         for c in planned:
             c.planned_run = kv_formats.Storage.planned_run
     try:
-        return {**_measure(layers, tokens, formats, repeats, launches, batch, tree), "entry_point": entry_point}
+        return {**_measure(layers, tokens, formats, repeats, launches, batch, tree, graph), "entry_point": entry_point}
     finally:
         interpreter.InterpretedFunction.run = original
         torch.set_num_threads(threads)
@@ -97,7 +123,7 @@ def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32
 
 
 def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, launches: list[int],
-             batch: int, tree: bool) -> dict[str, Any]:  # fmt: skip
+             batch: int, tree: bool, graph: bool) -> dict[str, Any]:  # fmt: skip
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -107,16 +133,18 @@ def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, l
     rows = []
     # With checks only where no check reads values: the stubbed kernels leave their outputs unwritten (garbage,
     # NaN among it), which a quantized write's finiteness check refuses at the next layer.
-    variants = [] if tree else [("hf-sdpa", None, False)]
-    variants += [(f"codesign-{f}", f, False) for f in formats]
-    variants += [(f"codesign-{f}+checks", f, True) for f in formats if f in ("fp32", "fp16")]
-    for name, fmt, check in variants:
+    variants = [] if tree else [("hf-sdpa", None, False, False)]
+    variants += [(f"codesign-{f}", f, False, False) for f in formats]
+    variants += [(f"codesign-{f}+checks", f, True, False) for f in formats if f in ("fp32", "fp16")]
+    if graph and not tree:
+        variants += [(f"codesign-{f}-graph", f, False, True) for f in formats if "kivi" not in f]
+    for name, fmt, check, captured in variants:
         best, per_step = float("inf"), 0.0
         for _ in range(repeats):
             launches.clear()
-            ms, forwards = _per_forward_ms(model, ids, fmt, tokens, check, tree)
+            ms, forwards = _per_forward_ms(model, ids, fmt, tokens, check, tree, captured)
             best = min(best, ms)
-            per_step = len(launches) / (forwards * layers)
+            per_step = 0.0 if captured else len(launches) / (forwards * layers)  # (a replay's: the GPU's)
         rows.append({"variant": name, "ms_per_forward": best, "us_per_layer": best * 1e3 / layers,
                      "launches_per_layer": per_step})  # fmt: skip
     for r in rows:
@@ -133,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--formats", nargs="+", default=["fp32", "int8", "int4"])
     ap.add_argument("--entry-point", action="store_true", help="attend through the entry points at every layer")
     ap.add_argument("--tree", action="store_true", help="tree speculation's forwards (n-gram draft) instead")
+    ap.add_argument("--cuda-graph", action="store_true", help="also captured decode: a step's host side alone")
     ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args(argv)
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -149,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hf_host_time: --batch must be >= 1, got {args.batch}", file=sys.stderr)
         return 2
     rep = measure(args.layers, args.tokens, tuple(args.formats), entry_point=args.entry_point, batch=args.batch,
-                  tree=args.tree)  # fmt: skip
+                  tree=args.tree, graph=args.cuda_graph)  # fmt: skip
     print(f"{'variant':<24} {'ms/forward':>10} {'us/layer':>9} {'extra':>8} {'launches/layer':>15}")
     for r in rep["rows"]:
         extra = "" if r["extra_us_per_layer"] is None else f"{r['extra_us_per_layer']:.0f}"

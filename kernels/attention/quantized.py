@@ -64,7 +64,7 @@ KVQ = AttentionFormat(
     lambda cache: FORMATS[cache.fmt],
     _kvq_torch,
     lambda q, t, params: KernelKV(t[0], t[1], params[0], params[1], t[2], t[3]),
-    lambda cache, block_tables, check_data, expect=None: check_quant_cache(cache, expect),
+    lambda cache, block_tables, check_data, expect=None: check_quant_cache(cache, expect, check_data),
     signature_fields=("fmt",),
 )
 

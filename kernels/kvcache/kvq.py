@@ -109,8 +109,11 @@ def dequantize_codes(codes: torch.Tensor, meta: torch.Tensor, fmt: str) -> torch
     return kq.dequantize_asym(kq.unpack_codes(codes, bits), meta[..., 0].float(), meta[..., 1].float())
 
 
-def check_quant_cache(cache: QuantPagedKV, fmt: str | None = None) -> tuple[int, int, int, int]:
-    """Validate codes and metadata (and that the cache holds `fmt`, if given); (nb, bs, kv_heads, D)."""
+def check_quant_cache(
+    cache: QuantPagedKV, fmt: str | None = None, check_data: bool = True
+) -> tuple[int, int, int, int]:
+    """Validate codes and metadata (and that the cache holds `fmt`, if given; `check_data`: that fp8 head scales
+    are finite and > 0, a host sync); (nb, bs, kv_heads, D)."""
     if not isinstance(cache, QuantPagedKV):
         raise CodesignError(f"cache must be a QuantPagedKV, got {type(cache).__name__}")
     if fmt is not None and cache.fmt != fmt:
@@ -144,7 +147,7 @@ def check_quant_cache(cache: QuantPagedKV, fmt: str | None = None) -> tuple[int,
             raise CodesignError(f"{name} must be contiguous and on the codes' device")
     if kind == KV_FORMAT_FP8:
         for name in ("k_meta", "v_meta"):
-            kq.check_head_scales(getattr(cache, name), h)
+            kq.check_head_scales(getattr(cache, name), h, check_data)
     return nb, bs, h, cache.head_dim
 
 
@@ -207,7 +210,7 @@ def kvq_write(
     `check_data` (one host sync) checks slots and that key/value are finite. `dispatch=False`: the op's body
     without torch's dispatcher, as `write.kv_write`'s.
     """
-    shape = check_quant_cache(cache)
+    shape = check_quant_cache(cache, check_data=check_data)
     check_quant_write(key, value, shape, cache.k_codes.device, slot_mapping, check_data, check_data)
     kind, bits = FORMATS[cache.fmt]
     args = (key, value, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, slot_mapping, kind, bits)

@@ -75,3 +75,18 @@ def test_tree_rows_time_tree_speculation_a_forward(tmp_path):
     assert rep["tree"] is True and set(rows) == {"codesign-fp32", "codesign-fp32+checks"}
     assert all(x["extra_us_per_layer"] is None and x["us_per_layer"] > 0 for x in rows.values())
     assert all(2 <= x["launches_per_layer"] < 3 for x in rows.values()), rows
+
+
+def test_graph_rows_time_a_captured_steps_host_side(tmp_path):
+    """--cuda-graph: a row per capturable format (KIVI has none) whose replays are free: the host side of a step,
+    far under the eager step's (no per-layer work); 0 launches counted (the replay's run on the GPU)."""
+    out = tmp_path / "g.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--layers", "4", "--tokens", "4", "--cuda-graph", "--formats",
+                        "fp32", "int4-kivi", "--json", str(out)], capture_output=True, text=True, env=env,
+                       timeout=300, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {x["variant"]: x for x in json.loads(out.read_text())["rows"]}
+    assert "codesign-fp32-graph" in rows and "codesign-int4-kivi-graph" not in rows
+    g, eager = rows["codesign-fp32-graph"], rows["codesign-fp32"]
+    assert g["launches_per_layer"] == 0 and 0 < g["ms_per_forward"] < eager["ms_per_forward"] / 2, rows

@@ -362,7 +362,7 @@ def test_a_layer_whose_pool_differs_from_the_groups_first_is_planned_again():
     torch.manual_seed(0)
     bt, ctx = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32), torch.tensor([5, 7], dtype=torch.int32)
     st = _Step(2, 1, None, [], [AttendPlan(bt, ctx, None, None, [0, 1])], False)
-    owner = SimpleNamespace(check=True)
+    owner = SimpleNamespace(check=True, _graph=None)
     for hkv in (2, 1, 2):
         k, v = torch.randn(4, 4, hkv, 8), torch.randn(4, 4, hkv, 8)
         q = torch.randn(2, 4, 8)
@@ -482,7 +482,7 @@ class _HostSyncs(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("name", ["fp32", "int8", "int4-kivi", "int4-oaken", "int4-oaken_offline", "mixed"])
+@pytest.mark.parametrize("name", ["fp32", "int8", "fp8", "int4-kivi", "int4-oaken", "int4-oaken_offline", "mixed"])
 @pytest.mark.parametrize("kind", ["decode", "tree"])
 def test_forwards_wait_for_the_gpu_only_at_their_first_layer(name, kind, monkeypatch):
     """Without data checks, a decode or tree-verification forward's layers after the first never wait for the device

@@ -24,9 +24,12 @@ from codesign.integrations.hf.costing import StepCoster, run_shape
 from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
 from codesign.integrations.hf.one_call import StepClock, run_generate
 
-# (name, attention, KV format, weights): "sdpa" is transformers' own attention and DynamicCache.
+# (name, attention, KV format, weights): "sdpa" is transformers' own attention and DynamicCache; "codesign-graph"
+# decodes by replaying one captured forward (`graphs.GraphDecoding`: CUDA graphs, the tape on a CPU).
 VARIANTS = (("hf-sdpa", "sdpa", None, None), ("codesign-bf16", "codesign", "bf16", None),
             ("codesign-int8", "codesign", "int8", None), ("codesign-int4", "codesign", "int4", None),
+            ("codesign-bf16-graph", "codesign-graph", "bf16", None),
+            ("codesign-int8-graph", "codesign-graph", "int8", None),
             ("codesign-bf16-w4a16", "codesign", "bf16", "w4a16"))  # fmt: skip
 
 
@@ -36,7 +39,8 @@ GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
 def _timed(model, attn: str, spec, ids, new_tokens: int) -> tuple[list[float], list[StepRecord]]:
     """Greedy generation of exactly new_tokens: each step's seconds and shape."""
     if attn != "sdpa":
-        r = run_generate(model, ids, spec, max_new_tokens=new_tokens, check=False, **GREEDY)
+        graph = attn == "codesign-graph" and (True if ids.is_cuda else "tape")
+        r = run_generate(model, ids, spec, max_new_tokens=new_tokens, check=False, cuda_graph=graph, **GREEDY)
         return r.step_seconds, r.steps
     clock = StepClock()  # transformers' own generate: sdpa over a DynamicCache
     model.set_attn_implementation("sdpa")

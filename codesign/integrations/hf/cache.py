@@ -88,7 +88,8 @@ class _Step:
     keep_kv: bool
     offsets: list[int] = field(default_factory=list)  # first flat index of each row's tokens in k/v
     checked: set[int] = field(default_factory=set)  # groups whose plans a layer has checked this forward
-    planned: dict[int, tuple] = field(default_factory=dict)  # group -> (options key, its planned wrapper)
+    # group -> (options key, its planned wrapper, plan_into's arguments after the wrapper: a re-plan's)
+    planned: dict[int, tuple] = field(default_factory=dict)
 
 
 class CodesignCacheLayer(CacheLayerMixin):
@@ -164,6 +165,7 @@ class CodesignCache(Cache):
         self._tree: tuple[int, ...] | None = None
         self._share: list[tuple[int, int] | None] | None = None
         self.steps: list[StepRecord] = []
+        self._graph: _Step | None = None  # the fixed step captured decode forwards read (`graph_begin`)
 
     # --- transformers' side ---------------------------------------------------------------------------
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -325,13 +327,67 @@ class CodesignCache(Cache):
         """Bytes of every layer's pool (codes, scales, outlier slots, rings)."""
         return sum(layer.storage.nbytes() for layer in self.layers)
 
+    # --- captured decode steps (`graphs.GraphDecoding`) ----------------------------------------------------
+    def graph_begin(self, max_tokens: int, device) -> None:
+        """From now on every forward is a decode step reading fixed buffers, so that one captured forward (a CUDA
+        graph) serves them all: per group the block tables padded to `max_tokens` tokens a row, the new slots,
+        and the context lengths. Each step's host side runs before the forward: `graph_step`. Data checks are
+        off (the cache builds the buffers); `graph_end` returns to eager forwards."""
+        if not self.spec.graph_safe:
+            raise CodesignError(
+                f"kv_format {self.spec.name!r} decides each step's writes on the host: it cannot be captured "
+                "(captured decode takes plain, per-token INT and FP8 caches)"
+            )
+        if not self._rows:
+            raise CodesignError("graph_begin needs the prompts' forward first")
+        if max(self.row_lengths()) >= max_tokens:
+            raise CodesignError(f"graph_begin(max_tokens={max_tokens}): a row already holds that many tokens")
+        width = -(-max_tokens // self.block_size)
+        b = len(self._rows)
+        ctx = torch.zeros(b, dtype=torch.int32, device=device)
+        write, attend = [], []
+        for _ in self._groups:  # (the host fields of a write plan: unread by the graph-safe kinds' writes)
+            bt = torch.zeros(b, width, dtype=torch.int32, device=device)
+            write.append(WritePlan([], [], [], [], torch.zeros(b, dtype=torch.int64, device=device), bt, [], []))
+            attend.append(AttendPlan(bt, ctx, None, None, []))
+        self._graph = _Step(b, 1, None, write, attend, keep_kv=False)
+
+    def graph_step(self) -> None:
+        """A decode step's host side, before its captured forward: one slot a row in every group, the step's
+        tables, lengths and slots copied into the fixed buffers, the attention wrappers re-planned in place
+        (FlashInfer's rule: a replay reads their buffers). A re-plan that would move a buffer the graph reads
+        raises."""
+        gs = self._graph
+        if gs is None:
+            raise CodesignError("graph_step outside graph_begin / graph_end")
+        st = self._begin(gs.batch, 1, None, gs.attend[0].context_lens.device)
+        for fixed, new in zip(gs.write, st.write):
+            width = new.block_tables.shape[1]
+            if width > fixed.block_tables.shape[1]:
+                raise CodesignError(
+                    f"a row outgrew the {fixed.block_tables.shape[1] * self.block_size} tokens of graph_begin"
+                )
+            fixed.block_tables[:, :width].copy_(new.block_tables)
+            fixed.slots.copy_(new.slots)
+        gs.attend[0].context_lens.copy_(st.attend[0].context_lens)
+        for _, w, args in gs.planned.values():
+            before = plan_buffers(w)
+            plan_into(w, *args)
+            if plan_buffers(w) != before:
+                raise CodesignError("a re-plan moved a buffer the captured forward reads: capture it again")
+        self._step = gs
+
+    def graph_end(self) -> None:
+        """Back to eager forwards (each plans its own buffers)."""
+        self._graph = None
+
     # --- one forward -------------------------------------------------------------------------------------
     def attend(self, layer_idx, query, key, value, mask2d, scaling, window, softcap) -> torch.Tensor:
         """Write layer `layer_idx`'s new K/V and attend: query `[B, Hq, S, D]`, key/value `[B, Hkv, S, D]`,
         mask2d: bool `[B, seen + S]` (False: a padding column) or None; returns `[B, S, Hq, D]`."""
         b, hq, s, d = query.shape
-        if layer_idx == 0:
-            self._step = self._begin(b, s, mask2d, query.device)
+        if layer_idx == 0:  # (a captured step's host side ran before it: `graph_step`)
+            self._step = self._graph if self._graph is not None else self._begin(b, s, mask2d, query.device)
         st = self._step
         if st is None or (st.batch, st.width) != (b, s):
             raise CodesignError(
@@ -351,15 +407,15 @@ class CodesignCache(Cache):
         # check is a host sync and host work, at every layer of a GPU decode step otherwise).
         first = g not in st.checked
         st.checked.add(g)
-        store = layer.storage
-        store.write(k, v, st.write[g], q, self.check and (first or not store.write_checks_plan_only))
+        store, check = layer.storage, self.check and self._graph is None  # (a graph's buffers: the cache's own)
+        store.write(k, v, st.write[g], q, check and (first or not store.write_checks_plan_only))
         plan = st.attend[g]
         run = store.planned_run(plan)
         if run is not None:
             out = self._run_planned(st, g, run, q, scaling, window, softcap)
         else:
             out = store.attend(q, plan, sm_scale=scaling, window=window, softcap=softcap,
-                               check_data=self.check and first)  # fmt: skip
+                               check_data=check and first)  # fmt: skip
         return _untokens(out, st.real, b, s)
 
     def _run_planned(self, st: _Step, g: int, run: tuple, q, scaling, window, softcap) -> torch.Tensor:
@@ -376,7 +432,8 @@ class CodesignCache(Cache):
         if hit is None or hit[0] != key:  # a layer whose options or pool differ from the group's first: planned again
             plan = st.attend[g]
             tree = self.steps[-1].parents if plan.tree is not None else ()
-            st.planned[g] = hit = (key, plan_wrapper(plan, tree, c, qd, self.check, scaling, window, softcap))
+            args = (plan, tree, c, qd, self.check and self._graph is None, scaling, window, softcap)
+            st.planned[g] = hit = (key, plan_into(_new_wrapper(plan, qd.device), *args), args)
         out = hit[1].run(qd, *caches)
         return out if dtype is None else out.to(q.dtype)
 
@@ -528,22 +585,47 @@ class CodesignCache(Cache):
             layer.storage.free_seq(seq)
 
 
-def plan_wrapper(plan: AttendPlan, tree: tuple[int, ...], cache, qd: torch.Tensor, check: bool, scaling, window,
-                 softcap):  # fmt: skip
-    """A wrapper of the forward's kind (decode, extend, or tree: every row verifying `tree`, a parent array)
-    planned over `cache` (any layer's pool of the group) for queries like `qd`."""
+def _new_wrapper(plan: AttendPlan, device):
+    """An unplanned wrapper of the forward's kind: tree, extend or decode."""
+    kind = K.TreeAttentionWrapper if plan.tree is not None else (
+        K.PagedExtendWrapper if plan.cu_seqlens_q is not None else K.PagedDecodeWrapper)  # fmt: skip
+    return kind(device)
+
+
+def plan_into(w, plan: AttendPlan, tree: tuple[int, ...], cache, qd: torch.Tensor, check: bool, scaling, window,
+              softcap):  # fmt: skip
+    """Wrapper `w` (of the forward's kind: decode, extend, or tree, every row verifying `tree`, a parent array)
+    planned over `cache` (any layer's pool of the group) for queries like `qd`; returns w."""
     kw = dict(sm_scale=scaling, window=window, softcap=softcap, q_dtype=qd.dtype, check_data=check)
     heads, bt = qd.shape[1], plan.block_tables
     if plan.tree is not None:
-        w = K.TreeAttentionWrapper(qd.device)
         w.plan(cache, bt, [tree] * len(plan.tree.prefix_lens), plan.tree.prefix_lens, heads, **kw)
     elif plan.cu_seqlens_q is not None:
-        w = K.PagedExtendWrapper(qd.device)
         w.plan(cache, bt, plan.context_lens, plan.cu_seqlens_q, heads, **kw)
     else:
-        w = K.PagedDecodeWrapper(qd.device)
         w.plan(cache, bt, plan.context_lens, heads, **kw)
     return w
+
+
+def plan_buffers(w) -> tuple:
+    """(field path, data pointer) of every tensor a planned wrapper's run() reads from its plan: the batch's
+    buffers and the launch's (workspace, scratch), one dataclass level down."""
+    out = []
+
+    def walk(name, x, depth):
+        if isinstance(x, torch.Tensor):
+            out.append((name, x.data_ptr()))
+        elif isinstance(x, tuple | list):
+            for i, y in enumerate(x):
+                walk((name, i), y, depth)
+        elif depth < 2 and hasattr(type(x), "__dataclass_fields__"):  # (every field sits in __dict__: no slots)
+            for k, y in vars(x).items():
+                walk((name, k), y, depth + 1)
+
+    p = w._plan
+    walk("batch", p.batch, 0)
+    walk("launch", p.launch, 0)
+    return tuple(out)
 
 
 def blocks_needed(lengths: list[int], block_size: int) -> int:

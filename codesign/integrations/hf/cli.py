@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--design", help="also cost the run on this design or GPU model (as `codesign map --design`)"
     )
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="decode steps replay one forward captured in a CUDA graph (plain, INT and FP8 caches)")
     p.add_argument("--block-size", type=int, default=None, help="KV block size (default 16, 32 for KIVI)")
     p.add_argument("--dtype", default="fp32", choices=DTYPES)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")
@@ -126,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     r = run_generate(model, ids, spec, block_size=args.block_size, speculative=_speculator(args, dtype, device),
                      max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=0,
-                     eos_token_id=None)  # fmt: skip
+                     eos_token_id=None, cuda_graph=args.cuda_graph)  # fmt: skip
     pred = coster.predict(r.steps) if coster else None
     print(_report(args, r, pred, tok))
     if args.json:

@@ -51,6 +51,13 @@ class KVSpec:
         return self.kind not in ("kivi", "oaken", "oaken_offline")
 
     @property
+    def graph_safe(self) -> bool:
+        """True when a decode step's write reads nothing but its slots (plain, per-token INT, FP8), so that one
+        captured forward serves every step (`CodesignCache.graph_begin`); the other kinds decide on the host which
+        rings, outlier rows or block widths a step touches."""
+        return self.kind in ("plain", "per_token", "fp8")
+
+    @property
     def shares_prompt_blocks(self) -> bool:
         """KIVI keeps a residual ring per sequence, filled by the sequence's own writes."""
         return self.kind != "kivi"

@@ -17,6 +17,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from codesign.integrations.hf._compat import cache_kwarg
 from codesign.integrations.hf.cache import CodesignCache, StepRecord, blocks_needed, pool_blocks
+from codesign.integrations.hf.graphs import CAPTURES, GraphDecoding
 from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
 from codesign.integrations.hf.speculative import SpeculationStats, TreeSpeculator
 from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, text_config
@@ -73,10 +74,12 @@ def _max_new_tokens(model, prompt_cols: int, kwargs: dict) -> int:
 def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *,
                  attention_mask: torch.Tensor | None = None, block_size: int | None = None,
                  num_blocks: int | None = None, speculative: TreeSpeculator | None = None,
-                 share_prefix: bool = True, check: bool = True, **generate_kwargs) -> GenerationRun:  # fmt: skip
+                 share_prefix: bool = True, check: bool = True, cuda_graph: bool | str = False,
+                 **generate_kwargs) -> GenerationRun:  # fmt: skip
     """`generate` with its record (see `generate`)."""
     layout = check_model(model)
     spec = parse_kv_format(kv_format, layout.dtype)
+    graphs = _graph_decoding(model, cuda_graph, spec, speculative, generate_kwargs)
     bs = block_size or default_block_size(spec)
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise CodesignError(
@@ -132,8 +135,8 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
             stopping_criteria=stops,
             **{cache_kwarg(model): cache},
         )
-        if speculative is not None:
-            kw["custom_generate"] = speculative
+        if speculative is not None or graphs is not None:
+            kw["custom_generate"] = speculative or graphs
         t0 = time.perf_counter()
         out = model.generate(input_ids, **kw)
         seconds = time.perf_counter() - t0
@@ -147,13 +150,37 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
                          speculative.stats if speculative else None)  # fmt: skip
 
 
+def _graph_decoding(model, cuda_graph, spec, speculative, generate_kwargs) -> GraphDecoding | None:
+    """The captured-decode loop `cuda_graph` asks for (True: CUDA graphs; "tape": the CPU stand-in), refused before
+    generation where it cannot run."""
+    if cuda_graph is False or cuda_graph is None:
+        return None
+    if cuda_graph is not True and cuda_graph not in CAPTURES:
+        raise CodesignError(f"cuda_graph must be True, False or 'tape', got {cuda_graph!r}")
+    if not spec.graph_safe:
+        raise CodesignError(
+            f"cuda_graph: kv_format {spec.name!r} cannot be captured (plain, per-token INT and FP8 caches can)"
+        )
+    clash = [k for k in ("custom_generate", "prompt_lookup_num_tokens", "assistant_model") if generate_kwargs.get(k)]
+    if speculative is not None or clash or int(generate_kwargs.get("num_beams", 1) or 1) != 1:
+        raise CodesignError(
+            f"cuda_graph runs its own decode loop: it does not combine with {clash or 'speculative / num_beams'}"
+        )
+    capture = "cuda" if cuda_graph is True else cuda_graph
+    if capture == "cuda" and model.device.type != "cuda":
+        raise CodesignError(f"cuda_graph=True needs a model on a CUDA device, not {model.device} ('tape': the CPU "
+                            "stand-in that checks a step is capturable)")  # fmt: skip
+    return GraphDecoding(capture)
+
+
 def generate(model, input_ids: torch.Tensor, kv_format: str | None = None, **kwargs):
     """transformers' `model.generate(input_ids, **kwargs)` on codesign's paged attention and a CodesignCache
     holding `kv_format` (None: plain K/V in the model's dtype; see `kv_formats` for the names).
 
     Keywords of ours: attention_mask (left padding only), block_size (default 16, 32 for KIVI), num_blocks
     (default: sized for the prompt and max_new_tokens), speculative (a TreeSpeculator: tree speculative
-    decoding), share_prefix (rows with a common prompt prefix share its full blocks), check (the kernels'
-    data checks). Everything else goes to transformers' generate. Returns what it returns.
+    decoding), cuda_graph (True: every decode step replays one forward captured in a CUDA graph, `graphs`; plain,
+    per-token INT and FP8 caches), share_prefix (rows with a common prompt prefix share its full blocks), check
+    (the kernels' data checks). Everything else goes to transformers' generate. Returns what it returns.
     """
     return run_generate(model, input_ids, kv_format, **kwargs).output

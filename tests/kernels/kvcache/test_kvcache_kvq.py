@@ -228,6 +228,25 @@ def test_bad_input():
         kvq_write(torch.full((1, 2, 16), float("nan")), torch.randn(1, 2, 16), cache, torch.tensor([0]))
 
 
+def test_fp8_head_scale_values_are_a_data_check():
+    """A non-finite or non-positive fp8 head scale is refused by the data checks (a host sync, on by default) of
+    the writer and the attention; with check_data=False their Triton paths read no scale on the host (a CUDA graph
+    captures both), and the wrong scale reaches the output, as any unchecked data would."""
+    hs = torch.ones(2)
+    cache = QuantPagedKV.empty(4, 4, 2, 16, "fp8", k_head_scale=hs, v_head_scale=hs)
+    cache.v_meta[1] = 0.0
+    k, v, slots = torch.randn(3, 2, 16), torch.randn(3, 2, 16), torch.tensor([0, 1, 2])
+    bt, cl, q = torch.tensor([[0]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32), torch.randn(1, 4, 16)
+    with pytest.raises(CodesignError, match="fp8 head scales must be finite and > 0"):
+        kvq_write(k, v, cache, slots)
+    with use_backend("triton"):
+        kvq_write(k, v, cache, slots, check_data=False)
+        with pytest.raises(CodesignError, match="fp8 head scales must be finite and > 0"):
+            kvq_decode_attention(q, cache, bt, cl)
+        out = kvq_decode_attention(q, cache, bt, cl, check_data=False)
+    assert (out[:, 2:] == 0).all() and (out[:, :2] != 0).any()  # kv head 1's values decoded with its scale 0
+
+
 def test_fp8_codec_exhaustive():
     """Every e4m3 code decodes (attention over a one-token context returns v) to torch's float8 value, NaN
     codes included; every finite grid value and every midpoint between neighbours encodes like torch."""

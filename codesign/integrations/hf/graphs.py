@@ -1,0 +1,233 @@
+"""Captured decode: `GraphDecoding`, a `custom_generate` loop whose decode steps replay one captured forward (a
+CUDA graph), and `GraphTape`, a CPU stand-in for the capture that shows a step is capturable.
+
+Why: at batch 1 an eager decode step is host-bound (every layer's Python, options and launches: hundreds of us a
+layer, `bench/hf_host_time.py`); a replay launches the whole forward's kernels from one call. The host side left
+a step: a slot a row, the step's tables copied into fixed buffers, the attention wrappers re-planned in place
+(`CodesignCache.graph_step`), the logits processors and stopping criteria.
+
+What a replay reads: the token ids and positions `[B, 1]`, per group of layers the block tables padded to the
+run's length, the new slots and the context lengths (`CodesignCache.graph_begin`), and the wrappers' buffers.
+Everything else the forward's Python computed at capture is frozen in it, as a CUDA graph freezes it: so the loop
+passes the positions (transformers would count them from the cache on the host) and no attention mask (the cache
+knows each row's real tokens).
+
+Captured decode takes the formats whose writes read nothing but the step's slots (plain, per-token INT, FP8:
+`KVSpec.graph_safe`); greedy and sampling with transformers' logits processors and stopping criteria, as its own
+`_sample` loop picks tokens (finished rows get the pad token); no beams.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map
+
+from codesign.integrations.hf._compat import cache_kwarg
+from codesign.integrations.hf.cache import CodesignCache
+from codesign.integrations.hf.speculative import prefill
+from codesign.integrations.hf.support import ATTN_NAME, text_config
+from codesign.specs import CodesignError
+
+CAPTURES = ("cuda", "tape")
+# The kernels a captured forward launches, each one node on the tape (on a GPU, launches whose arguments are fixed at
+# capture; their Triton paths never wait for the device): the attention wrappers' launch and the KV writers' bodies.
+_KERNELS = (("codesign.kernels.attention.wrappers", "run_attention"),
+            ("codesign.kernels.kvcache.write", "_kv_write_body"),
+            ("codesign.kernels.kvcache.kvq", "_kvq_write_body"))  # fmt: skip
+
+
+def cuda_capture(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """fn captured in a `torch.cuda.CUDAGraph` after one warm-up run on a side stream (kernel compiles, plans,
+    allocator growth; torch's rule for whole-network capture); returns the replay, which returns fn's output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return out
+
+    return replay
+
+
+class _HostWaits(torch.overrides.TorchFunctionMode):
+    """Raises on the calls that make the host wait for a GPU's results, which a CUDA graph capture refuses."""
+
+    WAITS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero", "unique",
+             "masked_select"}  # fmt: skip
+
+    def __init__(self, tape: GraphTape) -> None:
+        super().__init__()
+        self.tape = tape
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if not self.tape._inside and getattr(func, "__name__", "") in self.WAITS:
+            raise CodesignError(f"a captured forward calls {func.__name__}(): the host waits for the device")
+        return func(*args, **(kwargs or {}))
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, tape: GraphTape) -> None:
+        super().__init__()
+        self.tape = tape
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.tape._nodes.append((func, args, kwargs, out))
+        return out
+
+
+class GraphTape:
+    """A CPU stand-in for `cuda_capture`: `capture(fn)` runs fn once (a warm-up, as on a GPU), then once more
+    recording every torch op it dispatches, and returns a replay that runs the recorded ops again on the current
+    contents of the tensors that existed before the capture (parameters, pools, the fixed buffers), with fn's
+    Python frozen, as a graph freezes it. Each of codesign's kernels (`_KERNELS`) is one recorded node (on a GPU,
+    launches whose arguments are fixed at capture), so their CPU paths may read the host; anywhere else a call
+    that waits for the device raises, as it would break a capture. Ops on host tensors replay too
+    (a CUDA graph would not run them): the tape shows a forward's device work is capturable, not its host work."""
+
+    def __init__(self) -> None:
+        self._nodes: list[tuple] = []
+        self._inside = False  # within an opaque node: neither recorded nor checked
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        fn()
+        self._nodes = []
+        saved = [(mod, name, getattr(mod, name)) for mod, name in (
+            (importlib.import_module(m), n) for m, n in _KERNELS)]  # fmt: skip
+        for mod, name, kernel in saved:
+            setattr(mod, name, self._opaque(kernel))
+        try:
+            with _HostWaits(self), _Recorder(self):
+                out = fn()
+        finally:
+            for mod, name, kernel in saved:
+                setattr(mod, name, kernel)
+        nodes = list(self._nodes)
+        return lambda: _replay(nodes, out)
+
+    def _opaque(self, kernel):
+        """kernel, recorded as one node: run without recording or checks inside."""
+
+        def call(*args, **kwargs):
+            self._inside = True
+            try:
+                with _disable_current_modes():
+                    out = kernel(*args, **kwargs)
+            finally:
+                self._inside = False
+            self._nodes.append((kernel, args, kwargs, out))
+            return out
+
+        return call
+
+
+def _replay(nodes: list[tuple], result):
+    env: dict[int, torch.Tensor] = {}  # id of a tensor made while recording -> its remake in this replay
+
+    def now(x):
+        return env.get(id(x), x) if isinstance(x, torch.Tensor) else x
+
+    for func, args, kwargs, out in nodes:
+        new = func(*tree_map(now, args), **tree_map(now, kwargs))
+        for old, fresh in zip(tree_flatten(out)[0], tree_flatten(new)[0]):
+            if isinstance(old, torch.Tensor):
+                env[id(old)] = fresh
+    return tree_map(now, result)
+
+
+class GraphDecoding:
+    """`model.generate(ids, custom_generate=GraphDecoding(), cache=CodesignCache(...), ...)`: the prompts' forward
+    runs eagerly, then every decode step replays one forward captured at the first (module docstring).
+
+    capture: "cuda" (`cuda_capture`, the default on a CUDA model), "tape" (`GraphTape`, the CPU stand-in: slow,
+    for checking that a model's step is capturable), or a callable taking the step (a function of no arguments
+    returning the logits) and returning its replay. Needs a fresh CodesignCache of a `graph_safe` format."""
+
+    def __init__(self, capture: str | Callable | None = None) -> None:
+        if capture is not None and not callable(capture) and capture not in CAPTURES:
+            raise CodesignError(f"capture must be one of {CAPTURES}, a callable or None, got {capture!r}")
+        self.capture = capture
+        self.captures = 0  # forwards captured by the last call (one a call)
+
+    def _capturer(self, device: torch.device):
+        if callable(self.capture):
+            return self.capture
+        capture = self.capture or ("cuda" if device.type == "cuda" else None)
+        if capture is None:
+            raise CodesignError(f"captured decode of a model on {device} needs capture='tape' (CUDA graphs: cuda)")
+        if capture == "cuda" and device.type != "cuda":
+            raise CodesignError(f"capture='cuda' needs a model on a CUDA device, not {device}")
+        return cuda_capture if capture == "cuda" else GraphTape().capture
+
+    def __call__(self, model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
+                 **model_kwargs):  # fmt: skip
+        cfg = generation_config
+        if getattr(cfg, "num_beams", 1) != 1:
+            raise CodesignError("captured decode does not run beam search")
+        if text_config(model)._attn_implementation != ATTN_NAME:
+            raise CodesignError(f"captured decode needs attn_implementation={ATTN_NAME!r}")
+        cache = model_kwargs.get("cache") or model_kwargs.get("past_key_values")
+        if not isinstance(cache, CodesignCache) or cache.row_lengths():
+            raise CodesignError("captured decode needs a fresh CodesignCache (generate(..., cache=CodesignCache(...)))")
+        if not cache.spec.graph_safe:
+            raise CodesignError(f"kv_format {cache.spec.name!r} cannot be captured (plain, per-token INT, FP8 can)")
+        capture = self._capturer(model.device)
+        self.captures = 0
+        try:
+            return self._loop(model, input_ids, model_kwargs.get("attention_mask"), cache, capture,
+                              logits_processor, stopping_criteria, cfg)  # fmt: skip
+        finally:
+            cache.graph_end()
+
+    def _loop(self, model, input_ids, mask, cache, capture, processors, stopping, cfg):
+        dev = model.device
+        pad = getattr(cfg, "_pad_token_tensor", None)
+        pad = cfg.pad_token_id if pad is None else pad
+        pad = int(pad) if pad is not None else 0
+        has_eos = stopping is not None and any(hasattr(c, "eos_token_id") for c in stopping)
+        ids = input_ids
+        unfinished = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
+        logits = prefill(model, cache, input_ids, mask)[:, -1]
+        fixed_ids = torch.zeros(ids.shape[0], 1, dtype=torch.long, device=dev)
+        fixed_pos = torch.tensor(cache.row_lengths(), dtype=torch.long, device=dev)[:, None]  # real tokens so far
+        kw = {cache_kwarg(model): cache}
+        replay = None
+        while True:
+            scores = logits.to(dtype=torch.float32, device=ids.device, copy=True)
+            if processors:
+                scores = processors(ids, scores)
+            if getattr(cfg, "do_sample", False):
+                tokens = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1)
+            else:
+                tokens = scores.argmax(-1)
+            if has_eos:
+                tokens = torch.where(unfinished, tokens, pad)
+            ids = torch.cat([ids, tokens[:, None]], -1)
+            if stopping is not None:
+                unfinished &= ~stopping(ids, scores)
+            if not bool(unfinished.any()):
+                return ids
+            if replay is None:
+                cache.graph_begin(int(cfg.max_length), dev)
+            cache.graph_step()
+            fixed_ids.copy_(tokens[:, None])
+            if replay is None:
+
+                def step() -> torch.Tensor:
+                    return model(input_ids=fixed_ids, position_ids=fixed_pos, use_cache=True, **kw).logits
+
+                replay = capture(step)
+                self.captures += 1
+            logits = replay()[:, -1]
+            fixed_pos.add_(1)  # (in place: the graph reads this tensor)

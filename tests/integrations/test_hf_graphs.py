@@ -1,0 +1,186 @@
+"""Captured decode (`graphs.GraphDecoding`) on the CPU stand-in for a CUDA graph (`GraphTape`): tokens as eager
+generation's, the tape's teeth (what a graph freezes stays frozen), and what it refuses."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from hf_testing import assert_same_greedy_where_decisive, family_params, greedy, prompts, tiny_model
+
+from codesign.integrations.hf import ATTN_NAME, CodesignCache, run_generate
+from codesign.integrations.hf import cache as cache_mod
+from codesign.integrations.hf._compat import cache_kwarg
+from codesign.integrations.hf.graphs import GraphDecoding, GraphTape
+from codesign.specs import CodesignError
+
+GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+
+
+def _captured(model, ids, mask, kv_format, n, block_size=4, **kw):
+    return run_generate(model, ids, kv_format, attention_mask=mask, block_size=block_size, max_new_tokens=n,
+                        cuda_graph="tape", **{**GREEDY, **kw})  # fmt: skip
+
+
+@pytest.mark.parametrize("family", family_params(["llama", "mistral", "qwen2", "gemma2"]))
+def test_captured_decode_is_greedy_sdpa(family):
+    """fp32 cache, left-padded rows, block size 4 (rows cross blocks within the run), windows (Mistral, Qwen2's
+    mixed groups) and soft caps (Gemma2): the captured steps' tokens are transformers' own, one capture a run."""
+    model = tiny_model(family)
+    ids, mask = prompts(3, 9, pads=(0, 3, 5))
+    ref_attn = "eager" if family == "gemma2" else "sdpa"
+    model.set_attn_implementation(ref_attn)
+    want = greedy(model, ids, mask, 14)
+    run = _captured(model, ids, mask, None, 14)
+    assert_same_greedy_where_decisive(run.sequences, want, ids.shape[1])
+    kinds = [s.kind for s in run.cache.steps]
+    assert kinds == ["prefill"] + ["decode"] * 13, kinds
+    assert [s.context_lens for s in run.cache.steps[-1:]] == [(9 + 13, 6 + 13, 4 + 13)]
+
+
+@pytest.mark.parametrize("kv_format", ["int8", "int4", "int2", "fp8"])
+def test_captured_decode_is_eager_decode(kv_format):
+    """Quantized caches: the captured steps' tokens are eager generation's over the same format."""
+    model = tiny_model()
+    ids, mask = prompts(2, 7, pads=(0, 2))
+    eager = run_generate(model, ids, kv_format, attention_mask=mask, block_size=4, max_new_tokens=12, **GREEDY)
+    run = _captured(model, ids, mask, kv_format, 12)
+    assert torch.equal(run.sequences, eager.sequences)
+
+
+def test_captured_decode_through_the_triton_kernels():
+    """The same through the Triton kernels (interpreter): decode wrappers planned over tables padded to the run."""
+    from codesign.backend import use_backend
+
+    model = tiny_model()
+    ids, _ = prompts(2, 5)
+    with use_backend("triton"):
+        eager = run_generate(model, ids, "int8", block_size=4, max_new_tokens=6, **GREEDY)
+        run = _captured(model, ids, None, "int8", 6)
+    assert torch.equal(run.sequences, eager.sequences)
+
+
+def test_captured_sampling_and_end_of_sequence_are_transformers():
+    """Sampling (temperature, top-k) draws the tokens transformers' own loop draws from the same seed, and rows
+    that meet their end-of-sequence id get the pad token after it, as its loop gives them."""
+    model = tiny_model()
+    ids, mask = prompts(3, 6, pads=(0, 1, 0))
+    model.set_attn_implementation("sdpa")
+    kw = dict(do_sample=True, temperature=0.7, top_k=20, pad_token_id=0, max_new_tokens=12)
+    torch.manual_seed(5)
+    free = model.generate(ids, attention_mask=mask, eos_token_id=None, **kw)
+    eos = int(free[1, ids.shape[1] + 3])  # a token row 1 draws early: it ends there
+    torch.manual_seed(5)
+    want = model.generate(ids, attention_mask=mask, eos_token_id=eos, **kw)
+    torch.manual_seed(5)
+    got = run_generate(model, ids, None, attention_mask=mask, eos_token_id=eos, cuda_graph="tape", **kw).sequences
+    assert torch.equal(got, want)
+    assert (want[1, ids.shape[1] + 4 :] == 0).all()
+
+
+def _broken(monkeypatch, what: str):
+    if what == "no re-plan":  # the wrappers keep the lengths of the step they were captured at
+        plan = cache_mod.plan_into
+        monkeypatch.setattr(cache_mod, "plan_into", lambda w, *a: w if w._plan is not None else plan(w, *a))
+    elif what == "stale tables":  # the fixed block tables keep the capture's
+        step = CodesignCache.graph_step
+
+        def stale(self):
+            kept = [f.block_tables.clone() for f in self._graph.write]
+            step(self)
+            for f, t in zip(self._graph.write, kept):
+                f.block_tables.copy_(t)
+
+        monkeypatch.setattr(CodesignCache, "graph_step", stale)
+    else:  # positions counted by transformers from the cache on the host: frozen at capture
+        forward = type(tiny_model()).forward
+
+        @functools.wraps(forward)
+        def no_positions(self, *a, position_ids=None, **k):
+            return forward(self, *a, **k)
+
+        monkeypatch.setattr(type(tiny_model()), "forward", no_positions)
+
+
+@pytest.mark.parametrize("what", ["no re-plan", "stale tables", "no positions"])
+def test_the_tape_freezes_what_a_graph_freezes(what, monkeypatch):
+    """Teeth: a step whose host side leaves anything the replay reads at its capture-time value (the wrappers'
+    lengths, the block tables, positions counted on the host) generates other tokens on the tape."""
+    model = tiny_model()
+    ids, _ = prompts(2, 9)
+    good = _captured(model, ids, None, "int8", 16).sequences
+    _broken(monkeypatch, what)
+    assert not torch.equal(_captured(model, ids, None, "int8", 16).sequences, good)
+
+
+def test_the_tape_refuses_a_forward_that_waits_for_the_device(monkeypatch):
+    model = tiny_model()
+    norm = type(model.model.norm).forward
+
+    def waits(self, x):
+        float(x.abs().max())
+        return norm(self, x)
+
+    monkeypatch.setattr(type(model.model.norm), "forward", waits)
+    with pytest.raises(CodesignError, match=r"calls __float__\(\): the host waits"):
+        _captured(model, prompts(1, 5)[0], None, None, 4)
+
+
+def test_a_replan_that_moves_a_buffer_raises(monkeypatch):
+    """A replay reads the wrappers' buffers where capture found them: a re-plan that reallocates one raises."""
+    from codesign.kernels.attention import wrappers
+
+    model = tiny_model()
+    ids, _ = prompts(1, 5)
+    keep = wrappers._PlannedAttention._persist
+    monkeypatch.setattr(wrappers._PlannedAttention, "_persist",
+                        lambda self, name, t: None if t is None else keep(self, name, t).clone())  # fmt: skip
+    with pytest.raises(CodesignError, match="moved a buffer the captured forward reads"):
+        _captured(model, ids, None, None, 4)
+
+
+def test_the_tape_replays_without_python():
+    """A replay runs the recorded ops, not fn: fn's Python side effects happen at the warm-up and the recording."""
+    x = torch.arange(4.0)
+    calls = []
+
+    def fn():
+        calls.append(1)
+        return (x * 2).sum(0, keepdim=True)
+
+    replay = GraphTape().capture(fn)
+    x.copy_(torch.ones(4))
+    assert torch.equal(replay(), torch.tensor([8.0])) and len(calls) == 2
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(kv_format="int4-kivi"), "cannot be captured"),
+        (dict(kv_format="mixed"), "cannot be captured"),
+        (dict(cuda_graph=True), "needs a model on a CUDA device"),
+        (dict(cuda_graph="graph"), "cuda_graph must be"),
+        (dict(num_beams=2), "does not combine"),
+        (dict(prompt_lookup_num_tokens=2), "does not combine"),
+    ],
+)
+def test_captured_decode_refuses_before_generating(kw, match):
+    model = tiny_model()
+    kw = {"kv_format": None, "cuda_graph": "tape", **kw}
+    with pytest.raises(CodesignError, match=match):
+        run_generate(model, prompts(1, 5)[0], max_new_tokens=3, **GREEDY, **kw)
+
+
+def test_graph_decoding_refuses_a_used_cache_and_cpu_capture():
+    model = tiny_model()
+    model.set_attn_implementation(ATTN_NAME)
+    ids = prompts(1, 5)[0]
+    kw = {cache_kwarg(model): CodesignCache(model, None, num_blocks=8, block_size=4)}
+    model(ids, **kw)
+    with pytest.raises(CodesignError, match="fresh CodesignCache"):
+        model.generate(ids, custom_generate=GraphDecoding("tape"), max_new_tokens=2, **GREEDY, **kw)
+    with pytest.raises(CodesignError, match="needs capture='tape'"):
+        GraphDecoding()._capturer(torch.device("cpu"))
+    with pytest.raises(CodesignError, match="capture must be"):
+        GraphDecoding("cpu")
