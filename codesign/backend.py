@@ -57,6 +57,28 @@ def use_backend(backend: str, op: str | None = None) -> contextlib.AbstractConte
     return _setting(_OVERRIDES, new)
 
 
+# True while a CPU stand-in for a CUDA graph records one (`integrations.hf.graphs.GraphTape`): `capturing`.
+_RECORDING: ContextVar[bool] = ContextVar("codesign_graph_recording", default=False)
+
+
+def recording_graph() -> contextlib.AbstractContextManager[None]:
+    """Inside the block `capturing` answers True for any tensor (the CPU stand-in for a capture records)."""
+    return _setting(_RECORDING, True)
+
+
+def capturing(t: Any) -> bool:
+    """Whether a graph is being captured over tensor t's device: a CUDA stream capturing, or the CPU stand-in
+    recording. A check that reads device values on the host skips itself then: a sync breaks a capture, and the
+    warm-up run before it checked the same (unchanging) tensors."""
+    if _RECORDING.get():
+        return True
+    if not getattr(t, "is_cuda", False):
+        return False
+    import torch
+
+    return torch.cuda.is_current_stream_capturing()
+
+
 def requested_backend(op: str) -> str:
     """The backend asked for `op` (may be "auto"), following the precedence above."""
     ov = _OVERRIDES.get()

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from codesign.backend import device_view, resolve_backend
+from codesign.backend import capturing, device_view, resolve_backend
 from codesign.kernels.df11 import codec, rows
 from codesign.kernels.df11 import triton_decode as dt
 from codesign.kernels.df11 import triton_gemm as fused
@@ -305,9 +305,11 @@ def df11_linear(
     """y = x @ W^T (+ bias) for bf16 x [..., K], by the path `choose_path` picks (backend op "df11_linear").
 
     exact=True: bit-identical to F.linear on the original weight (decoded into `workspace`, or a
-    fresh buffer). exact=False: the fused GEMV / tile GEMM for small M on the Triton backend.
+    fresh buffer). exact=False: the fused GEMV / tile GEMM for small M on the Triton backend. `check` is skipped
+    while a graph is captured (`backend.capturing`: the warm-up run checked the same stream).
     """
     n, k = _check_call("df11_linear", packed, x, bias)
+    check = check and not capturing(x)
     m = x.numel() // k if k else 0
     grad = torch.is_grad_enabled() and x.requires_grad  # the fused kernels have no backward
     layout = packed.layout

@@ -24,7 +24,7 @@ import weakref
 
 import torch
 
-from codesign.backend import device_view, resolve_backend
+from codesign.backend import capturing, device_view, resolve_backend
 from codesign.kernels.gemm import formats as qf
 from codesign.kernels.gemm.torch_mm import cached_on_weight
 from codesign.specs import CodesignError
@@ -175,8 +175,8 @@ def _check_zero_values(zeros: torch.Tensor, bits: int) -> None:
     """Raise unless `zeros` holds integers in [0, 2^bits] (`formats.zeros_are_codes`), once per tensor: the answer is
     kept as torch_mm keeps its weight copies (`cached_on_weight`: per storage, view and version), so a decode loop
     pays a dictionary lookup, not a host sync (inference tensors keep no version: checked every call). Skipped
-    while the stream captures a CUDA graph (a sync would break the capture; the warm-up call checked the tensor)."""
-    if zeros.is_cuda and torch.cuda.is_current_stream_capturing():
+    while a graph is captured (`backend.capturing`: a sync would break it; the warm-up call checked the tensor)."""
+    if capturing(zeros):
         return
     if not cached_on_weight(_ZEROS_CHECKED, zeros, (bits,), lambda: qf.zeros_are_codes(zeros, bits)):
         raise CodesignError(f"zeros must hold integers in [0, {1 << bits}] (the format's zero points: the kernels "

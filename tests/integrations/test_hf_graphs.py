@@ -49,6 +49,30 @@ def test_captured_decode_is_eager_decode(kv_format):
     assert torch.equal(run.sequences, eager.sequences)
 
 
+@pytest.mark.parametrize("weights", ["w4a16", "w8a8", "fp8", "lossless-bf16"])
+def test_captured_decode_with_quantized_weights(weights):
+    """Our linears inside the captured forward: their checks that read the device (W4A16's zero points, a DF11
+    stream's error flags) skip themselves while a graph is recorded (`backend.capturing`; the warm-up checked them),
+    and the tokens are eager generation's."""
+    from codesign.backend import capturing, recording_graph
+    from codesign.integrations.hf import _kernels as K
+
+    model = tiny_model()
+    keep = lambda m, fqn: "lm_head" not in fqn  # noqa: E731
+    if weights == "lossless-bf16":
+        K.compress_model_(model.to(torch.bfloat16), keep, K.LosslessBF16Config())
+    else:
+        cfg = {"w4a16": K.W4A16Config(group_size=32), "w8a8": K.W8A8Config(), "fp8": K.FP8Config()}[weights]
+        K.quantize_(model, cfg, keep)
+    ids, _ = prompts(2, 6)
+    eager = run_generate(model, ids, None, block_size=4, max_new_tokens=6, **GREEDY)
+    assert torch.equal(_captured(model, ids, None, None, 6).sequences, eager.sequences)
+    x = torch.ones(2)
+    assert not capturing(x)
+    with recording_graph():
+        assert capturing(x)
+
+
 def test_captured_decode_through_the_triton_kernels():
     """The same through the Triton kernels (interpreter): decode wrappers planned over tables padded to the run."""
     from codesign.backend import use_backend
@@ -101,6 +125,25 @@ def _broken(monkeypatch, what: str):
             return forward(self, *a, **k)
 
         monkeypatch.setattr(type(tiny_model()), "forward", no_positions)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_format", ["fp32", "int8"])
+def test_cuda_graph_decode_on_a_gpu(kv_format):
+    """A real CUDA graph (`cuda_graph=True`, Triton kernels): fp32 tokens are transformers' sdpa's where its lead is
+    decisive (the capture plans over tables padded to the run: another split of the keys, other fp32 sums); INT8
+    tokens are eager generation's, one capture a run."""
+    model = tiny_model().to("cuda")
+    ids, mask = prompts(3, 9, pads=(0, 3, 5))
+    ids, mask = ids.cuda(), mask.cuda()
+    kw = dict(attention_mask=mask, block_size=4, max_new_tokens=14, **GREEDY)
+    run = run_generate(model, ids, kv_format, cuda_graph=True, **kw)
+    assert [s.kind for s in run.cache.steps] == ["prefill"] + ["decode"] * 13
+    if kv_format == "fp32":
+        model.set_attn_implementation("sdpa")
+        assert_same_greedy_where_decisive(run.sequences, greedy(model, ids, mask, 14), ids.shape[1])
+    else:
+        assert torch.equal(run.sequences, run_generate(model, ids, kv_format, **kw).sequences)
 
 
 @pytest.mark.parametrize("what", ["no re-plan", "stale tables", "no positions"])

@@ -26,6 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
+from codesign.backend import recording_graph
 from codesign.integrations.hf._compat import cache_kwarg
 from codesign.integrations.hf.cache import CodesignCache
 from codesign.integrations.hf.speculative import prefill
@@ -108,7 +109,7 @@ class GraphTape:
         for mod, name, kernel in saved:
             setattr(mod, name, self._opaque(kernel))
         try:
-            with _HostWaits(self), _Recorder(self):
+            with recording_graph(), _HostWaits(self), _Recorder(self):
                 out = fn()
         finally:
             for mod, name, kernel in saved:
