@@ -49,28 +49,31 @@ def _stub_launches(counter: list[int]) -> Any:
     return original
 
 
-def _host_only(times: list[float]):
-    """A capture whose replay is free: the step runs twice (a warm-up and the capture, as `cuda_capture`), then every
-    replay returns the captured logits, its CPU time appended to `times`."""
+class _HostOnly:
+    """A capturer whose replay is free: `warm` and `capture` run the step (as `graphs.CudaCapture` runs it once
+    each), then every replay returns the captured logits, its CPU time appended to `times`."""
 
-    def capture(step):
-        step()
+    def __init__(self, times: list[float]) -> None:
+        self.times = times
+
+    def warm(self, step):
+        return step()
+
+    def capture(self, step):
         out = step()
 
         def replay():
-            times.append(time.process_time())
+            self.times.append(time.process_time())
             return out
 
-        return replay
-
-    return capture
+        return replay, out
 
 
 def _per_forward_ms(model, ids, kv_format: str | None, tokens: int, check: bool, tree: bool,
                     graph: bool = False) -> tuple[float, int]:  # fmt: skip
     """(CPU ms a forward after the prefill, forwards): greedy decoding of `tokens` tokens, or with `tree` tree
     speculation (an n-gram draft, width 2, depth 3: its accepted paths vary with the stubs' garbage, so time is
-    counted per forward); `graph`: a captured step's host side (`_host_only` replays), from one replay to the next."""
+    counted per forward); `graph`: a captured step's host side (`_HostOnly` replays), from one replay to the next."""
     from codesign.integrations.hf import TreeSpeculator
     from codesign.integrations.hf.graphs import GraphDecoding
     from codesign.integrations.hf.one_call import run_generate
@@ -78,7 +81,7 @@ def _per_forward_ms(model, ids, kv_format: str | None, tokens: int, check: bool,
     kw = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
     if graph:
         times: list[float] = []
-        run_generate(model, ids, kv_format, check=check, custom_generate=GraphDecoding(_host_only(times)), **kw)
+        run_generate(model, ids, kv_format, check=check, custom_generate=GraphDecoding(_HostOnly(times)), **kw)
         return (times[-1] - times[0]) / (len(times) - 1) * 1e3, len(times) - 1
     t0 = time.process_time()
     if kv_format is None:
@@ -172,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = [f for f in args.formats if f not in FORMATS]
     if bad:
         print(f"hf_host_time: --formats {bad[0]!r}: one of {', '.join(FORMATS)} (the module docstring says why)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.cuda_graph and args.tokens < 5:
+        print("hf_host_time: --cuda-graph needs --tokens >= 5 (a prefill, a warm step, a capture, two replays)",
               file=sys.stderr)  # fmt: skip
         return 2
     if args.batch < 1:

@@ -60,6 +60,9 @@ def test_refuses_without_the_interpreter_and_formats_that_read_their_values():
     r = subprocess.run([sys.executable, str(SCRIPT), "--batch", "0"], capture_output=True, text=True, env=env,
                        timeout=120)  # fmt: skip
     assert r.returncode == 2 and "--batch must be >= 1" in r.stderr
+    r = subprocess.run([sys.executable, str(SCRIPT), "--cuda-graph", "--tokens", "4"], capture_output=True,
+                       text=True, env=env, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "--cuda-graph needs --tokens >= 5" in r.stderr
 
 
 def test_tree_rows_time_tree_speculation_a_forward(tmp_path):
@@ -82,7 +85,7 @@ def test_graph_rows_time_a_captured_steps_host_side(tmp_path):
     far under the eager step's (no per-layer work); 0 launches counted (the replay's run on the GPU)."""
     out = tmp_path / "g.json"
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    r = subprocess.run([sys.executable, str(SCRIPT), "--layers", "4", "--tokens", "4", "--cuda-graph", "--formats",
+    r = subprocess.run([sys.executable, str(SCRIPT), "--layers", "4", "--tokens", "6", "--cuda-graph", "--formats",
                         "fp32", "int4-kivi", "--json", str(out)], capture_output=True, text=True, env=env,
                        timeout=300, cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]

@@ -39,9 +39,10 @@ def test_captured_decode_is_greedy_sdpa(family):
     assert [s.context_lens for s in run.cache.steps[-1:]] == [(9 + 13, 6 + 13, 4 + 13)]
 
 
-@pytest.mark.parametrize("kv_format", ["int8", "int4", "int2", "fp8"])
+@pytest.mark.parametrize("kv_format", ["int8", "int4", "int2", "fp8", "int4-oaken", "int4-oaken_offline"])
 def test_captured_decode_is_eager_decode(kv_format):
-    """Quantized caches: the captured steps' tokens are eager generation's over the same format."""
+    """Quantized caches: the captured steps' tokens are eager generation's over the same format (Oaken's writes
+    append outlier slots: each step's must run once, the capture's too)."""
     model = tiny_model()
     ids, mask = prompts(2, 7, pads=(0, 2))
     eager = run_generate(model, ids, kv_format, attention_mask=mask, block_size=4, max_new_tokens=12, **GREEDY)
@@ -73,16 +74,43 @@ def test_captured_decode_with_quantized_weights(weights):
         assert capturing(x)
 
 
-def test_captured_decode_through_the_triton_kernels():
+@pytest.mark.parametrize("kv_format", ["int8", "int4-oaken"])
+def test_captured_decode_through_the_triton_kernels(kv_format):
     """The same through the Triton kernels (interpreter): decode wrappers planned over tables padded to the run."""
     from codesign.backend import use_backend
 
     model = tiny_model()
     ids, _ = prompts(2, 5)
     with use_backend("triton"):
-        eager = run_generate(model, ids, "int8", block_size=4, max_new_tokens=6, **GREEDY)
-        run = _captured(model, ids, None, "int8", 6)
+        eager = run_generate(model, ids, kv_format, block_size=4, max_new_tokens=6, **GREEDY)
+        run = _captured(model, ids, None, kv_format, 6)
     assert torch.equal(run.sequences, eager.sequences)
+
+
+class _Twice(GraphTape):
+    """A capture that runs the step once more first (a warm-up inside the capture, as torch's recipe)."""
+
+    def capture(self, fn):
+        fn()
+        return super().capture(fn)
+
+
+def _pools(run) -> list[torch.Tensor]:
+    return [t for layer in run.cache.layers for t in vars(layer.storage.kv).values() if isinstance(t, torch.Tensor)]
+
+
+@pytest.mark.parametrize("kv_format", ["int8", "int4-oaken", "int4-oaken_offline"])
+def test_a_step_that_runs_twice_corrupts_oaken_only(kv_format):
+    """Teeth for running every step's effects once: an extra run of the captured step leaves a per-token cache as
+    eager generation leaves it (rewriting a slot is idempotent) but claims Oaken's outlier slots twice."""
+    model = tiny_model()
+    ids, mask = prompts(2, 7, pads=(0, 2))
+    kw = dict(attention_mask=mask, block_size=4, max_new_tokens=8, **GREEDY)
+    eager = run_generate(model, ids, kv_format, **kw)
+    twice = run_generate(model, ids, kv_format, custom_generate=GraphDecoding(_Twice()), **kw)
+    same = all(torch.equal(a, b) for a, b in zip(_pools(eager), _pools(twice)))
+    assert same is (kv_format == "int8")
+    assert torch.equal(_captured(model, ids, mask, kv_format, 8).sequences, eager.sequences)
 
 
 def test_captured_sampling_and_end_of_sequence_are_transformers():
@@ -128,11 +156,11 @@ def _broken(monkeypatch, what: str):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kv_format", ["fp32", "int8"])
+@pytest.mark.parametrize("kv_format", ["fp32", "int8", "int4-oaken"])
 def test_cuda_graph_decode_on_a_gpu(kv_format):
     """A real CUDA graph (`cuda_graph=True`, Triton kernels): fp32 tokens are transformers' sdpa's where its lead is
-    decisive (the capture plans over tables padded to the run: another split of the keys, other fp32 sums); INT8
-    tokens are eager generation's, one capture a run."""
+    decisive (the capture plans over tables padded to the run: another split of the keys, other fp32 sums); INT8 and
+    Oaken tokens are eager generation's."""
     model = tiny_model().to("cuda")
     ids, mask = prompts(3, 9, pads=(0, 3, 5))
     ids, mask = ids.cuda(), mask.cuda()
@@ -184,7 +212,7 @@ def test_a_replan_that_moves_a_buffer_raises(monkeypatch):
 
 
 def test_the_tape_replays_without_python():
-    """A replay runs the recorded ops, not fn: fn's Python side effects happen at the warm-up and the recording."""
+    """capture runs fn once (its output returned); a replay runs the recorded ops, not fn's Python."""
     x = torch.arange(4.0)
     calls = []
 
@@ -192,9 +220,10 @@ def test_the_tape_replays_without_python():
         calls.append(1)
         return (x * 2).sum(0, keepdim=True)
 
-    replay = GraphTape().capture(fn)
+    replay, out = GraphTape().capture(fn)
+    assert torch.equal(out, torch.tensor([12.0]))
     x.copy_(torch.ones(4))
-    assert torch.equal(replay(), torch.tensor([8.0])) and len(calls) == 2
+    assert torch.equal(replay(), torch.tensor([8.0])) and len(calls) == 1
 
 
 @pytest.mark.parametrize(

@@ -336,7 +336,7 @@ class CodesignCache(Cache):
         if not self.spec.graph_safe:
             raise CodesignError(
                 f"kv_format {self.spec.name!r} decides each step's writes on the host: it cannot be captured "
-                "(captured decode takes plain, per-token INT and FP8 caches)"
+                "(captured decode takes plain, per-token INT, FP8 and Oaken caches)"
             )
         if not self._rows:
             raise CodesignError("graph_begin needs the prompts' forward first")

@@ -12,9 +12,9 @@ Everything else the forward's Python computed at capture is frozen in it, as a C
 passes the positions (transformers would count them from the cache on the host) and no attention mask (the cache
 knows each row's real tokens).
 
-Captured decode takes the formats whose writes read nothing but the step's slots (plain, per-token INT, FP8:
-`KVSpec.graph_safe`); greedy and sampling with transformers' logits processors and stopping criteria, as its own
-`_sample` loop picks tokens (finished rows get the pad token); no beams.
+Captured decode takes the formats whose writes read nothing but the step's slots (plain, per-token INT, FP8,
+Oaken: `KVSpec.graph_safe`); greedy and sampling with transformers' logits processors and stopping criteria, as
+its own `_sample` loop picks tokens (finished rows get the pad token); no beams.
 """
 
 from __future__ import annotations
@@ -35,29 +35,39 @@ from codesign.specs import CodesignError
 
 CAPTURES = ("cuda", "tape")
 # The kernels a captured forward launches, each one node on the tape (on a GPU, launches whose arguments are fixed at
-# capture; their Triton paths never wait for the device): the attention wrappers' launch and the KV writers' bodies.
+# capture; their Triton paths never wait for the device): the attention wrappers' launch and the KV writers' bodies
+# (Oaken's: its Triton writer and the torch loop in its place; the index rows it then rebuilds are torch ops, taped).
 _KERNELS = (("codesign.kernels.attention.wrappers", "run_attention"),
             ("codesign.kernels.kvcache.write", "_kv_write_body"),
-            ("codesign.kernels.kvcache.kvq", "_kvq_write_body"))  # fmt: skip
+            ("codesign.kernels.kvcache.kvq", "_kvq_write_body"),
+            ("codesign.kernels.kvcache.triton_oaken_write", "oaken_write_triton"),
+            ("codesign.kernels.kvcache.oaken", "OakenPagedKV._write_loop"))  # fmt: skip
 
 
-def cuda_capture(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
-    """fn captured in a `torch.cuda.CUDAGraph` after one warm-up run on a side stream (kernel compiles, plans,
-    allocator growth; torch's rule for whole-network capture); returns the replay, which returns fn's output."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
+class CudaCapture:
+    """Capture in a `torch.cuda.CUDAGraph`. `warm(fn)`: fn run eagerly on a side stream (kernel compiles, plans,
+    allocator growth; torch's rule before a whole-network capture); `capture(fn)`: fn captured, then replayed once;
+    returns (the replay, fn's output). Each runs the step's effects exactly once: a step's writes need not be
+    idempotent (Oaken's append outliers)."""
 
-    def replay() -> torch.Tensor:
-        graph.replay()
+    def warm(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = fn()
+        torch.cuda.current_stream().wait_stream(side)
         return out
 
-    return replay
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # (records; runs nothing)
+            out = fn()
+
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return out
+
+        return replay, replay()
 
 
 class _HostWaits(torch.overrides.TorchFunctionMode):
@@ -89,10 +99,10 @@ class _Recorder(TorchDispatchMode):
 
 
 class GraphTape:
-    """A CPU stand-in for `cuda_capture`: `capture(fn)` runs fn once (a warm-up, as on a GPU), then once more
-    recording every torch op it dispatches, and returns a replay that runs the recorded ops again on the current
-    contents of the tensors that existed before the capture (parameters, pools, the fixed buffers), with fn's
-    Python frozen, as a graph freezes it. Each of codesign's kernels (`_KERNELS`) is one recorded node (on a GPU,
+    """A CPU stand-in for `CudaCapture`: `warm(fn)` runs fn; `capture(fn)` runs fn once recording every torch op it
+    dispatches and returns (a replay, fn's output): the replay runs the recorded ops again on the current contents
+    of the tensors that existed before the capture (parameters, pools, the fixed buffers), with fn's Python frozen,
+    as a graph freezes it. Each of codesign's kernels (`_KERNELS`) is one recorded node (on a GPU,
     launches whose arguments are fixed at capture), so their CPU paths may read the host; anywhere else a call
     that waits for the device raises, as it would break a capture. Ops on host tensors replay too
     (a CUDA graph would not run them): the tape shows a forward's device work is capturable, not its host work."""
@@ -101,21 +111,28 @@ class GraphTape:
         self._nodes: list[tuple] = []
         self._inside = False  # within an opaque node: neither recorded nor checked
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
-        fn()
+    def warm(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        return fn()
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
         self._nodes = []
-        saved = [(mod, name, getattr(mod, name)) for mod, name in (
-            (importlib.import_module(m), n) for m, n in _KERNELS)]  # fmt: skip
-        for mod, name, kernel in saved:
-            setattr(mod, name, self._opaque(kernel))
+        saved = []
+        for module, path in _KERNELS:  # (owner, attribute): a module's function or a class's method
+            owner = importlib.import_module(module)
+            *outer, name = path.split(".")
+            for part in outer:
+                owner = getattr(owner, part)
+            saved.append((owner, name, getattr(owner, name)))
+        for owner, name, kernel in saved:
+            setattr(owner, name, self._opaque(kernel))
         try:
             with recording_graph(), _HostWaits(self), _Recorder(self):
                 out = fn()
         finally:
-            for mod, name, kernel in saved:
-                setattr(mod, name, kernel)
+            for owner, name, kernel in saved:
+                setattr(owner, name, kernel)
         nodes = list(self._nodes)
-        return lambda: _replay(nodes, out)
+        return (lambda: _replay(nodes, out)), out
 
     def _opaque(self, kernel):
         """kernel, recorded as one node: run without recording or checks inside."""
@@ -151,25 +168,26 @@ class GraphDecoding:
     """`model.generate(ids, custom_generate=GraphDecoding(), cache=CodesignCache(...), ...)`: the prompts' forward
     runs eagerly, then every decode step replays one forward captured at the first (module docstring).
 
-    capture: "cuda" (`cuda_capture`, the default on a CUDA model), "tape" (`GraphTape`, the CPU stand-in: slow,
-    for checking that a model's step is capturable), or a callable taking the step (a function of no arguments
-    returning the logits) and returning its replay. Needs a fresh CodesignCache of a `graph_safe` format."""
+    The first decode step runs eagerly over the fixed buffers (`warm`), the second is captured (`capture`), every
+    later one replays it. capture: "cuda" (`CudaCapture`, the default on a CUDA model), "tape" (`GraphTape`, the
+    CPU stand-in: slow, for checking that a model's step is capturable), or an object with their `warm` and
+    `capture`. Needs a fresh CodesignCache of a `graph_safe` format."""
 
-    def __init__(self, capture: str | Callable | None = None) -> None:
-        if capture is not None and not callable(capture) and capture not in CAPTURES:
-            raise CodesignError(f"capture must be one of {CAPTURES}, a callable or None, got {capture!r}")
+    def __init__(self, capture=None) -> None:
+        if capture is not None and not hasattr(capture, "capture") and capture not in CAPTURES:
+            raise CodesignError(f"capture must be one of {CAPTURES}, a capturer or None, got {capture!r}")
         self.capture = capture
         self.captures = 0  # forwards captured by the last call (one a call)
 
     def _capturer(self, device: torch.device):
-        if callable(self.capture):
+        if hasattr(self.capture, "capture"):
             return self.capture
         capture = self.capture or ("cuda" if device.type == "cuda" else None)
         if capture is None:
             raise CodesignError(f"captured decode of a model on {device} needs capture='tape' (CUDA graphs: cuda)")
         if capture == "cuda" and device.type != "cuda":
             raise CodesignError(f"capture='cuda' needs a model on a CUDA device, not {device}")
-        return cuda_capture if capture == "cuda" else GraphTape().capture
+        return CudaCapture() if capture == "cuda" else GraphTape()
 
     def __call__(self, model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
                  **model_kwargs):  # fmt: skip
@@ -182,7 +200,7 @@ class GraphDecoding:
         if not isinstance(cache, CodesignCache) or cache.row_lengths():
             raise CodesignError("captured decode needs a fresh CodesignCache (generate(..., cache=CodesignCache(...)))")
         if not cache.spec.graph_safe:
-            raise CodesignError(f"kv_format {cache.spec.name!r} cannot be captured (plain, per-token INT, FP8 can)")
+            raise CodesignError(f"kv_format {cache.spec.name!r} cannot be captured (KIVI and mixed decide on the host)")
         capture = self._capturer(model.device)
         self.captures = 0
         try:
@@ -203,7 +221,11 @@ class GraphDecoding:
         fixed_ids = torch.zeros(ids.shape[0], 1, dtype=torch.long, device=dev)
         fixed_pos = torch.tensor(cache.row_lengths(), dtype=torch.long, device=dev)[:, None]  # real tokens so far
         kw = {cache_kwarg(model): cache}
-        replay = None
+
+        def step() -> torch.Tensor:
+            return model(input_ids=fixed_ids, position_ids=fixed_pos, use_cache=True, **kw).logits
+
+        replay, warmed = None, False
         while True:
             scores = logits.to(dtype=torch.float32, device=ids.device, copy=True)
             if processors:
@@ -219,16 +241,16 @@ class GraphDecoding:
                 unfinished &= ~stopping(ids, scores)
             if not bool(unfinished.any()):
                 return ids
-            if replay is None:
+            if not warmed:
                 cache.graph_begin(int(cfg.max_length), dev)
             cache.graph_step()
             fixed_ids.copy_(tokens[:, None])
-            if replay is None:
-
-                def step() -> torch.Tensor:
-                    return model(input_ids=fixed_ids, position_ids=fixed_pos, use_cache=True, **kw).logits
-
-                replay = capture(step)
+            if replay is not None:
+                out = replay()
+            elif not warmed:  # the first step eagerly over the fixed buffers: plans the wrappers, compiles kernels
+                out, warmed = capture.warm(step), True
+            else:  # the second captured (its effects once, as every step's)
+                replay, out = capture.capture(step)
                 self.captures += 1
-            logits = replay()[:, -1]
+            logits = out[:, -1]
             fixed_pos.add_(1)  # (in place: the graph reads this tensor)

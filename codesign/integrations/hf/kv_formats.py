@@ -52,10 +52,10 @@ class KVSpec:
 
     @property
     def graph_safe(self) -> bool:
-        """True when a decode step's write reads nothing but its slots (plain, per-token INT, FP8), so that one
-        captured forward serves every step (`CodesignCache.graph_begin`); the other kinds decide on the host which
-        rings, outlier rows or block widths a step touches."""
-        return self.kind in ("plain", "per_token", "fp8")
+        """True when a decode step's write reads nothing but its slots (plain, per-token INT, FP8, Oaken: its index
+        rows rebuilt from them), so that one captured forward serves every step (`CodesignCache.graph_begin`); KIVI
+        and mixed decide on the host which rings or block widths a step touches."""
+        return self.kind not in ("kivi", "mixed")
 
     @property
     def shares_prompt_blocks(self) -> bool:

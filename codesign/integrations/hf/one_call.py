@@ -159,7 +159,7 @@ def _graph_decoding(model, cuda_graph, spec, speculative, generate_kwargs) -> Gr
         raise CodesignError(f"cuda_graph must be True, False or 'tape', got {cuda_graph!r}")
     if not spec.graph_safe:
         raise CodesignError(
-            f"cuda_graph: kv_format {spec.name!r} cannot be captured (plain, per-token INT and FP8 caches can)"
+            f"cuda_graph: kv_format {spec.name!r} cannot be captured (plain, per-token INT, FP8 and Oaken caches can)"
         )
     clash = [k for k in ("custom_generate", "prompt_lookup_num_tokens", "assistant_model") if generate_kwargs.get(k)]
     if speculative is not None or clash or int(generate_kwargs.get("num_beams", 1) or 1) != 1:
@@ -180,7 +180,7 @@ def generate(model, input_ids: torch.Tensor, kv_format: str | None = None, **kwa
     Keywords of ours: attention_mask (left padding only), block_size (default 16, 32 for KIVI), num_blocks
     (default: sized for the prompt and max_new_tokens), speculative (a TreeSpeculator: tree speculative
     decoding), cuda_graph (True: every decode step replays one forward captured in a CUDA graph, `graphs`; plain,
-    per-token INT and FP8 caches), share_prefix (rows with a common prompt prefix share its full blocks), check
+    per-token INT, FP8 and Oaken caches), share_prefix (rows with a common prompt prefix share its full blocks), check
     (the kernels' data checks). Everything else goes to transformers' generate. Returns what it returns.
     """
     return run_generate(model, input_ids, kv_format, **kwargs).output
