@@ -5,8 +5,6 @@ for the formats whose writes touch more than their own slots (KIVI's ring, Oaken
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 from hf_testing import (
@@ -459,29 +457,6 @@ def test_mixed_storage_keeps_its_block_widths_through_copy_on_write():
         assert torch.equal(getattr(st.kv, name)[3], getattr(st.kv, name)[src]), name
 
 
-class _HostSyncs(torch.overrides.TorchFunctionMode):
-    """Records the calls that wait for a GPU's results on the host (`.item()`, `.tolist()`, truth values, `nonzero`,
-    bool-mask indexing, copies to the CPU) or copy a host list to the device with a wait (`torch.tensor`; not
-    `host_ints.device_ints`'s, from pinned memory without one)."""
-
-    SYNCS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy", "unique",
-             "masked_select", "tensor", "as_tensor"}  # fmt: skip
-
-    def __init__(self):
-        super().__init__()
-        self.calls: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        index = args[1] if name in ("__getitem__", "__setitem__") and len(args) > 1 else None
-        masks = index if isinstance(index, tuple) else (index,)
-        pinned = name == "tensor" and sys._getframe(1).f_code.co_filename.endswith("host_ints.py")
-        if (name in self.SYNCS and not pinned) or any(isinstance(m, torch.Tensor) and m.dtype == torch.bool
-                                                        for m in masks):  # fmt: skip
-            self.calls.append(name)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("name", ["fp32", "int8", "fp8", "int4-kivi", "int4-oaken", "int4-oaken_offline", "mixed"])
 @pytest.mark.parametrize("kind", ["decode", "tree"])
 def test_forwards_wait_for_the_gpu_only_at_their_first_layer(name, kind, monkeypatch):
@@ -492,13 +467,14 @@ def test_forwards_wait_for_the_gpu_only_at_their_first_layer(name, kind, monkeyp
     from codesign.backend import use_backend
     from codesign.integrations.hf import TreeSpeculator
     from codesign.integrations.hf.cache import CodesignCache
+    from codesign.integrations.hf.graphs import HostWaits
 
     syncs, attend = [], CodesignCache.attend
 
     def spy(self, layer_idx, *a, **k):
         if layer_idx == 0 or self.steps[-1].kind != kind:
             return attend(self, layer_idx, *a, **k)
-        with _HostSyncs() as mode:
+        with HostWaits() as mode:
             out = attend(self, layer_idx, *a, **k)
         syncs.extend(mode.calls)
         return out

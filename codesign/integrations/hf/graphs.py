@@ -20,6 +20,7 @@ its own `_sample` loop picks tokens (finished rows get the pad token); no beams.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 
 import torch
@@ -70,19 +71,32 @@ class CudaCapture:
         return replay, replay()
 
 
-class _HostWaits(torch.overrides.TorchFunctionMode):
-    """Raises on the calls that make the host wait for a GPU's results, which a CUDA graph capture refuses."""
+class HostWaits(torch.overrides.TorchFunctionMode):
+    """Finds the torch calls that make the host wait for a GPU (`.item()`, `.tolist()`, truth values, `nonzero`,
+    bool-mask indexing, `.cpu()`) or copy a host list to the device with a wait (`torch.tensor`; not
+    `host_ints.device_ints`'s, from pinned memory without one): a CUDA graph capture refuses them, and in an eager
+    forward each stalls the launch queue. Recorded in `calls`; with `strict`, raised at once. Calls made while
+    `paused()` is true (inside a kernel's CPU path) pass."""
 
-    WAITS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero", "unique",
-             "masked_select"}  # fmt: skip
+    WAITS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy", "unique",
+             "masked_select", "tensor", "as_tensor"}  # fmt: skip
 
-    def __init__(self, tape: GraphTape) -> None:
+    def __init__(self, strict: bool = False, paused: Callable[[], bool] = lambda: False) -> None:
         super().__init__()
-        self.tape = tape
+        self.strict, self.paused = strict, paused
+        self.calls: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if not self.tape._inside and getattr(func, "__name__", "") in self.WAITS:
-            raise CodesignError(f"a captured forward calls {func.__name__}(): the host waits for the device")
+        if not self.paused():
+            name = getattr(func, "__name__", "")
+            index = args[1] if name in ("__getitem__", "__setitem__") and len(args) > 1 else None
+            masks = index if isinstance(index, tuple) else (index,)
+            pinned = name == "tensor" and sys._getframe(1).f_code.co_filename.endswith("host_ints.py")
+            if (name in self.WAITS and not pinned) or any(
+                    isinstance(m, torch.Tensor) and m.dtype == torch.bool for m in masks):  # fmt: skip
+                if self.strict:
+                    raise CodesignError(f"a captured forward calls {name}(): the host waits for the device")
+                self.calls.append(name)
         return func(*args, **(kwargs or {}))
 
 
@@ -126,7 +140,7 @@ class GraphTape:
         for owner, name, kernel in saved:
             setattr(owner, name, self._opaque(kernel))
         try:
-            with recording_graph(), _HostWaits(self), _Recorder(self):
+            with recording_graph(), HostWaits(True, lambda: self._inside), _Recorder(self):
                 out = fn()
         finally:
             for owner, name, kernel in saved:
