@@ -8,9 +8,10 @@ outputs are garbage, only time is measured), and counts the launches per layer (
 ~10-30 us of host time, on a GPU). The sdpa rows do run their (small) CPU attention. `--entry-point`: decode
 through the attention entry points at every layer, as before `CodesignCache` planned decode once a forward.
 `--tree`: the forwards of tree speculation (an n-gram draft) instead, time a forward (no sdpa row: transformers
-has no tree verification). `--cuda-graph`: also a row per format for captured decode (`graphs.GraphDecoding`)
-whose replay costs nothing here, so the row is a captured step's host side alone (its slots, buffer copies and
-re-plans, the logits processors, the stopping check), timed from one replay to the next.
+has no tree verification). `--cuda-graph`: also a row per format for captured decode (`graphs.GraphDecoding`;
+with `--tree`, captured tree forwards) whose replay costs nothing here, so the row is a captured step's host side
+alone (its slots, buffer copies and re-plans, the logits processors, the stopping check; a tree step's draft,
+verification and compaction too), timed from one replay to the next.
 
     python bench/hf_host_time.py [--layers 8] [--tokens 32] [--batch 1] [--formats fp32 int8 int4] [--entry-point]
                                  [--tree] [--cuda-graph] [--json F]
@@ -81,7 +82,11 @@ def _per_forward_ms(model, ids, kv_format: str | None, tokens: int, check: bool,
     kw = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
     if graph:
         times: list[float] = []
-        run_generate(model, ids, kv_format, check=check, custom_generate=GraphDecoding(_HostOnly(times)), **kw)
+        if tree:
+            sp = TreeSpeculator("ngram", width=2, depth=3, cuda_graph=_HostOnly(times))
+            run_generate(model, ids, kv_format, check=check, eos_token_id=None, speculative=sp, **kw)
+        else:
+            run_generate(model, ids, kv_format, check=check, custom_generate=GraphDecoding(_HostOnly(times)), **kw)
         return (times[-1] - times[0]) / (len(times) - 1) * 1e3, len(times) - 1
     t0 = time.process_time()
     if kv_format is None:
@@ -139,7 +144,7 @@ def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, l
     variants = [] if tree else [("hf-sdpa", None, False, False)]
     variants += [(f"codesign-{f}", f, False, False) for f in formats]
     variants += [(f"codesign-{f}+checks", f, True, False) for f in formats if f in ("fp32", "fp16")]
-    if graph and not tree:
+    if graph:
         variants += [(f"codesign-{f}-graph", f, False, True) for f in formats if "kivi" not in f]
     for name, fmt, check, captured in variants:
         best, per_step = float("inf"), 0.0

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "hf_host_time.py"
 
 
@@ -80,14 +82,16 @@ def test_tree_rows_time_tree_speculation_a_forward(tmp_path):
     assert all(2 <= x["launches_per_layer"] < 3 for x in rows.values()), rows
 
 
-def test_graph_rows_time_a_captured_steps_host_side(tmp_path):
-    """--cuda-graph: a row per capturable format (KIVI has none) whose replays are free: the host side of a step,
-    far under the eager step's (no per-layer work); 0 launches counted (the replay's run on the GPU)."""
+@pytest.mark.parametrize("tree", [False, True])
+def test_graph_rows_time_a_captured_steps_host_side(tmp_path, tree):
+    """--cuda-graph: a row per capturable format (KIVI has none) whose replays are free: the host side of a step
+    (with --tree, a tree step's), far under the eager step's (no per-layer work); 0 launches counted (the
+    replay's run on the GPU)."""
     out = tmp_path / "g.json"
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    r = subprocess.run([sys.executable, str(SCRIPT), "--layers", "4", "--tokens", "6", "--cuda-graph", "--formats",
-                        "fp32", "int4-kivi", "--json", str(out)], capture_output=True, text=True, env=env,
-                       timeout=300, cwd=tmp_path)  # fmt: skip
+    r = subprocess.run([sys.executable, str(SCRIPT), "--layers", "4", "--tokens", "16" if tree else "6",
+                        "--cuda-graph", "--formats", "fp32", "int4-kivi", "--json", str(out), *(["--tree"] * tree)],
+                       capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {x["variant"]: x for x in json.loads(out.read_text())["rows"]}
     assert "codesign-fp32-graph" in rows and "codesign-int4-kivi-graph" not in rows

@@ -8,11 +8,12 @@ import functools
 import pytest
 import torch
 from hf_testing import assert_same_greedy_where_decisive, family_params, greedy, prompts, tiny_model
+from torch.utils._pytree import tree_flatten, tree_map
 
 from codesign.integrations.hf import ATTN_NAME, CodesignCache, run_generate
 from codesign.integrations.hf import cache as cache_mod
 from codesign.integrations.hf._compat import cache_kwarg
-from codesign.integrations.hf.graphs import GraphDecoding, GraphTape
+from codesign.integrations.hf.graphs import GraphDecoding, GraphTape, capturer
 from codesign.specs import CodesignError
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
@@ -85,6 +86,66 @@ def test_captured_decode_through_the_triton_kernels(kv_format):
         eager = run_generate(model, ids, kv_format, block_size=4, max_new_tokens=6, **GREEDY)
         run = _captured(model, ids, None, kv_format, 6)
     assert torch.equal(run.sequences, eager.sequences)
+
+
+@pytest.mark.parametrize("kv_format, mode", [("fp32", "greedy"), ("int8", "greedy"), ("int4", "stochastic")])
+def test_captured_tree_speculation_is_eager_tree_speculation(kv_format, mode):
+    """Tree speculation whose target forwards replay a captured tree forward (one capture a batch size: rows leave
+    as they finish) emits eager tree speculation's tokens: the same trees, the same acceptance, the cache compacted
+    from the graph's own K/V (`accept_tree`)."""
+    from codesign.integrations.hf import TreeSpeculator
+
+    model = tiny_model()
+    ids, mask = prompts(3, 9, pads=(0, 2, 4))
+    kw = dict(attention_mask=mask, block_size=4, max_new_tokens=16, pad_token_id=0, eos_token_id=None)
+    kw.update(do_sample=True, temperature=0.8) if mode == "stochastic" else kw.update(do_sample=False)
+    eager = run_generate(model, ids, kv_format, speculative=TreeSpeculator("ngram", 2, 3, mode, seed=3), **kw)
+    sp = TreeSpeculator("ngram", 2, 3, mode, seed=3)
+    run = run_generate(model, ids, kv_format, speculative=sp, cuda_graph="tape", **kw)
+    assert torch.equal(run.sequences, eager.sequences)
+    assert [s.kind for s in run.steps] == [s.kind for s in eager.steps] and run.steps[1].kind == "tree"
+    assert sp.captures >= (2 if mode == "greedy" else 1) and run.speculation.accepted == eager.speculation.accepted
+
+
+def _kept_kv(monkeypatch, run) -> list[torch.Tensor]:
+    """The K/V every accept_tree of `run()` compacts from (layer 0's keys), each step's."""
+    seen, accept = [], CodesignCache.accept_tree
+
+    def spy(self, paths):
+        seen.append(self.layers[0].last_kv[0].clone())
+        return accept(self, paths)
+
+    monkeypatch.setattr(CodesignCache, "accept_tree", spy)
+    run()
+    monkeypatch.setattr(CodesignCache, "accept_tree", accept)
+    return seen
+
+
+def test_captured_trees_compact_from_the_graphs_own_kv(monkeypatch):
+    """accept_tree compacts a replayed step from that step's K/V (the graph's outputs, refilled in place), as in
+    eager speculation. Teeth: a replay whose outputs land in new tensors (not where the capture put them, unlike a
+    graph's) leaves it the capture step's K/V."""
+    from codesign.integrations.hf import TreeSpeculator, graphs
+
+    def elsewhere(nodes, result):
+        env = {}
+        now = lambda x: env.get(id(x), x) if isinstance(x, torch.Tensor) else x  # noqa: E731
+        for func, args, kwargs, out in nodes:
+            new = func(*tree_map(now, args), **tree_map(now, kwargs))
+            for old, fresh in zip(tree_flatten(out)[0], tree_flatten(new)[0]):
+                env[id(old)] = fresh
+        return tree_map(now, result)
+
+    model = tiny_model()
+    ids, _ = prompts(2, 9)
+    kw = dict(block_size=4, max_new_tokens=16, **GREEDY)
+    go = lambda **k: run_generate(model, ids, "int8", speculative=TreeSpeculator("ngram", 2, 3), **kw, **k)  # noqa: E731
+    eager = _kept_kv(monkeypatch, go)
+    captured = _kept_kv(monkeypatch, lambda: go(cuda_graph="tape"))
+    assert len(eager) == len(captured) >= 4 and all(torch.equal(a, b) for a, b in zip(eager, captured))
+    monkeypatch.setattr(graphs, "_replay", elsewhere)
+    stale = _kept_kv(monkeypatch, lambda: go(cuda_graph="tape"))
+    assert not all(torch.equal(a, b) for a, b in zip(eager, stale))
 
 
 class _Twice(GraphTape):
@@ -174,6 +235,20 @@ def test_cuda_graph_decode_on_a_gpu(kv_format):
         assert torch.equal(run.sequences, run_generate(model, ids, kv_format, **kw).sequences)
 
 
+@pytest.mark.gpu
+def test_cuda_graph_tree_speculation_on_a_gpu():
+    """Captured tree forwards in a real CUDA graph: INT8 tokens and acceptance are eager tree speculation's."""
+    from codesign.integrations.hf import TreeSpeculator
+
+    model = tiny_model().to("cuda")
+    ids, mask = prompts(3, 9, pads=(0, 2, 4))
+    kw = dict(attention_mask=mask.cuda(), block_size=4, max_new_tokens=16, **GREEDY)
+    eager = run_generate(model, ids.cuda(), "int8", speculative=TreeSpeculator("ngram", 2, 3), **kw)
+    run = run_generate(model, ids.cuda(), "int8", speculative=TreeSpeculator("ngram", 2, 3), cuda_graph=True, **kw)
+    assert torch.equal(run.sequences, eager.sequences)
+    assert run.speculation.accepted == eager.speculation.accepted
+
+
 @pytest.mark.parametrize("what", ["no re-plan", "stale tables", "no positions"])
 def test_the_tape_freezes_what_a_graph_freezes(what, monkeypatch):
     """Teeth: a step whose host side leaves anything the replay reads at its capture-time value (the wrappers'
@@ -212,7 +287,8 @@ def test_a_replan_that_moves_a_buffer_raises(monkeypatch):
 
 
 def test_the_tape_replays_without_python():
-    """capture runs fn once (its output returned); a replay runs the recorded ops, not fn's Python."""
+    """capture runs fn once (its output returned); a replay runs the recorded ops, not fn's Python, into the
+    tensors the recording made (the output object the capture returned holds each replay's values)."""
     x = torch.arange(4.0)
     calls = []
 
@@ -223,7 +299,7 @@ def test_the_tape_replays_without_python():
     replay, out = GraphTape().capture(fn)
     assert torch.equal(out, torch.tensor([12.0]))
     x.copy_(torch.ones(4))
-    assert torch.equal(replay(), torch.tensor([8.0])) and len(calls) == 1
+    assert replay() is out and torch.equal(out, torch.tensor([8.0])) and len(calls) == 1
 
 
 @pytest.mark.parametrize(
@@ -235,11 +311,16 @@ def test_the_tape_replays_without_python():
         (dict(cuda_graph="graph"), "cuda_graph must be"),
         (dict(num_beams=2), "does not combine"),
         (dict(prompt_lookup_num_tokens=2), "does not combine"),
+        (dict(kv_format="int4-oaken", speculative="tree"), "cannot be captured"),
     ],
 )
 def test_captured_decode_refuses_before_generating(kw, match):
+    from codesign.integrations.hf import TreeSpeculator
+
     model = tiny_model()
     kw = {"kv_format": None, "cuda_graph": "tape", **kw}
+    if kw.get("speculative") == "tree":
+        kw["speculative"] = TreeSpeculator("ngram", 2, 2)
     with pytest.raises(CodesignError, match=match):
         run_generate(model, prompts(1, 5)[0], max_new_tokens=3, **GREEDY, **kw)
 
@@ -253,6 +334,6 @@ def test_graph_decoding_refuses_a_used_cache_and_cpu_capture():
     with pytest.raises(CodesignError, match="fresh CodesignCache"):
         model.generate(ids, custom_generate=GraphDecoding("tape"), max_new_tokens=2, **GREEDY, **kw)
     with pytest.raises(CodesignError, match="needs capture='tape'"):
-        GraphDecoding()._capturer(torch.device("cpu"))
+        capturer(None, torch.device("cpu"))
     with pytest.raises(CodesignError, match="capture must be"):
         GraphDecoding("cpu")

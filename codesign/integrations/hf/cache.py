@@ -31,6 +31,7 @@ row), so the cache ends exactly as if only the kept tokens had been written, in 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -90,6 +91,8 @@ class _Step:
     checked: set[int] = field(default_factory=set)  # groups whose plans a layer has checked this forward
     # group -> (options key, its planned wrapper, plan_into's arguments after the wrapper: a re-plan's)
     planned: dict[int, tuple] = field(default_factory=dict)
+    # a captured step's K/V of each layer (the graph's own tensors: each replay refills them), for accept_tree
+    kept: dict[int, tuple] = field(default_factory=dict)
 
 
 class CodesignCacheLayer(CacheLayerMixin):
@@ -328,39 +331,44 @@ class CodesignCache(Cache):
         return sum(layer.storage.nbytes() for layer in self.layers)
 
     # --- captured decode steps (`graphs.GraphDecoding`) ----------------------------------------------------
-    def graph_begin(self, max_tokens: int, device) -> None:
-        """From now on every forward is a decode step reading fixed buffers, so that one captured forward (a CUDA
-        graph) serves them all: per group the block tables padded to `max_tokens` tokens a row, the new slots,
-        and the context lengths. Each step's host side runs before the forward: `graph_step`. Data checks are
-        off (the cache builds the buffers); `graph_end` returns to eager forwards."""
-        if not self.spec.graph_safe:
+    def graph_begin(self, max_tokens: int, device, tree: Sequence[int] | None = None) -> None:
+        """From now on every forward is a step of one shape reading fixed buffers, so that one captured forward (a
+        CUDA graph) serves them all: a decode step, or with `tree` (a parent array) a verification of that tree in
+        every row (`set_tree` before each). Per group the block tables padded to `max_tokens` tokens a row, the new
+        slots; the context lengths (and a tree's query offsets). Each step's host side runs before its forward:
+        `graph_step`. Data checks are off (the cache builds the buffers); `graph_end` returns to eager forwards."""
+        if not self.spec.graph_safe or (tree is not None and not self.spec.token_local):
             raise CodesignError(
                 f"kv_format {self.spec.name!r} decides each step's writes on the host: it cannot be captured "
-                "(captured decode takes plain, per-token INT, FP8 and Oaken caches)"
+                "(captured decode takes plain, per-token INT, FP8 and Oaken caches; captured trees all but Oaken)"
             )
         if not self._rows:
             raise CodesignError("graph_begin needs the prompts' forward first")
         if max(self.row_lengths()) >= max_tokens:
             raise CodesignError(f"graph_begin(max_tokens={max_tokens}): a row already holds that many tokens")
-        width = -(-max_tokens // self.block_size)
-        b = len(self._rows)
+        cols = -(-max_tokens // self.block_size)
+        b, n = len(self._rows), 1 if tree is None else len(K.check_parents(tree))
         ctx = torch.zeros(b, dtype=torch.int32, device=device)
+        cu = None if tree is None else torch.zeros(b + 1, dtype=torch.int32, device=device)
         write, attend = [], []
         for _ in self._groups:  # (the host fields of a write plan: unread by the graph-safe kinds' writes)
-            bt = torch.zeros(b, width, dtype=torch.int32, device=device)
-            write.append(WritePlan([], [], [], [], torch.zeros(b, dtype=torch.int64, device=device), bt, [], []))
-            attend.append(AttendPlan(bt, ctx, None, None, []))
-        self._graph = _Step(b, 1, None, write, attend, keep_kv=False)
+            bt = torch.zeros(b, cols, dtype=torch.int32, device=device)
+            write.append(WritePlan([], [], [], [], torch.zeros(b * n, dtype=torch.int64, device=device), bt, [], []))
+            attend.append(AttendPlan(bt, ctx, cu, None, []))  # (a tree's TreeBatch: set by each graph_step)
+        self._graph = _Step(b, n, None, write, attend, keep_kv=tree is not None)
 
     def graph_step(self) -> None:
-        """A decode step's host side, before its captured forward: one slot a row in every group, the step's
-        tables, lengths and slots copied into the fixed buffers, the attention wrappers re-planned in place
-        (FlashInfer's rule: a replay reads their buffers). A re-plan that would move a buffer the graph reads
-        raises."""
+        """A step's host side, before its captured forward: its slots in every group, the step's tables, lengths
+        (offsets, tree) and slots copied into the fixed buffers, the attention wrappers re-planned in place
+        (FlashInfer's rule: a replay reads their buffers), a tree step's layers handed the graph's K/V (for
+        `accept_tree`). A re-plan that would move a buffer the graph reads raises."""
         gs = self._graph
         if gs is None:
             raise CodesignError("graph_step outside graph_begin / graph_end")
-        st = self._begin(gs.batch, 1, None, gs.attend[0].context_lens.device)
+        if (self._tree is not None) != gs.keep_kv:
+            raise CodesignError(f"graph_begin was for {'a tree' if gs.keep_kv else 'decode'}: call set_tree "
+                                f"before each tree step, and only then")  # fmt: skip
+        st = self._begin(gs.batch, gs.width, None, gs.attend[0].context_lens.device)
         for fixed, new in zip(gs.write, st.write):
             width = new.block_tables.shape[1]
             if width > fixed.block_tables.shape[1]:
@@ -370,6 +378,12 @@ class CodesignCache(Cache):
             fixed.block_tables[:, :width].copy_(new.block_tables)
             fixed.slots.copy_(new.slots)
         gs.attend[0].context_lens.copy_(st.attend[0].context_lens)
+        if gs.keep_kv:
+            gs.attend[0].cu_seqlens_q.copy_(st.attend[0].cu_seqlens_q)
+            for fixed, new in zip(gs.attend, st.attend):
+                fixed.tree = new.tree  # (host lists for the re-plan; its device tensors go to the wrappers' buffers)
+            for i, kv in gs.kept.items():
+                self.layers[i].last_kv = kv
         for _, w, args in gs.planned.values():
             before = plan_buffers(w)
             plan_into(w, *args)
@@ -403,6 +417,8 @@ class CodesignCache(Cache):
             layer.storage.build(k, v)
         layer.snap = layer.storage.snapshot(st.write[g])
         layer.last_kv = (k, v) if st.keep_kv else None
+        if st is self._graph and st.keep_kv:  # (the capture's run is the last to set it: the graph's tensors)
+            st.kept[layer_idx] = layer.last_kv
         # The group's layers share this step's slots and tables: its first layer checks them for all (each
         # check is a host sync and host work, at every layer of a GPU decode step otherwise).
         first = g not in st.checked
@@ -431,7 +447,7 @@ class CodesignCache(Cache):
         hit = st.planned.get(g)
         if hit is None or hit[0] != key:  # a layer whose options or pool differ from the group's first: planned again
             plan = st.attend[g]
-            tree = self.steps[-1].parents if plan.tree is not None else ()
+            tree = self.steps[-1].parents if plan.tree is not None else ()  # (a captured tree's: the same each step)
             args = (plan, tree, c, qd, self.check and self._graph is None, scaling, window, softcap)
             st.planned[g] = hit = (key, plan_into(_new_wrapper(plan, qd.device), *args), args)
         out = hit[1].run(qd, *caches)

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 
 from codesign.backend import recording_graph
 from codesign.integrations.hf._compat import cache_kwarg
 from codesign.integrations.hf.cache import CodesignCache
-from codesign.integrations.hf.speculative import prefill
+from codesign.integrations.hf.forwards import prefill
 from codesign.integrations.hf.support import ATTN_NAME, text_config
 from codesign.specs import CodesignError
 
@@ -114,9 +114,10 @@ class _Recorder(TorchDispatchMode):
 
 class GraphTape:
     """A CPU stand-in for `CudaCapture`: `warm(fn)` runs fn; `capture(fn)` runs fn once recording every torch op it
-    dispatches and returns (a replay, fn's output): the replay runs the recorded ops again on the current contents
-    of the tensors that existed before the capture (parameters, pools, the fixed buffers), with fn's Python frozen,
-    as a graph freezes it. Each of codesign's kernels (`_KERNELS`) is one recorded node (on a GPU,
+    dispatches and returns (a replay, fn's output): the replay runs the recorded ops again, with fn's Python frozen
+    as a graph freezes it, on the current contents of the tensors that existed before the capture (parameters,
+    pools, the fixed buffers) and writing each op's outputs where the recording put them (as a graph's stay at
+    their addresses). Each of codesign's kernels (`_KERNELS`) is one recorded node (on a GPU,
     launches whose arguments are fixed at capture), so their CPU paths may read the host; anywhere else a call
     that waits for the device raises, as it would break a capture. Ops on host tensors replay too
     (a CUDA graph would not run them): the tape shows a forward's device work is capturable, not its host work."""
@@ -165,17 +166,69 @@ class GraphTape:
 
 
 def _replay(nodes: list[tuple], result):
-    env: dict[int, torch.Tensor] = {}  # id of a tensor made while recording -> its remake in this replay
-
-    def now(x):
-        return env.get(id(x), x) if isinstance(x, torch.Tensor) else x
-
+    """Run the recorded ops again, each one's fresh outputs written into the tensors it made while recording (a
+    graph's outputs stay at their addresses: Python that kept one sees each replay's values)."""
     for func, args, kwargs, out in nodes:
-        new = func(*tree_map(now, args), **tree_map(now, kwargs))
+        new = func(*args, **kwargs)
         for old, fresh in zip(tree_flatten(out)[0], tree_flatten(new)[0]):
-            if isinstance(old, torch.Tensor):
-                env[id(old)] = fresh
-    return tree_map(now, result)
+            if not isinstance(old, torch.Tensor) or fresh is old:
+                continue
+            if old.shape != fresh.shape:
+                raise CodesignError(f"{func} made {tuple(fresh.shape)} at a replay, {tuple(old.shape)} when recorded: "
+                                    "a shape that depends on data cannot be captured")  # fmt: skip
+            if old.data_ptr() != fresh.data_ptr() or old.stride() != fresh.stride():  # (not a view of the same)
+                old.copy_(fresh)
+    return result
+
+
+def check_capture(capture) -> None:
+    """Raise unless `capture` names a capturer ("cuda", "tape", None) or is one (with `warm` and `capture`)."""
+    if capture is not None and not hasattr(capture, "capture") and capture not in CAPTURES:
+        raise CodesignError(f"capture must be one of {CAPTURES}, a capturer or None, got {capture!r}")
+
+
+def capturer(capture, device: torch.device):
+    """The capturer `capture` names ("cuda", "tape", None: CUDA graphs on a CUDA device) or is (an object with
+    `warm` and `capture`), for a model on `device`."""
+    check_capture(capture)
+    if hasattr(capture, "capture"):
+        return capture
+    capture = capture or ("cuda" if device.type == "cuda" else None)
+    if capture is None:
+        raise CodesignError(f"captured decode of a model on {device} needs capture='tape' (CUDA graphs: cuda)")
+    if capture == "cuda" and device.type != "cuda":
+        raise CodesignError(f"capture='cuda' needs a model on a CUDA device, not {device}")
+    return CudaCapture() if capture == "cuda" else GraphTape()
+
+
+class CapturedForward:
+    """One shape of forward of `model` over `cache`, replayed: a decode step, or with `tree` a verification of that
+    tree in every row (`CodesignCache.graph_begin`). Each call `(ids, positions)` ([B, W]) returns the logits
+    [B, W, vocab]: the first runs eagerly over the fixed buffers (`warm`: plans the wrappers, compiles the kernels),
+    the second is captured, the later ones replay it; every step's effects happen once."""
+
+    def __init__(self, model, cache: CodesignCache, capture, max_tokens: int, tree: Sequence[int] | None = None):
+        cache.graph_begin(max_tokens, model.device, tree)
+        self.cache, self.capture = cache, capture
+        self.batch, width = len(cache.row_lengths()), 1 if tree is None else len(tree)
+        self.ids = torch.zeros(self.batch, width, dtype=torch.long, device=model.device)
+        self.positions = torch.zeros_like(self.ids)
+        self.replay, self.warmed, self.captures = None, False, 0
+        kw = {cache_kwarg(model): cache}
+        self.step = lambda: model(input_ids=self.ids, position_ids=self.positions, use_cache=True, **kw).logits
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.cache.graph_step()
+        self.ids.copy_(ids)
+        self.positions.copy_(positions)
+        if self.replay is not None:
+            return self.replay()
+        if not self.warmed:
+            self.warmed = True
+            return self.capture.warm(self.step)
+        self.replay, out = self.capture.capture(self.step)
+        self.captures += 1
+        return out
 
 
 class GraphDecoding:
@@ -188,20 +241,9 @@ class GraphDecoding:
     `capture`. Needs a fresh CodesignCache of a `graph_safe` format."""
 
     def __init__(self, capture=None) -> None:
-        if capture is not None and not hasattr(capture, "capture") and capture not in CAPTURES:
-            raise CodesignError(f"capture must be one of {CAPTURES}, a capturer or None, got {capture!r}")
+        check_capture(capture)
         self.capture = capture
         self.captures = 0  # forwards captured by the last call (one a call)
-
-    def _capturer(self, device: torch.device):
-        if hasattr(self.capture, "capture"):
-            return self.capture
-        capture = self.capture or ("cuda" if device.type == "cuda" else None)
-        if capture is None:
-            raise CodesignError(f"captured decode of a model on {device} needs capture='tape' (CUDA graphs: cuda)")
-        if capture == "cuda" and device.type != "cuda":
-            raise CodesignError(f"capture='cuda' needs a model on a CUDA device, not {device}")
-        return CudaCapture() if capture == "cuda" else GraphTape()
 
     def __call__(self, model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
                  **model_kwargs):  # fmt: skip
@@ -215,7 +257,7 @@ class GraphDecoding:
             raise CodesignError("captured decode needs a fresh CodesignCache (generate(..., cache=CodesignCache(...)))")
         if not cache.spec.graph_safe:
             raise CodesignError(f"kv_format {cache.spec.name!r} cannot be captured (KIVI and mixed decide on the host)")
-        capture = self._capturer(model.device)
+        capture = capturer(self.capture, model.device)
         self.captures = 0
         try:
             return self._loop(model, input_ids, model_kwargs.get("attention_mask"), cache, capture,
@@ -232,14 +274,8 @@ class GraphDecoding:
         ids = input_ids
         unfinished = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
         logits = prefill(model, cache, input_ids, mask)[:, -1]
-        fixed_ids = torch.zeros(ids.shape[0], 1, dtype=torch.long, device=dev)
-        fixed_pos = torch.tensor(cache.row_lengths(), dtype=torch.long, device=dev)[:, None]  # real tokens so far
-        kw = {cache_kwarg(model): cache}
-
-        def step() -> torch.Tensor:
-            return model(input_ids=fixed_ids, position_ids=fixed_pos, use_cache=True, **kw).logits
-
-        replay, warmed = None, False
+        positions = torch.tensor(cache.row_lengths(), dtype=torch.long, device=dev)[:, None]  # real tokens so far
+        forward = None
         while True:
             scores = logits.to(dtype=torch.float32, device=ids.device, copy=True)
             if processors:
@@ -255,16 +291,7 @@ class GraphDecoding:
                 unfinished &= ~stopping(ids, scores)
             if not bool(unfinished.any()):
                 return ids
-            if not warmed:
-                cache.graph_begin(int(cfg.max_length), dev)
-            cache.graph_step()
-            fixed_ids.copy_(tokens[:, None])
-            if replay is not None:
-                out = replay()
-            elif not warmed:  # the first step eagerly over the fixed buffers: plans the wrappers, compiles kernels
-                out, warmed = capture.warm(step), True
-            else:  # the second captured (its effects once, as every step's)
-                replay, out = capture.capture(step)
-                self.captures += 1
-            logits = out[:, -1]
-            fixed_pos.add_(1)  # (in place: the graph reads this tensor)
+            forward = forward or CapturedForward(model, cache, capture, int(cfg.max_length))
+            logits = forward(tokens[:, None], positions)[:, -1]
+            self.captures = forward.captures
+            positions = positions + 1

@@ -151,25 +151,26 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
 
 
 def _graph_decoding(model, cuda_graph, spec, speculative, generate_kwargs) -> GraphDecoding | None:
-    """The captured-decode loop `cuda_graph` asks for (True: CUDA graphs; "tape": the CPU stand-in), refused before
-    generation where it cannot run."""
+    """The captured loop `cuda_graph` asks for (True: CUDA graphs; "tape": the CPU stand-in), refused before
+    generation where it cannot run: decode steps (`GraphDecoding`), or a TreeSpeculator's tree forwards (set on it)."""
     if cuda_graph is False or cuda_graph is None:
         return None
     if cuda_graph is not True and cuda_graph not in CAPTURES:
         raise CodesignError(f"cuda_graph must be True, False or 'tape', got {cuda_graph!r}")
-    if not spec.graph_safe:
-        raise CodesignError(
-            f"cuda_graph: kv_format {spec.name!r} cannot be captured (plain, per-token INT, FP8 and Oaken caches can)"
-        )
+    trees = speculative is not None
+    if not spec.graph_safe or (trees and not spec.token_local):
+        raise CodesignError(f"cuda_graph: kv_format {spec.name!r} cannot be captured (plain, per-token INT and FP8 "
+                            f"caches can{'' if trees else ', and Oaken'})")  # fmt: skip
     clash = [k for k in ("custom_generate", "prompt_lookup_num_tokens", "assistant_model") if generate_kwargs.get(k)]
-    if speculative is not None or clash or int(generate_kwargs.get("num_beams", 1) or 1) != 1:
-        raise CodesignError(
-            f"cuda_graph runs its own decode loop: it does not combine with {clash or 'speculative / num_beams'}"
-        )
+    if clash or int(generate_kwargs.get("num_beams", 1) or 1) != 1:
+        raise CodesignError(f"cuda_graph runs its own loop: it does not combine with {clash or 'num_beams'}")
     capture = "cuda" if cuda_graph is True else cuda_graph
     if capture == "cuda" and model.device.type != "cuda":
         raise CodesignError(f"cuda_graph=True needs a model on a CUDA device, not {model.device} ('tape': the CPU "
                             "stand-in that checks a step is capturable)")  # fmt: skip
+    if trees:
+        speculative.cuda_graph = capture
+        return None
     return GraphDecoding(capture)
 
 
@@ -179,8 +180,9 @@ def generate(model, input_ids: torch.Tensor, kv_format: str | None = None, **kwa
 
     Keywords of ours: attention_mask (left padding only), block_size (default 16, 32 for KIVI), num_blocks
     (default: sized for the prompt and max_new_tokens), speculative (a TreeSpeculator: tree speculative
-    decoding), cuda_graph (True: every decode step replays one forward captured in a CUDA graph, `graphs`; plain,
-    per-token INT, FP8 and Oaken caches), share_prefix (rows with a common prompt prefix share its full blocks), check
-    (the kernels' data checks). Everything else goes to transformers' generate. Returns what it returns.
+    decoding), cuda_graph (True: every decode step, or with speculative every tree forward, replays one forward
+    captured in a CUDA graph, `graphs`; plain, per-token INT and FP8 caches, and Oaken for decode), share_prefix
+    (rows with a common prompt prefix share its full blocks), check (the kernels' data checks). Everything else
+    goes to transformers' generate. Returns what it returns.
     """
     return run_generate(model, input_ids, kv_format, **kwargs).output

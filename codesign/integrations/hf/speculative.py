@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 import torch
 
 from codesign.integrations.hf import _kernels as K
-from codesign.integrations.hf._compat import cache_kwarg
 from codesign.integrations.hf.cache import CROP_MARGIN, CodesignCache, pool_blocks
+from codesign.integrations.hf.forwards import forward_rows, prefill
+from codesign.integrations.hf.graphs import CapturedForward, capturer, check_capture
 from codesign.integrations.hf.kv_formats import parse_kv_format
 from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, text_config
 from codesign.specs import CodesignError
@@ -50,39 +51,6 @@ def _children(parents: Sequence[int]) -> list[list[int]]:
     for i, p in enumerate(parents[1:], start=1):
         ch[p].append(i)
     return ch
-
-
-def forward_rows(model, cache: CodesignCache, rows: Sequence[Sequence[int]], positions: Sequence[int],
-                 offsets: Sequence[int] | None = None) -> torch.Tensor:  # fmt: skip
-    """One forward of each row's new tokens (rows of different lengths are left-padded; padding columns are
-    never written), token i of row b at position positions[b] + offsets[i] (default i: a run of tokens;
-    a tree's node depths); returns logits `[R, width, vocab]`."""
-    width = max(len(r) for r in rows)
-    dev = model.device
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    pos = torch.zeros_like(ids)
-    mask = torch.ones(len(rows), cache.seen + width, dtype=torch.long)
-    for b, (r, p) in enumerate(zip(rows, positions)):
-        pad = width - len(r)
-        ids[b, pad:] = torch.tensor(list(r), dtype=torch.long)
-        pos[b, pad:] = p + (torch.arange(len(r)) if offsets is None else torch.tensor(list(offsets)))
-        mask[b, cache.seen : cache.seen + pad] = 0
-    kw = {cache_kwarg(model): cache}
-    am = None if bool(mask.all()) else mask.to(dev)
-    return model(
-        input_ids=ids.to(dev), attention_mask=am, position_ids=pos.to(dev), use_cache=True, **kw
-    ).logits
-
-
-def prefill(model, cache: CodesignCache, input_ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """The prompts' forward (left padding in `mask`; positions count real tokens only); returns the logits."""
-    dev = model.device
-    pos = None if mask is None else (mask.long().cumsum(-1) - 1).clamp(min=0).to(dev)
-    am = None if mask is None else mask.to(dev)
-    kw = {cache_kwarg(model): cache}
-    return model(
-        input_ids=input_ids.to(dev), attention_mask=am, position_ids=pos, use_cache=True, **kw
-    ).logits
 
 
 class NGramDraft:
@@ -230,14 +198,19 @@ class TreeSpeculator:
     draft: "ngram", an NGramDraft / ModelDraft, or a transformers model (wrapped in ModelDraft); width/depth: the
     chain tree `chain_tree(width, depth)`, or `parents`, any parent array; mode: "greedy" or "stochastic" (the
     verification; "stochastic" needs do_sample generation); kv_format / block_size / num_blocks: the target's
-    CodesignCache (num_blocks None: sized for the run); seed: the verification's random draws.
+    CodesignCache (num_blocks None: sized for the run); seed: the verification's random draws; cuda_graph: the
+    target's tree forwards replay one captured forward a batch size (`graphs.CapturedForward`; True: CUDA graphs,
+    "tape": the CPU stand-in, or a capturer; plain, per-token INT and FP8 caches).
     """
 
     def __init__(self, draft="ngram", width: int = 2, depth: int = 3, mode: str = "greedy", *,
                  parents: Sequence[int] | None = None, kv_format: str | None = None, block_size: int = 16,
-                 num_blocks: int | None = None, seed: int | None = None) -> None:  # fmt: skip
+                 num_blocks: int | None = None, seed: int | None = None, cuda_graph=False) -> None:  # fmt: skip
         if mode not in MODES:
             raise CodesignError(f"mode must be one of {MODES}, got {mode!r}")
+        if cuda_graph not in (False, None, True):
+            check_capture(cuda_graph)
+        self.cuda_graph = cuda_graph
         self.parents = K.check_parents(parents) if parents is not None else chain_tree(width, depth)
         if len(self.parents) < 2:
             raise CodesignError("the tree needs at least one node below the root")
@@ -250,6 +223,7 @@ class TreeSpeculator:
         self.draft, self.mode, self.kv_format = draft, mode, kv_format
         self.block_size, self.num_blocks, self.seed = block_size, num_blocks, seed
         self.stats = SpeculationStats()
+        self.captures = 0  # forwards the last call captured (one a batch size it ran)
         self.cache: CodesignCache | None = None
 
     def blocks_for(self, prompt_lens: list[int], max_length: int, model=None) -> tuple[int, int | None]:
@@ -279,6 +253,9 @@ class TreeSpeculator:
             raise CodesignError("tree speculative decoding does not combine with beam search")
         if text_config(model)._attn_implementation != ATTN_NAME:
             raise CodesignError(f"the target must run attn_implementation={ATTN_NAME!r}")
+        capture = None
+        if self.cuda_graph not in (False, None):
+            capture = capturer("cuda" if self.cuda_graph is True else self.cuda_graph, model.device)
         gen = torch.Generator().manual_seed(
             self.seed if self.seed is not None else int(torch.randint(2**31, ()))
         )
@@ -293,16 +270,20 @@ class TreeSpeculator:
             cache = CodesignCache(model, self.kv_format, num_blocks=nb, block_size=self.block_size,
                                   window_num_blocks=nbw)  # fmt: skip
         self.cache, self.stats = cache, SpeculationStats()  # the stats are this call's
+        if capture is not None and not (cache.spec.graph_safe and cache.spec.token_local):
+            raise CodesignError(f"cuda_graph: kv_format {cache.spec.name!r} trees cannot be captured (plain, "
+                                "per-token INT and FP8 caches can)")  # fmt: skip
         self.draft.start(model, prompts, input_ids, mask, self.num_blocks or self.draft_blocks(lens, max_length))
         try:
             return self._loop(
-                model, input_ids, mask, prompts, cache, logits_processor, stopping_criteria, cfg, gen
+                model, input_ids, mask, prompts, cache, logits_processor, stopping_criteria, cfg, gen, capture
             )
         finally:
+            cache.graph_end()
             if isinstance(self.draft, ModelDraft):
                 self.draft.finish()
 
-    def _loop(self, model, input_ids, mask, prompts, cache, processors, stopping, cfg, gen):
+    def _loop(self, model, input_ids, mask, prompts, cache, processors, stopping, cfg, gen, capture=None):
         t0 = time.perf_counter()
         vocab = text_config(model).vocab_size
         logits = prefill(model, cache, input_ids, mask)
@@ -318,13 +299,25 @@ class TreeSpeculator:
         parents, depth = self.parents, K.tree_depths(self.parents)
         anc = _paths(parents)
         temperature = float(getattr(cfg, "temperature", 1.0) or 1.0)
+        forward, captured = None, 0  # (captured: one a batch size, rows leave the batch as they finish)
+        self.captures = 0
         while active:
             t0 = time.perf_counter()
             toks, probs = self.draft.propose([ctx[b][:-1] for b in active], [roots[b] for b in active], parents,
                                              vocab, self.mode, temperature, gen)  # fmt: skip
             lens = cache.row_lengths()
             cache.set_tree(parents)
-            tl = forward_rows(model, cache, toks.tolist(), lens, depth)
+            if capture is None:
+                tl = forward_rows(model, cache, toks.tolist(), lens, depth)
+            else:
+                if forward is None or forward.batch != len(active):
+                    captured += forward.captures if forward else 0
+                    cache.graph_end()
+                    forward = CapturedForward(model, cache, capture, int(cfg.max_length) + len(parents), parents)
+                pos = torch.tensor(lens)[:, None] + torch.tensor(depth)[None, :]
+                tl = forward(toks.to(model.device), pos.to(model.device))
+                self.captures = captured + forward.captures
+            tl = tl.float().cpu()  # (one copy a step; the processors and verification run on the host)
             paths, accepted, committed = [], [], []
             for i, b in enumerate(active):
                 proc = torch.stack([self._apply(processors, rows[b] + [int(toks[i, a]) for a in anc[u]], tl[i, u])
