@@ -9,8 +9,8 @@ variant generated every token, in positive time (token agreement with sdpa is no
 may break either way).
 
 Smoke mode: a two-layer Llama of hidden 128 on the CPU, float32 (fp32 in place of the bf16 caches), the
-Triton interpreter, 3 new tokens, batch 2, four variants (sdpa, an INT4 cache, captured decode on the CPU
-stand-in, W4A16 weights); the prefill
+Triton interpreter, 3 new tokens, batch 2, five variants (sdpa, an INT4 cache, captured decode and captured tree
+speculation on the CPU stand-in, W4A16 weights); the prefill
 rows an 8-token prompt.
 """
 
@@ -35,10 +35,11 @@ def run(report: dict, quick: bool = False, mode: Any = None) -> None:
         return
     if smoke:
         model = _smoke_model()
-        # The interpreter computes bf16 wrongly (the writer refuses it): the bf16 cache rows run fp32 here. Four
-        # variants cover the paths (transformers' own, a quantized cache, captured decode, quantized weights).
+        # The interpreter computes bf16 wrongly (the writer refuses it): the bf16 cache rows run fp32 here. Five
+        # variants cover the paths (transformers' own, a quantized cache, captured decode and captured tree
+        # speculation, quantized weights).
         variants = tuple((n, a, "fp32" if kv == "bf16" else kv, w) for n, a, kv, w in VARIANTS
-                         if n in ("hf-sdpa", "codesign-int4", "codesign-bf16-graph",
+                         if n in ("hf-sdpa", "codesign-int4", "codesign-bf16-graph", "codesign-bf16-tree-graph",
                                   "codesign-bf16-w4a16"))  # fmt: skip
         new_tokens = 3
         kw = dict(batches=(2,), prompt_len=8, device="cpu", dtype=torch.float32, warmup=2, variants=variants)
@@ -48,11 +49,11 @@ def run(report: dict, quick: bool = False, mode: Any = None) -> None:
         name = "llama-3-8b (random weights, bf16)"
     rows = bench_decode(model, new_tokens=new_tokens, **kw)
     # Prefill end to end: one long prompt at batch 1, its first step (time to first token) beside the design model's
-    # prefill step; the variants with bf16 weights and eager decode (a captured decode's prefill is eager), on a fresh
-    # model (W4A16 quantized the first in place). The warm-up runs the same prompt, so no kernel compiles inside the
-    # timed step.
+    # prefill step; the variants with bf16 weights and eager decode (captured and speculative prefills are theirs),
+    # on a fresh model (W4A16 quantized the first in place). The warm-up runs the same prompt, so no kernel compiles
+    # inside the timed step.
     n = 8 if smoke else PREFILL_TOKENS
-    pre_variants = tuple(v for v in kw.get("variants", VARIANTS) if v[3] is None and v[1] != "codesign-graph")
+    pre_variants = tuple(v for v in kw.get("variants", VARIANTS) if v[3] is None and v[1] in ("sdpa", "codesign"))
     pkw = {**kw, "batches": (1,), "prompt_len": n, "warmup": n, "variants": pre_variants}
     pre = bench_decode(_smoke_model() if smoke else None, new_tokens=2, **pkw)
     prefill = [{"variant": r["variant"], "prompt": n, "prefill_s": r["prefill_s"],
@@ -60,7 +61,7 @@ def run(report: dict, quick: bool = False, mode: Any = None) -> None:
                for r in pre]  # fmt: skip
     report["hf_generate"] = {
         "model": name, "design": "h200", "new_tokens": new_tokens, "rows": rows, "prefill_rows": prefill,
-        "checks_ok": bool(rows) and all(r["steps"] == new_tokens and r["decode_tokens_per_s"] > 0 for r in rows)
+        "checks_ok": bool(rows) and all(r["tokens"] == new_tokens and r["decode_tokens_per_s"] > 0 for r in rows)
         and len(prefill) == len(pre_variants) and all(r["prefill_s"] > 0 for r in prefill),
     }  # fmt: skip
 

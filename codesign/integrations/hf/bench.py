@@ -7,8 +7,10 @@ dataflow mapper on a GPU model).
 
 The GPU suite runs it through bench/gpu_hf.py (report["hf_generate"]; a tiny model in smoke mode).
 
-decode tokens/s = rows x decode steps / their measured time (the prefill left out; each step timed from
-one forward's logits to the next's, synchronized); end-to-end tokens/s counts the prefill too.
+decode tokens/s = rows x tokens after the prefill's / the measured time after the prefill (each step timed from one
+forward's logits to the next's, synchronized); end-to-end tokens/s counts the prefill too; the steady rate leaves
+out the first decode forwards too (a captured run's eager and captured ones; not for tree speculation, whose
+forwards emit unequal counts).
 """
 
 from __future__ import annotations
@@ -23,42 +25,54 @@ from codesign.integrations.hf.cache import StepRecord
 from codesign.integrations.hf.costing import StepCoster, run_shape
 from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
 from codesign.integrations.hf.one_call import StepClock, run_generate
+from codesign.integrations.hf.speculative import TreeSpeculator
 
 # (name, attention, KV format, weights): "sdpa" is transformers' own attention and DynamicCache; "codesign-graph"
-# decodes by replaying one captured forward (`graphs.GraphDecoding`: CUDA graphs, the tape on a CPU).
+# decodes by replaying one captured forward (`graphs.GraphDecoding`: CUDA graphs, the tape on a CPU); "-tree" runs
+# tree speculation (an n-gram draft, width 2, depth 3), eager or with its tree forwards captured.
 VARIANTS = (("hf-sdpa", "sdpa", None, None), ("codesign-bf16", "codesign", "bf16", None),
             ("codesign-int8", "codesign", "int8", None), ("codesign-int4", "codesign", "int4", None),
             ("codesign-bf16-graph", "codesign-graph", "bf16", None),
             ("codesign-int8-graph", "codesign-graph", "int8", None),
+            ("codesign-bf16-tree", "codesign-tree", "bf16", None),
+            ("codesign-bf16-tree-graph", "codesign-tree-graph", "bf16", None),
             ("codesign-bf16-w4a16", "codesign", "bf16", "w4a16"))  # fmt: skip
+STEADY_AFTER = 3  # steps a steady rate leaves out: the prefill, and a captured run's eager and captured steps
 
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
 
 
-def _timed(model, attn: str, spec, ids, new_tokens: int) -> tuple[list[float], list[StepRecord]]:
-    """Greedy generation of exactly new_tokens: each step's seconds and shape."""
+def _timed(model, attn: str, spec, ids, new_tokens: int) -> tuple[list[float], list[StepRecord], int]:
+    """Greedy generation of new_tokens: each step's (forward's) seconds and shape, and the tokens a row made."""
     if attn != "sdpa":
-        graph = attn == "codesign-graph" and (True if ids.is_cuda else "tape")
-        r = run_generate(model, ids, spec, max_new_tokens=new_tokens, check=False, cuda_graph=graph, **GREEDY)
-        return r.step_seconds, r.steps
+        graph = attn.endswith("-graph") and (True if ids.is_cuda else "tape")
+        sp = TreeSpeculator("ngram", width=2, depth=3) if "-tree" in attn else None
+        r = run_generate(model, ids, spec, max_new_tokens=new_tokens, check=False, cuda_graph=graph, speculative=sp,
+                         **GREEDY)  # fmt: skip
+        return r.step_seconds, r.steps, r.sequences.shape[1] - ids.shape[1]
     clock = StepClock()  # transformers' own generate: sdpa over a DynamicCache
     model.set_attn_implementation("sdpa")
     t0 = time.perf_counter()
-    model.generate(ids, max_new_tokens=new_tokens, stopping_criteria=[clock], **GREEDY)
+    out = model.generate(ids, max_new_tokens=new_tokens, stopping_criteria=[clock], **GREEDY)
     b, p = ids.shape
     steps = [StepRecord("prefill", (p,) * b, (p,) * b)]
     steps += [StepRecord("decode", (1,) * b, (p + i,) * b) for i in range(1, new_tokens)]
-    return [y - x for x, y in zip([t0, *clock.times[:-1]], clock.times)], steps
+    return [y - x for x, y in zip([t0, *clock.times[:-1]], clock.times)], steps, out.shape[1] - p
 
 
-def _row(name: str, batch: int, secs: Sequence[float], pred: Sequence[float]) -> dict:
-    dec, pdec = sum(secs[1:]), sum(pred[1:])
-    n = len(secs)
-    return {"variant": name, "batch": batch, "steps": n, "measured_s": sum(secs), "predicted_s": sum(pred),
-            "decode_tokens_per_s": batch * (n - 1) / dec if dec else 0.0,
-            "predicted_decode_tokens_per_s": batch * (n - 1) / pdec if pdec else 0.0,
-            "tokens_per_s": batch * n / sum(secs), "prefill_s": secs[0], "predicted_prefill_s": pred[0]}  # fmt: skip
+def _row(name: str, batch: int, tokens: int, secs: Sequence[float], pred: Sequence[float]) -> dict:
+    """A row: `tokens` a row in len(secs) forwards (the prefill first, which picks each row's first token). The steady
+    rate leaves out the first STEADY_AFTER forwards (one token a row each: not for tree speculation, None there)."""
+    dec, pdec, n = sum(secs[1:]), sum(pred[1:]), len(secs)
+    steady = sum(secs[STEADY_AFTER:])
+    one_each = n == tokens
+    return {"variant": name, "batch": batch, "steps": n, "tokens": tokens, "measured_s": sum(secs),
+            "predicted_s": sum(pred), "decode_tokens_per_s": batch * (tokens - 1) / dec if dec else 0.0,
+            "predicted_decode_tokens_per_s": batch * (tokens - 1) / pdec if pdec else 0.0,
+            "steady_decode_tokens_per_s": batch * (n - STEADY_AFTER) / steady if one_each and steady else None,
+            "tokens_per_s": batch * tokens / sum(secs), "prefill_s": secs[0],
+            "predicted_prefill_s": pred[0]}  # fmt: skip
 
 
 def bench_decode(model=None, *, batches: Sequence[int] = (1, 16), prompt_len: int = 128, new_tokens: int = 64,
@@ -82,8 +96,11 @@ def bench_decode(model=None, *, batches: Sequence[int] = (1, 16), prompt_len: in
         coster = StepCoster(design, run_shape(model, spec, default_block_size(spec)))
         for batch in batches:
             ids = torch.randint(3, vocab, (batch, prompt_len), generator=g).to(device)
-            _timed(model, attn, spec, ids[:, :warmup], 2)  # kernel compiles, allocator growth
-            secs, steps = _timed(model, attn, spec, ids, new_tokens)
-            rows.append(_row(name, batch, secs, coster.predict(steps)))
+            # kernel compiles, allocator growth; a captured or speculative run over the whole prompt: its tables'
+            # widths (which Triton may specialize on) near the timed run's, its capture and its tree kernels run
+            eager = attn in ("sdpa", "codesign")
+            _timed(model, attn, spec, ids[:, :warmup] if eager else ids, 2 if eager else 5)
+            secs, steps, made = _timed(model, attn, spec, ids, new_tokens)
+            rows.append(_row(name, batch, made, secs, coster.predict(steps)))
     return rows
 
