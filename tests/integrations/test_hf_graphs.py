@@ -311,6 +311,7 @@ def test_the_tape_replays_without_python():
         (dict(cuda_graph="graph"), "cuda_graph must be"),
         (dict(num_beams=2), "does not combine"),
         (dict(prompt_lookup_num_tokens=2), "does not combine"),
+        (dict(return_dict_in_generate=True), "returns the token tensor"),
         (dict(kv_format="int4-oaken", speculative="tree"), "cannot be captured"),
     ],
 )

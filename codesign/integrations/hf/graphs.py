@@ -250,6 +250,8 @@ class GraphDecoding:
         cfg = generation_config
         if getattr(cfg, "num_beams", 1) != 1:
             raise CodesignError("captured decode does not run beam search")
+        if getattr(cfg, "return_dict_in_generate", False):
+            raise CodesignError("captured decode returns the token tensor: return_dict_in_generate is not served")
         if text_config(model)._attn_implementation != ATTN_NAME:
             raise CodesignError(f"captured decode needs attn_implementation={ATTN_NAME!r}")
         cache = model_kwargs.get("cache") or model_kwargs.get("past_key_values")
