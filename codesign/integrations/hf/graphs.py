@@ -1,20 +1,21 @@
-"""Captured decode: `GraphDecoding`, a `custom_generate` loop whose decode steps replay one captured forward (a
-CUDA graph), and `GraphTape`, a CPU stand-in for the capture that shows a step is capturable.
+"""Captured forwards: `CapturedForward` replays one forward shape of a model over a CodesignCache from a CUDA graph;
+`GraphDecoding` is a `custom_generate` loop whose decode steps do (`TreeSpeculator(cuda_graph=...)` captures its
+tree forwards with it); `GraphTape` is a CPU stand-in for the capture that shows a step is capturable.
 
 Why: at batch 1 an eager decode step is host-bound (every layer's Python, options and launches: hundreds of us a
 layer, `bench/hf_host_time.py`); a replay launches the whole forward's kernels from one call. The host side left
-a step: a slot a row, the step's tables copied into fixed buffers, the attention wrappers re-planned in place
+a step: its slots, the step's tables copied into fixed buffers, the attention wrappers re-planned in place
 (`CodesignCache.graph_step`), the logits processors and stopping criteria.
 
-What a replay reads: the token ids and positions `[B, 1]`, per group of layers the block tables padded to the
-run's length, the new slots and the context lengths (`CodesignCache.graph_begin`), and the wrappers' buffers.
-Everything else the forward's Python computed at capture is frozen in it, as a CUDA graph freezes it: so the loop
-passes the positions (transformers would count them from the cache on the host) and no attention mask (the cache
-knows each row's real tokens).
+What a replay reads: the token ids and positions `[B, W]`, per group of layers the block tables padded to the
+run's length, the new slots and the context lengths, a tree's query offsets (`CodesignCache.graph_begin`), and the
+wrappers' buffers. Everything else the forward's Python computed at capture is frozen in it, as a CUDA graph
+freezes it: so the loops pass the positions (transformers would count them from the cache on the host) and no
+attention mask (the cache knows each row's real tokens).
 
-Captured decode takes the formats whose writes read nothing but the step's slots (plain, per-token INT, FP8,
-Oaken: `KVSpec.graph_safe`); greedy and sampling with transformers' logits processors and stopping criteria, as
-its own `_sample` loop picks tokens (finished rows get the pad token); no beams.
+Formats: those whose writes read nothing but the step's slots (plain, per-token INT, FP8, and Oaken for decode:
+`KVSpec.graph_safe`). `GraphDecoding` picks tokens as transformers' own `_sample` loop does (logits processors,
+greedy or sampling, stopping criteria, the pad token after a row's end); no beams.
 """
 
 from __future__ import annotations
@@ -117,10 +118,10 @@ class GraphTape:
     dispatches and returns (a replay, fn's output): the replay runs the recorded ops again, with fn's Python frozen
     as a graph freezes it, on the current contents of the tensors that existed before the capture (parameters,
     pools, the fixed buffers) and writing each op's outputs where the recording put them (as a graph's stay at
-    their addresses). Each of codesign's kernels (`_KERNELS`) is one recorded node (on a GPU,
-    launches whose arguments are fixed at capture), so their CPU paths may read the host; anywhere else a call
-    that waits for the device raises, as it would break a capture. Ops on host tensors replay too
-    (a CUDA graph would not run them): the tape shows a forward's device work is capturable, not its host work."""
+    their addresses). Each of codesign's kernels (`_KERNELS`) is one recorded node (on a GPU, launches whose
+    arguments are fixed at capture), so their CPU paths may read the host; anywhere else a call that waits for the
+    device raises (`HostWaits`), as it would break a capture. Ops on host tensors replay too (a CUDA graph would not
+    run them): the tape shows a forward's device work is capturable, not its host work."""
 
     def __init__(self) -> None:
         self._nodes: list[tuple] = []
