@@ -93,6 +93,7 @@ class _Step:
     planned: dict[int, tuple] = field(default_factory=dict)
     # a captured step's K/V of each layer (the graph's own tensors: each replay refills them), for accept_tree
     kept: dict[int, tuple] = field(default_factory=dict)
+    buffers: dict[int, tuple] = field(default_factory=dict)  # group -> its wrapper's buffers a captured forward reads
 
 
 class CodesignCacheLayer(CacheLayerMixin):
@@ -384,10 +385,10 @@ class CodesignCache(Cache):
                 fixed.tree = new.tree  # (host lists for the re-plan; its device tensors go to the wrappers' buffers)
             for i, kv in gs.kept.items():
                 self.layers[i].last_kv = kv
-        for _, w, args in gs.planned.values():
-            before = plan_buffers(w)
+        for g, (_, w, args) in gs.planned.items():
             plan_into(w, *args)
-            if plan_buffers(w) != before:
+            now = plan_buffers(w)
+            if gs.buffers.setdefault(g, now) != now:  # (the first re-plan's are the capture's: it follows that step's)
                 raise CodesignError("a re-plan moved a buffer the captured forward reads: capture it again")
         self._step = gs
 
