@@ -273,6 +273,14 @@ def test_the_tape_refuses_a_forward_that_waits_for_the_device(monkeypatch):
         _captured(model, prompts(1, 5)[0], None, None, 4)
 
 
+@pytest.mark.parametrize("wait", [lambda x: x[x > 0], lambda x: x.sum().item(), lambda x: x.tolist(),
+                                  lambda x: torch.tensor([1.0]) + x])  # fmt: skip
+def test_the_tape_refuses_each_host_wait(wait):
+    """A bool-mask index, .item(), .tolist() and a host list copied in (`torch.tensor`) each break a capture."""
+    with pytest.raises(CodesignError, match="the host waits for the device"):
+        GraphTape().capture(lambda: wait(torch.randn(4)))
+
+
 def test_a_replan_that_moves_a_buffer_raises(monkeypatch):
     """A replay reads the wrappers' buffers where capture found them: a re-plan that reallocates one raises."""
     from codesign.kernels.attention import wrappers
