@@ -4,9 +4,9 @@ engine's rule (div_rn, round half to even, fp16 scale/zero first), so the codes 
 
     pending `[P, kv_heads, D]` fp32, fp16 (or bf16 on a GPU); group i's token t is pending row
     base_i + (first_i + t) % ring, and the group lands at slot slot_i (= block * block_size + offset,
-    offset % G == 0). `KiviPagedKV.append` passes the ring's unflushed tokens, then the new ones (base 0,
-    ring P: no wrap); `append_rows` passes the residual rings themselves (base: the sequence's ring,
-    ring G + R), whose rows already hold the new tokens.
+    offset % G == 0). `KiviPagedKV.append_rows` passes the residual rings themselves (base: the sequence's ring,
+    ring G + R), whose rows already hold the new tokens, or, for a forward longer than a ring holds, each row's
+    unflushed ring tokens and new tokens staged together (base 0, ring P: no wrap).
 
 Needs G, GV and D powers of two (tl.arange / reshape); `KiviPagedKV.append` falls back to torch otherwise.
 """

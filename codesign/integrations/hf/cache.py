@@ -338,11 +338,7 @@ class CodesignCache(Cache):
         every row (`set_tree` before each). Per group the block tables padded to `max_tokens` tokens a row, the new
         slots; the context lengths (and a tree's query offsets). Each step's host side runs before its forward:
         `graph_step`. Data checks are off (the cache builds the buffers); `graph_end` returns to eager forwards."""
-        if not self.spec.graph_safe or (tree is not None and not self.spec.token_local):
-            raise CodesignError(
-                f"kv_format {self.spec.name!r} decides each step's writes on the host: it cannot be captured "
-                "(captured decode takes plain, per-token INT, FP8 and Oaken caches; captured trees all but Oaken)"
-            )
+        self.spec.check_capturable(tree is not None)
         if not self._rows:
             raise CodesignError("graph_begin needs the prompts' forward first")
         if max(self.row_lengths()) >= max_tokens:

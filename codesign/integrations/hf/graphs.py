@@ -14,7 +14,7 @@ freezes it: so the loops pass the positions (transformers would count them from 
 attention mask (the cache knows each row's real tokens).
 
 Formats: those whose writes read nothing but the step's slots (plain, per-token INT, FP8, and Oaken for decode:
-`KVSpec.graph_safe`). `GraphDecoding` picks tokens as transformers' own `_sample` loop does (logits processors,
+`KVSpec.check_capturable`). `GraphDecoding` picks tokens as transformers' own `_sample` loop does (logits processors,
 greedy or sampling, stopping criteria, the pad token after a row's end); no beams.
 """
 
@@ -239,7 +239,7 @@ class GraphDecoding:
     The first decode step runs eagerly over the fixed buffers (`warm`), the second is captured (`capture`), every
     later one replays it. capture: "cuda" (`CudaCapture`, the default on a CUDA model), "tape" (`GraphTape`, the
     CPU stand-in: slow, for checking that a model's step is capturable), or an object with their `warm` and
-    `capture`. Needs a fresh CodesignCache of a `graph_safe` format."""
+    `capture`. Needs a fresh CodesignCache of a capturable format (`KVSpec.check_capturable`)."""
 
     def __init__(self, capture=None) -> None:
         check_capture(capture)
@@ -258,8 +258,7 @@ class GraphDecoding:
         cache = model_kwargs.get("cache") or model_kwargs.get("past_key_values")
         if not isinstance(cache, CodesignCache) or cache.row_lengths():
             raise CodesignError("captured decode needs a fresh CodesignCache (generate(..., cache=CodesignCache(...)))")
-        if not cache.spec.graph_safe:
-            raise CodesignError(f"kv_format {cache.spec.name!r} cannot be captured (KIVI and mixed decide on the host)")
+        cache.spec.check_capturable()
         capture = capturer(self.capture, model.device)
         self.captures = 0
         try:

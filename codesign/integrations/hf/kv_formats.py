@@ -50,12 +50,16 @@ class KVSpec:
         """True when a write changes nothing but the written tokens' own slots (and fresh blocks)."""
         return self.kind not in ("kivi", "oaken", "oaken_offline")
 
-    @property
-    def graph_safe(self) -> bool:
-        """True when a decode step's write reads nothing but its slots (plain, per-token INT, FP8, Oaken: its index
-        rows rebuilt from them), so that one captured forward serves every step (`CodesignCache.graph_begin`); KIVI
-        and mixed decide on the host which rings or block widths a step touches."""
-        return self.kind not in ("kivi", "mixed")
+    def check_capturable(self, trees: bool = False) -> None:
+        """Raise unless one captured forward (a CUDA graph: `CodesignCache.graph_begin`) can serve every decode step
+        (trees: tree verification) over this format: its writes read nothing but the step's slots (plain, per-token
+        INT, FP8; for decode Oaken too, its index rows rebuilt from them). KIVI and mixed decide on the host which
+        rings or block widths a step touches; a tree's rollback snapshots Oaken's slots on the host."""
+        if self.kind in ("kivi", "mixed") or (trees and not self.token_local):
+            raise CodesignError(
+                f"kv_format {self.name!r}: its {'tree forwards' if trees else 'decode steps'} cannot be captured "
+                f"(plain, per-token INT and FP8 caches can{'' if trees else ', and Oaken'})"
+            )
 
     @property
     def shares_prompt_blocks(self) -> bool:

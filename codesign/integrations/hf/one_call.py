@@ -158,9 +158,7 @@ def _graph_decoding(model, cuda_graph, spec, speculative, generate_kwargs) -> Gr
     if cuda_graph is not True and cuda_graph not in CAPTURES:
         raise CodesignError(f"cuda_graph must be True, False or 'tape', got {cuda_graph!r}")
     trees = speculative is not None
-    if not spec.graph_safe or (trees and not spec.token_local):
-        raise CodesignError(f"cuda_graph: kv_format {spec.name!r} cannot be captured (plain, per-token INT and FP8 "
-                            f"caches can{'' if trees else ', and Oaken'})")  # fmt: skip
+    spec.check_capturable(trees)
     clash = [k for k in ("custom_generate", "prompt_lookup_num_tokens", "assistant_model") if generate_kwargs.get(k)]
     if clash or int(generate_kwargs.get("num_beams", 1) or 1) != 1:
         raise CodesignError(f"cuda_graph runs its own loop: it does not combine with {clash or 'num_beams'}")

@@ -270,9 +270,8 @@ class TreeSpeculator:
             cache = CodesignCache(model, self.kv_format, num_blocks=nb, block_size=self.block_size,
                                   window_num_blocks=nbw)  # fmt: skip
         self.cache, self.stats = cache, SpeculationStats()  # the stats are this call's
-        if capture is not None and not (cache.spec.graph_safe and cache.spec.token_local):
-            raise CodesignError(f"cuda_graph: kv_format {cache.spec.name!r} trees cannot be captured (plain, "
-                                "per-token INT and FP8 caches can)")  # fmt: skip
+        if capture is not None:
+            cache.spec.check_capturable(trees=True)
         self.draft.start(model, prompts, input_ids, mask, self.num_blocks or self.draft_blocks(lens, max_length))
         try:
             return self._loop(
