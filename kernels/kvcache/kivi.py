@@ -245,6 +245,69 @@ class KiviPagedKV:
             kr.index_copy_(0, at, k_new.to(dev)[src].to(kr.dtype))
             vr.index_copy_(0, at, v_new.to(dev)[src].to(vr.dtype))
 
+    def append_step(
+        self, positions: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, block_tables: torch.Tensor
+    ) -> None:
+        """One new token a row (a decode step) with every decision on the device: row b's token (position
+        positions[b], `[B]` ints on the cache's device) goes to ring b at row positions[b] % (G + R), and the group
+        it pushes out of the residual window, if any (at most one a row), is quantized into its block, found in
+        row b of block_tables `[B, max_blocks]`. No host sync and nothing read on the host, so one captured forward
+        (a CUDA graph) serves every step; the cache contents are `append_rows`'. Not checked: that the positions
+        and tables are the rows' own (the caller's buffers) and finite values."""
+        nb, bs, h, d = self.check()
+        self._check_new(k_new, v_new, h, d)
+        b, dev = k_new.shape[0], self.k_res.device
+        if not isinstance(positions, torch.Tensor) or tuple(positions.shape) != (b,) or positions.is_floating_point():
+            got = getattr(positions, "shape", positions)
+            raise CodesignError(f"append_step: positions must be {b} ints, got {got}")
+        if not isinstance(block_tables, torch.Tensor) or block_tables.dim() != 2 or block_tables.shape[0] != b:
+            raise CodesignError(f"append_step: block_tables must be [{b}, max_blocks]")
+        if b > self.k_res.shape[0]:
+            raise CodesignError(f"append_step: {b} rows but {self.k_res.shape[0]} residual rings")
+        g, r = self.group, self.residual
+        ring = g + r
+        pos = positions.to(dev, torch.int64)
+        kr, vr = self.k_res.view(-1, h, d), self.v_res.view(-1, h, d)
+        base = torch.arange(b, device=dev) * ring
+        kr.index_copy_(0, base + pos % ring, k_new.to(dev, kr.dtype))
+        vr.index_copy_(0, base + pos % ring, v_new.to(dev, vr.dtype))
+        before, after = ((pos + x - r).clamp(min=0) // g * g for x in (0, 1))  # kivi_split before and after
+        flush = after > before
+        # A row without a flush names its own current group, a target no other row's flush writes (rows own
+        # their blocks: KIVI shares none), so the torch path may write it back unchanged.
+        g0 = torch.where(flush, after - g, pos // g * g)
+        blk = block_tables.to(dev).long().gather(1, (g0 // bs)[:, None])[:, 0]
+        self._flush_rows(kr, vr, torch.stack([base, g0 % ring, blk * bs + g0 % bs], 1), flush, ring)
+
+    def _flush_rows(self, pk: torch.Tensor, pv: torch.Tensor, groups: torch.Tensor, flush: torch.Tensor,
+                    ring: int) -> None:  # fmt: skip
+        """`_flush` of device groups `[B, 3]` (base, first, slot) where `flush` `[B]` holds, without a sync: the
+        Triton flush with the other rows' slots -1 (skipped), else torch, writing the unflushed rows' targets back
+        as they are."""
+        from codesign.kernels.kvcache import triton_kivi_flush as tf
+
+        bs, h, d = self.k_codes.shape[1], self.k_codes.shape[2], self.head_dim
+        g, gv, bits = self.group, self.value_group, self.bits
+        if resolve_backend("kv_write", pk.device) == "triton" and tf.triton_flush_supported(g, gv, d):
+            slots = torch.where(flush, groups[:, 2], -1)
+            tf.kivi_flush_triton(self, pk, pv, torch.stack([groups[:, 0], groups[:, 1], slots], 1), ring)
+            return
+        base, first, slot = groups.unbind(1)
+        t = torch.arange(g, device=pk.device)
+        at = base[:, None] + (first[:, None] + t) % ring  # [B, G]
+        blk, off = (slot // bs)[:, None], (slot % bs)[:, None] + t
+        keep = flush[:, None, None, None]
+        k = pk[at].float()  # [B, G, h, d]: keys per channel over the group's tokens
+        c, s, z = kq._asym(k, k.amin(1, keepdim=True), k.amax(1, keepdim=True), bits, 1, "fp16")
+        self.k_codes[blk, off] = torch.where(keep, _pack(c, bits), self.k_codes[blk, off])
+        km = self.k_meta[blk[:, 0], off[:, 0] // g]  # [B, h, d, 2]
+        self.k_meta[blk[:, 0], off[:, 0] // g] = torch.where(keep, torch.stack([s, z], -1).half(), km)
+        v = pv[at].float().reshape(*at.shape, h, d // gv, gv)  # values per token over GV elements
+        c, s, z = kq._asym(v, v.amin(-1, keepdim=True), v.amax(-1, keepdim=True), bits, -1, "fp16")
+        self.v_codes[blk, off] = torch.where(keep, _pack(c.reshape(*at.shape, h, d), bits), self.v_codes[blk, off])
+        vm = self.v_meta[blk, off]
+        self.v_meta[blk, off] = torch.where(keep[..., None], torch.stack([s, z], -1).half(), vm)
+
     def _group_slot(self, seq: int, g0: int, row, nb: int, bs: int) -> int:
         """The slot a group starting at token g0 of `seq` lands in (its block from the host row, checked)."""
         if g0 // bs >= len(row) or not 0 <= int(row[g0 // bs]) < nb:
@@ -311,6 +374,13 @@ class KiviPagedKV:
         k = torch.where(res, self.k_res[seq, t % ring].float(), k)
         v = torch.where(res, self.v_res[seq, t % ring].float(), v)
         return k, v
+
+
+def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """`quantizers.pack_codes` without its range check (a host sync): codes made in range by `_asym`."""
+    per = 8 // bits
+    c = codes.reshape(*codes.shape[:-1], codes.shape[-1] // per, per).to(torch.int32)
+    return (c << torch.arange(per, dtype=torch.int32, device=codes.device) * bits).sum(-1).to(torch.uint8)
 
 
 def _check_position(name: str, t) -> None:

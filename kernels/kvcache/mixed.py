@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
+from codesign.kernels.kvcache import kvq
 from codesign.kernels.kvcache import quantizers as kq
 from codesign.kernels.kvcache.checks import check_cache_tensors, check_pool_dims, check_quant_write
 from codesign.kernels.kvcache.host_ints import device_ints
-from codesign.kernels.kvcache.kvq import FORMATS, _kvq_write_body, kvq_write_op
+from codesign.kernels.kvcache.kvq import FORMATS, kvq_write_op
 from codesign.kernels.kvcache.write import direct
 from codesign.specs import CodesignError, KVFormat
 
@@ -197,6 +198,6 @@ def mixed_write(
         # The per-token INT writer of `kvq` (Triton or torch), at this width.
         args = (key, value, kc, vc, cache.k_meta, cache.v_meta, slots, *FORMATS[f"int{b}"])
         if direct(dispatch):
-            _kvq_write_body(*args)
+            kvq._kvq_write_body(*args)  # (through the module: a graph tape swaps it for one node)
         else:
             kvq_write_op(*args)

@@ -72,12 +72,12 @@ def _asym(x32: torch.Tensor, mn: torch.Tensor, mx: torch.Tensor, bits: int, dim:
     if scale_dtype not in _SCALE_DTYPES:
         raise CodesignError(f"scale_dtype must be one of {tuple(_SCALE_DTYPES)}, got {scale_dtype!r}")
     st = _SCALE_DTYPES[scale_dtype]
-    qmax = torch.tensor(float(2**bits - 1), dtype=torch.float32)
+    qmax = float(2**bits - 1)  # (exact in fp32: the division is the fp32 one a 0-d tensor would give)
     scale = ((mx - mn) / qmax).to(st).to(torch.float32)
     zero = mn.to(st).to(torch.float32)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round((x32 - zero) / safe)  # torch.round: half to even, like np.rint
-    codes = q.clamp(0, float(qmax)).to(torch.uint8)
+    codes = q.clamp(0, qmax).to(torch.uint8)
     codes = torch.where(scale > 0, codes, torch.zeros_like(codes))
     return codes, scale.squeeze(dim), zero.squeeze(dim)
 
@@ -114,7 +114,7 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
         )
     if bits < 8 and (codes >> bits).any():
         raise CodesignError(f"codes exceed {bits} bits")
-    c = codes.reshape(*codes.shape[:-1], -1, per).to(torch.int32)
+    c = codes.reshape(*codes.shape[:-1], codes.shape[-1] // per, per).to(torch.int32)  # (no -1: zero tokens pack)
     shifts = torch.arange(per, dtype=torch.int32, device=codes.device) * bits
     return (c << shifts).sum(dim=-1).to(torch.uint8)
 

@@ -4,9 +4,10 @@ engine's rule (div_rn, round half to even, fp16 scale/zero first), so the codes 
 
     pending `[P, kv_heads, D]` fp32, fp16 (or bf16 on a GPU); group i's token t is pending row
     base_i + (first_i + t) % ring, and the group lands at slot slot_i (= block * block_size + offset,
-    offset % G == 0). `KiviPagedKV.append_rows` passes the residual rings themselves (base: the sequence's ring,
-    ring G + R), whose rows already hold the new tokens, or, for a forward longer than a ring holds, each row's
-    unflushed ring tokens and new tokens staged together (base 0, ring P: no wrap).
+    offset % G == 0; a slot of -1 skips the group). `KiviPagedKV.append_rows` passes the residual rings
+    themselves (base: the sequence's ring, ring G + R), whose rows already hold the new tokens, or, for a forward
+    longer than a ring holds, each row's unflushed ring tokens and new tokens staged together (base 0, ring P: no
+    wrap); `append_step` (a decode step deciding on the device) one group a row, -1 where the row flushes none.
 
 Needs G, GV and D powers of two (tl.arange / reshape); `KiviPagedKV.append` falls back to torch otherwise.
 """
@@ -59,26 +60,32 @@ def _kivi_flush_kernel(
     src = (base + (first + t) % ring)[:, None] * stride_pt + h * stride_ph + d[None, :]
     W: tl.constexpr = D * BITS // 8
     i = tl.arange(0, W)
+    gi = tl.arange(0, D // GV)
+    # every store masked by slot0 >= 0 (a group decided on the device may be none), as a tile of each store's shape
+    ok_codes = (slot0 + 0 * t[:, None] + 0 * i[None, :]) >= 0
+    ok_keys = (slot0 + 0 * d) >= 0
+    ok_vmeta = (slot0 + 0 * t[:, None] + 0 * gi[None, :]) >= 0
     # keys: one (scale, zero) per channel over the G tokens
     k = tl.load(pk_ptr + src).to(tl.float32)  # exact from fp16 / bf16
     kq, ks, kz = _asym(k, m, tl.min(k, 0)[None, :], tl.max(k, 0)[None, :], BITS)
-    tl.store(kc_ptr + ((slot0 + t) * H + h)[:, None] * W + i[None, :], _pack(kq, G, D, BITS))
+    tl.store(kc_ptr + ((slot0 + t) * H + h)[:, None] * W + i[None, :], _pack(kq, G, D, BITS), mask=ok_codes)
     blk = slot0 // BS
     grp = (slot0 % BS) // G
     kmeta = km_ptr + (((blk * (BS // G) + grp) * H + h) * D + d) * 2
-    tl.store(kmeta, tl.reshape(ks, (D,)))
-    tl.store(kmeta + 1, tl.reshape(kz, (D,)))
+    tl.store(kmeta, tl.reshape(ks, (D,)), mask=ok_keys)
+    tl.store(kmeta + 1, tl.reshape(kz, (D,)), mask=ok_keys)
     # values: one (scale, zero) per token per GV elements
     v = tl.load(pv_ptr + src).to(tl.float32)
     v3 = tl.reshape(v, (G, D // GV, GV))
     vq, vs, vz = _asym(v3, v3 == v3, tl.min(v3, 2)[:, :, None], tl.max(v3, 2)[:, :, None], BITS)
     tl.store(
-        vc_ptr + ((slot0 + t) * H + h)[:, None] * W + i[None, :], _pack(tl.reshape(vq, (G, D)), G, D, BITS)
+        vc_ptr + ((slot0 + t) * H + h)[:, None] * W + i[None, :],
+        _pack(tl.reshape(vq, (G, D)), G, D, BITS),
+        mask=ok_codes,
     )
-    gi = tl.arange(0, D // GV)
     vmeta = vm_ptr + (((slot0 + t) * H + h)[:, None] * (D // GV) + gi[None, :]) * 2
-    tl.store(vmeta, tl.reshape(vs, (G, D // GV)))
-    tl.store(vmeta + 1, tl.reshape(vz, (G, D // GV)))
+    tl.store(vmeta, tl.reshape(vs, (G, D // GV)), mask=ok_vmeta)
+    tl.store(vmeta + 1, tl.reshape(vz, (G, D // GV)), mask=ok_vmeta)
 
 
 def triton_flush_supported(group: int, value_group: int, head_dim: int) -> bool:
@@ -86,14 +93,17 @@ def triton_flush_supported(group: int, value_group: int, head_dim: int) -> bool:
     return all(x & (x - 1) == 0 for x in (group, value_group, head_dim))
 
 
-def kivi_flush_triton(cache, pk: torch.Tensor, pv: torch.Tensor, groups: list[tuple[int, int, int]],
+def kivi_flush_triton(cache, pk: torch.Tensor, pv: torch.Tensor, groups: list[tuple[int, int, int]] | torch.Tensor,
                       ring: int, memo: dict | None = None) -> None:  # fmt: skip
     """Quantize the groups (base, first, slot) of pending `pk`, `pv` (module docstring; validated by the
-    caller) into their slots; `memo`: `host_ints.device_ints`'."""
-    if not groups:
+    caller) into their slots: host tuples, or an int64 device tensor `[groups, 3]`; `memo`: `host_ints.device_ints`'."""
+    if len(groups) == 0:
         return
     bs, h, d = cache.k_codes.shape[1], cache.k_codes.shape[2], cache.head_dim
-    g = device_ints([x for grp in groups for x in grp], cache.k_codes.device, memo)
+    if isinstance(groups, torch.Tensor):
+        g = groups.contiguous()
+    else:
+        g = device_ints([x for grp in groups for x in grp], cache.k_codes.device, memo)
     if pk.stride() != pv.stride() or pk.stride(2) != 1:
         pk, pv = pk.contiguous(), pv.contiguous()
     _kivi_flush_kernel[(len(groups), h)](

@@ -66,7 +66,7 @@ def test_random_weights_are_seeded(folder, capsys):
     (["--weights", "w3a16"], "unknown codesign weight format 'w3a16'"),
     (["--prompt", "hello"], "--prompt needs a tokenizer"),
     (["--cuda-graph", "--device", "cpu"], "cuda_graph=True needs a model on a CUDA device"),
-    (["--cuda-graph", "--kv-format", "int4-kivi"], "cannot be captured"),
+    (["--cuda-graph", "--kv-format", "int4-kivi", "--speculative", "ngram"], "tree forwards cannot be captured"),
 ])  # fmt: skip
 def test_bad_options_exit_2(folder, capsys, args, message):
     assert main(["generate", str(folder), "--max-new-tokens", "2", *args]) == 2

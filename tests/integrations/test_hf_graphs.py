@@ -14,6 +14,7 @@ from codesign.integrations.hf import ATTN_NAME, CodesignCache, run_generate
 from codesign.integrations.hf import cache as cache_mod
 from codesign.integrations.hf._compat import cache_kwarg
 from codesign.integrations.hf.graphs import GraphDecoding, GraphTape, capturer
+from codesign.integrations.hf.kv_formats import KVSpec
 from codesign.specs import CodesignError
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
@@ -40,10 +41,18 @@ def test_captured_decode_is_greedy_sdpa(family):
     assert [s.context_lens for s in run.cache.steps[-1:]] == [(9 + 13, 6 + 13, 4 + 13)]
 
 
-@pytest.mark.parametrize("kv_format", ["int8", "int4", "int2", "fp8", "int4-oaken", "int4-oaken_offline"])
+# KIVI with groups of 4 (they must divide the blocks): its rings flush within the run, with and without a residual
+KIVI = {f"int{b}-kivi-r{r}": KVSpec(f"int{b}-kivi", "kivi", bits=b, kivi_group=4, kivi_residual=r)
+        for b, r in ((4, 4), (2, 0), (8, 3))}  # fmt: skip
+
+
+@pytest.mark.parametrize("kv_format", ["int8", "int4", "int2", "fp8", "int4-oaken", "int4-oaken_offline", *KIVI,
+                                       "mixed"])  # fmt: skip
 def test_captured_decode_is_eager_decode(kv_format):
     """Quantized caches: the captured steps' tokens are eager generation's over the same format (Oaken's writes
-    append outlier slots: each step's must run once, the capture's too)."""
+    append outlier slots: each step's must run once, the capture's too; KIVI decides on the device which group
+    leaves each ring; mixed opens INT8 blocks before each replay and writes through a writer a width)."""
+    kv_format = KIVI.get(kv_format, kv_format)
     model = tiny_model()
     ids, mask = prompts(2, 7, pads=(0, 2))
     eager = run_generate(model, ids, kv_format, attention_mask=mask, block_size=4, max_new_tokens=12, **GREEDY)
@@ -75,11 +84,13 @@ def test_captured_decode_with_quantized_weights(weights):
         assert capturing(x)
 
 
-@pytest.mark.parametrize("kv_format", ["int8", "int4-oaken"])
+@pytest.mark.parametrize("kv_format", ["int8", "int4-oaken", "int4-kivi-r4", "mixed"])
 def test_captured_decode_through_the_triton_kernels(kv_format):
-    """The same through the Triton kernels (interpreter): decode wrappers planned over tables padded to the run."""
+    """The same through the Triton kernels (interpreter): decode wrappers planned over tables padded to the run,
+    KIVI's flush launched for every row (a slot of -1 where a row flushes none), mixed's by-width decode."""
     from codesign.backend import use_backend
 
+    kv_format = KIVI.get(kv_format, kv_format)
     model = tiny_model()
     ids, _ = prompts(2, 5)
     with use_backend("triton"):
@@ -160,18 +171,48 @@ def _pools(run) -> list[torch.Tensor]:
     return [t for layer in run.cache.layers for t in vars(layer.storage.kv).values() if isinstance(t, torch.Tensor)]
 
 
-@pytest.mark.parametrize("kv_format", ["int8", "int4-oaken", "int4-oaken_offline"])
+@pytest.mark.parametrize("kv_format", ["int8", "int4-kivi-r4", "int4-oaken", "int4-oaken_offline"])
 def test_a_step_that_runs_twice_corrupts_oaken_only(kv_format):
-    """Teeth for running every step's effects once: an extra run of the captured step leaves a per-token cache as
-    eager generation leaves it (rewriting a slot is idempotent) but claims Oaken's outlier slots twice."""
+    """Teeth for running every step's effects once: an extra run of the captured step leaves a per-token or KIVI
+    cache as eager generation leaves it (rewriting a slot, a ring row or a flushed group is idempotent) but claims
+    Oaken's outlier slots twice."""
+    kv_format = KIVI.get(kv_format, kv_format)
     model = tiny_model()
     ids, mask = prompts(2, 7, pads=(0, 2))
     kw = dict(attention_mask=mask, block_size=4, max_new_tokens=8, **GREEDY)
     eager = run_generate(model, ids, kv_format, **kw)
     twice = run_generate(model, ids, kv_format, custom_generate=GraphDecoding(_Twice()), **kw)
     same = all(torch.equal(a, b) for a, b in zip(_pools(eager), _pools(twice)))
-    assert same is (kv_format == "int8")
+    assert same is (kv_format == "int8" or isinstance(kv_format, KVSpec))
     assert torch.equal(_captured(model, ids, mask, kv_format, 8).sequences, eager.sequences)
+
+
+@pytest.mark.parametrize("hook", [True, False])
+def test_captured_mixed_steps_open_int8_blocks(hook, monkeypatch):
+    """A mixed pool whose free blocks still carry other widths (a reused pool: here every block starts as INT2): the
+    blocks a captured decode opens become INT8 before the replay that writes them (`Storage.before_replay`), as in
+    eager decode, and the tokens are eager's. Teeth: without the hook they keep INT2."""
+    from codesign.integrations.hf import _kernels as K
+    from codesign.integrations.hf.kv_formats import MixedStorage
+
+    empty = K.MixedPagedKV.empty
+
+    def reused(*a, **kw):
+        kv = empty(*a, **kw)
+        kv.block_bits.fill_(2)
+        return kv
+
+    monkeypatch.setattr(K.MixedPagedKV, "empty", staticmethod(reused))
+    model = tiny_model()
+    ids, mask = prompts(2, 7, pads=(0, 2))
+    kw = dict(attention_mask=mask, block_size=4, max_new_tokens=12, **GREEDY)
+    eager = run_generate(model, ids, "mixed", **kw)
+    if not hook:
+        monkeypatch.setattr(MixedStorage, "before_replay", lambda self, plan: None)
+    run = _captured(model, ids, mask, "mixed", 12)
+    want, got = (r.cache.layers[0].storage.kv.block_bits for r in (eager, run))
+    assert 8 in want.tolist() and torch.equal(got, want) is hook
+    assert torch.equal(run.sequences, eager.sequences) or not hook
 
 
 def test_captured_sampling_and_end_of_sequence_are_transformers():
@@ -217,11 +258,12 @@ def _broken(monkeypatch, what: str):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kv_format", ["fp32", "int8", "int4-oaken"])
+@pytest.mark.parametrize("kv_format", ["fp32", "int8", "int4-oaken", "int4-kivi-r4", "mixed"])
 def test_cuda_graph_decode_on_a_gpu(kv_format):
     """A real CUDA graph (`cuda_graph=True`, Triton kernels): fp32 tokens are transformers' sdpa's where its lead is
-    decisive (the capture plans over tables padded to the run: another split of the keys, other fp32 sums); INT8 and
-    Oaken tokens are eager generation's."""
+    decisive (the capture plans over tables padded to the run: another split of the keys, other fp32 sums); INT8,
+    Oaken, KIVI and mixed tokens are eager generation's."""
+    kv_format = KIVI.get(kv_format, kv_format)
     model = tiny_model().to("cuda")
     ids, mask = prompts(3, 9, pads=(0, 3, 5))
     ids, mask = ids.cuda(), mask.cuda()
@@ -313,14 +355,14 @@ def test_the_tape_replays_without_python():
 @pytest.mark.parametrize(
     "kw, match",
     [
-        (dict(kv_format="int4-kivi"), "cannot be captured"),
-        (dict(kv_format="mixed"), "cannot be captured"),
         (dict(cuda_graph=True), "needs a model on a CUDA device"),
         (dict(cuda_graph="graph"), "cuda_graph must be"),
         (dict(num_beams=2), "does not combine"),
         (dict(prompt_lookup_num_tokens=2), "does not combine"),
         (dict(return_dict_in_generate=True), "returns the token tensor"),
         (dict(kv_format="int4-oaken", speculative="tree"), "cannot be captured"),
+        (dict(kv_format="int4-kivi", speculative="tree"), "cannot be captured"),
+        (dict(kv_format="mixed", speculative="tree"), "cannot be captured"),
     ],
 )
 def test_captured_decode_refuses_before_generating(kw, match):

@@ -348,9 +348,11 @@ class CodesignCache(Cache):
         ctx = torch.zeros(b, dtype=torch.int32, device=device)
         cu = None if tree is None else torch.zeros(b + 1, dtype=torch.int32, device=device)
         write, attend = [], []
-        for _ in self._groups:  # (the host fields of a write plan: unread by the graph-safe kinds' writes)
+        pos = None if tree is not None else torch.zeros(b, dtype=torch.int64, device=device)
+        for _ in self._groups:  # (of a write plan's host fields only the rows: `WritePlan.positions`)
             bt = torch.zeros(b, cols, dtype=torch.int32, device=device)
-            write.append(WritePlan([], [], [], [], torch.zeros(b * n, dtype=torch.int64, device=device), bt, [], []))
+            slots = torch.zeros(b * n, dtype=torch.int64, device=device)
+            write.append(WritePlan([], list(self._rows), [], [], slots, bt, [], [], positions=pos))
             attend.append(AttendPlan(bt, ctx, cu, None, []))  # (a tree's TreeBatch: set by each graph_step)
         self._graph = _Step(b, n, None, write, attend, keep_kv=tree is not None)
 
@@ -374,7 +376,11 @@ class CodesignCache(Cache):
                 )
             fixed.block_tables[:, :width].copy_(new.block_tables)
             fixed.slots.copy_(new.slots)
+        for i, layer in enumerate(self.layers):
+            layer.storage.before_replay(st.write[self._group_of[i]])
         gs.attend[0].context_lens.copy_(st.attend[0].context_lens)
+        if gs.write[0].positions is not None:
+            gs.write[0].positions.copy_(st.attend[0].context_lens - 1)  # (one new token a row)
         if gs.keep_kv:
             gs.attend[0].cu_seqlens_q.copy_(st.attend[0].cu_seqlens_q)
             for fixed, new in zip(gs.attend, st.attend):

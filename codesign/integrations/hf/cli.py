@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--cuda-graph", action="store_true",
                    help="decode steps (or --speculative's tree forwards) replay one forward captured in a CUDA "
-                        "graph (plain, INT and FP8 caches; Oaken for decode)")
+                        "graph (decode: every format; trees: plain, per-token INT and FP8 caches)")
     p.add_argument("--block-size", type=int, default=None, help="KV block size (default 16, 32 for KIVI)")
     p.add_argument("--dtype", default="fp32", choices=DTYPES)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")

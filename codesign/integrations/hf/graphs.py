@@ -13,9 +13,10 @@ wrappers' buffers. Everything else the forward's Python computed at capture is f
 freezes it: so the loops pass the positions (transformers would count them from the cache on the host) and no
 attention mask (the cache knows each row's real tokens).
 
-Formats: those whose writes read nothing but the step's slots (plain, per-token INT, FP8, and Oaken for decode:
-`KVSpec.check_capturable`). `GraphDecoding` picks tokens as transformers' own `_sample` loop does (logits processors,
-greedy or sampling, stopping criteria, the pad token after a row's end); no beams.
+Formats: every format for decode (KIVI decides its ring rows and flushes on the device, mixed opens its blocks before
+each replay); plain, per-token INT and FP8 for trees (`KVSpec.check_capturable`). `GraphDecoding` picks tokens as
+transformers' own `_sample` loop does (logits processors, greedy or sampling, stopping criteria, the pad token after
+a row's end); no beams.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ _KERNELS = (("codesign.kernels.attention.wrappers", "run_attention"),
             ("codesign.kernels.kvcache.write", "_kv_write_body"),
             ("codesign.kernels.kvcache.kvq", "_kvq_write_body"),
             ("codesign.kernels.kvcache.triton_oaken_write", "oaken_write_triton"),
+            ("codesign.kernels.kvcache.triton_kivi_flush", "kivi_flush_triton"),
             ("codesign.kernels.kvcache.oaken", "OakenPagedKV._write_loop"))  # fmt: skip
 
 

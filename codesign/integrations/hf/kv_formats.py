@@ -51,14 +51,16 @@ class KVSpec:
         return self.kind not in ("kivi", "oaken", "oaken_offline")
 
     def check_capturable(self, trees: bool = False) -> None:
-        """Raise unless one captured forward (a CUDA graph: `CodesignCache.graph_begin`) can serve every decode step
-        (trees: tree verification) over this format: its writes read nothing but the step's slots (plain, per-token
-        INT, FP8; for decode Oaken too, its index rows rebuilt from them). KIVI and mixed decide on the host which
-        rings or block widths a step touches; a tree's rollback snapshots Oaken's slots on the host."""
-        if self.kind in ("kivi", "mixed") or (trees and not self.token_local):
+        """Raise unless one captured forward (a CUDA graph: `CodesignCache.graph_begin`) can serve every step of its
+        kind over this format. Decode: every format; its writes read the step's fixed buffers only (slots; KIVI the
+        positions, deciding on the device which group leaves the ring; mixed a writer a width, each skipping the
+        others' tokens). Trees (tree verification): token-local formats only (plain, per-token INT, FP8): a tree's
+        rollback snapshots KIVI's rings and Oaken's slots from host lists; mixed names a tree step's widths from
+        them."""
+        if trees and (not self.token_local or self.kind == "mixed"):
             raise CodesignError(
-                f"kv_format {self.name!r}: its {'tree forwards' if trees else 'decode steps'} cannot be captured "
-                f"(plain, per-token INT and FP8 caches can{'' if trees else ', and Oaken'})"
+                f"kv_format {self.name!r}: its tree forwards cannot be captured (plain, per-token INT and FP8 "
+                "caches can)"
             )
 
     @property
@@ -139,6 +141,9 @@ class WritePlan:
     fresh: list[list[int]]
     blocks: list[list[int]]
     memo: dict = dataclasses.field(default_factory=dict)  # index tensors the group's layers share (device_ints)
+    # A captured decode step's (`CodesignCache.graph_begin`): each row's new position, a fixed device buffer; its
+    # host lists then hold only seqs (the rows, the same every step): a write reads nothing else of the host.
+    positions: torch.Tensor | None = None
 
 
 @dataclass
@@ -185,6 +190,10 @@ class Storage:
     def snapshot(self, plan: WritePlan) -> object:
         """State the write of `plan` changes outside its own slots (None for token-local formats)."""
         return None
+
+    def before_replay(self, plan: WritePlan) -> None:
+        """A captured step's host side (`CodesignCache.graph_step`; `plan`: the step's eager plan, with its fresh
+        blocks): what the replay's write cannot decide on the device."""
 
     def restore(self, snap: object) -> None:
         """Put back what `snapshot` saved."""
@@ -315,6 +324,11 @@ class KiviStorage(Storage):
 
     def write(self, k, v, plan, q, check):
         rings = [self._row(seq) for seq in plan.seqs]  # every row at once, no host sync without checks
+        if plan.positions is not None:  # a captured step: ring b is row b's (the graph's one tensor of rings)
+            if rings != list(range(len(rings))):
+                raise CodesignError(f"a captured KIVI step needs ring b for row b, the rows have rings {rings}")
+            self.kv.append_step(plan.positions, k, v, plan.block_tables)
+            return
         self.kv.append_rows(rings, plan.starts, plan.counts, k, v, plan.blocks, check, plan.memo)
 
     def planned_run(self, plan):
@@ -336,7 +350,10 @@ class KiviStorage(Storage):
         return self._attend_kvq(entries, q, plan, kw, kv)
 
     def snapshot(self, plan):
-        """The ring rows the write of `plan` claims, every row's in one gather (flat indices into the rings)."""
+        """The ring rows the write of `plan` claims, every row's in one gather (flat indices into the rings); none
+        for a captured decode step (never rolled back)."""
+        if plan.positions is not None:
+            return None
         ring = self.ring
         at = [self._row(seq) * ring + (start + i) % ring
               for seq, start, n in zip(plan.seqs, plan.starts, plan.counts) for i in range(min(n, ring))]  # fmt: skip
@@ -420,6 +437,21 @@ class MixedStorage(Storage):
         self._bits: dict[int, int] = {}  # the widths this storage set, on the host (other blocks: INT8)
 
     def write(self, k, v, plan, q, check):
+        if plan.positions is not None:  # a captured step: its fresh blocks' widths were set before the replay
+            K.mixed_write(k, v, self.kv, plan.slots, False, dispatch=False, widths=K.MIXED_BITS)
+            return
+        self._set_fresh(plan, q, k)
+        bs = self.block_size
+        widths = {self._bits.get(row[p // bs], 8)  # the blocks the tokens land in
+                  for row, s, n in zip(plan.blocks, plan.starts, plan.counts)
+                  for p in range(s // bs * bs, s + n, bs)}  # fmt: skip
+        K.mixed_write(k, v, self.kv, plan.slots, check, dispatch=False, widths=widths)
+
+    def before_replay(self, plan):
+        self._set_fresh(plan, None, None)
+
+    def _set_fresh(self, plan, q, k) -> None:
+        """The widths of the blocks opened by `plan` (the policy on a prompt; INT8 for generated tokens)."""
         off, blocks, bits = 0, [], []
         for start, n, fresh in zip(plan.starts, plan.counts, plan.fresh):
             if fresh:
@@ -429,11 +461,6 @@ class MixedStorage(Storage):
         if blocks:
             self.kv.set_block_bits(blocks, bits, plan.memo)
             self._bits.update(zip(blocks, bits))
-        bs = self.block_size
-        widths = {self._bits.get(row[p // bs], 8)  # the blocks the tokens land in
-                  for row, s, n in zip(plan.blocks, plan.starts, plan.counts)
-                  for p in range(s // bs * bs, s + n, bs)}  # fmt: skip
-        K.mixed_write(k, v, self.kv, plan.slots, check, dispatch=False, widths=widths)
 
     def copy_block(self, src: int, dst: int) -> None:
         super().copy_block(src, dst)

@@ -179,7 +179,7 @@ def generate(model, input_ids: torch.Tensor, kv_format: str | None = None, **kwa
     Keywords of ours: attention_mask (left padding only), block_size (default 16, 32 for KIVI), num_blocks
     (default: sized for the prompt and max_new_tokens), speculative (a TreeSpeculator: tree speculative
     decoding), cuda_graph (True: every decode step, or with speculative every tree forward, replays one forward
-    captured in a CUDA graph, `graphs`; plain, per-token INT and FP8 caches, and Oaken for decode), share_prefix
+    captured in a CUDA graph, `graphs`; decode over every format, trees over plain, per-token INT and FP8), share_prefix
     (rows with a common prompt prefix share its full blocks), check (the kernels' data checks). Everything else
     goes to transformers' generate. Returns what it returns.
     """

@@ -167,6 +167,24 @@ def test_triton_flush_equals_torch_writer(bits):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name  # bytes: NaN poison compares equal
 
 
+def _decode_run(bits, g, r):
+    """Three prompts and the decode steps after them that flush every group on the way: (prompts, steps, shuffled
+    block tables, two caches poisoned alike where no append writes (random code bytes, NaN metadata), each
+    sequence's fp16 K and V)."""
+    prompts, steps = [3, g + r, 2 * g + r + 1], 2 * g + 1
+    bt, nb = shuffled_block_tables([p + steps for p in prompts], BS)
+    caches = [KiviPagedKV.empty(nb, BS, H, D, bits, g, r, len(prompts)) for _ in range(2)]
+    poison = torch.randint(0, 256, caches[0].k_codes.shape, dtype=torch.uint8)
+    for c in caches:
+        c.k_codes.copy_(poison)
+        c.v_codes.copy_(poison)
+        c.k_meta.fill_(float("nan"))
+        c.v_meta.fill_(float("nan"))
+    k = [torch.randn(p + steps, H, D).half() for p in prompts]
+    v = [torch.randn(p + steps, H, D).half() for p in prompts]
+    return prompts, steps, bt, caches, k, v
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("bits,g,r", [(4, 4, 4), (2, 4, 2), (8, 4, 0), (4, 8, 3)])
 def test_append_rows_of_a_token_equals_append_token_by_token(backend, bits, g, r):
@@ -174,17 +192,8 @@ def test_append_rows_of_a_token_equals_append_token_by_token(backend, bits, g, r
     live ring rows as `append` token by token, every group leaving the window on the way (R = 2: a group wraps the
     ring; R = 0: the new token is in the group it flushes); block rows as a tensor and as host lists."""
     torch.manual_seed(3)
-    prompts, steps = [3, g + r, 2 * g + r + 1], 2 * g + 1
-    bt, nb = shuffled_block_tables([p + steps for p in prompts], BS)
-    caches = [KiviPagedKV.empty(nb, BS, H, D, bits, g, r, len(prompts)) for _ in range(2)]
-    poison = torch.randint(0, 256, caches[0].k_codes.shape, dtype=torch.uint8)
-    for c in caches:
-        c.k_codes.copy_(poison)  # what no append writes
-        c.k_meta.fill_(float("nan"))
-        c.v_meta.fill_(float("nan"))
+    prompts, steps, bt, caches, k, v = _decode_run(bits, g, r)
     ref, got = caches
-    k = [torch.randn(p + steps, H, D).half() for p in prompts]
-    v = [torch.randn(p + steps, H, D).half() for p in prompts]
     with use_backend(backend):
         for b, p in enumerate(prompts):
             for c in caches:
@@ -205,6 +214,47 @@ def test_append_rows_of_a_token_equals_append_token_by_token(backend, bits, g, r
         kh, vh = kvq.kivi_fake_quant(k[b].float(), v[b].float(), bits, g, r)
         gk, gv = got.dequantize_seq(b, bt[b], n)
         assert torch.equal(gk, kh) and torch.equal(gv, vh)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("bits,g,r", [(4, 4, 4), (2, 4, 2), (8, 4, 0), (4, 8, 3)])
+def test_append_step_equals_append_rows(backend, bits, g, r):
+    """A captured decode step's writer (`append_step`: ring rows and flushes decided on the device from the positions
+    and the block tables) leaves every byte `append_rows` leaves, over steps that flush in some rows and not others
+    (a row without a flush: its torch path writes its own group back unchanged, its Triton launch skips it)."""
+    torch.manual_seed(5)
+    prompts, steps, bt, caches, k, v = _decode_run(bits, g, r)
+    ref, got = caches
+    seqs = list(range(len(prompts)))
+    with use_backend(backend):
+        for c in caches:
+            c.append_rows(seqs, [0] * len(seqs), prompts, torch.cat([x[:p] for x, p in zip(k, prompts)]),
+                          torch.cat([x[:p] for x, p in zip(v, prompts)]), bt)  # fmt: skip
+        for i in range(steps):
+            pos = [p + i for p in prompts]
+            kn = torch.cat([k[b][t : t + 1] for b, t in zip(seqs, pos)])
+            vn = torch.cat([v[b][t : t + 1] for b, t in zip(seqs, pos)])
+            ref.append_rows(seqs, pos, [1] * len(seqs), kn, vn, bt)
+            got.append_step(torch.tensor(pos), kn, vn, bt)
+    for name in ("k_codes", "v_codes", "k_meta", "v_meta", "k_res", "v_res"):
+        assert torch.equal(getattr(got, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)), name
+
+
+def test_append_step_bad_input():
+    c = KiviPagedKV.empty(4, 8, 1, 16, 4, 4, 4, 2)
+    x = torch.randn(2, 1, 16)
+    bt = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    with pytest.raises(CodesignError, match="positions must be 2 ints"):
+        c.append_step(torch.tensor([0.0, 1.0]), x, x, bt)
+    with pytest.raises(CodesignError, match="positions must be 2 ints"):
+        c.append_step(torch.tensor([0]), x, x, bt)
+    with pytest.raises(CodesignError, match=r"block_tables must be \[2, max_blocks\]"):
+        c.append_step(torch.tensor([0, 1]), x, x, bt[0])
+    with pytest.raises(CodesignError, match="3 rows but 2 residual rings"):
+        y = torch.randn(3, 1, 16)
+        c.append_step(torch.tensor([0, 1, 2]), y, y, torch.zeros(3, 2, dtype=torch.int32))
+    with pytest.raises(CodesignError, match="k_new must be"):
+        c.append_step(torch.tensor([0, 1]), x[:, :, :8], x, bt)
 
 
 def test_append_rows_bad_input():
