@@ -9,8 +9,8 @@ variant generated every token, in positive time (token agreement with sdpa is no
 may break either way).
 
 Smoke mode: a two-layer Llama of hidden 128 on the CPU, float32 (fp32 in place of the bf16 caches), the
-Triton interpreter, 3 new tokens, batch 2, five variants (sdpa, an INT4 cache, captured decode and captured tree
-speculation on the CPU stand-in, W4A16 weights); the prefill
+Triton interpreter, 3 new tokens, batch 2, six variants (sdpa, an INT4 cache, captured decode and captured tree
+speculation on the CPU stand-in, W4A16 weights, and those with fused layer ops in a captured step); the prefill
 rows an 8-token prompt.
 """
 
@@ -35,12 +35,12 @@ def run(report: dict, quick: bool = False, mode: Any = None) -> None:
         return
     if smoke:
         model = _smoke_model()
-        # The interpreter computes bf16 wrongly (the writer refuses it): the bf16 cache rows run fp32 here. Five
+        # The interpreter computes bf16 wrongly (the writer refuses it): the bf16 cache rows run fp32 here. Six
         # variants cover the paths (transformers' own, a quantized cache, captured decode and captured tree
-        # speculation, quantized weights).
+        # speculation, quantized weights, quantized weights with fused layer ops in a captured step).
         variants = tuple((n, a, "fp32" if kv == "bf16" else kv, w) for n, a, kv, w in VARIANTS
                          if n in ("hf-sdpa", "codesign-int4", "codesign-bf16-graph", "codesign-bf16-tree-graph",
-                                  "codesign-bf16-w4a16"))  # fmt: skip
+                                  "codesign-bf16-w4a16", "codesign-bf16-w4a16-fused-graph"))  # fmt: skip
         new_tokens = 3
         kw = dict(batches=(2,), prompt_len=8, device="cpu", dtype=torch.float32, warmup=2, variants=variants)
         name = "tiny llama (random weights, fp32, CPU interpreter)"

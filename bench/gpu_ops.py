@@ -6,7 +6,8 @@
     called back to back in PyTorch eager between two synchronizes, launch overhead included, as those rows were;
   * "layers": Llama-3-8B's first layer at decode (batch 16, context 4096) and prefill (one 2048-token prompt),
     one row per operator of the step graph (`dataflow.graph`) timed the same way: torch's GEMMs, RMSNorm and
-    elementwise ops, and attention both ours (paged decode over an fp16 cache) and torch's `sdpa`; each row
+    elementwise ops, RMSNorm, the gated product and the rotary embedding both torch's (Hugging Face's ops) and ours
+    (`kernels.layers`), and attention both ours (paged decode over an fp16 cache) and torch's `sdpa`; each row
     beside the GPU model's prediction with the catalogue's current efficiencies for that GPU.
 `checks_ok`: every row timed and read back at its spec (`measured_ops`). Then
 `python -m codesign.dataflow.gpu_model --suite REPORT.json` fits that GPU's efficiencies on the calibration
@@ -111,7 +112,8 @@ def _op_calls(spec: Any, dtype: Any, dev: str) -> list[tuple[str, Callable[[], A
     import torch
     import torch.nn.functional as F
 
-    from codesign.specs import Elementwise, Gemm, Norm, PagedDecodeAttention, PrefillAttention
+    from codesign.kernels.layers import ops as L
+    from codesign.specs import Elementwise, Gemm, Norm, PagedDecodeAttention, PrefillAttention, RoPE
 
     if isinstance(spec, Gemm):
         a = torch.randn(spec.M, spec.K, dtype=dtype, device=dev)
@@ -120,10 +122,20 @@ def _op_calls(spec: Any, dtype: Any, dev: str) -> list[tuple[str, Callable[[], A
     if isinstance(spec, Norm) and spec.norm == "rms":
         x = torch.randn(spec.rows, spec.hidden, dtype=dtype, device=dev)
         g = torch.ones(spec.hidden, dtype=dtype, device=dev)
-        return [("torch rms_norm", lambda: F.rms_norm(x, (spec.hidden,), g))]
+        return [("torch rms_norm", lambda: F.rms_norm(x, (spec.hidden,), g)),
+                ("codesign rms_norm", lambda: L.rms_norm(x, g, 1e-5, dispatch=False))]  # fmt: skip
     if isinstance(spec, Elementwise) and spec.op in ("add", "silu_mul"):
         a, b = (torch.randn(spec.numel, dtype=dtype, device=dev) for _ in range(2))
-        return [("torch add", lambda: a + b)] if spec.op == "add" else [("torch silu * up", lambda: F.silu(a) * b)]
+        if spec.op == "add":
+            return [("torch add", lambda: a + b)]
+        return [("torch silu * up", lambda: F.silu(a) * b), ("codesign silu_mul", lambda: L.silu_mul(a, b, False))]
+    if isinstance(spec, RoPE) and spec.tokens:  # (one token a row: decode's layout; a prompt's as one row)
+        rows, seq = (spec.tokens, 1) if spec.tokens <= 64 else (1, spec.tokens)
+        q = torch.randn(rows, seq, spec.q_heads, spec.head_dim, dtype=dtype, device=dev).transpose(1, 2)
+        k = torch.randn(rows, seq, spec.kv_heads, spec.head_dim, dtype=dtype, device=dev).transpose(1, 2)
+        cos, sin = (torch.randn(rows, seq, spec.head_dim, dtype=dtype, device=dev) for _ in range(2))
+        return [("torch rotate_half", lambda: _hf_rope(q, k, cos, sin)),
+                ("codesign rope", lambda: L.rope(q, k, cos, sin, dispatch=False))]  # fmt: skip
     if isinstance(spec, PagedDecodeAttention):
         return _decode_attention_calls(spec, dtype, dev)
     if isinstance(spec, PrefillAttention) and len(set(spec.seq_lens)) == 1:  # (equal prompts: one dense batch)
@@ -132,7 +144,14 @@ def _op_calls(spec: Any, dtype: Any, dev: str) -> list[tuple[str, Callable[[], A
         k, v = (torch.randn(b, spec.kv_heads, n, spec.head_dim, dtype=dtype, device=dev) for _ in range(2))
         return [("torch sdpa (causal)", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                                enable_gqa=True))]  # fmt: skip
-    return []  # rope, the KV write, embedding, sampling: no single torch call to set beside the spec
+    return []  # the KV write, embedding, sampling: no single torch call to set beside the spec
+
+
+def _hf_rope(q, k, cos, sin):
+    """Hugging Face's apply_rotary_pos_emb, op for op (`kernels.layers.ops`' torch path)."""
+    from codesign.kernels.layers.ops import _rope_torch
+
+    return _rope_torch(q, k, cos, sin)
 
 
 def _decode_attention_calls(spec: Any, dtype: Any, dev: str) -> list[tuple[str, Callable[[], Any]]]:

@@ -11,10 +11,12 @@ through the attention entry points at every layer, as before `CodesignCache` pla
 has no tree verification). `--cuda-graph`: also a row per format for captured decode (`graphs.GraphDecoding`;
 with `--tree`, captured tree forwards) whose replay costs nothing here, so the row is a captured step's host side
 alone (its slots, buffer copies and re-plans, the logits processors, the stopping check; a tree step's draft,
-verification and compaction too), timed from one replay to the next.
+verification and compaction too), timed from one replay to the next. `--fuse`: also a row per format with the
+model's RMSNorms, rotary embedding and SiLU MLPs on codesign's layer ops (`fuse.fuse_layers_`): fewer torch ops
+a layer, 4 more Triton launches (stubbed here: each costs its launcher on a GPU).
 
     python bench/hf_host_time.py [--layers 8] [--tokens 32] [--batch 1] [--formats fp32 int8 int4] [--entry-point]
-                                 [--tree] [--cuda-graph] [--json F]
+                                 [--tree] [--cuda-graph] [--fuse] [--json F]
 
 Times are the process's CPU time on one torch thread (wall time counts a shared VM's stolen time, which moved
 rows of one run by up to ~200 us a layer on the development machine). Numbers depend on the CPU; compare rows of
@@ -71,7 +73,7 @@ class _HostOnly:
 
 
 def _per_forward_ms(model, ids, kv_format: str | None, tokens: int, check: bool, tree: bool,
-                    graph: bool = False) -> tuple[float, int]:  # fmt: skip
+                    graph: bool = False, fuse: bool = False) -> tuple[float, int]:  # fmt: skip
     """(CPU ms a forward after the prefill, forwards): greedy decoding of `tokens` tokens, or with `tree` tree
     speculation (an n-gram draft, width 2, depth 3: its accepted paths vary with the stubs' garbage, so time is
     counted per forward); `graph`: a captured step's host side (`_HostOnly` replays), from one replay to the next."""
@@ -80,6 +82,8 @@ def _per_forward_ms(model, ids, kv_format: str | None, tokens: int, check: bool,
     from codesign.integrations.hf.one_call import run_generate
 
     kw = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+    if fuse:
+        kw["fuse"] = True  # (fused before: fuse_layers_' probes are not a step's time)
     if graph:
         times: list[float] = []
         if tree:
@@ -104,11 +108,11 @@ def _per_forward_ms(model, ids, kv_format: str | None, tokens: int, check: bool,
 
 def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32", "int8", "int4"),
             repeats: int = 3, entry_point: bool = False, batch: int = 1,
-            tree: bool = False, graph: bool = False) -> dict[str, Any]:  # fmt: skip
+            tree: bool = False, graph: bool = False, fuse: bool = False) -> dict[str, Any]:  # fmt: skip
     """Rows of host ms a forward (a token in greedy decoding) and us a forward and layer (the best of `repeats`),
     sdpa first (not with `tree`: transformers has no tree verification); launches a forward and layer.
     entry_point: every storage attends through `Storage.attend` (no planned attention); graph: also each
-    capturable format's captured decode, its step's host side."""
+    capturable format's captured decode, its step's host side; fuse: also each format with fused layer ops."""
     import torch
     from triton.runtime import interpreter
 
@@ -122,7 +126,8 @@ def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32
         for c in planned:
             c.planned_run = kv_formats.Storage.planned_run
     try:
-        return {**_measure(layers, tokens, formats, repeats, launches, batch, tree, graph), "entry_point": entry_point}
+        rep = _measure(layers, tokens, formats, repeats, launches, batch, tree, graph, fuse)
+        return {**rep, "entry_point": entry_point}
     finally:
         interpreter.InterpretedFunction.run = original
         torch.set_num_threads(threads)
@@ -131,9 +136,11 @@ def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32
 
 
 def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, launches: list[int],
-             batch: int, tree: bool, graph: bool) -> dict[str, Any]:  # fmt: skip
+             batch: int, tree: bool, graph: bool, fuse: bool = False) -> dict[str, Any]:  # fmt: skip
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from codesign.integrations.hf.fuse import fuse_layers_, unfuse_layers_
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **SMALL)).eval()
@@ -141,18 +148,24 @@ def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, l
     rows = []
     # With checks only where no check reads values: the stubbed kernels leave their outputs unwritten (garbage,
     # NaN among it), which a quantized write's finiteness check refuses at the next layer.
-    variants = [] if tree else [("hf-sdpa", None, False, False)]
-    variants += [(f"codesign-{f}", f, False, False) for f in formats]
-    variants += [(f"codesign-{f}+checks", f, True, False) for f in formats if f in ("fp32", "fp16")]
+    variants = [] if tree else [("hf-sdpa", None, False, False, False)]
+    variants += [(f"codesign-{f}", f, False, False, False) for f in formats]
+    variants += [(f"codesign-{f}+checks", f, True, False, False) for f in formats if f in ("fp32", "fp16")]
     if graph:
-        variants += [(f"codesign-{f}-graph", f, False, True) for f in formats if "kivi" not in f]
-    for name, fmt, check, captured in variants:
+        variants += [(f"codesign-{f}-graph", f, False, True, False) for f in formats
+                     if not (tree and "kivi" in f)]  # (KIVI tree forwards are not capturable)
+    if fuse:
+        variants += [(f"codesign-{f}-fused", f, False, False, True) for f in formats]
+    for name, fmt, check, captured, fused in variants:
         best, per_step = float("inf"), 0.0
+        if fused:
+            fuse_layers_(model)
         for _ in range(repeats):
             launches.clear()
-            ms, forwards = _per_forward_ms(model, ids, fmt, tokens, check, tree, captured)
+            ms, forwards = _per_forward_ms(model, ids, fmt, tokens, check, tree, captured, fused)
             best = min(best, ms)
             per_step = 0.0 if captured else len(launches) / (forwards * layers)  # (a replay's: the GPU's)
+        unfuse_layers_(model)
         rows.append({"variant": name, "ms_per_forward": best, "us_per_layer": best * 1e3 / layers,
                      "launches_per_layer": per_step})  # fmt: skip
     for r in rows:
@@ -170,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--entry-point", action="store_true", help="attend through the entry points at every layer")
     ap.add_argument("--tree", action="store_true", help="tree speculation's forwards (n-gram draft) instead")
     ap.add_argument("--cuda-graph", action="store_true", help="also captured decode: a step's host side alone")
+    ap.add_argument("--fuse", action="store_true", help="also each format with fused layer ops (fuse_layers_)")
     ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args(argv)
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -190,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hf_host_time: --batch must be >= 1, got {args.batch}", file=sys.stderr)
         return 2
     rep = measure(args.layers, args.tokens, tuple(args.formats), entry_point=args.entry_point, batch=args.batch,
-                  tree=args.tree, graph=args.cuda_graph)  # fmt: skip
+                  tree=args.tree, graph=args.cuda_graph, fuse=args.fuse)  # fmt: skip
     print(f"{'variant':<24} {'ms/forward':>10} {'us/layer':>9} {'extra':>8} {'launches/layer':>15}")
     for r in rep["rows"]:
         extra = "" if r["extra_us_per_layer"] is None else f"{r['extra_us_per_layer']:.0f}"

@@ -1,4 +1,4 @@
-"""codesign.kernels: Triton (and CuPy) kernels for LLM inference, exposed as torch ops, in four families.
+"""codesign.kernels: Triton (and CuPy) kernels for LLM inference, exposed as torch ops, in five families.
 
     gemm/       quantized GEMM: W4A16 / W8A16 / W8A8 / FP8 ops, their Triton and CuPy kernels, QuantLinear
                 and quantize_, GPTQ / AWQ checkpoint importers
@@ -7,6 +7,8 @@
                 and the quantized cache types (per-token INT8/4/2 and FP8, KIVI, Oaken, mixed precision)
     attention/  paged decode / extend / tree attention over every cache type: options, the torch ops, the
                 CPU reference, the Triton kernel, plan()/run() wrappers, verify_tree
+    layers/     the per-layer ops between the GEMMs and attention, one launch each: RMSNorm, rotary
+                embedding of q and k, the SiLU-gated product
 
 Dependencies point one way: attention -> kvcache -> codesign.specs (a cache never imports attention).
 The names below are importable from here; importing this package defines no kernel (each name is imported
@@ -58,6 +60,7 @@ _EXPORTS = {
         "attention.quantized",
     ),  # fmt: skip
     **dict.fromkeys(("PagedDecodeWrapper", "PagedExtendWrapper", "TreeAttentionWrapper"), "attention.wrappers"),
+    **dict.fromkeys(("rms_norm", "rope", "silu_mul"), "layers.ops"),
 }
 
 __all__ = sorted(_EXPORTS)

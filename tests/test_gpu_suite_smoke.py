@@ -194,7 +194,8 @@ def _check_prefill_and_single_ops(rep: dict) -> None:
     assert [lay["phase"] for lay in ops["layers"]] == ["decode", "prefill"]
     impls = {r["impl"] for lay in ops["layers"] for r in lay["rows"]}
     assert {"codesign paged decode", "torch sdpa (contiguous cache)", "torch sdpa (causal)", "torch.matmul",
-            "torch rms_norm", "torch silu * up", "torch add"} <= impls  # fmt: skip
+            "torch rms_norm", "torch silu * up", "torch add", "codesign rms_norm", "codesign silu_mul",
+            "torch rotate_half", "codesign rope"} <= impls  # fmt: skip
 
 
 

@@ -52,6 +52,17 @@ def test_generate_speculative_and_quantized_weights(folder, capsys):
     assert "tokens accepted a step" in out
 
 
+def test_generate_fused_prints_what_it_fused(folder, capsys):
+    """--fuse: the same tokens as without (the torch paths are the modules' arithmetic), and the report line."""
+    outs = []
+    for extra in ([], ["--fuse"]):
+        assert main(["generate", str(folder), "--max-new-tokens", "4", *extra]) == 0
+        outs.append(capsys.readouterr().out)
+    token = [next(line for line in out.splitlines() if line.startswith("tokens:")) for out in outs]
+    assert token[0] == token[1]
+    assert "fused 5 RMSNorms, 2 gated MLPs, rotary embedding in modeling_llama" in outs[1]
+
+
 def test_random_weights_are_seeded(folder, capsys):
     runs = []
     for _ in range(2):

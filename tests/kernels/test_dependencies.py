@@ -21,6 +21,14 @@ def test_kvcache_never_imports_attention():
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}: caches never import attention"
 
 
+def test_layers_import_no_other_family():
+    """The layer ops stand alone: a family the others may use, that uses none of them."""
+    for path in sorted((KERNELS / "layers").glob("*.py")):
+        bad = {m for m in _imports(path, "codesign.kernels.layers")
+               if m.startswith("codesign.kernels.") and not m.startswith("codesign.kernels.layers")}  # fmt: skip
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
 def test_specs_import_nothing_of_ours_but_themselves():
     for path in sorted((ROOT / "codesign" / "specs").glob("*.py")):
         bad = {m for m in _imports(path, "codesign.specs") if _ours(m) and not m.startswith("codesign.specs")}

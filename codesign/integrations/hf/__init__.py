@@ -18,6 +18,7 @@ check_transformers_version()
 
 from codesign.integrations.hf.attention import register as _register_attention  # noqa: E402
 from codesign.integrations.hf.cache import CodesignCache  # noqa: E402
+from codesign.integrations.hf.fuse import fuse_layers_, unfuse_layers_  # noqa: E402
 from codesign.integrations.hf.graphs import GraphDecoding, GraphTape  # noqa: E402
 from codesign.integrations.hf.one_call import generate, run_generate  # noqa: E402
 from codesign.integrations.hf.quantizer import (  # noqa: E402
@@ -33,5 +34,6 @@ _register_attention()
 __all__ = [
     "ATTN_NAME", "CodesignCache", "CodesignQuantConfig", "GraphDecoding", "GraphTape", "ModelDraft", "NGramDraft",
     "TreeSpeculator",
-    "chain_tree", "from_quantized_checkpoint", "generate", "load_gptq_awq", "run_generate",
+    "chain_tree", "from_quantized_checkpoint", "fuse_layers_", "generate", "load_gptq_awq", "run_generate",
+    "unfuse_layers_",
 ]  # fmt: skip

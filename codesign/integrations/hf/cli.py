@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graph", action="store_true",
                    help="decode steps (or --speculative's tree forwards) replay one forward captured in a CUDA "
                         "graph (decode: every format; trees: plain, per-token INT and FP8 caches)")
+    p.add_argument("--fuse", action="store_true",
+                   help="RMSNorms, rotary embedding and gated SiLU MLPs on codesign's one-launch ops")
     p.add_argument("--block-size", type=int, default=None, help="KV block size (default 16, 32 for KIVI)")
     p.add_argument("--dtype", default="fp32", choices=DTYPES)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")
@@ -129,15 +131,15 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     r = run_generate(model, ids, spec, block_size=args.block_size, speculative=_speculator(args, dtype, device),
                      max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=0,
-                     eos_token_id=None, cuda_graph=args.cuda_graph)  # fmt: skip
+                     eos_token_id=None, cuda_graph=args.cuda_graph, fuse=args.fuse)  # fmt: skip
     pred = coster.predict(r.steps) if coster else None
-    print(_report(args, r, pred, tok))
+    print(_report(args, r, pred, tok, getattr(model, "_codesign_fused", None)))
     if args.json:
         _write_json(args.json, args, r, pred)
     return 0
 
 
-def _report(args, r, pred, tok) -> str:
+def _report(args, r, pred, tok, fused=None) -> str:
     lines = [f"model {args.model}: kv {r.cache.spec.name}, weights {args.weights}, block {r.cache.block_size}, "
              f"{r.sequences.shape[0]} row(s)"]  # fmt: skip
     gen = r.sequences[0, r.prompt_cols :].tolist()
@@ -157,6 +159,8 @@ def _report(args, r, pred, tok) -> str:
         lines.append(f"predicted on {args.design}: {p * 1e3:.3f} ms ({r.new_tokens / p:.1f} tokens/s)")
     if r.speculation is not None:
         lines.append(f"speculative: {r.speculation.mean_accepted:.2f} tokens accepted a step a row")
+    if fused is not None:
+        lines.append(fused.summary())
     return "\n".join(lines)
 
 

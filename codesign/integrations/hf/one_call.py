@@ -17,6 +17,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from codesign.integrations.hf._compat import cache_kwarg
 from codesign.integrations.hf.cache import CodesignCache, StepRecord, blocks_needed, pool_blocks
+from codesign.integrations.hf.fuse import fuse_layers_
 from codesign.integrations.hf.graphs import CAPTURES, GraphDecoding
 from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
 from codesign.integrations.hf.speculative import SpeculationStats, TreeSpeculator
@@ -75,9 +76,11 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
                  attention_mask: torch.Tensor | None = None, block_size: int | None = None,
                  num_blocks: int | None = None, speculative: TreeSpeculator | None = None,
                  share_prefix: bool = True, check: bool = True, cuda_graph: bool | str = False,
-                 **generate_kwargs) -> GenerationRun:  # fmt: skip
+                 fuse: bool = False, **generate_kwargs) -> GenerationRun:  # fmt: skip
     """`generate` with its record (see `generate`)."""
     layout = check_model(model)
+    if not isinstance(fuse, bool):
+        raise CodesignError(f"fuse must be True or False, got {fuse!r}")
     spec = parse_kv_format(kv_format, layout.dtype)
     graphs = _graph_decoding(model, cuda_graph, spec, speculative, generate_kwargs)
     bs = block_size or default_block_size(spec)
@@ -123,6 +126,8 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
         cache.share_prefixes(
             ids, None if attention_mask is None else attention_mask.repeat_interleave(expand, 0)
         )
+    if fuse:
+        fuse_layers_(model)
     cfg = text_config(model)
     prev = cfg._attn_implementation
     clock = StepClock()
@@ -180,7 +185,9 @@ def generate(model, input_ids: torch.Tensor, kv_format: str | None = None, **kwa
     (default: sized for the prompt and max_new_tokens), speculative (a TreeSpeculator: tree speculative
     decoding), cuda_graph (True: every decode step, or with speculative every tree forward, replays one forward
     captured in a CUDA graph, `graphs`; decode over every format, trees over plain, per-token INT and FP8), share_prefix
-    (rows with a common prompt prefix share its full blocks), check (the kernels' data checks). Everything else
+    (rows with a common prompt prefix share its full blocks), check (the kernels' data checks), fuse (the model's
+    RMSNorms, rotary embedding and gated SiLU MLPs on codesign's one-launch ops, `fuse.fuse_layers_`; it stays
+    fused). Everything else
     goes to transformers' generate. Returns what it returns.
     """
     return run_generate(model, input_ids, kv_format, **kwargs).output

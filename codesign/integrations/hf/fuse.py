@@ -1,0 +1,223 @@
+"""A Hugging Face model's per-layer ops on codesign's one-launch kernels (`codesign.kernels.layers`): `fuse_layers_`.
+
+    report = fuse_layers_(model)   # or generate(..., fuse=True), codesign generate --fuse
+
+- RMSNorm modules (every decoder layer's two, the final norm, per-head q / k norms) run `rms_norm`: one launch where
+  the module runs 7 ops.
+- The rotary embedding of q and k runs `rope`: one launch where `apply_rotary_pos_emb` runs 10. The attention modules
+  call it as a global of their modeling module, so that global is replaced by a function that takes our kernel while
+  a fused model's forward runs (a context variable its hooks set) and the original otherwise: other models in the
+  process are untouched.
+- Gated MLPs with SiLU (gate_proj, up_proj, down_proj) run `silu_mul` between their GEMMs: one launch for two.
+
+Nothing is matched by name alone: each module (and each modeling module's rotary function) is run once on a small
+random input beside our op's torch path, and is fused only where the two agree bit for bit (the torch paths are
+Hugging Face's arithmetic op by op), so a variant that computes otherwise (another weight offset, a partial
+rotation, another activation) keeps its own forward and the report says so. On a CPU (torch backend) a fused model
+computes exactly what it computed before; on a GPU the Triton kernels round once where the modules round after each
+op (differences of an ulp of the model's dtype).
+
+Why: at decode these ops are most of a step's launches and move a few KB each: their launches cost more than their
+bytes, in a CUDA graph too. The design model (`codesign generate --design`) already costs each as one pass.
+Transformers' own route to such kernels (`kernelize` with a kernel hub) downloads them; this needs nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+import torch
+
+from codesign.backend import use_backend
+from codesign.kernels.layers import ops as L
+from codesign.specs import CodesignError
+
+_ACTIVE: ContextVar[bool] = ContextVar("codesign_fused_forward", default=False)
+_ORIGINAL_ROPE: dict[str, object] = {}  # modeling module name -> its own apply_rotary_pos_emb
+NORM_MODES = ((0.0, True), (1.0, False))  # (offset, cast_first): weight * y.to(dtype) (Llama); y * (1 + w) (Gemma)
+
+
+@dataclass
+class FuseReport:
+    """What `fuse_layers_` fused: module names per op, the modeling modules whose rotary function is ours, and the
+    candidates that computed otherwise than our op (kept as they were)."""
+
+    rms_norm: list[str] = field(default_factory=list)
+    silu_mul: list[str] = field(default_factory=list)
+    rope: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        kept = f"; kept their own: {', '.join(self.kept)}" if self.kept else ""
+        return (f"fused {len(self.rms_norm)} RMSNorms, {len(self.silu_mul)} gated MLPs, rotary embedding in "
+                f"{', '.join(self.rope) or 'no module'}{kept}")  # fmt: skip
+
+
+def fuse_layers_(model: torch.nn.Module) -> FuseReport:
+    """Route `model`'s RMSNorms, gated SiLU MLPs and rotary embedding to codesign's one-launch ops (module
+    docstring); idempotent. Returns what it fused."""
+    if not isinstance(model, torch.nn.Module):
+        raise CodesignError(f"fuse_layers_ needs a torch.nn.Module, got {type(model).__name__}")
+    if getattr(model, "_codesign_fused", None) is not None:
+        return model._codesign_fused
+    report = FuseReport()
+    for name, m in model.named_modules():
+        norm = _norm_mode(m)
+        if norm is not None:
+            if norm is False:
+                report.kept.append(f"{name} ({type(m).__name__})")
+            else:
+                m.forward = types.MethodType(_norm_forward(*norm), m)
+                report.rms_norm.append(name)
+        gated = _silu_gated(m)
+        if gated is not None:
+            if gated:
+                m.forward = types.MethodType(_mlp_forward, m)
+                report.silu_mul.append(name)
+            else:
+                report.kept.append(f"{name} ({type(m).__name__})")
+    for mod in sorted({type(m).__module__ for m in model.modules()}):
+        fn = getattr(sys.modules.get(mod), "apply_rotary_pos_emb", None)
+        if fn is None:
+            continue
+        if mod in _ORIGINAL_ROPE or _rope_agrees(fn):
+            _patch_rope(mod)
+            report.rope.append(mod.rsplit(".", 1)[-1])
+        else:
+            report.kept.append(f"{mod.rsplit('.', 1)[-1]}.apply_rotary_pos_emb")
+    model._codesign_fused = report
+    model._codesign_fuse_hooks = (
+        model.register_forward_pre_hook(_enter),
+        model.register_forward_hook(_leave, always_call=True),
+    )
+    return report
+
+
+def unfuse_layers_(model: torch.nn.Module) -> None:
+    """Undo `fuse_layers_` on `model` (the patched rotary globals stay: they serve fused models only)."""
+    report = getattr(model, "_codesign_fused", None)
+    if report is None:
+        return
+    for name in (*report.rms_norm, *report.silu_mul):
+        del model.get_submodule(name).forward
+    for h in model._codesign_fuse_hooks:
+        h.remove()
+    del model._codesign_fused, model._codesign_fuse_hooks
+
+
+# --- RMSNorm ----------------------------------------------------------------------------------------------------
+def _eps(m) -> float | None:
+    for attr in ("variance_epsilon", "eps"):
+        v = getattr(m, attr, None)
+        if isinstance(v, float):
+            return v
+    return None
+
+
+def _norm_mode(m) -> tuple[float, bool] | bool | None:
+    """None: not an RMSNorm candidate (a module with a 1-D weight, an eps and "RMSNorm" in its class name); else the
+    (offset, cast_first) whose torch path equals its forward bit for bit, or False for none."""
+    w = getattr(m, "weight", None)
+    if "RMSNorm" not in type(m).__name__ or not isinstance(w, torch.Tensor) or w.dim() != 1 or _eps(m) is None:
+        return None
+    if w.dtype not in L.DTYPES:
+        return False
+    x = _probe((3, w.shape[0]), w)
+    with torch.no_grad(), use_backend("torch", op="rms_norm"):
+        want = m(x)
+        for offset, cast_first in NORM_MODES:
+            got = L.rms_norm(x, w, _eps(m), offset, cast_first)
+            if got.dtype == want.dtype and torch.equal(got, want):
+                return offset, cast_first
+    return False
+
+
+def _norm_forward(offset: float, cast_first: bool):
+    def forward(self, hidden_states):
+        return L.rms_norm(hidden_states, self.weight, _eps(self), offset, cast_first, dispatch=False)
+
+    return forward
+
+
+# --- gated MLP --------------------------------------------------------------------------------------------------
+def _silu_gated(m) -> bool | None:
+    """None: not a gated-MLP candidate (gate_proj, up_proj, down_proj and act_fn); True where its forward equals
+    down_proj(silu_mul(gate_proj(x), up_proj(x))) bit for bit on a probe (a SiLU activation), else False."""
+    if not all(hasattr(m, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        return None
+    w = next((p for p in m.parameters() if p.dtype in L.DTYPES), None)
+    hidden = getattr(m, "hidden_size", None) or getattr(m.gate_proj, "in_features", None)
+    if w is None or not isinstance(hidden, int):
+        return False
+    x = _probe((2, hidden), w)
+    with torch.no_grad(), use_backend("torch", op="silu_mul"):
+        want = m(x)
+        try:
+            got = _mlp_forward(m, x)
+        except CodesignError:
+            return False
+    return got.dtype == want.dtype and torch.equal(got, want)
+
+
+def _mlp_forward(self, x):
+    return self.down_proj(L.silu_mul(self.gate_proj(x), self.up_proj(x), dispatch=False))
+
+
+# --- rotary embedding -------------------------------------------------------------------------------------------
+def _rope_agrees(fn) -> bool:
+    """The modeling module's apply_rotary_pos_emb equals our torch path bit for bit on a probe."""
+    q = torch.randn(2, 5, 3, 16, generator=_GEN).transpose(1, 2)  # HF's layout: [B, S, H, D] viewed as [B, H, S, D]
+    k = torch.randn(2, 1, 5, 16, generator=_GEN)
+    ang = torch.rand(2, 5, 8, generator=_GEN) * 6.3
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+    try:
+        want = fn(q, k, cos, sin)
+    except Exception:  # noqa: BLE001 - another signature: not ours to replace
+        return False
+    with use_backend("torch", op="rope"):
+        got = L.rope(q, k, cos, sin)
+    return all(isinstance(w, torch.Tensor) and w.dtype == g.dtype and torch.equal(w, g) for w, g in zip(want, got))
+
+
+def _patch_rope(mod: str) -> None:
+    module = sys.modules[mod]
+    if mod in _ORIGINAL_ROPE:
+        return
+    original = _ORIGINAL_ROPE[mod] = module.apply_rotary_pos_emb
+
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        """codesign: `rope` while a fused model runs (`fuse.fuse_layers_`), else the module's own function."""
+        if _ACTIVE.get() and not args and not kwargs and _rope_shapes(q, k, cos, sin):
+            return L.rope(q, k, cos, sin, dispatch=False)
+        return original(q, k, cos, sin, *args, **kwargs)
+
+    module.apply_rotary_pos_emb = apply_rotary_pos_emb
+
+
+def _rope_shapes(q, k, cos, sin) -> bool:
+    """The layout our op serves: q, k `[B, H, S, D]`, cos and sin `[B or 1, S, D]` (a full rotation), one dtype."""
+    return (q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and cos.shape == sin.shape and cos.shape[-1] == q.shape[-1]
+            and cos.shape[1] == q.shape[2] and cos.shape[0] in (1, q.shape[0]) and k.shape[2:] == q.shape[2:]
+            and len({q.dtype, k.dtype, cos.dtype, sin.dtype}) == 1 and q.shape[-1] % 2 == 0)  # fmt: skip
+
+
+def _enter(module, args):
+    module._codesign_fuse_token = _ACTIVE.set(True)
+
+
+def _leave(module, args, output):
+    token = module.__dict__.pop("_codesign_fuse_token", None)
+    if token is not None:
+        _ACTIVE.reset(token)
+
+
+# --- probes -----------------------------------------------------------------------------------------------------
+_GEN = torch.Generator().manual_seed(0)
+
+
+def _probe(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """Random values of `like`'s dtype and device (drawn on the CPU: the same probe whatever the device)."""
+    return (torch.randn(shape, generator=_GEN) * 2).to(like.device, like.dtype)

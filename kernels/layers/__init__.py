@@ -1,0 +1,14 @@
+"""The per-layer ops between a decoder layer's GEMMs and its attention, each one launch: RMSNorm (`rms_norm`),
+rotary position embedding of q and k (`rope`), the SiLU-gated product of a gated MLP (`silu_mul`).
+
+Why: Hugging Face's modules spell each as a chain of small torch ops (RMSNorm 7, the rotary embedding of q and k 10,
+the gated product 2): at decode they are hundreds of launches a step that each move a few KB, which neither a CUDA
+graph nor a faster GEMM removes. The operator specs (`codesign.specs.Norm`, `RoPE`, `Elementwise("silu_mul")`) already
+cost them as one pass each; these ops make the GPU run them that way. `integrations.hf.fuse` patches a model to use
+them.
+
+    ops.py               the torch ops (checks, torch paths with Hugging Face's own arithmetic, backend choice)
+    triton_rms_norm.py   one program a row
+    triton_rope.py       one program a token: every head of q and k, cos and sin read once
+    triton_silu_mul.py   elementwise over blocks of 1024
+"""

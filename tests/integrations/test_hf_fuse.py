@@ -1,0 +1,180 @@
+"""A model's per-layer ops on codesign's one-launch kernels (`fuse.fuse_layers_`): what each family fuses, the same
+numbers on the torch paths, fewer launches, the Triton kernels inside generation (interpreter), a captured step, and
+what stays unfused (a module that computes otherwise; a model not fused)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_testing import (
+    REFERENCE_ATTN,
+    assert_same_greedy_where_decisive,
+    family_params,
+    greedy,
+    prompts,
+    tiny_model,
+)
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from codesign.backend import use_backend
+from codesign.integrations.hf import fuse_layers_, run_generate, unfuse_layers_
+from codesign.kernels.layers import ops as L
+from codesign.specs import CodesignError
+
+GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+BODIES = ("rms_norm", "rope", "silu_mul")
+# family -> (RMSNorms: 2 a layer and the final one, plus per-head q / k norms; gated SiLU MLPs a layer)
+FUSED = {"llama": (5, 2), "mistral": (5, 2), "qwen2": (5, 2), "qwen3": (9, 2), "olmo2": (9, 2), "granite": (5, 2),
+         "gemma2": (9, 0), "gemma3_text": (13, 0), "phi3": (5, 0), "mixtral": (5, 0)}  # fmt: skip
+# the ops the fused modules ran (HF's RMSNorm and rotary embedding; SiLU where the MLPs are fused)
+GONE = {"aten.pow.Tensor_Scalar", "aten.mean.dim", "aten.rsqrt.default", "aten.neg.default"}
+
+
+class _Ops(TorchDispatchMode):
+    """The ops a forward launches: each dispatched op, and each layer op's body as one (`codesign.rms_norm` ...: on a
+    GPU its Triton kernel; its CPU path runs below the count)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.saved = {}
+
+    def __enter__(self):
+        for name in BODIES:
+            body = self.saved[name] = getattr(L, f"_{name}_body")
+            setattr(L, f"_{name}_body", self._one(name, body))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, body in self.saved.items():
+            setattr(L, f"_{name}_body", body)
+        return super().__exit__(*exc)
+
+    def _one(self, name, body):
+        def call(*args):
+            self.ops.append(f"codesign.{name}")
+            with _disable_current_modes():
+                return body(*args)
+
+        return call
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _forward_ops(model, ids) -> tuple[list[str], torch.Tensor]:
+    with torch.no_grad(), _Ops() as seen:
+        logits = model(ids).logits
+    return seen.ops, logits
+
+
+@pytest.mark.parametrize("family", family_params(list(FUSED)))
+def test_fused_families_compute_what_they_computed(family):
+    """Each family's norms (Llama's cast-then-weight, Gemma's 1 + weight, per-head q / k norms), rotary embedding
+    and SiLU MLPs are fused, Gemma's GELU MLPs kept; on the torch paths the logits are the unfused model's bit for bit,
+    from fewer ops: none of HF's RMSNorm, rotary or SiLU ops remain."""
+    model = tiny_model(family)
+    ids, _ = prompts(2, 6)
+    before, want = _forward_ops(model, ids)
+    report = fuse_layers_(model)
+    assert (len(report.rms_norm), len(report.silu_mul)) == FUSED[family]
+    assert len(report.rope) == 1 and all("mlp" in k for k in report.kept)
+    after, got = _forward_ops(model, ids)
+    assert torch.equal(got, want)
+    gone = GONE | ({"aten.silu.default"} if FUSED[family][1] else set())
+    assert not gone & set(after) and gone <= set(before)
+    layers = model.config.num_hidden_layers
+    assert after.count("codesign.rope") == layers
+    assert after.count("codesign.rms_norm") == FUSED[family][0]
+    assert fuse_layers_(model) is report  # idempotent
+    unfuse_layers_(model)
+    again, logits = _forward_ops(model, ids)
+    assert torch.equal(logits, want) and sorted(again) == sorted(before)
+
+
+def test_fused_llama_launches_fewer_ops():
+    """Per decoder layer at least 20 fewer ops (fp32: 2 norms of 6 ops, rotary 10, SiLU and product 2, against 4
+    launches), counted over a decode step through codesign's cache."""
+    model = tiny_model("llama")
+    ids, _ = prompts(1, 5)
+    counts = []
+    for fuse in (False, True):
+        if fuse:
+            fuse_layers_(model)  # (its probes outside the count)
+        with _Ops() as seen:
+            run_generate(model, ids, None, block_size=4, max_new_tokens=2, fuse=fuse, **GREEDY)
+        counts.append(len(seen.ops))
+    assert counts[0] - counts[1] >= 20 * model.config.num_hidden_layers * 2  # (two forwards: prefill, one decode)
+    unfuse_layers_(model)
+
+
+@pytest.mark.parametrize("family", family_params(["llama", "gemma2"]))
+def test_fused_generation_through_the_triton_kernels(family):
+    """The Triton kernels (interpreter) inside generation: greedy tokens the unfused model's where its lead is
+    decisive (they round once where the modules round each op), logits within fp32 rounding."""
+    model = tiny_model(family)
+    ids, mask = prompts(2, 7, pads=(0, 2))
+    kw = dict(attention_mask=mask, block_size=4, max_new_tokens=8, **GREEDY)
+    model.set_attn_implementation(REFERENCE_ATTN.get(family, "sdpa"))
+    want = greedy(model, ids, mask, 8)  # (transformers' own, with its logits: where a lead is decisive)
+    with use_backend("triton", op="rms_norm"), use_backend("triton", op="rope"), use_backend("triton", op="silu_mul"):
+        got = run_generate(model, ids, None, fuse=True, **kw).sequences
+        logits = model(ids[:, :5]).logits
+    unfuse_layers_(model)
+    assert_same_greedy_where_decisive(got, want, ids.shape[1])
+    torch.testing.assert_close(logits, model(ids[:, :5]).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_captured_decode_of_a_fused_model():
+    """The fused ops inside a captured step (the tape): the tokens of eager fused decoding."""
+    model = tiny_model("qwen2")
+    ids, mask = prompts(2, 7, pads=(0, 3))
+    kw = dict(attention_mask=mask, block_size=4, max_new_tokens=8, fuse=True, **GREEDY)
+    eager = run_generate(model, ids, "int8", **kw)
+    assert torch.equal(run_generate(model, ids, "int8", cuda_graph="tape", **kw).sequences, eager.sequences)
+    unfuse_layers_(model)
+
+
+def test_a_module_that_computes_otherwise_keeps_its_forward():
+    """Teeth for the probe: a norm whose forward differs from every mode (here: scaled by 1.001) is kept."""
+    model = tiny_model("llama")
+    norm = model.model.layers[1].input_layernorm
+    own = type(norm).forward
+    norm.forward = lambda x: own(norm, x) * (1 + 1e-3)
+    report = fuse_layers_(model)
+    assert "model.layers.1.input_layernorm (LlamaRMSNorm)" in report.kept
+    assert "model.layers.1.input_layernorm" not in report.rms_norm and len(report.rms_norm) == 4
+    unfuse_layers_(model)
+
+
+def test_the_rotary_function_serves_fused_models_only():
+    """The modeling module's apply_rotary_pos_emb is ours for the process, but an unfused model of the family
+    dispatches HF's ops, and a fused one ours."""
+    fused, plain = tiny_model("llama"), tiny_model("llama", seed=1)
+    fuse_layers_(fused)
+    ids, _ = prompts(1, 4)
+    assert "codesign.rope" in _forward_ops(fused, ids)[0]
+    ops = _forward_ops(plain, ids)[0]
+    assert "codesign.rope" not in ops and "aten.neg.default" in ops
+    unfuse_layers_(fused)
+    assert "codesign.rope" not in _forward_ops(fused, ids)[0]
+
+
+@pytest.mark.gpu
+def test_fused_bf16_generation_on_a_gpu():
+    """bf16 on a GPU (the compiled kernels): greedy tokens the unfused model's where its lead is decisive."""
+    model = tiny_model("llama").to("cuda", torch.bfloat16)
+    ids, mask = prompts(2, 7, pads=(0, 2))
+    kw = dict(attention_mask=mask.cuda(), block_size=4, max_new_tokens=8, **GREEDY)
+    model.set_attn_implementation("sdpa")
+    want = greedy(model, ids.cuda(), mask.cuda(), 8)
+    got = run_generate(model, ids.cuda(), None, fuse=True, cuda_graph=True, **kw).sequences
+    assert_same_greedy_where_decisive(got, want, ids.shape[1], decisive=5e-2)
+
+
+def test_bad_input():
+    with pytest.raises(CodesignError, match="needs a torch.nn.Module"):
+        fuse_layers_("llama")
+    with pytest.raises(CodesignError, match="fuse must be True or False"):
+        run_generate(tiny_model(), prompts(1, 4)[0], fuse="yes", max_new_tokens=2, **GREEDY)
