@@ -124,7 +124,7 @@ def _op_calls(spec: Any, dtype: Any, dev: str) -> list[tuple[str, Callable[[], A
         g = torch.ones(spec.hidden, dtype=dtype, device=dev)
         return [("torch rms_norm", lambda: F.rms_norm(x, (spec.hidden,), g)),
                 ("codesign rms_norm", lambda: L.rms_norm(x, g, 1e-5, dispatch=False))]  # fmt: skip
-    if isinstance(spec, Elementwise) and spec.op in ("add", "silu_mul"):
+    if isinstance(spec, Elementwise) and spec.op in ("add", "silu_mul"):  # (Llama's; Gemma's gelu_mul is not here)
         a, b = (torch.randn(spec.numel, dtype=dtype, device=dev) for _ in range(2))
         if spec.op == "add":
             return [("torch add", lambda: a + b)]

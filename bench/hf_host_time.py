@@ -12,7 +12,7 @@ has no tree verification). `--cuda-graph`: also a row per format for captured de
 with `--tree`, captured tree forwards) whose replay costs nothing here, so the row is a captured step's host side
 alone (its slots, buffer copies and re-plans, the logits processors, the stopping check; a tree step's draft,
 verification and compaction too), timed from one replay to the next. `--fuse`: also a row per format with the
-model's RMSNorms, rotary embedding and SiLU MLPs on codesign's layer ops (`fuse.fuse_layers_`): fewer torch ops
+model's RMSNorms, rotary embedding and gated MLPs on codesign's layer ops (`fuse.fuse_layers_`): fewer torch ops
 a layer, 4 more Triton launches (stubbed here: each costs its launcher on a GPU).
 
     python bench/hf_host_time.py [--layers 8] [--tokens 32] [--batch 1] [--formats fp32 int8 int4] [--entry-point]

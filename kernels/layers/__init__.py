@@ -1,14 +1,14 @@
 """The per-layer ops between a decoder layer's GEMMs and its attention, each one launch: RMSNorm (`rms_norm`),
-rotary position embedding of q and k (`rope`), the SiLU-gated product of a gated MLP (`silu_mul`).
+rotary position embedding of q and k (`rope`), the gated product of a gated MLP (`silu_mul`, `gelu_tanh_mul`).
 
-Why: Hugging Face's modules spell each as a chain of small torch ops (RMSNorm 7, the rotary embedding of q and k 10,
-the gated product 2): at decode they are hundreds of launches a step that each move a few KB, which neither a CUDA
-graph nor a faster GEMM removes. The operator specs (`codesign.specs.Norm`, `RoPE`, `Elementwise("silu_mul")`) already
-cost them as one pass each; these ops make the GPU run them that way. `integrations.hf.fuse` patches a model to use
-them.
+Why: Hugging Face's modules spell each as a chain of small torch ops (RMSNorm 6 in fp32, 8 in bf16; the rotary
+embedding of q and k 10; the gated product 2): at decode they are hundreds of launches a step that each move a few
+KB, which neither a CUDA graph nor a faster GEMM removes. The operator specs (`codesign.specs.Norm`, `RoPE`,
+`Elementwise("silu_mul")` / `"gelu_mul"`) already cost each as one pass; these ops make the GPU run them so.
+`integrations.hf.fuse` patches a model to use them.
 
     ops.py               the torch ops (checks, torch paths with Hugging Face's own arithmetic, backend choice)
     triton_rms_norm.py   one program a row
     triton_rope.py       one program a token: every head of q and k, cos and sin read once
-    triton_silu_mul.py   elementwise over blocks of 1024
+    triton_act_mul.py    act(gate) * up over rows of blocks of 1024 (SiLU, or GELU's tanh approximation)
 """

@@ -10,8 +10,9 @@ a patched model computes exactly what the unpatched one does).
     rope(q, k, cos, sin) -> (q_out, k_out)
         q `[B, Hq, S, D]`, k `[B, Hk, S, D]` (any strides but the last), cos and sin `[B or 1, S, D]` (D even), all of
         one dtype: x * cos + rotate_half(x) * sin per head; the outputs keep the inputs' strides.
-    silu_mul(gate, up)
-        silu(gate) * up, one shape and dtype.
+    silu_mul(gate, up), gelu_tanh_mul(gate, up)   (act_mul(gate, up, act))
+        act(gate) * up, one shape and dtype; gate and up may be views whose last dim is contiguous (the two halves of
+        one gate-and-up GEMM's output).
 
 Bad input raises CodesignError naming the argument before any launch; no check reads the device. `dispatch=False`:
 the op's body without torch's dispatcher (~15 us of host time a call less; a model's fused modules call it so), the
@@ -179,44 +180,73 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     return _rope_body(q, k, cos, sin)
 
 
-# --- SiLU-gated product ----------------------------------------------------------------------------------------
-def _check_silu_mul(gate, up) -> None:
+# --- gated products --------------------------------------------------------------------------------------------
+def _check_act_mul(gate, up) -> None:
     _tensor("gate", gate)
     _tensor("up", up)
     if gate.shape != up.shape or gate.dtype != up.dtype:
         raise CodesignError(f"gate and up must match in shape and dtype, got {tuple(gate.shape)} {gate.dtype} and "
                             f"{tuple(up.shape)} {up.dtype}")  # fmt: skip
+    if gate.dim() == 0:
+        raise CodesignError("gate and up must have at least one dim")
     _same_device(gate=gate, up=up)
 
 
-def _silu_mul_body(gate, up) -> torch.Tensor:
-    """The op's body: the backend's gated product."""
-    _check_silu_mul(gate, up)
-    if resolve_backend("silu_mul", gate.device) == "torch":
-        return torch.nn.functional.silu(gate) * up
-    from codesign.kernels.layers.triton_silu_mul import silu_mul_triton
+_ACT_TORCH = {"silu": torch.nn.functional.silu,
+              "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}  # fmt: skip
+ACTS = tuple(_ACT_TORCH)
 
-    gate, up = gate.contiguous(), up.contiguous()
-    out = torch.empty_like(gate)
-    silu_mul_triton(gate, up, out)
+
+def _act_mul_body(gate, up, act: str) -> torch.Tensor:
+    """The ops' body: the backend's act(gate) * up (`silu_mul`, `gelu_tanh_mul`)."""
+    _check_act_mul(gate, up)
+    op = f"{act}_mul"
+    if resolve_backend(op, gate.device) == "torch":
+        return _ACT_TORCH[act](gate) * up
+    from codesign.kernels.layers.triton_act_mul import act_mul_triton
+
+    n = gate.shape[-1]
+    g2, u2 = (x.reshape(-1, n) for x in (gate, up))  # (a view where the rows have one stride: a GEMM's halves)
+    g2, u2 = (x if x.stride(-1) == 1 else x.contiguous() for x in (g2, u2))
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    act_mul_triton(g2, u2, out.view(-1, n), act)
     return out
 
 
 @torch.library.custom_op("codesign::silu_mul", mutates_args=())
 def silu_mul_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return _silu_mul_body(gate, up)
+    return _act_mul_body(gate, up, "silu")
+
+
+@torch.library.custom_op("codesign::gelu_tanh_mul", mutates_args=())
+def gelu_tanh_mul_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return _act_mul_body(gate, up, "gelu_tanh")
 
 
 @silu_mul_op.register_fake
 def _(gate, up):
-    _check_silu_mul(gate, up)
-    return torch.empty_like(gate, memory_format=torch.contiguous_format)
+    _check_act_mul(gate, up)
+    return torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+
+
+@gelu_tanh_mul_op.register_fake
+def _(gate, up):
+    _check_act_mul(gate, up)
+    return torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+
+
+def act_mul(gate: torch.Tensor, up: torch.Tensor, act: str = "silu", dispatch: bool = True) -> torch.Tensor:
+    """act(gate) * up, act "silu" (`codesign::silu_mul`) or "gelu_tanh" (`codesign::gelu_tanh_mul`: GELU's tanh
+    approximation, Gemma's); gate and up may be views whose last dim is contiguous (module docstring)."""
+    if act not in _ACT_TORCH:
+        raise CodesignError(f"act must be one of {tuple(_ACT_TORCH)}, got {act!r}")
+    _tensor("gate", gate)
+    _tensor("up", up)
+    if dispatch or torch.compiler.is_compiling():
+        return getattr(torch.ops.codesign, f"{act}_mul")(gate, up)
+    return _act_mul_body(gate, up, act)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, dispatch: bool = True) -> torch.Tensor:
     """silu(gate) * up (module docstring)."""
-    _tensor("gate", gate)
-    _tensor("up", up)
-    if dispatch or torch.compiler.is_compiling():
-        return torch.ops.codesign.silu_mul(gate, up)
-    return _silu_mul_body(gate, up)
+    return act_mul(gate, up, "silu", dispatch)

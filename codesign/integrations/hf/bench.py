@@ -31,7 +31,7 @@ from codesign.integrations.hf.speculative import TreeSpeculator
 # (name, attention, KV format, weights): "sdpa" is transformers' own attention and DynamicCache; "codesign-graph"
 # decodes by replaying one captured forward (`graphs.GraphDecoding`: CUDA graphs, the tape on a CPU); "-tree" runs
 # tree speculation (an n-gram draft, width 2, depth 3), eager or with its tree forwards captured; "-fused" runs the
-# model's RMSNorms, rotary embedding and SiLU MLPs on codesign's one-launch ops (`fuse.fuse_layers_`).
+# model's RMSNorms, rotary embedding and gated MLPs on codesign's one-launch ops (`fuse.fuse_layers_`).
 VARIANTS = (("hf-sdpa", "sdpa", None, None), ("codesign-bf16", "codesign", "bf16", None),
             ("codesign-int8", "codesign", "int8", None), ("codesign-int4", "codesign", "int4", None),
             ("codesign-bf16-graph", "codesign-graph", "bf16", None),

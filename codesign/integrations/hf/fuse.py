@@ -3,12 +3,13 @@
     report = fuse_layers_(model)   # or generate(..., fuse=True), codesign generate --fuse
 
 - RMSNorm modules (every decoder layer's two, the final norm, per-head q / k norms) run `rms_norm`: one launch where
-  the module runs 7 ops.
+  the module runs 6 (8 in bf16).
 - The rotary embedding of q and k runs `rope`: one launch where `apply_rotary_pos_emb` runs 10. The attention modules
   call it as a global of their modeling module, so that global is replaced by a function that takes our kernel while
   a fused model's forward runs (a context variable its hooks set) and the original otherwise: other models in the
   process are untouched.
-- Gated MLPs with SiLU (gate_proj, up_proj, down_proj) run `silu_mul` between their GEMMs: one launch for two.
+- Gated MLPs (gate_proj, up_proj, down_proj; or Phi-3's one gate_up_proj) run `silu_mul` or, with GELU's tanh
+  approximation (Gemma), `gelu_tanh_mul` between their GEMMs: one launch for two.
 
 Nothing is matched by name alone: each module (and each modeling module's rotary function) is run once on a small
 random input beside our op's torch path, and is fused only where the two agree bit for bit (the torch paths are
@@ -46,18 +47,18 @@ class FuseReport:
     candidates that computed otherwise than our op (kept as they were)."""
 
     rms_norm: list[str] = field(default_factory=list)
-    silu_mul: list[str] = field(default_factory=list)
+    gated_mlp: list[str] = field(default_factory=list)
     rope: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         kept = f"; kept their own: {', '.join(self.kept)}" if self.kept else ""
-        return (f"fused {len(self.rms_norm)} RMSNorms, {len(self.silu_mul)} gated MLPs, rotary embedding in "
+        return (f"fused {len(self.rms_norm)} RMSNorms, {len(self.gated_mlp)} gated MLPs, rotary embedding in "
                 f"{', '.join(self.rope) or 'no module'}{kept}")  # fmt: skip
 
 
 def fuse_layers_(model: torch.nn.Module) -> FuseReport:
-    """Route `model`'s RMSNorms, gated SiLU MLPs and rotary embedding to codesign's one-launch ops (module
+    """Route `model`'s RMSNorms, gated MLPs and rotary embedding to codesign's one-launch ops (module
     docstring); idempotent. Returns what it fused."""
     if not isinstance(model, torch.nn.Module):
         raise CodesignError(f"fuse_layers_ needs a torch.nn.Module, got {type(model).__name__}")
@@ -72,11 +73,11 @@ def fuse_layers_(model: torch.nn.Module) -> FuseReport:
             else:
                 m.forward = types.MethodType(_norm_forward(*norm), m)
                 report.rms_norm.append(name)
-        gated = _silu_gated(m)
+        gated = _gated_act(m)
         if gated is not None:
             if gated:
-                m.forward = types.MethodType(_mlp_forward, m)
-                report.silu_mul.append(name)
+                m.forward = types.MethodType(_mlp_forward(gated), m)
+                report.gated_mlp.append(name)
             else:
                 report.kept.append(f"{name} ({type(m).__name__})")
     for mod in sorted({type(m).__module__ for m in model.modules()}):
@@ -101,7 +102,7 @@ def unfuse_layers_(model: torch.nn.Module) -> None:
     report = getattr(model, "_codesign_fused", None)
     if report is None:
         return
-    for name in (*report.rms_norm, *report.silu_mul):
+    for name in (*report.rms_norm, *report.gated_mlp):
         del model.get_submodule(name).forward
     for h in model._codesign_fuse_hooks:
         h.remove()
@@ -143,27 +144,41 @@ def _norm_forward(offset: float, cast_first: bool):
 
 
 # --- gated MLP --------------------------------------------------------------------------------------------------
-def _silu_gated(m) -> bool | None:
-    """None: not a gated-MLP candidate (gate_proj, up_proj, down_proj and act_fn); True where its forward equals
-    down_proj(silu_mul(gate_proj(x), up_proj(x))) bit for bit on a probe (a SiLU activation), else False."""
-    if not all(hasattr(m, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+def _gated_act(m) -> str | bool | None:
+    """None: not a gated-MLP candidate (gate_proj, up_proj, down_proj and an act_fn; or gate_up_proj, down_proj and
+    an activation_fn); else the activation ("silu", "gelu_tanh") whose fused forward equals the module's bit for bit on
+    a probe, or False for none."""
+    split = all(hasattr(m, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+    joint = all(hasattr(m, a) for a in ("gate_up_proj", "down_proj", "activation_fn"))
+    if not (split or joint):
         return None
     w = next((p for p in m.parameters() if p.dtype in L.DTYPES), None)
-    hidden = getattr(m, "hidden_size", None) or getattr(m.gate_proj, "in_features", None)
+    hidden = getattr(m.gate_proj if split else m.gate_up_proj, "in_features", None)
     if w is None or not isinstance(hidden, int):
         return False
     x = _probe((2, hidden), w)
-    with torch.no_grad(), use_backend("torch", op="silu_mul"):
+    with torch.no_grad():
         want = m(x)
-        try:
-            got = _mlp_forward(m, x)
-        except CodesignError:
-            return False
-    return got.dtype == want.dtype and torch.equal(got, want)
+        for act in L.ACTS:
+            with use_backend("torch", op=f"{act}_mul"):
+                try:
+                    got = _mlp_forward(act)(m, x)
+                except CodesignError:
+                    continue
+            if got.dtype == want.dtype and torch.equal(got, want):
+                return act
+    return False
 
 
-def _mlp_forward(self, x):
-    return self.down_proj(L.silu_mul(self.gate_proj(x), self.up_proj(x), dispatch=False))
+def _mlp_forward(act: str):
+    def forward(self, x):
+        if hasattr(self, "gate_up_proj"):  # Phi-3: one GEMM, its halves gate and up (views, not copies)
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(L.act_mul(gate, up, act, dispatch=False))
+
+    return forward
 
 
 # --- rotary embedding -------------------------------------------------------------------------------------------

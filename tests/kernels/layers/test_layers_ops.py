@@ -10,9 +10,9 @@ from helpers import assert_rel_close
 
 from codesign.backend import use_backend
 from codesign.kernels.layers import ops
+from codesign.kernels.layers.triton_act_mul import act_mul_triton
 from codesign.kernels.layers.triton_rms_norm import rms_norm_triton
 from codesign.kernels.layers.triton_rope import rope_triton
-from codesign.kernels.layers.triton_silu_mul import silu_mul_triton
 from codesign.specs import CodesignError
 
 # relative Frobenius bound a dtype's one rounding allows (fp64 reference, the kernel rounds once or twice)
@@ -100,24 +100,40 @@ def test_rope_into_poison():
     assert_rel_close(ko, _rope_ref(k, cos, sin), 1e-6, "k")
 
 
+def _act_ref(g, act):
+    """fp64 SiLU, or GELU's tanh approximation (with tanh itself, not the kernel's exp form)."""
+    g = g.double()
+    if act == "silu":
+        return g * torch.sigmoid(g)
+    return 0.5 * g * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (g + 0.044715 * g**3)))
+
+
 @pytest.mark.parametrize("device", DEV)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1,), (1023,), (3, 2000), (2, 1, 1025), (0, 8)])
-def test_silu_mul_vs_fp64(device, dtype, shape):
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_act_mul_vs_fp64(device, dtype, shape, act):
+    """Gates up to +-16 (GELU's tanh saturates both ways). GELU in fp32 within 1e-5: where its result is tiny (a gate
+    near -5) the exponent's argument y ~ -9 carries its own rounding, which exp(-2y) multiplies by 2|y|."""
     g = (torch.randn(shape, device=device) * 4).to(dtype)
     u = torch.randn(shape, device=device).to(dtype)
     with use_backend("triton"):
-        out = ops.silu_mul(g, u)
-    ref = g.double() * torch.sigmoid(g.double()) * u.double()
+        out = ops.act_mul(g, u, act)
     assert out.dtype == dtype and out.shape == g.shape
-    assert_rel_close(out, ref, BOUND[dtype])
+    assert_rel_close(out, _act_ref(g, act) * u.double(), max(BOUND[dtype], 1e-5 if act == "gelu_tanh" else 0))
 
 
-def test_silu_mul_into_poison():
-    g, u = torch.randn(2500), torch.randn(2500)
-    out = torch.full((2500,), float("nan"))
-    silu_mul_triton(g, u, out)
-    assert_rel_close(out, g.double() * torch.sigmoid(g.double()) * u.double(), 1e-6)
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_act_mul_of_a_gemms_halves_into_poison(act):
+    """gate and up as the two halves of one `[rows, 2n]` output (views with a row stride, as Phi-3's chunk gives):
+    no copy needed, every output written (NaN-poisoned)."""
+    gu = torch.randn(3, 5, 2 * 700) * 3
+    gate, up = gu.chunk(2, dim=-1)
+    out = torch.full((15, 700), float("nan"))
+    act_mul_triton(gate.reshape(-1, 700), up.reshape(-1, 700), out, act)
+    assert_rel_close(out.view(3, 5, 700), _act_ref(gate, act) * up.double(), 1e-6)
+    with use_backend("triton"):
+        assert_rel_close(ops.act_mul(gate, up, act), _act_ref(gate, act) * up.double(), 1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -136,8 +152,11 @@ def test_torch_paths_are_hugging_face_bit_for_bit(dtype):
         assert torch.equal(ops.rms_norm(x, gemma.weight, 1e-6, 1.0, False), gemma(x))
     q, k, cos, sin = _rope_inputs(2, 4, 2, 5, 16, dtype, "cpu")
     assert all(torch.equal(a, b) for a, b in zip(ops.rope(q, k, cos, sin), apply_rotary_pos_emb(q, k, cos, sin)))
+    from transformers.activations import ACT2FN
+
     g, u = torch.randn(4, 40).to(dtype), torch.randn(4, 40).to(dtype)
-    assert torch.equal(ops.silu_mul(g, u), torch.nn.SiLU()(g) * u)
+    assert torch.equal(ops.silu_mul(g, u), ACT2FN["silu"](g) * u)
+    assert torch.equal(ops.act_mul(g, u, "gelu_tanh"), ACT2FN["gelu_pytorch_tanh"](g) * u)
 
 
 def test_fake_implementations():
@@ -153,6 +172,7 @@ def test_fake_implementations():
         qo, ko = ops.rope(q, k, torch.empty(2, 5, 16), torch.empty(2, 5, 16))
         assert qo.shape == q.shape and qo.stride() == q.stride() and ko.shape == k.shape
         assert ops.silu_mul(torch.empty(3, 7), torch.empty(3, 7)).shape == (3, 7)
+        assert ops.act_mul(torch.empty(3, 7).half(), torch.empty(3, 7).half(), "gelu_tanh").dtype == torch.float16
 
 
 def test_bad_input():
@@ -175,6 +195,8 @@ def test_bad_input():
         (lambda: ops.silu_mul(x, x[:1]), "gate and up must match"),
         (lambda: ops.silu_mul(x, x.half()), "gate and up must match"),
         (lambda: ops.silu_mul([1.0], x), "gate must be a torch.Tensor"),
+        (lambda: ops.act_mul(x, x, "relu"), "act must be one of"),
+        (lambda: ops.act_mul(x[0, 0], x[0, 0], "gelu_tanh"), "at least one dim"),
     ]
     for backend in ("torch", "triton"):
         with use_backend(backend):
