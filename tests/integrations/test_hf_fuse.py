@@ -137,15 +137,39 @@ def test_captured_decode_of_a_fused_model():
     unfuse_layers_(model)
 
 
+def test_fused_mlps_with_quantized_projections():
+    """The MLP probe runs stand-in linears, so quantized projections (whose GEMV may sum in another order each call
+    on a GPU) do not decide it: W4A16 MLPs are fused, and the tokens are the unfused quantized model's."""
+    from codesign.integrations.hf import _kernels as K
+
+    model = tiny_model("llama")
+    K.quantize_(model, K.W4A16Config(group_size=32), lambda m, fqn: "lm_head" not in fqn)
+    ids, _ = prompts(2, 6)
+    want = run_generate(model, ids, None, block_size=4, max_new_tokens=6, **GREEDY).sequences
+    report = fuse_layers_(model)
+    assert len(report.gated_mlp) == 2 and not report.kept
+    assert torch.equal(run_generate(model, ids, None, block_size=4, max_new_tokens=6, **GREEDY).sequences, want)
+    unfuse_layers_(model)
+
+
 def test_a_module_that_computes_otherwise_keeps_its_forward():
-    """Teeth for the probe: a norm whose forward differs from every mode (here: scaled by 1.001) is kept."""
+    """Teeth for the probe: a norm whose forward differs from every mode (here: scaled by 1.001) is kept, and so is a
+    module whose forward someone wrapped on the instance (accelerate's offload hooks do)."""
     model = tiny_model("llama")
     norm = model.model.layers[1].input_layernorm
-    own = type(norm).forward
-    norm.forward = lambda x: own(norm, x) * (1 + 1e-3)
+
+    class ScaledRMSNorm(type(norm)):
+        def forward(self, x):
+            return super().forward(x) * (1 + 1e-3)
+
+    norm.__class__ = ScaledRMSNorm
+    wrapped = model.model.layers[0].mlp
+    wrapped.forward = type(wrapped).forward.__get__(wrapped)
     report = fuse_layers_(model)
-    assert "model.layers.1.input_layernorm (LlamaRMSNorm)" in report.kept
+    assert "model.layers.1.input_layernorm (ScaledRMSNorm)" in report.kept
+    assert "model.layers.0.mlp (LlamaMLP: its forward is wrapped)" in report.kept
     assert "model.layers.1.input_layernorm" not in report.rms_norm and len(report.rms_norm) == 4
+    assert report.gated_mlp == ["model.layers.1.mlp"]
     unfuse_layers_(model)
 
 

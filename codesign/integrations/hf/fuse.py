@@ -11,12 +11,13 @@
 - Gated MLPs (gate_proj, up_proj, down_proj; or Phi-3's one gate_up_proj) run `silu_mul` or, with GELU's tanh
   approximation (Gemma), `gelu_tanh_mul` between their GEMMs: one launch for two.
 
-Nothing is matched by name alone: each module (and each modeling module's rotary function) is run once on a small
-random input beside our op's torch path, and is fused only where the two agree bit for bit (the torch paths are
-Hugging Face's arithmetic op by op), so a variant that computes otherwise (another weight offset, a partial
-rotation, another activation) keeps its own forward and the report says so. On a CPU (torch backend) a fused model
-computes exactly what it computed before; on a GPU the Triton kernels round once where the modules round after each
-op (differences of an ulp of the model's dtype).
+Nothing is matched by name alone: each module (an MLP with small stand-in projections in its own's place) and each
+modeling module's rotary function is run once on a small random input beside our op's torch path, and is fused only
+where the two agree bit for bit (the torch paths are Hugging Face's arithmetic op by op), so a variant that computes
+otherwise (another weight offset, a partial rotation, another activation) keeps its own forward and the report says
+so; so does a module whose forward is already wrapped on the instance (accelerate's offload hooks). On a CPU (torch
+backend) a fused model computes exactly what it computed before; on a GPU the Triton kernels round once where the
+modules round after each op (differences of an ulp of the model's dtype).
 
 Why: at decode these ops are most of a step's launches and move a few KB each: their launches cost more than their
 bytes, in a CUDA graph too. The design model (`codesign generate --design`) already costs each as one pass.
@@ -65,7 +66,12 @@ def fuse_layers_(model: torch.nn.Module) -> FuseReport:
     if getattr(model, "_codesign_fused", None) is not None:
         return model._codesign_fused
     report = FuseReport()
+    like = next((p for p in model.parameters() if p.dtype in L.DTYPES), None)  # (the probes' dtype and device)
     for name, m in model.named_modules():
+        if "forward" in vars(m):  # already wrapped by someone (accelerate's offload hooks): theirs to keep
+            if _is_norm(m) or _mlp_projections(m):
+                report.kept.append(f"{name} ({type(m).__name__}: its forward is wrapped)")
+            continue
         norm = _norm_mode(m)
         if norm is not None:
             if norm is False:
@@ -73,7 +79,7 @@ def fuse_layers_(model: torch.nn.Module) -> FuseReport:
             else:
                 m.forward = types.MethodType(_norm_forward(*norm), m)
                 report.rms_norm.append(name)
-        gated = _gated_act(m)
+        gated = _gated_act(m, like)
         if gated is not None:
             if gated:
                 m.forward = types.MethodType(_mlp_forward(gated), m)
@@ -118,12 +124,18 @@ def _eps(m) -> float | None:
     return None
 
 
-def _norm_mode(m) -> tuple[float, bool] | bool | None:
-    """None: not an RMSNorm candidate (a module with a 1-D weight, an eps and "RMSNorm" in its class name); else the
-    (offset, cast_first) whose torch path equals its forward bit for bit, or False for none."""
+def _is_norm(m) -> bool:
+    """An RMSNorm candidate: "RMSNorm" in its class name, a 1-D weight and an epsilon."""
     w = getattr(m, "weight", None)
-    if "RMSNorm" not in type(m).__name__ or not isinstance(w, torch.Tensor) or w.dim() != 1 or _eps(m) is None:
+    return "RMSNorm" in type(m).__name__ and isinstance(w, torch.Tensor) and w.dim() == 1 and _eps(m) is not None
+
+
+def _norm_mode(m) -> tuple[float, bool] | bool | None:
+    """None: not an RMSNorm candidate (`_is_norm`); else the (offset, cast_first) whose torch path equals its forward
+    bit for bit, or False for none."""
+    if not _is_norm(m):
         return None
+    w = m.weight
     if w.dtype not in L.DTYPES:
         return False
     x = _probe((3, w.shape[0]), w)
@@ -144,30 +156,50 @@ def _norm_forward(offset: float, cast_first: bool):
 
 
 # --- gated MLP --------------------------------------------------------------------------------------------------
-def _gated_act(m) -> str | bool | None:
+def _gated_act(m, like: torch.Tensor | None) -> str | bool | None:
     """None: not a gated-MLP candidate (gate_proj, up_proj, down_proj and an act_fn; or gate_up_proj, down_proj and
     an activation_fn); else the activation ("silu", "gelu_tanh") whose fused forward equals the module's bit for bit on
-    a probe, or False for none."""
-    split = all(hasattr(m, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn"))
-    joint = all(hasattr(m, a) for a in ("gate_up_proj", "down_proj", "activation_fn"))
-    if not (split or joint):
+    a probe, or False for none. The probe runs the module's forward with small deterministic linears in place of its
+    projections (a quantized GEMV's split-K atomics would sum in another order each call): what it checks is the
+    forward's arithmetic between them, in the dtype and on the device of `like` (a parameter of the model)."""
+    projections = _mlp_projections(m)
+    if not projections:
         return None
-    w = next((p for p in m.parameters() if p.dtype in L.DTYPES), None)
-    hidden = getattr(m.gate_proj if split else m.gate_up_proj, "in_features", None)
-    if w is None or not isinstance(hidden, int):
+    if like is None:
         return False
-    x = _probe((2, hidden), w)
-    with torch.no_grad():
-        want = m(x)
-        for act in L.ACTS:
-            with use_backend("torch", op=f"{act}_mul"):
-                try:
-                    got = _mlp_forward(act)(m, x)
-                except CodesignError:
-                    continue
-            if got.dtype == want.dtype and torch.equal(got, want):
-                return act
-    return False
+    own = {n: getattr(m, n) for n in projections}
+    stand_in = {"gate_proj": (8, 6), "up_proj": (8, 6), "gate_up_proj": (8, 12), "down_proj": (6, 8)}
+    for n in projections:
+        lin = torch.nn.Linear(*stand_in[n], bias=False)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(lin.weight.shape, generator=_GEN))
+        setattr(m, n, lin.to(like.device, like.dtype))
+    try:
+        x = _probe((2, 8), lin.weight)
+        with torch.no_grad():
+            want = m(x)
+            for act in L.ACTS:
+                with use_backend("torch", op=f"{act}_mul"):
+                    try:
+                        got = _mlp_forward(act)(m, x)
+                    except CodesignError:
+                        continue
+                if got.dtype == want.dtype and torch.equal(got, want):
+                    return act
+        return False
+    finally:
+        for n, mod in own.items():
+            setattr(m, n, mod)
+
+
+def _mlp_projections(m) -> tuple[str, ...]:
+    """A gated-MLP candidate's projections (gate_proj, up_proj, down_proj with an act_fn; or gate_up_proj, down_proj
+    with an activation_fn), or ()."""
+    if all(hasattr(m, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        return ("gate_proj", "up_proj", "down_proj")
+    if all(hasattr(m, a) for a in ("gate_up_proj", "down_proj", "activation_fn")):
+        return ("gate_up_proj", "down_proj")
+    return ()
 
 
 def _mlp_forward(act: str):
