@@ -109,7 +109,7 @@ KIVI = AttentionFormat(
 # --- Oaken (kvcache.oaken) -----------------------------------------------------------------------------
 def _oaken_check(cache, block_tables, check_data, expect=None):
     _require(cache, OakenPagedKV, "an OakenPagedKV")
-    shape = cache.check()
+    shape = cache.check(values=check_data)
     cache.ensure_index()  # allocated before a plan records its signature
     return shape
 

@@ -43,7 +43,7 @@ SPEC_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp
 @dataclass(frozen=True, eq=False)
 class _Plan:
     """What plan() decided: the cache type, the batch (in buffers the wrapper owns), the resolved options
-    (with and without lse), the launch plan, and host copies for spec() and run()'s checks."""
+    (with and without lse), the launch plan, and what spec() and run()'s checks read."""
 
     fmt: AttentionFormat
     batch: AttentionBatch
@@ -53,8 +53,6 @@ class _Plan:
     no_lse: torch.Tensor  # the `[0, q_heads]` lse run() passes when none is asked
     signature: tuple | None  # a quantized cache's (`AttentionFormat.signature`), None for a plain cache
     kv_format: KVFormat
-    host_ctx: tuple[int, ...]
-    host_cu: tuple[int, ...]
     window: int | None
     cache_shape: tuple[int, ...]
     dtype: torch.dtype
@@ -95,14 +93,16 @@ class _PlannedAttention:
             buf = self._bufs[name] = t
         return buf
 
-    def _cache_geometry(self, cache: Any, block_tables: torch.Tensor, q_dtype: torch.dtype | None) -> tuple:
-        """(format, a tensor of the cache's geometry and q's dtype, signature, spec format, kernel code, bits)."""
+    def _cache_geometry(self, cache: Any, block_tables: torch.Tensor, q_dtype: torch.dtype | None,
+                        check_data: bool = True) -> tuple:  # fmt: skip
+        """(format, a tensor of the cache's geometry and q's dtype, signature, spec format, kernel code, bits);
+        `check_data`: the cache's value checks too (a host sync: thresholds, block widths)."""
         fmt = format_of(cache)
         if fmt is PLAIN:
             if q_dtype not in (None, cache.dtype):
                 raise CodesignError(f"q_dtype {q_dtype} != cache dtype {cache.dtype}")
             return fmt, cache, None, KVFormat(dtype=SPEC_DTYPES[cache.dtype]), KV_FORMAT_PLAIN, PLAIN_BITS
-        shape = fmt.check(cache, block_tables, True)
+        shape = fmt.check(cache, block_tables, check_data)
         q_dtype = q_dtype or torch.float16
         if q_dtype not in Q_DTYPES:
             raise CodesignError(f"q_dtype must be one of {Q_DTYPES}, got {q_dtype}")
@@ -111,7 +111,8 @@ class _PlannedAttention:
 
     def _stage(self, cache, block_tables, context_lens, cu, q_tokens, q_heads, tree_args, opts, q_dtype) -> None:
         """plan()'s shared body; cu None for decode."""
-        fmt, k_like, signature, kv_format, code, bits = self._cache_geometry(cache, block_tables, q_dtype)
+        fmt, k_like, signature, kv_format, code, bits = self._cache_geometry(cache, block_tables, q_dtype,
+                                                                             opts.check_data)  # fmt: skip
         dim = k_like.shape[3]
         probe = torch.empty(q_tokens, q_heads, dim, dtype=k_like.dtype, device=self.device)
         batch, opts = prepare(probe, k_like, k_like, block_tables, context_lens, cu, tree_args, opts)
@@ -145,14 +146,17 @@ class _PlannedAttention:
             no_lse=alloc_lse(probe, False),
             signature=signature,
             kv_format=kv_format,
-            # Host copies (plan already synced for its checks) for spec(): the roofline bookkeeping.
-            host_ctx=tuple(context_lens.tolist()),
-            host_cu=tuple(batch.cu_seqlens_q.tolist()),
             window=opts.window,
             cache_shape=tuple(k_like.shape),
             dtype=k_like.dtype,
             q_shape=(q_tokens, q_heads, dim),
         )
+
+    def _host_lens(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(context lengths, query offsets) of the planned batch on the host, for spec()'s roofline bookkeeping: read
+        from the plan's buffers when asked (one sync), not at every plan (a decode step's re-plan would wait)."""
+        b = self._plan.batch
+        return tuple(b.context_lens.tolist()), tuple(b.cu_seqlens_q.tolist())
 
     def _spec_common(self) -> dict:
         p = self._plan
@@ -228,7 +232,7 @@ class PagedDecodeWrapper(_PlannedAttention):
     def spec(self) -> PagedDecodeAttention:
         """The operator spec of the planned batch (flops, min bytes) for roofline reports."""
         c = self._spec_common()
-        return PagedDecodeAttention(context_lens=self._plan.host_ctx, window=self._plan.window, **c)
+        return PagedDecodeAttention(context_lens=self._host_lens()[0], window=self._plan.window, **c)
 
     def plan(
         self,
@@ -260,7 +264,7 @@ class PagedExtendWrapper(_PlannedAttention):
     def spec(self) -> PagedExtendAttention:
         """The operator spec of the planned batch (sequences without new tokens left out)."""
         c = self._spec_common()
-        cu, ctx = self._plan.host_cu, self._plan.host_ctx
+        ctx, cu = self._host_lens()
         ql = [cu[i + 1] - cu[i] for i in range(len(ctx))]
         keep = [i for i, n in enumerate(ql) if n > 0]
         return PagedExtendAttention(

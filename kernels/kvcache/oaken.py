@@ -147,7 +147,7 @@ class OakenPagedKV:
     @property
     def kv_format(self) -> KVFormat:
         """The operator-spec format; outlier_fraction = the slot capacity as a fraction of the elements."""
-        _, bs, _, d = self.check()
+        _, bs, _, d = self.check(values=False)  # (shapes only: a plan asks this, and must not wait for the device)
         return KVFormat(
             dtype=f"int{self.bits}", scheme="oaken", outlier_fraction=self.capacity / (bs * d), meta=self.meta,
         )  # fmt: skip

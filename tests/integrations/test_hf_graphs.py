@@ -215,6 +215,28 @@ def test_captured_mixed_steps_open_int8_blocks(hook, monkeypatch):
     assert torch.equal(run.sequences, eager.sequences) or not hook
 
 
+@pytest.mark.parametrize("family, kv_format", [("llama", "int8"), ("mistral", "int4-kivi-r4"), ("qwen2", "mixed"),
+                                               ("llama", "int4-oaken")])  # fmt: skip
+def test_a_captured_steps_host_side_never_waits(family, kv_format, monkeypatch):
+    """`graph_step` (slots, the step's tables and lengths into the fixed buffers, the wrappers re-planned) makes no
+    call that waits for the device: its metadata goes up from pinned memory without a wait (`host_ints`), and a
+    re-plan reads no length back (spec() does, when asked). Mistral's and Qwen2's windows: two groups of layers."""
+    from codesign.integrations.hf.graphs import HostWaits
+
+    waits, step = [], CodesignCache.graph_step
+
+    def spy(self):
+        with HostWaits() as mode:
+            step(self)
+        waits.append(mode.calls)
+
+    monkeypatch.setattr(CodesignCache, "graph_step", spy)
+    model = tiny_model(family)
+    ids, mask = prompts(2, 7, pads=(0, 2))
+    _captured(model, ids, mask, KIVI.get(kv_format, kv_format), 8)
+    assert len(waits) == 7 and not any(waits), waits
+
+
 def test_captured_sampling_and_end_of_sequence_are_transformers():
     """Sampling (temperature, top-k) draws the tokens transformers' own loop draws from the same seed, and rows
     that meet their end-of-sequence id get the pad token after it, as its loop gives them."""

@@ -379,7 +379,7 @@ def test_a_decode_step_builds_its_index_tensors_once_for_all_layers(name, monkey
     counts, build = [], host_ints._build
     for layers in (2, 4):
         built: list = []
-        monkeypatch.setattr(host_ints, "_build", lambda v, d, built=built: (built.append(v), build(v, d))[1])
+        monkeypatch.setattr(host_ints, "_build", lambda v, *a, built=built: (built.append(v), build(v, *a))[1])
         model = tiny_model(num_hidden_layers=layers)
         run = run_generate(model, prompts(2, 7)[0], _spec(name), block_size=BLOCK, max_new_tokens=5,
                            do_sample=False, pad_token_id=0)  # fmt: skip

@@ -60,7 +60,7 @@ from codesign.kernels.kvcache.accuracy import (
     OAKEN_SLOTS,
 )
 from codesign.kernels.kvcache.blocks import MAX_BLOCK_SIZE, BlockAllocator, PagedKVCache
-from codesign.kernels.kvcache.host_ints import device_ints
+from codesign.kernels.kvcache.host_ints import device_ints, device_rows
 from codesign.kernels.kvcache.kivi import KiviPagedKV
 from codesign.kernels.kvcache.kvq import QuantPagedKV, kvq_write
 from codesign.kernels.kvcache.mixed import MIXED_BITS, MixedPagedKV, cocktail_bits, mixed_write
@@ -75,8 +75,8 @@ __all__ = [
     "OAKEN_OFFLINE_FRACTION", "OAKEN_SLOTS", "OakenPagedKV", "PagedDecodeWrapper", "PagedExtendWrapper",
     "PagedKVCache", "QuantLinear", "TreeAttentionWrapper",
     "QuantPagedKV", "QuantizedWeight", "TreeBatch", "W4A16Config", "W8A8Config", "W8A16Config", "build_tree_batch",
-    "check_parents", "cocktail_bits", "compress_model_", "device_ints", "format_of", "from_awq", "from_gptq",
-    "kivi_decode_attention",
+    "check_parents", "cocktail_bits", "compress_model_", "device_ints", "device_rows", "format_of", "from_awq",
+    "from_gptq", "kivi_decode_attention",
     "kivi_extend_attention", "kivi_tree_attention", "kv_write", "kvq", "kvq_decode_attention",
     "kvq_extend_attention", "kvq_tree_attention", "kvq_write", "mixed_attention", "mixed_write",
     "oaken_attention", "paged_decode_attention", "paged_extend_attention", "quantize_", "tree_attention",

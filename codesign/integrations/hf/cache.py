@@ -30,6 +30,7 @@ row), so the cache ends exactly as if only the kept tokens had been written, in 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -488,11 +489,11 @@ class CodesignCache(Cache):
         self.steps.append(
             StepRecord(kind, tuple(counts[b] for b in live), tuple(ctx[b] for b in live), tree or ())
         )
-        cu = None
+        cu = None  # (the step's metadata from pinned memory, non-blocking: layer 0 does not wait for the GPU)
         if not decode:
-            cu = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device=device)
+            cu = K.device_ints([0, *itertools.accumulate(counts)], device, dtype=torch.int32)
         tb = K.build_tree_batch([tree] * batch, starts, device) if tree else None
-        ctx_t = torch.tensor(ctx, dtype=torch.int32, device=device)
+        ctx_t = K.device_ints(ctx, device, dtype=torch.int32)
         attend = [AttendPlan(w.block_tables, ctx_t, cu, tb, list(self._rows)) for w in write]
         real = None
         if any(pads):
@@ -538,8 +539,8 @@ class CodesignCache(Cache):
                 if self.layers[i].storage.kv is not None:
                     self.layers[i].storage.copy_block(src, dst)
         live = [b for b in range(len(counts)) if counts[b]]
-        bt = g.tables.block_tables(self._rows).to(device)
-        slots_t = torch.tensor(slots, dtype=torch.int64, device=device)
+        bt = K.device_rows([g.tables.blocks_view(seq) for seq in self._rows], device)
+        slots_t = K.device_ints(slots, device)
         pick = lambda xs: [xs[b] for b in live]  # noqa: E731
         blocks = [g.tables.blocks_view(self._rows[b]) for b in live]
         return WritePlan(live, pick(self._rows), pick(starts), pick(counts), slots_t, bt, pick(fresh), blocks)
