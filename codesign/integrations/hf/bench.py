@@ -40,6 +40,7 @@ VARIANTS = (("hf-sdpa", "sdpa", None, None), ("codesign-bf16", "codesign", "bf16
             ("codesign-bf16-tree-graph", "codesign-tree-graph", "bf16", None),
             ("codesign-bf16-fused-graph", "codesign-fused-graph", "bf16", None),
             ("codesign-bf16-w4a16", "codesign", "bf16", "w4a16"),
+            ("codesign-bf16-w4a16-graph", "codesign-graph", "bf16", "w4a16"),
             ("codesign-bf16-w4a16-fused-graph", "codesign-fused-graph", "bf16", "w4a16"))  # fmt: skip
 STEADY_AFTER = 3  # steps a steady rate leaves out: the prefill, and a captured run's eager and captured steps
 
