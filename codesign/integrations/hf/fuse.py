@@ -248,7 +248,8 @@ def _rope_shapes(q, k, cos, sin) -> bool:
     """The layout our op serves: q, k `[B, H, S, D]`, cos and sin `[B or 1, S, D]` (a full rotation), one dtype."""
     return (q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and cos.shape == sin.shape and cos.shape[-1] == q.shape[-1]
             and cos.shape[1] == q.shape[2] and cos.shape[0] in (1, q.shape[0]) and k.shape[2:] == q.shape[2:]
-            and len({q.dtype, k.dtype, cos.dtype, sin.dtype}) == 1 and q.shape[-1] % 2 == 0)  # fmt: skip
+            and len({q.dtype, k.dtype, cos.dtype, sin.dtype}) == 1 and q.dtype in L.DTYPES
+            and q.shape[-1] % 2 == 0)  # fmt: skip
 
 
 def _enter(module, args):
