@@ -8,7 +8,7 @@ CORRECTNESS_SHAPES in fp16, bf16 and fp32, weight-only GEMMs in both variants) a
 (`gpu_attention`: decode over both layouts, every batch and context in bf16 and fp16, extend and tree;
 `gpu_quant_gemm`: W4A16 g128, W8A16, W8A8 and FP8 at every M of the quick shapes; `gpu_kvquant`: decode
 and writes over every quantized cache format, KIVI, Oaken, mixed; `gpu_df11`: decode, GEMV, the fused GEMM,
-the rows layout's decode and GEMV)
+the rows layout's decode and GEMV; the layer ops of `kernels.layers`)
 with CPU tensors under `codesign.autotune.compile_only`: every launch compiles for the target, nothing runs.
 
 Shapes are the suite's real ones where they reach the compiled code (dtypes, constexprs such as the split
@@ -358,6 +358,31 @@ def _df11_rows_cases(b: Any, w: Any) -> Iterator[Case]:
         )
 
 
+def _layer_cases() -> Iterator[Case]:
+    """The layer ops (`kernels.layers`, what `integrations.hf.fuse` runs) at Llama-3-8B's decode (16 rows) and prefill
+    (2048 tokens) shapes in bf16, and rotary embedding at 64 and 128 query heads (70B-class; its warps double)."""
+    import torch
+
+    from codesign.kernels.layers import ops as L
+
+    bf = dict(dtype=torch.bfloat16)
+    for rows in (16, 2048):
+        x, w = torch.zeros(rows, 4096, **bf), torch.zeros(4096, **bf)
+        yield ("layers", f"rms_norm rows={rows} hidden=4096 bf16", lambda x=x, w=w: L.rms_norm(x, w, 1e-5))
+        yield ("layers", f"rms_norm (Gemma: 1 + w) rows={rows} bf16",
+               lambda x=x, w=w: L.rms_norm(x, w, 1e-6, 1.0, False))  # fmt: skip
+        gu = torch.zeros(rows, 2 * 14336, **bf)
+        for act in ("silu", "gelu_tanh"):
+            yield ("layers", f"{act}_mul rows={rows} n=14336 (one GEMM's halves) bf16",
+                   lambda gu=gu, act=act: L.act_mul(*gu.chunk(2, -1), act))  # fmt: skip
+    for b, s, hq in ((16, 1, 32), (1, 2048, 32), (16, 1, 64), (16, 1, 128)):
+        q = torch.zeros(b, s, hq, 128, **bf).transpose(1, 2)
+        k = torch.zeros(b, s, 8, 128, **bf).transpose(1, 2)
+        c = torch.zeros(b, s, 128, **bf)
+        yield ("layers", f"rope B={b} S={s} q_heads={hq} kv_heads=8 D=128 bf16",
+               lambda q=q, k=k, c=c: L.rope(q, k, c, c))  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- run
 def lowering_report(arch: int, gpu_name: str, sections: list[str] | None = None, log=print) -> dict[str, Any]:
     """Compile every case's launches under compile_only(arch, gpu_name); the JSON report (module docstring)."""
@@ -374,7 +399,7 @@ def lowering_report(arch: int, gpu_name: str, sections: list[str] | None = None,
     makers = {
         "correctness": lambda: _adapter_cases(mods, arch), "quant_gemm": lambda: _quant_gemm_cases(mods, arch),
         "attention": lambda: _attention_cases(mods), "kv_quant": lambda: _kvquant_cases(mods),
-        "df11": lambda: _df11_cases(mods),
+        "df11": lambda: _df11_cases(mods), "layers": _layer_cases,
     }  # fmt: skip
     t0 = time.monotonic()
     cases: list[dict[str, Any]] = []
@@ -456,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=None, help="JSON file (default bench/results/lowering_sm<arch>.json)"
     )
     ap.add_argument("--sections", nargs="*", default=None,
-                    help="correctness quant_gemm attention kv_quant df11 (default: all)")  # fmt: skip
+                    help="correctness quant_gemm attention kv_quant df11 layers (default: all)")  # fmt: skip
     ap.add_argument("--estimates", action="store_true", help="tuner estimates vs compiler (compile_check)")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":

@@ -299,12 +299,13 @@ class KiviPagedKV:
         keep = flush[:, None, None, None]
         k = pk[at].float()  # [B, G, h, d]: keys per channel over the group's tokens
         c, s, z = kq._asym(k, k.amin(1, keepdim=True), k.amax(1, keepdim=True), bits, 1, "fp16")
-        self.k_codes[blk, off] = torch.where(keep, _pack(c, bits), self.k_codes[blk, off])
+        self.k_codes[blk, off] = torch.where(keep, kq.pack_codes(c, bits, check=False), self.k_codes[blk, off])
         km = self.k_meta[blk[:, 0], off[:, 0] // g]  # [B, h, d, 2]
         self.k_meta[blk[:, 0], off[:, 0] // g] = torch.where(keep, torch.stack([s, z], -1).half(), km)
         v = pv[at].float().reshape(*at.shape, h, d // gv, gv)  # values per token over GV elements
         c, s, z = kq._asym(v, v.amin(-1, keepdim=True), v.amax(-1, keepdim=True), bits, -1, "fp16")
-        self.v_codes[blk, off] = torch.where(keep, _pack(c.reshape(*at.shape, h, d), bits), self.v_codes[blk, off])
+        packed = kq.pack_codes(c.reshape(*at.shape, h, d), bits, check=False)
+        self.v_codes[blk, off] = torch.where(keep, packed, self.v_codes[blk, off])
         vm = self.v_meta[blk, off]
         self.v_meta[blk, off] = torch.where(keep[..., None], torch.stack([s, z], -1).half(), vm)
 
@@ -374,13 +375,6 @@ class KiviPagedKV:
         k = torch.where(res, self.k_res[seq, t % ring].float(), k)
         v = torch.where(res, self.v_res[seq, t % ring].float(), v)
         return k, v
-
-
-def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """`quantizers.pack_codes` without its range check (a host sync): codes made in range by `_asym`."""
-    per = 8 // bits
-    c = codes.reshape(*codes.shape[:-1], codes.shape[-1] // per, per).to(torch.int32)
-    return (c << torch.arange(per, dtype=torch.int32, device=codes.device) * bits).sum(-1).to(torch.uint8)
 
 
 def _check_position(name: str, t) -> None:

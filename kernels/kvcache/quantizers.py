@@ -102,8 +102,9 @@ def dequantize_asym(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
     return codes.to(torch.float32) * scale.unsqueeze(dim) + zero.unsqueeze(dim)
 
 
-def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack uint8 codes along the last axis: element k*i + j in bits [j*b, (j+1)*b) of byte i (k = 8/b)."""
+def pack_codes(codes: torch.Tensor, bits: int, check: bool = True) -> torch.Tensor:
+    """Pack uint8 codes along the last axis: element k*i + j in bits [j*b, (j+1)*b) of byte i (k = 8/b). `check`
+    False skips the check that no code exceeds b bits (a host sync) for codes made in range (`_asym`'s)."""
     check_bits(bits)
     per = 8 // bits
     if codes.dtype != torch.uint8:
@@ -112,7 +113,7 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
         raise CodesignError(
             f"the last axis ({codes.shape[-1]}) must be a multiple of {per} for {bits}-bit codes"
         )
-    if bits < 8 and (codes >> bits).any():
+    if check and bits < 8 and (codes >> bits).any():
         raise CodesignError(f"codes exceed {bits} bits")
     c = codes.reshape(*codes.shape[:-1], codes.shape[-1] // per, per).to(torch.int32)  # (no -1: zero tokens pack)
     shifts = torch.arange(per, dtype=torch.int32, device=codes.device) * bits

@@ -223,16 +223,13 @@ def gelu_tanh_mul_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return _act_mul_body(gate, up, "gelu_tanh")
 
 
-@silu_mul_op.register_fake
-def _(gate, up):
+def _act_mul_fake(gate, up):
     _check_act_mul(gate, up)
     return torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
 
 
-@gelu_tanh_mul_op.register_fake
-def _(gate, up):
-    _check_act_mul(gate, up)
-    return torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+silu_mul_op.register_fake(_act_mul_fake)
+gelu_tanh_mul_op.register_fake(_act_mul_fake)
 
 
 def act_mul(gate: torch.Tensor, up: torch.Tensor, act: str = "silu", dispatch: bool = True) -> torch.Tensor:

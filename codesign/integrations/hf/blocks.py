@@ -115,11 +115,7 @@ class BlockTables:
 
     def block_tables(self, seqs: list[int]) -> torch.Tensor:
         """int32 `[len(seqs), max blocks]`; unused entries 0 (never read)."""
-        rows = [self._seq(i).blocks for i in seqs]
-        out = torch.zeros(len(rows), max([len(r) for r in rows] + [1]), dtype=torch.int32)
-        for i, r in enumerate(rows):
-            out[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
-        return out
+        return K.device_rows([self._seq(i).blocks for i in seqs], torch.device("cpu"))
 
     def _seq(self, seq: int) -> _Seq:
         if seq not in self._seqs:
