@@ -24,9 +24,8 @@ dynamic shared memory the launch requests, which Triton's launcher compares with
 
 Outputs are never written in this mode (nothing runs): host code that reads a kernel's output back sees
 whatever the buffer held. Covered: the DF11 ops read their error flags back only with `check=True` (pass
-`check=False`, as `bench/lowering_report.py` does); the split-K GEMMs (weight-only, and W8A8 / FP8 at
-SPLIT_K > 1) copy their zeroed fp32 scratch into `out` (zeros, not NaN). The plain and quantizing KV writers,
-paged decode / extend / tree attention over every cache format, the unsplit W8A8 / FP8 GEMM and the activation
+`check=False`, as `bench/lowering_report.py` does). The GEMMs (split-K ones join their splits in the launch), the
+plain and quantizing KV writers, paged decode / extend / tree attention over every cache format and the activation
 quantizer read nothing back.
 
 Process-wide and not thread-safe (Triton's driver and `JITFunction.run` are global); one session at a time.

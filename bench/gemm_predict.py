@@ -31,7 +31,8 @@ included: it is converted to fp16 first). The same peak is used for mma.sync (HM
 tiles) as for wgmma (HGMMA / IGMMA / QGMMA), though Hopper's mma.sync runs below it: a lower bound there.
 
 A variant's time = the sum of its launches + torch's own passes + LAUNCH_GAP_MS per launch after the first:
-the split-K buffer (zeroed, then copied into the bf16 output: bytes at copy bandwidth), dequant's bf16
+split-K's join tail (two DRAM latencies: the last split's ticket and its read-back of the sum; the splits meet
+in the launch, `splitk_join`, with no zeroing or copy pass), dequant's bf16
 `torch.matmul` (the measured bf16 time at that shape and M: the same GEMM), and torch's int8 / fp8 paths
 (`torch_mm`), which cannot be compiled here: their GEMM is predicted as the measured bf16 `torch.matmul` time / 2
 (stated rule: int8 / fp8 peak = 2x bf16 peak, and at small M half the weight bytes), plus the passes
@@ -74,7 +75,7 @@ from sass_model import (  # noqa: E402
     program_report,
     run_report,
 )
-from sass_sched import iteration, simulate  # noqa: E402
+from sass_sched import LATENCY, iteration, simulate  # noqa: E402
 
 COPY_BPS = 4.18e12  # measured device-to-device copy, H200 run 1 (docs/results.md, "Ceilings")
 TENSOR_OPS = {16: 989e12, 8: 1979e12}  # dense tensor-core peak by operand bits (H100 / H200 SXM datasheets)
@@ -248,8 +249,13 @@ def _sched(sass: str, prog: dict, pp: dict, occ: dict) -> dict[str, Any] | None:
 
 
 # ----------------------------------------------------------------------------- one variant
-def torch_passes(op: str, variant: str, m: int, n: int, k: int, launches: list[dict], bf16_ms: float | None):
-    """The work outside Triton a variant does per call, each {what, ms, bound, how}: the split-K buffer and
+JOIN_TAIL_CYCLES = 2 * LATENCY["dram"]  # the split-K join's tail: the last split's ticket and its read-back
+
+
+def torch_passes(op: str, variant: str, m: int, n: int, k: int, launches: list[dict], bf16_ms: float | None,
+                 joined: bool = True):
+    """The work outside Triton a variant does per call, each {what, ms, bound, how}: the split-K join's tail
+    ("latency", in the launch; `joined` False: the zeroed buffer and its copy of the kernels before the join) and
     torch_mm's per-call passes ("memory": bytes at copy bandwidth), dequant's bf16 matmul ("measured bf16": the
     measured time of the same GEMM), torch's int8 / fp8 GEMMs ("torch-derived": measured bf16 time / 2)."""
 
@@ -258,8 +264,13 @@ def torch_passes(op: str, variant: str, m: int, n: int, k: int, launches: list[d
                 "how": f"{nbytes / 1e6:.2f} MB at copy bandwidth"}  # fmt: skip
 
     out = []
-    if any(r["atomic"] for r in launches):
+    if any(r["atomic"] for r in launches) and not joined:  # kernels before the join (the hindcast's)
         out += [bw("zero the fp32 split-K buffer", m * n * 4), bw("copy it into the bf16 output", m * n * 6)]
+    elif any(r["atomic"] for r in launches):
+        # The splits meet in the launch (`splitk_join`): no zeroing or copy pass, but the last program of a tile waits
+        # for its ticket and then reads the sum back, two L2 round trips after its loop (taken at DRAM latency).
+        out.append({"what": "split-K join tail", "ms": JOIN_TAIL_CYCLES / CLOCK_HZ * 1e3, "bound": "latency",
+                    "in_launch": True, "how": f"{JOIN_TAIL_CYCLES} cycles: ticket + read-back atomics"})  # fmt: skip
     if variant == "dequant":
         out.append({"what": "torch.matmul (bf16)", "ms": bf16_ms, "bound": "measured bf16",
                     "how": "bf16 torch.matmul measured at this shape and M (H200 run 2)"})  # fmt: skip
@@ -276,13 +287,14 @@ def torch_passes(op: str, variant: str, m: int, n: int, k: int, launches: list[d
     return out
 
 
-def variant_prediction(op, variant, m, n, k, launches, bf16_ms) -> dict[str, Any]:
+def variant_prediction(op, variant, m, n, k, launches, bf16_ms, joined: bool = True) -> dict[str, Any]:
     """A variant's predicted time: its Triton launches, torch's passes, the gaps between launches; `basis` says
-    what it rests on (compiled SASS only, or measured / torch-derived parts too)."""
-    passes = torch_passes(op, variant, m, n, k, launches, bf16_ms)
+    what it rests on (compiled SASS only, or measured / torch-derived parts too). joined False: split-K launches of
+    the kernels before `splitk_join` (a zeroing and a copy pass around them)."""
+    passes = torch_passes(op, variant, m, n, k, launches, bf16_ms, joined)
     steps = [(r["kernel"], r["predicted_ms"], r["bound"]) for r in launches]
     steps += [(p["what"], p["ms"], p["bound"]) for p in passes]
-    gaps = LAUNCH_GAP_MS * (len(steps) - 1)
+    gaps = LAUNCH_GAP_MS * (len(steps) - 1 - sum(1 for p in passes if p.get("in_launch")))
     total = sum(ms for _, ms, _ in steps) + gaps
     top = max(steps, key=lambda s: s[1])
     basis = {"torch": "torch-derived", "dequant": "compiled + measured bf16 matmul"}.get(variant, "compiled")

@@ -13,10 +13,12 @@ with `--tree`, captured tree forwards) whose replay costs nothing here, so the r
 alone (its slots, buffer copies and re-plans, the logits processors, the stopping check; a tree step's draft,
 verification and compaction too), timed from one replay to the next. `--fuse`: also a row per format with the
 model's RMSNorms, rotary embedding and gated MLPs on codesign's layer ops (`fuse.fuse_layers_`): fewer torch ops
-a layer, 4 more Triton launches (stubbed here: each costs its launcher on a GPU).
+a layer, 4 more Triton launches (stubbed here: each costs its launcher on a GPU). `--weights w4a16` (or another
+format `codesign generate --weights` takes): the codesign rows' linears quantized (`quantize_model_`, group 32 at
+this size), so their GEMM calls' host side counts too (the sdpa row, first, keeps the fp32 linears).
 
     python bench/hf_host_time.py [--layers 8] [--tokens 32] [--batch 1] [--formats fp32 int8 int4] [--entry-point]
-                                 [--tree] [--cuda-graph] [--fuse] [--json F]
+                                 [--tree] [--cuda-graph] [--fuse] [--weights w4a16] [--json F]
 
 Times are the process's CPU time on one torch thread (wall time counts a shared VM's stolen time, which moved
 rows of one run by up to ~200 us a layer on the development machine). Numbers depend on the CPU; compare rows of
@@ -107,12 +109,13 @@ def _per_forward_ms(model, ids, kv_format: str | None, tokens: int, check: bool,
 
 
 def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32", "int8", "int4"),
-            repeats: int = 3, entry_point: bool = False, batch: int = 1,
-            tree: bool = False, graph: bool = False, fuse: bool = False) -> dict[str, Any]:  # fmt: skip
+            repeats: int = 3, entry_point: bool = False, batch: int = 1, tree: bool = False, graph: bool = False,
+            fuse: bool = False, weights: str = "none") -> dict[str, Any]:  # fmt: skip
     """Rows of host ms a forward (a token in greedy decoding) and us a forward and layer (the best of `repeats`),
     sdpa first (not with `tree`: transformers has no tree verification); launches a forward and layer.
     entry_point: every storage attends through `Storage.attend` (no planned attention); graph: also each
-    capturable format's captured decode, its step's host side; fuse: also each format with fused layer ops."""
+    capturable format's captured decode, its step's host side; fuse: also each format with fused layer ops;
+    weights: the codesign rows' linears quantized to that format ("none": fp32)."""
     import torch
     from triton.runtime import interpreter
 
@@ -126,8 +129,8 @@ def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32
         for c in planned:
             c.planned_run = kv_formats.Storage.planned_run
     try:
-        rep = _measure(layers, tokens, formats, repeats, launches, batch, tree, graph, fuse)
-        return {**rep, "entry_point": entry_point}
+        rep = _measure(layers, tokens, formats, repeats, launches, batch, tree, graph, fuse, weights)
+        return {**rep, "entry_point": entry_point, "weights": weights}
     finally:
         interpreter.InterpretedFunction.run = original
         torch.set_num_threads(threads)
@@ -135,8 +138,8 @@ def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32
             c.planned_run = f
 
 
-def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, launches: list[int],
-             batch: int, tree: bool, graph: bool, fuse: bool = False) -> dict[str, Any]:  # fmt: skip
+def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, launches: list[int], batch: int,
+             tree: bool, graph: bool, fuse: bool = False, weights: str = "none") -> dict[str, Any]:  # fmt: skip
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -157,6 +160,8 @@ def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, l
     if fuse:
         variants += [(f"codesign-{f}-fused", f, False, False, True) for f in formats]
     for name, fmt, check, captured, fused in variants:
+        if fmt is not None and weights != "none" and not getattr(model, "_host_time_quantized", False):
+            _quantize(model, weights)  # (after the sdpa row, which is first)
         best, per_step = float("inf"), 0.0
         if fused:
             fuse_layers_(model)
@@ -174,6 +179,15 @@ def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, l
             "note": "CPU host time with Triton launches stubbed; compare rows of one run"}  # fmt: skip
 
 
+def _quantize(model, weights: str) -> None:
+    from codesign.integrations.hf.experts import quantize_model_
+    from codesign.integrations.hf.quantizer import CodesignQuantConfig
+
+    qc = CodesignQuantConfig(weights, group_size=32 if weights in ("w4a16", "w8a16") else None)
+    quantize_model_(model, qc.kernel_config(), lambda m, fqn: qc.converts(fqn))
+    model._host_time_quantized = True
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=8)
@@ -184,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tree", action="store_true", help="tree speculation's forwards (n-gram draft) instead")
     ap.add_argument("--cuda-graph", action="store_true", help="also captured decode: a step's host side alone")
     ap.add_argument("--fuse", action="store_true", help="also each format with fused layer ops (fuse_layers_)")
+    ap.add_argument("--weights", default="none", help="quantize the codesign rows' linears (w4a16, w8a16, ...)")
     ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args(argv)
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -200,11 +215,16 @@ def main(argv: list[str] | None = None) -> int:
         print("hf_host_time: --cuda-graph needs --tokens >= 5 (a prefill, a warm step, a capture, two replays)",
               file=sys.stderr)  # fmt: skip
         return 2
+    from codesign.integrations.hf.quantizer import WEIGHT_FORMATS
+
+    if args.weights != "none" and args.weights not in WEIGHT_FORMATS:
+        print(f"hf_host_time: --weights {args.weights!r}: none or one of {', '.join(WEIGHT_FORMATS)}", file=sys.stderr)
+        return 2
     if args.batch < 1:
         print(f"hf_host_time: --batch must be >= 1, got {args.batch}", file=sys.stderr)
         return 2
     rep = measure(args.layers, args.tokens, tuple(args.formats), entry_point=args.entry_point, batch=args.batch,
-                  tree=args.tree, graph=args.cuda_graph, fuse=args.fuse)  # fmt: skip
+                  tree=args.tree, graph=args.cuda_graph, fuse=args.fuse, weights=args.weights)  # fmt: skip
     print(f"{'variant':<24} {'ms/forward':>10} {'us/layer':>9} {'extra':>8} {'launches/layer':>15}")
     for r in rep["rows"]:
         extra = "" if r["extra_us_per_layer"] is None else f"{r['extra_us_per_layer']:.0f}"

@@ -121,7 +121,7 @@ def predict_rows(raw: dict[str, Any]) -> list[dict[str, Any]]:
         launches = [gp.launch_prediction(_launch(r), raw["sass"][r["sass_id"]], op, m, n, k) for r in rows]
         variant = _variant(op, launches)
         bf16 = gp.bf16_ms(meas, c["layer"], m)
-        p = gp.variant_prediction(op, variant, m, n, k, launches, bf16)
+        p = gp.variant_prediction(op, variant, m, n, k, launches, bf16, joined=False)
         # the issue-count model: each launch max(issue, tensor, floor), the same passes and gaps
         other = sum(x["ms"] for x in p["torch_passes"]) + p["gaps_ms"]
         issue = sum(max(x["issue_ms"], x["tensor_ms"], x["floor_ms"]) for x in launches) + other

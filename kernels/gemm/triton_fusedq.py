@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from codesign.kernels.gemm.splitk_join import join_buffers
 from codesign.kernels.gemm.triton_parts import (
     grouped_tile,
     int8_tile_nk,
@@ -27,7 +28,6 @@ from codesign.kernels.gemm.triton_parts import (
     load_zeroed,
     quantize_codes,
     scaled_epilogue,
-    split_k_buffer,
     split_range,
     w_strides,
 )
@@ -52,7 +52,7 @@ def _rows_to_tile(t, BLOCK_M: tl.constexpr):
 # where M = 3 (the same 4-row tile) did not, and one compiled variant per ROWS is enough.
 @triton.jit(do_not_specialize=["M"])
 def _fusedq_kernel(
-    x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_wk, stride_wn,
+    x_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, sum_ptr, cnt_ptr, M, N, K, K_PER_SPLIT, stride_wk, stride_wn,
     QMAX: tl.constexpr, IS_FP8: tl.constexpr, INTERPRETED: tl.constexpr, PER_TENSOR_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, ROWS: tl.constexpr, SPLIT_K: tl.constexpr, W_PACKED: tl.constexpr = False,
@@ -103,8 +103,8 @@ def _fusedq_kernel(
             else:
                 acc += tl.dot(a, w, out_dtype=tl.int32)
     # `_scaled_mm_kernel`'s epilogue, the same function (the bit-identity depends on it).
-    scaled_epilogue(acc, _rows_to_tile(s[:, None], BLOCK_M), ws_ptr, b_ptr, out_ptr, offs_m, offs_n, M, N,
-                    PER_TENSOR_W, HAS_BIAS, SPLIT_K)  # fmt: skip
+    scaled_epilogue(acc, _rows_to_tile(s[:, None], BLOCK_M), ws_ptr, b_ptr, out_ptr, sum_ptr, cnt_ptr, offs_m, offs_n,
+                    M, N, PER_TENSOR_W, HAS_BIAS, SPLIT_K)  # fmt: skip
 
 
 # Shared memory the pipeline stages may take: under sm_89's 99 KB opt-in with room for the epilogue's layout change.
@@ -152,7 +152,7 @@ def fusedq_mm(
     want = cfg["SPLIT_K"] or (auto_split_k(tiles, sms) if m <= cfg["BLOCK_M"] else 1)
     split, k_per_split = k_split(k, cfg["BLOCK_K"], want)
     grid = (tiles, split)
-    dst = split_k_buffer(out, split)
+    sums, cnt = join_buffers(x.device, m * n, tiles) if split > 1 else (out, out)
     # At least 2 rows, and an element a thread (e4m3: two): on sm_90 a 1-row tile compiled to 1334 SASS
     # instructions a K step (and spilled) where 2 rows took 423 (int8, 16 x 64 x 128, 4 warps); 2 rows x 64 on 8
     # warps to 617 where 4 rows took 133; e4m3 at 2 rows x 128 on 8 warps spilled 4 B, at 4 rows none.
@@ -160,12 +160,10 @@ def fusedq_mm(
     rows = triton.next_power_of_2(m)
     rows = min(max(2, rows, per_thread * 32 * cfg["num_warps"] // cfg["BLOCK_K"]), cfg["BLOCK_M"])
     _fusedq_kernel[grid](
-        x, w, w_scale, w_scale if bias is None else bias, dst, m, n, k, k_per_split, *w_strides(w),
+        x, w, w_scale, w_scale if bias is None else bias, out, sums, cnt, m, n, k, k_per_split, *w_strides(w),
         QMAX=448.0 if fp8 else 127.0, IS_FP8=fp8, INTERPRETED=interpreted, PER_TENSOR_W=w_scale.numel() == 1 and n > 1,
         HAS_BIAS=bias is not None, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         GROUP_M=cfg["GROUP_M"], ROWS=rows, SPLIT_K=split, W_PACKED=w.dtype == torch.int32,
         num_warps=cfg["num_warps"],
         num_stages=_stages(cfg, rows, x.element_size()),
     )  # fmt: skip
-    if dst is not out:
-        out.copy_(dst)

@@ -30,6 +30,7 @@ import triton.language as tl
 from codesign.autotune.lookup import forced_config_of, lookup_config, shape_key
 from codesign.backend import DeviceView, device_view
 from codesign.kernels.gemm import torch_mm, triton_tma
+from codesign.kernels.gemm.splitk_join import join_buffers, join_splits
 from codesign.kernels.gemm.triton_dequant import dequant_matmul
 from codesign.kernels.gemm.triton_fusedq import fusedq_mm
 from codesign.kernels.gemm.triton_gemv import wq_gemv
@@ -41,7 +42,6 @@ from codesign.kernels.gemm.triton_parts import (
     load_zeroed,
     quantize_codes,
     scaled_epilogue,
-    split_k_buffer,
     split_range,
     w_strides,
     word_tile_nk,
@@ -59,20 +59,13 @@ SMALL_M_MAX = 16
 # weight is small (an 8192 x 8192 layer: ~45 us of dequantization beside >= 0.19 ms of matmul on an H200,
 # where our tiled W4A16 measured 0.33x bf16 at M = 4096 and W8A8 0.2-0.27x). A variant table overrides it.
 TORCH_PATH_MIN_M = 1024
-# At or below this M the weight-only GEMMs default to the CUDA-core GEMV (`triton_gemv`). Each row of x adds an FFMA
-# per weight while split-K's 16-row tile costs the same at M = 1-16: predicted on an H200 (bench/gemm_predict.py,
-# sm_90 SASS, untimed), N = K = 8192: GEMV / split-K 12.5 / 20.9 us at M = 1, 16.5 / 21.2 at M = 2, 24.1 / 21.2 at
-# M = 4 (int4); 18.1 / 25.9, 18.1 / 26.1, 23.6 / 26.1 (int8), so it took M <= 2. Since split-K's rework (128
-# columns, ldmatrix operands, the pair unpack) split-K is predicted 10.6 / 10.6 / 10.7 (int4) and 18.1 / 18.1 / 18.2
-# (int8) at M = 1 / 2 / 4, at its byte floor: 1.19x / 1.56x faster than the GEMV at M = 1 / 2 for int4 (level for
-# int8), and on Llama-2-70B's gate_up at M = 1 1.38x (61.9 against 85.7 us: the GEMV is issue-bound). Split-K's
-# unmodelled atomics are also 8x fewer (SPLIT_K x M x N against the GEMV's K range count x N). Those were issue counts:
-# with the warp-scheduler simulation (which the GEMM hindcast holds within 1.06-1.25x of the split-K kernels the H200
-# timed, measured slower) split-K is latency-bound, 21.3 / 21.4 us at M = 1 / 2 (int4), against the GEMV's 15.9 /
-# 17.4 (gate_up 142 against 112 / 124), and 27.5 against 21.4 at M = 4; for int8 the GEMV is slower at every M (47.0 /
-# 28.7 against 21.6). So W4A16 takes the GEMV up to M = 2 (predicted 1.60x -> 2.15x bf16 at M = 1), W8A16 none; a
-# tuned table overrides it.
-GEMV_MAX_M = {"w4a16_gemm": 2}  # by op; other ops 0
+# At or below this M the weight-only GEMMs default to the CUDA-core GEMV (`triton_gemv`): each row of x adds an FFMA
+# per weight, where split-K's 16-row tile costs the same at M = 1-16. Predicted on an H200 (`bench/gemm_predict.py`:
+# sm_90 SASS through the warp-scheduler simulation, which the GEMM hindcast holds within 1.06-1.25x of the split-K
+# kernels the H200 timed; untimed), N = K = 8192, GEMV against split-K: int4 11.7 / 19.7 us at M = 1, 16.3 / 20.6 at
+# M = 2, 29.4 / 20.6 at M = 4; int8 16.7 / 19.9, 16.7 / 20.2, 24.9 / 20.2 (gate_up at M = 1: 87.9 / 140.5 int4,
+# 113.1 / 135.9 int8). So both take the GEMV up to M = 2; a tuned table overrides it. (History: CHANGELOG.md.)
+GEMV_MAX_M = {"w4a16_gemm": 2, "w8a16_gemm": 2}  # by op; other ops 0
 WQ_VARIANTS = ("gemv", "splitk", "tiled", "dequant")
 # At or below this M the W8A8 / FP8 GEMMs default to the fused-quantizer kernel (`triton_fusedq`): one launch
 # instead of two and no M x K codes written and read back, against every N-tile program re-quantizing its rows
@@ -129,7 +122,7 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
         "BLOCK_K": 64,
         "GROUP_M": 8,
         # No split: this default serves the rule's M 9-1023, where past M ~ 256 (N = 8192) the output tiles fill
-        # the GPU and a split only adds M x N x 4 B of zeroing, atomics and copy; tuned tables split per M bucket.
+        # the GPU and a split only adds M x N x 4 B of atomics and their read-back; tuned tables split per M bucket.
         "SPLIT_K": 1,
         "num_warps": 8,
         "num_stages": 4,
@@ -379,6 +372,8 @@ def _wq_kernel(
     z_ptr,
     b_ptr,
     out_ptr,
+    sum_ptr,
+    cnt_ptr,
     M,
     N,
     K,
@@ -403,9 +398,9 @@ def _wq_kernel(
 
     The variant is how programs map to work. Tiled (SPLITK False, large M): 1-D grid in grouped order,
     each program the whole of K. Split-K (small M, GEMV-style): program (n-tile, k-slice, m-tile) reduces
-    K_PER_SPLIT of K, so few rows still fill the GPU. With USE_ATOMIC the fp32 partial sums are
-    atomically added into a zeroed fp32 output (the split-0 program adds the bias); otherwise the
-    program stores its tile. GROUP_SHIFT: the group of K offset k0 is k0 >> GROUP_SHIFT (`group_shift`).
+    K_PER_SPLIT of K, so few rows still fill the GPU. With USE_ATOMIC the fp32 partial sums meet in
+    the launch (`splitk_join.join_splits` over sum_ptr, cnt_ptr; the split-0 program adds the bias);
+    otherwise the program stores its tile. GROUP_SHIFT: the group of K offset k0 is k0 >> GROUP_SHIFT (`group_shift`).
     """
     if SPLITK:
         pid_k = tl.program_id(1)
@@ -471,12 +466,11 @@ def _wq_kernel(
         if SPLITK:
             bias = tl.where(pid_k == 0, bias, 0.0)
         acc += bias[None, :]
-    out_mask = mask_m[:, None] & (offs_n < N)[None, :]
-    ptrs = out_ptr + offs_m[:, None] * N + offs_n[None, :]
     if USE_ATOMIC:
-        tl.atomic_add(ptrs, acc, mask=out_mask)
+        join_splits(acc, sum_ptr, cnt_ptr, out_ptr, offs_m, offs_n, M, N)
     else:
-        tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+        out_mask = mask_m[:, None] & (offs_n < N)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
@@ -520,6 +514,8 @@ def _scaled_mm_kernel(
     ws_ptr,
     b_ptr,
     out_ptr,
+    sum_ptr,
+    cnt_ptr,
     M,
     N,
     K,
@@ -543,8 +539,8 @@ def _scaled_mm_kernel(
     (strides: K contiguous pipelines on sm_90, `triton_parts.w_strides`), or (W_PACKED) the native int32 words of
     offset-binary int8 codes (zero 128).
     Grid (output tiles in grouped order, SPLIT_K): program (t, j) sums K range j (K_PER_SPLIT, a multiple of
-    BLOCK_K; `k_split`) and `scaled_epilogue` adds its scaled partial into a zeroed fp32 buffer (SPLIT_K > 1)
-    or stores the tile (SPLIT_K 1, today's kernel). The split result's error bound: `scaled_mm`.
+    BLOCK_K; `k_split`) and `scaled_epilogue` joins its scaled partial with the others' in the launch (SPLIT_K > 1,
+    `splitk_join` over sum_ptr, cnt_ptr) or stores the tile (SPLIT_K 1). The split result's error bound: `scaled_mm`.
     """
     offs_m, offs_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     mask_m = offs_m < M
@@ -574,7 +570,8 @@ def _scaled_mm_kernel(
                 acc += tl.dot(a, w, out_dtype=tl.int32)
     a_s = tl.load(as_ptr + offs_m, mask=mask_m, other=0.0)
     scaled_epilogue(
-        acc, a_s[:, None], ws_ptr, b_ptr, out_ptr, offs_m, offs_n, M, N, PER_TENSOR_W, HAS_BIAS, SPLIT_K
+        acc, a_s[:, None], ws_ptr, b_ptr, out_ptr, sum_ptr, cnt_ptr, offs_m, offs_n, M, N, PER_TENSOR_W, HAS_BIAS,
+        SPLIT_K,
     )
 
 
@@ -594,8 +591,8 @@ def wq_gemm(
     """Weight-only quantized GEMM into `out` [M, N]: out = x @ ((code - zero) * scale)^T (+ bias).
 
     x [M, K] contiguous fp16/bf16/fp32; group = K for per-channel. The variant comes from
-    `choose_variant` (tuned table, else M <= 16); split-K accumulates fp32 partials atomically, then
-    casts into `out`.
+    `choose_variant` (tuned table, else M <= 16); split-K's fp32 partials meet in the launch, the last split
+    casting their sum into `out` (`splitk_join`).
     """
     m, k = x.shape
     n = qweight.shape[1]
@@ -619,12 +616,12 @@ def wq_gemm(
     else:
         split, k_per_split = k_split(k, block_k, cfg["SPLIT_K"])
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), split, triton.cdiv(m, cfg["BLOCK_M"]))
-    # K slices meet by fp32 atomics in a zeroed buffer; a single slice stores its tile directly.
-    dst = split_k_buffer(out, split)
+    # K slices meet in the launch (`splitk_join`); a single slice stores its tile directly.
+    sums, cnt = join_buffers(x.device, m * n, grid[0] * grid[2]) if split > 1 else (out, out)
     dot_dtype = _dot_dtype(x.dtype, device_view(x.device))
     # zeros / bias stand-ins (scales) are never read when HAS_ZEROS / HAS_BIAS is False.
     _wq_kernel[grid](
-        x, qweight, scales, scales if zeros is None else zeros, scales if bias is None else bias, dst,
+        x, qweight, scales, scales if zeros is None else zeros, scales if bias is None else bias, out, sums, cnt,
         m, n, k, group_shift(group, k), k_per_split,
         BITS=bits, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, DOT_DTYPE=dot_dtype,
         # fp32 activations get fp32 products, as torch's fp32 matmul does: Triton's default (tf32) gave
@@ -643,8 +640,6 @@ def wq_gemm(
         # an SM) on sm_80 and spilled 20 B for the symmetric W4A16 tile (150 registers, no spill with the limit).
         maxnreg=255 if variant == "tiled" else None,
     )  # fmt: skip
-    if dst is not out:
-        out.copy_(dst)
     return out
 
 
@@ -705,16 +700,16 @@ def scaled_mm(
     chosen here; codes already quantized leave nothing to fuse, so a chosen "fusedq" runs ours ("triton"), and a
     forced one raises.
 
-    Split-K (the config's SPLIT_K, here and in `triton_fusedq`; S splits of `k_split`, S > 1): every split adds
-    its scaled partial into a zeroed fp32 buffer, copied into `out`. Error bound, u = 2^-24, g_n = n u / (1 - n u),
-    before the final rounding to out's dtype: |y - y_exact| <= g_(S+3) (|a_scale[m] w_scale[n]| sum_k |a[m, k]
-    w[k, n]| + |bias[n]|). int8: each partial is an exact int32 (|P| <= 127 * 128 * K < 2^31 for K < 2^17), then
-    rounded at most 3 times (to fp32, exact while |P| < 2^24; x a_scale; x w_scale), the bias add once (split 0),
-    the S - 1 atomic additions once each, in any order. SPLIT_K 1 is S = 1 (today's kernel, a direct store). e4m3:
-    products are exact in fp32 and each partial is the dot's fp32 sum of <= K / S (rounded up to BLOCK_K) of them:
-    g_(K/S + S + 3) for a sequential sum (the interpreter's); a GPU's fp8 MMA accumulates at its own precision.
-    S = 2 is deterministic (0 + p0 + p1 = 0 + p1 + p0); from S = 3 on a GPU the atomics' order is not, so
-    neither are the output's last bits.
+    Split-K (the config's SPLIT_K, here and in `triton_fusedq`; S splits of `k_split`, S > 1): every split adds its
+    scaled partial into an fp32 sum that the last split to finish rounds into `out` (`splitk_join`). Error bound, u =
+    2^-24, g_n = n u / (1 - n u), before the final rounding to out's dtype: |y - y_exact| <= g_(S+3) (|a_scale[m]
+    w_scale[n]| sum_k |a[m, k] w[k, n]| + |bias[n]|). int8: each partial is an exact int32 (|P| <= 127 * 128 * K < 2^31
+    for K < 2^17), then rounded at most 3 times (to fp32, exact while |P| < 2^24; x a_scale; x w_scale), the bias add
+    once (split 0), the S - 1 atomic additions once each, in any order. SPLIT_K 1 is S = 1 (today's kernel, a direct
+    store). e4m3: products are exact in fp32 and each partial is the dot's fp32 sum of <= K / S (rounded up to BLOCK_K)
+    of them: g_(K/S + S + 3) for a sequential sum (the interpreter's); a GPU's fp8 MMA accumulates at its own precision.
+    S = 2 is deterministic (0 + p0 + p1 = 0 + p1 + p0); from S = 3 on a GPU the atomics' order is not, so neither are
+    the output's last bits.
     """
     m, k = a.shape
     fp8 = a.dtype == torch.float8_e4m3fn
@@ -742,14 +737,16 @@ def scaled_mm(
     cfg = launch_config(scaled_mm_table_op(fp8), "scaled_mm", a.device, m, scaled_mm_table_key(n, k))
     split, k_per_split = k_split(k, cfg["BLOCK_K"], cfg["SPLIT_K"])
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split)
-    dst = split_k_buffer(out, split)
+    sums, cnt = join_buffers(a.device, m * n, grid[0]) if split > 1 else (out, out)
     _scaled_mm_kernel[grid](
         a,
         a_scale,
         w,
         w_scale,
         bias if bias is not None else w_scale,
-        dst,
+        out,
+        sums,
+        cnt,
         m,
         n,
         k,
@@ -768,6 +765,4 @@ def scaled_mm(
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
-    if dst is not out:
-        out.copy_(dst)
     return out

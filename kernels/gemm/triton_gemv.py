@@ -4,7 +4,7 @@ At M of 1-4 a decode step reads the whole weight for a handful of rows, so the k
 weight. A program owns BLOCK_N columns and a range of K (the K split, `gemv_splits`, gives each SM a few
 programs) and walks it BLOCK_K at a time, one word row per step: each thread loads its columns' words (16-byte
 loads, evict-first: never reused) and keeps every sum of its columns in its own registers, so no step needs a
-shuffle, a barrier or shared memory; partial sums meet once per program by fp32 atomics in a zeroed output.
+shuffle, a barrier or shared memory; partial sums meet once per program in the launch itself (`splitk_join`).
 Codes stay where the word holds them: the low 16 bits of a word (or of the word shifted by 16) OR'd into the
 mantissa of 2^23 are the float 2^23 + c 2^(BITS j), one LOP3 a code, and subtracting 2^23 + z 2^(BITS j) leaves
 (c - z) 2^(BITS j) exactly, whose power of two goes into x; so a weight costs a LOP3, a FADD and an FFMA, with
@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from codesign.backend import device_view
+from codesign.kernels.gemm.splitk_join import join_buffers, join_splits
 
 F32_MAGIC = tl.constexpr(0x4B000000)  # fp32 bit pattern of 2^23: OR a code below 2^23 into its mantissa
 F32_MAGIC_VALUE = tl.constexpr(8388608.0)
@@ -25,17 +26,24 @@ F32_MAGIC_VALUE = tl.constexpr(8388608.0)
 M_ROWS = 4
 # Programs per SM the K split aims at (the grid's second axis), so every SM streams from several at once.
 PROGRAMS_PER_SM = 4
+# A register budget for ptxas at M <= 2 rows a launch: left to itself it gave the program 96 registers at M = 1 (128 at
+# M = 2, 166 before the split-K join's barrier), issuing each step's weight loads in small batches; at 168 (5 programs
+# an SM still fit the register file) sm_90 takes 165 / 168, no spills, and the scheduler simulation has a step 5389
+# cycles where it had 6984 (M = 1; `bench/gemm_predict.py`, untimed); 255 gains nothing more (5379). 4 rows spill
+# under it (84 B): uncapped.
+MAXNREG = 168
 
 
 @triton.jit
 def _wq_gemv_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, G, K_PER_PROG,
+    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, sum_ptr, cnt_ptr, M, N, K, G, K_PER_PROG,
     BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ATOMIC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M_PAD: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
     """out[m, n] (+)= sum over this program's K range of x[m, k] * (code(k, n) - zero) * scale, for the M <= M_PAD
     rows: BLOCK_K at a time (inside one group), one word row (P = 32 / BITS values of k) per step, so every sum
-    stays inside a thread (its P codes are one word's) and no step needs a shuffle or shared memory."""
+    stays inside a thread (its P codes are one word's) and no step needs a shuffle or shared memory. USE_ATOMIC: the
+    K ranges meet in `splitk_join.join_splits` (sum_ptr, cnt_ptr its buffers)."""
     P: tl.constexpr = 32 // BITS
     pid_n = tl.program_id(0)
     k_lo = tl.program_id(1) * K_PER_PROG
@@ -81,10 +89,10 @@ def _wq_gemv_kernel(
     if HAS_BIAS:
         if tl.program_id(1) == 0:
             acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    dst = out_ptr + offs_m[:, None] * N + offs_n[None, :]
     if USE_ATOMIC:
-        tl.atomic_add(dst, acc, mask=mask_m[:, None] & mask_n[None, :])
+        join_splits(acc, sum_ptr, cnt_ptr, out_ptr, offs_m, offs_n, M, N)
     else:
+        dst = out_ptr + offs_m[:, None] * N + offs_n[None, :]
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
@@ -100,8 +108,8 @@ def gemv_splits(n: int, k: int, block_n: int, block_k: int, sms: int | None) -> 
 
 def wq_gemv(x, qweight, scales, zeros, bias, bits: int, group: int, out: torch.Tensor, cfg: dict) -> None:
     """out [M, N] = x @ W^T (+ bias) for small M: K slices of whole BLOCK_K tiles (BLOCK_K at most the group) meet
-    by fp32 atomics; up to M_ROWS rows a launch, BLOCK_K / rows at a time (ptxas loads a tile's x values up front:
-    BLOCK_K x rows registers)."""
+    in the launch (`splitk_join`); up to M_ROWS rows a launch, BLOCK_K / rows at a time (ptxas loads a tile's x
+    values up front: BLOCK_K x rows registers)."""
     m, k = x.shape
     n = out.shape[1]
     m_pad = triton.next_power_of_2(min(m, M_ROWS))
@@ -112,13 +120,12 @@ def wq_gemv(x, qweight, scales, zeros, bias, bits: int, group: int, out: torch.T
     k_per_prog = triton.cdiv(triton.cdiv(k, block_k), splits) * block_k
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, k_per_prog))
     atomic = grid[1] > 1
-    dst = torch.zeros((m, n), dtype=torch.float32, device=x.device) if atomic else out
+    sums, cnt = join_buffers(x.device, min(m, M_ROWS) * n, grid[0]) if atomic else (out, out)
     for r0 in range(0, m, M_ROWS):
         _wq_gemv_kernel[grid](
-            x[r0:], qweight, scales, scales if zeros is None else zeros, scales if bias is None else bias, dst[r0:],
-            min(M_ROWS, m - r0), n, k, group, k_per_prog,
+            x[r0:], qweight, scales, scales if zeros is None else zeros, scales if bias is None else bias, out[r0:],
+            sums, cnt, min(M_ROWS, m - r0), n, k, group, k_per_prog,
             BITS=bits, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, USE_ATOMIC=atomic,
             BLOCK_N=block_n, BLOCK_K=block_k, M_PAD=m_pad, EVEN_K=k % block_k == 0, num_warps=cfg["num_warps"],
+            maxnreg=MAXNREG if m_pad <= 2 else None,
         )  # fmt: skip
-    if atomic:
-        out.copy_(dst)

@@ -8,12 +8,12 @@ variant modules can use them without importing `triton_gemm` (which imports the 
 * `grouped_tile`: a program's output tile in grouped (L2-friendly) order.
 * `quantize_codes` (over `round_half_even`, `round_to_e4m3`): the activation quantizer's rounding of fp32 to int8 /
   e4m3 codes, shared so the two-launch and fused paths give the same codes bit for bit.
-* `scaled_epilogue`: the W8A8 / FP8 kernels' epilogue (scales, bias, store or split-K atomic add), one copy so
+* `scaled_epilogue`: the W8A8 / FP8 kernels' epilogue (scales, bias, store or split-K join), one copy so
   the two-launch and fused paths round alike.
 * `w_strides` (host): an 8-bit [K, N] weight's strides, K contiguous or row-major; `load_zeroed`: its tiles (and the
   activation codes') with masked lanes 0.
-* `split_range`: a split-K program's K range; `k_split`, `split_k_buffer` (host): a split-K launch's (splits,
-  K per split), no split empty, and the buffer its programs add into.
+* `split_range`: a split-K program's K range; `k_split` (host): a split-K launch's (splits, K per split), no split
+  empty. (Where the splits meet: `splitk_join`.)
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from codesign.kernels.gemm.splitk_join import join_splits
 from codesign.kernels.triton_codes import unpack_words
 from codesign.specs import CodesignError
 
@@ -36,12 +37,6 @@ def k_split(k: int, block_k: int, split_k: int) -> tuple[int, int]:
     blocks = triton.cdiv(k, block_k)
     per_split = triton.cdiv(blocks, min(split_k, blocks)) * block_k
     return triton.cdiv(k, per_split), per_split
-
-
-def split_k_buffer(out: torch.Tensor, split: int) -> torch.Tensor:
-    """Where a launch of `split` K splits writes: `out` itself for one (a direct store), else a zeroed fp32 buffer
-    of its shape that the splits add into (the caller copies it back into `out`)."""
-    return out if split == 1 else torch.zeros(out.shape, dtype=torch.float32, device=out.device)
 
 
 @triton.jit
@@ -155,11 +150,11 @@ def quantize_codes(v, IS_FP8: tl.constexpr, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def scaled_epilogue(acc, a_s, ws_ptr, b_ptr, out_ptr, offs_m, offs_n, M, N, PER_TENSOR_W: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
+def scaled_epilogue(acc, a_s, ws_ptr, b_ptr, out_ptr, sum_ptr, cnt_ptr, offs_m, offs_n, M, N,
+                    PER_TENSOR_W: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
     """out[m, n] = acc[m, n] * a_s[m] * w_scale[n] (+ bias[n]) in fp32: acc [BLOCK_M, BLOCK_N] int32 / fp32 (this
-    program's K range), a_s [BLOCK_M, 1] fp32. SPLIT_K 1: stored in out's dtype. Above 1: `out` is a zeroed fp32
-    buffer and each split's scaled partial is atomically added there, the bias by split 0 only."""
+    program's K range), a_s [BLOCK_M, 1] fp32. SPLIT_K 1: stored in out's dtype. Above 1: the splits' scaled partials
+    meet in the launch (`splitk_join.join_splits` over sum_ptr, cnt_ptr), the bias added by split 0 only."""
     mask_n = offs_n < N
     if PER_TENSOR_W:
         w_s = tl.load(ws_ptr + offs_n * 0)
@@ -171,13 +166,11 @@ def scaled_epilogue(acc, a_s, ws_ptr, b_ptr, out_ptr, offs_m, offs_n, M, N, PER_
         if SPLIT_K > 1:
             bias = tl.where(tl.program_id(1) == 0, bias, 0.0)
         res += bias[None, :]
-    ptrs = out_ptr + offs_m[:, None] * N + offs_n[None, :]
-    mask = (offs_m < M)[:, None] & mask_n[None, :]
     if SPLIT_K > 1:
-        # Relaxed: nothing in the kernel reads the sum back, so no ordering is needed (a plain reduction).
-        tl.atomic_add(ptrs, res, mask=mask, sem="relaxed")
+        join_splits(res, sum_ptr, cnt_ptr, out_ptr, offs_m, offs_n, M, N)
     else:
-        tl.store(ptrs, res.to(out_ptr.dtype.element_ty), mask=mask)
+        mask = (offs_m < M)[:, None] & mask_n[None, :]
+        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], res.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def w_strides(w: torch.Tensor) -> tuple[int, int]:

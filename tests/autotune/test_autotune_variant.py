@@ -115,14 +115,13 @@ def test_expand_gives_both_variants_and_bad_variants_are_refused():
 
 
 def test_default_rule_without_a_table():
-    # No device, a CPU device, or an unknown key: W4A16 the GEMV at M <= 2, M <= 16 split-K (W8A16 from M = 1), from
-    # 1024 dequantize-then-matmul.
-    w8 = {1: "splitk", 2: "splitk", 3: "splitk", 4: "splitk", 16: "splitk", 17: "tiled", 1023: "tiled", 1024: "dequant"}
-    w4 = {**w8, 1: "gemv", 2: "gemv"}
-    for m in w8:
-        assert qt.choose_variant(m) == w4[m]
-        assert qt.choose_variant(m, "w4a16_gemm", torch.device("cpu"), KEY) == w4[m]
-        assert qt.choose_variant(m, "w8a16_gemm", torch.device("cpu"), KEY) == w8[m]
+    # No device, a CPU device, or an unknown key: the GEMV at M <= 2, M <= 16 split-K, from 1024
+    # dequantize-then-matmul (W4A16 and W8A16 alike).
+    want = {1: "gemv", 2: "gemv", 3: "splitk", 4: "splitk", 16: "splitk", 17: "tiled", 1023: "tiled", 1024: "dequant"}
+    for m in want:
+        assert qt.choose_variant(m) == want[m]
+        assert qt.choose_variant(m, "w4a16_gemm", torch.device("cpu"), KEY) == want[m]
+        assert qt.choose_variant(m, "w8a16_gemm", torch.device("cpu"), KEY) == want[m]
     with forced_config("w4a16_gemm_variant", {"SPLITK": 0}):
         assert qt.choose_variant(1) == "tiled"
 
@@ -217,7 +216,7 @@ def test_cli_tunes_every_variant_and_exports_the_fastest(tmp_path):
 def test_weight_only_kernel_lowers_for_sm90_in_both_variants():
     """The one weight-only kernel compiles for a GPU with either variant (the interpreter cannot show it)."""
     types = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "b_ptr": "*fp16",
-             "out_ptr": "*fp16"}  # fmt: skip
+             "out_ptr": "*fp16", "sum_ptr": "*fp32", "cnt_ptr": "*i32"}  # fmt: skip
     common = dict(
         BITS=4, HAS_ZEROS=True, HAS_BIAS=True, DOT_DTYPE="tl.float16", DOT_PREC="tf32", BLOCK_N=64, BLOCK_K=64,
         GROUP_M=8,
@@ -225,6 +224,6 @@ def test_weight_only_kernel_lowers_for_sm90_in_both_variants():
     variants = [
         {**common, "BLOCK_M": 64, "SPLITK": False, "USE_ATOMIC": False},
         {**common, "BLOCK_M": 64, "SPLITK": False, "USE_ATOMIC": False, "MAGIC_DQ": True},
-        {**common, "BLOCK_M": 16, "SPLITK": True, "USE_ATOMIC": True, "types": {"out_ptr": "*fp32"}},
+        {**common, "BLOCK_M": 16, "SPLITK": True, "USE_ATOMIC": True},
     ]
     assert_lowers_for_gpu("codesign.kernels.gemm.triton_gemm:_wq_kernel", types, variants)

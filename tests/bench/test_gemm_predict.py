@@ -109,8 +109,12 @@ def test_unrolled_absmax_loops_run_fewer_trips(gp):
 
 def test_variant_sums_and_torch_rule(gp):
     launch = gp.launch_prediction(_splitk_launch(), _sass(200, 600, 100), "w4a16_g128", 16, 8192, 8192)
+    # Today's kernels join their splits in the launch: one launch, no gap, the join's tail of two DRAM latencies.
     v = gp.variant_prediction("w4a16_g128", "splitk", 16, 8192, 8192, [launch], 0.0342)
-    buf = (16 * 8192 * 4 + 16 * 8192 * 6) / 4.18e12 * 1e3  # zero the fp32 buffer, copy it into bf16
+    assert v["predicted_ms"] == pytest.approx(launch["predicted_ms"] + 1200 / gp.CLOCK_HZ * 1e3)
+    # The kernels before the join (the hindcast's): a zeroed fp32 buffer and its copy into bf16, two more launches.
+    v = gp.variant_prediction("w4a16_g128", "splitk", 16, 8192, 8192, [launch], 0.0342, joined=False)
+    buf = (16 * 8192 * 4 + 16 * 8192 * 6) / 4.18e12 * 1e3
     assert v["predicted_ms"] == pytest.approx(launch["predicted_ms"] + buf + 2 * gp.LAUNCH_GAP_MS)
     # torch's e4m3 path: the GEMM at half the measured bf16 time and out.copy_ (the weight's column-major copy is
     # cached per weight, torch_mm.weight_nk: not a per-call pass)

@@ -34,6 +34,7 @@ from codesign.integrations.hf._compat import cache_kwarg
 from codesign.integrations.hf.cache import CodesignCache
 from codesign.integrations.hf.forwards import prefill
 from codesign.integrations.hf.support import ATTN_NAME, text_config
+from codesign.kernels.gemm.splitk_join import capture_scope
 from codesign.specs import CodesignError
 
 CAPTURES = ("cuda", "tape")
@@ -66,12 +67,15 @@ class CudaCapture:
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):  # (records; runs nothing)
+        # Split-K GEMMs captured here share buffers of their own (`splitk_join`), held as long as the replay.
+        with capture_scope() as held, torch.cuda.graph(graph):  # (records; runs nothing)
             out = fn()
 
         def replay() -> torch.Tensor:
             graph.replay()
             return out
+
+        replay.splitk_buffers = held
 
         return replay, replay()
 

@@ -158,7 +158,7 @@ def test_weight_only_kernel_with_small_blocks_and_three_splits(m, monkeypatch):
 def test_variant_is_chosen_by_m():
     got = [qt.choose_variant(m) for m in (1, 2, 3, 4, 16, 17, 1023, 1024, 4096)]
     assert got == ["gemv", "gemv", "splitk", "splitk", "splitk", "tiled", "tiled", "dequant", "dequant"]
-    assert [qt.choose_variant(m, "w8a16_gemm") for m in (1, 2)] == ["splitk", "splitk"]  # int8: no GEMV
+    assert [qt.choose_variant(m, "w8a16_gemm") for m in (1, 2, 3)] == ["gemv", "gemv", "splitk"]
 
 
 @pytest.mark.parametrize("m", [1, 17])

@@ -1,10 +1,10 @@
 """Split-K in the W8A8 / FP8 GEMMs (`_scaled_mm_kernel` and the fused-quantizer kernel): K cut into SPLIT_K ranges of
-whole BLOCK_K tiles (`triton_parts.k_split`), each split's scaled partial added atomically into a zeroed fp32
-buffer. Checked in the interpreter: every element within the bound stated in `triton_gemm.scaled_mm` of an fp64
-reference (int8 and e4m3, bias on and off, per-tensor and per-channel weight scales, fp16 / bf16 / fp32 outputs,
-uneven splits: the last shorter, K not a multiple of BLOCK_K x SPLIT_K) into NaN-poisoned outputs; the fused and
-two-launch paths bit for bit at the same split; SPLIT_K 1 exactly today's one-pass fp32 epilogue. Compile-only for
-sm_90: s8 / e4m3 MMAs, fp32 reductions, no spills."""
+whole BLOCK_K tiles (`triton_parts.k_split`), each split's scaled partial added atomically into an fp32 sum that the
+last split rounds into the output (`splitk_join`). Checked in the interpreter: every element within the bound stated in
+`triton_gemm.scaled_mm` of an fp64 reference (int8 and e4m3, bias on and off, per-tensor and per-channel weight scales,
+fp16 / bf16 / fp32 outputs, uneven splits: the last shorter, K not a multiple of BLOCK_K x SPLIT_K) into NaN-poisoned
+outputs; the fused and two-launch paths bit for bit at the same split; SPLIT_K 1 exactly today's one-pass fp32 epilogue.
+Compile-only for sm_90: s8 / e4m3 MMAs, fp32 reductions, no spills."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def _exact_sum_problem(m: int, n: int, k: int, dtype: torch.dtype, per_tensor: b
 def test_split_k_1_is_todays_one_pass_epilogue_bit_for_bit(fp8, m, k, dtype, bias, per_tensor, launches):
     """One K range: the sum's fp32 value, x a_scale, x w_scale, + bias, one rounding into out, as before split-K, from
     an independent torch emulation (int8: int64 sums; e4m3: data whose fp32 sums are exact). fp16 / fp32 outputs:
-    the interpreter casts fp32 to bf16 by truncation (the split path's copy into out rounds)."""
+    the interpreter casts fp32 to bf16 by truncation (the split path's join rounds by the bits)."""
     n = 48
     if fp8:
         x, w, w_s = _exact_sum_problem(m, n, k, dtype, per_tensor)
