@@ -192,11 +192,16 @@ def device_view(device: Any) -> DeviceView:
         if view is not None:
             return view
 
-    d = torch.device(device)
+    d = device if isinstance(device, torch.device) else torch.device(device)
     if d.type != "cuda":
-        return DeviceView(interpreted=interpreter_enabled())
+        return _cpu_view(interpreter_enabled())
     index = d.index if d.index is not None else (torch.cuda.current_device() if cuda_available() else 0)
     return _cuda_view(index, interpreter_enabled())
+
+
+@functools.lru_cache(maxsize=2)
+def _cpu_view(interpreted: bool) -> DeviceView:
+    return DeviceView(interpreted=interpreted)
 
 
 @functools.lru_cache(maxsize=16)

@@ -10,11 +10,10 @@ replace them per shape.
 
 from __future__ import annotations
 
-import triton
-
 from codesign.autotune.lookup import lookup_config, shape_key
 from codesign.backend import device_view
 from codesign.kernels.attention.options import MAX_SPLITS
+from codesign.kernels.host_math import next_pow2
 from codesign.kernels.kvcache.formats import (
     KV_FORMAT_FP8,
     KV_FORMAT_INT,
@@ -385,7 +384,7 @@ def launch_config(
     base = default_config(head_dim, elem_bytes, kv_format, bits, block_size)
     if kivi_planes_default(kv_format, bits, head_dim, elem_bytes, base, batch * kv_heads):
         base.update(KIVI_PLANES_DECODE_TILE, PROGRAMS_PER_SM=KIVI_PLANES_PROGRAMS_PER_SM[bits])
-    rows = triton.next_power_of_2(q_heads // kv_heads)  # a decode program's query rows
+    rows = next_pow2(q_heads // kv_heads)  # a decode program's query rows
     if kv_format == KV_FORMAT_INT and base["num_warps"] == 1 and rows > PLANES_WARP_ROWS:
         # the one-warp planes tile past 16 rows: a warp per 16 (its PROGRAMS_PER_SM was sized for one)
         base = {k: v for k, v in base.items() if k not in OCCUPANCY} | {"num_warps": rows // PLANES_WARP_ROWS}
@@ -481,14 +480,14 @@ def tile_blocks(block_n: int, block_size: int) -> int:
 
 def dim_pad(head_dim: int) -> int:
     """head_dim rounded up to a power of two (tl.arange) and to >= 16 (the GPU's smallest tl.dot K)."""
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, next_pow2(head_dim))
 
 
 
 def rows_layout(group: int, block_m: int, is_decode: bool, min_rows: int) -> tuple[int, int]:
     """(GROUP_PAD, BLOCK_Q): rows = BLOCK_Q tokens x GROUP_PAD heads, at least `min_rows` (the device's smallest
     tl.dot, `DeviceView.min_dot_rows`)."""
-    gpad = triton.next_power_of_2(group)
+    gpad = next_pow2(group)
     bq = 1 if is_decode else max(1, block_m // gpad)
     gpad = max(gpad, min_rows // bq)
     return gpad, bq

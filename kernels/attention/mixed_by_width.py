@@ -33,6 +33,7 @@ from codesign.kernels.attention.triton_attention import (
     reduce_splits,
     split_workspace,
 )
+from codesign.kernels.host_math import next_pow2
 from codesign.kernels.kvcache.formats import KV_FORMAT_INT, KV_FORMAT_MIXED
 from codesign.kernels.kvcache.mixed import MIXED_BITS
 
@@ -131,7 +132,7 @@ def width_tables(
     b, mb = block_tables.shape
     if b == 0:
         return
-    chunk = min(triton.next_power_of_2(max(mb, 1)), TABLES_CHUNK)
+    chunk = min(next_pow2(max(mb, 1)), TABLES_CHUNK)
     _width_tables_kernel[(b,)](
         block_tables, context_lens, block_bits, tables, lens,
         block_tables.stride(0), tables.stride(0), tables.stride(1), lens.stride(0),

@@ -58,6 +58,7 @@ from codesign.kernels.attention.triton_attention import (
     reduce_splits,
     split_workspace,
 )
+from codesign.kernels.host_math import cdiv, next_pow2
 from codesign.kernels.kvcache.formats import KV_FORMAT_INT, KV_FORMAT_OAKEN
 from codesign.kernels.kvcache.oaken import index_capacity
 
@@ -163,7 +164,7 @@ def plan_split(
     workspace = split_workspace(t, hq, s, dim, q.device, workspace)
     b, mb = batch.block_tables.shape
     tokens = -(-mb * bs // bn) * bn
-    gp = triton.next_power_of_2(hq // hkv)
+    gp = next_pow2(hq // hkv)
     maxima = torch.empty(b, hq, tokens // bn, dtype=torch.float32, device=q.device)
     launch = dataclasses.replace(p, num_splits=s, workspace=workspace, oaken_scratch=maxima)
     if b * hq * tokens >= 2**31:  # (the INT launch's offsets into them are int32)
@@ -200,11 +201,11 @@ def attend_split(
     cap = index_capacity(kv.k_side.shape[2], bs, dim)
     plan.q_t[..., :group].copy_(q.reshape(t, hkv, group, dim).transpose(2, 3))
     bt = batch.block_tables
-    _key_bias_kernel[(t, hkv, triton.cdiv(bt.shape[1], plan.chunk))](
+    _key_bias_kernel[(t, hkv, cdiv(bt.shape[1], plan.chunk))](
         plan.q_t, kv.k_side, bt, batch.context_lens, plan.bias,
         kv.k_side.stride(0), kv.k_side.stride(1), bt.stride(0), plan.bias.stride(0), plan.bias.stride(1),
         plan.chunk, bt.shape[1],
-        GROUP=group, GP=gp, HEAD_DIM=dim, BLOCK_SIZE=bs, BS_PAD=triton.next_power_of_2(bs), NBLK=BIAS_NBLK,
+        GROUP=group, GP=gp, HEAD_DIM=dim, BLOCK_SIZE=bs, BS_PAD=next_pow2(bs), NBLK=BIAS_NBLK,
         CAP=cap, FIRST=BIAS_FIRST, R=RANKS, num_warps=1,
     )  # fmt: skip
     dense = KernelKV(kv.k, kv.v, KV_FORMAT_INT, kv.bits, kv.k_meta, kv.v_meta, plan.bias, plan.probs)

@@ -104,6 +104,7 @@ from codesign.kernels.attention.triton_tiles import (
     split_cols,
     tile_rows,
 )
+from codesign.kernels.host_math import next_pow2
 from codesign.kernels.kvcache.formats import (
     KV_FORMAT_FP8,
     KV_FORMAT_INT,
@@ -912,7 +913,7 @@ def plan_launch(
     oak = None
     if kv_format in (KV_FORMAT_OAKEN, KV_FORMAT_OAKEN_OFFLINE) and oaken_cap > 0:
         programs = (b if batch.is_decode else t // bq + b) * hkv * num_splits
-        oak = torch.empty(programs * oaken_scratch_size(bq * triton.next_power_of_2(hq // hkv), cfg["BLOCK_N"], dim),
+        oak = torch.empty(programs * oaken_scratch_size(bq * next_pow2(hq // hkv), cfg["BLOCK_N"], dim),
                           dtype=torch.float32, device=q.device)  # fmt: skip
     planes = words and batch.is_decode and q.dtype != torch.float32 and reads_planes(kv_format, bits, dim, cfg)
     vplanes = planes and reads_value_planes(kv_format, bits, dim, cfg)
@@ -1064,7 +1065,7 @@ def paged_attention_triton(
         HAS_ALIBI=opts.alibi_slopes is not None, HAS_SOFTCAP=bool(opts.softcap), HAS_WINDOW=bool(opts.window),
         WRITE_LSE=lse is not None and s == 1, KV_FORMAT=kv.kv_format, BITS=kv.bits,
         KIVI_G=kg, KIVI_GV=kgv, KIVI_R=kr, OAKEN_CAP=cap, OAKEN_NBT=tile_blocks(cfg["BLOCK_N"], bs), WORDS=p.words,
-        HW_FP8=p.hw_fp8, OAKEN_GP=triton.next_power_of_2(hq // hkv),
+        HW_FP8=p.hw_fp8, OAKEN_GP=next_pow2(hq // hkv),
         F16_MMA=kv.kv_format in F16_MMA_FORMATS and q.dtype != torch.float32,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", INTERPRETED=device_view(q.device).interpreted,
         META32=meta32, BT_AHEAD=_bt_ahead(q.device), PLANES=p.planes, KV_ALIGN=kv_align(k_cache, v_cache),
@@ -1088,6 +1089,6 @@ def reduce_splits(
     _reduce_splits_kernel[(t, hq)](
         o_part, l_part, out, lse_t, corr if corr is not None else o_part,
         hq * s, s, out.stride(0), out.stride(1), lse_t.stride(0), lse_t.stride(1),
-        NUM_SPLITS=s, SPLITS_PAD=triton.next_power_of_2(s), HEAD_DIM=dim, DIM_PAD=dim_pad(dim),
+        NUM_SPLITS=s, SPLITS_PAD=next_pow2(s), HEAD_DIM=dim, DIM_PAD=dim_pad(dim),
         WRITE_LSE=lse is not None, WALKS=0 if corr is None else corr.shape[3], num_warps=4 if dim >= 128 else 2,
     )  # fmt: skip

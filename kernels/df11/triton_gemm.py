@@ -33,6 +33,7 @@ import triton.language as tl
 from codesign.autotune.lookup import lookup_config, shape_key
 from codesign.backend import device_view
 from codesign.kernels.df11 import codec
+from codesign.kernels.host_math import next_pow2
 from codesign.specs import CodesignError
 
 OP = "df11_gemm"
@@ -159,7 +160,7 @@ def gemm_config(m: int, n: int, k: int, device: torch.device) -> dict:
     BLOCK_M is shrunk to the next power of two >= M (no lanes spent on absent rows).
     """
     cfg = lookup_config(OP, device_view(device).gpu_name, m, table_key(n, k), DEFAULT_CONFIG)
-    cfg["BLOCK_M"] = min(int(cfg["BLOCK_M"]), triton.next_power_of_2(max(m, 1)))
+    cfg["BLOCK_M"] = min(int(cfg["BLOCK_M"]), next_pow2(max(m, 1)))
     return cfg
 
 

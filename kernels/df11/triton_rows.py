@@ -43,6 +43,7 @@ import triton.language as tl
 
 from codesign.autotune.lookup import lookup_config, shape_key
 from codesign.backend import device_view
+from codesign.kernels.host_math import cdiv
 from codesign.specs import CodesignError
 
 DECODE_OP = "df11_rows_decode"
@@ -410,7 +411,7 @@ def launch_config(op: str, s: RowsStream, m: int, device: torch.device) -> dict:
 
 def launch_grid(s: RowsStream, cfg: dict) -> tuple[int, int]:
     """(row blocks, lane groups per row); lane groups > 1 is split-K (fp32 atomics in the GEMV)."""
-    return (triton.cdiv(s.n, int(cfg["ROWS"])), s.lanes // int(cfg["LANES"]))
+    return (cdiv(s.n, int(cfg["ROWS"])), s.lanes // int(cfg["LANES"]))
 
 
 def _args(s: RowsStream, err: torch.Tensor) -> tuple:
@@ -474,7 +475,7 @@ def rows_gemv_triton(s: RowsStream, x_bits: torch.Tensor, y: torch.Tensor, err: 
 
 def gemv_error_bound(k: int, lanes: int, group_lanes: int) -> float:
     """gamma_d for the GEMV's fp32 summation tree (module docstring): |y - y64| <= this * sum |w x|."""
-    steps = triton.cdiv(triton.cdiv(k, GROUP), lanes)  # groups of the busiest lane
+    steps = cdiv(cdiv(k, GROUP), lanes)  # groups of the busiest lane
     d = GROUP * steps + int(math.log2(group_lanes)) + lanes // group_lanes
     u = 2.0**-24
     return d * u / (1 - d * u)

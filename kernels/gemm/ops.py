@@ -36,17 +36,19 @@ _SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # ----------------------------------------------------------------------------- validation
 
 
-def _check(cond: bool, msg: str) -> None:
+def _check(cond: bool, msg) -> None:
+    """Raise `msg` (a string, or a callable making it: formatted only on failure, as a decode step's calls run these
+    checks on every linear) unless `cond`."""
     if not cond:
-        raise CodesignError(msg)
+        raise CodesignError(msg() if callable(msg) else msg)
 
 
 def _check_x(x: torch.Tensor, k: int | None = None) -> None:
-    _check(isinstance(x, torch.Tensor), f"x must be a torch.Tensor, got {type(x).__name__}")
-    _check(x.dtype in _ACT_DTYPES, f"x must be fp16, bf16 or fp32, got {x.dtype}")
+    _check(isinstance(x, torch.Tensor), lambda: f"x must be a torch.Tensor, got {type(x).__name__}")
+    _check(x.dtype in _ACT_DTYPES, lambda: f"x must be fp16, bf16 or fp32, got {x.dtype}")
     _check(x.dim() >= 1, "x must have at least one dimension [..., K]")
     if k is not None:
-        _check(x.shape[-1] == k, f"x must have K={k} in its last dim, got shape {tuple(x.shape)}")
+        _check(x.shape[-1] == k, lambda: f"x must have K={k} in its last dim, got shape {tuple(x.shape)}")
 
 
 def _check_side(
@@ -58,6 +60,9 @@ def _check_side(
 ) -> None:
     if t is None:
         return
+    if (isinstance(t, torch.Tensor) and t.device == x.device and tuple(t.shape) == shape and t.dtype in dtypes
+            and t.is_contiguous()):  # fmt: skip
+        return  # (the messages below are built only for a failing tensor)
     _check(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor or None")
     _check(t.device == x.device, f"{name} is on {t.device} but x is on {x.device}")
     _check(tuple(t.shape) == shape, f"{name} must have shape {shape}, got {tuple(t.shape)}")
@@ -71,17 +76,17 @@ def check_wq_args(x, qweight, scales, zeros, bias, bits: int, group_size: int) -
     k = x.shape[-1]
     _check(
         isinstance(qweight, torch.Tensor) and qweight.dim() == 2 and qweight.dtype == torch.int32,
-        f"qweight must be a 2-D int32 tensor [K*{bits}/32, N], got "
+        lambda: f"qweight must be a 2-D int32 tensor [K*{bits}/32, N], got "
         f"{getattr(qweight, 'dtype', type(qweight))} {tuple(getattr(qweight, 'shape', ()))}",
     )
     n = qweight.shape[1]
     pack = 32 // bits
-    _check(k > 0 and k % pack == 0, f"K={k} (x's last dim) must be a positive multiple of {pack}")
+    _check(k > 0 and k % pack == 0, lambda: f"K={k} (x's last dim) must be a positive multiple of {pack}")
     _check(
         isinstance(group_size, int) and (group_size in (32, 64, 128) or group_size == k),
-        f"group_size must be 32, 64, 128 or K={k} (per-channel), got {group_size!r}",
+        lambda: f"group_size must be 32, 64, 128 or K={k} (per-channel), got {group_size!r}",
     )
-    _check(k % group_size == 0, f"K={k} must be divisible by group_size={group_size}")
+    _check(k % group_size == 0, lambda: f"K={k} must be divisible by group_size={group_size}")
     _check_side("qweight", qweight, x, (k // pack, n), (torch.int32,))
     _check(n > 0, "qweight must have N > 0 columns")
     _check_side("scales", scales, x, (k // group_size, n), _SCALE_DTYPES)

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from codesign.backend import device_view
+from codesign.kernels.host_math import cdiv
 
 _WORKSPACE: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
@@ -54,7 +55,7 @@ def workspace(k: int, n: int, dtype: torch.dtype, device: torch.device) -> torch
 def dequantize_into(qweight, scales, zeros, bits: int, group: int, w: torch.Tensor, cfg: dict) -> None:
     """Fill w [K, N] (the activation dtype) with the dequantized weight W^T."""
     k, n = w.shape
-    grid = (triton.cdiv(k, cfg["BLOCK_K"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    grid = (cdiv(k, cfg["BLOCK_K"]), cdiv(n, cfg["BLOCK_N"]))
     _dequant_kernel[grid](
         qweight, scales, scales if zeros is None else zeros, w, n, k, group,
         BITS=bits, HAS_ZEROS=zeros is not None, BLOCK_K=cfg["BLOCK_K"], BLOCK_N=cfg["BLOCK_N"],

@@ -31,6 +31,7 @@ from codesign.kernels.gemm.triton_parts import (
     split_range,
     w_strides,
 )
+from codesign.kernels.host_math import cdiv, next_pow2
 from codesign.kernels.triton_codes import opaque_bytes
 from codesign.kernels.triton_div import div_rn_shared, recip_rn, shared_divisor_ok
 
@@ -147,7 +148,7 @@ def fusedq_mm(
     count from the tiles and `sms` (`auto_split_k`) where x has one row tile, else 1."""
     m, k = x.shape
     n = w.shape[1]
-    tiles = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
+    tiles = cdiv(m, cfg["BLOCK_M"]) * cdiv(n, cfg["BLOCK_N"])
     # SPLIT_K 0: split at decode M (one row tile) only; forced over more rows, fp32 activations spilled 4 B (sm_90)
     want = cfg["SPLIT_K"] or (auto_split_k(tiles, sms) if m <= cfg["BLOCK_M"] else 1)
     split, k_per_split = k_split(k, cfg["BLOCK_K"], want)
@@ -157,7 +158,7 @@ def fusedq_mm(
     # instructions a K step (and spilled) where 2 rows took 423 (int8, 16 x 64 x 128, 4 warps); 2 rows x 64 on 8
     # warps to 617 where 4 rows took 133; e4m3 at 2 rows x 128 on 8 warps spilled 4 B, at 4 rows none.
     per_thread = 2 if fp8 else 1
-    rows = triton.next_power_of_2(m)
+    rows = next_pow2(m)
     rows = min(max(2, rows, per_thread * 32 * cfg["num_warps"] // cfg["BLOCK_K"]), cfg["BLOCK_M"])
     _fusedq_kernel[grid](
         x, w, w_scale, w_scale if bias is None else bias, out, sums, cnt, m, n, k, k_per_split, *w_strides(w),

@@ -46,6 +46,7 @@ from codesign.kernels.gemm.triton_parts import (
     w_strides,
     word_tile_nk,
 )
+from codesign.kernels.host_math import cdiv, next_pow2
 from codesign.kernels.triton_codes import opaque_f16, pair_cols, pow2_scale, words_f16_less
 from codesign.kernels.triton_div import div_rn_shared, recip_rn, shared_divisor_ok
 from codesign.specs import CodesignError
@@ -314,7 +315,7 @@ def tiled_kind(m: int, n: int, x_dtype: torch.dtype, view: DeviceView, bits: int
         return "tiled_w4"
     if m <= tile:
         return "tiled"
-    programs = triton.cdiv(m, tile) * triton.cdiv(n, _GPU_DEFAULTS["tiled"]["BLOCK_N"])
+    programs = cdiv(m, tile) * cdiv(n, _GPU_DEFAULTS["tiled"]["BLOCK_N"])
     return "tiled_wide" if programs > view.sms else "tiled"
 
 
@@ -611,11 +612,11 @@ def wq_gemm(
     # A K tile must not straddle a group: its single scale row is loaded once per tile.
     block_k = cfg["BLOCK_K"] if group == k else min(cfg["BLOCK_K"], group)
     if variant == "tiled":
-        grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+        grid = (cdiv(m, cfg["BLOCK_M"]) * cdiv(n, cfg["BLOCK_N"]),)
         split, k_per_split = 1, k
     else:
         split, k_per_split = k_split(k, block_k, cfg["SPLIT_K"])
-        grid = (triton.cdiv(n, cfg["BLOCK_N"]), split, triton.cdiv(m, cfg["BLOCK_M"]))
+        grid = (cdiv(n, cfg["BLOCK_N"]), split, cdiv(m, cfg["BLOCK_M"]))
     # K slices meet in the launch (`splitk_join`); a single slice stores its tile directly.
     sums, cnt = join_buffers(x.device, m * n, grid[0] * grid[2]) if split > 1 else (out, out)
     dot_dtype = _dot_dtype(x.dtype, device_view(x.device))
@@ -647,7 +648,7 @@ def quantize_per_token(x: torch.Tensor, fp8: bool, q: torch.Tensor, s: torch.Ten
     """Fill q [M, K] (int8 or float8_e4m3fn) and s [M] fp32 with the per-token quantization of x [M, K]."""
     m, k = x.shape
     cfg = launch_config(ACT_TABLE_OP, "act", x.device, m, act_table_key(k))
-    block_k = min(cfg["BLOCK_K"], triton.next_power_of_2(k))
+    block_k = min(cfg["BLOCK_K"], next_pow2(k))
     _act_quant_kernel[(m,)](
         x, q, s, k, QMAX=448.0 if fp8 else 127.0, IS_FP8=fp8, BLOCK_K=block_k,
         INTERPRETED=device_view(x.device).interpreted, num_warps=cfg["num_warps"],
@@ -736,7 +737,7 @@ def scaled_mm(
             return out
     cfg = launch_config(scaled_mm_table_op(fp8), "scaled_mm", a.device, m, scaled_mm_table_key(n, k))
     split, k_per_split = k_split(k, cfg["BLOCK_K"], cfg["SPLIT_K"])
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split)
+    grid = (cdiv(m, cfg["BLOCK_M"]) * cdiv(n, cfg["BLOCK_N"]), split)
     sums, cnt = join_buffers(a.device, m * n, grid[0]) if split > 1 else (out, out)
     _scaled_mm_kernel[grid](
         a,

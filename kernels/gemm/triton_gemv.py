@@ -19,6 +19,7 @@ import triton.language as tl
 
 from codesign.backend import device_view
 from codesign.kernels.gemm.splitk_join import join_buffers, join_splits
+from codesign.kernels.host_math import cdiv, next_pow2
 
 F32_MAGIC = tl.constexpr(0x4B000000)  # fp32 bit pattern of 2^23: OR a code below 2^23 into its mantissa
 F32_MAGIC_VALUE = tl.constexpr(8388608.0)
@@ -99,11 +100,11 @@ def _wq_gemv_kernel(
 def gemv_splits(n: int, k: int, block_n: int, block_k: int, sms: int | None) -> int:
     """K slices per column tile: at most PROGRAMS_PER_SM programs an SM (a partial extra round would cost a whole
     program's time), at least one, whole tiles each; 2 off a GPU (the atomic path)."""
-    tiles = triton.cdiv(k, block_k)
+    tiles = cdiv(k, block_k)
     if sms is None:
         return min(2, tiles)
-    want = max(1, min(PROGRAMS_PER_SM * sms // triton.cdiv(n, block_n), tiles))
-    return triton.cdiv(tiles, triton.cdiv(tiles, want))
+    want = max(1, min(PROGRAMS_PER_SM * sms // cdiv(n, block_n), tiles))
+    return cdiv(tiles, cdiv(tiles, want))
 
 
 def wq_gemv(x, qweight, scales, zeros, bias, bits: int, group: int, out: torch.Tensor, cfg: dict) -> None:
@@ -112,13 +113,13 @@ def wq_gemv(x, qweight, scales, zeros, bias, bits: int, group: int, out: torch.T
     values up front: BLOCK_K x rows registers)."""
     m, k = x.shape
     n = out.shape[1]
-    m_pad = triton.next_power_of_2(min(m, M_ROWS))
+    m_pad = next_pow2(min(m, M_ROWS))
     block_k = max(cfg["BLOCK_K"] // m_pad, 32 // bits)
     block_k = block_k if group == k else min(block_k, group)  # per-channel: one scale row
     block_n = cfg["BLOCK_N"]
     splits = gemv_splits(n, k, block_n, block_k, device_view(x.device).sms)
-    k_per_prog = triton.cdiv(triton.cdiv(k, block_k), splits) * block_k
-    grid = (triton.cdiv(n, block_n), triton.cdiv(k, k_per_prog))
+    k_per_prog = cdiv(cdiv(k, block_k), splits) * block_k
+    grid = (cdiv(n, block_n), cdiv(k, k_per_prog))
     atomic = grid[1] > 1
     sums, cnt = join_buffers(x.device, min(m, M_ROWS) * n, grid[0]) if atomic else (out, out)
     for r0 in range(0, m, M_ROWS):

@@ -24,6 +24,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from codesign.kernels.gemm.splitk_join import join_splits
+from codesign.kernels.host_math import cdiv
 from codesign.kernels.triton_codes import unpack_words
 from codesign.specs import CodesignError
 
@@ -34,9 +35,9 @@ def k_split(k: int, block_k: int, split_k: int) -> tuple[int, int]:
     when they do not divide K. Asking more splits than K has tiles gets one tile a split."""
     if split_k < 1:
         raise CodesignError(f"SPLIT_K must be >= 1, got {split_k}")
-    blocks = triton.cdiv(k, block_k)
-    per_split = triton.cdiv(blocks, min(split_k, blocks)) * block_k
-    return triton.cdiv(k, per_split), per_split
+    blocks = cdiv(k, block_k)
+    per_split = cdiv(blocks, min(split_k, blocks)) * block_k
+    return cdiv(k, per_split), per_split
 
 
 @triton.jit

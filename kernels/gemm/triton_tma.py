@@ -29,6 +29,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from codesign.backend import DeviceView
 from codesign.kernels.gemm.torch_mm import cached_on_weight, is_k_contiguous, weight_nk
+from codesign.kernels.host_math import cdiv
 from codesign.specs import CodesignError
 
 # From this M the default rule on sm_90 takes this variant (int8 at every larger M; e4m3 below torch's
@@ -147,7 +148,7 @@ def tma_scaled_mm(a, a_scale, w, w_scale, bias, out: torch.Tensor, cfg: dict, vi
         raise CodesignError(f"the tma variant of the {'fp8' if fp8 else 'w8a8'} GEMM cannot run: {reason}")
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     programs = view.sms if view.gpu and view.sms else INTERP_PROGRAMS
-    programs = max(1, min(programs, triton.cdiv(m, bm) * triton.cdiv(n, bn)))
+    programs = max(1, min(programs, cdiv(m, bm) * cdiv(n, bn)))
     _tma_scaled_mm_kernel[(programs,)](
         TensorDescriptor.from_tensor(a, [bm, bk]), weight_descriptor(w, fp8, bn, bk), a_scale, w_scale,
         w_scale if bias is None else bias, out, m, n, k, programs,

@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 from torch.autograd.graph import increment_version
 
+from codesign.kernels.host_math import next_pow2
 from codesign.kernels.kvcache.triton_write import rint_half_even
 
 _SKIP_KEY = tl.constexpr(2**31 - 1)  # sort key of a skipped token (slot -1): after every block
@@ -223,8 +224,8 @@ def oaken_write_triton(cache, key: torch.Tensor, value: torch.Tensor, slot_mappi
         key, key.stride(0), key.stride(1), value, value.stride(0), value.stride(1), slots, perm, n, scratch,
         k_thr, v_thr, grid, cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, cache.k_out,
         cache.v_out, cache.k_count, cache.v_count, cache.overflow,
-        H=h, D=d, BS=bs, BS_PAD=triton.next_power_of_2(bs), BITS=cache.bits, CAP=cap,
-        CAP_PAD=triton.next_power_of_2(max(cap, 1)), OFFLINE=cache.grid is not None, num_warps=warps,
+        H=h, D=d, BS=bs, BS_PAD=next_pow2(bs), BITS=cache.bits, CAP=cap,
+        CAP_PAD=next_pow2(max(cap, 1)), OFFLINE=cache.grid is not None, num_warps=warps,
     )  # fmt: skip
     # Written through pointers: bump the version counters torch would have (the kept index's validity rule).
     increment_version([cache.k_codes, cache.v_codes, cache.k_meta, cache.v_meta, cache.k_out, cache.v_out,

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from codesign.autotune.lookup import lookup_config, shape_key
 from codesign.backend import device_view
+from codesign.kernels.host_math import next_pow2
 from codesign.kernels.kvcache.formats import KV_FORMAT_INT, KV_FORMAT_PLAIN, table_suffix
 
 OP = "kv_write"
@@ -166,7 +167,7 @@ def kv_write_triton(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         k_meta, v_meta, *ms,
         NUM_HEADS=h, HEAD_DIM=d,
-        HEADS_PAD=triton.next_power_of_2(h), DIM_PAD=triton.next_power_of_2(d),
+        HEADS_PAD=next_pow2(h), DIM_PAD=next_pow2(d),
         BLOCK_SIZE=k_cache.shape[1], KV_FORMAT=kv_format, BITS=bits,
         num_warps=int(cfg["num_warps"]),
     )  # fmt: skip

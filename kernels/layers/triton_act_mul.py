@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from codesign.kernels.host_math import cdiv
+
 BLOCK = 1024
 ACTS = ("silu", "gelu_tanh")
 
@@ -34,5 +36,5 @@ def act_mul_triton(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor, act:
     `ops`)."""
     rows, n = gate.shape
     if rows and n:
-        _act_mul_kernel[(rows, triton.cdiv(n, BLOCK))](gate, up, out, n, gate.stride(0), up.stride(0), ACT=act,
+        _act_mul_kernel[(rows, cdiv(n, BLOCK))](gate, up, out, n, gate.stride(0), up.stride(0), ACT=act,
                                                        BLOCK=BLOCK, num_warps=4)  # fmt: skip

@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from codesign.kernels.host_math import next_pow2
+
 MAX_BLOCK = 8192  # elements of a row held at once (fp32 registers: 8192 over 8 warps is 32 a thread)
 
 
@@ -55,7 +57,7 @@ def rms_norm_triton(x2: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, e
     rows, n = x2.shape
     if rows == 0:
         return
-    block = min(triton.next_power_of_2(n), max_block)
+    block = min(next_pow2(n), max_block)
     _rms_norm_kernel[(rows,)](
         x2, weight, out, n, x2.stride(0), out.stride(0), float(eps), float(offset),
         BLOCK=block, SINGLE=n <= block, CAST_FIRST=cast_first, num_warps=max(1, min(8, block // 256)),

@@ -97,3 +97,36 @@ def test_graph_rows_time_a_captured_steps_host_side(tmp_path, tree):
     assert "codesign-fp32-graph" in rows and ("codesign-int4-kivi-graph" in rows) is not tree
     g, eager = rows["codesign-fp32-graph"], rows["codesign-fp32"]
     assert g["launches_per_layer"] == 0 and 0 < g["ms_per_forward"] < eager["ms_per_forward"] / 2, rows
+
+
+def test_quantized_weights_add_one_launch_a_linear(tmp_path):
+    """--weights w4a16: the codesign rows' seven linears a layer are W4A16 GEMMs, one launch each (their K splits
+    join in the launch); the sdpa row keeps transformers' linears. A weight format it does not know exits 2."""
+    out = tmp_path / "h.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--layers", "2", "--tokens", "3", "--formats", "int8",
+                        "--weights", "w4a16", "--json", str(out)], capture_output=True, text=True, env=env,
+                       timeout=300, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {x["variant"]: x for x in json.loads(out.read_text())["rows"]}
+    assert rows["hf-sdpa"]["launches_per_layer"] == 0 and rows["codesign-int8"]["launches_per_layer"] == 2 + 7
+    r = subprocess.run([sys.executable, str(SCRIPT), "--weights", "w3a16"], capture_output=True, text=True, env=env,
+                       timeout=120, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2 and "--weights 'w3a16'" in r.stderr
+
+
+def test_gemm_host_time_counts_one_launch_a_call(tmp_path):
+    """bench/gemm_host_time.py: every format's decode call is one launch (W8A8 / FP8 at M = 1: the fused quantizer;
+    the weight-only GEMV and split-K: their splits joined in the launch)."""
+    script = SCRIPT.parent / "gemm_host_time.py"
+    out = tmp_path / "g.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, str(script), "--n", "256", "--k", "256", "--json", str(out)],
+                       capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [x["format"] for x in rows] == ["w4a16", "w8a16", "w8a8", "fp8"]
+    assert all(x["launches_per_call"] == 1 and x["us_per_call"] > 0 for x in rows), rows
+    r = subprocess.run([sys.executable, str(script), "--k", "100"], capture_output=True, text=True, env=env,
+                       timeout=120, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2 and "multiple of 128" in r.stderr
