@@ -263,3 +263,39 @@ def test_quantize_refuses_bad_arguments():
     with pytest.raises(CodesignError, match="from_linear"):
         quantize_(nn.Linear(64, 8), W8A16Config())
     assert type(model[0]) is nn.Linear  # nothing replaced by the failed calls
+
+
+class _OpLog(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("config", [W4A16Config(32, False), W8A16Config(), W8A8Config(), FP8Config()],
+                         ids=["w4a16", "w8a16", "w8a8", "fp8"])  # fmt: skip
+def test_eager_calls_skip_the_dispatcher_and_compute_what_the_op_computes(config):
+    """An eager call with no gradient to track runs the op's body directly (`ops.direct_call`: host time at decode);
+    one whose input needs a gradient goes through the op, and both compute the same bits."""
+    lin = QuantLinear.from_linear(nn.Linear(64, 40), config)
+    x = torch.randn(3, 64)
+    with use_backend("triton"), _OpLog() as log:
+        direct = lin(x)
+    assert not [op for op in log.ops if op.startswith("codesign.")], log.ops
+    with use_backend("triton"), _OpLog() as log:
+        via_op = lin(x.clone().requires_grad_())
+    assert [op for op in log.ops if op.startswith("codesign.")], log.ops
+    assert torch.equal(direct, via_op.detach())
+
+
+def test_a_compiled_quant_linear_keeps_the_op():
+    """Under torch.compile the module calls the op (dynamo traces it as one node, not its Triton body)."""
+    lin = QuantLinear.from_linear(nn.Linear(64, 40), W4A16Config(32, False))
+    x = torch.randn(3, 64)
+    with torch.no_grad(), use_backend("triton"):
+        got = torch.compile(lin, fullgraph=True)(x)
+        want = lin(x)
+    assert torch.equal(got, want)
