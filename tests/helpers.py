@@ -1,4 +1,5 @@
-"""Helpers shared by the tests: fp64 comparisons (relative errors), the Inductor cache policy, an ast import scanner."""
+"""Helpers shared by the tests: fp64 comparisons (relative errors), the Inductor cache policy, an ast import scanner,
+launch spies and an op log."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import ast
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def rel_fro_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -163,3 +165,15 @@ def load_script(path: Path, name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+class OpLog(TorchDispatchMode):
+    """The name of every op dispatched inside the block (`log.ops`), run as it would run without the log."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))

@@ -19,7 +19,7 @@ import copy
 
 import pytest
 import torch
-from helpers import assert_rel_close, rel_fro_error
+from helpers import OpLog, assert_rel_close, rel_fro_error
 from torch import nn
 
 from codesign.backend import use_backend
@@ -265,15 +265,6 @@ def test_quantize_refuses_bad_arguments():
     assert type(model[0]) is nn.Linear  # nothing replaced by the failed calls
 
 
-class _OpLog(torch.utils._python_dispatch.TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
 
 @pytest.mark.parametrize("config", [W4A16Config(32, False), W8A16Config(), W8A8Config(), FP8Config()],
                          ids=["w4a16", "w8a16", "w8a8", "fp8"])  # fmt: skip
@@ -282,10 +273,10 @@ def test_eager_calls_skip_the_dispatcher_and_compute_what_the_op_computes(config
     one whose input needs a gradient goes through the op, and both compute the same bits."""
     lin = QuantLinear.from_linear(nn.Linear(64, 40), config)
     x = torch.randn(3, 64)
-    with use_backend("triton"), _OpLog() as log:
+    with use_backend("triton"), OpLog() as log:
         direct = lin(x)
     assert not [op for op in log.ops if op.startswith("codesign.")], log.ops
-    with use_backend("triton"), _OpLog() as log:
+    with use_backend("triton"), OpLog() as log:
         via_op = lin(x.clone().requires_grad_())
     assert [op for op in log.ops if op.startswith("codesign.")], log.ops
     assert torch.equal(direct, via_op.detach())

@@ -11,7 +11,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers import OpLog
 
 from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
@@ -149,22 +149,13 @@ def test_a_split_call_is_one_launch_with_no_fill_or_copy(name, kernel, call, ref
             return lambda *a, **kw: launches.append(grid)
 
     monkeypatch.setattr(module, attr, _Stub())
-    with _AtenLog() as log:
+    with OpLog() as log:
         _run(call, x, n)
     assert launches and all(g[1] > 1 for g in launches), launches  # split: grid axis 1
     assert len(launches) == (2 if name == "gemv" else 1)
     touched = [op for op in log.ops if op.split(".")[1] in ("zero_", "fill_", "copy_", "zeros", "empty", "add_")]
     assert touched == [], touched
 
-
-class _AtenLog(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def test_buffers_per_stream_per_scope_and_fresh_past_the_cap_or_in_a_foreign_capture(monkeypatch):
