@@ -13,28 +13,22 @@ and the copy are launches of a few KB each, which cost a launch gap each in a CU
 the host in eager decode (7 linears a layer). The sum is the same as before (0 + the partials in arrival order).
 
 Buffers (`join_buffers`): they must be zero when a launch starts, and every launch leaves them so, so they are
-reused: one pair per (device, stream) in eager calls (launches on one stream run in order; another stream gets its
-own); one pair per capture inside `capture_scope()` (a captured graph replays its launches in order, and its
-buffers live as long as its replay: the scope hands them to the caller). A capture outside a scope (a user's own
-`torch.cuda.graph`), and calls past `REUSE_MAX_ELEMS`, get fresh zeroed buffers (the fill stays; the copy goes).
+reused where launches run in order (`stream_buffers`: per stream eagerly, per capture in its `capture_scope()`); a
+capture outside a scope (a user's own `torch.cuda.graph`), and calls past `REUSE_MAX_ELEMS`, get fresh zeroed
+buffers (the fill stays; the copy goes).
 """
 
 from __future__ import annotations
-
-import contextlib
-from collections.abc import Iterator
-from contextvars import ContextVar
 
 import torch
 import triton
 import triton.language as tl
 
+from codesign.kernels.gemm.stream_buffers import stream_buffer
+
 # The largest workspace (fp32 elements) kept between calls: decode's M x N (M <= 16, N <= 2^18) fits; a tuned
 # table that splits at large M gets a fresh one per call rather than a held 100 MB.
 REUSE_MAX_ELEMS = 1 << 22
-
-_EAGER: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (device, stream) -> (workspace, counters)
-_SCOPE: ContextVar[list | None] = ContextVar("codesign_splitk_scope", default=None)
 
 
 @triton.jit
@@ -69,40 +63,8 @@ def _to_out(x, out_ptr):
         return x.to(out_ptr.dtype.element_ty)
 
 
-@contextlib.contextmanager
-def capture_scope() -> Iterator[list]:
-    """Within it, split-K launches share one pair of buffers per device (allocated at first use, zeroed once per
-    replay by the capture's own fill); yields the list that holds them: keep it as long as the captured graph."""
-    held: list = []
-    token = _SCOPE.set(held)
-    try:
-        yield held
-    finally:
-        _SCOPE.reset(token)
-
-
 def join_buffers(device: torch.device, elems: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 workspace of at least `elems`, int32 counters of at least `tiles`), both zero (module docstring)."""
-    scope = _SCOPE.get()
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if elems > REUSE_MAX_ELEMS or (capturing and scope is None):
-        return _zeroed(device, elems, tiles)
-    if scope is not None:
-        for pair in scope:
-            if pair[0].device == device and pair[0].numel() >= elems and pair[1].numel() >= tiles:
-                return pair
-        pair = _zeroed(device, max(elems, 1 << 16), max(tiles, 1 << 10))
-        scope.append(pair)  # (an outgrown pair stays held: the launches captured before use it)
-        return pair
-    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None)
-    pair = _EAGER.get(key)
-    if pair is None or pair[0].numel() < elems or pair[1].numel() < tiles:
-        # Grown by doubling; the old pair is freed to the caching allocator, which reuses it in stream order.
-        old_e, old_t = (pair[0].numel(), pair[1].numel()) if pair else (1 << 15, 1 << 9)
-        pair = _EAGER[key] = _zeroed(device, max(elems, min(2 * old_e, REUSE_MAX_ELEMS)), max(tiles, 2 * old_t))
-    return pair
-
-
-def _zeroed(device: torch.device, elems: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.zeros(elems, dtype=torch.float32, device=device),
-            torch.zeros(tiles, dtype=torch.int32, device=device))  # fmt: skip
+    """(fp32 workspace of at least `elems`, int32 counters of at least `tiles`), both zero: reused where launches
+    run in order (`stream_buffers`), fresh past REUSE_MAX_ELEMS."""
+    ws = stream_buffer("splitk_sums", device, torch.float32, elems, zeroed=True, reuse_max=REUSE_MAX_ELEMS)
+    return ws, stream_buffer("splitk_tickets", device, torch.int32, tiles, zeroed=True)

@@ -3,8 +3,9 @@ then hand torch's matmul (cuBLAS on a GPU) a plain activation-dtype GEMM.
 
 At large M the GEMM is compute-bound and cuBLAS's tiles beat a Triton kernel that unpacks codes in every
 tile; dequantizing costs one pass over the weight (K x N x (bits / 8 + 2) bytes, about 45 us for 8192 x 8192
-int4 on an H200), small beside the matmul from M ~ 1024 on. The buffer is shared per (device, dtype): it
-holds one layer's weight at a time, so the memory saved by quantizing stays saved.
+int4 on an H200), small beside the matmul from M ~ 1024 on. The buffer is shared by the calls whose launches run
+in order (`stream_buffers`: per (device, dtype, stream), per capture): it holds one layer's weight at a time, so the
+memory saved by quantizing stays saved.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ import triton
 import triton.language as tl
 
 from codesign.backend import device_view
+from codesign.kernels.gemm.stream_buffers import stream_buffer
 from codesign.kernels.host_math import cdiv
-
-_WORKSPACE: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
 @triton.jit
@@ -43,13 +43,8 @@ def _dequant_kernel(
 
 
 def workspace(k: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A [K, N] view of the shared buffer for (device, dtype), grown when a larger layer comes."""
-    key = (torch.device(device), dtype)
-    buf = _WORKSPACE.get(key)
-    if buf is None or buf.numel() < k * n:
-        buf = torch.empty(k * n, dtype=dtype, device=device)
-        _WORKSPACE[key] = buf
-    return buf[: k * n].view(k, n)
+    """A [K, N] view of the shared buffer (module docstring), grown to the size of a larger layer when one comes."""
+    return stream_buffer("dequant", torch.device(device), dtype, k * n, grow=False)[: k * n].view(k, n)
 
 
 def dequantize_into(qweight, scales, zeros, bits: int, group: int, w: torch.Tensor, cfg: dict) -> None:

@@ -34,7 +34,7 @@ from codesign.integrations.hf._compat import cache_kwarg
 from codesign.integrations.hf.cache import CodesignCache
 from codesign.integrations.hf.forwards import prefill
 from codesign.integrations.hf.support import ATTN_NAME, text_config
-from codesign.kernels.gemm.splitk_join import capture_scope
+from codesign.kernels.gemm.stream_buffers import capture_scope
 from codesign.specs import CodesignError
 
 CAPTURES = ("cuda", "tape")
@@ -68,7 +68,7 @@ class CudaCapture:
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
         graph = torch.cuda.CUDAGraph()
-        # Split-K GEMMs captured here share buffers of their own (`splitk_join`), held as long as the replay.
+        # GEMMs captured here share scratch buffers of their own (`stream_buffers`), held as long as the replay.
         with capture_scope() as held, torch.cuda.graph(graph):  # (records; runs nothing)
             out = fn()
 
@@ -76,7 +76,7 @@ class CudaCapture:
             graph.replay()
             return out
 
-        replay.splitk_buffers = held
+        replay.gemm_buffers = held
 
         return replay, replay()
 

@@ -2,8 +2,9 @@
 leaves zero. Checked in the interpreter for each kernel that splits (the weight-only GEMV and split-K GEMM, the W8A8
 / FP8 two-launch and fused-quantizer GEMMs): outputs against fp64 into NaN-poisoned buffers, the buffers zero again
 after each call (and, as teeth, a counter or a workspace left dirty corrupts the next call), no host-side fill or
-copy, one launch a call; the buffers' policy (per stream, per capture scope, fresh past the size cap or in a
-foreign capture); the bf16 rounding by bits equal to torch's round-to-nearest-even."""
+copy, one launch a call; the buffers' policy (`stream_buffers`: per stream, per capture scope, fresh past the size
+cap or in a foreign capture; the dequantized weight's buffer too); the bf16 rounding by bits equal to torch's
+round-to-nearest-even."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
 from codesign.kernels.gemm import formats as qf
 from codesign.kernels.gemm import splitk_join as sj
+from codesign.kernels.gemm import stream_buffers as sb
+from codesign.kernels.gemm import triton_dequant as td
 from codesign.kernels.gemm import triton_fusedq as fq
 from codesign.kernels.gemm import triton_gemm as qt
 from codesign.kernels.gemm import triton_gemv as gv
@@ -84,11 +87,11 @@ IDS = [c[0] for c in CASES]
 @pytest.fixture(autouse=True)
 def _fresh_buffers(monkeypatch):
     """Each test starts from no held buffers (and leaves the module's as it found them)."""
-    monkeypatch.setattr(sj, "_EAGER", {})
+    monkeypatch.setattr(sb, "_EAGER", {})
 
 
 def _held() -> list[torch.Tensor]:
-    return [t for pair in sj._EAGER.values() for t in pair]
+    return [t for key, t in sb._EAGER.items() if key[0].startswith("splitk")]
 
 
 def _run(call, x, n: int) -> torch.Tensor:
@@ -112,7 +115,7 @@ def test_the_splits_meet_in_the_launch_and_leave_its_buffers_zero(name, kernel, 
         torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5 * want.abs().max().item())
         held = _held()
         assert held and all(not t.any() for t in held), f"{name}: a buffer left dirty"
-    assert len(sj._EAGER) == 1
+    assert len(_held()) == 2  # one workspace, one set of counters
 
 
 @pytest.mark.parametrize(("name", "kernel", "call", "ref", "m"), CASES, ids=IDS)
@@ -124,7 +127,7 @@ def test_teeth_a_dirty_counter_or_workspace_corrupts_the_next_call(name, kernel,
     n = _n(ref, x)
     want = ref(x)
     _run(call, x, n)
-    ((ws, cnt),) = sj._EAGER.values()
+    ws, cnt = (sb._EAGER[k] for k in sorted(k for k in sb._EAGER if k[0].startswith("splitk")))  # sums, tickets
     cnt.fill_(1)
     assert (_run(call, x, n).double() - want).abs().max() > 1e-2
     cnt.fill_(1 << 20)
@@ -159,27 +162,33 @@ def test_a_split_call_is_one_launch_with_no_fill_or_copy(name, kernel, call, ref
 
 
 def test_buffers_per_stream_per_scope_and_fresh_past_the_cap_or_in_a_foreign_capture(monkeypatch):
+    """`stream_buffers`' policy through the join's buffers and the dequantized weight's."""
     cpu = torch.device("cpu")
     a = sj.join_buffers(cpu, 100, 3)
-    assert sj.join_buffers(cpu, 50, 2) is a  # held, reused
+    b = sj.join_buffers(cpu, 50, 2)
+    assert all(x is y for x, y in zip(a, b))  # held, reused
     grown = sj.join_buffers(cpu, a[0].numel() + 1, 3)
-    assert grown is not a and grown[0].numel() >= a[0].numel() + 1 and not grown[0].any()
-    with sj.capture_scope() as held:
+    assert grown[0] is not a[0] and grown[0].numel() >= 2 * a[0].numel() and not grown[0].any()  # doubled, zero
+    w = td.workspace(64, 96, torch.float16, cpu)
+    assert td.workspace(128, 96, torch.float16, cpu).numel() == 128 * 96  # a layer's size exactly (grow=False)
+    with sb.capture_scope() as held:
         s1 = sj.join_buffers(cpu, 100, 3)
-        assert s1 is not grown and held == [s1]  # a capture's own pair
-        assert sj.join_buffers(cpu, 100, 3) is s1
+        assert s1[0] is not grown[0] and held == list(s1)  # a capture's own
+        assert all(x is y for x, y in zip(sj.join_buffers(cpu, 100, 3), s1))
         s2 = sj.join_buffers(cpu, s1[0].numel() + 1, 3)
-        assert held == [s1, s2]  # the outgrown pair stays held: launches captured before use it
-    assert sj.join_buffers(cpu, 100, 3) is grown
-    big = sj.join_buffers(cpu, sj.REUSE_MAX_ELEMS + 1, 3)
-    assert big is not sj.join_buffers(cpu, sj.REUSE_MAX_ELEMS + 1, 3)  # fresh each call past the cap
-    # A capture the scope does not know (a user's own torch.cuda.graph): fresh, zeroed buffers each call.
+        assert held == [*s1, s2[0]]  # the outgrown one stays held: launches captured before use it
+        ws = td.workspace(64, 96, torch.float16, cpu)
+        assert ws.data_ptr() != w.data_ptr() and held[-1].data_ptr() == ws.data_ptr()
+    assert sj.join_buffers(cpu, 100, 3)[0] is grown[0]
+    big = sj.join_buffers(cpu, sj.REUSE_MAX_ELEMS + 1, 3)[0]
+    assert big is not sj.join_buffers(cpu, sj.REUSE_MAX_ELEMS + 1, 3)[0]  # fresh each call past the cap
+    # A capture the scope does not know (a user's own torch.cuda.graph): fresh buffers each call.
     made = []
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    monkeypatch.setattr(sj, "_zeroed", lambda device, e, t: made.append((device.type, e, t)) or (None, None))
+    monkeypatch.setattr(torch, "zeros", lambda n, dtype, device: made.append((device.type, n, dtype)))
     sj.join_buffers(torch.device("cuda", 0), 100, 3)
     sj.join_buffers(torch.device("cuda", 0), 100, 3)
-    assert made == [("cuda", 100, 3)] * 2
+    assert made == [("cuda", 100, torch.float32), ("cuda", 3, torch.int32)] * 2
 
 
 @triton.jit
@@ -215,18 +224,18 @@ def test_on_a_gpu_each_stream_and_each_capture_has_its_buffers():
     main = sj.join_buffers(dev, 100, 3)
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        assert sj.join_buffers(dev, 100, 3) is not main
+        assert sj.join_buffers(dev, 100, 3)[0] is not main[0]
     out = torch.empty(1, 4096, device=dev, dtype=torch.float16)
     with use_backend("triton"):
         qt.wq_gemm(x, qw, s, z, None, 4, 64, out)
         eager = out.clone()
         torch.testing.assert_close(eager.double().cpu(), _wq_ref(x.cpu().float(), w), rtol=1e-2, atol=0.5)
         graph = torch.cuda.CUDAGraph()
-        with sj.capture_scope() as held, torch.cuda.graph(graph):
+        with sb.capture_scope() as held, torch.cuda.graph(graph):
             qt.wq_gemm(x, qw, s, z, None, 4, 64, out)
     out.zero_()
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out, eager, rtol=1e-3, atol=1e-3)
-    assert held and all(not t.any() for pair in held for t in pair)
+    assert held and all(not t.any() for t in held)
