@@ -349,10 +349,12 @@ def _(x, qweight, w_scales, bias):
 
 def direct_call(x: torch.Tensor) -> bool:
     """Whether a call on x may run an op's body without torch's dispatcher (~15 us of host time a call less; a
-    quantized model's decode step makes 7 a layer): eager and without a gradient to track. Compiled calls keep the
-    op (dynamo traces the op, not its body), as do calls whose x needs a gradient (the op has no autograd formula, and
-    says so)."""
-    return not torch.compiler.is_compiling() and not (x.requires_grad and torch.is_grad_enabled())
+    quantized model's decode step makes 7 a layer): eager, a plain tensor with storage, and no gradient to track.
+    Compiled calls keep the op (dynamo traces the op, not its body), as do fake, meta and subclass tensors (the op's
+    fake computes their shape; the body would read values), fx proxies, and calls whose x needs a gradient (the op
+    has no autograd formula, and says so)."""
+    return (type(x) is torch.Tensor and x.device.type != "meta" and not torch.compiler.is_compiling()
+            and not (x.requires_grad and torch.is_grad_enabled()))  # fmt: skip
 
 
 def weight_only_gemm(x, qweight, scales, zeros, bias, group_size: int, bits: int, dispatch: bool = True):

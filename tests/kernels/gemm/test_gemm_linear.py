@@ -280,6 +280,12 @@ def test_eager_calls_skip_the_dispatcher_and_compute_what_the_op_computes(config
         via_op = lin(x.clone().requires_grad_())
     assert [op for op in log.ops if op.startswith("codesign.")], log.ops
     assert torch.equal(direct, via_op.detach())
+    # meta and fake tensors keep the op, whose fake gives the shape without reading values
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    assert copy.deepcopy(lin).to("meta")(x.to("meta")).shape == (3, 40)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        assert lin(mode.from_tensor(x)).shape == (3, 40)
 
 
 def test_a_compiled_quant_linear_keeps_the_op():
