@@ -27,11 +27,11 @@ F32_MAGIC_VALUE = tl.constexpr(8388608.0)
 M_ROWS = 4
 # Programs per SM the K split aims at (the grid's second axis), so every SM streams from several at once.
 PROGRAMS_PER_SM = 4
-# A register budget for ptxas at M <= 2 rows a launch: left to itself it gives the program 96 registers at M = 1 (128
-# at M = 2) and issues each step's weight loads in small batches; at 168 (6 programs of 2 warps still fit an SM's
+# A register budget for ptxas at M <= 2 rows a launch: left to itself it gives the program 96 registers at M = 1 (128 at
+# M = 2) and issues each step's weight loads in small batches; at 168 (6 programs of 2 warps still fit an SM's
 # registers, PROGRAMS_PER_SM asks 4) sm_90 takes 165 / 168, no spills, and the scheduler simulation has a step 5389
-# cycles where it had 6984 (M = 1; `bench/gemm_predict.py`, untimed); 255 gains nothing more (5379). 4 rows spill
-# under it (84 B): uncapped.
+# cycles where it had 6984 uncapped (M = 1; `bench/gemm_predict.py` with this cap removed, untimed); 255 gains nothing
+# more (5379). 4 rows spill under it (84 B): uncapped.
 MAXNREG = 168
 
 
