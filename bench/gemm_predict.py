@@ -316,13 +316,16 @@ def bf16_ms(meas: dict[tuple[str, int, str], float], shape: str, m: int) -> floa
     return meas[(shape, timed[0], "bf16_matmul")] if timed else None
 
 
-def _cases(ops, ms, shapes):
-    """(shape label, op, M, N, K, call) from `lowering_report`'s quant_gemm cases (bf16 activations)."""
+def _cases(ops, ms, shapes, extra_shapes=None):
+    """(shape label, op, M, N, K, call) from `lowering_report`'s quant_gemm cases (bf16 activations); with
+    `extra_shapes` ({label: (N, K)}) over those shapes instead of the GPU bench's."""
     import lowering_report as lr
 
     mods = lr._suite_modules()
-    bench_ms = mods["qg"].MS
+    bench_ms, bench_shapes = mods["qg"].MS, mods["qg"].QUICK_SHAPES
     mods["qg"].MS = tuple(sorted(set(bench_ms) | set(ms)))  # Ms the GPU bench does not time (M = 2) too
+    if extra_shapes:
+        mods["qg"].QUICK_SHAPES = {"extra": dict(extra_shapes)}
     try:
         for _, label, call in lr._quant_gemm_cases(mods, 90):
             parts = label.split()  # quant_gemm {model}/{layer} M= N= K= {op} bf16
@@ -331,7 +334,7 @@ def _cases(ops, ms, shapes):
             if parts[5] in ops and m in ms and shape in shapes:
                 yield shape, parts[5], m, n, k, call
     finally:
-        mods["qg"].MS = bench_ms
+        mods["qg"].MS, mods["qg"].QUICK_SHAPES = bench_ms, bench_shapes
 
 
 def _pin(op: str, variant: str):
@@ -370,8 +373,10 @@ def _cannot(op: str, variant: str, m: int, n: int, k: int) -> str:
     return ""
 
 
-def predict(ops=tuple(OPS), ms=MS, shapes=("8192", "gate_up"), variants=None, log=print) -> dict[str, Any]:
-    """Compile every case for sm_90 (compile-only) and predict each variant's time; the report (module docstring)."""
+def predict(ops=tuple(OPS), ms=MS, shapes=("8192", "gate_up"), variants=None, log=print,
+            extra_shapes=None) -> dict[str, Any]:  # fmt: skip
+    """Compile every case for sm_90 (compile-only) and predict each variant's time; the report (module docstring).
+    `extra_shapes` ({label: (N, K)}, `shapes` naming some of them): those shapes instead (no measured bf16 time)."""
     import torch
 
     from codesign.autotune.compile_only import compile_only
@@ -383,7 +388,7 @@ def predict(ops=tuple(OPS), ms=MS, shapes=("8192", "gate_up"), variants=None, lo
     meas = measured()
     rows = []
     with compile_only(90, "NVIDIA H200") as session, use_backend("triton"), torch.no_grad():
-        for shape, op, m, n, k, call in _cases(ops, ms, shapes):
+        for shape, op, m, n, k, call in _cases(ops, ms, shapes, extra_shapes):
             bf16 = bf16_ms(meas, shape, m)
             default = _default(op, m, n, k)
             for variant in WQ_VARIANTS if OPS[op][0] == "wq" else MM_VARIANTS:
@@ -393,6 +398,8 @@ def predict(ops=tuple(OPS), ms=MS, shapes=("8192", "gate_up"), variants=None, lo
                        "default": variant == default, "bf16_measured_ms": bf16,
                        "last_measured_ms": meas.get((shape, m, op))}  # fmt: skip
                 reason = _cannot(op, variant, m, n, k)
+                if not reason and variant in ("dequant", "torch") and bf16 is None:
+                    reason = "no measured bf16 matmul at this shape (its torch GEMM's time)"
                 if reason:
                     rows.append({**row, "cannot": reason, "predicted_ms": None})
                     continue

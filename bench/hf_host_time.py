@@ -12,10 +12,12 @@ has no tree verification). `--cuda-graph`: also a row per format for captured de
 with `--tree`, captured tree forwards) whose replay costs nothing here, so the row is a captured step's host side
 alone (its slots, buffer copies and re-plans, the logits processors, the stopping check; a tree step's draft,
 verification and compaction too), timed from one replay to the next. `--fuse`: also a row per format with the
-model's RMSNorms, rotary embedding and gated MLPs on codesign's layer ops (`fuse.fuse_layers_`): fewer torch ops
-a layer, 4 more Triton launches (stubbed here: each costs its launcher on a GPU). `--weights w4a16` (or another
-format `codesign generate --weights` takes): the codesign rows' linears quantized (`quantize_model_`, group 32 at
-this size), so their GEMM calls' host side counts too (the sdpa row, first, keeps the fp32 linears).
+model's RMSNorms, rotary embedding and gated MLPs on codesign's layer ops and its q / k / v and gate / up
+projections one GEMM each (`fuse.fuse_layers_`), and one with the projections apart (`-fused-unmerged`): fewer
+torch ops a layer, 4 more Triton launches (stubbed here: each costs its launcher on a GPU), 3 fewer linear calls.
+`--weights w4a16` (or another format `codesign generate --weights` takes): the codesign rows' linears quantized
+(`quantize_model_`, group 32 at this size), so their GEMM calls' host side counts too (the sdpa row, first, keeps
+the fp32 linears).
 
     python bench/hf_host_time.py [--layers 8] [--tokens 32] [--batch 1] [--formats fp32 int8 int4] [--entry-point]
                                  [--tree] [--cuda-graph] [--fuse] [--weights w4a16] [--json F]
@@ -157,17 +159,18 @@ def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, l
     if graph:
         variants += [(f"codesign-{f}-graph", f, False, True, False) for f in formats
                      if not (tree and "kivi" in f)]  # (KIVI tree forwards are not capturable)
-    if fuse:
-        variants += [(f"codesign-{f}-fused", f, False, False, True) for f in formats]
+    if fuse:  # (merged: q / k / v and gate / up one GEMM each, fuse_layers_' default)
+        variants += [(f"codesign-{f}-fused{m}", f, False, False, m or "merged") for f in formats
+                     for m in ("", "-unmerged")]  # fmt: skip
     for name, fmt, check, captured, fused in variants:
         if fmt is not None and weights != "none" and not getattr(model, "_host_time_quantized", False):
             _quantize(model, weights)  # (after the sdpa row, which is first)
         best, per_step = float("inf"), 0.0
         if fused:
-            fuse_layers_(model)
+            fuse_layers_(model, merge=fused == "merged")
         for _ in range(repeats):
             launches.clear()
-            ms, forwards = _per_forward_ms(model, ids, fmt, tokens, check, tree, captured, fused)
+            ms, forwards = _per_forward_ms(model, ids, fmt, tokens, check, tree, captured, bool(fused))
             best = min(best, ms)
             per_step = 0.0 if captured else len(launches) / (forwards * layers)  # (a replay's: the GPU's)
         unfuse_layers_(model)
@@ -225,10 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rep = measure(args.layers, args.tokens, tuple(args.formats), entry_point=args.entry_point, batch=args.batch,
                   tree=args.tree, graph=args.cuda_graph, fuse=args.fuse, weights=args.weights)  # fmt: skip
-    print(f"{'variant':<24} {'ms/forward':>10} {'us/layer':>9} {'extra':>8} {'launches/layer':>15}")
+    print(f"{'variant':<30} {'ms/forward':>10} {'us/layer':>9} {'extra':>8} {'launches/layer':>15}")
     for r in rep["rows"]:
         extra = "" if r["extra_us_per_layer"] is None else f"{r['extra_us_per_layer']:.0f}"
-        print(f"{r['variant']:<24} {r['ms_per_forward']:10.2f} {r['us_per_layer']:9.0f} {extra:>8} "
+        print(f"{r['variant']:<30} {r['ms_per_forward']:10.2f} {r['us_per_layer']:9.0f} {extra:>8} "
               f"{r['launches_per_layer']:15.2f}")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:

@@ -36,6 +36,7 @@ _EXPORTS = {
         ("QuantLinear", "quantize_", "W4A16Config", "W8A16Config", "W8A8Config", "FP8Config", "QuantConfig"),
         "gemm.linear",
     ),
+    **dict.fromkeys(("merge_linears",), "gemm.merged"),
     **dict.fromkeys(("from_gptq", "from_awq"), "gemm.checkpoints"),
     **dict.fromkeys(("DF11Tensor", "compress", "decompress"), "df11.codec"),
     **dict.fromkeys(

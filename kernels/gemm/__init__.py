@@ -7,6 +7,7 @@
                     their launchers, launch configs and tuned-table names
     cupy_gemm.py    the CuPy W4A16 GEMV (small M) and its CUDA source cupy_gemm.cu
     linear.py       QuantLinear and quantize_(model, config) with the W4A16 / W8A16 / W8A8 / FP8 configs
+    merged.py       sibling linears of one input (q / k / v, gate / up) as one GEMM: merge_linears, split_tensors
     checkpoints.py  GPTQ and AWQ checkpoint importers to the native layout
 
 Importing this package defines no kernel; the public names are re-exported by `codesign.kernels`.

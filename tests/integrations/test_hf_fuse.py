@@ -26,6 +26,9 @@ BODIES = ("rms_norm", "rope", "act_mul")
 # family -> (RMSNorms: 2 a layer and the final one, plus per-head q / k norms; gated MLPs a layer)
 FUSED = {"llama": (5, 2), "mistral": (5, 2), "qwen2": (5, 2), "qwen3": (9, 2), "olmo2": (9, 2), "granite": (5, 2),
          "gemma2": (9, 2), "gemma3_text": (13, 2), "phi3": (5, 2), "mixtral": (5, 0)}  # fmt: skip
+# projection groups merged a layer (q / k / v; gate / up): Phi-3 has both merged already, Mixtral's experts are one
+# weight
+MERGED = {"phi3": 0, "mixtral": 1}
 # the ops the fused modules ran (HF's RMSNorm and rotary embedding; the activation where the MLPs are fused)
 GONE = {"aten.pow.Tensor_Scalar", "aten.mean.dim", "aten.rsqrt.default", "aten.neg.default"}
 
@@ -78,7 +81,7 @@ def test_fused_families_compute_what_they_computed(family):
     model = tiny_model(family)
     ids, _ = prompts(2, 6)
     before, want = _forward_ops(model, ids)
-    report = fuse_layers_(model)
+    report = fuse_layers_(model, merge=False)  # (merged GEMMs: test_hf_merge; a BLAS may block a wider N otherwise)
     assert (len(report.rms_norm), len(report.gated_mlp)) == FUSED[family]
     assert len(report.rope) == 1 and not report.kept
     after, got = _forward_ops(model, ids)
@@ -92,6 +95,10 @@ def test_fused_families_compute_what_they_computed(family):
     unfuse_layers_(model)
     again, logits = _forward_ops(model, ids)
     assert torch.equal(logits, want) and sorted(again) == sorted(before)
+    merged = fuse_layers_(model).merged  # q / k / v a layer, and gate / up where the MLP has them apart
+    assert len(merged) == MERGED.get(family, 2) * model.config.num_hidden_layers, merged
+    torch.testing.assert_close(_forward_ops(model, ids)[1], want, rtol=1e-5, atol=1e-5)
+    unfuse_layers_(model)
 
 
 def test_fused_llama_launches_fewer_ops():

@@ -49,6 +49,10 @@ from codesign.kernels.gemm.linear import (
     W8A16Config,
     quantize_,
 )
+from codesign.kernels.gemm.merged import cat_tensors as cat_merged
+from codesign.kernels.gemm.merged import merge_linears, stored_tensors
+from codesign.kernels.gemm.merged import split_tensors as split_merged
+from codesign.kernels.gemm.merged import why_not as why_not_merged
 from codesign.kernels.kvcache import quantizers as kvq
 from codesign.kernels.kvcache.accuracy import (
     KIVI_GROUP,
@@ -75,6 +79,7 @@ __all__ = [
     "OAKEN_OFFLINE_FRACTION", "OAKEN_SLOTS", "OakenPagedKV", "PagedDecodeWrapper", "PagedExtendWrapper",
     "PagedKVCache", "QuantLinear", "TreeAttentionWrapper",
     "QuantPagedKV", "QuantizedWeight", "TreeBatch", "W4A16Config", "W8A8Config", "W8A16Config", "build_tree_batch",
+    "cat_merged", "merge_linears", "split_merged", "stored_tensors", "why_not_merged",
     "check_parents", "cocktail_bits", "compress_model_", "device_ints", "device_rows", "format_of", "from_awq",
     "from_gptq", "kivi_decode_attention",
     "kivi_extend_attention", "kivi_tree_attention", "kv_write", "kvq", "kvq_decode_attention",

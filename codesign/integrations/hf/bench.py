@@ -23,7 +23,7 @@ import torch
 from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf.cache import StepRecord
 from codesign.integrations.hf.costing import StepCoster, run_shape
-from codesign.integrations.hf.fuse import unfuse_layers_
+from codesign.integrations.hf.fuse import fuse_layers_, unfuse_layers_
 from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
 from codesign.integrations.hf.one_call import StepClock, run_generate
 from codesign.integrations.hf.speculative import TreeSpeculator
@@ -31,7 +31,8 @@ from codesign.integrations.hf.speculative import TreeSpeculator
 # (name, attention, KV format, weights): "sdpa" is transformers' own attention and DynamicCache; "codesign-graph"
 # decodes by replaying one captured forward (`graphs.GraphDecoding`: CUDA graphs, the tape on a CPU); "-tree" runs
 # tree speculation (an n-gram draft, width 2, depth 3), eager or with its tree forwards captured; "-fused" runs the
-# model's RMSNorms, rotary embedding and gated MLPs on codesign's one-launch ops (`fuse.fuse_layers_`).
+# model's RMSNorms, rotary embedding and gated MLPs on codesign's one-launch ops and its q / k / v and gate / up
+# projections one GEMM each (`fuse.fuse_layers_`), "-unmerged" the same with the projections apart.
 VARIANTS = (("hf-sdpa", "sdpa", None, None), ("codesign-bf16", "codesign", "bf16", None),
             ("codesign-int8", "codesign", "int8", None), ("codesign-int4", "codesign", "int4", None),
             ("codesign-bf16-graph", "codesign-graph", "bf16", None),
@@ -41,7 +42,8 @@ VARIANTS = (("hf-sdpa", "sdpa", None, None), ("codesign-bf16", "codesign", "bf16
             ("codesign-bf16-fused-graph", "codesign-fused-graph", "bf16", None),
             ("codesign-bf16-w4a16", "codesign", "bf16", "w4a16"),
             ("codesign-bf16-w4a16-graph", "codesign-graph", "bf16", "w4a16"),
-            ("codesign-bf16-w4a16-fused-graph", "codesign-fused-graph", "bf16", "w4a16"))  # fmt: skip
+            ("codesign-bf16-w4a16-fused-graph", "codesign-fused-graph", "bf16", "w4a16"),
+            ("codesign-bf16-w4a16-fused-unmerged-graph", "codesign-fused-unmerged-graph", "bf16", "w4a16"))  # fmt: skip
 STEADY_AFTER = 3  # steps a steady rate leaves out: the prefill, and a captured run's eager and captured steps
 
 
@@ -54,6 +56,8 @@ def _timed(model, attn: str, spec, ids, new_tokens: int) -> tuple[list[float], l
         graph = attn.endswith("-graph") and (True if ids.is_cuda else "tape")
         sp = TreeSpeculator("ngram", width=2, depth=3) if "-tree" in attn else None
         try:
+            if "-unmerged" in attn:
+                fuse_layers_(model, merge=False)  # (run_generate's fuse then keeps it)
             r = run_generate(model, ids, spec, max_new_tokens=new_tokens, check=False, cuda_graph=graph,
                              speculative=sp, fuse="-fused" in attn, **GREEDY)  # fmt: skip
         finally:

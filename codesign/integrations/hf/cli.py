@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode steps (or --speculative's tree forwards) replay one forward captured in a CUDA "
                         "graph (decode: every format; trees: plain, per-token INT and FP8 caches)")
     p.add_argument("--fuse", action="store_true",
-                   help="RMSNorms, rotary embedding and gated MLPs on codesign's one-launch ops")
+                   help="RMSNorms, rotary embedding and gated MLPs on codesign's one-launch ops; q / k / v and "
+                        "gate / up projections one GEMM each")
     p.add_argument("--block-size", type=int, default=None, help="KV block size (default 16, 32 for KIVI)")
     p.add_argument("--dtype", default="fp32", choices=DTYPES)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")

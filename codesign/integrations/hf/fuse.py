@@ -10,14 +10,18 @@
   process are untouched.
 - Gated MLPs (gate_proj, up_proj, down_proj; or Phi-3's one gate_up_proj) run `silu_mul` or, with GELU's tanh
   approximation (Gemma), `gelu_tanh_mul` between their GEMMs: one launch for two.
+- With `merge` (the default), each attention module's q / k / v projections and each gated MLP's gate / up
+  projections run as one GEMM over their concatenated weights (`merge.merge_projections_`), where they are one kind
+  of linear: 4 GEMMs a layer where there were 7.
 
 Nothing is matched by name alone: each module (an MLP with small stand-in projections in its own's place) and each
 modeling module's rotary function is run once on a small random input beside our op's torch path, and is fused only
 where the two agree bit for bit (the torch paths are Hugging Face's arithmetic op by op), so a variant that computes
 otherwise (another weight offset, a partial rotation, another activation) keeps its own forward and the report says
 so; so does a module whose forward is already wrapped on the instance (accelerate's offload hooks). On a CPU (torch
-backend) a fused model computes exactly what it computed before; on a GPU the Triton kernels round once where the
-modules round after each op (differences of an ulp of the model's dtype).
+backend) a fused model computes what it computed before (a merged GEMM's columns are its parts' dot products; a
+BLAS may block K otherwise for the wider N); on a GPU the Triton kernels round once where the modules round after
+each op (differences of an ulp of the model's dtype), and a merged GEMM may split K otherwise than its parts did.
 
 Why: at decode these ops are most of a step's launches and move a few KB each: their launches cost more than their
 bytes, in a CUDA graph too. The design model (`codesign generate --design`) already costs each as one pass.
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from codesign.backend import use_backend
+from codesign.integrations.hf.merge import merge_projections_, unmerge_projections_
 from codesign.kernels.layers import ops as L
 from codesign.specs import CodesignError
 
@@ -51,18 +56,24 @@ class FuseReport:
     gated_mlp: list[str] = field(default_factory=list)
     rope: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
+    merged: list[str] = field(default_factory=list)
+    unmerged: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         kept = f"; kept their own: {', '.join(self.kept)}" if self.kept else ""
+        unmerged = f"; not merged: {', '.join(self.unmerged)}" if self.unmerged else ""
         return (f"fused {len(self.rms_norm)} RMSNorms, {len(self.gated_mlp)} gated MLPs, rotary embedding in "
-                f"{', '.join(self.rope) or 'no module'}{kept}")  # fmt: skip
+                f"{', '.join(self.rope) or 'no module'}; merged {len(self.merged)} projection groups"
+                f"{kept}{unmerged}")  # fmt: skip
 
 
-def fuse_layers_(model: torch.nn.Module) -> FuseReport:
-    """Route `model`'s RMSNorms, gated MLPs and rotary embedding to codesign's one-launch ops (module
-    docstring); idempotent. Returns what it fused."""
+def fuse_layers_(model: torch.nn.Module, merge: bool = True) -> FuseReport:
+    """Route `model`'s RMSNorms, gated MLPs and rotary embedding to codesign's one-launch ops and, with `merge`, its
+    sibling projections to one GEMM each (module docstring); idempotent. Returns what it fused."""
     if not isinstance(model, torch.nn.Module):
         raise CodesignError(f"fuse_layers_ needs a torch.nn.Module, got {type(model).__name__}")
+    if merge not in (True, False):
+        raise CodesignError(f"merge must be True or False, got {merge!r}")
     if getattr(model, "_codesign_fused", None) is not None:
         return model._codesign_fused
     report = FuseReport()
@@ -95,6 +106,8 @@ def fuse_layers_(model: torch.nn.Module) -> FuseReport:
             report.rope.append(mod.rsplit(".", 1)[-1])
         else:
             report.kept.append(f"{mod.rsplit('.', 1)[-1]}.apply_rotary_pos_emb")
+    if merge:  # (after the MLP probes, which stand in for the projections)
+        report.merged, report.unmerged = merge_projections_(model)
     model._codesign_fused = report
     model._codesign_fuse_hooks = (
         model.register_forward_pre_hook(_enter),
@@ -110,6 +123,7 @@ def unfuse_layers_(model: torch.nn.Module) -> None:
         return
     for name in (*report.rms_norm, *report.gated_mlp):
         del model.get_submodule(name).forward
+    unmerge_projections_(model)
     for h in model._codesign_fuse_hooks:
         h.remove()
     del model._codesign_fused, model._codesign_fuse_hooks

@@ -186,8 +186,8 @@ def generate(model, input_ids: torch.Tensor, kv_format: str | None = None, **kwa
     decoding), cuda_graph (True: every decode step, or with speculative every tree forward, replays one forward
     captured in a CUDA graph, `graphs`; decode over every format, trees over plain, per-token INT and FP8), share_prefix
     (rows with a common prompt prefix share its full blocks), check (the kernels' data checks), fuse (the model's
-    RMSNorms, rotary embedding and gated MLPs on codesign's one-launch ops, `fuse.fuse_layers_`; it stays
-    fused). Everything else
+    RMSNorms, rotary embedding and gated MLPs on codesign's one-launch ops, its q / k / v and gate / up projections
+    one GEMM each, `fuse.fuse_layers_`; it stays fused). Everything else
     goes to transformers' generate. Returns what it returns.
     """
     return run_generate(model, input_ids, kv_format, **kwargs).output

@@ -30,6 +30,7 @@ from codesign.integrations.hf import experts as X
 from codesign.integrations.hf._compat import QuantizerLoading
 from codesign.integrations.hf.experts import module_at as _get
 from codesign.integrations.hf.experts import replace_module as _set
+from codesign.integrations.hf.merge import MergedProjections, ProjectionSlice
 from codesign.specs import CodesignError
 
 QUANT_METHOD = "codesign"
@@ -129,8 +130,11 @@ class CodesignHfQuantizer(QuantizerLoading, HfQuantizer):
 
 
 def record_layers(model: nn.Module) -> dict:
-    """{fqn: layout} of every codesign linear in the model (JSON-serializable)."""
-    return {fqn: K.layout_of(m) for fqn, m in model.named_modules() if K.is_codesign_linear(m)}
+    """{fqn: layout} of every codesign linear in the model (JSON-serializable), merged projections by their own
+    names (`merge.merge_projections_`)."""
+    merged = {id(m.linear) for m in model.modules() if isinstance(m, MergedProjections)}
+    own = ((fqn, m.original if isinstance(m, ProjectionSlice) else m) for fqn, m in model.named_modules())
+    return {fqn: K.layout_of(m) for fqn, m in own if K.is_codesign_linear(m) and id(m) not in merged}
 
 
 def from_quantized_checkpoint(model: nn.Module, state: dict[str, torch.Tensor], method: str, bits: int = 4,
