@@ -237,6 +237,64 @@ def test_a_captured_steps_host_side_never_waits(family, kv_format, monkeypatch):
     assert len(waits) == 7 and not any(waits), waits
 
 
+def test_the_next_steps_host_side_runs_before_the_wait(monkeypatch):
+    """Once steps replay, the next step's host side (`graph_step`) runs before the loop waits for the last step's
+    tokens (a device tensor's truth value: on a GPU, the end of that step), so it overlaps the device's work; the
+    last step prepares none (the run's length is known). Teeth: without `prepare` the host side follows the wait."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from codesign.integrations.hf.graphs import CapturedForward
+
+    log: list[str] = []
+    step, call = CodesignCache.graph_step, CapturedForward.__call__
+    monkeypatch.setattr(CodesignCache, "graph_step", lambda self: (log.append("step"), step(self))[1])
+    monkeypatch.setattr(CapturedForward, "__call__", lambda self, *a: (call(self, *a), log.append("ran"))[0])
+
+    class Waits(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                log.append("wait")
+            return func(*args, **(kwargs or {}))
+
+    model = tiny_model()
+    ids, _ = prompts(2, 5)
+
+    def run():
+        log.clear()
+        with Waits():
+            out = _captured(model, ids, None, "int8", 8).sequences
+        return out, log[log.index("ran", log.index("ran") + 1):]  # from the capture's step on
+
+    want, steady = run()
+    assert [e for e in steady if e != "wait"] == ["ran"] + ["step", "ran"] * 5 and steady[-1] == "wait"
+    assert all(steady[i - 1] == "ran" and steady[i + 1] == "wait" for i, e in enumerate(steady) if e == "step")
+    monkeypatch.setattr(CapturedForward, "prepare", lambda self: False)
+    got, steady = run()
+    assert torch.equal(got, want)
+    assert all(steady[i - 1] == "wait" for i, e in enumerate(steady) if e == "step")
+
+
+@pytest.mark.parametrize("kv_format", ["int8", "int4-kivi-r4", "mixed"])
+def test_a_prepared_step_the_loop_does_not_take_is_undone(kv_format):
+    """The rows end on their end-of-sequence id after the capture: the step prepared before that wait is undone,
+    and the cache ends as eager generation's (row lengths, blocks in use, step records)."""
+    model = tiny_model()
+    ids, _ = prompts(1, 5)
+    free = _captured(model, ids, None, KIVI.get(kv_format, kv_format), 10).sequences
+    new = free[0, ids.shape[1]:].tolist()
+    at = next(i for i in range(5, len(new)) if new[i] not in new[:i])  # a token first drawn after the capture
+    kw = dict(block_size=4, max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=new[at])
+    spec = KIVI.get(kv_format, kv_format)
+    eager = run_generate(model, ids, spec, **kw)
+    graph = run_generate(model, ids, spec, cuda_graph="tape", **kw)
+    assert torch.equal(graph.sequences, eager.sequences) and graph.sequences.shape[1] == ids.shape[1] + at + 1
+    assert graph.steps == eager.steps and graph.cache.seen == eager.cache.seen
+    assert graph.cache.row_lengths() == eager.cache.row_lengths()
+    assert graph.cache.blocks_in_use() == eager.cache.blocks_in_use()
+    with pytest.raises(CodesignError, match="graph_unstep must follow a graph_step"):
+        graph.cache.graph_unstep()
+
+
 def test_captured_sampling_and_end_of_sequence_are_transformers():
     """Sampling (temperature, top-k) draws the tokens transformers' own loop draws from the same seed, and rows
     that meet their end-of-sequence id get the pad token after it, as its loop gives them."""

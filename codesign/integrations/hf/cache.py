@@ -167,6 +167,7 @@ class CodesignCache(Cache):
         self._step: _Step | None = None
         # (starts, counts, seen) of the last forward: what a rollback into it needs.
         self._undo: tuple[list[int], list[int], int] | None = None
+        self._unstep: tuple | None = None  # (a graph_step's starts, and seen and _undo before it)
         self._tree: tuple[int, ...] | None = None
         self._share: list[tuple[int, int] | None] | None = None
         self.steps: list[StepRecord] = []
@@ -211,6 +212,7 @@ class CodesignCache(Cache):
         for seq in self._rows:
             self._free_seq(seq)
         self._rows, self._pads, self.seen, self._undo, self._step = [], [], 0, None, None
+        self._unstep = None
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last `-tokens_to_remove` columns (transformers 5 passes a negative count, 0 a no-op;
@@ -368,7 +370,9 @@ class CodesignCache(Cache):
         if (self._tree is not None) != gs.keep_kv:
             raise CodesignError(f"graph_begin was for {'a tree' if gs.keep_kv else 'decode'}: call set_tree "
                                 f"before each tree step, and only then")  # fmt: skip
+        before = (self.seen, self._undo)
         st = self._begin(gs.batch, gs.width, None, gs.attend[0].context_lens.device)
+        self._unstep = (self._undo[0], *before)
         for fixed, new in zip(gs.write, st.write):
             width = new.block_tables.shape[1]
             if width > fixed.block_tables.shape[1]:
@@ -395,6 +399,20 @@ class CodesignCache(Cache):
                 raise CodesignError("a re-plan moved a buffer the captured forward reads: capture it again")
         self._step = gs
 
+    def graph_unstep(self) -> None:
+        """Undo the last `graph_step` before its forward ran (a loop that prepared the next step while the device
+        ran this one, then stopped): its slots back to the pool, its step record dropped, the cache as the last
+        forward left it. The fixed buffers keep the step's values, which no replay reads. Only the caller knows
+        that the forward has not run (a replay runs no Python): `graphs.CapturedForward.cancel`."""
+        if self._graph is None or self._unstep is None:
+            raise CodesignError("graph_unstep must follow a graph_step whose forward has not run")
+        starts, self.seen, self._undo = self._unstep
+        for seq, s in zip(self._rows, starts):
+            for g in self._groups:
+                g.tables.truncate(seq, s)
+        self.steps.pop()
+        self._unstep = self._step = None
+
     def graph_end(self) -> None:
         """Back to eager forwards (each plans its own buffers)."""
         self._graph = None
@@ -406,6 +424,7 @@ class CodesignCache(Cache):
         b, hq, s, d = query.shape
         if layer_idx == 0:  # (a captured step's host side ran before it: `graph_step`)
             self._step = self._graph if self._graph is not None else self._begin(b, s, mask2d, query.device)
+            self._unstep = None  # (its forward runs: no longer undone by `graph_unstep`)
         st = self._step
         if st is None or (st.batch, st.width) != (b, s):
             raise CodesignError(

@@ -223,12 +223,30 @@ class CapturedForward:
         self.batch, width = len(cache.row_lengths()), 1 if tree is None else len(tree)
         self.ids = torch.zeros(self.batch, width, dtype=torch.long, device=model.device)
         self.positions = torch.zeros_like(self.ids)
-        self.replay, self.warmed, self.captures = None, False, 0
+        self.replay, self.warmed, self.captures, self.prepared = None, False, 0, False
         kw = {cache_kwarg(model): cache}
         self.step = lambda: model(input_ids=self.ids, position_ids=self.positions, use_cache=True, **kw).logits
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def prepare(self) -> bool:
+        """The next step's host side now (`graph_step`: its slots, tables and re-plans), while the device still runs
+        the last replay, so that the wait for its tokens is not followed by it; only once steps replay (the warm-up
+        and the capture run their own). True if it prepared one; `cancel` undoes it where no step follows."""
+        if self.replay is None or self.prepared:
+            return False
         self.cache.graph_step()
+        self.prepared = True
+        return True
+
+    def cancel(self) -> None:
+        """Undo a prepared step that will not run (`CodesignCache.graph_unstep`)."""
+        if self.prepared:
+            self.cache.graph_unstep()
+            self.prepared = False
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if not self.prepared:
+            self.cache.graph_step()
+        self.prepared = False
         self.ids.copy_(ids)
         self.positions.copy_(positions)
         if self.replay is not None:
@@ -300,7 +318,11 @@ class GraphDecoding:
             ids = torch.cat([ids, tokens[:, None]], -1)
             if stopping is not None:
                 unfinished &= ~stopping(ids, scores)
+            # the next step's host side before the wait below (which the device's step ends): it overlaps that step
+            ahead = forward is not None and ids.shape[1] < int(cfg.max_length) and forward.prepare()
             if not bool(unfinished.any()):
+                if ahead:
+                    forward.cancel()
                 return ids
             forward = forward or CapturedForward(model, cache, capture, int(cfg.max_length))
             logits = forward(tokens[:, None], positions)[:, -1]
