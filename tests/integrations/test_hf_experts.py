@@ -161,3 +161,36 @@ def test_generate_costs_a_moe_with_quantized_experts(moe_folder, capsys):
         assert rc == 0
         predicted[weights] = float(re.search(r"predicted on h200: ([0-9.]+) ms", out)[1])
     assert predicted["w4a16"] < predicted["none"]
+
+
+@pytest.mark.parametrize("family", family_params(MOE))
+def test_fused_quantized_experts_run_one_activation_op(family, monkeypatch):
+    """fuse_layers_ gives each QuantExperts the fused activation (its probe: act_fn(gate) * up bit for bit): the
+    logits on the torch paths are the unfused model's bit for bit, each expert hit one act_mul call (a launch on a
+    GPU, where the module ran two), and unfuse undoes it."""
+    from hf_testing import prompts as _prompts
+
+    from codesign.integrations.hf import fuse_layers_, unfuse_layers_
+    from codesign.kernels.layers import ops as L
+
+    q = quantize_model_(tiny_model(family), K.W4A16Config(group_size=32), NOT_HEAD)
+    ids, _ = _prompts(2, 6)
+    with torch.no_grad():
+        want = q(ids).logits
+    report = fuse_layers_(q, merge=False)
+    experts = [n for n, m in q.named_modules() if isinstance(m, QuantExperts)]
+    assert report.experts == experts and all(q.get_submodule(n).act == "silu" for n in experts)
+    assert "quantized experts modules" in report.summary()
+    calls, hits = [], []
+    body = L._act_mul_body
+    monkeypatch.setattr(L, "_act_mul_body", lambda *a: (calls.append(1), body(*a))[1])
+    for n in experts:
+        for lin in q.get_submodule(n).gate_up:
+            lin.register_forward_hook(lambda *a: hits.append(1))
+    with torch.no_grad():
+        got = q(ids).logits
+    assert torch.equal(got, want)
+    experts_calls = len(calls) - len(report.gated_mlp)  # (the fused dense MLPs' and shared experts' calls)
+    assert len(hits) > 0 and experts_calls == len(hits)
+    unfuse_layers_(q)
+    assert all(q.get_submodule(n).act is None for n in experts)

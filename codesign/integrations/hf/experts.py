@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from codesign.integrations.hf import _kernels as K
+from codesign.kernels.layers import ops as L
 from codesign.specs import CodesignError
 
 # Each one's forward is the loop `QuantExperts.forward` copies (modeling_{mixtral,qwen2_moe,qwen3_moe}.py).
@@ -68,6 +69,7 @@ class QuantExperts(nn.Module):
         super().__init__()
         self.num_experts, self.hidden_dim, self.intermediate_dim = num_experts, hidden_dim, intermediate_dim
         self.act_fn = act_fn
+        self.act: str | None = None  # act_fn(gate) * up as one op (`layers.ops.act_mul`), set by `fuse_layers_`
         self.gate_up, self.down = nn.ModuleList(gate_up), nn.ModuleList(down)
         if not len(self.gate_up) == len(self.down) == num_experts:
             raise CodesignError(f"QuantExperts needs {num_experts} gate_up and down linears, got "
@@ -113,7 +115,10 @@ class QuantExperts(nn.Module):
             top_k_pos, token_idx = sel // t, sel % t
             current_state = hidden_states[token_idx]
             gate, up = self.gate_up[e](current_state).chunk(2, dim=-1)
-            current_hidden_states = self.act_fn(gate) * up
+            if self.act is None:
+                current_hidden_states = self.act_fn(gate) * up
+            else:  # (fused: one launch, its torch path this line's arithmetic)
+                current_hidden_states = L.act_mul(gate, up, self.act, dispatch=False)
             current_hidden_states = self.down[e](current_hidden_states)
             current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos, None]
             final_hidden_states.index_add_(0, token_idx, current_hidden_states.to(final_hidden_states.dtype))

@@ -10,6 +10,8 @@
   process are untouched.
 - Gated MLPs (gate_proj, up_proj, down_proj; or Phi-3's one gate_up_proj) run `silu_mul` or, with GELU's tanh
   approximation (Gemma), `gelu_tanh_mul` between their GEMMs: one launch for two.
+- Quantized experts (`experts.QuantExperts`) run `silu_mul` between each expert's two GEMMs where their act_fn
+  agrees on a probe.
 - With `merge` (the default), each attention module's q / k / v projections and each gated MLP's gate / up
   projections run as one GEMM over their concatenated weights (`merge.merge_projections_`), where they are one kind
   of linear: 4 GEMMs a layer where there were 7.
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from codesign.backend import use_backend
+from codesign.integrations.hf.experts import QuantExperts
 from codesign.integrations.hf.merge import merge_projections_, unmerge_projections_
 from codesign.kernels.layers import ops as L
 from codesign.specs import CodesignError
@@ -55,6 +58,7 @@ class FuseReport:
     rms_norm: list[str] = field(default_factory=list)
     gated_mlp: list[str] = field(default_factory=list)
     rope: list[str] = field(default_factory=list)
+    experts: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     merged: list[str] = field(default_factory=list)
     unmerged: list[str] = field(default_factory=list)
@@ -62,7 +66,8 @@ class FuseReport:
     def summary(self) -> str:
         kept = f"; kept their own: {', '.join(self.kept)}" if self.kept else ""
         unmerged = f"; not merged: {', '.join(self.unmerged)}" if self.unmerged else ""
-        return (f"fused {len(self.rms_norm)} RMSNorms, {len(self.gated_mlp)} gated MLPs, rotary embedding in "
+        experts = f", {len(self.experts)} quantized experts modules" if self.experts else ""
+        return (f"fused {len(self.rms_norm)} RMSNorms, {len(self.gated_mlp)} gated MLPs{experts}, rotary embedding in "
                 f"{', '.join(self.rope) or 'no module'}; merged {len(self.merged)} projection groups"
                 f"{kept}{unmerged}")  # fmt: skip
 
@@ -79,24 +84,7 @@ def fuse_layers_(model: torch.nn.Module, merge: bool = True) -> FuseReport:
     report = FuseReport()
     like = next((p for p in model.parameters() if p.dtype in L.DTYPES), None)  # (the probes' dtype and device)
     for name, m in model.named_modules():
-        if "forward" in vars(m):  # already wrapped by someone (accelerate's offload hooks): theirs to keep
-            if _is_norm(m) or _mlp_projections(m):
-                report.kept.append(f"{name} ({type(m).__name__}: its forward is wrapped)")
-            continue
-        norm = _norm_mode(m)
-        if norm is not None:
-            if norm is False:
-                report.kept.append(f"{name} ({type(m).__name__})")
-            else:
-                m.forward = types.MethodType(_norm_forward(*norm), m)
-                report.rms_norm.append(name)
-        gated = _gated_act(m, like)
-        if gated is not None:
-            if gated:
-                m.forward = types.MethodType(_mlp_forward(gated), m)
-                report.gated_mlp.append(name)
-            else:
-                report.kept.append(f"{name} ({type(m).__name__})")
+        _fuse_module(name, m, like, report)
     for mod in sorted({type(m).__module__ for m in model.modules()}):
         fn = getattr(sys.modules.get(mod), "apply_rotary_pos_emb", None)
         if fn is None:
@@ -116,6 +104,37 @@ def fuse_layers_(model: torch.nn.Module, merge: bool = True) -> FuseReport:
     return report
 
 
+def _fuse_module(name: str, m: torch.nn.Module, like: torch.Tensor | None, report: FuseReport) -> None:
+    """One module: an RMSNorm, a gated MLP or quantized experts routed to our op where the probe agrees (else
+    noted in `report.kept`); anything else left alone."""
+    if "forward" in vars(m):  # already wrapped by someone (accelerate's offload hooks): theirs to keep
+        if _is_norm(m) or _mlp_projections(m):
+            report.kept.append(f"{name} ({type(m).__name__}: its forward is wrapped)")
+        return
+    norm = _norm_mode(m)
+    if norm is not None:
+        if norm is False:
+            report.kept.append(f"{name} ({type(m).__name__})")
+        else:
+            m.forward = types.MethodType(_norm_forward(*norm), m)
+            report.rms_norm.append(name)
+    if isinstance(m, QuantExperts):
+        act = _experts_act(m, like)
+        if act:
+            m.act = act
+            report.experts.append(name)
+        else:
+            report.kept.append(f"{name} ({type(m).__name__}: its activation)")
+        return
+    gated = _gated_act(m, like)
+    if gated is not None:
+        if gated:
+            m.forward = types.MethodType(_mlp_forward(gated), m)
+            report.gated_mlp.append(name)
+        else:
+            report.kept.append(f"{name} ({type(m).__name__})")
+
+
 def unfuse_layers_(model: torch.nn.Module) -> None:
     """Undo `fuse_layers_` on `model` (the patched rotary globals stay: they serve fused models only)."""
     report = getattr(model, "_codesign_fused", None)
@@ -123,6 +142,8 @@ def unfuse_layers_(model: torch.nn.Module) -> None:
         return
     for name in (*report.rms_norm, *report.gated_mlp):
         del model.get_submodule(name).forward
+    for name in report.experts:
+        model.get_submodule(name).act = None
     unmerge_projections_(model)
     for h in model._codesign_fuse_hooks:
         h.remove()
@@ -204,6 +225,22 @@ def _gated_act(m, like: torch.Tensor | None) -> str | bool | None:
     finally:
         for n, mod in own.items():
             setattr(m, n, mod)
+
+
+def _experts_act(m: QuantExperts, like: torch.Tensor | None) -> str | None:
+    """The activation whose fused op computes the experts' `act_fn(gate) * up` bit for bit on a probe (torch paths,
+    in `like`'s dtype and device), or None."""
+    if like is None:
+        return None
+    gate, up = _probe((3, 8), like), _probe((3, 8), like)
+    with torch.no_grad():
+        want = m.act_fn(gate) * up
+        for act in L.ACTS:
+            with use_backend("torch", op=f"{act}_mul"):
+                got = L.act_mul(gate, up, act, dispatch=False)
+            if got.dtype == want.dtype and torch.equal(got, want):
+                return act
+    return None
 
 
 def _mlp_projections(m) -> tuple[str, ...]:
