@@ -371,6 +371,8 @@ def _layer_cases() -> Iterator[Case]:
         yield ("layers", f"rms_norm rows={rows} hidden=4096 bf16", lambda x=x, w=w: L.rms_norm(x, w, 1e-5))
         yield ("layers", f"rms_norm (Gemma: 1 + w) rows={rows} bf16",
                lambda x=x, w=w: L.rms_norm(x, w, 1e-6, 1.0, False))  # fmt: skip
+        yield ("layers", f"add_rms_norm rows={rows} hidden=4096 bf16",
+               lambda x=x, w=w: L.add_rms_norm(x, x, w, 1e-5))  # fmt: skip
         gu = torch.zeros(rows, 2 * 14336, **bf)
         for act in ("silu", "gelu_tanh"):
             yield ("layers", f"{act}_mul rows={rows} n=14336 (one GEMM's halves) bf16",

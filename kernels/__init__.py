@@ -61,7 +61,7 @@ _EXPORTS = {
         "attention.quantized",
     ),  # fmt: skip
     **dict.fromkeys(("PagedDecodeWrapper", "PagedExtendWrapper", "TreeAttentionWrapper"), "attention.wrappers"),
-    **dict.fromkeys(("rms_norm", "rope", "silu_mul"), "layers.ops"),
+    **dict.fromkeys(("rms_norm", "add_rms_norm", "rope", "silu_mul"), "layers.ops"),
 }
 
 __all__ = sorted(_EXPORTS)

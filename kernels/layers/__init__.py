@@ -1,5 +1,6 @@
-"""The per-layer ops between a decoder layer's GEMMs and its attention, each one launch: RMSNorm (`rms_norm`),
-rotary position embedding of q and k (`rope`), the gated product of a gated MLP (`silu_mul`, `gelu_tanh_mul`).
+"""The per-layer ops between a decoder layer's GEMMs and its attention, each one launch: RMSNorm (`rms_norm`; with
+the residual add before it, `add_rms_norm`), rotary position embedding of q and k (`rope`), the gated product of a
+gated MLP (`silu_mul`, `gelu_tanh_mul`).
 
 Why: Hugging Face's modules spell each as a chain of small torch ops (RMSNorm 6 in fp32, 8 in bf16; the rotary
 embedding of q and k 10; the gated product 2): at decode they are hundreds of launches a step that each move a few
@@ -8,7 +9,7 @@ KB, which neither a CUDA graph nor a faster GEMM removes. The operator specs (`c
 `integrations.hf.fuse` patches a model to use them.
 
     ops.py               the torch ops (checks, torch paths with Hugging Face's own arithmetic, backend choice)
-    triton_rms_norm.py   one program a row
+    triton_rms_norm.py   one program a row (the residual added first for add_rms_norm)
     triton_rope.py       one program a token: every head of q and k, cos and sin read once
     triton_act_mul.py    act(gate) * up over rows of blocks of 1024 (SiLU, or GELU's tanh approximation)
 """

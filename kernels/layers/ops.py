@@ -7,6 +7,9 @@ a patched model computes exactly what the unpatched one does).
         x `[..., n]` fp16 / bf16 / fp32, weight `[n]`. y = x * rsqrt(mean(x^2, -1) + eps) in fp32; cast_first (Llama,
         Mistral, Qwen; offset 0): weight * y.to(x.dtype), in the promoted dtype of the two; else (Gemma): (y *
         (offset + weight)).to(x.dtype).
+    add_rms_norm(x, residual, weight, eps, offset=0.0, cast_first=True) -> (out, summed)
+        summed = residual + x (x's dtype, as torch's add rounds it), out = rms_norm(summed, ...): a decoder layer's
+        residual add and the norm after it in one launch; residual as x.
     rope(q, k, cos, sin) -> (q_out, k_out)
         q `[B, Hq, S, D]`, k `[B, Hk, S, D]` (any strides but the last), cos and sin `[B or 1, S, D]` (D even), all of
         one dtype: x * cos + rotate_half(x) * sin per head; the outputs keep the inputs' strides.
@@ -109,6 +112,56 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
     if dispatch or torch.compiler.is_compiling():
         return torch.ops.codesign.rms_norm(x, weight, float(eps), float(offset), bool(cast_first))
     return _rms_norm_body(x, weight, float(eps), float(offset), bool(cast_first))
+
+
+# --- residual add and RMSNorm ----------------------------------------------------------------------------------
+def _check_add_norm(x, residual, weight, eps, offset, cast_first) -> torch.dtype:
+    dt = _check_norm(x, weight, eps, offset, cast_first)
+    _tensor("residual", residual)
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise CodesignError(f"residual must match x ({tuple(x.shape)} {x.dtype}), got {tuple(residual.shape)} "
+                            f"{residual.dtype}")  # fmt: skip
+    _same_device(x=x, residual=residual)
+    return dt
+
+
+def _add_rms_norm_body(x, residual, weight, eps, offset, cast_first) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's body: (RMSNorm of residual + x, residual + x) by the backend."""
+    dt = _check_add_norm(x, residual, weight, eps, offset, cast_first)
+    if resolve_backend("add_rms_norm", x.device) == "torch" or x.numel() == 0:
+        summed = residual + x
+        return _norm_torch(summed, weight, eps, offset, cast_first), summed
+    from codesign.kernels.layers.triton_rms_norm import rms_norm_triton
+
+    n = x.shape[-1]
+    x2, r2 = (t.reshape(-1, n) for t in (x, residual))
+    x2, r2 = (t if t.stride(-1) == 1 else t.contiguous() for t in (x2, r2))
+    out = torch.empty(x2.shape, dtype=dt, device=x.device)
+    summed = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    rms_norm_triton(x2, weight.contiguous(), out, eps, offset, cast_first, residual=r2, summed=summed)
+    return out.view(x.shape), summed.view(x.shape)
+
+
+@torch.library.custom_op("codesign::add_rms_norm", mutates_args=())
+def add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+                    cast_first: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    return _add_rms_norm_body(x, residual, weight, eps, offset, cast_first)
+
+
+@add_rms_norm_op.register_fake
+def _(x, residual, weight, eps, offset, cast_first):
+    dt = _check_add_norm(x, residual, weight, eps, offset, cast_first)
+    return x.new_empty(x.shape, dtype=dt), torch.empty_like(x)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
+                 cast_first: bool = True, dispatch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(RMSNorm of residual + x, residual + x) in one launch (module docstring)."""
+    _check_norm_args(x, weight, eps, offset, cast_first)
+    _tensor("residual", residual)
+    if dispatch or torch.compiler.is_compiling():
+        return torch.ops.codesign.add_rms_norm(x, residual, weight, float(eps), float(offset), bool(cast_first))
+    return _add_rms_norm_body(x, residual, weight, float(eps), float(offset), bool(cast_first))
 
 
 # --- rotary position embedding ---------------------------------------------------------------------------------

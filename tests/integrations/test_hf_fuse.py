@@ -4,11 +4,14 @@ what stays unfused (a module that computes otherwise; a model not fused)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from hf_testing import (
     REFERENCE_ATTN,
     assert_same_greedy_where_decisive,
+    family_missing,
     family_params,
     greedy,
     prompts,
@@ -22,13 +25,16 @@ from codesign.kernels.layers import ops as L
 from codesign.specs import CodesignError
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
-BODIES = ("rms_norm", "rope", "act_mul")
+BODIES = ("rms_norm", "rope", "act_mul", "add_rms_norm")
 # family -> (RMSNorms: 2 a layer and the final one, plus per-head q / k norms; gated MLPs a layer)
 FUSED = {"llama": (5, 2), "mistral": (5, 2), "qwen2": (5, 2), "qwen3": (9, 2), "olmo2": (9, 2), "granite": (5, 2),
          "gemma2": (9, 2), "gemma3_text": (13, 2), "phi3": (5, 2), "mixtral": (5, 0)}  # fmt: skip
 # projection groups merged a layer (q / k / v; gate / up): Phi-3 has both merged already, Mixtral's experts are one
 # weight
 MERGED = {"phi3": 0, "mixtral": 1}
+# decoder layers of another kind than the pre-norm one: Gemma2's and Gemma3's (four norms a layer) candidates kept,
+# OLMo2's (no input norm) not candidates
+OTHER_LAYERS = ("gemma2", "gemma3_text", "olmo2")
 # the ops the fused modules ran (HF's RMSNorm and rotary embedding; the activation where the MLPs are fused)
 GONE = {"aten.pow.Tensor_Scalar", "aten.mean.dim", "aten.rsqrt.default", "aten.neg.default"}
 
@@ -83,14 +89,18 @@ def test_fused_families_compute_what_they_computed(family):
     before, want = _forward_ops(model, ids)
     report = fuse_layers_(model, merge=False)  # (merged GEMMs: test_hf_merge; a BLAS may block a wider N otherwise)
     assert (len(report.rms_norm), len(report.gated_mlp)) == FUSED[family]
-    assert len(report.rope) == 1 and not report.kept
+    layers = model.config.num_hidden_layers
+    assert len(report.layers) == (0 if family in OTHER_LAYERS else layers)
+    kept = layers if family in OTHER_LAYERS and family != "olmo2" else 0
+    assert len(report.rope) == 1 and len(report.kept) == kept, report.kept
     after, got = _forward_ops(model, ids)
     assert torch.equal(got, want)
     gone = GONE | ({"aten.silu.default", "aten.gelu.default"} & set(before) if FUSED[family][1] else set())
     assert not gone & set(after) and gone <= set(before)
-    layers = model.config.num_hidden_layers
     assert after.count("codesign.rope") == layers
-    assert after.count("codesign.rms_norm") == FUSED[family][0]
+    assert after.count("codesign.add_rms_norm") == len(report.layers)
+    assert before.count("aten.add.Tensor") - after.count("aten.add.Tensor") >= len(report.layers)
+    assert after.count("codesign.rms_norm") + after.count("codesign.add_rms_norm") == FUSED[family][0]
     assert fuse_layers_(model) is report  # idempotent
     unfuse_layers_(model)
     again, logits = _forward_ops(model, ids)
@@ -126,7 +136,8 @@ def test_fused_generation_through_the_triton_kernels(family):
     kw = dict(attention_mask=mask, block_size=4, max_new_tokens=8, **GREEDY)
     model.set_attn_implementation(REFERENCE_ATTN.get(family, "sdpa"))
     want = greedy(model, ids, mask, 8)  # (transformers' own, with its logits: where a lead is decisive)
-    with use_backend("triton", op="rms_norm"), use_backend("triton", op="rope"), use_backend("triton", op="silu_mul"):
+    with use_backend("triton", op="rms_norm"), use_backend("triton", op="rope"), use_backend("triton", op="silu_mul"), \
+            use_backend("triton", op="add_rms_norm"):
         got = run_generate(model, ids, None, fuse=True, **kw).sequences
         logits = model(ids[:, :5]).logits
     unfuse_layers_(model)
@@ -134,13 +145,19 @@ def test_fused_generation_through_the_triton_kernels(family):
     torch.testing.assert_close(logits, model(ids[:, :5]).logits, rtol=1e-4, atol=1e-4)
 
 
-def test_captured_decode_of_a_fused_model():
-    """The fused ops inside a captured step (the tape): the tokens of eager fused decoding."""
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_captured_decode_of_a_fused_model(backend):
+    """The fused ops inside a captured step (the tape; their Triton kernels in the interpreter too, each one recorded
+    node): the tokens of eager fused decoding."""
     model = tiny_model("qwen2")
     ids, mask = prompts(2, 7, pads=(0, 3))
     kw = dict(attention_mask=mask, block_size=4, max_new_tokens=8, fuse=True, **GREEDY)
-    eager = run_generate(model, ids, "int8", **kw)
-    assert torch.equal(run_generate(model, ids, "int8", cuda_graph="tape", **kw).sequences, eager.sequences)
+    ops = ("rms_norm", "add_rms_norm", "rope", "silu_mul")
+    with contextlib.ExitStack() as stack:
+        for op in ops:
+            stack.enter_context(use_backend(backend, op=op))
+        eager = run_generate(model, ids, "int8", **kw)
+        assert torch.equal(run_generate(model, ids, "int8", cuda_graph="tape", **kw).sequences, eager.sequences)
     unfuse_layers_(model)
 
 
@@ -178,6 +195,49 @@ def test_a_module_that_computes_otherwise_keeps_its_forward():
     assert "model.layers.1.input_layernorm" not in report.rms_norm and len(report.rms_norm) == 4
     assert report.gated_mlp == ["model.layers.1.mlp"]
     unfuse_layers_(model)
+
+
+def test_decoder_layers_that_compute_otherwise_keep_their_forward():
+    """Teeth for the layer probe: a layer whose output differs (scaled by 1.001) and one that passes its attention
+    other arguments than its forward's (position_ids dropped) keep their forwards; a layer in training mode is not
+    fused, and a fused one put in training mode runs its own forward (dropout, where a layer has it)."""
+    model = tiny_model("llama")
+    layers = model.model.layers
+
+    class Scaled(type(layers[0])):
+        def forward(self, hidden_states, **kw):
+            return super().forward(hidden_states, **kw) * (1 + 1e-3)
+
+    class Dropping(type(layers[1])):
+        def forward(self, hidden_states, position_ids=None, **kw):
+            return super().forward(hidden_states, **kw)
+
+    layers[0].__class__, layers[1].__class__ = Scaled, Dropping
+    report = fuse_layers_(model)
+    assert not report.layers
+    assert {"model.layers.0 (Scaled: its residual add and norm)",
+            "model.layers.1 (Dropping: its residual add and norm)"} <= set(report.kept)  # fmt: skip
+    unfuse_layers_(model)
+    if not family_missing("granite"):  # Granite scales the residual branch (its residual_multiplier) unless it is 1
+        granite = tiny_model("granite", residual_multiplier=0.25)
+        assert not fuse_layers_(granite).layers
+        assert fuse_layers_(tiny_model("granite")).layers
+    training = tiny_model("llama").train()
+    assert not fuse_layers_(training).layers
+    fused = tiny_model("llama")
+    fuse_layers_(fused)
+    layer = fused.model.layers[0]
+    seen = []
+    own = type(layer).forward
+    try:
+        type(layer).forward = lambda self, *a, **k: (seen.append(1), own(self, *a, **k))[1]
+        fused.train()
+        with torch.no_grad():
+            fused(prompts(1, 4)[0])
+    finally:
+        type(layer).forward = own
+    assert seen == [1, 1]
+    unfuse_layers_(fused)
 
 
 def test_the_rotary_function_serves_fused_models_only():

@@ -295,6 +295,16 @@ def test_a_prepared_step_the_loop_does_not_take_is_undone(kv_format):
         graph.cache.graph_unstep()
 
 
+def test_every_layer_op_is_one_node_of_the_tape():
+    """Each layer op's body (a Triton launch on a GPU, none of it a torch op in the interpreter) is one recorded node:
+    a body left out would replay without its kernel."""
+    from codesign.integrations.hf.graphs import _KERNELS
+    from codesign.kernels.layers import ops as L
+
+    bodies = {n for n in vars(L) if n.startswith("_") and n.endswith("_body")}
+    assert bodies and bodies <= {p for m, p in _KERNELS if m == "codesign.kernels.layers.ops"}
+
+
 def test_captured_sampling_and_end_of_sequence_are_transformers():
     """Sampling (temperature, top-k) draws the tokens transformers' own loop draws from the same seed, and rows
     that meet their end-of-sequence id get the pad token after it, as its loop gives them."""

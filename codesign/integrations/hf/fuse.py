@@ -10,6 +10,8 @@
   process are untouched.
 - Gated MLPs (gate_proj, up_proj, down_proj; or Phi-3's one gate_up_proj) run `silu_mul` or, with GELU's tanh
   approximation (Gemma), `gelu_tanh_mul` between their GEMMs: one launch for two.
+- Decoder layers of the pre-norm kind (input_layernorm, self_attn, post_attention_layernorm, mlp: Llama, Mistral,
+  Qwen, Mixtral, Phi-3) run the residual add after the attention and the norm after it as one `add_rms_norm`.
 - Quantized experts (`experts.QuantExperts`) run `silu_mul` between each expert's two GEMMs where their act_fn
   agrees on a probe.
 - With `merge` (the default), each attention module's q / k / v projections and each gated MLP's gate / up
@@ -32,6 +34,7 @@ Transformers' own route to such kernels (`kernelize` with a kernel hub) download
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 from contextvars import ContextVar
@@ -59,6 +62,7 @@ class FuseReport:
     gated_mlp: list[str] = field(default_factory=list)
     rope: list[str] = field(default_factory=list)
     experts: list[str] = field(default_factory=list)
+    layers: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     merged: list[str] = field(default_factory=list)
     unmerged: list[str] = field(default_factory=list)
@@ -67,6 +71,7 @@ class FuseReport:
         kept = f"; kept their own: {', '.join(self.kept)}" if self.kept else ""
         unmerged = f"; not merged: {', '.join(self.unmerged)}" if self.unmerged else ""
         experts = f", {len(self.experts)} quantized experts modules" if self.experts else ""
+        experts += f", the residual add and norm of {len(self.layers)} decoder layers" if self.layers else ""
         return (f"fused {len(self.rms_norm)} RMSNorms, {len(self.gated_mlp)} gated MLPs{experts}, rotary embedding in "
                 f"{', '.join(self.rope) or 'no module'}; merged {len(self.merged)} projection groups"
                 f"{kept}{unmerged}")  # fmt: skip
@@ -108,7 +113,7 @@ def _fuse_module(name: str, m: torch.nn.Module, like: torch.Tensor | None, repor
     """One module: an RMSNorm, a gated MLP or quantized experts routed to our op where the probe agrees (else
     noted in `report.kept`); anything else left alone."""
     if "forward" in vars(m):  # already wrapped by someone (accelerate's offload hooks): theirs to keep
-        if _is_norm(m) or _mlp_projections(m):
+        if _is_norm(m) or _mlp_projections(m) or _is_layer(m):
             report.kept.append(f"{name} ({type(m).__name__}: its forward is wrapped)")
         return
     norm = _norm_mode(m)
@@ -118,6 +123,14 @@ def _fuse_module(name: str, m: torch.nn.Module, like: torch.Tensor | None, repor
         else:
             m.forward = types.MethodType(_norm_forward(*norm), m)
             report.rms_norm.append(name)
+    layer = _layer_mode(m, like)
+    if layer is not None:
+        if layer:
+            m.forward = types.MethodType(_layer_forward(*layer), m)
+            report.layers.append(name)
+        else:
+            report.kept.append(f"{name} ({type(m).__name__}: its residual add and norm)")
+        return
     if isinstance(m, QuantExperts):
         act = _experts_act(m, like)
         if act:
@@ -140,7 +153,7 @@ def unfuse_layers_(model: torch.nn.Module) -> None:
     report = getattr(model, "_codesign_fused", None)
     if report is None:
         return
-    for name in (*report.rms_norm, *report.gated_mlp):
+    for name in (*report.rms_norm, *report.gated_mlp, *report.layers):
         del model.get_submodule(name).forward
     for name in report.experts:
         model.get_submodule(name).act = None
@@ -186,6 +199,100 @@ def _norm_mode(m) -> tuple[float, bool] | bool | None:
 def _norm_forward(offset: float, cast_first: bool):
     def forward(self, hidden_states):
         return L.rms_norm(hidden_states, self.weight, _eps(self), offset, cast_first, dispatch=False)
+
+    return forward
+
+
+# --- a decoder layer's residual add and post-attention norm -------------------------------------------------------
+LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+
+
+def _is_layer(m) -> bool:
+    return all(isinstance(getattr(m, a, None), torch.nn.Module) for a in LAYER_PARTS)
+
+
+def _layer_mode(m, like: torch.Tensor | None) -> tuple | bool | None:
+    """None: not a pre-norm decoder layer (`LAYER_PARTS`); else (its forward's parameters after hidden_states with
+    their defaults, the post-attention norm's (offset, cast_first)) where our forward computes what its own does on a
+    probe, or False. The probe runs both with stand-ins for the attention (which records what it is passed) and the
+    MLP, twice (with the keyword arguments a model passes, and with none): the outputs bit for bit and the
+    attention's arguments equal (`_layer_forward` passes them as the layer's own forward does)."""
+    if not _is_layer(m):
+        return None
+    norm = _norm_mode(m.post_attention_layernorm)
+    if not norm or like is None or m.training:
+        return False
+    try:
+        params = tuple((p.name, p.default) for p in list(inspect.signature(type(m).forward).parameters.values())[2:]
+                       if p.kind == p.POSITIONAL_OR_KEYWORD)  # fmt: skip
+    except (TypeError, ValueError):
+        return False
+    ours = types.MethodType(_layer_forward(params, *norm), m)
+    seen: list = []
+    own = {"self_attn": m.self_attn, "mlp": m.mlp}
+    m.self_attn, m.mlp = _StandInAttention(seen), _StandInMLP()
+    try:
+        x = _probe((2, 3, m.post_attention_layernorm.weight.shape[0]), like)
+        marks = {n: object() for n, _ in params}  # (identity: what reaches the attention is what the model passed)
+        with torch.no_grad(), use_backend("torch", op="add_rms_norm"), use_backend("torch", op="rms_norm"):
+            for kw in (marks, {}):
+                seen.clear()
+                want = m.forward(x, **kw)
+                got = ours(x, **kw)
+                if not (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and got.dtype == want.dtype
+                        and torch.equal(got, want) and len(seen) == 2 and _same_call(*seen)):  # fmt: skip
+                    return False
+        return params, *norm
+    except Exception:  # noqa: BLE001 - a forward that computes otherwise (another return, another call): its own
+        return False
+    finally:
+        for n, mod in own.items():
+            setattr(m, n, mod)
+
+
+def _same_call(a, b) -> bool:
+    """Two recorded calls (args, kwargs) with the same arguments: the same objects, or equal tensors."""
+    (args_a, kw_a), (args_b, kw_b) = a, b
+    if len(args_a) != len(args_b) or kw_a.keys() != kw_b.keys():
+        return False
+    pairs = [*zip(args_a, args_b), *((kw_a[k], kw_b[k]) for k in kw_a)]
+    return all(u is v or (isinstance(u, torch.Tensor) and isinstance(v, torch.Tensor) and torch.equal(u, v))
+               for u, v in pairs)  # fmt: skip
+
+
+class _StandInAttention(torch.nn.Module):
+    def __init__(self, seen: list) -> None:
+        super().__init__()
+        self.seen = seen
+
+    def forward(self, *args, **kwargs):
+        self.seen.append((args, kwargs))
+        h = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        return h * 1.5 + 0.25, None
+
+
+class _StandInMLP(torch.nn.Module):
+    def forward(self, x):
+        return x * 0.5 - 1.0
+
+
+def _layer_forward(params: tuple, offset: float, cast_first: bool):
+    """A pre-norm decoder layer's forward with the residual add after the attention and the norm after it one op;
+    the attention gets the arguments the layer's own forward passes it (`params`, then the rest)."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        if self.training:  # (the probe ran in eval mode: dropout, where a layer has it, is its forward's)
+            return type(self).forward(self, hidden_states, *args, **kwargs)
+        for (name, _), a in zip(params, args):
+            kwargs[name] = a
+        for name, default in params:
+            kwargs.setdefault(name, default)
+        residual = hidden_states
+        hidden_states, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+        norm = self.post_attention_layernorm
+        hidden_states, residual = L.add_rms_norm(hidden_states, residual, norm.weight, _eps(norm), offset, cast_first,
+                                                 dispatch=False)  # fmt: skip
+        return residual + self.mlp(hidden_states)
 
     return forward
 

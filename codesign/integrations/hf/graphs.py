@@ -47,7 +47,7 @@ _KERNELS = (("codesign.kernels.attention.wrappers", "run_attention"),
             ("codesign.kernels.kvcache.triton_oaken_write", "oaken_write_triton"),
             ("codesign.kernels.kvcache.triton_kivi_flush", "kivi_flush_triton"),
             ("codesign.kernels.layers.ops", "_rms_norm_body"), ("codesign.kernels.layers.ops", "_rope_body"),
-            ("codesign.kernels.layers.ops", "_act_mul_body"),
+            ("codesign.kernels.layers.ops", "_act_mul_body"), ("codesign.kernels.layers.ops", "_add_rms_norm_body"),
             ("codesign.kernels.gemm.ops", "_wq_impl"), ("codesign.kernels.gemm.ops", "_w8a8_impl"),
             ("codesign.kernels.kvcache.oaken", "OakenPagedKV._write_loop"))  # fmt: skip
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import assert_rel_close, rel_fro_error
 
 from codesign.backend import use_backend
 from codesign.kernels.layers import ops
@@ -66,6 +66,38 @@ def test_rms_norm_two_passes_into_poison(cast_first):
         out = torch.full((3, n), float("nan"))
         rms_norm_triton(x, w, out, 1e-6, 0.0 if cast_first else 1.0, cast_first, max_block=64)
         assert_rel_close(out, _norm_ref(x, w, 1e-6, 0.0 if cast_first else 1.0, cast_first), BOUND[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEV)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7, 1000), (2, 3, 4096), (1, 37), (0, 64)])
+@pytest.mark.parametrize("mode", [(0.0, True), (1.0, False)])
+def test_add_rms_norm_vs_fp64(device, dtype, shape, mode):
+    """The sum is torch's add bit for bit (one rounding to the dtype); the norm of that sum against fp64."""
+    x, r = (torch.randn(shape, device=device).to(dtype) * 3 for _ in range(2))
+    w = torch.randn(shape[-1], device=device).to(dtype)
+    with use_backend("triton"):
+        out, summed = ops.add_rms_norm(x, r, w, 1e-5, *mode)
+    assert torch.equal(summed, r + x) and out.dtype == dtype and out.shape == x.shape
+    assert_rel_close(out, _norm_ref(r + x, w, 1e-5, *mode), BOUND[dtype])
+
+
+@pytest.mark.parametrize("cast_first", [True, False])
+def test_add_rms_norm_two_passes_into_poison(cast_first):
+    """Rows wider than one block: the second pass reads the sums the first stored; both outputs fully written
+    (NaN-poisoned), from strided rows. Teeth: the norm of x alone (no residual) is not it."""
+    offset = 0.0 if cast_first else 1.0
+    for n in (1000, 64, 5):
+        x, r = torch.randn(3, 2 * n)[:, ::2] * 2, torch.randn(3, n)
+        w = torch.randn(n)
+        out, summed = torch.full((3, n), float("nan")), torch.full((3, n), float("nan"))
+        rms_norm_triton(x.contiguous(), w, out, 1e-6, offset, cast_first, max_block=64, residual=r, summed=summed)
+        assert torch.equal(summed, r + x)
+        assert_rel_close(out, _norm_ref(r + x, w, 1e-6, offset, cast_first), BOUND[torch.float32])
+        assert rel_fro_error(out, _norm_ref(x, w, 1e-6, offset, cast_first)) > 0.1
+    with use_backend("triton"):
+        got = ops.add_rms_norm(x, r, w, 1e-6, offset, cast_first)  # (a strided x through the op)
+    assert torch.equal(got[1], r + x)
 
 
 def test_rms_norm_weight_dtype_promotes():
@@ -150,6 +182,9 @@ def test_torch_paths_are_hugging_face_bit_for_bit(dtype):
         gemma.weight.normal_()
         assert torch.equal(ops.rms_norm(x, llama.weight, 1e-5), llama(x))
         assert torch.equal(ops.rms_norm(x, gemma.weight, 1e-6, 1.0, False), gemma(x))
+        r = torch.randn(3, 5, 64).to(dtype)
+        out, summed = ops.add_rms_norm(x, r, llama.weight, 1e-5)
+        assert torch.equal(summed, r + x) and torch.equal(out, llama(r + x))  # (a decoder layer's add, then norm)
     q, k, cos, sin = _rope_inputs(2, 4, 2, 5, 16, dtype, "cpu")
     assert all(torch.equal(a, b) for a, b in zip(ops.rope(q, k, cos, sin), apply_rotary_pos_emb(q, k, cos, sin)))
     from transformers.activations import ACT2FN
@@ -172,6 +207,8 @@ def test_fake_implementations():
         qo, ko = ops.rope(q, k, torch.empty(2, 5, 16), torch.empty(2, 5, 16))
         assert qo.shape == q.shape and qo.stride() == q.stride() and ko.shape == k.shape
         assert ops.silu_mul(torch.empty(3, 7), torch.empty(3, 7)).shape == (3, 7)
+        out, summed = ops.add_rms_norm(x, torch.empty_like(x), w, 1e-6)
+        assert out.dtype == torch.float32 and summed.dtype == torch.float16 and summed.shape == x.shape
         assert ops.act_mul(torch.empty(3, 7).half(), torch.empty(3, 7).half(), "gelu_tanh").dtype == torch.float16
 
 
@@ -184,6 +221,9 @@ def test_bad_input():
         (lambda: ops.rms_norm(x, w, -1.0), "eps must be >= 0"),
         (lambda: ops.rms_norm(x, w, 1e-6, 1.0, True), "offset must be 0 with cast_first"),
         (lambda: ops.rms_norm(x, torch.randn(2, 8), 1e-6), "weight must have 1 dims"),
+        (lambda: ops.add_rms_norm(x, x[:1], w, 1e-6), "residual must match x"),
+        (lambda: ops.add_rms_norm(x, x.half(), w, 1e-6), "residual must match x"),
+        (lambda: ops.add_rms_norm(x, "r", w, 1e-6), "residual must be a torch.Tensor"),
     ]
     q, k, cos, sin = _rope_inputs(2, 4, 2, 3, 16, torch.float32, "cpu")
     cases += [
