@@ -18,14 +18,15 @@
   projections run as one GEMM over their concatenated weights (`merge.merge_projections_`), where they are one kind
   of linear: 4 GEMMs a layer where there were 7.
 
-Nothing is matched by name alone: each module (an MLP with small stand-in projections in its own's place) and each
-modeling module's rotary function is run once on a small random input beside our op's torch path, and is fused only
-where the two agree bit for bit (the torch paths are Hugging Face's arithmetic op by op), so a variant that computes
-otherwise (another weight offset, a partial rotation, another activation) keeps its own forward and the report says
-so; so does a module whose forward is already wrapped on the instance (accelerate's offload hooks). On a CPU (torch
-backend) a fused model computes what it computed before (a merged GEMM's columns are its parts' dot products; a
-BLAS may block K otherwise for the wider N); on a GPU the Triton kernels round once where the modules round after
-each op (differences of an ulp of the model's dtype), and a merged GEMM may split K otherwise than its parts did.
+Nothing is matched by name alone: each module (an MLP with small stand-in projections in its own's place, a decoder
+layer with stand-ins for its attention and MLP) and each modeling module's rotary function is run once on a small
+random input beside our op's torch path, and is fused only where the two agree bit for bit (the torch paths are
+Hugging Face's arithmetic op by op), so a variant that computes otherwise (another weight offset, a partial
+rotation, another activation) keeps its own forward and the report says so; so does a module whose forward is
+already wrapped on the instance (accelerate's offload hooks). On a CPU (torch backend) a fused model computes what
+it computed before (a merged GEMM's columns are its parts' dot products; a BLAS may block K otherwise for the wider
+N); on a GPU the Triton kernels round once where the modules round after each op (differences of an ulp of the
+model's dtype), and a merged GEMM may split K otherwise than its parts did.
 
 Why: at decode these ops are most of a step's launches and move a few KB each: their launches cost more than their
 bytes, in a CUDA graph too. The design model (`codesign generate --design`) already costs each as one pass.
@@ -70,9 +71,9 @@ class FuseReport:
     def summary(self) -> str:
         kept = f"; kept their own: {', '.join(self.kept)}" if self.kept else ""
         unmerged = f"; not merged: {', '.join(self.unmerged)}" if self.unmerged else ""
-        experts = f", {len(self.experts)} quantized experts modules" if self.experts else ""
-        experts += f", the residual add and norm of {len(self.layers)} decoder layers" if self.layers else ""
-        return (f"fused {len(self.rms_norm)} RMSNorms, {len(self.gated_mlp)} gated MLPs{experts}, rotary embedding in "
+        more = f", {len(self.experts)} quantized experts modules" if self.experts else ""
+        more += f", the residual add and norm of {len(self.layers)} decoder layers" if self.layers else ""
+        return (f"fused {len(self.rms_norm)} RMSNorms, {len(self.gated_mlp)} gated MLPs{more}, rotary embedding in "
                 f"{', '.join(self.rope) or 'no module'}; merged {len(self.merged)} projection groups"
                 f"{kept}{unmerged}")  # fmt: skip
 
@@ -110,8 +111,8 @@ def fuse_layers_(model: torch.nn.Module, merge: bool = True) -> FuseReport:
 
 
 def _fuse_module(name: str, m: torch.nn.Module, like: torch.Tensor | None, report: FuseReport) -> None:
-    """One module: an RMSNorm, a gated MLP or quantized experts routed to our op where the probe agrees (else
-    noted in `report.kept`); anything else left alone."""
+    """One module: an RMSNorm, a pre-norm decoder layer, quantized experts or a gated MLP routed to our ops where its
+    probe agrees (else noted in `report.kept`); anything else left alone."""
     if "forward" in vars(m):  # already wrapped by someone (accelerate's offload hooks): theirs to keep
         if _is_norm(m) or _mlp_projections(m) or _is_layer(m):
             report.kept.append(f"{name} ({type(m).__name__}: its forward is wrapped)")
