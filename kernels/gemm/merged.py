@@ -70,27 +70,26 @@ def merge_linears(parts: Sequence[nn.Module]) -> nn.Module:
     if why is not None:
         raise CodesignError(f"cannot merge these linears: {why}")
     first = parts[0]
-    cat = {name: cat_tensors(first, name, [dict(stored_tensors(p))[name] for p in parts])
-           for name, _ in stored_tensors(first)}
     n = sum(p.out_features for p in parts)
+
+    def cat(name: str, ts=None) -> torch.Tensor | None:  # (each part's tensor `name`, or `ts`, merged)
+        ts = [getattr(p, name) for p in parts] if ts is None else ts
+        return None if ts[0] is None else cat_tensors(first, name, ts)
+
     if isinstance(first, nn.Linear):
         merged = nn.Linear(first.in_features, n, bias=first.bias is not None, device="meta", dtype=first.weight.dtype)
-        merged.weight = nn.Parameter(cat["weight"], requires_grad=first.weight.requires_grad)
+        merged.weight = nn.Parameter(cat("weight"), requires_grad=first.weight.requires_grad)
         if first.bias is not None:
-            merged.bias = nn.Parameter(cat["bias"], requires_grad=first.bias.requires_grad)
+            merged.bias = nn.Parameter(cat("bias"), requires_grad=first.bias.requires_grad)
         return merged
-    merged = QuantLinear.__new__(QuantLinear)
-    nn.Module.__init__(merged)
-    for attr in _QUANT_ATTRS:
-        setattr(merged, attr, getattr(first, attr))
-    merged.out_features = n
-    for name, _ in first.named_buffers(recurse=False):
-        merged.register_buffer(name, cat.get(name))
-    for name in ("zeros", "perm", "bias"):
-        if name not in merged._buffers:
-            merged.register_buffer(name, None)
-    qf.validate_quantized_weight(merged.quantized_weight())  # (the stored layout checked as a constructed one's)
-    return merged
+    # through QuantLinear's constructor, from the parts' weights in the native layout (N last: [K / p, N] codes,
+    # [groups, N] scales and zeros), which it stores as each part stored its own
+    ws = [p.quantized_weight() for p in parts]
+    w = qf.QuantizedWeight(
+        torch.cat([w.qweight for w in ws], 1), cat("scales", [w.scales for w in ws]),
+        cat("zeros", [w.zeros for w in ws]), first.dtype_name, first.group_size, n, first.in_features, cat("perm"),
+    )  # fmt: skip
+    return QuantLinear(w, cat("bias"), first.act_quant)
 
 
 def split_tensors(merged: nn.Module, sizes: Sequence[int]) -> list[dict[str, torch.Tensor]]:

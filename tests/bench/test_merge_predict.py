@@ -64,3 +64,19 @@ def test_reproduces_the_committed_prediction(tmp_path):
     assert got["groups"]["q / k / v"]["merged_variant"] == "gemv"
     assert got["apart_ms"] == pytest.approx(want["apart_ms"], rel=1e-9)
     assert got["merged_ms"] == pytest.approx(want["merged_ms"], rel=1e-9)
+
+
+def test_the_docs_table_is_the_committed_prediction():
+    """docs/results.md's merged-projection table: every row's times, ratios and step savings from the JSON."""
+    names = {"W4A16 g128": "w4a16_g128", "W8A16": "w8a16_pc", "W8A8": "w8a8_int8", "FP8": "fp8"}
+    rows = {(r["op"], r["M"]): r for r in json.loads(COMMITTED.read_text())["rows"]}
+    lines = [ln for ln in (ROOT / "docs" / "results.md").read_text().splitlines()
+             if ln.startswith("| ") and ln.split("|")[1].strip() in names and ln.count("|") == 10]  # fmt: skip
+    assert len(lines) == len(names)
+    for ln in lines:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        for m, (apart, merged, ratio, step) in ((1, cells[1:5]), (16, cells[5:9])):
+            r = rows[(names[cells[0]], m)]
+            assert float(apart) == round(r["apart_ms"] * 1e3, 1) and float(merged) == round(r["merged_ms"] * 1e3, 1)
+            assert float(ratio) == round(r["speedup"], 2)
+            assert step == f"−{r['saved_ms_per_step'] * 1e3:.0f} us"
