@@ -60,8 +60,8 @@ def test_generate_fused_prints_what_it_fused(folder, capsys):
         outs.append(capsys.readouterr().out)
     token = [next(line for line in out.splitlines() if line.startswith("tokens:")) for out in outs]
     assert token[0] == token[1]
-    assert ("fused 5 RMSNorms, 2 gated MLPs, the residual add and norm of 2 decoder layers, rotary embedding in "
-            "modeling_llama; merged 4 projection groups") in outs[1]
+    assert ("fused 5 RMSNorms, 2 gated MLPs, the residual add and norm of 2 decoder layers (2 with the next norm), "
+            "rotary embedding in modeling_llama; merged 4 projection groups") in outs[1]
 
 
 def test_random_weights_are_seeded(folder, capsys):

@@ -98,9 +98,10 @@ def test_fused_families_compute_what_they_computed(family):
     gone = GONE | ({"aten.silu.default", "aten.gelu.default"} & set(before) if FUSED[family][1] else set())
     assert not gone & set(after) and gone <= set(before)
     assert after.count("codesign.rope") == layers
-    assert after.count("codesign.add_rms_norm") == len(report.layers)
-    assert before.count("aten.add.Tensor") - after.count("aten.add.Tensor") >= len(report.layers)
-    assert after.count("codesign.rms_norm") + after.count("codesign.add_rms_norm") == FUSED[family][0]
+    assert report.linked == report.layers  # (every fused layer's next norm: the next input norm, the final norm)
+    assert after.count("codesign.add_rms_norm") == 2 * len(report.layers)
+    assert before.count("aten.add.Tensor") - after.count("aten.add.Tensor") >= 2 * len(report.layers)
+    assert after.count("codesign.rms_norm") == FUSED[family][0] - 2 * len(report.layers)
     assert fuse_layers_(model) is report  # idempotent
     unfuse_layers_(model)
     again, logits = _forward_ops(model, ids)
@@ -238,6 +239,40 @@ def test_decoder_layers_that_compute_otherwise_keep_their_forward():
         type(layer).forward = own
     assert seen == [1, 1]
     unfuse_layers_(fused)
+
+
+def test_a_layer_leaves_the_next_norm_its_normed_sum_for_that_sum_only():
+    """A fused layer ends in one add_rms_norm with the next norm and returns the sum; that norm returns the normed
+    sum only when called on that same tensor unchanged. Teeth: a hook on layer 0 that changes its output in place (the
+    version counter moves) or returns a new tensor: the logits are still the unfused model's with the same hook, bit
+    for bit; in inference mode (no version counters) the layers add and the norms compute; nothing is left behind."""
+    want_model, model = tiny_model("llama"), tiny_model("llama")
+    report = fuse_layers_(model, merge=False)
+    assert report.linked == ["model.layers.0", "model.layers.1"] and "2 with the next norm" in report.summary()
+    ids, _ = prompts(2, 6)
+    hooks = {"in place": lambda mod, args, out: out.mul_(1.001), "new": lambda mod, args, out: out * 1.001}
+    for kind, hook in hooks.items():
+        handles = [m.model.layers[0].register_forward_hook(hook) for m in (want_model, model)]
+        for mode in (torch.no_grad, torch.inference_mode):
+            with mode():
+                want, (ops, got) = want_model(ids).logits, _forward_ops(model, ids)
+            assert torch.equal(got, want), (kind, mode)
+            linked = mode is torch.no_grad
+            assert ops.count("codesign.add_rms_norm") == (4 if linked else 2)
+            assert ops.count("codesign.rms_norm") == (2 if linked else 3)  # (layer 1's input norm computes)
+        for h in handles:
+            h.remove()
+    norms = [model.model.layers[1].input_layernorm, model.model.norm]
+    assert not any("_codesign_ready" in vars(n) for n in norms)
+    with torch.no_grad(), use_backend("triton", op="rms_norm"), use_backend("triton", op="add_rms_norm"):
+        linked = model(ids).logits  # (the Triton kernels, interpreter: the sum stored, then normed, as unlinked)
+        links = [layer.__dict__.pop("_codesign_next_norm") for layer in model.model.layers]
+        assert torch.equal(linked, model(ids).logits)
+    for layer, link in zip(model.model.layers, links):
+        layer._codesign_next_norm = link
+    unfuse_layers_(model)
+    assert not any("_codesign_next_norm" in vars(layer) for layer in model.model.layers)
+    assert torch.equal(model(ids).logits, want_model(ids).logits)
 
 
 def test_the_rotary_function_serves_fused_models_only():

@@ -11,7 +11,11 @@
 - Gated MLPs (gate_proj, up_proj, down_proj; or Phi-3's one gate_up_proj) run `silu_mul` or, with GELU's tanh
   approximation (Gemma), `gelu_tanh_mul` between their GEMMs: one launch for two.
 - Decoder layers of the pre-norm kind (input_layernorm, self_attn, post_attention_layernorm, mlp: Llama, Mistral,
-  Qwen, Mixtral, Phi-3) run the residual add after the attention and the norm after it as one `add_rms_norm`.
+  Qwen, Mixtral, Phi-3) run the residual add after the attention and the norm after it as one `add_rms_norm`, and
+  the residual add after the MLP and the norm the model runs next (the next layer's input norm, after the last layer
+  the model's final norm) as another: the layer returns the sum and leaves the normed tensor with that norm, which
+  returns it when it is called on that same sum, unchanged (identity and version counter), and computes otherwise
+  (in inference mode, whose tensors have no version counter, the layer adds and the norm computes, as before).
 - Quantized experts (`experts.QuantExperts`) run `silu_mul` between each expert's two GEMMs where their act_fn
   agrees on a probe.
 - With `merge` (the default), each attention module's q / k / v projections and each gated MLP's gate / up
@@ -67,12 +71,14 @@ class FuseReport:
     kept: list[str] = field(default_factory=list)
     merged: list[str] = field(default_factory=list)
     unmerged: list[str] = field(default_factory=list)
+    linked: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         kept = f"; kept their own: {', '.join(self.kept)}" if self.kept else ""
         unmerged = f"; not merged: {', '.join(self.unmerged)}" if self.unmerged else ""
         more = f", {len(self.experts)} quantized experts modules" if self.experts else ""
         more += f", the residual add and norm of {len(self.layers)} decoder layers" if self.layers else ""
+        more += f" ({len(self.linked)} with the next norm)" if self.linked else ""
         return (f"fused {len(self.rms_norm)} RMSNorms, {len(self.gated_mlp)} gated MLPs{more}, rotary embedding in "
                 f"{', '.join(self.rope) or 'no module'}; merged {len(self.merged)} projection groups"
                 f"{kept}{unmerged}")  # fmt: skip
@@ -102,6 +108,8 @@ def fuse_layers_(model: torch.nn.Module, merge: bool = True) -> FuseReport:
             report.kept.append(f"{mod.rsplit('.', 1)[-1]}.apply_rotary_pos_emb")
     if merge:  # (after the MLP probes, which stand in for the projections)
         report.merged, report.unmerged = merge_projections_(model)
+    report.linked = _link_layers(model, report)
+    model._codesign_linked_norms = tuple(model.get_submodule(n)._codesign_next_norm[0].__dict__ for n in report.linked)
     model._codesign_fused = report
     model._codesign_fuse_hooks = (
         model.register_forward_pre_hook(_enter),
@@ -158,10 +166,14 @@ def unfuse_layers_(model: torch.nn.Module) -> None:
         del model.get_submodule(name).forward
     for name in report.experts:
         model.get_submodule(name).act = None
+    for name in report.linked:
+        del model.get_submodule(name)._codesign_next_norm
+    for d in model._codesign_linked_norms:
+        d.pop("_codesign_ready", None)
     unmerge_projections_(model)
     for h in model._codesign_fuse_hooks:
         h.remove()
-    del model._codesign_fused, model._codesign_fuse_hooks
+    del model._codesign_fused, model._codesign_fuse_hooks, model._codesign_linked_norms
 
 
 # --- RMSNorm ----------------------------------------------------------------------------------------------------
@@ -199,6 +211,10 @@ def _norm_mode(m) -> tuple[float, bool] | bool | None:
 
 def _norm_forward(offset: float, cast_first: bool):
     def forward(self, hidden_states):
+        ready = self.__dict__.pop("_codesign_ready", None)  # (left by the layer before: `_layer_forward`)
+        if ready is not None and ready[0] is hidden_states:
+            if ready[1] == (hidden_states._version, self.weight._version):  # (unchanged since the layer normed it)
+                return ready[2]
         return L.rms_norm(hidden_states, self.weight, _eps(self), offset, cast_first, dispatch=False)
 
     return forward
@@ -293,9 +309,40 @@ def _layer_forward(params: tuple, offset: float, cast_first: bool):
         norm = self.post_attention_layernorm
         hidden_states, residual = L.add_rms_norm(hidden_states, residual, norm.weight, _eps(norm), offset, cast_first,
                                                  dispatch=False)  # fmt: skip
-        return residual + self.mlp(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        link = self.__dict__.get("_codesign_next_norm")
+        if link is None or residual.is_inference() or link[0].weight.device != residual.device:
+            return residual + hidden_states  # (an inference tensor has no version counter; a split model moves it)
+        norm, n_offset, n_cast_first = link
+        normed, residual = L.add_rms_norm(hidden_states, residual, norm.weight, _eps(norm), n_offset, n_cast_first,
+                                          dispatch=False)  # fmt: skip
+        norm.__dict__["_codesign_ready"] = (residual, (residual._version, norm.weight._version), normed)
+        return residual
 
     return forward
+
+
+def _link_layers(model: torch.nn.Module, report: FuseReport) -> list[str]:
+    """Give each fused decoder layer of a ModuleList the norm that follows it (the next layer's input norm; after
+    the last, the list's parent's `norm`) where that norm is fused too: `_layer_forward` then ends in `add_rms_norm`
+    with it. Returns the linked layers' names. Which norm runs next is the model's forward's to say; the norm checks
+    it is called on the sum the layer returned, so a model that does otherwise is only slower."""
+    layers, norms, linked = set(report.layers), set(report.rms_norm), []
+    for name, seq in model.named_modules():
+        if not isinstance(seq, torch.nn.ModuleList) or not any(f"{name}.{i}" in layers for i in range(len(seq))):
+            continue
+        parent = name.rpartition(".")[0]
+        follow = [f"{name}.{i + 1}.input_layernorm" for i in range(len(seq) - 1)]
+        follow.append(f"{parent}.norm" if parent else "norm")
+        for i, (layer, norm_name) in enumerate(zip(seq, follow)):
+            if f"{name}.{i}" not in layers or norm_name not in norms:
+                continue
+            norm = model.get_submodule(norm_name)
+            mode = _norm_mode(norm)
+            if mode and norm.weight.dtype == layer.post_attention_layernorm.weight.dtype:
+                layer.__dict__["_codesign_next_norm"] = (norm, *mode)
+                linked.append(f"{name}.{i}")
+    return linked
 
 
 # --- gated MLP --------------------------------------------------------------------------------------------------
@@ -419,6 +466,8 @@ def _leave(module, args, output):
     token = module.__dict__.pop("_codesign_fuse_token", None)
     if token is not None:
         _ACTIVE.reset(token)
+    for d in module.__dict__.get("_codesign_linked_norms", ()):  # (a normed sum no norm took: not past the forward)
+        d.pop("_codesign_ready", None)
 
 
 # --- probes -----------------------------------------------------------------------------------------------------
