@@ -98,7 +98,7 @@ _NEG_INF = tl.constexpr(float("-inf"))
 class SplitPlan:
     """An Oaken decode's launches, made before them (`plan_split`): the INT launch's plan (its workspace the split
     partials, its `oaken_scratch` the tiles' running maxima fp32 [B, Hq, T / BLOCK_N]), the score biases fp32
-    [B, Hq, T], the kept probabilities in their layout (fp16, fp32 for fp32 queries), q fp32 channel-major
+    [B, Hq, T], the kept probabilities [B, kv heads, T, group] (fp16, fp32 for fp32 queries), q fp32 channel-major
     [B, kv_heads, D, GP], the value walks' corrections fp32 [B, Hq, S, W, DIM_PAD] (W walks a split) and the bias
     launch's blocks a program; T: the block table's tokens, to a multiple of the tile."""
 
@@ -172,7 +172,7 @@ def plan_split(
     bias = torch.empty(b, hq, tokens, dtype=torch.float32, device=q.device)
     # p as the INT tile feeds it to its value dot: fp16 for 16-bit queries, fp32 for fp32 ones
     pdt = torch.float32 if q.dtype == torch.float32 else torch.float16
-    probs = torch.empty(b, hq, tokens, dtype=pdt, device=q.device)
+    probs = torch.empty(b, hkv, tokens, hq // hkv, dtype=pdt, device=q.device)  # (a token's heads side by side)
     q_t = torch.zeros(b, hkv, dim, gp, dtype=torch.float32, device=q.device)  # padding heads stay 0
     sms = sms or 132  # (CPU: an H100's, as `choose_num_splits` assumes)
     # the value walks: at most CORR_PROGRAMS_PER_SM an SM (one wave), each over at least CORR_MIN_BLOCKS blocks
@@ -214,8 +214,8 @@ def attend_split(
     cfg, s, w = plan.launch.config, plan.launch.num_splits, plan.corr.shape[3]
     _value_corr_kernel[(t, hkv, s * w)](
         kv.v_side, bt, batch.context_lens, plan.probs, plan.launch.oaken_scratch, plan.corr, l_part,
-        kv.v_side.stride(0), kv.v_side.stride(1), bt.stride(0), *l_part.stride(), plan.probs.stride(0),
-        plan.probs.stride(1),
+        kv.v_side.stride(0), kv.v_side.stride(1), bt.stride(0), *l_part.stride(), plan.bias.stride(0),
+        plan.bias.stride(1),
         GROUP=group, GP=gp, HEAD_DIM=dim, DIM_PAD=dim_pad(dim), BLOCK_SIZE=bs, BLOCK_N=cfg["BLOCK_N"],
         NUM_SPLITS=s, WALKS=w, NBLK=CORR_NBLK, CAP=cap, FIRST=CORR_FIRST, R=RANKS, num_warps=1, maxnreg=CORR_MAXNREG,
     )  # fmt: skip
@@ -285,22 +285,21 @@ def _key_bias_kernel(
 
 
 @triton.jit
-def _value_slot(ib, st, en, r, first, s_lo, s_hi, pk, mk, lses, parts, GP: tl.constexpr, WHOLE: tl.constexpr,
-                BLOCK_N: tl.constexpr):  # fmt: skip
-    """Rank r of each (block, channel) list: its token's kept p for each head times its delta, into `parts` (one
-    [NBLK, DIM_PAD] tile a head); tokens outside the split's keys count nothing. Not WHOLE (blocks across tiles):
-    each p times its tile's factor 2^(m - lse2) here."""
+def _value_slot(ib, st, en, r, first, s_lo, s_hi, pk, mk, lse, g, g_ok, acc, GROUP: tl.constexpr,
+                WHOLE: tl.constexpr, BLOCK_N: tl.constexpr, STRIDE_MH):  # fmt: skip
+    """Rank r of each (block, channel) list: its token's kept p, the group's heads side by side (one load), times
+    its delta, into `acc` [NBLK, DIM_PAD, GP]; tokens outside the split's keys count nothing. Not WHOLE (blocks
+    across tiles): each p times its tile's factor 2^(m - lse2) here."""
     tok, delta, live = _pair(ib, st, en, r)
     tj = first + tok
     ok = live & (tj >= s_lo) & (tj < s_hi)  # the split's keys only
     delta = tl.where(ok, delta, 0.0)
-    out = ()
-    for h in tl.static_range(GP):
-        pg = tl.load(pk[h] + tj, mask=ok, other=0.0).to(tl.float32)
-        if not WHOLE:
-            pg = pg * tl.exp2(tl.load(mk[h] + tj // BLOCK_N, mask=ok, other=0.0) - lses[h])
-        out = out + (parts[h] + pg * delta,)
-    return out
+    m3 = ok[:, :, None] & g_ok[None, None, :]
+    pg = tl.load(pk + (tj * GROUP)[:, :, None] + g[None, None, :], mask=m3, other=0.0).to(tl.float32)
+    if not WHOLE:
+        mt = tl.load(mk + (tj // BLOCK_N)[:, :, None] + (g * STRIDE_MH)[None, None, :], mask=m3, other=0.0)
+        pg = pg * tl.exp2(mt - lse[None, None, :])
+    return acc + pg * delta[:, :, None]
 
 
 @triton.jit
@@ -314,9 +313,10 @@ def _value_corr_kernel(
     """One program a (sequence, kv head, split, walk: a WALKS-th of the split's blocks), NBLK blocks a step side by
     side (lanes: the blocks' channels), each step's block ids loaded a step ahead: over its keys (the INT launch's
     split), each channel's value slots (the channel-sorted index: (token, delta) pairs) times the kept probabilities
-    of the slot's token (pk [B, Hq, T], maxima mk [B, Hq, T / BLOCK_N]) normalized to the split (2^(m - lse2)),
-    summed per channel into the walk's row of the corrections c [B, Hq, NUM_SPLITS, WALKS, DIM_PAD] (the merge,
-    `reduce_splits`, adds them to the split's partial). Ranks as the key walk's."""
+    of the slot's token (pk [B, kv heads, T, GROUP]: the group's heads one load; maxima mk [B, Hq, T / BLOCK_N],
+    stride_kb / stride_kh the [B, Hq, T] strides) normalized to the split (2^(m - lse2)), summed per channel into the
+    walk's row of the corrections c [B, Hq, NUM_SPLITS, WALKS, DIM_PAD] (the merge, `reduce_splits`, adds them to the
+    split's partial). Ranks as the key walk's."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2) // WALKS
@@ -328,22 +328,18 @@ def _value_corr_kernel(
     d = tl.arange(0, DIM_PAD)
     d_ok = d < HEAD_DIM
     nb = tl.arange(0, NBLK)
+    g = tl.arange(0, GP)
+    g_ok = g < GROUP
     btrow = bt_ptr + b.to(tl.int64) * stride_bt
     pt = b.to(tl.int64) * stride_pt + split * stride_ps  # the split's partial rows (a head's: + qh stride_ph)
-    # each head's kept p, its maxima and the split's lse2 (+inf for -inf, a split of no keys or a padding head: its
-    # factors 2^(m - lse2) are then 0)
-    pks = ()
-    mks = ()
-    lses = ()
-    for h in tl.static_range(GP):
-        qh = kvh * GROUP + h
-        pks = pks + (pk_ptr + (b.to(tl.int64) * stride_kb + qh * stride_kh),)
-        mks = mks + (mk_ptr + (b.to(tl.int64) * stride_kb + qh * stride_kh) // BLOCK_N,)
-        lse2 = tl.load(lsep_ptr + pt + qh * stride_ph, mask=h < GROUP, other=float("-inf"))
-        lses = lses + (tl.where(lse2 > _NEG_INF, lse2, float("inf")),)
-    parts = ()
-    for _h in tl.static_range(GP):
-        parts = parts + (tl.zeros([NBLK, DIM_PAD], tl.float32),)
+    head0 = b.to(tl.int64) * stride_kb + kvh * GROUP * stride_kh  # the group's first head in [B, Hq, T]
+    pk = pk_ptr + head0  # ([B, kv heads, T, GROUP]: the same offset)
+    mk = mk_ptr + head0 // BLOCK_N
+    STRIDE_MH = stride_kh // BLOCK_N
+    # the split's lse2 per head (+inf for -inf, a split of no keys or a padding head: its factors 2^(m - lse2) are 0)
+    lse = tl.load(lsep_ptr + pt + (kvh * GROUP + g) * stride_ph, mask=g_ok, other=float("-inf"))
+    lse = tl.where(lse > _NEG_INF, lse, float("inf"))
+    parts = tl.zeros([NBLK, DIM_PAD, GP], tl.float32)
     WHOLE: tl.constexpr = BLOCK_N % BLOCK_SIZE == 0  # a block inside one tile: one factor a block and head
     first_blk = s_lo // BLOCK_SIZE
     per_walk = tl.cdiv(tl.maximum(tl.cdiv(s_hi, BLOCK_SIZE) - first_blk, 0), WALKS)
@@ -358,23 +354,20 @@ def _value_corr_kernel(
         m2 = b_ok[:, None] & d_ok[None, :]
         ib, st, en, nr = _walk_heads(ix_ptr, blk[:, None], kvh, stride_ib, stride_ih, d[None, :], m2, CAP, HEAD_DIM)
         first = (bi * BLOCK_SIZE)[:, None]
-        step = ()
-        for _h in tl.static_range(GP):
-            step = step + (tl.zeros([NBLK, DIM_PAD], tl.float32),)
+        step = tl.zeros([NBLK, DIM_PAD, GP], tl.float32)
         for u in tl.static_range(FIRST):
-            step = _value_slot(ib, st, en, u, first, s_lo, s_hi, pks, mks, lses, step, GP, WHOLE, BLOCK_N)
+            step = _value_slot(ib, st, en, u, first, s_lo, s_hi, pk, mk, lse, g, g_ok, step, GROUP, WHOLE, BLOCK_N,
+                               STRIDE_MH)  # fmt: skip
         for r in range(FIRST, nr, R):
             for u in tl.static_range(R):
-                step = _value_slot(ib, st, en, r + u, first, s_lo, s_hi, pks, mks, lses, step, GP, WHOLE, BLOCK_N)
-        new = ()
-        for h in tl.static_range(GP):  # p of the split: 2^(m - lse2), m the tile's running max
-            if WHOLE:
-                f = tl.exp2(tl.load(mks[h] + bi * BLOCK_SIZE // BLOCK_N, mask=b_ok, other=0.0) - lses[h])
-                new = new + (parts[h] + step[h] * f[:, None],)
-            else:  # (each slot's factor applied in `_value_slot`)
-                new = new + (parts[h] + step[h],)
-        parts = new
-    for h in tl.static_range(GP):
-        if h < GROUP:
-            tl.store(c_ptr + ((pt + (kvh * GROUP + h) * stride_ph) * WALKS + walk) * DIM_PAD + d, tl.sum(parts[h], 0),
-                     mask=d_ok)  # fmt: skip
+                step = _value_slot(ib, st, en, r + u, first, s_lo, s_hi, pk, mk, lse, g, g_ok, step, GROUP, WHOLE,
+                                   BLOCK_N, STRIDE_MH)  # fmt: skip
+        if WHOLE:  # p of the split: 2^(m - lse2), m the tile's running max, one a block and head
+            mt = tl.load(mk + (bi * BLOCK_SIZE // BLOCK_N)[:, None] + (g * STRIDE_MH)[None, :],
+                         mask=b_ok[:, None] & g_ok[None, :], other=0.0)  # fmt: skip
+            parts += step * tl.exp2(mt - lse[None, :])[:, None, :]
+        else:  # (each slot's factor applied in `_value_slot`)
+            parts += step
+    out = tl.sum(parts, 0)  # [DIM_PAD, GP]
+    tl.store(c_ptr + ((pt + (kvh * GROUP + g)[None, :] * stride_ph) * WALKS + walk) * DIM_PAD + d[:, None], out,
+             mask=d_ok[:, None] & g_ok[None, :])  # fmt: skip

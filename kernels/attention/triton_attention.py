@@ -661,11 +661,11 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                 alpha = tl.exp2(m_i - m_safe)
                 p = tl.exp2(s - m_safe[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
-                if SCORE_IO:  # p and its running max, per tile (`score_io`: p laid out as the biases); whole tiles
-                    # (p 0 past the sequence's end: a tile crosses no split's end but the last)
+                if SCORE_IO:  # p and its running max, per tile (`score_io`: p a token's heads side by side); whole
+                    # tiles (p 0 past the sequence's end: a tile crosses no split's end but the last). Decode only.
                     at = b * stride_rb + qh * stride_rr
-                    tl.store(v_res_ptr + at[:, None] + j[None, :], p.to(v_res_ptr.dtype.element_ty),
-                             mask=row_ok[:, None])  # fmt: skip
+                    tl.store(v_res_ptr + (b * stride_rb + kvh * GROUP * stride_rr + hg)[:, None] + j[None, :] * GROUP,
+                             p.to(v_res_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
                     tl.store(scr_ptr + at // BLOCK_N + start // BLOCK_N, m_safe, mask=row_ok)
                 if MIXED_SPAN:
                     vrow = v_ptr + blk0 * stride_vb + kvh * stride_vh + tl.arange(0, BLOCK_SIZE) * stride_vs
@@ -968,8 +968,9 @@ def _side_args(kv: KernelKV, context_lens: torch.Tensor, head_dim: int) -> tuple
 def score_io(kv: KernelKV) -> bool:
     """Whether a launch adds score biases and keeps its probabilities (SCORE_IO): a per-token INT launch given side
     tensors, Oaken's dense part (`oaken_split`): k_side the biases fp32 [B, Hq, T] (T a multiple of BLOCK_N, whole
-    tiles; offsets in int32), v_side the probabilities in the same layout (fp16; fp32 for fp32 queries), the plan's
-    `oaken_scratch` the running maxima fp32 [B, Hq, T / BLOCK_N]."""
+    tiles; offsets in int32), v_side the probabilities [B, kv heads, T, group] (a token's query heads side by side,
+    one load for the value walk; fp16, fp32 for fp32 queries), the plan's `oaken_scratch` the running maxima fp32
+    [B, Hq, T / BLOCK_N]."""
     return kv.kv_format == KV_FORMAT_INT and kv.k_side is not None
 
 

@@ -120,6 +120,17 @@ def test_blocks_against_tiles_vs_fp64(bs, tile, qdtype):
             assert_rel_close(out.double(), ref, tol, f"bs={bs} tile={tile} splits={splits}")
 
 
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_query_head_groups_vs_fp64(group):
+    """The kept probabilities hold a token's query heads side by side (one load a slot in the value walk): one head
+    a kv head, a group of no power of two (3 of 4 lanes, the fourth masked) and 4."""
+    cache, bt, cl, kd, vd = _pool()
+    q = torch.randn(3, group * H, kd.shape[-1]).half()
+    ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [1] * 3)
+    with use_backend("triton"), decode_path(1):
+        assert_rel_close(oaken_attention(q, cache, bt, cl, num_splits=2).double(), ref, 2e-3, f"group {group}")
+
+
 def test_alibi_softcap_and_lse_vs_fp64():
     """ALiBi and soft-capping act on the biased scores; the kept probabilities are the capped softmax's, so the
     value corrections follow; lse from the merge."""
