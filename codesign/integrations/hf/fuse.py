@@ -11,7 +11,8 @@
 - Gated MLPs (gate_proj, up_proj, down_proj; or Phi-3's one gate_up_proj) run `silu_mul` or, with GELU's tanh
   approximation (Gemma), `gelu_tanh_mul` between their GEMMs: one launch for two.
 - Decoder layers of the pre-norm kind (input_layernorm, self_attn, post_attention_layernorm, mlp: Llama, Mistral,
-  Qwen, Mixtral, Phi-3) run the residual add after the attention and the norm after it as one `add_rms_norm`, and
+  Qwen, Mixtral, Phi-3; Gemma2 / 3's sandwich layers, their attention's and MLP's outputs normed before the adds, too)
+  run the residual add after the attention and the norm after it as one `add_rms_norm`, and
   the residual add after the MLP and the norm the model runs next (the next layer's input norm, after the last layer
   the model's final norm) as another: the layer returns the sum and leaves the normed tensor with that norm, which
   returns it when it is called on that same sum, unchanged (identity and version counter), and computes otherwise
@@ -222,21 +223,29 @@ def _norm_forward(offset: float, cast_first: bool):
 
 # --- a decoder layer's residual add and post-attention norm -------------------------------------------------------
 LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+SANDWICH_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 
 def _is_layer(m) -> bool:
     return all(isinstance(getattr(m, a, None), torch.nn.Module) for a in LAYER_PARTS)
 
 
+def _is_sandwich(m) -> bool:
+    """A layer whose attention and MLP outputs are normed before their residual adds (Gemma2, Gemma3)."""
+    return all(isinstance(getattr(m, a, None), torch.nn.Module) for a in SANDWICH_NORMS)
+
+
 def _layer_mode(m, like: torch.Tensor | None) -> tuple | bool | None:
     """None: not a pre-norm decoder layer (`LAYER_PARTS`); else (its forward's parameters after hidden_states with
-    their defaults, the post-attention norm's (offset, cast_first)) where our forward computes what its own does on a
-    probe, or False. The probe runs both with stand-ins for the attention (which records what it is passed) and the
-    MLP, twice (with the keyword arguments a model passes, and with none): the outputs bit for bit and the
-    attention's arguments equal (`_layer_forward` passes them as the layer's own forward does)."""
+    their defaults, the (offset, cast_first) of the norm after the attention's residual add: the post-attention
+    norm, or a sandwich layer's pre-feedforward norm; whether it is a sandwich layer) where our forward computes what
+    its own does on a probe, or False. The probe runs both with stand-ins for the attention (which records what it
+    is passed) and the MLP, twice (with the keyword arguments a model passes, and with none): the outputs bit for
+    bit and the attention's arguments equal (`_layer_forward` passes them as the layer's own forward does)."""
     if not _is_layer(m):
         return None
-    norm = _norm_mode(m.post_attention_layernorm)
+    sandwich = _is_sandwich(m)
+    norm = _norm_mode(m.pre_feedforward_layernorm if sandwich else m.post_attention_layernorm)
     if not norm or like is None or m.training:
         return False
     try:
@@ -244,7 +253,7 @@ def _layer_mode(m, like: torch.Tensor | None) -> tuple | bool | None:
                        if p.kind == p.POSITIONAL_OR_KEYWORD)  # fmt: skip
     except (TypeError, ValueError):
         return False
-    ours = types.MethodType(_layer_forward(params, *norm), m)
+    ours = types.MethodType(_layer_forward(params, *norm, sandwich), m)
     seen: list = []
     own = {"self_attn": m.self_attn, "mlp": m.mlp}
     m.self_attn, m.mlp = _StandInAttention(seen), _StandInMLP()
@@ -259,7 +268,7 @@ def _layer_mode(m, like: torch.Tensor | None) -> tuple | bool | None:
                 if not (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and got.dtype == want.dtype
                         and torch.equal(got, want) and len(seen) == 2 and _same_call(*seen)):  # fmt: skip
                     return False
-        return params, *norm
+        return params, *norm, sandwich
     except Exception:  # noqa: BLE001 - a forward that computes otherwise (another return, another call): its own
         return False
     finally:
@@ -293,9 +302,10 @@ class _StandInMLP(torch.nn.Module):
         return x * 0.5 - 1.0
 
 
-def _layer_forward(params: tuple, offset: float, cast_first: bool):
-    """A pre-norm decoder layer's forward with the residual add after the attention and the norm after it one op;
-    the attention gets the arguments the layer's own forward passes it (`params`, then the rest)."""
+def _layer_forward(params: tuple, offset: float, cast_first: bool, sandwich: bool):
+    """A pre-norm decoder layer's forward with the residual add after the attention and the norm after it one op
+    (in a sandwich layer the attention's and the MLP's outputs normed first, as its own forward does); the attention
+    gets the arguments the layer's own forward passes it (`params`, then the rest)."""
 
     def forward(self, hidden_states, *args, **kwargs):
         if self.training:  # (the probe ran in eval mode: dropout, where a layer has it, is its forward's)
@@ -306,10 +316,16 @@ def _layer_forward(params: tuple, offset: float, cast_first: bool):
             kwargs.setdefault(name, default)
         residual = hidden_states
         hidden_states, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
-        norm = self.post_attention_layernorm
+        if sandwich:
+            hidden_states = self.post_attention_layernorm(hidden_states)
+            norm = self.pre_feedforward_layernorm
+        else:
+            norm = self.post_attention_layernorm
         hidden_states, residual = L.add_rms_norm(hidden_states, residual, norm.weight, _eps(norm), offset, cast_first,
                                                  dispatch=False)  # fmt: skip
         hidden_states = self.mlp(hidden_states)
+        if sandwich:
+            hidden_states = self.post_feedforward_layernorm(hidden_states)
         link = self.__dict__.get("_codesign_next_norm")
         if link is None or residual.is_inference() or link[0].weight.device != residual.device:
             return residual + hidden_states  # (an inference tensor has no version counter; a split model moves it)
@@ -339,7 +355,7 @@ def _link_layers(model: torch.nn.Module, report: FuseReport) -> list[str]:
                 continue
             norm = model.get_submodule(norm_name)
             mode = _norm_mode(norm)
-            if mode and norm.weight.dtype == layer.post_attention_layernorm.weight.dtype:
+            if mode and norm.weight.dtype == layer.input_layernorm.weight.dtype:
                 layer.__dict__["_codesign_next_norm"] = (norm, *mode)
                 linked.append(f"{name}.{i}")
     return linked
