@@ -284,6 +284,25 @@ def test_a_layer_leaves_the_next_norm_its_normed_sum_for_that_sum_only():
     assert torch.equal(model(ids).logits, want_model(ids).logits)
 
 
+def test_a_compiled_fused_model():
+    """torch.compile of a fused model: the logits of the eager fused model to fp32 rounding (Inductor fuses the
+    layer's last add and the next norm itself: the link steps aside while compiling, without a graph break)."""
+    import torch._dynamo
+
+    model = tiny_model("llama")
+    ids, _ = prompts(2, 6)
+    fuse_layers_(model)
+    with torch.no_grad():
+        want = model(ids).logits
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        got = torch.compile(model)(ids).logits
+    breaks = " ".join(torch._dynamo.utils.counters["graph_break"])
+    assert "is_inference" not in breaks and "codesign" not in breaks, breaks
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    unfuse_layers_(model)
+
+
 def test_the_rotary_function_serves_fused_models_only():
     """The modeling module's apply_rotary_pos_emb is ours for the process, but an unfused model of the family
     dispatches HF's ops, and a fused one ours."""

@@ -327,8 +327,11 @@ def _layer_forward(params: tuple, offset: float, cast_first: bool, sandwich: boo
         if sandwich:
             hidden_states = self.post_feedforward_layernorm(hidden_states)
         link = self.__dict__.get("_codesign_next_norm")
-        if link is None or residual.is_inference() or link[0].weight.device != residual.device:
-            return residual + hidden_states  # (an inference tensor has no version counter; a split model moves it)
+        if link is None or torch.compiler.is_compiling() or residual.is_inference() \
+                or link[0].weight.device != residual.device:  # fmt: skip
+            # (Inductor fuses the add and the norm itself; an inference tensor has no version counter; a model split
+            # over devices moves the sum)
+            return residual + hidden_states
         norm, n_offset, n_cast_first = link
         normed, residual = L.add_rms_norm(hidden_states, residual, norm.weight, _eps(norm), n_offset, n_cast_first,
                                           dispatch=False)  # fmt: skip
