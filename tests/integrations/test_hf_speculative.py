@@ -79,6 +79,26 @@ def test_the_target_as_its_own_draft_accepts_every_token():
     assert sp.stats.accepted == [[3], [3], [3]]
 
 
+def test_tree_speculation_on_a_fused_model():
+    """A fused model (layer ops, the cross-layer link) in tree steps: the tokens and accepted paths of the unfused
+    model's tree speculation (the torch paths compute the same bits; merged GEMMs apart: a BLAS may block K
+    otherwise for a wider N)."""
+    from codesign.integrations.hf import fuse_layers_, unfuse_layers_
+
+    model = tiny_model("llama")
+    ids, mask = prompts(2, 12, pads=(0, 3))
+    ids[0, 6:] = ids[0, :6]
+    runs, stats = [], []
+    for fuse in (False, True):
+        if fuse:
+            fuse_layers_(model, merge=False)  # (generate's fuse=True then finds it fused)
+        sp = TreeSpeculator("ngram", width=2, depth=3)
+        runs.append(_spec_run(model, ids, mask, sp, fuse=fuse).sequences)
+        stats.append(sp.stats.accepted)
+    unfuse_layers_(model)
+    assert torch.equal(runs[0], runs[1]) and stats[0] == stats[1]
+
+
 def _exact_two_step_marginals(model, ids):
     """p(first token) and the marginal of the second under sampling from the target: sum_r p(r) p(t | r)."""
     with torch.no_grad():
