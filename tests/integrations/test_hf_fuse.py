@@ -285,21 +285,34 @@ def test_a_layer_leaves_the_next_norm_its_normed_sum_for_that_sum_only():
 
 
 def test_a_compiled_fused_model():
-    """torch.compile of a fused model: the logits of the eager fused model to fp32 rounding (Inductor fuses the
-    layer's last add and the next norm itself: the link steps aside while compiling, without a graph break)."""
+    """torch.compile of a fused model traces one graph, no break, with our layer ops in it (the rotary function
+    knows a fused forward is traced without the context variable Dynamo cannot trace; the cross-layer link steps
+    aside, Inductor fuses that add and norm itself), computing the eager fused model's logits bit for bit (the graph
+    run as traced); an unfused model of the family compiled beside it has none of our ops."""
     import torch._dynamo
 
-    model = tiny_model("llama")
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    model, plain = tiny_model("llama"), tiny_model("llama", seed=1)
     ids, _ = prompts(2, 6)
     fuse_layers_(model)
+    layers = model.config.num_hidden_layers
     with torch.no_grad():
         want = model(ids).logits
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
-        got = torch.compile(model)(ids).logits
-    breaks = " ".join(torch._dynamo.utils.counters["graph_break"])
-    assert "is_inference" not in breaks and "codesign" not in breaks, breaks
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        got = torch.compile(model, backend=record)(ids).logits
+        assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+        (ops,) = graphs
+        assert ops.count("codesign.rope") == layers and ops.count("codesign.add_rms_norm") == layers
+        assert torch.equal(got, want)
+        graphs.clear()
+        torch.compile(plain, backend=record)(ids)
+    assert graphs and not any("codesign" in op for g in graphs for op in g)
     unfuse_layers_(model)
 
 

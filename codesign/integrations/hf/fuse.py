@@ -55,6 +55,13 @@ from codesign.kernels.layers import ops as L
 from codesign.specs import CodesignError
 
 _ACTIVE: ContextVar[bool] = ContextVar("codesign_fused_forward", default=False)
+# fused forwards being traced by torch.compile, which cannot trace a ContextVar: a counter it can (its changes are
+# replayed around the compiled graph, net nothing)
+class _Traced:
+    depth = 0
+
+
+_TRACED = _Traced()
 _ORIGINAL_ROPE: dict[str, object] = {}  # modeling module name -> its own apply_rotary_pos_emb
 NORM_MODES = ((0.0, True), (1.0, False))  # (offset, cast_first): weight * y.to(dtype) (Llama); y * (1 + w) (Gemma)
 
@@ -462,7 +469,7 @@ def _patch_rope(mod: str) -> None:
 
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         """codesign: `rope` while a fused model runs (`fuse.fuse_layers_`), else the module's own function."""
-        if _ACTIVE.get() and not args and not kwargs and _rope_shapes(q, k, cos, sin):
+        if _active() and not args and not kwargs and _rope_shapes(q, k, cos, sin):
             return L.rope(q, k, cos, sin, dispatch=False)
         return original(q, k, cos, sin, *args, **kwargs)
 
@@ -477,11 +484,22 @@ def _rope_shapes(q, k, cos, sin) -> bool:
             and q.shape[-1] % 2 == 0)  # fmt: skip
 
 
+def _active() -> bool:
+    """Whether a fused model's forward is running (or being traced by torch.compile)."""
+    return _TRACED.depth > 0 if torch.compiler.is_compiling() else _ACTIVE.get()
+
+
 def _enter(module, args):
-    module._codesign_fuse_token = _ACTIVE.set(True)
+    if torch.compiler.is_compiling():
+        _TRACED.depth += 1
+    else:
+        module._codesign_fuse_token = _ACTIVE.set(True)
 
 
 def _leave(module, args, output):
+    if torch.compiler.is_compiling():  # (the cross-layer link steps aside while compiling: nothing left behind)
+        _TRACED.depth -= 1
+        return
     token = module.__dict__.pop("_codesign_fuse_token", None)
     if token is not None:
         _ACTIVE.reset(token)
