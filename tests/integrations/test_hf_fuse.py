@@ -5,6 +5,7 @@ what stays unfused (a module that computes otherwise; a model not fused)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import pytest
 import torch
@@ -281,6 +282,12 @@ def test_a_layer_leaves_the_next_norm_its_normed_sum_for_that_sum_only():
             h.remove()
     norms = [model.model.layers[1].input_layernorm, model.model.norm]
     assert not any("_codesign_ready" in vars(n) for n in norms)
+    twin = copy.deepcopy(model)  # (links to its own norms)
+    assert [layer._codesign_next_norm[0] for layer in twin.model.layers] == [twin.model.layers[1].input_layernorm,
+                                                                           twin.model.norm]  # fmt: skip
+    assert list(twin._codesign_linked_norms) == [twin.model.layers[1].input_layernorm, twin.model.norm]
+    with torch.no_grad():
+        assert torch.equal(twin(ids).logits, model(ids).logits)
     with torch.no_grad(), use_backend("triton", op="rms_norm"), use_backend("triton", op="add_rms_norm"):
         linked = model(ids).logits  # (the Triton kernels, interpreter: the sum stored, then normed, as unlinked)
         links = [layer.__dict__.pop("_codesign_next_norm") for layer in model.model.layers]

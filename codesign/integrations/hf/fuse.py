@@ -117,7 +117,7 @@ def fuse_layers_(model: torch.nn.Module, merge: bool = True) -> FuseReport:
     if merge:  # (after the MLP probes, which stand in for the projections)
         report.merged, report.unmerged = merge_projections_(model)
     report.linked = _link_layers(model, report)
-    model._codesign_linked_norms = tuple(model.get_submodule(n)._codesign_next_norm[0].__dict__ for n in report.linked)
+    model._codesign_linked_norms = tuple(model.get_submodule(n)._codesign_next_norm[0] for n in report.linked)
     model._codesign_fused = report
     model._codesign_fuse_hooks = (
         model.register_forward_pre_hook(_enter),
@@ -176,8 +176,8 @@ def unfuse_layers_(model: torch.nn.Module) -> None:
         model.get_submodule(name).act = None
     for name in report.linked:
         del model.get_submodule(name)._codesign_next_norm
-    for d in model._codesign_linked_norms:
-        d.pop("_codesign_ready", None)
+    for norm in model._codesign_linked_norms:
+        norm.__dict__.pop("_codesign_ready", None)
     unmerge_projections_(model)
     for h in model._codesign_fuse_hooks:
         h.remove()
@@ -503,8 +503,8 @@ def _leave(module, args, output):
     token = module.__dict__.pop("_codesign_fuse_token", None)
     if token is not None:
         _ACTIVE.reset(token)
-    for d in module.__dict__.get("_codesign_linked_norms", ()):  # (a normed sum no norm took: not past the forward)
-        d.pop("_codesign_ready", None)
+    for norm in module.__dict__.get("_codesign_linked_norms", ()):  # (a normed sum no norm took: not kept past it)
+        norm.__dict__.pop("_codesign_ready", None)
 
 
 # --- probes -----------------------------------------------------------------------------------------------------
