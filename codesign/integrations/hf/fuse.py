@@ -225,6 +225,7 @@ def _norm_forward(offset: float, cast_first: bool):
                 return ready[2]
         return L.rms_norm(hidden_states, self.weight, _eps(self), offset, cast_first, dispatch=False)
 
+    forward.mode = (offset, cast_first)  # (what its probe found: `_link_layers` norms with it)
     return forward
 
 
@@ -364,9 +365,8 @@ def _link_layers(model: torch.nn.Module, report: FuseReport) -> list[str]:
             if f"{name}.{i}" not in layers or norm_name not in norms:
                 continue
             norm = model.get_submodule(norm_name)
-            mode = _norm_mode(norm)
-            if mode and norm.weight.dtype == layer.input_layernorm.weight.dtype:
-                layer.__dict__["_codesign_next_norm"] = (norm, *mode)
+            if norm.weight.dtype == layer.input_layernorm.weight.dtype:
+                layer.__dict__["_codesign_next_norm"] = (norm, *norm.forward.__func__.mode)
                 linked.append(f"{name}.{i}")
     return linked
 
