@@ -74,3 +74,33 @@ def _smoke_model():
 
     torch.manual_seed(0)
     return random_model(LlamaConfig(**SMOKE_CONFIG), torch.float32, "cpu")
+
+
+def main(argv=None) -> int:
+    """Chosen variants alone (`bench_decode`), e.g. the compiled ones beside the captured one they compare with:
+    python bench/gpu_hf.py --variants codesign-bf16-fused-graph codesign-bf16-fused-compiled --out hf.json"""
+    import argparse
+    from pathlib import Path
+
+    from codesign.dataflow.reports import write_json_atomic
+    from codesign.integrations.hf.bench import COMPILED_VARIANTS, VARIANTS, bench_decode
+
+    known = {v[0]: v for v in (*VARIANTS, *COMPILED_VARIANTS)}
+    p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    p.add_argument("--variants", nargs="+", required=True, choices=sorted(known))
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 16])
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--out", required=True, help="write the rows here (JSON)")
+    args = p.parse_args(argv)
+    rows = bench_decode(batches=args.batches, new_tokens=args.new_tokens,
+                        variants=tuple(known[v] for v in args.variants))  # fmt: skip
+    write_json_atomic({"model": "llama-3-8b (random weights, bf16)", "design": "h200", "rows": rows}, Path(args.out))
+    for r in rows:
+        steady, pred = r["steady_decode_tokens_per_s"] or 0.0, r["predicted_decode_tokens_per_s"]
+        print(f"{r['variant']:<40} batch {r['batch']:>3}: {r['decode_tokens_per_s']:9.1f} decode tokens/s "
+              f"(steady {steady:9.1f}; predicted {pred:9.1f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

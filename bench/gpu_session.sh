@@ -111,4 +111,13 @@ if (( t > 0 )) && [ -d "$work/tables" ]; then
 elif (( t > 0 )); then echo "gpu_session: no tuned tables, the tuned KV benchmark not run" | tee -a "$OUT/log.txt"
 else skipped "the tuned KV benchmark"; fi
 pack
+# 5. With time left: compiled decode (torch.compile, mode="reduce-overhead") beside captured decode of the fused bf16
+# Llama-3-8B at batch 1; compiling the 32-layer step takes a minute or more, so it comes last and only with
+# HF_COMPILED_SECONDS (default 150) left.
+t=$(budget "${HF_COMPILED_SECONDS:-150}")
+if (( t >= ${HF_COMPILED_SECONDS:-150} )); then
+  timeout -s TERM -k 20 "$t" $PY bench/gpu_hf.py --variants codesign-bf16-fused-graph codesign-bf16-fused-compiled \
+    --batches 1 --out "$work/hf_compiled.json" 2>&1 | grep -v Warning | tail -4 | tee -a "$OUT/log.txt"
+else skipped "compiled decode" "$t s left, it needs ${HF_COMPILED_SECONDS:-150}"; fi
+pack
 echo "gpu_session: done in $(( $(date +%s) - DEADLINE + ${SESSION_SECONDS:-540} )) s" | tee -a "$OUT/log.txt"

@@ -64,6 +64,22 @@ def test_generate_fused_prints_what_it_fused(folder, capsys):
             "rotary embedding in modeling_llama; merged 4 projection groups") in outs[1]
 
 
+def test_generate_compiled(folder, capsys, monkeypatch):
+    """--compile: the same tokens as without, every decode step through one compiled forward (a backend that records
+    the graph and runs it as traced stands in for Inductor, which takes seconds on a CPU)."""
+    from codesign.integrations.hf import graphs
+
+    seen = []
+    monkeypatch.setitem(graphs.COMPILE_DEFAULTS, "backend", lambda gm, inputs: seen.append(gm) or gm.forward)
+    outs = []
+    for extra in ([], ["--compile"]):
+        assert main(["generate", str(folder), "--max-new-tokens", "4", "--kv-format", "int8", *extra]) == 0
+        outs.append(capsys.readouterr().out)
+    token = [next(line for line in out.splitlines() if line.startswith("tokens:")) for out in outs]
+    assert token[0] == token[1] and len(seen) == 1
+    assert len(_table(outs[1])) == 4
+
+
 def test_random_weights_are_seeded(folder, capsys):
     runs = []
     for _ in range(2):
@@ -79,6 +95,7 @@ def test_random_weights_are_seeded(folder, capsys):
     (["--prompt", "hello"], "--prompt needs a tokenizer"),
     (["--cuda-graph", "--device", "cpu"], "cuda_graph=True needs a model on a CUDA device"),
     (["--cuda-graph", "--kv-format", "int4-kivi", "--speculative", "ngram"], "tree forwards cannot be captured"),
+    (["--compile", "reduce-overhead", "--speculative", "ngram"], "compile serves decode steps"),
 ])  # fmt: skip
 def test_bad_options_exit_2(folder, capsys, args, message):
     assert main(["generate", str(folder), "--max-new-tokens", "2", *args]) == 2

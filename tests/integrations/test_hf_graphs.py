@@ -413,6 +413,15 @@ def test_the_tape_refuses_each_host_wait(wait):
         GraphTape().capture(lambda: wait(torch.randn(4)))
 
 
+def test_the_tape_takes_a_host_scalar():
+    """A Python scalar made a 0-dim tensor stays on the host (a GPU kernel takes it as an argument; transformers 4.57's
+    Gemma2 scales its embeddings so): not a wait. A list made a tensor is one (a copy to the device)."""
+    replay, out = GraphTape().capture(lambda: torch.ones(2) * torch.tensor(3.0, dtype=torch.float32))
+    assert torch.equal(out, torch.full((2,), 3.0))
+    with pytest.raises(CodesignError, match="the host waits for the device"):
+        GraphTape().capture(lambda: torch.ones(2) * torch.tensor([3.0]))
+
+
 def test_a_replan_that_moves_a_buffer_raises(monkeypatch):
     """A replay reads the wrappers' buffers where capture found them: a re-plan that reallocates one raises."""
     from codesign.kernels.attention import wrappers

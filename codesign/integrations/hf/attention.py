@@ -22,6 +22,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf.support import ATTN_NAME, left_pads
+from codesign.integrations.hf.traced import traced_attention
 from codesign.specs import CodesignError
 
 TRANSIENT_BLOCK = 16
@@ -38,6 +39,8 @@ def codesign_mask(batch_size, q_length=None, kv_length=None, q_offset=0, kv_offs
     if attention_mask is None:
         return None
     m = attention_mask[:, kv_offset : kv_offset + kv_length].to(torch.bool)
+    if torch.compiler.is_compiling():  # (a traced forward does not read the mask on the host: the cache does)
+        return m
     return None if bool(m.all()) else m
 
 
@@ -69,9 +72,15 @@ def codesign_attention(module, query, key, value, attention_mask, scaling=None, 
     _check_call(module, attention_mask, dropout, kwargs)
     if sliding_window is _UNSET:
         sliding_window = getattr(module, "sliding_window", None)
-    pending = module.__dict__.pop("_codesign_pending", None)
     window = int(sliding_window) if sliding_window else None
     soft = float(softcap) if softcap else None
+    if torch.compiler.is_compiling():  # (Dynamo cannot trace the cache's host side: one opaque op, `traced`)
+        pending = getattr(module, "_codesign_pending", None)
+        if pending is not None and pending[2] is key:
+            module._codesign_pending = None
+            return traced_attention(pending[0], pending[1], query, key, value, attention_mask, scaling, window,
+                                    soft), None  # fmt: skip
+    pending = module.__dict__.pop("_codesign_pending", None)
     if pending is not None and pending[2] is key:
         cache, layer_idx, _ = pending
         return cache.attend(layer_idx, query, key, value, attention_mask, scaling, window, soft), None

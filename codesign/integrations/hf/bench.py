@@ -44,6 +44,11 @@ VARIANTS = (("hf-sdpa", "sdpa", None, None), ("codesign-bf16", "codesign", "bf16
             ("codesign-bf16-w4a16-graph", "codesign-graph", "bf16", "w4a16"),
             ("codesign-bf16-w4a16-fused-graph", "codesign-fused-graph", "bf16", "w4a16"),
             ("codesign-bf16-w4a16-fused-unmerged-graph", "codesign-fused-unmerged-graph", "bf16", "w4a16"))  # fmt: skip
+# "-compiled": decode steps run one torch.compile'd forward (`graphs.GraphDecoding(compile=...)`; on a GPU
+# mode="reduce-overhead", Inductor's CUDA graphs; on a CPU the aot_eager backend). Compiling an 8B model costs a minute
+# or more a batch size, so these run on request (bench/gpu_hf.py --variants), beside the captured variant.
+COMPILED_VARIANTS = (("codesign-bf16-fused-compiled", "codesign-fused-compiled", "bf16", None),
+                     ("codesign-bf16-w4a16-fused-compiled", "codesign-fused-compiled", "bf16", "w4a16"))  # fmt: skip
 STEADY_AFTER = 3  # steps a steady rate leaves out: the prefill, and a captured run's eager and captured steps
 
 
@@ -54,12 +59,14 @@ def _timed(model, attn: str, spec, ids, new_tokens: int) -> tuple[list[float], l
     """Greedy generation of new_tokens: each step's (forward's) seconds and shape, and the tokens a row made."""
     if attn != "sdpa":
         graph = attn.endswith("-graph") and (True if ids.is_cuda else "tape")
+        compiled = attn.endswith("-compiled") and (
+            {"mode": "reduce-overhead"} if ids.is_cuda else {"backend": "aot_eager"})
         sp = TreeSpeculator("ngram", width=2, depth=3) if "-tree" in attn else None
         try:
             if "-unmerged" in attn:
                 fuse_layers_(model, merge=False)  # (run_generate's fuse then keeps it)
             r = run_generate(model, ids, spec, max_new_tokens=new_tokens, check=False, cuda_graph=graph,
-                             speculative=sp, fuse="-fused" in attn, **GREEDY)  # fmt: skip
+                             compile=compiled, speculative=sp, fuse="-fused" in attn, **GREEDY)  # fmt: skip
         finally:
             unfuse_layers_(model)  # (the next variant runs the model's own modules)
         return r.step_seconds, r.steps, r.sequences.shape[1] - ids.shape[1]
@@ -110,7 +117,7 @@ def bench_decode(model=None, *, batches: Sequence[int] = (1, 16), prompt_len: in
             ids = torch.randint(3, vocab, (batch, prompt_len), generator=g).to(device)
             # kernel compiles, allocator growth; a captured or speculative run over the whole prompt: its tables'
             # widths (which Triton may specialize on) near the timed run's, its capture and its tree kernels run
-            eager = attn in ("sdpa", "codesign")
+            eager = attn in ("sdpa", "codesign")  # (a compiled run: its compiles, for the timed run's shapes)
             _timed(model, attn, spec, ids[:, :warmup] if eager else ids, 2 if eager else 5)
             secs, steps, made = _timed(model, attn, spec, ids, new_tokens)
             rows.append(_row(name, batch, made, secs, coster.predict(steps)))

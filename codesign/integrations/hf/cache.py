@@ -50,6 +50,7 @@ from codesign.integrations.hf.kv_formats import (
     parse_kv_format,
 )
 from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, left_pads, text_config
+from codesign.integrations.hf.traced import new_handle
 from codesign.specs import CodesignError
 
 UNDO_MAX = 64  # tokens a row: forwards this short (decode, verification) can be rolled back in every format
@@ -95,6 +96,7 @@ class _Step:
     # a captured step's K/V of each layer (the graph's own tensors: each replay refills them), for accept_tree
     kept: dict[int, tuple] = field(default_factory=dict)
     buffers: dict[int, tuple] = field(default_factory=dict)  # group -> its wrapper's buffers a captured forward reads
+    seen: int = 0  # a graph's: the cache's `seen` at graph_begin, what a traced forward reads (`model_seen`)
 
 
 class CodesignCacheLayer(CacheLayerMixin):
@@ -117,10 +119,10 @@ class CodesignCacheLayer(CacheLayerMixin):
         return self._cache.update(key_states, value_states, self.layer_idx)
 
     def get_mask_sizes(self, query_length) -> tuple[int, int]:
-        return self._cache.seen + _compat.query_length(query_length), 0
+        return self._cache.model_seen() + _compat.query_length(query_length), 0
 
     def get_seq_length(self) -> int:
-        return self._cache.seen
+        return self._cache.model_seen()
 
     def get_max_length(self) -> int:
         return -1
@@ -172,6 +174,7 @@ class CodesignCache(Cache):
         self._share: list[tuple[int, int] | None] | None = None
         self.steps: list[StepRecord] = []
         self._graph: _Step | None = None  # the fixed step captured decode forwards read (`graph_begin`)
+        self.handle = new_handle(self)  # what a traced forward names this cache by (`traced.hf_attend`)
 
     # --- transformers' side ---------------------------------------------------------------------------
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -182,7 +185,7 @@ class CodesignCache(Cache):
                 f"{self._config._attn_implementation!r}): call model.set_attn_implementation({ATTN_NAME!r})"
             )
         mod = self.layout.modules[layer_idx]
-        if "_codesign_pending" in mod.__dict__:
+        if mod.__dict__.get("_codesign_pending") is not None:
             raise CodesignError(
                 f"layer {layer_idx}: the previous K/V were never attended (foreign attention?)"
             )
@@ -190,10 +193,19 @@ class CodesignCache(Cache):
         return key_states, value_states
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.seen
+        return self.model_seen()
 
     def get_mask_sizes(self, query_length, layer_idx: int = 0) -> tuple[int, int]:
-        return self.seen + _compat.query_length(query_length), 0
+        return self.model_seen() + _compat.query_length(query_length), 0
+
+    def model_seen(self) -> int:
+        """`seen` as the model's forward reads it (its cache positions and mask sizes, which our attention does not
+        use): while torch.compile traces a step of `graph_begin`, the count at graph_begin, so that the traced step
+        does not hold a count that moves every step (a guard on it would compile the step again; a captured graph
+        freezes the value anyway, and the loops pass the positions)."""
+        if self._graph is not None and torch.compiler.is_compiling():
+            return self._graph.seen
+        return self.seen
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
         return -1
@@ -357,7 +369,7 @@ class CodesignCache(Cache):
             slots = torch.zeros(b * n, dtype=torch.int64, device=device)
             write.append(WritePlan([], list(self._rows), [], [], slots, bt, [], [], positions=pos))
             attend.append(AttendPlan(bt, ctx, cu, None, []))  # (a tree's TreeBatch: set by each graph_step)
-        self._graph = _Step(b, n, None, write, attend, keep_kv=tree is not None)
+        self._graph = _Step(b, n, None, write, attend, keep_kv=tree is not None, seen=self.seen)
 
     def graph_step(self) -> None:
         """A step's host side, before its captured forward: its slots in every group, the step's tables, lengths
@@ -416,6 +428,10 @@ class CodesignCache(Cache):
     def graph_end(self) -> None:
         """Back to eager forwards (each plans its own buffers)."""
         self._graph = None
+
+    def in_graph(self) -> bool:
+        """Whether forwards are steps of `graph_begin` (until `graph_end`)."""
+        return self._graph is not None
 
     # --- one forward -------------------------------------------------------------------------------------
     def attend(self, layer_idx, query, key, value, mask2d, scaling, window, softcap) -> torch.Tensor:

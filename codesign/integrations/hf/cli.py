@@ -14,6 +14,8 @@ from pathlib import Path
 from codesign.specs import CodesignError
 
 DTYPES = ("fp32", "fp16", "bf16")
+# torch.compile modes `--compile` takes (reduce-overhead and max-autotune capture Inductor's CUDA graphs)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graph", action="store_true",
                    help="decode steps (or --speculative's tree forwards) replay one forward captured in a CUDA "
                         "graph (decode: every format; trees: plain, per-token INT and FP8 caches)")
+    p.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
+                   help="decode steps run one torch.compile'd forward (no graph break; the cache's side one op a "
+                        "layer): a torch.compile mode (default: 'default'); with --cuda-graph captured in ours, "
+                        "'reduce-overhead' in Inductor's CUDA graphs")  # fmt: skip
     p.add_argument("--fuse", action="store_true",
                    help="RMSNorms, rotary embedding and gated MLPs on codesign's one-launch ops; q / k / v and "
                         "gate / up projections one GEMM each")
@@ -132,12 +138,18 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     r = run_generate(model, ids, spec, block_size=args.block_size, speculative=_speculator(args, dtype, device),
                      max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=0,
-                     eos_token_id=None, cuda_graph=args.cuda_graph, fuse=args.fuse)  # fmt: skip
+                     eos_token_id=None, cuda_graph=args.cuda_graph, fuse=args.fuse,
+                     compile=_compile(args.compile))  # fmt: skip
     pred = coster.predict(r.steps) if coster else None
     print(_report(args, r, pred, tok, getattr(model, "_codesign_fused", None)))
     if args.json:
         _write_json(args.json, args, r, pred)
     return 0
+
+
+def _compile(mode: str | None) -> bool | dict:
+    """generate's `compile` for `--compile MODE` (None: not given)."""
+    return False if mode is None else True if mode == "default" else {"mode": mode}
 
 
 def _report(args, r, pred, tok, fused=None) -> str:

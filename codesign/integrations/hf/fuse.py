@@ -58,7 +58,8 @@ _ACTIVE: ContextVar[bool] = ContextVar("codesign_fused_forward", default=False)
 # fused forwards being traced by torch.compile, which cannot trace a ContextVar: a counter it can (its changes are
 # replayed around the compiled graph, net nothing)
 class _Traced:
-    depth = 0
+    def __init__(self) -> None:
+        self.depth = 0  # (an instance attribute from the start: Dynamo guards on where it lives)
 
 
 _TRACED = _Traced()

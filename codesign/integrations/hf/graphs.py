@@ -17,6 +17,10 @@ Formats: every format for decode (KIVI decides its ring rows and flushes on the 
 each replay); plain, per-token INT and FP8 for trees (`KVSpec.check_capturable`). `GraphDecoding` picks tokens as
 transformers' own `_sample` loop does (logits processors, greedy or sampling, stopping criteria, the pad token after
 a row's end); no beams.
+
+Compiled steps (`GraphDecoding(compile=...)`): the step's forward is torch.compile'd, the cache's side of each layer
+one opaque op (`traced`); `Direct` then runs it at every step (Inductor's own CUDA graphs with mode="reduce-overhead"),
+or "cuda" captures the compiled step in ours.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from codesign.integrations.hf._compat import cache_kwarg
 from codesign.integrations.hf.cache import CodesignCache
 from codesign.integrations.hf.forwards import prefill
 from codesign.integrations.hf.support import ATTN_NAME, text_config
+from codesign.integrations.hf.traced import stepping
 from codesign.kernels.gemm.stream_buffers import capture_scope
 from codesign.specs import CodesignError
 
@@ -84,7 +89,8 @@ class CudaCapture:
 class HostWaits(torch.overrides.TorchFunctionMode):
     """Finds the torch calls that make the host wait for a GPU (`.item()`, `.tolist()`, truth values, `nonzero`,
     bool-mask indexing, `.cpu()`) or copy a host list to the device with a wait (`torch.tensor`; not
-    `host_ints.device_ints`'s, from pinned memory without one): a CUDA graph capture refuses them, and in an eager
+    `host_ints.device_ints`'s, from pinned memory without one, nor a host scalar's 0-dim tensor, which stays on the
+    host): a CUDA graph capture refuses them, and in an eager
     forward each stalls the launch queue. Recorded in `calls`; with `strict`, raised at once. Calls made while
     `paused()` is true (inside a kernel's CPU path) pass."""
 
@@ -102,7 +108,10 @@ class HostWaits(torch.overrides.TorchFunctionMode):
             index = args[1] if name in ("__getitem__", "__setitem__") and len(args) > 1 else None
             masks = index if isinstance(index, tuple) else (index,)
             pinned = name == "tensor" and sys._getframe(1).f_code.co_filename.endswith("host_ints.py")
-            if (name in self.WAITS and not pinned) or any(
+            # a 0-dim host constant (transformers 4.57's Gemma2 scales its embeddings by one): no copy, nothing waits
+            constant = name in ("tensor", "as_tensor") and bool(args) and isinstance(args[0], (int, float, bool)) \
+                and str((kwargs or {}).get("device", "cpu")) == "cpu"  # fmt: skip
+            if (name in self.WAITS and not pinned and not constant) or any(
                     isinstance(m, torch.Tensor) and m.dtype == torch.bool for m in masks):  # fmt: skip
                 if self.strict:
                     raise CodesignError(f"a captured forward calls {name}(): the host waits for the device")
@@ -197,12 +206,64 @@ def check_capture(capture) -> None:
         raise CodesignError(f"capture must be one of {CAPTURES}, a capturer or None, got {capture!r}")
 
 
-def capturer(capture, device: torch.device):
-    """The capturer `capture` names ("cuda", "tape", None: CUDA graphs on a CUDA device) or is (an object with
-    `warm` and `capture`), for a model on `device`."""
+class Direct:
+    """No capture: `warm`, `capture` and the replay each run the step (a compiled step: Inductor's CUDA graphs,
+    mode="reduce-overhead", or none)."""
+
+    def warm(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        return fn()
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
+        return fn, fn()
+
+
+# torch.compile's keywords for a step (`compile_options`): one graph (a break raises). Shapes and ints start static
+# and turn dynamic where they change (torch's default): a later run's other prompt length or batch size compiles once
+# more, not at every run.
+COMPILE_DEFAULTS = {"fullgraph": True}
+INDUCTOR_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that capture CUDA graphs
+_COMPILED: dict[tuple, Callable] = {}
+
+
+def _step(model, ids: torch.Tensor, positions: torch.Tensor, cache_kw: str, cache: CodesignCache) -> torch.Tensor:
+    """One forward of a captured step: the logits of `ids` at `positions` over `cache`."""
+    return model(input_ids=ids, position_ids=positions, use_cache=True, **{cache_kw: cache}).logits
+
+
+def compiled_step(opts: dict) -> Callable:
+    """`_step` torch.compile'd with `opts`, one for the process a set of options: Dynamo keeps its graphs by the
+    function's code and guards, so every model and cache share it (the cache's side of a layer is one op in it:
+    `traced`)."""
+    key = tuple(sorted((k, repr(v)) for k, v in opts.items()))
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(_step, **opts)
+    return _COMPILED[key]
+
+
+def compile_options(compile, capture) -> dict | None:
+    """torch.compile's keywords for a decode step from `compile` (False / None: none; True: COMPILE_DEFAULTS; a dict:
+    keywords over them), refused where `capture` ("cuda", "tape", None: none, or a capturer) cannot hold it."""
+    if compile is None or compile is False:
+        return None
+    if compile is not True and not isinstance(compile, dict):
+        raise CodesignError(f"compile must be True, False or a dict of torch.compile keywords, got {compile!r}")
+    opts = {**COMPILE_DEFAULTS, **({} if compile is True else compile)}
+    if capture == "tape":
+        raise CodesignError("compile does not combine with capture='tape' (the tape records eager forwards)")
+    if capture is not None and opts.get("mode") in INDUCTOR_GRAPH_MODES:
+        raise CodesignError(f"compile mode {opts['mode']!r} captures Inductor's own CUDA graphs: pass capture=None "
+                            "(cuda_graph=False) with it, or another mode inside ours")  # fmt: skip
+    return opts
+
+
+def capturer(capture, device: torch.device, compiled: bool = False):
+    """The capturer `capture` names ("cuda", "tape", None: CUDA graphs on a CUDA device; with `compiled`, none:
+    `Direct`) or is (an object with `warm` and `capture`), for a model on `device`."""
     check_capture(capture)
     if hasattr(capture, "capture"):
         return capture
+    if compiled and capture is None:
+        return Direct()
     capture = capture or ("cuda" if device.type == "cuda" else None)
     if capture is None:
         raise CodesignError(f"captured decode of a model on {device} needs capture='tape' (CUDA graphs: cuda)")
@@ -217,15 +278,21 @@ class CapturedForward:
     [B, W, vocab]: the first runs eagerly over the fixed buffers (`warm`: plans the wrappers, compiles the kernels),
     the second is captured, the later ones replay it; every step's effects happen once."""
 
-    def __init__(self, model, cache: CodesignCache, capture, max_tokens: int, tree: Sequence[int] | None = None):
+    def __init__(self, model, cache: CodesignCache, capture, max_tokens: int, tree: Sequence[int] | None = None,
+                 compile: dict | None = None):  # fmt: skip
         cache.graph_begin(max_tokens, model.device, tree)
         self.cache, self.capture = cache, capture
         self.batch, width = len(cache.row_lengths()), 1 if tree is None else len(tree)
         self.ids = torch.zeros(self.batch, width, dtype=torch.long, device=model.device)
         self.positions = torch.zeros_like(self.ids)
         self.replay, self.warmed, self.captures, self.prepared = None, False, 0, False
-        kw = {cache_kwarg(model): cache}
-        self.step = lambda: model(input_ids=self.ids, position_ids=self.positions, use_cache=True, **kw).logits
+        step = _step if compile is None else compiled_step(compile)  # (traced at the warm-up)
+
+        def run() -> torch.Tensor:
+            with stepping(cache):
+                return step(model, self.ids, self.positions, cache_kwarg(model), cache)
+
+        self.step = run
 
     def prepare(self) -> bool:
         """The next step's host side now (`graph_step`: its slots, tables and re-plans), while the device still runs
@@ -266,10 +333,15 @@ class GraphDecoding:
     The first decode step runs eagerly over the fixed buffers (`warm`), the second is captured (`capture`), every
     later one replays it. capture: "cuda" (`CudaCapture`, the default on a CUDA model), "tape" (`GraphTape`, the
     CPU stand-in: slow, for checking that a model's step is capturable), or an object with their `warm` and
-    `capture`. Needs a fresh CodesignCache of a capturable format (`KVSpec.check_capturable`)."""
+    `capture`. Needs a fresh CodesignCache of a capturable format (`KVSpec.check_capturable`).
 
-    def __init__(self, capture=None) -> None:
+    compile (True, or a dict of torch.compile's keywords over COMPILE_DEFAULTS): the step is torch.compile'd (one
+    graph, the cache's side one op a layer: `traced`), traced at the warm-up; capture None then runs the compiled
+    step each time (with mode="reduce-overhead" in Inductor's CUDA graphs), "cuda" captures it in ours."""
+
+    def __init__(self, capture=None, compile=None) -> None:
         check_capture(capture)
+        self.compile = compile_options(compile, capture)
         self.capture = capture
         self.captures = 0  # forwards captured by the last call (one a call)
 
@@ -286,7 +358,7 @@ class GraphDecoding:
         if not isinstance(cache, CodesignCache) or cache.row_lengths():
             raise CodesignError("captured decode needs a fresh CodesignCache (generate(..., cache=CodesignCache(...)))")
         cache.spec.check_capturable()
-        capture = capturer(self.capture, model.device)
+        capture = capturer(self.capture, model.device, self.compile is not None)
         self.captures = 0
         try:
             return self._loop(model, input_ids, model_kwargs.get("attention_mask"), cache, capture,
@@ -324,7 +396,7 @@ class GraphDecoding:
                 if ahead:
                     forward.cancel()
                 return ids
-            forward = forward or CapturedForward(model, cache, capture, int(cfg.max_length))
+            forward = forward or CapturedForward(model, cache, capture, int(cfg.max_length), compile=self.compile)
             logits = forward(tokens[:, None], positions)[:, -1]
             self.captures = forward.captures
             positions = positions + 1

@@ -18,7 +18,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from codesign.integrations.hf._compat import cache_kwarg
 from codesign.integrations.hf.cache import CodesignCache, StepRecord, blocks_needed, pool_blocks
 from codesign.integrations.hf.fuse import fuse_layers_
-from codesign.integrations.hf.graphs import CAPTURES, GraphDecoding
+from codesign.integrations.hf.graphs import CAPTURES, GraphDecoding, compile_options
 from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
 from codesign.integrations.hf.speculative import SpeculationStats, TreeSpeculator
 from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, text_config
@@ -76,13 +76,13 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
                  attention_mask: torch.Tensor | None = None, block_size: int | None = None,
                  num_blocks: int | None = None, speculative: TreeSpeculator | None = None,
                  share_prefix: bool = True, check: bool = True, cuda_graph: bool | str = False,
-                 fuse: bool = False, **generate_kwargs) -> GenerationRun:  # fmt: skip
+                 compile: bool | dict = False, fuse: bool = False, **generate_kwargs) -> GenerationRun:  # fmt: skip
     """`generate` with its record (see `generate`)."""
     layout = check_model(model)
     if not isinstance(fuse, bool):
         raise CodesignError(f"fuse must be True or False, got {fuse!r}")
     spec = parse_kv_format(kv_format, layout.dtype)
-    graphs = _graph_decoding(model, cuda_graph, spec, speculative, generate_kwargs)
+    graphs = _graph_decoding(model, cuda_graph, compile, spec, speculative, generate_kwargs)
     bs = block_size or default_block_size(spec)
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise CodesignError(
@@ -155,26 +155,31 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
                          speculative.stats if speculative else None)  # fmt: skip
 
 
-def _graph_decoding(model, cuda_graph, spec, speculative, generate_kwargs) -> GraphDecoding | None:
-    """The captured loop `cuda_graph` asks for (True: CUDA graphs; "tape": the CPU stand-in), refused before
-    generation where it cannot run: decode steps (`GraphDecoding`), or a TreeSpeculator's tree forwards (set on it)."""
-    if cuda_graph is False or cuda_graph is None:
-        return None
-    if cuda_graph is not True and cuda_graph not in CAPTURES:
+def _graph_decoding(model, cuda_graph, compile, spec, speculative, generate_kwargs) -> GraphDecoding | None:
+    """The captured loop `cuda_graph` and `compile` ask for (cuda_graph True: CUDA graphs; "tape": the CPU stand-in;
+    compile: torch.compile of the step), refused before generation where it cannot run: decode steps
+    (`GraphDecoding`), or a TreeSpeculator's tree forwards (set on it)."""
+    if cuda_graph is not True and cuda_graph not in (False, None, *CAPTURES):
         raise CodesignError(f"cuda_graph must be True, False or 'tape', got {cuda_graph!r}")
+    capture = None if cuda_graph is False or cuda_graph is None else "cuda" if cuda_graph is True else cuda_graph
+    options = compile_options(compile, capture)
+    if capture is None and options is None:
+        return None
     trees = speculative is not None
+    if trees and options is not None:
+        raise CodesignError("compile serves decode steps, not a TreeSpeculator's tree forwards")
     spec.check_capturable(trees)
     clash = [k for k in ("custom_generate", "prompt_lookup_num_tokens", "assistant_model") if generate_kwargs.get(k)]
     if clash or int(generate_kwargs.get("num_beams", 1) or 1) != 1:
-        raise CodesignError(f"cuda_graph runs its own loop: it does not combine with {clash or 'num_beams'}")
-    capture = "cuda" if cuda_graph is True else cuda_graph
+        what = "cuda_graph" if options is None else "compile"
+        raise CodesignError(f"{what} runs its own loop: it does not combine with {clash or 'num_beams'}")
     if capture == "cuda" and model.device.type != "cuda":
         raise CodesignError(f"cuda_graph=True needs a model on a CUDA device, not {model.device} ('tape': the CPU "
                             "stand-in that checks a step is capturable)")  # fmt: skip
     if trees:
         speculative.cuda_graph = capture
         return None
-    return GraphDecoding(capture)
+    return GraphDecoding(capture, compile)
 
 
 def generate(model, input_ids: torch.Tensor, kv_format: str | None = None, **kwargs):
@@ -184,7 +189,9 @@ def generate(model, input_ids: torch.Tensor, kv_format: str | None = None, **kwa
     Keywords of ours: attention_mask (left padding only), block_size (default 16, 32 for KIVI), num_blocks
     (default: sized for the prompt and max_new_tokens), speculative (a TreeSpeculator: tree speculative
     decoding), cuda_graph (True: every decode step, or with speculative every tree forward, replays one forward
-    captured in a CUDA graph, `graphs`; decode over every format, trees over plain, per-token INT and FP8), share_prefix
+    captured in a CUDA graph, `graphs`; decode over every format, trees over plain, per-token INT and FP8), compile
+    (True or a dict of torch.compile's keywords: every decode step runs one compiled forward, the cache's side one op a
+    layer; with cuda_graph True captured in ours, with mode="reduce-overhead" in Inductor's), share_prefix
     (rows with a common prompt prefix share its full blocks), check (the kernels' data checks), fuse (the model's
     RMSNorms, rotary embedding and gated MLPs on codesign's one-launch ops, its q / k / v and gate / up projections
     one GEMM each, `fuse.fuse_layers_`; it stays fused). Everything else
