@@ -119,6 +119,29 @@ def loop_path(
     return int(lo), int(hi)
 
 
+def shortest_path(ins: list[str], labels: dict[str, int], a: int, b: int) -> list[int]:
+    """The instruction indices one iteration of the loop [a, b) executes along its shortest path through its forward
+    branches (`loop_path`'s lower count; an inner loop's body once), in address order: the path a kernel takes when
+    a branch it guards is cold (predicates a loop body; a rescale taken in a program's first tile only)."""
+    starts = {a, *(v for v in labels.values() if a < v < b)}
+    starts |= {i + 1 for i in range(a, b - 1) if _BRA.search(ins[i])}
+    order = sorted(starts) + [b]
+    best: dict[int, tuple[float, int | None]] = {s: (math.inf, None) for s in order}
+    best[a] = (0, None)
+    for s, e in zip(order, order[1:]):
+        if best[s][0] == math.inf:
+            continue
+        for t in _successors(ins, labels, a, b, e):
+            if best[s][0] + (e - s) < best[t][0]:
+                best[t] = (best[s][0] + (e - s), s)
+    blocks, at = [], b
+    while best[at][1] is not None:
+        at = best[at][1]
+        blocks.append(at)
+    ends = dict(zip(order, order[1:]))
+    return [i for s in sorted(blocks) for i in range(s, ends[s])]
+
+
 def census(ins: list[str]) -> dict[str, Any]:
     """What the instructions are: global loads by width (LDG, LDGSTS = cp.async), shared-memory traffic, conversion
     instructions (I2F/F2F/F2I per element; packed F2FP two at a time), tensor-core ops, spills, barriers."""

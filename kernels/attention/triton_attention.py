@@ -163,6 +163,9 @@ _TREE = tl.constexpr(MASK_TREE)
 _LOG2E = tl.constexpr(LOG2E)
 _LN2 = tl.constexpr(LN2)
 _CODE_UNITS = tl.constexpr(CODE_UNITS)
+# Lazy rescaling (`LAZY` below): the running max moves only when a row's max grows past it by more than this (log2
+# units: probabilities up to 2^8 = 256, exact in fp16 and far from its range's end).
+_RESCALE_TAU = tl.constexpr(8.0)
 
 
 @triton.jit
@@ -357,6 +360,11 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         KIVI_KPLANES: tl.constexpr = PLANES and KIVI_PAIRS and KIVI_G % BLOCK_N == 0
         # and its value tiles too (VPLANES, `reads_value_planes`: no more warps than a value plane's column tiles)
         KIVI_VPLANES: tl.constexpr = KIVI_KPLANES and VPLANES
+        # Where the output builds up in the dots' accumulators (KIVI's value planes), a tile's rescale is a multiply
+        # of every accumulator element (64 a lane a tile on one warp): it runs only in tiles where some row's max
+        # grows by more than _RESCALE_TAU (FlashAttention-4's conditional rescale; p <= 2^TAU between rescales, and the
+        # sums and the output are taken against the same stale max, so the result is the same softmax).
+        LAZY: tl.constexpr = KIVI_VPLANES and IS_DECODE
         # mixed chunks read as words: `chunk_words_f16`'s order (16-element chunks as 2-bit `pair_order`), every width
         MIXED_PAIRS: tl.constexpr = KV_FORMAT == _MIXED and WORDS and F16_MMA
         # mixed tiles of two whole blocks, each read at its own width (`mixed_span_codes`)
@@ -657,10 +665,24 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     s = s + slope[:, None] * (kpos[None, :] - qpos[:, None]).to(tl.float32)
                 s = tl.where(vis, s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-                alpha = tl.exp2(m_i - m_safe)
-                p = tl.exp2(s - m_safe[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
+                if LAZY:  # (a row's first visible score grows it from -inf: rescaled then)
+                    if tl.max((m_new > m_i + _RESCALE_TAU).to(tl.int32), 0) > 0:
+                        alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+                        l_i = l_i * alpha
+                        grown = ()
+                        for pj in tl.static_range(PW):
+                            grown = grown + (acc_planes[pj] * alpha[:, None],)
+                        acc_planes = grown
+                        m_i = m_new
+                    m_new = m_i
+                    m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+                    p = tl.exp2(s - m_safe[:, None])
+                    l_i = l_i + tl.sum(p, 1)
+                else:
+                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+                    alpha = tl.exp2(m_i - m_safe)
+                    p = tl.exp2(s - m_safe[:, None])
+                    l_i = l_i * alpha + tl.sum(p, 1)
                 if SCORE_IO:  # p and its running max, per tile (`score_io`: p a token's heads side by side); whole
                     # tiles (p 0 past the sequence's end: a tile crosses no split's end but the last). Decode only.
                     at = b * stride_rb + qh * stride_rr
@@ -734,7 +756,7 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     pf = p.to(tl.float16)
                     new_planes = ()
                     for pj in tl.static_range(PW):
-                        c_in = acc_planes[pj] * alpha[:, None]
+                        c_in = acc_planes[pj] if LAZY else acc_planes[pj] * alpha[:, None]
                         new_planes = new_planes + (tl.dot(pf, vpl[pj], c_in, input_precision=DOT_PREC),)
                     acc_planes = new_planes
                 else:

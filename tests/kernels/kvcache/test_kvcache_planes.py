@@ -216,6 +216,48 @@ def test_kivi_key_planes_vs_fp64(r, bits, monkeypatch):
         assert rel_fro_error(out.double(), joined.double()) < 1e-3
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the teeth: the interpreter's numpy overflows fp16)
+def test_kivi_lazy_rescale_follows_growing_scores(monkeypatch):
+    """KIVI's one-warp value-planes decode tile rescales its accumulators only when a row's max grows by 2^8
+    (`ta._RESCALE_TAU`): scores that climb ~40 (log2) along the sequence take that branch every few tiles, and the
+    output still matches fp64, with and without splits. Teeth: a threshold never reached keeps the first tiles' max,
+    so the later probabilities overflow fp16."""
+    from test_kvcache_kivi import _ref
+
+    from codesign.kernels.attention.quantized import kivi_decode_attention
+    from codesign.kernels.kvcache.kivi import KiviPagedKV
+
+    g, bs, d, h = 32, 32, 128, 2
+    ctx = [5 * g + 7, 4 * g]
+    bt = torch.tensor([[4, 0, 6, 2, 9, 7], [1, 8, 3, 5, 10, 11]], dtype=torch.int32)
+    cache = KiviPagedKV.empty(12, bs, h, d, 4, g, 0, len(ctx))
+    cache.k_codes.random_(0, 256)
+    cache.k_meta.fill_(float("nan"))
+    cache.v_meta.fill_(float("nan"))
+    ks, vs = [], []
+    for b, c in enumerate(ctx):
+        k, v = torch.randn(c, h, d), torch.randn(c, h, d)
+        k[:, :, 5] = torch.arange(c)[:, None] * 0.5  # one channel climbing along the sequence
+        k, v = k.half(), v.half()
+        cache.append(b, bt[b], 0, k, v)
+        ks.append(k)
+        vs.append(v)
+    q = torch.randn(len(ctx), 2 * h, d)
+    q[:, :, 5] = 4.0  # 2 t / sqrt(128) natural units at token t: ~0.26 t in log2
+    q = q.half()
+    cl = torch.tensor(ctx, dtype=torch.int32)
+    ref, _ = _ref(q.double(), cache, ks, vs, [1] * len(ctx))
+    tile = {"BLOCK_N": 16, "num_warps": 1, "VPLANES": 1}
+    assert lr.reads_value_planes(KV_FORMAT_KIVI, 4, d, tile)
+    with use_backend("triton"), forced_config("paged_attention_kivi", tile):
+        for splits in (1, 3):
+            out = kivi_decode_attention(q, cache, bt, cl, num_splits=splits)
+            assert_rel_close(out.double(), ref, 2e-3, f"kivi lazy rescale splits={splits}")
+        monkeypatch.setattr(ta, "_RESCALE_TAU", tl.constexpr(1e30))
+        bad = kivi_decode_attention(q, cache, bt, cl, num_splits=1)
+    assert not torch.isfinite(bad).all() or rel_fro_error(bad.double(), ref) > 1e-2
+
+
 @pytest.mark.parametrize("r, bits", [(0, 4), (8, 4), (8, 2)])  # (INT2 with the ring: its code-only tiles too)
 def test_kivi_value_planes_vs_fp64(r, bits, monkeypatch):
     """KIVI INT4 and INT2 (half-words) at head_dim 128 on a 2-warp tile (`reads_value_planes`): the value tiles dot
