@@ -91,10 +91,18 @@ def main(argv=None) -> int:
     p.add_argument("--batches", nargs="+", type=int, default=[1, 16])
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--out", required=True, help="write the rows here (JSON)")
+    p.add_argument("--smoke", action="store_true", help="the suite's smoke model on the CPU (fp32: a check, untimed)")
     args = p.parse_args(argv)
-    rows = bench_decode(batches=args.batches, new_tokens=args.new_tokens,
-                        variants=tuple(known[v] for v in args.variants))  # fmt: skip
-    write_json_atomic({"model": "llama-3-8b (random weights, bf16)", "design": "h200", "rows": rows}, Path(args.out))
+    variants = tuple(known[v] for v in args.variants)
+    kw, name = {}, "llama-3-8b (random weights, bf16)"
+    if args.smoke:
+        import torch
+
+        variants = tuple((n, a, "fp32" if kv == "bf16" else kv, w) for n, a, kv, w in variants)
+        kw = dict(model=_smoke_model(), prompt_len=8, device="cpu", dtype=torch.float32, warmup=2)
+        name = "tiny llama (random weights, fp32, CPU interpreter)"
+    rows = bench_decode(batches=args.batches, new_tokens=args.new_tokens, variants=variants, **kw)
+    write_json_atomic({"model": name, "design": "h200", "rows": rows}, Path(args.out))
     for r in rows:
         steady, pred = r["steady_decode_tokens_per_s"] or 0.0, r["predicted_decode_tokens_per_s"]
         print(f"{r['variant']:<40} batch {r['batch']:>3}: {r['decode_tokens_per_s']:9.1f} decode tokens/s "
