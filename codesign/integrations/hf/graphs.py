@@ -110,7 +110,7 @@ class HostWaits(torch.overrides.TorchFunctionMode):
             pinned = name == "tensor" and sys._getframe(1).f_code.co_filename.endswith("host_ints.py")
             # a 0-dim host constant (transformers 4.57's Gemma2 scales its embeddings by one): no copy, nothing waits
             constant = name in ("tensor", "as_tensor") and bool(args) and isinstance(args[0], (int, float, bool)) \
-                and str((kwargs or {}).get("device", "cpu")) == "cpu"  # fmt: skip
+                and str((kwargs or {}).get("device") or "cpu") == "cpu"  # fmt: skip
             if (name in self.WAITS and not pinned and not constant) or any(
                     isinstance(m, torch.Tensor) and m.dtype == torch.bool for m in masks):  # fmt: skip
                 if self.strict:
