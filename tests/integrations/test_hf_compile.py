@@ -207,6 +207,15 @@ def test_refused_before_generation(kwargs, message):
         _run(model, prompts(1, 4)[0], None, None, **{"n": 2, **kwargs})
 
 
+def test_graph_decoding_refuses_compile_on_the_tape():
+    """The tape records an eager forward's ops: a compiled step on it is refused, as a name or as the object."""
+    from codesign.integrations.hf.graphs import GraphDecoding, GraphTape
+
+    for capture in ("tape", GraphTape()):
+        with pytest.raises(CodesignError, match="compile does not combine with capture='tape'"):
+            GraphDecoding(capture, compile=True)
+
+
 def test_the_ops_refuse_a_missing_cache():
     """The step op outside a captured step, the eager op naming a cache that is gone: clear errors."""
     q = torch.zeros(1, 4, 1, 16)

@@ -248,7 +248,7 @@ def compile_options(compile, capture) -> dict | None:
     if compile is not True and not isinstance(compile, dict):
         raise CodesignError(f"compile must be True, False or a dict of torch.compile keywords, got {compile!r}")
     opts = {**COMPILE_DEFAULTS, **({} if compile is True else compile)}
-    if capture == "tape":
+    if capture == "tape" or isinstance(capture, GraphTape):
         raise CodesignError("compile does not combine with capture='tape' (the tape records eager forwards)")
     if capture is not None and opts.get("mode") in INDUCTOR_GRAPH_MODES:
         raise CodesignError(f"compile mode {opts['mode']!r} captures Inductor's own CUDA graphs: pass capture=None "

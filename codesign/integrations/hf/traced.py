@@ -6,10 +6,10 @@ whose step runs, `stepping`).
 Why an op: the cache's side of a layer (a forward's slots and tables on its first layer, the write, the attention
 wrappers' plans) is host Python over Python state that Dynamo cannot trace without breaking the graph
 (`.tolist()`, ContextVars) and must not bake into one (the slots change every step). The ops carry the layer's
-tensors and an int naming the cache (vLLM's `unified_attention` names its layer alike); their body is
-`CodesignCache.attend`, so a compiled forward computes what an eager one does. The pool they write is the cache's,
-not an argument: only these ops read it, and each layer's call waits on the layer before it (its query), so the
-writes and reads keep their order.
+tensors and its index, `hf_attend` also an int naming the cache (vLLM's `unified_attention` names its layer alike);
+their body is `CodesignCache.attend`, so a compiled forward computes what an eager one does. The pool they write is
+the cache's, not an argument: only these ops read it, and each layer's call waits on the layer before it (its
+query), so the writes and reads keep their order.
 """
 
 from __future__ import annotations
