@@ -19,13 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 PREFILL_TOKENS = 2048  # the prefill rows' prompt (batch 1)
+SMOKE_NAME = "tiny llama (random weights, fp32, CPU interpreter)"
 SMOKE_CONFIG = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512)  # fmt: skip
 
 
 def run(report: dict, quick: bool = False, mode: Any = None) -> None:
     """Rows into report["hf_generate"] (quick: 16 new tokens; smoke: the tiny model)."""
-    import torch
 
     from codesign.integrations.hf.bench import VARIANTS, bench_decode
 
@@ -34,16 +34,15 @@ def run(report: dict, quick: bool = False, mode: Any = None) -> None:
         report["hf_generate"] = {"skipped": "no CUDA device"}
         return
     if smoke:
-        model = _smoke_model()
-        # The interpreter computes bf16 wrongly (the writer refuses it): the bf16 cache rows run fp32 here. Six
-        # variants cover the paths (transformers' own, a quantized cache, captured decode and captured tree
+        # Six variants cover the paths (transformers' own, a quantized cache, captured decode and captured tree
         # speculation, quantized weights, quantized weights with fused layer ops in a captured step).
-        variants = tuple((n, a, "fp32" if kv == "bf16" else kv, w) for n, a, kv, w in VARIANTS
-                         if n in ("hf-sdpa", "codesign-int4", "codesign-bf16-graph", "codesign-bf16-tree-graph",
-                                  "codesign-bf16-w4a16", "codesign-bf16-w4a16-fused-graph"))  # fmt: skip
+        variants, kw = _smoke(v for v in VARIANTS if v[0] in ("hf-sdpa", "codesign-int4", "codesign-bf16-graph",
+                                                               "codesign-bf16-tree-graph", "codesign-bf16-w4a16",
+                                                               "codesign-bf16-w4a16-fused-graph"))  # fmt: skip
+        model = kw.pop("model")
         new_tokens = 3
-        kw = dict(batches=(2,), prompt_len=8, device="cpu", dtype=torch.float32, warmup=2, variants=variants)
-        name = "tiny llama (random weights, fp32, CPU interpreter)"
+        kw.update(batches=(2,), variants=variants)
+        name = SMOKE_NAME
     else:
         model, new_tokens, kw = None, 16 if quick else 64, {}
         name = "llama-3-8b (random weights, bf16)"
@@ -64,6 +63,15 @@ def run(report: dict, quick: bool = False, mode: Any = None) -> None:
         "checks_ok": bool(rows) and all(r["tokens"] == new_tokens and r["decode_tokens_per_s"] > 0 for r in rows)
         and len(prefill) == len(pre_variants) and all(r["prefill_s"] > 0 for r in prefill),
     }  # fmt: skip
+
+
+def _smoke(variants) -> tuple[tuple, dict]:
+    """`variants` and bench_decode's keywords for the smoke model on the CPU: the interpreter computes bf16 wrongly
+    (the writer refuses it), so the bf16 cache rows run fp32."""
+    import torch
+
+    variants = tuple((n, a, "fp32" if kv == "bf16" else kv, w) for n, a, kv, w in variants)
+    return variants, dict(model=_smoke_model(), prompt_len=8, device="cpu", dtype=torch.float32, warmup=2)
 
 
 def _smoke_model():
@@ -96,11 +104,8 @@ def main(argv=None) -> int:
     variants = tuple(known[v] for v in args.variants)
     kw, name = {}, "llama-3-8b (random weights, bf16)"
     if args.smoke:
-        import torch
-
-        variants = tuple((n, a, "fp32" if kv == "bf16" else kv, w) for n, a, kv, w in variants)
-        kw = dict(model=_smoke_model(), prompt_len=8, device="cpu", dtype=torch.float32, warmup=2)
-        name = "tiny llama (random weights, fp32, CPU interpreter)"
+        variants, kw = _smoke(variants)
+        name = SMOKE_NAME
     rows = bench_decode(batches=args.batches, new_tokens=args.new_tokens, variants=variants, **kw)
     write_json_atomic({"model": name, "design": "h200", "rows": rows}, Path(args.out))
     for r in rows:

@@ -94,6 +94,14 @@ def _successors(ins: list[str], labels: dict[str, int], a: int, b: int, e: int) 
     return out + [t]
 
 
+def _block_starts(ins: list[str], labels: dict[str, int], a: int, b: int) -> list[int]:
+    """The first instruction of every basic block of the loop [a, b) (at a label or after a branch) in address
+    order, then b."""
+    starts = {a, *(v for v in labels.values() if a < v < b)}
+    starts |= {i + 1 for i in range(a, b - 1) if _BRA.search(ins[i])}
+    return sorted(starts) + [b]
+
+
 def loop_path(
     ins: list[str], labels: dict[str, int], a: int, b: int, inner_trips: int | list[int] = 1
 ) -> tuple[int, int]:
@@ -103,9 +111,7 @@ def loop_path(
     inner = [(s, e) for s, e in loops(ins, labels) if a < s and e <= b and (s, e) != (a, b)]
     per = inner_trips if isinstance(inner_trips, list) else [inner_trips]
     trips = {lp: per[min(i, len(per) - 1)] for i, lp in enumerate(inner)}
-    starts = {a, *(v for v in labels.values() if a < v < b)}
-    starts |= {i + 1 for i in range(a, b - 1) if _BRA.search(ins[i])}
-    order = sorted(starts) + [b]
+    order = _block_starts(ins, labels, a, b)
     best: dict[int, tuple[float, float]] = {s: (math.inf, -math.inf) for s in order}
     best[a] = (0, 0)
     for s, e in zip(order, order[1:]):
@@ -123,9 +129,7 @@ def shortest_path(ins: list[str], labels: dict[str, int], a: int, b: int) -> lis
     """The instruction indices one iteration of the loop [a, b) executes along its shortest path through its forward
     branches (`loop_path`'s lower count; an inner loop's body once), in address order: the path a kernel takes when
     a branch it guards is cold (predicates a loop body; a rescale taken in a program's first tile only)."""
-    starts = {a, *(v for v in labels.values() if a < v < b)}
-    starts |= {i + 1 for i in range(a, b - 1) if _BRA.search(ins[i])}
-    order = sorted(starts) + [b]
+    order = _block_starts(ins, labels, a, b)
     best: dict[int, tuple[float, int | None]] = {s: (math.inf, None) for s in order}
     best[a] = (0, None)
     for s, e in zip(order, order[1:]):

@@ -115,6 +115,22 @@ def test_iteration_repeats_inner_loops_by_their_trips(sched):
     assert seq == [ins[0]] + ins[1:3] * 3 + [ins[3]]
 
 
+def test_shortest_path_skips_a_cold_branch():
+    """sass_model.shortest_path: the instructions one iteration runs when a forward branch skips a block (a lazy
+    rescale not taken), as many as loop_path's shorter count; the longer path runs them all."""
+    import sys
+
+    sys.path.insert(0, str(BENCH))
+    from sass_model import loop_path, parse_sass, shortest_path
+
+    sass = "\n".join(["LBB0:", "04:-:-:-:1\tFADD R1, R2, R3;", "04:-:-:-:1\t@P0 BRA LBB2;",
+                      "04:-:-:-:1\tFMUL R4, R4, R5;", "04:-:-:-:1\tFMUL R6, R6, R5;", "LBB2:",
+                      "04:-:-:-:1\tFADD R7, R1, R7;", "04:-:-:-:1\tBRA LBB0;"])  # fmt: skip
+    ins, labels = parse_sass(sass)
+    path = shortest_path(ins, labels, 0, len(ins))
+    assert path == [0, 1, 4, 5] and loop_path(ins, labels, 0, len(ins)) == (4, 6)
+
+
 def test_hindcast_rank_statistics():
     hc = load_script(BENCH / "hindcast.py", "hindcast")
     assert hc._spearman([(1, 10), (2, 20), (3, 30)]) == pytest.approx(1.0)

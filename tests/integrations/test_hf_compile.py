@@ -159,7 +159,7 @@ def test_a_forward_the_user_compiles_over_an_eager_cache():
 @pytest.mark.parametrize("kv_format, block_size", [("int4-kivi", 32), ("int4-oaken", 4)])
 def test_a_user_compiled_forward_under_prompt_lookup(kv_format, block_size):
     """Prompt lookup crops the cache after each verification: KIVI and Oaken roll back by re-appending the kept tokens
-    from the K/V the compiled forward's op kept (copies: Inductor may reuse a graph's buffers): eager tokens."""
+    from the K/V the compiled forward's op kept (copies, tested below): eager tokens."""
     model = tiny_model("llama")
     model.set_attn_implementation(ATTN_NAME)
     ids = torch.tensor([[5, 6, 7, 8] * 3])
@@ -205,6 +205,32 @@ def test_refused_before_generation(kwargs, message):
     model = tiny_model("llama")
     with pytest.raises(CodesignError, match=message):
         _run(model, prompts(1, 4)[0], None, None, **{"n": 2, **kwargs})
+
+
+def test_the_op_keeps_copies_of_a_rollbacks_kv(monkeypatch):
+    """A KIVI or Oaken forward keeps its new K/V for a rollback (`last_kv`); through the op they are copies, not the
+    op's inputs, which in a compiled graph are Inductor's buffers, reused once the op has read them (a recording
+    backend reuses nothing, so the prompt-lookup test above cannot see it). Teeth: without the copy they share the
+    key's storage."""
+    from codesign.integrations.hf import traced
+
+    model = tiny_model("llama")
+    model.set_attn_implementation(ATTN_NAME)
+    cache = CodesignCache(model, "int4-oaken", num_blocks=16, block_size=4)
+    with torch.no_grad():
+        model(prompts(2, 5)[0], use_cache=True, **{cache_kwarg(model): cache})
+
+    def kept_shares_inputs() -> bool:
+        q, k, v = torch.randn(2, 4, 1, 16), torch.randn(2, 2, 1, 16), torch.randn(2, 2, 1, 16)
+        hf_attend(q, k, v, None, cache.handle, 0, 0.25, None, None)
+        kept = cache.layers[0].last_kv
+        assert kept is not None and torch.equal(kept[0], k.transpose(1, 2).reshape(2, 2, 16))
+        inputs = {x.untyped_storage().data_ptr() for x in (k, v)}
+        return any(x.untyped_storage().data_ptr() in inputs for x in kept)
+
+    assert not kept_shares_inputs()
+    monkeypatch.setattr(traced, "_own_kv", lambda cache, layer, out: out)
+    assert kept_shares_inputs()
 
 
 def test_graph_decoding_refuses_compile_on_the_tape():
