@@ -125,7 +125,7 @@ def oaken_trips(walks: dict[str, tuple[int, int, int]] | None = None) -> dict[st
     out["index_pool_bytes"] = 2 * shape[0] * row
     for side, by, seed, n in (("key", "token", 0, kvq.BLOCK_SIZE), ("value", "channel", 1, kvq.DIM)):
         ix = outlier_index(kvq.oaken_slots(shape, "cpu", seed), kvq.BLOCK_SIZE, kvq.DIM, by)
-        rank = ix[..., 2 * shape[2] + n + 1]  # each list's fullest (`outlier_index`)
+        rank = ix[..., shape[2] + n + 1]  # each list's fullest (`outlier_index`)
         out[f"{side}_max"], out[f"{side}_mean"] = int(rank.max()), float(rank.float().mean())
         if walks:
             nblk, first, per = walks[side]
@@ -328,15 +328,15 @@ def split_prediction(launches: list, compiled: list, kvq: Any, bandwidth: float,
     bias_bytes = tokens * hq * 4  # fp32 biases, written by the walk, read by the INT launch
     probs_bytes = tokens * hq * 2  # fp16 probabilities, kept by the INT launch, gathered by the walk
     maxima_bytes = tokens // attn.constexprs["BLOCK_N"] * hq * 4
-    pairs = ot["capacity"] * 8  # a full block's (coordinate, delta) pairs (the bench's cache: every slot used)
+    words = ot["capacity"] * 4  # a full block's slot words (the bench's cache: every slot used)
     main = decode_prediction(attn, ka, kvq.floor_bytes("int4", batch, context) + bias_bytes + probs_bytes
                              + maxima_bytes, bandwidth, context)  # fmt: skip
     walk_k = walk_prediction(bias, kb, math.ceil(_bias_chunk(bias, blocks) / nblk_k), ot["key_walk_trips"],
-                             blocks * (pairs + (bs + 2) * 4) + bias_bytes, bandwidth)  # fmt: skip
+                             blocks * (words + (bs + 2) * 4) + bias_bytes, bandwidth)  # fmt: skip
     splits, walks = corr.constexprs["NUM_SPLITS"], corr.constexprs["WALKS"]
     steps = math.ceil(math.ceil(math.ceil(context / splits) / bs / walks) / nblk_v)
     walk_v = walk_prediction(corr, kc, steps, ot["value_walk_trips"],
-                             blocks * (pairs + (d + 2) * 4) + probs_bytes + maxima_bytes, bandwidth)  # fmt: skip
+                             blocks * (words + (d + 2) * 4) + probs_bytes + maxima_bytes, bandwidth)  # fmt: skip
     total = walk_k["predicted_ms"] + main["predicted_ms"] + walk_v["predicted_ms"] + 2 * LAUNCH_GAP_MS
     return {**main, "launches": {"key_bias": walk_k, "int": dict(main), "value_corr": walk_v},
             "oaken_split_trips": ot, "floor_ms": kvq.floor_bytes("int4-oaken", batch, context) / bandwidth * 1e3,

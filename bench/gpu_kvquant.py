@@ -266,8 +266,10 @@ def _oaken_row(q, bt, cl, nb: int, base: float, mode: Any = None) -> dict:
     (one_ms, ref), (split_ms, out) = paths[0], paths[1]
     diff = None if ref is None else float((out - ref).norm() / ref.norm())
     bits = kvq.layout_bits_per_element("oaken", 4, DIM, block_size=BLOCK_SIZE, capacity=cap)
+    # stored_bits: the format's and the outlier index the kernels read (`OakenPagedKV.stored_bits_per_element`)
     return _format_row("int4-oaken", ms, bits, base, capacity=cap, split_ms=split_ms, split_speedup=base / split_ms,
-                       one_launch_ms=one_ms, one_launch_speedup=base / one_ms, split_rel_diff=diff)  # fmt: skip
+                       one_launch_ms=one_ms, one_launch_speedup=base / one_ms, split_rel_diff=diff,
+                       stored_bits=c.stored_bits_per_element)  # fmt: skip
 
 
 def _mixed_cache(nb: int, dev, hkv: int):

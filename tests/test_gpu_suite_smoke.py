@@ -123,6 +123,7 @@ def _check_kv_quant(rep: dict) -> dict:
     # Oaken: each decode path forced beside the default (their outputs compared on a GPU only)
     oaken = next(r for r in kq["rows"] if r["format"] == "int4-oaken")
     assert oaken["one_launch_ms"] > 0 and oaken["split_ms"] > 0 and oaken["split_rel_diff"] is None
+    assert oaken["stored_bits"] > oaken["bits"]  # the outlier index the kernels read, beside the format's bits
     return kq
 
 

@@ -58,16 +58,16 @@ from codesign.kernels.attention.triton_attention import (
     reduce_splits,
     split_workspace,
 )
+from codesign.kernels.attention.triton_oaken import oaken_slot
 from codesign.kernels.host_math import cdiv, next_pow2
 from codesign.kernels.kvcache.formats import KV_FORMAT_INT, KV_FORMAT_OAKEN
 from codesign.kernels.kvcache.oaken import index_capacity
 
 # The Oaken config's key "SPLIT" chooses this path (1) or the one-launch kernel (0). Without a table: this path from
 # SPLIT_MIN_TOKEN_HEADS sequences x kv heads x context (the block table's width) on, where it is predicted faster
-# (sm_90, bench/attention_predict.py --sweep, untimed: 16 x 8k 0.126 against 0.173 ms, 64 x 1k 0.060 against 0.097);
-# below, the walks' fixed cost loses (16 x 1k 28 against 25 us, 1 x 8k 28 against 15; 1 x 32k, 262k, is a near tie
-# it leaves to the one launch: 40 against 46 us)
-SPLIT_MIN_TOKEN_HEADS = 1 << 19
+# (sm_90, bench/attention_predict.py --sweep, untimed: 16 x 8k 97 against 170 us, 64 x 1k 53 against 82, 1 x 32k 38
+# against 46); below, the walks' fixed cost loses (16 x 1k 25.1 against 24.8 us, 1 x 8k 25 against 15)
+SPLIT_MIN_TOKEN_HEADS = 1 << 18
 MIN_SPLITS = 2  # the INT launch writes partials (one split would write the output itself)
 # The walks (one warp a program): blocks a step side by side (a step's chain of dependent loads shared by them), the
 # first ranks of every list in straight-line code (their loads in flight together), then RANKS a trip
@@ -227,18 +227,18 @@ def _walk_heads(ix_ptr, blk, kvh, stride_ib, stride_ih, at, ok, CAP: tl.constexp
     """Each lane's list in its block's index (`outlier_index`): the index row, the list's (start, end) for list
     `at` of that block, and the fullest list of the step's blocks (the remainder loops' bound)."""
     ib = ix_ptr + blk * stride_ib + kvh * stride_ih
-    st = tl.load(ib + 2 * CAP + at, mask=ok, other=0)
-    en = tl.load(ib + 2 * CAP + at + 1, mask=ok, other=0)
-    nr = tl.max(tl.load(ib + 2 * CAP + N + 1, mask=ok, other=0))
+    st = tl.load(ib + CAP + at, mask=ok, other=0)
+    en = tl.load(ib + CAP + at + 1, mask=ok, other=0)
+    nr = tl.max(tl.load(ib + CAP + N + 1, mask=ok, other=0))
     return ib, st, en, nr
 
 
 @triton.jit
-def _pair(ib, st, en, r):
+def _slot(ib, st, en, r):
     """Rank r of each lane's list as (coordinate, delta, live): past the list's end coordinate 0, delta 0."""
     live = r < en - st
-    x = tl.load((ib + 2 * (st + r)).to(tl.pointer_type(tl.int64), bitcast=True), mask=live, other=0)
-    return x.to(tl.int32), (x >> 32).to(tl.int32).to(tl.float32, bitcast=True), live
+    c, delta = oaken_slot(tl.load(ib + (st + r), mask=live, other=0))
+    return c, delta, live
 
 
 @triton.jit
@@ -249,7 +249,7 @@ def _key_bias_kernel(
     NBLK: tl.constexpr, CAP: tl.constexpr, FIRST: tl.constexpr, R: tl.constexpr,
 ):  # fmt: skip
     """One program a (sequence, kv head, `chunk` blocks), NBLK blocks a step side by side (a lane a token), each
-    step's block ids loaded a step ahead: each token's key slots (the token-sorted index: (channel, delta) pairs)
+    step's block ids loaded a step ahead: each token's key slots (the token-sorted index: (channel, delta) words)
     times the group's q at that channel (qt: fp32 channel-major, a slot's heads one load), summed per token into
     the biases [B, Hq, T] (a head's tokens side by side). The first FIRST ranks of every list in straight-line code
     (their loads in flight together), the rest R a trip."""
@@ -273,11 +273,11 @@ def _key_bias_kernel(
         ib, st, en, nr = _walk_heads(ix_ptr, blk, kvh, stride_ib, stride_ih, t, ok, CAP, BLOCK_SIZE)
         acc = tl.zeros([GP, NBLK * BS_PAD], tl.float32)
         for u in tl.static_range(FIRST):
-            ch, delta, _ = _pair(ib, st, en, u)
+            ch, delta, _ = _slot(ib, st, en, u)
             acc += tl.load(qrow + (ch * GP)[None, :] + g[:, None]) * delta[None, :]
         for r in range(FIRST, nr, R):
             for u in tl.static_range(R):
-                ch, delta, _ = _pair(ib, st, en, r + u)
+                ch, delta, _ = _slot(ib, st, en, r + u)
                 acc += tl.load(qrow + (ch * GP)[None, :] + g[:, None]) * delta[None, :]
         tj = bi * BLOCK_SIZE + t
         tl.store(bias_ptr + b.to(tl.int64) * stride_sb + (kvh * GROUP + g)[:, None] * stride_sh + tj[None, :], acc,
@@ -290,7 +290,7 @@ def _value_slot(ib, st, en, r, first, s_lo, s_hi, pk, mk, lse, g, g_ok, acc, GRO
     """Rank r of each (block, channel) list: its token's kept p, the group's heads side by side (one load), times
     its delta, into `acc` [NBLK, DIM_PAD, GP]; tokens outside the split's keys count nothing. Not WHOLE (blocks
     across tiles): each p times its tile's factor 2^(m - lse2) here."""
-    tok, delta, live = _pair(ib, st, en, r)
+    tok, delta, live = _slot(ib, st, en, r)
     tj = first + tok
     ok = live & (tj >= s_lo) & (tj < s_hi)  # the split's keys only
     delta = tl.where(ok, delta, 0.0)
@@ -312,7 +312,7 @@ def _value_corr_kernel(
 ):  # fmt: skip
     """One program a (sequence, kv head, split, walk: a WALKS-th of the split's blocks), NBLK blocks a step side by
     side (lanes: the blocks' channels), each step's block ids loaded a step ahead: over its keys (the INT launch's
-    split), each channel's value slots (the channel-sorted index: (token, delta) pairs) times the kept probabilities
+    split), each channel's value slots (the channel-sorted index: (token, delta) words) times the kept probabilities
     of the slot's token (pk [B, kv heads, T, GROUP]: the group's heads one load; maxima mk [B, Hq, T / BLOCK_N],
     stride_kb / stride_kh the [B, Hq, T] strides) normalized to the split (2^(m - lse2)), summed per channel into the
     walk's row of the corrections c [B, Hq, NUM_SPLITS, WALKS, DIM_PAD] (the merge, `reduce_splits`, adds them to the

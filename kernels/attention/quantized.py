@@ -124,8 +124,9 @@ def _oaken_torch(q, tensors, params, batch, opts):
     bits, grid = (*params, None)[:2]  # the op's grid defaults to None; the torch path reads the slots
     k_codes, v_codes, k_meta, v_meta, k_out, v_out = tensors
     kg, vg = (None, None) if grid is None else (grid[0], grid[1])
-    k = dequantize_pool(k_codes, k_meta, k_out, bits, kg)
-    v = dequantize_pool(v_codes, v_meta, v_out, bits, vg)
+    # each outlier as the kernel's index holds it (`oaken.index_delta`), so both backends compute one function
+    k = dequantize_pool(k_codes, k_meta, k_out, bits, kg, as_read=True)
+    v = dequantize_pool(v_codes, v_meta, v_out, bits, vg, as_read=True)
     return paged_attention_torch(q, k, v, batch, opts)
 
 
@@ -141,8 +142,6 @@ def _oaken_kernel(q, tensors, params):
         if ix is not None and (tuple(ix.shape) != want or ix.dtype != torch.int32 or not ix.is_contiguous()):
             raise CodesignError(f"{name} must be a contiguous int32 tensor of shape {want} (the slots' outlier "
                                 f"index), got {ix.dtype} {tuple(ix.shape)}")  # fmt: skip
-        if ix is not None and ix.storage_offset() % 2:  # the kernel loads each (coordinate, delta) pair at once
-            raise CodesignError(f"{name} must start 8-byte aligned (an even storage offset)")
     kg, vg = (None, None) if grid is None else (grid[0], grid[1])
     kix = outlier_index(k_out, bs, d, "token", zeros=dense_zeros(k_meta, kg)) if kix is None else kix
     vix = outlier_index(v_out, bs, d, "channel", zeros=dense_zeros(v_meta, vg)) if vix is None else vix

@@ -112,6 +112,7 @@ class OakenPagedKV:
             raise CodesignError(
                 f"block_size * head_dim must be < 32768 (16-bit positions), got {block_size * head_dim}"
             )
+        check_index_shape(block_size, head_dim)
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
             raise CodesignError(f"capacity must be an int >= 0, got {capacity!r}")
         _check_kv_pairs("thresholds", thresholds, kv_heads, "lo/hi", kq.check_thresholds)
@@ -160,6 +161,7 @@ class OakenPagedKV:
         if not isinstance(c, torch.Tensor) or c.dim() != 4:
             raise CodesignError("k_codes must be a 4-D uint8 tensor")
         nb, bs, h, _ = c.shape
+        check_index_shape(bs, self.head_dim)
         cap = self.k_out.shape[-1] if isinstance(self.k_out, torch.Tensor) and self.k_out.dim() == 3 else -1
         mdt = torch.float16 if self.grid is None else torch.uint8
         want = {
@@ -190,11 +192,18 @@ class OakenPagedKV:
 
     @property
     def bits_per_element(self) -> float:
-        """Stored bits per element: codes + per-token metadata (fp16 scale and shift, or the offline
-        variant's 8-bit z and r) + the fixed outlier slots."""
+        """The format's bits per element: codes + per-token metadata (fp16 scale and shift, or the offline
+        variant's 8-bit z and r) + the fixed outlier slots (`KVFormat.bits_per_element`'s)."""
         nb, bs, h, d = self.check()
         scheme = "oaken" if self.grid is None else "oaken_offline"
         return kq.layout_bits_per_element(scheme, self.bits, d, block_size=bs, capacity=self.capacity)
+
+    @property
+    def stored_bits_per_element(self) -> float:
+        """What this cache stores per element: the format's bits and the outlier index its attention kernels
+        read (`index_bits_per_element`; an accelerator reading the slots in place keeps no such index)."""
+        _, bs, _, d = self.check(values=False)
+        return self.bits_per_element + index_bits_per_element(self.capacity, bs, d)
 
     # --- writer (token by token: the online rule) ------------------------------------------------
     def write(
@@ -352,12 +361,15 @@ class OakenPagedKV:
                 z = dense_zeros(meta.index_select(0, blocks), self._grid(kv))
                 index.index_copy_(0, blocks, outlier_index(slots.index_select(0, blocks), bs, d, by, zeros=z))
 
-    def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Debug / reference: the whole pool in float32, outliers written back."""
+    def dequantize(self, as_read: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Debug / reference: the whole pool in float32, outliers written back (`as_read`: as the attention
+        kernels read them, `dequantize_pool`)."""
         self.check()
-        return dequantize_pool(self.k_codes, self.k_meta, self.k_out, self.bits, self._grid(0)), dequantize_pool(
-            self.v_codes, self.v_meta, self.v_out, self.bits, self._grid(1)
-        )
+        return tuple(
+            dequantize_pool(codes, meta, out, self.bits, self._grid(i), as_read)
+            for i, (codes, meta, out) in enumerate(((self.k_codes, self.k_meta, self.k_out),
+                                                    (self.v_codes, self.v_meta, self.v_out)))
+        )  # fmt: skip
 
     def _grid(self, kv: int) -> torch.Tensor | None:
         return None if self.grid is None else self.grid[kv]
@@ -382,9 +394,11 @@ def _check_kv_pairs(name: str, t: torch.Tensor, kv_heads: int, pair: str, check_
     check_half(t[1], kv_heads)
 
 
-def dequantize_pool(codes, meta, out, bits, grid) -> torch.Tensor:
+def dequantize_pool(codes, meta, out, bits, grid, as_read: bool = False) -> torch.Tensor:
     """Debug / reference: a pool `[nb, bs, H, D]` in float32, dense codes with their metadata (`grid`: the
-    offline variant's `[H, 2]`), then the slot outliers written over."""
+    offline variant's `[H, 2]`), then the slot outliers written over: each its fp16 value, or (`as_read`) as the
+    attention kernels read it, its token's dense value at code 0 plus its delta rounded as the index holds it
+    (`index_delta`: within 2^-15 of the delta)."""
     d = codes.shape[-1] * 8 // bits
     c = kq.unpack_codes(codes, bits)
     if grid is None:
@@ -396,7 +410,11 @@ def dequantize_pool(codes, meta, out, bits, grid) -> torch.Tensor:
     blk, hh, _ = torch.nonzero(used, as_tuple=True)
     w = out[used]
     pos = w >> 16
-    x[blk, pos // d, hh, pos % d] = (w & 0xFFFF).to(torch.int16).view(torch.float16).float()
+    v = (w & 0xFFFF).to(torch.int16).view(torch.float16).float()
+    if as_read:
+        z = _token_zeros(meta, grid)[blk, pos // d, hh]
+        v = z + index_delta(v - z)
+    x[blk, pos // d, hh, pos % d] = v
     return x
 
 
@@ -407,20 +425,53 @@ def default_capacity(outlier_fraction: float, block_size: int, head_dim: int) ->
 
 # --- the attention kernel's outlier index ------------------------------------------------------------------
 OUTLIER_KEYS = ("token", "channel")
+INDEX_COORD_BITS = 9  # a slot word's coordinate bits: head_dim and block_size at most 2^9 (`outlier_index`)
+_COORD = (1 << INDEX_COORD_BITS) - 1
 
 
 def index_width(capacity: int, block_size: int, head_dim: int) -> int:
-    """Int32 words per (block, kv head) of an `outlier_index`, either side (one stride for both): CAP (coordinate,
-    delta) pairs, L + 1 list starts and the fullest list's length, L = max(block_size, head_dim), and one word of
-    padding when L is odd (an even width keeps every row's pairs 8-byte aligned: the kernel loads a pair at once)."""
-    lists = max(block_size, head_dim)
-    return 2 * capacity + lists + 2 + lists % 2
+    """Int32 words per (block, kv head) of an `outlier_index`, either side (one stride for both): CAP slot words,
+    L + 1 list starts and the fullest list's length, L = max(block_size, head_dim)."""
+    return capacity + max(block_size, head_dim) + 2
 
 
 def index_capacity(width: int, block_size: int, head_dim: int) -> int:
     """The slot capacity of an `outlier_index` `width` words wide (`index_width`'s inverse; -1: no such width)."""
     extra = width - index_width(0, block_size, head_dim)
-    return extra // 2 if extra >= 0 and extra % 2 == 0 else -1
+    return extra if extra >= 0 else -1
+
+
+def index_bits_per_element(capacity: int, block_size: int, head_dim: int) -> float:
+    """Bits per K or V element of the outlier index an `OakenPagedKV` keeps beside its slots (one index a side,
+    `index_width` int32 words per (block, kv head) of block_size x head_dim elements)."""
+    return index_width(capacity, block_size, head_dim) * 32 / (block_size * head_dim)
+
+
+def check_index_shape(block_size: int, head_dim: int) -> None:
+    """An outlier index addresses a slot's channel and token in INDEX_COORD_BITS bits."""
+    for name, n in (("block_size", block_size), ("head_dim", head_dim)):
+        if n > 1 << INDEX_COORD_BITS:
+            raise CodesignError(f"{name} must be at most {1 << INDEX_COORD_BITS} for an Oaken cache, got {n}")
+
+
+def index_delta(delta: torch.Tensor) -> torch.Tensor:
+    """fp32 `delta` as a slot word holds it: rounded to nearest at its last INDEX_COORD_BITS mantissa bits, which
+    are then 0 (relative error at most 2^-(24 - INDEX_COORD_BITS): 2^-15; infinities and NaN kept)."""
+    bits = delta.to(torch.float32).view(torch.int32)
+    kept = torch.where(delta.isfinite(), bits + (1 << (INDEX_COORD_BITS - 1)), bits) & ~_COORD
+    return kept.view(torch.float32)
+
+
+def index_slots(index: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """An `outlier_index`'s slot words `[..., CAP]` as (coordinate int32, delta float32)."""
+    words = index[..., :capacity]
+    return words & _COORD, (words & ~_COORD).view(torch.float32)
+
+
+def index_defined(index: torch.Tensor, capacity: int, n: int) -> torch.Tensor:
+    """The words of an `outlier_index` its layout defines (n = block_size for keys, head_dim for values): two
+    indexes are the same index when these are equal."""
+    return index[..., : capacity + n + 2]
 
 
 def dense_zeros(meta: torch.Tensor, grid: torch.Tensor | None = None) -> torch.Tensor:
@@ -448,26 +499,27 @@ def outlier_index(
 ) -> torch.Tensor:
     """The slots `[nb, H, CAP]` of each (block, kv head) grouped by token (`by="token"`, the key side) or by
     channel (`"channel"`, the value side), as the attention kernel reads them (the cache keeps it:
-    `OakenPagedKV.k_index` / `v_index`, module docstring): `[nb, H, W]` int32
-    (W >= 2 CAP + L + 2, `index_width`) with
+    `OakenPagedKV.k_index` / `v_index`, module docstring): `[nb, H, W]` int32 (`index_width`) with
 
-        [0, 2 CAP)               one (c, delta) pair a slot (words 2 i, 2 i + 1), the used slots stably sorted by
-                                 their token (or channel), unused slots (-1, 0) last: c its slot's other coordinate
-                                 (the channel of a token's list, the token of a channel's: the kernel's gather
-                                 index, with no division by D per slot), delta the fp32 bits of its value minus its
-                                 token's dense value at code 0 (`zeros` `[nb, H, block_size]`, `dense_zeros` of the
-                                 block's meta; None: 0): the kernel's correction, with no decode or zero per slot,
-                                 and one 8-byte load a slot
-        [2 CAP, 2 CAP + L + 1)   start of each token's (channel's) list in that order (L = block_size or
-                                 head_dim), in pairs: list i is pairs [start[i], start[i + 1])
-        2 CAP + L + 1            the fullest list's length (the kernel's inner-loop bound for that block)
+        [0, CAP)                 one word a slot, the used slots stably sorted by their token (or channel), unused
+                                 ones 0 last: the fp32 bits of its delta, its value minus its token's dense value
+                                 at code 0 (`zeros` `[nb, H, block_size]`, `dense_zeros` of the block's meta; None:
+                                 0) rounded at its last INDEX_COORD_BITS mantissa bits (`index_delta`), which hold
+                                 its other coordinate instead (the channel of a token's list, the token of a
+                                 channel's: the kernel's gather index, with no division by D a slot). The kernel's
+                                 correction, with no decode or zero a slot: one 4-byte load and two ANDs
+                                 (`index_slots` reads them back)
+        [CAP, CAP + n + 1)       start of each token's (channel's) list in that order (n = block_size or head_dim):
+                                 list i is slots [start[i], start[i + 1])
+        CAP + n + 1              the fullest list's length (the kernel's inner-loop bound for that block)
 
     Empty slots (-1) and positions past the block are left out. Torch ops only, into `out` when given: no host
-    sync and no factory allocation, so a writer can rebuild its blocks' rows inside a CUDA graph; words past
-    2 CAP + L + 2 are left as they are (0 in a buffer allocated here). The one definition of the layout: the
-    cache's kept index is made of its rows."""
+    sync, so a writer can rebuild its blocks' rows inside a CUDA graph; words past CAP + n + 2 are left as they
+    are (0 in a buffer allocated here). The one definition of the layout: the cache's kept index is made of its
+    rows."""
     if by not in OUTLIER_KEYS:
         raise CodesignError(f"by must be one of {OUTLIER_KEYS}, got {by!r}")
+    check_index_shape(block_size, head_dim)
     nb, h, cap = slots.shape
     n = block_size if by == "token" else head_dim
     pos = slots >> 16
@@ -476,7 +528,7 @@ def outlier_index(
     key = torch.where(valid, key, n)  # unused slots sort after every list
     order = torch.sort(key, dim=-1, stable=True).indices
     if out is None:
-        out = slots.new_zeros(nb, h, index_width(cap, block_size, head_dim))  # the words past 2 CAP + L + 2: 0
+        out = slots.new_zeros(nb, h, index_width(cap, block_size, head_dim))  # the words past CAP + n + 2: 0
     words = slots.gather(-1, order)
     wpos = words >> 16
     used = (words >= 0) & (wpos < block_size * head_dim)
@@ -485,14 +537,11 @@ def outlier_index(
     if zeros is not None:
         tok = torch.where(used, wpos // head_dim, 0).long()
         value = value - zeros.to(torch.float32).gather(-1, tok)
-    pairs = out[..., : 2 * cap].view(nb, h, cap, 2)
-    pairs[..., 0].copy_(torch.where(used, other, -1))
-    pairs[..., 1].copy_(torch.where(used, value, 0.0).view(torch.int32))
-    s0 = 2 * cap
-    counts = out[..., s0 + 1 : s0 + n + 1]
+    out[..., :cap].copy_(torch.where(used, index_delta(value).view(torch.int32) | other, 0))
+    counts = out[..., cap + 1 : cap + n + 1]
     counts.zero_()
     counts.scatter_add_(-1, torch.where(valid, key, 0), valid.to(torch.int32))
-    out[..., s0 + n + 1].copy_(counts.amax(-1) if n > 0 else 0)
-    out[..., s0].zero_()
+    out[..., cap + n + 1].copy_(counts.amax(-1))
+    out[..., cap].zero_()
     counts.copy_(counts.cumsum(-1))
     return out

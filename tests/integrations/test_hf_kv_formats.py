@@ -221,7 +221,7 @@ def test_rollback_leaves_the_cache_as_if_only_kept_tokens_were_written(name, how
 
 def _assert_oaken_index_kept(kv) -> None:
     """The cache's outlier index is current (no whole rebuild pending) and equals a rebuild from its slots."""
-    from codesign.kernels.kvcache.oaken import dense_zeros, outlier_index
+    from codesign.kernels.kvcache.oaken import dense_zeros, index_defined, outlier_index
 
     assert kv.index_current()
     bs, d, cap = kv.k_codes.shape[1], kv.head_dim, kv.capacity
@@ -229,8 +229,7 @@ def _assert_oaken_index_kept(kv) -> None:
         ((kv.k_index, kv.k_out, kv.k_meta, "token", bs), (kv.v_index, kv.v_out, kv.v_meta, "channel", d))
     ):
         fresh = outlier_index(slots, bs, d, by, zeros=dense_zeros(meta, None if kv.grid is None else kv.grid[i]))
-        w = 2 * cap + n + 2  # the (coordinate, delta) pairs and the lists' starts and fullest (`outlier_index`)
-        assert torch.equal(ix[..., :w], fresh[..., :w])
+        assert torch.equal(index_defined(ix, cap, n), index_defined(fresh, cap, n))
 
 
 def test_oaken_storage_keeps_the_index_through_copy_on_write_and_restore():

@@ -194,20 +194,23 @@ def test_oaken_fp16_and_bf16_queries(bs, cap, monkeypatch):
     and lower bound factored out per row; the outliers' differences from the lower bound are added to the scores
     and output in fp32; fp16 queries, and bf16 queries of 1e6 (refusal lifted as above). Blocks with more outliers
     than slots, slot chunks past 16, tiles over several blocks."""
-    from test_kvcache_oaken import _reference_pool, _setup
+    from test_kvcache_oaken import _reference_pool, _setup, read_pool
 
     cache, bt, cl, xs, thr = _setup([70, 33, 20, 50], bs=bs, cap=cap, spikes=(5, 9, 12))
     kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+    kd, vd = read_pool(cache, kd, vd)
     _oaken_check(f"oaken bs={bs} cap={cap}", cache, bt, cl, kd, vd, monkeypatch)
 
 
 def test_oaken_offline_fp16_and_bf16_queries(monkeypatch):
     """The offline variant: per-row scale and lower bound from 8-bit codes on the head's grid, rounded to fp16
     once per row."""
+    from test_kvcache_oaken import read_pool
     from test_kvcache_oaken_offline import _reference_pool, _setup
 
     cache, bt, cl, xs, thr, grid = _setup([11, 6, 9, 30])
     kd, vd, *_ = _reference_pool(cache, bt, xs, thr, grid, 4)
+    kd, vd = read_pool(cache, kd, vd)
     _oaken_check("oaken offline", cache, bt, cl, kd, vd, monkeypatch)
 
 

@@ -17,7 +17,7 @@ from codesign.backend import use_backend
 from codesign.kernels.attention.quantized import oaken_attention
 from codesign.kernels.attention.tree import build_tree_batch
 from codesign.kernels.kvcache import quantizers as kvq
-from codesign.kernels.kvcache.oaken import OakenPagedKV
+from codesign.kernels.kvcache.oaken import OakenPagedKV, dense_zeros
 from codesign.specs import CodesignError
 
 BS, H, D, CAP = 4, 2, 16, 3
@@ -72,6 +72,47 @@ def _reference_pool(cache, bt, xs, thr, bits):
     return kd, vd, over
 
 
+def read_pool(cache, kd, vd):
+    """A reference pool (fp64 K, V: the cache's pool as stored) as the attention kernels read it: each outlier its
+    token's zero plus its delta as the index rounds it (`OakenPagedKV.dequantize(as_read=True)`: within 2^-15 of
+    the delta, `test_read_pool_moves_only_outliers_within_the_rounding`), every other element as it is."""
+    (sk, sv), (rk, rv) = cache.dequantize(), cache.dequantize(as_read=True)
+    return kd + (rk.double() - sk.double()), vd + (rv.double() - sv.double())
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_read_pool_moves_only_outliers_within_the_rounding(offline):
+    """The pool as the kernels read it (`dequantize(as_read=True)`, the kernel tests' reference) differs from the
+    pool as stored only at the slots' positions, each by less than 2^-15 of its delta (its value minus its token's
+    zero) and in fp32 by the sum's own rounding (half an ulp); offline most slots do move (the rounding is there),
+    online none does here."""
+    if offline:
+        from test_kvcache_oaken_offline import _setup as setup
+
+        cache = setup([11, 70, 100])[0]
+    else:
+        cache = _setup([11, 70, 100], bs=8, cap=12, spikes=(5, 9))[0]
+    d = cache.head_dim
+    sides = zip(cache.dequantize(), cache.dequantize(as_read=True), (cache.k_out, cache.v_out),
+                (cache.k_meta, cache.v_meta))  # fmt: skip
+    for i, (stored, read, out, meta) in enumerate(sides):
+        at = torch.zeros_like(stored, dtype=torch.bool)
+        blk, hh, _ = torch.nonzero(out >= 0, as_tuple=True)
+        pos = out[out >= 0] >> 16
+        at[blk, pos // d, hh, pos % d] = True
+        assert at.sum() > 10
+        torch.testing.assert_close(read[~at], stored[~at], rtol=0, atol=0, equal_nan=True)  # (unwritten: NaN)
+        zeros = dense_zeros(meta, None if cache.grid is None else cache.grid[i]).transpose(1, 2).unsqueeze(-1)
+        z = zeros.expand_as(stored)[at].double()
+        moved = (read[at].double() - stored[at].double()).abs()
+        bound = (stored[at].double() - z).abs() * 2**-15 + read[at].double().abs() * 2**-24
+        assert (moved <= bound).all()
+        if offline:  # fp32 zeros on the grid: most deltas need more than the word's 15 significant bits
+            assert (moved > 0).float().mean() > 0.5
+        else:  # an fp16 value minus an fp16 zero of like scale fits in them: exact here
+            assert not moved.any()
+
+
 @pytest.mark.parametrize("bits", [2, 4])
 def test_online_writer_equals_block_reference(bits):
     cache, bt, cl, xs, thr = _setup([11, 6], bits)
@@ -87,6 +128,7 @@ def test_online_writer_equals_block_reference(bits):
 def test_kernel_vs_fp64(splits):
     cache, bt, cl, xs, thr = _setup([11, 6, 9])
     kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+    kd, vd = read_pool(cache, kd, vd)
     q = torch.randn(3, 2 * H, D)
     with use_backend("triton"):
         out = oaken_attention(q, cache, bt, cl, num_splits=splits)
@@ -110,6 +152,7 @@ def test_kernel_outlier_chunks_vs_fp64(bs, cap):
     cache, bt, cl, xs, thr = _setup([70, 33, 20, 50], bs=bs, cap=cap, spikes=(5, 9, 12))
     assert int(cache.k_count.max()) > (8 if bs == 8 else 16)  # many slots in use
     kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+    kd, vd = read_pool(cache, kd, vd)
     q = torch.randn(4, 2 * H, D)
     ref, _ = reference_attention(q, kd, vd, bt, cl, [1] * 4)
     for splits in (1, 3):
@@ -133,9 +176,10 @@ def test_kernel_lists_past_the_ranks_loaded_ahead_vs_fp64(tile, qdtype, split):
     cache, bt, cl, xs, thr = _setup([70, 45, 61], bs=32, cap=160, spikes=(), token_spikes=(13, 45, 60),
                                     value_spikes=(3, 9, 14))  # fmt: skip
     kd, vd, over = _reference_pool(cache, bt, xs, thr, 4)
+    kd, vd = read_pool(cache, kd, vd)
     assert over == 0
-    k_rank = cache.k_index[..., 2 * cache.capacity + 32 + 1]  # each (block, head)'s fullest token
-    v_rank = cache.v_index[..., 2 * cache.capacity + D + 1]  # and fullest channel
+    k_rank = cache.k_index[..., cache.capacity + 32 + 1]  # each (block, head)'s fullest token
+    v_rank = cache.v_index[..., cache.capacity + D + 1]  # and fullest channel
     assert int(k_rank.max()) > ta.OAKEN_KEY_RANKS and int(v_rank.max()) > ta.OAKEN_RANKS, (k_rank, v_rank)
     q = torch.randn(3, 2 * H, D).to(qdtype)
     ref, _ = reference_attention(q.float(), kd, vd, bt, cl, [1, 1, 1])
@@ -154,6 +198,7 @@ def test_tree_kernel_vs_fp64():
     tree = build_tree_batch(parents, [8, 5])
     cache, bt, cl, xs, thr = _setup(tree.context_lens.tolist())
     kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+    kd, vd = read_pool(cache, kd, vd)
     q = torch.randn(7, 2 * H, D)
     with use_backend("triton"):
         out = oaken_attention(q, cache, bt, None, tree=tree, num_splits=1)
@@ -211,10 +256,16 @@ def _index_by_loop(slots, bs, d, by):
 @pytest.mark.parametrize("bs, d, cap", [(3, 5, 7), (4, 16, 3), (5, 2, 12)])
 def test_outlier_index_sorts_and_starts_every_list(bs, d, cap):
     """`oaken.outlier_index` against a plain loop, both sides: odd sizes, empty slots (in the middle too), words
-    past the block (dropped), duplicate keys (kept in slot order), into a wider buffer as the kernel's. Each slot a
-    (coordinate, delta) pair: its other coordinate, then its value minus its token's zero (fp32 bits); unused pairs
-    (-1, 0); an even width (8-byte aligned rows)."""
-    from codesign.kernels.kvcache.oaken import index_width, outlier_index
+    past the block (dropped), duplicate keys (kept in slot order), into a wider buffer as the kernel's. Each slot
+    word: its other coordinate in the low INDEX_COORD_BITS, the rest its delta (its value minus its token's zero)
+    rounded there (`index_delta`); unused words 0; then the lists' starts and the fullest list's length."""
+    from codesign.kernels.kvcache.oaken import (
+        index_defined,
+        index_delta,
+        index_slots,
+        index_width,
+        outlier_index,
+    )
 
     g = torch.Generator().manual_seed(bs * 100 + d)
     nb, h = 4, 3
@@ -224,7 +275,6 @@ def test_outlier_index_sorts_and_starts_every_list(bs, d, cap):
     slots[torch.rand(nb, h, cap, generator=g) < 0.3] = -1
     slots[0, 0] = -1  # a (block, head) with no outlier
     assert ((pos >= bs * d) & (slots >= 0)).any() and (slots < 0).any()
-    assert index_width(cap, bs, d) % 2 == 0
     for by in ("token", "channel"):
         n = bs if by == "token" else d
         zeros = torch.randn(nb, h, bs, generator=g)
@@ -232,22 +282,43 @@ def test_outlier_index_sorts_and_starts_every_list(bs, d, cap):
         got = outlier_index(slots, bs, d, by, out, zeros=zeros)
         assert got is out
         entries, starts, longest = _index_by_loop(slots, bs, d, by)
+        coord, delta = index_slots(out, cap)
         for i, (blk, hh) in enumerate((b_, h_) for b_ in range(nb) for h_ in range(h)):
             m = len(entries[i])
-            pairs = out[blk, hh, : 2 * cap].view(cap, 2)
-            assert pairs[:m, 0].tolist() == [e[0] for e in entries[i]], (by, blk, hh)
-            want = torch.tensor([float(e[2] - zeros[blk, hh, e[1]]) for e in entries[i]])
+            assert coord[blk, hh, :m].tolist() == [e[0] for e in entries[i]], (by, blk, hh)
+            exact = torch.tensor([float(e[2] - zeros[blk, hh, e[1]]) for e in entries[i]])
             # (random bits: some values are NaN or inf, compared as such)
-            torch.testing.assert_close(pairs[:m, 1].view(torch.float32), want, rtol=0, atol=0, equal_nan=True)
-            assert (pairs[m:, 0] == -1).all() and not pairs[m:, 1].any(), (by, blk, hh)
-            assert out[blk, hh, 2 * cap : 2 * cap + n + 1].tolist() == starts[i], (by, blk, hh)
-            assert int(out[blk, hh, 2 * cap + n + 1]) == longest[i], (by, blk, hh)
-        w = 2 * cap + n + 2
-        assert torch.equal(outlier_index(slots, bs, d, by, zeros=zeros)[..., :w], out[..., :w])
+            torch.testing.assert_close(delta[blk, hh, :m], index_delta(exact), rtol=0, atol=0, equal_nan=True)
+            torch.testing.assert_close(delta[blk, hh, :m], exact, rtol=2**-15, atol=0, equal_nan=True)
+            assert not out[blk, hh, m:cap].any(), (by, blk, hh)  # unused words 0
+            assert out[blk, hh, cap : cap + n + 1].tolist() == starts[i], (by, blk, hh)
+            assert int(out[blk, hh, cap + n + 1]) == longest[i], (by, blk, hh)
+        fresh = outlier_index(slots, bs, d, by, zeros=zeros)  # (a fresh buffer: the same defined words)
+        assert torch.equal(index_defined(fresh, cap, n), index_defined(out, cap, n))
         # no zeros: the deltas are the values themselves
         plain = outlier_index(slots, bs, d, by)
         nz = outlier_index(slots, bs, d, by, zeros=torch.zeros(nb, h, bs))
-        assert torch.equal(plain[..., :w], nz[..., :w])
+        assert torch.equal(index_defined(plain, cap, n), index_defined(nz, cap, n))
+
+
+def test_index_delta_rounds_to_nearest_and_keeps_specials():
+    """`oaken.index_delta`: the last INDEX_COORD_BITS mantissa bits 0, to the nearest (ties away from zero),
+    within 2^-15 of the delta; carries into the exponent; infinities and NaN stay; an unrounded (truncated) word
+    would fail the nearest check (teeth: the error bound alone would not)."""
+    from codesign.kernels.kvcache.oaken import INDEX_COORD_BITS, index_delta
+
+    x = torch.randn(10000, generator=torch.Generator().manual_seed(5)) * 100
+    x = torch.cat([x, torch.tensor([1.0 - 2**-24, 2.0 - 2**-23, -3.0, 0.0, 65504.0, -1e-30])])
+    r = index_delta(x)
+    assert not (r.view(torch.int32) & ((1 << INDEX_COORD_BITS) - 1)).any()
+    torch.testing.assert_close(r, x, rtol=2**-15, atol=0)
+    step = torch.ldexp(torch.ones_like(x), torch.frexp(x)[1] - 24 + INDEX_COORD_BITS)  # the kept grid's spacing
+    assert ((r - x).double().abs() <= step.double() / 2).all()
+    truncated = (x.view(torch.int32) & ~((1 << INDEX_COORD_BITS) - 1)).view(torch.float32)
+    assert not ((truncated - x).double().abs() <= step.double() / 2 - 1e-45).all()
+    assert r[-5] == 2.0 and r[-4] == -3.0 and r[-3] == 0.0  # a carry into the exponent; exact values kept
+    special = index_delta(torch.tensor([float("inf"), float("-inf"), float("nan")]))
+    assert special[0] == float("inf") and special[1] == float("-inf") and special[2].isnan()
 
 
 def padded_rows_pool(offline: bool):
@@ -259,9 +330,11 @@ def padded_rows_pool(offline: bool):
 
         cache, bt, cl, xs, thr, grid = setup([11, 70, 100])
         kd, vd, *_ = ref_pool(cache, bt, xs, thr, grid, 4)
+        kd, vd = read_pool(cache, kd, vd)
     else:
         cache, bt, cl, xs, thr = _setup([11, 70, 100], bs=8, cap=12, spikes=(5, 9))
         kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+        kd, vd = read_pool(cache, kd, vd)
     return cache, bt, cl, kd, vd
 
 
@@ -283,9 +356,10 @@ def test_kernel_key_spikes_in_later_blocks_vs_fp64(padded, tile, split):
 
     cache, bt, cl, xs, thr = _setup([70, 45, 61], bs=8, cap=24, spikes=(), token_spikes=(13, 45, 60))
     kd, vd, over = _reference_pool(cache, bt, xs, thr, 4)
+    kd, vd = read_pool(cache, kd, vd)
     assert over == 0
     assert lr.default_config(D, 4, ta.KV_FORMAT_OAKEN, 4, 8)["BLOCK_N"] == 32  # 4 blocks a tile
-    k_rank = cache.k_index[..., 2 * cache.capacity + 8 + 1]  # each (block, head)'s fullest token
+    k_rank = cache.k_index[..., cache.capacity + 8 + 1]  # each (block, head)'s fullest token
     assert int(k_rank[bt[0, 1]].max()) > int(k_rank[bt[0, 0]].max())  # block 1 fuller than its tile's first
     assert int(k_rank.max()) > ta.OAKEN_KEY_RANKS  # lists past the ranks loaded ahead: the key loop runs
     q = torch.randn(3, 3 * H, D)

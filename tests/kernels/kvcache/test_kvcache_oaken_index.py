@@ -19,7 +19,7 @@ from test_kvcache_oaken import H, _setup
 from codesign.backend import use_backend
 from codesign.kernels.attention.quantized import oaken_attention
 from codesign.kernels.kvcache import quantizers as kvq
-from codesign.kernels.kvcache.oaken import OakenPagedKV, dense_zeros, outlier_index
+from codesign.kernels.kvcache.oaken import OakenPagedKV, dense_zeros, index_defined, outlier_index
 from codesign.specs import CodesignError
 
 
@@ -32,11 +32,11 @@ def _fresh_index(c: OakenPagedKV) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _assert_index_fresh(c: OakenPagedKV, what: str) -> None:
-    """The kept index equals a rebuild on the words the layout defines: the 2 CAP pair words, then the n + 2 list
-    words (n = block_size for keys, head_dim for values)."""
+    """The kept index equals a rebuild on the words the layout defines (`oaken.index_defined`: the CAP slot words,
+    then the n + 2 list words; n = block_size for keys, head_dim for values)."""
     bs, d, cap = c.k_codes.shape[1], c.head_dim, c.capacity
     for kept, fresh, n in zip((c.k_index, c.v_index), _fresh_index(c), (bs, d)):
-        assert torch.equal(kept[..., : 2 * cap + n + 2], fresh[..., : 2 * cap + n + 2]), what
+        assert torch.equal(index_defined(kept, cap, n), index_defined(fresh, cap, n)), what
 
 
 def _empty(nb, bs, h, d, cap, bits=4, seed=0):
@@ -115,8 +115,9 @@ def test_a_write_rebuilds_exactly_its_blocks():
 
 
 def _pool_reference(c, q, bt, cl):
-    """fp64 attention over the pool as stored (dense codes, then the slots written over)."""
-    kd, vd = (x.double() for x in c.dequantize())
+    """fp64 attention over the pool as the kernels read it (dense codes, then the slots written over, each as its
+    index word holds it: `dequantize(as_read=True)`)."""
+    kd, vd = (x.double() for x in c.dequantize(as_read=True))
     return reference_attention(q, kd, vd, bt, cl, [1] * len(cl))[0]
 
 
@@ -257,8 +258,25 @@ def test_the_op_without_an_index_builds_one():
         assert torch.equal(kept, built)
         with pytest.raises(CodesignError, match="k_index must be a contiguous int32"):
             OAKEN.op(q, *tensors, *to_op_args(batch, opts), cache.bits, cache.grid, cache.k_index[:, :, 1:])
-        # the kernel loads each (coordinate, delta) pair as one 8-byte word: an index one int32 off is refused
+        # the kernel loads 4-byte words (pairs took 8): an index at an odd int32 offset reads as well
         odd = torch.empty(cache.k_index.numel() + 1, dtype=torch.int32)[1:].view(cache.k_index.shape)
         odd.copy_(cache.k_index)
-        with pytest.raises(CodesignError, match="k_index must start 8-byte aligned"):
-            OAKEN.op(q, *tensors, *to_op_args(batch, opts), cache.bits, cache.grid, odd)
+        assert torch.equal(OAKEN.op(q, *tensors, *to_op_args(batch, opts), cache.bits, cache.grid, odd)[0], kept)
+
+
+def test_stored_bits_count_the_index_and_shapes_it_cannot_address_are_refused():
+    """`stored_bits_per_element` is the format's bits plus the kept index's (one int32 word a slot, the lists'
+    starts and fullest length: per (block, kv head), each side); a head_dim or block_size past the slot word's
+    INDEX_COORD_BITS is refused by name when the cache is made."""
+    from codesign.kernels.kvcache.oaken import INDEX_COORD_BITS, index_width
+
+    cache = _empty(6, 8, H, 32, 5)
+    words = index_width(5, 8, 32)
+    assert words == 5 + 32 + 2
+    assert cache.stored_bits_per_element == pytest.approx(cache.bits_per_element + words * 32 / (8 * 32))
+    assert cache.kv_format.bits_per_element(32) == pytest.approx(cache.bits_per_element)  # the format's: no index
+    assert (cache.k_index.shape[-1], cache.v_index.shape[-1]) == (words, words)
+    thr = torch.tensor([[[-1.0, 1.0]]] * 2)
+    big = 2 << INDEX_COORD_BITS
+    with pytest.raises(CodesignError, match="head_dim must be at most 512"):
+        OakenPagedKV.empty(2, 1, 1, big, 4, thr, 1)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import assert_rel_close, seq_slots, shuffled_block_tables
 from paged_attention_ref import reference_attention
+from test_kvcache_oaken import read_pool
 
 from codesign.accel_model import kv_quant_engine as eng
 from codesign.backend import use_backend
@@ -118,6 +119,7 @@ def test_grid_rule_and_error_bound():
 def test_kernel_vs_fp64(splits):
     cache, bt, cl, xs, thr, grid = _setup([11, 6, 9])
     kd, vd, _, _ = _reference_pool(cache, bt, xs, thr, grid, 4)
+    kd, vd = read_pool(cache, kd, vd)
     q = torch.randn(3, 2 * H, D)
     with use_backend("triton"):
         out = oaken_attention(q, cache, bt, cl, num_splits=splits)
@@ -137,6 +139,7 @@ def test_tree_kernel_vs_fp64():
     tree = build_tree_batch(parents, [8, 5])
     cache, bt, cl, xs, thr, grid = _setup(tree.context_lens.tolist())
     kd, vd, _, _ = _reference_pool(cache, bt, xs, thr, grid, 4)
+    kd, vd = read_pool(cache, kd, vd)
     q = torch.randn(7, 2 * H, D)
     with use_backend("triton"):
         out = oaken_attention(q, cache, bt, None, tree=tree, num_splits=1)

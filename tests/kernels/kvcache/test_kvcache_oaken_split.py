@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import assert_rel_close, rel_fro_error
 from paged_attention_ref import reference_attention
-from test_kvcache_oaken import H, _reference_pool, _setup, decode_path
+from test_kvcache_oaken import H, _reference_pool, _setup, decode_path, read_pool
 
 from codesign.backend import use_backend
 from codesign.kernels.attention import oaken_split as osp
@@ -35,6 +35,7 @@ class _Launches:
 def _pool(ctx=(70, 33, 20), bs=8, cap=24, **kw):
     cache, bt, cl, xs, thr = _setup(list(ctx), bs=bs, cap=cap, spikes=(5, 9, 12), **kw)
     kd, vd, _ = _reference_pool(cache, bt, xs, thr, 4)
+    kd, vd = read_pool(cache, kd, vd)
     return cache, bt, cl, kd, vd
 
 
@@ -65,8 +66,8 @@ def test_decode_takes_three_launches_and_the_rest_one(monkeypatch):
 
 @pytest.mark.parametrize(
     "batch, context, hkv, want",
-    [(16, 8192, 8, 1), (64, 1024, 8, 1), (16, 32768, 8, 1), (16, 1024, 8, 0), (1, 32768, 8, 0), (1, 8192, 8, 0),
-     (16, 1024, 32, 1), (64, 1008, 8, 0)],  # fmt: skip
+    [(16, 8192, 8, 1), (64, 1024, 8, 1), (16, 32768, 8, 1), (16, 1024, 8, 0), (1, 32768, 8, 1), (1, 8192, 8, 0),
+     (16, 1024, 32, 1), (32, 1024, 8, 1), (32, 1008, 8, 0)],  # fmt: skip
 )
 def test_the_default_takes_three_launches_from_the_crossover(batch, context, hkv, want):
     """Without a table, decode takes the three launches from SPLIT_MIN_TOKEN_HEADS sequences x kv heads x context
@@ -165,6 +166,7 @@ def test_code_widths_vs_fp64(bits):
     """2- and 8-bit Oaken caches take the INT launch of their width (INT2 half-word planes, INT8 words)."""
     cache, bt, cl, xs, thr = _setup([70, 33, 20], bits=bits, bs=8, cap=24, spikes=(5, 9, 12))
     kd, vd, _ = _reference_pool(cache, bt, xs, thr, bits)
+    kd, vd = read_pool(cache, kd, vd)
     q = torch.randn(3, 2 * H, kd.shape[-1])
     ref, _ = reference_attention(q, kd, vd, bt, cl, [1, 1, 1])
     with use_backend("triton"), decode_path(1):
