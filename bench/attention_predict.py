@@ -316,12 +316,12 @@ def split_prediction(launches: list, compiled: list, kvq: Any, bandwidth: float,
     keeps) and the value-correction walk (`walk_prediction`, their remainder loops at the bench cache's mean trips,
     `oaken_trips`), one after the other, plus a gap a launch more (the merge is the INT launch's). The row is the
     INT launch's, with the three apart and the whole time in `predicted_ms`."""
-    from codesign.kernels.attention.oaken_split import BIAS_FIRST, CORR_FIRST, RANKS
+    from codesign.kernels.attention.oaken_split import BIAS_FIRST, BIAS_RANKS, CORR_FIRST, CORR_RANKS
 
     by = {launch.kernel: (launch, kernel) for launch, kernel in zip(launches, compiled, strict=True)}
     (bias, kb), (attn, ka), (corr, kc) = by[BIAS_KERNEL], by[ATTN_KERNEL], by[CORR_KERNEL]
     nblk_k, nblk_v = bias.constexprs["NBLK"], corr.constexprs["NBLK"]
-    ot = oaken_trips({"key": (nblk_k, BIAS_FIRST, RANKS), "value": (nblk_v, CORR_FIRST, RANKS)})
+    ot = oaken_trips({"key": (nblk_k, BIAS_FIRST, BIAS_RANKS), "value": (nblk_v, CORR_FIRST, CORR_RANKS)})
     bs, d, hq, hkv = kvq.BLOCK_SIZE, kvq.DIM, kvq.HQ, kvq.HKV
     blocks = batch * hkv * math.ceil(context / bs)
     tokens = batch * math.ceil(context / bs) * bs

@@ -65,15 +65,16 @@ from codesign.kernels.kvcache.oaken import index_capacity
 
 # The Oaken config's key "SPLIT" chooses this path (1) or the one-launch kernel (0). Without a table: this path from
 # SPLIT_MIN_TOKEN_HEADS sequences x kv heads x context (the block table's width) on, where it is predicted faster
-# (sm_90, bench/attention_predict.py --sweep, untimed: 16 x 8k 97 against 170 us, 64 x 1k 53 against 82, 1 x 32k 38
-# against 46); below, the walks' fixed cost loses (16 x 1k 25.1 against 24.8 us, 1 x 8k 25 against 15)
-SPLIT_MIN_TOKEN_HEADS = 1 << 18
+# (sm_90, bench/attention_predict.py --sweep, untimed: 16 x 8k 94 against 170 us, 64 x 1k 51 against 82, 1 x 32k 37
+# against 46, 16 x 1k 24.1 against 24.8); below, the walks' fixed cost loses (1 x 8k 24 against 15 us)
+SPLIT_MIN_TOKEN_HEADS = 1 << 17
 MIN_SPLITS = 2  # the INT launch writes partials (one split would write the output itself)
 # The walks (one warp a program): blocks a step side by side (a step's chain of dependent loads shared by them), the
-# first ranks of every list in straight-line code (their loads in flight together), then RANKS a trip
-BIAS_NBLK, BIAS_FIRST = 2, 6
-CORR_NBLK, CORR_FIRST = 1, 2
-RANKS = 2
+# first FIRST ranks of every list in straight-line code (their loads in flight together), then RANKS a trip. The
+# value walk's 4 and 1 (were 2 and 2) are the bench cache's best (sm_90, issue 21's shape, untimed: 0.116 -> 0.105 ms;
+# 2..6 straight ranks by 1 or 2 a trip within 0.105-0.119): its lists hold 1.3 slots a channel, a block's fullest ~5
+BIAS_NBLK, BIAS_FIRST, BIAS_RANKS = 2, 6, 2
+CORR_NBLK, CORR_FIRST, CORR_RANKS = 1, 4, 1
 # The value walks split each split's blocks among programs: as many as one wave holds at CORR_MAXNREG registers
 # (65536 / 32 lanes / 64 = 32 one-warp programs an SM; uncapped it took 80, 25 an SM), each over at least
 # CORR_MIN_BLOCKS blocks. A walk is a chain of dependent loads: more of them at once, not fewer registers, sets its time
@@ -206,7 +207,7 @@ def attend_split(
         kv.k_side.stride(0), kv.k_side.stride(1), bt.stride(0), plan.bias.stride(0), plan.bias.stride(1),
         plan.chunk, bt.shape[1],
         GROUP=group, GP=gp, HEAD_DIM=dim, BLOCK_SIZE=bs, BS_PAD=next_pow2(bs), NBLK=BIAS_NBLK,
-        CAP=cap, FIRST=BIAS_FIRST, R=RANKS, num_warps=1,
+        CAP=cap, FIRST=BIAS_FIRST, R=BIAS_RANKS, num_warps=1,
     )  # fmt: skip
     dense = KernelKV(kv.k, kv.v, KV_FORMAT_INT, kv.bits, kv.k_meta, kv.v_meta, plan.bias, plan.probs)
     paged_attention_triton(q, dense, batch, opts, out, None, plan.launch, reduce=False)
@@ -217,7 +218,8 @@ def attend_split(
         kv.v_side.stride(0), kv.v_side.stride(1), bt.stride(0), *l_part.stride(), plan.bias.stride(0),
         plan.bias.stride(1),
         GROUP=group, GP=gp, HEAD_DIM=dim, DIM_PAD=dim_pad(dim), BLOCK_SIZE=bs, BLOCK_N=cfg["BLOCK_N"],
-        NUM_SPLITS=s, WALKS=w, NBLK=CORR_NBLK, CAP=cap, FIRST=CORR_FIRST, R=RANKS, num_warps=1, maxnreg=CORR_MAXNREG,
+        NUM_SPLITS=s, WALKS=w, NBLK=CORR_NBLK, CAP=cap, FIRST=CORR_FIRST, R=CORR_RANKS, num_warps=1,
+        maxnreg=CORR_MAXNREG,
     )  # fmt: skip
     reduce_splits(o_part, l_part, out, lse, plan.corr)
 

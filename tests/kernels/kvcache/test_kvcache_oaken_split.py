@@ -66,8 +66,8 @@ def test_decode_takes_three_launches_and_the_rest_one(monkeypatch):
 
 @pytest.mark.parametrize(
     "batch, context, hkv, want",
-    [(16, 8192, 8, 1), (64, 1024, 8, 1), (16, 32768, 8, 1), (16, 1024, 8, 0), (1, 32768, 8, 1), (1, 8192, 8, 0),
-     (16, 1024, 32, 1), (32, 1024, 8, 1), (32, 1008, 8, 0)],  # fmt: skip
+    [(16, 8192, 8, 1), (64, 1024, 8, 1), (16, 32768, 8, 1), (16, 1024, 8, 1), (1, 32768, 8, 1), (1, 8192, 8, 0),
+     (4, 1024, 32, 1), (16, 1008, 8, 0), (8, 1024, 8, 0)],  # fmt: skip
 )
 def test_the_default_takes_three_launches_from_the_crossover(batch, context, hkv, want):
     """Without a table, decode takes the three launches from SPLIT_MIN_TOKEN_HEADS sequences x kv heads x context
