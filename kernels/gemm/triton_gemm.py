@@ -109,6 +109,13 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # memory; W8A16 188, 186, 66,048 B; no spills. sm_80 / sm_89 (mma.sync): 239-245 registers, 65,536 B, no spills
     # (W4A16 / W8A16, fp16 / bf16). Predicted tensor-core bound from M = 512 (`bench/gemm_predict.py`).
     "tiled_wide": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    # The 256-row tile on warpgroup-MMA GPUs (sm_90+, `tiled_kind`): 16 warps (four warpgroups of 64 rows) with K
+    # steps of 64, where 8 warps left 2 a scheduler and the K loop latency-bound on the dequantization's chain.
+    # sm_90, bf16, N = K = 8192, predicted (`bench/gemm_predict.py`, untimed): W4A16 g128 at M = 1024 238 -> 143 us
+    # and W8A16 234 -> 143 us, from latency-bound to the tensor cores' peak (which cuBLAS's bf16 GEMM reaches 69 % of
+    # there: read as "no longer latency-bound", not as 1.4x bf16); 16 warps at K steps of 32 stayed latency-bound
+    # (275 us). 122-123 registers, no spills, 123,904-131,584 B of shared memory (over sm_89's 101,376 B: Hopper only).
+    "tiled_wide_wg": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 16, "num_stages": 3},
     # 4-bit weights on warpgroup-MMA GPUs up to W4_TILE_MAX_M rows (`tiled_kind`): 64-row tiles with K steps of 128,
     # twice the programs of the 128-row tile (2 an SM: 4 warps a scheduler, where the loop is latency-bound at 2) and
     # a quarter of the steps. sm_90, bf16, predicted (`bench/gemm_predict.py`, untimed): N = K = 8192 at M = 256
@@ -302,8 +309,9 @@ def launch_config(table_op: str, kind: str, device: torch.device, m: int, key: s
 
 
 def tiled_kind(m: int, n: int, x_dtype: torch.dtype, view: DeviceView, bits: int = 8) -> str:
-    """The tiled variant's defaults: "tiled_wide" (256-row tiles) for fp16 / bf16 activations on a GPU once the
-    128-row tiles are more than one wave (cdiv(M, 128) x cdiv(N, 128) programs > SMs, M > 128), else "tiled";
+    """The tiled variant's defaults: "tiled_wide" (256-row tiles; on warpgroup-MMA GPUs, sm_90+, "tiled_wide_wg" on
+    16 warps) for fp16 / bf16 activations on a GPU once the 128-row tiles are more than one wave (cdiv(M, 128) x
+    cdiv(N, 128) programs > SMs, M > 128), else "tiled";
     4-bit weights on warpgroup-MMA GPUs (sm_90+) up to W4_TILE_MAX_M rows "tiled_w4" (64-row tiles, its comment).
     Within one wave the 128-row tile keeps more SMs busy (N = K = 8192, M = 256: 128 programs; 256 rows would leave
     68 of 132 SMs idle, predicted 71.7 against 40.5 us); past it, 256 rows halve the dequantization a flop. fp32
@@ -311,12 +319,15 @@ def tiled_kind(m: int, n: int, x_dtype: torch.dtype, view: DeviceView, bits: int
     tile = _GPU_DEFAULTS["tiled"]["BLOCK_M"]
     if not view.compiled or not view.sms or x_dtype == torch.float32:
         return "tiled"
-    if bits == 4 and (view.capability or (0, 0)) >= (9, 0) and m <= W4_TILE_MAX_M:
+    hopper = (view.capability or (0, 0)) >= (9, 0)
+    if bits == 4 and hopper and m <= W4_TILE_MAX_M:
         return "tiled_w4"
     if m <= tile:
         return "tiled"
     programs = cdiv(m, tile) * cdiv(n, _GPU_DEFAULTS["tiled"]["BLOCK_N"])
-    return "tiled_wide" if programs > view.sms else "tiled"
+    if programs <= view.sms:
+        return "tiled"
+    return "tiled_wide_wg" if hopper else "tiled_wide"
 
 
 W4_TILE_MAX_M = 256  # "tiled_w4" up to here (`tiled_kind`); past it the 256-row tile is as fast (predicted)

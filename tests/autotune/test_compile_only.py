@@ -369,12 +369,19 @@ with compile_only(90, "NVIDIA H200") as s:
                dict(_GPU_DEFAULTS["scaled_mm"]))  # fmt: skip
 mm = [l for l in s.launches if l.kernel == "_scaled_mm_kernel"]
 assert len(mm) == 2 and all(l.ptx_ops["wgmma"] > 0 and l.ptx_ops["cp_async"] > 0 for l in mm), [l.ptx_ops for l in mm]
-# W4A16's 64-row Hopper tile (tiled_w4): warpgroup MMA, no spill, within sm_90's shared memory.
+# W4A16's 64-row Hopper tile (tiled_w4) and the 256-row one on 16 warps (tiled_wide_wg, W4A16 and W8A16): warpgroup
+# MMA, no spill, within sm_90's shared memory.
 with compile_only(90, "NVIDIA H200") as s:
     op = get_op("w4a16_gemm")
     op.run(op.make_inputs(dict(M=256, N=512, K=512, G=128), torch.bfloat16, "cpu", 0), dict(_GPU_DEFAULTS["tiled_w4"]))
+    for opname, g in (("w4a16_gemm", 128), ("w8a16_gemm", 0)):
+        op = get_op(opname)
+        op.run(op.make_inputs(dict(M=512, N=512, K=512, G=g), torch.bfloat16, "cpu", 0),
+               dict(_GPU_DEFAULTS["tiled_wide_wg"]))  # fmt: skip
 w4 = [l for l in s.launches if l.kernel == "_wq_kernel"]
-assert w4 and all(l.problems() == [] and l.ptx_ops["wgmma"] > 0 for l in w4), [(l.problems(), l.ptx_ops) for l in w4]
+assert len(w4) >= 3 and all(l.problems() == [] and l.ptx_ops["wgmma"] > 0 for l in w4), [(l.problems(), l.ptx_ops)
+                                                                                          for l in w4]  # fmt: skip
+assert sorted(l.num_warps for l in w4)[-2:] == [16, 16]
 # and its 8-warp split-K (splitk_w4) at decode M: no spill.
 with compile_only(90, "NVIDIA H200") as s:
     op = get_op("w4a16_gemm")

@@ -73,7 +73,7 @@ def test_the_comparisons_have_teeth(monkeypatch, dtype):
 @pytest.mark.parametrize(("bits", "group", "sym", "n", "k", "m", "bias"),
                          [(4, 128, False, 131, 256, 261, True), (8, None, False, 77, 200, 70, False),
                           (8, 64, True, 40, 128, 19, True), (4, None, True, 33, 96, 130, False)])  # fmt: skip
-@pytest.mark.parametrize("tile", ["tiled", "tiled_wide", "tiled_w4"])
+@pytest.mark.parametrize("tile", ["tiled", "tiled_wide", "tiled_wide_wg", "tiled_w4"])
 def test_bit_pattern_dequantization_is_the_fp32_one_bit_for_bit(monkeypatch, bits, group, sym, n, k, m, bias, tile):
     """fp16 activations and scales: the weight tile by bit patterns and packed fp16 arithmetic gives the same fp16
     weights as the fp32 path's single rounding, so the same outputs bit for bit (the interpreter's fp16 dot)."""
@@ -124,9 +124,11 @@ def test_tiled_kind_takes_256_rows_past_one_wave_of_128_row_tiles():
     h200 = DeviceView(gpu=True, gpu_name="NVIDIA H200", sms=132, capability=(9, 0), min_dot_rows=16, bf16_dot=True)
     bf16 = torch.bfloat16
     assert qt.tiled_kind(256, 8192, bf16, h200) == "tiled"  # 128 programs: one wave
-    assert qt.tiled_kind(257, 8192, bf16, h200) == "tiled_wide"
-    assert qt.tiled_kind(1024, 8192, torch.float16, h200) == "tiled_wide"
-    assert qt.tiled_kind(256, 57344, bf16, h200) == "tiled_wide"  # gate_up: 896 programs
+    a100 = DeviceView(gpu=True, gpu_name="NVIDIA A100", sms=108, capability=(8, 0), min_dot_rows=16, bf16_dot=True)
+    assert qt.tiled_kind(257, 8192, bf16, h200) == "tiled_wide_wg"  # (on 16 warps: warpgroup MMA)
+    assert qt.tiled_kind(1024, 8192, torch.float16, h200) == "tiled_wide_wg"
+    assert qt.tiled_kind(256, 57344, bf16, h200) == "tiled_wide_wg"  # gate_up: 896 programs
+    assert qt.tiled_kind(1024, 8192, bf16, a100) == "tiled_wide"  # mma.sync: 8 warps
     assert qt.tiled_kind(128, 1 << 20, bf16, h200) == "tiled"  # 256 rows would be half empty
     assert qt.tiled_kind(4096, 8192, torch.float32, h200) == "tiled"  # fp32: the correctness path
     assert qt.tiled_kind(4096, 8192, bf16, DeviceView(interpreted=True)) == "tiled"  # no GPU: no wave
@@ -140,7 +142,7 @@ def test_tiled_kind_takes_64_row_tiles_for_4_bit_weights_on_hopper():
     bf16 = torch.bfloat16
     for m, n in ((17, 8192), (256, 8192), (256, 57344)):
         assert qt.tiled_kind(m, n, bf16, h200, bits=4) == "tiled_w4"
-    assert qt.tiled_kind(qt.W4_TILE_MAX_M + 1, 8192, bf16, h200, bits=4) == "tiled_wide"
+    assert qt.tiled_kind(qt.W4_TILE_MAX_M + 1, 8192, bf16, h200, bits=4) == "tiled_wide_wg"
     assert qt.tiled_kind(256, 8192, bf16, h200, bits=8) == "tiled"
     assert qt.tiled_kind(128, 8192, bf16, a100, bits=4) == "tiled"
     assert qt.tiled_kind(256, 8192, torch.float32, h200, bits=4) == "tiled"
