@@ -65,6 +65,8 @@ INTENDED = {
     "as INT8 per token as before): the spec's kv_format changed, its flops and bytes did not ('spec numbers')",
     "kv/*/caches *": "Oaken caches keep their outlier index (k_index, v_index): two more fields in the digest",
     "kv/*/oaken writes": "Oaken caches keep their outlier index (k_index, v_index): two more fields in the digest",
+    "attention/*oaken*": "Oaken's index holds each slot's delta rounded at its last 9 mantissa bits (2026-12-06): "
+    "both backends read the outliers as the index holds them (`OakenPagedKV.dequantize(as_read=True)`)",
 }
 
 

@@ -149,8 +149,9 @@ TREE_FOUR_WARP_FORMATS = (KV_FORMAT_PLAIN, KV_FORMAT_FP8)
 # and the integer-coded caches' also on 8 (INT8 extend 112 B, tree 164 B) until the query rows halved (196-212
 # registers with 32 rows). Compile-only evidence, untimed.
 ROWS_OAKEN_BLOCK_N = 32
-# ... and on 32 query rows: with its index read as (coordinate, delta) pairs the 64-row tree tile took 255
-# registers and spilled 40 B (sm_90, bf16, 32 x 128 on 8 warps; the extend 254); 32 rows: 249 and 178.
+# ... and on 32 query rows: while its index was read as 8-byte (coordinate, delta) pairs the 64-row tree tile took
+# 255 registers and spilled 40 B (sm_90, bf16, 32 x 128 on 8 warps; the extend 254); 32 rows: 249 and 178 (not
+# measured again since a slot is one 4-byte word).
 ROWS_OAKEN_M = 32
 # The offline variant's tree (its grid decode beside the mask) spilled 16 B even at 32 rows (255 registers; 32 x 16
 # too); at 16 rows: 174.

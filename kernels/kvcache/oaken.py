@@ -514,9 +514,9 @@ def outlier_index(
         CAP + n + 1              the fullest list's length (the kernel's inner-loop bound for that block)
 
     Empty slots (-1) and positions past the block are left out. Torch ops only, into `out` when given: no host
-    sync, so a writer can rebuild its blocks' rows inside a CUDA graph; words past CAP + n + 2 are left as they
-    are (0 in a buffer allocated here). The one definition of the layout: the cache's kept index is made of its
-    rows."""
+    sync and no factory allocation, so a writer can rebuild its blocks' rows inside a CUDA graph; words past
+    CAP + n + 2 are left as they are (0 in a buffer allocated here). The one definition of the layout: the cache's
+    kept index is made of its rows."""
     if by not in OUTLIER_KEYS:
         raise CodesignError(f"by must be one of {OUTLIER_KEYS}, got {by!r}")
     check_index_shape(block_size, head_dim)
