@@ -72,7 +72,8 @@ MIN_SPLITS = 2  # the INT launch writes partials (one split would write the outp
 # The walks (one warp a program): blocks a step side by side (a step's chain of dependent loads shared by them), the
 # first FIRST ranks of every list in straight-line code (their loads in flight together), then RANKS a trip. The
 # value walk's 4 and 1 (were 2 and 2) are the bench cache's best (sm_90, issue 21's shape, untimed: 0.116 -> 0.105 ms;
-# 2..6 straight ranks by 1 or 2 a trip within 0.105-0.119): its lists hold 1.3 slots a channel, a block's fullest ~5
+# 2..6 straight ranks by 1 or 2 a trip within 0.105-0.119, each pair set here by hand): its lists hold 1.3 slots a
+# channel, a block's fullest ~5
 BIAS_NBLK, BIAS_FIRST, BIAS_RANKS = 2, 6, 2
 CORR_NBLK, CORR_FIRST, CORR_RANKS = 1, 4, 1
 # The value walks split each split's blocks among programs: as many as one wave holds at CORR_MAXNREG registers

@@ -114,7 +114,8 @@ _GPU_DEFAULTS: dict[str, dict[str, int]] = {
     # sm_90, bf16, N = K = 8192, predicted (`bench/gemm_predict.py`, untimed): W4A16 g128 at M = 1024 238 -> 143 us
     # and W8A16 234 -> 143 us, from latency-bound to the tensor cores' peak (which cuBLAS's bf16 GEMM reaches 69 % of
     # there: read as "no longer latency-bound", not as 1.4x bf16); 16 warps at K steps of 32 stayed latency-bound
-    # (275 us). 122-123 registers, no spills, 123,904-131,584 B of shared memory (over sm_89's 101,376 B: Hopper only).
+    # (275 us, forced through `forced_config` by hand). 122-123 registers, no spills, 123,904-131,584 B of shared
+    # memory (over sm_89's 101,376 B: Hopper only).
     "tiled_wide_wg": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 16, "num_stages": 3},
     # 4-bit weights on warpgroup-MMA GPUs up to W4_TILE_MAX_M rows (`tiled_kind`): 64-row tiles with K steps of 128,
     # twice the programs of the 128-row tile (2 an SM: 4 warps a scheduler, where the loop is latency-bound at 2) and
