@@ -65,11 +65,13 @@ def reference_attention(
     softcap: float | None = None,
     alibi: torch.Tensor | None = None,
     parents: list[list[int]] | None = None,
+    sinks: torch.Tensor | None = None,
 ):
     """fp64 attention of q [sum(q_lens), Hq, D] over the paged cache; returns (out fp64, lse fp64).
 
     Causal (the q_len new tokens are the last of the context) or, with `parents`, tree visibility:
-    prefix tokens plus the node's ancestors and itself, positions prefix + depth.
+    prefix tokens plus the node's ancestors and itself, positions prefix + depth. sinks [Hq]: each head's
+    logit joins the softmax as one more column, of value 0 (GPT-OSS's eager attention).
     """
     hq, dim = q.shape[1], q.shape[2]
     bs, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -113,7 +115,11 @@ def reference_attention(
                     s = softcap * torch.tanh(s / softcap)
                 if alibi is not None:
                     s = s + float(alibi[h]) * (kp - qpos)
+                vh = v[idx, h // g]
+                if sinks is not None:
+                    s = torch.cat([s, sinks[h : h + 1].double()])
+                    vh = torch.cat([vh, vh.new_zeros(1, dim)])
                 lse[t0 + i, h] = torch.logsumexp(s, 0)
-                out[t0 + i, h] = torch.softmax(s, 0) @ v[idx, h // g]
+                out[t0 + i, h] = torch.softmax(s, 0) @ vh
         t0 += ql
     return out, lse

@@ -11,6 +11,7 @@ interpreter on CPU).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from codesign.kernels.attention.options import (
     from_op_args,
 )
 from codesign.kernels.attention.reference import paged_attention_torch
+from codesign.kernels.attention.sinks import apply_sinks_
 from codesign.kernels.attention.triton_attention import KernelKV, LaunchPlan, paged_attention_triton
 from codesign.specs import CodesignError
 
@@ -143,7 +145,14 @@ def run_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of `fmt`'s attention on the backend `attention_backend` picks for q, into `out` / `lse`
     when given (lse: `[0, q_heads]` when opts.return_lse is off). The Triton path launches with `plan` (made
-    per call when None): given out, lse and a plan it allocates nothing and looks nothing up."""
+    per call when None): given out, lse and a plan it allocates nothing and looks nothing up (but the lse of
+    `opts.sinks` where the caller asks none: `sinks`)."""
+    if opts.sinks is not None:
+        inner = dataclasses.replace(opts, sinks=None, return_lse=True)
+        keep = lse if opts.return_lse else None  # the caller's buffer, or one of its own (a `[0, q_heads]` stand-in)
+        out, full = run_attention(fmt, q, tensors, params, batch, inner, out, keep, plan)
+        apply_sinks_(out, full, opts.sinks)
+        return out, full if opts.return_lse else (alloc_lse(q, False) if lse is None else lse)
     if attention_backend(q) == "torch":
         o, l_ = fmt.torch_impl(q, tensors, params, batch, opts)
         return _into(out, o), _into(lse, l_)

@@ -1,6 +1,7 @@
 """The two typed values every attention call carries from its public entry point to the kernel launch.
 
-`AttentionOptions`: what the caller asks (scale, window, soft cap, ALiBi slopes, lse, splits, data checks).
+`AttentionOptions`: what the caller asks (scale, window, soft cap, ALiBi slopes, lse, splits, data checks,
+sinks).
 `AttentionBatch`: one launch's batch metadata on the device (block tables, lengths, query offsets; for tree
 verification the node positions and ancestor masks).
 
@@ -32,7 +33,8 @@ class AttentionOptions:
     sm_scale: None means 1 / sqrt(head_dim) (`prepare` fills it in); window: attend to the last `window`
     positions only; softcap: c * tanh(s / c) on the scores; alibi_slopes: fp32 [q_heads]; return_lse: also
     return the natural-log sum-exp, fp32 [tokens, q_heads]; num_splits: split-KV count in [1, 64], None to
-    let the launch plan choose; check_data: run the data checks (one host sync) before the launch.
+    let the launch plan choose; check_data: run the data checks (one host sync) before the launch; sinks: fp32
+    [q_heads], a learned logit per head that joins each softmax's denominator and adds no value (`sinks`).
     """
 
     sm_scale: float | None = None
@@ -42,6 +44,7 @@ class AttentionOptions:
     return_lse: bool = False
     num_splits: int | None = None
     check_data: bool = True
+    sinks: torch.Tensor | None = None
 
     @classmethod
     def from_keywords(cls, keywords: dict) -> AttentionOptions:
@@ -54,14 +57,16 @@ class AttentionOptions:
 
     def check(self, q_heads: int, device: torch.device) -> None:
         """Types and ranges of the options but the split count (`check_splits`; no host sync)."""
-        a = self.alibi_slopes
-        if a is not None:
+        for name in ("alibi_slopes", "sinks"):
+            a = getattr(self, name)
+            if a is None:
+                continue
+            if not isinstance(a, torch.Tensor):
+                raise CodesignError(f"{name} must be a float32 tensor of shape ({q_heads},), got {type(a).__name__}")
             if a.dtype != torch.float32 or tuple(a.shape) != (q_heads,):
-                raise CodesignError(
-                    f"alibi_slopes must be float32 of shape ({q_heads},), got {a.dtype} {tuple(a.shape)}"
-                )
+                raise CodesignError(f"{name} must be float32 of shape ({q_heads},), got {a.dtype} {tuple(a.shape)}")
             if a.device != device:
-                raise CodesignError(f"alibi_slopes is on {a.device} but q is on {device}")
+                raise CodesignError(f"{name} is on {a.device} but q is on {device}")
         w = self.window
         if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w <= 0):
             raise CodesignError(f"window must be a positive int or None, got {w!r}")
@@ -196,9 +201,9 @@ def prepare(
 OP_ARGS_SCHEMA = (
     "Tensor block_tables, Tensor context_lens, Tensor cu_seqlens_q, Tensor? positions, Tensor? tree_mask, "
     "Tensor? mask_indptr, Tensor? alibi_slopes, float sm_scale, SymInt window, float softcap, "
-    "SymInt num_splits, bool is_decode, bool return_lse"
+    "SymInt num_splits, bool is_decode, bool return_lse, Tensor? sinks"
 )
-OP_ARGS = 13
+OP_ARGS = 14
 RETURN_LSE_ARG = 12  # index of return_lse among them
 
 
@@ -208,14 +213,14 @@ def to_op_args(batch: AttentionBatch, opts: AttentionOptions) -> tuple:
     b = batch
     return (b.block_tables, b.context_lens, b.cu_seqlens_q, b.positions, b.tree_mask, b.mask_indptr,
             opts.alibi_slopes, float(opts.sm_scale), opts.window or 0, float(opts.softcap or 0.0),
-            opts.num_splits or 0, b.is_decode, bool(opts.return_lse))  # fmt: skip
+            opts.num_splits or 0, b.is_decode, bool(opts.return_lse), opts.sinks)  # fmt: skip
 
 
 def from_op_args(args: tuple) -> tuple[AttentionBatch, AttentionOptions]:
     """`to_op_args`, undone (the data checks ran before the op: check_data is not carried)."""
-    bt, cl, cu, pos, mask, mptr, alibi, scale, window, softcap, splits, is_decode, return_lse = args
+    bt, cl, cu, pos, mask, mptr, alibi, scale, window, softcap, splits, is_decode, return_lse, sinks = args
     batch = AttentionBatch(bt, cl, cu, is_decode, pos, mask, mptr)
-    opts = AttentionOptions(scale, window or None, softcap or None, alibi, return_lse, splits or None)
+    opts = AttentionOptions(scale, window or None, softcap or None, alibi, return_lse, splits or None, sinks=sinks)
     return batch, opts
 
 

@@ -80,14 +80,16 @@ def paged_decode_attention(
     return_lse: bool = False,
     num_splits: int | None = None,
     check_data: bool = True,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Decode attention: q `[batch, q_heads, head_dim]`, one token per sequence, the last of its context.
 
     out[b, h] = softmax_j(softcap(scale q.k_j) + alibi_h (j - ctx_b + 1)) over the ctx_b cached tokens
-    j (the last `window` only, if set); sm_scale defaults to 1/sqrt(head_dim). Returns out, or
-    (out, lse) with lse fp32 `[batch, q_heads]` (natural log) when `return_lse`.
+    j (the last `window` only, if set); sm_scale defaults to 1/sqrt(head_dim); sinks fp32 `[q_heads]`: a logit
+    per head that joins the softmax's denominator (`attention.sinks`). Returns out, or (out, lse) with lse fp32
+    `[batch, q_heads]` (natural log, over the scores and the sink) when `return_lse`.
     """
-    opts = AttentionOptions(sm_scale, window, softcap, alibi_slopes, return_lse, num_splits, check_data)
+    opts = AttentionOptions(sm_scale, window, softcap, alibi_slopes, return_lse, num_splits, check_data, sinks)
     return attend(PLAIN, q, (k_cache, v_cache), block_tables, context_lens, None, None, opts)
 
 
@@ -106,11 +108,12 @@ def paged_extend_attention(
     return_lse: bool = False,
     num_splits: int | None = None,
     check_data: bool = True,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Extend / chunked prefill: q `[total_new_tokens, q_heads, head_dim]`, sequence b's new tokens
     q[cu[b]:cu[b+1]] at positions ctx_b - q_len_b + i, each attending causally to the cached prefix
     and to the new tokens up to itself. Their K/V must already be in the cache (`kvcache.write.kv_write`)."""
-    opts = AttentionOptions(sm_scale, window, softcap, alibi_slopes, return_lse, num_splits, check_data)
+    opts = AttentionOptions(sm_scale, window, softcap, alibi_slopes, return_lse, num_splits, check_data, sinks)
     return attend(PLAIN, q, (k_cache, v_cache), block_tables, context_lens, cu_seqlens_q, None, opts)
 
 
@@ -128,6 +131,7 @@ def tree_attention(
     return_lse: bool = False,
     num_splits: int | None = None,
     check_data: bool = True,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Tree verification attention: q `[sum tree sizes, q_heads, head_dim]` in node order per request
     (`tree`: `attention.tree.build_tree_batch`).
@@ -135,5 +139,5 @@ def tree_attention(
     out_i = softmax over the visible j of softcap(scale q_i.k_j) + alibi_h (pos_j - pos_i), positions
     prefix + depth (tree tokens) or the cache index (prefix tokens). Returns out (and lse if asked).
     """
-    opts = AttentionOptions(sm_scale, window, softcap, alibi_slopes, return_lse, num_splits, check_data)
+    opts = AttentionOptions(sm_scale, window, softcap, alibi_slopes, return_lse, num_splits, check_data, sinks)
     return attend(PLAIN, q, (k_cache, v_cache), block_tables, None, None, tree, opts)

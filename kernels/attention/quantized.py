@@ -252,7 +252,7 @@ def oaken_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Decode (cu_seqlens_q None), extend, or tree attention (`tree=`, a `build_tree_batch` result) over
     an Oaken cache, the sparse outliers applied in the kernel; the keywords of `paged_decode_attention`
-    (sm_scale, alibi_slopes, window, softcap, num_splits, return_lse, check_data)."""
+    (sm_scale, alibi_slopes, window, softcap, num_splits, return_lse, check_data, sinks)."""
     return attend(OAKEN, q, cache, block_tables, context_lens, cu_seqlens_q, tree, options)
 
 
@@ -269,5 +269,5 @@ def mixed_attention(
     """Decode (cu_seqlens_q None: one query per sequence), extend, or tree attention (`tree=`, a
     `build_tree_batch` result; context_lens / cu_seqlens_q are then taken from it) over a mixed cache; the
     keywords of `paged_decode_attention` (sm_scale, alibi_slopes, window, softcap, num_splits, return_lse,
-    check_data)."""
+    check_data, sinks)."""
     return attend(MIXED, q, cache, block_tables, context_lens, cu_seqlens_q, tree, options)

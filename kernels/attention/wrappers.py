@@ -174,10 +174,12 @@ class _PlannedAttention:
         out: torch.Tensor | None = None,
         lse: torch.Tensor | None = None,
         return_lse: bool = False,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attention for the planned batch; q must have the planned shape, the cache the planned layout
         (a plain k_cache and v_cache, or the planned kind of quantized cache as k_cache alone). Outputs
-        are bit-identical to the functional entry point's."""
+        are bit-identical to the functional entry point's. sinks: this layer's fp32 `[q_heads]` attention sinks
+        (`attention.sinks`), given per run since one plan serves every layer."""
         p = self._plan
         if p is None:
             raise CodesignError("run() called before plan()")
@@ -193,8 +195,12 @@ class _PlannedAttention:
         else:
             self._check_quant_run(k_cache, v_cache)
             tensors, params = p.fmt.op_tensors(k_cache), p.fmt.params(k_cache)
-        o, l_ = run_attention(p.fmt, q, tensors, params, p.batch, p.opts_lse if want_lse else p.opts, out,
-                              lse if want_lse else p.no_lse, p.launch)  # fmt: skip
+        opts = p.opts_lse if want_lse else p.opts
+        if sinks is not None:
+            opts = dataclasses.replace(opts, sinks=sinks)
+            opts.check(q.shape[1], q.device)
+        o, l_ = run_attention(p.fmt, q, tensors, params, p.batch, opts, out, lse if want_lse else p.no_lse,
+                              p.launch)  # fmt: skip
         return (o, l_) if want_lse else o
 
     def _check_plain_run(self, k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor) -> None:

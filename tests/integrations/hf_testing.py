@@ -46,13 +46,18 @@ FAMILIES = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"sliding_window": 5}),  # fused qkv_proj
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
     "granite": ("GraniteConfig", "GraniteForCausalLM", {"attention_multiplier": 0.5}),  # not head_dim**-0.5 = 0.25
+    # Layer 0 sliding, layer 1 full; attention sinks (`tiny_model` spreads them so that they bite); biased q/k/v.
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {"head_dim": 16, "sliding_window": 4, "num_local_experts": 4,
+                                                      "max_position_embeddings": 131072,  # YaRN: 32 x 4096
+                                                      "num_experts_per_tok": 2,
+                                                      "layer_types": ["sliding_attention", "full_attention"]}),
 }  # fmt: skip
 # Both sides compute in fp32 (logits agree to ~1e-5): a lead of 1e-3 cannot flip.
 DECISIVE = 1e-3
 # Quantized KV on both sides, from K/V that differ in the last fp32 bits (another path computed them): one code
 # may round the other way, which moves these models' logits by up to ~1e-2.
 DECISIVE_QUANT = 5e-2
-REFERENCE_ATTN = {"gemma2": "eager"}  # torch's sdpa has no soft cap
+REFERENCE_ATTN = {"gemma2": "eager", "gpt_oss": "eager"}  # torch's sdpa has no soft cap, GPT-OSS's no sinks
 
 
 def family_missing(family: str) -> str | None:
@@ -95,6 +100,8 @@ def tiny_model(family: str = "llama", seed: int = 0, sharpen: float = 8.0, **ove
                     w.add_(1).mul_(sharpen).sub_(1)
                 else:
                     w *= sharpen
+            if hasattr(a, "sinks"):  # initialised near 0: spread them over the logits' range (some heads all sink)
+                a.sinks.copy_(torch.randn(a.sinks.shape) * sharpen)
     return model
 
 

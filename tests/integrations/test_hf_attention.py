@@ -84,7 +84,7 @@ def test_prompt_lookup_crops_the_cache(paged):
     assert cache.row_lengths() == [cache.seen]
 
 
-@pytest.mark.parametrize("family", family_params(["llama", "mistral", "gemma3_text"]))
+@pytest.mark.parametrize("family", family_params(["llama", "mistral", "gemma3_text", "gpt_oss"]))
 def test_triton_kernels_in_the_interpreter(family):
     model = tiny_model(family)
     ids, mask = prompts(2, 9, pads=(0, 2))
@@ -134,14 +134,16 @@ def test_prefix_sharing_saves_blocks_and_keeps_tokens():
 
 # --- refusals -------------------------------------------------------------------------------------------
 def test_unsupported_family_is_refused():
-    """GPT-OSS: GQA and RoPE as Llama's, but each head's learned sink logit joins the softmax."""
-    from transformers import GptOssConfig, GptOssForCausalLM
+    """DeepSeek-V3: multi-head latent attention (queries and keys of another width than the values)."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    cfg = GptOssConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
-                       num_experts_per_tok=1, sliding_window=4)  # fmt: skip
-    model = GptOssForCausalLM(cfg).eval()
-    with pytest.raises(CodesignError, match="model family 'gpt_oss' is not supported: attention sinks"):
+    cfg = DeepseekV3Config(vocab_size=64, hidden_size=32, intermediate_size=32, moe_intermediate_size=16,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=8,
+                           q_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, n_routed_experts=2,
+                           num_experts_per_tok=1, first_k_dense_replace=1)  # fmt: skip
+    with torch.device("meta"):
+        model = DeepseekV3ForCausalLM(cfg)
+    with pytest.raises(CodesignError, match="model family 'deepseek_v3' is not supported: multi-head latent"):
         generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=2)
 
 

@@ -70,10 +70,10 @@ def test_a_compiled_decode_step_is_one_graph_and_eager_tokens(kv_format, block_s
     assert ops.count(STEP_OP) == model.config.num_hidden_layers and EAGER_OP not in ops
 
 
-@pytest.mark.parametrize("family", family_params(["mistral", "gemma2", "qwen2_moe", "phi3"]))
+@pytest.mark.parametrize("family", family_params(["mistral", "gemma2", "qwen2_moe", "phi3", "gpt_oss"]))
 def test_families_compile_to_one_graph(family):
     """Sliding windows (Mistral; Qwen2-MoE's two layer groups), soft caps and sandwich norms (Gemma2), a MoE with a
-    shared expert, a fused qkv_proj (Phi-3): one graph, eager tokens."""
+    shared expert, a fused qkv_proj (Phi-3), attention sinks (GPT-OSS): one graph, eager tokens."""
     model = tiny_model(family)
     ids, mask = prompts(2, 9, pads=(0, 3))
     want = _run(model, ids, mask, None)

@@ -31,9 +31,10 @@ def _spec_run(model, ids, mask, speculator, **kw):
 
 
 @pytest.mark.parametrize("family, draft", [("llama", "random"), ("llama", "ngram"),
-                                           *family_params(["mixtral", "gemma3_text"], "ngram")])  # fmt: skip
+                                           *family_params(["mixtral", "gemma3_text", "gpt_oss"], "ngram")])  # fmt: skip
 def test_greedy_tree_speculation_is_plain_greedy(family, draft):
-    """Also a mixture of experts and a family with per-layer windows (tree steps over sliding layers)."""
+    """Also a mixture of experts, a family with per-layer windows (tree steps over sliding layers) and one with
+    attention sinks."""
     model = tiny_model(family)
     ids, mask = prompts(2, 12, pads=(0, 3))
     ids[0, 6:] = ids[0, :6]  # something for prompt lookup to find

@@ -2,15 +2,15 @@
 in `AttentionMaskInterface`.
 
 transformers calls it as `fn(module, query [B, Hq, S, D], key, value, attention_mask, scaling=, dropout=,
-sliding_window=, softcap=, position_ids=, ...)`. Our mask entry passes the 2-D padding mask through (None when
-nothing is padded): the kernels apply causality, the window and the tree themselves.
+sliding_window=, softcap=, s_aux= (GPT-OSS's attention sinks), position_ids=, ...)`. Our mask entry passes the 2-D
+padding mask through (None when nothing is padded): the kernels apply causality, the window and the tree themselves.
 
 Two paths, both through the paged kernels:
 - `key` came from a `CodesignCache.update()` (its layer handed it to this module): the cache writes the new
   tokens into its pool and attends (decode, extend or tree), `CodesignCache.attend`;
 - otherwise (no cache, or another Cache class holding the whole history in `key`): the real tokens are packed
   into a transient plain paged pool and the query tokens attend to them (extend).
-Anything the kernels cannot honour (attention weights, dropout, attention sinks, a 4-D mask, right padding)
+Anything the kernels cannot honour (attention weights, dropout, a 4-D mask, right padding)
 raises CodesignError: nothing falls back to another attention.
 """
 
@@ -65,29 +65,31 @@ _UNSET = object()
 
 
 def codesign_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                       sliding_window=_UNSET, softcap=None, **kwargs):  # fmt: skip
+                       sliding_window=_UNSET, softcap=None, s_aux=None, **kwargs):  # fmt: skip
     """transformers' attention interface over the paged kernels; returns (out `[B, S, Hq, D]`, None).
     sliding_window not passed: the module's own (Qwen2-MoE sets it on its sliding layers and applies it only
-    through the mask it builds for sdpa / eager; families without windows have none)."""
+    through the mask it builds for sdpa / eager; families without windows have none). s_aux: GPT-OSS's attention
+    sinks, one logit per query head joining each softmax (`kernels.attention.sinks`)."""
     _check_call(module, attention_mask, dropout, kwargs)
     if sliding_window is _UNSET:
         sliding_window = getattr(module, "sliding_window", None)
     window = int(sliding_window) if sliding_window else None
     soft = float(softcap) if softcap else None
+    sinks = None if s_aux is None else s_aux.detach().to(torch.float32)
     if torch.compiler.is_compiling():  # (Dynamo cannot trace the cache's host side: one opaque op, `traced`)
         pending = getattr(module, "_codesign_pending", None)
         if pending is not None and pending[2] is key:
             module._codesign_pending = None
             return traced_attention(pending[0], pending[1], query, key, value, attention_mask, scaling, window,
-                                    soft), None  # fmt: skip
+                                    soft, sinks), None  # fmt: skip
     pending = module.__dict__.pop("_codesign_pending", None)
     if pending is not None and pending[2] is key:
         cache, layer_idx, _ = pending
-        return cache.attend(layer_idx, query, key, value, attention_mask, scaling, window, soft), None
-    return _transient(query, key, value, attention_mask, scaling, window, soft), None
+        return cache.attend(layer_idx, query, key, value, attention_mask, scaling, window, soft, sinks), None
+    return _transient(query, key, value, attention_mask, scaling, window, soft, sinks), None
 
 
-def _transient(query, key, value, mask2d, scaling, window, softcap) -> torch.Tensor:
+def _transient(query, key, value, mask2d, scaling, window, softcap, sinks=None) -> torch.Tensor:
     """Attention of the last S columns over all L columns of key/value `[B, Hkv, L, D]` (the history a
     foreign cache returned, or the prompt itself), through a plain paged pool of the real tokens."""
     b, hq, s, d = query.shape
@@ -109,7 +111,8 @@ def _transient(query, key, value, mask2d, scaling, window, softcap) -> torch.Ten
     q = query.transpose(1, 2).reshape(b * s, hq, d)[qcols]
     cu = torch.tensor([0, *qlens.cumsum(0).tolist()], dtype=torch.int32, device=query.device)
     ctx = lens.to(torch.int32).to(query.device)
-    out = K.paged_extend_attention(q, kc, vc, bt, ctx, cu, sm_scale=scaling, window=window, softcap=softcap)
+    out = K.paged_extend_attention(q, kc, vc, bt, ctx, cu, sm_scale=scaling, window=window, softcap=softcap,
+                                   sinks=sinks)
     full = out.new_zeros(b * s, hq, d)
     full.index_copy_(0, qcols, out)
     return full.view(b, s, hq, d)

@@ -434,9 +434,10 @@ class CodesignCache(Cache):
         return self._graph is not None
 
     # --- one forward -------------------------------------------------------------------------------------
-    def attend(self, layer_idx, query, key, value, mask2d, scaling, window, softcap) -> torch.Tensor:
+    def attend(self, layer_idx, query, key, value, mask2d, scaling, window, softcap, sinks=None) -> torch.Tensor:
         """Write layer `layer_idx`'s new K/V and attend: query `[B, Hq, S, D]`, key/value `[B, Hkv, S, D]`,
-        mask2d: bool `[B, seen + S]` (False: a padding column) or None; returns `[B, S, Hq, D]`."""
+        mask2d: bool `[B, seen + S]` (False: a padding column) or None; sinks: the layer's fp32 `[Hq]` attention
+        sinks or None; returns `[B, S, Hq, D]`."""
         b, hq, s, d = query.shape
         if layer_idx == 0:  # (a captured step's host side ran before it: `graph_step`)
             self._step = self._graph if self._graph is not None else self._begin(b, s, mask2d, query.device)
@@ -467,17 +468,17 @@ class CodesignCache(Cache):
         plan = st.attend[g]
         run = store.planned_run(plan)
         if run is not None:
-            out = self._run_planned(st, g, run, q, scaling, window, softcap)
+            out = self._run_planned(st, g, run, q, scaling, window, softcap, sinks)
         else:
-            out = store.attend(q, plan, sm_scale=scaling, window=window, softcap=softcap,
+            out = store.attend(q, plan, sm_scale=scaling, window=window, softcap=softcap, sinks=sinks,
                                check_data=check and first)  # fmt: skip
         return _untokens(out, st.real, b, s)
 
-    def _run_planned(self, st: _Step, g: int, run: tuple, q, scaling, window, softcap) -> torch.Tensor:
+    def _run_planned(self, st: _Step, g: int, run: tuple, q, scaling, window, softcap, sinks=None) -> torch.Tensor:
         """Attend through a wrapper (decode, extend or tree) planned by the group's first layer of this forward
         (its layers share tables, lengths and trees; the plan checks them with `check`): each layer launches,
         with no option resolution, config lookup or check (`attention.wrappers`; bit-identical to the entry
-        point)."""
+        point). The layer's sinks go to run(), not the plan: they differ by layer."""
         caches, dtype = run
         qd = q if dtype is None else q.to(dtype)
         c = caches[0]
@@ -489,7 +490,7 @@ class CodesignCache(Cache):
             tree = self.steps[-1].parents if plan.tree is not None else ()  # (a captured tree's: the same each step)
             args = (plan, tree, c, qd, self.check and self._graph is None, scaling, window, softcap)
             st.planned[g] = hit = (key, plan_into(_new_wrapper(plan, qd.device), *args), args)
-        out = hit[1].run(qd, *caches)
+        out = hit[1].run(qd, *caches, sinks=sinks)
         return out if dtype is None else out.to(q.dtype)
 
     def _begin(self, batch: int, width: int, mask2d, device) -> _Step:

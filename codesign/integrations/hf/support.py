@@ -19,16 +19,15 @@ TRANSFORMERS_RANGE = (((4, 57), (4, 58)), ((5, 23), (6, 0)))
 # 5.25.0) and is tested token for token against transformers' own attention (tests/integrations). What differs
 # between them happens before the attention function (q/k norms, fused qkv_proj, per-layer RoPE bases, MoE MLPs)
 # or is passed to it (`scaling`: Granite's attention_multiplier, Gemma's query_pre_attn_scalar; `sliding_window`,
-# `softcap`). Anything else (ALiBi models, attention sinks, MLA, chunked, no-RoPE or bidirectional layers,
-# cross-attention) is refused.
+# `softcap`; GPT-OSS's `s_aux`, a per-head sink logit in each softmax). Anything else (ALiBi models, MLA, chunked,
+# no-RoPE or bidirectional layers, cross-attention) is refused.
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "mixtral", "qwen2_moe", "qwen3_moe", "gemma",
-            "gemma3_text", "phi3", "olmo2", "granite")  # fmt: skip
+            "gemma3_text", "phi3", "olmo2", "granite", "gpt_oss")  # fmt: skip
 # Families served from a later transformers release than the range's first: 4.57's Qwen2-MoE has its own
 # attention classes (sdpa / flash / eager) and never calls a registered attention function.
 FAMILY_SINCE = {"qwen2_moe": (5, 23)}
 # Why some families users ask for are refused (the message names the reason).
 REFUSED = {
-    "gpt_oss": "attention sinks (a learned per-head logit joins the softmax)",
     "deepseek_v2": "multi-head latent attention (MLA)",
     "deepseek_v3": "multi-head latent attention (MLA)",
     "llama4": "chunked-attention and no-RoPE layers",

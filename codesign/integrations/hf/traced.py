@@ -36,18 +36,18 @@ def new_handle(cache) -> int:
     return h
 
 
-def _attend(query, key, value, mask, cache, layer, scaling, window, softcap) -> torch.Tensor:
+def _attend(query, key, value, mask, cache, layer, scaling, window, softcap, sinks) -> torch.Tensor:
     c = _CACHES.get(cache)
     if c is None:
         raise CodesignError(f"cache {cache} is gone: a compiled forward outlived its CodesignCache")
-    return _own_kv(c, layer, c.attend(layer, query, key, value, mask, scaling, window, softcap))
+    return _own_kv(c, layer, c.attend(layer, query, key, value, mask, scaling, window, softcap, sinks))
 
 
-def _attend_step(query, key, value, mask, layer, scaling, window, softcap) -> torch.Tensor:
+def _attend_step(query, key, value, mask, layer, scaling, window, softcap, sinks) -> torch.Tensor:
     c = _STEPPING.cache
     if c is None:
         raise CodesignError("hf_attend_step runs only inside a captured forward's step (`stepping`)")
-    return _own_kv(c, layer, c.attend(layer, query, key, value, mask, scaling, window, softcap))
+    return _own_kv(c, layer, c.attend(layer, query, key, value, mask, scaling, window, softcap, sinks))
 
 
 def _own_kv(cache, layer: int, out: torch.Tensor) -> torch.Tensor:
@@ -83,7 +83,7 @@ def stepping(cache) -> Iterator[None]:
 
 
 _ARGS = "Tensor query, Tensor key, Tensor value, Tensor? mask"
-_OPTS = "int layer, float? scaling, int? window, float? softcap"
+_OPTS = "int layer, float? scaling, int? window, float? softcap, Tensor? sinks"
 # An eager cache's forward allocates slots and checks data on the host (syncs): never inside a CUDA graph.
 hf_attend = torch.library.custom_op("codesign::hf_attend", _attend, mutates_args=(),
                                     schema=f"({_ARGS}, int cache, {_OPTS}) -> Tensor",
@@ -94,9 +94,9 @@ hf_attend.register_fake(_fake)
 hf_attend_step.register_fake(_fake)
 
 
-def traced_attention(cache, layer: int, query, key, value, mask, scaling, window, softcap) -> torch.Tensor:
+def traced_attention(cache, layer: int, query, key, value, mask, scaling, window, softcap, sinks=None) -> torch.Tensor:
     """`cache.attend(layer, ...)` as the op a traced forward records: the step op while the cache is in a
     `graph_begin` step (its forward runs in `stepping(cache)`), else the op naming the cache."""
     if cache.in_graph():
-        return hf_attend_step(query, key, value, mask, layer, scaling, window, softcap)
-    return hf_attend(query, key, value, mask, cache.handle, layer, scaling, window, softcap)
+        return hf_attend_step(query, key, value, mask, layer, scaling, window, softcap, sinks)
+    return hf_attend(query, key, value, mask, cache.handle, layer, scaling, window, softcap, sinks)

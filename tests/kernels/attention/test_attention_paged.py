@@ -405,13 +405,14 @@ def test_two_warp_decode_tiles_and_rows_launches():
 
 # --- the torch op --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_opcheck(backend):
+@pytest.mark.parametrize("sinks", [None, torch.tensor([0.5, -1.0])])
+def test_opcheck(backend, sinks):
     ctx = [3, 9]
     k, v, bt, cl = make_paged_kv(ctx, 1, 64, 4, torch.float32, extra_cols=0)
     k, v = k.nan_to_num(), v.nan_to_num()  # opcheck compares runs with NaN-unequal semantics
     q = torch.randn(3, 2, 64)
     cu = torch.tensor([0, 1, 3], dtype=torch.int32)
-    args = (q, k, v, bt, cl, cu, None, None, None, None, 0.125, 0, 0.0, 2, False, True)
+    args = (q, k, v, bt, cl, cu, None, None, None, None, 0.125, 0, 0.0, 2, False, True, sinks)
     with use_backend(backend):
         torch.library.opcheck(PLAIN.op, args)
 

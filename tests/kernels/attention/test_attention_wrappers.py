@@ -66,8 +66,8 @@ def _cache(kind, nb, bt, slots):
     return c
 
 
-def _functional(kind, q, cache, bt, cl, cu, splits):
-    kw = dict(num_splits=splits)
+def _functional(kind, q, cache, bt, cl, cu, splits, **options):
+    kw = dict(num_splits=splits, **options)
     if kind in ("int4", "int8", "int2", "fp8"):
         return (
             kvq_decode_attention(q, cache, bt, cl, **kw)

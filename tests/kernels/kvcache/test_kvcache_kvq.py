@@ -293,7 +293,7 @@ def test_opcheck(backend):
             kvq_write_op, (key, -key, c.k_codes, c.v_codes, c.k_meta, c.v_meta, slots, 1, 4)
         )
         kvq_write(key, -key, c, slots)
-        args = (None, None, None, None, 0.25, 0, 0.0, 1, False, True)
+        args = (None, None, None, None, 0.25, 0, 0.0, 1, False, True, torch.tensor([0.5, -1.0]))  # sinks too
         torch.library.opcheck(
             KVQ.op, (q, c.k_codes, c.v_codes, c.k_meta, c.v_meta, bt, cl, cu, *args, 1, 4)
         )
