@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import torch
 
-from codesign.catalog.models import ModelConfig
+from codesign.catalog.models import ModelConfig, hf_windows
 from codesign.dataflow.graph import build_step_graph
 from codesign.specs import CodesignError, KVFormat, WeightFormat
 
@@ -165,6 +165,7 @@ class TracedModel:
     name: str
     max_context: int | None = None
     sliding_window: int | None = None
+    full_attention_layers: tuple[int, ...] = ()  # layers attending to all despite sliding_window (`hf_windows`)
 
 
 @dataclass
@@ -244,11 +245,15 @@ def trace_model(
             ep = torch.export.export(model.eval(), tuple(example_inputs), kwargs=kwargs, strict=False)
     finally:
         model.train(was_training)
+    window, full = None, ()
+    if cfg is not None and hasattr(cfg, "to_dict") and getattr(cfg, "num_hidden_layers", None):
+        window, full = hf_windows(cfg.to_dict(), str(getattr(cfg, "model_type", "")), int(cfg.num_hidden_layers))
     return TracedModel(
         graph=ep.graph_module.graph,
         name=name or str(getattr(cfg, "name_or_path", "") or type(model).__name__),
         max_context=getattr(cfg, "max_position_embeddings", None),
-        sliding_window=getattr(cfg, "sliding_window", None) or None,
+        sliding_window=window,
+        full_attention_layers=full,
     )
 
 
@@ -628,6 +633,7 @@ def _config(traced: TracedModel, groups: dict[str, _Group]) -> ModelConfig:
         max_context=max_context or NO_CONTEXT_LIMIT,
         learned_positions=learned,
         sliding_window=traced.sliding_window,
+        full_attention_layers=tuple(i for i in traced.full_attention_layers if i < len(layers)),
         **per_layer[0],
     )
 

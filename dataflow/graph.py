@@ -202,10 +202,10 @@ class _StepBuilder:
         kvw = self.add(p + "kv_write", "kv_write", KVWrite(tokens, kvh, hd, self.kvf), i, [pre_attn], 0)
         if self.g.graph["phase"] == "decode":
             attn_spec: OpSpec = PagedDecodeAttention(
-                qh, kvh, hd, context_lens=self.lens, block_size=self.block, kv_format=self.kvf, window=m.sliding_window
+                qh, kvh, hd, context_lens=self.lens, block_size=self.block, kv_format=self.kvf, window=m.window_of(i)
             )
         else:
-            attn_spec = PrefillAttention(qh, kvh, hd, seq_lens=self.lens, window=m.sliding_window)
+            attn_spec = PrefillAttention(qh, kvh, hd, seq_lens=self.lens, window=m.window_of(i))
         attn = self.add(p + "attention", "attention", attn_spec, i, [pre_attn, kvw], tokens * qh * hd * act_b)
         return self.add(p + "o_proj", "o_proj", self.lin(m.hidden, qh * hd, m.o_bias), i, [attn], self.hid_b)
 

@@ -25,6 +25,8 @@ REQUIRED_MODELS = (
     "mistral-7b",
     "mixtral-8x7b",
     "qwen1.5-moe-a2.7b",
+    "gpt-oss-20b",
+    "gpt-oss-120b",
     "opt-6.7b",
     "gpt-3-175b",
 )
@@ -212,3 +214,70 @@ def test_expected_active_experts():
     assert expected_active_experts(8, 2) == 2
     assert expected_active_experts(8, 1000) == 8
     assert 1 <= expected_active_experts(64, 8) <= 8
+
+
+_DENSE = {"num_hidden_layers": 6, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "intermediate_size": 96, "vocab_size": 100, "max_position_embeddings": 128}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra, window, full",
+    [
+        ({"model_type": "mistral", "sliding_window": 32}, 32, ()),
+        # Mistral-family windows hold on every layer whatever layer_types say (as transformers runs them)
+        ({"model_type": "mixtral", "sliding_window": 32, "layer_types": ["full_attention"] * 6}, 32, ()),
+        ({"model_type": "llama"}, None, ()),
+        ({"model_type": "gemma2", "sliding_window": 16}, 16, (1, 3, 5)),  # every other layer full
+        ({"model_type": "gpt_oss", "sliding_window": 8}, 8, (1, 3, 5)),
+        ({"model_type": "gemma3_text", "sliding_window": 16}, 16, (5,)),  # every sixth
+        ({"model_type": "gemma3_text", "sliding_window": 16, "sliding_window_pattern": 3}, 16, (2, 5)),
+        # Qwen's windows only with use_sliding_window (Qwen2.5's configs carry a window they never use)
+        ({"model_type": "qwen2", "sliding_window": 32}, None, ()),
+        ({"model_type": "qwen2", "sliding_window": 32, "use_sliding_window": True, "max_window_layers": 4}, 32,
+         (0, 1, 2, 3)),
+        ({"model_type": "qwen2", "sliding_window": 32, "use_sliding_window": True, "max_window_layers": 6}, None, ()),
+        ({"model_type": "qwen2_moe", "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 16,
+          "sliding_window": 32, "use_sliding_window": True, "max_window_layers": 4}, 32, (1, 3, 4, 5)),
+        # layer_types, where a config has them, decide
+        ({"model_type": "qwen3", "sliding_window": 32, "use_sliding_window": True,
+          "layer_types": ["sliding_attention", "full_attention"] * 3}, 32, (1, 3, 5)),
+    ],
+)  # fmt: skip
+def test_hf_config_windows_per_layer_as_transformers_sets_them(tmp_path, extra, window, full):
+    m = load_hf_config(_write(tmp_path, {**_DENSE, **extra}) / "config.json")
+    assert (m.sliding_window, m.full_attention_layers) == (window, full)
+    assert [m.window_of(i) for i in range(6)] == [None if i in full else window for i in range(6)]
+
+
+def test_step_graphs_attend_with_each_layers_window():
+    """GPT-OSS's even layers attend to the last 128 tokens, its odd ones to all: the decode step's attention specs say
+    so layer by layer, and the sliding ones read 128 tokens' K/V whatever the context."""
+    from codesign.dataflow.graph import build_step_graph
+
+    g = build_step_graph("gpt-oss-20b", "decode", batch=2, context=4096)
+    attn = {d["layer"]: d["spec"] for _, d in g.nodes(data=True) if d["op"] == "attention"}
+    assert len(attn) == 24
+    assert all(attn[i].window == (128 if i % 2 == 0 else None) for i in range(24))
+    assert attn[0].min_bytes() < attn[1].min_bytes() / 16
+
+
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        (dict(full_attention_layers=(1,)), "full_attention_layers need a sliding_window"),
+        (dict(sliding_window=8, full_attention_layers=(2,)), r"full_attention_layers \[2\] are not layer indices 0..1"),
+        (dict(sliding_window=8, full_attention_layers=(-1,)), r"\[-1\] are not layer indices"),
+    ],
+)
+def test_full_attention_layers_are_checked(fields, match):
+    with pytest.raises(CodesignError, match=match):
+        ModelConfig(name="x", layers=2, hidden=8, heads=2, kv_heads=2, ffn=8, vocab=10, **fields)
+
+
+def test_qwen3_moe_reads_its_expert_width_and_refuses_dense_layers(tmp_path):
+    cfg = {**_DENSE, "model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 24}
+    m = load_hf_config(_write(tmp_path, cfg) / "config.json")
+    assert (m.ffn, m.experts, m.top_k, m.qkv_bias) == (24, 8, 2, False)
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, "mlp_only_layers": [1]}))
+    with pytest.raises(CodesignError, match="Qwen3-MoE with dense layers"):
+        load_hf_config(tmp_path / "m" / "config.json")

@@ -51,6 +51,9 @@ class ModelConfig:
     rope: bool = True
     learned_positions: bool = False
     sliding_window: int | None = None
+    # Layers that attend to the whole context although sliding_window is set (Gemma2 / GPT-OSS every other layer,
+    # Gemma3 every sixth, Qwen2 those below max_window_layers); empty: every layer slides.
+    full_attention_layers: tuple[int, ...] = ()
     known_params: float | None = None
     source: str = ""
 
@@ -80,12 +83,23 @@ class ModelConfig:
             raise CodesignError(f"{where}: shared_expert_gate needs shared_expert_ffn > 0")
         if self.sliding_window is not None:
             check_positive_int("sliding_window", self.sliding_window)
+        full = tuple(self.full_attention_layers)
+        if full and self.sliding_window is None:
+            raise CodesignError(f"{where}: full_attention_layers need a sliding_window")
+        bad = [i for i in full if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.layers]
+        if bad:
+            raise CodesignError(f"{where}: full_attention_layers {bad} are not layer indices 0..{self.layers - 1}")
+        object.__setattr__(self, "full_attention_layers", full)  # (YAML gives a list)
         for f in ("qkv_bias", "o_bias", "mlp_bias"):
             if getattr(self, f) is None:
                 object.__setattr__(self, f, self.bias)
         if self.known_params is not None:
             # YAML 1.1 reads "6.738e9" (no sign in the exponent) as a string.
             object.__setattr__(self, "known_params", float(self.known_params))
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window layer `layer` attends with (None: the whole context)."""
+        return None if layer in self.full_attention_layers else self.sliding_window
 
     @property
     def gated(self) -> bool:
@@ -228,9 +242,48 @@ def _learned_positions_model(
     )
 
 
+# The families read like Llama (GQA, RoPE, RMSNorm, a gated MLP or routed experts of one): what else they do (q/k
+# norms, fused projections, scalar multipliers, sinks) costs nothing a step graph counts.
+LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma2",
+              "gemma3_text", "phi3", "olmo2", "granite", "gpt_oss", "")  # fmt: skip
+# Families whose every layer slides when sliding_window is set, whatever layer_types say (as transformers runs them).
+EVERY_LAYER_WINDOW = ("mistral", "mixtral", "phi3", "qwen3_moe")
+
+
+def hf_windows(cfg: dict[str, Any], mtype: str, layers: int) -> tuple[int | None, tuple[int, ...]]:
+    """(sliding_window, full_attention_layers) as transformers sets a family's layers: `layer_types` where the
+    config has them, else the family's default rule (Gemma2 / GPT-OSS every other layer full, Gemma3 every
+    `sliding_window_pattern`-th, Qwen2 / Qwen3 those below max_window_layers, Qwen2-MoE the odd ones and those from
+    max_window_layers); Qwen's windows only with use_sliding_window."""
+    window = cfg.get("sliding_window") or None
+    if window is None or (mtype.startswith("qwen") and not cfg.get("use_sliding_window", False)):
+        return None, ()
+    window = int(window)
+    if mtype in EVERY_LAYER_WINDOW:
+        return window, ()
+    types = cfg.get("layer_types")
+    if types is None:
+        mwl = int(cfg.get("max_window_layers") or 0)
+        if mtype in ("gemma2", "gpt_oss"):
+            slides = [bool((i + 1) % 2) for i in range(layers)]
+        elif mtype == "gemma3_text":
+            pattern = int(cfg.get("sliding_window_pattern") or 6)
+            slides = [bool((i + 1) % pattern) for i in range(layers)]
+        elif mtype in ("qwen2", "qwen3"):
+            slides = [i >= mwl for i in range(layers)]
+        elif mtype == "qwen2_moe":
+            slides = [bool((i + 1) % 2) and i < mwl for i in range(layers)]
+        else:
+            return window, ()
+        types = ["sliding_attention" if s else "full_attention" for s in slides]
+    if len(types) < layers:
+        raise CodesignError(f"layer_types has {len(types)} entries for {layers} layers")
+    full = tuple(i for i, t in enumerate(types[:layers]) if t != "sliding_attention")
+    return (None, ()) if len(full) == layers else (window, full)
+
+
 def load_hf_config(path: str | Path) -> ModelConfig:
-    """A ModelConfig from a local Hugging Face config.json (llama, mistral, mixtral, qwen, gemma, opt,
-    gpt2, bert)."""
+    """A ModelConfig from a local Hugging Face config.json (the `LLAMA_LIKE` families, opt, gpt2, bert)."""
     path = Path(path)
     try:
         cfg = json.loads(path.read_text())
@@ -269,26 +322,30 @@ def load_hf_config(path: str | Path) -> ModelConfig:
                 ffn_kind="gelu" if "gelu" in act else "relu",
                 max_context=int(g("max_position_embeddings")),
             )
-        if mtype in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "qwen2_moe", ""):
+        if mtype in LLAMA_LIKE:
             heads = int(g("num_attention_heads"))
+            layers = int(g("num_hidden_layers"))
             act = str(cfg.get("hidden_act", cfg.get("hidden_activation", "silu")))
             experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
             ffn = int(g("intermediate_size"))
             shared = 0
-            if mtype == "qwen2_moe":
-                # Qwen2-MoE: routed experts are moe_intermediate_size wide (intermediate_size is the dense
-                # MLP width, used only by mlp_only_layers) plus a gated shared expert in every layer.
+            window, full_layers = hf_windows(cfg, mtype, layers)
+            if mtype in ("qwen2_moe", "qwen3_moe"):
+                # Routed experts are moe_intermediate_size wide (intermediate_size is the dense MLP width, used
+                # only by mlp_only_layers); Qwen2-MoE adds a gated shared expert in every layer.
                 sparse_step = int(cfg.get("decoder_sparse_step", 1) or 1)
                 if cfg.get("mlp_only_layers") or sparse_step != 1:
+                    kind = "Qwen2-MoE" if mtype == "qwen2_moe" else "Qwen3-MoE"
                     raise CodesignError(
-                        f"{path}: Qwen2-MoE with dense layers (mlp_only_layers={cfg.get('mlp_only_layers')}, "
+                        f"{path}: {kind} with dense layers (mlp_only_layers={cfg.get('mlp_only_layers')}, "
                         f"decoder_sparse_step={sparse_step}) is not mapped: every layer must be sparse"
                     )
                 ffn = int(g("moe_intermediate_size"))
+            if mtype == "qwen2_moe":
                 shared = int(cfg.get("shared_expert_intermediate_size") or 0)
             return ModelConfig(
                 name=name,
-                layers=int(g("num_hidden_layers")),
+                layers=layers,
                 hidden=int(g("hidden_size")),
                 heads=heads,
                 kv_heads=int(cfg.get("num_key_value_heads") or heads),
@@ -304,12 +361,13 @@ def load_hf_config(path: str | Path) -> ModelConfig:
                 shared_expert_gate=bool(shared),
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 # Llama/Mistral: attention_bias covers q/k/v/o, mlp_bias the MLP; Qwen2 always has
-                # q/k/v biases and no others (its config has no attention_bias key).
+                # q/k/v biases and no others (its config has no attention_bias key); GPT-OSS's experts have biases.
                 qkv_bias=mtype.startswith("qwen2") or bool(cfg.get("attention_bias", False)),
                 o_bias=not mtype.startswith("qwen2") and bool(cfg.get("attention_bias", False)),
-                mlp_bias=bool(cfg.get("mlp_bias", False)),
+                mlp_bias=bool(cfg.get("mlp_bias", False)) or mtype == "gpt_oss",
                 rope=True,
-                sliding_window=cfg.get("sliding_window") or None,
+                sliding_window=window,
+                full_attention_layers=full_layers,
                 source=str(path),
             )
     except (TypeError, ValueError) as e:
@@ -317,8 +375,8 @@ def load_hf_config(path: str | Path) -> ModelConfig:
             raise
         raise CodesignError(f"{path}: malformed field value ({e})") from None
     raise CodesignError(
-        f"{path}: model_type {mtype!r} not supported; expected one of llama, mistral, mixtral, qwen2, qwen3, "
-        "gemma, opt, gpt2, bert"
+        f"{path}: model_type {mtype!r} not supported; expected one of {', '.join(t for t in LLAMA_LIKE if t)}, "
+        "opt, gpt2, bert"
     )
 
 

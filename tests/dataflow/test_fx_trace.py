@@ -130,6 +130,16 @@ def test_mistral_sliding_window(tmp_path):
     assert got.nodes["L0.attention"]["spec"].window == 8
 
 
+def test_qwen2_windows_per_layer(tmp_path):
+    """Qwen2 slides from max_window_layers on: the trace's layers attend as the config.json's do (layer 0 whole)."""
+    extra = {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}
+    model, cfg = _other_family(tmp_path, "qwen2", "Qwen2", extra)
+    kw = dict(phase="decode", batch=2, context=(23, 5))
+    got = graph_from_module(model, **kw)
+    _assert_same_graph(got, build_step_graph(cfg, **kw))
+    assert [got.nodes[f"L{i}.attention"]["spec"].window for i in range(2)] == [None, 8]
+
+
 # The trace reads biases from the weights; the catalogue's single `bias` flag cannot say
 # "q/k/v only" (Qwen2) or "attention only" (Llama attention_bias with mlp_bias off).
 @pytest.mark.parametrize(

@@ -114,7 +114,7 @@ def test_bad_models_exit_2(tmp_path, capsys):
     assert "not served" in capsys.readouterr().err
 
 
-def test_catalogue_models_become_transformers_configs():
+def test_catalogue_models_become_transformers_configs(tmp_path):
     from codesign.catalog.models import load_model
 
     cfg = hf_config(load_model("llama-3-8b"), layers=2)
@@ -133,6 +133,22 @@ def test_catalogue_models_become_transformers_configs():
         "qwen2_moe", 60, 4, 1408)  # fmt: skip
     assert (qm.shared_expert_intermediate_size, qm.norm_topk_prob, qm.decoder_sparse_step, qm.mlp_only_layers) == (
         5632, False, 1, [])  # fmt: skip
+    oss = hf_config(load_model("gpt-oss-20b"), layers=3)
+    assert (oss.model_type, oss.num_local_experts, oss.num_experts_per_tok, oss.sliding_window, oss.layer_types) == (
+        "gpt_oss", 32, 4, 128, ["sliding_attention", "full_attention", "sliding_attention"])  # fmt: skip
+    # and back: the catalogue's view of that config is the entry's (the mapper costs what was built)
+    import dataclasses
+    import json
+
+    from codesign.catalog.models import load_hf_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(oss.to_dict()))
+    back, want = load_hf_config(path), dataclasses.replace(load_model("gpt-oss-20b"), layers=3,
+                                                            full_attention_layers=(1,))  # fmt: skip
+    assert back.linear_shapes() == want.linear_shapes()
+    assert [back.window_of(i) for i in range(3)] == [want.window_of(i) for i in range(3)] == [128, None, 128]
+    assert (back.experts, back.top_k, back.qkv_bias, back.o_bias, back.mlp_bias) == (32, 4, True, True, True)
 
 
 @pytest.mark.skipif(_compat.VERSION < (5, 0), reason="transformers 4.x keeps experts as nn.Linear MLPs")

@@ -46,8 +46,8 @@ def load_model(name: str, dtype, device: str, layers: int | None, random_weights
 
 
 def hf_config(m, layers: int | None = None):
-    """A transformers config of a catalogue model (Llama, Mistral or Qwen2 style, or their mixtures of experts:
-    Mixtral, Qwen2-MoE); others are refused."""
+    """A transformers config of a catalogue model (Llama, Mistral or Qwen2 style, or a mixture of experts: Mixtral,
+    Qwen2-MoE, GPT-OSS); others are refused."""
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     if not m.rope or m.learned_positions or m.norm != "rms" or m.ffn_kind != "gated_silu":
@@ -60,6 +60,8 @@ def hf_config(m, layers: int | None = None):
                   tie_word_embeddings=m.tied_embeddings)  # fmt: skip
     if m.experts:
         return _moe_config(m, common)
+    if m.full_attention_layers:
+        raise CodesignError(f"catalogue model {m.name!r}: a dense model with full and sliding layers is not served")
     if m.qkv_bias and not m.o_bias:
         return Qwen2Config(
             **common, use_sliding_window=m.sliding_window is not None, sliding_window=m.sliding_window
@@ -70,11 +72,20 @@ def hf_config(m, layers: int | None = None):
 
 
 def _moe_config(m, common: dict):
-    """Mixtral (routed experts only, no biases) or Qwen2-MoE (a gated shared expert, q/k/v biases): the two
-    mixtures of experts whose transformers attention the integration serves."""
+    """Mixtral (routed experts only, no biases), Qwen2-MoE (a gated shared expert, q/k/v biases) or GPT-OSS (biases
+    everywhere, windows on some layers; its attention sinks random as the weights): the mixtures of experts whose
+    transformers attention the integration serves."""
     import transformers
 
     routed = dict(num_experts_per_tok=m.top_k)
+    if m.qkv_bias and m.o_bias and m.mlp_bias and not m.shared_expert_ffn and m.sliding_window:
+        types = ["full_attention" if m.window_of(i) is None else "sliding_attention"
+                 for i in range(common["num_hidden_layers"])]  # fmt: skip
+        return transformers.GptOssConfig(**common, **routed, num_local_experts=m.experts, layer_types=types,
+                                         sliding_window=m.sliding_window)  # fmt: skip
+    if m.full_attention_layers:
+        raise CodesignError(f"catalogue model {m.name!r}: a mixture of experts with full and sliding layers that is "
+                            "not GPT-OSS-style")  # fmt: skip
     if not m.qkv_bias and not m.shared_expert_ffn and not m.mlp_bias:
         return transformers.MixtralConfig(**common, **routed, num_local_experts=m.experts,
                                           sliding_window=m.sliding_window)  # fmt: skip
@@ -82,7 +93,9 @@ def _moe_config(m, common: dict):
         return transformers.Qwen2MoeConfig(**common, **routed, num_experts=m.experts, moe_intermediate_size=m.ffn,
                                            shared_expert_intermediate_size=m.shared_expert_ffn,
                                            norm_topk_prob=False, decoder_sparse_step=1)  # fmt: skip
-    raise CodesignError(f"catalogue model {m.name!r}: a mixture of experts neither Mixtral- nor Qwen2-MoE-style")
+    raise CodesignError(
+        f"catalogue model {m.name!r}: a mixture of experts neither Mixtral-, Qwen2-MoE- nor GPT-OSS-style"
+    )
 
 
 def random_model(cfg, dtype: torch.dtype, device: str):
