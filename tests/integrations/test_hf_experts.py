@@ -29,18 +29,17 @@ from codesign.specs import CodesignError
 
 # transformers 4.x keeps each expert as an MLP of nn.Linears, which quantize_ converts: nothing stacked to test.
 pytestmark = pytest.mark.skipif(_compat.VERSION < (5, 0), reason="transformers 4.x has no stacked experts")
-MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 CONFIGS = {"w4a16": K.W4A16Config(group_size=32, symmetric=False), "w8a16": K.W8A16Config(group_size=None),
            "w8a8": K.W8A8Config(), "fp8": K.FP8Config()}  # fmt: skip
 NOT_HEAD = lambda m, fqn: "lm_head" not in fqn  # noqa: E731
 
 
 def _dequantized_into(experts, q: QuantExperts) -> None:
-    """`experts`' stacked parameters := q's dequantized expert weights."""
+    """`experts`' stacked parameters := q's dequantized expert weights (and biases)."""
     with torch.no_grad():
-        for e in range(q.num_experts):
-            experts.gate_up_proj[e].copy_(q.gate_up[e].quantized_weight().dequantize(torch.float32))
-            experts.down_proj[e].copy_(q.down[e].quantized_weight().dequantize(torch.float32))
+        for name, t in q.dequantized().items():
+            getattr(experts, name).copy_(t)
 
 
 def _act_quantized_linear(fp8: bool):
@@ -61,17 +60,25 @@ def test_quant_experts_equal_the_module_with_dequantized_weights(family, name, m
     own (eager) forward over the dequantized weights; for 8-bit activations the reference's matmuls see the same
     per-token quantized inputs."""
     experts = tiny_model(family).model.layers[0].mlp.experts
+    if family == "gpt_oss":  # biases and pre-activations past the clamp (7) in some rows: all of it checked
+        with torch.no_grad():
+            experts.gate_up_proj.mul_(40)
+            experts.gate_up_proj_bias.normal_(0, 2)
+            experts.down_proj_bias.normal_()
     q = QuantExperts.from_experts(experts, CONFIGS[name])
     ref = copy.deepcopy(experts)
     _dequantized_into(ref, q)
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(9, experts.hidden_dim, generator=g)
+    x = torch.randn(9, q.hidden_dim, generator=g)
     idx = torch.tensor([[0, 1], [1, 0], [3, 0], [1, 3], [0, 3], [3, 1], [1, 0], [0, 1], [3, 0]])
     w = torch.softmax(torch.randn(9, 2, generator=g), -1)
     with torch.no_grad():
         got = q(x, idx, w)
         if name in ("w8a8", "fp8"):
             monkeypatch.setattr(torch.nn.functional, "linear", _act_quantized_linear(name == "fp8"))
+            if family == "gpt_oss":  # its loop multiplies by `@`: the left operand quantized per token alike
+                lin = _act_quantized_linear(name == "fp8")
+                monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: lin(a, b.t()))
         eager = type(ref).forward.__wrapped__  # the class's own loop, under transformers' dispatch decorator
         want = eager(ref, x, idx, w)
     assert got.dtype == want.dtype == torch.float32
@@ -113,7 +120,8 @@ def _codesign_modules(model):
 
 @pytest.mark.parametrize("family, weights", [*family_params(["mixtral"], "w4a16"),
                                              *family_params(["qwen2_moe"], "w8a8"),
-                                             *family_params(["qwen3_moe"], "fp8")])  # fmt: skip
+                                             *family_params(["qwen3_moe"], "fp8"),
+                                             *family_params(["gpt_oss"], "w8a16")])  # fmt: skip
 def test_quantizer_round_trip_of_a_moe(family, weights, tmp_path):
     """Quantize on load converts the experts; the saved per-expert keys reload (not merged into 3-D tensors by
     transformers' MoE conversions) into the same modules, logits bit for bit, the same greedy tokens."""
@@ -124,7 +132,7 @@ def test_quantizer_round_trip_of_a_moe(family, weights, tmp_path):
     q.save_pretrained(tmp_path / "q")
     r = AutoModelForCausalLM.from_pretrained(tmp_path / "q")
     mods = _codesign_modules(r)
-    assert mods == _codesign_modules(q) and sum(t == "QuantExperts" for t, _ in mods.values()) >= 1
+    assert mods == _codesign_modules(q) and sum(t.endswith("Experts") for t, _ in mods.values()) >= 1
     ids, _ = prompts(2, 8)
     with torch.no_grad():
         assert torch.equal(r(ids).logits, q(ids).logits)
@@ -163,7 +171,22 @@ def test_generate_costs_a_moe_with_quantized_experts(moe_folder, capsys):
     assert predicted["w4a16"] < predicted["none"]
 
 
-@pytest.mark.parametrize("family", family_params(MOE))
+def test_gpt_oss_experts_keep_their_own_activation_when_fused():
+    """GPT-OSS's clamped SwiGLU is none of the fused ops: fuse_layers_ reports its experts kept, and they compute
+    what they did."""
+    from codesign.integrations.hf import fuse_layers_
+
+    q = quantize_model_(tiny_model("gpt_oss"), K.W4A16Config(group_size=32), NOT_HEAD)
+    ids, _ = prompts(2, 6)
+    with torch.no_grad():
+        want = q(ids).logits
+    report = fuse_layers_(q, merge=False)
+    assert not report.experts and "model.layers.0.mlp.experts (QuantGptOssExperts: its activation)" in report.kept
+    with torch.no_grad():
+        assert torch.equal(q(ids).logits, want)
+
+
+@pytest.mark.parametrize("family", family_params([f for f in MOE if f != "gpt_oss"]))
 def test_fused_quantized_experts_run_one_activation_op(family, monkeypatch):
     """fuse_layers_ gives each QuantExperts the fused activation (its probe: act_fn(gate) * up bit for bit): the
     logits on the torch paths are the unfused model's bit for bit, each expert hit one act_mul call (a launch on a

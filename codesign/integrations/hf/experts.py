@@ -10,9 +10,11 @@
 - `rebuild_quant_experts_` / `check_experts_filled`: a pre-quantized load's empty QuantExperts.
 
 Converted: the experts classes whose forward was read in transformers 5.23-5.25 (`EXPERTS_CLASSES`: Mixtral,
-Qwen2-MoE, Qwen3-MoE; gated, concatenated [gate; up], not transposed, no biases). Qwen2-MoE's shared expert is a
-plain MLP of nn.Linears (`quantize_` converts it). transformers 4.57's experts are lists of nn.Linear MLPs:
-nothing to do there. Lossless BF16 (`LosslessBF16Config`) leaves experts alone; costing then refuses the model.
+Qwen2-MoE, Qwen3-MoE, gated, concatenated [gate; up], not transposed, no biases; GPT-OSS, transposed, gate and up
+interleaved, biased, its own clamped SwiGLU: `QuantGptOssExperts`). Qwen2-MoE's shared expert is a plain MLP of
+nn.Linears (`quantize_` converts it). transformers 4.57's experts are lists of nn.Linear MLPs (nothing to do
+there), but for GPT-OSS's, whose 4.57 forward takes dense routing weights: they stay in floating point. Lossless
+BF16 (`LosslessBF16Config`) leaves experts alone; costing then refuses the model.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import torch
 from torch import nn
 
 from codesign.integrations.hf import _kernels as K
+from codesign.integrations.hf._compat import VERSION
 from codesign.kernels.layers import ops as L
 from codesign.specs import CodesignError
 
-# Each one's forward is the loop `QuantExperts.forward` copies (modeling_{mixtral,qwen2_moe,qwen3_moe}.py).
-EXPERTS_CLASSES = ("MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts")
+# Each one's forward is the loop `QuantExperts.forward` copies (modeling_{mixtral,qwen2_moe,qwen3_moe,gpt_oss}.py).
+EXPERTS_CLASSES = ("MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "GptOssExperts")
 # A QuantExperts' linears are `<experts>.gate_up.<e>` / `<experts>.down.<e>`: names that match none of
 # transformers' MoE conversion patterns (`experts.*.w1.weight`, `experts.gate_up_proj`, ...), so a saved
 # checkpoint's keys are loaded as they are, never merged into 3-D tensors.
@@ -38,17 +41,21 @@ _SLOT = re.compile(r"^(?P<experts>.+)\.(?P<proj>gate_up|down)\.(?P<e>\d+)$")
 def is_stacked_experts(m: nn.Module) -> bool:
     """A transformers experts module of a verified class holding stacked 3-D expert weights."""
     gate_up = getattr(m, "gate_up_proj", None)
+    if type(m).__name__ == "GptOssExperts" and VERSION < (5, 0):  # 4.x: another forward (dense routing weights)
+        return False
     return type(m).__name__ in EXPERTS_CLASSES and isinstance(gate_up, torch.Tensor) and gate_up.dim() == 3
 
 
-def _check_layout(experts: nn.Module) -> None:
+def quant_class(experts: nn.Module) -> type[QuantExperts]:
+    """The QuantExperts class that computes `experts`' forward."""
+    return QuantGptOssExperts if type(experts).__name__ == "GptOssExperts" else QuantExperts
+
+
+def _check_layout(experts: nn.Module, flags: dict[str, bool]) -> None:
     # The decorator's flags describe the layout; other values would make the copied forward wrong.
-    flags = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
-             "has_post_expert_norm": False}  # fmt: skip
     odd = {k: getattr(experts, k) for k, v in flags.items() if getattr(experts, k, v) != v}
     if odd:
-        raise CodesignError(f"{type(experts).__name__} with {odd}: QuantExperts covers gated [gate; up] experts "
-                            "without biases, not transposed")  # fmt: skip
+        raise CodesignError(f"{type(experts).__name__} with {odd}: its quantized class covers {flags}")
     if getattr(experts, "_is_expert_parallel", False):
         raise CodesignError(f"{type(experts).__name__} is expert-parallel: QuantExperts runs every expert locally")
 
@@ -63,6 +70,9 @@ class _Unloaded(nn.Module):
 class QuantExperts(nn.Module):
     """A MoE layer's experts with quantized weights: `gate_up[e]` ([2F, H]) and `down[e]` ([H, F]) are codesign
     linears; `forward(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k])` as transformers' own."""
+
+    LAYOUT = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
+              "has_post_expert_norm": False}  # fmt: skip
 
     def __init__(self, num_experts: int, hidden_dim: int, intermediate_dim: int, act_fn: nn.Module,
                  gate_up: Iterable[nn.Module], down: Iterable[nn.Module]) -> None:  # fmt: skip
@@ -80,7 +90,9 @@ class QuantExperts(nn.Module):
         """Quantize each expert of a stacked experts module (round to nearest) under a `quantize_` config."""
         if not is_stacked_experts(experts):
             raise CodesignError(f"{type(experts).__name__} is not one of {EXPERTS_CLASSES} with stacked weights")
-        _check_layout(experts)
+        if quant_class(experts) is not cls:
+            return quant_class(experts).from_experts(experts, config)
+        _check_layout(experts, cls.LAYOUT)
         e, two_f, h = experts.gate_up_proj.shape
         if tuple(experts.down_proj.shape) != (e, h, two_f // 2):
             raise CodesignError(f"down_proj {tuple(experts.down_proj.shape)} does not match gate_up_proj "
@@ -92,7 +104,9 @@ class QuantExperts(nn.Module):
     @classmethod
     def empty(cls, experts: nn.Module) -> QuantExperts:
         """Unfilled slots of `experts`' shape (a pre-quantized load sets each linear, then the checkpoint fills it)."""
-        _check_layout(experts)
+        if quant_class(experts) is not cls:
+            return quant_class(experts).empty(experts)
+        _check_layout(experts, cls.LAYOUT)
         e, two_f, h = experts.gate_up_proj.shape
         return cls(e, h, two_f // 2, experts.act_fn, [_Unloaded() for _ in range(e)], [_Unloaded() for _ in range(e)])
 
@@ -115,23 +129,89 @@ class QuantExperts(nn.Module):
             top_k_pos, token_idx = sel // t, sel % t
             current_state = hidden_states[token_idx]
             gate, up = self.gate_up[e](current_state).chunk(2, dim=-1)
-            if self.act is None:
-                current_hidden_states = self.act_fn(gate) * up
-            else:  # (fused: one launch, its torch path this line's arithmetic)
-                current_hidden_states = L.act_mul(gate, up, self.act, dispatch=False)
-            current_hidden_states = self.down[e](current_hidden_states)
+            current_hidden_states = self.down[e](self.gated(gate, up))
             current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos, None]
             final_hidden_states.index_add_(0, token_idx, current_hidden_states.to(final_hidden_states.dtype))
         return final_hidden_states
+
+    def gated(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """act_fn(gate) * up, or (fused: one launch, its torch path this arithmetic) `act_mul`."""
+        if self.act is None:
+            return self.act_fn(gate) * up
+        return L.act_mul(gate, up, self.act, dispatch=False)
+
+    def dequantized(self) -> dict[str, torch.Tensor]:
+        """The replaced module's stacked parameters (fp32), holding each expert's dequantized weights."""
+        deq = lambda lins: torch.stack([m.quantized_weight().dequantize(torch.float32) for m in lins])  # noqa: E731
+        return {"gate_up_proj": deq(self.gate_up), "down_proj": deq(self.down)}
 
     def extra_repr(self) -> str:
         return f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, intermediate_dim={self.intermediate_dim}"
 
 
-def _quant_linear(weight: torch.Tensor, config) -> nn.Module:
-    """One expert's [N, K] weight as a QuantLinear (through an nn.Linear on meta holding it: no copy)."""
-    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+class QuantGptOssExperts(QuantExperts):
+    """GPT-OSS's experts (transformers 5's `GptOssExperts`: gate_up_proj [E, H, 2F] with gate and up in alternate
+    columns, down_proj [E, F, H], biases, and `(up + 1) * gate * sigmoid(alpha gate)` with both clamped at `limit`)
+    with quantized weights: gate_up[e] holds the [2F, H] weight with its rows de-interleaved ([gate; up], so the
+    loop chunks as QuantExperts'), its bias alike; down[e] the [H, F] weight and its bias."""
+
+    LAYOUT = {"has_gate": True, "has_bias": True, "is_transposed": True, "is_concatenated": False}
+
+    def __init__(self, num_experts: int, hidden_dim: int, intermediate_dim: int, alpha: float, limit: float,
+                 gate_up: Iterable[nn.Module], down: Iterable[nn.Module]) -> None:  # fmt: skip
+        super().__init__(num_experts, hidden_dim, intermediate_dim, None, gate_up, down)
+        self.alpha, self.limit = float(alpha), float(limit)
+
+    @staticmethod
+    def _rows(f: int) -> torch.Tensor:
+        """gate_up's rows in [gate; up] order: columns 0, 2, .., 2F - 2, then 1, 3, .., 2F - 1."""
+        return torch.cat([torch.arange(0, 2 * f, 2), torch.arange(1, 2 * f, 2)])
+
+    @classmethod
+    def from_experts(cls, experts: nn.Module, config) -> QuantGptOssExperts:
+        _check_layout(experts, cls.LAYOUT)
+        e, h, two_f = experts.gate_up_proj.shape
+        if tuple(experts.down_proj.shape) != (e, two_f // 2, h):
+            raise CodesignError(f"down_proj {tuple(experts.down_proj.shape)} does not match gate_up_proj "
+                                f"{tuple(experts.gate_up_proj.shape)}")  # fmt: skip
+        rows = cls._rows(two_f // 2).to(experts.gate_up_proj.device)
+        gate_up = [_quant_linear(experts.gate_up_proj[i].t()[rows].contiguous(), config,
+                                 experts.gate_up_proj_bias[i][rows]) for i in range(e)]  # fmt: skip
+        down = [_quant_linear(experts.down_proj[i].t().contiguous(), config, experts.down_proj_bias[i])
+                for i in range(e)]  # fmt: skip
+        return cls(e, h, two_f // 2, experts.alpha, experts.limit, gate_up, down)
+
+    @classmethod
+    def empty(cls, experts: nn.Module) -> QuantGptOssExperts:
+        _check_layout(experts, cls.LAYOUT)
+        e, h, two_f = experts.gate_up_proj.shape
+        return cls(e, h, two_f // 2, experts.alpha, experts.limit, [_Unloaded() for _ in range(e)],
+                   [_Unloaded() for _ in range(e)])  # fmt: skip
+
+    def gated(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        # GptOssExperts._apply_gate's arithmetic, on the de-interleaved halves
+        gate = gate.clamp(min=None, max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+    def dequantized(self) -> dict[str, torch.Tensor]:
+        inv = torch.argsort(self._rows(self.intermediate_dim))
+        deq = super().dequantized()
+        bias = lambda lins: torch.stack([m.bias.float() for m in lins])  # noqa: E731
+        return {"gate_up_proj": deq["gate_up_proj"][:, inv].transpose(1, 2),
+                "gate_up_proj_bias": bias(self.gate_up)[:, inv],
+                "down_proj": deq["down_proj"].transpose(1, 2), "down_proj_bias": bias(self.down)}  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, alpha={self.alpha}, limit={self.limit}"
+
+
+def _quant_linear(weight: torch.Tensor, config, bias: torch.Tensor | None = None) -> nn.Module:
+    """One expert's [N, K] weight (and bias) as a QuantLinear (through an nn.Linear on meta holding it: no copy)."""
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
     lin.weight = nn.Parameter(weight.detach(), requires_grad=False)
+    if bias is not None:
+        lin.bias = nn.Parameter(bias.detach(), requires_grad=False)
     return K.QuantLinear.from_linear(lin, config)
 
 

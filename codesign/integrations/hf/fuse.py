@@ -411,8 +411,8 @@ def _gated_act(m, like: torch.Tensor | None) -> str | bool | None:
 
 def _experts_act(m: QuantExperts, like: torch.Tensor | None) -> str | None:
     """The activation whose fused op computes the experts' `act_fn(gate) * up` bit for bit on a probe (torch paths,
-    in `like`'s dtype and device), or None."""
-    if like is None:
+    in `like`'s dtype and device), or None (GPT-OSS's experts: their own clamped SwiGLU, no act_fn)."""
+    if like is None or m.act_fn is None:
         return None
     gate, up = _probe((3, 8), like), _probe((3, 8), like)
     with torch.no_grad():
