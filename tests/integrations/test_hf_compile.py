@@ -16,7 +16,7 @@ from torch._dynamo.utils import counters
 
 from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf import fuse_layers_, run_generate, unfuse_layers_
-from codesign.integrations.hf._compat import cache_kwarg
+from codesign.integrations.hf._compat import VERSION, cache_kwarg
 from codesign.integrations.hf.cache import CodesignCache
 from codesign.integrations.hf.support import ATTN_NAME
 from codesign.integrations.hf.traced import hf_attend, hf_attend_step, stepping
@@ -74,6 +74,8 @@ def test_a_compiled_decode_step_is_one_graph_and_eager_tokens(kv_format, block_s
 def test_families_compile_to_one_graph(family):
     """Sliding windows (Mistral; Qwen2-MoE's two layer groups), soft caps and sandwich norms (Gemma2), a MoE with a
     shared expert, a fused qkv_proj (Phi-3), attention sinks (GPT-OSS): one graph, eager tokens."""
+    if family == "gpt_oss" and VERSION < (5, 0):
+        pytest.skip("4.57's GPT-OSS experts loop over the experts hit (a data-dependent trip count): not traceable")
     model = tiny_model(family)
     ids, mask = prompts(2, 9, pads=(0, 3))
     want = _run(model, ids, mask, None)
