@@ -487,8 +487,11 @@ def run(report: dict, quick: bool = True, mode: Any = None) -> None:
     k = torch.randn(nb, BLOCK_SIZE, hkv, DIM, dtype=dtype, device=dev)
     v = torch.randn_like(k)
     base = _time_ms(lambda: paged_decode_attention(q, k, v, bt, cl, check_data=False), mode)
+    # GPT-OSS's attention sinks (one logit a head): the rescale of the output after the kernel (`attention.sinks`)
+    sinks = torch.randn(hq, device=dev)
+    sinks_ms = _time_ms(lambda: paged_decode_attention(q, k, v, bt, cl, sinks=sinks, check_data=False), mode)
     rows = [dict(format=str(dtype).removeprefix("torch.").replace("bfloat16", "bf16"), ms=base, bits=16.0,
-                 speedup=1.0)]  # fmt: skip
+                 speedup=1.0, sinks_ms=sinks_ms, sinks_overhead_pct=100 * (sinks_ms / base - 1))]  # fmt: skip
     k = v = None
     mode.empty_cache()
     slots = torch.arange(batch, dtype=torch.int32, device=dev) * BLOCK_SIZE * 7

@@ -99,6 +99,8 @@ def _check_kv_quant(rep: dict) -> dict:
     kv = {r["format"] for r in rep["kv_quant"]["rows"]}
     assert kv >= {"int8", "int4", "int2", "fp8", "int4-kivi", "int2-kivi", "int4-oaken", "mixed-8/4/4/2"}
     assert sum("check_ok" in r for r in rep["kv_quant"]["rows"]) == 6
+    base = rep["kv_quant"]["rows"][0]  # the unquantized cache, also timed with GPT-OSS's attention sinks
+    assert base["sinks_ms"] > 0 and base["sinks_overhead_pct"] == 100 * (base["sinks_ms"] / base["ms"] - 1)
     # The shape sweep: every format at each swept point, a positive share of its byte floor; every target.
     kq = rep["kv_quant"]
     sweep_fmts = {"bf16", "int8", "int4", "int2", "fp8", "int4-kivi", "int2-kivi", "int4-oaken", "mixed-8/4/4/2"}

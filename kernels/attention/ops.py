@@ -151,7 +151,7 @@ def run_attention(
         inner = dataclasses.replace(opts, sinks=None, return_lse=True)
         keep = lse if opts.return_lse else None  # the caller's buffer, or one of its own (a `[0, q_heads]` stand-in)
         out, full = run_attention(fmt, q, tensors, params, batch, inner, out, keep, plan)
-        apply_sinks_(out, full, opts.sinks)
+        apply_sinks_(out, full, opts.sinks, attention_backend(q))
         return out, full if opts.return_lse else (alloc_lse(q, False) if lse is None else lse)
     if attention_backend(q) == "torch":
         o, l_ = fmt.torch_impl(q, tensors, params, batch, opts)

@@ -11,11 +11,13 @@ import torch
 from helpers import assert_rel_close
 from paged_attention_ref import make_paged_kv, reference_attention
 from test_attention_wrappers import CTX, HQ, _cache, _functional, _tables
+from triton_lowering import assert_lowers_for_gpu
 
 from codesign.backend import use_backend
 from codesign.kernels.attention import oaken_split as osp
 from codesign.kernels.attention import ops
 from codesign.kernels.attention.paged import paged_decode_attention, paged_extend_attention, tree_attention
+from codesign.kernels.attention.sinks import apply_sinks_
 from codesign.kernels.attention.tree import build_tree_batch
 from codesign.kernels.attention.wrappers import PagedDecodeWrapper, PagedExtendWrapper, TreeAttentionWrapper
 from codesign.specs import CodesignError
@@ -163,10 +165,10 @@ def test_bad_sinks_are_refused_by_name(sinks, match):
 def test_teeth_a_sink_dropped_or_applied_twice_fails_the_reference(mutation, monkeypatch):
     real = ops.apply_sinks_
 
-    def mutated(out, lse, sinks):
+    def mutated(*args):
         if mutation == "twice":
-            real(out, lse, sinks)
-            real(out, lse, sinks)
+            real(*args)
+            real(*args)
 
     monkeypatch.setattr(ops, "apply_sinks_", mutated)
     k, v, bt, cl = make_paged_kv([9, 20], 1, 16, 4, torch.float32)
@@ -175,3 +177,32 @@ def test_teeth_a_sink_dropped_or_applied_twice_fails_the_reference(mutation, mon
     ref, _ = reference_attention(q, k, v, bt, cl, [1, 1], sinks=sinks)
     with pytest.raises(AssertionError):
         assert_rel_close(paged_decode_attention(q, k, v, bt, cl, sinks=sinks), ref, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_rescale_kernel_matches_fp64_on_strided_rows(dtype):
+    """One launch (the interpreter) and the torch path against fp64: an out with padded rows (strides its own),
+    head_dim 80 (not a power of 2), a -inf sink (no change), an lse of -inf (the row goes to 0), tokens 0."""
+    g = torch.Generator().manual_seed(6)
+    buf = torch.randn(7, 5, 96, generator=g).to(dtype)
+    lse = torch.randn(7, 5, generator=g) * 4
+    lse[3, 2] = float("-inf")
+    sinks = torch.randn(5, generator=g) * 3
+    sinks[4] = float("-inf")
+    f = torch.sigmoid(lse.double() - sinks.double())
+    f[3, 2] = 0.0
+    want = buf[:, :, :80].double() * f[..., None]
+    want_lse = torch.logaddexp(lse.double(), sinks.double())
+    for backend in ("triton", "torch"):
+        out, l_ = buf.clone()[:, :, :80], lse.clone()
+        apply_sinks_(out, l_, sinks, backend)
+        assert_rel_close(out, want, {torch.float32: 1e-6, torch.float16: 1e-3}[dtype], backend)
+        torch.testing.assert_close(l_.double(), want_lse, rtol=1e-6, atol=1e-6)
+        assert torch.equal(out[:, 4], buf[:, 4, :80]) and float(out[3, 2].abs().max()) == 0.0
+    apply_sinks_(buf[:0], lse[:0], sinks, "triton")  # no tokens: no launch
+
+
+def test_the_rescale_kernel_lowers_for_sm90():
+    types = {"out_ptr": "*bf16", "lse_ptr": "*fp32", "sinks_ptr": "*fp32"}
+    assert_lowers_for_gpu("codesign.kernels.attention.sinks:_sinks_kernel", types,
+                          [dict(BLOCK_D=128), dict(BLOCK_D=64, types={"out_ptr": "*fp16"})], num_warps=1)  # fmt: skip
