@@ -190,6 +190,8 @@ def test_the_ops_fakes_match_their_outputs():
     q, k, v = (torch.randn(2, h, 1, 16) for h in (4, 2, 2))
     utils = ("test_schema", "test_faketensor")
     torch.library.opcheck(hf_attend, (q, k, v, None, cache.handle, 0, 0.25, None, None), test_utils=utils)
+    sinks = torch.randn(4)  # (a GPT-OSS layer's)
+    torch.library.opcheck(hf_attend, (q, k, v, None, cache.handle, 0, 0.25, None, None, sinks), test_utils=utils)
     cache.graph_begin(12, q.device)
     cache.graph_step()
     with stepping(cache):

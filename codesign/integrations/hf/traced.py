@@ -36,14 +36,14 @@ def new_handle(cache) -> int:
     return h
 
 
-def _attend(query, key, value, mask, cache, layer, scaling, window, softcap, sinks) -> torch.Tensor:
+def _attend(query, key, value, mask, cache, layer, scaling, window, softcap, sinks=None) -> torch.Tensor:
     c = _CACHES.get(cache)
     if c is None:
         raise CodesignError(f"cache {cache} is gone: a compiled forward outlived its CodesignCache")
     return _own_kv(c, layer, c.attend(layer, query, key, value, mask, scaling, window, softcap, sinks))
 
 
-def _attend_step(query, key, value, mask, layer, scaling, window, softcap, sinks) -> torch.Tensor:
+def _attend_step(query, key, value, mask, layer, scaling, window, softcap, sinks=None) -> torch.Tensor:
     c = _STEPPING.cache
     if c is None:
         raise CodesignError("hf_attend_step runs only inside a captured forward's step (`stepping`)")
@@ -83,7 +83,7 @@ def stepping(cache) -> Iterator[None]:
 
 
 _ARGS = "Tensor query, Tensor key, Tensor value, Tensor? mask"
-_OPTS = "int layer, float? scaling, int? window, float? softcap, Tensor? sinks"
+_OPTS = "int layer, float? scaling, int? window, float? softcap, Tensor? sinks=None"
 # An eager cache's forward allocates slots and checks data on the host (syncs): never inside a CUDA graph.
 hf_attend = torch.library.custom_op("codesign::hf_attend", _attend, mutates_args=(),
                                     schema=f"({_ARGS}, int cache, {_OPTS}) -> Tensor",
