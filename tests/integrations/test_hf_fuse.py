@@ -120,6 +120,26 @@ def test_fused_families_compute_what_they_computed(family):
     unfuse_layers_(model)
 
 
+@pytest.mark.parametrize("family", family_params(["gpt_oss"]))
+def test_gpt_oss_rotates_with_half_head_angles_through_our_rope(family):
+    """GPT-OSS's rotary function takes cos and sin of half the head (each half rotated by one angle: our op with them
+    repeated, bit for bit on the torch paths): fused, once a layer, the repeat made once a forward; its norms too.
+    Its decoder layers (the MLP returns the router's scores beside its output) keep their own forward, and say so."""
+    model = tiny_model(family)
+    ids, _ = prompts(2, 6)
+    before, want = _forward_ops(model, ids)
+    report = fuse_layers_(model, merge=False)
+    layers = model.config.num_hidden_layers
+    assert report.rope == ["modeling_gpt_oss"] and len(report.rms_norm) == 2 * layers + 1
+    assert report.kept == [f"model.layers.{i} (GptOssDecoderLayer: its residual add and norm)" for i in range(layers)]
+    after, got = _forward_ops(model, ids)
+    assert torch.equal(got, want)
+    assert after.count("codesign.rope") == layers and after.count("aten.cat.default") == before.count(
+        "aten.cat.default") - 2 * layers + 2  # (HF's q and k cats a layer gone; cos and sin repeated once)
+    unfuse_layers_(model)
+    assert torch.equal(_forward_ops(model, ids)[1], want)
+
+
 def test_fused_llama_launches_fewer_ops():
     """Per decoder layer at least 20 fewer ops (fp32: 2 norms of 6 ops, rotary 10, SiLU and product 2, against 4
     launches), counted over a decode step through codesign's cache."""

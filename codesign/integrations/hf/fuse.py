@@ -4,7 +4,8 @@
 
 - RMSNorm modules (every decoder layer's two, the final norm, per-head q / k norms) run `rms_norm`: one launch where
   the module runs 6 (8 in bf16).
-- The rotary embedding of q and k runs `rope`: one launch where `apply_rotary_pos_emb` runs 10. The attention modules
+- The rotary embedding of q and k runs `rope`: one launch where `apply_rotary_pos_emb` runs 10 (GPT-OSS's, given cos
+  and sin of half the head, with them repeated once a forward). The attention modules
   call it as a global of their modeling module, so that global is replaced by a function that takes our kernel while
   a fused model's forward runs (a context variable its hooks set) and the original otherwise: other models in the
   process are untouched.
@@ -64,6 +65,7 @@ class _Traced:
 
 _TRACED = _Traced()
 _ORIGINAL_ROPE: dict[str, object] = {}  # modeling module name -> its own apply_rotary_pos_emb
+_HALF_ROPE: dict[str, bool] = {}  # modeling module name -> whether its cos / sin hold half the head (GPT-OSS)
 NORM_MODES = ((0.0, True), (1.0, False))  # (offset, cast_first): weight * y.to(dtype) (Llama); y * (1 + w) (Gemma)
 
 
@@ -110,8 +112,9 @@ def fuse_layers_(model: torch.nn.Module, merge: bool = True) -> FuseReport:
         fn = getattr(sys.modules.get(mod), "apply_rotary_pos_emb", None)
         if fn is None:
             continue
-        if mod in _ORIGINAL_ROPE or _rope_agrees(fn):
-            _patch_rope(mod)
+        half = _HALF_ROPE.get(mod) if mod in _ORIGINAL_ROPE else _rope_agrees(fn)
+        if half is not None:
+            _patch_rope(mod, half)
             report.rope.append(mod.rsplit(".", 1)[-1])
         else:
             report.kept.append(f"{mod.rsplit('.', 1)[-1]}.apply_rotary_pos_emb")
@@ -447,31 +450,51 @@ def _mlp_forward(act: str):
 
 
 # --- rotary embedding -------------------------------------------------------------------------------------------
-def _rope_agrees(fn) -> bool:
-    """The modeling module's apply_rotary_pos_emb equals our torch path bit for bit on a probe."""
+def _rope_agrees(fn) -> bool | None:
+    """Whether the modeling module's apply_rotary_pos_emb equals our torch path bit for bit on a probe given cos and
+    sin of the whole head (False: Llama's convention) or of its half (True: GPT-OSS's, whose halves rotate by one
+    angle each, our op's with cos and sin repeated); None: neither."""
     q = torch.randn(2, 5, 3, 16, generator=_GEN).transpose(1, 2)  # HF's layout: [B, S, H, D] viewed as [B, H, S, D]
     k = torch.randn(2, 1, 5, 16, generator=_GEN)
     ang = torch.rand(2, 5, 8, generator=_GEN) * 6.3
-    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
-    try:
-        want = fn(q, k, cos, sin)
-    except Exception:  # noqa: BLE001 - another signature: not ours to replace
-        return False
-    with use_backend("torch", op="rope"):
-        got = L.rope(q, k, cos, sin)
-    return all(isinstance(w, torch.Tensor) and w.dtype == g.dtype and torch.equal(w, g) for w, g in zip(want, got))
+    for half in (False, True):
+        cos, sin = (ang.cos(), ang.sin()) if half else _whole(ang.cos(), ang.sin())
+        try:
+            want = fn(q, k, cos, sin)
+        except Exception:  # noqa: BLE001 - another signature: not ours to replace
+            continue
+        with use_backend("torch", op="rope"):
+            got = L.rope(q, k, *_whole(cos, sin) if half else (cos, sin))
+        if all(isinstance(w, torch.Tensor) and w.dtype == g.dtype and torch.equal(w, g) for w, g in zip(want, got)):
+            return half
+    return None
 
 
-def _patch_rope(mod: str) -> None:
+def _whole(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Half-head cos and sin (GPT-OSS's) as the whole head's: each repeated."""
+    return torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+
+
+def _patch_rope(mod: str, half: bool = False) -> None:
     module = sys.modules[mod]
     if mod in _ORIGINAL_ROPE:
         return
     original = _ORIGINAL_ROPE[mod] = module.apply_rotary_pos_emb
+    _HALF_ROPE[mod] = half
+    last: list = [None, None, None]  # half: the (cos, sin) seen last, their whole-head form (a forward's layers share)
 
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         """codesign: `rope` while a fused model runs (`fuse.fuse_layers_`), else the module's own function."""
-        if _active() and not args and not kwargs and _rope_shapes(q, k, cos, sin):
-            return L.rope(q, k, cos, sin, dispatch=False)
+        if _active() and not args and not kwargs:
+            c, s = cos, sin
+            if half and torch.compiler.is_compiling():
+                c, s = _whole(cos, sin)
+            elif half:
+                if last[0] is not cos or last[1] is not sin:
+                    last[:] = [cos, sin, _whole(cos, sin)]
+                c, s = last[2]
+            if _rope_shapes(q, k, c, s):
+                return L.rope(q, k, c, s, dispatch=False)
         return original(q, k, cos, sin, *args, **kwargs)
 
     module.apply_rotary_pos_emb = apply_rotary_pos_emb
