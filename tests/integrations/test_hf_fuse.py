@@ -123,19 +123,21 @@ def test_fused_families_compute_what_they_computed(family):
 @pytest.mark.parametrize("family", family_params(["gpt_oss"]))
 def test_gpt_oss_rotates_with_half_head_angles_through_our_rope(family):
     """GPT-OSS's rotary function takes cos and sin of half the head (each half rotated by one angle: our op with them
-    repeated, bit for bit on the torch paths): fused, once a layer, the repeat made once a forward; its norms too.
-    Its decoder layers (the MLP returns the router's scores beside its output) keep their own forward, and say so."""
+    repeated, bit for bit on the torch paths): fused, once a layer, the repeat made once a forward; its norms too, and
+    its decoder layers' residual adds with the norms after them, though its MLP returns the router's scores beside
+    its output."""
     model = tiny_model(family)
     ids, _ = prompts(2, 6)
     before, want = _forward_ops(model, ids)
     report = fuse_layers_(model, merge=False)
     layers = model.config.num_hidden_layers
-    assert report.rope == ["modeling_gpt_oss"] and len(report.rms_norm) == 2 * layers + 1
-    assert report.kept == [f"model.layers.{i} (GptOssDecoderLayer: its residual add and norm)" for i in range(layers)]
+    assert report.rope == ["modeling_gpt_oss"] and len(report.rms_norm) == 2 * layers + 1 and not report.kept
+    assert report.layers == report.linked == [f"model.layers.{i}" for i in range(layers)]
     after, got = _forward_ops(model, ids)
     assert torch.equal(got, want)
     assert after.count("codesign.rope") == layers and after.count("aten.cat.default") == before.count(
         "aten.cat.default") - 2 * layers + 2  # (HF's q and k cats a layer gone; cos and sin repeated once)
+    assert after.count("codesign.add_rms_norm") == 2 * layers and after.count("codesign.rms_norm") == 1
     unfuse_layers_(model)
     assert torch.equal(_forward_ops(model, ids)[1], want)
 
@@ -156,7 +158,7 @@ def test_fused_llama_launches_fewer_ops():
     unfuse_layers_(model)
 
 
-@pytest.mark.parametrize("family", family_params(["llama", "gemma2"]))
+@pytest.mark.parametrize("family", family_params(["llama", "gemma2", "gpt_oss"]))
 def test_fused_generation_through_the_triton_kernels(family):
     """The Triton kernels (interpreter) inside generation: greedy tokens the unfused model's where its lead is
     decisive (they round once where the modules round each op), logits within fp32 rounding."""

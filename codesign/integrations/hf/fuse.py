@@ -250,7 +250,8 @@ def _is_sandwich(m) -> bool:
 def _layer_mode(m, like: torch.Tensor | None) -> tuple | bool | None:
     """None: not a pre-norm decoder layer (`LAYER_PARTS`); else (its forward's parameters after hidden_states with
     their defaults, the (offset, cast_first) of the norm after the attention's residual add: the post-attention
-    norm, or a sandwich layer's pre-feedforward norm; whether it is a sandwich layer) where our forward computes what
+    norm, or a sandwich layer's pre-feedforward norm; whether it is a sandwich layer; whether its MLP returns a
+    tuple whose first item is the output, as GPT-OSS's (its router's scores second)) where our forward computes what
     its own does on a probe, or False. The probe runs both with stand-ins for the attention (which records what it
     is passed) and the MLP, twice (with the keyword arguments a model passes, and with none): the outputs bit for
     bit and the attention's arguments equal (`_layer_forward` passes them as the layer's own forward does)."""
@@ -265,12 +266,21 @@ def _layer_mode(m, like: torch.Tensor | None) -> tuple | bool | None:
                        if p.kind == p.POSITIONAL_OR_KEYWORD)  # fmt: skip
     except (TypeError, ValueError):
         return False
-    ours = types.MethodType(_layer_forward(params, *norm, sandwich), m)
+    x = _probe((2, 3, m.post_attention_layernorm.weight.shape[0]), like)
+    for mlp_tuple in (False, True):
+        if _layer_agrees(m, x, (params, *norm, sandwich, mlp_tuple)):
+            return params, *norm, sandwich, mlp_tuple
+    return False
+
+
+def _layer_agrees(m, x: torch.Tensor, mode: tuple) -> bool:
+    """`_layer_mode`'s probe of one mode (the MLP stand-in returning a tuple when the mode's last item says so)."""
+    params = mode[0]
+    ours = types.MethodType(_layer_forward(*mode), m)
     seen: list = []
     own = {"self_attn": m.self_attn, "mlp": m.mlp}
-    m.self_attn, m.mlp = _StandInAttention(seen), _StandInMLP()
+    m.self_attn, m.mlp = _StandInAttention(seen), _StandInMLP(mode[-1])
     try:
-        x = _probe((2, 3, m.post_attention_layernorm.weight.shape[0]), like)
         marks = {n: object() for n, _ in params}  # (identity: what reaches the attention is what the model passed)
         with torch.no_grad(), use_backend("torch", op="add_rms_norm"), use_backend("torch", op="rms_norm"):
             for kw in (marks, {}):
@@ -280,7 +290,7 @@ def _layer_mode(m, like: torch.Tensor | None) -> tuple | bool | None:
                 if not (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and got.dtype == want.dtype
                         and torch.equal(got, want) and len(seen) == 2 and _same_call(*seen)):  # fmt: skip
                     return False
-        return params, *norm, sandwich
+        return True
     except Exception:  # noqa: BLE001 - a forward that computes otherwise (another return, another call): its own
         return False
     finally:
@@ -310,14 +320,20 @@ class _StandInAttention(torch.nn.Module):
 
 
 class _StandInMLP(torch.nn.Module):
+    def __init__(self, as_tuple: bool = False) -> None:
+        super().__init__()
+        self.as_tuple = as_tuple
+
     def forward(self, x):
-        return x * 0.5 - 1.0
+        y = x * 0.5 - 1.0
+        return (y, x[..., :1]) if self.as_tuple else y  # (a tuple as GPT-OSS's MLP: output, router scores)
 
 
-def _layer_forward(params: tuple, offset: float, cast_first: bool, sandwich: bool):
+def _layer_forward(params: tuple, offset: float, cast_first: bool, sandwich: bool, mlp_tuple: bool = False):
     """A pre-norm decoder layer's forward with the residual add after the attention and the norm after it one op
     (in a sandwich layer the attention's and the MLP's outputs normed first, as its own forward does); the attention
-    gets the arguments the layer's own forward passes it (`params`, then the rest)."""
+    gets the arguments the layer's own forward passes it (`params`, then the rest); mlp_tuple: the MLP's output is the
+    first item of what it returns."""
 
     def forward(self, hidden_states, *args, **kwargs):
         if self.training:  # (the probe ran in eval mode: dropout, where a layer has it, is its forward's)
@@ -336,6 +352,8 @@ def _layer_forward(params: tuple, offset: float, cast_first: bool, sandwich: boo
         hidden_states, residual = L.add_rms_norm(hidden_states, residual, norm.weight, _eps(norm), offset, cast_first,
                                                  dispatch=False)  # fmt: skip
         hidden_states = self.mlp(hidden_states)
+        if mlp_tuple:
+            hidden_states = hidden_states[0]
         if sandwich:
             hidden_states = self.post_feedforward_layernorm(hidden_states)
         link = self.__dict__.get("_codesign_next_norm")
