@@ -12,9 +12,20 @@ from codesign.dataflow.schedule import Schedule
 from codesign.specs import CodesignError, Gemm, KVWrite, PagedDecodeAttention, PagedExtendAttention
 
 
+def kept_tokens(total: int, new: int, window: int | None, block_size: int) -> int:
+    """Tokens a sequence's paged cache holds in a layer during a step of `new` tokens that ends at `total`: all of
+    them, or with a sliding window those from the block holding the first new token's earliest visible position on
+    (the blocks before it are freed, as `CodesignCache` and vLLM's hybrid allocator do)."""
+    if window is None:
+        return total
+    first = max(total - new + 1 - window, 0)
+    return total - first // block_size * block_size
+
+
 def resident_bytes(g: nx.DiGraph) -> dict[str, float]:
     """Bytes that must sit in device memory for the step: weights (each GEMM node once; a MoE projection
-    with all its experts, `resident_weights`, not just the ones a batch reaches) and the KV cache."""
+    with all its experts, `resident_weights`, not just the ones a batch reaches) and the KV cache (a sliding
+    layer's: `kept_tokens`; a prefill's whole prompt, written before a window frees any of it)."""
     weights = 0.0
     kv = 0.0
     for _, d in g.nodes(data=True):
@@ -22,11 +33,11 @@ def resident_bytes(g: nx.DiGraph) -> dict[str, float]:
         if isinstance(s, Gemm) and d["op"] != "attention":
             weights += d.get("resident_weights", s.batch) * s.weight.total_bytes(s.N, s.K)
         if isinstance(s, PagedDecodeAttention):
-            kv += sum(s.context_lens) * s.kv_format.bytes_per_token(s.kv_heads, s.head_dim)
+            kept = sum(kept_tokens(c, 1, s.window, s.block_size) for c in s.context_lens)
+            kv += kept * s.kv_format.bytes_per_token(s.kv_heads, s.head_dim)
         elif isinstance(s, PagedExtendAttention):
-            kv += sum(p + q for p, q in zip(s.prefix_lens, s.q_lens)) * s.kv_format.bytes_per_token(
-                s.kv_heads, s.head_dim
-            )
+            kept = sum(kept_tokens(p + q, q, s.window, s.block_size) for p, q in zip(s.prefix_lens, s.q_lens))
+            kv += kept * s.kv_format.bytes_per_token(s.kv_heads, s.head_dim)
         elif isinstance(s, KVWrite) and g.graph.get("phase") == "prefill":
             kv += s.tokens * s.kv_format.bytes_per_token(s.kv_heads, s.head_dim)
     return {"weights": weights, "kv_cache": kv}

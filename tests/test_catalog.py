@@ -261,6 +261,23 @@ def test_step_graphs_attend_with_each_layers_window():
     assert attn[0].min_bytes() < attn[1].min_bytes() / 16
 
 
+def test_a_sliding_layer_keeps_its_windows_blocks_only():
+    """The step's resident KV: GPT-OSS's sliding layers keep the blocks from the one holding the window's first
+    position (128 of 4096 tokens at 16-token blocks, 135 at 4103 where the window starts mid-block), its full layers
+    everything; a prefill keeps the whole prompt on every layer."""
+    from codesign.dataflow.graph import build_step_graph
+    from codesign.dataflow.reports import kept_tokens, resident_bytes
+
+    assert [kept_tokens(n, 1, 128, 16) for n in (4096, 4103, 100)] == [128, 135, 100]
+    assert kept_tokens(4096, 8, 128, 16) == 144 and kept_tokens(4096, 1, None, 16) == 4096  # (an extend reaches back)
+    m = load_model("gpt-oss-20b")
+    per_token = 2 * m.kv_heads * m.head_dim * 2  # K and V in fp16, one layer
+    g = build_step_graph("gpt-oss-20b", "decode", batch=2, context=(4096, 4103), kv_format="fp16")
+    assert resident_bytes(g)["kv_cache"] == 12 * per_token * (4096 + 4103 + 128 + 135)
+    g = build_step_graph("gpt-oss-20b", "prefill", batch=1, context=4096, kv_format="fp16")
+    assert resident_bytes(g)["kv_cache"] == 24 * per_token * 4096
+
+
 @pytest.mark.parametrize(
     "fields, match",
     [
