@@ -298,3 +298,11 @@ def test_qwen3_moe_reads_its_expert_width_and_refuses_dense_layers(tmp_path):
     (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, "mlp_only_layers": [1]}))
     with pytest.raises(CodesignError, match="Qwen3-MoE with dense layers"):
         load_hf_config(tmp_path / "m" / "config.json")
+
+
+def test_gpt_oss_config_reads_its_biases_and_experts(tmp_path):
+    """A GPT-OSS config.json without attention_bias has biased attention (transformers' default) and experts."""
+    cfg = {**_DENSE, "model_type": "gpt_oss", "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8}
+    m = load_hf_config(_write(tmp_path, cfg) / "config.json")
+    assert (m.qkv_bias, m.o_bias, m.mlp_bias, m.experts, m.top_k, m.full_attention_layers) == (
+        True, True, True, 4, 2, (1, 3, 5))  # fmt: skip

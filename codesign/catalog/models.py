@@ -361,9 +361,10 @@ def load_hf_config(path: str | Path) -> ModelConfig:
                 shared_expert_gate=bool(shared),
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 # Llama/Mistral: attention_bias covers q/k/v/o, mlp_bias the MLP; Qwen2 always has
-                # q/k/v biases and no others (its config has no attention_bias key); GPT-OSS's experts have biases.
-                qkv_bias=mtype.startswith("qwen2") or bool(cfg.get("attention_bias", False)),
-                o_bias=not mtype.startswith("qwen2") and bool(cfg.get("attention_bias", False)),
+                # q/k/v biases and no others (its config has no attention_bias key); GPT-OSS's attention_bias is on
+                # unless said otherwise, and its experts have biases.
+                qkv_bias=mtype.startswith("qwen2") or bool(cfg.get("attention_bias", mtype == "gpt_oss")),
+                o_bias=not mtype.startswith("qwen2") and bool(cfg.get("attention_bias", mtype == "gpt_oss")),
                 mlp_bias=bool(cfg.get("mlp_bias", False)) or mtype == "gpt_oss",
                 rope=True,
                 sliding_window=window,

@@ -181,8 +181,9 @@ def test_teeth_a_sink_dropped_or_applied_twice_fails_the_reference(mutation, mon
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_the_rescale_kernel_matches_fp64_on_strided_rows(dtype):
-    """One launch (the interpreter) and the torch path against fp64: an out with padded rows (strides its own),
-    head_dim 80 (not a power of 2), a -inf sink (no change), an lse of -inf (the row goes to 0), tokens 0."""
+    """One launch (the interpreter) and the torch path against fp64: an out with padded rows and an lse of
+    transposed storage (strides their own), head_dim 80 (not a power of 2), a -inf sink (no change), an lse of
+    -inf (the row goes to 0), tokens 0."""
     g = torch.Generator().manual_seed(6)
     buf = torch.randn(7, 5, 96, generator=g).to(dtype)
     lse = torch.randn(7, 5, generator=g) * 4
@@ -194,7 +195,7 @@ def test_the_rescale_kernel_matches_fp64_on_strided_rows(dtype):
     want = buf[:, :, :80].double() * f[..., None]
     want_lse = torch.logaddexp(lse.double(), sinks.double())
     for backend in ("triton", "torch"):
-        out, l_ = buf.clone()[:, :, :80], lse.clone()
+        out, l_ = buf.clone()[:, :, :80], lse.t().contiguous().t()
         apply_sinks_(out, l_, sinks, backend)
         assert_rel_close(out, want, {torch.float32: 1e-6, torch.float16: 1e-3}[dtype], backend)
         torch.testing.assert_close(l_.double(), want_lse, rtol=1e-6, atol=1e-6)
