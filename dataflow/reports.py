@@ -15,7 +15,7 @@ from codesign.specs import CodesignError, Gemm, KVWrite, PagedDecodeAttention, P
 def kept_tokens(total: int, new: int, window: int | None, block_size: int) -> int:
     """Tokens a sequence's paged cache holds in a layer during a step of `new` tokens that ends at `total`: all of
     them, or with a sliding window those from the block holding the first new token's earliest visible position on
-    (the blocks before it are freed, as `CodesignCache` and vLLM's hybrid allocator do)."""
+    (the blocks before it are freed, as vLLM's hybrid allocator does; `CodesignCache` keeps a rollback margin more)."""
     if window is None:
         return total
     first = max(total - new + 1 - window, 0)

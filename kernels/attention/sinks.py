@@ -7,8 +7,8 @@ sigmoid(lse - sink), and the log-sum-exp becomes logaddexp(lse, sink). Every ker
 Oaken's three launches, mixed widths, trees) and the torch path already return lse, so a sink is this one
 rescale of their output rather than a variant of each path's epilogue and merge. Its cost: one launch that reads
 and writes `out` ([tokens, q_heads, head_dim]) once after an attention that read the whole cache, and one more
-rounding of out's dtype (the rescale runs in fp32). The Triton kernel is that one launch (torch's ops would be
-five); the torch path computes the same formula.
+rounding of out's dtype (the rescale runs in fp32). The Triton kernel is that one launch (the torch path, the same
+formula, is five or six ops).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from codesign.catalog.models import EVERY_LAYER_WINDOW
 from codesign.specs import CodesignError
 
 ATTN_NAME = "codesign_paged"  # no "flash" in it: transformers treats such names as flash attention
@@ -37,8 +38,10 @@ REFUSED = {
 WRAPPERS_REFUSED = {"gemma3": "Gemma3ForConditionalGeneration (bidirectional attention over image tokens); "
                               "Gemma3ForCausalLM is served"}  # fmt: skip
 LAYER_TYPES = ("full_attention", "sliding_attention")
-# Families whose every layer is passed (and masked with) config.sliding_window, whatever a config's layer_types say.
-ONE_WINDOW = ("mistral", "mixtral", "qwen3_moe", "phi3")
+# Families whose every layer is passed (and masked with) config.sliding_window, whatever a config's layer_types say
+# (the catalogue reads config.json files by the same list). Read here from the live config, which transformers has
+# already resolved (`use_sliding_window`, default layer types), as each layer's attention is passed it.
+ONE_WINDOW = EVERY_LAYER_WINDOW
 
 
 def check_transformers_version(version: str | None = None) -> str:
