@@ -319,17 +319,18 @@ def test_smoke_shape_rules(real, small):
 
 
 def test_gpu_hf_runs_chosen_variants(tmp_path):
-    """bench/gpu_hf.py --variants (bench/gpu_session.sh's step 5: compiled decode beside captured decode) on the smoke
-    model: a row per variant and batch, every token made."""
+    """bench/gpu_hf.py --variants (bench/gpu_session.sh's step 5: compiled decode beside captured decode; compiled
+    tree forwards) on the smoke model: a row per variant and batch, every token made."""
     import torch._dynamo
 
     hf = load_script(Path(__file__).resolve().parents[1] / "bench" / "gpu_hf.py", "_gpu_hf_smoke")
     out = tmp_path / "hf.json"
+    names = ["codesign-bf16-fused-graph", "codesign-bf16-fused-compiled", "codesign-bf16-tree-compiled"]
     try:
-        assert hf.main(["--smoke", "--variants", "codesign-bf16-fused-graph", "codesign-bf16-fused-compiled",
-                        "--batches", "2", "--new-tokens", "3", "--out", str(out)]) == 0  # fmt: skip
+        assert hf.main(["--smoke", "--variants", *names, "--batches", "2", "--new-tokens", "3",
+                        "--out", str(out)]) == 0  # fmt: skip
     finally:
         torch._dynamo.reset()
     rows = json.loads(out.read_text())["rows"]
-    assert [r["variant"] for r in rows] == ["codesign-bf16-fused-graph", "codesign-bf16-fused-compiled"]
+    assert [r["variant"] for r in rows] == names
     assert all(r["tokens"] == 3 and r["decode_tokens_per_s"] > 0 for r in rows), rows

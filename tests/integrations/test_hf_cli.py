@@ -78,6 +78,14 @@ def test_generate_compiled(folder, capsys, monkeypatch):
     token = [next(line for line in out.splitlines() if line.startswith("tokens:")) for out in outs]
     assert token[0] == token[1] and len(seen) == 1
     assert len(_table(outs[1])) == 4
+    seen.clear()
+    outs = []
+    for extra in ([], ["--compile"]):  # tree speculation: its tree forwards compiled
+        args = ["--max-new-tokens", "8", "--kv-format", "int8", "--speculative", "ngram", *extra]
+        assert main(["generate", str(folder), *args]) == 0
+        outs.append(capsys.readouterr().out)
+    token = [next(line for line in out.splitlines() if line.startswith("tokens:")) for out in outs]
+    assert token[0] == token[1] and len(seen) == 1
 
 
 def test_random_weights_are_seeded(folder, capsys):
@@ -95,7 +103,7 @@ def test_random_weights_are_seeded(folder, capsys):
     (["--prompt", "hello"], "--prompt needs a tokenizer"),
     (["--cuda-graph", "--device", "cpu"], "cuda_graph=True needs a model on a CUDA device"),
     (["--cuda-graph", "--kv-format", "int4-kivi", "--speculative", "ngram"], "tree forwards cannot be captured"),
-    (["--compile", "reduce-overhead", "--speculative", "ngram"], "compile serves decode steps"),
+    (["--compile", "--kv-format", "int4-kivi", "--speculative", "ngram"], "cannot be captured or compiled"),
 ])  # fmt: skip
 def test_bad_options_exit_2(folder, capsys, args, message):
     assert main(["generate", str(folder), "--max-new-tokens", "2", *args]) == 2

@@ -84,6 +84,52 @@ def test_families_compile_to_one_graph(family):
     assert len(rec.graphs) == 1 and not _breaks()
 
 
+@pytest.mark.parametrize("kv_format, mode", [("fp32", "greedy"), ("int8", "greedy"), ("int4", "stochastic")])
+def test_compiled_tree_forwards_are_eager_tree_speculation(kv_format, mode):
+    """Tree speculation whose target forwards run one compiled forward a batch size (`TreeSpeculator(compile=...)`,
+    rows leaving the batch as they finish): eager tree speculation's tokens and acceptance (the same trees, the cache
+    compacted from the compiled step's K/V), each graph one `hf_attend_step` a layer, no break; the speculator's own
+    option and generate's `compile` alike."""
+    from codesign.integrations.hf import TreeSpeculator
+
+    model = tiny_model("llama")
+    ids, mask = prompts(3, 9, pads=(0, 2, 4))
+    kw = dict(attention_mask=mask, block_size=4, max_new_tokens=16, pad_token_id=0, eos_token_id=None)
+    kw.update(do_sample=True, temperature=0.8) if mode == "stochastic" else kw.update(do_sample=False)
+    eager = run_generate(model, ids, kv_format, speculative=TreeSpeculator("ngram", 2, 3, mode, seed=3), **kw)
+    for own in (True, False):
+        torch._dynamo.reset()
+        rec = Recorder()
+        opts = {"backend": rec}
+        sp = TreeSpeculator("ngram", 2, 3, mode, seed=3, compile=opts if own else None)
+        run = run_generate(model, ids, kv_format, speculative=sp, **kw, **({} if own else {"compile": opts}))
+        assert torch.equal(run.sequences, eager.sequences)
+        assert run.speculation.accepted == eager.speculation.accepted and run.steps[1].kind == "tree"
+        assert not _breaks(), _breaks()
+        assert 1 <= len(rec.graphs) <= sp.captures  # (a graph a batch size at most: later ones trace dynamic)
+        assert all(g.count(STEP_OP) == model.config.num_hidden_layers and EAGER_OP not in g for g in rec.graphs)
+
+
+def test_compiled_tree_forwards_refused_before_generation():
+    """Compiled tree forwards need a format whose tree step is capturable, and no tape; a bad compile value names it."""
+    from codesign.integrations.hf import TreeSpeculator
+
+    model = tiny_model("llama")
+    ids = prompts(1, 5)[0]
+    for fmt, sp_kw, run_kw, message in (
+        ("int4-kivi", {"compile": True}, {}, "tree forwards cannot be captured or compiled"),
+        ("mixed", {}, {"compile": True}, "tree forwards cannot be captured or compiled"),
+        (None, {}, {"compile": True, "cuda_graph": "tape"}, "compile does not combine with capture='tape'"),
+    ):
+        with pytest.raises(CodesignError, match=message):
+            run_generate(model, ids, fmt, speculative=TreeSpeculator("ngram", 2, 2, **sp_kw), max_new_tokens=3,
+                         **GREEDY, **run_kw)  # fmt: skip
+    with pytest.raises(CodesignError, match="compile does not combine with capture='tape'"):
+        TreeSpeculator("ngram", 2, 2, cuda_graph="tape", compile=True)
+    with pytest.raises(CodesignError, match="compile must be True, False or a dict"):
+        TreeSpeculator("ngram", 2, 2, compile="yes")
+
+
 def test_one_compiled_step_serves_later_runs(monkeypatch):
     """The compiled step is the process's (per options): a second run with another cache and prompt length compiles
     once more (the count the traced step reads turns dynamic), a third none; inside a run it never recompiles.
@@ -276,3 +322,20 @@ def test_compiled_decode_on_a_gpu(kv_format, compile, cuda_graph):
     got = run_generate(model, ids, kv_format, attention_mask=mask, block_size=4, max_new_tokens=8, compile=compile,
                        cuda_graph=cuda_graph, **GREEDY).sequences  # fmt: skip
     assert_same_greedy_where_decisive(got, want, ids.shape[1], decisive=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile, cuda_graph", [({"mode": "reduce-overhead"}, False), (True, True)])
+def test_compiled_tree_forwards_on_a_gpu(compile, cuda_graph):
+    """Tree speculation's target forwards through Inductor on a GPU (its CUDA graphs, or its kernels in ours): INT8
+    tokens and acceptance eager tree speculation's (fp32 model: the same decisions)."""
+    from codesign.integrations.hf import TreeSpeculator
+
+    model = tiny_model("llama").to("cuda")
+    ids, mask = prompts(3, 9, pads=(0, 2, 4))
+    kw = dict(attention_mask=mask.cuda(), block_size=4, max_new_tokens=16, **GREEDY)
+    eager = run_generate(model, ids.cuda(), "int8", speculative=TreeSpeculator("ngram", 2, 3), **kw)
+    run = run_generate(model, ids.cuda(), "int8", speculative=TreeSpeculator("ngram", 2, 3), compile=compile,
+                       cuda_graph=cuda_graph, **kw)  # fmt: skip
+    assert torch.equal(run.sequences, eager.sequences)
+    assert run.speculation.accepted == eager.speculation.accepted

@@ -44,11 +44,13 @@ VARIANTS = (("hf-sdpa", "sdpa", None, None), ("codesign-bf16", "codesign", "bf16
             ("codesign-bf16-w4a16-graph", "codesign-graph", "bf16", "w4a16"),
             ("codesign-bf16-w4a16-fused-graph", "codesign-fused-graph", "bf16", "w4a16"),
             ("codesign-bf16-w4a16-fused-unmerged-graph", "codesign-fused-unmerged-graph", "bf16", "w4a16"))  # fmt: skip
-# "-compiled": decode steps run one torch.compile'd forward (`graphs.GraphDecoding(compile=...)`; on a GPU
-# mode="reduce-overhead", Inductor's CUDA graphs; on a CPU the aot_eager backend). Compiling an 8B model costs a minute
-# or more a batch size, so these run on request (bench/gpu_hf.py --variants), beside the captured variant.
+# "-compiled": decode steps (with "-tree" the tree forwards) run one torch.compile'd forward (`graphs.GraphDecoding
+# (compile=...)`, `TreeSpeculator(compile=...)`; on a GPU mode="reduce-overhead", Inductor's CUDA graphs; on a CPU the
+# aot_eager backend). Compiling an 8B model costs a minute or more a batch size, so these run on request
+# (bench/gpu_hf.py --variants), beside the captured variant.
 COMPILED_VARIANTS = (("codesign-bf16-fused-compiled", "codesign-fused-compiled", "bf16", None),
-                     ("codesign-bf16-w4a16-fused-compiled", "codesign-fused-compiled", "bf16", "w4a16"))  # fmt: skip
+                     ("codesign-bf16-w4a16-fused-compiled", "codesign-fused-compiled", "bf16", "w4a16"),
+                     ("codesign-bf16-tree-compiled", "codesign-tree-compiled", "bf16", None))  # fmt: skip
 STEADY_AFTER = 3  # steps a steady rate leaves out: the prefill, and a captured run's eager and captured steps
 
 

@@ -44,9 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode steps (or --speculative's tree forwards) replay one forward captured in a CUDA "
                         "graph (decode: every format; trees: plain, per-token INT and FP8 caches)")
     p.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
-                   help="decode steps run one torch.compile'd forward (no graph break; the cache's side one op a "
-                        "layer): a torch.compile mode (default: 'default'); with --cuda-graph captured in ours, "
-                        "'reduce-overhead' in Inductor's CUDA graphs")  # fmt: skip
+                   help="decode steps (or --speculative's tree forwards) run one torch.compile'd forward (no graph "
+                        "break; the cache's side one op a layer): a torch.compile mode (default: 'default'); with "
+                        "--cuda-graph captured in ours, 'reduce-overhead' in Inductor's CUDA graphs")  # fmt: skip
     p.add_argument("--fuse", action="store_true",
                    help="RMSNorms, rotary embedding and gated MLPs on codesign's one-launch ops; q / k / v and "
                         "gate / up projections one GEMM each")

@@ -59,8 +59,8 @@ class KVSpec:
         them."""
         if trees and (not self.token_local or self.kind == "mixed"):
             raise CodesignError(
-                f"kv_format {self.name!r}: its tree forwards cannot be captured (plain, per-token INT and FP8 "
-                "caches can)"
+                f"kv_format {self.name!r}: its tree forwards cannot be captured or compiled (plain, per-token INT "
+                "and FP8 caches can)"
             )
 
     @property

@@ -158,7 +158,7 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
 def _graph_decoding(model, cuda_graph, compile, spec, speculative, generate_kwargs) -> GraphDecoding | None:
     """The captured loop `cuda_graph` and `compile` ask for (cuda_graph True: CUDA graphs; "tape": the CPU stand-in;
     compile: torch.compile of the step), refused before generation where it cannot run: decode steps
-    (`GraphDecoding`), or a TreeSpeculator's tree forwards (set on it)."""
+    (`GraphDecoding`), or a TreeSpeculator's tree forwards (both set on it)."""
     if cuda_graph is not True and cuda_graph not in (False, None, *CAPTURES):
         raise CodesignError(f"cuda_graph must be True, False or 'tape', got {cuda_graph!r}")
     capture = None if cuda_graph is False or cuda_graph is None else "cuda" if cuda_graph is True else cuda_graph
@@ -166,8 +166,6 @@ def _graph_decoding(model, cuda_graph, compile, spec, speculative, generate_kwar
     if capture is None and options is None:
         return None
     trees = speculative is not None
-    if trees and options is not None:
-        raise CodesignError("compile serves decode steps, not a TreeSpeculator's tree forwards")
     spec.check_capturable(trees)
     clash = [k for k in ("custom_generate", "prompt_lookup_num_tokens", "assistant_model") if generate_kwargs.get(k)]
     if clash or int(generate_kwargs.get("num_beams", 1) or 1) != 1:
@@ -177,7 +175,7 @@ def _graph_decoding(model, cuda_graph, compile, spec, speculative, generate_kwar
         raise CodesignError(f"cuda_graph=True needs a model on a CUDA device, not {model.device} ('tape': the CPU "
                             "stand-in that checks a step is capturable)")  # fmt: skip
     if trees:
-        speculative.cuda_graph = capture
+        speculative.cuda_graph, speculative.compile = capture, options
         return None
     return GraphDecoding(capture, compile)
 
@@ -190,11 +188,11 @@ def generate(model, input_ids: torch.Tensor, kv_format: str | None = None, **kwa
     (default: sized for the prompt and max_new_tokens), speculative (a TreeSpeculator: tree speculative
     decoding), cuda_graph (True: every decode step, or with speculative every tree forward, replays one forward
     captured in a CUDA graph, `graphs`; decode over every format, trees over plain, per-token INT and FP8), compile
-    (True or a dict of torch.compile's keywords: every decode step runs one compiled forward, the cache's side one op a
-    layer; with cuda_graph True captured in ours, with mode="reduce-overhead" in Inductor's), share_prefix
-    (rows with a common prompt prefix share its full blocks), check (the kernels' data checks), fuse (the model's
-    RMSNorms, rotary embedding and gated MLPs on codesign's one-launch ops, its q / k / v and gate / up projections
-    one GEMM each, `fuse.fuse_layers_`; it stays fused). Everything else
-    goes to transformers' generate. Returns what it returns.
+    (True or a dict of torch.compile's keywords: every decode step, or with speculative every tree forward, runs one
+    compiled forward, the cache's side one op a layer; with cuda_graph True captured in ours, with
+    mode="reduce-overhead" in Inductor's), share_prefix (rows with a common prompt prefix share its full blocks),
+    check (the kernels' data checks), fuse (the model's RMSNorms, rotary embedding and gated MLPs on codesign's
+    one-launch ops, its q / k / v and gate / up projections one GEMM each, `fuse.fuse_layers_`; it stays fused).
+    Everything else goes to transformers' generate. Returns what it returns.
     """
     return run_generate(model, input_ids, kv_format, **kwargs).output

@@ -28,7 +28,7 @@ import torch
 from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf.cache import CROP_MARGIN, CodesignCache, pool_blocks
 from codesign.integrations.hf.forwards import forward_rows, prefill
-from codesign.integrations.hf.graphs import CapturedForward, capturer, check_capture
+from codesign.integrations.hf.graphs import CapturedForward, capturer, check_capture, compile_options
 from codesign.integrations.hf.kv_formats import parse_kv_format
 from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, text_config
 from codesign.specs import CodesignError
@@ -200,17 +200,22 @@ class TreeSpeculator:
     verification; "stochastic" needs do_sample generation); kv_format / block_size / num_blocks: the target's
     CodesignCache (num_blocks None: sized for the run); seed: the verification's random draws; cuda_graph: the
     target's tree forwards replay one captured forward a batch size (`graphs.CapturedForward`; True: CUDA graphs,
-    "tape": the CPU stand-in, or a capturer; plain, per-token INT and FP8 caches).
+    "tape": the CPU stand-in, or a capturer; plain, per-token INT and FP8 caches); compile (True or a dict of
+    torch.compile's keywords, `graphs.compile_options`): those tree forwards run one compiled forward a batch size
+    (the cache's side one op a layer, `traced`), replayed in our CUDA graph with cuda_graph True, else each run as
+    compiled (with mode="reduce-overhead" in Inductor's CUDA graphs).
     """
 
     def __init__(self, draft="ngram", width: int = 2, depth: int = 3, mode: str = "greedy", *,
                  parents: Sequence[int] | None = None, kv_format: str | None = None, block_size: int = 16,
-                 num_blocks: int | None = None, seed: int | None = None, cuda_graph=False) -> None:  # fmt: skip
+                 num_blocks: int | None = None, seed: int | None = None, cuda_graph=False,
+                 compile: bool | dict | None = None) -> None:  # fmt: skip
         if mode not in MODES:
             raise CodesignError(f"mode must be one of {MODES}, got {mode!r}")
         if cuda_graph not in (False, None, True):
             check_capture(cuda_graph)
         self.cuda_graph = cuda_graph
+        self.compile = compile_options(compile, self._capture_name())
         self.parents = K.check_parents(parents) if parents is not None else chain_tree(width, depth)
         if len(self.parents) < 2:
             raise CodesignError("the tree needs at least one node below the root")
@@ -254,8 +259,9 @@ class TreeSpeculator:
         if text_config(model)._attn_implementation != ATTN_NAME:
             raise CodesignError(f"the target must run attn_implementation={ATTN_NAME!r}")
         capture = None
-        if self.cuda_graph not in (False, None):
-            capture = capturer("cuda" if self.cuda_graph is True else self.cuda_graph, model.device)
+        self.compile = compile_options(self.compile, self._capture_name())  # (either may have been set since)
+        if self.cuda_graph not in (False, None) or self.compile is not None:
+            capture = capturer(self._capture_name(), model.device, self.compile is not None)
         gen = torch.Generator().manual_seed(
             self.seed if self.seed is not None else int(torch.randint(2**31, ()))
         )
@@ -312,7 +318,8 @@ class TreeSpeculator:
                 if forward is None or forward.batch != len(active):
                     captured += forward.captures if forward else 0
                     cache.graph_end()
-                    forward = CapturedForward(model, cache, capture, int(cfg.max_length) + len(parents), parents)
+                    forward = CapturedForward(model, cache, capture, int(cfg.max_length) + len(parents), parents,
+                                              compile=self.compile)  # fmt: skip
                 pos = torch.tensor(lens)[:, None] + torch.tensor(depth)[None, :]
                 tl = forward(toks.to(model.device), pos.to(model.device))
                 self.captures = captured + forward.captures
@@ -345,6 +352,10 @@ class TreeSpeculator:
         return torch.tensor(
             [r + [pad] * (width - len(r)) for r in rows], dtype=torch.long, device=input_ids.device
         )
+
+    def _capture_name(self):
+        """What captures the tree forwards: "cuda", "tape", a capturer, or None (not captured)."""
+        return None if self.cuda_graph in (False, None) else "cuda" if self.cuda_graph is True else self.cuda_graph
 
     def _select(self, cache, keep: list[int], current: list[int]) -> None:
         idx = [current.index(b) for b in keep]
