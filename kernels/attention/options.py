@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 
-from codesign.kernels.kvcache.checks import check_block_tables, check_int_tensor, check_kv_cache
+from codesign.kernels.kvcache.checks import check_block_tables, check_int_tensor, check_kv_cache, has_data
 from codesign.specs import CodesignError
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -70,9 +71,14 @@ class AttentionOptions:
         w = self.window
         if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w <= 0):
             raise CodesignError(f"window must be a positive int or None, got {w!r}")
-        c = self.softcap
-        if c is not None and not (isinstance(c, int | float) and math.isfinite(c) and c > 0):
-            raise CodesignError(f"softcap must be a positive finite number or None, got {c!r}")
+        for name in ("softcap", "sm_scale"):
+            c = getattr(self, name)
+            if c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Real) or not math.isfinite(c)
+                                  or c <= 0):  # fmt: skip
+                raise CodesignError(f"{name} must be a positive finite number or None, got {c!r}")
+        for name in ("return_lse", "check_data"):
+            if not isinstance(getattr(self, name), bool):
+                raise CodesignError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     def check_splits(self) -> None:
         n = self.num_splits
@@ -121,7 +127,7 @@ def _check_inputs(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q,
             f"decode takes one query per sequence: q has {q.shape[0]} tokens for {b} sequences"
         )
     opts.check(q.shape[1], q.device)
-    if opts.check_data:
+    if opts.check_data and has_data(q, block_tables, context_lens, cu_seqlens_q):  # (meta tensors: no data)
         check_block_tables(block_tables, context_lens, nb, bs)
         _check_lengths(q, context_lens, cu_seqlens_q)
     opts.check_splits()

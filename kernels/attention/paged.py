@@ -58,7 +58,7 @@ def attend(
     if tree is not None:
         if not isinstance(tree, TreeBatch):
             raise CodesignError(f"tree must be a TreeBatch (build_tree_batch), got {type(tree).__name__}")
-        check_tree_batch(tree, q, block_tables)
+        check_tree_batch(tree, q, block_tables, check_data)
         context_lens, cu_seqlens_q, tree_args = tree.context_lens, tree.cu_seqlens_q, tree.mask_args
     opts = options if isinstance(options, AttentionOptions) else AttentionOptions.from_keywords(options)
     batch, opts = prepare(q, k_like, v_like, block_tables, context_lens, cu_seqlens_q, tree_args, opts)

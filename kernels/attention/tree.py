@@ -17,23 +17,33 @@ K/V read loop for decode, extend and trees.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from codesign.kernels.kvcache.checks import has_data
 from codesign.specs import CodesignError, check_nonneg_int
 
 
 # --- trees -------------------------------------------------------------------------------------------
+def _index(name: str, x) -> int:
+    """x as an int if it is an integer (numpy's too; not a bool or a float), else raise naming it."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise CodesignError(f"{name} must be an integer, got {x!r}")
+    return int(x)
+
+
 def check_parents(parents: Sequence[int], name: str = "parents") -> list[int]:
     """Validate a parent array; return it as a list. Errors name the offending node.
 
     Rules: one root (-1), at node 0; no cycles; every parent precedes its child (topological
     order, so the tree's K/V can be appended node by node).
     """
-    p = [int(x) for x in (parents.tolist() if isinstance(parents, torch.Tensor) else parents)]
+    p = [_index(f"{name}[{i}]", x) for i, x in enumerate(parents.tolist() if isinstance(parents, torch.Tensor)
+                                                          else parents)]  # fmt: skip
     n = len(p)
     if n == 0:
         raise CodesignError(f"{name} is empty: a tree needs at least its root")
@@ -124,7 +134,7 @@ def build_tree_batch(
     sizes, pos, masks = [], [], []
     for b, (par, pre) in enumerate(zip(parents, prefix_lens)):
         p = check_parents(par, f"parents[{b}]")
-        check_nonneg_int(f"prefix_lens[{b}]", int(pre))
+        check_nonneg_int(f"prefix_lens[{b}]", _index(f"prefix_lens[{b}]", pre))
         sizes.append(len(p))
         pos.extend(int(pre) + d for d in tree_depths(p))
         masks.append(tree_mask(p).flatten())
@@ -143,17 +153,43 @@ def build_tree_batch(
     )
 
 
-def check_tree_batch(tree: TreeBatch, q: torch.Tensor, block_tables: torch.Tensor) -> None:
-    if len(tree.tree_sizes) != block_tables.shape[0]:
-        raise CodesignError(
-            f"tree batch has {len(tree.tree_sizes)} trees, block_tables {block_tables.shape[0]} rows"
-        )
-    if q.shape[0] != sum(tree.tree_sizes):
-        raise CodesignError(f"q has {q.shape[0]} tokens, the trees {sum(tree.tree_sizes)} nodes")
-    for name in ("cu_seqlens_q", "context_lens", "positions", "tree_mask", "mask_indptr"):
+def check_tree_batch(tree: TreeBatch, q: torch.Tensor, block_tables: torch.Tensor, check_data: bool = True) -> None:
+    """A TreeBatch (`build_tree_batch`'s, or one built by hand) against q and the block tables: each field's dtype,
+    length, contiguity and device; with `check_data` (one host sync) also that its offsets are its trees' sizes
+    and every position lies inside its sequence (the kernels index by them unchecked)."""
+    sizes, prefixes = tree.tree_sizes, tree.prefix_lens
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
+        raise CodesignError(f"tree.tree_sizes must hold positive ints, got {sizes!r}")
+    if len(prefixes) != len(sizes):
+        raise CodesignError(f"tree.prefix_lens has {len(prefixes)} entries for {len(sizes)} trees")
+    if len(sizes) != block_tables.shape[0]:
+        raise CodesignError(f"tree batch has {len(sizes)} trees, block_tables {block_tables.shape[0]} rows")
+    if q.shape[0] != sum(sizes):
+        raise CodesignError(f"q has {q.shape[0]} tokens, the trees {sum(sizes)} nodes")
+    b = len(sizes)
+    want = {"cu_seqlens_q": (torch.int32, b + 1), "context_lens": (torch.int32, b),
+            "positions": (torch.int32, sum(sizes)), "tree_mask": (torch.uint8, sum(n * n for n in sizes)),
+            "mask_indptr": (torch.int32, b + 1)}  # fmt: skip
+    for name, (dtype, length) in want.items():
         t = getattr(tree, name)
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != (length,):
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise CodesignError(f"tree.{name} must be {dtype} of shape ({length},), got {got}")
+        if length > 1 and t.stride(0) != 1:
+            raise CodesignError(f"tree.{name} must be contiguous")
         if t.device != q.device:
             raise CodesignError(f"tree.{name} is on {t.device} but q is on {q.device}")
+    if not check_data or not has_data(tree.cu_seqlens_q, tree.positions, tree.mask_indptr, tree.context_lens):
+        return
+    cu, mptr = tree.cu_seqlens_q.cpu().tolist(), tree.mask_indptr.cpu().tolist()
+    if cu != [0, *np.cumsum(sizes).tolist()] or mptr != [0, *np.cumsum([n * n for n in sizes]).tolist()]:
+        raise CodesignError("tree.cu_seqlens_q / tree.mask_indptr do not match tree.tree_sizes (build_tree_batch)")
+    pos, ctx = tree.positions.cpu(), tree.context_lens.cpu()
+    owner = torch.repeat_interleave(torch.arange(b), torch.tensor(sizes))
+    bad = (pos < 0) | (pos >= ctx[owner])
+    if bad.any():
+        i = int(torch.nonzero(bad)[0])
+        raise CodesignError(f"tree.positions[{i}]={int(pos[i])} lies outside its sequence [0, {int(ctx[owner[i]])})")
 
 
 # --- verification ------------------------------------------------------------------------------------
@@ -221,7 +257,10 @@ def _verify_inputs(
             f"target_logits must be [{n}, vocab], got {getattr(target_logits, 'shape', None)}"
         )
     vocab = target_logits.shape[1]
-    toks = torch.as_tensor(draft_tokens).to(torch.int64).cpu()
+    toks = torch.as_tensor(draft_tokens)
+    if toks.is_floating_point() or toks.is_complex() or toks.dtype == torch.bool:
+        raise CodesignError(f"draft_tokens must be integer token ids, got {toks.dtype}")
+    toks = toks.to(torch.int64).cpu()
     if toks.shape != (n,):
         raise CodesignError(f"draft_tokens must have {n} entries, got shape {tuple(toks.shape)}")
     if n > 1 and ((toks[1:] < 0) | (toks[1:] >= vocab)).any():

@@ -35,6 +35,7 @@ from codesign.specs import (
     PagedDecodeAttention,
     PagedExtendAttention,
     TreeAttention,
+    check_positive_int,
 )
 
 SPEC_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -111,6 +112,9 @@ class _PlannedAttention:
 
     def _stage(self, cache, block_tables, context_lens, cu, q_tokens, q_heads, tree_args, opts, q_dtype) -> None:
         """plan()'s shared body; cu None for decode."""
+        check_positive_int("num_q_heads", q_heads)
+        if q_tokens < 0:
+            raise CodesignError(f"the plan's query tokens (cu_seqlens_q[-1]) must be >= 0, got {q_tokens}")
         fmt, k_like, signature, kv_format, code, bits = self._cache_geometry(cache, block_tables, q_dtype,
                                                                              opts.check_data)  # fmt: skip
         dim = k_like.shape[3]
@@ -189,6 +193,7 @@ class _PlannedAttention:
                 f"{p.q_shape} {p.dtype} {self.device}"
             )
         want_lse = return_lse or lse is not None
+        _check_outputs(q, out, lse)
         if p.fmt is PLAIN and isinstance(k_cache, torch.Tensor):
             self._check_plain_run(k_cache, v_cache, q)
             tensors, params = (k_cache, v_cache), ()
@@ -259,6 +264,7 @@ class PagedDecodeWrapper(_PlannedAttention):
         splits and workspace for this batch.
         k_cache: a plain cache, or a quantized cache object (then q_dtype, default fp16, is q's dtype)."""
         opts = _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits, check_data)
+        check_int_tensor("block_tables", block_tables, 2, self.device)
         self._stage(
             k_cache, block_tables, context_lens, None, block_tables.shape[0], num_q_heads, None, opts, q_dtype
         )
@@ -303,6 +309,22 @@ class PagedExtendWrapper(_PlannedAttention):
         tokens = int(cu_seqlens_q[-1]) if cu_seqlens_q.numel() else 0
         opts = _plan_options(sm_scale, window, softcap, alibi_slopes, num_splits, check_data)
         self._stage(k_cache, block_tables, context_lens, cu_seqlens_q, tokens, num_q_heads, None, opts, q_dtype)
+
+
+def _check_outputs(q: torch.Tensor, out: torch.Tensor | None, lse: torch.Tensor | None) -> None:
+    """run()'s out and lse buffers: q's shape, dtype and device (out contiguous along head_dim: the kernels write
+    its rows by their strides), lse fp32 [tokens, q_heads]; the kernels write them unchecked."""
+    for name, t, shape, dtype in (("out", out, tuple(q.shape), q.dtype), ("lse", lse, tuple(q.shape[:2]),
+                                                                              torch.float32)):  # fmt: skip
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dtype:
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise CodesignError(f"{name} must be {dtype} of shape {shape}, got {got}")
+        if t.device != q.device:
+            raise CodesignError(f"{name} is on {t.device} but q is on {q.device}")
+    if out is not None and out.numel() > 0 and out.stride(-1) != 1:
+        raise CodesignError(f"out must be contiguous along head_dim, got stride {out.stride()}")
 
 
 class TreeAttentionWrapper(_PlannedAttention):

@@ -36,6 +36,8 @@ def check_kv_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, i
     nb, bs, h, d = k_cache.shape
     if not (1 <= bs <= MAX_BLOCK_SIZE):
         raise CodesignError(f"block_size (k_cache.shape[1]) must be in [1, {MAX_BLOCK_SIZE}], got {bs}")
+    if h < 1 or d < 1:
+        raise CodesignError(f"kv_heads and head_dim (k_cache.shape[2:]) must be positive, got {h} and {d}")
     return nb, bs, h, d
 
 
@@ -46,6 +48,13 @@ def check_int_tensor(name: str, t: torch.Tensor, dim: int, device: torch.device)
         raise CodesignError(f"{name} must be an int32 {dim}-D tensor, got {got}")
     if t.device != device:
         raise CodesignError(f"{name} is on {t.device} but the cache is on {device}")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:  # (the kernels step a row's entries by one; rows by their stride)
+        raise CodesignError(f"{name} must be contiguous along its last dimension, got stride {t.stride()}")
+
+
+def has_data(*tensors: torch.Tensor) -> bool:
+    """False if any tensor is on the meta device (no data for a data check to read)."""
+    return not any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors)
 
 
 def check_block_tables(
@@ -58,7 +67,7 @@ def check_block_tables(
     b = block_tables.shape[0]
     if context_lens.shape != (b,):
         raise CodesignError(f"context_lens must have shape ({b},), got {tuple(context_lens.shape)}")
-    if b == 0:
+    if b == 0 or not has_data(block_tables, context_lens):
         return
     lens = context_lens.cpu()
     if (lens < 0).any():
@@ -91,6 +100,9 @@ def check_kv_write(
 ) -> None:
     """Shapes, dtypes and devices; with `check_data`, also slot ranges and duplicates (one host sync)."""
     nb, bs, h, d = check_kv_cache(k_cache, v_cache)
+    for name, t in (("key", key), ("value", value), ("slot_mapping", slot_mapping)):
+        if not isinstance(t, torch.Tensor):
+            raise CodesignError(f"{name} must be a tensor, got {type(t).__name__}")
     for name, t in (("key", key), ("value", value)):
         if t.dim() != 3 or tuple(t.shape[1:]) != (h, d):
             raise CodesignError(f"{name} must have shape [tokens, {h}, {d}], got {tuple(t.shape)}")
@@ -109,7 +121,9 @@ def check_kv_write(
         )
     if slot_mapping.device != k_cache.device:
         raise CodesignError(f"slot_mapping is on {slot_mapping.device} but the cache is on {k_cache.device}")
-    if check_data and slot_mapping.numel():
+    if slot_mapping.numel() > 1 and slot_mapping.stride(0) != 1:  # (the kernels read it as one contiguous row)
+        raise CodesignError(f"slot_mapping must be contiguous, got stride {slot_mapping.stride()}")
+    if check_data and slot_mapping.numel() and has_data(slot_mapping):
         s = slot_mapping.cpu().to(torch.int64)
         bad = (s < -1) | (s >= nb * bs)
         if bad.any():

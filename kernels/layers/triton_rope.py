@@ -60,6 +60,6 @@ def rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
         q, k, cos, sin, q_out, k_out, s, hq, hk, dim // 2,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), cos.stride(0), cos.stride(1),
         q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
-        HQ=next_pow2(hq), HK=next_pow2(hk), BLOCK_D=next_pow2(dim // 2),
+        HQ=next_pow2(max(hq, 1)), HK=next_pow2(max(hk, 1)), BLOCK_D=next_pow2(dim // 2),  # (0 heads: all masked)
         num_warps=4 if (hq + hk) * dim <= 8192 else 8,  # (sm_90, 128 q heads of 128 on 4 warps: 158 registers)
     )  # fmt: skip

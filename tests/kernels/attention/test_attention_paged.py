@@ -443,6 +443,11 @@ def _decode_case():
         (lambda a: a.update(q=a["q"].to("meta")), "meta"),
         (lambda a: a.update(v=a["v"][:, :, :1]), "v_cache shape"),
         (lambda a: a.update(q=torch.randn(3, 4, 64)), "one query per sequence"),
+        # the kernels step a table's row and a length vector by one entry: strided ones read the wrong entries
+        (lambda a: a.update(bt=a["bt"].t().contiguous().t()), "block_tables must be contiguous"),
+        (lambda a: a.update(cl=torch.stack([a["cl"], a["cl"]], 1)[:, 0]), "context_lens must be contiguous"),
+        (lambda a: a.update(k=a["k"][:, :, :0], v=a["v"][:, :, :0]), "kv_heads and head_dim"),
+        (lambda a: a.update(k=a["k"][..., :0], v=a["v"][..., :0], q=a["q"][..., :0]), "kv_heads and head_dim"),
     ],
 )
 def test_bad_input_raises_before_launch(mutate, match):
@@ -470,6 +475,23 @@ def test_bad_extend_offsets_and_options():
         paged_extend_attention(q, k, v, bt, cl, _cu([3, 2]), alibi_slopes=torch.ones(3))
     with pytest.raises(CodesignError, match="num_splits"):
         paged_extend_attention(q, k, v, bt, cl, _cu([3, 2]), num_splits=0)
+    with pytest.raises(CodesignError, match="cu_seqlens_q must be contiguous"):
+        paged_extend_attention(q, k, v, bt, cl, torch.stack([_cu([3, 2])] * 2, 1)[:, 0])
+    for bad in (math.nan, math.inf, 0.0, -0.5, True, "x", torch.tensor(0.1)):
+        with pytest.raises(CodesignError, match="sm_scale must be a positive finite number"):
+            paged_extend_attention(q, k, v, bt, cl, _cu([3, 2]), sm_scale=bad)
+    with pytest.raises(CodesignError, match="softcap must be a positive finite number"):
+        paged_extend_attention(q, k, v, bt, cl, _cu([3, 2]), softcap=True)
+    with pytest.raises(CodesignError, match="return_lse must be a bool"):
+        paged_extend_attention(q, k, v, bt, cl, _cu([3, 2]), return_lse="no")
+
+
+def test_meta_inputs_skip_the_data_checks():
+    """Every input on the meta device (shape propagation): the checks that read data are skipped, not crashed
+    into; the result has q's shape."""
+    q, k, v, bt, cl = (t.to("meta") for t in _decode_case())
+    out = paged_decode_attention(q, k, v, bt, cl)
+    assert out.is_meta and out.shape == q.shape
 
 
 def test_replan_same_shapes_refills_buffers_in_place():

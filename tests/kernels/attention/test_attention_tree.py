@@ -178,6 +178,37 @@ def test_tree_bad_batch():
         build_tree_batch([star(3)], [-1])
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_a_tree_batch_built_by_hand_is_checked(backend):
+    """A TreeBatch is a public dataclass: one built by hand with a short field (read past its end by the kernel),
+    offsets that are not its trees', or a position outside its sequence is refused by field name; non-integer
+    parents, prefixes and draft tokens are refused, not truncated."""
+    import dataclasses
+
+    tree = build_tree_batch([star(3), chain(2)], [4, 2])
+    k, v, bt, _ = make_paged_kv([7, 4], 1, 64, 4, torch.float32)
+    q = torch.randn(5, 1, 64)
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    bad = [(dict(positions=tree.positions[:2]), "tree.positions must be torch.int32 of shape \\(5,\\)"),
+           (dict(tree_mask=tree.tree_mask[:3]), "tree.tree_mask must be torch.uint8 of shape \\(13,\\)"),
+           (dict(positions=tree.positions.long()), "tree.positions must be torch.int32"),
+           (dict(mask_indptr=torch.stack([tree.mask_indptr] * 2, 1)[:, 0]), "tree.mask_indptr must be contiguous"),
+           (dict(cu_seqlens_q=i32([0, 2, 5])), "do not match tree.tree_sizes"),
+           (dict(positions=i32([4, 5, 9, 2, 3])), "tree.positions\\[2\\]=9 lies outside its sequence \\[0, 7\\)"),
+           (dict(tree_sizes=(3, 2.0)), "tree.tree_sizes must hold positive ints"),
+           (dict(prefix_lens=(4,)), "tree.prefix_lens has 1 entries")]  # fmt: skip
+    for change, match in bad:
+        with use_backend(backend), pytest.raises(CodesignError, match=match):
+            tree_attention(q, k, v, bt, dataclasses.replace(tree, **change))
+    with pytest.raises(CodesignError, match="parents\\[0\\]\\[1\\] must be an integer, got 0.7"):
+        build_tree_batch([[-1, 0.7, 1.9]], [2])
+    with pytest.raises(CodesignError, match="prefix_lens\\[0\\] must be an integer, got 2.5"):
+        build_tree_batch([[-1, 0]], [2.5])
+    assert build_tree_batch([np.array([-1, 0])], [np.int64(2)]).prefix_lens == (2,)  # numpy ints are ints
+    with pytest.raises(CodesignError, match="draft_tokens must be integer token ids"):
+        verify_tree(star(3), [0.0, 1.0, 2.0], torch.zeros(3, 4))
+
+
 # --- verification ----------------------------------------------------------------------------------------
 def test_verify_greedy():
     # root -> {1: tok 5, 2: tok 7}; 2 -> {3: tok 1, 4: tok 2}; 3 -> {5: tok 0}

@@ -213,6 +213,37 @@ def test_run_refuses_mismatched_caches():
         w.plan(mixed, bt, cl, HQ, q_dtype=torch.float32)
 
 
+def test_run_refuses_bad_outputs_and_plan_sizes():
+    """run()'s out / lse buffers are written by the kernels unchecked, so they are checked first (a short lse was
+    written past its end, a short out corrupted the heap, an int32 out truncated the result, a strided one was
+    written wrong); plan() refuses bad head counts, token counts and tables by name."""
+    nb, bt, cl, slots = _tables(CTX)
+    k, v = torch.randn(nb, BS, H, D), torch.randn(nb, BS, H, D)
+    q = torch.randn(len(CTX), HQ, D)
+    w = PagedDecodeWrapper()
+    w.plan(k, bt, cl, HQ)
+    bad = [(dict(lse=torch.empty(1, 1)), "lse must be torch.float32 of shape"),
+           (dict(lse=torch.empty(len(CTX), HQ, dtype=torch.float64)), "lse must be torch.float32"),
+           (dict(out=torch.empty(1, HQ, D)), "out must be torch.float32 of shape"),
+           (dict(out=torch.empty(len(CTX), HQ, D, dtype=torch.int32)), "out must be torch.float32"),
+           (dict(out=torch.empty(len(CTX), HQ, 2 * D)[..., ::2]), "out must be contiguous along head_dim"),
+           (dict(out=torch.empty(len(CTX), HQ, D, device="meta")), "out is on meta"),
+           (dict(out=[0.0]), "out must be torch.float32 of shape")]  # fmt: skip
+    for kw, match in bad:
+        with use_backend("triton"), pytest.raises(CodesignError, match=match):
+            w.run(q, k, v, **kw)
+    out, lse = torch.full_like(q, float("nan")), torch.full((len(CTX), HQ), float("nan"))
+    with use_backend("triton"):
+        got, got_lse = w.run(q, k, v, out=out, lse=lse)
+    assert got is out and got_lse is lse and torch.isfinite(out).all() and torch.isfinite(lse).all()
+    with pytest.raises(CodesignError, match="num_q_heads must be a positive integer"):
+        w.plan(k, bt, cl, -1)
+    with pytest.raises(CodesignError, match="block_tables must be an int32 2-D tensor, got list"):
+        w.plan(k, bt.tolist(), cl, HQ)
+    with pytest.raises(CodesignError, match=r"query tokens \(cu_seqlens_q\[-1\]\) must be >= 0"):
+        PagedExtendWrapper().plan(k, bt, cl, torch.tensor([0, 1, 2, -3], dtype=torch.int32), HQ)
+
+
 def test_misspelt_keyword_is_refused_not_ignored():
     """The quantized entry points take **kw: a typo (num_split) must raise, not silently do nothing."""
     from codesign.specs import CodesignError

@@ -178,6 +178,11 @@ def test_kv_write_bad_shapes_and_dtypes():
         kv_write(torch.zeros(2, 2, 8).half(), torch.zeros(2, 2, 8).half(), kc, vc, s)
     with pytest.raises(CodesignError, match="slot_mapping"):
         kv_write(torch.zeros(2, 2, 8), torch.zeros(2, 2, 8), kc, vc, s.float())
+    # the kernels read the slots as one contiguous row: strided ones wrote unchecked slots
+    with pytest.raises(CodesignError, match="slot_mapping must be contiguous"):
+        kv_write(torch.zeros(2, 2, 8), torch.zeros(2, 2, 8), kc, vc, torch.tensor([0, 9, 5, 9])[::2])
+    with pytest.raises(CodesignError, match="key must be a tensor, got list"):
+        kv_write([[0.0] * 8] * 2, torch.zeros(2, 2, 8), kc, vc, s)
     with pytest.raises(CodesignError, match="v_cache dtype"):
         kv_write(torch.zeros(2, 2, 8), torch.zeros(2, 2, 8), kc, vc.half(), s)
 

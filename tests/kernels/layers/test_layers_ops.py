@@ -124,6 +124,19 @@ def test_rope_vs_fp64(device, dtype, b, hq, hk, s, d):
         assert_rel_close(ko, _rope_ref(k, cos, sin), BOUND[dtype], "k")
 
 
+def test_rope_with_no_k_heads():
+    """k (or q) with no heads: the Triton path rotates the other and leaves the empty one, as the torch path (its tile
+    was sized 0: Triton refused the launch)."""
+    q, k, cos, sin = _rope_inputs(2, 3, 1, 4, 16, torch.float32, "cpu")
+    for qq, kk in ((q, k[:, :0]), (q[:, :0], k)):
+        with use_backend("triton"):
+            qo, ko = ops.rope(qq, kk, cos, sin)
+        assert qo.shape == qq.shape and ko.shape == kk.shape
+        for name, got, x in (("q", qo, qq), ("k", ko, kk)):
+            if x.shape[1]:
+                assert_rel_close(got, _rope_ref(x, cos, sin), 1e-6, name)
+
+
 def test_rope_into_poison():
     q, k, cos, sin = _rope_inputs(2, 3, 1, 5, 24, torch.float32, "cpu")
     qo, ko = torch.full(q.shape, float("nan")), torch.full(k.shape, float("nan"))
