@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from codesign.specs.errors import CodesignError
+from codesign.specs.paths import output_dir, output_file
 
 if TYPE_CHECKING:
     from codesign.autotune.cache import TuningCache
@@ -64,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", type=Path, default=None, help="JSON-lines cache of all measurements")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--export", action="store_true", help="write the per-GPU tables after tuning")
-    p.add_argument("--out-dir", type=Path, default=None, help="table root (default: shipped configs)")
+    p.add_argument("--out-dir", type=output_dir, default=None, help="table root (default: shipped configs)")
     p.add_argument("--engine", default="local", choices=("local", "ray"), help="ray: one actor per GPU")
     p.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")
     p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
@@ -73,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (it may register extra tunable ops; repeatable)")  # fmt: skip
     p.add_argument("--list", action="store_true", help="list tunable ops and exit")
-    p.add_argument("--json", type=Path, default=None, help="also write the per-shape results here")
+    p.add_argument("--json", type=output_file, default=None, help="also write the per-shape results here")
 
 
 def shapes_from_model(
@@ -114,6 +115,8 @@ def _isolate(args: argparse.Namespace, device: str) -> bool:
     """
     if args.max_restarts is not None and args.max_restarts < 0:
         raise CodesignError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.ray_address and args.engine != "ray":
+        raise CodesignError(f"--ray-address is for --engine ray, not {args.engine}")
     if args.engine == "ray":
         if args.isolate:
             raise CodesignError(

@@ -1,14 +1,16 @@
 """The `codesign` console script: one entry point, one subcommand per job.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and
-`run(args) -> int`; this file only wires them. Bad input (a CodesignError)
-prints one line to stderr and exits with status 2, never a traceback.
+`run(args) -> int`; this file only wires them. Bad input (a CodesignError, or a
+file that cannot be read or written) prints one line to stderr and exits with
+status 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from codesign.specs.errors import CodesignError
@@ -88,6 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(importlib.import_module(args._module).run(args) or 0)
     except CodesignError as e:
+        print(f"codesign {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # (`codesign roofline | head`: the reader left; Python's documented recipe)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as e:  # a file the run reads or writes (the output paths are checked before it starts)
         print(f"codesign {args.command}: error: {e}", file=sys.stderr)
         return 2
 

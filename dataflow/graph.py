@@ -44,6 +44,7 @@ from codesign.specs import (
     check_positive_ints,
     dtype_bytes,
 )
+from codesign.specs.formats import ACT_DTYPES
 
 PHASES = ("decode", "prefill")
 
@@ -70,6 +71,9 @@ def tp_divide(name: str, value: int, tp: int) -> int:
     return value // tp
 
 
+MAX_BATCH = 1 << 20  # sequences in one step: far past any device's KV capacity at useful contexts
+
+
 def new_step_graph(
     name: str,
     max_context: int | None,
@@ -88,6 +92,8 @@ def new_step_graph(
     """
     check_choice("phase", phase, PHASES)
     check_positive_int("batch", batch)
+    if batch > MAX_BATCH:  # (the graph keeps a length per sequence: a billion would take minutes and gigabytes)
+        raise CodesignError(f"batch {batch} is past the {MAX_BATCH} sequences one step graph models")
     check_positive_int("tp", tp)
     wf = WeightFormat.parse(weight_format) if isinstance(weight_format, str) else weight_format
     kvf = KVFormat.parse(kv_format) if isinstance(kv_format, str) else kv_format
@@ -117,6 +123,7 @@ def build_step_graph(
     block_size: int = 16,
 ) -> nx.DiGraph:
     """The operator DAG of one prefill or decode step of `model` on one tensor-parallel rank."""
+    check_choice("act_dtype", act_dtype, ACT_DTYPES)  # (used only with W8A8 / FP8 weights: checked always)
     m = load_model(model) if isinstance(model, str) else model
     g, wf, kvf = new_step_graph(m.name, m.max_context, phase, batch, context, weight_format, kv_format, tp)
     b = _StepBuilder(g, m, wf, kvf, act_dtype, block_size)

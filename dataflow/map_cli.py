@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from codesign.dataflow.reports import (
     check_fits,
@@ -19,6 +18,7 @@ from codesign.dataflow.schedule import OBJECTIVES, schedule
 from codesign.dataflow.step_args import add_step_arguments, step_graph
 from codesign.dataflow.targets import make_target
 from codesign.specs import CodesignError
+from codesign.specs.paths import output_file
 
 
 def _pins(text: list[str] | None) -> dict[str, str]:
@@ -27,20 +27,27 @@ def _pins(text: list[str] | None) -> dict[str, str]:
         op, sep, unit = item.partition("=")
         if not sep or not op or not unit:
             raise CodesignError(f"--pin expects OP=UNIT (e.g. attention=pim), got {item!r}")
+        if out.get(op, unit) != unit:
+            raise CodesignError(f"--pin {op} given twice: {op}={out[op]} and {item}")
         out[op] = unit
     return out
 
 
-def _tilings(g, target, objective: str) -> list[dict]:
-    """Best tile sizes and loop order of each distinct GEMM of the graph on a design's systolic array."""
+def _check_tiling_target(target) -> None:
     from codesign.dataflow.targets import DesignTarget
-    from codesign.dataflow.tiling import problem_for, search
-    from codesign.specs import Gemm
 
     if not isinstance(target, DesignTarget):
         raise CodesignError(
             "--tiling needs a design target (the search models a systolic array and its buffers)"
         )
+
+
+def _tilings(g, target, objective: str) -> list[dict]:
+    """Best tile sizes and loop order of each distinct GEMM of the graph on a design's systolic array."""
+    from codesign.dataflow.tiling import problem_for, search
+    from codesign.specs import Gemm
+
+    _check_tiling_target(target)
     seen, rows = set(), []
     for _, d in g.nodes(data=True):
         spec = d["spec"]
@@ -68,9 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--objective", default="latency", choices=OBJECTIVES)
     p.add_argument("--pin", action="append", metavar="OP=UNIT", help="force an operator role onto a unit")
-    p.add_argument("--json", type=Path, help="write per-op, per-unit and total results as JSON")
-    p.add_argument("--trace", type=Path, help="write a Chrome-trace/Perfetto timeline (JSON)")
-    p.add_argument("--plot", type=Path, help="write a Gantt chart (PNG)")
+    p.add_argument("--json", type=output_file, help="write per-op, per-unit and total results as JSON")
+    p.add_argument("--trace", type=output_file, help="write a Chrome-trace/Perfetto timeline (JSON)")
+    p.add_argument("--plot", type=output_file, help="write a Gantt chart (PNG)")
     p.add_argument(
         "--tiling",
         action="store_true",
@@ -80,6 +87,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     target = make_target(args.design)
+    outputs = [p.resolve() for p in (args.json, args.trace, args.plot) if p is not None]
+    if len(set(outputs)) < len(outputs):
+        raise CodesignError("--json, --trace and --plot must name different files")
+    if args.tiling:
+        _check_tiling_target(target)
     g = step_graph(args)
     check_fits(g, target.memory_capacity_bytes(), target.name)
     s = schedule(g, target, objective=args.objective, pins=_pins(args.pin))

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from codesign.catalog.gpus import load_gpu
 from codesign.dataflow.reports import check_fits
 from codesign.dataflow.roofline import format_table, plot, roofline, write_csv, write_json
 from codesign.dataflow.step_args import add_step_arguments, step_graph
+from codesign.specs.paths import output_file
 
 DEFAULT_GPU = "h100-sxm"
 
@@ -16,9 +16,9 @@ DEFAULT_GPU = "h100-sxm"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_step_arguments(p, context=4096)
     p.add_argument("--gpu", default=DEFAULT_GPU)
-    p.add_argument("--csv", type=Path, help="write per-operator rows as CSV")
-    p.add_argument("--json", type=Path, help="write the report as JSON")
-    p.add_argument("--plot", type=Path, help="write a roofline plot (PNG)")
+    p.add_argument("--csv", type=output_file, help="write per-operator rows as CSV")
+    p.add_argument("--json", type=output_file, help="write the report as JSON")
+    p.add_argument("--plot", type=output_file, help="write a roofline plot (PNG)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -83,6 +83,11 @@ def schedule(
             raise CodesignError(
                 f"pinned unit {unit!r} not in target {target.name!r} (units: {', '.join(units)})"
             )
+    known = set(g.nodes) | {d["op"] for _, d in g.nodes(data=True)}
+    stray = sorted(set(pins) - known)
+    if stray:  # (a misspelt role would pin nothing, silently)
+        raise CodesignError(f"pins name no operator role or node of this graph: {stray} (roles: "
+                            f"{', '.join(sorted({d['op'] for _, d in g.nodes(data=True)}))})")  # fmt: skip
     cands: dict[str, tuple[Placement, ...]] = {}
     for n, d in g.nodes(data=True):
         c = target.candidates(d["spec"])

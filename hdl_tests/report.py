@@ -86,7 +86,7 @@ def render(rows: list[tuple], fmt: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="codesign rtl-report", description=__doc__.splitlines()[0])
     p.add_argument("--sim", default=",".join(SIMULATORS), help="comma-separated: icarus,verilator")
     p.add_argument("--unit", default=",".join(UNITS), help=f"comma-separated units: {','.join(UNITS)}")
     p.add_argument("--seed", type=int, default=0, help="seed for the random operands (recorded)")
@@ -98,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = [s for s in sims if s not in SIMULATORS] + [u for u in units if u not in UNITS]
     if bad:
         p.error(f"unknown simulator or unit: {', '.join(bad)}")
+    if not sims or not units:
+        p.error("--sim and --unit name at least one simulator and unit")
+    if args.seed < 0:
+        p.error(f"--seed must be >= 0, got {args.seed}")
     rows = collect(sims, args.seed, units)
     print(render(rows, args.format))
     n_pass = sum(r[-1] == "PASS" for r in rows)

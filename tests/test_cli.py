@@ -59,6 +59,61 @@ def test_bad_input_exits_2_without_traceback(argv, msg):
     assert "Traceback" not in r.stderr
 
 
+def test_bad_arguments_are_refused_before_the_work(tmp_path, capsys):
+    """Found by an audit of every subcommand: output paths that are folders or lie in missing folders (a traceback
+    after the run, a stray temporary file), an act dtype checked only with quantized weights, a step graph of a
+    billion sequences (a hang), pins naming nothing or twice, two outputs on one file, --tiling on a GPU (refused
+    after printing the mapping), pool workers < 1, a format list with nothing or mixed-cocktail (a KeyError), and
+    rtl-report's empty lists and negative seed (0/0 jobs passed): exit 2, one line naming the argument."""
+    folder, missing = tmp_path / "adir", tmp_path / "nope" / "x.json"
+    folder.mkdir()
+    keep = tmp_path / "keepfile"
+    keep.write_text("mine")
+    cases = [
+        (["roofline", "--csv", str(folder)], "is a folder, not a file to write"),
+        (["roofline", "--json", str(missing)], "does not exist"),
+        (["map", "--plot", str(folder)], "is a folder, not a file to write"),
+        (["roofline", "--act-dtype", "banana"], "act_dtype must be one of"),
+        (["roofline", "--batch", "1000000000"], "past the 1048576 sequences"),
+        (["map", "--pin", "frob=systolic"], "pins name no operator role"),
+        (["map", "--pin", "attention=systolic", "--pin", "attention=vector"], "--pin attention given twice"),
+        (["map", "--json", str(tmp_path / "s.json"), "--trace", str(tmp_path / "s.json")], "different files"),
+        (["map", "--tiling", "--design", "h200"], "--tiling needs a design target"),
+        (["explore", "--workers", "0", "--out", str(tmp_path / "ex")], "--workers must be >= 1"),
+        (["explore", "--out", str(keep)], "is a file, not a folder"),
+        (["kvq-accuracy", "--source", "synthetic", "--formats"], "name at least one format"),
+        (["rtl-report", "--sim", ""], "name at least one simulator"),
+        (["rtl-report", "--seed", "-1"], "--seed must be >= 0"),
+    ]
+    for argv, msg in cases:
+        if argv[0] == "rtl-report":  # (a script of its own: its own process)
+            r = subprocess.run([sys.executable, "-m", "codesign.cli", *argv], capture_output=True, text=True)
+            out, err, rc = r.stdout, r.stderr, r.returncode
+        else:
+            try:
+                rc = main(argv)
+            except SystemExit as e:  # (argparse's own refusals: an output path)
+                rc = e.code
+            out, err = capsys.readouterr()
+        assert rc == 2 and msg in err and "Traceback" not in err, (argv, rc, err)
+        assert "step" not in out, (argv, out)  # nothing ran first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "keepfile"] and keep.read_text() == "mine"
+    assert not list(folder.iterdir())
+
+
+def test_kvq_accuracy_takes_mixed_cocktail_alone(capsys):
+    assert main(["kvq-accuracy", "--source", "synthetic", "--tokens", "64", "--formats", "mixed-cocktail"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| mixed-cocktail |")]
+    assert len(rows) == 1
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`codesign roofline | head -1`: the reader leaves; no BrokenPipeError traceback."""
+    r = subprocess.run(f"{sys.executable} -m codesign.cli roofline | head -1", shell=True, capture_output=True,
+                       text=True)  # fmt: skip
+    assert "Traceback" not in r.stderr and r.stdout.count("\n") == 1
+
+
 def test_doctor_json(capsys):
     assert main(["doctor", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)

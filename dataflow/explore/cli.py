@@ -17,6 +17,8 @@ from codesign.dataflow.explore.report import write_report
 from codesign.dataflow.explore.search import STRATEGIES, make_strategy
 from codesign.dataflow.explore.space import load_space
 from codesign.dataflow.explore.store import ResultStore
+from codesign.specs import CodesignError
+from codesign.specs.paths import output_dir, output_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, help="pool processes (default: min(2, cores))")
     p.add_argument("--ray-address", help="Ray cluster address for --engine ray (default: a local instance)")
     p.add_argument(
-        "--out", type=Path, default=Path("explore_out"), help="folder for the store and the report"
+        "--out", type=output_dir, default=Path("explore_out"), help="folder for the store and the report"
     )
     p.add_argument("--store", type=Path, help="result store (default: OUT/results.sqlite)")
     p.add_argument(
@@ -46,12 +48,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="open a store written by another code version read-only (report/export only)",
     )
-    p.add_argument("--export", type=Path, help="also write every stored result as CSV")
+    p.add_argument("--export", type=output_file, help="also write every stored result as CSV")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.workers is not None and args.workers < 1:
+        raise CodesignError(f"--workers must be >= 1, got {args.workers}")
+    if args.ray_address and args.engine != "ray":
+        raise CodesignError(f"--ray-address is for --engine ray, not {args.engine}")
     space = load_space(args.space)
     load_model(args.model)  # fail early on an unknown model
     workloads = [Workload.parse(w).key for w in (args.workload or DEFAULT_WORKLOADS)]

@@ -291,10 +291,12 @@ def evaluate(
         only = list(fm)
     fm = formats(calib) if fm is None else fm
     if only is not None:
+        if not only:
+            raise CodesignError("formats: name at least one format (None: all)")
         unknown = sorted(set(only) - set(fm) - {"mixed-cocktail"})
         if unknown:
-            raise CodesignError(f"unknown formats {unknown}; known: {sorted(fm)}")
-        fm = {n: fm[n] for n in only}
+            raise CodesignError(f"unknown formats {unknown}; known: {sorted(fm) + ['mixed-cocktail']}")
+        fm = {n: fm[n] for n in only if n in fm}  # (mixed-cocktail is computed apart, below)
     exact = [attention(q, k, v) for q, k, v in data]
     rows = []
     for name, (fn, bits) in fm.items():

@@ -18,6 +18,7 @@ import dataclasses
 import json
 
 from codesign.specs import CodesignError
+from codesign.specs.paths import output_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=256, help="tokens per sequence (MiniLM: at most 256)")
     parser.add_argument("--formats", nargs="*", metavar="F", help="only these formats (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="synthetic data seed")
-    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the rows as JSON")
     parser.add_argument("--oaken-sweep", action="store_true", help="sweep Oaken offline settings")
     parser.add_argument("--fractions", type=float, nargs="*", default=[0.005, 0.01, 0.02, 0.04])
     parser.add_argument("--caps", type=int, nargs="*", default=[0, 1, 2, 4, 8])

@@ -120,6 +120,33 @@ def test_bad_models_exit_2(tmp_path, capsys):
     assert "model family 'gpt2' is not supported" in capsys.readouterr().err
     assert main(["generate", "opt-6.7b"]) == 2  # learned positions, LayerNorm
     assert "not served" in capsys.readouterr().err
+    # broken config.json files: a one-line refusal, not transformers' or our tracebacks
+    good = json.loads((tmp_path / "gpt2" / "config.json").read_text()) | {"model_type": "llama"}
+    broken = {"badjson": "{not json", "alist": "[1, 2]", "unknown": json.dumps({"model_type": "frobnicator"}),
+              "neglayers": json.dumps(good | {"num_hidden_layers": -1}),
+              "zeroheads": json.dumps(good | {"num_attention_heads": 0})}  # fmt: skip
+    for name, text in broken.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(text)
+        assert main(["generate", str(tmp_path / name), "--random-weights"]) == 2, name
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]  # (transformers may log warnings before it)
+        assert "Traceback" not in err and last.startswith("codesign generate: error: ") and "config.json" in last
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--block-size", "0"], "--block-size must be >= 1"),
+    (["--layers", "1"], "--layers keeps a catalogue model's first layers"),
+    (["--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
+    (["--device", "cuda:9"], "CUDA devices"),
+    (["--max-new-tokens", "100000"], "max_position_embeddings"),
+    (["--speculative", "frob"], "--speculative: model 'frob'"),
+])  # fmt: skip
+def test_bad_generate_options_exit_2(folder, capsys, args, message):
+    """Each was taken silently (a block size or layer count of 0 as the default, --layers on a folder ignored), or
+    raised from inside torch (a device, a pool sized for 100k tokens), or named no option."""
+    assert main(["generate", str(folder), *args]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_catalogue_models_become_transformers_configs(tmp_path):

@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from codesign.specs import CodesignError
+from codesign.specs.paths import output_file
 
 DTYPES = ("fp32", "fp16", "bf16")
 # torch.compile modes `--compile` takes (reduce-overhead and max-autotune capture Inductor's CUDA graphs)
@@ -54,9 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="fp32", choices=DTYPES)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")
     p.add_argument("--layers", type=int, default=None, help="catalogue models: keep the first N layers")
-    p.add_argument("--random-weights", action="store_true", help="a model folder with a config only")
+    p.add_argument("--random-weights", action="store_true",
+                   help="a model (and --speculative draft) folder with a config only")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seeds random weights, the random prompt and sampling")
-    p.add_argument("--json", type=Path, help="write the run (tokens, steps, predictions) as JSON")
+    p.add_argument("--json", type=output_file, help="write the run (tokens, steps, predictions) as JSON")
 
 
 def _prompt(args, tok, vocab: int):
@@ -105,8 +107,28 @@ def _speculator(args, dtype, device):
     if args.speculative != "ngram":
         from codesign.integrations.hf.models import load_model
 
-        draft, _ = load_model(args.speculative, dtype, device, None, False)
+        try:  # (--random-weights: the draft folder's config alone too)
+            draft, _ = load_model(args.speculative, dtype, device, None, args.random_weights)
+        except CodesignError as e:
+            raise CodesignError(f"--speculative: {e}") from None
     return TreeSpeculator(draft, width=args.tree_width, depth=args.tree_depth)
+
+
+def _device(name: str | None) -> str:
+    """--device: cpu, cuda or cuda:N on this machine (default: cuda when there is one)."""
+    import torch
+
+    if name is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise CodesignError(f"--device must be cpu, cuda or cuda:N, got {name!r}") from None
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise CodesignError(f"--device {name}: this machine's torch sees {torch.cuda.device_count()} CUDA devices")
+    if dev.type not in ("cpu", "cuda"):
+        raise CodesignError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
+    return name
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,17 +141,24 @@ def run(args: argparse.Namespace) -> int:
     from codesign.integrations.hf.models import load_model
     from codesign.integrations.hf.support import check_model
 
-    for name in ("batch", "max_new_tokens", "prompt_len", "tree_width", "tree_depth"):
-        if getattr(args, name) < 1:
+    for name in ("batch", "max_new_tokens", "prompt_len", "tree_width", "tree_depth", "layers", "block_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:  # (layers and block size may be unset)
             raise CodesignError(f"--{name.replace('_', '-')} must be >= 1")
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device(args.device)
     torch.manual_seed(args.seed)  # random weights too: one seed, one run
+    if args.layers is not None and Path(args.model).is_dir():
+        raise CodesignError("--layers keeps a catalogue model's first layers; a model folder keeps its own")
     model, tok = load_model(args.model, dtype, device, args.layers, args.random_weights)
     layout = check_model(model)
     spec = parse_kv_format(args.kv_format, layout.dtype)
     _quantize(model, args, dtype)
-    ids = _prompt(args, tok, model.config.get_text_config().vocab_size).to(device)
+    text = model.config.get_text_config()
+    ids = _prompt(args, tok, text.vocab_size).to(device)
+    limit = getattr(text, "max_position_embeddings", None)
+    if limit and ids.shape[1] + args.max_new_tokens > limit:  # (the pool would be sized for it, then the rotary)
+        raise CodesignError(f"the prompt's {ids.shape[1]} tokens and --max-new-tokens {args.max_new_tokens} pass "
+                            f"the model's max_position_embeddings ({limit})")  # fmt: skip
     coster = None
     if args.design:  # refuse a target the model does not fit before generating
         coster = StepCoster(args.design, run_shape(model, spec, args.block_size or default_block_size(spec)))

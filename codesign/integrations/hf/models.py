@@ -25,7 +25,12 @@ def load_model(name: str, dtype, device: str, layers: int | None, random_weights
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise CodesignError(f"{path}: no config.json in the model folder")
-        cfg = AutoConfig.from_pretrained(path)
+        try:
+            cfg = AutoConfig.from_pretrained(path)
+        except (OSError, ValueError, KeyError, TypeError, ArithmeticError) as e:  # (bad JSON, model_type, sizes)
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]  # (transformers' messages run on)
+            raise CodesignError(f"{path}/config.json is not a transformers config: {why}") from None
+        _check_sizes(cfg, f"{path}/config.json")
         tok = None
         if any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
             tok = AutoTokenizer.from_pretrained(path)
@@ -43,6 +48,15 @@ def load_model(name: str, dtype, device: str, layers: int | None, random_weights
         raise CodesignError(f"model {name!r} is neither a folder with a config.json nor a catalogue model "
                             f"({', '.join(list_models())})")  # fmt: skip
     return random_model(hf_config(catalogue(name), layers), dtype, device), None
+
+
+def _check_sizes(cfg, where: str) -> None:
+    """A config's layer, head and width counts are positive ints (transformers builds a model from any)."""
+    text = cfg.get_text_config()
+    for name in ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size"):
+        v = getattr(text, name, None)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise CodesignError(f"{where}: {name} must be a positive integer, got {v!r}")
 
 
 def hf_config(m, layers: int | None = None):
