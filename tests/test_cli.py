@@ -82,6 +82,10 @@ def test_bad_arguments_are_refused_before_the_work(tmp_path, capsys):
         (["explore", "--workers", "0", "--out", str(tmp_path / "ex")], "--workers must be >= 1"),
         (["explore", "--out", str(keep)], "is a file, not a folder"),
         (["kvq-accuracy", "--source", "synthetic", "--formats"], "name at least one format"),
+        (["kvq-accuracy", "--fractions", "0.01"], "--fractions applies to --oaken-sweep"),
+        (["kvq-accuracy", "--oaken-sweep", "--caps"], "--caps needs at least one value"),
+        (["kvq-accuracy", "--oaken-sweep", "--int4-study"], "choose different format sets"),
+        (["kvq-accuracy", "--source", "synthetic", "--swap"], "--swap applies to --source minilm"),
         (["rtl-report", "--sim", ""], "name at least one simulator"),
         (["rtl-report", "--seed", "-1"], "--seed must be >= 0"),
     ]

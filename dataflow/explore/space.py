@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codesign.specs import CodesignError
+from codesign.specs import CodesignError, KVFormat, WeightFormat, check_choice
+from codesign.specs.formats import ACT_DTYPES
 
 FORMAT_PARAMS = ("format.weight", "format.kv", "format.act")
 DEFAULT_SPACE = Path(__file__).resolve().parent / "spaces" / "default.yaml"
@@ -159,8 +160,7 @@ def space_from_dict(data: Any, where: str = "<dict>") -> Space:
     for p in params:
         if p.same_as is not None and (p.same_as not in names or p.same_as == p.name):
             raise CodesignError(f"{where}: params.{p.name}: same_as names unknown parameter {p.same_as!r}")
-        if p.name.startswith("format.") and p.name not in FORMAT_PARAMS:
-            raise CodesignError(f"{where}: params.{p.name}: format parameters are {', '.join(FORMAT_PARAMS)}")
+        _check_format_param(p, where)
     constraints = data.get("constraints") or {}
     for k, v in constraints.items():
         if k not in ("max_area_mm2", "max_power_w"):
@@ -173,6 +173,24 @@ def space_from_dict(data: Any, where: str = "<dict>") -> Space:
     for point in (grid[0], grid[-1]):
         design_from_dict(space.design_dict(point), f"{where} (point {point})")
     return space
+
+
+def _check_format_param(p: Param, where: str) -> None:
+    """A `format.` parameter names one of FORMAT_PARAMS and values its parser takes (checked before a store is
+    opened or a point runs)."""
+    if not p.name.startswith("format."):
+        return
+    if p.name not in FORMAT_PARAMS:
+        raise CodesignError(f"{where}: params.{p.name}: format parameters are {', '.join(FORMAT_PARAMS)}")
+    for v in p.values:
+        try:
+            _FORMAT_CHECKS[p.name](str(v))
+        except CodesignError as e:
+            raise CodesignError(f"{where}: params.{p.name}: {e}") from None
+
+
+_FORMAT_CHECKS = {"format.weight": WeightFormat.parse, "format.kv": KVFormat.parse,
+                  "format.act": lambda v: check_choice("format.act", v, ACT_DTYPES)}  # fmt: skip
 
 
 def load_space(path: str | Path | None = None) -> Space:

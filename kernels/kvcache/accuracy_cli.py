@@ -20,6 +20,9 @@ import json
 from codesign.specs import CodesignError
 from codesign.specs.paths import output_file
 
+FRACTIONS = (0.005, 0.01, 0.02, 0.04)  # --oaken-sweep's defaults
+CAPS = (0, 1, 2, 4, 8)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", choices=("synthetic", "minilm", "both"), default="both")
@@ -28,10 +31,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="synthetic data seed")
     parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the rows as JSON")
     parser.add_argument("--oaken-sweep", action="store_true", help="sweep Oaken offline settings")
-    parser.add_argument("--fractions", type=float, nargs="*", default=[0.005, 0.01, 0.02, 0.04])
-    parser.add_argument("--caps", type=int, nargs="*", default=[0, 1, 2, 4, 8])
+    parser.add_argument("--fractions", type=float, nargs="*", help="--oaken-sweep's threshold fractions "
+                        f"(default {' '.join(map(str, FRACTIONS))})")  # fmt: skip
+    parser.add_argument("--caps", type=int, nargs="*", help="--oaken-sweep's slots per block and head "
+                        f"(default {' '.join(map(str, CAPS))})")  # fmt: skip
     parser.add_argument("--swap", action="store_true", help="MiniLM: calibrate on the evaluation text")
     parser.add_argument("--int4-study", action="store_true", help="INT4 settings vs the 5 %% target")
+
+
+def _check_applies(args: argparse.Namespace) -> None:
+    """Options for a mode that does not run are refused, not ignored; the modes exclude each other."""
+    modes = [m for m, on in (("--oaken-sweep", args.oaken_sweep), ("--int4-study", args.int4_study),
+                             ("--formats", args.formats is not None)) if on]  # fmt: skip
+    if len(modes) > 1:
+        raise CodesignError(f"{' and '.join(modes)} choose different format sets: give one")
+    for flag, value in (("--fractions", args.fractions), ("--caps", args.caps)):
+        if value is not None and not args.oaken_sweep:
+            raise CodesignError(f"{flag} applies to --oaken-sweep")
+        if value == []:
+            raise CodesignError(f"{flag} needs at least one value")
+    if args.swap and args.source == "synthetic":
+        raise CodesignError("--swap applies to --source minilm or both (the texts it swaps)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,11 +59,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.tokens < 1:
         raise CodesignError(f"--tokens must be >= 1, got {args.tokens}")
+    _check_applies(args)
     results = {}
 
     def measure(calib, data):
         if args.oaken_sweep:
-            return acc.evaluate(calib, data, fm=acc.oaken_offline_formats(calib, args.fractions, args.caps))
+            fm = acc.oaken_offline_formats(calib, args.fractions or FRACTIONS, args.caps or CAPS)
+            return acc.evaluate(calib, data, fm=fm)
         if args.int4_study:
             return acc.evaluate(calib, data, fm=acc.int4_study_formats(calib))
         return acc.evaluate(calib, data, args.formats)

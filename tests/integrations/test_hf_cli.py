@@ -141,10 +141,15 @@ def test_bad_models_exit_2(tmp_path, capsys):
     (["--device", "cuda:9"], "CUDA devices"),
     (["--max-new-tokens", "100000"], "max_position_embeddings"),
     (["--speculative", "frob"], "--speculative: model 'frob'"),
+    (["--group-size", "64"], "--group-size applies to --weights w4a16 or w8a16"),
+    (["--weights", "w8a8", "--group-size", "64"], "--group-size applies to"),
+    (["--tree-width", "4"], "--tree-width applies to --speculative"),
+    (["--prompt-ids", "1,2", "--prompt-len", "5"], "--prompt-len applies to a random prompt"),
 ])  # fmt: skip
 def test_bad_generate_options_exit_2(folder, capsys, args, message):
-    """Each was taken silently (a block size or layer count of 0 as the default, --layers on a folder ignored), or
-    raised from inside torch (a device, a pool sized for 100k tokens), or named no option."""
+    """Each was taken silently (a block size or layer count of 0 as the default, --layers on a folder, a group size
+    without grouped weights, a tree without speculation, a prompt length beside given ids: ignored), or raised from
+    inside torch (a device, a pool sized for 100k tokens), or named no option."""
     assert main(["generate", str(folder), *args]) == 2
     assert message in capsys.readouterr().err
 

@@ -25,19 +25,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--prompt", help="prompt text (needs a tokenizer in the model folder)")
     src.add_argument("--prompt-ids", help="prompt token ids, comma separated")
     p.add_argument(
-        "--prompt-len", type=int, default=16, help="random prompt length (no --prompt / --prompt-ids)"
+        "--prompt-len", type=int, default=None, help="random prompt length (default 16; no --prompt / --prompt-ids)"
     )
     p.add_argument("--batch", type=int, default=1, help="rows (the prompt repeated)")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--kv-format", default=None, help="fp16, bf16, fp32, int8, int4, int2, fp8, int4-kivi, "
                    "int4-oaken, int4-oaken_offline, mixed (default: the model's dtype)")  # fmt: skip
     p.add_argument("--weights", default="none", help="none, w4a16, w8a16, w8a8, fp8 or lossless-bf16")
-    p.add_argument("--group-size", type=int, default=128, help="w4a16 / w8a16 group size (0: per channel)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="w4a16 / w8a16 group size (default 128; 0: per channel)")  # fmt: skip
     p.add_argument(
         "--speculative", default="none", help="none, ngram, or a draft model folder (tree decoding)"
     )
-    p.add_argument("--tree-width", type=int, default=2)
-    p.add_argument("--tree-depth", type=int, default=3)
+    p.add_argument("--tree-width", type=int, default=None, help="--speculative's tree (default 2)")
+    p.add_argument("--tree-depth", type=int, default=None, help="--speculative's tree (default 3)")
     p.add_argument(
         "--design", help="also cost the run on this design or GPU model (as `codesign map --design`)"
     )
@@ -77,7 +78,7 @@ def _prompt(args, tok, vocab: int):
             ) from None
     else:
         ids = torch.randint(
-            3, vocab, (1, args.prompt_len), generator=torch.Generator().manual_seed(args.seed)
+            3, vocab, (1, args.prompt_len or 16), generator=torch.Generator().manual_seed(args.seed)
         )
     if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab:
         raise CodesignError(f"prompt token ids must lie in [0, {vocab})")
@@ -94,7 +95,8 @@ def _quantize(model, args, dtype) -> None:
         return
     if args.weights == "lossless-bf16" and dtype != torch.bfloat16:
         raise CodesignError("--weights lossless-bf16 compresses bf16 weights: pass --dtype bf16")
-    qc = CodesignQuantConfig(args.weights, group_size=args.group_size or None)
+    group = 128 if args.group_size is None else args.group_size
+    qc = CodesignQuantConfig(args.weights, group_size=group or None)
     quantize_model_(model, qc.kernel_config(), lambda m, fqn: qc.converts(fqn))  # a MoE's experts too
 
 
@@ -111,7 +113,22 @@ def _speculator(args, dtype, device):
             draft, _ = load_model(args.speculative, dtype, device, None, args.random_weights)
         except CodesignError as e:
             raise CodesignError(f"--speculative: {e}") from None
-    return TreeSpeculator(draft, width=args.tree_width, depth=args.tree_depth)
+    return TreeSpeculator(draft, width=args.tree_width or 2, depth=args.tree_depth or 3)
+
+
+def _check_applies(args: argparse.Namespace) -> None:
+    """Options given for a part of the run that does not happen are refused, not ignored."""
+    unused = [
+        ("--prompt-len", args.prompt_len is not None and (args.prompt is not None or args.prompt_ids is not None),
+         "a random prompt (not with --prompt / --prompt-ids)"),
+        ("--group-size", args.group_size is not None and args.weights not in ("w4a16", "w8a16"),
+         "--weights w4a16 or w8a16"),
+        ("--tree-width", args.tree_width is not None and args.speculative == "none", "--speculative"),
+        ("--tree-depth", args.tree_depth is not None and args.speculative == "none", "--speculative"),
+    ]  # fmt: skip
+    for flag, unused_here, needs in unused:
+        if unused_here:
+            raise CodesignError(f"{flag} applies to {needs}")
 
 
 def _device(name: str | None) -> str:
@@ -142,8 +159,9 @@ def run(args: argparse.Namespace) -> int:
     from codesign.integrations.hf.support import check_model
 
     for name in ("batch", "max_new_tokens", "prompt_len", "tree_width", "tree_depth", "layers", "block_size"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:  # (layers and block size may be unset)
+        if getattr(args, name) is not None and getattr(args, name) < 1:  # (None: not given, the default)
             raise CodesignError(f"--{name.replace('_', '-')} must be >= 1")
+    _check_applies(args)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     device = _device(args.device)
     torch.manual_seed(args.seed)  # random weights too: one seed, one run

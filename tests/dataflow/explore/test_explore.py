@@ -51,6 +51,10 @@ def test_space_grid_and_validation(tmp_path):
         ({**SMALL, "params": {"memory.units": {"min": 8, "max": 2}}}, "empty"),
         ({**SMALL, "params": {"systolic.rowz": [64]}}, "rowz"),
         ({**SMALL, "params": {"format.foo": ["x"]}}, "format parameters"),
+        # format values are parsed with the space (an unknown one refused only later left a store behind)
+        ({**SMALL, "params": {"format.kv": ["fp16", "int9"]}}, "params.format.kv: kv format 'int9'"),
+        ({**SMALL, "params": {"format.weight": ["int5-g128"]}}, "params.format.weight"),
+        ({**SMALL, "params": {"format.act": ["banana"]}}, "params.format.act"),
         ({**SMALL, "params": {"systolic.cols": {"same_as": "nope"}}}, "unknown parameter"),
         ({**SMALL, "constraints": {"max_speed": 3}}, "constraints.max_speed"),
         ({**SMALL, "extra": 1}, "unknown top-level"),
