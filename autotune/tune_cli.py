@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--batch", type=int, nargs="+", default=list(DEFAULT_BATCHES), help="M values with --model"
     )
     p.add_argument("--group", type=int, default=128, help="quant group size with --model (0: per-channel)")
-    p.add_argument("--ctx", type=int, default=4096, help="context length for paged_attention with --model")
+    p.add_argument("--ctx", type=int, default=None,
+                   help="context length for paged_attention ops with --model (default 4096)")  # fmt: skip
     p.add_argument(
         "--block-size", type=int, default=16, help="KV block size for paged_attention with --model"
     )
@@ -247,8 +248,11 @@ def _shapes(args: argparse.Namespace, op: TunableOp) -> list[dict]:
     from codesign.autotune.ops import expand_variants, parse_shape
 
     shapes = [parse_shape(s) for s in args.shape]
+    if args.ctx is not None and not (args.model and args.op.startswith("paged_attention")):
+        raise CodesignError("--ctx applies to a paged_attention op's shapes from --model")
     if args.model:
-        shapes += shapes_from_model(args.op, args.model, args.batch, args.group, args.ctx, args.block_size)
+        ctx = 4096 if args.ctx is None else args.ctx
+        shapes += shapes_from_model(args.op, args.model, args.batch, args.group, ctx, args.block_size)
     if not shapes:
         raise CodesignError("--op needs --shape or --model")
     if args.variants == "all":

@@ -86,6 +86,7 @@ def test_bad_arguments_are_refused_before_the_work(tmp_path, capsys):
         (["kvq-accuracy", "--oaken-sweep", "--caps"], "--caps needs at least one value"),
         (["kvq-accuracy", "--oaken-sweep", "--int4-study"], "choose different format sets"),
         (["kvq-accuracy", "--source", "synthetic", "--swap"], "--swap applies to --source minilm"),
+        (["tune", "--op", "w4a16_gemm", "--model", "llama-3-8b", "--ctx", "4096"], "--ctx applies to a paged"),
         (["rtl-report", "--sim", ""], "name at least one simulator"),
         (["rtl-report", "--seed", "-1"], "--seed must be >= 0"),
     ]
