@@ -14,9 +14,8 @@ def output_file(value: str) -> Path:
     path = Path(value)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{value!r} is a folder, not a file to write")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise argparse.ArgumentTypeError(f"folder {str(parent)!r} for {value!r} does not exist")
+    if not path.parent.is_dir():  # (a bare name's parent is ".")
+        raise argparse.ArgumentTypeError(f"folder {str(path.parent)!r} for {value!r} does not exist")
     return path
 
 

@@ -15,6 +15,8 @@ from codesign.specs import CodesignError
 from codesign.specs.paths import output_file
 
 DTYPES = ("fp32", "fp16", "bf16")
+# Defaults of options that apply to one part of a run only (None in the parser: given or not, `_check_applies`)
+PROMPT_LEN, GROUP_SIZE, TREE_WIDTH, TREE_DEPTH = 16, 128, 2, 3
 # torch.compile modes `--compile` takes (reduce-overhead and max-autotune capture Inductor's CUDA graphs)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -24,21 +26,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="prompt text (needs a tokenizer in the model folder)")
     src.add_argument("--prompt-ids", help="prompt token ids, comma separated")
-    p.add_argument(
-        "--prompt-len", type=int, default=None, help="random prompt length (default 16; no --prompt / --prompt-ids)"
-    )
+    p.add_argument("--prompt-len", type=int, default=None,
+                   help=f"random prompt length (default {PROMPT_LEN}; no --prompt / --prompt-ids)")  # fmt: skip
     p.add_argument("--batch", type=int, default=1, help="rows (the prompt repeated)")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--kv-format", default=None, help="fp16, bf16, fp32, int8, int4, int2, fp8, int4-kivi, "
                    "int4-oaken, int4-oaken_offline, mixed (default: the model's dtype)")  # fmt: skip
     p.add_argument("--weights", default="none", help="none, w4a16, w8a16, w8a8, fp8 or lossless-bf16")
     p.add_argument("--group-size", type=int, default=None,
-                   help="w4a16 / w8a16 group size (default 128; 0: per channel)")  # fmt: skip
+                   help=f"w4a16 / w8a16 group size (default {GROUP_SIZE}; 0: per channel)")  # fmt: skip
     p.add_argument(
         "--speculative", default="none", help="none, ngram, or a draft model folder (tree decoding)"
     )
-    p.add_argument("--tree-width", type=int, default=None, help="--speculative's tree (default 2)")
-    p.add_argument("--tree-depth", type=int, default=None, help="--speculative's tree (default 3)")
+    p.add_argument("--tree-width", type=int, default=None, help=f"--speculative's tree (default {TREE_WIDTH})")
+    p.add_argument("--tree-depth", type=int, default=None, help=f"--speculative's tree (default {TREE_DEPTH})")
     p.add_argument(
         "--design", help="also cost the run on this design or GPU model (as `codesign map --design`)"
     )
@@ -78,7 +79,7 @@ def _prompt(args, tok, vocab: int):
             ) from None
     else:
         ids = torch.randint(
-            3, vocab, (1, args.prompt_len or 16), generator=torch.Generator().manual_seed(args.seed)
+            3, vocab, (1, args.prompt_len or PROMPT_LEN), generator=torch.Generator().manual_seed(args.seed)
         )
     if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab:
         raise CodesignError(f"prompt token ids must lie in [0, {vocab})")
@@ -95,7 +96,7 @@ def _quantize(model, args, dtype) -> None:
         return
     if args.weights == "lossless-bf16" and dtype != torch.bfloat16:
         raise CodesignError("--weights lossless-bf16 compresses bf16 weights: pass --dtype bf16")
-    group = 128 if args.group_size is None else args.group_size
+    group = GROUP_SIZE if args.group_size is None else args.group_size
     qc = CodesignQuantConfig(args.weights, group_size=group or None)
     quantize_model_(model, qc.kernel_config(), lambda m, fqn: qc.converts(fqn))  # a MoE's experts too
 
@@ -113,7 +114,7 @@ def _speculator(args, dtype, device):
             draft, _ = load_model(args.speculative, dtype, device, None, args.random_weights)
         except CodesignError as e:
             raise CodesignError(f"--speculative: {e}") from None
-    return TreeSpeculator(draft, width=args.tree_width or 2, depth=args.tree_depth or 3)
+    return TreeSpeculator(draft, width=args.tree_width or TREE_WIDTH, depth=args.tree_depth or TREE_DEPTH)
 
 
 def _check_applies(args: argparse.Namespace) -> None:
