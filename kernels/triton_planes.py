@@ -20,6 +20,11 @@ exact: 5 instructions for 4 INT4 codes, 3 for 2 INT8 codes. `PLANE_PROGRAM` hold
 CPU test runs them through an emulator against the plane definition (no GPU runs PTX here); the interpreter takes
 shifts and masks instead.
 
+`word_planes_raw` stops after the byte permutes: one AND a plane leaves each code in place in its half, which as an
+fp16 number is c 2^(b - 24) (a subnormal; b its `plane_shift`), exact, and tensor cores take subnormal operands as they
+are. The per-token INT decode folds 2^(24 - b) into the operand a plane meets (q's plane, the output's), so 4 INT4
+codes cost 3 instructions (`RAW_PLANE_PROGRAM`, emulated like the finished one).
+
 2-bit codes are read as int16 half-words (`plane_words`), 8 codes each like an INT4 word: 16 codes a word would leave
 planes of head_dim / 16 columns, under the 16 a dot's K needs at head_dim 128; half-words give 8 planes of head_dim / 8,
 channel 8 c + j at column c of plane j as for INT4. Two neighbouring half-words arrive in one register (the low half
@@ -62,35 +67,56 @@ def _program(bits: int) -> list[tuple[str, str, tuple]]:
     return prog
 
 
+def _raw_program(bits: int) -> list[tuple[str, str, tuple]]:
+    """`word_planes_raw`'s: the byte permutes of `_program`, then one AND a plane (the code in place, a subnormal)."""
+    prog = []
+    per_byte = 8 // bits
+    for i in range(2 if bits == 2 else 4):
+        sel = (2 + i) << 12 | (2 + i) << 8 | i << 4 | i if bits == 2 else (4 + i) << 12 | (4 + i) << 8 | i << 4 | i
+        prog.append(("prmt", "t", ("$a", "$a" if bits == 2 else "$b", sel)))
+        for m in range(per_byte):  # plane per_byte i + m: bits `plane_shift` .. of each half's low byte
+            prog.append(("and", f"${per_byte * i + m}", ("t", ((1 << bits) - 1) * 0x00010001 << (bits * m))))
+    return prog
+
+
+def plane_shift(j: int, bits: int) -> int:
+    """The bit b at which `word_planes_raw` leaves plane j's codes in each half: the plane holds c 2^(b - 24)."""
+    return bits * (j % (8 // bits))
+
+
 def plane_count(bits: int) -> int:
     """Planes of a BITS-bit code tile: the codes of a word (of a half-word at 2 bits)."""
     return 8 if bits == 2 else 32 // bits
 
 
 PLANE_PROGRAM = {bits: _program(bits) for bits in (2, 4, 8)}
+RAW_PLANE_PROGRAM = {bits: _raw_program(bits) for bits in (2, 4, 8)}
 
 
-def _ptx(bits: int) -> str:
+def _ptx(bits: int, raw: bool = False) -> str:
     planes = plane_count(bits)
     reg = {"$a": f"${planes}", "$b": f"${planes + 1}"}  # inputs follow the outputs
+    program = (RAW_PLANE_PROGRAM if raw else PLANE_PROGRAM)[bits]
 
     def r(x):
         return reg.get(x, x) if isinstance(x, str) else f"{x:#x}"
 
     lines = []
-    for op, dst, args in PLANE_PROGRAM[bits]:
+    for op, dst, args in program:
         a = [r(x) for x in args]
         if op == "prmt":
             lines.append(f"prmt.b32 {dst}, {a[0]}, {a[1]}, {a[2]};")
         elif op == "lop3":  # (x & mask) | magic: immLut 0xEA
             lines.append(f"lop3.b32 {dst}, {a[0]}, {a[1]}, {a[2]}, 0xEA;")
+        elif op == "and":
+            lines.append(f"and.b32 {r(dst)}, {a[0]}, {a[1]};")
         elif op == "sub":
             lines.append(f"sub.f16x2 {dst}, {a[0]}, {a[1]};")
         else:
             lines.append(f"fma.rn.f16x2 {dst}, {a[0]}, {a[1]}, {a[2]};")
-    used = sorted({a for _, _, args in PLANE_PROGRAM[bits] for a in args if isinstance(a, str) and a in PLANE_CONSTS})
+    used = sorted({a for _, _, args in program for a in args if isinstance(a, str) and a in PLANE_CONSTS})
     consts = " ".join(f"mov.b32 {c}, {PLANE_CONSTS[c]:#x};" for c in used)
-    return "{ .reg .b32 t, e, " + ", ".join(used) + "; " + consts + " " + " ".join(lines) + " }"
+    return "{ .reg .b32 " + ", ".join(["t", "e", *used]) + "; " + consts + " " + " ".join(lines) + " }"
 
 
 def _constraints(bits: int) -> str:
@@ -98,6 +124,7 @@ def _constraints(bits: int) -> str:
 
 
 _PTX2, _PTX4, _PTX8 = tl.constexpr(_ptx(2)), tl.constexpr(_ptx(4)), tl.constexpr(_ptx(8))
+_RAW2, _RAW4, _RAW8 = tl.constexpr(_ptx(2, True)), tl.constexpr(_ptx(4, True)), tl.constexpr(_ptx(8, True))
 _CON2, _CON4, _CON8 = tl.constexpr(_constraints(2)), tl.constexpr(_constraints(4)), tl.constexpr(_constraints(8))
 
 
@@ -117,6 +144,26 @@ def word_planes(words, BITS: tl.constexpr, INTERPRETED: tl.constexpr):
         return tl.inline_asm_elementwise(_PTX4, _CON4, [words], dtype=(tl.float16,) * 8, is_pure=True, pack=2)
     else:
         return tl.inline_asm_elementwise(_PTX8, _CON8, [words], dtype=(tl.float16,) * 4, is_pure=True, pack=2)
+
+
+@triton.jit
+def word_planes_raw(words, BITS: tl.constexpr, INTERPRETED: tl.constexpr):
+    """`word_planes`' tiles left unfinished, exactly: tile j holds c 2^(b - 24) for element j's code c, b its
+    `plane_shift` (the code masked in place in each half: an fp16 subnormal, or zero), by one AND a pair of codes
+    after the byte permutes; a kernel folds 2^(24 - b) into the operand the plane meets (the per-plane queries, the
+    per-plane outputs). Tensor cores take fp16 subnormal operands as they are."""
+    if INTERPRETED:
+        out = ()
+        for j in tl.static_range(16 // BITS if BITS == 2 else 32 // BITS):
+            code = ((words >> (BITS * j)) & ((1 << BITS) - 1)).to(tl.float16)
+            out = out + (code * (2.0 ** (BITS * (j % (8 // BITS)) - 24)),)  # exact: a subnormal
+        return out
+    elif BITS == 2:
+        return tl.inline_asm_elementwise(_RAW2, _CON2, [words], dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+    elif BITS == 4:
+        return tl.inline_asm_elementwise(_RAW4, _CON4, [words], dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+    else:
+        return tl.inline_asm_elementwise(_RAW8, _CON8, [words], dtype=(tl.float16,) * 4, is_pure=True, pack=2)
 
 
 @triton.jit

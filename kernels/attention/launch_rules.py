@@ -78,8 +78,9 @@ INT_WORDS_WARPS = 2
 # `bench/attention_configs.py`, untimed) 0.173 ms, 79 % of its byte floor's speed, against the joined tile's 0.309
 # on 2 warps; 64 x 128 on one warp spills (255 registers), and planes on the 2-warp 64 x 128 tile 0.277. INT8 keeps
 # its 4-warp tile, planes included (0.346 -> 0.268 ms, at its byte floor). Per-token INT2 at head_dim 128 takes the same
-# tile over its int16 half-words (8 planes like INT4's, `plane_words`): 168 registers, 12 programs an SM, 789 SASS a
-# tile, predicted 0.140 ms (52 % of its byte floor) against 0.338 on the joined 64 x 128 2-warp tile (0.164 at 8 an SM).
+# tile over its int16 half-words (8 planes like INT4's, `plane_words`): 166 registers, 12 programs an SM, 654 SASS a
+# tile with the unfinished planes (`word_planes_raw`), predicted 0.138 ms (52 % of its byte floor) against 0.338 on the
+# joined 64 x 128 2-warp tile.
 PLANES_DECODE_TILE = {"BLOCK_N": 32, "num_warps": 1}
 # ... for up to 16 query rows (heads a kv head): past them a warp per 16 (`launch_config`). At 32 query heads on one kv
 # head the one-warp tile spills (INT4 500 B, 255 registers; INT2 4 B); on 2 warps INT4 holds 166, no spills, predicted
@@ -87,14 +88,15 @@ PLANES_DECODE_TILE = {"BLOCK_N": 32, "num_warps": 1}
 # against one warp's 1.081 with 3.7 KB spilled (2 warps: 96 B spilled, 0.445). sm_90, bf16, untimed: `bench/
 # attention_predict.py --formats int4 int2 --no-tree --heads 32 1 --batch 64` (the one-warp figures: that tile forced).
 PLANES_WARP_ROWS = 16
-PLANES_DECODE_PROGRAMS_PER_SM = {4: 10, 2: 12}  # by bits: 200 / 168 registers, 10 / 12 one-warp programs an SM
+PLANES_DECODE_PROGRAMS_PER_SM = {4: 10, 2: 12}  # by bits: 184 / 166 registers, 10 / 12 one-warp programs an SM
 # Register caps of the default one-warp tiles (config key "MAXNREG", Triton's `maxnreg`; 0 or absent: none): (cap,
 # programs an SM at it), where a cap lets an SM hold more programs without spilling. INT4's tile holds 200 uncapped
 # (10 an SM); capped at 168, 167 and 12 an SM, predicted 0.173 -> 0.148 ms (3.00x -> 3.50x bf16, 79 -> 93 % of its
 # byte floor's speed; sm_90, bf16, batch 16, context 32k, `bench/attention_configs.py --formats int4 --block-n 32
 # --warps 1 --stages 2 --per-sm 10 12 --maxnreg 0 168`, untimed). At 160 also 12 an SM (0.151); at 152, 13, it spills
-# 20 B. INT2's 168 gains nothing (at 152, 13 an SM: 0.146 against 0.140). A cap lengthens a tile's chain a little,
-# so a launch keeps it only where it raises the split count (`decode_occupancy`).
+# 20 B; with the unfinished planes (`word_planes_raw`) 184 uncapped, 160 at the cap, 0.153 -> 0.140 ms (at 152 it
+# spills 20 B). INT2's 168 gained nothing (at 152, 13 an SM: 0.146 against 0.140). A cap lengthens a tile's chain a
+# little, so a launch keeps it only where it raises the split count (`decode_occupancy`).
 PLANES_DECODE_CAP = {4: (168, 12)}
 # The caps were sized on sm_90's code at 4 query heads a kv head, and hold without spilling up to these groups (sm_90,
 # bf16, `bench/attention_predict.py --heads` 32 8, 40 8, 28 4, 64 8 and 32 2: INT4 to 16; KIVI INT4 with the cap

@@ -124,7 +124,7 @@ from codesign.kernels.triton_codes import (
     pow2_scale,
     words_f16,
 )
-from codesign.kernels.triton_planes import plane_words, word_planes
+from codesign.kernels.triton_planes import plane_words, word_planes_raw
 
 # Formats whose codes meet fp16 / bf16 queries in fp16 products (F16_MMA): codes become fp16 by bit patterns
 # (`codes_f16`), not by an integer-to-float conversion per element; queries are scaled per row into fp16's range.
@@ -232,8 +232,8 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
     zero cost O(BLOCK_N) per tile instead of a multiply-add and two conversions per element. crow, mrow: the rows'
     pointers into the codes and the (scale, zero) pairs (`tile_rows`); kvh, IS_KEY: Oaken offline's grid. SPAN: a
     mixed tile of two whole blocks, crow the first's rows, span the rest (`mixed_span_codes`: two code tiles).
-    PLANES: per-token INT8 / INT4 / INT2 words as a tuple of code planes (`word_planes`), each [BLOCK_N, DIM_PAD / P]
-    (P planes: 32 / BITS, or 8 of INT2's half-words).
+    PLANES: per-token INT8 / INT4 / INT2 words as a tuple of unfinished code planes (`word_planes_raw`: plane j holds
+    c 2^(b_j - 24)), each [BLOCK_N, DIM_PAD / P] (P planes: 32 / BITS, or 8 of INT2's half-words).
     meta, words: the rows' (scale, zero) (`_load_meta`) and their code words (`load_words`, the word-pair path)
     already loaded, or None to load them here."""
     base = crow[:, None]
@@ -242,8 +242,8 @@ def _load_code_tile(crow, mrow, blk, d, j_ok, kv_m, out_ty: tl.constexpr, KV_FOR
     if PAIRS:  # `words_f16`: its columns in `pair_order` (the kernel permutes q and o alike)
         if words is None:
             words = load_words(crow, j_ok, BITS, HEAD_DIM, DIM_PAD, PLANES)
-        if PLANES:
-            code = word_planes(words, BITS, INTERPRETED)
+        if PLANES:  # c 2^(b - 24), b each plane's `plane_shift`: the kernel folds 2^(24 - b) into q and the output
+            code = word_planes_raw(words, BITS, INTERPRETED)
         else:
             code = tl.reshape(words_f16(words, BITS), (BLOCK_N, DIM_PAD))
     elif INT_CODES:
@@ -425,6 +425,10 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         # of the code words (2-bit codes: of their half-words, `plane_words`). Per-token INT: keys and values, the
         # output built up plane by plane (NWP columns each) in units u_acc (the last tile's value scale), so each
         # tile's rescale rides in the dot's accumulator; KIVI: its code-only key tiles (KIVI_KPLANES).
+        # Per-token INT's planes come unfinished (`word_planes_raw`: c 2^(b - 24), one AND a code pair against an AND,
+        # an OR and a packed subtract or FMA): q's plane j takes 2^-b (exact), the scores 2^24 with the key scales, and
+        # each value plane's output 2^(24 - b) at the end.
+        RAW_PLANES: tl.constexpr = PLANES and FACTORED
         PW: tl.constexpr = 8 if BITS == 2 else 32 // BITS
         NWP: tl.constexpr = DIM_PAD // PW
         if PLANES:
@@ -434,9 +438,13 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             for pj in tl.static_range(PW):
                 qj = tl.load(q_ptr + qt[:, None] * stride_qt + qh[:, None] * stride_qh + (PW * wq + pj)[None, :],
                              mask=row_ok[:, None], other=0.0)  # fmt: skip
-                q_planes = q_planes + ((qj.to(tl.float32) * q_f[:, None]).to(tl.float16),)
+                qjf = qj.to(tl.float32) * q_f[:, None]
+                if RAW_PLANES:
+                    qjf = qjf * (1.0 / (1 << (BITS * (pj % (8 // BITS)))))  # 2^-b (`plane_shift`)
+                q_planes = q_planes + (qjf.to(tl.float16),)
                 acc_planes = acc_planes + (tl.zeros([BLOCK_M, NWP], tl.float32),)
             u_acc = sm_scale * 0.0 + 1.0
+            z_acc = tl.zeros([BLOCK_M], tl.float32)  # (per-token INT: sum_j p_j zr_j, apart from the planes)
         nq = tl.maximum(kv_len - KIVI_R, 0) // KIVI_G * KIVI_G  # KIVI: tokens below are quantized
         # Oaken's outlier corrections run on the CR = BLOCK_Q x OAKEN_GP rows of real query heads (OAKEN_GP: GROUP
         # to a power of two), not the GROUP_PAD-padded tile (4 rows against 16 at decode). k_res_ptr / v_res_ptr
@@ -472,6 +480,17 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
             k_at = ((rows // GROUP_PAD) * OAKEN_GP + hg % OAKEN_GP)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
             if SPREAD:
                 acc_o = tl.zeros([CR, DIM_PAD], tl.float32)
+        # PRESCALED: the scores' scale (sm_scale log2 e, or sm_scale / softcap) rides in q_unf and q_sum, a row's
+        # factors taken once, instead of a multiply of every score a tile (not where unscaled score terms are added:
+        # Oaken's key corrections and score biases)
+        PRESCALED: tl.constexpr = (F16_MMA or FACTORED) and not OAKEN and not SCORE_IO
+        if PRESCALED:
+            if HAS_SOFTCAP:
+                q_unf = q_unf * (sm_scale / softcap)
+                q_sum = q_sum * (sm_scale / softcap)
+            else:
+                q_unf = q_unf * qk_scale
+                q_sum = q_sum * qk_scale
         bt_row = bt_ptr + b * stride_bt  # the sequence's block table
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -580,6 +599,8 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                                      tl.dot(q_mma, tl.trans(kc[1]), input_precision=DOT_PREC))  # fmt: skip
                     else:
                         s = tl.dot(q_mma, tl.trans(kc), input_precision=DOT_PREC)
+                    if RAW_PLANES:  # (the key planes' 2^-24)
+                        ksc = ksc * 16777216.0
                     s = s * (q_unf[:, None] * ksc[None, :])
                     s += q_sum[:, None] * kzr[None, :]
                     if SCORE_IO:  # the score biases (Oaken's key outliers, `oaken_split`), before the scale; keys
@@ -633,9 +654,12 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                         s = s * q_unf[:, None]
                 if HAS_SOFTCAP:
                     # c * tanh(x / c) through exp: tanh(y) = 1 - 2 / (exp(2y) + 1), exact at +-inf.
-                    y = s * (sm_scale / softcap)
+                    if PRESCALED:
+                        y = s
+                    else:
+                        y = s * (sm_scale / softcap)
                     s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * y) + 1.0)) * _LOG2E
-                else:
+                elif not PRESCALED:
                     s = s * qk_scale
                 if MASK_MODE == _TREE and phase == 1:  # the tree phase
                     in_tree = j >= prefix
@@ -714,12 +738,15 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                     else:
                         v_unf = 1.0
                         ps = p * vsc[None, :]
-                    if PLANES:  # acc = u_acc * planes: (acc alpha + pv + rank-1) / v_unf into each dot's C
+                    if PLANES:  # output = u_acc 2^(24 - b) planes + z_acc: (planes alpha u_acc / v_unf + pv) into
+                        # each dot's C; the rank-1 part a row's sum apart (one scale for every plane's 2^(b - 24)).
+                        # A tile of constant rows (every scale 0, p * sc = 0) keeps the units: pow2_scale(0) is 2^126.
+                        v_unf = tl.where(tl.max(vsc, 0) > 0.0, v_unf, u_acc)
                         f_acc = alpha * (u_acc / v_unf)
-                        g_acc = tl.sum(p * vzr[None, :], 1) / v_unf
+                        z_acc = z_acc * alpha + tl.sum(p * vzr[None, :], 1)
                         new_planes = ()
                         for pj in tl.static_range(PW):
-                            c_in = acc_planes[pj] * f_acc[:, None] + g_acc[:, None]
+                            c_in = acc_planes[pj] * f_acc[:, None]
                             new_planes = new_planes + (tl.dot(ps, vc[pj], c_in, input_precision=DOT_PREC),)
                         acc_planes = new_planes
                         u_acc = v_unf
@@ -777,7 +804,12 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
         base = qt * stride_pt + qh * stride_ph + split * stride_ps  # (the split's partial output, NUM_SPLITS > 1)
         if PLANES and (FACTORED or KIVI_VPLANES):  # plane pj holds channels pj, pj + PW, ..
             for pj in tl.static_range(PW):
-                o = acc_planes[pj] * u_acc / tl.where(has, l_i, 1.0)[:, None]
+                o = acc_planes[pj]
+                if RAW_PLANES:  # 2^(24 - b), apart from u_acc (their product can pass fp32's range)
+                    o = o * ((1 << (24 - BITS * (pj % (8 // BITS)))) * 1.0) * u_acc + z_acc[:, None]
+                else:
+                    o = o * u_acc
+                o = o / tl.where(has, l_i, 1.0)[:, None]
                 _write_out(o, PW * wq + pj, row_ok[:, None], o_ptr, op_ptr, qt, qh, base, stride_ot, stride_oh,
                            DIM_PAD, NUM_SPLITS)  # fmt: skip
         else:

@@ -14,6 +14,7 @@ import triton.language as tl
 from helpers import assert_rel_close, rel_fro_error
 from paged_attention_ref import reference_attention
 from test_kvcache_f16_codes import _case
+from test_kvcache_kvq import _dequant_ref
 
 from codesign.autotune.lookup import forced_config
 from codesign.backend import use_backend
@@ -37,9 +38,9 @@ def _pair(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 
 def _emulate(program, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
-    """Run `PLANE_PROGRAM` on uint32 words a (element 0) and b (element 1): prmt in its default mode, lop3 with
-    immLut 0xEA ((x & y) | z), sub / fma on fp16 halves rounded once (exact products and sums in fp64); the named
-    fp16x2 constants from `PLANE_CONSTS`."""
+    """Run `PLANE_PROGRAM` (or `RAW_PLANE_PROGRAM`) on uint32 words a (element 0) and b (element 1): prmt in its
+    default mode, lop3 with immLut 0xEA ((x & y) | z), and, sub / fma on fp16 halves rounded once (exact products and
+    sums in fp64); the named fp16x2 constants from `PLANE_CONSTS`."""
     reg = {"$a": a, "$b": b, **{c: np.uint32(v) for c, v in tp.PLANE_CONSTS.items()}}
 
     def val(x):
@@ -57,6 +58,8 @@ def _emulate(program, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
             reg[dst] = sum(src[(sel >> (4 * n)) & 7].astype(np.uint32) << (8 * n) for n in range(4))
         elif op == "lop3":
             reg[dst] = (x[0] & x[1]) | val(args[2])
+        elif op == "and":
+            reg[dst] = x[0] & x[1]
         elif op == "sub":
             (al, ah), (bl, bh) = halves(x[0]), halves(x[1])
             reg[dst] = _pair(al - bl, ah - bh)
@@ -66,16 +69,18 @@ def _emulate(program, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
     return reg
 
 
-def _check_program(program, bits: int, a: np.ndarray, b: np.ndarray) -> None:
-    """Plane j: element j of each word; 2 bits: of each 16-bit half-word, a's low half and b's in one register."""
+def _check_program(program, bits: int, a: np.ndarray, b: np.ndarray, raw: bool = False) -> None:
+    """Plane j: element j of each word; 2 bits: of each 16-bit half-word, a's low half and b's in one register.
+    raw: c 2^(b_j - 24) (`word_planes_raw`, b_j its `plane_shift`), an fp16 subnormal or zero."""
     if bits == 2:
         a, b = a & 0xFFFF, b & 0xFFFF
         reg = _emulate(program, a | (b << 16), b)
     else:
         reg = _emulate(program, a, b)
     for j in range(tp.plane_count(bits)):
-        want = _pair(((a >> (bits * j)) & ((1 << bits) - 1)).astype(np.float64),
-                     ((b >> (bits * j)) & ((1 << bits) - 1)).astype(np.float64))  # fmt: skip
+        unit = 2.0 ** (tp.plane_shift(j, bits) - 24) if raw else 1.0
+        want = _pair(((a >> (bits * j)) & ((1 << bits) - 1)).astype(np.float64) * unit,
+                     ((b >> (bits * j)) & ((1 << bits) - 1)).astype(np.float64) * unit)  # fmt: skip
         np.testing.assert_array_equal(reg[f"${j}"], want, err_msg=f"plane {j} of {bits}-bit words")
 
 
@@ -90,6 +95,19 @@ def test_plane_program_is_exact(bits):
     """Every plane of every byte value (and random words) comes out as the code, as an exact fp16."""
     a, b = _words(np.random.default_rng(bits))
     _check_program(tp.PLANE_PROGRAM[bits], bits, a, b)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_raw_plane_program_is_exact(bits):
+    """The unfinished planes: every code of every byte value (and random words) in place, c 2^(b - 24) exactly (an
+    fp16 subnormal: its bits are c << b), one AND a plane after each byte permute."""
+    a, b = _words(np.random.default_rng(10 + bits))
+    _check_program(tp.RAW_PLANE_PROGRAM[bits], bits, a, b, raw=True)
+    assert [op for op, _, _ in tp.RAW_PLANE_PROGRAM[bits]].count("and") == tp.plane_count(bits)
+    wrong = [(op, d, (args[0], args[1] >> 1)) if d == "$1" else (op, d, args) for op, d, args in
+             tp.RAW_PLANE_PROGRAM[bits]]  # plane 1 masked a bit low  # fmt: skip
+    with pytest.raises(AssertionError):
+        _check_program(wrong, bits, a, b, raw=True)
 
 
 def test_plane_program_check_has_teeth():
@@ -108,13 +126,14 @@ def test_plane_program_check_has_teeth():
         _check_program(wrong, 2, a, b)
 
 
+@pytest.mark.parametrize("raw", [False, True])
 @pytest.mark.parametrize("bits", [2, 4, 8])
-def test_plane_ptx_follows_the_program(bits):
+def test_plane_ptx_follows_the_program(bits, raw):
     """The PTX text is the program: one instruction per entry, in order, inputs after the planes' outputs."""
-    ptx = tp._ptx(bits)
-    body = [t.strip() for t in ptx.split(";") if t.strip() and not t.strip().startswith(("{", "mov", "}"))]
+    ptx = tp._ptx(bits, raw)
+    body = [t.strip() for t in ptx.split(";") if t.strip() and not t.strip().startswith(("{", "mov", "}", ".reg"))]
     ops_ = [t.split()[0].split(".")[0] for t in body]
-    assert ops_ == [op for op, _, _ in tp.PLANE_PROGRAM[bits]]
+    assert ops_ == [op for op, _, _ in (tp.RAW_PLANE_PROGRAM if raw else tp.PLANE_PROGRAM)[bits]]
     n = tp.plane_count(bits)
     second = n if bits == 2 else n + 1  # (2 bits: both half-words in the one input register)
     assert f"prmt.b32 t, ${n}, ${second}," in ptx and tp._constraints(bits).count("=r") == n
@@ -173,6 +192,23 @@ def test_planes_on_a_warp_per_16_query_rows_vs_fp64(fmt, monkeypatch):
     assert seen[-2:] == [True, False]
     assert_rel_close(out.double(), ref, 1e-3, f"{fmt} 32 heads on one kv head")
     assert rel_fro_error(out.double(), joined.double()) < 1e-3
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int2"])
+def test_planes_tile_of_constant_values_vs_fp64(fmt, monkeypatch):
+    """A whole 32-token value tile of constant rows (scale 0: codes 0, x_hat = zero) between ordinary tiles keeps the
+    accumulator's units (its power-of-two factor would be 2^126, `pow2_scale` of 0: the accumulator overflowed
+    there); within fp16 rounding of fp64."""
+    seen = _planes_used(monkeypatch)
+    cache, bt, cl, q, kd, vd = _case(fmt, 1.0, 3.0, torch.float16, ctx=(100, 33, 1), d=128, bs=8)
+    blocks = bt[0, 32 // 8 : 64 // 8].long()  # sequence 0's second 32-token tile
+    cache.v_meta[blocks, ..., 0] = 0.0
+    kd, vd = _dequant_ref(cache)
+    ref, _ = reference_attention(q.double(), kd, vd, bt, cl, [1, 1, 1])
+    with use_backend("triton"):
+        out = kvq_decode_attention(q, cache, bt, cl, num_splits=1)
+    assert seen == [True] and torch.isfinite(out).all()
+    assert_rel_close(out.double(), ref, 1e-3, f"{fmt} constant value tile")
 
 
 def test_planes_bf16_queries_beyond_fp16_range(monkeypatch):
