@@ -42,6 +42,8 @@ def check_parents(parents: Sequence[int], name: str = "parents") -> list[int]:
     Rules: one root (-1), at node 0; no cycles; every parent precedes its child (topological
     order, so the tree's K/V can be appended node by node).
     """
+    if not isinstance(parents, torch.Tensor | np.ndarray | Sequence) or isinstance(parents, str):
+        raise CodesignError(f"{name} must be a sequence of parent indices, got {parents!r}")
     p = [_index(f"{name}[{i}]", x) for i, x in enumerate(parents.tolist() if isinstance(parents, torch.Tensor)
                                                           else parents)]  # fmt: skip
     n = len(p)

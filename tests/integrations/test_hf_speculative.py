@@ -146,7 +146,7 @@ def test_specinfer_sampling_keeps_the_target_distribution():
 
 def test_chain_tree_shape():
     assert chain_tree(2, 3) == [-1, 0, 1, 2, 0, 4, 5]
-    with pytest.raises(CodesignError, match="width and depth must be >= 1"):
+    with pytest.raises(CodesignError, match="tree width must be a positive integer"):
         chain_tree(0, 3)
 
 

@@ -39,7 +39,7 @@ from codesign.kernels.df11.linear import (
     model_weight_format,
 )
 from codesign.kernels.gemm.checkpoints import from_awq, from_gptq
-from codesign.kernels.gemm.formats import QuantizedWeight
+from codesign.kernels.gemm.formats import GROUP_SIZES, QuantizedWeight
 from codesign.kernels.gemm.formats import unpack_codes as unpack_weight_codes
 from codesign.kernels.gemm.linear import (
     FP8Config,
@@ -72,6 +72,7 @@ from codesign.kernels.kvcache.oaken import OakenPagedKV
 from codesign.kernels.kvcache.write import kv_write
 
 __all__ = [
+    "GROUP_SIZES",
     "BlockAllocator",
     "DecodeWorkspace", "PackedDF11", "model_weight_format", "is_codesign_linear", "layout_of", "module_from_layout",
     "FP8Config", "KIVI_GROUP", "KIVI_RESIDUAL", "KiviPagedKV", "LosslessBF16Config", "LosslessBF16Linear",

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -52,6 +53,7 @@ from codesign.integrations.hf.kv_formats import (
 from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, left_pads, text_config
 from codesign.integrations.hf.traced import new_handle
 from codesign.specs import CodesignError
+from codesign.specs.errors import check_positive_int
 
 UNDO_MAX = 64  # tokens a row: forwards this short (decode, verification) can be rolled back in every format
 # Tokens kept beyond a sliding window: how far before the last forward's start a crop may still reach
@@ -147,10 +149,16 @@ class CodesignCache(Cache):
                  window_num_blocks: int | None = None) -> None:  # fmt: skip
         layout = check_model(model)
         self.spec: KVSpec = parse_kv_format(kv_format, layout.dtype)
+        check_positive_int("num_blocks", num_blocks)
+        check_positive_int("block_size", block_size)
+        if window_num_blocks is not None:
+            check_positive_int("window_num_blocks", window_num_blocks)
+        if not isinstance(check, bool):
+            raise CodesignError(f"check must be True or False, got {check!r}")
         check_geometry(self.spec, block_size, layout.kv_heads, layout.head_dim)
         self.layout, self.block_size, self.num_blocks, self.check = layout, block_size, num_blocks, check
         self._config = text_config(model)
-        if not isinstance(crop_margin, int) or crop_margin < 0:
+        if isinstance(crop_margin, bool) or not isinstance(crop_margin, int) or crop_margin < 0:
             raise CodesignError(f"crop_margin must be an int >= 0, got {crop_margin!r}")
         self.windows = layer_windows(self._config, layout.layers)  # what each layer's attention is passed
         self.crop_margin = crop_margin
@@ -172,6 +180,7 @@ class CodesignCache(Cache):
         self._unstep: tuple | None = None  # (a graph_step's starts, and seen and _undo before it)
         self._tree: tuple[int, ...] | None = None
         self._share: list[tuple[int, int] | None] | None = None
+        self._share_shape: tuple[int, ...] = ()
         self.steps: list[StepRecord] = []
         self._graph: _Step | None = None  # the fixed step captured decode forwards read (`graph_begin`)
         self.handle = new_handle(self)  # what a traced forward names this cache by (`traced.hf_attend`)
@@ -229,7 +238,7 @@ class CodesignCache(Cache):
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last `-tokens_to_remove` columns (transformers 5 passes a negative count, 0 a no-op;
         4.57 the length to keep: `_compat.tokens_to_remove`)."""
-        n = _compat.tokens_to_remove(tokens_to_remove, self.seen)
+        n = _compat.tokens_to_remove(_row_index("crop: tokens_to_remove", tokens_to_remove), self.seen)
         if n == 0:
             return
         if n > self.seen:
@@ -243,15 +252,25 @@ class CodesignCache(Cache):
         self.select_rows(beam_idx.tolist())
 
     def batch_repeat_interleave(self, repeats: int) -> None:
+        check_positive_int("repeats", repeats)
         self.select_rows([b for b in range(len(self._rows)) for _ in range(repeats)])
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.select_rows(torch.as_tensor(indices).tolist())
+        idx = torch.as_tensor(indices)
+        if idx.dtype == torch.bool:  # a row mask: the rows it keeps
+            if idx.shape != (len(self._rows),):
+                raise CodesignError(f"batch_select_indices: a mask of shape {tuple(idx.shape)} for "
+                                    f"{len(self._rows)} rows")  # fmt: skip
+            idx = torch.nonzero(idx).flatten()
+        self.select_rows(idx.tolist())
 
     # --- codesign's side ---------------------------------------------------------------------------------
     def select_rows(self, rows: list[int]) -> None:
         """New batch row i continues old row rows[i]; rows may repeat (forks share blocks, copy on write)."""
         old = self._rows
+        if isinstance(rows, torch.Tensor):
+            rows = rows.tolist()
+        rows = [_row_index("select_rows", r) for r in rows]
         if any(not 0 <= r < len(old) for r in rows):
             raise CodesignError(f"select_rows: rows {rows} outside the batch of {len(old)}")
         new = [self._fork(old[r]) for r in rows]
@@ -267,6 +286,12 @@ class CodesignCache(Cache):
         sequence) shares nothing at the prompt."""
         if self._rows:
             raise CodesignError("share_prefixes must be planned before the first forward")
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            raise CodesignError(f"share_prefixes: input_ids must be a [batch, tokens] tensor, got "
+                                f"{getattr(input_ids, 'shape', input_ids)}")  # fmt: skip
+        if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
+                                           or attention_mask.shape != input_ids.shape):  # fmt: skip
+            raise CodesignError(f"share_prefixes: attention_mask must have input_ids' shape {tuple(input_ids.shape)}")
         ids = input_ids.tolist()
         pads = [0] * len(ids) if attention_mask is None else (attention_mask == 0).sum(1).tolist()
         real = [row[p:] for row, p in zip(ids, pads)]
@@ -276,6 +301,7 @@ class CodesignCache(Cache):
             n = best[0] // self.block_size * self.block_size if self.spec.shares_prompt_blocks else 0
             plan.append((best[1], n) if n else None)
         self._share = plan
+        self._share_shape = tuple(input_ids.shape)  # (the first forward must be of these ids: `_begin` checks)
         return [p[1] if p else 0 for p in plan]
 
     def set_tree(self, parents) -> None:
@@ -289,12 +315,24 @@ class CodesignCache(Cache):
         last tree forward at positions prefix, prefix + 1, ...; everything else of the tree is dropped."""
         if self._undo is None or self.steps[-1].kind != "tree":
             raise CodesignError("accept_tree must follow a tree forward")
+        parents = self.steps[-1].parents
+        if len(paths) != len(self._rows):
+            raise CodesignError(f"accept_tree: {len(paths)} paths for {len(self._rows)} rows")
+        for b, path in enumerate(paths):
+            nodes = [_row_index(f"accept_tree: paths[{b}]", x) for x in path]
+            if not nodes or nodes[0] != 0 or any(not 0 <= x < len(parents) for x in nodes) or any(
+                    parents[x] != u for u, x in zip(nodes, nodes[1:])):  # fmt: skip
+                raise CodesignError(
+                    f"accept_tree: paths[{b}]={list(path)} is not a path from the root (node 0) down the tree "
+                    f"{list(parents)}"
+                )
         starts = self._undo[0]
         self._rewind([s + len(p) for s, p in zip(starts, paths)], paths)
 
     def rewind(self, lengths: list[int]) -> None:
         """Truncate row b to lengths[b] tokens (KIVI and Oaken: only back into the last forward; sliding
         windows: at most crop_margin tokens before it)."""
+        lengths = [_row_index("rewind: lengths", n) for n in lengths]
         self._check_window_rollback(lengths, f"rewind(lengths={lengths})")
         starts = self._undo[0] if self._undo else [0] * len(lengths)
         self._rewind(lengths, [list(range(max(n - s, 0))) for n, s in zip(lengths, starts)])
@@ -314,6 +352,8 @@ class CodesignCache(Cache):
 
     def blocks_in_use(self, group: int = 0) -> int:
         """Blocks of group `group`'s pool held by some row."""
+        if not 0 <= _row_index("group", group) < len(self._groups):
+            raise CodesignError(f"group must lie in [0, {len(self._groups)}), got {group}")
         g = self._groups[group]
         return g.num_blocks - g.tables.allocator.num_free
 
@@ -515,6 +555,9 @@ class CodesignCache(Cache):
                 for seq, s in zip(self._rows, starts):
                     g.tables.drop_before(seq, s - g.keep)
         share, self._share = (self._share if first else None), None
+        if share is not None and (batch, width) != self._share_shape:
+            raise CodesignError(f"the first forward has {batch}x{width} tokens, share_prefixes was planned for "
+                                f"input_ids of shape {self._share_shape}")  # fmt: skip
         write = self._allocate(counts, starts, device, share)
         self._undo = (starts, counts, self.seen)
         self.seen += width
@@ -639,6 +682,13 @@ class CodesignCache(Cache):
             g.tables.free(seq)
         for layer in self.layers:
             layer.storage.free_seq(seq)
+
+
+def _row_index(name: str, x) -> int:
+    """x as an int (numpy's too; not a bool or a float), else raise naming it."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise CodesignError(f"{name} must hold integers, got {x!r}")
+    return int(x)
 
 
 def _new_wrapper(plan: AttendPlan, device):

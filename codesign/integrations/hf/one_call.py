@@ -23,6 +23,7 @@ from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_for
 from codesign.integrations.hf.speculative import SpeculationStats, TreeSpeculator
 from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, text_config
 from codesign.specs import CodesignError
+from codesign.specs.errors import check_positive_int
 
 
 class StepClock(StoppingCriteria):
@@ -64,12 +65,40 @@ class GenerationRun:
 def _max_new_tokens(model, prompt_cols: int, kwargs: dict) -> int:
     gc = model.generation_config
     if kwargs.get("max_new_tokens") is not None:
-        return int(kwargs["max_new_tokens"])
+        return check_positive_int("max_new_tokens", kwargs["max_new_tokens"])
     if kwargs.get("max_length") is not None:
-        return int(kwargs["max_length"]) - prompt_cols
+        return check_positive_int("max_length", kwargs["max_length"]) - prompt_cols
     if gc.max_new_tokens is not None:
         return int(gc.max_new_tokens)
     return int(gc.max_length or 20) - prompt_cols
+
+
+def _checked_max_new_tokens(model, prompt_cols: int, kwargs: dict) -> int:
+    """The run's new tokens a row, refused where the prompt and they pass the model's max_position_embeddings
+    (positions it was not trained on; the pool would be sized for them too)."""
+    max_new = _max_new_tokens(model, prompt_cols, kwargs)
+    if max_new < 1:
+        raise CodesignError(f"the run leaves no new tokens: a prompt of {prompt_cols} columns, {max_new} new a row "
+                            "(set max_new_tokens)")  # fmt: skip
+    limit = getattr(text_config(model), "max_position_embeddings", None)
+    if isinstance(limit, int) and prompt_cols + max_new > limit:
+        raise CodesignError(
+            f"a prompt of {prompt_cols} columns and {max_new} new tokens pass the model's max_position_embeddings "
+            f"({limit})"
+        )
+    return max_new
+
+
+def _check_options(**options) -> None:
+    """generate's own keywords: bools, a TreeSpeculator, positive block and pool sizes."""
+    for name in ("fuse", "share_prefix", "check"):
+        if not isinstance(options[name], bool):
+            raise CodesignError(f"{name} must be True or False, got {options[name]!r}")
+    if options["speculative"] is not None and not isinstance(options["speculative"], TreeSpeculator):
+        raise CodesignError(f"speculative must be a TreeSpeculator or None, got {options['speculative']!r}")
+    for name in ("block_size", "num_blocks"):
+        if options[name] is not None:
+            check_positive_int(name, options[name])
 
 
 def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *,
@@ -79,15 +108,14 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
                  compile: bool | dict = False, fuse: bool = False, **generate_kwargs) -> GenerationRun:  # fmt: skip
     """`generate` with its record (see `generate`)."""
     layout = check_model(model)
-    if not isinstance(fuse, bool):
-        raise CodesignError(f"fuse must be True or False, got {fuse!r}")
+    _check_options(fuse=fuse, share_prefix=share_prefix, check=check, speculative=speculative,
+                   block_size=block_size, num_blocks=num_blocks)  # fmt: skip
     spec = parse_kv_format(kv_format, layout.dtype)
+    _check_ids(model, input_ids, attention_mask)
+    if speculative is not None:
+        block_size, num_blocks = _speculator_pool(speculative, spec, layout.dtype, block_size, num_blocks)
     graphs = _graph_decoding(model, cuda_graph, compile, spec, speculative, generate_kwargs)
     bs = block_size or default_block_size(spec)
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise CodesignError(
-            f"input_ids must be a [batch, tokens] tensor, got {getattr(input_ids, 'shape', input_ids)}"
-        )
     if "cache" in generate_kwargs or "past_key_values" in generate_kwargs:
         raise CodesignError(
             "generate builds its own CodesignCache: pass kv_format / num_blocks instead of a cache"
@@ -100,7 +128,7 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
         int(generate_kwargs.get("num_return_sequences", 1) or 1),
     )
     rows = [n for n in prompt_lens for _ in range(expand)]
-    max_new = _max_new_tokens(model, cols, generate_kwargs)
+    max_new = _checked_max_new_tokens(model, cols, generate_kwargs)
     extra = int(generate_kwargs.get("prompt_lookup_num_tokens") or 0) + 1
     if speculative is not None:
         speculative.block_size, speculative.kv_format = bs, spec
@@ -153,6 +181,52 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
         step_s = [b - a for a, b in zip([t0, *clock.times[:-1]], clock.times)]
     return GenerationRun(out, cache, list(cache.steps), step_s, cols, seconds,
                          speculative.stats if speculative else None)  # fmt: skip
+
+
+def _check_ids(model, input_ids, attention_mask) -> None:
+    """input_ids: a non-empty [batch, tokens] integer tensor of ids in the vocabulary (one host sync);
+    attention_mask: None or 0 / 1 of the same shape (left padding: the cache refuses other padding)."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise CodesignError(
+            f"input_ids must be a [batch, tokens] tensor, got {getattr(input_ids, 'shape', input_ids)}"
+        )
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise CodesignError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
+    if input_ids.numel() == 0:
+        raise CodesignError(f"input_ids is empty (shape {tuple(input_ids.shape)})")
+    vocab = text_config(model).vocab_size
+    lo, hi = int(input_ids.min()), int(input_ids.max())
+    if lo < 0 or hi >= vocab:
+        raise CodesignError(f"input_ids must lie in [0, {vocab}) (the model's vocab_size), got [{lo}, {hi}]")
+    if attention_mask is None:
+        return
+    if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise CodesignError(
+            f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got "
+            f"{tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else attention_mask!r}"
+        )
+    if attention_mask.dtype.is_floating_point or not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise CodesignError("attention_mask must hold 0 (padding) and 1 (tokens) as integers or bools")
+    empty = torch.nonzero(attention_mask.sum(1) == 0).flatten().tolist()
+    if empty:
+        raise CodesignError(f"attention_mask rows {empty} hold no token (every column padding)")
+
+
+def _speculator_pool(speculative, spec, dtype, block_size, num_blocks) -> tuple[int | None, int | None]:
+    """(block_size, num_blocks) of a speculative run: generate's and the speculator's own, which must agree where
+    both are given (generate sets its format and block size on the speculator; a different one is refused, not
+    overridden)."""
+    own = speculative.kv_format
+    if own is not None and parse_kv_format(own, dtype).name != spec.name:
+        raise CodesignError(
+            f"kv_format={spec.name!r} but the TreeSpeculator was built with kv_format={own!r}: give it once"
+        )
+    for name, mine, theirs in (("block_size", block_size, speculative.block_size),
+                               ("num_blocks", num_blocks, speculative.num_blocks)):  # fmt: skip
+        if mine is not None and theirs is not None and mine != theirs:
+            raise CodesignError(f"{name}={mine} but the TreeSpeculator was built with {name}={theirs}: give it once")
+    return (block_size if block_size is not None else speculative.block_size,
+            num_blocks if num_blocks is not None else speculative.num_blocks)  # fmt: skip
 
 
 def _graph_decoding(model, cuda_graph, compile, spec, speculative, generate_kwargs) -> GraphDecoding | None:

@@ -51,6 +51,17 @@ class CodesignQuantConfig(QuantizationConfigMixin):
             raise CodesignError(
                 f"unknown codesign weight format {weights!r}; expected one of {WEIGHT_FORMATS}"
             )
+        grouped = group_size is None or type(group_size) is int  # (not a bool or a float equal to an int)
+        if weights in ("w4a16", "w8a16") and (not grouped or group_size not in K.GROUP_SIZES):
+            raise CodesignError(f"group_size must be one of {K.GROUP_SIZES} (None: per channel), got {group_size!r}")
+        if not isinstance(symmetric, bool):
+            raise CodesignError(f"symmetric must be True or False, got {symmetric!r}")
+        if modules_to_not_convert is not None and (
+                not isinstance(modules_to_not_convert, list | tuple)
+                or not all(isinstance(m, str) for m in modules_to_not_convert)):  # fmt: skip
+            raise CodesignError(
+                f"modules_to_not_convert must be a list of module names, got {modules_to_not_convert!r}"
+            )
         self.quant_method = QUANT_METHOD
         self.weights, self.group_size, self.symmetric = weights, group_size, symmetric
         self.modules_to_not_convert = (

@@ -29,21 +29,32 @@ from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf.cache import CROP_MARGIN, CodesignCache, pool_blocks
 from codesign.integrations.hf.forwards import forward_rows, prefill
 from codesign.integrations.hf.graphs import CapturedForward, capturer, check_capture, compile_options
-from codesign.integrations.hf.kv_formats import parse_kv_format
+from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
 from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, text_config
 from codesign.specs import CodesignError
+from codesign.specs.errors import check_nonneg_int, check_positive_int
 
 MODES = ("greedy", "stochastic")
 
 
 def chain_tree(width: int, depth: int) -> list[int]:
     """Parent array of `width` chains of `depth` tokens each below the root (1 + width * depth nodes)."""
-    if width < 1 or depth < 1:
-        raise CodesignError(f"tree width and depth must be >= 1, got {width}, {depth}")
+    check_positive_int("tree width", width)
+    check_positive_int("tree depth", depth)
+    if 1 + width * depth > MAX_TREE_NODES:
+        raise CodesignError(
+            f"a tree of width {width} and depth {depth} has {1 + width * depth} nodes, more than {MAX_TREE_NODES}"
+        )
     parents = [-1]
     for _ in range(width):
         parents += [0] + [len(parents) + i for i in range(depth - 1)]
     return parents
+
+
+# Nodes a verification tree may have: each is a target token every step (published trees hold tens to a few
+# hundred); a larger one is refused before anything is built for it.
+MAX_TREE_NODES = 1024
+DEFAULT_BLOCK = 16  # a model draft's block size when the speculator gives none
 
 
 def _children(parents: Sequence[int]) -> list[list[int]]:
@@ -58,9 +69,7 @@ class NGramDraft:
     (down to 1) tokens of the context and the node's path, distinct first tokens first."""
 
     def __init__(self, max_ngram: int = 3) -> None:
-        if max_ngram < 1:
-            raise CodesignError(f"max_ngram must be >= 1, got {max_ngram}")
-        self.max_ngram = max_ngram
+        self.max_ngram = check_positive_int("max_ngram", max_ngram)
 
     def start(self, model, prompts: list[list[int]], input_ids, attention_mask, num_blocks: int) -> None:
         """Nothing to prefill."""
@@ -110,7 +119,7 @@ class ModelDraft:
 
     def __init__(self, model, block_size: int = 16) -> None:
         check_model(model)
-        self.model, self.block_size = model, block_size
+        self.model, self.block_size = model, check_positive_int("block_size", block_size)
         # A proposal rewinds its cache across one forward per tree level: a sliding window must keep those.
         self.crop_margin = CROP_MARGIN
         self.cache: CodesignCache | None = None
@@ -207,7 +216,7 @@ class TreeSpeculator:
     """
 
     def __init__(self, draft="ngram", width: int = 2, depth: int = 3, mode: str = "greedy", *,
-                 parents: Sequence[int] | None = None, kv_format: str | None = None, block_size: int = 16,
+                 parents: Sequence[int] | None = None, kv_format: str | None = None, block_size: int | None = None,
                  num_blocks: int | None = None, seed: int | None = None, cuda_graph=False,
                  compile: bool | dict | None = None) -> None:  # fmt: skip
         if mode not in MODES:
@@ -219,10 +228,23 @@ class TreeSpeculator:
         self.parents = K.check_parents(parents) if parents is not None else chain_tree(width, depth)
         if len(self.parents) < 2:
             raise CodesignError("the tree needs at least one node below the root")
-        if draft == "ngram":
+        if len(self.parents) > MAX_TREE_NODES:
+            raise CodesignError(f"parents has {len(self.parents)} nodes, more than {MAX_TREE_NODES}")
+        if kv_format is not None and not isinstance(kv_format, str):
+            raise CodesignError(f"kv_format must be a format name or None, got {kv_format!r}")
+        for name, v in (("block_size", block_size), ("num_blocks", num_blocks)):
+            if v is not None:
+                check_positive_int(name, v)
+        if seed is not None:
+            check_nonneg_int("seed", seed)
+        if isinstance(draft, str) and draft == "ngram":
             draft = NGramDraft()
+        elif isinstance(draft, str):
+            raise CodesignError(
+                f"draft must be 'ngram', an NGramDraft / ModelDraft or a transformers model, got {draft!r}"
+            )
         elif not isinstance(draft, NGramDraft | ModelDraft):
-            draft = ModelDraft(draft, block_size=block_size)
+            draft = ModelDraft(draft, block_size=block_size or DEFAULT_BLOCK)
         if isinstance(draft, ModelDraft):
             draft.crop_margin = CROP_MARGIN + max(K.tree_depths(self.parents))
         self.draft, self.mode, self.kv_format = draft, mode, kv_format
@@ -231,21 +253,24 @@ class TreeSpeculator:
         self.captures = 0  # forwards the last call captured (one a batch size it ran)
         self.cache: CodesignCache | None = None
 
-    def blocks_for(self, prompt_lens: list[int], max_length: int, model=None) -> tuple[int, int | None]:
+    def blocks_for(self, prompt_lens: list[int], max_length: int, model=None,
+                   block_size: int | None = None) -> tuple[int, int | None]:  # fmt: skip
         """(num_blocks, window_num_blocks) of the target's pool for a run: every row up to max_length plus one
         tree and two blocks a row for copies; the target's sliding layers (`model`'s windows) hold only the
         window's blocks, as generate's pool does (`cache.pool_blocks`)."""
         n, rows = len(self.parents), len(prompt_lens)
-        windows, spec = [None], None
+        windows, spec, bs = [None], None, block_size or self.block_size or DEFAULT_BLOCK
         if model is not None:
             layout = check_model(model)
             windows = layer_windows(text_config(model), layout.layers)
             spec = parse_kv_format(self.kv_format, layout.dtype)
-        return pool_blocks(windows, spec, prompt_lens, [max_length + n] * rows, n, self.block_size, spare_per_row=2)
+            bs = self.block_size or default_block_size(spec)
+        return pool_blocks(windows, spec, prompt_lens, [max_length + n] * rows, n, bs, spare_per_row=2)
 
     def draft_blocks(self, prompt_lens: list[int], max_length: int) -> int:
         """A model draft's pool: its rows fork per tree node and rewind, so it is sized for the whole run."""
-        return self.blocks_for(prompt_lens, max_length)[0]
+        own = self.draft.block_size if isinstance(self.draft, ModelDraft) else None
+        return self.blocks_for(prompt_lens, max_length, block_size=own)[0]
 
     def __call__(self, model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
                  **model_kwargs):  # fmt: skip
@@ -258,6 +283,9 @@ class TreeSpeculator:
             raise CodesignError("tree speculative decoding does not combine with beam search")
         if text_config(model)._attn_implementation != ATTN_NAME:
             raise CodesignError(f"the target must run attn_implementation={ATTN_NAME!r}")
+        widest, vocab = max(len(c) for c in _children(self.parents)), text_config(model).vocab_size
+        if widest > vocab:
+            raise CodesignError(f"a tree node has {widest} children, more than the vocabulary's {vocab} tokens")
         capture = None
         self.compile = compile_options(self.compile, self._capture_name())  # (either may have been set since)
         if self.cuda_graph not in (False, None) or self.compile is not None:
@@ -273,7 +301,8 @@ class TreeSpeculator:
         lens = [len(p) for p in prompts]
         if not isinstance(cache, CodesignCache) or cache.row_lengths():
             nb, nbw = (self.num_blocks, None) if self.num_blocks else self.blocks_for(lens, max_length, model)
-            cache = CodesignCache(model, self.kv_format, num_blocks=nb, block_size=self.block_size,
+            bs = self.block_size or default_block_size(parse_kv_format(self.kv_format, check_model(model).dtype))
+            cache = CodesignCache(model, self.kv_format, num_blocks=nb, block_size=bs,
                                   window_num_blocks=nbw)  # fmt: skip
         self.cache, self.stats = cache, SpeculationStats()  # the stats are this call's
         if capture is not None:
