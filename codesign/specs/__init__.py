@@ -7,6 +7,7 @@ the dataflow mapper and tests can all depend on it.
 from codesign.specs.errors import (
     CodesignError,
     check_choice,
+    check_integer,
     check_nonneg_int,
     check_positive_int,
     check_positive_ints,
@@ -62,6 +63,7 @@ __all__ = [
     "TreeAttention",
     "WeightFormat",
     "check_choice",
+    "check_integer",
     "check_nonneg_int",
     "check_positive_int",
     "check_positive_ints",

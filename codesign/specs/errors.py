@@ -7,12 +7,20 @@ status 2 with no traceback.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 from typing import Any
 
 
 class CodesignError(ValueError):
     """Bad input: the message names the argument and the accepted values."""
+
+
+def check_integer(name: str, value: Any) -> int:
+    """`value` as an int if it is an integer (numpy's too; not a bool or a float), else raise naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise CodesignError(f"{name} must be an integer, got {value!r}")
+    return int(value)
 
 
 def check_positive_int(name: str, value: Any) -> int:

@@ -17,7 +17,6 @@ K/V read loop for decode, extend and trees.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,17 +24,10 @@ import numpy as np
 import torch
 
 from codesign.kernels.kvcache.checks import has_data
-from codesign.specs import CodesignError, check_nonneg_int
+from codesign.specs import CodesignError, check_integer, check_nonneg_int
 
 
 # --- trees -------------------------------------------------------------------------------------------
-def _index(name: str, x) -> int:
-    """x as an int if it is an integer (numpy's too; not a bool or a float), else raise naming it."""
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise CodesignError(f"{name} must be an integer, got {x!r}")
-    return int(x)
-
-
 def check_parents(parents: Sequence[int], name: str = "parents") -> list[int]:
     """Validate a parent array; return it as a list. Errors name the offending node.
 
@@ -44,7 +36,7 @@ def check_parents(parents: Sequence[int], name: str = "parents") -> list[int]:
     """
     if not isinstance(parents, torch.Tensor | np.ndarray | Sequence) or isinstance(parents, str):
         raise CodesignError(f"{name} must be a sequence of parent indices, got {parents!r}")
-    p = [_index(f"{name}[{i}]", x) for i, x in enumerate(parents.tolist() if isinstance(parents, torch.Tensor)
+    p = [check_integer(f"{name}[{i}]", x) for i, x in enumerate(parents.tolist() if isinstance(parents, torch.Tensor)
                                                           else parents)]  # fmt: skip
     n = len(p)
     if n == 0:
@@ -136,7 +128,7 @@ def build_tree_batch(
     sizes, pos, masks = [], [], []
     for b, (par, pre) in enumerate(zip(parents, prefix_lens)):
         p = check_parents(par, f"parents[{b}]")
-        check_nonneg_int(f"prefix_lens[{b}]", _index(f"prefix_lens[{b}]", pre))
+        check_nonneg_int(f"prefix_lens[{b}]", check_integer(f"prefix_lens[{b}]", pre))
         sizes.append(len(p))
         pos.extend(int(pre) + d for d in tree_depths(p))
         masks.append(tree_mask(p).flatten())

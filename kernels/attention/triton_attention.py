@@ -740,7 +740,9 @@ def _paged_attn_kernel(  # noqa: C901, PLR0915
                         ps = p * vsc[None, :]
                     if PLANES:  # output = u_acc 2^(24 - b) planes + z_acc: (planes alpha u_acc / v_unf + pv) into
                         # each dot's C; the rank-1 part a row's sum apart (one scale for every plane's 2^(b - 24)).
-                        # A tile of constant rows (every scale 0, p * sc = 0) keeps the units: pow2_scale(0) is 2^126.
+                        # A tile of constant rows (every scale 0, p * sc = 0) keeps the units: pow2_scale(0) is 2^126,
+                        # which overflowed the finished planes' accumulator (the raw planes' 2^-24 leaves room for it,
+                        # but nothing is gained by moving the units there).
                         v_unf = tl.where(tl.max(vsc, 0) > 0.0, v_unf, u_acc)
                         f_acc = alpha * (u_acc / v_unf)
                         z_acc = z_acc * alpha + tl.sum(p * vzr[None, :], 1)

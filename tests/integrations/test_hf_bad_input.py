@@ -165,10 +165,10 @@ def test_accept_tree_takes_only_root_paths_of_the_tree(model):
 def test_row_selection_crop_and_rewind_take_integers(model):
     cache = _cache(model)
     _forward(cache, 6, rows=2)
-    for call, arg, message in ((cache.select_rows, [0, 1.0], "select_rows must hold integers"),
+    for call, arg, message in ((cache.select_rows, [0, 1.0], r"select_rows: rows\[1\] must be an integer"),
                                (cache.batch_repeat_interleave, 0, "repeats must be a positive integer"),
-                               (cache.crop, 1.5, "tokens_to_remove must hold integers"),
-                               (cache.rewind, [3, 2.0], "rewind: lengths must hold integers"),
+                               (cache.crop, 1.5, "tokens_to_remove must be an integer"),
+                               (cache.rewind, [3, 2.0], r"rewind: lengths\[1\] must be an integer"),
                                (cache.blocks_in_use, 5, r"group must lie in \[0, 1\)"),
                                (cache.batch_select_indices, torch.tensor([True]), "a mask of shape")):  # fmt: skip
         with pytest.raises(CodesignError, match=message):

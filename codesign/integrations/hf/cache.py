@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -52,8 +51,7 @@ from codesign.integrations.hf.kv_formats import (
 )
 from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, left_pads, text_config
 from codesign.integrations.hf.traced import new_handle
-from codesign.specs import CodesignError
-from codesign.specs.errors import check_positive_int
+from codesign.specs import CodesignError, check_integer, check_positive_int
 
 UNDO_MAX = 64  # tokens a row: forwards this short (decode, verification) can be rolled back in every format
 # Tokens kept beyond a sliding window: how far before the last forward's start a crop may still reach
@@ -238,7 +236,7 @@ class CodesignCache(Cache):
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last `-tokens_to_remove` columns (transformers 5 passes a negative count, 0 a no-op;
         4.57 the length to keep: `_compat.tokens_to_remove`)."""
-        n = _compat.tokens_to_remove(_row_index("crop: tokens_to_remove", tokens_to_remove), self.seen)
+        n = _compat.tokens_to_remove(check_integer("crop: tokens_to_remove", tokens_to_remove), self.seen)
         if n == 0:
             return
         if n > self.seen:
@@ -270,7 +268,7 @@ class CodesignCache(Cache):
         old = self._rows
         if isinstance(rows, torch.Tensor):
             rows = rows.tolist()
-        rows = [_row_index("select_rows", r) for r in rows]
+        rows = [check_integer(f"select_rows: rows[{i}]", r) for i, r in enumerate(rows)]
         if any(not 0 <= r < len(old) for r in rows):
             raise CodesignError(f"select_rows: rows {rows} outside the batch of {len(old)}")
         new = [self._fork(old[r]) for r in rows]
@@ -319,7 +317,7 @@ class CodesignCache(Cache):
         if len(paths) != len(self._rows):
             raise CodesignError(f"accept_tree: {len(paths)} paths for {len(self._rows)} rows")
         for b, path in enumerate(paths):
-            nodes = [_row_index(f"accept_tree: paths[{b}]", x) for x in path]
+            nodes = [check_integer(f"accept_tree: paths[{b}][{i}]", x) for i, x in enumerate(path)]
             if not nodes or nodes[0] != 0 or any(not 0 <= x < len(parents) for x in nodes) or any(
                     parents[x] != u for u, x in zip(nodes, nodes[1:])):  # fmt: skip
                 raise CodesignError(
@@ -332,7 +330,7 @@ class CodesignCache(Cache):
     def rewind(self, lengths: list[int]) -> None:
         """Truncate row b to lengths[b] tokens (KIVI and Oaken: only back into the last forward; sliding
         windows: at most crop_margin tokens before it)."""
-        lengths = [_row_index("rewind: lengths", n) for n in lengths]
+        lengths = [check_integer(f"rewind: lengths[{b}]", n) for b, n in enumerate(lengths)]
         self._check_window_rollback(lengths, f"rewind(lengths={lengths})")
         starts = self._undo[0] if self._undo else [0] * len(lengths)
         self._rewind(lengths, [list(range(max(n - s, 0))) for n, s in zip(lengths, starts)])
@@ -352,7 +350,7 @@ class CodesignCache(Cache):
 
     def blocks_in_use(self, group: int = 0) -> int:
         """Blocks of group `group`'s pool held by some row."""
-        if not 0 <= _row_index("group", group) < len(self._groups):
+        if not 0 <= check_integer("group", group) < len(self._groups):
             raise CodesignError(f"group must lie in [0, {len(self._groups)}), got {group}")
         g = self._groups[group]
         return g.num_blocks - g.tables.allocator.num_free
@@ -682,13 +680,6 @@ class CodesignCache(Cache):
             g.tables.free(seq)
         for layer in self.layers:
             layer.storage.free_seq(seq)
-
-
-def _row_index(name: str, x) -> int:
-    """x as an int (numpy's too; not a bool or a float), else raise naming it."""
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise CodesignError(f"{name} must hold integers, got {x!r}")
-    return int(x)
 
 
 def _new_wrapper(plan: AttendPlan, device):

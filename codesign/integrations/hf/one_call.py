@@ -63,20 +63,18 @@ class GenerationRun:
 
 
 def _max_new_tokens(model, prompt_cols: int, kwargs: dict) -> int:
+    """The run's new tokens a row (generate's keywords, else the generation config), refused where there are none
+    or where the prompt and they pass the model's max_position_embeddings (positions it was not trained on; the pool
+    would be sized for them too)."""
     gc = model.generation_config
     if kwargs.get("max_new_tokens") is not None:
-        return check_positive_int("max_new_tokens", kwargs["max_new_tokens"])
-    if kwargs.get("max_length") is not None:
-        return check_positive_int("max_length", kwargs["max_length"]) - prompt_cols
-    if gc.max_new_tokens is not None:
-        return int(gc.max_new_tokens)
-    return int(gc.max_length or 20) - prompt_cols
-
-
-def _checked_max_new_tokens(model, prompt_cols: int, kwargs: dict) -> int:
-    """The run's new tokens a row, refused where the prompt and they pass the model's max_position_embeddings
-    (positions it was not trained on; the pool would be sized for them too)."""
-    max_new = _max_new_tokens(model, prompt_cols, kwargs)
+        max_new = check_positive_int("max_new_tokens", kwargs["max_new_tokens"])
+    elif kwargs.get("max_length") is not None:
+        max_new = check_positive_int("max_length", kwargs["max_length"]) - prompt_cols
+    elif gc.max_new_tokens is not None:
+        max_new = int(gc.max_new_tokens)
+    else:
+        max_new = int(gc.max_length or 20) - prompt_cols
     if max_new < 1:
         raise CodesignError(f"the run leaves no new tokens: a prompt of {prompt_cols} columns, {max_new} new a row "
                             "(set max_new_tokens)")  # fmt: skip
@@ -128,7 +126,7 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
         int(generate_kwargs.get("num_return_sequences", 1) or 1),
     )
     rows = [n for n in prompt_lens for _ in range(expand)]
-    max_new = _checked_max_new_tokens(model, cols, generate_kwargs)
+    max_new = _max_new_tokens(model, cols, generate_kwargs)
     extra = int(generate_kwargs.get("prompt_lookup_num_tokens") or 0) + 1
     if speculative is not None:
         speculative.block_size, speculative.kv_format = bs, spec

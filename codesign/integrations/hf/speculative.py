@@ -117,7 +117,7 @@ class ModelDraft:
     """A smaller transformers model proposing each node's children from its own next-token distribution:
     greedy, its top-m distinct tokens; stochastic, m i.i.d. samples of softmax(logits / temperature)."""
 
-    def __init__(self, model, block_size: int = 16) -> None:
+    def __init__(self, model, block_size: int = DEFAULT_BLOCK) -> None:
         check_model(model)
         self.model, self.block_size = model, check_positive_int("block_size", block_size)
         # A proposal rewinds its cache across one forward per tree level: a sliding window must keep those.
@@ -264,8 +264,12 @@ class TreeSpeculator:
             layout = check_model(model)
             windows = layer_windows(text_config(model), layout.layers)
             spec = parse_kv_format(self.kv_format, layout.dtype)
-            bs = self.block_size or default_block_size(spec)
+            bs = self.target_block_size(model)
         return pool_blocks(windows, spec, prompt_lens, [max_length + n] * rows, n, bs, spare_per_row=2)
+
+    def target_block_size(self, model) -> int:
+        """The target cache's block size: the speculator's, else its format's default (KIVI 32, else 16)."""
+        return self.block_size or default_block_size(parse_kv_format(self.kv_format, check_model(model).dtype))
 
     def draft_blocks(self, prompt_lens: list[int], max_length: int) -> int:
         """A model draft's pool: its rows fork per tree node and rewind, so it is sized for the whole run."""
@@ -301,8 +305,7 @@ class TreeSpeculator:
         lens = [len(p) for p in prompts]
         if not isinstance(cache, CodesignCache) or cache.row_lengths():
             nb, nbw = (self.num_blocks, None) if self.num_blocks else self.blocks_for(lens, max_length, model)
-            bs = self.block_size or default_block_size(parse_kv_format(self.kv_format, check_model(model).dtype))
-            cache = CodesignCache(model, self.kv_format, num_blocks=nb, block_size=bs,
+            cache = CodesignCache(model, self.kv_format, num_blocks=nb, block_size=self.target_block_size(model),
                                   window_num_blocks=nbw)  # fmt: skip
         self.cache, self.stats = cache, SpeculationStats()  # the stats are this call's
         if capture is not None:
