@@ -16,8 +16,9 @@ How (all undone on exit, also after an exception):
     `JITFunction.run` is wrapped to pass `warmup=True` (Triton binds the arguments, specialises, compiles:
     PTX by LLVM, cubin by the ptxas that ships with Triton, and returns before the launch).
 
-Resources: registers, spill stores / loads and stack come from `ptxas -v` run on the kernel's PTX with
-the same ptxas binary and flags Triton used to build the cubin (`_ptxas_usage`). `cuobjdump
+Resources: registers, spill stores / loads and stack come from `ptxas -v`: the log of Triton's own ptxas run
+when the session compiles the kernel, else (Triton loaded it from its cache) the facts kept beside the cubin
+(`_kernel_facts`), else a run of the same ptxas binary with Triton's flags on its PTX (`_ptxas_usage`). `cuobjdump
 --dump-resource-usage` on the cubin reports registers and stack but no spill bytes, so ptxas it is; the
 tests check that both report the same register count. Shared memory is Triton's `metadata.shared`: the
 dynamic shared memory the launch requests, which Triton's launcher compares with the device's opt-in limit.
@@ -37,6 +38,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
+import json
 import os
 import re
 import subprocess
@@ -227,14 +230,64 @@ def parse_ptxas_log(text: str, kernel: str | None = None) -> dict[str, int]:
     return {"stack_bytes": 0, "spill_stores": 0, "spill_loads": 0, **got}
 
 
-_USAGE_CACHE: dict[str, dict[str, int]] = {}
+_FACTS_FILE = "codesign_compile_facts.json"  # beside the kernel's cubin in Triton's cache
+_FACTS: dict[str, dict[str, Any]] = {}  # by kernel hash, this process
+
+
+def _kernel_facts(kernel: Any, arch: int, log: str = "") -> dict[str, Any]:
+    """The launch's resources (`_ptxas_usage`), `ptx_census` and `sync_staged_loads`, computed once a kernel:
+    kept in Triton's cache beside the cubin (its key covers the source, options, target and ptxas), so a
+    kernel Triton loads from its cache is not run through ptxas and the PTX scans again. `log`: the
+    `ptxas -v` output of Triton's own compile of it, when this call compiled it (then no second ptxas run)."""
+    from triton.runtime.cache import get_cache_manager
+
+    h = kernel.hash
+    if h in _FACTS:
+        return _FACTS[h]
+    cache = get_cache_manager(h)
+    stored = cache.get_file(_FACTS_FILE)
+    facts = None
+    if stored:
+        with contextlib.suppress(OSError, ValueError):
+            with open(stored) as f:
+                facts = json.load(f)
+    if not isinstance(facts, dict) or not {"usage", "census", "sync_staged"} <= set(facts):
+        usage = None
+        if kernel.metadata.name in log:  # the log names each function it compiled
+            with contextlib.suppress(CodesignError):
+                usage = parse_ptxas_log(log, kernel.metadata.name)
+        facts = {
+            "usage": usage or _ptxas_usage(kernel, arch),
+            "census": ptx_census(kernel.asm["ptx"]),
+            "sync_staged": sync_staged_loads(kernel.asm["ttgir"]),
+        }
+        with contextlib.suppress(OSError, RuntimeError):  # a read-only cache: computed again next time
+            cache.put(json.dumps(facts), _FACTS_FILE, binary=False)
+    _FACTS[h] = facts
+    return facts
+
+
+@contextlib.contextmanager
+def _ptxas_log() -> Iterator[io.StringIO]:
+    """Collects the `ptxas -v` log of the kernels Triton compiles inside the block (Triton prints it to stdout
+    when `knobs.nvidia.dump_ptxas_log` is set); everything else printed there is passed on."""
+    from triton import knobs
+
+    buf = io.StringIO()
+    saved = knobs.nvidia.dump_ptxas_log
+    knobs.nvidia.dump_ptxas_log = True
+    try:
+        with contextlib.redirect_stdout(buf):
+            yield buf
+    finally:
+        knobs.nvidia.dump_ptxas_log = saved
+        rest = [line for line in buf.getvalue().splitlines(keepends=True) if not line.startswith("ptxas")]
+        if rest:
+            print("".join(rest), end="")
 
 
 def _ptxas_usage(kernel: Any, arch: int) -> dict[str, int]:
     """`ptxas -v` on the compiled kernel's PTX, with Triton's ptxas for `arch` and Triton's flags."""
-    h = kernel.hash
-    if h in _USAGE_CACHE:
-        return _USAGE_CACHE[h]
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
 
     md = kernel.metadata
@@ -253,9 +306,7 @@ def _ptxas_usage(kernel: Any, arch: int) -> dict[str, int]:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if res.returncode != 0:
         raise CodesignError(f"ptxas failed on {md.name} for sm_{arch}: {res.stderr[-1500:]}")
-    usage = parse_ptxas_log(res.stdout + res.stderr, md.name)
-    _USAGE_CACHE[h] = usage
-    return usage
+    return parse_ptxas_log(res.stdout + res.stderr, md.name)
 
 
 # ----------------------------------------------------------------------------- the lent GPU's view
@@ -303,7 +354,7 @@ class _TargetDriver:
         return torch.device("cpu")
 
 
-def _describe(kernel: Any, fn: Any, arch: int, grid: Any) -> CompiledLaunch:
+def _describe(kernel: Any, fn: Any, arch: int, grid: Any, log: str = "") -> CompiledLaunch:
     src = kernel.src
     names = list(src.signature)
     cx = {}
@@ -318,13 +369,13 @@ def _describe(kernel: Any, fn: Any, arch: int, grid: Any) -> CompiledLaunch:
         if isinstance(idx, int) and any(a and a[0] == "tt.divisibility" for a in attrs):
             aligned.append(names[idx])
     md = kernel.metadata
-    usage = _ptxas_usage(kernel, arch)
+    facts = _kernel_facts(kernel, arch, log)
     return CompiledLaunch(
         kernel=md.name, module=fn.module if hasattr(fn, "module") else "", arch=arch,
         grid=[int(g) for g in grid] if isinstance(grid, (tuple, list)) else "callable",
         num_warps=md.num_warps, num_stages=md.num_stages, shared_bytes=md.shared, constexprs=cx,
-        signature=sig, aligned16=aligned, ptx_ops=ptx_census(kernel.asm["ptx"]),
-        sync_staged=sync_staged_loads(kernel.asm["ttgir"]), **usage,
+        signature=sig, aligned16=aligned, ptx_ops=dict(facts["census"]), sync_staged=facts["sync_staged"],
+        **facts["usage"],
     )  # fmt: skip
 
 
@@ -364,7 +415,8 @@ def compile_only(
 
     def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
         try:
-            kernel = orig_run(self, *args, grid=grid, warmup=True, **kwargs)
+            with _ptxas_log() as log:
+                kernel = orig_run(self, *args, grid=grid, warmup=True, **kwargs)
         except Exception as e:
             session.launches.append(
                 CompiledLaunch(
@@ -377,7 +429,7 @@ def compile_only(
             )
             session.compiled.append(None)
             raise
-        session.launches.append(_describe(kernel, self, arch, grid))
+        session.launches.append(_describe(kernel, self, arch, grid, log.getvalue()))
         session.compiled.append(kernel)
         return kernel
 

@@ -218,13 +218,14 @@ def main(argv: list[str] | None = None) -> int:
         print("hf_host_time: --cuda-graph needs --tokens >= 5 (a prefill, a warm step, a capture, two replays)",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.batch < 1:
+        print(f"hf_host_time: --batch must be >= 1, got {args.batch}", file=sys.stderr)
+        return 2
+    # (imports transformers: after the cheap checks)
     from codesign.integrations.hf.quantizer import WEIGHT_FORMATS
 
     if args.weights != "none" and args.weights not in WEIGHT_FORMATS:
         print(f"hf_host_time: --weights {args.weights!r}: none or one of {', '.join(WEIGHT_FORMATS)}", file=sys.stderr)
-        return 2
-    if args.batch < 1:
-        print(f"hf_host_time: --batch must be >= 1, got {args.batch}", file=sys.stderr)
         return 2
     rep = measure(args.layers, args.tokens, tuple(args.formats), entry_point=args.entry_point, batch=args.batch,
                   tree=args.tree, graph=args.cuda_graph, fuse=args.fuse, weights=args.weights)  # fmt: skip

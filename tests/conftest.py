@@ -7,6 +7,7 @@ on sys.path so tests in its subfolders import `helpers` and the references besid
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
@@ -14,6 +15,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+import torch
 
 TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:
@@ -24,14 +26,23 @@ from helpers import inductor_cache_per_cpu_capability  # noqa: E402
 from codesign.backend import cuda_available, enable_interpreter_if_no_gpu  # noqa: E402
 from codesign.interpreter_speed import speed_up_interpreter  # noqa: E402
 
-# Keep the interpreter and torch from fighting over the 2 cores of CI machines.
-os.environ.setdefault("OMP_NUM_THREADS", "2")
 enable_interpreter_if_no_gpu()
 speed_up_interpreter()  # half an interpreted kernel's time goes to work that changes no result
 # Before anything compiles: the suite runs once more under ATEN_CPU_CAPABILITY=avx2 on AVX-512 machines.
 inductor_cache_per_cpu_capability()
 
 GPU_REASON = "needs a CUDA GPU (run bench/gpu_suite.py on a GPU machine)"
+
+
+def pytest_configure(config):
+    """One share of the cores a worker, for torch here and the subprocesses tests start: two xdist workers of two
+    threads each on a 2-core machine spin against each other (the suite ran 11 % longer). The controller sets
+    OMP_NUM_THREADS from -n; workers inherit it; a value the user set is kept."""
+    n = getattr(config.option, "numprocesses", None)
+    workers = n if isinstance(n, int) and n > 0 else (os.cpu_count() or 1) if n == "auto" else 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    with contextlib.suppress(ValueError):
+        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -61,10 +72,5 @@ def _seed(request):
         np.random.seed(seed)
     except ImportError:  # pragma: no cover
         pass
-    try:
-        import torch
-
-        torch.manual_seed(seed)
-    except ImportError:  # pragma: no cover
-        pass
+    torch.manual_seed(seed)
     yield seed

@@ -183,6 +183,50 @@ print("ok")
     assert_runs_without_interpreter(code)
 
 
+def test_resources_come_from_tritons_own_ptxas_log_then_from_its_cache(tmp_path):
+    """A kernel Triton compiles in the session takes its registers and spills from Triton's own `ptxas -v` log;
+    one Triton loads from its cache takes them from the facts stored beside its cubin: no second ptxas run either
+    way, and the same numbers a separate ptxas run gives. A corrupt facts file is computed again."""
+    code = (
+        _PRELUDE
+        + """
+import json, os, sys
+from pathlib import Path
+import codesign.autotune.compile_only as co
+from codesign.kernels.gemm import formats as qf
+from codesign.kernels.gemm.ops import quant_matmul
+runs, real = [], co._ptxas_usage
+co._ptxas_usage = lambda k, a: runs.append(k.hash) or real(k, a)
+qw = qf.quantize_rtn(torch.randn(96, 256), "int4", 64, True, torch.float16)
+with compile_only(90, "NVIDIA H200") as s:
+    quant_matmul(torch.randn(5, 256, dtype=torch.float16), qw)
+(l,) = s.launches
+k = s.compiled[0]
+from triton.runtime.cache import get_cache_manager
+facts = Path(get_cache_manager(k.hash).get_file("codesign_compile_facts.json"))
+assert str(facts).startswith(os.environ["TRITON_CACHE_DIR"]), facts
+assert runs == [], runs  # from Triton's log (first process) or the stored facts (second)
+assert json.loads(facts.read_text())["usage"] == real(k, 90) == {n: getattr(l, n) for n in
+    ("registers", "stack_bytes", "spill_stores", "spill_loads")}
+assert l.ptx_ops == co.ptx_census(k.asm["ptx"]) and l.ptx_ops["mma_sync"] + l.ptx_ops["wgmma"] > 0
+if sys.argv[1] == "warm":  # a corrupt file: ptxas runs again, and the facts are stored anew
+    facts.write_text("{not json")
+    co._FACTS.clear()
+    again = co._kernel_facts(k, 90)["usage"]
+    assert runs == [k.hash] and json.loads(facts.read_text())["usage"] == again == real(k, 90), runs
+print("ok")
+"""
+    )
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path))
+    for phase in ("cold", "warm"):
+        res = subprocess.run([sys.executable, "-c", code, phase], env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0 and res.stdout.strip().endswith("ok"), (phase, res.stderr[-3000:])
+
+
 def test_patches_undone_after_the_block_and_after_an_exception():
     code = (
         _PRELUDE

@@ -481,11 +481,11 @@ def test_forwards_wait_for_the_gpu_only_at_their_first_layer(name, kind, monkeyp
         return out
 
     monkeypatch.setattr(CodesignCache, "attend", spy)
-    model = tiny_model(num_hidden_layers=3)
+    model = tiny_model()  # two layers: the first plans, the second must not wait
     spec = {"speculative": TreeSpeculator("ngram", width=2, depth=3)} if kind == "tree" else {}
     with use_backend("triton"):
-        run = run_generate(model, prompts(2, 9)[0], _spec(name), block_size=BLOCK, max_new_tokens=10,
+        run = run_generate(model, prompts(2, 9)[0], _spec(name), block_size=BLOCK, max_new_tokens=6,
                            do_sample=False, pad_token_id=0, eos_token_id=None, check=False, **spec)  # fmt: skip
     steps = run.steps if kind == "tree" else run.cache.steps
-    assert [s.kind for s in steps].count(kind) >= 3
+    assert [s.kind for s in steps].count(kind) >= 3, [s.kind for s in steps]
     assert not syncs, syncs
