@@ -127,6 +127,10 @@ def test_another_interpreter_is_left_as_it_is(interpreter, monkeypatch):
 
     monkeypatch.delattr(interpreter, "_get_np_dtype")
     assert cache_np_dtypes() is False
+    from codesign.interpreter_speed import skip_same_shape_broadcasts
+
+    monkeypatch.setattr(interpreter, "interpreter_semantic", object())
+    assert skip_same_shape_broadcasts() is False
     monkeypatch.delattr(core, "block_type")
     assert share_block_shapes() is False
 
@@ -139,6 +143,8 @@ def _originals(monkeypatch) -> None:
     monkeypatch.setattr(core.block_type, "__init__", core.block_type.__init__._codesign_original)
     monkeypatch.setattr(core.tensor, "__init__", core.tensor.__init__._codesign_original)
     monkeypatch.setattr(interpreter, "_get_np_dtype", interpreter._get_np_dtype._codesign_original)
+    sem = interpreter.interpreter_semantic
+    monkeypatch.setattr(sem, "broadcast_impl_value", sem.broadcast_impl_value._codesign_original)
 
 
 def test_shared_shapes_and_dtypes_give_the_same_bits_and_the_same_types(monkeypatch):
@@ -165,6 +171,33 @@ def test_shared_shapes_and_dtypes_give_the_same_bits_and_the_same_types(monkeypa
     kinds = (tl.bfloat16, tl.pointer_type(tl.float16), tl.block_type(tl.int8, [4]), tl.block_type(tl.float32, [2]))
     want = [np.dtype(d) for d in ("uint16", "uint64", "int8", "float32")]
     assert [interpreter._get_np_dtype(t) for t in kinds] == want
+
+
+def test_same_shape_operands_skip_the_broadcast_and_others_still_broadcast(monkeypatch):
+    """The kernel's ops on one shared shape skip Triton's broadcast walk; [8, 1] against [1, 4] and a scalar against a
+    block still take it; the bits are those of Triton's own walk on every op. (Teeth: a fast path that returned
+    every pair unbroadcast fails the kernel's [8, 4] + [8, 1].)"""
+    from triton.runtime import interpreter
+
+    sem = interpreter.interpreter_semantic
+    fast = sem.broadcast_impl_value
+    assert getattr(fast, "_codesign_fast", False)
+    x, q = torch.randn(8, 4), torch.randint(-100, 100, (8, 4), dtype=torch.int8)
+
+    def run(impl):
+        seen = []
+        monkeypatch.setattr(sem, "broadcast_impl_value", lambda lhs, rhs: (seen.append((lhs.type, rhs.type)),
+                                                                          impl(lhs, rhs))[1])  # fmt: skip
+        out = torch.full((32,), float("nan"))
+        _shapes_kernel[(1,)](x, q, out, 6)
+        return out, seen
+
+    skipped, seen = run(fast)
+    own, _ = run(fast._codesign_original)
+    assert torch.equal(skipped, own) and not skipped.isnan().any()
+    blocks = [a.shape is b.shape for a, b in seen if type(a) is tl.block_type and type(b) is tl.block_type]
+    assert any(blocks) and not all(blocks)  # ops on one shared shape (skipped) and broadcasts between shapes
+    assert any(type(a) is not type(b) for a, b in seen)  # and a scalar against a block
 
 
 def test_a_bad_shape_is_still_refused():
