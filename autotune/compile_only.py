@@ -251,7 +251,9 @@ def _kernel_facts(kernel: Any, arch: int, log: str = "") -> dict[str, Any]:
         with contextlib.suppress(OSError, ValueError):
             with open(stored) as f:
                 facts = json.load(f)
-    if not isinstance(facts, dict) or not {"usage", "census", "sync_staged"} <= set(facts):
+    usage_keys = {"registers", "stack_bytes", "spill_stores", "spill_loads"}
+    if not isinstance(facts, dict) or not {"usage", "census", "sync_staged"} <= set(facts) \
+            or not isinstance(facts["usage"], dict) or set(facts["usage"]) != usage_keys:
         usage = None
         if kernel.metadata.name in log:  # the log names each function it compiled
             with contextlib.suppress(CodesignError):
@@ -281,7 +283,8 @@ def _ptxas_log() -> Iterator[io.StringIO]:
             yield buf
     finally:
         knobs.nvidia.dump_ptxas_log = saved
-        rest = [line for line in buf.getvalue().splitlines(keepends=True) if not line.startswith("ptxas")]
+        rest = [line for line in buf.getvalue().splitlines(keepends=True)
+                if line.strip() and not line.startswith("ptxas") and not _PROPS_RE.search(line)]  # (indented)
         if rest:
             print("".join(rest), end="")
 

@@ -210,10 +210,12 @@ assert json.loads(facts.read_text())["usage"] == real(k, 90) == {n: getattr(l, n
     ("registers", "stack_bytes", "spill_stores", "spill_loads")}
 assert l.ptx_ops == co.ptx_census(k.asm["ptx"]) and l.ptx_ops["mma_sync"] + l.ptx_ops["wgmma"] > 0
 if sys.argv[1] == "warm":  # a corrupt file: ptxas runs again, and the facts are stored anew
-    facts.write_text("{not json")
-    co._FACTS.clear()
-    again = co._kernel_facts(k, 90)["usage"]
-    assert runs == [k.hash] and json.loads(facts.read_text())["usage"] == again == real(k, 90), runs
+    for bad in ("{not json", json.dumps({"usage": {"registers": 1}, "census": {}, "sync_staged": 0})):
+        facts.write_text(bad)
+        co._FACTS.clear()
+        again = co._kernel_facts(k, 90)["usage"]
+        assert json.loads(facts.read_text())["usage"] == again == real(k, 90), bad
+    assert runs == [k.hash] * 2, runs
 print("ok")
 """
     )
@@ -224,7 +226,8 @@ print("ok")
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path))
     for phase in ("cold", "warm"):
         res = subprocess.run([sys.executable, "-c", code, phase], env=env, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0 and res.stdout.strip().endswith("ok"), (phase, res.stderr[-3000:])
+        # nothing of Triton's ptxas log reaches the session's stdout
+        assert res.returncode == 0 and res.stdout == "ok\n", (phase, res.stdout[-2000:], res.stderr[-3000:])
 
 
 def test_patches_undone_after_the_block_and_after_an_exception():
