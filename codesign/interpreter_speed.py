@@ -16,7 +16,7 @@ Of what is left, another third went to rebuilding the same few things op after o
   (ints; constexprs) with a `tuple_type` of `constexpr_type`s and validating it; a kernel has a handful of shapes.
 - **numpy dtypes.** `_get_np_dtype` builds its table of 19 dtypes at every call.
 - **Broadcasts of operands of one shape.** Every binary op walks both shapes to broadcast them, also when they are
-  the same shape (12 % of the INT planes and mixed cache tests' time).
+  the same shape (timed once: docs/known-issues.md).
 
 `speed_up_interpreter()` skips the first two (checks back on, with debug, under CODESIGN_OVERFLOW_CHECKS=1),
 builds shapes and dtypes once (`share_block_shapes`, `cache_np_dtypes`) and returns operands of one shared shape
@@ -204,9 +204,8 @@ def cache_np_dtypes() -> bool:
 def skip_same_shape_broadcasts() -> bool:
     """A binary op's operands of one shared block shape (`share_block_shapes`) need no broadcast, but Triton's
     `broadcast_impl_value` still walks the shapes, builds the result shape as a list and compares it with each
-    operand's (a Triton tuple against a list, element by element) before returning them as they were: about a
-    quarter of an interpreted op's language-side time. Only the interpreter's semantic object is changed. Returns
-    whether it had the method."""
+    operand's (a Triton tuple against a list, element by element) before returning them as they were. Only the
+    interpreter's semantic object is changed. Returns whether it had the method."""
     from triton.language import core
     from triton.runtime import interpreter
 

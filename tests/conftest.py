@@ -36,10 +36,10 @@ GPU_REASON = "needs a CUDA GPU (run bench/gpu_suite.py on a GPU machine)"
 
 def pytest_configure(config):
     """One share of the cores a worker, for torch here and the subprocesses tests start: two xdist workers of two
-    threads each on a 2-core machine spin against each other. The controller sets OMP_NUM_THREADS from -n;
-    workers inherit it; a value the user set is kept."""
-    n = getattr(config.option, "numprocesses", None)
-    workers = n if isinstance(n, int) and n > 0 else (os.cpu_count() or 1) if n == "auto" else 1
+    threads each on a 2-core machine spin against each other. The controller sets OMP_NUM_THREADS from the workers
+    it starts (xdist's `tx`, one entry a worker once -n is resolved); workers inherit it; a value the user set is
+    kept."""
+    workers = len(getattr(config.option, "tx", None) or ()) or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     with contextlib.suppress(ValueError):
         torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
