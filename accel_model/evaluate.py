@@ -332,20 +332,20 @@ def _decode_attention(acc: _Acc, spec: PagedDecodeAttention) -> Result:
     # whichever finishes first given the vector unit's other work here (weight-stationary arrays are
     # poor at M = 1).
     n = b * spec.kv_heads
-    arr = _array_cycles(d, g, L, spec.head_dim, n) + _array_cycles(d, g, spec.head_dim, L, n)
-    macs = 2 * spec.kv_tokens() * spec.q_heads * spec.head_dim
+    arr = _array_cycles(d, g, L, spec.head_dim, n) + _array_cycles(d, g, spec.v_dim, L, n)
+    macs = spec.kv_tokens() * spec.q_heads * (spec.head_dim + spec.v_dim)
     vec = -(-macs // (d.vector.lanes * d.vector.count)) + d.vector.depth
     softmax = Softmax(b * spec.q_heads, L)
     deq = None
     if spec.kv_format.quantized:
-        deq = KVDequantize(spec.kv_tokens(), spec.kv_heads, spec.head_dim, spec.kv_format)
+        deq = KVDequantize(spec.kv_tokens(), spec.kv_heads, spec.head_dim, spec.kv_format, latent=spec.latent_kv)
     other = vector_cost(d.vector, softmax).cycles
     if deq is not None and d.kv_quant is None:
         other += vector_cost(d.vector, deq).cycles
     on_array = max(arr, other) <= vec + other
     if on_array:
         acc.array(g, L, spec.head_dim, n, act, kv_elem)  # QK^T
-        acc.array(g, spec.head_dim, L, n, act, kv_elem)  # P.V
+        acc.array(g, spec.v_dim, L, n, act, kv_elem)  # P.V
     else:
         acc.add(acc.busy, "vector", vec / (d.clock_ghz * 1e9))
         acc.add(acc.energy, "vector.op", macs * acc.em.vector_op_pj())
@@ -358,24 +358,25 @@ def _decode_attention(acc: _Acc, spec: PagedDecodeAttention) -> Result:
 
 def _dense_attention(acc: _Acc, spec: OpSpec, q_lens: tuple[int, ...], kv_lens: tuple[int, ...]) -> Result:
     """Prefill / extend / tree attention: work from the spec's flops, array efficiency from the means."""
-    q_heads, kv_heads, hd = spec.q_heads, spec.kv_heads, spec.head_dim
+    q_heads, kv_heads, hd, vd = spec.q_heads, spec.kv_heads, spec.head_dim, spec.v_dim
     n = len(q_lens)
     mq = -(-sum(q_lens) // n)
     mk = -(-sum(kv_lens) // n)
-    pairs = (spec.flops() / q_heads) / (4.0 * hd + 5)
+    hm = (hd + vd) / 2  # the mean of the two products' widths (head_dim itself unless MLA's values differ)
+    pairs = (spec.flops() / q_heads) / (4.0 * hm + 5)
     # Representative per-head GEMMs give the array efficiency; the total work scales it.
-    rep_macs = 2.0 * mq * mk * hd
+    rep_macs = 2.0 * mq * mk * hm
     a = acc.d.systolic
-    rep_cyc = _array_cycles(acc.d, mq, mk, hd, 1) + _array_cycles(acc.d, mq, hd, mk, 1)
-    eff_cyc = rep_cyc * (pairs * 2 * hd * q_heads) / rep_macs / a.count if rep_macs else 0.0
+    rep_cyc = _array_cycles(acc.d, mq, mk, hd, 1) + _array_cycles(acc.d, mq, vd, mk, 1)
+    eff_cyc = rep_cyc * (pairs * 2 * hm * q_heads) / rep_macs / a.count if rep_macs else 0.0
     acc.add(acc.busy, "systolic", eff_cyc / (acc.d.clock_ghz * 1e9))
-    macs = 2.0 * pairs * hd * q_heads
+    macs = 2.0 * pairs * hm * q_heads
     acc.add(acc.energy, "systolic.mac", macs * acc.em.mac_pj(a.dtype))
     acc.add(acc.traffic, "macs", macs)
     acc.vector(Softmax(q_heads, max(1, int(pairs))))
     kv_fmt = getattr(spec, "kv_format", None)
     if kv_fmt is not None and kv_fmt.quantized:
-        deq = KVDequantize(sum(kv_lens), kv_heads, hd, kv_fmt)
+        deq = KVDequantize(sum(kv_lens), kv_heads, hd, kv_fmt, latent=spec.latent_kv)
         acc.kvq(deq) if acc.d.kv_quant is not None else acc.vector(deq)
     acc.dram(spec.min_bytes())
     return acc.result(spec, "systolic")

@@ -77,7 +77,7 @@ def kvq_cost(eng: KVQuantEngineSpec, spec: OpSpec) -> KVQuantCost:
     """Cycles of a KVWrite (quantize + pack + outliers) or KVDequantize on the engines (module docstring)."""
     if not isinstance(spec, KVWrite | KVDequantize):
         raise CodesignError(f"the KV quant engine runs KVWrite and KVDequantize, not {type(spec).__name__}")
-    vectors = 2 * spec.tokens * spec.kv_heads
+    vectors = spec.vectors
     if vectors == 0:
         return KVQuantCost(0, 0)
     beats = -(-spec.head_dim // eng.lanes)

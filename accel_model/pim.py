@@ -267,6 +267,8 @@ def _why_not_attention(spec: PagedDecodeAttention, dq: PIMDequantSpec | None) ->
     fmt = spec.kv_format
     if spec.window is not None:
         return "PIM attention streams whole KV caches: sliding windows are not supported"
+    if spec.latent_kv or spec.v_dim != spec.head_dim:
+        return "PIM attention streams a K and a V cache of one head width: a latent (MLA) cache is not modelled"
     if not fmt.quantized:
         return None if fmt.dtype in ("fp16", "bf16") else f"PIM MACs are fp16: {fmt.dtype} KV is not"
     if dq is None:

@@ -90,12 +90,12 @@ def lane_ops(vu: VectorUnitSpec, spec: OpSpec) -> int:
     if isinstance(spec, MoERouter):  # the softmax and top-k part; the GEMM goes to the array
         return spec.tokens * ((4 + s + spec.top_k) * spec.experts + s + 2 * tree)
     if isinstance(spec, KVWrite):
-        vectors = 2 * spec.tokens * spec.kv_heads
+        vectors = spec.vectors
         if not spec.kv_format.quantized:
             return vectors * spec.head_dim  # a copy
         return vectors * (5 * spec.head_dim + s + 2 * tree)
     if isinstance(spec, KVDequantize):
-        return 3 * 2 * spec.tokens * spec.kv_heads * spec.head_dim
+        return 3 * spec.vectors * spec.head_dim
     raise CodesignError(f"the vector unit does not run {type(spec).__name__} ops")
 
 

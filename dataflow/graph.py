@@ -2,8 +2,9 @@
 
 Node ids are "embed" (plus "pos_embed" and "embed_add" for learned position
 embeddings, GPT-2/OPT), "L{i}.{op}" for layer i, and "final_norm", "lm_head",
-"sample". Each node has attributes `spec` (a codesign.specs OpSpec), `op` (the
-operator's role, e.g. "qkv_proj", shared by all layers) and `layer` (int, or
+"sample" (a latent-attention model's attention nodes: `latent_attention`). Each
+node has attributes `spec` (a codesign.specs OpSpec), `op` (the operator's
+role, e.g. "qkv_proj", shared by all layers) and `layer` (int, or
 None outside the blocks); a MoE layer's routed up/down projections also carry
 `resident_weights`, the expert weight matrices held in memory (all of them,
 while the GEMM's `batch` counts the experts the step's tokens reach). Edges
@@ -149,6 +150,7 @@ class _StepBuilder:
         # KV heads replicate when tp exceeds them (vLLM's rule): each rank keeps at least one.
         self.kv_heads = tp_divide("kv_heads", m.kv_heads, self.tp) if m.kv_heads >= self.tp else 1
         self.ffn = tp_divide("ffn", m.ffn, self.tp)
+        self.dense_ffn = tp_divide("dense_ffn", m.dense_ffn, self.tp) if m.dense_layers else 0
         self.act_b = dtype_bytes("fp16")
         self.hid_b = self.tokens * m.hidden * self.act_b  # one fp16 row per token: the residual stream's size
         # Weight-only formats keep fp16 activations; W8A8/FP8 quantize activations for the GEMM.
@@ -188,11 +190,11 @@ class _StepBuilder:
         """One decoder block on the residual stream `h_in`; returns the block's output node."""
         m, p, hid_b = self.m, f"L{i}.", self.hid_b
         n1 = self.add(p + "attn_norm", "attn_norm", Norm(self.tokens, m.hidden, m.norm), i, [h_in], hid_b)
-        o = self.attention(p, i, n1)
+        o = self.latent_attention(p, i, n1) if m.mla else self.attention(p, i, n1)
         r1 = self.residual(p, "attn", i, o, h_in)
         n2 = self.add(p + "ffn_norm", "ffn_norm", Norm(self.tokens, m.hidden, m.norm), i, [r1], hid_b)
         down = self.ffn_block(p, i, n2)
-        if m.shared_expert_ffn:
+        if m.shared_expert_ffn and m.moe_layer(i):
             down = self.shared_expert(p, i, n2, down)
         return self.residual(p, "ffn", i, down, r1)
 
@@ -216,9 +218,53 @@ class _StepBuilder:
         attn = self.add(p + "attention", "attention", attn_spec, i, [pre_attn, kvw], tokens * qh * hd * act_b)
         return self.add(p + "o_proj", "o_proj", self.lin(m.hidden, qh * hd, m.o_bias), i, [attn], self.hid_b)
 
+    def latent_attention(self, p: str, i: int, n1: str) -> str:
+        """Multi-head latent attention (DeepSeek-V2/V3) as serving engines run it (vLLM, SGLang, FlashMLA).
+
+        The down projections (query bottleneck, latent and rotary key: one fused GEMM) see the whole hidden state
+        on every rank; the cache holds one latent + rotary-key vector a token, the same on every rank. Decode
+        absorbs kv_b_proj into the attention: each head's query is taken into the latent space (W_UK, a batch of
+        per-head GEMMs), attends to the latent cache as one kv head (keys the whole vector, values its first
+        kv_lora_rank channels) and its output is taken up to the value head (W_UV). Prefill expands the latents
+        to per-head keys and values (kv_b_proj) and runs ordinary attention with values narrower than keys."""
+        m, tokens, act_b, qh = self.m, self.tokens, self.act_b, self.q_heads
+        c, rope, nope, v = m.kv_lora_rank, m.qk_rope_head_dim, m.head_dim, m.v_dim
+        qk = nope + rope
+        a_n = m.q_lora_rank + c + rope
+        a = self.add(p + "qkv_a_proj", "qkv_a_proj", self.lin(a_n, m.hidden, m.qkv_bias), i, [n1], tokens * a_n * act_b)
+        latent = self.add(p + "kv_a_norm", "kv_a_norm", Norm(tokens, c, m.norm), i, [a], tokens * c * act_b)
+        q_b = tokens * qh * qk * act_b
+        if m.q_lora_rank:
+            qn = self.add(p + "q_a_norm", "q_a_norm", Norm(tokens, m.q_lora_rank, m.norm), i, [a],
+                          tokens * m.q_lora_rank * act_b)  # fmt: skip
+            q = self.add(p + "q_b_proj", "q_b_proj", self.lin(qh * qk, m.q_lora_rank, False), i, [qn], q_b)
+        else:
+            q = self.add(p + "q_proj", "q_proj", self.lin(qh * qk, m.hidden, m.qkv_bias), i, [n1], q_b)
+        # RoPE on the queries' rotary parts and the one rotary key a token.
+        rot = self.add(p + "rope", "rope", RoPE(tokens, qh, 1, rope), i, [q, a], q_b)
+        kvw = KVWrite(tokens, 1, c + rope, self.kvf, latent=True)
+        kvw_node = self.add(p + "kv_write", "kv_write", kvw, i, [latent, rot], 0)
+        if self.g.graph["phase"] == "decode":
+            q_lat = self.add(p + "q_absorb", "q_absorb", self.lin(c, nope, False, tokens, qh), i, [rot],
+                             tokens * qh * c * act_b)  # fmt: skip
+            spec: OpSpec = PagedDecodeAttention(
+                qh, 1, c + rope, context_lens=self.lens, block_size=self.block, kv_format=self.kvf,
+                v_head_dim=c, latent_kv=True,
+            )  # fmt: skip
+            attn = self.add(p + "attention", "attention", spec, i, [q_lat, kvw_node], tokens * qh * c * act_b)
+            o_in = self.add(p + "v_up", "v_up", self.lin(v, c, False, tokens, qh), i, [attn], tokens * qh * v * act_b)
+        else:
+            kv_n = qh * (nope + v)
+            kv = self.add(p + "kv_b_proj", "kv_b_proj", self.lin(kv_n, c, False), i, [latent], tokens * kv_n * act_b)
+            spec = PrefillAttention(qh, qh, qk, seq_lens=self.lens, v_head_dim=v)
+            o_in = self.add(p + "attention", "attention", spec, i, [rot, kv, kvw_node], tokens * qh * v * act_b)
+        return self.add(p + "o_proj", "o_proj", self.lin(m.hidden, qh * v, m.o_bias), i, [o_in], self.hid_b)
+
     def ffn_block(self, p: str, i: int, n2: str) -> str:
         """Up projection, activation and down projection: dense, or the routed experts of a MoE layer."""
         m, tokens, act_b = self.m, self.tokens, self.act_b
+        if m.experts and not m.moe_layer(i):  # a MoE model's leading dense blocks
+            return self._dense_mlp(p, i, n2, self.dense_ffn)
         up_n = (2 if m.gated else 1) * self.ffn
         if m.experts:
             spec = MoERouter(tokens, m.hidden, m.experts, m.top_k)
@@ -238,6 +284,13 @@ class _StepBuilder:
         # The MoE combine (weighted sum of each token's top-k expert outputs) reads the router's weights.
         down_spec = self.lin(m.hidden, self.ffn, m.mlp_bias, mm, nb)
         return self.add(p + "down_proj", "down_proj", down_spec, i, [act, *down_in], self.hid_b, **resident)
+
+    def _dense_mlp(self, p: str, i: int, n2: str, ffn: int) -> str:
+        m, tokens, act_b = self.m, self.tokens, self.act_b
+        up_n = (2 if m.gated else 1) * ffn
+        up = self.add(p + "up_proj", "up_proj", self.lin(up_n, m.hidden, m.mlp_bias), i, [n2], tokens * up_n * act_b)
+        act = self.add(p + "act", self.act_op, Elementwise(self.act_op, tokens * ffn), i, [up], tokens * ffn * act_b)
+        return self.add(p + "down_proj", "down_proj", self.lin(m.hidden, ffn, m.mlp_bias), i, [act], self.hid_b)
 
     def shared_expert(self, p: str, i: int, n2: str, routed_out: str) -> str:
         # Qwen2-MoE / DeepSeekMoE: every token also runs a dense gated MLP (sharded like a dense FFN);

@@ -34,12 +34,12 @@ def resident_bytes(g: nx.DiGraph) -> dict[str, float]:
             weights += d.get("resident_weights", s.batch) * s.weight.total_bytes(s.N, s.K)
         if isinstance(s, PagedDecodeAttention):
             kept = sum(kept_tokens(c, 1, s.window, s.block_size) for c in s.context_lens)
-            kv += kept * s.kv_format.bytes_per_token(s.kv_heads, s.head_dim)
+            kv += kept * s.kv_bytes_per_token()
         elif isinstance(s, PagedExtendAttention):
             kept = sum(kept_tokens(p + q, q, s.window, s.block_size) for p, q in zip(s.prefix_lens, s.q_lens))
-            kv += kept * s.kv_format.bytes_per_token(s.kv_heads, s.head_dim)
+            kv += kept * s.kv_bytes_per_token()
         elif isinstance(s, KVWrite) and g.graph.get("phase") == "prefill":
-            kv += s.tokens * s.kv_format.bytes_per_token(s.kv_heads, s.head_dim)
+            kv += s.tokens * s.cache_bytes_per_token()
     return {"weights": weights, "kv_cache": kv}
 
 

@@ -54,6 +54,16 @@ class ModelConfig:
     # Layers that attend to the whole context although sliding_window is set (Gemma2 / GPT-OSS every other layer,
     # Gemma3 every sixth, Qwen2 those below max_window_layers); empty: every layer slides.
     full_attention_layers: tuple[int, ...] = ()
+    # Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank 0: none): each token caches one kv_lora_rank-wide
+    # latent plus a qk_rope_head_dim-wide rotary key shared by the heads; `head_dim` is then a q/k head's non-rotary
+    # part, v_head_dim a value head's width (0: head_dim), and q_lora_rank a query bottleneck's width (0: none).
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # A MoE model whose first dense_layers blocks run a dense MLP of dense_ffn (DeepSeek's first_k_dense_replace).
+    dense_layers: int = 0
+    dense_ffn: int = 0
     known_params: float | None = None
     source: str = ""
 
@@ -93,9 +103,62 @@ class ModelConfig:
         for f in ("qkv_bias", "o_bias", "mlp_bias"):
             if getattr(self, f) is None:
                 object.__setattr__(self, f, self.bias)
+        self._check_mla(where)
+        self._check_dense_layers(where)
         if self.known_params is not None:
             # YAML 1.1 reads "6.738e9" (no sign in the exponent) as a string.
             object.__setattr__(self, "known_params", float(self.known_params))
+
+    def _check_mla(self, where: str) -> None:
+        for f in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+            check_nonneg_int(f, getattr(self, f))
+        if not self.mla:
+            if self.q_lora_rank or self.qk_rope_head_dim or self.v_head_dim:
+                raise CodesignError(f"{where}: q_lora_rank, qk_rope_head_dim and v_head_dim need kv_lora_rank > 0")
+            return
+        if not (self.rope and self.qk_rope_head_dim):
+            raise CodesignError(f"{where}: latent attention (kv_lora_rank) needs rope and qk_rope_head_dim > 0")
+        if self.kv_heads != self.heads:
+            raise CodesignError(f"{where}: latent attention has one K and V a query head: kv_heads must be heads")
+        if self.sliding_window is not None:
+            raise CodesignError(f"{where}: latent attention with a sliding window is not modelled")
+
+    def _check_dense_layers(self, where: str) -> None:
+        for f in ("dense_layers", "dense_ffn"):
+            check_nonneg_int(f, getattr(self, f))
+        if self.dense_layers and not (self.experts and self.dense_ffn and self.dense_layers <= self.layers):
+            raise CodesignError(
+                f"{where}: dense_layers={self.dense_layers} needs experts > 0, dense_ffn > 0 and at most "
+                f"layers={self.layers} layers"
+            )
+        if self.dense_ffn and not self.dense_layers:
+            raise CodesignError(f"{where}: dense_ffn needs dense_layers > 0")
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (kv_lora_rank > 0)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of a query / key head (with MLA the non-rotary and rotary parts together)."""
+        return self.head_dim + self.qk_rope_head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of a value head."""
+        return self.v_head_dim or self.head_dim
+
+    def moe_layer(self, layer: int) -> bool:
+        """Whether block `layer` routes its tokens to experts (the first dense_layers blocks do not)."""
+        return bool(self.experts) and layer >= self.dense_layers
+
+    def kv_cache_layout(self) -> tuple[int, int, bool]:
+        """(vectors a token, width, latent) one layer caches: kv_heads K and V vectors of head_dim, or MLA's
+        one latent of kv_lora_rank + qk_rope_head_dim (its first kv_lora_rank channels serve as the values)."""
+        if self.mla:
+            return 1, self.kv_lora_rank + self.qk_rope_head_dim, True
+        return self.kv_heads, self.head_dim, False
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window layer `layer` attends with (None: the whole context)."""
@@ -113,16 +176,33 @@ class ModelConfig:
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
+    def attention_shapes(self) -> dict[str, tuple[int, int]]:
+        """(N, K) of each attention linear of one block (unsharded). MLA: the query path (q_a_proj, then
+        q_b_proj; or q_proj), kv_a_proj (latent and rotary key), kv_b_proj (the latent up to each head's
+        non-rotary key and value) and o_proj."""
+        if not self.mla:
+            return {"qkv_proj": (self.q_dim + 2 * self.kv_dim, self.hidden), "o_proj": (self.hidden, self.q_dim)}
+        q_n = self.heads * self.qk_head_dim
+        out = {"q_a_proj": (self.q_lora_rank, self.hidden), "q_b_proj": (q_n, self.q_lora_rank)}
+        if not self.q_lora_rank:
+            out = {"q_proj": (q_n, self.hidden)}
+        out["kv_a_proj"] = (self.kv_lora_rank + self.qk_rope_head_dim, self.hidden)
+        out["kv_b_proj"] = (self.heads * (self.head_dim + self.v_dim), self.kv_lora_rank)
+        out["o_proj"] = (self.hidden, self.heads * self.v_dim)
+        return out
+
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(N, K) of each linear layer of one block (unsharded); MoE expert shapes are per expert, the
-        shared expert's (and its gate's) under `shared_*`."""
+        shared expert's (and its gate's) under `shared_*`, the dense blocks' MLP of a MoE model under `dense_*`."""
         ffn_up = (2 if self.gated else 1) * self.ffn
         out = {
-            "qkv_proj": (self.q_dim + 2 * self.kv_dim, self.hidden),
-            "o_proj": (self.hidden, self.q_dim),
+            **self.attention_shapes(),
             "up_proj": (ffn_up, self.hidden),
             "down_proj": (self.hidden, self.ffn),
         }
+        if self.dense_layers:
+            out["dense_up_proj"] = ((2 if self.gated else 1) * self.dense_ffn, self.hidden)
+            out["dense_down_proj"] = (self.hidden, self.dense_ffn)
         if self.shared_expert_ffn:
             out["shared_up_proj"] = ((2 if self.gated else 1) * self.shared_expert_ffn, self.hidden)
             out["shared_down_proj"] = (self.hidden, self.shared_expert_ffn)
@@ -137,25 +217,36 @@ class ModelConfig:
     def param_count(self) -> int:
         """Total parameters (weights, biases, norms, embeddings); checked against `known_params`."""
         s = self.linear_shapes()
-        attn = s["qkv_proj"][0] * s["qkv_proj"][1] + s["o_proj"][0] * s["o_proj"][1]
+        a = self.attention_shapes()
+        attn = sum(n * k for n, k in a.values())
         mlp = s["up_proj"][0] * s["up_proj"][1] + s["down_proj"][0] * s["down_proj"][1]
-        bias_attn = (s["qkv_proj"][0] if self.qkv_bias else 0) + (s["o_proj"][0] if self.o_bias else 0)
+        # MLA's up projections (q_b_proj, kv_b_proj) have no biases whatever attention_bias says.
+        biased = ("qkv_proj", "q_proj", "q_a_proj", "kv_a_proj")
+        bias_attn = sum(n for name, (n, _) in a.items() if name in biased) if self.qkv_bias else 0
+        bias_attn += a["o_proj"][0] if self.o_bias else 0
         bias_mlp = s["up_proj"][0] + s["down_proj"][0] if self.mlp_bias else 0
         norm_params = (1 if self.norm == "rms" else 2) * self.hidden
+        latent_norms = self.q_lora_rank + self.kv_lora_rank  # MLA's norms on its two bottlenecks
+        dense = 0
         if self.experts:
             mlp, bias_mlp = mlp * self.experts, bias_mlp * self.experts
             mlp += self.experts * self.hidden + self._shared_weights()  # router, shared expert
-        per_layer = attn + mlp + bias_attn + bias_mlp + 2 * norm_params
+            dn = s.get("dense_up_proj", (0, 0)), s.get("dense_down_proj", (0, 0))
+            dense = sum(n * k + (n if self.mlp_bias else 0) for n, k in dn)
+        per_layer = attn + bias_attn + 2 * norm_params + latent_norms
+        blocks = self.layers * per_layer + self.dense_layers * dense + (self.layers - self.dense_layers) * (
+            mlp + bias_mlp
+        )
         emb = self.vocab * self.hidden
         pos = (self.max_context + 2) * self.hidden if self.learned_positions else 0  # OPT keeps 2 spare rows
         head = 0 if self.tied_embeddings else self.vocab * self.hidden
-        return self.layers * per_layer + emb + pos + head + norm_params
+        return blocks + emb + pos + head + norm_params
 
     def weight_bytes_per_layer(self, bits_per_weight: float) -> float:
-        """Bytes of linear weights of one block read by a step (all experts)."""
+        """Bytes of linear weights of one block read by a step (all experts; a MoE block's, not a dense one's)."""
         s = self.linear_shapes()
         mlp = s["up_proj"][0] * s["up_proj"][1] + s["down_proj"][0] * s["down_proj"][1]
-        n = sum(a * b for a, b in (s["qkv_proj"], s["o_proj"])) + mlp * max(1, self.experts)
+        n = sum(a * b for a, b in self.attention_shapes().values()) + mlp * max(1, self.experts)
         n += self._shared_weights()
         return n * bits_per_weight / 8
 
@@ -322,6 +413,8 @@ def load_hf_config(path: str | Path) -> ModelConfig:
                 ffn_kind="gelu" if "gelu" in act else "relu",
                 max_context=int(g("max_position_embeddings")),
             )
+        if mtype in LATENT_ATTENTION:
+            return _deepseek_model(name, path, cfg, mtype)
         if mtype in LLAMA_LIKE:
             heads = int(g("num_attention_heads"))
             layers = int(g("num_hidden_layers"))
@@ -377,7 +470,50 @@ def load_hf_config(path: str | Path) -> ModelConfig:
         raise CodesignError(f"{path}: malformed field value ({e})") from None
     raise CodesignError(
         f"{path}: model_type {mtype!r} not supported; expected one of {', '.join(t for t in LLAMA_LIKE if t)}, "
-        "opt, gpt2, bert"
+        f"{', '.join(LATENT_ATTENTION)}, opt, gpt2, bert"
+    )
+
+
+# DeepSeek-V2 / V3: multi-head latent attention and DeepSeekMoE (leading dense blocks, shared experts).
+LATENT_ATTENTION = ("deepseek_v2", "deepseek_v3")
+
+
+def _deepseek_model(name: str, path: Path, cfg: dict[str, Any], mtype: str) -> ModelConfig:
+    # V3's multi-token-prediction module (num_nextn_predict_layers) is not part of a step: left out, as the
+    # model card's 671B leaves it out. Its router's sigmoid scores and group limit cost what a softmax top-k does.
+    g = functools.partial(_get, cfg, path)
+    freq = int(cfg.get("moe_layer_freq", 1) or 1)
+    if freq != 1:
+        raise CodesignError(f"{path}: moe_layer_freq={freq} is not mapped: every block past the dense ones must be MoE")
+    experts = int(cfg.get("n_routed_experts") or 0)
+    moe_ffn = int(g("moe_intermediate_size")) if experts else 0
+    dense = int(cfg.get("first_k_dense_replace") or 0) if experts else 0
+    return ModelConfig(
+        name=name,
+        layers=int(g("num_hidden_layers")),
+        hidden=int(g("hidden_size")),
+        heads=int(g("num_attention_heads")),
+        kv_heads=int(g("num_attention_heads")),
+        head_dim=int(g("qk_nope_head_dim")),
+        qk_rope_head_dim=int(g("qk_rope_head_dim")),
+        v_head_dim=int(g("v_head_dim")),
+        kv_lora_rank=int(g("kv_lora_rank")),
+        q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+        ffn=moe_ffn or int(g("intermediate_size")),
+        vocab=int(g("vocab_size")),
+        ffn_kind="gated_silu",
+        norm="rms",
+        max_context=int(g("max_position_embeddings")),
+        experts=experts,
+        top_k=int(g("num_experts_per_tok")) if experts else 0,
+        shared_expert_ffn=int(cfg.get("n_shared_experts") or 0) * moe_ffn,
+        dense_layers=dense,
+        dense_ffn=int(g("intermediate_size")) if dense else 0,
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=bool(cfg.get("attention_bias", False)),
+        o_bias=bool(cfg.get("attention_bias", False)),
+        rope=True,
+        source=str(path),
     )
 
 

@@ -254,10 +254,11 @@ class KVFormat:
         meta = 16 if self.meta == "offline" else meta_pair
         return code + meta / head_dim + self.outlier_fraction * self.outlier_bits
 
-    def bytes_per_token(self, num_kv_heads: int, head_dim: int) -> float:
-        """Bytes of K and V together for one token of one layer."""
+    def bytes_per_token(self, num_kv_heads: int, head_dim: int, *, latent: bool = False) -> float:
+        """Bytes of K and V together for one token of one layer; `latent`: one cached vector a head whose
+        leading channels are the values (MLA's compressed cache), not a K and a V."""
         check_positive_int("num_kv_heads", num_kv_heads)
-        return 2 * num_kv_heads * head_dim * self.bits_per_element(head_dim) / 8
+        return (1 if latent else 2) * num_kv_heads * head_dim * self.bits_per_element(head_dim) / 8
 
     @classmethod
     def parse(cls, text: str) -> KVFormat:

@@ -126,6 +126,11 @@ class _AttentionBase(OpSpec):
     q_heads: int
     kv_heads: int
     head_dim: int
+    # Multi-head latent attention (DeepSeek-V2/V3): values of their own width (None: head_dim), and with
+    # `latent_kv` one cached vector a kv head and token whose first v_head_dim channels are the values (the
+    # absorbed decode reads K and V from it once; a fresh prefill's K and V stay separate tensors).
+    v_head_dim: int | None = field(default=None, kw_only=True)
+    latent_kv: bool = field(default=False, kw_only=True)
 
     def _check_heads(self) -> None:
         check_positive_int("q_heads", self.q_heads)
@@ -133,13 +138,44 @@ class _AttentionBase(OpSpec):
         check_positive_int("head_dim", self.head_dim)
         if self.q_heads % self.kv_heads:
             raise CodesignError(f"q_heads={self.q_heads} must be a multiple of kv_heads={self.kv_heads}")
+        if self.v_head_dim is not None:
+            check_positive_int("v_head_dim", self.v_head_dim)
+        if self.latent_kv and self.v_dim > self.head_dim:
+            raise CodesignError(
+                f"latent_kv: the values are the first v_head_dim={self.v_dim} channels of the cached "
+                f"head_dim={self.head_dim}-wide vector, so v_head_dim must not exceed head_dim"
+            )
+
+    @property
+    def v_dim(self) -> int:
+        """Width of a value head (head_dim unless v_head_dim is given)."""
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
     def _attn_flops(self, pairs: float) -> float:
-        """QK^T and P.V: 2 * 2 * head_dim per (query, key) pair per query head, plus softmax."""
-        return self.q_heads * pairs * (4.0 * self.head_dim + SOFTMAX_FLOPS_PER_SCORE)
+        """QK^T and P.V: 2 * (head_dim + v_dim) per (query, key) pair per query head, plus softmax."""
+        return self.q_heads * pairs * (2.0 * (self.head_dim + self.v_dim) + SOFTMAX_FLOPS_PER_SCORE)
+
+    def _kv_bytes_per_token(self, fmt: KVFormat) -> float:
+        """Cached bytes of one token for all kv heads: K and V, or the latent vector alone."""
+        if self.latent_kv or self.v_dim == self.head_dim:
+            return fmt.bytes_per_token(self.kv_heads, self.head_dim, latent=self.latent_kv)
+        k = fmt.bytes_per_token(self.kv_heads, self.head_dim, latent=True)
+        return k + fmt.bytes_per_token(self.kv_heads, self.v_dim, latent=True)
+
+    def _q_o_bytes(self, queries: int, dtype: str) -> float:
+        """The queries read (head_dim wide) and the outputs written (v_dim wide)."""
+        return queries * self.q_heads * (self.head_dim + self.v_dim) * dtype_bytes(dtype)
 
     def peak_key(self) -> str:
         return "fp16"
+
+
+class _CachedKV:
+    """Attention that reads a paged cache in `kv_format` (decode, extend, tree)."""
+
+    def kv_bytes_per_token(self) -> float:
+        """Cached bytes of one token for all kv heads (K and V, or MLA's latent vector), metadata included."""
+        return self._kv_bytes_per_token(self.kv_format)  # type: ignore[attr-defined]
 
 
 def _window_len(ctx: int, window: int | None) -> int:
@@ -179,12 +215,12 @@ class PrefillAttention(_AttentionBase):
 
     def min_bytes(self) -> float:
         t = sum(self.seq_lens)
-        e = dtype_bytes(self.dtype) * self.head_dim * t
-        return e * (2 * self.q_heads + 2 * self.kv_heads)  # Q, O; K, V
+        v = 0 if self.latent_kv else self.kv_heads * self.v_dim  # (a latent V is part of K)
+        return self._q_o_bytes(t, self.dtype) + t * (self.kv_heads * self.head_dim + v) * dtype_bytes(self.dtype)
 
 
 @dataclass(frozen=True)
-class PagedDecodeAttention(_AttentionBase):
+class PagedDecodeAttention(_CachedKV, _AttentionBase):
     """One query token per sequence attending to its paged KV cache of context_lens[b] tokens."""
 
     context_lens: tuple[int, ...] = (1,)
@@ -213,14 +249,14 @@ class PagedDecodeAttention(_AttentionBase):
         return self._attn_flops(self.kv_tokens())
 
     def min_bytes(self) -> float:
-        kv = self.kv_tokens() * self.kv_format.bytes_per_token(self.kv_heads, self.head_dim)
-        q_o = 2 * self.batch * self.q_heads * self.head_dim * dtype_bytes(self.dtype)
+        kv = self.kv_tokens() * self.kv_bytes_per_token()
+        q_o = self._q_o_bytes(self.batch, self.dtype)
         table = sum(-(-c // self.block_size) for c in self.context_lens) * 4  # int32 block ids
         return kv + q_o + table
 
 
 @dataclass(frozen=True)
-class PagedExtendAttention(_AttentionBase):
+class PagedExtendAttention(_CachedKV, _AttentionBase):
     """Chunked prefill / extend: q_lens[b] new tokens attend to prefix_lens[b] cached tokens and, causally,
     to each other."""
 
@@ -261,13 +297,13 @@ class PagedExtendAttention(_AttentionBase):
 
     def min_bytes(self) -> float:
         kv_tok = sum(p + q for p, q in zip(self.prefix_lens, self.q_lens))
-        kv = kv_tok * self.kv_format.bytes_per_token(self.kv_heads, self.head_dim)
-        q_o = 2 * sum(self.q_lens) * self.q_heads * self.head_dim * dtype_bytes(self.dtype)
+        kv = kv_tok * self.kv_bytes_per_token()
+        q_o = self._q_o_bytes(sum(self.q_lens), self.dtype)
         return kv + q_o
 
 
 @dataclass(frozen=True)
-class TreeAttention(_AttentionBase):
+class TreeAttention(_CachedKV, _AttentionBase):
     """Speculative-decoding verify: tree_sizes[b] draft tokens attend to prefix_lens[b] cached
     tokens and to their ancestors (and themselves) only.
 
@@ -322,8 +358,8 @@ class TreeAttention(_AttentionBase):
 
     def min_bytes(self) -> float:
         kv_tok = sum(p + t for p, t in zip(self.prefix_lens, self.tree_sizes))
-        kv = kv_tok * self.kv_format.bytes_per_token(self.kv_heads, self.head_dim)
-        q_o = 2 * sum(self.tree_sizes) * self.q_heads * self.head_dim * dtype_bytes(self.dtype)
+        kv = kv_tok * self.kv_bytes_per_token()
+        q_o = self._q_o_bytes(sum(self.tree_sizes), self.dtype)
         return kv + q_o
 
 
@@ -336,6 +372,7 @@ class KVWrite(OpSpec):
     head_dim: int
     kv_format: KVFormat = field(default_factory=KVFormat)
     src_dtype: str = "fp16"
+    latent: bool = field(default=False, kw_only=True)  # one vector a head and token (MLA), not a K and a V
     kind: ClassVar[str] = "kv_write"
 
     def __post_init__(self) -> None:
@@ -344,15 +381,24 @@ class KVWrite(OpSpec):
         check_positive_int("head_dim", self.head_dim)
         _check_dtype("src_dtype", self.src_dtype)
 
+    @property
+    def vectors(self) -> int:
+        """head_dim-wide vectors written: K and V of each token and kv head (one latent vector with MLA)."""
+        return (1 if self.latent else 2) * self.tokens * self.kv_heads
+
     def flops(self) -> float:
         # min/max, scale, round per element when quantizing.
         per = 4.0 if self.kv_format.quantized else 0.0
-        return per * 2 * self.tokens * self.kv_heads * self.head_dim
+        return per * self.vectors * self.head_dim
 
     def min_bytes(self) -> float:
-        src = 2 * self.tokens * self.kv_heads * self.head_dim * dtype_bytes(self.src_dtype)
+        src = self.vectors * self.head_dim * dtype_bytes(self.src_dtype)
         slot = self.tokens * 8  # int64 slot mapping
-        return src + slot + self.tokens * self.kv_format.bytes_per_token(self.kv_heads, self.head_dim)
+        return src + slot + self.tokens * self.cache_bytes_per_token()
+
+    def cache_bytes_per_token(self) -> float:
+        """Bytes one token takes in the cache (all kv heads, metadata included)."""
+        return self.kv_format.bytes_per_token(self.kv_heads, self.head_dim, latent=self.latent)
 
 
 @dataclass(frozen=True)
@@ -364,6 +410,7 @@ class KVDequantize(OpSpec):
     head_dim: int
     kv_format: KVFormat
     out_dtype: str = "fp16"
+    latent: bool = field(default=False, kw_only=True)  # one vector a head and token (MLA), not a K and a V
     kind: ClassVar[str] = "kv_dequantize"
 
     def __post_init__(self) -> None:
@@ -372,14 +419,17 @@ class KVDequantize(OpSpec):
         check_positive_int("head_dim", self.head_dim)
         _check_dtype("out_dtype", self.out_dtype)
 
+    @property
+    def vectors(self) -> int:
+        """head_dim-wide vectors dequantized: K and V of each token and kv head (one latent vector with MLA)."""
+        return (1 if self.latent else 2) * self.tokens * self.kv_heads
+
     def flops(self) -> float:
-        return 2.0 * 2 * self.tokens * self.kv_heads * self.head_dim
+        return 2.0 * self.vectors * self.head_dim
 
     def min_bytes(self) -> float:
-        n = self.tokens * self.kv_heads * self.head_dim
-        return self.tokens * self.kv_format.bytes_per_token(
-            self.kv_heads, self.head_dim
-        ) + 2 * n * dtype_bytes(self.out_dtype)
+        cached = self.kv_format.bytes_per_token(self.kv_heads, self.head_dim, latent=self.latent)
+        return self.tokens * cached + self.vectors * self.head_dim * dtype_bytes(self.out_dtype)
 
 
 @dataclass(frozen=True)

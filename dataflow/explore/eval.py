@@ -113,7 +113,8 @@ def _kv_bytes_per_token(model: str, kvf: str) -> float:
     from codesign.catalog.models import load_model
 
     m = load_model(model)
-    return m.layers * KVFormat.parse(kvf).bytes_per_token(m.kv_heads, m.head_dim)
+    vectors, width, latent = m.kv_cache_layout()
+    return m.layers * KVFormat.parse(kvf).bytes_per_token(vectors, width, latent=latent)
 
 
 def _interp(xs: list[int], ys: list[float], x: float) -> float:

@@ -64,6 +64,11 @@ def hf_config(m, layers: int | None = None):
     Qwen2-MoE, GPT-OSS); others are refused."""
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
+    if m.mla or m.dense_layers:
+        raise CodesignError(
+            f"catalogue model {m.name!r} uses multi-head latent attention (MLA) and leading dense blocks: not served "
+            "(the paged kernels run GQA); `codesign map` / `roofline` / `explore` model it"
+        )
     if not m.rope or m.learned_positions or m.norm != "rms" or m.ffn_kind != "gated_silu":
         raise CodesignError(
             f"catalogue model {m.name!r} has no Llama / Mistral / Qwen2-style architecture: not served"
