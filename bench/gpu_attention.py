@@ -5,7 +5,8 @@ one row per case with the time, the achieved bandwidth (the spec's `min_bytes()`
 its percentage of the measured copy and of the catalogue's HBM figure, and FlashInfer / vLLM times
 side by side when they import. Targets (issue 4): decode bf16, batch 64, context 4096, Llama-3-8B
 layout >= 85 % of copy bandwidth; a 64-node tree over a 4k prefix at batch 16 <= 1.3x the causal
-extend of 64 tokens over the same prefix. Times use CUDA graphs where capture works (it also
+extend of 64 tokens over the same prefix. Then multi-head latent attention decode (`latent_decode` rows,
+DeepSeek-V3's widths: the latent cache's bytes over the time). Times use CUDA graphs where capture works (it also
 checks that `run()` is capturable), else `triton.testing.do_bench`.
 
 Smoke mode (`gpu_suite.py --smoke`): the same cases (chosen and skipped on their real sizes) shrunk
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import random
 import sys
 from pathlib import Path
@@ -234,6 +236,48 @@ def _extend_and_tree_rows(copy_bw: float, hbm_bw: float | None, dtype, mode: Any
     return rows
 
 
+# Multi-head latent attention decode (DeepSeek-V3: latent 512 + rotary 64, its softmax scale): (query heads, batch,
+# context); 16 heads is a rank of tensor-parallel 8, 128 the whole model on one GPU.
+LATENT_CASES = ((16, 16, 4096), (16, 64, 4096), (16, 16, 32768), (128, 16, 4096))
+LATENT, ROPE = 512, 64
+
+
+def _latent_rows(copy_bw: float, hbm_bw: float | None, dtype, mode: Any = None) -> list[dict]:
+    """`latent_decode_attention` over a fragmented latent cache; bandwidth over the latent's bytes (read once)."""
+    import torch
+
+    from codesign.backend import use_backend
+    from codesign.kernels.attention.latent import latent_decode_attention, latent_decode_spec
+
+    mode = _default_mode(mode)
+    rows, seen = [], set()
+    for hq0, batch0, ctx0 in LATENT_CASES:
+        d = mode.scale(batch=batch0, ctx=ctx0, q_heads=hq0, kv_heads=1)
+        batch, ctx_len, hq = d["batch"], d["ctx"], d["q_heads"]
+        if (batch, ctx_len, hq) in seen:
+            continue
+        seen.add((batch, ctx_len, hq))
+        k, _, bt, cl, _, _ = _cache([ctx_len] * batch, 1, LATENT + ROPE, dtype, mode.device)
+        cache = k[:, :, 0, :]
+        q = torch.randn(batch, hq, LATENT + ROPE, dtype=dtype, device=mode.device)
+        scale = 1 / math.sqrt(192)
+        call = functools.partial(latent_decode_attention, q, cache, bt, cl, v_dim=LATENT, sm_scale=scale,
+                                 check_data=False)  # fmt: skip
+        ms, graphed = _time_ms(call, mode=mode)
+        extra: dict[str, Any] = dict(q_heads=hq0, batch=batch0, context=ctx0, dtype=str(dtype), graphed=graphed)
+        if batch0 * ctx0 <= 16 * 4096:
+            out = call()
+            with use_backend("torch"):
+                ref = call()
+            rel = float(torch.linalg.vector_norm(out.float() - ref.float()) / torch.linalg.vector_norm(ref.float()))
+            extra.update(rel_err_vs_torch=rel, rel_err_bound=REL_ERR_BOUND[str(dtype)],
+                         check_ok=rel <= REL_ERR_BOUND[str(dtype)])  # fmt: skip
+        rows.append(_row("latent_decode", latent_decode_spec(q, cache, cl, LATENT), ms, copy_bw, hbm_bw, **extra))
+        k = cache = None
+        mode.empty_cache()
+    return rows
+
+
 def run(report: dict, mode: Any = None) -> None:
     """Time paged decode / extend / tree attention on this GPU; results go to report["paged_attention"]."""
     import torch
@@ -257,6 +301,7 @@ def run(report: dict, mode: Any = None) -> None:
             continue
         rows += _decode_rows(copy_bw, hbm_bw, dtype, mode)
     rows += _extend_and_tree_rows(copy_bw, hbm_bw, mode.dtype(torch.bfloat16), mode)
+    rows += _latent_rows(copy_bw, hbm_bw, mode.dtype(torch.bfloat16), mode)
     target = next(
         (
             r

@@ -51,6 +51,7 @@ _EXPORTS = {
     "OakenPagedKV": "kvcache.oaken",
     **dict.fromkeys(("MixedPagedKV", "mixed_write", "cocktail_bits"), "kvcache.mixed"),
     **dict.fromkeys(("paged_decode_attention", "paged_extend_attention"), "attention.paged"),
+    **dict.fromkeys(("latent_decode_attention", "latent_decode_spec"), "attention.latent"),
     **dict.fromkeys(
         ("TreeBatch", "build_tree_batch", "tree_attention", "tree_mask", "verify_tree", "TreeVerifyResult"),
         "attention.tree",

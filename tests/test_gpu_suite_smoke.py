@@ -166,7 +166,7 @@ def test_smoke_kernel_benches_all_run_and_check(tmp_path):
     assert {r["format"] for r in table} == {"w4a16_g128", "w8a8_int8", "fp8"}
     assert all(r["best_peer"] == "dequant" and r["ours_vs_best_peer"] > 0 and r["ours_vs_bf16"] > 0 for r in table)
     att = rep["paged_attention"]["rows"]
-    assert {r["kind"] for r in att if "ms" in r} == {"decode", "extend", "tree"}
+    assert {r["kind"] for r in att if "ms" in r} == {"decode", "extend", "tree", "latent_decode"}
     assert sum("check_ok" in r for r in att) >= 10
     for r in att:  # skips: the real run's over-budget caches, and bf16 in smoke mode, nothing else
         if "skipped" in r:

@@ -12,6 +12,9 @@
     quantized.py         the quantized caches' formats and ops (codesign::paged_attention_kvq, _kivi, _oaken,
                          _mixed) and their entry points
     wrappers.py          FlashInfer-style plan() / run() wrappers over every cache type
+    latent.py            multi-head latent attention decode (DeepSeek-V2/V3) over a paged latent cache:
+                         codesign::latent_decode_attention, its checks, torch path and spec
+    triton_latent.py     its Triton kernel (one tile of the cache read once for keys and values)
 
 Depends on `codesign.kernels.kvcache`, never the reverse. Importing this package defines no kernel; the
 public names are re-exported by `codesign.kernels`.

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+import codesign.kernels.attention.latent  # noqa: F401
 import codesign.kernels.attention.quantized  # noqa: F401  (defines the attention ops)
 import codesign.kernels.df11.linear  # noqa: F401
 import codesign.kernels.gemm.ops  # noqa: F401
@@ -19,7 +20,7 @@ SCHEMAS = (Path(__file__).parent / "op_schemas.txt").read_text().split("\n")
 
 def test_every_op_keeps_its_name_and_schema():
     schemas = [s for s in SCHEMAS if s]
-    assert len(schemas) == 18
+    assert len(schemas) == 19
     for want in schemas:
         name = want.split("(", 1)[0].split("::", 1)[1]
         assert str(getattr(torch.ops.codesign, name).default._schema) == want
