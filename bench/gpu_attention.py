@@ -237,8 +237,9 @@ def _extend_and_tree_rows(copy_bw: float, hbm_bw: float | None, dtype, mode: Any
 
 
 # Multi-head latent attention decode (DeepSeek-V3: latent 512 + rotary 64, its softmax scale): (query heads, batch,
-# context); 16 heads is a rank of tensor-parallel 8, 128 the whole model on one GPU.
-LATENT_CASES = ((16, 16, 4096), (16, 64, 4096), (16, 16, 32768), (128, 16, 4096))
+# context, e4m3 cache); 16 heads is a rank of tensor-parallel 8, 128 the whole model on one GPU.
+LATENT_CASES = ((16, 16, 4096, False), (16, 64, 4096, False), (16, 16, 32768, False), (128, 16, 4096, False),
+                (16, 16, 4096, True))  # fmt: skip
 LATENT, ROPE = 512, 64
 
 
@@ -251,20 +252,24 @@ def _latent_rows(copy_bw: float, hbm_bw: float | None, dtype, mode: Any = None) 
 
     mode = _default_mode(mode)
     rows, seen = [], set()
-    for hq0, batch0, ctx0 in LATENT_CASES:
+    for hq0, batch0, ctx0, fp8 in LATENT_CASES:
         d = mode.scale(batch=batch0, ctx=ctx0, q_heads=hq0, kv_heads=1)
         batch, ctx_len, hq = d["batch"], d["ctx"], d["q_heads"]
-        if (batch, ctx_len, hq) in seen:
+        if (batch, ctx_len, hq, fp8) in seen:
             continue
-        seen.add((batch, ctx_len, hq))
+        seen.add((batch, ctx_len, hq, fp8))
         k, _, bt, cl, _, _ = _cache([ctx_len] * batch, 1, LATENT + ROPE, dtype, mode.device)
-        cache = k[:, :, 0, :]
+        cache, kv_scale = k[:, :, 0, :], None
+        if fp8:  # vLLM's fp8 MLA cache: e4m3 codes, one scale
+            kv_scale = float(cache.abs().amax()) / 448
+            cache = (cache.float() / kv_scale).to(torch.float8_e4m3fn)
         q = torch.randn(batch, hq, LATENT + ROPE, dtype=dtype, device=mode.device)
         scale = 1 / math.sqrt(192)
         call = functools.partial(latent_decode_attention, q, cache, bt, cl, v_dim=LATENT, sm_scale=scale,
-                                 check_data=False)  # fmt: skip
+                                 kv_scale=kv_scale, check_data=False)  # fmt: skip
         ms, graphed = _time_ms(call, mode=mode)
-        extra: dict[str, Any] = dict(q_heads=hq0, batch=batch0, context=ctx0, dtype=str(dtype), graphed=graphed)
+        extra: dict[str, Any] = dict(q_heads=hq0, batch=batch0, context=ctx0, dtype=str(dtype), graphed=graphed,
+                                     cache="fp8_e4m3" if fp8 else str(dtype))  # fmt: skip
         if batch0 * ctx0 <= 16 * 4096:
             out = call()
             with use_backend("torch"):

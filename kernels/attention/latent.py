@@ -4,10 +4,12 @@ The cache holds one vector a token, `[num_blocks, block_size, latent + rope]` (v
 kv_lora_rank-wide latent, then the rotary key); q is the absorbed query, `[batch, heads, latent + rope]` (each
 head's non-rotary query taken through W_UK into the latent space, then its rotary part). Keys are the whole
 vector, values its first `v_dim` = latent channels, so out is `[batch, heads, latent]`, still in the latent space
-(W_UV takes it to the value heads). Its cost model is the dataflow graph's decode attention node
-(`latent_decode_spec`: `PagedDecodeAttention(latent_kv=True)`). CUDA tensors run the Triton kernel
-(`triton_latent`), CPU tensors the torch path; `codesign.backend.use_backend("triton")` forces the kernel (the
-interpreter on CPU). Every check runs before anything launches.
+(W_UV takes it to the value heads). The cache may be e4m3 (`torch.float8_e4m3fn`) with one scale for the
+tensor, `kv_scale`, as vLLM keeps an MLA cache with kv_cache_dtype="fp8": stored value x kv_scale is the latent.
+Its cost model is the dataflow graph's decode attention node (`latent_decode_spec`:
+`PagedDecodeAttention(latent_kv=True)`). CUDA tensors run the Triton kernel (`triton_latent`), CPU tensors the
+torch path; `codesign.backend.use_backend("triton")` forces the kernel (the interpreter on CPU). Every check runs
+before anything launches.
 """
 
 from __future__ import annotations
@@ -23,13 +25,19 @@ from codesign.specs import CodesignError, KVFormat, PagedDecodeAttention
 
 OP = "paged_attention"  # the backend choice's op name, shared with every attention op
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FP8 = torch.float8_e4m3fn
 BLOCK_H = 16  # query heads a program (the dot's M; more heads take more programs)
 BLOCK_N = 32  # cached tokens a tile
+BLOCK_N_FP8 = 16  # an e4m3 tile is decoded in registers: at 32 tokens it spilled (sm_90 20 B, sm_80 208 B)
 
 
-def _check(q, cache, block_tables, context_lens, v_dim, sm_scale, num_splits, check_data) -> None:
+def _check(q, cache, block_tables, context_lens, v_dim, sm_scale, kv_scale, num_splits, check_data) -> None:
     b, nb, bs, d = _check_tensors(q, cache)
     _check_scalars(d, v_dim, sm_scale, num_splits)
+    if cache.dtype == FP8:
+        _check_positive("kv_scale", kv_scale, "(an e4m3 cache's scale)")
+    elif kv_scale is not None:
+        raise CodesignError(f"kv_scale is for an e4m3 cache; this one is {cache.dtype} (pass None)")
     check_int_tensor("block_tables", block_tables, 2, cache.device)
     check_int_tensor("context_lens", context_lens, 1, cache.device)
     if block_tables.shape[0] != b:
@@ -44,13 +52,13 @@ def _check_tensors(q, cache) -> tuple[int, int, int, int]:
         raise CodesignError("q must be a 3-D tensor [batch, heads, latent + rope]")
     if not isinstance(cache, torch.Tensor) or cache.dim() != 3:
         raise CodesignError("latent_cache must be a 3-D tensor [num_blocks, block_size, latent + rope]")
+    if q.dtype not in DTYPES:
+        raise CodesignError(f"q dtype must be one of {DTYPES}, got {q.dtype}")
+    if cache.dtype not in (q.dtype, FP8):
+        raise CodesignError(f"latent_cache dtype must be q's ({q.dtype}) or {FP8}, got {cache.dtype}")
     for name, t in (("q", q), ("latent_cache", cache)):
-        if t.dtype not in DTYPES:
-            raise CodesignError(f"{name} dtype must be one of {DTYPES}, got {t.dtype}")
         if t.stride(-1) != 1:
             raise CodesignError(f"{name} must be contiguous along its last dimension")
-    if q.dtype != cache.dtype:
-        raise CodesignError(f"latent_cache dtype {cache.dtype} != q dtype {q.dtype}")
     if q.device != cache.device:
         raise CodesignError(f"latent_cache is on {cache.device} but q is on {q.device}")
     b, h, d = q.shape
@@ -67,14 +75,16 @@ def _check_tensors(q, cache) -> tuple[int, int, int, int]:
 def _check_scalars(d: int, v_dim, sm_scale, num_splits) -> None:
     if isinstance(v_dim, bool) or not isinstance(v_dim, int) or not 0 < v_dim < d:
         raise CodesignError(f"v_dim (the latent's width) must be an int in [1, {d - 1}], got {v_dim!r}")
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, int | float) or not (
-        math.isfinite(sm_scale) and sm_scale > 0
-    ):
-        raise CodesignError(f"sm_scale must be a positive finite number, got {sm_scale!r}")
+    _check_positive("sm_scale", sm_scale)
     if num_splits is not None and (
         isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS
     ):
         raise CodesignError(f"num_splits must be an int in [1, {MAX_SPLITS}] or None, got {num_splits!r}")
+
+
+def _check_positive(name: str, x, what: str = "") -> None:
+    if isinstance(x, bool) or not isinstance(x, int | float) or not (math.isfinite(x) and x > 0):
+        raise CodesignError(f"{name} {what}must be a positive finite number, got {x!r}".replace("  ", " "))
 
 
 def latent_decode_attention(
@@ -85,17 +95,19 @@ def latent_decode_attention(
     *,
     v_dim: int,
     sm_scale: float,
+    kv_scale: float | None = None,
     num_splits: int | None = None,
     check_data: bool = True,
 ) -> torch.Tensor:
     """out[b, h] = sum_j softmax_j(sm_scale q[b, h] . c_j) c_j[:v_dim] over the context_lens[b] cached vectors c_j.
 
     sm_scale has no default: DeepSeek scales by 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim) (192), not by the
-    absorbed width. A sequence of length 0 gets zeros. `check_data` runs the block-table checks (one host sync).
+    absorbed width. kv_scale: an e4m3 cache's scale (required for one, refused otherwise). A sequence of length 0
+    gets zeros. `check_data` runs the block-table checks (one host sync).
     """
-    _check(q, latent_cache, block_tables, context_lens, v_dim, sm_scale, num_splits, check_data)
+    _check(q, latent_cache, block_tables, context_lens, v_dim, sm_scale, kv_scale, num_splits, check_data)
     return torch.ops.codesign.latent_decode_attention(
-        q, latent_cache, block_tables, context_lens, v_dim, float(sm_scale), num_splits or 0
+        q, latent_cache, block_tables, context_lens, v_dim, float(sm_scale), float(kv_scale or 1.0), num_splits or 0
     )
 
 
@@ -107,23 +119,26 @@ def _latent_op(
     context_lens: torch.Tensor,
     v_dim: int,
     sm_scale: float,
+    kv_scale: float,
     num_splits: int,
 ) -> torch.Tensor:
     if resolve_backend(OP, q.device) == "torch":
-        return latent_attention_torch(q, cache, block_tables, context_lens, v_dim, sm_scale)
+        return latent_attention_torch(q, cache, block_tables, context_lens, v_dim, sm_scale, kv_scale)
     if q.dtype == torch.bfloat16 and not device_view(q.device).compiled:
         raise CodesignError(
             "bf16 latent attention with the Triton backend needs a GPU (the interpreter mishandles bf16)"
         )
-    return latent_attention_triton(q, cache, block_tables, context_lens, v_dim, sm_scale, num_splits or None)
+    return latent_attention_triton(q, cache, block_tables, context_lens, v_dim, sm_scale, kv_scale, num_splits or None)
 
 
 @_latent_op.register_fake
-def _(q, cache, block_tables, context_lens, v_dim, sm_scale, num_splits):
+def _(q, cache, block_tables, context_lens, v_dim, sm_scale, kv_scale, num_splits):
     return q.new_empty(q.shape[0], q.shape[1], v_dim)
 
 
-def latent_attention_torch(q, cache, block_tables, context_lens, v_dim: int, sm_scale: float) -> torch.Tensor:
+def latent_attention_torch(
+    q, cache, block_tables, context_lens, v_dim: int, sm_scale: float, kv_scale: float = 1.0
+) -> torch.Tensor:
     """The torch path (and the kernel's reference at float64): each sequence's vectors gathered, one softmax."""
     b, h, _ = q.shape
     bs = cache.shape[1]
@@ -134,10 +149,10 @@ def latent_attention_torch(q, cache, block_tables, context_lens, v_dim: int, sm_
         if n == 0:
             continue
         blocks = block_tables[i, : -(-n // bs)].long()
-        c = cache.index_select(0, blocks).reshape(-1, cache.shape[2])[:n]
         acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-        p = torch.softmax((q[i].to(acc) @ c.to(acc).T) * sm_scale, dim=-1)
-        out[i] = (p @ c[:, :v_dim].to(acc)).to(q.dtype)
+        c = cache.index_select(0, blocks).reshape(-1, cache.shape[2])[:n].to(acc) * kv_scale
+        p = torch.softmax((q[i].to(acc) @ c.T) * sm_scale, dim=-1)
+        out[i] = (p @ c[:, :v_dim]).to(q.dtype)
     return out
 
 
@@ -152,7 +167,7 @@ def _splits(q: torch.Tensor, num_splits: int | None) -> int:
 
 
 def latent_attention_triton(
-    q, cache, block_tables, context_lens, v_dim: int, sm_scale: float, num_splits: int | None
+    q, cache, block_tables, context_lens, v_dim: int, sm_scale: float, kv_scale: float, num_splits: int | None
 ) -> torch.Tensor:
     """Launch `_latent_decode_kernel` over (sequence, head block, split), then merge the splits."""
     from codesign.kernels.attention.triton_latent import _latent_decode_kernel
@@ -165,13 +180,17 @@ def latent_attention_triton(
     splits = _splits(q, num_splits)
     out = torch.empty(b, h, splits, v_dim, device=q.device, dtype=torch.float32)
     lse = torch.empty(b, h, splits, device=q.device, dtype=torch.float32)
+    fp8 = cache.dtype == FP8
     if b:
         grid = (b, -(-h // BLOCK_H), splits)
         _latent_decode_kernel[grid](
-            q, cache, block_tables, context_lens, out, lse, sm_scale * math.log2(math.e), h, splits,
+            q, cache.view(torch.uint8) if fp8 else cache, block_tables, context_lens, out, lse,
+            sm_scale * kv_scale * math.log2(math.e), kv_scale, h, splits,
             q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), block_tables.stride(0),
             out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-            LATENT=v_dim, ROPE=rope, BLOCK_SIZE=cache.shape[1], BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N,
+            LATENT=v_dim, ROPE=rope, BLOCK_SIZE=cache.shape[1], BLOCK_H=BLOCK_H,
+            BLOCK_N=BLOCK_N_FP8 if fp8 else BLOCK_N,
+            FP8=fp8, HW_FP8=device_view(q.device).hw_fp8, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         )  # fmt: skip
     return merge_splits(out, lse).to(q.dtype)
 
@@ -190,9 +209,9 @@ def latent_decode_spec(
     q: torch.Tensor, latent_cache: torch.Tensor, context_lens: torch.Tensor, v_dim: int
 ) -> PagedDecodeAttention:
     """The call's operator spec: what the dataflow graph's decode attention node of an MLA model holds."""
-    dtype = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[latent_cache.dtype]
+    names = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+    kv = KVFormat.parse("fp8") if latent_cache.dtype == FP8 else KVFormat(dtype=names[latent_cache.dtype])
     return PagedDecodeAttention(
         q.shape[1], 1, q.shape[2], context_lens=tuple(int(n) for n in context_lens.tolist()),
-        block_size=latent_cache.shape[1], kv_format=KVFormat(dtype=dtype), dtype=dtype, v_head_dim=v_dim,
-        latent_kv=True,
+        block_size=latent_cache.shape[1], kv_format=kv, dtype=names[q.dtype], v_head_dim=v_dim, latent_kv=True,
     )  # fmt: skip

@@ -5,6 +5,8 @@ LATENT channels, so a tile of the cache is loaded once and serves both dots. A p
 block of BLOCK_H query heads (all of them share the one kv head: they fill the dot's M dimension) and one split
 of the sequence's tokens; it writes its split's output, normalised, and its log2-sum-exp, which the launcher
 merges (`latent.merge_splits`). The rotary part is a second, narrower dot, so both widths stay powers of two.
+An e4m3 cache (one scale for the tensor, as vLLM's) is decoded exactly to the queries' dtype; its scale multiplies
+the scores' factor and the output once, not each element.
 """
 
 from __future__ import annotations
@@ -12,11 +14,29 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from codesign.kernels.attention.triton_tiles import _fp8_e4m3_f16
+
+
+@triton.jit
+def _load_latent(ptrs, mask, DTYPE: tl.constexpr, FP8: tl.constexpr, HW_FP8: tl.constexpr):
+    """A tile of the cache in the queries' dtype: as stored, or e4m3 bytes decoded exactly (the cache's one scale
+    stays out: the launcher folds it into the scores' factor and the output)."""
+    if FP8:
+        raw = tl.load(ptrs, mask=mask, other=0)
+        if HW_FP8:  # sm_89+: the hardware's conversion
+            x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16).to(DTYPE)
+        else:
+            x = _fp8_e4m3_f16(raw.to(tl.int32)).to(DTYPE)  # e4m3 values are exact in fp16, bf16 and fp32
+    else:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    return x
+
 
 @triton.jit
 def _latent_decode_kernel(
     q_ptr, cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr,
-    qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
+    qk_scale,  # sm_scale * log2(e) (* the fp8 cache's scale): the softmax runs in base 2
+    out_scale,  # the fp8 cache's scale on the values (1.0 for a cache stored in the queries' dtype)
     num_heads, num_splits,
     stride_qb, stride_qh,
     stride_cb, stride_cs,
@@ -25,6 +45,7 @@ def _latent_decode_kernel(
     stride_lb, stride_lh,
     LATENT: tl.constexpr, ROPE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    FP8: tl.constexpr, HW_FP8: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     hb = tl.program_id(1)
@@ -51,19 +72,21 @@ def _latent_decode_kernel(
         valid = tok < end
         blk = tl.load(block_tables_ptr + b * stride_tb + tok // BLOCK_SIZE, mask=valid, other=0)
         row = cache_ptr + blk.to(tl.int64) * stride_cb + (tok % BLOCK_SIZE) * stride_cs
-        k_c = tl.load(row[:, None] + c[None, :], mask=valid[:, None], other=0.0)
-        k_r = tl.load(row[:, None] + LATENT + r[None, :], mask=valid[:, None], other=0.0)
-        s = tl.dot(q_c, tl.trans(k_c)) + tl.dot(q_r, tl.trans(k_r))
+        k_c = _load_latent(row[:, None] + c[None, :], valid[:, None], q_c.dtype, FP8, HW_FP8)
+        k_r = _load_latent(row[:, None] + LATENT + r[None, :], valid[:, None], q_c.dtype, FP8, HW_FP8)
+        s = tl.dot(q_c, tl.trans(k_c), input_precision=DOT_PREC)
+        s = tl.dot(q_r, tl.trans(k_r), s, input_precision=DOT_PREC)
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m - m_new)
         l_sum = l_sum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(k_c.dtype), k_c)  # the values: the latent part of the same tile
+        # the values: the latent part of the same tile
+        acc = tl.dot(p.to(k_c.dtype), k_c, acc * alpha[:, None], input_precision=DOT_PREC)
         m = m_new
 
     empty = l_sum == 0.0  # a split past the sequence's end: weight 0 in the merge
-    out = acc / tl.where(empty, 1.0, l_sum)[:, None]
+    out = acc * (out_scale / tl.where(empty, 1.0, l_sum))[:, None]
     o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + c[None, :]
     tl.store(o_ptrs, out, mask=head_ok[:, None])
     lse = tl.where(empty, float("-inf"), m + tl.log2(tl.where(empty, 1.0, l_sum)))

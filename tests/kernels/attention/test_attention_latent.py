@@ -154,24 +154,73 @@ def test_the_op_traces_without_a_graph_break():
 
 
 @pytest.mark.lowering
-def test_compiles_for_sm90_without_spills():
-    """Compile-only for an H200 at DeepSeek-V3's widths (16 and 128 heads, bf16): registers, no spills."""
+def test_compiles_for_sm90_and_sm80_without_spills():
+    """Compile-only at DeepSeek-V3's widths, bf16 queries: a bf16 cache (16 and 128 heads) and an e4m3 one (decoded
+    in hardware on sm_90, by integer ops on sm_80): registers, no spills."""
     assert_runs_without_interpreter(
         """
 import torch
 from codesign.autotune.compile_only import compile_only
 from codesign.kernels.attention.latent import latent_decode_attention
-for heads in (16, 128):
-    cache = torch.zeros(64, 64, 576, dtype=torch.bfloat16)
-    bt = torch.arange(64, dtype=torch.int32).reshape(16, 4)
-    cl = torch.full((16,), 256, dtype=torch.int32)
+bt = torch.arange(64, dtype=torch.int32).reshape(16, 4)
+cl = torch.full((16,), 256, dtype=torch.int32)
+for arch, heads, dtype in ((90, 16, torch.bfloat16), (90, 128, torch.bfloat16), (90, 16, torch.float8_e4m3fn),
+                           (80, 16, torch.bfloat16), (80, 16, torch.float8_e4m3fn)):
+    cache = torch.zeros(64, 64, 576, dtype=dtype)
     q = torch.zeros(16, heads, 576, dtype=torch.bfloat16)
-    with compile_only(arch=90, gpu_name="NVIDIA H200", sms=132) as s:
-        latent_decode_attention(q, cache, bt, cl, v_dim=512, sm_scale=0.07, check_data=False)
+    scale = 0.01 if dtype == torch.float8_e4m3fn else None
+    with compile_only(arch=arch, gpu_name="NVIDIA H200", sms=132) as s:
+        latent_decode_attention(q, cache, bt, cl, v_dim=512, sm_scale=0.07, kv_scale=scale, check_data=False)
     (l,) = s.launches
     assert l.kernel == "_latent_decode_kernel" and l.error is None, l
-    assert l.spill_stores == 0 and l.spill_loads == 0 and 0 < l.registers <= 255, l
+    assert l.spill_stores == 0 and l.spill_loads == 0 and 0 < l.registers <= 255, (arch, dtype, l)
     assert l.grid[1] == heads // 16 and l.grid[0] == 16, l
 print("ok")
 """
     )
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("qdtype", [torch.float16, torch.float32])
+def test_an_e4m3_cache_with_one_scale(backend, qdtype):
+    """vLLM's fp8 MLA cache: e4m3 codes and one scale; the reference attends over codes x scale in float64.
+    Unused slots hold e4m3 NaN codes (0x7F)."""
+    latent, rope = 64, 16
+    full, bt, cl = _cache([13, 50], latent + rope, 16, torch.float32)
+    kv_scale = float(full.nan_to_num().abs().amax()) / 448
+    codes = (full / kv_scale).to(torch.float8_e4m3fn)
+    assert torch.isnan(codes.float()).any()  # the poison survived the cast
+    q = torch.randn(2, 16, latent + rope).to(qdtype)
+    with use_backend(backend):
+        out = latent_decode_attention(q, codes, bt, cl, v_dim=latent, sm_scale=0.1, kv_scale=kv_scale, num_splits=2)
+    ref = _reference(q, codes.double() * kv_scale, bt, cl, latent, 0.1)
+    assert out.dtype == qdtype
+    assert_rel_close(out, ref, TOL[qdtype])
+    # Without the scale's fold the output is off by the scale (teeth for the folding).
+    assert not torch.allclose(out.double(), ref / kv_scale, rtol=0.1)
+
+
+def test_an_e4m3_call_is_the_graph_node_with_an_fp8_cache():
+    m = load_model("deepseek-v3")
+    g = build_step_graph(m, "decode", batch=1, context=[77], kv_format="fp8", tp=8)
+    node = g.nodes["L3.attention"]["spec"]
+    spec = latent_decode_spec(torch.empty(1, 16, 576, dtype=torch.float16),
+                              torch.empty(8, 16, 576, dtype=torch.float8_e4m3fn),
+                              torch.tensor([77], dtype=torch.int32), 512)  # fmt: skip
+    assert spec == node and spec.kv_bytes_per_token() == 576
+
+
+@pytest.mark.parametrize(
+    "cache_dtype, kv_scale, match",
+    [
+        (torch.float8_e4m3fn, None, "kv_scale"),
+        (torch.float8_e4m3fn, -1.0, "kv_scale"),
+        (torch.float32, 0.5, "kv_scale is for an e4m3 cache"),
+        (torch.float8_e5m2, 0.5, "latent_cache dtype"),
+    ],
+)
+def test_kv_scale_goes_with_an_e4m3_cache_only(cache_dtype, kv_scale, match):
+    cache, bt, cl = _cache([9], 48, 8, torch.float32)
+    with pytest.raises(CodesignError, match=match):
+        latent_decode_attention(torch.randn(1, 16, 48), cache.to(cache_dtype), bt, cl, v_dim=32, sm_scale=0.1,
+                                kv_scale=kv_scale)  # fmt: skip
