@@ -168,3 +168,23 @@ def test_the_hugging_face_integration_refuses_them():
 
     with pytest.raises(CodesignError, match="multi-head latent attention"):
         hf_config(load_model("deepseek-v3"))
+
+
+def test_the_commands_cost_deepseek(capsys, tmp_path):
+    from codesign.cli import main
+
+    assert main(["roofline", "--model", "deepseek-v3", "--gpu", "h200", "--tp", "8", "--weight-format", "fp8_e4m3",
+                 "--batch", "32", "--context", "4096"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert all(op in out for op in ("qkv_a_proj", "q_absorb", "v_up", "moe_router", "shared_up_proj"))
+    assert "kv_b_proj" not in out  # absorbed at decode
+    # Refused on one H200 at TP 1 even in fp8, with the sizes.
+    assert main(["map", "--model", "deepseek-v3", "--design", "h200", "--weight-format", "fp8_e4m3"]) == 2
+    assert "does not fit" in capsys.readouterr().err
+    # A simulated design with PIM units: the latent cache's attention runs on the host's units.
+    js = tmp_path / "map.json"
+    assert main(["map", "--model", "deepseek-v2-lite", "--design", "hbm_pim", "--batch", "8", "--context", "2048",
+                 "--json", str(js)]) == 0  # fmt: skip
+    per_op = {r["op"]: r for r in json.loads(js.read_text())["per_op"]}
+    assert "pim" not in per_op["attention"]["units"]
+    assert any("pim" in r["units"] for r in per_op.values())  # the design's PIM units still take GEMVs
