@@ -10,7 +10,8 @@ Where each op runs:
     PagedDecodeAttention       PIM units when the design has them and they read the KV format: fp16/
                                bf16, or a quantized cache their dequantizing front end takes
                                (`pim.supports(spec, design.pim)`; softmax and partial-sum reduction
-                               on the vector unit, serialised);
+                               on the vector unit, serialised); a latent (MLA) cache, whose group is
+                               every query head, takes PIM or the host path, the faster;
                                otherwise QK^T and P.V (GEMVs) on the arrays or as FMAs on the vector
                                lanes, whichever is faster; softmax on the vector unit; dequantization
                                on the KV quant engines (or the vector unit)
@@ -322,7 +323,19 @@ def _pim_result(acc: _Acc, spec: OpSpec, r: pim_model.PIMResult) -> Result:
 def _decode_attention(acc: _Acc, spec: PagedDecodeAttention) -> Result:
     d = acc.d
     if d.pim is not None and pim_model.supports(spec, d.pim):
-        return _pim_result(acc, spec, pim_model.decode_attention(d.pim, spec))
+        on_pim = _pim_result(acc, spec, pim_model.decode_attention(d.pim, spec))
+        if not spec.latent_kv:
+            return on_pim
+        # A latent cache's group is every query head of the rank (16-128): the PIM MACs take each streamed
+        # element that many times and may not keep up with the host's units; the faster of the two.
+        on_host = _host_decode_attention(_Acc(d), spec)
+        return on_pim if on_pim.seconds <= on_host.seconds else on_host
+    return _host_decode_attention(acc, spec)
+
+
+def _host_decode_attention(acc: _Acc, spec: PagedDecodeAttention) -> Result:
+    """Decode attention on the arrays or the vector lanes (whichever is faster), softmax on the vector unit."""
+    d = acc.d
     g = spec.q_heads // spec.kv_heads
     b = spec.batch
     L = -(-spec.kv_tokens() // b)
@@ -460,6 +473,8 @@ def design_fields_read(
         if pim_spec is not None or not spec.kv_format.quantized:
             # fp16/bf16 caches: pim.supports does not depend on the front end
             if pim_model.supports(spec, pim_spec):
+                if spec.latent_kv:  # PIM or the host, the faster: both paths' fields
+                    return (*host, "pim")
                 return (*_ALWAYS, "vector", "pim")  # the PIM path: PIM units plus host vector work only
             return host
         return (*host, "pim")  # PIM or host, decided by the unknown front end: both paths' fields

@@ -267,8 +267,6 @@ def _why_not_attention(spec: PagedDecodeAttention, dq: PIMDequantSpec | None) ->
     fmt = spec.kv_format
     if spec.window is not None:
         return "PIM attention streams whole KV caches: sliding windows are not supported"
-    if spec.latent_kv or spec.v_dim != spec.head_dim:
-        return "PIM attention streams a K and a V cache of one head width: a latent (MLA) cache is not modelled"
     if not fmt.quantized:
         return None if fmt.dtype in ("fp16", "bf16") else f"PIM MACs are fp16: {fmt.dtype} KV is not"
     if dq is None:
@@ -388,28 +386,29 @@ def gemv(pim: PIMSpec, spec: Gemm) -> PIMResult:
 def kv_streams(pim: PIMSpec, spec: PagedDecodeAttention) -> tuple[PIMStream, PIMStream]:
     """(K stream, V stream) of decode attention: codes and metadata of each (module docstring), reuse G.
 
-    Metadata bytes, T tokens, H kv heads, D head_dim, p = 2 x scale bytes (scale + zero):
-        per_token: K and V each T x H x p;  kivi: K  T x H x D x p / G,  V  T x H x (D / min(G, D)) x p;
+    Metadata bytes, T tokens, H kv heads, D head_dim (Dv v_dim for V), p = 2 x scale bytes (scale + zero):
+        per_token: K and V each T x H x p;  kivi: K  T x H x D x p / G,  V  T x H x (Dv / min(G, Dv)) x p;
         fp8 per head, fp16/bf16: 0.
+    A latent (MLA) cache streams its vectors twice, whole for QK^T and their first v_dim channels for P.V (the
+    probabilities come back from the host in between), with G = every query head of the rank.
     """
     _check(spec, pim)
     fmt = spec.kv_format
     g = spec.q_heads // spec.kv_heads
-    elems = spec.kv_tokens() * spec.kv_heads * spec.head_dim  # of K (V is the same)
+    vectors = spec.kv_tokens() * spec.kv_heads
+    ek, ev = vectors * spec.head_dim, vectors * spec.v_dim  # elements of K and of V
     if not fmt.quantized:
-        s = stream(pim, elems * 2, g)
-        return s, s
+        return stream(pim, ek * 2, g), stream(pim, ev * 2, g)
     bits = _kv_bits(fmt)
-    code = elems * bits / 8
     pair = 2 * dtype_bytes(fmt.scale_dtype)
     if fmt.scheme == "per_head":
         meta_k = meta_v = 0.0
     elif fmt.scheme == "per_token":
-        meta_k = meta_v = elems / spec.head_dim * pair
+        meta_k = meta_v = vectors * pair
     else:  # kivi
-        meta_k = elems * pair / fmt.group_size
-        meta_v = elems * pair / min(fmt.group_size, spec.head_dim)
-    return stream(pim, code, g, bits, meta_k), stream(pim, code, g, bits, meta_v)
+        meta_k = ek * pair / fmt.group_size
+        meta_v = ev * pair / min(fmt.group_size, spec.v_dim)
+    return stream(pim, ek * bits / 8, g, bits, meta_k), stream(pim, ev * bits / 8, g, bits, meta_v)
 
 
 def decode_attention(pim: PIMSpec, spec: PagedDecodeAttention) -> PIMResult:
@@ -428,15 +427,15 @@ def decode_attention(pim: PIMSpec, spec: PagedDecodeAttention) -> PIMResult:
     q_bytes = spec.batch * spec.q_heads * spec.head_dim * 2
     score_bytes = tokens * spec.q_heads * 2
     slices = max(pim.units, spec.batch * spec.kv_heads)
-    partial_bytes = slices * spec.head_dim * g * 2
+    partial_bytes = slices * spec.v_dim * g * 2
     io_ns = (
         q_bytes / (pim.memory.peak_gbps / ch) + _bus_ns(pim, 2 * score_bytes) + _bus_ns(pim, partial_bytes)
     )
-    partial_elems = max(0, slices - spec.batch * spec.kv_heads) * spec.head_dim * g
+    partial_elems = max(0, slices - spec.batch * spec.kv_heads) * spec.v_dim * g
     host: tuple[OpSpec, ...] = (Softmax(rows=1, cols=tokens * spec.q_heads),)
     if partial_elems:
         host = host + (Elementwise("add", partial_elems, "fp32"),)
-    macs = 2.0 * tokens * spec.q_heads * spec.head_dim
+    macs = 1.0 * tokens * spec.q_heads * (spec.head_dim + spec.v_dim)
     bank = sk.code_bytes + sk.meta_bytes + sv.code_bytes + sv.meta_bytes
     return PIMResult(
         sk.ns + sv.ns,

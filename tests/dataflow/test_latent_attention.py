@@ -127,19 +127,33 @@ def test_fit_check_counts_fp8_weights_and_the_latent_cache():
     check_fits(g8, h200.mem_bytes, "h200")  # ~85 GB of weights and 37 GB of latent cache a rank
 
 
-def test_pim_leaves_a_latent_cache_to_the_host():
+def test_pim_takes_a_latent_cache_only_where_its_macs_keep_up():
+    """A latent cache's group is every query head: the PIM units reuse each streamed element that many times, so
+    past some head count the host's arrays are faster, and the evaluator takes the faster path."""
+    from codesign.accel_model import pim as pim_model
     from codesign.accel_model.design import load_design
-    from codesign.accel_model.evaluate import evaluate
-    from codesign.accel_model.pim import why_not
+    from codesign.accel_model.evaluate import _Acc, _host_decode_attention, _pim_result, evaluate
 
-    spec = PagedDecodeAttention(16, 1, 576, context_lens=(512,), kv_format=KVFormat(), v_head_dim=512,
-                                latent_kv=True)  # fmt: skip
-    assert "latent" in why_not(spec)
     d = load_design("hbm_pim")
-    r = evaluate(d, spec)
-    assert r.unit != "pim"
-    gqa = PagedDecodeAttention(16, 1, 576, context_lens=(512,), kv_format=KVFormat())
-    assert why_not(gqa) is None and evaluate(d, gqa).unit == "pim"
+    times = {}
+    for heads in (1, 4, 16, 128):
+        spec = PagedDecodeAttention(heads, 1, 576, context_lens=(4096,) * 8, kv_format=KVFormat(), v_head_dim=512,
+                                    latent_kv=True)  # fmt: skip
+        assert pim_model.why_not(spec, d.pim) is None
+        on_pim = _pim_result(_Acc(d), spec, pim_model.decode_attention(d.pim, spec)).seconds
+        on_host = _host_decode_attention(_Acc(d), spec).seconds
+        r = evaluate(d, spec)
+        assert r.seconds == min(on_pim, on_host) and r.unit == ("pim" if on_pim <= on_host else "systolic")
+        times[heads] = (on_pim, r.unit)
+    # PIM time grows with the group (one pass of MACs a head); the crossover lies between 16 and 128 heads here.
+    assert times[1][0] < times[4][0] < times[16][0] < times[128][0]
+    assert times[4][1] == "pim" and times[128][1] == "systolic"
+    # The PIM path streams each vector twice, whole for QK^T and its latent part for P.V: 576 + 512 elements,
+    # where a K and a V of 576 would stream 576 + 576.
+    gqa = PagedDecodeAttention(16, 1, 576, context_lens=(4096,) * 8, kv_format=KVFormat())
+    assert pim_model.decode_attention(d.pim, gqa).bank_bytes > pim_model.decode_attention(
+        d.pim, PagedDecodeAttention(16, 1, 576, context_lens=(4096,) * 8, kv_format=KVFormat(), v_head_dim=512,
+                                    latent_kv=True)).bank_bytes  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -181,10 +195,9 @@ def test_the_commands_cost_deepseek(capsys, tmp_path):
     # Refused on one H200 at TP 1 even in fp8, with the sizes.
     assert main(["map", "--model", "deepseek-v3", "--design", "h200", "--weight-format", "fp8_e4m3"]) == 2
     assert "does not fit" in capsys.readouterr().err
-    # A simulated design with PIM units: the latent cache's attention runs on the host's units.
+    # A simulated design with PIM units: V2-Lite's 16 heads a latent are few enough for its PIM units.
     js = tmp_path / "map.json"
     assert main(["map", "--model", "deepseek-v2-lite", "--design", "hbm_pim", "--batch", "8", "--context", "2048",
                  "--json", str(js)]) == 0  # fmt: skip
     per_op = {r["op"]: r for r in json.loads(js.read_text())["per_op"]}
-    assert "pim" not in per_op["attention"]["units"]
-    assert any("pim" in r["units"] for r in per_op.values())  # the design's PIM units still take GEMVs
+    assert per_op["attention"]["units"] == "pim"  # 16 heads a kv head: under this design's crossover
