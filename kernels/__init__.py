@@ -46,6 +46,7 @@ _EXPORTS = {
     **dict.fromkeys(("PackedDF11Rows", "df11_rows_gemv"), "df11.packed_rows"),
     **dict.fromkeys(("BlockAllocator", "PagedKVCache"), "kvcache.blocks"),
     "kv_write": "kvcache.write",
+    "latent_write": "kvcache.latent",
     **dict.fromkeys(("QuantPagedKV", "kvq_write"), "kvcache.kvq"),
     "KiviPagedKV": "kvcache.kivi",
     "OakenPagedKV": "kvcache.oaken",

@@ -7,6 +7,8 @@
     quantizers.py           the reference quantizers in torch (per-token, fp8, KIVI, Oaken and its offline grid)
     write.py                the torch op codesign::kv_write (plain caches)
     triton_write.py         the writer kernel: plain, per-token INT8/4/2 and FP8 quantize-on-write
+    latent.py               codesign::latent_write: MLA's latent and rotary key into a latent cache (plain or
+                            e4m3), with triton_latent_write.py
     kvq.py                  QuantPagedKV (per-token INT8/4/2, per-head FP8) and codesign::kvq_write
     kivi.py                 KiviPagedKV and its writer (append), with triton_kivi_flush.py
     oaken.py                OakenPagedKV (fp16 or offline 8-bit metadata) and its writer, with triton_oaken_write.py

@@ -114,21 +114,29 @@ def check_kv_write(
             raise CodesignError(f"{name} must be contiguous along head_dim")
     if value.shape != key.shape:
         raise CodesignError(f"value shape {tuple(value.shape)} != key shape {tuple(key.shape)}")
-    if slot_mapping.dtype not in (torch.int32, torch.int64) or slot_mapping.shape != (key.shape[0],):
+    check_slot_mapping(slot_mapping, key.shape[0], nb * bs, k_cache.device, check_data)
+
+
+def check_slot_mapping(
+    slot_mapping: torch.Tensor, tokens: int, num_slots: int, device: torch.device, check_data: bool
+) -> None:
+    """A writer's slots: int32/int64 `[tokens]`, contiguous, on the cache's device; with `check_data` (one host
+    sync) each in [-1, num_slots) (-1 skips a token) and no slot twice."""
+    if slot_mapping.dtype not in (torch.int32, torch.int64) or slot_mapping.shape != (tokens,):
         raise CodesignError(
-            f"slot_mapping must be int32/int64 of shape ({key.shape[0]},), "
+            f"slot_mapping must be int32/int64 of shape ({tokens},), "
             f"got {slot_mapping.dtype} {tuple(slot_mapping.shape)}"
         )
-    if slot_mapping.device != k_cache.device:
-        raise CodesignError(f"slot_mapping is on {slot_mapping.device} but the cache is on {k_cache.device}")
+    if slot_mapping.device != device:
+        raise CodesignError(f"slot_mapping is on {slot_mapping.device} but the cache is on {device}")
     if slot_mapping.numel() > 1 and slot_mapping.stride(0) != 1:  # (the kernels read it as one contiguous row)
         raise CodesignError(f"slot_mapping must be contiguous, got stride {slot_mapping.stride()}")
     if check_data and slot_mapping.numel() and has_data(slot_mapping):
         s = slot_mapping.cpu().to(torch.int64)
-        bad = (s < -1) | (s >= nb * bs)
+        bad = (s < -1) | (s >= num_slots)
         if bad.any():
             i = int(torch.nonzero(bad)[0])
-            raise CodesignError(f"slot_mapping[{i}]={int(s[i])} is outside [-1, {nb * bs}) (-1 skips)")
+            raise CodesignError(f"slot_mapping[{i}]={int(s[i])} is outside [-1, {num_slots}) (-1 skips)")
         live = s[s >= 0]
         if live.unique().numel() != live.numel():
             raise CodesignError("slot_mapping writes the same slot twice")

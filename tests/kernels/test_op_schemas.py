@@ -12,6 +12,7 @@ import codesign.kernels.attention.quantized  # noqa: F401  (defines the attentio
 import codesign.kernels.df11.linear  # noqa: F401
 import codesign.kernels.gemm.ops  # noqa: F401
 import codesign.kernels.kvcache.kvq  # noqa: F401
+import codesign.kernels.kvcache.latent  # noqa: F401
 import codesign.kernels.kvcache.write  # noqa: F401
 import codesign.kernels.layers.ops  # noqa: F401
 
@@ -20,7 +21,7 @@ SCHEMAS = (Path(__file__).parent / "op_schemas.txt").read_text().split("\n")
 
 def test_every_op_keeps_its_name_and_schema():
     schemas = [s for s in SCHEMAS if s]
-    assert len(schemas) == 19
+    assert len(schemas) == 20
     for want in schemas:
         name = want.split("(", 1)[0].split("::", 1)[1]
         assert str(getattr(torch.ops.codesign, name).default._schema) == want

@@ -156,7 +156,7 @@ def test_the_op_traces_without_a_graph_break():
 @pytest.mark.lowering
 def test_compiles_for_sm90_and_sm80_without_spills():
     """Compile-only at DeepSeek-V3's widths, bf16 queries: a bf16 cache (16 and 128 heads) and an e4m3 one (decoded
-    in hardware on sm_90, by integer ops on sm_80): registers, no spills."""
+    in hardware on sm_90, by integer ops on sm_80): registers, no spills; and the e4m3 writer."""
     assert_runs_without_interpreter(
         """
 import torch
@@ -175,6 +175,13 @@ for arch, heads, dtype in ((90, 16, torch.bfloat16), (90, 128, torch.bfloat16), 
     assert l.kernel == "_latent_decode_kernel" and l.error is None, l
     assert l.spill_stores == 0 and l.spill_loads == 0 and 0 < l.registers <= 255, (arch, dtype, l)
     assert l.grid[1] == heads // 16 and l.grid[0] == 16, l
+from codesign.kernels.kvcache.latent import latent_write
+kv_c, k_pe = torch.zeros(16, 512, dtype=torch.bfloat16), torch.zeros(16, 64, dtype=torch.bfloat16)
+with compile_only(arch=90, gpu_name="NVIDIA H200", sms=132) as s:  # its writer, quantizing to e4m3
+    latent_write(kv_c, k_pe, torch.zeros(64, 64, 576, dtype=torch.float8_e4m3fn), torch.arange(16), kv_scale=0.1,
+                 check_data=False)
+(l,) = s.launches
+assert l.kernel == "_latent_write_kernel" and l.error is None and l.spill_stores == 0, l
 print("ok")
 """
     )
