@@ -27,8 +27,12 @@ OP = "paged_attention"  # the backend choice's op name, shared with every attent
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8 = torch.float8_e4m3fn
 BLOCK_H = 16  # query heads a program (the dot's M; more heads take more programs)
-BLOCK_N = 32  # cached tokens a tile
-BLOCK_N_FP8 = 16  # an e4m3 tile is decoded in registers: at 32 tokens it spilled (sm_90 20 B, sm_80 208 B)
+# Cached tokens a tile and warps a program, by the SASS model (`bench/latent_predict.py`, sm_90, untimed): a bf16
+# tile of 64 on 4 warps (249 registers) is predicted 32.5 us at 16 heads, batch 16, 4k (32: 42.3 us, 183); an e4m3
+# tile is decoded in registers, 32 tokens on 8 warps (188 registers; on 4 warps it spilled 20-208 B): 48.0 us
+# (16 tokens on 4 warps: 64.8 us).
+BLOCK_N, NUM_WARPS = 64, 4
+BLOCK_N_FP8, NUM_WARPS_FP8 = 32, 8
 
 
 def _check(q, cache, block_tables, context_lens, v_dim, sm_scale, kv_scale, num_splits, check_data) -> None:
@@ -189,7 +193,7 @@ def latent_attention_triton(
             q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), block_tables.stride(0),
             out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
             LATENT=v_dim, ROPE=rope, BLOCK_SIZE=cache.shape[1], BLOCK_H=BLOCK_H,
-            BLOCK_N=BLOCK_N_FP8 if fp8 else BLOCK_N,
+            BLOCK_N=BLOCK_N_FP8 if fp8 else BLOCK_N, num_warps=NUM_WARPS_FP8 if fp8 else NUM_WARPS,
             FP8=fp8, HW_FP8=device_view(q.device).hw_fp8, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         )  # fmt: skip
     return merge_splits(out, lse).to(q.dtype)

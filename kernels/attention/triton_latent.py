@@ -57,6 +57,9 @@ def _latent_decode_kernel(
     q_row = q_ptr + b * stride_qb + heads[:, None] * stride_qh
     q_c = tl.load(q_row + c[None, :], mask=head_ok[:, None], other=0.0)
     q_r = tl.load(q_row + LATENT + r[None, :], mask=head_ok[:, None], other=0.0)
+    if FP8 and q_c.dtype == tl.bfloat16:  # e4m3 decodes to fp16 in one instruction a pair: dot in fp16, not bf16
+        q_c = q_c.to(tl.float16)
+        q_r = q_r.to(tl.float16)
 
     ctx = tl.load(context_lens_ptr + b)
     # Each split takes a whole number of tiles; the last splits of a short sequence may take none.
