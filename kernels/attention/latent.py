@@ -26,6 +26,7 @@ from codesign.specs import CodesignError, KVFormat, PagedDecodeAttention
 OP = "paged_attention"  # the backend choice's op name, shared with every attention op
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8 = torch.float8_e4m3fn
+FP16_MAX = 65504.0
 BLOCK_H = 16  # query heads a program (the dot's M; more heads take more programs)
 # Cached tokens a tile and warps a program, by the SASS model (`bench/latent_predict.py`, sm_90, untimed): a bf16
 # tile of 64 on 4 warps (249 registers) is predicted 32.5 us at 16 heads, batch 16, 4k (32: 42.3 us, 183); an e4m3
@@ -48,6 +49,12 @@ def _check(q, cache, block_tables, context_lens, v_dim, sm_scale, kv_scale, num_
         raise CodesignError(f"block_tables has {block_tables.shape[0]} rows for a batch of {b}")
     if check_data and has_data(q, block_tables, context_lens):
         check_block_tables(block_tables, context_lens, nb, bs)
+        if cache.dtype == FP8 and q.dtype == torch.bfloat16 and q.numel():
+            # the kernel dots an e4m3 cache in fp16 (one conversion of q, not one a cached element)
+            big = float(q.abs().amax())
+            if not big <= FP16_MAX:
+                raise CodesignError(f"q holds {big:g}, past fp16's {FP16_MAX:g}: bf16 queries over an e4m3 cache "
+                                    "are dotted in fp16 (scale them, or store the cache in bf16)")  # fmt: skip
 
 
 def _check_tensors(q, cache) -> tuple[int, int, int, int]:
@@ -106,8 +113,9 @@ def latent_decode_attention(
     """out[b, h] = sum_j softmax_j(sm_scale q[b, h] . c_j) c_j[:v_dim] over the context_lens[b] cached vectors c_j.
 
     sm_scale has no default: DeepSeek scales by 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim) (192), not by the
-    absorbed width. kv_scale: an e4m3 cache's scale (required for one, refused otherwise). A sequence of length 0
-    gets zeros. `check_data` runs the block-table checks (one host sync).
+    absorbed width. kv_scale: an e4m3 cache's scale (required for one, refused otherwise); bf16 queries over one are
+    dotted in fp16, so their magnitudes must stay within fp16's range. A sequence of length 0 gets zeros.
+    `check_data` runs the block-table checks and that range check (one host sync).
     """
     _check(q, latent_cache, block_tables, context_lens, v_dim, sm_scale, kv_scale, num_splits, check_data)
     return torch.ops.codesign.latent_decode_attention(

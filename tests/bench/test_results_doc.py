@@ -140,3 +140,24 @@ def test_the_decode_check_has_teeth():
     row = next(line for line in text.splitlines() if line.startswith("| KIVI INT4 |"))
     ms = row.split("|")[2].strip()
     assert decode_mismatches(text.replace(row, row.replace(ms, "9.999 ms")))[1]
+
+
+LATENT = ROOT / "bench" / "results" / "latent_predict_sm90.json"
+LATENT_ROW = re.compile(r"^\| (?P<cache>\w+), (?P<heads>\d+) \| (?P<b>\d+) × (?P<c>\d+)k \| (?P<floor>[\d.]+) µs \| "
+                        r"(?P<pred>[\d.]+) µs \| (?P<pct>\d+) % \|")  # fmt: skip
+
+
+def test_latent_attention_table_quotes_the_committed_prediction():
+    rows = {(r["cache"], r["heads"], r["batch"], r["context"]): r for r in json.loads(LATENT.read_text())["rows"]}
+    seen = set()
+    for line in DOC.read_text().splitlines():
+        m = LATENT_ROW.match(line)
+        if not m:
+            continue
+        key = (m["cache"], int(m["heads"]), int(m["b"]), int(m["c"]) * 1024)
+        r = rows[key]
+        assert float(m["floor"]) == round(r["floor_ms"] * 1e3, 1), line
+        assert float(m["pred"]) == round(r["predicted_ms"] * 1e3, 1), line
+        assert int(m["pct"]) == round(r["floor_pct"]), line
+        seen.add(key)
+    assert seen == set(rows), set(rows) - seen

@@ -231,3 +231,16 @@ def test_kv_scale_goes_with_an_e4m3_cache_only(cache_dtype, kv_scale, match):
     with pytest.raises(CodesignError, match=match):
         latent_decode_attention(torch.randn(1, 16, 48), cache.to(cache_dtype), bt, cl, v_dim=32, sm_scale=0.1,
                                 kv_scale=kv_scale)  # fmt: skip
+
+
+def test_bf16_queries_past_fp16_range_are_refused_over_an_e4m3_cache():
+    """The kernel dots an e4m3 cache in fp16: a bf16 query it cannot hold is refused (before: inf scores, NaN out)."""
+    cache, bt, cl = _cache([9], 48, 8, torch.float32)
+    codes = cache.to(torch.float8_e4m3fn)
+    q = torch.randn(1, 16, 48).to(torch.bfloat16)
+    q[0, 3, 5] = 1e6
+    with use_backend("torch"), pytest.raises(CodesignError, match="fp16"):
+        latent_decode_attention(q, codes, bt, cl, v_dim=32, sm_scale=0.1, kv_scale=1.0)
+    q[0, 3, 5] = 6e4  # within range: runs
+    with use_backend("torch"):
+        assert torch.isfinite(latent_decode_attention(q, codes, bt, cl, v_dim=32, sm_scale=1e-3, kv_scale=1.0)).all()
