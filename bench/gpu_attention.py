@@ -134,12 +134,17 @@ REL_ERR_BOUND = {"torch.float16": 3e-3, "torch.bfloat16": 1.5e-2, "torch.float32
 def _check_vs_torch(w, q, k, v, out) -> dict[str, Any]:
     """Kernel output `out` vs the torch implementation for the planned batch (guards against timing a
     wrong kernel): max |difference|, relative Frobenius error, its bound and whether it holds."""
-    import torch
-
     from codesign.backend import use_backend
 
     with use_backend("torch"):
         ref = w.run(q, k, v)
+    return _compare(out, ref)
+
+
+def _compare(out, ref) -> dict[str, Any]:
+    """out against the torch path's `ref`: max |difference|, relative Frobenius error, its bound, whether it holds."""
+    import torch
+
     diff = out.float() - ref.float()
     rel = float(torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(ref.float()))
     bound = REL_ERR_BOUND[str(out.dtype)]
@@ -273,10 +278,7 @@ def _latent_rows(copy_bw: float, hbm_bw: float | None, dtype, mode: Any = None) 
         if batch0 * ctx0 <= 16 * 4096:
             out = call()
             with use_backend("torch"):
-                ref = call()
-            rel = float(torch.linalg.vector_norm(out.float() - ref.float()) / torch.linalg.vector_norm(ref.float()))
-            extra.update(rel_err_vs_torch=rel, rel_err_bound=REL_ERR_BOUND[str(dtype)],
-                         check_ok=rel <= REL_ERR_BOUND[str(dtype)])  # fmt: skip
+                extra.update(_compare(out, call()))
         rows.append(_row("latent_decode", latent_decode_spec(q, cache, cl, LATENT), ms, copy_bw, hbm_bw, **extra))
         k = cache = None
         mode.empty_cache()

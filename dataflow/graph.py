@@ -261,12 +261,13 @@ class _StepBuilder:
         return self.add(p + "o_proj", "o_proj", self.lin(m.hidden, qh * v, m.o_bias), i, [o_in], self.hid_b)
 
     def ffn_block(self, p: str, i: int, n2: str) -> str:
-        """Up projection, activation and down projection: dense, or the routed experts of a MoE layer."""
+        """Up projection, activation and down projection: dense (a MoE model's leading blocks too, `dense_ffn`
+        wide), or the routed experts of a MoE layer."""
         m, tokens, act_b = self.m, self.tokens, self.act_b
-        if m.experts and not m.moe_layer(i):  # a MoE model's leading dense blocks
-            return self._dense_mlp(p, i, n2, self.dense_ffn)
-        up_n = (2 if m.gated else 1) * self.ffn
-        if m.experts:
+        moe = m.moe_layer(i)
+        ffn = self.ffn if moe or not m.experts else self.dense_ffn
+        up_n = (2 if m.gated else 1) * ffn
+        if moe:
             spec = MoERouter(tokens, m.hidden, m.experts, m.top_k)
             router = self.add(p + "router", "moe_router", spec, i, [n2], tokens * m.top_k * 8)
             routed = tokens * m.top_k
@@ -276,21 +277,14 @@ class _StepBuilder:
         else:
             mm, nb, rows, up_in, down_in = tokens, 1, tokens, [n2], []
         # Every expert's weights stay resident whatever the batch; the active ones only set the traffic.
-        resident = {"resident_weights": m.experts} if m.experts else {}
+        resident = {"resident_weights": m.experts} if moe else {}
         up_spec = self.lin(up_n, m.hidden, m.mlp_bias, mm, nb)
         up = self.add(p + "up_proj", "up_proj", up_spec, i, up_in, rows * up_n * act_b, **resident)
-        act_spec = Elementwise(self.act_op, rows * self.ffn)
-        act = self.add(p + "act", self.act_op, act_spec, i, [up], rows * self.ffn * act_b)
+        act_spec = Elementwise(self.act_op, rows * ffn)
+        act = self.add(p + "act", self.act_op, act_spec, i, [up], rows * ffn * act_b)
         # The MoE combine (weighted sum of each token's top-k expert outputs) reads the router's weights.
-        down_spec = self.lin(m.hidden, self.ffn, m.mlp_bias, mm, nb)
+        down_spec = self.lin(m.hidden, ffn, m.mlp_bias, mm, nb)
         return self.add(p + "down_proj", "down_proj", down_spec, i, [act, *down_in], self.hid_b, **resident)
-
-    def _dense_mlp(self, p: str, i: int, n2: str, ffn: int) -> str:
-        m, tokens, act_b = self.m, self.tokens, self.act_b
-        up_n = (2 if m.gated else 1) * ffn
-        up = self.add(p + "up_proj", "up_proj", self.lin(up_n, m.hidden, m.mlp_bias), i, [n2], tokens * up_n * act_b)
-        act = self.add(p + "act", self.act_op, Elementwise(self.act_op, tokens * ffn), i, [up], tokens * ffn * act_b)
-        return self.add(p + "down_proj", "down_proj", self.lin(m.hidden, ffn, m.mlp_bias), i, [act], self.hid_b)
 
     def shared_expert(self, p: str, i: int, n2: str, routed_out: str) -> str:
         # Qwen2-MoE / DeepSeekMoE: every token also runs a dense gated MLP (sharded like a dense FFN);

@@ -20,18 +20,22 @@ import torch
 
 from codesign.backend import device_view, resolve_backend
 from codesign.kernels.attention.options import MAX_SPLITS
-from codesign.kernels.kvcache.checks import MAX_BLOCK_SIZE, check_block_tables, check_int_tensor, has_data
-from codesign.specs import CodesignError, KVFormat, PagedDecodeAttention
+from codesign.kernels.attention.wrappers import SPEC_DTYPES
+from codesign.kernels.kvcache.checks import (
+    check_block_tables,
+    check_int_tensor,
+    check_positive_real,
+    has_data,
+)
+from codesign.kernels.kvcache.latent import FP8, check_latent_cache, check_latent_scale, latent_kv_format
+from codesign.kernels.kvcache.quantizers import FP16_MAX
+from codesign.specs import CodesignError, PagedDecodeAttention
 
 OP = "paged_attention"  # the backend choice's op name, shared with every attention op
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-FP8 = torch.float8_e4m3fn
-FP16_MAX = 65504.0
 BLOCK_H = 16  # query heads a program (the dot's M; more heads take more programs)
-# Cached tokens a tile and warps a program, by the SASS model (`bench/latent_predict.py`, sm_90, untimed): a bf16
-# tile of 64 on 4 warps (249 registers) is predicted 32.5 us at 16 heads, batch 16, 4k (32: 42.3 us, 183); an e4m3
-# tile is decoded in registers, 32 tokens on 8 warps (188 registers; on 4 warps it spilled 20-208 B): 48.0 us
-# (16 tokens on 4 warps: 64.8 us).
+# Cached tokens a tile and warps a program: the fastest the SASS model predicts (`bench/latent_predict.py`, untimed);
+# an e4m3 tile is decoded in registers, so it takes half the tokens on twice the warps (on 4 warps it spilled).
 BLOCK_N, NUM_WARPS = 64, 4
 BLOCK_N_FP8, NUM_WARPS_FP8 = 32, 8
 
@@ -39,10 +43,7 @@ BLOCK_N_FP8, NUM_WARPS_FP8 = 32, 8
 def _check(q, cache, block_tables, context_lens, v_dim, sm_scale, kv_scale, num_splits, check_data) -> None:
     b, nb, bs, d = _check_tensors(q, cache)
     _check_scalars(d, v_dim, sm_scale, num_splits)
-    if cache.dtype == FP8:
-        _check_positive("kv_scale", kv_scale, "(an e4m3 cache's scale)")
-    elif kv_scale is not None:
-        raise CodesignError(f"kv_scale is for an e4m3 cache; this one is {cache.dtype} (pass None)")
+    check_latent_scale(cache.dtype, kv_scale)
     check_int_tensor("block_tables", block_tables, 2, cache.device)
     check_int_tensor("context_lens", context_lens, 1, cache.device)
     if block_tables.shape[0] != b:
@@ -61,41 +62,29 @@ def _check_tensors(q, cache) -> tuple[int, int, int, int]:
     """q and the cache: shapes, dtypes, devices; (batch, num_blocks, block_size, channels)."""
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise CodesignError("q must be a 3-D tensor [batch, heads, latent + rope]")
-    if not isinstance(cache, torch.Tensor) or cache.dim() != 3:
-        raise CodesignError("latent_cache must be a 3-D tensor [num_blocks, block_size, latent + rope]")
     if q.dtype not in DTYPES:
         raise CodesignError(f"q dtype must be one of {DTYPES}, got {q.dtype}")
-    if cache.dtype not in (q.dtype, FP8):
-        raise CodesignError(f"latent_cache dtype must be q's ({q.dtype}) or {FP8}, got {cache.dtype}")
-    for name, t in (("q", q), ("latent_cache", cache)):
-        if t.stride(-1) != 1:
-            raise CodesignError(f"{name} must be contiguous along its last dimension")
+    if q.stride(-1) != 1:
+        raise CodesignError("q must be contiguous along its last dimension")
+    nb, bs, dc = check_latent_cache(cache, q.dtype, "q")
     if q.device != cache.device:
         raise CodesignError(f"latent_cache is on {cache.device} but q is on {q.device}")
     b, h, d = q.shape
-    nb, bs, dc = cache.shape
     if dc != d:
         raise CodesignError(f"latent_cache's last dimension {dc} != q's {d} (latent + rope)")
     if h < 1 or d < 1:
         raise CodesignError(f"q must have heads and channels, got shape {tuple(q.shape)}")
-    if not (1 <= bs <= MAX_BLOCK_SIZE):
-        raise CodesignError(f"block_size (latent_cache.shape[1]) must be in [1, {MAX_BLOCK_SIZE}], got {bs}")
     return b, nb, bs, d
 
 
 def _check_scalars(d: int, v_dim, sm_scale, num_splits) -> None:
     if isinstance(v_dim, bool) or not isinstance(v_dim, int) or not 0 < v_dim < d:
         raise CodesignError(f"v_dim (the latent's width) must be an int in [1, {d - 1}], got {v_dim!r}")
-    _check_positive("sm_scale", sm_scale)
+    check_positive_real("sm_scale", sm_scale)
     if num_splits is not None and (
         isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS
     ):
         raise CodesignError(f"num_splits must be an int in [1, {MAX_SPLITS}] or None, got {num_splits!r}")
-
-
-def _check_positive(name: str, x, what: str = "") -> None:
-    if isinstance(x, bool) or not isinstance(x, int | float) or not (math.isfinite(x) and x > 0):
-        raise CodesignError(f"{name} {what}must be a positive finite number, got {x!r}".replace("  ", " "))
 
 
 def latent_decode_attention(
@@ -181,7 +170,8 @@ def _splits(q: torch.Tensor, num_splits: int | None) -> int:
 def latent_attention_triton(
     q, cache, block_tables, context_lens, v_dim: int, sm_scale: float, kv_scale: float, num_splits: int | None
 ) -> torch.Tensor:
-    """Launch `_latent_decode_kernel` over (sequence, head block, split), then merge the splits."""
+    """Launch `_latent_decode_kernel` over (sequence, head block, split), then merge the splits (`reduce_splits`)."""
+    from codesign.kernels.attention.triton_attention import reduce_splits
     from codesign.kernels.attention.triton_latent import _latent_decode_kernel
 
     b, h, d = q.shape
@@ -190,40 +180,31 @@ def latent_attention_triton(
         if w < 16 or w & (w - 1):
             raise CodesignError(f"the Triton kernel needs a power of two >= 16 for the {name}, got {w}")
     splits = _splits(q, num_splits)
-    out = torch.empty(b, h, splits, v_dim, device=q.device, dtype=torch.float32)
-    lse = torch.empty(b, h, splits, device=q.device, dtype=torch.float32)
+    part = torch.empty(b, h, splits, v_dim, device=q.device, dtype=torch.float32)
+    lse2 = torch.empty(b, h, splits, device=q.device, dtype=torch.float32)
+    out = torch.empty(b, h, v_dim, device=q.device, dtype=q.dtype)
     fp8 = cache.dtype == FP8
     if b:
         grid = (b, -(-h // BLOCK_H), splits)
         _latent_decode_kernel[grid](
-            q, cache.view(torch.uint8) if fp8 else cache, block_tables, context_lens, out, lse,
+            q, cache.view(torch.uint8) if fp8 else cache, block_tables, context_lens, part, lse2,
             sm_scale * kv_scale * math.log2(math.e), kv_scale, h, splits,
             q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), block_tables.stride(0),
-            out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+            part.stride(0), part.stride(1), part.stride(2), lse2.stride(0), lse2.stride(1),
             LATENT=v_dim, ROPE=rope, BLOCK_SIZE=cache.shape[1], BLOCK_H=BLOCK_H,
             BLOCK_N=BLOCK_N_FP8 if fp8 else BLOCK_N, num_warps=NUM_WARPS_FP8 if fp8 else NUM_WARPS,
             FP8=fp8, HW_FP8=device_view(q.device).hw_fp8, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         )  # fmt: skip
-    return merge_splits(out, lse).to(q.dtype)
-
-
-def merge_splits(out: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
-    """Each split's normalised output weighted by its share of the softmax: out `[b, h, s, d]`, lse2 (base 2)
-    `[b, h, s]`; a sequence with no tokens (every lse2 -inf) gives zeros."""
-    top = lse2.amax(dim=2, keepdim=True)
-    w = torch.exp2(lse2 - torch.where(torch.isinf(top), 0.0, top))
-    total = w.sum(dim=2, keepdim=True)
-    w = w / torch.where(total == 0, 1.0, total)
-    return (w.unsqueeze(-1) * out).sum(dim=2)
+        reduce_splits(part, lse2, out, None)
+    return out
 
 
 def latent_decode_spec(
     q: torch.Tensor, latent_cache: torch.Tensor, context_lens: torch.Tensor, v_dim: int
 ) -> PagedDecodeAttention:
     """The call's operator spec: what the dataflow graph's decode attention node of an MLA model holds."""
-    names = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-    kv = KVFormat.parse("fp8") if latent_cache.dtype == FP8 else KVFormat(dtype=names[latent_cache.dtype])
     return PagedDecodeAttention(
         q.shape[1], 1, q.shape[2], context_lens=tuple(int(n) for n in context_lens.tolist()),
-        block_size=latent_cache.shape[1], kv_format=kv, dtype=names[q.dtype], v_head_dim=v_dim, latent_kv=True,
+        block_size=latent_cache.shape[1], kv_format=latent_kv_format(latent_cache), dtype=SPEC_DTYPES[q.dtype],
+        v_head_dim=v_dim, latent_kv=True,
     )  # fmt: skip

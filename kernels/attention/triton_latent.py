@@ -4,9 +4,9 @@ Each token caches one vector of LATENT + ROPE channels; the keys are the whole v
 LATENT channels, so a tile of the cache is loaded once and serves both dots. A program takes one sequence, a
 block of BLOCK_H query heads (all of them share the one kv head: they fill the dot's M dimension) and one split
 of the sequence's tokens; it writes its split's output, normalised, and its log2-sum-exp, which the launcher
-merges (`latent.merge_splits`). The rotary part is a second, narrower dot, so both widths stay powers of two.
-An e4m3 cache (one scale for the tensor, as vLLM's) is decoded exactly to the queries' dtype; its scale multiplies
-the scores' factor and the output once, not each element.
+merges (`triton_attention.reduce_splits`, the paged kernels' merge). The rotary part is a second, narrower dot, so
+both widths stay powers of two. An e4m3 cache (one scale for the tensor, as vLLM's) is decoded exactly to the
+queries' dtype; its scale multiplies the scores' factor and the output once, not each element.
 """
 
 from __future__ import annotations
@@ -92,5 +92,7 @@ def _latent_decode_kernel(
     out = acc * (out_scale / tl.where(empty, 1.0, l_sum))[:, None]
     o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + c[None, :]
     tl.store(o_ptrs, out, mask=head_ok[:, None])
-    lse = tl.where(empty, float("-inf"), m + tl.log2(tl.where(empty, 1.0, l_sum)))
+    # A sequence with no tokens: its first split weighs 1 with output 0, so the merge gives zeros, not 0 / 0.
+    zero = tl.where((ctx == 0) & (split == 0), 0.0, float("-inf"))
+    lse = tl.where(empty, zero, m + tl.log2(tl.where(empty, 1.0, l_sum)))
     tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=head_ok)

@@ -8,6 +8,9 @@ writer's slots (`check_kv_write`). Quantized caches: their pool geometry and ten
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from codesign.backend import device_view
@@ -39,6 +42,13 @@ def check_kv_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, i
     if h < 1 or d < 1:
         raise CodesignError(f"kv_heads and head_dim (k_cache.shape[2:]) must be positive, got {h} and {d}")
     return nb, bs, h, d
+
+
+def check_positive_real(name: str, x, what: str = "") -> None:
+    """x is a positive finite real number (not a bool); `what` qualifies `name` in the message."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not (math.isfinite(x) and x > 0):
+        label = f"{name} {what}" if what else name
+        raise CodesignError(f"{label} must be a positive finite number, got {x!r}")
 
 
 def check_int_tensor(name: str, t: torch.Tensor, dim: int, device: torch.device) -> None:

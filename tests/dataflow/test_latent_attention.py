@@ -144,10 +144,13 @@ def test_pim_takes_a_latent_cache_only_where_its_macs_keep_up():
         on_host = _host_decode_attention(_Acc(d), spec).seconds
         r = evaluate(d, spec)
         assert r.seconds == min(on_pim, on_host) and r.unit == ("pim" if on_pim <= on_host else "systolic")
-        times[heads] = (on_pim, r.unit)
+        times[heads] = (on_pim, r.unit, on_host)
     # PIM time grows with the group (one pass of MACs a head); the crossover lies between 16 and 128 heads here.
     assert times[1][0] < times[4][0] < times[16][0] < times[128][0]
     assert times[4][1] == "pim" and times[128][1] == "systolic"
+    # The figures docs/accelerator-models.md quotes (PIM against the host, seconds).
+    assert times[16][0] == pytest.approx(297.0e-6, rel=1e-3) and times[16][2] == pytest.approx(448.3e-6, rel=1e-3)
+    assert times[128][0] == pytest.approx(2347.6e-6, rel=1e-3) and times[128][2] == pytest.approx(692.0e-6, rel=1e-3)
     # The PIM path streams each vector twice, whole for QK^T and its latent part for P.V: 576 + 512 elements,
     # where a K and a V of 576 would stream 576 + 576.
     gqa = PagedDecodeAttention(16, 1, 576, context_lens=(4096,) * 8, kv_format=KVFormat())
@@ -191,6 +194,7 @@ def test_the_commands_cost_deepseek(capsys, tmp_path):
                  "--batch", "32", "--context", "4096"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert all(op in out for op in ("qkv_a_proj", "q_absorb", "v_up", "moe_router", "shared_up_proj"))
+    assert "per token: 13.996 ms; 2286.4 tokens/s" in out  # the lower bound docs/exploration.md quotes
     assert "kv_b_proj" not in out  # absorbed at decode
     # Refused on one H200 at TP 1 even in fp8, with the sizes.
     assert main(["map", "--model", "deepseek-v3", "--design", "h200", "--weight-format", "fp8_e4m3"]) == 2

@@ -171,7 +171,8 @@ for arch, heads, dtype in ((90, 16, torch.bfloat16), (90, 128, torch.bfloat16), 
     scale = 0.01 if dtype == torch.float8_e4m3fn else None
     with compile_only(arch=arch, gpu_name="NVIDIA H200", sms=132) as s:
         latent_decode_attention(q, cache, bt, cl, v_dim=512, sm_scale=0.07, kv_scale=scale, check_data=False)
-    (l,) = s.launches
+    l, merge = s.launches  # the attention, then the paged kernels' split merge
+    assert merge.kernel == "_reduce_splits_kernel" and merge.error is None and merge.spill_stores == 0, merge
     assert l.kernel == "_latent_decode_kernel" and l.error is None, l
     assert l.spill_stores == 0 and l.spill_loads == 0 and 0 < l.registers <= 255, (arch, dtype, l)
     assert l.grid[1] == heads // 16 and l.grid[0] == 16, l
