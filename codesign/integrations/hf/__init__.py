@@ -1,5 +1,6 @@
-"""Hugging Face transformers on codesign's kernels: paged and quantized KV caches inside `generate`, tree
-speculative decoding, quantized checkpoints through `from_pretrained`, and the same run costed on a design.
+"""Hugging Face transformers on codesign's kernels: paged and quantized KV caches inside `generate` (a latent cache
+for DeepSeek's MLA), tree speculative decoding, quantized checkpoints through `from_pretrained`, and the same run
+costed on a design.
 
 Importing this package registers the attention function `codesign_paged` (and its mask entry) and the
 quantizer `quant_method="codesign"` with transformers.
@@ -20,6 +21,7 @@ from codesign.integrations.hf.attention import register as _register_attention  
 from codesign.integrations.hf.cache import CodesignCache  # noqa: E402
 from codesign.integrations.hf.fuse import fuse_layers_, unfuse_layers_  # noqa: E402
 from codesign.integrations.hf.graphs import GraphDecoding, GraphTape  # noqa: E402
+from codesign.integrations.hf.latent import CodesignLatentCache  # noqa: E402
 from codesign.integrations.hf.one_call import generate, run_generate  # noqa: E402
 from codesign.integrations.hf.quantizer import (  # noqa: E402
     CodesignQuantConfig,
@@ -32,7 +34,8 @@ from codesign.integrations.hf.support import ATTN_NAME  # noqa: E402
 _register_attention()
 
 __all__ = [
-    "ATTN_NAME", "CodesignCache", "CodesignQuantConfig", "GraphDecoding", "GraphTape", "ModelDraft", "NGramDraft",
+    "ATTN_NAME", "CodesignCache", "CodesignLatentCache", "CodesignQuantConfig", "GraphDecoding", "GraphTape",
+    "ModelDraft", "NGramDraft",
     "TreeSpeculator",
     "chain_tree", "from_quantized_checkpoint", "fuse_layers_", "generate", "load_gptq_awq", "run_generate",
     "unfuse_layers_",

@@ -21,6 +21,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from codesign.integrations.hf import _kernels as K
+from codesign.integrations.hf.latent import LatentPending
 from codesign.integrations.hf.support import ATTN_NAME, left_pads
 from codesign.integrations.hf.traced import traced_attention
 from codesign.specs import CodesignError
@@ -83,6 +84,8 @@ def codesign_attention(module, query, key, value, attention_mask, scaling=None, 
             return traced_attention(pending[0], pending[1], query, key, value, attention_mask, scaling, window,
                                     soft, sinks), None  # fmt: skip
     pending = module.__dict__.pop("_codesign_pending", None)
+    if isinstance(pending, LatentPending):  # an MLA layer's latent, left by CodesignLatentCache.update
+        return pending.cache.attend(pending, query, attention_mask, scaling, window, soft, sinks), None
     if pending is not None and pending[2] is key:
         cache, layer_idx, _ = pending
         return cache.attend(layer_idx, query, key, value, attention_mask, scaling, window, soft, sinks), None
@@ -92,6 +95,9 @@ def codesign_attention(module, query, key, value, attention_mask, scaling=None, 
 def _transient(query, key, value, mask2d, scaling, window, softcap, sinks=None) -> torch.Tensor:
     """Attention of the last S columns over all L columns of key/value `[B, Hkv, L, D]` (the history a
     foreign cache returned, or the prompt itself), through a plain paged pool of the real tokens."""
+    dv = value.shape[-1]
+    if dv < key.shape[-1]:  # MLA's narrower value heads: zero columns attend to zeros, cut off below
+        value = torch.nn.functional.pad(value, (0, key.shape[-1] - dv))
     b, hq, s, d = query.shape
     hkv, length = key.shape[1], key.shape[2]
     real = torch.ones(b, length, dtype=torch.bool) if mask2d is None else mask2d.cpu()
@@ -115,7 +121,7 @@ def _transient(query, key, value, mask2d, scaling, window, softcap, sinks=None) 
                                    sinks=sinks)
     full = out.new_zeros(b * s, hq, d)
     full.index_copy_(0, qcols, out)
-    return full.view(b, s, hq, d)
+    return full.view(b, s, hq, d)[..., :dv]
 
 
 def register() -> None:

@@ -130,7 +130,28 @@ class CodesignCacheLayer(CacheLayerMixin):
     get_max_cache_shape = get_max_length  # 4.57's name of the same (abstract there)
 
 
-class CodesignCache(Cache):
+class RowSelection:
+    """transformers' batch-row calls (beam search's reorder, expansion, filtering) over the cache's `select_rows`;
+    shared by CodesignCache and CodesignLatentCache."""
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.select_rows(beam_idx.tolist())
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        check_positive_int("repeats", repeats)
+        self.select_rows([b for b in range(len(self._rows)) for _ in range(repeats)])
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        idx = torch.as_tensor(indices)
+        if idx.dtype == torch.bool:  # a row mask: the rows it keeps
+            if idx.shape != (len(self._rows),):
+                raise CodesignError(f"batch_select_indices: a mask of shape {tuple(idx.shape)} for "
+                                    f"{len(self._rows)} rows")  # fmt: skip
+            idx = torch.nonzero(idx).flatten()
+        self.select_rows(idx.tolist())
+
+
+class CodesignCache(RowSelection, Cache):
     """A paged, optionally quantized KV cache for a transformers model running `attn_implementation=
     "codesign_paged"` (`codesign.integrations.hf.attention`).
 
@@ -245,22 +266,6 @@ class CodesignCache(Cache):
         self._check_window_rollback(lengths, f"crop(tokens_to_remove={tokens_to_remove})")
         self.rewind(lengths)
         self.seen -= n
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self.select_rows(beam_idx.tolist())
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        check_positive_int("repeats", repeats)
-        self.select_rows([b for b in range(len(self._rows)) for _ in range(repeats)])
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        idx = torch.as_tensor(indices)
-        if idx.dtype == torch.bool:  # a row mask: the rows it keeps
-            if idx.shape != (len(self._rows),):
-                raise CodesignError(f"batch_select_indices: a mask of shape {tuple(idx.shape)} for "
-                                    f"{len(self._rows)} rows")  # fmt: skip
-            idx = torch.nonzero(idx).flatten()
-        self.select_rows(idx.tolist())
 
     # --- codesign's side ---------------------------------------------------------------------------------
     def select_rows(self, rows: list[int]) -> None:

@@ -156,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
     from codesign.integrations.hf.cache import StepRecord
     from codesign.integrations.hf.costing import StepCoster, run_shape
     from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
+    from codesign.integrations.hf.latent import check_latent_model, is_latent_model, parse_latent_format
     from codesign.integrations.hf.models import load_model
     from codesign.integrations.hf.support import check_model
 
@@ -169,8 +170,12 @@ def run(args: argparse.Namespace) -> int:
     if args.layers is not None and Path(args.model).is_dir():
         raise CodesignError("--layers keeps a catalogue model's first layers; a model folder keeps its own")
     model, tok = load_model(args.model, dtype, device, args.layers, args.random_weights)
-    layout = check_model(model)
-    spec = parse_kv_format(args.kv_format, layout.dtype)
+    if is_latent_model(model):  # DeepSeek's MLA: a latent cache, None or "fp8"
+        spec, bs = parse_latent_format(args.kv_format), args.block_size or 16
+        check_latent_model(model)
+    else:
+        spec = parse_kv_format(args.kv_format, check_model(model).dtype)
+        bs = args.block_size or default_block_size(spec)
     _quantize(model, args, dtype)
     text = model.config.get_text_config()
     ids = _prompt(args, tok, text.vocab_size).to(device)
@@ -180,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
                             f"the model's max_position_embeddings ({limit})")  # fmt: skip
     coster = None
     if args.design:  # refuse a target the model does not fit before generating
-        coster = StepCoster(args.design, run_shape(model, spec, args.block_size or default_block_size(spec)))
+        coster = StepCoster(args.design, run_shape(model, spec, bs))
         n = (ids.shape[1],) * ids.shape[0]
         coster.check_fits(StepRecord("prefill", n, n))
     torch.manual_seed(args.seed)
@@ -195,13 +200,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kv_name(cache) -> str:
+    """The run's KV format: a CodesignCache's, or a latent cache's ("latent " and its storage)."""
+    return f"latent {cache.format_name}" if hasattr(cache, "format_name") else cache.spec.name
+
+
 def _compile(mode: str | None) -> bool | dict:
     """generate's `compile` for `--compile MODE` (None: not given)."""
     return False if mode is None else True if mode == "default" else {"mode": mode}
 
 
 def _report(args, r, pred, tok, fused=None) -> str:
-    lines = [f"model {args.model}: kv {r.cache.spec.name}, weights {args.weights}, block {r.cache.block_size}, "
+    lines = [f"model {args.model}: kv {_kv_name(r.cache)}, weights {args.weights}, block {r.cache.block_size}, "
              f"{r.sequences.shape[0]} row(s)"]  # fmt: skip
     gen = r.sequences[0, r.prompt_cols :].tolist()
     lines.append("tokens: " + (repr(tok.decode(gen)) if tok is not None else " ".join(map(str, gen))))
@@ -231,7 +241,7 @@ def _write_json(path: Path, args, r, pred) -> None:
     steps = [{"kind": s.kind, "q_lens": list(s.q_lens), "context_lens": list(s.context_lens), "measured_s": t,
               **({"predicted_s": pred[i]} if pred else {})}
              for i, (s, t) in enumerate(zip(r.steps, r.step_seconds))]  # fmt: skip
-    out = {"model": args.model, "kv_format": r.cache.spec.name, "weights": args.weights, "design": args.design,
+    out = {"model": args.model, "kv_format": _kv_name(r.cache), "weights": args.weights, "design": args.design,
            "sequences": r.sequences.tolist(), "new_tokens": r.new_tokens, "steps": steps}  # fmt: skip
     if r.speculation is not None:
         out["accepted_per_step"] = r.speculation.accepted

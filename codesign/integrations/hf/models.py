@@ -60,15 +60,15 @@ def _check_sizes(cfg, where: str) -> None:
 
 
 def hf_config(m, layers: int | None = None):
-    """A transformers config of a catalogue model (Llama, Mistral or Qwen2 style, or a mixture of experts: Mixtral,
-    Qwen2-MoE, GPT-OSS); others are refused."""
+    """A transformers config of a catalogue model (Llama, Mistral or Qwen2 style, a mixture of experts: Mixtral,
+    Qwen2-MoE, GPT-OSS, or DeepSeek-V2/V3's latent attention); others are refused."""
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
-    if m.mla or m.dense_layers:
-        raise CodesignError(
-            f"catalogue model {m.name!r} uses multi-head latent attention (MLA) and leading dense blocks: not served "
-            "(the paged kernels run GQA); `codesign map` / `roofline` / `explore` model it"
-        )
+    if m.mla:
+        return _deepseek_config(m, layers)
+    if m.dense_layers:
+        raise CodesignError(f"catalogue model {m.name!r}: leading dense blocks without latent attention are not "
+                            "served")  # fmt: skip
     if not m.rope or m.learned_positions or m.norm != "rms" or m.ffn_kind != "gated_silu":
         raise CodesignError(
             f"catalogue model {m.name!r} has no Llama / Mistral / Qwen2-style architecture: not served"
@@ -115,6 +115,27 @@ def _moe_config(m, common: dict):
     raise CodesignError(
         f"catalogue model {m.name!r}: a mixture of experts neither Mixtral-, Qwen2-MoE- nor GPT-OSS-style"
     )
+
+
+def _deepseek_config(m, layers: int | None):
+    """DeepSeek-V3's config for a catalogue model with a query bottleneck, V2's without (V2-Lite). The router is
+    left ungrouped (n_group 1): random weights route at random anyway, and the step costs the same. No YaRN: the
+    random weights were not trained on any positions."""
+    import transformers
+
+    if not m.experts or m.shared_expert_ffn % m.ffn:
+        raise CodesignError(f"catalogue model {m.name!r}: latent attention without DeepSeek's routed and shared "
+                            "experts is not served")  # fmt: skip
+    common = dict(vocab_size=m.vocab, hidden_size=m.hidden, num_hidden_layers=layers or m.layers,
+                  num_attention_heads=m.heads, num_key_value_heads=m.heads, kv_lora_rank=m.kv_lora_rank,
+                  qk_rope_head_dim=m.qk_rope_head_dim, qk_nope_head_dim=m.head_dim, v_head_dim=m.v_head_dim,
+                  intermediate_size=m.dense_ffn or m.ffn, moe_intermediate_size=m.ffn, n_routed_experts=m.experts,
+                  num_experts_per_tok=m.top_k, n_shared_experts=m.shared_expert_ffn // m.ffn,
+                  first_k_dense_replace=m.dense_layers, max_position_embeddings=m.max_context,
+                  attention_bias=m.qkv_bias, tie_word_embeddings=m.tied_embeddings)  # fmt: skip
+    if m.q_lora_rank:
+        return transformers.DeepseekV3Config(**common, q_lora_rank=m.q_lora_rank, n_group=1, topk_group=1)
+    return transformers.DeepseekV2Config(**common, q_lora_rank=None, n_group=1, topk_group=1)
 
 
 def random_model(cfg, dtype: torch.dtype, device: str):

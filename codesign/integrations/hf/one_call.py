@@ -20,6 +20,13 @@ from codesign.integrations.hf.cache import CodesignCache, StepRecord, blocks_nee
 from codesign.integrations.hf.fuse import fuse_layers_
 from codesign.integrations.hf.graphs import CAPTURES, GraphDecoding, compile_options
 from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
+from codesign.integrations.hf.latent import (
+    CodesignLatentCache,
+    check_latent_model,
+    is_latent_model,
+    latent_pool_blocks,
+    parse_latent_format,
+)
 from codesign.integrations.hf.speculative import SpeculationStats, TreeSpeculator
 from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, text_config
 from codesign.specs import CodesignError
@@ -45,7 +52,7 @@ class GenerationRun:
     `steps`), the wall time of each forward (prefill first) and, for speculative runs, the acceptance."""
 
     output: object
-    cache: CodesignCache
+    cache: CodesignCache | CodesignLatentCache
     steps: list[StepRecord]
     step_seconds: list[float]
     prompt_cols: int
@@ -103,38 +110,85 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
                  attention_mask: torch.Tensor | None = None, block_size: int | None = None,
                  num_blocks: int | None = None, speculative: TreeSpeculator | None = None,
                  share_prefix: bool = True, check: bool = True, cuda_graph: bool | str = False,
-                 compile: bool | dict = False, fuse: bool = False, **generate_kwargs) -> GenerationRun:  # fmt: skip
+                 compile: bool | dict = False, fuse: bool = False, kv_scale: float | None = None,
+                 **generate_kwargs) -> GenerationRun:  # fmt: skip
     """`generate` with its record (see `generate`)."""
-    layout = check_model(model)
+    latent = is_latent_model(model)
+    layout = check_latent_model(model) if latent else check_model(model)
     _check_options(fuse=fuse, share_prefix=share_prefix, check=check, speculative=speculative,
                    block_size=block_size, num_blocks=num_blocks)  # fmt: skip
+    if latent:
+        return _run_latent(model, input_ids, kv_format, attention_mask, block_size, num_blocks, kv_scale, check,
+                           dict(speculative=speculative is not None, cuda_graph=cuda_graph not in (False, None),
+                                compile=compile not in (False, None), fuse=fuse), generate_kwargs)  # fmt: skip
+    if kv_scale is not None:
+        raise CodesignError("kv_scale is for a latent (MLA) model's fp8 cache; per-head formats find their scales")
     spec = parse_kv_format(kv_format, layout.dtype)
     _check_ids(model, input_ids, attention_mask)
     if speculative is not None:
         block_size, num_blocks = _speculator_pool(speculative, spec, layout.dtype, block_size, num_blocks)
     graphs = _graph_decoding(model, cuda_graph, compile, spec, speculative, generate_kwargs)
     bs = block_size or default_block_size(spec)
-    if "cache" in generate_kwargs or "past_key_values" in generate_kwargs:
-        raise CodesignError(
-            "generate builds its own CodesignCache: pass kv_format / num_blocks instead of a cache"
-        )
-    cols = input_ids.shape[1]
-    pads = [0] * input_ids.shape[0] if attention_mask is None else (attention_mask == 0).sum(1).tolist()
-    prompt_lens = [cols - p for p in pads]
-    expand = max(
-        int(generate_kwargs.get("num_beams", 1) or 1),
-        int(generate_kwargs.get("num_return_sequences", 1) or 1),
-    )
-    rows = [n for n in prompt_lens for _ in range(expand)]
-    max_new = _max_new_tokens(model, cols, generate_kwargs)
-    extra = int(generate_kwargs.get("prompt_lookup_num_tokens") or 0) + 1
+    cols, rows, max_new, extra = _run_rows(model, input_ids, attention_mask, generate_kwargs)
     if speculative is not None:
         speculative.block_size, speculative.kv_format = bs, spec
         need, need_window = speculative.blocks_for(rows, cols + max_new, model)
     else:
         windows = layer_windows(text_config(model), layout.layers)
         need, need_window = pool_blocks(windows, spec, rows, [n + max_new + extra for n in rows], extra, bs)
-    need_prompt = blocks_needed(rows, bs)
+    nb = _pool_size(num_blocks, need, blocks_needed(rows, bs), bs, max_new)
+    cache = CodesignCache(model, spec, num_blocks=nb, block_size=bs, check=check,
+                          window_num_blocks=need_window if num_blocks is None else None)  # fmt: skip
+    if share_prefix and len(rows) > 1 and spec.shares_prompt_blocks:
+        expand = len(rows) // input_ids.shape[0]
+        ids = input_ids.repeat_interleave(expand, 0)
+        cache.share_prefixes(
+            ids, None if attention_mask is None else attention_mask.repeat_interleave(expand, 0)
+        )
+    if fuse:
+        fuse_layers_(model)
+    return _generate_on(model, cache, input_ids, attention_mask, generate_kwargs, speculative or graphs, cols,
+                        speculative)  # fmt: skip
+
+
+def _run_latent(model, input_ids, kv_format, attention_mask, block_size, num_blocks, kv_scale, check, asked,
+                generate_kwargs) -> GenerationRun:  # fmt: skip
+    """`run_generate` of an MLA model: a CodesignLatentCache sized for the run (what it does not serve, refused)."""
+    refused = [name for name, on in asked.items() if on]
+    if refused:
+        raise CodesignError(f"{', '.join(refused)}: not served for latent (MLA) models (tree verification, captured "
+                            "steps and fused layers run over per-head caches)")  # fmt: skip
+    fmt = parse_latent_format(kv_format)
+    _check_ids(model, input_ids, attention_mask)
+    bs = block_size or 16
+    cols, rows, max_new, extra = _run_rows(model, input_ids, attention_mask, generate_kwargs)
+    need = latent_pool_blocks([n + max_new + extra for n in rows], bs)
+    nb = _pool_size(num_blocks, need, blocks_needed(rows, bs), bs, max_new)
+    cache = CodesignLatentCache(model, fmt, num_blocks=nb, block_size=bs, kv_scale=kv_scale, check=check)
+    return _generate_on(model, cache, input_ids, attention_mask, generate_kwargs, None, cols, None)
+
+
+def _run_rows(model, input_ids, attention_mask, generate_kwargs) -> tuple[int, list[int], int, int]:
+    """(prompt columns, each cache row's prompt tokens (beams and returned sequences expand a row), new tokens a
+    row, tokens a forward appends at most)."""
+    if "cache" in generate_kwargs or "past_key_values" in generate_kwargs:
+        raise CodesignError(
+            "generate builds its own CodesignCache: pass kv_format / num_blocks instead of a cache"
+        )
+    cols = input_ids.shape[1]
+    pads = [0] * input_ids.shape[0] if attention_mask is None else (attention_mask == 0).sum(1).tolist()
+    expand = max(
+        int(generate_kwargs.get("num_beams", 1) or 1),
+        int(generate_kwargs.get("num_return_sequences", 1) or 1),
+    )
+    rows = [cols - p for p in pads for _ in range(expand)]
+    max_new = _max_new_tokens(model, cols, generate_kwargs)
+    extra = int(generate_kwargs.get("prompt_lookup_num_tokens") or 0) + 1
+    return cols, rows, max_new, extra
+
+
+def _pool_size(num_blocks: int | None, need: int, need_prompt: int, bs: int, max_new: int) -> int:
+    """The pool's blocks: `need` unless given; a given pool too small for the prompt or the run is refused."""
     nb = need if num_blocks is None else num_blocks
     if nb < need_prompt:
         raise CodesignError(
@@ -145,15 +199,12 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
             f"a pool of {nb} blocks of {bs} tokens cannot hold this run: the prompt and {max_new} new tokens a "
             f"row need {need}"
         )
-    cache = CodesignCache(model, spec, num_blocks=nb, block_size=bs, check=check,
-                          window_num_blocks=need_window if num_blocks is None else None)  # fmt: skip
-    if share_prefix and len(rows) > 1 and spec.shares_prompt_blocks:
-        ids = input_ids.repeat_interleave(expand, 0)
-        cache.share_prefixes(
-            ids, None if attention_mask is None else attention_mask.repeat_interleave(expand, 0)
-        )
-    if fuse:
-        fuse_layers_(model)
+    return nb
+
+
+def _generate_on(model, cache, input_ids, attention_mask, generate_kwargs, custom, cols, speculative) -> GenerationRun:
+    """transformers' generate over `cache` with codesign_paged attention (the user's put back after), timed per
+    forward; `custom`: a custom_generate loop (a speculator or captured decoding)."""
     cfg = text_config(model)
     prev = cfg._attn_implementation
     clock = StepClock()
@@ -166,8 +217,8 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
             stopping_criteria=stops,
             **{cache_kwarg(model): cache},
         )
-        if speculative is not None or graphs is not None:
-            kw["custom_generate"] = speculative or graphs
+        if custom is not None:
+            kw["custom_generate"] = custom
         t0 = time.perf_counter()
         out = model.generate(input_ids, **kw)
         seconds = time.perf_counter() - t0
@@ -263,8 +314,10 @@ def generate(model, input_ids: torch.Tensor, kv_format: str | None = None, **kwa
     (True or a dict of torch.compile's keywords: every decode step, or with speculative every tree forward, runs one
     compiled forward, the cache's side one op a layer; with cuda_graph True captured in ours, with
     mode="reduce-overhead" in Inductor's), share_prefix (rows with a common prompt prefix share its full blocks),
-    check (the kernels' data checks), fuse (the model's RMSNorms, rotary embedding and gated MLPs on codesign's
-    one-launch ops, its q / k / v and gate / up projections one GEMM each, `fuse.fuse_layers_`; it stays fused).
+    check (the kernels' data checks), kv_scale (a DeepSeek model's "fp8" latent cache: e4m3 codes of x / kv_scale,
+    default 1.0; DeepSeek-V2/V3 run on a `CodesignLatentCache`, kv_format None or "fp8"), fuse (the model's
+    RMSNorms, rotary embedding and gated MLPs on codesign's one-launch ops, its q / k / v and gate / up projections
+    one GEMM each, `fuse.fuse_layers_`; it stays fused).
     Everything else goes to transformers' generate. Returns what it returns.
     """
     return run_generate(model, input_ids, kv_format, **kwargs).output

@@ -20,8 +20,8 @@ TRANSFORMERS_RANGE = (((4, 57), (4, 58)), ((5, 23), (6, 0)))
 # 5.25.0) and is tested token for token against transformers' own attention (tests/integrations). What differs
 # between them happens before the attention function (q/k norms, fused qkv_proj, per-layer RoPE bases, MoE MLPs)
 # or is passed to it (`scaling`: Granite's attention_multiplier, Gemma's query_pre_attn_scalar; `sliding_window`,
-# `softcap`; GPT-OSS's `s_aux`, a per-head sink logit in each softmax). Anything else (ALiBi models, MLA, chunked,
-# no-RoPE or bidirectional layers, cross-attention) is refused.
+# `softcap`; GPT-OSS's `s_aux`, a per-head sink logit in each softmax). MLA (DeepSeek) has its own cache
+# (`latent`); anything else (ALiBi models, chunked, no-RoPE or bidirectional layers, cross-attention) is refused.
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "mixtral", "qwen2_moe", "qwen3_moe", "gemma",
             "gemma3_text", "phi3", "olmo2", "granite", "gpt_oss")  # fmt: skip
 # Families served from a later transformers release than the range's first: 4.57's Qwen2-MoE has its own
@@ -29,8 +29,8 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "mixtral", "qwen2_mo
 FAMILY_SINCE = {"qwen2_moe": (5, 23)}
 # Why some families users ask for are refused (the message names the reason).
 REFUSED = {
-    "deepseek_v2": "multi-head latent attention (MLA)",
-    "deepseek_v3": "multi-head latent attention (MLA)",
+    "deepseek_v2": "multi-head latent attention (MLA), served by CodesignLatentCache (generate picks it)",
+    "deepseek_v3": "multi-head latent attention (MLA), served by CodesignLatentCache (generate picks it)",
     "llama4": "chunked-attention and no-RoPE layers",
 }
 # Multimodal wrappers whose text model is served alone but not through the wrapper: Gemma3ForConditionalGeneration
