@@ -6,11 +6,13 @@ tokens/s of transformers' greedy generate with its own sdpa attention against co
 the design model's prediction for the same steps; `prefill_rows`: the prefill of one 2048-token prompt (time to
 first token) by the variants with bf16 weights, beside the design model's prefill step. `checks_ok`: every
 variant generated every token, in positive time (token agreement with sdpa is not asserted: bf16 greedy ties
-may break either way).
+may break either way). `report["hf_generate_mla"]`: decode rows of DeepSeek-V3's first three (dense) blocks,
+transformers' own multi-head latent attention against the latent cache (bf16, e4m3), a 512-token prompt.
 
 Smoke mode: a two-layer Llama of hidden 128 on the CPU, float32 (fp32 in place of the bf16 caches), the
 Triton interpreter, 3 new tokens, batch 2, six variants (sdpa, an INT4 cache, captured decode and captured tree
-speculation on the CPU stand-in, W4A16 weights, and those with fused layer ops in a captured step); the prefill
+speculation on the CPU stand-in, W4A16 weights, and those with fused layer ops in a captured step), and a
+two-layer DeepSeek-V3 of the same width for the MLA rows; the prefill
 rows an 8-token prompt.
 """
 
@@ -19,6 +21,12 @@ from __future__ import annotations
 from typing import Any
 
 PREFILL_TOKENS = 2048  # the prefill rows' prompt (batch 1)
+MLA_LAYERS, MLA_PROMPT = 3, 512  # hf_generate_mla: DeepSeek-V3's dense blocks, the prompt a row
+SMOKE_MLA_CONFIG = dict(vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+                        num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32,
+                        q_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, n_group=1,
+                        topk_group=1, max_position_embeddings=512)  # fmt: skip
 SMOKE_NAME = "tiny llama (random weights, fp32, CPU interpreter)"
 SMOKE_CONFIG = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512)  # fmt: skip
@@ -63,6 +71,36 @@ def run(report: dict, quick: bool = False, mode: Any = None) -> None:
         "checks_ok": bool(rows) and all(r["tokens"] == new_tokens and r["decode_tokens_per_s"] > 0 for r in rows)
         and len(prefill) == len(pre_variants) and all(r["prefill_s"] > 0 for r in prefill),
     }  # fmt: skip
+    report["hf_generate_mla"] = _mla(smoke, new_tokens)
+
+
+def _mla(smoke: bool, new_tokens: int) -> dict:
+    """DeepSeek-V3's first 3 blocks (dense: the attention compared, not transformers' expert loop), random bf16
+    weights, a 512-token prompt at batch 1 and 16: transformers' own MLA against the latent cache (bf16, e4m3);
+    in smoke mode a two-layer tiny DeepSeek-V3 on the CPU."""
+    import torch
+
+    from codesign.integrations.hf.bench import MLA_VARIANTS, bench_decode
+
+    if smoke:
+        from transformers import DeepseekV3Config
+
+        from codesign.integrations.hf.models import random_model
+
+        torch.manual_seed(0)
+        model = random_model(DeepseekV3Config(**SMOKE_MLA_CONFIG), torch.float32, "cpu")
+        kw = dict(batches=(2,), prompt_len=8, device="cpu", dtype=torch.float32, warmup=2)
+        name = "tiny deepseek-v3 (random weights, fp32, CPU interpreter)"
+    else:
+        from codesign.catalog.models import load_model as catalogue
+        from codesign.integrations.hf.models import hf_config, random_model
+
+        model = random_model(hf_config(catalogue("deepseek-v3"), layers=MLA_LAYERS), torch.bfloat16, "cuda")
+        kw, name = dict(prompt_len=MLA_PROMPT), f"deepseek-v3, first {MLA_LAYERS} (dense) blocks (random weights, bf16)"
+    rows = bench_decode(model, new_tokens=new_tokens, variants=MLA_VARIANTS, **kw)
+    return {"model": name, "design": "h200", "new_tokens": new_tokens, "rows": rows,
+            "checks_ok": len(rows) == len(MLA_VARIANTS) * len(kw.get("batches", (1, 16)))
+            and all(r["tokens"] == new_tokens and r["decode_tokens_per_s"] > 0 for r in rows)}  # fmt: skip
 
 
 def _smoke(variants) -> tuple[tuple, dict]:

@@ -190,6 +190,11 @@ def _check_prefill_and_single_ops(rep: dict) -> None:
     pre = rep["hf_generate"]["prefill_rows"]
     assert [r["variant"] for r in pre] == ["hf-sdpa", "codesign-int4"], pre
     assert all(r["prefill_s"] > 0 and r["predicted_prefill_s"] > 0 and r["prompt"] == 8 for r in pre), pre
+    # DeepSeek (MLA): transformers' own beside the latent cache, bf16 and e4m3, each with the MLA graph's prediction.
+    mla = rep["hf_generate_mla"]
+    assert mla["checks_ok"] is True and "deepseek-v3" in mla["model"], mla
+    assert [r["variant"] for r in mla["rows"]] == ["hf-sdpa", "codesign-latent", "codesign-latent-fp8"], mla
+    assert all(r["predicted_decode_tokens_per_s"] > 0 for r in mla["rows"]), mla
     # Single operators for the GPU model's fit (gpu_ops): every calibration op; decode and prefill of a layer,
     # attention by ours and by torch's sdpa beside the GEMMs, norms and elementwise ops.
     ops = rep["ops"]

@@ -89,6 +89,24 @@ def test_greedy_matches_hf_attention_with_padding(family):
     assert run.steps[0].q_lens == (12, 8, 5) and run.steps[-1].context_lens == (19, 15, 12)
 
 
+@pytest.mark.parametrize(("kv_format", "prefill"), [(None, "expanded"), ("fp8", "absorbed")])
+def test_which_attention_each_forward_runs(kv_format, prefill, monkeypatch):
+    """The prompts' forward attends its own expanded keys and values (the paged extend kernel, DeepSeek's prefill),
+    except over an e4m3 cache, whose codes every forward attends; decode steps attend the pool absorbed."""
+    calls = []
+    for name in ("paged_extend_attention", "latent_decode_attention"):
+        real = getattr(K, name)
+        monkeypatch.setattr(K, name, lambda *a, _n=name, _f=real, **k: calls.append((_n, a[0].shape)) or _f(*a, **k))
+    model = tiny_latent_model("deepseek_v3")
+    ids, mask = prompts(2, 9, pads=(0, 2))
+    generate(model, ids, kv_format, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,
+             eos_token_id=None, kv_scale=0.05 if kv_format else None)  # fmt: skip
+    first = "paged_extend_attention" if prefill == "expanded" else "latent_decode_attention"
+    assert [n for n, _ in calls[:2]] == [first] * 2  # both layers
+    assert calls[0][1] == ((9 + 7, 4, 32) if prefill == "expanded" else (9 + 7, 4, 32 + 16))  # real tokens only
+    assert calls[2:] == [("latent_decode_attention", (2, 4, 48))] * 4  # 2 decode steps x 2 layers
+
+
 def test_logits_within_fp32_of_hf_over_prefill_and_decode(paged):
     """Absorbed attention over the pool against HF's expanded keys and values: the same function, other
     arithmetic (fp32 both)."""

@@ -8,6 +8,9 @@ padding mask through (None when nothing is padded): the kernels apply causality,
 Two paths, both through the paged kernels:
 - `key` came from a `CodesignCache.update()` (its layer handed it to this module): the cache writes the new
   tokens into its pool and attends (decode, extend or tree), `CodesignCache.attend`;
+- an MLA layer's latent left by a `CodesignLatentCache`: the cache writes it and attends absorbed over its pool
+  (`CodesignLatentCache.attend`), except in the prompts' forward, whose expanded keys and values are attended as
+  below (DeepSeek's prefill: 192-wide dots, not the absorbed 576);
 - otherwise (no cache, or another Cache class holding the whole history in `key`): the real tokens are packed
   into a transient plain paged pool and the query tokens attend to them (extend).
 Anything the kernels cannot honour (attention weights, dropout, a 4-D mask, right padding)
@@ -85,7 +88,10 @@ def codesign_attention(module, query, key, value, attention_mask, scaling=None, 
                                     soft, sinks), None  # fmt: skip
     pending = module.__dict__.pop("_codesign_pending", None)
     if isinstance(pending, LatentPending):  # an MLA layer's latent, left by CodesignLatentCache.update
-        return pending.cache.attend(pending, query, attention_mask, scaling, window, soft, sinks), None
+        out = pending.cache.attend(pending, query, attention_mask, scaling, window, soft, sinks)
+        if out is None:  # the prompts' forward: its new tokens' expanded keys and values are the whole context
+            out = _transient(query, key, value, attention_mask, scaling, None, None)
+        return out, None
     if pending is not None and pending[2] is key:
         cache, layer_idx, _ = pending
         return cache.attend(layer_idx, query, key, value, attention_mask, scaling, window, soft, sinks), None

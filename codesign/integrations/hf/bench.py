@@ -25,6 +25,7 @@ from codesign.integrations.hf.cache import StepRecord
 from codesign.integrations.hf.costing import StepCoster, run_shape
 from codesign.integrations.hf.fuse import fuse_layers_, unfuse_layers_
 from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
+from codesign.integrations.hf.latent import is_latent_model, parse_latent_format
 from codesign.integrations.hf.one_call import StepClock, run_generate
 from codesign.integrations.hf.speculative import TreeSpeculator
 
@@ -51,6 +52,10 @@ VARIANTS = (("hf-sdpa", "sdpa", None, None), ("codesign-bf16", "codesign", "bf16
 COMPILED_VARIANTS = (("codesign-bf16-fused-compiled", "codesign-fused-compiled", "bf16", None),
                      ("codesign-bf16-w4a16-fused-compiled", "codesign-fused-compiled", "bf16", "w4a16"),
                      ("codesign-bf16-tree-compiled", "codesign-tree-compiled", "bf16", None))  # fmt: skip
+# A DeepSeek model (multi-head latent attention): transformers' own MLA (its DynamicCache holds the latent, and every
+# step expands the whole history through kv_b_proj) against CodesignLatentCache in the model's dtype and in e4m3.
+MLA_VARIANTS = (("hf-sdpa", "sdpa", None, None), ("codesign-latent", "codesign", None, None),
+                ("codesign-latent-fp8", "codesign", "fp8", None))  # fmt: skip
 STEADY_AFTER = 3  # steps a steady rate leaves out: the prefill, and a captured run's eager and captured steps
 
 
@@ -113,8 +118,12 @@ def bench_decode(model=None, *, batches: Sequence[int] = (1, 16), prompt_len: in
     for name, attn, kv, weights in sorted(variants, key=lambda v: v[3] is not None):
         if weights == "w4a16":
             K.quantize_(model, K.W4A16Config(group_size=group_size), lambda m, fqn: "lm_head" not in fqn)
-        spec = parse_kv_format(kv, model.dtype)
-        coster = StepCoster(design, run_shape(model, spec, default_block_size(spec)))
+        if is_latent_model(model):  # (a latent cache's format: None or "fp8", blocks of 16)
+            spec = parse_latent_format(kv, model.dtype)
+            coster = StepCoster(design, run_shape(model, spec, 16))
+        else:
+            spec = parse_kv_format(kv, model.dtype)
+            coster = StepCoster(design, run_shape(model, spec, default_block_size(spec)))
         for batch in batches:
             ids = torch.randint(3, vocab, (batch, prompt_len), generator=g).to(device)
             # kernel compiles, allocator growth; a captured or speculative run over the whole prompt: its tables'

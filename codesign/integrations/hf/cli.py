@@ -171,8 +171,7 @@ def run(args: argparse.Namespace) -> int:
         raise CodesignError("--layers keeps a catalogue model's first layers; a model folder keeps its own")
     model, tok = load_model(args.model, dtype, device, args.layers, args.random_weights)
     if is_latent_model(model):  # DeepSeek's MLA: a latent cache, None or "fp8"
-        spec, bs = parse_latent_format(args.kv_format), args.block_size or 16
-        check_latent_model(model)
+        spec, bs = parse_latent_format(args.kv_format, check_latent_model(model).dtype), args.block_size or 16
     else:
         spec = parse_kv_format(args.kv_format, check_model(model).dtype)
         bs = args.block_size or default_block_size(spec)

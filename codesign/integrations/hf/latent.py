@@ -11,7 +11,10 @@ new tokens only (the expansion then costs S tokens, not the history) and leaves 
 - takes each head's non-rotary query through W_UK into the latent space (the absorption; W_UK and W_UV are read
   out of kv_b_proj once, whatever module implements it);
 - attends every query token over its row's cached vectors with `latent_decode_attention` (token j of a forward is
-  a "sequence" of its row's first start + j + 1 vectors: causal attention over the same blocks, prefill included);
+  a "sequence" of its row's first start + j + 1 vectors: causal attention over the same blocks), except in the
+  prompts' forward over a cache in the model's dtype, whose attention `codesign_attention` runs expanded over its
+  own tokens (the paged extend kernel, as DeepSeek prefills: 192-wide dots instead of 576; an e4m3 cache's codes
+  are attended in every forward);
 - takes the latent output through W_UV to the value heads.
 The pool holds one vector a token and layer (576 elements in DeepSeek-V3, against 128 heads x (192 + 128) of
 expanded K/V). Padding columns are never written; rows fork with copy-on-write (beam search), crop truncates
@@ -35,7 +38,7 @@ from codesign.specs import CodesignError, check_integer, check_positive_int
 FAMILIES = ("deepseek_v2", "deepseek_v3")
 # The first transformers release whose MLA modules hand the cache the latent (earlier ones cache expanded K/V).
 SINCE = (5, 25)
-FORMATS = {None: "the model's dtype", "fp8": "e4m3 codes over one scale, kv_scale"}
+FORMATS = {None: "the model's dtype, or its name", "fp8": "e4m3 codes over one scale, kv_scale"}
 FP8_MAX = 448.0  # e4m3's largest finite value
 
 
@@ -87,11 +90,17 @@ def check_latent_model(model) -> LatentLayout:
                         int(cfg.qk_nope_head_dim), int(cfg.v_head_dim), dtype, tuple(mods))  # fmt: skip
 
 
-def parse_latent_format(kv_format) -> str | None:
-    """None (the model's dtype) or "fp8" (also "fp8_e4m3"); CodesignError naming kv_format otherwise."""
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def parse_latent_format(kv_format, dtype: torch.dtype | None = None) -> str | None:
+    """None (the model's dtype; also its name, "bf16" for a bf16 model) or "fp8" (also "fp8_e4m3"); CodesignError
+    naming kv_format otherwise."""
     name = None if kv_format in (None, "plain") else str(kv_format).lower() if isinstance(kv_format, str) else kv_format
     if name == "fp8_e4m3":
         name = "fp8"
+    if name is not None and name == DTYPE_NAMES.get(dtype):
+        name = None
     if name not in FORMATS:
         served = ", ".join(f"{k!r} ({v})" for k, v in FORMATS.items())
         raise CodesignError(f"kv_format={kv_format!r} is not served for a latent (MLA) cache: {served}")
@@ -162,7 +171,7 @@ class CodesignLatentCache(RowSelection, Cache):
     def __init__(self, model, kv_format: str | None = None, *, num_blocks: int, block_size: int = 16,
                  kv_scale: float | None = None, check: bool = True) -> None:  # fmt: skip
         layout = check_latent_model(model)
-        self.kv_format = parse_latent_format(kv_format)
+        self.kv_format = parse_latent_format(kv_format, layout.dtype)
         check_positive_int("num_blocks", num_blocks)
         check_positive_int("block_size", block_size)
         if not isinstance(check, bool):
@@ -275,17 +284,20 @@ class CodesignLatentCache(RowSelection, Cache):
     @property
     def format_name(self) -> str:
         """"fp8", or the model dtype's name ("bf16", "fp16", "fp32") the cache stores."""
-        names = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-        return self.kv_format or names[self.layout.dtype]
+        return self.kv_format or DTYPE_NAMES[self.layout.dtype]
 
     def nbytes(self) -> int:
         """Bytes of every layer's pool."""
         return sum(p.numel() * p.element_size() for p in self.pools)
 
     def attend(self, pending: LatentPending, query: torch.Tensor, mask2d, scaling, window=None, softcap=None,
-               sinks=None) -> torch.Tensor:  # fmt: skip
+               sinks=None) -> torch.Tensor | None:  # fmt: skip
         """Write a layer's pending latent and attend its query `[B, H, S, nope + rope]` (absorbed, over the
-        pool); the output `[B, S, H, v_head_dim]` as transformers' attention functions return it."""
+        pool); the output `[B, S, H, v_head_dim]` as transformers' attention functions return it. None in the
+        prompts' forward over a cache in the model's dtype (the latent written): its attention is over its own
+        tokens only, which the caller runs expanded, with the per-head keys and values transformers made of them
+        (fewer FLOPs a key than absorbed: nope + rope and v wide, not latent + rope and latent, as DeepSeek prefills
+        and the step graph costs it). An e4m3 cache attends its codes in every forward, the prompts' too."""
         if window is not None or softcap is not None or sinks is not None:
             raise CodesignError(f"{ATTN_NAME} attention over a latent cache takes no window, soft cap or sinks")
         lay, layer = self.layout, pending.layer_idx
@@ -301,12 +313,12 @@ class CodesignLatentCache(RowSelection, Cache):
         if step is None or (step.batch, step.width) != (b, s):
             raise CodesignError(f"layer {layer}: no forward of {b} x {s} tokens was begun at layer 0")
         try:
-            return self._attend(step, pending, query, scaling)
+            return self._attend(step, pending, query, scaling, absorbed=not step.first or self.kv_format == "fp8")
         except CodesignError:
             self._undo_step()  # the cache stays as before this forward
             raise
 
-    def _attend(self, step: _Step, pending: LatentPending, query: torch.Tensor, scaling) -> torch.Tensor:
+    def _attend(self, step: _Step, pending: LatentPending, query: torch.Tensor, scaling, absorbed: bool):
         lay, layer = self.layout, pending.layer_idx
         b, h, s, d = query.shape
         pool = self.pools[layer]
@@ -315,6 +327,8 @@ class CodesignLatentCache(RowSelection, Cache):
         if self.kv_format == "fp8" and self.check:
             self._check_range(layer, kv_c, k_pe, step.real)
         K.latent_write(kv_c, k_pe, pool, step.slots, kv_scale=self.kv_scale, check_data=self.check and layer == 0)
+        if not absorbed:
+            return None
         w_uk, w_uv = self._weights(layer, query.dtype)
         q = query.transpose(1, 2).reshape(b * s, h, d).index_select(0, step.real)
         q_abs = torch.einsum("thn,rhn->thr", q[..., : lay.nope], w_uk)

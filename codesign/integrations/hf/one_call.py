@@ -158,7 +158,7 @@ def _run_latent(model, input_ids, kv_format, attention_mask, block_size, num_blo
     if refused:
         raise CodesignError(f"{', '.join(refused)}: not served for latent (MLA) models (tree verification, captured "
                             "steps and fused layers run over per-head caches)")  # fmt: skip
-    fmt = parse_latent_format(kv_format)
+    fmt = parse_latent_format(kv_format, check_latent_model(model).dtype)
     _check_ids(model, input_ids, attention_mask)
     bs = block_size or 16
     cols, rows, max_new, extra = _run_rows(model, input_ids, attention_mask, generate_kwargs)
