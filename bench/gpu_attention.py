@@ -244,7 +244,7 @@ def _extend_and_tree_rows(copy_bw: float, hbm_bw: float | None, dtype, mode: Any
 # Multi-head latent attention decode (DeepSeek-V3: latent 512 + rotary 64, its softmax scale): (query heads, batch,
 # context, e4m3 cache); 16 heads is a rank of tensor-parallel 8, 128 the whole model on one GPU.
 LATENT_CASES = ((16, 16, 4096, False), (16, 64, 4096, False), (16, 16, 32768, False), (128, 16, 4096, False),
-                (16, 16, 4096, True))  # fmt: skip
+                (16, 16, 4096, True), (128, 16, 4096, True))  # fmt: skip
 LATENT, ROPE = 512, 64
 
 

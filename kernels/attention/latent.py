@@ -33,11 +33,18 @@ from codesign.specs import CodesignError, PagedDecodeAttention
 
 OP = "paged_attention"  # the backend choice's op name, shared with every attention op
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-BLOCK_H = 16  # query heads a program (the dot's M; more heads take more programs)
-# Cached tokens a tile and warps a program: the fastest the SASS model predicts (`bench/latent_predict.py`, untimed);
-# an e4m3 tile is decoded in registers, so it takes half the tokens on twice the warps (on 4 warps it spilled).
-BLOCK_N, NUM_WARPS = 64, 4
-BLOCK_N_FP8, NUM_WARPS_FP8 = 32, 8
+
+
+def tiles(heads: int, fp8: bool) -> tuple[int, int, int]:
+    """(query heads a program: the dot's M, cached tokens a tile, warps): the fastest the SASS model predicts without
+    spills (`bench/latent_predict.py`, untimed). From 32 heads a program takes 32 (each tile serves twice the heads,
+    so the latent is read by half as many programs); fewer heads keep 16 (a 32-row M would be half padding). A bf16
+    cache: 64-token tiles, on 8 warps at 32 heads a program (178 registers), 4 at 16 (250). An e4m3 tile is decoded
+    in registers: 32 tokens on 8 warps (188 registers at 16 heads, 254 at 32; 64 tokens spill, as 4 warps do)."""
+    wide = heads >= 32
+    if fp8:
+        return (32 if wide else 16), 32, 8
+    return (32, 64, 8) if wide else (16, 64, 4)
 
 
 def _check(q, cache, block_tables, context_lens, v_dim, sm_scale, kv_scale, num_splits, check_data) -> None:
@@ -157,12 +164,12 @@ def latent_attention_torch(
     return out
 
 
-def _splits(q: torch.Tensor, num_splits: int | None) -> int:
+def _splits(q: torch.Tensor, num_splits: int | None, block_h: int) -> int:
     """Splits of each sequence: enough programs for two a streaming multiprocessor. Chosen without reading the
     lengths (no host sync: the call stays capturable in a CUDA graph); a short sequence's spare splits exit."""
     if num_splits is not None:
         return num_splits
-    programs = q.shape[0] * -(-q.shape[1] // BLOCK_H)
+    programs = q.shape[0] * -(-q.shape[1] // block_h)
     sms = device_view(q.device).sms or 1
     return max(1, min(MAX_SPLITS, -(-2 * sms // max(programs, 1))))
 
@@ -179,20 +186,20 @@ def latent_attention_triton(
     for name, w in (("v_dim", v_dim), ("rope width (channels past v_dim)", rope)):
         if w < 16 or w & (w - 1):
             raise CodesignError(f"the Triton kernel needs a power of two >= 16 for the {name}, got {w}")
-    splits = _splits(q, num_splits)
+    block_h, block_n, warps = tiles(h, cache.dtype == FP8)
+    splits = _splits(q, num_splits, block_h)
     part = torch.empty(b, h, splits, v_dim, device=q.device, dtype=torch.float32)
     lse2 = torch.empty(b, h, splits, device=q.device, dtype=torch.float32)
     out = torch.empty(b, h, v_dim, device=q.device, dtype=q.dtype)
     fp8 = cache.dtype == FP8
     if b:
-        grid = (b, -(-h // BLOCK_H), splits)
+        grid = (b, -(-h // block_h), splits)
         _latent_decode_kernel[grid](
             q, cache.view(torch.uint8) if fp8 else cache, block_tables, context_lens, part, lse2,
             sm_scale * kv_scale * math.log2(math.e), kv_scale, h, splits,
             q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), block_tables.stride(0),
             part.stride(0), part.stride(1), part.stride(2), lse2.stride(0), lse2.stride(1),
-            LATENT=v_dim, ROPE=rope, BLOCK_SIZE=cache.shape[1], BLOCK_H=BLOCK_H,
-            BLOCK_N=BLOCK_N_FP8 if fp8 else BLOCK_N, num_warps=NUM_WARPS_FP8 if fp8 else NUM_WARPS,
+            LATENT=v_dim, ROPE=rope, BLOCK_SIZE=cache.shape[1], BLOCK_H=block_h, BLOCK_N=block_n, num_warps=warps,
             FP8=fp8, HW_FP8=device_view(q.device).hw_fp8, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         )  # fmt: skip
         reduce_splits(part, lse2, out, None)

@@ -52,6 +52,7 @@ def _reference(q, cache, bt, cl, v_dim, scale):
         ([5, 90], 20, 64, 16, 8, torch.float16, 3),  # 20 heads: a second, partial head block; splits
         ([3, 33, 2], 8, 32, 32, 7, torch.float32, 5),  # splits past a short sequence's end; odd block size
         ([40, 17], 16, 512, 64, 16, torch.float16, 2),  # DeepSeek's widths (TP 8: 16 heads a rank)
+        ([9, 50], 40, 32, 16, 8, torch.float32, 2),  # from 32 heads, 32 a program: a second, partial block
     ],
 )
 def test_latent_decode_matches_fp64(backend, ctx, heads, latent, rope, bs, dtype, splits):
@@ -155,17 +156,19 @@ def test_the_op_traces_without_a_graph_break():
 
 @pytest.mark.lowering
 def test_compiles_for_sm90_and_sm80_without_spills():
-    """Compile-only at DeepSeek-V3's widths, bf16 queries: a bf16 cache (16 and 128 heads) and an e4m3 one (decoded
-    in hardware on sm_90, by integer ops on sm_80): registers, no spills; and the e4m3 writer."""
+    """Compile-only at DeepSeek-V3's widths, bf16 queries: a bf16 cache and an e4m3 one (decoded in hardware on
+    sm_90, by integer ops on sm_80), 16 and 128 heads (each of `tiles`' choices): registers, no spills; and the e4m3
+    writer."""
     assert_runs_without_interpreter(
         """
 import torch
 from codesign.autotune.compile_only import compile_only
-from codesign.kernels.attention.latent import latent_decode_attention
+from codesign.kernels.attention.latent import latent_decode_attention, tiles
 bt = torch.arange(64, dtype=torch.int32).reshape(16, 4)
 cl = torch.full((16,), 256, dtype=torch.int32)
 for arch, heads, dtype in ((90, 16, torch.bfloat16), (90, 128, torch.bfloat16), (90, 16, torch.float8_e4m3fn),
-                           (80, 16, torch.bfloat16), (80, 16, torch.float8_e4m3fn)):
+                           (90, 128, torch.float8_e4m3fn), (80, 16, torch.bfloat16), (80, 128, torch.bfloat16),
+                           (80, 16, torch.float8_e4m3fn), (80, 128, torch.float8_e4m3fn)):
     cache = torch.zeros(64, 64, 576, dtype=dtype)
     q = torch.zeros(16, heads, 576, dtype=torch.bfloat16)
     scale = 0.01 if dtype == torch.float8_e4m3fn else None
@@ -175,7 +178,7 @@ for arch, heads, dtype in ((90, 16, torch.bfloat16), (90, 128, torch.bfloat16), 
     assert merge.kernel == "_reduce_splits_kernel" and merge.error is None and merge.spill_stores == 0, merge
     assert l.kernel == "_latent_decode_kernel" and l.error is None, l
     assert l.spill_stores == 0 and l.spill_loads == 0 and 0 < l.registers <= 255, (arch, dtype, l)
-    assert l.grid[1] == heads // 16 and l.grid[0] == 16, l
+    assert l.grid[1] == heads // tiles(heads, dtype == torch.float8_e4m3fn)[0] and l.grid[0] == 16, l
 from codesign.kernels.kvcache.latent import latent_write
 kv_c, k_pe = torch.zeros(16, 512, dtype=torch.bfloat16), torch.zeros(16, 64, dtype=torch.bfloat16)
 with compile_only(arch=90, gpu_name="NVIDIA H200", sms=132) as s:  # its writer, quantizing to e4m3
@@ -189,16 +192,16 @@ print("ok")
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-@pytest.mark.parametrize("qdtype", [torch.float16, torch.float32])
-def test_an_e4m3_cache_with_one_scale(backend, qdtype):
+@pytest.mark.parametrize(("qdtype", "heads"), [(torch.float16, 16), (torch.float32, 16), (torch.float32, 33)])
+def test_an_e4m3_cache_with_one_scale(backend, qdtype, heads):
     """vLLM's fp8 MLA cache: e4m3 codes and one scale; the reference attends over codes x scale in float64.
-    Unused slots hold e4m3 NaN codes (0x7F)."""
+    Unused slots hold e4m3 NaN codes (0x7F). 33 heads: 32 a program, and a block of one."""
     latent, rope = 64, 16
     full, bt, cl = _cache([13, 50], latent + rope, 16, torch.float32)
     kv_scale = float(full.nan_to_num().abs().amax()) / 448
     codes = (full / kv_scale).to(torch.float8_e4m3fn)
     assert torch.isnan(codes.float()).any()  # the poison survived the cast
-    q = torch.randn(2, 16, latent + rope).to(qdtype)
+    q = torch.randn(2, heads, latent + rope).to(qdtype)
     with use_backend(backend):
         out = latent_decode_attention(q, codes, bt, cl, v_dim=latent, sm_scale=0.1, kv_scale=kv_scale, num_splits=2)
     ref = _reference(q, codes.double() * kv_scale, bt, cl, latent, 0.1)
