@@ -265,6 +265,29 @@ def test_cli_generates_a_deepseek_folder(tmp_path, capsys):
     assert "kv_format='int4' is not served for a latent (MLA) cache" in capsys.readouterr().err
 
 
+def test_each_latent_step_is_costed_as_what_it_ran():
+    """Prefill expanded (kv_b_proj, then attention over the prompt), decode absorbed over the latent cache; an extend
+    and an e4m3 cache's prefill run each new token as a decode row (the decode graph of those rows)."""
+    from codesign.integrations.hf.cache import StepRecord
+    from codesign.integrations.hf.costing import StepCoster, run_shape, step_graph
+    from codesign.specs import PagedDecodeAttention, PrefillAttention
+
+    model = tiny_latent_model("deepseek_v3")
+    shape, fp8 = run_shape(model, None, 16), run_shape(model, "fp8", 16)
+    prefill, extend = StepRecord("prefill", (5, 3), (5, 3)), StepRecord("extend", (3,), (12,))
+    g = step_graph(shape, prefill)
+    assert isinstance(g.nodes["L1.attention"]["spec"], PrefillAttention) and "L1.kv_b_proj" in g
+    for sh, step, ctx, logits in ((shape, extend, (10, 11, 12), 3), (fp8, prefill, (1, 2, 3, 4, 5, 1, 2, 3), 2)):
+        g = step_graph(sh, step)
+        a = g.nodes["L1.attention"]["spec"]
+        assert isinstance(a, PagedDecodeAttention) and a.latent_kv and a.context_lens == ctx, a
+        assert "L1.q_absorb" in g and "L1.kv_b_proj" not in g and g.nodes["L1.o_proj"]["spec"].M == len(ctx)
+        assert g.nodes["lm_head"]["spec"].M == logits  # every verified token's; a prefill's last token a row
+    assert fp8.kv_format.dtype == "fp8_e4m3" and shape.kv_format.dtype == "fp32"
+    c = StepCoster("h100-sxm", shape)
+    assert c.seconds(extend) > c.seconds(StepRecord("decode", (1,), (10,))) > 0
+
+
 def test_catalogue_deepseek_models_become_transformers_configs():
     from codesign.catalog.models import load_model
     from codesign.integrations.hf.models import hf_config
