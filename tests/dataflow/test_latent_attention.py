@@ -179,12 +179,25 @@ def test_latent_specs_refuse_values_wider_than_the_cached_vector():
         PrefillAttention(16, 16, 192, seq_lens=(8,), v_head_dim=0)
 
 
-def test_the_hugging_face_integration_refuses_them():
+@pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v2-lite"])
+def test_the_hugging_face_configs_read_back_as_the_entries(name, tmp_path):
+    """`codesign generate` builds a catalogue MLA model as a transformers config; read back as a config.json, it is
+    the entry (first 4 layers) the mapper costs: the same linears, latent widths, dense blocks and experts."""
     pytest.importorskip("transformers")
+    import dataclasses
+    import json
+
+    from codesign.catalog.models import load_hf_config
     from codesign.integrations.hf.models import hf_config
 
-    with pytest.raises(CodesignError, match="multi-head latent attention"):
-        hf_config(load_model("deepseek-v3"))
+    want = dataclasses.replace(load_model(name), layers=4)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(hf_config(load_model(name), layers=4).to_dict()))
+    back = load_hf_config(path)
+    assert back.linear_shapes() == want.linear_shapes()
+    fields = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "dense_layers", "dense_ffn", "experts",
+              "top_k", "shared_expert_ffn", "heads", "kv_heads")  # fmt: skip
+    assert [getattr(back, f) for f in fields] == [getattr(want, f) for f in fields]
 
 
 def test_the_commands_cost_deepseek(capsys, tmp_path):
