@@ -234,6 +234,27 @@ def test_quantized_weights_compose_with_absorption():
     assert_same_greedy_where_decisive(got, want, ids.shape[1], DECISIVE_QUANT)
 
 
+def test_quantized_experts_and_the_cli_cost_a_quantized_deepseek(tmp_path, capsys):
+    """DeepSeek's stacked experts (Mixtral's loop) become QuantExperts with the linears, so the whole model is one
+    weight format: generated as HF over the same quantized model, and costed by `codesign generate --design`."""
+    from codesign.integrations.hf.experts import QuantExperts, quantize_model_
+
+    model = tiny_latent_model("deepseek_v2", seed=7).to(torch.bfloat16)
+    quantize_model_(model, K.W8A16Config(group_size=32))
+    assert isinstance(model.model.layers[1].mlp.experts, QuantExperts)
+    assert not [n for n, p in model.named_parameters() if p.dim() == 3 and p.is_floating_point()]
+    ids, mask = prompts(2, 10, pads=(0, 2))
+    want = greedy(model, ids, mask, NEW)
+    got = generate(model, ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                   eos_token_id=None)  # fmt: skip
+    assert_same_greedy_where_decisive(got, want, ids.shape[1], DECISIVE_QUANT)
+    folder = tmp_path / "tiny-deepseek-v2"
+    tiny_latent_model("deepseek_v2").save_pretrained(folder)
+    assert main(["generate", str(folder), "--max-new-tokens", "2", "--weights", "w8a16", "--group-size", "0",
+                 "--design", "h100-sxm"]) == 0  # fmt: skip
+    assert "predicted on h100-sxm" in capsys.readouterr().out
+
+
 def test_a_refused_forward_leaves_the_cache_as_it_was(paged):
     """A value past e4m3's range at the cache's scale is refused, and the rows keep their lengths: the next
     forward (at a scale that holds it) gives the logits of a cache that never saw the refused one."""

@@ -10,7 +10,8 @@
 - `rebuild_quant_experts_` / `check_experts_filled`: a pre-quantized load's empty QuantExperts.
 
 Converted: the experts classes whose forward was read in transformers 5.23-5.25 (`EXPERTS_CLASSES`: Mixtral,
-Qwen2-MoE, Qwen3-MoE, gated, concatenated [gate; up], not transposed, no biases; GPT-OSS, transposed, gate and up
+Qwen2-MoE, Qwen3-MoE, and DeepSeek-V2/V3's (5.25, Mixtral's loop line for line: the router and shared experts are
+around it), gated, concatenated [gate; up], not transposed, no biases; GPT-OSS, transposed, gate and up
 interleaved, biased, its own clamped SwiGLU: `QuantGptOssExperts`). Qwen2-MoE's shared expert is a plain MLP of
 nn.Linears (`quantize_` converts it). transformers 4.57's experts are lists of nn.Linear MLPs (nothing to do
 there), but for GPT-OSS's, whose 4.57 forward takes dense routing weights: they stay in floating point. Lossless
@@ -31,7 +32,8 @@ from codesign.kernels.layers import ops as L
 from codesign.specs import CodesignError
 
 # Each one's forward is the loop `QuantExperts.forward` copies (modeling_{mixtral,qwen2_moe,qwen3_moe,gpt_oss}.py).
-EXPERTS_CLASSES = ("MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "GptOssExperts")
+EXPERTS_CLASSES = ("MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "GptOssExperts", "DeepseekV2Experts",
+                   "DeepseekV3Experts")  # fmt: skip
 # A QuantExperts' linears are `<experts>.gate_up.<e>` / `<experts>.down.<e>`: names that match none of
 # transformers' MoE conversion patterns (`experts.*.w1.weight`, `experts.gate_up_proj`, ...), so a saved
 # checkpoint's keys are loaded as they are, never merged into 3-D tensors.

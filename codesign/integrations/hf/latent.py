@@ -333,9 +333,10 @@ class CodesignLatentCache(RowSelection, Cache):
         q = query.transpose(1, 2).reshape(b * s, h, d).index_select(0, step.real)
         q_abs = torch.einsum("thn,rhn->thr", q[..., : lay.nope], w_uk)
         q_lat = torch.cat((q_abs.to(query.dtype), q[..., lay.nope :]), dim=-1).contiguous()
+        # the tables are the forward's (checked at layer 0); an e4m3 cache's query range, every layer's
         out = K.latent_decode_attention(q_lat, pool, step.tables, step.context, v_dim=lay.latent,
                                         sm_scale=float(scaling), kv_scale=self.kv_scale,
-                                        check_data=self.check and layer == 0)  # fmt: skip
+                                        check_data=self.check and (layer == 0 or self.kv_format == "fp8"))  # fmt: skip
         o = torch.einsum("thr,rhv->thv", out, w_uv).to(query.dtype)
         full = o.new_zeros(b * s, h, lay.v_dim)
         full.index_copy_(0, step.real, o)
