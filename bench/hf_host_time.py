@@ -17,10 +17,11 @@ projections one GEMM each (`fuse.fuse_layers_`), and one with the projections ap
 torch ops a layer, 4 more Triton launches (stubbed here: each costs its launcher on a GPU), 3 fewer linear calls.
 `--weights w4a16` (or another format `codesign generate --weights` takes): the codesign rows' linears quantized
 (`quantize_model_`, group 32 at this size), so their GEMM calls' host side counts too (the sdpa row, first, keeps
-the fp32 linears).
+the fp32 linears). `--mla`: a small DeepSeek-V3 (multi-head latent attention, dense layers) instead, its latent
+cache (`--formats fp32 fp8`) against transformers' own MLA, which expands the history through kv_b_proj every step.
 
     python bench/hf_host_time.py [--layers 8] [--tokens 32] [--batch 1] [--formats fp32 int8 int4] [--entry-point]
-                                 [--tree] [--cuda-graph] [--fuse] [--weights w4a16] [--json F]
+                                 [--tree] [--cuda-graph] [--fuse] [--weights w4a16] [--mla] [--json F]
 
 Times are the process's CPU time on one torch thread (wall time counts a shared VM's stolen time, which moved
 rows of one run by up to ~200 us a layer on the development machine). Numbers depend on the CPU; compare rows of
@@ -43,6 +44,14 @@ SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attentio
 
 
 FORMATS = ("fp32", "fp16", "int8", "int4", "int2", "int4-kivi", "int2-kivi")  # what runs on the stubs' outputs
+DEFAULT_FORMATS = ("fp32", "int8", "int4")
+MLA_FORMATS = ("fp32", "fp8")  # a latent cache's (`--mla`)
+# --mla: DeepSeek-V3's attention at SMALL's width (4 heads of 16 + 16 query / key and 16 value channels, a latent of
+# 32), every layer dense (first_k_dense_replace: the MLP as the Llama rows'), a plain q_proj.
+SMALL_MLA = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
+                 kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
+                 moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                 max_position_embeddings=512)  # fmt: skip
 
 
 def _stub_launches(counter: list[int]) -> Any:
@@ -112,12 +121,12 @@ def _per_forward_ms(model, ids, kv_format: str | None, tokens: int, check: bool,
 
 def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32", "int8", "int4"),
             repeats: int = 3, entry_point: bool = False, batch: int = 1, tree: bool = False, graph: bool = False,
-            fuse: bool = False, weights: str = "none") -> dict[str, Any]:  # fmt: skip
+            fuse: bool = False, weights: str = "none", mla: bool = False) -> dict[str, Any]:  # fmt: skip
     """Rows of host ms a forward (a token in greedy decoding) and us a forward and layer (the best of `repeats`),
     sdpa first (not with `tree`: transformers has no tree verification); launches a forward and layer.
     entry_point: every storage attends through `Storage.attend` (no planned attention); graph: also each
     capturable format's captured decode, its step's host side; fuse: also each format with fused layer ops;
-    weights: the codesign rows' linears quantized to that format ("none": fp32)."""
+    weights: the codesign rows' linears quantized to that format ("none": fp32); mla: the small DeepSeek-V3."""
     import torch
     from triton.runtime import interpreter
 
@@ -131,7 +140,7 @@ def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32
         for c in planned:
             c.planned_run = kv_formats.Storage.planned_run
     try:
-        rep = _measure(layers, tokens, formats, repeats, launches, batch, tree, graph, fuse, weights)
+        rep = _measure(layers, tokens, formats, repeats, launches, batch, tree, graph, fuse, weights, mla)
         return {**rep, "entry_point": entry_point, "weights": weights}
     finally:
         interpreter.InterpretedFunction.run = original
@@ -141,14 +150,19 @@ def measure(layers: int = 8, tokens: int = 32, formats: tuple[str, ...] = ("fp32
 
 
 def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, launches: list[int], batch: int,
-             tree: bool, graph: bool, fuse: bool = False, weights: str = "none") -> dict[str, Any]:  # fmt: skip
+             tree: bool, graph: bool, fuse: bool = False, weights: str = "none",
+             mla: bool = False) -> dict[str, Any]:  # fmt: skip
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
 
     from codesign.integrations.hf.fuse import fuse_layers_, unfuse_layers_
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **SMALL)).eval()
+    if mla:
+        cfg = DeepseekV3Config(num_hidden_layers=layers, first_k_dense_replace=layers, **SMALL_MLA)
+        model = DeepseekV3ForCausalLM(cfg).eval()
+    else:
+        model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **SMALL)).eval()
     ids = torch.randint(3, 256, (batch, 16))
     rows = []
     # With checks only where no check reads values: the stubbed kernels leave their outputs unwritten (garbage,
@@ -178,7 +192,8 @@ def _measure(layers: int, tokens: int, formats: tuple[str, ...], repeats: int, l
                      "launches_per_layer": per_step})  # fmt: skip
     for r in rows:
         r["extra_us_per_layer"] = None if tree else r["us_per_layer"] - rows[0]["us_per_layer"]
-    return {"layers": layers, "tokens": tokens, "batch": batch, "tree": tree, "config": SMALL, "rows": rows,
+    return {"layers": layers, "tokens": tokens, "batch": batch, "tree": tree, "config": SMALL_MLA if mla else SMALL,
+            "mla": mla, "rows": rows,
             "note": "CPU host time with Triton launches stubbed; compare rows of one run"}  # fmt: skip
 
 
@@ -196,12 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--batch", type=int, default=1, help="rows a decode step (each its own sequence)")
-    ap.add_argument("--formats", nargs="+", default=["fp32", "int8", "int4"])
+    ap.add_argument("--formats", nargs="+", default=None, help="default fp32 int8 int4 (--mla: fp32 fp8)")
     ap.add_argument("--entry-point", action="store_true", help="attend through the entry points at every layer")
     ap.add_argument("--tree", action="store_true", help="tree speculation's forwards (n-gram draft) instead")
     ap.add_argument("--cuda-graph", action="store_true", help="also captured decode: a step's host side alone")
     ap.add_argument("--fuse", action="store_true", help="also each format with fused layer ops (fuse_layers_)")
     ap.add_argument("--weights", default="none", help="quantize the codesign rows' linears (w4a16, w8a16, ...)")
+    ap.add_argument("--mla", action="store_true", help="a small DeepSeek-V3 on its latent cache (--formats fp32 fp8)")
     ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args(argv)
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -209,9 +225,16 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ["TRITON_INTERPRET"] != "1":
         print("hf_host_time: needs TRITON_INTERPRET=1 (it stubs the interpreter's launches)", file=sys.stderr)
         return 2
-    bad = [f for f in args.formats if f not in FORMATS]
+    clash = [o for o, on in (("--tree", args.tree), ("--cuda-graph", args.cuda_graph), ("--fuse", args.fuse),
+                             ("--entry-point", args.entry_point)) if on and args.mla]  # fmt: skip
+    if clash:
+        print(f"hf_host_time: --mla runs decode on the latent cache only, not {clash[0]}", file=sys.stderr)
+        return 2
+    known = MLA_FORMATS if args.mla else FORMATS
+    args.formats = args.formats or list(MLA_FORMATS if args.mla else DEFAULT_FORMATS)
+    bad = [f for f in args.formats if f not in known]
     if bad:
-        print(f"hf_host_time: --formats {bad[0]!r}: one of {', '.join(FORMATS)} (the module docstring says why)",
+        print(f"hf_host_time: --formats {bad[0]!r}: one of {', '.join(known)} (the module docstring says why)",
               file=sys.stderr)  # fmt: skip
         return 2
     if args.cuda_graph and args.tokens < 5:
@@ -228,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hf_host_time: --weights {args.weights!r}: none or one of {', '.join(WEIGHT_FORMATS)}", file=sys.stderr)
         return 2
     rep = measure(args.layers, args.tokens, tuple(args.formats), entry_point=args.entry_point, batch=args.batch,
-                  tree=args.tree, graph=args.cuda_graph, fuse=args.fuse, weights=args.weights)  # fmt: skip
+                  tree=args.tree, graph=args.cuda_graph, fuse=args.fuse, weights=args.weights,
+                  mla=args.mla)  # fmt: skip
     print(f"{'variant':<30} {'ms/forward':>10} {'us/layer':>9} {'extra':>8} {'launches/layer':>15}")
     for r in rep["rows"]:
         extra = "" if r["extra_us_per_layer"] is None else f"{r['extra_us_per_layer']:.0f}"

@@ -130,6 +130,14 @@ def _latent_op(
     kv_scale: float,
     num_splits: int,
 ) -> torch.Tensor:
+    return latent_decode_body(q, cache, block_tables, context_lens, v_dim, sm_scale, kv_scale, num_splits)
+
+
+def latent_decode_body(q, cache, block_tables, context_lens, v_dim: int, sm_scale: float, kv_scale: float,
+                       num_splits: int) -> torch.Tensor:  # fmt: skip
+    """The op's body, without torch's dispatcher or any check: for an eager caller repeating a geometry it passed
+    through `latent_decode_attention` already (the layers after a forward's first). kv_scale 1.0 and num_splits 0
+    for none."""
     if resolve_backend(OP, q.device) == "torch":
         return latent_attention_torch(q, cache, block_tables, context_lens, v_dim, sm_scale, kv_scale)
     if q.dtype == torch.bfloat16 and not device_view(q.device).compiled:

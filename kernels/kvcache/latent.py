@@ -92,6 +92,12 @@ def latent_write(
 def _latent_write_op(
     kv_c: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor, kv_scale: float
 ) -> None:
+    latent_write_body(kv_c, k_pe, cache, slot_mapping, kv_scale)
+
+
+def latent_write_body(kv_c, k_pe, cache, slot_mapping, kv_scale: float) -> None:
+    """The op's body, without torch's dispatcher or any check: for an eager caller repeating a geometry it passed
+    through `latent_write` already (the layers after a forward's first). kv_scale 1.0 for a cache that has none."""
     if resolve_backend(OP, kv_c.device) == "torch":
         _latent_write_torch(kv_c, k_pe, cache, slot_mapping, kv_scale)
         return

@@ -33,6 +33,26 @@ def test_rows_time_every_variant_and_count_two_launches_a_layer(tmp_path):
     assert json.loads(out.read_text())["entry_point"] is False
 
 
+def test_mla_rows_time_the_latent_cache_against_transformers_mla(tmp_path):
+    """--mla: a small DeepSeek-V3 on its latent cache (bf16-free formats: fp32, e4m3) beside transformers' own MLA;
+    three launches a layer (prefill: the latent write, the transient pool's write, the expanded extend; decode: the
+    latent write, the absorbed decode, the split merge)."""
+    out = tmp_path / "h.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--mla", "--layers", "2", "--tokens", "3", "--batch", "2",
+                        "--json", str(out)], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    rows = {x["variant"]: x for x in rep["rows"]}
+    assert set(rows) == {"hf-sdpa", "codesign-fp32", "codesign-fp8", "codesign-fp32+checks"} and rep["mla"]
+    assert rows["hf-sdpa"]["launches_per_layer"] == 0
+    assert all(rows[v]["launches_per_layer"] == 3 for v in rows if v != "hf-sdpa"), rows
+    for bad, message in ((["--tree"], "not --tree"), (["--formats", "int8"], "--formats 'int8': one of fp32, fp8")):
+        r = subprocess.run([sys.executable, str(SCRIPT), "--mla", *bad], capture_output=True, text=True, env=env,
+                           timeout=120)  # fmt: skip
+        assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
 def test_entry_point_decodes_without_a_plan(tmp_path):
     """--entry-point: the path before planned decode (the same two launches a layer), the planned one restored."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "CODESIGN_BACKEND": "triton", "CUDA_VISIBLE_DEVICES": ""}

@@ -93,10 +93,13 @@ def test_greedy_matches_hf_attention_with_padding(family):
 def test_which_attention_each_forward_runs(kv_format, prefill, monkeypatch):
     """The prompts' forward attends its own expanded keys and values (the paged extend kernel, DeepSeek's prefill),
     except over an e4m3 cache, whose codes every forward attends; decode steps attend the pool absorbed."""
+    import codesign.kernels.attention.latent as latent_kernel
+
     calls = []
-    for name in ("paged_extend_attention", "latent_decode_attention"):
-        real = getattr(K, name)
-        monkeypatch.setattr(K, name, lambda *a, _n=name, _f=real, **k: calls.append((_n, a[0].shape)) or _f(*a, **k))
+    for mod, name, attr in ((K, "paged_extend_attention", "paged_extend_attention"),
+                            (latent_kernel, "latent_decode_attention", "latent_attention_torch")):  # fmt: skip
+        real = getattr(mod, attr)
+        monkeypatch.setattr(mod, attr, lambda *a, _n=name, _f=real, **k: calls.append((_n, a[0].shape)) or _f(*a, **k))
     model = tiny_latent_model("deepseek_v3")
     ids, mask = prompts(2, 9, pads=(0, 2))
     generate(model, ids, kv_format, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,

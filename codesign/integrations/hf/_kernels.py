@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from codesign.kernels.attention.latent import latent_decode_attention
+from codesign.kernels.attention.latent import latent_decode_attention, latent_decode_body
 from codesign.kernels.attention.paged import paged_decode_attention, paged_extend_attention, tree_attention
 from codesign.kernels.attention.quantized import (
     format_of,
@@ -69,7 +69,7 @@ from codesign.kernels.kvcache.checks import check_positive_real
 from codesign.kernels.kvcache.host_ints import device_ints, device_rows
 from codesign.kernels.kvcache.kivi import KiviPagedKV
 from codesign.kernels.kvcache.kvq import QuantPagedKV, kvq_write
-from codesign.kernels.kvcache.latent import latent_write
+from codesign.kernels.kvcache.latent import latent_write, latent_write_body
 from codesign.kernels.kvcache.mixed import MIXED_BITS, MixedPagedKV, cocktail_bits, mixed_write
 from codesign.kernels.kvcache.oaken import OakenPagedKV
 from codesign.kernels.kvcache.write import kv_write
@@ -90,7 +90,7 @@ __all__ = [
     "kvq_extend_attention", "kvq_tree_attention", "kvq_write", "mixed_attention", "mixed_write",
     "oaken_attention", "paged_decode_attention", "paged_extend_attention", "quantize_", "tree_attention",
     "tree_depths", "unpack_weight_codes", "verify_tree",
-    "check_positive_real", "latent_decode_attention", "latent_write",
+    "check_positive_real", "latent_decode_attention", "latent_decode_body", "latent_write", "latent_write_body",
 ]  # fmt: skip
 
 

@@ -130,6 +130,11 @@ class _Step:
     starts: list[int]  # each row's length before the forward (what `_undo_step` restores)
     first: bool  # the prompts' forward (its rows were created by it)
 
+    @property
+    def all_real(self) -> bool:
+        """No padding column in the forward (every decode step): the query rows are the columns, in order."""
+        return self.real.numel() == self.batch * self.width
+
 
 class LatentCacheLayer(CacheLayerMixin):
     """One layer of a CodesignLatentCache (its pool lives in the cache)."""
@@ -321,29 +326,40 @@ class CodesignLatentCache(RowSelection, Cache):
     def _attend(self, step: _Step, pending: LatentPending, query: torch.Tensor, scaling, absorbed: bool):
         lay, layer = self.layout, pending.layer_idx
         b, h, s, d = query.shape
-        pool = self.pools[layer]
+        pool, kv_scale = self.pools[layer], float(self.kv_scale or 1.0)
         kv_c = pending.latent.reshape(b * s, lay.latent).contiguous()
         k_pe = pending.rope.reshape(b * s, lay.rope).contiguous()
         if self.kv_format == "fp8" and self.check:
             self._check_range(layer, kv_c, k_pe, step.real)
-        K.latent_write(kv_c, k_pe, pool, step.slots, kv_scale=self.kv_scale, check_data=self.check and layer == 0)
+        # Layer 0 goes through the checked entry points; the others repeat its geometry on their own pool, so they
+        # run the ops' bodies (no checks, no dispatcher: host time a layer, as a plan saves the paged layers).
+        checked = layer == 0 or (self.check and self.kv_format == "fp8")  # (an e4m3 cache: each layer's q range)
+        if checked:
+            K.latent_write(kv_c, k_pe, pool, step.slots, kv_scale=self.kv_scale, check_data=self.check and layer == 0)
+        else:
+            K.latent_write_body(kv_c, k_pe, pool, step.slots, kv_scale)
         if not absorbed:
             return None
         w_uk, w_uv = self._weights(layer, query.dtype)
-        q = query.transpose(1, 2).reshape(b * s, h, d).index_select(0, step.real)
-        q_abs = torch.einsum("thn,rhn->thr", q[..., : lay.nope], w_uk)
-        q_lat = torch.cat((q_abs.to(query.dtype), q[..., lay.nope :]), dim=-1).contiguous()
-        # the tables are the forward's (checked at layer 0); an e4m3 cache's query range, every layer's
-        out = K.latent_decode_attention(q_lat, pool, step.tables, step.context, v_dim=lay.latent,
-                                        sm_scale=float(scaling), kv_scale=self.kv_scale,
-                                        check_data=self.check and (layer == 0 or self.kv_format == "fp8"))  # fmt: skip
-        o = torch.einsum("thr,rhv->thv", out, w_uv).to(query.dtype)
+        q = query.transpose(1, 2).reshape(b * s, h, d)
+        if not step.all_real:
+            q = q.index_select(0, step.real)
+        q_abs = torch.matmul(q[..., : lay.nope].transpose(0, 1), w_uk)  # [H, tokens, latent]
+        q_lat = torch.cat((q_abs.transpose(0, 1).to(query.dtype), q[..., lay.nope :]), dim=-1)
+        if checked:
+            out = K.latent_decode_attention(q_lat, pool, step.tables, step.context, v_dim=lay.latent,
+                                            sm_scale=float(scaling), kv_scale=self.kv_scale, check_data=self.check)
+        else:
+            out = K.latent_decode_body(q_lat, pool, step.tables, step.context, lay.latent, float(scaling), kv_scale, 0)
+        o = torch.matmul(out.transpose(0, 1), w_uv).transpose(0, 1).to(query.dtype)  # [tokens, H, v]
+        if step.all_real:
+            return o.reshape(b, s, h, lay.v_dim)
         full = o.new_zeros(b * s, h, lay.v_dim)
         full.index_copy_(0, step.real, o)
         return full.view(b, s, h, lay.v_dim)
 
     def _weights(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(W_UK `[latent, H, nope]`, W_UV `[latent, H, v]`) of a layer: kv_b_proj applied to the identity, so
+        """(W_UK `[H, nope, latent]`, W_UV `[H, latent, v]`) of a layer: kv_b_proj applied to the identity, so
         any module implementing it (a quantized linear too) gives its effective weight. Read once a cache."""
         got = self._absorb.get(layer)
         if got is None:
@@ -356,7 +372,7 @@ class CodesignLatentCache(RowSelection, Cache):
             if wt.shape != (lay.latent, lay.heads * (lay.nope + lay.v_dim)):
                 raise CodesignError(f"layer {layer}: kv_b_proj maps {lay.latent} channels to {tuple(wt.shape)}")
             wt = wt.view(lay.latent, lay.heads, lay.nope + lay.v_dim)
-            got = (wt[..., : lay.nope].contiguous(), wt[..., lay.nope :].contiguous())
+            got = (wt[..., : lay.nope].permute(1, 2, 0).contiguous(), wt[..., lay.nope :].permute(1, 0, 2).contiguous())
             self._absorb[layer] = got
         return got
 
