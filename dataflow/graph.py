@@ -166,8 +166,11 @@ class _StepBuilder:
         g.nodes[node]["out_bytes"] = nbytes
         return node
 
-    def lin(self, n: int, k: int, bias: bool, mm: int | None = None, batch: int = 1) -> Gemm:
+    def lin(self, n: int, k: int, bias: bool, mm: int | None = None, batch: int = 1, dense: bool = False) -> Gemm:
+        """A linear of the model's weight format (dense: 16-bit weights whatever it is, activations alike)."""
         mm = self.tokens if mm is None else mm
+        if dense and self.wf.quantized:
+            return Gemm(M=mm, N=n, K=k, weight=WeightFormat("fp16"), act_dtype="fp16", bias=bias, batch=batch)
         return Gemm(M=mm, N=n, K=k, weight=self.wf, act_dtype=self.lin_act, bias=bias, batch=batch)
 
     def embeddings(self) -> str:
@@ -245,14 +248,17 @@ class _StepBuilder:
         kvw = KVWrite(tokens, 1, c + rope, self.kvf, latent=True)
         kvw_node = self.add(p + "kv_write", "kv_write", kvw, i, [latent, rot], 0)
         if self.g.graph["phase"] == "decode":
-            q_lat = self.add(p + "q_absorb", "q_absorb", self.lin(c, nope, False, tokens, qh), i, [rot],
+            # W_UK and W_UV are kv_b_proj's halves dequantized once (vLLM's get_and_maybe_dequant_weights, codesign's
+            # CodesignLatentCache): 16-bit per-head GEMMs whatever format kv_b_proj is stored in.
+            q_lat = self.add(p + "q_absorb", "q_absorb", self.lin(c, nope, False, tokens, qh, dense=True), i, [rot],
                              tokens * qh * c * act_b)  # fmt: skip
             spec: OpSpec = PagedDecodeAttention(
                 qh, 1, c + rope, context_lens=self.lens, block_size=self.block, kv_format=self.kvf,
                 v_head_dim=c, latent_kv=True,
             )  # fmt: skip
             attn = self.add(p + "attention", "attention", spec, i, [q_lat, kvw_node], tokens * qh * c * act_b)
-            o_in = self.add(p + "v_up", "v_up", self.lin(v, c, False, tokens, qh), i, [attn], tokens * qh * v * act_b)
+            o_in = self.add(p + "v_up", "v_up", self.lin(v, c, False, tokens, qh, dense=True), i, [attn],
+                            tokens * qh * v * act_b)  # fmt: skip
         else:
             kv_n = qh * (nope + v)
             kv = self.add(p + "kv_b_proj", "kv_b_proj", self.lin(kv_n, c, False), i, [latent], tokens * kv_n * act_b)
