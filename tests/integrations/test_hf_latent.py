@@ -200,6 +200,31 @@ def test_forked_rows_copy_a_shared_partial_block(paged):
     assert cache.allocator.num_free == 12 - 3
 
 
+@pytest.mark.parametrize("kv_format", [None, "fp8"])
+def test_prefix_sharing_saves_blocks_and_keeps_tokens(kv_format):
+    """Rows whose prompts start alike share those full blocks, written once by the earlier row (an e4m3 cache's
+    prefill attends them absorbed in the same layer that writes them); a left-padded row shares from its first real
+    token."""
+    model = tiny_latent_model("deepseek_v3", seed=9)
+    ids, _ = prompts(1, 20, seed=5)
+    ids = ids.repeat(4, 1)
+    ids[1, 17:] = torch.tensor([3, 4, 5])
+    ids[2, 9:] = torch.arange(10, 21)
+    mask = torch.ones_like(ids)
+    ids[3, 3:], ids[3, :3], mask[3, :3] = ids[0, :17].clone(), 0, 0  # row 0's first 17 tokens after 3 pads
+    scale = 0.05
+    ref = E4M3Cache(scale, config=model.config) if kv_format else None
+    want = greedy(model, ids, mask, NEW, cache=ref)
+    kw = dict(attention_mask=mask, block_size=4, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+              eos_token_id=None, kv_scale=scale if kv_format else None)  # fmt: skip
+    run = run_generate(model, ids, kv_format, **kw)
+    alone = run_generate(model, ids, kv_format, share_prefix=False, **kw)
+    assert_same_greedy_where_decisive(run.sequences, want, ids.shape[1])
+    assert torch.equal(run.sequences, alone.sequences)
+    # Row 1 shares 16 of its 20 prompt tokens (4 blocks), row 2 8 (2 blocks), row 3 16 of its 17 (4 blocks).
+    assert alone.cache.blocks_in_use() - run.cache.blocks_in_use() == 10
+
+
 def test_beam_search_forks_rows_and_prompt_lookup_crops(paged):
     """Beams fork rows (`reorder_cache`) over a scrambled, NaN-filled pool; prompt lookup crops the rows back after
     each verification."""

@@ -289,23 +289,9 @@ class CodesignCache(RowSelection, Cache):
         sequence) shares nothing at the prompt."""
         if self._rows:
             raise CodesignError("share_prefixes must be planned before the first forward")
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-            raise CodesignError(f"share_prefixes: input_ids must be a [batch, tokens] tensor, got "
-                                f"{getattr(input_ids, 'shape', input_ids)}")  # fmt: skip
-        if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
-                                           or attention_mask.shape != input_ids.shape):  # fmt: skip
-            raise CodesignError(f"share_prefixes: attention_mask must have input_ids' shape {tuple(input_ids.shape)}")
-        ids = input_ids.tolist()
-        pads = [0] * len(ids) if attention_mask is None else (attention_mask == 0).sum(1).tolist()
-        real = [row[p:] for row, p in zip(ids, pads)]
-        plan: list[tuple[int, int] | None] = []
-        for b, r in enumerate(real):
-            best = max(((_common(real[a], r), a) for a in range(b)), default=(0, 0))
-            n = best[0] // self.block_size * self.block_size if self.spec.shares_prompt_blocks else 0
-            plan.append((best[1], n) if n else None)
-        self._share = plan
+        self._share = plan_prefix_sharing(input_ids, attention_mask, self.block_size, self.spec.shares_prompt_blocks)
         self._share_shape = tuple(input_ids.shape)  # (the first forward must be of these ids: `_begin` checks)
-        return [p[1] if p else 0 for p in plan]
+        return [p[1] if p else 0 for p in self._share]
 
     def set_tree(self, parents) -> None:
         """Make the next forward a tree verification: its columns are the nodes of this tree (a parent array,
@@ -767,6 +753,27 @@ def window_blocks(keep: int, step: int, block_size: int) -> int:
     """The most blocks a row holds during a forward of `step` new tokens that keeps `keep` tokens behind
     its start: the blocks an interval of keep + step positions can touch."""
     return math.ceil((keep + step - 1) / block_size) + 1
+
+
+def plan_prefix_sharing(input_ids, attention_mask, block_size: int,
+                        shares: bool = True) -> list[tuple[int, int] | None]:  # fmt: skip
+    """Per row of a first forward's `input_ids`: (an earlier row, the tokens it shares with it: the full blocks of
+    their longest common real-token prefix), or None; `shares` False: None for every row."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise CodesignError(f"share_prefixes: input_ids must be a [batch, tokens] tensor, got "
+                            f"{getattr(input_ids, 'shape', input_ids)}")  # fmt: skip
+    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
+                                       or attention_mask.shape != input_ids.shape):  # fmt: skip
+        raise CodesignError(f"share_prefixes: attention_mask must have input_ids' shape {tuple(input_ids.shape)}")
+    ids = input_ids.tolist()
+    pads = [0] * len(ids) if attention_mask is None else (attention_mask == 0).sum(1).tolist()
+    real = [row[p:] for row, p in zip(ids, pads)]
+    plan: list[tuple[int, int] | None] = []
+    for b, r in enumerate(real):
+        best = max(((_common(real[a], r), a) for a in range(b)), default=(0, 0))
+        n = best[0] // block_size * block_size if shares else 0
+        plan.append((best[1], n) if n else None)
+    return plan
 
 
 def _common(a: list[int], b: list[int]) -> int:

@@ -31,7 +31,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from codesign.integrations.hf import _compat
 from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf.blocks import BlockTables
-from codesign.integrations.hf.cache import RowSelection, StepRecord, blocks_needed
+from codesign.integrations.hf.cache import RowSelection, StepRecord, blocks_needed, plan_prefix_sharing
 from codesign.integrations.hf.support import ATTN_NAME, left_pads, text_config
 from codesign.specs import CodesignError, check_integer, check_positive_int
 
@@ -199,8 +199,10 @@ class CodesignLatentCache(RowSelection, Cache):
         self._next_seq = 0
         self.seen = 0  # columns every row has gone through (transformers' sequence length)
         self._step: _Step | None = None
-        self._absorb: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (W_UK, W_UV), [latent, H, *]
+        self._absorb: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (W_UK, W_UV), per head
         self.steps: list[StepRecord] = []
+        self._share: list[tuple[int, int] | None] | None = None  # the first forward's shared prefixes
+        self._share_shape: tuple[int, ...] = ()
 
     # --- transformers' side ---------------------------------------------------------------------------
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -274,10 +276,23 @@ class CodesignLatentCache(RowSelection, Cache):
             self._tables.free(seq)
         self._rows = new
 
+    def share_prefixes(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[int]:
+        """Plan the first forward so that each row shares the full blocks of its longest common real-token prefix
+        with an earlier row (forked from it, those tokens written once); returns the shared token count per row."""
+        if self._rows:
+            raise CodesignError("share_prefixes must be planned before the first forward")
+        self._share = plan_prefix_sharing(input_ids, attention_mask, self.block_size)
+        self._share_shape = tuple(input_ids.shape)
+        return [p[1] if p else 0 for p in self._share]
+
     @property
     def allocator(self):
         """The block allocator (reference-counted block ids) the pools are indexed by."""
         return self._tables.allocator
+
+    def blocks_in_use(self) -> int:
+        """Blocks of the pool held by some row."""
+        return self.num_blocks - self._tables.allocator.num_free
 
     def row_lengths(self) -> list[int]:
         return [self._tables.seq_len(s) for s in self._rows]
@@ -389,13 +404,13 @@ class CodesignLatentCache(RowSelection, Cache):
         """Plan a forward of `b` rows x `s` columns: append each row's real columns (the first forward's left
         padding is never written) and give every real token its attention row."""
         first = not self._rows
+        share, self._share = (self._share if first else None), None
         if first:
             real = torch.ones(b, s, dtype=torch.bool) if mask2d is None else mask2d[:, -s:].cpu().to(torch.bool)
             left_pads(real, (b, s))
-            for _ in range(b):
-                self._tables.add_sequence(self._next_seq)
-                self._rows.append(self._next_seq)
-                self._next_seq += 1
+            if share is not None and (b, s) != self._share_shape:
+                raise CodesignError(f"the first forward has {b}x{s} tokens, share_prefixes was planned for "
+                                    f"input_ids of shape {self._share_shape}")  # fmt: skip
         else:
             if b != len(self._rows):
                 raise CodesignError(f"a forward of {b} rows over a cache of {len(self._rows)}")
@@ -403,10 +418,17 @@ class CodesignLatentCache(RowSelection, Cache):
                 raise CodesignError("padding is served in the first forward only (the prompts')")
             real = torch.ones(b, s, dtype=torch.bool)
         counts = real.sum(1).tolist()
-        starts = self.row_lengths()
+        starts = [0] * b if first else self.row_lengths()
         slots = torch.full((b, s), -1, dtype=torch.int64)
-        for r, (seq, n) in enumerate(zip(self._rows, counts)):
-            slots[r, s - n :] = torch.tensor(self._append(seq, n), dtype=torch.int64)
+        try:
+            self._reserve(counts, share, first, slots)
+        except CodesignError:  # (a pool too small): the rows as before the forward
+            if first:
+                self.reset()
+            else:
+                for seq, n in zip(self._rows, starts):
+                    self._tables.truncate(seq, n)
+            raise
         flat = torch.nonzero(real.flatten()).flatten()
         rows = (flat // s).tolist()
         table = self._tables.block_tables(self._rows)
@@ -416,6 +438,22 @@ class CodesignLatentCache(RowSelection, Cache):
         kind = "prefill" if first else "decode" if s == 1 else "extend"
         self.steps.append(StepRecord(kind, tuple(counts), tuple(a + n for a, n in zip(starts, counts))))
         self.seen += s
+
+    def _reserve(self, counts: list[int], share, first: bool, slots: torch.Tensor) -> None:
+        """Each row's slots for its counts[r] new (rightmost) columns into `slots`; in the first forward each row is
+        created, or forked from an earlier row's first `shared` tokens (share[r]), which it then does not write."""
+        s = slots.shape[1]
+        for r, n in enumerate(counts):
+            shared = 0
+            if first:
+                seq, self._next_seq = self._next_seq, self._next_seq + 1
+                src, shared = (share or [None] * len(counts))[r] or (None, 0)
+                if src is None:
+                    self._tables.add_sequence(seq)
+                else:
+                    self._tables.fork(self._rows[src], seq, shared)
+                self._rows.append(seq)
+            slots[r, s - n + shared :] = torch.tensor(self._append(self._rows[r], n - shared), dtype=torch.int64)
 
     def _undo_step(self) -> None:
         """Forget the forward in progress (a layer refused its data): rows back to their lengths before it."""

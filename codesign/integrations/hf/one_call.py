@@ -119,6 +119,7 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
                    block_size=block_size, num_blocks=num_blocks)  # fmt: skip
     if latent:
         return _run_latent(model, input_ids, kv_format, attention_mask, block_size, num_blocks, kv_scale, check,
+                           share_prefix,
                            dict(speculative=speculative is not None, cuda_graph=cuda_graph not in (False, None),
                                 compile=compile not in (False, None), fuse=fuse), generate_kwargs)  # fmt: skip
     if kv_scale is not None:
@@ -151,8 +152,8 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
                         speculative)  # fmt: skip
 
 
-def _run_latent(model, input_ids, kv_format, attention_mask, block_size, num_blocks, kv_scale, check, asked,
-                generate_kwargs) -> GenerationRun:  # fmt: skip
+def _run_latent(model, input_ids, kv_format, attention_mask, block_size, num_blocks, kv_scale, check, share_prefix,
+                asked, generate_kwargs) -> GenerationRun:  # fmt: skip
     """`run_generate` of an MLA model: a CodesignLatentCache sized for the run (what it does not serve, refused)."""
     refused = [name for name, on in asked.items() if on]
     if refused:
@@ -165,6 +166,10 @@ def _run_latent(model, input_ids, kv_format, attention_mask, block_size, num_blo
     need = latent_pool_blocks([n + max_new + extra for n in rows], bs)
     nb = _pool_size(num_blocks, need, blocks_needed(rows, bs), bs, max_new)
     cache = CodesignLatentCache(model, fmt, num_blocks=nb, block_size=bs, kv_scale=kv_scale, check=check)
+    if share_prefix and len(rows) > 1:
+        expand = len(rows) // input_ids.shape[0]
+        mask = None if attention_mask is None else attention_mask.repeat_interleave(expand, 0)
+        cache.share_prefixes(input_ids.repeat_interleave(expand, 0), mask)
     return _generate_on(model, cache, input_ids, attention_mask, generate_kwargs, None, cols, None)
 
 
