@@ -29,6 +29,9 @@ from codesign.kernels.host_math import next_pow2
 from codesign.kernels.kvcache.formats import KV_FORMAT_INT, KV_FORMAT_PLAIN, table_suffix
 
 OP = "kv_write"
+# Elements of K (and of V) a program writes at most: a token's heads split over programs past it (Llama-3-8B's 8 x
+# 128 stay one program; DeepSeek's expanded 128 x 192 prefill takes 8).
+HEAD_ELEMENTS = 4096
 RINT_MAGIC = 12582912.0  # 1.5 * 2^23: (y + M) - M rounds |y| < 2^22 to the nearest even integer in fp32
 _RINT_MAGIC = tl.constexpr(RINT_MAGIC)
 _PLAIN = tl.constexpr(KV_FORMAT_PLAIN)
@@ -69,13 +72,16 @@ def _kv_write_kernel(
     HEADS_PAD: tl.constexpr, DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, KV_FORMAT: tl.constexpr, BITS: tl.constexpr = 16,
 ):  # fmt: skip
+    # A program writes one token's HEADS_PAD heads from head program_id(1) * HEADS_PAD (the launcher splits many
+    # heads over programs: a token of 128 heads of 192 in one program spilled 6 KB).
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:
         return
     blk = slot // BLOCK_SIZE
     off = slot % BLOCK_SIZE
-    h = tl.arange(0, HEADS_PAD)[:, None]
+    hs = tl.program_id(1) * HEADS_PAD + tl.arange(0, HEADS_PAD)
+    h = hs[:, None]
     d = tl.arange(0, DIM_PAD)[None, :]
     m = (h < NUM_HEADS) & (d < HEAD_DIM)
     k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=m)
@@ -87,13 +93,12 @@ def _kv_write_kernel(
         tl.store(kc + d, k.to(k_cache_ptr.dtype.element_ty), mask=m)
         tl.store(vc + d, v.to(v_cache_ptr.dtype.element_ty), mask=m)
     elif KV_FORMAT == _INT:
-        mrow = blk * stride_mb + off * stride_ms + tl.arange(0, HEADS_PAD) * stride_mh
-        _quant_int_store(k.to(tl.float32), m, kc, k_meta_ptr + mrow, NUM_HEADS, HEAD_DIM, BITS)
-        _quant_int_store(v.to(tl.float32), m, vc, v_meta_ptr + mrow, NUM_HEADS, HEAD_DIM, BITS)
+        mrow = blk * stride_mb + off * stride_ms + hs * stride_mh
+        _quant_int_store(k.to(tl.float32), m, kc, k_meta_ptr + mrow, hs < NUM_HEADS, HEAD_DIM, BITS)
+        _quant_int_store(v.to(tl.float32), m, vc, v_meta_ptr + mrow, hs < NUM_HEADS, HEAD_DIM, BITS)
     else:
-        hm = tl.arange(0, HEADS_PAD)
-        ks = tl.load(k_meta_ptr + hm, mask=hm < NUM_HEADS, other=1.0)
-        vs = tl.load(v_meta_ptr + hm, mask=hm < NUM_HEADS, other=1.0)
+        ks = tl.load(k_meta_ptr + hs, mask=hs < NUM_HEADS, other=1.0)
+        vs = tl.load(v_meta_ptr + hs, mask=hs < NUM_HEADS, other=1.0)
         kq = _fp8_e4m3_code(
             tl.minimum(tl.maximum(tl.math.div_rn(k.to(tl.float32), ks[:, None]), -448.0), 448.0)
         )
@@ -105,13 +110,12 @@ def _kv_write_kernel(
 
 
 @triton.jit
-def _quant_int_store(x, m, code_row_ptr, meta_ptr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BITS: tl.constexpr):  # fmt: skip
-    """Quantize rows x [HEADS_PAD, DIM_PAD] (m: live elements) per row; store packed codes and (scale, zero)."""
+def _quant_int_store(x, m, code_row_ptr, meta_ptr, h_ok, HEAD_DIM: tl.constexpr, BITS: tl.constexpr):
+    """Quantize rows x [HEADS_PAD, DIM_PAD] (m: live elements, h_ok: live rows) per row; store packed codes and
+    (scale, zero)."""
     HEADS_PAD: tl.constexpr = x.shape[0]
     DIM_PAD: tl.constexpr = x.shape[1]
     PER: tl.constexpr = 8 // BITS
-    h_ok = tl.arange(0, HEADS_PAD) < NUM_HEADS
     mn = tl.min(tl.where(m, x, float("inf")), 1)
     mx = tl.max(tl.where(m, x, float("-inf")), 1)
     mn = tl.where(h_ok, mn, 0.0)
@@ -160,14 +164,15 @@ def kv_write_triton(
     if k_meta is None:
         k_meta = v_meta = slot_mapping  # unused
     cfg = launch_config(kv_format, bits, t, h, d, key.device)
-    _kv_write_kernel[(t,)](
+    heads_pad = min(next_pow2(h), max(1, HEAD_ELEMENTS // next_pow2(d)))
+    _kv_write_kernel[(t, -(-h // heads_pad))](
         key, value, k_cache, v_cache, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         k_meta, v_meta, *ms,
         NUM_HEADS=h, HEAD_DIM=d,
-        HEADS_PAD=next_pow2(h), DIM_PAD=next_pow2(d),
+        HEADS_PAD=heads_pad, DIM_PAD=next_pow2(d),
         BLOCK_SIZE=k_cache.shape[1], KV_FORMAT=kv_format, BITS=bits,
         num_warps=int(cfg["num_warps"]),
     )  # fmt: skip

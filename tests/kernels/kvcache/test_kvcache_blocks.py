@@ -123,8 +123,10 @@ def test_cache_errors():
 # --- kv_write ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize(
-    "dtype, bs, h, d", [(torch.float16, 16, 8, 128), (torch.float32, 5, 3, 80), (torch.float32, 1, 1, 64)]
-)
+    "dtype, bs, h, d",
+    [(torch.float16, 16, 8, 128), (torch.float32, 5, 3, 80), (torch.float32, 1, 1, 64),
+     (torch.float32, 4, 40, 128)],  # 40 heads of 128: a token's heads over two programs (32, then 8)
+)  # fmt: skip
 def test_kv_write_matches_loop(backend, dtype, bs, h, d):
     nb, t = 12, 11
     kc = torch.full((nb, bs, h, d), float("nan"), dtype=dtype)
@@ -144,6 +146,31 @@ def test_kv_write_matches_loop(backend, dtype, bs, h, d):
     assert torch.equal(kc.isnan(), want_k.isnan())  # untouched slots stay NaN
     assert torch.equal(kc.nan_to_num(), want_k.nan_to_num()) and torch.equal(
         vc.nan_to_num(), want_v.nan_to_num()
+    )
+
+
+@pytest.mark.lowering
+def test_kv_write_splits_many_heads_over_programs_without_spills():
+    """Compile-only sm_90: a token of 128 heads of 192 (DeepSeek's expanded prefill keys, the transient pool) takes
+    8 programs of 16 heads; Llama-3-8B's 8 x 128 stays one program a token. No spills (one program a token of 128 x
+    192 spilled 6 KB)."""
+    from helpers import assert_runs_without_interpreter
+
+    assert_runs_without_interpreter(
+        """
+import torch
+from codesign.autotune.compile_only import compile_only
+from codesign.kernels.kvcache.write import kv_write
+for h, d, programs in ((128, 192, 8), (8, 128, 1)):
+    key = torch.zeros(32, h, d, dtype=torch.bfloat16)
+    cache = torch.zeros(4, 16, h, d, dtype=torch.bfloat16)
+    with compile_only(arch=90, gpu_name="NVIDIA H200", sms=132) as s:
+        kv_write(key, key, cache, cache.clone(), torch.arange(32), check_data=False)
+    (l,) = s.launches
+    assert l.error is None and l.spill_stores == 0 and l.spill_loads == 0, l
+    assert l.grid[0] == 32 and l.grid[1] == programs, l
+print("ok")
+"""
     )
 
 

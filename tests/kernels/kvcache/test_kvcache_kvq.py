@@ -70,9 +70,10 @@ def _dequant_ref(cache: QuantPagedKV) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4", "int2"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_write_int_bit_exact_vs_engine(fmt, dtype):
-    h, d, bs = 3, 24, 5
+@pytest.mark.parametrize(("dtype", "h", "d"), [(torch.float16, 3, 24), (torch.float32, 3, 24),
+                                              (torch.float32, 40, 128)])  # (40 x 128: two programs a token)
+def test_write_int_bit_exact_vs_engine(fmt, dtype, h, d):
+    bs = 5
     cache, bt, cl, kl, vl, slots = _build(fmt, [7, 11], h, d, bs, dtype=dtype)
     b = cache.bits
     for x, codes, meta in ((kl, cache.k_codes, cache.k_meta), (vl, cache.v_codes, cache.v_meta)):
@@ -86,19 +87,19 @@ def test_write_int_bit_exact_vs_engine(fmt, dtype):
     assert torch.isnan(cache.k_meta.reshape(-1, h, 2)[untouched].float()).all()  # no stray writes
 
 
-def test_write_fp8_rne_vs_torch():
-    h, d = 2, 16
+@pytest.mark.parametrize(("h", "d"), [(2, 16), (40, 128)])  # (40 x 128: a token's heads over two programs)
+def test_write_fp8_rne_vs_torch(h, d):
     x = torch.randn(9, h, d) * 50
     x[0, 0, :4] = torch.tensor([100.0, 108.0, -100.0, 1000.0])  # ties to even, saturation
     x[1, 1, :3] = torch.tensor([2.0**-9 * 3, 2.0**-10, 0.0])  # e4m3 subnormals (scale 1 on head 0 / 1)
-    hs = torch.tensor([1.0, 1.0])
+    hs = torch.tensor([1.0, 1.0] + [2.0 ** (i % 3) for i in range(h - 2)])  # powers of two: x / scale is exact
     cache = _poisoned(3, 4, h, d, "fp8", hs)
     slots = torch.tensor([0, 5, 2, 11, 7, 3, 8, 1, 9], dtype=torch.int32)
     with use_backend("triton"):
         kvq_write(x, -x, cache, slots)
-    want = x.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    want = (x / hs[:, None]).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
     assert torch.equal(cache.k_codes.reshape(-1, h, d)[slots.long()], want)
-    want_v = (-x).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    want_v = (-x / hs[:, None]).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
     assert torch.equal(cache.v_codes.reshape(-1, h, d)[slots.long()], want_v)
 
 
