@@ -35,15 +35,19 @@ OP = "paged_attention"  # the backend choice's op name, shared with every attent
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def tiles(heads: int, fp8: bool) -> tuple[int, int, int]:
+def tiles(heads: int, fp8: bool, capability: tuple[int, int] | None = None) -> tuple[int, int, int]:
     """(query heads a program: the dot's M, cached tokens a tile, warps): the fastest the SASS model predicts without
     spills (`bench/latent_predict.py`, untimed). From 32 heads a program takes 32 (each tile serves twice the heads,
     so the latent is read by half as many programs); fewer heads keep 16 (a 32-row M would be half padding). A bf16
-    cache: 64-token tiles, on 8 warps at 32 heads a program (178 registers), 4 at 16 (250). An e4m3 tile is decoded
-    in registers: 32 tokens on 8 warps (188 registers at 16 heads, 254 at 32; 64 tokens spill, as 4 warps do)."""
+    cache on Hopper (227 KB of shared memory a block): 128-token tiles on 8 warps (171 / 194 KB staged; 184 / 252
+    registers); elsewhere 64-token tiles (95 KB: sm_80 holds 163 KB), on 4 warps at 16 heads a program, 8 at 32. An
+    e4m3 tile is decoded in registers: 32 tokens on 8 warps (188 registers at 16 heads, 254 at 32; 64 tokens spill,
+    as 4 warps do)."""
     wide = heads >= 32
     if fp8:
         return (32 if wide else 16), 32, 8
+    if capability is not None and capability >= (9, 0):
+        return (32 if wide else 16), 128, 8
     return (32, 64, 8) if wide else (16, 64, 4)
 
 
@@ -194,7 +198,7 @@ def latent_attention_triton(
     for name, w in (("v_dim", v_dim), ("rope width (channels past v_dim)", rope)):
         if w < 16 or w & (w - 1):
             raise CodesignError(f"the Triton kernel needs a power of two >= 16 for the {name}, got {w}")
-    block_h, block_n, warps = tiles(h, cache.dtype == FP8)
+    block_h, block_n, warps = tiles(h, cache.dtype == FP8, device_view(q.device).capability)
     splits = _splits(q, num_splits, block_h)
     part = torch.empty(b, h, splits, v_dim, device=q.device, dtype=torch.float32)
     lse2 = torch.empty(b, h, splits, device=q.device, dtype=torch.float32)

@@ -179,6 +179,10 @@ for arch, heads, dtype in ((90, 16, torch.bfloat16), (90, 128, torch.bfloat16), 
     assert l.kernel == "_latent_decode_kernel" and l.error is None, l
     assert l.spill_stores == 0 and l.spill_loads == 0 and 0 < l.registers <= 255, (arch, dtype, l)
     assert l.grid[1] == heads // tiles(heads, dtype == torch.float8_e4m3fn)[0] and l.grid[0] == 16, l
+    # the tiles' staged shared memory fits a block: 227 KB on sm_90, 163 KB on sm_80 (compile-only does not check)
+    assert l.shared_bytes <= (232448 if arch == 90 else 166912), (arch, dtype, l.shared_bytes)
+    assert l.constexprs["BLOCK_N"] == (128 if arch == 90 and dtype == torch.bfloat16 else 64 if dtype == torch.bfloat16
+                                       else 32), l
 from codesign.kernels.kvcache.latent import latent_write
 kv_c, k_pe = torch.zeros(16, 512, dtype=torch.bfloat16), torch.zeros(16, 64, dtype=torch.bfloat16)
 with compile_only(arch=90, gpu_name="NVIDIA H200", sms=132) as s:  # its writer, quantizing to e4m3
