@@ -126,6 +126,42 @@ def test_logits_within_fp32_of_hf_over_prefill_and_decode(paged):
     assert cache.row_lengths() == [15, 15]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_random_shapes_match_hf_logits(seed, paged):
+    """Fresh random scenarios: V2 or V3, 1-4 rows of 3-17 tokens left-padded at random, odd block sizes, a scrambled
+    pool, the torch path or the Triton interpreter: the prompt's and three decode steps' logits within 1e-4 (relative)
+    of transformers' sdpa over its own latent cache, position for position."""
+    g = torch.Generator().manual_seed(100 + seed)
+
+    def pick(n: int) -> int:
+        return int(torch.randint(n, (1,), generator=g))
+
+    family = ("deepseek_v2", "deepseek_v3")[seed % 2]
+    model = tiny_latent_model(family, seed=seed)
+    b, s, bs = 1 + pick(4), 3 + pick(15), (1, 2, 3, 5, 8, 16)[pick(6)]
+    ids = torch.randint(3, 96, (b, s), generator=g)
+    mask = torch.ones_like(ids)
+    for r in range(1, b):
+        mask[r, : pick(s - 1)] = 0  # row 0 unpadded; the others keep at least one token
+    steps = [ids] + [torch.randint(3, 96, (b, 1), generator=g) for _ in range(3)]
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ref = DynamicCache(config=model.config)
+        cache = CodesignLatentCache(paged(model), num_blocks=b * -(-(s + 3) // bs) + b, block_size=bs)
+        scramble_pool(cache, seed=seed)
+        for i, x in enumerate(steps):
+            p = pos if i == 0 else pos[:, -1:] + i
+            m = mask if i == 0 else torch.cat((mask, torch.ones(b, i, dtype=mask.dtype)), 1)
+            model.set_attn_implementation("sdpa")
+            want = model(x, attention_mask=m, position_ids=p, cache=ref, use_cache=True).logits
+            model.set_attn_implementation(ATTN_NAME)
+            with use_backend("triton" if seed % 3 == 0 else "torch"):
+                got = model(x, attention_mask=m, position_ids=p, cache=cache, use_cache=True).logits
+            real = m[:, -x.shape[1] :].bool()  # padding columns' logits are nobody's
+            assert (got - want)[real].abs().max() <= 1e-4 * want[real].abs().max(), (i, b, s, bs)
+    assert cache.row_lengths() == (mask.sum(1) + 3).tolist()
+
+
 def test_the_pool_is_what_is_attended(paged):
     """Teeth: one token's latent changed in the pool after the prompt changes the next logits of that row only (HF's
     expanded keys of the new token alone could not give the right logits without the pool)."""
