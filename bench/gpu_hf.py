@@ -7,7 +7,8 @@ the design model's prediction for the same steps; `prefill_rows`: the prefill of
 first token) by the variants with bf16 weights, beside the design model's prefill step. `checks_ok`: every
 variant generated every token, in positive time (token agreement with sdpa is not asserted: bf16 greedy ties
 may break either way). `report["hf_generate_mla"]`: decode rows of DeepSeek-V3's first three (dense) blocks,
-transformers' own multi-head latent attention against the latent cache (bf16, e4m3), a 512-token prompt.
+transformers' own multi-head latent attention against the latent cache (bf16, e4m3), a 512-token prompt, and their
+prefill rows (one 2048-token prompt).
 
 Smoke mode: a two-layer Llama of hidden 128 on the CPU, float32 (fp32 in place of the bf16 caches), the
 Triton interpreter, 3 new tokens, batch 2, six variants (sdpa, an INT4 cache, captured decode and captured tree
@@ -98,9 +99,18 @@ def _mla(smoke: bool, new_tokens: int) -> dict:
         model = random_model(hf_config(catalogue("deepseek-v3"), layers=MLA_LAYERS), torch.bfloat16, "cuda")
         kw, name = dict(prompt_len=MLA_PROMPT), f"deepseek-v3, first {MLA_LAYERS} (dense) blocks (random weights, bf16)"
     rows = bench_decode(model, new_tokens=new_tokens, variants=MLA_VARIANTS, **kw)
-    return {"model": name, "design": "h200", "new_tokens": new_tokens, "rows": rows,
+    # Time to first token of one long prompt: transformers' expanded prefill against ours (the expanded keys through
+    # the paged extend kernel; the e4m3 cache's absorbed rows), beside the MLA graph's prefill step.
+    n = 8 if smoke else PREFILL_TOKENS
+    pre = bench_decode(model, new_tokens=2, variants=MLA_VARIANTS, **{**kw, "batches": (1,), "prompt_len": n,
+                                                                       "warmup": n})  # fmt: skip
+    prefill = [{"variant": r["variant"], "prompt": n, "prefill_s": r["prefill_s"],
+                "predicted_prefill_s": r["predicted_prefill_s"], "prefill_tokens_per_s": n / r["prefill_s"]}
+               for r in pre]  # fmt: skip
+    return {"model": name, "design": "h200", "new_tokens": new_tokens, "rows": rows, "prefill_rows": prefill,
             "checks_ok": len(rows) == len(MLA_VARIANTS) * len(kw.get("batches", (1, 16)))
-            and all(r["tokens"] == new_tokens and r["decode_tokens_per_s"] > 0 for r in rows)}  # fmt: skip
+            and all(r["tokens"] == new_tokens and r["decode_tokens_per_s"] > 0 for r in rows)
+            and len(prefill) == len(MLA_VARIANTS) and all(r["prefill_s"] > 0 for r in prefill)}  # fmt: skip
 
 
 def _smoke(variants) -> tuple[tuple, dict]:

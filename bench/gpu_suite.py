@@ -116,7 +116,8 @@ TUNE_MAX_EVALS = 60
 #   3 containers (CPU compress of 4096^2, ~2 s each) + 2 small-M ~30 s | tuning ~60-90 s + ~15 s
 #   = ~420-450 s (7-7.5 min). Added since, not yet timed: the peers in quant_gemm (up to 6 more kernels per
 #   case, ~40 s), hf_generate (an 8B model built on the GPU, 5 variants x 2 batches x 16 tokens, ~60 s) and
-#   hf_generate_mla (DeepSeek-V3's first 3 blocks, 3.6B, 3 variants x 2 batches x 16 tokens, ~15 s);
+#   hf_generate_mla (DeepSeek-V3's first 3 blocks, 3.6B, 3 variants x 2 batches x 16 tokens, a 2048-token
+#   prefill each, ~20 s);
 #   the tuning pass absorbs them (it gets what is left). A SIGTERM (timeout 560) writes what finished.
 DEFAULT_BUDGET_S = 420.0
 TUNE_RESERVE_S = 20.0

@@ -195,6 +195,8 @@ def _check_prefill_and_single_ops(rep: dict) -> None:
     assert mla["checks_ok"] is True and "deepseek-v3" in mla["model"], mla
     assert [r["variant"] for r in mla["rows"]] == ["hf-sdpa", "codesign-latent", "codesign-latent-fp8"], mla
     assert all(r["predicted_decode_tokens_per_s"] > 0 for r in mla["rows"]), mla
+    assert [r["variant"] for r in mla["prefill_rows"]] == [r["variant"] for r in mla["rows"]], mla
+    assert all(r["prefill_s"] > 0 and r["predicted_prefill_s"] > 0 for r in mla["prefill_rows"]), mla
     # Single operators for the GPU model's fit (gpu_ops): every calibration op; decode and prefill of a layer,
     # attention by ours and by torch's sdpa beside the GEMMs, norms and elementwise ops.
     ops = rep["ops"]
