@@ -212,24 +212,29 @@ def test_fp8_cache_matches_hf_over_the_same_codes(backend, paged):
     assert cache.nbytes() * 4 == plain.nbytes() == 2 * 12 * 4 * (32 + 16) * 4  # layers x blocks x tokens x width
 
 
-def test_forked_rows_copy_a_shared_partial_block(paged):
+@pytest.mark.parametrize("kv_format", [None, "fp8"])
+def test_forked_rows_copy_a_shared_partial_block(kv_format, paged):
     """Two rows forked from one share its blocks; each appending to the shared partial block takes a copy (the
     fresh block's slots are NaN in a scrambled pool: a missed copy shows), and each row's logits are those of its
     own prompt run alone."""
     model = tiny_latent_model("deepseek_v3", seed=8)
     ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(9))
     nxt = torch.tensor([[7], [9]])
+    kw = dict(kv_scale=0.05) if kv_format else {}
     with torch.no_grad():
-        cache = CodesignLatentCache(paged(model), num_blocks=12, block_size=4)
+        cache = CodesignLatentCache(paged(model), kv_format, num_blocks=12, block_size=4, **kw)
         for pool in cache.pools:
-            pool.fill_(float("nan"))
+            if kv_format:
+                pool.view(torch.uint8).fill_(0x7F)  # e4m3's NaN
+            else:
+                pool.fill_(float("nan"))
         scramble_pool(cache, seed=1)
         model(ids, cache=cache, use_cache=True)
         cache.select_rows([0, 0])
         assert cache.allocator.num_free == 12 - 2  # the rows share both blocks
         got = model(nxt, cache=cache, use_cache=True).logits[:, -1]
         for r in range(2):
-            alone = CodesignLatentCache(model, num_blocks=4, block_size=4)
+            alone = CodesignLatentCache(model, kv_format, num_blocks=4, block_size=4, **kw)
             want = model(torch.cat((ids, nxt[r : r + 1]), 1), cache=alone, use_cache=True).logits[0, -1]
             assert (got[r] - want).abs().max() <= 1e-4 * want.abs().max()
     # the first block still shared; the partial one copied once (the second row then held the original alone)
@@ -339,6 +344,73 @@ def test_a_refused_forward_leaves_the_cache_as_it_was(paged):
     assert torch.equal(runs[0], runs[1])
 
 
+@pytest.mark.parametrize("draft", ["ngram", "random", "swapped"])
+def test_tree_speculation_is_plain_greedy(draft):
+    """Tree verification over the latent cache: each node one decode row over a sequence of its own (its row's
+    blocks shared, its path after them); accept_tree keeps the accepted node's. An n-gram draft, a random Llama
+    draft, and the target as a draft with its two chains swapped (every accepted path leaves the first branch
+    behind). No block is left behind when the rows finish."""
+    from hf_testing import tiny_model
+    from test_hf_speculative import _SwappedBranches
+
+    from codesign.integrations.hf import TreeSpeculator
+
+    model = tiny_latent_model("deepseek_v3", seed=10)
+    ids, mask = prompts(2, 12, pads=(0, 3))
+    ids[0, 6:] = ids[0, :6]  # something for prompt lookup to find
+    want = greedy(model, ids, mask, NEW)
+    d = {"ngram": "ngram", "random": tiny_model("llama", seed=7, num_hidden_layers=1),
+         "swapped": _SwappedBranches(model)}[draft]  # fmt: skip
+    sp = TreeSpeculator(d, width=2, depth=3)
+    run = run_generate(model, ids, attention_mask=mask, speculative=sp, max_new_tokens=NEW, do_sample=False,
+                       pad_token_id=0, eos_token_id=None, block_size=4)  # fmt: skip
+    assert_same_greedy_where_decisive(run.sequences, want, ids.shape[1])
+    assert [s.kind for s in run.steps[1:]] == ["tree"] * (len(run.steps) - 1) and len(run.steps) > 1
+    if draft == "swapped":
+        assert all(a == 3 for step in sp.stats.accepted for a in step), sp.stats.accepted
+    assert run.cache.blocks_in_use() == 0 and not run.cache.row_lengths()
+
+
+def test_the_target_as_its_own_draft_accepts_every_token():
+    """A DeepSeek draft runs on a latent cache of its own (forked per node, rewound after proposing)."""
+    from codesign.integrations.hf import TreeSpeculator
+
+    model = tiny_latent_model("deepseek_v2", seed=11)
+    ids, _ = prompts(1, 9)
+    sp = TreeSpeculator(model, parents=[-1, 0, 1, 2, 0, 4])  # two chains of 3 and 2 tokens
+    run = run_generate(model, ids, speculative=sp, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                       eos_token_id=None)  # fmt: skip
+    want = greedy(model, ids, None, NEW)
+    assert_same_greedy_where_decisive(run.sequences[:, : want.sequences.shape[1]], want, ids.shape[1])
+    # Every step accepts the 3-token chain: 1 root + 3 steps of (3 accepted + 1 bonus) = 13 >= 8 tokens.
+    assert sp.stats.accepted[:2] == [[3], [3]]
+
+
+def test_tree_bookkeeping_is_refused_out_of_order(paged):
+    model = tiny_latent_model("deepseek_v3")
+    cache = CodesignLatentCache(paged(model), num_blocks=16, block_size=4)
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+        with pytest.raises(CodesignError, match="accept_tree must follow a tree forward"):
+            cache.accept_tree([[0]])
+        cache.set_tree([-1, 0, 0])
+        with pytest.raises(CodesignError, match="a tree of 3 nodes, but the forward has 2 columns"):
+            model(torch.tensor([[8, 9]]), cache=cache, use_cache=True)
+        cache.set_tree([-1, 0, 0])
+        pos = torch.tensor([[5, 6, 6]])
+        model(torch.tensor([[8, 9, 10]]), position_ids=pos, cache=cache, use_cache=True)
+        assert cache.blocks_in_use() == 2 + 3 * 1  # the row's 2 blocks; each node: a copy of the partial one
+        for call in (lambda: model(torch.tensor([[11]]), cache=cache, use_cache=True), lambda: cache.crop(-1),
+                     lambda: cache.select_rows([0])):  # fmt: skip
+            with pytest.raises(CodesignError, match="accept_tree"):
+                call()
+        with pytest.raises(CodesignError, match="is not a path from the root"):
+            cache.accept_tree([[0, 2, 1]])
+        cache.accept_tree([[0, 2]])
+    assert cache.row_lengths() == [7] and cache.blocks_in_use() == 2
+
+
 def test_cli_generates_a_deepseek_folder(tmp_path, capsys):
     folder = tmp_path / "tiny-deepseek"
     tiny_latent_model("deepseek_v3").save_pretrained(folder)
@@ -351,8 +423,9 @@ def test_cli_generates_a_deepseek_folder(tmp_path, capsys):
 
 
 def test_each_latent_step_is_costed_as_what_it_ran():
-    """Prefill expanded (kv_b_proj, then attention over the prompt), decode absorbed over the latent cache; an extend
-    and an e4m3 cache's prefill run each new token as a decode row (the decode graph of those rows)."""
+    """Prefill expanded (kv_b_proj, then attention over the prompt), decode absorbed over the latent cache; an extend,
+    a tree (each node over its prefix and path) and an e4m3 cache's prefill run each new token as a decode row (the
+    decode graph of those rows)."""
     from codesign.integrations.hf.cache import StepRecord
     from codesign.integrations.hf.costing import StepCoster, run_shape, step_graph
     from codesign.specs import PagedDecodeAttention, PrefillAttention
@@ -362,7 +435,9 @@ def test_each_latent_step_is_costed_as_what_it_ran():
     prefill, extend = StepRecord("prefill", (5, 3), (5, 3)), StepRecord("extend", (3,), (12,))
     g = step_graph(shape, prefill)
     assert isinstance(g.nodes["L1.attention"]["spec"], PrefillAttention) and "L1.kv_b_proj" in g
-    for sh, step, ctx, logits in ((shape, extend, (10, 11, 12), 3), (fp8, prefill, (1, 2, 3, 4, 5, 1, 2, 3), 2)):
+    tree = StepRecord("tree", (4, 4), (14, 24), (-1, 0, 1, 0))  # depths 0 1 2 1 over prefixes of 10 and 20
+    for sh, step, ctx, logits in ((shape, extend, (10, 11, 12), 3), (fp8, prefill, (1, 2, 3, 4, 5, 1, 2, 3), 2),
+                                  (shape, tree, (11, 12, 13, 12, 21, 22, 23, 22), 8)):  # fmt: skip
         g = step_graph(sh, step)
         a = g.nodes["L1.attention"]["spec"]
         assert isinstance(a, PagedDecodeAttention) and a.latent_kv and a.context_lens == ctx, a

@@ -304,17 +304,7 @@ class CodesignCache(RowSelection, Cache):
         last tree forward at positions prefix, prefix + 1, ...; everything else of the tree is dropped."""
         if self._undo is None or self.steps[-1].kind != "tree":
             raise CodesignError("accept_tree must follow a tree forward")
-        parents = self.steps[-1].parents
-        if len(paths) != len(self._rows):
-            raise CodesignError(f"accept_tree: {len(paths)} paths for {len(self._rows)} rows")
-        for b, path in enumerate(paths):
-            nodes = [check_integer(f"accept_tree: paths[{b}][{i}]", x) for i, x in enumerate(path)]
-            if not nodes or nodes[0] != 0 or any(not 0 <= x < len(parents) for x in nodes) or any(
-                    parents[x] != u for u, x in zip(nodes, nodes[1:])):  # fmt: skip
-                raise CodesignError(
-                    f"accept_tree: paths[{b}]={list(path)} is not a path from the root (node 0) down the tree "
-                    f"{list(parents)}"
-                )
+        check_tree_paths(paths, self.steps[-1].parents, len(self._rows))
         starts = self._undo[0]
         self._rewind([s + len(p) for s, p in zip(starts, paths)], paths)
 
@@ -753,6 +743,20 @@ def window_blocks(keep: int, step: int, block_size: int) -> int:
     """The most blocks a row holds during a forward of `step` new tokens that keeps `keep` tokens behind
     its start: the blocks an interval of keep + step positions can touch."""
     return math.ceil((keep + step - 1) / block_size) + 1
+
+
+def check_tree_paths(paths, parents: Sequence[int], rows: int) -> None:
+    """accept_tree's paths: one a row, each a path from the root (node 0) down the tree `parents`."""
+    if len(paths) != rows:
+        raise CodesignError(f"accept_tree: {len(paths)} paths for {rows} rows")
+    for b, path in enumerate(paths):
+        nodes = [check_integer(f"accept_tree: paths[{b}][{i}]", x) for i, x in enumerate(path)]
+        if not nodes or nodes[0] != 0 or any(not 0 <= x < len(parents) for x in nodes) or any(
+                parents[x] != u for u, x in zip(nodes, nodes[1:])):  # fmt: skip
+            raise CodesignError(
+                f"accept_tree: paths[{b}]={list(path)} is not a path from the root (node 0) down the tree "
+                f"{list(parents)}"
+            )
 
 
 def plan_prefix_sharing(input_ids, attention_mask, block_size: int,

@@ -2,12 +2,12 @@
 prefill, decode, extend or tree verification, with each row's new tokens and context) becomes one step graph
 of the dataflow mapper (`build_step_graph`), scheduled on the target `codesign map` knows by that name.
 
-Prefill and decode steps are `build_step_graph`'s own. A latent-attention (MLA) model's extend, and its prefill
-over an e4m3 cache, run absorbed with each new token one decode row: the decode graph of those rows. Otherwise an
-extend (prompt-lookup verification) or a tree step is the prefill graph of its new tokens with the attention
-replaced by `PagedExtendAttention` / `TreeAttention` over the cached prefix and the lm head applied to every new
-token (verification reads the logits of each). Activations are costed in fp16 (the graph's convention), the
-weights in the model's format and the KV cache in the cache's.
+Prefill and decode steps are `build_step_graph`'s own. A latent-attention (MLA) model's extend and tree steps, and
+its prefill over an e4m3 cache, run absorbed with each new token one decode row: the decode graph of those rows.
+Otherwise an extend (prompt-lookup verification) or a tree step is the prefill graph of its new tokens with the
+attention replaced by `PagedExtendAttention` / `TreeAttention` over the cached prefix and the lm head applied to
+every new token (verification reads the logits of each). Activations are costed in fp16 (the graph's convention),
+the weights in the model's format and the KV cache in the cache's.
 """
 
 from __future__ import annotations
@@ -98,10 +98,13 @@ def step_graph(shape: RunShape, step: StepRecord) -> nx.DiGraph:
               block_size=shape.block_size)  # fmt: skip
     if step.kind == "decode":
         return build_step_graph(m, "decode", rows, list(step.context_lens), **kw)
-    if m.mla and (step.kind == "extend" or shape.kv_format.dtype == "fp8_e4m3"):
+    if m.mla and (step.kind in ("extend", "tree") or shape.kv_format.dtype == "fp8_e4m3"):
         # A latent cache attends these absorbed, each new token one decode row over its row's first prefix + j + 1
-        # vectors (`latent.CodesignLatentCache`): the decode graph of that many rows is what runs.
-        ctx = [c - q + j + 1 for q, c in zip(step.q_lens, step.context_lens) for j in range(q)]
+        # vectors, a tree node over the prefix and its path (`latent.CodesignLatentCache`): the decode graph of that
+        # many rows is what runs.
+        offsets = [d + 1 for d in K.tree_depths(step.parents)] if step.kind == "tree" else None
+        ctx = [c - q + (offsets[j] if offsets else j + 1) for q, c in zip(step.q_lens, step.context_lens)
+               for j in range(q)]  # fmt: skip
         g = build_step_graph(m, "decode", len(ctx), ctx, **kw)
         if step.kind == "prefill":  # (the logits of each row's last token only, as generate asks a prefill)
             g.nodes["lm_head"]["spec"] = dataclasses.replace(g.nodes["lm_head"]["spec"], M=rows)

@@ -18,7 +18,9 @@ new tokens only (the expansion then costs S tokens, not the history) and leaves 
 - takes the latent output through W_UV to the value heads.
 The pool holds one vector a token and layer (576 elements in DeepSeek-V3, against 128 heads x (192 + 128) of
 expanded K/V). Padding columns are never written; rows fork with copy-on-write (beam search), crop truncates
-(prompt lookup). Tree verification and captured steps are not served for MLA (refused by `generate`).
+(prompt lookup), rows whose prompts start alike share those blocks. Tree verification (`set_tree`) gives each
+node a sequence of its own, forked from its row and holding the node's path, so a node is one decode row and
+`accept_tree` keeps the accepted node's sequence. Captured steps are not served for MLA (refused by `generate`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,13 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from codesign.integrations.hf import _compat
 from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf.blocks import BlockTables
-from codesign.integrations.hf.cache import RowSelection, StepRecord, blocks_needed, plan_prefix_sharing
+from codesign.integrations.hf.cache import (
+    RowSelection,
+    StepRecord,
+    blocks_needed,
+    check_tree_paths,
+    plan_prefix_sharing,
+)
 from codesign.integrations.hf.support import ATTN_NAME, left_pads, text_config
 from codesign.specs import CodesignError, check_integer, check_positive_int
 
@@ -129,6 +137,8 @@ class _Step:
     context: torch.Tensor  # int32 [real tokens]: the vectors each token attends (causal)
     starts: list[int]  # each row's length before the forward (what `_undo_step` restores)
     first: bool  # the prompts' forward (its rows were created by it)
+    gather: torch.Tensor | None = None  # a tree forward's: the column each written vector comes from (slots' order)
+    tree_seqs: list[list[int]] | None = None  # a tree forward's: each row's sequence of each node (`_begin_tree`)
 
     @property
     def all_real(self) -> bool:
@@ -203,6 +213,8 @@ class CodesignLatentCache(RowSelection, Cache):
         self.steps: list[StepRecord] = []
         self._share: list[tuple[int, int] | None] | None = None  # the first forward's shared prefixes
         self._share_shape: tuple[int, ...] = ()
+        self._tree: tuple[int, ...] | None = None  # the next forward's tree (`set_tree`)
+        self._tree_pending: tuple[tuple[int, ...], list[list[int]]] | None = None  # (parents, node sequences)
 
     # --- transformers' side ---------------------------------------------------------------------------
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -245,15 +257,17 @@ class CodesignLatentCache(RowSelection, Cache):
         """Nothing to do: every layer keeps all its tokens."""
 
     def reset(self) -> None:
+        self._free_tree()
         for seq in self._rows:
             self._tables.free(seq)
-        self._rows, self.seen, self._step = [], 0, None
+        self._rows, self.seen, self._step, self._tree = [], 0, None, None
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last `-tokens_to_remove` columns (transformers 5 passes a negative count; 0: nothing)."""
         n = _compat.tokens_to_remove(check_integer("crop: tokens_to_remove", tokens_to_remove), self.seen)
         if n == 0:
             return
+        self._check_no_tree("crop")
         if n > self.seen:
             raise CodesignError(f"crop of {n} tokens from a cache of {self.seen}")
         for seq in self._rows:
@@ -263,6 +277,7 @@ class CodesignLatentCache(RowSelection, Cache):
     # --- codesign's side ---------------------------------------------------------------------------------
     def select_rows(self, rows: list[int]) -> None:
         """New batch row i continues old row rows[i]; rows may repeat (forks share blocks, copy on write)."""
+        self._check_no_tree("select_rows")
         old = self._rows
         rows = [check_integer(f"select_rows: rows[{i}]", r) for i, r in enumerate(rows)]
         if any(not 0 <= r < len(old) for r in rows):
@@ -284,6 +299,37 @@ class CodesignLatentCache(RowSelection, Cache):
         self._share = plan_prefix_sharing(input_ids, attention_mask, self.block_size)
         self._share_shape = tuple(input_ids.shape)
         return [p[1] if p else 0 for p in self._share]
+
+    def rewind(self, lengths: list[int]) -> None:
+        """Truncate row b to lengths[b] tokens (a draft model's cache after proposing a tree)."""
+        self._check_no_tree("rewind")
+        lengths = [check_integer(f"rewind: lengths[{b}]", n) for b, n in enumerate(lengths)]
+        if len(lengths) != len(self._rows):
+            raise CodesignError(f"rewind: {len(lengths)} lengths for {len(self._rows)} rows")
+        for seq, n in zip(self._rows, lengths):
+            self._tables.truncate(seq, n)
+
+    def set_tree(self, parents) -> None:
+        """Make the next forward a tree verification: its columns are the nodes of this tree (a parent array, the
+        same for every row), each attending to its row's tokens and to its ancestors only. Each node gets a
+        sequence of its own, forked from its row (the prefix's blocks shared) and holding the path from the root to
+        it, so a node is one decode row of the latent kernel; `accept_tree` keeps the accepted node's."""
+        self._tree = tuple(K.check_parents(parents))
+
+    def accept_tree(self, paths: list[list[int]]) -> None:
+        """Compact each row to its accepted path: row b keeps nodes paths[b] (node 0, the root, first) of the last
+        tree forward at positions prefix, prefix + 1, ...: the sequence of the path's last node, which holds
+        exactly those; every other node's is dropped."""
+        if self._tree_pending is None:
+            raise CodesignError("accept_tree must follow a tree forward")
+        parents, seqs = self._tree_pending
+        check_tree_paths(paths, parents, len(self._rows))
+        for r, path in enumerate(paths):
+            keep = seqs[r][path[-1]]
+            seqs[r] = [v for v in seqs[r] if v != keep]
+            self._tables.free(self._rows[r])
+            self._rows[r] = keep
+        self._free_tree()
 
     @property
     def allocator(self):
@@ -346,6 +392,8 @@ class CodesignLatentCache(RowSelection, Cache):
         k_pe = pending.rope.reshape(b * s, lay.rope).contiguous()
         if self.kv_format == "fp8" and self.check:
             self._check_range(layer, kv_c, k_pe, step.real)
+        if step.gather is not None:  # a tree: each node's path into its own sequence (an ancestor once a descendant)
+            kv_c, k_pe = kv_c.index_select(0, step.gather), k_pe.index_select(0, step.gather)
         # Layer 0 goes through the checked entry points; the others repeat its geometry on their own pool, so they
         # run the ops' bodies (no checks, no dispatcher: host time a layer, as a plan saves the paged layers).
         checked = layer == 0 or (self.check and self.kv_format == "fp8")  # (an e4m3 cache: each layer's q range)
@@ -403,7 +451,11 @@ class CodesignLatentCache(RowSelection, Cache):
     def _begin(self, b: int, s: int, mask2d, device) -> None:
         """Plan a forward of `b` rows x `s` columns: append each row's real columns (the first forward's left
         padding is never written) and give every real token its attention row."""
+        if self._tree_pending is not None:
+            raise CodesignError("a tree forward's accept_tree must come before the next forward")
         first = not self._rows
+        if self._tree is not None and not first:
+            return self._begin_tree(b, s, mask2d, device)
         share, self._share = (self._share if first else None), None
         if first:
             real = torch.ones(b, s, dtype=torch.bool) if mask2d is None else mask2d[:, -s:].cpu().to(torch.bool)
@@ -439,10 +491,60 @@ class CodesignLatentCache(RowSelection, Cache):
         self.steps.append(StepRecord(kind, tuple(counts), tuple(a + n for a, n in zip(starts, counts))))
         self.seen += s
 
+    def _begin_tree(self, b: int, s: int, mask2d, device) -> None:
+        """Plan a tree verification (`set_tree`): for each row and node a sequence forked from the row, holding the
+        node's path from the root after the row's tokens; the node attends to it as one decode row."""
+        parents, self._tree = self._tree, None
+        if s != len(parents):
+            raise CodesignError(f"a tree of {len(parents)} nodes, but the forward has {s} columns")
+        if b != len(self._rows):
+            raise CodesignError(f"a forward of {b} rows over a cache of {len(self._rows)}")
+        if mask2d is not None and not bool(mask2d[:, -s:].all()):
+            raise CodesignError("a tree forward takes no padding")
+        paths: list[list[int]] = [[0]]
+        for u in range(1, s):
+            paths.append([*paths[parents[u]], u])
+        starts = self.row_lengths()
+        seqs: list[list[int]] = []
+        gather, slots, ctx, copies = [], [], [], []
+        self._tree_pending = (parents, seqs)  # (`_free_tree` returns whatever was forked if a fork fails)
+        try:
+            for r in range(b):
+                seqs.append([])
+                for u in range(s):
+                    seq, self._next_seq = self._next_seq, self._next_seq + 1
+                    self._tables.fork(self._rows[r], seq)
+                    seqs[r].append(seq)
+                    slots += self._append(seq, len(paths[u]), copies)
+                    gather += [r * s + a for a in paths[u]]
+                    ctx.append(starts[r] + len(paths[u]))
+        except CodesignError:
+            self._free_tree()
+            raise
+        self._copy_blocks(copies)
+        table = self._tables.block_tables([v for row in seqs for v in row])
+        self._step = _Step(b, s, torch.tensor(slots, dtype=torch.int64, device=device),
+                           torch.arange(b * s, device=device), table.to(device),
+                           torch.tensor(ctx, dtype=torch.int32, device=device), starts, False,
+                           torch.tensor(gather, dtype=torch.int64, device=device), seqs)  # fmt: skip
+        self.steps.append(StepRecord("tree", (s,) * b, tuple(n + s for n in starts), parents))
+        self.seen += s
+
+    def _free_tree(self) -> None:
+        """Return the node sequences of a tree forward not accepted (or accepted: the rest) to the pool."""
+        pending, self._tree_pending = self._tree_pending, None
+        for row in pending[1] if pending else []:
+            for seq in row:
+                self._tables.free(seq)
+
+    def _check_no_tree(self, call: str) -> None:
+        if self._tree_pending is not None:
+            raise CodesignError(f"{call}: the last tree forward's accept_tree comes first")
+
     def _reserve(self, counts: list[int], share, first: bool, slots: torch.Tensor) -> None:
         """Each row's slots for its counts[r] new (rightmost) columns into `slots`; in the first forward each row is
         created, or forked from an earlier row's first `shared` tokens (share[r]), which it then does not write."""
-        s = slots.shape[1]
+        s, copies = slots.shape[1], []
         for r, n in enumerate(counts):
             shared = 0
             if first:
@@ -453,7 +555,9 @@ class CodesignLatentCache(RowSelection, Cache):
                 else:
                     self._tables.fork(self._rows[src], seq, shared)
                 self._rows.append(seq)
-            slots[r, s - n + shared :] = torch.tensor(self._append(self._rows[r], n - shared), dtype=torch.int64)
+            slots[r, s - n + shared :] = torch.tensor(self._append(self._rows[r], n - shared, copies),
+                                                      dtype=torch.int64)  # fmt: skip
+        self._copy_blocks(copies)
 
     def _undo_step(self) -> None:
         """Forget the forward in progress (a layer refused its data): rows back to their lengths before it."""
@@ -462,24 +566,46 @@ class CodesignLatentCache(RowSelection, Cache):
             return
         if step.first:
             self.reset()
+        elif step.tree_seqs is not None:  # (the rows themselves were not touched)
+            self._free_tree()
+            self.seen -= step.width
         else:
             for seq, n in zip(self._rows, step.starts):
                 self._tables.truncate(seq, n)
             self.seen -= step.width
         self.steps.pop()
 
-    def _append(self, seq: int, n: int) -> list[int]:
-        """Reserve n slots of `seq`; a shared partial last block is copied into its fresh replacement first."""
+    def _append(self, seq: int, n: int, copies: list[tuple[int, int]]) -> list[int]:
+        """Reserve n slots of `seq`; a shared partial last block's fresh replacement joins `copies` as (old, new),
+        to be copied (`_copy_blocks`) before anything is written."""
         before = self._tables.blocks_view(seq)
         idx, old = len(before) - 1, before[-1] if before else None
         slots = self._tables.append_slots(seq, n)
         new = self._tables.blocks_view(seq)
         if old is not None and new[idx] != old:  # copy-on-write
-            for pool in self.pools:
-                pool[new[idx]].copy_(pool[old])
+            copies.append((old, new[idx]))
         return slots
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """The copies-on-write of a forward, one gather and scatter a layer's pool (a tree copies a block a node)."""
+        if copies:
+            dev = self.pools[0].device
+            old = torch.tensor([o for o, _ in copies], device=dev)
+            new = torch.tensor([n for _, n in copies], device=dev)
+            for pool in self.pools:
+                raw = pool.view(torch.uint8) if pool.dtype == torch.float8_e4m3fn else pool  # (no e4m3 index_copy_)
+                raw.index_copy_(0, new, raw.index_select(0, old))
 
 
 def latent_pool_blocks(final_lens: list[int], block_size: int) -> int:
     """Blocks a run needs: every row whole at its final length, plus one a row for copy-on-write."""
     return blocks_needed(final_lens, block_size) + len(final_lens)
+
+
+def latent_tree_blocks(prompt_lens: list[int], max_length: int, parents, block_size: int) -> int:
+    """Blocks a tree-speculative run needs: every row whole at max_length plus a tree, and during a tree forward
+    each node's own sequence (`set_tree`): a copy of its row's partial last block and its path's blocks."""
+    depths = K.tree_depths(K.check_parents(parents))
+    per_node = 1 + -(-(max(depths) + 1) // block_size) + 1
+    rows = len(prompt_lens)
+    return blocks_needed([max_length + len(parents)] * rows, block_size) + rows * len(parents) * per_node

@@ -25,6 +25,7 @@ from codesign.integrations.hf.latent import (
     check_latent_model,
     is_latent_model,
     latent_pool_blocks,
+    latent_tree_blocks,
     parse_latent_format,
 )
 from codesign.integrations.hf.speculative import SpeculationStats, TreeSpeculator
@@ -119,9 +120,9 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
                    block_size=block_size, num_blocks=num_blocks)  # fmt: skip
     if latent:
         return _run_latent(model, input_ids, kv_format, attention_mask, block_size, num_blocks, kv_scale, check,
-                           share_prefix,
-                           dict(speculative=speculative is not None, cuda_graph=cuda_graph not in (False, None),
-                                compile=compile not in (False, None), fuse=fuse), generate_kwargs)  # fmt: skip
+                           share_prefix, speculative,
+                           dict(cuda_graph=cuda_graph not in (False, None), compile=compile not in (False, None),
+                                fuse=fuse), generate_kwargs)  # fmt: skip
     if kv_scale is not None:
         raise CodesignError("kv_scale is for a latent (MLA) model's fp8 cache; per-head formats find their scales")
     spec = parse_kv_format(kv_format, layout.dtype)
@@ -153,24 +154,35 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
 
 
 def _run_latent(model, input_ids, kv_format, attention_mask, block_size, num_blocks, kv_scale, check, share_prefix,
-                asked, generate_kwargs) -> GenerationRun:  # fmt: skip
+                speculative, asked, generate_kwargs) -> GenerationRun:  # fmt: skip
     """`run_generate` of an MLA model: a CodesignLatentCache sized for the run (what it does not serve, refused)."""
     refused = [name for name, on in asked.items() if on]
     if refused:
-        raise CodesignError(f"{', '.join(refused)}: not served for latent (MLA) models (tree verification, captured "
-                            "steps and fused layers run over per-head caches)")  # fmt: skip
-    fmt = parse_latent_format(kv_format, check_latent_model(model).dtype)
+        raise CodesignError(f"{', '.join(refused)}: not served for latent (MLA) models (captured steps and fused "
+                            "layers run over per-head caches)")  # fmt: skip
+    dtype = check_latent_model(model).dtype
+    fmt = parse_latent_format(kv_format, dtype)
     _check_ids(model, input_ids, attention_mask)
+    if speculative is not None:
+        own = speculative.kv_format
+        if own is not None and parse_latent_format(own, dtype) != fmt:
+            raise CodesignError(f"kv_format={fmt!r} but the TreeSpeculator was built with kv_format={own!r}: give "
+                                "it once")  # fmt: skip
+        block_size, num_blocks = _agree(speculative, block_size, num_blocks)
     bs = block_size or 16
     cols, rows, max_new, extra = _run_rows(model, input_ids, attention_mask, generate_kwargs)
-    need = latent_pool_blocks([n + max_new + extra for n in rows], bs)
+    if speculative is not None:
+        speculative.block_size, speculative.kv_format = bs, fmt
+        need = latent_tree_blocks(rows, cols + max_new, speculative.parents, bs)
+    else:
+        need = latent_pool_blocks([n + max_new + extra for n in rows], bs)
     nb = _pool_size(num_blocks, need, blocks_needed(rows, bs), bs, max_new)
     cache = CodesignLatentCache(model, fmt, num_blocks=nb, block_size=bs, kv_scale=kv_scale, check=check)
     if share_prefix and len(rows) > 1:
         expand = len(rows) // input_ids.shape[0]
         mask = None if attention_mask is None else attention_mask.repeat_interleave(expand, 0)
         cache.share_prefixes(input_ids.repeat_interleave(expand, 0), mask)
-    return _generate_on(model, cache, input_ids, attention_mask, generate_kwargs, None, cols, None)
+    return _generate_on(model, cache, input_ids, attention_mask, generate_kwargs, speculative, cols, speculative)
 
 
 def _run_rows(model, input_ids, attention_mask, generate_kwargs) -> tuple[int, list[int], int, int]:
@@ -275,6 +287,11 @@ def _speculator_pool(speculative, spec, dtype, block_size, num_blocks) -> tuple[
         raise CodesignError(
             f"kv_format={spec.name!r} but the TreeSpeculator was built with kv_format={own!r}: give it once"
         )
+    return _agree(speculative, block_size, num_blocks)
+
+
+def _agree(speculative, block_size, num_blocks) -> tuple[int | None, int | None]:
+    """generate's and the speculator's block size and pool, refused where both are given and differ."""
     for name, mine, theirs in (("block_size", block_size, speculative.block_size),
                                ("num_blocks", num_blocks, speculative.num_blocks)):  # fmt: skip
         if mine is not None and theirs is not None and mine != theirs:

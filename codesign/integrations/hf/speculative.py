@@ -30,6 +30,12 @@ from codesign.integrations.hf.cache import CROP_MARGIN, CodesignCache, pool_bloc
 from codesign.integrations.hf.forwards import forward_rows, prefill
 from codesign.integrations.hf.graphs import CapturedForward, capturer, check_capture, compile_options
 from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
+from codesign.integrations.hf.latent import (
+    CodesignLatentCache,
+    check_latent_model,
+    is_latent_model,
+    latent_tree_blocks,
+)
 from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, text_config
 from codesign.specs import CodesignError
 from codesign.specs.errors import check_nonneg_int, check_positive_int
@@ -118,11 +124,14 @@ class ModelDraft:
     greedy, its top-m distinct tokens; stochastic, m i.i.d. samples of softmax(logits / temperature)."""
 
     def __init__(self, model, block_size: int = DEFAULT_BLOCK) -> None:
-        check_model(model)
+        if is_latent_model(model):
+            check_latent_model(model)
+        else:
+            check_model(model)
         self.model, self.block_size = model, check_positive_int("block_size", block_size)
         # A proposal rewinds its cache across one forward per tree level: a sliding window must keep those.
         self.crop_margin = CROP_MARGIN
-        self.cache: CodesignCache | None = None
+        self.cache: CodesignCache | CodesignLatentCache | None = None
         self._prev_attn: str | None = None
 
     def start(self, target, prompts, input_ids, attention_mask, num_blocks: int) -> None:
@@ -133,8 +142,11 @@ class ModelDraft:
         self._prev_attn = cfg._attn_implementation
         self.model.set_attn_implementation(ATTN_NAME)
         # Plain K/V in the draft's dtype: its forks are rewound across forwards, which every plain format allows.
-        self.cache = CodesignCache(self.model, None, num_blocks=num_blocks, block_size=self.block_size,
-                                   crop_margin=self.crop_margin)  # fmt: skip
+        if is_latent_model(self.model):
+            self.cache = CodesignLatentCache(self.model, None, num_blocks=num_blocks, block_size=self.block_size)
+        else:
+            self.cache = CodesignCache(self.model, None, num_blocks=num_blocks, block_size=self.block_size,
+                                       crop_margin=self.crop_margin)  # fmt: skip
         prefill(self.model, self.cache, input_ids, attention_mask)
 
     def finish(self) -> None:
@@ -251,7 +263,7 @@ class TreeSpeculator:
         self.block_size, self.num_blocks, self.seed = block_size, num_blocks, seed
         self.stats = SpeculationStats()
         self.captures = 0  # forwards the last call captured (one a batch size it ran)
-        self.cache: CodesignCache | None = None
+        self.cache: CodesignCache | CodesignLatentCache | None = None
 
     def blocks_for(self, prompt_lens: list[int], max_length: int, model=None,
                    block_size: int | None = None) -> tuple[int, int | None]:  # fmt: skip
@@ -260,6 +272,8 @@ class TreeSpeculator:
         window's blocks, as generate's pool does (`cache.pool_blocks`)."""
         n, rows = len(self.parents), len(prompt_lens)
         windows, spec, bs = [None], None, block_size or self.block_size or DEFAULT_BLOCK
+        if model is not None and is_latent_model(model):  # every node its own sequence during a tree forward
+            return latent_tree_blocks(prompt_lens, max_length, self.parents, bs), None
         if model is not None:
             layout = check_model(model)
             windows = layer_windows(text_config(model), layout.layers)
@@ -269,6 +283,8 @@ class TreeSpeculator:
 
     def target_block_size(self, model) -> int:
         """The target cache's block size: the speculator's, else its format's default (KIVI 32, else 16)."""
+        if is_latent_model(model):
+            return self.block_size or DEFAULT_BLOCK
         return self.block_size or default_block_size(parse_kv_format(self.kv_format, check_model(model).dtype))
 
     def draft_blocks(self, prompt_lens: list[int], max_length: int) -> int:
@@ -303,10 +319,17 @@ class TreeSpeculator:
         max_length = int(cfg.max_length)
         cache = model_kwargs.get("cache") or model_kwargs.get("past_key_values")
         lens = [len(p) for p in prompts]
-        if not isinstance(cache, CodesignCache) or cache.row_lengths():
+        latent = is_latent_model(model)
+        if latent and capture is not None:
+            raise CodesignError("captured or compiled tree forwards are not served for latent (MLA) models")
+        if not isinstance(cache, CodesignLatentCache if latent else CodesignCache) or cache.row_lengths():
             nb, nbw = (self.num_blocks, None) if self.num_blocks else self.blocks_for(lens, max_length, model)
-            cache = CodesignCache(model, self.kv_format, num_blocks=nb, block_size=self.target_block_size(model),
-                                  window_num_blocks=nbw)  # fmt: skip
+            if latent:
+                cache = CodesignLatentCache(model, self.kv_format, num_blocks=nb,
+                                            block_size=self.target_block_size(model))  # fmt: skip
+            else:
+                cache = CodesignCache(model, self.kv_format, num_blocks=nb, block_size=self.target_block_size(model),
+                                      window_num_blocks=nbw)  # fmt: skip
         self.cache, self.stats = cache, SpeculationStats()  # the stats are this call's
         if capture is not None:
             cache.spec.check_capturable(trees=True)
@@ -316,7 +339,8 @@ class TreeSpeculator:
                 model, input_ids, mask, prompts, cache, logits_processor, stopping_criteria, cfg, gen, capture
             )
         finally:
-            cache.graph_end()
+            if isinstance(cache, CodesignCache):
+                cache.graph_end()
             if isinstance(self.draft, ModelDraft):
                 self.draft.finish()
 
