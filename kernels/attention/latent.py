@@ -198,12 +198,12 @@ def latent_attention_triton(
     for name, w in (("v_dim", v_dim), ("rope width (channels past v_dim)", rope)):
         if w < 16 or w & (w - 1):
             raise CodesignError(f"the Triton kernel needs a power of two >= 16 for the {name}, got {w}")
-    block_h, block_n, warps = tiles(h, cache.dtype == FP8, device_view(q.device).capability)
+    fp8 = cache.dtype == FP8
+    block_h, block_n, warps = tiles(h, fp8, device_view(q.device).capability)
     splits = _splits(q, num_splits, block_h)
     part = torch.empty(b, h, splits, v_dim, device=q.device, dtype=torch.float32)
     lse2 = torch.empty(b, h, splits, device=q.device, dtype=torch.float32)
     out = torch.empty(b, h, v_dim, device=q.device, dtype=q.dtype)
-    fp8 = cache.dtype == FP8
     if b:
         grid = (b, -(-h // block_h), splits)
         _latent_decode_kernel[grid](

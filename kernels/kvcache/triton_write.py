@@ -72,8 +72,8 @@ def _kv_write_kernel(
     HEADS_PAD: tl.constexpr, DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, KV_FORMAT: tl.constexpr, BITS: tl.constexpr = 16,
 ):  # fmt: skip
-    # A program writes one token's HEADS_PAD heads from head program_id(1) * HEADS_PAD (the launcher splits many
-    # heads over programs: a token of 128 heads of 192 in one program spilled 6 KB).
+    # A program writes one token's HEADS_PAD heads from head program_id(1) * HEADS_PAD (the launcher splits a token
+    # of many heads over programs, so that a program's K and V fit its registers).
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:

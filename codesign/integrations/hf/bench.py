@@ -25,7 +25,7 @@ from codesign.integrations.hf.cache import StepRecord
 from codesign.integrations.hf.costing import StepCoster, run_shape
 from codesign.integrations.hf.fuse import fuse_layers_, unfuse_layers_
 from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
-from codesign.integrations.hf.latent import is_latent_model, parse_latent_format
+from codesign.integrations.hf.latent import LATENT_BLOCK, is_latent_model, parse_latent_format
 from codesign.integrations.hf.one_call import StepClock, run_generate
 from codesign.integrations.hf.speculative import TreeSpeculator
 
@@ -118,9 +118,9 @@ def bench_decode(model=None, *, batches: Sequence[int] = (1, 16), prompt_len: in
     for name, attn, kv, weights in sorted(variants, key=lambda v: v[3] is not None):
         if weights == "w4a16":
             K.quantize_(model, K.W4A16Config(group_size=group_size), lambda m, fqn: "lm_head" not in fqn)
-        if is_latent_model(model):  # (a latent cache's format: None or "fp8", blocks of 16)
+        if is_latent_model(model):  # (a latent cache's format: None or "fp8")
             spec = parse_latent_format(kv, model.dtype)
-            coster = StepCoster(design, run_shape(model, spec, 16))
+            coster = StepCoster(design, run_shape(model, spec, LATENT_BLOCK))
         else:
             spec = parse_kv_format(kv, model.dtype)
             coster = StepCoster(design, run_shape(model, spec, default_block_size(spec)))

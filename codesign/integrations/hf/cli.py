@@ -156,7 +156,12 @@ def run(args: argparse.Namespace) -> int:
     from codesign.integrations.hf.cache import StepRecord
     from codesign.integrations.hf.costing import StepCoster, run_shape
     from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
-    from codesign.integrations.hf.latent import check_latent_model, is_latent_model, parse_latent_format
+    from codesign.integrations.hf.latent import (
+        LATENT_BLOCK,
+        check_latent_model,
+        is_latent_model,
+        parse_latent_format,
+    )
     from codesign.integrations.hf.models import load_model
     from codesign.integrations.hf.support import check_model
 
@@ -171,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         raise CodesignError("--layers keeps a catalogue model's first layers; a model folder keeps its own")
     model, tok = load_model(args.model, dtype, device, args.layers, args.random_weights)
     if is_latent_model(model):  # DeepSeek's MLA: a latent cache, None or "fp8"
-        spec, bs = parse_latent_format(args.kv_format, check_latent_model(model).dtype), args.block_size or 16
+        spec, bs = parse_latent_format(args.kv_format, check_latent_model(model).dtype), args.block_size or LATENT_BLOCK
     else:
         spec = parse_kv_format(args.kv_format, check_model(model).dtype)
         bs = args.block_size or default_block_size(spec)

@@ -31,7 +31,7 @@ from codesign.dataflow.targets import make_target
 from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf.cache import StepRecord
 from codesign.integrations.hf.kv_formats import KVSpec
-from codesign.integrations.hf.latent import check_latent_model, is_latent_model
+from codesign.integrations.hf.latent import check_latent_model, is_latent_model, latent_spec_format
 from codesign.integrations.hf.support import check_model
 from codesign.specs import CodesignError, KVFormat, PagedExtendAttention, TreeAttention, WeightFormat
 
@@ -156,7 +156,7 @@ def run_shape(model: nn.Module, spec: KVSpec | str | None, block_size: int) -> R
     MLA model) and `block_size`."""
     w, act = weight_format(model)
     if is_latent_model(model):  # spec: a latent cache's format name (`latent.parse_latent_format`)
-        kv = KVFormat.parse("fp8") if spec == "fp8" else KVFormat(dtype=_TORCH_WEIGHTS[check_latent_model(model).dtype])
+        kv = latent_spec_format(spec, check_latent_model(model).dtype)
         return RunShape(model_config(model), w, act, kv, block_size)
     kv = spec.spec_format(block_size, check_model(model).head_dim)
     return RunShape(model_config(model), w, act, kv, block_size)

@@ -28,26 +28,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
 from codesign.integrations.hf import _compat
 from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf.blocks import BlockTables
 from codesign.integrations.hf.cache import (
+    CodesignCacheLayer,
     RowSelection,
     StepRecord,
     blocks_needed,
     check_tree_paths,
     plan_prefix_sharing,
 )
+from codesign.integrations.hf.kv_formats import PLAIN_DTYPES
 from codesign.integrations.hf.support import ATTN_NAME, left_pads, text_config
-from codesign.specs import CodesignError, check_integer, check_positive_int
+from codesign.specs import CodesignError, KVFormat, check_integer, check_positive_int
 
 FAMILIES = ("deepseek_v2", "deepseek_v3")
 # The first transformers release whose MLA modules hand the cache the latent (earlier ones cache expanded K/V).
 SINCE = (5, 25)
+LATENT_BLOCK = 16  # tokens a block of a latent cache unless given (vLLM's and FlashMLA's 64 also serve)
 FORMATS = {None: "the model's dtype, or its name", "fp8": "e4m3 codes over one scale, kv_scale"}
-FP8_MAX = 448.0  # e4m3's largest finite value
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def check_latent_model(model) -> LatentLayout:
                         int(cfg.qk_nope_head_dim), int(cfg.v_head_dim), dtype, tuple(mods))  # fmt: skip
 
 
-DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+DTYPE_NAMES = {dtype: name for name, dtype in PLAIN_DTYPES.items()}  # (KVFormat's names of a plain cache's dtypes)
 
 
 def parse_latent_format(kv_format, dtype: torch.dtype | None = None) -> str | None:
@@ -113,6 +115,11 @@ def parse_latent_format(kv_format, dtype: torch.dtype | None = None) -> str | No
         served = ", ".join(f"{k!r} ({v})" for k, v in FORMATS.items())
         raise CodesignError(f"kv_format={kv_format!r} is not served for a latent (MLA) cache: {served}")
     return name
+
+
+def latent_spec_format(kv_format: str | None, dtype: torch.dtype) -> KVFormat:
+    """The operator-spec format the dataflow mapper costs a latent cache of `parse_latent_format`'s name in."""
+    return KVFormat.parse("fp8") if kv_format == "fp8" else KVFormat(dtype=DTYPE_NAMES[dtype])
 
 
 @dataclass
@@ -146,35 +153,6 @@ class _Step:
         return self.real.numel() == self.batch * self.width
 
 
-class LatentCacheLayer(CacheLayerMixin):
-    """One layer of a CodesignLatentCache (its pool lives in the cache)."""
-
-    is_sliding = False
-    is_croppable = True
-    supports_early_init = False
-
-    def __init__(self, cache: CodesignLatentCache, layer_idx: int) -> None:
-        super().__init__()
-        self._cache, self.layer_idx = cache, layer_idx
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor | None = None) -> None:
-        """Nothing: the pool is built with the cache."""
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        return self._cache.update(key_states, value_states, self.layer_idx)
-
-    def get_mask_sizes(self, query_length) -> tuple[int, int]:
-        return self._cache.seen + _compat.query_length(query_length), 0
-
-    def get_seq_length(self) -> int:
-        return self._cache.seen
-
-    def get_max_length(self) -> int:
-        return -1
-
-    get_max_cache_shape = get_max_length
-
-
 class CodesignLatentCache(RowSelection, Cache):
     """A paged latent (MLA) cache for a DeepSeek-V2/V3 model running `attn_implementation="codesign_paged"`.
 
@@ -183,7 +161,7 @@ class CodesignLatentCache(RowSelection, Cache):
     and for fp8 that no value passes e4m3's range at that scale (it would be clamped: refused instead).
     """
 
-    def __init__(self, model, kv_format: str | None = None, *, num_blocks: int, block_size: int = 16,
+    def __init__(self, model, kv_format: str | None = None, *, num_blocks: int, block_size: int = LATENT_BLOCK,
                  kv_scale: float | None = None, check: bool = True) -> None:  # fmt: skip
         layout = check_latent_model(model)
         self.kv_format = parse_latent_format(kv_format, layout.dtype)
@@ -203,7 +181,7 @@ class CodesignLatentCache(RowSelection, Cache):
         device = next(model.parameters()).device
         self.pools = [torch.zeros(num_blocks, block_size, layout.width, dtype=dtype, device=device)
                       for _ in range(layout.layers)]  # fmt: skip
-        super().__init__(layers=[LatentCacheLayer(self, i) for i in range(layout.layers)])
+        super().__init__(layers=[CodesignCacheLayer(self, i, None) for i in range(layout.layers)])  # (pools: ours)
         self._tables = BlockTables(num_blocks, block_size)
         self._rows: list[int] = []  # sequence id of each batch row
         self._next_seq = 0
@@ -239,6 +217,10 @@ class CodesignLatentCache(RowSelection, Cache):
         return key_states, value_states
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen
+
+    def model_seen(self) -> int:
+        """`seen`, as the layers (`CodesignCacheLayer`) read it."""
         return self.seen
 
     def get_mask_sizes(self, query_length, layer_idx: int = 0) -> tuple[int, int]:
@@ -442,10 +424,10 @@ class CodesignLatentCache(RowSelection, Cache):
     def _check_range(self, layer: int, kv_c: torch.Tensor, k_pe: torch.Tensor, real: torch.Tensor) -> None:
         """e4m3 holds |x / kv_scale| <= 448: a larger value would be clamped, so it is refused (one host sync)."""
         big = max(float(t.index_select(0, real).abs().amax()) if real.numel() else 0.0 for t in (kv_c, k_pe))
-        if not big <= FP8_MAX * self.kv_scale:
+        if not big <= K.kvq.FP8_MAX * self.kv_scale:
             raise CodesignError(
                 f"layer {layer}: a latent value of {big:g} passes e4m3's range at kv_scale={self.kv_scale:g} "
-                f"(|x| <= {FP8_MAX * self.kv_scale:g}): pass a larger kv_scale"
+                f"(|x| <= {K.kvq.FP8_MAX * self.kv_scale:g}): pass a larger kv_scale"
             )
 
     def _begin(self, b: int, s: int, mask2d, device) -> None:

@@ -21,6 +21,7 @@ from codesign.integrations.hf.fuse import fuse_layers_
 from codesign.integrations.hf.graphs import CAPTURES, GraphDecoding, compile_options
 from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
 from codesign.integrations.hf.latent import (
+    LATENT_BLOCK,
     CodesignLatentCache,
     check_latent_model,
     is_latent_model,
@@ -119,8 +120,8 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
     _check_options(fuse=fuse, share_prefix=share_prefix, check=check, speculative=speculative,
                    block_size=block_size, num_blocks=num_blocks)  # fmt: skip
     if latent:
-        return _run_latent(model, input_ids, kv_format, attention_mask, block_size, num_blocks, kv_scale, check,
-                           share_prefix, speculative,
+        return _run_latent(model, layout.dtype, input_ids, kv_format, attention_mask, block_size, num_blocks,
+                           kv_scale, check, share_prefix, speculative,
                            dict(cuda_graph=cuda_graph not in (False, None), compile=compile not in (False, None),
                                 fuse=fuse), generate_kwargs)  # fmt: skip
     if kv_scale is not None:
@@ -141,26 +142,21 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
     nb = _pool_size(num_blocks, need, blocks_needed(rows, bs), bs, max_new)
     cache = CodesignCache(model, spec, num_blocks=nb, block_size=bs, check=check,
                           window_num_blocks=need_window if num_blocks is None else None)  # fmt: skip
-    if share_prefix and len(rows) > 1 and spec.shares_prompt_blocks:
-        expand = len(rows) // input_ids.shape[0]
-        ids = input_ids.repeat_interleave(expand, 0)
-        cache.share_prefixes(
-            ids, None if attention_mask is None else attention_mask.repeat_interleave(expand, 0)
-        )
+    if share_prefix and spec.shares_prompt_blocks:
+        _share_prefixes(cache, input_ids, attention_mask, rows)
     if fuse:
         fuse_layers_(model)
     return _generate_on(model, cache, input_ids, attention_mask, generate_kwargs, speculative or graphs, cols,
                         speculative)  # fmt: skip
 
 
-def _run_latent(model, input_ids, kv_format, attention_mask, block_size, num_blocks, kv_scale, check, share_prefix,
-                speculative, asked, generate_kwargs) -> GenerationRun:  # fmt: skip
+def _run_latent(model, dtype, input_ids, kv_format, attention_mask, block_size, num_blocks, kv_scale, check,
+                share_prefix, speculative, asked, generate_kwargs) -> GenerationRun:  # fmt: skip
     """`run_generate` of an MLA model: a CodesignLatentCache sized for the run (what it does not serve, refused)."""
     refused = [name for name, on in asked.items() if on]
     if refused:
         raise CodesignError(f"{', '.join(refused)}: not served for latent (MLA) models (captured steps and fused "
                             "layers run over per-head caches)")  # fmt: skip
-    dtype = check_latent_model(model).dtype
     fmt = parse_latent_format(kv_format, dtype)
     _check_ids(model, input_ids, attention_mask)
     if speculative is not None:
@@ -169,7 +165,7 @@ def _run_latent(model, input_ids, kv_format, attention_mask, block_size, num_blo
             raise CodesignError(f"kv_format={fmt!r} but the TreeSpeculator was built with kv_format={own!r}: give "
                                 "it once")  # fmt: skip
         block_size, num_blocks = _agree(speculative, block_size, num_blocks)
-    bs = block_size or 16
+    bs = block_size or LATENT_BLOCK
     cols, rows, max_new, extra = _run_rows(model, input_ids, attention_mask, generate_kwargs)
     if speculative is not None:
         speculative.block_size, speculative.kv_format = bs, fmt
@@ -178,11 +174,17 @@ def _run_latent(model, input_ids, kv_format, attention_mask, block_size, num_blo
         need = latent_pool_blocks([n + max_new + extra for n in rows], bs)
     nb = _pool_size(num_blocks, need, blocks_needed(rows, bs), bs, max_new)
     cache = CodesignLatentCache(model, fmt, num_blocks=nb, block_size=bs, kv_scale=kv_scale, check=check)
-    if share_prefix and len(rows) > 1:
+    if share_prefix:
+        _share_prefixes(cache, input_ids, attention_mask, rows)
+    return _generate_on(model, cache, input_ids, attention_mask, generate_kwargs, speculative, cols, speculative)
+
+
+def _share_prefixes(cache, input_ids, attention_mask, rows: list[int]) -> None:
+    """Plan the cache's first forward to share common prompt prefixes between its rows (beams expand each prompt)."""
+    if len(rows) > 1:
         expand = len(rows) // input_ids.shape[0]
         mask = None if attention_mask is None else attention_mask.repeat_interleave(expand, 0)
         cache.share_prefixes(input_ids.repeat_interleave(expand, 0), mask)
-    return _generate_on(model, cache, input_ids, attention_mask, generate_kwargs, speculative, cols, speculative)
 
 
 def _run_rows(model, input_ids, attention_mask, generate_kwargs) -> tuple[int, list[int], int, int]:

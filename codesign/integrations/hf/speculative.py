@@ -31,6 +31,7 @@ from codesign.integrations.hf.forwards import forward_rows, prefill
 from codesign.integrations.hf.graphs import CapturedForward, capturer, check_capture, compile_options
 from codesign.integrations.hf.kv_formats import default_block_size, parse_kv_format
 from codesign.integrations.hf.latent import (
+    LATENT_BLOCK,
     CodesignLatentCache,
     check_latent_model,
     is_latent_model,
@@ -284,7 +285,7 @@ class TreeSpeculator:
     def target_block_size(self, model) -> int:
         """The target cache's block size: the speculator's, else its format's default (KIVI 32, else 16)."""
         if is_latent_model(model):
-            return self.block_size or DEFAULT_BLOCK
+            return self.block_size or LATENT_BLOCK
         return self.block_size or default_block_size(parse_kv_format(self.kv_format, check_model(model).dtype))
 
     def draft_blocks(self, prompt_lens: list[int], max_length: int) -> int:
