@@ -1,10 +1,13 @@
 """Collective cost per interconnect: a fixed latency, a per-ring-step latency, and ring bytes over the bus.
 
     t(all-reduce of n ranks) = latency + 2 (n - 1) hop + ring_bytes / (link_bw x bus_efficiency)
+    t(all-to-all)            = latency + hop + sent_bytes / (link_bw x bus_efficiency)
 
-ring_bytes = 2 (n - 1) / n x buffer (`AllReduce.min_bytes`). The figures per interconnect and their sources
-are in designs/presets/interconnects.yaml (validated on load); `gpu_interconnect` maps catalogue GPUs to
-them. The roofline keeps bytes / link_bw alone (a lower bound); the GPU and design targets use this.
+ring_bytes = 2 (n - 1) / n x buffer (`AllReduce.min_bytes`); an all-to-all (MoE dispatch / combine) is one direct
+step in which every rank sends its rows to the others at once over a switch (`AllToAll.min_bytes`). The figures
+per interconnect and their sources are in designs/presets/interconnects.yaml (validated on load);
+`gpu_interconnect` maps catalogue GPUs to them. The roofline keeps bytes / link_bw alone (a lower bound); the GPU
+and design targets use this.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from codesign.specs import AllReduce, CodesignError
+from codesign.specs import AllReduce, AllToAll, CodesignError
 
 INTERCONNECT_FILE = Path(__file__).resolve().parent / "designs" / "presets" / "interconnects.yaml"
 
@@ -41,6 +44,22 @@ class Interconnect:
             return ring
         latency_s, bus_bw = one_shot()
         return min(ring, latency_s + spec.min_bytes() / bus_bw)
+
+
+    def all_to_all_s(self, spec: AllToAll, link_bw: float) -> float:
+        """Seconds of an all-to-all in which each rank sends `spec.min_bytes()` over links of `link_bw` bytes/s."""
+        if spec.world_size == 1 or spec.numel == 0:
+            return 0.0
+        if not link_bw > 0:
+            n = spec.world_size
+            raise CodesignError(f"an all-to-all over {n} ranks needs a link bandwidth > 0, got {link_bw!r}")
+        return self.latency_s + self.hop_s + spec.min_bytes() / (link_bw * self.bus_efficiency)
+
+    def collective_s(self, spec: AllReduce | AllToAll, link_bw: float, engine: bool = False) -> float:
+        """Seconds of either collective (`engine`: the serving engines' all-reduce, `all_reduce_s`)."""
+        if isinstance(spec, AllToAll):
+            return self.all_to_all_s(spec, link_bw)
+        return self.all_reduce_s(spec, link_bw, engine)
 
 
 def _parse(key: str, raw: object, where: str) -> Interconnect:

@@ -21,6 +21,7 @@ Where each op runs:
     Embedding                  DRAM (random rows)
     AllReduce                  chip-to-chip link (ring: the interconnect's latency per collective and per
                                step plus the spec's bytes, `collectives.py`), adds on the vector unit
+    AllToAll                   chip-to-chip link (one direct step: latency, one step, the bytes sent)
 
 Timing: units of one op overlap (double-buffered streaming), so time = max over the units' busy time
 and the DRAM time (`dram.stream_access` on the spec's `min_bytes()`), except the PIM path, whose
@@ -57,6 +58,7 @@ from codesign.accel_model.kv_quant_engine import kvq_cost
 from codesign.accel_model.vector_unit import vector_cost
 from codesign.specs import (
     AllReduce,
+    AllToAll,
     CodesignError,
     Elementwise,
     Embedding,
@@ -424,16 +426,19 @@ def _embedding(acc: _Acc, spec: Embedding) -> Result:
     return acc.result(spec, "dram")
 
 
-def _all_reduce(acc: _Acc, spec: AllReduce) -> Result:
+def _collective(acc: _Acc, spec: AllReduce | AllToAll) -> Result:
+    """Bytes over the chip link (the interconnect's collective time), read from and written to DRAM; an
+    all-reduce's sums on the vector lanes."""
     d = acc.d
     if spec.world_size > 1 and spec.numel:
         if d.links.chip_link_gbps <= 0:
             raise CodesignError(f"design {d.name!r} has no chip-to-chip link (links.chip_link_gbps = 0)")
         nbytes = spec.min_bytes()
-        acc.add(acc.busy, "link", interconnect(d.links.interconnect).all_reduce_s(spec, d.links.chip_link_gbps * 1e9))
+        acc.add(acc.busy, "link", interconnect(d.links.interconnect).collective_s(spec, d.links.chip_link_gbps * 1e9))
         acc.add(acc.traffic, "link", nbytes)
         acc.add(acc.energy, "link.transfer", nbytes * 8 * d.links.link_pj_per_bit)
-        acc.vector(Elementwise("add", int(spec.flops()), spec.dtype))
+        if isinstance(spec, AllReduce):
+            acc.vector(Elementwise("add", int(spec.flops()), spec.dtype))
         acc.dram(2 * nbytes)
     return acc.result(spec, "link")
 
@@ -486,7 +491,7 @@ def design_fields_read(
         return (*_ALWAYS, "systolic", "vector")
     if isinstance(spec, Embedding):
         return _ALWAYS
-    if isinstance(spec, Norm | Softmax | RoPE | Elementwise | Sampling | AllReduce):
+    if isinstance(spec, Norm | Softmax | RoPE | Elementwise | Sampling | AllReduce | AllToAll):
         return (*_ALWAYS, "vector")
     # Unknown operators: every field (evaluate raises for them anyway).
     return (*_ALWAYS, "systolic", "vector", "kv_quant", "pim", "pim_gemv_max_batch", "huffman_decoder")
@@ -515,6 +520,6 @@ def evaluate(design: Design, spec: OpSpec) -> Result:
         return _router(acc, spec)
     if isinstance(spec, Embedding):
         return _embedding(acc, spec)
-    if isinstance(spec, AllReduce):
-        return _all_reduce(acc, spec)
+    if isinstance(spec, AllReduce | AllToAll):
+        return _collective(acc, spec)
     raise CodesignError(f"evaluate: no cost model for {type(spec).__name__}")

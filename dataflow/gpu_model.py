@@ -61,7 +61,7 @@ import yaml
 from codesign.accel_model.collectives import gpu_interconnect
 from codesign.catalog.gpus import GPUSpec
 from codesign.specs import (
-    AllReduce,
+    COLLECTIVES,
     Gemm,
     Norm,
     OpSpec,
@@ -116,7 +116,7 @@ def family(spec: OpSpec) -> str:
         return "softmax"
     if isinstance(spec, Norm):
         return "norm"
-    if isinstance(spec, AllReduce):
+    if isinstance(spec, COLLECTIVES):
         return "link"  # not a fitted family: the interconnect's collective model (accel_model.collectives)
     return "elementwise"
 
@@ -210,10 +210,8 @@ def gpu_op_time(
     CUDA-graph-captured serving steps. pieces: `terms(spec, gpu)` when the caller keeps them (a fit weighs the
     same operators with many efficiencies).
     """
-    if isinstance(
-        spec, AllReduce
-    ):  # a serving step ("graph") takes the engines' one-shot all-reduce when faster
-        return gpu_interconnect(gpu.key).all_reduce_s(spec, gpu.link_bw, engine=launch == "graph")
+    if isinstance(spec, COLLECTIVES):  # a serving step ("graph") takes the engines' one-shot all-reduce when faster
+        return gpu_interconnect(gpu.key).collective_s(spec, gpu.link_bw, engine=launch == "graph")
     e = (eff or efficiencies(gpu))[family(spec)]
     overhead = GRAPH_LAUNCH_S if launch == "graph" else e.overhead_s
     return _time(terms(spec, gpu) if pieces is None else pieces, e, overhead)

@@ -11,6 +11,10 @@ while the GEMM's `batch` counts the experts the step's tokens reach). Edges
 carry `bytes`, the size of the tensor passed.
 Weights are sharded over `tp` ranks (Megatron-style: column-parallel QKV/up,
 row-parallel o/down, an all-reduce after each); the graph is one rank's work.
+Expert parallelism (`ep` > 1, a MoE model at tp 1: vLLM's `--data-parallel-size N --enable-expert-parallel`,
+SGLang's DP attention with DeepEP) shards the routed experts over `ep` ranks, each of which runs attention, the
+dense blocks and the shared experts on its own `batch` sequences; a MoE block sends each token's row to the ranks
+holding its experts (`moe_dispatch`, an all-to-all) and the experts' outputs back (`moe_combine`).
 
 Phases: "decode" (one new token per sequence; `context` = KV tokens attended,
 the new one included) and "prefill" (`context` = prompt length per sequence).
@@ -26,6 +30,7 @@ import networkx as nx
 from codesign.catalog.models import ModelConfig, expected_active_experts, load_model
 from codesign.specs import (
     AllReduce,
+    AllToAll,
     CodesignError,
     Elementwise,
     Embedding,
@@ -65,6 +70,26 @@ def context_lens(
     return lens
 
 
+def check_expert_parallel(m: ModelConfig, tp: int, ep: int) -> None:
+    """Refuse an expert-parallel degree the model or the step cannot take, naming why."""
+    if not m.experts:
+        raise CodesignError(f"ep={ep} needs a mixture-of-experts model; {m.name} has a dense FFN")
+    if tp != 1:
+        raise CodesignError(
+            f"ep={ep} with tp={tp}: expert parallelism is modelled with data-parallel attention (tp 1 on each rank)"
+        )
+    if m.experts % ep:
+        raise CodesignError(f"ep={ep} must divide the model's routed experts ({m.experts})")
+
+
+def remote_ranks(experts: int, top_k: int, ep: int) -> float:
+    """Expected ranks other than its own that hold at least one of a token's `top_k` experts, `experts` spread
+    evenly over `ep` ranks and picked uniformly without replacement."""
+    local = experts // ep
+    miss = math.comb(experts - local, top_k) / math.comb(experts, top_k)  # a given rank holds none of them
+    return (ep - 1) * (1 - miss)
+
+
 def tp_divide(name: str, value: int, tp: int) -> int:
     """value / tp, refusing a tensor-parallel degree that does not divide the model dimension."""
     if value % tp:
@@ -84,11 +109,12 @@ def new_step_graph(
     weight_format: WeightFormat | str,
     kv_format: KVFormat | str,
     tp: int,
+    ep: int = 1,
 ) -> tuple[nx.DiGraph, WeightFormat, KVFormat]:
     """Check a step's arguments and start its graph: (empty DiGraph, weight format, KV format).
 
     The graph's attributes: model=`name`, phase, batch, context (per-sequence lengths, `context_lens`),
-    tp, tokens (batch for decode, sum of the context lengths for prefill), weight_format and kv_format
+    tp, ep, tokens (batch for decode, sum of the context lengths for prefill; one rank's), weight_format and kv_format
     (names). Checks run in that order, so both graph routes refuse the same bad argument the same way.
     """
     check_choice("phase", phase, PHASES)
@@ -96,6 +122,7 @@ def new_step_graph(
     if batch > MAX_BATCH:  # (the graph keeps a length per sequence: a billion would take minutes and gigabytes)
         raise CodesignError(f"batch {batch} is past the {MAX_BATCH} sequences one step graph models")
     check_positive_int("tp", tp)
+    check_positive_int("ep", ep)
     wf = WeightFormat.parse(weight_format) if isinstance(weight_format, str) else weight_format
     kvf = KVFormat.parse(kv_format) if isinstance(kv_format, str) else kv_format
     lens = context_lens(context, batch, max_context, name)
@@ -105,6 +132,7 @@ def new_step_graph(
         batch=batch,
         context=lens,
         tp=tp,
+        ep=ep,
         tokens=batch if phase == "decode" else sum(lens),
         weight_format=wf.name,
         kv_format=kvf.name,
@@ -122,11 +150,12 @@ def build_step_graph(
     tp: int = 1,
     act_dtype: str = "fp16",
     block_size: int = 16,
+    ep: int = 1,
 ) -> nx.DiGraph:
-    """The operator DAG of one prefill or decode step of `model` on one tensor-parallel rank."""
+    """The operator DAG of one prefill or decode step of `model` on one tensor- or expert-parallel rank."""
     check_choice("act_dtype", act_dtype, ACT_DTYPES)  # (used only with W8A8 / FP8 weights: checked always)
     m = load_model(model) if isinstance(model, str) else model
-    g, wf, kvf = new_step_graph(m.name, m.max_context, phase, batch, context, weight_format, kv_format, tp)
+    g, wf, kvf = new_step_graph(m.name, m.max_context, phase, batch, context, weight_format, kv_format, tp, ep)
     b = _StepBuilder(g, m, wf, kvf, act_dtype, block_size)
     x = b.embeddings()
     for i in range(m.layers):
@@ -146,6 +175,9 @@ class _StepBuilder:
     def __init__(self, g: nx.DiGraph, m: ModelConfig, wf: WeightFormat, kvf: KVFormat, act: str, block: int):
         self.g, self.m, self.wf, self.kvf, self.block = g, m, wf, kvf, block
         self.tp, self.tokens, self.lens = g.graph["tp"], g.graph["tokens"], g.graph["context"]
+        self.ep = g.graph["ep"]
+        if self.ep > 1:
+            check_expert_parallel(m, self.tp, self.ep)
         self.q_heads = tp_divide("heads", m.heads, self.tp)
         # KV heads replicate when tp exceeds them (vLLM's rule): each rank keeps at least one.
         self.kv_heads = tp_divide("kv_heads", m.kv_heads, self.tp) if m.kv_heads >= self.tp else 1
@@ -273,24 +305,43 @@ class _StepBuilder:
         moe = m.moe_layer(i)
         ffn = self.ffn if moe or not m.experts else self.dense_ffn
         up_n = (2 if m.gated else 1) * ffn
+        local = m.experts // self.ep  # the routed experts this rank holds
         if moe:
             spec = MoERouter(tokens, m.hidden, m.experts, m.top_k)
             router = self.add(p + "router", "moe_router", spec, i, [n2], tokens * m.top_k * 8)
+            # The (token, expert) picks this rank's experts run: its own tokens' (under EP, balanced routing brings
+            # in as many picks as its tokens send out).
             routed = tokens * m.top_k
-            active = expected_active_experts(m.experts, routed)
+            active = expected_active_experts(local, routed)
             # Each active expert runs a GEMM of its share of the routed tokens (a batch of `active` GEMMs).
             mm, nb, rows, up_in, down_in = math.ceil(routed / active), active, routed, [n2, router], [router]
+            if self.ep > 1:
+                up_in, down_in = [self.add(p + "moe_dispatch", "moe_dispatch", self.exchange(self.lin_act), i,
+                                           [n2, router], rows * m.hidden * act_b)], []  # fmt: skip
         else:
             mm, nb, rows, up_in, down_in = tokens, 1, tokens, [n2], []
-        # Every expert's weights stay resident whatever the batch; the active ones only set the traffic.
-        resident = {"resident_weights": m.experts} if moe else {}
+        # Every expert's weights (a rank's share under EP) stay resident whatever the batch; the active ones only
+        # set the traffic.
+        resident = {"resident_weights": local} if moe else {}
         up_spec = self.lin(up_n, m.hidden, m.mlp_bias, mm, nb)
         up = self.add(p + "up_proj", "up_proj", up_spec, i, up_in, rows * up_n * act_b, **resident)
         act_spec = Elementwise(self.act_op, rows * ffn)
         act = self.add(p + "act", self.act_op, act_spec, i, [up], rows * ffn * act_b)
         # The MoE combine (weighted sum of each token's top-k expert outputs) reads the router's weights.
         down_spec = self.lin(m.hidden, ffn, m.mlp_bias, mm, nb)
-        return self.add(p + "down_proj", "down_proj", down_spec, i, [act, *down_in], self.hid_b, **resident)
+        down_b = rows * m.hidden * act_b if moe and self.ep > 1 else self.hid_b
+        down = self.add(p + "down_proj", "down_proj", down_spec, i, [act, *down_in], down_b, **resident)
+        if moe and self.ep > 1:  # each rank's sum of its experts' weighted outputs goes back to the token's rank
+            down = self.add(p + "moe_combine", "moe_combine", self.exchange("fp16"), i, [down, router], self.hid_b)
+        return down
+
+    def exchange(self, dtype: str) -> AllToAll:
+        """One MoE all-to-all of this rank's tokens: a row to each remote rank holding one of a token's experts
+        (DeepEP's dispatch and combine send a row once per rank, not per expert), with a per-token fp32 scale when
+        the rows are 8-bit (DeepEP dispatches FP8)."""
+        m = self.m
+        row = m.hidden + (4 if dtype_bytes(dtype) == 1 else 0)  # (4 one-byte elements: the scale)
+        return AllToAll(round(self.tokens * remote_ranks(m.experts, m.top_k, self.ep) * row), self.ep, dtype)
 
     def shared_expert(self, p: str, i: int, n2: str, routed_out: str) -> str:
         # Qwen2-MoE / DeepSeekMoE: every token also runs a dense gated MLP (sharded like a dense FFN);

@@ -49,8 +49,10 @@ def check_fits(g: nx.DiGraph, capacity: float, target: str) -> None:
     need = r["weights"] + r["kv_cache"]
     if need > capacity:
         step = f"{g.graph.get('phase')}, batch {g.graph.get('batch')}, tp {g.graph.get('tp', 1)}"
+        if g.graph.get("ep", 1) > 1:
+            step += f", ep {g.graph['ep']}"
         hint = (
-            "the weights alone exceed it at any batch: use --tp or a quantized weight format"
+            "the weights alone exceed it at any batch: use --tp (--ep for MoE) or a quantized weight format"
             if r["weights"] > capacity
             else "use --tp, a smaller batch or context, or a quantized weight/KV format"
         )
@@ -115,24 +117,29 @@ def per_unit(s: Schedule) -> list[dict]:
 
 def totals(s: Schedule) -> dict:
     g = s.graph_attrs
-    phase, batch, tokens = g.get("phase"), g.get("batch", 1), g.get("tokens", 1)
-    out_tokens = batch if phase == "decode" else tokens
+    phase, batch, tokens, ranks = g.get("phase"), g.get("batch", 1), g.get("tokens", 1), g.get("ep", 1)
+    out_tokens = batch if phase == "decode" else tokens  # one rank's; under EP each of `ranks` runs its own batch
     return {
         "target": s.target,
         "model": g.get("model"),
         "phase": phase,
         "batch": batch,
+        "ranks": ranks,
         "latency_s": s.makespan,
-        "tokens_per_s": out_tokens / s.makespan if s.makespan else 0.0,
+        "tokens_per_s": out_tokens * ranks / s.makespan if s.makespan else 0.0,
         "energy_j": s.energy_j,
         "energy_per_token_j": s.energy_j / out_tokens,
     }
 
 
+def _ranks(ep: int) -> str:
+    return f" (each of {ep} expert-parallel ranks)" if ep > 1 else ""
+
+
 def format_report(s: Schedule) -> str:
     t = totals(s)
     lines = [
-        f"{t['model']} {t['phase']} batch {t['batch']} on {t['target']}",
+        f"{t['model']} {t['phase']} batch {t['batch']} on {t['target']}" + _ranks(t["ranks"]),
         f"{'op':<16}{'count':>6}{'time us':>12}{'share':>8}  {'units':<18}{'bound':<10}{'energy mJ':>10}",
     ]
     for r in per_op(s):
@@ -142,7 +149,8 @@ def format_report(s: Schedule) -> str:
         )
     lines.append("units: " + ", ".join(f"{u['unit']} {100 * u['utilisation']:.0f}%" for u in per_unit(s)))
     lines.append(
-        f"latency {t['latency_s'] * 1e3:.3f} ms/step, {t['tokens_per_s']:.1f} tokens/s, "
+        f"latency {t['latency_s'] * 1e3:.3f} ms/step, {t['tokens_per_s']:.1f} tokens/s"
+        f"{' over the ranks' if t['ranks'] > 1 else ''}, "
         f"{t['energy_per_token_j'] * 1e3:.2f} mJ/token"
     )
     return "\n".join(lines)

@@ -1,8 +1,8 @@
 """Roofline analysis of an operator graph on a GPU from the catalogue.
 
 Per node: t = max(flops / peak(spec.peak_key()), bytes / mem_bw); all-reduces
-their ring bytes over the link bandwidth, with no latency term. The sum over nodes (no overlap between
-operators) is a lower bound on the step's time: a measured latency below it
+their ring bytes and all-to-alls the bytes a rank sends over the link bandwidth, with no latency term. The sum
+over nodes (no overlap between operators) is a lower bound on the step's time: a measured latency below it
 means a wrong spec or a wrong catalogue figure.
 
 DF11 (lossless BF16) weights: the bytes are the compressed ones (the spec's `min_bytes`
@@ -73,6 +73,7 @@ class RooflineReport:
     tokens: int
     layers: int
     rows: tuple[RooflineRow, ...]
+    ranks: int = 1  # expert-parallel ranks, each running the step on its own batch
 
     @property
     def total_time_s(self) -> float:
@@ -96,7 +97,8 @@ class RooflineReport:
         return self.total_time_s if self.phase == "decode" else self.total_time_s / self.tokens
 
     def tokens_per_s(self) -> float:
-        return (self.batch if self.phase == "decode" else self.tokens) / self.total_time_s
+        """Tokens a second over all ranks (under EP each rank runs the step on its own batch)."""
+        return (self.batch if self.phase == "decode" else self.tokens) * self.ranks / self.total_time_s
 
     def to_dict(self) -> dict:
         return {
@@ -106,6 +108,7 @@ class RooflineReport:
             "batch": self.batch,
             "tokens": self.tokens,
             "layers": self.layers,
+            "ranks": self.ranks,
             "total_time_s": self.total_time_s,
             "per_layer_time_s": self.per_layer_time_s(),
             "time_per_token_s": self.time_per_token_s(),
@@ -123,7 +126,9 @@ NON_LAYER_OPS = ("embedding", "pos_embedding", "embed_add", "final_norm", "lm_he
 OMITS = (
     "achieved vs peak compute and bandwidth, wave quantization and per-SM bandwidth caps (gpu_model.py)",
     "kernel launch gaps (eager PyTorch: tens of us per operator; CUDA graphs: ~2 us)",
-    "collective latency: per all-reduce a fixed latency plus one per ring step (accel_model/collectives.py)",
+    "collective latency: per all-reduce a fixed latency plus one per ring step, per all-to-all a latency and one "
+    "step (accel_model/collectives.py)",
+    "expert-parallel load imbalance: routing is taken as uniform, every rank as busy as the average",
 )
 
 
@@ -167,6 +172,7 @@ def roofline(graph: nx.DiGraph, gpu: GPUSpec, decode_bw: float | None = None) ->
         tokens=gattr.get("tokens", 1),
         layers=max(layers, 1),
         rows=rows,
+        ranks=gattr.get("ep", 1),
     )
 
 
@@ -176,7 +182,8 @@ def format_table(rep: RooflineReport) -> str:
         f"{'op':<16}{'count':>6}{'GFLOP':>12}{'MB':>12}{'FLOP/B':>9}  {'bound':<8}{'time us':>11}{'share':>7}"
     )
     lines = [
-        f"{rep.model} {rep.phase}, batch {rep.batch}, {rep.tokens} tokens/step on {rep.gpu}",
+        f"{rep.model} {rep.phase}, batch {rep.batch}, {rep.tokens} tokens/step on {rep.gpu}"
+        + (f" (each of {rep.ranks} expert-parallel ranks)" if rep.ranks > 1 else ""),
         head,
         "-" * len(head),
     ]
@@ -194,7 +201,7 @@ def format_table(rep: RooflineReport) -> str:
     lines.append(
         f"per layer: {rep.per_layer_time_s() * 1e6:.1f} us; "
         f"per token: {rep.time_per_token_s() * 1e3:.3f} ms; "
-        f"{rep.tokens_per_s():.1f} tokens/s"
+        f"{rep.tokens_per_s():.1f} tokens/s{' over the ranks' if rep.ranks > 1 else ''}"
     )
     lines.append("a lower bound: leaves out " + "; ".join(OMITS))
     return "\n".join(lines)

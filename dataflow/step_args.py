@@ -13,7 +13,7 @@ DEFAULT_MODEL = "llama-2-7b"
 
 def add_step_arguments(p: argparse.ArgumentParser, context: int) -> None:
     """Add --model, --phase, --batch, --context (default `context`), --weight-format, --kv-format,
-    --act-dtype and --tp: the arguments of `build_step_graph`."""
+    --act-dtype, --tp and --ep: the arguments of `build_step_graph`."""
     p.add_argument("--model", default=DEFAULT_MODEL, help="catalogue name or path to a HF config.json")
     p.add_argument("--phase", default="decode", choices=PHASES)
     p.add_argument("--batch", type=int, default=1)
@@ -27,6 +27,12 @@ def add_step_arguments(p: argparse.ArgumentParser, context: int) -> None:
     p.add_argument("--kv-format", default="fp16", help="fp16, fp8, int8, int4-kivi, int4-oaken, ...")
     p.add_argument("--act-dtype", default="fp16", help="fp16, or int8 / fp8_e4m3 for W8A8 / FP8 GEMMs")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument(
+        "--ep",
+        type=int,
+        default=1,
+        help="expert-parallel degree (MoE models, tp 1): the routed experts over EP ranks, each with its own --batch",
+    )
 
 
 def step_graph(args: argparse.Namespace) -> nx.DiGraph:
@@ -40,4 +46,5 @@ def step_graph(args: argparse.Namespace) -> nx.DiGraph:
         kv_format=args.kv_format,
         tp=args.tp,
         act_dtype=args.act_dtype,
+        ep=args.ep,
     )

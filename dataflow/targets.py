@@ -32,7 +32,7 @@ from codesign.dataflow.gpu_model import efficiencies, gpu_op_time
 from codesign.dataflow.roofline import df11_decode_s
 from codesign.dataflow.serving_terms import dtype_family, fitted_terms, generation, serving_efficiencies
 from codesign.specs import (
-    AllReduce,
+    COLLECTIVES,
     CodesignError,
     Gemm,
     KVDequantize,
@@ -119,7 +119,7 @@ class GPUTarget(_Target):
             dram = spec.min_bytes() / self.gpu.mem_bw
             return (Placement("gpu", t_decode, min(dram, t_decode), t_decode * self.gpu.tdp_w,
                               {"dram": spec.min_bytes()}, "decode"),)  # fmt: skip
-        if isinstance(spec, AllReduce):
+        if isinstance(spec, COLLECTIVES):
             return (Placement("link", t, 0.0, t * self.gpu.tdp_w * 0.1, {"link": spec.min_bytes()}, "link"),)
         dram = spec.min_bytes() / self.gpu.mem_bw
         bound = "memory" if dram >= spec.flops() / self.gpu.peak(spec.peak_key()) else "compute"

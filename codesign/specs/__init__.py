@@ -22,7 +22,9 @@ from codesign.specs.formats import (
 )
 from codesign.specs.ops import (
     ALL_SPECS,
+    COLLECTIVES,
     AllReduce,
+    AllToAll,
     Elementwise,
     Embedding,
     Gemm,
@@ -44,6 +46,8 @@ __all__ = [
     "ALL_SPECS",
     "DTYPE_BITS",
     "AllReduce",
+    "AllToAll",
+    "COLLECTIVES",
     "CodesignError",
     "Elementwise",
     "Embedding",

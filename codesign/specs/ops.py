@@ -619,6 +619,38 @@ class AllReduce(OpSpec):
 
 
 @dataclass(frozen=True)
+class AllToAll(OpSpec):
+    """Expert-parallel token exchange (MoE dispatch or combine) among `world_size` ranks.
+
+    `numel` is what one rank sends to the other ranks (its tokens' rows times the remote ranks that hold one of
+    their experts; the share routed to its own experts stays local), and in a balanced exchange receives as much:
+    `min_bytes()` is `numel` elements at `dtype` over the rank's link.
+    """
+
+    numel: int
+    world_size: int
+    dtype: str = "fp16"
+    kind: ClassVar[str] = "all_to_all"
+
+    def __post_init__(self) -> None:
+        check_nonneg_int("numel", self.numel)
+        check_positive_int("world_size", self.world_size)
+        _check_dtype("dtype", self.dtype, ACT_DTYPES)  # DeepEP dispatches fp8 rows (scales counted by the caller)
+
+    def flops(self) -> float:
+        return 0.0
+
+    def min_bytes(self) -> float:
+        return 0.0 if self.world_size == 1 else self.numel * dtype_bytes(self.dtype)
+
+    def peak_key(self) -> str:
+        return "link"
+
+
+COLLECTIVES = (AllReduce, AllToAll)  # the specs whose cost is the chip-to-chip link's
+
+
+@dataclass(frozen=True)
 class Sampling(OpSpec):
     """Pick the next token from [batch, vocab] logits (softmax + top-k/top-p or argmax)."""
 
@@ -654,7 +686,8 @@ ALL_SPECS: tuple[type[OpSpec], ...] = (
     Embedding,
     MoERouter,
     AllReduce,
+    AllToAll,
     Sampling,
 )
 
-__all__ = [c.__name__ for c in ALL_SPECS] + ["OpSpec", "ALL_SPECS", "dtype_bits"]
+__all__ = [c.__name__ for c in ALL_SPECS] + ["OpSpec", "ALL_SPECS", "COLLECTIVES", "dtype_bits"]

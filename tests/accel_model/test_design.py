@@ -16,6 +16,7 @@ from codesign.accel_model.evaluate import evaluate, gemm_compute_cycles, sram_wo
 from codesign.specs import (
     ALL_SPECS,
     AllReduce,
+    AllToAll,
     CodesignError,
     Elementwise,
     Embedding,
@@ -179,6 +180,7 @@ def _one_of_each() -> list:
         Embedding(3, 1000, 64),
         MoERouter(5, 64, 8, 2),
         AllReduce(1000, 4),
+        AllToAll(1000, 4, "fp8_e4m3"),
         Sampling(3, 1000),
     ]
 
@@ -189,7 +191,7 @@ def test_every_spec_evaluates(name):
     ops = _one_of_each()
     assert {type(o) for o in ops} == set(ALL_SPECS)
     for op in ops:
-        if isinstance(op, AllReduce) and d.links.chip_link_gbps == 0:
+        if isinstance(op, AllReduce | AllToAll) and d.links.chip_link_gbps == 0:
             with pytest.raises(CodesignError, match="chip-to-chip"):
                 evaluate(d, op)
             continue
