@@ -51,6 +51,51 @@ FAMILIES = {
                                                       "max_position_embeddings": 131072,  # YaRN: 32 x 4096
                                                       "num_experts_per_tok": 2,
                                                       "layer_types": ["sliding_attention", "full_attention"]}),
+    # Served from transformers 5.25 (support.LATER). Partial rotary (GLM, StableLM); fused gate_up (GLM);
+    # GLM-4.5: a dense first block, then routed experts with a shared one. Untied heads where the family ties them
+    # (tied, these tiny models repeat one token: nothing a window or a mask changes would show).
+    "glm": ("GlmConfig", "GlmForCausalLM", {"head_dim": 16}),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", {"head_dim": 16}),
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", {**MOE, "head_dim": 16, "n_routed_experts": 4,
+                                                          "n_shared_experts": 1, "first_k_dense_replace": 1}),
+    # Layer 1 without RoPE and sliding (SmolLM3 slides only its no-RoPE layers); layer 0 rotary and full.
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"tie_word_embeddings": False, "no_rope_layer_interval": 2,
+                                                         "use_sliding_window": True, "sliding_window": 4}),
+    "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {"tie_word_embeddings": False, "head_dim": 16}),
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", {"tie_word_embeddings": False, **MOE,
+                                                                       "moe_num_experts": 4, "moe_k": 2,
+                                                                       "moe_num_shared_experts": 1,
+                                                                       "moe_layer_start_index": 1}),
+    "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16}),
+    "hunyuan_v1_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", {"head_dim": 16, "num_experts": 4,
+                                                                         "moe_topk": 2}),
+    "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM", {"head_dim": 16}),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", {"sliding_window": 4,
+                                                   "layer_types": ["sliding_attention", "full_attention"]}),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
+    "flex_olmo": ("FlexOlmoConfig", "FlexOlmoForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
+    "apertus": ("ApertusConfig", "ApertusForCausalLM", {}),
+    "ministral": ("MinistralConfig", "MinistralForCausalLM", {"head_dim": 16, "sliding_window": 4,
+                                                               "layer_types": ["sliding_attention", "full_attention"]}),
+    "ministral3": ("Ministral3Config", "Ministral3ForCausalLM", {"sliding_window": 5}),  # every layer
+    "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {"head_dim": 16, "sliding_window": 4,
+                                                         "layer_types": ["sliding_attention", "full_attention"]}),
+    "arcee": ("ArceeConfig", "ArceeForCausalLM", {}),
+    "helium": ("HeliumConfig", "HeliumForCausalLM", {"head_dim": 16}),
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                                                  "attention_multiplier": 0.5}),
+    "cohere": ("CohereConfig", "CohereForCausalLM", {"tie_word_embeddings": False, "use_qk_norm": True}),
+    # Layer 0 sliding and rotary, layer 1 full and without RoPE.
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {"tie_word_embeddings": False, "sliding_window": 4,
+                                                         "layer_types": ["sliding_attention", "full_attention"]}),
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", {"tie_word_embeddings": False, "initializer_range": 0.2,
+                                                                "sliding_window": 5}),  # every layer
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", {"partial_rotary_factor": 0.25}),
+    "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", {"head_dim": 16, "num_local_experts": 4,
+                                                                "num_experts_per_tok": 2}),
+    "afmoe": ("AfmoeConfig", "AfmoeForCausalLM", {**MOE, "head_dim": 16, "num_experts": 4, "num_shared_experts": 1,
+                                                   "num_dense_layers": 1, "sliding_window": 4,
+                                                   "layer_types": ["sliding_attention", "full_attention"]}),
 }  # fmt: skip
 # Both sides compute in fp32 (logits agree to ~1e-5): a lead of 1e-3 cannot flip.
 DECISIVE = 1e-3

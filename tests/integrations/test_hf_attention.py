@@ -69,7 +69,7 @@ def test_prompt_lookup_crops_the_cache(paged):
     assert cache.row_lengths() == [cache.seen]
 
 
-@pytest.mark.parametrize("family", family_params(["llama", "mistral", "gemma3_text", "gpt_oss"]))
+@pytest.mark.parametrize("family", family_params(["llama", "mistral", "gemma3_text", "gpt_oss", "cohere2", "glm4_moe"]))
 def test_triton_kernels_in_the_interpreter(family):
     model = tiny_model(family)
     ids, mask = prompts(2, 9, pads=(0, 2))
@@ -153,6 +153,17 @@ def test_qwen2_moe_needs_transformers_5(monkeypatch):
     model = tiny_model("qwen2_moe")
     monkeypatch.setattr(transformers, "__version__", "4.57.6")
     with pytest.raises(CodesignError, match="qwen2_moe is served from transformers 5.23 on"):
+        generate(model, torch.tensor([[3, 4, 5]]), max_new_tokens=2)
+
+
+@pytest.mark.skipif(bool(family_missing("glm4_moe")), reason=family_missing("glm4_moe") or "")
+def test_the_later_families_need_the_release_they_were_checked_on(monkeypatch):
+    import transformers
+
+    model = tiny_model("glm4_moe")
+    monkeypatch.setattr(transformers, "__version__", "5.24.0")
+    with pytest.raises(CodesignError, match=r"glm4_moe is served from transformers 5.25 on \(installed 5.24.0: not "
+                                            r"checked on earlier releases\)"):  # fmt: skip
         generate(model, torch.tensor([[3, 4, 5]]), max_new_tokens=2)
 
 

@@ -256,3 +256,15 @@ def test_gpu_suite_hook_at_a_tiny_shape():
         assert r["tokens"] == 3 and r["decode_tokens_per_s"] > 0 and r["predicted_decode_tokens_per_s"] > 0
         assert r["steps"] == 3 if "tree" not in r["variant"] else 2 <= r["steps"] <= 3, r  # a tree step: 1-4 tokens
     assert any(isinstance(m, K.QuantLinear) for m in model.modules())  # the W4A16 variant ran last, in place
+
+
+@pytest.mark.skipif(_compat.VERSION < (5, 25), reason="GLM-4.5 is served from transformers 5.25")
+def test_a_later_family_generates_and_its_costing_is_refused_by_name(tmp_path_factory, capsys):
+    """GLM-4.5 (a dense block, then routed experts with a shared one) runs from its folder with quantized experts;
+    the catalogue does not read its config, so --design exits 2 naming the model type."""
+    path = saved_tiny_model(tmp_path_factory, "glm4_moe", "tiny-glm")
+    assert main(["generate", str(path), "--max-new-tokens", "3", "--weights", "w8a16", "--group-size", "32",
+                 "--kv-format", "int8"]) == 0
+    assert "tokens/s" in capsys.readouterr().out
+    assert main(["generate", str(path), "--max-new-tokens", "3", "--design", "tpu_like"]) == 2
+    assert "model_type 'glm4_moe' not supported" in capsys.readouterr().err

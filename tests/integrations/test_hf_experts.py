@@ -11,6 +11,7 @@ import re
 import pytest
 import torch
 from hf_testing import (
+    COMMON,
     assert_same_greedy_where_decisive,
     family_params,
     greedy,
@@ -23,16 +24,24 @@ from transformers import AutoModelForCausalLM
 from codesign.cli import main
 from codesign.integrations.hf import CodesignQuantConfig, _compat
 from codesign.integrations.hf import _kernels as K
-from codesign.integrations.hf.experts import QuantExperts, quantize_model_
+from codesign.integrations.hf.experts import QuantExperts, is_stacked_experts, quantize_model_
 from codesign.kernels.gemm.formats import quantize_per_token
 from codesign.specs import CodesignError
 
 # transformers 4.x keeps each expert as an MLP of nn.Linears, which quantize_ converts: nothing stacked to test.
 pytestmark = pytest.mark.skipif(_compat.VERSION < (5, 0), reason="transformers 4.x has no stacked experts")
-MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "olmoe", "flex_olmo", "granitemoe", "minimax_m2",
+       "hunyuan_v1_moe", "ernie4_5_moe", "afmoe")
 CONFIGS = {"w4a16": K.W4A16Config(group_size=32, symmetric=False), "w8a16": K.W8A16Config(group_size=None),
            "w8a8": K.W8A8Config(), "fp8": K.FP8Config()}  # fmt: skip
 NOT_HEAD = lambda m, fqn: "lm_head" not in fqn  # noqa: E731
+# One dense layer of the two: Qwen3-MoE's layer 1 (mlp_only_layers), the others' layer 0 (GLM-4.5's
+# first_k_dense_replace, ERNIE's moe_layer_start_index, AFMoE's num_dense_layers).
+ONE_MOE_LAYER = ("qwen3_moe", "glm4_moe", "ernie4_5_moe", "afmoe")
+
+
+def _first_experts(model):
+    return next(m for m in model.modules() if is_stacked_experts(m))
 
 
 def _dequantized_into(experts, q: QuantExperts) -> None:
@@ -59,7 +68,7 @@ def test_quant_experts_equal_the_module_with_dequantized_weights(family, name, m
     """fp32, random input, routing that leaves expert 2 without a token: QuantExperts == the original class's
     own (eager) forward over the dequantized weights; for 8-bit activations the reference's matmuls see the same
     per-token quantized inputs."""
-    experts = tiny_model(family).model.layers[0].mlp.experts
+    experts = _first_experts(tiny_model(family))
     if family == "gpt_oss":  # biases and pre-activations past the clamp (7) in some rows: all of it checked
         with torch.no_grad():
             experts.gate_up_proj.mul_(40)
@@ -96,6 +105,7 @@ def test_greedy_tokens_of_a_quantized_moe_equal_its_dequantized_model(family):
                 m.gate_up_proj *= 8
                 m.down_proj *= 8
     deq = copy.deepcopy(base)
+    stacked = sum(is_stacked_experts(m) for m in base.modules())  # one a MoE layer (dense first layers have none)
     q = quantize_model_(base, K.W4A16Config(group_size=32), NOT_HEAD)
     n_experts = 0
     for fqn, m in q.named_modules():
@@ -105,7 +115,7 @@ def test_greedy_tokens_of_a_quantized_moe_equal_its_dequantized_model(family):
         elif isinstance(m, K.QuantLinear) and ".experts." not in fqn:
             parent, _, child = fqn.rpartition(".")
             setattr(deq.get_submodule(parent), child, m.to_linear())
-    assert n_experts == (1 if family == "qwen3_moe" else 2)  # Qwen3-MoE's layer 1 is dense (mlp_only_layers)
+    assert n_experts == stacked == (1 if family in ONE_MOE_LAYER else 2)
     assert not [n for n, p in q.named_parameters() if p.dim() == 3]
     ids, mask = prompts(2, 10, pads=(0, 3))
     want = greedy(deq, ids, mask, 6)
@@ -218,3 +228,29 @@ def test_fused_quantized_experts_run_one_activation_op(family, monkeypatch):
     assert len(hits) > 0 and experts_calls == len(hits)
     unfuse_layers_(q)
     assert all(q.get_submodule(n).act is None for n in experts)
+
+
+def test_an_experts_class_whose_forward_was_not_read_is_refused_not_left_in_floating_point():
+    """PhiMoE's experts are stacked like Mixtral's, but its class is not in EXPERTS_CLASSES (nor its family
+    served): quantize_model_ names it rather than quantize the linears and leave the experts' weights float."""
+    import transformers
+
+    from codesign.integrations.hf import generate
+
+    cfg = transformers.PhimoeConfig(**{**COMMON, "num_local_experts": 4, "num_experts_per_tok": 2})
+    model = transformers.PhimoeForCausalLM(cfg).eval()
+    with pytest.raises(CodesignError, match="experts class PhimoeExperts is not one QuantExperts computes"):
+        quantize_model_(model, K.W8A16Config())
+    assert not any(K.is_codesign_linear(m) for m in model.modules())  # refused before any linear was replaced
+    with pytest.raises(CodesignError, match="'phimoe' is not supported: a sliding window its attention modules"):
+        generate(model, torch.tensor([[5, 6, 7]]), max_new_tokens=2)
+
+
+def test_a_router_linear_stays_in_floating_point():
+    """Hunyuan's router is an nn.Linear inside its gate module (whose forward reads the weight's dtype): left as it
+    is, as engines keep routers; the experts and the attention's linears are quantized."""
+    q = quantize_model_(tiny_model("hunyuan_v1_moe"), K.W8A16Config(), NOT_HEAD)
+    gate = q.model.layers[0].mlp.gate.wg
+    assert type(gate) is torch.nn.Linear and gate.weight.dtype == torch.float32
+    assert K.is_codesign_linear(q.model.layers[0].self_attn.q_proj)
+    assert sum(isinstance(m, QuantExperts) for m in q.modules()) == 2

@@ -10,12 +10,15 @@
 - `rebuild_quant_experts_` / `check_experts_filled`: a pre-quantized load's empty QuantExperts.
 
 Converted: the experts classes whose forward was read in transformers 5.23-5.25 (`EXPERTS_CLASSES`: Mixtral,
-Qwen2-MoE, Qwen3-MoE, and DeepSeek-V2/V3's (5.25, Mixtral's loop line for line: the router and shared experts are
-around it), gated, concatenated [gate; up], not transposed, no biases; GPT-OSS, transposed, gate and up
-interleaved, biased, its own clamped SwiGLU: `QuantGptOssExperts`). Qwen2-MoE's shared expert is a plain MLP of
-nn.Linears (`quantize_` converts it). transformers 4.57's experts are lists of nn.Linear MLPs (nothing to do
-there), but for GPT-OSS's, whose 4.57 forward takes dense routing weights: they stay in floating point. Lossless
-BF16 (`LosslessBF16Config`) leaves experts alone; costing then refuses the model.
+Qwen2-MoE, Qwen3-MoE, and DeepSeek-V2/V3's, GLM-4.5's, OLMoE's, FlexOlmo's, Granite-MoE's, MiniMax-M2's, Hunyuan's,
+ERNIE 4.5's and AFMoE's (5.25, Mixtral's loop line for line: the router and shared experts are around it), gated,
+concatenated [gate; up], not transposed, no biases; GPT-OSS, transposed, gate and up interleaved, biased, its own
+clamped SwiGLU: `QuantGptOssExperts`). Qwen2-MoE's shared expert is a plain MLP of nn.Linears (`quantize_` converts
+it); a router's nn.Linear (a module named *Gate or *Router: Hunyuan's) is left in floating point. transformers
+4.57's experts are lists of nn.Linear MLPs (nothing to do there), but for GPT-OSS's, whose 4.57 forward takes dense
+routing weights: they stay in floating point. Lossless BF16 (`LosslessBF16Config`) leaves experts alone; costing
+then refuses the model. A stacked experts class of another name is refused (PhiMoE's: its family is not served
+either).
 """
 
 from __future__ import annotations
@@ -33,19 +36,26 @@ from codesign.specs import CodesignError
 
 # Each one's forward is the loop `QuantExperts.forward` copies (modeling_{mixtral,qwen2_moe,qwen3_moe,gpt_oss}.py).
 EXPERTS_CLASSES = ("MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "GptOssExperts", "DeepseekV2Experts",
-                   "DeepseekV3Experts")  # fmt: skip
+                   "DeepseekV3Experts",
+                   # 5.25, Mixtral's class line for line but for the config fields __init__ reads:
+                   "Glm4MoeExperts", "OlmoeExperts", "FlexOlmoExperts", "GraniteMoeExperts", "MiniMaxM2Experts",
+                   "HunYuanMoEV1Experts", "Ernie4_5_MoeExperts", "AfmoeExperts")  # fmt: skip
 # A QuantExperts' linears are `<experts>.gate_up.<e>` / `<experts>.down.<e>`: names that match none of
 # transformers' MoE conversion patterns (`experts.*.w1.weight`, `experts.gate_up_proj`, ...), so a saved
 # checkpoint's keys are loaded as they are, never merged into 3-D tensors.
 _SLOT = re.compile(r"^(?P<experts>.+)\.(?P<proj>gate_up|down)\.(?P<e>\d+)$")
 
 
+def _stacked(m: nn.Module) -> bool:
+    gate_up = getattr(m, "gate_up_proj", None)
+    return isinstance(gate_up, torch.Tensor) and gate_up.dim() == 3
+
+
 def is_stacked_experts(m: nn.Module) -> bool:
     """A transformers experts module of a verified class holding stacked 3-D expert weights."""
-    gate_up = getattr(m, "gate_up_proj", None)
     if type(m).__name__ == "GptOssExperts" and VERSION < (5, 0):  # 4.x: another forward (dense routing weights)
         return False
-    return type(m).__name__ in EXPERTS_CLASSES and isinstance(gate_up, torch.Tensor) and gate_up.dim() == 3
+    return type(m).__name__ in EXPERTS_CLASSES and _stacked(m)
 
 
 def quant_class(experts: nn.Module) -> type[QuantExperts]:
@@ -217,14 +227,25 @@ def _quant_linear(weight: torch.Tensor, config, bias: torch.Tensor | None = None
     return K.QuantLinear.from_linear(lin, config)
 
 
+def _check_experts_read(model: nn.Module, filter_fn) -> list[tuple[str, nn.Module]]:
+    """The modules `filter_fn` selects; CodesignError if a stacked experts class among them is not one QuantExperts
+    computes (it would stay in floating point: most of a MoE's weights)."""
+    chosen = [(f, m) for f, m in model.named_modules() if filter_fn is None or filter_fn(m, f)]
+    unread = sorted({type(m).__name__ for _, m in chosen if _stacked(m) and type(m).__name__ not in EXPERTS_CLASSES})
+    if unread:
+        raise CodesignError(f"experts class {', '.join(unread)} is not one QuantExperts computes "
+                            f"({', '.join(EXPERTS_CLASSES)}): its weights would stay in floating point")  # fmt: skip
+    return chosen
+
+
 def quantize_experts_(model: nn.Module, config, filter_fn: Callable[[nn.Module, str], bool] | None = None
                       ) -> nn.Module:  # fmt: skip
     """Replace, in place, each stacked experts module `m` named `fqn` with filter_fn(m, fqn) true by a
     QuantExperts under `config` (a `quantize_` config). `LosslessBF16Config` leaves them. Returns `model`."""
     if isinstance(config, K.LosslessBF16Config):  # DF11 compresses linears only: the experts stay float
         return model
-    targets = [(f, m) for f, m in model.named_modules()
-               if is_stacked_experts(m) and (filter_fn is None or filter_fn(m, f))]  # fmt: skip
+    chosen = _check_experts_read(model, filter_fn)
+    targets = [(f, m) for f, m in chosen if is_stacked_experts(m)]
     for fqn, experts in targets:
         try:
             q = QuantExperts.from_experts(experts, config)
@@ -236,8 +257,16 @@ def quantize_experts_(model: nn.Module, config, filter_fn: Callable[[nn.Module, 
 
 def quantize_model_(model: nn.Module, config, filter_fn: Callable[[nn.Module, str], bool] | None = None
                     ) -> nn.Module:  # fmt: skip
-    """`quantize_` (every selected nn.Linear), then `quantize_experts_` (every selected stacked experts module)."""
-    K.quantize_(model, config, filter_fn)
+    """`quantize_` (every selected nn.Linear but a MoE router's), then `quantize_experts_` (every selected stacked
+    experts module)."""
+    # A router's linear stays as it is (vLLM keeps gates unquantized; Hunyuan's gate reads its weight's dtype).
+    routers = {f"{fqn}.{name}" for fqn, m in model.named_modules() if type(m).__name__.endswith(("Gate", "Router"))
+               for name, c in m.named_children() if isinstance(c, nn.Linear)}  # fmt: skip
+    linears = (lambda m, fqn: fqn not in routers) if filter_fn is None else (
+        lambda m, fqn: fqn not in routers and filter_fn(m, fqn))  # fmt: skip
+    if not isinstance(config, K.LosslessBF16Config):
+        _check_experts_read(model, filter_fn)  # before any linear is replaced
+    K.quantize_(model, config, linears)
     return quantize_experts_(model, config, filter_fn)
 
 

@@ -23,15 +23,28 @@ TRANSFORMERS_RANGE = (((4, 57), (4, 58)), ((5, 23), (6, 0)))
 # `softcap`; GPT-OSS's `s_aux`, a per-head sink logit in each softmax). MLA (DeepSeek) has its own cache
 # (`latent`); anything else (ALiBi models, chunked, no-RoPE or bidirectional layers, cross-attention) is refused.
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "mixtral", "qwen2_moe", "qwen3_moe", "gemma",
-            "gemma3_text", "phi3", "olmo2", "granite", "gpt_oss")  # fmt: skip
+            "gemma3_text", "phi3", "olmo2", "granite", "gpt_oss",
+            # Checked the same way since (tests/integrations/hf_testing.FAMILIES): GLM-4 / GLM-4.5 (partial rotary,
+            # fused gate_up), SmolLM3 (no-RoPE layers), ERNIE 4.5, Hunyuan, Seed-OSS, OLMo 3 / OLMoE / FlexOlmo,
+            # Apertus (xIELU MLP), Ministral, EXAONE 4, Arcee (ReLU^2 MLP), Helium, Granite-MoE, Cohere / Cohere2
+            # (parallel blocks, no-RoPE global layers), StarCoder2, StableLM (partial rotary, LayerNorm), MiniMax-M2,
+            # AFMoE: what differs happens around the attention function.
+            "glm", "glm4", "glm4_moe", "smollm3", "ernie4_5", "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe",
+            "seed_oss", "olmo3", "olmoe", "flex_olmo", "apertus", "ministral", "ministral3", "exaone4", "arcee",
+            "helium", "granitemoe", "cohere", "cohere2", "starcoder2", "stablelm", "minimax_m2", "afmoe")  # fmt: skip
 # Families served from a later transformers release than the range's first: 4.57's Qwen2-MoE has its own
-# attention classes (sdpa / flash / eager) and never calls a registered attention function.
-FAMILY_SINCE = {"qwen2_moe": (5, 23)}
+# attention classes (sdpa / flash / eager) and never calls a registered attention function; the families added in
+# 2026-12 were checked on 5.25 only (their modeling files change between releases).
+LATER = FAMILIES[FAMILIES.index("glm"):]
+FAMILY_SINCE = {"qwen2_moe": (5, 23), **dict.fromkeys(LATER, (5, 25))}
+SINCE_WHY = {"qwen2_moe": "its attention does not go through the registered function"}
 # Why some families users ask for are refused (the message names the reason).
 REFUSED = {
     "deepseek_v2": "multi-head latent attention (MLA), served by CodesignLatentCache (generate picks it)",
     "deepseek_v3": "multi-head latent attention (MLA), served by CodesignLatentCache (generate picks it)",
     "llama4": "chunked-attention and no-RoPE layers",
+    # PhiMoE's mask slides by config.sliding_window, but its attention is not passed the window (transformers 5.25).
+    "phimoe": "a sliding window its attention modules are not passed",
 }
 # Multimodal wrappers whose text model is served alone but not through the wrapper: Gemma3ForConditionalGeneration
 # attends bidirectionally within each image's tokens (a mask our mask entry does not carry).
@@ -126,7 +139,7 @@ def check_model(model: nn.Module) -> Layout:
         if tuple(int(p) for p in transformers.__version__.split(".")[:2]) < since:
             raise CodesignError(
                 f"{family} is served from transformers {since[0]}.{since[1]} on (installed "
-                f"{transformers.__version__}: its attention does not go through the registered function)"
+                f"{transformers.__version__}: {SINCE_WHY.get(family, 'not checked on earlier releases')})"
             )
     if (getattr(cfg, "is_encoder_decoder", False) or not getattr(cfg, "is_causal", True)
             or getattr(cfg, "use_bidirectional_attention", False)):  # fmt: skip
