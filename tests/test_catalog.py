@@ -27,6 +27,8 @@ REQUIRED_MODELS = (
     "qwen1.5-moe-a2.7b",
     "gpt-oss-20b",
     "gpt-oss-120b",
+    "glm-4.5",
+    "glm-4.5-air",
     "opt-6.7b",
     "gpt-3-175b",
 )

@@ -334,9 +334,24 @@ def _learned_positions_model(
 
 
 # The families read like Llama (GQA, RoPE, RMSNorm, a gated MLP or routed experts of one): what else they do (q/k
-# norms, fused projections, scalar multipliers, sinks) costs nothing a step graph counts.
+# norms, fused projections, scalar multipliers, sinks, no-RoPE layers) costs nothing a step graph counts. Each is
+# checked against the model transformers builds from its config (tests/integrations/test_hf_catalogue.py).
 LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma2",
-              "gemma3_text", "phi3", "olmo2", "granite", "gpt_oss", "")  # fmt: skip
+              "gemma3_text", "phi3", "olmo2", "granite", "gpt_oss", "glm", "glm4", "glm4_moe", "smollm3", "ernie4_5",
+              "hunyuan_v1_dense", "seed_oss", "olmo3", "olmoe", "flex_olmo", "apertus", "ministral", "ministral3",
+              "exaone4", "arcee", "helium", "granitemoe", "starcoder2", "stablelm", "minimax_m2", "")  # fmt: skip
+# Served by the HF integration but not read here: the step graph has no node for what they add.
+NOT_READ = {
+    "ernie4_5_moe": "MoE layers by start, end and interval (the step graph takes leading dense layers only)",
+    "hunyuan_v1_moe": "per-layer expert counts and top-k",
+    "cohere": "attention and MLP in parallel off one norm (the step graph runs them in sequence)",
+    "cohere2": "attention and MLP in parallel off one norm (the step graph runs them in sequence)",
+    "afmoe": "a gated attention output (gate_proj on the attention's output)",
+}
+# Non-gated MLPs (up, activation, down) and their step-graph activation: StarCoder2's GELU, Apertus's xIELU (an
+# elementwise op of GELU's cost), Arcee's ReLU^2.
+PLAIN_MLP = {"starcoder2": "gelu", "apertus": "gelu", "arcee": "relu"}
+LAYER_NORM = ("starcoder2", "stablelm")  # LayerNorm (weight and bias) in place of RMSNorm
 # Families whose every layer slides when sliding_window is set, whatever layer_types say (as transformers runs them).
 EVERY_LAYER_WINDOW = ("mistral", "mixtral", "phi3", "qwen3_moe")
 
@@ -371,6 +386,94 @@ def hf_windows(cfg: dict[str, Any], mtype: str, layers: int) -> tuple[int | None
         raise CodesignError(f"layer_types has {len(types)} entries for {layers} layers")
     full = tuple(i for i, t in enumerate(types[:layers]) if t != "sliding_attention")
     return (None, ()) if len(full) == layers else (window, full)
+
+
+def _hf_experts(cfg: dict[str, Any], mtype: str, g) -> tuple[int, int, int, int, int]:
+    """(routed experts, expert width, shared expert width, leading dense layers, their MLP width) as each MoE
+    family's config names them; (0, the MLP width, 0, 0, 0) for a dense model."""
+    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
+    dense_ffn = int(g("intermediate_size"))
+    if not experts:
+        return 0, dense_ffn, 0, 0, 0
+    if mtype in ("qwen2_moe", "qwen3_moe"):
+        # Routed experts are moe_intermediate_size wide (intermediate_size is the dense MLP width, used only by
+        # mlp_only_layers); Qwen2-MoE adds a gated shared expert in every layer.
+        sparse_step = int(cfg.get("decoder_sparse_step", 1) or 1)
+        if cfg.get("mlp_only_layers") or sparse_step != 1:
+            kind = "Qwen2-MoE" if mtype == "qwen2_moe" else "Qwen3-MoE"
+            raise CodesignError(
+                f"{kind} with dense layers (mlp_only_layers={cfg.get('mlp_only_layers')}, "
+                f"decoder_sparse_step={sparse_step}) is not mapped: every layer must be sparse"
+            )
+        shared = int(cfg.get("shared_expert_intermediate_size") or 0) if mtype == "qwen2_moe" else 0
+        return experts, int(g("moe_intermediate_size")), shared, 0, 0
+    if mtype == "glm4_moe":  # DeepSeekMoE's layout: leading dense blocks, then routed experts beside shared ones
+        moe = int(g("moe_intermediate_size"))
+        dense = int(cfg.get("first_k_dense_replace") or 0)
+        return experts, moe, int(cfg.get("n_shared_experts") or 0) * moe, dense, dense_ffn if dense else 0
+    return experts, dense_ffn, 0, 0, 0  # Mixtral's: every layer's experts intermediate_size wide
+
+
+def _hf_biases(cfg: dict[str, Any], mtype: str) -> tuple[bool, bool, bool]:
+    """(q/k/v, o, MLP) biases as each family's config says."""
+    attn = bool(cfg.get("attention_bias", mtype == "gpt_oss"))  # GPT-OSS's is on unless said otherwise
+    mlp = bool(cfg.get("mlp_bias", False)) or mtype == "gpt_oss"  # GPT-OSS's experts have biases
+    if mtype.startswith("qwen2"):  # q/k/v biases always, none else (its config has no attention_bias key)
+        return True, False, mlp
+    if mtype in ("glm", "glm4", "glm4_moe"):  # attention_bias: q/k/v only
+        return attn, False, mlp
+    if mtype == "seed_oss":
+        return attn, bool(cfg.get("attention_out_bias", False)), mlp
+    if mtype in ("ernie4_5", "starcoder2"):  # use_bias: every linear of a block
+        return (bool(cfg.get("use_bias", mtype == "starcoder2")),) * 3
+    if mtype == "stablelm":
+        return bool(cfg.get("use_qkv_bias", False)), False, False
+    if mtype == "hunyuan_v1_dense":  # attention_bias on all four attention linears; its MLP never has biases
+        return attn, attn, False
+    return attn, attn, mlp
+
+
+def _llama_like(name: str, path: Path, cfg: dict[str, Any], mtype: str, g) -> ModelConfig:
+    """A ModelConfig from the config.json of a `LLAMA_LIKE` family."""
+    if mtype == "stablelm" and cfg.get("use_parallel_residual", False):
+        raise CodesignError(f"{path}: stablelm with use_parallel_residual (attention and MLP in parallel) is not "
+                            "mapped")
+    heads = int(g("num_attention_heads"))
+    layers = int(g("num_hidden_layers"))
+    act = str(cfg.get("hidden_act", cfg.get("hidden_activation", "silu")))
+    try:
+        experts, ffn, shared, dense, dense_ffn = _hf_experts(cfg, mtype, g)
+    except CodesignError as e:
+        raise CodesignError(f"{path}: {e}") from None
+    window, full_layers = hf_windows(cfg, mtype, layers)
+    qkv_bias, o_bias, mlp_bias = _hf_biases(cfg, mtype)
+    return ModelConfig(
+        name=name,
+        layers=layers,
+        hidden=int(g("hidden_size")),
+        heads=heads,
+        kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or 0),
+        ffn=ffn,
+        vocab=int(g("vocab_size")),
+        ffn_kind=PLAIN_MLP.get(mtype) or ("gated_gelu" if "gelu" in act else "gated_silu"),
+        norm="layer" if mtype in LAYER_NORM else "rms",
+        max_context=int(g("max_position_embeddings")),
+        experts=experts,
+        top_k=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+        shared_expert_ffn=shared,
+        shared_expert_gate=mtype == "qwen2_moe" and bool(shared),
+        dense_layers=dense,
+        dense_ffn=dense_ffn,
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=mlp_bias,
+        rope=True,
+        sliding_window=window,
+        full_attention_layers=full_layers,
+        source=str(path),
+    )
 
 
 def load_hf_config(path: str | Path) -> ModelConfig:
@@ -415,55 +518,10 @@ def load_hf_config(path: str | Path) -> ModelConfig:
             )
         if mtype in LATENT_ATTENTION:
             return _deepseek_model(name, path, cfg, mtype)
+        if mtype in NOT_READ:
+            raise CodesignError(f"{path}: model_type {mtype!r} is not mapped: {NOT_READ[mtype]}")
         if mtype in LLAMA_LIKE:
-            heads = int(g("num_attention_heads"))
-            layers = int(g("num_hidden_layers"))
-            act = str(cfg.get("hidden_act", cfg.get("hidden_activation", "silu")))
-            experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
-            ffn = int(g("intermediate_size"))
-            shared = 0
-            window, full_layers = hf_windows(cfg, mtype, layers)
-            if mtype in ("qwen2_moe", "qwen3_moe"):
-                # Routed experts are moe_intermediate_size wide (intermediate_size is the dense MLP width, used
-                # only by mlp_only_layers); Qwen2-MoE adds a gated shared expert in every layer.
-                sparse_step = int(cfg.get("decoder_sparse_step", 1) or 1)
-                if cfg.get("mlp_only_layers") or sparse_step != 1:
-                    kind = "Qwen2-MoE" if mtype == "qwen2_moe" else "Qwen3-MoE"
-                    raise CodesignError(
-                        f"{path}: {kind} with dense layers (mlp_only_layers={cfg.get('mlp_only_layers')}, "
-                        f"decoder_sparse_step={sparse_step}) is not mapped: every layer must be sparse"
-                    )
-                ffn = int(g("moe_intermediate_size"))
-            if mtype == "qwen2_moe":
-                shared = int(cfg.get("shared_expert_intermediate_size") or 0)
-            return ModelConfig(
-                name=name,
-                layers=layers,
-                hidden=int(g("hidden_size")),
-                heads=heads,
-                kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or 0),
-                ffn=ffn,
-                vocab=int(g("vocab_size")),
-                ffn_kind="gated_gelu" if "gelu" in act else "gated_silu",
-                norm="rms",
-                max_context=int(g("max_position_embeddings")),
-                experts=experts,
-                top_k=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
-                shared_expert_ffn=shared,
-                shared_expert_gate=bool(shared),
-                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                # Llama/Mistral: attention_bias covers q/k/v/o, mlp_bias the MLP; Qwen2 always has
-                # q/k/v biases and no others (its config has no attention_bias key); GPT-OSS's attention_bias is on
-                # unless said otherwise, and its experts have biases.
-                qkv_bias=mtype.startswith("qwen2") or bool(cfg.get("attention_bias", mtype == "gpt_oss")),
-                o_bias=not mtype.startswith("qwen2") and bool(cfg.get("attention_bias", mtype == "gpt_oss")),
-                mlp_bias=bool(cfg.get("mlp_bias", False)) or mtype == "gpt_oss",
-                rope=True,
-                sliding_window=window,
-                full_attention_layers=full_layers,
-                source=str(path),
-            )
+            return _llama_like(name, path, cfg, mtype, g)
     except (TypeError, ValueError) as e:
         if isinstance(e, CodesignError):
             raise

@@ -61,14 +61,13 @@ def _check_sizes(cfg, where: str) -> None:
 
 def hf_config(m, layers: int | None = None):
     """A transformers config of a catalogue model (Llama, Mistral or Qwen2 style, a mixture of experts: Mixtral,
-    Qwen2-MoE, GPT-OSS, or DeepSeek-V2/V3's latent attention); others are refused."""
+    Qwen2-MoE, GPT-OSS, GLM-4.5, or DeepSeek-V2/V3's latent attention); others are refused."""
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     if m.mla:
         return _deepseek_config(m, layers)
     if m.dense_layers:
-        raise CodesignError(f"catalogue model {m.name!r}: leading dense blocks without latent attention are not "
-                            "served")  # fmt: skip
+        return _glm4_moe_config(m, layers)
     if not m.rope or m.learned_positions or m.norm != "rms" or m.ffn_kind != "gated_silu":
         raise CodesignError(
             f"catalogue model {m.name!r} has no Llama / Mistral / Qwen2-style architecture: not served"
@@ -136,6 +135,24 @@ def _deepseek_config(m, layers: int | None):
     if m.q_lora_rank:
         return transformers.DeepseekV3Config(**common, q_lora_rank=m.q_lora_rank, n_group=1, topk_group=1)
     return transformers.DeepseekV2Config(**common, q_lora_rank=None, n_group=1, topk_group=1)
+
+
+def _glm4_moe_config(m, layers: int | None):
+    """GLM-4.5's config for a catalogue model with leading dense blocks, routed and shared experts and q/k/v biases
+    (GQA attention, half its head rotary). The router is left ungrouped, as DeepSeek's (`_deepseek_config`)."""
+    import transformers
+
+    if (not m.experts or not m.shared_expert_ffn or m.shared_expert_ffn % m.ffn or m.o_bias or m.mlp_bias
+            or m.sliding_window or m.ffn_kind != "gated_silu" or m.norm != "rms"):  # fmt: skip
+        raise CodesignError(f"catalogue model {m.name!r}: leading dense blocks are served for latent attention "
+                            "(DeepSeek) and GLM-4.5's layout only")  # fmt: skip
+    return transformers.Glm4MoeConfig(
+        vocab_size=m.vocab, hidden_size=m.hidden, intermediate_size=m.dense_ffn, num_hidden_layers=layers or m.layers,
+        num_attention_heads=m.heads, num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
+        max_position_embeddings=m.max_context, tie_word_embeddings=m.tied_embeddings, attention_bias=m.qkv_bias,
+        moe_intermediate_size=m.ffn, n_routed_experts=m.experts, num_experts_per_tok=m.top_k,
+        n_shared_experts=m.shared_expert_ffn // m.ffn, first_k_dense_replace=m.dense_layers, n_group=1, topk_group=1,
+    )  # fmt: skip
 
 
 def random_model(cfg, dtype: torch.dtype, device: str):
