@@ -347,6 +347,7 @@ NOT_READ = {
     "cohere": "attention and MLP in parallel off one norm (the step graph runs them in sequence)",
     "cohere2": "attention and MLP in parallel off one norm (the step graph runs them in sequence)",
     "afmoe": "a gated attention output (gate_proj on the attention's output)",
+    "llama4_text": "chunked attention (a window restarting every attention_chunk_size tokens)",
 }
 # Non-gated MLPs (up, activation, down) and their step-graph activation: StarCoder2's GELU, Apertus's xIELU (an
 # elementwise op of GELU's cost), Arcee's ReLU^2.

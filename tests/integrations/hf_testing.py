@@ -96,6 +96,13 @@ FAMILIES = {
     "afmoe": ("AfmoeConfig", "AfmoeForCausalLM", {**MOE, "head_dim": 16, "num_experts": 4, "num_shared_experts": 1,
                                                    "num_dense_layers": 1, "sliding_window": 4,
                                                    "layer_types": ["sliding_attention", "full_attention"]}),
+    # Layer 0 chunked (16 tokens: the default block size must divide it) with RoPE, layer 1 global without, and
+    # routed (test_hf_llama4.py has chunks of 4 and 8).
+    "llama4_text": ("Llama4TextConfig", "Llama4ForCausalLM", {"head_dim": 16, "num_local_experts": 4,
+                                                              "num_experts_per_tok": 1, "intermediate_size_mlp": 128,
+                                                              "attention_chunk_size": 16, "no_rope_layer_interval": 2,
+                                                              "interleave_moe_layer_step": 2,
+                                                              "tie_word_embeddings": False}),
 }  # fmt: skip
 # Both sides compute in fp32 (logits agree to ~1e-5): a lead of 1e-3 cannot flip.
 DECISIVE = 1e-3

@@ -8,6 +8,7 @@ the MoE router, not a GEMM, so it is left out on both sides) and each stacked ex
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -98,7 +99,7 @@ def test_what_the_catalogue_does_not_read_is_refused_by_name(family, tmp_path):
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(tiny_model(family).config.to_dict()))
-    with pytest.raises(CodesignError, match=f"model_type '{family}' is not mapped: {NOT_READ[family][:20]}"):
+    with pytest.raises(CodesignError, match=re.escape(f"model_type '{family}' is not mapped: {NOT_READ[family]}")):
         load_hf_config(path)
 
 

@@ -365,7 +365,7 @@ def test_a_layer_whose_pool_differs_from_the_groups_first_is_planned_again():
     for hkv in (2, 1, 2):
         k, v = torch.randn(4, 4, hkv, 8), torch.randn(4, 4, hkv, 8)
         q = torch.randn(2, 4, 8)
-        out = CodesignCache._run_planned(owner, st, 0, ((k, v), None), q, 0.3, None, None)  # a decode: no tree
+        out = CodesignCache._run_planned(owner, st, 0, st.attend[0], ((k, v), None), q, 0.3, None, None)  # no tree
         assert torch.equal(out, K.paged_decode_attention(q, k, v, bt, ctx, sm_scale=0.3))
         assert st.planned[0][1]._plan.cache_shape == (4, 4, hkv, 8)
 

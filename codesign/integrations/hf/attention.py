@@ -95,7 +95,17 @@ def codesign_attention(module, query, key, value, attention_mask, scaling=None, 
     if pending is not None and pending[2] is key:
         cache, layer_idx, _ = pending
         return cache.attend(layer_idx, query, key, value, attention_mask, scaling, window, soft, sinks), None
+    _check_not_chunked(module)
     return _transient(query, key, value, attention_mask, scaling, window, soft, sinks), None
+
+
+def _check_not_chunked(module) -> None:
+    """The packed path attends causally: a chunked-attention layer (Llama 4) is refused there."""
+    types = getattr(getattr(module, "config", None), "layer_types", None) or ()
+    idx = getattr(module, "layer_idx", None)
+    if idx is not None and idx < len(types) and types[idx] == "chunked_attention":
+        raise CodesignError(f"chunked-attention layer {idx} needs a CodesignCache (generate makes one): without it "
+                            "its keys would be attended causally, not by chunk")  # fmt: skip
 
 
 def _transient(query, key, value, mask2d, scaling, window, softcap, sinks=None) -> torch.Tensor:

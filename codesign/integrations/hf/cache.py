@@ -18,6 +18,13 @@ layer's attention module, and `codesign_attention` (which also sees the padding 
 attends (`CodesignCache.attend`). `update()` refuses to run under any other attention implementation, so
 the cache can never feed a foreign attention function only the new tokens.
 
+Chunked attention (Llama 4's "chunked_attention" layers, `support.layer_chunks`): a query at position p sees the
+keys from its chunk's start, p // C * C, to p. Such layers write as their group does; to attend, each row's new
+tokens are split at multiples of C and every piece runs as a row of its own over the row's blocks from its chunk's
+start (C a multiple of the block size, so a chunk starts a block): the kernels' causal attention over that row is
+the chunked one (`chunk_pieces`, `_chunk_plan`). Their past chunks' blocks are kept (vLLM frees them); trees and
+captured steps are refused on such models, and formats with per-sequence state (KIVI, Oaken).
+
 Prefix sharing: rows whose prompts start with the same tokens share those tokens' full blocks
 (`share_prefixes`); `reorder_cache` (beam search), `batch_repeat_interleave` and `select_rows` fork
 sequences, so rows share blocks until one appends into a shared partial block (copy-on-write).
@@ -49,7 +56,14 @@ from codesign.integrations.hf.kv_formats import (
     new_storage,
     parse_kv_format,
 )
-from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, left_pads, text_config
+from codesign.integrations.hf.support import (
+    ATTN_NAME,
+    check_model,
+    layer_chunks,
+    layer_windows,
+    left_pads,
+    text_config,
+)
 from codesign.integrations.hf.traced import new_handle
 from codesign.specs import CodesignError, check_integer, check_positive_int
 
@@ -93,6 +107,8 @@ class _Step:
     checked: set[int] = field(default_factory=set)  # groups whose plans a layer has checked this forward
     # group -> (options key, its planned wrapper, plan_into's arguments after the wrapper: a re-plan's)
     planned: dict[int, tuple] = field(default_factory=dict)
+    # (group, chunk) -> the chunked layers' plan (`_chunk_plan`)
+    chunked: dict[tuple[int, int], AttendPlan] = field(default_factory=dict)
     # a captured step's K/V of each layer (the graph's own tensors: each replay refills them), for accept_tree
     kept: dict[int, tuple] = field(default_factory=dict)
     buffers: dict[int, tuple] = field(default_factory=dict)  # group -> its wrapper's buffers a captured forward reads
@@ -180,6 +196,8 @@ class CodesignCache(RowSelection, Cache):
         if isinstance(crop_margin, bool) or not isinstance(crop_margin, int) or crop_margin < 0:
             raise CodesignError(f"crop_margin must be an int >= 0, got {crop_margin!r}")
         self.windows = layer_windows(self._config, layout.layers)  # what each layer's attention is passed
+        self.chunks = layer_chunks(self._config, layout.layers)
+        self._check_chunks(block_size)
         self.crop_margin = crop_margin
         self._groups = self._make_groups(num_blocks, window_num_blocks)
         self._group_of = {i: g for g, grp in enumerate(self._groups) for i in grp.layers}
@@ -297,6 +315,8 @@ class CodesignCache(RowSelection, Cache):
         """Make the next forward a tree verification: its columns are the nodes of this tree (a parent array,
         the same shape for every row), written after each row's tokens and attending to the prefix and to
         their ancestors only."""
+        if any(self.chunks):
+            raise CodesignError("tree verification over chunked-attention layers (Llama 4) is not served")
         self._tree = tuple(K.check_parents(parents))
 
     def accept_tree(self, paths: list[list[int]]) -> None:
@@ -373,6 +393,8 @@ class CodesignCache(RowSelection, Cache):
         slots; the context lengths (and a tree's query offsets). Each step's host side runs before its forward:
         `graph_step`. Data checks are off (the cache builds the buffers); `graph_end` returns to eager forwards."""
         self.spec.check_capturable(tree is not None)
+        if any(self.chunks):
+            raise CodesignError("captured or compiled steps over chunked-attention layers (Llama 4) are not served")
         if not self._rows:
             raise CodesignError("graph_begin needs the prompts' forward first")
         if max(self.row_lengths()) >= max_tokens:
@@ -484,20 +506,23 @@ class CodesignCache(RowSelection, Cache):
         st.checked.add(g)
         store, check = layer.storage, self.check and self._graph is None  # (a graph's buffers: the cache's own)
         store.write(k, v, st.write[g], q, check and (first or not store.write_checks_plan_only))
-        plan = st.attend[g]
+        chunk = self.chunks[layer_idx]
+        plan = st.chunked[g, chunk] if chunk else st.attend[g]
         run = store.planned_run(plan)
         if run is not None:
-            out = self._run_planned(st, g, run, q, scaling, window, softcap, sinks)
+            out = self._run_planned(st, (g, chunk) if chunk else g, plan, run, q, scaling, window, softcap, sinks)
         else:
             out = store.attend(q, plan, sm_scale=scaling, window=window, softcap=softcap, sinks=sinks,
                                check_data=check and first)  # fmt: skip
         return _untokens(out, st.real, b, s)
 
-    def _run_planned(self, st: _Step, g: int, run: tuple, q, scaling, window, softcap, sinks=None) -> torch.Tensor:
+    def _run_planned(self, st: _Step, g, plan: AttendPlan, run: tuple, q, scaling, window, softcap, sinks=None
+                     ) -> torch.Tensor:  # fmt: skip
         """Attend through a wrapper (decode, extend or tree) planned by the group's first layer of this forward
         (its layers share tables, lengths and trees; the plan checks them with `check`): each layer launches,
         with no option resolution, config lookup or check (`attention.wrappers`; bit-identical to the entry
-        point). The layer's sinks go to run(), not the plan: they differ by layer."""
+        point). The layer's sinks go to run(), not the plan: they differ by layer. g: the group, or (group,
+        chunk) for its chunked layers' plan."""
         caches, dtype = run
         qd = q if dtype is None else q.to(dtype)
         c = caches[0]
@@ -505,7 +530,6 @@ class CodesignCache(RowSelection, Cache):
         key = (tuple(qd.shape), qd.dtype, scaling, window, softcap, geometry)
         hit = st.planned.get(g)
         if hit is None or hit[0] != key:  # a layer whose options or pool differ from the group's first: planned again
-            plan = st.attend[g]
             tree = self.steps[-1].parents if plan.tree is not None else ()  # (a captured tree's: the same each step)
             args = (plan, tree, c, qd, self.check and self._graph is None, scaling, window, softcap)
             st.planned[g] = hit = (key, plan_into(_new_wrapper(plan, qd.device), *args), args)
@@ -557,7 +581,36 @@ class CodesignCache(RowSelection, Cache):
         if any(pads):
             real = torch.cat([b * width + torch.arange(pads[b], width) for b in range(batch)]).to(device)
         keep_kv = tree is not None or (not self.spec.token_local and max(counts) <= UNDO_MAX)
-        return _Step(batch, width, real, write, attend, keep_kv)
+        st = _Step(batch, width, real, write, attend, keep_kv)
+        for chunk in {c for c in self.chunks if c}:
+            for g in {self._group_of[i] for i, c in enumerate(self.chunks) if c == chunk}:
+                st.chunked[g, chunk] = self._chunk_plan(g, chunk, starts, counts, decode, device)
+        return st
+
+    def _chunk_plan(self, g: int, chunk: int, starts, counts, decode: bool, device) -> AttendPlan:
+        """Group g's plan for layers of attention chunk `chunk`: each row's new tokens split at the chunks
+        (`chunk_pieces`), each piece a row over the blocks from its chunk's start (module docstring)."""
+        tables, rows, ctx, q_lens, seqs = self._groups[g].tables, [], [], [], []
+        for seq, s, c in zip(self._rows, starts, counts):
+            blocks = tables.blocks_view(seq)
+            for cs, a, e in chunk_pieces(s, c, chunk):
+                rows.append(blocks[cs // self.block_size :])
+                ctx.append(e - cs)
+                q_lens.append(e - a)
+                seqs.append(seq)
+        cu = None if decode else K.device_ints([0, *itertools.accumulate(q_lens)], device, dtype=torch.int32)
+        return AttendPlan(K.device_rows(rows, device), K.device_ints(ctx, device, dtype=torch.int32), cu, None, seqs)
+
+    def _check_chunks(self, block_size: int) -> None:
+        """Refuse a block size or a format the chunked layers (if any) cannot take."""
+        for chunk in {c for c in self.chunks if c}:
+            if chunk % block_size:
+                raise CodesignError(f"block_size={block_size} must divide attention_chunk_size={chunk} (a chunk's "
+                                    "first key must start a block)")  # fmt: skip
+            if not self.spec.token_local:
+                raise CodesignError(f"kv_format {self.spec.name!r} keeps state beyond each token's own slots (KIVI's "
+                                    "rings, Oaken's outlier lists): not served on chunked-attention layers "
+                                    "(Llama 4)")  # fmt: skip
 
     def _pad_columns(self, batch: int, width: int, mask2d) -> list[int]:
         """Padding columns among each row's new `width` columns; only left padding is served."""
@@ -704,6 +757,19 @@ def plan_buffers(w) -> tuple:
     walk("batch", p.batch, 0)
     walk("launch", p.launch, 0)
     return tuple(out)
+
+
+def chunk_pieces(start: int, count: int, chunk: int) -> list[tuple[int, int, int]]:
+    """(chunk start, first, end) of each piece of a row's new tokens [start, start + count) split at multiples of
+    `chunk`; a row with no new token is one empty piece."""
+    pieces, a = [], start
+    while True:
+        cs = a // chunk * chunk
+        e = min(start + count, cs + chunk)
+        pieces.append((cs, a, e))
+        if e >= start + count:
+            return pieces
+        a = e
 
 
 def blocks_needed(lengths: list[int], block_size: int) -> int:

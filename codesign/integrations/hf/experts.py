@@ -262,6 +262,9 @@ def quantize_model_(model: nn.Module, config, filter_fn: Callable[[nn.Module, st
     # A router's linear stays as it is (vLLM keeps gates unquantized; Hunyuan's gate reads its weight's dtype).
     routers = {f"{fqn}.{name}" for fqn, m in model.named_modules() if type(m).__name__.endswith(("Gate", "Router"))
                for name, c in m.named_children() if isinstance(c, nn.Linear)}  # fmt: skip
+    # (a router that is itself an nn.Linear subclass with its own forward: Llama 4's)
+    routers |= {fqn for fqn, m in model.named_modules()
+                if isinstance(m, nn.Linear) and type(m).__name__.endswith(("Gate", "Router"))}  # fmt: skip
     linears = (lambda m, fqn: fqn not in routers) if filter_fn is None else (
         lambda m, fqn: fqn not in routers and filter_fn(m, fqn))  # fmt: skip
     if not isinstance(config, K.LosslessBF16Config):

@@ -31,7 +31,9 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "mixtral", "qwen2_mo
             # AFMoE: what differs happens around the attention function.
             "glm", "glm4", "glm4_moe", "smollm3", "ernie4_5", "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe",
             "seed_oss", "olmo3", "olmoe", "flex_olmo", "apertus", "ministral", "ministral3", "exaone4", "arcee",
-            "helium", "granitemoe", "cohere", "cohere2", "starcoder2", "stablelm", "minimax_m2", "afmoe")  # fmt: skip
+            "helium", "granitemoe", "cohere", "cohere2", "starcoder2", "stablelm", "minimax_m2", "afmoe",
+            # Llama 4: chunked-attention layers (CodesignCache splits a forward's tokens at the chunks), no-RoPE ones.
+            "llama4_text")  # fmt: skip
 # Families served from a later transformers release than the range's first: 4.57's Qwen2-MoE has its own
 # attention classes (sdpa / flash / eager) and never calls a registered attention function; the families added in
 # 2026-12 were checked on 5.25 only (their modeling files change between releases).
@@ -42,15 +44,16 @@ SINCE_WHY = {"qwen2_moe": "its attention does not go through the registered func
 REFUSED = {
     "deepseek_v2": "multi-head latent attention (MLA), served by CodesignLatentCache (generate picks it)",
     "deepseek_v3": "multi-head latent attention (MLA), served by CodesignLatentCache (generate picks it)",
-    "llama4": "chunked-attention and no-RoPE layers",
     # PhiMoE's mask slides by config.sliding_window, but its attention is not passed the window (transformers 5.25).
     "phimoe": "a sliding window its attention modules are not passed",
 }
 # Multimodal wrappers whose text model is served alone but not through the wrapper: Gemma3ForConditionalGeneration
 # attends bidirectionally within each image's tokens (a mask our mask entry does not carry).
 WRAPPERS_REFUSED = {"gemma3": "Gemma3ForConditionalGeneration (bidirectional attention over image tokens); "
-                              "Gemma3ForCausalLM is served"}  # fmt: skip
-LAYER_TYPES = ("full_attention", "sliding_attention")
+                              "Gemma3ForCausalLM is served",
+                    "llama4": "Llama4ForConditionalGeneration (image inputs not checked against the kernels); "
+                              "Llama4ForCausalLM is served"}  # fmt: skip
+LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 # Families whose every layer is passed (and masked with) config.sliding_window, whatever a config's layer_types say
 # (the catalogue reads config.json files by the same list). Read here from the live config, which transformers has
 # already resolved (`use_sliding_window`, default layer types), as each layer's attention is passed it.
@@ -113,6 +116,16 @@ def layer_windows(cfg, layers: int) -> list[int | None]:
     if types is not None and getattr(cfg, "model_type", "") not in ONE_WINDOW:
         return [int(window) if t == "sliding_attention" and window else None for t in types[:layers]]
     return [int(window) if window else None] * layers
+
+
+def layer_chunks(cfg, layers: int) -> list[int | None]:
+    """Each layer's attention chunk (Llama 4's `attention_chunk_size` on its "chunked_attention" layers: a query at
+    position p sees the keys from p // chunk * chunk to p), None elsewhere."""
+    types = getattr(cfg, "layer_types", None) or ["full_attention"] * layers
+    chunk = getattr(cfg, "attention_chunk_size", None)
+    if "chunked_attention" in types[:layers] and not chunk:
+        raise CodesignError("chunked_attention layers without an attention_chunk_size")
+    return [int(chunk) if t == "chunked_attention" else None for t in types[:layers]]
 
 
 def check_model(model: nn.Module) -> Layout:
