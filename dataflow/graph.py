@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import networkx as nx
 
-from codesign.catalog.models import ModelConfig, expected_active_experts, load_model
+from codesign.catalog.models import ModelConfig, chunk_pieces, expected_active_experts, load_model
 from codesign.specs import (
     AllReduce,
     AllToAll,
@@ -182,7 +182,7 @@ class _StepBuilder:
         # KV heads replicate when tp exceeds them (vLLM's rule): each rank keeps at least one.
         self.kv_heads = tp_divide("kv_heads", m.kv_heads, self.tp) if m.kv_heads >= self.tp else 1
         self.ffn = tp_divide("ffn", m.ffn, self.tp)
-        self.dense_ffn = tp_divide("dense_ffn", m.dense_ffn, self.tp) if m.dense_layers else 0
+        self.dense_ffn = tp_divide("dense_ffn", m.dense_ffn, self.tp) if m.dense_ffn else 0
         self.act_b = dtype_bytes("fp16")
         self.hid_b = self.tokens * m.hidden * self.act_b  # one fp16 row per token: the residual stream's size
         # Weight-only formats keep fp16 activations; W8A8/FP8 quantize activations for the GEMM.
@@ -244,12 +244,18 @@ class _StepBuilder:
         if m.rope:
             pre_attn = self.add(p + "rope", "rope", RoPE(tokens, qh, kvh, hd), i, [qkv], qkv_b)
         kvw = self.add(p + "kv_write", "kv_write", KVWrite(tokens, kvh, hd, self.kvf), i, [pre_attn], 0)
+        chunk = m.chunk_of(i)
         if self.g.graph["phase"] == "decode":
+            # A chunked layer's query sees its chunk's keys only: (c - 1) % chunk + 1 of them.
+            lens = self.lens if chunk is None else tuple((c - 1) % chunk + 1 for c in self.lens)
             attn_spec: OpSpec = PagedDecodeAttention(
-                qh, kvh, hd, context_lens=self.lens, block_size=self.block, kv_format=self.kvf, window=m.window_of(i)
+                qh, kvh, hd, context_lens=lens, block_size=self.block, kv_format=self.kvf, window=m.window_of(i)
             )
         else:
-            attn_spec = PrefillAttention(qh, kvh, hd, seq_lens=self.lens, window=m.window_of(i))
+            # A chunked layer's prompt is causal attention within each of its chunks.
+            lens = self.lens if chunk is None else tuple(e - cs for n in self.lens for cs, _, e in
+                                                           chunk_pieces(0, n, chunk))  # fmt: skip
+            attn_spec = PrefillAttention(qh, kvh, hd, seq_lens=lens, window=m.window_of(i))
         attn = self.add(p + "attention", "attention", attn_spec, i, [pre_attn, kvw], tokens * qh * hd * act_b)
         return self.add(p + "o_proj", "o_proj", self.lin(m.hidden, qh * hd, m.o_bias), i, [attn], self.hid_b)
 

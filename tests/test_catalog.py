@@ -28,6 +28,7 @@ REQUIRED_MODELS = (
     "gpt-oss-20b",
     "gpt-oss-120b",
     "glm-4.5",
+    "llama-4-maverick",
     "glm-4.5-air",
     "opt-6.7b",
     "gpt-3-175b",

@@ -51,9 +51,13 @@ class ModelConfig:
     rope: bool = True
     learned_positions: bool = False
     sliding_window: int | None = None
-    # Layers that attend to the whole context although sliding_window is set (Gemma2 / GPT-OSS every other layer,
-    # Gemma3 every sixth, Qwen2 those below max_window_layers); empty: every layer slides.
+    # Layers that attend to the whole context although sliding_window (or attention_chunk) is set (Gemma2 / GPT-OSS
+    # every other layer, Gemma3 every sixth, Qwen2 those below max_window_layers, Llama 4 every fourth); empty: every
+    # layer slides (or is chunked).
     full_attention_layers: tuple[int, ...] = ()
+    # Llama 4's chunked attention: a query at position p sees the keys from p // attention_chunk * attention_chunk
+    # to p (None: no chunks), on every layer but full_attention_layers.
+    attention_chunk: int | None = None
     # Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank 0: none): each token caches one kv_lora_rank-wide
     # latent plus a qk_rope_head_dim-wide rotary key shared by the heads; `head_dim` is then a q/k head's non-rotary
     # part, v_head_dim a value head's width (0: head_dim), and q_lora_rank a query bottleneck's width (0: none).
@@ -61,8 +65,11 @@ class ModelConfig:
     q_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
-    # A MoE model whose first dense_layers blocks run a dense MLP of dense_ffn (DeepSeek's first_k_dense_replace).
+    # A MoE model whose first dense_layers blocks run a dense MLP of dense_ffn (DeepSeek's first_k_dense_replace),
+    # and whose later blocks route every moe_layer_step-th one (Llama 4's interleave_moe_layer_step: blocks
+    # step - 1, 2 step - 1, ...; the others dense of dense_ffn).
     dense_layers: int = 0
+    moe_layer_step: int = 1
     dense_ffn: int = 0
     known_params: float | None = None
     source: str = ""
@@ -91,15 +98,7 @@ class ModelConfig:
             raise CodesignError(f"{where}: shared_expert_ffn / shared_expert_gate need experts > 0")
         if self.shared_expert_gate and not self.shared_expert_ffn:
             raise CodesignError(f"{where}: shared_expert_gate needs shared_expert_ffn > 0")
-        if self.sliding_window is not None:
-            check_positive_int("sliding_window", self.sliding_window)
-        full = tuple(self.full_attention_layers)
-        if full and self.sliding_window is None:
-            raise CodesignError(f"{where}: full_attention_layers need a sliding_window")
-        bad = [i for i in full if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.layers]
-        if bad:
-            raise CodesignError(f"{where}: full_attention_layers {bad} are not layer indices 0..{self.layers - 1}")
-        object.__setattr__(self, "full_attention_layers", full)  # (YAML gives a list)
+        self._check_local_attention(where)
         for f in ("qkv_bias", "o_bias", "mlp_bias"):
             if getattr(self, f) is None:
                 object.__setattr__(self, f, self.bias)
@@ -108,6 +107,22 @@ class ModelConfig:
         if self.known_params is not None:
             # YAML 1.1 reads "6.738e9" (no sign in the exponent) as a string.
             object.__setattr__(self, "known_params", float(self.known_params))
+
+    def _check_local_attention(self, where: str) -> None:
+        """sliding_window, attention_chunk and the full_attention_layers that keep the whole context."""
+        if self.sliding_window is not None:
+            check_positive_int("sliding_window", self.sliding_window)
+        if self.attention_chunk is not None:
+            check_positive_int("attention_chunk", self.attention_chunk)
+            if self.sliding_window is not None:
+                raise CodesignError(f"{where}: a sliding_window and an attention_chunk together are not modelled")
+        full = tuple(self.full_attention_layers)
+        if full and self.sliding_window is None and self.attention_chunk is None:
+            raise CodesignError(f"{where}: full_attention_layers need a sliding_window or an attention_chunk")
+        bad = [i for i in full if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.layers]
+        if bad:
+            raise CodesignError(f"{where}: full_attention_layers {bad} are not layer indices 0..{self.layers - 1}")
+        object.__setattr__(self, "full_attention_layers", full)  # (YAML gives a list)
 
     def _check_mla(self, where: str) -> None:
         for f in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
@@ -120,19 +135,22 @@ class ModelConfig:
             raise CodesignError(f"{where}: latent attention (kv_lora_rank) needs rope and qk_rope_head_dim > 0")
         if self.kv_heads != self.heads:
             raise CodesignError(f"{where}: latent attention has one K and V a query head: kv_heads must be heads")
-        if self.sliding_window is not None:
-            raise CodesignError(f"{where}: latent attention with a sliding window is not modelled")
+        if self.sliding_window is not None or self.attention_chunk is not None:
+            raise CodesignError(f"{where}: latent attention with a sliding window or chunks is not modelled")
 
     def _check_dense_layers(self, where: str) -> None:
         for f in ("dense_layers", "dense_ffn"):
             check_nonneg_int(f, getattr(self, f))
+        check_positive_int("moe_layer_step", self.moe_layer_step)
         if self.dense_layers and not (self.experts and self.dense_ffn and self.dense_layers <= self.layers):
             raise CodesignError(
                 f"{where}: dense_layers={self.dense_layers} needs experts > 0, dense_ffn > 0 and at most "
                 f"layers={self.layers} layers"
             )
-        if self.dense_ffn and not self.dense_layers:
-            raise CodesignError(f"{where}: dense_ffn needs dense_layers > 0")
+        if self.moe_layer_step > 1 and not (self.experts and self.dense_ffn):
+            raise CodesignError(f"{where}: moe_layer_step={self.moe_layer_step} needs experts > 0 and dense_ffn > 0")
+        if self.dense_ffn and not (self.dense_layers or self.moe_layer_step > 1):
+            raise CodesignError(f"{where}: dense_ffn needs dense_layers > 0 or moe_layer_step > 1")
 
     @property
     def mla(self) -> bool:
@@ -150,8 +168,18 @@ class ModelConfig:
         return self.v_head_dim or self.head_dim
 
     def moe_layer(self, layer: int) -> bool:
-        """Whether block `layer` routes its tokens to experts (the first dense_layers blocks do not)."""
-        return bool(self.experts) and layer >= self.dense_layers
+        """Whether block `layer` routes its tokens to experts (the first dense_layers blocks do not, nor those
+        between every moe_layer_step-th)."""
+        return bool(self.experts) and layer >= self.dense_layers and (layer + 1) % self.moe_layer_step == 0
+
+    @property
+    def moe_layers(self) -> int:
+        """How many blocks route to experts."""
+        return sum(self.moe_layer(i) for i in range(self.layers))
+
+    def chunk_of(self, layer: int) -> int | None:
+        """The attention chunk layer `layer` attends within (None: none)."""
+        return None if layer in self.full_attention_layers else self.attention_chunk
 
     def kv_cache_layout(self) -> tuple[int, int, bool]:
         """(vectors a token, width, latent) one layer caches: kv_heads K and V vectors of head_dim, or MLA's
@@ -200,7 +228,7 @@ class ModelConfig:
             "up_proj": (ffn_up, self.hidden),
             "down_proj": (self.hidden, self.ffn),
         }
-        if self.dense_layers:
+        if self.dense_ffn:
             out["dense_up_proj"] = ((2 if self.gated else 1) * self.dense_ffn, self.hidden)
             out["dense_down_proj"] = (self.hidden, self.dense_ffn)
         if self.shared_expert_ffn:
@@ -234,9 +262,8 @@ class ModelConfig:
             dn = s.get("dense_up_proj", (0, 0)), s.get("dense_down_proj", (0, 0))
             dense = sum(n * k + (n if self.mlp_bias else 0) for n, k in dn)
         per_layer = attn + bias_attn + 2 * norm_params + latent_norms
-        blocks = self.layers * per_layer + self.dense_layers * dense + (self.layers - self.dense_layers) * (
-            mlp + bias_mlp
-        )
+        sparse = self.moe_layers if self.experts else self.layers  # blocks with `mlp` (routed experts or the MLP)
+        blocks = self.layers * per_layer + (self.layers - sparse) * dense + sparse * (mlp + bias_mlp)
         emb = self.vocab * self.hidden
         pos = (self.max_context + 2) * self.hidden if self.learned_positions else 0  # OPT keeps 2 spare rows
         head = 0 if self.tied_embeddings else self.vocab * self.hidden
@@ -347,7 +374,6 @@ NOT_READ = {
     "cohere": "attention and MLP in parallel off one norm (the step graph runs them in sequence)",
     "cohere2": "attention and MLP in parallel off one norm (the step graph runs them in sequence)",
     "afmoe": "a gated attention output (gate_proj on the attention's output)",
-    "llama4_text": "chunked attention (a window restarting every attention_chunk_size tokens)",
 }
 # Non-gated MLPs (up, activation, down) and their step-graph activation: StarCoder2's GELU, Apertus's xIELU (an
 # elementwise op of GELU's cost), Arcee's ReLU^2.
@@ -477,6 +503,37 @@ def _llama_like(name: str, path: Path, cfg: dict[str, Any], mtype: str, g) -> Mo
     )
 
 
+def _llama4_model(name: str, path: Path, cfg: dict[str, Any], g) -> ModelConfig:
+    """Llama 4's text model: chunked attention on the RoPE layers (`no_rope_layers` 1, or all but every
+    `no_rope_layer_interval`-th), global attention without RoPE on the others; routed experts (top-k of
+    intermediate_size, plus a shared expert as wide) on every `interleave_moe_layer_step`-th layer, the others a
+    dense MLP of intermediate_size_mlp."""
+    layers = int(g("num_hidden_layers"))
+    ropes = cfg.get("no_rope_layers") or [int((i + 1) % int(cfg.get("no_rope_layer_interval") or 4) != 0)
+                                         for i in range(layers)]  # fmt: skip
+    types = cfg.get("layer_types") or ["chunked_attention" if r else "full_attention" for r in ropes]
+    chunk = cfg.get("attention_chunk_size")
+    chunked = [i for i, t in enumerate(types[:layers]) if t == "chunked_attention"] if chunk else []
+    step = int(cfg.get("interleave_moe_layer_step") or 1)
+    moe = cfg.get("moe_layers")
+    if moe is not None and list(moe) != list(range(step - 1, layers, step)):
+        raise CodesignError(f"{path}: moe_layers={moe} are not every interleave_moe_layer_step={step}-th layer")
+    experts, ffn = int(g("num_local_experts")), int(g("intermediate_size"))
+    heads = int(g("num_attention_heads"))
+    return ModelConfig(
+        name=name, layers=layers, hidden=int(g("hidden_size")), heads=heads,
+        kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=int(cfg.get("head_dim") or 0), ffn=ffn,
+        vocab=int(g("vocab_size")), max_context=int(g("max_position_embeddings")), experts=experts,
+        top_k=int(g("num_experts_per_tok")), shared_expert_ffn=ffn, moe_layer_step=step,
+        dense_ffn=int(g("intermediate_size_mlp")) if step > 1 else 0,
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=bool(cfg.get("attention_bias", False)),
+        o_bias=bool(cfg.get("attention_bias", False)), mlp_bias=False, rope=True,
+        attention_chunk=int(chunk) if chunked else None,
+        full_attention_layers=tuple(i for i in range(layers) if i not in chunked) if chunked else (),
+        source=str(path),
+    )  # fmt: skip
+
+
 def load_hf_config(path: str | Path) -> ModelConfig:
     """A ModelConfig from a local Hugging Face config.json (the `LLAMA_LIKE` families, opt, gpt2, bert)."""
     path = Path(path)
@@ -519,6 +576,9 @@ def load_hf_config(path: str | Path) -> ModelConfig:
             )
         if mtype in LATENT_ATTENTION:
             return _deepseek_model(name, path, cfg, mtype)
+        if mtype in ("llama4", "llama4_text"):  # (a Llama4ForConditionalGeneration's config.json nests the text one)
+            text = cfg.get("text_config", cfg) if mtype == "llama4" else cfg
+            return _llama4_model(name, path, text, functools.partial(_get, text, path))
         if mtype in NOT_READ:
             raise CodesignError(f"{path}: model_type {mtype!r} is not mapped: {NOT_READ[mtype]}")
         if mtype in LLAMA_LIKE:
@@ -529,7 +589,7 @@ def load_hf_config(path: str | Path) -> ModelConfig:
         raise CodesignError(f"{path}: malformed field value ({e})") from None
     raise CodesignError(
         f"{path}: model_type {mtype!r} not supported; expected one of {', '.join(t for t in LLAMA_LIKE if t)}, "
-        f"{', '.join(LATENT_ATTENTION)}, opt, gpt2, bert"
+        f"{', '.join(LATENT_ATTENTION)}, llama4, opt, gpt2, bert"
     )
 
 
@@ -574,6 +634,20 @@ def _deepseek_model(name: str, path: Path, cfg: dict[str, Any], mtype: str) -> M
         rope=True,
         source=str(path),
     )
+
+
+def chunk_pieces(start: int, count: int, chunk: int) -> list[tuple[int, int, int]]:
+    """(chunk start, first, end) of each piece of a sequence's new tokens [start, start + count) split at multiples
+    of `chunk` (chunked attention: each piece attends to its chunk's keys from the chunk start); no new token is one
+    empty piece."""
+    pieces, a = [], start
+    while True:
+        cs = a // chunk * chunk
+        e = min(start + count, cs + chunk)
+        pieces.append((cs, a, e))
+        if e >= start + count:
+            return pieces
+        a = e
 
 
 def expected_active_experts(experts: int, routed_tokens: int) -> int:

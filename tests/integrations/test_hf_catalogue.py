@@ -17,7 +17,7 @@ from hf_testing import FAMILIES, family_params, tiny_model
 from codesign.catalog.models import NOT_READ, load_hf_config
 from codesign.dataflow.graph import build_step_graph
 from codesign.dataflow.reports import resident_bytes
-from codesign.integrations.hf.support import layer_windows
+from codesign.integrations.hf.support import layer_chunks, layer_windows
 from codesign.specs import Gemm
 
 # Config changes that make a family's tiny model one the catalogue reads (Qwen3-MoE: no dense layer).
@@ -26,8 +26,9 @@ READ = [f for f in FAMILIES if f not in NOT_READ]
 
 
 def _router(fqn: str, model) -> bool:
+    """A router's linear: a child of a *Gate / *Router module, or one itself (Llama 4's)."""
     parent = model.get_submodule(fqn.rpartition(".")[0]) if "." in fqn else model
-    return type(parent).__name__.endswith(("Gate", "Router"))
+    return any(type(m).__name__.endswith(("Gate", "Router")) for m in (parent, model.get_submodule(fqn)))
 
 
 def hf_linear_weights(model) -> int:
@@ -87,9 +88,10 @@ def _check_read(model, tmp_path) -> None:
     attn = [layer.self_attn for layer in model.model.layers]
     assert (mc.heads, mc.kv_heads, mc.head_dim) == (cfg.num_attention_heads, cfg.num_key_value_heads, attn[0].head_dim)
     assert [mc.window_of(i) for i in range(mc.layers)] == layer_windows(cfg, cfg.num_hidden_layers)
+    assert [mc.chunk_of(i) for i in range(mc.layers)] == layer_chunks(cfg, cfg.num_hidden_layers)
     experts = [m for m in model.modules() if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor)]
     assert mc.experts == (experts[0].gate_up_proj.shape[0] if experts else 0)
-    assert mc.layers - mc.dense_layers == (len(experts) if experts else mc.layers)
+    assert mc.moe_layers == len(experts)
     assert mc.vocab == cfg.vocab_size and mc.tied_embeddings == bool(cfg.tie_word_embeddings)
 
 

@@ -197,6 +197,17 @@ def test_catalogue_models_become_transformers_configs(tmp_path):
     back, want = load_hf_config(path), load_model("glm-4.5")
     assert back.linear_shapes() == want.linear_shapes() and back.param_count() == want.param_count()
     assert (back.dense_layers, back.dense_ffn, back.qkv_bias, back.o_bias) == (3, 12288, True, False)
+    # Llama 4 Maverick: chunked attention, global layers without RoPE, experts every other layer; read back
+    l4 = hf_config(load_model("llama-4-maverick"), layers=8)
+    assert (l4.model_type, l4.attention_chunk_size, l4.interleave_moe_layer_step, l4.moe_layers) == (
+        "llama4_text", 8192, 2, [1, 3, 5, 7])  # fmt: skip
+    assert l4.layer_types == ["chunked_attention"] * 3 + ["full_attention"] + ["chunked_attention"] * 3 + [
+        "full_attention"]  # fmt: skip
+    path.write_text(json.dumps(l4.to_dict()))
+    back, want = load_hf_config(path), dataclasses.replace(load_model("llama-4-maverick"), layers=8,
+                                                           full_attention_layers=(3, 7))  # fmt: skip
+    assert back.linear_shapes() == want.linear_shapes() and back.param_count() == want.param_count()
+    assert [back.chunk_of(i) for i in range(8)] == [8192, 8192, 8192, None] * 2
 
 
 @pytest.mark.skipif(_compat.VERSION < (5, 0), reason="transformers 4.x keeps experts as nn.Linear MLPs")

@@ -18,9 +18,9 @@ from hf_testing import (
 )
 
 from codesign.backend import use_backend
+from codesign.catalog.models import chunk_pieces
 from codesign.integrations.hf import CodesignCache, _compat, generate
 from codesign.integrations.hf import _kernels as K
-from codesign.integrations.hf.cache import chunk_pieces
 from codesign.integrations.hf.experts import quantize_model_
 from codesign.specs import CodesignError
 
@@ -143,3 +143,28 @@ def test_trees_and_captured_steps_are_refused_before_generating(kw):
         kw = {"speculative": TreeSpeculator("ngram", width=2, depth=2)}
     with pytest.raises(CodesignError, match="not served over chunked-attention layers"):
         generate(llama4(16), torch.tensor([[5, 6, 7]]), max_new_tokens=2, **kw)
+
+
+def test_a_run_is_costed_with_its_chunks():
+    """`--design` costs each recorded forward: a chunked layer's prefill and prompt-lookup extends as the pieces the
+    cache ran (chunks of 4), its decode steps over its chunk."""
+    from codesign.integrations.hf import run_generate
+    from codesign.integrations.hf.costing import run_shape, step_graph
+
+    model = llama4(4)
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
+    run = run_generate(model, ids, max_new_tokens=NEW, do_sample=False, eos_token_id=None, prompt_lookup_num_tokens=3,
+                       block_size=4)  # fmt: skip
+    shape = run_shape(model, run.cache.spec, 4)
+    steps = run.steps
+    prefill, (n,) = step_graph(shape, steps[0]), steps[0].q_lens  # (the prompt and the first candidates)
+    chunked = (4, 4, 4, *([n - 12] if n < 16 else [4, n - 16]))
+    assert n > 12 and prefill.nodes["L0.attention"]["spec"].seq_lens == chunked
+    assert prefill.nodes["L1.attention"]["spec"].seq_lens == (n,)  # global
+    extend = next(s for s in steps if s.kind == "extend")
+    g = step_graph(shape, extend)
+    spec, (p0,) = g.nodes["L0.attention"]["spec"], [c - q for c, q in zip(extend.context_lens, extend.q_lens)]
+    pieces = chunk_pieces(p0, extend.q_lens[0], 4)
+    assert spec.q_lens == tuple(e - a for _, a, e in pieces)
+    assert spec.prefix_lens == tuple(a - cs for cs, a, _ in pieces)
+    assert g.nodes["L1.attention"]["spec"].prefix_lens == (p0,)

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from codesign.catalog.models import chunk_pieces
 from codesign.integrations.hf import _compat
 from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf.blocks import BlockTables
@@ -757,19 +758,6 @@ def plan_buffers(w) -> tuple:
     walk("batch", p.batch, 0)
     walk("launch", p.launch, 0)
     return tuple(out)
-
-
-def chunk_pieces(start: int, count: int, chunk: int) -> list[tuple[int, int, int]]:
-    """(chunk start, first, end) of each piece of a row's new tokens [start, start + count) split at multiples of
-    `chunk`; a row with no new token is one empty piece."""
-    pieces, a = [], start
-    while True:
-        cs = a // chunk * chunk
-        e = min(start + count, cs + chunk)
-        pieces.append((cs, a, e))
-        if e >= start + count:
-            return pieces
-        a = e
 
 
 def blocks_needed(lengths: list[int], block_size: int) -> int:

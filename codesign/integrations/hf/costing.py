@@ -23,7 +23,7 @@ import networkx as nx
 import torch
 from torch import nn
 
-from codesign.catalog.models import ModelConfig, load_hf_config
+from codesign.catalog.models import ModelConfig, chunk_pieces, load_hf_config
 from codesign.dataflow.graph import build_step_graph
 from codesign.dataflow.reports import check_fits
 from codesign.dataflow.schedule import schedule
@@ -124,7 +124,11 @@ def step_graph(shape: RunShape, step: StepRecord) -> nx.DiGraph:
                 d["spec"] = TreeAttention(tree_sizes=step.q_lens, prefix_lens=prefix, ancestor_pairs=(pairs,) * rows,
                                           **common)  # fmt: skip
             else:
-                d["spec"] = PagedExtendAttention(q_lens=step.q_lens, prefix_lens=prefix, window=m.sliding_window,
+                q_lens, starts, chunk = step.q_lens, prefix, m.chunk_of(d["layer"])
+                if chunk:  # each row's new tokens in pieces at the chunks, each over its chunk's keys (as they ran)
+                    pieces = [p for a, q in zip(prefix, step.q_lens) for p in chunk_pieces(a, q, chunk)]
+                    q_lens, starts = tuple(e - a for _, a, e in pieces), tuple(a - cs for cs, a, _ in pieces)
+                d["spec"] = PagedExtendAttention(q_lens=q_lens, prefix_lens=starts, window=m.window_of(d["layer"]),
                                                  **common)  # fmt: skip
         elif d["op"] == "lm_head":
             d["spec"] = dataclasses.replace(s, M=tokens)

@@ -61,11 +61,14 @@ def _check_sizes(cfg, where: str) -> None:
 
 def hf_config(m, layers: int | None = None):
     """A transformers config of a catalogue model (Llama, Mistral or Qwen2 style, a mixture of experts: Mixtral,
-    Qwen2-MoE, GPT-OSS, GLM-4.5, or DeepSeek-V2/V3's latent attention); others are refused."""
+    Qwen2-MoE, GPT-OSS, GLM-4.5, Llama 4's chunked attention, or DeepSeek-V2/V3's latent attention); others are
+    refused."""
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     if m.mla:
         return _deepseek_config(m, layers)
+    if m.attention_chunk:
+        return _llama4_config(m, layers)
     if m.dense_layers:
         return _glm4_moe_config(m, layers)
     if not m.rope or m.learned_positions or m.norm != "rms" or m.ffn_kind != "gated_silu":
@@ -152,6 +155,23 @@ def _glm4_moe_config(m, layers: int | None):
         max_position_embeddings=m.max_context, tie_word_embeddings=m.tied_embeddings, attention_bias=m.qkv_bias,
         moe_intermediate_size=m.ffn, n_routed_experts=m.experts, num_experts_per_tok=m.top_k,
         n_shared_experts=m.shared_expert_ffn // m.ffn, first_k_dense_replace=m.dense_layers, n_group=1, topk_group=1,
+    )  # fmt: skip
+
+
+def _llama4_config(m, layers: int | None):
+    """Llama 4's text config for a catalogue model with chunked attention: the global layers (full_attention_layers)
+    without RoPE, experts on every moe_layer_step-th layer with a shared expert as wide as one."""
+    import transformers
+
+    n = layers or m.layers
+    if m.shared_expert_ffn != m.ffn or m.shared_expert_gate or m.dense_layers or m.qkv_bias != m.o_bias:
+        raise CodesignError(f"catalogue model {m.name!r}: chunked attention is served in Llama 4's layout only")
+    return transformers.Llama4TextConfig(
+        vocab_size=m.vocab, hidden_size=m.hidden, intermediate_size=m.ffn, intermediate_size_mlp=m.dense_ffn or m.ffn,
+        num_hidden_layers=n, num_attention_heads=m.heads, num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
+        max_position_embeddings=m.max_context, tie_word_embeddings=m.tied_embeddings, attention_bias=m.qkv_bias,
+        num_local_experts=m.experts, num_experts_per_tok=m.top_k, interleave_moe_layer_step=m.moe_layer_step,
+        attention_chunk_size=m.attention_chunk, no_rope_layers=[int(m.chunk_of(i) is not None) for i in range(n)],
     )  # fmt: skip
 
 
