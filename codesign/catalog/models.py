@@ -374,6 +374,8 @@ NOT_READ = {
     "cohere": "attention and MLP in parallel off one norm (the step graph runs them in sequence)",
     "cohere2": "attention and MLP in parallel off one norm (the step graph runs them in sequence)",
     "afmoe": "a gated attention output (gate_proj on the attention's output)",
+    **dict.fromkeys(("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"),
+                    "Gated DeltaNet linear-attention layers (no operator for them in the step graph)"),
 }
 # Non-gated MLPs (up, activation, down) and their step-graph activation: StarCoder2's GELU, Apertus's xIELU (an
 # elementwise op of GELU's cost), Arcee's ReLU^2.

@@ -16,6 +16,9 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidde
 NO_EOS = VOCAB  # past the vocabulary: an end-of-sequence id that is never generated
 # MoE: 4 experts (Mixtral's `num_local_experts`, Qwen's `num_experts`), top 2.
 MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+# Qwen3.5 / Qwen3-Next: a linear-attention (Gated DeltaNet) layer, then a full-attention one.
+LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+              full_attention_interval=2, tie_word_embeddings=False)
 # (config class, model class, config) by the text config's model_type; classes by name, so that a family the
 # installed transformers lacks is skipped (`family_params`) instead of failing the import.
 # Windows and soft caps small enough to bite within a 12-token prompt and 8 new tokens.
@@ -103,6 +106,13 @@ FAMILIES = {
                                                               "attention_chunk_size": 16, "no_rope_layer_interval": 2,
                                                               "interleave_moe_layer_step": 2,
                                                               "tie_word_embeddings": False}),
+    # Layer 0 Gated DeltaNet (linear attention: conv and recurrent states), layer 1 gated full attention.
+    "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {**LINEAR, "head_dim": 16}),
+    "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", {**LINEAR, **MOE, "head_dim": 16,
+                                                                          "num_experts": 4,
+                                                                          "shared_expert_intermediate_size": 64}),
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {**LINEAR, **MOE, "head_dim": 16, "num_experts": 4,
+                                                               "shared_expert_intermediate_size": 64}),
 }  # fmt: skip
 # Both sides compute in fp32 (logits agree to ~1e-5): a lead of 1e-3 cannot flip.
 DECISIVE = 1e-3
@@ -140,7 +150,10 @@ def tiny_model(family: str = "llama", seed: int = 0, sharpen: float = 8.0, **ove
     model = getattr(transformers, model_name)(cfg).eval()
     with torch.no_grad():
         for layer in model.model.layers:
-            a = layer.self_attn
+            a = getattr(layer, "self_attn", None)
+            if a is None:  # a linear-attention layer (Qwen3.5): a slow decay, so its recurrent state moves the logits
+                layer.linear_attn.A_log.fill_(-8.0)  # (by ~0.8 where, at its init, dropping the state moved them 1e-5)
+                continue
             if hasattr(a, "q_norm"):
                 ws = (a.q_norm.weight, a.k_norm.weight)
             elif hasattr(a, "qkv_proj"):  # Phi-3: q rows, then k rows, then v rows

@@ -112,9 +112,9 @@ def test_what_chunked_layers_cannot_take_is_refused():
         with pytest.raises(CodesignError, match=f"kv_format '{fmt}' keeps state beyond .* chunked"):
             CodesignCache(wide, fmt, num_blocks=16, block_size=32)
     cache = CodesignCache(model, num_blocks=16, block_size=4)
-    with pytest.raises(CodesignError, match="tree verification over chunked-attention layers"):
+    with pytest.raises(CodesignError, match="tree verification over chunked-attention"):
         cache.set_tree([-1, 0])
-    with pytest.raises(CodesignError, match="captured .* chunked-attention layers"):
+    with pytest.raises(CodesignError, match="captured .* chunked-attention"):
         cache.graph_begin(32, "cpu")
     with pytest.raises(CodesignError, match="chunked-attention layer 0 needs a CodesignCache"):
         model(torch.tensor([[5, 6, 7]]))  # no cache: the packed path would attend causally
@@ -141,7 +141,7 @@ def test_trees_and_captured_steps_are_refused_before_generating(kw):
 
     if kw.get("speculative"):
         kw = {"speculative": TreeSpeculator("ngram", width=2, depth=2)}
-    with pytest.raises(CodesignError, match="not served over chunked-attention layers"):
+    with pytest.raises(CodesignError, match="not served over chunked-attention"):
         generate(llama4(16), torch.tensor([[5, 6, 7]]), max_new_tokens=2, **kw)
 
 

@@ -45,6 +45,11 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+try:  # transformers >= 5.25: linear-attention layers' conv and recurrent states (Qwen3.5, Qwen3-Next)
+    from transformers.cache_utils import LinearAttentionLayer
+except ImportError:  # (earlier releases serve no model with such layers: `support.FAMILY_SINCE`)
+    LinearAttentionLayer = None
+
 from codesign.catalog.models import chunk_pieces
 from codesign.integrations.hf import _compat
 from codesign.integrations.hf import _kernels as K
@@ -63,6 +68,7 @@ from codesign.integrations.hf.support import (
     layer_chunks,
     layer_windows,
     left_pads,
+    linear_layers,
     text_config,
 )
 from codesign.integrations.hf.traced import new_handle
@@ -198,15 +204,20 @@ class CodesignCache(RowSelection, Cache):
             raise CodesignError(f"crop_margin must be an int >= 0, got {crop_margin!r}")
         self.windows = layer_windows(self._config, layout.layers)  # what each layer's attention is passed
         self.chunks = layer_chunks(self._config, layout.layers)
+        self.linear = linear_layers(self._config, layout.layers)
         self._check_chunks(block_size)
         self.crop_margin = crop_margin
         self._groups = self._make_groups(num_blocks, window_num_blocks)
         self._group_of = {i: g for g, grp in enumerate(self._groups) for i in grp.layers}
         self.keep = self._groups[0].keep  # group 0's (the model's, when every layer shares one window)
-        layers = [CodesignCacheLayer(self, i, new_storage(self.spec, self._groups[self._group_of[i]].num_blocks,
+        # A linear-attention layer keeps its conv and recurrent states in transformers' own layer class, which the
+        # Cache methods its module calls (get_recurrent_state, update_conv_state, ...) reach.
+        layers = [LinearAttentionLayer() if self.linear[i] else
+                  CodesignCacheLayer(self, i, new_storage(self.spec, self._groups[self._group_of[i]].num_blocks,
                                                           block_size))
                   for i in range(layout.layers)]  # fmt: skip
         super().__init__(layers=layers)
+        self._kv_layers = [(i, layer) for i, layer in enumerate(layers) if not self.linear[i]]
         self._pages = self._groups[0].tables
         self._rows: list[int] = []  # sequence id of each batch row
         self._pads: list[int] = []  # padding columns of each row (never written)
@@ -264,26 +275,42 @@ class CodesignCache(RowSelection, Cache):
         return False
 
     def activate_past_recording(self, recurrent_states_to_keep: int | None = None) -> None:
-        """Nothing to do: every layer keeps all its tokens, and none has recurrent states (5.25 passes
-        `recurrent_states_to_keep`, for models that do)."""
+        """The KV layers keep all their tokens anyway; linear-attention layers record their past states so that
+        `crop` can roll them back (transformers calls this before assisted decoding's verification forwards)."""
+        for layer in self._linear_layers():
+            layer.activate_past_recording(recurrent_states_to_keep)
+
+    def _linear_layers(self) -> list:
+        return [layer for layer, lin in zip(self.layers, self.linear) if lin]
 
     def reset(self) -> None:
         for seq in self._rows:
             self._free_seq(seq)
+        for layer in self._linear_layers():
+            layer.reset()
         self._rows, self._pads, self.seen, self._undo, self._step = [], [], 0, None, None
         self._unstep = None
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Drop the last `-tokens_to_remove` columns (transformers 5 passes a negative count, 0 a no-op;
-        4.57 the length to keep: `_compat.tokens_to_remove`)."""
+        """Drop the last `-tokens_to_remove` columns (transformers 5 passes a negative count, 0 a no-op for the KV;
+        4.57 the length to keep: `_compat.tokens_to_remove`); linear-attention layers crop their recorded states."""
         n = _compat.tokens_to_remove(check_integer("crop: tokens_to_remove", tokens_to_remove), self.seen)
-        if n == 0:
+        linear = self._linear_layers()
+        if n == 0:  # (a recording linear layer trims its conv states back to the kernel: transformers' crop(0))
+            for layer in linear:
+                if getattr(layer, "record_past", False):
+                    layer.crop(0)
             return
         if n > self.seen:
             raise CodesignError(f"crop of {n} tokens from a cache of {self.seen}")
         lengths = [max(length - n, 0) for length in self.row_lengths()]
         self._check_window_rollback(lengths, f"crop(tokens_to_remove={tokens_to_remove})")
-        self.rewind(lengths)
+        if linear and not all(getattr(layer, "record_past", False) for layer in linear):
+            raise CodesignError("crop of a model with linear-attention layers needs activate_past_recording first "
+                                "(transformers' assisted decoding calls it)")  # fmt: skip
+        self._rewind_kv(lengths)
+        for layer in linear:
+            layer.crop(-n)  # (their states back n tokens: the history recorded since activate_past_recording)
         self.seen -= n
 
     # --- codesign's side ---------------------------------------------------------------------------------
@@ -298,6 +325,8 @@ class CodesignCache(RowSelection, Cache):
         new = [self._fork(old[r]) for r in rows]
         for seq in old:
             self._free_seq(seq)
+        for layer in self._linear_layers():  # (their states are one batch row each, as transformers keeps them)
+            layer.reorder_cache(torch.tensor(rows, dtype=torch.long))
         self._rows, self._pads, self._undo = new, [self._pads[r] for r in rows], None
 
     def share_prefixes(
@@ -316,8 +345,9 @@ class CodesignCache(RowSelection, Cache):
         """Make the next forward a tree verification: its columns are the nodes of this tree (a parent array,
         the same shape for every row), written after each row's tokens and attending to the prefix and to
         their ancestors only."""
-        if any(self.chunks):
-            raise CodesignError("tree verification over chunked-attention layers (Llama 4) is not served")
+        if any(self.chunks) or any(self.linear):
+            raise CodesignError("tree verification over chunked-attention (Llama 4) or linear-attention (Qwen3.5) "
+                                "layers is not served")  # fmt: skip
         self._tree = tuple(K.check_parents(parents))
 
     def accept_tree(self, paths: list[list[int]]) -> None:
@@ -331,7 +361,15 @@ class CodesignCache(RowSelection, Cache):
 
     def rewind(self, lengths: list[int]) -> None:
         """Truncate row b to lengths[b] tokens (KIVI and Oaken: only back into the last forward; sliding
-        windows: at most crop_margin tokens before it)."""
+        windows: at most crop_margin tokens before it). Linear-attention layers' states roll back with `crop` only
+        (every row alike): refused here."""
+        if any(self.linear):
+            raise CodesignError("rewind of rows of a model with linear-attention layers: only crop (every row alike) "
+                                "rolls their states back")  # fmt: skip
+        self._rewind_kv(lengths)
+
+    def _rewind_kv(self, lengths: list[int]) -> None:
+        """`rewind` of the KV layers."""
         lengths = [check_integer(f"rewind: lengths[{b}]", n) for b, n in enumerate(lengths)]
         self._check_window_rollback(lengths, f"rewind(lengths={lengths})")
         starts = self._undo[0] if self._undo else [0] * len(lengths)
@@ -358,13 +396,14 @@ class CodesignCache(RowSelection, Cache):
         return g.num_blocks - g.tables.allocator.num_free
 
     def _make_groups(self, num_blocks: int, window_num_blocks: int | None) -> list[_Group]:
-        windows = sorted(set(self.windows), key=lambda w: (w is not None, w or 0))  # full attention first
+        kv = [i for i in range(len(self.windows)) if not self.linear[i]]  # (linear-attention layers hold no KV)
+        windows = sorted({self.windows[i] for i in kv}, key=lambda w: (w is not None, w or 0))  # full attention first
         mixed = len(windows) > 1 and windows[0] is None
         out = []
         for w in windows:
             nb = window_num_blocks if (mixed and w is not None and window_num_blocks) else num_blocks
             keep = None if w is None else keep_tokens([w], self.crop_margin, self.spec)
-            layers = [i for i, x in enumerate(self.windows) if x == w]
+            layers = [i for i in kv if self.windows[i] == w]
             out.append(_Group(w, layers, BlockTables(nb, self.block_size), nb, keep))
         return out
 
@@ -384,7 +423,7 @@ class CodesignCache(RowSelection, Cache):
 
     def nbytes(self) -> int:
         """Bytes of every layer's pool (codes, scales, outlier slots, rings)."""
-        return sum(layer.storage.nbytes() for layer in self.layers)
+        return sum(layer.storage.nbytes() for _, layer in self._kv_layers)
 
     # --- captured decode steps (`graphs.GraphDecoding`) ----------------------------------------------------
     def graph_begin(self, max_tokens: int, device, tree: Sequence[int] | None = None) -> None:
@@ -394,8 +433,9 @@ class CodesignCache(RowSelection, Cache):
         slots; the context lengths (and a tree's query offsets). Each step's host side runs before its forward:
         `graph_step`. Data checks are off (the cache builds the buffers); `graph_end` returns to eager forwards."""
         self.spec.check_capturable(tree is not None)
-        if any(self.chunks):
-            raise CodesignError("captured or compiled steps over chunked-attention layers (Llama 4) are not served")
+        if any(self.chunks) or any(self.linear):
+            raise CodesignError("captured or compiled steps over chunked-attention (Llama 4) or linear-attention "
+                                "(Qwen3.5) layers are not served")  # fmt: skip
         if not self._rows:
             raise CodesignError("graph_begin needs the prompts' forward first")
         if max(self.row_lengths()) >= max_tokens:
@@ -435,7 +475,7 @@ class CodesignCache(RowSelection, Cache):
                 )
             fixed.block_tables[:, :width].copy_(new.block_tables)
             fixed.slots.copy_(new.slots)
-        for i, layer in enumerate(self.layers):
+        for i, layer in self._kv_layers:
             layer.storage.before_replay(st.write[self._group_of[i]])
         gs.attend[0].context_lens.copy_(st.attend[0].context_lens)
         if gs.write[0].positions is not None:
@@ -481,7 +521,7 @@ class CodesignCache(RowSelection, Cache):
         mask2d: bool `[B, seen + S]` (False: a padding column) or None; sinks: the layer's fp32 `[Hq]` attention
         sinks or None; returns `[B, S, Hq, D]`."""
         b, hq, s, d = query.shape
-        if layer_idx == 0:  # (a captured step's host side ran before it: `graph_step`)
+        if layer_idx == self._kv_layers[0][0]:  # the first KV layer (a captured step's host side ran: `graph_step`)
             self._step = self._graph if self._graph is not None else self._begin(b, s, mask2d, query.device)
             self._unstep = None  # (its forward runs: no longer undone by `graph_unstep`)
         st = self._step
@@ -672,7 +712,7 @@ class CodesignCache(RowSelection, Cache):
                     g.tables.truncate(seq, n)
             self._undo = None
             return
-        if self._undo is None or any(layer.last_kv is None for layer in self.layers):
+        if self._undo is None or any(layer.last_kv is None for _, layer in self._kv_layers):
             raise CodesignError(
                 f"kv_format {self.spec.name!r} rolls back only into the last forward (of <= {UNDO_MAX} tokens "
                 "a row), and only right after it"
@@ -686,9 +726,9 @@ class CodesignCache(RowSelection, Cache):
                 g.tables.truncate(seq, s)
         offsets = [0, *torch.tensor(counts).cumsum(0).tolist()]  # row b's tokens start there in last_kv
         idx = torch.tensor([offsets[b] + i for b in range(len(keep)) for i in keep[b]], dtype=torch.long)
-        device = self.layers[0].last_kv[0].device
+        device = self._kv_layers[0][1].last_kv[0].device
         plans = self._allocate([len(k) for k in keep], starts, device)
-        for i, layer in enumerate(self.layers):
+        for i, layer in self._kv_layers:
             layer.storage.restore(layer.snap)
             k, v = (x[idx.to(x.device)] for x in layer.last_kv)
             layer.storage.write(k, v, plans[self._group_of[i]], None, self.check)
@@ -706,14 +746,14 @@ class CodesignCache(RowSelection, Cache):
         seq, self._next_seq = self._next_seq, self._next_seq + 1
         for g in self._groups:
             g.tables.fork(src, seq, num_tokens)
-        for layer in self.layers:
+        for _, layer in self._kv_layers:
             layer.storage.fork_seq(src, seq)
         return seq
 
     def _free_seq(self, seq: int) -> None:
         for g in self._groups:
             g.tables.free(seq)
-        for layer in self.layers:
+        for _, layer in self._kv_layers:
             layer.storage.free_seq(seq)
 
 

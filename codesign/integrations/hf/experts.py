@@ -11,14 +11,14 @@
 
 Converted: the experts classes whose forward was read in transformers 5.23-5.25 (`EXPERTS_CLASSES`: Mixtral,
 Qwen2-MoE, Qwen3-MoE, and DeepSeek-V2/V3's, GLM-4.5's, OLMoE's, FlexOlmo's, Granite-MoE's, MiniMax-M2's, Hunyuan's,
-ERNIE 4.5's and AFMoE's (5.25, Mixtral's loop line for line: the router and shared experts are around it), gated,
-concatenated [gate; up], not transposed, no biases; GPT-OSS, transposed, gate and up interleaved, biased, its own
-clamped SwiGLU: `QuantGptOssExperts`). Qwen2-MoE's shared expert is a plain MLP of nn.Linears (`quantize_` converts
-it); a router's nn.Linear (a module named *Gate or *Router: Hunyuan's) is left in floating point. transformers
-4.57's experts are lists of nn.Linear MLPs (nothing to do there), but for GPT-OSS's, whose 4.57 forward takes dense
-routing weights: they stay in floating point. Lossless BF16 (`LosslessBF16Config`) leaves experts alone; costing
-then refuses the model. A stacked experts class of another name is refused (PhiMoE's: its family is not served
-either).
+ERNIE 4.5's, AFMoE's, Qwen3.5-MoE's and Qwen3-Next's (5.25, Mixtral's loop line for line: the router and shared
+experts are around it), gated, concatenated [gate; up], not transposed, no biases; GPT-OSS, transposed, gate and up
+interleaved, biased, its own clamped SwiGLU: `QuantGptOssExperts`). Qwen2-MoE's shared expert is a plain MLP of
+nn.Linears (`quantize_` converts it); a router's nn.Linear (a module named *Gate or *Router: Hunyuan's) is left in
+floating point. transformers 4.57's experts are lists of nn.Linear MLPs (nothing to do there), but for GPT-OSS's,
+whose 4.57 forward takes dense routing weights: they stay in floating point. Lossless BF16 (`LosslessBF16Config`)
+leaves experts alone; costing then refuses the model. A stacked experts class of another name is refused (PhiMoE's:
+its family is not served either).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ EXPERTS_CLASSES = ("MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "GptO
                    "DeepseekV3Experts",
                    # 5.25, Mixtral's class line for line but for the config fields __init__ reads:
                    "Glm4MoeExperts", "OlmoeExperts", "FlexOlmoExperts", "GraniteMoeExperts", "MiniMaxM2Experts",
-                   "HunYuanMoEV1Experts", "Ernie4_5_MoeExperts", "AfmoeExperts")  # fmt: skip
+                   "HunYuanMoEV1Experts", "Ernie4_5_MoeExperts", "AfmoeExperts", "Qwen3_5MoeExperts",
+                   "Qwen3NextExperts")  # fmt: skip
 # A QuantExperts' linears are `<experts>.gate_up.<e>` / `<experts>.down.<e>`: names that match none of
 # transformers' MoE conversion patterns (`experts.*.w1.weight`, `experts.gate_up_proj`, ...), so a saved
 # checkpoint's keys are loaded as they are, never merged into 3-D tensors.

@@ -30,7 +30,14 @@ from codesign.integrations.hf.latent import (
     parse_latent_format,
 )
 from codesign.integrations.hf.speculative import SpeculationStats, TreeSpeculator
-from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_chunks, layer_windows, text_config
+from codesign.integrations.hf.support import (
+    ATTN_NAME,
+    check_model,
+    layer_chunks,
+    layer_windows,
+    linear_layers,
+    text_config,
+)
 from codesign.specs import CodesignError
 from codesign.specs.errors import check_positive_int
 
@@ -128,7 +135,7 @@ def run_generate(model, input_ids: torch.Tensor, kv_format: str | None = None, *
         raise CodesignError("kv_scale is for a latent (MLA) model's fp8 cache; per-head formats find their scales")
     spec = parse_kv_format(kv_format, layout.dtype)
     _check_ids(model, input_ids, attention_mask)
-    _check_chunked(model, layout, speculative, cuda_graph, compile)
+    _check_layer_kinds(model, layout, speculative, cuda_graph, compile)
     if speculative is not None:
         block_size, num_blocks = _speculator_pool(speculative, spec, layout.dtype, block_size, num_blocks)
     graphs = _graph_decoding(model, cuda_graph, compile, spec, speculative, generate_kwargs)
@@ -303,15 +310,17 @@ def _agree(speculative, block_size, num_blocks) -> tuple[int | None, int | None]
             num_blocks if num_blocks is not None else speculative.num_blocks)  # fmt: skip
 
 
-def _check_chunked(model, layout, speculative, cuda_graph, compile) -> None:
-    """A model with chunked-attention layers (Llama 4) refuses trees and captured steps before generation (the
-    cache would refuse them at their first forward)."""
-    if not any(layer_chunks(text_config(model), layout.layers)):
+def _check_layer_kinds(model, layout, speculative, cuda_graph, compile) -> None:
+    """A model with chunked-attention (Llama 4) or linear-attention (Qwen3.5) layers refuses trees and captured
+    steps before generation (the cache would refuse them at their first forward)."""
+    cfg = text_config(model)
+    if not (any(layer_chunks(cfg, layout.layers)) or any(linear_layers(cfg, layout.layers))):
         return
     asked = [name for name, on in (("speculative", speculative is not None), ("cuda_graph", cuda_graph),
                                    ("compile", compile)) if on]  # fmt: skip
     if asked:
-        raise CodesignError(f"{', '.join(asked)}: not served over chunked-attention layers (Llama 4)")
+        raise CodesignError(f"{', '.join(asked)}: not served over chunked-attention (Llama 4) or linear-attention "
+                            "(Qwen3.5) layers")  # fmt: skip
 
 
 def _graph_decoding(model, cuda_graph, compile, spec, speculative, generate_kwargs) -> GraphDecoding | None:

@@ -33,7 +33,10 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "mixtral", "qwen2_mo
             "seed_oss", "olmo3", "olmoe", "flex_olmo", "apertus", "ministral", "ministral3", "exaone4", "arcee",
             "helium", "granitemoe", "cohere", "cohere2", "starcoder2", "stablelm", "minimax_m2", "afmoe",
             # Llama 4: chunked-attention layers (CodesignCache splits a forward's tokens at the chunks), no-RoPE ones.
-            "llama4_text")  # fmt: skip
+            "llama4_text",
+            # Qwen3.5 / Qwen3-Next: Gated DeltaNet linear-attention layers (their conv and recurrent states in
+            # transformers' own LinearAttentionLayer inside CodesignCache) between gated full-attention ones.
+            "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")  # fmt: skip
 # Families served from a later transformers release than the range's first: 4.57's Qwen2-MoE has its own
 # attention classes (sdpa / flash / eager) and never calls a registered attention function; the families added in
 # 2026-12 were checked on 5.25 only (their modeling files change between releases).
@@ -53,7 +56,7 @@ WRAPPERS_REFUSED = {"gemma3": "Gemma3ForConditionalGeneration (bidirectional att
                               "Gemma3ForCausalLM is served",
                     "llama4": "Llama4ForConditionalGeneration (image inputs not checked against the kernels); "
                               "Llama4ForCausalLM is served"}  # fmt: skip
-LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
 # Families whose every layer is passed (and masked with) config.sliding_window, whatever a config's layer_types say
 # (the catalogue reads config.json files by the same list). Read here from the live config, which transformers has
 # already resolved (`use_sliding_window`, default layer types), as each layer's attention is passed it.
@@ -86,7 +89,12 @@ class Layout:
     kv_heads: int
     head_dim: int
     dtype: torch.dtype
-    modules: tuple[nn.Module, ...]
+    modules: tuple[nn.Module | None, ...]  # None: a linear-attention layer (no KV)
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """The layers with an attention module (every layer but the linear-attention ones)."""
+        return [i for i, m in enumerate(self.modules) if m is not None]
 
 
 def left_pads(mask: torch.Tensor, shape: tuple[int, int]) -> list[int]:
@@ -128,6 +136,12 @@ def layer_chunks(cfg, layers: int) -> list[int | None]:
     return [int(chunk) if t == "chunked_attention" else None for t in types[:layers]]
 
 
+def linear_layers(cfg, layers: int) -> list[bool]:
+    """Which layers are linear attention (Qwen3.5's / Qwen3-Next's Gated DeltaNet: conv and recurrent states, no KV)."""
+    types = getattr(cfg, "layer_types", None) or ["full_attention"] * layers
+    return [t == "linear_attention" for t in types[:layers]]
+
+
 def check_model(model: nn.Module) -> Layout:
     """The layout of a model whose attention the paged kernels serve exactly; CodesignError naming the
     reason for any other model."""
@@ -165,10 +179,14 @@ def check_model(model: nn.Module) -> Layout:
         key=lambda m: m.layer_idx,
     )
     n = int(cfg.num_hidden_layers)
-    if [m.layer_idx for m in mods] != list(range(n)):
-        raise CodesignError(f"{family}: expected one attention module per layer 0..{n - 1}")
+    linear = linear_layers(cfg, n)
+    if [m.layer_idx for m in mods] != [i for i in range(n) if not linear[i]]:
+        raise CodesignError(f"{family}: expected one attention module per layer 0..{n - 1} but the linear-attention "
+                            "ones")  # fmt: skip
+    by_layer = {m.layer_idx: m for m in mods}
+    mods = [by_layer.get(i) for i in range(n)]
     hq, hkv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
-    head_dim = int(mods[0].head_dim)
+    head_dim = int(by_layer[min(by_layer)].head_dim)
     if hq % hkv:
         raise CodesignError(f"{family}: {hq} query heads are not a multiple of {hkv} kv heads")
     return Layout(family, n, hq, hkv, head_dim, getattr(model, "dtype", torch.float32), tuple(mods))
