@@ -222,3 +222,16 @@ def scramble_pool(cache, seed: int = 0) -> None:
     blocks = alloc.allocate(alloc.num_free)
     g = torch.Generator().manual_seed(seed)
     alloc.free([blocks[i] for i in torch.randperm(len(blocks), generator=g).tolist()])
+
+
+def assert_interpreter_is_greedy(model, block_size: int = 4) -> None:
+    """Padded rows through the Triton kernels in the interpreter give the model's own greedy tokens."""
+    from codesign.backend import use_backend
+    from codesign.integrations.hf import generate
+
+    ids, mask = prompts(2, 11, pads=(0, 3))
+    want = greedy(model, ids, mask, 6)
+    with use_backend("triton"):
+        got = generate(model, ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                       eos_token_id=None, block_size=block_size)  # fmt: skip
+    assert_same_greedy_where_decisive(got, want, ids.shape[1])

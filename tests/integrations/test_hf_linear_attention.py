@@ -9,6 +9,7 @@ import pytest
 import torch
 from hf_testing import (
     DECISIVE_QUANT,
+    assert_interpreter_is_greedy,
     assert_same_greedy_where_decisive,
     family_missing,
     greedy,
@@ -17,7 +18,6 @@ from hf_testing import (
     tiny_model,
 )
 
-from codesign.backend import use_backend
 from codesign.integrations.hf import CodesignCache, generate
 from codesign.integrations.hf.cache import CodesignCache as _Cache
 from codesign.specs import CodesignError
@@ -58,13 +58,7 @@ def test_the_linear_layers_states_are_what_the_logits_depend_on(monkeypatch):
 
 @pytest.mark.parametrize("family", LINEAR)
 def test_through_the_triton_kernels_in_the_interpreter(family):
-    model = tiny_model(family)
-    ids, mask = prompts(2, 11, pads=(0, 3))
-    want = greedy(model, ids, mask, 6)
-    with use_backend("triton"):
-        got = generate(model, ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
-                       eos_token_id=None, block_size=4)  # fmt: skip
-    assert_same_greedy_where_decisive(got, want, ids.shape[1])
+    assert_interpreter_is_greedy(tiny_model(family))
 
 
 @pytest.mark.parametrize("kv_format", ["int8", "fp8", "int4-kivi"])

@@ -12,12 +12,12 @@ import transformers
 from hf_testing import (
     COMMON,
     DECISIVE_QUANT,
+    assert_interpreter_is_greedy,
     assert_same_greedy_where_decisive,
     greedy,
     prompts,
 )
 
-from codesign.backend import use_backend
 from codesign.catalog.models import chunk_pieces
 from codesign.integrations.hf import CodesignCache, _compat, generate
 from codesign.integrations.hf import _kernels as K
@@ -72,13 +72,7 @@ def test_greedy_equals_transformers_with_padding(chunk, block_size):
 
 
 def test_through_the_triton_kernels_in_the_interpreter():
-    model = llama4(4)
-    ids, mask = prompts(2, 11, pads=(0, 3))
-    want = greedy(model, ids, mask, 6)
-    with use_backend("triton"):
-        got = generate(model, ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
-                       eos_token_id=None, block_size=4)  # fmt: skip
-    assert_same_greedy_where_decisive(got, want, ids.shape[1])
+    assert_interpreter_is_greedy(llama4(4))
 
 
 def test_prompt_lookup_extends_across_chunks():
