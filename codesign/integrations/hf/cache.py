@@ -25,6 +25,12 @@ start (C a multiple of the block size, so a chunk starts a block): the kernels' 
 the chunked one (`chunk_pieces`, `_chunk_plan`). Their past chunks' blocks are kept (vLLM frees them); trees and
 captured steps are refused on such models, and formats with per-sequence state (KIVI, Oaken).
 
+Linear-attention layers (Qwen3.5's / Qwen3-Next's Gated DeltaNet, `support.linear_layers`) hold no KV: each is
+transformers' own `LinearAttentionLayer` (conv and recurrent states, one batch row each) among this cache's layers,
+reached through the Cache methods their modules call. The KV layers' step starts at the first of them;
+`select_rows` reorders the states, `crop` rolls them back after `activate_past_recording`, and what cannot move
+them row by row (`rewind`, trees) or freeze them (captured steps) is refused.
+
 Prefix sharing: rows whose prompts start with the same tokens share those tokens' full blocks
 (`share_prefixes`); `reorder_cache` (beam search), `batch_repeat_interleave` and `select_rows` fork
 sequences, so rows share blocks until one appends into a shared partial block (copy-on-write).
