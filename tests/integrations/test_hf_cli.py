@@ -292,3 +292,22 @@ def test_later_families_generate_and_are_costed_or_refused_by_name(tmp_path_fact
     capsys.readouterr()
     assert main(["generate", str(afmoe), "--max-new-tokens", "3", "--design", "tpu_like"]) == 2
     assert "model_type 'afmoe' is not mapped: a gated attention output" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(_compat.VERSION < (5, 25), reason="Llama 4 and Qwen3.5 are served from transformers 5.25")
+def test_llama4_and_qwen3_5_folders_generate_and_cost_or_refuse(tmp_path_factory, capsys):
+    """A Llama 4 folder (chunked attention: a chunk of 16, the default block) runs and is costed on a design with
+    its chunks; a Qwen3.5 folder (linear-attention layers) runs, --speculative is refused before generating, and
+    --design names the layers the step graph has no operator for."""
+    llama4 = saved_tiny_model(tmp_path_factory, "llama4_text", "tiny-llama4")
+    assert main(["generate", str(llama4), "--max-new-tokens", "6", "--prompt-len", "14", "--kv-format", "int8",
+                 "--design", "h100-sxm"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "predicted on h100-sxm" in out and "tokens/s" in out
+    qwen = saved_tiny_model(tmp_path_factory, "qwen3_5_text", "tiny-qwen3.5")
+    assert main(["generate", str(qwen), "--max-new-tokens", "4", "--kv-format", "fp8"]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(qwen), "--max-new-tokens", "4", "--speculative", "ngram"]) == 2
+    assert "not served over chunked-attention (Llama 4) or linear-attention" in capsys.readouterr().err
+    assert main(["generate", str(qwen), "--max-new-tokens", "4", "--design", "tpu_like"]) == 2
+    assert "model_type 'qwen3_5_text' is not mapped: Gated DeltaNet" in capsys.readouterr().err
