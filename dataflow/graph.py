@@ -10,7 +10,8 @@ None outside the blocks); a MoE layer's routed up/down projections also carry
 while the GEMM's `batch` counts the experts the step's tokens reach). Edges
 carry `bytes`, the size of the tensor passed.
 Weights are sharded over `tp` ranks (Megatron-style: column-parallel QKV/up,
-row-parallel o/down, an all-reduce after each); the graph is one rank's work.
+row-parallel o/down, an all-reduce after each; a parallel block, Cohere's, sums its two branches first and
+all-reduces once); the graph is one rank's work.
 Expert parallelism (`ep` > 1, a MoE model at tp 1: vLLM's `--data-parallel-size N --enable-expert-parallel`,
 SGLang's DP attention with DeepEP) shards the routed experts over `ep` ranks, each of which runs attention, the
 dense blocks and the shared experts on its own `batch` sequences; a MoE block sends each token's row to the ranks
@@ -226,6 +227,13 @@ class _StepBuilder:
         m, p, hid_b = self.m, f"L{i}.", self.hid_b
         n1 = self.add(p + "attn_norm", "attn_norm", Norm(self.tokens, m.hidden, m.norm), i, [h_in], hid_b)
         o = self.latent_attention(p, i, n1) if m.mla else self.attention(p, i, n1)
+        if m.parallel_block:  # the MLP reads the same normed input; both outputs join the residual in one add
+            down = self.ffn_block(p, i, n1)
+            if m.shared_expert_ffn and m.moe_layer(i):
+                down = self.shared_expert(p, i, n1, down)
+            both = Elementwise("add", self.tokens * m.hidden)
+            return self.residual(p, "block", i, self.add(p + "branch_add", "branch_add", both, i, [o, down], hid_b),
+                                 h_in)  # fmt: skip
         r1 = self.residual(p, "attn", i, o, h_in)
         n2 = self.add(p + "ffn_norm", "ffn_norm", Norm(self.tokens, m.hidden, m.norm), i, [r1], hid_b)
         down = self.ffn_block(p, i, n2)

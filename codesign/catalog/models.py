@@ -50,6 +50,8 @@ class ModelConfig:
     mlp_bias: bool | None = None
     rope: bool = True
     learned_positions: bool = False
+    # Attention and MLP read the same normed input and join the residual stream in one add (Cohere, Command-R / A).
+    parallel_block: bool = False
     sliding_window: int | None = None
     # Layers that attend to the whole context although sliding_window (or attention_chunk) is set (Gemma2 / GPT-OSS
     # every other layer, Gemma3 every sixth, Qwen2 those below max_window_layers, Llama 4 every fourth); empty: every
@@ -261,7 +263,7 @@ class ModelConfig:
             mlp += self.experts * self.hidden + self._shared_weights()  # router, shared expert
             dn = s.get("dense_up_proj", (0, 0)), s.get("dense_down_proj", (0, 0))
             dense = sum(n * k + (n if self.mlp_bias else 0) for n, k in dn)
-        per_layer = attn + bias_attn + 2 * norm_params + latent_norms
+        per_layer = attn + bias_attn + (1 if self.parallel_block else 2) * norm_params + latent_norms
         sparse = self.moe_layers if self.experts else self.layers  # blocks with `mlp` (routed experts or the MLP)
         blocks = self.layers * per_layer + (self.layers - sparse) * dense + sparse * (mlp + bias_mlp)
         emb = self.vocab * self.hidden
@@ -366,13 +368,12 @@ def _learned_positions_model(
 LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma", "gemma2",
               "gemma3_text", "phi3", "olmo2", "granite", "gpt_oss", "glm", "glm4", "glm4_moe", "smollm3", "ernie4_5",
               "hunyuan_v1_dense", "seed_oss", "olmo3", "olmoe", "flex_olmo", "apertus", "ministral", "ministral3",
-              "exaone4", "arcee", "helium", "granitemoe", "starcoder2", "stablelm", "minimax_m2", "")  # fmt: skip
+              "exaone4", "arcee", "helium", "granitemoe", "starcoder2", "stablelm", "minimax_m2", "cohere", "cohere2",
+              "")  # fmt: skip
 # Served by the HF integration but not read here: the step graph has no node for what they add.
 NOT_READ = {
     "ernie4_5_moe": "MoE layers by start, end and interval (the step graph takes leading dense layers only)",
     "hunyuan_v1_moe": "per-layer expert counts and top-k",
-    "cohere": "attention and MLP in parallel off one norm (the step graph runs them in sequence)",
-    "cohere2": "attention and MLP in parallel off one norm (the step graph runs them in sequence)",
     "afmoe": "a gated attention output (gate_proj on the attention's output)",
     **dict.fromkeys(("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"),
                     "Gated DeltaNet linear-attention layers (no operator for them in the step graph)"),
@@ -380,7 +381,8 @@ NOT_READ = {
 # Non-gated MLPs (up, activation, down) and their step-graph activation: StarCoder2's GELU, Apertus's xIELU (an
 # elementwise op of GELU's cost), Arcee's ReLU^2.
 PLAIN_MLP = {"starcoder2": "gelu", "apertus": "gelu", "arcee": "relu"}
-LAYER_NORM = ("starcoder2", "stablelm")  # LayerNorm (weight and bias) in place of RMSNorm
+LAYER_NORM = ("starcoder2", "stablelm", "cohere", "cohere2")  # LayerNorm in place of RMSNorm (Cohere's: no bias)
+PARALLEL_BLOCK = ("cohere", "cohere2")  # attention and MLP off one norm, one residual add
 # Families whose every layer slides when sliding_window is set, whatever layer_types say (as transformers runs them).
 EVERY_LAYER_WINDOW = ("mistral", "mixtral", "phi3", "qwen3_moe")
 
@@ -487,6 +489,7 @@ def _llama_like(name: str, path: Path, cfg: dict[str, Any], mtype: str, g) -> Mo
         vocab=int(g("vocab_size")),
         ffn_kind=PLAIN_MLP.get(mtype) or ("gated_gelu" if "gelu" in act else "gated_silu"),
         norm="layer" if mtype in LAYER_NORM else "rms",
+        parallel_block=mtype in PARALLEL_BLOCK,
         max_context=int(g("max_position_embeddings")),
         experts=experts,
         top_k=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
