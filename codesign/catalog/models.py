@@ -369,11 +369,9 @@ LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwe
               "gemma3_text", "phi3", "olmo2", "granite", "gpt_oss", "glm", "glm4", "glm4_moe", "smollm3", "ernie4_5",
               "hunyuan_v1_dense", "seed_oss", "olmo3", "olmoe", "flex_olmo", "apertus", "ministral", "ministral3",
               "exaone4", "arcee", "helium", "granitemoe", "starcoder2", "stablelm", "minimax_m2", "cohere", "cohere2",
-              "")  # fmt: skip
+              "ernie4_5_moe", "hunyuan_v1_moe", "")  # fmt: skip
 # Served by the HF integration but not read here: the step graph has no node for what they add.
 NOT_READ = {
-    "ernie4_5_moe": "MoE layers by start, end and interval (the step graph takes leading dense layers only)",
-    "hunyuan_v1_moe": "per-layer expert counts and top-k",
     "afmoe": "a gated attention output (gate_proj on the attention's output)",
     **dict.fromkeys(("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"),
                     "Gated DeltaNet linear-attention layers (no operator for them in the step graph)"),
@@ -419,13 +417,20 @@ def hf_windows(cfg: dict[str, Any], mtype: str, layers: int) -> tuple[int | None
     return (None, ()) if len(full) == layers else (window, full)
 
 
-def _hf_experts(cfg: dict[str, Any], mtype: str, g) -> tuple[int, int, int, int, int]:
-    """(routed experts, expert width, shared expert width, leading dense layers, their MLP width) as each MoE
-    family's config names them; (0, the MLP width, 0, 0, 0) for a dense model."""
-    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
-    dense_ffn = int(g("intermediate_size"))
+def _hf_experts(cfg: dict[str, Any], mtype: str, g) -> tuple[int, int, int, int, int, int]:
+    """(routed experts, expert width, shared expert width, leading dense layers, their MLP width, MoE layer step) as
+    each MoE family's config names them; (0, the MLP width, 0, 0, 0, 1) for a dense model."""
+    if mtype == "ernie4_5_moe":
+        return _ernie_experts(cfg, g)
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
+    if isinstance(experts, list):  # (Hunyuan's per-layer counts: one model only when they agree)
+        if len(set(experts)) != 1 or len(set(cfg.get("moe_topk") or [0])) != 1:
+            raise CodesignError(f"per-layer expert counts {experts} / top-k {cfg.get('moe_topk')} that differ "
+                                "are not mapped")  # fmt: skip
+        experts = experts[0]
+    experts, dense_ffn = int(experts), int(g("intermediate_size"))
     if not experts:
-        return 0, dense_ffn, 0, 0, 0
+        return 0, dense_ffn, 0, 0, 0, 1
     if mtype in ("qwen2_moe", "qwen3_moe"):
         # Routed experts are moe_intermediate_size wide (intermediate_size is the dense MLP width, used only by
         # mlp_only_layers); Qwen2-MoE adds a gated shared expert in every layer.
@@ -437,12 +442,34 @@ def _hf_experts(cfg: dict[str, Any], mtype: str, g) -> tuple[int, int, int, int,
                 f"decoder_sparse_step={sparse_step}) is not mapped: every layer must be sparse"
             )
         shared = int(cfg.get("shared_expert_intermediate_size") or 0) if mtype == "qwen2_moe" else 0
-        return experts, int(g("moe_intermediate_size")), shared, 0, 0
+        return experts, int(g("moe_intermediate_size")), shared, 0, 0, 1
     if mtype == "glm4_moe":  # DeepSeekMoE's layout: leading dense blocks, then routed experts beside shared ones
         moe = int(g("moe_intermediate_size"))
         dense = int(cfg.get("first_k_dense_replace") or 0)
-        return experts, moe, int(cfg.get("n_shared_experts") or 0) * moe, dense, dense_ffn if dense else 0
-    return experts, dense_ffn, 0, 0, 0  # Mixtral's: every layer's experts intermediate_size wide
+        return experts, moe, int(cfg.get("n_shared_experts") or 0) * moe, dense, dense_ffn if dense else 0, 1
+    if mtype == "hunyuan_v1_moe":  # every layer: experts and a shared MLP, all intermediate_size wide
+        return experts, dense_ffn, dense_ffn, 0, 0, 1
+    return experts, dense_ffn, 0, 0, 0, 1  # Mixtral's: every layer's experts intermediate_size wide
+
+
+def _ernie_experts(cfg: dict[str, Any], g) -> tuple[int, int, int, int, int, int]:
+    """ERNIE 4.5 MoE: layer i routes when start <= i <= end and (i + 1) % interval == 0 (the others a dense MLP of
+    intermediate_size), with moe_num_shared_experts shared experts beside: mapped where end is the last layer."""
+    layers, start = int(g("num_hidden_layers")), int(cfg.get("moe_layer_start_index") or 0)
+    end, step = cfg.get("moe_layer_end_index"), int(cfg.get("moe_layer_interval") or 1)
+    end = layers - 1 if end in (None, -1) else int(end)
+    if end < layers - 1:
+        raise CodesignError(f"MoE layers ending at moe_layer_end_index={end} before the last layer are not mapped")
+    moe = int(g("moe_intermediate_size"))
+    dense = start > 0 or step > 1
+    return (int(g("moe_num_experts")), moe, int(cfg.get("moe_num_shared_experts") or 0) * moe, start,
+            int(g("intermediate_size")) if dense else 0, step)  # fmt: skip
+
+
+def _top_k(cfg: dict[str, Any]) -> int:
+    """Experts a token picks: num_experts_per_tok, or ERNIE's moe_k, or Hunyuan's moe_topk (one, or one a layer)."""
+    k = cfg.get("num_experts_per_tok") or cfg.get("moe_k") or cfg.get("moe_topk") or 0
+    return int(k[0] if isinstance(k, list) else k)
 
 
 def _hf_biases(cfg: dict[str, Any], mtype: str) -> tuple[bool, bool, bool]:
@@ -457,6 +484,8 @@ def _hf_biases(cfg: dict[str, Any], mtype: str) -> tuple[bool, bool, bool]:
         return attn, bool(cfg.get("attention_out_bias", False)), mlp
     if mtype in ("ernie4_5", "starcoder2"):  # use_bias: every linear of a block
         return (bool(cfg.get("use_bias", mtype == "starcoder2")),) * 3
+    if mtype == "ernie4_5_moe":  # use_bias on the attention; its experts (Mixtral's loop) have none
+        return bool(cfg.get("use_bias", False)), bool(cfg.get("use_bias", False)), False
     if mtype == "stablelm":
         return bool(cfg.get("use_qkv_bias", False)), False, False
     if mtype == "hunyuan_v1_dense":  # attention_bias on all four attention linears; its MLP never has biases
@@ -473,7 +502,7 @@ def _llama_like(name: str, path: Path, cfg: dict[str, Any], mtype: str, g) -> Mo
     layers = int(g("num_hidden_layers"))
     act = str(cfg.get("hidden_act", cfg.get("hidden_activation", "silu")))
     try:
-        experts, ffn, shared, dense, dense_ffn = _hf_experts(cfg, mtype, g)
+        experts, ffn, shared, dense, dense_ffn, step = _hf_experts(cfg, mtype, g)
     except CodesignError as e:
         raise CodesignError(f"{path}: {e}") from None
     window, full_layers = hf_windows(cfg, mtype, layers)
@@ -492,11 +521,12 @@ def _llama_like(name: str, path: Path, cfg: dict[str, Any], mtype: str, g) -> Mo
         parallel_block=mtype in PARALLEL_BLOCK,
         max_context=int(g("max_position_embeddings")),
         experts=experts,
-        top_k=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+        top_k=_top_k(cfg) if experts else 0,
         shared_expert_ffn=shared,
         shared_expert_gate=mtype == "qwen2_moe" and bool(shared),
         dense_layers=dense,
         dense_ffn=dense_ffn,
+        moe_layer_step=step,
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=qkv_bias,
         o_bias=o_bias,

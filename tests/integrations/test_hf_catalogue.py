@@ -112,3 +112,20 @@ def test_stablelm_in_parallel_is_refused(tmp_path):
     path.write_text(json.dumps(tiny_model("stablelm", use_parallel_residual=True).config.to_dict()))
     with pytest.raises(CodesignError, match="stablelm with use_parallel_residual"):
         load_hf_config(path)
+
+
+def test_per_layer_expert_counts_read_when_they_agree(tmp_path):
+    """Hunyuan's num_experts / moe_topk may be one a layer; ERNIE's MoE layers may stop before the last."""
+    from codesign.specs import CodesignError
+
+    cfg = tiny_model("hunyuan_v1_moe").config.to_dict()
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**cfg, "num_experts": [4, 4], "moe_topk": [2, 2]}))
+    assert (load_hf_config(path).experts, load_hf_config(path).top_k) == (4, 2)
+    path.write_text(json.dumps({**cfg, "num_experts": [4, 8], "moe_topk": [2, 2]}))
+    with pytest.raises(CodesignError, match=r"per-layer expert counts \[4, 8\]"):
+        load_hf_config(path)
+    ernie = tiny_model("ernie4_5_moe").config.to_dict()
+    path.write_text(json.dumps({**ernie, "num_hidden_layers": 3, "moe_layer_end_index": 1}))
+    with pytest.raises(CodesignError, match="moe_layer_end_index=1 before the last layer"):
+        load_hf_config(path)
