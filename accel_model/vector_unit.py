@@ -67,6 +67,7 @@ _ELEMENTWISE = {
     "silu_mul": (4, 2),
     "gelu": (7, 2),
     "gelu_mul": (8, 2),
+    "sigmoid_mul": (3, 2),
 }
 
 

@@ -265,6 +265,11 @@ class _StepBuilder:
                                                            chunk_pieces(0, n, chunk))  # fmt: skip
             attn_spec = PrefillAttention(qh, kvh, hd, seq_lens=lens, window=m.window_of(i))
         attn = self.add(p + "attention", "attention", attn_spec, i, [pre_attn, kvw], tokens * qh * hd * act_b)
+        if m.attention_output_gate:  # AFMoE: out * sigmoid(x W_g), W_g column-parallel as q
+            ab = tokens * qh * hd * act_b
+            gate = self.add(p + "attn_gate", "attn_gate", self.lin(qh * hd, m.hidden, False), i, [n1], ab)
+            attn = self.add(p + "attn_gate_mul", "sigmoid_mul", Elementwise("sigmoid_mul", tokens * qh * hd), i,
+                            [attn, gate], ab)  # fmt: skip
         return self.add(p + "o_proj", "o_proj", self.lin(m.hidden, qh * hd, m.o_bias), i, [attn], self.hid_b)
 
     def latent_attention(self, p: str, i: int, n1: str) -> str:

@@ -52,6 +52,8 @@ class ModelConfig:
     learned_positions: bool = False
     # Attention and MLP read the same normed input and join the residual stream in one add (Cohere, Command-R / A).
     parallel_block: bool = False
+    # The attention's output gated by sigmoid(x W_g) before o_proj, W_g a hidden x q_dim linear (AFMoE).
+    attention_output_gate: bool = False
     sliding_window: int | None = None
     # Layers that attend to the whole context although sliding_window (or attention_chunk) is set (Gemma2 / GPT-OSS
     # every other layer, Gemma3 every sixth, Qwen2 those below max_window_layers, Llama 4 every fourth); empty: every
@@ -211,7 +213,10 @@ class ModelConfig:
         q_b_proj; or q_proj), kv_a_proj (latent and rotary key), kv_b_proj (the latent up to each head's
         non-rotary key and value) and o_proj."""
         if not self.mla:
-            return {"qkv_proj": (self.q_dim + 2 * self.kv_dim, self.hidden), "o_proj": (self.hidden, self.q_dim)}
+            out = {"qkv_proj": (self.q_dim + 2 * self.kv_dim, self.hidden), "o_proj": (self.hidden, self.q_dim)}
+            if self.attention_output_gate:
+                out["attn_gate"] = (self.q_dim, self.hidden)
+            return out
         q_n = self.heads * self.qk_head_dim
         out = {"q_a_proj": (self.q_lora_rank, self.hidden), "q_b_proj": (q_n, self.q_lora_rank)}
         if not self.q_lora_rank:
@@ -369,10 +374,9 @@ LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwe
               "gemma3_text", "phi3", "olmo2", "granite", "gpt_oss", "glm", "glm4", "glm4_moe", "smollm3", "ernie4_5",
               "hunyuan_v1_dense", "seed_oss", "olmo3", "olmoe", "flex_olmo", "apertus", "ministral", "ministral3",
               "exaone4", "arcee", "helium", "granitemoe", "starcoder2", "stablelm", "minimax_m2", "cohere", "cohere2",
-              "ernie4_5_moe", "hunyuan_v1_moe", "")  # fmt: skip
+              "ernie4_5_moe", "hunyuan_v1_moe", "afmoe", "")  # fmt: skip
 # Served by the HF integration but not read here: the step graph has no node for what they add.
 NOT_READ = {
-    "afmoe": "a gated attention output (gate_proj on the attention's output)",
     **dict.fromkeys(("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"),
                     "Gated DeltaNet linear-attention layers (no operator for them in the step graph)"),
 }
@@ -447,6 +451,9 @@ def _hf_experts(cfg: dict[str, Any], mtype: str, g) -> tuple[int, int, int, int,
         moe = int(g("moe_intermediate_size"))
         dense = int(cfg.get("first_k_dense_replace") or 0)
         return experts, moe, int(cfg.get("n_shared_experts") or 0) * moe, dense, dense_ffn if dense else 0, 1
+    if mtype == "afmoe":  # leading dense blocks, then routed experts beside shared ones
+        moe, dense = int(g("moe_intermediate_size")), int(cfg.get("num_dense_layers") or 0)
+        return experts, moe, int(cfg.get("num_shared_experts") or 0) * moe, dense, dense_ffn if dense else 0, 1
     if mtype == "hunyuan_v1_moe":  # every layer: experts and a shared MLP, all intermediate_size wide
         return experts, dense_ffn, dense_ffn, 0, 0, 1
     return experts, dense_ffn, 0, 0, 0, 1  # Mixtral's: every layer's experts intermediate_size wide
@@ -519,6 +526,7 @@ def _llama_like(name: str, path: Path, cfg: dict[str, Any], mtype: str, g) -> Mo
         ffn_kind=PLAIN_MLP.get(mtype) or ("gated_gelu" if "gelu" in act else "gated_silu"),
         norm="layer" if mtype in LAYER_NORM else "rms",
         parallel_block=mtype in PARALLEL_BLOCK,
+        attention_output_gate=mtype == "afmoe",
         max_context=int(g("max_position_embeddings")),
         experts=experts,
         top_k=_top_k(cfg) if experts else 0,

@@ -505,8 +505,10 @@ class RoPE(OpSpec):
         return 2 * n * dtype_bytes(self.dtype) + cos_sin
 
 
-ELEMENTWISE_FLOPS = {"silu_mul": 6, "gelu_mul": 10, "gelu": 8, "relu": 1, "add": 1, "mul": 1, "silu": 5}
-ELEMENTWISE_INPUTS = {"silu_mul": 2, "gelu_mul": 2, "gelu": 1, "relu": 1, "add": 2, "mul": 2, "silu": 1}
+ELEMENTWISE_FLOPS = {"silu_mul": 6, "gelu_mul": 10, "gelu": 8, "relu": 1, "add": 1, "mul": 1, "silu": 5,
+                     "sigmoid_mul": 5}  # (sigmoid(g) x: silu_mul without its g x sigmoid(g) multiply)
+ELEMENTWISE_INPUTS = {"silu_mul": 2, "gelu_mul": 2, "gelu": 1, "relu": 1, "add": 2, "mul": 2, "silu": 1,
+                      "sigmoid_mul": 2}
 
 
 @dataclass(frozen=True)

@@ -33,3 +33,16 @@ def test_tensor_parallel_all_reduces_once_a_layer():
     a = roofline(build_step_graph(COHERE, "decode", 2, 512, tp=2), h100)
     b = roofline(build_step_graph(SEQUENTIAL, "decode", 2, 512, tp=2), h100)
     assert a.total_bytes < b.total_bytes and a.total_time_s < b.total_time_s
+
+
+def test_a_gated_attention_output_is_a_gemm_and_a_sigmoid_mul():
+    """AFMoE: the attention's output times sigmoid(x W_g) before o_proj; W_g hidden x q_dim, sharded as q."""
+    from codesign.specs import Elementwise, Gemm
+
+    gated = dataclasses.replace(SEQUENTIAL, attention_output_gate=True)
+    g = build_step_graph(gated, "decode", 3, 256, tp=2)
+    assert g.nodes["L0.attn_gate"]["spec"] == Gemm(M=3, N=4 * 128, K=1024)
+    assert g.nodes["L0.attn_gate_mul"]["spec"] == Elementwise("sigmoid_mul", 3 * 4 * 128)
+    assert set(g.predecessors("L0.attn_gate_mul")) == {"L0.attention", "L0.attn_gate"}
+    assert set(g.predecessors("L0.o_proj")) == {"L0.attn_gate_mul"}
+    assert gated.param_count() == SEQUENTIAL.param_count() + 4 * 1024 * 1024
