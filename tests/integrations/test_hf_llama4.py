@@ -45,13 +45,6 @@ def llama4(chunk: int = 4, seed: int = 0, **overrides):
     return model
 
 
-def test_pieces_split_at_chunk_boundaries():
-    assert chunk_pieces(0, 12, 4) == [(0, 0, 4), (4, 4, 8), (8, 8, 12)]
-    assert chunk_pieces(6, 1, 4) == [(4, 6, 7)]  # a decode step: its chunk from 4
-    assert chunk_pieces(7, 3, 4) == [(4, 7, 8), (8, 8, 10)]
-    assert chunk_pieces(8, 0, 4) == [(8, 8, 8)]  # a row with no new token: one empty piece
-
-
 def test_the_chunks_change_the_tokens():
     """Teeth: the same weights with chunks wider than the run give other tokens, so equality below means the
     chunks were applied."""

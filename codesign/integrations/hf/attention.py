@@ -25,7 +25,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf.latent import LatentPending
-from codesign.integrations.hf.support import ATTN_NAME, left_pads
+from codesign.integrations.hf.support import ATTN_NAME, layer_chunks, left_pads
 from codesign.integrations.hf.traced import traced_attention
 from codesign.specs import CodesignError
 
@@ -101,9 +101,8 @@ def codesign_attention(module, query, key, value, attention_mask, scaling=None, 
 
 def _check_not_chunked(module) -> None:
     """The packed path attends causally: a chunked-attention layer (Llama 4) is refused there."""
-    types = getattr(getattr(module, "config", None), "layer_types", None) or ()
-    idx = getattr(module, "layer_idx", None)
-    if idx is not None and idx < len(types) and types[idx] == "chunked_attention":
+    cfg, idx = getattr(module, "config", None), getattr(module, "layer_idx", None)
+    if cfg is not None and idx is not None and layer_chunks(cfg, idx + 1)[idx]:
         raise CodesignError(f"chunked-attention layer {idx} needs a CodesignCache (generate makes one): without it "
                             "its keys would be attended causally, not by chunk")  # fmt: skip
 
