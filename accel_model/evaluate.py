@@ -17,7 +17,10 @@ Where each op runs:
                                on the KV quant engines (or the vector unit)
     Prefill/Extend/Tree attn.  arrays + vector unit (softmax)
     KVWrite, KVDequantize      KV quant engines if present and the format is quantized, else vector unit
-    Norm, Softmax, RoPE, Elementwise, Sampling     vector unit
+    Norm, Softmax, RoPE, Elementwise, Sampling, CausalConv1d     vector unit
+    GatedDeltaRule             one-token sequences (decode): the recurrence on the vector lanes; a prompt's
+                               chunks: their eight products on the arrays, the triangular solve and decay
+                               masks on the vector unit (`vector_unit.py`)
     Embedding                  DRAM (random rows)
     AllReduce                  chip-to-chip link (ring: the interconnect's latency per collective and per
                                step plus the spec's bytes, `collectives.py`), adds on the vector unit
@@ -59,9 +62,11 @@ from codesign.accel_model.vector_unit import vector_cost
 from codesign.specs import (
     AllReduce,
     AllToAll,
+    CausalConv1d,
     CodesignError,
     Elementwise,
     Embedding,
+    GatedDeltaRule,
     Gemm,
     KVDequantize,
     KVWrite,
@@ -397,6 +402,25 @@ def _dense_attention(acc: _Acc, spec: OpSpec, q_lens: tuple[int, ...], kv_lens: 
     return acc.result(spec, "systolic")
 
 
+def _gated_delta(acc: _Acc, spec: GatedDeltaRule) -> Result:
+    """The chunked form's products on the arrays, grouped by chunk length; the rest on the vector lanes."""
+    counts: dict[int, int] = {}
+    for n in spec.new_tokens:
+        for c in spec.chunks(n) if n > 1 else ():
+            counts[c] = counts.get(c, 0) + 1
+    dk, dv, act = spec.key_dim, spec.value_dim, spec.dtype
+    for c, k in sorted(counts.items()):
+        nb = k * spec.value_heads
+        # K K^T and Q K^T; the solve's result on beta V and on decayed beta K; attention on the new values;
+        # the two reads of the state and its update.
+        for m, n, kk in ((c, c, dk), (c, c, dk), (c, dv, c), (c, dk, c), (c, dv, c), (c, dv, dk), (c, dv, dk),
+                         (dk, dv, c)):  # fmt: skip
+            acc.array(m, n, kk, nb, act, dtype_bytes(act))
+    acc.vector(spec)
+    acc.dram(spec.min_bytes())
+    return acc.result(spec, "systolic" if counts else "vector")
+
+
 def _vector_op(acc: _Acc, spec: OpSpec) -> Result:
     acc.vector(spec)
     nbytes = spec.min_bytes()
@@ -491,8 +515,10 @@ def design_fields_read(
         return (*_ALWAYS, "systolic", "vector")
     if isinstance(spec, Embedding):
         return _ALWAYS
-    if isinstance(spec, Norm | Softmax | RoPE | Elementwise | Sampling | AllReduce | AllToAll):
+    if isinstance(spec, Norm | Softmax | RoPE | Elementwise | Sampling | AllReduce | AllToAll | CausalConv1d):
         return (*_ALWAYS, "vector")
+    if isinstance(spec, GatedDeltaRule):
+        return (*_ALWAYS, "systolic", "vector")
     # Unknown operators: every field (evaluate raises for them anyway).
     return (*_ALWAYS, "systolic", "vector", "kv_quant", "pim", "pim_gemv_max_batch", "huffman_decoder")
 
@@ -514,8 +540,10 @@ def evaluate(design: Design, spec: OpSpec) -> Result:
         return _dense_attention(acc, spec, spec.tree_sizes, kv)
     if isinstance(spec, KVWrite | KVDequantize):
         return _kv_op(acc, spec)
-    if isinstance(spec, Norm | Softmax | RoPE | Elementwise | Sampling):
+    if isinstance(spec, Norm | Softmax | RoPE | Elementwise | Sampling | CausalConv1d):
         return _vector_op(acc, spec)
+    if isinstance(spec, GatedDeltaRule):
+        return _gated_delta(acc, spec)
     if isinstance(spec, MoERouter):
         return _router(acc, spec)
     if isinstance(spec, Embedding):

@@ -17,6 +17,11 @@ Per-element slot counts (s = sfu_cost):
     sampling     softmax + 1 compare (top-k / argmax)
     kv quantize  5 (min, max, subtract, multiply, round) + per vector 1 reciprocal + 2 trees
     kv dequant   3 (unpack, multiply, add)
+    causal conv  kernel multiply-adds, then silu's 3 + 2s
+    gated delta  one-token sequences: 4 a state element and value head (the decay, then S^T k, the rank-1
+                 update and S^T q as multiply-adds); a prompt's chunks: the triangular solve's multiply-adds and
+                 1 + s a c x c decay-mask entry (the products run on the arrays); per token 2 a q or k channel
+                 (square-accumulate, scale) and an rsqrt a q or k head, 4 + 2s a value head (softplus, sigmoid)
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from codesign.specs import (
+    CausalConv1d,
     CodesignError,
     Elementwise,
+    GatedDeltaRule,
     KVDequantize,
     KVWrite,
     MoERouter,
@@ -97,7 +104,22 @@ def lane_ops(vu: VectorUnitSpec, spec: OpSpec) -> int:
         return vectors * (5 * spec.head_dim + s + 2 * tree)
     if isinstance(spec, KVDequantize):
         return 3 * spec.vectors * spec.head_dim
+    if isinstance(spec, CausalConv1d):
+        plain, sfu = _ELEMENTWISE["silu"] if spec.silu else (0, 0)
+        return spec.tokens * spec.channels * (spec.kernel + plain + sfu * s)
+    if isinstance(spec, GatedDeltaRule):
+        return _gated_delta_lane_ops(spec, s)
     raise CodesignError(f"the vector unit does not run {type(spec).__name__} ops")
+
+
+def _gated_delta_lane_ops(spec: GatedDeltaRule, s: int) -> int:
+    """The gated delta rule's vector work (module docstring): all of the recurrence, a prompt's solve and masks."""
+    state = spec.key_dim * spec.value_dim
+    ops = sum(4 * state for n in spec.new_tokens if n == 1)
+    ops += sum(spec.solve_macs(c) + (1 + s) * c * c for n in spec.new_tokens if n > 1 for c in spec.chunks(n))
+    ops *= spec.value_heads
+    per_token = spec.key_heads * (4 * spec.key_dim + 2 * s) + spec.value_heads * (4 + 2 * s)  # q and k: 2 + 2
+    return ops + spec.tokens * per_token
 
 
 def vector_cost(vu: VectorUnitSpec, spec: OpSpec) -> VectorCost:

@@ -62,6 +62,7 @@ from codesign.accel_model.collectives import gpu_interconnect
 from codesign.catalog.gpus import GPUSpec
 from codesign.specs import (
     COLLECTIVES,
+    GatedDeltaRule,
     Gemm,
     Norm,
     OpSpec,
@@ -112,6 +113,8 @@ def family(spec: OpSpec) -> str:
         spec, Gemm | PrefillAttention | PagedDecodeAttention | PagedExtendAttention | TreeAttention
     ):
         return "matmul"
+    if isinstance(spec, GatedDeltaRule):  # a prompt's chunks are tensor-core products; the recurrence streams state
+        return "matmul" if spec.peak_key() != "vector" else "elementwise"
     if isinstance(spec, Softmax):
         return "softmax"
     if isinstance(spec, Norm):

@@ -32,9 +32,11 @@ from codesign.catalog.models import ModelConfig, chunk_pieces, expected_active_e
 from codesign.specs import (
     AllReduce,
     AllToAll,
+    CausalConv1d,
     CodesignError,
     Elementwise,
     Embedding,
+    GatedDeltaRule,
     Gemm,
     KVFormat,
     KVWrite,
@@ -226,7 +228,10 @@ class _StepBuilder:
         """One decoder block on the residual stream `h_in`; returns the block's output node."""
         m, p, hid_b = self.m, f"L{i}.", self.hid_b
         n1 = self.add(p + "attn_norm", "attn_norm", Norm(self.tokens, m.hidden, m.norm), i, [h_in], hid_b)
-        o = self.latent_attention(p, i, n1) if m.mla else self.attention(p, i, n1)
+        if m.linear_layer(i):
+            o = self.linear_attention(p, i, n1)
+        else:
+            o = self.latent_attention(p, i, n1) if m.mla else self.attention(p, i, n1)
         if m.parallel_block:  # the MLP reads the same normed input; both outputs join the residual in one add
             down = self.ffn_block(p, i, n1)
             if m.shared_expert_ffn and m.moe_layer(i):
@@ -271,6 +276,34 @@ class _StepBuilder:
             attn = self.add(p + "attn_gate_mul", "sigmoid_mul", Elementwise("sigmoid_mul", tokens * qh * hd), i,
                             [attn, gate], ab)  # fmt: skip
         return self.add(p + "o_proj", "o_proj", self.lin(m.hidden, qh * hd, m.o_bias), i, [attn], self.hid_b)
+
+    def linear_attention(self, p: str, i: int, n1: str) -> str:
+        """A Gated DeltaNet block (Qwen3-Next, Qwen3.5) as vLLM runs it: one projection to q, k, v and the output
+        gate z, one to the decay and write-strength inputs b and a (both column-parallel by heads), the causal conv
+        over q, k, v with SiLU, the gated delta rule over each sequence's state (the recurrence at decode, the
+        chunked form over a prompt), the per-head RMSNorm gated by silu(z), and the row-parallel output projection.
+        A decode reads and writes each sequence's states; a prompt starts them from zero and writes them."""
+        m, tokens, act_b = self.m, self.tokens, self.act_b
+        hk = tp_divide("linear_key_heads", m.linear_key_heads, self.tp)
+        hv = tp_divide("linear_value_heads", m.linear_value_heads, self.tp)
+        dk, dv = m.linear_key_dim, m.linear_value_dim
+        kd, vd = hk * dk, hv * dv
+        decode = self.g.graph["phase"] == "decode"
+        new = (1,) * len(self.lens) if decode else self.lens
+        proj_n = 2 * kd + 2 * vd
+        proj = self.add(p + "in_proj_qkvz", "in_proj_qkvz", self.lin(proj_n, m.hidden, False), i, [n1],
+                        tokens * proj_n * act_b)  # fmt: skip
+        ba_spec = self.lin(2 * hv, m.hidden, False)
+        ba = self.add(p + "in_proj_ba", "in_proj_ba", ba_spec, i, [n1], tokens * 2 * hv * act_b)
+        conv_spec = CausalConv1d(2 * kd + vd, m.linear_conv_kernel, new, initial_state=decode)
+        conv = self.add(p + "conv1d", "conv1d", conv_spec, i, [proj], tokens * (2 * kd + vd) * act_b)
+        rule = GatedDeltaRule(hk, hv, dk, dv, new, initial_state=decode)
+        o = self.add(p + "gated_delta_rule", "gated_delta_rule", rule, i, [conv, ba], tokens * vd * act_b)
+        norm = self.add(p + "linear_attn_norm", "linear_attn_norm", Norm(tokens * hv, dv, m.norm), i, [o],
+                        tokens * vd * act_b)  # fmt: skip
+        gate = Elementwise("silu_mul", tokens * vd)  # norm(o) * silu(z)
+        gated = self.add(p + "linear_attn_gate", "linear_attn_gate", gate, i, [norm, proj], tokens * vd * act_b)
+        return self.add(p + "out_proj", "out_proj", self.lin(m.hidden, vd, False), i, [gated], self.hid_b)
 
     def latent_attention(self, p: str, i: int, n1: str) -> str:
         """Multi-head latent attention (DeepSeek-V2/V3) as serving engines run it (vLLM, SGLang, FlashMLA).

@@ -9,7 +9,15 @@ from pathlib import Path
 import networkx as nx
 
 from codesign.dataflow.schedule import Schedule
-from codesign.specs import CodesignError, Gemm, KVWrite, PagedDecodeAttention, PagedExtendAttention
+from codesign.specs import (
+    CausalConv1d,
+    CodesignError,
+    GatedDeltaRule,
+    Gemm,
+    KVWrite,
+    PagedDecodeAttention,
+    PagedExtendAttention,
+)
 
 
 def kept_tokens(total: int, new: int, window: int | None, block_size: int) -> int:
@@ -25,7 +33,8 @@ def kept_tokens(total: int, new: int, window: int | None, block_size: int) -> in
 def resident_bytes(g: nx.DiGraph) -> dict[str, float]:
     """Bytes that must sit in device memory for the step: weights (each GEMM node once; a MoE projection
     with all its experts, `resident_weights`, not just the ones a batch reaches) and the KV cache (a sliding
-    layer's: `kept_tokens`; a prefill's whole prompt, written before a window frees any of it)."""
+    layer's: `kept_tokens`; a prefill's whole prompt, written before a window frees any of it; a linear-attention
+    layer's fixed states a sequence, counted with it as vLLM's hybrid allocator pools them)."""
     weights = 0.0
     kv = 0.0
     for _, d in g.nodes(data=True):
@@ -40,6 +49,8 @@ def resident_bytes(g: nx.DiGraph) -> dict[str, float]:
             kv += kept * s.kv_bytes_per_token()
         elif isinstance(s, KVWrite) and g.graph.get("phase") == "prefill":
             kv += s.tokens * s.cache_bytes_per_token()
+        elif isinstance(s, GatedDeltaRule | CausalConv1d):
+            kv += s.state_bytes()
     return {"weights": weights, "kv_cache": kv}
 
 

@@ -30,6 +30,7 @@ REQUIRED_MODELS = (
     "glm-4.5",
     "llama-4-maverick",
     "glm-4.5-air",
+    "qwen3-next-80b-a3b",
     "opt-6.7b",
     "gpt-3-175b",
 )

@@ -75,6 +75,15 @@ class ModelConfig:
     dense_layers: int = 0
     moe_layer_step: int = 1
     dense_ffn: int = 0
+    # Layers that run Gated DeltaNet linear attention instead of softmax attention (Qwen3-Next, Qwen3.5): a fixed
+    # state a sequence (linear_value_heads states of linear_key_dim x linear_value_dim, and a causal conv's last
+    # linear_conv_kernel - 1 inputs) in place of a KV cache; linear_key_heads query / key heads of linear_key_dim.
+    linear_attention_layers: tuple[int, ...] = ()
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_dim: int = 0
+    linear_conv_kernel: int = 0
     known_params: float | None = None
     source: str = ""
 
@@ -108,6 +117,7 @@ class ModelConfig:
                 object.__setattr__(self, f, self.bias)
         self._check_mla(where)
         self._check_dense_layers(where)
+        self._check_linear_attention(where)
         if self.known_params is not None:
             # YAML 1.1 reads "6.738e9" (no sign in the exponent) as a string.
             object.__setattr__(self, "known_params", float(self.known_params))
@@ -155,6 +165,58 @@ class ModelConfig:
             raise CodesignError(f"{where}: moe_layer_step={self.moe_layer_step} needs experts > 0 and dense_ffn > 0")
         if self.dense_ffn and not (self.dense_layers or self.moe_layer_step > 1):
             raise CodesignError(f"{where}: dense_ffn needs dense_layers > 0 or moe_layer_step > 1")
+
+    def _check_linear_attention(self, where: str) -> None:
+        dims = ("linear_key_heads", "linear_value_heads", "linear_key_dim", "linear_value_dim", "linear_conv_kernel")
+        layers = tuple(self.linear_attention_layers)
+        object.__setattr__(self, "linear_attention_layers", layers)  # (YAML gives a list)
+        if not layers:
+            if any(getattr(self, f) for f in dims):
+                raise CodesignError(f"{where}: {', '.join(dims)} need linear_attention_layers")
+            return
+        for f in dims:
+            check_positive_int(f"{where}: {f}", getattr(self, f))
+        bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.layers]
+        if bad or len(set(layers)) != len(layers):
+            raise CodesignError(f"{where}: linear_attention_layers {list(layers)} are not distinct layer indices "
+                                f"0..{self.layers - 1}")  # fmt: skip
+        if self.linear_value_heads % self.linear_key_heads:
+            raise CodesignError(f"{where}: linear_value_heads={self.linear_value_heads} must be a multiple of "
+                                f"linear_key_heads={self.linear_key_heads}")  # fmt: skip
+        if self.mla or self.parallel_block:
+            raise CodesignError(f"{where}: linear attention with latent attention or parallel blocks is not modelled")
+
+    def linear_layer(self, layer: int) -> bool:
+        """Whether block `layer` runs Gated DeltaNet linear attention (no KV cache)."""
+        return layer in self.linear_attention_layers
+
+    @property
+    def attention_layers(self) -> int:
+        """Blocks with softmax attention, the ones that cache K and V."""
+        return self.layers - len(self.linear_attention_layers)
+
+    def linear_attention_shapes(self) -> dict[str, tuple[int, int]]:
+        """(N, K) of a Gated DeltaNet block's linears (unsharded): q, k, v and the output gate z in one projection
+        (Qwen3-Next's in_proj_qkvz; Qwen3.5's in_proj_qkv and in_proj_z), the gate inputs b and a (in_proj_ba), the
+        output projection; empty for a model without."""
+        if not self.linear_attention_layers:
+            return {}
+        kd = self.linear_key_heads * self.linear_key_dim
+        vd = self.linear_value_heads * self.linear_value_dim
+        return {"in_proj_qkvz": (2 * kd + 2 * vd, self.hidden), "in_proj_ba": (2 * self.linear_value_heads,
+                self.hidden), "out_proj": (self.hidden, vd)}  # fmt: skip
+
+    def linear_state_bytes(self, state_bytes: float = 2.0) -> float:
+        """One sequence's Gated DeltaNet states over every linear layer (recurrent and conv), at `state_bytes` an
+        element (vLLM keeps them in the model's 16-bit dtype by default)."""
+        per_layer = self.linear_value_heads * self.linear_key_dim * self.linear_value_dim + \
+            (self.linear_conv_kernel - 1) * self.linear_conv_channels
+        return len(self.linear_attention_layers) * per_layer * state_bytes
+
+    @property
+    def linear_conv_channels(self) -> int:
+        """Channels of a Gated DeltaNet block's causal convolution: q, k and v."""
+        return 2 * self.linear_key_heads * self.linear_key_dim + self.linear_value_heads * self.linear_value_dim
 
     @property
     def mla(self) -> bool:
@@ -243,7 +305,7 @@ class ModelConfig:
             out["shared_down_proj"] = (self.hidden, self.shared_expert_ffn)
         if self.shared_expert_gate:
             out["shared_gate"] = (1, self.hidden)
-        return out
+        return {**out, **self.linear_attention_shapes()}
 
     def _shared_weights(self) -> int:
         s = self.linear_shapes()
@@ -271,10 +333,18 @@ class ModelConfig:
         per_layer = attn + bias_attn + (1 if self.parallel_block else 2) * norm_params + latent_norms
         sparse = self.moe_layers if self.experts else self.layers  # blocks with `mlp` (routed experts or the MLP)
         blocks = self.layers * per_layer + (self.layers - sparse) * dense + sparse * (mlp + bias_mlp)
+        blocks += len(self.linear_attention_layers) * (self._linear_attention_params() - attn - bias_attn)
         emb = self.vocab * self.hidden
         pos = (self.max_context + 2) * self.hidden if self.learned_positions else 0  # OPT keeps 2 spare rows
         head = 0 if self.tied_embeddings else self.vocab * self.hidden
         return blocks + emb + pos + head + norm_params
+
+    def _linear_attention_params(self) -> int:
+        """A Gated DeltaNet block's parameters in place of attention's: its linears, the conv filter, A_log and
+        dt_bias a value head, the gated norm's weight (one value head wide, shared by the heads)."""
+        lin = sum(n * k for n, k in self.linear_attention_shapes().values())
+        return lin + self.linear_conv_channels * self.linear_conv_kernel + 2 * self.linear_value_heads + \
+            self.linear_value_dim
 
     def weight_bytes_per_layer(self, bits_per_weight: float) -> float:
         """Bytes of linear weights of one block read by a step (all experts; a MoE block's, not a dense one's)."""
@@ -367,6 +437,7 @@ def _learned_positions_model(
     )
 
 
+LINEAR_ATTENTION_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 # The families read like Llama (GQA, RoPE, RMSNorm, a gated MLP or routed experts of one): what else they do (q/k
 # norms, fused projections, scalar multipliers, sinks, no-RoPE layers) costs nothing a step graph counts. Each is
 # checked against the model transformers builds from its config (tests/integrations/test_hf_catalogue.py).
@@ -374,12 +445,13 @@ LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwe
               "gemma3_text", "phi3", "olmo2", "granite", "gpt_oss", "glm", "glm4", "glm4_moe", "smollm3", "ernie4_5",
               "hunyuan_v1_dense", "seed_oss", "olmo3", "olmoe", "flex_olmo", "apertus", "ministral", "ministral3",
               "exaone4", "arcee", "helium", "granitemoe", "starcoder2", "stablelm", "minimax_m2", "cohere", "cohere2",
-              "ernie4_5_moe", "hunyuan_v1_moe", "afmoe", "")  # fmt: skip
-# Served by the HF integration but not read here: the step graph has no node for what they add.
-NOT_READ = {
-    **dict.fromkeys(("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"),
-                    "Gated DeltaNet linear-attention layers (no operator for them in the step graph)"),
-}
+              "ernie4_5_moe", "hunyuan_v1_moe", "afmoe", *LINEAR_ATTENTION_TYPES, "")  # fmt: skip
+# The Qwen MoE families (experts moe_intermediate_size wide; a gated shared expert but in Qwen3-MoE).
+QWEN_MOE = {"qwen2_moe": "Qwen2-MoE", "qwen3_moe": "Qwen3-MoE", "qwen3_next": "Qwen3-Next",
+            "qwen3_5_moe_text": "Qwen3.5-MoE"}
+# Gated DeltaNet layers (layer_types "linear_attention") beside gated full attention (q_proj's second half gates
+# the output: the step graph's attention_output_gate).
+LINEAR_ATTENTION = LINEAR_ATTENTION_TYPES
 # Non-gated MLPs (up, activation, down) and their step-graph activation: StarCoder2's GELU, Apertus's xIELU (an
 # elementwise op of GELU's cost), Arcee's ReLU^2.
 PLAIN_MLP = {"starcoder2": "gelu", "apertus": "gelu", "arcee": "relu"}
@@ -435,17 +507,16 @@ def _hf_experts(cfg: dict[str, Any], mtype: str, g) -> tuple[int, int, int, int,
     experts, dense_ffn = int(experts), int(g("intermediate_size"))
     if not experts:
         return 0, dense_ffn, 0, 0, 0, 1
-    if mtype in ("qwen2_moe", "qwen3_moe"):
+    if mtype in QWEN_MOE:
         # Routed experts are moe_intermediate_size wide (intermediate_size is the dense MLP width, used only by
-        # mlp_only_layers); Qwen2-MoE adds a gated shared expert in every layer.
+        # mlp_only_layers); all but Qwen3-MoE add a gated shared expert in every layer.
         sparse_step = int(cfg.get("decoder_sparse_step", 1) or 1)
         if cfg.get("mlp_only_layers") or sparse_step != 1:
-            kind = "Qwen2-MoE" if mtype == "qwen2_moe" else "Qwen3-MoE"
             raise CodesignError(
-                f"{kind} with dense layers (mlp_only_layers={cfg.get('mlp_only_layers')}, "
+                f"{QWEN_MOE[mtype]} with dense layers (mlp_only_layers={cfg.get('mlp_only_layers')}, "
                 f"decoder_sparse_step={sparse_step}) is not mapped: every layer must be sparse"
             )
-        shared = int(cfg.get("shared_expert_intermediate_size") or 0) if mtype == "qwen2_moe" else 0
+        shared = int(cfg.get("shared_expert_intermediate_size") or 0) if mtype != "qwen3_moe" else 0
         return experts, int(g("moe_intermediate_size")), shared, 0, 0, 1
     if mtype == "glm4_moe":  # DeepSeekMoE's layout: leading dense blocks, then routed experts beside shared ones
         moe = int(g("moe_intermediate_size"))
@@ -526,12 +597,12 @@ def _llama_like(name: str, path: Path, cfg: dict[str, Any], mtype: str, g) -> Mo
         ffn_kind=PLAIN_MLP.get(mtype) or ("gated_gelu" if "gelu" in act else "gated_silu"),
         norm="layer" if mtype in LAYER_NORM else "rms",
         parallel_block=mtype in PARALLEL_BLOCK,
-        attention_output_gate=mtype == "afmoe",
+        attention_output_gate=mtype == "afmoe" or mtype in LINEAR_ATTENTION,
         max_context=int(g("max_position_embeddings")),
         experts=experts,
         top_k=_top_k(cfg) if experts else 0,
         shared_expert_ffn=shared,
-        shared_expert_gate=mtype == "qwen2_moe" and bool(shared),
+        shared_expert_gate=mtype in QWEN_MOE and bool(shared),
         dense_layers=dense,
         dense_ffn=dense_ffn,
         moe_layer_step=step,
@@ -543,7 +614,24 @@ def _llama_like(name: str, path: Path, cfg: dict[str, Any], mtype: str, g) -> Mo
         sliding_window=window,
         full_attention_layers=full_layers,
         source=str(path),
+        **(_linear_attention(cfg, layers, g) if mtype in LINEAR_ATTENTION else {}),
     )
+
+
+def _linear_attention(cfg: dict[str, Any], layers: int, g) -> dict[str, Any]:
+    """The Gated DeltaNet fields of a Qwen3-Next / Qwen3.5 config: its layers (layer_types, or every layer but each
+    full_attention_interval-th as transformers defaults them) and shapes."""
+    types = cfg.get("layer_types") or ["full_attention" if (i + 1) % int(cfg.get("full_attention_interval") or 4)
+                                       == 0 else "linear_attention" for i in range(layers)]  # fmt: skip
+    unknown = sorted({t for t in types[:layers]} - {"linear_attention", "full_attention"})
+    if unknown or len(types) < layers:
+        raise CodesignError(f"layer_types {types} are not {layers} of linear_attention / full_attention")
+    return dict(
+        linear_attention_layers=tuple(i for i, t in enumerate(types[:layers]) if t == "linear_attention"),
+        linear_key_heads=int(g("linear_num_key_heads")), linear_value_heads=int(g("linear_num_value_heads")),
+        linear_key_dim=int(g("linear_key_head_dim")), linear_value_dim=int(g("linear_value_head_dim")),
+        linear_conv_kernel=int(g("linear_conv_kernel_dim")),
+    )  # fmt: skip
 
 
 def _llama4_model(name: str, path: Path, cfg: dict[str, Any], g) -> ModelConfig:
@@ -619,11 +707,13 @@ def load_hf_config(path: str | Path) -> ModelConfig:
             )
         if mtype in LATENT_ATTENTION:
             return _deepseek_model(name, path, cfg, mtype)
+        if mtype in ("qwen3_5", "qwen3_5_moe") and isinstance(cfg.get("text_config"), dict):
+            # The multimodal checkpoints' config.json nests the text model's (its model_type is *_text).
+            cfg, mtype = cfg["text_config"], f"{mtype}_text"
+            g = functools.partial(_get, cfg, path)
         if mtype in ("llama4", "llama4_text"):  # (a Llama4ForConditionalGeneration's config.json nests the text one)
             text = cfg.get("text_config", cfg) if mtype == "llama4" else cfg
             return _llama4_model(name, path, text, functools.partial(_get, text, path))
-        if mtype in NOT_READ:
-            raise CodesignError(f"{path}: model_type {mtype!r} is not mapped: {NOT_READ[mtype]}")
         if mtype in LLAMA_LIKE:
             return _llama_like(name, path, cfg, mtype, g)
     except (TypeError, ValueError) as e:

@@ -535,6 +535,129 @@ class Elementwise(OpSpec):
         return self.op
 
 
+class _StateRows:
+    """Ops whose rows each add `new_tokens` to a fixed per-sequence state (linear attention's) instead of a cache."""
+
+    def _check_rows(self) -> None:
+        object.__setattr__(self, "new_tokens", check_positive_ints("new_tokens", self.new_tokens))  # type: ignore
+        _check_dtype("dtype", self.dtype)  # type: ignore[attr-defined]
+        _check_dtype("state_dtype", self.state_dtype)  # type: ignore[attr-defined]
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.new_tokens)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class GatedDeltaRule(_StateRows, OpSpec):
+    """Gated DeltaNet's linear attention (Qwen3-Next, Qwen3.5): a key_dim x value_dim state S per value head and
+    sequence in place of a KV cache. Each token decays the state, writes its value by the delta rule and reads it
+    with its query::
+
+        S <- exp(g) S;   S <- S + beta k (v - S^T k)^T;   o = S^T q / sqrt(key_dim)
+
+    q and k have key_heads heads (each serving value_heads / key_heads value heads) and are l2-normalised; g and
+    beta (one a token and value head) come from the gate inputs a and b. `new_tokens[b]` is what sequence b adds
+    this step: one token runs the recurrence (7 dk dv flops a value head: the decay, S^T k, the rank-1 update,
+    S^T q); more run the chunked form (FLA's chunk_gated_delta_rule, transformers' torch_chunk_gated_delta_rule)
+    in chunks of `chunk` tokens: a chunk of c tokens costs each value head c^2 (6 dk + 4 dv) for its five c x c
+    products, 6 c dk dv for its three products with the state, (c - 1) c (2c - 1) / 3 for the triangular solve
+    (forward substitution: sum of i^2 multiply-adds for i < c).
+    `initial_state`: the sequences carry a state in (decode, extend) and read it; a prompt starts from zero.
+    Bytes: q, k, v and the gate inputs read and o written at `dtype`, the state read (if carried) and written at
+    `state_dtype` (vLLM keeps it in the model's dtype unless `mamba_ssm_cache_dtype` asks for float32).
+    """
+
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    new_tokens: tuple[int, ...] = (1,)
+    initial_state: bool = True
+    chunk: int = 64
+    dtype: str = "fp16"
+    state_dtype: str = "fp16"
+    kind: ClassVar[str] = "gated_delta_rule"
+
+    def __post_init__(self) -> None:
+        for f in ("key_heads", "value_heads", "key_dim", "value_dim", "chunk"):
+            check_positive_int(f, getattr(self, f))
+        if self.value_heads % self.key_heads:
+            raise CodesignError(f"value_heads={self.value_heads} must be a multiple of key_heads={self.key_heads}")
+        self._check_rows()
+
+    def chunks(self, n: int) -> list[int]:
+        """The chunk lengths a sequence of `n` new tokens runs in (the last one short)."""
+        return [min(self.chunk, n - s) for s in range(0, n, self.chunk)]
+
+    @staticmethod
+    def solve_macs(c: int) -> int:
+        """Multiply-adds of a chunk's triangular solve, one value head: row i adds i products of i terms."""
+        return (c - 1) * c * (2 * c - 1) // 6
+
+    def matmul_flops(self) -> float:
+        """Flops of the chunked form's products (c x c and with the state), every value head: what a matmul
+        counter sees in a reference that runs the chunks unpadded. The recurrence (one-token sequences) has none."""
+        dk, dv = self.key_dim, self.value_dim
+        per_head = sum(c * c * (6 * dk + 4 * dv) + 6 * c * dk * dv
+                       for n in self.new_tokens if n > 1 for c in self.chunks(n))  # fmt: skip
+        return float(self.value_heads * per_head)
+
+    def flops(self) -> float:
+        dk, dv = self.key_dim, self.value_dim
+        recurrent = sum(n for n in self.new_tokens if n == 1) * 7.0 * dk * dv * self.value_heads
+        solve = 2.0 * self.value_heads * sum(self.solve_macs(c) for n in self.new_tokens if n > 1
+                                             for c in self.chunks(n))  # fmt: skip
+        # l2 norms of q and k and the 1 / sqrt(dk) scale (7 a key channel), g and beta (9 a value head)
+        per_token = 7.0 * self.key_heads * dk + 9.0 * self.value_heads
+        return recurrent + self.matmul_flops() + solve + per_token * self.tokens
+
+    def state_bytes(self) -> float:
+        """The states of this step's sequences, one a value head."""
+        return len(self.new_tokens) * self.value_heads * self.key_dim * self.value_dim * dtype_bytes(self.state_dtype)
+
+    def min_bytes(self) -> float:
+        act = self.tokens * (2 * self.key_heads * self.key_dim + 2 * self.value_heads * (self.value_dim + 1))
+        return act * dtype_bytes(self.dtype) + (2 if self.initial_state else 1) * self.state_bytes()
+
+    def peak_key(self) -> str:
+        # The chunked form's products run on tensor cores; the one-token recurrence is elementwise.
+        return "vector" if all(n == 1 for n in self.new_tokens) else "fp16"
+
+
+@dataclass(frozen=True)
+class CausalConv1d(_StateRows, OpSpec):
+    """Depthwise causal 1-D convolution over `channels` channels with a `kernel`-tap filter, then SiLU (Gated
+    DeltaNet's and Mamba's short convolution, causal_conv1d_fn / causal_conv1d_update). Each sequence keeps its
+    last kernel - 1 inputs as its state: read when `initial_state` (decode, extend), always written."""
+
+    channels: int
+    kernel: int
+    new_tokens: tuple[int, ...] = (1,)
+    initial_state: bool = True
+    silu: bool = True
+    dtype: str = "fp16"
+    state_dtype: str = "fp16"
+    kind: ClassVar[str] = "causal_conv1d"
+
+    def __post_init__(self) -> None:
+        check_positive_int("channels", self.channels)
+        check_positive_int("kernel", self.kernel)
+        self._check_rows()
+
+    def flops(self) -> float:
+        return float(self.tokens * self.channels * (2 * self.kernel + (ELEMENTWISE_FLOPS["silu"] if self.silu else 0)))
+
+    def state_bytes(self) -> float:
+        """The states of this step's sequences: kernel - 1 inputs each."""
+        return len(self.new_tokens) * (self.kernel - 1) * self.channels * dtype_bytes(self.state_dtype)
+
+    def min_bytes(self) -> float:
+        b = dtype_bytes(self.dtype)
+        io = (2 * self.tokens + self.kernel) * self.channels * b  # inputs, outputs, the filter
+        return io + (2 if self.initial_state else 1) * self.state_bytes()
+
+
 @dataclass(frozen=True)
 class Embedding(OpSpec):
     """Gather `tokens` rows of a [vocab, hidden] table."""
@@ -685,6 +808,8 @@ ALL_SPECS: tuple[type[OpSpec], ...] = (
     Softmax,
     RoPE,
     Elementwise,
+    GatedDeltaRule,
+    CausalConv1d,
     Embedding,
     MoERouter,
     AllReduce,

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from codesign.accel_model.pim import area_mm2 as pim_area_mm2
+from codesign.catalog.models import load_model
 from codesign.dataflow.explore.space import point_key
 from codesign.dataflow.graph import build_step_graph
 from codesign.dataflow.reports import resident_bytes
@@ -110,11 +111,9 @@ def step_cost(
 
 
 def _kv_bytes_per_token(model: str, kvf: str) -> float:
-    from codesign.catalog.models import load_model
-
     m = load_model(model)
     vectors, width, latent = m.kv_cache_layout()
-    return m.layers * KVFormat.parse(kvf).bytes_per_token(vectors, width, latent=latent)
+    return m.attention_layers * KVFormat.parse(kvf).bytes_per_token(vectors, width, latent=latent)  # (not linear)
 
 
 def _interp(xs: list[int], ys: list[float], x: float) -> float:
@@ -150,13 +149,13 @@ def _serve(
     kind, _, rest = spec.partition(":")
     if kind == "synthetic":
         n, rate = rest.split(":")[:2]
-        from codesign.catalog.models import load_model
-
         trace = synthetic_trace(int(n), float(rate), max_context=load_model(model).max_context)
     else:
         trace = load_azure_trace(rest)
-    kv_tok = max(0, int((capacity - weights) / _kv_bytes_per_token(model, fmt["kv"])))
     max_batch = 256
+    # A linear-attention model's fixed states for as many sequences as can run, then the KV tokens that fit.
+    states = max_batch * load_model(model).linear_state_bytes()
+    kv_tok = max(0, int((capacity - weights - states) / _kv_bytes_per_token(model, fmt["kv"])))
     # Probe the step cost at a few batch sizes and prompt lengths; interpolate in between. Decode cost is
     # affine in the total context (attention reads every cached token once).
     bs = [1, 4, 16, 64, 256]

@@ -12,4 +12,6 @@ KB, which neither a CUDA graph nor a faster GEMM removes. The operator specs (`c
     triton_rms_norm.py   one program a row (the residual added first for add_rms_norm)
     triton_rope.py       one program a token: every head of q and k, cos and sin read once
     triton_act_mul.py    act(gate) * up over rows of blocks of 1024 (SiLU, or GELU's tanh approximation)
+    gated_delta.py       Gated DeltaNet's linear attention (Qwen3-Next, Qwen3.5), the CPU reference of its recurrence
+                         and chunked form (no kernel yet: Hugging Face models run transformers' own)
 """

@@ -17,9 +17,11 @@ from codesign.specs import (
     ALL_SPECS,
     AllReduce,
     AllToAll,
+    CausalConv1d,
     CodesignError,
     Elementwise,
     Embedding,
+    GatedDeltaRule,
     Gemm,
     KVDequantize,
     KVFormat,
@@ -182,6 +184,9 @@ def _one_of_each() -> list:
         AllReduce(1000, 4),
         AllToAll(1000, 4, "fp8_e4m3"),
         Sampling(3, 1000),
+        GatedDeltaRule(2, 4, 32, 48, new_tokens=(1, 1, 1)),
+        GatedDeltaRule(2, 4, 32, 48, new_tokens=(70, 5), initial_state=False),
+        CausalConv1d(96, 4, new_tokens=(3, 1)),
     ]
 
 

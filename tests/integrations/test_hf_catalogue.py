@@ -8,13 +8,12 @@ the MoE router, not a GEMM, so it is left out on both sides) and each stacked ex
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 import torch
 from hf_testing import FAMILIES, family_params, tiny_model
 
-from codesign.catalog.models import NOT_READ, load_hf_config
+from codesign.catalog.models import load_hf_config
 from codesign.dataflow.graph import build_step_graph
 from codesign.dataflow.reports import resident_bytes
 from codesign.integrations.hf.support import layer_chunks, layer_windows
@@ -22,7 +21,6 @@ from codesign.specs import Gemm
 
 # Config changes that make a family's tiny model one the catalogue reads (Qwen3-MoE: no dense layer).
 READABLE = {"qwen3_moe": {"mlp_only_layers": []}}
-READ = [f for f in FAMILIES if f not in NOT_READ]
 
 
 def _router(fqn: str, model) -> bool:
@@ -67,7 +65,7 @@ BIASED = {"llama": {"attention_bias": True, "mlp_bias": True}, "seed_oss": {"att
           "starcoder2": {"use_bias": False}}
 
 
-@pytest.mark.parametrize("family", family_params(READ))
+@pytest.mark.parametrize("family", family_params(list(FAMILIES)))
 def test_the_catalogue_reads_the_family_as_transformers_builds_it(family, tmp_path):
     _check_read(tiny_model(family, **READABLE.get(family, {})), tmp_path)
 
@@ -85,8 +83,9 @@ def _check_read(model, tmp_path) -> None:
     g = build_step_graph(mc, "decode", 1, 8)
     assert resident_bytes(g)["weights"] == 2 * hf_linear_weights(model)  # fp16
     assert graph_biases(g) == hf_linear_biases(model)
-    attn = [layer.self_attn for layer in model.model.layers]
+    attn = [layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn")]
     assert (mc.heads, mc.kv_heads, mc.head_dim) == (cfg.num_attention_heads, cfg.num_key_value_heads, attn[0].head_dim)
+    _check_linear_attention(model, mc)
     assert [mc.window_of(i) for i in range(mc.layers)] == layer_windows(cfg, cfg.num_hidden_layers)
     assert [mc.chunk_of(i) for i in range(mc.layers)] == layer_chunks(cfg, cfg.num_hidden_layers)
     experts = [m for m in model.modules() if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor)]
@@ -95,13 +94,32 @@ def _check_read(model, tmp_path) -> None:
     assert mc.vocab == cfg.vocab_size and mc.tied_embeddings == bool(cfg.tie_word_embeddings)
 
 
-@pytest.mark.parametrize("family", family_params(list(NOT_READ)))
-def test_what_the_catalogue_does_not_read_is_refused_by_name(family, tmp_path):
+def _check_linear_attention(model, mc) -> None:
+    """Gated DeltaNet layers where the model has them, with its shapes; every parameter counted (the full-attention
+    layers' q / k norms aside: the step graph leaves them out, as every family's)."""
+    linear = [i for i, layer in enumerate(model.model.layers) if hasattr(layer, "linear_attn")]
+    assert list(mc.linear_attention_layers) == linear
+    if not linear:
+        return
+    la = model.model.layers[linear[0]].linear_attn
+    assert (mc.linear_key_heads, mc.linear_value_heads, mc.linear_key_dim, mc.linear_value_dim,
+            mc.linear_conv_kernel) == (la.num_k_heads, la.num_v_heads, la.head_k_dim, la.head_v_dim,
+                                       la.conv_kernel_size)  # fmt: skip
+    qk_norms = sum(p.numel() for n, p in model.named_parameters() if n.endswith(("q_norm.weight", "k_norm.weight")))
+    assert mc.param_count() == sum(p.numel() for p in model.parameters()) - qk_norms
+
+
+@pytest.mark.parametrize("family", family_params(["qwen3_next"]))
+def test_qwen3_next_with_dense_layers_or_other_layer_types_is_refused(family, tmp_path):
     from codesign.specs import CodesignError
 
+    cfg = tiny_model(family).config.to_dict()
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(tiny_model(family).config.to_dict()))
-    with pytest.raises(CodesignError, match=re.escape(f"model_type '{family}' is not mapped: {NOT_READ[family]}")):
+    path.write_text(json.dumps({**cfg, "mlp_only_layers": [0]}))
+    with pytest.raises(CodesignError, match=r"Qwen3-Next with dense layers \(mlp_only_layers=\[0\]"):
+        load_hf_config(path)
+    path.write_text(json.dumps({**cfg, "layer_types": ["linear_attention", "sliding_attention"]}))
+    with pytest.raises(CodesignError, match="are not 2 of linear_attention / full_attention"):
         load_hf_config(path)
 
 

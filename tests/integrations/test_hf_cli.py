@@ -14,6 +14,7 @@ from codesign.integrations.hf import _compat
 from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf.bench import VARIANTS, bench_decode
 from codesign.integrations.hf.models import hf_config
+from codesign.specs import CodesignError
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +209,20 @@ def test_catalogue_models_become_transformers_configs(tmp_path):
                                                            full_attention_layers=(3, 7))  # fmt: skip
     assert back.linear_shapes() == want.linear_shapes() and back.param_count() == want.param_count()
     assert [back.chunk_of(i) for i in range(8)] == [8192, 8192, 8192, None] * 2
+    # Qwen3-Next: Gated DeltaNet layers, every fourth gated full attention, experts with a gated shared one
+    qn = hf_config(load_model("qwen3-next-80b-a3b"), layers=8)
+    assert (qn.model_type, qn.num_experts, qn.linear_num_value_heads, qn.layer_types[:4]) == (
+        "qwen3_next", 512, 32, ["linear_attention"] * 3 + ["full_attention"])  # fmt: skip
+    path.write_text(json.dumps(qn.to_dict()))
+    back, want = load_hf_config(path), dataclasses.replace(load_model("qwen3-next-80b-a3b"), layers=8,
+                                                           linear_attention_layers=(0, 1, 2, 4, 5, 6))  # fmt: skip
+    assert back.linear_shapes() == want.linear_shapes() and back.param_count() == want.param_count()
+    assert back.linear_attention_layers == want.linear_attention_layers and back.attention_output_gate
+    dense = dataclasses.replace(want, name="dense", experts=0, top_k=0, shared_expert_ffn=0, shared_expert_gate=False,
+                                ffn=5632)  # fmt: skip
+    assert hf_config(dense).model_type == "qwen3_5_text"
+    with pytest.raises(CodesignError, match="gated attention outputs are served beside linear attention"):
+        hf_config(dataclasses.replace(load_model("llama-3-8b"), attention_output_gate=True))
 
 
 @pytest.mark.skipif(_compat.VERSION < (5, 0), reason="transformers 4.x keeps experts as nn.Linear MLPs")
@@ -295,7 +310,7 @@ def test_later_families_generate_and_are_costed(tmp_path_factory, capsys):
 def test_llama4_and_qwen3_5_folders_generate_and_cost_or_refuse(tmp_path_factory, capsys):
     """A Llama 4 folder (chunked attention: a chunk of 16, the default block) runs and is costed on a design with
     its chunks; a Qwen3.5 folder (linear-attention layers) runs, --speculative is refused before generating, and
-    --design names the layers the step graph has no operator for."""
+    --design costs its Gated DeltaNet layers (the recurrence at decode, a state carried into an extend)."""
     llama4 = saved_tiny_model(tmp_path_factory, "llama4_text", "tiny-llama4")
     assert main(["generate", str(llama4), "--max-new-tokens", "6", "--prompt-len", "14", "--kv-format", "int8",
                  "--design", "h100-sxm"]) == 0  # fmt: skip
@@ -306,5 +321,15 @@ def test_llama4_and_qwen3_5_folders_generate_and_cost_or_refuse(tmp_path_factory
     capsys.readouterr()
     assert main(["generate", str(qwen), "--max-new-tokens", "4", "--speculative", "ngram"]) == 2
     assert "not served over chunked-attention (Llama 4) or linear-attention" in capsys.readouterr().err
-    assert main(["generate", str(qwen), "--max-new-tokens", "4", "--design", "tpu_like"]) == 2
-    assert "model_type 'qwen3_5_text' is not mapped: Gated DeltaNet" in capsys.readouterr().err
+    assert main(["generate", str(qwen), "--max-new-tokens", "4", "--design", "tpu_like"]) == 0
+    assert "predicted on tpu_like" in capsys.readouterr().out
+    from codesign.integrations.hf.cache import StepRecord
+    from codesign.integrations.hf.costing import run_shape, step_graph
+    from codesign.integrations.hf.kv_formats import parse_kv_format
+    from codesign.specs import GatedDeltaRule
+
+    shape = run_shape(tiny_model("qwen3_5_text"), parse_kv_format("bf16", torch.float32), 16)
+    rules = {k: step_graph(shape, StepRecord(k, q, c)).nodes["L0.gated_delta_rule"]["spec"]
+             for k, q, c in (("prefill", (5,), (5,)), ("decode", (1, 1), (9, 12)), ("extend", (3,), (12,)))}
+    assert all(isinstance(r, GatedDeltaRule) for r in rules.values())
+    assert [(r.new_tokens, r.initial_state) for r in rules.values()] == [((5,), False), ((1, 1), True), ((3,), True)]

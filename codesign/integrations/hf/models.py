@@ -61,12 +61,17 @@ def _check_sizes(cfg, where: str) -> None:
 
 def hf_config(m, layers: int | None = None):
     """A transformers config of a catalogue model (Llama, Mistral or Qwen2 style, a mixture of experts: Mixtral,
-    Qwen2-MoE, GPT-OSS, GLM-4.5, Llama 4's chunked attention, or DeepSeek-V2/V3's latent attention); others are
-    refused."""
+    Qwen2-MoE, GPT-OSS, GLM-4.5, Llama 4's chunked attention, DeepSeek-V2/V3's latent attention, or Qwen3-Next /
+    Qwen3.5's linear attention); others are refused."""
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     if m.mla:
         return _deepseek_config(m, layers)
+    if m.linear_attention_layers:
+        return _qwen3_next_config(m, layers)
+    if m.attention_output_gate:
+        raise CodesignError(f"catalogue model {m.name!r}: gated attention outputs are served beside linear "
+                            "attention (Qwen3-Next / Qwen3.5) only")  # fmt: skip
     if m.attention_chunk:
         return _llama4_config(m, layers)
     if m.dense_layers:
@@ -155,6 +160,33 @@ def _glm4_moe_config(m, layers: int | None):
         max_position_embeddings=m.max_context, tie_word_embeddings=m.tied_embeddings, attention_bias=m.qkv_bias,
         moe_intermediate_size=m.ffn, n_routed_experts=m.experts, num_experts_per_tok=m.top_k,
         n_shared_experts=m.shared_expert_ffn // m.ffn, first_k_dense_replace=m.dense_layers, n_group=1, topk_group=1,
+    )  # fmt: skip
+
+
+def _qwen3_next_config(m, layers: int | None):
+    """Qwen3-Next's config (routed experts with a gated shared expert) or Qwen3.5's (a dense MLP) for a catalogue
+    model with Gated DeltaNet layers beside gated full attention."""
+    import transformers
+
+    n = layers or m.layers
+    moe = m.experts and m.shared_expert_ffn and m.shared_expert_gate and not m.dense_layers and m.moe_layer_step == 1
+    if (not m.attention_output_gate or (m.experts and not moe) or m.qkv_bias or m.o_bias or m.mlp_bias
+            or m.sliding_window or m.attention_chunk or m.ffn_kind != "gated_silu" or m.norm != "rms"):  # fmt: skip
+        raise CodesignError(f"catalogue model {m.name!r}: linear attention is served in Qwen3-Next's and Qwen3.5's "
+                            "layouts only")  # fmt: skip
+    common = dict(
+        vocab_size=m.vocab, hidden_size=m.hidden, num_hidden_layers=n, num_attention_heads=m.heads,
+        num_key_value_heads=m.kv_heads, head_dim=m.head_dim, max_position_embeddings=m.max_context,
+        tie_word_embeddings=m.tied_embeddings, linear_num_key_heads=m.linear_key_heads,
+        linear_num_value_heads=m.linear_value_heads, linear_key_head_dim=m.linear_key_dim,
+        linear_value_head_dim=m.linear_value_dim, linear_conv_kernel_dim=m.linear_conv_kernel,
+        layer_types=["linear_attention" if m.linear_layer(i) else "full_attention" for i in range(n)],
+    )  # fmt: skip
+    if not moe:
+        return transformers.Qwen3_5TextConfig(**common, intermediate_size=m.ffn)
+    return transformers.Qwen3NextConfig(
+        **common, num_experts=m.experts, num_experts_per_tok=m.top_k, moe_intermediate_size=m.ffn,
+        shared_expert_intermediate_size=m.shared_expert_ffn, decoder_sparse_step=1, mlp_only_layers=[],
     )  # fmt: skip
 
 
