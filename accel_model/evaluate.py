@@ -18,9 +18,9 @@ Where each op runs:
     Prefill/Extend/Tree attn.  arrays + vector unit (softmax)
     KVWrite, KVDequantize      KV quant engines if present and the format is quantized, else vector unit
     Norm, Softmax, RoPE, Elementwise, Sampling, CausalConv1d     vector unit
-    GatedDeltaRule             one-token sequences (decode): the recurrence on the vector lanes; a prompt's
-                               chunks: their eight products on the arrays, the triangular solve and decay
-                               masks on the vector unit (`vector_unit.py`)
+    GatedDeltaRule, SSDScan    one-token sequences (decode): the recurrence on the vector lanes; a prompt's
+                               chunks: their products on the arrays, the triangular solve and decay masks
+                               on the vector unit (`vector_unit.py`)
     Embedding                  DRAM (random rows)
     AllReduce                  chip-to-chip link (ring: the interconnect's latency per collective and per
                                step plus the spec's bytes, `collectives.py`), adds on the vector unit
@@ -79,6 +79,7 @@ from codesign.specs import (
     RoPE,
     Sampling,
     Softmax,
+    SSDScan,
     TreeAttention,
     dtype_bytes,
 )
@@ -402,20 +403,28 @@ def _dense_attention(acc: _Acc, spec: OpSpec, q_lens: tuple[int, ...], kv_lens: 
     return acc.result(spec, "systolic")
 
 
-def _gated_delta(acc: _Acc, spec: GatedDeltaRule) -> Result:
-    """The chunked form's products on the arrays, grouped by chunk length; the rest on the vector lanes."""
+def _chunk_products(spec: GatedDeltaRule | SSDScan, c: int) -> list[tuple[int, int, int, int]]:
+    """(M, N, K, GEMMs) of one chunk of c tokens' products: what `matmul_flops` counts."""
+    if isinstance(spec, SSDScan):
+        p, n = spec.head_dim, spec.state
+        # C B^T a group; a head's scores on x, the chunk's state B^T x, the output from the incoming state C h
+        return [(c, c, n, spec.groups), (c, p, c, spec.heads), (n, p, c, spec.heads), (c, p, n, spec.heads)]
+    dk, dv, h = spec.key_dim, spec.value_dim, spec.value_heads
+    # K K^T and Q K^T; the solve's result on beta V and on decayed beta K; attention on the new values; the two
+    # reads of the state and its update
+    return [(c, c, dk, 2 * h), (c, dv, c, h), (c, dk, c, h), (c, dv, c, h), (c, dv, dk, 2 * h), (dk, dv, c, h)]
+
+
+def _chunked_scan(acc: _Acc, spec: GatedDeltaRule | SSDScan) -> Result:
+    """A recurrent layer's step (Gated DeltaNet, Mamba-2): a prompt's chunk products on the arrays, grouped by chunk
+    length; the recurrence, solves and masks on the vector lanes."""
     counts: dict[int, int] = {}
     for n in spec.new_tokens:
         for c in spec.chunks(n) if n > 1 else ():
             counts[c] = counts.get(c, 0) + 1
-    dk, dv, act = spec.key_dim, spec.value_dim, spec.dtype
     for c, k in sorted(counts.items()):
-        nb = k * spec.value_heads
-        # K K^T and Q K^T; the solve's result on beta V and on decayed beta K; attention on the new values;
-        # the two reads of the state and its update.
-        for m, n, kk in ((c, c, dk), (c, c, dk), (c, dv, c), (c, dk, c), (c, dv, c), (c, dv, dk), (c, dv, dk),
-                         (dk, dv, c)):  # fmt: skip
-            acc.array(m, n, kk, nb, act, dtype_bytes(act))
+        for m, n, kk, per_chunk in _chunk_products(spec, c):
+            acc.array(m, n, kk, k * per_chunk, spec.dtype, dtype_bytes(spec.dtype))
     acc.vector(spec)
     acc.dram(spec.min_bytes())
     return acc.result(spec, "systolic" if counts else "vector")
@@ -517,7 +526,7 @@ def design_fields_read(
         return _ALWAYS
     if isinstance(spec, Norm | Softmax | RoPE | Elementwise | Sampling | AllReduce | AllToAll | CausalConv1d):
         return (*_ALWAYS, "vector")
-    if isinstance(spec, GatedDeltaRule):
+    if isinstance(spec, GatedDeltaRule | SSDScan):
         return (*_ALWAYS, "systolic", "vector")
     # Unknown operators: every field (evaluate raises for them anyway).
     return (*_ALWAYS, "systolic", "vector", "kv_quant", "pim", "pim_gemv_max_batch", "huffman_decoder")
@@ -542,8 +551,8 @@ def evaluate(design: Design, spec: OpSpec) -> Result:
         return _kv_op(acc, spec)
     if isinstance(spec, Norm | Softmax | RoPE | Elementwise | Sampling | CausalConv1d):
         return _vector_op(acc, spec)
-    if isinstance(spec, GatedDeltaRule):
-        return _gated_delta(acc, spec)
+    if isinstance(spec, GatedDeltaRule | SSDScan):
+        return _chunked_scan(acc, spec)
     if isinstance(spec, MoERouter):
         return _router(acc, spec)
     if isinstance(spec, Embedding):

@@ -22,6 +22,9 @@ Per-element slot counts (s = sfu_cost):
                  update and S^T q as multiply-adds); a prompt's chunks: the triangular solve's multiply-adds and
                  1 + s a c x c decay-mask entry (the products run on the arrays); per token 2 a q or k channel
                  (square-accumulate, scale) and an rsqrt a q or k head, 4 + 2s a value head (softplus, sigmoid)
+    ssd scan     one-token sequences: 3 a state element and head (the decay, the update and the read as
+                 multiply-adds); a prompt's chunks: 2 + s a c x c decay-mask entry and head (the products run on
+                 the arrays); per token and head 2 a head channel (dt x, the D skip) and 1 + s for exp(dt A)
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from codesign.specs import (
     RoPE,
     Sampling,
     Softmax,
+    SSDScan,
     check_positive_int,
 )
 
@@ -109,6 +113,8 @@ def lane_ops(vu: VectorUnitSpec, spec: OpSpec) -> int:
         return spec.tokens * spec.channels * (spec.kernel + plain + sfu * s)
     if isinstance(spec, GatedDeltaRule):
         return _gated_delta_lane_ops(spec, s)
+    if isinstance(spec, SSDScan):
+        return _ssd_lane_ops(spec, s)
     raise CodesignError(f"the vector unit does not run {type(spec).__name__} ops")
 
 
@@ -120,6 +126,13 @@ def _gated_delta_lane_ops(spec: GatedDeltaRule, s: int) -> int:
     ops *= spec.value_heads
     per_token = spec.key_heads * (4 * spec.key_dim + 2 * s) + spec.value_heads * (4 + 2 * s)  # q and k: 2 + 2
     return ops + spec.tokens * per_token
+
+
+def _ssd_lane_ops(spec: SSDScan, s: int) -> int:
+    """Mamba-2's scan on the vector unit (module docstring): the recurrence, a prompt's decay masks, per-token work."""
+    ops = sum(3 * spec.head_dim * spec.state for n in spec.new_tokens if n == 1)
+    ops += sum((2 + s) * c * c for n in spec.new_tokens if n > 1 for c in spec.chunks(n))
+    return spec.heads * (ops + spec.tokens * (2 * spec.head_dim + 1 + s))
 
 
 def vector_cost(vu: VectorUnitSpec, spec: OpSpec) -> VectorCost:

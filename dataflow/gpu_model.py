@@ -70,6 +70,7 @@ from codesign.specs import (
     PagedExtendAttention,
     PrefillAttention,
     Softmax,
+    SSDScan,
     TreeAttention,
     dtype_bytes,
 )
@@ -113,7 +114,7 @@ def family(spec: OpSpec) -> str:
         spec, Gemm | PrefillAttention | PagedDecodeAttention | PagedExtendAttention | TreeAttention
     ):
         return "matmul"
-    if isinstance(spec, GatedDeltaRule):  # a prompt's chunks are tensor-core products; the recurrence streams state
+    if isinstance(spec, GatedDeltaRule | SSDScan):  # a prompt's chunks: tensor-core products; the recurrence streams
         return "matmul" if spec.peak_key() != "vector" else "elementwise"
     if isinstance(spec, Softmax):
         return "softmax"

@@ -47,6 +47,7 @@ from codesign.specs import (
     PrefillAttention,
     RoPE,
     Sampling,
+    SSDScan,
     WeightFormat,
     check_choice,
     check_positive_int,
@@ -227,9 +228,13 @@ class _StepBuilder:
     def layer(self, i: int, h_in: str) -> str:
         """One decoder block on the residual stream `h_in`; returns the block's output node."""
         m, p, hid_b = self.m, f"L{i}.", self.hid_b
+        if m.mixer_only:
+            return self.mixer_block(p, i, h_in)
         n1 = self.add(p + "attn_norm", "attn_norm", Norm(self.tokens, m.hidden, m.norm), i, [h_in], hid_b)
         if m.linear_layer(i):
             o = self.linear_attention(p, i, n1)
+        elif m.ssm_layer(i):
+            o = self.ssm_mixer(p, i, n1)
         else:
             o = self.latent_attention(p, i, n1) if m.mla else self.attention(p, i, n1)
         if m.parallel_block:  # the MLP reads the same normed input; both outputs join the residual in one add
@@ -245,6 +250,23 @@ class _StepBuilder:
         if m.shared_expert_ffn and m.moe_layer(i):
             down = self.shared_expert(p, i, n2, down)
         return self.residual(p, "ffn", i, down, r1)
+
+    def mixer_block(self, p: str, i: int, h_in: str) -> str:
+        """A block of one mixer (Nemotron-H): its norm, then a Mamba-2 mixer, an MLP (routed experts with the shared
+        one where the block routes) or attention, then the residual add (all-reduced first under TP)."""
+        m = self.m
+        n1 = self.add(p + "norm", "block_norm", Norm(self.tokens, m.hidden, m.norm), i, [h_in], self.hid_b)
+        if m.ssm_layer(i):
+            out = self.ssm_mixer(p, i, n1)
+        elif m.linear_layer(i):
+            out = self.linear_attention(p, i, n1)
+        elif i in m.mlp_layers:
+            out = self.ffn_block(p, i, n1)
+            if m.shared_expert_ffn and m.moe_layer(i):
+                out = self.shared_expert(p, i, n1, out)
+        else:
+            out = self.attention(p, i, n1)
+        return self.residual(p, "mixer", i, out, h_in)
 
     def attention(self, p: str, i: int, n1: str) -> str:
         """QKV projection, RoPE, the KV-cache write, attention and the output projection."""
@@ -304,6 +326,32 @@ class _StepBuilder:
         gate = Elementwise("silu_mul", tokens * vd)  # norm(o) * silu(z)
         gated = self.add(p + "linear_attn_gate", "linear_attn_gate", gate, i, [norm, proj], tokens * vd * act_b)
         return self.add(p + "out_proj", "out_proj", self.lin(m.hidden, vd, False), i, [gated], self.hid_b)
+
+    def ssm_mixer(self, p: str, i: int, n1: str) -> str:
+        """A Mamba-2 mixer (Granite 4.0 hybrid, Bamba) as vLLM's MambaMixer2 runs it: one projection to z, x, B, C and
+        dt (column-parallel by heads; B and C's groups split too, or replicated when fewer than the ranks), the causal
+        conv over x, B, C with SiLU, the SSD scan (the recurrence at decode, the chunked form over a prompt), the
+        norm of y gated by silu(z) per group, and the row-parallel output projection."""
+        m, tokens, act_b = self.m, self.tokens, self.act_b
+        heads = tp_divide("ssm_heads", m.ssm_heads, self.tp)
+        groups = tp_divide("ssm_groups", m.ssm_groups, self.tp) if m.ssm_groups >= self.tp else 1
+        inner, conv_n = heads * m.ssm_head_dim, heads * m.ssm_head_dim + 2 * groups * m.ssm_state
+        decode = self.g.graph["phase"] == "decode"
+        new = (1,) * len(self.lens) if decode else self.lens
+        proj_n = inner + conv_n + heads
+        proj = self.add(p + "ssm_in_proj", "ssm_in_proj", self.lin(proj_n, m.hidden, m.ssm_proj_bias), i, [n1],
+                        tokens * proj_n * act_b)  # fmt: skip
+        conv = self.add(p + "conv1d", "conv1d", CausalConv1d(conv_n, m.ssm_conv_kernel, new, initial_state=decode), i,
+                        [proj], tokens * conv_n * act_b)  # fmt: skip
+        scan = SSDScan(heads, m.ssm_head_dim, m.ssm_state, groups, new, initial_state=decode, chunk=m.ssm_chunk,
+                       state_dtype=m.ssm_state_dtype)  # fmt: skip
+        y = self.add(p + "ssd_scan", "ssd_scan", scan, i, [conv, proj], tokens * inner * act_b)
+        gate = Elementwise("silu_mul", tokens * inner)  # y * silu(z), then the grouped norm
+        gated = self.add(p + "ssm_gate", "ssm_gate", gate, i, [y, proj], tokens * inner * act_b)
+        norm = self.add(p + "ssm_norm", "ssm_norm", Norm(tokens * groups, inner // groups, m.norm), i, [gated],
+                        tokens * inner * act_b)  # fmt: skip
+        return self.add(p + "ssm_out_proj", "ssm_out_proj", self.lin(m.hidden, inner, m.ssm_proj_bias), i, [norm],
+                        self.hid_b)  # fmt: skip
 
     def latent_attention(self, p: str, i: int, n1: str) -> str:
         """Multi-head latent attention (DeepSeek-V2/V3) as serving engines run it (vLLM, SGLang, FlashMLA).

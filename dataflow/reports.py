@@ -17,6 +17,7 @@ from codesign.specs import (
     KVWrite,
     PagedDecodeAttention,
     PagedExtendAttention,
+    SSDScan,
 )
 
 
@@ -33,8 +34,8 @@ def kept_tokens(total: int, new: int, window: int | None, block_size: int) -> in
 def resident_bytes(g: nx.DiGraph) -> dict[str, float]:
     """Bytes that must sit in device memory for the step: weights (each GEMM node once; a MoE projection
     with all its experts, `resident_weights`, not just the ones a batch reaches) and the KV cache (a sliding
-    layer's: `kept_tokens`; a prefill's whole prompt, written before a window frees any of it; a linear-attention
-    layer's fixed states a sequence, counted with it as vLLM's hybrid allocator pools them)."""
+    layer's: `kept_tokens`; a prefill's whole prompt, written before a window frees any of it; a linear-attention or
+    state-space layer's fixed states a sequence, counted with it as vLLM's hybrid allocator pools them)."""
     weights = 0.0
     kv = 0.0
     for _, d in g.nodes(data=True):
@@ -49,7 +50,7 @@ def resident_bytes(g: nx.DiGraph) -> dict[str, float]:
             kv += kept * s.kv_bytes_per_token()
         elif isinstance(s, KVWrite) and g.graph.get("phase") == "prefill":
             kv += s.tokens * s.cache_bytes_per_token()
-        elif isinstance(s, GatedDeltaRule | CausalConv1d):
+        elif isinstance(s, GatedDeltaRule | SSDScan | CausalConv1d):
             kv += s.state_bytes()
     return {"weights": weights, "kv_cache": kv}
 

@@ -84,6 +84,28 @@ class ModelConfig:
     linear_key_dim: int = 0
     linear_value_dim: int = 0
     linear_conv_kernel: int = 0
+    # Layers that run Mamba-2's state-space mixer instead of attention (Granite 4.0 hybrid, Bamba): ssm_heads heads of
+    # ssm_head_dim with an ssm_head_dim x ssm_state state each, B and C in ssm_groups groups, a causal conv of
+    # ssm_conv_kernel taps over x, B and C; prompts scanned in chunks of ssm_chunk; biases on the conv and on the
+    # in / out projections as the two flags say.
+    ssm_layers: tuple[int, ...] = ()
+    ssm_heads: int = 0
+    ssm_head_dim: int = 0
+    ssm_state: int = 0
+    ssm_groups: int = 0
+    ssm_conv_kernel: int = 0
+    ssm_chunk: int = 256
+    ssm_conv_bias: bool = False
+    ssm_proj_bias: bool = False
+    # The scan state's storage: the model's 16-bit dtype (vLLM's default), or fp32 (vLLM's for Nemotron-H, as its
+    # config's mamba_ssm_cache_dtype asks); the conv state stays 16-bit.
+    ssm_state_dtype: str = "fp16"
+    # Blocks of one mixer each (Nemotron-H): a norm, then attention, a Mamba-2 mixer (ssm_layers) or an MLP alone
+    # (mlp_layers: routed experts where moe_layer_indices name them, else a dense MLP), then the residual add.
+    mixer_only: bool = False
+    mlp_layers: tuple[int, ...] = ()
+    # The blocks that route to experts, where no rule (dense_layers, moe_layer_step) says which.
+    moe_layer_indices: tuple[int, ...] = ()
     known_params: float | None = None
     source: str = ""
 
@@ -118,6 +140,8 @@ class ModelConfig:
         self._check_mla(where)
         self._check_dense_layers(where)
         self._check_linear_attention(where)
+        self._check_ssm(where)
+        self._check_mixer_only(where)
         if self.known_params is not None:
             # YAML 1.1 reads "6.738e9" (no sign in the exponent) as a string.
             object.__setattr__(self, "known_params", float(self.known_params))
@@ -163,28 +187,99 @@ class ModelConfig:
             )
         if self.moe_layer_step > 1 and not (self.experts and self.dense_ffn):
             raise CodesignError(f"{where}: moe_layer_step={self.moe_layer_step} needs experts > 0 and dense_ffn > 0")
-        if self.dense_ffn and not (self.dense_layers or self.moe_layer_step > 1):
-            raise CodesignError(f"{where}: dense_ffn needs dense_layers > 0 or moe_layer_step > 1")
+        if self.dense_ffn and not (self.dense_layers or self.moe_layer_step > 1 or self.moe_layer_indices):
+            raise CodesignError(f"{where}: dense_ffn needs dense_layers > 0, moe_layer_step > 1 or moe_layer_indices")
+
+    def _layer_indices(self, where: str, name: str) -> tuple[int, ...]:
+        """Field `name`'s layer indices as a tuple (YAML gives a list), refused unless distinct and in range."""
+        layers = tuple(getattr(self, name))
+        object.__setattr__(self, name, layers)
+        bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.layers]
+        if bad or len(set(layers)) != len(layers):
+            raise CodesignError(f"{where}: {name} {list(layers)} are not distinct layer indices 0..{self.layers - 1}")
+        return layers
+
+    def _check_shapes(self, where: str, name: str, dims: tuple[str, ...]) -> bool:
+        """The shape fields `dims` of the layers field `name`: all positive where it names layers, all 0 where not.
+        Whether it names any."""
+        if not self._layer_indices(where, name):
+            if any(getattr(self, f) for f in dims):
+                raise CodesignError(f"{where}: {', '.join(dims)} need {name}")
+            return False
+        for f in dims:
+            check_positive_int(f"{where}: {f}", getattr(self, f))
+        return True
 
     def _check_linear_attention(self, where: str) -> None:
         dims = ("linear_key_heads", "linear_value_heads", "linear_key_dim", "linear_value_dim", "linear_conv_kernel")
-        layers = tuple(self.linear_attention_layers)
-        object.__setattr__(self, "linear_attention_layers", layers)  # (YAML gives a list)
-        if not layers:
-            if any(getattr(self, f) for f in dims):
-                raise CodesignError(f"{where}: {', '.join(dims)} need linear_attention_layers")
+        if not self._check_shapes(where, "linear_attention_layers", dims):
             return
-        for f in dims:
-            check_positive_int(f"{where}: {f}", getattr(self, f))
-        bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.layers]
-        if bad or len(set(layers)) != len(layers):
-            raise CodesignError(f"{where}: linear_attention_layers {list(layers)} are not distinct layer indices "
-                                f"0..{self.layers - 1}")  # fmt: skip
         if self.linear_value_heads % self.linear_key_heads:
             raise CodesignError(f"{where}: linear_value_heads={self.linear_value_heads} must be a multiple of "
                                 f"linear_key_heads={self.linear_key_heads}")  # fmt: skip
         if self.mla or self.parallel_block:
             raise CodesignError(f"{where}: linear attention with latent attention or parallel blocks is not modelled")
+
+    def _check_ssm(self, where: str) -> None:
+        check_positive_int(f"{where}: ssm_chunk", self.ssm_chunk)
+        check_choice(f"{where}: ssm_state_dtype", self.ssm_state_dtype, ("fp16", "bf16", "fp32"))
+        if not self._check_shapes(where, "ssm_layers", ("ssm_heads", "ssm_head_dim", "ssm_state", "ssm_groups",
+                                                        "ssm_conv_kernel")):  # fmt: skip
+            return
+        if set(self.ssm_layers) & set(self.linear_attention_layers):
+            raise CodesignError(f"{where}: ssm_layers {list(self.ssm_layers)} must be apart from "
+                                "linear_attention_layers")  # fmt: skip
+        if self.ssm_heads % self.ssm_groups:
+            raise CodesignError(f"{where}: ssm_heads={self.ssm_heads} must be a multiple of "
+                                f"ssm_groups={self.ssm_groups}")  # fmt: skip
+        if self.mla or self.parallel_block:
+            raise CodesignError(f"{where}: state-space layers with latent attention or parallel blocks are not "
+                                "modelled")  # fmt: skip
+
+    def _check_mixer_only(self, where: str) -> None:
+        self._layer_indices(where, "mlp_layers")
+        self._layer_indices(where, "moe_layer_indices")
+        if self.moe_layer_indices and not (self.experts and not self.dense_layers and self.moe_layer_step == 1):
+            raise CodesignError(f"{where}: moe_layer_indices need experts > 0 and no other rule (dense_layers, "
+                                "moe_layer_step)")  # fmt: skip
+        if self.mlp_layers and not self.mixer_only:
+            raise CodesignError(f"{where}: mlp_layers are blocks of one mixer: they need mixer_only")
+        if self.mixer_only:
+            mixers = set(self.ssm_layers) | set(self.linear_attention_layers)
+            if set(self.mlp_layers) & mixers or not set(self.moe_layer_indices) <= set(self.mlp_layers):
+                raise CodesignError(f"{where}: mlp_layers must be apart from the state layers and hold every "
+                                    "moe_layer_indices block")  # fmt: skip
+            if self.parallel_block or self.mla or self.dense_layers or self.moe_layer_step > 1:
+                raise CodesignError(f"{where}: mixer_only with parallel blocks, latent attention or dense_layers / "
+                                    "moe_layer_step is not modelled")  # fmt: skip
+
+    def ssm_layer(self, layer: int) -> bool:
+        """Whether block `layer` runs Mamba-2's state-space mixer (no KV cache)."""
+        return layer in self.ssm_layers
+
+    @property
+    def ssm_inner(self) -> int:
+        """Width of a Mamba-2 mixer's x (and its gate z): heads x head_dim."""
+        return self.ssm_heads * self.ssm_head_dim
+
+    @property
+    def ssm_conv_channels(self) -> int:
+        """Channels of a Mamba-2 mixer's causal convolution: x, B and C."""
+        return self.ssm_inner + 2 * self.ssm_groups * self.ssm_state
+
+    def ssm_shapes(self) -> dict[str, tuple[int, int]]:
+        """(N, K) of a Mamba-2 mixer's linears (unsharded): z, x, B, C and dt in one projection, the output one."""
+        if not self.ssm_layers:
+            return {}
+        return {"ssm_in_proj": (self.ssm_inner + self.ssm_conv_channels + self.ssm_heads, self.hidden),
+                "ssm_out_proj": (self.hidden, self.ssm_inner)}  # fmt: skip
+
+    def _ssm_params(self) -> int:
+        """A Mamba-2 mixer's parameters: its linears (and their biases), the conv filter (and bias), dt_bias, A_log
+        and D a head, the gated norm's weight."""
+        lin = sum(n * k + (n if self.ssm_proj_bias else 0) for n, k in self.ssm_shapes().values())
+        conv = self.ssm_conv_channels * (self.ssm_conv_kernel + (1 if self.ssm_conv_bias else 0))
+        return lin + conv + 3 * self.ssm_heads + self.ssm_inner
 
     def linear_layer(self, layer: int) -> bool:
         """Whether block `layer` runs Gated DeltaNet linear attention (no KV cache)."""
@@ -193,7 +288,7 @@ class ModelConfig:
     @property
     def attention_layers(self) -> int:
         """Blocks with softmax attention, the ones that cache K and V."""
-        return self.layers - len(self.linear_attention_layers)
+        return self.layers - len(self.linear_attention_layers) - len(self.ssm_layers) - len(self.mlp_layers)
 
     def linear_attention_shapes(self) -> dict[str, tuple[int, int]]:
         """(N, K) of a Gated DeltaNet block's linears (unsharded): q, k, v and the output gate z in one projection
@@ -206,12 +301,15 @@ class ModelConfig:
         return {"in_proj_qkvz": (2 * kd + 2 * vd, self.hidden), "in_proj_ba": (2 * self.linear_value_heads,
                 self.hidden), "out_proj": (self.hidden, vd)}  # fmt: skip
 
-    def linear_state_bytes(self, state_bytes: float = 2.0) -> float:
-        """One sequence's Gated DeltaNet states over every linear layer (recurrent and conv), at `state_bytes` an
-        element (vLLM keeps them in the model's 16-bit dtype by default)."""
-        per_layer = self.linear_value_heads * self.linear_key_dim * self.linear_value_dim + \
+    def recurrent_state_bytes(self, state_bytes: float = 2.0) -> float:
+        """One sequence's fixed states over every Gated DeltaNet and Mamba-2 layer (recurrent and conv), at
+        `state_bytes` an element (vLLM keeps them in the model's 16-bit dtype by default; a Mamba-2 scan state in
+        fp32 where ssm_state_dtype says so)."""
+        linear = self.linear_value_heads * self.linear_key_dim * self.linear_value_dim + \
             (self.linear_conv_kernel - 1) * self.linear_conv_channels
-        return len(self.linear_attention_layers) * per_layer * state_bytes
+        scan = self.ssm_inner * self.ssm_state * (4 if self.ssm_state_dtype == "fp32" else state_bytes)
+        ssm = scan + (self.ssm_conv_kernel - 1) * self.ssm_conv_channels * state_bytes
+        return (len(self.linear_attention_layers) * linear * state_bytes + len(self.ssm_layers) * ssm)
 
     @property
     def linear_conv_channels(self) -> int:
@@ -236,6 +334,10 @@ class ModelConfig:
     def moe_layer(self, layer: int) -> bool:
         """Whether block `layer` routes its tokens to experts (the first dense_layers blocks do not, nor those
         between every moe_layer_step-th)."""
+        if self.moe_layer_indices:
+            return layer in self.moe_layer_indices
+        if self.mixer_only:  # (a one-mixer block routes only where moe_layer_indices say)
+            return False
         return bool(self.experts) and layer >= self.dense_layers and (layer + 1) % self.moe_layer_step == 0
 
     @property
@@ -305,7 +407,7 @@ class ModelConfig:
             out["shared_down_proj"] = (self.hidden, self.shared_expert_ffn)
         if self.shared_expert_gate:
             out["shared_gate"] = (1, self.hidden)
-        return {**out, **self.linear_attention_shapes()}
+        return {**out, **self.linear_attention_shapes(), **self.ssm_shapes()}
 
     def _shared_weights(self) -> int:
         s = self.linear_shapes()
@@ -330,10 +432,17 @@ class ModelConfig:
             mlp += self.experts * self.hidden + self._shared_weights()  # router, shared expert
             dn = s.get("dense_up_proj", (0, 0)), s.get("dense_down_proj", (0, 0))
             dense = sum(n * k + (n if self.mlp_bias else 0) for n, k in dn)
-        per_layer = attn + bias_attn + (1 if self.parallel_block else 2) * norm_params + latent_norms
         sparse = self.moe_layers if self.experts else self.layers  # blocks with `mlp` (routed experts or the MLP)
-        blocks = self.layers * per_layer + (self.layers - sparse) * dense + sparse * (mlp + bias_mlp)
-        blocks += len(self.linear_attention_layers) * (self._linear_attention_params() - attn - bias_attn)
+        if self.mixer_only:  # one norm and one mixer a block
+            sparse = self.moe_layers if self.experts else len(self.mlp_layers)
+            blocks = self.layers * norm_params + self.attention_layers * (attn + bias_attn) + \
+                (len(self.mlp_layers) - sparse) * dense + sparse * (mlp + bias_mlp)  # fmt: skip
+        else:
+            per_layer = attn + bias_attn + (1 if self.parallel_block else 2) * norm_params + latent_norms
+            blocks = self.layers * per_layer + (self.layers - sparse) * dense + sparse * (mlp + bias_mlp)
+            blocks -= (len(self.linear_attention_layers) + len(self.ssm_layers)) * (attn + bias_attn)
+        blocks += len(self.linear_attention_layers) * self._linear_attention_params()
+        blocks += len(self.ssm_layers) * self._ssm_params()
         emb = self.vocab * self.hidden
         pos = (self.max_context + 2) * self.hidden if self.learned_positions else 0  # OPT keeps 2 spare rows
         head = 0 if self.tied_embeddings else self.vocab * self.hidden
@@ -437,7 +546,13 @@ def _learned_positions_model(
     )
 
 
-LINEAR_ATTENTION_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+LINEAR_ATTENTION_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "lara_mini")
+# Served by the HF integration but not read here: the step graph has no block for what they add.
+NOT_READ = {
+    "jamba": "Mamba-1 mixers (a selective scan the step graph has no operator for; Mamba-2's SSD is read)",
+}
+# Mamba-2 mixers (layer_types "linear_attention", the mamba_* fields) beside attention layers.
+SSM_TYPES = ("granitemoehybrid", "bamba")
 # The families read like Llama (GQA, RoPE, RMSNorm, a gated MLP or routed experts of one): what else they do (q/k
 # norms, fused projections, scalar multipliers, sinks, no-RoPE layers) costs nothing a step graph counts. Each is
 # checked against the model transformers builds from its config (tests/integrations/test_hf_catalogue.py).
@@ -445,13 +560,14 @@ LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwe
               "gemma3_text", "phi3", "olmo2", "granite", "gpt_oss", "glm", "glm4", "glm4_moe", "smollm3", "ernie4_5",
               "hunyuan_v1_dense", "seed_oss", "olmo3", "olmoe", "flex_olmo", "apertus", "ministral", "ministral3",
               "exaone4", "arcee", "helium", "granitemoe", "starcoder2", "stablelm", "minimax_m2", "cohere", "cohere2",
-              "ernie4_5_moe", "hunyuan_v1_moe", "afmoe", *LINEAR_ATTENTION_TYPES, "")  # fmt: skip
+              "ernie4_5_moe", "hunyuan_v1_moe", "afmoe", *LINEAR_ATTENTION_TYPES, *SSM_TYPES, "")  # fmt: skip
 # The Qwen MoE families (experts moe_intermediate_size wide; a gated shared expert but in Qwen3-MoE).
 QWEN_MOE = {"qwen2_moe": "Qwen2-MoE", "qwen3_moe": "Qwen3-MoE", "qwen3_next": "Qwen3-Next",
             "qwen3_5_moe_text": "Qwen3.5-MoE"}
-# Gated DeltaNet layers (layer_types "linear_attention") beside gated full attention (q_proj's second half gates
-# the output: the step graph's attention_output_gate).
+# Gated DeltaNet layers (layer_types "linear_attention") beside attention layers; Qwen's gated (q_proj's second half
+# gates the output: the step graph's attention_output_gate).
 LINEAR_ATTENTION = LINEAR_ATTENTION_TYPES
+GATED_ATTENTION = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 # Non-gated MLPs (up, activation, down) and their step-graph activation: StarCoder2's GELU, Apertus's xIELU (an
 # elementwise op of GELU's cost), Arcee's ReLU^2.
 PLAIN_MLP = {"starcoder2": "gelu", "apertus": "gelu", "arcee": "relu"}
@@ -505,8 +621,8 @@ def _hf_experts(cfg: dict[str, Any], mtype: str, g) -> tuple[int, int, int, int,
                                 "are not mapped")  # fmt: skip
         experts = experts[0]
     experts, dense_ffn = int(experts), int(g("intermediate_size"))
-    if not experts:
-        return 0, dense_ffn, 0, 0, 0, 1
+    if not experts:  # (Granite 4.0 hybrid without experts: its shared MLP is the MLP)
+        return 0, int(g("shared_intermediate_size")) if mtype == "granitemoehybrid" else dense_ffn, 0, 0, 0, 1
     if mtype in QWEN_MOE:
         # Routed experts are moe_intermediate_size wide (intermediate_size is the dense MLP width, used only by
         # mlp_only_layers); all but Qwen3-MoE add a gated shared expert in every layer.
@@ -525,6 +641,10 @@ def _hf_experts(cfg: dict[str, Any], mtype: str, g) -> tuple[int, int, int, int,
     if mtype == "afmoe":  # leading dense blocks, then routed experts beside shared ones
         moe, dense = int(g("moe_intermediate_size")), int(cfg.get("num_dense_layers") or 0)
         return experts, moe, int(cfg.get("num_shared_experts") or 0) * moe, dense, dense_ffn if dense else 0, 1
+    if mtype == "lara_mini":  # Qwen3-Next's experts, its shared expert ungated
+        return experts, int(g("moe_intermediate_size")), int(cfg.get("shared_expert_intermediate_size") or 0), 0, 0, 1
+    if mtype == "granitemoehybrid":  # experts intermediate_size wide beside an ungated shared MLP in every layer
+        return experts, dense_ffn, int(g("shared_intermediate_size")), 0, 0, 1
     if mtype == "hunyuan_v1_moe":  # every layer: experts and a shared MLP, all intermediate_size wide
         return experts, dense_ffn, dense_ffn, 0, 0, 1
     return experts, dense_ffn, 0, 0, 0, 1  # Mixtral's: every layer's experts intermediate_size wide
@@ -597,7 +717,7 @@ def _llama_like(name: str, path: Path, cfg: dict[str, Any], mtype: str, g) -> Mo
         ffn_kind=PLAIN_MLP.get(mtype) or ("gated_gelu" if "gelu" in act else "gated_silu"),
         norm="layer" if mtype in LAYER_NORM else "rms",
         parallel_block=mtype in PARALLEL_BLOCK,
-        attention_output_gate=mtype == "afmoe" or mtype in LINEAR_ATTENTION,
+        attention_output_gate=mtype == "afmoe" or mtype in GATED_ATTENTION,
         max_context=int(g("max_position_embeddings")),
         experts=experts,
         top_k=_top_k(cfg) if experts else 0,
@@ -610,12 +730,36 @@ def _llama_like(name: str, path: Path, cfg: dict[str, Any], mtype: str, g) -> Mo
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         mlp_bias=mlp_bias,
-        rope=True,
+        rope=mtype != "granitemoehybrid" or cfg.get("position_embedding_type") == "rope",
         sliding_window=window,
         full_attention_layers=full_layers,
         source=str(path),
         **(_linear_attention(cfg, layers, g) if mtype in LINEAR_ATTENTION else {}),
+        **(_mamba2(cfg, mtype, layers, g) if mtype in SSM_TYPES else {}),
     )
+
+
+def _mamba2(cfg: dict[str, Any], mtype: str, layers: int, g) -> dict[str, Any]:
+    """The Mamba-2 fields of a Granite 4.0 hybrid / Bamba config: its mixer layers (layer_types "linear_attention";
+    Bamba's every layer but attn_layer_indices) and the mamba_* shapes (head_dim "auto": expand x hidden / heads)."""
+    if mtype == "bamba":
+        attn = set(cfg.get("attn_layer_indices") or ())
+        types = ["full_attention" if i in attn else "linear_attention" for i in range(layers)]
+    else:
+        types = cfg.get("layer_types") or ["linear_attention"] * layers
+    unknown = sorted({t for t in types[:layers]} - {"linear_attention", "full_attention"})
+    if unknown or len(types) < layers:
+        raise CodesignError(f"layer_types {types} are not {layers} of linear_attention (Mamba-2) / full_attention")
+    heads = int(g("mamba_n_heads"))
+    head_dim = cfg.get("mamba_d_head")
+    head_dim = int(cfg.get("mamba_expand") or 2) * int(g("hidden_size")) // heads if head_dim in (None, "auto") \
+        else int(head_dim)
+    return dict(
+        ssm_layers=tuple(i for i, t in enumerate(types[:layers]) if t == "linear_attention"), ssm_heads=heads,
+        ssm_head_dim=head_dim, ssm_state=int(g("mamba_d_state")), ssm_groups=int(g("mamba_n_groups")),
+        ssm_conv_kernel=int(g("mamba_d_conv")), ssm_chunk=int(cfg.get("mamba_chunk_size") or 256),
+        ssm_conv_bias=bool(cfg.get("mamba_conv_bias", True)), ssm_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+    )  # fmt: skip
 
 
 def _linear_attention(cfg: dict[str, Any], layers: int, g) -> dict[str, Any]:
@@ -623,14 +767,53 @@ def _linear_attention(cfg: dict[str, Any], layers: int, g) -> dict[str, Any]:
     full_attention_interval-th as transformers defaults them) and shapes."""
     types = cfg.get("layer_types") or ["full_attention" if (i + 1) % int(cfg.get("full_attention_interval") or 4)
                                        == 0 else "linear_attention" for i in range(layers)]  # fmt: skip
-    unknown = sorted({t for t in types[:layers]} - {"linear_attention", "full_attention"})
+    unknown = sorted({t for t in types[:layers]} - {"linear_attention", "full_attention", "sliding_attention"})
     if unknown or len(types) < layers:
-        raise CodesignError(f"layer_types {types} are not {layers} of linear_attention / full_attention")
+        raise CodesignError(f"layer_types {types} are not {layers} of linear_attention / full_attention / "
+                            "sliding_attention")  # fmt: skip
     return dict(
         linear_attention_layers=tuple(i for i, t in enumerate(types[:layers]) if t == "linear_attention"),
         linear_key_heads=int(g("linear_num_key_heads")), linear_value_heads=int(g("linear_num_value_heads")),
         linear_key_dim=int(g("linear_key_head_dim")), linear_value_dim=int(g("linear_value_head_dim")),
         linear_conv_kernel=int(g("linear_conv_kernel_dim")),
+    )  # fmt: skip
+
+
+NEMOTRON_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
+
+
+def _nemotron_h_model(name: str, path: Path, cfg: dict[str, Any], g) -> ModelConfig:
+    """Nemotron-H: blocks of one mixer each (layers_block_type, or the checkpoints' hybrid_override_pattern): Mamba-2
+    ("linear_attention"), attention without positions, a ReLU^2 MLP ("mlp") or routed ReLU^2 experts beside a shared
+    one ("moe"); the multi-token-prediction layers are not part of a step."""
+    types = cfg.get("layers_block_type") or cfg.get("layer_types") or \
+        [NEMOTRON_PATTERN.get(c, c) for c in str(cfg.get("hybrid_override_pattern") or "")]  # fmt: skip
+    unknown = sorted(set(types) - set(NEMOTRON_PATTERN.values()))
+    if unknown or not types:
+        raise CodesignError(f"{path}: layers_block_type {types} are not of {sorted(NEMOTRON_PATTERN.values())}")
+    if cfg.get("moe_latent_size"):
+        raise CodesignError(f"{path}: experts behind a latent projection (moe_latent_size) are not mapped")
+    of = lambda kind: tuple(i for i, t in enumerate(types) if t == kind)  # noqa: E731
+    moe, dense_ffn = of("moe"), int(g("intermediate_size"))
+    experts = int(cfg.get("n_routed_experts") or 0) if moe else 0
+    heads = int(g("num_attention_heads"))
+    return ModelConfig(
+        name=name, layers=len(types), hidden=int(g("hidden_size")), heads=heads,
+        kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=int(cfg.get("head_dim") or 0),
+        ffn=int(g("moe_intermediate_size")) if experts else dense_ffn, vocab=int(g("vocab_size")), ffn_kind="relu",
+        max_context=int(g("max_position_embeddings")), experts=experts, top_k=int(g("num_experts_per_tok")) if experts
+        else 0, shared_expert_ffn=int(g("moe_shared_expert_intermediate_size")) if experts else 0,
+        dense_ffn=dense_ffn if experts and of("mlp") else 0, moe_layer_indices=moe if experts else (),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=bool(cfg.get("attention_bias", False)),
+        o_bias=bool(cfg.get("attention_bias", False)), mlp_bias=bool(cfg.get("mlp_bias", False)), rope=False,
+        mixer_only=True, mlp_layers=tuple(sorted(of("mlp") + moe)), ssm_layers=of("linear_attention"),
+        ssm_heads=int(g("mamba_num_heads")), ssm_head_dim=int(g("mamba_head_dim")), ssm_state=int(g("ssm_state_size")),
+        ssm_groups=int(cfg.get("n_groups") or cfg.get("mamba_n_groups") or 1),
+        ssm_conv_kernel=int(cfg.get("conv_kernel") or cfg.get("mamba_d_conv") or 4),
+        ssm_chunk=int(cfg.get("chunk_size") or cfg.get("mamba_chunk_size") or 256),
+        ssm_conv_bias=bool(cfg.get("use_conv_bias", cfg.get("mamba_conv_bias", True))),
+        ssm_proj_bias=bool(cfg.get("use_bias", False)), source=str(path),
+        ssm_state_dtype="fp32" if str(cfg.get("mamba_ssm_cache_dtype", "float32")) == "float32" else "fp16",
     )  # fmt: skip
 
 
@@ -714,6 +897,10 @@ def load_hf_config(path: str | Path) -> ModelConfig:
         if mtype in ("llama4", "llama4_text"):  # (a Llama4ForConditionalGeneration's config.json nests the text one)
             text = cfg.get("text_config", cfg) if mtype == "llama4" else cfg
             return _llama4_model(name, path, text, functools.partial(_get, text, path))
+        if mtype == "nemotron_h":
+            return _nemotron_h_model(name, path, cfg, g)
+        if mtype in NOT_READ:
+            raise CodesignError(f"{path}: model_type {mtype!r} is not mapped: {NOT_READ[mtype]}")
         if mtype in LLAMA_LIKE:
             return _llama_like(name, path, cfg, mtype, g)
     except (TypeError, ValueError) as e:

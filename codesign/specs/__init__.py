@@ -41,6 +41,7 @@ from codesign.specs.ops import (
     RoPE,
     Sampling,
     Softmax,
+    SSDScan,
     TreeAttention,
 )
 
@@ -68,6 +69,7 @@ __all__ = [
     "RoPE",
     "Sampling",
     "Softmax",
+    "SSDScan",
     "TreeAttention",
     "WeightFormat",
     "check_choice",

@@ -626,6 +626,68 @@ class GatedDeltaRule(_StateRows, OpSpec):
 
 
 @dataclass(frozen=True)
+class SSDScan(_StateRows, OpSpec):
+    """Mamba-2's state-space scan (SSD: Granite 4.0 hybrid, Bamba, Nemotron-H, Zamba2, Falcon-H1): a head_dim x state
+    state per head and sequence. Each token decays it by exp(dt A), adds dt x B^T and reads it with C::
+
+        h <- exp(dt A) h + dt x B^T;   y = h C + D x
+
+    B and C have `groups` groups, each shared by heads / groups heads. One-token rows run the recurrence (5 P N flops
+    a head: the decay, the rank-1 update, the read); more run the chunked form (Mamba-2's ssd_combined) in chunks of
+    `chunk`: a chunk of c tokens costs each group 2 c^2 N for C B^T and each head 2 c^2 P (the masked scores on x),
+    2 c N P (the chunk's state) and 2 c N P (the output from the incoming state): `matmul_flops`, the products of
+    `codesign.kernels.layers.ssd.ssd_chunked`; plus 3 c^2 a head for the decay mask. Per token and head: 2 P for the
+    D skip and 3 for dt A and its exp. Bytes: x, dt, B, C read and y written at `dtype`; each sequence's state read
+    (when carried in) and written at `state_dtype`.
+    """
+
+    heads: int
+    head_dim: int
+    state: int
+    groups: int = 1
+    new_tokens: tuple[int, ...] = (1,)
+    initial_state: bool = True
+    chunk: int = 256
+    dtype: str = "fp16"
+    state_dtype: str = "fp16"
+    kind: ClassVar[str] = "ssd_scan"
+
+    def __post_init__(self) -> None:
+        for f in ("heads", "head_dim", "state", "groups", "chunk"):
+            check_positive_int(f, getattr(self, f))
+        if self.heads % self.groups:
+            raise CodesignError(f"heads={self.heads} must be a multiple of groups={self.groups}")
+        self._check_rows()
+
+    def chunks(self, n: int) -> list[int]:
+        """The chunk lengths a sequence of `n` new tokens runs in (the last one short)."""
+        return [min(self.chunk, n - s) for s in range(0, n, self.chunk)]
+
+    def matmul_flops(self) -> float:
+        """Flops of the chunked form's products (module docstring); the recurrence has none."""
+        p, n = self.head_dim, self.state
+        return float(sum(self.groups * 2 * c * c * n + self.heads * (2 * c * c * p + 4 * c * n * p)
+                         for t in self.new_tokens if t > 1 for c in self.chunks(t)))  # fmt: skip
+
+    def flops(self) -> float:
+        p, n = self.head_dim, self.state
+        recurrent = sum(t for t in self.new_tokens if t == 1) * 5.0 * p * n * self.heads
+        masks = 3.0 * self.heads * sum(c * c for t in self.new_tokens if t > 1 for c in self.chunks(t))
+        return recurrent + self.matmul_flops() + masks + self.tokens * self.heads * (2.0 * p + 3)
+
+    def state_bytes(self) -> float:
+        """The states of this step's sequences, one a head."""
+        return len(self.new_tokens) * self.heads * self.head_dim * self.state * dtype_bytes(self.state_dtype)
+
+    def min_bytes(self) -> float:
+        act = self.tokens * (2 * self.heads * self.head_dim + self.heads + 2 * self.groups * self.state)
+        return act * dtype_bytes(self.dtype) + (2 if self.initial_state else 1) * self.state_bytes()
+
+    def peak_key(self) -> str:
+        return "vector" if all(t == 1 for t in self.new_tokens) else "fp16"
+
+
+@dataclass(frozen=True)
 class CausalConv1d(_StateRows, OpSpec):
     """Depthwise causal 1-D convolution over `channels` channels with a `kernel`-tap filter, then SiLU (Gated
     DeltaNet's and Mamba's short convolution, causal_conv1d_fn / causal_conv1d_update). Each sequence keeps its
@@ -809,6 +871,7 @@ ALL_SPECS: tuple[type[OpSpec], ...] = (
     RoPE,
     Elementwise,
     GatedDeltaRule,
+    SSDScan,
     CausalConv1d,
     Embedding,
     MoERouter,

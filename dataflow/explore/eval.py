@@ -154,7 +154,7 @@ def _serve(
         trace = load_azure_trace(rest)
     max_batch = 256
     # A linear-attention model's fixed states for as many sequences as can run, then the KV tokens that fit.
-    states = max_batch * load_model(model).linear_state_bytes()
+    states = max_batch * load_model(model).recurrent_state_bytes()
     kv_tok = max(0, int((capacity - weights - states) / _kv_bytes_per_token(model, fmt["kv"])))
     # Probe the step cost at a few batch sizes and prompt lengths; interpolate in between. Decode cost is
     # affine in the total context (attention reads every cached token once).

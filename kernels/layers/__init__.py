@@ -14,4 +14,5 @@ KB, which neither a CUDA graph nor a faster GEMM removes. The operator specs (`c
     triton_act_mul.py    act(gate) * up over rows of blocks of 1024 (SiLU, or GELU's tanh approximation)
     gated_delta.py       Gated DeltaNet's linear attention (Qwen3-Next, Qwen3.5), the CPU reference of its recurrence
                          and chunked form (no kernel yet: Hugging Face models run transformers' own)
+    ssd.py               Mamba-2's state-space scan (Granite 4.0 hybrid, Bamba, ...), the same two forms
 """

@@ -34,6 +34,7 @@ from codesign.specs import (
     RoPE,
     Sampling,
     Softmax,
+    SSDScan,
     TreeAttention,
     WeightFormat,
 )
@@ -187,6 +188,8 @@ def _one_of_each() -> list:
         GatedDeltaRule(2, 4, 32, 48, new_tokens=(1, 1, 1)),
         GatedDeltaRule(2, 4, 32, 48, new_tokens=(70, 5), initial_state=False),
         CausalConv1d(96, 4, new_tokens=(3, 1)),
+        SSDScan(8, 32, 16, 2, new_tokens=(1, 1)),
+        SSDScan(8, 32, 16, 2, new_tokens=(300, 9), initial_state=False),
     ]
 
 

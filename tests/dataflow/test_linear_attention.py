@@ -128,7 +128,7 @@ def test_tensor_parallel_splits_the_heads_and_refuses_what_does_not_divide():
 
 
 def test_states_are_resident_beside_the_kv_cache():
-    assert QN.linear_state_bytes() == STATE_BYTES
+    assert QN.recurrent_state_bytes() == STATE_BYTES
     g = build_step_graph(QN, "decode", 8, 4096)
     assert resident_bytes(g)["kv_cache"] == 8 * STATE_BYTES + 8 * 4096 * KV_TOKEN_BYTES
     pre = build_step_graph(QN, "prefill", 2, 1000)  # a prompt writes its KV and its states

@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from codesign.integrations.hf._compat import VERSION, cache_kwarg
-from codesign.integrations.hf.support import FAMILY_SINCE
+from codesign.integrations.hf.support import ATTN_NAME, FAMILY_SINCE
 
 VOCAB = 96
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -19,6 +19,10 @@ MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
 # Qwen3.5 / Qwen3-Next: a linear-attention (Gated DeltaNet) layer, then a full-attention one.
 LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
               full_attention_interval=2, tie_word_embeddings=False)
+# The hybrid families' state layers: Gated DeltaNet heads (OLMo hybrid, Lara-mini), Mamba-2 (Granite 4.0 hybrid, Bamba).
+LINEAR_HEADS = {k: LINEAR[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                       "linear_value_head_dim")}  # fmt: skip
+MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, mamba_expand=1)
 # (config class, model class, config) by the text config's model_type; classes by name, so that a family the
 # installed transformers lacks is skipped (`family_params`) instead of failing the import.
 # Windows and soft caps small enough to bite within a 12-token prompt and 8 new tokens.
@@ -113,6 +117,31 @@ FAMILIES = {
                                                                           "shared_expert_intermediate_size": 64}),
     "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {**LINEAR, **MOE, "head_dim": 16, "num_experts": 4,
                                                                "shared_expert_intermediate_size": 64}),
+    # Hybrid state-space / linear-attention families: layer 0 a state layer (Mamba-2, Mamba-1 or Gated DeltaNet),
+    # then attention. Granite 4.0 hybrid with RoPE (its default is none) and a scale that is not head_dim**-0.5.
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+                         {**MAMBA2, "layer_types": ["linear_attention", "full_attention"], "num_local_experts": 4,
+                          "num_experts_per_tok": 2, "shared_intermediate_size": 64, "attention_multiplier": 0.5,
+                          "position_embedding_type": "rope"}),
+    "bamba": ("BambaConfig", "BambaForCausalLM", {**MAMBA2, "attn_layer_indices": [1]}),  # partial RoPE
+    # Mamba-1, then attention without positions and routed experts.
+    "jamba": ("JambaConfig", "JambaForCausalLM", {"attn_layer_period": 2, "attn_layer_offset": 1, "num_experts": 4,
+                                                  "num_experts_per_tok": 2, "expert_layer_period": 2,
+                                                  "expert_layer_offset": 1, "mamba_d_state": 8, "mamba_expand": 1}),
+    "olmo_hybrid": ("OlmoHybridConfig", "OlmoHybridForCausalLM", {**LINEAR_HEADS, "layer_types": [
+        "linear_attention", "full_attention"]}),
+    # Gated DeltaNet, a rotary sliding layer, a full one without RoPE.
+    "lara_mini": ("LaraMiniConfig", "LaraMiniForCausalLM", {**LINEAR_HEADS, **MOE, "head_dim": 16, "num_experts": 4,
+                                                            "shared_expert_intermediate_size": 64, "sliding_window": 4,
+                                                            "tie_word_embeddings": False, "num_hidden_layers": 3,
+                                                            "layer_types": ["linear_attention", "sliding_attention",
+                                                                            "full_attention"]}),
+    # Mamba-2, a stateless MoE layer, attention without positions, a stateless MLP layer.
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", {
+        "layer_types": ["linear_attention", "moe", "full_attention", "mlp"], "num_hidden_layers": 4, "head_dim": 16,
+        "mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 1, "expand": 1,
+        "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "moe_shared_expert_intermediate_size": 32}),
 }  # fmt: skip
 # Both sides compute in fp32 (logits agree to ~1e-5): a lead of 1e-3 cannot flip.
 DECISIVE = 1e-3
@@ -149,10 +178,19 @@ def tiny_model(family: str = "llama", seed: int = 0, sharpen: float = 8.0, **ove
     cfg._attn_implementation = REFERENCE_ATTN.get(family, "sdpa")
     model = getattr(transformers, model_name)(cfg).eval()
     with torch.no_grad():
+        # State layers (Gated DeltaNet, Mamba): a slow decay, so that their recurrent states move the logits (by ~0.8
+        # in Qwen3.5 where, at its init, dropping the state moved them 1e-5). A Mamba mixer (the one with a skip, D)
+        # also gets its input projection and conv taps sharpened: at init its state's part was lost under the skip's.
+        for m in model.modules():
+            if hasattr(m, "A_log"):
+                m.A_log.fill_(-8.0)
+            if hasattr(m, "A_log") and hasattr(m, "D"):
+                m.in_proj.weight.mul_(sharpen)
+                m.conv1d.weight.mul_(sharpen)
         for layer in model.model.layers:
-            a = getattr(layer, "self_attn", None)
-            if a is None:  # a linear-attention layer (Qwen3.5): a slow decay, so its recurrent state moves the logits
-                layer.linear_attn.A_log.fill_(-8.0)  # (by ~0.8 where, at its init, dropping the state moved them 1e-5)
+            # its attention (`self_attn`, Nemotron-H's `mixer`); none in a state or MLP-only layer
+            a = next((m for m in layer.modules() if hasattr(m, "num_key_value_groups")), None)
+            if a is None:
                 continue
             if hasattr(a, "q_norm"):
                 ws = (a.q_norm.weight, a.k_norm.weight)
@@ -222,6 +260,47 @@ def scramble_pool(cache, seed: int = 0) -> None:
     blocks = alloc.allocate(alloc.num_free)
     g = torch.Generator().manual_seed(seed)
     alloc.free([blocks[i] for i in torch.randperm(len(blocks), generator=g).tolist()])
+
+
+def assert_padded_rows_are_greedy(model, block_size: int, n: int = 8):
+    """Three left-padded rows through a CodesignCache over a scrambled pool (the model switched to the paged
+    attention) give the model's own greedy tokens; the cache."""
+    from codesign.integrations.hf import CodesignCache
+
+    ids, mask = prompts(3, 12, pads=(0, 4, 7))
+    want = greedy(model, ids, mask, n)
+    model.set_attn_implementation(ATTN_NAME)
+    cache = CodesignCache(model, num_blocks=3 * (-(-(12 + n) // block_size)) + 4, block_size=block_size)
+    scramble_pool(cache, seed=block_size)
+    assert_same_greedy_where_decisive(greedy(model, ids, mask, n, cache=cache).sequences, want, ids.shape[1])
+    return cache
+
+
+def assert_prompt_lookup_is_transformers(model, n: int = 8):
+    """Prompt lookup over a CodesignCache (verification forwards of several tokens, then crops) gives transformers'
+    own prompt lookup's tokens over its own cache (on state layers not plain greedy); the cache."""
+    from codesign.integrations.hf import CodesignCache
+
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
+    want = greedy(model, ids, None, n, prompt_lookup_num_tokens=3)
+    model.set_attn_implementation(ATTN_NAME)
+    cache = CodesignCache(model, num_blocks=16, block_size=4)
+    assert torch.equal(greedy(model, ids, None, n, cache=cache, prompt_lookup_num_tokens=3).sequences, want.sequences)
+    assert any(s.kind == "extend" for s in cache.steps)
+    return cache
+
+
+def logits_moved_by_dropping_states(model, monkeypatch, n: int = 8) -> float:
+    """How far the logits of padded rows over a CodesignCache move when every state layer's recurrent state is
+    dropped at every step (all served mixers read it through get_recurrent_state)."""
+    from codesign.integrations.hf import CodesignCache
+
+    model.set_attn_implementation(ATTN_NAME)
+    ids, mask = prompts(3, 12, pads=(0, 4, 7))
+    kept = torch.stack(greedy(model, ids, mask, n, cache=CodesignCache(model, num_blocks=32, block_size=4)).logits)
+    monkeypatch.setattr(CodesignCache, "get_recurrent_state", lambda self, layer_idx, state_idx=0: None)
+    dropped = torch.stack(greedy(model, ids, mask, n, cache=CodesignCache(model, num_blocks=32, block_size=4)).logits)
+    return float((kept - dropped).abs().max())
 
 
 def assert_interpreter_is_greedy(model, block_size: int = 4) -> None:

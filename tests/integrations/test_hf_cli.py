@@ -221,6 +221,9 @@ def test_catalogue_models_become_transformers_configs(tmp_path):
     dense = dataclasses.replace(want, name="dense", experts=0, top_k=0, shared_expert_ffn=0, shared_expert_gate=False,
                                 ffn=5632)  # fmt: skip
     assert hf_config(dense).model_type == "qwen3_5_text"
+    with pytest.raises(CodesignError, match="Mamba-2 layers are served from a model folder's own config.json"):
+        hf_config(dataclasses.replace(load_model("llama-3-8b"), ssm_layers=(0,), ssm_heads=8, ssm_head_dim=64,
+                                      ssm_state=16, ssm_groups=1, ssm_conv_kernel=4))  # fmt: skip
     with pytest.raises(CodesignError, match="gated attention outputs are served beside linear attention"):
         hf_config(dataclasses.replace(load_model("llama-3-8b"), attention_output_gate=True))
 

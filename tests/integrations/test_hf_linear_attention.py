@@ -10,16 +10,17 @@ import torch
 from hf_testing import (
     DECISIVE_QUANT,
     assert_interpreter_is_greedy,
+    assert_padded_rows_are_greedy,
+    assert_prompt_lookup_is_transformers,
     assert_same_greedy_where_decisive,
     family_missing,
     greedy,
+    logits_moved_by_dropping_states,
     prompts,
-    scramble_pool,
     tiny_model,
 )
 
 from codesign.integrations.hf import CodesignCache, generate
-from codesign.integrations.hf.cache import CodesignCache as _Cache
 from codesign.specs import CodesignError
 
 LINEAR = ["qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"]
@@ -34,26 +35,14 @@ def _paged(model):
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_padded_rows_over_a_scrambled_pool(block_size):
-    model = tiny_model("qwen3_5_text")
-    ids, mask = prompts(3, 12, pads=(0, 4, 7))
-    want = greedy(model, ids, mask, NEW)
-    cache = CodesignCache(_paged(model), num_blocks=3 * (-(-(12 + NEW) // block_size)) + 4, block_size=block_size)
-    scramble_pool(cache, seed=block_size)
-    got = greedy(model, ids, mask, NEW, cache=cache).sequences
-    assert_same_greedy_where_decisive(got, want, ids.shape[1])
+    cache = assert_padded_rows_are_greedy(tiny_model("qwen3_5_text"), block_size, NEW)
     assert cache.layers[0].__class__.__name__ == "LinearAttentionLayer" and cache._kv_layers[0][0] == 1
     assert cache.layers[0].get_seq_length() > 0  # transformers' own layer kept the states
 
 
 def test_the_linear_layers_states_are_what_the_logits_depend_on(monkeypatch):
     """Teeth: the same run with the linear layers' recurrent states dropped at every step moves the logits."""
-    model = tiny_model("qwen3_5_text")
-    ids, mask = prompts(3, 12, pads=(0, 4, 7))
-    cache = lambda: CodesignCache(_paged(model), num_blocks=32, block_size=4)  # noqa: E731
-    kept = torch.stack(greedy(model, ids, mask, NEW, cache=cache()).logits)
-    monkeypatch.setattr(_Cache, "get_recurrent_state", lambda self, layer_idx, state_idx=0: None)
-    dropped = torch.stack(greedy(model, ids, mask, NEW, cache=cache()).logits)
-    assert (kept - dropped).abs().max() > 1e-2
+    assert logits_moved_by_dropping_states(tiny_model("qwen3_5_text"), monkeypatch, NEW) > 1e-2
 
 
 @pytest.mark.parametrize("family", LINEAR)
@@ -75,13 +64,7 @@ def test_prompt_lookup_crops_the_linear_states_too():
     states back to the recorded ones (transformers activates the recording before assisted decoding). The reference
     is transformers' own prompt lookup over its own cache: on these layers it is not plain greedy (here from the 4th
     new token), and ours gives its tokens."""
-    model = tiny_model("qwen3_5_text")
-    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
-    want = greedy(model, ids, None, NEW, prompt_lookup_num_tokens=3)
-    cache = CodesignCache(_paged(model), num_blocks=16, block_size=4)
-    got = greedy(model, ids, None, NEW, cache=cache, prompt_lookup_num_tokens=3).sequences
-    assert torch.equal(got, want.sequences)
-    assert any(s.kind == "extend" for s in cache.steps)
+    assert_prompt_lookup_is_transformers(tiny_model("qwen3_5_text"), NEW)
 
 
 def test_beam_search_reorders_the_linear_states():

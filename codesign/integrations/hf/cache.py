@@ -25,11 +25,12 @@ start (C a multiple of the block size, so a chunk starts a block): the kernels' 
 the chunked one (`chunk_pieces`, `_chunk_plan`). Their past chunks' blocks are kept (vLLM frees them); trees and
 captured steps are refused on such models, and formats with per-sequence state (KIVI, Oaken).
 
-Linear-attention layers (Qwen3.5's / Qwen3-Next's Gated DeltaNet, `support.linear_layers`) hold no KV: each is
+Linear-attention layers (Gated DeltaNet, Mamba mixers: `support.linear_layers`) hold no KV: each is
 transformers' own `LinearAttentionLayer` (conv and recurrent states, one batch row each) among this cache's layers,
 reached through the Cache methods their modules call. The KV layers' step starts at the first of them;
 `select_rows` reorders the states, `crop` rolls them back after `activate_past_recording`, and what cannot move
-them row by row (`rewind`, trees) or freeze them (captured steps) is refused.
+them row by row (`rewind`, trees) or freeze them (captured steps) is refused. Stateless layers (Nemotron-H's MLP /
+MoE blocks: `support.stateless_layers`) hold nothing: transformers' own `DummyLayer`, as its caches keep them.
 
 Prefix sharing: rows whose prompts start with the same tokens share those tokens' full blocks
 (`share_prefixes`); `reorder_cache` (beam search), `batch_repeat_interleave` and `select_rows` fork
@@ -51,10 +52,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-try:  # transformers >= 5.25: linear-attention layers' conv and recurrent states (Qwen3.5, Qwen3-Next)
-    from transformers.cache_utils import LinearAttentionLayer
+try:  # transformers >= 5.25: linear-attention layers' conv and recurrent states, stateless layers' placeholder
+    from transformers.cache_utils import DummyLayer, LinearAttentionLayer
 except ImportError:  # (earlier releases serve no model with such layers: `support.FAMILY_SINCE`)
-    LinearAttentionLayer = None
+    DummyLayer = LinearAttentionLayer = None
 
 from codesign.catalog.models import chunk_pieces
 from codesign.integrations.hf import _compat
@@ -218,12 +219,12 @@ class CodesignCache(RowSelection, Cache):
         self.keep = self._groups[0].keep  # group 0's (the model's, when every layer shares one window)
         # A linear-attention layer keeps its conv and recurrent states in transformers' own layer class, which the
         # Cache methods its module calls (get_recurrent_state, update_conv_state, ...) reach.
-        layers = [LinearAttentionLayer() if self.linear[i] else
+        layers = [LinearAttentionLayer() if self.linear[i] else DummyLayer() if layout.modules[i] is None else
                   CodesignCacheLayer(self, i, new_storage(self.spec, self._groups[self._group_of[i]].num_blocks,
                                                           block_size))
                   for i in range(layout.layers)]  # fmt: skip
         super().__init__(layers=layers)
-        self._kv_layers = [(i, layer) for i, layer in enumerate(layers) if not self.linear[i]]
+        self._kv_layers = [(i, layers[i]) for i in layout.attention_layers]
         self._pages = self._groups[0].tables
         self._rows: list[int] = []  # sequence id of each batch row
         self._pads: list[int] = []  # padding columns of each row (never written)
@@ -352,8 +353,8 @@ class CodesignCache(RowSelection, Cache):
         the same shape for every row), written after each row's tokens and attending to the prefix and to
         their ancestors only."""
         if any(self.chunks) or any(self.linear):
-            raise CodesignError("tree verification over chunked-attention (Llama 4) or linear-attention (Qwen3.5) "
-                                "layers is not served")  # fmt: skip
+            raise CodesignError("tree verification over chunked-attention (Llama 4) or linear-attention (Qwen3.5, "
+                                f"state-space hybrids) layers is not served ({self.layout.family})")  # fmt: skip
         self._tree = tuple(K.check_parents(parents))
 
     def accept_tree(self, paths: list[list[int]]) -> None:
@@ -402,7 +403,7 @@ class CodesignCache(RowSelection, Cache):
         return g.num_blocks - g.tables.allocator.num_free
 
     def _make_groups(self, num_blocks: int, window_num_blocks: int | None) -> list[_Group]:
-        kv = [i for i in range(len(self.windows)) if not self.linear[i]]  # (linear-attention layers hold no KV)
+        kv = self.layout.attention_layers  # (linear-attention and stateless layers hold no KV)
         windows = sorted({self.windows[i] for i in kv}, key=lambda w: (w is not None, w or 0))  # full attention first
         mixed = len(windows) > 1 and windows[0] is None
         out = []
@@ -441,7 +442,8 @@ class CodesignCache(RowSelection, Cache):
         self.spec.check_capturable(tree is not None)
         if any(self.chunks) or any(self.linear):
             raise CodesignError("captured or compiled steps over chunked-attention (Llama 4) or linear-attention "
-                                "(Qwen3.5) layers are not served")  # fmt: skip
+                                f"(Qwen3.5, state-space hybrids) layers are not served ({self.layout.family})"
+                                )  # fmt: skip
         if not self._rows:
             raise CodesignError("graph_begin needs the prompts' forward first")
         if max(self.row_lengths()) >= max_tokens:

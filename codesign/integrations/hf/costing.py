@@ -6,8 +6,8 @@ Prefill and decode steps are `build_step_graph`'s own. A latent-attention (MLA) 
 its prefill over an e4m3 cache, run absorbed with each new token one decode row: the decode graph of those rows.
 Otherwise an extend (prompt-lookup verification) or a tree step is the prefill graph of its new tokens with the
 attention replaced by `PagedExtendAttention` / `TreeAttention` over the cached prefix and the lm head applied to
-every new token (verification reads the logits of each); a linear-attention layer's delta rule and conv then continue
-each row's states (read, not started from zero). Activations are costed in fp16 (the graph's convention),
+every new token (verification reads the logits of each); a linear-attention or Mamba-2 layer's scan and conv then
+continue each row's states (read, not started from zero). Activations are costed in fp16 (the graph's convention),
 the weights in the model's format and the KV cache in the cache's.
 """
 
@@ -40,6 +40,7 @@ from codesign.specs import (
     GatedDeltaRule,
     KVFormat,
     PagedExtendAttention,
+    SSDScan,
     TreeAttention,
     WeightFormat,
 )
@@ -139,7 +140,7 @@ def step_graph(shape: RunShape, step: StepRecord) -> nx.DiGraph:
                     q_lens, starts = tuple(e - a for _, a, e in pieces), tuple(a - cs for cs, a, _ in pieces)
                 d["spec"] = PagedExtendAttention(q_lens=q_lens, prefix_lens=starts, window=m.window_of(d["layer"]),
                                                  **common)  # fmt: skip
-        elif isinstance(s, GatedDeltaRule | CausalConv1d):  # a linear layer continues each row's states
+        elif isinstance(s, GatedDeltaRule | SSDScan | CausalConv1d):  # a state layer continues each row's states
             d["spec"] = dataclasses.replace(s, initial_state=True)
         elif d["op"] == "lm_head":
             d["spec"] = dataclasses.replace(s, M=tokens)

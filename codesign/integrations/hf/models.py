@@ -67,6 +67,9 @@ def hf_config(m, layers: int | None = None):
 
     if m.mla:
         return _deepseek_config(m, layers)
+    if m.ssm_layers or m.mixer_only:
+        raise CodesignError(f"catalogue model {m.name!r}: Mamba-2 layers are served from a model folder's own "
+                            "config.json, not built from a catalogue entry")  # fmt: skip
     if m.linear_attention_layers:
         return _qwen3_next_config(m, layers)
     if m.attention_output_gate:

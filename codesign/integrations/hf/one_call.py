@@ -311,7 +311,7 @@ def _agree(speculative, block_size, num_blocks) -> tuple[int | None, int | None]
 
 
 def _check_layer_kinds(model, layout, speculative, cuda_graph, compile) -> None:
-    """A model with chunked-attention (Llama 4) or linear-attention (Qwen3.5) layers refuses trees and captured
+    """A model with chunked-attention (Llama 4) or linear-attention (Qwen3.5, Mamba) layers refuses trees and captured
     steps before generation (the cache would refuse them at their first forward)."""
     cfg = text_config(model)
     if not (any(layer_chunks(cfg, layout.layers)) or any(linear_layers(cfg, layout.layers))):
@@ -320,7 +320,7 @@ def _check_layer_kinds(model, layout, speculative, cuda_graph, compile) -> None:
                                    ("compile", compile)) if on]  # fmt: skip
     if asked:
         raise CodesignError(f"{', '.join(asked)}: not served over chunked-attention (Llama 4) or linear-attention "
-                            "(Qwen3.5) layers")  # fmt: skip
+                            f"(Qwen3.5, state-space hybrids) layers ({layout.family})")  # fmt: skip
 
 
 def _graph_decoding(model, cuda_graph, compile, spec, speculative, generate_kwargs) -> GraphDecoding | None:

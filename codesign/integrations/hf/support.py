@@ -36,7 +36,15 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "mixtral", "qwen2_mo
             "llama4_text",
             # Qwen3.5 / Qwen3-Next: Gated DeltaNet linear-attention layers (their conv and recurrent states in
             # transformers' own LinearAttentionLayer inside CodesignCache) between gated full-attention ones.
-            "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")  # fmt: skip
+            "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next",
+            # Hybrid state-space / linear-attention families: their state layers keep conv and recurrent states in
+            # LinearAttentionLayer as Qwen3.5's do; their attention layers (each read in its 5.25 modeling file):
+            # Granite 4.0 hybrid (Mamba-2; RoPE or none, attention_multiplier passed as scaling, MoE + shared MLP),
+            # Bamba (Mamba-2; partial RoPE, head_dim**-0.5), Jamba (Mamba-1; no positions, MoE), OLMo hybrid (Gated
+            # DeltaNet; q/k norms over all heads, RoPE), Lara-mini (Gated DeltaNet; rotary sliding layers passed
+            # their window, no-RoPE full ones), Nemotron-H (Mamba-2; no positions; its MLP / MoE layers hold no
+            # cache at all: `stateless_layers`).
+            "granitemoehybrid", "bamba", "jamba", "olmo_hybrid", "lara_mini", "nemotron_h")  # fmt: skip
 # Families served from a later transformers release than the range's first: 4.57's Qwen2-MoE has its own
 # attention classes (sdpa / flash / eager) and never calls a registered attention function; the families added in
 # 2026-12 were checked on 5.25 only (their modeling files change between releases).
@@ -49,6 +57,10 @@ REFUSED = {
     "deepseek_v3": "multi-head latent attention (MLA), served by CodesignLatentCache (generate picks it)",
     # PhiMoE's mask slides by config.sliding_window, but its attention is not passed the window (transformers 5.25).
     "phimoe": "a sliding window its attention modules are not passed",
+    # Ling hybrid (transformers 5.25): MLA hands the cache its latent and expands it after, which CodesignCache
+    # (expanded K/V) cannot take, and CodesignLatentCache keeps no linear-attention (KDA) states.
+    "bailing_hybrid": "multi-head latent attention (MLA) between KDA linear-attention layers: CodesignCache caches "
+                      "expanded K/V, CodesignLatentCache holds no linear-attention states",
 }
 # Multimodal wrappers whose text model is served alone but not through the wrapper: Gemma3ForConditionalGeneration
 # attends bidirectionally within each image's tokens (a mask our mask entry does not carry).
@@ -56,7 +68,10 @@ WRAPPERS_REFUSED = {"gemma3": "Gemma3ForConditionalGeneration (bidirectional att
                               "Gemma3ForCausalLM is served",
                     "llama4": "Llama4ForConditionalGeneration (image inputs not checked against the kernels); "
                               "Llama4ForCausalLM is served"}  # fmt: skip
-LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
+LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention", "mlp", "moe")
+# Layer types with neither attention nor state (Nemotron-H's MLP / MoE blocks): transformers caches nothing for them
+# (its DummyLayer), nor does CodesignCache.
+STATELESS = ("mlp", "moe")
 # Families whose every layer is passed (and masked with) config.sliding_window, whatever a config's layer_types say
 # (the catalogue reads config.json files by the same list). Read here from the live config, which transformers has
 # already resolved (`use_sliding_window`, default layer types), as each layer's attention is passed it.
@@ -89,11 +104,11 @@ class Layout:
     kv_heads: int
     head_dim: int
     dtype: torch.dtype
-    modules: tuple[nn.Module | None, ...]  # None: a linear-attention layer (no KV)
+    modules: tuple[nn.Module | None, ...]  # None: a linear-attention or stateless layer (no KV)
 
     @property
     def attention_layers(self) -> list[int]:
-        """The layers with an attention module (every layer but the linear-attention ones)."""
+        """The layers with an attention module (every layer but the linear-attention and stateless ones)."""
         return [i for i, m in enumerate(self.modules) if m is not None]
 
 
@@ -126,20 +141,29 @@ def layer_windows(cfg, layers: int) -> list[int | None]:
     return [int(window) if window else None] * layers
 
 
+def _layer_types(cfg, layers: int) -> list[str]:
+    return list(getattr(cfg, "layer_types", None) or ["full_attention"] * layers)[:layers]
+
+
 def layer_chunks(cfg, layers: int) -> list[int | None]:
     """Each layer's attention chunk (Llama 4's `attention_chunk_size` on its "chunked_attention" layers: a query at
     position p sees the keys from p // chunk * chunk to p), None elsewhere."""
-    types = getattr(cfg, "layer_types", None) or ["full_attention"] * layers
+    types = _layer_types(cfg, layers)
     chunk = getattr(cfg, "attention_chunk_size", None)
-    if "chunked_attention" in types[:layers] and not chunk:
+    if "chunked_attention" in types and not chunk:
         raise CodesignError("chunked_attention layers without an attention_chunk_size")
-    return [int(chunk) if t == "chunked_attention" else None for t in types[:layers]]
+    return [int(chunk) if t == "chunked_attention" else None for t in types]
 
 
 def linear_layers(cfg, layers: int) -> list[bool]:
-    """Which layers are linear attention (Qwen3.5's / Qwen3-Next's Gated DeltaNet: conv and recurrent states, no KV)."""
-    types = getattr(cfg, "layer_types", None) or ["full_attention"] * layers
-    return [t == "linear_attention" for t in types[:layers]]
+    """Which layers are linear attention or state-space mixers (Gated DeltaNet, Mamba: conv and recurrent states,
+    no KV)."""
+    return [t == "linear_attention" for t in _layer_types(cfg, layers)]
+
+
+def stateless_layers(cfg, layers: int) -> list[bool]:
+    """Which layers hold neither KV nor state (Nemotron-H's "mlp" / "moe" blocks)."""
+    return [t in STATELESS for t in _layer_types(cfg, layers)]
 
 
 def check_model(model: nn.Module) -> Layout:
@@ -179,10 +203,10 @@ def check_model(model: nn.Module) -> Layout:
         key=lambda m: m.layer_idx,
     )
     n = int(cfg.num_hidden_layers)
-    linear = linear_layers(cfg, n)
-    if [m.layer_idx for m in mods] != [i for i in range(n) if not linear[i]]:
+    no_kv = [a or b for a, b in zip(linear_layers(cfg, n), stateless_layers(cfg, n))]
+    if [m.layer_idx for m in mods] != [i for i in range(n) if not no_kv[i]]:
         raise CodesignError(f"{family}: expected one attention module per layer 0..{n - 1} but the linear-attention "
-                            "ones")  # fmt: skip
+                            "and stateless ones")  # fmt: skip
     by_layer = {m.layer_idx: m for m in mods}
     mods = [by_layer.get(i) for i in range(n)]
     hq, hkv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
