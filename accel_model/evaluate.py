@@ -17,7 +17,7 @@ Where each op runs:
                                on the KV quant engines (or the vector unit)
     Prefill/Extend/Tree attn.  arrays + vector unit (softmax)
     KVWrite, KVDequantize      KV quant engines if present and the format is quantized, else vector unit
-    Norm, Softmax, RoPE, Elementwise, Sampling, CausalConv1d     vector unit
+    Norm, Softmax, RoPE, Elementwise, Sampling, CausalConv1d, SelectiveScan     vector unit
     GatedDeltaRule, SSDScan    one-token sequences (decode): the recurrence on the vector lanes; a prompt's
                                chunks: their products on the arrays, the triangular solve and decay masks
                                on the vector unit (`vector_unit.py`)
@@ -78,6 +78,7 @@ from codesign.specs import (
     PrefillAttention,
     RoPE,
     Sampling,
+    SelectiveScan,
     Softmax,
     SSDScan,
     TreeAttention,
@@ -524,7 +525,8 @@ def design_fields_read(
         return (*_ALWAYS, "systolic", "vector")
     if isinstance(spec, Embedding):
         return _ALWAYS
-    if isinstance(spec, Norm | Softmax | RoPE | Elementwise | Sampling | AllReduce | AllToAll | CausalConv1d):
+    if isinstance(spec, Norm | Softmax | RoPE | Elementwise | Sampling | AllReduce | AllToAll | CausalConv1d |
+                  SelectiveScan):  # fmt: skip
         return (*_ALWAYS, "vector")
     if isinstance(spec, GatedDeltaRule | SSDScan):
         return (*_ALWAYS, "systolic", "vector")
@@ -549,7 +551,7 @@ def evaluate(design: Design, spec: OpSpec) -> Result:
         return _dense_attention(acc, spec, spec.tree_sizes, kv)
     if isinstance(spec, KVWrite | KVDequantize):
         return _kv_op(acc, spec)
-    if isinstance(spec, Norm | Softmax | RoPE | Elementwise | Sampling | CausalConv1d):
+    if isinstance(spec, Norm | Softmax | RoPE | Elementwise | Sampling | CausalConv1d | SelectiveScan):
         return _vector_op(acc, spec)
     if isinstance(spec, GatedDeltaRule | SSDScan):
         return _chunked_scan(acc, spec)

@@ -22,6 +22,8 @@ Per-element slot counts (s = sfu_cost):
                  update and S^T q as multiply-adds); a prompt's chunks: the triangular solve's multiply-adds and
                  1 + s a c x c decay-mask entry (the products run on the arrays); per token 2 a q or k channel
                  (square-accumulate, scale) and an rsqrt a q or k head, 4 + 2s a value head (softplus, sigmoid)
+    selective scan  (Mamba-1) 4 + s a state element, channel and token (dt A, its exp, the update and the read
+                 as multiply-adds), 2 a channel and token (dt x, the D skip)
     ssd scan     one-token sequences: 3 a state element and head (the decay, the update and the read as
                  multiply-adds); a prompt's chunks: 2 + s a c x c decay-mask entry and head (the products run on
                  the arrays); per token and head 2 a head channel (dt x, the D skip) and 1 + s for exp(dt A)
@@ -43,6 +45,7 @@ from codesign.specs import (
     OpSpec,
     RoPE,
     Sampling,
+    SelectiveScan,
     Softmax,
     SSDScan,
     check_positive_int,
@@ -115,6 +118,8 @@ def lane_ops(vu: VectorUnitSpec, spec: OpSpec) -> int:
         return _gated_delta_lane_ops(spec, s)
     if isinstance(spec, SSDScan):
         return _ssd_lane_ops(spec, s)
+    if isinstance(spec, SelectiveScan):
+        return spec.tokens * spec.channels * ((4 + s) * spec.state + 2)
     raise CodesignError(f"the vector unit does not run {type(spec).__name__} ops")
 
 

@@ -47,6 +47,7 @@ from codesign.specs import (
     PrefillAttention,
     RoPE,
     Sampling,
+    SelectiveScan,
     SSDScan,
     WeightFormat,
     check_choice,
@@ -333,6 +334,8 @@ class _StepBuilder:
         conv over x, B, C with SiLU, the SSD scan (the recurrence at decode, the chunked form over a prompt), the
         norm of y gated by silu(z) per group, and the row-parallel output projection."""
         m, tokens, act_b = self.m, self.tokens, self.act_b
+        if m.mamba1:
+            return self.mamba1_mixer(p, i, n1)
         heads = tp_divide("ssm_heads", m.ssm_heads, self.tp)
         groups = tp_divide("ssm_groups", m.ssm_groups, self.tp) if m.ssm_groups >= self.tp else 1
         inner, conv_n = heads * m.ssm_head_dim, heads * m.ssm_head_dim + 2 * groups * m.ssm_state
@@ -351,6 +354,33 @@ class _StepBuilder:
         norm = self.add(p + "ssm_norm", "ssm_norm", Norm(tokens * groups, inner // groups, m.norm), i, [gated],
                         tokens * inner * act_b)  # fmt: skip
         return self.add(p + "ssm_out_proj", "ssm_out_proj", self.lin(m.hidden, inner, m.ssm_proj_bias), i, [norm],
+                        self.hid_b)  # fmt: skip
+
+    def mamba1_mixer(self, p: str, i: int, n1: str) -> str:
+        """A Mamba-1 mixer (Jamba) as vLLM's MambaMixer runs it: x and z (column-parallel by channels), the causal
+        conv over x with SiLU, x_proj to dt's bottleneck, B and C (row-parallel: all-reduced under TP), Jamba's dt / B
+        / C RMS norms (one pass), dt_proj up to the channels, the selective scan, y x silu(z), the output projection."""
+        m, tokens, act_b = self.m, self.tokens, self.act_b
+        d = tp_divide("ssm_heads", m.ssm_heads, self.tp)  # (Mamba-1's channels)
+        r, n = m.ssm_dt_rank, m.ssm_state
+        decode = self.g.graph["phase"] == "decode"
+        new = (1,) * len(self.lens) if decode else self.lens
+        proj = self.add(p + "ssm_in_proj", "ssm_in_proj", self.lin(2 * d, m.hidden, m.ssm_proj_bias), i, [n1],
+                        tokens * 2 * d * act_b)  # fmt: skip
+        conv = self.add(p + "conv1d", "conv1d", CausalConv1d(d, m.ssm_conv_kernel, new, initial_state=decode), i,
+                        [proj], tokens * d * act_b)  # fmt: skip
+        xb = tokens * (r + 2 * n) * act_b
+        x_proj = self.add(p + "ssm_x_proj", "ssm_x_proj", self.lin(r + 2 * n, d, False), i, [conv], xb)
+        if self.tp > 1:
+            x_proj = self.add(p + "ssm_x_all_reduce", "all_reduce", AllReduce(tokens * (r + 2 * n), self.tp), i,
+                              [x_proj], xb)  # fmt: skip
+        normed = self.add(p + "ssm_dt_bc_norm", "ssm_dt_bc_norm", Norm(tokens, r + 2 * n, m.norm), i, [x_proj], xb)
+        dt = self.add(p + "ssm_dt_proj", "ssm_dt_proj", self.lin(d, r, True), i, [normed], tokens * d * act_b)
+        scan = SelectiveScan(d, n, new, initial_state=decode, state_dtype=m.ssm_state_dtype)
+        y = self.add(p + "selective_scan", "selective_scan", scan, i, [conv, dt, normed], tokens * d * act_b)
+        gated = self.add(p + "ssm_gate", "ssm_gate", Elementwise("silu_mul", tokens * d), i, [y, proj],
+                         tokens * d * act_b)  # fmt: skip
+        return self.add(p + "ssm_out_proj", "ssm_out_proj", self.lin(m.hidden, d, m.ssm_proj_bias), i, [gated],
                         self.hid_b)  # fmt: skip
 
     def latent_attention(self, p: str, i: int, n1: str) -> str:

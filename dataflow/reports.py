@@ -10,14 +10,12 @@ import networkx as nx
 
 from codesign.dataflow.schedule import Schedule
 from codesign.specs import (
-    CausalConv1d,
+    STATE_OPS,
     CodesignError,
-    GatedDeltaRule,
     Gemm,
     KVWrite,
     PagedDecodeAttention,
     PagedExtendAttention,
-    SSDScan,
 )
 
 
@@ -50,7 +48,7 @@ def resident_bytes(g: nx.DiGraph) -> dict[str, float]:
             kv += kept * s.kv_bytes_per_token()
         elif isinstance(s, KVWrite) and g.graph.get("phase") == "prefill":
             kv += s.tokens * s.cache_bytes_per_token()
-        elif isinstance(s, GatedDeltaRule | SSDScan | CausalConv1d):
+        elif isinstance(s, STATE_OPS):
             kv += s.state_bytes()
     return {"weights": weights, "kv_cache": kv}
 

@@ -100,6 +100,10 @@ class ModelConfig:
     # The scan state's storage: the model's 16-bit dtype (vLLM's default), or fp32 (vLLM's for Nemotron-H, as its
     # config's mamba_ssm_cache_dtype asks); the conv state stays 16-bit.
     ssm_state_dtype: str = "fp16"
+    # "mamba1" (Jamba): Mamba-1's selective scan instead, ssm_heads its channels (ssm_head_dim 1, one group), dt through
+    # a rank-ssm_dt_rank bottleneck (x_proj, then dt_proj), the conv over x alone, dt / B / C RMS-normed (Jamba's).
+    ssm_kind: str = "mamba2"
+    ssm_dt_rank: int = 0
     # Blocks of one mixer each (Nemotron-H): a norm, then attention, a Mamba-2 mixer (ssm_layers) or an MLP alone
     # (mlp_layers: routed experts where moe_layer_indices name them, else a dense MLP), then the residual add.
     mixer_only: bool = False
@@ -223,6 +227,10 @@ class ModelConfig:
     def _check_ssm(self, where: str) -> None:
         check_positive_int(f"{where}: ssm_chunk", self.ssm_chunk)
         check_choice(f"{where}: ssm_state_dtype", self.ssm_state_dtype, ("fp16", "bf16", "fp32"))
+        check_choice(f"{where}: ssm_kind", self.ssm_kind, ("mamba2", "mamba1"))
+        if self.mamba1 and self.ssm_layers and not (self.ssm_dt_rank > 0 and self.ssm_head_dim == 1 == self.ssm_groups):
+            raise CodesignError(f"{where}: ssm_kind mamba1 needs ssm_dt_rank > 0, ssm_head_dim 1 and ssm_groups 1 "
+                                "(ssm_heads its channels)")  # fmt: skip
         if not self._check_shapes(where, "ssm_layers", ("ssm_heads", "ssm_head_dim", "ssm_state", "ssm_groups",
                                                         "ssm_conv_kernel")):  # fmt: skip
             return
@@ -263,22 +271,38 @@ class ModelConfig:
         return self.ssm_heads * self.ssm_head_dim
 
     @property
+    def mamba1(self) -> bool:
+        """Whether the state-space layers are Mamba-1's (Jamba), not Mamba-2's."""
+        return self.ssm_kind == "mamba1"
+
+    @property
     def ssm_conv_channels(self) -> int:
-        """Channels of a Mamba-2 mixer's causal convolution: x, B and C."""
-        return self.ssm_inner + 2 * self.ssm_groups * self.ssm_state
+        """Channels of a mixer's causal convolution: x, B and C (Mamba-2), x alone (Mamba-1)."""
+        return self.ssm_inner + (0 if self.mamba1 else 2 * self.ssm_groups * self.ssm_state)
 
     def ssm_shapes(self) -> dict[str, tuple[int, int]]:
-        """(N, K) of a Mamba-2 mixer's linears (unsharded): z, x, B, C and dt in one projection, the output one."""
+        """(N, K) of a state-space mixer's linears (unsharded). Mamba-2: z, x, B, C and dt in one projection, the output
+        one; Mamba-1: x and z, then dt's bottleneck with B and C (x_proj), dt up (dt_proj), the output."""
         if not self.ssm_layers:
             return {}
-        return {"ssm_in_proj": (self.ssm_inner + self.ssm_conv_channels + self.ssm_heads, self.hidden),
-                "ssm_out_proj": (self.hidden, self.ssm_inner)}  # fmt: skip
+        d, r, n = self.ssm_inner, self.ssm_dt_rank, self.ssm_state
+        if self.mamba1:
+            return {"ssm_in_proj": (2 * d, self.hidden), "ssm_x_proj": (r + 2 * n, d), "ssm_dt_proj": (d, r),
+                    "ssm_out_proj": (self.hidden, d)}  # fmt: skip
+        return {"ssm_in_proj": (d + self.ssm_conv_channels + self.ssm_heads, self.hidden),
+                "ssm_out_proj": (self.hidden, d)}  # fmt: skip
 
     def _ssm_params(self) -> int:
-        """A Mamba-2 mixer's parameters: its linears (and their biases), the conv filter (and bias), dt_bias, A_log
-        and D a head, the gated norm's weight."""
-        lin = sum(n * k + (n if self.ssm_proj_bias else 0) for n, k in self.ssm_shapes().values())
+        """A state-space mixer's parameters: its linears (the in / out ones' biases as ssm_proj_bias says), the conv
+        filter (and bias); Mamba-2: dt_bias, A_log and D a head, the gated norm's weight; Mamba-1: dt_proj's bias,
+        A_log a channel and state element, D a channel, the dt / B / C norms."""
+        shapes = self.ssm_shapes()
+        biased = ("ssm_in_proj", "ssm_out_proj") if self.ssm_proj_bias else ()
+        lin = sum(n * k + (n if name in biased else 0) for name, (n, k) in shapes.items())
         conv = self.ssm_conv_channels * (self.ssm_conv_kernel + (1 if self.ssm_conv_bias else 0))
+        if self.mamba1:
+            d = self.ssm_inner
+            return lin + conv + d + d * self.ssm_state + d + self.ssm_dt_rank + 2 * self.ssm_state
         return lin + conv + 3 * self.ssm_heads + self.ssm_inner
 
     def linear_layer(self, layer: int) -> bool:
@@ -547,10 +571,6 @@ def _learned_positions_model(
 
 
 LINEAR_ATTENTION_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "lara_mini")
-# Served by the HF integration but not read here: the step graph has no block for what they add.
-NOT_READ = {
-    "jamba": "Mamba-1 mixers (a selective scan the step graph has no operator for; Mamba-2's SSD is read)",
-}
 # Mamba-2 mixers (layer_types "linear_attention", the mamba_* fields) beside attention layers.
 SSM_TYPES = ("granitemoehybrid", "bamba")
 # The families read like Llama (GQA, RoPE, RMSNorm, a gated MLP or routed experts of one): what else they do (q/k
@@ -779,6 +799,31 @@ def _linear_attention(cfg: dict[str, Any], layers: int, g) -> dict[str, Any]:
     )  # fmt: skip
 
 
+def _jamba_model(name: str, path: Path, cfg: dict[str, Any], g) -> ModelConfig:
+    """Jamba: attention (no positions) on every attn_layer_period-th layer from attn_layer_offset, Mamba-1 mixers on
+    the others; routed experts on every expert_layer_period-th layer from expert_layer_offset, a dense MLP as wide
+    (intermediate_size) on the others."""
+    layers, hidden = int(g("num_hidden_layers")), int(g("hidden_size"))
+    every = lambda period, offset: tuple(i for i in range(layers) if i % int(g(period)) == int(g(offset)))  # noqa: E731
+    attn, moe = every("attn_layer_period", "attn_layer_offset"), every("expert_layer_period", "expert_layer_offset")
+    experts, ffn = int(cfg.get("num_experts") or 0), int(g("intermediate_size"))
+    experts = experts if experts > 1 and moe else 0  # (one expert: a dense MLP in every layer, as transformers builds)
+    rank = cfg.get("mamba_dt_rank")
+    heads = int(g("num_attention_heads"))
+    return ModelConfig(
+        name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        ffn=ffn, vocab=int(g("vocab_size")), max_context=int(g("max_position_embeddings")), experts=experts,
+        top_k=int(g("num_experts_per_tok")) if experts else 0, dense_ffn=ffn if experts and len(moe) < layers else 0,
+        moe_layer_indices=moe if experts else (), tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        rope=False, ssm_kind="mamba1", ssm_layers=tuple(i for i in range(layers) if i not in attn),
+        ssm_heads=int(cfg.get("mamba_expand") or 2) * hidden, ssm_head_dim=1, ssm_state=int(g("mamba_d_state")),
+        ssm_groups=1, ssm_conv_kernel=int(g("mamba_d_conv")),
+        ssm_dt_rank=math.ceil(hidden / 16) if rank in (None, "auto") else int(rank),
+        ssm_conv_bias=bool(cfg.get("mamba_conv_bias", True)), ssm_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+        source=str(path),
+    )  # fmt: skip
+
+
 NEMOTRON_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
 
 
@@ -899,8 +944,8 @@ def load_hf_config(path: str | Path) -> ModelConfig:
             return _llama4_model(name, path, text, functools.partial(_get, text, path))
         if mtype == "nemotron_h":
             return _nemotron_h_model(name, path, cfg, g)
-        if mtype in NOT_READ:
-            raise CodesignError(f"{path}: model_type {mtype!r} is not mapped: {NOT_READ[mtype]}")
+        if mtype == "jamba":
+            return _jamba_model(name, path, cfg, g)
         if mtype in LLAMA_LIKE:
             return _llama_like(name, path, cfg, mtype, g)
     except (TypeError, ValueError) as e:

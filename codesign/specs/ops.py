@@ -688,6 +688,44 @@ class SSDScan(_StateRows, OpSpec):
 
 
 @dataclass(frozen=True)
+class SelectiveScan(_StateRows, OpSpec):
+    """Mamba-1's selective scan (Jamba): a `state`-wide state per channel and sequence, every token decaying it by
+    exp(dt A) (A one a channel and state element) and adding dt B x; the output reads it with C, plus D x::
+
+        h <- exp(dt A) * h + dt x B;   y = C . h + D x
+
+    A scan, not products: decode and prompts alike run elementwise (mamba_ssm's selective_scan, its parallel form
+    the same work): 7 N flops a channel and token (dt A and its exp, the update, the read) and 3 (dt x, the D skip).
+    Bytes: x, dt and y (a channel each), B and C (`state` each) a token at `dtype`; each sequence's state read (when
+    carried in) and written at `state_dtype`.
+    """
+
+    channels: int
+    state: int
+    new_tokens: tuple[int, ...] = (1,)
+    initial_state: bool = True
+    dtype: str = "fp16"
+    state_dtype: str = "fp16"
+    kind: ClassVar[str] = "selective_scan"
+
+    def __post_init__(self) -> None:
+        check_positive_int("channels", self.channels)
+        check_positive_int("state", self.state)
+        self._check_rows()
+
+    def flops(self) -> float:
+        return float(self.tokens * self.channels * (7 * self.state + 3))
+
+    def state_bytes(self) -> float:
+        """The states of this step's sequences."""
+        return len(self.new_tokens) * self.channels * self.state * dtype_bytes(self.state_dtype)
+
+    def min_bytes(self) -> float:
+        act = self.tokens * (3 * self.channels + 2 * self.state)
+        return act * dtype_bytes(self.dtype) + (2 if self.initial_state else 1) * self.state_bytes()
+
+
+@dataclass(frozen=True)
 class CausalConv1d(_StateRows, OpSpec):
     """Depthwise causal 1-D convolution over `channels` channels with a `kernel`-tap filter, then SiLU (Gated
     DeltaNet's and Mamba's short convolution, causal_conv1d_fn / causal_conv1d_update). Each sequence keeps its
@@ -835,6 +873,8 @@ class AllToAll(OpSpec):
 
 
 COLLECTIVES = (AllReduce, AllToAll)  # the specs whose cost is the chip-to-chip link's
+# The specs of recurrent layers: a fixed state a sequence (state_bytes()) instead of a KV cache, carried in or started.
+STATE_OPS = (GatedDeltaRule, SSDScan, SelectiveScan, CausalConv1d)
 
 
 @dataclass(frozen=True)
@@ -872,6 +912,7 @@ ALL_SPECS: tuple[type[OpSpec], ...] = (
     Elementwise,
     GatedDeltaRule,
     SSDScan,
+    SelectiveScan,
     CausalConv1d,
     Embedding,
     MoERouter,
@@ -880,4 +921,4 @@ ALL_SPECS: tuple[type[OpSpec], ...] = (
     Sampling,
 )
 
-__all__ = [c.__name__ for c in ALL_SPECS] + ["OpSpec", "ALL_SPECS", "COLLECTIVES", "dtype_bits"]
+__all__ = [c.__name__ for c in ALL_SPECS] + ["OpSpec", "ALL_SPECS", "COLLECTIVES", "STATE_OPS", "dtype_bits"]

@@ -33,6 +33,7 @@ from codesign.specs import (
     PrefillAttention,
     RoPE,
     Sampling,
+    SelectiveScan,
     Softmax,
     SSDScan,
     TreeAttention,
@@ -190,6 +191,7 @@ def _one_of_each() -> list:
         CausalConv1d(96, 4, new_tokens=(3, 1)),
         SSDScan(8, 32, 16, 2, new_tokens=(1, 1)),
         SSDScan(8, 32, 16, 2, new_tokens=(300, 9), initial_state=False),
+        SelectiveScan(96, 16, new_tokens=(1, 5)),
     ]
 
 

@@ -19,7 +19,7 @@ from codesign.dataflow.graph import build_step_graph
 from codesign.dataflow.reports import resident_bytes
 from codesign.dataflow.roofline import op_time
 from codesign.kernels.layers.ssd import ssd_chunk_matmul_flops
-from codesign.specs import CausalConv1d, CodesignError, Elementwise, Norm, SSDScan
+from codesign.specs import CausalConv1d, CodesignError, Elementwise, Norm, SelectiveScan, SSDScan
 
 
 def _hybrid(**kw) -> ModelConfig:
@@ -215,3 +215,54 @@ def test_a_hybrid_config_json_runs_through_roofline_and_map(tmp_path, capsys):
     assert main(["map", "--model", str(tmp_path), "--design", "tpu_like", "--phase", "prefill", "--context",
                  "1000"]) == 0  # fmt: skip
     assert "ssd_scan" in capsys.readouterr().out
+
+
+def test_mamba1_scan_flops_and_bytes_by_hand():
+    s = SelectiveScan(96, 16, new_tokens=(1, 5))
+    assert s.flops() == 6 * 96 * (7 * 16 + 3) and s.peak_key() == "vector"
+    # x, dt and y a channel, B and C 16 each, a token; two states of 96 x 16 read and written
+    assert s.min_bytes() == 6 * (3 * 96 + 32) * 2 + 2 * 2 * 96 * 16 * 2
+    d = load_design("tpu_like")
+    assert lane_ops(d.vector, s) == 6 * 96 * ((4 + d.vector.sfu_cost) * 16 + 2)
+    assert evaluate(d, s).unit == "vector" and family(s) == "elementwise"
+
+
+def _jamba(**kw) -> ModelConfig:
+    # Jamba's shape, small: Mamba-1 on layers 0, 1, 3 (256 channels, state 16, dt rank 16), attention on 2; experts
+    # on 1 and 3, a dense MLP as wide on 0 and 2.
+    base = dict(name="tiny-jamba", layers=4, hidden=128, heads=4, kv_heads=2, ffn=256, vocab=1000, rope=False,
+                experts=4, top_k=2, dense_ffn=256, moe_layer_indices=(1, 3), ssm_kind="mamba1", ssm_layers=(0, 1, 3),
+                ssm_heads=256, ssm_head_dim=1, ssm_state=16, ssm_groups=1, ssm_conv_kernel=4, ssm_dt_rank=8,
+                ssm_conv_bias=True)  # fmt: skip
+    return ModelConfig(**{**base, **kw})
+
+
+def test_the_mamba1_mixer_is_wired_as_vllm_runs_it():
+    g = build_step_graph(_jamba(), "decode", 3, 50, tp=2)
+    assert [n.split(".", 1)[1] for n in g.nodes if n.startswith("L0.")][:10] == [
+        "attn_norm", "ssm_in_proj", "conv1d", "ssm_x_proj", "ssm_x_all_reduce", "ssm_dt_bc_norm", "ssm_dt_proj",
+        "selective_scan", "ssm_gate", "ssm_out_proj"]  # fmt: skip
+    n = g.nodes
+    # tp 2: 128 channels a rank; x_proj's output (dt rank 8 + B and C 16 each) all-reduced over the ranks
+    assert (n["L0.ssm_in_proj"]["spec"].N, n["L0.ssm_x_proj"]["spec"].N, n["L0.ssm_x_proj"]["spec"].K) == (256, 40, 128)
+    assert n["L0.ssm_x_all_reduce"]["spec"].numel == 3 * 40 and n["L0.ssm_dt_proj"]["spec"].bias
+    assert n["L0.selective_scan"]["spec"] == SelectiveScan(128, 16, (1, 1, 1))
+    assert "L1.router" in n and "L0.router" not in n and "L2.attention" in n
+    m = _jamba()
+    assert m.recurrent_state_bytes() == 3 * (256 * 16 + 3 * 256) * 2 and m.attention_layers == 1
+    with pytest.raises(CodesignError, match="ssm_kind mamba1 needs ssm_dt_rank > 0"):
+        _jamba(ssm_dt_rank=0)
+
+
+def test_jamba_config_json_is_read_by_its_periods(tmp_path):
+    from codesign.catalog.models import load_hf_config
+
+    cfg = dict(model_type="jamba", num_hidden_layers=8, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+               intermediate_size=256, vocab_size=1000, max_position_embeddings=4096, num_experts=4,
+               num_experts_per_tok=2, expert_layer_period=2, expert_layer_offset=1, attn_layer_period=4,
+               attn_layer_offset=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank="auto")  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    m = load_hf_config(path)
+    assert (m.ssm_layers, m.moe_layer_indices, m.ssm_heads, m.ssm_dt_rank) == ((0, 1, 3, 4, 5, 7), (1, 3, 5, 7), 256, 8)
+    assert (m.ffn, m.dense_ffn, m.rope, m.mamba1) == (256, 256, False, True)

@@ -35,12 +35,10 @@ from codesign.integrations.hf.kv_formats import KVSpec
 from codesign.integrations.hf.latent import check_latent_model, is_latent_model, latent_spec_format
 from codesign.integrations.hf.support import check_model
 from codesign.specs import (
-    CausalConv1d,
+    STATE_OPS,
     CodesignError,
-    GatedDeltaRule,
     KVFormat,
     PagedExtendAttention,
-    SSDScan,
     TreeAttention,
     WeightFormat,
 )
@@ -140,7 +138,7 @@ def step_graph(shape: RunShape, step: StepRecord) -> nx.DiGraph:
                     q_lens, starts = tuple(e - a for _, a, e in pieces), tuple(a - cs for cs, a, _ in pieces)
                 d["spec"] = PagedExtendAttention(q_lens=q_lens, prefix_lens=starts, window=m.window_of(d["layer"]),
                                                  **common)  # fmt: skip
-        elif isinstance(s, GatedDeltaRule | SSDScan | CausalConv1d):  # a state layer continues each row's states
+        elif isinstance(s, STATE_OPS):  # a state layer continues each row's states
             d["spec"] = dataclasses.replace(s, initial_state=True)
         elif d["op"] == "lm_head":
             d["spec"] = dataclasses.replace(s, M=tokens)
