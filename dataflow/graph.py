@@ -330,14 +330,15 @@ class _StepBuilder:
 
     def ssm_mixer(self, p: str, i: int, n1: str) -> str:
         """A Mamba-2 mixer (Granite 4.0 hybrid, Bamba) as vLLM's MambaMixer2 runs it: one projection to z, x, B, C and
-        dt (column-parallel by heads; B and C's groups split too, or replicated when fewer than the ranks), the causal
+        dt (column-parallel by heads; B and C's groups split too, or one group replicated on every rank), the causal
         conv over x, B, C with SiLU, the SSD scan (the recurrence at decode, the chunked form over a prompt), the
-        norm of y gated by silu(z) per group, and the row-parallel output projection."""
+        norm of y gated by silu(z) per group (one group's spans the ranks: its sums of squares all-reduced, vLLM's
+        Mixer2RMSNormGated), and the row-parallel output projection."""
         m, tokens, act_b = self.m, self.tokens, self.act_b
         if m.mamba1:
             return self.mamba1_mixer(p, i, n1)
         heads = tp_divide("ssm_heads", m.ssm_heads, self.tp)
-        groups = tp_divide("ssm_groups", m.ssm_groups, self.tp) if m.ssm_groups >= self.tp else 1
+        groups = tp_divide("ssm_groups", m.ssm_groups, self.tp) if m.ssm_groups > 1 else 1  # (vLLM's rule)
         inner, conv_n = heads * m.ssm_head_dim, heads * m.ssm_head_dim + 2 * groups * m.ssm_state
         decode = self.g.graph["phase"] == "decode"
         new = (1,) * len(self.lens) if decode else self.lens
@@ -351,6 +352,9 @@ class _StepBuilder:
         y = self.add(p + "ssd_scan", "ssd_scan", scan, i, [conv, proj], tokens * inner * act_b)
         gate = Elementwise("silu_mul", tokens * inner)  # y * silu(z), then the grouped norm
         gated = self.add(p + "ssm_gate", "ssm_gate", gate, i, [y, proj], tokens * inner * act_b)
+        if m.ssm_groups == 1 and self.tp > 1:  # one group's norm spans the ranks: its sums of squares all-reduced
+            gated = self.add(p + "ssm_norm_all_reduce", "all_reduce", AllReduce(tokens, self.tp, "fp32"), i, [gated],
+                             tokens * inner * act_b)  # fmt: skip
         norm = self.add(p + "ssm_norm", "ssm_norm", Norm(tokens * groups, inner // groups, m.norm), i, [gated],
                         tokens * inner * act_b)  # fmt: skip
         return self.add(p + "ssm_out_proj", "ssm_out_proj", self.lin(m.hidden, inner, m.ssm_proj_bias), i, [norm],

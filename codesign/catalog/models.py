@@ -250,6 +250,11 @@ class ModelConfig:
         if self.moe_layer_indices and not (self.experts and not self.dense_layers and self.moe_layer_step == 1):
             raise CodesignError(f"{where}: moe_layer_indices need experts > 0 and no other rule (dense_layers, "
                                 "moe_layer_step)")  # fmt: skip
+        if self.mixer_only and self.experts and not self.moe_layer_indices:
+            raise CodesignError(f"{where}: a mixer_only model with experts names its MoE blocks (moe_layer_indices)")
+        mlp_blocks = len(self.mlp_layers) if self.mixer_only else self.layers
+        if self.moe_layer_indices and len(self.moe_layer_indices) < mlp_blocks and not self.dense_ffn:
+            raise CodesignError(f"{where}: the MLP blocks outside moe_layer_indices need dense_ffn > 0")
         if self.mlp_layers and not self.mixer_only:
             raise CodesignError(f"{where}: mlp_layers are blocks of one mixer: they need mixer_only")
         if self.mixer_only:
@@ -480,7 +485,8 @@ class ModelConfig:
             self.linear_value_dim
 
     def weight_bytes_per_layer(self, bits_per_weight: float) -> float:
-        """Bytes of linear weights of one block read by a step (all experts; a MoE block's, not a dense one's)."""
+        """Bytes of linear weights of one attention + MLP block read by a step (all experts; a MoE block's, not a dense
+        one's; a linear-attention or state-space block's differ: see linear_shapes)."""
         s = self.linear_shapes()
         mlp = s["up_proj"][0] * s["up_proj"][1] + s["down_proj"][0] * s["down_proj"][1]
         n = sum(a * b for a, b in self.attention_shapes().values()) + mlp * max(1, self.experts)
@@ -754,7 +760,7 @@ def _llama_like(name: str, path: Path, cfg: dict[str, Any], mtype: str, g) -> Mo
         sliding_window=window,
         full_attention_layers=full_layers,
         source=str(path),
-        **(_linear_attention(cfg, layers, g) if mtype in LINEAR_ATTENTION else {}),
+        **(_linear_attention(cfg, mtype, layers, g) if mtype in LINEAR_ATTENTION else {}),
         **(_mamba2(cfg, mtype, layers, g) if mtype in SSM_TYPES else {}),
     )
 
@@ -766,36 +772,62 @@ def _mamba2(cfg: dict[str, Any], mtype: str, layers: int, g) -> dict[str, Any]:
         attn = set(cfg.get("attn_layer_indices") or ())
         types = ["full_attention" if i in attn else "linear_attention" for i in range(layers)]
     else:
-        types = cfg.get("layer_types") or ["linear_attention"] * layers
-    unknown = sorted({t for t in types[:layers]} - {"linear_attention", "full_attention"})
-    if unknown or len(types) < layers:
-        raise CodesignError(f"layer_types {types} are not {layers} of linear_attention (Mamba-2) / full_attention")
+        types = hf_layer_types(cfg, layers, ["linear_attention"] * layers, ("linear_attention", "full_attention"))
     heads = int(g("mamba_n_heads"))
     head_dim = cfg.get("mamba_d_head")
     head_dim = int(cfg.get("mamba_expand") or 2) * int(g("hidden_size")) // heads if head_dim in (None, "auto") \
         else int(head_dim)
     return dict(
-        ssm_layers=tuple(i for i, t in enumerate(types[:layers]) if t == "linear_attention"), ssm_heads=heads,
+        ssm_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"), ssm_heads=heads,
         ssm_head_dim=head_dim, ssm_state=int(g("mamba_d_state")), ssm_groups=int(g("mamba_n_groups")),
         ssm_conv_kernel=int(g("mamba_d_conv")), ssm_chunk=int(cfg.get("mamba_chunk_size") or 256),
         ssm_conv_bias=bool(cfg.get("mamba_conv_bias", True)), ssm_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
     )  # fmt: skip
 
 
-def _linear_attention(cfg: dict[str, Any], layers: int, g) -> dict[str, Any]:
-    """The Gated DeltaNet fields of a Qwen3-Next / Qwen3.5 config: its layers (layer_types, or every layer but each
-    full_attention_interval-th as transformers defaults them) and shapes."""
-    types = cfg.get("layer_types") or ["full_attention" if (i + 1) % int(cfg.get("full_attention_interval") or 4)
-                                       == 0 else "linear_attention" for i in range(layers)]  # fmt: skip
-    unknown = sorted({t for t in types[:layers]} - {"linear_attention", "full_attention", "sliding_attention"})
+# transformers' legacy layer-type names (configuration_utils._LEGACY_LAYER_TYPE_REMAP: hub configs still use them).
+LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
+
+
+def hf_layer_types(cfg: dict[str, Any], layers: int, default: list[str], kinds: tuple[str, ...]) -> list[str]:
+    """A config's layer types (layer_types, or its alias layers_block_type; `default` where it has neither) with the
+    legacy names remapped as transformers does; refused unless `layers` of them, each one of `kinds`."""
+    raw = cfg.get("layer_types") or cfg.get("layers_block_type") or default
+    types = [LEGACY_LAYER_TYPES.get(t, t) for t in raw]
+    unknown = sorted(set(types[:layers]) - set(kinds))
     if unknown or len(types) < layers:
-        raise CodesignError(f"layer_types {types} are not {layers} of linear_attention / full_attention / "
-                            "sliding_attention")  # fmt: skip
+        raise CodesignError(f"layer_types {raw} are not {layers} of {' / '.join(kinds)}")
+    return types[:layers]
+
+
+# What transformers gives each Gated DeltaNet family without layer_types: Qwen's every full_attention_interval-th
+# (4) layer full; OLMo hybrid's every 4th (the last where none); Lara-mini's period of 5.
+LARA_PATTERN = ("linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention")
+
+
+def _default_linear_types(cfg: dict[str, Any], mtype: str, layers: int) -> list[str]:
+    if mtype == "lara_mini":
+        return [LARA_PATTERN[i % 5] for i in range(layers)]
+    every = 4 if mtype == "olmo_hybrid" else int(cfg.get("full_attention_interval") or 4)
+    types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(layers)]
+    if mtype == "olmo_hybrid" and "full_attention" not in types:
+        types[-1] = "full_attention"
+    return types
+
+
+def _linear_attention(cfg: dict[str, Any], mtype: str, layers: int, g) -> dict[str, Any]:
+    """The Gated DeltaNet fields of a Qwen3-Next / Qwen3.5 / OLMo hybrid / Lara-mini config: its layers and shapes (OLMo
+    hybrid's derived as transformers does where absent: heads as attention's, key width 0.75 hidden / heads, value
+    width twice it)."""
+    types = hf_layer_types(cfg, layers, _default_linear_types(cfg, mtype, layers),
+                           ("linear_attention", "full_attention", "sliding_attention"))  # fmt: skip
+    kh = int(cfg.get("linear_num_key_heads") or g("num_attention_heads"))
+    kd = int(cfg.get("linear_key_head_dim") or 0.75 * int(g("hidden_size")) / kh)
     return dict(
-        linear_attention_layers=tuple(i for i, t in enumerate(types[:layers]) if t == "linear_attention"),
-        linear_key_heads=int(g("linear_num_key_heads")), linear_value_heads=int(g("linear_num_value_heads")),
-        linear_key_dim=int(g("linear_key_head_dim")), linear_value_dim=int(g("linear_value_head_dim")),
-        linear_conv_kernel=int(g("linear_conv_kernel_dim")),
+        linear_attention_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"),
+        linear_key_heads=kh, linear_value_heads=int(cfg.get("linear_num_value_heads") or g("num_attention_heads")),
+        linear_key_dim=kd, linear_value_dim=int(cfg.get("linear_value_head_dim") or 2 * kd),
+        linear_conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 4),
     )  # fmt: skip
 
 
@@ -829,13 +861,13 @@ NEMOTRON_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", 
 
 def _nemotron_h_model(name: str, path: Path, cfg: dict[str, Any], g) -> ModelConfig:
     """Nemotron-H: blocks of one mixer each (layers_block_type, or the checkpoints' hybrid_override_pattern): Mamba-2
-    ("linear_attention"), attention without positions, a ReLU^2 MLP ("mlp") or routed ReLU^2 experts beside a shared
-    one ("moe"); the multi-token-prediction layers are not part of a step."""
-    types = cfg.get("layers_block_type") or cfg.get("layer_types") or \
-        [NEMOTRON_PATTERN.get(c, c) for c in str(cfg.get("hybrid_override_pattern") or "")]  # fmt: skip
-    unknown = sorted(set(types) - set(NEMOTRON_PATTERN.values()))
-    if unknown or not types:
-        raise CodesignError(f"{path}: layers_block_type {types} are not of {sorted(NEMOTRON_PATTERN.values())}")
+    ("linear_attention"), attention without positions or biases, a ReLU^2 MLP ("mlp") or routed ReLU^2 experts beside a
+    shared one ("moe"); the multi-token-prediction layers are not part of a step."""
+    pattern = [NEMOTRON_PATTERN.get(c, c) for c in str(cfg.get("hybrid_override_pattern") or "")]
+    n = len(cfg.get("layer_types") or cfg.get("layers_block_type") or pattern)
+    if not n:
+        raise CodesignError(f"{path}: no layers_block_type or hybrid_override_pattern")
+    types = hf_layer_types(cfg, n, pattern, tuple(NEMOTRON_PATTERN.values()))
     if cfg.get("moe_latent_size"):
         raise CodesignError(f"{path}: experts behind a latent projection (moe_latent_size) are not mapped")
     of = lambda kind: tuple(i for i, t in enumerate(types) if t == kind)  # noqa: E731
@@ -849,13 +881,12 @@ def _nemotron_h_model(name: str, path: Path, cfg: dict[str, Any], g) -> ModelCon
         max_context=int(g("max_position_embeddings")), experts=experts, top_k=int(g("num_experts_per_tok")) if experts
         else 0, shared_expert_ffn=int(g("moe_shared_expert_intermediate_size")) if experts else 0,
         dense_ffn=dense_ffn if experts and of("mlp") else 0, moe_layer_indices=moe if experts else (),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=bool(cfg.get("attention_bias", False)),
-        o_bias=bool(cfg.get("attention_bias", False)), mlp_bias=bool(cfg.get("mlp_bias", False)), rope=False,
-        mixer_only=True, mlp_layers=tuple(sorted(of("mlp") + moe)), ssm_layers=of("linear_attention"),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), mlp_bias=bool(cfg.get("mlp_bias", False)),
+        rope=False, mixer_only=True, mlp_layers=tuple(sorted(of("mlp") + moe)), ssm_layers=of("linear_attention"),
         ssm_heads=int(g("mamba_num_heads")), ssm_head_dim=int(g("mamba_head_dim")), ssm_state=int(g("ssm_state_size")),
-        ssm_groups=int(cfg.get("n_groups") or cfg.get("mamba_n_groups") or 1),
+        ssm_groups=int(cfg.get("n_groups") or cfg.get("mamba_n_groups") or 8),  # (transformers' defaults)
         ssm_conv_kernel=int(cfg.get("conv_kernel") or cfg.get("mamba_d_conv") or 4),
-        ssm_chunk=int(cfg.get("chunk_size") or cfg.get("mamba_chunk_size") or 256),
+        ssm_chunk=int(cfg.get("chunk_size") or cfg.get("mamba_chunk_size") or 128),
         ssm_conv_bias=bool(cfg.get("use_conv_bias", cfg.get("mamba_conv_bias", True))),
         ssm_proj_bias=bool(cfg.get("use_bias", False)), source=str(path),
         ssm_state_dtype="fp32" if str(cfg.get("mamba_ssm_cache_dtype", "float32")) == "float32" else "fp16",

@@ -154,8 +154,10 @@ def _serve(
         trace = load_azure_trace(rest)
     max_batch = 256
     # A linear-attention model's fixed states for as many sequences as can run, then the KV tokens that fit.
-    states = max_batch * load_model(model).recurrent_state_bytes()
-    kv_tok = max(0, int((capacity - weights - states) / _kv_bytes_per_token(model, fmt["kv"])))
+    cfg = load_model(model)
+    left, kv_b = capacity - weights - max_batch * cfg.recurrent_state_bytes(), _kv_bytes_per_token(model, fmt["kv"])
+    # (a model with no attention layer caches no token: only its states bound the batch)
+    kv_tok = max(0, int(left / kv_b)) if kv_b else (max_batch * cfg.max_context if left >= 0 else 0)
     # Probe the step cost at a few batch sizes and prompt lengths; interpolate in between. Decode cost is
     # affine in the total context (attention reads every cached token once).
     bs = [1, 4, 16, 64, 256]

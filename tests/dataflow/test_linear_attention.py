@@ -19,7 +19,7 @@ from codesign.accel_model.vector_unit import lane_ops
 from codesign.catalog.gpus import load_gpu
 from codesign.catalog.models import ModelConfig, load_model
 from codesign.cli import main
-from codesign.dataflow.gpu_model import family, gpu_op_time
+from codesign.dataflow.gpu_model import family
 from codesign.dataflow.graph import build_step_graph
 from codesign.dataflow.reports import resident_bytes
 from codesign.dataflow.roofline import op_time, roofline
@@ -160,8 +160,7 @@ def test_each_target_costs_both_forms():
     pre = GatedDeltaRule(16, 32, 128, 96, new_tokens=(4096, 100), initial_state=False)  # (dk != dv, a short chunk)
     h200 = load_gpu("h200")
     assert op_time(dec, h200)[1] == "memory"  # the states streamed once: memory-bound
-    assert (family(dec), family(pre)) == ("elementwise", "matmul")
-    assert gpu_op_time(dec, h200) > op_time(dec, h200)[0] and gpu_op_time(pre, h200) > op_time(pre, h200)[0]
+    assert (family(dec), family(pre)) == ("elementwise", "matmul")  # (the efficiencies the GPU model weighs them by)
     d = load_design("tpu_like")
     r_dec, r_pre = evaluate(d, dec), evaluate(d, pre)
     assert r_dec.unit == "vector" and r_pre.unit == "systolic"

@@ -266,3 +266,82 @@ def test_jamba_config_json_is_read_by_its_periods(tmp_path):
     m = load_hf_config(path)
     assert (m.ssm_layers, m.moe_layer_indices, m.ssm_heads, m.ssm_dt_rank) == ((0, 1, 3, 4, 5, 7), (1, 3, 5, 7), 256, 8)
     assert (m.ffn, m.dense_ffn, m.rope, m.mamba1) == (256, 256, False, True)
+
+
+def test_one_group_s_norm_is_all_reduced_and_groups_must_divide_the_ranks():
+    """vLLM's Mixer2RMSNormGated: one group spans every rank's share of the heads, so its sums of squares are
+    all-reduced (a scalar a token); more groups must split evenly over the ranks (vLLM asserts it)."""
+    g = build_step_graph(_hybrid(ssm_groups=1), "decode", 3, 64, tp=4)
+    ar = g.nodes["L0.ssm_norm_all_reduce"]["spec"]
+    assert (ar.numel, ar.world_size, ar.dtype) == (3, 4, "fp32")
+    assert set(g.predecessors("L0.ssm_norm")) == {"L0.ssm_norm_all_reduce"}
+    assert "L0.ssm_norm_all_reduce" not in build_step_graph(_hybrid(), "decode", 3, 64, tp=2).nodes  # 2 groups, 2 ranks
+    assert "L0.ssm_norm_all_reduce" not in build_step_graph(_hybrid(ssm_groups=1), "decode", 3, 64).nodes  # tp 1
+    with pytest.raises(CodesignError, match=r"tp=4 must divide the model's ssm_groups \(2\)"):
+        build_step_graph(_hybrid(), "decode", 1, 64, tp=4)
+
+
+def test_moe_blocks_by_index_must_say_what_the_others_are():
+    with pytest.raises(CodesignError, match="names its MoE blocks"):
+        _nemotron(moe_layer_indices=(), dense_ffn=0)
+    with pytest.raises(CodesignError, match="outside moe_layer_indices need dense_ffn > 0"):
+        _nemotron(dense_ffn=0)
+    with pytest.raises(CodesignError, match="outside moe_layer_indices need dense_ffn > 0"):
+        _jamba(dense_ffn=0)
+    assert _nemotron(mlp_layers=(1,), dense_ffn=0).param_count() > 0  # every MLP block routes: no dense width needed
+
+
+def test_hub_spellings_of_the_layer_types_are_read(tmp_path):
+    """Hub configs keep transformers' legacy names ("mamba", "attention") and its alias layers_block_type; both are
+    read as transformers reads them (configuration_utils' remap)."""
+    from codesign.catalog.models import load_hf_config
+
+    base = dict(model_type="granitemoehybrid", num_hidden_layers=3, hidden_size=128, num_attention_heads=4,
+                num_key_value_heads=2, intermediate_size=256, shared_intermediate_size=256, num_local_experts=0,
+                vocab_size=1000, max_position_embeddings=4096, mamba_n_heads=4, mamba_d_head=64, mamba_d_state=16,
+                mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2)  # fmt: skip
+    for key in ("layer_types", "layers_block_type"):
+        (tmp_path / "config.json").write_text(json.dumps({**base, key: ["mamba", "attention", "mamba"]}))
+        m = load_hf_config(tmp_path / "config.json")
+        assert (m.ssm_layers, m.attention_layers) == ((0, 2), 1), key
+
+
+def test_readers_default_as_transformers_does(tmp_path):
+    from codesign.catalog.models import load_hf_config
+
+    path = tmp_path / "config.json"
+    nemo = dict(model_type="nemotron_h", hybrid_override_pattern="M*M-", hidden_size=256, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=64, intermediate_size=512, vocab_size=1000,
+                max_position_embeddings=4096, mamba_num_heads=8, mamba_head_dim=32, ssm_state_size=16,
+                attention_bias=True)  # fmt: skip
+    path.write_text(json.dumps(nemo))
+    m = load_hf_config(path)
+    # NemotronHConfig: n_groups 8, chunk_size 128; its attention has no biases whatever attention_bias says
+    assert (m.ssm_groups, m.ssm_chunk, m.qkv_bias, m.o_bias) == (8, 128, False, False)
+    lara = dict(model_type="lara_mini", num_hidden_layers=6, hidden_size=128, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=32, intermediate_size=256, vocab_size=1000,
+                max_position_embeddings=4096, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                shared_expert_intermediate_size=64)  # fmt: skip
+    path.write_text(json.dumps(lara))
+    assert load_hf_config(path).linear_attention_layers == (0, 2, 5)  # the released period of 5
+    olmo = dict(model_type="olmo_hybrid", num_hidden_layers=3, hidden_size=128, num_attention_heads=4,
+                intermediate_size=256, vocab_size=1000, max_position_embeddings=4096)  # fmt: skip
+    path.write_text(json.dumps(olmo))
+    o = load_hf_config(path)
+    # the last layer full (none is every 4th of 3); heads as attention's, key width 0.75 x 128 / 4, values twice
+    assert (o.linear_attention_layers, o.linear_key_heads, o.linear_key_dim, o.linear_value_dim) == ((0, 1), 4, 24, 48)
+
+
+def test_explorer_serves_a_model_without_attention_layers(tmp_path):
+    from codesign.dataflow.explore.eval import evaluate_point
+    from codesign.dataflow.explore.space import space_from_dict
+
+    cfg = dict(model_type="granitemoehybrid", num_hidden_layers=2, hidden_size=128, num_attention_heads=4,
+               num_key_value_heads=2, intermediate_size=256, shared_intermediate_size=256, num_local_experts=0,
+               vocab_size=1000, max_position_embeddings=16384, mamba_n_heads=4, mamba_d_head=64, mamba_d_state=16,
+               mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2, layer_types=["mamba", "mamba"])  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    space = space_from_dict({"base": "tpu_like", "params": {"memory.units": [1]}})
+    (point,) = space.grid()
+    m = evaluate_point(space, point, "trace:synthetic:5:5", str(tmp_path))
+    assert m["kv_capacity_tokens"] == 256 * 16384  # no token cached: the batch of 256 at full context

@@ -138,7 +138,7 @@ def test_qwen3_next_with_dense_layers_or_other_layer_types_is_refused(family, tm
     path.write_text(json.dumps({**cfg, "mlp_only_layers": [0]}))
     with pytest.raises(CodesignError, match=r"Qwen3-Next with dense layers \(mlp_only_layers=\[0\]"):
         load_hf_config(path)
-    path.write_text(json.dumps({**cfg, "layer_types": ["linear_attention", "mamba"]}))
+    path.write_text(json.dumps({**cfg, "layer_types": ["linear_attention", "cross_attention"]}))
     with pytest.raises(CodesignError, match="are not 2 of linear_attention / full_attention / sliding_attention"):
         load_hf_config(path)
 

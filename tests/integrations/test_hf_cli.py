@@ -221,7 +221,7 @@ def test_catalogue_models_become_transformers_configs(tmp_path):
     dense = dataclasses.replace(want, name="dense", experts=0, top_k=0, shared_expert_ffn=0, shared_expert_gate=False,
                                 ffn=5632)  # fmt: skip
     assert hf_config(dense).model_type == "qwen3_5_text"
-    with pytest.raises(CodesignError, match="Mamba-2 layers are served from a model folder's own config.json"):
+    with pytest.raises(CodesignError, match="state-space layers and MoE blocks by index are served from a model"):
         hf_config(dataclasses.replace(load_model("llama-3-8b"), ssm_layers=(0,), ssm_heads=8, ssm_head_dim=64,
                                       ssm_state=16, ssm_groups=1, ssm_conv_kernel=4))  # fmt: skip
     with pytest.raises(CodesignError, match="gated attention outputs are served beside linear attention"):
@@ -335,4 +335,6 @@ def test_llama4_and_qwen3_5_folders_generate_and_cost_or_refuse(tmp_path_factory
     rules = {k: step_graph(shape, StepRecord(k, q, c)).nodes["L0.gated_delta_rule"]["spec"]
              for k, q, c in (("prefill", (5,), (5,)), ("decode", (1, 1), (9, 12)), ("extend", (3,), (12,)))}
     assert all(isinstance(r, GatedDeltaRule) for r in rules.values())
-    assert [(r.new_tokens, r.initial_state) for r in rules.values()] == [((5,), False), ((1, 1), True), ((3,), True)]
+    # (an extend's tokens: the recurrence one at a time, each token's state kept for the rollback)
+    assert [(r.new_tokens, r.initial_state) for r in rules.values()] == [((5,), False), ((1, 1), True),
+                                                                         ((1, 1, 1), True)]  # fmt: skip

@@ -106,3 +106,15 @@ def test_generate_costs_the_run_on_a_design(family, tmp_path_factory, capsys):
     path = saved_tiny_model(tmp_path_factory, family, f"tiny-{family}")
     rc = main(["generate", str(path), "--max-new-tokens", "3", "--prompt-len", "7", "--design", "tpu_like"])
     assert rc == 0 and "predicted on tpu_like" in capsys.readouterr().out
+    from codesign.integrations.hf.cache import StepRecord
+    from codesign.integrations.hf.costing import run_shape, step_graph
+    from codesign.integrations.hf.kv_formats import parse_kv_format
+    from codesign.specs import SelectiveScan, SSDScan
+
+    # layer 0, the state layer, costed as its scan: a prompt from zero, decode rows carrying the state in
+    shape = run_shape(tiny_model(family), parse_kv_format("bf16", torch.float32), 16)
+    kind, name = (SelectiveScan, "L0.selective_scan") if family == "jamba" else (SSDScan, "L0.ssd_scan")
+    pre, dec = (step_graph(shape, StepRecord(k, q, c)).nodes[name]["spec"]
+                for k, q, c in (("prefill", (7,), (7,)), ("decode", (1,), (8,))))
+    assert isinstance(pre, kind) and (pre.new_tokens, pre.initial_state, dec.new_tokens, dec.initial_state) == (
+        (7,), False, (1,), True)

@@ -6,9 +6,9 @@ Prefill and decode steps are `build_step_graph`'s own. A latent-attention (MLA) 
 its prefill over an e4m3 cache, run absorbed with each new token one decode row: the decode graph of those rows.
 Otherwise an extend (prompt-lookup verification) or a tree step is the prefill graph of its new tokens with the
 attention replaced by `PagedExtendAttention` / `TreeAttention` over the cached prefix and the lm head applied to
-every new token (verification reads the logits of each); a linear-attention or Mamba-2 layer's scan and conv then
-continue each row's states (read, not started from zero). Activations are costed in fp16 (the graph's convention),
-the weights in the model's format and the KV cache in the cache's.
+every new token (verification reads the logits of each); a state layer's scan and conv run the verified tokens one
+at a time from each row's state, every token's state kept for the rollback. Activations are costed in fp16 (the
+graph's convention), the weights in the model's format and the KV cache in the cache's.
 """
 
 from __future__ import annotations
@@ -138,8 +138,11 @@ def step_graph(shape: RunShape, step: StepRecord) -> nx.DiGraph:
                     q_lens, starts = tuple(e - a for _, a, e in pieces), tuple(a - cs for cs, a, _ in pieces)
                 d["spec"] = PagedExtendAttention(q_lens=q_lens, prefix_lens=starts, window=m.window_of(d["layer"]),
                                                  **common)  # fmt: skip
-        elif isinstance(s, STATE_OPS):  # a state layer continues each row's states
-            d["spec"] = dataclasses.replace(s, initial_state=True)
+        elif isinstance(s, STATE_OPS):
+            # Verification runs a state layer token by token from each row's state, keeping every token's state for
+            # the rollback (transformers' activate_past_recording; vLLM keeps one a draft token): a recurrence row
+            # each, its state read and written.
+            d["spec"] = dataclasses.replace(s, new_tokens=(1,) * tokens, initial_state=True)
         elif d["op"] == "lm_head":
             d["spec"] = dataclasses.replace(s, M=tokens)
     return g

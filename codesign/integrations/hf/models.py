@@ -67,9 +67,9 @@ def hf_config(m, layers: int | None = None):
 
     if m.mla:
         return _deepseek_config(m, layers)
-    if m.ssm_layers or m.mixer_only:
-        raise CodesignError(f"catalogue model {m.name!r}: Mamba-2 layers are served from a model folder's own "
-                            "config.json, not built from a catalogue entry")  # fmt: skip
+    if m.ssm_layers or m.mixer_only or m.moe_layer_indices:
+        raise CodesignError(f"catalogue model {m.name!r}: state-space layers and MoE blocks by index are served from "
+                            "a model folder's own config.json, not built from a catalogue entry")  # fmt: skip
     if m.linear_attention_layers:
         return _qwen3_next_config(m, layers)
     if m.attention_output_gate:
@@ -174,7 +174,8 @@ def _qwen3_next_config(m, layers: int | None):
     n = layers or m.layers
     moe = m.experts and m.shared_expert_ffn and m.shared_expert_gate and not m.dense_layers and m.moe_layer_step == 1
     if (not m.attention_output_gate or (m.experts and not moe) or m.qkv_bias or m.o_bias or m.mlp_bias
-            or m.sliding_window or m.attention_chunk or m.ffn_kind != "gated_silu" or m.norm != "rms"):  # fmt: skip
+            or m.sliding_window or m.attention_chunk or m.ffn_kind != "gated_silu" or m.norm != "rms" or not m.rope
+            or m.full_attention_layers):  # fmt: skip
         raise CodesignError(f"catalogue model {m.name!r}: linear attention is served in Qwen3-Next's and Qwen3.5's "
                             "layouts only")  # fmt: skip
     common = dict(
