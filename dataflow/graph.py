@@ -301,8 +301,9 @@ class _StepBuilder:
         return self.add(p + "o_proj", "o_proj", self.lin(m.hidden, qh * hd, m.o_bias), i, [attn], self.hid_b)
 
     def linear_attention(self, p: str, i: int, n1: str) -> str:
-        """A Gated DeltaNet block (Qwen3-Next, Qwen3.5) as vLLM runs it: one projection to q, k, v and the output
-        gate z, one to the decay and write-strength inputs b and a (both column-parallel by heads), the causal conv
+        """A Gated DeltaNet block (Qwen3-Next, Qwen3.5) as transformers' module computes it, its heads sharded over the
+        ranks: one projection to q, k, v and the output gate z, one to the decay and write-strength inputs b and a
+        (both column-parallel by heads), the causal conv
         over q, k, v with SiLU, the gated delta rule over each sequence's state (the recurrence at decode, the
         chunked form over a prompt), the per-head RMSNorm gated by silu(z), and the row-parallel output projection.
         A decode reads and writes each sequence's states; a prompt starts them from zero and writes them."""

@@ -89,7 +89,7 @@ def test_bad_gated_delta_rule_arguments_are_named(kw, match):
         GatedDeltaRule(**{**args, **kw})
 
 
-def test_the_block_is_wired_as_vllm_runs_it():
+def test_the_block_is_wired_as_transformers_computes_it():
     g = build_step_graph(_tiny(), "decode", 3, 100)
     linear = [n for n in g.nodes if n.startswith("L0.")]
     assert linear == ["L0.attn_norm", "L0.in_proj_qkvz", "L0.in_proj_ba", "L0.conv1d", "L0.gated_delta_rule",
