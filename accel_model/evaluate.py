@@ -49,6 +49,7 @@ Static (leakage) power is not modelled.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 from codesign.accel_model import pim as pim_model
@@ -419,10 +420,7 @@ def _chunk_products(spec: GatedDeltaRule | SSDScan, c: int) -> list[tuple[int, i
 def _chunked_scan(acc: _Acc, spec: GatedDeltaRule | SSDScan) -> Result:
     """A recurrent layer's step (Gated DeltaNet, Mamba-2): a prompt's chunk products on the arrays, grouped by chunk
     length; the recurrence, solves and masks on the vector lanes."""
-    counts: dict[int, int] = {}
-    for n in spec.new_tokens:
-        for c in spec.chunks(n) if n > 1 else ():
-            counts[c] = counts.get(c, 0) + 1
+    counts = Counter(spec.prompt_chunks())
     for c, k in sorted(counts.items()):
         for m, n, kk, per_chunk in _chunk_products(spec, c):
             acc.array(m, n, kk, k * per_chunk, spec.dtype, dtype_bytes(spec.dtype))

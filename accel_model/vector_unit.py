@@ -125,9 +125,8 @@ def lane_ops(vu: VectorUnitSpec, spec: OpSpec) -> int:
 
 def _gated_delta_lane_ops(spec: GatedDeltaRule, s: int) -> int:
     """The gated delta rule's vector work (module docstring): all of the recurrence, a prompt's solve and masks."""
-    state = spec.key_dim * spec.value_dim
-    ops = sum(4 * state for n in spec.new_tokens if n == 1)
-    ops += sum(spec.solve_macs(c) + (1 + s) * c * c for n in spec.new_tokens if n > 1 for c in spec.chunks(n))
+    ops = 4 * spec.key_dim * spec.value_dim * spec.recurrent_rows
+    ops += sum(spec.solve_macs(c) + (1 + s) * c * c for c in spec.prompt_chunks())
     ops *= spec.value_heads
     per_token = spec.key_heads * (4 * spec.key_dim + 2 * s) + spec.value_heads * (4 + 2 * s)  # q and k: 2 + 2
     return ops + spec.tokens * per_token
@@ -135,8 +134,8 @@ def _gated_delta_lane_ops(spec: GatedDeltaRule, s: int) -> int:
 
 def _ssd_lane_ops(spec: SSDScan, s: int) -> int:
     """Mamba-2's scan on the vector unit (module docstring): the recurrence, a prompt's decay masks, per-token work."""
-    ops = sum(3 * spec.head_dim * spec.state for n in spec.new_tokens if n == 1)
-    ops += sum((2 + s) * c * c for n in spec.new_tokens if n > 1 for c in spec.chunks(n))
+    ops = 3 * spec.head_dim * spec.state * spec.recurrent_rows
+    ops += sum((2 + s) * c * c for c in spec.prompt_chunks())
     return spec.heads * (ops + spec.tokens * (2 * spec.head_dim + 1 + s))
 
 

@@ -300,20 +300,25 @@ class _StepBuilder:
                             [attn, gate], ab)  # fmt: skip
         return self.add(p + "o_proj", "o_proj", self.lin(m.hidden, qh * hd, m.o_bias), i, [attn], self.hid_b)
 
+    def state_rows(self) -> tuple[tuple[int, ...], bool]:
+        """(tokens each sequence adds, whether it carries its state in) for a state layer: one token a row carrying its
+        state at decode, the whole prompt from a zero state at prefill."""
+        decode = self.g.graph["phase"] == "decode"
+        return ((1,) * len(self.lens) if decode else self.lens), decode
+
     def linear_attention(self, p: str, i: int, n1: str) -> str:
         """A Gated DeltaNet block (Qwen3-Next, Qwen3.5) as transformers' module computes it, its heads sharded over the
         ranks: one projection to q, k, v and the output gate z, one to the decay and write-strength inputs b and a
-        (both column-parallel by heads), the causal conv
-        over q, k, v with SiLU, the gated delta rule over each sequence's state (the recurrence at decode, the
-        chunked form over a prompt), the per-head RMSNorm gated by silu(z), and the row-parallel output projection.
+        (both column-parallel by heads), the causal conv over q, k, v with SiLU, the gated delta rule over each
+        sequence's state (the recurrence at decode, the chunked form over a prompt), the per-head RMSNorm gated by
+        silu(z), and the row-parallel output projection.
         A decode reads and writes each sequence's states; a prompt starts them from zero and writes them."""
         m, tokens, act_b = self.m, self.tokens, self.act_b
         hk = tp_divide("linear_key_heads", m.linear_key_heads, self.tp)
         hv = tp_divide("linear_value_heads", m.linear_value_heads, self.tp)
         dk, dv = m.linear_key_dim, m.linear_value_dim
         kd, vd = hk * dk, hv * dv
-        decode = self.g.graph["phase"] == "decode"
-        new = (1,) * len(self.lens) if decode else self.lens
+        new, decode = self.state_rows()
         proj_n = 2 * kd + 2 * vd
         proj = self.add(p + "in_proj_qkvz", "in_proj_qkvz", self.lin(proj_n, m.hidden, False), i, [n1],
                         tokens * proj_n * act_b)  # fmt: skip
@@ -341,8 +346,7 @@ class _StepBuilder:
         heads = tp_divide("ssm_heads", m.ssm_heads, self.tp)
         groups = tp_divide("ssm_groups", m.ssm_groups, self.tp) if m.ssm_groups > 1 else 1  # (vLLM's rule)
         inner, conv_n = heads * m.ssm_head_dim, heads * m.ssm_head_dim + 2 * groups * m.ssm_state
-        decode = self.g.graph["phase"] == "decode"
-        new = (1,) * len(self.lens) if decode else self.lens
+        new, decode = self.state_rows()
         proj_n = inner + conv_n + heads
         proj = self.add(p + "ssm_in_proj", "ssm_in_proj", self.lin(proj_n, m.hidden, m.ssm_proj_bias), i, [n1],
                         tokens * proj_n * act_b)  # fmt: skip
@@ -368,8 +372,7 @@ class _StepBuilder:
         m, tokens, act_b = self.m, self.tokens, self.act_b
         d = tp_divide("ssm_heads", m.ssm_heads, self.tp)  # (Mamba-1's channels)
         r, n = m.ssm_dt_rank, m.ssm_state
-        decode = self.g.graph["phase"] == "decode"
-        new = (1,) * len(self.lens) if decode else self.lens
+        new, decode = self.state_rows()
         proj = self.add(p + "ssm_in_proj", "ssm_in_proj", self.lin(2 * d, m.hidden, m.ssm_proj_bias), i, [n1],
                         tokens * 2 * d * act_b)  # fmt: skip
         conv = self.add(p + "conv1d", "conv1d", CausalConv1d(d, m.ssm_conv_kernel, new, initial_state=decode), i,

@@ -330,15 +330,14 @@ class ModelConfig:
         return {"in_proj_qkvz": (2 * kd + 2 * vd, self.hidden), "in_proj_ba": (2 * self.linear_value_heads,
                 self.hidden), "out_proj": (self.hidden, vd)}  # fmt: skip
 
-    def recurrent_state_bytes(self, state_bytes: float = 2.0) -> float:
-        """One sequence's fixed states over every Gated DeltaNet and Mamba-2 layer (recurrent and conv), at
-        `state_bytes` an element (vLLM keeps them in the model's 16-bit dtype by default; a Mamba-2 scan state in
-        fp32 where ssm_state_dtype says so)."""
+    def recurrent_state_bytes(self) -> int:
+        """One sequence's fixed states over every linear-attention and state-space layer (recurrent and conv), 16-bit
+        as vLLM keeps them by default, a scan state in fp32 where ssm_state_dtype says so."""
         linear = self.linear_value_heads * self.linear_key_dim * self.linear_value_dim + \
             (self.linear_conv_kernel - 1) * self.linear_conv_channels
-        scan = self.ssm_inner * self.ssm_state * (4 if self.ssm_state_dtype == "fp32" else state_bytes)
-        ssm = scan + (self.ssm_conv_kernel - 1) * self.ssm_conv_channels * state_bytes
-        return (len(self.linear_attention_layers) * linear * state_bytes + len(self.ssm_layers) * ssm)
+        scan = self.ssm_inner * self.ssm_state * (2 if self.ssm_state_dtype == "fp32" else 1)
+        ssm = scan + (self.ssm_conv_kernel - 1) * self.ssm_conv_channels
+        return 2 * (len(self.linear_attention_layers) * linear + len(self.ssm_layers) * ssm)
 
     @property
     def linear_conv_channels(self) -> int:
@@ -576,7 +575,10 @@ def _learned_positions_model(
     )
 
 
-LINEAR_ATTENTION_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "lara_mini")
+# Gated DeltaNet layers (layer_types "linear_attention") beside attention layers; Qwen's gated (q_proj's second half
+# gates the output: the step graph's attention_output_gate).
+LINEAR_ATTENTION = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "lara_mini")
+GATED_ATTENTION = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 # Mamba-2 mixers (layer_types "linear_attention", the mamba_* fields) beside attention layers.
 SSM_TYPES = ("granitemoehybrid", "bamba")
 # The families read like Llama (GQA, RoPE, RMSNorm, a gated MLP or routed experts of one): what else they do (q/k
@@ -586,14 +588,10 @@ LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwe
               "gemma3_text", "phi3", "olmo2", "granite", "gpt_oss", "glm", "glm4", "glm4_moe", "smollm3", "ernie4_5",
               "hunyuan_v1_dense", "seed_oss", "olmo3", "olmoe", "flex_olmo", "apertus", "ministral", "ministral3",
               "exaone4", "arcee", "helium", "granitemoe", "starcoder2", "stablelm", "minimax_m2", "cohere", "cohere2",
-              "ernie4_5_moe", "hunyuan_v1_moe", "afmoe", *LINEAR_ATTENTION_TYPES, *SSM_TYPES, "")  # fmt: skip
+              "ernie4_5_moe", "hunyuan_v1_moe", "afmoe", *LINEAR_ATTENTION, *SSM_TYPES, "")  # fmt: skip
 # The Qwen MoE families (experts moe_intermediate_size wide; a gated shared expert but in Qwen3-MoE).
 QWEN_MOE = {"qwen2_moe": "Qwen2-MoE", "qwen3_moe": "Qwen3-MoE", "qwen3_next": "Qwen3-Next",
             "qwen3_5_moe_text": "Qwen3.5-MoE"}
-# Gated DeltaNet layers (layer_types "linear_attention") beside attention layers; Qwen's gated (q_proj's second half
-# gates the output: the step graph's attention_output_gate).
-LINEAR_ATTENTION = LINEAR_ATTENTION_TYPES
-GATED_ATTENTION = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 # Non-gated MLPs (up, activation, down) and their step-graph activation: StarCoder2's GELU, Apertus's xIELU (an
 # elementwise op of GELU's cost), Arcee's ReLU^2.
 PLAIN_MLP = {"starcoder2": "gelu", "apertus": "gelu", "arcee": "relu"}

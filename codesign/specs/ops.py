@@ -547,9 +547,35 @@ class _StateRows:
     def tokens(self) -> int:
         return sum(self.new_tokens)  # type: ignore[attr-defined]
 
+    def _with_state(self, act_elems: float) -> float:
+        """`act_elems` activations at `dtype`, plus the states: read when carried in, always written."""
+        reads = 2 if self.initial_state else 1  # type: ignore[attr-defined]
+        return act_elems * dtype_bytes(self.dtype) + reads * self.state_bytes()  # type: ignore[attr-defined]
+
+
+class _ChunkedRows(_StateRows):
+    """State ops whose one-token rows run the recurrence and longer rows the chunked form, in chunks of `chunk`."""
+
+    def chunks(self, n: int) -> list[int]:
+        """The chunk lengths a sequence of `n` new tokens runs in (the last one short)."""
+        return [min(self.chunk, n - s) for s in range(0, n, self.chunk)]  # type: ignore[attr-defined]
+
+    def prompt_chunks(self) -> list[int]:
+        """Every chunk the step's longer rows run, in row order."""
+        return [c for n in self.new_tokens if n > 1 for c in self.chunks(n)]  # type: ignore[attr-defined]
+
+    @property
+    def recurrent_rows(self) -> int:
+        """The one-token rows: each runs the recurrence once."""
+        return sum(n == 1 for n in self.new_tokens)  # type: ignore[attr-defined]
+
+    def peak_key(self) -> str:
+        # The chunked form's products run on tensor cores; the one-token recurrence is elementwise.
+        return "fp16" if self.prompt_chunks() else "vector"
+
 
 @dataclass(frozen=True)
-class GatedDeltaRule(_StateRows, OpSpec):
+class GatedDeltaRule(_ChunkedRows, OpSpec):
     """Gated DeltaNet's linear attention (Qwen3-Next, Qwen3.5): a key_dim x value_dim state S per value head and
     sequence in place of a KV cache. Each token decays the state, writes its value by the delta rule and reads it
     with its query::
@@ -586,10 +612,6 @@ class GatedDeltaRule(_StateRows, OpSpec):
             raise CodesignError(f"value_heads={self.value_heads} must be a multiple of key_heads={self.key_heads}")
         self._check_rows()
 
-    def chunks(self, n: int) -> list[int]:
-        """The chunk lengths a sequence of `n` new tokens runs in (the last one short)."""
-        return [min(self.chunk, n - s) for s in range(0, n, self.chunk)]
-
     @staticmethod
     def solve_macs(c: int) -> int:
         """Multiply-adds of a chunk's triangular solve, one value head: row i adds i products of i terms."""
@@ -599,15 +621,13 @@ class GatedDeltaRule(_StateRows, OpSpec):
         """Flops of the chunked form's products (c x c and with the state), every value head: what a matmul
         counter sees in a reference that runs the chunks unpadded. The recurrence (one-token sequences) has none."""
         dk, dv = self.key_dim, self.value_dim
-        per_head = sum(c * c * (6 * dk + 4 * dv) + 6 * c * dk * dv
-                       for n in self.new_tokens if n > 1 for c in self.chunks(n))  # fmt: skip
+        per_head = sum(c * c * (6 * dk + 4 * dv) + 6 * c * dk * dv for c in self.prompt_chunks())
         return float(self.value_heads * per_head)
 
     def flops(self) -> float:
         dk, dv = self.key_dim, self.value_dim
-        recurrent = sum(n for n in self.new_tokens if n == 1) * 7.0 * dk * dv * self.value_heads
-        solve = 2.0 * self.value_heads * sum(self.solve_macs(c) for n in self.new_tokens if n > 1
-                                             for c in self.chunks(n))  # fmt: skip
+        recurrent = self.recurrent_rows * 7.0 * dk * dv * self.value_heads
+        solve = 2.0 * self.value_heads * sum(self.solve_macs(c) for c in self.prompt_chunks())
         # l2 norms of q and k and the 1 / sqrt(dk) scale (7 a key channel), g and beta (9 a value head)
         per_token = 7.0 * self.key_heads * dk + 9.0 * self.value_heads
         return recurrent + self.matmul_flops() + solve + per_token * self.tokens
@@ -617,16 +637,12 @@ class GatedDeltaRule(_StateRows, OpSpec):
         return len(self.new_tokens) * self.value_heads * self.key_dim * self.value_dim * dtype_bytes(self.state_dtype)
 
     def min_bytes(self) -> float:
-        act = self.tokens * (2 * self.key_heads * self.key_dim + 2 * self.value_heads * (self.value_dim + 1))
-        return act * dtype_bytes(self.dtype) + (2 if self.initial_state else 1) * self.state_bytes()
-
-    def peak_key(self) -> str:
-        # The chunked form's products run on tensor cores; the one-token recurrence is elementwise.
-        return "vector" if all(n == 1 for n in self.new_tokens) else "fp16"
+        return self._with_state(self.tokens * (2 * self.key_heads * self.key_dim +
+                                               2 * self.value_heads * (self.value_dim + 1)))  # fmt: skip
 
 
 @dataclass(frozen=True)
-class SSDScan(_StateRows, OpSpec):
+class SSDScan(_ChunkedRows, OpSpec):
     """Mamba-2's state-space scan (SSD: Granite 4.0 hybrid, Bamba, Nemotron-H, Zamba2, Falcon-H1): a head_dim x state
     state per head and sequence. Each token decays it by exp(dt A), adds dt x B^T and reads it with C::
 
@@ -659,20 +675,16 @@ class SSDScan(_StateRows, OpSpec):
             raise CodesignError(f"heads={self.heads} must be a multiple of groups={self.groups}")
         self._check_rows()
 
-    def chunks(self, n: int) -> list[int]:
-        """The chunk lengths a sequence of `n` new tokens runs in (the last one short)."""
-        return [min(self.chunk, n - s) for s in range(0, n, self.chunk)]
-
     def matmul_flops(self) -> float:
         """Flops of the chunked form's products (module docstring); the recurrence has none."""
         p, n = self.head_dim, self.state
         return float(sum(self.groups * 2 * c * c * n + self.heads * (2 * c * c * p + 4 * c * n * p)
-                         for t in self.new_tokens if t > 1 for c in self.chunks(t)))  # fmt: skip
+                         for c in self.prompt_chunks()))  # fmt: skip
 
     def flops(self) -> float:
         p, n = self.head_dim, self.state
-        recurrent = sum(t for t in self.new_tokens if t == 1) * 5.0 * p * n * self.heads
-        masks = 3.0 * self.heads * sum(c * c for t in self.new_tokens if t > 1 for c in self.chunks(t))
+        recurrent = self.recurrent_rows * 5.0 * p * n * self.heads
+        masks = 3.0 * self.heads * sum(c * c for c in self.prompt_chunks())
         return recurrent + self.matmul_flops() + masks + self.tokens * self.heads * (2.0 * p + 3)
 
     def state_bytes(self) -> float:
@@ -680,11 +692,8 @@ class SSDScan(_StateRows, OpSpec):
         return len(self.new_tokens) * self.heads * self.head_dim * self.state * dtype_bytes(self.state_dtype)
 
     def min_bytes(self) -> float:
-        act = self.tokens * (2 * self.heads * self.head_dim + self.heads + 2 * self.groups * self.state)
-        return act * dtype_bytes(self.dtype) + (2 if self.initial_state else 1) * self.state_bytes()
-
-    def peak_key(self) -> str:
-        return "vector" if all(t == 1 for t in self.new_tokens) else "fp16"
+        return self._with_state(self.tokens * (2 * self.heads * self.head_dim + self.heads + 2 * self.groups *
+                                               self.state))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -721,8 +730,7 @@ class SelectiveScan(_StateRows, OpSpec):
         return len(self.new_tokens) * self.channels * self.state * dtype_bytes(self.state_dtype)
 
     def min_bytes(self) -> float:
-        act = self.tokens * (3 * self.channels + 2 * self.state)
-        return act * dtype_bytes(self.dtype) + (2 if self.initial_state else 1) * self.state_bytes()
+        return self._with_state(self.tokens * (3 * self.channels + 2 * self.state))
 
 
 @dataclass(frozen=True)
@@ -753,9 +761,7 @@ class CausalConv1d(_StateRows, OpSpec):
         return len(self.new_tokens) * (self.kernel - 1) * self.channels * dtype_bytes(self.state_dtype)
 
     def min_bytes(self) -> float:
-        b = dtype_bytes(self.dtype)
-        io = (2 * self.tokens + self.kernel) * self.channels * b  # inputs, outputs, the filter
-        return io + (2 if self.initial_state else 1) * self.state_bytes()
+        return self._with_state((2 * self.tokens + self.kernel) * self.channels)  # inputs, outputs, the filter
 
 
 @dataclass(frozen=True)
