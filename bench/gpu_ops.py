@@ -9,6 +9,9 @@
     elementwise ops, RMSNorm, the gated product and the rotary embedding both torch's (Hugging Face's ops) and ours
     (`kernels.layers`), and attention both ours (paged decode over an fp16 cache) and torch's `sdpa`; each row
     beside the GPU model's prediction with the catalogue's current efficiencies for that GPU.
+  * "states": the recurrent-state steps of hybrid models at decode (Gated DeltaNet, Mamba-2's state update),
+    transformers' torch functions and ours (`kernels.layers.state_ops`), bf16 with fp32 states, each with its
+    spec's bytes and the GPU model's prediction (not part of the fit: no calibration row has these ops).
 `checks_ok`: every row timed and read back at its spec (`measured_ops`). Then
 `python -m codesign.dataflow.gpu_model --suite REPORT.json` fits that GPU's efficiencies on the calibration
 rows (in-sample and leave-one-out errors) and validates them on the layer rows, which it never fits on.
@@ -30,6 +33,15 @@ PREFILL = dict(phase="prefill", batch=1, context=2048)
 MODEL = "llama-3-8b"
 MIN_SECONDS = 0.05  # per op: reps until the timed loop lasts about this long (3 at least, 200 at most)
 MAX_REPS = 200
+
+
+def _timed(row: dict[str, Any], call: Callable[[], Any], mode: Any) -> dict[str, Any]:
+    """row with the call's milliseconds ("ms"), or the error it raised ("error")."""
+    try:
+        row["ms"] = _time_s(call, mode) * 1e3
+    except Exception as e:  # noqa: BLE001 - recorded per row
+        row["error"] = f"{type(e).__name__}: {e}"[:300]
+    return row
 
 
 def _time_s(fn: Callable[[], Any], mode: Any) -> float:
@@ -196,15 +208,98 @@ def layers(mode: Any) -> list[dict]:
                 continue
             pred = gpu_op_time(data["spec"], gpu) * 1e3 if gpu is not None else None
             for impl, call in _op_calls(data["spec"], dtype, dev):
-                row: dict[str, Any] = {"node": node, "impl": impl, "predicted_ms": pred}
-                try:
-                    row["ms"] = _time_s(call, mode) * 1e3
-                except Exception as e:  # noqa: BLE001 - recorded per row
-                    row["error"] = f"{type(e).__name__}: {e}"[:300]
-                rows.append(row)
+                rows.append(_timed({"node": node, "impl": impl, "predicted_ms": pred}, call, mode))
             mode.empty_cache()
         out.append({"model": model, **setting, "rows": rows})
     return out
+
+
+def _state_cases(mode: Any) -> list[tuple[str, Any, Callable[[], Any], Callable[[], Any]]]:
+    """(label, spec, transformers' torch function, ours) at decode over 16 sequences: Qwen3-Next's Gated DeltaNet
+    (16 key / 32 value heads of 128; one token, and 4, a speculative step's; a prompt) and a Mamba-2 mixer as
+    Granite 4.0-H's
+    (128 heads of 64, state 128, one group), fp32 states, the model's dtype elsewhere (smoke: small and fp32)."""
+    import torch
+
+    from codesign.kernels.layers import state_ops as S
+    from codesign.specs import GatedDeltaRule, SSDScan
+
+    dtype, dev = (torch.float32, "cpu") if mode.smoke else (torch.bfloat16, mode.device)
+    b, hk, hv, d, heads, p, n = (2, 2, 4, 16, 4, 8, 16) if mode.smoke else (16, 16, 32, 128, 128, 64, 128)
+    name = "float32" if mode.smoke else "bfloat16"
+    dt_name = {"float32": "fp32", "bfloat16": "bf16"}[name]
+    cases = []
+    for t in (1, 4):
+        q, k = (torch.randn(b, t, hk, d, dtype=dtype, device=dev) for _ in range(2))
+        v = torch.randn(b, t, hv, d, dtype=dtype, device=dev)
+        g = -torch.rand(b, t, hv, device=dev)
+        beta = torch.rand(b, t, hv, device=dev).to(dtype)
+        h0 = torch.randn(b, hv, d, d, device=dev)
+        spec = GatedDeltaRule(key_heads=hk, value_heads=hv, key_dim=d, value_dim=d, new_tokens=(t,) * b,
+                              dtype=dt_name, state_dtype="fp32")  # fmt: skip
+        cases.append((f"gated_delta_rule B={b} T={t} heads={hk}/{hv} d={d}", spec,
+                      lambda a=(q, k, v, g, beta, h0): S._gdn_torch(*a, None, True),
+                      lambda a=(q, k, v, g, beta, h0): S.gated_delta_rule(*a, dispatch=False)))  # fmt: skip
+    cases.append(_prompt_case(mode, dtype, dev, dt_name))
+    st = torch.randn(b, heads, p, n, device=dev)
+    x, z = (torch.randn(b, heads, p, dtype=dtype, device=dev) for _ in range(2))
+    dt, a = torch.randn(b, heads, dtype=dtype, device=dev), -torch.rand(heads, device=dev)
+    bc = torch.randn(b, 1, n, dtype=dtype, device=dev)
+    spec = SSDScan(heads=heads, head_dim=p, state=n, groups=1, new_tokens=(1,) * b, dtype=dt_name,
+                   state_dtype="fp32")  # fmt: skip
+    args = (x, dt, a, bc, bc, a, a, True, None)
+    cases.append((f"ssd_update B={b} heads={heads} P={p} N={n}", spec, lambda: S._ssd_torch(st, *args),
+                  lambda: S.ssd_update(st, *args, dispatch=False)))  # fmt: skip
+    return cases
+
+
+def _prompt_case(mode: Any, dtype: Any, dev: str, dt_name: str) -> tuple[str, Any, Callable, Callable]:
+    """Gated DeltaNet over one 2048-token prompt (smoke: 80), Qwen3-Next's heads: transformers' chunked torch function
+    beside ours (its chunked Triton form)."""
+    import torch
+
+    from codesign.kernels.layers import state_ops as S
+    from codesign.specs import GatedDeltaRule
+
+    t, hk, hv, d = (80, 2, 4, 16) if mode.smoke else (2048, 16, 32, 128)
+    q, k = (torch.randn(1, t, hk, d, dtype=dtype, device=dev) for _ in range(2))
+    v = torch.randn(1, t, hv, d, dtype=dtype, device=dev)
+    g, beta = -torch.rand(1, t, hv, device=dev) * 0.1, torch.rand(1, t, hv, device=dev).to(dtype)
+    spec = GatedDeltaRule(key_heads=hk, value_heads=hv, key_dim=d, value_dim=d, new_tokens=(t,), initial_state=False,
+                          dtype=dt_name, state_dtype="fp32")  # fmt: skip
+
+    try:  # (imported here, not in the timed call)
+        from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule as chunked
+    except Exception as e:  # noqa: BLE001 - the row records it
+        missing = f"transformers' Qwen3-Next is not importable: {type(e).__name__}: {e}"
+
+        def theirs():
+            raise RuntimeError(missing)
+    else:
+
+        def theirs():
+            return chunked(q, k, v, g=g, beta=beta, output_final_state=True, use_qk_l2norm_in_kernel=True)
+
+    return (f"gated_delta_rule (prompt) B=1 T={t} heads={hk}/{hv} d={d}", spec, theirs,
+            lambda: S.gated_delta_rule(q, k, v, g, beta, dispatch=False))
+
+
+def states(mode: Any) -> list[dict]:
+    """The recurrent-state steps of hybrid models at decode: transformers' torch functions (op for op, as a model
+    runs them without FLA / mamba_ssm) and ours, each beside its byte floor (the spec's bytes at the measured copy
+    bandwidth, when the suite measured it) and the GPU model's prediction."""
+    from codesign.catalog.gpus import match_gpu_name
+    from codesign.dataflow.gpu_model import gpu_op_time
+
+    gpu = None if mode.smoke else match_gpu_name(mode.gpu_name())
+    rows = []
+    for label, spec, theirs, ours in _state_cases(mode):
+        pred = gpu_op_time(spec, gpu) * 1e3 if gpu is not None else None
+        for impl, call in (("transformers torch", theirs), ("codesign", ours)):
+            row = {"op": label, "impl": impl, "bytes": spec.min_bytes(), "predicted_ms": pred}
+            rows.append(_timed(row, call, mode))
+        mode.empty_cache()
+    return rows
 
 
 def run(report: dict, mode: Any = None) -> None:
@@ -224,6 +319,7 @@ def run(report: dict, mode: Any = None) -> None:
                   f"({'float32 on the CPU: smoke' if mode.smoke else 'as the calibration data'})",  # fmt: skip
         "calibration": calibration(mode),
         "layers": layers(mode),
+        "states": states(mode),
     }
     report["ops"]["seconds"] = round(time.monotonic() - t0, 1)
     report["ops"]["checks_ok"] = _checks_ok(report)

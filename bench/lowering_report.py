@@ -383,6 +383,33 @@ def _layer_cases() -> Iterator[Case]:
         c = torch.zeros(b, s, 128, **bf)
         yield ("layers", f"rope B={b} S={s} q_heads={hq} kv_heads=8 D=128 bf16",
                lambda q=q, k=k, c=c: L.rope(q, k, c, c))  # fmt: skip
+    yield from _state_cases()
+
+
+def _state_cases() -> Iterator[Case]:
+    """The recurrent-state ops (`kernels.layers.state_ops`) at decode, 16 sequences in bf16: Qwen3-Next's Gated
+    DeltaNet (16 key heads, 32 value heads, 128 x 128; also 4 tokens, a speculative step's; and a 2048-token prompt,
+    the chunked form), Mamba-2 as in Granite
+    4.0-H / Nemotron-H (128 heads of 64, state 128, one group and eight)."""
+    import torch
+
+    from codesign.kernels.layers import state_ops as S
+
+    bf = dict(dtype=torch.bfloat16)
+    for t in (1, 4):
+        q, v = torch.zeros(16, t, 16, 128, **bf), torch.zeros(16, t, 32, 128, **bf)
+        g, h0 = torch.zeros(16, t, 32), torch.zeros(16, 32, 128, 128)
+        yield ("layers", f"gated_delta_rule B=16 T={t} heads=16/32 dk=dv=128 bf16",
+               lambda q=q, v=v, g=g, h0=h0: S.gated_delta_rule(q, q, v, g, g.bfloat16(), h0))  # fmt: skip
+    q, v = torch.zeros(1, 2048, 16, 128, **bf), torch.zeros(1, 2048, 32, 128, **bf)
+    g = torch.zeros(1, 2048, 32)
+    yield ("layers", "gated_delta_rule (chunked) B=1 T=2048 heads=16/32 dk=dv=128 bf16",
+           lambda: S.gated_delta_rule(q, q, v, g, g.bfloat16()))  # fmt: skip
+    for groups in (1, 8):
+        st, x = torch.zeros(16, 128, 64, 128), torch.zeros(16, 128, 64, **bf)
+        bc, dt, a = torch.zeros(16, groups, 128, **bf), torch.zeros(16, 128, **bf), torch.zeros(128)
+        yield ("layers", f"ssd_update B=16 heads=128 P=64 N=128 groups={groups} fp32 state bf16",
+               lambda st=st, x=x, bc=bc, dt=dt, a=a: S.ssd_update(st, x, dt, a, bc, bc, a, a, True))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- run

@@ -1,5 +1,6 @@
-"""Mamba-2's state-space scan (SSD, "state space duality"): a plain-torch CPU reference in its two forms. No Triton
-kernel yet; this is what one will be tested against. The scan of Mamba-2 and of the hybrids built on its mixer:
+"""Mamba-2's state-space scan (SSD, "state space duality"): a plain-torch CPU reference in its two forms, what the
+Triton state update (`triton_ssd_update`, through `state_ops.ssd_update`) is tested against; prompts' chunked form
+has no kernel yet. The scan of Mamba-2 and of the hybrids built on its mixer:
 Granite 4.0 (hybrid), Bamba, Nemotron-H, Zamba2, Falcon-H1.
 
     ssd_recurrent   token by token, what decode runs (elementwise only: no matrix product)

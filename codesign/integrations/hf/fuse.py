@@ -18,6 +18,8 @@
   the model's final norm) as another: the layer returns the sum and leaves the normed tensor with that norm, which
   returns it when it is called on that same sum, unchanged (identity and version counter), and computes otherwise
   (in inference mode, whose tensors have no version counter, the layer adds and the norm computes, as before).
+- Hybrid models' recurrent steps (Gated DeltaNet's per-token delta rule, Mamba-2's state update) run
+  `gated_delta_rule` / `ssd_update` (`fuse_states`), their modeling modules' globals replaced as the rotary one is.
 - Quantized experts (`experts.QuantExperts`) run `silu_mul` between each expert's two GEMMs where their act_fn
   agrees on a probe.
 - With `merge` (the default), each attention module's q / k / v projections and each gated MLP's gate / up
@@ -51,6 +53,7 @@ import torch
 
 from codesign.backend import use_backend
 from codesign.integrations.hf.experts import QuantExperts
+from codesign.integrations.hf.fuse_states import patch_state_functions
 from codesign.integrations.hf.merge import merge_projections_, unmerge_projections_
 from codesign.kernels.layers import ops as L
 from codesign.specs import CodesignError
@@ -77,6 +80,7 @@ class FuseReport:
     rms_norm: list[str] = field(default_factory=list)
     gated_mlp: list[str] = field(default_factory=list)
     rope: list[str] = field(default_factory=list)
+    states: list[str] = field(default_factory=list)
     experts: list[str] = field(default_factory=list)
     layers: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
@@ -90,6 +94,7 @@ class FuseReport:
         more = f", {len(self.experts)} quantized experts modules" if self.experts else ""
         more += f", the residual add and norm of {len(self.layers)} decoder layers" if self.layers else ""
         more += f" ({len(self.linked)} with the next norm)" if self.linked else ""
+        more += f", the recurrent steps of {', '.join(self.states)}" if self.states else ""
         return (f"fused {len(self.rms_norm)} RMSNorms, {len(self.gated_mlp)} gated MLPs{more}, rotary embedding in "
                 f"{', '.join(self.rope) or 'no module'}; merged {len(self.merged)} projection groups"
                 f"{kept}{unmerged}")  # fmt: skip
@@ -108,7 +113,10 @@ def fuse_layers_(model: torch.nn.Module, merge: bool = True) -> FuseReport:
     like = next((p for p in model.parameters() if p.dtype in L.DTYPES), None)  # (the probes' dtype and device)
     for name, m in model.named_modules():
         _fuse_module(name, m, like, report)
-    for mod in sorted({type(m).__module__ for m in model.modules()}):
+    modeling = sorted({type(m).__module__ for m in model.modules()})
+    report.states, kept = patch_state_functions(modeling, _active)
+    report.kept += kept
+    for mod in modeling:
         fn = getattr(sys.modules.get(mod), "apply_rotary_pos_emb", None)
         if fn is None:
             continue
@@ -170,7 +178,8 @@ def _fuse_module(name: str, m: torch.nn.Module, like: torch.Tensor | None, repor
 
 
 def unfuse_layers_(model: torch.nn.Module) -> None:
-    """Undo `fuse_layers_` on `model` (the patched rotary globals stay: they serve fused models only)."""
+    """Undo `fuse_layers_` on `model` (the patched rotary and recurrent-state globals stay: they serve fused models
+    only)."""
     report = getattr(model, "_codesign_fused", None)
     if report is None:
         return
@@ -209,13 +218,13 @@ def _norm_mode(m) -> tuple[float, bool] | bool | None:
     if not _is_norm(m):
         return None
     w = m.weight
-    if w.dtype not in L.DTYPES:
-        return False
+    if w.dtype not in L.DTYPES or len(inspect.signature(m.forward).parameters) != 1:
+        return False  # (a forward with more inputs: a gated norm, Bamba's, whose gate may be None on a probe only)
     x = _probe((3, w.shape[0]), w)
     with torch.no_grad(), use_backend("torch", op="rms_norm"):
         try:
             want = m(x)
-        except TypeError:  # another signature (Qwen3.5's gated norm takes the gate too): not an RMSNorm of ours
+        except Exception:  # noqa: BLE001 - a forward that cannot take the probe: not an RMSNorm of ours
             return False
         for offset, cast_first in NORM_MODES:
             got = L.rms_norm(x, w, _eps(m), offset, cast_first)

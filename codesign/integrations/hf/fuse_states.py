@@ -1,0 +1,212 @@
+"""A fused hybrid model's recurrent-state steps on codesign's kernels (`codesign.kernels.layers.state_ops`), for
+`fuse.fuse_layers_`:
+
+- Gated DeltaNet (Qwen3-Next, Qwen3.5, OLMo hybrid, Lara-mini): the modeling module's
+  `torch_recurrent_gated_delta_rule` (decode's one token, and the per-token tail a speculative step keeps states for)
+  runs `gated_delta_rule`: the state read and written once where the module's loop makes a dozen passes over it.
+  Its `torch_chunk_gated_delta_rule` (a prompt) runs the op's chunked Triton form where the op's backend is Triton
+  (a GPU, or the interpreter); on the torch backend the module's own, which no torch path of ours equals bit for bit
+  (its probe checks it against the fp64 reference instead).
+- Mamba-2 (Bamba, Granite 4.0 hybrid, Nemotron-H, Falcon-H1, Zamba2, Mamba-2): `mamba2_selective_state_update`
+  runs `ssd_update`, where its dt, A, D and dt_bias are one value a head expanded over the head dim (stride 0, as
+  every caller in transformers 5.25 passes them); any other call keeps the module's own function.
+
+The modules call these as globals of their modeling module, so each global is replaced by a function that takes our
+op while a fused model's forward runs and the original otherwise (as `fuse` does for the rotary embedding), after a
+probe on which the original and our op's torch path agree bit for bit (the chunked rule: within fp32 rounding of
+the reference). Mamba-2's prompts (its chunked scan) stay transformers', as do packed sequences (`cu_seqlens`,
+`seq_idx`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+
+from codesign.backend import resolve_backend, use_backend
+from codesign.kernels.layers import state_ops as S
+from codesign.kernels.layers.ops import DTYPES
+
+GDN = "torch_recurrent_gated_delta_rule"
+GDN_CHUNK = "torch_chunk_gated_delta_rule"
+SSD = "mamba2_selective_state_update"
+_ORIGINAL: dict[tuple[str, str], Callable] = {}  # (modeling module, function name) -> the module's own function
+_GEN = torch.Generator().manual_seed(0)
+
+
+def patch_state_functions(modules: list[str], active: Callable[[], bool]) -> tuple[list[str], list[str]]:
+    """Patch the recurrent-state globals of the given modeling modules (names) where their probes agree: (patched
+    'module.function' names, kept ones)."""
+    patched, kept = [], []
+    for mod in modules:
+        module = sys.modules.get(mod)
+        for name, agrees, make in ((GDN, _gdn_agrees, _gdn_wrapper), (GDN_CHUNK, _chunk_agrees, _chunk_wrapper),
+                                   (SSD, _ssd_agrees, _ssd_wrapper)):  # fmt: skip
+            fn = getattr(module, name, None)
+            if fn is None:
+                continue
+            label = f"{mod.rsplit('.', 1)[-1]}.{name}"
+            if (mod, name) in _ORIGINAL:
+                patched.append(label)
+            elif agrees(fn):
+                _ORIGINAL[mod, name] = fn
+                setattr(module, name, make(fn, active))
+                patched.append(label)
+            else:
+                kept.append(label)
+    return patched, kept
+
+
+def _packed(kwargs: dict) -> bool:
+    return kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None
+
+
+# --- Gated DeltaNet ---------------------------------------------------------------------------------------------
+def _gdn_probe() -> tuple[torch.Tensor, ...]:
+    q, k = (torch.randn(2, 3, 2, 16, generator=_GEN) for _ in range(2))
+    v = torch.randn(2, 3, 4, 8, generator=_GEN)
+    g = -torch.rand(2, 3, 4, generator=_GEN)
+    beta = torch.rand(2, 3, 4, generator=_GEN)
+    return q, k, v, g, beta, torch.randn(2, 4, 16, 8, generator=_GEN)
+
+
+def _gdn_agrees(fn) -> bool:
+    q, k, v, g, beta, h0 = _gdn_probe()
+    try:
+        want = fn(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    except Exception:  # noqa: BLE001 - another signature: not ours to replace
+        return False
+    with use_backend("torch", op="gated_delta_rule"):
+        got = S.gated_delta_rule(q, k, v, g, beta, h0, dispatch=False)
+    return (isinstance(want, tuple) and len(want) == 2
+            and all(isinstance(w, torch.Tensor) and w.dtype == o.dtype and torch.equal(w, o)
+                    for w, o in zip(want, got)))  # fmt: skip
+
+
+def _gdn_serves(q, k, v, g, beta, h0) -> bool:
+    """The layout our op serves (anything else goes to the module's own function)."""
+    ts = (q, k, v, g, beta) + (() if h0 is None else (h0,))
+    if not all(isinstance(t, torch.Tensor) and t.dtype in DTYPES for t in ts):
+        return False
+    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:2] != q.shape[:2] or q.shape[2] == 0:
+        return False
+    want = (*v.shape[:3],)
+    state = (v.shape[0], v.shape[2], q.shape[3], v.shape[3])
+    return (v.shape[2] % q.shape[2] == 0 and g.shape == want and beta.shape == want
+            and len({q.dtype, k.dtype, v.dtype}) == 1 and (h0 is None or h0.shape == state))  # fmt: skip
+
+
+def _gdn_wrapper(original, active):
+    def torch_recurrent_gated_delta_rule(query, key, value, g, beta, initial_state=None, output_final_state=False,
+                                         use_qk_l2norm_in_kernel=False, **kwargs):  # fmt: skip
+        """codesign: `gated_delta_rule` while a fused model runs (`fuse.fuse_layers_`), else the module's own."""
+        if active() and not _packed(kwargs) and _gdn_serves(query, key, value, g, beta, initial_state):
+            o, state = S.gated_delta_rule(query, key, value, g, beta, initial_state, None,
+                                          bool(use_qk_l2norm_in_kernel), dispatch=False)  # fmt: skip
+            return o, (state if output_final_state else None)
+        return original(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                        **kwargs)  # fmt: skip
+
+    return torch_recurrent_gated_delta_rule
+
+
+def _chunk_agrees(fn) -> bool:
+    """Whether the module's chunked function is the gated delta rule: within fp32 rounding of the fp64 reference
+    on a probe (its chunks sum in another order than any recurrence: no bit-for-bit probe to be had)."""
+    from codesign.kernels.layers.gated_delta import gated_delta_rule_recurrent
+
+    q, k, v, g, beta, h0 = _gdn_probe()
+    try:
+        want = fn(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    except Exception:  # noqa: BLE001 - another signature: not ours to replace
+        return False
+    if not (isinstance(want, tuple) and len(want) == 2 and all(isinstance(w, torch.Tensor) for w in want)):
+        return False
+    for b in range(q.shape[0]):
+        ref = gated_delta_rule_recurrent(*(x[b].double() for x in (q, k, v, g, beta, h0)))
+        for w, r in zip((want[0][b], want[1][b]), ref):
+            if w.shape != r.shape or not torch.allclose(w.double(), r, rtol=1e-4, atol=1e-5):
+                return False
+    return True
+
+
+def _chunk_wrapper(original, active):
+    def torch_chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_state=None,
+                                     output_final_state=False, use_qk_l2norm_in_kernel=False, **kwargs):  # fmt: skip
+        """codesign: `gated_delta_rule` (its chunked Triton form) while a fused model runs on the Triton backend,
+        else the module's own (on a CPU's torch backend a fused model computes what it computed)."""
+        if (active() and not _packed(kwargs) and _gdn_serves(query, key, value, g, beta, initial_state)
+                and resolve_backend("gated_delta_rule", query.device) == "triton"):  # fmt: skip
+            o, state = S.gated_delta_rule(query, key, value, g, beta, initial_state, None,
+                                          bool(use_qk_l2norm_in_kernel), dispatch=False)  # fmt: skip
+            return o, (state if output_final_state else None)
+        return original(query, key, value, g=g, beta=beta, chunk_size=chunk_size, initial_state=initial_state,
+                        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                        **kwargs)  # fmt: skip
+
+    return torch_chunk_gated_delta_rule
+
+
+# --- Mamba-2 ------------------------------------------------------------------------------------------------------
+def _ssd_probe():
+    """transformers' call: dt, A, D and dt_bias one value a head, expanded over the head dim (A over the state too)."""
+    b, h, p, n, grp = 2, 4, 3, 8, 2
+    state = torch.randn(b, h, p, n, generator=_GEN)
+    x, z = (torch.randn(b, h, p, generator=_GEN) for _ in range(2))
+    dt = torch.randn(b, 1, h, generator=_GEN).transpose(1, 2).expand(-1, -1, p)
+    a = (-torch.rand(h, generator=_GEN))[:, None, None].expand(-1, p, n)
+    d, bias = (torch.randn(h, generator=_GEN)[:, None].expand(-1, p) for _ in range(2))
+    bm, cm = (torch.randn(b, grp, n, generator=_GEN) for _ in range(2))
+    return state, x, dt, a, bm, cm, d, bias, z
+
+
+def _ssd_agrees(fn) -> bool:
+    state, x, dt, a, bm, cm, d, bias, z = _ssd_probe()
+    theirs, ours = state.clone(), state.clone()
+    try:
+        want = fn(theirs, x, dt, a, bm, cm, d, dt_bias=bias, dt_softplus=True, z=z)
+    except Exception:  # noqa: BLE001 - another signature: not ours to replace
+        return False
+    with use_backend("torch", op="ssd_update"):
+        dt1, a1, d1, bias1 = _per_head(dt, a, d, bias)
+        got = S.ssd_update(ours, x, dt1, a1, bm, cm, d1, bias1, True, z, dispatch=False)
+    return (isinstance(want, torch.Tensor) and want.dtype == got.dtype and torch.equal(want, got)
+            and torch.equal(theirs, ours))  # fmt: skip
+
+
+def _tied(t: torch.Tensor | None, dims: int) -> bool:
+    """Whether t's last `dims` dims are an expansion (stride 0): one value a head."""
+    return t is None or (isinstance(t, torch.Tensor) and all(s == 0 for s in t.stride()[-dims:]))
+
+
+def _per_head(dt, A, D, dt_bias):
+    """dt `[Bt, H]`, A, D and dt_bias `[H]` from their expansions over the head dim (module docstring)."""
+    return dt[..., 0], A[:, 0, 0], None if D is None else D[:, 0], None if dt_bias is None else dt_bias[:, 0]
+
+
+def _ssd_serves(state, x, dt, A, B, C, D, dt_bias, z) -> bool:
+    ts = (state, x, dt, A, B, C) + tuple(t for t in (D, dt_bias, z) if t is not None)
+    if not all(isinstance(t, torch.Tensor) and t.dtype in DTYPES for t in ts):
+        return False
+    if state.dim() != 4 or x.dim() != 3 or dt.dim() != 3 or A.dim() != 3 or B.dim() != 3:
+        return False
+    if (D is not None and D.dim() != 2) or (dt_bias is not None and dt_bias.dim() != 2):
+        return False
+    return _tied(dt, 1) and _tied(A, 2) and _tied(D, 1) and _tied(dt_bias, 1) and state.stride(-1) == 1
+
+
+def _ssd_wrapper(original, active):
+    def mamba2_selective_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False,
+                                      z=None, **kwargs):  # fmt: skip
+        """codesign: `ssd_update` while a fused model runs (`fuse.fuse_layers_`) and dt, A, D and dt_bias are one
+        value a head, else the module's own."""
+        if active() and not _packed(kwargs) and _ssd_serves(state, hidden_states, dt, A, B, C, D, dt_bias, z):
+            dt1, a1, d1, bias1 = _per_head(dt, A, D, dt_bias)
+            return S.ssd_update(state, hidden_states, dt1, a1, B, C, d1, bias1, bool(dt_softplus), z, dispatch=False)
+        return original(state, hidden_states, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=dt_softplus, z=z,
+                        **kwargs)  # fmt: skip
+
+    return mamba2_selective_state_update

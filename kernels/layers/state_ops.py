@@ -1,0 +1,251 @@
+"""The recurrent-state ops of hybrid models as torch ops ("codesign::<name>", each with a fake implementation). Per
+call the backend comes from `codesign.backend.resolve_backend`: "triton" runs this family's kernels (CUDA tensors, or
+CPU tensors through the interpreter), "torch" Hugging Face's own arithmetic op by op (transformers 5.25's
+`torch_recurrent_gated_delta_rule` and `mamba2_selective_state_update`), so a patched model on a CPU computes
+exactly what the unpatched one does.
+
+    gated_delta_rule(q, k, v, g, beta, initial_state=None, scale=None, use_qk_l2norm=True) -> (o, final_state)
+        Gated DeltaNet's delta rule over T tokens: the recurrence below CHUNKED_FROM tokens (`triton_gated_delta`:
+        decode, a speculative step), the chunked form from it (`triton_gated_delta_chunk`: a prompt).
+        q, k `[B, T, HK, DK]`, v `[B, T, HV, DV]` (one dtype; HV a multiple of HK, key head h serving value heads
+        h * HV/HK ...), g (log decay) and beta `[B, T, HV]`, initial_state `[B, HV, DK, DV]` or None (zeros). q and
+        k l2-normalised with use_qk_l2norm, q times scale (None: DK^-0.5). o `[B, T, HV, DV]` in q's dtype;
+        final_state fp32, a new tensor. (The torch path is the recurrence for any T: transformers' chunked torch
+        form sums otherwise, and a prompt there runs token by token.)
+    ssd_update(state, x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None) -> y
+        Mamba-2's state update for one token (`triton_ssd_update`), the state updated in place. state
+        `[Bt, H, P, N]`, x `[Bt, H, P]`, dt `[Bt, H]` (before dt_bias and the softplus), A `[H]` (-exp(A_log)), B and
+        C `[Bt, G, N]` (G dividing H), D and dt_bias `[H]` or None, z `[Bt, H, P]` or None (y times silu(z)).
+        y `[Bt, H, P]` in x's dtype.
+
+Bad input raises CodesignError naming the argument before any launch; no check reads the device's values.
+`dispatch=False`: the op's body without torch's dispatcher (what a patched model's hot path calls).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from codesign.backend import resolve_backend
+from codesign.kernels.layers.ops import DTYPES, _same_device, _tensor
+from codesign.specs import CodesignError
+
+L2_EPS = 1e-6  # FLA's and transformers' l2norm epsilon
+CHUNKED_FROM = 64  # tokens from which the Triton path runs the chunked form (a prompt), the recurrence below it
+
+
+def _shape(name: str, t: torch.Tensor, shape: tuple[int, ...], dims: str) -> None:
+    if tuple(t.shape) != shape:
+        raise CodesignError(f"{name} must have shape {dims} {shape}, got {tuple(t.shape)}")
+
+
+# --- gated delta rule -------------------------------------------------------------------------------------------
+def _check_gdn(q, k, v, g, beta, initial_state, scale) -> None:
+    for name, t, dims in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 3), ("beta", beta, 3)):
+        _tensor(name, t, dims)
+    batch, tokens, hk, dk = q.shape
+    _shape("k", k, tuple(q.shape), "[B, T, HK, DK] (q's)")
+    if v.shape[:2] != (batch, tokens):
+        raise CodesignError(f"v must be [{batch}, {tokens}, HV, DV] (q's B and T), got {tuple(v.shape)}")
+    hv, dv = v.shape[2:]
+    if hk == 0 or hv % hk:
+        raise CodesignError(f"v's HV={hv} value heads must be a multiple of q's HK={hk} key heads")
+    if dk == 0:
+        raise CodesignError("q's key head dim DK must be >= 1")
+    if len({q.dtype, k.dtype, v.dtype}) > 1:
+        raise CodesignError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    for name, t in (("g", g), ("beta", beta)):
+        _shape(name, t, (batch, tokens, hv), "[B, T, HV]")
+    if initial_state is not None:
+        _tensor("initial_state", initial_state, 4)
+        _shape("initial_state", initial_state, (batch, hv, dk, dv), "[B, HV, DK, DV]")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale) or scale <= 0):  # fmt: skip
+        raise CodesignError(f"scale must be a finite number > 0 or None, got {scale!r}")
+    more = {} if initial_state is None else {"initial_state": initial_state}
+    _same_device(q=q, k=k, v=v, g=g, beta=beta, **more)
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
+
+
+def _gdn_torch(q, k, v, g, beta, initial_state, scale, l2norm) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' torch_recurrent_gated_delta_rule, op for op (fp32, heads second), for any scale."""
+    dtype, (batch, tokens, hk, dk), (hv, dv) = q.dtype, q.shape, v.shape[2:]
+    if hv != hk:
+        q, k = q.repeat_interleave(hv // hk, dim=2), k.repeat_interleave(hv // hk, dim=2)
+    q, k, v, beta, g = (x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+                        for x in (q, k, v, beta, g))  # fmt: skip
+    if l2norm:
+        q, k = _l2norm(q), _l2norm(k)
+    q = q / (dk**0.5) if scale is None else q * scale
+    if initial_state is None:
+        state = torch.zeros(batch, hv, dk, dv, dtype=torch.float32, device=v.device)
+    else:
+        state = initial_state.to(v)
+    out = torch.zeros_like(v)
+    for i in range(tokens):
+        state = state * g[:, :, i].exp()[..., None, None]
+        delta = (v[:, :, i] - (state * k[:, :, i].unsqueeze(-1)).sum(dim=-2)) * beta[:, :, i].unsqueeze(-1)
+        state = state + k[:, :, i].unsqueeze(-1) * delta.unsqueeze(-2)
+        out[:, :, i] = (state * q[:, :, i].unsqueeze(-1)).sum(dim=-2)
+    return out.transpose(1, 2).contiguous().to(dtype), state
+
+
+def _gdn_body(q, k, v, g, beta, initial_state, scale, l2norm) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's body: the backend's recurrence (scale <= 0 stands for None: DK^-0.5)."""
+    _check_gdn(q, k, v, g, beta, initial_state, None)
+    scale = None if scale <= 0 else scale
+    if resolve_backend("gated_delta_rule", q.device) == "torch":
+        return _gdn_torch(q, k, v, g, beta, initial_state, scale, l2norm)
+    from codesign.kernels.layers.triton_gated_delta import MAX_DK, gated_delta_triton
+
+    dk = q.shape[-1]
+    if dk > MAX_DK:
+        raise CodesignError(f"the Triton gated delta rule holds key heads up to DK={MAX_DK}, got {dk}")
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    h0 = None if initial_state is None else initial_state.contiguous()
+    (batch, tokens), (hv, dv) = q.shape[:2], v.shape[2:]
+    o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    ht = torch.empty(batch, hv, dk, dv, dtype=torch.float32, device=q.device)
+    scale = dk**-0.5 if scale is None else scale
+    if tokens < CHUNKED_FROM:
+        gated_delta_triton(q, k, v, g, beta, h0, o, ht, scale, l2norm)
+        return o, ht
+    from codesign.kernels.layers.triton_gated_delta_chunk import gated_delta_chunk_triton
+
+    w = torch.empty(batch, hv, tokens, dk, dtype=torch.float32, device=q.device)
+    u = torch.empty(batch, hv, tokens, dv, dtype=torch.float32, device=q.device)
+    gated_delta_chunk_triton(q, k, v, g, beta, h0, o, ht, w, u, scale, l2norm, L2_EPS, q.dtype == torch.float32)
+    return o, ht
+
+
+@torch.library.custom_op("codesign::gated_delta_rule", mutates_args=())
+def gated_delta_rule_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                        initial_state: torch.Tensor | None, scale: float,
+                        use_qk_l2norm: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    return _gdn_body(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
+
+
+@gated_delta_rule_op.register_fake
+def _(q, k, v, g, beta, initial_state, scale, use_qk_l2norm):
+    _check_gdn(q, k, v, g, beta, initial_state, None)
+    batch, _, hv, dv = v.shape
+    return v.new_empty(v.shape, dtype=q.dtype), v.new_empty(batch, hv, q.shape[-1], dv, dtype=torch.float32)
+
+
+def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     initial_state: torch.Tensor | None = None, scale: float | None = None,
+                     use_qk_l2norm: bool = True,
+                     dispatch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Gated DeltaNet's recurrence over T tokens: (o, final_state) (module docstring)."""
+    _check_gdn(q, k, v, g, beta, initial_state, scale)
+    if not isinstance(use_qk_l2norm, bool):
+        raise CodesignError(f"use_qk_l2norm must be True or False, got {use_qk_l2norm!r}")
+    s = -1.0 if scale is None else float(scale)
+    if dispatch or torch.compiler.is_compiling():
+        return torch.ops.codesign.gated_delta_rule(q, k, v, g, beta, initial_state, s, bool(use_qk_l2norm))
+    return _gdn_body(q, k, v, g, beta, initial_state, s, bool(use_qk_l2norm))
+
+
+# --- Mamba-2 state update ---------------------------------------------------------------------------------------
+def _check_ssd(state, x, dt, A, B, C, D, dt_bias, z) -> None:
+    _tensor("state", state, 4)
+    batch, heads, p, n = state.shape
+    _tensor("x", x, 3)
+    _shape("x", x, (batch, heads, p), "[Bt, H, P] (state's)")
+    for name, t, shape, dims in (("dt", dt, (batch, heads), "[Bt, H]"), ("A", A, (heads,), "[H]")):
+        _tensor(name, t, len(shape))
+        _shape(name, t, shape, dims)
+    for name, t in (("B", B), ("C", C)):
+        _tensor(name, t, 3)
+        if t.shape[0] != batch or t.shape[2] != n:
+            raise CodesignError(f"{name} must be [{batch}, G, {n}] (state's Bt and N), got {tuple(t.shape)}")
+    if C.shape != B.shape:
+        raise CodesignError(f"C must have B's shape {tuple(B.shape)}, got {tuple(C.shape)}")
+    if B.shape[1] == 0 or heads % B.shape[1]:
+        raise CodesignError(f"B's G={B.shape[1]} groups must divide the state's H={heads} heads")
+    opt = {name: t for name, t in (("D", D), ("dt_bias", dt_bias), ("z", z)) if t is not None}
+    for name, t in opt.items():
+        shape, dims = ((batch, heads, p), "[Bt, H, P] (x's)") if name == "z" else ((heads,), "[H]")
+        _tensor(name, t, len(shape))
+        _shape(name, t, shape, dims)
+    _same_device(state=state, x=x, dt=dt, A=A, B=B, C=C, **opt)
+
+
+def _ssd_torch(state, x, dt, A, B, C, D, dt_bias, softplus, z) -> torch.Tensor:
+    """transformers' mamba2_selective_state_update, op for op, on its shapes: the per-head dt, A, D and dt_bias
+    expanded over the head dim (and A over the state) as its callers pass them, since a vectorised exp or softplus
+    rounds a lane otherwise than the scalar loop a small tensor takes."""
+    batch, heads, p, n = state.shape
+    groups = B.shape[1]
+    dt = dt[..., None].expand(batch, heads, p)
+    if dt_bias is not None:
+        dt = dt + dt_bias[:, None].expand(heads, p).to(dt.dtype)
+    if softplus:
+        dt = F.softplus(dt)
+    dt = dt[..., None]  # [Bt, H, P, 1]
+    decay = torch.exp(dt.float() * A[:, None, None].expand(heads, p, n).float())
+    b = B.reshape(batch, groups, 1, n).expand(batch, groups, heads // groups, n).reshape(batch, heads, 1, n)
+    new = state * decay + (dt * b) * x[..., None]
+    state.copy_(new.to(state.dtype))
+    c = C.reshape(batch, groups, 1, n).expand(batch, groups, heads // groups, n).reshape(batch * heads, n, 1)
+    new = new.to(C.dtype).reshape(batch * heads, p, n)
+    y = torch.bmm(new, c).view(batch, heads, p)
+    if D is not None:
+        y = (y + x * D[:, None].expand(heads, p)).to(y.dtype)
+    if z is not None:
+        y = y * F.silu(z)
+    return y.to(x.dtype)
+
+
+def _ssd_body(state, x, dt, A, B, C, D, dt_bias, softplus, z) -> torch.Tensor:
+    """The op's body: the backend's state update (state written in place)."""
+    _check_ssd(state, x, dt, A, B, C, D, dt_bias, z)
+    if resolve_backend("ssd_update", state.device) == "torch":
+        return _ssd_torch(state, x, dt, A, B, C, D, dt_bias, softplus, z)
+    from codesign.kernels.layers.triton_ssd_update import MAX_STATE, ssd_update_triton
+
+    if state.shape[-1] > MAX_STATE:
+        raise CodesignError(f"the Triton state update holds states up to N={MAX_STATE}, got {state.shape[-1]}")
+    if state.stride(-1) != 1:
+        raise CodesignError(f"state's last dim must be contiguous (it is updated in place), got strides "
+                            f"{state.stride()}")  # fmt: skip
+    x, B, C, z = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (x, B, C, z))
+    A, D, dt_bias = (t if t is None else t.contiguous() for t in (A, D, dt_bias))
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    ssd_update_triton(state, x, dt, A, B, C, D, dt_bias, z, y, softplus)
+    return y
+
+
+@torch.library.custom_op("codesign::ssd_update", mutates_args=("state",))
+def ssd_update_op(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                  C: torch.Tensor, D: torch.Tensor | None, dt_bias: torch.Tensor | None, dt_softplus: bool,
+                  z: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    return _ssd_body(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z)
+
+
+@ssd_update_op.register_fake
+def _(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z):
+    _check_ssd(state, x, dt, A, B, C, D, dt_bias, z)
+    return torch.empty_like(x)
+
+
+def ssd_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+               C: torch.Tensor, D: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
+               dt_softplus: bool = False, z: torch.Tensor | None = None,
+               dispatch: bool = True) -> torch.Tensor:  # fmt: skip
+    """Mamba-2's state update for one token, state in place: y (module docstring)."""
+    _check_ssd(state, x, dt, A, B, C, D, dt_bias, z)
+    if not isinstance(dt_softplus, bool):
+        raise CodesignError(f"dt_softplus must be True or False, got {dt_softplus!r}")
+    if dispatch or torch.compiler.is_compiling():
+        return torch.ops.codesign.ssd_update(state, x, dt, A, B, C, D, dt_bias, bool(dt_softplus), z)
+    return _ssd_body(state, x, dt, A, B, C, D, dt_bias, bool(dt_softplus), z)
+
+
+__all__ = ["DTYPES", "gated_delta_rule", "ssd_update"]

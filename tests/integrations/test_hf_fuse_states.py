@@ -1,0 +1,139 @@
+"""Hybrid models' recurrent steps on codesign's state ops when fused (`fuse_states` through `fuse.fuse_layers_`):
+Gated DeltaNet's per-token delta rule (Qwen3-Next, Qwen3.5, OLMo hybrid, Lara-mini) and Mamba-2's state update
+(Bamba, Granite 4.0 hybrid, Nemotron-H). On the torch paths the fused model's logits are transformers' bit for bit
+with our op called at every decode step of every state layer; through the Triton kernels (interpreter) inside
+generation on the paged cache, transformers' greedy tokens; unfused models and calls our op does not serve keep the
+module's own function."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from hf_testing import assert_same_greedy_where_decisive, family_params, greedy, prompts, tiny_model
+
+from codesign.backend import use_backend
+from codesign.integrations.hf import fuse, fuse_layers_, run_generate, unfuse_layers_
+from codesign.integrations.hf import fuse_states as FS
+from codesign.kernels.layers import state_ops as S
+
+GDN = ["qwen3_next", "qwen3_5_text", "olmo_hybrid", "lara_mini"]
+MAMBA2 = ["bamba", "granitemoehybrid", "nemotron_h"]
+NEW = 5
+GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+
+
+def _counting(monkeypatch) -> dict[str, int]:
+    """Calls of the two ops' bodies, by op."""
+    calls = {"gdn": 0, "ssd": 0}
+    for key in calls:
+        body = getattr(S, f"_{key}_body")
+
+        def counted(*a, _body=body, _key=key):
+            calls[_key] += 1
+            return _body(*a)
+
+        monkeypatch.setattr(S, f"_{key}_body", counted)
+    return calls
+
+
+def _state_layers(model) -> int:
+    return sum(1 for m in model.modules() if hasattr(m, "A_log"))  # (the GDN and Mamba-2 mixers' decay parameter)
+
+
+@pytest.mark.parametrize("family", family_params(GDN + MAMBA2))
+def test_fused_state_steps_compute_what_transformers_computes(family, monkeypatch):
+    """The same greedy run before and after fusing (transformers' own generate and cache): logits equal bit for bit
+    at every step, our op called once a decode step for every state layer, the report naming the function."""
+    model = tiny_model(family)
+    ids, mask = prompts(2, 9, pads=(0, 3))
+    want = greedy(model, ids, mask, NEW)
+    report = fuse_layers_(model, merge=False)
+    name = FS.GDN if family in GDN else FS.SSD
+    assert any(s.endswith(f".{name}") for s in report.states), report.states
+    calls = _counting(monkeypatch)
+    got = greedy(model, ids, mask, NEW)
+    unfuse_layers_(model)
+    assert torch.equal(got.sequences, want.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(got.logits, want.logits))
+    key = "gdn" if family in GDN else "ssd"
+    assert calls[key] == (NEW - 1) * _state_layers(model) > 0, calls
+
+
+@pytest.mark.parametrize("family", family_params(["qwen3_next", "nemotron_h"]))
+def test_fused_state_steps_through_the_triton_kernels(family, monkeypatch):
+    """The Triton kernels (interpreter) on the paged cache: transformers' greedy tokens where its lead is decisive,
+    our kernels called at every decode step and, for Gated DeltaNet, the prompt (padded rows, blocks of 4)."""
+    from codesign.kernels.layers import triton_gated_delta_chunk as chunked
+
+    model = tiny_model(family)
+    ids, mask = prompts(2, 70, pads=(0, 5))  # (a prompt past CHUNKED_FROM: the chunked kernel)
+    want = greedy(model, ids, mask, NEW)
+    fuse_layers_(model, merge=False)  # (before counting: a first patch's probes run the ops' torch paths)
+    calls = _counting(monkeypatch)
+    prompts_chunked = []
+    launch = chunked.gated_delta_chunk_triton
+    monkeypatch.setattr(chunked, "gated_delta_chunk_triton", lambda *a: prompts_chunked.append(1) or launch(*a))
+    with use_backend("triton", op="gated_delta_rule"), use_backend("triton", op="ssd_update"):
+        got = run_generate(model, ids, None, fuse=True, attention_mask=mask, block_size=4, max_new_tokens=NEW,
+                           **GREEDY).sequences  # fmt: skip
+        runs = (len(prompts_chunked), calls["gdn"], calls["ssd"])
+        fuse_layers_(model, merge=False)
+        logits = model(ids).logits  # (no cache: the prompt's form alone)
+    unfuse_layers_(model)
+    torch.testing.assert_close(logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+    assert_same_greedy_where_decisive(got, want, ids.shape[1])
+    # decode steps; Gated DeltaNet's prompt too (its chunked form: Mamba-2's prompts stay transformers')
+    steps = NEW if family == "qwen3_next" else NEW - 1
+    assert runs[0] == (_state_layers(model) if family == "qwen3_next" else 0)
+    assert runs[1 if family == "qwen3_next" else 2] == steps * _state_layers(model)
+
+
+def test_the_state_functions_serve_fused_models_only():
+    """The modeling module's functions are ours for the process, but an unfused model of the family runs the
+    module's own; so does a fused forward's call with a dt that differs across the head dim (not Mamba-2's tie)."""
+    fused, plain = tiny_model("bamba"), tiny_model("bamba", seed=1)
+    fuse_layers_(fused, merge=False)
+    ids, _ = prompts(1, 5)
+    seen = []
+    body = S._ssd_body
+    S._ssd_body = lambda *a: seen.append(1) or body(*a)
+    try:
+        greedy(plain, ids, None, 3)
+        assert not seen
+        greedy(fused, ids, None, 3)
+        assert len(seen) == 2
+        module = sys.modules[type(fused.model.layers[0].mamba).__module__]
+        state, x, dt, a, bm, cm, d, bias, z = FS._ssd_probe()
+        untied = dt + torch.arange(dt.shape[-1])  # one dt a head-dim channel: the op's tie does not hold
+        token = fuse._ACTIVE.set(True)
+        try:
+            mine = module.mamba2_selective_state_update(state.clone(), x, untied, a, bm, cm, d, dt_bias=bias,
+                                                        dt_softplus=True, z=z)  # fmt: skip
+        finally:
+            fuse._ACTIVE.reset(token)
+        theirs = FS._ORIGINAL[module.__name__, FS.SSD](state.clone(), x, untied, a, bm, cm, d, dt_bias=bias,
+                                                       dt_softplus=True, z=z)  # fmt: skip
+        assert len(seen) == 2 and torch.equal(mine, theirs)
+    finally:
+        S._ssd_body = body
+        unfuse_layers_(fused)
+
+
+def test_a_function_that_computes_otherwise_is_kept():
+    """A modeling module whose function disagrees with our op on the probe keeps it, and the report says so."""
+    fake = type(sys)("codesign_test_fake_modeling")
+
+    def torch_recurrent_gated_delta_rule(query, key, value, g, beta, initial_state=None, output_final_state=False,
+                                         use_qk_l2norm_in_kernel=False, **kwargs):  # fmt: skip
+        return value * 2, initial_state  # (not the delta rule)
+
+    fake.torch_recurrent_gated_delta_rule = torch_recurrent_gated_delta_rule
+    sys.modules[fake.__name__] = fake
+    try:
+        patched, kept = FS.patch_state_functions([fake.__name__], lambda: True)
+        assert patched == [] and kept == ["codesign_test_fake_modeling.torch_recurrent_gated_delta_rule"]
+        assert fake.torch_recurrent_gated_delta_rule is torch_recurrent_gated_delta_rule
+    finally:
+        del sys.modules[fake.__name__]

@@ -1,0 +1,280 @@
+"""The recurrent-state ops (`codesign.kernels.layers.state_ops`): the Triton kernels (the interpreter here, compiled
+on a GPU) against the fp64 references of `kernels.layers.gated_delta` / `ssd` (written apart from them), into
+NaN-poisoned outputs, at odd shapes and strided views; the torch paths equal to transformers' own functions bit for
+bit; the fake implementations; bad input; teeth (a decay dropped from the reference is outside the bounds)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_rel_close, poison_like, rel_fro_error
+
+from codesign.backend import use_backend
+from codesign.kernels.layers import state_ops as S
+from codesign.kernels.layers.gated_delta import gated_delta_rule_recurrent
+from codesign.kernels.layers.ssd import ssd_recurrent
+from codesign.kernels.layers.triton_gated_delta import gated_delta_triton
+from codesign.kernels.layers.triton_ssd_update import ssd_update_triton
+from codesign.specs import CodesignError
+
+# relative Frobenius bounds against fp64: the kernels compute in fp32 and round the output once to its dtype
+BOUND = {torch.float32: 2e-6, torch.float16: 1.5e-3}
+DEV = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _gdn_inputs(b, t, hk, hv, dk, dv, dtype=torch.float32, device="cpu", views=False, state=True):
+    """Random inputs as Qwen3-Next's module passes them: q, k and v views of one [B, T, 2 HK DK + HV DV] tensor (its
+    conv output, split) with views; g = -exp(A_log) softplus(a) <= 0, beta in (0, 1)."""
+    if views:
+        mixed = torch.randn(b, t, 2 * hk * dk + hv * dv, device=device).to(dtype)
+        q, k, v = torch.split(mixed, [hk * dk, hk * dk, hv * dv], dim=-1)
+        q, k, v = q.reshape(b, t, hk, dk), k.reshape(b, t, hk, dk), v.reshape(b, t, hv, dv)
+    else:
+        q, k = (torch.randn(b, t, hk, dk, device=device).to(dtype) for _ in range(2))
+        v = torch.randn(b, t, hv, dv, device=device).to(dtype)
+    g = -torch.rand(b, t, hv, device=device) * 0.5  # (fp32, as the module computes it)
+    beta = torch.rand(b, t, hv, device=device).to(dtype)
+    h0 = torch.randn(b, hv, dk, dv, device=device) if state else None
+    return q, k, v, g, beta, h0
+
+
+def _gdn_ref(q, k, v, g, beta, h0, decay=True):
+    """fp64, sequence by sequence through the reference (`decay=False`: the mutation the bounds must reject)."""
+    outs, states = [], []
+    for i in range(q.shape[0]):
+        gi = g[i].double() if decay else torch.zeros_like(g[i], dtype=torch.float64)
+        o, s = gated_delta_rule_recurrent(q[i].double(), k[i].double(), v[i].double(), gi, beta[i].double(),
+                                          None if h0 is None else h0[i].double())  # fmt: skip
+        outs.append(o)
+        states.append(s)
+    return torch.stack(outs), torch.stack(states)
+
+
+@pytest.mark.parametrize("device", DEV)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 5, 2, 4, 32, 24), (1, 1, 1, 3, 20, 70), (3, 2, 4, 4, 16, 8), (1, 3, 2, 6, 128, 40), (2, 0, 1, 2, 8, 8)],
+)
+@pytest.mark.parametrize("state", [True, False])
+def test_gated_delta_rule_vs_fp64(device, dtype, shape, state):
+    """GQA (value heads 2 and 3 a key head) and not, a value head wider than a program's block (70 over 32), key
+    heads that are not powers of two, one token (decode), no tokens (the state passes through), views of one
+    tensor (the module's split)."""
+    inputs = _gdn_inputs(*shape, dtype=dtype, device=device, views=shape[1] > 1, state=state)
+    with use_backend("triton"):
+        o, ht = S.gated_delta_rule(*inputs)
+    want_o, want_s = _gdn_ref(*inputs)
+    assert o.dtype == dtype and o.shape == inputs[2].shape and ht.dtype == torch.float32
+    if o.numel():
+        assert_rel_close(o, want_o, BOUND[dtype], "o")
+    assert_rel_close(ht, want_s, BOUND[torch.float32] * (1 if dtype == torch.float32 else 1e3), "final state")
+    if shape[1] > 1 and state:  # teeth: a state that does not decay is far outside the bound
+        assert rel_fro_error(o, _gdn_ref(*inputs, decay=False)[0]) > 100 * BOUND[dtype]
+
+
+@pytest.mark.parametrize("device", DEV)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape", [(2, 100, 2, 4, 20, 70), (1, 64, 1, 1, 128, 40), (1, 97, 3, 3, 32, 16)])
+@pytest.mark.parametrize("state", [True, False])
+def test_gated_delta_rule_chunked_vs_fp64(device, dtype, shape, state):
+    """From CHUNKED_FROM tokens the Triton path runs the chunked form: prompts that end inside a chunk, GQA, a key
+    head padded to its tile (20 in 32), value heads over several programs (70 over 32 columns)."""
+    assert shape[1] >= S.CHUNKED_FROM
+    inputs = _gdn_inputs(*shape, dtype=dtype, device=device, views=True, state=state)
+    with use_backend("triton"):
+        o, ht = S.gated_delta_rule(*inputs)
+    want_o, want_s = _gdn_ref(*inputs)
+    assert_rel_close(o, want_o, BOUND[dtype], "o")
+    assert_rel_close(ht, want_s, 1e-5 if dtype == torch.float32 else 2e-3, "final state")
+    if state:
+        assert rel_fro_error(o, _gdn_ref(*inputs, decay=False)[0]) > 10 * BOUND[dtype]  # teeth
+
+
+def test_chunked_form_is_stable_where_the_series_is_not():
+    """Similar keys, beta near 1 and a slow decay make A's entries near 1; the series sum (-A)^k of its inverse then
+    has terms of C(31, 15) ~ 3e8 that cancel (its error was 1e19 here), forward substitution stays at fp32 rounding;
+    the chunked kernel agrees with the recurrent one launched on the same inputs."""
+    from codesign.kernels.layers.triton_gated_delta_chunk import gated_delta_chunk_triton
+
+    torch.manual_seed(3)
+    q, k, v, g, beta, h0 = _gdn_inputs(1, 130, 1, 2, 32, 16)
+    k = torch.randn(32) + 0.01 * k
+    g, beta = torch.full_like(g, -1e-4), torch.full_like(beta, 0.999)
+    want_o, want_s = _gdn_ref(q, k, v, g, beta, h0)
+    o, ht = poison_like(v), poison_like(h0)
+    w, u = torch.empty(1, 2, 130, 32), torch.empty(1, 2, 130, 16)
+    gated_delta_chunk_triton(q, k, v, g, beta, h0, o, ht, w, u, 32**-0.5, True, S.L2_EPS, True)
+    assert_rel_close(o, want_o, 1e-5)
+    assert_rel_close(ht, want_s, 1e-5)
+    o2, ht2 = poison_like(v), poison_like(h0)
+    gated_delta_triton(q, k, v, g, beta, h0, o2, ht2, 32**-0.5, True)
+    assert_rel_close(o, o2, 1e-5)
+
+
+def test_gated_delta_rule_into_poison_and_by_token():
+    """Every output written (NaN-poisoned); T tokens in one launch equal T launches of one token, the state carried
+    (what decode does), within fp32 rounding; a scale other than DK^-0.5 and no l2 norm match the torch path."""
+    q, k, v, g, beta, h0 = _gdn_inputs(2, 4, 2, 4, 24, 40)
+    o, ht = poison_like(v), poison_like(h0)
+    gated_delta_triton(q, k, v, g, beta, h0, o, ht, 24**-0.5, True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    with use_backend("triton"):
+        state, outs = h0, []
+        for t in range(4):
+            o_t, state = S.gated_delta_rule(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], g[:, t : t + 1],
+                                            beta[:, t : t + 1], state)  # fmt: skip
+            outs.append(o_t)
+        assert_rel_close(torch.cat(outs, 1), o, 1e-6)
+        assert_rel_close(state, ht, 1e-6)
+        got = S.gated_delta_rule(q, k, v, g, beta, h0, scale=0.3, use_qk_l2norm=False)
+    with use_backend("torch"):
+        want = S.gated_delta_rule(q, k, v, g, beta, h0, scale=0.3, use_qk_l2norm=False)
+    for a, b in zip(got, want):
+        assert_rel_close(a, b, 1e-5)
+
+
+def _ssd_inputs(b, h, p, n, groups, state_dtype=torch.float32, dtype=torch.float32, device="cpu"):
+    dt = torch.randn(b, h, device=device).to(dtype) * 2
+    dt[0, 0], dt[-1, -1] = 25.0, -18.0  # the softplus's two far branches (x itself; exp(x))
+    return dict(
+        state=torch.randn(b, h, p, n, device=device).to(state_dtype),
+        x=torch.randn(b, h, p, device=device).to(dtype), dt=dt, A=-torch.rand(h, device=device) * 2 - 0.1,
+        B=torch.randn(b, groups, n, device=device).to(dtype), C=torch.randn(b, groups, n, device=device).to(dtype),
+        D=torch.randn(h, device=device), dt_bias=torch.randn(h, device=device) * 0.5,
+        z=torch.randn(b, h, p, device=device).to(dtype),
+    )  # fmt: skip
+
+
+def _ssd_ref(a: dict, softplus=True, use=("D", "dt_bias", "z"), decay=True):
+    """fp64 through the reference, one sequence at a time: y and the new state."""
+    dt = a["dt"].double() + (a["dt_bias"].double() if "dt_bias" in use else 0)
+    dt = F.softplus(dt) if softplus else dt
+    ys, states = [], []
+    for i in range(dt.shape[0]):
+        y, s = ssd_recurrent(a["x"][i : i + 1].double(), dt[i : i + 1], a["A"].double() * decay,
+                             a["B"][i : i + 1].double(), a["C"][i : i + 1].double(),
+                             a["D"].double() if "D" in use else None, a["state"][i].double())  # fmt: skip
+        ys.append(y[0] * (F.silu(a["z"][i].double()) if "z" in use else 1))
+        states.append(s)
+    return torch.stack(ys), torch.stack(states)
+
+
+@pytest.mark.parametrize("device", DEV)
+@pytest.mark.parametrize("shape", [(3, 6, 20, 24, 2), (1, 4, 64, 128, 1), (2, 8, 5, 16, 8), (1, 2, 33, 8, 2)])
+@pytest.mark.parametrize("use", [("D", "dt_bias", "z"), (), ("D",)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_ssd_update_vs_fp64(device, shape, use, dtype):
+    """One group and one a head, a state of 24 (not a power of two) and 128, head dims over a program's block;
+    with and without D, dt_bias and z; the state updated in place in its dtype (fp16 with fp16 inputs)."""
+    a = _ssd_inputs(*shape, state_dtype=dtype, dtype=dtype, device=device)
+    before = dict(a, state=a["state"].clone())
+    opt = {name: a[name] for name in ("D", "dt_bias", "z") if name in use}
+    with use_backend("triton"):
+        y = S.ssd_update(a["state"], a["x"], a["dt"], a["A"], a["B"], a["C"], dt_softplus=True, **opt)
+    want_y, want_s = _ssd_ref(before, True, use)
+    assert y.dtype == dtype and y.shape == a["x"].shape and a["state"].dtype == dtype
+    assert_rel_close(y, want_y, BOUND[dtype] * 2, "y")
+    assert_rel_close(a["state"], want_s, BOUND[dtype] * 2, "state")
+    assert rel_fro_error(a["state"], _ssd_ref(before, True, use, decay=False)[1]) > 10 * BOUND[dtype]  # teeth
+
+
+def test_ssd_update_into_poison_from_views():
+    """Every output row written (NaN-poisoned y); dt without softplus; B and C as views of one projection (the
+    module's split), the state a slice of a larger pool (strided over its batch) left untouched outside it."""
+    a = _ssd_inputs(3, 4, 9, 16, 2)
+    bc = torch.randn(3, 2, 40)
+    a["B"], a["C"] = bc[..., :16], bc[..., 20:36]
+    pool = torch.randn(5, 4, 9, 16)
+    state = pool[1:4]
+    state.copy_(a["state"])
+    untouched = pool[[0, 4]].clone()
+    y = poison_like(a["x"])
+    ssd_update_triton(state, a["x"], a["dt"].abs(), a["A"], a["B"], a["C"], a["D"], None, None, y, False)
+    want_y, want_s = _ssd_ref(dict(a, dt=a["dt"].abs()), False, ("D",))
+    assert_rel_close(y, want_y, 4e-6)
+    assert_rel_close(state, want_s, 4e-6)
+    assert torch.equal(pool[[0, 4]], untouched)
+
+
+def test_torch_paths_are_transformers_own():
+    """On a CPU a fused model computes what it computed: the torch paths equal transformers' functions bit for bit
+    (GQA, an initial state, fp16 and fp32)."""
+    qn = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    bamba = pytest.importorskip("transformers.models.bamba.modeling_bamba")
+    for dtype in (torch.float32, torch.float16):
+        q, k, v, g, beta, h0 = _gdn_inputs(2, 3, 2, 4, 16, 8, dtype=dtype, views=True)
+        want = qn.torch_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True,
+                                                   use_qk_l2norm_in_kernel=True)  # fmt: skip
+        with use_backend("torch"):
+            got = S.gated_delta_rule(q, k, v, g, beta, h0)
+        assert all(w.dtype == o.dtype and torch.equal(w, o) for w, o in zip(want, got))
+        a = _ssd_inputs(2, 4, 6, 8, 2, dtype=dtype)
+        theirs, ours = a["state"].clone(), a["state"].clone()
+        p, n = 6, 8
+        want = bamba.mamba2_selective_state_update(
+            theirs, a["x"], a["dt"][..., None].expand(-1, -1, p), a["A"][:, None, None].expand(-1, p, n), a["B"],
+            a["C"], a["D"][:, None].expand(-1, p), dt_bias=a["dt_bias"][:, None].expand(-1, p), dt_softplus=True,
+            z=a["z"])  # fmt: skip
+        with use_backend("torch"):
+            got = S.ssd_update(ours, a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"], a["dt_bias"], True, a["z"])
+        assert got.dtype == want.dtype and torch.equal(got, want) and torch.equal(ours, theirs)
+
+
+def test_fake_implementations():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q, k = torch.empty(2, 3, 2, 16, dtype=torch.float16), torch.empty(2, 3, 2, 16, dtype=torch.float16)
+        v, g = torch.empty(2, 3, 4, 8, dtype=torch.float16), torch.empty(2, 3, 4)
+        o, ht = S.gated_delta_rule(q, k, v, g, g.half())
+        assert o.shape == v.shape and o.dtype == torch.float16 and ht.shape == (2, 4, 16, 8)
+        assert ht.dtype == torch.float32
+        y = S.ssd_update(torch.empty(2, 4, 6, 8), torch.empty(2, 4, 6), torch.empty(2, 4), torch.empty(4),
+                         torch.empty(2, 2, 8), torch.empty(2, 2, 8))  # fmt: skip
+        assert y.shape == (2, 4, 6)
+
+
+def test_bad_input():
+    q, k, v, g, beta, h0 = _gdn_inputs(2, 3, 2, 4, 16, 8)
+    a = _ssd_inputs(2, 4, 6, 8, 2)
+    st, x, dt, A, B, C = (a[n] for n in ("state", "x", "dt", "A", "B", "C"))
+    cases = [
+        (lambda: S.gated_delta_rule(q[0], k, v, g, beta), "q must have 4 dims"),
+        (lambda: S.gated_delta_rule(q, k[:, :2], v, g, beta), "k must have shape"),
+        (lambda: S.gated_delta_rule(q, k, v[:, :2], g, beta), "v must be"),
+        (lambda: S.gated_delta_rule(q, k, v[:, :, :3], g, beta), "multiple of q's HK=2"),
+        (lambda: S.gated_delta_rule(q, k, v.half(), g, beta), "one dtype"),
+        (lambda: S.gated_delta_rule(q, k, v, g[:, :, :3], beta), "g must have shape"),
+        (lambda: S.gated_delta_rule(q, k, v, g, beta[:, :2]), "beta must have shape"),
+        (lambda: S.gated_delta_rule(q, k, v, g, beta, h0[:, :, :8]), "initial_state must have shape"),
+        (lambda: S.gated_delta_rule(q, k, v, g, beta, scale=float("nan")), "scale must be"),
+        (lambda: S.gated_delta_rule(q, k, v, g, beta, scale=0.0), "scale must be"),
+        (lambda: S.gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=1), "use_qk_l2norm must be True or False"),
+        (lambda: S.gated_delta_rule(q.int(), k, v, g, beta), "q must be fp16, bf16 or fp32"),
+        (lambda: S.ssd_update(st, x[:, :3], dt, A, B, C), "x must have shape"),
+        (lambda: S.ssd_update(st, x, dt[:, :3], A, B, C), "dt must have shape"),
+        (lambda: S.ssd_update(st, x, dt, A[:3], B, C), "A must have shape"),
+        (lambda: S.ssd_update(st, x, dt, A, B[..., :7], C), "B must be"),
+        (lambda: S.ssd_update(st, x, dt, A, torch.randn(2, 3, 8), torch.randn(2, 3, 8)), "must divide"),
+        (lambda: S.ssd_update(st, x, dt, A, B, C[:, :1]), "C must have B's shape"),
+        (lambda: S.ssd_update(st, x, dt, A, B, C, D=torch.randn(3)), "D must have shape"),
+        (lambda: S.ssd_update(st, x, dt, A, B, C, z=x[..., :2]), "z must have shape"),
+        (lambda: S.ssd_update(st, x, dt, A, B, C, dt_softplus="yes"), "dt_softplus must be True or False"),
+        (lambda: S.ssd_update(st[0], x, dt, A, B, C), "state must have 4 dims"),
+    ]
+    for backend in ("torch", "triton"):
+        with use_backend(backend):
+            for call, match in cases:
+                with pytest.raises(CodesignError, match=match):
+                    call()
+    with use_backend("triton"):
+        wide = torch.randn(1, 1, 1, 300)
+        with pytest.raises(CodesignError, match="key heads up to DK=256"):
+            S.gated_delta_rule(wide, wide, torch.randn(1, 1, 1, 4), torch.zeros(1, 1, 1), torch.ones(1, 1, 1))
+        with pytest.raises(CodesignError, match="states up to N=256"):
+            S.ssd_update(torch.randn(1, 1, 2, 300), torch.randn(1, 1, 2), torch.ones(1, 1), -torch.ones(1),
+                         torch.randn(1, 1, 300), torch.randn(1, 1, 300))  # fmt: skip
+        with pytest.raises(CodesignError, match="last dim must be contiguous"):
+            S.ssd_update(st.transpose(-1, -2).contiguous().transpose(-1, -2), x, dt, A, B, C)
