@@ -217,7 +217,7 @@ def layers(mode: Any) -> list[dict]:
 def _state_cases(mode: Any) -> list[tuple[str, Any, Callable[[], Any], Callable[[], Any]]]:
     """(label, spec, transformers' torch function, ours) at decode over 16 sequences: Qwen3-Next's Gated DeltaNet
     (16 key / 32 value heads of 128; one token, and 4, a speculative step's; a prompt) and a Mamba-2 mixer as
-    Granite 4.0-H's
+    Granite 4.0-H's (and its scan over a prompt)
     (128 heads of 64, state 128, one group), fp32 states, the model's dtype elsewhere (smoke: small and fp32)."""
     import torch
 
@@ -241,6 +241,7 @@ def _state_cases(mode: Any) -> list[tuple[str, Any, Callable[[], Any], Callable[
                       lambda a=(q, k, v, g, beta, h0): S._gdn_torch(*a, None, True),
                       lambda a=(q, k, v, g, beta, h0): S.gated_delta_rule(*a, dispatch=False)))  # fmt: skip
     cases.append(_prompt_case(mode, dtype, dev, dt_name))
+    cases.append(_scan_case(mode, dtype, dev, dt_name))
     st = torch.randn(b, heads, p, n, device=dev)
     x, z = (torch.randn(b, heads, p, dtype=dtype, device=dev) for _ in range(2))
     dt, a = torch.randn(b, heads, dtype=dtype, device=dev), -torch.rand(heads, device=dev)
@@ -251,6 +252,22 @@ def _state_cases(mode: Any) -> list[tuple[str, Any, Callable[[], Any], Callable[
     cases.append((f"ssd_update B={b} heads={heads} P={p} N={n}", spec, lambda: S._ssd_torch(st, *args),
                   lambda: S.ssd_update(st, *args, dispatch=False)))  # fmt: skip
     return cases
+
+
+def _transformers_fn(model: str, name: str) -> Callable:
+    """A function of transformers' modeling module for `model` (imported here, not in a timed call), or one that
+    raises why it is missing (the row records it)."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name)
+    except Exception as e:  # noqa: BLE001 - recorded by the row that calls it
+        missing = f"transformers' {model}.{name} is not importable: {type(e).__name__}: {e}"
+
+        def raises(*args, **kwargs):
+            raise RuntimeError(missing)
+
+        return raises
 
 
 def _prompt_case(mode: Any, dtype: Any, dev: str, dt_name: str) -> tuple[str, Any, Callable, Callable]:
@@ -268,20 +285,31 @@ def _prompt_case(mode: Any, dtype: Any, dev: str, dt_name: str) -> tuple[str, An
     spec = GatedDeltaRule(key_heads=hk, value_heads=hv, key_dim=d, value_dim=d, new_tokens=(t,), initial_state=False,
                           dtype=dt_name, state_dtype="fp32")  # fmt: skip
 
-    try:  # (imported here, not in the timed call)
-        from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule as chunked
-    except Exception as e:  # noqa: BLE001 - the row records it
-        missing = f"transformers' Qwen3-Next is not importable: {type(e).__name__}: {e}"
-
-        def theirs():
-            raise RuntimeError(missing)
-    else:
-
-        def theirs():
-            return chunked(q, k, v, g=g, beta=beta, output_final_state=True, use_qk_l2norm_in_kernel=True)
-
+    chunked = _transformers_fn("qwen3_next", "torch_chunk_gated_delta_rule")
+    theirs = lambda: chunked(q, k, v, g=g, beta=beta, output_final_state=True, use_qk_l2norm_in_kernel=True)  # noqa: E731
     return (f"gated_delta_rule (prompt) B=1 T={t} heads={hk}/{hv} d={d}", spec, theirs,
             lambda: S.gated_delta_rule(q, k, v, g, beta, dispatch=False))
+
+
+def _scan_case(mode: Any, dtype: Any, dev: str, dt_name: str) -> tuple[str, Any, Callable, Callable]:
+    """Mamba-2's scan over one 2048-token prompt (smoke: 80), Granite 4.0-H's shapes: transformers' chunked torch
+    function (chunks of 256, the model's) beside ours (its chunked Triton form)."""
+    import torch
+
+    from codesign.kernels.layers import state_ops as S
+    from codesign.specs import SSDScan
+
+    t, h, p, n = (80, 4, 8, 16) if mode.smoke else (2048, 128, 64, 128)
+    x = torch.randn(1, t, h, p, dtype=dtype, device=dev)
+    dt = torch.randn(1, t, h, dtype=dtype, device=dev)
+    a, bias = -torch.rand(h, device=dev), torch.randn(h, device=dev)
+    bc = torch.randn(1, t, 1, n, dtype=dtype, device=dev)
+    spec = SSDScan(heads=h, head_dim=p, state=n, groups=1, new_tokens=(t,), initial_state=False, dtype=dt_name,
+                   state_dtype="fp32")  # fmt: skip
+    chunked = _transformers_fn("bamba", "mamba2_chunk_scan")
+    theirs = lambda: chunked(x, dt, a, bc, bc, 256, D=a, dt_bias=bias, dt_softplus=True, return_final_states=True)  # noqa: E731
+    return (f"ssd_scan (prompt) B=1 T={t} heads={h} P={p} N={n}", spec, theirs,
+            lambda: S.ssd_scan(x, dt, a, bc, bc, a, bias, True, dispatch=False))
 
 
 def states(mode: Any) -> list[dict]:

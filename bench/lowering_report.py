@@ -390,7 +390,7 @@ def _state_cases() -> Iterator[Case]:
     """The recurrent-state ops (`kernels.layers.state_ops`) at decode, 16 sequences in bf16: Qwen3-Next's Gated
     DeltaNet (16 key heads, 32 value heads, 128 x 128; also 4 tokens, a speculative step's; and a 2048-token prompt,
     the chunked form), Mamba-2 as in Granite
-    4.0-H / Nemotron-H (128 heads of 64, state 128, one group and eight)."""
+    4.0-H / Nemotron-H (128 heads of 64, state 128, one group and eight; and its scan over a 2048-token prompt)."""
     import torch
 
     from codesign.kernels.layers import state_ops as S
@@ -405,6 +405,10 @@ def _state_cases() -> Iterator[Case]:
     g = torch.zeros(1, 2048, 32)
     yield ("layers", "gated_delta_rule (chunked) B=1 T=2048 heads=16/32 dk=dv=128 bf16",
            lambda: S.gated_delta_rule(q, q, v, g, g.bfloat16()))  # fmt: skip
+    xs, bcs = torch.zeros(1, 2048, 128, 64, **bf), torch.zeros(1, 2048, 1, 128, **bf)
+    dts, a = torch.zeros(1, 2048, 128, **bf), torch.zeros(128)
+    yield ("layers", "ssd_scan B=1 T=2048 heads=128 P=64 N=128 groups=1 bf16",
+           lambda: S.ssd_scan(xs, dts, a, bcs, bcs, a, a, True))  # fmt: skip
     for groups in (1, 8):
         st, x = torch.zeros(16, 128, 64, 128), torch.zeros(16, 128, 64, **bf)
         bc, dt, a = torch.zeros(16, groups, 128, **bf), torch.zeros(16, 128, **bf), torch.zeros(128)

@@ -1,6 +1,6 @@
 """Gated DeltaNet's linear attention (the "gated delta rule" of Qwen3-Next and Qwen3.5): a plain-torch CPU reference
-in its two forms, what the Triton recurrence (`triton_gated_delta`, through `state_ops.gated_delta_rule`) is tested
-against; prompts' chunked form has no kernel yet.
+in its two forms, what the Triton recurrence and chunked form (`triton_gated_delta`, `triton_gated_delta_chunk`,
+through `state_ops.gated_delta_rule`) are tested against.
 
     gated_delta_rule_recurrent   token by token, what decode runs (elementwise only: no matrix product)
     gated_delta_rule_chunked     chunk by chunk, what a prompt runs (FLA's chunk_gated_delta_rule, transformers'

@@ -1,7 +1,7 @@
 """Mamba-2's state-space scan (SSD, "state space duality"): a plain-torch CPU reference in its two forms, what the
-Triton state update (`triton_ssd_update`, through `state_ops.ssd_update`) is tested against; prompts' chunked form
-has no kernel yet. The scan of Mamba-2 and of the hybrids built on its mixer:
-Granite 4.0 (hybrid), Bamba, Nemotron-H, Zamba2, Falcon-H1.
+Triton state update and scan (`triton_ssd_update`, `triton_ssd_chunk`, through `state_ops`) are tested against.
+The scan of Mamba-2 and of the hybrids built on its mixer: Granite 4.0 (hybrid), Bamba, Nemotron-H, Zamba2,
+Falcon-H1.
 
     ssd_recurrent   token by token, what decode runs (elementwise only: no matrix product)
     ssd_chunked     chunk by chunk, what a prompt runs (mamba_ssm's mamba_chunk_scan_combined, transformers'

@@ -12,6 +12,12 @@ exactly what the unpatched one does.
         k l2-normalised with use_qk_l2norm, q times scale (None: DK^-0.5). o `[B, T, HV, DV]` in q's dtype;
         final_state fp32, a new tensor. (The torch path is the recurrence for any T: transformers' chunked torch
         form sums otherwise, and a prompt there runs token by token.)
+    ssd_scan(x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, dt_limit=(0, inf), initial_state=None)
+            -> (y, final_state)
+        Mamba-2's scan over a prompt (`triton_ssd_chunk`: its chunked form). x `[Bt, T, H, P]`, dt `[Bt, T, H]`
+        (before dt_bias, the softplus and the clamp to dt_limit), A, D, dt_bias `[H]`, B and C `[Bt, T, G, N]`,
+        initial_state `[Bt, H, P, N]` or None (zeros). y `[Bt, T, H, P]` in x's dtype (with the D skip), final_state
+        fp32. The torch path is the reference's chunked form (`ssd.ssd_chunked`) in fp32.
     ssd_update(state, x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None) -> y
         Mamba-2's state update for one token (`triton_ssd_update`), the state updated in place. state
         `[Bt, H, P, N]`, x `[Bt, H, P]`, dt `[Bt, H]` (before dt_bias and the softplus), A `[H]` (-exp(A_log)), B and
@@ -152,6 +158,104 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     return _gdn_body(q, k, v, g, beta, initial_state, s, bool(use_qk_l2norm))
 
 
+# --- Mamba-2 scan over a prompt ----------------------------------------------------------------------------------
+def _check_scan(x, dt, A, B, C, D, dt_bias, dt_limit, initial_state) -> None:
+    _tensor("x", x, 4)
+    batch, tokens, heads, p = x.shape
+    for name, t, shape, dims in (("dt", dt, (batch, tokens, heads), "[Bt, T, H]"), ("A", A, (heads,), "[H]")):
+        _tensor(name, t, len(shape))
+        _shape(name, t, shape, dims)
+    for name, t in (("B", B), ("C", C)):
+        _tensor(name, t, 4)
+        if t.shape[:2] != (batch, tokens):
+            raise CodesignError(f"{name} must be [{batch}, {tokens}, G, N] (x's Bt and T), got {tuple(t.shape)}")
+    if C.shape != B.shape:
+        raise CodesignError(f"C must have B's shape {tuple(B.shape)}, got {tuple(C.shape)}")
+    if B.shape[2] == 0 or heads % B.shape[2]:
+        raise CodesignError(f"B's G={B.shape[2]} groups must divide x's H={heads} heads")
+    if B.shape[3] == 0:
+        raise CodesignError("B's N must be >= 1")
+    opt = {name: t for name, t in (("D", D), ("dt_bias", dt_bias)) if t is not None}
+    for name, t in opt.items():
+        _tensor(name, t, 1)
+        _shape(name, t, (heads,), "[H]")
+    if initial_state is not None:
+        _tensor("initial_state", initial_state, 4)
+        _shape("initial_state", initial_state, (batch, heads, p, B.shape[3]), "[Bt, H, P, N]")
+        opt["initial_state"] = initial_state
+    lo, hi = dt_limit if isinstance(dt_limit, (tuple, list)) and len(dt_limit) == 2 else (None, None)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) for v in (lo, hi)) \
+            or lo > hi:  # fmt: skip
+        raise CodesignError(f"dt_limit must be (low, high) numbers with low <= high, got {dt_limit!r}")
+    _same_device(x=x, dt=dt, A=A, B=B, C=C, **opt)
+
+
+def _scan_torch(x, dt, A, B, C, D, dt_bias, softplus, dt_limit, initial_state) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's chunked form (`ssd.ssd_chunked`) in fp32, a sequence at a time, after dt's bias, softplus and
+    clamp."""
+    from codesign.kernels.layers.ssd import ssd_chunked
+
+    dt = dt.float() + (0.0 if dt_bias is None else dt_bias.float())
+    dt = (F.softplus(dt) if softplus else dt).clamp(*dt_limit)
+    ys, states = [], []
+    for i in range(x.shape[0]):
+        y, s = ssd_chunked(x[i].float(), dt[i], A.float(), B[i].float(), C[i].float(),
+                           None if D is None else D.float(),
+                           None if initial_state is None else initial_state[i].float())  # fmt: skip
+        ys.append(y)
+        states.append(s)
+    shape = (x.shape[0], x.shape[2], x.shape[3], B.shape[3])
+    final = torch.stack(states) if states else x.new_zeros(shape, dtype=torch.float32)
+    return (torch.stack(ys) if ys else x.new_zeros(x.shape, dtype=torch.float32)).to(x.dtype), final
+
+
+def _scan_body(x, dt, A, B, C, D, dt_bias, softplus, lo, hi, initial_state) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's body: the backend's scan."""
+    _check_scan(x, dt, A, B, C, D, dt_bias, (lo, hi), initial_state)
+    if resolve_backend("ssd_scan", x.device) == "torch":
+        return _scan_torch(x, dt, A, B, C, D, dt_bias, softplus, (lo, hi), initial_state)
+    from codesign.kernels.layers.triton_ssd_chunk import ssd_scan_triton
+    from codesign.kernels.layers.triton_ssd_update import MAX_STATE
+
+    n = B.shape[-1]
+    if n > MAX_STATE:
+        raise CodesignError(f"the Triton scan holds states up to N={MAX_STATE}, got {n}")
+    x, B, C = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, B, C))
+    A, D, dt_bias = (t if t is None else t.contiguous() for t in (A, D, dt_bias))
+    h0 = None if initial_state is None else initial_state.contiguous()
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    ht = torch.empty(x.shape[0], x.shape[2], x.shape[3], n, dtype=torch.float32, device=x.device)
+    ssd_scan_triton(x, dt, A, B, C, D, dt_bias, h0, y, ht, softplus, (lo, hi), x.dtype == torch.float32)
+    return y, ht
+
+
+@torch.library.custom_op("codesign::ssd_scan", mutates_args=())
+def ssd_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                D: torch.Tensor | None, dt_bias: torch.Tensor | None, dt_softplus: bool, dt_low: float, dt_high: float,
+                initial_state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    return _scan_body(x, dt, A, B, C, D, dt_bias, dt_softplus, dt_low, dt_high, initial_state)
+
+
+@ssd_scan_op.register_fake
+def _(x, dt, A, B, C, D, dt_bias, dt_softplus, dt_low, dt_high, initial_state):
+    _check_scan(x, dt, A, B, C, D, dt_bias, (dt_low, dt_high), initial_state)
+    return torch.empty_like(x), x.new_empty(x.shape[0], x.shape[2], x.shape[3], B.shape[3], dtype=torch.float32)
+
+
+def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+             D: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
+             dt_limit: tuple[float, float] = (0.0, math.inf), initial_state: torch.Tensor | None = None,
+             dispatch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Mamba-2's scan over T tokens: (y, final_state) (module docstring)."""
+    _check_scan(x, dt, A, B, C, D, dt_bias, dt_limit, initial_state)
+    if not isinstance(dt_softplus, bool):
+        raise CodesignError(f"dt_softplus must be True or False, got {dt_softplus!r}")
+    lo, hi = float(dt_limit[0]), float(dt_limit[1])
+    if dispatch or torch.compiler.is_compiling():
+        return torch.ops.codesign.ssd_scan(x, dt, A, B, C, D, dt_bias, dt_softplus, lo, hi, initial_state)
+    return _scan_body(x, dt, A, B, C, D, dt_bias, dt_softplus, lo, hi, initial_state)
+
+
 # --- Mamba-2 state update ---------------------------------------------------------------------------------------
 def _check_ssd(state, x, dt, A, B, C, D, dt_bias, z) -> None:
     _tensor("state", state, 4)
@@ -169,6 +273,8 @@ def _check_ssd(state, x, dt, A, B, C, D, dt_bias, z) -> None:
         raise CodesignError(f"C must have B's shape {tuple(B.shape)}, got {tuple(C.shape)}")
     if B.shape[1] == 0 or heads % B.shape[1]:
         raise CodesignError(f"B's G={B.shape[1]} groups must divide the state's H={heads} heads")
+    if n == 0:
+        raise CodesignError("the state's N must be >= 1")
     opt = {name: t for name, t in (("D", D), ("dt_bias", dt_bias), ("z", z)) if t is not None}
     for name, t in opt.items():
         shape, dims = ((batch, heads, p), "[Bt, H, P] (x's)") if name == "z" else ((heads,), "[H]")
@@ -248,4 +354,4 @@ def ssd_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.
     return _ssd_body(state, x, dt, A, B, C, D, dt_bias, bool(dt_softplus), z)
 
 
-__all__ = ["DTYPES", "gated_delta_rule", "ssd_update"]
+__all__ = ["DTYPES", "gated_delta_rule", "ssd_scan", "ssd_update"]

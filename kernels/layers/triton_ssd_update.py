@@ -18,6 +18,16 @@ MAX_STATE = 256  # widest state row held in a program (BP x 256 fp32)
 
 
 @triton.jit
+def softplus(x):
+    """torch's softplus, log1p(exp(x)), and x itself past 20; log1p as log(u) e / (u - 1), u = 1 + e (exact where
+    u rounds to 1, and to fp32 rounding elsewhere: log(1 + e) alone loses e's low bits from x below ~ -5, where
+    Mamba-2's dt_bias starts)."""
+    e = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + e
+    return tl.where(x > 20.0, x, tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0))))
+
+
+@triton.jit
 def _ssd_update_kernel(
     s_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, bias_ptr, z_ptr, y_ptr,
     H, GROUP, P, N,
@@ -36,9 +46,8 @@ def _ssd_update_kernel(
     dt = tl.load(dt_ptr + b * sdt_b + h * sdt_h).to(tl.float32)
     if HAS_BIAS:
         dt += tl.load(bias_ptr + h).to(tl.float32)
-    if SOFTPLUS:  # torch's softplus: log1p(exp(x)), x itself past 20; exp(x) itself below -15 (log(1 + e) loses it)
-        e = tl.exp(tl.minimum(dt, 20.0))
-        dt = tl.where(dt > 20.0, dt, tl.where(dt < -15.0, e, tl.log(1.0 + e)))
+    if SOFTPLUS:
+        dt = softplus(dt)
     decay = tl.exp(dt * tl.load(a_ptr + h).to(tl.float32))
     s_off = b * ss_b + h * ss_h + rp[:, None] * ss_p + rn[None, :]
     s = tl.load(s_ptr + s_off, mask=ok, other=0.0).to(tl.float32)

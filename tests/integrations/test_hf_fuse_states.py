@@ -1,5 +1,5 @@
 """Hybrid models' recurrent steps on codesign's state ops when fused (`fuse_states` through `fuse.fuse_layers_`):
-Gated DeltaNet's per-token delta rule (Qwen3-Next, Qwen3.5, OLMo hybrid, Lara-mini) and Mamba-2's state update
+Gated DeltaNet's delta rule (Qwen3-Next, Qwen3.5, OLMo hybrid, Lara-mini) and Mamba-2's state update and scan
 (Bamba, Granite 4.0 hybrid, Nemotron-H). On the torch paths the fused model's logits are transformers' bit for bit
 with our op called at every decode step of every state layer; through the Triton kernels (interpreter) inside
 generation on the paged cache, transformers' greedy tokens; unfused models and calls our op does not serve keep the
@@ -26,7 +26,7 @@ GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
 
 def _counting(monkeypatch) -> dict[str, int]:
     """Calls of the two ops' bodies, by op."""
-    calls = {"gdn": 0, "ssd": 0}
+    calls = {"gdn": 0, "ssd": 0, "scan": 0}
     for key in calls:
         body = getattr(S, f"_{key}_body")
 
@@ -64,7 +64,8 @@ def test_fused_state_steps_compute_what_transformers_computes(family, monkeypatc
 @pytest.mark.parametrize("family", family_params(["qwen3_next", "nemotron_h"]))
 def test_fused_state_steps_through_the_triton_kernels(family, monkeypatch):
     """The Triton kernels (interpreter) on the paged cache: transformers' greedy tokens where its lead is decisive,
-    our kernels called at every decode step and, for Gated DeltaNet, the prompt (padded rows, blocks of 4)."""
+    our kernels called at every decode step and over the prompt (padded rows, blocks of 4); the prompt's logits
+    without a cache within 1e-4 of transformers'."""
     from codesign.kernels.layers import triton_gated_delta_chunk as chunked
 
     model = tiny_model(family)
@@ -75,19 +76,23 @@ def test_fused_state_steps_through_the_triton_kernels(family, monkeypatch):
     prompts_chunked = []
     launch = chunked.gated_delta_chunk_triton
     monkeypatch.setattr(chunked, "gated_delta_chunk_triton", lambda *a: prompts_chunked.append(1) or launch(*a))
-    with use_backend("triton", op="gated_delta_rule"), use_backend("triton", op="ssd_update"):
+    with use_backend("triton", op="gated_delta_rule"), use_backend("triton", op="ssd_update"), \
+            use_backend("triton", op="ssd_scan"):
         got = run_generate(model, ids, None, fuse=True, attention_mask=mask, block_size=4, max_new_tokens=NEW,
                            **GREEDY).sequences  # fmt: skip
-        runs = (len(prompts_chunked), calls["gdn"], calls["ssd"])
+        runs = (len(prompts_chunked), calls["gdn"], calls["ssd"], calls["scan"])
         fuse_layers_(model, merge=False)
         logits = model(ids).logits  # (no cache: the prompt's form alone)
     unfuse_layers_(model)
     torch.testing.assert_close(logits, model(ids).logits, rtol=1e-4, atol=1e-4)
     assert_same_greedy_where_decisive(got, want, ids.shape[1])
-    # decode steps; Gated DeltaNet's prompt too (its chunked form: Mamba-2's prompts stay transformers')
-    steps = NEW if family == "qwen3_next" else NEW - 1
-    assert runs[0] == (_state_layers(model) if family == "qwen3_next" else 0)
-    assert runs[1 if family == "qwen3_next" else 2] == steps * _state_layers(model)
+    # Gated DeltaNet: the prompt (its chunked kernel) and every decode step through one op; Mamba-2: the prompt's
+    # scan, then the state update at every decode step
+    layers = _state_layers(model)
+    if family == "qwen3_next":
+        assert runs == (layers, NEW * layers, 0, 0), runs
+    else:
+        assert runs == (0, 0, (NEW - 1) * layers, layers), runs
 
 
 def test_the_state_functions_serve_fused_models_only():

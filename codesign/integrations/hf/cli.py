@@ -51,8 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "break; the cache's side one op a layer): a torch.compile mode (default: 'default'); with "
                         "--cuda-graph captured in ours, 'reduce-overhead' in Inductor's CUDA graphs")  # fmt: skip
     p.add_argument("--fuse", action="store_true",
-                   help="RMSNorms, rotary embedding and gated MLPs on codesign's one-launch ops; q / k / v and "
-                        "gate / up projections one GEMM each")
+                   help="RMSNorms, rotary embedding, gated MLPs and hybrid models' recurrent steps on codesign's "
+                        "kernels; q / k / v and gate / up projections one GEMM each")
     p.add_argument("--block-size", type=int, default=None, help="KV block size (default 16, 32 for KIVI)")
     p.add_argument("--dtype", default="fp32", choices=DTYPES)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")

@@ -13,9 +13,11 @@
 
 The modules call these as globals of their modeling module, so each global is replaced by a function that takes our
 op while a fused model's forward runs and the original otherwise (as `fuse` does for the rotary embedding), after a
-probe on which the original and our op's torch path agree bit for bit (the chunked rule: within fp32 rounding of
-the reference). Mamba-2's prompts (its chunked scan) stay transformers', as do packed sequences (`cu_seqlens`,
-`seq_idx`).
+probe on which the original and our op's torch path agree bit for bit (the chunked forms: within fp32 rounding of
+the reference). Packed sequences (`cu_seqlens`, `seq_idx`) stay transformers'.
+
+- Mamba-2's prompts: `mamba2_chunk_scan` runs `ssd_scan` (its chunked Triton form) where the op's backend is Triton,
+  the module's own on the torch backend (as for Gated DeltaNet's prompts, above).
 """
 
 from __future__ import annotations
@@ -28,10 +30,13 @@ import torch
 from codesign.backend import resolve_backend, use_backend
 from codesign.kernels.layers import state_ops as S
 from codesign.kernels.layers.ops import DTYPES
+from codesign.kernels.layers.triton_gated_delta import MAX_DK
+from codesign.kernels.layers.triton_ssd_update import MAX_STATE
 
 GDN = "torch_recurrent_gated_delta_rule"
 GDN_CHUNK = "torch_chunk_gated_delta_rule"
 SSD = "mamba2_selective_state_update"
+SSD_CHUNK = "mamba2_chunk_scan"
 _ORIGINAL: dict[tuple[str, str], Callable] = {}  # (modeling module, function name) -> the module's own function
 _GEN = torch.Generator().manual_seed(0)
 
@@ -43,7 +48,8 @@ def patch_state_functions(modules: list[str], active: Callable[[], bool]) -> tup
     for mod in modules:
         module = sys.modules.get(mod)
         for name, agrees, make in ((GDN, _gdn_agrees, _gdn_wrapper), (GDN_CHUNK, _chunk_agrees, _chunk_wrapper),
-                                   (SSD, _ssd_agrees, _ssd_wrapper)):  # fmt: skip
+                                   (SSD, _ssd_agrees, _ssd_wrapper),
+                                   (SSD_CHUNK, _scan_agrees, _scan_wrapper)):  # fmt: skip
             fn = getattr(module, name, None)
             if fn is None:
                 continue
@@ -94,8 +100,14 @@ def _gdn_serves(q, k, v, g, beta, h0) -> bool:
         return False
     want = (*v.shape[:3],)
     state = (v.shape[0], v.shape[2], q.shape[3], v.shape[3])
-    return (v.shape[2] % q.shape[2] == 0 and g.shape == want and beta.shape == want
-            and len({q.dtype, k.dtype, v.dtype}) == 1 and (h0 is None or h0.shape == state))  # fmt: skip
+    return (v.shape[2] % q.shape[2] == 0 and g.shape == want and beta.shape == want and q.shape[3] <= MAX_DK
+            and len({q.dtype, k.dtype, v.dtype}) == 1 and (h0 is None or h0.shape == state)
+            and _one_device(ts))  # fmt: skip
+
+
+def _one_device(ts) -> bool:
+    """All on one device (transformers moves a state across with `.to`; our ops refuse it)."""
+    return len({t.device for t in ts}) == 1
 
 
 def _gdn_wrapper(original, active):
@@ -195,7 +207,8 @@ def _ssd_serves(state, x, dt, A, B, C, D, dt_bias, z) -> bool:
         return False
     if (D is not None and D.dim() != 2) or (dt_bias is not None and dt_bias.dim() != 2):
         return False
-    return _tied(dt, 1) and _tied(A, 2) and _tied(D, 1) and _tied(dt_bias, 1) and state.stride(-1) == 1
+    return (_tied(dt, 1) and _tied(A, 2) and _tied(D, 1) and _tied(dt_bias, 1) and state.stride(-1) == 1
+            and 1 <= state.shape[-1] <= MAX_STATE and _one_device(ts))  # fmt: skip
 
 
 def _ssd_wrapper(original, active):
@@ -210,3 +223,67 @@ def _ssd_wrapper(original, active):
                         **kwargs)  # fmt: skip
 
     return mamba2_selective_state_update
+
+
+def _scan_probe():
+    """transformers' call of its chunked scan: x `[Bt, T, H, P]`, dt `[Bt, T, H]` before bias and softplus, A `[H]`,
+    B and C `[Bt, T, G, N]`, D and dt_bias `[H]`, an initial state."""
+    b, t, h, p, n, grp = 2, 5, 4, 3, 8, 2
+    x = torch.randn(b, t, h, p, generator=_GEN)
+    dt = torch.randn(b, t, h, generator=_GEN)
+    a = -torch.rand(h, generator=_GEN)
+    bm, cm = (torch.randn(b, t, grp, n, generator=_GEN) for _ in range(2))
+    d, bias = (torch.randn(h, generator=_GEN) for _ in range(2))
+    return x, dt, a, bm, cm, d, bias, torch.randn(b, h, p, n, generator=_GEN)
+
+
+def _scan_agrees(fn) -> bool:
+    """Whether the module's chunked scan is Mamba-2's: within fp32 rounding of the fp64 reference on a probe (the
+    chunks sum otherwise than any torch path of ours: no bit-for-bit probe to be had)."""
+    from codesign.kernels.layers.ssd import ssd_recurrent
+
+    x, dt, a, bm, cm, d, bias, h0 = _scan_probe()
+    try:
+        want = fn(x, dt, a, bm, cm, chunk_size=4, D=d, dt_bias=bias, initial_states=h0, dt_softplus=True,
+                  return_final_states=True)  # fmt: skip
+    except Exception:  # noqa: BLE001 - another signature: not ours to replace
+        return False
+    if not (isinstance(want, tuple) and len(want) == 2 and all(isinstance(w, torch.Tensor) for w in want)):
+        return False
+    dts = torch.nn.functional.softplus(dt.double() + bias.double())
+    for i in range(x.shape[0]):
+        ref = ssd_recurrent(x[i].double(), dts[i], a.double(), bm[i].double(), cm[i].double(), d.double(),
+                            h0[i].double())  # fmt: skip
+        for w, r in zip((want[0][i], want[1][i]), ref):
+            if w.shape != r.shape or not torch.allclose(w.double(), r, rtol=1e-4, atol=1e-5):
+                return False
+    return True
+
+
+def _scan_serves(x, dt, A, B, C, D, dt_bias, h0, kwargs) -> bool:
+    ts = (x, dt, A, B, C) + tuple(t for t in (D, dt_bias, h0) if t is not None)
+    if kwargs.get("z") is not None or not all(isinstance(t, torch.Tensor) and t.dtype in DTYPES for t in ts):
+        return False
+    return (x.dim() == 4 and dt.dim() == 3 and A.dim() == 1 and B.dim() == 4 and C.shape == B.shape
+            and (D is None or D.dim() == 1) and (dt_bias is None or dt_bias.dim() == 1)
+            and 1 <= B.shape[3] <= MAX_STATE and _one_device(ts))  # fmt: skip
+
+
+def _scan_wrapper(original, active):
+    def mamba2_chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,
+                          dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+                          **kwargs):  # fmt: skip
+        """codesign: `ssd_scan` (its chunked Triton form) while a fused model runs on the Triton backend, else the
+        module's own. Its output is fp32, as the module's."""
+        if (active() and not _packed(kwargs)
+                and _scan_serves(hidden_states, dt, A, B, C, D, dt_bias, initial_states, kwargs)
+                and resolve_backend("ssd_scan", hidden_states.device) == "triton"):  # fmt: skip
+            y, state = S.ssd_scan(hidden_states, dt, A, B, C, D, dt_bias, bool(dt_softplus), tuple(dt_limit),
+                                  initial_states, dispatch=False)  # fmt: skip
+            y = y.float()
+            return (y, state) if return_final_states else y
+        return original(hidden_states, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, initial_states=initial_states,
+                        dt_softplus=dt_softplus, dt_limit=dt_limit, return_final_states=return_final_states,
+                        **kwargs)  # fmt: skip
+
+    return mamba2_chunk_scan

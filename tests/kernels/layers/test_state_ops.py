@@ -5,6 +5,8 @@ bit; the fake implementations; bad input; teeth (a decay dropped from the refere
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -198,6 +200,89 @@ def test_ssd_update_into_poison_from_views():
     assert torch.equal(pool[[0, 4]], untouched)
 
 
+def _scan_inputs(b, t, h, p, n, groups, dtype=torch.float32, device="cpu"):
+    dt = torch.randn(b, t, h, device=device).to(dtype) * 2
+    dt[0, 0, 0], dt[-1, -1, -1] = 25.0, -18.0  # the softplus's two far branches
+    return dict(
+        x=torch.randn(b, t, h, p, device=device).to(dtype), dt=dt, A=-torch.rand(h, device=device) - 0.05,
+        B=torch.randn(b, t, groups, n, device=device).to(dtype),
+        C=torch.randn(b, t, groups, n, device=device).to(dtype),
+        D=torch.randn(h, device=device), dt_bias=torch.randn(h, device=device) * 0.5,
+        initial_state=torch.randn(b, h, p, n, device=device),
+    )  # fmt: skip
+
+
+def _scan_ref(a: dict, use, limit, decay=True):
+    """fp64 through the recurrent reference, a sequence at a time: y and the final state."""
+    dt = a["dt"].double() + (a["dt_bias"].double() if "dt_bias" in use else 0)
+    dt = F.softplus(dt).clamp(*limit)
+    ys, states = [], []
+    for i in range(dt.shape[0]):
+        y, s = ssd_recurrent(a["x"][i].double(), dt[i], a["A"].double() * decay, a["B"][i].double(),
+                             a["C"][i].double(), a["D"].double() if "D" in use else None,
+                             a["initial_state"][i].double() if "initial_state" in use else None)  # fmt: skip
+        ys.append(y)
+        states.append(s)
+    return torch.stack(ys), torch.stack(states)
+
+
+@pytest.mark.parametrize("device", DEV)
+@pytest.mark.parametrize("shape", [(2, 70, 4, 20, 24, 2), (1, 33, 2, 64, 128, 1), (1, 100, 8, 16, 16, 8)])
+@pytest.mark.parametrize("use", [("D", "dt_bias", "initial_state"), ()])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_ssd_scan_vs_fp64(device, shape, use, dtype):
+    """Prompts that end inside a chunk (70, 33, 100 over 32), a state of 24 and of 128, head dims of 20 and 64 over
+    programs of 32 rows, one group and one a head; with and without D, dt_bias and an initial state; dt clamped to
+    a limit in the second case, as Mamba-2's time_step_limit does."""
+    a = _scan_inputs(*shape, dtype=dtype, device=device)
+    limit = (0.0, math.inf) if use else (0.05, 2.0)
+    opt = {name: a[name] for name in ("D", "dt_bias", "initial_state") if name in use}
+    with use_backend("triton"):
+        y, ht = S.ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], dt_softplus=True, dt_limit=limit, **opt)
+    want_y, want_s = _scan_ref(a, use, limit)
+    assert y.dtype == dtype and y.shape == a["x"].shape and ht.dtype == torch.float32
+    assert_rel_close(y, want_y, BOUND[dtype] * 2, "y")
+    assert_rel_close(ht, want_s, 4e-6 if dtype == torch.float32 else 2e-3, "final state")
+    assert rel_fro_error(ht, _scan_ref(a, use, limit, decay=False)[1]) > 10 * BOUND[dtype]  # teeth
+    with use_backend("torch"):  # the reference's chunked form in fp32
+        y2, ht2 = S.ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], dt_softplus=True, dt_limit=limit, **opt)
+    assert_rel_close(y2, want_y, BOUND[dtype] * 2, "y (torch)")
+
+
+def test_ssd_scan_into_poison():
+    """Every output written (NaN-poisoned), from B and C that are views of one projection (the module's split)."""
+    from codesign.kernels.layers.triton_ssd_chunk import ssd_scan_triton
+
+    a = _scan_inputs(2, 40, 4, 16, 16, 2)
+    bc = torch.randn(2, 40, 2, 40)
+    a["B"], a["C"] = bc[..., :16], bc[..., 20:36]
+    y, ht = poison_like(a["x"]), poison_like(a["initial_state"])
+    ssd_scan_triton(a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"], a["dt_bias"], a["initial_state"], y, ht, True,
+                    (0.0, math.inf), True)  # fmt: skip
+    want_y, want_s = _scan_ref(a, ("D", "dt_bias", "initial_state"), (0.0, math.inf))
+    assert_rel_close(y, want_y, 4e-6)
+    assert_rel_close(ht, want_s, 4e-6)
+
+
+def test_softplus_keeps_small_time_steps():
+    """dt from -15 to -5 (Mamba-2's dt_bias starts at -7 to -2): softplus(dt) ~ exp(dt), which log(1 + exp(dt)) in
+    fp32 loses (5e-2 relative at -14.9). From a zero state and no skip, y is dt x (B . C) alone: each element of it
+    within fp32 rounding, in the update and the scan."""
+    a = _ssd_inputs(2, 4, 8, 16, 2)
+    a["dt"] = torch.linspace(-14.9, -5.0, 8).view(2, 4)
+    a["state"].zero_()
+    with use_backend("triton"):
+        y = S.ssd_update(a["state"], a["x"], a["dt"], a["A"], a["B"], a["C"], dt_softplus=True)
+    want = _ssd_ref(dict(a, state=torch.zeros_like(a["state"])), True, ())[0]
+    assert ((y.double() - want).abs() / want.abs()).max() < 1e-5
+    sc = _scan_inputs(1, 40, 4, 8, 16, 2)
+    sc["dt"] = torch.linspace(-14.9, -5.0, 160).view(1, 40, 4)
+    with use_backend("triton"):
+        y, _ = S.ssd_scan(sc["x"], sc["dt"], sc["A"], sc["B"], sc["C"], dt_softplus=True)
+    want = _scan_ref(sc, (), (0.0, math.inf))[0]
+    assert ((y.double() - want).abs() / want.abs().clamp_min(want.abs().max() * 1e-3)).max() < 1e-4
+
+
 def test_torch_paths_are_transformers_own():
     """On a CPU a fused model computes what it computed: the torch paths equal transformers' functions bit for bit
     (GQA, an initial state, fp16 and fp32)."""
@@ -234,6 +319,10 @@ def test_fake_implementations():
         y = S.ssd_update(torch.empty(2, 4, 6, 8), torch.empty(2, 4, 6), torch.empty(2, 4), torch.empty(4),
                          torch.empty(2, 2, 8), torch.empty(2, 2, 8))  # fmt: skip
         assert y.shape == (2, 4, 6)
+        y, ht = S.ssd_scan(torch.empty(2, 5, 4, 6, dtype=torch.float16), torch.empty(2, 5, 4), torch.empty(4),
+                           torch.empty(2, 5, 2, 8), torch.empty(2, 5, 2, 8))  # fmt: skip
+        assert y.shape == (2, 5, 4, 6) and y.dtype == torch.float16 and ht.shape == (2, 4, 6, 8)
+        assert ht.dtype == torch.float32
 
 
 def test_bad_input():
@@ -263,6 +352,24 @@ def test_bad_input():
         (lambda: S.ssd_update(st, x, dt, A, B, C, z=x[..., :2]), "z must have shape"),
         (lambda: S.ssd_update(st, x, dt, A, B, C, dt_softplus="yes"), "dt_softplus must be True or False"),
         (lambda: S.ssd_update(st[0], x, dt, A, B, C), "state must have 4 dims"),
+        (lambda: S.ssd_update(st[..., :0], x, dt, A, B[..., :0], C[..., :0]), "N must be >= 1"),
+    ]
+    sc = _scan_inputs(2, 5, 4, 6, 8, 2)
+    sx, sdt, sa, sb, scc = (sc[n] for n in ("x", "dt", "A", "B", "C"))
+    cases += [
+        (lambda: S.ssd_scan(sx[0], sdt, sa, sb, scc), "x must have 4 dims"),
+        (lambda: S.ssd_scan(sx, sdt[:, :4], sa, sb, scc), "dt must have shape"),
+        (lambda: S.ssd_scan(sx, sdt, sa[:3], sb, scc), "A must have shape"),
+        (lambda: S.ssd_scan(sx, sdt, sa, sb[:, :4], scc), "B must be"),
+        (lambda: S.ssd_scan(sx, sdt, sa, sb, scc[..., :7]), "C must have B's shape"),
+        (lambda: S.ssd_scan(sx, sdt, sa, torch.randn(2, 5, 3, 8), torch.randn(2, 5, 3, 8)), "must divide"),
+        (lambda: S.ssd_scan(sx, sdt, sa, sb, scc, D=torch.randn(3)), "D must have shape"),
+        (lambda: S.ssd_scan(sx, sdt, sa, sb, scc, dt_limit=(1.0, 0.5)), "dt_limit must be"),
+        (lambda: S.ssd_scan(sx, sdt, sa, sb, scc, dt_limit=(0.0,)), "dt_limit must be"),
+        (lambda: S.ssd_scan(sx, sdt, sa, sb, scc, initial_state=sc["initial_state"][:, :2]),
+         "initial_state must have shape"),
+        (lambda: S.ssd_scan(sx, sdt, sa, sb, scc, dt_softplus=1), "dt_softplus must be True or False"),
+        (lambda: S.ssd_scan(sx, sdt, sa, sb[..., :0], scc[..., :0]), "N must be >= 1"),
     ]
     for backend in ("torch", "triton"):
         with use_backend(backend):
