@@ -390,7 +390,8 @@ def _state_cases() -> Iterator[Case]:
     """The recurrent-state ops (`kernels.layers.state_ops`) at decode, 16 sequences in bf16: Qwen3-Next's Gated
     DeltaNet (16 key heads, 32 value heads, 128 x 128; also 4 tokens, a speculative step's; and a 2048-token prompt,
     the chunked form), Mamba-2 as in Granite
-    4.0-H / Nemotron-H (128 heads of 64, state 128, one group and eight; and its scan over a 2048-token prompt)."""
+    4.0-H / Nemotron-H (128 heads of 64, state 128, one group and eight; and its scan over a 2048-token prompt);
+    Jamba's Mamba-1 step (8192 channels, state 16)."""
     import torch
 
     from codesign.kernels.layers import state_ops as S
@@ -409,6 +410,10 @@ def _state_cases() -> Iterator[Case]:
     dts, a = torch.zeros(1, 2048, 128, **bf), torch.zeros(128)
     yield ("layers", "ssd_scan B=1 T=2048 heads=128 P=64 N=128 groups=1 bf16",
            lambda: S.ssd_scan(xs, dts, a, bcs, bcs, a, a, True))  # fmt: skip
+    st1, x1 = torch.zeros(16, 8192, 16), torch.zeros(16, 8192, **bf)
+    a1, bc1 = torch.zeros(8192, 16), torch.zeros(16, 16, **bf)
+    yield ("layers", "selective_state_update B=16 D=8192 N=16 fp32 state bf16 (Jamba's Mamba-1)",
+           lambda: S.selective_state_update(st1, x1, x1, a1, bc1, bc1, a1[:, 0], a1[:, 0], True, x1))  # fmt: skip
     for groups in (1, 8):
         st, x = torch.zeros(16, 128, 64, 128), torch.zeros(16, 128, 64, **bf)
         bc, dt, a = torch.zeros(16, groups, 128, **bf), torch.zeros(16, 128, **bf), torch.zeros(128)

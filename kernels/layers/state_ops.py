@@ -1,8 +1,8 @@
 """The recurrent-state ops of hybrid models as torch ops ("codesign::<name>", each with a fake implementation). Per
 call the backend comes from `codesign.backend.resolve_backend`: "triton" runs this family's kernels (CUDA tensors, or
 CPU tensors through the interpreter), "torch" Hugging Face's own arithmetic op by op (transformers 5.25's
-`torch_recurrent_gated_delta_rule` and `mamba2_selective_state_update`), so a patched model on a CPU computes
-exactly what the unpatched one does.
+`torch_recurrent_gated_delta_rule`, `mamba2_selective_state_update`, `mamba_selective_state_update`), so a patched
+model on a CPU computes exactly what the unpatched one does.
 
     gated_delta_rule(q, k, v, g, beta, initial_state=None, scale=None, use_qk_l2norm=True) -> (o, final_state)
         Gated DeltaNet's delta rule over T tokens: the recurrence below CHUNKED_FROM tokens (`triton_gated_delta`:
@@ -23,6 +23,11 @@ exactly what the unpatched one does.
         `[Bt, H, P, N]`, x `[Bt, H, P]`, dt `[Bt, H]` (before dt_bias and the softplus), A `[H]` (-exp(A_log)), B and
         C `[Bt, G, N]` (G dividing H), D and dt_bias `[H]` or None, z `[Bt, H, P]` or None (y times silu(z)).
         y `[Bt, H, P]` in x's dtype.
+
+    selective_state_update(state, x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None) -> y
+        Mamba-1's state update for one token (`triton_selective_update`; Jamba, Falcon-Mamba, Mamba), the state
+        updated in place: state `[Bt, D, N]`, x, dt and z `[Bt, D]`, A `[D, N]` (a decay rate per channel and state
+        entry), B and C `[Bt, N]`, D and dt_bias `[D]`. y `[Bt, D]` in x's dtype.
 
 Bad input raises CodesignError naming the argument before any launch; no check reads the device's values.
 `dispatch=False`: the op's body without torch's dispatcher (what a patched model's hot path calls).
@@ -354,4 +359,83 @@ def ssd_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.
     return _ssd_body(state, x, dt, A, B, C, D, dt_bias, bool(dt_softplus), z)
 
 
-__all__ = ["DTYPES", "gated_delta_rule", "ssd_scan", "ssd_update"]
+__all__ = ["DTYPES", "gated_delta_rule", "selective_state_update", "ssd_scan", "ssd_update"]
+
+
+# --- Mamba-1 state update ---------------------------------------------------------------------------------------
+def _check_selective(state, x, dt, A, B, C, D, dt_bias, z) -> None:
+    _tensor("state", state, 3)
+    batch, dim, n = state.shape
+    if n == 0:
+        raise CodesignError("the state's N must be >= 1")
+    shapes = {"x": ((batch, dim), "[Bt, D]"), "dt": ((batch, dim), "[Bt, D]"), "A": ((dim, n), "[D, N]"),
+              "B": ((batch, n), "[Bt, N]"), "C": ((batch, n), "[Bt, N]"), "D": ((dim,), "[D]"),
+              "dt_bias": ((dim,), "[D]"), "z": ((batch, dim), "[Bt, D]")}  # fmt: skip
+    given = {name: t for name, t in zip(shapes, (x, dt, A, B, C, D, dt_bias, z)) if t is not None}
+    for name, t in given.items():
+        shape, dims = shapes[name]
+        _tensor(name, t, len(shape))
+        _shape(name, t, shape, dims + " (the state's)")
+    _same_device(state=state, **given)
+
+
+def _selective_torch(state, x, dt, A, B, C, D, dt_bias, softplus, z) -> torch.Tensor:
+    """transformers' mamba_selective_state_update (Jamba's, Mamba's), op for op."""
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(dt.dtype)
+    if softplus:
+        dt = F.softplus(dt)
+    decay = torch.exp(dt.float()[..., None] * A.float())
+    new = state.float() * decay + (dt.float()[..., None] * B.float()[:, None, :]) * x.float()[..., None]
+    state.copy_(new.to(state.dtype))
+    y = torch.matmul(new.to(C.dtype), C.unsqueeze(-1)).squeeze(-1)
+    if D is not None:
+        y = y + x * D
+    if z is not None:
+        y = y * F.silu(z)
+    return y.to(x.dtype)
+
+
+def _selective_body(state, x, dt, A, B, C, D, dt_bias, softplus, z) -> torch.Tensor:
+    """The op's body: the backend's state update (state written in place)."""
+    _check_selective(state, x, dt, A, B, C, D, dt_bias, z)
+    if resolve_backend("selective_state_update", state.device) == "torch":
+        return _selective_torch(state, x, dt, A, B, C, D, dt_bias, softplus, z)
+    from codesign.kernels.layers.triton_selective_update import MAX_STATE, selective_update_triton
+
+    if state.shape[-1] > MAX_STATE:
+        raise CodesignError(f"the Triton state update holds states up to N={MAX_STATE}, got {state.shape[-1]}")
+    if state.stride(-1) != 1:
+        raise CodesignError(f"state's last dim must be contiguous (it is updated in place), got strides "
+                            f"{state.stride()}")  # fmt: skip
+    x, dt, A, B, C, z = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (x, dt, A, B, C, z))
+    D, dt_bias = (t if t is None else t.contiguous() for t in (D, dt_bias))
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    selective_update_triton(state, x, dt, A, B, C, D, dt_bias, z, y, softplus)
+    return y
+
+
+@torch.library.custom_op("codesign::selective_state_update", mutates_args=("state",))
+def selective_state_update_op(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                              B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                              dt_softplus: bool, z: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    return _selective_body(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z)
+
+
+@selective_state_update_op.register_fake
+def _(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z):
+    _check_selective(state, x, dt, A, B, C, D, dt_bias, z)
+    return torch.empty_like(x)
+
+
+def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                           C: torch.Tensor, D: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
+                           dt_softplus: bool = False, z: torch.Tensor | None = None,
+                           dispatch: bool = True) -> torch.Tensor:  # fmt: skip
+    """Mamba-1's state update for one token, state in place: y (module docstring)."""
+    _check_selective(state, x, dt, A, B, C, D, dt_bias, z)
+    if not isinstance(dt_softplus, bool):
+        raise CodesignError(f"dt_softplus must be True or False, got {dt_softplus!r}")
+    if dispatch or torch.compiler.is_compiling():
+        return torch.ops.codesign.selective_state_update(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z)
+    return _selective_body(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z)

@@ -24,7 +24,8 @@ def softplus(x):
     Mamba-2's dt_bias starts)."""
     e = tl.exp(tl.minimum(x, 20.0))
     u = 1.0 + e
-    return tl.where(x > 20.0, x, tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0))))
+    tiny = u == 1.0
+    return tl.where(x > 20.0, x, tl.where(tiny, e, tl.log(u) * (e / tl.where(tiny, 1.0, u - 1.0))))
 
 
 @triton.jit

@@ -1,9 +1,9 @@
 """Hybrid models' recurrent steps on codesign's state ops when fused (`fuse_states` through `fuse.fuse_layers_`):
-Gated DeltaNet's delta rule (Qwen3-Next, Qwen3.5, OLMo hybrid, Lara-mini) and Mamba-2's state update and scan
-(Bamba, Granite 4.0 hybrid, Nemotron-H). On the torch paths the fused model's logits are transformers' bit for bit
-with our op called at every decode step of every state layer; through the Triton kernels (interpreter) inside
-generation on the paged cache, transformers' greedy tokens; unfused models and calls our op does not serve keep the
-module's own function."""
+Gated DeltaNet's delta rule (Qwen3-Next, Qwen3.5, OLMo hybrid, Lara-mini), Mamba-2's state update and scan (Bamba,
+Granite 4.0 hybrid, Nemotron-H) and Mamba-1's state update (Jamba). On the torch paths the fused model's logits are
+transformers' bit for bit with our op called at every decode step of every state layer; through the Triton kernels
+(interpreter) inside generation on the paged cache, transformers' greedy tokens; unfused models and calls our op
+does not serve keep the module's own function."""
 
 from __future__ import annotations
 
@@ -20,13 +20,16 @@ from codesign.kernels.layers import state_ops as S
 
 GDN = ["qwen3_next", "qwen3_5_text", "olmo_hybrid", "lara_mini"]
 MAMBA2 = ["bamba", "granitemoehybrid", "nemotron_h"]
+MAMBA1 = ["jamba"]
+KEY = {**dict.fromkeys(GDN, "gdn"), **dict.fromkeys(MAMBA2, "ssd"), "jamba": "sel"}
+NAME = {"gdn": FS.GDN, "ssd": FS.SSD, "sel": FS.SEL}
 NEW = 5
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
 
 
 def _counting(monkeypatch) -> dict[str, int]:
-    """Calls of the two ops' bodies, by op."""
-    calls = {"gdn": 0, "ssd": 0, "scan": 0}
+    """Calls of the state ops' bodies, by op."""
+    calls = {"gdn": 0, "ssd": 0, "scan": 0, "selective": 0}
     for key in calls:
         body = getattr(S, f"_{key}_body")
 
@@ -42,7 +45,7 @@ def _state_layers(model) -> int:
     return sum(1 for m in model.modules() if hasattr(m, "A_log"))  # (the GDN and Mamba-2 mixers' decay parameter)
 
 
-@pytest.mark.parametrize("family", family_params(GDN + MAMBA2))
+@pytest.mark.parametrize("family", family_params(GDN + MAMBA2 + MAMBA1))
 def test_fused_state_steps_compute_what_transformers_computes(family, monkeypatch):
     """The same greedy run before and after fusing (transformers' own generate and cache): logits equal bit for bit
     at every step, our op called once a decode step for every state layer, the report naming the function."""
@@ -50,18 +53,17 @@ def test_fused_state_steps_compute_what_transformers_computes(family, monkeypatc
     ids, mask = prompts(2, 9, pads=(0, 3))
     want = greedy(model, ids, mask, NEW)
     report = fuse_layers_(model, merge=False)
-    name = FS.GDN if family in GDN else FS.SSD
-    assert any(s.endswith(f".{name}") for s in report.states), report.states
+    key = KEY[family]
+    assert any(s.endswith(f".{NAME[key]}") for s in report.states), report.states
     calls = _counting(monkeypatch)
     got = greedy(model, ids, mask, NEW)
     unfuse_layers_(model)
     assert torch.equal(got.sequences, want.sequences)
     assert all(torch.equal(a, b) for a, b in zip(got.logits, want.logits))
-    key = "gdn" if family in GDN else "ssd"
-    assert calls[key] == (NEW - 1) * _state_layers(model) > 0, calls
+    assert calls["selective" if key == "sel" else key] == (NEW - 1) * _state_layers(model) > 0, calls
 
 
-@pytest.mark.parametrize("family", family_params(["qwen3_next", "nemotron_h"]))
+@pytest.mark.parametrize("family", family_params(["qwen3_next", "nemotron_h", "jamba"]))
 def test_fused_state_steps_through_the_triton_kernels(family, monkeypatch):
     """The Triton kernels (interpreter) on the paged cache: transformers' greedy tokens where its lead is decisive,
     our kernels called at every decode step and over the prompt (padded rows, blocks of 4); the prompt's logits
@@ -77,22 +79,21 @@ def test_fused_state_steps_through_the_triton_kernels(family, monkeypatch):
     launch = chunked.gated_delta_chunk_triton
     monkeypatch.setattr(chunked, "gated_delta_chunk_triton", lambda *a: prompts_chunked.append(1) or launch(*a))
     with use_backend("triton", op="gated_delta_rule"), use_backend("triton", op="ssd_update"), \
-            use_backend("triton", op="ssd_scan"):
+            use_backend("triton", op="ssd_scan"), use_backend("triton", op="selective_state_update"):
         got = run_generate(model, ids, None, fuse=True, attention_mask=mask, block_size=4, max_new_tokens=NEW,
                            **GREEDY).sequences  # fmt: skip
-        runs = (len(prompts_chunked), calls["gdn"], calls["ssd"], calls["scan"])
+        runs = (len(prompts_chunked), calls["gdn"], calls["ssd"], calls["scan"], calls["selective"])
         fuse_layers_(model, merge=False)
         logits = model(ids).logits  # (no cache: the prompt's form alone)
     unfuse_layers_(model)
     torch.testing.assert_close(logits, model(ids).logits, rtol=1e-4, atol=1e-4)
     assert_same_greedy_where_decisive(got, want, ids.shape[1])
     # Gated DeltaNet: the prompt (its chunked kernel) and every decode step through one op; Mamba-2: the prompt's
-    # scan, then the state update at every decode step
+    # scan, then the state update at every decode step; Mamba-1: the state update (its prompts stay transformers')
     layers = _state_layers(model)
-    if family == "qwen3_next":
-        assert runs == (layers, NEW * layers, 0, 0), runs
-    else:
-        assert runs == (0, 0, (NEW - 1) * layers, layers), runs
+    want_runs = {"qwen3_next": (layers, NEW * layers, 0, 0, 0), "nemotron_h": (0, 0, (NEW - 1) * layers, layers, 0),
+                 "jamba": (0, 0, 0, 0, (NEW - 1) * layers)}  # fmt: skip
+    assert runs == want_runs[family], runs
 
 
 def test_the_state_functions_serve_fused_models_only():

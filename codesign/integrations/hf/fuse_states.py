@@ -9,15 +9,16 @@
   (its probe checks it against the fp64 reference instead).
 - Mamba-2 (Bamba, Granite 4.0 hybrid, Nemotron-H, Falcon-H1, Zamba2, Mamba-2): `mamba2_selective_state_update`
   runs `ssd_update`, where its dt, A, D and dt_bias are one value a head expanded over the head dim (stride 0, as
-  every caller in transformers 5.25 passes them); any other call keeps the module's own function.
+  every caller in transformers 5.25 passes them); any other call keeps the module's own function. Its prompts:
+  `mamba2_chunk_scan` runs `ssd_scan` (its chunked Triton form) where the op's backend is Triton, the module's own
+  on the torch backend (as for Gated DeltaNet's prompts).
+- Mamba-1 (Jamba, Falcon-Mamba, Mamba): `mamba_selective_state_update` runs `selective_state_update` where the
+  state is `[Bt, D, N]` (Zamba's per-head layout keeps the module's own); prompts stay transformers'.
 
 The modules call these as globals of their modeling module, so each global is replaced by a function that takes our
 op while a fused model's forward runs and the original otherwise (as `fuse` does for the rotary embedding), after a
 probe on which the original and our op's torch path agree bit for bit (the chunked forms: within fp32 rounding of
 the reference). Packed sequences (`cu_seqlens`, `seq_idx`) stay transformers'.
-
-- Mamba-2's prompts: `mamba2_chunk_scan` runs `ssd_scan` (its chunked Triton form) where the op's backend is Triton,
-  the module's own on the torch backend (as for Gated DeltaNet's prompts, above).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ GDN = "torch_recurrent_gated_delta_rule"
 GDN_CHUNK = "torch_chunk_gated_delta_rule"
 SSD = "mamba2_selective_state_update"
 SSD_CHUNK = "mamba2_chunk_scan"
+SEL = "mamba_selective_state_update"
 _ORIGINAL: dict[tuple[str, str], Callable] = {}  # (modeling module, function name) -> the module's own function
 _GEN = torch.Generator().manual_seed(0)
 
@@ -49,7 +51,8 @@ def patch_state_functions(modules: list[str], active: Callable[[], bool]) -> tup
         module = sys.modules.get(mod)
         for name, agrees, make in ((GDN, _gdn_agrees, _gdn_wrapper), (GDN_CHUNK, _chunk_agrees, _chunk_wrapper),
                                    (SSD, _ssd_agrees, _ssd_wrapper),
-                                   (SSD_CHUNK, _scan_agrees, _scan_wrapper)):  # fmt: skip
+                                   (SSD_CHUNK, _scan_agrees, _scan_wrapper),
+                                   (SEL, _sel_agrees, _sel_wrapper)):  # fmt: skip
             fn = getattr(module, name, None)
             if fn is None:
                 continue
@@ -177,16 +180,24 @@ def _ssd_probe():
 
 def _ssd_agrees(fn) -> bool:
     state, x, dt, a, bm, cm, d, bias, z = _ssd_probe()
-    theirs, ours = state.clone(), state.clone()
+    dt1, a1, d1, bias1 = _per_head(dt, a, d, bias)
+    return _update_agrees(fn, "ssd_update", state, (x, dt, a, bm, cm, d, bias, z),
+                          lambda st: S.ssd_update(st, x, dt1, a1, bm, cm, d1, bias1, True, z, dispatch=False))
+
+
+def _update_agrees(fn, op: str, state, args, ours) -> bool:
+    """Whether the module's in-place update `fn(state, x, dt, A, B, C, D, dt_bias=, dt_softplus=True, z=)` and our
+    op's torch path (`ours(state)`) give the same output and state bit for bit on a probe."""
+    x, dt, a, bm, cm, d, bias, z = args
+    theirs, mine = state.clone(), state.clone()
     try:
         want = fn(theirs, x, dt, a, bm, cm, d, dt_bias=bias, dt_softplus=True, z=z)
     except Exception:  # noqa: BLE001 - another signature: not ours to replace
         return False
-    with use_backend("torch", op="ssd_update"):
-        dt1, a1, d1, bias1 = _per_head(dt, a, d, bias)
-        got = S.ssd_update(ours, x, dt1, a1, bm, cm, d1, bias1, True, z, dispatch=False)
+    with use_backend("torch", op=op):
+        got = ours(mine)
     return (isinstance(want, torch.Tensor) and want.dtype == got.dtype and torch.equal(want, got)
-            and torch.equal(theirs, ours))  # fmt: skip
+            and torch.equal(theirs, mine))  # fmt: skip
 
 
 def _tied(t: torch.Tensor | None, dims: int) -> bool:
@@ -287,3 +298,48 @@ def _scan_wrapper(original, active):
                         **kwargs)  # fmt: skip
 
     return mamba2_chunk_scan
+
+
+# --- Mamba-1 ------------------------------------------------------------------------------------------------------
+def _sel_probe():
+    """transformers' call: state `[Bt, D, N]`, x, dt and z `[Bt, D]`, A `[D, N]`, B and C `[Bt, N]`, D and dt_bias
+    `[D]`."""
+    b, d, n = 2, 6, 8
+    state = torch.randn(b, d, n, generator=_GEN)
+    x, dt, z = (torch.randn(b, d, generator=_GEN) for _ in range(3))
+    a = -torch.rand(d, n, generator=_GEN)
+    bm, cm = (torch.randn(b, n, generator=_GEN) for _ in range(2))
+    dd, bias = (torch.randn(d, generator=_GEN) for _ in range(2))
+    return state, x, dt, a, bm, cm, dd, bias, z
+
+
+def _sel_agrees(fn) -> bool:
+    state, x, dt, a, bm, cm, d, bias, z = _sel_probe()
+    return _update_agrees(fn, "selective_state_update", state, (x, dt, a, bm, cm, d, bias, z),
+                          lambda st: S.selective_state_update(st, x, dt, a, bm, cm, d, bias, True, z, dispatch=False))
+
+
+def _sel_serves(state, x, dt, A, B, C, D, dt_bias, z) -> bool:
+    ts = (state, x, dt, A, B, C) + tuple(t for t in (D, dt_bias, z) if t is not None)
+    if not all(isinstance(t, torch.Tensor) and t.dtype in DTYPES for t in ts):
+        return False
+    if state.dim() != 3 or not 1 <= state.shape[-1] <= MAX_STATE or state.stride(-1) != 1:
+        return False  # (Zamba's multi-head layout among them: the module's own)
+    batch, dim, n = state.shape
+    want = ((x, (batch, dim)), (dt, (batch, dim)), (A, (dim, n)), (B, (batch, n)), (C, (batch, n)), (D, (dim,)),
+            (dt_bias, (dim,)), (z, (batch, dim)))  # fmt: skip
+    return all(t is None or tuple(t.shape) == shape for t, shape in want) and _one_device(ts)
+
+
+def _sel_wrapper(original, active):
+    def mamba_selective_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False,
+                                     z=None, **kwargs):  # fmt: skip
+        """codesign: `selective_state_update` while a fused model runs (`fuse.fuse_layers_`), else the module's
+        own."""
+        if active() and not _packed(kwargs) and _sel_serves(state, hidden_states, dt, A, B, C, D, dt_bias, z):
+            return S.selective_state_update(state, hidden_states, dt, A, B, C, D, dt_bias, bool(dt_softplus), z,
+                                            dispatch=False)  # fmt: skip
+        return original(state, hidden_states, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=dt_softplus, z=z,
+                        **kwargs)  # fmt: skip
+
+    return mamba_selective_state_update

@@ -283,11 +283,60 @@ def test_softplus_keeps_small_time_steps():
     assert ((y.double() - want).abs() / want.abs().clamp_min(want.abs().max() * 1e-3)).max() < 1e-4
 
 
+def _sel_inputs(b, d, n, dtype=torch.float32, state_dtype=torch.float32):
+    dt = torch.randn(b, d).to(dtype) * 2
+    dt[0, :4] = torch.tensor([25.0, -18.0, -14.9, -9.0])  # the softplus's far branches and small time steps
+    return dict(state=torch.randn(b, d, n).to(state_dtype), x=torch.randn(b, d).to(dtype), dt=dt,
+                A=-torch.rand(d, n) * 2 - 0.05, B=torch.randn(b, n).to(dtype), C=torch.randn(b, n).to(dtype),
+                D=torch.randn(d), dt_bias=torch.randn(d) * 0.5, z=torch.randn(b, d).to(dtype))  # fmt: skip
+
+
+def _sel_ref(a: dict, use, decay=True):
+    """Mamba-1's step in fp64, written out: a decay per channel and state entry."""
+    dt = F.softplus(a["dt"].double() + (a["dt_bias"].double() if "dt_bias" in use else 0))
+    state = a["state"].double() * torch.exp(dt[..., None] * a["A"].double() * decay)
+    state = state + (dt * a["x"].double())[..., None] * a["B"].double()[:, None, :]
+    y = (state * a["C"].double()[:, None, :]).sum(-1)
+    y = y + (a["x"].double() * a["D"].double() if "D" in use else 0)
+    return y * (F.silu(a["z"].double()) if "z" in use else 1), state
+
+
+@pytest.mark.parametrize("device", DEV)
+@pytest.mark.parametrize("shape", [(3, 40, 16), (1, 100, 128), (2, 7, 24)])
+@pytest.mark.parametrize("use", [("D", "dt_bias", "z"), ()])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_selective_state_update_vs_fp64(device, shape, use, dtype):
+    """Mamba-1's step: channels past a program's block (100 over 16 at N = 128), a state of 24 (not a power of two),
+    with and without D, dt_bias and z, the state in place in its dtype."""
+    a = {k: v.to(device) for k, v in _sel_inputs(*shape, dtype=dtype, state_dtype=dtype).items()}
+    before = dict(a, state=a["state"].clone())
+    opt = {name: a[name] for name in ("D", "dt_bias", "z") if name in use}
+    with use_backend("triton"):
+        y = S.selective_state_update(a["state"], a["x"], a["dt"], a["A"], a["B"], a["C"], dt_softplus=True, **opt)
+    want_y, want_s = _sel_ref(before, use)
+    assert y.dtype == dtype and y.shape == a["x"].shape and a["state"].dtype == dtype
+    assert_rel_close(y, want_y, BOUND[dtype] * 2, "y")
+    assert_rel_close(a["state"], want_s, BOUND[dtype] * 2, "state")
+    assert rel_fro_error(a["state"], _sel_ref(before, use, decay=False)[1]) > 10 * BOUND[dtype]  # teeth
+
+
+def test_selective_state_update_into_poison():
+    from codesign.kernels.layers.triton_selective_update import selective_update_triton
+
+    a = _sel_inputs(2, 50, 16)
+    state, y = a["state"].clone(), poison_like(a["x"])
+    selective_update_triton(state, a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"], a["dt_bias"], a["z"], y, True)
+    want_y, want_s = _sel_ref(a, ("D", "dt_bias", "z"))
+    assert_rel_close(y, want_y, 4e-6)
+    assert_rel_close(state, want_s, 4e-6)
+
+
 def test_torch_paths_are_transformers_own():
     """On a CPU a fused model computes what it computed: the torch paths equal transformers' functions bit for bit
     (GQA, an initial state, fp16 and fp32)."""
     qn = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
     bamba = pytest.importorskip("transformers.models.bamba.modeling_bamba")
+    jamba = pytest.importorskip("transformers.models.jamba.modeling_jamba")
     for dtype in (torch.float32, torch.float16):
         q, k, v, g, beta, h0 = _gdn_inputs(2, 3, 2, 4, 16, 8, dtype=dtype, views=True)
         want = qn.torch_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True,
@@ -305,6 +354,14 @@ def test_torch_paths_are_transformers_own():
         with use_backend("torch"):
             got = S.ssd_update(ours, a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"], a["dt_bias"], True, a["z"])
         assert got.dtype == want.dtype and torch.equal(got, want) and torch.equal(ours, theirs)
+        a = _sel_inputs(2, 6, 8, dtype=dtype)
+        theirs, ours = a["state"].clone(), a["state"].clone()
+        want = jamba.mamba_selective_state_update(theirs, a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"],
+                                                  dt_bias=a["dt_bias"], dt_softplus=True, z=a["z"])  # fmt: skip
+        with use_backend("torch"):
+            got = S.selective_state_update(ours, a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"], a["dt_bias"], True,
+                                           a["z"])  # fmt: skip
+        assert got.dtype == want.dtype and torch.equal(got, want) and torch.equal(ours, theirs)
 
 
 def test_fake_implementations():
@@ -319,6 +376,9 @@ def test_fake_implementations():
         y = S.ssd_update(torch.empty(2, 4, 6, 8), torch.empty(2, 4, 6), torch.empty(2, 4), torch.empty(4),
                          torch.empty(2, 2, 8), torch.empty(2, 2, 8))  # fmt: skip
         assert y.shape == (2, 4, 6)
+        y = S.selective_state_update(torch.empty(2, 6, 8), torch.empty(2, 6), torch.empty(2, 6), torch.empty(6, 8),
+                                     torch.empty(2, 8), torch.empty(2, 8))  # fmt: skip
+        assert y.shape == (2, 6)
         y, ht = S.ssd_scan(torch.empty(2, 5, 4, 6, dtype=torch.float16), torch.empty(2, 5, 4), torch.empty(4),
                            torch.empty(2, 5, 2, 8), torch.empty(2, 5, 2, 8))  # fmt: skip
         assert y.shape == (2, 5, 4, 6) and y.dtype == torch.float16 and ht.shape == (2, 4, 6, 8)
@@ -370,6 +430,19 @@ def test_bad_input():
          "initial_state must have shape"),
         (lambda: S.ssd_scan(sx, sdt, sa, sb, scc, dt_softplus=1), "dt_softplus must be True or False"),
         (lambda: S.ssd_scan(sx, sdt, sa, sb[..., :0], scc[..., :0]), "N must be >= 1"),
+    ]
+    sl = _sel_inputs(2, 6, 8)
+    lst, lx, ldt, la, lb, lc = (sl[n] for n in ("state", "x", "dt", "A", "B", "C"))
+    cases += [
+        (lambda: S.selective_state_update(lst[0], lx, ldt, la, lb, lc), "state must have 3 dims"),
+        (lambda: S.selective_state_update(lst, lx[:, :5], ldt, la, lb, lc), "x must have shape"),
+        (lambda: S.selective_state_update(lst, lx, ldt, la[:, :7], lb, lc), "A must have shape"),
+        (lambda: S.selective_state_update(lst, lx, ldt, la[0], lb, lc), "A must have 2 dims"),
+        (lambda: S.selective_state_update(lst, lx, ldt, la, lb[:1], lc), "B must have shape"),
+        (lambda: S.selective_state_update(lst, lx, ldt, la, lb, lc, D=torch.randn(5)), "D must have shape"),
+        (lambda: S.selective_state_update(lst, lx, ldt, la, lb, lc, z=lx[:1]), "z must have shape"),
+        (lambda: S.selective_state_update(lst, lx, ldt, la, lb, lc, dt_softplus=0), "dt_softplus must be"),
+        (lambda: S.selective_state_update(lst[..., :0], lx, ldt, la[:, :0], lb[:, :0], lc[:, :0]), "N must be >= 1"),
     ]
     for backend in ("torch", "triton"):
         with use_backend(backend):
