@@ -406,14 +406,25 @@ def _state_cases() -> Iterator[Case]:
     g = torch.zeros(1, 2048, 32)
     yield ("layers", "gated_delta_rule (chunked) B=1 T=2048 heads=16/32 dk=dv=128 bf16",
            lambda: S.gated_delta_rule(q, q, v, g, g.bfloat16()))  # fmt: skip
+    for t in (1, 2048):  # the widest key heads the op takes (256), decode and a prompt
+        qw, vw, gw = torch.zeros(1, t, 4, 256, **bf), torch.zeros(1, t, 8, 256, **bf), torch.zeros(1, t, 8)
+        yield ("layers", f"gated_delta_rule B=1 T={t} heads=4/8 dk=dv=256 bf16",
+               lambda qw=qw, vw=vw, gw=gw: S.gated_delta_rule(qw, qw, vw, gw, gw.bfloat16()))  # fmt: skip
     xs, bcs = torch.zeros(1, 2048, 128, 64, **bf), torch.zeros(1, 2048, 1, 128, **bf)
     dts, a = torch.zeros(1, 2048, 128, **bf), torch.zeros(128)
     yield ("layers", "ssd_scan B=1 T=2048 heads=128 P=64 N=128 groups=1 bf16",
            lambda: S.ssd_scan(xs, dts, a, bcs, bcs, a, a, True))  # fmt: skip
+    bc2, h2 = torch.zeros(1, 2048, 1, 256, **bf), torch.zeros(1, 128, 64, 256)
+    yield ("layers", "ssd_scan B=1 T=2048 heads=128 P=64 N=256 groups=1 bf16, an initial state, fp32 out",
+           lambda: S.ssd_scan(xs, dts, a, bc2, bc2, a, a, True, initial_state=h2, out_dtype=torch.float32))
     st1, x1 = torch.zeros(16, 8192, 16), torch.zeros(16, 8192, **bf)
     a1, bc1 = torch.zeros(8192, 16), torch.zeros(16, 16, **bf)
     yield ("layers", "selective_state_update B=16 D=8192 N=16 fp32 state bf16 (Jamba's Mamba-1)",
            lambda: S.selective_state_update(st1, x1, x1, a1, bc1, bc1, a1[:, 0], a1[:, 0], True, x1))  # fmt: skip
+    st2, bcw = torch.zeros(16, 128, 64, 256), torch.zeros(16, 1, 256, **bf)
+    yield ("layers", "ssd_update B=16 heads=128 P=64 N=256 fp32 state bf16",
+           lambda: S.ssd_update(st2, torch.zeros(16, 128, 64, **bf), torch.zeros(16, 128, **bf), torch.zeros(128),
+                                bcw, bcw, None, None, True))  # fmt: skip
     for groups in (1, 8):
         st, x = torch.zeros(16, 128, 64, 128), torch.zeros(16, 128, 64, **bf)
         bc, dt, a = torch.zeros(16, groups, 128, **bf), torch.zeros(16, 128, **bf), torch.zeros(128)

@@ -6,18 +6,19 @@ model on a CPU computes exactly what the unpatched one does.
 
     gated_delta_rule(q, k, v, g, beta, initial_state=None, scale=None, use_qk_l2norm=True) -> (o, final_state)
         Gated DeltaNet's delta rule over T tokens: the recurrence below CHUNKED_FROM tokens (`triton_gated_delta`:
-        decode, a speculative step), the chunked form from it (`triton_gated_delta_chunk`: a prompt).
+        decode, a speculative step), the chunked form from it (`triton_gated_delta_chunk`: a prompt; key heads up
+        to CHUNKED_MAX_DK).
         q, k `[B, T, HK, DK]`, v `[B, T, HV, DV]` (one dtype; HV a multiple of HK, key head h serving value heads
         h * HV/HK ...), g (log decay) and beta `[B, T, HV]`, initial_state `[B, HV, DK, DV]` or None (zeros). q and
         k l2-normalised with use_qk_l2norm, q times scale (None: DK^-0.5). o `[B, T, HV, DV]` in q's dtype;
         final_state fp32, a new tensor. (The torch path is the recurrence for any T: transformers' chunked torch
         form sums otherwise, and a prompt there runs token by token.)
-    ssd_scan(x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, dt_limit=(0, inf), initial_state=None)
-            -> (y, final_state)
+    ssd_scan(x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, dt_limit=(0, inf), initial_state=None,
+             out_dtype=None) -> (y, final_state)
         Mamba-2's scan over a prompt (`triton_ssd_chunk`: its chunked form). x `[Bt, T, H, P]`, dt `[Bt, T, H]`
         (before dt_bias, the softplus and the clamp to dt_limit), A, D, dt_bias `[H]`, B and C `[Bt, T, G, N]`,
-        initial_state `[Bt, H, P, N]` or None (zeros). y `[Bt, T, H, P]` in x's dtype (with the D skip), final_state
-        fp32. The torch path is the reference's chunked form (`ssd.ssd_chunked`) in fp32.
+        initial_state `[Bt, H, P, N]` or None (zeros). y `[Bt, T, H, P]` in out_dtype (None: x's) with the D skip,
+        final_state fp32. The torch path is the reference's chunked form (`ssd.ssd_chunked`) in fp32.
     ssd_update(state, x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None) -> y
         Mamba-2's state update for one token (`triton_ssd_update`), the state updated in place. state
         `[Bt, H, P, N]`, x `[Bt, H, P]`, dt `[Bt, H]` (before dt_bias and the softplus), A `[H]` (-exp(A_log)), B and
@@ -46,6 +47,7 @@ from codesign.specs import CodesignError
 
 L2_EPS = 1e-6  # FLA's and transformers' l2norm epsilon
 CHUNKED_FROM = 64  # tokens from which the Triton path runs the chunked form (a prompt), the recurrence below it
+CHUNKED_MAX_DK = 128  # key heads the chunked form holds (at 256 its walk spilled on sm_90): wider run the recurrence
 
 
 def _shape(name: str, t: torch.Tensor, shape: tuple[int, ...], dims: str) -> None:
@@ -124,7 +126,7 @@ def _gdn_body(q, k, v, g, beta, initial_state, scale, l2norm) -> tuple[torch.Ten
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     ht = torch.empty(batch, hv, dk, dv, dtype=torch.float32, device=q.device)
     scale = dk**-0.5 if scale is None else scale
-    if tokens < CHUNKED_FROM:
+    if tokens < CHUNKED_FROM or dk > CHUNKED_MAX_DK:
         gated_delta_triton(q, k, v, g, beta, h0, o, ht, scale, l2norm)
         return o, ht
     from codesign.kernels.layers.triton_gated_delta_chunk import gated_delta_chunk_triton
@@ -195,7 +197,8 @@ def _check_scan(x, dt, A, B, C, D, dt_bias, dt_limit, initial_state) -> None:
     _same_device(x=x, dt=dt, A=A, B=B, C=C, **opt)
 
 
-def _scan_torch(x, dt, A, B, C, D, dt_bias, softplus, dt_limit, initial_state) -> tuple[torch.Tensor, torch.Tensor]:
+def _scan_torch(x, dt, A, B, C, D, dt_bias, softplus, dt_limit, initial_state,
+                out_dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The reference's chunked form (`ssd.ssd_chunked`) in fp32, a sequence at a time, after dt's bias, softplus and
     clamp."""
     from codesign.kernels.layers.ssd import ssd_chunked
@@ -211,14 +214,16 @@ def _scan_torch(x, dt, A, B, C, D, dt_bias, softplus, dt_limit, initial_state) -
         states.append(s)
     shape = (x.shape[0], x.shape[2], x.shape[3], B.shape[3])
     final = torch.stack(states) if states else x.new_zeros(shape, dtype=torch.float32)
-    return (torch.stack(ys) if ys else x.new_zeros(x.shape, dtype=torch.float32)).to(x.dtype), final
+    return (torch.stack(ys) if ys else x.new_zeros(x.shape, dtype=torch.float32)).to(out_dtype), final
 
 
-def _scan_body(x, dt, A, B, C, D, dt_bias, softplus, lo, hi, initial_state) -> tuple[torch.Tensor, torch.Tensor]:
+def _scan_body(x, dt, A, B, C, D, dt_bias, softplus, lo, hi, initial_state,
+               out_dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The op's body: the backend's scan."""
     _check_scan(x, dt, A, B, C, D, dt_bias, (lo, hi), initial_state)
+    out_dtype = x.dtype if out_dtype is None else out_dtype
     if resolve_backend("ssd_scan", x.device) == "torch":
-        return _scan_torch(x, dt, A, B, C, D, dt_bias, softplus, (lo, hi), initial_state)
+        return _scan_torch(x, dt, A, B, C, D, dt_bias, softplus, (lo, hi), initial_state, out_dtype)
     from codesign.kernels.layers.triton_ssd_chunk import ssd_scan_triton
     from codesign.kernels.layers.triton_ssd_update import MAX_STATE
 
@@ -228,7 +233,7 @@ def _scan_body(x, dt, A, B, C, D, dt_bias, softplus, lo, hi, initial_state) -> t
     x, B, C = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, B, C))
     A, D, dt_bias = (t if t is None else t.contiguous() for t in (A, D, dt_bias))
     h0 = None if initial_state is None else initial_state.contiguous()
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     ht = torch.empty(x.shape[0], x.shape[2], x.shape[3], n, dtype=torch.float32, device=x.device)
     ssd_scan_triton(x, dt, A, B, C, D, dt_bias, h0, y, ht, softplus, (lo, hi), x.dtype == torch.float32)
     return y, ht
@@ -237,28 +242,33 @@ def _scan_body(x, dt, A, B, C, D, dt_bias, softplus, lo, hi, initial_state) -> t
 @torch.library.custom_op("codesign::ssd_scan", mutates_args=())
 def ssd_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                 D: torch.Tensor | None, dt_bias: torch.Tensor | None, dt_softplus: bool, dt_low: float, dt_high: float,
-                initial_state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    return _scan_body(x, dt, A, B, C, D, dt_bias, dt_softplus, dt_low, dt_high, initial_state)
+                initial_state: torch.Tensor | None,
+                out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    return _scan_body(x, dt, A, B, C, D, dt_bias, dt_softplus, dt_low, dt_high, initial_state, out_dtype)
 
 
 @ssd_scan_op.register_fake
-def _(x, dt, A, B, C, D, dt_bias, dt_softplus, dt_low, dt_high, initial_state):
+def _(x, dt, A, B, C, D, dt_bias, dt_softplus, dt_low, dt_high, initial_state, out_dtype):
     _check_scan(x, dt, A, B, C, D, dt_bias, (dt_low, dt_high), initial_state)
-    return torch.empty_like(x), x.new_empty(x.shape[0], x.shape[2], x.shape[3], B.shape[3], dtype=torch.float32)
+    y = x.new_empty(x.shape, dtype=x.dtype if out_dtype is None else out_dtype)
+    return y, x.new_empty(x.shape[0], x.shape[2], x.shape[3], B.shape[3], dtype=torch.float32)
 
 
 def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
              D: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
              dt_limit: tuple[float, float] = (0.0, math.inf), initial_state: torch.Tensor | None = None,
+             out_dtype: torch.dtype | None = None,
              dispatch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Mamba-2's scan over T tokens: (y, final_state) (module docstring)."""
     _check_scan(x, dt, A, B, C, D, dt_bias, dt_limit, initial_state)
     if not isinstance(dt_softplus, bool):
         raise CodesignError(f"dt_softplus must be True or False, got {dt_softplus!r}")
+    if out_dtype is not None and out_dtype not in DTYPES:
+        raise CodesignError(f"out_dtype must be None or fp16, bf16 or fp32, got {out_dtype!r}")
     lo, hi = float(dt_limit[0]), float(dt_limit[1])
     if dispatch or torch.compiler.is_compiling():
-        return torch.ops.codesign.ssd_scan(x, dt, A, B, C, D, dt_bias, dt_softplus, lo, hi, initial_state)
-    return _scan_body(x, dt, A, B, C, D, dt_bias, dt_softplus, lo, hi, initial_state)
+        return torch.ops.codesign.ssd_scan(x, dt, A, B, C, D, dt_bias, dt_softplus, lo, hi, initial_state, out_dtype)
+    return _scan_body(x, dt, A, B, C, D, dt_bias, dt_softplus, lo, hi, initial_state, out_dtype)
 
 
 # --- Mamba-2 state update ---------------------------------------------------------------------------------------
@@ -343,7 +353,7 @@ def ssd_update_op(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
 @ssd_update_op.register_fake
 def _(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z):
     _check_ssd(state, x, dt, A, B, C, D, dt_bias, z)
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)  # (contiguous, as the body's)
 
 
 def ssd_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
@@ -425,7 +435,7 @@ def selective_state_update_op(state: torch.Tensor, x: torch.Tensor, dt: torch.Te
 @selective_state_update_op.register_fake
 def _(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z):
     _check_selective(state, x, dt, A, B, C, D, dt_bias, z)
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)  # (contiguous, as the body's)
 
 
 def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,

@@ -37,7 +37,7 @@ def _gated_delta_kernel(
 ):  # fmt: skip
     pid = tl.program_id(0)
     b = (pid // HV).to(tl.int64)
-    hv = pid % HV
+    hv = (pid % HV).to(tl.int64)  # (int64: a head stride times the heads can pass 2^31 in a head-major view)
     hk = hv // GROUP  # key head hk serves value heads hk * GROUP ... (hk + 1) * GROUP - 1 (transformers' order)
     rk = tl.arange(0, BK)
     cols = tl.program_id(1) * BV + tl.arange(0, BV)

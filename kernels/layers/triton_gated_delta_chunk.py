@@ -1,7 +1,7 @@
 """Triton gated delta rule in chunks (Gated DeltaNet over a prompt: the chunked form of FLA's chunk_gated_delta_rule,
 `gated_delta.gated_delta_rule_chunked` in plain torch), two launches:
 
-1. `_prep_kernel`, one program a (chunk of C tokens, sequence, value head), all chunks at once: the chunk's decay
+1. `_prep_kernel`, one program a (sequence, value head, chunk of C tokens), all chunks at once: the chunk's decay
    (the cumulative sum of g), A = (beta K K^T) * decay strictly below the diagonal, its inverse (I + A)^-1 by
    forward substitution in blocks of 16 rows, every step a `tl.dot` (15 within the diagonal blocks, then 2 for the
    second block row: 17 products of 32 x 32 x 32), then w = (I + A)^-1 (beta K exp(cum)) and
@@ -73,9 +73,11 @@ def _prep_kernel(
     C: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr, L2NORM: tl.constexpr,
     PREC: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(1)
-    b, hv = (pid // HV).to(tl.int64), pid % HV
-    t0 = tl.program_id(0).to(tl.int64) * C  # (int64: a token stride times T passes 2^31 on long prompts)
+    n_chunks = tl.cdiv(T, C)  # (one grid axis: (chunk, sequence, head) past 65535 on no axis's limit)
+    pid = tl.program_id(0)
+    bh = pid // n_chunks
+    b, hv = (bh // HV).to(tl.int64), (bh % HV).to(tl.int64)
+    t0 = (pid % n_chunks).to(tl.int64) * C  # (int64: a token stride times T passes 2^31 on long prompts)
     rk, rv, rc = tl.arange(0, BK), tl.arange(0, BVF), tl.arange(0, C)
     k = _rows(k_ptr + b * sk_b + (hv // GROUP) * sk_h, t0, T, sk_t, rk, DK, eps, L2NORM, C)
     v = _rows(v_ptr + b * sv_b + hv * sv_h, t0, T, sv_t, rv, DV, eps, False, C)
@@ -105,7 +107,7 @@ def _scan_kernel(
     PREC: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
-    b, hv = (pid // HV).to(tl.int64), pid % HV
+    b, hv = (pid // HV).to(tl.int64), (pid % HV).to(tl.int64)
     hk = hv // GROUP
     rk, rc = tl.arange(0, BK), tl.arange(0, C)
     cols = tl.program_id(1) * BV + tl.arange(0, BV)
@@ -155,7 +157,7 @@ def gated_delta_chunk_triton(q, k, v, g, beta, h0, o, ht, w, u, scale: float, l2
     prec = "ieee" if exact else "tf32"
     bk, bv = max(16, next_pow2(dk)), max(16, block_v_chunk(dv))
     if tokens:
-        _prep_kernel[(cdiv(tokens, CHUNK), batch * hv)](  # (chunks on the grid's x: y stops at 65535)
+        _prep_kernel[(cdiv(tokens, CHUNK) * batch * hv,)](
             k, v, g, beta, w, u, tokens, hv, hv // hk, dk, dv, float(eps),
             *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(),
             C=CHUNK, SUB=SUB_BLOCK, BK=bk, BVF=max(16, next_pow2(dv)), L2NORM=l2norm, PREC=prec,

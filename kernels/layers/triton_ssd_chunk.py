@@ -8,8 +8,8 @@ and clamp) and cum its cumulative sum::
 
 four `tl.dot`s a chunk (C B^T is the head's group's, recomputed by each of its heads' programs: C^2 N against the
 C N P the others cost). Rows past the prompt's end load dt = 0 and x = B = C = 0: they add nothing and keep the last
-row's decay. The result does not depend on the chunk size (the same sums, grouped otherwise): C = 32 here where the
-model's `chunk_size` is 256, to hold the tiles in registers.
+row's decay. The result does not depend on the chunk size (the same sums, grouped otherwise): C = 32 here (16 for
+states past 128) where the model's `chunk_size` is 256, to hold the tiles in registers.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import triton.language as tl
 from codesign.kernels.host_math import cdiv, next_pow2
 from codesign.kernels.layers.triton_ssd_update import softplus
 
-CHUNK = 32
-WARPS, STAGES = 8, 2  # no spills on sm_90 (4 warps spill; lowering_report)
+# (chunk, rows a program, warps, stages) for states up to 128 and past it: no spills on sm_90 (lowering_report; at 128
+# 4 warps spilled 16 bytes, at 256 every 32-token chunk spilled 0.5-4 KB)
+CONFIG = {128: (32, 32, 8, 2), 256: (16, 16, 8, 2)}
 
 
 @triton.jit
@@ -33,7 +34,7 @@ def _ssd_scan_kernel(
     SOFTPLUS: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
-    b, h = (pid // H).to(tl.int64), pid % H
+    b, h = (pid // H).to(tl.int64), (pid % H).to(tl.int64)
     grp = h // GROUP
     rc, rn = tl.arange(0, C), tl.arange(0, BN)
     rp = tl.program_id(1) * BP + tl.arange(0, BP)
@@ -81,9 +82,11 @@ def _ssd_scan_kernel(
     tl.store(ht_ptr + s_off, s, mask=ok_s)
 
 
-def block_p_chunk(p: int) -> int:
-    """Head-dim rows a program holds: 32 (a 32 x 128 fp32 state beside the chunk's 32 x 128 B and C)."""
-    return max(16, min(next_pow2(p), 32))
+def launch_config(p: int, n: int) -> tuple[int, int, int, int]:
+    """(chunk, head-dim rows a program, warps, stages): 32-token chunks and 32 rows (a 32 x 128 fp32 state beside
+    the chunk's 32 x 128 B and C) up to a state of 128, 16 and 16 past it."""
+    chunk, rows, warps, stages = CONFIG[128 if n <= 128 else 256]
+    return chunk, max(16, min(next_pow2(p), rows)), warps, stages
 
 
 def ssd_scan_triton(x, dt, A, B, C, D, dt_bias, h0, y, ht, softplus: bool, dt_limit: tuple[float, float],
@@ -95,12 +98,12 @@ def ssd_scan_triton(x, dt, A, B, C, D, dt_bias, h0, y, ht, softplus: bool, dt_li
     n = B.shape[-1]
     if batch == 0 or heads == 0 or p == 0:
         return
-    bp = block_p_chunk(p)
+    chunk, bp, warps, stages = launch_config(p, n)
     _ssd_scan_kernel[(batch * heads, cdiv(p, bp))](
         x, dt, A, B, C, A if D is None else D, A if dt_bias is None else dt_bias, ht if h0 is None else h0, y, ht,
         tokens, heads, heads // B.shape[2], p, n, float(dt_limit[0]), float(dt_limit[1]),
         *x.stride()[:3], *dt.stride(), *B.stride()[:3], *C.stride()[:3], *y.stride()[:3],
-        C=CHUNK, BP=bp, BN=max(16, next_pow2(n)), HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
-        SOFTPLUS=softplus, HAS_H0=h0 is not None, PREC="ieee" if exact else "tf32", num_warps=WARPS,
-        num_stages=STAGES,
+        C=chunk, BP=bp, BN=max(16, next_pow2(n)), HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
+        SOFTPLUS=softplus, HAS_H0=h0 is not None, PREC="ieee" if exact else "tf32", num_warps=warps,
+        num_stages=stages,
     )  # fmt: skip

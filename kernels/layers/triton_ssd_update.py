@@ -38,7 +38,7 @@ def _ssd_update_kernel(
 ):  # fmt: skip
     pid = tl.program_id(0)
     b = (pid // H).to(tl.int64)
-    h = pid % H
+    h = (pid % H).to(tl.int64)
     grp = h // GROUP
     rp = tl.program_id(1) * BP + tl.arange(0, BP)
     rn = tl.arange(0, BN)

@@ -143,3 +143,101 @@ def test_a_function_that_computes_otherwise_is_kept():
         assert fake.torch_recurrent_gated_delta_rule is torch_recurrent_gated_delta_rule
     finally:
         del sys.modules[fake.__name__]
+
+
+def _zamba_call(fn):
+    """Zamba's decode call: each head's `[Bt, P, N]` slice of a `[Bt, H, P, N]` state, updated in place."""
+    g = torch.Generator().manual_seed(5)
+    b, h, p, n = 2, 3, 4, 8
+    state = torch.randn(b, h, p, n, generator=g)
+    x, dt, z = (torch.randn(b, h, p, generator=g) for _ in range(3))
+    a, bm, cm = -torch.rand(h, p, n, generator=g), torch.randn(b, n, generator=g), torch.randn(b, n, generator=g)
+    d, bias = torch.randn(h, p, generator=g), torch.randn(h, p, generator=g)
+    ys = [fn(state[:, i], x[:, i], dt[:, i], a[i], bm, cm, d[i], dt_bias=bias[i], dt_softplus=True, z=z[:, i])
+          for i in range(h)]  # fmt: skip
+    return torch.stack(ys, 1), state
+
+
+def test_mamba1_modules_and_zamba_per_head_views():
+    """Falcon-Mamba's and Mamba's modules hold the same function as Jamba's: their probes agree bit for bit.
+    Zamba calls it on each head's slice of its state (strided views): our op serves those, writing each slice in
+    place, bit for bit on the torch path and within fp32 rounding through the Triton kernel."""
+    import importlib
+
+    mods = []
+    for name in ("mamba", "falcon_mamba", "zamba"):
+        try:
+            mods.append(importlib.import_module(f"transformers.models.{name}.modeling_{name}").__name__)
+        except ImportError:
+            continue
+    patched, kept = FS.patch_state_functions(mods, fuse._active)
+    assert [p.split(".")[-1] for p in patched] == [FS.SEL] * len(mods) and not kept, (patched, kept)
+    if not any(m.endswith("zamba") for m in mods):
+        pytest.skip("transformers has no Zamba here")
+    module = sys.modules[[m for m in mods if m.endswith("zamba")][0]]
+    want = _zamba_call(FS._ORIGINAL[module.__name__, FS.SEL])
+    seen = []
+    body = S._selective_body
+    S._selective_body = lambda *a: seen.append(1) or body(*a)
+    token = fuse._ACTIVE.set(True)
+    try:
+        got = _zamba_call(module.mamba_selective_state_update)
+        with use_backend("triton", op="selective_state_update"):
+            tri = _zamba_call(module.mamba_selective_state_update)
+    finally:
+        fuse._ACTIVE.reset(token)
+        S._selective_body = body
+    assert len(seen) == 6 and all(torch.equal(w, g) for w, g in zip(want, got))
+    assert all(torch.allclose(w, t, rtol=1e-5, atol=1e-5) for w, t in zip(want, tri))
+
+
+def test_calls_the_ops_do_not_serve_keep_the_modules_own():
+    """While a fused model runs: a Mamba-2 scan with a gate z, or over packed sequences (seq_idx), and a Mamba-1
+    step whose state is wider than the kernel holds, go to the module's own function, unchanged."""
+    bamba = pytest.importorskip("transformers.models.bamba.modeling_bamba")
+    jamba = pytest.importorskip("transformers.models.jamba.modeling_jamba")
+    FS.patch_state_functions([bamba.__name__, jamba.__name__], fuse._active)
+    x, dt, a, bm, cm, d, bias, h0 = FS._scan_probe()
+    seen = []
+    bodies = {name: getattr(S, name) for name in ("_scan_body", "_selective_body")}
+    for name, body in bodies.items():
+        setattr(S, name, lambda *args, _b=body: seen.append(1) or _b(*args))
+    token = fuse._ACTIVE.set(True)
+    try:
+        with use_backend("triton", op="ssd_scan"), use_backend("triton", op="selective_state_update"):
+            for extra in ({"z": torch.randn(x.shape)}, {"seq_idx": torch.zeros(2, 5, dtype=torch.int32)}):
+                kw = dict(D=d, dt_bias=bias, initial_states=h0, dt_softplus=True, return_final_states=True)
+                if "seq_idx" in extra:  # (transformers refuses packed sequences without mamba_ssm: its refusal)
+                    with pytest.raises(ValueError, match="packed sequences"):
+                        bamba.mamba2_chunk_scan(x, dt, a, bm, cm, 4, **kw, **extra)
+                else:
+                    got = bamba.mamba2_chunk_scan(x, dt, a, bm, cm, 4, **kw, **extra)
+                    want = FS._ORIGINAL[bamba.__name__, FS.SSD_CHUNK](x, dt, a, bm, cm, 4, **kw, **extra)
+                    assert all(torch.equal(g, w) for g, w in zip(got, want))
+            wide = FS._sel_probe()
+            state = torch.randn(2, 6, 300)
+            args = (wide[1], wide[2], torch.zeros(6, 300), torch.randn(2, 300), torch.randn(2, 300))
+            got = jamba.mamba_selective_state_update(state.clone(), *args, dt_softplus=True)
+            want = FS._ORIGINAL[jamba.__name__, FS.SEL](state.clone(), *args, dt_softplus=True)
+            assert torch.equal(got, want)
+    finally:
+        fuse._ACTIVE.reset(token)
+        for name, body in bodies.items():
+            setattr(S, name, body)
+    assert not seen
+
+
+def test_a_chunked_scan_that_computes_otherwise_is_kept():
+    """A modeling module whose chunked scan is not Mamba-2's (here: without the decay) fails its fp64 probe."""
+    fake = type(sys)("codesign_test_fake_scan")
+    bamba = pytest.importorskip("transformers.models.bamba.modeling_bamba")
+
+    def mamba2_chunk_scan(hidden_states, dt, A, B, C, chunk_size, **kwargs):
+        return bamba.mamba2_chunk_scan(hidden_states, dt, A * 0, B, C, chunk_size, **kwargs)
+
+    fake.mamba2_chunk_scan = mamba2_chunk_scan
+    sys.modules[fake.__name__] = fake
+    try:
+        assert FS.patch_state_functions([fake.__name__], lambda: True) == ([], [f"{fake.__name__}.{FS.SSD_CHUNK}"])
+    finally:
+        del sys.modules[fake.__name__]

@@ -12,8 +12,9 @@
   every caller in transformers 5.25 passes them); any other call keeps the module's own function. Its prompts:
   `mamba2_chunk_scan` runs `ssd_scan` (its chunked Triton form) where the op's backend is Triton, the module's own
   on the torch backend (as for Gated DeltaNet's prompts).
-- Mamba-1 (Jamba, Falcon-Mamba, Mamba): `mamba_selective_state_update` runs `selective_state_update` where the
-  state is `[Bt, D, N]` (Zamba's per-head layout keeps the module's own); prompts stay transformers'.
+- Mamba-1 (Jamba, Falcon-Mamba, Mamba; Zamba's per-head slices of its state, `[Bt, P, N]` views, too):
+  `mamba_selective_state_update` runs `selective_state_update` where the state is `[Bt, D, N]` with its last dim
+  contiguous; prompts stay transformers'.
 
 The modules call these as globals of their modeling module, so each global is replaced by a function that takes our
 op while a fused model's forward runs and the original otherwise (as `fuse` does for the rotary embedding), after a
@@ -285,13 +286,12 @@ def _scan_wrapper(original, active):
                           dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
                           **kwargs):  # fmt: skip
         """codesign: `ssd_scan` (its chunked Triton form) while a fused model runs on the Triton backend, else the
-        module's own. Its output is fp32, as the module's."""
+        module's own. Its output is stored in fp32, as the module's."""
         if (active() and not _packed(kwargs)
                 and _scan_serves(hidden_states, dt, A, B, C, D, dt_bias, initial_states, kwargs)
                 and resolve_backend("ssd_scan", hidden_states.device) == "triton"):  # fmt: skip
             y, state = S.ssd_scan(hidden_states, dt, A, B, C, D, dt_bias, bool(dt_softplus), tuple(dt_limit),
-                                  initial_states, dispatch=False)  # fmt: skip
-            y = y.float()
+                                  initial_states, torch.float32, dispatch=False)  # fmt: skip
             return (y, state) if return_final_states else y
         return original(hidden_states, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, initial_states=initial_states,
                         dt_softplus=dt_softplus, dt_limit=dt_limit, return_final_states=return_final_states,
@@ -324,7 +324,7 @@ def _sel_serves(state, x, dt, A, B, C, D, dt_bias, z) -> bool:
     if not all(isinstance(t, torch.Tensor) and t.dtype in DTYPES for t in ts):
         return False
     if state.dim() != 3 or not 1 <= state.shape[-1] <= MAX_STATE or state.stride(-1) != 1:
-        return False  # (Zamba's multi-head layout among them: the module's own)
+        return False
     batch, dim, n = state.shape
     want = ((x, (batch, dim)), (dt, (batch, dim)), (A, (dim, n)), (B, (batch, n)), (C, (batch, n)), (D, (dim,)),
             (dt_bias, (dim,)), (z, (batch, dim)))  # fmt: skip
