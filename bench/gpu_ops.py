@@ -229,6 +229,7 @@ def _state_cases(mode: Any) -> list[tuple[str, Any, Callable[[], Any], Callable[
     name = "float32" if mode.smoke else "bfloat16"
     dt_name = {"float32": "fp32", "bfloat16": "bf16"}[name]
     cases = []
+    recurrent = _transformers_fn("qwen3_next", "torch_recurrent_gated_delta_rule")
     for t in (1, 4):
         q, k = (torch.randn(b, t, hk, d, dtype=dtype, device=dev) for _ in range(2))
         v = torch.randn(b, t, hv, d, dtype=dtype, device=dev)
@@ -238,7 +239,9 @@ def _state_cases(mode: Any) -> list[tuple[str, Any, Callable[[], Any], Callable[
         spec = GatedDeltaRule(key_heads=hk, value_heads=hv, key_dim=d, value_dim=d, new_tokens=(t,) * b,
                               dtype=dt_name, state_dtype="fp32")  # fmt: skip
         cases.append((f"gated_delta_rule B={b} T={t} heads={hk}/{hv} d={d}", spec,
-                      lambda a=(q, k, v, g, beta, h0): S._gdn_torch(*a, None, True),
+                      lambda a=(q, k, v, g, beta, h0): recurrent(*a[:3], g=a[3], beta=a[4], initial_state=a[5],
+                                                                 output_final_state=True,
+                                                                 use_qk_l2norm_in_kernel=True),
                       lambda a=(q, k, v, g, beta, h0): S.gated_delta_rule(*a, dispatch=False)))  # fmt: skip
     cases.append(_prompt_case(mode, dtype, dev, dt_name))
     cases.append(_scan_case(mode, dtype, dev, dt_name))
@@ -249,7 +252,11 @@ def _state_cases(mode: Any) -> list[tuple[str, Any, Callable[[], Any], Callable[
     spec = SSDScan(heads=heads, head_dim=p, state=n, groups=1, new_tokens=(1,) * b, dtype=dt_name,
                    state_dtype="fp32")  # fmt: skip
     args = (x, dt, a, bc, bc, a, a, True, None)
-    cases.append((f"ssd_update B={b} heads={heads} P={p} N={n}", spec, lambda: S._ssd_torch(st, *args),
+    update = _transformers_fn("bamba", "mamba2_selective_state_update")
+    # transformers' call: dt, A, D and dt_bias one value a head, expanded over the head dim (A over the state too)
+    theirs = (x, dt[..., None].expand(-1, -1, p), a[:, None, None].expand(-1, p, n), bc, bc, a[:, None].expand(-1, p))
+    cases.append((f"ssd_update B={b} heads={heads} P={p} N={n}", spec,
+                  lambda: update(st, *theirs, dt_bias=theirs[-1], dt_softplus=True),
                   lambda: S.ssd_update(st, *args, dispatch=False)))  # fmt: skip
     return cases
 

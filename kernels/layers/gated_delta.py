@@ -65,7 +65,8 @@ def _check_inputs(q, k, v, g, beta, initial_state) -> None:
             )
 
 
-def _l2norm(x: torch.Tensor) -> torch.Tensor:
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    """x over its last dim's l2 norm, as FLA and transformers compute it (`state_ops`' torch path too)."""
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
 
 
@@ -74,7 +75,7 @@ def _head_major(q, k, v, g, beta, initial_state):
     normalised and q scaled, and the starting state `[H, dk, dv]` (a copy: the caller's is never written)."""
     group = v.shape[1] // q.shape[1]
     # repeat_interleave: key head h serves value heads h * group ... (h + 1) * group - 1, as transformers does
-    q, k = (_l2norm(x.repeat_interleave(group, dim=1)).transpose(0, 1) for x in (q, k))
+    q, k = (l2norm(x.repeat_interleave(group, dim=1)).transpose(0, 1) for x in (q, k))
     q = q * q.shape[-1] ** -0.5
     v, g, beta = v.transpose(0, 1), g.transpose(0, 1), beta.transpose(0, 1)
     if initial_state is None:

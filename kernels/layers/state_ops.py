@@ -42,10 +42,12 @@ import torch
 import torch.nn.functional as F
 
 from codesign.backend import resolve_backend
+from codesign.kernels.layers.gated_delta import L2_EPS, l2norm
 from codesign.kernels.layers.ops import DTYPES, _same_device, _tensor
 from codesign.specs import CodesignError
 
-L2_EPS = 1e-6  # FLA's and transformers' l2norm epsilon
+MAX_DK = 256  # widest key head a Triton program holds (a 256 x 16 fp32 state tile at 4 warps)
+MAX_STATE = 256  # widest state row the Triton state kernels hold
 CHUNKED_FROM = 64  # tokens from which the Triton path runs the chunked form (a prompt), the recurrence below it
 CHUNKED_MAX_DK = 128  # key heads the chunked form holds (at 256 its walk spilled on sm_90): wider run the recurrence
 
@@ -82,19 +84,15 @@ def _check_gdn(q, k, v, g, beta, initial_state, scale) -> None:
     _same_device(q=q, k=k, v=v, g=g, beta=beta, **more)
 
 
-def _l2norm(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
-
-
-def _gdn_torch(q, k, v, g, beta, initial_state, scale, l2norm) -> tuple[torch.Tensor, torch.Tensor]:
+def _gdn_torch(q, k, v, g, beta, initial_state, scale, normalize) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' torch_recurrent_gated_delta_rule, op for op (fp32, heads second), for any scale."""
     dtype, (batch, tokens, hk, dk), (hv, dv) = q.dtype, q.shape, v.shape[2:]
     if hv != hk:
         q, k = q.repeat_interleave(hv // hk, dim=2), k.repeat_interleave(hv // hk, dim=2)
     q, k, v, beta, g = (x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
                         for x in (q, k, v, beta, g))  # fmt: skip
-    if l2norm:
-        q, k = _l2norm(q), _l2norm(k)
+    if normalize:
+        q, k = l2norm(q), l2norm(k)
     q = q / (dk**0.5) if scale is None else q * scale
     if initial_state is None:
         state = torch.zeros(batch, hv, dk, dv, dtype=torch.float32, device=v.device)
@@ -109,13 +107,13 @@ def _gdn_torch(q, k, v, g, beta, initial_state, scale, l2norm) -> tuple[torch.Te
     return out.transpose(1, 2).contiguous().to(dtype), state
 
 
-def _gdn_body(q, k, v, g, beta, initial_state, scale, l2norm) -> tuple[torch.Tensor, torch.Tensor]:
+def _gdn_body(q, k, v, g, beta, initial_state, scale, normalize) -> tuple[torch.Tensor, torch.Tensor]:
     """The op's body: the backend's recurrence (scale <= 0 stands for None: DK^-0.5)."""
     _check_gdn(q, k, v, g, beta, initial_state, None)
     scale = None if scale <= 0 else scale
     if resolve_backend("gated_delta_rule", q.device) == "torch":
-        return _gdn_torch(q, k, v, g, beta, initial_state, scale, l2norm)
-    from codesign.kernels.layers.triton_gated_delta import MAX_DK, gated_delta_triton
+        return _gdn_torch(q, k, v, g, beta, initial_state, scale, normalize)
+    from codesign.kernels.layers.triton_gated_delta import gated_delta_triton
 
     dk = q.shape[-1]
     if dk > MAX_DK:
@@ -127,13 +125,13 @@ def _gdn_body(q, k, v, g, beta, initial_state, scale, l2norm) -> tuple[torch.Ten
     ht = torch.empty(batch, hv, dk, dv, dtype=torch.float32, device=q.device)
     scale = dk**-0.5 if scale is None else scale
     if tokens < CHUNKED_FROM or dk > CHUNKED_MAX_DK:
-        gated_delta_triton(q, k, v, g, beta, h0, o, ht, scale, l2norm)
+        gated_delta_triton(q, k, v, g, beta, h0, o, ht, scale, normalize, L2_EPS)
         return o, ht
     from codesign.kernels.layers.triton_gated_delta_chunk import gated_delta_chunk_triton
 
     w = torch.empty(batch, hv, tokens, dk, dtype=torch.float32, device=q.device)
     u = torch.empty(batch, hv, tokens, dv, dtype=torch.float32, device=q.device)
-    gated_delta_chunk_triton(q, k, v, g, beta, h0, o, ht, w, u, scale, l2norm, L2_EPS, q.dtype == torch.float32)
+    gated_delta_chunk_triton(q, k, v, g, beta, h0, o, ht, w, u, scale, normalize, L2_EPS, q.dtype == torch.float32)
     return o, ht
 
 
@@ -225,7 +223,6 @@ def _scan_body(x, dt, A, B, C, D, dt_bias, softplus, lo, hi, initial_state,
     if resolve_backend("ssd_scan", x.device) == "torch":
         return _scan_torch(x, dt, A, B, C, D, dt_bias, softplus, (lo, hi), initial_state, out_dtype)
     from codesign.kernels.layers.triton_ssd_chunk import ssd_scan_triton
-    from codesign.kernels.layers.triton_ssd_update import MAX_STATE
 
     n = B.shape[-1]
     if n > MAX_STATE:
@@ -329,7 +326,7 @@ def _ssd_body(state, x, dt, A, B, C, D, dt_bias, softplus, z) -> torch.Tensor:
     _check_ssd(state, x, dt, A, B, C, D, dt_bias, z)
     if resolve_backend("ssd_update", state.device) == "torch":
         return _ssd_torch(state, x, dt, A, B, C, D, dt_bias, softplus, z)
-    from codesign.kernels.layers.triton_ssd_update import MAX_STATE, ssd_update_triton
+    from codesign.kernels.layers.triton_ssd_update import ssd_update_triton
 
     if state.shape[-1] > MAX_STATE:
         raise CodesignError(f"the Triton state update holds states up to N={MAX_STATE}, got {state.shape[-1]}")
@@ -411,7 +408,7 @@ def _selective_body(state, x, dt, A, B, C, D, dt_bias, softplus, z) -> torch.Ten
     _check_selective(state, x, dt, A, B, C, D, dt_bias, z)
     if resolve_backend("selective_state_update", state.device) == "torch":
         return _selective_torch(state, x, dt, A, B, C, D, dt_bias, softplus, z)
-    from codesign.kernels.layers.triton_selective_update import MAX_STATE, selective_update_triton
+    from codesign.kernels.layers.triton_selective_update import selective_update_triton
 
     if state.shape[-1] > MAX_STATE:
         raise CodesignError(f"the Triton state update holds states up to N={MAX_STATE}, got {state.shape[-1]}")

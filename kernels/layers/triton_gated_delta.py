@@ -16,9 +16,6 @@ import triton.language as tl
 
 from codesign.kernels.host_math import cdiv, next_pow2
 
-MAX_DK = 256  # widest key head held in a program (a 256 x BV fp32 tile: 64 registers a thread at BV 32, 4 warps)
-L2_EPS = 1e-6  # FLA's and transformers' l2norm epsilon
-
 
 @triton.jit
 def _head_vec(ptr, row, rk, ok_k, eps, L2NORM: tl.constexpr):
@@ -73,7 +70,7 @@ def block_v(dk: int, dv: int) -> int:
     return min(next_pow2(dv), 32 if dk <= 128 else 16)
 
 
-def gated_delta_triton(q, k, v, g, beta, h0, o, ht, scale: float, l2norm: bool, eps: float = L2_EPS) -> None:
+def gated_delta_triton(q, k, v, g, beta, h0, o, ht, scale: float, l2norm: bool, eps: float) -> None:
     """q, k `[B, T, HK, DK]`, v and o `[B, T, HV, DV]`, g and beta `[B, T, HV]` (any strides, the head dims
     contiguous), h0 (or None) and ht `[B, HV, DK, DV]` contiguous, ht fp32 (validated by `state_ops`): o and ht
     written."""

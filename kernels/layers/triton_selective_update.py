@@ -15,8 +15,6 @@ import triton.language as tl
 from codesign.kernels.host_math import cdiv, next_pow2
 from codesign.kernels.layers.triton_ssd_update import softplus
 
-MAX_STATE = 256  # widest state row held in a program
-
 
 @triton.jit
 def _selective_update_kernel(

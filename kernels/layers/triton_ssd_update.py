@@ -14,8 +14,6 @@ import triton.language as tl
 
 from codesign.kernels.host_math import cdiv, next_pow2
 
-MAX_STATE = 256  # widest state row held in a program (BP x 256 fp32)
-
 
 @triton.jit
 def softplus(x):

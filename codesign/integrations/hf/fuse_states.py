@@ -32,8 +32,7 @@ import torch
 from codesign.backend import resolve_backend, use_backend
 from codesign.kernels.layers import state_ops as S
 from codesign.kernels.layers.ops import DTYPES
-from codesign.kernels.layers.triton_gated_delta import MAX_DK
-from codesign.kernels.layers.triton_ssd_update import MAX_STATE
+from codesign.kernels.layers.state_ops import MAX_DK, MAX_STATE
 
 GDN = "torch_recurrent_gated_delta_rule"
 GDN_CHUNK = "torch_chunk_gated_delta_rule"
@@ -139,14 +138,17 @@ def _chunk_agrees(fn) -> bool:
         want = fn(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
     except Exception:  # noqa: BLE001 - another signature: not ours to replace
         return False
+    refs = [gated_delta_rule_recurrent(*(x[b].double() for x in (q, k, v, g, beta, h0))) for b in range(q.shape[0])]
+    return _near_reference(want, refs)
+
+
+def _near_reference(want, refs) -> bool:
+    """Whether a chunked function's (output, final state) is, sequence by sequence, within fp32 rounding of the fp64
+    reference's `refs` (one (output, state) pair a sequence)."""
     if not (isinstance(want, tuple) and len(want) == 2 and all(isinstance(w, torch.Tensor) for w in want)):
         return False
-    for b in range(q.shape[0]):
-        ref = gated_delta_rule_recurrent(*(x[b].double() for x in (q, k, v, g, beta, h0)))
-        for w, r in zip((want[0][b], want[1][b]), ref):
-            if w.shape != r.shape or not torch.allclose(w.double(), r, rtol=1e-4, atol=1e-5):
-                return False
-    return True
+    return all(w.shape == r.shape and torch.allclose(w.double(), r, rtol=1e-4, atol=1e-5)
+               for b, ref in enumerate(refs) for w, r in zip((want[0][b], want[1][b]), ref))  # fmt: skip
 
 
 def _chunk_wrapper(original, active):
@@ -260,16 +262,10 @@ def _scan_agrees(fn) -> bool:
                   return_final_states=True)  # fmt: skip
     except Exception:  # noqa: BLE001 - another signature: not ours to replace
         return False
-    if not (isinstance(want, tuple) and len(want) == 2 and all(isinstance(w, torch.Tensor) for w in want)):
-        return False
     dts = torch.nn.functional.softplus(dt.double() + bias.double())
-    for i in range(x.shape[0]):
-        ref = ssd_recurrent(x[i].double(), dts[i], a.double(), bm[i].double(), cm[i].double(), d.double(),
-                            h0[i].double())  # fmt: skip
-        for w, r in zip((want[0][i], want[1][i]), ref):
-            if w.shape != r.shape or not torch.allclose(w.double(), r, rtol=1e-4, atol=1e-5):
-                return False
-    return True
+    refs = [ssd_recurrent(x[i].double(), dts[i], a.double(), bm[i].double(), cm[i].double(), d.double(),
+                          h0[i].double()) for i in range(x.shape[0])]  # fmt: skip
+    return _near_reference(want, refs)
 
 
 def _scan_serves(x, dt, A, B, C, D, dt_bias, h0, kwargs) -> bool:

@@ -113,7 +113,7 @@ def test_chunked_form_is_stable_where_the_series_is_not():
     assert_rel_close(o, want_o, 1e-5)
     assert_rel_close(ht, want_s, 1e-5)
     o2, ht2 = poison_like(v), poison_like(h0)
-    gated_delta_triton(q, k, v, g, beta, h0, o2, ht2, 32**-0.5, True)
+    gated_delta_triton(q, k, v, g, beta, h0, o2, ht2, 32**-0.5, True, S.L2_EPS)
     assert_rel_close(o, o2, 1e-5)
 
 
@@ -122,7 +122,7 @@ def test_gated_delta_rule_into_poison_and_by_token():
     (what decode does), within fp32 rounding; a scale other than DK^-0.5 and no l2 norm match the torch path."""
     q, k, v, g, beta, h0 = _gdn_inputs(2, 4, 2, 4, 24, 40)
     o, ht = poison_like(v), poison_like(h0)
-    gated_delta_triton(q, k, v, g, beta, h0, o, ht, 24**-0.5, True)
+    gated_delta_triton(q, k, v, g, beta, h0, o, ht, 24**-0.5, True, S.L2_EPS)
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     with use_backend("triton"):
         state, outs = h0, []
