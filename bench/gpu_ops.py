@@ -9,7 +9,8 @@
     elementwise ops, RMSNorm, the gated product and the rotary embedding both torch's (Hugging Face's ops) and ours
     (`kernels.layers`), and attention both ours (paged decode over an fp16 cache) and torch's `sdpa`; each row
     beside the GPU model's prediction with the catalogue's current efficiencies for that GPU.
-  * "states": the recurrent-state steps of hybrid models at decode (Gated DeltaNet, Mamba-2's state update),
+  * "states": the recurrent-state steps of hybrid models at decode and over a prompt (Gated DeltaNet, Mamba-2's
+    and Mamba-1's state updates and scans),
     transformers' torch functions and ours (`kernels.layers.state_ops`), bf16 with fp32 states, each with its
     spec's bytes and the GPU model's prediction (not part of the fit: no calibration row has these ops).
 `checks_ok`: every row timed and read back at its spec (`measured_ops`). Then
@@ -216,9 +217,9 @@ def layers(mode: Any) -> list[dict]:
 
 def _state_cases(mode: Any) -> list[tuple[str, Any, Callable[[], Any], Callable[[], Any]]]:
     """(label, spec, transformers' torch function, ours) at decode over 16 sequences: Qwen3-Next's Gated DeltaNet
-    (16 key / 32 value heads of 128; one token, and 4, a speculative step's; a prompt) and a Mamba-2 mixer as
-    Granite 4.0-H's (and its scan over a prompt)
-    (128 heads of 64, state 128, one group), fp32 states, the model's dtype elsewhere (smoke: small and fp32)."""
+    (16 key / 32 value heads of 128; one token, and 4, a speculative step's; a prompt), a Mamba-2 mixer as
+    Granite 4.0-H's (128 heads of 64, state 128, one group; and its scan over a prompt) and Jamba's Mamba-1 mixer
+    (`_mamba1_cases`), fp32 states, the model's dtype elsewhere (smoke: small and fp32)."""
     import torch
 
     from codesign.kernels.layers import state_ops as S
@@ -245,6 +246,7 @@ def _state_cases(mode: Any) -> list[tuple[str, Any, Callable[[], Any], Callable[
                       lambda a=(q, k, v, g, beta, h0): S.gated_delta_rule(*a, dispatch=False)))  # fmt: skip
     cases.append(_prompt_case(mode, dtype, dev, dt_name))
     cases.append(_scan_case(mode, dtype, dev, dt_name))
+    cases.extend(_mamba1_cases(mode, dtype, dev, dt_name))
     st = torch.randn(b, heads, p, n, device=dev)
     x, z = (torch.randn(b, heads, p, dtype=dtype, device=dev) for _ in range(2))
     dt, a = torch.randn(b, heads, dtype=dtype, device=dev), -torch.rand(heads, device=dev)
@@ -317,6 +319,40 @@ def _scan_case(mode: Any, dtype: Any, dev: str, dt_name: str) -> tuple[str, Any,
     theirs = lambda: chunked(x, dt, a, bc, bc, 256, D=a, dt_bias=bias, dt_softplus=True, return_final_states=True)  # noqa: E731
     return (f"ssd_scan (prompt) B=1 T={t} heads={h} P={p} N={n}", spec, theirs,
             lambda: S.ssd_scan(x, dt, a, bc, bc, a, bias, True, dispatch=False))
+
+
+def _mamba1_cases(mode: Any, dtype: Any, dev: str, dt_name: str) -> list[tuple[str, Any, Callable, Callable]]:
+    """Jamba's Mamba-1 mixer (8192 channels, state 16; smoke: 32 and 8): its step at 16 sequences and its scan over one
+    2048-token prompt (smoke: 80), with the views, the fp32 A, D and dt bias and the gate transformers' module passes;
+    transformers' torch functions (the scan's a loop over the tokens on `[1, D, T, N]` fp32 tensors) beside ours."""
+    import torch
+
+    from codesign.kernels.layers import state_ops as S
+    from codesign.specs import SelectiveScan
+
+    b, d, n, t = (2, 32, 8, 80) if mode.smoke else (16, 8192, 16, 2048)
+    a, dd, bias = -torch.rand(d, n, device=dev), torch.randn(d, device=dev), torch.randn(d, device=dev)
+    st = torch.randn(b, d, n, device=dev)
+    x, dt, z = (torch.randn(b, d, dtype=dtype, device=dev) for _ in range(3))
+    bc = torch.randn(b, n, dtype=dtype, device=dev)
+    step = _transformers_fn("jamba", "mamba_selective_state_update")
+    cases = [(f"selective_state_update B={b} D={d} N={n}",
+              SelectiveScan(channels=d, state=n, new_tokens=(1,) * b, dtype=dt_name, state_dtype="fp32"),
+              lambda: step(st, x, dt, a, bc, bc, dd, dt_bias=bias, dt_softplus=True, z=z),
+              lambda: S.selective_state_update(st, x, dt, a, bc, bc, dd, bias, True, z, dispatch=False))]  # fmt: skip
+    proj = torch.randn(1, t, 2 * d, dtype=dtype, device=dev)  # (in_proj's output: x's half, the gate's half)
+    xs, gate = proj[..., :d].transpose(1, 2).contiguous(), proj[..., d:].transpose(1, 2)
+    dts = torch.randn(1, t, d, dtype=dtype, device=dev).transpose(1, 2)
+    bcs = torch.randn(1, t, 2 * n, dtype=dtype, device=dev)[..., :n].transpose(1, 2)
+    scan = _transformers_fn("jamba", "mamba_selective_scan")
+    cases.append((f"selective_scan (prompt) B=1 D={d} T={t} N={n}",
+                  SelectiveScan(channels=d, state=n, new_tokens=(t,), initial_state=False, dtype=dt_name,
+                                state_dtype="fp32"),
+                  lambda: scan(xs, dts, a, bcs, bcs, D=dd, z=gate, delta_bias=bias, delta_softplus=True,
+                               return_last_state=True),
+                  lambda: S.selective_scan(xs, dts, a, bcs, bcs, dd, bias, True, gate, None, torch.float32,
+                                           dispatch=False)))  # fmt: skip
+    return cases
 
 
 def states(mode: Any) -> list[dict]:

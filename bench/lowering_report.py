@@ -391,7 +391,7 @@ def _state_cases() -> Iterator[Case]:
     DeltaNet (16 key heads, 32 value heads, 128 x 128; also 4 tokens, a speculative step's; and a 2048-token prompt,
     the chunked form), Mamba-2 as in Granite
     4.0-H / Nemotron-H (128 heads of 64, state 128, one group and eight; and its scan over a 2048-token prompt);
-    Jamba's Mamba-1 step (8192 channels, state 16)."""
+    Jamba's Mamba-1 step (8192 channels, state 16) and its scan over a 2048-token prompt."""
     import torch
 
     from codesign.kernels.layers import state_ops as S
@@ -421,6 +421,19 @@ def _state_cases() -> Iterator[Case]:
     a1, bc1 = torch.zeros(8192, 16), torch.zeros(16, 16, **bf)
     yield ("layers", "selective_state_update B=16 D=8192 N=16 fp32 state bf16 (Jamba's Mamba-1)",
            lambda: S.selective_state_update(st1, x1, x1, a1, bc1, bc1, a1[:, 0], a1[:, 0], True, x1))  # fmt: skip
+    # Jamba's prompt as transformers' module passes it: x contiguous, dt and the gate [D, T] views of its
+    # projections (channels contiguous), B and C views of x_proj's output, A, D and dt's bias fp32, fp32 out
+    proj, xp = torch.zeros(1, 2048, 2 * 8192, **bf), torch.zeros(1, 2048, 256 + 32, **bf)
+    gate, dt1, bc_t = proj[..., 8192:].transpose(1, 2), torch.zeros(1, 2048, 8192, **bf).transpose(1, 2), \
+        xp[..., 256:272].transpose(1, 2)  # fmt: skip
+    xs1 = torch.zeros(1, 8192, 2048, **bf)
+    yield ("layers", "selective_scan B=1 D=8192 T=2048 N=16 bf16 (Jamba's Mamba-1 prompt, its views), fp32 out",
+           lambda: S.selective_scan(xs1, dt1, a1, bc_t, bc_t, a1[:, 0], a1[:, 0], True, gate,
+                                    out_dtype=torch.float32))  # fmt: skip
+    xw, bw = torch.zeros(1, 512, 2048, **bf), torch.zeros(1, 256, 2048, **bf)
+    yield ("layers", "selective_scan B=1 D=512 T=2048 N=256 bf16, an initial state",
+           lambda: S.selective_scan(xw, xw, torch.zeros(512, 256), bw, bw, None, None, True, None,
+                                    torch.zeros(1, 512, 256)))  # fmt: skip
     st2, bcw = torch.zeros(16, 128, 64, 256), torch.zeros(16, 1, 256, **bf)
     yield ("layers", "ssd_update B=16 heads=128 P=64 N=256 fp32 state bf16",
            lambda: S.ssd_update(st2, torch.zeros(16, 128, 64, **bf), torch.zeros(16, 128, **bf), torch.zeros(128),

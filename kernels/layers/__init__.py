@@ -14,14 +14,17 @@ KB, which neither a CUDA graph nor a faster GEMM removes. The operator specs (`c
     triton_act_mul.py    act(gate) * up over rows of blocks of 1024 (SiLU, or GELU's tanh approximation)
     state_ops.py         hybrid models' recurrent layers as torch ops: `gated_delta_rule` (Gated DeltaNet over T
                          tokens), `ssd_scan` (Mamba-2 over a prompt), `ssd_update` (its one-token step, in place),
-                         `selective_state_update` (Mamba-1's, in place)
+                         `selective_scan` (Mamba-1 over a prompt), `selective_state_update` (its step, in place)
     triton_gated_delta.py   the recurrence: one program a (sequence, value head, 32 value columns), its state slice
                             in registers for all T tokens
     triton_gated_delta_chunk.py   the chunked form (prompts): every chunk's inverse at once, then a walk over them
     triton_ssd_update.py    one program a (sequence, head, block of head-dim rows)
     triton_ssd_chunk.py     Mamba-2's scan over a prompt: one program a (sequence, head, 32 rows) walking the chunks
     triton_selective_update.py   Mamba-1's one-token step (Jamba): one program a (sequence, block of channels)
+    triton_selective_scan.py     Mamba-1's scan over a prompt: one program a (sequence, block of channels) walking
+                                 chunks of tokens, each chunk an associative scan along its tokens
     gated_delta.py       Gated DeltaNet's linear attention (Qwen3-Next, Qwen3.5), the CPU reference of its recurrence
                          and chunked form (the kernel's reference; prompts run transformers' chunked form)
     ssd.py               Mamba-2's state-space scan (Granite 4.0 hybrid, Bamba, ...), the same two forms
+    selective_scan.py    Mamba-1's selective scan (Jamba, Falcon-Mamba, Mamba), the CPU reference of its recurrence
 """

@@ -25,6 +25,13 @@ model on a CPU computes exactly what the unpatched one does.
         C `[Bt, G, N]` (G dividing H), D and dt_bias `[H]` or None, z `[Bt, H, P]` or None (y times silu(z)).
         y `[Bt, H, P]` in x's dtype.
 
+    selective_scan(x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None, initial_state=None,
+                   out_dtype=None) -> (y, final_state)
+        Mamba-1's scan over a prompt (`triton_selective_scan`; Jamba, Falcon-Mamba, Mamba, Zamba), in mamba_ssm's
+        layout: x, dt and z `[Bt, D, T]`, A `[D, N]`, B and C `[Bt, N, T]`, D and dt_bias `[D]`, initial_state
+        `[Bt, D, N]` or None (zeros). y `[Bt, D, T]` in out_dtype (None: x's) with the D skip and times silu(z);
+        final_state fp32. The torch path is the reference's recurrence (`selective_scan.selective_scan_recurrent`)
+        in fp32.
     selective_state_update(state, x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None) -> y
         Mamba-1's state update for one token (`triton_selective_update`; Jamba, Falcon-Mamba, Mamba), the state
         updated in place: state `[Bt, D, N]`, x, dt and z `[Bt, D]`, A `[D, N]` (a decay rate per channel and state
@@ -55,6 +62,14 @@ CHUNKED_MAX_DK = 128  # key heads the chunked form holds (at 256 its walk spille
 def _shape(name: str, t: torch.Tensor, shape: tuple[int, ...], dims: str) -> None:
     if tuple(t.shape) != shape:
         raise CodesignError(f"{name} must have shape {dims} {shape}, got {tuple(t.shape)}")
+
+
+def _check_options(dt_softplus, out_dtype=None) -> None:
+    """The scans' and updates' flags: dt_softplus a bool, out_dtype None or a float dtype the ops store."""
+    if not isinstance(dt_softplus, bool):
+        raise CodesignError(f"dt_softplus must be True or False, got {dt_softplus!r}")
+    if out_dtype is not None and out_dtype not in DTYPES:
+        raise CodesignError(f"out_dtype must be None or fp16, bf16 or fp32, got {out_dtype!r}")
 
 
 # --- gated delta rule -------------------------------------------------------------------------------------------
@@ -258,10 +273,7 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
              dispatch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Mamba-2's scan over T tokens: (y, final_state) (module docstring)."""
     _check_scan(x, dt, A, B, C, D, dt_bias, dt_limit, initial_state)
-    if not isinstance(dt_softplus, bool):
-        raise CodesignError(f"dt_softplus must be True or False, got {dt_softplus!r}")
-    if out_dtype is not None and out_dtype not in DTYPES:
-        raise CodesignError(f"out_dtype must be None or fp16, bf16 or fp32, got {out_dtype!r}")
+    _check_options(dt_softplus, out_dtype)
     lo, hi = float(dt_limit[0]), float(dt_limit[1])
     if dispatch or torch.compiler.is_compiling():
         return torch.ops.codesign.ssd_scan(x, dt, A, B, C, D, dt_bias, dt_softplus, lo, hi, initial_state, out_dtype)
@@ -359,14 +371,13 @@ def ssd_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.
                dispatch: bool = True) -> torch.Tensor:  # fmt: skip
     """Mamba-2's state update for one token, state in place: y (module docstring)."""
     _check_ssd(state, x, dt, A, B, C, D, dt_bias, z)
-    if not isinstance(dt_softplus, bool):
-        raise CodesignError(f"dt_softplus must be True or False, got {dt_softplus!r}")
+    _check_options(dt_softplus)
     if dispatch or torch.compiler.is_compiling():
         return torch.ops.codesign.ssd_update(state, x, dt, A, B, C, D, dt_bias, bool(dt_softplus), z)
     return _ssd_body(state, x, dt, A, B, C, D, dt_bias, bool(dt_softplus), z)
 
 
-__all__ = ["DTYPES", "gated_delta_rule", "selective_state_update", "ssd_scan", "ssd_update"]
+__all__ = ["DTYPES", "gated_delta_rule", "selective_scan", "selective_state_update", "ssd_scan", "ssd_update"]
 
 
 # --- Mamba-1 state update ---------------------------------------------------------------------------------------
@@ -441,8 +452,95 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
                            dispatch: bool = True) -> torch.Tensor:  # fmt: skip
     """Mamba-1's state update for one token, state in place: y (module docstring)."""
     _check_selective(state, x, dt, A, B, C, D, dt_bias, z)
-    if not isinstance(dt_softplus, bool):
-        raise CodesignError(f"dt_softplus must be True or False, got {dt_softplus!r}")
+    _check_options(dt_softplus)
     if dispatch or torch.compiler.is_compiling():
         return torch.ops.codesign.selective_state_update(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z)
     return _selective_body(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z)
+
+
+# --- Mamba-1 scan over a prompt ---------------------------------------------------------------------------------
+def _check_selective_scan(x, dt, A, B, C, D, dt_bias, z, initial_state) -> None:
+    _tensor("x", x, 3)
+    batch, dim, tokens = x.shape
+    _tensor("A", A, 2)
+    if A.shape[0] != dim or A.shape[1] == 0:
+        raise CodesignError(f"A must be [D={dim}, N] (x's D) with N >= 1, got {tuple(A.shape)}")
+    n = A.shape[1]
+    shapes = {"dt": ((batch, dim, tokens), "[Bt, D, T] (x's)"), "B": ((batch, n, tokens), "[Bt, N, T]"),
+              "C": ((batch, n, tokens), "[Bt, N, T]"), "D": ((dim,), "[D]"), "dt_bias": ((dim,), "[D]"),
+              "z": ((batch, dim, tokens), "[Bt, D, T] (x's)"), "initial_state": ((batch, dim, n), "[Bt, D, N]")}
+    given = {name: t for name, t in zip(shapes, (dt, B, C, D, dt_bias, z, initial_state)) if t is not None}
+    for name, t in given.items():
+        shape, dims = shapes[name]
+        _tensor(name, t, len(shape))
+        _shape(name, t, shape, dims)
+    _same_device(x=x, A=A, **given)
+
+
+def _selective_scan_torch(x, dt, A, B, C, D, dt_bias, softplus, z, initial_state,
+                          out_dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The reference's recurrence (`selective_scan.selective_scan_recurrent`) in fp32, a sequence at a time, after
+    dt's bias and softplus; then the gate."""
+    from codesign.kernels.layers.selective_scan import selective_scan_recurrent
+
+    dt = dt.float() + (0.0 if dt_bias is None else dt_bias.float()[:, None])
+    dt = F.softplus(dt) if softplus else dt
+    ys, states = [], []
+    for i in range(x.shape[0]):
+        y, s = selective_scan_recurrent(x[i].T.float(), dt[i].T, A.float(), B[i].T.float(), C[i].T.float(),
+                                        None if D is None else D.float(),
+                                        None if initial_state is None else initial_state[i].float())  # fmt: skip
+        ys.append(y.T)
+        states.append(s)
+    y = torch.stack(ys) if ys else x.new_zeros(x.shape, dtype=torch.float32)
+    if z is not None:
+        y = y * F.silu(z.float())
+    final = torch.stack(states) if states else x.new_zeros(x.shape[0], x.shape[1], A.shape[1], dtype=torch.float32)
+    return y.to(out_dtype), final
+
+
+def _selective_scan_body(x, dt, A, B, C, D, dt_bias, softplus, z, initial_state,
+                         out_dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The op's body: the backend's scan."""
+    _check_selective_scan(x, dt, A, B, C, D, dt_bias, z, initial_state)
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if resolve_backend("selective_scan", x.device) == "torch":
+        return _selective_scan_torch(x, dt, A, B, C, D, dt_bias, softplus, z, initial_state, out_dtype)
+    from codesign.kernels.layers.triton_selective_scan import selective_scan_triton
+
+    n = A.shape[1]
+    if n > MAX_STATE:
+        raise CodesignError(f"the Triton scan holds states up to N={MAX_STATE}, got {n}")
+    D, dt_bias = (t if t is None else t.contiguous() for t in (D, dt_bias))
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    ht = torch.empty(x.shape[0], x.shape[1], n, dtype=torch.float32, device=x.device)
+    selective_scan_triton(x, dt, A, B, C, D, dt_bias, z, initial_state, y, ht, softplus)
+    return y, ht
+
+
+@torch.library.custom_op("codesign::selective_scan", mutates_args=())
+def selective_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                      D: torch.Tensor | None, dt_bias: torch.Tensor | None, dt_softplus: bool, z: torch.Tensor | None,
+                      initial_state: torch.Tensor | None,
+                      out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    return _selective_scan_body(x, dt, A, B, C, D, dt_bias, dt_softplus, z, initial_state, out_dtype)
+
+
+@selective_scan_op.register_fake
+def _(x, dt, A, B, C, D, dt_bias, dt_softplus, z, initial_state, out_dtype):
+    _check_selective_scan(x, dt, A, B, C, D, dt_bias, z, initial_state)
+    y = x.new_empty(x.shape, dtype=x.dtype if out_dtype is None else out_dtype)
+    return y, x.new_empty(x.shape[0], x.shape[1], A.shape[1], dtype=torch.float32)
+
+
+def selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                   D: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
+                   z: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
+                   out_dtype: torch.dtype | None = None,
+                   dispatch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Mamba-1's scan over T tokens: (y, final_state) (module docstring)."""
+    _check_selective_scan(x, dt, A, B, C, D, dt_bias, z, initial_state)
+    _check_options(dt_softplus, out_dtype)
+    if dispatch or torch.compiler.is_compiling():
+        return torch.ops.codesign.selective_scan(x, dt, A, B, C, D, dt_bias, dt_softplus, z, initial_state, out_dtype)
+    return _selective_scan_body(x, dt, A, B, C, D, dt_bias, dt_softplus, z, initial_state, out_dtype)

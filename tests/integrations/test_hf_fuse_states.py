@@ -1,9 +1,9 @@
 """Hybrid models' recurrent steps on codesign's state ops when fused (`fuse_states` through `fuse.fuse_layers_`):
 Gated DeltaNet's delta rule (Qwen3-Next, Qwen3.5, OLMo hybrid, Lara-mini), Mamba-2's state update and scan (Bamba,
-Granite 4.0 hybrid, Nemotron-H) and Mamba-1's state update (Jamba). On the torch paths the fused model's logits are
-transformers' bit for bit with our op called at every decode step of every state layer; through the Triton kernels
-(interpreter) inside generation on the paged cache, transformers' greedy tokens; unfused models and calls our op
-does not serve keep the module's own function."""
+Granite 4.0 hybrid, Nemotron-H) and Mamba-1's state update and scan (Jamba; Falcon-Mamba's, Mamba's and Zamba's
+functions). On the torch paths the fused model's logits are transformers' bit for bit with our op called at every
+decode step of every state layer; through the Triton kernels (interpreter) inside generation on the paged cache,
+transformers' greedy tokens; unfused models and calls our op does not serve keep the module's own function."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
 
 def _counting(monkeypatch) -> dict[str, int]:
     """Calls of the state ops' bodies, by op."""
-    calls = {"gdn": 0, "ssd": 0, "scan": 0, "selective": 0}
+    calls = {"gdn": 0, "ssd": 0, "scan": 0, "selective": 0, "selective_scan": 0}
     for key in calls:
         body = getattr(S, f"_{key}_body")
 
@@ -79,20 +79,23 @@ def test_fused_state_steps_through_the_triton_kernels(family, monkeypatch):
     launch = chunked.gated_delta_chunk_triton
     monkeypatch.setattr(chunked, "gated_delta_chunk_triton", lambda *a: prompts_chunked.append(1) or launch(*a))
     with use_backend("triton", op="gated_delta_rule"), use_backend("triton", op="ssd_update"), \
-            use_backend("triton", op="ssd_scan"), use_backend("triton", op="selective_state_update"):
+            use_backend("triton", op="ssd_scan"), use_backend("triton", op="selective_state_update"), \
+            use_backend("triton", op="selective_scan"):
         got = run_generate(model, ids, None, fuse=True, attention_mask=mask, block_size=4, max_new_tokens=NEW,
                            **GREEDY).sequences  # fmt: skip
-        runs = (len(prompts_chunked), calls["gdn"], calls["ssd"], calls["scan"], calls["selective"])
+        runs = (len(prompts_chunked), calls["gdn"], calls["ssd"], calls["scan"], calls["selective"],
+                calls["selective_scan"])
         fuse_layers_(model, merge=False)
         logits = model(ids).logits  # (no cache: the prompt's form alone)
     unfuse_layers_(model)
     torch.testing.assert_close(logits, model(ids).logits, rtol=1e-4, atol=1e-4)
     assert_same_greedy_where_decisive(got, want, ids.shape[1])
     # Gated DeltaNet: the prompt (its chunked kernel) and every decode step through one op; Mamba-2: the prompt's
-    # scan, then the state update at every decode step; Mamba-1: the state update (its prompts stay transformers')
+    # scan, then the state update at every decode step; Mamba-1 likewise (its scan, then its update)
     layers = _state_layers(model)
-    want_runs = {"qwen3_next": (layers, NEW * layers, 0, 0, 0), "nemotron_h": (0, 0, (NEW - 1) * layers, layers, 0),
-                 "jamba": (0, 0, 0, 0, (NEW - 1) * layers)}  # fmt: skip
+    want_runs = {"qwen3_next": (layers, NEW * layers, 0, 0, 0, 0),
+                 "nemotron_h": (0, 0, (NEW - 1) * layers, layers, 0, 0),
+                 "jamba": (0, 0, 0, 0, (NEW - 1) * layers, layers)}  # fmt: skip
     assert runs == want_runs[family], runs
 
 
@@ -158,10 +161,24 @@ def _zamba_call(fn):
     return torch.stack(ys, 1), state
 
 
+def _zamba_scan_call(fn):
+    """Zamba's prompt call: each head's `[Bt, P, T]` slice of `[H, Bt, P, T]` inputs, B and C `[H, Bt, T, N]`
+    transposed (strided views), D and the bias per head."""
+    g = torch.Generator().manual_seed(6)
+    h, b, p, t, n = 3, 2, 4, 37, 8
+    x, dt, z = (torch.randn(h, b, p, t, generator=g) for _ in range(3))
+    a, bm, cm = -torch.rand(h, p, n, generator=g), *(torch.randn(h, b, t, n, generator=g) for _ in range(2))
+    d, bias = torch.randn(h, p, generator=g), torch.randn(h, p, generator=g)
+    outs = [fn(x[i], dt[i], a[i], bm[i].transpose(1, 2), cm[i].transpose(1, 2), D=d[i], z=z[i], delta_bias=bias[i],
+               delta_softplus=True, return_last_state=True) for i in range(h)]  # fmt: skip
+    return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+
+
 def test_mamba1_modules_and_zamba_per_head_views():
-    """Falcon-Mamba's and Mamba's modules hold the same function as Jamba's: their probes agree bit for bit.
-    Zamba calls it on each head's slice of its state (strided views): our op serves those, writing each slice in
-    place, bit for bit on the torch path and within fp32 rounding through the Triton kernel."""
+    """Falcon-Mamba's and Mamba's modules hold the same functions as Jamba's: their probes agree (the update's bit
+    for bit, the scan's within fp32 of the fp64 reference). Zamba calls them on each head's slice of its state
+    (strided views): our ops serve those, the update writing each slice in place, bit for bit on the torch path and
+    within fp32 rounding through the Triton kernels (the scan on the Triton backend only)."""
     import importlib
 
     mods = []
@@ -171,40 +188,47 @@ def test_mamba1_modules_and_zamba_per_head_views():
         except ImportError:
             continue
     patched, kept = FS.patch_state_functions(mods, fuse._active)
-    assert [p.split(".")[-1] for p in patched] == [FS.SEL] * len(mods) and not kept, (patched, kept)
+    assert [p.split(".")[-1] for p in patched] == [FS.SEL, FS.SEL_SCAN] * len(mods) and not kept, (patched, kept)
     if not any(m.endswith("zamba") for m in mods):
         pytest.skip("transformers has no Zamba here")
     module = sys.modules[[m for m in mods if m.endswith("zamba")][0]]
     want = _zamba_call(FS._ORIGINAL[module.__name__, FS.SEL])
-    seen = []
-    body = S._selective_body
+    want_scan = _zamba_scan_call(FS._ORIGINAL[module.__name__, FS.SEL_SCAN])
+    seen, scans = [], []
+    body, scan_body = S._selective_body, S._selective_scan_body
     S._selective_body = lambda *a: seen.append(1) or body(*a)
+    S._selective_scan_body = lambda *a: scans.append(1) or scan_body(*a)
     token = fuse._ACTIVE.set(True)
     try:
         got = _zamba_call(module.mamba_selective_state_update)
-        with use_backend("triton", op="selective_state_update"):
+        got_scan = _zamba_scan_call(module.mamba_selective_scan)  # (the torch backend: the module's own)
+        with use_backend("triton", op="selective_state_update"), use_backend("triton", op="selective_scan"):
             tri = _zamba_call(module.mamba_selective_state_update)
+            tri_scan = _zamba_scan_call(module.mamba_selective_scan)
     finally:
         fuse._ACTIVE.reset(token)
-        S._selective_body = body
+        S._selective_body, S._selective_scan_body = body, scan_body
     assert len(seen) == 6 and all(torch.equal(w, g) for w, g in zip(want, got))
     assert all(torch.allclose(w, t, rtol=1e-5, atol=1e-5) for w, t in zip(want, tri))
+    assert len(scans) == 3 and all(torch.equal(w, g) for w, g in zip(want_scan, got_scan))
+    assert all(w.dtype == t.dtype and torch.allclose(w, t, rtol=1e-4, atol=1e-4) for w, t in zip(want_scan, tri_scan))
 
 
 def test_calls_the_ops_do_not_serve_keep_the_modules_own():
     """While a fused model runs: a Mamba-2 scan with a gate z, or over packed sequences (seq_idx), and a Mamba-1
-    step whose state is wider than the kernel holds, go to the module's own function, unchanged."""
+    step or scan whose state is wider than the kernels hold, go to the module's own function, unchanged."""
     bamba = pytest.importorskip("transformers.models.bamba.modeling_bamba")
     jamba = pytest.importorskip("transformers.models.jamba.modeling_jamba")
     FS.patch_state_functions([bamba.__name__, jamba.__name__], fuse._active)
     x, dt, a, bm, cm, d, bias, h0 = FS._scan_probe()
     seen = []
-    bodies = {name: getattr(S, name) for name in ("_scan_body", "_selective_body")}
+    bodies = {name: getattr(S, name) for name in ("_scan_body", "_selective_body", "_selective_scan_body")}
     for name, body in bodies.items():
         setattr(S, name, lambda *args, _b=body: seen.append(1) or _b(*args))
     token = fuse._ACTIVE.set(True)
     try:
-        with use_backend("triton", op="ssd_scan"), use_backend("triton", op="selective_state_update"):
+        with use_backend("triton", op="ssd_scan"), use_backend("triton", op="selective_state_update"), \
+                use_backend("triton", op="selective_scan"):
             for extra in ({"z": torch.randn(x.shape)}, {"seq_idx": torch.zeros(2, 5, dtype=torch.int32)}):
                 kw = dict(D=d, dt_bias=bias, initial_states=h0, dt_softplus=True, return_final_states=True)
                 if "seq_idx" in extra:  # (transformers refuses packed sequences without mamba_ssm: its refusal)
@@ -220,6 +244,11 @@ def test_calls_the_ops_do_not_serve_keep_the_modules_own():
             got = jamba.mamba_selective_state_update(state.clone(), *args, dt_softplus=True)
             want = FS._ORIGINAL[jamba.__name__, FS.SEL](state.clone(), *args, dt_softplus=True)
             assert torch.equal(got, want)
+            xs = torch.randn(2, 6, 3)
+            scan = (xs, xs, -torch.rand(6, 300), torch.randn(2, 300, 3), torch.randn(2, 300, 3))
+            got = jamba.mamba_selective_scan(*scan, delta_softplus=True, return_last_state=True)
+            want = FS._ORIGINAL[jamba.__name__, FS.SEL_SCAN](*scan, delta_softplus=True, return_last_state=True)
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
     finally:
         fuse._ACTIVE.reset(token)
         for name, body in bodies.items():
@@ -227,17 +256,23 @@ def test_calls_the_ops_do_not_serve_keep_the_modules_own():
     assert not seen
 
 
-def test_a_chunked_scan_that_computes_otherwise_is_kept():
-    """A modeling module whose chunked scan is not Mamba-2's (here: without the decay) fails its fp64 probe."""
+@pytest.mark.parametrize("name", [FS.SSD_CHUNK, FS.SEL_SCAN])
+def test_a_scan_that_computes_otherwise_is_kept(name):
+    """A modeling module whose scan over a prompt is not Mamba-2's (or Mamba-1's), here without the decay, fails its
+    fp64 probe."""
     fake = type(sys)("codesign_test_fake_scan")
     bamba = pytest.importorskip("transformers.models.bamba.modeling_bamba")
+    jamba = pytest.importorskip("transformers.models.jamba.modeling_jamba")
 
     def mamba2_chunk_scan(hidden_states, dt, A, B, C, chunk_size, **kwargs):
         return bamba.mamba2_chunk_scan(hidden_states, dt, A * 0, B, C, chunk_size, **kwargs)
 
-    fake.mamba2_chunk_scan = mamba2_chunk_scan
+    def mamba_selective_scan(hidden_states, dt, A, B, C, **kwargs):
+        return jamba.mamba_selective_scan(hidden_states, dt, A * 0, B, C, **kwargs)
+
+    setattr(fake, name, {FS.SSD_CHUNK: mamba2_chunk_scan, FS.SEL_SCAN: mamba_selective_scan}[name])
     sys.modules[fake.__name__] = fake
     try:
-        assert FS.patch_state_functions([fake.__name__], lambda: True) == ([], [f"{fake.__name__}.{FS.SSD_CHUNK}"])
+        assert FS.patch_state_functions([fake.__name__], lambda: True) == ([], [f"{fake.__name__}.{name}"])
     finally:
         del sys.modules[fake.__name__]

@@ -14,7 +14,9 @@
   on the torch backend (as for Gated DeltaNet's prompts).
 - Mamba-1 (Jamba, Falcon-Mamba, Mamba; Zamba's per-head slices of its state, `[Bt, P, N]` views, too):
   `mamba_selective_state_update` runs `selective_state_update` where the state is `[Bt, D, N]` with its last dim
-  contiguous; prompts stay transformers'.
+  contiguous. Its prompts: `mamba_selective_scan` (mamba_ssm's `selective_scan_fn` signature; without mamba_ssm
+  transformers loops over the tokens in Python on `[Bt, D, T, N]` fp32 tensors) runs `selective_scan` where the op's
+  backend is Triton, the module's own on the torch backend.
 
 The modules call these as globals of their modeling module, so each global is replaced by a function that takes our
 op while a fused model's forward runs and the original otherwise (as `fuse` does for the rotary embedding), after a
@@ -39,6 +41,7 @@ GDN_CHUNK = "torch_chunk_gated_delta_rule"
 SSD = "mamba2_selective_state_update"
 SSD_CHUNK = "mamba2_chunk_scan"
 SEL = "mamba_selective_state_update"
+SEL_SCAN = "mamba_selective_scan"
 _ORIGINAL: dict[tuple[str, str], Callable] = {}  # (modeling module, function name) -> the module's own function
 _GEN = torch.Generator().manual_seed(0)
 
@@ -52,7 +55,8 @@ def patch_state_functions(modules: list[str], active: Callable[[], bool]) -> tup
         for name, agrees, make in ((GDN, _gdn_agrees, _gdn_wrapper), (GDN_CHUNK, _chunk_agrees, _chunk_wrapper),
                                    (SSD, _ssd_agrees, _ssd_wrapper),
                                    (SSD_CHUNK, _scan_agrees, _scan_wrapper),
-                                   (SEL, _sel_agrees, _sel_wrapper)):  # fmt: skip
+                                   (SEL, _sel_agrees, _sel_wrapper),
+                                   (SEL_SCAN, _sel_scan_agrees, _sel_scan_wrapper)):  # fmt: skip
             fn = getattr(module, name, None)
             if fn is None:
                 continue
@@ -339,3 +343,66 @@ def _sel_wrapper(original, active):
                         **kwargs)  # fmt: skip
 
     return mamba_selective_state_update
+
+
+def _sel_scan_probe():
+    """transformers' call of its scan: x, dt and z `[Bt, D, T]`, A `[D, N]`, B and C `[Bt, N, T]`, D and the bias
+    `[D]`."""
+    b, d, t, n = 2, 6, 5, 8
+    x, dt, z = (torch.randn(b, d, t, generator=_GEN) for _ in range(3))
+    a = -torch.rand(d, n, generator=_GEN)
+    bm, cm = (torch.randn(b, n, t, generator=_GEN) for _ in range(2))
+    dd, bias = (torch.randn(d, generator=_GEN) for _ in range(2))
+    return x, dt, a, bm, cm, dd, z, bias
+
+
+def _sel_scan_agrees(fn) -> bool:
+    """Whether the module's scan is Mamba-1's: within fp32 rounding of the fp64 reference on a probe (its loop rounds
+    otherwise than our kernel's scan: no bit-for-bit probe to be had)."""
+    from codesign.kernels.layers.selective_scan import selective_scan_recurrent
+
+    x, dt, a, bm, cm, d, z, bias = _sel_scan_probe()
+    try:
+        want = fn(x, dt, a, bm, cm, D=d, z=z, delta_bias=bias, delta_softplus=True, return_last_state=True)
+    except Exception:  # noqa: BLE001 - another signature: not ours to replace
+        return False
+    dts = torch.nn.functional.softplus(dt.double() + bias.double()[:, None])
+    gate = torch.nn.functional.silu(z.double())
+    refs = []
+    for i in range(x.shape[0]):
+        y, state = selective_scan_recurrent(x[i].T.double(), dts[i].T, a.double(), bm[i].T.double(),
+                                            cm[i].T.double(), d.double())  # fmt: skip
+        refs.append((y.T * gate[i], state))
+    return _near_reference(want, refs)
+
+
+def _sel_scan_serves(x, dt, A, B, C, D, z, bias) -> bool:
+    ts = (x, dt, A, B, C) + tuple(t for t in (D, z, bias) if t is not None)
+    if not all(isinstance(t, torch.Tensor) and t.dtype in DTYPES for t in ts):
+        return False
+    if x.dim() != 3 or A.dim() != 2 or not 1 <= A.shape[1] <= MAX_STATE:
+        return False
+    batch, dim, tokens = x.shape
+    n = A.shape[1]
+    want = ((dt, (batch, dim, tokens)), (A, (dim, n)), (B, (batch, n, tokens)), (C, (batch, n, tokens)),
+            (D, (dim,)), (z, (batch, dim, tokens)), (bias, (dim,)))  # fmt: skip
+    return all(t is None or tuple(t.shape) == shape for t, shape in want) and _one_device(ts)
+
+
+def _sel_scan_wrapper(original, active):
+    def mamba_selective_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                             return_last_state=False, **kwargs):  # fmt: skip
+        """codesign: `selective_scan` while a fused model runs on the Triton backend, else the module's own. Its
+        output in the dtype the module's returns (x's promoted with D's and z's)."""
+        if (active() and _sel_scan_serves(hidden_states, dt, A, B, C, D, z, delta_bias)
+                and resolve_backend("selective_scan", hidden_states.device) == "triton"):  # fmt: skip
+            out = hidden_states.dtype
+            for t in (D, z):
+                out = out if t is None else torch.promote_types(out, t.dtype)
+            y, state = S.selective_scan(hidden_states, dt, A, B, C, D, delta_bias, bool(delta_softplus), z, None,
+                                        out, dispatch=False)  # fmt: skip
+            return (y, state) if return_last_state else y
+        return original(hidden_states, dt, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus,
+                        return_last_state=return_last_state, **kwargs)  # fmt: skip
+
+    return mamba_selective_scan
