@@ -342,8 +342,8 @@ def _mamba1_cases(mode: Any, dtype: Any, dev: str, dt_name: str) -> list[tuple[s
               lambda: S.selective_state_update(st, x, dt, a, bc, bc, dd, bias, True, z, dispatch=False))]  # fmt: skip
     proj = torch.randn(1, t, 2 * d, dtype=dtype, device=dev)  # (in_proj's output: x's half, the gate's half)
     xs, gate = proj[..., :d].transpose(1, 2).contiguous(), proj[..., d:].transpose(1, 2)
-    dts = torch.randn(1, t, d, dtype=dtype, device=dev).transpose(1, 2)
-    bcs = torch.randn(1, t, 2 * n, dtype=dtype, device=dev)[..., :n].transpose(1, 2)
+    dts = torch.randn(1, d, t, dtype=dtype, device=dev)  # (dt_proj's weight times dt's rank: contiguous)
+    bcs = torch.randn(1, t, n, dtype=dtype, device=dev).transpose(1, 2)  # (B's norm's output, transposed)
     scan = _transformers_fn("jamba", "mamba_selective_scan")
     cases.append((f"selective_scan (prompt) B=1 D={d} T={t} N={n}",
                   SelectiveScan(channels=d, state=n, new_tokens=(t,), initial_state=False, dtype=dt_name,

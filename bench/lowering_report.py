@@ -421,11 +421,12 @@ def _state_cases() -> Iterator[Case]:
     a1, bc1 = torch.zeros(8192, 16), torch.zeros(16, 16, **bf)
     yield ("layers", "selective_state_update B=16 D=8192 N=16 fp32 state bf16 (Jamba's Mamba-1)",
            lambda: S.selective_state_update(st1, x1, x1, a1, bc1, bc1, a1[:, 0], a1[:, 0], True, x1))  # fmt: skip
-    # Jamba's prompt as transformers' module passes it: x contiguous, dt and the gate [D, T] views of its
-    # projections (channels contiguous), B and C views of x_proj's output, A, D and dt's bias fp32, fp32 out
-    proj, xp = torch.zeros(1, 2048, 2 * 8192, **bf), torch.zeros(1, 2048, 256 + 32, **bf)
-    gate, dt1, bc_t = proj[..., 8192:].transpose(1, 2), torch.zeros(1, 2048, 8192, **bf).transpose(1, 2), \
-        xp[..., 256:272].transpose(1, 2)  # fmt: skip
+    # Jamba's prompt as transformers' module passes it: x and dt contiguous `[Bt, D, T]`, the gate a `[D, T]` view of
+    # the input projection (channels contiguous), B and C their norms' `[Bt, T, N]` outputs transposed; A, D and
+    # dt's bias fp32, fp32 out
+    proj = torch.zeros(1, 2048, 2 * 8192, **bf)
+    gate, dt1, bc_t = proj[..., 8192:].transpose(1, 2), torch.zeros(1, 8192, 2048, **bf), \
+        torch.zeros(1, 2048, 16, **bf).transpose(1, 2)  # fmt: skip
     xs1 = torch.zeros(1, 8192, 2048, **bf)
     yield ("layers", "selective_scan B=1 D=8192 T=2048 N=16 bf16 (Jamba's Mamba-1 prompt, its views), fp32 out",
            lambda: S.selective_scan(xs1, dt1, a1, bc_t, bc_t, a1[:, 0], a1[:, 0], True, gate,

@@ -5,11 +5,12 @@ SASS (compile-only: no GPU, nothing timed; every number is a prediction).
 
 Cases, the shapes of `lowering_report._state_cases` and `gpu_ops._state_cases` (bf16, fp32 states): Qwen3-Next's
 Gated DeltaNet (16 key / 32 value heads of 128) at 16 sequences, one token and four (`triton_gated_delta`'s
-recurrence), and over one prompt (`triton_gated_delta_chunk`: the prep launch, all chunks at once, then the walk over
-the chunks); Granite-4.0-H's Mamba-2 (128 heads of 64, state 128, one group), its one-token update at 16 sequences
-(`triton_ssd_update`) and its scan over one prompt (`triton_ssd_chunk`); Jamba's Mamba-1 (8192 channels, state 16),
-its one-token update at 16 sequences with the gate (`triton_selective_update`) and its scan over one prompt with the
-views, gate and fp32 output transformers' module passes (`triton_selective_scan`). `--tokens`: the prompt lengths
+recurrence), and over one prompt (`triton_gated_delta_chunk`: the prep launch, all chunks at once, the state walk
+over the chunks, then the output launch, all chunks at once); Granite-4.0-H's Mamba-2 (128 heads of 64, state 128,
+one group), its one-token update at 16 sequences (`triton_ssd_update`) and its scan over one prompt
+(`triton_ssd_chunk`); Jamba's Mamba-1 (8192 channels, state 16), its one-token update at 16 sequences with the gate
+(`triton_selective_update`) and its scan over one prompt with the views, gate and fp32 output transformers' module
+passes (`triton_selective_scan`). `--tokens`: the prompt lengths
 (default 2048; several: each prompt case at each). Each call compiles under `codesign.autotune.compile_only(90,
 "NVIDIA H200")`; per Triton launch (its SASS through `sass_model` / `sass_sched`, the programs the busiest SM runs,
 `ceil(programs / 132)`, its warps spread over its 4 schedulers):
@@ -20,15 +21,15 @@ views, gate and fp32 output transformers' module passes (`triton_selective_scan`
               and L1 at 128 B an SM a clock; tensor = mma.sync / wgmma at sass_sched's rates; fp, int: 1 a cycle)
     latency = a walk (a loop carrying the state from token to token or chunk to chunk: decode's tokens, the chunk
               walks, the scans): waves * trips * sim(loop, the warps a scheduler runs together) + the rest at issue;
-              otherwise (the one-token updates, the prep launch): waves * sim(the whole program once, its loops
-              unrolled by their trips), `sass_sched.simulate` both ways
+              otherwise (the one-token updates, the prep and output launches): waves * sim(the whole program
+              once, its loops unrolled by their trips), `sass_sched.simulate` both ways
     floor   = the launch's bytes / 4.18 TB/s (the measured device-to-device copy, `gemm_predict.COPY_BPS`)
     launch  = max(issue, pipes, latency, floor);   case = its launches + LAUNCH_GAP_MS (1 us) between two
 
 The case's floor is the op spec's `min_bytes()` (`codesign.specs` GatedDeltaRule, SSDScan, SelectiveScan) at the
 copy rate; a launch's floor is that plus what the spec does not count (a case's `extra`): the chunked Gated
-DeltaNet's fp32 scratch w and u (written by the prep launch, read by the walk: 2.5x the op's bytes) with k and g
-read by both launches (`gdn_chunk_extra`); Mamba-1's gate z, its fp32 A `[D, N]` and its scan's fp32 output.
+DeltaNet's scratch (w and u, the states entering the chunks) and the inputs each launch reads again
+(`gdn_chunk_extra`); Mamba-1's gate z, its fp32 A `[D, N]` and its scan's fp32 output.
 Trips: decode's T tokens (T = 1 compiles without a loop), a walk's ceil(T / chunk) (`C`, `BT`), the prep launch's
 forward substitution SUB - 1 steps over LLVM's loop unrolled U times (the loops' MMA ratio), its U - 1 straight-line
 steps counted once with the rest (`prep_trips`).
@@ -79,7 +80,7 @@ MAMBA1 = (8192, 16)  # Jamba: channels, state
 PROMPT = 2048  # tokens of the prompt cases (gpu_ops' `_prompt_case`, `_scan_case`, `_mamba1_cases`)
 DTYPE_BYTES = 2  # bf16 activations
 # kernels whose one loop carries the state from token to token or chunk to chunk (a serial chain)
-WALKS = ("_gated_delta_kernel", "_scan_kernel", "_ssd_scan_kernel", "_selective_scan_kernel")
+WALKS = ("_gated_delta_kernel", "_state_kernel", "_ssd_scan_kernel", "_selective_scan_kernel")
 
 
 # ----------------------------------------------------------------------------- the cases
@@ -118,17 +119,23 @@ def _gdn_cases(prompts: tuple[int, ...]) -> list[dict[str, Any]]:
 
 
 def gdn_chunk_extra(spec: Any, kernel: str) -> float:
-    """Bytes a launch of the chunked Gated DeltaNet moves past its share of the spec's: the fp32 scratch w and u
-    (`[B, HV, T, DK]`, `[B, HV, T, DV]`) written by `_prep_kernel` and read by `_scan_kernel`; the prep launch reads
-    k, v, g and beta, the walk q, k, g and writes o and the state. Returned as a launch's whole bytes minus the spec's,
-    so that the launches' floors sum to the spec's plus the scratch twice plus k and g read twice."""
+    """Bytes a launch of the chunked Gated DeltaNet moves past the spec's `min_bytes()`, which counts q, k, v, g,
+    beta and o once and the state: the prep launch reads k, v, g and beta and writes the fp32 scratch w and u
+    (`[B, HV, T, DK]`, `[B, HV, T, DV]`); the state walk reads k, g, w and u, writes v' over u, the state entering
+    each chunk (`[B, HV, chunks, DK, DV]`, bf16 here as the inputs) and the final state; the output launch reads q,
+    k, g, v' and those states and writes o. Returned as a launch's whole bytes minus the spec's."""
+    from codesign.kernels.layers.triton_gated_delta_chunk import CHUNK
+
     e = DTYPE_BYTES
     tok, hk, hv, dk, dv = spec.tokens, spec.key_heads, spec.value_heads, spec.key_dim, spec.value_dim
-    scratch = tok * hv * (dk + dv) * 4
-    k_bytes, v_bytes, gate = tok * hk * dk * e, tok * hv * dv * e, tok * hv * e
+    w, u = tok * hv * dk * 4, tok * hv * dv * 4
+    chunk_states = _cdiv(tok, CHUNK) * hv * dk * dv * e
+    q_bytes = k_bytes = tok * hk * dk * e
+    v_bytes, gate = tok * hv * dv * e, tok * hv * e
     state = (2 if spec.initial_state else 1) * spec.state_bytes()
-    own = {"_prep_kernel": k_bytes + v_bytes + 2 * gate + scratch,
-           "_scan_kernel": 2 * k_bytes + gate + scratch + v_bytes + state}[kernel]  # fmt: skip
+    own = {"_prep_kernel": k_bytes + v_bytes + 2 * gate + w + u,
+           "_state_kernel": k_bytes + gate + w + 2 * u + chunk_states + state,
+           "_output_kernel": q_bytes + k_bytes + gate + u + chunk_states + v_bytes}[kernel]  # fmt: skip  (o: v's)
     return own - spec.min_bytes()
 
 
@@ -170,11 +177,12 @@ def _mamba1_cases(prompts: tuple[int, ...]) -> list[dict[str, Any]]:
                  lambda: S.selective_state_update(st, x, x, a, bc, bc, a[:, 0], a[:, 0], True, x, dispatch=False),
                  lambda kernel: BATCH * d * DTYPE_BYTES + d * n * 4)]  # fmt: skip  (the gate z, fp32 A)
     for t in prompts:
-        # transformers' module's views: x contiguous, dt and the gate [D, T] views of projections (channels
-        # contiguous), B and C views of x_proj's output; fp32 A, D, dt bias; fp32 out
-        proj, xp = torch.zeros(1, t, 2 * d, **bf), torch.zeros(1, t, 256 + 2 * n, **bf)
-        gate, dts = proj[..., d:].transpose(1, 2), torch.zeros(1, t, d, **bf).transpose(1, 2)
-        bcs, xs = xp[..., 256 : 256 + n].transpose(1, 2), torch.zeros(1, d, t, **bf)
+        # transformers' module's layout: x and dt contiguous `[Bt, D, T]`, the gate a `[D, T]` view of the input
+        # projection (channels contiguous), B and C their norms' `[Bt, T, N]` outputs transposed; fp32 A, D, dt
+        # bias; fp32 out
+        proj = torch.zeros(1, t, 2 * d, **bf)
+        gate, dts = proj[..., d:].transpose(1, 2), torch.zeros(1, d, t, **bf)
+        bcs, xs = torch.zeros(1, t, n, **bf).transpose(1, 2), torch.zeros(1, d, t, **bf)
         spec = SelectiveScan(channels=d, state=n, new_tokens=(t,), initial_state=False, dtype="bf16",
                              state_dtype="fp32")  # fmt: skip
         call = lambda xs=xs, dts=dts, bcs=bcs, gate=gate: S.selective_scan(  # noqa: E731
@@ -199,11 +207,11 @@ def loop_trips(kernel: str, cx: dict[str, Any], tokens: int, lps: list[dict[str,
     launch's forward-substitution steps (module docstring); ValueError where the SASS has other loops than these."""
     if kernel == "_gated_delta_kernel":
         want = [tokens] if tokens > 1 else []  # (T = 1 is a specialised constant: no loop)
-    elif kernel in ("_scan_kernel", "_ssd_scan_kernel"):
+    elif kernel in ("_state_kernel", "_ssd_scan_kernel"):
         want = [_cdiv(tokens, cx["C"])]
     elif kernel == "_selective_scan_kernel":
         want = [_cdiv(tokens, cx["BT"])]
-    elif kernel in ("_ssd_update_kernel", "_selective_update_kernel"):
+    elif kernel in ("_ssd_update_kernel", "_selective_update_kernel", "_output_kernel"):
         want = []
     elif kernel == "_prep_kernel":
         return prep_trips(lps, cx["SUB"], cx["C"])

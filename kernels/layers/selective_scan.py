@@ -57,6 +57,12 @@ def selective_scan_recurrent(x, dt, A, B, C, D=None, initial_state=None):
     """Mamba-1's scan token by token (every channel at once); see the module docstring.
     Returns (y `[T, D]`, final_state `[D, N]`)."""
     _check_inputs(x, dt, A, B, C, D, initial_state)
+    return recurrence(x, dt, A, B, C, D, initial_state)
+
+
+def recurrence(x, dt, A, B, C, D=None, initial_state=None):
+    """`selective_scan_recurrent` without its checks (shapes already checked by the caller; any sign of A and dt, as
+    the op's kernel takes them)."""
     dtype = x.dtype
     dt, A, B, C = (t.to(dtype) for t in (dt, A, B, C))
     state = x.new_zeros(A.shape) if initial_state is None else initial_state.to(dtype=dtype, copy=True)

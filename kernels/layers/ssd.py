@@ -143,6 +143,12 @@ def ssd_chunked(x, dt, A, B, C, D=None, initial_state=None, chunk=256):
     _check_inputs(x, dt, A, B, C, D, initial_state)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise CodesignError(f"chunk must be a positive int, got {chunk!r}")
+    return chunked(x, dt, A, B, C, D, initial_state, chunk)
+
+
+def chunked(x, dt, A, B, C, D=None, initial_state=None, chunk=256):
+    """`ssd_chunked` without its checks (shapes and chunk already checked by the caller; any sign of A and dt, as
+    the op's kernel takes them)."""
     x, dt, A, B, C, D, state = _head_major(x, dt, A, B, C, D, initial_state)
     outs = []
     for s in range(0, x.shape[1], chunk):

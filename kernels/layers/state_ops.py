@@ -57,6 +57,7 @@ MAX_DK = 256  # widest key head a Triton program holds (a 256 x 16 fp32 state ti
 MAX_STATE = 256  # widest state row the Triton state kernels hold
 CHUNKED_FROM = 64  # tokens from which the Triton path runs the chunked form (a prompt), the recurrence below it
 CHUNKED_MAX_DK = 128  # key heads the chunked form holds (at 256 its walk spilled on sm_90): wider run the recurrence
+CHUNKED_SCRATCH = 1 << 30  # bytes of scratch a chunked call holds at once: longer prompts go in pieces, state carried
 
 
 def _shape(name: str, t: torch.Tensor, shape: tuple[int, ...], dims: str) -> None:
@@ -142,11 +143,22 @@ def _gdn_body(q, k, v, g, beta, initial_state, scale, normalize) -> tuple[torch.
     if tokens < CHUNKED_FROM or dk > CHUNKED_MAX_DK:
         gated_delta_triton(q, k, v, g, beta, h0, o, ht, scale, normalize, L2_EPS)
         return o, ht
-    from codesign.kernels.layers.triton_gated_delta_chunk import gated_delta_chunk_triton
+    from codesign.kernels.layers.triton_gated_delta_chunk import CHUNK, chunk_states, gated_delta_chunk_triton
 
-    w = torch.empty(batch, hv, tokens, dk, dtype=torch.float32, device=q.device)
-    u = torch.empty(batch, hv, tokens, dv, dtype=torch.float32, device=q.device)
-    gated_delta_chunk_triton(q, k, v, g, beta, h0, o, ht, w, u, scale, normalize, L2_EPS, q.dtype == torch.float32)
+    exact = q.dtype == torch.float32
+    # w and u (fp32) and the chunk states a token: a prompt past CHUNKED_SCRATCH bytes of them goes in pieces
+    per_token = batch * hv * (4 * (dk + dv) + (2 if q.dtype == torch.bfloat16 else 4) * dk * dv / CHUNK)
+    piece = max(CHUNK, int(CHUNKED_SCRATCH // per_token) // CHUNK * CHUNK)
+    state = h0
+    for t0 in range(0, tokens, piece):
+        t1 = min(tokens, t0 + piece)
+        w = torch.empty(batch, hv, t1 - t0, dk, dtype=torch.float32, device=q.device)
+        u = torch.empty(batch, hv, t1 - t0, dv, dtype=torch.float32, device=q.device)
+        hc = chunk_states(batch, hv, t1 - t0, dk, dv, q.dtype, q.device)
+        out = ht if t1 == tokens else torch.empty_like(ht)
+        gated_delta_chunk_triton(*(x[:, t0:t1] for x in (q, k, v, g, beta)), state, o[:, t0:t1], out, w, u, hc,
+                                 scale, normalize, L2_EPS, exact)  # fmt: skip
+        state = out
     return o, ht
 
 
@@ -212,15 +224,15 @@ def _check_scan(x, dt, A, B, C, D, dt_bias, dt_limit, initial_state) -> None:
 
 def _scan_torch(x, dt, A, B, C, D, dt_bias, softplus, dt_limit, initial_state,
                 out_dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """The reference's chunked form (`ssd.ssd_chunked`) in fp32, a sequence at a time, after dt's bias, softplus and
-    clamp."""
-    from codesign.kernels.layers.ssd import ssd_chunked
+    """The reference's chunked form (`ssd.chunked`: no sign checks, as the kernel) in fp32, a sequence at a time,
+    after dt's bias, softplus and clamp."""
+    from codesign.kernels.layers.ssd import chunked
 
     dt = dt.float() + (0.0 if dt_bias is None else dt_bias.float())
     dt = (F.softplus(dt) if softplus else dt).clamp(*dt_limit)
     ys, states = [], []
     for i in range(x.shape[0]):
-        y, s = ssd_chunked(x[i].float(), dt[i], A.float(), B[i].float(), C[i].float(),
+        y, s = chunked(x[i].float(), dt[i], A.float(), B[i].float(), C[i].float(),
                            None if D is None else D.float(),
                            None if initial_state is None else initial_state[i].float())  # fmt: skip
         ys.append(y)
@@ -234,6 +246,7 @@ def _scan_body(x, dt, A, B, C, D, dt_bias, softplus, lo, hi, initial_state,
                out_dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The op's body: the backend's scan."""
     _check_scan(x, dt, A, B, C, D, dt_bias, (lo, hi), initial_state)
+    _check_options(softplus, out_dtype)
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if resolve_backend("ssd_scan", x.device) == "torch":
         return _scan_torch(x, dt, A, B, C, D, dt_bias, softplus, (lo, hi), initial_state, out_dtype)
@@ -262,6 +275,7 @@ def ssd_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
 @ssd_scan_op.register_fake
 def _(x, dt, A, B, C, D, dt_bias, dt_softplus, dt_low, dt_high, initial_state, out_dtype):
     _check_scan(x, dt, A, B, C, D, dt_bias, (dt_low, dt_high), initial_state)
+    _check_options(dt_softplus, out_dtype)
     y = x.new_empty(x.shape, dtype=x.dtype if out_dtype is None else out_dtype)
     return y, x.new_empty(x.shape[0], x.shape[2], x.shape[3], B.shape[3], dtype=torch.float32)
 
@@ -479,17 +493,17 @@ def _check_selective_scan(x, dt, A, B, C, D, dt_bias, z, initial_state) -> None:
 
 def _selective_scan_torch(x, dt, A, B, C, D, dt_bias, softplus, z, initial_state,
                           out_dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """The reference's recurrence (`selective_scan.selective_scan_recurrent`) in fp32, a sequence at a time, after
-    dt's bias and softplus; then the gate."""
-    from codesign.kernels.layers.selective_scan import selective_scan_recurrent
+    """The reference's recurrence (`selective_scan.recurrence`, without its sign checks: any dt and A, as the kernel)
+    in fp32, a sequence at a time, after dt's bias and softplus; then the gate."""
+    from codesign.kernels.layers.selective_scan import recurrence
 
     dt = dt.float() + (0.0 if dt_bias is None else dt_bias.float()[:, None])
     dt = F.softplus(dt) if softplus else dt
     ys, states = [], []
     for i in range(x.shape[0]):
-        y, s = selective_scan_recurrent(x[i].T.float(), dt[i].T, A.float(), B[i].T.float(), C[i].T.float(),
-                                        None if D is None else D.float(),
-                                        None if initial_state is None else initial_state[i].float())  # fmt: skip
+        y, s = recurrence(x[i].T.float(), dt[i].T, A.float(), B[i].T.float(), C[i].T.float(),
+                          None if D is None else D.float(),
+                          None if initial_state is None else initial_state[i].float())  # fmt: skip
         ys.append(y.T)
         states.append(s)
     y = torch.stack(ys) if ys else x.new_zeros(x.shape, dtype=torch.float32)
@@ -503,6 +517,7 @@ def _selective_scan_body(x, dt, A, B, C, D, dt_bias, softplus, z, initial_state,
                          out_dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The op's body: the backend's scan."""
     _check_selective_scan(x, dt, A, B, C, D, dt_bias, z, initial_state)
+    _check_options(softplus, out_dtype)
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if resolve_backend("selective_scan", x.device) == "torch":
         return _selective_scan_torch(x, dt, A, B, C, D, dt_bias, softplus, z, initial_state, out_dtype)
@@ -529,6 +544,7 @@ def selective_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: tor
 @selective_scan_op.register_fake
 def _(x, dt, A, B, C, D, dt_bias, dt_softplus, z, initial_state, out_dtype):
     _check_selective_scan(x, dt, A, B, C, D, dt_bias, z, initial_state)
+    _check_options(dt_softplus, out_dtype)
     y = x.new_empty(x.shape, dtype=x.dtype if out_dtype is None else out_dtype)
     return y, x.new_empty(x.shape[0], x.shape[1], A.shape[1], dtype=torch.float32)
 

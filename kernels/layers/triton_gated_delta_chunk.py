@@ -1,18 +1,23 @@
 """Triton gated delta rule in chunks (Gated DeltaNet over a prompt: the chunked form of FLA's chunk_gated_delta_rule,
-`gated_delta.gated_delta_rule_chunked` in plain torch), two launches:
+`gated_delta.gated_delta_rule_chunked` in plain torch), three launches, FLA's split:
 
 1. `_prep_kernel`, one program a (sequence, value head, chunk of C tokens), all chunks at once: the chunk's decay
    (the cumulative sum of g), A = (beta K K^T) * decay strictly below the diagonal, its inverse (I + A)^-1 by
    forward substitution in blocks of 16 rows, every step a `tl.dot` (15 within the diagonal blocks, then 2 for the
    second block row: 17 products of 32 x 32 x 32), then w = (I + A)^-1 (beta K exp(cum)) and
    u = (I + A)^-1 (beta V) into fp32 scratch.
-2. `_scan_kernel`, one program a (sequence, value head, block of BV value columns), the chunks in order with the
-   dk x BV state in registers: v' = u - w S (each token's delta given the state entering the chunk),
-   o = (q exp(cum)) S + ((q K^T) * decay, the diagonal kept) v', S <- exp(cum_last) S + (K exp(cum_last - cum))^T v'.
+2. `_state_kernel`, one program a (sequence, value head, block of BV value columns), the chunks in order with the
+   dk x BV state in registers, only what the next chunk needs: v' = u - w S (each token's delta given the state
+   entering the chunk, written over u), S <- exp(cum_last) S + (K exp(cum_last - cum))^T v'; the state entering each
+   chunk is stored (bf16 for bf16 inputs, as FLA keeps it; else fp32).
+3. `_output_kernel`, one program a (sequence, value head, chunk), all chunks at once:
+   o = (q exp(cum)) S_in + ((q K^T) * decay, the diagonal kept) v'.
 
-q and k are l2-normalised on load (both launches), q times the scale. Every product is a `tl.dot` (tensor cores on a
-GPU: TF32 for 16-bit inputs, IEEE fp32 for fp32 ones, whose callers asked for fp32). Rows past the prompt's end load
-as g = 0, k = q = beta = 0: they add nothing and keep the last row's decay, so cum_last is row C-1's.
+The serial chain is the state walk's two products a chunk; the output's three run in parallel (in one walk, the
+first version, the walk's 32-row products were also laid over all 8 warps, Triton's layout for chained dots, each
+computed 4 times). q and k are l2-normalised on load, q times the scale. Every product is a `tl.dot` (tensor cores on
+a GPU: TF32 for 16-bit inputs, IEEE fp32 for fp32 ones, whose callers asked for fp32). Rows past the prompt's end
+load as g = 0, k = q = beta = 0: they add nothing and keep the last row's decay, so cum_last is row C-1's.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ import triton.language as tl
 
 from codesign.kernels.host_math import cdiv, next_pow2
 
-CHUNK = 32  # tokens a chunk (FLA and transformers take 64: at 64 the scan spills on sm_90 at any warps)
+CHUNK = 32  # tokens a chunk (FLA and transformers take 64: compiles here too; untimed, docs/kernels.md)
 SUB_BLOCK = 16  # rows of the inverse's diagonal blocks (tl.dot's smallest tile)
-PREP_WARPS, SCAN_WARPS, SCAN_STAGES, SCAN_BV = 8, 8, 2, 32  # no spills on sm_90 (lowering_report)
+PREP_WARPS, SCAN_WARPS, SCAN_STAGES, SCAN_BV = 8, 8, 2, 32  # the state walk: fastest predicted, no spills
+OUT_WARPS, OUT_BV = 8, 128  # the output launch: every value column a program, q K^T once (state_predict)
 
 
 @triton.jit
@@ -99,46 +105,87 @@ def _prep_kernel(
 
 
 @triton.jit
-def _scan_kernel(
-    q_ptr, k_ptr, g_ptr, w_ptr, u_ptr, h0_ptr, o_ptr, ht_ptr,
-    T, HV, GROUP, DK, DV, scale, eps,
-    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sg_h, so_b, so_t, so_h,
+def _state_kernel(
+    k_ptr, g_ptr, w_ptr, u_ptr, h0_ptr, hc_ptr, ht_ptr,
+    T, HV, GROUP, DK, DV, eps,
+    sk_b, sk_t, sk_h, sg_b, sg_t, sg_h,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, L2NORM: tl.constexpr,
     PREC: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     b, hv = (pid // HV).to(tl.int64), (pid % HV).to(tl.int64)
+    rk, rc = tl.arange(0, BK), tl.arange(0, C)
+    cols = tl.program_id(1) * BV + tl.arange(0, BV)
+    ok_k, ok_v = rk < DK, cols < DV
+    s_off = rk[:, None] * DV + cols[None, :]
+    ok_s = ok_k[:, None] & ok_v[None, :]
+    if HAS_H0:
+        h = tl.load(h0_ptr + (b * HV + hv) * DK * DV + s_off, mask=ok_s, other=0.0).to(tl.float32)
+    else:
+        h = tl.zeros([BK, BV], tl.float32)
+    k_head, g_head = k_ptr + b * sk_b + (hv // GROUP) * sk_h, g_ptr + b * sg_b + hv * sg_h
+    base = (b * HV + hv) * T
+    hc_head = hc_ptr + (b * HV + hv) * tl.cdiv(T, C) * DK * DV
+    for c in range(0, tl.cdiv(T, C)):
+        t0 = c * C
+        rt = rc.to(tl.int64) + t0  # (int64: a token stride times T passes 2^31 on long prompts)
+        ok_t = (rt < T)[:, None]
+        # the state entering the chunk, for the output launch (bf16 with bf16 inputs, as FLA keeps it)
+        tl.store(hc_head + s_off, h.to(hc_ptr.dtype.element_ty), mask=ok_s)
+        hc_head += DK * DV  # (a pointer step: c DK DV would pass 2^31 in int32 on prompts of millions of tokens)
+        k = _rows(k_head, t0, T, sk_t, rk, DK, eps, L2NORM, C)
+        cum = _cum(g_head, t0, T, sg_t, C)
+        w = tl.load(w_ptr + (base + rt[:, None]) * DK + rk[None, :], mask=ok_t & ok_k[None, :], other=0.0)
+        u_at = u_ptr + (base + rt[:, None]) * DV + cols[None, :]
+        v_new = tl.load(u_at, mask=ok_t & ok_v[None, :], other=0.0) - tl.dot(w, h, input_precision=PREC)
+        tl.store(u_at, v_new, mask=ok_t & ok_v[None, :])  # (in place of u: the output pass reads v')
+        last = tl.sum(tl.where(rc == C - 1, cum, 0.0), 0)  # (rows past T repeat the last one's)
+        k_end = k * tl.exp(last - cum)[:, None]
+        h = h * tl.exp(last) + tl.dot(tl.trans(k_end), v_new, input_precision=PREC)
+    tl.store(ht_ptr + (b * HV + hv) * DK * DV + s_off, h, mask=ok_s)
+
+
+@triton.jit
+def _output_kernel(
+    q_ptr, k_ptr, g_ptr, u_ptr, hc_ptr, o_ptr,
+    T, HV, GROUP, DK, DV, scale, eps,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sg_h, so_b, so_t, so_h,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    n_chunks = tl.cdiv(T, C)
+    pid = tl.program_id(0)
+    bh = pid // n_chunks
+    b, hv = (bh // HV).to(tl.int64), (bh % HV).to(tl.int64)
+    c = (pid % n_chunks).to(tl.int64)
+    t0 = c * C
     hk = hv // GROUP
     rk, rc = tl.arange(0, BK), tl.arange(0, C)
     cols = tl.program_id(1) * BV + tl.arange(0, BV)
     ok_k, ok_v = rk < DK, cols < DV
-    s_off = (b * HV + hv) * DK * DV + rk[:, None] * DV + cols[None, :]
-    ok_s = ok_k[:, None] & ok_v[None, :]
-    if HAS_H0:
-        h = tl.load(h0_ptr + s_off, mask=ok_s, other=0.0).to(tl.float32)
-    else:
-        h = tl.zeros([BK, BV], tl.float32)
-    q_head, k_head = q_ptr + b * sq_b + hk * sq_h, k_ptr + b * sk_b + hk * sk_h
-    g_head, o_head = g_ptr + b * sg_b + hv * sg_h, o_ptr + b * so_b + hv * so_h
-    base = (b * HV + hv) * T
+    rt = rc.to(tl.int64) + t0
+    ok_t = (rt < T)[:, None]
+    q = _rows(q_ptr + b * sq_b + hk * sq_h, t0, T, sq_t, rk, DK, eps, L2NORM, C) * scale
+    k = _rows(k_ptr + b * sk_b + hk * sk_h, t0, T, sk_t, rk, DK, eps, L2NORM, C)
+    cum = _cum(g_ptr + b * sg_b + hv * sg_h, t0, T, sg_t, C)
+    h = tl.load(hc_ptr + ((b * HV + hv) * n_chunks + c) * DK * DV + rk[:, None] * DV + cols[None, :],
+                mask=ok_k[:, None] & ok_v[None, :], other=0.0).to(tl.float32)  # fmt: skip
+    v_new = tl.load(u_ptr + ((b * HV + hv) * T + rt[:, None]) * DV + cols[None, :], mask=ok_t & ok_v[None, :],
+                    other=0.0)  # fmt: skip
     causal = rc[:, None] >= rc[None, :]
-    for t0 in range(0, T, C):
-        rt = rc.to(tl.int64) + t0  # (int64: a token stride times T passes 2^31 on long prompts)
-        ok_t = (rt < T)[:, None]
-        q = _rows(q_head, t0, T, sq_t, rk, DK, eps, L2NORM, C) * scale
-        k = _rows(k_head, t0, T, sk_t, rk, DK, eps, L2NORM, C)
-        cum = _cum(g_head, t0, T, sg_t, C)
-        w = tl.load(w_ptr + (base + rt[:, None]) * DK + rk[None, :], mask=ok_t & ok_k[None, :], other=0.0)
-        u = tl.load(u_ptr + (base + rt[:, None]) * DV + cols[None, :], mask=ok_t & ok_v[None, :], other=0.0)
-        v_new = u - tl.dot(w, h, input_precision=PREC)
-        decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], 0.0))
-        attn = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PREC) * decay, 0.0)
-        o = tl.dot(q * tl.exp(cum)[:, None], h, input_precision=PREC) + tl.dot(attn, v_new, input_precision=PREC)
-        tl.store(o_head + rt[:, None] * so_t + cols[None, :], o.to(o_ptr.dtype.element_ty), mask=ok_t & ok_v[None, :])
-        last = tl.sum(tl.where(rc == C - 1, cum, 0.0), 0)  # (rows past T repeat the last one's)
-        k_end = k * tl.exp(last - cum)[:, None]
-        h = h * tl.exp(last) + tl.dot(tl.trans(k_end), v_new, input_precision=PREC)
-    tl.store(ht_ptr + s_off, h, mask=ok_s)
+    decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], 0.0))
+    attn = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PREC) * decay, 0.0)
+    o = tl.dot(q * tl.exp(cum)[:, None], h, input_precision=PREC) + tl.dot(attn, v_new, input_precision=PREC)
+    o_at = o_ptr + b * so_b + hv * so_h + rt[:, None] * so_t + cols[None, :]
+    tl.store(o_at, o.to(o_ptr.dtype.element_ty), mask=ok_t & ok_v[None, :])
+
+
+def chunk_states(batch: int, heads: int, tokens: int, dk: int, dv: int, dtype, device):
+    """The scratch for the state entering each chunk: bf16 for bf16 inputs (as FLA keeps it: its range is fp32's),
+    fp32 for fp16 (a state past 65504 would overflow it) and fp32 inputs."""
+    import torch
+
+    keep = dtype if dtype == torch.bfloat16 else torch.float32
+    return torch.empty(batch, heads, cdiv(tokens, CHUNK), dk, dv, dtype=keep, device=device)
 
 
 def block_v_chunk(dv: int) -> int:
@@ -146,10 +193,11 @@ def block_v_chunk(dv: int) -> int:
     return min(next_pow2(dv), SCAN_BV)
 
 
-def gated_delta_chunk_triton(q, k, v, g, beta, h0, o, ht, w, u, scale: float, l2norm: bool, eps: float,
+def gated_delta_chunk_triton(q, k, v, g, beta, h0, o, ht, w, u, hc, scale: float, l2norm: bool, eps: float,
                              exact: bool) -> None:  # fmt: skip
     """As `triton_gated_delta.gated_delta_triton` (shapes there), in chunks of CHUNK; w `[B, HV, T, DK]` and u
-    `[B, HV, T, DV]` fp32 scratch (contiguous); exact: IEEE fp32 products (else TF32 on a GPU)."""
+    `[B, HV, T, DV]` fp32 scratch, hc `[B, HV, cdiv(T, CHUNK), DK, DV]` (`chunk_states`), all contiguous; exact: IEEE
+    fp32 products (else TF32 on a GPU)."""
     batch, tokens, hk, dk = q.shape
     hv, dv = v.shape[2:]
     if batch == 0 or hv == 0 or dv == 0:
@@ -163,9 +211,17 @@ def gated_delta_chunk_triton(q, k, v, g, beta, h0, o, ht, w, u, scale: float, l2
             C=CHUNK, SUB=SUB_BLOCK, BK=bk, BVF=max(16, next_pow2(dv)), L2NORM=l2norm, PREC=prec,
             num_warps=PREP_WARPS, num_stages=1,
         )  # fmt: skip
-    _scan_kernel[(batch * hv, cdiv(dv, bv))](
-        q, k, g, w, u, ht if h0 is None else h0, o, ht, tokens, hv, hv // hk, dk, dv, float(scale), float(eps),
-        *q.stride()[:3], *k.stride()[:3], *g.stride(), *o.stride()[:3],
+    n_chunks = cdiv(tokens, CHUNK)
+    _state_kernel[(batch * hv, cdiv(dv, bv))](
+        k, g, w, u, ht if h0 is None else h0, hc, ht, tokens, hv, hv // hk, dk, dv, float(eps),
+        *k.stride()[:3], *g.stride(),
         C=CHUNK, BK=bk, BV=bv, HAS_H0=h0 is not None, L2NORM=l2norm, PREC=prec, num_warps=SCAN_WARPS,
         num_stages=SCAN_STAGES,
     )  # fmt: skip
+    if n_chunks:
+        bo = min(max(16, next_pow2(dv)), OUT_BV)
+        _output_kernel[(n_chunks * batch * hv, cdiv(dv, bo))](
+            q, k, g, u, hc, o, tokens, hv, hv // hk, dk, dv, float(scale), float(eps),
+            *q.stride()[:3], *k.stride()[:3], *g.stride(), *o.stride()[:3],
+            C=CHUNK, BK=bk, BV=bo, L2NORM=l2norm, PREC=prec, num_warps=OUT_WARPS,
+        )  # fmt: skip

@@ -67,12 +67,14 @@ def _selective_scan_kernel(
     pid = tl.program_id(0)
     b = (pid // D_BLOCKS).to(tl.int64)
     rd = ((pid % D_BLOCKS) * BD + tl.arange(0, BD)).to(tl.int64)
-    rn = tl.arange(0, BN)
+    rn = tl.arange(0, BN).to(tl.int64)
     rt = tl.arange(0, BT)
     ok_d, ok_n = rd < DIM, rn < N
     ok = ok_d[:, None] & ok_n[None, :]
-    # the decay rates in log2 units, so each decay is one exp2
+    # the decay rates in log2 units, so each decay is one exp2; A = -inf (A_log past 88) as the most negative fp32,
+    # so a token past the end (dt = 0) keeps a decay of 1, not 0 * -inf
     a2 = tl.load(a_ptr + rd[:, None] * sa_d + rn[None, :] * sa_n, mask=ok, other=0.0).to(tl.float32) * LOG2E
+    a2 = tl.where(a2 == -float("inf"), -3.4028234663852886e38, a2)
     bias = tl.zeros([BD], tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + rd, mask=ok_d, other=0.0).to(tl.float32)

@@ -74,7 +74,8 @@ def test_more_programs_than_an_sm_holds_run_in_waves(sp):
 
 def test_trip_rules(sp):
     assert sp.loop_trips("_ssd_scan_kernel", {"C": 32}, 2048, [{}]) == [64]
-    assert sp.loop_trips("_scan_kernel", {"C": 32}, 2049, [{}]) == [65]
+    assert sp.loop_trips("_state_kernel", {"C": 32}, 2049, [{}]) == [65]
+    assert sp.loop_trips("_output_kernel", {"C": 32}, 2049, []) == []
     assert sp.loop_trips("_selective_scan_kernel", {"BT": 32}, 1000, [{}]) == [32]
     assert sp.loop_trips("_gated_delta_kernel", {}, 4, [{}]) == [4] and sp.loop_trips("_gated_delta_kernel", {}, 1,
                                                                                          []) == []  # fmt: skip
@@ -92,15 +93,21 @@ def test_trip_rules(sp):
         sp.prep_trips([{"hmma": 4}], 16, 64)  # three block rows: a loop the model does not have
 
 
-def test_the_chunked_gated_delta_launches_move_the_scratch_twice(sp):
+def test_the_chunked_gated_delta_launches_move_their_scratch(sp):
+    """Each launch's bytes (the spec's plus its extra): the prep reads k, v, g and beta and writes w and u; the state
+    walk reads k, g, w and u, rewrites u (v'), writes the states entering the chunks and the final state; the output
+    launch reads q, k, g, v' and those states and writes o (o's bytes as v's)."""
     from codesign.specs import GatedDeltaRule
 
     spec = GatedDeltaRule(key_heads=16, value_heads=32, key_dim=128, value_dim=128, new_tokens=(2048,),
                           initial_state=False, dtype="bf16", state_dtype="fp32")  # fmt: skip
-    scratch = 2048 * 32 * (128 + 128) * 4  # w and u, fp32
-    k_and_g = 2048 * 16 * 128 * 2 + 2048 * 32 * 2  # read by both launches
-    both = sum(spec.min_bytes() + sp.gdn_chunk_extra(spec, k) for k in ("_prep_kernel", "_scan_kernel"))
-    assert both == spec.min_bytes() + 2 * scratch + k_and_g
+    w = u = 2048 * 32 * 128 * 4
+    chunk_states = 64 * 32 * 128 * 128 * 2  # (bf16, as the inputs)
+    qk, v, gate, state = 2048 * 16 * 128 * 2, 2048 * 32 * 128 * 2, 2048 * 32 * 2, 32 * 128 * 128 * 4
+    want = {"_prep_kernel": qk + v + 2 * gate + w + u, "_state_kernel": qk + gate + w + 2 * u + chunk_states + state,
+            "_output_kernel": 2 * qk + gate + u + chunk_states + v}  # fmt: skip
+    for kernel, nbytes in want.items():
+        assert spec.min_bytes() + sp.gdn_chunk_extra(spec, kernel) == nbytes, kernel
 
 
 @pytest.mark.lowering
@@ -134,7 +141,7 @@ def test_every_case_compiles_without_spills_and_prompts_scale(tmp_path):
         else:  # one token: no loop
             assert walk is None and all(r["trips"] == [] for r in c["launches"])
     gdn = rows["Gated DeltaNet prompt", 2048]["launches"]
-    assert [r["kernel"] for r in gdn] == ["_prep_kernel", "_scan_kernel"]
+    assert [r["kernel"] for r in gdn] == ["_prep_kernel", "_state_kernel", "_output_kernel"]
     assert gdn[0]["grid"] == [2048 // 32 * 32] and gdn[0]["walk"] is False  # (chunk, head) programs, all at once
     assert rows["Gated DeltaNet decode", 4]["launches"][0]["iter_trips"] == 4
     for f in prompts:

@@ -256,10 +256,12 @@ def test_calls_the_ops_do_not_serve_keep_the_modules_own():
     assert not seen
 
 
-@pytest.mark.parametrize("name", [FS.SSD_CHUNK, FS.SEL_SCAN])
-def test_a_scan_that_computes_otherwise_is_kept(name):
-    """A modeling module whose scan over a prompt is not Mamba-2's (or Mamba-1's), here without the decay, fails its
-    fp64 probe."""
+@pytest.mark.parametrize("name,mutation", [(FS.SSD_CHUNK, "no decay"), (FS.SEL_SCAN, "no decay"),
+                                           (FS.SEL_SCAN, "softplus always"), (FS.SEL_SCAN, "a tuple always")])
+def test_a_scan_that_computes_otherwise_is_kept(name, mutation):
+    """A modeling module whose scan over a prompt is not Mamba-2's (or Mamba-1's) fails its fp64 probe: without the
+    decay; for Mamba-1 also one that applies dt's softplus when not asked, or returns the final state when not
+    asked."""
     fake = type(sys)("codesign_test_fake_scan")
     bamba = pytest.importorskip("transformers.models.bamba.modeling_bamba")
     jamba = pytest.importorskip("transformers.models.jamba.modeling_jamba")
@@ -268,6 +270,10 @@ def test_a_scan_that_computes_otherwise_is_kept(name):
         return bamba.mamba2_chunk_scan(hidden_states, dt, A * 0, B, C, chunk_size, **kwargs)
 
     def mamba_selective_scan(hidden_states, dt, A, B, C, **kwargs):
+        if mutation == "softplus always":
+            return jamba.mamba_selective_scan(hidden_states, dt, A, B, C, **{**kwargs, "delta_softplus": True})
+        if mutation == "a tuple always":
+            return jamba.mamba_selective_scan(hidden_states, dt, A, B, C, **{**kwargs, "return_last_state": True})
         return jamba.mamba_selective_scan(hidden_states, dt, A * 0, B, C, **kwargs)
 
     setattr(fake, name, {FS.SSD_CHUNK: mamba2_chunk_scan, FS.SEL_SCAN: mamba_selective_scan}[name])

@@ -358,30 +358,35 @@ def _sel_scan_probe():
 
 def _sel_scan_agrees(fn) -> bool:
     """Whether the module's scan is Mamba-1's: within fp32 rounding of the fp64 reference on a probe (its loop rounds
-    otherwise than our kernel's scan: no bit-for-bit probe to be had)."""
-    from codesign.kernels.layers.selective_scan import selective_scan_recurrent
+    otherwise than our kernel's scan: no bit-for-bit probe to be had), called as the modules call it (D, the gate,
+    dt's bias and softplus, the final state) and with none of them (a bare output, dt as given)."""
+    from codesign.kernels.layers.selective_scan import recurrence
 
     x, dt, a, bm, cm, d, z, bias = _sel_scan_probe()
+    dt_plain = dt.abs() * 0.5
     try:
         want = fn(x, dt, a, bm, cm, D=d, z=z, delta_bias=bias, delta_softplus=True, return_last_state=True)
+        plain = fn(x, dt_plain, a, bm, cm)
     except Exception:  # noqa: BLE001 - another signature: not ours to replace
         return False
     dts = torch.nn.functional.softplus(dt.double() + bias.double()[:, None])
     gate = torch.nn.functional.silu(z.double())
-    refs = []
+    refs, bare = [], []
     for i in range(x.shape[0]):
-        y, state = selective_scan_recurrent(x[i].T.double(), dts[i].T, a.double(), bm[i].T.double(),
-                                            cm[i].T.double(), d.double())  # fmt: skip
+        seq = (x[i].T.double(), dts[i].T, a.double(), bm[i].T.double(), cm[i].T.double())
+        y, state = recurrence(*seq, d.double())
         refs.append((y.T * gate[i], state))
-    return _near_reference(want, refs)
+        bare.append(recurrence(seq[0], dt_plain[i].T.double(), *seq[2:])[0].T)
+    return (_near_reference(want, refs) and isinstance(plain, torch.Tensor) and plain.dtype == x.dtype
+            and plain.shape == x.shape and torch.allclose(plain.double(), torch.stack(bare), rtol=1e-4, atol=1e-5))
 
 
 def _sel_scan_serves(x, dt, A, B, C, D, z, bias) -> bool:
     ts = (x, dt, A, B, C) + tuple(t for t in (D, z, bias) if t is not None)
     if not all(isinstance(t, torch.Tensor) and t.dtype in DTYPES for t in ts):
         return False
-    if x.dim() != 3 or A.dim() != 2 or not 1 <= A.shape[1] <= MAX_STATE:
-        return False
+    if x.dim() != 3 or A.dim() != 2 or not 1 <= A.shape[1] <= MAX_STATE or C.dtype != x.dtype:
+        return False  # (C in another dtype than x: the module's own matmul refuses it; the call goes there)
     batch, dim, tokens = x.shape
     n = A.shape[1]
     want = ((dt, (batch, dim, tokens)), (A, (dim, n)), (B, (batch, n, tokens)), (C, (batch, n, tokens)),

@@ -5,6 +5,8 @@ chunk edges and transformers' strided views, into NaN-poisoned outputs, and cont
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +14,7 @@ from helpers import assert_rel_close, poison_like, rel_fro_error
 
 from codesign.backend import use_backend
 from codesign.kernels.layers import state_ops as S
-from codesign.kernels.layers.selective_scan import selective_scan_recurrent
+from codesign.kernels.layers.selective_scan import recurrence, selective_scan_recurrent
 from codesign.specs import CodesignError
 
 F64 = torch.float64
@@ -102,62 +104,69 @@ TOKENWISE = ("x", "dt", "B", "C", "z")  # the inputs with a token dim (last)
 
 
 def _inputs(b, d, t, n, dtype=torch.float32, device="cpu", views=False):
-    """Random op inputs; with `views`, as transformers' Mamba mixer passes them: dt and z `[D, T]` views with the
-    channels contiguous, B and C views of one `[Bt, T, 2N]` projection (tokens strided)."""
+    """Random op inputs; with `views`, as transformers' Mamba mixers pass them (Jamba's, over a padded batch): x
+    `[Bt, T, D]` transposed (the padding mask's product), the gate a `[D, T]` view of the input projection (channels
+    contiguous), B and C `[Bt, T, N]` transposed (their norms' outputs), dt contiguous (dt_proj's weight times it),
+    and an initial state with its channels strided."""
+    r = lambda *s: torch.randn(*s, device=device).to(dtype)  # noqa: E731
     if views:
-        proj = torch.randn(b, t, 2 * d, device=device).to(dtype)
-        dt, z = proj[..., :d].transpose(1, 2), proj[..., d:].transpose(1, 2)
-        bc = torch.randn(b, t, 2 * n + 3, device=device).to(dtype)
-        B, C = bc[..., 3:3 + n].transpose(1, 2), bc[..., 3 + n:].transpose(1, 2)
+        x = r(b, t, d).transpose(1, 2)
+        z = r(b, t, 2 * d)[..., d:].transpose(1, 2)
+        B, C = r(b, t, n).transpose(1, 2), r(b, t, n).transpose(1, 2)
+        h0 = torch.randn(b, n, d, device=device).transpose(1, 2)
     else:
-        dt, z = (torch.randn(b, d, t, device=device).to(dtype) for _ in range(2))
-        B, C = (torch.randn(b, n, t, device=device).to(dtype) for _ in range(2))
+        x, z, B, C, h0 = r(b, d, t), r(b, d, t), r(b, n, t), r(b, n, t), torch.randn(b, d, n, device=device)
+    dt = r(b, d, t)
     if t:
         dt[0, :min(d, 3), 0] = torch.tensor([25.0, -18.0, -9.0])[:min(d, 3)].to(dtype)  # softplus's far branches
-    return dict(x=torch.randn(b, d, t, device=device).to(dtype), dt=dt, A=-torch.rand(d, n, device=device) * 2 - 0.05,
-                B=B, C=C, D=torch.randn(d, device=device), dt_bias=torch.randn(d, device=device) * 0.5, z=z,
-                initial_state=torch.randn(b, d, n, device=device))  # fmt: skip
+    return dict(x=x, dt=dt, A=-torch.rand(d, n, device=device) * 2 - 0.05, B=B, C=C, D=torch.randn(d, device=device),
+                dt_bias=torch.randn(d, device=device) * 0.5, z=z, initial_state=h0)  # fmt: skip
 
 
-def _ref(a: dict, use, decay=True):
-    """fp64, sequence by sequence through the reference, after dt's bias and softplus; then the gate
-    (`decay=False`: the mutation the bounds must reject)."""
-    dt = F.softplus(a["dt"].double() + (a["dt_bias"].double()[:, None] if "dt_bias" in use else 0))
+def _ref(a: dict, use, decay=True, softplus=True):
+    """fp64, sequence by sequence through the reference's recurrence (any sign of dt), after dt's bias and softplus
+    (with `softplus`); then the gate (`decay=False`: the mutation the bounds must reject)."""
+    dt = a["dt"].double() + (a["dt_bias"].double()[:, None] if "dt_bias" in use else 0)
+    dt = F.softplus(dt) if softplus else dt
     A = a["A"].double() * decay
     ys, states = [], []
     for i in range(a["x"].shape[0]):
         h0 = a["initial_state"][i].double() if "initial_state" in use else None
-        y, s = selective_scan_recurrent(a["x"][i].T.double(), dt[i].T, A, a["B"][i].T.double(), a["C"][i].T.double(),
-                                        a["D"].double() if "D" in use else None, h0)  # fmt: skip
+        y, s = recurrence(a["x"][i].T.double(), dt[i].T, A, a["B"][i].T.double(), a["C"][i].T.double(),
+                          a["D"].double() if "D" in use else None, h0)  # fmt: skip
         ys.append(y.T)
         states.append(s)
     y = torch.stack(ys)
     return y * (F.silu(a["z"].double()) if "z" in use else 1), torch.stack(states)
 
 
-def _call(a: dict, use, **kw):
+def _call(a: dict, use, softplus=True, **kw):
     opt = {name: a[name] for name in ("D", "dt_bias", "z", "initial_state") if name in use}
-    return S.selective_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], dt_softplus=True, **opt, **kw)
+    return S.selective_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], dt_softplus=softplus, **opt, **kw)
 
 
 @pytest.mark.parametrize("device", DEV)
 @pytest.mark.parametrize("shape,use,dtype", [
     ((2, 13, 37, 16), ALL, torch.float32), ((2, 13, 37, 16), (), torch.float16), ((1, 3, 40, 200), ALL, torch.float16),
-    ((1, 3, 40, 200), (), torch.float32), ((3, 33, 1, 8), ALL, torch.float32), ((2, 20, 64, 24), ALL, torch.float16),
-    ((2, 20, 64, 24), ("D", "z"), torch.float32)])  # fmt: skip
+    ((1, 3, 40, 200), (), torch.float32), ((3, 33, 1, 8), ALL, torch.float32), ((2, 22, 64, 24), ALL, torch.float16),
+    ((2, 22, 64, 24), ("D", "z"), torch.float32)])  # fmt: skip
 def test_selective_scan_vs_fp64(device, shape, use, dtype):
-    """Channels past a program's block (33 over 8; 13 over 8 at N = 16), a state that is no power of two (24, 200:
-    past 32, chunks of 16), prompts ending inside a chunk (37, 40 in 16s) and on its edge (64), one token; transformers'
-    strided views (two shapes); with and without D, dt's bias, the gate and an initial state."""
+    """Channels past a program's block (13 over 8 at N = 16, 33 over 16 at N = 8, 22 over 4 at N = 24), a state that
+    is no power of two (24, 200: past 32, chunks of 16), prompts ending inside a chunk (37, 40 in 16s) and on its edge
+    (64), one token; transformers' strided views (two shapes); with and without D, dt's bias, the gate and an initial
+    state; without dt's softplus (dt as given, a few negative) where D is used without the bias."""
     a = _inputs(*shape, dtype=dtype, device=device, views=shape[2] in (37, 64))
+    softplus = "dt_bias" in use or not use
+    if not softplus:
+        a["dt"] = a["dt"].abs() * 0.2 - 0.02
     with use_backend("triton"):
-        y, ht = _call(a, use)
-    want_y, want_s = _ref(a, use)
+        y, ht = _call(a, use, softplus)
+    want_y, want_s = _ref(a, use, softplus=softplus)
     assert y.dtype == dtype and y.shape == a["x"].shape and y.is_contiguous() and ht.dtype == torch.float32
     assert_rel_close(y, want_y, BOUND[dtype], "y")
     assert_rel_close(ht, want_s, BOUND[torch.float32] * (1 if dtype == torch.float32 else 1e2), "final state")
     if shape[2] > 1:  # teeth: a state that does not decay is far outside the bound
-        assert rel_fro_error(y, _ref(a, use, decay=False)[0]) > 100 * BOUND[dtype]
+        assert rel_fro_error(y, _ref(a, use, decay=False, softplus=softplus)[0]) > 100 * BOUND[dtype]
 
 
 def test_selective_scan_into_poison():
@@ -171,6 +180,21 @@ def test_selective_scan_into_poison():
     want_y, want_s = _ref(a, ALL)
     assert_rel_close(y, want_y, BOUND[torch.float32])
     assert_rel_close(ht, want_s, BOUND[torch.float32])
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in multiply:RuntimeWarning")  # (numpy: dt x -3.4e38)
+def test_infinite_decay_rate_past_the_end():
+    """A = -inf (A_log past 88: that state entry forgets at once) and a prompt ending inside a chunk: the padded
+    tokens' dt = 0 keeps a decay of 1 (not 0 * -inf), the final state finite and the reference's, on both backends."""
+    a = _inputs(1, 8, 5, 16)
+    a["A"][0, 0] = -math.inf
+    want_y, want_s = _ref(a, ALL)
+    for backend in ("triton", "torch"):
+        with use_backend(backend):
+            y, ht = _call(a, ALL)
+        assert torch.isfinite(ht).all() and torch.isfinite(y).all(), backend
+        assert_rel_close(ht, want_s, BOUND[torch.float32], backend)
+        assert_rel_close(y, want_y, BOUND[torch.float32], backend)
 
 
 def test_prompt_then_steps_equal_one_scan():

@@ -99,8 +99,9 @@ def test_gated_delta_rule_chunked_vs_fp64(device, dtype, shape, state):
 def test_chunked_form_is_stable_where_the_series_is_not():
     """Similar keys, beta near 1 and a slow decay make A's entries near 1; the series sum (-A)^k of its inverse then
     has terms of C(31, 15) ~ 3e8 that cancel (its error was 1e19 here), forward substitution stays at fp32 rounding;
-    the chunked kernel agrees with the recurrent one launched on the same inputs."""
-    from codesign.kernels.layers.triton_gated_delta_chunk import gated_delta_chunk_triton
+    the chunked kernel agrees with the recurrent one launched on the same inputs. Its scratch (w, u, the states
+    entering the chunks) starts NaN: every entry read is written first."""
+    from codesign.kernels.layers.triton_gated_delta_chunk import chunk_states, gated_delta_chunk_triton
 
     torch.manual_seed(3)
     q, k, v, g, beta, h0 = _gdn_inputs(1, 130, 1, 2, 32, 16)
@@ -108,13 +109,45 @@ def test_chunked_form_is_stable_where_the_series_is_not():
     g, beta = torch.full_like(g, -1e-4), torch.full_like(beta, 0.999)
     want_o, want_s = _gdn_ref(q, k, v, g, beta, h0)
     o, ht = poison_like(v), poison_like(h0)
-    w, u = torch.empty(1, 2, 130, 32), torch.empty(1, 2, 130, 16)
-    gated_delta_chunk_triton(q, k, v, g, beta, h0, o, ht, w, u, 32**-0.5, True, S.L2_EPS, True)
+    w, u = torch.full((1, 2, 130, 32), math.nan), torch.full((1, 2, 130, 16), math.nan)
+    hc = chunk_states(1, 2, 130, 32, 16, q.dtype, q.device).fill_(math.nan)
+    gated_delta_chunk_triton(q, k, v, g, beta, h0, o, ht, w, u, hc, 32**-0.5, True, S.L2_EPS, True)
     assert_rel_close(o, want_o, 1e-5)
     assert_rel_close(ht, want_s, 1e-5)
     o2, ht2 = poison_like(v), poison_like(h0)
     gated_delta_triton(q, k, v, g, beta, h0, o2, ht2, 32**-0.5, True, S.L2_EPS)
     assert_rel_close(o, o2, 1e-5)
+
+
+def test_chunked_prompt_in_pieces_equals_one_run(monkeypatch):
+    """A prompt past the chunked form's scratch budget goes in pieces of whole chunks, the fp32 state carried from
+    one to the next: bit for bit one run (the same chunks, the same arithmetic)."""
+    q, k, v, g, beta, h0 = _gdn_inputs(1, 130, 1, 2, 32, 16)
+    with use_backend("triton"):
+        want = S.gated_delta_rule(q, k, v, g, beta, h0)
+        monkeypatch.setattr(S, "CHUNKED_SCRATCH", 2 * 256 * 64)  # (256 bytes a token and head here: 64 tokens a piece)
+        from codesign.kernels.layers import triton_gated_delta_chunk as chunked
+
+        launches, launch = [], chunked.gated_delta_chunk_triton
+        monkeypatch.setattr(chunked, "gated_delta_chunk_triton", lambda *a: launches.append(len(a[0][0])) or launch(*a))
+        got = S.gated_delta_rule(q, k, v, g, beta, h0)
+    assert launches == [64, 64, 2]
+    assert all(torch.equal(w, o) for w, o in zip(want, got))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_chunked_form_in_16_bits(dtype):
+    """fp16 inputs with a state past fp16's range (the chunk states kept in fp32): finite, the reference's; bf16
+    inputs (the chunk states kept in bf16, as FLA): within 1e-2 of fp64 (the output's own rounding is ~2e-3)."""
+    q, k, v, g, beta, h0 = _gdn_inputs(1, 100, 1, 2, 16, 32, dtype=dtype)
+    if dtype == torch.float16:
+        h0 = h0 * 1e5
+    with use_backend("triton"):
+        o, ht = S.gated_delta_rule(q, k, v, g, beta, h0)
+    want_o, want_s = _gdn_ref(q, k, v, g, beta, h0)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert_rel_close(o, want_o, 1.5e-3 if dtype == torch.float16 else 1e-2, "o")
+    assert_rel_close(ht, want_s, 1e-3 if dtype == torch.float16 else 1e-2, "final state")
 
 
 def test_gated_delta_rule_into_poison_and_by_token():
@@ -267,6 +300,31 @@ def test_ssd_scan_without_softplus_into_fp32():
     assert_rel_close(y, want, 1e-5)
     with pytest.raises(CodesignError, match="out_dtype must be"):
         S.ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], out_dtype=torch.int8)
+
+
+def test_scans_take_dt_as_given_on_both_backends():
+    """Without the softplus (and its clamp at 0 lifted) dt may be negative: both backends compute it alike, the torch
+    path too (the references' sign checks are not the op's), and the op's body refuses a bad out_dtype itself."""
+    a = _scan_inputs(1, 40, 2, 8, 16, 1)
+    a["dt"] = a["dt"].abs() * 0.1 - 0.02
+    outs = {}
+    for backend in ("torch", "triton"):
+        with use_backend(backend):
+            outs[backend] = S.ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], dt_limit=(-1.0, math.inf))
+    assert (a["dt"] < 0).any()
+    assert all(torch.allclose(t, w, rtol=1e-5, atol=1e-5) for t, w in zip(outs["triton"], outs["torch"]))
+    x = torch.randn(1, 4, 6)
+    sel = (x, x * 0.1 - 0.02, -torch.rand(4, 8), torch.randn(1, 8, 6), torch.randn(1, 8, 6))
+    with use_backend("torch"):
+        y_torch, s_torch = S.selective_scan(*sel)
+    with use_backend("triton"):
+        y_tri, s_tri = S.selective_scan(*sel)
+    assert torch.allclose(y_torch, y_tri, rtol=1e-5, atol=1e-5) and torch.allclose(s_torch, s_tri, rtol=1e-5, atol=1e-5)
+    for op in (lambda: torch.ops.codesign.selective_scan(*sel, None, None, False, None, None, torch.int8),
+               lambda: torch.ops.codesign.ssd_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], None, None, False, 0.0,
+                                                   math.inf, None, torch.int8)):  # fmt: skip
+        with pytest.raises(CodesignError, match="out_dtype must be"):
+            op()
 
 
 def test_ssd_scan_into_poison():
