@@ -30,8 +30,7 @@ model on a CPU computes exactly what the unpatched one does.
         Mamba-1's scan over a prompt (`triton_selective_scan`; Jamba, Falcon-Mamba, Mamba, Zamba), in mamba_ssm's
         layout: x, dt and z `[Bt, D, T]`, A `[D, N]`, B and C `[Bt, N, T]`, D and dt_bias `[D]`, initial_state
         `[Bt, D, N]` or None (zeros). y `[Bt, D, T]` in out_dtype (None: x's) with the D skip and times silu(z);
-        final_state fp32. The torch path is the reference's recurrence (`selective_scan.selective_scan_recurrent`)
-        in fp32.
+        final_state fp32. The torch path is the reference's recurrence (`selective_scan.recurrence`) in fp32.
     selective_state_update(state, x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None) -> y
         Mamba-1's state update for one token (`triton_selective_update`; Jamba, Falcon-Mamba, Mamba), the state
         updated in place: state `[Bt, D, N]`, x, dt and z `[Bt, D]`, A `[D, N]` (a decay rate per channel and state
@@ -232,9 +231,8 @@ def _scan_torch(x, dt, A, B, C, D, dt_bias, softplus, dt_limit, initial_state,
     dt = (F.softplus(dt) if softplus else dt).clamp(*dt_limit)
     ys, states = [], []
     for i in range(x.shape[0]):
-        y, s = chunked(x[i].float(), dt[i], A.float(), B[i].float(), C[i].float(),
-                           None if D is None else D.float(),
-                           None if initial_state is None else initial_state[i].float())  # fmt: skip
+        y, s = chunked(x[i].float(), dt[i], A.float(), B[i].float(), C[i].float(), None if D is None else D.float(),
+                       None if initial_state is None else initial_state[i].float())  # fmt: skip
         ys.append(y)
         states.append(s)
     shape = (x.shape[0], x.shape[2], x.shape[3], B.shape[3])
