@@ -27,4 +27,5 @@ KB, which neither a CUDA graph nor a faster GEMM removes. The operator specs (`c
                          and chunked form (the kernel's reference; prompts run transformers' chunked form)
     ssd.py               Mamba-2's state-space scan (Granite 4.0 hybrid, Bamba, ...), the same two forms
     selective_scan.py    Mamba-1's selective scan (Jamba, Falcon-Mamba, Mamba), the CPU reference of its recurrence
+    checks.py            the argument checks those three references share (any dtype, fp64 included)
 """

@@ -26,21 +26,16 @@ from __future__ import annotations
 
 import torch
 
+from codesign.kernels.layers.checks import check_rank
 from codesign.specs import CodesignError
 
 L2_EPS = 1e-6  # FLA's and transformers' l2norm epsilon
 
 
-def _check_rank(name: str, x: torch.Tensor, rank: int) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != rank:
-        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise CodesignError(f"{name} must be a rank-{rank} tensor, got {got}")
-
-
 def _check_inputs(q, k, v, g, beta, initial_state) -> None:
     """Raise CodesignError naming the first argument whose rank or shape does not fit the others."""
     for name, x, rank in (("q", q, 3), ("k", k, 3), ("v", v, 3), ("g", g, 2), ("beta", beta, 2)):
-        _check_rank(name, x, rank)
+        check_rank(name, x, rank)
     if k.shape != q.shape:
         raise CodesignError(
             f"k must have q's shape [T, key_heads, dk] {tuple(q.shape)}, got {tuple(k.shape)}"
@@ -57,7 +52,7 @@ def _check_inputs(q, k, v, g, beta, initial_state) -> None:
                 f"{name} must have shape [T, value_heads] {(tokens, value_heads)}, got {tuple(x.shape)}"
             )
     if initial_state is not None:
-        _check_rank("initial_state", initial_state, 3)
+        check_rank("initial_state", initial_state, 3)
         if initial_state.shape != (value_heads, dk, dv):
             raise CodesignError(
                 f"initial_state must have shape [value_heads, dk, dv] {(value_heads, dk, dv)}, "

@@ -22,30 +22,25 @@ from __future__ import annotations
 
 import torch
 
+from codesign.kernels.layers.checks import check_rank, check_shape
 from codesign.specs import CodesignError
-
-
-def _check(name: str, t, shape: tuple[int, ...], dims: str) -> None:
-    if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
-        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise CodesignError(f"{name} must have shape {dims} {shape}, got {got}")
 
 
 def _check_inputs(x, dt, A, B, C, D, initial_state) -> None:
     """Raise CodesignError naming the first argument whose shape or sign does not fit the others."""
-    if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise CodesignError(f"x must be a rank-2 tensor [T, D], got {getattr(x, 'shape', type(x).__name__)}")
+    check_rank("x", x, 2)
     tokens, dim = x.shape
-    _check("dt", dt, (tokens, dim), "[T, D]")
-    if not isinstance(A, torch.Tensor) or A.dim() != 2 or A.shape[0] != dim or A.shape[1] == 0:
-        raise CodesignError(f"A must be [D={dim}, N] with N >= 1, got {getattr(A, 'shape', type(A).__name__)}")
+    check_shape("dt", dt, 2, (tokens, dim), "[T, D]")
+    check_rank("A", A, 2)
+    if A.shape[0] != dim or A.shape[1] == 0:
+        raise CodesignError(f"A must be [D={dim}, N] with N >= 1, got {tuple(A.shape)}")
     n = A.shape[1]
-    _check("B", B, (tokens, n), "[T, N]")
-    _check("C", C, (tokens, n), "[T, N]")
+    check_shape("B", B, 2, (tokens, n), "[T, N]")
+    check_shape("C", C, 2, (tokens, n), "[T, N]")
     if D is not None:
-        _check("D", D, (dim,), "[D]")
+        check_shape("D", D, 1, (dim,), "[D]")
     if initial_state is not None:
-        _check("initial_state", initial_state, (dim, n), "[D, N]")
+        check_shape("initial_state", initial_state, 2, (dim, n), "[D, N]")
     # the usual slips: A_log passed for A = -exp(A_log), dt before its softplus
     if (A > 0).any():
         raise CodesignError(f"A must be <= 0 (-exp(A_log), not A_log), got max {A.max().item()}")

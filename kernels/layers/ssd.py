@@ -26,39 +26,28 @@ from __future__ import annotations
 
 import torch
 
+from codesign.kernels.layers.checks import check_rank, check_shape
 from codesign.specs import CodesignError
 from codesign.specs.errors import check_nonneg_int, check_positive_int
 
 
-def _check_rank(name: str, x: torch.Tensor, rank: int) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != rank:
-        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise CodesignError(f"{name} must be a rank-{rank} tensor, got {got}")
-
-
-def _check_shape(name: str, x: torch.Tensor, rank: int, shape: tuple[int, ...], dims: str) -> None:
-    _check_rank(name, x, rank)
-    if tuple(x.shape) != shape:
-        raise CodesignError(f"{name} must have shape {dims} {shape}, got {tuple(x.shape)}")
-
-
 def _check_inputs(x, dt, A, B, C, D, initial_state) -> None:
     """Raise CodesignError naming the first argument whose rank, shape or sign does not fit the others."""
-    _check_rank("x", x, 3)
+    check_rank("x", x, 3)
     tokens, heads, head_dim = x.shape
-    _check_shape("dt", dt, 2, (tokens, heads), "[T, heads]")
-    _check_shape("A", A, 1, (heads,), "[heads]")
-    _check_rank("B", B, 3)
+    check_shape("dt", dt, 2, (tokens, heads), "[T, heads]")
+    check_shape("A", A, 1, (heads,), "[heads]")
+    check_rank("B", B, 3)
     if B.shape[0] != tokens:
         raise CodesignError(f"B must have x's T={tokens} tokens, got shape {tuple(B.shape)}")
     groups, state = B.shape[1:]
     if groups == 0 or heads % groups:
         raise CodesignError(f"B's groups={groups} must divide x's heads={heads}")
-    _check_shape("C", C, 3, tuple(B.shape), "[T, groups, state] (B's)")
+    check_shape("C", C, 3, tuple(B.shape), "[T, groups, state] (B's)")
     if D is not None:
-        _check_shape("D", D, 1, (heads,), "[heads]")
+        check_shape("D", D, 1, (heads,), "[heads]")
     if initial_state is not None:
-        _check_shape("initial_state", initial_state, 3, (heads, head_dim, state), "[heads, head_dim, state]")
+        check_shape("initial_state", initial_state, 3, (heads, head_dim, state), "[heads, head_dim, state]")
     # the usual slips: A_log passed for A = -exp(A_log), dt before its softplus
     if (A > 0).any():
         raise CodesignError(f"A must be <= 0 (-exp(A_log), not A_log), got max {A.max().item()}")

@@ -72,6 +72,16 @@ def _check_options(dt_softplus, out_dtype=None) -> None:
         raise CodesignError(f"out_dtype must be None or fp16, bf16 or fp32, got {out_dtype!r}")
 
 
+def _check_triton_state(state: torch.Tensor) -> None:
+    """What the Triton state updates need of the state they write in place: N up to MAX_STATE, its last dim
+    contiguous."""
+    if state.shape[-1] > MAX_STATE:
+        raise CodesignError(f"the Triton state update holds states up to N={MAX_STATE}, got {state.shape[-1]}")
+    if state.stride(-1) != 1:
+        raise CodesignError(f"state's last dim must be contiguous (it is updated in place), got strides "
+                            f"{state.stride()}")  # fmt: skip
+
+
 # --- gated delta rule -------------------------------------------------------------------------------------------
 def _check_gdn(q, k, v, g, beta, initial_state, scale) -> None:
     for name, t, dims in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 3), ("beta", beta, 3)):
@@ -352,11 +362,7 @@ def _ssd_body(state, x, dt, A, B, C, D, dt_bias, softplus, z) -> torch.Tensor:
         return _ssd_torch(state, x, dt, A, B, C, D, dt_bias, softplus, z)
     from codesign.kernels.layers.triton_ssd_update import ssd_update_triton
 
-    if state.shape[-1] > MAX_STATE:
-        raise CodesignError(f"the Triton state update holds states up to N={MAX_STATE}, got {state.shape[-1]}")
-    if state.stride(-1) != 1:
-        raise CodesignError(f"state's last dim must be contiguous (it is updated in place), got strides "
-                            f"{state.stride()}")  # fmt: skip
+    _check_triton_state(state)
     x, B, C, z = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (x, B, C, z))
     A, D, dt_bias = (t if t is None else t.contiguous() for t in (A, D, dt_bias))
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -433,11 +439,7 @@ def _selective_body(state, x, dt, A, B, C, D, dt_bias, softplus, z) -> torch.Ten
         return _selective_torch(state, x, dt, A, B, C, D, dt_bias, softplus, z)
     from codesign.kernels.layers.triton_selective_update import selective_update_triton
 
-    if state.shape[-1] > MAX_STATE:
-        raise CodesignError(f"the Triton state update holds states up to N={MAX_STATE}, got {state.shape[-1]}")
-    if state.stride(-1) != 1:
-        raise CodesignError(f"state's last dim must be contiguous (it is updated in place), got strides "
-                            f"{state.stride()}")  # fmt: skip
+    _check_triton_state(state)
     x, dt, A, B, C, z = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (x, dt, A, B, C, z))
     D, dt_bias = (t if t is None else t.contiguous() for t in (D, dt_bias))
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
