@@ -217,9 +217,10 @@ def layers(mode: Any) -> list[dict]:
 
 def _state_cases(mode: Any) -> list[tuple[str, Any, Callable[[], Any], Callable[[], Any]]]:
     """(label, spec, transformers' torch function, ours) at decode over 16 sequences: Qwen3-Next's Gated DeltaNet
-    (16 key / 32 value heads of 128; one token, and 4, a speculative step's; a prompt), a Mamba-2 mixer as
-    Granite 4.0-H's (128 heads of 64, state 128, one group; and its scan over a prompt) and Jamba's Mamba-1 mixer
-    (`_mamba1_cases`), fp32 states, the model's dtype elsewhere (smoke: small and fp32)."""
+    (16 key / 32 value heads of 128; one token, and 4, a speculative step's; a tree step's 15 nodes; a prompt), a
+    Mamba-2 mixer as Granite 4.0-H's (128 heads of 64, state 128, one group; a tree step's 15 nodes; and its scan over
+    a prompt) and Jamba's Mamba-1 mixer (`_mamba1_cases`), fp32 states, the model's dtype elsewhere (smoke: small and
+    fp32)."""
     import torch
 
     from codesign.kernels.layers import state_ops as S
@@ -244,6 +245,8 @@ def _state_cases(mode: Any) -> list[tuple[str, Any, Callable[[], Any], Callable[
                                                                  output_final_state=True,
                                                                  use_qk_l2norm_in_kernel=True),
                       lambda a=(q, k, v, g, beta, h0): S.gated_delta_rule(*a, dispatch=False)))  # fmt: skip
+    cases.append(_tree_case(recurrent, (b, hk, hv, d), dtype, dev, dt_name))
+    cases.append(_ssd_tree_case((b, heads, p, n), dtype, dev, dt_name))
     cases.append(_prompt_case(mode, dtype, dev, dt_name))
     cases.append(_scan_case(mode, dtype, dev, dt_name))
     cases.extend(_mamba1_cases(mode, dtype, dev, dt_name))
@@ -261,6 +264,73 @@ def _state_cases(mode: Any) -> list[tuple[str, Any, Callable[[], Any], Callable[
                   lambda: update(st, *theirs, dt_bias=theirs[-1], dt_softplus=True),
                   lambda: S.ssd_update(st, *args, dispatch=False)))  # fmt: skip
     return cases
+
+
+def _tree_case(recurrent: Callable, shape: tuple[int, ...], dtype: Any, dev: str,
+               dt_name: str) -> tuple[str, Any, Callable, Callable]:  # fmt: skip
+    """Gated DeltaNet over a tree step's 15 nodes (a binary tree of depth 3) from each sequence's state: transformers,
+    which has no tree form, over each leaf's path (8 calls of 4 tokens, the paths gathered outside the timed call),
+    beside ours (`gated_delta_tree`, one launch)."""
+    import torch
+
+    from codesign.kernels.layers import tree_state_ops as TS
+    from codesign.kernels.parents import path_to
+    from codesign.specs import GatedDeltaRule
+
+    b, hk, hv, d = shape
+    parents = [-1] + [(i - 1) // 2 for i in range(1, 15)]
+    q, k = (torch.randn(b, 15, hk, d, dtype=dtype, device=dev) for _ in range(2))
+    v = torch.randn(b, 15, hv, d, dtype=dtype, device=dev)
+    g, beta = -torch.rand(b, 15, hv, device=dev), torch.rand(b, 15, hv, device=dev).to(dtype)
+    h0 = torch.randn(b, hv, d, d, device=dev)
+    paths = []
+    for leaf in range(7, 15):
+        at = torch.tensor(path_to(parents, leaf), device=dev)
+        paths.append(tuple(x[:, at] for x in (q, k, v, g, beta)))
+
+    def theirs():
+        return [recurrent(*p[:3], g=p[3], beta=p[4], initial_state=h0, output_final_state=False,
+                          use_qk_l2norm_in_kernel=True) for p in paths]  # fmt: skip
+
+    spec = GatedDeltaRule(key_heads=hk, value_heads=hv, key_dim=d, value_dim=d, new_tokens=(15,) * b, dtype=dt_name,
+                          state_dtype="fp32")  # fmt: skip
+    return (f"gated_delta_tree B={b} N=15 heads={hk}/{hv} d={d}", spec, theirs,
+            lambda: TS.gated_delta_tree(q, k, v, g, beta, parents, h0, dispatch=False))
+
+
+def _ssd_tree_case(shape: tuple[int, ...], dtype: Any, dev: str, dt_name: str) -> tuple[str, Any, Callable, Callable]:
+    """Mamba-2 (Granite 4.0-H's heads) over a tree step's 15 nodes from each sequence's state: transformers' one-token
+    update down each leaf's path (8 paths of 4 tokens, the state copied at each path's start, the views made outside
+    the timed call), beside ours (`ssd_tree`, one launch)."""
+    import torch
+
+    from codesign.kernels.layers import tree_state_ops as TS
+    from codesign.kernels.parents import path_to
+    from codesign.specs import SSDScan
+
+    b, heads, p, n = shape
+    parents = [-1] + [(i - 1) // 2 for i in range(1, 15)]
+    x = torch.randn(b, 15, heads, p, dtype=dtype, device=dev)
+    dt, a = torch.randn(b, 15, heads, dtype=dtype, device=dev), -torch.rand(heads, device=dev)
+    bc, st = torch.randn(b, 15, 1, n, dtype=dtype, device=dev), torch.randn(b, heads, p, n, device=dev)
+    update = _transformers_fn("bamba", "mamba2_selective_state_update")
+    # transformers' call: dt, A, D and dt_bias one value a head, expanded over the head dim (A over the state too)
+    av, dv = a[:, None, None].expand(-1, p, n), a[:, None].expand(-1, p)
+    steps = []
+    for leaf in range(7, 15):
+        steps.append([(x[:, j], dt[:, j, :, None].expand(-1, -1, p), bc[:, j], bc[:, j])
+                      for j in path_to(parents, leaf)])  # fmt: skip
+
+    def theirs():
+        for path in steps:
+            state = st.clone()
+            for xj, dtj, bj, cj in path:
+                update(state, xj, dtj, av, bj, cj, dv, dt_bias=dv, dt_softplus=True)
+
+    spec = SSDScan(heads=heads, head_dim=p, state=n, groups=1, new_tokens=(15,) * b, dtype=dt_name,
+                   state_dtype="fp32")  # fmt: skip
+    return (f"ssd_tree B={b} N=15 heads={heads} P={p} N={n}", spec, theirs,
+            lambda: TS.ssd_tree(x, dt, a, bc, bc, parents, a, a, True, st, dispatch=False))
 
 
 def _transformers_fn(model: str, name: str) -> Callable:

@@ -388,13 +388,14 @@ def _layer_cases() -> Iterator[Case]:
 
 def _state_cases() -> Iterator[Case]:
     """The recurrent-state ops (`kernels.layers.state_ops`) at decode, 16 sequences in bf16: Qwen3-Next's Gated
-    DeltaNet (16 key heads, 32 value heads, 128 x 128; also 4 tokens, a speculative step's; and a 2048-token prompt,
-    the chunked form), Mamba-2 as in Granite
-    4.0-H / Nemotron-H (128 heads of 64, state 128, one group and eight; and its scan over a 2048-token prompt);
+    DeltaNet (16 key heads, 32 value heads, 128 x 128; also 4 tokens, a speculative step's; trees of 15 and 31 nodes,
+    a tree step's verification; and a 2048-token prompt, the chunked form), Mamba-2 as in Granite 4.0-H / Nemotron-H
+    (128 heads of 64, state 128, one group and eight; trees of 15 and 31 nodes; and its scan over a 2048-token prompt);
     Jamba's Mamba-1 step (8192 channels, state 16) and its scan over a 2048-token prompt."""
     import torch
 
     from codesign.kernels.layers import state_ops as S
+    from codesign.kernels.layers import tree_state_ops as TS
 
     bf = dict(dtype=torch.bfloat16)
     for t in (1, 4):
@@ -402,6 +403,12 @@ def _state_cases() -> Iterator[Case]:
         g, h0 = torch.zeros(16, t, 32), torch.zeros(16, 32, 128, 128)
         yield ("layers", f"gated_delta_rule B=16 T={t} heads=16/32 dk=dv=128 bf16",
                lambda q=q, v=v, g=g, h0=h0: S.gated_delta_rule(q, q, v, g, g.bfloat16(), h0))  # fmt: skip
+    for n in (15, 31):  # a tree speculative step's verification (binary trees of depth 3 and 4)
+        q, v = torch.zeros(16, n, 16, 128, **bf), torch.zeros(16, n, 32, 128, **bf)
+        g, h0 = torch.zeros(16, n, 32), torch.zeros(16, 32, 128, 128)
+        parents = [-1] + [(i - 1) // 2 for i in range(1, n)]
+        yield ("layers", f"gated_delta_tree B=16 N={n} heads=16/32 dk=dv=128 bf16",
+               lambda q=q, v=v, g=g, h0=h0, p=parents: TS.gated_delta_tree(q, q, v, g, g.bfloat16(), p, h0))
     q, v = torch.zeros(1, 2048, 16, 128, **bf), torch.zeros(1, 2048, 32, 128, **bf)
     g = torch.zeros(1, 2048, 32)
     yield ("layers", "gated_delta_rule (chunked) B=1 T=2048 heads=16/32 dk=dv=128 bf16",
@@ -435,6 +442,16 @@ def _state_cases() -> Iterator[Case]:
     yield ("layers", "selective_scan B=1 D=512 T=2048 N=256 bf16, an initial state",
            lambda: S.selective_scan(xw, xw, torch.zeros(512, 256), bw, bw, None, None, True, None,
                                     torch.zeros(1, 512, 256)))  # fmt: skip
+    for n in (15, 31):  # Mamba-2 (Granite 4.0-H) in a tree step's verification
+        xt, bct = torch.zeros(16, n, 128, 64, **bf), torch.zeros(16, n, 1, 128, **bf)
+        dtt = torch.zeros(16, n, 128, **bf)
+        parents = [-1] + [(i - 1) // 2 for i in range(1, n)]
+        yield ("layers", f"ssd_tree B=16 N={n} heads=128 P=64 N=128 groups=1 bf16, fp32 state",
+               lambda xt=xt, bct=bct, dtt=dtt, p=parents: TS.ssd_tree(xt, dtt, a, bct, bct, p, a, a, True,
+                                                                      torch.zeros(16, 128, 64, 128)))
+    xa, bca, dta = torch.zeros(16, 4, 128, 64, **bf), torch.zeros(16, 4, 1, 128, **bf), torch.zeros(16, 4, 128)
+    yield ("layers", "ssd_scan B=16 T=4 heads=128 P=64 N=128 groups=1 bf16, an initial state (the recurrence)",
+           lambda: S.ssd_scan(xa, dta, a, bca, bca, initial_state=torch.zeros(16, 128, 64, 128)))
     st2, bcw = torch.zeros(16, 128, 64, 256), torch.zeros(16, 1, 256, **bf)
     yield ("layers", "ssd_update B=16 heads=128 P=64 N=256 fp32 state bf16",
            lambda: S.ssd_update(st2, torch.zeros(16, 128, 64, **bf), torch.zeros(16, 128, **bf), torch.zeros(128),

@@ -5,12 +5,13 @@ SASS (compile-only: no GPU, nothing timed; every number is a prediction).
 
 Cases, the shapes of `lowering_report._state_cases` and `gpu_ops._state_cases` (bf16, fp32 states): Qwen3-Next's
 Gated DeltaNet (16 key / 32 value heads of 128) at 16 sequences, one token and four (`triton_gated_delta`'s
-recurrence), and over one prompt (`triton_gated_delta_chunk`: the prep launch, all chunks at once, the state walk
-over the chunks, then the output launch, all chunks at once); Granite-4.0-H's Mamba-2 (128 heads of 64, state 128,
-one group), its one-token update at 16 sequences (`triton_ssd_update`) and its scan over one prompt
-(`triton_ssd_chunk`); Jamba's Mamba-1 (8192 channels, state 16), its one-token update at 16 sequences with the gate
-(`triton_selective_update`) and its scan over one prompt with the views, gate and fp32 output transformers' module
-passes (`triton_selective_scan`). `--tokens`: the prompt lengths
+recurrence), a tree step's 15 and 31 nodes (`triton_gated_delta_tree`: one launch, the state read once), and over
+one prompt (`triton_gated_delta_chunk`: the prep launch, all chunks at once, the state walk over the chunks, then the
+output launch, all chunks at once); Granite-4.0-H's Mamba-2 (128 heads of 64, state 128, one group), its one-token
+update at 16 sequences (`triton_ssd_update`), a tree step's 15 and 31 nodes (`triton_ssd_tree`) and its scan over one
+prompt (`triton_ssd_chunk`); Jamba's Mamba-1 (8192 channels, state 16), its one-token update at 16 sequences with the
+gate (`triton_selective_update`) and its scan over one prompt with the views, gate and fp32 output transformers'
+module passes (`triton_selective_scan`). `--tokens`: the prompt lengths
 (default 2048; several: each prompt case at each). Each call compiles under `codesign.autotune.compile_only(90,
 "NVIDIA H200")`; per Triton launch (its SASS through `sass_model` / `sass_sched`, the programs the busiest SM runs,
 `ceil(programs / 132)`, its warps spread over its 4 schedulers):
@@ -27,9 +28,10 @@ passes (`triton_selective_scan`). `--tokens`: the prompt lengths
     launch  = max(issue, pipes, latency, floor);   case = its launches + LAUNCH_GAP_MS (1 us) between two
 
 The case's floor is the op spec's `min_bytes()` (`codesign.specs` GatedDeltaRule, SSDScan, SelectiveScan) at the
-copy rate; a launch's floor is that plus what the spec does not count (a case's `extra`): the chunked Gated
-DeltaNet's scratch (w and u, the states entering the chunks) and the inputs each launch reads again
-(`gdn_chunk_extra`); Mamba-1's gate z, its fp32 A `[D, N]` and its scan's fp32 output.
+copy rate, a tree's without the state's write (its kernel writes none); a launch's floor is the spec's plus what the
+spec does not count (a case's `extra`): the chunked Gated DeltaNet's scratch (w and u, the states entering the
+chunks) and the inputs each launch reads again (`gdn_chunk_extra`); Mamba-1's gate z, its fp32 A `[D, N]` and its
+scan's fp32 output; less the state's write for a tree.
 Trips: decode's T tokens (T = 1 compiles without a loop), a walk's ceil(T / chunk) (`C`, `BT`), the prep launch's
 forward substitution SUB - 1 steps over LLVM's loop unrolled U times (the loops' MMA ratio), its U - 1 straight-line
 steps counted once with the rest (`prep_trips`).
@@ -77,24 +79,28 @@ BATCH = 16  # decode sequences
 GDN = (16, 32, 128)  # Qwen3-Next: key heads, value heads, head dim (key and value)
 MAMBA2 = (128, 64, 128)  # Granite-4.0-H: heads, head dim, state (one group)
 MAMBA1 = (8192, 16)  # Jamba: channels, state
+TREE_NODES = (15, 31)  # a tree step's nodes (binary trees of depth 3 and 4; GDN's 64 spills, its inverse unmodelled)
 PROMPT = 2048  # tokens of the prompt cases (gpu_ops' `_prompt_case`, `_scan_case`, `_mamba1_cases`)
 DTYPE_BYTES = 2  # bf16 activations
 # kernels whose one loop carries the state from token to token or chunk to chunk (a serial chain)
-WALKS = ("_gated_delta_kernel", "_state_kernel", "_ssd_scan_kernel", "_selective_scan_kernel")
+WALKS = ("_gated_delta_kernel", "_state_kernel", "_ssd_scan_kernel", "_selective_scan_kernel", "_ssd_steps_kernel")
 
 
 # ----------------------------------------------------------------------------- the cases
 def _case(name: str, family: str, tokens: int, spec: Any, call: Callable[[], Any],
-          extra: Callable[[str], float] | None = None) -> dict[str, Any]:  # fmt: skip
+          extra: Callable[[str], float] | None = None, floor_bytes: float | None = None) -> dict[str, Any]:  # fmt: skip
     """A case: `tokens` the kernels' T (a sequence's new tokens), `extra(kernel)` the bytes a launch of `kernel`
-    moves past the spec's `min_bytes()` (None: none)."""
-    return {"name": name, "family": family, "tokens": tokens, "spec": spec, "call": call, "extra": extra}
+    moves past the spec's `min_bytes()` (None: none), `floor_bytes` the case's floor where the op moves fewer bytes
+    than its spec counts (a tree reads the state and writes none; None: the spec's)."""
+    return {"name": name, "family": family, "tokens": tokens, "spec": spec, "call": call, "extra": extra,
+            "floor_bytes": floor_bytes}  # fmt: skip
 
 
 def _gdn_cases(prompts: tuple[int, ...]) -> list[dict[str, Any]]:
     import torch
 
     from codesign.kernels.layers import state_ops as S
+    from codesign.kernels.layers import tree_state_ops as TS
     from codesign.specs import GatedDeltaRule
 
     hk, hv, d = GDN
@@ -108,6 +114,17 @@ def _gdn_cases(prompts: tuple[int, ...]) -> list[dict[str, Any]]:
         out.append(_case(f"gated_delta_rule B={BATCH} T={t} heads={hk}/{hv} d={d}", "Gated DeltaNet decode", t,
                          spec, lambda q=q, v=v, g=g, h0=h0: S.gated_delta_rule(q, q, v, g, g.bfloat16(), h0,
                                                                                dispatch=False)))  # fmt: skip
+    for n in TREE_NODES:
+        q, v = torch.zeros(BATCH, n, hk, d, **bf), torch.zeros(BATCH, n, hv, d, **bf)
+        g, h0 = torch.zeros(BATCH, n, hv), torch.zeros(BATCH, hv, d, d)
+        parents = [-1] + [(i - 1) // 2 for i in range(1, n)]
+        spec = GatedDeltaRule(key_heads=hk, value_heads=hv, key_dim=d, value_dim=d, new_tokens=(n,) * BATCH,
+                              dtype="bf16", state_dtype="fp32")  # fmt: skip
+        # (the tree kernel reads the state and writes none: the spec's write is not its)
+        out.append(_case(f"gated_delta_tree B={BATCH} N={n} heads={hk}/{hv} d={d}", "Gated DeltaNet tree", n, spec,
+                         lambda q=q, v=v, g=g, h0=h0, p=parents: TS.gated_delta_tree(q, q, v, g, g.bfloat16(), p, h0,
+                                                                                    dispatch=False),
+                         lambda kernel, s=spec: -s.state_bytes(), spec.min_bytes() - spec.state_bytes()))  # fmt: skip
     for t in prompts:
         q, v, g = torch.zeros(1, t, hk, d, **bf), torch.zeros(1, t, hv, d, **bf), torch.zeros(1, t, hv)
         spec = GatedDeltaRule(key_heads=hk, value_heads=hv, key_dim=d, value_dim=d, new_tokens=(t,),
@@ -143,6 +160,7 @@ def _mamba2_cases(prompts: tuple[int, ...]) -> list[dict[str, Any]]:
     import torch
 
     from codesign.kernels.layers import state_ops as S
+    from codesign.kernels.layers import tree_state_ops as TS
     from codesign.specs import SSDScan
 
     h, p, n = MAMBA2
@@ -152,6 +170,23 @@ def _mamba2_cases(prompts: tuple[int, ...]) -> list[dict[str, Any]]:
     spec = SSDScan(heads=h, head_dim=p, state=n, groups=1, new_tokens=(1,) * BATCH, dtype="bf16", state_dtype="fp32")
     out = [_case(f"ssd_update B={BATCH} heads={h} P={p} N={n}", "Mamba-2 decode", 1, spec,
                  lambda: S.ssd_update(st, x, dt, a, bc, bc, a, a, True, dispatch=False))]  # fmt: skip
+    for nodes in TREE_NODES:
+        xt, bct = torch.zeros(BATCH, nodes, h, p, **bf), torch.zeros(BATCH, nodes, 1, n, **bf)
+        dtt, parents = torch.zeros(BATCH, nodes, h, **bf), [-1] + [(i - 1) // 2 for i in range(1, nodes)]
+        tspec = SSDScan(heads=h, head_dim=p, state=n, groups=1, new_tokens=(nodes,) * BATCH, dtype="bf16",
+                        state_dtype="fp32")  # fmt: skip
+        # (the tree kernel reads the state and writes none: the spec's write is not its)
+        out.append(_case(f"ssd_tree B={BATCH} N={nodes} heads={h} P={p} N={n}", "Mamba-2 tree", nodes, tspec,
+                         lambda xt=xt, bct=bct, dtt=dtt, q=parents: TS.ssd_tree(xt, dtt, a, bct, bct, q, a, a, True, st,
+                                                                               dispatch=False),
+                         lambda kernel, s=tspec: -s.state_bytes(),
+                         tspec.min_bytes() - tspec.state_bytes()))  # fmt: skip
+    # a tree step's accepted path (4 tokens at depth 3) from each sequence's state: one scan (`state_trees`), below
+    # SCAN_CHUNKED_FROM tokens the recurrence (`triton_ssd_steps`)
+    xa, bca, dta = torch.zeros(BATCH, 4, h, p, **bf), torch.zeros(BATCH, 4, 1, n, **bf), torch.zeros(BATCH, 4, h)
+    aspec = SSDScan(heads=h, head_dim=p, state=n, groups=1, new_tokens=(4,) * BATCH, dtype="bf16", state_dtype="fp32")
+    out.append(_case(f"ssd_scan B={BATCH} T=4 heads={h} P={p} N={n} (a tree's accepted path)", "Mamba-2 decode", 4,
+                     aspec, lambda: S.ssd_scan(xa, dta, a, bca, bca, initial_state=st, dispatch=False)))
     for t in prompts:
         xs, bcs = torch.zeros(1, t, h, p, **bf), torch.zeros(1, t, 1, n, **bf)
         dts = torch.zeros(1, t, h, **bf)
@@ -205,15 +240,15 @@ def _cdiv(a: int, b: int) -> int:
 def loop_trips(kernel: str, cx: dict[str, Any], tokens: int, lps: list[dict[str, Any]]) -> list[int]:
     """Trips of each outermost SASS loop of one program (address order): decode's tokens, a walk's chunks, the prep
     launch's forward-substitution steps (module docstring); ValueError where the SASS has other loops than these."""
-    if kernel == "_gated_delta_kernel":
+    if kernel in ("_gated_delta_kernel", "_ssd_steps_kernel"):
         want = [tokens] if tokens > 1 else []  # (T = 1 is a specialised constant: no loop)
     elif kernel in ("_state_kernel", "_ssd_scan_kernel"):
         want = [_cdiv(tokens, cx["C"])]
     elif kernel == "_selective_scan_kernel":
         want = [_cdiv(tokens, cx["BT"])]
-    elif kernel in ("_ssd_update_kernel", "_selective_update_kernel", "_output_kernel"):
+    elif kernel in ("_ssd_update_kernel", "_selective_update_kernel", "_output_kernel", "_ssd_tree_kernel"):
         want = []
-    elif kernel == "_prep_kernel":
+    elif kernel in ("_prep_kernel", "_tree_kernel"):  # (the tree's: the prep's inverse over its padded nodes)
         return prep_trips(lps, cx["SUB"], cx["C"])
     else:
         raise ValueError(f"no loop model for {kernel}")
@@ -350,10 +385,12 @@ def case_prediction(case: dict[str, Any], launches: list, compiled: list) -> dic
         row["constexprs"] = {k: v for k, v in launch.constexprs.items() if k.isupper()}
         rows.append(row)
     total = sum(r["predicted_ms"] for r in rows) + LAUNCH_GAP_MS * (len(rows) - 1)
-    floor = spec.min_bytes() / COPY_BPS * 1e3
+    nbytes = spec.min_bytes() if case.get("floor_bytes") is None else case["floor_bytes"]
+    floor = nbytes / COPY_BPS * 1e3
     top = max(rows, key=lambda r: r["predicted_ms"])
     return {"case": case["name"], "family": case["family"], "tokens": case["tokens"], "spec": spec.kind,
-            "bytes": spec.min_bytes(), "floor_ms": floor, "launches": rows, "gaps_ms": LAUNCH_GAP_MS * (len(rows) - 1),
+            "bytes": nbytes, "spec_bytes": spec.min_bytes(), "floor_ms": floor, "launches": rows,
+            "gaps_ms": LAUNCH_GAP_MS * (len(rows) - 1),
             "predicted_ms": total, "bound": f"{top['bound']} ({top['kernel']})",
             "floor_pct": 100 * floor / total}  # fmt: skip
 
@@ -388,7 +425,7 @@ def _bound(row: dict[str, Any]) -> str:
 
 def table(report: dict[str, Any]) -> str:
     """One row per launch (its bound, predicted time and floor, registers, SASS an iteration and trips), then the
-    case's total against the spec's floor."""
+    case's total against its floor (the spec's bytes, or the op's own where it moves fewer: a tree's)."""
     head = ("case / launch                  grid    warps regs res SASS/iter trips  EX2 SHFL BAR issue us   xu us  "
             "mio us latency us floor us predicted us  bound")  # fmt: skip
     lines = [f"{report['gpu']}", head]
@@ -403,7 +440,7 @@ def table(report: dict[str, Any]) -> str:
                 f"{t['issue'] * 1e3:8.1f} {t.get('pipe:xu', 0) * 1e3:7.1f} {t.get('pipe:mio', 0) * 1e3:7.1f} "
                 f"{t['latency'] * 1e3:10.1f} {r['floor_ms'] * 1e3:8.1f} {r['predicted_ms'] * 1e3:12.1f}  {_bound(r)}"
             )
-        lines.append(f"  = predicted {c['predicted_ms'] * 1e3:.1f} us (bound: {c['bound']}); the spec's floor "
+        lines.append(f"  = predicted {c['predicted_ms'] * 1e3:.1f} us (bound: {c['bound']}); the floor "
                      f"{c['floor_ms'] * 1e3:.1f} us ({c['bytes'] / 1e6:.1f} MB), {c['floor_pct']:.0f} % of it")
     return "\n".join(lines)
 

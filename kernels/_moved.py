@@ -52,7 +52,7 @@ MOVED: dict[str, tuple[str, ...]] = {
         "kvcache.checks",
     ),
     "paged_attention_triton": ("attention.triton_attention", "attention.launch_rules", "kvcache.formats"),
-    "tree_attention": ("attention.tree", "attention.paged", "attention.wrappers"),
+    "tree_attention": ("attention.tree", "attention.paged", "attention.wrappers", "parents"),
 }
 
 # old module.name -> why it is gone (the AttributeError says so).

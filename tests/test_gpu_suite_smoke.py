@@ -209,7 +209,8 @@ def _check_prefill_and_single_ops(rep: dict) -> None:
     # Hybrid models' recurrent steps: transformers' torch functions beside ours, each op timed both ways.
     st = ops["states"]
     assert [(r["op"].split()[0], r["impl"]) for r in st] == [
-        (op, impl) for op in ("gated_delta_rule",) * 3 + ("ssd_scan", "selective_state_update", "selective_scan",
+        (op, impl) for op in ("gated_delta_rule",) * 2 + ("gated_delta_tree", "ssd_tree", "gated_delta_rule",
+                                                          "ssd_scan", "selective_state_update", "selective_scan",
                                                           "ssd_update")
         for impl in ("transformers torch", "codesign")
     ], st

@@ -24,63 +24,11 @@ import numpy as np
 import torch
 
 from codesign.kernels.kvcache.checks import has_data
+from codesign.kernels.parents import check_parents, tree_depths, tree_mask
 from codesign.specs import CodesignError, check_integer, check_nonneg_int
 
 
-# --- trees -------------------------------------------------------------------------------------------
-def check_parents(parents: Sequence[int], name: str = "parents") -> list[int]:
-    """Validate a parent array; return it as a list. Errors name the offending node.
-
-    Rules: one root (-1), at node 0; no cycles; every parent precedes its child (topological
-    order, so the tree's K/V can be appended node by node).
-    """
-    if not isinstance(parents, torch.Tensor | np.ndarray | Sequence) or isinstance(parents, str):
-        raise CodesignError(f"{name} must be a sequence of parent indices, got {parents!r}")
-    p = [check_integer(f"{name}[{i}]", x) for i, x in enumerate(parents.tolist() if isinstance(parents, torch.Tensor)
-                                                          else parents)]  # fmt: skip
-    n = len(p)
-    if n == 0:
-        raise CodesignError(f"{name} is empty: a tree needs at least its root")
-    for i, x in enumerate(p):
-        if not -1 <= x < n:
-            raise CodesignError(f"{name}[{i}]={x} is not a node index in [0, {n}) or -1 (root)")
-    roots = [i for i, x in enumerate(p) if x == -1]
-    if len(roots) != 1:
-        raise CodesignError(f"{name} must have exactly one root (-1), got {len(roots)} at {roots}")
-    for i in range(n):  # walk up from each node: more than n steps means a cycle
-        j, steps = i, 0
-        while j != -1:
-            j, steps = p[j], steps + 1
-            if steps > n:
-                raise CodesignError(f"{name} has a cycle through node {i}")
-    if roots[0] != 0:
-        raise CodesignError(f"{name}: the root must be node 0, got node {roots[0]}")
-    for i, x in enumerate(p):
-        if x >= i:
-            raise CodesignError(f"{name}[{i}]={x}: a parent must come before its child")
-    return p
-
-
-def tree_depths(parents: Sequence[int]) -> list[int]:
-    """Depth of every node (root 0); `parents` must pass `check_parents`."""
-    d: list[int] = []
-    for x in parents:
-        d.append(0 if x == -1 else d[x] + 1)
-    return d
-
-
-def tree_mask(parents: Sequence[int]) -> torch.Tensor:
-    """Bool `[n, n]` ancestor-or-self mask: mask[i, j] is True iff node j is i or an ancestor of i."""
-    p = check_parents(parents)
-    n = len(p)
-    m = torch.zeros(n, n, dtype=torch.bool)
-    for i, x in enumerate(p):
-        if x != -1:
-            m[i] = m[x]  # parents precede children, so the parent's row is complete
-        m[i, i] = True
-    return m
-
-
+# --- trees: the parent arrays' helpers live in `codesign.kernels.parents` (imported above, and so re-exported) ---
 def parents_from_mask(mask: torch.Tensor) -> list[int]:
     """Parent array of a tree given as its packed ancestor-or-self mask (bool/0-1 `[n, n]`).
 

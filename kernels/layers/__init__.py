@@ -18,8 +18,13 @@ KB, which neither a CUDA graph nor a faster GEMM removes. The operator specs (`c
     triton_gated_delta.py   the recurrence: one program a (sequence, value head, 32 value columns), its state slice
                             in registers for all T tokens
     triton_gated_delta_chunk.py   the chunked form (prompts): every chunk's inverse at once, then a walk over them
+    tree_state_ops.py    `gated_delta_tree`, `ssd_tree`: Gated DeltaNet and Mamba-2 over a token tree (a tree
+                         speculative step's nodes)
+    triton_gated_delta_tree.py, triton_ssd_tree.py   their kernels: the chunked form of one chunk with the ancestor
+                                                     mask, one launch
     triton_ssd_update.py    one program a (sequence, head, block of head-dim rows)
     triton_ssd_chunk.py     Mamba-2's scan over a prompt: one program a (sequence, head, 32 rows) walking the chunks
+    triton_ssd_steps.py     its scan over a few tokens, token by token (the state read and written once)
     triton_selective_update.py   Mamba-1's one-token step (Jamba): one program a (sequence, block of channels)
     triton_selective_scan.py     Mamba-1's scan over a prompt: one program a (sequence, block of channels) walking
                                  chunks of tokens, each chunk an associative scan along its tokens

@@ -5,6 +5,8 @@ through `state_ops.gated_delta_rule`) are tested against.
     gated_delta_rule_recurrent   token by token, what decode runs (elementwise only: no matrix product)
     gated_delta_rule_chunked     chunk by chunk, what a prompt runs (FLA's chunk_gated_delta_rule, transformers'
                                  torch_chunk_gated_delta_rule), the chunks unpadded (the last one short)
+    gated_delta_rule_tree        over a token tree (speculative verification): each node's output is the
+                                 recurrence's over its path from the root, from the same initial state
 
 Per token t and value head, with q and k l2-normalised and q scaled by dk^-0.5 (transformers'
 `use_qk_l2norm_in_kernel=True`)::
@@ -27,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from codesign.kernels.layers.checks import check_rank
+from codesign.kernels.parents import check_parents, path_to
 from codesign.specs import CodesignError
 
 L2_EPS = 1e-6  # FLA's and transformers' l2norm epsilon
@@ -137,3 +140,20 @@ def gated_delta_rule_chunked(q, k, v, g, beta, initial_state=None, chunk=64):
         outs.append(o)
     o = torch.cat(outs, 1) if outs else v.new_zeros(v.shape[0], 0, v.shape[-1])
     return o.transpose(0, 1), state
+
+
+def gated_delta_rule_tree(q, k, v, g, beta, parents, initial_state=None):
+    """The gated delta rule over a token tree: node i's output is the recurrence's last over the nodes of its path
+    (the root, node 0, first), every path from `initial_state`; the tokens dim of q, k, v, g and beta is the nodes,
+    `parents` a parent array (the root's -1, each parent before its child). Returns o `[nodes, value_heads, dv]`.
+    One recurrence a node: the definition, what `tree_state_ops.gated_delta_tree`'s two forms are tested against."""
+    _check_inputs(q, k, v, g, beta, initial_state)
+    parents = check_parents(parents)
+    if len(parents) != q.shape[0]:
+        raise CodesignError(f"parents has {len(parents)} nodes but q has {q.shape[0]} tokens")
+    outs = []
+    for i in range(len(parents)):
+        at = torch.tensor(path_to(parents, i), device=q.device)
+        o, _ = gated_delta_rule_recurrent(q[at], k[at], v[at], g[at], beta[at], initial_state)
+        outs.append(o[-1])
+    return torch.stack(outs)

@@ -6,6 +6,8 @@ Falcon-H1.
     ssd_recurrent   token by token, what decode runs (elementwise only: no matrix product)
     ssd_chunked     chunk by chunk, what a prompt runs (mamba_ssm's mamba_chunk_scan_combined, transformers'
                     mamba2_chunk_scan), the chunks unpadded (the last one short)
+    ssd_tree        over a token tree (speculative verification): each node's output is the recurrence's over its
+                    path from the root, from the same initial state
 
 Per token t and head h, with a P x N state (P = head_dim, N = state)::
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from codesign.kernels.layers.checks import check_rank, check_shape
+from codesign.kernels.parents import check_parents, path_to
 from codesign.specs import CodesignError
 from codesign.specs.errors import check_nonneg_int, check_positive_int
 
@@ -166,3 +169,19 @@ def ssd_chunk_matmul_flops(
     n, p = state, head_dim
     return sum(groups * 2 * c * c * n + heads * (2 * c * c * p + 4 * c * n * p)
                for c in (min(chunk, new_tokens - s) for s in range(0, new_tokens, chunk)))  # fmt: skip
+
+
+def ssd_tree(x, dt, A, B, C, parents, D=None, initial_state=None):
+    """Mamba-2's scan over a token tree: node i's output is the recurrence's last over the nodes of its path (the
+    root, node 0, first), every path from `initial_state`; the tokens dim of x, dt, B and C is the nodes, `parents`
+    a parent array. Returns y `[nodes, heads, head_dim]`: the definition `tree_state_ops.ssd_tree` is tested against."""
+    _check_inputs(x, dt, A, B, C, D, initial_state)
+    parents = check_parents(parents)
+    if len(parents) != x.shape[0]:
+        raise CodesignError(f"parents has {len(parents)} nodes but x has {x.shape[0]} tokens")
+    outs = []
+    for i in range(len(parents)):
+        at = torch.tensor(path_to(parents, i), device=x.device)
+        y, _ = ssd_recurrent(x[at], dt[at], A, B[at], C[at], D, initial_state)
+        outs.append(y[-1])
+    return torch.stack(outs)

@@ -15,7 +15,8 @@ model on a CPU computes exactly what the unpatched one does.
         form sums otherwise, and a prompt there runs token by token.)
     ssd_scan(x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, dt_limit=(0, inf), initial_state=None,
              out_dtype=None) -> (y, final_state)
-        Mamba-2's scan over a prompt (`triton_ssd_chunk`: its chunked form). x `[Bt, T, H, P]`, dt `[Bt, T, H]`
+        Mamba-2's scan over a prompt (`triton_ssd_chunk`: its chunked form; below SCAN_CHUNKED_FROM tokens, a
+        speculative step's few, the recurrence: `triton_ssd_steps`). x `[Bt, T, H, P]`, dt `[Bt, T, H]`
         (before dt_bias, the softplus and the clamp to dt_limit), A, D, dt_bias `[H]`, B and C `[Bt, T, G, N]`,
         initial_state `[Bt, H, P, N]` or None (zeros). y `[Bt, T, H, P]` in out_dtype (None: x's) with the D skip,
         final_state fp32. The torch path is the reference's chunked form (`ssd.ssd_chunked`) in fp32.
@@ -55,6 +56,8 @@ from codesign.specs import CodesignError
 MAX_DK = 256  # widest key head a Triton program holds (a 256 x 16 fp32 state tile at 4 warps)
 MAX_STATE = 256  # widest state row the Triton state kernels hold
 CHUNKED_FROM = 64  # tokens from which the Triton path runs the chunked form (a prompt), the recurrence below it
+SCAN_CHUNKED_FROM = 8  # the same for Mamba-2's scan (`triton_ssd_steps` below it: faster at 16 sequences up to ~12
+# tokens, at one up to ~7, predicted from the SASS: bench/state_predict.py; untimed)
 CHUNKED_MAX_DK = 128  # key heads the chunked form holds (at 256 its walk spilled on sm_90): wider run the recurrence
 CHUNKED_SCRATCH = 1 << 30  # bytes of scratch a chunked call holds at once: longer prompts go in pieces, state carried
 
@@ -64,7 +67,7 @@ def _shape(name: str, t: torch.Tensor, shape: tuple[int, ...], dims: str) -> Non
         raise CodesignError(f"{name} must have shape {dims} {shape}, got {tuple(t.shape)}")
 
 
-def _check_options(dt_softplus, out_dtype=None) -> None:
+def check_options(dt_softplus, out_dtype=None) -> None:
     """The scans' and updates' flags: dt_softplus a bool, out_dtype None or a float dtype the ops store."""
     if not isinstance(dt_softplus, bool):
         raise CodesignError(f"dt_softplus must be True or False, got {dt_softplus!r}")
@@ -83,7 +86,7 @@ def _check_triton_state(state: torch.Tensor) -> None:
 
 
 # --- gated delta rule -------------------------------------------------------------------------------------------
-def _check_gdn(q, k, v, g, beta, initial_state, scale) -> None:
+def check_gdn(q, k, v, g, beta, initial_state, scale) -> None:
     for name, t, dims in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 3), ("beta", beta, 3)):
         _tensor(name, t, dims)
     batch, tokens, hk, dk = q.shape
@@ -109,9 +112,10 @@ def _check_gdn(q, k, v, g, beta, initial_state, scale) -> None:
     _same_device(q=q, k=k, v=v, g=g, beta=beta, **more)
 
 
-def _gdn_torch(q, k, v, g, beta, initial_state, scale, normalize) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' torch_recurrent_gated_delta_rule, op for op (fp32, heads second), for any scale."""
-    dtype, (batch, tokens, hk, dk), (hv, dv) = q.dtype, q.shape, v.shape[2:]
+def gdn_torch_inputs(q, k, v, g, beta, initial_state, scale, normalize) -> tuple[torch.Tensor, ...]:
+    """transformers' torch_recurrent_gated_delta_rule's preparation, op for op: q, k, v, g, beta in fp32 with the
+    heads second (q and k repeated to the value heads, normalised, q scaled) and the state entering (fp32)."""
+    (batch, _, hk, dk), (hv, dv) = q.shape, v.shape[2:]
     if hv != hk:
         q, k = q.repeat_interleave(hv // hk, dim=2), k.repeat_interleave(hv // hk, dim=2)
     q, k, v, beta, g = (x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
@@ -123,6 +127,13 @@ def _gdn_torch(q, k, v, g, beta, initial_state, scale, normalize) -> tuple[torch
         state = torch.zeros(batch, hv, dk, dv, dtype=torch.float32, device=v.device)
     else:
         state = initial_state.to(v)
+    return q, k, v, g, beta, state
+
+
+def _gdn_torch(q, k, v, g, beta, initial_state, scale, normalize) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' torch_recurrent_gated_delta_rule, op for op (fp32, heads second), for any scale."""
+    dtype, tokens = q.dtype, q.shape[1]
+    q, k, v, g, beta, state = gdn_torch_inputs(q, k, v, g, beta, initial_state, scale, normalize)
     out = torch.zeros_like(v)
     for i in range(tokens):
         state = state * g[:, :, i].exp()[..., None, None]
@@ -134,7 +145,7 @@ def _gdn_torch(q, k, v, g, beta, initial_state, scale, normalize) -> tuple[torch
 
 def _gdn_body(q, k, v, g, beta, initial_state, scale, normalize) -> tuple[torch.Tensor, torch.Tensor]:
     """The op's body: the backend's recurrence (scale <= 0 stands for None: DK^-0.5)."""
-    _check_gdn(q, k, v, g, beta, initial_state, None)
+    check_gdn(q, k, v, g, beta, initial_state, None)
     scale = None if scale <= 0 else scale
     if resolve_backend("gated_delta_rule", q.device) == "torch":
         return _gdn_torch(q, k, v, g, beta, initial_state, scale, normalize)
@@ -180,7 +191,7 @@ def gated_delta_rule_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
 
 @gated_delta_rule_op.register_fake
 def _(q, k, v, g, beta, initial_state, scale, use_qk_l2norm):
-    _check_gdn(q, k, v, g, beta, initial_state, None)
+    check_gdn(q, k, v, g, beta, initial_state, None)
     batch, _, hv, dv = v.shape
     return v.new_empty(v.shape, dtype=q.dtype), v.new_empty(batch, hv, q.shape[-1], dv, dtype=torch.float32)
 
@@ -190,7 +201,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                      use_qk_l2norm: bool = True,
                      dispatch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Gated DeltaNet's recurrence over T tokens: (o, final_state) (module docstring)."""
-    _check_gdn(q, k, v, g, beta, initial_state, scale)
+    check_gdn(q, k, v, g, beta, initial_state, scale)
     if not isinstance(use_qk_l2norm, bool):
         raise CodesignError(f"use_qk_l2norm must be True or False, got {use_qk_l2norm!r}")
     s = -1.0 if scale is None else float(scale)
@@ -200,7 +211,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
 
 
 # --- Mamba-2 scan over a prompt ----------------------------------------------------------------------------------
-def _check_scan(x, dt, A, B, C, D, dt_bias, dt_limit, initial_state) -> None:
+def check_scan(x, dt, A, B, C, D, dt_bias, dt_limit, initial_state) -> None:
     _tensor("x", x, 4)
     batch, tokens, heads, p = x.shape
     for name, t, shape, dims in (("dt", dt, (batch, tokens, heads), "[Bt, T, H]"), ("A", A, (heads,), "[H]")):
@@ -253,8 +264,8 @@ def _scan_torch(x, dt, A, B, C, D, dt_bias, softplus, dt_limit, initial_state,
 def _scan_body(x, dt, A, B, C, D, dt_bias, softplus, lo, hi, initial_state,
                out_dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The op's body: the backend's scan."""
-    _check_scan(x, dt, A, B, C, D, dt_bias, (lo, hi), initial_state)
-    _check_options(softplus, out_dtype)
+    check_scan(x, dt, A, B, C, D, dt_bias, (lo, hi), initial_state)
+    check_options(softplus, out_dtype)
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if resolve_backend("ssd_scan", x.device) == "torch":
         return _scan_torch(x, dt, A, B, C, D, dt_bias, softplus, (lo, hi), initial_state, out_dtype)
@@ -268,7 +279,12 @@ def _scan_body(x, dt, A, B, C, D, dt_bias, softplus, lo, hi, initial_state,
     h0 = None if initial_state is None else initial_state.contiguous()
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     ht = torch.empty(x.shape[0], x.shape[2], x.shape[3], n, dtype=torch.float32, device=x.device)
-    ssd_scan_triton(x, dt, A, B, C, D, dt_bias, h0, y, ht, softplus, (lo, hi), x.dtype == torch.float32)
+    if x.shape[1] < SCAN_CHUNKED_FROM:
+        from codesign.kernels.layers.triton_ssd_steps import ssd_steps_triton
+
+        ssd_steps_triton(x, dt, A, B, C, D, dt_bias, h0, y, ht, softplus, (lo, hi))
+    else:
+        ssd_scan_triton(x, dt, A, B, C, D, dt_bias, h0, y, ht, softplus, (lo, hi), x.dtype == torch.float32)
     return y, ht
 
 
@@ -282,8 +298,8 @@ def ssd_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
 
 @ssd_scan_op.register_fake
 def _(x, dt, A, B, C, D, dt_bias, dt_softplus, dt_low, dt_high, initial_state, out_dtype):
-    _check_scan(x, dt, A, B, C, D, dt_bias, (dt_low, dt_high), initial_state)
-    _check_options(dt_softplus, out_dtype)
+    check_scan(x, dt, A, B, C, D, dt_bias, (dt_low, dt_high), initial_state)
+    check_options(dt_softplus, out_dtype)
     y = x.new_empty(x.shape, dtype=x.dtype if out_dtype is None else out_dtype)
     return y, x.new_empty(x.shape[0], x.shape[2], x.shape[3], B.shape[3], dtype=torch.float32)
 
@@ -294,8 +310,8 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
              out_dtype: torch.dtype | None = None,
              dispatch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Mamba-2's scan over T tokens: (y, final_state) (module docstring)."""
-    _check_scan(x, dt, A, B, C, D, dt_bias, dt_limit, initial_state)
-    _check_options(dt_softplus, out_dtype)
+    check_scan(x, dt, A, B, C, D, dt_bias, dt_limit, initial_state)
+    check_options(dt_softplus, out_dtype)
     lo, hi = float(dt_limit[0]), float(dt_limit[1])
     if dispatch or torch.compiler.is_compiling():
         return torch.ops.codesign.ssd_scan(x, dt, A, B, C, D, dt_bias, dt_softplus, lo, hi, initial_state, out_dtype)
@@ -329,7 +345,7 @@ def _check_ssd(state, x, dt, A, B, C, D, dt_bias, z) -> None:
     _same_device(state=state, x=x, dt=dt, A=A, B=B, C=C, **opt)
 
 
-def _ssd_torch(state, x, dt, A, B, C, D, dt_bias, softplus, z) -> torch.Tensor:
+def ssd_torch(state, x, dt, A, B, C, D, dt_bias, softplus, z) -> torch.Tensor:
     """transformers' mamba2_selective_state_update, op for op, on its shapes: the per-head dt, A, D and dt_bias
     expanded over the head dim (and A over the state) as its callers pass them, since a vectorised exp or softplus
     rounds a lane otherwise than the scalar loop a small tensor takes."""
@@ -359,7 +375,7 @@ def _ssd_body(state, x, dt, A, B, C, D, dt_bias, softplus, z) -> torch.Tensor:
     """The op's body: the backend's state update (state written in place)."""
     _check_ssd(state, x, dt, A, B, C, D, dt_bias, z)
     if resolve_backend("ssd_update", state.device) == "torch":
-        return _ssd_torch(state, x, dt, A, B, C, D, dt_bias, softplus, z)
+        return ssd_torch(state, x, dt, A, B, C, D, dt_bias, softplus, z)
     from codesign.kernels.layers.triton_ssd_update import ssd_update_triton
 
     _check_triton_state(state)
@@ -389,7 +405,7 @@ def ssd_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.
                dispatch: bool = True) -> torch.Tensor:  # fmt: skip
     """Mamba-2's state update for one token, state in place: y (module docstring)."""
     _check_ssd(state, x, dt, A, B, C, D, dt_bias, z)
-    _check_options(dt_softplus)
+    check_options(dt_softplus)
     if dispatch or torch.compiler.is_compiling():
         return torch.ops.codesign.ssd_update(state, x, dt, A, B, C, D, dt_bias, bool(dt_softplus), z)
     return _ssd_body(state, x, dt, A, B, C, D, dt_bias, bool(dt_softplus), z)
@@ -466,7 +482,7 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
                            dispatch: bool = True) -> torch.Tensor:  # fmt: skip
     """Mamba-1's state update for one token, state in place: y (module docstring)."""
     _check_selective(state, x, dt, A, B, C, D, dt_bias, z)
-    _check_options(dt_softplus)
+    check_options(dt_softplus)
     if dispatch or torch.compiler.is_compiling():
         return torch.ops.codesign.selective_state_update(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z)
     return _selective_body(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z)
@@ -517,7 +533,7 @@ def _selective_scan_body(x, dt, A, B, C, D, dt_bias, softplus, z, initial_state,
                          out_dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The op's body: the backend's scan."""
     _check_selective_scan(x, dt, A, B, C, D, dt_bias, z, initial_state)
-    _check_options(softplus, out_dtype)
+    check_options(softplus, out_dtype)
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if resolve_backend("selective_scan", x.device) == "torch":
         return _selective_scan_torch(x, dt, A, B, C, D, dt_bias, softplus, z, initial_state, out_dtype)
@@ -544,7 +560,7 @@ def selective_scan_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: tor
 @selective_scan_op.register_fake
 def _(x, dt, A, B, C, D, dt_bias, dt_softplus, z, initial_state, out_dtype):
     _check_selective_scan(x, dt, A, B, C, D, dt_bias, z, initial_state)
-    _check_options(dt_softplus, out_dtype)
+    check_options(dt_softplus, out_dtype)
     y = x.new_empty(x.shape, dtype=x.dtype if out_dtype is None else out_dtype)
     return y, x.new_empty(x.shape[0], x.shape[1], A.shape[1], dtype=torch.float32)
 
@@ -556,7 +572,7 @@ def selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
                    dispatch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Mamba-1's scan over T tokens: (y, final_state) (module docstring)."""
     _check_selective_scan(x, dt, A, B, C, D, dt_bias, z, initial_state)
-    _check_options(dt_softplus, out_dtype)
+    check_options(dt_softplus, out_dtype)
     if dispatch or torch.compiler.is_compiling():
         return torch.ops.codesign.selective_scan(x, dt, A, B, C, D, dt_bias, dt_softplus, z, initial_state, out_dtype)
     return _selective_scan_body(x, dt, A, B, C, D, dt_bias, dt_softplus, z, initial_state, out_dtype)

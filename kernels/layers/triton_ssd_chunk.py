@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from codesign.kernels.host_math import cdiv, next_pow2
-from codesign.kernels.layers.triton_ssd_update import softplus
+from codesign.kernels.layers.triton_ssd_update import head_params, softplus
 
 # (chunk, rows a program, warps, stages) for states up to 128 and past it: no spills on sm_90 (lowering_report; at 128
 # 4 warps spilled 16 bytes, at 256 every 32-token chunk spilled 0.5-4 KB)
@@ -45,13 +45,7 @@ def _ssd_scan_kernel(
         s = tl.load(h0_ptr + s_off, mask=ok_s, other=0.0).to(tl.float32)
     else:
         s = tl.zeros([BP, BN], tl.float32)
-    a_h = tl.load(a_ptr + h).to(tl.float32)
-    bias = 0.0
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + h).to(tl.float32)
-    d_h = 0.0
-    if HAS_D:
-        d_h = tl.load(d_ptr + h).to(tl.float32)
+    a_h, bias, d_h = head_params(a_ptr, bias_ptr, d_ptr, h, HAS_BIAS, HAS_D)
     x_head, y_head = x_ptr + b * sx_b + h * sx_h, y_ptr + b * sy_b + h * sy_h
     dt_head = dt_ptr + b * sdt_b + h * sdt_h
     b_head, c_head = b_ptr + b * sb_b + grp * sb_g, c_ptr + b * sc_b + grp * sc_g

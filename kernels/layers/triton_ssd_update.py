@@ -27,6 +27,19 @@ def softplus(x):
 
 
 @triton.jit
+def head_params(a_ptr, bias_ptr, d_ptr, h, HAS_BIAS: tl.constexpr, HAS_D: tl.constexpr):
+    """Head h's A, dt bias and D in fp32 (0 for the bias and D a call does not give)."""
+    a_h = tl.load(a_ptr + h).to(tl.float32)
+    bias = 0.0
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + h).to(tl.float32)
+    d_h = 0.0
+    if HAS_D:
+        d_h = tl.load(d_ptr + h).to(tl.float32)
+    return a_h, bias, d_h
+
+
+@triton.jit
 def _ssd_update_kernel(
     s_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, bias_ptr, z_ptr, y_ptr,
     H, GROUP, P, N,

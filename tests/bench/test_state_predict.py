@@ -121,7 +121,9 @@ def test_every_case_compiles_without_spills_and_prompts_scale(tmp_path):
     report = json.loads(out.read_text())
     rows = {(c["family"], c["tokens"]): c for c in report["cases"]}
     prompts = ("Gated DeltaNet prompt", "Mamba-2 prompt", "Mamba-1 prompt")
-    decode = {("Gated DeltaNet decode", 1), ("Gated DeltaNet decode", 4), ("Mamba-2 decode", 1), ("Mamba-1 decode", 1)}
+    decode = {("Gated DeltaNet decode", 1), ("Gated DeltaNet decode", 4), ("Mamba-2 decode", 1), ("Mamba-1 decode", 1),
+              ("Gated DeltaNet tree", 15), ("Gated DeltaNet tree", 31), ("Mamba-2 tree", 15), ("Mamba-2 tree", 31),
+              ("Mamba-2 decode", 4)}
     assert set(rows) == decode | {(f, t) for f in prompts for t in (1024, 2048)}
     for c in report["cases"]:
         for r in c["launches"]:
@@ -135,7 +137,13 @@ def test_every_case_compiles_without_spills_and_prompts_scale(tmp_path):
         assert c["floor_ms"] == pytest.approx(c["bytes"] / report["copy_Bps"] * 1e3) and c["floor_pct"] <= 100
         (walk,) = [r for r in c["launches"] if r["walk"]] or [None]
         # the state carried token to token or chunk to chunk: the walk's trips are the tokens or the chunks
-        if c["tokens"] > 1:
+        if c["family"] in ("Gated DeltaNet tree", "Mamba-2 tree"):  # one launch, no walk, the state read once
+            (tree,) = c["launches"]
+            assert walk is None and tree["kernel"] in ("_tree_kernel", "_ssd_tree_kernel")
+            assert tree["grid"] == ([16 * 32, 2] if tree["kernel"] == "_tree_kernel" else [16 * 128, 1])
+            # the floor the kernel's bytes: the state read, none written (the spec counts a write)
+            assert tree["floor_ms"] == pytest.approx(c["floor_ms"]) and c["bytes"] < c["spec_bytes"]
+        elif c["tokens"] > 1:
             chunk = walk["constexprs"].get("C", walk["constexprs"].get("BT", 1))
             assert walk["trips"][walk["main_loop"]] == walk["iter_trips"] == math.ceil(c["tokens"] / chunk)
         else:  # one token: no loop

@@ -312,8 +312,8 @@ def test_later_families_generate_and_are_costed(tmp_path_factory, capsys):
 @pytest.mark.skipif(_compat.VERSION < (5, 25), reason="Llama 4 and Qwen3.5 are served from transformers 5.25")
 def test_llama4_and_qwen3_5_folders_generate_and_cost_or_refuse(tmp_path_factory, capsys):
     """A Llama 4 folder (chunked attention: a chunk of 16, the default block) runs and is costed on a design with
-    its chunks; a Qwen3.5 folder (linear-attention layers) runs, --speculative is refused before generating, and
-    --design costs its Gated DeltaNet layers (the recurrence at decode, a state carried into an extend)."""
+    its chunks; a Qwen3.5 folder (linear-attention layers) runs, with --speculative too (tree steps over its Gated
+    DeltaNet layers), and --design costs those layers (the recurrence at decode, a state carried into an extend)."""
     llama4 = saved_tiny_model(tmp_path_factory, "llama4_text", "tiny-llama4")
     assert main(["generate", str(llama4), "--max-new-tokens", "6", "--prompt-len", "14", "--kv-format", "int8",
                  "--design", "h100-sxm"]) == 0  # fmt: skip
@@ -322,19 +322,23 @@ def test_llama4_and_qwen3_5_folders_generate_and_cost_or_refuse(tmp_path_factory
     qwen = saved_tiny_model(tmp_path_factory, "qwen3_5_text", "tiny-qwen3.5")
     assert main(["generate", str(qwen), "--max-new-tokens", "4", "--kv-format", "fp8"]) == 0
     capsys.readouterr()
-    assert main(["generate", str(qwen), "--max-new-tokens", "4", "--speculative", "ngram"]) == 2
-    assert "not served over chunked-attention (Llama 4) or linear-attention" in capsys.readouterr().err
     assert main(["generate", str(qwen), "--max-new-tokens", "4", "--design", "tpu_like"]) == 0
     assert "predicted on tpu_like" in capsys.readouterr().out
+    assert main(["generate", str(qwen), "--max-new-tokens", "6", "--speculative", "ngram", "--design",
+                 "tpu_like"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "tree" in out and "predicted on tpu_like" in out
     from codesign.integrations.hf.cache import StepRecord
     from codesign.integrations.hf.costing import run_shape, step_graph
     from codesign.integrations.hf.kv_formats import parse_kv_format
     from codesign.specs import GatedDeltaRule
 
     shape = run_shape(tiny_model("qwen3_5_text"), parse_kv_format("bf16", torch.float32), 16)
-    rules = {k: step_graph(shape, StepRecord(k, q, c)).nodes["L0.gated_delta_rule"]["spec"]
-             for k, q, c in (("prefill", (5,), (5,)), ("decode", (1, 1), (9, 12)), ("extend", (3,), (12,)))}
+    rules = {k: step_graph(shape, StepRecord(k, q, c, p)).nodes["L0.gated_delta_rule"]["spec"]
+             for k, q, c, p in (("prefill", (5,), (5,), ()), ("decode", (1, 1), (9, 12), ()),
+                                ("extend", (3,), (12,), ()), ("tree", (3, 3), (12, 9), (-1, 0, 0)))}  # fmt: skip
     assert all(isinstance(r, GatedDeltaRule) for r in rules.values())
-    # (an extend's tokens: the recurrence one at a time, each token's state kept for the rollback)
+    # (an extend's tokens: the recurrence one at a time, each token's state kept for the rollback; a tree's nodes
+    # one chunk a row from its state)
     assert [(r.new_tokens, r.initial_state) for r in rules.values()] == [((5,), False), ((1, 1), True),
-                                                                         ((1, 1, 1), True)]  # fmt: skip
+                                                                         ((1, 1, 1), True), ((3, 3), True)]  # fmt: skip

@@ -35,10 +35,10 @@ NEW = 6
 def test_padded_rows_over_a_scrambled_pool(family):
     cache = assert_padded_rows_are_greedy(tiny_model(family), BLOCKS[family], NEW)
     kinds = [type(layer).__name__ for layer in cache.layers]
-    assert kinds[0] == "LinearAttentionLayer" and cache.layers[0].get_seq_length() > 0  # the states were kept
+    assert kinds[0] == "TreeLinearLayer" and cache.layers[0].get_seq_length() > 0  # the states were kept
     assert "CodesignCacheLayer" in kinds and cache.row_lengths() == [12 + NEW - 1, 8 + NEW - 1, 5 + NEW - 1]
     if family == "nemotron_h":  # its MLP / MoE layers: transformers' placeholder, nothing cached
-        assert kinds == ["LinearAttentionLayer", "DummyLayer", "CodesignCacheLayer", "DummyLayer"]
+        assert kinds == ["TreeLinearLayer", "DummyLayer", "CodesignCacheLayer", "DummyLayer"]
 
 
 @pytest.mark.parametrize("family", family_params(HYBRID))

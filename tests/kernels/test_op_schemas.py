@@ -16,13 +16,14 @@ import codesign.kernels.kvcache.latent  # noqa: F401
 import codesign.kernels.kvcache.write  # noqa: F401
 import codesign.kernels.layers.ops  # noqa: F401
 import codesign.kernels.layers.state_ops  # noqa: F401
+import codesign.kernels.layers.tree_state_ops  # noqa: F401
 
 SCHEMAS = (Path(__file__).parent / "op_schemas.txt").read_text().split("\n")
 
 
 def test_every_op_keeps_its_name_and_schema():
     schemas = [s for s in SCHEMAS if s]
-    assert len(schemas) == 25
+    assert len(schemas) == 27
     for want in schemas:
         name = want.split("(", 1)[0].split("::", 1)[1]
         assert str(getattr(torch.ops.codesign, name).default._schema) == want

@@ -26,11 +26,13 @@ the chunked one (`chunk_pieces`, `_chunk_plan`). Their past chunks' blocks are k
 captured steps are refused on such models, and formats with per-sequence state (KIVI, Oaken).
 
 Linear-attention layers (Gated DeltaNet, Mamba mixers: `support.linear_layers`) hold no KV: each is
-transformers' own `LinearAttentionLayer` (conv and recurrent states, one batch row each) among this cache's layers,
-reached through the Cache methods their modules call. The KV layers' step starts at the first of them;
-`select_rows` reorders the states, `crop` rolls them back after `activate_past_recording`, and what cannot move
-them row by row (`rewind`, trees) or freeze them (captured steps) is refused. Stateless layers (Nemotron-H's MLP /
-MoE blocks: `support.stateless_layers`) hold nothing: transformers' own `DummyLayer`, as its caches keep them.
+transformers' own `LinearAttentionLayer` (conv and recurrent states, one batch row each; `state_trees`' subclass)
+among this cache's layers, reached through the Cache methods their modules call. The KV layers' step starts at the
+first of them; `select_rows` reorders the states, `crop` rolls them back after `activate_past_recording`, trees run
+over Gated DeltaNet's and Mamba-2's layers (`state_trees`: each node from the state entering the step, the accepted
+path's states written at `accept_tree`), and what cannot move them row by row (`rewind`, trees over Mamba-1 layers)
+or freeze them (captured steps) is refused. Stateless layers (Nemotron-H's MLP / MoE blocks:
+`support.stateless_layers`) hold nothing: transformers' own `DummyLayer`, as its caches keep them.
 
 Prefix sharing: rows whose prompts start with the same tokens share those tokens' full blocks
 (`share_prefixes`); `reorder_cache` (beam search), `batch_repeat_interleave` and `select_rows` fork
@@ -53,12 +55,12 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 try:  # transformers >= 5.25: linear-attention layers' conv and recurrent states, stateless layers' placeholder
-    from transformers.cache_utils import DummyLayer, LinearAttentionLayer
+    from transformers.cache_utils import DummyLayer
 except ImportError:  # (earlier releases serve no model with such layers: `support.FAMILY_SINCE`)
-    DummyLayer = LinearAttentionLayer = None
+    DummyLayer = None
 
 from codesign.catalog.models import chunk_pieces
-from codesign.integrations.hf import _compat
+from codesign.integrations.hf import _compat, state_trees
 from codesign.integrations.hf import _kernels as K
 from codesign.integrations.hf.blocks import BlockTables
 from codesign.integrations.hf.kv_formats import (
@@ -207,6 +209,8 @@ class CodesignCache(RowSelection, Cache):
         check_geometry(self.spec, block_size, layout.kv_heads, layout.head_dim)
         self.layout, self.block_size, self.num_blocks, self.check = layout, block_size, num_blocks, check
         self._config = text_config(model)
+        self._state_layers = state_trees.state_layers(model) if any(linear_layers(self._config, layout.layers)) \
+            else None  # (what a tree over them must fit: `state_trees.check_tree`)  # fmt: skip
         if isinstance(crop_margin, bool) or not isinstance(crop_margin, int) or crop_margin < 0:
             raise CodesignError(f"crop_margin must be an int >= 0, got {crop_margin!r}")
         self.windows = layer_windows(self._config, layout.layers)  # what each layer's attention is passed
@@ -219,7 +223,7 @@ class CodesignCache(RowSelection, Cache):
         self.keep = self._groups[0].keep  # group 0's (the model's, when every layer shares one window)
         # A linear-attention layer keeps its conv and recurrent states in transformers' own layer class, which the
         # Cache methods its module calls (get_recurrent_state, update_conv_state, ...) reach.
-        layers = [LinearAttentionLayer() if self.linear[i] else DummyLayer() if layout.modules[i] is None else
+        layers = [state_trees.TreeLinearLayer() if self.linear[i] else DummyLayer() if layout.modules[i] is None else
                   CodesignCacheLayer(self, i, new_storage(self.spec, self._groups[self._group_of[i]].num_blocks,
                                                           block_size))
                   for i in range(layout.layers)]  # fmt: skip
@@ -290,6 +294,29 @@ class CodesignCache(RowSelection, Cache):
     def _linear_layers(self) -> list:
         return [layer for layer, lin in zip(self.layers, self.linear) if lin]
 
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0):
+        """transformers' state, as a marked view while a tree forward runs (`state_trees`: only codesign's tree
+        functions take such a view, and the layer is not written)."""
+        state = super().get_recurrent_state(layer_idx, state_idx)
+        layer = self.layers[layer_idx]
+        if state is not None and getattr(layer, "tree", None) is not None:
+            return layer.state_view(state)
+        return state
+
+    def update_recurrent_state(self, recurrent_states, layer_idx: int, state_idx: int = 0, **kwargs):
+        layer = self.layers[layer_idx]
+        if getattr(layer, "tree", None) is None:
+            return super().update_recurrent_state(recurrent_states, layer_idx, state_idx, **kwargs)
+        if getattr(recurrent_states, state_trees.MARK, None) is not layer:
+            raise CodesignError(f"layer {layer_idx}: a tree forward's delta rule ran outside codesign's tree "
+                                "functions (its states would be a sequence's)")  # fmt: skip
+        return layer.recurrent_states[state_idx]
+
+    def update_conv_state(self, conv_states, layer_idx: int, state_idx: int = 0, **kwargs):
+        if getattr(self.layers[layer_idx], "tree", None) is not None:
+            raise CodesignError(f"layer {layer_idx}: a tree forward's conv ran outside codesign's tree functions")
+        return super().update_conv_state(conv_states, layer_idx, state_idx, **kwargs)
+
     def reset(self) -> None:
         for seq in self._rows:
             self._free_seq(seq)
@@ -352,10 +379,22 @@ class CodesignCache(RowSelection, Cache):
         """Make the next forward a tree verification: its columns are the nodes of this tree (a parent array,
         the same shape for every row), written after each row's tokens and attending to the prefix and to
         their ancestors only."""
-        if any(self.chunks) or any(self.linear):
-            raise CodesignError("tree verification over chunked-attention (Llama 4) or linear-attention (Qwen3.5, "
-                                f"state-space hybrids) layers is not served ({self.layout.family})")  # fmt: skip
-        self._tree = tuple(K.check_parents(parents))
+        if any(self.chunks):
+            raise CodesignError("tree verification over chunked-attention (Llama 4) layers is not served "
+                                f"({self.layout.family})")  # fmt: skip
+        tree = tuple(K.check_parents(parents))
+        linear = self._linear_layers()
+        if linear:
+            state_trees.check_tree(self._state_layers, self.layout.family, len(tree))
+            for i, layer in zip([i for i, lin in enumerate(self.linear) if lin], linear):
+                layer.begin_tree(tree, i)
+        self._tree = tree
+
+    def end_tree(self) -> None:
+        """Leave a tree forward that failed: the linear layers out of tree mode, their states as before it."""
+        self._tree = None
+        for layer in self._linear_layers():
+            layer.end_tree()
 
     def accept_tree(self, paths: list[list[int]]) -> None:
         """Compact each row to its accepted path: row b keeps nodes paths[b] (node 0, the root, first) of the
@@ -363,8 +402,14 @@ class CodesignCache(RowSelection, Cache):
         if self._undo is None or self.steps[-1].kind != "tree":
             raise CodesignError("accept_tree must follow a tree forward")
         check_tree_paths(paths, self.steps[-1].parents, len(self._rows))
+        paths = [list(p) for p in paths]
+        # the linear layers' new states first, nothing written: a failure leaves the cache as it was
+        states = [(self.layers[i], self.layers[i].accepted_states(paths, i)) for i, lin in enumerate(self.linear)
+                  if lin]  # fmt: skip
         starts = self._undo[0]
         self._rewind([s + len(p) for s, p in zip(starts, paths)], paths)
+        for layer, new in states:
+            layer.write_states(*new)
 
     def rewind(self, lengths: list[int]) -> None:
         """Truncate row b to lengths[b] tokens (KIVI and Oaken: only back into the last forward; sliding

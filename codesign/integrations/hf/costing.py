@@ -6,8 +6,9 @@ Prefill and decode steps are `build_step_graph`'s own. A latent-attention (MLA) 
 its prefill over an e4m3 cache, run absorbed with each new token one decode row: the decode graph of those rows.
 Otherwise an extend (prompt-lookup verification) or a tree step is the prefill graph of its new tokens with the
 attention replaced by `PagedExtendAttention` / `TreeAttention` over the cached prefix and the lm head applied to
-every new token (verification reads the logits of each); a state layer's scan and conv run the verified tokens one
-at a time from each row's state, every token's state kept for the rollback. Activations are costed in fp16 (the
+every new token (verification reads the logits of each); in an extend a state layer's scan and conv run the
+verified tokens one at a time from each row's state, every token's state kept for the rollback; in a tree, a Gated
+DeltaNet or Mamba-2 layer runs each row's nodes as one chunk from its state. Activations are costed in fp16 (the
 graph's convention), the weights in the model's format and the KV cache in the cache's.
 """
 
@@ -37,8 +38,10 @@ from codesign.integrations.hf.support import check_model
 from codesign.specs import (
     STATE_OPS,
     CodesignError,
+    GatedDeltaRule,
     KVFormat,
     PagedExtendAttention,
+    SSDScan,
     TreeAttention,
     WeightFormat,
 )
@@ -138,8 +141,13 @@ def step_graph(shape: RunShape, step: StepRecord) -> nx.DiGraph:
                     q_lens, starts = tuple(e - a for _, a, e in pieces), tuple(a - cs for cs, a, _ in pieces)
                 d["spec"] = PagedExtendAttention(q_lens=q_lens, prefix_lens=starts, window=m.window_of(d["layer"]),
                                                  **common)  # fmt: skip
+        elif isinstance(s, (GatedDeltaRule, SSDScan)) and step.kind == "tree":
+            # A tree over Gated DeltaNet or Mamba-2 (`state_trees`): each row's nodes one chunk from its state, read
+            # once; the state written once, by the accepted path's recurrence (its few tokens' work and the state
+            # read again are left out).
+            d["spec"] = dataclasses.replace(s, new_tokens=tuple(step.q_lens), initial_state=True)
         elif isinstance(s, STATE_OPS):
-            # Verification runs a state layer token by token from each row's state, keeping every token's state for
+            # An extend runs a state layer token by token from each row's state, keeping every token's state for
             # the rollback (transformers' activate_past_recording; vLLM keeps one a draft token): a recurrence row
             # each, its state read and written.
             d["spec"] = dataclasses.replace(s, new_tokens=(1,) * tokens, initial_state=True)

@@ -32,6 +32,7 @@ from collections.abc import Callable
 import torch
 
 from codesign.backend import resolve_backend, use_backend
+from codesign.integrations.hf.state_trees import marked
 from codesign.kernels.layers import state_ops as S
 from codesign.kernels.layers.ops import DTYPES
 from codesign.kernels.layers.state_ops import MAX_DK, MAX_STATE
@@ -99,7 +100,10 @@ def _gdn_agrees(fn) -> bool:
 
 
 def _gdn_serves(q, k, v, g, beta, h0) -> bool:
-    """The layout our op serves (anything else goes to the module's own function)."""
+    """The layout our op serves (anything else goes to the module's own function: a tree forward's marked state
+    included, whose tree function that one is)."""
+    if marked(h0):
+        return False
     ts = (q, k, v, g, beta) + (() if h0 is None else (h0,))
     if not all(isinstance(t, torch.Tensor) and t.dtype in DTYPES for t in ts):
         return False

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from codesign.integrations.hf import state_trees
 from codesign.integrations.hf._compat import cache_kwarg
 from codesign.integrations.hf.cache import CodesignCache, StepRecord, blocks_needed, pool_blocks
 from codesign.integrations.hf.fuse import fuse_layers_
@@ -311,16 +312,21 @@ def _agree(speculative, block_size, num_blocks) -> tuple[int | None, int | None]
 
 
 def _check_layer_kinds(model, layout, speculative, cuda_graph, compile) -> None:
-    """A model with chunked-attention (Llama 4) or linear-attention (Qwen3.5, Mamba) layers refuses trees and captured
-    steps before generation (the cache would refuse them at their first forward)."""
+    """A model with chunked-attention (Llama 4) or linear-attention (Qwen3.5, Mamba) layers refuses captured steps,
+    and trees unless its linear layers are Gated DeltaNet's or Mamba-2's and the tree fits their kernels
+    (`state_trees.check_tree`), before generation (the cache would refuse them at their first tree forward)."""
     cfg = text_config(model)
-    if not (any(layer_chunks(cfg, layout.layers)) or any(linear_layers(cfg, layout.layers))):
+    chunked, linear = any(layer_chunks(cfg, layout.layers)), any(linear_layers(cfg, layout.layers))
+    if not (chunked or linear):
         return
-    asked = [name for name, on in (("speculative", speculative is not None), ("cuda_graph", cuda_graph),
+    trees = speculative is not None and chunked
+    asked = [name for name, on in (("speculative", trees), ("cuda_graph", cuda_graph),
                                    ("compile", compile)) if on]  # fmt: skip
     if asked:
         raise CodesignError(f"{', '.join(asked)}: not served over chunked-attention (Llama 4) or linear-attention "
                             f"(Qwen3.5, state-space hybrids) layers ({layout.family})")  # fmt: skip
+    if speculative is not None:
+        state_trees.check_tree(state_trees.state_layers(model), layout.family, len(speculative.parents))
 
 
 def _graph_decoding(model, cuda_graph, compile, spec, speculative, generate_kwargs) -> GraphDecoding | None:

@@ -37,7 +37,7 @@ from codesign.integrations.hf.latent import (
     is_latent_model,
     latent_tree_blocks,
 )
-from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, text_config
+from codesign.integrations.hf.support import ATTN_NAME, check_model, layer_windows, linear_layers, text_config
 from codesign.specs import CodesignError
 from codesign.specs.errors import check_nonneg_int, check_positive_int
 
@@ -128,7 +128,11 @@ class ModelDraft:
         if is_latent_model(model):
             check_latent_model(model)
         else:
-            check_model(model)
+            layout = check_model(model)
+            if any(linear_layers(text_config(model), layout.layers)):
+                raise CodesignError(f"a draft model with linear-attention layers ({layout.family}) is not served: its "
+                                    "proposals fork and rewind rows, which those layers' states cannot; use an "
+                                    "attention-only draft or 'ngram'")  # fmt: skip
         self.model, self.block_size = model, check_positive_int("block_size", block_size)
         # A proposal rewinds its cache across one forward per tree level: a sliding window must keep those.
         self.crop_margin = CROP_MARGIN
@@ -370,7 +374,12 @@ class TreeSpeculator:
             lens = cache.row_lengths()
             cache.set_tree(parents)
             if capture is None:
-                tl = forward_rows(model, cache, toks.tolist(), lens, depth)
+                try:
+                    tl = forward_rows(model, cache, toks.tolist(), lens, depth)
+                except BaseException:
+                    if isinstance(cache, CodesignCache):  # (its state layers out of tree mode, as before the step)
+                        cache.end_tree()
+                    raise
             else:
                 if forward is None or forward.batch != len(active):
                     captured += forward.captures if forward else 0
